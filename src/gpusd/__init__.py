@@ -1,0 +1,59 @@
+"""gpusd: GPU service discovery and allocation.
+
+Everything is imported lazily so that ``import gpusd`` (and the ``gpusd`` CLI) start fast::
+
+    import gpusd
+    with gpusd.select(count=2, min_free="20GiB") as sel:   # least-loaded GPUs, leased
+        sel.apply()                                          # CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER
+    gpusd.set_cuda_visible_devices([1, 3])
+    snap = gpusd.local_snapshot()                            # this host's GPUs
+    client = gpusd.Client()                                  # every GPU on the LAN
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+_LAZY = {
+    "select": "gpusd.alloc.api",
+    "Selection": "gpusd.alloc.api",
+    "set_cuda_visible_devices": "gpusd.alloc.env",
+    "CudaAlreadyInitializedWarning": "gpusd.alloc.env",
+    "Constraints": "gpusd.alloc.select",
+    "LeaseStore": "gpusd.alloc.leases",
+    "open_backend": "gpusd.inventory",
+    "local_snapshot": "gpusd._local",
+    "HostSnapshot": "gpusd.model",
+    "GpuInfo": "gpusd.model",
+    "MigInstance": "gpusd.model",
+    "ProcessInfo": "gpusd.model",
+    "LeaseInfo": "gpusd.model",
+    "GpusdError": "gpusd.errors",
+    "BackendUnavailable": "gpusd.errors",
+    "NoGpuAvailable": "gpusd.errors",
+    "WaitTimeout": "gpusd.errors",
+    "Client": "gpusd.discovery.sync",
+    "AsyncClient": "gpusd.discovery.client",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .alloc.api import Selection, select
+    from .alloc.env import CudaAlreadyInitializedWarning, set_cuda_visible_devices
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpusd' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

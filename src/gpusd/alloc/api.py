@@ -1,0 +1,171 @@
+"""The in-process allocation API: ``gpusd.select(...)`` and the :class:`Selection` it returns.
+
+>>> import gpusd
+>>> with gpusd.select(count=2, min_free="20GiB") as sel:   # least-loaded GPUs, leased
+...     sel.apply()                                          # CUDA_VISIBLE_DEVICES + CUDA_DEVICE_ORDER
+...     import torch                                         # sees exactly those two GPUs
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterable
+
+from ..errors import NoGpuAvailable, WaitTimeout
+from ..inventory import Backend, open_backend
+from ..model import GpuInfo
+from . import queue
+from .env import apply_env, cuda_env
+from .leases import Lease, LeaseStore
+from .select import Candidate, Constraints, choose
+
+_backends: dict[str, Backend] = {}
+_backends_lock = threading.Lock()
+
+
+def shared_backend(simulate: str | None = None) -> Backend:
+    """One backend per process (NVML initialised once, handles cached)."""
+    import os
+
+    key = simulate or os.environ.get("GPUSD_SIMULATE") or ""
+    with _backends_lock:
+        backend = _backends.get(key)
+        if backend is None:
+            backend = _backends[key] = open_backend(key or None)
+        return backend
+
+
+class Selection:
+    """GPUs chosen for a job, with the lease that keeps them its own (when one was taken)."""
+
+    def __init__(self, chosen: list[Candidate], lease: Lease | None, use_uuid: bool = False) -> None:
+        self.devices = chosen
+        self.lease = lease
+        self.use_uuid = use_uuid
+
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        return [c.gpu for c in self.devices]
+
+    @property
+    def indices(self) -> list[int | str]:
+        """NVML indices (nvidia-smi's); ``"gpu:slice"`` for MIG slices."""
+        return [c.gpu.index if c.mig is None else c.label for c in self.devices]
+
+    @property
+    def uuids(self) -> list[str]:
+        return [c.uuid for c in self.devices]
+
+    def env(self, use_uuid: bool | None = None) -> dict[str, str]:
+        """``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` for these devices (plus ``GPUSD_LEASE``)."""
+        use = self.use_uuid if use_uuid is None else use_uuid
+        variables = cuda_env([c.gpu.index for c in self.devices], use_uuid=use, uuids=self.uuids)
+        if self.lease is not None:
+            variables["GPUSD_LEASE"] = self.lease.lease_id
+        return variables
+
+    def apply(self, use_uuid: bool | None = None) -> dict[str, str]:
+        """Set the variables in ``os.environ``; warns if CUDA is already initialised (too late)."""
+        variables = self.env(use_uuid)
+        apply_env(variables, stacklevel=3)
+        return variables
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+    def __enter__(self) -> Selection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        held = f" lease={self.lease.lease_id}" if self.lease else ""
+        return f"<Selection {self.indices}{held}>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "devices": [
+                {"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
+                 "mig_profile": c.mig.profile if c.mig else None, "memory_free": c.free,
+                 "memory_total": c.total, "utilization_gpu": c.util}
+                for c in self.devices
+            ],
+            "lease": self.lease.lease_id if self.lease else None,
+            "env": self.env(),
+        }
+
+
+def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
+             command: str | None, pid: int | None) -> Selection:
+    snap = backend.snapshot()
+    if not take_lease:
+        return Selection(choose(snap, c, store.leases()), None)
+    with store.mutex():
+        if ticket is None:
+            queued = queue.waiting(store, cleanup=True)
+            if queued:
+                raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (first come, "
+                                     "first served); use --wait to queue behind them")
+        chosen = choose(snap, c, store.leases(cleanup=True))
+        memory = c.memory
+        if memory is None and isinstance(c.min_free, float):
+            totals = [x.total for x in chosen if x.total]
+            memory = int(c.min_free * min(totals)) if totals else None
+        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid)
+        if lease is None:  # held by a process that bypassed the mutex
+            raise NoGpuAvailable("the chosen GPUs were taken at the same moment; try again")
+        return Selection(chosen, lease)
+
+
+def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
+             poll: float = 0.2, simulate: str | None = None, store: LeaseStore | None = None,
+             command: str | None = None, pid: int | None = None, backend: Backend | None = None) -> Selection:
+    """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served."""
+    backend = backend or shared_backend(simulate)
+    store = store or LeaseStore()
+    if not wait:
+        return _attempt(backend, store, c, lease, None, command, pid)
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    with store.mutex():
+        ticket = queue.enqueue(store, c.count, command)
+    last: NoGpuAvailable | None = None
+    try:
+        while True:
+            ahead = queue.ahead_of(store, ticket)
+            if ahead is not None:
+                if not queue.wait_for(ahead, deadline):
+                    break
+                continue
+            try:
+                return _attempt(backend, store, c, lease, ticket, command, pid)
+            except NoGpuAvailable as exc:
+                last = exc
+            if deadline is not None and time.monotonic() + poll > deadline:
+                break
+            time.sleep(poll)
+    finally:
+        ticket.close()
+    detail = f": {last}" if last else " (still queued behind other jobs)"
+    raise WaitTimeout(f"gave up waiting after {timeout:g}s{detail}")
+
+
+def select(count: int = 1, *, min_free: str | int | float | None = None, memory: str | int | None = None,
+           max_util: float | None = None, max_processes: int | None = None,
+           include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
+           mig: bool = False, by: str = "load", share: bool = False, lease: bool = True, wait: bool = False,
+           timeout: float | None = None, use_uuid: bool = False, within_visible: bool = True,
+           simulate: str | None = None) -> Selection:
+    """Pick the ``count`` least-loaded GPUs that satisfy the constraints and (by default) lease them.
+
+    The lease lasts until :meth:`Selection.release`, the end of a ``with`` block, or the end of the
+    process — whichever comes first; no other gpusd selection on this machine gets these GPUs
+    meanwhile.  Raises :class:`gpusd.NoGpuAvailable` (or :class:`gpusd.WaitTimeout` with ``wait``)."""
+    c = Constraints.build(count=count, min_free=min_free, memory=memory, max_util=max_util,
+                          max_processes=max_processes, include=include, exclude=exclude, mig=mig, by=by,
+                          shared=share, within_visible=within_visible)
+    sel = allocate(c, lease=lease, wait=wait, timeout=timeout, simulate=simulate)
+    sel.use_uuid = use_uuid
+    return sel

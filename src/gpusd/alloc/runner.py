@@ -1,0 +1,62 @@
+"""``gpusd run``: run a command on leased GPUs, for as long as it lives.
+
+The lease's lock descriptors are handed to the command (``pass_fds``), so the GPUs stay leased while
+any process of the job holds them — even if ``gpusd run`` itself is killed with SIGKILL — and are
+freed by the kernel when the last one exits, however it exits.  Signals sent to ``gpusd run``
+(TERM, HUP, INT, QUIT, USR1, USR2) are forwarded to the command; at an interactive terminal, Ctrl-C
+already reaches the command through the terminal, so it is not sent twice.  The exit status is the
+command's, or 128+N when a signal N ended it (as shells report it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from .api import Selection
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _interactive() -> bool:
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def run_with(selection: Selection, cmd: Sequence[str]) -> int:
+    env = dict(os.environ)
+    env.update(selection.env())
+    fds = list(selection.lease.fds) if selection.lease else []
+    try:
+        proc = subprocess.Popen(list(cmd), env=env, pass_fds=fds)
+    except FileNotFoundError:
+        print(f"gpusd: command not found: {cmd[0]}", file=sys.stderr)
+        selection.release()
+        return 127
+    except PermissionError:
+        print(f"gpusd: permission denied: {cmd[0]}", file=sys.stderr)
+        selection.release()
+        return 126
+    interactive = _interactive()
+
+    def forward(signum: int, _frame: object) -> None:
+        if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
+            return  # the terminal sent it to the whole foreground group, the command included
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        selection.release()
+    return rc if rc >= 0 else 128 - rc

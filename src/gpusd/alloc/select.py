@@ -1,0 +1,272 @@
+"""Choosing GPUs: constraints, and the ranking by load.  Pure functions of a snapshot and the leases.
+
+Ranking (documented in docs/allocation.md):
+
+``load`` (default)
+    ``0.5 * utilisation + 0.5 * memory in use (reserved memory of leases counted as in use)``, both as
+    fractions, plus 0.02 per process already on the GPU.  Lowest first.
+``util``
+    Lowest window-averaged utilisation first, then least memory in use.
+``memory``
+    Most free memory (after reservations) first, then lowest utilisation.
+
+Ties go to the lower index.  Exclusive requests only consider GPUs nobody holds a lease on; shared
+requests (``share=True``) pack onto GPUs already shared by other shared jobs while their memory fits
+(best fit: the fullest GPU that still fits), and open an unleased GPU only when none fits.
+
+Memory a lease asked for counts as used until the leaseholder's processes have allocated it: reserved
+= lease memory minus what the holder's processes (its pid and descendants) already use on that GPU.
+In a container that cannot see host pids the whole request stays counted (conservative).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from ..errors import ConfigError, NoGpuAvailable
+from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance
+from ..units import format_bytes, parse_memory
+
+RANKINGS = ("load", "util", "memory")
+
+
+@dataclass
+class Constraints:
+    count: int = 1
+    min_free: int | float | None = None  # bytes, or a ratio (0..1) of the total
+    memory: int | None = None  # bytes the job will use, reserved in its lease
+    max_util: float | None = None  # percent
+    max_processes: int | None = None
+    include: Sequence[str] | None = None  # indices (as text) or UUIDs
+    exclude: Sequence[str] | None = None
+    mig: bool = False
+    by: str = "load"
+    shared: bool = False
+    within_visible: bool = True  # only inside an inherited CUDA_VISIBLE_DEVICES
+
+    @classmethod
+    def build(cls, count: int = 1, min_free: str | int | float | None = None, memory: str | int | None = None,
+              max_util: float | None = None, max_processes: int | None = None,
+              include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
+              mig: bool = False, by: str = "load", shared: bool = False, within_visible: bool = True) -> Constraints:
+        """Validate user-facing values (``"8GiB"``, ``"0,2"``...) into constraints; ConfigError if bad."""
+        if not isinstance(count, int) or count < 1:
+            raise ConfigError(f"count must be a positive integer, not {count!r}")
+        if by not in RANKINGS:
+            raise ConfigError(f"--by must be one of {', '.join(RANKINGS)}, not {by!r}")
+        try:
+            mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
+            mem = parse_memory(memory) if isinstance(memory, str) else memory
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(mem, float):
+            raise ConfigError("--memory must be an amount such as 30GiB, not a ratio")
+        if max_util is not None and not 0 <= max_util <= 100:
+            raise ConfigError(f"--max-util is a percentage between 0 and 100, not {max_util}")
+        if max_processes is not None and max_processes < 0:
+            raise ConfigError("--max-processes cannot be negative")
+        if mem is None and isinstance(mf, int):
+            mem = mf  # reserve what the job says it needs
+        if isinstance(mem, int) and mf is None:
+            mf = mem
+        return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
+                   include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
+                   within_visible=within_visible)
+
+
+def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(v).strip() for v in items if str(v).strip()]
+
+
+@dataclass
+class Candidate:
+    """A device that could be given to the job: a whole GPU or a MIG slice."""
+
+    gpu: GpuInfo
+    mig: MigInstance | None
+    free: int | None  # free memory after reservations
+    total: int | None
+    util: float | None
+    leases: list[LeaseInfo] = field(default_factory=list)
+    score: tuple[float, ...] = ()
+
+    @property
+    def uuid(self) -> str:
+        return self.mig.uuid if self.mig else self.gpu.uuid
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu.index}:{self.mig.index}" if self.mig else str(self.gpu.index)
+
+
+def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
+    """The tokens of an inherited ``CUDA_VISIBLE_DEVICES`` (None: unset, all GPUs visible).  CUDA
+    stops at the first invalid token; so do we."""
+    env = os.environ if env is None else env
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    out = []
+    for tok in raw.split(","):
+        tok = tok.strip()
+        if not tok or not (tok.isdigit() or tok.startswith(("GPU-", "MIG-"))):
+            break
+        out.append(tok)
+    return out
+
+
+def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None) -> bool:
+    for t in tokens:
+        if t.isdigit():
+            if mig is None and int(t) == gpu.index:
+                return True
+        elif mig is not None and mig.uuid.startswith(t):
+            return True
+        elif gpu.uuid.startswith(t):
+            return True  # a whole GPU given by UUID includes its MIG slices
+    return False
+
+
+def _reserved(leases: Sequence[LeaseInfo], gpu: GpuInfo) -> int:
+    """Memory leases asked for that their processes have not allocated yet."""
+    total = 0
+    for lease in leases:
+        if not lease.memory:
+            continue
+        used = 0
+        if gpu.processes:
+            pids = _family(lease.pid)
+            used = sum(p.used_memory or 0 for p in gpu.processes if p.pid in pids)
+        total += max(0, lease.memory - used)
+    return total
+
+
+def _family(pid: int) -> set[int]:
+    pids = {pid}
+    try:
+        import psutil
+
+        pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    except Exception:
+        pass
+    return pids
+
+
+def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
+               env: dict[str, str] | None = None) -> tuple[list[Candidate], list[str]]:
+    """(qualifying devices ranked best first, one reason per rejected device)."""
+    leases = list(leases) if leases is not None else [le for g in snap.gpus for le in g.leases]
+    by_device: dict[str, list[LeaseInfo]] = {}
+    for lease in leases:
+        by_device.setdefault(lease.device or "", []).append(lease)
+    visible = visible_filter(env) if c.within_visible else None
+    ok: list[Candidate] = []
+    rejected: list[str] = []
+
+    for gpu in snap.gpus:
+        gpu_leases = by_device.get(gpu.uuid, [])
+        if c.mig:
+            units: list[MigInstance | None] = list(gpu.mig_instances) if gpu.mig_mode else []
+            if not units:
+                rejected.append(f"GPU {gpu.index}: no MIG slices")
+                continue
+        else:
+            units = [None]
+        for mig in units:
+            label = f"{gpu.index}:{mig.index}" if mig else str(gpu.index)
+            uuid = mig.uuid if mig else gpu.uuid
+            dev_leases = by_device.get(uuid, []) + (gpu_leases if mig else [])
+            if mig is None:
+                # a lease on any slice of this GPU also touches the GPU
+                for m in gpu.mig_instances:
+                    dev_leases = dev_leases + by_device.get(m.uuid, [])
+            why = _reject(gpu, mig, c, visible, dev_leases, label, uuid)
+            if why:
+                rejected.append(why)
+                continue
+            total = mig.memory_total if mig else gpu.memory_total
+            used = mig.memory_used if mig else gpu.memory_used
+            free = None if total is None or used is None else max(0, total - used - _reserved(dev_leases, gpu))
+            cand = Candidate(gpu, mig, free, total, None if mig else gpu.utilization_gpu, dev_leases)
+            need = _need(c, total)
+            if need is not None and (free is None or free < need):
+                rejected.append(f"GPU {label}: {format_bytes(free)} free (after reservations) < {format_bytes(need)}")
+                continue
+            ok.append(cand)
+
+    for cand in ok:
+        cand.score = _score(cand, c)
+    ok.sort(key=lambda x: x.score)
+    return ok, rejected
+
+
+def _need(c: Constraints, total: int | None) -> int | None:
+    if c.min_free is None:
+        return None
+    if isinstance(c.min_free, float):
+        return int(c.min_free * total) if total else None
+    return c.min_free
+
+
+def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list[str] | None,
+            leases: list[LeaseInfo], label: str, uuid: str) -> str | None:
+    if not gpu.healthy:
+        return f"GPU {label}: unhealthy ({gpu.error or 'unknown'})"
+    if visible is not None and not _matches(visible, gpu, mig):
+        return f"GPU {label}: outside the inherited CUDA_VISIBLE_DEVICES"
+    if c.include is not None and not _matches(c.include, gpu, mig):
+        return f"GPU {label}: not in --include"
+    if c.exclude and _matches(c.exclude, gpu, mig):
+        return f"GPU {label}: excluded"
+    if mig is None and gpu.mig_mode:
+        return f"GPU {label}: in MIG mode (use --mig to select its slices)"
+    if gpu.compute_mode == "prohibited":
+        return f"GPU {label}: compute mode is prohibited"
+    if gpu.compute_mode in ("exclusive_process", "exclusive_thread") and gpu.processes:
+        return f"GPU {label}: exclusive compute mode and already in use"
+    if leases:
+        holders = ", ".join(f"{le.user or '?'}:{le.pid}" for le in leases)
+        if not c.shared or not all(le.shared for le in leases):
+            return f"GPU {label}: leased by {holders}"
+    if c.max_util is not None and mig is None:
+        if gpu.utilization_gpu is not None and gpu.utilization_gpu > c.max_util:
+            return f"GPU {label}: utilisation {gpu.utilization_gpu:.0f}% > {c.max_util:g}%"
+    if c.max_processes is not None and len(gpu.processes) > c.max_processes:
+        return f"GPU {label}: {len(gpu.processes)} processes > {c.max_processes}"
+    return None
+
+
+def _score(cand: Candidate, c: Constraints) -> tuple[float, ...]:
+    util = (cand.util or 0.0) / 100.0
+    used_frac = 1.0 - (cand.free / cand.total) if cand.free is not None and cand.total else 0.0
+    index = float(cand.gpu.index) + (cand.mig.index / 100.0 if cand.mig else 0.0)
+    if c.shared:
+        # Pack: GPUs already shared first, fullest first (best fit); then fresh GPUs by load.
+        if cand.leases:
+            return (0.0, -used_frac, index)
+        return (1.0, 0.5 * util + 0.5 * used_frac, index)
+    if c.by == "util":
+        return (util, used_frac, index)
+    if c.by == "memory":
+        return (-(cand.free or 0), util, index)
+    return (0.5 * util + 0.5 * used_frac + 0.02 * len(cand.gpu.processes), index)
+
+
+def choose(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
+           env: dict[str, str] | None = None) -> list[Candidate]:
+    """The best ``c.count`` devices, or NoGpuAvailable saying why each device was refused."""
+    ok, rejected = candidates(snap, c, leases, env)
+    if len(ok) >= c.count:
+        return ok[: c.count]
+    what = "MIG slice" if c.mig else "GPU"
+    reasons = "; ".join(rejected[:8]) + (f"; and {len(rejected) - 8} more" if len(rejected) > 8 else "")
+    if not snap.gpus:
+        reasons = "this machine has no GPU"
+    raise NoGpuAvailable(
+        f"no {what}s available: need {c.count}, {len(ok)} qualify" + (f" ({reasons})" if reasons else "")
+    )

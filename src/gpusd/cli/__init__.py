@@ -1,0 +1,135 @@
+"""The ``gpusd`` command line.
+
+Only argparse is imported at start-up; each command imports what it needs when it runs, so
+``gpusd --help`` and the quick commands stay fast.  Exit codes are listed in docs/cli.md and
+:mod:`gpusd.errors`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Callable, Sequence
+
+from .._version import __version__
+from ..errors import EXIT_USAGE, GpusdError
+
+# command -> "module:function" run with the parsed arguments
+_COMMANDS: dict[str, str] = {}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, documented exit code
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"gpusd: error: {message}\n")
+
+
+def _command(sub: argparse._SubParsersAction, name: str, target: str, help: str, **kw: object) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help, **kw)  # type: ignore[arg-type]
+    p.set_defaults(_target=target)
+    return p
+
+
+def _simulate_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--simulate", metavar="SPEC", default=None,
+                   help="use simulated GPUs, e.g. 4xA100-80GB or a scenario .json file (also $GPUSD_SIMULATE)")
+
+
+def _selection_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("constraints")
+    g.add_argument("-n", "--count", type=int, default=1, help="number of GPUs (default 1)")
+    g.add_argument("--min-free", "--min-free-memory", dest="min_free", metavar="MEM",
+                   help="minimum free memory: bytes (8GiB) or a ratio of the total (0.5, 50%%)")
+    g.add_argument("--memory", metavar="MEM",
+                   help="memory the job will use; reserved in the lease so later selections count it (default: --min-free)")
+    g.add_argument("--max-util", type=float, metavar="PCT", help="maximum utilisation in percent (window average)")
+    g.add_argument("--max-processes", type=int, metavar="N", help="maximum number of processes already on the GPU")
+    g.add_argument("--include", metavar="IDS", help="only these GPUs: indices or UUIDs, comma-separated")
+    g.add_argument("--exclude", metavar="IDS", help="never these GPUs: indices or UUIDs, comma-separated")
+    g.add_argument("--mig", action="store_true", help="select MIG slices instead of whole GPUs")
+    g.add_argument("--by", choices=("load", "util", "memory"), default="load", help="ranking (default load)")
+    g.add_argument("--share", action="store_true",
+                   help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
+    g.add_argument("--no-lease", dest="lease", action="store_false", help="select only; take no lease")
+    g.add_argument("--wait", action="store_true", help="queue (first come, first served) until GPUs qualify")
+    g.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 5)")
+    g.add_argument("--uuid", action="store_true", help="emit UUIDs instead of indices in CUDA_VISIBLE_DEVICES")
+    _simulate_flag(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gpusd",
+        description="GPU service discovery and allocation: see every GPU on the LAN, and give each job "
+        "the least-loaded GPUs without races.",
+        epilog="Exit codes: 0 ok, 1 error, 2 bad usage, 3 no NVML/driver, 4 no GPU qualifies, 5 --wait timed out, "
+        "6 no daemon. See docs/cli.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpusd {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = _command(sub, "devices", "gpusd.cli.devices:run", "show this machine's GPUs")
+    p.add_argument("--json", action="store_true", help="print the host snapshot as JSON")
+    p.add_argument("--no-processes", dest="processes", action="store_false", help="skip process lists")
+    _simulate_flag(p)
+
+    p = _command(sub, "select", "gpusd.cli.alloc:select", "pick the least-loaded GPUs that satisfy constraints")
+    _selection_flags(p)
+    p.add_argument("--json", action="store_true", help="print the selection as JSON")
+    p.set_defaults(lease=False)
+
+    p = _command(sub, "env", "gpusd.cli.alloc:env",
+                 "print shell lines setting CUDA_VISIBLE_DEVICES: eval \"$(gpusd env -n 2)\"")
+    _selection_flags(p)
+    p.set_defaults(lease=False)
+
+    p = _command(sub, "run", "gpusd.cli.alloc:run_command",
+                 "run a command on leased GPUs: gpusd run -n 2 -- python train.py")
+    _selection_flags(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+    p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
+    p.add_argument("--json", action="store_true")
+
+    return parser
+
+
+def _setup_logging(verbose: int) -> None:
+    if verbose or os.environ.get("GPUSD_LOG_LEVEL"):
+        import logging
+
+        level = os.environ.get("GPUSD_LOG_LEVEL") or ("DEBUG" if verbose > 1 else "INFO")
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_target", None):
+        parser.print_help()
+        return EXIT_USAGE
+    _setup_logging(args.verbose)
+    module, _, func = args._target.partition(":")
+    fn: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), func)
+    try:
+        return int(fn(args) or 0)
+    except GpusdError as exc:
+        print(f"gpusd: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("gpusd: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Output piped into head & co.: not an error worth a traceback.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""``gpusd devices``: this machine's GPUs, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..inventory import open_backend
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..alloc.leases import LeaseStore
+
+    with open_backend(args.simulate, processes=args.processes) as backend:  # type: ignore[attr-defined]
+        snap = backend.snapshot()
+    LeaseStore().attach(snap)
+    if args.json:
+        sys.stdout.write(snap.to_json() + "\n")
+    else:
+        from .table import render_host
+
+        print(render_host(snap))
+    return 0

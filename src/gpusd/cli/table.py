@@ -1,0 +1,78 @@
+"""Plain-text tables for the CLI (no rich here: these commands must start fast)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..model import GpuInfo, HostSnapshot
+from ..units import format_bytes
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, cell in enumerate(cells):
+            out.append(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]))
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def _procs(g: GpuInfo) -> str:
+    if not g.processes:
+        return "-"
+    parts = []
+    for p in g.processes[:3]:
+        who = f"{p.user}:" if p.user else ""
+        mem = f"({format_bytes(p.used_memory, 'MiB')})" if p.used_memory is not None else ""
+        parts.append(f"{who}{p.pid}{mem}")
+    more = f" +{len(g.processes) - 3}" if len(g.processes) > 3 else ""
+    return " ".join(parts) + more
+
+
+def _leases(g: GpuInfo) -> str:
+    if not g.leases:
+        return "-"
+    return " ".join(f"{le.user or '?'}:{le.pid}{'(shared)' if le.shared else ''}" for le in g.leases)
+
+
+def host_header(snap: HostSnapshot) -> str:
+    sim = "  [SIMULATED GPUs]" if snap.simulated else ""
+    return (f"{snap.hostname}  node {snap.node_id}  driver {snap.driver_version or '-'}  "
+            f"CUDA {snap.cuda_version or '-'}  {len(snap.gpus)} GPU(s){sim}")
+
+
+def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
+    rows = []
+    for g in snap.gpus:
+        if g.memory_total is not None:
+            mem = f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)}"
+        else:
+            mem = "-"
+        power = f"{g.power_draw:.0f}W" if g.power_draw is not None else "-"
+        status = "ok" if g.healthy else f"UNHEALTHY: {g.error or 'unknown'}"
+        rows.append([
+            str(g.index), g.name or "-", mem, _pct(g.utilization_gpu),
+            f"{g.temperature}C" if g.temperature is not None else "-", power,
+            _procs(g), _leases(g), status,
+        ])
+        for m in g.mig_instances:
+            mmem = f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}" if m.memory_total else "-"
+            rows.append([f"{g.index}:{m.index}", f"  MIG {m.profile or '?'}", mmem, "-", "", "", "", "", m.uuid])
+    return rows
+
+
+GPU_HEADERS = ["IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "PROCESSES", "LEASES", "STATUS"]
+
+
+def render_host(snap: HostSnapshot) -> str:
+    return host_header(snap) + "\n" + render_table(GPU_HEADERS, gpu_rows(snap), right=(3, 4, 5))

@@ -1,0 +1,68 @@
+"""Who this host is: host name, state directory, and a node id stable across restarts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import uuid
+from pathlib import Path
+
+
+def hostname() -> str:
+    return os.environ.get("GPUSD_HOSTNAME") or socket.gethostname()
+
+
+def state_dir(create: bool = False) -> Path:
+    """Where a daemon keeps its pid file, log and node id: ``$GPUSD_STATE_DIR``, else
+    ``/var/lib/gpusd`` for root, else ``$XDG_STATE_HOME/gpusd`` (``~/.local/state/gpusd``)."""
+    env = os.environ.get("GPUSD_STATE_DIR")
+    if env:
+        path = Path(env)
+    elif os.geteuid() == 0:
+        path = Path("/var/lib/gpusd")
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        path = Path(base) / "gpusd"
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _machine_id() -> str | None:
+    for p in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            text = Path(p).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return None
+
+
+def node_id(directory: Path | None = None) -> str:
+    """A 16-hex-digit id, stable across restarts.  Kept in ``node-id`` in the state directory so
+    that several daemons on one machine (each with its own state directory) differ; when that file
+    cannot be written, derived from the machine id (hashed, as systemd recommends for apps)."""
+    directory = directory if directory is not None else state_dir()
+    path = directory / "node-id"
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    mid = _machine_id()
+    if mid and "GPUSD_STATE_DIR" not in os.environ:
+        new = hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
+    else:
+        new = uuid.uuid4().hex[:16]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(new + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        if mid:
+            return hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
+    return new

@@ -1,0 +1,41 @@
+"""Reading the local GPUs: NVML for real hardware, a simulation for demos.
+
+``open_backend()`` picks NVML, or the simulation named by ``simulate`` / ``$GPUSD_SIMULATE``.
+Both backends have the same interface (:class:`Backend`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from ..model import HostSnapshot
+
+
+class Backend(Protocol):
+    backend: str
+    hostname: str
+    node_id: str
+
+    def snapshot(self) -> HostSnapshot: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Backend": ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True) -> Backend:
+    """The NVML backend, or a simulated one for ``simulate`` (``"4xA100-80GB"`` or a scenario file).
+
+    ``$GPUSD_SIMULATE`` is used when ``simulate`` is not given, so scripts and ``gpusd run`` children
+    see the same simulated host."""
+    simulate = simulate or os.environ.get("GPUSD_SIMULATE") or None
+    if simulate:
+        from .simulated import SimulatedBackend
+
+        return SimulatedBackend(simulate)
+    from .nvml import NvmlBackend
+
+    return NvmlBackend(util_window=util_window, processes=processes)

@@ -1,0 +1,335 @@
+"""Read the local GPUs through NVML (nvidia-ml-py), in-process.
+
+NVML is initialised once per backend and device handles are cached, so a snapshot costs only the
+queries themselves (no nvidia-smi subprocess).  A query the GPU does not support leaves its field
+``None`` and is not asked again; a GPU that fails mid-query (GPU lost, reset required, unknown error)
+is reported unhealthy while the rest of the snapshot still comes back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import BackendUnavailable
+from ..identity import hostname, node_id
+from ..model import GpuInfo, HostSnapshot, MigInstance, ProcessInfo
+from .processes import ProcessResolver
+from .window import UtilWindow
+
+log = logging.getLogger(__name__)
+
+HINT = "try gpusd without a GPU: gpusd devices --simulate 4xA100-80GB"
+
+# NVML return codes (nvml.h).
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_NOT_FOUND = 6
+_DRIVER_NOT_LOADED = 9
+_LIB_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_CORRUPTED_INFOROM = 14
+_GPU_IS_LOST = 15
+_RESET_REQUIRED = 16
+_NO_DATA = 21
+_UNKNOWN = 999
+# The field is simply unavailable on this GPU (or this driver): leave it None, do not ask again.
+_UNSUPPORTED = {_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_PERMISSION}
+# The GPU itself is in trouble: mark it unhealthy.
+_FATAL = {_GPU_IS_LOST, _RESET_REQUIRED, _CORRUPTED_INFOROM, _UNKNOWN}
+
+_COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _GpuFailed(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    unsupported: set[str] = field(default_factory=set)
+    util: UtilWindow | None = None
+    samples_ts: int = 0  # newest driver sample seen (microseconds)
+
+
+def load_library(path: str | None = None) -> None:
+    """Load libnvidia-ml.so.1 from an explicit path (``GPUSD_NVML_LIBRARY``) before nvidia-ml-py looks
+    for it by name: the dynamic loader then finds the loaded library by its soname."""
+    path = path or os.environ.get("GPUSD_NVML_LIBRARY")
+    if path:
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot load the NVML library {path} ({exc}); {HINT}") from None
+
+
+class NvmlBackend:
+    """The local GPUs through NVML.  Thread-safe; one instance per process is enough."""
+
+    backend = "nvml"
+
+    def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None) -> None:
+        self.util_window = util_window
+        self.want_processes = processes
+        self._lock = threading.Lock()
+        self._devices: list[_Device] = []
+        self._count = -1
+        self._resolver = ProcessResolver()
+        try:
+            import pynvml
+        except ImportError:  # pragma: no cover - a dependency of gpusd
+            raise BackendUnavailable(f"the nvidia-ml-py package is not installed; {HINT}") from None
+        self._nv = pynvml
+        load_library(library)
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == _LIB_NOT_FOUND:
+                msg = "no NVIDIA driver library (libnvidia-ml.so.1 not found)"
+            elif code == _DRIVER_NOT_LOADED:
+                msg = "the NVIDIA driver is not loaded"
+            else:
+                msg = f"NVML failed to start: {_text(exc)}"
+            raise BackendUnavailable(f"{msg}; {HINT}") from None
+        self._closed = False
+        nv = pynvml
+        self.driver_version = self._global(nv.nvmlSystemGetDriverVersion)
+        self.nvml_version = self._global(nv.nvmlSystemGetNVMLVersion)
+        cuda = self._global(nv.nvmlSystemGetCudaDriverVersion)
+        self.cuda_version = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda is not None else None
+        self.hostname = hostname()
+        self.node_id = node_id()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _global(self, fn: Any) -> Any:
+        try:
+            value = fn()
+        except self._nv.NVMLError:
+            return None
+        return _text(value) if isinstance(value, bytes | str) else value
+
+    def _query(self, dev: _Device, key: str, fn: Any, *args: Any) -> Any:
+        """Call ``fn(handle, *args)``; None where unsupported; raise _GpuFailed where the GPU failed."""
+        if key in dev.unsupported:
+            return None
+        try:
+            return fn(dev.handle, *args)
+        except self._nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in _UNSUPPORTED:
+                dev.unsupported.add(key)
+                return None
+            if code in _FATAL:
+                raise _GpuFailed(_text(exc)) from None
+            log.debug("GPU %d: %s failed: %s", dev.index, key, exc)
+            return None
+
+    def _refresh_devices(self) -> None:
+        nv = self._nv
+        count = nv.nvmlDeviceGetCount()
+        if count == self._count:
+            return
+        devices: list[_Device] = []
+        for i in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as exc:
+                devices.append(_Device(i, None, f"unknown-{i}", None, None))
+                log.warning("GPU %d: no handle: %s", i, exc)
+                continue
+            dev = _Device(i, handle, "", None, None, util=UtilWindow(self.util_window))
+            try:
+                dev.uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            except nv.NVMLError:
+                dev.uuid = f"unknown-{i}"
+            dev.name = self._query_safe(dev, "name", nv.nvmlDeviceGetName)
+            pci = self._query_safe(dev, "pci", nv.nvmlDeviceGetPciInfo)
+            dev.pci_bus_id = _text(pci.busId) if pci is not None else None
+            devices.append(dev)
+        self._devices = devices
+        self._count = count
+
+    def _query_safe(self, dev: _Device, key: str, fn: Any) -> Any:
+        try:
+            value = self._query(dev, key, fn)
+        except _GpuFailed:
+            return None
+        return _text(value) if isinstance(value, bytes) else value
+
+    # -- the snapshot -------------------------------------------------------------------------
+    def snapshot(self) -> HostSnapshot:
+        with self._lock:
+            if self._closed:
+                raise BackendUnavailable("the NVML backend is closed")
+            try:
+                self._refresh_devices()
+            except self._nv.NVMLError as exc:
+                raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}; {HINT}") from None
+            gpus = [self._read(dev) for dev in self._devices]
+        self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
+        return HostSnapshot(
+            hostname=self.hostname,
+            node_id=self.node_id,
+            timestamp=time.time(),
+            gpus=gpus,
+            driver_version=self.driver_version,
+            cuda_version=self.cuda_version,
+            nvml_version=self.nvml_version,
+            backend="nvml",
+        )
+
+    def _read(self, dev: _Device) -> GpuInfo:
+        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id)
+        if dev.handle is None:
+            gpu.healthy, gpu.error = False, "no NVML handle"
+            return gpu
+        try:
+            self._fill(dev, gpu)
+        except _GpuFailed as exc:
+            gpu.healthy = False
+            gpu.error = exc.reason
+        return gpu
+
+    def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
+        nv = self._nv
+        q = self._query
+        mem = q(dev, "memory", nv.nvmlDeviceGetMemoryInfo)
+        if mem is not None:
+            gpu.memory_total, gpu.memory_used, gpu.memory_free = int(mem.total), int(mem.used), int(mem.free)
+        rates = q(dev, "utilization", nv.nvmlDeviceGetUtilizationRates)
+        now = time.time()
+        if rates is not None:
+            gpu.utilization_memory = float(rates.memory)
+        self._utilization(dev, gpu, rates, now)
+        gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
+        power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
+        gpu.power_draw = power / 1000.0 if power is not None else None
+        limit = q(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit)
+        gpu.power_limit = limit / 1000.0 if limit is not None else None
+        gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
+        mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
+        gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
+        mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
+        if mig is not None:
+            gpu.mig_mode = bool(mig[0])
+            if gpu.mig_mode:
+                gpu.mig_instances = self._migs(dev)
+        if self.want_processes:
+            gpu.processes = self._processes(dev)
+
+    def _utilization(self, dev: _Device, gpu: GpuInfo, rates: Any, now: float) -> None:
+        window = dev.util
+        assert window is not None
+        samples = None
+        if "samples" not in dev.unsupported:
+            since = max(dev.samples_ts, int((now - self.util_window) * 1e6))
+            try:
+                _, samples = self._nv.nvmlDeviceGetSamples(dev.handle, self._nv.NVML_GPU_UTILIZATION_SAMPLES, since)
+            except self._nv.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code in _FATAL:
+                    raise _GpuFailed(_text(exc)) from None
+                if code in _UNSUPPORTED:
+                    dev.unsupported.add("samples")
+                samples = None
+        if samples:
+            for s in samples:
+                ts = int(s.timeStamp)
+                if ts > dev.samples_ts:
+                    window.add(ts / 1e6, float(s.sampleValue.uiVal))
+                    dev.samples_ts = ts
+        elif rates is not None and ("samples" in dev.unsupported or window.last_ts() is None):
+            # No driver sample buffer: build the window from our own readings.
+            window.add(now, float(rates.gpu))
+        gpu.utilization_gpu, gpu.utilization_window = window.mean(now)
+        if gpu.utilization_gpu is None and rates is not None:
+            gpu.utilization_gpu = float(rates.gpu)
+
+    def _migs(self, dev: _Device) -> list[MigInstance]:
+        nv = self._nv
+        out: list[MigInstance] = []
+        count = self._query(dev, "mig_count", nv.nvmlDeviceGetMaxMigDeviceCount) or 0
+        for i in range(count):
+            try:
+                h = nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
+            except nv.NVMLError:
+                continue  # an empty slot answers NOT_FOUND
+            mig = MigInstance(index=i, uuid="")
+            try:
+                mig.uuid = _text(nv.nvmlDeviceGetUUID(h))
+            except nv.NVMLError:
+                continue
+            try:
+                name = _text(nv.nvmlDeviceGetName(h))
+                mig.profile = name.rsplit(" MIG ", 1)[1] if " MIG " in name else name
+            except nv.NVMLError:
+                pass
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h)
+                mig.memory_total, mig.memory_used = int(m.total), int(m.used)
+            except nv.NVMLError:
+                pass
+            for attr, fn in (("gpu_instance_id", nv.nvmlDeviceGetGpuInstanceId),
+                             ("compute_instance_id", nv.nvmlDeviceGetComputeInstanceId)):
+                try:
+                    setattr(mig, attr, int(fn(h)))
+                except nv.NVMLError:
+                    pass
+            out.append(mig)
+        return out
+
+    def _processes(self, dev: _Device) -> list[ProcessInfo]:
+        nv = self._nv
+        out: list[ProcessInfo] = []
+        seen: set[int] = set()
+        for kind, fn in (("compute", nv.nvmlDeviceGetComputeRunningProcesses),
+                         ("graphics", nv.nvmlDeviceGetGraphicsRunningProcesses)):
+            procs = self._query(dev, f"processes_{kind}", fn) or []
+            for p in procs:
+                pid = int(p.pid)
+                if pid in seen:
+                    continue  # a process using both compute and graphics is listed twice by NVML
+                seen.add(pid)
+                used = getattr(p, "usedGpuMemory", None)
+                gi = getattr(p, "gpuInstanceId", None)
+                ci = getattr(p, "computeInstanceId", None)
+                out.append(ProcessInfo(
+                    pid=pid,
+                    used_memory=int(used) if used is not None else None,
+                    type=kind,
+                    gpu_instance_id=int(gi) if gi is not None and gi != 0xFFFFFFFF else None,
+                    compute_instance_id=int(ci) if ci is not None and ci != 0xFFFFFFFF else None,
+                ))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                try:
+                    self._nv.nvmlShutdown()
+                except self._nv.NVMLError:
+                    pass
+
+    def __enter__(self) -> NvmlBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,230 @@
+"""Simulated GPUs for demos, docs and trying gpusd on a machine without a GPU.
+
+``--simulate 4xA100-80GB`` (or ``2xH100-80GB,1xRTX4090``) gives GPUs whose load and memory drift
+smoothly over time; ``--simulate scenario.json`` describes each GPU (see docs/simulation.md).  Loads
+are a function of wall-clock time, so every process simulating the same host sees the same values.
+Every snapshot of a simulated host carries ``simulated = true`` and every CLI output says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..identity import hostname as local_hostname
+from ..identity import node_id as local_node_id
+from ..model import GpuInfo, HostSnapshot, MigInstance, ProcessInfo
+from ..units import parse_bytes
+
+GiB = 1024**3
+
+# model key -> (NVML name, memory bytes, power limit W, MIG capable)
+MODELS: dict[str, tuple[str, int, float, bool]] = {
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 80 * GiB, 400.0, True),
+    "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40 * GiB, 400.0, True),
+    "H100-80GB": ("NVIDIA H100 80GB HBM3", 80 * GiB, 700.0, True),
+    "H200-141GB": ("NVIDIA H200", 141 * GiB, 700.0, True),
+    "L40S": ("NVIDIA L40S", 48 * GiB, 350.0, False),
+    "A6000": ("NVIDIA RTX A6000", 48 * GiB, 300.0, False),
+    "RTX4090": ("NVIDIA GeForce RTX 4090", 24 * GiB, 450.0, False),
+    "RTX3090": ("NVIDIA GeForce RTX 3090", 24 * GiB, 350.0, False),
+    "V100-32GB": ("Tesla V100-SXM2-32GB", 32 * GiB, 300.0, False),
+    "T4": ("Tesla T4", 16 * GiB, 70.0, False),
+}
+_ALIASES = {k.lower().replace("-", ""): k for k in MODELS} | {"a100": "A100-80GB", "h100": "H100-80GB", "h200": "H200-141GB", "v100": "V100-32GB"}
+
+
+def _model(key: str) -> str:
+    k = _ALIASES.get(key.lower().replace("-", "").replace("_", ""))
+    if k is None:
+        raise ConfigError(f"unknown simulated GPU model {key!r}; known: {', '.join(MODELS)}")
+    return k
+
+
+@dataclass
+class _Signal:
+    """A value over time: constant, a sine between min and max, or steps cycling every N seconds."""
+
+    base: float
+    low: float | None = None
+    high: float | None = None
+    period: float = 60.0
+    phase: float = 0.0
+    steps: list[float] | None = None
+
+    def at(self, t: float) -> float:
+        if self.steps:
+            return self.steps[int(t // self.period) % len(self.steps)]
+        if self.low is None or self.high is None:
+            return self.base
+        x = 0.5 + 0.5 * math.sin(2 * math.pi * (t / self.period) + self.phase)
+        return self.low + (self.high - self.low) * x
+
+
+def _signal(spec: Any, what: str, convert: Any = float, phase: float = 0.0) -> _Signal:
+    try:
+        if isinstance(spec, dict):
+            if "steps" in spec:
+                steps = [float(convert(v)) for v in spec["steps"]]
+                if not steps:
+                    raise ValueError("steps is empty")
+                return _Signal(steps[0], steps=steps, period=float(spec.get("every", 5)))
+            low, high = float(convert(spec["min"])), float(convert(spec["max"]))
+            return _Signal(low, low, high, float(spec.get("period", 60)), phase)
+        return _Signal(float(convert(spec)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"bad {what} in scenario: {spec!r} ({exc})") from None
+
+
+@dataclass
+class _SimGpu:
+    model: str
+    util: _Signal
+    memory: _Signal
+    temperature: _Signal | None = None
+    mig: list[str] = field(default_factory=list)
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    lost: bool = False
+
+
+def _uuid(host: str, index: int) -> str:
+    h = hashlib.sha1(f"gpusd-sim:{host}:{index}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu]]:
+    """``4xA100-80GB[,2xRTX4090]`` or a scenario JSON file -> (host name or None, GPUs)."""
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        return _parse_scenario(path)
+    gpus: list[_SimGpu] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?([A-Za-z0-9_\-]+)\s*", part)
+        if not m:
+            raise ConfigError(f"bad --simulate value {spec!r}; examples: 4xA100-80GB, 2xH100-80GB,1xRTX4090, scenario.json")
+        count = int(m.group(1) or 1)
+        if not 1 <= count <= 64:
+            raise ConfigError(f"--simulate: between 1 and 64 GPUs per model, not {count}")
+        model = _model(m.group(2))
+        total = MODELS[model][1]
+        for _ in range(count):
+            i = len(gpus)
+            # Each GPU drifts on its own period and phase so a demo fleet looks alive and varied.
+            util = _Signal(0, 5.0 + 7 * (i % 3), 35.0 + 20 * (i % 4), 40.0 + 13 * i, 1.7 * i)
+            mem = _Signal(0, 0.02 * total, (0.15 + 0.2 * (i % 4)) * total, 90.0 + 17 * i, 0.9 * i)
+            gpus.append(_SimGpu(model, util, mem))
+    return None, gpus
+
+
+def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read scenario {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"scenario {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not data["gpus"]:
+        raise ConfigError(f"scenario {path}: expected an object with a non-empty 'gpus' list")
+    gpus = []
+    for i, g in enumerate(data["gpus"]):
+        if not isinstance(g, dict):
+            raise ConfigError(f"scenario {path}: gpus[{i}] must be an object")
+        model = _model(str(g.get("model", "A100-80GB")))
+        temp = _signal(g["temperature"], "temperature") if "temperature" in g else None
+        mig = g.get("mig") or []
+        procs = g.get("processes") or []
+        if not isinstance(mig, list) or not isinstance(procs, list):
+            raise ConfigError(f"scenario {path}: gpus[{i}].mig and .processes must be lists")
+        gpus.append(_SimGpu(
+            model=model,
+            util=_signal(g.get("util", 0), f"gpus[{i}].util", phase=i),
+            memory=_signal(g.get("memory_used", 0), f"gpus[{i}].memory_used", convert=parse_bytes, phase=i),
+            temperature=temp,
+            mig=[str(p) for p in mig],
+            processes=[p for p in procs if isinstance(p, dict)],
+            lost=bool(g.get("lost", False)),
+        ))
+    host = data.get("hostname")
+    return (str(host) if host else None), gpus
+
+
+class SimulatedBackend:
+    """Same interface as :class:`~gpusd.inventory.nvml.NvmlBackend`, on simulated GPUs."""
+
+    backend = "simulated"
+
+    def __init__(self, spec: str, *, host: str | None = None, node: str | None = None) -> None:
+        scenario_host, self._gpus = parse_spec(spec)
+        self.hostname = host or scenario_host or local_hostname()
+        self.node_id = node or local_node_id()
+        self.spec = spec
+        self.driver_version = "550.54.15-sim"
+        self.cuda_version = "12.4"
+
+    def snapshot(self) -> HostSnapshot:
+        t = time.time()
+        gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
+        return HostSnapshot(
+            hostname=self.hostname,
+            node_id=self.node_id,
+            timestamp=t,
+            gpus=gpus,
+            driver_version=self.driver_version,
+            cuda_version=self.cuda_version,
+            nvml_version=None,
+            backend="simulated",
+            simulated=True,
+        )
+
+    def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:
+        name, total, plimit, mig_capable = MODELS[g.model]
+        gpu = GpuInfo(index=i, uuid=_uuid(self.hostname, i), name=name, pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0")
+        if g.lost:
+            gpu.healthy, gpu.error = False, "GPU is lost (simulated)"
+            return gpu
+        util = max(0.0, min(100.0, g.util.at(t)))
+        used = int(max(0, min(total, g.memory.at(t))))
+        gpu.memory_total, gpu.memory_used, gpu.memory_free = total, used, total - used
+        gpu.utilization_gpu = round(util, 1)
+        gpu.utilization_window = 5.0
+        gpu.utilization_memory = round(util * 0.6, 1)
+        gpu.temperature = int(g.temperature.at(t)) if g.temperature else int(32 + util * 0.45)
+        gpu.power_limit = plimit
+        gpu.power_draw = round(plimit * (0.15 + 0.8 * util / 100), 1)
+        gpu.fan_speed = None if "A100" in g.model or "H" in g.model[:1] else int(30 + util * 0.5)
+        gpu.compute_mode = "default"
+        gpu.mig_mode = bool(g.mig) if mig_capable else None
+        for k, profile in enumerate(g.mig):
+            m = re.search(r"(\d+)gb", profile)
+            mem = int(m.group(1)) * GiB if m else None
+            gpu.mig_instances.append(MigInstance(
+                index=k, uuid="MIG-" + _uuid(self.hostname, i * 100 + k)[4:], profile=profile,
+                memory_total=mem, memory_used=0, gpu_instance_id=k + 1, compute_instance_id=0,
+            ))
+        for p in g.processes:
+            try:
+                gpu.processes.append(ProcessInfo(
+                    pid=int(p.get("pid", 0)),
+                    used_memory=parse_bytes(p.get("memory", 0)),
+                    user=p.get("user"),
+                    command=p.get("command"),
+                ))
+            except (TypeError, ValueError):
+                continue
+        return gpu
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> SimulatedBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,52 @@
+"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio)."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"8GiB"`` -> 8589934592.  Plain numbers are bytes.  Raises ValueError with a clear message."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError("a size cannot be negative")
+        return text
+    m = _SIZE.match(str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 8GiB, 500MB, 1073741824)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_memory(text: str) -> int | float:
+    """A memory amount: bytes (``8GiB``) or, for a number between 0 and 1 with no unit, a ratio of
+    the GPU's total memory (``0.5``)."""
+    s = str(text).strip()
+    if s.endswith("%"):
+        value = float(s[:-1]) / 100
+        if not 0 <= value <= 1:
+            raise ValueError(f"not a percentage between 0 and 100: {text!r}")
+        return value
+    try:
+        value = float(s)
+    except ValueError:
+        return parse_bytes(s)
+    if 0 <= value < 1 or (value == 1 and "." in s):
+        return value
+    return parse_bytes(s)
+
+
+def format_bytes(n: int | None, unit: str = "GiB") -> str:
+    if n is None:
+        return "-"
+    div = {"MiB": 1024**2, "GiB": 1024**3}[unit]
+    value = n / div
+    return f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
