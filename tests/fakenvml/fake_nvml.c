@@ -1320,8 +1320,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *
 
 EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t h, nvmlBAR1Memory_t *bar1)
 {
-    BEGIN_DEV(h, "nvmlDeviceGetBAR1MemoryInfo", NULL, 0);
+    BEGIN_DEV(h, "nvmlDeviceGetBAR1MemoryInfo", NULL, 1);
     NONNULL(bar1);
+    if (m) {
+        /* MIG devices always answer (nvitop's MIG row needs it): the parent's
+         * BAR1 size, or the MIG memory size when the parent has none. */
+        bar1->bar1Total = HAS(d, F_BAR1) ? d->bar1_total : m->mem_total;
+        bar1->bar1Used = 0;
+        bar1->bar1Free = bar1->bar1Total;
+        RET(NVML_SUCCESS);
+    }
     REQUIRE(F_BAR1);
     bar1->bar1Total = d->bar1_total;
     bar1->bar1Used = d->bar1_used > d->bar1_total ? d->bar1_total : d->bar1_used;
@@ -1421,7 +1429,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t h, unsigned int type, ull 
         RET(NVML_ERROR_NOT_SUPPORTED);
     }
     if (!vals)
-        nvals = (unsigned)(SYNTH_WINDOW_US / SAMPLE_PERIOD_US);
+        nvals = (unsigned)((SYNTH_WINDOW_US + SAMPLE_PERIOD_US - 1) / SAMPLE_PERIOD_US); /* 12 */
     unsigned di = (unsigned)(d - g_cur->devs);
     ull last = grid_last(di, type, samples == NULL);
     /* sample i (oldest first) has timestamp last - (nvals-1-i)*period */

@@ -1,0 +1,144 @@
+"""Network plumbing shared by the daemon and the clients: interface choice and the one
+``AsyncZeroconf`` per process.
+
+Interfaces are given as IPv4 addresses or interface names (``--interface eth0``, repeatable, or
+``$GPUSD_INTERFACES=eth0,10.0.0.5``); nothing given means every interface (python-zeroconf's
+``InterfaceChoice.All``).  When interfaces are pinned, gpusd also turns off ``IP_MULTICAST_ALL`` on
+the mDNS sockets so that they receive only the multicast of the pinned interfaces.
+
+``$GPUSD_MDNS_FAST=1`` shrinks python-zeroconf's probe and announce intervals (as its own test suite
+does) for tests and benchmarks that start many daemons; never set it in production.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Sequence
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from zeroconf.asyncio import AsyncZeroconf
+
+log = logging.getLogger(__name__)
+
+INTERFACES_ENV = "GPUSD_INTERFACES"
+FAST_ENV = "GPUSD_MDNS_FAST"
+_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)  # Linux
+
+
+def interfaces_from_env() -> list[str]:
+    text = os.environ.get(INTERFACES_ENV, "")
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def resolve_interfaces(specs: Sequence[str] | None) -> list[str] | None:
+    """IPv4 addresses for ``specs`` (addresses or interface names); None: all interfaces.
+
+    ``specs`` None means ``$GPUSD_INTERFACES`` (if set).  ``all`` in the list means all interfaces."""
+    if specs is None:
+        specs = interfaces_from_env()
+    specs = [s.strip() for s in specs if s and s.strip()]
+    if not specs or any(s.lower() in ("all", "*") for s in specs):
+        return None
+    out: list[str] = []
+    by_name: dict[str, list[str]] | None = None
+    for spec in specs:
+        try:
+            addr = ipaddress.ip_address(spec)
+        except ValueError:
+            addr = None
+        if addr is not None:
+            if addr.version != 4:
+                raise ConfigError(f"--interface {spec}: only IPv4 addresses are supported")
+            out.append(str(addr))
+            continue
+        if by_name is None:
+            by_name = _addresses_by_interface()
+        found = by_name.get(spec)
+        if not found:
+            known = ", ".join(sorted(by_name)) or "none"
+            raise ConfigError(f"--interface {spec}: no such interface with an IPv4 address (known: {known})")
+        out.extend(found)
+    return list(dict.fromkeys(out))
+
+
+def _addresses_by_interface() -> dict[str, list[str]]:
+    import ifaddr
+
+    out: dict[str, list[str]] = {}
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str):
+                out.setdefault(adapter.nice_name, []).append(ip.ip)
+    return out
+
+
+def local_ipv4_addresses(include_loopback: bool = False) -> list[str]:
+    """Every IPv4 address of this machine (network namespace), loopback last or left out."""
+    addrs: list[str] = []
+    loop: list[str] = []
+    for ips in _addresses_by_interface().values():
+        for ip in ips:
+            try:
+                a = ipaddress.IPv4Address(ip)
+            except ValueError:
+                continue
+            if a.is_loopback:
+                loop.append(ip)
+            elif not a.is_link_local:
+                addrs.append(ip)
+    if include_loopback or not addrs:
+        addrs.extend(loop)
+    return list(dict.fromkeys(addrs))
+
+
+def apply_test_timings() -> None:
+    """Shrink python-zeroconf's probe/announce/goodbye intervals when ``$GPUSD_MDNS_FAST`` is set."""
+    if os.environ.get(FAST_ENV, "") in ("", "0"):
+        return
+    try:
+        from zeroconf import _core
+
+        _core._CHECK_TIME = 10  # type: ignore[attr-defined]
+        _core._REGISTER_TIME = 10  # type: ignore[attr-defined]
+        _core._UNREGISTER_TIME = 10  # type: ignore[attr-defined]
+        _core._PROBE_RANDOM_DELAY_INTERVAL = (1, 5)  # type: ignore[attr-defined]
+    except (ImportError, AttributeError):  # pragma: no cover - a future zeroconf
+        log.debug("cannot shrink zeroconf timings")
+
+
+async def open_zeroconf(interfaces: list[str] | None) -> "AsyncZeroconf":
+    """The process's ``AsyncZeroconf`` on ``interfaces`` (None: all), started."""
+    from zeroconf import InterfaceChoice, IPVersion
+    from zeroconf.asyncio import AsyncZeroconf
+
+    apply_test_timings()
+    try:
+        aiozc = AsyncZeroconf(
+            interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
+            ip_version=IPVersion.V4Only,
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
+    await aiozc.zeroconf.async_wait_for_start()
+    if interfaces:
+        restrict_multicast(aiozc)
+    return aiozc
+
+
+def restrict_multicast(aiozc: "AsyncZeroconf") -> None:
+    """Receive only the multicast groups joined on the pinned interfaces (Linux ``IP_MULTICAST_ALL``
+    defaults to 1: a socket bound to 0.0.0.0 would also get groups other sockets joined elsewhere)."""
+    engine = aiozc.zeroconf.engine
+    for wrapped in [*getattr(engine, "readers", []), *getattr(engine, "senders", [])]:
+        sock = getattr(wrapped, "sock", None)
+        if sock is None:
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
+        except OSError:
+            pass

@@ -1,0 +1,71 @@
+"""Server-sent events: formatting (daemon) and a bounded incremental parser (client).
+
+Only the parts of the SSE format gpusd uses: ``event:`` and ``data:`` fields, events separated by a
+blank line, ``:`` comment lines ignored.  The parser never buffers more than ``max_event`` bytes:
+a peer that sends an endless line is cut off with :class:`SSEError`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+MAX_EVENT = 4 * 2**20  # bytes; the same bound as an HTTP JSON answer
+
+
+class SSEError(ValueError):
+    """The stream is not valid SSE, or an event is too large."""
+
+
+def format_event(event: str, data: Any) -> bytes:
+    """One event: ``event: NAME\\ndata: JSON\\n\\n`` (JSON never contains a raw newline)."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"event: {event}\ndata: {payload}\n\n".encode()
+
+
+class SSEParser:
+    """Feed bytes, get ``(event, data)`` pairs (data: the joined ``data:`` lines, a string)."""
+
+    def __init__(self, max_event: int = MAX_EVENT) -> None:
+        self.max_event = max_event
+        self._buf = bytearray()
+        self._event = ""
+        self._data: list[str] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[str, str]]:
+        self._buf.extend(chunk)
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                if len(self._buf) > self.max_event:
+                    raise SSEError(f"SSE line longer than {self.max_event} bytes")
+                return
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data or self._event:
+                    event = self._event or "message"
+                    data = "\n".join(self._data)
+                    self._event, self._data, self._size = "", [], 0
+                    yield event, data
+                continue
+            if line.startswith(b":"):
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SSEError("SSE line is not UTF-8") from None
+            name, _, value = text.partition(":")
+            if value.startswith(" "):
+                value = value[1:]
+            self._size += len(line)
+            if self._size > self.max_event:
+                raise SSEError(f"SSE event larger than {self.max_event} bytes")
+            if name == "event":
+                self._event = value[:64]
+            elif name == "data":
+                self._data.append(value)
+            # id:, retry: and unknown fields are ignored

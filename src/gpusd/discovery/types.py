@@ -1,0 +1,247 @@
+"""What discovery hands to applications: hosts, devices (one GPU of one host) and events."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import GpuInfo, HostSnapshot
+from ..units import format_bytes
+from .txt import TxtRecord
+
+HOST_ADDED = "host_added"
+HOST_REMOVED = "host_removed"
+DEVICE_ADDED = "device_added"
+DEVICE_REMOVED = "device_removed"
+DEVICE_UPDATED = "device_updated"
+THRESHOLD_EXCEEDED = "threshold_exceeded"
+THRESHOLD_CLEARED = "threshold_cleared"
+EVENTS = (HOST_ADDED, HOST_REMOVED, DEVICE_ADDED, DEVICE_REMOVED, DEVICE_UPDATED, THRESHOLD_EXCEEDED, THRESHOLD_CLEARED)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One GPU of one host on the LAN.  ``gpu`` is the full :class:`~gpusd.model.GpuInfo`; the most
+    used fields are repeated as properties.  ``live`` is False for GPUs known only from an
+    announcement (hwsd hosts): no load, no memory use."""
+
+    hostname: str
+    node_id: str
+    session: str
+    gpu: GpuInfo
+    url: str | None = None
+    source: str = "gpusd"
+    live: bool = True
+    simulated: bool = False
+    host_key: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.host_key or self.node_id, self.gpu.uuid)
+
+    @property
+    def index(self) -> int:
+        return self.gpu.index
+
+    @property
+    def uuid(self) -> str:
+        return self.gpu.uuid
+
+    @property
+    def name(self) -> str | None:
+        return self.gpu.name
+
+    @property
+    def memory_total(self) -> int | None:
+        return self.gpu.memory_total
+
+    @property
+    def memory_used(self) -> int | None:
+        return self.gpu.memory_used
+
+    @property
+    def memory_free(self) -> int | None:
+        g = self.gpu
+        if g.memory_free is not None:
+            return g.memory_free
+        if g.memory_total is not None and g.memory_used is not None:
+            return max(0, g.memory_total - g.memory_used)
+        return None
+
+    @property
+    def utilization(self) -> float | None:
+        return self.gpu.utilization_gpu
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hostname": self.hostname,
+            "node_id": self.node_id,
+            "session": self.session,
+            "url": self.url,
+            "source": self.source,
+            "live": self.live,
+            "simulated": self.simulated,
+            "gpu": self.gpu.to_dict(),
+        }
+
+    def __str__(self) -> str:
+        g = self.gpu
+        util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
+        mem = (f"{format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
+               if g.memory_total is not None else "-")
+        return f"{self.hostname}:{g.index} {g.name or '?'} util {util} mem {mem}"
+
+
+@dataclass(slots=True)
+class RemoteHost:
+    """A host seen on the LAN: its announcement and, for gpusd hosts, its live snapshot."""
+
+    key: str  # the DNS-SD service name (unique on the LAN)
+    txt: TxtRecord
+    addresses: list[str] = field(default_factory=list)
+    port: int = 0
+    url: str | None = None  # the HTTP API base, e.g. http://198.18.0.2:4780/api/v1
+    snapshot: HostSnapshot | None = None
+    alive: bool = False
+    last_seen: float = 0.0  # time.monotonic() of the last sign of life
+    added_at: float = field(default_factory=time.time)
+
+    @property
+    def hostname(self) -> str:
+        return self.txt.hostname
+
+    @property
+    def node_id(self) -> str:
+        return self.txt.node_id
+
+    @property
+    def session(self) -> str:
+        return self.txt.session
+
+    @property
+    def source(self) -> str:
+        return self.txt.source
+
+    @property
+    def live(self) -> bool:
+        return self.txt.source == "gpusd"
+
+    def gpus(self) -> list[GpuInfo]:
+        """Live GPUs for gpusd hosts; for hwsd hosts, GPUs made from the announcement."""
+        if self.snapshot is not None:
+            return list(self.snapshot.gpus)
+        if self.txt.source == "hwsd":
+            return [
+                GpuInfo(index=i, uuid=f"hwsd-{self.txt.node_id or self.key}-{i}", name=model)
+                for i, (model, _) in enumerate(self.txt.inventory)
+            ]
+        return []
+
+    def devices(self) -> list[Device]:
+        simulated = bool(self.snapshot.simulated) if self.snapshot is not None else self.txt.simulated
+        return [
+            Device(hostname=self.hostname, node_id=self.node_id, session=self.session, gpu=g, url=self.url,
+                   source=self.source, live=self.live, simulated=simulated, host_key=self.key)
+            for g in self.gpus()
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "hostname": self.hostname,
+            "node_id": self.node_id,
+            "session": self.session,
+            "source": self.source,
+            "addresses": list(self.addresses),
+            "port": self.port,
+            "url": self.url,
+            "alive": self.alive,
+            "txt": self.txt.to_dict(),
+            "snapshot": self.snapshot.to_dict() if self.snapshot is not None else None,
+        }
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.node_id}, session {self.session}, {self.txt.count} GPU(s))"
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryEvent:
+    """What a handler registered with ``register_event_handler`` receives.
+
+    ``device`` is set for device events (``previous``: the device before a ``device_updated``);
+    ``changed`` names the GpuInfo fields that changed; ``data`` carries threshold details."""
+
+    event: str
+    host: RemoteHost
+    device: Device | None = None
+    previous: Device | None = None
+    changed: tuple[str, ...] = ()
+    data: dict[str, Any] | None = None
+    ts: float = field(default_factory=time.time)
+
+    @property
+    def hostname(self) -> str:
+        return self.host.hostname
+
+    @property
+    def node_id(self) -> str:
+        return self.host.node_id
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "event": self.event,
+            "ts": self.ts,
+            "hostname": self.host.hostname,
+            "node_id": self.host.node_id,
+            "session": self.host.session,
+            "url": self.host.url,
+            "source": self.host.source,
+            "gpu": self.device.gpu.to_dict() if self.device is not None else None,
+        }
+        if self.changed:
+            out["changed"] = list(self.changed)
+        if self.data is not None:
+            out["data"] = self.data
+        return out
+
+    def __str__(self) -> str:
+        if self.device is not None:
+            extra = f" [{', '.join(self.changed)}]" if self.changed else ""
+            return f"{self.event} {self.device}{extra}"
+        return f"{self.event} {self.host}"
+
+
+@dataclass(slots=True)
+class Filters:
+    """Which hosts and GPUs a client reports.  ``session`` None: every session."""
+
+    session: str | None = "default"
+    hostname: str | None = None  # exact name or glob (``gpu-node-*``)
+    model: str | None = None  # case-insensitive substring or glob of the GPU name
+    min_free_memory: int | None = None  # bytes
+
+    def host_ok(self, txt: TxtRecord) -> bool:
+        if self.session is not None and txt.session != self.session:
+            return False
+        if self.hostname and not fnmatch.fnmatchcase(txt.hostname.lower(), self.hostname.lower()):
+            return False
+        return True
+
+    def device_ok(self, gpu: GpuInfo) -> bool:
+        if self.model:
+            name = (gpu.name or "").lower()
+            pattern = self.model.lower()
+            if any(c in pattern for c in "*?["):
+                if not fnmatch.fnmatchcase(name, pattern):
+                    return False
+            elif pattern not in name:
+                return False
+        if self.min_free_memory is not None:
+            free = gpu.memory_free
+            if free is None and gpu.memory_total is not None and gpu.memory_used is not None:
+                free = gpu.memory_total - gpu.memory_used
+            if free is None or free < self.min_free_memory:
+                return False
+        return True

@@ -1,0 +1,49 @@
+"""Shared fixtures.
+
+Every test gets its own lock and state directories (never the machine's real ones), no inherited
+CUDA_VISIBLE_DEVICES and no simulation unless it asks.  The fake NVML library (tests/fakenvml) is
+built once per session with the system C compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pytest
+
+from fakenvml import FakeGPU, FakeNvml, make_gpus  # noqa: F401  (re-exported for tests)
+from fakenvml.fixtures import fake_nvml, fake_nvml_inprocess, fake_nvml_libdir  # noqa: F401
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    base = tmp_path_factory.mktemp("gpusd")
+    monkeypatch.setenv("GPUSD_LOCK_DIR", str(base / "locks"))
+    monkeypatch.setenv("GPUSD_STATE_DIR", str(base / "state"))
+    for var in ("GPUSD_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSD_NVML_LIBRARY"):
+        monkeypatch.delenv(var, raising=False)
+    yield base
+    from gpusd.alloc import api
+
+    for backend in api._backends.values():
+        backend.close()
+    api._backends.clear()
+
+
+def gpusd_cli(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60,
+              **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run the gpusd CLI in a subprocess, as a user would."""
+    return subprocess.run([sys.executable, "-m", "gpusd", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+@pytest.fixture
+def cli_env(fake_nvml: FakeNvml) -> dict[str, str]:
+    """Environment for a gpusd subprocess on the fake NVML (state written by the test)."""
+    return fake_nvml.env(dict(os.environ))

@@ -1,0 +1,33 @@
+import pytest
+
+from gpusd.units import format_bytes, parse_bytes, parse_memory
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("8GiB", 8 * 2**30), ("8 GiB", 8 * 2**30), ("500MB", 500 * 10**6), ("1.5G", 1_500_000_000),
+    ("1024", 1024), ("2Ti", 2 * 2**40), (4096, 4096),
+])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "GiB", "8 parsecs", "-1GiB", "1e9"])
+def test_parse_bytes_rejects(bad):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_bytes(bad)
+
+
+def test_parse_memory_ratio_or_bytes():
+    assert parse_memory("0.5") == 0.5
+    assert parse_memory("50%") == 0.5
+    assert parse_memory("1.0") == 1.0
+    assert parse_memory("8GiB") == 8 * 2**30
+    assert parse_memory("2048") == 2048
+    with pytest.raises(ValueError):
+        parse_memory("150%")
+
+
+def test_format_bytes():
+    assert format_bytes(None) == "-"
+    assert format_bytes(80 * 2**30) == "80.0GiB"
+    assert format_bytes(141 * 2**30) == "141GiB"
