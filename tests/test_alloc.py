@@ -288,3 +288,21 @@ def test_run_mig_slices_are_given_by_uuid(fake_nvml, cli_env):
     assert r.stdout.strip() == "MIG-11111111-2222-3333-4444-555555555555"
     r = gpusd_cli(["run", "--", "true"], env=cli_env)
     assert r.returncode == 4 and "MIG mode" in r.stderr
+
+
+def test_load_of_an_ended_lease_does_not_keep_its_gpu_busy(fake_nvml_inprocess):
+    """The window average must not hold a just-finished gpusd job's load against its GPU."""
+    import gpusd
+
+    gpus = make_gpus(1, util_gpu=95)
+    fake_nvml_inprocess.write(gpus)
+    job = gpusd.select(count=1)
+    for _ in range(3):
+        gpusd.local_snapshot()  # the long-lived process builds up a window of 95 % samples
+        time.sleep(0.2)
+    gpus[0].util_gpu = 0  # the job ends
+    fake_nvml_inprocess.write(gpus)
+    time.sleep(0.4)
+    assert gpusd.local_snapshot().gpus[0].utilization_gpu > 50  # the window still remembers the job
+    job.release()
+    assert gpusd.select(count=1, max_util=50, lease=False).indices == [0]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import socket
-import uuid
 from pathlib import Path
 
 
 def hostname() -> str:
-    return os.environ.get("GPUSD_HOSTNAME") or socket.gethostname()
+    return os.environ.get("GPUSD_HOSTNAME") or os.uname().nodename
 
 
 def state_dir(create: bool = False) -> Path:
@@ -52,11 +49,13 @@ def node_id(directory: Path | None = None) -> str:
             return text
     except OSError:
         pass
+    import hashlib
+
     mid = _machine_id()
     if mid and "GPUSD_STATE_DIR" not in os.environ:
         new = hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
     else:
-        new = uuid.uuid4().hex[:16]
+        new = os.urandom(8).hex()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -100,7 +100,7 @@ class Selection:
 
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
              command: str | None, pid: int | None) -> Selection:
-    snap = backend.snapshot()
+    snap = backend.snapshot(util_since=store.release_times())
     if not take_lease:
         return Selection(choose(snap, c, store.leases()), None)
     with store.mutex():
@@ -121,7 +121,7 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
 
 
 def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
-             poll: float = 0.2, simulate: str | None = None, store: LeaseStore | None = None,
+             poll: float = 0.1, simulate: str | None = None, store: LeaseStore | None = None,
              command: str | None = None, pid: int | None = None, backend: Backend | None = None) -> Selection:
     """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served."""
     backend = backend or shared_backend(simulate)

@@ -31,7 +31,6 @@ import fcntl
 import json
 import os
 import time
-import uuid as uuidlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +105,14 @@ class Lease:
             self.path.unlink()
         except OSError:
             pass
+        now = f"{time.time():.3f}\n".encode()
+        for fd in self.fds[:-1]:
+            try:
+                # When the lease ended: the GPU's load before then was this job's, not a reason to
+                # avoid the GPU now (see LeaseStore.release_times).
+                os.pwrite(fd, now, 0)
+            except OSError:
+                pass
         for fd in self.fds:
             try:
                 os.close(fd)  # closing drops the flock (unless a child still holds a copy)
@@ -204,6 +211,27 @@ class LeaseStore:
             logging.getLogger(__name__).warning("skipping unreadable lease file %s: %s", name, exc)
             return []
 
+    def release_times(self, within: float = 60.0) -> dict[str, float]:
+        """Device UUID -> when its last gpusd lease ended, for leases that ended in the last
+        ``within`` seconds.  Selection ignores utilisation samples from before that moment."""
+        out: dict[str, float] = {}
+        horizon = time.time() - within
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return out
+        for name in names:
+            if not (name.startswith("gpu-") and name.endswith(".lock")):
+                continue
+            try:
+                with open(self.dir / name, "rb") as f:
+                    ts = float(f.read(32).split(b"\n", 1)[0] or 0)
+            except (OSError, ValueError):
+                continue
+            if ts >= horizon:
+                out[name[4:-5]] = ts
+        return out
+
     def attach(self, snap: HostSnapshot) -> HostSnapshot:
         """Add the live leases to the GPUs of ``snap`` (a MIG slice's lease to its parent GPU)."""
         leases = self.leases()
@@ -236,7 +264,7 @@ class LeaseStore:
                     for f in fds:
                         os.close(f)
                     return None
-            lease_id = uuidlib.uuid4().hex[:12]
+            lease_id = os.urandom(6).hex()
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,

@@ -94,6 +94,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
     p.add_argument("--json", action="store_true")
 
+    # --- monitoring commands ---
+    p = _command(sub, "top", "gpusd.cli.monitor:top",
+                 "live view of every GPU on the LAN (or --local): utilisation, memory, leases, processes")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--local", action="store_true", help="this machine only, read directly (no daemon)")
+    src.add_argument("--url", metavar="URL", help="read the fleet from this daemon, e.g. http://gpu-node-1:4780")
+    _simulate_flag(p)
+    p.add_argument("--session", default="default", help="cluster name to show (default: default)")
+    p.add_argument("--all-sessions", action="store_true", help="show hosts of every session")
+    p.add_argument("--once", action="store_true", help="print one frame and exit (also when stdout is not a terminal)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh every S seconds (default 1)")
+    p.add_argument("--wait", type=float, default=2.0, metavar="S",
+                   help="seconds to browse the LAN before the first frame (default 2)")
+    p.add_argument("--sort", choices=("host", "util", "memory", "temp", "power", "free"), default="host",
+                   help="sort GPUs (and hosts) by this key; key s cycles (default host)")
+    p.add_argument("--reverse", action="store_true", help="reverse the sort order")
+    p.add_argument("--filter", metavar="TEXT", help="show only GPUs matching TEXT (host, model, UUID, user...)")
+    p.add_argument("--width", type=int, metavar="N", help="with --once: render for N columns")
+    p.add_argument("--threshold", action="append", metavar="RULE",
+                   help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
+    p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
+    p.add_argument("--token", help="the fleet's shared token: shows process owners and commands ($GPUSD_TOKEN)")
+
+    p = sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools")
+    esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
+    p = _command(esub, "prometheus-sd", "gpusd.cli.monitor:export_prometheus_sd",
+                 "write a Prometheus file_sd target list of the gpusd daemons discovered")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE atomically (default: standard output)")
+    p.add_argument("--url", metavar="URL", help="ask this daemon for the fleet instead of browsing the LAN")
+    p.add_argument("--session", default="default", help="cluster name (default: default)")
+    p.add_argument("--all-sessions", action="store_true", help="daemons of every session")
+    p.add_argument("--wait", type=float, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
+    p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
+    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="with --watch: check every S seconds")
+    p.add_argument("--token", help="the fleet's shared token ($GPUSD_TOKEN)")
+    # --- end of monitoring commands ---
+
     return parser
 
 

@@ -7,7 +7,7 @@ Both backends have the same interface (:class:`Backend`).
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import Mapping, Protocol
 
 from ..model import HostSnapshot
 
@@ -17,7 +17,7 @@ class Backend(Protocol):
     hostname: str
     node_id: str
 
-    def snapshot(self) -> HostSnapshot: ...
+    def snapshot(self, util_since: Mapping[str, float] | None = None) -> HostSnapshot: ...
 
     def close(self) -> None: ...
 

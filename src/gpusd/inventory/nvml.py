@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
@@ -91,6 +91,7 @@ class NvmlBackend:
         self._devices: list[_Device] = []
         self._count = -1
         self._resolver = ProcessResolver()
+        self._util_since: Mapping[str, float] = {}
         try:
             import pynvml
         except ImportError:  # pragma: no cover - a dependency of gpusd
@@ -174,7 +175,10 @@ class NvmlBackend:
         return _text(value) if isinstance(value, bytes) else value
 
     # -- the snapshot -------------------------------------------------------------------------
-    def snapshot(self) -> HostSnapshot:
+    def snapshot(self, util_since: Mapping[str, float] | None = None) -> HostSnapshot:
+        """All GPUs now.  ``util_since`` maps GPU UUIDs to a time before which their utilisation
+        samples are ignored (the load of a gpusd lease that has ended since)."""
+        self._util_since = util_since or {}
         with self._lock:
             if self._closed:
                 raise BackendUnavailable("the NVML backend is closed")
@@ -258,7 +262,7 @@ class NvmlBackend:
         elif rates is not None and ("samples" in dev.unsupported or window.last_ts() is None):
             # No driver sample buffer: build the window from our own readings.
             window.add(now, float(rates.gpu))
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now)
+        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
         if gpu.utilization_gpu is None and rates is not None:
             gpu.utilization_gpu = float(rates.gpu)
 

@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..identity import hostname as local_hostname
@@ -168,7 +168,7 @@ class SimulatedBackend:
         self.driver_version = "550.54.15-sim"
         self.cuda_version = "12.4"
 
-    def snapshot(self) -> HostSnapshot:
+    def snapshot(self, util_since: Mapping[str, float] | None = None) -> HostSnapshot:
         t = time.time()
         gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
         return HostSnapshot(

@@ -42,19 +42,27 @@ class UtilWindow:
     def last_ts(self) -> float | None:
         return self._samples[-1][0] if self._samples else None
 
-    def mean(self, now: float) -> tuple[float | None, float | None]:
+    def mean(self, now: float, since: float | None = None) -> tuple[float | None, float | None]:
         """(mean, seconds covered).  Each sample counts for the time until the next sample (the
-        newest for one mean sample period); a lone sample gives (value, None)."""
+        newest for one mean sample period); a lone sample gives (value, None).  With ``since``,
+        only samples taken at or after that time count (None, None when there are none)."""
         self._trim(now)
         samples = self._samples
-        if not samples:
+        if since is not None:
+            items = [s for s in samples if s[0] >= since]
+            if not items:
+                return None, None
+        else:
+            items = list(samples)
+        if not items:
             return None, None
-        if len(samples) == 1:
-            return samples[0][1], None
+        if len(items) == 1:
+            return items[0][1], None
         horizon = now - self.window
+        if since is not None:
+            horizon = max(horizon, since)
         total = 0.0
         weight = 0.0
-        items = list(samples)
         period = (items[-1][0] - items[0][0]) / (len(items) - 1)
         for i, (ts, value) in enumerate(items):
             start = max(ts, horizon)

@@ -1,0 +1,75 @@
+"""Shared helpers for the benchmarks: the fake NVML from the test tree, timing and statistics."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from fakenvml import FakeGPU, FakeProcess, build_fake_nvml, make_gpus, preload, write_state  # noqa: E402
+
+__all__ = ["FakeGPU", "FakeProcess", "make_gpus", "write_state", "FakeEnv", "p50", "pct", "timeit_each", "whole_process"]
+
+
+class FakeEnv:
+    """A fake NVML (built from tests/fakenvml) with a state file in a temporary directory."""
+
+    def __init__(self, gpus: Sequence[FakeGPU]) -> None:
+        self.libdir = build_fake_nvml()
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpusd-bench-"))
+        self.state = self.tmp / "state.txt"
+        write_state(self.state, gpus)
+        self.env = dict(os.environ)
+        self.env["LD_LIBRARY_PATH"] = f"{self.libdir}:{self.env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
+        self.env["GPUSD_FAKE_NVML_STATE"] = str(self.state)
+        self.env["GPUSD_LOCK_DIR"] = str(self.tmp / "locks")
+        self.env["GPUSD_STATE_DIR"] = str(self.tmp / "state")
+        self.env.pop("CUDA_VISIBLE_DEVICES", None)
+
+    def write(self, gpus: Sequence[FakeGPU]) -> None:
+        write_state(self.state, gpus)
+
+    def activate_in_process(self) -> None:
+        preload(self.libdir)
+        for key in ("GPUSD_FAKE_NVML_STATE", "GPUSD_LOCK_DIR", "GPUSD_STATE_DIR"):
+            os.environ[key] = self.env[key]
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def p50(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def timeit_each(fn: Callable[[], object], n: int, warmup: int = 20) -> list[float]:
+    """Seconds per call, n calls (after warm-up)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def whole_process(cmd: Sequence[str], env: dict[str, str], n: int) -> tuple[list[float], subprocess.CompletedProcess[bytes]]:
+    """Wall-clock seconds of n runs of cmd (after one warm-up run)."""
+    last = subprocess.run(cmd, env=env, capture_output=True)
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        last = subprocess.run(cmd, env=env, capture_output=True)
+        out.append(time.perf_counter() - t)
+    return out, last

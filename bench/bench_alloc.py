@@ -1,0 +1,263 @@
+"""Issue 3 benchmark: collisions, selection latency and makespan, on a fake NVML with 8 GPUs.
+
+    python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--skip makespan]
+
+Collisions: 16 processes, started and initialised beforehand, are released at the same instant by a
+barrier and each asks for one GPU; we count the GPUs given to more than one process.  gpusd
+(``gpusd.select(count=1)``, with its lease) versus nvitop's ``select_devices`` and a GPUtil-style
+"least loaded" pick (GPUtil itself needs nvidia-smi; its rule is reproduced on NVML readings).
+
+Latency: in-process ``gpusd.select(count=1, lease=False)`` and select + lease + release versus
+``nvitop.select_devices(min_count=1)``; whole process ``gpusd select -n 1`` versus ``nvisel -n 1``.
+
+Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
+there run at half speed); each job, while it runs, adds its load and memory to the fake state.
+``gpusd run --wait --max-util 50`` per job versus a static round-robin assignment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from _common import FakeEnv, make_gpus, p50, timeit_each, whole_process, write_state
+
+GiB = 2**30
+
+
+def fleet():
+    gpus = make_gpus(8, memory_used=2 * GiB, util_gpu=5, mig_mode=0)
+    for i, g in enumerate(gpus):  # varied, so "least loaded" is not simply GPU 0
+        g.util_gpu = [12, 3, 25, 7, 18, 9, 30, 15][i]
+        g.memory_used = [4, 1, 9, 2, 6, 3, 12, 5][i] * GiB
+    return gpus
+
+
+# -- collisions --------------------------------------------------------------------------------------
+
+def _worker(kind: str, env: dict, start: "mp.synchronize.Barrier", done: "mp.synchronize.Barrier", out: "mp.Queue") -> None:
+    os.environ.update(env)
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+    from fakenvml import preload
+
+    preload(env["LD_LIBRARY_PATH"].split(":")[0])
+    pick = None
+    if kind == "gpusd":
+        import gpusd
+
+        gpusd.local_snapshot()  # NVML initialised before the start signal, as for the others
+        start.wait()
+        try:
+            sel = gpusd.select(count=1)
+            pick = sel.indices[0]
+        except gpusd.NoGpuAvailable:
+            sel = None
+    elif kind == "nvitop":
+        from nvitop import Device, select_devices
+
+        Device.count()
+        start.wait()
+        picks = select_devices(min_count=1, max_count=1)
+        pick = picks[0] if picks else None
+    else:  # GPUtil's rule: sort by load (utilisation), then take the first
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        start.wait()
+        loads = [(pynvml.nvmlDeviceGetUtilizationRates(h).gpu, i) for i, h in enumerate(handles)]
+        pick = min(loads)[1]
+    out.put(pick)
+    done.wait()  # hold the GPU (and the lease) until every worker has picked
+
+
+def collisions(fake: FakeEnv, rounds: int) -> None:
+    ctx = mp.get_context("spawn")
+    print(f"\nCollisions: 16 processes ask for 1 GPU each at the same instant, 8 GPUs, {rounds} rounds")
+    print(f"{'tool':28s} {'GPUs shared, per round':>24s} {'rounds with 0':>14s} {'processes given a GPU':>22s}")
+    for kind in ("gpusd", "nvitop", "gputil-style"):
+        if kind == "nvitop" and shutil.which("nvisel") is None:
+            print(f"{kind:28s} not installed")
+            continue
+        shared_counts, given = [], []
+        for _ in range(rounds):
+            start, done, q = ctx.Barrier(17), ctx.Barrier(17), ctx.Queue()
+            procs = [ctx.Process(target=_worker, args=(kind, fake.env, start, done, q)) for _ in range(16)]
+            for p in procs:
+                p.start()
+            start.wait()
+            picks = [q.get(timeout=60) for _ in range(16)]
+            done.wait()
+            for p in procs:
+                p.join(30)
+            got = [p for p in picks if p is not None]
+            shared_counts.append(sum(1 for g in set(got) if got.count(g) > 1))
+            given.append(len(got))
+        print(f"{kind:28s} {'min %d, max %d, mean %.1f' % (min(shared_counts), max(shared_counts), sum(shared_counts) / rounds):>24s}"
+              f" {sum(1 for c in shared_counts if c == 0):>8d}/{rounds:<5d} {p50(given):>14.0f} of 16")
+    print("(gpusd gives each of the 8 GPUs to one process and tells the other 8 that no GPU is free;\n"
+          " with --wait they would queue.)")
+
+
+# -- latency -----------------------------------------------------------------------------------------
+
+def latency(fake: FakeEnv, n: int, runs: int) -> None:
+    fake.activate_in_process()
+    import gpusd
+
+    def ours() -> None:
+        gpusd.select(count=1, lease=False)
+
+    def ours_lease() -> None:
+        gpusd.select(count=1).release()
+
+    rows = [("gpusd.select(count=1, lease=False)", p50(timeit_each(ours, n))),
+            ("gpusd.select(count=1) + lease + release", p50(timeit_each(ours_lease, n)))]
+    try:
+        from nvitop import select_devices
+
+        rows.append(("nvitop.select_devices(min_count=1)", p50(timeit_each(lambda: select_devices(min_count=1),
+                                                                           max(100, n // 10)))))
+    except ImportError:
+        pass
+    base = rows[0][1]
+    print("\nSelection latency, in-process (p50)")
+    for name, t in rows:
+        print(f"{name:44s} {t * 1e3:8.3f} ms  {t / base:6.2f}x gpusd select")
+    print(f"\nWhole process, median of {runs} runs")
+    cmds = [("gpusd select -n 1", [sys.executable, "-m", "gpusd", "select", "-n", "1"])]
+    if shutil.which("nvisel"):
+        cmds.append(("nvisel -n 1", [shutil.which("nvisel"), "-n", "1"]))
+    for name, cmd in cmds:
+        times, last = whole_process(cmd, fake.env, runs)
+        print(f"{name:44s} {p50(times) * 1e3:8.1f} ms  (min {min(times) * 1e3:.1f}, rc {last.returncode})")
+
+
+# -- makespan ----------------------------------------------------------------------------------------
+
+JOB = r"""
+import json, os, sys, time
+run_dir, job_id, duration, mem = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+gpu = int(os.environ["CUDA_VISIBLE_DEVICES"])
+busy = json.load(open(os.path.join(run_dir, "busy.json")))
+start = time.time()
+path = os.path.join(run_dir, "running", job_id)
+with open(path + ".tmp", "w") as f:
+    json.dump({"gpu": gpu, "util": 90, "memory": mem}, f)
+os.replace(path + ".tmp", path)
+time.sleep(duration * (2.0 if gpu in busy else 1.0))   # background load halves the speed
+os.unlink(path)
+with open(os.path.join(run_dir, "done", job_id), "w") as f:
+    json.dump({"gpu": gpu, "start": start, "end": time.time()}, f)
+"""
+
+
+class StateKeeper(threading.Thread):
+    """Writes the fake NVML state: base fleet + background load + the load of running jobs."""
+
+    def __init__(self, fake: FakeEnv, run_dir: Path, busy: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.fake, self.run_dir, self.busy = fake, run_dir, busy
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        last = None
+        while not self.stop.is_set():
+            gpus = make_gpus(8, memory_used=GiB, util_gpu=0, mig_mode=0)
+            for b in self.busy:
+                gpus[b].util_gpu, gpus[b].memory_used = 95, 40 * GiB
+            for f in (self.run_dir / "running").iterdir():
+                try:
+                    job = json.loads(f.read_text())
+                except (OSError, ValueError):
+                    continue
+                g = gpus[job["gpu"]]
+                g.util_gpu = min(100, g.util_gpu + job["util"])
+                g.memory_used = min(g.memory_total, g.memory_used + job["memory"])
+            key = [(g.util_gpu, g.memory_used) for g in gpus]
+            if key != last:
+                write_state(self.fake.state, gpus)
+                last = key
+            time.sleep(0.05)
+
+
+def makespan(fake: FakeEnv, jobs: int) -> None:
+    rng = random.Random(7)
+    specs = [(f"j{i:02d}", round(rng.uniform(0.3, 1.5), 2), rng.choice([4, 8, 16, 24]) * GiB) for i in range(jobs)]
+    busy = [2, 5]
+    print(f"\nMakespan: {jobs} jobs (0.3-1.5 s, 4-24 GiB) on 8 GPUs, GPUs {busy} busy with background load")
+    results = {}
+    for mode in ("round-robin", "gpusd run --wait"):
+        run_dir = fake.tmp / f"makespan-{mode.split()[0]}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        (run_dir / "running").mkdir(parents=True)
+        (run_dir / "done").mkdir()
+        (run_dir / "busy.json").write_text(json.dumps(busy))
+        (run_dir / "job.py").write_text(JOB)
+        keeper = StateKeeper(fake, run_dir, busy)
+        keeper.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        if mode == "round-robin":
+            def lane(gpu: int) -> None:
+                for jid, dur, mem in specs[gpu::8]:
+                    subprocess.run([sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur), str(mem)],
+                                   env=dict(fake.env, CUDA_VISIBLE_DEVICES=str(gpu)), check=True)
+            lanes = [threading.Thread(target=lane, args=(g,)) for g in range(8)]
+            for t in lanes:
+                t.start()
+            for t in lanes:
+                t.join()
+        else:
+            procs = []
+            for jid, dur, mem in specs:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait", "--max-util", "50",
+                     "--memory", str(mem), "--", sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur),
+                     str(mem)], env=fake.env))
+                time.sleep(0.01)  # submission order = queue order
+            for p in procs:
+                p.wait()
+        end = time.time()
+        keeper.stop.set()
+        keeper.join()
+        done = [json.loads(f.read_text()) for f in (run_dir / "done").iterdir()]
+        waits = [d["start"] - t0 for d in done]
+        on_busy = sum(1 for d in done if d["gpu"] in busy)
+        results[mode] = (end - t0, sum(waits) / len(waits), on_busy, len(done))
+    print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}")
+    for mode, (ms, mw, ob, nd) in results.items():
+        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--skip", action="append", default=[], choices=["collisions", "latency", "makespan"])
+    args = ap.parse_args()
+    fake = FakeEnv(fleet())
+    print(f"fake NVML: 8 x NVIDIA A100-SXM4-80GB, lock dir {fake.env['GPUSD_LOCK_DIR']}")
+    if "collisions" not in args.skip:
+        collisions(fake, args.rounds)
+    if "latency" not in args.skip:
+        latency(fake, args.n, args.runs)
+    if "makespan" not in args.skip:
+        makespan(fake, args.jobs)
+    shutil.rmtree(fake.tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``gpusd top`` and ``gpusd export prometheus-sd``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..monitor.sources import Source
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    return getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None
+
+
+def _source(args: argparse.Namespace, settle: float) -> Source:
+    if getattr(args, "local", False):
+        from ..monitor.sources import LocalSource
+
+        return LocalSource(args.simulate)
+    if getattr(args, "simulate", None):
+        raise ConfigError("--simulate needs --local (it simulates this machine's GPUs)")
+    if args.url:
+        from ..monitor.sources import FleetSource
+
+        return FleetSource(args.url, token=_token(args))
+    from ..monitor.sources import DiscoverySource
+
+    return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle, token=_token(args))
+
+
+def top(args: argparse.Namespace) -> int:
+    from ..monitor.thresholds import ThresholdEngine, load_rules
+    from ..monitor.top import SORT_KEYS, HostBook, TopState, render_text
+
+    if args.interval <= 0:
+        raise ConfigError("--interval must be a positive number of seconds")
+    if args.sort not in SORT_KEYS:  # pragma: no cover - argparse checks choices
+        raise ConfigError(f"--sort must be one of {', '.join(SORT_KEYS)}")
+    rules = load_rules(args.threshold or (), args.thresholds or ())
+    book = HostBook(engine_factory=(lambda: ThresholdEngine(rules)) if rules else None)
+    state = TopState(sort=args.sort, reverse=args.reverse, filter=args.filter or "")
+    once = args.once or not sys.stdout.isatty()
+    source = _source(args, settle=args.wait)
+    try:
+        if once:
+            width = args.width or shutil.get_terminal_size((120, 40)).columns
+            views = book.update(source.hosts())
+            sys.stdout.write(render_text(views, state, width=width, color=sys.stdout.isatty()))
+            sys.stdout.flush()
+            return 0
+        from rich.console import Console
+
+        from ..monitor.live import run_live
+
+        return run_live(source.hosts, state, book, args.interval, Console(highlight=False))
+    finally:
+        source.close()
+
+
+def export_prometheus_sd(args: argparse.Namespace) -> int:
+    from ..monitor import sd
+    from ..monitor.sources import FleetSource
+
+    if args.watch and not args.output:
+        raise ConfigError("--watch needs --output FILE (Prometheus re-reads the file when it changes)")
+    if args.interval <= 0:
+        raise ConfigError("--interval must be a positive number of seconds")
+    session = None if args.all_sessions else args.session
+
+    def daemons() -> list[sd.Daemon]:
+        if args.url:
+            return sd.daemons_from_fleet(FleetSource(args.url, token=_token(args)).fleet(), session=session)
+        return [sd.Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session)
+                for h in source.hosts() if h.alive and h.url]
+
+    source = None if args.url else _source(args, settle=args.wait)
+    try:
+        while True:
+            found = daemons()
+            if args.output:
+                if sd.write(args.output, found):
+                    print(f"gpusd: wrote {len(found)} target(s) to {args.output}", file=sys.stderr)
+            else:
+                sys.stdout.write(sd.dumps(found))
+                sys.stdout.flush()
+            if not args.watch:
+                return 0
+            time.sleep(args.interval)
+    finally:
+        if source is not None:
+            source.close()

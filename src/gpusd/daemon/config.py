@@ -1,0 +1,46 @@
+"""Everything a daemon can be told, with the defaults documented in docs/daemon.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..discovery.txt import DEFAULT_SESSION
+
+DEFAULT_PORT = 4780
+
+
+@dataclass
+class DaemonConfig:
+    interfaces: list[str] | None = None  # IPv4 addresses or interface names; None: all (or $GPUSD_INTERFACES)
+    port: int = DEFAULT_PORT  # HTTP port; 0: any free port (announced as chosen)
+    session: str = DEFAULT_SESSION
+    interval: float = 1.0  # seconds between samples
+    history: float = 300.0  # seconds of history kept per GPU
+    simulate: str | None = None  # simulated GPUs (see gpusd.inventory.simulated)
+    hostname: str | None = None  # default: gpusd.identity.hostname()
+    state_dir: Path | None = None  # default: gpusd.identity.state_dir()
+    gpusd_compat: bool = False  # also announce _gpu-sd._tcp with hwsd's keys
+    token: str | None = None  # protects private fields (implemented by the monitor/web layer)
+    heartbeat: float = 2.0  # seconds of silence before an event stream sends a heartbeat
+    txt_min_interval: float = 6.0  # seconds between TXT updates (RFC 6762 §8.4: <= 10 a minute)
+    fleet: str = "auto"  # "auto": start the fleet client on first use; "on"; "off"
+    fleet_idle: float = 300.0  # "auto": stop the fleet client after this long unused
+    leases: bool = True  # attach this machine's GPU leases to every sample
+    netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
+    extensions: list[str] = field(default_factory=list)  # extra "module:function" installers
+
+    def validate(self) -> None:
+        from ..discovery.txt import valid_session
+        from ..errors import ConfigError
+
+        if not valid_session(self.session):
+            raise ConfigError(f"bad session name {self.session!r}: letters, digits, '.', '_', '-' (at most 64)")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"bad port {self.port}")
+        if not 0.05 <= self.interval <= 3600:
+            raise ConfigError(f"--interval must be between 0.05 and 3600 seconds, not {self.interval}")
+        if self.history < 0:
+            raise ConfigError("--history cannot be negative")
+        if self.fleet not in ("auto", "on", "off"):
+            raise ConfigError(f"bad fleet mode {self.fleet!r}")

@@ -1,0 +1,72 @@
+"""Publish/subscribe for server-sent events: each event is encoded once, queued per subscriber.
+
+A subscriber that falls ``maxsize`` events behind is disconnected (its stream ends); a gpusd client
+reconnects at once and starts again from a full snapshot, so nothing is lost but the backlog."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..discovery.sse import format_event
+
+
+class Subscription:
+    def __init__(self, maxsize: int) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+
+    async def get(self) -> bytes | None:
+        return await self.queue.get()
+
+
+class EventHub:
+    def __init__(self, maxsize: int = 256) -> None:
+        self.maxsize = maxsize
+        self._subs: set[Subscription] = set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription(self.maxsize)
+        if self.closed:
+            sub.queue.put_nowait(None)
+        else:
+            self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+
+    def publish(self, event: str, data: Any) -> None:
+        if self.closed:
+            return
+        self.publish_raw(format_event(event, data))
+
+    def publish_raw(self, message: bytes | None) -> None:
+        for sub in list(self._subs):
+            try:
+                sub.queue.put_nowait(message)
+            except asyncio.QueueFull:
+                self._drop(sub)
+
+    def _drop(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+        sub.queue.put_nowait(None)
+
+    def close(self, final: bytes | None = None) -> None:
+        """End every stream, after ``final`` (e.g. a ``bye`` event)."""
+        if self.closed:
+            return
+        if final is not None:
+            self.publish_raw(final)
+        self.closed = True
+        for sub in list(self._subs):
+            try:
+                sub.queue.put_nowait(None)
+            except asyncio.QueueFull:
+                self._drop(sub)
+        self._subs.clear()

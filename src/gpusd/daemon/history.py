@@ -1,0 +1,42 @@
+"""A short per-GPU history of the live values (ring buffers, bounded by time and length)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ..model import HostSnapshot
+
+FIELDS = ("utilization_gpu", "memory_used", "temperature", "power_draw")
+
+
+class History:
+    def __init__(self, seconds: float, interval: float) -> None:
+        self.seconds = seconds
+        self.maxlen = max(1, int(seconds / max(interval, 0.01)) + 1)
+        self._series: dict[str, dict[str, deque[Any]]] = {}
+
+    def add(self, snap: HostSnapshot) -> None:
+        seen = set()
+        for g in snap.gpus:
+            seen.add(g.uuid)
+            s = self._series.get(g.uuid)
+            if s is None:
+                s = self._series[g.uuid] = {k: deque(maxlen=self.maxlen) for k in ("t", *FIELDS)}
+            s["t"].append(round(snap.timestamp, 3))
+            for k in FIELDS:
+                s[k].append(getattr(g, k))
+        for uuid in [u for u in self._series if u not in seen]:
+            del self._series[uuid]  # a GPU that disappeared takes its history with it
+
+    def to_dict(self, seconds: float | None = None) -> dict[str, dict[str, list[Any]]]:
+        out: dict[str, dict[str, list[Any]]] = {}
+        for uuid, s in self._series.items():
+            t = list(s["t"])
+            start = 0
+            if seconds is not None and t:
+                cutoff = t[-1] - seconds
+                while start < len(t) and t[start] < cutoff:
+                    start += 1
+            out[uuid] = {k: list(v)[start:] for k, v in s.items()}
+        return out

@@ -1,0 +1,144 @@
+"""The daemon's HTTP API (docs/wire-format.md): JSON for the host, its GPUs, history and the fleet,
+and server-sent event streams.
+
+``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add routes to
+``daemon.app`` (``daemon.app.router.add_get(...)``) before the daemon starts.  ``sse_stream`` serves
+any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from aiohttp import web
+
+from .._version import __version__
+from ..discovery.sse import format_event
+from .events import EventHub
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .service import Daemon
+
+log = logging.getLogger(__name__)
+
+DAEMON_KEY: web.AppKey["Daemon"] = web.AppKey("gpusd_daemon")
+API = "/api/v1"
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",  # no buffering in nginx & co.
+}
+
+
+def build_app(daemon: "Daemon") -> web.Application:
+    app = web.Application(client_max_size=64 * 1024)
+    app[DAEMON_KEY] = daemon
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get(f"{API}/host", host)
+    app.router.add_get(f"{API}/gpus", gpus)
+    app.router.add_get(f"{API}/history", history)
+    app.router.add_get(f"{API}/events", events)
+    app.router.add_get(f"{API}/fleet", fleet)
+    app.router.add_get(f"{API}/fleet/events", fleet_events)
+    return app
+
+
+def _daemon(request: web.Request) -> "Daemon":
+    return request.app[DAEMON_KEY]
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    import json
+
+    return web.Response(text=json.dumps(data, separators=(",", ":")), status=status,
+                        content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    d = _daemon(request)
+    return _json({"ok": True, "node_id": d.node_id, "uptime": round(time.time() - d.started_at, 3)})
+
+
+async def host(request: web.Request) -> web.Response:
+    d = _daemon(request)
+    snap = d.snapshot
+    return _json({
+        "api": 1,
+        "gpusd_version": __version__,
+        "session": d.config.session,
+        "interval": d.config.interval,
+        "node_id": d.node_id,
+        "hostname": d.hostname,
+        "snapshot": snap.to_dict() if snap is not None else None,
+    })
+
+
+async def gpus(request: web.Request) -> web.Response:
+    snap = _daemon(request).snapshot
+    return _json([g.to_dict() for g in snap.gpus] if snap is not None else [])
+
+
+async def history(request: web.Request) -> web.Response:
+    d = _daemon(request)
+    seconds: float | None = None
+    if "seconds" in request.query:
+        try:
+            seconds = float(request.query["seconds"])
+            if not seconds >= 0:
+                raise ValueError
+        except ValueError:
+            return _json({"error": "seconds must be a non-negative number"}, status=400)
+    return _json({"interval": d.config.interval, "seconds": d.config.history, "gpus": d.history.to_dict(seconds)})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    d = _daemon(request)
+    first = [d.snapshot_event()] if d.snapshot is not None else []
+    return await sse_stream(request, d.events, first, d.config.heartbeat)
+
+
+async def fleet(request: web.Request) -> web.Response:
+    d = _daemon(request)
+    if d.fleet is None or d.config.fleet == "off":
+        return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
+    await d.fleet.ensure_started()
+    return _json(d.fleet.to_dict())
+
+
+async def fleet_events(request: web.Request) -> web.StreamResponse:
+    d = _daemon(request)
+    if d.fleet is None or d.config.fleet == "off":
+        return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
+    await d.fleet.ensure_started()
+    return await sse_stream(request, d.fleet.hub, d.fleet.replay(), d.config.heartbeat, touch=d.fleet.touch)
+
+
+async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes], heartbeat: float,
+                     touch: "object | None" = None) -> web.StreamResponse:
+    """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
+    ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
+    or a subscriber too slow to keep up) or when the client goes away."""
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    sub = hub.subscribe()  # before the first messages: nothing published meanwhile is lost
+    try:
+        await resp.prepare(request)
+        for msg in first:
+            await resp.write(msg)
+        while True:
+            try:
+                msg = await asyncio.wait_for(sub.get(), heartbeat)
+            except asyncio.TimeoutError:
+                msg = format_event("heartbeat", {"ts": round(time.time(), 3)})
+                if callable(touch):
+                    touch()
+            if msg is None:
+                break
+            await resp.write(msg)
+    except (ConnectionError, RuntimeError, OSError) as exc:  # the client went away
+        log.debug("event stream to %s ended: %r", request.remote, exc)
+    finally:
+        hub.unsubscribe(sub)
+    return resp

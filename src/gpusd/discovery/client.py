@@ -1,0 +1,614 @@
+"""``AsyncClient``: every GPU on the LAN, live, as events.
+
+How it works (docs/wire-format.md, docs/daemon.md):
+
+1. A python-zeroconf ``AsyncServiceBrowser`` watches ``_gpusd._tcp.local.`` (and hwsd's
+   ``_gpu-sd._tcp.local.``).  Each service found is resolved and its TXT record validated; records of
+   other sessions, other versions, malformed or lying records are logged once and skipped.
+2. For each gpusd host the client opens the daemon's event stream (``GET /api/v1/events``).  The first
+   event is the full snapshot (``host_added`` + ``device_added`` per GPU); later snapshots are diffed
+   (``device_updated`` only when a value changed, ``device_added``/``device_removed``).
+3. Liveness: the daemon sends a heartbeat every 2 s.  A stream that closes, or stays silent for 6 s,
+   gets one reconnection attempt; when that fails the host is reported removed, at most
+   ``liveness_timeout`` (10 s) after its last sign of life.  A ``bye`` event or an mDNS goodbye removes
+   it at once.  mDNS caches alone would keep a dead host for 1125-4500 s.
+4. hwsd hosts are listed from their announcement alone (no live load; removed on mDNS goodbye/expiry).
+
+Handlers run on the event loop: keep them short (or make them coroutine functions, which are
+scheduled as tasks).  Nothing from the network raises out of the client: errors are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from ..model import GpuInfo, HostSnapshot
+from ..units import parse_bytes
+from .net import open_zeroconf, resolve_interfaces
+from .sse import SSEError, SSEParser
+from .txt import DEFAULT_SESSION, HWSD_TYPE, SERVICE_TYPE, TxtError, TxtRecord, decode_hwsd, decode_txt
+from .types import (
+    DEVICE_ADDED,
+    DEVICE_REMOVED,
+    DEVICE_UPDATED,
+    EVENTS,
+    HOST_ADDED,
+    HOST_REMOVED,
+    THRESHOLD_CLEARED,
+    THRESHOLD_EXCEEDED,
+    Device,
+    DiscoveryEvent,
+    Filters,
+    RemoteHost,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import aiohttp
+    from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[DiscoveryEvent], Any]
+
+HEARTBEAT = 2.0  # seconds between daemon heartbeats (the daemon's default)
+RESOLVE_TIMEOUT = 3.0
+RETRY_MIN, RETRY_MAX = 2.0, 15.0  # retrying an announced host that does not answer
+_GPU_FIELDS = [f.name for f in fields(GpuInfo)]
+
+
+@dataclass(eq=False)
+class _Peer:
+    """One DNS-SD service instance the browser reported."""
+
+    name: str
+    type: str
+    task: asyncio.Task[None] | None = None
+    host: RemoteHost | None = None  # set once resolved and valid
+    reported: bool = False  # host_added was emitted
+    devices: dict[str, Device] = field(default_factory=dict)  # reported devices by UUID
+    updated: asyncio.Event = field(default_factory=asyncio.Event)
+    streaming: bool = False
+    settled: bool = False  # resolved and either reported or given up on (for wait_settled)
+    problems: set[str] = field(default_factory=set)  # logged once each
+
+
+class AsyncClient:
+    """Discover gpusd hosts and their GPUs on the LAN (asyncio).
+
+    >>> async with AsyncClient() as client:          # doctest: +SKIP
+    ...     client.register_event_handler("device_added", print)
+    ...     await client.wait_settled()
+    ...     for dev in client.list_devices(): print(dev)
+
+    ``session``: only hosts of this session (``None`` or ``all_sessions=True``: all).
+    ``hostname``, ``model`` (substring or glob), ``min_free_memory`` (bytes or ``"20GiB"``) filter
+    what is reported.  ``interfaces``: IPv4 addresses or interface names for mDNS (default all, or
+    ``$GPUSD_INTERFACES``).  ``liveness_timeout``: a host silent this long is reported removed.
+    """
+
+    def __init__(
+        self,
+        session: str | None = DEFAULT_SESSION,
+        *,
+        interfaces: Sequence[str] | None = None,
+        hostname: str | None = None,
+        model: str | None = None,
+        min_free_memory: int | str | None = None,
+        all_sessions: bool = False,
+        liveness_timeout: float = 10.0,
+        include_hwsd: bool = True,
+        zeroconf: "AsyncZeroconf | None" = None,
+    ) -> None:
+        if isinstance(min_free_memory, str):
+            min_free_memory = parse_bytes(min_free_memory)
+        self.filters = Filters(
+            session=None if all_sessions else session,
+            hostname=hostname,
+            model=model,
+            min_free_memory=min_free_memory,
+        )
+        self._interface_specs = list(interfaces) if interfaces is not None else None
+        self.liveness_timeout = float(liveness_timeout)
+        self.silence_timeout = min(3 * HEARTBEAT, self.liveness_timeout * 0.6)
+        self.include_hwsd = include_hwsd
+        self._zc: AsyncZeroconf | None = zeroconf
+        self._own_zc = zeroconf is None
+        self._browser: AsyncServiceBrowser | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._handlers: dict[str, list[Handler]] = {e: [] for e in EVENTS}
+        self._subscribers: list[asyncio.Queue[DiscoveryEvent | None]] = []
+        self._peers: dict[str, _Peer] = {}
+        self._listening = False
+        self._started_at = 0.0
+        self._last_peer_at = 0.0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- handlers -----------------------------------------------------------------------------
+    def register_event_handler(self, event: str, fn: Handler) -> None:
+        """Call ``fn(event)`` (a :class:`DiscoveryEvent`) for ``event``: ``host_added``,
+        ``host_removed``, ``device_added``, ``device_removed``, ``device_updated``,
+        ``threshold_exceeded``, ``threshold_cleared``, or ``*`` for all of them."""
+        names = EVENTS if event == "*" else (event,)
+        for name in names:
+            if name not in self._handlers:
+                raise ValueError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
+            self._handlers[name].append(fn)
+
+    def unregister_event_handler(self, event: str, fn: Handler) -> None:
+        names = EVENTS if event == "*" else (event,)
+        for name in names:
+            with contextlib.suppress(KeyError, ValueError):
+                self._handlers[name].remove(fn)
+
+    def _emit(self, event: DiscoveryEvent) -> None:
+        for fn in list(self._handlers.get(event.event, ())):
+            try:
+                result = fn(event)
+                if inspect.isawaitable(result):
+                    self._spawn(self._await_handler(result))
+            except Exception:  # a handler's bug must not stop discovery
+                log.exception("event handler %r failed on %s", fn, event.event)
+        for q in list(self._subscribers):
+            try:
+                q.put_nowait(event)
+            except asyncio.QueueFull:  # a consumer that stopped reading: drop it
+                self._subscribers.remove(q)
+                log.warning("dropping a slow event subscriber")
+
+    async def _await_handler(self, result: Awaitable[Any]) -> None:
+        try:
+            await result
+        except Exception:
+            log.exception("async event handler failed")
+
+    async def events(self, maxsize: int = 10000) -> AsyncIterator[DiscoveryEvent]:
+        """Every event from now on, as an async iterator (ends when the client stops)."""
+        q: asyncio.Queue[DiscoveryEvent | None] = asyncio.Queue(maxsize)
+        self._subscribers.append(q)
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    return
+                yield ev
+        finally:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(q)
+
+    # -- life cycle ---------------------------------------------------------------------------
+    async def __aenter__(self) -> AsyncClient:
+        await self.start_listening()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_listening()
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    async def start_listening(self) -> None:
+        """Start browsing and following hosts (returns at once; events arrive as hosts are found)."""
+        if self._listening:
+            return
+        import aiohttp
+        from zeroconf.asyncio import AsyncServiceBrowser
+
+        self.loop = asyncio.get_running_loop()
+        if self._zc is None:
+            self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
+            self._own_zc = True
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
+            auto_decompress=False,
+        )
+        self._listening = True
+        self._started_at = self._last_peer_at = time.monotonic()
+        types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
+        self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change])
+
+    async def stop_listening(self) -> None:
+        """Stop browsing, close every stream (no events are emitted for the shutdown)."""
+        if not self._listening:
+            return
+        self._listening = False
+        if self._browser is not None:
+            with contextlib.suppress(Exception):
+                await self._browser.async_cancel()
+            self._browser = None
+        tasks = [p.task for p in self._peers.values() if p.task is not None] + list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        self._peers.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._zc is not None and self._own_zc:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._zc.async_close(), 5)
+            self._zc = None
+        for q in list(self._subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(None)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- views --------------------------------------------------------------------------------
+    @property
+    def hosts(self) -> list[RemoteHost]:
+        """The hosts reported (``host_added`` and not yet removed), by host name."""
+        out = [p.host for p in self._peers.values() if p.reported and p.host is not None]
+        return sorted(out, key=lambda h: (h.hostname, h.node_id))
+
+    def list_devices(self) -> list[Device]:
+        """Every reported GPU, by host name then index."""
+        out: list[Device] = []
+        for p in self._peers.values():
+            if p.reported:
+                out.extend(p.devices.values())
+        return sorted(out, key=lambda d: (d.hostname, d.node_id, d.index))
+
+    def announced(self) -> list[RemoteHost]:
+        """Every announcement seen that passes the host filters, reachable or not."""
+        out = [p.host for p in self._peers.values() if p.host is not None and self.filters.host_ok(p.host.txt)
+               and not (p.host.txt.source == "hwsd" and p.host.txt.gpusd_marker)]
+        return sorted(out, key=lambda h: (h.hostname, h.node_id))
+
+    async def scan(self, timeout: float = 2.0) -> list[RemoteHost]:
+        """Browse for ``timeout`` seconds (starting to listen if needed) and return the announcements."""
+        await self.start_listening()
+        remaining = self._started_at + timeout - time.monotonic()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        return self.announced()
+
+    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 0.75) -> bool:
+        """Wait until discovery has settled: at least ``minimum`` s of browsing, no new service for
+        ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout."""
+        await self.start_listening()
+        deadline = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            if (now - self._started_at >= minimum and now - self._last_peer_at >= quiet
+                    and all(p.settled for p in self._peers.values())):
+                return True
+            if now >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    # -- browsing -----------------------------------------------------------------------------
+    def _on_service_change(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+        from zeroconf import ServiceStateChange
+
+        if not self._listening:
+            return
+        peer = self._peers.get(name)
+        if state_change is ServiceStateChange.Removed:
+            if peer is not None:
+                self._drop_peer(peer, "goodbye")
+            return
+        if peer is None:
+            peer = self._peers[name] = _Peer(name=name, type=service_type)
+            self._last_peer_at = time.monotonic()
+            peer.task = asyncio.ensure_future(self._follow(peer))
+            return
+        # Updated: a new TXT (free count, inventory), new address, or a restarted daemon.
+        peer.updated.set()
+        if peer.streaming and peer.host is not None:
+            self._refresh_txt(peer)
+        elif peer.task is None or peer.task.done():
+            peer.task = asyncio.ensure_future(self._follow(peer))
+
+    def _refresh_txt(self, peer: _Peer) -> None:
+        """Re-read a followed host's TXT from the cache; restart following when it changed identity."""
+        from zeroconf.asyncio import AsyncServiceInfo
+
+        assert self._zc is not None and peer.host is not None
+        info = AsyncServiceInfo(peer.type, peer.name)
+        if not info.load_from_cache(self._zc.zeroconf):
+            return
+        try:
+            txt = decode_txt(info.text or b"")
+        except TxtError as exc:
+            self._problem(peer, f"invalid TXT update: {exc}")
+            return
+        if txt.node_id == peer.host.node_id and self.filters.host_ok(txt):
+            peer.host.txt = txt
+            return
+        # Another node or session now: forget what was reported and start over.
+        self._restart_peer(peer)
+
+    def _restart_peer(self, peer: _Peer) -> None:
+        if peer.task is not None:
+            peer.task.cancel()
+        self._report_removed(peer, "identity changed")
+        peer.task = asyncio.ensure_future(self._follow(peer))
+
+    def _drop_peer(self, peer: _Peer, reason: str) -> None:
+        self._peers.pop(peer.name, None)
+        if peer.task is not None:
+            peer.task.cancel()
+        self._report_removed(peer, reason)
+
+    def _problem(self, peer: _Peer, message: str) -> None:
+        """Log a problem with a peer once (repeats at debug level)."""
+        level = logging.DEBUG if message in peer.problems else logging.WARNING
+        peer.problems.add(message)
+        log.log(level, "skipping %s: %s", peer.name, message)
+
+    # -- following one host -------------------------------------------------------------------
+    async def _follow(self, peer: _Peer) -> None:
+        retry = RETRY_MIN
+        try:
+            while self._listening:
+                peer.updated.clear()
+                host = await self._resolve(peer)
+                if host is None:
+                    self._report_removed(peer, "announcement no longer valid")
+                    peer.settled = True
+                    await self._wait_update(peer, retry)
+                    retry = min(retry * 2, RETRY_MAX)
+                    continue
+                if host.txt.source == "hwsd":
+                    peer.settled = True
+                    self._report_static(peer, host)
+                    await peer.updated.wait()
+                    continue
+                connected = await self._stream(peer, host)
+                peer.settled = True
+                retry = RETRY_MIN if connected else min(retry * 2, RETRY_MAX)
+                await self._wait_update(peer, retry)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # never let one host's trouble escape
+            log.exception("following %s failed", peer.name)
+            peer.settled = True
+
+    async def _wait_update(self, peer: _Peer, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(peer.updated.wait(), seconds)
+
+    async def _resolve(self, peer: _Peer) -> RemoteHost | None:
+        from zeroconf import IPVersion
+        from zeroconf.asyncio import AsyncServiceInfo
+
+        assert self._zc is not None
+        info = AsyncServiceInfo(peer.type, peer.name)
+        try:
+            ok = await info.async_request(self._zc.zeroconf, int(RESOLVE_TIMEOUT * 1000))
+        except Exception as exc:  # malformed names and the like
+            self._problem(peer, f"cannot resolve: {exc}")
+            return None
+        if not ok:
+            self._problem(peer, "no answer to the resolve query")
+            return None
+        raw = info.text or b""
+        try:
+            txt = decode_hwsd(raw) if peer.type == HWSD_TYPE else decode_txt(raw)
+        except TxtError as exc:
+            self._problem(peer, f"invalid TXT record: {exc}")
+            return None
+        if txt.source == "hwsd" and txt.gpusd_marker:
+            return None  # a gpusd daemon's compatibility record: the host is listed via _gpusd._tcp
+        if not self.filters.host_ok(txt):
+            log.debug("ignoring %s: session %r / host %r filtered out", peer.name, txt.session, txt.hostname)
+            return None
+        addresses = info.parsed_addresses(IPVersion.V4Only)
+        if not addresses and txt.source == "gpusd":
+            self._problem(peer, "no IPv4 address")
+            return None
+        port = int(info.port or 0)
+        if txt.source == "gpusd" and not 0 < port < 65536:
+            self._problem(peer, f"bad port {port}")
+            return None
+        if txt.source == "hwsd" and not txt.node_id:
+            txt.node_id = peer.name.split(".")[0][:64]
+        if txt.source == "hwsd" and not txt.hostname:
+            txt.hostname = (info.server or peer.name).rstrip(".").removesuffix(".local")
+        host = RemoteHost(key=peer.name, txt=txt, addresses=addresses, port=port)
+        if peer.host is not None and peer.reported:
+            # keep what was reported (snapshot, alive) while following again
+            host.snapshot, host.alive, host.url = peer.host.snapshot, peer.host.alive, peer.host.url
+        peer.host = host
+        return host
+
+    def _report_static(self, peer: _Peer, host: RemoteHost) -> None:
+        """An hwsd host: its GPUs come from the announcement."""
+        host.alive = True
+        host.last_seen = time.monotonic()
+        self._apply(peer, host, host.gpus())
+
+    async def _stream(self, peer: _Peer, host: RemoteHost) -> bool:
+        """Follow a gpusd host's event stream until it is gone; report its removal.  Returns whether
+        a stream was ever established."""
+        ever = False
+        quick_losses = 0
+        try:
+            while self._listening:
+                started = time.monotonic()
+                if peer.reported:  # a reconnection: the budget is what is left of the liveness bound
+                    deadline = host.last_seen + self.liveness_timeout - 0.3
+                else:
+                    deadline = started + RESOLVE_TIMEOUT + 2.0
+                outcome = await self._session(peer, host, deadline)
+                if outcome == "bye":
+                    self._report_removed(peer, "bye")
+                    return True
+                if outcome == "lost":
+                    ever = True
+                    quick_losses = quick_losses + 1 if time.monotonic() - started < 2.0 else 0
+                    if quick_losses < 3:
+                        continue  # one more connection within the liveness budget
+                    reason = "stream keeps closing"
+                else:
+                    reason = outcome
+                self._report_removed(peer, reason)
+                return ever
+        finally:
+            peer.streaming = False
+        return ever
+
+    async def _session(self, peer: _Peer, host: RemoteHost, deadline: float) -> str:
+        """One connection: ``bye``, ``lost`` (streamed, then lost), or a failure reason."""
+        import aiohttp
+
+        assert self._http is not None
+        failure = "unreachable"
+        for address in host.addresses:
+            url = f"http://{address}:{host.port}{host.txt.api}"
+            budget = deadline - time.monotonic()
+            if budget <= 0:
+                return "no answer within the liveness bound"
+            try:
+                resp = await asyncio.wait_for(
+                    self._http.get(url + "/events", headers={"Accept": "text/event-stream"}), budget)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                failure = f"cannot connect to {url}: {exc.__class__.__name__}"
+                log.debug("%s: %s", peer.name, failure)
+                continue
+            try:
+                if resp.status != 200 or not resp.content_type.startswith("text/event-stream"):
+                    self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
+                    failure = "not a gpusd event stream"
+                    continue
+                return await self._read_stream(peer, host, resp, url, deadline)
+            finally:
+                resp.release()
+        return failure
+
+    async def _read_stream(self, peer: _Peer, host: RemoteHost, resp: Any, url: str, deadline: float) -> str:
+        parser = SSEParser()
+        got_snapshot = False
+        while True:
+            # before the first snapshot: the connection deadline; then: silence timeout
+            timeout = (deadline - time.monotonic()) if not got_snapshot else self.silence_timeout
+            if timeout <= 0:
+                return "no snapshot within the liveness bound"
+            try:
+                chunk = await asyncio.wait_for(resp.content.readany(), timeout)
+            except asyncio.TimeoutError:
+                return "lost" if got_snapshot else "no snapshot in time"
+            except Exception as exc:  # aiohttp.ClientPayloadError, ConnectionResetError, ...
+                log.debug("%s: stream error %r", peer.name, exc)
+                return "lost" if got_snapshot else "stream error"
+            if not chunk:
+                return "lost" if got_snapshot else "stream closed"
+            try:
+                events = list(parser.feed(chunk))
+            except SSEError as exc:
+                self._problem(peer, f"bad event stream: {exc}")
+                return "lost" if got_snapshot else "bad event stream"
+            for name, data in events:
+                if name == "snapshot":
+                    snap = self._parse_snapshot(peer, host, data)
+                    if snap is None:
+                        if not got_snapshot:
+                            return "invalid snapshot"
+                        continue
+                    if not got_snapshot:
+                        got_snapshot = True
+                        host.url = url
+                        peer.streaming = True
+                        peer.problems.clear()
+                    host.last_seen = time.monotonic()
+                    host.alive = True
+                    self._apply(peer, host, snap.gpus, snap)
+                elif not got_snapshot:
+                    continue  # anything before the snapshot is ignored
+                elif name == "heartbeat":
+                    host.last_seen = time.monotonic()
+                elif name == "bye":
+                    return "bye"
+                elif name == "threshold":
+                    host.last_seen = time.monotonic()
+                    self._threshold(peer, host, data)
+
+    def _parse_snapshot(self, peer: _Peer, host: RemoteHost, data: str) -> HostSnapshot | None:
+        try:
+            snap = HostSnapshot.from_json(data)
+        except (ValueError, TypeError, RecursionError) as exc:
+            self._problem(peer, f"invalid snapshot: {str(exc)[:200]}")
+            return None
+        if snap.node_id != host.node_id:
+            self._problem(peer, f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
+            return None
+        return snap
+
+    def _threshold(self, peer: _Peer, host: RemoteHost, data: str) -> None:
+        import json
+
+        try:
+            d = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(d, dict) or d.get("state") not in ("exceeded", "cleared"):
+            return
+        device = None
+        gpu = d.get("gpu")
+        for dev in peer.devices.values():
+            if gpu is not None and (dev.uuid == gpu or dev.index == gpu):
+                device = dev
+        kind = THRESHOLD_EXCEEDED if d["state"] == "exceeded" else THRESHOLD_CLEARED
+        self._emit(DiscoveryEvent(kind, host, device=device, data=d))
+
+    # -- reporting ----------------------------------------------------------------------------
+    def _apply(self, peer: _Peer, host: RemoteHost, gpus: list[GpuInfo], snap: HostSnapshot | None = None) -> None:
+        """Report what changed between the devices reported so far and ``gpus``."""
+        if snap is not None:
+            host.snapshot = snap
+        peer.settled = True
+        if not peer.reported:
+            peer.reported = True
+            self._emit(DiscoveryEvent(HOST_ADDED, host))
+        wanted: dict[str, GpuInfo] = {}
+        for g in gpus:
+            if self.filters.device_ok(g) and g.uuid not in wanted:
+                wanted[g.uuid] = g
+        for uuid in [u for u in peer.devices if u not in wanted]:
+            old = peer.devices.pop(uuid)
+            self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=old))
+        simulated = bool(snap.simulated) if snap is not None else host.txt.simulated
+        for uuid, g in wanted.items():
+            dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
+                         source=host.source, live=host.live, simulated=simulated, host_key=host.key)
+            old = peer.devices.get(uuid)
+            peer.devices[uuid] = dev
+            if old is None:
+                self._emit(DiscoveryEvent(DEVICE_ADDED, host, device=dev))
+                continue
+            changed = _changed(old.gpu, g)
+            if changed:
+                self._emit(DiscoveryEvent(DEVICE_UPDATED, host, device=dev, previous=old, changed=changed))
+
+    def _report_removed(self, peer: _Peer, reason: str) -> None:
+        host = peer.host
+        if host is not None:
+            host.alive = False
+        if not peer.reported or host is None:
+            return
+        log.info("host %s (%s) removed: %s", host.hostname, host.node_id, reason)
+        peer.reported = False
+        for dev in list(peer.devices.values()):
+            self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=dev))
+        peer.devices.clear()
+        self._emit(DiscoveryEvent(HOST_REMOVED, host, data={"reason": reason}))
+
+
+def _changed(old: GpuInfo, new: GpuInfo) -> tuple[str, ...]:
+    if old == new:
+        return ()
+    return tuple(f for f in _GPU_FIELDS if getattr(old, f) != getattr(new, f))

@@ -1,0 +1,220 @@
+"""``Client``: the discovery client for synchronous code.
+
+A thin wrapper around :class:`~gpusd.discovery.client.AsyncClient` whose event loop runs in a
+background thread (as python-zeroconf's own ``Zeroconf`` does).  Event handlers are called, in
+order, from one dispatcher thread, so a slow handler never delays liveness checks.
+
+The seed example works as written::
+
+    import gpisd
+    client = gpisd.Client()
+    client.register_event_handler('device_added', print)
+    client.start_listening()      # returns at once; the listener keeps the program running
+
+While listening, the loop thread is not a daemon thread: a script that ends with
+``start_listening()`` keeps reporting events until interrupted (Ctrl-C) or ``stop_listening()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
+
+from .txt import DEFAULT_SESSION
+from .types import EVENTS, Device, DiscoveryEvent, RemoteHost
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Handler = Callable[[DiscoveryEvent], Any]
+_STOP = object()
+
+
+class Client:
+    """Discover gpusd hosts and their GPUs (synchronous API; same arguments as ``AsyncClient``)."""
+
+    def __init__(self, session: str | None = DEFAULT_SESSION, *, interfaces: Sequence[str] | None = None,
+                 hostname: str | None = None, model: str | None = None, min_free_memory: int | str | None = None,
+                 all_sessions: bool = False, liveness_timeout: float = 10.0, include_hwsd: bool = True,
+                 daemon_thread: bool = False) -> None:
+        self._kwargs: dict[str, Any] = dict(
+            interfaces=interfaces, hostname=hostname, model=model, min_free_memory=min_free_memory,
+            all_sessions=all_sessions, liveness_timeout=liveness_timeout, include_hwsd=include_hwsd,
+        )
+        self._session = session
+        self._daemon_thread = daemon_thread
+        from .client import AsyncClient
+
+        # Built here so that bad arguments fail in the caller's thread; it binds to a loop only later.
+        self._async = AsyncClient(session, **self._kwargs)
+        self._handlers: dict[str, list[Handler]] = {e: [] for e in EVENTS}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._dispatcher: threading.Thread | None = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._subscribers: list[queue.Queue[Any]] = []
+
+    # -- handlers -----------------------------------------------------------------------------
+    def register_event_handler(self, event: str, fn: Handler) -> None:
+        """Call ``fn(event)`` from the dispatcher thread; events as for ``AsyncClient`` (or ``*``)."""
+        names = EVENTS if event == "*" else (event,)
+        with self._lock:
+            for name in names:
+                if name not in self._handlers:
+                    raise ValueError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
+                self._handlers[name].append(fn)
+
+    def unregister_event_handler(self, event: str, fn: Handler) -> None:
+        names = EVENTS if event == "*" else (event,)
+        with self._lock:
+            for name in names:
+                if fn in self._handlers.get(name, []):
+                    self._handlers[name].remove(fn)
+
+    def _forward(self, event: DiscoveryEvent) -> None:  # on the loop thread
+        self._queue.put(event)
+        with self._lock:
+            subs = list(self._subscribers)
+        for q in subs:
+            q.put(event)
+
+    def _dispatch(self) -> None:  # the dispatcher thread
+        while True:
+            event = self._queue.get()
+            if event is _STOP:
+                return
+            with self._lock:
+                handlers = list(self._handlers.get(event.event, ()))
+            for fn in handlers:
+                try:
+                    fn(event)
+                except Exception:
+                    log.exception("event handler %r failed on %s", fn, event.event)
+
+    # -- the loop thread ----------------------------------------------------------------------
+    @property
+    def listening(self) -> bool:
+        return self._thread is not None and self._async.listening
+
+    def start_listening(self) -> None:
+        """Start discovery in the background and return at once."""
+        if self._thread is not None:
+            return
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            try:
+                loop.run_forever()
+            finally:
+                try:
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                finally:
+                    loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="gpusd-discovery", daemon=self._daemon_thread)
+        self._thread.start()
+        ready.wait()
+        self._dispatcher = threading.Thread(target=self._dispatch, name="gpusd-events", daemon=True)
+        self._dispatcher.start()
+        self._async.register_event_handler("*", self._forward)
+        try:
+            self._call(self._async.start_listening(), timeout=30)
+        except BaseException:
+            self.stop_listening()
+            raise
+
+    def stop_listening(self) -> None:
+        """Stop discovery and the background threads."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            if loop.is_running():
+                self._call(self._async.stop_listening(), timeout=15)
+        except Exception:
+            log.debug("stopping the discovery client failed", exc_info=True)
+        finally:
+            self._async.unregister_event_handler("*", self._forward)
+            if loop.is_running():
+                loop.call_soon_threadsafe(loop.stop)
+            if thread is not threading.current_thread():
+                thread.join(10)
+            self._queue.put(_STOP)
+            with self._lock:
+                subs = list(self._subscribers)
+            for q in subs:
+                q.put(_STOP)
+            self._loop = self._thread = None
+            from .client import AsyncClient
+
+            self._async = AsyncClient(self._session, **self._kwargs)  # a stopped client can be restarted
+
+    def _call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return fut.result(timeout)
+
+    def _in_loop(self, fn: Callable[[], T]) -> T:
+        async def call() -> T:
+            return fn()
+
+        return self._call(call(), timeout=10)
+
+    def __enter__(self) -> Client:
+        self.start_listening()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_listening()
+
+    # -- views --------------------------------------------------------------------------------
+    def scan(self, timeout: float = 2.0) -> list[RemoteHost]:
+        """Browse for ``timeout`` seconds and return the announcements seen (starts listening)."""
+        self.start_listening()
+        return self._call(self._async.scan(timeout), timeout=timeout + 30)
+
+    def wait_settled(self, timeout: float = 3.0) -> bool:
+        """Wait until every announced host has been reached (or given up on); see AsyncClient."""
+        self.start_listening()
+        return self._call(self._async.wait_settled(timeout), timeout=timeout + 30)
+
+    def list_devices(self, timeout: float = 3.0) -> list[Device]:
+        """Every GPU on the LAN (filtered).  If not yet listening, starts and waits until discovery
+        settles (at most ``timeout`` s) first."""
+        if not self.listening:
+            self.wait_settled(timeout)
+        return self._in_loop(self._async.list_devices)
+
+    @property
+    def hosts(self) -> list[RemoteHost]:
+        """The hosts currently reported."""
+        if not self.listening:
+            return []
+        return self._in_loop(lambda: self._async.hosts)
+
+    def events(self, timeout: float | None = None) -> Iterator[DiscoveryEvent]:
+        """Iterate over events from now on; stops after ``timeout`` s without an event (None: never)
+        or when the client stops."""
+        q: queue.Queue[Any] = queue.Queue()
+        with self._lock:
+            self._subscribers.append(q)
+        try:
+            while True:
+                try:
+                    ev = q.get(timeout=timeout)
+                except queue.Empty:
+                    return
+                if ev is _STOP:
+                    return
+                yield ev
+        finally:
+            with self._lock:
+                if q in self._subscribers:
+                    self._subscribers.remove(q)

@@ -1,0 +1,143 @@
+"""The interactive ``gpusd top``: a full-screen rich view refreshed every ``interval`` seconds, with
+keys read from the terminal in cbreak mode (no Enter needed, no echo)."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable, TextIO
+
+from .top import HostBook, HostView, TopState, footer_line, render
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console, RenderableType
+
+_SEQUENCES = {
+    "\x1b[A": "UP", "\x1b[B": "DOWN", "\x1bOA": "UP", "\x1bOB": "DOWN",
+    "\x1b[5~": "PGUP", "\x1b[6~": "PGDN", "\x1b[H": "HOME", "\x1b[1~": "HOME", "\x1bOH": "HOME",
+}
+
+
+def split_keys(chunk: str) -> list[str]:
+    """Keys in what one read returned: escape sequences as names (``UP``, ``PGDN`` ...), a lone
+    Esc as ``\\x1b``, unknown sequences dropped, other characters one by one."""
+    keys: list[str] = []
+    i = 0
+    while i < len(chunk):
+        c = chunk[i]
+        if c == "\x1b" and i + 1 < len(chunk) and chunk[i + 1] in "[O":
+            j = i + 2
+            while j < len(chunk) and not (chunk[j].isalpha() or chunk[j] == "~"):
+                j += 1
+            seq = chunk[i:j + 1]
+            if seq in _SEQUENCES:
+                keys.append(_SEQUENCES[seq])
+            i = j + 1
+            continue
+        keys.append(c)
+        i += 1
+    return keys
+
+
+class KeyReader:
+    """Reads single keys from a terminal.  On anything that is not a terminal it reads nothing (the
+    view still refreshes; quit with Ctrl-C)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stdin
+        self._fd: int | None = None
+        self._saved: Any = None
+
+    def __enter__(self) -> KeyReader:
+        try:
+            fd = self._stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return self
+        if not os.isatty(fd):
+            return self
+        import termios
+        import tty
+
+        self._fd = fd
+        self._saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None and self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+        self._fd = None
+
+    @property
+    def interactive(self) -> bool:
+        return self._fd is not None
+
+    def read(self, timeout: float) -> list[str]:
+        """Keys typed within ``timeout`` seconds (returns as soon as there is one)."""
+        timeout = max(0.0, timeout)
+        if self._fd is None:
+            time.sleep(timeout)
+            return []
+        ready, _, _ = select.select([self._fd], [], [], timeout)
+        if not ready:
+            return []
+        data = os.read(self._fd, 64)
+        if not data:
+            return []
+        return split_keys(data.decode("utf-8", "replace"))
+
+
+def crop(console: Console, frame: RenderableType, footer: RenderableType, offset: int,
+         height: int) -> tuple[RenderableType, int]:
+    """The frame scrolled to ``offset`` lines so that it and the footer fit ``height`` lines; returns
+    the renderable and the offset actually used (clamped)."""
+    from rich.console import Group
+    from rich.segment import Segment, Segments
+
+    options = console.options.update(height=None)
+    body = console.render_lines(frame, options, pad=False)
+    foot = console.render_lines(footer, options, pad=False)
+    room = max(1, height - len(foot))
+    offset = max(0, min(offset, len(body) - room))
+    shown = body[offset:offset + room]
+    segments: list[Segment] = []
+    for line in [*shown, *foot]:
+        segments.extend(line)
+        segments.append(Segment.line())
+    if segments:
+        segments.pop()
+    return Group(Segments(segments)), offset
+
+
+def run_live(hosts: Callable[[], list[HostView]], state: TopState, book: HostBook, interval: float,
+             console: Console, keys: KeyReader | None = None) -> int:
+    """The live loop: fetch hosts every ``interval`` s, redraw after every fetch and key; returns 0 when
+    the user quits."""
+    from rich.live import Live
+
+    keys = keys or KeyReader()
+    message: str | None = None
+    views: list[HostView] = []
+    next_fetch = 0.0
+    with keys, Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+                    redirect_stderr=False) as live:
+        while True:
+            mono = time.monotonic()
+            if mono >= next_fetch:
+                try:
+                    views = book.update(hosts())
+                    message = None
+                except Exception as exc:  # noqa: BLE001 - shown on screen; the view keeps running
+                    message = f"cannot refresh: {exc}"
+                next_fetch = time.monotonic() + interval
+            width, height = console.size
+            frame = render(views, state, width=width, footer=False, message=message)
+            view, state.offset = crop(console, frame, footer_line(state, width), state.offset, height)
+            live.update(view, refresh=True)
+            for k in keys.read(next_fetch - time.monotonic()):
+                if not state.key(k):
+                    return 0

@@ -1,0 +1,166 @@
+"""Where ``gpusd top`` and ``gpusd export prometheus-sd`` get their hosts from.
+
+* :class:`LocalSource` — this machine's GPUs (NVML or a simulation), no daemon, no network.
+* :class:`FleetSource` — one daemon's ``GET /api/v1/fleet`` (every host it discovered).
+* :class:`DiscoverySource` — the LAN, browsed with the discovery client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from ..errors import EXIT_NO_DAEMON, GpusdError
+from ..model import HostSnapshot
+from .top import HostView
+
+MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
+
+
+class SourceError(GpusdError):
+    """The hosts cannot be read (daemon unreachable, bad answer)."""
+
+    exit_code = EXIT_NO_DAEMON
+
+
+class Source(Protocol):
+    def hosts(self) -> list[HostView]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalSource:
+    """This machine, read directly (``gpusd top --local``)."""
+
+    def __init__(self, simulate: str | None = None) -> None:
+        from ..inventory import open_backend
+
+        self._backend = open_backend(simulate)
+
+    def hosts(self) -> list[HostView]:
+        from ..alloc.leases import LeaseStore
+
+        snap = LeaseStore().attach(self._backend.snapshot())
+        return [HostView(snap.hostname, snap.node_id, snap)]
+
+    def close(self) -> None:
+        self._backend.close()
+
+
+def base_url(url: str) -> str:
+    """``host:4780``, ``http://host:4780/`` or ``http://host:4780/api/v1`` -> ``http://host:4780``."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise GpusdError(f"not a daemon URL: {url!r} (example: http://gpu-node-1:4780)")
+    path = parts.path.rstrip("/")
+    if path.endswith("/api/v1"):
+        path = path[: -len("/api/v1")]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
+    """GET a JSON document (at most 4 MiB); :class:`SourceError` with a one-line reason otherwise."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) only, checked above
+            body = resp.read(MAX_ANSWER + 1)
+    except urllib.error.HTTPError as exc:
+        raise SourceError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceError(f"cannot reach {url}: {reason}") from None
+    if len(body) > MAX_ANSWER:
+        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise SourceError(f"{url}: answer is not JSON") from None
+
+
+def hosts_from_fleet(data: Any) -> list[HostView]:
+    """HostViews from a ``GET /api/v1/fleet`` answer; malformed hosts are skipped."""
+    if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
+        raise SourceError("the fleet answer has no 'hosts' list")
+    out = []
+    for h in data["hosts"]:
+        if not isinstance(h, dict):
+            continue
+        snap = None
+        if isinstance(h.get("snapshot"), dict):
+            try:
+                snap = HostSnapshot.from_dict(h["snapshot"])
+            except ValueError:
+                snap = None
+        hostname = str(h.get("hostname") or (snap.hostname if snap else "?"))
+        node_id = str(h.get("node_id") or (snap.node_id if snap else hostname))
+        out.append(HostView(hostname, node_id, snap, alive=h.get("alive") is not False,
+                            url=h.get("url") if isinstance(h.get("url"), str) else None))
+    return out
+
+
+class FleetSource:
+    """The hosts one daemon knows (``gpusd top --url http://gpu-node-1:4780``)."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 5.0) -> None:
+        self.url = base_url(url)
+        self.token = token
+        self.timeout = timeout
+
+    def fleet(self) -> dict[str, Any]:
+        data = get_json(f"{self.url}/api/v1/fleet", self.token, self.timeout)
+        if not isinstance(data, dict):
+            raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
+        return data
+
+    def hosts(self) -> list[HostView]:
+        return hosts_from_fleet(self.fleet())
+
+    def close(self) -> None:
+        pass
+
+
+class DiscoverySource:
+    """Every gpusd host on the LAN, through :class:`gpusd.discovery.Client` (mDNS browsing and each
+    host's event stream).  ``settle`` seconds are given to the first browse."""
+
+    def __init__(self, session: str | None = "default", settle: float = 2.0, token: str | None = None) -> None:
+        from ..discovery import Client
+
+        kwargs: dict[str, Any] = {"session": session}
+        if token:
+            kwargs["token"] = token
+        self._client = Client(**kwargs)
+        self._settle_until = time.monotonic() + settle
+        self._started = False
+
+    def _start(self) -> None:
+        if not self._started:
+            start = getattr(self._client, "start", None)
+            if start is not None:
+                start()
+            self._started = True
+            wait = self._settle_until - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+
+    def hosts(self) -> list[HostView]:
+        self._start()
+        out = []
+        for h in self._client.hosts():
+            out.append(HostView(h.hostname, h.node_id, h.snapshot, alive=bool(getattr(h, "alive", True)),
+                                url=getattr(h, "url", None)))
+        return out
+
+    def close(self) -> None:
+        self._client.close()
