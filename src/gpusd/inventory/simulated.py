@@ -218,6 +218,9 @@ class SimulatedBackend:
                 ))
             except (TypeError, ValueError):
                 continue
+        in_procs = sum(p.used_memory or 0 for p in gpu.processes)
+        if in_procs > used:
+            gpu.memory_used, gpu.memory_free = min(total, in_procs), max(0, total - in_procs)
         return gpu
 
     def close(self) -> None:
