@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 

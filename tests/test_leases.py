@@ -1,6 +1,5 @@
 """Leases: flock semantics, death of the holder, hostile files in the lock directory."""
 
-import json
 import os
 import signal
 import stat

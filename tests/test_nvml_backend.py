@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from fakenvml import FakeGPU, FakeMig, FakeProcess, make_gpus
+from fakenvml import FakeMig, FakeProcess, make_gpus
 from gpusd.errors import BackendUnavailable
 from gpusd.inventory.nvml import NvmlBackend
 

@@ -243,9 +243,9 @@ class LeaseStore:
             for m in g.mig_instances:
                 owner[m.uuid] = i
         for lease in leases:
-            i = owner.get(lease.device or "")
-            if i is not None:
-                snap.gpus[i].leases.append(lease)
+            at = owner.get(lease.device or "")
+            if at is not None:
+                snap.gpus[at].leases.append(lease)
         return snap
 
     # -- taking ---------------------------------------------------------------------------------

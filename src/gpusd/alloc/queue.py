@@ -74,7 +74,7 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None) -> Ticket
 def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
     """Live tickets (seq, path), oldest first.  Tickets of dead waiters are skipped (and removed
     with ``cleanup``)."""
-    out = []
+    out: list[tuple[int, Path]] = []
     try:
         names = os.listdir(store.dir)
     except OSError:

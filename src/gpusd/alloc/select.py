@@ -107,8 +107,7 @@ class Candidate:
 def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     """The tokens of an inherited ``CUDA_VISIBLE_DEVICES`` (None: unset, all GPUs visible).  CUDA
     stops at the first invalid token; so do we."""
-    env = os.environ if env is None else env
-    raw = env.get("CUDA_VISIBLE_DEVICES")
+    raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
     out = []

@@ -9,7 +9,6 @@ is reported unhealthy while the rest of the snapshot still comes back.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import threading
 import time
@@ -22,7 +21,12 @@ from ..model import GpuInfo, HostSnapshot, MigInstance, ProcessInfo
 from .processes import ProcessResolver
 from .window import UtilWindow
 
-log = logging.getLogger(__name__)
+
+
+def _log() -> Any:
+    import logging  # lazily: the CLI's start-up time matters
+
+    return logging.getLogger(__name__)
 
 HINT = "try gpusd without a GPU: gpusd devices --simulate 4xA100-80GB"
 
@@ -139,7 +143,7 @@ class NvmlBackend:
                 return None
             if code in _FATAL:
                 raise _GpuFailed(_text(exc)) from None
-            log.debug("GPU %d: %s failed: %s", dev.index, key, exc)
+            _log().debug("GPU %d: %s failed: %s", dev.index, key, exc)
             return None
 
     def _refresh_devices(self) -> None:
@@ -153,7 +157,7 @@ class NvmlBackend:
                 handle = nv.nvmlDeviceGetHandleByIndex(i)
             except nv.NVMLError as exc:
                 devices.append(_Device(i, None, f"unknown-{i}", None, None))
-                log.warning("GPU %d: no handle: %s", i, exc)
+                _log().warning("GPU %d: no handle: %s", i, exc)
                 continue
             dev = _Device(i, handle, "", None, None, util=UtilWindow(self.util_window))
             try:
@@ -178,8 +182,8 @@ class NvmlBackend:
     def snapshot(self, util_since: Mapping[str, float] | None = None) -> HostSnapshot:
         """All GPUs now.  ``util_since`` maps GPU UUIDs to a time before which their utilisation
         samples are ignored (the load of a gpusd lease that has ended since)."""
-        self._util_since = util_since or {}
         with self._lock:
+            self._util_since = util_since or {}
             if self._closed:
                 raise BackendUnavailable("the NVML backend is closed")
             try:
