@@ -92,3 +92,12 @@ def test_help_does_not_import_heavy_modules():
             " if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_command_has_its_options_when_run():
+    from gpusd.cli import build_parser
+
+    full = build_parser()
+    for name, sub in full._subparsers._group_actions[0].choices.items():
+        only = build_parser(name)._subparsers._group_actions[0].choices[name]
+        assert only.format_help() == sub.format_help(), name

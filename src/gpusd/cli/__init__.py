@@ -26,10 +26,33 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"gpusd: error: {message}\n")
 
 
+class _Skipped:
+    """Stands in for the parser of a command that is not being run: its options are not built,
+    which keeps start-up fast (argparse costs ~0.05 ms per option)."""
+
+    def __getattr__(self, name: str) -> Callable[..., "_Skipped"]:
+        return lambda *a, **kw: self
+
+
+_only: str | None = None  # the command being run, when known before parsing
+
+
 def _command(sub: argparse._SubParsersAction, name: str, target: str, help: str, **kw: object) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=help, **kw)  # type: ignore[arg-type]
     p.set_defaults(_target=target)
+    if _only is not None and name != _only and sub.dest == "command":  # top-level commands only
+        return _Skipped()  # type: ignore[return-value]
     return p
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command named in argv (the first word that is not a top-level option)."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
 
 
 def _simulate_flag(p: argparse.ArgumentParser) -> None:
@@ -59,7 +82,17 @@ def _selection_flags(p: argparse.ArgumentParser) -> None:
     _simulate_flag(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``only``, the options of that command alone are built."""
+    global _only
+    _only = only
+    try:
+        return _build_parser()
+    finally:
+        _only = None
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpusd",
         description="GPU service discovery and allocation: see every GPU on the LAN, and give each job "
@@ -94,6 +127,91 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
     p.add_argument("--json", action="store_true")
 
+    # --- discovery & daemon commands ---
+    def interface_flag(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
+                       help=f"{what} on this interface (name or IPv4 address; repeatable; default all, "
+                       "or $GPUSD_INTERFACES)")
+
+    def state_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", metavar="DIR",
+                       help="the daemon's state directory: pid file, log, node id (default $GPUSD_STATE_DIR, "
+                       "/var/lib/gpusd for root, else ~/.local/state/gpusd)")
+
+    def client_flags(p: argparse.ArgumentParser) -> None:
+        interface_flag(p, "browse")
+        p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
+        p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
+        p.add_argument("--host", metavar="NAME", help="only hosts with this name (glob allowed)")
+
+    def device_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", metavar="TEXT", help="only GPUs whose name contains TEXT (or matches a glob)")
+        p.add_argument("--min-free", metavar="MEM", help="only GPUs with at least this much free memory (20GiB)")
+
+    p = _command(sub, "start", "gpusd.cli.daemon:start",
+                 "start the daemon: sample this machine's GPUs, serve them over HTTP, announce them on the LAN")
+    p.add_argument("--foreground", action="store_true", help="run in the foreground (systemd, containers)")
+    interface_flag(p, "announce and serve")
+    p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
+    p.add_argument("--session", default="default", help="cluster name; clients see their session only")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)")
+    p.add_argument("--history", type=float, default=300.0, metavar="S", help="seconds of history kept (default 300)")
+    p.add_argument("--hostname", help="host name to announce (default: this machine's, or $GPUSD_HOSTNAME)")
+    state_flag(p)
+    p.add_argument("--gpusd-compat", action="store_true",
+                   help="also announce _gpu-sd._tcp with hwsd's keys (for GPU-SD/Equalizer clients)")
+    p.add_argument("--token", default=None,
+                   help="token protecting private fields such as process owners (or $GPUSD_TOKEN)")
+    p.add_argument("--threshold", action="append", metavar="RULE",
+                   help='alert rule, e.g. "temperature>85", "utilization>90 for 60s", "lost" (repeatable)')
+    p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
+    p.add_argument("--fleet", choices=("auto", "on", "off"), default="auto",
+                   help="the /api/v1/fleet view: started on first use (auto), always, or never")
+    p.add_argument("--txt-interval", type=float, default=6.0, metavar="S",
+                   help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="how long to wait for a background daemon to come up (default 30)")
+    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    _simulate_flag(p)
+
+    p = _command(sub, "stop", "gpusd.cli.daemon:stop", "stop the daemon (its host disappears from clients at once)")
+    state_flag(p)
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="how long to wait (default 10)")
+    p.add_argument("--force", action="store_true", help="SIGKILL the daemon if it does not stop in time")
+
+    p = _command(sub, "status", "gpusd.cli.daemon:status", "is the daemon running, and what does it serve")
+    state_flag(p)
+    p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "scan", "gpusd.cli.discover:scan", "list the hosts announced on the LAN (mDNS)")
+    client_flags(p)
+    p.add_argument("--timeout", type=float, default=2.0, metavar="S", help="seconds to browse (default 2)")
+    p.add_argument("--json", action="store_true")
+
+    for name in ("list", "list_devices"):
+        p = _command(sub, name, "gpusd.cli.discover:list_devices",
+                     "every GPU on the LAN with its live load" if name == "list" else "every GPU on the LAN (alias of list)")
+        client_flags(p)
+        device_flags(p)
+        p.add_argument("--timeout", type=float, default=3.0, metavar="S",
+                       help="at most this long to wait for hosts to answer (default 3)")
+        p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "watch", "gpusd.cli.discover:watch", "print discovery events as they happen, one per line")
+    client_flags(p)
+    device_flags(p)
+    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--liveness", type=float, default=10.0, metavar="S",
+                   help="report a silent host removed after S seconds (default 10)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = _command(sub, "demo", "gpusd.cli.daemon:demo",
+                 "start three daemons with simulated GPUs on 127.0.0.1, discover them and show them live")
+    p.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds to show (default 10)")
+    p.add_argument("--once", action="store_true", help="print the table once, then stop")
+    p.add_argument("--hosts", type=int, default=3, help="number of simulated hosts (1-8, default 3)")
+    # --- end of discovery & daemon commands ---
+
     # --- monitoring commands ---
     p = _command(sub, "top", "gpusd.cli.monitor:top",
                  "live view of every GPU on the LAN (or --local): utilisation, memory, leases, processes")
@@ -101,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--local", action="store_true", help="this machine only, read directly (no daemon)")
     src.add_argument("--url", metavar="URL", help="read the fleet from this daemon, e.g. http://gpu-node-1:4780")
     _simulate_flag(p)
+    p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
+                   help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name to show (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="show hosts of every session")
     p.add_argument("--once", action="store_true", help="print one frame and exit (also when stdout is not a terminal)")
@@ -115,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
-    p.add_argument("--token", help="the fleet's shared token: shows process owners and commands ($GPUSD_TOKEN)")
+    p.add_argument("--token", help="with --url: the daemon's token, to see process owners and commands ($GPUSD_TOKEN)")
 
     p = sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools")
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
@@ -123,12 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
                  "write a Prometheus file_sd target list of the gpusd daemons discovered")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE atomically (default: standard output)")
     p.add_argument("--url", metavar="URL", help="ask this daemon for the fleet instead of browsing the LAN")
+    p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
+                   help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="daemons of every session")
     p.add_argument("--wait", type=float, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
     p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="with --watch: check every S seconds")
-    p.add_argument("--token", help="the fleet's shared token ($GPUSD_TOKEN)")
+    p.add_argument("--token", help="with --url: the daemon's token ($GPUSD_TOKEN)")
     # --- end of monitoring commands ---
 
     return parser
@@ -143,7 +265,8 @@ def _setup_logging(verbose: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "_target", None):
         parser.print_help()

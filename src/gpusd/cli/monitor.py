@@ -32,7 +32,8 @@ def _source(args: argparse.Namespace, settle: float) -> Source:
         return FleetSource(args.url, token=_token(args))
     from ..monitor.sources import DiscoverySource
 
-    return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle, token=_token(args))
+    return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle,
+                           interfaces=args.interfaces)
 
 
 def top(args: argparse.Namespace) -> int:
@@ -74,13 +75,14 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
         raise ConfigError("--interval must be a positive number of seconds")
     session = None if args.all_sessions else args.session
 
+    source = None if args.url else _source(args, settle=args.wait)
+
     def daemons() -> list[sd.Daemon]:
-        if args.url:
+        if source is None:
             return sd.daemons_from_fleet(FleetSource(args.url, token=_token(args)).fleet(), session=session)
         return [sd.Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session)
                 for h in source.hosts() if h.alive and h.url]
 
-    source = None if args.url else _source(args, settle=args.wait)
     try:
         while True:
             found = daemons()

@@ -29,6 +29,8 @@ class DaemonConfig:
     leases: bool = True  # attach this machine's GPU leases to every sample
     netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
     extensions: list[str] = field(default_factory=list)  # extra "module:function" installers
+    thresholds: list[str] = field(default_factory=list)  # threshold rules (evaluated by gpusd.monitor)
+    node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
 
     def validate(self) -> None:
         from ..discovery.txt import valid_session

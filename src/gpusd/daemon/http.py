@@ -121,22 +121,25 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
     """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
     ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
     or a subscriber too slow to keep up) or when the client goes away."""
+    from ..monitor.privacy import stream_filter
+
+    out = stream_filter(request)  # private fields only for readers allowed to see them
     resp = web.StreamResponse(headers=SSE_HEADERS)
     sub = hub.subscribe()  # before the first messages: nothing published meanwhile is lost
     try:
         await resp.prepare(request)
-        for msg in first:
-            await resp.write(msg)
+        for first_msg in first:
+            await resp.write(out(first_msg))
         while True:
             try:
-                msg = await asyncio.wait_for(sub.get(), heartbeat)
+                msg = await asyncio.wait_for(sub.queue.get(), heartbeat)
             except asyncio.TimeoutError:
                 msg = format_event("heartbeat", {"ts": round(time.time(), 3)})
                 if callable(touch):
                     touch()
             if msg is None:
                 break
-            await resp.write(msg)
+            await resp.write(out(msg))
     except (ConnectionError, RuntimeError, OSError) as exc:  # the client went away
         log.debug("event stream to %s ended: %r", request.remote, exc)
     finally:

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 
 from ..model import GpuInfo, HostSnapshot
 from ..units import parse_bytes
-from .net import open_zeroconf, resolve_interfaces
+from .net import open_zeroconf, rank_addresses, resolve_interfaces
 from .sse import SSEError, SSEParser
-from .txt import DEFAULT_SESSION, HWSD_TYPE, SERVICE_TYPE, TxtError, TxtRecord, decode_hwsd, decode_txt
+from .txt import DEFAULT_SESSION, HWSD_TYPE, SERVICE_TYPE, TxtError, decode_hwsd, decode_txt
 from .types import (
     DEVICE_ADDED,
     DEVICE_REMOVED,
@@ -58,7 +58,8 @@ Handler = Callable[[DiscoveryEvent], Any]
 
 HEARTBEAT = 2.0  # seconds between daemon heartbeats (the daemon's default)
 RESOLVE_TIMEOUT = 3.0
-RETRY_MIN, RETRY_MAX = 2.0, 15.0  # retrying an announced host that does not answer
+RECONNECT_BUDGET = 2.0  # seconds a reconnection may take before the host counts as gone
+RETRY_MIN, RETRY_MAX = 1.0, 15.0  # retrying an announced host that does not answer (doubling)
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -199,6 +200,7 @@ class AsyncClient:
         if self._listening:
             return
         import aiohttp
+        from zeroconf import DNSQuestionType
         from zeroconf.asyncio import AsyncServiceBrowser
 
         self.loop = asyncio.get_running_loop()
@@ -213,7 +215,11 @@ class AsyncClient:
         self._listening = True
         self._started_at = self._last_peer_at = time.monotonic()
         types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
-        self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change])
+        # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
+        # which the kernel hands to just one of the sockets bound there -- often another gpusd
+        # process on this machine (its daemon) rather than us.
+        self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
+                                            question_type=DNSQuestionType.QM)
 
     async def stop_listening(self) -> None:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""
@@ -276,9 +282,12 @@ class AsyncClient:
             await asyncio.sleep(remaining)
         return self.announced()
 
-    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 0.75) -> bool:
+    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5) -> bool:
         """Wait until discovery has settled: at least ``minimum`` s of browsing, no new service for
-        ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout."""
+        ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout.
+
+        ``minimum`` covers mDNS answer delays: 20-120 ms normally, but a responder that multicast its
+        answer less than a second ago (to another client) waits a second before repeating it."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
         while True:
@@ -296,6 +305,7 @@ class AsyncClient:
 
         if not self._listening:
             return
+        log.debug("browser: %s %s", state_change.name, name)
         peer = self._peers.get(name)
         if state_change is ServiceStateChange.Removed:
             if peer is not None:
@@ -370,8 +380,10 @@ class AsyncClient:
                     continue
                 connected = await self._stream(peer, host)
                 peer.settled = True
-                retry = RETRY_MIN if connected else min(retry * 2, RETRY_MAX)
+                if connected:
+                    retry = RETRY_MIN
                 await self._wait_update(peer, retry)
+                retry = min(retry * 2, RETRY_MAX)
         except asyncio.CancelledError:
             raise
         except Exception:  # never let one host's trouble escape
@@ -383,13 +395,14 @@ class AsyncClient:
             await asyncio.wait_for(peer.updated.wait(), seconds)
 
     async def _resolve(self, peer: _Peer) -> RemoteHost | None:
-        from zeroconf import IPVersion
+        from zeroconf import DNSQuestionType, IPVersion
         from zeroconf.asyncio import AsyncServiceInfo
 
         assert self._zc is not None
         info = AsyncServiceInfo(peer.type, peer.name)
         try:
-            ok = await info.async_request(self._zc.zeroconf, int(RESOLVE_TIMEOUT * 1000))
+            ok = await info.async_request(self._zc.zeroconf, int(RESOLVE_TIMEOUT * 1000),
+                                          question_type=DNSQuestionType.QM)
         except Exception as exc:  # malformed names and the like
             self._problem(peer, f"cannot resolve: {exc}")
             return None
@@ -440,8 +453,8 @@ class AsyncClient:
         try:
             while self._listening:
                 started = time.monotonic()
-                if peer.reported:  # a reconnection: the budget is what is left of the liveness bound
-                    deadline = host.last_seen + self.liveness_timeout - 0.3
+                if peer.reported:  # a reconnection: within what is left of the liveness bound
+                    deadline = min(host.last_seen + self.liveness_timeout - 0.3, started + RECONNECT_BUDGET)
                 else:
                     deadline = started + RESOLVE_TIMEOUT + 2.0
                 outcome = await self._session(peer, host, deadline)
@@ -468,7 +481,7 @@ class AsyncClient:
 
         assert self._http is not None
         failure = "unreachable"
-        for address in host.addresses:
+        for address in rank_addresses(host.addresses):
             url = f"http://{address}:{host.port}{host.txt.api}"
             budget = deadline - time.monotonic()
             if budget <= 0:
@@ -485,7 +498,10 @@ class AsyncClient:
                     self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
                     failure = "not a gpusd event stream"
                     continue
-                return await self._read_stream(peer, host, resp, url, deadline)
+                outcome = await self._read_stream(peer, host, resp, url, deadline)
+                if outcome in ("bye", "lost"):
+                    return outcome
+                failure = outcome  # no valid stream at this address (another machine's?): try the next
             finally:
                 resp.release()
         return failure
@@ -557,7 +573,7 @@ class AsyncClient:
             return
         if not isinstance(d, dict) or d.get("state") not in ("exceeded", "cleared"):
             return
-        device = None
+        device: Device | None = None
         gpu = d.get("gpu")
         for dev in peer.devices.values():
             if gpu is not None and (dev.uuid == gpu or dev.index == gpu):
@@ -579,8 +595,8 @@ class AsyncClient:
             if self.filters.device_ok(g) and g.uuid not in wanted:
                 wanted[g.uuid] = g
         for uuid in [u for u in peer.devices if u not in wanted]:
-            old = peer.devices.pop(uuid)
-            self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=old))
+            gone = peer.devices.pop(uuid)
+            self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=gone))
         simulated = bool(snap.simulated) if snap is not None else host.txt.simulated
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,

@@ -77,11 +77,19 @@ def _addresses_by_interface() -> dict[str, list[str]]:
     return out
 
 
+# Interfaces of containers and VMs on this machine: their addresses mean nothing to other hosts.
+VIRTUAL_PREFIXES = ("docker", "veth", "virbr", "br-", "cni", "flannel", "cali", "vxlan", "podman", "lxcbr",
+                    "kube-", "weave", "cilium")
+
+
 def local_ipv4_addresses(include_loopback: bool = False) -> list[str]:
-    """Every IPv4 address of this machine (network namespace), loopback last or left out."""
+    """The IPv4 addresses to announce: every address of this machine (network namespace) except
+    link-local ones and those of container/VM bridges; loopback only when there is nothing else."""
     addrs: list[str] = []
     loop: list[str] = []
-    for ips in _addresses_by_interface().values():
+    for name, ips in _addresses_by_interface().items():
+        if name.startswith(VIRTUAL_PREFIXES):
+            continue
         for ip in ips:
             try:
                 a = ipaddress.IPv4Address(ip)
@@ -94,6 +102,40 @@ def local_ipv4_addresses(include_loopback: bool = False) -> list[str]:
     if include_loopback or not addrs:
         addrs.extend(loop)
     return list(dict.fromkeys(addrs))
+
+
+def _local_networks() -> list[ipaddress.IPv4Network]:
+    import ifaddr
+
+    nets = []
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str):
+                try:
+                    nets.append(ipaddress.IPv4Network(f"{ip.ip}/{ip.network_prefix}", strict=False))
+                except ValueError:
+                    continue
+    return nets
+
+
+def rank_addresses(addresses: Sequence[str]) -> list[str]:
+    """A host's announced addresses in the order to try them: on one of our own networks first,
+    loopback and link-local last (a peer's 127.0.0.1 is reachable only from the peer itself)."""
+    try:
+        nets = _local_networks()
+    except Exception:  # ifaddr trouble: keep the announced order
+        nets = []
+
+    def key(addr: str) -> int:
+        try:
+            a = ipaddress.IPv4Address(addr)
+        except ValueError:
+            return 3
+        if a.is_loopback or a.is_link_local:
+            return 2
+        return 0 if any(a in n for n in nets if not n.network_address.is_loopback) else 1
+
+    return sorted(addresses, key=key)
 
 
 def apply_test_timings() -> None:

@@ -11,16 +11,19 @@ The seed example works as written::
     client.register_event_handler('device_added', print)
     client.start_listening()      # returns at once; the listener keeps the program running
 
-While listening, the loop thread is not a daemon thread: a script that ends with
-``start_listening()`` keeps reporting events until interrupted (Ctrl-C) or ``stop_listening()``.
+While listening, the client keeps the program alive: a script that ends with ``start_listening()``
+keeps reporting events until interrupted (Ctrl-C, which stops the client cleanly) or until
+``stop_listening()``.  ``Client(daemon_thread=True)`` does not hold the program open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
+import time
 from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 from .txt import DEFAULT_SESSION
@@ -30,6 +33,31 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Handler = Callable[[DiscoveryEvent], Any]
 _STOP = object()
+
+
+def _hold_at_exit(client: "Client") -> None:
+    """At interpreter exit, wait while ``client`` listens (as a non-daemon thread would), and turn
+    Ctrl-C into a clean stop instead of a traceback from the threading module."""
+
+    def hold() -> None:
+        try:
+            while client.listening:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            client.stop_listening()
+
+    register = getattr(threading, "_register_atexit", None)  # runs before non-daemon threads are joined
+    try:
+        if register is not None:
+            register(hold)
+        else:  # pragma: no cover - Pythons without it
+            import atexit
+
+            atexit.register(hold)
+    except RuntimeError:  # already shutting down
+        pass
 
 
 class Client:
@@ -118,8 +146,10 @@ class Client:
                     loop.close()
 
         self._loop = loop
-        self._thread = threading.Thread(target=run, name="gpusd-discovery", daemon=self._daemon_thread)
+        self._thread = threading.Thread(target=run, name="gpusd-discovery", daemon=True)
         self._thread.start()
+        if not self._daemon_thread:
+            _hold_at_exit(self)
         ready.wait()
         self._dispatcher = threading.Thread(target=self._dispatch, name="gpusd-events", daemon=True)
         self._dispatcher.start()
@@ -158,8 +188,8 @@ class Client:
 
     def _call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         assert self._loop is not None
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
-        return fut.result(timeout)
+        fut: Any = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return fut.result(timeout)  # type: ignore[no-any-return]
 
     def _in_loop(self, fn: Callable[[], T]) -> T:
         async def call() -> T:
@@ -197,7 +227,7 @@ class Client:
         """The hosts currently reported."""
         if not self.listening:
             return []
-        return self._in_loop(lambda: self._async.hosts)
+        return self._in_loop(lambda: [copy.copy(h) for h in self._async.hosts])
 
     def events(self, timeout: float | None = None) -> Iterator[DiscoveryEvent]:
         """Iterate over events from now on; stops after ``timeout`` s without an event (None: never)

@@ -7,7 +7,8 @@ import os
 import select
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .top import HostBook, HostView, TopState, footer_line, render
 
@@ -50,7 +51,7 @@ class KeyReader:
         self._fd: int | None = None
         self._saved: Any = None
 
-    def __enter__(self) -> KeyReader:
+    def __enter__(self) -> KeyReader:  # noqa: PYI034 - Python 3.10 has no typing.Self
         try:
             fd = self._stream.fileno()
         except (AttributeError, OSError, ValueError):
@@ -125,6 +126,8 @@ def run_live(hosts: Callable[[], list[HostView]], state: TopState, book: HostBoo
     next_fetch = 0.0
     with keys, Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
                     redirect_stderr=False) as live:
+        width, height = console.size  # something on screen while the first fetch browses the LAN
+        live.update(render([], state, width=width, message="looking for hosts…"), refresh=True)
         while True:
             mono = time.monotonic()
             if mono >= next_fetch:

@@ -11,7 +11,8 @@ Each daemon exports its own host only, so a Prometheus scraping every daemon (se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..model import GpuInfo, HostSnapshot
@@ -133,7 +134,7 @@ def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshots, alerts))  # type: ignore[arg-type]
+    registry.register(SnapshotCollector(snapshots, alerts))
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry

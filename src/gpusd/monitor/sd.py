@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -68,7 +69,8 @@ def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
         parts = urlsplit(d.url)
         if parts.scheme == "https":
             labels["__scheme__"] = "https"
-        prefix = parts.path.rstrip("/")
+        path = parts.path.rstrip("/")
+        prefix = path.removesuffix("/api/v1")  # the API's root, not the API
         if prefix:
             labels["__metrics_path__"] = prefix + "/metrics"
         groups.append({"targets": [address], "labels": labels})

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -49,6 +48,12 @@ class LocalSource:
         self._backend.close()
 
 
+def strip_api(path: str) -> str:
+    """``/api/v1`` or ``/prefix/api/v1/`` -> ``""`` or ``/prefix``: the daemon's root path."""
+    path = path.rstrip("/")
+    return path.removesuffix("/api/v1")
+
+
 def base_url(url: str) -> str:
     """``host:4780``, ``http://host:4780/`` or ``http://host:4780/api/v1`` -> ``http://host:4780``."""
     url = url.strip()
@@ -57,10 +62,7 @@ def base_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise GpusdError(f"not a daemon URL: {url!r} (example: http://gpu-node-1:4780)")
-    path = parts.path.rstrip("/")
-    if path.endswith("/api/v1"):
-        path = path[: -len("/api/v1")]
-    return f"{parts.scheme}://{parts.netloc}{path}"
+    return f"{parts.scheme}://{parts.netloc}{strip_api(parts.path)}"
 
 
 def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
@@ -73,7 +75,7 @@ def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http(s) only, checked above
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read(MAX_ANSWER + 1)
     except urllib.error.HTTPError as exc:
         raise SourceError(f"{url}: HTTP {exc.code} {exc.reason}") from None
@@ -132,35 +134,21 @@ class FleetSource:
 
 class DiscoverySource:
     """Every gpusd host on the LAN, through :class:`gpusd.discovery.Client` (mDNS browsing and each
-    host's event stream).  ``settle`` seconds are given to the first browse."""
+    host's event stream).  The first call waits up to ``settle`` seconds for the hosts to answer."""
 
-    def __init__(self, session: str | None = "default", settle: float = 2.0, token: str | None = None) -> None:
+    def __init__(self, session: str | None = "default", settle: float = 2.0,
+                 interfaces: list[str] | None = None) -> None:
         from ..discovery import Client
 
-        kwargs: dict[str, Any] = {"session": session}
-        if token:
-            kwargs["token"] = token
-        self._client = Client(**kwargs)
-        self._settle_until = time.monotonic() + settle
-        self._started = False
-
-    def _start(self) -> None:
-        if not self._started:
-            start = getattr(self._client, "start", None)
-            if start is not None:
-                start()
-            self._started = True
-            wait = self._settle_until - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+        self._client = Client(session, interfaces=interfaces, all_sessions=session is None, daemon_thread=True)
+        self._settle = settle
+        self._settled = False
 
     def hosts(self) -> list[HostView]:
-        self._start()
-        out = []
-        for h in self._client.hosts():
-            out.append(HostView(h.hostname, h.node_id, h.snapshot, alive=bool(getattr(h, "alive", True)),
-                                url=getattr(h, "url", None)))
-        return out
+        if not self._settled:
+            self._client.wait_settled(self._settle)
+            self._settled = True
+        return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url) for h in self._client.hosts]
 
     def close(self) -> None:
-        self._client.close()
+        self._client.stop_listening()

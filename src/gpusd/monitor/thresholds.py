@@ -32,9 +32,10 @@ import json
 import math
 import operator
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from ..model import GpuInfo, HostSnapshot
@@ -66,11 +67,12 @@ _RULE = re.compile(
     (?P<metric>[A-Za-z_]+)\s*
     (?:(?P<op>>=|<=|>|<|above\b|below\b|over\b|under\b)\s*
        (?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*
-       (?P<unit>°?[A-Za-z%]*)\s*)?
+       (?!for\b)(?P<unit>°?[A-Za-z%]*)\s*)?
     (?:for\s+(?P<dur>\d+(?:\.\d*)?|\.\d+)\s*(?P<dunit>[A-Za-z]*))?
     \s*$""",
     re.VERBOSE | re.IGNORECASE,
 )
+_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
                    "ms": 0.001, "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
                    "h": 3600.0, "hour": 3600.0, "hours": 3600.0}
@@ -121,6 +123,11 @@ class Rule:
             return value >= 1.0
         assert self.op is not None and self.limit is not None
         return _OPS[self.op](value, self.limit)
+
+    @property
+    def spec(self) -> str:
+        """The rule as one string that parses back to it, name included (``busy: utilization>90%``)."""
+        return self.text if self.name == self.text else f"{self.name}: {self.text}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "rule": self.text, "metric": self.metric, "op": self.op,
@@ -240,8 +247,9 @@ def _rule_from_entry(entry: Any, where: str) -> Rule:
         if not isinstance(entry.get("rule"), str):
             raise ConfigError(f"{where}: \"rule\" must be a string such as \"temperature>85\"")
         name = entry.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise ConfigError(f"{where}: \"name\" must be a non-empty string")
+        if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
+            raise ConfigError(f"{where}: \"name\" must be a word of letters, digits, '_', '.', '-' "
+                              f"(e.g. \"gpu-hot\"), not {name!r}")
         return parse_rule(entry["rule"], name=name)
     raise ConfigError(f"{where}: a rule must be a string or an object with \"rule\", not {type(entry).__name__}")
 
@@ -284,10 +292,16 @@ def load_rules(rules: Iterable[str | Rule] = (), files: Iterable[str | Path] = (
     for f in files:
         for r in load_rules_file(f):
             out[r.name] = r
-    for r in rules:
-        rule = r if isinstance(r, Rule) else parse_rule(r)
+    for given in rules:
+        rule = given if isinstance(given, Rule) else parse_rule(given)
         out[rule.name] = rule
     return list(out.values())
+
+
+def rule_specs(rules: Iterable[str] = (), files: Iterable[str | Path] = ()) -> list[str]:
+    """:func:`load_rules`, as strings that parse back to the same rules (for a daemon's config and
+    the command line of a background daemon).  Raises ConfigError."""
+    return [r.spec for r in load_rules(rules, files)]
 
 
 @dataclass

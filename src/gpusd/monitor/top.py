@@ -15,8 +15,9 @@ The live loop with keyboard handling is in :mod:`gpusd.monitor.live`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ..model import GpuInfo, HostSnapshot
 from ..units import format_bytes
@@ -261,8 +262,7 @@ def _short_name(name: str | None) -> str:
     if not name:
         return "?"
     for prefix in ("NVIDIA ", "GeForce ", "Tesla "):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
+        name = name.removeprefix(prefix)
     return name
 
 
@@ -392,7 +392,7 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
     dim = not h.alive
     wide = lay.kind == "wide"
     table = Table(box=box.SIMPLE_HEAD, expand=False, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-                  style="bright_black" if dim else None, header_style="bold")
+                  style="bright_black" if dim else "", header_style="bold")
     table.add_column("#", justify="right", no_wrap=True, width=2)
     table.add_column("MODEL", no_wrap=True, overflow="ellipsis", width=lay.model)
     table.add_column("UTIL", no_wrap=True, width=lay.bar + 5)

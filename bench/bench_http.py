@@ -1,0 +1,192 @@
+"""Issue 5 benchmark: the daemon's HTTP API under load, and its CPU share, on loopback.
+
+    python bench/bench_http.py [--gpus 8] [--seconds 10] [--cpu-seconds 20] [--concurrency 16]
+
+One real daemon (``gpusd start --foreground``, 1 s sampling) on the fake NVML with 8 GPUs (two
+processes each), HTTP and mDNS on 127.0.0.1 only, in a session of its own.  Measured from this
+process (a different process from the daemon):
+
+1. the daemon's CPU share (process CPU time / wall time) over ``--cpu-seconds``, idle;
+2. the same with 10 subscribers on ``/api/v1/events``;
+The GPUs' load changes twice a second, so every sample sends a snapshot event to every subscriber.
+
+3. with the 10 subscribers still attached: ``--concurrency`` clients fetching ``GET /api/v1/gpus`` as
+   fast as they can for ``--seconds`` (requests per second, latency percentiles), then the same for
+   ``GET /metrics``.
+
+Client and daemon share the machine's cores: the figures are a floor for the daemon, not a
+ceiling.  Nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import FakeEnv, FakeProcess, make_gpus, pct
+
+GiB = 2**30
+
+
+def gpus(n: int):
+    out = make_gpus(n, memory_used=12 * GiB, util_gpu=35, util_memory=10, temperature=50, power_usage=180_000)
+    for g in out:
+        g.processes = [FakeProcess(os.getpid(), 4 * GiB), FakeProcess(os.getppid(), 2 * GiB)]
+    return out
+
+
+def start_daemon(fake: FakeEnv, interval: float) -> tuple[subprocess.Popen[bytes], dict]:
+    state = Path(tempfile.mkdtemp(prefix="gpusd-bench-http-"))
+    env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
+    r, w = os.pipe()
+    argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
+            "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
+            "--ready-fd", str(w)]
+    with open(state / "gpusd.log", "ab") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=(w,), stdin=subprocess.DEVNULL)
+    os.close(w)
+    with os.fdopen(r) as f:
+        line = f.readline()
+    if not line:
+        proc.kill()
+        raise SystemExit(f"the daemon did not start; log:\n{(state / 'gpusd.log').read_text()[-3000:]}")
+    return proc, json.loads(line)
+
+
+def cpu_seconds(pid: int) -> float:
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+async def cpu_share(pid: int, seconds: float) -> float:
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+
+
+async def subscriber(session, url: str, counts: list[int], i: int) -> None:
+    async with session.get(url, timeout=None) as resp:
+        async for line in resp.content:
+            if line.startswith(b"event:"):
+                counts[i] += 1
+
+
+async def load(session, url: str, seconds: float, concurrency: int) -> tuple[int, list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal errors
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            try:
+                async with session.get(url) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except Exception:  # noqa: BLE001 - counted, the run goes on
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t)
+            else:
+                errors += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(latencies), latencies, errors
+
+
+async def drift(fake: FakeEnv, state: list) -> None:
+    """Change every GPU's load twice a second, so every sample is a new snapshot event."""
+    k = 0
+    while True:
+        k += 1
+        for i, g in enumerate(state):
+            g.util_gpu = (k * 7 + i * 13) % 100
+            g.memory_used = ((k + i) % 60 + 4) * GiB
+        fake.write(state)
+        await asyncio.sleep(0.5)
+
+
+async def bench(args: argparse.Namespace) -> None:
+    import aiohttp
+
+    state = gpus(args.gpus)
+    fake = FakeEnv(state)
+    proc, info = start_daemon(fake, args.interval)
+    base = f"http://127.0.0.1:{info['port']}"
+    drifter = asyncio.create_task(drift(fake, state))
+    try:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await asyncio.sleep(2)  # let start-up settle
+            idle = await cpu_share(proc.pid, args.cpu_seconds)
+            counts = [0] * args.subscribers
+            subs = [asyncio.create_task(subscriber(session, f"{base}/api/v1/events", counts, i))
+                    for i in range(args.subscribers)]
+            await asyncio.sleep(1)
+            with_subs = await cpu_share(proc.pid, args.cpu_seconds)
+            events = sum(counts)
+            results = {}
+            for path in ("/api/v1/gpus", "/metrics"):
+                async with session.get(base + path) as r:
+                    size = len(await r.read())
+                c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+                n, lat, errors = await load(session, base + path, args.seconds, args.concurrency)
+                wall = time.monotonic() - t0
+                results[path] = (n / wall, pct(lat, 50) * 1000, pct(lat, 99) * 1000, errors, size,
+                                 (cpu_seconds(proc.pid) - c0) / wall)
+            alive = sum(1 for t in subs if not t.done())
+            for t in subs:
+                t.cancel()
+            await asyncio.gather(*subs, return_exceptions=True)
+    finally:
+        drifter.cancel()
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"daemon on the fake NVML with {args.gpus} GPUs, sampling every {args.interval:g} s")
+    print()
+    print("| daemon CPU share (1 s sampling) | % of one core |")
+    print("|---|---|")
+    print(f"| idle, no subscriber | {100 * idle:.1f} |")
+    print(f"| {args.subscribers} subscribers on /api/v1/events | {100 * with_subs:.1f} |")
+    print()
+    print(f"{events} events reached the {args.subscribers} subscribers in {args.cpu_seconds:g} s; "
+          f"{alive} of them still attached after the load runs")
+    print()
+    print(f"| with {args.subscribers} subscribers attached, {args.concurrency} concurrent clients | answer bytes | "
+          "requests/s | p50 ms | p99 ms | errors | daemon CPU % |")
+    print("|---|---|---|---|---|---|---|")
+    for path, (rps, p50, p99, errors, size, cpu) in results.items():
+        print(f"| GET {path} | {size} | {rps:.0f} | {p50:.2f} | {p99:.2f} | {errors} | {100 * cpu:.0f} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--interval", type=float, default=1.0, help="daemon sampling interval (default 1 s)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="load duration per endpoint")
+    ap.add_argument("--cpu-seconds", type=float, default=20.0, help="CPU share measuring window")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--subscribers", type=int, default=10)
+    asyncio.run(bench(ap.parse_args()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""``gpusd start|stop|status|demo``: the daemon's life cycle (see docs/daemon.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    """The state directory; ``--state-dir`` is passed on as ``$GPUSD_STATE_DIR`` (to the backends and
+    to a background daemon)."""
+    from ..identity import state_dir
+
+    if getattr(args, "state_dir", None):
+        os.environ["GPUSD_STATE_DIR"] = str(Path(args.state_dir).resolve())
+    return state_dir()
+
+
+def _config(args: argparse.Namespace, state: Path) -> Any:
+    from ..daemon.config import DaemonConfig
+
+    from ..monitor.thresholds import rule_specs
+
+    token = args.token or os.environ.get("GPUSD_TOKEN") or None
+    cfg = DaemonConfig(
+        interfaces=args.interfaces,
+        port=args.port,
+        session=args.session,
+        interval=args.interval,
+        history=args.history,
+        simulate=args.simulate,
+        hostname=args.hostname,
+        state_dir=state if os.environ.get("GPUSD_STATE_DIR") else None,
+        gpusd_compat=args.gpusd_compat,
+        token=token,
+        fleet=args.fleet,
+        txt_min_interval=args.txt_interval,
+        thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
+    )
+    cfg.validate()
+    return cfg
+
+
+def _foreground_args(args: argparse.Namespace) -> list[str]:
+    """The flags a background start passes on to its ``--foreground`` child (the token goes through
+    the environment, not the command line, where ``ps`` would show it)."""
+    out: list[str] = []
+    for iface in args.interfaces or []:
+        out += ["--interface", iface]
+    out += ["--port", str(args.port), "--session", args.session, "--interval", str(args.interval),
+            "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
+    if args.hostname:
+        out += ["--hostname", args.hostname]
+    if args.simulate:
+        out += ["--simulate", args.simulate]
+    if args.gpusd_compat:
+        out.append("--gpusd-compat")
+    from ..monitor.thresholds import rule_specs
+
+    for rule in rule_specs(args.threshold or (), args.thresholds or ()):
+        out += ["--threshold", rule]
+    if args.verbose:
+        out.append("-" + "v" * args.verbose)
+    return out
+
+
+def start(args: argparse.Namespace) -> int:
+    state = _state_dir(args)
+    cfg = _config(args, state)
+    if args.hostname:
+        os.environ["GPUSD_HOSTNAME"] = args.hostname
+    if args.foreground:
+        import logging
+
+        from ..daemon.process import run_foreground
+
+        level = os.environ.get("GPUSD_LOG_LEVEL") or ("DEBUG" if args.verbose > 1 else "INFO")
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        return run_foreground(cfg, args.ready_fd)
+
+    from ..daemon import process
+
+    st = process.status(state)
+    if st.running:
+        print(f"gpusd: already running (pid {st.pid}, state directory {state})")
+        return 0
+    env = dict(os.environ)
+    if cfg.token:
+        env["GPUSD_TOKEN"] = cfg.token
+    info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
+    urls = " ".join(info.get("urls") or [])
+    sim = "  [SIMULATED GPUs]" if info.get("simulated") else ""
+    print(f"gpusd: started (pid {info.get('pid')}), announced as {info.get('service')}, "
+          f"session {info.get('session')}, serving {urls}{sim}")
+    print(f"gpusd: log {state / process.LOG_FILE}; stop with: gpusd stop")
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    from ..daemon import process
+
+    state = _state_dir(args)
+    pid = process.stop(state, timeout=args.timeout, force=args.force)
+    print(f"gpusd: stopped (pid {pid})")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    from ..daemon import process
+
+    state = _state_dir(args)
+    st = process.status(state)
+    live = _fetch_host(st.info) if st.running else None
+    if args.json:
+        out = {"running": st.running, "pid": st.pid, "state_dir": str(state), **st.info}
+        if live is not None:
+            out["host"] = live
+        print(json.dumps(out, indent=1))
+        return 0 if st.running else process.NoDaemon.exit_code
+    if not st.running:
+        print(f"gpusd: not running (state directory {state})")
+        return process.NoDaemon.exit_code
+    info = st.info
+    print(f"gpusd: running, pid {st.pid}, state directory {state}")
+    if info:
+        print(f"  service   {info.get('service')}  (session {info.get('session')}, node {info.get('node_id')})")
+        print(f"  serving   {' '.join(info.get('urls') or [])}")
+        print(f"  mDNS on   {', '.join(info.get('interfaces') or []) or 'all interfaces'}")
+    if live is not None:
+        snap = live.get("snapshot") or {}
+        gpus = snap.get("gpus") or []
+        sim = "  [SIMULATED GPUs]" if snap.get("simulated") else ""
+        print(f"  GPUs      {len(gpus)}{sim}")
+    elif info:
+        print("  (the HTTP API did not answer)")
+    return 0
+
+
+def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
+    """GET /api/v1/host from the running daemon (plain urllib: no aiohttp at CLI start-up)."""
+    import urllib.request
+
+    port = info.get("port")
+    addrs = list(info.get("addresses") or [])
+    if not port:
+        return None
+    if not info.get("interfaces"):
+        addrs.insert(0, "127.0.0.1")
+    for addr in addrs:
+        try:
+            with urllib.request.urlopen(f"http://{addr}:{port}/api/v1/host", timeout=2) as resp:
+                data = json.loads(resp.read(4 * 2**20))
+                return data if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+# -- demo ------------------------------------------------------------------------------------------
+DEMO_HOSTS = ["4xA100-80GB", "2xH100-80GB,2xRTX4090", "2xL40S", "8xA100-40GB", "1xH200-141GB", "4xRTX3090",
+              "2xV100-32GB", "4xT4"]
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Three daemons with simulated GPUs, bound to 127.0.0.1 (nothing leaves the machine), a
+    discovery client bound likewise, and a live table; everything started is stopped at the end."""
+    import asyncio
+    import shutil
+    import tempfile
+
+    if not 1 <= args.hosts <= len(DEMO_HOSTS):
+        raise ConfigError(f"--hosts must be between 1 and {len(DEMO_HOSTS)}")
+    tmp = Path(tempfile.mkdtemp(prefix="gpusd-demo-"))
+    session = f"demo-{os.getpid()}"  # two demos on one machine do not see each other
+    procs: list[Any] = []
+    try:
+        print(f"gpusd demo: starting {args.hosts} daemons with simulated GPUs on 127.0.0.1 (session {session}) ...",
+              flush=True)
+        procs = _start_demo_daemons(tmp, session, args.hosts)
+        return asyncio.run(_demo_show(session, args))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        _stop_demo_daemons(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _start_demo_daemons(tmp: Path, session: str, n: int) -> list[Any]:
+    import subprocess
+    import time
+
+    from ..daemon.process import _failure, _read_line
+
+    procs: list[Any] = []
+    pipes: list[tuple[Any, int, Path]] = []
+    for i in range(1, n + 1):
+        state = tmp / f"demo-{i}"
+        state.mkdir()
+        r, w = os.pipe()
+        env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1")
+        env.pop("GPUSD_SIMULATE", None)
+        argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", DEMO_HOSTS[i - 1],
+                "--interface", "127.0.0.1", "--port", "0", "--hostname", f"demo-{i}", "--session", session,
+                "--state-dir", str(state), "--fleet", "off", "--ready-fd", str(w)]
+        log = open(state / "gpusd.log", "ab")
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, pass_fds=(w,),
+                                 start_new_session=True)
+        finally:
+            os.close(w)
+            log.close()
+        procs.append(p)
+        pipes.append((p, r, state))
+    deadline = time.monotonic() + 30
+    try:
+        for p, r, state in pipes:
+            line = _read_line(r, max(0.1, deadline - time.monotonic()), p)
+            if not line:
+                raise _failure(p.poll() or 1, state / "gpusd.log")
+    finally:
+        for _, r, _ in pipes:
+            os.close(r)
+    return procs
+
+
+def _stop_demo_daemons(procs: list[Any]) -> None:
+    import signal
+    import subprocess
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def _demo_show(session: str, args: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from ..discovery.client import AsyncClient
+    from .discover import render_devices
+
+    events: list[str] = []
+    client = AsyncClient(session=session, interfaces=["127.0.0.1"])
+
+    def note(ev: Any) -> None:
+        if ev.event in ("host_added", "host_removed"):
+            events.append(f"{time.strftime('%H:%M:%S')} {ev}")
+
+    client.register_event_handler("*", note)
+    await client.start_listening()
+    try:
+        await client.wait_settled(5.0)
+        live = sys.stdout.isatty() and not args.once
+        if not live:
+            print("\n".join(events))
+            print(render_devices(client.list_devices(), client.hosts))
+            return 0
+        from rich.console import Group
+        from rich.live import Live
+        from rich.text import Text
+
+        def frame() -> Group:
+            head = Text(f"gpusd demo — session {session} — every GPU on the (loopback) LAN, live; "
+                        f"Ctrl-C to stop", style="bold")
+            table = Text(render_devices(client.list_devices(), client.hosts))
+            return Group(head, Text("\n".join(events[-6:]), style="dim"), table)
+
+        end = time.monotonic() + args.duration
+        with Live(frame(), refresh_per_second=4, screen=False) as view:
+            while time.monotonic() < end:
+                await asyncio.sleep(0.5)
+                view.update(frame())
+        print("gpusd demo: done. On real machines: gpusd start on each GPU host, gpusd list anywhere on the LAN.")
+        return 0
+    finally:
+        await client.stop_listening()

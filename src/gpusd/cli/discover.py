@@ -1,0 +1,192 @@
+"""``gpusd scan|list|watch``: what the LAN announces, every GPU with its live load, the event stream."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..discovery.txt import FREE_UTIL
+from ..errors import ConfigError
+from ..units import format_bytes
+from .table import render_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..discovery.client import AsyncClient
+    from ..discovery.types import Device, RemoteHost
+
+
+def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
+    from ..discovery.client import AsyncClient
+    from ..discovery.txt import valid_session
+
+    if not args.all_sessions and not valid_session(args.session):
+        raise ConfigError(f"bad session name {args.session!r}")
+    min_free = None
+    if getattr(args, "min_free", None):
+        from ..units import parse_bytes
+
+        try:
+            min_free = parse_bytes(args.min_free)
+        except ValueError as exc:
+            raise ConfigError(f"--min-free: {exc}") from None
+    return AsyncClient(
+        session=args.session,
+        all_sessions=args.all_sessions,
+        interfaces=args.interfaces,
+        hostname=args.host,
+        model=getattr(args, "model", None),
+        min_free_memory=min_free,
+        **kw,
+    )
+
+
+# -- scan ------------------------------------------------------------------------------------------
+def scan(args: argparse.Namespace) -> int:
+    import asyncio
+
+    async def go() -> list[RemoteHost]:
+        client = _client(args)
+        try:
+            return await client.scan(args.timeout)
+        finally:
+            await client.stop_listening()
+
+    hosts = asyncio.run(go())
+    if args.json:
+        print(json.dumps([_scan_dict(h) for h in hosts], indent=1))
+        return 0
+    if not hosts:
+        where = "any session" if args.all_sessions else f"session {args.session!r}"
+        print(f"no gpusd hosts announced in {where} (browsed {args.timeout:g} s)", file=sys.stderr)
+        return 0
+    rows = []
+    for h in hosts:
+        t = h.txt
+        rows.append([
+            h.hostname, t.node_id[:16], t.session, str(t.count), "-" if t.free is None else str(t.free),
+            _inventory(t.inventory) + ("  [SIMULATED]" if t.simulated else ""),
+            f"{','.join(h.addresses) or '-'}:{h.port}" if h.source == "gpusd" else ",".join(h.addresses) or "-",
+            h.source,
+        ])
+    print(render_table(["HOST", "NODE", "SESSION", "GPUS", "FREE", "INVENTORY", "ADDRESS", "SOURCE"], rows,
+                       right=(3, 4)))
+    return 0
+
+
+def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
+    return {"hostname": h.hostname, "node_id": h.node_id, "session": h.session, "source": h.source,
+            "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+
+
+def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
+    """``4x A100-SXM4-80GB (80GiB), 2x RTX 4090 (24GiB)``."""
+    if not inv:
+        return "-"
+    parts: list[str] = []
+    i = 0
+    while i < len(inv):
+        j = i
+        while j + 1 < len(inv) and inv[j + 1] == inv[i]:
+            j += 1
+        model, mib = inv[i]
+        mem = f" ({format_bytes(mib * 2**20)})" if mib else ""
+        parts.append(f"{j - i + 1}x {model}{mem}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+# -- list ------------------------------------------------------------------------------------------
+def list_devices(args: argparse.Namespace) -> int:
+    import asyncio
+
+    async def go() -> tuple[list[Device], list[RemoteHost]]:
+        client = _client(args)
+        try:
+            await client.wait_settled(args.timeout)
+            return client.list_devices(), client.hosts
+        finally:
+            await client.stop_listening()
+
+    devices, hosts = asyncio.run(go())
+    if args.json:
+        print(json.dumps([d.to_dict() for d in devices], indent=1))
+        return 0
+    if not hosts:
+        where = "any session" if args.all_sessions else f"session {args.session!r}"
+        print(f"no gpusd hosts found in {where}; is a daemon running (gpusd start)? Try gpusd demo.",
+              file=sys.stderr)
+        return 0
+    print(render_devices(devices, hosts))
+    return 0
+
+
+def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:
+    """The ``gpusd list`` table: one row per GPU, grouped by host."""
+    rows: list[list[str]] = []
+    for d in devices:
+        g = d.gpu
+        if d.live:
+            mem = (f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)}"
+                   if g.memory_total is not None else "-")
+            util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
+            temp = f"{g.temperature}C" if g.temperature is not None else "-"
+            power = f"{g.power_draw:.0f}W" if g.power_draw is not None else "-"
+            if not g.healthy:
+                state = f"UNHEALTHY: {g.error or '?'}"[:40]
+            elif g.leases:
+                state = "leased"
+            elif g.processes:
+                state = f"{len(g.processes)} proc"
+            elif g.utilization_gpu is not None and g.utilization_gpu >= FREE_UTIL:
+                state = "busy"
+            else:
+                state = "free"
+        else:
+            mem = util = temp = power = "-"
+            state = "announced (hwsd)"
+        name = (g.name or "-").removeprefix("NVIDIA ")
+        if d.simulated:
+            state += " [sim]"
+        rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
+    table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))
+    n_gpus = len(devices)
+    footer = f"{len(hosts)} host(s), {n_gpus} GPU(s)"
+    if any(d.simulated for d in devices):
+        footer += "  (SIMULATED GPUs marked [sim])"
+    return table + "\n" + footer
+
+
+# -- watch -----------------------------------------------------------------------------------------
+def watch(args: argparse.Namespace) -> int:
+    import asyncio
+
+    async def go() -> None:
+        client = _client(args, liveness_timeout=args.liveness)
+        await client.start_listening()
+        try:
+            events = client.events()
+            end = time.monotonic() + args.duration if args.duration else None
+            while True:
+                timeout = None if end is None else end - time.monotonic()
+                if timeout is not None and timeout <= 0:
+                    return
+                try:
+                    ev = await asyncio.wait_for(events.__anext__(), timeout)
+                except (asyncio.TimeoutError, StopAsyncIteration):
+                    return
+                if args.json:
+                    line = json.dumps(ev.to_dict(), separators=(",", ":"))
+                else:
+                    line = f"{time.strftime('%H:%M:%S', time.localtime(ev.ts))} {ev}"
+                print(line, flush=True)
+        finally:
+            await client.stop_listening()
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        pass
+    return 0

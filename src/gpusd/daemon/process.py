@@ -1,0 +1,338 @@
+"""Running the daemon as a process: pid file, background start, stop, status, systemd readiness.
+
+Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.state_dir`):
+
+``gpusd.pid``
+    The daemon's pid.  The daemon holds an exclusive ``flock`` on it while it runs, so a pid file
+    left by a crashed daemon is recognised as stale, and two daemons never share a state directory.
+``gpusd.json``
+    Where the running daemon serves (port, addresses, session, start time), for ``gpusd status``.
+``gpusd.log``
+    The log of a daemon started in the background (a foreground daemon logs to stderr).
+``node-id``
+    The node id (:func:`gpusd.identity.node_id`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import EXIT_NO_DAEMON, GpusdError
+
+log = logging.getLogger(__name__)
+
+PID_FILE = "gpusd.pid"
+INFO_FILE = "gpusd.json"
+LOG_FILE = "gpusd.log"
+LOG_ROTATE_BYTES = 10 * 2**20
+
+
+class NoDaemon(GpusdError):
+    exit_code = EXIT_NO_DAEMON
+
+
+@dataclass
+class DaemonStatus:
+    running: bool
+    pid: int | None
+    state_dir: Path
+    info: dict[str, Any]
+
+
+# -- the pid file ----------------------------------------------------------------------------
+class PidFile:
+    """Held (``flock LOCK_EX``) by the running daemon for its whole life."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / PID_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                pid = _read_pid(self.path)
+                raise GpusdError(f"a gpusd daemon is already running with state directory {self.path.parent}"
+                                 f"{f' (pid {pid})' if pid else ''}; stop it with gpusd stop") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def _locked(path: Path) -> bool:
+    """Whether a live daemon holds the pid file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def status(state_dir: Path) -> DaemonStatus:
+    pid_path = state_dir / PID_FILE
+    running = _locked(pid_path)
+    pid = _read_pid(pid_path) if running else None
+    info: dict[str, Any] = {}
+    if running:
+        try:
+            info = json.loads((state_dir / INFO_FILE).read_text())
+        except (OSError, ValueError):
+            info = {}
+    return DaemonStatus(running=running, pid=pid, state_dir=state_dir, info=info)
+
+
+def write_info(state_dir: Path, info: dict[str, Any]) -> None:
+    path = state_dir / INFO_FILE
+    tmp = path.with_name(f".{INFO_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# -- readiness -------------------------------------------------------------------------------
+def sd_notify(message: str) -> bool:
+    """Tell systemd (``Type=notify``) about our state; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+        return True
+    except OSError as exc:
+        log.debug("sd_notify failed: %s", exc)
+        return False
+
+
+def notify_ready(ready_fd: int | None, info: dict[str, Any]) -> None:
+    if ready_fd is not None:
+        try:
+            os.write(ready_fd, (json.dumps(info) + "\n").encode())
+            os.close(ready_fd)
+        except OSError:
+            pass
+    sd_notify(f"READY=1\nSTATUS=serving on port {info.get('port')}\nMAINPID={os.getpid()}")
+
+
+# -- background start --------------------------------------------------------------------------
+def _rotate(log_path: Path) -> None:
+    try:
+        if log_path.stat().st_size > LOG_ROTATE_BYTES:
+            os.replace(log_path, log_path.with_name(LOG_FILE + ".1"))
+    except OSError:
+        pass
+
+
+def spawn(foreground_args: Sequence[str], state_dir: Path, *, env: dict[str, str] | None = None,
+          timeout: float = 30.0, log_path: Path | None = None) -> dict[str, Any]:
+    """Start ``gpusd start --foreground <args>`` in the background (own session, output to the log)
+    and wait until it is announced.  Returns what the daemon reported (pid, port, addresses)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or state_dir / LOG_FILE
+    _rotate(log_path)
+    r, w = os.pipe()
+    env = dict(os.environ if env is None else env)
+    argv = [sys.executable, "-m", "gpusd", "start", "--foreground", *foreground_args, "--ready-fd", str(w)]
+    with open(log_path, "ab", buffering=0) as logf:
+        logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(argv[1:])}\n".encode())
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, env=env,
+                                    pass_fds=(w,), start_new_session=True, close_fds=True)
+        finally:
+            os.close(w)
+    try:
+        line = _read_line(r, timeout, proc)
+    finally:
+        os.close(r)
+    if line:
+        try:
+            info = json.loads(line)
+            if isinstance(info, dict):
+                return info
+        except ValueError:
+            pass
+    code = proc.poll()
+    if code is None:  # alive but silent: give up on it
+        proc.terminate()
+        try:
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        raise GpusdError(f"the daemon did not come up within {timeout:.0f} s; see {log_path}")
+    raise _failure(code, log_path)
+
+
+def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:  # the daemon closed the pipe: it exited
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            break
+        buf += chunk
+    return buf.decode(errors="replace").split("\n", 1)[0]
+
+
+def _failure(code: int, log_path: Path) -> GpusdError:
+    """The error a failed daemon start reports: its last log line (the daemon's own message)."""
+    tail = ""
+    try:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        for ln in reversed(lines):
+            if not ln.startswith("---"):
+                tail = ln.removeprefix("gpusd: ")
+                break
+    except OSError:
+        pass
+    err = GpusdError(f"the daemon failed to start: {tail or f'exit code {code}'} (log: {log_path})")
+    if code in (2, 3, 4, 5, 6):
+        err.exit_code = code  # keep the daemon's documented exit code (e.g. 3: no NVML)
+    return err
+
+
+# -- stop ----------------------------------------------------------------------------------------
+def stop(state_dir: Path, timeout: float = 10.0, force: bool = False) -> int:
+    """SIGTERM the daemon of ``state_dir`` and wait until it is gone (its goodbye sent).  With
+    ``force``, SIGKILL it if it does not stop within ``timeout``.  Returns the pid stopped."""
+    st = status(state_dir)
+    if not st.running or st.pid is None:
+        raise NoDaemon(f"no gpusd daemon is running with state directory {state_dir}")
+    pid = st.pid
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return pid
+    pid_path = state_dir / PID_FILE
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _locked(pid_path):
+            return pid
+        time.sleep(0.05)
+    if force:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return pid
+    raise GpusdError(f"the daemon (pid {pid}) did not stop within {timeout:.0f} s; gpusd stop --force kills it")
+
+
+# -- foreground run ------------------------------------------------------------------------------
+def run_foreground(config: Any, ready_fd: int | None = None) -> int:
+    """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
+    return asyncio.run(_main(config, ready_fd))
+
+
+async def _main(config: Any, ready_fd: int | None) -> int:
+    from .service import Daemon
+
+    state_dir = Path(config.state_dir) if config.state_dir else None
+    daemon = Daemon(config)
+    pid = PidFile(daemon.state_dir)
+    pid.acquire()
+    loop = asyncio.get_running_loop()
+    stop_event = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored (restart to reconfigure)"))
+    try:
+        start = asyncio.ensure_future(daemon.start())
+        stopper = asyncio.ensure_future(stop_event.wait())
+        await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # asked to stop while starting
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+            await daemon.stop()
+            return 0
+        stopper.cancel()
+        start.result()  # raises GpusdError when the start failed
+        info = {
+            "pid": os.getpid(),
+            "port": daemon.port,
+            "addresses": daemon.addresses,
+            "urls": daemon.urls,
+            "interfaces": daemon.interfaces,
+            "session": config.session,
+            "hostname": daemon.hostname,
+            "node_id": daemon.node_id,
+            "service": daemon.announcer.info.name if daemon.announcer and daemon.announcer.info else None,
+            "started": daemon.started_at,
+            "state_dir": str(state_dir or daemon.state_dir),
+            "simulated": bool(daemon.snapshot and daemon.snapshot.simulated),
+        }
+        write_info(daemon.state_dir, info)
+        notify_ready(ready_fd, info)
+        log.info("gpusd daemon ready: pid %d, %s", os.getpid(), " ".join(daemon.urls))
+        await stop_event.wait()
+        sd_notify("STOPPING=1")
+        log.info("stopping")
+        await asyncio.wait_for(daemon.stop(), 15)
+        return 0
+    except BaseException:
+        try:
+            await asyncio.wait_for(daemon.stop(), 10)
+        except Exception:
+            pass
+        raise
+    finally:
+        try:
+            (daemon.state_dir / INFO_FILE).unlink()
+        except OSError:
+            pass
+        pid.release()

@@ -1,0 +1,335 @@
+"""The daemon object: sampling loop, history, event publishing, HTTP server, announcement.
+
+Everything another part of gpusd needs is reachable from one :class:`Daemon`:
+
+* ``daemon.snapshot`` — the latest :class:`~gpusd.model.HostSnapshot` (leases attached);
+* ``daemon.history`` — per-GPU ring buffers (:class:`~gpusd.daemon.history.History`);
+* ``daemon.publish(event, data)`` — send an event to every ``/api/v1/events`` listener;
+* ``daemon.on_sample`` — callbacks ``fn(snapshot)`` run on the event loop after every sample;
+* ``daemon.app`` — the aiohttp application: add routes before :meth:`start`;
+* ``daemon.config`` — the :class:`~gpusd.daemon.config.DaemonConfig`.
+
+Extensions listed in :data:`EXTENSIONS` (``"module:function"``, called with the daemon before it
+starts) are installed when their module exists, so the monitor and the dashboard wire themselves in
+without changes here.
+
+The blocking NVML snapshot runs in a one-thread executor: the event loop (HTTP, heartbeats, mDNS)
+never waits on the driver.  A failing NVML, a lost GPU or a changed network is logged and lived with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..discovery.sse import format_event
+from ..errors import BackendUnavailable, GpusdError
+from ..identity import hostname as local_hostname
+from ..identity import node_id as local_node_id
+from ..identity import state_dir as default_state_dir
+from ..model import HostSnapshot
+from .config import DaemonConfig
+from .events import EventHub
+from .history import History
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aiohttp import web
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from ..inventory import Backend
+    from .announce import Announcer
+    from .fleet import Fleet
+
+log = logging.getLogger(__name__)
+
+# Optional installers, called as fn(daemon) before start; a missing module is skipped.
+EXTENSIONS = ("gpusd.monitor.daemon:install", "gpusd.web.daemon:install")
+
+REOPEN_AFTER = 5.0  # seconds between attempts to reopen a failing inventory backend
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig, backend: "Backend | None" = None) -> None:
+        from .http import build_app
+
+        config.validate()
+        self.config = config
+        self.state_dir = config.state_dir or default_state_dir()
+        self.hostname = config.hostname or local_hostname()
+        self.node_id = config.node_id or _node_id(config)
+        self.interfaces: list[str] | None = None  # resolved at start
+        self.backend = backend
+        self.snapshot: HostSnapshot | None = None
+        self.history = History(config.history, config.interval)
+        self.events = EventHub()
+        self.on_sample: list[Callable[[HostSnapshot], Any]] = []
+        self.app: web.Application = build_app(self)
+        self.zc: AsyncZeroconf | None = None
+        self.announcer: Announcer | None = None
+        self.fleet: Fleet | None = None
+        self.port = config.port
+        self.addresses: list[str] = []
+        self.started_at = time.time()
+        self.samples = 0
+        self.sample_errors = 0
+        self._runner: web.AppRunner | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpusd-sample")
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stopping = False
+        self._last_event_key: Any = None
+        self._backend_failed_at = 0.0
+        self._leases: Any = None
+        self._install_extensions()
+
+    # -- extension points ---------------------------------------------------------------------
+    @property
+    def token(self) -> str | None:
+        return self.config.token
+
+    @property
+    def thresholds(self) -> list[str]:
+        return self.config.thresholds
+
+    @property
+    def interval(self) -> float:
+        return self.config.interval
+
+    def latest_snapshot(self) -> HostSnapshot | None:
+        return self.snapshot
+
+    def publish(self, event: str, data: Any) -> None:
+        """Send ``event`` with JSON ``data`` to every listener of ``/api/v1/events``."""
+        self.events.publish(event, data)
+
+    def snapshot_event(self) -> bytes:
+        assert self.snapshot is not None
+        return format_event("snapshot", self.snapshot.to_json())
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://{a}:{self.port}/api/v1" for a in self.addresses]
+
+    def _install_extensions(self) -> None:
+        for target in (*EXTENSIONS, *self.config.extensions):
+            module, _, func = target.partition(":")
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name and module.startswith(exc.name):
+                    continue  # not there (yet): fine
+                log.exception("cannot load extension %s", target)
+                continue
+            try:
+                getattr(mod, func)(self)
+            except Exception:
+                log.exception("extension %s failed to install", target)
+
+    # -- start/stop ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
+        from ..discovery.net import local_ipv4_addresses, open_zeroconf, resolve_interfaces
+
+        loop = asyncio.get_running_loop()
+        self.started_at = time.time()
+        self.interfaces = resolve_interfaces(self.config.interfaces)
+        if self.backend is None:
+            self.backend = await loop.run_in_executor(self._executor, self._open_backend)
+        snap = await loop.run_in_executor(self._executor, self._read)
+        self._accept(snap)
+        await self._start_http()
+        self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
+        self.zc = await open_zeroconf(self.interfaces)
+        from .announce import Announcer
+        from .fleet import Fleet
+
+        self.fleet = Fleet(self) if self.config.fleet != "off" else None
+        self.announcer = Announcer(self, self.zc, self.addresses, self.port)
+        try:
+            await self.announcer.start(snap)
+        except Exception as exc:
+            raise GpusdError(f"cannot announce on mDNS: {exc}") from None
+        self._tasks.append(asyncio.ensure_future(self._sample_loop()))
+        self._tasks.append(asyncio.ensure_future(self.announcer.watch_network(self.config.netwatch)))
+        if self.fleet is not None and self.config.fleet == "on":
+            self._tasks.append(asyncio.ensure_future(self.fleet.ensure_started()))
+
+    def _open_backend(self) -> "Backend":
+        from ..inventory import open_backend
+
+        return open_backend(self.config.simulate)
+
+    async def _start_http(self) -> None:
+        from aiohttp import web
+
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        hosts: list[str | None] = list(self.interfaces) if self.interfaces else [None]
+        try:
+            for host in hosts:  # one site per pinned address (all of them bind one port)
+                site = web.TCPSite(self._runner, host=host, port=self.port, reuse_address=True)
+                await site.start()
+                if self.port == 0:
+                    server = getattr(site, "_server", None)
+                    sockets = getattr(server, "sockets", None) or []
+                    if sockets:
+                        self.port = sockets[0].getsockname()[1]
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            where = ",".join(h for h in hosts if h) or "all addresses"
+            raise GpusdError(f"cannot serve HTTP on {where} port {self.port}: {exc.strerror or exc}") from None
+        log.info("HTTP API on %s port %d", ",".join(h for h in hosts if h) or "all addresses", self.port)
+
+    async def stop(self) -> None:
+        """Say goodbye (``bye`` on every stream, mDNS goodbye packets) and shut down."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        self.events.close(format_event("bye", {}))
+        if self.fleet is not None:
+            await self.fleet.stop()
+        if self.announcer is not None:
+            await self.announcer.stop()
+        await asyncio.sleep(0.05)  # let the streams flush their bye
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._runner.cleanup(), 5)
+        if self.zc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.zc.async_close(), 5)
+        if self.backend is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.close)
+        self._executor.shutdown(wait=False)
+        log.info("stopped")
+
+    # -- sampling -----------------------------------------------------------------------------
+    def _read(self) -> HostSnapshot:
+        """One sample (in the executor thread): the backend's snapshot plus this machine's leases."""
+        assert self.backend is not None
+        snap = self.backend.snapshot()
+        if self.config.leases:
+            try:
+                if self._leases is None:
+                    from ..alloc.leases import LeaseStore
+
+                    self._leases = LeaseStore()
+                self._leases.attach(snap)
+            except Exception as exc:  # leases are a detail; never lose a sample over them
+                log.debug("cannot read leases: %r", exc)
+        snap.hostname = self.hostname
+        snap.node_id = self.node_id
+        return snap
+
+    async def _sample_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.interval
+        next_at = loop.time() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            now = loop.time()
+            next_at += interval
+            if next_at < now:  # a slow sample: skip the ticks it missed
+                next_at = now + interval
+            try:
+                snap = await loop.run_in_executor(self._executor, self._read)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._sample_failed(exc)
+                continue
+            self._accept(snap)
+
+    def _accept(self, snap: HostSnapshot) -> None:
+        self.samples += 1
+        if self.sample_errors:
+            log.info("sampling works again")
+            self.sample_errors = 0
+        self.snapshot = snap
+        self.history.add(snap)
+        key = _visible(snap)
+        if key != self._last_event_key:
+            self._last_event_key = key
+            self.events.publish_raw(self.snapshot_event())
+        if self.announcer is not None:
+            self.announcer.on_sample(snap)
+        for fn in list(self.on_sample):
+            try:
+                fn(snap)
+            except Exception:
+                log.exception("on_sample callback %r failed", fn)
+
+    async def _sample_failed(self, exc: BaseException) -> None:
+        """NVML failed as a whole: report the GPUs unhealthy, keep serving, try to reopen."""
+        self.sample_errors += 1
+        msg = str(exc) if isinstance(exc, GpusdError) else f"{exc.__class__.__name__}: {exc}"
+        level = logging.WARNING if self.sample_errors == 1 else logging.DEBUG
+        log.log(level, "sampling failed: %s", msg)
+        if self.snapshot is not None:
+            snap = HostSnapshot.from_dict(self.snapshot.to_dict())
+            snap.timestamp = time.time()
+            for g in snap.gpus:
+                g.healthy, g.error = False, f"sampling failed: {msg}"[:300]
+            self.snapshot = snap
+            key = _visible(snap)
+            if key != self._last_event_key:
+                self._last_event_key = key
+                self.events.publish_raw(self.snapshot_event())
+        now = time.monotonic()
+        if isinstance(exc, BackendUnavailable) and now - self._backend_failed_at > REOPEN_AFTER:
+            self._backend_failed_at = now
+            await self._reopen_backend()
+
+    async def _reopen_backend(self) -> None:
+        loop = asyncio.get_running_loop()
+        old = self.backend
+        try:
+            if old is not None:
+                await loop.run_in_executor(self._executor, old.close)
+            self.backend = await loop.run_in_executor(self._executor, self._open_backend)
+            log.info("inventory backend reopened")
+        except Exception as exc:
+            log.debug("cannot reopen the backend yet: %r", exc)
+            self.backend = old
+
+
+def _node_id(config: DaemonConfig) -> str:
+    """The identity module's node id; an explicitly given state directory that is not
+    ``$GPUSD_STATE_DIR`` gets its own id (kept in its ``node-id`` file), as every state directory should."""
+    import os
+    import uuid
+    from pathlib import Path
+
+    env = os.environ.get("GPUSD_STATE_DIR")
+    if config.state_dir is None:
+        return local_node_id()
+    if env and Path(env).resolve() == Path(config.state_dir).resolve():
+        return local_node_id(Path(config.state_dir))
+    path = Path(config.state_dir) / "node-id"
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    new = uuid.uuid4().hex[:16]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(new + "\n")
+    except OSError as exc:
+        log.warning("cannot keep the node id in %s: %s", path, exc.strerror)
+    return new
+
+
+def _visible(snap: HostSnapshot) -> Any:
+    """What a client shows of a snapshot: everything but the timestamp."""
+    d = snap.to_dict()
+    d.pop("timestamp", None)
+    return d

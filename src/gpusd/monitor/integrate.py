@@ -1,0 +1,183 @@
+"""Wiring monitoring into a daemon's aiohttp application: one call, :func:`install`.
+
+``install(app, daemon)`` — before the app starts — adds:
+
+* ``GET /metrics``: Prometheus text format of the daemon's latest snapshot (see :mod:`.metrics`);
+* ``GET /`` and ``GET /assets/{file}``: the web dashboard (``gpusd/web``: plain HTML, JS, CSS);
+* ``GET /api/v1/alerts``: the threshold rules exceeded right now, and the rules configured;
+* the access middleware (:mod:`.privacy`): writes need the token; JSON answers are redacted for
+  readers without it.  Streaming handlers call :func:`gpusd.monitor.privacy.can_see_private` and
+  :func:`gpusd.monitor.privacy.redact` themselves;
+* the threshold engine, run on every new snapshot — from ``daemon.on_sample`` callbacks where the
+  daemon has that list, else from a task polling ``latest_snapshot()`` — calling
+  ``daemon.publish("threshold", data)`` for each state change (and logging it).
+
+The daemon only needs what :class:`MonitoredDaemon` lists; ``interval`` (seconds between samples),
+``addresses`` (its own addresses: readers from there count as local) and ``on_sample`` are used when
+present.  :mod:`gpusd.monitor.daemon` is the installer gpusd's daemon calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..model import HostSnapshot
+from . import privacy
+from .thresholds import Rule, ThresholdEngine, ThresholdEvent, load_rules
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aiohttp import web
+
+log = logging.getLogger("gpusd.monitor")
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+_ASSETS = {"app.js": "application/javascript", "style.css": "text/css"}
+# connect-src: the dashboard also reads /api/v1/alerts of the other daemons of the fleet (on LAN addresses).
+_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' http: https:; "
+        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+
+
+class MonitoredDaemon(Protocol):
+    """What :func:`install` needs from a daemon."""
+
+    token: str | None  # shared token; None: no writes, private fields for loopback readers only
+    thresholds: Sequence[str | Rule]  # rules from the command line and config file (already merged)
+
+    def latest_snapshot(self) -> HostSnapshot | None:
+        """The last sample of this host's GPUs (leases attached), or None before the first."""
+        ...
+
+    def publish(self, event: str, data: dict[str, Any]) -> None:
+        """Send an event to every subscriber of ``/api/v1/events`` (the daemon relays it to the fleet
+        stream as ``threshold_exceeded``/``threshold_cleared``)."""
+        ...
+
+
+class Monitor:
+    """What :func:`install` set up; kept in the app as ``app[MONITOR_KEY]``."""
+
+    def __init__(self, daemon: MonitoredDaemon, rules: Sequence[Rule], access: privacy.Access,
+                 interval: float) -> None:
+        self.daemon = daemon
+        self.rules = list(rules)
+        self.engine = ThresholdEngine(self.rules)
+        self.access = access
+        self.interval = interval
+        self._last_ts: float | None = None
+        self._registry: Any = None
+
+    # thresholds ---------------------------------------------------------------------------------
+    def evaluate(self, snap: HostSnapshot | None = None, now: float | None = None) -> list[ThresholdEvent]:
+        """Run the rules on ``snap`` (default: the daemon's latest, if new) and publish the changes."""
+        snap = snap if snap is not None else self.daemon.latest_snapshot()
+        if snap is None or not self.rules or snap.timestamp == self._last_ts:
+            return []
+        self._last_ts = snap.timestamp
+        events = self.engine.update(snap, now)
+        for ev in events:
+            level = logging.WARNING if ev.state == "exceeded" else logging.INFO
+            log.log(level, "threshold %s: %s", ev.state, ev.message)
+            try:
+                self.daemon.publish("threshold", ev.to_dict())
+            except Exception:
+                log.exception("publishing a threshold event failed")
+        return events
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                self.evaluate()
+            except Exception:
+                log.exception("threshold evaluation failed")
+            await asyncio.sleep(self.interval)
+
+    # metrics -------------------------------------------------------------------------------------
+    def metrics(self) -> bytes:
+        from .metrics import make_registry, render
+
+        if self._registry is None:
+            self._registry = make_registry(lambda: [self.daemon.latest_snapshot()],
+                                           self.engine.active if self.rules else None)
+        return render(self._registry)
+
+    def alerts(self) -> dict[str, Any]:
+        return {"rules": [r.to_dict() for r in self.rules], "alerts": [e.to_dict() for e in self.engine.active()]}
+
+
+MONITOR_KEY: Any = "gpusd.monitor"
+
+
+def _app_key() -> Any:
+    from aiohttp import web
+
+    global MONITOR_KEY
+    if isinstance(MONITOR_KEY, str) and hasattr(web, "AppKey"):
+        MONITOR_KEY = web.AppKey("gpusd.monitor", Monitor)
+    return MONITOR_KEY
+
+
+def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bool = True,
+            interval: float | None = None) -> Monitor:
+    """Add metrics, dashboard, alerts, access control and threshold evaluation to ``app``.
+
+    Call before the app starts.  ``interval``: how often to look for a new snapshot (default: half
+    the daemon's ``interval`` attribute, else 0.5 s).  Raises :class:`~gpusd.errors.ConfigError` for
+    a bad rule."""
+    from aiohttp import web
+
+    rules = load_rules(getattr(daemon, "thresholds", None) or ())
+    access = privacy.Access(getattr(daemon, "token", None), trust_loopback=trust_loopback,
+                            own_addresses=lambda: getattr(daemon, "addresses", None) or ())
+    if interval is None:
+        interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
+    monitor = Monitor(daemon, rules, access, interval)
+    app[_app_key()] = monitor
+    app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
+
+    async def metrics(request: web.Request) -> web.Response:
+        # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
+        return web.Response(body=monitor.metrics(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def index(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(WEB_DIR / "index.html", headers={
+            "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache",
+            "Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff"})
+
+    async def asset(request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        kind = _ASSETS.get(name)
+        if kind is None:
+            raise web.HTTPNotFound()
+        return web.FileResponse(WEB_DIR / name, headers={
+            "Content-Type": f"{kind}; charset=utf-8", "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff"})
+
+    async def alerts(request: web.Request) -> web.Response:
+        # Public (no private fields): any daemon's dashboard may read it, hence the CORS header.
+        return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"})
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", index)
+    app.router.add_get("/assets/{name}", asset)
+    app.router.add_get("/api/v1/alerts", alerts)
+
+    on_sample = getattr(daemon, "on_sample", None)
+    if rules and isinstance(on_sample, list):
+        on_sample.append(lambda snap: monitor.evaluate(snap))
+    elif rules:
+        async def thresholds_ctx(app: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(monitor._watch(), name="gpusd-thresholds")
+            yield
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(thresholds_ctx)
+    log.debug("monitoring installed: %d threshold rule(s), token %s", len(rules),
+              "set" if access.token else "not set")
+    return monitor

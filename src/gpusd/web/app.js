@@ -1,0 +1,506 @@
+// gpusd dashboard: the fleet as one daemon sees it.
+// GET api/v1/fleet once, then follow the server-sent events of api/v1/fleet/events (read with fetch so
+// that a token can travel in the Authorization header).  No build step, no dependencies, no network
+// access beyond the daemon that served this page.  All text from the network goes through
+// textContent, never innerHTML.
+"use strict";
+
+(function () {
+  const HISTORY_SECONDS = 180;     // sparkline window
+  const STALE_MS = 6500;           // three missed heartbeats: the stream is dead
+  const GONE_KEEP_MS = 120000;     // a vanished host stays greyed out this long
+  const LOG_MAX = 200;
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const state = {
+    hosts: new Map(),     // node_id -> {node_id, hostname, url, alive, snapshot, goneAt}
+    history: new Map(),   // gpu uuid -> [{t, util, mem}]
+    alerts: new Map(),    // node|uuid|rule -> threshold data
+    token: null,
+    lastHeard: 0,
+    dirty: false,
+    status: "connecting",
+  };
+
+  // ------------------------------------------------------------------ helpers
+  const $ = (id) => document.getElementById(id);
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function fmtBytes(n) {
+    if (n === null || n === undefined) return "-";
+    const g = n / 2 ** 30;
+    return (g >= 10 ? g.toFixed(0) : g.toFixed(1)) + " GiB";
+  }
+  function pct(v) { return v === null || v === undefined ? "-" : Math.round(v) + "%"; }
+  function memRatio(g) {
+    return g.memory_total && g.memory_used !== null && g.memory_used !== undefined ? g.memory_used / g.memory_total : null;
+  }
+  function level(p) { return p === null ? "" : p >= 90 ? "bad" : p >= 70 ? "warn" : ""; }
+  function shortName(n) { return (n || "?").replace(/^(NVIDIA |GeForce |Tesla )/, ""); }
+  function hostKey(d) { return d.node_id || d.hostname || "?"; }
+  function now() { return Date.now() / 1000; }
+  function headers() {
+    const h = { "Accept": "application/json" };
+    if (state.token) h["Authorization"] = "Bearer " + state.token;
+    return h;
+  }
+  function markDirty() {
+    if (!state.dirty) { state.dirty = true; requestAnimationFrame(render); }
+  }
+
+  // ------------------------------------------------------------------ data
+  function record(key, g, t) {  // key: node id | GPU UUID (UUIDs of fakes repeat across hosts)
+    let h = state.history.get(key);
+    if (!h) { h = []; state.history.set(key, h); }
+    const m = memRatio(g);
+    const point = { t: t || now(), util: g.utilization_gpu, mem: m === null ? null : 100 * m };
+    if (h.length && point.t <= h[h.length - 1].t) h[h.length - 1] = point; else h.push(point);
+    const cut = point.t - HISTORY_SECONDS;
+    while (h.length > 2 && h[0].t < cut) h.shift();
+  }
+  function setHost(entry) {
+    const key = hostKey(entry);
+    const prev = state.hosts.get(key);
+    const host = {
+      node_id: entry.node_id || (entry.snapshot && entry.snapshot.node_id) || key,
+      hostname: entry.hostname || (entry.snapshot && entry.snapshot.hostname) || key,
+      url: entry.url || (prev && prev.url) || null,
+      alive: entry.alive !== false,
+      snapshot: entry.snapshot || (prev && prev.snapshot) || null,
+      goneAt: entry.alive === false ? (prev && prev.goneAt) || Date.now() : null,
+    };
+    state.hosts.set(key, host);
+    if (host.snapshot) for (const g of host.snapshot.gpus || []) record(host.node_id + "|" + g.uuid, g, host.snapshot.timestamp);
+    return host;
+  }
+  function upsertGpu(d, remove) {
+    const key = hostKey(d);
+    const host = state.hosts.get(key);
+    const g = d.gpu;
+    if (!host || !host.snapshot || !g || typeof g !== "object") { scheduleRefetch(); return; }
+    const gpus = host.snapshot.gpus || (host.snapshot.gpus = []);
+    const i = gpus.findIndex((x) => x.uuid === g.uuid);
+    if (remove) { if (i >= 0) gpus.splice(i, 1); }
+    else {
+      if (i >= 0) gpus[i] = g; else { gpus.push(g); gpus.sort((a, b) => a.index - b.index); }
+      record(host.node_id + "|" + g.uuid, g, d.ts);
+    }
+    host.alive = true; host.goneAt = null;
+    host.snapshot.timestamp = d.ts || now();
+  }
+  function thresholdData(d) {
+    // The fleet event carries the host's threshold event under "data" (or flat).
+    const t = Object.assign({}, d, (d.data && typeof d.data === "object") ? d.data : {});
+    const gpu = d.gpu && typeof d.gpu === "object" ? d.gpu : null;
+    t.uuid = typeof t.gpu === "string" ? t.gpu : gpu ? gpu.uuid : t.uuid;
+    if (t.index === undefined && gpu) t.index = gpu.index;
+    return t;
+  }
+  function onThreshold(d, exceeded) {
+    const t = thresholdData(d);
+    const key = [hostKey(d), t.uuid, t.rule].join("|");
+    if (exceeded) state.alerts.set(key, t); else state.alerts.delete(key);
+    log((exceeded ? "exceeded" : "cleared"),
+      t.message || `${d.hostname} GPU ${t.index ?? t.uuid}: ${t.rule} ${exceeded ? "exceeded" : "cleared"}`);
+  }
+  function log(cls, text) {
+    const list = $("log");
+    const li = el("li", cls, new Date().toLocaleTimeString() + "  " + text);
+    list.insertBefore(li, list.firstChild);
+    while (list.children.length > LOG_MAX) list.removeChild(list.lastChild);
+  }
+
+  function onEvent(name, d) {
+    state.lastHeard = Date.now();
+    switch (name) {
+      case "host_added":
+      case "host_updated":
+        if (d.snapshot) setHost(d); else scheduleRefetch();
+        log("", `host ${d.hostname || hostKey(d)} added`);
+        break;
+      case "host_removed": {
+        const h = state.hosts.get(hostKey(d));
+        if (h) { h.alive = false; h.goneAt = Date.now(); }
+        alertsLoaded.delete(hostKey(d));  // its alerts went with it; asked again if it comes back
+        for (const k of [...state.alerts.keys()]) if (k.startsWith(hostKey(d) + "|")) state.alerts.delete(k);
+        log("exceeded", `host ${d.hostname || hostKey(d)} gone`);
+        break;
+      }
+      case "device_added":
+      case "device_updated":
+        upsertGpu(d, false); break;
+      case "device_removed":
+        upsertGpu(d, true); break;
+      case "threshold_exceeded":
+        onThreshold(d, true); break;
+      case "threshold_cleared":
+        onThreshold(d, false); break;
+      case "snapshot":
+        if (d.gpus) setHost({ node_id: d.node_id, hostname: d.hostname, snapshot: d });
+        break;
+      default:
+        return;  // heartbeat and unknown events
+    }
+    markDirty();
+  }
+
+  // ------------------------------------------------------------------ network
+  let refetchTimer = null;
+  function scheduleRefetch() {
+    if (refetchTimer === null) refetchTimer = setTimeout(() => { refetchTimer = null; loadFleet().catch(() => {}); }, 300);
+  }
+  async function loadFleet() {
+    const r = await fetch("api/v1/fleet", { headers: headers(), cache: "no-store" });
+    if (!r.ok) throw new Error("fleet: HTTP " + r.status);
+    const data = await r.json();
+    const seen = new Set();
+    for (const h of data.hosts || []) seen.add(hostKey(setHost(h)));
+    loadAlerts(false);
+    for (const [k, h] of state.hosts) if (!seen.has(k) && h.alive) { h.alive = false; h.goneAt = Date.now(); }
+    state.lastHeard = Date.now();
+    markDirty();
+  }
+  function sameOrigin(url) {
+    try { return new URL(url, location.href).host === location.host; } catch (e) { return false; }
+  }
+  const prefilled = new Set();
+  async function loadHistory() {
+    // The daemon that served this page keeps a history of its own GPUs: start the sparklines with it.
+    for (const h of state.hosts.values()) {
+      if (!h.url || !sameOrigin(h.url) || prefilled.has(h.node_id)) continue;
+      prefilled.add(h.node_id);
+      try {
+        const r = await fetch("api/v1/history?seconds=" + HISTORY_SECONDS, { headers: headers(), cache: "no-store" });
+        if (!r.ok) return;
+        const data = await r.json();
+        for (const [uuid, s] of Object.entries(data.gpus || {})) {
+          const g = (h.snapshot && h.snapshot.gpus || []).find((x) => x.uuid === uuid);
+          const total = g && g.memory_total;
+          const pts = (s.t || []).map((t, i) => ({
+            t, util: (s.utilization_gpu || [])[i] ?? null,
+            mem: total && (s.memory_used || [])[i] !== null && (s.memory_used || [])[i] !== undefined ? 100 * s.memory_used[i] / total : null,
+          }));
+          const key = h.node_id + "|" + uuid;
+          const cur = state.history.get(key) || [];
+          const first = cur.length ? cur[0].t : Infinity;
+          state.history.set(key, pts.filter((p) => p.t < first).concat(cur));
+        }
+        markDirty();
+      } catch (e) { /* history is a nicety */ }
+    }
+  }
+  function alertsUrl(h) {
+    // This daemon's own alerts, or another daemon's (its URL ends in /api/v1; the answer is public and
+    // sent with Access-Control-Allow-Origin, so no token and no preflight).
+    if (!h.url || sameOrigin(h.url)) return "api/v1/alerts";
+    return h.url.replace(/\/+$/, "").replace(/\/api\/v1$/, "") + "/api/v1/alerts";
+  }
+  const alertsLoaded = new Set();
+  async function loadAlerts(force) {
+    // Threshold events only tell what changes from now on: ask each daemon what is exceeded already.
+    for (const h of [...state.hosts.values()]) {
+      if (!h.alive || (!force && alertsLoaded.has(h.node_id))) continue;
+      alertsLoaded.add(h.node_id);
+      try {
+        const r = await fetch(alertsUrl(h), { cache: "no-store" });
+        if (!r.ok) continue;
+        const data = await r.json();
+        for (const k of [...state.alerts.keys()]) if (k.startsWith(h.node_id + "|")) state.alerts.delete(k);
+        for (const a of data.alerts || []) {
+          state.alerts.set([h.node_id, a.gpu, a.rule].join("|"), Object.assign({ uuid: a.gpu }, a));
+        }
+        markDirty();
+      } catch (e) { /* a daemon without the monitor, or unreachable: its events still arrive */ }
+    }
+  }
+
+  function setStatus(s, title) {
+    state.status = s;
+    const st = $("status");
+    st.className = "status " + s;
+    st.textContent = s;
+    st.title = title || "";
+  }
+
+  let controller = null;
+  async function stream() {
+    controller = new AbortController();
+    const r = await fetch("api/v1/fleet/events", {
+      headers: Object.assign(headers(), { "Accept": "text/event-stream" }),
+      cache: "no-store", signal: controller.signal,
+    });
+    if (!r.ok || !r.body) throw new Error("events: HTTP " + r.status);
+    setStatus("live");
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "", event = "", data = [];
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let nl;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        let line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (line.endsWith("\r")) line = line.slice(0, -1);
+        if (line === "") {
+          if (data.length) {
+            try { onEvent(event || "message", JSON.parse(data.join("\n"))); }
+            catch (e) { console.warn("gpusd: bad event", event, e); }
+          }
+          event = ""; data = [];
+        } else if (line.startsWith(":")) {
+          state.lastHeard = Date.now();
+        } else {
+          const c = line.indexOf(":");
+          const field = c < 0 ? line : line.slice(0, c);
+          let v = c < 0 ? "" : line.slice(c + 1);
+          if (v.startsWith(" ")) v = v.slice(1);
+          if (field === "event") event = v; else if (field === "data") data.push(v);
+        }
+      }
+      if (buf.length > 4 * 1024 * 1024) throw new Error("event too large");
+    }
+  }
+
+  async function run() {
+    let delay = 1000;
+    for (;;) {
+      try {
+        await loadFleet();
+        loadAlerts(true);
+        loadHistory();
+        await stream();
+        delay = 1000;
+        setStatus("connecting", "stream ended; reconnecting");
+      } catch (e) {
+        if (e && e.name !== "AbortError") setStatus("down", String(e && e.message || e));
+        else setStatus("stale", "no heartbeat; reconnecting");
+      }
+      await new Promise((res) => setTimeout(res, delay));
+      delay = Math.min(10000, delay * 2);
+    }
+  }
+
+  setInterval(() => {
+    if (state.status === "live" && Date.now() - state.lastHeard > STALE_MS && controller) controller.abort();
+    let changed = false;
+    for (const [k, h] of state.hosts) {
+      if (!h.alive && h.goneAt && Date.now() - h.goneAt > GONE_KEEP_MS) { state.hosts.delete(k); changed = true; }
+    }
+    if (changed) markDirty();
+  }, 1000);
+
+  // ------------------------------------------------------------------ drawing
+  function sparkline(points, field, cls) {
+    const svg = document.createElementNS(SVG_NS, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", "0 0 100 22");
+    svg.setAttribute("preserveAspectRatio", "none");
+    const t1 = now(), t0 = t1 - HISTORY_SECONDS;
+    const pts = [];
+    for (const p of points || []) {
+      const v = p[field];
+      if (v === null || v === undefined) continue;
+      const x = Math.max(0, (p.t - t0) / HISTORY_SECONDS * 100);
+      pts.push([x, 21 - Math.max(0, Math.min(100, v)) / 100 * 20]);
+    }
+    if (pts.length) {
+      pts.push([100, pts[pts.length - 1][1]]);  // hold the last value up to now
+      const line = pts.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" ");
+      const area = document.createElementNS(SVG_NS, "path");
+      area.setAttribute("class", cls);
+      area.setAttribute("d", "M" + pts[0][0].toFixed(1) + ",22 L" + line.replace(/ /g, " L") + " L100,22 Z");
+      area.setAttribute("stroke", "none");
+      const pl = document.createElementNS(SVG_NS, "polyline");
+      pl.setAttribute("class", cls);
+      pl.setAttribute("fill", "none");
+      pl.setAttribute("points", line);
+      svg.appendChild(area);
+      svg.appendChild(pl);
+    }
+    const title = document.createElementNS(SVG_NS, "title");
+    title.textContent = `${field === "util" ? "utilisation" : "memory"}, last ${HISTORY_SECONDS / 60} min`;
+    svg.appendChild(title);
+    return svg;
+  }
+  function metric(p, cls, hist, field, detail) {
+    const d = el("div", "metric " + cls);
+    const left = el("div", "val");
+    left.appendChild(el("span", "num " + cls + "-value " + level(p), pct(p)));
+    if (detail) left.appendChild(el("span", "detail", detail));
+    d.appendChild(left);
+    d.appendChild(sparkline(hist, field, field));
+    return d;
+  }
+  function procsText(g) {
+    const parts = (g.processes || []).slice(0, 3).map((p) => {
+      const cmd = p.command ? " " + p.command.split(" ")[0].split("/").pop() : "";
+      return (p.user || "pid " + p.pid) + cmd;
+    });
+    if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
+    const leases = (g.leases || []).map((l) => "lease " + (l.user || "pid " + l.pid));
+    return parts.concat(leases).join(", ") || "-";
+  }
+  function gpuAlerts(host, uuid) {
+    const out = [];
+    for (const [k, a] of state.alerts) if (k.startsWith(host.node_id + "|" + uuid + "|")) out.push(a.rule);
+    return out;
+  }
+  function matches(host, g, terms) {
+    if (!terms.length) return true;
+    const hay = [host.hostname, host.node_id, g.name, g.uuid, "#" + g.index,
+      ...(g.processes || []).map((p) => (p.user || "") + " " + (p.command || "")),
+      ...(g.leases || []).map((l) => l.user || ""), g.healthy === false ? "lost" : ""].join(" ").toLowerCase();
+    return terms.every((t) => hay.includes(t));
+  }
+  function desc(x, y) { return x === y ? 0 : x < y ? 1 : -1; }
+  function sortValue(g, key) {
+    const m = memRatio(g);
+    const v = { util: g.utilization_gpu, memory: m, temp: g.temperature, free: g.memory_free }[key];
+    return v === null || v === undefined ? -Infinity : v;
+  }
+
+  function gpuRow(host, g) {
+    const tr = el("tr", "gpu");
+    tr.dataset.uuid = g.uuid;
+    tr.dataset.index = g.index;
+    const alerts = gpuAlerts(host, g.uuid);
+    if (g.healthy === false) tr.classList.add("lost");
+    if (alerts.length) tr.classList.add("alerting");
+    tr.appendChild(el("td", "idx", g.index));
+    const name = el("td", "model", shortName(g.name));
+    name.title = (g.name || "") + "\n" + g.uuid;
+    tr.appendChild(name);
+    if (g.healthy === false) {
+      const td = el("td", "", "LOST: " + (g.error || "unhealthy"));
+      td.colSpan = 4;
+      tr.appendChild(td);
+      return tr;
+    }
+    const hist = state.history.get(host.node_id + "|" + g.uuid);
+    const utd = el("td");
+    utd.appendChild(metric(g.utilization_gpu ?? null, "util", hist, "util"));
+    tr.appendChild(utd);
+    const m = memRatio(g);
+    const mtd = el("td");
+    mtd.appendChild(metric(m === null ? null : 100 * m, "mem", hist, "mem",
+      fmtBytes(g.memory_used) + " / " + fmtBytes(g.memory_total)));
+    tr.appendChild(mtd);
+    const t = g.temperature;
+    const tp = el("td", "tp");
+    tp.appendChild(el("div", "temp" + (t >= 85 ? " hot" : t >= 75 ? " warm" : ""), t === null || t === undefined ? "-" : t + "°C"));
+    const pw = el("div", "power", g.power_draw === null || g.power_draw === undefined ? "-" : Math.round(g.power_draw) + " W");
+    if (g.power_limit) pw.title = "limit " + Math.round(g.power_limit) + " W";
+    tp.appendChild(pw);
+    tr.appendChild(tp);
+    const ptd = el("td", "procs");
+    ptd.appendChild(el("div", "plist", procsText(g)));
+    ptd.title = (g.processes || []).map((p) => `${p.pid} ${p.user || ""} ${p.command || ""}`).join("\n");
+    if (alerts.length) ptd.appendChild(el("div", "alert-tag", "⚠ " + alerts.join(", ")));
+    tr.appendChild(ptd);
+    return tr;
+  }
+
+  function hostCard(host, gpus) {
+    const card = el("section", "host" + (host.alive ? "" : " gone"));
+    card.dataset.node = host.node_id;
+    card.dataset.hostname = host.hostname;
+    const head = el("div", "head");
+    head.appendChild(el("span", "name", host.hostname));
+    const snap = host.snapshot;
+    if (snap) {
+      const all = snap.gpus || [];
+      head.appendChild(el("span", "meta", `${all.length} GPU${all.length === 1 ? "" : "s"} · driver ${snap.driver_version || "-"} · CUDA ${snap.cuda_version || "-"}`));
+      if (snap.simulated) head.appendChild(el("span", "badge sim", "simulated"));
+    }
+    if (!host.alive) head.appendChild(el("span", "badge gone", "gone"));
+    card.appendChild(head);
+    const table = el("table", "gpus");
+    const hr = el("tr");
+    for (const [h, c] of [["#", ""], ["model", ""], ["util", ""], ["memory", ""], ["temp · power", ""], ["processes", "procs-h"]]) hr.appendChild(el("th", c, h));
+    const thead = el("thead"); thead.appendChild(hr); table.appendChild(thead);
+    const tb = el("tbody");
+    for (const g of gpus) tb.appendChild(gpuRow(host, g));
+    table.appendChild(tb);
+    card.appendChild(table);
+    return card;
+  }
+
+  function render() {
+    state.dirty = false;
+    const terms = $("filter").value.toLowerCase().split(/\s+/).filter(Boolean);
+    const key = $("sort").value;
+    const hosts = [...state.hosts.values()].sort((a, b) => a.hostname.localeCompare(b.hostname) || a.node_id.localeCompare(b.node_id));
+    const main = $("hosts");
+    const frag = document.createDocumentFragment();
+    let nHosts = 0, nGpus = 0, free = 0, utilSum = 0, utilN = 0;
+    const cards = [];
+    for (const h of hosts) {
+      let gpus = ((h.snapshot && h.snapshot.gpus) || []).filter((g) => matches(h, g, terms));
+      if (terms.length && !gpus.length) continue;
+      if (key === "host") gpus.sort((a, b) => a.index - b.index);
+      else gpus.sort((a, b) => desc(sortValue(a, key), sortValue(b, key)) || a.index - b.index);
+      if (h.alive) {
+        nHosts++;
+        for (const g of gpus) {
+          nGpus++;
+          if (g.utilization_gpu !== null && g.utilization_gpu !== undefined) { utilSum += g.utilization_gpu; utilN++; }
+          if (g.healthy !== false && !(g.processes || []).length && !(g.leases || []).length && g.utilization_gpu < 5) free++;
+        }
+      }
+      cards.push([h, gpus]);
+    }
+    if (key !== "host") {
+      const top = (c) => Math.max(-Infinity, ...c[1].map((g) => sortValue(g, key)));
+      cards.sort((a, b) => desc(top(a), top(b)));
+    }
+    for (const [h, gpus] of cards) frag.appendChild(hostCard(h, gpus));
+    main.replaceChildren(frag);
+    $("empty").hidden = cards.length > 0;
+
+    const s = $("summary");
+    s.replaceChildren();
+    const add = (b, t) => { s.appendChild(el("b", "", b)); s.appendChild(document.createTextNode(t)); };
+    add(nHosts, nHosts === 1 ? " host · " : " hosts · ");
+    add(nGpus, " GPUs · ");
+    add(free, " free");
+    if (utilN) { s.appendChild(document.createTextNode(" · mean util ")); add(Math.round(utilSum / utilN) + "%", ""); }
+
+    const list = $("alert-list");
+    list.replaceChildren();
+    for (const a of state.alerts.values()) {
+      list.appendChild(el("li", "", a.message || `${a.hostname} GPU ${a.index ?? a.uuid}: ${a.rule}`));
+    }
+    $("alerts").hidden = state.alerts.size === 0;
+  }
+
+  // ------------------------------------------------------------------ start
+  function readToken() {
+    const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+    if (m) {
+      sessionStorage.setItem("gpusd-token", decodeURIComponent(m[1]));
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+    state.token = sessionStorage.getItem("gpusd-token");
+    $("token").classList.toggle("on", !!state.token);
+    $("token").textContent = state.token ? "token ✓" : "token";
+  }
+  $("token").addEventListener("click", () => {
+    const t = prompt("The fleet's shared token (empty to forget it):", "");
+    if (t === null) return;
+    if (t) sessionStorage.setItem("gpusd-token", t); else sessionStorage.removeItem("gpusd-token");
+    readToken();
+    if (controller) controller.abort();
+  });
+  $("filter").addEventListener("input", markDirty);
+  $("sort").addEventListener("change", markDirty);
+  setInterval(markDirty, 5000);  // sparklines slide even when nothing changes
+  readToken();
+  window.gpusdDashboard = state;  // for debugging and tests
+  run();
+})();

@@ -1,0 +1,109 @@
+"""Helpers for in-process daemon and discovery tests on 127.0.0.1 (no namespaces needed).
+
+Every daemon and client here is bound to 127.0.0.1 only, and every test uses its own session, so
+tests never see each other's hosts (nor anyone else's on this machine)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import secrets
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+
+from gpusd.model import GpuInfo, HostSnapshot
+
+GiB = 2**30
+LOOPBACK = ["127.0.0.1"]
+
+
+def unique_session(tag: str = "t") -> str:
+    return f"{tag}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def make_snapshot(n: int = 2, hostname: str = "h", node_id: str = "0", name: str = "NVIDIA A100-SXM4-80GB",
+                  util: float = 0.0, used: int = 0) -> HostSnapshot:
+    gpus = [GpuInfo(index=i, uuid=f"GPU-{hostname}-{i}", name=name, memory_total=80 * GiB, memory_used=used,
+                    memory_free=80 * GiB - used, utilization_gpu=util, temperature=40, healthy=True)
+            for i in range(n)]
+    return HostSnapshot(hostname=hostname, node_id=node_id, timestamp=time.time(), gpus=gpus, backend="fake")
+
+
+class FakeBackend:
+    """A backend the test controls: edit ``snap`` (or set ``fail``) and the next sample shows it."""
+
+    backend = "fake"
+
+    def __init__(self, snap: HostSnapshot) -> None:
+        self.snap = snap
+        self.hostname = snap.hostname
+        self.node_id = snap.node_id
+        self.fail: BaseException | None = None
+        self.closed = False
+
+    def snapshot(self, util_since: Any = None) -> HostSnapshot:
+        if self.fail is not None:
+            raise self.fail
+        s = copy.deepcopy(self.snap)
+        s.timestamp = time.time()
+        return s
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> "FakeBackend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.fixture
+def fast_mdns(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Shrink python-zeroconf's probe/announce intervals for this test (restored afterwards)."""
+    from zeroconf import _core
+
+    for name in ("_CHECK_TIME", "_REGISTER_TIME", "_UNREGISTER_TIME", "_PROBE_RANDOM_DELAY_INTERVAL"):
+        monkeypatch.setattr(_core, name, getattr(_core, name))
+    monkeypatch.setenv("GPUSD_MDNS_FAST", "1")
+    monkeypatch.setenv("GPUSD_INTERFACES", "127.0.0.1")
+    return _core
+
+
+def daemon_config(tmp: Path, session: str, hostname: str, **kw: Any) -> Any:
+    from gpusd.daemon.config import DaemonConfig
+
+    args: dict[str, Any] = dict(interfaces=list(LOOPBACK), port=0, session=session, interval=0.1, heartbeat=0.3,
+                                state_dir=tmp / f"state-{hostname}", hostname=hostname, txt_min_interval=0.5,
+                                netwatch=0, leases=False)
+    args.update(kw)
+    return DaemonConfig(**args)
+
+
+@asynccontextmanager
+async def running_daemon(tmp: Path, session: str, hostname: str = "h1", n: int = 2,
+                         backend: FakeBackend | None = None, **kw: Any) -> AsyncIterator[Any]:
+    from gpusd.daemon.service import Daemon
+
+    cfg = daemon_config(tmp, session, hostname, **kw)
+    d = Daemon(cfg)
+    d.backend = backend or FakeBackend(make_snapshot(n, hostname=hostname, node_id=d.node_id))
+    await d.start()
+    try:
+        yield d
+    finally:
+        await d.stop()
+
+
+async def wait_until(pred: Any, timeout: float = 5.0, step: float = 0.02) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(step)

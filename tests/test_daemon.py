@@ -1,0 +1,316 @@
+"""The daemon in-process on 127.0.0.1: HTTP API, event stream, TXT announcement and its rate limit,
+resilience to NVML failures; and the ``gpusd start/stop/status`` process life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from daemon_helpers import FakeBackend, fast_mdns, make_snapshot, running_daemon, unique_session, wait_until  # noqa: F401
+from gpusd.daemon.events import EventHub
+from gpusd.daemon.history import History
+from gpusd.discovery.sse import SSEParser
+from gpusd.discovery.txt import SERVICE_TYPE, decode_txt
+from gpusd.errors import BackendUnavailable
+
+pytestmark = pytest.mark.usefixtures("fast_mdns")
+
+
+async def get_json(url: str) -> Any:
+    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+        return r.status, await r.json()
+
+
+class Stream:
+    """An /api/v1/events reader for tests."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.parser = SSEParser()
+        self.pending: list[tuple[str, str]] = []
+
+    async def next(self, timeout: float = 5.0) -> tuple[str, str] | None:
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            chunk = await asyncio.wait_for(self.resp.content.readany(), max(0.01, deadline - time.monotonic()))
+            if not chunk:
+                return None
+            self.pending.extend(self.parser.feed(chunk))
+        return self.pending.pop(0)
+
+
+async def test_http_api(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, unique_session(), "api-host", n=3) as d:
+        base = d.urls[0]
+        assert base.startswith("http://127.0.0.1:") and d.port > 0
+        status, body = await get_json(base.replace("/api/v1", "/healthz"))
+        assert status == 200 and body["ok"] is True
+        status, host = await get_json(base + "/host")
+        assert host["api"] == 1 and host["session"] == d.config.session and host["node_id"] == d.node_id
+        assert len(host["snapshot"]["gpus"]) == 3 and host["snapshot"]["hostname"] == "api-host"
+        status, gpus = await get_json(base + "/gpus")
+        assert [g["index"] for g in gpus] == [0, 1, 2]
+        await asyncio.sleep(0.35)
+        status, hist = await get_json(base + "/history?seconds=60")
+        series = hist["gpus"]["GPU-api-host-0"]
+        assert len(series["t"]) >= 3 and len(series["utilization_gpu"]) == len(series["t"])
+        status, _ = await get_json(base + "/history?seconds=-1")
+        assert status == 400
+
+
+async def test_event_stream_snapshot_updates_heartbeat_bye(tmp_path: Path) -> None:
+    backend = FakeBackend(make_snapshot(2, hostname="ev"))
+    async with running_daemon(tmp_path, unique_session(), "ev", backend=backend) as d:
+        session = aiohttp.ClientSession()
+        try:
+            resp = await session.get(d.urls[0] + "/events")
+            assert resp.content_type == "text/event-stream"
+            s = Stream(resp)
+            name, data = await s.next()
+            assert name == "snapshot" and json.loads(data)["node_id"] == d.node_id
+            # nothing changes: a heartbeat after ~0.3 s, and no snapshot
+            t = time.monotonic()
+            name, data = await s.next()
+            assert name == "heartbeat" and 0.2 < time.monotonic() - t < 2.0
+            # a change: a snapshot within a sample or two
+            backend.snap.gpus[1].memory_used = 7 * 2**30
+            t = time.monotonic()
+            while True:
+                name, data = await s.next()
+                if name == "snapshot":
+                    break
+            assert json.loads(data)["gpus"][1]["memory_used"] == 7 * 2**30
+            assert time.monotonic() - t < 2.0
+            d.publish("threshold", {"state": "exceeded", "gpu": 1})
+            while (ev := await s.next())[0] == "heartbeat":
+                pass
+            assert ev[0] == "threshold"
+            stop = asyncio.ensure_future(d.stop())
+            rest = []
+            while (ev := await s.next()) is not None:
+                rest.append(ev[0])
+            assert rest[-1] == "bye"
+            await stop
+        finally:
+            await session.close()
+
+
+async def test_announcement_txt_and_rate_limit(tmp_path: Path) -> None:
+    from zeroconf.asyncio import AsyncServiceInfo
+
+    backend = FakeBackend(make_snapshot(4, hostname="txt", util=0.0))
+    async with running_daemon(tmp_path, unique_session(), "txt", backend=backend, txt_min_interval=1.0) as d:
+        assert d.announcer is not None and d.announcer.info is not None
+        name = d.announcer.info.name
+        assert name.startswith("txt-") and name.endswith(SERVICE_TYPE)
+
+        async def txt() -> Any:
+            info = AsyncServiceInfo(SERVICE_TYPE, name)
+            assert await info.async_request(d.zc.zeroconf, 3000)
+            return decode_txt(info.text)
+
+        rec = await txt()
+        assert rec.count == 4 and rec.free == 4 and rec.session == d.config.session and rec.node_id == d.node_id
+        assert rec.inventory == [("A100-SXM4-80GB", 81920)] * 4
+        # load flapping every sample: at most one TXT update per txt_min_interval
+        t0 = time.monotonic()
+        for i in range(15):
+            for g in backend.snap.gpus:
+                g.utilization_gpu = 50.0 if i % 2 == 0 else 0.0
+            await asyncio.sleep(0.1)
+        backend.snap.gpus[0].utilization_gpu = 90.0  # settles at 3 free
+        for g in backend.snap.gpus[1:]:
+            g.utilization_gpu = 0.0
+        await wait_until(lambda: d.announcer.txt.get("free") == "3", timeout=3)
+        elapsed = time.monotonic() - t0
+        assert d.announcer.updates <= int(elapsed / 1.0) + 1
+        # live load does not travel over mDNS: memory changes leave the TXT record alone
+        before = d.announcer.updates
+        backend.snap.gpus[1].memory_used = 2**30
+        await asyncio.sleep(1.3)
+        assert d.announcer.updates == before
+        await wait_until(lambda: True)
+        assert (await txt()).free == 3
+
+
+async def test_nvml_failure_and_lost_gpu_keep_the_daemon_serving(tmp_path: Path) -> None:
+    backend = FakeBackend(make_snapshot(2, hostname="flaky"))
+    async with running_daemon(tmp_path, unique_session(), "flaky", backend=backend) as d:
+        backend.fail = BackendUnavailable("NVML cannot count GPUs: GPU is lost")
+        await wait_until(lambda: d.snapshot is not None and not d.snapshot.gpus[0].healthy)
+        status, host = await get_json(d.urls[0] + "/host")
+        assert status == 200 and "GPU is lost" in host["snapshot"]["gpus"][0]["error"]
+        backend.fail = None
+        backend.snap.gpus.pop()  # one GPU is gone for good
+        await wait_until(lambda: d.snapshot is not None and d.snapshot.gpus[0].healthy and len(d.snapshot.gpus) == 1)
+        assert d.samples >= 2 and d.sample_errors == 0
+
+
+async def test_fleet_view(tmp_path: Path) -> None:
+    session = unique_session("fleet")
+    async with running_daemon(tmp_path, session, "f1") as d1, running_daemon(tmp_path, session, "f2", n=1):
+        status, body = await get_json(d1.urls[0] + "/fleet")
+        assert status == 200
+        assert sorted(h["hostname"] for h in body["hosts"]) == ["f1", "f2"]
+        assert all(h["alive"] and h["snapshot"] for h in body["hosts"])
+        async with aiohttp.ClientSession() as s:
+            resp = await s.get(d1.urls[0] + "/fleet/events")
+            st = Stream(resp)
+            names = [(await st.next())[0] for _ in range(5)]
+            assert names.count("host_added") == 2 and names.count("device_added") == 3
+            resp.close()
+
+
+async def test_fleet_off(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, unique_session(), "nofleet", fleet="off") as d:
+        status, body = await get_json(d.urls[0] + "/fleet")
+        assert status == 404
+
+
+def test_history_and_hub_bounds() -> None:
+    h = History(seconds=1.0, interval=0.5)
+    s = make_snapshot(1)
+    for i in range(10):
+        s.timestamp = float(i)
+        h.add(s)
+    d = h.to_dict()
+    assert d["GPU-h-0"]["t"] == [7.0, 8.0, 9.0]
+    assert h.to_dict(seconds=1)["GPU-h-0"]["t"] == [8.0, 9.0]
+
+    async def hub() -> None:
+        hub = EventHub(maxsize=2)
+        sub = hub.subscribe()
+        for i in range(5):  # a subscriber that does not read is cut off, not buffered forever
+            hub.publish("x", i)
+        assert len(hub) == 0 and await sub.get() is None
+
+    asyncio.run(hub())
+
+
+# -- the process life cycle (subprocesses, 127.0.0.1 only) ------------------------------------------
+def gpusd(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpusd", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def proc_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GPUSD_STATE_DIR=str(tmp_path / "state"), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+    return env
+
+
+def test_start_status_stop(proc_env: dict[str, str], tmp_path: Path) -> None:
+    session = unique_session("proc")
+    t = time.monotonic()
+    r = gpusd("start", "--simulate", "2xA100-80GB", "--interface", "127.0.0.1", "--port", "0",
+              "--session", session, "--hostname", "proc-host", env=proc_env)
+    assert r.returncode == 0, r.stderr
+    assert "started" in r.stdout and "SIMULATED" in r.stdout
+    assert time.monotonic() - t < 15
+    state = tmp_path / "state"
+    pid = int((state / "gpusd.pid").read_text())
+    try:
+        r = gpusd("status", env=proc_env)
+        assert r.returncode == 0 and f"pid {pid}" in r.stdout and "GPUs      2" in r.stdout, r.stdout
+        info = json.loads(gpusd("status", "--json", env=proc_env).stdout)
+        assert info["running"] and info["session"] == session and info["host"]["snapshot"]["simulated"]
+        r = gpusd("start", "--simulate", "2xA100-80GB", env=proc_env)
+        assert r.returncode == 0 and "already running" in r.stdout
+        # it is announced: a scan on 127.0.0.1 sees it
+        r = gpusd("scan", "--session", session, "--timeout", "1.5", "--json", env=proc_env)
+        assert [h["hostname"] for h in json.loads(r.stdout)] == ["proc-host"], r.stderr
+        r = gpusd("list", "--session", session, "--json", env=proc_env)
+        devices = json.loads(r.stdout)
+        assert len(devices) == 2 and devices[0]["simulated"] and devices[0]["gpu"]["utilization_gpu"] is not None
+    finally:
+        r = gpusd("stop", env=proc_env)
+    assert r.returncode == 0 and f"pid {pid}" in r.stdout
+    assert not (state / "gpusd.pid").exists() and not (state / "gpusd.json").exists()
+    assert (state / "gpusd.log").read_text().count("stopped") >= 1
+    assert gpusd("stop", env=proc_env).returncode == 6
+    assert gpusd("status", env=proc_env).returncode == 6
+
+
+def test_start_without_nvml_fails_with_hint(proc_env: dict[str, str]) -> None:
+    env = dict(proc_env, GPUSD_NVML_LIBRARY="/nonexistent/libnvidia-ml.so.1")
+    r = gpusd("start", "--port", "0", env=env)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert "--simulate" in r.stderr and "log:" in r.stderr
+
+
+def test_one_daemon_per_state_dir_and_busy_port(proc_env: dict[str, str]) -> None:
+    r = gpusd("start", "--simulate", "1xT4", "--port", "0", "--session", unique_session(), env=proc_env)
+    assert r.returncode == 0, r.stderr
+    try:
+        r = gpusd("start", "--foreground", "--simulate", "1xT4", "--port", "0", env=proc_env, timeout=30)
+        assert r.returncode == 1 and "already running" in r.stderr
+        port = json.loads(gpusd("status", "--json", env=proc_env).stdout)["port"]
+        other = dict(proc_env, GPUSD_STATE_DIR=proc_env["GPUSD_STATE_DIR"] + "-2")
+        r = gpusd("start", "--simulate", "1xT4", "--port", str(port), env=other)
+        assert r.returncode == 1 and f"port {port}" in r.stderr, r.stderr
+    finally:
+        gpusd("stop", env=proc_env)
+
+
+def test_cli_help_stays_light() -> None:
+    code = ("import sys; from gpusd.cli import build_parser; build_parser().format_help(); "
+            "print(sorted(m for m in ('zeroconf', 'aiohttp', 'rich') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_bad_flags(proc_env: dict[str, str]) -> None:
+    r = gpusd("start", "--session", "bad name!", "--simulate", "1xT4", env=proc_env)
+    assert r.returncode == 2 and "session" in r.stderr
+    r = gpusd("start", "--interface", "nosuchif0", "--simulate", "1xT4", "--port", "0", env=proc_env)
+    assert r.returncode == 2 and "nosuchif0" in r.stderr, r.stderr
+
+
+def test_demo_once_cleans_up(proc_env: dict[str, str]) -> None:
+    import psutil
+
+    p = subprocess.Popen([sys.executable, "-m", "gpusd", "demo", "--once"], env=proc_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "3 host(s), 10 GPU(s)" in out and "demo-1" in out and "demo-3" in out and "[sim]" in out
+    session = f"demo-{p.pid}"
+    left = [q.pid for q in psutil.process_iter(["cmdline"]) if session in " ".join(q.info["cmdline"] or [])]
+    assert left == []
+
+
+async def test_address_change_is_reannounced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With all interfaces in use, a changed address (DHCP, a new NIC) is announced again.  Here
+    the daemon stays pinned to 127.0.0.1 and the address list it sees is faked."""
+    from zeroconf.asyncio import AsyncServiceInfo
+
+    from gpusd.daemon import announce
+
+    async with running_daemon(tmp_path, unique_session(), "roam") as d:
+        assert d.announcer is not None
+        calls = []
+
+        async def update_interfaces(*a: object, **kw: object) -> None:
+            calls.append(a)
+
+        monkeypatch.setattr(d.zc.zeroconf, "async_update_interfaces", update_interfaces)
+        monkeypatch.setattr(announce, "local_ipv4_addresses", lambda: ["127.0.0.1", "127.0.0.77"])
+        d.announcer.pinned = False
+        task = asyncio.ensure_future(d.announcer.watch_network(0.05))
+        try:
+            await wait_until(lambda: "127.0.0.77" in d.announcer.addresses)
+            assert calls
+            info = AsyncServiceInfo(SERVICE_TYPE, d.announcer.info.name)
+            await wait_until(lambda: info.load_from_cache(d.zc.zeroconf) and "127.0.0.77" in info.parsed_addresses())
+        finally:
+            task.cancel()

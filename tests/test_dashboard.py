@@ -1,0 +1,177 @@
+"""The web dashboard in headless Chromium.
+
+The browser runs in a private network namespace with only ``lo`` when the tests run as root (the
+page server listens inside it), otherwise with every non-loopback request blocked; DevTools talks
+over a pipe.  Skipped when Chromium is not installed (``apt-get install chromium``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from monitor_browser import (
+    Browser,
+    Netns,
+    Page,
+    can_netns,
+    chromium_path,
+    socket_in_netns,
+)
+from monitor_fakes import FakeDaemon, make_app, sim_host
+
+pytestmark = pytest.mark.skipif(chromium_path() is None,
+                                reason="chromium is not installed (apt-get install chromium); "
+                                       "the dashboard is not tested in a browser")
+
+TOKEN = "dashboard-token"
+
+
+@contextlib.asynccontextmanager
+async def dashboard(daemon: FakeDaemon, fragment: str = "", trust_loopback: bool = True
+                    ) -> AsyncIterator[tuple[Page, Browser]]:
+    """The fake daemon's dashboard open in a browser (which loads it over HTTP, as a user's would)."""
+    ns = Netns() if can_netns() else None
+    runner = web.AppRunner(make_app(daemon, trust_loopback=trust_loopback))
+    browser = None
+    try:
+        await runner.setup()
+        sock = socket_in_netns(ns.name if ns else None)
+        await web.SockSite(runner, sock).start()
+        browser = await Browser.start(netns=ns.name if ns else None)
+        page = await browser.page(f"http://127.0.0.1:{sock.getsockname()[1]}/{fragment}")
+        yield page, browser
+    finally:
+        if browser is not None:
+            await browser.close()
+        await runner.cleanup()
+        if ns is not None:
+            ns.close()
+
+
+def two_hosts(**kw) -> FakeDaemon:
+    return FakeDaemon([sim_host("gpu-node-1", "4xA100-80GB"), sim_host("gpu-node-2", "2xH100-80GB,1xRTX4090")], **kw)
+
+
+def rows(node: str) -> str:
+    return f"document.querySelectorAll('[data-node=\"{node}\"] tr.gpu')"
+
+
+def cell(node: str, index: int, selector: str) -> str:
+    return (f"(document.querySelector('[data-node=\"{node}\"] tr.gpu[data-index=\"{index}\"] {selector}') "
+            f"|| {{}}).textContent")
+
+
+async def test_shows_every_host_and_gpu_and_follows_load_changes():
+    d = two_hosts()
+    n1, n2 = list(d.hosts)
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n1)}.length === 4 && {rows(n2)}.length === 3", timeout=15)
+        names = await page.evaluate("[...document.querySelectorAll('.host .name')].map(e => e.textContent)")
+        assert names == ["gpu-node-1", "gpu-node-2"]
+        models = await page.evaluate(f"[...{rows(n2)}].map(r => r.querySelector('.model').textContent)")
+        assert models == ["H100 80GB HBM3", "H100 80GB HBM3", "GeForce RTX 4090"]
+        summary = await page.evaluate("document.getElementById('summary').textContent")
+        assert "2 hosts" in summary and "7 GPUs" in summary
+        assert await page.evaluate("document.getElementById('status').textContent") == "live"
+
+        d.set_gpu(n2, 1, utilization_gpu=97.0, memory_used=76 * 2**30)
+        assert await page.wait_for(f"{cell(n2, 1, '.util-value')} === '97%'", timeout=5)
+        assert await page.evaluate(cell(n2, 1, ".mem-value")) == "95%"
+        # the sparkline now has a point
+        assert await page.evaluate(f"document.querySelector('[data-node=\"{n2}\"] tr.gpu[data-index=\"1\"] "
+                                   f"svg.spark polyline') !== null")
+        assert browser.errors == []
+
+
+async def test_host_gone_lost_gpu_and_threshold_alerts():
+    d = two_hosts(thresholds=["hot: temperature>90"])
+    n1, n2 = list(d.hosts)
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n2)}.length === 3", timeout=15)
+        d.set_gpu(n1, 2, temperature=95)
+        d.hosts[n1].timestamp += 1  # a new sample for the daemon's threshold engine
+        text = await page.wait_for("!document.getElementById('alerts').hidden && "
+                                   "document.getElementById('alert-list').textContent", timeout=5)
+        assert "gpu-node-1 GPU 2" in text and "hot" in text
+        assert await page.evaluate(f"document.querySelector('[data-node=\"{n1}\"] tr.gpu[data-index=\"2\"]')"
+                                   f".classList.contains('alerting')")
+        d.set_gpu(n1, 3, healthy=False, error="GPU is lost", utilization_gpu=None)
+        lost = await page.wait_for(f"({cell(n1, 3, 'td:nth-child(3)')} || '').startsWith('LOST')", timeout=5)
+        assert lost and "GPU is lost" in await page.evaluate(cell(n1, 3, "td:nth-child(3)"))
+        d.remove_host(n2)
+        assert await page.wait_for(f"document.querySelector('[data-node=\"{n2}\"]').classList.contains('gone')",
+                                   timeout=5)
+        assert "1 host " in await page.evaluate("document.getElementById('summary').textContent")
+        assert browser.errors == []
+
+
+@pytest.mark.parametrize("with_token", [False, True])
+async def test_process_owners_only_with_the_token(with_token):
+    d = two_hosts(token=TOKEN)
+    n1, _ = list(d.hosts)
+    fragment = f"#token={TOKEN}" if with_token else ""
+    async with dashboard(d, fragment=fragment, trust_loopback=False) as (page, browser):
+        text = await page.wait_for(cell(n1, 0, ".plist"), timeout=15)
+        if with_token:
+            assert "alice python" in text
+            # the token left the address bar (it would end up in history and screenshots)
+            assert "token" not in await page.evaluate("location.href")
+        else:
+            assert "alice" not in text and "pid 4242" in text
+        assert browser.errors == []
+
+
+# -- end to end: real daemons in network namespaces (tests/netns.py), the browser in a third one ----
+
+@pytest.mark.timeout(180)
+async def test_dashboard_of_a_real_daemon_shows_the_lan_and_follows_load(tmp_path):
+    import asyncio
+
+    from fakenvml import make_gpus
+    from netns import Lan, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    GiB = 2**30
+    with Lan(workdir=tmp_path / "lan") as lan:
+        h1 = lan.add_gpu_host("node-1", make_gpus(2, util_gpu=10, memory_used=8 * GiB), fast=True)
+        # node-2 is hot before anyone looks: the dashboard learns it from node-2's /api/v1/alerts
+        h2 = lan.add_gpu_host("node-2", make_gpus(1, model="NVIDIA H100 80GB HBM3", util_gpu=5, temperature=88),
+                              fast=True, args=["--threshold", "hot: temperature>80"])
+        client = lan.add_node("client")
+        await asyncio.gather(*(asyncio.to_thread(h.start) for h in (h1, h2)))
+        browser = await Browser.start(netns=client.ns)
+        try:
+            page = await browser.page(f"http://{h1.ip}:4780/")
+            names = await page.wait_for(
+                "(() => { const n = [...document.querySelectorAll('.host .name')].map(e => e.textContent);"
+                " return document.querySelectorAll('tr.gpu').length === 3 && n.length === 2 ? n : null })()",
+                timeout=20)
+            assert names == ["node-1", "node-2"]
+            models = await page.evaluate("[...document.querySelectorAll('tr.gpu .model')].map(e => e.textContent)")
+            assert models == ["A100-SXM4-80GB", "A100-SXM4-80GB", "H100 80GB HBM3"]
+            alert = await page.wait_for("document.getElementById('alert-list').textContent", timeout=10)
+            assert "node-2 GPU 0 temperature 88 C > 80 C" in alert and "hot" in alert
+
+            # a load change on node-2 (a daemon the browser never talks to) shows within seconds
+            h2.gpus[0].memory_used = 60 * GiB
+            h2.gpus[0].util_gpu = 95
+            t = asyncio.get_running_loop().time()
+            mem = "(document.querySelector('[data-hostname=\"node-2\"] tr.gpu .mem-value') || {}).textContent"
+            await asyncio.to_thread(h2.write)
+            assert await page.wait_for(f"{mem} === '75%'", timeout=5)
+            print(f"\nload change -> dashboard: {(asyncio.get_running_loop().time() - t) * 1000:.0f} ms")
+            util = "parseInt((document.querySelector('[data-hostname=\"node-2\"] tr.gpu .util-value') || {}).textContent)"
+            assert await page.wait_for(f"{util} > 50", timeout=10)  # NVML utilisation is a window average
+
+            # node-2 stops: its card is marked gone
+            await asyncio.to_thread(h2.stop)
+            assert await page.wait_for("document.querySelector('[data-hostname=\"node-2\"]')"
+                                       ".classList.contains('gone')", timeout=10)
+            assert browser.errors == []
+        finally:
+            await browser.close()
