@@ -128,3 +128,34 @@ def test_privacy_writes_and_thresholds_across_the_lan(lan: Lan) -> None:  # noqa
     watcher.stop()
     log = (h1.state_dir / "gpusd.log").read_text()
     assert "threshold exceeded: node-1 GPU 1 temperature 91 C > 80 C (hot)" in log
+
+
+@pytest.mark.timeout(180)
+def test_token_holders_see_owners_of_every_host_in_the_fleet_view(lan: Lan) -> None:  # noqa: F811
+    """Daemons sharing a token show each other (and so the token holders reading any of them) their
+    process owners; everyone else gets them as null, in the fleet view and in `gpusd list`."""
+    gpus = make_gpus(1)
+    gpus[0].processes = [FakeProcess(os.getpid(), 2 * GiB)]
+    h1 = lan.add_gpu_host("node-1", make_gpus(1), fast=True, args=["--token", TOKEN])
+    h2 = lan.add_gpu_host("node-2", gpus, fast=True, args=["--token", TOKEN])
+    client = lan.add_node("client")
+    start_all([h1, h2])
+
+    def node2_procs(fleet: dict[str, Any]) -> list[dict[str, Any]]:
+        return [p for h in fleet["hosts"] if h["hostname"] == "node-2" for p in h["snapshot"]["gpus"][0]["processes"]]
+
+    base = f"http://{h1.ip}:4780/api/v1/fleet"
+    for _ in range(30):  # the fleet view starts on first use and needs a moment to hear node-2
+        fleet = json.loads(http(lan, client, base, token=TOKEN)["body"])
+        if node2_procs(fleet):
+            break
+    procs = node2_procs(fleet)
+    assert procs and procs[0]["pid"] == os.getpid() and "pytest" in procs[0]["command"]
+    anon = node2_procs(json.loads(http(lan, client, base)["body"]))
+    assert anon and anon[0]["pid"] == os.getpid() and anon[0]["command"] is None and anon[0]["user"] is None
+
+    r = lan.gpusd(client, ["list", "--json", "--token", TOKEN])
+    assert r.returncode == 0, r.stderr
+    assert "pytest" in r.stdout
+    r = lan.gpusd(client, ["list", "--json"])
+    assert r.returncode == 0 and "pytest" not in r.stdout and str(os.getpid()) in r.stdout

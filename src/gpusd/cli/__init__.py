@@ -143,6 +143,8 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
         p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
         p.add_argument("--host", metavar="NAME", help="only hosts with this name (glob allowed)")
+        p.add_argument("--token", help="the daemons' shared token: also show process owners and commands "
+                       "($GPUSD_TOKEN)")
 
     def device_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", metavar="TEXT", help="only GPUs whose name contains TEXT (or matches a glob)")
@@ -235,7 +237,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
-    p.add_argument("--token", help="with --url: the daemon's token, to see process owners and commands ($GPUSD_TOKEN)")
+    p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
 
     p = sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools")
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)

@@ -33,7 +33,7 @@ def _source(args: argparse.Namespace, settle: float) -> Source:
     from ..monitor.sources import DiscoverySource
 
     return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle,
-                           interfaces=args.interfaces)
+                           interfaces=args.interfaces, token=_token(args))
 
 
 def top(args: argparse.Namespace) -> int:

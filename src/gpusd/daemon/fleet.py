@@ -46,7 +46,9 @@ class Fleet:
             from ..discovery.client import AsyncClient
 
             d = self.daemon
-            client = AsyncClient(session=d.config.session, zeroconf=d.zc)
+            # Peers started with the same token show this daemon (and so its token holders) their
+            # process owners; to readers without the token the fleet view is redacted on the way out.
+            client = AsyncClient(session=d.config.session, zeroconf=d.zc, token=d.token)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client

@@ -105,6 +105,7 @@ class AsyncClient:
         liveness_timeout: float = 10.0,
         include_hwsd: bool = True,
         zeroconf: "AsyncZeroconf | None" = None,
+        token: str | None = None,
     ) -> None:
         if isinstance(min_free_memory, str):
             min_free_memory = parse_bytes(min_free_memory)
@@ -115,6 +116,8 @@ class AsyncClient:
             min_free_memory=min_free_memory,
         )
         self._interface_specs = list(interfaces) if interfaces is not None else None
+        # Presented to every daemon: those started with the same token show process owners and commands.
+        self.token = token
         self.liveness_timeout = float(liveness_timeout)
         self.silence_timeout = min(3 * HEARTBEAT, self.liveness_timeout * 0.6)
         self.include_hwsd = include_hwsd
@@ -208,6 +211,7 @@ class AsyncClient:
             self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
             self._own_zc = True
         self._http = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
             auto_decompress=False,

@@ -116,9 +116,14 @@ def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu]]:
         total = MODELS[model][1]
         for _ in range(count):
             i = len(gpus)
-            # Each GPU drifts on its own period and phase so a demo fleet looks alive and varied.
-            util = _Signal(0, 5.0 + 7 * (i % 3), 35.0 + 20 * (i % 4), 40.0 + 13 * i, 1.7 * i)
-            mem = _Signal(0, 0.02 * total, (0.15 + 0.2 * (i % 4)) * total, 90.0 + 17 * i, 0.9 * i)
+            # Each GPU drifts on its own period and phase so a demo fleet looks alive and varied;
+            # every fourth one idles, as in any real fleet.
+            if i % 4 == 3:
+                util = _Signal(0, 0.0, 3.0, 40.0 + 13 * i, 1.7 * i)
+                mem = _Signal(0, 0.004 * total, 0.01 * total, 90.0 + 17 * i, 0.9 * i)
+            else:
+                util = _Signal(0, 5.0 + 7 * (i % 3), 35.0 + 20 * (i % 4), 40.0 + 13 * i, 1.7 * i)
+                mem = _Signal(0, 0.02 * total, (0.15 + 0.2 * (i % 4)) * total, 90.0 + 17 * i, 0.9 * i)
             gpus.append(_SimGpu(model, util, mem))
     return None, gpus
 

@@ -137,10 +137,11 @@ class DiscoverySource:
     host's event stream).  The first call waits up to ``settle`` seconds for the hosts to answer."""
 
     def __init__(self, session: str | None = "default", settle: float = 2.0,
-                 interfaces: list[str] | None = None) -> None:
+                 interfaces: list[str] | None = None, token: str | None = None) -> None:
         from ..discovery import Client
 
-        self._client = Client(session, interfaces=interfaces, all_sessions=session is None, daemon_thread=True)
+        self._client = Client(session, interfaces=interfaces, all_sessions=session is None, daemon_thread=True,
+                              token=token)
         self._settle = settle
         self._settled = False
 
