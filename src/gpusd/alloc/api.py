@@ -46,6 +46,8 @@ class Selection:
 
     @property
     def gpus(self) -> list[GpuInfo]:
+        """The chosen GPUs, with the fields selection reads (memory, utilisation, processes, MIG);
+        ``gpusd.local_snapshot()`` has temperature, power and process owners too."""
         return [c.gpu for c in self.devices]
 
     @property
@@ -100,7 +102,7 @@ class Selection:
 
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
              command: str | None, pid: int | None) -> Selection:
-    snap = backend.snapshot(util_since=store.release_times())
+    snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
         return Selection(choose(snap, c, store.leases()), None)
     with store.mutex():

@@ -105,12 +105,11 @@ class Lease:
             self.path.unlink()
         except OSError:
             pass
-        now = f"{time.time():.3f}\n".encode()
         for fd in self.fds[:-1]:
             try:
-                # When the lease ended: the GPU's load before then was this job's, not a reason to
-                # avoid the GPU now (see LeaseStore.release_times).
-                os.pwrite(fd, now, 0)
+                # The lock file's mtime says when the GPU's last lease ended: the load before then
+                # was this job's, no reason to avoid the GPU now (see LeaseStore.release_times).
+                os.utime(fd)
             except OSError:
                 pass
         for fd in self.fds:
@@ -212,24 +211,24 @@ class LeaseStore:
             return []
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:
-        """Device UUID -> when its last gpusd lease ended, for leases that ended in the last
-        ``within`` seconds.  Selection ignores utilisation samples from before that moment."""
+        """Device UUID -> when its last gpusd lease ended (the lock file's mtime), for leases that
+        ended in the last ``within`` seconds.  Selection ignores utilisation samples from before."""
         out: dict[str, float] = {}
         horizon = time.time() - within
         try:
-            names = os.listdir(self.dir)
+            entries = os.scandir(self.dir)
         except OSError:
             return out
-        for name in names:
-            if not (name.startswith("gpu-") and name.endswith(".lock")):
-                continue
-            try:
-                with open(self.dir / name, "rb") as f:
-                    ts = float(f.read(32).split(b"\n", 1)[0] or 0)
-            except (OSError, ValueError):
-                continue
-            if ts >= horizon:
-                out[name[4:-5]] = ts
+        with entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("gpu-") and name.endswith(".lock"):
+                    try:
+                        mtime = entry.stat().st_mtime
+                    except OSError:
+                        continue
+                    if mtime >= horizon:
+                        out[name[4:-5]] = mtime
         return out
 
     def attach(self, snap: HostSnapshot) -> HostSnapshot:

@@ -96,6 +96,7 @@ class NvmlBackend:
         self._count = -1
         self._resolver = ProcessResolver()
         self._util_since: Mapping[str, float] = {}
+        self._detail = True
         try:
             import pynvml
         except ImportError:  # pragma: no cover - a dependency of gpusd
@@ -179,11 +180,13 @@ class NvmlBackend:
         return _text(value) if isinstance(value, bytes) else value
 
     # -- the snapshot -------------------------------------------------------------------------
-    def snapshot(self, util_since: Mapping[str, float] | None = None) -> HostSnapshot:
+    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         """All GPUs now.  ``util_since`` maps GPU UUIDs to a time before which their utilisation
-        samples are ignored (the load of a gpusd lease that has ended since)."""
+        samples are ignored (the load of a gpusd lease that has ended since).  ``detail=False``
+        reads only what selection needs (no temperature, power, fan, process owners)."""
         with self._lock:
             self._util_since = util_since or {}
+            self._detail = detail
             if self._closed:
                 raise BackendUnavailable("the NVML backend is closed")
             try:
@@ -191,7 +194,8 @@ class NvmlBackend:
             except self._nv.NVMLError as exc:
                 raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}; {HINT}") from None
             gpus = [self._read(dev) for dev in self._devices]
-        self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
+        if detail:
+            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
         return HostSnapshot(
             hostname=self.hostname,
             node_id=self.node_id,
@@ -226,12 +230,13 @@ class NvmlBackend:
         if rates is not None:
             gpu.utilization_memory = float(rates.memory)
         self._utilization(dev, gpu, rates, now)
-        gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
-        power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
-        gpu.power_draw = power / 1000.0 if power is not None else None
-        limit = q(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit)
-        gpu.power_limit = limit / 1000.0 if limit is not None else None
-        gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
+        if self._detail:
+            gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
+            power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
+            gpu.power_draw = power / 1000.0 if power is not None else None
+            limit = q(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit)
+            gpu.power_limit = limit / 1000.0 if limit is not None else None
+            gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
         mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
         mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)

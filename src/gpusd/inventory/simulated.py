@@ -173,7 +173,7 @@ class SimulatedBackend:
         self.driver_version = "550.54.15-sim"
         self.cuda_version = "12.4"
 
-    def snapshot(self, util_since: Mapping[str, float] | None = None) -> HostSnapshot:
+    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         t = time.time()
         gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
         return HostSnapshot(

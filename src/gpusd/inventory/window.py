@@ -48,30 +48,35 @@ class UtilWindow:
         only samples taken at or after that time count (None, None when there are none)."""
         self._trim(now)
         samples = self._samples
-        if since is not None:
-            items = [s for s in samples if s[0] >= since]
-            if not items:
-                return None, None
-        else:
-            items = list(samples)
-        if not items:
-            return None, None
-        if len(items) == 1:
-            return items[0][1], None
         horizon = now - self.window
         if since is not None:
-            horizon = max(horizon, since)
-        total = 0.0
-        weight = 0.0
-        period = (items[-1][0] - items[0][0]) / (len(items) - 1)
-        for i, (ts, value) in enumerate(items):
-            start = max(ts, horizon)
-            end = items[i + 1][0] if i + 1 < len(items) else ts + period
-            if end <= start:
-                continue
-            total += value * (end - start)
+            items = [x for x in samples if x[0] >= since]
+            if since > horizon:
+                horizon = since
+        else:
+            items = samples  # type: ignore[assignment]
+        n = len(items)
+        if n == 0:
+            return None, None
+        if n == 1:
+            return items[0][1], None
+        first_ts = items[0][0]
+        last_ts, last_value = items[-1]
+        period = (last_ts - first_ts) / (n - 1)
+        total = weight = 0.0
+        prev_ts, prev_value = items[0]
+        for ts, value in items:  # the first iteration covers nothing (ts == prev_ts)
+            start = prev_ts if prev_ts > horizon else horizon
+            if ts > start:
+                total += prev_value * (ts - start)
+                weight += ts - start
+            prev_ts, prev_value = ts, value
+        start = last_ts if last_ts > horizon else horizon
+        end = last_ts + period
+        if end > start:
+            total += last_value * (end - start)
             weight += end - start
         if weight <= 0:
-            return items[-1][1], None
-        covered = min(self.window, items[-1][0] + period - max(items[0][0], horizon))
+            return last_value, None
+        covered = min(self.window, end - (first_ts if first_ts > horizon else horizon))
         return total / weight, round(covered, 3)
