@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -14,7 +16,14 @@ from typing import Callable, Sequence
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from fakenvml import FakeGPU, FakeProcess, build_fake_nvml, make_gpus, preload, write_state  # noqa: E402
+from fakenvml import (  # noqa: E402
+    FakeGPU,
+    FakeProcess,
+    build_fake_nvml,
+    make_gpus,
+    preload,
+    write_state,
+)
 
 __all__ = ["FakeGPU", "FakeProcess", "make_gpus", "write_state", "FakeEnv", "p50", "pct", "timeit_each", "whole_process"]
 
@@ -25,6 +34,7 @@ class FakeEnv:
     def __init__(self, gpus: Sequence[FakeGPU]) -> None:
         self.libdir = build_fake_nvml()
         self.tmp = Path(tempfile.mkdtemp(prefix="gpusd-bench-"))
+        atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.state = self.tmp / "state.txt"
         write_state(self.state, gpus)
         self.env = dict(os.environ)

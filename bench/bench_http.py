@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import platform
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +48,7 @@ def gpus(n: int):
 
 def start_daemon(fake: FakeEnv, interval: float) -> tuple[subprocess.Popen[bytes], dict]:
     state = Path(tempfile.mkdtemp(prefix="gpusd-bench-http-"))
+    atexit.register(shutil.rmtree, state, ignore_errors=True)
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
     r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
