@@ -38,9 +38,13 @@ def _machine_id() -> str | None:
 
 
 def node_id(directory: Path | None = None) -> str:
-    """A 16-hex-digit id, stable across restarts.  Kept in ``node-id`` in the state directory so
-    that several daemons on one machine (each with its own state directory) differ; when that file
-    cannot be written, derived from the machine id (hashed, as systemd recommends for apps)."""
+    """A 16-hex-digit id, stable across restarts, kept in ``node-id`` in the state directory.
+
+    The machine's default state directory gets an id derived from the machine id (hashed, as systemd
+    recommends for apps), so it survives a wiped state directory; any other state directory
+    (``$GPUSD_STATE_DIR``, ``--state-dir``) gets a random one, so that several daemons on one machine
+    differ.  When the file cannot be written, the machine-derived id is used."""
+    default = directory is None and "GPUSD_STATE_DIR" not in os.environ
     directory = directory if directory is not None else state_dir()
     path = directory / "node-id"
     try:
@@ -52,7 +56,7 @@ def node_id(directory: Path | None = None) -> str:
     import hashlib
 
     mid = _machine_id()
-    if mid and "GPUSD_STATE_DIR" not in os.environ:
+    if mid and default:
         new = hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
     else:
         new = os.urandom(8).hex()

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from .._version import __version__
 from ..errors import EXIT_USAGE, GpusdError
@@ -21,7 +21,7 @@ _COMMANDS: dict[str, str] = {}
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, documented exit code
+    def error(self, message: str) -> NoReturn:  # one line, documented exit code
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"gpusd: error: {message}\n")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import groupby
+
 import argparse
 import json
 import sys
@@ -89,15 +91,9 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
     if not inv:
         return "-"
     parts: list[str] = []
-    i = 0
-    while i < len(inv):
-        j = i
-        while j + 1 < len(inv) and inv[j + 1] == inv[i]:
-            j += 1
-        model, mib = inv[i]
+    for (model, mib), run in groupby(inv):
         mem = f" ({format_bytes(mib * 2**20)})" if mib else ""
-        parts.append(f"{j - i + 1}x {model}{mem}")
-        i = j + 1
+        parts.append(f"{len(list(run))}x {model}{mem}")
     return ", ".join(parts)
 
 

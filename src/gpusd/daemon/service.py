@@ -301,31 +301,10 @@ class Daemon:
 
 
 def _node_id(config: DaemonConfig) -> str:
-    """The identity module's node id; an explicitly given state directory that is not
-    ``$GPUSD_STATE_DIR`` gets its own id (kept in its ``node-id`` file), as every state directory should."""
-    import os
-    import uuid
+    """The node id kept in the daemon's state directory (see :func:`gpusd.identity.node_id`)."""
     from pathlib import Path
 
-    env = os.environ.get("GPUSD_STATE_DIR")
-    if config.state_dir is None:
-        return local_node_id()
-    if env and Path(env).resolve() == Path(config.state_dir).resolve():
-        return local_node_id(Path(config.state_dir))
-    path = Path(config.state_dir) / "node-id"
-    try:
-        text = path.read_text().strip()
-        if text:
-            return text
-    except OSError:
-        pass
-    new = uuid.uuid4().hex[:16]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(new + "\n")
-    except OSError as exc:
-        log.warning("cannot keep the node id in %s: %s", path, exc.strerror)
-    return new
+    return local_node_id(Path(config.state_dir) if config.state_dir is not None else None)
 
 
 def _visible(snap: HostSnapshot) -> Any:

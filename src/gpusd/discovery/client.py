@@ -46,6 +46,7 @@ from .types import (
     DiscoveryEvent,
     Filters,
     RemoteHost,
+    event_names,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -139,15 +140,11 @@ class AsyncClient:
         """Call ``fn(event)`` (a :class:`DiscoveryEvent`) for ``event``: ``host_added``,
         ``host_removed``, ``device_added``, ``device_removed``, ``device_updated``,
         ``threshold_exceeded``, ``threshold_cleared``, or ``*`` for all of them."""
-        names = EVENTS if event == "*" else (event,)
-        for name in names:
-            if name not in self._handlers:
-                raise ValueError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
+        for name in event_names(event):
             self._handlers[name].append(fn)
 
     def unregister_event_handler(self, event: str, fn: Handler) -> None:
-        names = EVENTS if event == "*" else (event,)
-        for name in names:
+        for name in event_names(event):
             with contextlib.suppress(KeyError, ValueError):
                 self._handlers[name].remove(fn)
 

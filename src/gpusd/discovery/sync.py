@@ -27,7 +27,7 @@ import time
 from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 from .txt import DEFAULT_SESSION
-from .types import EVENTS, Device, DiscoveryEvent, RemoteHost
+from .types import EVENTS, Device, DiscoveryEvent, RemoteHost, event_names
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,15 +89,13 @@ class Client:
     # -- handlers -----------------------------------------------------------------------------
     def register_event_handler(self, event: str, fn: Handler) -> None:
         """Call ``fn(event)`` from the dispatcher thread; events as for ``AsyncClient`` (or ``*``)."""
-        names = EVENTS if event == "*" else (event,)
+        names = event_names(event)
         with self._lock:
             for name in names:
-                if name not in self._handlers:
-                    raise ValueError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
                 self._handlers[name].append(fn)
 
     def unregister_event_handler(self, event: str, fn: Handler) -> None:
-        names = EVENTS if event == "*" else (event,)
+        names = event_names(event)
         with self._lock:
             for name in names:
                 if fn in self._handlers.get(name, []):

@@ -14,6 +14,8 @@ This module imports nothing but the standard library and :mod:`gpusd.model`.
 
 from __future__ import annotations
 
+from itertools import groupby
+
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -124,16 +126,10 @@ def inventory_of(snap: HostSnapshot) -> list[tuple[str, int | None]]:
 def _runs(inventory: list[tuple[str, int | None]]) -> list[str]:
     """Runs of identical GPUs: ``8*A100-SXM4-80GB;81920`` (the count is left out when 1)."""
     out: list[str] = []
-    i = 0
-    while i < len(inventory):
-        j = i
-        while j + 1 < len(inventory) and inventory[j + 1] == inventory[i]:
-            j += 1
-        model, mib = inventory[i]
-        count = j - i + 1
+    for (model, mib), run in groupby(inventory):
+        count = len(list(run))
         prefix = f"{count}*" if count > 1 else ""
         out.append(f"{prefix}{model};{mib if mib is not None else 0}")
-        i = j + 1
     return out
 
 

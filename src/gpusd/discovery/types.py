@@ -21,6 +21,15 @@ THRESHOLD_CLEARED = "threshold_cleared"
 EVENTS = (HOST_ADDED, HOST_REMOVED, DEVICE_ADDED, DEVICE_REMOVED, DEVICE_UPDATED, THRESHOLD_EXCEEDED, THRESHOLD_CLEARED)
 
 
+def event_names(event: str) -> tuple[str, ...]:
+    """The events a handler registered for ``event`` receives (``*``: all of them)."""
+    if event == "*":
+        return EVENTS
+    if event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}; known: {', '.join(EVENTS)}")
+    return (event,)
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
     """One GPU of one host on the LAN.  ``gpu`` is the full :class:`~gpusd.model.GpuInfo`; the most
