@@ -119,3 +119,14 @@ def test_unwritable_lock_dir_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSD_LOCK_DIR", str(blocker / "locks"))
     with pytest.raises(GpusdError, match="cannot create the lock directory"):
         LeaseStore().acquire(["GPU-1"])
+
+
+def test_lock_dir_not_writable_for_this_user_is_a_clear_error(tmp_path, monkeypatch):
+    from gpusd.errors import GpusdError
+
+    locked = tmp_path / "locks"
+    locked.mkdir(mode=0o755)
+    monkeypatch.setenv("GPUSD_LOCK_DIR", str(locked))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as for another user (we are root here)
+    with pytest.raises(GpusdError, match="not writable for you.*chmod 1777"):
+        LeaseStore().acquire(["GPU-1"])

@@ -37,6 +37,10 @@ def _machine_id() -> str | None:
     return None
 
 
+def _valid(text: str) -> bool:
+    return 8 <= len(text) <= 64 and all(c in "0123456789abcdef" for c in text)
+
+
 def node_id(directory: Path | None = None) -> str:
     """A 16-hex-digit id, stable across restarts, kept in ``node-id`` in the state directory.
 
@@ -48,11 +52,11 @@ def node_id(directory: Path | None = None) -> str:
     directory = directory if directory is not None else state_dir()
     path = directory / "node-id"
     try:
-        text = path.read_text().strip()
-        if text:
+        text = path.read_text(errors="replace").strip()
+        if _valid(text):
             return text
     except OSError:
-        pass
+        pass  # absent or unreadable; a damaged file is replaced below
     import hashlib
 
     mid = _machine_id()

@@ -142,6 +142,11 @@ class LeaseStore:
     def ensure(self) -> None:
         d = self.dir
         if d.is_dir():
+            if not os.access(d, os.W_OK | os.X_OK):
+                st = d.stat()
+                raise GpusdError(
+                    f"the lock directory {d} is not writable for you (mode {st.st_mode & 0o7777:o}, uid "
+                    f"{st.st_uid}): its owner should `chmod 1777 {d}`, or set GPUSD_LOCK_DIR for every user")
             return
         try:
             d.mkdir(parents=True, exist_ok=True)
