@@ -31,10 +31,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000, help="in-process calls per tool")
     ap.add_argument("--runs", type=int, default=15, help="whole-process runs per tool")
+    ap.add_argument("--real", action="store_true", help="use this machine's NVIDIA driver instead of the fake NVML")
     args = ap.parse_args()
 
-    fake = FakeEnv(gpus8())
-    fake.activate_in_process()
+    if args.real:
+        base_env = dict(os.environ)
+    else:
+        fake = FakeEnv(gpus8())
+        fake.activate_in_process()
+        base_env = fake.env
     import pynvml
 
     from gpusd.inventory.nvml import NvmlBackend
@@ -46,17 +51,18 @@ def main() -> int:
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 
+    calls = (pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlDeviceGetUtilizationRates,
+             lambda h: pynvml.nvmlDeviceGetTemperature(h, 0), pynvml.nvmlDeviceGetPowerUsage,
+             pynvml.nvmlDeviceGetEnforcedPowerLimit, pynvml.nvmlDeviceGetComputeMode, pynvml.nvmlDeviceGetMigMode,
+             pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses)
+
     def floor() -> None:
         for h in handles:
-            pynvml.nvmlDeviceGetMemoryInfo(h)
-            pynvml.nvmlDeviceGetUtilizationRates(h)
-            pynvml.nvmlDeviceGetTemperature(h, 0)
-            pynvml.nvmlDeviceGetPowerUsage(h)
-            pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
-            pynvml.nvmlDeviceGetComputeMode(h)
-            pynvml.nvmlDeviceGetMigMode(h)
-            pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-            pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)
+            for call in calls:
+                try:
+                    call(h)
+                except pynvml.NVMLError:  # a real GPU may not support some (MIG mode, ...)
+                    pass
 
     rows.append(("raw nvidia-ml-py, cached handles (floor)", p50(timeit_each(floor, args.n)), ""))
     rows.append(("gpusd NvmlBackend.snapshot()", p50(timeit_each(backend.snapshot, args.n)),
@@ -86,7 +92,7 @@ def main() -> int:
 
     floor_t = rows[0][1]
     ours = rows[1][1]
-    print("In-process, one snapshot of 8 fake GPUs (p50)")
+    print(f"In-process, one snapshot of {len(handles)} {'real' if args.real else 'fake'} GPUs (p50)")
     print(f"{'tool':48s} {'p50 ms':>9s} {'x floor':>8s} {'x gpusd':>8s}  note")
     for name, t, note in rows:
         print(f"{name:48s} {t * 1e3:9.3f} {t / floor_t:8.2f} {t / ours:8.2f}  {note}")
@@ -98,7 +104,7 @@ def main() -> int:
         path = shutil.which(exe)
         if path:
             cmds.append((name, [path, *name.split()[1:]]))
-    env = dict(fake.env, TERM="xterm-256color", COLUMNS="160")
+    env = dict(base_env, TERM="xterm-256color", COLUMNS="160")
     for name, cmd in cmds:
         times, last = whole_process(cmd, env, args.runs)
         print(f"{name:32s} {p50(times) * 1e3:10.1f} {min(times) * 1e3:8.1f}  {last.returncode}")
