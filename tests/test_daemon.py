@@ -59,7 +59,7 @@ async def test_http_api(tmp_path: Path) -> None:
         assert len(host["snapshot"]["gpus"]) == 3 and host["snapshot"]["hostname"] == "api-host"
         status, gpus = await get_json(base + "/gpus")
         assert [g["index"] for g in gpus] == [0, 1, 2]
-        await asyncio.sleep(0.35)
+        await wait_until(lambda: len(d.history.to_dict().get("GPU-api-host-0", {}).get("t", [])) >= 3)
         status, hist = await get_json(base + "/history?seconds=60")
         series = hist["gpus"]["GPU-api-host-0"]
         assert len(series["t"]) >= 3 and len(series["utilization_gpu"]) == len(series["t"])
@@ -138,7 +138,6 @@ async def test_announcement_txt_and_rate_limit(tmp_path: Path) -> None:
         backend.snap.gpus[1].memory_used = 2**30
         await asyncio.sleep(1.3)
         assert d.announcer.updates == before
-        await wait_until(lambda: True)
         assert (await txt()).free == 3
 
 
@@ -274,6 +273,212 @@ def test_bad_flags(proc_env: dict[str, str]) -> None:
     assert r.returncode == 2 and "session" in r.stderr
     r = gpusd("start", "--interface", "nosuchif0", "--simulate", "1xT4", "--port", "0", env=proc_env)
     assert r.returncode == 2 and "nosuchif0" in r.stderr, r.stderr
+    r = gpusd("start", "--foreground", "--history", "nan", "--simulate", "1xT4", "--port", "0", env=proc_env)
+    assert r.returncode == 2 and "--history" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = gpusd("watch", "--liveness", "0", "--duration", "1", env=proc_env)
+    assert r.returncode == 2 and "--liveness" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("field, value", [("history", float("nan")), ("history", float("inf")),
+                                          ("txt_min_interval", -1.0), ("txt_min_interval", float("nan"))])
+def test_config_refuses_values_that_would_crash_the_daemon(field: str, value: float) -> None:
+    from gpusd.daemon.config import DaemonConfig
+    from gpusd.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        DaemonConfig(**{field: value}).validate()
+
+
+def _answer_garbage_once() -> tuple[Any, Any]:
+    """A TCP server on 127.0.0.1 that answers one request with something that is not HTTP."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(10)
+
+    def answer() -> None:
+        try:
+            c, _ = srv.accept()
+        except OSError:
+            return
+        with c:
+            c.recv(4096)
+            c.sendall(b"garbage\r\n\r\n")
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    return srv, t
+
+
+def test_status_survives_damaged_state_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A running daemon (its pid file locked) with a damaged gpusd.json, or a port answered by
+    something that is not HTTP: gpusd status reports, never a traceback."""
+    from gpusd.cli import main
+    from gpusd.cli.daemon import _fetch_host
+    from gpusd.daemon import process
+
+    state = tmp_path / "st"
+    pid = process.PidFile(state)
+    pid.acquire()
+    try:
+        for text in ("[1, 2]", '{"port": 1, "addresses": 5}', '{"port": "x", "addresses": ["127.0.0.1"]}'):
+            (state / process.INFO_FILE).write_text(text)
+            assert main(["status", "--state-dir", str(state)]) == 0
+            assert f"pid {os.getpid()}" in capsys.readouterr().out
+            assert main(["status", "--json", "--state-dir", str(state)]) == 0
+            assert json.loads(capsys.readouterr().out)["running"] is True
+    finally:
+        pid.release()
+    srv, t = _answer_garbage_once()
+    try:
+        port = srv.getsockname()[1]
+        assert _fetch_host({"port": port, "addresses": ["127.0.0.1"], "interfaces": ["127.0.0.1"]}) is None
+    finally:
+        t.join(10)
+        srv.close()
+
+
+def test_pid_file_lock_won_on_a_released_file_is_taken_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old daemon unlinks gpusd.pid and lets go of its lock between the new daemon's open() and
+    flock(): the new daemon must end up holding the file that is there, not the unlinked one."""
+    import fcntl
+
+    from gpusd.daemon import process
+
+    old = process.PidFile(tmp_path)
+    old.acquire()
+    real_flock = fcntl.flock
+    raced: list[int] = []
+
+    def flock(fd: int, op: int) -> None:
+        if not raced:
+            raced.append(fd)
+            old.release()
+        real_flock(fd, op)
+
+    monkeypatch.setattr(process.fcntl, "flock", flock)
+    new = process.PidFile(tmp_path)
+    new.acquire()
+    monkeypatch.undo()
+    try:
+        assert raced
+        st = process.status(tmp_path)
+        assert st.running and st.pid == os.getpid()
+    finally:
+        new.release()
+
+
+def test_demo_stops_the_daemons_it_started_when_one_fails(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from gpusd.cli import main
+    from gpusd.daemon import process
+
+    started: list[Any] = []
+
+    class FakeProc:  # no daemon is really started
+        def __init__(self, argv: list[str], **kw: Any) -> None:
+            self.signals: list[int] = []
+            started.append(self)
+
+        def poll(self) -> int | None:
+            return 1 if self.signals else None
+
+        def send_signal(self, sig: int) -> None:
+            self.signals.append(sig)
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 1
+
+        def kill(self) -> None:
+            self.signals.append(9)
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProc)
+    ready = iter(['{"pid": 1}', ""])  # the first daemon comes up, the second does not
+    monkeypatch.setattr(process, "_read_line", lambda fd, timeout, proc: next(ready))
+    assert main(["demo", "--once", "--hosts", "3"]) == 1
+    assert "failed to start" in capsys.readouterr().err
+    assert len(started) == 3 and all(p.signals for p in started)  # none left running
+
+
+async def test_nvml_failure_fires_the_lost_rule_and_empties_the_free_count(tmp_path: Path) -> None:
+    backend = FakeBackend(make_snapshot(2, hostname="lostrule"))
+    async with running_daemon(tmp_path, unique_session(), "lostrule", backend=backend, thresholds=["lost"]) as d:
+        assert d.announcer is not None and d.announcer.txt["free"] == "2"
+        status, body = await get_json(d.urls[0] + "/alerts")
+        assert status == 200 and body["alerts"] == []
+
+        def reopen() -> Any:  # NVML stays broken (no other backend this process may have loaded)
+            raise BackendUnavailable("NVML is still gone")
+
+        d._open_backend = reopen  # type: ignore[method-assign]
+        backend.fail = BackendUnavailable("NVML cannot count GPUs: GPU is lost")
+        deadline = time.monotonic() + 10
+        while True:
+            _, body = await get_json(d.urls[0] + "/alerts")
+            if len(body["alerts"]) == 2:
+                break
+            assert time.monotonic() < deadline, body
+            await asyncio.sleep(0.05)
+        assert {a["rule"] for a in body["alerts"]} == {"lost"}
+        await wait_until(lambda: d.announcer.txt["free"] == "0")
+
+
+async def test_fleet_view_is_not_started_again_while_the_daemon_stops(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, unique_session(), "late") as d:
+        assert d.fleet is not None and d.fleet.client is None
+        await d.fleet.stop()
+        await d.fleet.ensure_started(settle=0)  # a /fleet request arriving during Daemon.stop()
+        assert d.fleet.client is None
+
+
+async def test_txt_rate_limit_counts_from_the_update_not_from_its_lock() -> None:
+    """A sample arriving after the rate-limit timer fired, but before the update ran, schedules the
+    next update a full interval later (not at once)."""
+    from types import SimpleNamespace
+
+    from gpusd.daemon.announce import Announcer
+    from gpusd.daemon.config import DaemonConfig
+
+    class FakeZc:
+        def __init__(self) -> None:
+            self.updates = 0
+
+        async def _done(self) -> Any:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+
+        async def async_update_service(self, info: Any) -> Any:
+            self.updates += 1
+            return await self._done()
+
+        async def async_unregister_service(self, info: Any) -> Any:
+            return await self._done()
+
+    daemon = SimpleNamespace(config=DaemonConfig(session="rl", txt_min_interval=10.0), node_id="abcd1234",
+                             hostname="rl", interfaces=["127.0.0.1"])
+    zc = FakeZc()
+    a = Announcer(daemon, zc, ["127.0.0.1"], 4780)  # type: ignore[arg-type]
+    idle = make_snapshot(2, hostname="rl")
+    a.txt = a._txt_for(idle)
+    a.info = a._info(SERVICE_TYPE, f"{a.instance}.{SERVICE_TYPE}", 4780, a.txt)
+    a._last_update = time.monotonic() - 100  # long ago: the first change may go out at once
+    loop = asyncio.get_running_loop()
+    try:
+        a.on_sample(make_snapshot(2, hostname="rl", util=90.0))  # 0 free
+        assert a._timer is not None
+        a._timer.cancel()
+        a._fire()  # the timer fires; the update is queued, not yet run
+        one_busy = make_snapshot(2, hostname="rl")
+        one_busy.gpus[0].utilization_gpu = 90.0  # 1 free: differs from the TXT about to go out
+        a.on_sample(one_busy)
+        assert a._timer is not None and a._timer.when() - loop.time() > 5.0
+        await wait_until(lambda: zc.updates == 1)
+    finally:
+        await a.stop()
 
 
 def test_demo_once_cleans_up(proc_env: dict[str, str]) -> None:

@@ -44,6 +44,48 @@ def test_daemons_from_fleet_skips_dead_and_urlless_hosts():
     assert [d.hostname for d in sd.daemons_from_fleet(fleet)] == ["a"]
 
 
+def test_daemons_from_fleet_skips_urls_prometheus_cannot_scrape():
+    """The fleet answer comes from the network: a bad URL there is left out, not a traceback."""
+    fleet = {"hosts": [{"hostname": "a", "node_id": "1", "url": "http://10.0.0.1:4780"},
+                       {"hostname": "b", "node_id": "2", "url": "garbage"},
+                       {"hostname": "c", "node_id": "3", "url": "http://10.0.0.3:99999"}]}
+    daemons = sd.daemons_from_fleet(fleet)
+    assert [d.hostname for d in daemons] == ["a"]
+    assert [g["targets"] for g in sd.file_sd(daemons)] == [["10.0.0.1:4780"]]
+
+
+def test_broken_http_answer_is_a_source_error():
+    import socket
+    import threading
+
+    import pytest
+
+    from gpusd.monitor.sources import SourceError, get_json
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(10)
+
+    def answer():
+        try:
+            c, _ = srv.accept()
+        except OSError:
+            return
+        with c:
+            c.recv(4096)
+            c.sendall(b"garbage\r\n\r\n")  # not HTTP at all
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(SourceError, match="broken HTTP answer"):
+            get_json(f"http://127.0.0.1:{srv.getsockname()[1]}/api/v1/fleet", timeout=5)
+    finally:
+        t.join(10)
+        srv.close()
+
+
 def test_write_is_atomic_and_skips_identical_content(tmp_path):
     f = tmp_path / "gpusd.json"
     d = [sd.Daemon("http://10.0.0.1:4780", "a", "1")]
@@ -77,6 +119,19 @@ async def test_cli_writes_the_daemons_a_daemon_knows(tmp_path):
         rc, out, err = await run_cli("export", "prometheus-sd", "--url", url, "-o", str(target))
         assert rc == 0 and out == "" and "wrote 2 target(s)" in err
         assert json.loads(target.read_text()) == doc
+    finally:
+        await server.close()
+
+
+async def test_cli_output_that_cannot_be_written_is_one_line(tmp_path):
+    d = FakeDaemon([sim_host("gpu-node-1")])
+    server = TestServer(make_app(d), host="127.0.0.1")
+    await server.start_server()
+    try:
+        target = tmp_path / "no" / "such" / "dir" / "targets.json"
+        rc, out, err = await run_cli("export", "prometheus-sd", "--url", f"http://127.0.0.1:{server.port}",
+                                     "-o", str(target))
+        assert rc == 1 and "cannot write" in err and "Traceback" not in err, err
     finally:
         await server.close()
 

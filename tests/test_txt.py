@@ -134,6 +134,8 @@ GOOD = {"v": "1", "id": "7b676f27867c74e8", "host": "h", "session": "default", "
     ({"n": "-1"}, "not a number"),
     ({"n": "99999"}, "out of range"),
     ({"n": "abc"}, "not a number"),
+    ({"n": "\u00b2"}, "not a number"),  # str.isdigit() says yes, int() says no: still a TxtError
+    ({"free": "\u00b9"}, "not a number"),
     ({"free": "3"}, "free"),
     ({"g0": "garbage"}, "inventory"),
     ({"g2": "1*A100;1"}, "contiguous"),
@@ -207,6 +209,7 @@ def test_hwsd_round_trip_and_nul_bytes() -> None:
     ([b"GPU Count=2", b"GPU0 Type=GLX"], "GPU1 Type"),  # the count lies
     ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU5 Type=GLX"], "beyond"),
     ([b"GPU Count=x"], "not a number"),
+    (["GPU Count=\u00b2".encode()], "not a number"),
     ([b"Session=default"], "missing"),
     ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU0 Port=-3"], "not a number"),
 ])

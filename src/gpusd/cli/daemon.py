@@ -145,11 +145,13 @@ def status(args: argparse.Namespace) -> int:
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
     """GET /api/v1/host from the running daemon (plain urllib: no aiohttp at CLI start-up)."""
+    import http.client
     import urllib.request
 
     port = info.get("port")
-    addrs = list(info.get("addresses") or [])
-    if not port:
+    addresses = info.get("addresses")
+    addrs = [a for a in addresses if isinstance(a, str)] if isinstance(addresses, list) else []
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         return None
     if not info.get("interfaces"):
         addrs.insert(0, "127.0.0.1")
@@ -158,7 +160,7 @@ def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
             with urllib.request.urlopen(f"http://{addr}:{port}/api/v1/host", timeout=2) as resp:
                 data = json.loads(resp.read(4 * 2**20))
                 return data if isinstance(data, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):  # down, not HTTP, or died mid-answer
             continue
     return None
 
@@ -179,11 +181,11 @@ def demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--hosts must be between 1 and {len(DEMO_HOSTS)}")
     tmp = Path(tempfile.mkdtemp(prefix="gpusd-demo-"))
     session = f"demo-{os.getpid()}"  # two demos on one machine do not see each other
-    procs: list[Any] = []
+    procs: list[Any] = []  # filled as they start, so a failed or interrupted start stops those already running
     try:
         print(f"gpusd demo: starting {args.hosts} daemons with simulated GPUs on 127.0.0.1 (session {session}) ...",
               flush=True)
-        procs = _start_demo_daemons(tmp, session, args.hosts)
+        _start_demo_daemons(tmp, session, args.hosts, procs)
         return asyncio.run(_demo_show(session, args))
     except KeyboardInterrupt:
         return 130
@@ -192,34 +194,37 @@ def demo(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _start_demo_daemons(tmp: Path, session: str, n: int) -> list[Any]:
+def _start_demo_daemons(tmp: Path, session: str, n: int, procs: list[Any]) -> None:
+    """Start ``n`` demo daemons and wait until each is announced; every process started is appended
+    to ``procs`` at once (the caller stops them, also when this raises)."""
     import subprocess
     import time
 
     from ..daemon.process import _failure, _read_line
 
-    procs: list[Any] = []
     pipes: list[tuple[Any, int, Path]] = []
-    for i in range(1, n + 1):
-        state = tmp / f"demo-{i}"
-        state.mkdir()
-        r, w = os.pipe()
-        env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1")
-        env.pop("GPUSD_SIMULATE", None)
-        argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", DEMO_HOSTS[i - 1],
-                "--interface", "127.0.0.1", "--port", "0", "--hostname", f"demo-{i}", "--session", session,
-                "--state-dir", str(state), "--fleet", "off", "--ready-fd", str(w)]
-        log = open(state / "gpusd.log", "ab")
-        try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, pass_fds=(w,),
-                                 start_new_session=True)
-        finally:
-            os.close(w)
-            log.close()
-        procs.append(p)
-        pipes.append((p, r, state))
-    deadline = time.monotonic() + 30
     try:
+        for i in range(1, n + 1):
+            state = tmp / f"demo-{i}"
+            state.mkdir()
+            env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1")
+            env.pop("GPUSD_SIMULATE", None)
+            r, w = os.pipe()
+            argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", DEMO_HOSTS[i - 1],
+                    "--interface", "127.0.0.1", "--port", "0", "--hostname", f"demo-{i}", "--session", session,
+                    "--state-dir", str(state), "--fleet", "off", "--ready-fd", str(w)]
+            try:
+                with open(state / "gpusd.log", "ab") as log:
+                    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                         pass_fds=(w,), start_new_session=True)
+            except BaseException:
+                os.close(r)
+                raise
+            finally:
+                os.close(w)
+            procs.append(p)
+            pipes.append((p, r, state))
+        deadline = time.monotonic() + 30
         for p, r, state in pipes:
             line = _read_line(r, max(0.1, deadline - time.monotonic()), p)
             if not line:
@@ -227,7 +232,6 @@ def _start_demo_daemons(tmp: Path, session: str, n: int) -> list[Any]:
     finally:
         for _, r, _ in pipes:
             os.close(r)
-    return procs
 
 
 def _stop_demo_daemons(procs: list[Any]) -> None:

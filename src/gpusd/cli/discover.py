@@ -162,6 +162,8 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
 def watch(args: argparse.Namespace) -> int:
     import asyncio
 
+    if not args.liveness > 0:  # 0 or less: every host would be removed right after it is added, over and over
+        raise ConfigError(f"--liveness must be a positive number of seconds, not {args.liveness:g}")
     async def go() -> None:
         client = _client(args, liveness_timeout=args.liveness)
         await client.start_listening()

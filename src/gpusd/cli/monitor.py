@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..errors import ConfigError, GpusdError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..monitor.sources import Source
@@ -87,7 +87,11 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
         while True:
             found = daemons()
             if args.output:
-                if sd.write(args.output, found):
+                try:
+                    written = sd.write(args.output, found)
+                except OSError as exc:  # no such directory, no permission: one line, not a traceback
+                    raise GpusdError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+                if written:
                     print(f"gpusd: wrote {len(found)} target(s) to {args.output}", file=sys.stderr)
             else:
                 sys.stdout.write(sd.dumps(found))

@@ -150,6 +150,9 @@ class Announcer:
         snap, self._pending = self._pending, None
         if snap is None or self._closed:
             return
+        # Counted from now, not from when _update gets the lock: a sample arriving in between must
+        # schedule the next update a full interval later, not at once.
+        self._last_update = time.monotonic()
         self._keep(self._update(snap))
 
     async def _update(self, snap: HostSnapshot) -> None:

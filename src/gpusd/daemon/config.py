@@ -42,7 +42,9 @@ class DaemonConfig:
             raise ConfigError(f"bad port {self.port}")
         if not 0.05 <= self.interval <= 3600:
             raise ConfigError(f"--interval must be between 0.05 and 3600 seconds, not {self.interval}")
-        if self.history < 0:
-            raise ConfigError("--history cannot be negative")
+        if not 0 <= self.history <= 10 * 365 * 86400:  # also refuses nan and inf
+            raise ConfigError(f"--history must be between 0 and 10 years of seconds, not {self.history}")
+        if not 0 <= self.txt_min_interval <= 86400:
+            raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")

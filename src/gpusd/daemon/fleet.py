@@ -32,16 +32,17 @@ class Fleet:
         self._start_lock = asyncio.Lock()
         self._last_used = time.monotonic()
         self._idle_task: asyncio.Task[None] | None = None
+        self._closed = False  # stop() was called: a late request must not start a client again
 
     def touch(self) -> None:
         self._last_used = time.monotonic()
 
     async def ensure_started(self, settle: float = 2.0) -> None:
         self.touch()
-        if self.client is not None and self.client.listening:
+        if self._closed or (self.client is not None and self.client.listening):
             return
         async with self._start_lock:
-            if self.client is not None and self.client.listening:
+            if self._closed or (self.client is not None and self.client.listening):
                 return
             from ..discovery.client import AsyncClient
 
@@ -104,6 +105,7 @@ class Fleet:
             self._idle_task = None
 
     async def stop(self) -> None:
+        self._closed = True
         if self._idle_task is not None:
             self._idle_task.cancel()
         self.hub.close()

@@ -63,16 +63,22 @@ class PidFile:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    pid = _read_pid(self.path)
+                    raise GpusdError(f"a gpusd daemon is already running with state directory {self.path.parent}"
+                                     f"{f' (pid {pid})' if pid else ''}; stop it with gpusd stop") from None
+                raise
+            # A stopping daemon unlinks the file before it lets go of the lock: a lock won on that
+            # unlinked file guards nothing (the next daemon would create and lock a new one).
+            if _same_file(fd, self.path):
+                break
             os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                pid = _read_pid(self.path)
-                raise GpusdError(f"a gpusd daemon is already running with state directory {self.path.parent}"
-                                 f"{f' (pid {pid})' if pid else ''}; stop it with gpusd stop") from None
-            raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
@@ -86,6 +92,14 @@ class PidFile:
             pass
         os.close(self.fd)
         self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _read_pid(path: Path) -> int | None:
@@ -120,6 +134,8 @@ def status(state_dir: Path) -> DaemonStatus:
         try:
             info = json.loads((state_dir / INFO_FILE).read_text())
         except (OSError, ValueError):
+            info = {}
+        if not isinstance(info, dict):  # a damaged file: as good as none
             info = {}
     return DaemonStatus(running=running, pid=pid, state_dir=state_dir, info=info)
 

@@ -252,8 +252,13 @@ class Daemon:
         if self.sample_errors:
             log.info("sampling works again")
             self.sample_errors = 0
-        self.snapshot = snap
         self.history.add(snap)
+        self._publish_snapshot(snap)
+
+    def _publish_snapshot(self, snap: HostSnapshot) -> None:
+        """Make ``snap`` the current snapshot: event stream (when visibly changed), TXT record,
+        ``on_sample`` callbacks (threshold rules)."""
+        self.snapshot = snap
         key = _visible(snap)
         if key != self._last_event_key:
             self._last_event_key = key
@@ -277,11 +282,8 @@ class Daemon:
             snap.timestamp = time.time()
             for g in snap.gpus:
                 g.healthy, g.error = False, f"sampling failed: {msg}"[:300]
-            self.snapshot = snap
-            key = _visible(snap)
-            if key != self._last_event_key:
-                self._last_event_key = key
-                self.events.publish_raw(self.snapshot_event())
+            # also to the TXT record (no GPU is free) and the on_sample callbacks: a "lost" rule fires
+            self._publish_snapshot(snap)
         now = time.monotonic()
         if isinstance(exc, BackendUnavailable) and now - self._backend_failed_at > REOPEN_AFTER:
             self._backend_failed_at = now

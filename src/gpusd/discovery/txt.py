@@ -289,7 +289,7 @@ def _int(props: dict[str, bytes | None], key: str, lo: int, hi: int, *, required
     if text is None:
         return None
     text = text.strip()
-    if not text.isdigit() or len(text) > 9:
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:  # str.isdigit() admits "²", which int() refuses
         raise TxtError(f"TXT value of {key!r} is not a number: {text[:20]!r}")
     value = int(text)
     if not lo <= value <= hi:

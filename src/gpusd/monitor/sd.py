@@ -47,8 +47,13 @@ def daemons_from_fleet(fleet: dict[str, Any], session: str | None = None) -> lis
     for h in fleet.get("hosts") or []:
         if not isinstance(h, dict) or not h.get("url") or h.get("alive") is False:
             continue
-        out.append(Daemon(url=str(h["url"]), hostname=str(h.get("hostname") or ""),
-                          node_id=str(h.get("node_id") or ""), session=session))
+        d = Daemon(url=str(h["url"]), hostname=str(h.get("hostname") or ""),
+                   node_id=str(h.get("node_id") or ""), session=session)
+        try:
+            d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
+        except ValueError:
+            continue
+        out.append(d)
     return out
 
 

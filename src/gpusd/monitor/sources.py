@@ -67,6 +67,7 @@ def base_url(url: str) -> str:
 
 def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
     """GET a JSON document (at most 4 MiB); :class:`SourceError` with a one-line reason otherwise."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -82,6 +83,8 @@ def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise SourceError(f"cannot reach {url}: {reason}") from None
+    except http.client.HTTPException as exc:  # not HTTP (BadStatusLine), or the daemon died mid-answer
+        raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
     if len(body) > MAX_ANSWER:
         raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
     try:
