@@ -171,19 +171,25 @@ class GpuHost:
         _ip("-n", self.lan.switch, "link", "set", f"v{self.node.index}", "up")
 
 
-def _read_line(fd: int, timeout: float) -> str:
+def read_lines(fd: int, count: int, timeout: float) -> list[str]:
+    """Up to ``count`` lines from ``fd``, waiting at most ``timeout`` seconds (never blocking past it)."""
     import select
 
     deadline = time.monotonic() + timeout
     buf = b""
-    while b"\n" not in buf and time.monotonic() < deadline:
+    while buf.count(b"\n") < count and time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.2)
         if ready:
             chunk = os.read(fd, 4096)
             if not chunk:
                 break
             buf += chunk
-    return buf.decode(errors="replace").split("\n", 1)[0]
+    return buf.decode(errors="replace").split("\n")[:count] if buf else []
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    lines = read_lines(fd, 1, timeout)
+    return lines[0] if lines else ""
 
 
 class Watcher:

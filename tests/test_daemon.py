@@ -80,7 +80,7 @@ async def test_event_stream_snapshot_updates_heartbeat_bye(tmp_path: Path) -> No
             # nothing changes: a heartbeat after ~0.3 s, and no snapshot
             t = time.monotonic()
             name, data = await s.next()
-            assert name == "heartbeat" and 0.2 < time.monotonic() - t < 2.0
+            assert name == "heartbeat" and 0.2 < time.monotonic() - t < 5.0  # cadence, not speed
             # a change: a snapshot within a sample or two
             backend.snap.gpus[1].memory_used = 7 * 2**30
             t = time.monotonic()
@@ -89,7 +89,7 @@ async def test_event_stream_snapshot_updates_heartbeat_bye(tmp_path: Path) -> No
                 if name == "snapshot":
                     break
             assert json.loads(data)["gpus"][1]["memory_used"] == 7 * 2**30
-            assert time.monotonic() - t < 2.0
+            assert time.monotonic() - t < 5.0  # a few samples, not a timeout
             d.publish("threshold", {"state": "exceeded", "gpu": 1})
             while (ev := await s.next())[0] == "heartbeat":
                 pass

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from netns import read_lines
 
 from daemon_helpers import unique_session
 from fakenvml import FakeNvml, make_gpus
@@ -26,12 +27,13 @@ def daemon(fake_nvml: FakeNvml, tmp_path: Path):  # type: ignore[no-untyped-def]
     env.update(GPUSD_STATE_DIR=str(tmp_path / "state"), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1",
                GPUSD_HOSTNAME="nvml-host")
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "gpusd", "start", "--foreground", "--port", "0", "--session", session,
-                             "--interval", "0.2", "--ready-fd", str(w)], env=env, pass_fds=(w,),
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "wb"))
+    with open(tmp_path / "log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpusd", "start", "--foreground", "--port", "0",
+                                 "--session", session, "--interval", "0.2", "--ready-fd", str(w)],
+                                env=env, pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=log)
     os.close(w)
     try:
-        assert os.read(r, 4096), (tmp_path / "log").read_text()
+        assert read_lines(r, 1, 60), (tmp_path / "log").read_text()
         yield fake_nvml, session, proc
     finally:
         os.close(r)

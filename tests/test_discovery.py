@@ -83,8 +83,8 @@ async def test_added_updated_removed(tmp_path: Path) -> None:
         # clean stop: bye + goodbye -> host_removed at once (devices first)
         t = time.monotonic()
         await d.stop()
-        await rec.wait("host_removed", timeout=3)
-        assert time.monotonic() - t < 2.0
+        await rec.wait("host_removed", timeout=5)
+        assert time.monotonic() - t < 5.0  # the goodbye, well before the 6 s silence limit
         assert len(rec.of("device_removed")) == 3 and rec.events[-1].event == "host_removed"
         assert client.hosts == [] and client.list_devices() == []
 
@@ -208,9 +208,9 @@ async def test_liveness_of_a_silent_host(tmp_path: Path) -> None:
             client_for(session, liveness_timeout=2.0) as (c, rec):
         [added] = await rec.wait("host_added")
         t = time.monotonic()
-        await rec.wait("host_removed", timeout=5)
+        await rec.wait("host_removed", timeout=8)
         took = time.monotonic() - t
-        assert 1.0 < took < 3.0, took
+        assert 1.0 < took < 6.0, took  # after the silence limit (1.2 s here), not at once
         assert calls == 2  # one reconnection attempt
 
 

@@ -141,3 +141,21 @@ async def test_cli_errors():
     assert rc == 6 and "cannot reach" in err
     rc, _, err = await run_cli("export", "prometheus-sd", "--url", "http://127.0.0.1:9", "--watch")
     assert rc == 2 and "--watch needs --output" in err
+
+
+def test_export_watch_survives_a_daemon_that_is_down(tmp_path):
+    """`--watch` keeps running (and says why) while its daemon restarts, instead of exiting."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "targets.json"
+    p = subprocess.Popen([sys.executable, "-m", "gpusd", "export", "prometheus-sd", "--url", "http://127.0.0.1:9",
+                          "--watch", "-o", str(out), "--interval", "0.2"], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert p.poll() is None
+    finally:
+        p.terminate()
+        err = p.communicate(timeout=10)[1]
+    assert "trying again in 0.2s" in err and "Traceback" not in err

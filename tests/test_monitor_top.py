@@ -213,3 +213,22 @@ def test_live_view_in_a_terminal_reacts_to_keys_and_quits():
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         os.close(fd)
+
+
+def test_key_reader_stops_reading_when_the_terminal_goes_away():
+    """A hung-up terminal must not turn the live loop into a busy loop."""
+    import os
+    import time
+
+    from gpusd.monitor.live import KeyReader
+
+    master, slave = os.openpty()
+    with os.fdopen(slave, "r") as stream, KeyReader(stream) as keys:
+        assert keys.interactive
+        os.write(master, b"q")
+        assert keys.read(1.0) == ["q"]
+        os.close(master)  # the terminal goes away
+        assert keys.read(0.2) == []
+        t = time.monotonic()
+        assert keys.read(0.3) == []
+        assert time.monotonic() - t >= 0.25  # it waited instead of spinning on the dead descriptor

@@ -67,7 +67,7 @@ def top(args: argparse.Namespace) -> int:
 
 def export_prometheus_sd(args: argparse.Namespace) -> int:
     from ..monitor import sd
-    from ..monitor.sources import FleetSource
+    from ..monitor.sources import FleetSource, SourceError
 
     if args.watch and not args.output:
         raise ConfigError("--watch needs --output FILE (Prometheus re-reads the file when it changes)")
@@ -85,7 +85,15 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
 
     try:
         while True:
-            found = daemons()
+            try:
+                found = daemons()
+            except SourceError as exc:
+                if not args.watch:
+                    raise
+                # --watch: a daemon restarting is no reason to stop; keep the last good file
+                print(f"gpusd: {exc}; trying again in {args.interval:g}s", file=sys.stderr)
+                time.sleep(args.interval)
+                continue
             if args.output:
                 try:
                     written = sd.write(args.output, found)

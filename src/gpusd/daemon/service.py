@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 # Optional installers, called as fn(daemon) before start; a missing module is skipped.
-EXTENSIONS = ("gpusd.monitor.daemon:install", "gpusd.web.daemon:install")
+EXTENSIONS = ("gpusd.monitor.daemon:install",)
 
 REOPEN_AFTER = 5.0  # seconds between attempts to reopen a failing inventory backend
 

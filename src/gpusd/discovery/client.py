@@ -219,8 +219,12 @@ class AsyncClient:
         # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
         # which the kernel hands to just one of the sockets bound there -- often another gpusd
         # process on this machine (its daemon) rather than us.
-        self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
-                                            question_type=DNSQuestionType.QM)
+        try:
+            self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
+                                                question_type=DNSQuestionType.QM)
+        except BaseException:
+            await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
+            raise
 
     async def stop_listening(self) -> None:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""

@@ -49,6 +49,7 @@ class KeyReader:
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stdin
         self._fd: int | None = None
+        self._eof = False
         self._saved: Any = None
 
     def __enter__(self) -> KeyReader:  # noqa: PYI034 - Python 3.10 has no typing.Self
@@ -70,7 +71,10 @@ class KeyReader:
         if self._fd is not None and self._saved is not None:
             import termios
 
-            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+            try:
+                termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+            except termios.error:
+                pass  # the terminal is gone: nothing left to restore
         self._fd = None
 
     @property
@@ -80,14 +84,18 @@ class KeyReader:
     def read(self, timeout: float) -> list[str]:
         """Keys typed within ``timeout`` seconds (returns as soon as there is one)."""
         timeout = max(0.0, timeout)
-        if self._fd is None:
+        if self._fd is None or self._eof:
             time.sleep(timeout)
             return []
         ready, _, _ = select.select([self._fd], [], [], timeout)
         if not ready:
             return []
-        data = os.read(self._fd, 64)
-        if not data:
+        try:
+            data = os.read(self._fd, 64)
+        except OSError:  # EIO: the terminal hung up
+            data = b""
+        if not data:  # end of input (a closed terminal or pipe): stop reading keys, keep refreshing
+            self._eof = True
             return []
         return split_keys(data.decode("utf-8", "replace"))
 
