@@ -107,3 +107,27 @@ async def wait_until(pred: Any, timeout: float = 5.0, step: float = 0.02) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(step)
+
+
+def answer_garbage_once() -> tuple[Any, Any]:
+    """A TCP server on 127.0.0.1 that answers one request with something that is not HTTP."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(10)
+
+    def answer() -> None:
+        try:
+            c, _ = srv.accept()
+        except OSError:
+            return
+        with c:
+            c.recv(4096)
+            c.sendall(b"garbage\r\n\r\n")
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    return srv, t

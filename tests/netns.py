@@ -223,34 +223,32 @@ class Watcher:
         for raw in self.proc.stderr:
             self.stderr.append(raw.decode(errors="replace").rstrip())
 
-    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float, start: int = 0) -> dict[str, Any]:
-        """The first event (from index ``start``) matching ``pred``; AssertionError after ``timeout``."""
+    def _wait(self, find: Callable[[list[dict[str, Any]]], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                for ev in self.events[start:]:
-                    if pred(ev):
-                        return ev
+                found = find(self.events)
+                if found is not None:
+                    return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"no matching event within {timeout} s; got {len(self.events)} events: "
+                    raise AssertionError(f"{what} within {timeout} s; last events: "
                                          f"{[(e['event'], e.get('hostname')) for e in self.events[-20:]]}\n"
                                          f"stderr: {self.stderr[-10:]}")
                 self._cond.wait(min(remaining, 0.2))
 
+    def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float, start: int = 0) -> dict[str, Any]:
+        """The first event (from index ``start``) matching ``pred``; AssertionError after ``timeout``."""
+        return self._wait(lambda events: next((e for e in events[start:] if pred(e)), None), timeout,
+                          "no matching event")
+
     def wait_count(self, pred: Callable[[dict[str, Any]], bool], n: int, timeout: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                found = [e for e in self.events if pred(e)]
-                if len(found) >= n:
-                    return found
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"{len(found)} of {n} matching events within {timeout} s; last events: "
-                                         f"{[(e['event'], e.get('hostname')) for e in self.events[-20:]]}\n"
-                                         f"stderr: {self.stderr[-10:]}")
-                self._cond.wait(min(remaining, 0.2))
+        """At least ``n`` events matching ``pred``; AssertionError after ``timeout``."""
+        def find(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            found = [e for e in events if pred(e)]
+            return found if len(found) >= n else None
+
+        return self._wait(find, timeout, f"fewer than {n} matching events")
 
     def mark(self) -> int:
         with self._cond:

@@ -15,7 +15,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon_helpers import FakeBackend, fast_mdns, make_snapshot, running_daemon, unique_session, wait_until  # noqa: F401
+from daemon_helpers import (  # noqa: F401
+    FakeBackend,
+    answer_garbage_once,
+    fast_mdns,
+    make_snapshot,
+    running_daemon,
+    unique_session,
+    wait_until,
+)
 from gpusd.daemon.events import EventHub
 from gpusd.daemon.history import History
 from gpusd.discovery.sse import SSEParser
@@ -289,30 +297,6 @@ def test_config_refuses_values_that_would_crash_the_daemon(field: str, value: fl
         DaemonConfig(**{field: value}).validate()
 
 
-def _answer_garbage_once() -> tuple[Any, Any]:
-    """A TCP server on 127.0.0.1 that answers one request with something that is not HTTP."""
-    import socket
-    import threading
-
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(10)
-
-    def answer() -> None:
-        try:
-            c, _ = srv.accept()
-        except OSError:
-            return
-        with c:
-            c.recv(4096)
-            c.sendall(b"garbage\r\n\r\n")
-
-    t = threading.Thread(target=answer, daemon=True)
-    t.start()
-    return srv, t
-
-
 def test_status_survives_damaged_state_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A running daemon (its pid file locked) with a damaged gpusd.json, or a port answered by
     something that is not HTTP: gpusd status reports, never a traceback."""
@@ -332,7 +316,7 @@ def test_status_survives_damaged_state_files(tmp_path: Path, capsys: pytest.Capt
             assert json.loads(capsys.readouterr().out)["running"] is True
     finally:
         pid.release()
-    srv, t = _answer_garbage_once()
+    srv, t = answer_garbage_once()
     try:
         port = srv.getsockname()[1]
         assert _fetch_host({"port": port, "addresses": ["127.0.0.1"], "interfaces": ["127.0.0.1"]}) is None

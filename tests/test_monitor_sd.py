@@ -55,29 +55,12 @@ def test_daemons_from_fleet_skips_urls_prometheus_cannot_scrape():
 
 
 def test_broken_http_answer_is_a_source_error():
-    import socket
-    import threading
-
     import pytest
+    from daemon_helpers import answer_garbage_once
 
     from gpusd.monitor.sources import SourceError, get_json
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    srv.settimeout(10)
-
-    def answer():
-        try:
-            c, _ = srv.accept()
-        except OSError:
-            return
-        with c:
-            c.recv(4096)
-            c.sendall(b"garbage\r\n\r\n")  # not HTTP at all
-
-    t = threading.Thread(target=answer, daemon=True)
-    t.start()
+    srv, t = answer_garbage_once()
     try:
         with pytest.raises(SourceError, match="broken HTTP answer"):
             get_json(f"http://127.0.0.1:{srv.getsockname()[1]}/api/v1/fleet", timeout=5)
