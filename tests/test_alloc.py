@@ -26,6 +26,15 @@ def _wait_for(predicate, timeout=20.0, step=0.05):
     return False
 
 
+def _kill_group(proc):
+    """SIGKILL a job started with start_new_session (gpusd run and its command), if still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def _leases(env):
     r = gpusd_cli(["leases", "--json"], env=env)
     return json.loads(r.stdout)
@@ -136,11 +145,7 @@ def test_kill_9_of_a_holder_frees_its_gpu_for_the_next_job(fake_nvml, cli_env, t
         assert second.wait(timeout=30) == 0
         assert out.read_text().strip() == "0"
     finally:
-        try:
-            os.killpg(holder.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        holder.wait()
+        _kill_group(holder)
 
 
 def test_lease_outlives_a_killed_runner_while_its_command_runs(fake_nvml, cli_env):
@@ -155,10 +160,7 @@ def test_lease_outlives_a_killed_runner_while_its_command_runs(fake_nvml, cli_en
         os.killpg(runner.pid, signal.SIGKILL)  # now the command too
         assert _wait_for(lambda: gpusd_cli(["select"], env=cli_env).returncode == 0)
     finally:
-        try:
-            os.killpg(runner.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(runner)
 
 
 def test_fifo_queue_does_not_starve_a_multi_gpu_job(fake_nvml, cli_env, tmp_path):
@@ -184,11 +186,7 @@ def test_fifo_queue_does_not_starve_a_multi_gpu_job(fake_nvml, cli_env, tmp_path
         assert big.wait(timeout=30) == 0 and small.wait(timeout=30) == 0
         assert order.read_text().split() == ["big", "small"]
     finally:
-        try:
-            os.killpg(first.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        first.wait()
+        _kill_group(first)
 
 
 # -- the Python API --------------------------------------------------------------------------------
