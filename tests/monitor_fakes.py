@@ -1,5 +1,5 @@
 """A stand-in daemon for the monitoring tests: the fleet endpoints of docs/wire-format.md over a set
-of snapshots the test controls, with :func:`gpusd.monitor.integrate.install` applied."""
+of snapshots the test controls, with :func:`gpusd.daemon.monitoring.install` applied."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from aiohttp import web
 
 from gpusd.inventory.simulated import SimulatedBackend
 from gpusd.model import HostSnapshot, LeaseInfo, ProcessInfo
-from gpusd.monitor.integrate import install
-from gpusd.monitor.privacy import stream_filter
+from gpusd.daemon.monitoring import install
+from gpusd.daemon.access import stream_filter
 
 
 def sim_host(hostname: str, spec: str = "2xA100-80GB", node: str | None = None) -> HostSnapshot:
@@ -28,7 +28,7 @@ def sim_host(hostname: str, spec: str = "2xA100-80GB", node: str | None = None) 
 
 
 class FakeDaemon:
-    """Implements :class:`gpusd.monitor.integrate.MonitoredDaemon` over in-memory snapshots; the
+    """Implements :class:`gpusd.daemon.monitoring.MonitoredDaemon` over in-memory snapshots; the
     first host is "this" host, the others are hosts it discovered."""
 
     def __init__(self, hosts: Sequence[HostSnapshot], token: str | None = None,

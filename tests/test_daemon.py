@@ -26,8 +26,8 @@ from daemon_helpers import (  # noqa: F401
 )
 from gpusd.daemon.events import EventHub
 from gpusd.daemon.history import History
-from gpusd.discovery.sse import SSEParser
-from gpusd.discovery.txt import SERVICE_TYPE, decode_txt
+from gpusd.wire.sse import SSEParser
+from gpusd.wire.txt import SERVICE_TYPE, decode_txt
 from gpusd.errors import BackendUnavailable
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")

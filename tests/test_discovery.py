@@ -24,8 +24,8 @@ from daemon_helpers import (  # noqa: F401
     wait_until,
 )
 from gpusd.discovery.client import AsyncClient
-from gpusd.discovery.sse import format_event
-from gpusd.discovery.txt import HWSD_TYPE, SERVICE_TYPE, encode_txt
+from gpusd.wire.sse import format_event
+from gpusd.wire.txt import HWSD_TYPE, SERVICE_TYPE, encode_txt
 from gpusd.discovery.types import DiscoveryEvent
 from gpusd.model import GpuInfo
 
@@ -353,7 +353,7 @@ def test_sync_client(tmp_path: Path) -> None:
 def test_addresses_are_tried_best_first(monkeypatch: pytest.MonkeyPatch) -> None:
     import ipaddress
 
-    from gpusd.discovery import net
+    from gpusd.wire import mdns as net
 
     monkeypatch.setattr(net, "_local_networks", lambda: [ipaddress.IPv4Network("10.1.0.0/16"),
                                                          ipaddress.IPv4Network("127.0.0.0/8")])

@@ -15,7 +15,7 @@ from monitor_fakes import FakeDaemon, make_app, sim_host
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusd.errors import ConfigError
-from gpusd.monitor.integrate import WEB_DIR, install
+from gpusd.daemon.monitoring import WEB_DIR, install
 
 
 async def start(daemon: FakeDaemon) -> TestClient:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
-from gpusd.monitor.metrics import render_snapshots
-from gpusd.monitor.thresholds import ThresholdEngine, parse_rule
+from gpusd.daemon.metrics import render_snapshots
+from gpusd.thresholds import ThresholdEngine, parse_rule
 
 GiB = 2**30
 

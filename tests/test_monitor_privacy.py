@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from monitor_fakes import FakeDaemon, make_app, sim_host
 
-from gpusd.monitor.privacy import Access, redact
+from gpusd.daemon.access import Access, redact
 
 TOKEN = "s3cret-token"
 
@@ -59,7 +59,7 @@ def test_redact_nulls_owner_and_command_everywhere():
 
 
 def test_redact_event():
-    from gpusd.monitor.privacy import redact_event
+    from gpusd.daemon.access import redact_event
 
     plain = b'event: heartbeat\ndata: {"ts": 1}\n\n'
     assert redact_event(plain) is plain

@@ -10,8 +10,8 @@ import sys
 from aiohttp.test_utils import TestServer
 from monitor_fakes import FakeDaemon, make_app, sim_host
 
-from gpusd.monitor import sd
-from gpusd.monitor.sources import base_url
+from gpusd.views import sd
+from gpusd.views.sources import base_url
 
 
 def test_file_sd_document():
@@ -58,7 +58,7 @@ def test_broken_http_answer_is_a_source_error():
     import pytest
     from daemon_helpers import answer_garbage_once
 
-    from gpusd.monitor.sources import SourceError, get_json
+    from gpusd.views.sources import SourceError, get_json
 
     srv, t = answer_garbage_once()
     try:

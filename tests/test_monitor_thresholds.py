@@ -8,7 +8,7 @@ import pytest
 
 from gpusd.errors import ConfigError
 from gpusd.model import GpuInfo, HostSnapshot
-from gpusd.monitor.thresholds import (
+from gpusd.thresholds import (
     ThresholdEngine,
     load_rules,
     load_rules_file,
@@ -111,7 +111,7 @@ def test_bad_config_files(tmp_path, content, says):
 
 
 def test_rule_specs_keep_names_and_round_trip(tmp_path):
-    from gpusd.monitor.thresholds import rule_specs
+    from gpusd.thresholds import rule_specs
 
     f = tmp_path / "rules.json"
     f.write_text('[{"name": "busy", "rule": "util>90 for 1m"}]')

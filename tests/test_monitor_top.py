@@ -14,9 +14,9 @@ import pytest
 from monitor_fakes import sim_host
 
 from gpusd.model import GpuInfo
-from gpusd.monitor.live import split_keys
-from gpusd.monitor.thresholds import ThresholdEngine, parse_rule
-from gpusd.monitor.top import HostBook, HostView, TopState, arrange, render_text
+from gpusd.views.live import split_keys
+from gpusd.thresholds import ThresholdEngine, parse_rule
+from gpusd.views.top import HostBook, HostView, TopState, arrange, render_text
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 
@@ -220,7 +220,7 @@ def test_key_reader_stops_reading_when_the_terminal_goes_away():
     import os
     import time
 
-    from gpusd.monitor.live import KeyReader
+    from gpusd.views.live import KeyReader
 
     master, slave = os.openpty()
     with os.fdopen(slave, "r") as stream, KeyReader(stream) as keys:

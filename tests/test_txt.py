@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpusd.discovery.sse import SSEError, SSEParser, format_event
-from gpusd.discovery.txt import (
+from gpusd.wire.sse import SSEError, SSEParser, format_event
+from gpusd.wire.txt import (
     MAX_RECORD,
     TxtError,
     count_free,

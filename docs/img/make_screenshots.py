@@ -78,9 +78,9 @@ def start_daemons(tmp: Path) -> list[subprocess.Popen[bytes]]:
 def render_top(svg: Path) -> tuple[int, int]:
     from rich.console import Console
 
-    from gpusd.monitor.sources import DiscoverySource
-    from gpusd.monitor.thresholds import ThresholdEngine, load_rules
-    from gpusd.monitor.top import HostBook, TopState, render
+    from gpusd.views.sources import DiscoverySource
+    from gpusd.thresholds import ThresholdEngine, load_rules
+    from gpusd.views.top import HostBook, TopState, render
 
     rules = load_rules(["hot: temperature>85", "lost"])
     book = HostBook(engine_factory=lambda: ThresholdEngine(rules))

@@ -24,8 +24,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 def _config(args: argparse.Namespace, state: Path) -> Any:
     from ..daemon.config import DaemonConfig
-
-    from ..monitor.thresholds import rule_specs
+    from ..thresholds import rule_specs
 
     token = args.token or os.environ.get("GPUSD_TOKEN") or None
     cfg = DaemonConfig(
@@ -61,7 +60,7 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out += ["--simulate", args.simulate]
     if args.gpusd_compat:
         out.append("--gpusd-compat")
-    from ..monitor.thresholds import rule_specs
+    from ..thresholds import rule_specs
 
     for rule in rule_specs(args.threshold or (), args.thresholds or ()):
         out += ["--threshold", rule]

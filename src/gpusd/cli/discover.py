@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from itertools import groupby
-
 import argparse
 import json
 import sys
 import time
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..discovery.txt import FREE_UTIL
 from ..errors import ConfigError
 from ..units import format_bytes
+from ..wire.txt import FREE_UTIL
 from .table import render_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
     from ..discovery.client import AsyncClient
-    from ..discovery.txt import valid_session
+    from ..wire.txt import valid_session
 
     if not args.all_sessions and not valid_session(args.session):
         raise ConfigError(f"bad session name {args.session!r}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, GpusdError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..monitor.sources import Source
+    from ..views.sources import Source
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -21,24 +21,24 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def _source(args: argparse.Namespace, settle: float) -> Source:
     if getattr(args, "local", False):
-        from ..monitor.sources import LocalSource
+        from ..views.sources import LocalSource
 
         return LocalSource(args.simulate)
     if getattr(args, "simulate", None):
         raise ConfigError("--simulate needs --local (it simulates this machine's GPUs)")
     if args.url:
-        from ..monitor.sources import FleetSource
+        from ..views.sources import FleetSource
 
         return FleetSource(args.url, token=_token(args))
-    from ..monitor.sources import DiscoverySource
+    from ..views.sources import DiscoverySource
 
     return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle,
                            interfaces=args.interfaces, token=_token(args))
 
 
 def top(args: argparse.Namespace) -> int:
-    from ..monitor.thresholds import ThresholdEngine, load_rules
-    from ..monitor.top import SORT_KEYS, HostBook, TopState, render_text
+    from ..thresholds import ThresholdEngine, load_rules
+    from ..views.top import SORT_KEYS, HostBook, TopState, render_text
 
     if args.interval <= 0:
         raise ConfigError("--interval must be a positive number of seconds")
@@ -58,7 +58,7 @@ def top(args: argparse.Namespace) -> int:
             return 0
         from rich.console import Console
 
-        from ..monitor.live import run_live
+        from ..views.live import run_live
 
         return run_live(source.hosts, state, book, args.interval, Console(highlight=False))
     finally:
@@ -66,8 +66,8 @@ def top(args: argparse.Namespace) -> int:
 
 
 def export_prometheus_sd(args: argparse.Namespace) -> int:
-    from ..monitor import sd
-    from ..monitor.sources import FleetSource, SourceError
+    from ..views import sd
+    from ..views.sources import FleetSource, SourceError
 
     if args.watch and not args.output:
         raise ConfigError("--watch needs --output FILE (Prometheus re-reads the file when it changes)")

@@ -12,8 +12,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..discovery.net import local_ipv4_addresses
-from ..discovery.txt import (
+from ..model import HostSnapshot
+from ..wire.mdns import local_ipv4_addresses
+from ..wire.txt import (
     API_PREFIX,
     HWSD_PORT,
     HWSD_TYPE,
@@ -24,7 +25,6 @@ from ..discovery.txt import (
     instance_name,
     inventory_of,
 )
-from ..model import HostSnapshot
 
 if TYPE_CHECKING:  # pragma: no cover
     from zeroconf import ServiceInfo

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..discovery.txt import DEFAULT_SESSION
+from ..wire.txt import DEFAULT_SESSION
 
 DEFAULT_PORT = 4780
 
@@ -21,20 +21,19 @@ class DaemonConfig:
     hostname: str | None = None  # default: gpusd.identity.hostname()
     state_dir: Path | None = None  # default: gpusd.identity.state_dir()
     gpusd_compat: bool = False  # also announce _gpu-sd._tcp with hwsd's keys
-    token: str | None = None  # protects private fields (implemented by the monitor/web layer)
+    token: str | None = None  # protects private fields (enforced by daemon/access.py)
     heartbeat: float = 2.0  # seconds of silence before an event stream sends a heartbeat
     txt_min_interval: float = 6.0  # seconds between TXT updates (RFC 6762 §8.4: <= 10 a minute)
     fleet: str = "auto"  # "auto": start the fleet client on first use; "on"; "off"
     fleet_idle: float = 300.0  # "auto": stop the fleet client after this long unused
     leases: bool = True  # attach this machine's GPU leases to every sample
     netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
-    extensions: list[str] = field(default_factory=list)  # extra "module:function" installers
-    thresholds: list[str] = field(default_factory=list)  # threshold rules (evaluated by gpusd.monitor)
+    thresholds: list[str] = field(default_factory=list)  # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
 
     def validate(self) -> None:
-        from ..discovery.txt import valid_session
         from ..errors import ConfigError
+        from ..wire.txt import valid_session
 
         if not valid_session(self.session):
             raise ConfigError(f"bad session name {self.session!r}: letters, digits, '.', '_', '-' (at most 64)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..discovery.sse import format_event
+from ..wire.sse import format_event
 
 
 class Subscription:

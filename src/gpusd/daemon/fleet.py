@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..discovery.sse import format_event
 from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent
+from ..wire.sse import format_event
 from .events import EventHub
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable
 from aiohttp import web
 
 from .._version import __version__
-from ..discovery.sse import format_event
+from ..wire.sse import format_event
 from .events import EventHub
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,7 +121,7 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
     """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
     ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
     or a subscriber too slow to keep up) or when the client goes away."""
-    from ..monitor.privacy import stream_filter
+    from .access import stream_filter
 
     out = stream_filter(request)  # private fields only for readers allowed to see them
     resp = web.StreamResponse(headers=SSE_HEADERS)

@@ -9,9 +9,9 @@ Everything another part of gpusd needs is reachable from one :class:`Daemon`:
 * ``daemon.app`` — the aiohttp application: add routes before :meth:`start`;
 * ``daemon.config`` — the :class:`~gpusd.daemon.config.DaemonConfig`.
 
-Extensions listed in :data:`EXTENSIONS` (``"module:function"``, called with the daemon before it
-starts) are installed when their module exists, so the monitor and the dashboard wire themselves in
-without changes here.
+Metrics, the dashboard, access control and threshold evaluation (:mod:`.monitoring`) are wired into
+the app when the daemon is built; a failure there (a bad rule, say) stops the daemon from starting:
+a daemon that cannot enforce access must not serve.
 
 The blocking NVML snapshot runs in a one-thread executor: the event loop (HTTP, heartbeats, mDNS)
 never waits on the driver.  A failing NVML, a lost GPU or a changed network is logged and lived with.
@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..discovery.sse import format_event
 from ..errors import BackendUnavailable, GpusdError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
+from ..wire.sse import format_event
 from .config import DaemonConfig
 from .events import EventHub
 from .history import History
@@ -46,9 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .fleet import Fleet
 
 log = logging.getLogger(__name__)
-
-# Optional installers, called as fn(daemon) before start; a missing module is skipped.
-EXTENSIONS = ("gpusd.monitor.daemon:install",)
 
 REOPEN_AFTER = 5.0  # seconds between attempts to reopen a failing inventory backend
 
@@ -84,7 +80,9 @@ class Daemon:
         self._last_event_key: Any = None
         self._backend_failed_at = 0.0
         self._leases: Any = None
-        self._install_extensions()
+        from .monitoring import install as install_monitoring
+
+        install_monitoring(self.app, self)
 
     # -- extension points ---------------------------------------------------------------------
     @property
@@ -114,25 +112,10 @@ class Daemon:
     def urls(self) -> list[str]:
         return [f"http://{a}:{self.port}/api/v1" for a in self.addresses]
 
-    def _install_extensions(self) -> None:
-        for target in (*EXTENSIONS, *self.config.extensions):
-            module, _, func = target.partition(":")
-            try:
-                mod = importlib.import_module(module)
-            except ModuleNotFoundError as exc:
-                if exc.name and module.startswith(exc.name):
-                    continue  # not there (yet): fine
-                log.exception("cannot load extension %s", target)
-                continue
-            try:
-                getattr(mod, func)(self)
-            except Exception:
-                log.exception("extension %s failed to install", target)
-
     # -- start/stop ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
-        from ..discovery.net import local_ipv4_addresses, open_zeroconf, resolve_interfaces
+        from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
 
         loop = asyncio.get_running_loop()
         self.started_at = time.time()

@@ -1,11 +1,10 @@
 """Finding gpusd daemons (and GPU-SD/hwsd daemons) on the LAN.
 
-* :mod:`.txt` — the DNS-SD TXT schema: encoding (used by the daemon) and validated decoding.
 * :mod:`.client` — :class:`AsyncClient`: browse with python-zeroconf, follow each host's event stream,
   emit ``host_added``/``device_updated``/... events.
 * :mod:`.sync` — :class:`Client`: the same, driven from a background thread for synchronous code.
 
-Nothing heavy is imported here: ``import gpusd.discovery.txt`` stays cheap.
+Nothing heavy is imported here: ``import gpusd.wire.txt`` stays cheap.
 """
 
 from __future__ import annotations

@@ -30,9 +30,16 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 
 from ..model import GpuInfo, HostSnapshot
 from ..units import parse_bytes
-from .net import open_zeroconf, rank_addresses, resolve_interfaces
-from .sse import SSEError, SSEParser
-from .txt import DEFAULT_SESSION, HWSD_TYPE, SERVICE_TYPE, TxtError, decode_hwsd, decode_txt
+from ..wire.mdns import open_zeroconf, rank_addresses, resolve_interfaces
+from ..wire.sse import SSEError, SSEParser
+from ..wire.txt import (
+    DEFAULT_SESSION,
+    HWSD_TYPE,
+    SERVICE_TYPE,
+    TxtError,
+    decode_hwsd,
+    decode_txt,
+)
 from .types import (
     DEVICE_ADDED,
     DEVICE_REMOVED,

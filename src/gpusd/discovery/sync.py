@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
-from .txt import DEFAULT_SESSION
+from ..wire.txt import DEFAULT_SESSION
 from .types import EVENTS, Device, DiscoveryEvent, RemoteHost, event_names
 
 log = logging.getLogger(__name__)

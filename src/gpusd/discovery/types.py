@@ -9,7 +9,7 @@ from typing import Any
 
 from ..model import GpuInfo, HostSnapshot
 from ..units import format_bytes
-from .txt import TxtRecord
+from ..wire.txt import TxtRecord
 
 HOST_ADDED = "host_added"
 HOST_REMOVED = "host_removed"

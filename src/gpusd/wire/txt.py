@@ -14,10 +14,9 @@ This module imports nothing but the standard library and :mod:`gpusd.model`.
 
 from __future__ import annotations
 
-from itertools import groupby
-
 import re
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Mapping
 
 from ..model import HostSnapshot

@@ -9,7 +9,7 @@
 * tiny (under 40): one line of text per GPU.
 
 A host that vanished stays on screen, dimmed and marked ``gone``, for ``HostBook.keep_gone`` seconds.
-The live loop with keyboard handling is in :mod:`gpusd.monitor.live`.
+The live loop with keyboard handling is in :mod:`gpusd.views.live`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import RenderableType
     from rich.text import Text
 
-    from .thresholds import ThresholdEngine
+    from ..thresholds import ThresholdEngine
 
 SORT_KEYS = ("host", "util", "memory", "temp", "power", "free")
 _SORT_LABEL = {"host": "host/index", "util": "utilisation", "memory": "memory used", "temp": "temperature",

@@ -20,7 +20,7 @@ from ..model import GpuInfo, HostSnapshot
 if TYPE_CHECKING:  # pragma: no cover
     from prometheus_client.registry import CollectorRegistry
 
-    from .thresholds import ThresholdEvent
+    from ..thresholds import ThresholdEvent
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -6,15 +6,15 @@
 * ``GET /`` and ``GET /assets/{file}``: the web dashboard (``gpusd/web``: plain HTML, JS, CSS);
 * ``GET /api/v1/alerts``: the threshold rules exceeded right now, and the rules configured;
 * the access middleware (:mod:`.privacy`): writes need the token; JSON answers are redacted for
-  readers without it.  Streaming handlers call :func:`gpusd.monitor.privacy.can_see_private` and
-  :func:`gpusd.monitor.privacy.redact` themselves;
+  readers without it.  Streaming handlers call :func:`gpusd.daemon.access.can_see_private` and
+  :func:`gpusd.daemon.access.redact` themselves;
 * the threshold engine, run on every new snapshot — from ``daemon.on_sample`` callbacks where the
   daemon has that list, else from a task polling ``latest_snapshot()`` — calling
   ``daemon.publish("threshold", data)`` for each state change (and logging it).
 
 The daemon only needs what :class:`MonitoredDaemon` lists; ``interval`` (seconds between samples),
 ``addresses`` (its own addresses: readers from there count as local) and ``on_sample`` are used when
-present.  :mod:`gpusd.monitor.daemon` is the installer gpusd's daemon calls.
+present.  The daemon calls :func:`install` when it builds its app.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..model import HostSnapshot
-from . import privacy
-from .thresholds import Rule, ThresholdEngine, ThresholdEvent, load_rules
+from ..thresholds import Rule, ThresholdEngine, ThresholdEvent, load_rules
+from . import access as privacy
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web

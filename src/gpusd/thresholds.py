@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..model import GpuInfo, HostSnapshot
-from ..units import parse_bytes
+from .errors import ConfigError
+from .model import GpuInfo, HostSnapshot
+from .units import parse_bytes
 
 EXCEEDED = "exceeded"
 CLEARED = "cleared"
@@ -143,7 +143,7 @@ def format_value(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "B":
-        from ..units import format_bytes
+        from .units import format_bytes
 
         return format_bytes(int(value))
     if unit == "%":
