@@ -279,7 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(fn(args) or 0)
     except GpusdError as exc:
-        print(f"gpusd: {exc}", file=sys.stderr)
+        # messages may quote what a peer sent
+        from ..sanitize import for_terminal
+
+        print(f"gpusd: {for_terminal(exc, 2000)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gpusd: interrupted", file=sys.stderr)

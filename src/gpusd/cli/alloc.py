@@ -65,20 +65,21 @@ def leases(args: argparse.Namespace) -> int:
 
     from ..alloc import queue
     from ..alloc.leases import LeaseStore
+    from ..sanitize import dumps, for_terminal  # lease files are other users' words
     from .table import render_table
 
     store = LeaseStore()
     held = store.leases()
     queued = queue.waiting(store)
     if args.json:
-        print(json.dumps({"lock_dir": str(store.dir), "leases": [le.to_dict() for le in held],
+        print(dumps({"lock_dir": str(store.dir), "leases": [le.to_dict() for le in held],
                           "queued": [str(p.name) for _, p in queued]}, indent=2))
         return 0
     now = time.time()
     rows = [[le.device or "-", le.lease_id, le.user or "-", str(le.pid),
              "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
-             f"{now - le.started:.0f}s" if le.started else "-", (le.command or "-")[:40]] for le in held]
+             f"{now - le.started:.0f}s" if le.started else "-", for_terminal(le.command, 40) or "-"] for le in held]
     print(f"lock directory {store.dir}: {len(held)} device lease(s), {len(queued)} job(s) waiting")
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "COMMAND"], rows))

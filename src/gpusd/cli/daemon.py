@@ -121,7 +121,9 @@ def status(args: argparse.Namespace) -> int:
         out = {"running": st.running, "pid": st.pid, "state_dir": str(state), **st.info}
         if live is not None:
             out["host"] = live
-        print(json.dumps(out, indent=1))
+        from ..sanitize import dumps
+
+        print(dumps(out, indent=1))
         return 0 if st.running else process.NoDaemon.exit_code
     if not st.running:
         print(f"gpusd: not running (state directory {state})")

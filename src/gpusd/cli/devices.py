@@ -15,7 +15,10 @@ def run(args: argparse.Namespace) -> int:
         snap = backend.snapshot()
     LeaseStore().attach(snap)
     if args.json:
-        sys.stdout.write(snap.to_json() + "\n")
+        # strict JSON: never NaN or Infinity
+        from ..sanitize import dumps
+
+        sys.stdout.write(dumps(snap.to_dict(), separators=(",", ":")) + "\n")
     else:
         from .table import render_host
 

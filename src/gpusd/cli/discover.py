@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError
+from ..sanitize import dumps, for_terminal
 from ..units import format_bytes
 from ..wire.txt import FREE_UTIL
 from .table import render_table
@@ -60,7 +60,7 @@ def scan(args: argparse.Namespace) -> int:
 
     hosts = asyncio.run(go())
     if args.json:
-        print(json.dumps([_scan_dict(h) for h in hosts], indent=1))
+        print(dumps([_scan_dict(h) for h in hosts], indent=1))
         return 0
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
@@ -110,7 +110,7 @@ def list_devices(args: argparse.Namespace) -> int:
 
     devices, hosts = asyncio.run(go())
     if args.json:
-        print(json.dumps([d.to_dict() for d in devices], indent=1))
+        print(dumps([d.to_dict() for d in devices], indent=1))
         return 0
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
@@ -178,9 +178,9 @@ def watch(args: argparse.Namespace) -> int:
                 except (asyncio.TimeoutError, StopAsyncIteration):
                     return
                 if args.json:
-                    line = json.dumps(ev.to_dict(), separators=(",", ":"))
-                else:
-                    line = f"{time.strftime('%H:%M:%S', time.localtime(ev.ts))} {ev}"
+                    line = dumps(ev.to_dict(), separators=(",", ":"))
+                else:  # names, users and commands from the LAN: sanitised, and the line bounded
+                    line = f"{time.strftime('%H:%M:%S', time.localtime(ev.ts))} {for_terminal(ev, 512)}"
                 print(line, flush=True)
         finally:
             await client.stop_listening()

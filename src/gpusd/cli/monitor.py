@@ -91,7 +91,10 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
                 if not args.watch:
                     raise
                 # --watch: a daemon restarting is no reason to stop; keep the last good file
-                print(f"gpusd: {exc}; trying again in {args.interval:g}s", file=sys.stderr)
+                # the message may quote the daemon's answer
+                from ..sanitize import for_terminal
+
+                print(f"gpusd: {for_terminal(exc, 2000)}; trying again in {args.interval:g}s", file=sys.stderr)
                 time.sleep(args.interval)
                 continue
             if args.output:

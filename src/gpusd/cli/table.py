@@ -1,14 +1,25 @@
-"""Plain-text tables for the CLI (no rich here: these commands must start fast)."""
+"""Plain-text tables for the CLI (no rich here: these commands must start fast).
+
+Every cell is hostile data (names from the network, users and commands from other users' files):
+:func:`render_table` passes each one through :func:`gpusd.sanitize.for_terminal`, bounded to
+``max_cell`` characters, so no escape sequence reaches the terminal and no line is unbounded.
+"""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from ..model import GpuInfo, HostSnapshot
+from ..sanitize import for_terminal
 from ..units import format_bytes
 
+MAX_CELL = 80  # characters shown of one cell
+NAME_MAX = 64  # of a host name
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
+                 max_cell: int = MAX_CELL) -> str:
+    rows = [[for_terminal(cell, max_cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -47,8 +58,9 @@ def _leases(g: GpuInfo) -> str:
 
 def host_header(snap: HostSnapshot) -> str:
     sim = "  [SIMULATED GPUs]" if snap.simulated else ""
-    return (f"{snap.hostname}  node {snap.node_id}  driver {snap.driver_version or '-'}  "
-            f"CUDA {snap.cuda_version or '-'}  {len(snap.gpus)} GPU(s){sim}")
+    return (f"{for_terminal(snap.hostname, NAME_MAX)}  node {for_terminal(snap.node_id, NAME_MAX)}  "
+            f"driver {for_terminal(snap.driver_version, 32) or '-'}  "
+            f"CUDA {for_terminal(snap.cuda_version, 32) or '-'}  {len(snap.gpus)} GPU(s){sim}")
 
 
 def gpu_rows(snap: HostSnapshot) -> list[list[str]]:

@@ -51,9 +51,10 @@ def _daemon(request: web.Request) -> "Daemon":
 
 
 def _json(data: object, status: int = 200) -> web.Response:
-    import json
+    # strict JSON (no NaN/Infinity): browsers' JSON.parse refuses them
+    from ..sanitize import dumps
 
-    return web.Response(text=json.dumps(data, separators=(",", ":")), status=status,
+    return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                         content_type="application/json")
 
 

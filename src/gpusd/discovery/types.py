@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import GpuInfo, HostSnapshot
+from ..sanitize import for_terminal
 from ..units import format_bytes
 from ..wire.txt import TxtRecord
 
@@ -100,7 +101,7 @@ class Device:
         util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
         mem = (f"{format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
                if g.memory_total is not None else "-")
-        return f"{self.hostname}:{g.index} {g.name or '?'} util {util} mem {mem}"
+        return f"{for_terminal(self.hostname, 64)}:{g.index} {for_terminal(g.name, 64) or '?'} util {util} mem {mem}"
 
 
 @dataclass(slots=True)
@@ -172,7 +173,8 @@ class RemoteHost:
         }
 
     def __str__(self) -> str:
-        return f"{self.hostname} ({self.node_id}, session {self.session}, {self.txt.count} GPU(s))"
+        return (f"{for_terminal(self.hostname, 64)} ({for_terminal(self.node_id, 64)}, "
+                f"session {for_terminal(self.session, 64)}, {self.txt.count} GPU(s))")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,17 +9,23 @@
 * tiny (under 40): one line of text per GPU.
 
 A host that vanished stays on screen, dimmed and marked ``gone``, for ``HostBook.keep_gone`` seconds.
+
+Every string from a host (its name, GPU names, users, commands, errors) is hostile: it goes through
+:func:`gpusd.sanitize.for_terminal` and reaches rich only inside :class:`rich.text.Text` objects,
+never as a plain ``str`` cell (which rich would parse as markup).
 The live loop with keyboard handling is in :mod:`gpusd.views.live`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..model import GpuInfo, HostSnapshot
+from ..sanitize import for_terminal
 from ..units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..thresholds import ThresholdEngine
 
 SORT_KEYS = ("host", "util", "memory", "temp", "power", "free")
+NAME_MAX = 64  # characters of a host or GPU name shown
+WORD_MAX = 32  # a user name or a command's program name
+
 _SORT_LABEL = {"host": "host/index", "util": "utilisation", "memory": "memory used", "temp": "temperature",
                "power": "power", "free": "free memory"}
 
@@ -173,7 +182,8 @@ def _sort_value(g: GpuInfo, key: str) -> float:
         v = g.memory_free
     else:
         return -float(g.index)
-    return float("-inf") if v is None else float(v)
+    v = None if v is None else _finite(float(v))
+    return float("-inf") if v is None else v
 
 
 def _matches(h: HostView, g: GpuInfo, terms: Sequence[str]) -> bool:
@@ -214,6 +224,10 @@ def arrange(hosts: Iterable[HostView], state: TopState) -> list[tuple[HostView, 
 
 # ----------------------------------------------------------------------------------------- drawing
 
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else v
+
+
 def _level_style(pct: float | None) -> str:
     if pct is None:
         return "dim"
@@ -228,6 +242,7 @@ def bar(pct: float | None, width: int) -> Text:
     """``███████░░░░  63%``: a bar ``width`` cells wide followed by the percentage."""
     from rich.text import Text
 
+    pct = _finite(pct)
     if pct is None:
         return Text("-".rjust(width + 5), style="dim")
     pct = max(0.0, min(100.0, pct))
@@ -251,19 +266,21 @@ def _temp(g: GpuInfo) -> Text:
 
 
 def _power(g: GpuInfo) -> str:
-    if g.power_draw is None:
+    draw, limit = _finite(g.power_draw), _finite(g.power_limit)
+    if draw is None:
         return "-"
-    if g.power_limit:
-        return f"{g.power_draw:.0f}/{g.power_limit:.0f}W"
-    return f"{g.power_draw:.0f}W"
+    if limit:
+        return f"{draw:.0f}/{limit:.0f}W"
+    return f"{draw:.0f}W"
 
 
 def _short_name(name: str | None) -> str:
+    name = for_terminal(name, 4 * NAME_MAX)
     if not name:
         return "?"
     for prefix in ("NVIDIA ", "GeForce ", "Tesla "):
         name = name.removeprefix(prefix)
-    return name
+    return for_terminal(name, NAME_MAX)
 
 
 def _procs(g: GpuInfo, limit: int = 2) -> str:
@@ -271,8 +288,8 @@ def _procs(g: GpuInfo, limit: int = 2) -> str:
         return "-"
     parts = []
     for p in g.processes[:limit]:
-        cmd = (p.command or "").split(" ", 1)[0].rsplit("/", 1)[-1]
-        who = p.user or f"pid {p.pid}"
+        cmd = for_terminal(for_terminal(p.command, 1024).split(" ", 1)[0].rsplit("/", 1)[-1], WORD_MAX)
+        who = for_terminal(p.user, WORD_MAX) or f"pid {p.pid}"
         what = f" {cmd}" if cmd else ""
         mem = f" {format_bytes(p.used_memory)}" if p.used_memory is not None else ""
         parts.append(f"{who}{what}{mem}")
@@ -283,7 +300,8 @@ def _procs(g: GpuInfo, limit: int = 2) -> str:
 def _leases(g: GpuInfo) -> str:
     if not g.leases:
         return "-"
-    return ", ".join(f"{le.user or 'pid ' + str(le.pid)}{' (shared)' if le.shared else ''}" for le in g.leases)
+    return ", ".join(f"{for_terminal(le.user, WORD_MAX) or 'pid ' + str(le.pid)}{' (shared)' if le.shared else ''}"
+                     for le in g.leases)
 
 
 def _mem_text(g: GpuInfo) -> str:
@@ -302,13 +320,14 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
 
     snap = h.snapshot
     t = Text()
+    name = for_terminal(h.hostname, NAME_MAX) or "?"
     if not h.alive:
         ago = f" {now - h.gone_since:.0f}s ago" if h.gone_since else ""
-        t.append(f"✖ {h.hostname}", style="bold bright_black")
+        t.append(f"✖ {name}", style="bold bright_black")
         t.append(f"  gone{ago}", style="red")
         return t
     t.append("● ", style="green")
-    t.append(h.hostname, style="bold cyan")
+    t.append(name, style="bold cyan")
     if snap is None:
         t.append("  waiting for data…", style="dim")
         return t
@@ -317,7 +336,8 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
     shown = f"{len(gpus)}/{len(all_gpus)}" if len(gpus) != len(all_gpus) else str(len(all_gpus))
     t.append(f"  {shown} GPU{'s' if len(all_gpus) != 1 else ''}, {free} free")
     if width >= 72:
-        t.append(f"  driver {snap.driver_version or '-'}  CUDA {snap.cuda_version or '-'}", style="dim")
+        t.append(f"  driver {for_terminal(snap.driver_version, WORD_MAX) or '-'}  "
+                 f"CUDA {for_terminal(snap.cuda_version, WORD_MAX) or '-'}", style="dim")
     if snap.simulated:
         t.append("  [SIMULATED]" if width >= 40 else " SIM", style="magenta")
     age = now - snap.timestamp
@@ -331,9 +351,9 @@ def _status(g: GpuInfo, alerts: Sequence[str]) -> Text | None:
     from rich.text import Text
 
     if not g.healthy:
-        return Text(f"LOST: {g.error or 'unhealthy'}", style="bold red")
+        return Text(f"LOST: {for_terminal(g.error, 2 * NAME_MAX) or 'unhealthy'}", style="bold red")
     if alerts:
-        return Text("⚠ " + ", ".join(alerts), style="bold red")
+        return Text("⚠ " + ", ".join(for_terminal(a, NAME_MAX) for a in alerts), style="bold red")
     return None
 
 
@@ -410,7 +430,7 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
         style = "bright_black" if dim else None
         idx = Text(str(g.index), style="bold red" if status is not None and not dim else "")
         if not g.healthy:
-            row: list[RenderableType] = [idx, _short_name(g.name), status or "", "", "", ""]
+            row: list[RenderableType] = [idx, Text(_short_name(g.name)), status or "", "", "", ""]
             row += ["", ""] if wide else [""]
             table.add_row(*row, style=style)
             continue
@@ -418,9 +438,9 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
         mem = bar(mem_pct, lay.bar)
         if wide:
             mem.append(_mem_text(g), style="dim")
-        row = [idx, _short_name(g.name), bar(g.utilization_gpu, lay.bar), mem, _temp(g), _power(g)]
+        row = [idx, Text(_short_name(g.name)), bar(g.utilization_gpu, lay.bar), mem, _temp(g), Text(_power(g))]
         if wide:
-            row += [_procs(g), _last_cell(h, g)]
+            row += [Text(_procs(g)), _last_cell(h, g)]
         else:
             pl = f"{len(g.processes)}/{len(g.leases)}"
             row += [Text(pl + (" ⚠" if alerts else ""), style="bold red" if alerts else "")]
@@ -444,7 +464,8 @@ def _narrow_lines(h: HostView, gpus: Sequence[GpuInfo], width: int, lay: _Layout
                 t.append(" M ")
                 t.append_text(bar(mem_pct, lay.bar))
             else:
-                u = "-" if g.utilization_gpu is None else f"{g.utilization_gpu:.0f}%"
+                util = _finite(g.utilization_gpu)
+                u = "-" if util is None else f"{util:.0f}%"
                 m = "-" if mem_pct is None else f"{mem_pct:.0f}%"
                 t.append(f"u{u} m{m}")
             t.append(" ")
@@ -471,7 +492,7 @@ def render(hosts: Iterable[HostView], state: TopState | None = None, width: int 
     arranged = arrange(hosts, state)
     parts: list[RenderableType] = [_title(arranged, state, width, now, title)]
     if message:
-        parts.append(Text(message, style="bold red", overflow="ellipsis", no_wrap=True))
+        parts.append(Text(for_terminal(message, 4 * width), style="bold red", overflow="ellipsis", no_wrap=True))
     if not arranged:
         parts.append(Text("no hosts match the filter" if state.active_filter else "no hosts found (yet)",
                           style="yellow"))
@@ -501,7 +522,7 @@ def _title(arranged: Sequence[tuple[HostView, list[GpuInfo]]], state: TopState, 
     n_hosts = sum(1 for h, _ in arranged if h.alive)
     gpus = [g for h, gs in arranged if h.alive for g in gs]
     free = sum(1 for g in gpus if _is_free(g))
-    util = [g.utilization_gpu for g in gpus if g.utilization_gpu is not None]
+    util = [u for u in (_finite(g.utilization_gpu) for g in gpus) if u is not None]
     t = Text(title, style="bold")
     t.append(f"  {n_hosts} host{'s' if n_hosts != 1 else ''}, {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, "
              f"{free} free")

@@ -7,8 +7,9 @@ a peer that sends an endless line is cut off with :class:`SSEError`.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterator
+
+from ..sanitize import dumps
 
 MAX_EVENT = 4 * 2**20  # bytes; the same bound as an HTTP JSON answer
 
@@ -19,7 +20,7 @@ class SSEError(ValueError):
 
 def format_event(event: str, data: Any) -> bytes:
     """One event: ``event: NAME\\ndata: JSON\\n\\n`` (JSON never contains a raw newline)."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    payload = data if isinstance(data, str) else dumps(data, separators=(",", ":"))
     return f"event: {event}\ndata: {payload}\n\n".encode()
 
 

@@ -1,0 +1,108 @@
+"""The one sanitising step for hostile data on its way to a terminal or into JSON output.
+
+Every string that came from the network (a daemon's answer, an mDNS announcement), from another
+user's file (a lease record) or from a GPU (its name) goes through :func:`for_terminal` before gpusd
+prints it, whatever prints it (plain tables, ``gpusd top``, error messages):
+
+* escape sequences are removed whole: CSI (``ESC [ ... m``, ``ESC [2J``), OSC (``ESC ] 0;title BEL``,
+  which sets the window title, or OSC 52, which writes the clipboard), DCS/SOS/PM/APC strings, their
+  8-bit C1 forms and two-character ``ESC x`` sequences;
+* then every remaining control character: C0 (``\\x00``-``\\x1f``, tab and newline included: they
+  become a space), DEL, C1 (``\\x80``-``\\x9f``);
+* Unicode format characters (bidi overrides and isolates such as U+202E, zero-width characters),
+  line and paragraph separators, and lone surrogates (which cannot even be encoded for output);
+* the result is cut to ``max_len`` characters, the last one an ellipsis (``…``).
+
+Rich markup is not this module's business: ``gpusd top`` hands data to rich only as
+:class:`rich.text.Text` objects (never parsed as markup), and :func:`rich_text` builds one.
+
+:func:`json_safe` and :func:`dumps` make JSON output valid for every parser: ``NaN`` and
+``±Infinity`` (which Python writes but JavaScript's ``JSON.parse`` and most other parsers refuse)
+become ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.text import Text
+
+MAX_LEN = 256  # default bound for one string shown on a terminal
+ELLIPSIS = "…"
+
+# ESC or its 8-bit C1 equivalent, then the rest of the sequence (ECMA-48).
+_SEQUENCE = re.compile(
+    r"""
+    (?: \x1b\[ | \x9b ) [\x30-\x3f]* [\x20-\x2f]* [\x40-\x7e]?        # CSI ... final byte
+  | (?: \x1b[\]PX^_] | [\x9d\x90\x98\x9e\x9f] )                        # OSC, DCS, SOS, PM, APC ...
+      [^\x07\x1b\x9c]* (?: \x07 | \x1b\\ | \x9c )?                     # ... up to BEL or ST (or the end)
+  | \x1b [\x20-\x2f]* [\x30-\x7e]?                                     # ESC ( B, ESC 7, ESC c ...
+    """,
+    re.VERBOSE,
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (less tab and newline), DEL, C1
+_SPACE = re.compile(r"[\t\n\r\x0b\x0c\u2028\u2029]")  # shown as a space
+_DROP_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def for_terminal(s: object, max_len: int = MAX_LEN) -> str:
+    """``s`` made safe to print: no escape sequences, no control or bidi characters, at most
+    ``max_len`` characters (cut with an ellipsis).  ``None`` gives ``""``; anything else not a
+    string is converted with ``str()`` first."""
+    if s is None:
+        return ""
+    text = s if isinstance(s, str) else str(s)
+    max_len = max(1, max_len)
+    # Bound the work: removing sequences can only shorten the text, and a sequence cut here loses
+    # its ESC below (what is left of it is shown as plain, harmless text).
+    limit = 4 * max_len + 64
+    if len(text) > limit:
+        text = text[:limit]
+    text = _SEQUENCE.sub("", text)
+    text = _SPACE.sub(" ", text)
+    text = _CONTROL.sub("", text)
+    if not text.isascii():
+        text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
+    if len(text) > max_len:
+        text = text[:max_len - 1] + ELLIPSIS
+    return text
+
+
+def optional(s: object, max_len: int = MAX_LEN) -> str | None:
+    """:func:`for_terminal`, except that ``None`` stays ``None`` (for ``x or "-"`` idioms)."""
+    return None if s is None else for_terminal(s, max_len)
+
+
+def rich_text(s: object, max_len: int = MAX_LEN, style: str = "") -> Text:
+    """A :class:`rich.text.Text` of the sanitised string: rich never parses it as markup."""
+    from rich.text import Text
+
+    return Text(for_terminal(s, max_len), style=style)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±Infinity) replaced by ``None``, recursively
+    through dicts, lists and tuples (which become lists)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """``json.dumps`` for output: strict JSON, never ``NaN`` or ``Infinity`` (they become ``null``)."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw)
+    except ValueError:  # a non-finite float somewhere (rare): copy without them
+        return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+__all__ = ["MAX_LEN", "dumps", "for_terminal", "json_safe", "optional", "rich_text"]
