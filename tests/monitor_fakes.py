@@ -41,6 +41,7 @@ class FakeDaemon:
         self.interval = interval
         self.published: list[tuple[str, dict[str, Any]]] = []
         self.subscribers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
+        self.extra: list[Any] = []  # raw entries appended to the fleet answer (hostile hosts)
 
     # the MonitoredDaemon protocol
     def latest_snapshot(self) -> HostSnapshot | None:
@@ -77,7 +78,7 @@ class FakeDaemon:
     def fleet(self) -> dict[str, Any]:
         return {"hosts": [{"node_id": s.node_id, "hostname": s.hostname, "url": f"http://{s.hostname}:4780",
                            "alive": s.node_id not in self.gone, "snapshot": s.to_dict()}
-                          for s in self.hosts.values()]}
+                          for s in self.hosts.values()] + self.extra}
 
 
 def make_app(daemon: FakeDaemon, trust_loopback: bool = True) -> web.Application:

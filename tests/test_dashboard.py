@@ -175,3 +175,70 @@ async def test_dashboard_of_a_real_daemon_shows_the_lan_and_follows_load(tmp_pat
             assert browser.errors == []
         finally:
             await browser.close()
+
+
+# -- hostile hosts: one bad host never takes the page down (issue 9, finding 9) -----------------------
+
+HUGE = "N" * 100_000
+XSS = '<img src=x onerror="window.pwned=1">[/bold]x\u202e'
+
+
+def hostile_entries(d: FakeDaemon) -> list[object]:
+    """Fleet entries a stranger on the LAN (or a broken daemon) could make a daemon relay."""
+    evil = sim_host("evil-host", "2xA100-80GB").to_dict()
+    evil["hostname"] = XSS + HUGE
+    g0, g1 = evil["gpus"]
+    g0["name"] = XSS + HUGE
+    g0["utilization_gpu"] = float("nan")  # json.dumps writes NaN, which JSON.parse refuses
+    g0["memory_used"] = float("inf")
+    g0["processes"] = [{"pid": 1, "user": XSS, "command": HUGE}]
+    g1["temperature"] = "hot"
+    return [
+        {"node_id": "evil", "hostname": XSS + HUGE, "alive": True, "snapshot": evil},
+        None,
+        {"node_id": 12345, "hostname": {"x": 1}, "snapshot": {"gpus": {"not": "a list"}}},
+        {"node_id": "strings", "hostname": "strings", "snapshot": {"hostname": "strings", "gpus": ["a", 7, None]}},
+        {"node_id": "nogpus", "snapshot": "not an object"},
+    ]
+
+
+async def test_hostile_hosts_do_not_hide_the_good_ones():
+    d = two_hosts()
+    n1, n2 = list(d.hosts)
+    d.extra = hostile_entries(d)
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n1)}.length === 4 && {rows(n2)}.length === 3", timeout=15)
+        assert await page.evaluate("document.getElementById('status').textContent") == "live"
+        models = await page.evaluate(f"[...{rows(n2)}].map(r => r.querySelector('.model').textContent)")
+        assert models == ["H100 80GB HBM3", "H100 80GB HBM3", "GeForce RTX 4090"]
+        # the hostile host is shown, as text, bounded, with its bad readings as "-"
+        evil = await page.wait_for("(() => { const c = document.querySelector('[data-node=\"evil\"]');"
+                                   " return c && {name: c.querySelector('.name').textContent,"
+                                   " models: [...c.querySelectorAll('.model')].map(e => e.textContent),"
+                                   " util: c.querySelector('.util-value').textContent,"
+                                   " plist: c.querySelector('.plist').textContent} })()", timeout=5)
+        assert evil["name"].startswith("<img src=x") and len(evil["name"]) <= 64
+        assert evil["models"][0].startswith("<img") and len(evil["models"][0]) <= 64
+        assert evil["util"] == "-"
+        assert len(evil["plist"]) < 300
+        assert await page.evaluate("document.querySelectorAll('img').length") == 0
+        assert await page.evaluate("window.pwned === undefined")
+        assert await page.evaluate("document.body.textContent.length") < 20_000
+        # and the page still follows the good hosts
+        d.set_gpu(n2, 1, utilization_gpu=97.0)
+        assert await page.wait_for(f"{cell(n2, 1, '.util-value')} === '97%'", timeout=5)
+        assert browser.errors == []
+
+
+async def test_a_malformed_event_does_not_freeze_the_page():
+    d = two_hosts()
+    n1, n2 = list(d.hosts)
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n2)}.length === 3", timeout=15)
+        d.broadcast("host_added", {"node_id": "bad", "hostname": "bad", "snapshot": {"gpus": {"a": 1}}})
+        d.broadcast("device_updated", {"node_id": n1, "hostname": "gpu-node-1", "gpu": "not a gpu"})
+        d.broadcast("host_added", {"node_id": "bad2", "hostname": 7, "snapshot": {"gpus": [{"index": "x"}]}})
+        d.set_gpu(n2, 0, utilization_gpu=88.0)
+        assert await page.wait_for(f"{cell(n2, 0, '.util-value')} === '88%'", timeout=5)
+        assert await page.evaluate(f"{rows(n1)}.length") == 4
+        assert browser.errors == []

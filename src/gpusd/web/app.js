@@ -3,6 +3,11 @@
 // that a token can travel in the Authorization header).  No build step, no dependencies, no network
 // access beyond the daemon that served this page.  All text from the network goes through
 // textContent, never innerHTML.
+//
+// Every host's data is hostile (docs/security.md): what arrives is normalised first (strings
+// bounded, numbers finite or null, lists bounded; clean() & co.), and each host is drawn on its own
+// (a host whose data cannot be shown becomes one "cannot show" card), so one malformed host never
+// takes the page down with it.
 "use strict";
 
 (function () {
@@ -11,6 +16,10 @@
   const GONE_KEEP_MS = 120000;     // a vanished host stays greyed out this long
   const LOG_MAX = 200;
   const SVG_NS = "http://www.w3.org/2000/svg";
+  const NAME_MAX = 128;            // characters kept of a host or GPU name, UUID, node id
+  const TEXT_MAX = 512;            // of a command, an error, an alert message
+  const SHOWN_MAX = 64;            // of a name shown in a cell (the whole one is in its tooltip)
+  const GPUS_MAX = 256, PROCS_MAX = 64;
 
   const state = {
     hosts: new Map(),     // node_id -> {node_id, hostname, url, alive, snapshot, goneAt}
@@ -24,6 +33,57 @@
 
   // ------------------------------------------------------------------ helpers
   const $ = (id) => document.getElementById(id);
+  // Bounded, typed values from the network: a string (or null), a finite number (or null), a list.
+  function str(v, max) {
+    if (typeof v === "number" && Number.isFinite(v)) v = String(v);
+    if (typeof v !== "string") return null;
+    return v.length > max ? v.slice(0, max - 1) + "…" : v;
+  }
+  function num(v) { return typeof v === "number" && Number.isFinite(v) ? v : null; }
+  function obj(v) { return v !== null && typeof v === "object" && !Array.isArray(v) ? v : null; }
+  function bounded(v, max) { return Array.isArray(v) ? v.slice(0, max) : []; }
+  function clip(v, max) { const t = String(v ?? ""); return t.length > max ? t.slice(0, max - 1) + "…" : t; }
+  function cleanProc(p) {
+    p = obj(p) || {};
+    return Object.assign({}, p, { pid: num(p.pid), used_memory: num(p.used_memory), user: str(p.user, NAME_MAX),
+      command: str(p.command, TEXT_MAX) });
+  }
+  function cleanLease(l) {
+    l = obj(l) || {};
+    return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true });
+  }
+  function cleanGpu(g) {  // null: not a GPU at all
+    g = obj(g);
+    if (!g) return null;
+    const out = Object.assign({}, g);
+    for (const k of ["memory_total", "memory_used", "memory_free", "utilization_gpu", "utilization_memory",
+      "temperature", "power_draw", "power_limit", "fan_speed"]) out[k] = num(g[k]);
+    out.index = num(g.index) ?? 0;
+    out.uuid = str(g.uuid, NAME_MAX) || "?";
+    out.name = str(g.name, NAME_MAX);
+    out.error = str(g.error, TEXT_MAX);
+    out.healthy = g.healthy !== false;
+    out.processes = bounded(g.processes, PROCS_MAX).map(cleanProc);
+    out.leases = bounded(g.leases, PROCS_MAX).map(cleanLease);
+    return out;
+  }
+  function cleanSnapshot(s) {
+    s = obj(s);
+    if (!s) return null;
+    return Object.assign({}, s, {
+      hostname: str(s.hostname, NAME_MAX), node_id: str(s.node_id, NAME_MAX), timestamp: num(s.timestamp),
+      driver_version: str(s.driver_version, 32), cuda_version: str(s.cuda_version, 32), simulated: s.simulated === true,
+      gpus: bounded(s.gpus, GPUS_MAX).map(cleanGpu).filter(Boolean),
+    });
+  }
+  // JSON as a daemon may send it: an older or foreign daemon may write NaN or Infinity, which
+  // JSON.parse refuses; they are read as null (outside strings only) rather than losing everything.
+  function parseJSON(text) {
+    try { return JSON.parse(text); } catch (e) {
+      return JSON.parse(text.replace(/("(?:[^"\\]|\\.)*")|-?\b(?:NaN|Infinity)\b/g, (m, q) => q || "null"));
+    }
+  }
+  async function readJSON(r) { return parseJSON(await r.text()); }
   function el(tag, cls, text) {
     const e = document.createElement(tag);
     if (cls) e.className = cls;
@@ -41,7 +101,7 @@
   }
   function level(p) { return p === null ? "" : p >= 90 ? "bad" : p >= 70 ? "warn" : ""; }
   function shortName(n) { return (n || "?").replace(/^(NVIDIA |GeForce |Tesla )/, ""); }
-  function hostKey(d) { return d.node_id || d.hostname || "?"; }
+  function hostKey(d) { d = obj(d) || {}; return str(d.node_id, NAME_MAX) || str(d.hostname, NAME_MAX) || "?"; }
   function now() { return Date.now() / 1000; }
   function headers() {
     const h = { "Accept": "application/json" };
@@ -63,14 +123,17 @@
     while (h.length > 2 && h[0].t < cut) h.shift();
   }
   function setHost(entry) {
+    entry = obj(entry);
+    if (!entry) throw new Error("a host entry must be an object");
     const key = hostKey(entry);
     const prev = state.hosts.get(key);
+    const snap = cleanSnapshot(entry.snapshot);
     const host = {
-      node_id: entry.node_id || (entry.snapshot && entry.snapshot.node_id) || key,
-      hostname: entry.hostname || (entry.snapshot && entry.snapshot.hostname) || key,
-      url: entry.url || (prev && prev.url) || null,
+      node_id: str(entry.node_id, NAME_MAX) || (snap && snap.node_id) || key,
+      hostname: str(entry.hostname, NAME_MAX) || (snap && snap.hostname) || key,
+      url: str(entry.url, 2048) || (prev && prev.url) || null,
       alive: entry.alive !== false,
-      snapshot: entry.snapshot || (prev && prev.snapshot) || null,
+      snapshot: snap || (prev && prev.snapshot) || null,
       goneAt: entry.alive === false ? (prev && prev.goneAt) || Date.now() : null,
     };
     state.hosts.set(key, host);
@@ -80,17 +143,17 @@
   function upsertGpu(d, remove) {
     const key = hostKey(d);
     const host = state.hosts.get(key);
-    const g = d.gpu;
-    if (!host || !host.snapshot || !g || typeof g !== "object") { scheduleRefetch(); return; }
+    const g = cleanGpu(d.gpu);
+    if (!host || !host.snapshot || !g) { scheduleRefetch(); return; }
     const gpus = host.snapshot.gpus || (host.snapshot.gpus = []);
     const i = gpus.findIndex((x) => x.uuid === g.uuid);
     if (remove) { if (i >= 0) gpus.splice(i, 1); }
     else {
       if (i >= 0) gpus[i] = g; else { gpus.push(g); gpus.sort((a, b) => a.index - b.index); }
-      record(host.node_id + "|" + g.uuid, g, d.ts);
+      record(host.node_id + "|" + g.uuid, g, num(d.ts));
     }
     host.alive = true; host.goneAt = null;
-    host.snapshot.timestamp = d.ts || now();
+    host.snapshot.timestamp = num(d.ts) || now();
   }
   function thresholdData(d) {
     // The fleet event carries the host's threshold event under "data" (or flat).
@@ -109,7 +172,7 @@
   }
   function log(cls, text) {
     const list = $("log");
-    const li = el("li", cls, new Date().toLocaleTimeString() + "  " + text);
+    const li = el("li", cls, new Date().toLocaleTimeString() + "  " + clip(text, TEXT_MAX));
     list.insertBefore(li, list.firstChild);
     while (list.children.length > LOG_MAX) list.removeChild(list.lastChild);
   }
@@ -120,14 +183,14 @@
       case "host_added":
       case "host_updated":
         if (d.snapshot) setHost(d); else scheduleRefetch();
-        log("", `host ${d.hostname || hostKey(d)} added`);
+        log("", `host ${str(d.hostname, SHOWN_MAX) || hostKey(d)} added`);
         break;
       case "host_removed": {
         const h = state.hosts.get(hostKey(d));
         if (h) { h.alive = false; h.goneAt = Date.now(); }
         alertsLoaded.delete(hostKey(d));  // its alerts went with it; asked again if it comes back
         for (const k of [...state.alerts.keys()]) if (k.startsWith(hostKey(d) + "|")) state.alerts.delete(k);
-        log("exceeded", `host ${d.hostname || hostKey(d)} gone`);
+        log("exceeded", `host ${str(d.hostname, SHOWN_MAX) || hostKey(d)} gone`);
         break;
       }
       case "device_added":
@@ -156,9 +219,13 @@
   async function loadFleet() {
     const r = await fetch("api/v1/fleet", { headers: headers(), cache: "no-store" });
     if (!r.ok) throw new Error("fleet: HTTP " + r.status);
-    const data = await r.json();
+    const data = obj(await readJSON(r));
+    if (!data || !Array.isArray(data.hosts)) throw new Error("fleet: the answer has no hosts list");
     const seen = new Set();
-    for (const h of data.hosts || []) seen.add(hostKey(setHost(h)));
+    for (const h of data.hosts) {
+      try { seen.add(hostKey(setHost(h))); }  // one malformed host is skipped, not the whole fleet
+      catch (e) { console.warn("gpusd: skipped a malformed host", e); }
+    }
     loadAlerts(false);
     for (const [k, h] of state.hosts) if (!seen.has(k) && h.alive) { h.alive = false; h.goneAt = Date.now(); }
     state.lastHeard = Date.now();
@@ -176,7 +243,7 @@
       try {
         const r = await fetch("api/v1/history?seconds=" + HISTORY_SECONDS, { headers: headers(), cache: "no-store" });
         if (!r.ok) return;
-        const data = await r.json();
+        const data = await readJSON(r);
         for (const [uuid, s] of Object.entries(data.gpus || {})) {
           const g = (h.snapshot && h.snapshot.gpus || []).find((x) => x.uuid === uuid);
           const total = g && g.memory_total;
@@ -208,10 +275,13 @@
       try {
         const r = await fetch(alertsUrl(h), { cache: "no-store" });
         if (!r.ok) continue;
-        const data = await r.json();
+        const data = obj(await readJSON(r)) || {};
         for (const k of [...state.alerts.keys()]) if (k.startsWith(h.node_id + "|")) state.alerts.delete(k);
-        for (const a of data.alerts || []) {
-          state.alerts.set([h.node_id, a.gpu, a.rule].join("|"), Object.assign({ uuid: a.gpu }, a));
+        for (const a of bounded(data.alerts, 256)) {  // another daemon's answer: as hostile as any
+          if (!obj(a)) continue;
+          const gpu = str(a.gpu, NAME_MAX), rule = str(a.rule, SHOWN_MAX);
+          state.alerts.set([h.node_id, gpu, rule].join("|"), Object.assign({}, a, {
+            uuid: gpu, gpu, rule, hostname: str(a.hostname, SHOWN_MAX), message: str(a.message, TEXT_MAX) }));
         }
         markDirty();
       } catch (e) { /* a daemon without the monitor, or unreachable: its events still arrive */ }
@@ -249,7 +319,7 @@
         if (line.endsWith("\r")) line = line.slice(0, -1);
         if (line === "") {
           if (data.length) {
-            try { onEvent(event || "message", JSON.parse(data.join("\n"))); }
+            try { onEvent(event || "message", obj(parseJSON(data.join("\n"))) || {}); }
             catch (e) { console.warn("gpusd: bad event", event, e); }
           }
           event = ""; data = [];
@@ -339,16 +409,16 @@
   }
   function procsText(g) {
     const parts = (g.processes || []).slice(0, 3).map((p) => {
-      const cmd = p.command ? " " + p.command.split(" ")[0].split("/").pop() : "";
-      return (p.user || "pid " + p.pid) + cmd;
+      const cmd = p.command ? " " + clip(p.command.split(" ")[0].split("/").pop(), 32) : "";
+      return clip(p.user || "pid " + p.pid, 32) + cmd;
     });
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
-    const leases = (g.leases || []).map((l) => "lease " + (l.user || "pid " + l.pid));
+    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32));
     return parts.concat(leases).join(", ") || "-";
   }
   function gpuAlerts(host, uuid) {
     const out = [];
-    for (const [k, a] of state.alerts) if (k.startsWith(host.node_id + "|" + uuid + "|")) out.push(a.rule);
+    for (const [k, a] of state.alerts) if (k.startsWith(host.node_id + "|" + uuid + "|")) out.push(clip(a.rule, SHOWN_MAX));
     return out;
   }
   function matches(host, g, terms) {
@@ -373,7 +443,7 @@
     if (g.healthy === false) tr.classList.add("lost");
     if (alerts.length) tr.classList.add("alerting");
     tr.appendChild(el("td", "idx", g.index));
-    const name = el("td", "model", shortName(g.name));
+    const name = el("td", "model", clip(shortName(g.name), SHOWN_MAX));
     name.title = (g.name || "") + "\n" + g.uuid;
     tr.appendChild(name);
     if (g.healthy === false) {
@@ -411,7 +481,8 @@
     card.dataset.node = host.node_id;
     card.dataset.hostname = host.hostname;
     const head = el("div", "head");
-    head.appendChild(el("span", "name", host.hostname));
+    head.appendChild(el("span", "name", clip(host.hostname, SHOWN_MAX)));
+    head.title = host.hostname;
     const snap = host.snapshot;
     if (snap) {
       const all = snap.gpus || [];
@@ -425,7 +496,10 @@
     for (const [h, c] of [["#", ""], ["model", ""], ["util", ""], ["memory", ""], ["temp · power", ""], ["processes", "procs-h"]]) hr.appendChild(el("th", c, h));
     const thead = el("thead"); thead.appendChild(hr); table.appendChild(thead);
     const tb = el("tbody");
-    for (const g of gpus) tb.appendChild(gpuRow(host, g));
+    for (const g of gpus) {
+      try { tb.appendChild(gpuRow(host, g)); }
+      catch (e) { console.warn("gpusd: cannot show a GPU of", host.hostname, e); }
+    }
     table.appendChild(tb);
     card.appendChild(table);
     return card;
@@ -435,7 +509,8 @@
     state.dirty = false;
     const terms = $("filter").value.toLowerCase().split(/\s+/).filter(Boolean);
     const key = $("sort").value;
-    const hosts = [...state.hosts.values()].sort((a, b) => a.hostname.localeCompare(b.hostname) || a.node_id.localeCompare(b.node_id));
+    const hosts = [...state.hosts.values()].sort((a, b) => String(a.hostname).localeCompare(String(b.hostname)) ||
+      String(a.node_id).localeCompare(String(b.node_id)));
     const main = $("hosts");
     const frag = document.createDocumentFragment();
     let nHosts = 0, nGpus = 0, free = 0, utilSum = 0, utilN = 0;
@@ -459,7 +534,16 @@
       const top = (c) => Math.max(-Infinity, ...c[1].map((g) => sortValue(g, key)));
       cards.sort((a, b) => desc(top(a), top(b)));
     }
-    for (const [h, gpus] of cards) frag.appendChild(hostCard(h, gpus));
+    for (const [h, gpus] of cards) {
+      try { frag.appendChild(hostCard(h, gpus)); }  // a host that cannot be drawn costs its card, not the page
+      catch (e) {
+        console.warn("gpusd: cannot show host", h.hostname, e);
+        const bad = el("section", "host bad");
+        bad.dataset.node = clip(h.node_id, NAME_MAX);
+        bad.appendChild(el("div", "head", clip(h.hostname, SHOWN_MAX) + ": cannot show this host's data"));
+        frag.appendChild(bad);
+      }
+    }
     main.replaceChildren(frag);
     $("empty").hidden = cards.length > 0;
 
@@ -474,7 +558,7 @@
     const list = $("alert-list");
     list.replaceChildren();
     for (const a of state.alerts.values()) {
-      list.appendChild(el("li", "", a.message || `${a.hostname} GPU ${a.index ?? a.uuid}: ${a.rule}`));
+      list.appendChild(el("li", "", clip(a.message || `${a.hostname} GPU ${a.index ?? a.uuid}: ${a.rule}`, TEXT_MAX)));
     }
     $("alerts").hidden = state.alerts.size === 0;
   }
