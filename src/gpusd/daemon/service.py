@@ -106,7 +106,7 @@ class Daemon:
 
     def snapshot_event(self) -> bytes:
         assert self.snapshot is not None
-        return format_event("snapshot", self.snapshot.to_json())
+        return format_event("snapshot", self.snapshot.to_dict())  # strict JSON: no NaN/Infinity
 
     @property
     def urls(self) -> list[str]:
