@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -157,7 +156,7 @@ def test_top_live_view_survives_hostile_names() -> None:
         interactive = True
         calls = 0
 
-        def __enter__(self) -> Keys:
+        def __enter__(self) -> Keys:  # noqa: PYI034
             return self
 
         def __exit__(self, *exc: object) -> None:
@@ -364,28 +363,36 @@ def test_cli_error_quoting_a_peer_is_sanitised(monkeypatch, capsys) -> None:
 
 # -- the daemon's own JSON (HTTP answers and event streams) ------------------------------------------
 
-async def test_daemon_json_and_events_never_carry_nan(tmp_path, fast_mdns) -> None:
+@pytest.mark.usefixtures("fast_mdns")
+async def test_daemon_json_and_events_never_carry_nan(tmp_path) -> None:
     import aiohttp
-    from daemon_helpers import FakeBackend, make_snapshot, running_daemon, unique_session
+    from daemon_helpers import (
+        FakeBackend,
+        make_snapshot,
+        running_daemon,
+        unique_session,
+    )
 
     from gpusd.wire.sse import SSEParser
 
     snap = make_snapshot(2, hostname="nan-host")
     snap.gpus[0].utilization_gpu = float("nan")
     snap.gpus[1].power_draw = float("inf")
-    async with running_daemon(tmp_path, unique_session(), "nan-host", backend=FakeBackend(snap)) as d:
-        async with aiohttp.ClientSession() as s:
-            for path in ("/api/v1/gpus", "/api/v1/host", "/api/v1/fleet"):
-                async with s.get(d.urls[0].removesuffix("/api/v1") + path) as r:
-                    assert r.status == 200
-                    strict_json(await r.text())
-            async with s.get(d.urls[0] + "/events") as r:
-                parser = SSEParser()
-                events: list[tuple[str, str]] = []
-                while not any(e == "snapshot" for e, _ in events):
-                    events.extend(parser.feed(await r.content.readany()))
-                data = strict_json(next(v for e, v in events if e == "snapshot"))
-                assert data["gpus"][0]["utilization_gpu"] is None and data["gpus"][1]["power_draw"] is None
+    async with running_daemon(tmp_path, unique_session(), "nan-host", backend=FakeBackend(snap)) as d, \
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        for path in ("/api/v1/gpus", "/api/v1/host", "/api/v1/fleet"):
+            async with s.get(d.urls[0].removesuffix("/api/v1") + path) as r:
+                assert r.status == 200
+                strict_json(await r.text())
+        async with s.get(d.urls[0] + "/events") as r:
+            parser = SSEParser()
+            events: list[tuple[str, str]] = []
+            while not any(e == "snapshot" for e, _ in events):
+                chunk = await r.content.readany()
+                assert chunk, "the event stream ended before its first snapshot"
+                events.extend(parser.feed(chunk))
+            data = strict_json(next(v for e, v in events if e == "snapshot"))
+            assert data["gpus"][0]["utilization_gpu"] is None and data["gpus"][1]["power_draw"] is None
 
 
 def test_hosts_with_nan_from_a_fleet_answer_render(monkeypatch) -> None:
