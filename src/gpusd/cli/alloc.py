@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 
 from ..errors import ConfigError
@@ -33,7 +32,9 @@ def _allocate(args: argparse.Namespace, command: str | None = None):  # -> Selec
 def select(args: argparse.Namespace) -> int:
     sel = _allocate(args)
     if args.json:
-        print(json.dumps(sel.to_dict(), indent=2))
+        from ..sanitize import dumps
+
+        print(dumps(sel.to_dict(), indent=2))
     else:
         print(sel.env()["CUDA_VISIBLE_DEVICES"])
     return 0

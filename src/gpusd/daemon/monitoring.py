@@ -159,7 +159,10 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
     async def alerts(request: web.Request) -> web.Response:
         # Public (no private fields): any daemon's dashboard may read it, hence the CORS header.
-        return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"})
+        # strict JSON: a NaN reading must not break every dashboard
+        from ..sanitize import dumps
+
+        return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"}, dumps=dumps)
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", index)
