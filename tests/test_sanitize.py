@@ -412,3 +412,25 @@ def test_gpu_without_anything_renders() -> None:
     assert len(text) < 2000
     d = Device(hostname=HUGE, node_id=HUGE, session="s", gpu=snap.gpus[0])
     assert len(str(d)) < 300
+
+
+def test_cli_log_lines_quoting_a_peer_are_sanitised(monkeypatch, capsys) -> None:
+    import logging
+
+    from gpusd import cli
+
+    def chatty(args: object) -> int:
+        logging.getLogger("gpusd.discovery.client").info("host %s removed", f"evil{OSC_TITLE}{CLEAR}")
+        return 0
+
+    monkeypatch.setattr("gpusd.cli.discover.list_devices", chatty)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        root.handlers = []
+        assert cli.main(["-v", "list"]) == 0
+    finally:
+        root.handlers, root.level = saved[0], saved[1]
+    err = capsys.readouterr().err
+    assert "host evil removed" in err
+    assert_clean(err)

@@ -30,6 +30,8 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    import logging
+
     from rich.text import Text
 
 MAX_LEN = 256  # default bound for one string shown on a terminal
@@ -85,6 +87,18 @@ def rich_text(s: object, max_len: int = MAX_LEN, style: str = "") -> Text:
     return Text(for_terminal(s, max_len), style=style)
 
 
+def log_formatter(fmt: str, max_len: int = 4000) -> logging.Formatter:
+    """A :class:`logging.Formatter` whose messages go through :func:`for_terminal` (log lines quote
+    host names and answers from the network; a traceback keeps its lines)."""
+    import logging
+
+    class _SafeFormatter(logging.Formatter):
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return for_terminal(super().formatMessage(record), max_len)
+
+    return _SafeFormatter(fmt)
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every non-finite float (NaN, ±Infinity) replaced by ``None``, recursively
     through dicts, lists and tuples (which become lists)."""
@@ -105,4 +119,4 @@ def dumps(obj: Any, **kw: Any) -> str:
         return json.dumps(json_safe(obj), allow_nan=False, **kw)
 
 
-__all__ = ["MAX_LEN", "dumps", "for_terminal", "json_safe", "optional", "rich_text"]
+__all__ = ["MAX_LEN", "dumps", "for_terminal", "json_safe", "log_formatter", "optional", "rich_text"]

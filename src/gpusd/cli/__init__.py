@@ -262,8 +262,12 @@ def _setup_logging(verbose: int) -> None:
     if verbose or os.environ.get("GPUSD_LOG_LEVEL"):
         import logging
 
+        from ..sanitize import log_formatter  # log lines quote what peers sent
+
         level = os.environ.get("GPUSD_LOG_LEVEL") or ("DEBUG" if verbose > 1 else "INFO")
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        handler = logging.StreamHandler()
+        handler.setFormatter(log_formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=level, handlers=[handler])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
