@@ -28,10 +28,10 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
         raise ConfigError(f"bad session name {args.session!r}")
     min_free = None
     if getattr(args, "min_free", None):
-        from ..units import parse_bytes
+        from ..units import parse_memory
 
         try:
-            min_free = parse_bytes(args.min_free)
+            min_free = int(parse_memory(args.min_free, ratio=False))
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
     import os
