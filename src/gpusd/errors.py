@@ -10,6 +10,7 @@ EXIT_NO_BACKEND = 3  # no NVML library, no driver, or no simulation given
 EXIT_NO_GPU = 4  # no GPU satisfies the constraints (and --wait was not given)
 EXIT_TIMEOUT = 5  # --wait --timeout ran out
 EXIT_NO_DAEMON = 6  # no daemon running / none found
+EXIT_ALREADY_RUNNING = 7  # gpusd start: a daemon already runs on this state directory with other options
 
 
 class GpusdError(Exception):

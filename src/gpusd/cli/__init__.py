@@ -303,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the (sub)command's parser, so the usage shown is the command's own
         _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    args._argv = argv  # for commands that must know which flags were given (gpusd start)
     if not getattr(args, "_target", None):
         parser.print_help()
         return EXIT_USAGE

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..discovery.txt import FREE_UTIL
-from ..errors import ConfigError
+from ..errors import EXIT_NO_DAEMON, ConfigError
 from ..units import format_bytes
 from .table import render_table
 
@@ -52,21 +52,22 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
 def scan(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> list[RemoteHost]:
+    async def go() -> tuple[list[RemoteHost], int]:
         client = _client(args)
         try:
-            return await client.scan(args.timeout)
+            return await client.scan(args.timeout), len(client.unmatched_hosts)
         finally:
             await client.stop_listening()
 
-    hosts = asyncio.run(go())
+    hosts, unmatched = asyncio.run(go())
     if args.json:
         print(json.dumps([_scan_dict(h) for h in hosts], indent=1))
-        return 0
+        return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
-        print(f"no gpusd hosts announced in {where} (browsed {args.timeout:g} s)", file=sys.stderr)
-        return 0
+        print(_nothing_found(args, unmatched, f"no gpusd hosts announced in {where} (browsed {args.timeout:g} s)"),
+              file=sys.stderr)
+        return EXIT_NO_DAEMON
     rows = []
     for h in hosts:
         t = h.txt
@@ -79,6 +80,14 @@ def scan(args: argparse.Namespace) -> int:
     print(render_table(["HOST", "NODE", "SESSION", "GPUS", "FREE", "INVENTORY", "ADDRESS", "SOURCE"], rows,
                        right=(3, 4)))
     return 0
+
+
+def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> str:
+    """Why nothing is listed: the --host filter left out every host found, or there was none."""
+    if args.host and unmatched:
+        return (f"{unmatched} gpusd host(s) found, but none matched --host {args.host!r} "
+                "(a glob on the host name, case-insensitive)")
+    return otherwise
 
 
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
@@ -101,23 +110,23 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 def list_devices(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> tuple[list[Device], list[RemoteHost]]:
+    async def go() -> tuple[list[Device], list[RemoteHost], int]:
         client = _client(args)
         try:
             await client.wait_settled(args.timeout)
-            return client.list_devices(), client.hosts
+            return client.list_devices(), client.hosts, len(client.unmatched_hosts)
         finally:
             await client.stop_listening()
 
-    devices, hosts = asyncio.run(go())
+    devices, hosts, unmatched = asyncio.run(go())
     if args.json:
         print(json.dumps([d.to_dict() for d in devices], indent=1))
-        return 0
+        return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
-        print(f"no gpusd hosts found in {where}; is a daemon running (gpusd start)? Try gpusd demo.",
-              file=sys.stderr)
-        return 0
+        print(_nothing_found(args, unmatched, f"no gpusd hosts found in {where}; is a daemon running "
+                             "(gpusd start)? Try gpusd demo."), file=sys.stderr)
+        return EXIT_NO_DAEMON
     print(render_devices(devices, hosts))
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..discovery.txt import DEFAULT_SESSION
 
@@ -31,6 +32,14 @@ class DaemonConfig:
     extensions: list[str] = field(default_factory=list)  # extra "module:function" installers
     thresholds: list[str] = field(default_factory=list)  # threshold rules (evaluated by gpusd.monitor)
     node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
+
+    def options(self) -> dict[str, Any]:
+        """What ``gpusd start`` was told, as recorded in the state directory so that a second start
+        can tell whether it asks for the same daemon (the token is left out: it is a secret)."""
+        return {"interfaces": self.interfaces, "port": self.port, "session": self.session,
+                "interval": self.interval, "history": self.history, "simulate": self.simulate,
+                "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
+                "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds)}
 
     def validate(self) -> None:
         from ..discovery.txt import valid_session

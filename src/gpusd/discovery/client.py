@@ -129,6 +129,8 @@ class AsyncClient:
         self._handlers: dict[str, list[Handler]] = {e: [] for e in EVENTS}
         self._subscribers: list[asyncio.Queue[DiscoveryEvent | None]] = []
         self._peers: dict[str, _Peer] = {}
+        # services of the wanted session(s) left out only by the host-name filter (for "none matched")
+        self.unmatched_hosts: set[str] = set()
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
@@ -423,6 +425,8 @@ class AsyncClient:
         if txt.source == "hwsd" and txt.gpusd_marker:
             return None  # a gpusd daemon's compatibility record: the host is listed via _gpusd._tcp
         if not self.filters.host_ok(txt):
+            if self.filters.hostname and self.filters.session in (None, txt.session):
+                self.unmatched_hosts.add(peer.name)
             log.debug("ignoring %s: session %r / host %r filtered out", peer.name, txt.session, txt.hostname)
             return None
         addresses = info.parsed_addresses(IPVersion.V4Only)
