@@ -19,10 +19,22 @@ class GpusdError(Exception):
     exit_code = EXIT_ERROR
 
 
+SIMULATE_EXAMPLE = "--simulate 4xA100-80GB"
+
+
 class BackendUnavailable(GpusdError):
-    """The GPU inventory cannot be read: no NVML library, no driver, or NVML failed to start."""
+    """The GPU inventory cannot be read: no NVML library, no driver, or NVML failed to start.
+
+    ``reason`` is what failed; with ``hint``, the message also says how to try gpusd without a GPU
+    (the CLI rewrites that hint to name the very command that was run)."""
 
     exit_code = EXIT_NO_BACKEND
+
+    def __init__(self, reason: str, hint: bool = False) -> None:
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"{reason}; to try gpusd without a GPU, simulate some ({SIMULATE_EXAMPLE}, "
+                         "or simulate='4xA100-80GB' in Python)" if hint else reason)
 
 
 class NoGpuAvailable(GpusdError):

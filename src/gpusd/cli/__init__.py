@@ -14,7 +14,20 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from .._version import __version__
-from ..errors import EXIT_USAGE, GpusdError
+from ..errors import EXIT_USAGE, SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
+
+PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
+
+
+def prog() -> str:
+    """The name the program was run under: ``gpisd`` or ``gpusd`` (``python -m gpusd``: gpusd).  A
+    daemon started in the background is told its parent's name through ``$GPUSD_PROG``."""
+    name = os.path.basename(sys.argv[0] or "")
+    if name in PROGS:
+        return name
+    env = os.environ.get("GPUSD_PROG", "")
+    return env if env in PROGS else "gpusd"
+
 
 # command -> "module:function" run with the parsed arguments
 _COMMANDS: dict[str, str] = {}
@@ -113,11 +126,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="gpusd",
+        prog=prog(),
         description="GPU service discovery and allocation: see every GPU on the LAN, and give each job "
         "the least-loaded GPUs without races.",
         epilog="Exit codes: 0 ok, 1 error, 2 bad usage, 3 no NVML/driver, 4 no GPU qualifies, 5 --wait timed out, "
-        "6 no daemon. See docs/cli.md.",
+        "6 no daemon / no host found, 7 start: a daemon runs with other options. See docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"gpusd {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -312,6 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     fn: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), func)
     try:
         return int(fn(args) or 0)
+    except BackendUnavailable as exc:
+        if exc.hint:  # name the command that was run: gpisd start --simulate ...
+            words = [w for w in (args.command, getattr(args, "export_format", None)) if w]
+            if getattr(args, "local", False):
+                words.append("--local")  # gpusd top --local: --simulate needs it
+            print(f"gpusd: {exc.reason}; to try it without a GPU: {prog()} {' '.join(words)} {SIMULATE_EXAMPLE}",
+                  file=sys.stderr)
+        else:
+            print(f"gpusd: {exc}", file=sys.stderr)
+        return exc.exit_code
     except GpusdError as exc:
         print(f"gpusd: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -170,7 +170,9 @@ def start(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         return run_foreground(cfg, args.ready_fd)
 
-    env = dict(os.environ)
+    from . import prog
+
+    env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
