@@ -179,7 +179,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        "($GPUSD_TOKEN)")
 
     def device_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", metavar="TEXT", help="only GPUs whose name contains TEXT (or matches a glob)")
+        p.add_argument("--model", metavar="TEXT", help="only GPUs whose model contains TEXT, or matches a glob "
+                       "(A100*) as the tables show it or in full (NVIDIA A100*); case-insensitive")
         p.add_argument("--min-free", metavar="MEM", help="only GPUs with at least this much free memory (20GiB)")
 
     p = _command(sub, "start", "gpusd.cli.daemon:start",
@@ -264,7 +265,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sort", choices=("host", "util", "memory", "temp", "power", "free"), default="host",
                    help="sort GPUs (and hosts) by this key; key s cycles (default host)")
     p.add_argument("--reverse", action="store_true", help="reverse the sort order")
-    p.add_argument("--filter", metavar="TEXT", help="show only GPUs matching TEXT (host, model, UUID, user...)")
+    p.add_argument("--filter", metavar="TEXT",
+                   help="show only GPUs matching TEXT (host, model, UUID, user...; a term with * is a glob: A100*)")
     p.add_argument("--width", type=int, metavar="N", help="with --once: render for N columns")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..discovery.txt import FREE_UTIL
 from ..errors import EXIT_NO_DAEMON, ConfigError
+from ..model import display_name
 from ..units import format_bytes
 from .table import render_table
 
@@ -102,7 +103,7 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
     parts: list[str] = []
     for (model, mib), run in groupby(inv):
         mem = f" ({format_bytes(mib * 2**20)})" if mib else ""
-        parts.append(f"{len(list(run))}x {model}{mem}")
+        parts.append(f"{len(list(run))}x {display_name(model)}{mem}")
     return ", ".join(parts)
 
 
@@ -155,7 +156,7 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         else:
             mem = util = temp = power = "-"
             state = "announced (hwsd)"
-        name = (g.name or "-").removeprefix("NVIDIA ")
+        name = display_name(g.name)
         if d.simulated:
             state += " [sim]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, display_name
 from ..units import format_bytes
 
 
@@ -61,7 +61,7 @@ def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
         power = f"{g.power_draw:.0f}W" if g.power_draw is not None else "-"
         status = "ok" if g.healthy else f"UNHEALTHY: {g.error or 'unknown'}"
         rows.append([
-            str(g.index), g.name or "-", mem, _pct(g.utilization_gpu),
+            str(g.index), display_name(g.name), mem, _pct(g.utilization_gpu),
             f"{g.temperature}C" if g.temperature is not None else "-", power,
             _procs(g), _leases(g), status,
         ])

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, display_name, name_matches
 from ..units import format_bytes
 from .txt import TxtRecord
 
@@ -100,7 +100,7 @@ class Device:
         util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
         mem = (f"{format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
                if g.memory_total is not None else "-")
-        return f"{self.hostname}:{g.index} {g.name or '?'} util {util} mem {mem}"
+        return f"{self.hostname}:{g.index} {display_name(g.name)} util {util} mem {mem}"
 
 
 @dataclass(slots=True)
@@ -239,14 +239,8 @@ class Filters:
         return True
 
     def device_ok(self, gpu: GpuInfo) -> bool:
-        if self.model:
-            name = (gpu.name or "").lower()
-            pattern = self.model.lower()
-            if any(c in pattern for c in "*?["):
-                if not fnmatch.fnmatchcase(name, pattern):
-                    return False
-            elif pattern not in name:
-                return False
+        if self.model and not name_matches(gpu.name, self.model):
+            return False
         if self.min_free_memory is not None:
             free = gpu.memory_free
             if free is None and gpu.memory_total is not None and gpu.memory_used is not None:

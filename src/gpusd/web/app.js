@@ -40,7 +40,8 @@
     return g.memory_total && g.memory_used !== null && g.memory_used !== undefined ? g.memory_used / g.memory_total : null;
   }
   function level(p) { return p === null ? "" : p >= 90 ? "bad" : p >= 70 ? "warn" : ""; }
-  function shortName(n) { return (n || "?").replace(/^(NVIDIA |GeForce |Tesla )/, ""); }
+  // gpusd.model.display_name: without "NVIDIA ", then without one brand ("GeForce ", "Tesla ")
+  function shortName(n) { return (n || "").replace(/^(NVIDIA )?(GeForce |Tesla )?/, "") || "-"; }
   function hostKey(d) { return d.node_id || d.hostname || "?"; }
   function now() { return Date.now() / 1000; }
   function headers() {
