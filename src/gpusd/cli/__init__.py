@@ -141,9 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-processes", dest="processes", action="store_false", help="skip process lists")
     _simulate_flag(p)
 
-    p = _command(sub, "select", "gpusd.cli.alloc:select", "pick the least-loaded GPUs that satisfy constraints")
+    p = _command(sub, "select", "gpusd.cli.alloc:select",
+                 "pick the least-loaded GPUs that satisfy constraints; takes no lease (gpusd run does)")
     _selection_flags(p)
-    p.add_argument("--json", action="store_true", help="print the selection as JSON")
+    p.add_argument("--json", action="store_true", help="print the selection as JSON: devices and env")
     p.set_defaults(lease=False)
 
     p = _command(sub, "env", "gpusd.cli.alloc:env",

@@ -66,8 +66,11 @@ def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
             _procs(g), _leases(g), status,
         ])
         for m in g.mig_instances:
+            # One cell per column, as the GPU rows: a slice has no utilisation, temperature or power
+            # of its own.  Its UUID is in --json (a 40-character cell would push every row wide).
             mmem = f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}" if m.memory_total else "-"
-            rows.append([f"{g.index}:{m.index}", f"  MIG {m.profile or '?'}", mmem, "-", "", "", "", "", m.uuid])
+            rows.append([f"{g.index}:{m.index}", f"  MIG {m.profile or '?'}", mmem, "-", "-", "-", "-", "-",
+                         "ok" if g.healthy else "-"])
     return rows
 
 

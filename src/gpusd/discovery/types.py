@@ -218,8 +218,28 @@ class DiscoveryEvent:
     def __str__(self) -> str:
         if self.device is not None:
             extra = f" [{', '.join(self.changed)}]" if self.changed else ""
-            return f"{self.event} {self.device}{extra}"
-        return f"{self.event} {self.host}"
+            line = f"{self.event} {self.device}{extra}"
+        else:
+            line = f"{self.event} {self.host}"
+        if self.event.startswith("threshold_") and self.data:
+            line += _rule_words(self.data)
+        return line
+
+
+def _rule_words(data: dict[str, Any]) -> str:
+    """`` rule 'busy: utilization>90% for 60s' (value 95)`` from a threshold event's data (sent by a
+    daemon: typed, bounded and printable before it reaches a terminal)."""
+
+    def text(v: Any) -> str | None:
+        return "".join(c if c.isprintable() else "?" for c in v[:120]) if isinstance(v, str) and v else None
+
+    name, expr = text(data.get("rule")), text(data.get("expr"))
+    if name is None and expr is None:
+        return ""
+    spec = expr if name in (None, expr) else name if expr is None else f"{name}: {expr}"
+    value = data.get("value")
+    shown = f" (value {value:g})" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    return f" rule {spec!r}{shown}"
 
 
 @dataclass(slots=True)
