@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from daemon_helpers import unique_session
 
 NO_DAEMON = 6
@@ -93,8 +93,8 @@ def test_second_start_with_other_options_is_refused(mode: list[str], options: li
 
 def test_second_start_against_a_daemon_that_recorded_no_options(tmp_path: Path, daemon: dict[str, Any]) -> None:
     """An older daemon's gpusd.json has no options: a start that gives options cannot be checked."""
-    from gpusd.cli.daemon import _already_running
     from gpusd.cli import build_parser
+    from gpusd.cli.daemon import _already_running
     from gpusd.daemon.process import DaemonStatus
     from gpusd.errors import GpusdError
 

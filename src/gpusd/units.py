@@ -52,9 +52,9 @@ def parse_memory(text: str, ratio: bool = True) -> int | float:
         return 0.0 if ratio else 0
     if ratio and 0 <= value <= 1:
         return value
-    what = "a ratio of the total from 0 to 1 (0.5) or an amount with a unit" if ratio else "an amount with a unit"
+    what = "a ratio of the total from 0 to 1 (0.5) or an amount" if ratio else "an amount, not a ratio,"
     hint = f"; did you mean {s}GiB?" if value > 1 else ""
-    raise ValueError(f"{text!r} has no unit: give {what} (20GiB, 500MB, 4096B){hint}")
+    raise ValueError(f"{text!r} has no unit: give {what} with a unit such as 20GiB, 500MB or 4096B{hint}")
 
 
 def format_bytes(n: int | None, unit: str = "GiB") -> str:
