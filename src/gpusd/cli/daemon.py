@@ -141,8 +141,9 @@ def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
              f"state directory {st.state_dir}")
     diff = _differences(args, cfg, info.get("options"))
     if diff is None:
-        raise AlreadyRunning(f"a daemon is already running ({where}) and its options are not recorded, so the "
-                             "options given cannot be checked; stop it first (gpusd stop) to start with them")
+        raise AlreadyRunning(f"a daemon is already running ({where}) and its options are not recorded (an older "
+                             "daemon, or one still starting), so the options given cannot be checked; stop it "
+                             "first (gpusd stop) to start with them")
     if diff:
         raise AlreadyRunning(f"a daemon is already running ({where}) with other options: {'; '.join(diff)}. "
                              "Stop it first (gpusd stop), or give another --state-dir for a second daemon")
