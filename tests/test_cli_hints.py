@@ -36,6 +36,7 @@ def no_gpu_env(tmp_path: Path) -> dict[str, str]:
     (["devices"], "gpisd devices --simulate 4xA100-80GB"),
     (["select", "-n", "1"], "gpisd select --simulate 4xA100-80GB"),
     (["top", "--local", "--once"], "gpisd top --local --simulate 4xA100-80GB"),
+    (["run", "--", "true"], "gpisd run --simulate 4xA100-80GB -- CMD ..."),
 ])
 def test_no_gpu_hint_names_the_command_run(gpisd: Path, no_gpu_env: dict[str, str], argv: list[str],
                                             hint: str) -> None:

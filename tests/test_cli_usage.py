@@ -126,6 +126,16 @@ def test_scenario_memory_over_the_total_is_refused(tmp_path: Path, memory: objec
     assert "gpus[1].memory_used" in err and "80.0GiB" in err
 
 
+def test_scenario_processes_over_the_total_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = _scenario(tmp_path, [{"model": "RTX4090", "processes": [{"pid": 1, "memory": "20GiB"},
+                                                                   {"pid": 2, "memory": "20GiB"}]}])
+    rc, out, err = cli(["devices", "--json", "--simulate", spec], capsys)
+    assert rc == 2 and out == "" and "processes of gpus[0]" in err and "40.0GiB" in err
+    spec = _scenario(tmp_path, [{"model": "RTX4090", "processes": [{"pid": 1, "memory": "lots"}]}])
+    rc, out, err = cli(["devices", "--json", "--simulate", spec], capsys)
+    assert rc == 2 and "gpus[0].processes[0].memory" in err
+
+
 def test_scenario_within_bounds_still_works(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = _scenario(tmp_path, [{"model": "A100-80GB", "memory_used": "80GiB", "util": {"min": 0, "max": 100}}])
     rc, out, _ = cli(["devices", "--json", "--simulate", spec], capsys)

@@ -333,8 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             words = [w for w in (args.command, getattr(args, "export_format", None)) if w]
             if getattr(args, "local", False):
                 words.append("--local")  # gpusd top --local: --simulate needs it
-            print(f"gpusd: {exc.reason}; to try it without a GPU: {prog()} {' '.join(words)} {SIMULATE_EXAMPLE}",
-                  file=sys.stderr)
+            words.append(SIMULATE_EXAMPLE)
+            if args.command == "run":
+                words.append("-- CMD ...")
+            print(f"gpusd: {exc.reason}; to try it without a GPU: {prog()} {' '.join(words)}", file=sys.stderr)
         else:
             print(f"gpusd: {exc}", file=sys.stderr)
         return exc.exit_code

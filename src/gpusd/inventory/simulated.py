@@ -166,6 +166,15 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
         if _extremes(memory)[1] > total:
             raise ConfigError(f"scenario {path}: gpus[{i}].memory_used reaches {format_bytes(int(_extremes(memory)[1]))}, "
                               f"more than the {format_bytes(total)} of model {model}")
+        in_procs = 0
+        for k, p in enumerate(procs):
+            try:
+                in_procs += parse_bytes(p.get("memory", 0)) if isinstance(p, dict) else 0
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"scenario {path}: gpus[{i}].processes[{k}].memory: {exc}") from None
+        if in_procs > total:
+            raise ConfigError(f"scenario {path}: the processes of gpus[{i}] use {format_bytes(in_procs)}, "
+                              f"more than the {format_bytes(total)} of model {model}")
         gpus.append(_SimGpu(
             model=model,
             util=util,
