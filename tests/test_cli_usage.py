@@ -56,6 +56,14 @@ def test_ratios_and_amounts_mean_what_they_say() -> None:
         parse_memory("0.5", ratio=False)
 
 
+def test_client_min_free_needs_a_unit() -> None:
+    from gpusd.discovery.client import AsyncClient
+
+    with pytest.raises(ValueError, match="did you mean 20GiB"):
+        AsyncClient(min_free_memory="20", interfaces=["127.0.0.1"])
+    assert AsyncClient(min_free_memory="20GiB", interfaces=["127.0.0.1"]).filters.min_free_memory == 20 * GiB
+
+
 def test_python_api_refuses_a_float_that_is_no_ratio() -> None:
     from gpusd.alloc.select import Constraints
     from gpusd.errors import ConfigError

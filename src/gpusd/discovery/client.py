@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from ..model import GpuInfo, HostSnapshot
-from ..units import parse_bytes
+from ..units import parse_memory
 from .net import open_zeroconf, rank_addresses, resolve_interfaces
 from .sse import SSEError, SSEParser
 from .txt import DEFAULT_SESSION, HWSD_TYPE, SERVICE_TYPE, TxtError, decode_hwsd, decode_txt
@@ -108,8 +108,8 @@ class AsyncClient:
         zeroconf: "AsyncZeroconf | None" = None,
         token: str | None = None,
     ) -> None:
-        if isinstance(min_free_memory, str):
-            min_free_memory = parse_bytes(min_free_memory)
+        if isinstance(min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
+            min_free_memory = int(parse_memory(min_free_memory, ratio=False))
         self.filters = Filters(
             session=None if all_sessions else session,
             hostname=hostname,
