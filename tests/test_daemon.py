@@ -260,7 +260,9 @@ def test_one_daemon_per_state_dir_and_busy_port(proc_env: dict[str, str]) -> Non
     assert r.returncode == 0, r.stderr
     try:
         r = gpusd("start", "--foreground", "--simulate", "1xT4", "--port", "0", env=proc_env, timeout=30)
-        assert r.returncode == 1 and "already running" in r.stderr
+        assert r.returncode == 0 and "already running" in r.stdout  # the same options: as a background start
+        r = gpusd("start", "--foreground", "--simulate", "2xT4", "--port", "0", env=proc_env, timeout=30)
+        assert r.returncode == 7 and "already running" in r.stderr and "--simulate 2xT4" in r.stderr
         port = json.loads(gpusd("status", "--json", env=proc_env).stdout)["port"]
         other = dict(proc_env, GPUSD_STATE_DIR=proc_env["GPUSD_STATE_DIR"] + "-2")
         r = gpusd("start", "--simulate", "1xT4", "--port", str(port), env=other)

@@ -72,7 +72,7 @@ async def test_shows_every_host_and_gpu_and_follows_load_changes():
         names = await page.evaluate("[...document.querySelectorAll('.host .name')].map(e => e.textContent)")
         assert names == ["gpu-node-1", "gpu-node-2"]
         models = await page.evaluate(f"[...{rows(n2)}].map(r => r.querySelector('.model').textContent)")
-        assert models == ["H100 80GB HBM3", "H100 80GB HBM3", "GeForce RTX 4090"]
+        assert models == ["H100 80GB HBM3", "H100 80GB HBM3", "RTX 4090"]  # one rule: gpusd.model.display_name
         summary = await page.evaluate("document.getElementById('summary').textContent")
         assert "2 hosts" in summary and "7 GPUs" in summary
         assert await page.evaluate("document.getElementById('status').textContent") == "live"
@@ -210,7 +210,7 @@ async def test_hostile_hosts_do_not_hide_the_good_ones():
         await page.wait_for(f"{rows(n1)}.length === 4 && {rows(n2)}.length === 3", timeout=15)
         assert await page.evaluate("document.getElementById('status').textContent") == "live"
         models = await page.evaluate(f"[...{rows(n2)}].map(r => r.querySelector('.model').textContent)")
-        assert models == ["H100 80GB HBM3", "H100 80GB HBM3", "GeForce RTX 4090"]
+        assert models == ["H100 80GB HBM3", "H100 80GB HBM3", "RTX 4090"]  # gpusd.model.display_name
         # the hostile host is shown, as text, bounded, with its bad readings as "-"
         evil = await page.wait_for("(() => { const c = document.querySelector('[data-node=\"evil\"]');"
                                    " return c && {name: c.querySelector('.name').textContent,"

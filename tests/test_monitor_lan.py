@@ -127,7 +127,7 @@ def test_privacy_writes_and_thresholds_across_the_lan(lan: Lan) -> None:  # noqa
     assert ev["data"]["rule"] == "hot" and ev["data"]["value"] == 60
     watcher.stop()
     log = (h1.state_dir / "gpusd.log").read_text()
-    assert "threshold exceeded: node-1 GPU 1 temperature 91 C > 80 C (hot)" in log
+    assert "threshold exceeded: node-1 GPU 1 temperature 91 C > 80 C (hot: temperature>80C)" in log
 
 
 @pytest.mark.timeout(180)

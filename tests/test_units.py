@@ -22,7 +22,9 @@ def test_parse_memory_ratio_or_bytes():
     assert parse_memory("50%") == 0.5
     assert parse_memory("1.0") == 1.0
     assert parse_memory("8GiB") == 8 * 2**30
-    assert parse_memory("2048") == 2048
+    assert parse_memory("2048B") == 2048
+    with pytest.raises(ValueError, match="did you mean 2048GiB"):
+        parse_memory("2048")  # bytes need a unit
     with pytest.raises(ValueError):
         parse_memory("150%")
 

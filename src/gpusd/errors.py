@@ -10,6 +10,7 @@ EXIT_NO_BACKEND = 3  # no NVML library, no driver, or no simulation given
 EXIT_NO_GPU = 4  # no GPU satisfies the constraints (and --wait was not given)
 EXIT_TIMEOUT = 5  # --wait --timeout ran out
 EXIT_NO_DAEMON = 6  # no daemon running / none found
+EXIT_ALREADY_RUNNING = 7  # gpusd start: a daemon already runs on this state directory with other options
 
 
 class GpusdError(Exception):
@@ -18,10 +19,22 @@ class GpusdError(Exception):
     exit_code = EXIT_ERROR
 
 
+SIMULATE_EXAMPLE = "--simulate 4xA100-80GB"
+
+
 class BackendUnavailable(GpusdError):
-    """The GPU inventory cannot be read: no NVML library, no driver, or NVML failed to start."""
+    """The GPU inventory cannot be read: no NVML library, no driver, or NVML failed to start.
+
+    ``reason`` is what failed; with ``hint``, the message also says how to try gpusd without a GPU
+    (the CLI rewrites that hint to name the very command that was run)."""
 
     exit_code = EXIT_NO_BACKEND
+
+    def __init__(self, reason: str, hint: bool = False) -> None:
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"{reason}; to try gpusd without a GPU, simulate some ({SIMULATE_EXAMPLE}, "
+                         "or simulate='4xA100-80GB' in Python)" if hint else reason)
 
 
 class NoGpuAvailable(GpusdError):

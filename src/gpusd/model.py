@@ -347,3 +347,36 @@ __all__ = [
 
 # Keep the list of fields in one place for documentation tools.
 FIELD_NAMES = {cls.__name__: [f.name for f in fields(cls)] for cls in (HostSnapshot, GpuInfo, MigInstance, ProcessInfo, LeaseInfo)}
+
+
+# -- how a GPU's name is shown -----------------------------------------------------------------------
+_NAME_PREFIXES = ("NVIDIA ",)  # the vendor, then at most one brand
+_BRAND_PREFIXES = ("GeForce ", "Tesla ")
+
+
+def display_name(name: str | None) -> str:
+    """A GPU's name as every gpusd table shows it (``devices``, ``list``, ``scan``, ``watch``, ``top``,
+    the dashboard): NVML's name without the vendor and brand prefixes.  ``NVIDIA A100-SXM4-80GB`` ->
+    ``A100-SXM4-80GB``, ``NVIDIA GeForce RTX 4090`` -> ``RTX 4090``, ``Tesla T4`` -> ``T4``; ``-`` when
+    unknown.  ``--json`` output keeps NVML's full name."""
+    if not name:
+        return "-"
+    for prefix in _NAME_PREFIXES:
+        name = name.removeprefix(prefix)
+    for prefix in _BRAND_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    return name or "-"
+
+
+def name_matches(name: str | None, pattern: str) -> bool:
+    """``--model``/``--filter``: does ``pattern`` match this GPU?  Case-insensitive; a glob (``*?[``)
+    must match the whole shown name or the whole full name, other text is a substring of either."""
+    p = pattern.lower()
+    candidates = (display_name(name).lower(), (name or "").lower())
+    if any(c in p for c in "*?["):
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(c, p) for c in candidates)
+    return any(p in c for c in candidates)

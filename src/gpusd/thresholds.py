@@ -330,12 +330,12 @@ class ThresholdEvent:
         where = f"{self.hostname} GPU {self.index if self.index is not None else self.gpu}"
         if r.metric == "lost":
             what = "lost" if self.state == EXCEEDED else "back"
-            return f"{where} {what} ({r.name})"
+            return f"{where} {what} ({r.spec})"
         reading = f"{r.metric} {format_value(self.value, r.unit)}"
         if self.state == EXCEEDED:
             dur = f" for {_fmt_num(r.duration)}s" if r.duration else ""
-            return f"{where} {reading} {r.op} {format_value(r.limit, r.unit)}{dur} ({r.name})"
-        return f"{where} {reading}: cleared ({r.name})"
+            return f"{where} {reading} {r.op} {format_value(r.limit, r.unit)}{dur} ({r.spec})"
+        return f"{where} {reading}: cleared ({r.spec})"
 
     def to_dict(self) -> dict[str, Any]:
         """The ``threshold`` event data of docs/wire-format.md, plus context for displays."""

@@ -26,12 +26,19 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def parse_memory(text: str) -> int | float:
-    """A memory amount: bytes (``8GiB``) or, for a number between 0 and 1 with no unit, a ratio of
-    the GPU's total memory (``0.5``)."""
+def parse_memory(text: str, ratio: bool = True) -> int | float:
+    """A memory amount: bytes with a unit (``8GiB``, ``500MB``, ``4096B``) or, with ``ratio``, a
+    share of the GPU's total memory: a number from 0 to 1 with no unit (``0.5``) or a percentage
+    (``50%``).  A bare number above 1 is refused (``20`` would be 20 bytes or 2000 %: neither is
+    meant), with a hint such as "did you mean 20GiB?"."""
     s = str(text).strip()
     if s.endswith("%"):
-        value = float(s[:-1]) / 100
+        if not ratio:
+            raise ValueError(f"{text!r}: give an amount such as 20GiB, not a percentage")
+        try:
+            value = float(s[:-1]) / 100
+        except ValueError:
+            raise ValueError(f"not a percentage: {text!r}") from None
         if not 0 <= value <= 1:
             raise ValueError(f"not a percentage between 0 and 100: {text!r}")
         return value
@@ -39,9 +46,15 @@ def parse_memory(text: str) -> int | float:
         value = float(s)
     except ValueError:
         return parse_bytes(s)
-    if 0 <= value < 1 or (value == 1 and "." in s):
+    if value < 0:
+        raise ValueError(f"a memory amount cannot be negative: {text!r}")
+    if value == 0:
+        return 0.0 if ratio else 0
+    if ratio and 0 <= value <= 1:
         return value
-    return parse_bytes(s)
+    what = "a ratio of the total from 0 to 1 (0.5) or an amount" if ratio else "an amount, not a ratio,"
+    hint = f"; did you mean {s}GiB?" if value > 1 else ""
+    raise ValueError(f"{text!r} has no unit: give {what} with a unit such as 20GiB, 500MB or 4096B{hint}")
 
 
 def format_bytes(n: int | None, unit: str = "GiB") -> str:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from ..errors import NoGpuAvailable, WaitTimeout
+from ..errors import ConfigError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..model import GpuInfo
 from . import queue
@@ -126,6 +126,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
              poll: float = 0.1, simulate: str | None = None, store: LeaseStore | None = None,
              command: str | None = None, pid: int | None = None, backend: Backend | None = None) -> Selection:
     """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served."""
+    if timeout is not None and not timeout >= 0:  # also refuses nan
+        raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:

@@ -17,10 +17,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import re
+import stat
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .leases import LeaseStore, _open_shared_file, _try_lock, _user
 
@@ -131,3 +135,71 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05) -> bool:
             time.sleep(poll)
     finally:
         os.close(fd)
+
+
+@dataclass
+class Waiter:
+    """A job waiting in the queue, as its ticket describes it (None: the ticket does not say, or says
+    something malformed — tickets are written by other users and read as untrusted)."""
+
+    position: int  # 1: the head of the queue
+    seq: int
+    ticket: str  # the ticket's file name in the lock directory
+    pid: int | None
+    user: str | None
+    count: int | None  # GPUs asked for
+    since: float | None  # time.time() when it started waiting
+    command: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_TICKET_MAX = 8192  # a real ticket: under 4 KiB (the command is cut at 512 characters)
+
+
+def _read_ticket(path: Path) -> dict[str, Any]:
+    """The JSON of a ticket, read without following a link or blocking; {} when unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        data = json.loads(os.read(fd, _TICKET_MAX).decode("utf-8", "replace"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else {}
+
+
+def _typed(value: Any, kind: type, limit: int = 256) -> Any:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        return None
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def waiters(store: LeaseStore) -> list[Waiter]:
+    """Who is waiting, oldest first (read-only: nothing is locked, cleaned or written)."""
+    out: list[Waiter] = []
+    for position, (seq, path) in enumerate(waiting(store), 1):
+        t = _read_ticket(path)
+        m = _TICKET.match(path.name)
+        pid = _typed(t.get("pid"), int)
+        if pid is None and m:
+            pid = int(m.group(2))
+        since = t.get("since")
+        out.append(Waiter(
+            position=position, seq=seq, ticket=path.name, pid=pid, user=_typed(t.get("user"), str, 64),
+            count=_typed(t.get("count"), int),
+            since=float(since) if isinstance(since, (int, float)) and not isinstance(since, bool)
+            and math.isfinite(since) else None,
+            command=_typed(t.get("command"), str, 512),
+        ))
+    return out

@@ -58,9 +58,15 @@ class Constraints:
             raise ConfigError(f"--by must be one of {', '.join(RANKINGS)}, not {by!r}")
         try:
             mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
-            mem = parse_memory(memory) if isinstance(memory, str) else memory
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"--min-free: {exc}") from None
+        try:
+            mem = parse_memory(memory, ratio=False) if isinstance(memory, str) else memory
+        except ValueError as exc:
+            raise ConfigError(f"--memory: {exc}") from None
+        if isinstance(mf, float) and not 0 <= mf <= 1:
+            raise ConfigError(f"min_free={mf!r}: a float is a ratio of the total from 0 to 1; "
+                              f"give bytes as an int or a string such as '{mf:g}GiB'")
         if isinstance(mem, float):
             raise ConfigError("--memory must be an amount such as 30GiB, not a ratio")
         if max_util is not None and not 0 <= max_util <= 100:

@@ -14,7 +14,20 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from .._version import __version__
-from ..errors import EXIT_USAGE, GpusdError
+from ..errors import EXIT_USAGE, SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
+
+PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
+
+
+def prog() -> str:
+    """The name the program was run under: ``gpisd`` or ``gpusd`` (``python -m gpusd``: gpusd).  A
+    daemon started in the background is told its parent's name through ``$GPUSD_PROG``."""
+    name = os.path.basename(sys.argv[0] or "")
+    if name in PROGS:
+        return name
+    env = os.environ.get("GPUSD_PROG", "")
+    return env if env in PROGS else "gpusd"
+
 
 # command -> "module:function" run with the parsed arguments
 _COMMANDS: dict[str, str] = {}
@@ -55,6 +68,25 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _seconds(text: str) -> float:
+    """A duration flag: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """A period or duration that must be longer than zero."""
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}")
+    return value
+
+
 def _simulate_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--simulate", metavar="SPEC", default=None,
                    help="use simulated GPUs, e.g. 4xA100-80GB or a scenario .json file (also $GPUSD_SIMULATE)")
@@ -77,7 +109,7 @@ def _selection_flags(p: argparse.ArgumentParser) -> None:
                    help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
     g.add_argument("--no-lease", dest="lease", action="store_false", help="select only; take no lease")
     g.add_argument("--wait", action="store_true", help="queue (first come, first served) until GPUs qualify")
-    g.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 5)")
+    g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
     g.add_argument("--uuid", action="store_true", help="emit UUIDs instead of indices in CUDA_VISIBLE_DEVICES")
     _simulate_flag(p)
 
@@ -94,11 +126,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="gpusd",
+        prog=prog(),
         description="GPU service discovery and allocation: see every GPU on the LAN, and give each job "
         "the least-loaded GPUs without races.",
         epilog="Exit codes: 0 ok, 1 error, 2 bad usage, 3 no NVML/driver, 4 no GPU qualifies, 5 --wait timed out, "
-        "6 no daemon. See docs/cli.md.",
+        "6 no daemon / no host found, 7 start: a daemon runs with other options. See docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"gpusd {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -109,9 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-processes", dest="processes", action="store_false", help="skip process lists")
     _simulate_flag(p)
 
-    p = _command(sub, "select", "gpusd.cli.alloc:select", "pick the least-loaded GPUs that satisfy constraints")
+    p = _command(sub, "select", "gpusd.cli.alloc:select",
+                 "pick the least-loaded GPUs that satisfy constraints; takes no lease (gpusd run does)")
     _selection_flags(p)
-    p.add_argument("--json", action="store_true", help="print the selection as JSON")
+    p.add_argument("--json", action="store_true", help="print the selection as JSON: devices and env")
     p.set_defaults(lease=False)
 
     p = _command(sub, "env", "gpusd.cli.alloc:env",
@@ -147,7 +180,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        "($GPUSD_TOKEN)")
 
     def device_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", metavar="TEXT", help="only GPUs whose name contains TEXT (or matches a glob)")
+        p.add_argument("--model", metavar="TEXT", help="only GPUs whose model contains TEXT, or matches a glob "
+                       "(A100*) as the tables show it or in full (NVIDIA A100*); case-insensitive")
         p.add_argument("--min-free", metavar="MEM", help="only GPUs with at least this much free memory (20GiB)")
 
     p = _command(sub, "start", "gpusd.cli.daemon:start",
@@ -156,8 +190,8 @@ def _build_parser() -> argparse.ArgumentParser:
     interface_flag(p, "announce and serve")
     p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
     p.add_argument("--session", default="default", help="cluster name; clients see their session only")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)")
-    p.add_argument("--history", type=float, default=300.0, metavar="S", help="seconds of history kept (default 300)")
+    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S", help="seconds between samples (default 1)")
+    p.add_argument("--history", type=_seconds, default=300.0, metavar="S", help="seconds of history kept (default 300)")
     p.add_argument("--hostname", help="host name to announce (default: this machine's, or $GPUSD_HOSTNAME)")
     state_flag(p)
     p.add_argument("--gpusd-compat", action="store_true",
@@ -169,16 +203,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
     p.add_argument("--fleet", choices=("auto", "on", "off"), default="auto",
                    help="the /api/v1/fleet view: started on first use (auto), always, or never")
-    p.add_argument("--txt-interval", type=float, default=6.0, metavar="S",
+    p.add_argument("--txt-interval", type=_seconds, default=6.0, metavar="S",
                    help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
                    help="how long to wait for a background daemon to come up (default 30)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 
     p = _command(sub, "stop", "gpusd.cli.daemon:stop", "stop the daemon (its host disappears from clients at once)")
     state_flag(p)
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S", help="how long to wait (default 10)")
+    p.add_argument("--timeout", type=_seconds, default=10.0, metavar="S", help="how long to wait (default 10)")
     p.add_argument("--force", action="store_true", help="SIGKILL the daemon if it does not stop in time")
 
     p = _command(sub, "status", "gpusd.cli.daemon:status", "is the daemon running, and what does it serve")
@@ -187,7 +221,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "scan", "gpusd.cli.discover:scan", "list the hosts announced on the LAN (mDNS)")
     client_flags(p)
-    p.add_argument("--timeout", type=float, default=2.0, metavar="S", help="seconds to browse (default 2)")
+    p.add_argument("--timeout", type=_seconds, default=2.0, metavar="S", help="seconds to browse (default 2)")
     p.add_argument("--json", action="store_true")
 
     for name in ("list", "list_devices"):
@@ -195,21 +229,21 @@ def _build_parser() -> argparse.ArgumentParser:
                      "every GPU on the LAN with its live load" if name == "list" else "every GPU on the LAN (alias of list)")
         client_flags(p)
         device_flags(p)
-        p.add_argument("--timeout", type=float, default=3.0, metavar="S",
+        p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S",
                        help="at most this long to wait for hosts to answer (default 3)")
         p.add_argument("--json", action="store_true")
 
     p = _command(sub, "watch", "gpusd.cli.discover:watch", "print discovery events as they happen, one per line")
     client_flags(p)
     device_flags(p)
-    p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    p.add_argument("--liveness", type=float, default=10.0, metavar="S",
+    p.add_argument("--duration", type=_positive_seconds, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--liveness", type=_positive_seconds, default=10.0, metavar="S",
                    help="report a silent host removed after S seconds (default 10)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
     p = _command(sub, "demo", "gpusd.cli.daemon:demo",
                  "start three daemons with simulated GPUs on 127.0.0.1, discover them and show them live")
-    p.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds to show (default 10)")
+    p.add_argument("--duration", type=_positive_seconds, default=10.0, metavar="S", help="seconds to show (default 10)")
     p.add_argument("--once", action="store_true", help="print the table once, then stop")
     p.add_argument("--hosts", type=int, default=3, help="number of simulated hosts (1-8, default 3)")
     # --- end of discovery & daemon commands ---
@@ -226,13 +260,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session", default="default", help="cluster name to show (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="show hosts of every session")
     p.add_argument("--once", action="store_true", help="print one frame and exit (also when stdout is not a terminal)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh every S seconds (default 1)")
-    p.add_argument("--wait", type=float, default=2.0, metavar="S",
+    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S", help="refresh every S seconds (default 1)")
+    p.add_argument("--wait", type=_seconds, default=2.0, metavar="S",
                    help="seconds to browse the LAN before the first frame (default 2)")
     p.add_argument("--sort", choices=("host", "util", "memory", "temp", "power", "free"), default="host",
                    help="sort GPUs (and hosts) by this key; key s cycles (default host)")
     p.add_argument("--reverse", action="store_true", help="reverse the sort order")
-    p.add_argument("--filter", metavar="TEXT", help="show only GPUs matching TEXT (host, model, UUID, user...)")
+    p.add_argument("--filter", metavar="TEXT",
+                   help="show only GPUs matching TEXT (host, model, UUID, user...; a term with * is a glob: A100*)")
     p.add_argument("--width", type=int, metavar="N", help="with --once: render for N columns")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
@@ -249,12 +284,24 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="daemons of every session")
-    p.add_argument("--wait", type=float, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
+    p.add_argument("--wait", type=_seconds, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
     p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
-    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="with --watch: check every S seconds")
+    p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S", help="with --watch: check every S seconds")
     p.add_argument("--token", help="with --url: the daemon's token ($GPUSD_TOKEN)")
     # --- end of monitoring commands ---
 
+    return parser
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command that ``args`` were parsed for (``gpusd export prometheus-sd``)."""
+    while parser._subparsers is not None:
+        action = next((a for a in parser._subparsers._group_actions
+                       if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, action.dest, None) if action is not None else None
+        if action is None or chosen not in action.choices:
+            break
+        parser = action.choices[chosen]
     return parser
 
 
@@ -273,7 +320,10 @@ def _setup_logging(verbose: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(argv))
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the (sub)command's parser, so the usage shown is the command's own
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    args._argv = argv  # for commands that must know which flags were given (gpusd start)
     if not getattr(args, "_target", None):
         parser.print_help()
         return EXIT_USAGE
@@ -282,6 +332,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     fn: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), func)
     try:
         return int(fn(args) or 0)
+    except BackendUnavailable as exc:
+        if exc.hint:  # name the command that was run: gpisd start --simulate ...
+            words = [w for w in (args.command, getattr(args, "export_format", None)) if w]
+            if getattr(args, "local", False):
+                words.append("--local")  # gpusd top --local: --simulate needs it
+            words.append(SIMULATE_EXAMPLE)
+            if args.command == "run":
+                words.append("-- CMD ...")
+            print(f"gpusd: {exc.reason}; to try it without a GPU: {prog()} {' '.join(words)}", file=sys.stderr)
+        else:
+            print(f"gpusd: {exc}", file=sys.stderr)
+        return exc.exit_code
     except GpusdError as exc:
         # messages may quote what a peer sent
         from ..sanitize import for_terminal

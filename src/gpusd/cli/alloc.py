@@ -34,7 +34,9 @@ def select(args: argparse.Namespace) -> int:
     if args.json:
         from ..sanitize import dumps
 
-        print(dumps(sel.to_dict(), indent=2))
+        out = sel.to_dict()
+        out.pop("lease", None)  # select takes no lease (gpusd run does): no key that suggests one
+        print(dumps(out, indent=2))
     else:
         print(sel.env()["CUDA_VISIBLE_DEVICES"])
     return 0
@@ -61,27 +63,45 @@ def run_command(args: argparse.Namespace) -> int:
     return run_with(sel, cmd)
 
 
+def _cell(text: str | None, limit: int = 40) -> str:
+    """A table cell from another user's file: sanitised (gpusd.sanitize), bounded."""
+    from ..sanitize import for_terminal
+
+    return for_terminal(text, limit) or "-"
+
+
+def _age(since: float | None, now: float) -> str:
+    return f"{max(0.0, now - since):.0f}s" if since else "-"
+
+
 def leases(args: argparse.Namespace) -> int:
     import time
 
     from ..alloc import queue
     from ..alloc.leases import LeaseStore
-    from ..sanitize import dumps, for_terminal  # lease files are other users' words
+    from ..sanitize import dumps  # lease files are other users' words: cells go through _cell
     from .table import render_table
 
     store = LeaseStore()
     held = store.leases()
-    queued = queue.waiting(store)
+    waiters = queue.waiters(store)
     if args.json:
         print(dumps({"lock_dir": str(store.dir), "leases": [le.to_dict() for le in held],
-                          "queued": [str(p.name) for _, p in queued]}, indent=2))
+                     "queued": [w.ticket for w in waiters],
+                     "waiting": [w.to_dict() for w in waiters]}, indent=2))
         return 0
     now = time.time()
     rows = [[le.device or "-", le.lease_id, le.user or "-", str(le.pid),
              "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
-             f"{now - le.started:.0f}s" if le.started else "-", for_terminal(le.command, 40) or "-"] for le in held]
-    print(f"lock directory {store.dir}: {len(held)} device lease(s), {len(queued)} job(s) waiting")
+             _age(le.started, now), _cell(le.command)] for le in held]
+    print(f"lock directory {store.dir}: {len(held)} device lease(s), {len(waiters)} job(s) waiting")
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "COMMAND"], rows))
+    if waiters:
+        print("waiting (first come, first served):")
+        print(render_table(["#", "USER", "PID", "GPUS", "WAITING", "COMMAND"], [
+            [str(w.position), _cell(w.user, 32), str(w.pid) if w.pid is not None else "-",
+             str(w.count) if w.count is not None else "-", _age(w.since, now), _cell(w.command)]
+            for w in waiters], right=(0, 2, 3, 4)))
     return 0

@@ -9,7 +9,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import EXIT_ALREADY_RUNNING, ConfigError, GpusdError
+
+
+class AlreadyRunning(GpusdError):
+    """``gpusd start`` asked for other options than the daemon already running on its state directory."""
+
+    exit_code = EXIT_ALREADY_RUNNING
+
+
+# start flag (dest) -> (the flag as shown, the key of DaemonConfig.options()); the flags left out
+# (--foreground, --timeout, --state-dir, --token, -v) do not make another daemon
+_COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "port"),
+             "session": ("--session", "session"), "interval": ("--interval", "interval"),
+             "history": ("--history", "history"), "simulate": ("--simulate", "simulate"),
+             "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
+             "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
+             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -69,11 +85,81 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _given(args: argparse.Namespace) -> set[str]:
+    """The ``gpusd start`` flags (dests) given on the command line, defaults left out."""
+    argv = getattr(args, "_argv", None)
+    if argv is None:
+        return set()
+    from . import _innermost, build_parser
+
+    parser = build_parser("start")
+    ns, _ = parser.parse_known_args(argv)
+    sub = _innermost(parser, ns)
+    for action in sub._actions:
+        action.default = argparse.SUPPRESS
+    ns, _ = parser.parse_known_args(argv)
+    return set(vars(ns)) & set(_COMPARED)
+
+
+def _differences(args: argparse.Namespace, cfg: Any, running: Any) -> list[str] | None:
+    """The given options that differ from the running daemon's (None: its options are unknown)."""
+    given = _given(args)
+    if not given:
+        return []
+    if not isinstance(running, dict):
+        return None
+    wanted = cfg.options()
+    out: list[str] = []
+    seen: set[str] = set()
+    for dest in sorted(given, key=list(_COMPARED).index):
+        flag, key = _COMPARED[dest]
+        new, old = wanted.get(key), running.get(key)
+        if key == "interfaces":
+            new, old = sorted(new or []), sorted(old or []) if isinstance(old, list) else old
+        if new == old or key in seen:
+            continue
+        seen.add(key)
+        if isinstance(new, bool) or isinstance(old, bool):
+            out.append(f"{flag} (running: {'with' if old else 'without'} it)")
+        else:
+            out.append(f"{flag} {_show(new)} (running: {_show(old)})")
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "none"
+    return "default" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
+    """A daemon already runs on this state directory: the same for a foreground and a background
+    start.  The options given match its own: say so, exit 0.  They differ: refuse (exit 7)."""
+    info = st.info
+    where = (f"pid {st.pid}, serving {' '.join(info.get('urls') or []) or '?'}, session {info.get('session', '?')}, "
+             f"state directory {st.state_dir}")
+    diff = _differences(args, cfg, info.get("options"))
+    if diff is None:
+        raise AlreadyRunning(f"a daemon is already running ({where}) and its options are not recorded (an older "
+                             "daemon, or one still starting), so the options given cannot be checked; stop it "
+                             "first (gpusd stop) to start with them")
+    if diff:
+        raise AlreadyRunning(f"a daemon is already running ({where}) with other options: {'; '.join(diff)}. "
+                             "Stop it first (gpusd stop), or give another --state-dir for a second daemon")
+    print(f"gpusd: already running ({where})")
+    return 0
+
+
 def start(args: argparse.Namespace) -> int:
     state = _state_dir(args)
     cfg = _config(args, state)
     if args.hostname:
         os.environ["GPUSD_HOSTNAME"] = args.hostname
+    from ..daemon import process
+
+    st = process.status(state)
+    if st.running:
+        return _already_running(args, cfg, st)
     if args.foreground:
         import logging
 
@@ -84,13 +170,9 @@ def start(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         return run_foreground(cfg, args.ready_fd)
 
-    from ..daemon import process
+    from . import prog
 
-    st = process.status(state)
-    if st.running:
-        print(f"gpusd: already running (pid {st.pid}, state directory {state})")
-        return 0
-    env = dict(os.environ)
+    env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)

@@ -8,7 +8,8 @@ import time
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import ConfigError
+from ..errors import EXIT_NO_DAEMON, ConfigError
+from ..model import display_name
 from ..sanitize import dumps, for_terminal
 from ..units import format_bytes
 from ..wire.txt import FREE_UTIL
@@ -27,10 +28,10 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
         raise ConfigError(f"bad session name {args.session!r}")
     min_free = None
     if getattr(args, "min_free", None):
-        from ..units import parse_bytes
+        from ..units import parse_memory
 
         try:
-            min_free = parse_bytes(args.min_free)
+            min_free = int(parse_memory(args.min_free, ratio=False))
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
     import os
@@ -51,21 +52,22 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
 def scan(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> list[RemoteHost]:
+    async def go() -> tuple[list[RemoteHost], int]:
         client = _client(args)
         try:
-            return await client.scan(args.timeout)
+            return await client.scan(args.timeout), len(client.unmatched_hosts)
         finally:
             await client.stop_listening()
 
-    hosts = asyncio.run(go())
+    hosts, unmatched = asyncio.run(go())
     if args.json:
         print(dumps([_scan_dict(h) for h in hosts], indent=1))
-        return 0
+        return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
-        print(f"no gpusd hosts announced in {where} (browsed {args.timeout:g} s)", file=sys.stderr)
-        return 0
+        print(_nothing_found(args, unmatched, f"no gpusd hosts announced in {where} (browsed {args.timeout:g} s)"),
+              file=sys.stderr)
+        return EXIT_NO_DAEMON
     rows = []
     for h in hosts:
         t = h.txt
@@ -80,6 +82,14 @@ def scan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> str:
+    """Why nothing is listed: the --host filter left out every host found, or there was none."""
+    if args.host and unmatched:
+        return (f"{unmatched} gpusd host(s) found, but none matched --host {args.host!r} "
+                "(a glob on the host name, case-insensitive)")
+    return otherwise
+
+
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
     return {"hostname": h.hostname, "node_id": h.node_id, "session": h.session, "source": h.source,
             "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
@@ -92,7 +102,7 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
     parts: list[str] = []
     for (model, mib), run in groupby(inv):
         mem = f" ({format_bytes(mib * 2**20)})" if mib else ""
-        parts.append(f"{len(list(run))}x {model}{mem}")
+        parts.append(f"{len(list(run))}x {display_name(model)}{mem}")
     return ", ".join(parts)
 
 
@@ -100,23 +110,23 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 def list_devices(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> tuple[list[Device], list[RemoteHost]]:
+    async def go() -> tuple[list[Device], list[RemoteHost], int]:
         client = _client(args)
         try:
             await client.wait_settled(args.timeout)
-            return client.list_devices(), client.hosts
+            return client.list_devices(), client.hosts, len(client.unmatched_hosts)
         finally:
             await client.stop_listening()
 
-    devices, hosts = asyncio.run(go())
+    devices, hosts, unmatched = asyncio.run(go())
     if args.json:
         print(dumps([d.to_dict() for d in devices], indent=1))
-        return 0
+        return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
-        print(f"no gpusd hosts found in {where}; is a daemon running (gpusd start)? Try gpusd demo.",
-              file=sys.stderr)
-        return 0
+        print(_nothing_found(args, unmatched, f"no gpusd hosts found in {where}; is a daemon running "
+                             "(gpusd start)? Try gpusd demo."), file=sys.stderr)
+        return EXIT_NO_DAEMON
     print(render_devices(devices, hosts))
     return 0
 
@@ -145,7 +155,7 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         else:
             mem = util = temp = power = "-"
             state = "announced (hwsd)"
-        name = (g.name or "-").removeprefix("NVIDIA ")
+        name = display_name(g.name)
         if d.simulated:
             state += " [sim]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, display_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
 
@@ -73,13 +73,16 @@ def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
         power = f"{g.power_draw:.0f}W" if g.power_draw is not None else "-"
         status = "ok" if g.healthy else f"UNHEALTHY: {g.error or 'unknown'}"
         rows.append([
-            str(g.index), g.name or "-", mem, _pct(g.utilization_gpu),
+            str(g.index), display_name(g.name), mem, _pct(g.utilization_gpu),
             f"{g.temperature}C" if g.temperature is not None else "-", power,
             _procs(g), _leases(g), status,
         ])
         for m in g.mig_instances:
+            # One cell per column, as the GPU rows: a slice has no utilisation, temperature or power
+            # of its own.  Its UUID is in --json (a 40-character cell would push every row wide).
             mmem = f"{format_bytes(m.memory_used)} / {format_bytes(m.memory_total)}" if m.memory_total else "-"
-            rows.append([f"{g.index}:{m.index}", f"  MIG {m.profile or '?'}", mmem, "-", "", "", "", "", m.uuid])
+            rows.append([f"{g.index}:{m.index}", f"  MIG {m.profile or '?'}", mmem, "-", "-", "-", "-", "-",
+                         "ok" if g.healthy else "-"])
     return rows
 
 

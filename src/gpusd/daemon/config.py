@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..wire.txt import DEFAULT_SESSION
 
@@ -30,6 +31,14 @@ class DaemonConfig:
     netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
     thresholds: list[str] = field(default_factory=list)  # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
+
+    def options(self) -> dict[str, Any]:
+        """What ``gpusd start`` was told, as recorded in the state directory so that a second start
+        can tell whether it asks for the same daemon (the token is left out: it is a secret)."""
+        return {"interfaces": self.interfaces, "port": self.port, "session": self.session,
+                "interval": self.interval, "history": self.history, "simulate": self.simulate,
+                "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
+                "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds)}
 
     def validate(self) -> None:
         from ..errors import ConfigError

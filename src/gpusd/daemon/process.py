@@ -331,6 +331,7 @@ async def _main(config: Any, ready_fd: int | None) -> int:
             "started": daemon.started_at,
             "state_dir": str(state_dir or daemon.state_dir),
             "simulated": bool(daemon.snapshot and daemon.snapshot.simulated),
+            "options": config.options(),
         }
         write_info(daemon.state_dir, info)
         notify_ready(ready_fd, info)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from ..model import GpuInfo, HostSnapshot
-from ..units import parse_bytes
+from ..units import parse_memory
 from ..wire.mdns import open_zeroconf, rank_addresses, resolve_interfaces
 from ..wire.sse import SSEError, SSEParser
 from ..wire.txt import (
@@ -115,8 +115,8 @@ class AsyncClient:
         zeroconf: "AsyncZeroconf | None" = None,
         token: str | None = None,
     ) -> None:
-        if isinstance(min_free_memory, str):
-            min_free_memory = parse_bytes(min_free_memory)
+        if isinstance(min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
+            min_free_memory = int(parse_memory(min_free_memory, ratio=False))
         self.filters = Filters(
             session=None if all_sessions else session,
             hostname=hostname,
@@ -136,6 +136,8 @@ class AsyncClient:
         self._handlers: dict[str, list[Handler]] = {e: [] for e in EVENTS}
         self._subscribers: list[asyncio.Queue[DiscoveryEvent | None]] = []
         self._peers: dict[str, _Peer] = {}
+        # services of the wanted session(s) left out only by the host-name filter (for "none matched")
+        self.unmatched_hosts: set[str] = set()
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
@@ -430,6 +432,8 @@ class AsyncClient:
         if txt.source == "hwsd" and txt.gpusd_marker:
             return None  # a gpusd daemon's compatibility record: the host is listed via _gpusd._tcp
         if not self.filters.host_ok(txt):
+            if self.filters.hostname and self.filters.session in (None, txt.session):
+                self.unmatched_hosts.add(peer.name)
             log.debug("ignoring %s: session %r / host %r filtered out", peer.name, txt.session, txt.hostname)
             return None
         addresses = info.parsed_addresses(IPVersion.V4Only)

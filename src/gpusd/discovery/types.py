@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, display_name, name_matches
 from ..sanitize import for_terminal
 from ..units import format_bytes
 from ..wire.txt import TxtRecord
@@ -101,7 +101,7 @@ class Device:
         util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
         mem = (f"{format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
                if g.memory_total is not None else "-")
-        return f"{for_terminal(self.hostname, 64)}:{g.index} {for_terminal(g.name, 64) or '?'} util {util} mem {mem}"
+        return f"{for_terminal(self.hostname, 64)}:{g.index} {for_terminal(display_name(g.name), 64)} util {util} mem {mem}"
 
 
 @dataclass(slots=True)
@@ -220,8 +220,28 @@ class DiscoveryEvent:
     def __str__(self) -> str:
         if self.device is not None:
             extra = f" [{', '.join(self.changed)}]" if self.changed else ""
-            return f"{self.event} {self.device}{extra}"
-        return f"{self.event} {self.host}"
+            line = f"{self.event} {self.device}{extra}"
+        else:
+            line = f"{self.event} {self.host}"
+        if self.event.startswith("threshold_") and self.data:
+            line += _rule_words(self.data)
+        return line
+
+
+def _rule_words(data: dict[str, Any]) -> str:
+    """`` rule 'busy: utilization>90% for 60s' (value 95)`` from a threshold event's data (sent by a
+    daemon: typed, bounded and printable before it reaches a terminal)."""
+
+    def text(v: Any) -> str | None:
+        return "".join(c if c.isprintable() else "?" for c in v[:120]) if isinstance(v, str) and v else None
+
+    name, expr = text(data.get("rule")), text(data.get("expr"))
+    if name is None and expr is None:
+        return ""
+    spec = expr if name in (None, expr) else name if expr is None else f"{name}: {expr}"
+    value = data.get("value")
+    shown = f" (value {value:g})" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    return f" rule {spec!r}{shown}"
 
 
 @dataclass(slots=True)
@@ -241,14 +261,8 @@ class Filters:
         return True
 
     def device_ok(self, gpu: GpuInfo) -> bool:
-        if self.model:
-            name = (gpu.name or "").lower()
-            pattern = self.model.lower()
-            if any(c in pattern for c in "*?["):
-                if not fnmatch.fnmatchcase(name, pattern):
-                    return False
-            elif pattern not in name:
-                return False
+        if self.model and not name_matches(gpu.name, self.model):
+            return False
         if self.min_free_memory is not None:
             free = gpu.memory_free
             if free is None and gpu.memory_total is not None and gpu.memory_used is not None:

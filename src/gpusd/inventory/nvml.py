@@ -28,7 +28,6 @@ def _log() -> Any:
 
     return logging.getLogger(__name__)
 
-HINT = "try gpusd without a GPU: gpusd devices --simulate 4xA100-80GB"
 
 # NVML return codes (nvml.h).
 _NOT_SUPPORTED = 3
@@ -80,7 +79,7 @@ def load_library(path: str | None = None) -> None:
         try:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot load the NVML library {path} ({exc}); {HINT}") from None
+            raise BackendUnavailable(f"cannot load the NVML library {path} ({exc})", hint=True) from None
 
 
 class NvmlBackend:
@@ -100,7 +99,7 @@ class NvmlBackend:
         try:
             import pynvml
         except ImportError:  # pragma: no cover - a dependency of gpusd
-            raise BackendUnavailable(f"the nvidia-ml-py package is not installed; {HINT}") from None
+            raise BackendUnavailable("the nvidia-ml-py package is not installed", hint=True) from None
         self._nv = pynvml
         load_library(library)
         try:
@@ -113,7 +112,7 @@ class NvmlBackend:
                 msg = "the NVIDIA driver is not loaded"
             else:
                 msg = f"NVML failed to start: {_text(exc)}"
-            raise BackendUnavailable(f"{msg}; {HINT}") from None
+            raise BackendUnavailable(msg, hint=True) from None
         self._closed = False
         nv = pynvml
         self.driver_version = self._global(nv.nvmlSystemGetDriverVersion)
@@ -192,7 +191,7 @@ class NvmlBackend:
             try:
                 self._refresh_devices()
             except self._nv.NVMLError as exc:
-                raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}; {HINT}") from None
+                raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}", hint=True) from None
             gpus = [self._read(dev) for dev in self._devices]
         if detail:
             self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..model import GpuInfo, HostSnapshot, MigInstance, ProcessInfo
-from ..units import parse_bytes
+from ..units import format_bytes, parse_bytes
 
 GiB = 1024**3
 
@@ -68,6 +68,12 @@ class _Signal:
         return self.low + (self.high - self.low) * x
 
 
+def _extremes(sig: _Signal) -> tuple[float, float]:
+    """The lowest and highest value ``sig`` takes."""
+    values = list(sig.steps or []) or [v for v in (sig.low, sig.high) if v is not None] or [sig.base]
+    return min(values), max(values)
+
+
 def _signal(spec: Any, what: str, convert: Any = float, phase: float = 0.0) -> _Signal:
     try:
         if isinstance(spec, dict):
@@ -76,6 +82,10 @@ def _signal(spec: Any, what: str, convert: Any = float, phase: float = 0.0) -> _
                 if not steps:
                     raise ValueError("steps is empty")
                 return _Signal(steps[0], steps=steps, period=float(spec.get("every", 5)))
+            missing = [k for k in ("min", "max") if k not in spec]
+            if missing:
+                raise ConfigError(f"bad {what} in scenario: {spec!r} is missing the key {missing[0]!r} "
+                                  "(a varying value needs both 'min' and 'max', or 'steps')")
             low, high = float(convert(spec["min"])), float(convert(spec["max"]))
             return _Signal(low, low, high, float(spec.get("period", 60)), phase)
         return _Signal(float(convert(spec)))
@@ -147,10 +157,28 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
         procs = g.get("processes") or []
         if not isinstance(mig, list) or not isinstance(procs, list):
             raise ConfigError(f"scenario {path}: gpus[{i}].mig and .processes must be lists")
+        util = _signal(g.get("util", 0), f"gpus[{i}].util", phase=i)
+        low, high = _extremes(util)
+        if not 0 <= low <= high <= 100:
+            raise ConfigError(f"scenario {path}: gpus[{i}].util must stay between 0 and 100 (percent)")
+        memory = _signal(g.get("memory_used", 0), f"gpus[{i}].memory_used", convert=parse_bytes, phase=i)
+        total = MODELS[model][1]
+        if _extremes(memory)[1] > total:
+            raise ConfigError(f"scenario {path}: gpus[{i}].memory_used reaches {format_bytes(int(_extremes(memory)[1]))}, "
+                              f"more than the {format_bytes(total)} of model {model}")
+        in_procs = 0
+        for k, p in enumerate(procs):
+            try:
+                in_procs += parse_bytes(p.get("memory", 0)) if isinstance(p, dict) else 0
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"scenario {path}: gpus[{i}].processes[{k}].memory: {exc}") from None
+        if in_procs > total:
+            raise ConfigError(f"scenario {path}: the processes of gpus[{i}] use {format_bytes(in_procs)}, "
+                              f"more than the {format_bytes(total)} of model {model}")
         gpus.append(_SimGpu(
             model=model,
-            util=_signal(g.get("util", 0), f"gpus[{i}].util", phase=i),
-            memory=_signal(g.get("memory_used", 0), f"gpus[{i}].memory_used", convert=parse_bytes, phase=i),
+            util=util,
+            memory=memory,
             temperature=temp,
             mig=[str(p) for p in mig],
             processes=[p for p in procs if isinstance(p, dict)],

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, display_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
 
@@ -187,13 +187,24 @@ def _sort_value(g: GpuInfo, key: str) -> float:
 
 
 def _matches(h: HostView, g: GpuInfo, terms: Sequence[str]) -> bool:
-    hay = " ".join(filter(None, [
-        h.hostname, h.node_id, g.name, g.uuid, f"#{g.index}", g.pci_bus_id,
+    """Every term is a substring of one of the GPU's fields, or (with ``*?[``) a glob matching one
+    whole field; the model is matched as shown (:func:`gpusd.model.display_name`) and in full."""
+    fields = [f.lower() for f in filter(None, [
+        h.hostname, h.node_id, display_name(g.name), g.name, g.uuid, f"#{g.index}", g.pci_bus_id,
         *(p.user or "" for p in g.processes), *(p.command or "" for p in g.processes),
         *(le.user or "" for le in g.leases), *h.alerts.get(g.uuid, ()),
         "lost unhealthy" if not g.healthy else "", "gone" if not h.alive else "",
-    ])).lower()
-    return all(t in hay for t in terms)
+    ])]
+    hay = " ".join(fields)
+    for t in terms:
+        if any(c in t for c in "*?["):
+            from fnmatch import fnmatchcase
+
+            if not any(fnmatchcase(f, t) for f in fields):
+                return False
+        elif t not in hay:
+            return False
+    return True
 
 
 def arrange(hosts: Iterable[HostView], state: TopState) -> list[tuple[HostView, list[GpuInfo]]]:
@@ -275,12 +286,7 @@ def _power(g: GpuInfo) -> str:
 
 
 def _short_name(name: str | None) -> str:
-    name = for_terminal(name, 4 * NAME_MAX)
-    if not name:
-        return "?"
-    for prefix in ("NVIDIA ", "GeForce ", "Tesla "):
-        name = name.removeprefix(prefix)
-    return for_terminal(name, NAME_MAX)
+    return for_terminal(display_name(for_terminal(name, 4 * NAME_MAX)), NAME_MAX)
 
 
 def _procs(g: GpuInfo, limit: int = 2) -> str:

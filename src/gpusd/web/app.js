@@ -100,7 +100,8 @@
     return g.memory_total && g.memory_used !== null && g.memory_used !== undefined ? g.memory_used / g.memory_total : null;
   }
   function level(p) { return p === null ? "" : p >= 90 ? "bad" : p >= 70 ? "warn" : ""; }
-  function shortName(n) { return (n || "?").replace(/^(NVIDIA |GeForce |Tesla )/, ""); }
+  // gpusd.model.display_name: without "NVIDIA ", then without one brand ("GeForce ", "Tesla ")
+  function shortName(n) { return (n || "").replace(/^(NVIDIA )?(GeForce |Tesla )?/, "") || "-"; }
   function hostKey(d) { d = obj(d) || {}; return str(d.node_id, NAME_MAX) || str(d.hostname, NAME_MAX) || "?"; }
   function now() { return Date.now() / 1000; }
   function headers() {
