@@ -421,7 +421,6 @@ async def test_fleet_view_is_not_started_again_while_the_daemon_stops(tmp_path: 
 async def test_txt_rate_limit_counts_from_the_update_not_from_its_lock() -> None:
     """A sample arriving after the rate-limit timer fired, but before the update ran, schedules the
     next update a full interval later (not at once)."""
-    from types import SimpleNamespace
 
     from gpusd.daemon.announce import Announcer
     from gpusd.daemon.config import DaemonConfig
@@ -442,10 +441,11 @@ async def test_txt_rate_limit_counts_from_the_update_not_from_its_lock() -> None
         async def async_unregister_service(self, info: Any) -> Any:
             return await self._done()
 
-    daemon = SimpleNamespace(config=DaemonConfig(session="rl", txt_min_interval=10.0), node_id="abcd1234",
-                             hostname="rl", interfaces=["127.0.0.1"])
+    from gpusd.identity import HostIdentity
+
     zc = FakeZc()
-    a = Announcer(daemon, zc, ["127.0.0.1"], 4780)  # type: ignore[arg-type]
+    a = Announcer(DaemonConfig(session="rl", txt_min_interval=10.0), HostIdentity(hostname="rl", node_id="abcd1234"),
+                  zc, ["127.0.0.1"], 4780, pinned=True)  # type: ignore[arg-type]
     idle = make_snapshot(2, hostname="rl")
     a.txt = a._txt_for(idle)
     a.info = a._info(SERVICE_TYPE, f"{a.instance}.{SERVICE_TYPE}", 4780, a.txt)

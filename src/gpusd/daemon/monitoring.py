@@ -45,8 +45,15 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'
 class MonitoredDaemon(Protocol):
     """What :func:`install` needs from a daemon."""
 
-    token: str | None  # shared token; None: no writes, private fields for loopback readers only
-    thresholds: Sequence[str | Rule]  # rules from the command line and config file (already merged)
+    @property
+    def token(self) -> str | None:
+        """The shared token; None: no writes, private fields for loopback readers only."""
+        ...
+
+    @property
+    def thresholds(self) -> Sequence[str | Rule]:
+        """Rules from the command line and config file (already merged)."""
+        ...
 
     def latest_snapshot(self) -> HostSnapshot | None:
         """The last sample of this host's GPUs (leases attached), or None before the first."""
