@@ -86,6 +86,22 @@ async def test_shows_every_host_and_gpu_and_follows_load_changes():
         assert browser.errors == []
 
 
+async def test_free_count_is_the_daemons_not_a_rule_of_its_own():
+    """A GPU without a utilisation reading is not free (null < 5 is true in JavaScript): the page
+    counts the `free` flag the daemon sends (GpuInfo.is_free)."""
+    d = two_hosts()
+    n1, _ = list(d.hosts)
+    d.set_gpu(n1, 0, utilization_gpu=0.0, processes=[], leases=[], healthy=True)  # free before the page opens
+    expected = sum(g.is_free for s in d.hosts.values() for g in s.gpus)
+    assert expected >= 1
+    async with dashboard(d) as (page, browser):
+        summary = "document.getElementById('summary').textContent"
+        assert await page.wait_for(f"{summary}.includes('{expected} free')", timeout=15)
+        d.set_gpu(n1, 0, utilization_gpu=None)
+        assert await page.wait_for(f"{summary}.includes('{expected - 1} free')", timeout=5)
+        assert browser.errors == []
+
+
 async def test_host_gone_lost_gpu_and_threshold_alerts():
     d = two_hosts(thresholds=["hot: temperature>90"])
     n1, n2 = list(d.hosts)

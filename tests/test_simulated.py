@@ -67,3 +67,15 @@ def test_bad_scenarios_are_usage_errors(tmp_path, content, message):
         path.write_text(content)
     r = gpusd_cli(["devices", "--simulate", str(path)])
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("util", ["NaN", "Infinity", '{"min": 0, "max": -Infinity}', '{"steps": [1, NaN]}'])
+def test_non_finite_scenario_values_are_refused(tmp_path, util):
+    """Python's JSON reader accepts NaN and Infinity; a scenario must not turn them into readings
+    (a NaN on the wire made every dashboard show every host down)."""
+    from gpusd.inventory import open_backend
+
+    path = tmp_path / "s.json"
+    path.write_text('{"gpus": [{"model": "A100", "util": %s}]}' % util)
+    with pytest.raises(ConfigError, match=r"gpus\[0\]\.util"):
+        open_backend(str(path))

@@ -78,7 +78,7 @@ def _daemon(request: web.Request) -> Daemon:
 def _json(data: object, status: int = 200) -> web.Response:
     import json
 
-    return web.Response(text=json.dumps(data, separators=(",", ":")), status=status,
+    return web.Response(text=json.dumps(data, separators=(",", ":"), allow_nan=False), status=status,
                         content_type="application/json")
 
 

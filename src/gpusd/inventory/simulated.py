@@ -59,6 +59,11 @@ class _Signal:
     phase: float = 0.0
     steps: list[float] | None = None
 
+    def __post_init__(self) -> None:
+        values = [self.base, self.low, self.high, self.period, self.phase, *(self.steps or [])]
+        if not all(v is None or math.isfinite(v) for v in values):
+            raise ValueError("values must be finite numbers (no NaN or Infinity)")
+
     def at(self, t: float) -> float:
         if self.steps:
             return self.steps[int(t // self.period) % len(self.steps)]

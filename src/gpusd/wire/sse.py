@@ -19,7 +19,7 @@ class SSEError(ValueError):
 
 def format_event(event: str, data: Any) -> bytes:
     """One event: ``event: NAME\\ndata: JSON\\n\\n`` (JSON never contains a raw newline)."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), allow_nan=False)
     return f"event: {event}\ndata: {payload}\n\n".encode()
 
 

@@ -33,7 +33,6 @@ MAX_RECORD = 1300  # RFC 6763 §6.2: a TXT record should fit a single packet
 MAX_HWSD_RECORD = 8900  # hwsd records grow ~60 bytes per GPU; the mDNS packet limit bounds them
 MAX_GPUS = 256
 MAX_MODEL = 48  # characters of a model name kept in the TXT record
-FREE_UTIL = 5.0  # a GPU below this utilisation (percent), without processes or leases, is free
 
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:{}-]{0,127}")
@@ -104,15 +103,8 @@ def short_model(name: str | None) -> str:
 
 
 def count_free(snap: HostSnapshot) -> int:
-    """GPUs that are healthy, without lease or process, and below 5 % utilisation."""
-    n = 0
-    for g in snap.gpus:
-        if not g.healthy or g.leases or g.processes:
-            continue
-        if g.utilization_gpu is not None and g.utilization_gpu >= FREE_UTIL:
-            continue
-        n += 1
-    return n
+    """The free GPUs, by the model's one rule (:attr:`gpusd.model.GpuInfo.is_free`)."""
+    return sum(1 for g in snap.gpus if g.is_free)
 
 
 def inventory_of(snap: HostSnapshot) -> list[tuple[str, int | None]]:
