@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent
+from ..wire.fleet import FleetHost, FleetView
 from ..wire.sse import format_event
 from .events import EventHub
 
@@ -79,20 +80,16 @@ class Fleet:
                     out.append(format_event(DEVICE_ADDED, DiscoveryEvent(DEVICE_ADDED, host, device=dev).to_dict()))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        hosts = []
+    def view(self) -> FleetView:
+        """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`)."""
+        view = FleetView(session=self.config.session)
         if self.client is not None:
-            for h in self.client.hosts:
-                hosts.append({
-                    "node_id": h.node_id,
-                    "hostname": h.hostname,
-                    "session": h.session,
-                    "source": h.source,
-                    "url": h.url,
-                    "alive": h.alive,
-                    "snapshot": h.snapshot.to_dict() if h.snapshot is not None else None,
-                })
-        return {"session": self.config.session, "hosts": hosts}
+            wall, mono = time.time(), time.monotonic()
+            view.hosts = [FleetHost.from_remote(h, wall, mono) for h in self.client.hosts]
+        return view
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.view().to_dict()
 
     async def _stop_when_idle(self) -> None:
         idle = self.config.fleet_idle
