@@ -32,18 +32,45 @@ _LAZY = {
     "ProcessInfo": "gpusd.model",
     "LeaseInfo": "gpusd.model",
     "GpusdError": "gpusd.errors",
+    "ConfigError": "gpusd.errors",
     "BackendUnavailable": "gpusd.errors",
     "NoGpuAvailable": "gpusd.errors",
     "WaitTimeout": "gpusd.errors",
+    "WireError": "gpusd.errors",
+    "TxtError": "gpusd.errors",
+    "SSEError": "gpusd.errors",
+    "NoDaemon": "gpusd.errors",
+    "SourceError": "gpusd.errors",
+    "DaemonStartFailed": "gpusd.errors",
     "Client": "gpusd.discovery.sync",
     "AsyncClient": "gpusd.discovery.client",
 }
 
 __all__ = ["__version__", *_LAZY]
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY: a type checker sees the real objects)
+    from ._local import local_snapshot
     from .alloc.api import Selection, select
     from .alloc.env import CudaAlreadyInitializedWarning, set_cuda_visible_devices
+    from .alloc.leases import LeaseStore
+    from .alloc.select import Constraints
+    from .discovery.client import AsyncClient
+    from .discovery.sync import Client
+    from .errors import (
+        BackendUnavailable,
+        ConfigError,
+        DaemonStartFailed,
+        GpusdError,
+        NoDaemon,
+        NoGpuAvailable,
+        SourceError,
+        SSEError,
+        TxtError,
+        WaitTimeout,
+        WireError,
+    )
+    from .inventory import open_backend
+    from .model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 
 
 def __getattr__(name: str) -> Any:

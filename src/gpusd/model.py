@@ -5,9 +5,11 @@ serves over HTTP and what discovery clients receive.  Units are base units throu
 degrees Celsius, percent (0-100) for utilisation, seconds since the epoch for times.  A field the GPU
 does not support is ``None`` — never 0 and never an exception.
 
-``to_dict``/``from_dict`` convert losslessly to and from JSON-compatible dicts.  ``from_dict`` is the
-entry point for data from the network: it validates types and raises :class:`ValueError` with a
-message naming the bad field, so a malformed record can be logged and skipped.
+``to_dict``/``from_dict`` convert losslessly to and from JSON-compatible dicts; both are derived from
+the dataclass fields and their types (:func:`encode`, :func:`decode`), so a new field cannot be left
+off the wire.  ``from_dict`` is the entry point for data from the network: it validates types and
+bounds and raises :class:`gpusd.errors.WireError` (a :class:`ValueError`) with a message naming the
+bad field, so a malformed record can be logged and skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import math
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
+
+from .errors import WireError
 
 SCHEMA_VERSION = 1
 
@@ -97,14 +101,14 @@ def _scalar(spec: _Spec, value: Any, where: str) -> Any:
     ok = isinstance(value, (int, float) if kind is float else kind) and (
         kind is bool or not isinstance(value, bool))
     if not ok:
-        raise ValueError(f"field {where!r} must be {_kind_name(kind)}, got {type(value).__name__}")
+        raise WireError(f"field {where!r} must be {_kind_name(kind)}, got {type(value).__name__}")
     if kind is str and len(value) > spec.limit:
-        raise ValueError(f"field {where!r} is longer than {spec.limit} characters")
+        raise WireError(f"field {where!r} is longer than {spec.limit} characters")
     if kind is int and not -MAX_INT <= value < MAX_INT:
-        raise ValueError(f"field {where!r} is out of range")
+        raise WireError(f"field {where!r} is out of range")
     if kind is float:
         if not math.isfinite(value):
-            raise ValueError(f"field {where!r} must be a finite number")
+            raise WireError(f"field {where!r} must be a finite number")
         return float(value)
     return value
 
@@ -113,13 +117,13 @@ def decode(cls: type[T], d: Any) -> T:
     """``cls`` from a JSON-compatible dict, validated against the field types and bounds.  Unknown
     keys are ignored (forward compatibility); a missing or null field takes its default."""
     if not isinstance(d, dict):
-        raise ValueError(f"a {cls.__name__} must be an object")
+        raise WireError(f"a {cls.__name__} must be an object")
     kwargs: dict[str, Any] = {}
     for spec in _plan(cls):
         value = d.get(spec.name)
         if value is None:
             if spec.required and not spec.optional:
-                raise ValueError(f"field {spec.name!r} is required")
+                raise WireError(f"field {spec.name!r} is required")
             if spec.optional and spec.name in d:
                 kwargs[spec.name] = None
             continue
@@ -128,18 +132,18 @@ def decode(cls: type[T], d: Any) -> T:
                                  else _scalar(spec, value, spec.name))
             continue
         if not isinstance(value, list):
-            raise ValueError(f"field {spec.name!r} must be a list")
+            raise WireError(f"field {spec.name!r} must be a list")
         if len(value) > spec.limit:
-            raise ValueError(f"field {spec.name!r} has {len(value)} entries, more than {spec.limit}")
+            raise WireError(f"field {spec.name!r} has {len(value)} entries, more than {spec.limit}")
         if spec.nested:
             out = []
             for i, item in enumerate(value):
                 if not isinstance(item, dict):
-                    raise ValueError(f"entries of {spec.name!r} must be objects")
+                    raise WireError(f"entries of {spec.name!r} must be objects")
                 try:
                     out.append(spec.kind.from_dict(item))  # type: ignore[attr-defined]
                 except ValueError as exc:
-                    raise ValueError(f"{spec.name}[{i}]: {exc}") from None
+                    raise WireError(f"{spec.name}[{i}]: {exc}") from None
             kwargs[spec.name] = out
         else:
             kwargs[spec.name] = [_scalar(spec, v, f"{spec.name}[{i}]") for i, v in enumerate(value)]
@@ -160,7 +164,7 @@ def encode(obj: Any) -> dict[str, Any]:
             value = list(value)
         elif spec.kind is float and not math.isfinite(value):
             if not spec.optional:
-                raise ValueError(f"field {spec.name!r} is not a finite number")
+                raise WireError(f"field {spec.name!r} is not a finite number")
             value = None
         out[spec.name] = value
     return out
@@ -314,10 +318,10 @@ class HostSnapshot:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostSnapshot:
         if not isinstance(d, dict):
-            raise ValueError("a host snapshot must be an object")
+            raise WireError("a host snapshot must be an object")
         schema = d.get("schema", SCHEMA_VERSION)
         if schema != SCHEMA_VERSION or isinstance(schema, bool):
-            raise ValueError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
+            raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
         return decode(cls, d)
 
     def to_json(self) -> str:
@@ -332,7 +336,7 @@ class HostSnapshot:
         try:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+            raise WireError(f"not JSON: {exc}") from None
         return cls.from_dict(data)
 
 

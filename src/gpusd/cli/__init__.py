@@ -1,8 +1,8 @@
 """The ``gpusd`` command line.
 
 Only argparse is imported at start-up; each command imports what it needs when it runs, so
-``gpusd --help`` and the quick commands stay fast.  Exit codes are listed in docs/cli.md and
-:mod:`gpusd.errors`.
+``gpusd --help`` and the quick commands stay fast.  Exit codes are listed in docs/cli.md; the CLI
+maps library exceptions to them (:mod:`gpusd.cli.exits`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import sys
 from typing import Callable, NoReturn, Sequence
 
 from .._version import __version__
-from ..errors import EXIT_USAGE, GpusdError
+from ..errors import GpusdError
+from .exits import EXIT_USAGE, exit_code_for
 
 # command -> "module:function" run with the parsed arguments
 _COMMANDS: dict[str, str] = {}
@@ -280,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(fn(args) or 0)
     except GpusdError as exc:
         print(f"gpusd: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return exit_code_for(exc)
     except KeyboardInterrupt:
         print("gpusd: interrupted", file=sys.stderr)
         return 130

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .exits import EXIT_NO_DAEMON
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -122,10 +123,10 @@ def status(args: argparse.Namespace) -> int:
         if live is not None:
             out["host"] = live
         print(json.dumps(out, indent=1))
-        return 0 if st.running else process.NoDaemon.exit_code
+        return 0 if st.running else EXIT_NO_DAEMON
     if not st.running:
         print(f"gpusd: not running (state directory {state})")
-        return process.NoDaemon.exit_code
+        return EXIT_NO_DAEMON
     info = st.info
     print(f"gpusd: running, pid {st.pid}, state directory {state}")
     if info:

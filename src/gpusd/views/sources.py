@@ -11,16 +11,11 @@ import json
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import EXIT_NO_DAEMON, GpusdError
+from ..errors import GpusdError
+from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
 from .top import HostView
 
 MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
-
-
-class SourceError(GpusdError):
-    """The hosts cannot be read (daemon unreachable, bad answer)."""
-
-    exit_code = EXIT_NO_DAEMON
 
 
 class Source(Protocol):

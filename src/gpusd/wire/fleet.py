@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import WireError
 from ..model import MAX_NAME, HostSnapshot, decode, encode
 
 FLEET_SCHEMA = 1  # version of this document; a reader refuses other versions
@@ -42,7 +43,7 @@ class FleetHost:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FleetHost:
         if not isinstance(d, dict):
-            raise ValueError("a fleet host must be an object")
+            raise WireError("a fleet host must be an object")
         snap = d.get("snapshot")
         host = decode(cls, {k: v for k, v in d.items() if k != "snapshot"})
         if snap is not None:
@@ -76,18 +77,18 @@ class FleetView:
     def from_dict(cls, d: Any) -> FleetView:
         """Validate an answer: the envelope strictly, the hosts one by one (bad ones skipped)."""
         if not isinstance(d, dict):
-            raise ValueError("a fleet answer must be an object")
+            raise WireError("a fleet answer must be an object")
         schema = d.get("schema", FLEET_SCHEMA)  # 0.1 daemons send no schema: the same fields
         if schema != FLEET_SCHEMA or isinstance(schema, bool):
-            raise ValueError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
+            raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
         session = d.get("session")
         if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
-            raise ValueError("field 'session' must be a short string")
+            raise WireError("field 'session' must be a short string")
         raw = d.get("hosts")
         if not isinstance(raw, list):
-            raise ValueError("the fleet answer has no 'hosts' list")
+            raise WireError("the fleet answer has no 'hosts' list")
         if len(raw) > MAX_FLEET_HOSTS:
-            raise ValueError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
+            raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
         view = cls(session=session)
         for item in raw:
             try:

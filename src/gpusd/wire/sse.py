@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
+from ..errors import SSEError as SSEError  # re-exported: defined in gpusd.errors
+
 MAX_EVENT = 4 * 2**20  # bytes; the same bound as an HTTP JSON answer
-
-
-class SSEError(ValueError):
-    """The stream is not valid SSE, or an event is too large."""
 
 
 def format_event(event: str, data: Any) -> bytes:

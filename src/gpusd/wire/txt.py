@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Mapping
 
+from ..errors import TxtError as TxtError  # re-exported: defined in gpusd.errors
 from ..model import HostSnapshot
 
 SERVICE_TYPE = "_gpusd._tcp.local."
@@ -39,10 +40,6 @@ _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:{}-]{0,127}")
 _RUN_RE = re.compile(r"(?:(\d{1,3})\*)?([^;]{1,64});(\d{1,9})")
 _G_KEY_RE = re.compile(r"g(\d{1,3})")
 _HWSD_GPU_KEY_RE = re.compile(r"gpu(\d{1,3}) (type|port|device|flags|x|y|width|height)")
-
-
-class TxtError(ValueError):
-    """A TXT record that is malformed, oversized, of another version, or inconsistent."""
 
 
 def valid_session(name: str) -> bool:
