@@ -23,6 +23,8 @@ from daemon_helpers import (  # noqa: F401
     unique_session,
     wait_until,
 )
+from waiting import wait_until_sync
+
 from gpusd.discovery.client import AsyncClient
 from gpusd.wire.sse import format_event
 from gpusd.wire.txt import HWSD_TYPE, SERVICE_TYPE, encode_txt
@@ -329,9 +331,7 @@ def test_sync_client(tmp_path: Path) -> None:
         client.start_listening()
         try:
             assert client.wait_settled(5)
-            deadline = time.monotonic() + 5
-            while len(seen) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until_sync(lambda: len(seen) >= 3, 5)
             assert len(seen) == 3 and threads == {"gpusd-events"}
             assert [d.index for d in client.list_devices()] == [0, 1, 2]
             assert [h.hostname for h in client.hosts] == ["s1"]
