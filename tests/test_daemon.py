@@ -26,9 +26,9 @@ from daemon_helpers import (  # noqa: F401
 )
 from gpusd.daemon.events import EventHub
 from gpusd.daemon.history import History
+from gpusd.errors import BackendUnavailable
 from gpusd.wire.sse import SSEParser
 from gpusd.wire.txt import SERVICE_TYPE, decode_txt
-from gpusd.errors import BackendUnavailable
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
@@ -528,7 +528,7 @@ async def test_non_finite_readings_are_served_as_null(tmp_path: Path) -> None:
                     assert r.status == 200
                     text = await r.text()
 
-                def refuse(c: str) -> None:
+                def refuse(c: str, path: str = path) -> None:
                     raise AssertionError(f"{path} carries {c}")
 
                 _json.loads(text, parse_constant=refuse)

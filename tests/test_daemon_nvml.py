@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from netns import read_lines
-from waiting import wait_until_sync
 
 from daemon_helpers import unique_session
 from fakenvml import FakeNvml, make_gpus
 from gpusd.discovery.sync import Client
+from netns import read_lines
+from waiting import wait_until_sync
 
 GiB = 2**30
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
+
 from monitor_browser import (
     Browser,
     Netns,
@@ -181,7 +182,8 @@ async def test_dashboard_of_a_real_daemon_shows_the_lan_and_follows_load(tmp_pat
             await asyncio.to_thread(h2.write)
             assert await page.wait_for(f"{mem} === '75%'", timeout=5)
             print(f"\nload change -> dashboard: {(asyncio.get_running_loop().time() - t) * 1000:.0f} ms")
-            util = "parseInt((document.querySelector('[data-hostname=\"node-2\"] tr.gpu .util-value') || {}).textContent)"
+            util = ("parseInt((document.querySelector('[data-hostname=\"node-2\"] tr.gpu .util-value') "
+                    "|| {}).textContent)")
             assert await page.wait_for(f"{util} > 50", timeout=10)  # NVML utilisation is a window average
 
             # node-2 stops: its card is marked gone

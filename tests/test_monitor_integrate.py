@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from monitor_fakes import FakeDaemon, make_app, sim_host
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
 
-from gpusd.errors import ConfigError
 from gpusd.daemon.monitoring import WEB_DIR, install
+from gpusd.errors import ConfigError
+from monitor_fakes import FakeDaemon, make_app, sim_host
+from waiting import wait_until
 
 
 async def start(daemon: FakeDaemon) -> TestClient:

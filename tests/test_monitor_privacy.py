@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from monitor_fakes import FakeDaemon, make_app, sim_host
-from waiting import wait_until
 
 from gpusd.daemon.access import Access, redact
+from monitor_fakes import FakeDaemon, make_app, sim_host
+from waiting import wait_until
 
 TOKEN = "s3cret-token"
 

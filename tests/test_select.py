@@ -59,7 +59,8 @@ def test_include_exclude_by_index_or_uuid():
 
 
 def test_unhealthy_and_mig_mode_gpus_are_not_given_whole():
-    s = snap(gpu(0, healthy=False, error="GPU is lost"), gpu(1, mig_mode=True), gpu(2, compute_mode="prohibited"), gpu(3))
+    s = snap(gpu(0, healthy=False, error="GPU is lost"), gpu(1, mig_mode=True), gpu(2, compute_mode="prohibited"),
+             gpu(3))
     assert pick(s, count=1) == ["3"]
     ok, rejected = candidates(s, Constraints.build(count=1), env={})
     assert any("unhealthy" in r for r in rejected) and any("MIG mode" in r for r in rejected)

@@ -35,7 +35,8 @@ def test_scenario_file(tmp_path):
     path.write_text(json.dumps({"hostname": "sim-x", "gpus": [
         {"model": "A100-80GB", "util": 30, "memory_used": "20GiB", "temperature": 55},
         {"model": "A100-80GB", "util": {"steps": [7, 7]}, "mig": ["3g.40gb", "1g.10gb"]},
-        {"model": "RTX4090", "processes": [{"pid": 4242, "memory": "10GiB", "user": "alice", "command": "python t.py"}]},
+        {"model": "RTX4090",
+         "processes": [{"pid": 4242, "memory": "10GiB", "user": "alice", "command": "python t.py"}]},
         {"model": "T4", "lost": True},
     ]}))
     snap = SimulatedBackend(str(path)).snapshot()
@@ -76,6 +77,6 @@ def test_non_finite_scenario_values_are_refused(tmp_path, util):
     from gpusd.inventory import open_backend
 
     path = tmp_path / "s.json"
-    path.write_text('{"gpus": [{"model": "A100", "util": %s}]}' % util)
+    path.write_text(f'{{"gpus": [{{"model": "A100", "util": {util}}}]}}')
     with pytest.raises(ConfigError, match=r"gpus\[0\]\.util"):
         open_backend(str(path))

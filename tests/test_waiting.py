@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from waiting import wait_until, wait_until_sync
 
 

@@ -6,10 +6,10 @@ import dataclasses
 import json
 
 import pytest
-from test_model import _sample, _snapshot
 
 from gpusd.model import MAX_NAME
 from gpusd.wire.fleet import FLEET_SCHEMA, MAX_FLEET_HOSTS, FleetHost, FleetView
+from test_model import _sample, _snapshot
 
 
 def test_every_field_of_a_fleet_host_round_trips() -> None:

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from .._version import __version__
 from ..errors import GpusdError
@@ -38,8 +38,9 @@ class _Skipped:
 _only: str | None = None  # the command being run, when known before parsing
 
 
-def _command(sub: argparse._SubParsersAction, name: str, target: str, help: str, **kw: object) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help, **kw)  # type: ignore[arg-type]
+def _command(sub: "argparse._SubParsersAction[_Parser]", name: str, target: str, help: str,
+             **kw: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **kw)
     p.set_defaults(_target=target)
     if _only is not None and name != _only and sub.dest == "command":  # top-level commands only
         return _Skipped()  # type: ignore[return-value]
@@ -67,7 +68,8 @@ def _selection_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-free", "--min-free-memory", dest="min_free", metavar="MEM",
                    help="minimum free memory: bytes (8GiB) or a ratio of the total (0.5, 50%%)")
     g.add_argument("--memory", metavar="MEM",
-                   help="memory the job will use; reserved in the lease so later selections count it (default: --min-free)")
+                   help="memory the job will use; reserved in the lease so later selections count it "
+                        "(default: --min-free)")
     g.add_argument("--max-util", type=float, metavar="PCT", help="maximum utilisation in percent (window average)")
     g.add_argument("--max-processes", type=int, metavar="N", help="maximum number of processes already on the GPU")
     g.add_argument("--include", metavar="IDS", help="only these GPUs: indices or UUIDs, comma-separated")
@@ -193,7 +195,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     for name in ("list", "list_devices"):
         p = _command(sub, name, "gpusd.cli.discover:list_devices",
-                     "every GPU on the LAN with its live load" if name == "list" else "every GPU on the LAN (alias of list)")
+                     "every GPU on the LAN with its live load" if name == "list"
+                     else "every GPU on the LAN (alias of list)")
         client_flags(p)
         device_flags(p)
         p.add_argument("--timeout", type=float, default=3.0, metavar="S",
@@ -223,7 +226,8 @@ def _build_parser() -> argparse.ArgumentParser:
     src.add_argument("--url", metavar="URL", help="read the fleet from this daemon, e.g. http://gpu-node-1:4780")
     _simulate_flag(p)
     p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
-                   help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
+                   help="browse on this interface (name or IPv4 address; repeatable; "
+                        "default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name to show (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="show hosts of every session")
     p.add_argument("--once", action="store_true", help="print one frame and exit (also when stdout is not a terminal)")
@@ -240,14 +244,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
 
-    p = sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools")
+    p = sub.add_parser("export", help="export the fleet for other tools",
+                       description="export the fleet for other tools")
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
     p = _command(esub, "prometheus-sd", "gpusd.cli.monitor:export_prometheus_sd",
                  "write a Prometheus file_sd target list of the gpusd daemons discovered")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE atomically (default: standard output)")
     p.add_argument("--url", metavar="URL", help="ask this daemon for the fleet instead of browsing the LAN")
     p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
-                   help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
+                   help="browse on this interface (name or IPv4 address; repeatable; "
+                        "default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="daemons of every session")
     p.add_argument("--wait", type=float, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")

@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..alloc.api import Selection
+    from ..alloc.select import Constraints
 
-def _constraints(args: argparse.Namespace):  # -> Constraints
+
+def _constraints(args: argparse.Namespace) -> "Constraints":
     from ..alloc.select import Constraints
 
     return Constraints.build(
@@ -19,7 +24,7 @@ def _constraints(args: argparse.Namespace):  # -> Constraints
     )
 
 
-def _allocate(args: argparse.Namespace, command: str | None = None):  # -> Selection
+def _allocate(args: argparse.Namespace, command: str | None = None) -> "Selection":
     from ..alloc.api import allocate
 
     if args.timeout is not None and not args.wait:

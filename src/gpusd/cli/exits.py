@@ -3,7 +3,15 @@ carry no exit code: this table is the only place that knows them."""
 
 from __future__ import annotations
 
-from ..errors import BackendUnavailable, ConfigError, DaemonStartFailed, GpusdError, NoDaemon, NoGpuAvailable, WaitTimeout
+from ..errors import (
+    BackendUnavailable,
+    ConfigError,
+    DaemonStartFailed,
+    GpusdError,
+    NoDaemon,
+    NoGpuAvailable,
+    WaitTimeout,
+)
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -38,7 +38,8 @@ log = logging.getLogger("gpusd.monitor")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _ASSETS = {"app.js": "application/javascript", "style.css": "text/css"}
 # connect-src: the dashboard also reads /api/v1/alerts of the other daemons of the fleet (on LAN addresses).
-_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' http: https:; "
+_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self' http: https:; "
         "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 
 
@@ -148,7 +149,8 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
-        return web.Response(body=monitor.metrics(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=monitor.metrics(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def index(request: web.Request) -> web.StreamResponse:
         return web.FileResponse(WEB_DIR / "index.html", headers={

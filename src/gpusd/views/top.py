@@ -485,7 +485,8 @@ def render(hosts: Iterable[HostView], state: TopState | None = None, width: int 
 
 
 HELP = ("keys: q quit · s/S next/previous sort · r reverse · / or f filter (Enter apply, Esc cancel) · "
-        "Esc clear filter · ↑/↓ j/k PgUp/PgDn scroll · h help.  Filter terms match host, model, UUID, #index, users, commands, "
+        "Esc clear filter · ↑/↓ j/k PgUp/PgDn scroll · h help.  "
+        "Filter terms match host, model, UUID, #index, users, commands, "
         "alerts, 'lost', 'gone'.")
 
 
