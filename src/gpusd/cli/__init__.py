@@ -63,21 +63,12 @@ def _simulate_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _selection_flags(p: argparse.ArgumentParser) -> None:
+    if isinstance(p, _Skipped):
+        return  # not the command being run: do not even import the constraint definitions
+    from ..alloc.select import add_constraint_flags  # the one definition of the constraints
+
     g = p.add_argument_group("constraints")
-    g.add_argument("-n", "--count", type=int, default=1, help="number of GPUs (default 1)")
-    g.add_argument("--min-free", "--min-free-memory", dest="min_free", metavar="MEM",
-                   help="minimum free memory: bytes (8GiB) or a ratio of the total (0.5, 50%%)")
-    g.add_argument("--memory", metavar="MEM",
-                   help="memory the job will use; reserved in the lease so later selections count it "
-                        "(default: --min-free)")
-    g.add_argument("--max-util", type=float, metavar="PCT", help="maximum utilisation in percent (window average)")
-    g.add_argument("--max-processes", type=int, metavar="N", help="maximum number of processes already on the GPU")
-    g.add_argument("--include", metavar="IDS", help="only these GPUs: indices or UUIDs, comma-separated")
-    g.add_argument("--exclude", metavar="IDS", help="never these GPUs: indices or UUIDs, comma-separated")
-    g.add_argument("--mig", action="store_true", help="select MIG slices instead of whole GPUs")
-    g.add_argument("--by", choices=("load", "util", "memory"), default="load", help="ranking (default load)")
-    g.add_argument("--share", action="store_true",
-                   help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
+    add_constraint_flags(g)
     g.add_argument("--no-lease", dest="lease", action="store_false", help="select only; take no lease")
     g.add_argument("--wait", action="store_true", help="queue (first come, first served) until GPUs qualify")
     g.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 5)")

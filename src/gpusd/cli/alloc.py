@@ -15,13 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _constraints(args: argparse.Namespace) -> "Constraints":
-    from ..alloc.select import Constraints
+    from ..alloc.select import constraints_from_args
 
-    return Constraints.build(
-        count=args.count, min_free=args.min_free, memory=args.memory, max_util=args.max_util,
-        max_processes=args.max_processes, include=args.include, exclude=args.exclude, mig=args.mig,
-        by=args.by, shared=args.share,
-    )
+    return constraints_from_args(args)
 
 
 def _allocate(args: argparse.Namespace, command: str | None = None) -> "Selection":
