@@ -25,7 +25,8 @@ from fakenvml import (  # noqa: E402
     write_state,
 )
 
-__all__ = ["FakeGPU", "FakeProcess", "make_gpus", "write_state", "FakeEnv", "p50", "pct", "timeit_each", "whole_process"]
+__all__ = ["FakeGPU", "FakeProcess", "make_gpus", "write_state", "FakeEnv", "p50", "pct", "timeit_each",
+           "whole_process"]
 
 
 class FakeEnv:
@@ -74,7 +75,8 @@ def timeit_each(fn: Callable[[], object], n: int, warmup: int = 20) -> list[floa
     return out
 
 
-def whole_process(cmd: Sequence[str], env: dict[str, str], n: int) -> tuple[list[float], subprocess.CompletedProcess[bytes]]:
+def whole_process(cmd: Sequence[str], env: dict[str, str], n: int
+                  ) -> tuple[list[float], subprocess.CompletedProcess[bytes]]:
     """Wall-clock seconds of n runs of cmd (after one warm-up run)."""
     last = subprocess.run(cmd, env=env, capture_output=True)
     out = []

@@ -44,7 +44,8 @@ def fleet():
 
 # -- collisions --------------------------------------------------------------------------------------
 
-def _worker(kind: str, env: dict, start: "mp.synchronize.Barrier", done: "mp.synchronize.Barrier", out: "mp.Queue") -> None:
+def _worker(kind: str, env: dict, start: "mp.synchronize.Barrier", done: "mp.synchronize.Barrier",
+            out: "mp.Queue") -> None:
     os.environ.update(env)
     sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
     from fakenvml import preload
@@ -102,7 +103,9 @@ def collisions(fake: FakeEnv, rounds: int) -> None:
             got = [p for p in picks if p is not None]
             shared_counts.append(sum(1 for g in set(got) if got.count(g) > 1))
             given.append(len(got))
-        print(f"{kind:28s} {'min %d, max %d, mean %.1f' % (min(shared_counts), max(shared_counts), sum(shared_counts) / rounds):>24s}"
+        spread = (f"min {min(shared_counts)}, max {max(shared_counts)}, "
+                  f"mean {sum(shared_counts) / rounds:.1f}")
+        print(f"{kind:28s} {spread:>24s}"
               f" {sum(1 for c in shared_counts if c == 0):>8d}/{rounds:<5d} {p50(given):>14.0f} of 16")
     print("(gpusd gives each of the 8 GPUs to one process and tells the other 8 that no GPU is free;\n"
           " with --wait they would queue.)")
@@ -210,7 +213,8 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
         if mode == "round-robin":
             def lane(gpu: int) -> None:
                 for jid, dur, mem in specs[gpu::8]:
-                    subprocess.run([sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur), str(mem)],
+                    subprocess.run([sys.executable, str(run_dir / "job.py"), str(run_dir),  # noqa: B023
+                                    jid, str(dur), str(mem)],
                                    env=dict(fake.env, CUDA_VISIBLE_DEVICES=str(gpu)), check=True)
             lanes = [threading.Thread(target=lane, args=(g,)) for g in range(8)]
             for t in lanes:

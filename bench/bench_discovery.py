@@ -77,7 +77,8 @@ def stats(xs: list[float]) -> str:
         return "-"
     xs = sorted(xs)
     p95 = xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))]
-    return f"median {statistics.median(xs) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {xs[-1] * 1000:.0f} ms (n={len(xs)})"
+    return (f"median {statistics.median(xs) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
+            f"max {xs[-1] * 1000:.0f} ms (n={len(xs)})")
 
 
 def is_(kind: str, host: str | None = None) -> Any:
@@ -157,7 +158,8 @@ def latency(args: argparse.Namespace, results: dict[str, Any]) -> None:
                           "cable_pulled_to_host_removed": cable}
     print("\n## latency (3 hosts + 1 client, default timings)")
     print(f"daemon start -> host_added:           {stats(start)}")
-    print(f"state change -> device_updated:       {stats(updates)}   (goal < 1500 ms; gpustat-web: 2500 ms mean, 5000 ms max + SSH)")
+    print(f"state change -> device_updated:       {stats(updates)}   "
+          "(goal < 1500 ms; gpustat-web: 2500 ms mean, 5000 ms max + SSH)")
     print(f"gpusd stop -> host_removed:           {stats(stop)}")
     print(f"kill -9 -> host_removed:              {stats(kill)}")
     print(f"cable pulled -> host_removed:         {stats(cable)}   (bound 10 s; mDNS caches alone: 1125-4500 s)")
@@ -237,13 +239,16 @@ def scale(args: argparse.Namespace, results: dict[str, Any]) -> None:
               f"machine-wide ARP table limit gc_thresh3={thresh})")
         print(f"launch of {n} daemons -> client has all {total} GPUs: {all_seen:.1f} s "
               f"(last daemon ready -> all seen: {after_ready * 1000:.0f} ms; "
-              f"daemon ready -> its host_added: median {statistics.median(lags) * 1000:.0f} ms, max {lags[-1] * 1000:.0f} ms)")
+              f"daemon ready -> its host_added: median {statistics.median(lags) * 1000:.0f} ms, "
+              f"max {lags[-1] * 1000:.0f} ms)")
         time.sleep(5)  # let start-up traffic (announcements, first queries) die down
         rest = window(lan, hosts, args.rest)
-        print(f"at rest ({args.rest:.0f} s): multicast {rest['multicast_bytes_per_host_per_min']['mean']:.0f} B/host/min "
+        print(f"at rest ({args.rest:.0f} s): "
+              f"multicast {rest['multicast_bytes_per_host_per_min']['mean']:.0f} B/host/min "
               f"(max {rest['multicast_bytes_per_host_per_min']['max']:.0f}), "
               f"{rest['multicast_packets_per_host_per_min']['mean']:.1f} packets/host/min; "
-              f"daemon CPU {rest['daemon_cpu_percent']['mean']:.2f} % of a core (max {rest['daemon_cpu_percent']['max']:.2f}), "
+              f"daemon CPU {rest['daemon_cpu_percent']['mean']:.2f} % of a core "
+              f"(max {rest['daemon_cpu_percent']['max']:.2f}), "
               f"RSS {rest['daemon_rss_mib']['mean']:.0f} MiB (max {rest['daemon_rss_mib']['max']:.0f})")
 
         def churn(stop: threading.Event) -> None:

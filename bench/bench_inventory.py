@@ -23,7 +23,7 @@ GiB = 2**30
 def gpus8():
     gpus = make_gpus(8, memory_used=12 * GiB, util_gpu=35, util_memory=10, temperature=50, power_usage=180_000,
                      mig_mode=0)
-    for i, g in enumerate(gpus):
+    for g in gpus:
         g.processes = [FakeProcess(os.getpid(), 4 * GiB), FakeProcess(os.getppid(), 2 * GiB)]
     return gpus
 

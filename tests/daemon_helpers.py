@@ -99,14 +99,7 @@ async def running_daemon(tmp: Path, session: str, hostname: str = "h1", n: int =
         await d.stop()
 
 
-async def wait_until(pred: Any, timeout: float = 5.0, step: float = 0.02) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(step)
+from waiting import wait_until as wait_until  # noqa: E402  (the suite's one wait helper, re-exported)
 
 
 def answer_garbage_once() -> tuple[Any, Any]:

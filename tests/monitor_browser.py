@@ -235,20 +235,16 @@ class Page:
         return r.get("result", {}).get("value")
 
     async def wait_for(self, expression: str, timeout: float = 10.0, interval: float = 0.1) -> Any:
-        """Evaluate until the value is truthy; returns it (raises TimeoutError with the last value)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        last: Any = None
-        while True:
+        """Evaluate until the value is truthy; returns it (AssertionError with the last value)."""
+        from waiting import wait_until
+
+        async def value() -> Any:
             try:
-                last = await self.evaluate(expression)
+                return await self.evaluate(expression)
             except BrowserError:
-                last = None
-            if last:
-                return last
-            if loop.time() >= end:
-                raise TimeoutError(f"waited {timeout}s for {expression!r}; last value {last!r}")
-            await asyncio.sleep(interval)
+                return None
+
+        return await wait_until(value, timeout, interval, what=repr(expression))
 
     async def screenshot(self, path: str | Path) -> None:
         r = await self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": False})

@@ -12,15 +12,16 @@ from typing import Any
 
 from aiohttp import web
 
+from gpusd.daemon.access import stream_filter
+from gpusd.daemon.monitoring import install
 from gpusd.inventory.simulated import SimulatedBackend
 from gpusd.model import HostSnapshot, LeaseInfo, ProcessInfo
-from gpusd.daemon.monitoring import install
-from gpusd.daemon.access import stream_filter
 
 
 def sim_host(hostname: str, spec: str = "2xA100-80GB", node: str | None = None) -> HostSnapshot:
     """A simulated host with one process and one lease on GPU 0 (private fields set)."""
-    snap = SimulatedBackend(spec, host=hostname, node=node or hashlib.sha1(hostname.encode()).hexdigest()[:16]).snapshot()
+    node = node or hashlib.sha1(hostname.encode()).hexdigest()[:16]
+    snap = SimulatedBackend(spec, host=hostname, node=node).snapshot()
     g = snap.gpus[0]
     g.processes = [ProcessInfo(pid=4242, used_memory=3 * 2**30, user="alice", command="python train.py --secret")]
     g.leases = [LeaseInfo(lease_id="l1", pid=4242, user="alice", command="python train.py --secret", device=g.uuid)]

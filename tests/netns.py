@@ -326,20 +326,23 @@ class Lan:
         env.update(extra)
         return env
 
-    def popen(self, node: Node, argv: Sequence[str], env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[Any]:
+    def popen(self, node: Node, argv: Sequence[str], env: dict[str, str] | None = None,
+              **kw: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside ``node``'s namespace (``ip netns exec`` execs it: the pid is the
         command's own)."""
-        p = subprocess.Popen(["ip", "netns", "exec", node.ns, *argv], env=env if env is not None else self.base_env(node),
-                             stdin=subprocess.DEVNULL, **kw)
+        p = subprocess.Popen(["ip", "netns", "exec", node.ns, *argv],
+                             env=env if env is not None else self.base_env(node), stdin=subprocess.DEVNULL, **kw)
         self.procs.append(p)
         return p
 
     def run(self, node: Node, argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60,
             **kw: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", node.ns, *argv], env=env if env is not None else self.base_env(node),
+        return subprocess.run(["ip", "netns", "exec", node.ns, *argv],
+                              env=env if env is not None else self.base_env(node),
                               capture_output=True, text=True, timeout=timeout, **kw)
 
-    def gpusd(self, node: Node, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def gpusd(self, node: Node, args: Sequence[str], env: dict[str, str] | None = None,
+              timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run the gpusd CLI in ``node``, mDNS pinned to its address."""
         return self.run(node, [sys.executable, "-m", "gpusd", *args], env=env, timeout=timeout)
 

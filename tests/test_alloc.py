@@ -12,18 +12,10 @@ import pytest
 
 from conftest import gpusd_cli
 from fakenvml import FakeProcess, make_gpus
+from waiting import wait_until_sync
 
 GiB = 2**30
 GPUSD = [sys.executable, "-m", "gpusd"]
-
-
-def _wait_for(predicate, timeout=20.0, step=0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
 
 
 def _kill_group(proc):
@@ -134,11 +126,11 @@ def test_kill_9_of_a_holder_frees_its_gpu_for_the_next_job(fake_nvml, cli_env, t
     fake_nvml.write(make_gpus(1))
     holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)["leases"]) == 1)
+        wait_until_sync(lambda: len(_leases(cli_env)["leases"]) == 1, timeout=20.0)
         out = tmp_path / "second"
         second = subprocess.Popen([*GPUSD, "run", "--wait", "--timeout", "60", "--", "sh", "-c",
                                    f'echo "$CUDA_VISIBLE_DEVICES" > {out}'], env=cli_env)
-        assert _wait_for(lambda: len(_leases(cli_env)["queued"]) == 1)
+        wait_until_sync(lambda: len(_leases(cli_env)["queued"]) == 1, timeout=20.0)
         time.sleep(0.5)
         assert second.poll() is None and not out.exists()  # still waiting: the GPU is taken
         os.killpg(holder.pid, signal.SIGKILL)  # gpusd run and its command, without any clean-up
@@ -152,13 +144,13 @@ def test_lease_outlives_a_killed_runner_while_its_command_runs(fake_nvml, cli_en
     fake_nvml.write(make_gpus(1))
     runner = subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)["leases"]) == 1)
+        wait_until_sync(lambda: len(_leases(cli_env)["leases"]) == 1, timeout=20.0)
         os.kill(runner.pid, signal.SIGKILL)  # only gpusd run; `sleep` still uses the GPU
         runner.wait()
         r = gpusd_cli(["select"], env=cli_env)
         assert r.returncode == 4 and "leased by" in r.stderr  # the command inherited the lease
         os.killpg(runner.pid, signal.SIGKILL)  # now the command too
-        assert _wait_for(lambda: gpusd_cli(["select"], env=cli_env).returncode == 0)
+        wait_until_sync(lambda: gpusd_cli(["select"], env=cli_env).returncode == 0, timeout=20.0)
     finally:
         _kill_group(runner)
 
@@ -169,13 +161,13 @@ def test_fifo_queue_does_not_starve_a_multi_gpu_job(fake_nvml, cli_env, tmp_path
     first = subprocess.Popen([*GPUSD, "run", "--include", "0", "--", "sleep", "120"], env=cli_env,
                              start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)["leases"]) == 1)
+        wait_until_sync(lambda: len(_leases(cli_env)["leases"]) == 1, timeout=20.0)
         big = subprocess.Popen([*GPUSD, "run", "-n", "2", "--wait", "--timeout", "60", "--", "sh", "-c",
                                 f"echo big >> {order}; sleep 1"], env=cli_env)
-        assert _wait_for(lambda: len(_leases(cli_env)["queued"]) == 1)
+        wait_until_sync(lambda: len(_leases(cli_env)["queued"]) == 1, timeout=20.0)
         small = subprocess.Popen([*GPUSD, "run", "-n", "1", "--wait", "--timeout", "60", "--", "sh", "-c",
                                   f"echo small >> {order}"], env=cli_env)
-        assert _wait_for(lambda: len(_leases(cli_env)["queued"]) == 2)
+        wait_until_sync(lambda: len(_leases(cli_env)["queued"]) == 2, timeout=20.0)
         # GPU 1 is free, but the 2-GPU job came first: the 1-GPU job must not overtake it,
         # and a job that does not wait is told so instead of jumping the queue.
         time.sleep(1.0)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from daemon_helpers import unique_session
 
 NO_DAEMON = 6
@@ -105,4 +106,6 @@ def test_second_start_against_a_daemon_that_recorded_no_options(tmp_path: Path, 
 
     with pytest.raises(GpusdError, match="not recorded") as exc:
         _already_running(args, DaemonConfig(port=0), st)
-    assert exc.value.exit_code == ALREADY_RUNNING
+    from gpusd.cli.exits import exit_code_for
+
+    assert exit_code_for(exc.value) == ALREADY_RUNNING

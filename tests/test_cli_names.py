@@ -4,11 +4,11 @@ what the tables show (and the full NVML name)."""
 from __future__ import annotations
 
 import pytest
-from monitor_fakes import sim_host
 
 from gpusd.discovery.types import Device, Filters
 from gpusd.model import GpuInfo, display_name, name_matches
 from gpusd.views.top import HostView, TopState, arrange, render_text
+from monitor_fakes import sim_host
 
 NAMES = ["NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "Tesla T4", "NVIDIA H100 80GB HBM3", "NVIDIA RTX A6000"]
 SHOWN = ["A100-SXM4-80GB", "RTX 4090", "T4", "H100 80GB HBM3", "RTX A6000"]

@@ -104,10 +104,9 @@ def test_hostile_ticket_is_shown_without_harm(tmp_path: Path, capsys: pytest.Cap
 # -- threshold lines name the rule ------------------------------------------------------------------
 def test_threshold_lines_name_the_rule() -> None:
     from daemon_helpers import make_snapshot
-
-    from gpusd.wire.txt import TxtRecord
     from gpusd.discovery.types import Device, DiscoveryEvent, RemoteHost
     from gpusd.thresholds import ThresholdEngine, parse_rule
+    from gpusd.wire.txt import TxtRecord
 
     snap = make_snapshot(1, hostname="gpu-node-3", util=97.0)
     engine = ThresholdEngine([parse_rule("utilization>90", name="busy")])

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import gpusd_cli
 
+from conftest import gpusd_cli
 from gpusd.cli import main
 from gpusd.units import parse_memory
 

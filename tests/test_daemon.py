@@ -26,9 +26,9 @@ from daemon_helpers import (  # noqa: F401
 )
 from gpusd.daemon.events import EventHub
 from gpusd.daemon.history import History
+from gpusd.errors import BackendUnavailable
 from gpusd.wire.sse import SSEParser
 from gpusd.wire.txt import SERVICE_TYPE, decode_txt
-from gpusd.errors import BackendUnavailable
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
@@ -169,6 +169,12 @@ async def test_fleet_view(tmp_path: Path) -> None:
         assert status == 200
         assert sorted(h["hostname"] for h in body["hosts"]) == ["f1", "f2"]
         assert all(h["alive"] and h["snapshot"] for h in body["hosts"])
+        from gpusd.wire.fleet import FLEET_SCHEMA, FleetView
+
+        view = FleetView.from_dict(body)  # the answer is the typed fleet view, every host valid
+        assert body["schema"] == FLEET_SCHEMA and view.skipped == 0 and view.session == session
+        assert all(h.last_seen is not None and abs(h.last_seen - time.time()) < 60 for h in view.hosts)
+        assert all(h.verified is False for h in view.hosts)  # nothing proves trust yet (issue 9)
         async with aiohttp.ClientSession() as s:
             resp = await s.get(d1.urls[0] + "/fleet/events")
             st = Stream(resp)
@@ -423,7 +429,6 @@ async def test_fleet_view_is_not_started_again_while_the_daemon_stops(tmp_path: 
 async def test_txt_rate_limit_counts_from_the_update_not_from_its_lock() -> None:
     """A sample arriving after the rate-limit timer fired, but before the update ran, schedules the
     next update a full interval later (not at once)."""
-    from types import SimpleNamespace
 
     from gpusd.daemon.announce import Announcer
     from gpusd.daemon.config import DaemonConfig
@@ -444,10 +449,11 @@ async def test_txt_rate_limit_counts_from_the_update_not_from_its_lock() -> None
         async def async_unregister_service(self, info: Any) -> Any:
             return await self._done()
 
-    daemon = SimpleNamespace(config=DaemonConfig(session="rl", txt_min_interval=10.0), node_id="abcd1234",
-                             hostname="rl", interfaces=["127.0.0.1"])
+    from gpusd.identity import HostIdentity
+
     zc = FakeZc()
-    a = Announcer(daemon, zc, ["127.0.0.1"], 4780)  # type: ignore[arg-type]
+    a = Announcer(DaemonConfig(session="rl", txt_min_interval=10.0), HostIdentity(hostname="rl", node_id="abcd1234"),
+                  zc, ["127.0.0.1"], 4780, pinned=True)  # type: ignore[arg-type]
     idle = make_snapshot(2, hostname="rl")
     a.txt = a._txt_for(idle)
     a.info = a._info(SERVICE_TYPE, f"{a.instance}.{SERVICE_TYPE}", 4780, a.txt)
@@ -505,3 +511,28 @@ async def test_address_change_is_reannounced(tmp_path: Path, monkeypatch: pytest
             await wait_until(lambda: info.load_from_cache(d.zc.zeroconf) and "127.0.0.77" in info.parsed_addresses())
         finally:
             task.cancel()
+
+
+async def test_non_finite_readings_are_served_as_null(tmp_path: Path) -> None:
+    """A backend reading NaN or Infinity (a broken sensor, a hostile scenario) never puts them in
+    the JSON the daemon serves: strict JSON parsers (the dashboard's) would refuse the whole answer."""
+    import json as _json
+
+    snap = make_snapshot(2, hostname="nan-host")
+    snap.gpus[0].utilization_gpu = float("nan")
+    snap.gpus[1].power_draw = float("inf")
+    async with running_daemon(tmp_path, unique_session(), "nan-host", backend=FakeBackend(snap)) as d:
+        base = d.urls[0]
+        await wait_until(lambda: len(d.history.to_dict().get("GPU-nan-host-0", {}).get("t", [])) >= 2)
+        async with aiohttp.ClientSession() as s:
+            for path in ("/gpus", "/host", "/history"):
+                async with s.get(base + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    assert r.status == 200
+                    text = await r.text()
+
+                def refuse(c: str, path: str = path) -> None:
+                    raise AssertionError(f"{path} carries {c}")
+
+                _json.loads(text, parse_constant=refuse)
+        status, gpus = await get_json(base + "/gpus")
+        assert gpus[0]["utilization_gpu"] is None and gpus[1]["power_draw"] is None

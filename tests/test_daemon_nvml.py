@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from netns import read_lines
 
 from daemon_helpers import unique_session
 from fakenvml import FakeNvml, make_gpus
 from gpusd.discovery.sync import Client
+from netns import read_lines
+from waiting import wait_until_sync
 
 GiB = 2**30
 
@@ -42,10 +42,7 @@ def daemon(fake_nvml: FakeNvml, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def wait(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    wait_until_sync(pred, timeout)
 
 
 def test_daemon_survives_lost_and_vanished_gpus(daemon) -> None:  # type: ignore[no-untyped-def]

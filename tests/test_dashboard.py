@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
+
 from monitor_browser import (
     Browser,
     Netns,
@@ -83,6 +84,22 @@ async def test_shows_every_host_and_gpu_and_follows_load_changes():
         # the sparkline now has a point
         assert await page.evaluate(f"document.querySelector('[data-node=\"{n2}\"] tr.gpu[data-index=\"1\"] "
                                    f"svg.spark polyline') !== null")
+        assert browser.errors == []
+
+
+async def test_free_count_is_the_daemons_not_a_rule_of_its_own():
+    """A GPU without a utilisation reading is not free (null < 5 is true in JavaScript): the page
+    counts the `free` flag the daemon sends (GpuInfo.is_free)."""
+    d = two_hosts()
+    n1, _ = list(d.hosts)
+    d.set_gpu(n1, 0, utilization_gpu=0.0, processes=[], leases=[], healthy=True)  # free before the page opens
+    expected = sum(g.is_free for s in d.hosts.values() for g in s.gpus)
+    assert expected >= 1
+    async with dashboard(d) as (page, browser):
+        summary = "document.getElementById('summary').textContent"
+        assert await page.wait_for(f"{summary}.includes('{expected} free')", timeout=15)
+        d.set_gpu(n1, 0, utilization_gpu=None)
+        assert await page.wait_for(f"{summary}.includes('{expected - 1} free')", timeout=5)
         assert browser.errors == []
 
 
@@ -165,7 +182,8 @@ async def test_dashboard_of_a_real_daemon_shows_the_lan_and_follows_load(tmp_pat
             await asyncio.to_thread(h2.write)
             assert await page.wait_for(f"{mem} === '75%'", timeout=5)
             print(f"\nload change -> dashboard: {(asyncio.get_running_loop().time() - t) * 1000:.0f} ms")
-            util = "parseInt((document.querySelector('[data-hostname=\"node-2\"] tr.gpu .util-value') || {}).textContent)"
+            util = ("parseInt((document.querySelector('[data-hostname=\"node-2\"] tr.gpu .util-value') "
+                    "|| {}).textContent)")
             assert await page.wait_for(f"{util} > 50", timeout=10)  # NVML utilisation is a window average
 
             # node-2 stops: its card is marked gone

@@ -24,10 +24,11 @@ from daemon_helpers import (  # noqa: F401
     wait_until,
 )
 from gpusd.discovery.client import AsyncClient
-from gpusd.wire.sse import format_event
-from gpusd.wire.txt import HWSD_TYPE, SERVICE_TYPE, encode_txt
 from gpusd.discovery.types import DiscoveryEvent
 from gpusd.model import GpuInfo
+from gpusd.wire.sse import format_event
+from gpusd.wire.txt import HWSD_TYPE, SERVICE_TYPE, encode_txt
+from waiting import wait_until_sync
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
@@ -119,8 +120,8 @@ async def test_filters_and_sessions(tmp_path: Path) -> None:
 
 async def test_same_hostname_both_appear(tmp_path: Path) -> None:
     session = unique_session()
-    async with running_daemon(tmp_path / "a", session, "twin") as d1, running_daemon(tmp_path / "b", session, "twin") as d2, \
-            client_for(session) as (c, rec):
+    async with running_daemon(tmp_path / "a", session, "twin") as d1, \
+            running_daemon(tmp_path / "b", session, "twin") as d2, client_for(session) as (c, rec):
         await rec.wait("host_added", n=2)
         assert sorted(h.node_id for h in c.hosts) == sorted([d1.node_id, d2.node_id])
         assert len(c.list_devices()) == 4
@@ -252,7 +253,7 @@ async def test_hostile_peers_are_skipped(tmp_path: Path, caplog: pytest.LogCaptu
         ("endless-x1", good_txt("bbbb0004", "endless", session), endless),
         ("future-x1", good_txt("cccc0001", "future", session), future),
     ]
-    async with running_daemon(tmp_path, session, "honest") as d:
+    async with running_daemon(tmp_path, session, "honest"):
         from contextlib import AsyncExitStack
 
         async with AsyncExitStack() as stack:
@@ -329,9 +330,7 @@ def test_sync_client(tmp_path: Path) -> None:
         client.start_listening()
         try:
             assert client.wait_settled(5)
-            deadline = time.monotonic() + 5
-            while len(seen) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until_sync(lambda: len(seen) >= 3, 5)
             assert len(seen) == 3 and threads == {"gpusd-events"}
             assert [d.index for d in client.list_devices()] == [0, 1, 2]
             assert [h.hostname for h in client.hosts] == ["s1"]

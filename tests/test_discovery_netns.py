@@ -188,8 +188,9 @@ def test_rogue_announcer_is_skipped(lan: Lan) -> None:
     r = lan.gpusd(client, ["-v", "scan", "--session", session])
     assert "skipping rogue-v9" in r.stderr and "skipping rogue-lying" in r.stderr, r.stderr
     # the daemon's own fleet client met the rogues too, and the daemon keeps serving
-    r = lan.run(client, [sys.executable, "-c", f"import urllib.request,json; print(json.load(urllib.request.urlopen("
-                                               f"'http://{honest.ip}:4780/api/v1/fleet', timeout=5))['hosts'][0]['hostname'])"])
+    r = lan.run(client, [sys.executable, "-c",
+                         f"import urllib.request,json; print(json.load(urllib.request.urlopen("
+                         f"'http://{honest.ip}:4780/api/v1/fleet', timeout=5))['hosts'][0]['hostname'])"])
     assert r.stdout.strip() == "honest", r.stderr
     assert honest.proc is not None and honest.proc.poll() is None
     watcher.stop()

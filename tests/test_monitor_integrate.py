@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
@@ -11,11 +10,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from monitor_fakes import FakeDaemon, make_app, sim_host
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusd.errors import ConfigError
 from gpusd.daemon.monitoring import WEB_DIR, install
+from gpusd.errors import ConfigError
+from monitor_fakes import FakeDaemon, make_app, sim_host
+from waiting import wait_until
 
 
 async def start(daemon: FakeDaemon) -> TestClient:
@@ -97,14 +97,6 @@ async def test_thresholds_are_evaluated_on_new_samples_and_published():
         assert len(d.published) == 2
     finally:
         await c.close()
-
-
-async def wait_until(cond, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def test_bad_rule_stops_install_with_a_clear_error():

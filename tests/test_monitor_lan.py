@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from fakenvml import FakeProcess, make_gpus
 from netns import GpuHost, Lan, Node, lan, netns_ok  # noqa: F401
-from prometheus_client.parser import text_string_to_metric_families
 
 GiB = 2**30
 TOKEN = "lan-shared-token"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 from gpusd.daemon.metrics import render_snapshots
+from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 from gpusd.thresholds import ThresholdEngine, parse_rule
 
 GiB = 2**30
@@ -65,7 +65,8 @@ def test_health_and_missing_readings():
 def test_info_metrics():
     ss = samples(render_snapshots([snapshot()]).decode())
     [host] = ss["gpusd_host_info"]
-    assert host.value == 1 and host.labels["node_id"] == "0123456789abcdef" and host.labels["driver_version"] == "550.54"
+    assert host.value == 1 and host.labels["node_id"] == "0123456789abcdef"
+    assert host.labels["driver_version"] == "550.54"
     assert host.labels["simulated"] == "false"
     info = {s.labels["uuid"]: s.labels for s in ss["gpusd_gpu_info"]}
     assert info["GPU-aaa"]["mig_mode"] == "enabled"

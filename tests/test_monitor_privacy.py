@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from monitor_fakes import FakeDaemon, make_app, sim_host
 
 from gpusd.daemon.access import Access, redact
+from monitor_fakes import FakeDaemon, make_app, sim_host
+from waiting import wait_until
 
 TOKEN = "s3cret-token"
 
@@ -125,10 +126,7 @@ async def test_event_stream_is_redacted_without_token(remote, with_token):
     d, c = remote
     headers = {"Authorization": f"Bearer {TOKEN}"} if with_token else {}
     resp = await c.get("/api/v1/fleet/events", headers=headers)
-    for _ in range(50):
-        if d.subscribers:
-            break
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: d.subscribers, 1.0, what="a subscriber")
     d.set_gpu(d.local, 0, utilization_gpu=77.0)
     data = await read_events(resp, "device_updated")
     assert data["gpu"]["utilization_gpu"] == 77.0

@@ -8,10 +8,10 @@ import os
 import sys
 
 from aiohttp.test_utils import TestServer
-from monitor_fakes import FakeDaemon, make_app, sim_host
 
 from gpusd.views import sd
 from gpusd.views.sources import base_url
+from monitor_fakes import FakeDaemon, make_app, sim_host
 
 
 def test_file_sd_document():
@@ -56,8 +56,8 @@ def test_daemons_from_fleet_skips_urls_prometheus_cannot_scrape():
 
 def test_broken_http_answer_is_a_source_error():
     import pytest
-    from daemon_helpers import answer_garbage_once
 
+    from daemon_helpers import answer_garbage_once
     from gpusd.views.sources import SourceError, get_json
 
     srv, t = answer_garbage_once()

@@ -75,7 +75,9 @@ def test_bad_rules_give_one_line_errors(text, says):
         parse_rule(text)
     msg = str(err.value)
     assert says in msg and "\n" not in msg
-    assert err.value.exit_code == 2
+    from gpusd.cli.exits import exit_code_for
+
+    assert exit_code_for(err.value) == 2
 
 
 def test_config_file(tmp_path):

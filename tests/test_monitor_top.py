@@ -11,12 +11,12 @@ import sys
 import time
 
 import pytest
-from monitor_fakes import sim_host
 
 from gpusd.model import GpuInfo
-from gpusd.views.live import split_keys
 from gpusd.thresholds import ThresholdEngine, parse_rule
+from gpusd.views.live import split_keys
 from gpusd.views.top import HostBook, HostView, TopState, arrange, render_text
+from monitor_fakes import sim_host
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 

@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import gpusd_cli
 from daemon_helpers import fast_mdns  # noqa: F401 - a fixture
 from fakenvml import FakeProcess, make_gpus
-from monitor_fakes import sim_host
-
 from gpusd.discovery.types import Device, DiscoveryEvent, RemoteHost
 from gpusd.model import GpuInfo, HostSnapshot
 from gpusd.sanitize import dumps, for_terminal, json_safe
 from gpusd.views.top import HostView, TopState, render, render_text
 from gpusd.wire.txt import TxtRecord
+from monitor_fakes import sim_host
 
 GiB = 2**30
 OSC_TITLE = "\x1b]0;pwned\x07"  # sets the terminal's window title
@@ -366,13 +366,13 @@ def test_cli_error_quoting_a_peer_is_sanitised(monkeypatch, capsys) -> None:
 @pytest.mark.usefixtures("fast_mdns")
 async def test_daemon_json_and_events_never_carry_nan(tmp_path) -> None:
     import aiohttp
+
     from daemon_helpers import (
         FakeBackend,
         make_snapshot,
         running_daemon,
         unique_session,
     )
-
     from gpusd.wire.sse import SSEParser
 
     snap = make_snapshot(2, hostname="nan-host")

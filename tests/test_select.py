@@ -59,7 +59,8 @@ def test_include_exclude_by_index_or_uuid():
 
 
 def test_unhealthy_and_mig_mode_gpus_are_not_given_whole():
-    s = snap(gpu(0, healthy=False, error="GPU is lost"), gpu(1, mig_mode=True), gpu(2, compute_mode="prohibited"), gpu(3))
+    s = snap(gpu(0, healthy=False, error="GPU is lost"), gpu(1, mig_mode=True), gpu(2, compute_mode="prohibited"),
+             gpu(3))
     assert pick(s, count=1) == ["3"]
     ok, rejected = candidates(s, Constraints.build(count=1), env={})
     assert any("unhealthy" in r for r in rejected) and any("MIG mode" in r for r in rejected)
@@ -129,3 +130,55 @@ def test_requested_memory_counts_until_the_job_allocates_it():
 def test_bad_constraints_are_config_errors(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         Constraints.build(**kw)
+
+
+# -- the constraints are defined once (Constraints' fields); flags and select() keywords derive from them --
+
+def test_build_takes_exactly_the_fields() -> None:
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(Constraints.build).parameters)
+    assert params == [f.name for f in dataclasses.fields(Constraints)]
+
+
+def test_select_keywords_are_the_constraints_plus_how_to_take_them() -> None:
+    import inspect
+
+    import gpusd
+    from gpusd.alloc.select import constraint_keywords
+
+    sig = inspect.signature(gpusd.select).parameters
+    keywords = constraint_keywords()
+    assert {k: sig[k].default for k in keywords if k in sig} == keywords  # every constraint, same default
+    not_constraints = set(sig) - set(keywords)
+    assert not_constraints == {"lease", "wait", "timeout", "use_uuid", "simulate"}
+
+
+def test_the_documented_select_keywords_still_work() -> None:
+    from gpusd.alloc.select import Constraints as C
+
+    c = C.from_keywords(count=2, min_free="8GiB", max_util=50.0, max_processes=1, include="0,2", exclude=[3],
+                        mig=False, by="util", share=True, within_visible=False)
+    assert (c.count, c.min_free, c.memory, c.max_util, c.max_processes) == (2, 8 * 2**30, 8 * 2**30, 50.0, 1)
+    assert (c.include, c.exclude, c.by, c.shared, c.within_visible) == (["0", "2"], ["3"], "util", True, False)
+    with pytest.raises(TypeError, match="unknown constraint 'max_temp'"):
+        C.from_keywords(max_temp=80)
+
+
+def test_cli_flags_are_derived_from_the_fields() -> None:
+    import dataclasses
+
+    from gpusd.alloc.select import constraints_from_args
+    from gpusd.cli import build_parser
+
+    parser = build_parser("select")
+    sub = next(a for a in parser._actions if a.dest == "command").choices["select"]  # type: ignore[union-attr]
+    flags = {opt for a in sub._actions for opt in a.option_strings}
+    for f in dataclasses.fields(Constraints):
+        assert set(f.metadata["flags"]) <= flags, f.name
+    args = parser.parse_args(["select", "-n", "2", "--min-free", "8GiB", "--max-util", "50", "--max-processes", "1",
+                              "--include", "0,2", "--exclude", "3", "--by", "util", "--share"])
+    assert constraints_from_args(args) == Constraints.from_keywords(
+        count=2, min_free="8GiB", max_util=50.0, max_processes=1, include="0,2", exclude="3", by="util", share=True)
+    assert constraints_from_args(parser.parse_args(["select"])) == Constraints.build()  # defaults agree too

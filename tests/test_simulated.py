@@ -35,7 +35,8 @@ def test_scenario_file(tmp_path):
     path.write_text(json.dumps({"hostname": "sim-x", "gpus": [
         {"model": "A100-80GB", "util": 30, "memory_used": "20GiB", "temperature": 55},
         {"model": "A100-80GB", "util": {"steps": [7, 7]}, "mig": ["3g.40gb", "1g.10gb"]},
-        {"model": "RTX4090", "processes": [{"pid": 4242, "memory": "10GiB", "user": "alice", "command": "python t.py"}]},
+        {"model": "RTX4090",
+         "processes": [{"pid": 4242, "memory": "10GiB", "user": "alice", "command": "python t.py"}]},
         {"model": "T4", "lost": True},
     ]}))
     snap = SimulatedBackend(str(path)).snapshot()
@@ -67,3 +68,15 @@ def test_bad_scenarios_are_usage_errors(tmp_path, content, message):
         path.write_text(content)
     r = gpusd_cli(["devices", "--simulate", str(path)])
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("util", ["NaN", "Infinity", '{"min": 0, "max": -Infinity}', '{"steps": [1, NaN]}'])
+def test_non_finite_scenario_values_are_refused(tmp_path, util):
+    """Python's JSON reader accepts NaN and Infinity; a scenario must not turn them into readings
+    (a NaN on the wire made every dashboard show every host down)."""
+    from gpusd.inventory import open_backend
+
+    path = tmp_path / "s.json"
+    path.write_text(f'{{"gpus": [{{"model": "A100", "util": {util}}}]}}')
+    with pytest.raises(ConfigError, match=r"gpus\[0\]\.util"):
+        open_backend(str(path))

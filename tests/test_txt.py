@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo
 from gpusd.wire.sse import SSEError, SSEParser, format_event
 from gpusd.wire.txt import (
     MAX_RECORD,
@@ -18,7 +19,6 @@ from gpusd.wire.txt import (
     record_size,
     short_model,
 )
-from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo
 
 GiB = 2**30
 

@@ -32,18 +32,103 @@ _LAZY = {
     "ProcessInfo": "gpusd.model",
     "LeaseInfo": "gpusd.model",
     "GpusdError": "gpusd.errors",
+    "ConfigError": "gpusd.errors",
     "BackendUnavailable": "gpusd.errors",
     "NoGpuAvailable": "gpusd.errors",
     "WaitTimeout": "gpusd.errors",
+    "WireError": "gpusd.errors",
+    "TxtError": "gpusd.errors",
+    "SSEError": "gpusd.errors",
+    "NoDaemon": "gpusd.errors",
+    "SourceError": "gpusd.errors",
+    "AlreadyRunning": "gpusd.errors",
+    "DaemonStartFailed": "gpusd.errors",
     "Client": "gpusd.discovery.sync",
     "AsyncClient": "gpusd.discovery.client",
 }
 
 __all__ = ["__version__", *_LAZY]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .alloc.api import Selection, select
-    from .alloc.env import CudaAlreadyInitializedWarning, set_cuda_visible_devices
+if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type checker sees the real objects)
+    from ._local import (
+        local_snapshot as local_snapshot,
+    )
+    from .alloc.api import (
+        Selection as Selection,
+    )
+    from .alloc.api import (
+        select as select,
+    )
+    from .alloc.env import (
+        CudaAlreadyInitializedWarning as CudaAlreadyInitializedWarning,
+    )
+    from .alloc.env import (
+        set_cuda_visible_devices as set_cuda_visible_devices,
+    )
+    from .alloc.leases import (
+        LeaseStore as LeaseStore,
+    )
+    from .alloc.select import (
+        Constraints as Constraints,
+    )
+    from .discovery.client import (
+        AsyncClient as AsyncClient,
+    )
+    from .discovery.sync import (
+        Client as Client,
+    )
+    from .errors import (
+        BackendUnavailable as BackendUnavailable,
+    )
+    from .errors import (
+        ConfigError as ConfigError,
+    )
+    from .errors import (
+        AlreadyRunning as AlreadyRunning,
+        DaemonStartFailed as DaemonStartFailed,
+    )
+    from .errors import (
+        GpusdError as GpusdError,
+    )
+    from .errors import (
+        NoDaemon as NoDaemon,
+    )
+    from .errors import (
+        NoGpuAvailable as NoGpuAvailable,
+    )
+    from .errors import (
+        SourceError as SourceError,
+    )
+    from .errors import (
+        SSEError as SSEError,
+    )
+    from .errors import (
+        TxtError as TxtError,
+    )
+    from .errors import (
+        WaitTimeout as WaitTimeout,
+    )
+    from .errors import (
+        WireError as WireError,
+    )
+    from .inventory import (
+        open_backend as open_backend,
+    )
+    from .model import (
+        GpuInfo as GpuInfo,
+    )
+    from .model import (
+        HostSnapshot as HostSnapshot,
+    )
+    from .model import (
+        LeaseInfo as LeaseInfo,
+    )
+    from .model import (
+        MigInstance as MigInstance,
+    )
+    from .model import (
+        ProcessInfo as ProcessInfo,
+    )
 
 
 def __getattr__(name: str) -> Any:

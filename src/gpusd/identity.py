@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -73,3 +74,12 @@ def node_id(directory: Path | None = None) -> str:
         if mid:
             return hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
     return new
+
+
+@dataclass(frozen=True, slots=True)
+class HostIdentity:
+    """Who a daemon says it is on the wire: what the announcer and the fleet client get instead of
+    the whole daemon (see docs/architecture.md)."""
+
+    hostname: str
+    node_id: str

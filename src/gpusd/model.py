@@ -5,60 +5,172 @@ serves over HTTP and what discovery clients receive.  Units are base units throu
 degrees Celsius, percent (0-100) for utilisation, seconds since the epoch for times.  A field the GPU
 does not support is ``None`` — never 0 and never an exception.
 
-``to_dict``/``from_dict`` convert losslessly to and from JSON-compatible dicts.  ``from_dict`` is the
-entry point for data from the network: it validates types and raises :class:`ValueError` with a
-message naming the bad field, so a malformed record can be logged and skipped.
+``to_dict``/``from_dict`` convert losslessly to and from JSON-compatible dicts; both are derived from
+the dataclass fields and their types (:func:`encode`, :func:`decode`), so a new field cannot be left
+off the wire.  ``from_dict`` is the entry point for data from the network: it validates types and
+bounds and raises :class:`gpusd.errors.WireError` (a :class:`ValueError`) with a message naming the
+bad field, so a malformed record can be logged and skipped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable, TypeVar
+import math
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
+
+from .errors import WireError
 
 SCHEMA_VERSION = 1
+
+# Decode-time bounds (docs/wire-format.md): data from the network is hostile until proven otherwise.
+MAX_NAME = 256  # characters in a name, id, version or other short string
+MAX_TEXT = 4096  # characters in a command line or an error message
+MAX_ITEMS = 4096  # entries in a list (unless a field says fewer)
+MAX_INT = 2**63  # integers are 64-bit on every producer (NVML, the kernel)
+
+# A GPU is free when it is healthy, runs no process, holds no lease, and its utilisation is known
+# and below this many percent.  An unknown utilisation is not free: gpusd cannot tell.
+FREE_UTIL = 5.0
 
 T = TypeVar("T")
 
 
-def _check(value: Any, kinds: tuple[type, ...], name: str, optional: bool) -> Any:
-    if value is None:
-        if optional:
-            return None
-        raise ValueError(f"field {name!r} is required")
+def finite(value: float | None) -> float | None:
+    """``value``, or None where it is NaN or infinite: a reading gpusd cannot trust is unsupported."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value
+
+
+# -- the codec: to_dict/from_dict derived from the dataclass fields and their types --------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    name: str
+    kind: type  # int, float, str, bool, or a model class (for list entries)
+    optional: bool  # None is a valid value
+    is_list: bool
+    required: bool  # no default: must be present
+    limit: int  # characters (str) or entries (list)
+    nested: bool  # kind is a model class
+
+
+_PLANS: dict[type, tuple[_Spec, ...]] = {}
+_SCALARS = (int, float, str, bool)
+
+
+def _plan(cls: type) -> tuple[_Spec, ...]:
+    """How to encode and decode each field of ``cls`` (computed once per class)."""
+    plan = _PLANS.get(cls)
+    if plan is not None:
+        return plan
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        tp = hints[f.name]
+        optional = False
+        args = typing.get_args(tp)
+        if args and type(None) in args:  # X | None
+            optional = True
+            rest = [a for a in args if a is not type(None)]
+            if len(rest) != 1:
+                raise TypeError(f"{cls.__name__}.{f.name}: unsupported type {tp}")
+            tp = rest[0]
+        is_list = typing.get_origin(tp) is list
+        if is_list:
+            (tp,) = typing.get_args(tp)
+        if not (tp in _SCALARS or (isinstance(tp, type) and is_dataclass(tp))):
+            raise TypeError(f"{cls.__name__}.{f.name}: unsupported type {tp}")
+        default_limit = MAX_ITEMS if is_list else MAX_NAME
+        required = f.default is MISSING and f.default_factory is MISSING
+        specs.append(_Spec(f.name, tp, optional, is_list, required, int(f.metadata.get("max", default_limit)),
+                           tp not in _SCALARS))
+    plan = _PLANS[cls] = tuple(specs)
+    return plan
+
+
+def _kind_name(kind: type) -> str:
+    return "number" if kind is float else kind.__name__
+
+
+def _scalar(spec: _Spec, value: Any, where: str) -> Any:
+    kind = spec.kind
     # bool is an int subclass: never accept it where a number is meant, and vice versa.
-    if isinstance(value, bool) and bool not in kinds:
-        raise ValueError(f"field {name!r} must be {'/'.join(k.__name__ for k in kinds)}, got bool")
-    if not isinstance(value, kinds):
-        raise ValueError(
-            f"field {name!r} must be {'/'.join(k.__name__ for k in kinds)}, got {type(value).__name__}"
-        )
-    if float in kinds and isinstance(value, int):
+    ok = isinstance(value, (int, float) if kind is float else kind) and (
+        kind is bool or not isinstance(value, bool))
+    if not ok:
+        raise WireError(f"field {where!r} must be {_kind_name(kind)}, got {type(value).__name__}")
+    if kind is str and len(value) > spec.limit:
+        raise WireError(f"field {where!r} is longer than {spec.limit} characters")
+    if kind is int and not -MAX_INT <= value < MAX_INT:
+        raise WireError(f"field {where!r} is out of range")
+    if kind is float:
+        if not math.isfinite(value):
+            raise WireError(f"field {where!r} must be a finite number")
         return float(value)
     return value
 
 
-def _get(d: dict[str, Any], name: str, kinds: tuple[type, ...], optional: bool = True, default: Any = None) -> Any:
-    return _check(d.get(name, default), kinds, name, optional)
+def decode(cls: type[T], d: Any) -> T:
+    """``cls`` from a JSON-compatible dict, validated against the field types and bounds.  Unknown
+    keys are ignored (forward compatibility); a missing or null field takes its default."""
+    if not isinstance(d, dict):
+        raise WireError(f"a {cls.__name__} must be an object")
+    kwargs: dict[str, Any] = {}
+    for spec in _plan(cls):
+        value = d.get(spec.name)
+        if value is None:
+            if spec.required and not spec.optional:
+                raise WireError(f"field {spec.name!r} is required")
+            if spec.optional and spec.name in d:
+                kwargs[spec.name] = None
+            continue
+        if not spec.is_list:
+            kwargs[spec.name] = (spec.kind.from_dict(value) if spec.nested  # type: ignore[attr-defined]
+                                 else _scalar(spec, value, spec.name))
+            continue
+        if not isinstance(value, list):
+            raise WireError(f"field {spec.name!r} must be a list")
+        if len(value) > spec.limit:
+            raise WireError(f"field {spec.name!r} has {len(value)} entries, more than {spec.limit}")
+        if spec.nested:
+            out = []
+            for i, item in enumerate(value):
+                if not isinstance(item, dict):
+                    raise WireError(f"entries of {spec.name!r} must be objects")
+                try:
+                    out.append(spec.kind.from_dict(item))  # type: ignore[attr-defined]
+                except ValueError as exc:
+                    raise WireError(f"{spec.name}[{i}]: {exc}") from None
+            kwargs[spec.name] = out
+        else:
+            kwargs[spec.name] = [_scalar(spec, v, f"{spec.name}[{i}]") for i, v in enumerate(value)]
+    return cls(**kwargs)
 
 
-def _list(d: dict[str, Any], name: str, parse: Callable[[Any], T], limit: int = 4096) -> list[T]:
-    raw = d.get(name) or []
-    if not isinstance(raw, list):
-        raise ValueError(f"field {name!r} must be a list")
-    if len(raw) > limit:
-        raise ValueError(f"field {name!r} has {len(raw)} entries, more than {limit}")
-    out = []
-    for item in raw:
-        if not isinstance(item, dict):
-            raise ValueError(f"entries of {name!r} must be objects")
-        out.append(parse(item))
+def encode(obj: Any) -> dict[str, Any]:
+    """A model object as a JSON-compatible dict: every field, nested objects as dicts, and never a
+    NaN or an infinity (an optional non-finite number is sent as null)."""
+    out: dict[str, Any] = {}
+    for spec in _plan(type(obj)):
+        value = getattr(obj, spec.name)
+        if value is None:
+            pass
+        elif spec.nested:
+            value = [v.to_dict() for v in value] if spec.is_list else value.to_dict()
+        elif spec.is_list:
+            value = list(value)
+        elif spec.kind is float and not math.isfinite(value):
+            if not spec.optional:
+                raise WireError(f"field {spec.name!r} is not a finite number")
+            value = None
+        out[spec.name] = value
     return out
 
 
-INT = (int,)
-NUM = (int, float)
-STR = (str,)
-BOOL = (bool,)
+TEXT: dict[str, Any] = {"max": MAX_TEXT}
 
 
 @dataclass(slots=True)
@@ -69,32 +181,16 @@ class ProcessInfo:
     used_memory: int | None = None
     type: str = "compute"  # "compute" or "graphics"
     user: str | None = None  # None where the host cannot tell (containers without host PIDs)
-    command: str | None = None
+    command: str | None = field(default=None, metadata=TEXT)
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "used_memory": self.used_memory,
-            "type": self.type,
-            "user": self.user,
-            "command": self.command,
-            "gpu_instance_id": self.gpu_instance_id,
-            "compute_instance_id": self.compute_instance_id,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProcessInfo:
-        return cls(
-            pid=_get(d, "pid", INT, optional=False),
-            used_memory=_get(d, "used_memory", INT),
-            type=_get(d, "type", STR, default="compute"),
-            user=_get(d, "user", STR),
-            command=_get(d, "command", STR),
-            gpu_instance_id=_get(d, "gpu_instance_id", INT),
-            compute_instance_id=_get(d, "compute_instance_id", INT),
-        )
+        return decode(cls, d)
 
 
 @dataclass(slots=True)
@@ -116,27 +212,11 @@ class MigInstance:
         return max(0, self.memory_total - self.memory_used)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "profile": self.profile,
-            "memory_total": self.memory_total,
-            "memory_used": self.memory_used,
-            "gpu_instance_id": self.gpu_instance_id,
-            "compute_instance_id": self.compute_instance_id,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MigInstance:
-        return cls(
-            index=_get(d, "index", INT, optional=False),
-            uuid=_get(d, "uuid", STR, optional=False),
-            profile=_get(d, "profile", STR),
-            memory_total=_get(d, "memory_total", INT),
-            memory_used=_get(d, "memory_used", INT),
-            gpu_instance_id=_get(d, "gpu_instance_id", INT),
-            compute_instance_id=_get(d, "compute_instance_id", INT),
-        )
+        return decode(cls, d)
 
 
 @dataclass(slots=True)
@@ -149,33 +229,15 @@ class LeaseInfo:
     started: float | None = None  # seconds since the epoch
     memory: int | None = None  # bytes the job asked for; None: not stated
     shared: bool = False
-    command: str | None = None
+    command: str | None = field(default=None, metadata=TEXT)
     device: str | None = None  # UUID of the leased GPU or MIG slice
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "lease_id": self.lease_id,
-            "device": self.device,
-            "pid": self.pid,
-            "user": self.user,
-            "started": self.started,
-            "memory": self.memory,
-            "shared": self.shared,
-            "command": self.command,
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LeaseInfo:
-        return cls(
-            lease_id=_get(d, "lease_id", STR, optional=False),
-            pid=_get(d, "pid", INT, optional=False),
-            user=_get(d, "user", STR),
-            started=_get(d, "started", NUM),
-            memory=_get(d, "memory", INT),
-            shared=_get(d, "shared", BOOL, default=False),
-            command=_get(d, "command", STR),
-            device=_get(d, "device", STR),
-        )
+        return decode(cls, d)
 
 
 @dataclass(slots=True)
@@ -198,11 +260,11 @@ class GpuInfo:
     fan_speed: int | None = None  # percent
     compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"
     mig_mode: bool | None = None  # None: the GPU has no MIG support
-    mig_instances: list[MigInstance] = field(default_factory=list)
+    mig_instances: list[MigInstance] = field(default_factory=list, metadata={"max": 64})
     processes: list[ProcessInfo] = field(default_factory=list)
     leases: list[LeaseInfo] = field(default_factory=list)
     healthy: bool = True
-    error: str | None = None  # why the GPU is unhealthy, or which query failed
+    error: str | None = field(default=None, metadata=TEXT)  # why the GPU is unhealthy, or which query failed
 
     @property
     def memory_used_ratio(self) -> float | None:
@@ -210,58 +272,22 @@ class GpuInfo:
             return None
         return self.memory_used / self.memory_total
 
+    @property
+    def is_free(self) -> bool:
+        """gpusd's one rule for "free" (the TXT count, ``list``, ``top`` and the dashboard): healthy,
+        no process, no lease, and a known utilisation below :data:`FREE_UTIL` percent."""
+        util = self.utilization_gpu
+        return (self.healthy and not self.processes and not self.leases
+                and util is not None and math.isfinite(util) and util < FREE_UTIL)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "pci_bus_id": self.pci_bus_id,
-            "memory_total": self.memory_total,
-            "memory_used": self.memory_used,
-            "memory_free": self.memory_free,
-            "utilization_gpu": self.utilization_gpu,
-            "utilization_memory": self.utilization_memory,
-            "utilization_window": self.utilization_window,
-            "temperature": self.temperature,
-            "power_draw": self.power_draw,
-            "power_limit": self.power_limit,
-            "fan_speed": self.fan_speed,
-            "compute_mode": self.compute_mode,
-            "mig_mode": self.mig_mode,
-            "mig_instances": [m.to_dict() for m in self.mig_instances],
-            "processes": [p.to_dict() for p in self.processes],
-            "leases": [lease.to_dict() for lease in self.leases],
-            "healthy": self.healthy,
-            "error": self.error,
-        }
+        d = encode(self)
+        d["free"] = self.is_free  # derived: sent so that clients (the dashboard) need not re-implement it
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuInfo:
-        if not isinstance(d, dict):
-            raise ValueError("a GPU must be an object")
-        return cls(
-            index=_get(d, "index", INT, optional=False),
-            uuid=_get(d, "uuid", STR, optional=False),
-            name=_get(d, "name", STR),
-            pci_bus_id=_get(d, "pci_bus_id", STR),
-            memory_total=_get(d, "memory_total", INT),
-            memory_used=_get(d, "memory_used", INT),
-            memory_free=_get(d, "memory_free", INT),
-            utilization_gpu=_get(d, "utilization_gpu", NUM),
-            utilization_memory=_get(d, "utilization_memory", NUM),
-            utilization_window=_get(d, "utilization_window", NUM),
-            temperature=_get(d, "temperature", INT),
-            power_draw=_get(d, "power_draw", NUM),
-            power_limit=_get(d, "power_limit", NUM),
-            fan_speed=_get(d, "fan_speed", INT),
-            compute_mode=_get(d, "compute_mode", STR),
-            mig_mode=_get(d, "mig_mode", BOOL),
-            mig_instances=_list(d, "mig_instances", MigInstance.from_dict, limit=64),
-            processes=_list(d, "processes", ProcessInfo.from_dict),
-            leases=_list(d, "leases", LeaseInfo.from_dict),
-            healthy=_get(d, "healthy", BOOL, default=True),
-            error=_get(d, "error", STR),
-        )
+        return decode(cls, d)
 
 
 @dataclass(slots=True)
@@ -271,7 +297,7 @@ class HostSnapshot:
     hostname: str
     node_id: str  # stable across restarts of the same machine (or state directory)
     timestamp: float
-    gpus: list[GpuInfo] = field(default_factory=list)
+    gpus: list[GpuInfo] = field(default_factory=list, metadata={"max": 256})
     driver_version: str | None = None
     cuda_version: str | None = None  # e.g. "12.4"
     nvml_version: str | None = None
@@ -287,43 +313,21 @@ class HostSnapshot:
         raise KeyError(key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "hostname": self.hostname,
-            "node_id": self.node_id,
-            "timestamp": self.timestamp,
-            "driver_version": self.driver_version,
-            "cuda_version": self.cuda_version,
-            "nvml_version": self.nvml_version,
-            "backend": self.backend,
-            "simulated": self.simulated,
-            "gpus": [g.to_dict() for g in self.gpus],
-        }
+        return encode(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostSnapshot:
         if not isinstance(d, dict):
-            raise ValueError("a host snapshot must be an object")
-        schema = _get(d, "schema", INT, default=SCHEMA_VERSION)
-        if schema != SCHEMA_VERSION:
-            raise ValueError(f"unsupported snapshot schema {schema} (this gpusd reads {SCHEMA_VERSION})")
-        return cls(
-            schema=schema,
-            hostname=_get(d, "hostname", STR, optional=False),
-            node_id=_get(d, "node_id", STR, optional=False),
-            timestamp=_get(d, "timestamp", NUM, optional=False),
-            driver_version=_get(d, "driver_version", STR),
-            cuda_version=_get(d, "cuda_version", STR),
-            nvml_version=_get(d, "nvml_version", STR),
-            backend=_get(d, "backend", STR, default="nvml"),
-            simulated=_get(d, "simulated", BOOL, default=False),
-            gpus=_list(d, "gpus", GpuInfo.from_dict, limit=256),
-        )
+            raise WireError("a host snapshot must be an object")
+        schema = d.get("schema", SCHEMA_VERSION)
+        if schema != SCHEMA_VERSION or isinstance(schema, bool):
+            raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
+        return decode(cls, d)
 
     def to_json(self) -> str:
         import json
 
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> HostSnapshot:
@@ -332,9 +336,11 @@ class HostSnapshot:
         try:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
+            raise WireError(f"not JSON: {exc}") from None
         return cls.from_dict(data)
 
+
+MODEL_CLASSES = (HostSnapshot, GpuInfo, MigInstance, ProcessInfo, LeaseInfo)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -343,10 +349,14 @@ __all__ = [
     "MigInstance",
     "ProcessInfo",
     "LeaseInfo",
+    "FREE_UTIL",
+    "MAX_NAME",
+    "MAX_TEXT",
+    "finite",
 ]
 
 # Keep the list of fields in one place for documentation tools.
-FIELD_NAMES = {cls.__name__: [f.name for f in fields(cls)] for cls in (HostSnapshot, GpuInfo, MigInstance, ProcessInfo, LeaseInfo)}
+FIELD_NAMES = {cls.__name__: [f.name for f in fields(cls)] for cls in MODEL_CLASSES}
 
 
 # -- how a GPU's name is shown -----------------------------------------------------------------------

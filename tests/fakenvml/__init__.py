@@ -315,8 +315,8 @@ def render_state(
         }
 
         def val(key: str) -> Any:
-            v = getattr(g, key)
-            return auto[key] if v is AUTO else v
+            v = getattr(g, key)  # noqa: B023 - used within this iteration only
+            return auto[key] if v is AUTO else v  # noqa: B023
 
         for key in ("name", "uuid", "serial", "pci_bus_id"):
             v = val(key)

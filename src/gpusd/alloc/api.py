@@ -18,7 +18,7 @@ from ..model import GpuInfo
 from . import queue
 from .env import apply_env, cuda_env
 from .leases import Lease, LeaseStore
-from .select import Candidate, Constraints, choose
+from .select import Candidate, Constraints, choose, constraint_keywords
 
 _backends: dict[str, Backend] = {}
 _backends_lock = threading.Lock()
@@ -167,9 +167,8 @@ def select(count: int = 1, *, min_free: str | int | float | None = None, memory:
     The lease lasts until :meth:`Selection.release`, the end of a ``with`` block, or the end of the
     process — whichever comes first; no other gpusd selection on this machine gets these GPUs
     meanwhile.  Raises :class:`gpusd.NoGpuAvailable` (or :class:`gpusd.WaitTimeout` with ``wait``)."""
-    c = Constraints.build(count=count, min_free=min_free, memory=memory, max_util=max_util,
-                          max_processes=max_processes, include=include, exclude=exclude, mig=mig, by=by,
-                          shared=share, within_visible=within_visible)
+    given = locals()  # the constraint keywords are Constraints' fields (test_select checks the signature)
+    c = Constraints.from_keywords(**{k: given[k] for k in constraint_keywords()})
     sel = allocate(c, lease=lease, wait=wait, timeout=timeout, simulate=simulate)
     sel.use_uuid = use_uuid
     return sel

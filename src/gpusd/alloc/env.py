@@ -19,7 +19,8 @@ class CudaAlreadyInitializedWarning(RuntimeWarning):
     """CUDA_VISIBLE_DEVICES was set in a process where CUDA is already initialised."""
 
 
-def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False, uuids: Iterable[str] | None = None) -> dict[str, str]:
+def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False,
+             uuids: Iterable[str] | None = None) -> dict[str, str]:
     """The variables that make exactly ``devices`` visible to CUDA.
 
     ``devices`` are NVML indices or UUIDs.  With ``use_uuid`` (or any MIG slice) ``uuids`` — the

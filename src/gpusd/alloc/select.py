@@ -22,8 +22,8 @@ In a container that cannot see host pids the whole request stays counted (conser
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError, NoGpuAvailable
 from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance
@@ -32,19 +32,51 @@ from ..units import format_bytes, parse_memory
 RANKINGS = ("load", "util", "memory")
 
 
+def _option(default: Any = None, *, help: str, flags: tuple[str, ...] = (), metavar: str | None = None,
+            parse: Callable[[str], Any] | None = None, choices: Sequence[str] | None = None,
+            keyword: str | None = None, switch: bool = False) -> Any:
+    """A constraint field and how people give it: its command-line flags (none: API only), the
+    keyword of :func:`gpusd.select` (default: the field name), and the help text."""
+    return field(default=default, metadata={"help": help, "flags": flags, "metavar": metavar, "parse": parse,
+                                            "choices": choices, "keyword": keyword, "switch": switch})
+
+
 @dataclass
 class Constraints:
-    count: int = 1
-    min_free: int | float | None = None  # bytes, or a ratio (0..1) of the total
-    memory: int | None = None  # bytes the job will use, reserved in its lease
-    max_util: float | None = None  # percent
-    max_processes: int | None = None
-    include: Sequence[str] | None = None  # indices (as text) or UUIDs
-    exclude: Sequence[str] | None = None
-    mig: bool = False
-    by: str = "load"
-    shared: bool = False
-    within_visible: bool = True  # only inside an inherited CUDA_VISIBLE_DEVICES
+    """What a job asks of its GPUs: the one definition of the selection constraints.  The command-line
+    flags (:func:`add_constraint_flags`) and the keywords of :func:`gpusd.select` are derived from these
+    fields; :meth:`build` parses and validates the values people give."""
+
+    count: int = _option(1, flags=("-n", "--count"), parse=int, help="number of GPUs (default 1)")
+    min_free: int | float | None = _option(  # bytes, or a ratio (0..1) of the total
+        flags=("--min-free", "--min-free-memory"), metavar="MEM",
+        help="minimum free memory: bytes (8GiB) or a ratio of the total (0.5, 50%%)")
+    memory: int | None = _option(  # bytes the job will use, reserved in its lease
+        flags=("--memory",), metavar="MEM",
+        help="memory the job will use; reserved in the lease so later selections count it (default: --min-free)")
+    max_util: float | None = _option(  # percent
+        flags=("--max-util",), parse=float, metavar="PCT", help="maximum utilisation in percent (window average)")
+    max_processes: int | None = _option(
+        flags=("--max-processes",), parse=int, metavar="N", help="maximum number of processes already on the GPU")
+    include: Sequence[str] | None = _option(  # indices (as text) or UUIDs
+        flags=("--include",), metavar="IDS", help="only these GPUs: indices or UUIDs, comma-separated")
+    exclude: Sequence[str] | None = _option(
+        flags=("--exclude",), metavar="IDS", help="never these GPUs: indices or UUIDs, comma-separated")
+    mig: bool = _option(False, flags=("--mig",), switch=True, help="select MIG slices instead of whole GPUs")
+    by: str = _option("load", flags=("--by",), choices=RANKINGS, help="ranking (default load)")
+    shared: bool = _option(False, flags=("--share",), switch=True, keyword="share",
+                           help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
+    within_visible: bool = _option(True, help="only inside an inherited CUDA_VISIBLE_DEVICES")
+
+    @classmethod
+    def from_keywords(cls, **values: Any) -> Constraints:
+        """:meth:`build` from the keywords of :func:`gpusd.select` (``share`` for ``shared``...);
+        keywords not given take the field's default."""
+        by_keyword = {keyword_of(f.name): f.name for f in fields(cls)}
+        unknown = sorted(set(values) - set(by_keyword))
+        if unknown:
+            raise TypeError(f"unknown constraint {unknown[0]!r} (known: {', '.join(sorted(by_keyword))})")
+        return cls.build(**{by_keyword[k]: v for k, v in values.items()})
 
     @classmethod
     def build(cls, count: int = 1, min_free: str | int | float | None = None, memory: str | int | None = None,
@@ -80,6 +112,42 @@ class Constraints:
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
                    within_visible=within_visible)
+
+
+def keyword_of(name: str) -> str:
+    """The :func:`gpusd.select` keyword (and command-line ``dest``) of the constraint field ``name``."""
+    for f in fields(Constraints):
+        if f.name == name:
+            return str(f.metadata.get("keyword") or f.name)
+    raise KeyError(name)
+
+
+def constraint_keywords() -> dict[str, Any]:
+    """Every constraint keyword of :func:`gpusd.select`, with its default."""
+    return {keyword_of(f.name): f.default for f in fields(Constraints)}
+
+
+def add_constraint_flags(group: Any) -> None:
+    """Add a command-line flag for every constraint that has one (``group``: an argparse parser or
+    argument group); each stores under its :func:`gpusd.select` keyword, with the field's default."""
+    for f in fields(Constraints):
+        meta = f.metadata
+        if not meta.get("flags"):
+            continue
+        kw: dict[str, Any] = {"dest": keyword_of(f.name), "help": meta["help"]}
+        if meta["switch"]:
+            kw["action"] = "store_true"
+        else:
+            kw["default"] = f.default
+            for key, arg in (("parse", "type"), ("metavar", "metavar"), ("choices", "choices")):
+                if meta.get(key) is not None:
+                    kw[arg] = meta[key]
+        group.add_argument(*meta["flags"], **kw)
+
+
+def constraints_from_args(args: Any) -> Constraints:
+    """The constraints given on a command line parsed with :func:`add_constraint_flags`."""
+    return Constraints.from_keywords(**{k: getattr(args, k) for k in constraint_keywords() if hasattr(args, k)})
 
 
 def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:

@@ -1,8 +1,8 @@
 """The ``gpusd`` command line.
 
 Only argparse is imported at start-up; each command imports what it needs when it runs, so
-``gpusd --help`` and the quick commands stay fast.  Exit codes are listed in docs/cli.md and
-:mod:`gpusd.errors`.
+``gpusd --help`` and the quick commands stay fast.  Exit codes are listed in docs/cli.md; the CLI
+maps library exceptions to them (:mod:`gpusd.cli.exits`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from .._version import __version__
-from ..errors import EXIT_USAGE, SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
+from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
+from .exits import EXIT_USAGE, exit_code_for
 
 PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
 
@@ -50,8 +51,9 @@ class _Skipped:
 _only: str | None = None  # the command being run, when known before parsing
 
 
-def _command(sub: argparse._SubParsersAction, name: str, target: str, help: str, **kw: object) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help, **kw)  # type: ignore[arg-type]
+def _command(sub: "argparse._SubParsersAction[_Parser]", name: str, target: str, help: str,
+             **kw: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **kw)
     p.set_defaults(_target=target)
     if _only is not None and name != _only and sub.dest == "command":  # top-level commands only
         return _Skipped()  # type: ignore[return-value]
@@ -93,20 +95,12 @@ def _simulate_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _selection_flags(p: argparse.ArgumentParser) -> None:
+    if isinstance(p, _Skipped):
+        return  # not the command being run: do not even import the constraint definitions
+    from ..alloc.select import add_constraint_flags  # the one definition of the constraints
+
     g = p.add_argument_group("constraints")
-    g.add_argument("-n", "--count", type=int, default=1, help="number of GPUs (default 1)")
-    g.add_argument("--min-free", "--min-free-memory", dest="min_free", metavar="MEM",
-                   help="minimum free memory: bytes (8GiB) or a ratio of the total (0.5, 50%%)")
-    g.add_argument("--memory", metavar="MEM",
-                   help="memory the job will use; reserved in the lease so later selections count it (default: --min-free)")
-    g.add_argument("--max-util", type=float, metavar="PCT", help="maximum utilisation in percent (window average)")
-    g.add_argument("--max-processes", type=int, metavar="N", help="maximum number of processes already on the GPU")
-    g.add_argument("--include", metavar="IDS", help="only these GPUs: indices or UUIDs, comma-separated")
-    g.add_argument("--exclude", metavar="IDS", help="never these GPUs: indices or UUIDs, comma-separated")
-    g.add_argument("--mig", action="store_true", help="select MIG slices instead of whole GPUs")
-    g.add_argument("--by", choices=("load", "util", "memory"), default="load", help="ranking (default load)")
-    g.add_argument("--share", action="store_true",
-                   help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
+    add_constraint_flags(g)
     g.add_argument("--no-lease", dest="lease", action="store_false", help="select only; take no lease")
     g.add_argument("--wait", action="store_true", help="queue (first come, first served) until GPUs qualify")
     g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
@@ -190,7 +184,8 @@ def _build_parser() -> argparse.ArgumentParser:
     interface_flag(p, "announce and serve")
     p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
     p.add_argument("--session", default="default", help="cluster name; clients see their session only")
-    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S", help="seconds between samples (default 1)")
+    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S",
+                   help="seconds between samples (default 1)")
     p.add_argument("--history", type=_seconds, default=300.0, metavar="S", help="seconds of history kept (default 300)")
     p.add_argument("--hostname", help="host name to announce (default: this machine's, or $GPUSD_HOSTNAME)")
     state_flag(p)
@@ -226,7 +221,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     for name in ("list", "list_devices"):
         p = _command(sub, name, "gpusd.cli.discover:list_devices",
-                     "every GPU on the LAN with its live load" if name == "list" else "every GPU on the LAN (alias of list)")
+                     "every GPU on the LAN with its live load" if name == "list"
+                     else "every GPU on the LAN (alias of list)")
         client_flags(p)
         device_flags(p)
         p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S",
@@ -256,11 +252,13 @@ def _build_parser() -> argparse.ArgumentParser:
     src.add_argument("--url", metavar="URL", help="read the fleet from this daemon, e.g. http://gpu-node-1:4780")
     _simulate_flag(p)
     p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
-                   help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
+                   help="browse on this interface (name or IPv4 address; repeatable; "
+                        "default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name to show (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="show hosts of every session")
     p.add_argument("--once", action="store_true", help="print one frame and exit (also when stdout is not a terminal)")
-    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S", help="refresh every S seconds (default 1)")
+    p.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S",
+                   help="refresh every S seconds (default 1)")
     p.add_argument("--wait", type=_seconds, default=2.0, metavar="S",
                    help="seconds to browse the LAN before the first frame (default 2)")
     p.add_argument("--sort", choices=("host", "util", "memory", "temp", "power", "free"), default="host",
@@ -274,19 +272,22 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
 
-    p = sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools")
+    p = sub.add_parser("export", help="export the fleet for other tools",
+                       description="export the fleet for other tools")
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
     p = _command(esub, "prometheus-sd", "gpusd.cli.monitor:export_prometheus_sd",
                  "write a Prometheus file_sd target list of the gpusd daemons discovered")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE atomically (default: standard output)")
     p.add_argument("--url", metavar="URL", help="ask this daemon for the fleet instead of browsing the LAN")
     p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
-                   help="browse on this interface (name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
+                   help="browse on this interface (name or IPv4 address; repeatable; "
+                        "default all, or $GPUSD_INTERFACES)")
     p.add_argument("--session", default="default", help="cluster name (default: default)")
     p.add_argument("--all-sessions", action="store_true", help="daemons of every session")
     p.add_argument("--wait", type=_seconds, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
     p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
-    p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S", help="with --watch: check every S seconds")
+    p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S",
+                   help="with --watch: check every S seconds")
     p.add_argument("--token", help="with --url: the daemon's token ($GPUSD_TOKEN)")
     # --- end of monitoring commands ---
 
@@ -343,13 +344,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"gpusd: {exc.reason}; to try it without a GPU: {prog()} {' '.join(words)}", file=sys.stderr)
         else:
             print(f"gpusd: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return exit_code_for(exc)
     except GpusdError as exc:
         # messages may quote what a peer sent
         from ..sanitize import for_terminal
 
         print(f"gpusd: {for_terminal(exc, 2000)}", file=sys.stderr)
-        return exc.exit_code
+        return exit_code_for(exc)
     except KeyboardInterrupt:
         print("gpusd: interrupted", file=sys.stderr)
         return 130

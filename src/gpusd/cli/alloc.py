@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
-
-def _constraints(args: argparse.Namespace):  # -> Constraints
+if TYPE_CHECKING:  # pragma: no cover
+    from ..alloc.api import Selection
     from ..alloc.select import Constraints
 
-    return Constraints.build(
-        count=args.count, min_free=args.min_free, memory=args.memory, max_util=args.max_util,
-        max_processes=args.max_processes, include=args.include, exclude=args.exclude, mig=args.mig,
-        by=args.by, shared=args.share,
-    )
+
+def _constraints(args: argparse.Namespace) -> "Constraints":
+    from ..alloc.select import constraints_from_args
+
+    return constraints_from_args(args)
 
 
-def _allocate(args: argparse.Namespace, command: str | None = None):  # -> Selection
+def _allocate(args: argparse.Namespace, command: str | None = None) -> "Selection":
     from ..alloc.api import allocate
 
     if args.timeout is not None and not args.wait:

@@ -9,14 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import EXIT_ALREADY_RUNNING, ConfigError, GpusdError
-
-
-class AlreadyRunning(GpusdError):
-    """``gpusd start`` asked for other options than the daemon already running on its state directory."""
-
-    exit_code = EXIT_ALREADY_RUNNING
-
+from ..errors import AlreadyRunning, ConfigError
+from .exits import EXIT_NO_DAEMON
 
 # start flag (dest) -> (the flag as shown, the key of DaemonConfig.options()); the flags left out
 # (--foreground, --timeout, --state-dir, --token, -v) do not make another daemon
@@ -206,10 +200,10 @@ def status(args: argparse.Namespace) -> int:
         from ..sanitize import dumps
 
         print(dumps(out, indent=1))
-        return 0 if st.running else process.NoDaemon.exit_code
+        return 0 if st.running else EXIT_NO_DAEMON
     if not st.running:
         print(f"gpusd: not running (state directory {state})")
-        return process.NoDaemon.exit_code
+        return EXIT_NO_DAEMON
     info = st.info
     print(f"gpusd: running, pid {st.pid}, state directory {state}")
     if info:

@@ -11,7 +11,7 @@ from ..inventory import open_backend
 def run(args: argparse.Namespace) -> int:
     from ..alloc.leases import LeaseStore
 
-    with open_backend(args.simulate, processes=args.processes) as backend:  # type: ignore[attr-defined]
+    with open_backend(args.simulate, processes=args.processes) as backend:
         snap = backend.snapshot()
     LeaseStore().attach(snap)
     if args.json:

@@ -8,11 +8,11 @@ import time
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import EXIT_NO_DAEMON, ConfigError
+from ..errors import ConfigError
 from ..model import display_name
 from ..sanitize import dumps, for_terminal
 from ..units import format_bytes
-from ..wire.txt import FREE_UTIL
+from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -148,10 +148,10 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
                 state = "leased"
             elif g.processes:
                 state = f"{len(g.processes)} proc"
-            elif g.utilization_gpu is not None and g.utilization_gpu >= FREE_UTIL:
-                state = "busy"
-            else:
+            elif g.is_free:
                 state = "free"
+            else:
+                state = "busy" if g.utilization_gpu is not None else "no reading"
         else:
             mem = util = temp = power = "-"
             state = "announced (hwsd)"

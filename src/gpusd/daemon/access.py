@@ -68,7 +68,7 @@ def redact_json(body: bytes) -> bytes:
     """A JSON text with private fields nulled (returned as is when it carries none)."""
     if not needs_redaction(body):
         return body
-    return json.dumps(redact(json.loads(body)), separators=(",", ":")).encode()
+    return json.dumps(redact(json.loads(body)), separators=(",", ":"), allow_nan=False).encode()
 
 
 def redact_event(message: bytes) -> bytes:

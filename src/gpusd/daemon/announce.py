@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
+from ..identity import HostIdentity
 from ..model import HostSnapshot
 from ..wire.mdns import local_ipv4_addresses
 from ..wire.txt import (
@@ -30,19 +31,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from zeroconf import ServiceInfo
     from zeroconf.asyncio import AsyncZeroconf
 
-    from .service import Daemon
+    from .config import DaemonConfig
 
 log = logging.getLogger(__name__)
 
 
 class Announcer:
-    def __init__(self, daemon: "Daemon", zc: "AsyncZeroconf", addresses: list[str], port: int) -> None:
-        self.daemon = daemon
+    """Announces one host.  It gets what it uses: the daemon's configuration, its identity, the
+    addresses and port to announce, and whether the interfaces are pinned (then addresses are not
+    followed)."""
+
+    def __init__(self, config: "DaemonConfig", identity: HostIdentity, zc: "AsyncZeroconf",
+                 addresses: list[str], port: int, *, pinned: bool = False) -> None:
+        self.config = config
+        self.identity = identity
         self.zc = zc
         self.addresses = addresses
         self.port = port
-        self.pinned = daemon.interfaces is not None
-        self.instance = instance_name(daemon.hostname, daemon.node_id)
+        self.pinned = pinned
+        self.instance = instance_name(identity.hostname, identity.node_id)
         self.info: ServiceInfo | None = None
         self.hwsd_info: ServiceInfo | None = None
         self.txt: dict[str, str] = {}
@@ -56,10 +63,10 @@ class Announcer:
 
     # -- building records ---------------------------------------------------------------------
     def _txt_for(self, snap: HostSnapshot) -> dict[str, str]:
-        cfg = self.daemon.config
+        cfg = self.config
         return encode_txt(
-            node_id=self.daemon.node_id,
-            hostname=self.daemon.hostname,
+            node_id=self.identity.node_id,
+            hostname=self.identity.hostname,
             session=cfg.session,
             inventory=inventory_of(snap),
             free=count_free(snap),
@@ -89,14 +96,14 @@ class Announcer:
         task = await self.zc.async_register_service(self.info, allow_name_change=True)
         self._keep(task)
         self._last_update = time.monotonic()
-        if self.daemon.config.gpusd_compat:
+        if self.config.gpusd_compat:
             await self._start_hwsd(snap)
         await asyncio.sleep(0.01)  # let the first announcement go out
         log.info("announced %s on %s port %d", self.info.name, ",".join(self.addresses), self.port)
 
     async def _start_hwsd(self, snap: HostSnapshot) -> None:
-        props = encode_hwsd(node_id=self.daemon.node_id, hostname=self.daemon.hostname,
-                            session=self.daemon.config.session, count=len(snap.gpus))
+        props = encode_hwsd(node_id=self.identity.node_id, hostname=self.identity.hostname,
+                            session=self.config.session, count=len(snap.gpus))
         self.hwsd_info = self._info(HWSD_TYPE, f"{self.instance}.{HWSD_TYPE}", HWSD_PORT, props)
         try:
             self._keep(await self.zc.async_register_service(self.hwsd_info, allow_name_change=True))
@@ -141,7 +148,7 @@ class Announcer:
         self._pending = snap
         if self._timer is not None:
             return  # an update is already scheduled; it will use the newest sample
-        wait = self._last_update + self.daemon.config.txt_min_interval - time.monotonic()
+        wait = self._last_update + self.config.txt_min_interval - time.monotonic()
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(max(0.0, wait), self._fire)
 
@@ -168,8 +175,8 @@ class Announcer:
                 log.info("TXT update: %d GPUs, %s free", len(snap.gpus), txt.get("free"))
                 await self._republish(self.info)
             if self.hwsd_info is not None:
-                props = encode_hwsd(node_id=self.daemon.node_id, hostname=self.daemon.hostname,
-                                    session=self.daemon.config.session, count=len(snap.gpus))
+                props = encode_hwsd(node_id=self.identity.node_id, hostname=self.identity.hostname,
+                                    session=self.config.session, count=len(snap.gpus))
                 if props != self.hwsd_info.decoded_properties:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT, props)
                     await self._republish(self.hwsd_info)

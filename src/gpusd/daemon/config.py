@@ -29,7 +29,8 @@ class DaemonConfig:
     fleet_idle: float = 300.0  # "auto": stop the fleet client after this long unused
     leases: bool = True  # attach this machine's GPU leases to every sample
     netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
-    thresholds: list[str] = field(default_factory=list)  # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
+    # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
+    thresholds: list[str] = field(default_factory=list)
     node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
 
     def options(self) -> dict[str, Any]:

@@ -14,19 +14,26 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent
+from ..wire.fleet import FleetHost, FleetView
 from ..wire.sse import format_event
 from .events import EventHub
 
 if TYPE_CHECKING:  # pragma: no cover
+    from zeroconf.asyncio import AsyncZeroconf
+
     from ..discovery.client import AsyncClient
-    from .service import Daemon
+    from .config import DaemonConfig
 
 log = logging.getLogger(__name__)
 
 
 class Fleet:
-    def __init__(self, daemon: "Daemon") -> None:
-        self.daemon = daemon
+    """The fleet view.  It gets what it uses: the daemon's configuration (session, token, fleet mode)
+    and the daemon's shared zeroconf instance."""
+
+    def __init__(self, config: "DaemonConfig", zc: "AsyncZeroconf | None") -> None:
+        self.config = config
+        self.zc = zc
         self.hub = EventHub(maxsize=1024)
         self.client: AsyncClient | None = None
         self._start_lock = asyncio.Lock()
@@ -46,15 +53,15 @@ class Fleet:
                 return
             from ..discovery.client import AsyncClient
 
-            d = self.daemon
+            cfg = self.config
             # Peers started with the same token show this daemon (and so its token holders) their
             # process owners; to readers without the token the fleet view is redacted on the way out.
-            client = AsyncClient(session=d.config.session, zeroconf=d.zc, token=d.token)
+            client = AsyncClient(session=cfg.session, zeroconf=self.zc, token=cfg.token)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client
-            log.info("fleet view started (session %s)", d.config.session)
-            if d.config.fleet == "auto" and self._idle_task is None:
+            log.info("fleet view started (session %s)", cfg.session)
+            if cfg.fleet == "auto" and self._idle_task is None:
                 self._idle_task = asyncio.ensure_future(self._stop_when_idle())
             await client.wait_settled(settle)
 
@@ -73,23 +80,19 @@ class Fleet:
                     out.append(format_event(DEVICE_ADDED, DiscoveryEvent(DEVICE_ADDED, host, device=dev).to_dict()))
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        hosts = []
+    def view(self) -> FleetView:
+        """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`)."""
+        view = FleetView(session=self.config.session)
         if self.client is not None:
-            for h in self.client.hosts:
-                hosts.append({
-                    "node_id": h.node_id,
-                    "hostname": h.hostname,
-                    "session": h.session,
-                    "source": h.source,
-                    "url": h.url,
-                    "alive": h.alive,
-                    "snapshot": h.snapshot.to_dict() if h.snapshot is not None else None,
-                })
-        return {"session": self.daemon.config.session, "hosts": hosts}
+            wall, mono = time.time(), time.monotonic()
+            view.hosts = [FleetHost.from_remote(h, wall, mono) for h in self.client.hosts]
+        return view
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.view().to_dict()
 
     async def _stop_when_idle(self) -> None:
-        idle = self.daemon.config.fleet_idle
+        idle = self.config.fleet_idle
         try:
             while True:
                 await asyncio.sleep(min(idle, 30.0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..model import HostSnapshot
+from ..model import HostSnapshot, finite
 
 FIELDS = ("utilization_gpu", "memory_used", "temperature", "power_draw")
 
@@ -25,7 +25,8 @@ class History:
                 s = self._series[g.uuid] = {k: deque(maxlen=self.maxlen) for k in ("t", *FIELDS)}
             s["t"].append(round(snap.timestamp, 3))
             for k in FIELDS:
-                s[k].append(getattr(g, k))
+                v = getattr(g, k)
+                s[k].append(finite(v) if isinstance(v, float) else v)  # JSON never carries NaN/Infinity
         for uuid in [u for u in self._series if u not in seen]:
             del self._series[uuid]  # a GPU that disappeared takes its history with it
 

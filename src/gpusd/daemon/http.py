@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from aiohttp import web
 
@@ -20,11 +20,36 @@ from ..wire.sse import format_event
 from .events import EventHub
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .service import Daemon
+    from ..model import HostSnapshot
+    from .config import DaemonConfig
+    from .fleet import Fleet
+    from .history import History
 
 log = logging.getLogger(__name__)
 
-DAEMON_KEY: web.AppKey["Daemon"] = web.AppKey("gpusd_daemon")
+class Daemon(Protocol):
+    """What the HTTP handlers read from the daemon (:class:`gpusd.daemon.service.Daemon` is one)."""
+
+    @property
+    def config(self) -> "DaemonConfig": ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def snapshot(self) -> "HostSnapshot | None": ...
+    @property
+    def history(self) -> "History": ...
+    @property
+    def events(self) -> EventHub: ...
+    @property
+    def fleet(self) -> "Fleet | None": ...
+    def snapshot_event(self) -> bytes: ...
+
+
+DAEMON_KEY: web.AppKey[Daemon] = web.AppKey("gpusd_daemon")
 API = "/api/v1"
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -33,7 +58,7 @@ SSE_HEADERS = {
 }
 
 
-def build_app(daemon: "Daemon") -> web.Application:
+def build_app(daemon: Daemon) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[DAEMON_KEY] = daemon
     app.router.add_get("/healthz", healthz)
@@ -46,7 +71,7 @@ def build_app(daemon: "Daemon") -> web.Application:
     return app
 
 
-def _daemon(request: web.Request) -> "Daemon":
+def _daemon(request: web.Request) -> Daemon:
     return request.app[DAEMON_KEY]
 
 

@@ -38,15 +38,23 @@ log = logging.getLogger("gpusd.monitor")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _ASSETS = {"app.js": "application/javascript", "style.css": "text/css"}
 # connect-src: the dashboard also reads /api/v1/alerts of the other daemons of the fleet (on LAN addresses).
-_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self' http: https:; "
+_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self' http: https:; "
         "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
 
 
 class MonitoredDaemon(Protocol):
     """What :func:`install` needs from a daemon."""
 
-    token: str | None  # shared token; None: no writes, private fields for loopback readers only
-    thresholds: Sequence[str | Rule]  # rules from the command line and config file (already merged)
+    @property
+    def token(self) -> str | None:
+        """The shared token; None: no writes, private fields for loopback readers only."""
+        ...
+
+    @property
+    def thresholds(self) -> Sequence[str | Rule]:
+        """Rules from the command line and config file (already merged)."""
+        ...
 
     def latest_snapshot(self) -> HostSnapshot | None:
         """The last sample of this host's GPUs (leases attached), or None before the first."""
@@ -141,7 +149,8 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
-        return web.Response(body=monitor.metrics(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=monitor.metrics(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def index(request: web.Request) -> web.StreamResponse:
         return web.FileResponse(WEB_DIR / "index.html", headers={

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EXIT_NO_DAEMON, GpusdError
+from ..errors import DaemonStartFailed, GpusdError
+from ..errors import NoDaemon as NoDaemon  # re-exported: defined in gpusd.errors
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,6 @@ PID_FILE = "gpusd.pid"
 INFO_FILE = "gpusd.json"
 LOG_FILE = "gpusd.log"
 LOG_ROTATE_BYTES = 10 * 2**20
-
-
-class NoDaemon(GpusdError):
-    exit_code = EXIT_NO_DAEMON
 
 
 @dataclass
@@ -245,7 +242,7 @@ def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
     return buf.decode(errors="replace").split("\n", 1)[0]
 
 
-def _failure(code: int, log_path: Path) -> GpusdError:
+def _failure(code: int, log_path: Path) -> DaemonStartFailed:
     """The error a failed daemon start reports: its last log line (the daemon's own message)."""
     tail = ""
     try:
@@ -256,10 +253,8 @@ def _failure(code: int, log_path: Path) -> GpusdError:
                 break
     except OSError:
         pass
-    err = GpusdError(f"the daemon failed to start: {tail or f'exit code {code}'} (log: {log_path})")
-    if code in (2, 3, 4, 5, 6):
-        err.exit_code = code  # keep the daemon's documented exit code (e.g. 3: no NVML)
-    return err
+    # The CLI keeps the daemon's own documented exit code (e.g. 3: no NVML) from ``status``.
+    return DaemonStartFailed(f"the daemon failed to start: {tail or f'exit code {code}'} (log: {log_path})", code)
 
 
 # -- stop ----------------------------------------------------------------------------------------

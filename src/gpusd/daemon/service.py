@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendUnavailable, GpusdError
+from ..identity import HostIdentity
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
@@ -130,8 +131,10 @@ class Daemon:
         from .announce import Announcer
         from .fleet import Fleet
 
-        self.fleet = Fleet(self) if self.config.fleet != "off" else None
-        self.announcer = Announcer(self, self.zc, self.addresses, self.port)
+        identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
+        self.fleet = Fleet(self.config, self.zc) if self.config.fleet != "off" else None
+        self.announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
+                                   pinned=self.interfaces is not None)
         try:
             await self.announcer.start(snap)
         except Exception as exc:

@@ -101,7 +101,8 @@ class Device:
         util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
         mem = (f"{format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
                if g.memory_total is not None else "-")
-        return f"{for_terminal(self.hostname, 64)}:{g.index} {for_terminal(display_name(g.name), 64)} util {util} mem {mem}"
+        name = for_terminal(display_name(g.name), 64)
+        return f"{for_terminal(self.hostname, 64)}:{g.index} {name} util {util} mem {mem}"
 
 
 @dataclass(slots=True)

@@ -22,7 +22,6 @@ from .processes import ProcessResolver
 from .window import UtilWindow
 
 
-
 def _log() -> Any:
     import logging  # lazily: the CLI's start-up time matters
 

@@ -38,7 +38,8 @@ MODELS: dict[str, tuple[str, int, float, bool]] = {
     "V100-32GB": ("Tesla V100-SXM2-32GB", 32 * GiB, 300.0, False),
     "T4": ("Tesla T4", 16 * GiB, 70.0, False),
 }
-_ALIASES = {k.lower().replace("-", ""): k for k in MODELS} | {"a100": "A100-80GB", "h100": "H100-80GB", "h200": "H200-141GB", "v100": "V100-32GB"}
+_ALIASES = {k.lower().replace("-", ""): k for k in MODELS} | {
+    "a100": "A100-80GB", "h100": "H100-80GB", "h200": "H200-141GB", "v100": "V100-32GB"}
 
 
 def _model(key: str) -> str:
@@ -58,6 +59,11 @@ class _Signal:
     period: float = 60.0
     phase: float = 0.0
     steps: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        values = [self.base, self.low, self.high, self.period, self.phase, *(self.steps or [])]
+        if not all(v is None or math.isfinite(v) for v in values):
+            raise ValueError("values must be finite numbers (no NaN or Infinity)")
 
     def at(self, t: float) -> float:
         if self.steps:
@@ -118,7 +124,8 @@ def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu]]:
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?([A-Za-z0-9_\-]+)\s*", part)
         if not m:
-            raise ConfigError(f"bad --simulate value {spec!r}; examples: 4xA100-80GB, 2xH100-80GB,1xRTX4090, scenario.json")
+            raise ConfigError(f"bad --simulate value {spec!r}; "
+                              "examples: 4xA100-80GB, 2xH100-80GB,1xRTX4090, scenario.json")
         count = int(m.group(1) or 1)
         if not 1 <= count <= 64:
             raise ConfigError(f"--simulate: between 1 and 64 GPUs per model, not {count}")
@@ -164,7 +171,8 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
         memory = _signal(g.get("memory_used", 0), f"gpus[{i}].memory_used", convert=parse_bytes, phase=i)
         total = MODELS[model][1]
         if _extremes(memory)[1] > total:
-            raise ConfigError(f"scenario {path}: gpus[{i}].memory_used reaches {format_bytes(int(_extremes(memory)[1]))}, "
+            peak = format_bytes(int(_extremes(memory)[1]))
+            raise ConfigError(f"scenario {path}: gpus[{i}].memory_used reaches {peak}, "
                               f"more than the {format_bytes(total)} of model {model}")
         in_procs = 0
         for k, p in enumerate(procs):
@@ -218,7 +226,8 @@ class SimulatedBackend:
 
     def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:
         name, total, plimit, mig_capable = MODELS[g.model]
-        gpu = GpuInfo(index=i, uuid=_uuid(self.hostname, i), name=name, pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0")
+        gpu = GpuInfo(index=i, uuid=_uuid(self.hostname, i), name=name,
+                      pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0")
         if g.lost:
             gpu.healthy, gpu.error = False, "GPU is lost (simulated)"
             return gpu

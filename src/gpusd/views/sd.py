@@ -42,13 +42,21 @@ class Daemon:
 
 
 def daemons_from_fleet(fleet: dict[str, Any], session: str | None = None) -> list[Daemon]:
-    """The live daemons of a ``GET /api/v1/fleet`` answer (hosts without a URL or not alive are left out)."""
+    """The live daemons of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`;
+    hosts without a URL, not alive or malformed are left out)."""
+    from ..wire.fleet import FleetView
+
+    try:
+        hosts = FleetView.from_dict(fleet).hosts
+    except ValueError as exc:
+        from .sources import SourceError
+
+        raise SourceError(f"bad fleet answer: {exc}") from None
     out = []
-    for h in fleet.get("hosts") or []:
-        if not isinstance(h, dict) or not h.get("url") or h.get("alive") is False:
+    for h in hosts:
+        if not h.url or not h.alive:
             continue
-        d = Daemon(url=str(h["url"]), hostname=str(h.get("hostname") or ""),
-                   node_id=str(h.get("node_id") or ""), session=session)
+        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session)
         try:
             d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
         except ValueError:

@@ -11,17 +11,11 @@ import json
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import EXIT_NO_DAEMON, GpusdError
-from ..model import HostSnapshot
+from ..errors import GpusdError
+from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
 from .top import HostView
 
 MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
-
-
-class SourceError(GpusdError):
-    """The hosts cannot be read (daemon unreachable, bad answer)."""
-
-    exit_code = EXIT_NO_DAEMON
 
 
 class Source(Protocol):
@@ -94,24 +88,15 @@ def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
 
 
 def hosts_from_fleet(data: Any) -> list[HostView]:
-    """HostViews from a ``GET /api/v1/fleet`` answer; malformed hosts are skipped."""
-    if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
-        raise SourceError("the fleet answer has no 'hosts' list")
-    out = []
-    for h in data["hosts"]:
-        if not isinstance(h, dict):
-            continue
-        snap = None
-        if isinstance(h.get("snapshot"), dict):
-            try:
-                snap = HostSnapshot.from_dict(h["snapshot"])
-            except ValueError:
-                snap = None
-        hostname = str(h.get("hostname") or (snap.hostname if snap else "?"))
-        node_id = str(h.get("node_id") or (snap.node_id if snap else hostname))
-        out.append(HostView(hostname, node_id, snap, alive=h.get("alive") is not False,
-                            url=h.get("url") if isinstance(h.get("url"), str) else None))
-    return out
+    """HostViews from a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`);
+    malformed hosts are skipped."""
+    from ..wire.fleet import FleetView
+
+    try:
+        view = FleetView.from_dict(data)
+    except ValueError as exc:
+        raise SourceError(f"bad fleet answer: {exc}") from None
+    return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url) for h in view.hosts]
 
 
 class FleetSource:

@@ -316,11 +316,6 @@ def _mem_text(g: GpuInfo) -> str:
     return f" {format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
 
 
-def _is_free(g: GpuInfo) -> bool:
-    return (g.healthy and not g.leases and not g.processes and g.utilization_gpu is not None
-            and g.utilization_gpu < 5)
-
-
 def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -> Text:
     from rich.text import Text
 
@@ -338,7 +333,7 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
         t.append("  waiting for data…", style="dim")
         return t
     all_gpus = snap.gpus
-    free = sum(1 for g in all_gpus if _is_free(g))
+    free = sum(1 for g in all_gpus if g.is_free)
     shown = f"{len(gpus)}/{len(all_gpus)}" if len(gpus) != len(all_gpus) else str(len(all_gpus))
     t.append(f"  {shown} GPU{'s' if len(all_gpus) != 1 else ''}, {free} free")
     if width >= 72:
@@ -517,7 +512,8 @@ def render(hosts: Iterable[HostView], state: TopState | None = None, width: int 
 
 
 HELP = ("keys: q quit · s/S next/previous sort · r reverse · / or f filter (Enter apply, Esc cancel) · "
-        "Esc clear filter · ↑/↓ j/k PgUp/PgDn scroll · h help.  Filter terms match host, model, UUID, #index, users, commands, "
+        "Esc clear filter · ↑/↓ j/k PgUp/PgDn scroll · h help.  "
+        "Filter terms match host, model, UUID, #index, users, commands, "
         "alerts, 'lost', 'gone'.")
 
 
@@ -527,7 +523,7 @@ def _title(arranged: Sequence[tuple[HostView, list[GpuInfo]]], state: TopState, 
 
     n_hosts = sum(1 for h, _ in arranged if h.alive)
     gpus = [g for h, gs in arranged if h.alive for g in gs]
-    free = sum(1 for g in gpus if _is_free(g))
+    free = sum(1 for g in gpus if g.is_free)
     util = [u for u in (_finite(g.utilization_gpu) for g in gpus) if u is not None]
     t = Text(title, style="bold")
     t.append(f"  {n_hosts} host{'s' if n_hosts != 1 else ''}, {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}, "

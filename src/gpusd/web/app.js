@@ -526,7 +526,7 @@
         for (const g of gpus) {
           nGpus++;
           if (g.utilization_gpu !== null && g.utilization_gpu !== undefined) { utilSum += g.utilization_gpu; utilN++; }
-          if (g.healthy !== false && !(g.processes || []).length && !(g.leases || []).length && g.utilization_gpu < 5) free++;
+          if (g.free === true) free++;  // computed by the daemon (GpuInfo.is_free): one rule everywhere
         }
       }
       cards.push([h, gpus]);

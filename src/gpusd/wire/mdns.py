@@ -148,7 +148,7 @@ def apply_test_timings() -> None:
         _core._CHECK_TIME = 10  # type: ignore[attr-defined]
         _core._REGISTER_TIME = 10  # type: ignore[attr-defined]
         _core._UNREGISTER_TIME = 10  # type: ignore[attr-defined]
-        _core._PROBE_RANDOM_DELAY_INTERVAL = (1, 5)  # type: ignore[attr-defined]
+        _core._PROBE_RANDOM_DELAY_INTERVAL = (1, 5)
     except (ImportError, AttributeError):  # pragma: no cover - a future zeroconf
         log.debug("cannot shrink zeroconf timings")
 

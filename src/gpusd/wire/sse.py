@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from ..errors import SSEError as SSEError  # re-exported: defined in gpusd.errors
 from ..sanitize import dumps
 
 MAX_EVENT = 4 * 2**20  # bytes; the same bound as an HTTP JSON answer
-
-
-class SSEError(ValueError):
-    """The stream is not valid SSE, or an event is too large."""
 
 
 def format_event(event: str, data: Any) -> bytes:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Mapping
 
+from ..errors import TxtError as TxtError  # re-exported: defined in gpusd.errors
 from ..model import HostSnapshot
 
 SERVICE_TYPE = "_gpusd._tcp.local."
@@ -33,17 +34,12 @@ MAX_RECORD = 1300  # RFC 6763 §6.2: a TXT record should fit a single packet
 MAX_HWSD_RECORD = 8900  # hwsd records grow ~60 bytes per GPU; the mDNS packet limit bounds them
 MAX_GPUS = 256
 MAX_MODEL = 48  # characters of a model name kept in the TXT record
-FREE_UTIL = 5.0  # a GPU below this utilisation (percent), without processes or leases, is free
 
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:{}-]{0,127}")
 _RUN_RE = re.compile(r"(?:(\d{1,3})\*)?([^;]{1,64});(\d{1,9})")
 _G_KEY_RE = re.compile(r"g(\d{1,3})")
 _HWSD_GPU_KEY_RE = re.compile(r"gpu(\d{1,3}) (type|port|device|flags|x|y|width|height)")
-
-
-class TxtError(ValueError):
-    """A TXT record that is malformed, oversized, of another version, or inconsistent."""
 
 
 def valid_session(name: str) -> bool:
@@ -104,15 +100,8 @@ def short_model(name: str | None) -> str:
 
 
 def count_free(snap: HostSnapshot) -> int:
-    """GPUs that are healthy, without lease or process, and below 5 % utilisation."""
-    n = 0
-    for g in snap.gpus:
-        if not g.healthy or g.leases or g.processes:
-            continue
-        if g.utilization_gpu is not None and g.utilization_gpu >= FREE_UTIL:
-            continue
-        n += 1
-    return n
+    """The free GPUs, by the model's one rule (:attr:`gpusd.model.GpuInfo.is_free`)."""
+    return sum(1 for g in snap.gpus if g.is_free)
 
 
 def inventory_of(snap: HostSnapshot) -> list[tuple[str, int | None]]:

@@ -1,0 +1,101 @@
+"""The fleet view as served by ``GET /api/v1/fleet`` (docs/wire-format.md, "Fleet view"): one typed
+record per host, validated on the way in, so the daemon, ``gpusd top --url``, ``gpusd export
+prometheus-sd`` and the dashboard read the same fields the same way.
+
+``FleetHost.from_dict`` validates every field against its type and bounds (the model's codec) and
+raises :class:`ValueError` naming the bad field; ``FleetView.from_dict`` skips (and counts) hosts that
+fail, so one bad host never hides the good ones.  A host whose snapshot is malformed is kept, without
+a snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import WireError
+from ..model import MAX_NAME, HostSnapshot, decode, encode
+
+FLEET_SCHEMA = 1  # version of this document; a reader refuses other versions
+MAX_FLEET_HOSTS = 4096  # hosts in one answer
+MAX_URL = 2048  # characters of a host's URL
+
+
+@dataclass(slots=True)
+class FleetHost:
+    """One host of a daemon's fleet view."""
+
+    hostname: str
+    node_id: str
+    session: str | None = None
+    source: str = "gpusd"  # "gpusd" (live snapshot over HTTP) or "hwsd" (announcement only)
+    url: str | None = field(default=None, metadata={"max": MAX_URL})  # HTTP API base, .../api/v1
+    alive: bool = True  # the serving daemon hears from this host (its event stream is up); absent: true
+    last_seen: float | None = None  # seconds since the epoch of the last sign of life; None: never
+    # Placeholder for the trust work (issue 9): True once the host proved it holds the fleet secret.
+    # Nothing sets it yet, so every host is unverified.
+    verified: bool = False
+    snapshot: HostSnapshot | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FleetHost:
+        if not isinstance(d, dict):
+            raise WireError("a fleet host must be an object")
+        snap = d.get("snapshot")
+        host = decode(cls, {k: v for k, v in d.items() if k != "snapshot"})
+        if snap is not None:
+            try:
+                host.snapshot = HostSnapshot.from_dict(snap)
+            except ValueError:
+                host.snapshot = None  # the host is still listed (and still alive or not): no data
+        return host
+
+    @classmethod
+    def from_remote(cls, h: Any, now_wall: float, now_mono: float) -> FleetHost:
+        """From a :class:`gpusd.discovery.types.RemoteHost` (whose ``last_seen`` is monotonic)."""
+        last = now_wall - (now_mono - h.last_seen) if h.last_seen else None
+        return cls(hostname=h.hostname, node_id=h.node_id, session=h.session, source=h.source, url=h.url,
+                   alive=h.alive, last_seen=round(last, 3) if last is not None else None, snapshot=h.snapshot)
+
+
+@dataclass(slots=True)
+class FleetView:
+    """A whole ``GET /api/v1/fleet`` answer."""
+
+    session: str | None = None
+    hosts: list[FleetHost] = field(default_factory=list, metadata={"max": MAX_FLEET_HOSTS})
+    schema: int = FLEET_SCHEMA
+    skipped: int = 0  # malformed hosts left out by from_dict (not sent)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "session": self.session, "hosts": [h.to_dict() for h in self.hosts]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> FleetView:
+        """Validate an answer: the envelope strictly, the hosts one by one (bad ones skipped)."""
+        if not isinstance(d, dict):
+            raise WireError("a fleet answer must be an object")
+        schema = d.get("schema", FLEET_SCHEMA)  # 0.1 daemons send no schema: the same fields
+        if schema != FLEET_SCHEMA or isinstance(schema, bool):
+            raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
+        session = d.get("session")
+        if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
+            raise WireError("field 'session' must be a short string")
+        raw = d.get("hosts")
+        if not isinstance(raw, list):
+            raise WireError("the fleet answer has no 'hosts' list")
+        if len(raw) > MAX_FLEET_HOSTS:
+            raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
+        view = cls(session=session)
+        for item in raw:
+            try:
+                view.hosts.append(FleetHost.from_dict(item))
+            except ValueError:
+                view.skipped += 1
+        return view
+
+
+__all__ = ["FLEET_SCHEMA", "MAX_FLEET_HOSTS", "FleetHost", "FleetView"]
