@@ -78,13 +78,15 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
         Client as Client,
     )
     from .errors import (
+        AlreadyRunning as AlreadyRunning,
+    )
+    from .errors import (
         BackendUnavailable as BackendUnavailable,
     )
     from .errors import (
         ConfigError as ConfigError,
     )
     from .errors import (
-        AlreadyRunning as AlreadyRunning,
         DaemonStartFailed as DaemonStartFailed,
     )
     from .errors import (
