@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class Fleet:
     def __init__(self, daemon: "Daemon") -> None:
         self.daemon = daemon
-        self.hub = EventHub(maxsize=1024)
+        self.hub = EventHub(maxsize=1024, max_subscribers=daemon.config.max_subscribers)
         self.client: AsyncClient | None = None
         self._start_lock = asyncio.Lock()
         self._last_used = time.monotonic()
