@@ -49,7 +49,8 @@ class Fleet:
             d = self.daemon
             # Peers started with the same token show this daemon (and so its token holders) their
             # process owners; to readers without the token the fleet view is redacted on the way out.
-            client = AsyncClient(session=d.config.session, zeroconf=d.zc, token=d.token)
+            client = AsyncClient(session=d.config.session, zeroconf=d.zc, token=d.token,
+                                 max_hosts=d.config.fleet_max_hosts)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client
@@ -86,7 +87,8 @@ class Fleet:
                     "alive": h.alive,
                     "snapshot": h.snapshot.to_dict() if h.snapshot is not None else None,
                 })
-        return {"session": self.daemon.config.session, "hosts": hosts}
+        dropped = self.client.dropped_hosts if self.client is not None else 0
+        return {"session": self.daemon.config.session, "hosts": hosts, "hosts_dropped": dropped}
 
     async def _stop_when_idle(self) -> None:
         idle = self.daemon.config.fleet_idle

@@ -35,6 +35,7 @@ from ..wire.sse import format_event
 from .config import DaemonConfig
 from .events import EventHub
 from .history import History
+from .logs import flush as flush_log_summaries
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -235,6 +236,7 @@ class Daemon:
                 await self._sample_failed(exc)
                 continue
             self._accept(snap)
+            flush_log_summaries()  # a rate-limited log's summary lines, due or not (cheap)
 
     def _accept(self, snap: HostSnapshot) -> None:
         self.samples += 1
