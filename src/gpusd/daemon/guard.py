@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -38,9 +39,9 @@ WARN_EVERY = 60.0  # seconds between warnings about the same kind of pressure
 class _GuardedProtocol(asyncio.Protocol):
     """Passes everything on to aiohttp's protocol; watches for the end of the first request head."""
 
-    __slots__ = ("guard", "inner", "transport", "head_done", "closed", "_tail", "_timer", "_made")
+    __slots__ = ("_made", "_tail", "_timer", "closed", "guard", "head_done", "inner", "transport")
 
-    def __init__(self, guard: "ConnectionGuard", inner: asyncio.Protocol) -> None:
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
         self.inner = inner
         self.transport: asyncio.Transport | None = None
@@ -195,7 +196,7 @@ class GuardedSite(web.BaseSite):
     """A TCP site (``web.TCPSite``'s arguments) whose connections pass through ``guard``."""
 
     def __init__(self, runner: web.BaseRunner, guard: ConnectionGuard, host: str | None = None, port: int = 0, *,
-                 ssl_context: "ssl.SSLContext | None" = None, backlog: int = 128,
+                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128,
                  reuse_address: bool | None = None) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self.guard = guard

@@ -134,10 +134,10 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         sub = hub.subscribe()  # before the first messages: nothing published meanwhile is lost
     except HubFull:
         log.debug("event stream refused to %s: %d readers already", request.remote, len(hub))
-        resp = _json({"error": f"too many event-stream readers (at most {hub.max_subscribers}); try again later"},
-                     status=503)
-        resp.headers["Retry-After"] = "5"
-        return resp
+        refusal = _json({"error": f"too many event-stream readers (at most {hub.max_subscribers}); try again later"},
+                        status=503)
+        refusal.headers["Retry-After"] = "5"
+        return refusal
     resp = web.StreamResponse(headers=SSE_HEADERS)
     slow = False
     try:

@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_MAX_BYTES = 10 * 2**20
@@ -36,11 +37,11 @@ MAX_KINDS = 256
 MAX_CHARS = 4000
 
 _OTHER = ("", 0, "")  # the shared kind of records beyond max_kinds
-_filters: "weakref.WeakSet[RateLimitFilter]" = weakref.WeakSet()
+_filters: weakref.WeakSet[RateLimitFilter] = weakref.WeakSet()
 
 
 class _Kind:
-    __slots__ = ("start", "count", "name", "levelno", "template")
+    __slots__ = ("count", "levelno", "name", "start", "template")
 
     def __init__(self, start: float, record: logging.LogRecord) -> None:
         self.start = start
@@ -69,7 +70,7 @@ class RateLimitFilter(logging.Filter):
         self._lock = threading.RLock()
         self._last_flush = 0.0
 
-    def attach(self, handler: logging.Handler) -> "RateLimitFilter":
+    def attach(self, handler: logging.Handler) -> RateLimitFilter:
         self._handler = handler
         handler.addFilter(self)
         _filters.add(self)
