@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from netns import lan, netns_ok  # noqa: F401
 from daemon_helpers import (  # noqa: F401
     fast_mdns,
     running_daemon,
@@ -374,3 +375,30 @@ def test_limits_are_validated(field: str, value: Any) -> None:
 
     with pytest.raises(ConfigError, match=field):
         DaemonConfig(**{field: value}).validate()
+
+
+# -- finding 11 on a namespace LAN: the access layer is always there -----------------------------------
+def test_bad_rule_refuses_to_start_and_a_stranger_never_sees_private_fields(lan: Any) -> None:
+    """A daemon with a token and a mistyped threshold rule refuses to start (exit 2, nothing served);
+    with valid rules, a reader on another machine without credentials gets GPU load but never
+    process owners or command lines."""
+    from fakenvml import FakeProcess, make_gpus
+
+    gpus = make_gpus(1, util_gpu=10)
+    gpus[0].processes = [FakeProcess(os.getpid(), 2 * 2**30)]
+    host = lan.add_gpu_host("private-node", gpus, session=unique_session("acl"), fast=True,
+                            args=["--threshold", "temperature>>85"], extra_env={"GPUSD_TOKEN": "fleet-secret"})
+    r = lan.gpusd(host.node, ["start", "--foreground", "--interface", host.ip, "--port", "4780",
+                              "--threshold", "temperature>>85", "--simulate", "1xT4"], env=host.env)
+    assert r.returncode == 2 and "temperature>>85" in r.stderr, r.stderr
+    host.args = ["--threshold", "temperature>85"]
+    host.start()
+    stranger = lan.add_node("stranger")
+    code = ("import json, urllib.request; "
+            f"print(urllib.request.urlopen('http://{host.ip}:4780/api/v1/gpus', timeout=10).read().decode())")
+    r = lan.run(stranger, [sys.executable, "-c", code])
+    assert r.returncode == 0, r.stderr
+    gpus_seen = json.loads(r.stdout)
+    procs = gpus_seen[0]["processes"]
+    assert procs and procs[0]["used_memory"] == 2 * 2**30
+    assert all(p.get("user") is None and p.get("command") is None for p in procs)
