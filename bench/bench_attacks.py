@@ -258,7 +258,10 @@ async def attack(label: str, src: Path, args: argparse.Namespace) -> list[str]:
         await phase("both at once", args.connections, args.services)
     finally:
         stop_daemon(src, state, pid)
-        shutil.rmtree(state, ignore_errors=True)
+        if args.keep_logs:
+            print(f"{label}: the daemon's log is in {state}", file=sys.stderr)
+        else:
+            shutil.rmtree(state, ignore_errors=True)
     return rows
 
 
@@ -299,6 +302,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=1000)
     ap.add_argument("--services", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each attack (default 10)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep each daemon's state directory (and log)")
     ap.add_argument("--old", metavar="REV", help="also attack the daemon of this git revision (e.g. bc3d827)")
     args = ap.parse_args()
     if not 1 <= args.connections <= 5000 or not 1 <= args.services <= 5000 or not 1 <= args.seconds <= 60:
