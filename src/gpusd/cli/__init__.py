@@ -202,6 +202,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
     p.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
                    help="how long to wait for a background daemon to come up (default 30)")
+    p.add_argument("--log-file", metavar="FILE", default=None,
+                   help="with --foreground: log to FILE, rotated at 10 MiB (3 kept) while running "
+                   "(default: stderr; a background daemon logs to gpusd.log in its state directory)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 

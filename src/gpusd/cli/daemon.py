@@ -155,13 +155,11 @@ def start(args: argparse.Namespace) -> int:
     if st.running:
         return _already_running(args, cfg, st)
     if args.foreground:
-        import logging
-
+        from ..daemon import logs
         from ..daemon.process import run_foreground
 
         level = os.environ.get("GPUSD_LOG_LEVEL") or ("DEBUG" if args.verbose > 1 else "INFO")
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        logs.setup(level, args.log_file)  # rate-limited; a --log-file is rotated by size while running
         return run_foreground(cfg, args.ready_fd)
 
     from . import prog

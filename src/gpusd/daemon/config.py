@@ -32,6 +32,13 @@ class DaemonConfig:
     # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     thresholds: list[str] = field(default_factory=list)
     node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
+    # Limits against hostile peers (docs/daemon.md, "Limits"):
+    header_timeout: float = 10.0  # seconds from connect until the first request's headers are complete
+    keepalive_timeout: float = 30.0  # seconds an idle keep-alive connection (or its next request head) may take
+    max_connections: int = 1024  # open HTTP connections at most (also bounded by the open-file limit)
+    max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
+    write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
+    fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -57,3 +64,26 @@ class DaemonConfig:
             raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
+        for name in ("header_timeout", "keepalive_timeout", "write_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.01 <= value <= 86400):  # also refuses nan
+                raise ConfigError(f"{name} must be between 0.01 and 86400 seconds, not {value!r}")
+        for name in ("max_connections", "max_subscribers", "fleet_max_hosts"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000):
+                raise ConfigError(f"{name} must be a whole number between 1 and 1000000, not {value!r}")
+        self._validate_thresholds()
+
+    def _validate_thresholds(self) -> None:
+        """Parse the threshold rules with the command line's parser (:mod:`gpusd.thresholds`): a rule
+        with a typo fails here, before anything starts, from the Python API as from the CLI."""
+        from ..errors import ConfigError
+        from ..thresholds import Rule, load_rules
+
+        rules = self.thresholds
+        if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
+            raise ConfigError(f"thresholds must be a list of rules such as [\"temperature>85\"], not {rules!r}")
+        for rule in rules:
+            if not isinstance(rule, (str, Rule)):
+                raise ConfigError(f"bad threshold rule {rule!r}: a rule is a string such as \"temperature>85\"")
+        load_rules(rules)  # raises ConfigError with the parser's one-line message

@@ -34,7 +34,7 @@ class Fleet:
     def __init__(self, config: "DaemonConfig", zc: "AsyncZeroconf | None") -> None:
         self.config = config
         self.zc = zc
-        self.hub = EventHub(maxsize=1024)
+        self.hub = EventHub(maxsize=1024, max_subscribers=config.max_subscribers)
         self.client: AsyncClient | None = None
         self._start_lock = asyncio.Lock()
         self._last_used = time.monotonic()
@@ -56,7 +56,8 @@ class Fleet:
             cfg = self.config
             # Peers started with the same token show this daemon (and so its token holders) their
             # process owners; to readers without the token the fleet view is redacted on the way out.
-            client = AsyncClient(session=cfg.session, zeroconf=self.zc, token=cfg.token)
+            client = AsyncClient(session=cfg.session, zeroconf=self.zc, token=cfg.token,
+                                 max_hosts=cfg.fleet_max_hosts)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client
@@ -86,6 +87,7 @@ class Fleet:
         if self.client is not None:
             wall, mono = time.time(), time.monotonic()
             view.hosts = [FleetHost.from_remote(h, wall, mono) for h in self.client.hosts]
+            view.hosts_dropped = self.client.dropped_hosts
         return view
 
     def to_dict(self) -> dict[str, Any]:

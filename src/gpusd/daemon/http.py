@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Iterable, Protocol, TypeVar
 
 from aiohttp import web
 
 from .._version import __version__
 from ..wire.sse import format_event
-from .events import EventHub
+from .events import EventHub, HubFull
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .history import History
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 class Daemon(Protocol):
     """What the HTTP handlers read from the daemon (:class:`gpusd.daemon.service.Daemon` is one)."""
@@ -123,7 +124,7 @@ async def history(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     d = _daemon(request)
     first = [d.snapshot_event()] if d.snapshot is not None else []
-    return await sse_stream(request, d.events, first, d.config.heartbeat)
+    return await sse_stream(request, d.events, first, d.config.heartbeat, write_timeout=d.config.write_timeout)
 
 
 async def fleet(request: web.Request) -> web.Response:
@@ -139,23 +140,36 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
     await d.fleet.ensure_started()
-    return await sse_stream(request, d.fleet.hub, d.fleet.replay(), d.config.heartbeat, touch=d.fleet.touch)
+    return await sse_stream(request, d.fleet.hub, d.fleet.replay(), d.config.heartbeat, touch=d.fleet.touch,
+                            write_timeout=d.config.write_timeout)
 
 
 async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes], heartbeat: float,
-                     touch: "object | None" = None) -> web.StreamResponse:
+                     touch: "object | None" = None, write_timeout: float = 10.0) -> web.StreamResponse:
     """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
     ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
-    or a subscriber too slow to keep up) or when the client goes away."""
+    or a subscriber too slow to keep up) or when the client goes away.
+
+    A reader that does not take a message within ``write_timeout`` seconds, or falls so far behind
+    that the hub drops it, is disconnected at once (its connection aborted: nothing more is queued
+    for it).  Beyond the hub's ``max_subscribers``, a new reader gets ``503`` with ``Retry-After``."""
     from .access import stream_filter
 
     out = stream_filter(request)  # private fields only for readers allowed to see them
-    resp = web.StreamResponse(headers=SSE_HEADERS)
-    sub = hub.subscribe()  # before the first messages: nothing published meanwhile is lost
     try:
-        await resp.prepare(request)
+        sub = hub.subscribe()  # before the first messages: nothing published meanwhile is lost
+    except HubFull:
+        log.debug("event stream refused to %s: %d readers already", request.remote, len(hub))
+        refusal = _json({"error": f"too many event-stream readers (at most {hub.max_subscribers}); try again later"},
+                        status=503)
+        refusal.headers["Retry-After"] = "5"
+        return refusal
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    slow = False
+    try:
+        await _bounded(resp.prepare(request), write_timeout)
         for first_msg in first:
-            await resp.write(out(first_msg))
+            await _bounded(resp.write(out(first_msg)), write_timeout)
         while True:
             try:
                 msg = await asyncio.wait_for(sub.queue.get(), heartbeat)
@@ -164,10 +178,30 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
                 if callable(touch):
                     touch()
             if msg is None:
+                slow = sub.dropped
                 break
-            await resp.write(out(msg))
+            await _bounded(resp.write(out(msg)), write_timeout)
+        if not slow:
+            await _bounded(resp.write_eof(), write_timeout)
+    except asyncio.TimeoutError:
+        slow = True
     except (ConnectionError, RuntimeError, OSError) as exc:  # the client went away
         log.debug("event stream to %s ended: %r", request.remote, exc)
     finally:
         hub.unsubscribe(sub)
+    if slow:
+        log.debug("event stream to %s: reader too slow, disconnected", request.remote)
+        transport = request.transport
+        if transport is not None:
+            transport.abort()  # drop what is queued for it: no wait on a reader that does not read
     return resp
+
+
+async def _bounded(aw: Awaitable[T], seconds: float) -> T:
+    """``await aw``, or ``asyncio.TimeoutError`` after ``seconds`` (no extra task where the Python has
+    ``asyncio.timeout``: one write per event per reader)."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:  # Python 3.10
+        return await asyncio.wait_for(aw, seconds)
+    async with timeout(seconds):
+        return await aw

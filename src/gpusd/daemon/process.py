@@ -8,7 +8,8 @@ Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.st
 ``gpusd.json``
     Where the running daemon serves (port, addresses, session, start time), for ``gpusd status``.
 ``gpusd.log``
-    The log of a daemon started in the background (a foreground daemon logs to stderr).
+    The log of a daemon started in the background (a foreground daemon logs to stderr, or to
+    ``--log-file``): rotated by size while it runs, ``gpusd.log.1`` ... ``.3`` kept (:mod:`.logs`).
 ``node-id``
     The node id (:func:`gpusd.identity.node_id`).
 """
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 PID_FILE = "gpusd.pid"
 INFO_FILE = "gpusd.json"
 LOG_FILE = "gpusd.log"
-LOG_ROTATE_BYTES = 10 * 2**20
 
 
 @dataclass
@@ -174,11 +174,30 @@ def notify_ready(ready_fd: int | None, info: dict[str, Any]) -> None:
 
 # -- background start --------------------------------------------------------------------------
 def _rotate(log_path: Path) -> None:
+    from .logs import limits_from_env, rotate
+
+    max_bytes, backups = limits_from_env()
+    rotate(log_path, backups, max_bytes)
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open files (RLIMIT_NOFILE) to its hard limit: every HTTP
+    connection, event stream and fleet peer costs a descriptor, and 1024 (a common soft default) was
+    too few under attack.  Returns (old soft limit, new soft limit)."""
     try:
-        if log_path.stat().st_size > LOG_ROTATE_BYTES:
-            os.replace(log_path, log_path.with_name(LOG_FILE + ".1"))
-    except OSError:
-        pass
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != soft and (hard == resource.RLIM_INFINITY or hard > soft):
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            except (ValueError, OSError):  # e.g. macOS refuses more than OPEN_MAX
+                target = soft
+            return soft, target
+        return soft, soft
+    except (ImportError, OSError, ValueError):
+        return -1, -1
 
 
 def spawn(foreground_args: Sequence[str], state_dir: Path, *, env: dict[str, str] | None = None,
@@ -190,7 +209,8 @@ def spawn(foreground_args: Sequence[str], state_dir: Path, *, env: dict[str, str
     _rotate(log_path)
     r, w = os.pipe()
     env = dict(os.environ if env is None else env)
-    argv = [sys.executable, "-m", "gpusd", "start", "--foreground", *foreground_args, "--ready-fd", str(w)]
+    argv = [sys.executable, "-m", "gpusd", "start", "--foreground", *foreground_args, "--log-file", str(log_path),
+            "--ready-fd", str(w)]
     with open(log_path, "ab", buffering=0) as logf:
         logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(argv[1:])}\n".encode())
         try:
@@ -287,6 +307,9 @@ def stop(state_dir: Path, timeout: float = 10.0, force: bool = False) -> int:
 # -- foreground run ------------------------------------------------------------------------------
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
+    old, new = raise_fd_limit()
+    if new != old:
+        log.info("open-file limit raised from %d to %d", old, new)
     return asyncio.run(_main(config, ready_fd))
 
 

@@ -36,6 +36,7 @@ from ..wire.sse import format_event
 from .config import DaemonConfig
 from .events import EventHub
 from .history import History
+from .logs import flush as flush_log_summaries
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..inventory import Backend
     from .announce import Announcer
     from .fleet import Fleet
+    from .guard import ConnectionGuard
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class Daemon:
         self.backend = backend
         self.snapshot: HostSnapshot | None = None
         self.history = History(config.history, config.interval)
-        self.events = EventHub()
+        self.events = EventHub(max_subscribers=config.max_subscribers)
         self.on_sample: list[Callable[[HostSnapshot], Any]] = []
         self.app: web.Application = build_app(self)
         self.zc: AsyncZeroconf | None = None
@@ -75,6 +77,7 @@ class Daemon:
         self.samples = 0
         self.sample_errors = 0
         self._runner: web.AppRunner | None = None
+        self.guard: ConnectionGuard | None = None  # the HTTP connection limits, set at start
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpusd-sample")
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
@@ -152,24 +155,28 @@ class Daemon:
     async def _start_http(self) -> None:
         from aiohttp import web
 
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        from .guard import ConnectionGuard, GuardedSite
+
+        cfg = self.config
+        self.guard = ConnectionGuard(connection_cap(cfg.max_connections), cfg.header_timeout)
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
+                                     keepalive_timeout=cfg.keepalive_timeout)
         await self._runner.setup()
         hosts: list[str | None] = list(self.interfaces) if self.interfaces else [None]
         try:
             for host in hosts:  # one site per pinned address (all of them bind one port)
-                site = web.TCPSite(self._runner, host=host, port=self.port, reuse_address=True)
+                site = GuardedSite(self._runner, self.guard, host=host, port=self.port, reuse_address=True)
                 await site.start()
-                if self.port == 0:
-                    server = getattr(site, "_server", None)
-                    sockets = getattr(server, "sockets", None) or []
-                    if sockets:
-                        self.port = sockets[0].getsockname()[1]
+                if self.port == 0 and site.bound_port:
+                    self.port = site.bound_port
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
             where = ",".join(h for h in hosts if h) or "all addresses"
             raise GpusdError(f"cannot serve HTTP on {where} port {self.port}: {exc.strerror or exc}") from None
-        log.info("HTTP API on %s port %d", ",".join(h for h in hosts if h) or "all addresses", self.port)
+        log.info("HTTP API on %s port %d (at most %d connections, %g s to send a request head)",
+                 ",".join(h for h in hosts if h) or "all addresses", self.port, self.guard.max_connections,
+                 self.guard.header_timeout)
 
     async def stop(self) -> None:
         """Say goodbye (``bye`` on every stream, mDNS goodbye packets) and shut down."""
@@ -232,6 +239,7 @@ class Daemon:
                 await self._sample_failed(exc)
                 continue
             self._accept(snap)
+            flush_log_summaries()  # a rate-limited log's summary lines, due or not (cheap)
 
     def _accept(self, snap: HostSnapshot) -> None:
         self.samples += 1
@@ -286,6 +294,22 @@ class Daemon:
         except Exception as exc:
             log.debug("cannot reopen the backend yet: %r", exc)
             self.backend = old
+
+
+FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
+
+
+def connection_cap(configured: int) -> int:
+    """``configured``, lowered where the process's open-file limit would run out first."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return configured
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return configured
+    return max(16, min(configured, soft - FD_RESERVE))
 
 
 def _node_id(config: DaemonConfig) -> str:

@@ -68,6 +68,7 @@ HEARTBEAT = 2.0  # seconds between daemon heartbeats (the daemon's default)
 RESOLVE_TIMEOUT = 3.0
 RECONNECT_BUDGET = 2.0  # seconds a reconnection may take before the host counts as gone
 RETRY_MIN, RETRY_MAX = 1.0, 15.0  # retrying an announced host that does not answer (doubling)
+MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements beyond is dropped)
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -99,6 +100,8 @@ class AsyncClient:
     ``hostname``, ``model`` (substring or glob), ``min_free_memory`` (bytes or ``"20GiB"``) filter
     what is reported.  ``interfaces``: IPv4 addresses or interface names for mDNS (default all, or
     ``$GPUSD_INTERFACES``).  ``liveness_timeout``: a host silent this long is reported removed.
+    ``max_hosts``: services followed at most; announcements beyond are dropped (counted in
+    ``dropped_hosts``, logged once) until a followed one goes away.
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class AsyncClient:
         include_hwsd: bool = True,
         zeroconf: "AsyncZeroconf | None" = None,
         token: str | None = None,
+        max_hosts: int = MAX_HOSTS,
     ) -> None:
         if isinstance(min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
             min_free_memory = int(parse_memory(min_free_memory, ratio=False))
@@ -143,6 +147,8 @@ class AsyncClient:
         self._last_peer_at = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.max_hosts = max(1, int(max_hosts))
+        self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
 
     # -- handlers -----------------------------------------------------------------------------
     def register_event_handler(self, event: str, fn: Handler) -> None:
@@ -326,6 +332,9 @@ class AsyncClient:
                 self._drop_peer(peer, "goodbye")
             return
         if peer is None:
+            if len(self._peers) >= self.max_hosts:
+                self._drop_announcement(name)
+                return
             peer = self._peers[name] = _Peer(name=name, type=service_type)
             self._last_peer_at = time.monotonic()
             peer.task = asyncio.ensure_future(self._follow(peer))
@@ -336,6 +345,17 @@ class AsyncClient:
             self._refresh_txt(peer)
         elif peer.task is None or peer.task.done():
             peer.task = asyncio.ensure_future(self._follow(peer))
+
+    def _drop_announcement(self, name: str) -> None:
+        """A service beyond ``max_hosts``: not followed (a flood of fake announcements must not cost a
+        task, a resolve and a connection each).  Counted; logged once per client."""
+        self.dropped_hosts += 1
+        if self.dropped_hosts == 1:
+            log.warning("more than %d services announced: ignoring the rest (first: %s); a host among them "
+                        "is picked up when it announces again after one of the followed hosts has gone",
+                        self.max_hosts, name[:100])
+        else:
+            log.debug("ignoring service %s: %d followed already", name[:100], self.max_hosts)
 
     def _refresh_txt(self, peer: _Peer) -> None:
         """Re-read a followed host's TXT from the cache; restart following when it changed identity."""

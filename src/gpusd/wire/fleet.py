@@ -68,10 +68,12 @@ class FleetView:
     session: str | None = None
     hosts: list[FleetHost] = field(default_factory=list, metadata={"max": MAX_FLEET_HOSTS})
     schema: int = FLEET_SCHEMA
+    hosts_dropped: int = 0  # announcements the daemon ignored: it already follows its cap of hosts
     skipped: int = 0  # malformed hosts left out by from_dict (not sent)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.schema, "session": self.session, "hosts": [h.to_dict() for h in self.hosts]}
+        return {"schema": self.schema, "session": self.session, "hosts": [h.to_dict() for h in self.hosts],
+                "hosts_dropped": self.hosts_dropped}
 
     @classmethod
     def from_dict(cls, d: Any) -> FleetView:
@@ -89,7 +91,10 @@ class FleetView:
             raise WireError("the fleet answer has no 'hosts' list")
         if len(raw) > MAX_FLEET_HOSTS:
             raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
-        view = cls(session=session)
+        dropped = d.get("hosts_dropped", 0)
+        if not isinstance(dropped, int) or isinstance(dropped, bool) or not 0 <= dropped < 2**63:
+            raise WireError("field 'hosts_dropped' must be a count")
+        view = cls(session=session, hosts_dropped=dropped)
         for item in raw:
             try:
                 view.hosts.append(FleetHost.from_dict(item))
