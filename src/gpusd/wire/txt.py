@@ -39,7 +39,6 @@ _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:{}-]{0,127}")
 _RUN_RE = re.compile(r"(?:(\d{1,3})\*)?([^;]{1,64});(\d{1,9})")
 _G_KEY_RE = re.compile(r"g(\d{1,3})")
-_HWSD_GPU_KEY_RE = re.compile(r"gpu(\d{1,3}) (type|port|device|flags|x|y|width|height)")
 
 
 class TxtError(ValueError):
@@ -67,7 +66,7 @@ class TxtRecord:
     auth: bool = False
     version: int = TXT_VERSION
     source: str = "gpusd"  # "gpusd" or "hwsd"
-    # hwsd only: (type, port, device) per GPU
+    # hwsd only: (type, port, device) per GPU listed; port/device HWSD_NO_VALUE when not announced
     hwsd_gpus: list[tuple[str, int, int]] = field(default_factory=list)
     gpusd_marker: bool = False  # an hwsd record announced by a gpusd daemon in compat mode
 
@@ -204,9 +203,11 @@ def encode_hwsd(*, node_id: str, hostname: str, session: str, count: int) -> dic
 # --------------------------------------------------------------------------------------------
 
 
-def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD) -> dict[str, bytes | None]:
+def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD, *, lenient: bool = False) -> dict[str, bytes | None]:
     """Split TXT RDATA into ``{lower-case key: value}`` (RFC 6763 §6: keys are case-insensitive,
-    the first of duplicate keys wins, a key without ``=`` is a boolean attribute: value None)."""
+    the first of duplicate keys wins, a key without ``=`` is a boolean attribute: value None).
+    ``lenient``: skip a string with an empty, non-ASCII or unprintable key instead of refusing the
+    record (RFC 6763 §6.4 says to silently ignore a string without a key; hwsd ignores them all)."""
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise TxtError("TXT data is not bytes")
     raw = bytes(raw)
@@ -224,21 +225,27 @@ def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD) -> dict[str, bytes | No
         if not item:
             continue  # an empty string is allowed (the empty record is a single \x00)
         key_b, eq, value = item.partition(b"=")
-        if not key_b:
-            raise TxtError("TXT string with an empty key")
         try:
-            key = key_b.decode("ascii")
-        except UnicodeDecodeError:
-            raise TxtError("TXT key is not ASCII") from None
-        if not key.isprintable():
-            raise TxtError(f"TXT key {key!r} has control characters")
+            if not key_b:
+                raise TxtError("TXT string with an empty key")
+            try:
+                key = key_b.decode("ascii")
+            except UnicodeDecodeError:
+                raise TxtError("TXT key is not ASCII") from None
+            if not key.isprintable():
+                raise TxtError(f"TXT key {key!r} has control characters")
+        except TxtError:
+            if lenient:
+                continue
+            raise
         key = key.lower()
         if key not in out:
             out[key] = value if eq else None
     return out
 
 
-def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: int) -> dict[str, bytes | None]:
+def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: int,
+                        lenient: bool = False) -> dict[str, bytes | None]:
     """The same, from python-zeroconf's ``ServiceInfo.properties`` (already split)."""
     out: dict[str, bytes | None] = {}
     size = 0
@@ -252,6 +259,8 @@ def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: 
         try:
             key = kb.decode("ascii").lower()
         except UnicodeDecodeError:
+            if lenient:
+                continue
             raise TxtError("TXT key is not ASCII") from None
         out.setdefault(key, vb)
     if size > limit:
@@ -259,20 +268,19 @@ def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: 
     return out
 
 
-def _props(raw: bytes | Mapping[bytes | str, bytes | str | None], limit: int) -> dict[str, bytes | None]:
+def _props(raw: bytes | Mapping[bytes | str, bytes | str | None], limit: int,
+           lenient: bool = False) -> dict[str, bytes | None]:
     if isinstance(raw, Mapping):
-        return _props_from_mapping(raw, limit)
-    return parse_txt_bytes(raw, limit)
+        return _props_from_mapping(raw, limit, lenient)
+    return parse_txt_bytes(raw, limit, lenient=lenient)
 
 
-def _text(props: dict[str, bytes | None], key: str, *, required: bool = False, strip_nul: bool = False) -> str | None:
+def _text(props: dict[str, bytes | None], key: str, *, required: bool = False) -> str | None:
     value = props.get(key)
     if value is None:
         if required:
             raise TxtError(f"TXT key {key!r} is missing")
         return None
-    if strip_nul:
-        value = value.rstrip(b"\x00")
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
@@ -282,9 +290,8 @@ def _text(props: dict[str, bytes | None], key: str, *, required: bool = False, s
     return text
 
 
-def _int(props: dict[str, bytes | None], key: str, lo: int, hi: int, *, required: bool = False,
-         strip_nul: bool = False) -> int | None:
-    text = _text(props, key, required=required, strip_nul=strip_nul)
+def _int(props: dict[str, bytes | None], key: str, lo: int, hi: int, *, required: bool = False) -> int | None:
+    text = _text(props, key, required=required)
     if text is None:
         return None
     text = text.strip()
@@ -357,48 +364,101 @@ def _decode_runs(props: dict[str, bytes | None], count: int) -> list[tuple[str, 
     return inventory
 
 
+# hwsd reads every value with ``std::istringstream >> value`` (hwsd/detail/dns_sd_module.h): a
+# number is an optional sign and leading digits after white space, trailing text is ignored, no
+# digits give 0 and an overflow gives UINT_MAX (C++11 num_get); a string is its first word.  hwsd
+# skips a GPU without a (non-empty) ``GPU<i> Type`` and reads a missing ``GPU Count`` as 0.
+UINT_MAX = 2**32 - 1
+HWSD_NO_VALUE = UINT_MAX  # hwsd's GPUInfo::defaultValue: port/device not announced
+_HWSD_TYPE_KEY_RE = re.compile(r"gpu(0|[1-9][0-9]{0,9}) type")  # keys as hwsd writes them: GPU<k>, k decimal
+_CXX_SPACE = b" \t\n\v\f\r"
+
+
+def hwsd_uint(value: bytes) -> int:
+    """``value`` read the way hwsd reads an ``unsigned`` (libstdc++ ``istream >> unsigned``)."""
+    text = value.lstrip(_CXX_SPACE)
+    negative = text[:1] == b"-"
+    if text[:1] in (b"+", b"-"):
+        text = text[1:]
+    digits = re.match(rb"0*[0-9]{0,11}", text)
+    run = digits.group(0) if digits else b""
+    if not run:
+        return 0
+    run = run.lstrip(b"0") or b"0"
+    if len(run) > 10 or int(run) > UINT_MAX:  # more than 10 significant digits is always an overflow
+        return UINT_MAX
+    number = int(run)
+    return (-number) % 2**32 if negative else number  # unsigned arithmetic: -1 reads as UINT_MAX
+
+
+def hwsd_word(value: bytes, limit: int = 64) -> str:
+    """The first word of ``value`` (hwsd reads strings with ``>>``), NUL-terminated as hwsd's
+    four-character codes are, made printable (``?`` for anything else) and at most ``limit`` long."""
+    words = value.split(None, 1)
+    word = words[0].split(b"\x00", 1)[0] if words else b""
+    text = word[: limit * 4].decode("utf-8", errors="replace")
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:limit]
+
+
 def decode_hwsd(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtRecord:
-    """Validate an hwsd ``_gpu-sd._tcp`` TXT record.  Values may end in NUL bytes (hwsd writes
-    four-character codes as fixed-size strings): they are stripped."""
-    props = _props(raw, MAX_HWSD_RECORD)
-    count = _int(props, "gpu count", 0, MAX_GPUS, required=True, strip_nul=True)
-    assert count is not None
-    node_id = _text(props, "nodeid", strip_nul=True) or ""
-    hostname = _text(props, "hostname", strip_nul=True) or ""
-    if node_id and not _NODE_RE.fullmatch(node_id):
-        raise TxtError(f"bad NodeID {node_id[:40]!r}")
-    if len(hostname) > 253:
-        raise TxtError("bad Hostname")
-    session = _text(props, "session", strip_nul=True) or DEFAULT_SESSION
-    if not session or len(session) > 64:
-        raise TxtError("bad Session")
-    indices = {int(m.group(1)) for k in props if (m := _HWSD_GPU_KEY_RE.fullmatch(k))}
-    if any(i >= count for i in indices):
-        raise TxtError(f"GPU keys beyond GPU Count={count}")
+    """Read an hwsd ``_gpu-sd._tcp`` TXT record as leniently as hwsd itself: a missing or garbled
+    ``GPU Count`` is 0 GPUs, a GPU without ``Type`` is skipped, numbers are read like C++ streams
+    do (up to ``UINT_MAX``), strings are their first word.  What stays refused: a record that is not
+    TXT data, one over 8900 bytes, a string over 255 bytes, and more than 256 GPUs."""
+    props = _props(raw, MAX_HWSD_RECORD, lenient=True)
+
+    def value(key: str) -> bytes | None:
+        v = props.get(key)
+        return v if v else None  # hwsd: an empty value is no value
+
+    count_raw = value("gpu count")
+    count = hwsd_uint(count_raw) if count_raw is not None else 0
+    indices = sorted(int(m.group(1)) for k in props if (m := _HWSD_TYPE_KEY_RE.fullmatch(k)))
     gpus: list[tuple[str, int, int]] = []
-    for i in range(count):
-        kind = _text(props, f"gpu{i} type", strip_nul=True)
-        if kind is None:
-            raise TxtError(f"GPU Count={count} but no 'GPU{i} Type'")
-        kind = kind.strip()
-        if not kind or len(kind) > 8:
-            raise TxtError(f"bad 'GPU{i} Type'")
-        port = _int(props, f"gpu{i} port", 0, 2**32 - 1, strip_nul=True) or 0
-        device = _int(props, f"gpu{i} device", 0, 2**32 - 1, strip_nul=True) or 0
-        gpus.append((kind, port, device))
+    for i in indices:
+        if i >= count:
+            continue  # hwsd reads GPU0 .. GPU<count - 1> only
+        type_raw = value(f"gpu{i} type")
+        kind = hwsd_word(type_raw, 4) if type_raw is not None else ""
+        if not kind:
+            continue  # hwsd skips it (an all-blank Type would make a nameless GPU there)
+        if len(gpus) == MAX_GPUS:
+            raise TxtError(f"more than {MAX_GPUS} GPUs")
+        port_raw, device_raw = value(f"gpu{i} port"), value(f"gpu{i} device")
+        gpus.append((kind, hwsd_uint(port_raw) if port_raw is not None else HWSD_NO_VALUE,
+                     hwsd_uint(device_raw) if device_raw is not None else HWSD_NO_VALUE))
+    node_raw, host_raw, session_raw = value("nodeid"), value("hostname"), value("session")
+    node_id = hwsd_word(node_raw, 128) if node_raw is not None else ""
+    if not _NODE_RE.fullmatch(node_id):
+        node_id = ""  # hwsd would hash something out of it; the client names the host by its instance
+    hostname = hwsd_word(host_raw, 253) if host_raw is not None else ""
+    session = (hwsd_word(session_raw) if session_raw is not None else "") or DEFAULT_SESSION
     return TxtRecord(
         node_id=node_id,
         hostname=hostname,
         session=session,
-        count=count,
+        count=len(gpus),
         free=None,
-        inventory=[(f"{kind} :{port}.{device}", None) for kind, port, device in gpus],
+        inventory=[(hwsd_display(kind, port, device), None) for kind, port, device in gpus],
         api="",
         version=0,
         source="hwsd",
         hwsd_gpus=gpus,
         gpusd_marker="gpusd" in props,
     )
+
+
+def hwsd_display(kind: str, port: int, device: int) -> str:
+    """How a GPU of an hwsd record is shown: ``GLX :0.1`` (type, X display, screen); a port or
+    device that was not announced is left out."""
+    text = kind
+    if port != HWSD_NO_VALUE:
+        text += f" :{port}"
+        if device != HWSD_NO_VALUE:
+            text += f".{device}"
+    elif device != HWSD_NO_VALUE:
+        text += f" device {device}"
+    return text
 
 
 def instance_name(hostname: str, node_id: str) -> str:
