@@ -196,7 +196,7 @@ def test_hwsd_round_trip_and_nul_bytes() -> None:
     props = encode_hwsd(node_id="abc", hostname="render-1", session="default", count=2)
     rec = decode_hwsd(raw(props))
     assert rec.source == "hwsd" and rec.count == 2 and rec.gpusd_marker
-    assert rec.hwsd_gpus == [("CUDA", 0, 0), ("CUDA", 0, 1)]
+    assert rec.hwsd_gpus == [("GLX", 0, 0), ("GLX", 0, 1)]
     # hwsd itself: four-character codes padded with NUL bytes, no gpusd marker
     hw = raw([b"Session=default", b"NodeID=0123-4567", b"Hostname=viz", b"GPU Count=2",
               b"GPU0 Type=GLX\x00", b"GPU0 Port=0", b"GPU0 Device=0", b"GPU1 Type=GLX\x00",

@@ -1,5 +1,5 @@
 """The daemon's DNS-SD announcement: one ``_gpusd._tcp`` service per host (and, opt-in, hwsd's
-``_gpu-sd._tcp``), TXT updates only when the summary changes and at most every ``txt_min_interval``
+``_gpu-sd._tcp`` and ``_net-sd._tcp`` for GPU-SD clients and Equalizer), TXT updates only when the summary changes and at most every ``txt_min_interval``
 seconds, goodbye packets on stop, and a re-announcement when the machine's addresses change.
 """
 
@@ -16,11 +16,13 @@ from ..model import HostSnapshot
 from ..wire.mdns import local_ipv4_addresses
 from ..wire.txt import (
     API_PREFIX,
+    HWSD_NET_TYPE,
     HWSD_PORT,
     HWSD_TYPE,
     SERVICE_TYPE,
     count_free,
     encode_hwsd,
+    encode_hwsd_net,
     encode_txt,
     instance_name,
     inventory_of,
@@ -45,6 +47,7 @@ class Announcer:
         self.instance = instance_name(daemon.hostname, daemon.node_id)
         self.info: ServiceInfo | None = None
         self.hwsd_info: ServiceInfo | None = None
+        self.hwsd_net_info: ServiceInfo | None = None
         self.txt: dict[str, str] = {}
         self.updates = 0  # TXT updates sent (not counting the first announcement)
         self._last_update = 0.0
@@ -94,15 +97,44 @@ class Announcer:
         await asyncio.sleep(0.01)  # let the first announcement go out
         log.info("announced %s on %s port %d", self.info.name, ",".join(self.addresses), self.port)
 
+    def _hwsd_props(self, count: int) -> dict[str, str]:
+        from .hwsd import x_display
+
+        return encode_hwsd(node_id=self.daemon.node_id, hostname=self.daemon.hostname,
+                           session=self.daemon.config.session, count=count, display=x_display())
+
+    def _hwsd_net_props(self) -> dict[str, str] | None:
+        """hwsd's interface record for our announced addresses; None when there is none to list
+        (loopback only), as hwsd's daemon does."""
+        from .hwsd import interfaces
+
+        nets = interfaces(self.addresses)
+        if not nets:
+            return None
+        return encode_hwsd_net(node_id=self.daemon.node_id, hostname=self.daemon.hostname,
+                               session=self.daemon.config.session, nets=nets)
+
     async def _start_hwsd(self, snap: HostSnapshot) -> None:
-        props = encode_hwsd(node_id=self.daemon.node_id, hostname=self.daemon.hostname,
-                            session=self.daemon.config.session, count=len(snap.gpus))
-        self.hwsd_info = self._info(HWSD_TYPE, f"{self.instance}.{HWSD_TYPE}", HWSD_PORT, props)
+        self.hwsd_info = self._info(HWSD_TYPE, f"{self.instance}.{HWSD_TYPE}", HWSD_PORT,
+                                    self._hwsd_props(len(snap.gpus)))
         try:
             self._keep(await self.zc.async_register_service(self.hwsd_info, allow_name_change=True))
         except Exception as exc:  # compatibility is a bonus: never fatal
             log.warning("cannot announce the GPU-SD compatibility service: %s", exc)
             self.hwsd_info = None
+            return
+        # Equalizer uses a host's GPUs only with hwsd's _net-sd._tcp record of the same NodeID.
+        net_props = self._hwsd_net_props()
+        if net_props is None:
+            log.warning("GPU-SD compatibility: no network interface but loopback to announce; "
+                        "Equalizer will not use this host")
+            return
+        self.hwsd_net_info = self._info(HWSD_NET_TYPE, f"{self.instance}.{HWSD_NET_TYPE}", HWSD_PORT, net_props)
+        try:
+            self._keep(await self.zc.async_register_service(self.hwsd_net_info, allow_name_change=True))
+        except Exception as exc:
+            log.warning("cannot announce the GPU-SD network service: %s", exc)
+            self.hwsd_net_info = None
 
     async def stop(self, timeout: float = 3.0) -> None:
         """Send the goodbye packets (and wait for them: an un-awaited unregister sends none)."""
@@ -111,7 +143,7 @@ class Announcer:
             self._timer.cancel()
         for t in list(self._tasks):
             t.cancel()
-        for info in (self.info, self.hwsd_info):
+        for info in (self.info, self.hwsd_info, self.hwsd_net_info):
             if info is None:
                 continue
             try:
@@ -168,8 +200,7 @@ class Announcer:
                 log.info("TXT update: %d GPUs, %s free", len(snap.gpus), txt.get("free"))
                 await self._republish(self.info)
             if self.hwsd_info is not None:
-                props = encode_hwsd(node_id=self.daemon.node_id, hostname=self.daemon.hostname,
-                                    session=self.daemon.config.session, count=len(snap.gpus))
+                props = self._hwsd_props(len(snap.gpus))
                 if props != self.hwsd_info.decoded_properties:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT, props)
                     await self._republish(self.hwsd_info)
@@ -209,3 +240,8 @@ class Announcer:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT,
                                                 dict(self.hwsd_info.decoded_properties))  # type: ignore[arg-type]
                     await self._republish(self.hwsd_info)
+                if self.hwsd_net_info is not None:
+                    net_props = self._hwsd_net_props()
+                    if net_props is not None:  # (interfaces gone: keep the last record until stop)
+                        self.hwsd_net_info = self._info(HWSD_NET_TYPE, self.hwsd_net_info.name, HWSD_PORT, net_props)
+                        await self._republish(self.hwsd_net_info)

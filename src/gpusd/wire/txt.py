@@ -186,14 +186,61 @@ def record_size(props: Mapping[str, str | None]) -> int:
     return total
 
 
-def encode_hwsd(*, node_id: str, hostname: str, session: str, count: int) -> dict[str, str]:
-    """hwsd's keys for our GPUs: type ``CUDA``, port 0 (no X display), device = CUDA index.
-    ``GPUSD=1`` marks the record as ours so gpusd clients list the host once, not twice."""
-    props = {"Session": session, "NodeID": node_id, "Hostname": hostname[:200], "GPU Count": str(count)}
+HWSD_NET_TYPE = "_net-sd._tcp.local."
+HWSD_WINDOW_SYSTEM = "GLX"  # what Equalizer opens on a Linux GPU: an X screen
+MAX_HWSD_NETS = 32
+HWSD_NET_TYPES = ("ETHERNET", "INFINIBAND", "LOOPBACK", "UNKNOWN")  # hwsd's NetInfo::setType names
+
+
+def hwsd_node_id(node_id: str) -> str:
+    """Our node id as hwsd writes a ``lunchbox::uint128_t``: hex, ``high:low`` beyond 64 bits."""
+    return node_id if len(node_id) <= 16 else f"{node_id[:16]}:{node_id[16:32]}"
+
+
+def encode_hwsd(*, node_id: str, hostname: str, session: str, count: int, display: int = 0) -> dict[str, str]:
+    """hwsd's ``_gpu-sd._tcp`` keys for our GPUs, as hwsd's daemon writes them (hwsd/gpu/dns_sd):
+    type ``GLX`` (the window system Equalizer will open), port = X display number ``display``,
+    device = X screen = the GPU's NVML index (one screen per GPU in PCI order, as
+    ``nvidia-xconfig --enable-all-gpus`` makes them).  ``GPUSD=1`` marks the record as ours so
+    gpusd clients list the host once, through ``_gpusd._tcp``."""
+    props = {"NodeID": hwsd_node_id(node_id), "Hostname": _clip(hostname, MAX_STRING - len("Hostname=")),
+             "Session": session, "GPU Count": str(count)}
     for i in range(count):
-        props[f"GPU{i} Type"] = "CUDA"
-        props[f"GPU{i} Port"] = "0"
+        props[f"GPU{i} Type"] = HWSD_WINDOW_SYSTEM
+        props[f"GPU{i} Port"] = str(display)
         props[f"GPU{i} Device"] = str(i)
+    props["GPUSD"] = "1"
+    return props
+
+
+@dataclass(slots=True, frozen=True)
+class HwsdNet:
+    """One network interface as hwsd's ``_net-sd._tcp`` record describes it (hwsd/netInfo.h)."""
+
+    name: str
+    ipv4: str
+    type: str = "ETHERNET"  # one of HWSD_NET_TYPES
+    mac: str | None = None  # aa:bb:cc:dd:ee:ff
+    up: bool = True
+    linkspeed: int | None = None  # Mbit/s
+
+
+def encode_hwsd_net(*, node_id: str, hostname: str, session: str, nets: list[HwsdNet]) -> dict[str, str]:
+    """hwsd's ``_net-sd._tcp`` keys (hwsd/net/dns_sd): Equalizer uses a host's GPUs only when a
+    record with the same ``NodeID`` lists an interface that is up and not loopback, whose ``IPv4``
+    it then connects to.  At most 32 interfaces."""
+    nets = nets[:MAX_HWSD_NETS]
+    props = {"NodeID": hwsd_node_id(node_id), "Hostname": _clip(hostname, MAX_STRING - len("Hostname=")),
+             "Session": session, "Net Count": str(len(nets))}
+    for k, net in enumerate(nets):
+        props[f"Net{k} Type"] = net.type if net.type in HWSD_NET_TYPES else "UNKNOWN"
+        props[f"Net{k} Name"] = _clip(net.name, 64)
+        if net.mac:
+            props[f"Net{k} MAC"] = _clip(net.mac, 64)
+        props[f"Net{k} IPv4"] = net.ipv4
+        if net.linkspeed is not None:
+            props[f"Net{k} Linkspeed"] = str(net.linkspeed)
+        props[f"Net{k} Up"] = "1" if net.up else "0"  # hwsd writes a bool with <<: 1 or 0
     props["GPUSD"] = "1"
     return props
 
@@ -459,6 +506,53 @@ def hwsd_display(kind: str, port: int, device: int) -> str:
     elif device != HWSD_NO_VALUE:
         text += f" device {device}"
     return text
+
+
+@dataclass(slots=True)
+class HwsdNetRecord:
+    """What an hwsd ``_net-sd._tcp`` record says (read as hwsd/net/dns_sd reads it)."""
+
+    node_id: str
+    hostname: str
+    session: str
+    nets: list[HwsdNet]
+    gpusd_marker: bool = False
+
+
+def decode_hwsd_net(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> HwsdNetRecord:
+    """Read an hwsd ``_net-sd._tcp`` TXT record with hwsd's rules (see :func:`decode_hwsd`):
+    ``Net Count`` missing is 0, every field of an interface is optional, ``Up`` is a C++ bool
+    (a number, non-zero is true), an unknown ``Type`` is ``UNKNOWN``.  At most 32 interfaces."""
+    props = _props(raw, MAX_HWSD_RECORD, lenient=True)
+
+    def value(key: str) -> bytes | None:
+        v = props.get(key)
+        return v if v else None
+
+    count_raw = value("net count")
+    count = min(hwsd_uint(count_raw) if count_raw is not None else 0, MAX_HWSD_NETS)
+    nets: list[HwsdNet] = []
+    for k in range(count):
+        fields = {f: value(f"net{k} {f}") for f in ("type", "name", "mac", "ipv4", "linkspeed", "up")}
+        kind = hwsd_word(fields["type"] or b"", 16)
+        speed = fields["linkspeed"]
+        nets.append(HwsdNet(
+            name=hwsd_word(fields["name"] or b""),
+            ipv4=hwsd_word(fields["ipv4"] or b""),
+            type=kind if kind in HWSD_NET_TYPES else "UNKNOWN",
+            mac=hwsd_word(fields["mac"]) if fields["mac"] else None,
+            up=fields["up"] is not None and hwsd_uint(fields["up"]) != 0,
+            linkspeed=hwsd_uint(speed) if speed is not None else None,
+        ))
+    node_raw, host_raw, session_raw = value("nodeid"), value("hostname"), value("session")
+    node_id = hwsd_word(node_raw, 128) if node_raw is not None else ""
+    return HwsdNetRecord(
+        node_id=node_id if _NODE_RE.fullmatch(node_id) else "",
+        hostname=hwsd_word(host_raw, 253) if host_raw is not None else "",
+        session=(hwsd_word(session_raw) if session_raw is not None else "") or DEFAULT_SESSION,
+        nets=nets,
+        gpusd_marker="gpusd" in props,
+    )
 
 
 def instance_name(hostname: str, node_id: str) -> str:
