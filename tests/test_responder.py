@@ -1,0 +1,133 @@
+"""RFC 6762 §6.7: answers to legacy unicast queries (source port not 5353) carry TTLs of at most ten
+seconds.  The rewrite alone (no network), then a real daemon asked by a simple resolver (dnspython,
+from an ephemeral port) in a namespace LAN (tests/netns.py): this second test fails if the installed
+python-zeroconf stops sending its unicast answers through ``Zeroconf.async_send``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+
+import dns.exception
+import dns.flags
+import dns.message
+import dns.rdataclass
+import pytest
+
+from fakenvml import make_gpus
+from netns import Lan, lan, netns_ok  # noqa: F401
+
+zeroconf = pytest.importorskip("zeroconf")
+
+from gpusd.wire.responder import (  # noqa: E402
+    ConformingZeroconf,
+    is_legacy_unicast_answer,
+    legacy_unicast_response,
+)
+
+IN, UNIQUE = 1, 0x8000
+PTR, TXT, SRV, A = 12, 16, 33, 1
+
+
+def zeroconf_style_answer() -> "zeroconf.DNSOutgoing":
+    """A unicast answer as python-zeroconf builds one for a legacy query: question echoed, records
+    with their real TTLs (cache-flush bit set on the unique ones)."""
+    from zeroconf import DNSAddress, DNSNsec, DNSOutgoing, DNSPointer, DNSQuestion, DNSService, DNSText
+
+    out = DNSOutgoing(0x8400, False, 4242)
+    out.add_question(DNSQuestion("_gpusd._tcp.local.", PTR, IN))
+    name = "node-1-7b676f27._gpusd._tcp.local."
+    out.add_answer_at_time(DNSPointer("_gpusd._tcp.local.", PTR, IN, 4500, name), 0)
+    out.add_additional_answer(DNSService(name, SRV, IN | UNIQUE, 120, 0, 0, 4780, "node-1-7b676f27.local."))
+    out.add_additional_answer(DNSText(name, TXT, IN | UNIQUE, 4500, b"\x03v=1"))
+    out.add_additional_answer(DNSAddress("node-1-7b676f27.local.", A, IN | UNIQUE, 120, socket.inet_aton("198.18.0.2")))
+    # "no AAAA": its next-name is compressed, as mDNS allows and unicast DNS does not
+    out.add_additional_answer(DNSNsec("node-1-7b676f27.local.", 47, IN | UNIQUE, 120, "node-1-7b676f27.local.", [A]))
+    return out
+
+
+def test_legacy_unicast_answers_are_capped_to_ten_seconds() -> None:
+    out = zeroconf_style_answer()
+    assert is_legacy_unicast_answer(out, "198.18.0.9", 40000)
+    assert not is_legacy_unicast_answer(out, "198.18.0.9", 5353)  # a normal mDNS querier: full TTLs
+    assert not is_legacy_unicast_answer(out, None, 40000)
+    with pytest.raises(dns.exception.FormError):  # python-zeroconf's own answer: refused by a resolver
+        dns.message.from_wire(out.packets()[0])
+    [packet] = legacy_unicast_response(out).packets()
+    msg = dns.message.from_wire(packet)
+    assert msg.id == 4242 and msg.flags & dns.flags.QR and msg.flags & dns.flags.AA
+    assert [(q.name.to_text(), q.rdtype) for q in msg.question] == [("_gpusd._tcp.local.", PTR)]
+    records = [rr for section in (msg.answer, msg.additional) for rr in section]
+    assert sorted(rr.rdtype for rr in records) == [A, PTR, TXT, SRV]  # NSEC left out
+    assert all(rr.ttl <= 10 and rr.rdclass == dns.rdataclass.IN for rr in records)  # no cache-flush bit
+    srv = next(rr for rr in records if rr.rdtype == SRV)[0]
+    assert srv.port == 4780 and srv.target.to_text() == "node-1-7b676f27.local."
+    # the records in python-zeroconf's registry and cache keep their TTLs
+    assert [rec.ttl for rec, _ in out.answers] == [4500]
+
+
+def test_only_the_legacy_answer_is_rewritten() -> None:
+    sent: list[tuple["zeroconf.DNSOutgoing", int]] = []
+
+    class Probe(ConformingZeroconf):
+        def __init__(self) -> None:  # no sockets: only the send path is exercised
+            pass
+
+    def record(self: object, out: "zeroconf.DNSOutgoing", addr: object = None, port: int = 5353,
+               *rest: object) -> None:
+        sent.append((out, port))
+
+    original = zeroconf.Zeroconf.async_send
+    zeroconf.Zeroconf.async_send = record  # type: ignore[method-assign]
+    try:
+        probe = Probe()
+        out = zeroconf_style_answer()
+        probe.async_send(out, "198.18.0.9", 5353)
+        probe.async_send(out, "198.18.0.9", 40000)
+    finally:
+        zeroconf.Zeroconf.async_send = original  # type: ignore[method-assign]
+    assert sent[0][0] is out and sent[1][0] is not out
+    assert max(rec.ttl for rec in sent[1][0].additionals) == 10
+
+
+DIG = textwrap.dedent('''
+    import json, sys
+    import dns.message, dns.query
+
+    server = sys.argv[1]
+
+    def ask(name, rdtype):
+        q = dns.message.make_query(name, rdtype)
+        r = dns.query.udp(q, server, port=5353, timeout=3)  # from an ephemeral port: legacy unicast
+        rrs = [rr for s in (r.answer, r.authority, r.additional) for rr in s]
+        print(json.dumps({"q": [name, rdtype], "id_ok": r.id == q.id, "question": [x.to_text() for x in r.question],
+                          "rrs": [[rr.name.to_text(), rr.rdtype, rr.rdclass, rr.ttl, [x.to_text() for x in rr]]
+                                  for rr in rrs]}), flush=True)
+        return rrs
+
+    ptr = ask("_gpusd._tcp.local.", "PTR")
+    instance = next(rr for rr in ptr if rr.rdtype == 12)[0].target.to_text()
+    srv = ask(instance, "SRV")
+    ask(instance, "TXT")
+    ask(next(rr for rr in srv if rr.rdtype == 33)[0].target.to_text(), "A")
+''')
+
+
+def test_a_simple_resolver_gets_ttls_of_at_most_ten_seconds(lan: Lan) -> None:
+    host = lan.add_gpu_host("node-1", make_gpus(1), fast=True)
+    client = lan.add_node("client")
+    host.start()
+    r = lan.run(client, [sys.executable, "-c", DIG, host.ip], timeout=60)
+    answers = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(answers) == 4, r.stderr + host.log_tail()
+    seen = set()
+    for a in answers:
+        assert a["id_ok"] and len(a["question"]) == 1, a
+        assert a["rrs"], a
+        for name, rdtype, rdclass, ttl, _ in a["rrs"]:
+            seen.add(rdtype)
+            assert ttl <= 10, (a["q"], name, rdtype, ttl)
+            assert rdclass == 1, (name, rdtype, rdclass)  # no cache-flush bit in a legacy answer
+    assert {PTR, SRV, TXT, A} <= seen
