@@ -7,8 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hwsd_reader import (
+    equalizer_nodes,
+    read_gpu_record,
+    read_net_record,
+    txt_strings,
+    uint128,
+)
 
-from hwsd_reader import equalizer_nodes, read_gpu_record, read_net_record, txt_strings, uint128
 from gpusd.daemon.hwsd import describe, interfaces, x_display
 from gpusd.wire.txt import (
     HwsdNet,

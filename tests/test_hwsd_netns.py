@@ -11,6 +11,7 @@ import textwrap
 from fakenvml import make_gpus
 from hwsd_reader import equalizer_nodes, read_gpu_record, read_net_record, txt_strings
 from netns import Lan, lan, netns_ok  # noqa: F401
+
 from gpusd.wire.txt import decode_hwsd, decode_hwsd_net
 
 RESOLVE = textwrap.dedent('''

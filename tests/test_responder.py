@@ -7,21 +7,22 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import textwrap
+import time
 
 import dns.exception
 import dns.flags
 import dns.message
 import dns.rdataclass
 import pytest
-
 from fakenvml import make_gpus
 from netns import Lan, lan, netns_ok  # noqa: F401
 
 zeroconf = pytest.importorskip("zeroconf")
 
-from gpusd.wire.responder import (  # noqa: E402
+from gpusd.wire.responder import (
     ConformingZeroconf,
     is_legacy_unicast_answer,
     legacy_unicast_response,
@@ -31,10 +32,18 @@ IN, UNIQUE = 1, 0x8000
 PTR, TXT, SRV, A = 12, 16, 33, 1
 
 
-def zeroconf_style_answer() -> "zeroconf.DNSOutgoing":
+def zeroconf_style_answer() -> zeroconf.DNSOutgoing:
     """A unicast answer as python-zeroconf builds one for a legacy query: question echoed, records
     with their real TTLs (cache-flush bit set on the unique ones)."""
-    from zeroconf import DNSAddress, DNSNsec, DNSOutgoing, DNSPointer, DNSQuestion, DNSService, DNSText
+    from zeroconf import (
+        DNSAddress,
+        DNSNsec,
+        DNSOutgoing,
+        DNSPointer,
+        DNSQuestion,
+        DNSService,
+        DNSText,
+    )
 
     out = DNSOutgoing(0x8400, False, 4242)
     out.add_question(DNSQuestion("_gpusd._tcp.local.", PTR, IN))
@@ -69,13 +78,13 @@ def test_legacy_unicast_answers_are_capped_to_ten_seconds() -> None:
 
 
 def test_only_the_legacy_answer_is_rewritten() -> None:
-    sent: list[tuple["zeroconf.DNSOutgoing", int]] = []
+    sent: list[tuple[zeroconf.DNSOutgoing, int]] = []
 
     class Probe(ConformingZeroconf):
         def __init__(self) -> None:  # no sockets: only the send path is exercised
             pass
 
-    def record(self: object, out: "zeroconf.DNSOutgoing", addr: object = None, port: int = 5353,
+    def record(self: object, out: zeroconf.DNSOutgoing, addr: object = None, port: int = 5353,
                *rest: object) -> None:
         sent.append((out, port))
 
@@ -131,3 +140,82 @@ def test_a_simple_resolver_gets_ttls_of_at_most_ten_seconds(lan: Lan) -> None:
             assert ttl <= 10, (a["q"], name, rdtype, ttl)
             assert rdclass == 1, (name, rdtype, rdclass)  # no cache-flush bit in a legacy answer
     assert {PTR, SRV, TXT, A} <= seen
+
+
+SQUATTER = textwrap.dedent('''
+    import asyncio, sys
+    from zeroconf import ServiceInfo
+    from zeroconf.asyncio import AsyncZeroconf
+
+    async def main():
+        ip, host_name = sys.argv[1], sys.argv[2]
+        zc = AsyncZeroconf(interfaces=[ip])
+        info = ServiceInfo("_squat._tcp.local.", "squatter._squat._tcp.local.", port=9, server=host_name,
+                           parsed_addresses=[ip])
+        await (await zc.async_register_service(info, cooperating_responders=True))  # no probing: just announce
+        print("announced", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+''')
+
+ASK = textwrap.dedent('''
+    import json, sys
+    import dns.message, dns.query, dns.exception
+
+    server, name, rdtype = sys.argv[1], sys.argv[2], sys.argv[3]
+    try:
+        r = dns.query.udp(dns.message.make_query(name, rdtype), server, port=5353, timeout=1.5)
+        print(json.dumps([x.to_text() for s in r.answer for x in s]))
+    except dns.exception.Timeout:
+        print(json.dumps(None))
+''')
+
+NODE_ID = "00000000cafe0001"
+INSTANCE = "node-1-00000000"
+
+
+def ask(lan: Lan, node: object, server: str, name: str, rdtype: str) -> list[str] | None:
+    r = lan.run(node, [sys.executable, "-c", ASK, server, name, rdtype], timeout=30)  # type: ignore[arg-type]
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_taken_host_name_is_probed_and_avoided(lan: Lan) -> None:
+    from netns import read_lines
+
+    host = lan.add_gpu_host("node-1", make_gpus(1), fast=True)
+    (host.state_dir / "node-id").write_text(NODE_ID + "\n")
+    squatter, client = lan.add_node("squatter"), lan.add_node("client")
+    p = lan.popen(squatter, [sys.executable, "-c", SQUATTER, squatter.ip, f"{INSTANCE}.local."],
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and read_lines(p.stdout.fileno(), 1, 30) == ["announced"]
+    host.start()
+    # the daemon's SRV record points to a name of its own, with its own address only
+    [srv] = ask(lan, client, host.ip, f"{INSTANCE}._gpusd._tcp.local.", "SRV") or [""]
+    assert srv.endswith(f" 4780 {INSTANCE}-2.local."), srv + host.log_tail()
+    assert ask(lan, client, host.ip, f"{INSTANCE}-2.local.", "A") == [host.ip]
+    # and it never claims the squatter's name
+    assert ask(lan, client, host.ip, f"{INSTANCE}.local.", "A") is None
+
+
+def test_a_host_name_conflict_after_the_announcement_moves_to_a_new_name(lan: Lan) -> None:
+    from netns import read_lines
+
+    host = lan.add_gpu_host("node-1", make_gpus(1), fast=True)
+    (host.state_dir / "node-id").write_text(NODE_ID + "\n")
+    squatter, client = lan.add_node("squatter"), lan.add_node("client")
+    host.start()
+    [srv] = ask(lan, client, host.ip, f"{INSTANCE}._gpusd._tcp.local.", "SRV") or [""]
+    assert srv.endswith(f" 4780 {INSTANCE}.local."), srv
+    p = lan.popen(squatter, [sys.executable, "-c", SQUATTER, squatter.ip, f"{INSTANCE}.local."],
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and read_lines(p.stdout.fileno(), 1, 30) == ["announced"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        [srv] = ask(lan, client, host.ip, f"{INSTANCE}._gpusd._tcp.local.", "SRV") or [""]
+        if srv.endswith(f" 4780 {INSTANCE}-2.local."):
+            break
+        time.sleep(0.2)
+    assert srv.endswith(f" 4780 {INSTANCE}-2.local."), srv + host.log_tail()
+    assert ask(lan, client, host.ip, f"{INSTANCE}-2.local.", "A") == [host.ip]
+    assert "is taken by another host" in host.log_tail()

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from zeroconf import ServiceInfo
     from zeroconf.asyncio import AsyncZeroconf
 
+    from ..wire.responder import HostNameGuard
     from .service import Daemon
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class Announcer:
         self.port = port
         self.pinned = daemon.interfaces is not None
         self.instance = instance_name(daemon.hostname, daemon.node_id)
+        self.server = f"{self.instance}.local."  # the SRV target; probed (and renamed) in start()
+        self.guard: HostNameGuard | None = None
         self.info: ServiceInfo | None = None
         self.hwsd_info: ServiceInfo | None = None
         self.hwsd_net_info: ServiceInfo | None = None
@@ -80,13 +83,18 @@ class Announcer:
             name,
             port=port,
             properties=props,
-            server=f"{self.instance}.local.",
+            server=self.server,
             parsed_addresses=self.addresses,
         )
 
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self, snap: HostSnapshot) -> None:
-        """Probe for our name and announce.  Returns when the first announcement is sent."""
+        """Probe for our host and service names and announce.  Returns when the first announcement
+        is sent."""
+        from ..wire.responder import HostNameGuard
+
+        self.guard = HostNameGuard(self.zc.zeroconf, self.instance, self.addresses, on_conflict=self._host_conflict)
+        self.server = await self.guard.probe()
         self.txt = self._txt_for(snap)
         self.info = self._info(SERVICE_TYPE, f"{self.instance}.{SERVICE_TYPE}", self.port, self.txt)
         task = await self.zc.async_register_service(self.info, allow_name_change=True)
@@ -136,9 +144,35 @@ class Announcer:
             log.warning("cannot announce the GPU-SD network service: %s", exc)
             self.hwsd_net_info = None
 
+    def _host_conflict(self, name: str) -> None:
+        """Another host announced an address for our host name (RFC 6762 §9): probe for a new one."""
+        if not self._closed:
+            self._keep(self._rename_host())
+
+    async def _rename_host(self) -> None:
+        async with self._lock:
+            if self._closed or self.guard is None or self.info is None:
+                return
+            old = self.server
+            self.server = await self.guard.probe(rename=True)
+            if self._closed or self.server == old:
+                return
+            log.warning("host name %s is taken by another host: now announced as %s", old, self.server)
+            self.guard.goodbye(old)
+            self.info = self._info(SERVICE_TYPE, self.info.name, self.port, self.txt)
+            await self._republish(self.info)
+            for attr, type_ in (("hwsd_info", HWSD_TYPE), ("hwsd_net_info", HWSD_NET_TYPE)):
+                info = getattr(self, attr)
+                if info is not None:
+                    info = self._info(type_, info.name, HWSD_PORT, dict(info.decoded_properties))
+                    setattr(self, attr, info)
+                    await self._republish(info)
+
     async def stop(self, timeout: float = 3.0) -> None:
         """Send the goodbye packets (and wait for them: an un-awaited unregister sends none)."""
         self._closed = True
+        if self.guard is not None:
+            self.guard.close()
         if self._timer is not None:
             self._timer.cancel()
         for t in list(self._tasks):
@@ -229,6 +263,8 @@ class Announcer:
                 continue
             log.info("network changed: addresses %s -> %s", ",".join(self.addresses), ",".join(addresses))
             self.addresses = addresses
+            if self.guard is not None:
+                self.guard.set_addresses(addresses)
             with contextlib.suppress(Exception):
                 await self.zc.zeroconf.async_update_interfaces()
             async with self._lock:

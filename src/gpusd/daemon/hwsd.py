@@ -10,8 +10,8 @@ import ipaddress
 import logging
 import os
 import re
-from pathlib import Path
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from ..wire.txt import HwsdNet
 
