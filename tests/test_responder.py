@@ -17,15 +17,16 @@ import dns.flags
 import dns.message
 import dns.rdataclass
 import pytest
+import zeroconf
 from fakenvml import make_gpus
 from netns import Lan, lan, netns_ok  # noqa: F401
-
-zeroconf = pytest.importorskip("zeroconf")
 
 from gpusd.wire.responder import (
     ConformingZeroconf,
     is_legacy_unicast_answer,
     legacy_unicast_response,
+    local_networks,
+    on_link,
 )
 
 IN, UNIQUE = 1, 0x8000
@@ -77,28 +78,44 @@ def test_legacy_unicast_answers_are_capped_to_ten_seconds() -> None:
     assert [rec.ttl for rec, _ in out.answers] == [4500]
 
 
-def test_only_the_legacy_answer_is_rewritten() -> None:
-    sent: list[tuple[zeroconf.DNSOutgoing, int]] = []
+def test_only_on_link_legacy_answers_are_rewritten_and_off_link_ones_dropped() -> None:
+    import ipaddress
+
+    sent: list[tuple[zeroconf.DNSOutgoing, str | None, int]] = []
 
     class Probe(ConformingZeroconf):
         def __init__(self) -> None:  # no sockets: only the send path is exercised
-            pass
+            self._networks = [ipaddress.ip_network("198.18.0.0/15")]
+            self._networks_at = time.monotonic()
 
-    def record(self: object, out: zeroconf.DNSOutgoing, addr: object = None, port: int = 5353,
+    def record(self: object, out: zeroconf.DNSOutgoing, addr: str | None = None, port: int = 5353,
                *rest: object) -> None:
-        sent.append((out, port))
+        sent.append((out, addr, port))
 
     original = zeroconf.Zeroconf.async_send
     zeroconf.Zeroconf.async_send = record  # type: ignore[method-assign]
     try:
         probe = Probe()
         out = zeroconf_style_answer()
-        probe.async_send(out, "198.18.0.9", 5353)
-        probe.async_send(out, "198.18.0.9", 40000)
+        probe.async_send(out, "198.18.0.9", 5353)  # an mDNS querier (QU): as python-zeroconf built it
+        probe.async_send(out, "198.18.0.9", 40000)  # a simple resolver: TTLs capped
+        probe.async_send(out, "203.0.113.5", 40000)  # off the link (RFC 6762 §5.5): nothing
+        probe.async_send(out, "203.0.113.5", 5353)
+        probe.async_send(out)  # multicast: untouched
     finally:
         zeroconf.Zeroconf.async_send = original  # type: ignore[method-assign]
-    assert sent[0][0] is out and sent[1][0] is not out
+    assert [(a, p) for _, a, p in sent] == [("198.18.0.9", 5353), ("198.18.0.9", 40000), (None, 5353)]
+    assert sent[0][0] is out and sent[1][0] is not out and sent[2][0] is out
     assert max(rec.ttl for rec in sent[1][0].additionals) == 10
+
+
+def test_on_link() -> None:
+    import ipaddress
+
+    nets = [ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("fd00::/64")]
+    assert on_link("192.0.2.77", nets) and on_link("fd00::5", nets) and on_link("fe80::1%eth0", nets)
+    assert not on_link("198.51.100.1", nets) and not on_link("fd01::5", nets) and not on_link("junk", nets)
+    assert any(on_link("127.0.0.1", [n]) for n in local_networks())  # loopback is ours
 
 
 DIG = textwrap.dedent('''

@@ -11,6 +11,9 @@
   (RFC 4034 §4.1.1), and resolvers such as dnspython then reject the whole answer.
   tests/test_responder.py checks this against the installed python-zeroconf, and fails if a new
   version answers some other way.
+* **Unicast answers stay on the link** (RFC 6762 §5.5, §11): python-zeroconf answers a unicast query
+  from any source address.  :class:`ConformingZeroconf` sends no unicast answer to an address that
+  is not on one of the machine's subnets (the list is refreshed every 5 s).
 * **The SRV target host name** (RFC 6762 §8.1, §9): python-zeroconf probes a service's instance
   name but never the host name its SRV record points to, and ignores another host announcing
   addresses for that name.  :class:`HostNameGuard` probes ``<instance>.local.`` before the first
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import random
@@ -117,12 +121,57 @@ def is_legacy_unicast_answer(out: DNSOutgoing, addr: str | None, port: int) -> b
     return addr is not None and port != MDNS_PORT and not out.multicast and bool(out.flags & _FLAGS_QR_RESPONSE)
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def local_networks() -> list[Network]:
+    """The subnets of this machine's (network namespace's) interfaces."""
+    import ifaddr
+
+    nets: list[Network] = []
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            address = ip.ip if isinstance(ip.ip, str) else ip.ip[0]
+            with contextlib.suppress(ValueError):
+                nets.append(ipaddress.ip_network(f"{address.split('%')[0]}/{ip.network_prefix}", strict=False))
+    return nets
+
+
+def on_link(addr: str, networks: list[Network]) -> bool:
+    """Whether a querier's source address is on one of our subnets (IPv6 link-local always is)."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return False
+    return ip.is_link_local or any(ip.version == n.version and ip in n for n in networks)
+
+
 class ConformingZeroconf(Zeroconf):
-    """python-zeroconf's ``Zeroconf`` whose answers to legacy unicast queries carry TTLs of at most
-    ten seconds (RFC 6762 §6.7)."""
+    """python-zeroconf's ``Zeroconf`` whose unicast answers follow RFC 6762: none to a querier
+    outside our subnets (§5.5, §11), and TTLs of at most ten seconds in answers to legacy unicast
+    queries (§6.7)."""
+
+    NETWORKS_TTL = 5.0  # seconds the list of our subnets is kept
+
+    _networks: list[Network] | None = None
+    _networks_at = 0.0
+
+    def _on_link(self, addr: str) -> bool:
+        now = time.monotonic()
+        if self._networks is None or now - self._networks_at > self.NETWORKS_TTL:
+            try:
+                self._networks = local_networks()
+            except Exception as exc:  # noqa: BLE001 - ifaddr trouble: answer as python-zeroconf would
+                log.debug("cannot list local networks: %r", exc)
+                return True
+            self._networks_at = now
+        return on_link(addr, self._networks)
 
     def async_send(self, out: DNSOutgoing, addr: str | None = None, port: int = MDNS_PORT,
                    v6_flow_scope: tuple[()] | tuple[int, int] = (), transport: object = None) -> None:
+        if addr is not None and bool(out.flags & _FLAGS_QR_RESPONSE) and not self._on_link(addr):
+            log.debug("not answering %s:%d: not on a local subnet (RFC 6762 §5.5)", addr, port)
+            return
         if is_legacy_unicast_answer(out, addr, port):
             out = legacy_unicast_response(out)
         super().async_send(out, addr, port, v6_flow_scope, transport)  # type: ignore[arg-type]
