@@ -236,3 +236,64 @@ def test_a_host_name_conflict_after_the_announcement_moves_to_a_new_name(lan: La
     assert srv.endswith(f" 4780 {INSTANCE}-2.local."), srv + host.log_tail()
     assert ask(lan, client, host.ip, f"{INSTANCE}-2.local.", "A") == [host.ip]
     assert "is taken by another host" in host.log_tail()
+
+
+class FakeZc:
+    """What HostNameGuard uses of python-zeroconf: listeners, sending, the cache."""
+
+    def __init__(self) -> None:
+        self.sent: list[zeroconf.DNSOutgoing] = []
+        self.listeners: list[object] = []
+        self.cache = zeroconf.DNSCache()
+
+    def async_add_listener(self, listener: object, question: object) -> None:
+        self.listeners.append(listener)
+
+    def async_remove_listener(self, listener: object) -> None:
+        self.listeners.remove(listener)
+
+    def async_send(self, out: zeroconf.DNSOutgoing, *rest: object) -> None:
+        self.sent.append(out)
+
+
+def foreign_a(name: str, ip: str = "198.18.0.66", ttl: int = 120) -> zeroconf.RecordUpdate:
+    from zeroconf import DNSAddress
+
+    return zeroconf.RecordUpdate(DNSAddress(name, A, IN | UNIQUE, ttl, socket.inet_aton(ip)), None)
+
+
+async def test_host_name_guard_probes_renames_and_is_not_flooded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from gpusd.wire.responder import HostNameGuard
+
+    monkeypatch.setenv("GPUSD_MDNS_FAST", "1")
+    zc = FakeZc()
+    conflicts: list[str] = []
+    guard = HostNameGuard(zc, "node-1-00000000", ["198.18.0.2"], on_conflict=conflicts.append)  # type: ignore[arg-type]
+    # probing: three probes, QU questions ANY and A, our address as authority without cache-flush bit
+    assert await guard.probe() == "node-1-00000000.local." and len(zc.sent) == 3
+    msg = dns.message.from_wire(zc.sent[0].packets()[0])
+    assert [(q.rdtype, q.rdclass) for q in msg.question] == [(255, 0x8001), (A, 0x8001)]
+    assert [(rr.rdtype, rr.rdclass, rr[0].address) for rr in msg.authority] == [(A, IN, "198.18.0.2")]
+    # a taken name during probing: the next one
+    task = asyncio.ensure_future(guard.probe(rename=False))
+    await asyncio.sleep(0.05)
+    guard.async_update_records(zc, 0, [foreign_a("node-1-00000000.local.")])  # type: ignore[arg-type]
+    assert await task == "node-1-00000000-2.local."
+    # after the announcement: our own records and goodbyes are no conflict; a flood of foreign
+    # records for our name is reported once
+    guard.async_update_records(zc, 0, [foreign_a("node-1-00000000-2.local.", "198.18.0.2")])  # type: ignore[arg-type]
+    guard.async_update_records(zc, 0, [foreign_a("node-1-00000000-2.local.", ttl=0)])  # type: ignore[arg-type]
+    guard.async_update_records(zc, 0, [foreign_a("other.local.")])  # type: ignore[arg-type]
+    assert conflicts == []
+    for _ in range(1000):
+        guard.async_update_records(zc, 0, [foreign_a("node-1-00000000-2.local.")])  # type: ignore[arg-type]
+    assert conflicts == ["node-1-00000000-2.local."]
+    # the goodbye for a given-up name: our address, TTL 0, no cache-flush bit
+    zc.sent.clear()
+    guard.goodbye("node-1-00000000-2.local.")
+    [rr] = dns.message.from_wire(zc.sent[0].packets()[0]).answer
+    assert rr.ttl == 0 and rr.rdclass == IN and rr[0].address == "198.18.0.2"
+    guard.close()
+    assert zc.listeners == []

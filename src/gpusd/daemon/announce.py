@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class Announcer:
-    def __init__(self, daemon: "Daemon", zc: "AsyncZeroconf", addresses: list[str], port: int) -> None:
+    def __init__(self, daemon: Daemon, zc: AsyncZeroconf, addresses: list[str], port: int) -> None:
         self.daemon = daemon
         self.zc = zc
         self.addresses = addresses
@@ -48,6 +48,7 @@ class Announcer:
         self.instance = instance_name(daemon.hostname, daemon.node_id)
         self.server = f"{self.instance}.local."  # the SRV target; probed (and renamed) in start()
         self.guard: HostNameGuard | None = None
+        self._renaming = False
         self.info: ServiceInfo | None = None
         self.hwsd_info: ServiceInfo | None = None
         self.hwsd_net_info: ServiceInfo | None = None
@@ -75,7 +76,7 @@ class Announcer:
             auth=bool(cfg.token),
         )
 
-    def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> "ServiceInfo":
+    def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> ServiceInfo:
         from zeroconf import ServiceInfo
 
         return ServiceInfo(
@@ -145,11 +146,19 @@ class Announcer:
             self.hwsd_net_info = None
 
     def _host_conflict(self, name: str) -> None:
-        """Another host announced an address for our host name (RFC 6762 §9): probe for a new one."""
-        if not self._closed:
+        """Another host announced an address for our host name (RFC 6762 §9): probe for a new one
+        (one rename at a time, whatever the number of conflicting packets)."""
+        if not self._closed and not self._renaming:
+            self._renaming = True
             self._keep(self._rename_host())
 
     async def _rename_host(self) -> None:
+        try:
+            await self._rename_host_locked()
+        finally:
+            self._renaming = False
+
+    async def _rename_host_locked(self) -> None:
         async with self._lock:
             if self._closed or self.guard is None or self.info is None:
                 return
@@ -239,7 +248,7 @@ class Announcer:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT, props)
                     await self._republish(self.hwsd_info)
 
-    async def _republish(self, info: "ServiceInfo") -> None:
+    async def _republish(self, info: ServiceInfo) -> None:
         try:
             task = await self.zc.async_update_service(info)
             await asyncio.wait_for(task, 10)

@@ -211,6 +211,7 @@ class HostNameGuard(RecordUpdateListener):
         self._recent: deque[float] = deque(maxlen=CONFLICTS_BEFORE_PAUSE)
         self._probing = False
         self._conflict: asyncio.Event | None = None
+        self._reported: str | None = None  # the name whose conflict was reported (once per name)
         self._closed = False
         zc.async_add_listener(self, None)
 
@@ -233,6 +234,7 @@ class HostNameGuard(RecordUpdateListener):
         ``rename``: the current name is known to be taken; start with the next one."""
         interval, first_wait = _timings()
         if rename:
+            await self._count_conflict()
             self.number += 1
         self._conflict = asyncio.Event()
         self._probing = True
@@ -294,7 +296,9 @@ class HostNameGuard(RecordUpdateListener):
             if self._conflict is not None:
                 self._conflict.set()
             return
-        self.conflicts += 1
+        if self._reported == self.name:
+            return  # reported already: a flood of such records costs one rename, not one per packet
+        self._reported = self.name
         log.warning("another host announces an address for our host name %s: moving to a new name", self.name)
         if self.on_conflict is not None:
             self.on_conflict(self.name)
