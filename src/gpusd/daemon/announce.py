@@ -1,6 +1,8 @@
 """The daemon's DNS-SD announcement: one ``_gpusd._tcp`` service per host (and, opt-in, hwsd's
-``_gpu-sd._tcp`` and ``_net-sd._tcp`` for GPU-SD clients and Equalizer), TXT updates only when the summary changes and at most every ``txt_min_interval``
-seconds, goodbye packets on stop, and a re-announcement when the machine's addresses change.
+``_gpu-sd._tcp`` and ``_net-sd._tcp`` for GPU-SD clients and Equalizer), its host name probed
+first (:class:`gpusd.wire.responder.HostNameGuard`), TXT updates only when the summary changes and
+at most every ``txt_min_interval`` seconds, goodbye packets on stop, and a re-announcement when the
+machine's addresses change.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 class Announcer:
-    def __init__(self, daemon: Daemon, zc: AsyncZeroconf, addresses: list[str], port: int) -> None:
+    def __init__(self, daemon: "Daemon", zc: "AsyncZeroconf", addresses: list[str], port: int) -> None:
         self.daemon = daemon
         self.zc = zc
         self.addresses = addresses
@@ -76,7 +78,7 @@ class Announcer:
             auth=bool(cfg.token),
         )
 
-    def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> ServiceInfo:
+    def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> "ServiceInfo":
         from zeroconf import ServiceInfo
 
         return ServiceInfo(
@@ -248,7 +250,7 @@ class Announcer:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT, props)
                     await self._republish(self.hwsd_info)
 
-    async def _republish(self, info: ServiceInfo) -> None:
+    async def _republish(self, info: "ServiceInfo") -> None:
         try:
             task = await self.zc.async_update_service(info)
             await asyncio.wait_for(task, 10)

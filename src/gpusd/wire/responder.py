@@ -273,7 +273,8 @@ class HostNameGuard(RecordUpdateListener):
         for address in self.addresses:
             # the records we intend to own, without cache-flush bit (RFC 6762 §10.2); appended to the
             # public list, as python-zeroconf's add_authorative_answer takes PTR records only
-            out.authorities.append(DNSAddress(self.name, _TYPE_A, _CLASS_IN, 120, socket.inet_aton(address)))  # type: ignore[arg-type]
+            record = DNSAddress(self.name, _TYPE_A, _CLASS_IN, 120, socket.inet_aton(address))
+            out.authorities.append(record)  # type: ignore[arg-type]
         return out
 
     def _foreign(self, record: DNSRecord) -> bool:
