@@ -4,11 +4,13 @@ Two schemas:
 
 * gpusd's own, version 1, on ``_gpusd._tcp.local.``: a compact summary (node id, host, session, GPU
   count, inventory runs, free GPUs).  Live load travels over HTTP, never here.
-* the original GPU-SD's (Eyescale hwsd), on ``_gpu-sd._tcp.local.``: announced on request
-  (``--gpusd-compat``) and read so that hwsd daemons show up in ``gpusd list``.
+* the original GPU-SD's (Eyescale hwsd), on ``_gpu-sd._tcp.local.`` and ``_net-sd._tcp.local.``:
+  announced on request (``--gpusd-compat``, what Equalizer needs), and read so that hwsd daemons
+  show up in ``gpusd list`` -- as leniently as hwsd reads them, within our bounds.
 
-Everything read from the network goes through :func:`decode_txt` / :func:`decode_hwsd`, which raise
-:class:`TxtError` (a ``ValueError``) naming the problem: the caller logs it and skips the record.
+Everything read from the network goes through :func:`decode_txt` / :func:`decode_hwsd` /
+:func:`decode_hwsd_net`, which raise :class:`TxtError` (a ``ValueError``) naming the problem: the
+caller logs it and skips the record.
 This module imports nothing but the standard library and :mod:`gpusd.model`.
 """
 
