@@ -293,7 +293,7 @@ async def test_hwsd_hosts_are_listed_and_compat_records_not_doubled(tmp_path: Pa
         info = AsyncServiceInfo(HWSD_TYPE, d.announcer.hwsd_info.name)
         assert await info.async_request(d.zc.zeroconf, 3000)
         props = info.decoded_properties
-        assert props["GPU Count"] == "2" and props["GPU1 Type"] == "CUDA" and props["GPU1 Device"] == "1"
+        assert props["GPU Count"] == "2" and props["GPU1 Type"] == "GLX" and props["GPU1 Device"] == "1"
         assert props["Session"] == session and props["NodeID"] == d.node_id and info.port == 4242
 
 

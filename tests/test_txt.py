@@ -196,7 +196,7 @@ def test_hwsd_round_trip_and_nul_bytes() -> None:
     props = encode_hwsd(node_id="abc", hostname="render-1", session="default", count=2)
     rec = decode_hwsd(raw(props))
     assert rec.source == "hwsd" and rec.count == 2 and rec.gpusd_marker
-    assert rec.hwsd_gpus == [("CUDA", 0, 0), ("CUDA", 0, 1)]
+    assert rec.hwsd_gpus == [("GLX", 0, 0), ("GLX", 0, 1)]
     # hwsd itself: four-character codes padded with NUL bytes, no gpusd marker
     hw = raw([b"Session=default", b"NodeID=0123-4567", b"Hostname=viz", b"GPU Count=2",
               b"GPU0 Type=GLX\x00", b"GPU0 Port=0", b"GPU0 Device=0", b"GPU1 Type=GLX\x00",
@@ -205,17 +205,65 @@ def test_hwsd_round_trip_and_nul_bytes() -> None:
     assert not rec.gpusd_marker and rec.inventory[1][0] == "GLX :0.1" and rec.hostname == "viz"
 
 
-@pytest.mark.parametrize("items, message", [
-    ([b"GPU Count=2", b"GPU0 Type=GLX"], "GPU1 Type"),  # the count lies
-    ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU5 Type=GLX"], "beyond"),
-    ([b"GPU Count=x"], "not a number"),
-    (["GPU Count=\u00b2".encode()], "not a number"),
-    ([b"Session=default"], "missing"),
-    ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU0 Port=-3"], "not a number"),
+# What hwsd's reader (hwsd/gpu/dns_sd/module.cpp, values read with ``istringstream >>``) makes of
+# records: each case is (TXT strings, GPUs hwsd lists as (type, port, device)); None: not announced.
+U = 2**32 - 1
+
+
+@pytest.mark.parametrize("items, gpus", [
+    # a GPU without Type is skipped, the others are kept
+    ([b"GPU Count=3", b"GPU0 Type=GLX", b"GPU2 Type=GLX", b"GPU2 Port=1"], [("GLX", U, U), ("GLX", 1, U)]),
+    # an empty Type is no Type
+    ([b"GPU Count=2", b"GPU0 Type=", b"GPU1 Type=CGL"], [("CGL", U, U)]),
+    # no GPU Count: 0 GPUs, the GPU keys are not read
+    ([b"Session=default", b"GPU0 Type=GLX"], []),
+    # a count that is not a number reads as 0
+    ([b"GPU Count=x", b"GPU0 Type=GLX"], []),
+    (["GPU Count=\u00b2".encode(), b"GPU0 Type=GLX"], []),
+    # GPU keys beyond the count are ignored
+    ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU5 Type=GLX"], [("GLX", U, U)]),
+    # 10-digit numbers, trailing text, white space, a sign (unsigned arithmetic), overflow
+    ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU0 Port=4294967295", b"GPU0 Device=1234567890"], [("GLX", U, 1234567890)]),
+    ([b"GPU Count= 2 GPUs", b"GPU0 Type=WGLn", b"GPU0 Port=12abc", b"GPU1 Type=WGLa", b"GPU1 Device=+7"],
+     [("WGLn", 12, U), ("WGLa", U, 7)]),
+    ([b"GPU Count=1", b"GPU0 Type=GLX", b"GPU0 Port=-3", b"GPU0 Device=99999999999"], [("GLX", 2**32 - 3, U)]),
+    ([b"GPU Count=0000000000001", b"GPU0 Type=GLX", b"GPU1 Type=GLX"], [("GLX", U, U)]),  # 13 digits, value 1
+    # a huge count is not a reason to refuse: only the GPUs announced are listed
+    ([b"GPU Count=4294967295", b"GPU0 Type=GLX", b"GPU1 Type=GLX"], [("GLX", U, U), ("GLX", U, U)]),
+    # types: the first word, NUL-terminated four-character codes, longer ones cut to four characters
+    ([b"GPU Count=2", b"GPU0 Type=GLX\x00", b"GPU1 Type=GLXYZ extra"], [("GLX", U, U), ("GLXY", U, U)]),
+    # hwsd writes GPU<k> with k in decimal: GPU01 is not GPU1
+    ([b"GPU Count=2", b"GPU01 Type=GLX", b"GPU1 Type=CGL"], [("CGL", U, U)]),
+    # strings hwsd ignores (no key, binary key) do not cost the record
+    ([b"=x", b"\xff\xfe=1", b"GPU Count=1", b"GPU0 Type=GLX"], [("GLX", U, U)]),
 ])
-def test_hostile_hwsd(items: list[bytes], message: str) -> None:
-    with pytest.raises(TxtError, match=message):
-        decode_hwsd(raw(items))
+def test_hwsd_decoding_is_as_lenient_as_hwsd(items: list[bytes], gpus: list[tuple[str, int, int]]) -> None:
+    rec = decode_hwsd(raw(items))
+    assert rec.hwsd_gpus == gpus
+    assert rec.count == len(gpus) == len(rec.inventory)
+
+
+def test_hwsd_text_values_are_first_words_made_printable() -> None:
+    rec = decode_hwsd(raw([b"Session=viz lab", b"Hostname=render\x07-1 x", b"NodeID=not/an/id", b"GPU Count=1",
+                           "GPU0 Type=G\u00e9\u0000".encode(), b"GPU0 Port=0", b"GPU0 Device=1"]))
+    assert rec.session == "viz" and rec.hostname == "render?-1"
+    assert rec.node_id == ""  # unusable: the client names the host by its instance name
+    assert rec.hwsd_gpus == [("G\u00e9", 0, 1)] and rec.inventory[0][0] == "G\u00e9 :0.1"
+    rec = decode_hwsd(raw([b"Hostname=" + "\u202eevil".encode(), b"GPU Count=0"]))
+    assert rec.hostname == "?evil"  # no bidirectional override reaches a terminal
+
+
+def test_hwsd_bounds_against_hostile_records() -> None:
+    with pytest.raises(TxtError, match="256 GPUs"):  # hwsd would list them all; we stop at 256
+        decode_hwsd(raw([b"GPU Count=1000"] + [f"GPU{i} Type=GLX".encode() for i in range(300)]))
+    with pytest.raises(TxtError, match="exceeds"):
+        decode_hwsd(raw([b"GPU Count=1"] + [b"X" * 250] * 40))
+    with pytest.raises(TxtError, match="past the end"):
+        decode_hwsd(raw([b"GPU Count=1"]) + b"\x40abc")
+    with pytest.raises(TxtError):
+        decode_hwsd("not bytes")  # type: ignore[arg-type]
+    # a long run of digits is an overflow, read in bounded time
+    assert decode_hwsd(raw([b"GPU Count=2", b"GPU0 Type=GLX", b"GPU0 Port=" + b"9" * 240])).hwsd_gpus == [("GLX", U, U)]
 
 
 def test_sse_parser() -> None:

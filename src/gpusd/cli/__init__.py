@@ -190,7 +190,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostname", help="host name to announce (default: this machine's, or $GPUSD_HOSTNAME)")
     state_flag(p)
     p.add_argument("--gpusd-compat", action="store_true",
-                   help="also announce _gpu-sd._tcp with hwsd's keys (for GPU-SD/Equalizer clients)")
+                   help="also announce hwsd's _gpu-sd._tcp and _net-sd._tcp records (for GPU-SD/Equalizer clients)")
     p.add_argument("--token", default=None,
                    help="token protecting private fields such as process owners (or $GPUSD_TOKEN)")
     p.add_argument("--threshold", action="append", metavar="RULE",

@@ -1,6 +1,8 @@
 """The daemon's DNS-SD announcement: one ``_gpusd._tcp`` service per host (and, opt-in, hwsd's
-``_gpu-sd._tcp``), TXT updates only when the summary changes and at most every ``txt_min_interval``
-seconds, goodbye packets on stop, and a re-announcement when the machine's addresses change.
+``_gpu-sd._tcp`` and ``_net-sd._tcp`` for GPU-SD clients and Equalizer), its host name probed
+first (:class:`gpusd.wire.responder.HostNameGuard`), TXT updates only when the summary changes and
+at most every ``txt_min_interval`` seconds, goodbye packets on stop, and a re-announcement when the
+machine's addresses change.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from ..model import HostSnapshot
 from ..wire.mdns import local_ipv4_addresses
 from ..wire.txt import (
     API_PREFIX,
+    HWSD_NET_TYPE,
     HWSD_PORT,
     HWSD_TYPE,
     SERVICE_TYPE,
     count_free,
     encode_hwsd,
+    encode_hwsd_net,
     encode_txt,
     instance_name,
     inventory_of,
@@ -31,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from zeroconf import ServiceInfo
     from zeroconf.asyncio import AsyncZeroconf
 
+    from ..wire.responder import HostNameGuard
     from .config import DaemonConfig
 
 log = logging.getLogger(__name__)
@@ -50,8 +55,12 @@ class Announcer:
         self.port = port
         self.pinned = pinned
         self.instance = instance_name(identity.hostname, identity.node_id)
+        self.server = f"{self.instance}.local."  # the SRV target; probed (and renamed) in start()
+        self.guard: HostNameGuard | None = None
+        self._renaming = False
         self.info: ServiceInfo | None = None
         self.hwsd_info: ServiceInfo | None = None
+        self.hwsd_net_info: ServiceInfo | None = None
         self.txt: dict[str, str] = {}
         self.updates = 0  # TXT updates sent (not counting the first announcement)
         self._last_update = 0.0
@@ -84,13 +93,18 @@ class Announcer:
             name,
             port=port,
             properties=props,
-            server=f"{self.instance}.local.",
+            server=self.server,
             parsed_addresses=self.addresses,
         )
 
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self, snap: HostSnapshot) -> None:
-        """Probe for our name and announce.  Returns when the first announcement is sent."""
+        """Probe for our host and service names and announce.  Returns when the first announcement
+        is sent."""
+        from ..wire.responder import HostNameGuard
+
+        self.guard = HostNameGuard(self.zc.zeroconf, self.instance, self.addresses, on_conflict=self._host_conflict)
+        self.server = await self.guard.probe()
         self.txt = self._txt_for(snap)
         self.info = self._info(SERVICE_TYPE, f"{self.instance}.{SERVICE_TYPE}", self.port, self.txt)
         task = await self.zc.async_register_service(self.info, allow_name_change=True)
@@ -101,24 +115,87 @@ class Announcer:
         await asyncio.sleep(0.01)  # let the first announcement go out
         log.info("announced %s on %s port %d", self.info.name, ",".join(self.addresses), self.port)
 
+    def _hwsd_props(self, count: int) -> dict[str, str]:
+        from .hwsd import x_display
+
+        return encode_hwsd(node_id=self.identity.node_id, hostname=self.identity.hostname,
+                           session=self.config.session, count=count, display=x_display())
+
+    def _hwsd_net_props(self) -> dict[str, str] | None:
+        """hwsd's interface record for our announced addresses; None when there is none to list
+        (loopback only), as hwsd's daemon does."""
+        from .hwsd import interfaces
+
+        nets = interfaces(self.addresses)
+        if not nets:
+            return None
+        return encode_hwsd_net(node_id=self.identity.node_id, hostname=self.identity.hostname,
+                               session=self.config.session, nets=nets)
+
     async def _start_hwsd(self, snap: HostSnapshot) -> None:
-        props = encode_hwsd(node_id=self.identity.node_id, hostname=self.identity.hostname,
-                            session=self.config.session, count=len(snap.gpus))
-        self.hwsd_info = self._info(HWSD_TYPE, f"{self.instance}.{HWSD_TYPE}", HWSD_PORT, props)
+        self.hwsd_info = self._info(HWSD_TYPE, f"{self.instance}.{HWSD_TYPE}", HWSD_PORT,
+                                    self._hwsd_props(len(snap.gpus)))
         try:
             self._keep(await self.zc.async_register_service(self.hwsd_info, allow_name_change=True))
         except Exception as exc:  # compatibility is a bonus: never fatal
             log.warning("cannot announce the GPU-SD compatibility service: %s", exc)
             self.hwsd_info = None
+            return
+        # Equalizer uses a host's GPUs only with hwsd's _net-sd._tcp record of the same NodeID.
+        net_props = self._hwsd_net_props()
+        if net_props is None:
+            log.warning("GPU-SD compatibility: no network interface but loopback to announce; "
+                        "Equalizer will not use this host")
+            return
+        self.hwsd_net_info = self._info(HWSD_NET_TYPE, f"{self.instance}.{HWSD_NET_TYPE}", HWSD_PORT, net_props)
+        try:
+            self._keep(await self.zc.async_register_service(self.hwsd_net_info, allow_name_change=True))
+        except Exception as exc:
+            log.warning("cannot announce the GPU-SD network service: %s", exc)
+            self.hwsd_net_info = None
+
+    def _host_conflict(self, name: str) -> None:
+        """Another host announced an address for our host name (RFC 6762 §9): probe for a new one
+        (one rename at a time, whatever the number of conflicting packets)."""
+        if not self._closed and not self._renaming:
+            self._renaming = True
+            self._keep(self._rename_host())
+
+    async def _rename_host(self) -> None:
+        try:
+            await self._rename_host_locked()
+        finally:
+            self._renaming = False
+
+    async def _rename_host_locked(self) -> None:
+        async with self._lock:
+            if self._closed or self.guard is None or self.info is None:
+                return
+            old = self.server
+            self.server = await self.guard.probe(rename=True)
+            if self._closed or self.server == old:
+                return
+            log.warning("host name %s is taken by another host: now announced as %s", old, self.server)
+            self.guard.goodbye(old)
+            self.info = self._info(SERVICE_TYPE, self.info.name, self.port, self.txt)
+            await self._republish(self.info)
+            for attr, type_ in (("hwsd_info", HWSD_TYPE), ("hwsd_net_info", HWSD_NET_TYPE)):
+                info = getattr(self, attr)
+                if info is not None:
+                    info = self._info(type_, info.name, HWSD_PORT, dict(info.decoded_properties))
+                    setattr(self, attr, info)
+                    await self._republish(info)
 
     async def stop(self, timeout: float = 3.0) -> None:
         """Send the goodbye packets (and wait for them: an un-awaited unregister sends none)."""
         self._closed = True
+        if self.guard is not None:
+            self.guard.close()
         if self._timer is not None:
             self._timer.cancel()
         for t in list(self._tasks):
             t.cancel()
-        for info in (self.info, self.hwsd_info):
+        for info in (self.info, self.hwsd_info, self.hwsd_net_info):
             if info is None:
                 continue
             try:
@@ -175,8 +252,7 @@ class Announcer:
                 log.info("TXT update: %d GPUs, %s free", len(snap.gpus), txt.get("free"))
                 await self._republish(self.info)
             if self.hwsd_info is not None:
-                props = encode_hwsd(node_id=self.identity.node_id, hostname=self.identity.hostname,
-                                    session=self.config.session, count=len(snap.gpus))
+                props = self._hwsd_props(len(snap.gpus))
                 if props != self.hwsd_info.decoded_properties:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT, props)
                     await self._republish(self.hwsd_info)
@@ -205,6 +281,8 @@ class Announcer:
                 continue
             log.info("network changed: addresses %s -> %s", ",".join(self.addresses), ",".join(addresses))
             self.addresses = addresses
+            if self.guard is not None:
+                self.guard.set_addresses(addresses)
             with contextlib.suppress(Exception):
                 await self.zc.zeroconf.async_update_interfaces()
             async with self._lock:
@@ -216,3 +294,8 @@ class Announcer:
                     self.hwsd_info = self._info(HWSD_TYPE, self.hwsd_info.name, HWSD_PORT,
                                                 dict(self.hwsd_info.decoded_properties))  # type: ignore[arg-type]
                     await self._republish(self.hwsd_info)
+                if self.hwsd_net_info is not None:
+                    net_props = self._hwsd_net_props()
+                    if net_props is not None:  # (interfaces gone: keep the last record until stop)
+                        self.hwsd_net_info = self._info(HWSD_NET_TYPE, self.hwsd_net_info.name, HWSD_PORT, net_props)
+                        await self._republish(self.hwsd_net_info)

@@ -154,16 +154,19 @@ def apply_test_timings() -> None:
 
 
 async def open_zeroconf(interfaces: list[str] | None) -> "AsyncZeroconf":
-    """The process's ``AsyncZeroconf`` on ``interfaces`` (None: all), started."""
+    """The process's ``AsyncZeroconf`` on ``interfaces`` (None: all), started.  Its answers to
+    legacy unicast queries follow RFC 6762 §6.7 (:mod:`gpusd.wire.responder`)."""
     from zeroconf import InterfaceChoice, IPVersion
     from zeroconf.asyncio import AsyncZeroconf
 
+    from .responder import ConformingZeroconf
+
     apply_test_timings()
     try:
-        aiozc = AsyncZeroconf(
+        aiozc = AsyncZeroconf(zc=ConformingZeroconf(
             interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
             ip_version=IPVersion.V4Only,
-        )
+        ))
     except OSError as exc:
         raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
     await aiozc.zeroconf.async_wait_for_start()

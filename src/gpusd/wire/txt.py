@@ -4,11 +4,13 @@ Two schemas:
 
 * gpusd's own, version 1, on ``_gpusd._tcp.local.``: a compact summary (node id, host, session, GPU
   count, inventory runs, free GPUs).  Live load travels over HTTP, never here.
-* the original GPU-SD's (Eyescale hwsd), on ``_gpu-sd._tcp.local.``: announced on request
-  (``--gpusd-compat``) and read so that hwsd daemons show up in ``gpusd list``.
+* the original GPU-SD's (Eyescale hwsd), on ``_gpu-sd._tcp.local.`` and ``_net-sd._tcp.local.``:
+  announced on request (``--gpusd-compat``, what Equalizer needs), and read so that hwsd daemons
+  show up in ``gpusd list`` -- as leniently as hwsd reads them, within our bounds.
 
-Everything read from the network goes through :func:`decode_txt` / :func:`decode_hwsd`, which raise
-:class:`TxtError` (a ``ValueError``) naming the problem: the caller logs it and skips the record.
+Everything read from the network goes through :func:`decode_txt` / :func:`decode_hwsd` /
+:func:`decode_hwsd_net`, which raise :class:`TxtError` (a ``ValueError``) naming the problem: the
+caller logs it and skips the record.
 This module imports nothing but the standard library and :mod:`gpusd.model`.
 """
 
@@ -39,7 +41,6 @@ _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:{}-]{0,127}")
 _RUN_RE = re.compile(r"(?:(\d{1,3})\*)?([^;]{1,64});(\d{1,9})")
 _G_KEY_RE = re.compile(r"g(\d{1,3})")
-_HWSD_GPU_KEY_RE = re.compile(r"gpu(\d{1,3}) (type|port|device|flags|x|y|width|height)")
 
 
 def valid_session(name: str) -> bool:
@@ -63,7 +64,7 @@ class TxtRecord:
     auth: bool = False
     version: int = TXT_VERSION
     source: str = "gpusd"  # "gpusd" or "hwsd"
-    # hwsd only: (type, port, device) per GPU
+    # hwsd only: (type, port, device) per GPU listed; port/device HWSD_NO_VALUE when not announced
     hwsd_gpus: list[tuple[str, int, int]] = field(default_factory=list)
     gpusd_marker: bool = False  # an hwsd record announced by a gpusd daemon in compat mode
 
@@ -176,14 +177,61 @@ def record_size(props: Mapping[str, str | None]) -> int:
     return total
 
 
-def encode_hwsd(*, node_id: str, hostname: str, session: str, count: int) -> dict[str, str]:
-    """hwsd's keys for our GPUs: type ``CUDA``, port 0 (no X display), device = CUDA index.
-    ``GPUSD=1`` marks the record as ours so gpusd clients list the host once, not twice."""
-    props = {"Session": session, "NodeID": node_id, "Hostname": hostname[:200], "GPU Count": str(count)}
+HWSD_NET_TYPE = "_net-sd._tcp.local."
+HWSD_WINDOW_SYSTEM = "GLX"  # what Equalizer opens on a Linux GPU: an X screen
+MAX_HWSD_NETS = 32
+HWSD_NET_TYPES = ("ETHERNET", "INFINIBAND", "LOOPBACK", "UNKNOWN")  # hwsd's NetInfo::setType names
+
+
+def hwsd_node_id(node_id: str) -> str:
+    """Our node id as hwsd writes a ``lunchbox::uint128_t``: hex, ``high:low`` beyond 64 bits."""
+    return node_id if len(node_id) <= 16 else f"{node_id[:16]}:{node_id[16:32]}"
+
+
+def encode_hwsd(*, node_id: str, hostname: str, session: str, count: int, display: int = 0) -> dict[str, str]:
+    """hwsd's ``_gpu-sd._tcp`` keys for our GPUs, as hwsd's daemon writes them (hwsd/gpu/dns_sd):
+    type ``GLX`` (the window system Equalizer will open), port = X display number ``display``,
+    device = X screen = the GPU's NVML index (one screen per GPU in PCI order, as
+    ``nvidia-xconfig --enable-all-gpus`` makes them).  ``GPUSD=1`` marks the record as ours so
+    gpusd clients list the host once, through ``_gpusd._tcp``."""
+    props = {"NodeID": hwsd_node_id(node_id), "Hostname": _clip(hostname, MAX_STRING - len("Hostname=")),
+             "Session": session, "GPU Count": str(count)}
     for i in range(count):
-        props[f"GPU{i} Type"] = "CUDA"
-        props[f"GPU{i} Port"] = "0"
+        props[f"GPU{i} Type"] = HWSD_WINDOW_SYSTEM
+        props[f"GPU{i} Port"] = str(display)
         props[f"GPU{i} Device"] = str(i)
+    props["GPUSD"] = "1"
+    return props
+
+
+@dataclass(slots=True, frozen=True)
+class HwsdNet:
+    """One network interface as hwsd's ``_net-sd._tcp`` record describes it (hwsd/netInfo.h)."""
+
+    name: str
+    ipv4: str
+    type: str = "ETHERNET"  # one of HWSD_NET_TYPES
+    mac: str | None = None  # aa:bb:cc:dd:ee:ff
+    up: bool = True
+    linkspeed: int | None = None  # Mbit/s
+
+
+def encode_hwsd_net(*, node_id: str, hostname: str, session: str, nets: list[HwsdNet]) -> dict[str, str]:
+    """hwsd's ``_net-sd._tcp`` keys (hwsd/net/dns_sd): Equalizer uses a host's GPUs only when a
+    record with the same ``NodeID`` lists an interface that is up and not loopback, whose ``IPv4``
+    it then connects to.  At most 32 interfaces."""
+    nets = nets[:MAX_HWSD_NETS]
+    props = {"NodeID": hwsd_node_id(node_id), "Hostname": _clip(hostname, MAX_STRING - len("Hostname=")),
+             "Session": session, "Net Count": str(len(nets))}
+    for k, net in enumerate(nets):
+        props[f"Net{k} Type"] = net.type if net.type in HWSD_NET_TYPES else "UNKNOWN"
+        props[f"Net{k} Name"] = _clip(net.name, 64)
+        if net.mac:
+            props[f"Net{k} MAC"] = _clip(net.mac, 64)
+        props[f"Net{k} IPv4"] = net.ipv4
+        if net.linkspeed is not None:
+            props[f"Net{k} Linkspeed"] = str(net.linkspeed)
+        props[f"Net{k} Up"] = "1" if net.up else "0"  # hwsd writes a bool with <<: 1 or 0
     props["GPUSD"] = "1"
     return props
 
@@ -193,9 +241,11 @@ def encode_hwsd(*, node_id: str, hostname: str, session: str, count: int) -> dic
 # --------------------------------------------------------------------------------------------
 
 
-def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD) -> dict[str, bytes | None]:
+def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD, *, lenient: bool = False) -> dict[str, bytes | None]:
     """Split TXT RDATA into ``{lower-case key: value}`` (RFC 6763 §6: keys are case-insensitive,
-    the first of duplicate keys wins, a key without ``=`` is a boolean attribute: value None)."""
+    the first of duplicate keys wins, a key without ``=`` is a boolean attribute: value None).
+    ``lenient``: skip a string with an empty, non-ASCII or unprintable key instead of refusing the
+    record (RFC 6763 §6.4 says to silently ignore a string without a key; hwsd ignores them all)."""
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise TxtError("TXT data is not bytes")
     raw = bytes(raw)
@@ -213,21 +263,27 @@ def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD) -> dict[str, bytes | No
         if not item:
             continue  # an empty string is allowed (the empty record is a single \x00)
         key_b, eq, value = item.partition(b"=")
-        if not key_b:
-            raise TxtError("TXT string with an empty key")
         try:
-            key = key_b.decode("ascii")
-        except UnicodeDecodeError:
-            raise TxtError("TXT key is not ASCII") from None
-        if not key.isprintable():
-            raise TxtError(f"TXT key {key!r} has control characters")
+            if not key_b:
+                raise TxtError("TXT string with an empty key")
+            try:
+                key = key_b.decode("ascii")
+            except UnicodeDecodeError:
+                raise TxtError("TXT key is not ASCII") from None
+            if not key.isprintable():
+                raise TxtError(f"TXT key {key!r} has control characters")
+        except TxtError:
+            if lenient:
+                continue
+            raise
         key = key.lower()
         if key not in out:
             out[key] = value if eq else None
     return out
 
 
-def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: int) -> dict[str, bytes | None]:
+def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: int,
+                        lenient: bool = False) -> dict[str, bytes | None]:
     """The same, from python-zeroconf's ``ServiceInfo.properties`` (already split)."""
     out: dict[str, bytes | None] = {}
     size = 0
@@ -241,6 +297,8 @@ def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: 
         try:
             key = kb.decode("ascii").lower()
         except UnicodeDecodeError:
+            if lenient:
+                continue
             raise TxtError("TXT key is not ASCII") from None
         out.setdefault(key, vb)
     if size > limit:
@@ -248,20 +306,19 @@ def _props_from_mapping(props: Mapping[bytes | str, bytes | str | None], limit: 
     return out
 
 
-def _props(raw: bytes | Mapping[bytes | str, bytes | str | None], limit: int) -> dict[str, bytes | None]:
+def _props(raw: bytes | Mapping[bytes | str, bytes | str | None], limit: int,
+           lenient: bool = False) -> dict[str, bytes | None]:
     if isinstance(raw, Mapping):
-        return _props_from_mapping(raw, limit)
-    return parse_txt_bytes(raw, limit)
+        return _props_from_mapping(raw, limit, lenient)
+    return parse_txt_bytes(raw, limit, lenient=lenient)
 
 
-def _text(props: dict[str, bytes | None], key: str, *, required: bool = False, strip_nul: bool = False) -> str | None:
+def _text(props: dict[str, bytes | None], key: str, *, required: bool = False) -> str | None:
     value = props.get(key)
     if value is None:
         if required:
             raise TxtError(f"TXT key {key!r} is missing")
         return None
-    if strip_nul:
-        value = value.rstrip(b"\x00")
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
@@ -271,9 +328,8 @@ def _text(props: dict[str, bytes | None], key: str, *, required: bool = False, s
     return text
 
 
-def _int(props: dict[str, bytes | None], key: str, lo: int, hi: int, *, required: bool = False,
-         strip_nul: bool = False) -> int | None:
-    text = _text(props, key, required=required, strip_nul=strip_nul)
+def _int(props: dict[str, bytes | None], key: str, lo: int, hi: int, *, required: bool = False) -> int | None:
+    text = _text(props, key, required=required)
     if text is None:
         return None
     text = text.strip()
@@ -346,46 +402,146 @@ def _decode_runs(props: dict[str, bytes | None], count: int) -> list[tuple[str, 
     return inventory
 
 
+# hwsd reads every value with ``std::istringstream >> value`` (hwsd/detail/dns_sd_module.h): a
+# number is an optional sign and leading digits after white space, trailing text is ignored, no
+# digits give 0 and an overflow gives UINT_MAX (C++11 num_get); a string is its first word.  hwsd
+# skips a GPU without a (non-empty) ``GPU<i> Type`` and reads a missing ``GPU Count`` as 0.
+UINT_MAX = 2**32 - 1
+HWSD_NO_VALUE = UINT_MAX  # hwsd's GPUInfo::defaultValue: port/device not announced
+_HWSD_TYPE_KEY_RE = re.compile(r"gpu(0|[1-9][0-9]{0,9}) type")  # keys as hwsd writes them: GPU<k>, k decimal
+_CXX_SPACE = b" \t\n\v\f\r"
+
+
+def hwsd_uint(value: bytes) -> int:
+    """``value`` read the way hwsd reads an ``unsigned`` (libstdc++ ``istream >> unsigned``)."""
+    text = value.lstrip(_CXX_SPACE)
+    negative = text[:1] == b"-"
+    if text[:1] in (b"+", b"-"):
+        text = text[1:]
+    digits = re.match(rb"0*[0-9]{0,11}", text)
+    run = digits.group(0) if digits else b""
+    if not run:
+        return 0
+    run = run.lstrip(b"0") or b"0"
+    if len(run) > 10 or int(run) > UINT_MAX:  # more than 10 significant digits is always an overflow
+        return UINT_MAX
+    number = int(run)
+    return (-number) % 2**32 if negative else number  # unsigned arithmetic: -1 reads as UINT_MAX
+
+
+def hwsd_word(value: bytes, limit: int = 64) -> str:
+    """The first word of ``value`` (hwsd reads strings with ``>>``), NUL-terminated as hwsd's
+    four-character codes are, made printable (``?`` for anything else) and at most ``limit`` long."""
+    words = value.split(None, 1)
+    word = words[0].split(b"\x00", 1)[0] if words else b""
+    text = word[: limit * 4].decode("utf-8", errors="replace")
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:limit]
+
+
 def decode_hwsd(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtRecord:
-    """Validate an hwsd ``_gpu-sd._tcp`` TXT record.  Values may end in NUL bytes (hwsd writes
-    four-character codes as fixed-size strings): they are stripped."""
-    props = _props(raw, MAX_HWSD_RECORD)
-    count = _int(props, "gpu count", 0, MAX_GPUS, required=True, strip_nul=True)
-    assert count is not None
-    node_id = _text(props, "nodeid", strip_nul=True) or ""
-    hostname = _text(props, "hostname", strip_nul=True) or ""
-    if node_id and not _NODE_RE.fullmatch(node_id):
-        raise TxtError(f"bad NodeID {node_id[:40]!r}")
-    if len(hostname) > 253:
-        raise TxtError("bad Hostname")
-    session = _text(props, "session", strip_nul=True) or DEFAULT_SESSION
-    if not session or len(session) > 64:
-        raise TxtError("bad Session")
-    indices = {int(m.group(1)) for k in props if (m := _HWSD_GPU_KEY_RE.fullmatch(k))}
-    if any(i >= count for i in indices):
-        raise TxtError(f"GPU keys beyond GPU Count={count}")
+    """Read an hwsd ``_gpu-sd._tcp`` TXT record as leniently as hwsd itself: a missing or garbled
+    ``GPU Count`` is 0 GPUs, a GPU without ``Type`` is skipped, numbers are read like C++ streams
+    do (up to ``UINT_MAX``), strings are their first word.  What stays refused: a record that is not
+    TXT data, one over 8900 bytes, a string over 255 bytes, and more than 256 GPUs."""
+    props = _props(raw, MAX_HWSD_RECORD, lenient=True)
+
+    def value(key: str) -> bytes | None:
+        v = props.get(key)
+        return v if v else None  # hwsd: an empty value is no value
+
+    count_raw = value("gpu count")
+    count = hwsd_uint(count_raw) if count_raw is not None else 0
+    indices = sorted(int(m.group(1)) for k in props if (m := _HWSD_TYPE_KEY_RE.fullmatch(k)))
     gpus: list[tuple[str, int, int]] = []
-    for i in range(count):
-        kind = _text(props, f"gpu{i} type", strip_nul=True)
-        if kind is None:
-            raise TxtError(f"GPU Count={count} but no 'GPU{i} Type'")
-        kind = kind.strip()
-        if not kind or len(kind) > 8:
-            raise TxtError(f"bad 'GPU{i} Type'")
-        port = _int(props, f"gpu{i} port", 0, 2**32 - 1, strip_nul=True) or 0
-        device = _int(props, f"gpu{i} device", 0, 2**32 - 1, strip_nul=True) or 0
-        gpus.append((kind, port, device))
+    for i in indices:
+        if i >= count:
+            continue  # hwsd reads GPU0 .. GPU<count - 1> only
+        type_raw = value(f"gpu{i} type")
+        kind = hwsd_word(type_raw, 4) if type_raw is not None else ""
+        if not kind:
+            continue  # hwsd skips it (an all-blank Type would make a nameless GPU there)
+        if len(gpus) == MAX_GPUS:
+            raise TxtError(f"more than {MAX_GPUS} GPUs")
+        port_raw, device_raw = value(f"gpu{i} port"), value(f"gpu{i} device")
+        gpus.append((kind, hwsd_uint(port_raw) if port_raw is not None else HWSD_NO_VALUE,
+                     hwsd_uint(device_raw) if device_raw is not None else HWSD_NO_VALUE))
+    node_raw, host_raw, session_raw = value("nodeid"), value("hostname"), value("session")
+    node_id = hwsd_word(node_raw, 128) if node_raw is not None else ""
+    if not _NODE_RE.fullmatch(node_id):
+        node_id = ""  # hwsd would hash something out of it; the client names the host by its instance
+    hostname = hwsd_word(host_raw, 253) if host_raw is not None else ""
+    session = (hwsd_word(session_raw) if session_raw is not None else "") or DEFAULT_SESSION
     return TxtRecord(
         node_id=node_id,
         hostname=hostname,
         session=session,
-        count=count,
+        count=len(gpus),
         free=None,
-        inventory=[(f"{kind} :{port}.{device}", None) for kind, port, device in gpus],
+        inventory=[(hwsd_display(kind, port, device), None) for kind, port, device in gpus],
         api="",
         version=0,
         source="hwsd",
         hwsd_gpus=gpus,
+        gpusd_marker="gpusd" in props,
+    )
+
+
+def hwsd_display(kind: str, port: int, device: int) -> str:
+    """How a GPU of an hwsd record is shown: ``GLX :0.1`` (type, X display, screen); a port or
+    device that was not announced is left out."""
+    text = kind
+    if port != HWSD_NO_VALUE:
+        text += f" :{port}"
+        if device != HWSD_NO_VALUE:
+            text += f".{device}"
+    elif device != HWSD_NO_VALUE:
+        text += f" device {device}"
+    return text
+
+
+@dataclass(slots=True)
+class HwsdNetRecord:
+    """What an hwsd ``_net-sd._tcp`` record says (read as hwsd/net/dns_sd reads it)."""
+
+    node_id: str
+    hostname: str
+    session: str
+    nets: list[HwsdNet]
+    gpusd_marker: bool = False
+
+
+def decode_hwsd_net(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> HwsdNetRecord:
+    """Read an hwsd ``_net-sd._tcp`` TXT record with hwsd's rules (see :func:`decode_hwsd`):
+    ``Net Count`` missing is 0, every field of an interface is optional, ``Up`` is a C++ bool
+    (a number, non-zero is true), an unknown ``Type`` is ``UNKNOWN``.  At most 32 interfaces."""
+    props = _props(raw, MAX_HWSD_RECORD, lenient=True)
+
+    def value(key: str) -> bytes | None:
+        v = props.get(key)
+        return v if v else None
+
+    count_raw = value("net count")
+    count = min(hwsd_uint(count_raw) if count_raw is not None else 0, MAX_HWSD_NETS)
+    nets: list[HwsdNet] = []
+    for k in range(count):
+        fields = {f: value(f"net{k} {f}") for f in ("type", "name", "mac", "ipv4", "linkspeed", "up")}
+        kind = hwsd_word(fields["type"] or b"", 16)
+        speed = fields["linkspeed"]
+        nets.append(HwsdNet(
+            name=hwsd_word(fields["name"] or b""),
+            ipv4=hwsd_word(fields["ipv4"] or b""),
+            type=kind if kind in HWSD_NET_TYPES else "UNKNOWN",
+            mac=hwsd_word(fields["mac"]) if fields["mac"] else None,
+            up=fields["up"] is not None and hwsd_uint(fields["up"]) != 0,
+            linkspeed=hwsd_uint(speed) if speed is not None else None,
+        ))
+    node_raw, host_raw, session_raw = value("nodeid"), value("hostname"), value("session")
+    node_id = hwsd_word(node_raw, 128) if node_raw is not None else ""
+    return HwsdNetRecord(
+        node_id=node_id if _NODE_RE.fullmatch(node_id) else "",
+        hostname=hwsd_word(host_raw, 253) if host_raw is not None else "",
+        session=(hwsd_word(session_raw) if session_raw is not None else "") or DEFAULT_SESSION,
+        nets=nets,
         gpusd_marker="gpusd" in props,
     )
 
