@@ -15,6 +15,7 @@ from typing import Callable, NoReturn, Sequence
 
 from .._version import __version__
 from ..errors import EXIT_USAGE, GpusdError
+from .trust import add_token_flags
 
 # command -> "module:function" run with the parsed arguments
 _COMMANDS: dict[str, str] = {}
@@ -143,8 +144,7 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
         p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
         p.add_argument("--host", metavar="NAME", help="only hosts with this name (glob allowed)")
-        p.add_argument("--token", help="the daemons' shared token: also show process owners and commands "
-                       "($GPUSD_TOKEN)")
+        add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
 
     def device_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", metavar="TEXT", help="only GPUs whose name contains TEXT (or matches a glob)")
@@ -162,8 +162,7 @@ def _build_parser() -> argparse.ArgumentParser:
     state_flag(p)
     p.add_argument("--gpusd-compat", action="store_true",
                    help="also announce _gpu-sd._tcp with hwsd's keys (for GPU-SD/Equalizer clients)")
-    p.add_argument("--token", default=None,
-                   help="token protecting private fields such as process owners (or $GPUSD_TOKEN)")
+    add_token_flags(p, "trust on: private fields and writes for signed requests, HTTPS with a pinned certificate")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='alert rule, e.g. "temperature>85", "utilization>90 for 60s", "lost" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
@@ -237,7 +236,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
-    p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
+    add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
 
     p = sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools")
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
@@ -252,7 +251,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=float, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
     p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="with --watch: check every S seconds")
-    p.add_argument("--token", help="with --url: the daemon's token ($GPUSD_TOKEN)")
+    add_token_flags(p, "with --url: sign the request")
     # --- end of monitoring commands ---
 
     return parser

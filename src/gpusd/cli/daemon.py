@@ -25,8 +25,9 @@ def _state_dir(args: argparse.Namespace) -> Path:
 def _config(args: argparse.Namespace, state: Path) -> Any:
     from ..daemon.config import DaemonConfig
     from ..thresholds import rule_specs
+    from .trust import secret
 
-    token = args.token or os.environ.get("GPUSD_TOKEN") or None
+    token = secret(args)
     cfg = DaemonConfig(
         interfaces=args.interfaces,
         port=args.port,
@@ -143,9 +144,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
-    """GET /api/v1/host from the running daemon (plain urllib: no aiohttp at CLI start-up)."""
-    import http.client
-    import urllib.request
+    """GET /api/v1/host from the running daemon (the one blocking GET helper, no aiohttp at start-up)."""
+    from ..wire.http import SourceError, fetch_json
 
     port = info.get("port")
     addresses = info.get("addresses")
@@ -156,10 +156,9 @@ def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
         addrs.insert(0, "127.0.0.1")
     for addr in addrs:
         try:
-            with urllib.request.urlopen(f"http://{addr}:{port}/api/v1/host", timeout=2) as resp:
-                data = json.loads(resp.read(4 * 2**20))
-                return data if isinstance(data, dict) else None
-        except (OSError, ValueError, http.client.HTTPException):  # down, not HTTP, or died mid-answer
+            data = fetch_json(f"http://{addr}:{port}/api/v1/host", timeout=2).data
+            return data if isinstance(data, dict) else None
+        except SourceError:  # down, not HTTP, or died mid-answer
             continue
     return None
 

@@ -33,12 +33,12 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
             min_free = parse_bytes(args.min_free)
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
-    import os
+    from .trust import fleet_key
 
     return AsyncClient(
         session=args.session,
         all_sessions=args.all_sessions,
-        token=getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None,
+        key=fleet_key(args),
         interfaces=args.interfaces,
         hostname=args.host,
         model=getattr(args, "model", None),

@@ -47,9 +47,13 @@ class Fleet:
             from ..discovery.client import AsyncClient
 
             d = self.daemon
-            # Peers started with the same token show this daemon (and so its token holders) their
-            # process owners; to readers without the token the fleet view is redacted on the way out.
-            client = AsyncClient(session=d.config.session, zeroconf=d.zc, token=d.token)
+            # Requests to peers are signed with the fleet secret (never sent); peers that prove they
+            # hold it too are "verified" and show this daemon (so its signed readers) their process
+            # owners; to readers without the secret the fleet view is redacted on the way out.
+            # Announced loopback addresses are followed only by a daemon itself pinned to loopback.
+            ifaces = d.interfaces or []
+            client = AsyncClient(session=d.config.session, zeroconf=d.zc, token=d.token,
+                                 allow_loopback=bool(ifaces) and all(a.startswith("127.") for a in ifaces))
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client
@@ -84,6 +88,7 @@ class Fleet:
                     "source": h.source,
                     "url": h.url,
                     "alive": h.alive,
+                    "verified": h.verified,
                     "snapshot": h.snapshot.to_dict() if h.snapshot is not None else None,
                 })
         return {"session": self.daemon.config.session, "hosts": hosts}

@@ -45,7 +45,7 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'
 class MonitoredDaemon(Protocol):
     """What :func:`install` needs from a daemon."""
 
-    token: str | None  # shared token; None: no writes, private fields for loopback readers only
+    token: str | None  # the fleet secret; None: no writes, private fields for loopback readers only
     thresholds: Sequence[str | Rule]  # rules from the command line and config file (already merged)
 
     def latest_snapshot(self) -> HostSnapshot | None:
@@ -132,12 +132,17 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
     rules = load_rules(getattr(daemon, "thresholds", None) or ())
     access = privacy.Access(getattr(daemon, "token", None), trust_loopback=trust_loopback,
-                            own_addresses=lambda: getattr(daemon, "addresses", None) or ())
+                            own_addresses=lambda: getattr(daemon, "addresses", None) or (),
+                            own_names=lambda: _own_names(daemon),
+                            own_ports=lambda: _own_ports(daemon),
+                            node_id=lambda: getattr(daemon, "node_id", None),
+                            cert_fp=lambda: getattr(daemon, "cert_fp", None))
     if interval is None:
         interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
     monitor = Monitor(daemon, rules, access, interval)
     app[_app_key()] = monitor
     app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
+    privacy.install_proofs(app, access)
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
@@ -178,6 +183,20 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                 await task
 
         app.cleanup_ctx.append(thresholds_ctx)
-    log.debug("monitoring installed: %d threshold rule(s), token %s", len(rules),
+    log.debug("monitoring installed: %d threshold rule(s), fleet secret %s", len(rules),
               "set" if access.token else "not set")
     return monitor
+
+
+def _own_names(daemon: Any) -> list[str]:
+    """The names a browser or client may use for this daemon: its host name, its mDNS names."""
+    announcer = getattr(daemon, "announcer", None)
+    out = [n for n in (getattr(daemon, "hostname", None), getattr(announcer, "instance", None))
+           if isinstance(n, str) and n]
+    return out
+
+
+def _own_ports(daemon: Any) -> list[int]:
+    """The daemon's HTTP (and HTTPS) ports; empty when it does not say (any port is accepted)."""
+    return [p for p in (getattr(daemon, "port", None), getattr(daemon, "tls_port", None))
+            if isinstance(p, int) and not isinstance(p, bool) and p > 0]

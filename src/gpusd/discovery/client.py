@@ -36,6 +36,7 @@ from ..wire.txt import (
     DEFAULT_SESSION,
     HWSD_TYPE,
     SERVICE_TYPE,
+    API_PREFIX,
     TxtError,
     decode_hwsd,
     decode_txt,
@@ -59,6 +60,8 @@ from .types import (
 if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
+
+    from ..wire.signing import FleetKey
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,8 @@ class AsyncClient:
         include_hwsd: bool = True,
         zeroconf: "AsyncZeroconf | None" = None,
         token: str | None = None,
+        key: "FleetKey | None" = None,
+        allow_loopback: bool | None = None,
     ) -> None:
         if isinstance(min_free_memory, str):
             min_free_memory = parse_bytes(min_free_memory)
@@ -124,8 +129,17 @@ class AsyncClient:
             min_free_memory=min_free_memory,
         )
         self._interface_specs = list(interfaces) if interfaces is not None else None
-        # Presented to every daemon: those started with the same token show process owners and commands.
-        self.token = token
+        # The fleet secret never leaves this process: requests are signed with keys derived from it,
+        # and only daemons that sign their answers back are trusted with private fields (verified).
+        if key is None and token:
+            from ..wire.signing import FleetKey, check_secret
+
+            check_secret(token)
+            key = FleetKey(token)
+        self.key = key
+        # Announced loopback/link-local addresses are followed only by a client itself bound to
+        # loopback (tests, the demo); None: decided from the interfaces when listening starts.
+        self.allow_loopback = allow_loopback
         self.liveness_timeout = float(liveness_timeout)
         self.silence_timeout = min(3 * HEARTBEAT, self.liveness_timeout * 0.6)
         self.include_hwsd = include_hwsd
@@ -211,11 +225,13 @@ class AsyncClient:
         from zeroconf.asyncio import AsyncServiceBrowser
 
         self.loop = asyncio.get_running_loop()
+        if self.allow_loopback is None:
+            ifaces = resolve_interfaces(self._interface_specs)
+            self.allow_loopback = bool(ifaces) and all(_is_loopback(a) for a in ifaces or ())
         if self._zc is None:
             self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
             self._own_zc = True
         self._http = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
             auto_decompress=False,
@@ -493,14 +509,24 @@ class AsyncClient:
 
         assert self._http is not None
         failure = "unreachable"
-        for address in rank_addresses(host.addresses):
-            url = f"http://{address}:{host.port}{host.txt.api}"
+        addresses = [a for a in rank_addresses(host.addresses) if self.allow_loopback or not _local_only(a)]
+        if not addresses:
+            self._problem(peer, f"announces only loopback/link-local addresses {host.addresses[:4]}: not followed")
+            return "no usable address"
+        for address in addresses:
+            # The URL is ours: the announced address and port, and gpusd's fixed path (never a path
+            # or a host name chosen by the announcer).
+            url = f"http://{address}:{host.port}{API_PREFIX}"
             budget = deadline - time.monotonic()
             if budget <= 0:
                 return "no answer within the liveness bound"
+            headers = {"Accept": "text/event-stream"}
+            nonce = None
+            if self.key is not None:
+                signed, nonce = self.key.sign_request("GET", url + "/events", node_id=host.node_id)
+                headers.update(signed)
             try:
-                resp = await asyncio.wait_for(
-                    self._http.get(url + "/events", headers={"Accept": "text/event-stream"}), budget)
+                resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers), budget)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = f"cannot connect to {url}: {exc.__class__.__name__}"
                 log.debug("%s: %s", peer.name, failure)
@@ -510,6 +536,10 @@ class AsyncClient:
                     self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
                     failure = "not a gpusd event stream"
                     continue
+                host.verified = None if nonce is None else self._proved(url + "/events", headers, resp, nonce, host)
+                if host.verified is False:
+                    self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
+                                        "without private fields")
                 outcome = await self._read_stream(peer, host, resp, url, deadline)
                 if outcome in ("bye", "lost"):
                     return outcome
@@ -565,12 +595,22 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     self._threshold(peer, host, data)
 
+    def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost) -> bool:
+        """Whether the answer carries the fleet's proof for our request to ``host`` (its node id)."""
+        from ..wire.signing import Headers, Request, Response
+
+        assert self.key is not None
+        answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
+        return self.key.verify_response(answer, nonce, node_id=host.node_id)
+
     def _parse_snapshot(self, peer: _Peer, host: RemoteHost, data: str) -> HostSnapshot | None:
         try:
             snap = HostSnapshot.from_json(data)
         except (ValueError, TypeError, RecursionError) as exc:
             self._problem(peer, f"invalid snapshot: {str(exc)[:200]}")
             return None
+        if host.verified is False:  # private fields are trusted only from daemons that proved themselves
+            _drop_private(snap)
         if snap.node_id != host.node_id:
             self._problem(peer, f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
             return None
@@ -634,6 +674,35 @@ class AsyncClient:
             self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=dev))
         peer.devices.clear()
         self._emit(DiscoveryEvent(HOST_REMOVED, host, data={"reason": reason}))
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_only(address: str) -> bool:
+    """An address that points back at this machine or means nothing on the LAN: never followed when
+    announced by someone else (finding 2 of issue 9: a record pointing at 127.0.0.1:4780)."""
+    import ipaddress
+
+    try:
+        a = ipaddress.ip_address(address)
+    except ValueError:
+        return True
+    return a.is_loopback or a.is_link_local or a.is_unspecified or a.is_multicast or a.is_reserved
+
+
+def _drop_private(snap: HostSnapshot) -> None:
+    for g in snap.gpus:
+        for p in g.processes or ():
+            p.user = p.command = None
+        for lease in g.leases or ():
+            lease.user = lease.command = None
 
 
 def _changed(old: GpuInfo, new: GpuInfo) -> tuple[str, ...]:

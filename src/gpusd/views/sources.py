@@ -8,20 +8,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import EXIT_NO_DAEMON, GpusdError
+from ..errors import GpusdError
 from ..model import HostSnapshot
+from ..wire.http import MAX_ANSWER, SourceError, fetch_json  # noqa: F401 - re-exported
 from .top import HostView
 
-MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
-
-
-class SourceError(GpusdError):
-    """The hosts cannot be read (daemon unreachable, bad answer)."""
-
-    exit_code = EXIT_NO_DAEMON
+if TYPE_CHECKING:  # pragma: no cover
+    from ..wire.signing import FleetKey
 
 
 class Source(Protocol):
@@ -65,36 +61,15 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{strip_api(parts.path)}"
 
 
-def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
-    """GET a JSON document (at most 4 MiB); :class:`SourceError` with a one-line reason otherwise."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    headers = {"Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read(MAX_ANSWER + 1)
-    except urllib.error.HTTPError as exc:
-        raise SourceError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise SourceError(f"cannot reach {url}: {reason}") from None
-    except http.client.HTTPException as exc:  # not HTTP (BadStatusLine), or the daemon died mid-answer
-        raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
-    if len(body) > MAX_ANSWER:
-        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise SourceError(f"{url}: answer is not JSON") from None
+def get_json(url: str, key: "FleetKey | None" = None, timeout: float = 5.0) -> Any:
+    """GET a JSON document (at most 4 MiB), signed when there is a fleet key (see
+    :func:`gpusd.wire.http.fetch_json`, which also says whether the daemon proved itself)."""
+    return fetch_json(url, key, timeout).data
 
 
-def hosts_from_fleet(data: Any) -> list[HostView]:
-    """HostViews from a ``GET /api/v1/fleet`` answer; malformed hosts are skipped."""
+def hosts_from_fleet(data: Any, trusted: bool | None = None) -> list[HostView]:
+    """HostViews from a ``GET /api/v1/fleet`` answer; malformed hosts are skipped.  ``trusted``:
+    whether the daemon that answered proved it holds the fleet secret (False: no host is verified)."""
     if not isinstance(data, dict) or not isinstance(data.get("hosts"), list):
         raise SourceError("the fleet answer has no 'hosts' list")
     out = []
@@ -109,27 +84,33 @@ def hosts_from_fleet(data: Any) -> list[HostView]:
                 snap = None
         hostname = str(h.get("hostname") or (snap.hostname if snap else "?"))
         node_id = str(h.get("node_id") or (snap.node_id if snap else hostname))
+        verified = h.get("verified") if isinstance(h.get("verified"), bool) else None
+        if trusted is False:
+            verified = False
         out.append(HostView(hostname, node_id, snap, alive=h.get("alive") is not False,
-                            url=h.get("url") if isinstance(h.get("url"), str) else None))
+                            url=h.get("url") if isinstance(h.get("url"), str) else None, verified=verified))
     return out
 
 
 class FleetSource:
     """The hosts one daemon knows (``gpusd top --url http://gpu-node-1:4780``)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, key: "FleetKey | None" = None, timeout: float = 5.0) -> None:
         self.url = base_url(url)
-        self.token = token
+        self.key = key
         self.timeout = timeout
+        self.verified: bool | None = None  # whether the daemon proved itself on the last answer
 
     def fleet(self) -> dict[str, Any]:
-        data = get_json(f"{self.url}/api/v1/fleet", self.token, self.timeout)
-        if not isinstance(data, dict):
+        answer = fetch_json(f"{self.url}/api/v1/fleet", self.key, self.timeout)
+        if not isinstance(answer.data, dict):
             raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
-        return data
+        self.verified = answer.verified
+        return answer.data
 
     def hosts(self) -> list[HostView]:
-        return hosts_from_fleet(self.fleet())
+        data = self.fleet()
+        return hosts_from_fleet(data, self.verified)
 
     def close(self) -> None:
         pass
@@ -140,11 +121,11 @@ class DiscoverySource:
     host's event stream).  The first call waits up to ``settle`` seconds for the hosts to answer."""
 
     def __init__(self, session: str | None = "default", settle: float = 2.0,
-                 interfaces: list[str] | None = None, token: str | None = None) -> None:
+                 interfaces: list[str] | None = None, key: "FleetKey | None" = None) -> None:
         from ..discovery import Client
 
         self._client = Client(session, interfaces=interfaces, all_sessions=session is None, daemon_thread=True,
-                              token=token)
+                              key=key)
         self._settle = settle
         self._settled = False
 
@@ -152,7 +133,8 @@ class DiscoverySource:
         if not self._settled:
             self._client.wait_settled(self._settle)
             self._settled = True
-        return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url) for h in self._client.hosts]
+        return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url, verified=h.verified)
+                for h in self._client.hosts]
 
     def close(self) -> None:
         self._client.stop_listening()

@@ -44,6 +44,7 @@ class HostView:
     url: str | None = None
     gone_since: float | None = None  # time.time() when it vanished
     alerts: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> exceeded rule names
+    verified: bool | None = None  # proved it holds the fleet secret (None: no secret to check with)
 
     @property
     def key(self) -> str:
