@@ -148,12 +148,16 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         name = (g.name or "-").removeprefix("NVIDIA ")
         if d.simulated:
             state += " [sim]"
+        if d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
+            state += " [unverified]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
     table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))
     n_gpus = len(devices)
     footer = f"{len(hosts)} host(s), {n_gpus} GPU(s)"
     if any(d.simulated for d in devices):
         footer += "  (SIMULATED GPUs marked [sim])"
+    if any(d.verified is False for d in devices):
+        footer += "  ([unverified]: the host did not prove it holds the fleet secret)"
     return table + "\n" + footer
 
 

@@ -527,6 +527,13 @@ class AsyncClient:
                 headers.update(signed)
             try:
                 resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers), budget)
+                if resp.status == 401 and nonce is not None:
+                    # a daemon of another fleet (another secret): follow its public data, unverified
+                    resp.release()
+                    headers, nonce = {"Accept": "text/event-stream"}, None
+                    host.verified = False
+                    resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers),
+                                                  max(0.1, deadline - time.monotonic()))
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = f"cannot connect to {url}: {exc.__class__.__name__}"
                 log.debug("%s: %s", peer.name, failure)
@@ -536,7 +543,12 @@ class AsyncClient:
                     self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
                     failure = "not a gpusd event stream"
                     continue
-                host.verified = None if nonce is None else self._proved(url + "/events", headers, resp, nonce, host)
+                if self.key is None:
+                    host.verified = None
+                elif nonce is None:
+                    host.verified = False  # refused our signature (another fleet)
+                else:
+                    host.verified = self._proved(url + "/events", headers, resp, nonce, host)
                 if host.verified is False:
                     self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
                                         "without private fields")
@@ -652,7 +664,8 @@ class AsyncClient:
         simulated = bool(snap.simulated) if snap is not None else host.txt.simulated
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
-                         source=host.source, live=host.live, simulated=simulated, host_key=host.key)
+                         source=host.source, live=host.live, simulated=simulated, host_key=host.key,
+                         verified=host.verified)
             old = peer.devices.get(uuid)
             peer.devices[uuid] = dev
             if old is None:

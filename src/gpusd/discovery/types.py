@@ -45,6 +45,7 @@ class Device:
     live: bool = True
     simulated: bool = False
     host_key: str = ""
+    verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -92,6 +93,7 @@ class Device:
             "source": self.source,
             "live": self.live,
             "simulated": self.simulated,
+            "verified": self.verified,
             "gpu": self.gpu.to_dict(),
         }
 

@@ -310,6 +310,8 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
         return t
     t.append("● ", style="green")
     t.append(h.hostname, style="bold cyan")
+    if h.verified is False:  # did not prove it holds the fleet secret (a stranger?): no private fields
+        t.append("  [unverified]", style="bold yellow")
     if snap is None:
         t.append("  waiting for data…", style="dim")
         return t
