@@ -37,7 +37,7 @@ def http(lan: Lan, node: Node,  # noqa: F811 - lan: the netns fixture's name
     """One HTTP request made from inside ``node``: {"status", "body"} (for ``sse``: the first event's data),
     signed with ``token`` as the fleet secret when given."""
     code = textwrap.dedent(f"""
-        import json, sys, urllib.request, urllib.error
+        import json, ssl, sys, urllib.request, urllib.error
         from gpusd.wire.signing import FleetKey
         body = b"{{}}" if {method!r} != "GET" else None
         req = urllib.request.Request({url!r}, method={method!r}, data=body)
@@ -45,7 +45,8 @@ def http(lan: Lan, node: Node,  # noqa: F811 - lan: the netns fixture's name
             for k, v in FleetKey({token!r}).sign_request({method!r}, {url!r}, body=body or b"")[0].items():
                 req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            # the daemon's self-signed certificate (clients pin it; this test only reads)
+            with urllib.request.urlopen(req, timeout=10, context=ssl._create_unverified_context()) as r:
                 if {sse!r}:
                     for line in r:
                         if line.startswith(b"data:"):
@@ -101,26 +102,28 @@ def test_privacy_writes_and_thresholds_across_the_lan(lan: Lan, tmp_path: Any) -
     watcher = lan.watch(client, fast=True)
     start_all([h1, h2])
     base = f"http://{h1.ip}:4780"
+    tls = f"https://{h1.ip}:4781"  # with a secret the daemon serves HTTPS too: private fields travel there
 
     # GPU load for anyone; owners and commands only with the token
     anon = json.loads(http(lan, client, f"{base}/api/v1/gpus")["body"])
     proc = anon[0]["processes"][0]
     assert proc["pid"] == os.getpid() and proc["used_memory"] == 3 * GiB
     assert proc["user"] is None and proc["command"] is None
-    auth = json.loads(http(lan, client, f"{base}/api/v1/gpus", token=TOKEN)["body"])
+    auth = json.loads(http(lan, client, f"{tls}/api/v1/gpus", token=TOKEN)["body"])
     assert auth[0]["processes"][0]["user"] and "pytest" in auth[0]["processes"][0]["command"]
     assert http(lan, client, f"{base}/api/v1/gpus", token="guess-another-fleet-secret")["status"] == 401
     # the same on the event stream (its first event is the snapshot)
     snap = json.loads(http(lan, client, f"{base}/api/v1/events", sse=True)["body"])
     assert snap["gpus"][0]["processes"][0]["command"] is None
-    snap = json.loads(http(lan, client, f"{base}/api/v1/events", token=TOKEN, sse=True)["body"])
+    snap = json.loads(http(lan, client, f"{tls}/api/v1/events", token=TOKEN, sse=True)["body"])
     assert "pytest" in snap["gpus"][0]["processes"][0]["command"]
     assert "pytest" not in http(lan, client, f"{base}/api/v1/host")["body"]
 
     # no writes without a signature; none at all on a daemon without a secret
     assert http(lan, client, f"{base}/api/v1/host", method="POST")["status"] == 401
     assert http(lan, client, f"{base}/api/v1/host", method="DELETE", token="guess-another-fleet-secret")["status"] == 401
-    assert http(lan, client, f"{base}/api/v1/host", method="POST", token=TOKEN)["status"] == 405  # no such write
+    assert http(lan, client, f"{base}/api/v1/host", method="POST", token=TOKEN)["status"] == 403  # not in clear
+    assert http(lan, client, f"{tls}/api/v1/host", method="POST", token=TOKEN)["status"] == 405  # no such write
     assert http(lan, client, f"http://{h2.ip}:4780/api/v1/host", method="POST", token=TOKEN)["status"] == 405
 
     # a threshold crossed on node-1 reaches gpusd watch, the log and the alerts endpoint
@@ -157,14 +160,14 @@ def test_token_holders_see_owners_of_every_host_in_the_fleet_view(lan: Lan, tmp_
     def node2_procs(fleet: dict[str, Any]) -> list[dict[str, Any]]:
         return [p for h in fleet["hosts"] if h["hostname"] == "node-2" for p in h["snapshot"]["gpus"][0]["processes"]]
 
-    base = f"http://{h1.ip}:4780/api/v1/fleet"
+    base = f"https://{h1.ip}:4781/api/v1/fleet"
     for _ in range(30):  # the fleet view starts on first use and needs a moment to hear node-2
         fleet = json.loads(http(lan, client, base, token=TOKEN)["body"])
         if node2_procs(fleet):
             break
     procs = node2_procs(fleet)
     assert procs and procs[0]["pid"] == os.getpid() and "pytest" in procs[0]["command"]
-    anon = node2_procs(json.loads(http(lan, client, base)["body"]))
+    anon = node2_procs(json.loads(http(lan, client, f"http://{h1.ip}:4780/api/v1/fleet")["body"]))
     assert anon and anon[0]["pid"] == os.getpid() and anon[0]["command"] is None and anon[0]["user"] is None
 
     r = lan.gpusd(client, ["list", "--json", "--token-file", key])

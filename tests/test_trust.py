@@ -113,6 +113,7 @@ async def test_a_client_with_the_secret_trusts_private_fields_of_verified_hosts_
                 assert set(hosts) == {"ours", "theirs", "open"}
                 owners = {name: h.snapshot.gpus[0].processes[0].user for name, h in hosts.items()}
                 if key is not None:
+                    assert hosts["ours"].url.startswith("https://")  # private fields over TLS
                     assert {n: h.verified for n, h in hosts.items()} == {"ours": True, "theirs": False, "open": False}
                     assert owners == {"ours": "user-of-ours", "theirs": None, "open": None}
                     devices = {d.hostname: d.verified for d in client.list_devices()}
@@ -127,6 +128,65 @@ async def _settle_samples() -> None:
     import asyncio
 
     await asyncio.sleep(0.5)  # a few samples (interval 0.1 s) with the new backends
+
+
+def test_the_tls_identity_is_made_once_privately_and_never_through_a_symlink(tmp_path):
+    from gpusd.daemon.tls import CERT_FILE, KEY_FILE, load_or_create
+    from gpusd.errors import ConfigError
+
+    state = tmp_path / "state"
+    first = load_or_create(state, "gpusd test")
+    assert (state / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert load_or_create(state, "gpusd test").fingerprint == first.fingerprint  # kept across restarts
+    # a local user who plants symlinks where the files will be gets a refusal, not a write through them
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    other = tmp_path / "other"
+    other.mkdir()
+    os.symlink(victim, other / KEY_FILE)
+    os.symlink(victim, other / CERT_FILE)
+    with pytest.raises(ConfigError, match="symlink"):
+        load_or_create(other, "gpusd test")
+    assert victim.read_text() == "precious"
+    os.chmod(state / KEY_FILE, 0o644)  # made readable by someone: refused, not used (and not chmod-ed back)
+    with pytest.raises(ConfigError, match="readable by other users"):
+        load_or_create(state, "gpusd test")
+    assert (state / KEY_FILE).stat().st_mode & 0o777 == 0o644
+    (state / CERT_FILE).unlink()
+    with pytest.raises(ConfigError, match="missing"):
+        load_or_create(state, "gpusd test")
+
+
+async def test_answers_over_tls_name_the_pinned_certificate(tmp_path, fast_mdns):  # noqa: F811
+    """A proof names the certificate of the connection it came over: a relay with another certificate
+    (or a pin that does not match) is not trusted."""
+    import asyncio
+
+    from gpusd.wire.http import SourceError, fetch_json
+
+    session = unique_session("tls")
+    async with running_daemon(tmp_path, session, "tls-host", token=SECRET) as d:
+        assert d.tls_port and d.cert_fp
+        d.backend = _with_owner(d.node_id, d.hostname)
+        await asyncio.sleep(0.3)
+        url = f"https://127.0.0.1:{d.tls_port}/api/v1/gpus"
+        loop = asyncio.get_running_loop()
+        a = await loop.run_in_executor(None, lambda: fetch_json(url, FleetKey(SECRET), pin=d.cert_fp))
+        assert a.verified is True and a.data[0]["processes"][0]["user"] == "user-of-tls-host"
+        with pytest.raises(SourceError, match="pinned"):
+            await loop.run_in_executor(None, lambda: fetch_json(url, FleetKey(SECRET), pin="A" * 43))
+        health = await loop.run_in_executor(None, lambda: fetch_json(
+            f"http://127.0.0.1:{d.port}/healthz").data)
+        assert (health["tls_port"], health["cert_fp"]) == (d.tls_port, d.cert_fp)
+        # the proof covers the certificate: checked against another one, it fails
+        from gpusd.wire.signing import Headers, Request, Response
+
+        key = FleetKey(SECRET)
+        req = Request("GET", "https://127.0.0.1:1/api/v1/gpus", Headers())
+        resp = Response(200, req, Headers())
+        key.sign_response(resp, "n0nce", d.node_id, d.cert_fp, b"[]")
+        assert key.verify_response(resp, "n0nce", d.node_id, cert_fp=d.cert_fp, body=b"[]")
+        assert not key.verify_response(resp, "n0nce", d.node_id, cert_fp="B" * 43, body=b"[]")
 
 
 def test_stale_signatures_window_is_documented():

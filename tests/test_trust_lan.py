@@ -54,10 +54,16 @@ def signed_fleet(lan: Lan, node: Node, url: str, key_file: Path) -> dict[str, An
     """GET the fleet view from ``node``, signed with the secret in ``key_file``; with the proof's verdict."""
     return python_in(lan, node, f"""
         import json
+        from gpusd.views.sources import FleetSource
         from gpusd.wire.http import fetch_json
         from gpusd.wire.signing import FleetKey, load_secret
-        a = fetch_json({url!r}, FleetKey(load_secret({str(key_file)!r})))
-        print(json.dumps({{"verified": a.verified, "data": a.data}}))
+        key = FleetKey(load_secret({str(key_file)!r}))
+        base, path = {url!r}.split("/api/v1/")
+        secure, pin = FleetSource(base, key)._secure_url()   # the daemon's HTTPS port, as gpusd top --url does
+        a = fetch_json(secure + "/api/v1/" + path, key, pin=pin)
+        clear = fetch_json({url!r}, key)                     # the same, signed, over plain HTTP
+        print(json.dumps({{"verified": a.verified, "data": a.data, "url": secure,
+                           "clear": {{"verified": clear.verified, "data": clear.data}}}}))
     """)
 
 
@@ -91,6 +97,7 @@ def test_a_stranger_announcing_a_host_learns_nothing_and_is_shown_unverified(lan
             break
         time.sleep(0.5)
     assert view["verified"] is True  # node-1 proved it holds the secret to the client
+    assert view["url"] == f"https://{h1.ip}:4781"  # over TLS, certificate pinned
     assert {"node-1", "node-2", "evil"} <= set(names), names.keys()
     # the fleet view: node-2 verified, with its owners; the stranger unverified, its "owners" dropped
     assert names["node-2"]["verified"] is True and names["node-1"]["verified"] is True
@@ -174,6 +181,8 @@ def test_a_reader_without_the_secret_gets_public_data_only(lan: Lan, tmp_path: P
     assert anon["write"] == 401
     mine = signed_fleet(lan, client, f"http://{h1.ip}:4780/api/v1/gpus", key_file)
     assert mine["verified"] is True and "pytest" in mine["data"][0]["processes"][0]["command"]
+    # signed but in clear: the daemon proves itself, and keeps private fields for its HTTPS port
+    assert mine["clear"]["verified"] is True and mine["clear"]["data"][0]["processes"][0]["command"] is None
     r = lan.gpusd(client, ["list", "--json", "--timeout", "6"])
     assert r.returncode == 0 and "pytest" not in r.stdout and str(os.getpid()) in r.stdout
     assert {d["verified"] for d in json.loads(r.stdout)} == {None}  # nothing to verify with

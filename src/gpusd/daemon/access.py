@@ -270,6 +270,14 @@ class Access:
         for k, v in resp.headers.items():
             headers[k] = v
 
+    def tls_on(self) -> bool:
+        """Whether this daemon serves HTTPS: then private fields and writes never travel in clear
+        to another machine (a signed reader on plain HTTP gets the public view and the proof)."""
+        try:
+            return bool(self._cert_fp is not None and self._cert_fp())
+        except Exception:  # noqa: BLE001
+            return False
+
     def write_refusal(self, verified: bool) -> tuple[int, str] | None:
         """(status, message) when a write must be refused, else None."""
         if self.key is None:
@@ -340,13 +348,18 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                     log.debug("refused a signed %s %s from %s: %s", request.method, request.path[:100],
                              request.remote, why)
                     return _refuse(401, f"signature refused: {why}")
+        local = access.local_reader(request.remote)
+        # With TLS on, private fields and writes go to other machines over HTTPS only.
+        in_clear = verified is not None and not request.secure and not local and access.tls_on()
         if request.method not in SAFE_METHODS:
             if not access.origin_ok(headers.get("Origin")):
                 return _refuse(403, "writes are not accepted from another site's page")
             refused = access.write_refusal(verified is not None)
             if refused is not None:
                 return _refuse(*refused)
-        private = verified is not None or (access.local_reader(request.remote) and access.host_ok(request.host))
+            if in_clear:
+                return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
+        private = (verified is not None and not in_clear) or (local and access.host_ok(request.host))
         request[_request_key()] = private
         if verified is not None:
             request[_signed_key()] = verified

@@ -67,6 +67,8 @@ class Announcer:
             gpusd_version=__version__,
             simulated=snap.simulated,
             auth=bool(cfg.token),
+            tls_port=self.daemon.tls_port,
+            cert_fp=self.daemon.cert_fp,
         )
 
     def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> "ServiceInfo":

@@ -69,6 +69,9 @@ class Daemon:
         self.announcer: Announcer | None = None
         self.fleet: Fleet | None = None
         self.port = config.port
+        self.tls_port: int | None = None  # HTTPS port once serving TLS
+        self.cert_fp: str | None = None  # the TLS certificate's fingerprint (announced, pinned by clients)
+        self._tls: Any = None  # gpusd.daemon.tls.Identity
         self.addresses: list[str] = []
         self.started_at = time.time()
         self.samples = 0
@@ -124,6 +127,11 @@ class Daemon:
             self.backend = await loop.run_in_executor(self._executor, self._open_backend)
         snap = await loop.run_in_executor(self._executor, self._read)
         self._accept(snap)
+        if self.config.tls or (self.config.tls is None and self.config.token):
+            from .tls import load_or_create
+
+            self._tls = await loop.run_in_executor(
+                self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
@@ -161,12 +169,27 @@ class Daemon:
                     sockets = getattr(server, "sockets", None) or []
                     if sockets:
                         self.port = sockets[0].getsockname()[1]
+            if self._tls is not None:
+                ctx = self._tls.server_context()
+                tls_port = self.config.tls_port if self.config.tls_port is not None else (
+                    self.port + 1 if self.config.port else 0)
+                for host in hosts:
+                    site = web.TCPSite(self._runner, host=host, port=tls_port, reuse_address=True, ssl_context=ctx)
+                    await site.start()
+                    if tls_port == 0:
+                        sockets = getattr(getattr(site, "_server", None), "sockets", None) or []
+                        if sockets:
+                            tls_port = sockets[0].getsockname()[1]
+                self.tls_port, self.cert_fp = tls_port, self._tls.fingerprint
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
             where = ",".join(h for h in hosts if h) or "all addresses"
-            raise GpusdError(f"cannot serve HTTP on {where} port {self.port}: {exc.strerror or exc}") from None
-        log.info("HTTP API on %s port %d", ",".join(h for h in hosts if h) or "all addresses", self.port)
+            raise GpusdError(f"cannot serve HTTP(S) on {where} port {self.port}"
+                             f"{f' / {self.config.tls_port}' if self._tls is not None else ''}: "
+                             f"{exc.strerror or exc}") from None
+        log.info("HTTP API on %s port %d%s", ",".join(h for h in hosts if h) or "all addresses", self.port,
+                 f", HTTPS port {self.tls_port} (certificate {self.cert_fp})" if self.tls_port else "")
 
     async def stop(self) -> None:
         """Say goodbye (``bye`` on every stream, mDNS goodbye packets) and shut down."""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 from ..model import GpuInfo, HostSnapshot
 from ..units import parse_bytes
 from ..wire.mdns import open_zeroconf, rank_addresses, resolve_interfaces
+from ..wire.signing import fingerprint_bytes
 from ..wire.sse import SSEError, SSEParser
 from ..wire.txt import (
     DEFAULT_SESSION,
@@ -513,10 +514,20 @@ class AsyncClient:
         if not addresses:
             self._problem(peer, f"announces only loopback/link-local addresses {host.addresses[:4]}: not followed")
             return "no usable address"
-        for address in addresses:
+        # With the fleet secret, over TLS where the host announces it (its certificate pinned to the
+        # announced fingerprint, which its signed proof must name too), else plain HTTP.
+        tls = self.key is not None and host.txt.tls_port is not None and host.txt.cert_fp is not None
+        pin = fingerprint_bytes(host.txt.cert_fp or "") if tls else None
+        candidates = [(a, True) for a in addresses] if pin is not None else []
+        candidates += [(a, False) for a in addresses]
+        for address, secure in candidates:
             # The URL is ours: the announced address and port, and gpusd's fixed path (never a path
             # or a host name chosen by the announcer).
-            url = f"http://{address}:{host.port}{API_PREFIX}"
+            if secure:
+                url = f"https://{address}:{host.txt.tls_port}{API_PREFIX}"
+            else:
+                url = f"http://{address}:{host.port}{API_PREFIX}"
+            ssl_arg: Any = aiohttp.Fingerprint(pin) if secure and pin is not None else True
             budget = deadline - time.monotonic()
             if budget <= 0:
                 return "no answer within the liveness bound"
@@ -526,13 +537,14 @@ class AsyncClient:
                 signed, nonce = self.key.sign_request("GET", url + "/events", node_id=host.node_id)
                 headers.update(signed)
             try:
-                resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers), budget)
+                resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
+                                              budget)
                 if resp.status == 401 and nonce is not None:
                     # a daemon of another fleet (another secret): follow its public data, unverified
                     resp.release()
                     headers, nonce = {"Accept": "text/event-stream"}, None
                     host.verified = False
-                    resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers),
+                    resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
                                                   max(0.1, deadline - time.monotonic()))
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = f"cannot connect to {url}: {exc.__class__.__name__}"
@@ -548,7 +560,8 @@ class AsyncClient:
                 elif nonce is None:
                     host.verified = False  # refused our signature (another fleet)
                 else:
-                    host.verified = self._proved(url + "/events", headers, resp, nonce, host)
+                    host.verified = self._proved(url + "/events", headers, resp, nonce, host,
+                                                 host.txt.cert_fp if secure else None)
                 if host.verified is False:
                     self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
                                         "without private fields")
@@ -607,13 +620,15 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     self._threshold(peer, host, data)
 
-    def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost) -> bool:
-        """Whether the answer carries the fleet's proof for our request to ``host`` (its node id)."""
+    def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost,
+                cert_fp: str | None = None) -> bool:
+        """Whether the answer carries the fleet's proof for our request to ``host`` (its node id; over
+        TLS, naming the pinned certificate ``cert_fp``)."""
         from ..wire.signing import Headers, Request, Response
 
         assert self.key is not None
         answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
-        return self.key.verify_response(answer, nonce, node_id=host.node_id)
+        return self.key.verify_response(answer, nonce, node_id=host.node_id, cert_fp=cert_fp)
 
     def _parse_snapshot(self, peer: _Peer, host: RemoteHost, data: str) -> HostSnapshot | None:
         try:

@@ -100,13 +100,36 @@ class FleetSource:
         self.key = key
         self.timeout = timeout
         self.verified: bool | None = None  # whether the daemon proved itself on the last answer
+        self._tls: tuple[str, str | None] | None = None  # (URL, pinned fingerprint) once looked up
 
     def fleet(self) -> dict[str, Any]:
-        answer = fetch_json(f"{self.url}/api/v1/fleet", self.key, self.timeout)
+        url, pin = self._secure_url()
+        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin)
         if not isinstance(answer.data, dict):
             raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
         self.verified = answer.verified
         return answer.data
+
+    def _secure_url(self) -> tuple[str, str | None]:
+        """With the fleet secret and a plain ``http://`` URL: the daemon's HTTPS URL and certificate
+        fingerprint as its ``/healthz`` says (private fields travel over TLS only; the fingerprint is
+        checked against the daemon's signed proof, so a forged /healthz gains nothing)."""
+        if self.key is None or not self.url.startswith("http://"):
+            return self.url, None
+        if self._tls is None:
+            self._tls = (self.url, None)
+            try:
+                health = fetch_json(f"{self.url}/healthz", None, self.timeout).data
+            except SourceError:
+                return self.url, None
+            port, fp = (health.get("tls_port"), health.get("cert_fp")) if isinstance(health, dict) else (None, None)
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and isinstance(fp, str):
+                from urllib.parse import urlsplit
+
+                parts = urlsplit(self.url)
+                host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+                self._tls = (f"https://{host}:{port}{parts.path}", fp)
+        return self._tls
 
     def hosts(self) -> list[HostView]:
         data = self.fleet()
