@@ -183,6 +183,26 @@ def test_a_reader_without_the_secret_gets_public_data_only(lan: Lan, tmp_path: P
     assert mine["verified"] is True and "pytest" in mine["data"][0]["processes"][0]["command"]
     # signed but in clear: the daemon proves itself, and keeps private fields for its HTTPS port
     assert mine["clear"]["verified"] is True and mine["clear"]["data"][0]["processes"][0]["command"] is None
+    # over TLS, one verified signature authenticates its connection: later reads on it need none,
+    # while another connection (someone else's) gets the public view
+    conn = python_in(lan, client, f"""
+        import http.client, json, ssl
+        from gpusd.wire.signing import FleetKey, load_secret
+        key = FleetKey(load_secret({str(key_file)!r}))
+        ctx = ssl._create_unverified_context()
+        def get(c, headers):
+            c.request("GET", "/api/v1/gpus", headers=headers)
+            r = c.getresponse()
+            return r.status, json.loads(r.read())[0]["processes"][0]["command"]
+        url = "https://{h1.ip}:4781/api/v1/gpus"
+        mine = http.client.HTTPSConnection("{h1.ip}", 4781, context=ctx)
+        first = get(mine, key.sign_request("GET", url)[0])
+        second = get(mine, {{}})
+        other = get(http.client.HTTPSConnection("{h1.ip}", 4781, context=ctx), {{}})
+        print(json.dumps([first, second, other]))
+    """)
+    assert conn[0][0] == conn[1][0] == conn[2][0] == 200
+    assert "pytest" in conn[0][1] and "pytest" in conn[1][1] and conn[2][1] is None
     r = lan.gpusd(client, ["list", "--json", "--timeout", "6"])
     assert r.returncode == 0 and "pytest" not in r.stdout and str(os.getpid()) in r.stdout
     assert {d["verified"] for d in json.loads(r.stdout)} == {None}  # nothing to verify with

@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +179,9 @@ class Access:
         self.token = token or None
         self.key = FleetKey(self.token) if self.token else None
         self.nonces = NonceCache()
+        # TLS connections on which a signed request was verified: later reads on them are the same
+        # client's (TLS binds them), so they need no signature of their own (docs/security.md).
+        self.sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self.trust_loopback = trust_loopback
         self._own = own_addresses
         self._names = own_names
@@ -348,6 +352,11 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                     log.debug("refused a signed %s %s from %s: %s", request.method, request.path[:100],
                              request.remote, why)
                     return _refuse(401, f"signature refused: {why}")
+        session = False
+        if verified is not None and request.secure and request.transport is not None:
+            access.sessions.add(request.transport)
+        elif verified is None and request.secure and request.transport in access.sessions:
+            session = request.method in SAFE_METHODS  # writes are signed one by one
         local = access.local_reader(request.remote)
         # With TLS on, private fields and writes go to other machines over HTTPS only.
         in_clear = verified is not None and not request.secure and not local and access.tls_on()
@@ -359,7 +368,7 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                 return _refuse(*refused)
             if in_clear:
                 return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
-        private = (verified is not None and not in_clear) or (local and access.host_ok(request.host))
+        private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host))
         request[_request_key()] = private
         if verified is not None:
             request[_signed_key()] = verified
