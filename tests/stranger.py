@@ -25,9 +25,9 @@ EVIL_NODE = "e71100000000beef"
 LOOP_NODE = "100b100b100b100b"
 
 
-def recorder(log_path: str):  # noqa: ANN201 - an aiohttp handler factory
+def recorder(log_path: str):  # an aiohttp handler factory
     async def record(request: web.Request) -> web.StreamResponse:
-        with open(log_path, "a") as f:
+        with open(log_path, "a") as f:  # noqa: ASYNC230 - one short line, a test fixture
             f.write(json.dumps({"method": request.method, "path": request.path_qs, "remote": request.remote,
                                 "headers": [[k, v] for k, v in request.headers.items()]}) + "\n")
         if request.path.endswith("/events"):

@@ -134,7 +134,7 @@ async def test_signed_reader_sees_owners_and_gets_the_daemons_proof(remote):
 
 
 async def test_bad_signatures_are_refused_with_401(remote):
-    d, c = remote
+    _, c = remote
     key = FleetKey(TOKEN)
     url = str(c.make_url("/api/v1/gpus"))
     cases = {

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 from conftest import gpusd_cli
-from daemon_helpers import LOOPBACK, FakeBackend, fast_mdns, make_snapshot, running_daemon, unique_session  # noqa: F401
+from daemon_helpers import (  # noqa: F401
+    LOOPBACK,
+    FakeBackend,
+    fast_mdns,
+    make_snapshot,
+    running_daemon,
+    unique_session,
+)
 
 from gpusd.model import ProcessInfo
 from gpusd.wire.signing import FleetKey, SecretError, load_secret

@@ -116,7 +116,7 @@ def test_a_stranger_announcing_a_host_learns_nothing_and_is_shown_unverified(lan
     assert verdict == {"node-1": True, "node-2": True, "evil": False}
     assert "mallory" not in r.stdout and "pytest" in r.stdout
     table = lan.gpusd(client, ["list", "--token-file", str(key_file), "--timeout", "6"]).stdout
-    assert [ln for ln in table.splitlines() if ln.startswith("evil")][0].endswith("[unverified]")
+    assert next(ln for ln in table.splitlines() if ln.startswith("evil")).endswith("[unverified]")
 
     # What the stranger got: requests, some signed, none carrying the secret or a bearer header
     requests = [json.loads(ln) for ln in seen_by_evil.read_text().splitlines()]

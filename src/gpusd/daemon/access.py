@@ -374,10 +374,10 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
             request[_signed_key()] = verified
         response = await handler(request)
         if not private and isinstance(response, web.Response) and response.content_type == "application/json":
-            body = response.body
-            if isinstance(body, (bytes, bytearray)) and needs_redaction(bytes(body)):
+            answer = response.body
+            if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
                 try:
-                    response.body = redact_json(bytes(body))
+                    response.body = redact_json(bytes(answer))
                 except ValueError:  # not JSON after all: hold it back rather than leak it
                     return web.json_response({"error": "answer withheld"}, status=500)
         return response

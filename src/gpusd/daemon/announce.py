@@ -67,8 +67,8 @@ class Announcer:
             gpusd_version=__version__,
             simulated=snap.simulated,
             auth=bool(cfg.token),
-            tls_port=self.daemon.tls_port,
-            cert_fp=self.daemon.cert_fp,
+            tls_port=getattr(self.daemon, "tls_port", None),
+            cert_fp=getattr(self.daemon, "cert_fp", None),
         )
 
     def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> "ServiceInfo":

@@ -32,7 +32,7 @@ class Identity:
     cert_path: Path
     fingerprint: str  # unpadded base64url SHA-256 of the DER certificate (gpusd.wire.signing.fingerprint)
 
-    def server_context(self) -> "ssl.SSLContext":
+    def server_context(self) -> ssl.SSLContext:
         import ssl
 
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

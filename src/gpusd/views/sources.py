@@ -13,7 +13,9 @@ from urllib.parse import urlsplit
 
 from ..errors import GpusdError
 from ..model import HostSnapshot
-from ..wire.http import MAX_ANSWER, SourceError, fetch_json  # noqa: F401 - re-exported
+from ..wire.http import MAX_ANSWER as MAX_ANSWER  # re-exported
+from ..wire.http import SourceError as SourceError
+from ..wire.http import fetch_json
 from .top import HostView
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -35,7 +35,7 @@ import stat
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 MAX_SKEW = 30.0  # seconds a signature's "created" may differ from the verifier's clock (either way)
 NONCE_CACHE_MAX = 200_000  # nonces remembered; only verified requests enter the cache
@@ -175,9 +175,9 @@ class FleetKey:
         )
 
         self._req_signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
-                                             key_resolver=_Keys(self.key_id, self.request_key))
+                                             key_resolver=cast(Any, _Keys(self.key_id, self.request_key)))
         self._resp_signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
-                                              key_resolver=_Keys(self.key_id, self.response_key))
+                                              key_resolver=cast(Any, _Keys(self.key_id, self.response_key)))
         self._req_verifier = _verifier(self.key_id, self.request_key)
         self._resp_verifier = _verifier(self.key_id, self.response_key)
 
@@ -261,7 +261,8 @@ def _hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
 
 
 class _Keys:
-    """A key resolver that knows one key id."""
+    """A key resolver that knows one key id (the library's resolver protocol, duck-typed: the library
+    is imported only when a key is used)."""
 
     def __init__(self, key_id: str, key: bytes) -> None:
         self.key_id, self.key = key_id, key
@@ -280,7 +281,7 @@ class _Keys:
 def _verifier(key_id: str, key: bytes) -> Any:
     from http_message_signatures import HTTPMessageVerifier, algorithms
 
-    v = HTTPMessageVerifier(signature_algorithm=algorithms.HMAC_SHA256, key_resolver=_Keys(key_id, key))
+    v = HTTPMessageVerifier(signature_algorithm=algorithms.HMAC_SHA256, key_resolver=cast(Any, _Keys(key_id, key)))
     v.max_clock_skew = datetime.timedelta(seconds=MAX_SKEW)
     return v
 
