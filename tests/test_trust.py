@@ -205,3 +205,20 @@ def test_stale_signatures_window_is_documented():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_unverified_hosts_are_marked_in_top_and_in_the_fleet_source():
+    from gpusd.views.sources import hosts_from_fleet
+    from gpusd.views.top import render_text
+
+    snap = make_snapshot(1, hostname="evil", node_id="e71100000000beef").to_dict()
+    fleet = {"hosts": [{"hostname": "evil", "node_id": "e71100000000beef", "alive": True, "verified": False,
+                        "snapshot": snap},
+                       {"hostname": "good", "node_id": "9000000000000000", "alive": True, "verified": True,
+                        "snapshot": {**snap, "hostname": "good", "node_id": "9000000000000000"}}]}
+    views = hosts_from_fleet(fleet)
+    assert [v.verified for v in views] == [False, True]
+    text = render_text(views, width=160, color=False)
+    assert "evil  [unverified]" in text and text.count("[unverified]") == 1
+    # a daemon that did not prove itself vouches for nobody
+    assert {v.verified for v in hosts_from_fleet(fleet, trusted=False)} == {False}

@@ -163,6 +163,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpusd-compat", action="store_true",
                    help="also announce _gpu-sd._tcp with hwsd's keys (for GPU-SD/Equalizer clients)")
     add_token_flags(p, "trust on: private fields and writes for signed requests, HTTPS with a pinned certificate")
+    p.add_argument("--tls-port", type=int, default=None, metavar="N",
+                   help="with a fleet secret: the HTTPS port (default: --port + 1; 0: any free port)")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='alert rule, e.g. "temperature>85", "utilization>90 for 60s", "lost" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")

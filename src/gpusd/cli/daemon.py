@@ -39,6 +39,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         state_dir=state if os.environ.get("GPUSD_STATE_DIR") else None,
         gpusd_compat=args.gpusd_compat,
         token=token,
+        tls_port=args.tls_port,
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
@@ -57,6 +58,8 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
             "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
     if args.hostname:
         out += ["--hostname", args.hostname]
+    if args.tls_port is not None:
+        out += ["--tls-port", str(args.tls_port)]
     if args.simulate:
         out += ["--simulate", args.simulate]
     if args.gpusd_compat:
@@ -92,6 +95,8 @@ def start(args: argparse.Namespace) -> int:
         print(f"gpusd: already running (pid {st.pid}, state directory {state})")
         return 0
     env = dict(os.environ)
+    env.pop("GPUSD_TOKEN_FILE", None)  # the child takes exactly the secret read here
+    env.pop("GPUSD_TOKEN", None)
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
