@@ -120,7 +120,10 @@ async def test_a_client_with_the_secret_trusts_private_fields_of_verified_hosts_
                 assert set(hosts) == {"ours", "theirs", "open"}
                 owners = {name: h.snapshot.gpus[0].processes[0].user for name, h in hosts.items()}
                 if key is not None:
-                    assert hosts["ours"].url.startswith("https://")  # private fields over TLS
+                    assert hosts["ours"].url == f"http://127.0.0.1:{ours.port}/api/v1"  # the public base
+                    from gpusd.daemon.monitoring import _app_key
+
+                    assert len(ours.app[_app_key()].access.sessions) >= 1  # the stream came over TLS, signed
                     assert {n: h.verified for n, h in hosts.items()} == {"ours": True, "theirs": False, "open": False}
                     assert owners == {"ours": "user-of-ours", "theirs": None, "open": None}
                     devices = {d.hostname: d.verified for d in client.list_devices()}

@@ -101,6 +101,7 @@ def test_a_stranger_announcing_a_host_learns_nothing_and_is_shown_unverified(lan
     assert {"node-1", "node-2", "evil"} <= set(names), names.keys()
     # the fleet view: node-2 verified, with its owners; the stranger unverified, its "owners" dropped
     assert names["node-2"]["verified"] is True and names["node-1"]["verified"] is True
+    assert names["node-2"]["url"] == f"http://{h2.ip}:4780/api/v1"  # the public base (Prometheus, dashboard)
     proc = names["node-2"]["snapshot"]["gpus"][0]["processes"][0]
     assert "pytest" in proc["command"] and proc["user"]
     assert names["evil"]["verified"] is False

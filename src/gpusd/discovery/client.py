@@ -565,7 +565,10 @@ class AsyncClient:
                 if host.verified is False:
                     self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
                                         "without private fields")
-                outcome = await self._read_stream(peer, host, resp, url, deadline)
+                # host.url stays the plain HTTP API base (public reads, Prometheus targets, the
+                # dashboard's alert requests), also when the stream itself came over TLS
+                outcome = await self._read_stream(peer, host, resp, f"http://{address}:{host.port}{API_PREFIX}",
+                                                  deadline)
                 if outcome in ("bye", "lost"):
                     return outcome
                 failure = outcome  # no valid stream at this address (another machine's?): try the next
