@@ -103,6 +103,11 @@ class AsyncClient:
     ``hostname``, ``model`` (substring or glob), ``min_free_memory`` (bytes or ``"20GiB"``) filter
     what is reported.  ``interfaces``: IPv4 addresses or interface names for mDNS (default all, or
     ``$GPUSD_INTERFACES``).  ``liveness_timeout``: a host silent this long is reported removed.
+    ``token`` (the fleet secret, kept in this process) or ``key`` (a
+    :class:`~gpusd.wire.signing.FleetKey`): requests are signed, TLS is used where announced, and each
+    host is ``verified`` when it proves it holds the secret; private fields are kept from verified
+    hosts only (docs/security.md).  ``allow_loopback``: follow hosts announcing loopback or link-local
+    addresses (default: only when the client itself is bound to loopback).
     """
 
     def __init__(
