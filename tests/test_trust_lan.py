@@ -115,9 +115,18 @@ def test_a_stranger_announcing_a_host_learns_nothing_and_is_shown_unverified(lan
     devices = json.loads(r.stdout)
     verdict = {d["hostname"]: d["verified"] for d in devices}
     assert verdict == {"node-1": True, "node-2": True, "evil": False}
-    assert "mallory" not in r.stdout and "pytest" in r.stdout
+    # node-2's process with its owner and command; the stranger's with its pid alone
+    assert "mallory" not in r.stdout and "pid 666" in r.stdout and "root python3" in r.stdout, r.stdout
     table = lan.gpusd(client, ["list", "--token-file", str(key_file), "--timeout", "6"]).stdout
     assert next(ln for ln in table.splitlines() if ln.startswith("evil")).endswith("[unverified]")
+
+    # gpusd top --url: the fleet as node-1 sees it, over its HTTPS port, the stranger marked
+    r = lan.gpusd(client, ["top", "--once", "--width", "160", "--url", f"http://{h1.ip}:4780",
+                           "--token-file", str(key_file)])
+    assert r.returncode == 0, r.stderr
+    assert "evil  [unverified]" in r.stdout and r.stdout.count("[unverified]") == 1
+    # node-2's process with its owner and command; the stranger's with its pid alone
+    assert "mallory" not in r.stdout and "pid 666" in r.stdout and "root python3" in r.stdout, r.stdout
 
     # What the stranger got: requests, some signed, none carrying the secret or a bearer header
     requests = [json.loads(ln) for ln in seen_by_evil.read_text().splitlines()]
