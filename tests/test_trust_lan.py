@@ -115,7 +115,6 @@ def test_a_stranger_announcing_a_host_learns_nothing_and_is_shown_unverified(lan
     devices = json.loads(r.stdout)
     verdict = {d["hostname"]: d["verified"] for d in devices}
     assert verdict == {"node-1": True, "node-2": True, "evil": False}
-    # node-2's process with its owner and command; the stranger's with its pid alone
     assert "mallory" not in r.stdout and "pytest" in r.stdout
     table = lan.gpusd(client, ["list", "--token-file", str(key_file), "--timeout", "6"]).stdout
     assert next(ln for ln in table.splitlines() if ln.startswith("evil")).endswith("[unverified]")
