@@ -137,6 +137,8 @@ def status(args: argparse.Namespace) -> int:
     if info:
         print(f"  service   {info.get('service')}  (session {info.get('session')}, node {info.get('node_id')})")
         print(f"  serving   {' '.join(info.get('urls') or [])}")
+        if info.get("tls_port"):
+            print(f"  https     port {info.get('tls_port')}, certificate {info.get('cert_fp')} (trust on)")
         print(f"  mDNS on   {', '.join(info.get('interfaces') or []) or 'all interfaces'}")
     if live is not None:
         snap = live.get("snapshot") or {}
