@@ -225,3 +225,17 @@ def test_unverified_hosts_are_marked_in_top_and_in_the_fleet_source():
     assert "evil  [unverified]" in text and text.count("[unverified]") == 1
     # a daemon that did not prove itself vouches for nobody
     assert {v.verified for v in hosts_from_fleet(fleet, trusted=False)} == {False}
+
+
+def test_a_daemon_that_cannot_enforce_access_does_not_start(tmp_path):
+    """Finding 11 of issue 9: a bad rule through the Python API left the access layer out and the
+    daemon served owners and commands to anyone.  Now the daemon is not even built."""
+    from daemon_helpers import daemon_config
+
+    from gpusd.daemon.service import Daemon
+    from gpusd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bad threshold rule"):
+        Daemon(daemon_config(tmp_path, unique_session("rule"), "h", thresholds=["temperature>>85"], token=SECRET))
+    with pytest.raises(ConfigError, match="at least 16 bytes"):  # a weak secret is refused the same way
+        Daemon(daemon_config(tmp_path, unique_session("weak"), "h", token="short"))
