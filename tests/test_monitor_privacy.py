@@ -150,6 +150,12 @@ async def test_bad_signatures_are_refused_with_401(remote):
     tampered["Signature"] = tampered["Signature"].replace("gpusd=:", "gpusd=:AA")
     cases["tampered"] = tampered
     cases["garbage"] = {"Signature-Input": 'gpusd=("@method";created=x', "Signature": "gpusd=:!!:"}
+    from gpusd.wire.signing import Headers, Request
+
+    partial = Request("GET", url, Headers())  # a valid HMAC over too little (no path, query, digest)
+    key._req_signer.sign(partial, key_id=key.key_id, nonce="n-partial", label="gpusd", tag="gpusd-request",
+                         covered_component_ids=("@method", "@authority"))
+    cases["covering too little"] = dict(partial.headers)
     cases["bearer"] = {"Authorization": f"Bearer {TOKEN}"}
     for what, headers in cases.items():
         r = await c.get("/api/v1/gpus", headers=headers)
