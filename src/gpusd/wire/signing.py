@@ -198,9 +198,9 @@ class FleetKey:
             covered.append("gpusd-node")
         nonce = secrets.token_urlsafe(16)
         created = datetime.datetime.fromtimestamp(time.time() if now is None else now, datetime.timezone.utc)
-        self._req_signer.sign(req, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_REQUEST,
-                              created=created,
-                              covered_component_ids=covered, body=body)
+        prepared = self._req_signer.prepare(req, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_REQUEST,
+                                            created=created, covered_component_ids=covered, body=body)
+        _apply(req.headers, prepared.signature_params, self.request_key, prepared.signature_base)
         out = dict(req.headers)
         if headers is not None:
             headers.update(out)
@@ -228,14 +228,10 @@ class FleetKey:
         if cert_fp:
             resp.headers[CERT_HEADER] = cert_fp
             covered.append("gpusd-cert")
-        # prepare() builds the RFC 9421 signature base; the HMAC and the two header fields are then
-        # written directly (what apply() does, without re-deriving the base it just built: half the cost).
         prepared = self._resp_signer.prepare(resp, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_RESPONSE,
                                              created=datetime.datetime.now(datetime.timezone.utc),
                                              covered_component_ids=covered, body=body)
-        mac = hmac.new(self.response_key, prepared.signature_base, hashlib.sha256).digest()
-        resp.headers["Signature-Input"] = f"{LABEL}={prepared.signature_params}"
-        resp.headers["Signature"] = f"{LABEL}=:{base64.b64encode(mac).decode()}:"
+        _apply(resp.headers, prepared.signature_params, self.response_key, prepared.signature_base)
 
     def verify_response(self, resp: Response, nonce: str, node_id: str | None = None,
                         cert_fp: str | None = None, body: bytes | None = None) -> bool:
@@ -258,6 +254,14 @@ class FleetKey:
             return not (body and results[0].body is None)
         except Exception:  # noqa: BLE001 - any malformed proof is no proof
             return False
+
+
+def _apply(headers: MutableMapping[str, str], params: str, key: bytes, base: bytes) -> None:
+    """What the library's ``apply()`` writes (``Signature-Input``, ``Signature``), without rebuilding the
+    signature base ``prepare()`` just built: half the cost of ``sign()``."""
+    mac = hmac.new(key, base, hashlib.sha256).digest()
+    headers["Signature-Input"] = f"{LABEL}={params}"
+    headers["Signature"] = f"{LABEL}=:{base64.b64encode(mac).decode()}:"
 
 
 def _hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
