@@ -174,7 +174,7 @@ async def test_fleet_view(tmp_path: Path) -> None:
         view = FleetView.from_dict(body)  # the answer is the typed fleet view, every host valid
         assert body["schema"] == FLEET_SCHEMA and view.skipped == 0 and view.session == session
         assert all(h.last_seen is not None and abs(h.last_seen - time.time()) < 60 for h in view.hosts)
-        assert all(h.verified is False for h in view.hosts)  # nothing proves trust yet (issue 9)
+        assert all(h.verified is None for h in view.hosts)  # no fleet secret here: nothing to verify
         async with aiohttp.ClientSession() as s:
             resp = await s.get(d1.urls[0] + "/fleet/events")
             st = Stream(resp)

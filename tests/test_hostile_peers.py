@@ -356,7 +356,8 @@ def test_bad_threshold_rule_fails_in_the_config_for_python_api_and_cli(tmp_path:
     from gpusd.daemon.service import Daemon
     from gpusd.errors import ConfigError
 
-    cfg = DaemonConfig(thresholds=["temperature>>85"], token="s3cret", state_dir=tmp_path / "st", port=0)
+    cfg = DaemonConfig(thresholds=["temperature>>85"], token="a-fleet-secret-of-32-characters!",
+                       state_dir=tmp_path / "st", port=0)
     with pytest.raises(ConfigError, match="temperature>>85"):
         cfg.validate()
     with pytest.raises(ConfigError, match="temperature>>85"):
@@ -392,7 +393,8 @@ def test_bad_rule_refuses_to_start_and_a_stranger_never_sees_private_fields(lan:
     gpus = make_gpus(1, util_gpu=10)
     gpus[0].processes = [FakeProcess(os.getpid(), 2 * 2**30)]
     host = lan.add_gpu_host("private-node", gpus, session=unique_session("acl"), fast=True,
-                            args=["--threshold", "temperature>>85"], extra_env={"GPUSD_TOKEN": "fleet-secret"})
+                            args=["--threshold", "temperature>>85"],
+                            extra_env={"GPUSD_TOKEN": "a-fleet-secret-of-32-characters!"})
     r = lan.gpusd(host.node, ["start", "--foreground", "--interface", host.ip, "--port", "4780",
                               "--threshold", "temperature>>85", "--simulate", "1xT4"], env=host.env)
     assert r.returncode == 2 and "temperature>>85" in r.stderr, r.stderr

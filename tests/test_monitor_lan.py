@@ -17,7 +17,15 @@ from fakenvml import FakeProcess, make_gpus
 from netns import GpuHost, Lan, Node, lan, netns_ok  # noqa: F401
 
 GiB = 2**30
-TOKEN = "lan-shared-token"
+TOKEN = "lan-shared-fleet-secret-0123456789"
+
+
+def token_file(tmp_path: Any) -> str:
+    path = tmp_path / "fleet.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(TOKEN)
+    return str(path)
 
 
 def start_all(hosts: list[GpuHost]) -> None:
@@ -27,14 +35,19 @@ def start_all(hosts: list[GpuHost]) -> None:
 
 def http(lan: Lan, node: Node,  # noqa: F811 - lan: the netns fixture's name
           url: str, method: str = "GET", token: str | None = None, sse: bool = False) -> Any:
-    """One HTTP request made from inside ``node``: {"status", "body"} (for ``sse``: the first event's data)."""
+    """One HTTP request made from inside ``node``: {"status", "body"} (for ``sse``: the first event's data),
+    signed with ``token`` as the fleet secret when given."""
     code = textwrap.dedent(f"""
-        import json, sys, urllib.request, urllib.error
-        req = urllib.request.Request({url!r}, method={method!r}, data=b"{{}}" if {method!r} != "GET" else None)
+        import json, ssl, sys, urllib.request, urllib.error
+        from gpusd.wire.signing import FleetKey
+        body = b"{{}}" if {method!r} != "GET" else None
+        req = urllib.request.Request({url!r}, method={method!r}, data=body)
         if {token!r}:
-            req.add_header("Authorization", "Bearer " + {token!r})
+            for k, v in FleetKey({token!r}).sign_request({method!r}, {url!r}, body=body or b"")[0].items():
+                req.add_header(k, v)
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            # the daemon's self-signed certificate (clients pin it; this test only reads)
+            with urllib.request.urlopen(req, timeout=10, context=ssl._create_unverified_context()) as r:
                 if {sse!r}:
                     for line in r:
                         if line.startswith(b"data:"):
@@ -79,37 +92,40 @@ def test_top_export_and_metrics_across_the_lan(lan: Lan) -> None:  # noqa: F811
 
 
 @pytest.mark.timeout(180)
-def test_privacy_writes_and_thresholds_across_the_lan(lan: Lan) -> None:  # noqa: F811
+def test_privacy_writes_and_thresholds_across_the_lan(lan: Lan, tmp_path: Any) -> None:  # noqa: F811
     gpus = make_gpus(2, util_gpu=10, temperature=50)
     gpus[0].processes = [FakeProcess(os.getpid(), 3 * GiB)]  # this test process: root, "python ... pytest"
     h1 = lan.add_gpu_host("node-1", gpus, fast=True,
-                          args=["--token", TOKEN, "--threshold", "hot: temperature>80", "--interval", "0.5"])
+                          args=["--token-file", token_file(tmp_path), "--threshold", "hot: temperature>80",
+                                "--interval", "0.5"])
     h2 = lan.add_gpu_host("node-2", make_gpus(1), fast=True)
     client = lan.add_node("client")
     watcher = lan.watch(client, fast=True)
     start_all([h1, h2])
     base = f"http://{h1.ip}:4780"
+    tls = f"https://{h1.ip}:4781"  # with a secret the daemon serves HTTPS too: private fields travel there
 
     # GPU load for anyone; owners and commands only with the token
     anon = json.loads(http(lan, client, f"{base}/api/v1/gpus")["body"])
     proc = anon[0]["processes"][0]
     assert proc["pid"] == os.getpid() and proc["used_memory"] == 3 * GiB
     assert proc["user"] is None and proc["command"] is None
-    auth = json.loads(http(lan, client, f"{base}/api/v1/gpus", token=TOKEN)["body"])
+    auth = json.loads(http(lan, client, f"{tls}/api/v1/gpus", token=TOKEN)["body"])
     assert auth[0]["processes"][0]["user"] and "pytest" in auth[0]["processes"][0]["command"]
-    wrong = json.loads(http(lan, client, f"{base}/api/v1/gpus", token="guess")["body"])
-    assert wrong[0]["processes"][0]["user"] is None
+    assert http(lan, client, f"{base}/api/v1/gpus", token="guess-another-fleet-secret")["status"] == 401
     # the same on the event stream (its first event is the snapshot)
     snap = json.loads(http(lan, client, f"{base}/api/v1/events", sse=True)["body"])
     assert snap["gpus"][0]["processes"][0]["command"] is None
-    snap = json.loads(http(lan, client, f"{base}/api/v1/events", token=TOKEN, sse=True)["body"])
+    snap = json.loads(http(lan, client, f"{tls}/api/v1/events", token=TOKEN, sse=True)["body"])
     assert "pytest" in snap["gpus"][0]["processes"][0]["command"]
     assert "pytest" not in http(lan, client, f"{base}/api/v1/host")["body"]
 
-    # no writes without the token; none at all on a daemon without one
+    # no writes without a signature; none at all on a daemon without a secret
     assert http(lan, client, f"{base}/api/v1/host", method="POST")["status"] == 401
-    assert http(lan, client, f"{base}/api/v1/host", method="DELETE", token="guess")["status"] == 401
-    assert http(lan, client, f"{base}/api/v1/host", method="POST", token=TOKEN)["status"] == 405  # no such write
+    other = "guess-another-fleet-secret"
+    assert http(lan, client, f"{base}/api/v1/host", method="DELETE", token=other)["status"] == 401
+    assert http(lan, client, f"{base}/api/v1/host", method="POST", token=TOKEN)["status"] == 403  # not in clear
+    assert http(lan, client, f"{tls}/api/v1/host", method="POST", token=TOKEN)["status"] == 405  # no such write
     assert http(lan, client, f"http://{h2.ip}:4780/api/v1/host", method="POST", token=TOKEN)["status"] == 405
 
     # a threshold crossed on node-1 reaches gpusd watch, the log and the alerts endpoint
@@ -132,30 +148,31 @@ def test_privacy_writes_and_thresholds_across_the_lan(lan: Lan) -> None:  # noqa
 
 
 @pytest.mark.timeout(180)
-def test_token_holders_see_owners_of_every_host_in_the_fleet_view(lan: Lan) -> None:  # noqa: F811
-    """Daemons sharing a token show each other (and so the token holders reading any of them) their
+def test_token_holders_see_owners_of_every_host_in_the_fleet_view(lan: Lan, tmp_path: Any) -> None:  # noqa: F811
+    """Daemons sharing a secret show each other (and so the secret holders reading any of them) their
     process owners; everyone else gets them as null, in the fleet view and in `gpusd list`."""
     gpus = make_gpus(1)
     gpus[0].processes = [FakeProcess(os.getpid(), 2 * GiB)]
-    h1 = lan.add_gpu_host("node-1", make_gpus(1), fast=True, args=["--token", TOKEN])
-    h2 = lan.add_gpu_host("node-2", gpus, fast=True, args=["--token", TOKEN])
+    key = token_file(tmp_path)
+    h1 = lan.add_gpu_host("node-1", make_gpus(1), fast=True, args=["--token-file", key])
+    h2 = lan.add_gpu_host("node-2", gpus, fast=True, args=["--token-file", key])
     client = lan.add_node("client")
     start_all([h1, h2])
 
     def node2_procs(fleet: dict[str, Any]) -> list[dict[str, Any]]:
         return [p for h in fleet["hosts"] if h["hostname"] == "node-2" for p in h["snapshot"]["gpus"][0]["processes"]]
 
-    base = f"http://{h1.ip}:4780/api/v1/fleet"
+    base = f"https://{h1.ip}:4781/api/v1/fleet"
     for _ in range(30):  # the fleet view starts on first use and needs a moment to hear node-2
         fleet = json.loads(http(lan, client, base, token=TOKEN)["body"])
         if node2_procs(fleet):
             break
     procs = node2_procs(fleet)
     assert procs and procs[0]["pid"] == os.getpid() and "pytest" in procs[0]["command"]
-    anon = node2_procs(json.loads(http(lan, client, base)["body"]))
+    anon = node2_procs(json.loads(http(lan, client, f"http://{h1.ip}:4780/api/v1/fleet")["body"]))
     assert anon and anon[0]["pid"] == os.getpid() and anon[0]["command"] is None and anon[0]["user"] is None
 
-    r = lan.gpusd(client, ["list", "--json", "--token", TOKEN])
+    r = lan.gpusd(client, ["list", "--json", "--token-file", key])
     assert r.returncode == 0, r.stderr
     assert "pytest" in r.stdout
     r = lan.gpusd(client, ["list", "--json"])

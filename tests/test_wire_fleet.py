@@ -69,7 +69,7 @@ def test_a_0_1_answer_without_schema_still_reads() -> None:
     view = FleetView.from_dict({"session": "s", "hosts": [{"node_id": "1", "hostname": "a", "session": "s",
                                                            "source": "gpusd", "url": None, "alive": False,
                                                            "snapshot": None}]})
-    assert view.hosts[0].alive is False and view.hosts[0].verified is False
+    assert view.hosts[0].alive is False and view.hosts[0].verified is None  # 0.1 sent no verified flag
 
 
 def test_readers_use_the_model() -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from .._version import __version__
 from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
 from .exits import EXIT_USAGE, exit_code_for
+from .trust import add_token_flags
 
 PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
 
@@ -170,8 +171,7 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
         p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
         p.add_argument("--host", metavar="NAME", help="only hosts with this name (glob allowed)")
-        p.add_argument("--token", help="the daemons' shared token: also show process owners and commands "
-                       "($GPUSD_TOKEN)")
+        add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
 
     def device_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", metavar="TEXT", help="only GPUs whose model contains TEXT, or matches a glob "
@@ -191,8 +191,9 @@ def _build_parser() -> argparse.ArgumentParser:
     state_flag(p)
     p.add_argument("--gpusd-compat", action="store_true",
                    help="also announce hwsd's _gpu-sd._tcp and _net-sd._tcp records (for GPU-SD/Equalizer clients)")
-    p.add_argument("--token", default=None,
-                   help="token protecting private fields such as process owners (or $GPUSD_TOKEN)")
+    add_token_flags(p, "trust on: private fields and writes for signed requests, HTTPS with a pinned certificate")
+    p.add_argument("--tls-port", type=int, default=None, metavar="N",
+                   help="with a fleet secret: the HTTPS port (default: --port + 1; 0: any free port)")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='alert rule, e.g. "temperature>85", "utilization>90 for 60s", "lost" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
@@ -273,7 +274,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
-    p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
+    add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
 
     p = sub.add_parser("export", help="export the fleet for other tools",
                        description="export the fleet for other tools")
@@ -291,7 +292,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
     p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S",
                    help="with --watch: check every S seconds")
-    p.add_argument("--token", help="with --url: the daemon's token ($GPUSD_TOKEN)")
+    add_token_flags(p, "with --url: sign the request")
     # --- end of monitoring commands ---
 
     return parser

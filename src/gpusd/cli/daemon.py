@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -35,8 +34,9 @@ def _state_dir(args: argparse.Namespace) -> Path:
 def _config(args: argparse.Namespace, state: Path) -> Any:
     from ..daemon.config import DaemonConfig
     from ..thresholds import rule_specs
+    from .trust import secret
 
-    token = args.token or os.environ.get("GPUSD_TOKEN") or None
+    token = secret(args)
     cfg = DaemonConfig(
         interfaces=args.interfaces,
         port=args.port,
@@ -48,6 +48,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         state_dir=state if os.environ.get("GPUSD_STATE_DIR") else None,
         gpusd_compat=args.gpusd_compat,
         token=token,
+        tls_port=args.tls_port,
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
@@ -66,6 +67,8 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
             "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
     if args.hostname:
         out += ["--hostname", args.hostname]
+    if args.tls_port is not None:
+        out += ["--tls-port", str(args.tls_port)]
     if args.simulate:
         out += ["--simulate", args.simulate]
     if args.gpusd_compat:
@@ -165,6 +168,8 @@ def start(args: argparse.Namespace) -> int:
     from . import prog
 
     env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
+    env.pop("GPUSD_TOKEN_FILE", None)  # the child takes exactly the secret read here
+    env.pop("GPUSD_TOKEN", None)
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
@@ -207,6 +212,8 @@ def status(args: argparse.Namespace) -> int:
     if info:
         print(f"  service   {info.get('service')}  (session {info.get('session')}, node {info.get('node_id')})")
         print(f"  serving   {' '.join(info.get('urls') or [])}")
+        if info.get("tls_port"):
+            print(f"  https     port {info.get('tls_port')}, certificate {info.get('cert_fp')} (trust on)")
         print(f"  mDNS on   {', '.join(info.get('interfaces') or []) or 'all interfaces'}")
     if live is not None:
         snap = live.get("snapshot") or {}
@@ -219,9 +226,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
-    """GET /api/v1/host from the running daemon (plain urllib: no aiohttp at CLI start-up)."""
-    import http.client
-    import urllib.request
+    """GET /api/v1/host from the running daemon (the one blocking GET helper, no aiohttp at start-up)."""
+    from ..wire.http import SourceError, fetch_json
 
     port = info.get("port")
     addresses = info.get("addresses")
@@ -232,10 +238,9 @@ def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
         addrs.insert(0, "127.0.0.1")
     for addr in addrs:
         try:
-            with urllib.request.urlopen(f"http://{addr}:{port}/api/v1/host", timeout=2) as resp:
-                data = json.loads(resp.read(4 * 2**20))
-                return data if isinstance(data, dict) else None
-        except (OSError, ValueError, http.client.HTTPException):  # down, not HTTP, or died mid-answer
+            data = fetch_json(f"http://{addr}:{port}/api/v1/host", timeout=2).data
+            return data if isinstance(data, dict) else None
+        except SourceError:  # down, not HTTP, or died mid-answer
             continue
     return None
 

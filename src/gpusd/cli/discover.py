@@ -34,12 +34,12 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
             min_free = int(parse_memory(args.min_free, ratio=False))
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
-    import os
+    from .trust import fleet_key
 
     return AsyncClient(
         session=args.session,
         all_sessions=args.all_sessions,
-        token=getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None,
+        key=fleet_key(args),
         interfaces=args.interfaces,
         hostname=args.host,
         model=getattr(args, "model", None),
@@ -158,12 +158,16 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         name = display_name(g.name)
         if d.simulated:
             state += " [sim]"
+        if d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
+            state += " [unverified]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
     table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))
     n_gpus = len(devices)
     footer = f"{len(hosts)} host(s), {n_gpus} GPU(s)"
     if any(d.simulated for d in devices):
         footer += "  (SIMULATED GPUs marked [sim])"
+    if any(d.verified is False for d in devices):
+        footer += "  ([unverified]: the host did not prove it holds the fleet secret)"
     return table + "\n" + footer
 
 

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, GpusdError
+from .trust import fleet_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..views.sources import Source
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    return getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None
 
 
 def _source(args: argparse.Namespace, settle: float) -> Source:
@@ -29,11 +25,11 @@ def _source(args: argparse.Namespace, settle: float) -> Source:
     if args.url:
         from ..views.sources import FleetSource
 
-        return FleetSource(args.url, token=_token(args))
+        return FleetSource(args.url, key=fleet_key(args))
     from ..views.sources import DiscoverySource
 
     return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle,
-                           interfaces=args.interfaces, token=_token(args))
+                           interfaces=args.interfaces, key=fleet_key(args))
 
 
 def top(args: argparse.Namespace) -> int:
@@ -79,7 +75,7 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
 
     def daemons() -> list[sd.Daemon]:
         if source is None:
-            return sd.daemons_from_fleet(FleetSource(args.url, token=_token(args)).fleet(), session=session)
+            return sd.daemons_from_fleet(FleetSource(args.url, key=fleet_key(args)).fleet(), session=session)
         return [sd.Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session)
                 for h in source.hosts() if h.alive and h.url]
 

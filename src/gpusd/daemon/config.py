@@ -22,7 +22,9 @@ class DaemonConfig:
     hostname: str | None = None  # default: gpusd.identity.hostname()
     state_dir: Path | None = None  # default: gpusd.identity.state_dir()
     gpusd_compat: bool = False  # also announce _gpu-sd._tcp with hwsd's keys
-    token: str | None = None  # protects private fields (enforced by daemon/access.py)
+    token: str | None = None  # the fleet secret: trust on (daemon/access.py, docs/security.md); never from argv
+    tls: bool | None = None  # serve HTTPS with a self-signed, pinned certificate; None: when a secret is set
+    tls_port: int | None = None  # HTTPS port; None: the HTTP port + 1 (any free port when that is 0)
     heartbeat: float = 2.0  # seconds of silence before an event stream sends a heartbeat
     txt_min_interval: float = 6.0  # seconds between TXT updates (RFC 6762 §8.4: <= 10 a minute)
     fleet: str = "auto"  # "auto": start the fleet client on first use; "on"; "off"
@@ -62,6 +64,15 @@ class DaemonConfig:
             raise ConfigError(f"--history must be between 0 and 10 years of seconds, not {self.history}")
         if not 0 <= self.txt_min_interval <= 86400:
             raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
+        if self.tls_port is not None and not 0 <= self.tls_port < 65536:
+            raise ConfigError(f"bad TLS port {self.tls_port}")
+        if self.token is not None:
+            from ..wire.signing import SecretError, check_secret
+
+            try:
+                check_secret(self.token)
+            except SecretError as exc:
+                raise ConfigError(str(exc)) from None
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
         for name in ("header_timeout", "keepalive_timeout", "write_timeout"):

@@ -48,6 +48,10 @@ class Daemon(Protocol):
     @property
     def fleet(self) -> "Fleet | None": ...
     def snapshot_event(self) -> bytes: ...
+    @property
+    def tls_port(self) -> int | None: ...
+    @property
+    def cert_fp(self) -> str | None: ...
 
 
 DAEMON_KEY: web.AppKey[Daemon] = web.AppKey("gpusd_daemon")
@@ -86,7 +90,10 @@ def _json(data: object, status: int = 200) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     d = _daemon(request)
-    return _json({"ok": True, "node_id": d.node_id, "uptime": round(time.time() - d.started_at, 3)})
+    out: dict[str, object] = {"ok": True, "node_id": d.node_id, "uptime": round(time.time() - d.started_at, 3)}
+    if d.tls_port and d.cert_fp:  # where private fields travel (docs/security.md); pinned, and proven by signature
+        out.update(tls_port=d.tls_port, cert_fp=d.cert_fp)
+    return _json(out)
 
 
 async def host(request: web.Request) -> web.Response:

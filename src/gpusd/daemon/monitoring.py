@@ -5,9 +5,9 @@
 * ``GET /metrics``: Prometheus text format of the daemon's latest snapshot (see :mod:`.metrics`);
 * ``GET /`` and ``GET /assets/{file}``: the web dashboard (``gpusd/web``: plain HTML, JS, CSS);
 * ``GET /api/v1/alerts``: the threshold rules exceeded right now, and the rules configured;
-* the access middleware (:mod:`.privacy`): writes need the token; JSON answers are redacted for
+* the access middleware (:mod:`.access`): writes need a signature; JSON answers are redacted for
   readers without it.  Streaming handlers call :func:`gpusd.daemon.access.can_see_private` and
-  :func:`gpusd.daemon.access.redact` themselves;
+  :func:`gpusd.wire.privacy.redact` themselves;
 * the threshold engine, run on every new snapshot — from ``daemon.on_sample`` callbacks where the
   daemon has that list, else from a task polling ``latest_snapshot()`` — calling
   ``daemon.publish("threshold", data)`` for each state change (and logging it).
@@ -48,7 +48,7 @@ class MonitoredDaemon(Protocol):
 
     @property
     def token(self) -> str | None:
-        """The shared token; None: no writes, private fields for loopback readers only."""
+        """The fleet secret; None: no writes, private fields for loopback readers only."""
         ...
 
     @property
@@ -140,12 +140,17 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
     rules = load_rules(getattr(daemon, "thresholds", None) or ())
     access = privacy.Access(getattr(daemon, "token", None), trust_loopback=trust_loopback,
-                            own_addresses=lambda: getattr(daemon, "addresses", None) or ())
+                            own_addresses=lambda: getattr(daemon, "addresses", None) or (),
+                            own_names=lambda: _own_names(daemon),
+                            own_ports=lambda: _own_ports(daemon),
+                            node_id=lambda: getattr(daemon, "node_id", None),
+                            cert_fp=lambda: getattr(daemon, "cert_fp", None))
     if interval is None:
         interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
     monitor = Monitor(daemon, rules, access, interval)
     app[_app_key()] = monitor
     app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
+    privacy.install_proofs(app, access)
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
@@ -190,6 +195,20 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                 await task
 
         app.cleanup_ctx.append(thresholds_ctx)
-    log.debug("monitoring installed: %d threshold rule(s), token %s", len(rules),
+    log.debug("monitoring installed: %d threshold rule(s), fleet secret %s", len(rules),
               "set" if access.token else "not set")
     return monitor
+
+
+def _own_names(daemon: Any) -> list[str]:
+    """The names a browser or client may use for this daemon: its host name, its mDNS names."""
+    announcer = getattr(daemon, "announcer", None)
+    out = [n for n in (getattr(daemon, "hostname", None), getattr(announcer, "instance", None))
+           if isinstance(n, str) and n]
+    return out
+
+
+def _own_ports(daemon: Any) -> list[int]:
+    """The daemon's HTTP (and HTTPS) ports; empty when it does not say (any port is accepted)."""
+    return [p for p in (getattr(daemon, "port", None), getattr(daemon, "tls_port", None))
+            if isinstance(p, int) and not isinstance(p, bool) and p > 0]

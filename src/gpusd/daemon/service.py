@@ -72,6 +72,9 @@ class Daemon:
         self.announcer: Announcer | None = None
         self.fleet: Fleet | None = None
         self.port = config.port
+        self.tls_port: int | None = None  # HTTPS port once serving TLS
+        self.cert_fp: str | None = None  # the TLS certificate's fingerprint (announced, pinned by clients)
+        self._tls: Any = None  # gpusd.daemon.tls.Identity
         self.addresses: list[str] = []
         self.started_at = time.time()
         self.samples = 0
@@ -128,6 +131,11 @@ class Daemon:
             self.backend = await loop.run_in_executor(self._executor, self._open_backend)
         snap = await loop.run_in_executor(self._executor, self._read)
         self._accept(snap)
+        if self.config.tls or (self.config.tls is None and self.config.token):
+            from .tls import load_or_create
+
+            self._tls = await loop.run_in_executor(
+                self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
@@ -135,9 +143,11 @@ class Daemon:
         from .fleet import Fleet
 
         identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
-        self.fleet = Fleet(self.config, self.zc) if self.config.fleet != "off" else None
+        pinned_to_loopback = bool(self.interfaces) and all(a.startswith("127.") for a in self.interfaces or ())
+        self.fleet = (Fleet(self.config, self.zc, allow_loopback=pinned_to_loopback)
+                      if self.config.fleet != "off" else None)
         self.announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
-                                   pinned=self.interfaces is not None)
+                                   pinned=self.interfaces is not None, tls_port=self.tls_port, cert_fp=self.cert_fp)
         try:
             await self.announcer.start(snap)
         except Exception as exc:
@@ -169,14 +179,28 @@ class Daemon:
                 await site.start()
                 if self.port == 0 and site.bound_port:
                     self.port = site.bound_port
+            if self._tls is not None:
+                ctx = self._tls.server_context()
+                tls_port = self.config.tls_port if self.config.tls_port is not None else (
+                    self.port + 1 if self.config.port else 0)
+                for host in hosts:
+                    site = GuardedSite(self._runner, self.guard, host=host, port=tls_port, reuse_address=True,
+                                       ssl_context=ctx)
+                    await site.start()
+                    if tls_port == 0 and site.bound_port:
+                        tls_port = site.bound_port
+                self.tls_port, self.cert_fp = tls_port, self._tls.fingerprint
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
             where = ",".join(h for h in hosts if h) or "all addresses"
-            raise GpusdError(f"cannot serve HTTP on {where} port {self.port}: {exc.strerror or exc}") from None
-        log.info("HTTP API on %s port %d (at most %d connections, %g s to send a request head)",
-                 ",".join(h for h in hosts if h) or "all addresses", self.port, self.guard.max_connections,
-                 self.guard.header_timeout)
+            raise GpusdError(f"cannot serve HTTP(S) on {where} port {self.port}"
+                             f"{f' / {self.config.tls_port}' if self._tls is not None else ''}: "
+                             f"{exc.strerror or exc}") from None
+        log.info("HTTP API on %s port %d%s (at most %d connections, %g s to send a request head)",
+                 ",".join(h for h in hosts if h) or "all addresses", self.port,
+                 f", HTTPS port {self.tls_port} (certificate {self.cert_fp})" if self.tls_port else "",
+                 self.guard.max_connections, self.guard.header_timeout)
 
     async def stop(self) -> None:
         """Say goodbye (``bye`` on every stream, mDNS goodbye packets) and shut down."""

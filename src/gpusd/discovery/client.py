@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 from ..model import GpuInfo, HostSnapshot
 from ..units import parse_memory
 from ..wire.mdns import open_zeroconf, rank_addresses, resolve_interfaces
+from ..wire.signing import fingerprint_bytes
 from ..wire.sse import SSEError, SSEParser
 from ..wire.txt import (
+    API_PREFIX,
     DEFAULT_SESSION,
     HWSD_TYPE,
     SERVICE_TYPE,
@@ -59,6 +61,8 @@ from .types import (
 if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
+
+    from ..wire.signing import FleetKey
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,11 @@ class AsyncClient:
     ``$GPUSD_INTERFACES``).  ``liveness_timeout``: a host silent this long is reported removed.
     ``max_hosts``: services followed at most; announcements beyond are dropped (counted in
     ``dropped_hosts``, logged once) until a followed one goes away.
+    ``token`` (the fleet secret, kept in this process) or ``key`` (a
+    :class:`~gpusd.wire.signing.FleetKey`): requests are signed, TLS is used where announced, and each
+    host is ``verified`` when it proves it holds the secret; private fields are kept from verified
+    hosts only (docs/security.md).  ``allow_loopback``: follow hosts announcing loopback or link-local
+    addresses (default: only when the client itself is bound to loopback).
     """
 
     def __init__(
@@ -118,6 +127,8 @@ class AsyncClient:
         zeroconf: "AsyncZeroconf | None" = None,
         token: str | None = None,
         max_hosts: int = MAX_HOSTS,
+        key: "FleetKey | None" = None,
+        allow_loopback: bool | None = None,
     ) -> None:
         if isinstance(min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
             min_free_memory = int(parse_memory(min_free_memory, ratio=False))
@@ -128,8 +139,17 @@ class AsyncClient:
             min_free_memory=min_free_memory,
         )
         self._interface_specs = list(interfaces) if interfaces is not None else None
-        # Presented to every daemon: those started with the same token show process owners and commands.
-        self.token = token
+        # The fleet secret never leaves this process: requests are signed with keys derived from it,
+        # and only daemons that sign their answers back are trusted with private fields (verified).
+        if key is None and token:
+            from ..wire.signing import FleetKey, check_secret
+
+            check_secret(token)
+            key = FleetKey(token)
+        self.key = key
+        # Announced loopback/link-local addresses are followed only by a client itself bound to
+        # loopback (tests, the demo); None: decided from the interfaces when listening starts.
+        self.allow_loopback = allow_loopback
         self.liveness_timeout = float(liveness_timeout)
         self.silence_timeout = min(3 * HEARTBEAT, self.liveness_timeout * 0.6)
         self.include_hwsd = include_hwsd
@@ -219,11 +239,13 @@ class AsyncClient:
         from zeroconf.asyncio import AsyncServiceBrowser
 
         self.loop = asyncio.get_running_loop()
+        if self.allow_loopback is None:
+            ifaces = resolve_interfaces(self._interface_specs)
+            self.allow_loopback = bool(ifaces) and all(_is_loopback(a) for a in ifaces or ())
         if self._zc is None:
             self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
             self._own_zc = True
         self._http = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
             auto_decompress=False,
@@ -517,14 +539,42 @@ class AsyncClient:
 
         assert self._http is not None
         failure = "unreachable"
-        for address in rank_addresses(host.addresses):
-            url = f"http://{address}:{host.port}{host.txt.api}"
+        addresses = [a for a in rank_addresses(host.addresses) if self.allow_loopback or not _local_only(a)]
+        if not addresses:
+            self._problem(peer, f"announces only loopback/link-local addresses {host.addresses[:4]}: not followed")
+            return "no usable address"
+        # With the fleet secret, over TLS where the host announces it (its certificate pinned to the
+        # announced fingerprint, which its signed proof must name too), else plain HTTP.
+        tls = self.key is not None and host.txt.tls_port is not None and host.txt.cert_fp is not None
+        pin = fingerprint_bytes(host.txt.cert_fp or "") if tls else None
+        candidates = [(a, True) for a in addresses] if pin is not None else []
+        candidates += [(a, False) for a in addresses]
+        for address, secure in candidates:
+            # The URL is ours: the announced address and port, and gpusd's fixed path (never a path
+            # or a host name chosen by the announcer).
+            if secure:
+                url = f"https://{address}:{host.txt.tls_port}{API_PREFIX}"
+            else:
+                url = f"http://{address}:{host.port}{API_PREFIX}"
+            ssl_arg: Any = aiohttp.Fingerprint(pin) if secure and pin is not None else True
             budget = deadline - time.monotonic()
             if budget <= 0:
                 return "no answer within the liveness bound"
+            headers = {"Accept": "text/event-stream"}
+            nonce = None
+            if self.key is not None:
+                signed, nonce = self.key.sign_request("GET", url + "/events", node_id=host.node_id)
+                headers.update(signed)
             try:
-                resp = await asyncio.wait_for(
-                    self._http.get(url + "/events", headers={"Accept": "text/event-stream"}), budget)
+                resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
+                                              budget)
+                if resp.status == 401 and nonce is not None:
+                    # a daemon of another fleet (another secret): follow its public data, unverified
+                    resp.release()
+                    headers, nonce = {"Accept": "text/event-stream"}, None
+                    host.verified = False
+                    resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
+                                                  max(0.1, deadline - time.monotonic()))
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = f"cannot connect to {url}: {exc.__class__.__name__}"
                 log.debug("%s: %s", peer.name, failure)
@@ -534,7 +584,20 @@ class AsyncClient:
                     self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
                     failure = "not a gpusd event stream"
                     continue
-                outcome = await self._read_stream(peer, host, resp, url, deadline)
+                if self.key is None:
+                    host.verified = None
+                elif nonce is None:
+                    host.verified = False  # refused our signature (another fleet)
+                else:
+                    host.verified = self._proved(url + "/events", headers, resp, nonce, host,
+                                                 host.txt.cert_fp if secure else None)
+                if host.verified is False:
+                    self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
+                                        "without private fields")
+                # host.url stays the plain HTTP API base (public reads, Prometheus targets, the
+                # dashboard's alert requests), also when the stream itself came over TLS
+                outcome = await self._read_stream(peer, host, resp, f"http://{address}:{host.port}{API_PREFIX}",
+                                                  deadline)
                 if outcome in ("bye", "lost"):
                     return outcome
                 failure = outcome  # no valid stream at this address (another machine's?): try the next
@@ -589,12 +652,24 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     self._threshold(peer, host, data)
 
+    def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost,
+                cert_fp: str | None = None) -> bool:
+        """Whether the answer carries the fleet's proof for our request to ``host`` (its node id; over
+        TLS, naming the pinned certificate ``cert_fp``)."""
+        from ..wire.signing import Headers, Request, Response
+
+        assert self.key is not None
+        answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
+        return self.key.verify_response(answer, nonce, node_id=host.node_id, cert_fp=cert_fp)
+
     def _parse_snapshot(self, peer: _Peer, host: RemoteHost, data: str) -> HostSnapshot | None:
         try:
             snap = HostSnapshot.from_json(data)
         except (ValueError, TypeError, RecursionError) as exc:
             self._problem(peer, f"invalid snapshot: {str(exc)[:200]}")
             return None
+        if host.verified is False:  # private fields are trusted only from daemons that proved themselves
+            _drop_private(snap)
         if snap.node_id != host.node_id:
             self._problem(peer, f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
             return None
@@ -636,7 +711,8 @@ class AsyncClient:
         simulated = bool(snap.simulated) if snap is not None else host.txt.simulated
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
-                         source=host.source, live=host.live, simulated=simulated, host_key=host.key)
+                         source=host.source, live=host.live, simulated=simulated, host_key=host.key,
+                         verified=host.verified)
             old = peer.devices.get(uuid)
             peer.devices[uuid] = dev
             if old is None:
@@ -658,6 +734,35 @@ class AsyncClient:
             self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=dev))
         peer.devices.clear()
         self._emit(DiscoveryEvent(HOST_REMOVED, host, data={"reason": reason}))
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_only(address: str) -> bool:
+    """An address that points back at this machine or means nothing on the LAN: never followed when
+    announced by someone else (finding 2 of issue 9: a record pointing at 127.0.0.1:4780)."""
+    import ipaddress
+
+    try:
+        a = ipaddress.ip_address(address)
+    except ValueError:
+        return True
+    return a.is_loopback or a.is_link_local or a.is_unspecified or a.is_multicast or a.is_reserved
+
+
+def _drop_private(snap: HostSnapshot) -> None:
+    for g in snap.gpus:
+        for p in g.processes or ():
+            p.user = p.command = None
+        for lease in g.leases or ():
+            lease.user = lease.command = None
 
 
 def _changed(old: GpuInfo, new: GpuInfo) -> tuple[str, ...]:

@@ -46,6 +46,7 @@ class Device:
     live: bool = True
     simulated: bool = False
     host_key: str = ""
+    verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -93,6 +94,7 @@ class Device:
             "source": self.source,
             "live": self.live,
             "simulated": self.simulated,
+            "verified": self.verified,
             "gpu": self.gpu.to_dict(),
         }
 
@@ -118,6 +120,10 @@ class RemoteHost:
     alive: bool = False
     last_seen: float = 0.0  # time.monotonic() of the last sign of life
     added_at: float = field(default_factory=time.time)
+    # True: the daemon proved it holds the fleet secret (a signed answer for our signed request);
+    # False: it did not (a stranger, or a daemon of another fleet): its private fields are dropped;
+    # None: this client has no fleet secret, so nothing can be checked.
+    verified: bool | None = None
 
     @property
     def hostname(self) -> str:
@@ -169,6 +175,7 @@ class RemoteHost:
             "port": self.port,
             "url": self.url,
             "alive": self.alive,
+            "verified": self.verified,
             "txt": self.txt.to_dict(),
             "snapshot": self.snapshot.to_dict() if self.snapshot is not None else None,
         }
@@ -210,6 +217,7 @@ class DiscoveryEvent:
             "session": self.host.session,
             "url": self.host.url,
             "source": self.host.source,
+            "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }
         if self.changed:

@@ -53,6 +53,7 @@ class HostView:
     url: str | None = None
     gone_since: float | None = None  # time.time() when it vanished
     alerts: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> exceeded rule names
+    verified: bool | None = None  # proved it holds the fleet secret (None: no secret to check with)
 
     @property
     def key(self) -> str:
@@ -329,6 +330,8 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
         return t
     t.append("● ", style="green")
     t.append(name, style="bold cyan")
+    if h.verified is False:  # did not prove it holds the fleet secret (a stranger?): no private fields
+        t.append("  [unverified]", style="bold yellow")
     if snap is None:
         t.append("  waiting for data…", style="dim")
         return t
