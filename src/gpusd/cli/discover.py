@@ -16,12 +16,29 @@ from ..units import format_bytes
 from .table import render_table
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future
+
     from ..discovery.client import AsyncClient
     from ..discovery.types import Device, RemoteHost
 
 
 def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
+    import os
+
     from ..discovery.client import AsyncClient
+
+    return AsyncClient(
+        session=args.session,
+        all_sessions=args.all_sessions,
+        token=getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None,
+        interfaces=args.interfaces,
+        **_filter_args(args),
+        **kw,
+    )
+
+
+def _filter_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The host and GPU filters of ``args`` (``hostname``, ``model``, ``min_free_memory``), checked."""
     from ..discovery.txt import valid_session
 
     if not args.all_sessions and not valid_session(args.session):
@@ -34,18 +51,7 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
             min_free = parse_bytes(args.min_free)
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
-    import os
-
-    return AsyncClient(
-        session=args.session,
-        all_sessions=args.all_sessions,
-        token=getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None,
-        interfaces=args.interfaces,
-        hostname=args.host,
-        model=getattr(args, "model", None),
-        min_free_memory=min_free,
-        **kw,
-    )
+    return {"hostname": args.host, "model": getattr(args, "model", None), "min_free_memory": min_free}
 
 
 # -- scan ------------------------------------------------------------------------------------------
@@ -101,15 +107,33 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 def list_devices(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> tuple[list[Device], list[RemoteHost]]:
-        client = _client(args)
-        try:
-            await client.wait_settled(args.timeout)
-            return client.list_devices(), client.hosts
-        finally:
-            await client.stop_listening()
+    found = None
+    local = None if args.all_sessions else _ask_local_daemon(args)
+    if local is not None:
+        from concurrent.futures import wait
 
-    devices, hosts = asyncio.run(go())
+        from ..discovery.localfleet import QUICK
+
+        wait([local], QUICK)
+        if local.done():
+            found, local = local.result(), None  # None: no local daemon (or no usable answer): browse
+
+    async def go() -> tuple[list[Device], list[RemoteHost]]:
+        from ..discovery.oneshot import browse_settled
+
+        browse = asyncio.ensure_future(browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.timeout))
+        while local is not None and not browse.done():  # the local daemon is slow: whichever answers first
+            if local.done():
+                answer = local.result()
+                if answer is not None:
+                    browse.cancel()
+                    await asyncio.gather(browse, return_exceptions=True)
+                    return answer
+                break
+            await asyncio.wait({browse}, timeout=0.02)
+        return await browse
+
+    devices, hosts = found if found is not None else asyncio.run(go())
     if args.json:
         print(json.dumps([d.to_dict() for d in devices], indent=1))
         return 0
@@ -120,6 +144,18 @@ def list_devices(args: argparse.Namespace) -> int:
         return 0
     print(render_devices(devices, hosts))
     return 0
+
+
+def _ask_local_daemon(args: argparse.Namespace) -> Future[tuple[list[Device], list[RemoteHost]] | None]:
+    """Ask this host's own daemon for its fleet view (in a thread; docs/discovery.md)."""
+    import os
+
+    from ..discovery.localfleet import start_fleet_request
+    from ..discovery.types import Filters
+
+    filters = Filters(session=args.session, **_filter_args(args))
+    private = bool(getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN"))
+    return start_fleet_request(filters, private=private)
 
 
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:

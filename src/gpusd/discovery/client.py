@@ -132,6 +132,7 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
+        self._first_peer_at: float | None = None  # monotonic time the first service was found
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -215,6 +216,7 @@ class AsyncClient:
         )
         self._listening = True
         self._started_at = self._last_peer_at = time.monotonic()
+        self._first_peer_at = None
         types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
         # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
         # which the kernel hands to just one of the sockets bound there -- often another gpusd
@@ -287,22 +289,36 @@ class AsyncClient:
             await asyncio.sleep(remaining)
         return self.announced()
 
-    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5) -> bool:
+    @property
+    def answered(self) -> bool:
+        """Whether any service (of any session or type) has answered the browse."""
+        return self._first_peer_at is not None
+
+    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5,
+                           early: tuple[float, float] | None = None) -> bool:
         """Wait until discovery has settled: at least ``minimum`` s of browsing, no new service for
         ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout.
 
         ``minimum`` covers mDNS answer delays: 20-120 ms normally, but a responder that multicast its
-        answer less than a second ago (to another client) waits a second before repeating it."""
+        answer less than a second ago (to another client) waits a second before repeating it.
+
+        ``early=(q, s)``: once a service has answered, the answers have settled when no new one came
+        for ``q`` s and the first came ``s`` s ago, before ``minimum``.  Only for answers that all come
+        at once (legacy unicast one-shot queries, :mod:`.oneshot`).  Hosts that answer later are still
+        followed and reported while the client listens."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            if (now - self._started_at >= minimum and now - self._last_peer_at >= quiet
-                    and all(p.settled for p in self._peers.values())):
+            first = self._first_peer_at
+            if all(p.settled for p in self._peers.values()) and (
+                    (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
+                    or (early is not None and first is not None and now - first >= early[1]
+                        and now - self._last_peer_at >= early[0])):
                 return True
             if now >= deadline:
                 return False
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
 
     # -- browsing -----------------------------------------------------------------------------
     def _on_service_change(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
@@ -319,6 +335,8 @@ class AsyncClient:
         if peer is None:
             peer = self._peers[name] = _Peer(name=name, type=service_type)
             self._last_peer_at = time.monotonic()
+            if self._first_peer_at is None:
+                self._first_peer_at = self._last_peer_at
             peer.task = asyncio.ensure_future(self._follow(peer))
             return
         # Updated: a new TXT (free count, inventory), new address, or a restarted daemon.

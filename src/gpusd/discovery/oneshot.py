@@ -1,0 +1,103 @@
+"""A one-shot browse (``gpusd list``): ask once, stop when the answers have settled.
+
+A browser on port 5353 cannot tell when every host has answered: responders multicast their answers
+20-120 ms after a query, and one that multicast the same record less than a second earlier (to
+another querier, or in its own announcements) waits a second more (RFC 6762 §6, §14).  So
+``gpusd list`` used to browse for a fixed 1.5 s.
+
+Here the query goes out from an ephemeral port instead (a *one-shot* query, RFC 6762 §5.1, python-
+zeroconf's ``unicast=True``): every responder answers it at once, by unicast, with no random delay and
+no one-second limit, so all answers arrive within a few milliseconds of each other.  The browse has
+settled when no new service came for ``QUIET`` s after the first ``SPREAD`` s of answers; each host
+found is then read as before (its event stream's first snapshot).
+
+A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
+gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
+browse with the old timing, so such a host pays ``NO_ANSWER`` s more than before, never a missing host.
+``gpusd watch`` and the daemons' fleet views keep browsing on port 5353 (they need announcements and
+goodbyes): a host that answers late still appears there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .types import Device, RemoteHost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from .client import AsyncClient
+
+log = logging.getLogger(__name__)
+
+QUIET = 0.1  # no new service for this long...
+SPREAD = 0.1  # ...and this long after the first answer: every responder has answered
+NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
+
+
+async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
+    """An ``AsyncZeroconf`` whose sockets use an ephemeral port (queries are one-shot queries; it
+    neither answers nor hears multicast), on ``interfaces`` (None: all)."""
+    from zeroconf import InterfaceChoice, IPVersion
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from ..errors import ConfigError
+    from .net import apply_test_timings
+
+    apply_test_timings()
+    try:
+        aiozc = AsyncZeroconf(interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
+                              ip_version=IPVersion.V4Only, unicast=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
+    await aiozc.zeroconf.async_wait_for_start()
+    return aiozc
+
+
+def query_now(aiozc: AsyncZeroconf, types: Sequence[str]) -> None:
+    """Send one PTR query for ``types`` at once (the browser's own first query waits 20-120 ms)."""
+    from zeroconf import DNSOutgoing, DNSQuestion, const  # type: ignore[attr-defined]  # kept for compatibility there
+
+    out = DNSOutgoing(const._FLAGS_QR_QUERY, True)
+    for t in types:
+        out.add_question(DNSQuestion(t, const._TYPE_PTR, const._CLASS_IN))
+    aiozc.zeroconf.async_send(out)
+
+
+async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Sequence[str] | None,
+                         timeout: float) -> tuple[list[Device], list[RemoteHost]]:
+    """Every reported device and host, once the browse has settled (at most ``timeout`` s waiting
+    for hosts found to answer).  ``make_client(**kw)`` builds the :class:`AsyncClient` (filters,
+    token), ``zeroconf=`` given for the one-shot browse."""
+    from .net import resolve_interfaces
+    from .txt import HWSD_TYPE, SERVICE_TYPE
+
+    zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
+    client = make_client(zeroconf=zc)
+    try:
+        await client.start_listening()
+        query_now(zc, [SERVICE_TYPE] + ([HWSD_TYPE] if client.include_hwsd else []))
+        await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD))
+        if client.answered:
+            return client.list_devices(), client.hosts
+    finally:
+        await client.stop_listening()
+        await _close(zc)
+    log.debug("no answer to the one-shot query in %.1f s: browsing by multicast", NO_ANSWER)
+    client = make_client()
+    try:
+        await client.wait_settled(timeout)
+        return client.list_devices(), client.hosts
+    finally:
+        await client.stop_listening()
+
+
+async def _close(zc: Any) -> None:
+    import asyncio
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(zc.async_close(), 5)
