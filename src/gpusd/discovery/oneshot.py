@@ -9,7 +9,10 @@ Here the query goes out from an ephemeral port instead (a *one-shot* query, RFC 
 zeroconf's ``unicast=True``): every responder answers it at once, by unicast, with no random delay and
 no one-second limit, so all answers arrive within a few milliseconds of each other.  The browse has
 settled when no new service came for ``QUIET`` s after the first ``SPREAD`` s of answers; each host
-found is then read as before (its event stream's first snapshot).
+found is then read as before (its event stream's first snapshot).  The query is the browser's own
+first one (sent after a random 20-120 ms, RFC 6762 §5.2): a second query right after it would be
+answered by multicast a second later (the one-second limit), possibly after a host that stopped
+meanwhile sent its goodbye, which would bring it back to other browsers for a moment.
 
 A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
 gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
@@ -57,29 +60,17 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     return aiozc
 
 
-def query_now(aiozc: AsyncZeroconf, types: Sequence[str]) -> None:
-    """Send one PTR query for ``types`` at once (the browser's own first query waits 20-120 ms)."""
-    from zeroconf import DNSOutgoing, DNSQuestion, const  # type: ignore[attr-defined]  # kept for compatibility there
-
-    out = DNSOutgoing(const._FLAGS_QR_QUERY, True)
-    for t in types:
-        out.add_question(DNSQuestion(t, const._TYPE_PTR, const._CLASS_IN))
-    aiozc.zeroconf.async_send(out)
-
-
 async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Sequence[str] | None,
                          timeout: float) -> tuple[list[Device], list[RemoteHost]]:
     """Every reported device and host, once the browse has settled (at most ``timeout`` s waiting
     for hosts found to answer).  ``make_client(**kw)`` builds the :class:`AsyncClient` (filters,
     token), ``zeroconf=`` given for the one-shot browse."""
     from .net import resolve_interfaces
-    from .txt import HWSD_TYPE, SERVICE_TYPE
 
     zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
     client = make_client(zeroconf=zc)
     try:
         await client.start_listening()
-        query_now(zc, [SERVICE_TYPE] + ([HWSD_TYPE] if client.include_hwsd else []))
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD))
         if client.answered:
             return client.list_devices(), client.hosts
