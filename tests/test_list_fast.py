@@ -243,3 +243,40 @@ async def test_a_host_that_comes_late_still_reaches_a_watching_client(tmp_path: 
                 await wait_until(lambda: len(client.list_devices()) == 2, 5)
         finally:
             await client.stop_listening()
+
+
+async def test_a_service_back_right_after_its_goodbye_is_followed_only_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopping responder may still multicast a queued answer after its goodbye (and the stopping
+    daemon still accept a connection): a service announced again right after its goodbye is followed
+    only after ``REAPPEAR_HOLD``, so a stale answer adds no ghost host; a restarted one is seen."""
+    from gpusd.discovery import client as client_mod
+
+    session = unique_session()
+    calls = 0
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        return await sse(request, format_event("snapshot", snapshot_json("cccc0001", "bouncy")), hold=10)
+
+    txt = good_txt("cccc0001", "bouncy", session)
+    async with http_peer(events) as port:
+        async with AsyncClient(session=session, interfaces=["127.0.0.1"]) as client:
+            rec = Recorder(client)
+            monkeypatch.setattr(client_mod, "REAPPEAR_HOLD", 60.0)
+            async with announce("bouncy-cccc0001", txt, port):
+                await rec.wait("host_added")
+            await rec.wait("host_removed")  # its goodbye
+            async with announce("bouncy-cccc0001", txt, port):  # back at once
+                await wait_until(lambda: "bouncy-cccc0001._gpusd._tcp.local." in client._peers, 5)
+                await asyncio.sleep(0.5)
+                assert calls == 1 and len(rec.of("host_added")) == 1  # not followed (yet)
+        async with AsyncClient(session=session, interfaces=["127.0.0.1"]) as client:
+            rec = Recorder(client)
+            monkeypatch.setattr(client_mod, "REAPPEAR_HOLD", 0.5)
+            async with announce("bouncy-cccc0001", txt, port):
+                await rec.wait("host_added")
+            await rec.wait("host_removed")
+            async with announce("bouncy-cccc0001", txt, port):  # a restart: seen after the hold
+                await rec.wait("host_added", n=2, timeout=10)

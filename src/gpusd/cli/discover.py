@@ -107,6 +107,11 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 def list_devices(args: argparse.Namespace) -> int:
     import asyncio
 
+    from ..discovery import oneshot
+    from ..identity import state_dir
+
+    if args.all_sessions or not (state_dir() / "gpusd.json").exists():
+        oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
     found = None
     local = None if args.all_sessions else _ask_local_daemon(args)
     if local is not None:
@@ -119,9 +124,8 @@ def list_devices(args: argparse.Namespace) -> int:
             found, local = local.result(), None  # None: no local daemon (or no usable answer): browse
 
     async def go() -> tuple[list[Device], list[RemoteHost]]:
-        from ..discovery.oneshot import browse_settled
-
-        browse = asyncio.ensure_future(browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.timeout))
+        browse = asyncio.ensure_future(
+            oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.timeout))
         while local is not None and not browse.done():  # the local daemon is slow: whichever answers first
             if local.done():
                 answer = local.result()

@@ -61,6 +61,11 @@ HEARTBEAT = 2.0  # seconds between daemon heartbeats (the daemon's default)
 RESOLVE_TIMEOUT = 3.0
 RECONNECT_BUDGET = 2.0  # seconds a reconnection may take before the host counts as gone
 RETRY_MIN, RETRY_MAX = 1.0, 15.0  # retrying an announced host that does not answer (doubling)
+# A service that said goodbye and is announced again within this long is followed only then: a
+# stopping responder may still multicast an answer it had queued (python-zeroconf delays an answer
+# by a second when it multicast the record less than a second before), and the stopping daemon may
+# still accept a connection; a restarted daemon (probing alone takes ~0.75 s) is merely seen later.
+REAPPEAR_HOLD = 2.0
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -133,6 +138,8 @@ class AsyncClient:
         self._started_at = 0.0
         self._last_peer_at = 0.0
         self._first_peer_at: float | None = None  # monotonic time the first service was found
+        self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
+        self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -200,7 +207,6 @@ class AsyncClient:
         """Start browsing and following hosts (returns at once; events arrive as hosts are found)."""
         if self._listening:
             return
-        import aiohttp
         from zeroconf import DNSQuestionType
         from zeroconf.asyncio import AsyncServiceBrowser
 
@@ -208,25 +214,32 @@ class AsyncClient:
         if self._zc is None:
             self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
             self._own_zc = True
-        self._http = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
-            auto_decompress=False,
-        )
         self._listening = True
         self._started_at = self._last_peer_at = time.monotonic()
         self._first_peer_at = None
         types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
         # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
         # which the kernel hands to just one of the sockets bound there -- often another gpusd
-        # process on this machine (its daemon) rather than us.
+        # process on this machine (its daemon) rather than us.  A one-shot zeroconf (.oneshot: its
+        # own port, answered by unicast there) asks QU: responders drop a query identical to one
+        # they got in the last second (another client's), unless it is QU.
+        self._question = DNSQuestionType.QU if getattr(self._zc.zeroconf, "unicast", False) else DNSQuestionType.QM
         try:
             self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
-                                                question_type=DNSQuestionType.QM)
+                                                question_type=self._question)
         except BaseException:
             await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
             raise
+        # The browser's first query (after 20-120 ms) counts down while aiohttp is imported; nothing
+        # runs on the loop before this returns, so no host is followed before the session exists.
+        import aiohttp
+
+        self._http = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
+            auto_decompress=False,
+        )
 
     async def stop_listening(self) -> None:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""
@@ -331,13 +344,18 @@ class AsyncClient:
         if state_change is ServiceStateChange.Removed:
             if peer is not None:
                 self._drop_peer(peer, "goodbye")
+                now = time.monotonic()
+                self._goodbyes = {k: t for k, t in self._goodbyes.items() if now - t < REAPPEAR_HOLD}
+                self._goodbyes[name] = now
             return
         if peer is None:
             peer = self._peers[name] = _Peer(name=name, type=service_type)
             self._last_peer_at = time.monotonic()
             if self._first_peer_at is None:
                 self._first_peer_at = self._last_peer_at
-            peer.task = asyncio.ensure_future(self._follow(peer))
+            gone = self._goodbyes.pop(name, None)
+            hold = gone + REAPPEAR_HOLD - self._last_peer_at if gone is not None else 0.0
+            peer.task = asyncio.ensure_future(self._follow(peer, hold))
             return
         # Updated: a new TXT (free count, inventory), new address, or a restarted daemon.
         peer.updated.set()
@@ -384,9 +402,11 @@ class AsyncClient:
         log.log(level, "skipping %s: %s", peer.name, message)
 
     # -- following one host -------------------------------------------------------------------
-    async def _follow(self, peer: _Peer) -> None:
+    async def _follow(self, peer: _Peer, hold: float = 0.0) -> None:
         retry = RETRY_MIN
         try:
+            if hold > 0:  # back right after its goodbye (REAPPEAR_HOLD)
+                await asyncio.sleep(hold)
             while self._listening:
                 peer.updated.clear()
                 host = await self._resolve(peer)
@@ -425,7 +445,7 @@ class AsyncClient:
         info = AsyncServiceInfo(peer.type, peer.name)
         try:
             ok = await info.async_request(self._zc.zeroconf, int(RESOLVE_TIMEOUT * 1000),
-                                          question_type=DNSQuestionType.QM)
+                                          question_type=self._question)
         except Exception as exc:  # malformed names and the like
             self._problem(peer, f"cannot resolve: {exc}")
             return None

@@ -10,9 +10,12 @@ zeroconf's ``unicast=True``): every responder answers it at once, by unicast, wi
 no one-second limit, so all answers arrive within a few milliseconds of each other.  The browse has
 settled when no new service came for ``QUIET`` s after the first ``SPREAD`` s of answers; each host
 found is then read as before (its event stream's first snapshot).  The query is the browser's own
-first one (sent after a random 20-120 ms, RFC 6762 §5.2): a second query right after it would be
-answered by multicast a second later (the one-second limit), possibly after a host that stopped
-meanwhile sent its goodbye, which would bring it back to other browsers for a moment.
+first one, sent at once (not after the random 20-120 ms of a continuous querier, RFC 6762 §5.2), and
+asks for unicast answers (QU): responders drop a query identical to one they got in the last second
+(another client's) unless it is QU.  There is no second query of our own: responders also multicast
+their answers, and a second query right after the first would be answered by multicast a second
+later (the one-second limit), possibly after a host that stopped meanwhile sent its goodbye, which
+would bring it back to other browsers for a moment.
 
 A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
 gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
@@ -60,6 +63,44 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     return aiozc
 
 
+def prefetch_imports() -> None:
+    """Import python-zeroconf and aiohttp in a thread (their imports take most of a cold ``gpusd list``
+    process's time): the process's other start-up work, and the first query's round trip, overlap
+    with them.  A later ``import`` of either waits for the thread (Python's import lock)."""
+    import threading
+
+    def run() -> None:
+        import importlib
+
+        for name in ("zeroconf.asyncio", "aiohttp"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # pragma: no cover - dependencies of gpusd
+                return
+
+    threading.Thread(target=run, name="gpusd-prefetch", daemon=True).start()
+
+
+def _no_first_query_delay() -> Any:
+    """Let the browser send its first query at once.  RFC 6762 §5.2 delays the first query of a
+    *continuous* querier by 20-120 ms so that many starting together do not query in step; a one-shot
+    query (§5.1), made when a user asks, has no such rule.  python-zeroconf reads the interval when a
+    browser is made; returns a function restoring it (a no-op where the module has no such name)."""
+    try:
+        from zeroconf._services import browser
+    except ImportError:  # pragma: no cover
+        return lambda: None
+    old = getattr(browser, "_FIRST_QUERY_DELAY_RANDOM_INTERVAL", None)
+    if old is None:  # pragma: no cover - another zeroconf
+        return lambda: None
+    browser._FIRST_QUERY_DELAY_RANDOM_INTERVAL = (0, 1)
+
+    def restore() -> None:
+        browser._FIRST_QUERY_DELAY_RANDOM_INTERVAL = old
+
+    return restore
+
+
 async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Sequence[str] | None,
                          timeout: float) -> tuple[list[Device], list[RemoteHost]]:
     """Every reported device and host, once the browse has settled (at most ``timeout`` s waiting
@@ -70,7 +111,11 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
     client = make_client(zeroconf=zc)
     try:
-        await client.start_listening()
+        restore = _no_first_query_delay()
+        try:
+            await client.start_listening()
+        finally:
+            restore()
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD))
         if client.answered:
             return client.list_devices(), client.hosts
