@@ -192,6 +192,19 @@ async def test_one_shot_browse_lists_every_host_of_the_session(tmp_path: Path) -
     assert len(made) == 1 and made[0].answered  # the one-shot query was answered: no multicast browse
 
 
+async def test_one_shot_browses_back_to_back_are_all_answered(tmp_path: Path) -> None:
+    """Responders drop a query identical to one they got less than a second before, unless it asks
+    for unicast answers (QU): one-shot queries do, so a list right after another is still answered."""
+    session = unique_session()
+    async with running_daemon(tmp_path, session, "n1", n=1), \
+            AsyncClient(session=session, interfaces=["127.0.0.1"]):  # another client browsing meanwhile
+        for _ in range(3):
+            made: list[AsyncClient] = []
+            _, hosts = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
+            assert [h.hostname for h in hosts] == ["n1"]
+            assert len(made) == 1 and made[0].answered  # answered at once, no multicast browse needed
+
+
 async def test_one_shot_browse_waits_for_a_host_slow_to_answer(tmp_path: Path) -> None:
     """A host found at once whose event stream sends its snapshot only after the answers have
     settled is still listed (within the timeout)."""
