@@ -8,21 +8,28 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
+from daemon_helpers import (  # noqa: F401
+    fast_mdns,
+    make_snapshot,
+    running_daemon,
+    unique_session,
+    wait_until,
+)
+from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
-from daemon_helpers import fast_mdns, make_snapshot, running_daemon, unique_session, wait_until  # noqa: F401
 from gpusd.daemon.process import PidFile, write_info
 from gpusd.discovery import localfleet, oneshot
 from gpusd.discovery.client import AsyncClient
 from gpusd.discovery.sse import format_event
 from gpusd.discovery.types import Filters
 from gpusd.model import ProcessInfo
-from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
@@ -35,7 +42,7 @@ def fleet_host(node: str, host: str, session: str, n: int = 1, owner: str | None
     if owner:
         snap.gpus[0].processes = [ProcessInfo(pid=4242, used_memory=2**30, user=owner, command="python train.py")]
     return {"node_id": node, "hostname": host, "session": session, "source": "gpusd",
-            "url": f"http://198.18.0.9:4780/api/v1", "alive": True, "snapshot": snap.to_dict()}
+            "url": "http://198.18.0.9:4780/api/v1", "alive": True, "snapshot": snap.to_dict()}
 
 
 @asynccontextmanager
@@ -217,7 +224,7 @@ async def test_one_shot_browse_waits_for_a_host_slow_to_answer(tmp_path: Path) -
     async with http_peer(slow) as port, announce("slow-bbbb0001", good_txt("bbbb0001", "slow", session), port), \
             running_daemon(tmp_path, session, "quick", n=1):
         devices, hosts = await oneshot.browse_settled(maker(session), ["127.0.0.1"], 5.0)
-    assert sorted(h.hostname for h in hosts) == ["quick", "slow"]
+    assert sorted(h.hostname for h in hosts) == ["quick", "slow"] and len(devices) == 2
 
 
 async def test_no_answer_to_the_one_shot_query_means_a_multicast_browse(tmp_path: Path,
