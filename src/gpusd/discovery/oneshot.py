@@ -20,8 +20,11 @@ would bring it back to other browsers for a moment.
 A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
 gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
 browse with the old timing, so such a host pays ``NO_ANSWER`` s more than before, never a missing host.
-``gpusd watch`` and the daemons' fleet views keep browsing on port 5353 (they need announcements and
-goodbyes): a host that answers late still appears there.
+What ``gpusd list`` may now miss: a responder that answers more than ``QUIET`` s after the others (a
+host too loaded to answer for that long) or not at all to one-shot queries (RFC 6762 requires the
+answer; python-zeroconf, Avahi and Bonjour give it).  ``gpusd watch`` and the daemons' fleet views
+keep browsing on port 5353 (they need announcements and goodbyes): a host that answers late still
+appears there.
 """
 
 from __future__ import annotations
