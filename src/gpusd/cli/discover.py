@@ -151,7 +151,7 @@ def list_devices(args: argparse.Namespace) -> int:
 
 
 def _ask_local_daemon(args: argparse.Namespace) -> Future[tuple[list[Device], list[RemoteHost]] | None]:
-    """Ask this host's own daemon for its fleet view (in a thread; docs/discovery.md)."""
+    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md)."""
     import os
 
     from ..discovery.localfleet import start_fleet_request
