@@ -8,7 +8,10 @@ barrier and each asks for one GPU; we count the GPUs given to more than one proc
 "least loaded" pick (GPUtil itself needs nvidia-smi; its rule is reproduced on NVML readings).
 
 Latency: in-process ``gpusd.select(count=1, lease=False)`` and select + lease + release versus
-``nvitop.select_devices(min_count=1)``; whole process ``gpusd select -n 1`` versus ``nvisel -n 1``.
+``nvitop.select_devices(min_count=1)``, on two rigs: ``samples`` (the driver keeps a utilisation sample
+buffer) and ``no-samples`` (``nvmlDeviceGetSamples`` answers NOT_SUPPORTED, so gpusd builds its 5 s
+window from its own readings, one per call; processes on 5 of the 8 GPUs); whole process
+``gpusd select -n 1`` versus ``nvisel -n 1`` (first rig).
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
@@ -29,7 +32,15 @@ import threading
 import time
 from pathlib import Path
 
-from _common import FakeEnv, make_gpus, p50, timeit_each, whole_process, write_state
+from _common import (
+    FakeEnv,
+    FakeProcess,
+    make_gpus,
+    p50,
+    timeit_each,
+    whole_process,
+    write_state,
+)
 
 GiB = 2**30
 
@@ -39,6 +50,16 @@ def fleet():
     for i, g in enumerate(gpus):  # varied, so "least loaded" is not simply GPU 0
         g.util_gpu = [12, 3, 25, 7, 18, 9, 30, 15][i]
         g.memory_used = [4, 1, 9, 2, 6, 3, 12, 5][i] * GiB
+    return gpus
+
+
+def fleet_no_samples():
+    """The same load on a driver without a sample buffer; processes on GPUs 0-4."""
+    gpus = fleet()
+    for i, g in enumerate(gpus):
+        g.errors = {"nvmlDeviceGetSamples": 3}
+        if i < 5:
+            g.processes = [FakeProcess(os.getpid(), 1 * GiB), FakeProcess(os.getppid(), 1 * GiB)]
     return gpus
 
 
@@ -113,9 +134,9 @@ def collisions(fake: FakeEnv, rounds: int) -> None:
 
 # -- latency -----------------------------------------------------------------------------------------
 
-def latency(fake: FakeEnv, n: int, runs: int) -> None:
-    fake.activate_in_process()
+def latency(fake: FakeEnv, n: int, runs: int, rigs: list[str]) -> None:
     import gpusd
+    from gpusd.alloc import api
 
     def ours() -> None:
         gpusd.select(count=1, lease=False)
@@ -123,19 +144,30 @@ def latency(fake: FakeEnv, n: int, runs: int) -> None:
     def ours_lease() -> None:
         gpusd.select(count=1).release()
 
-    rows = [("gpusd.select(count=1, lease=False)", p50(timeit_each(ours, n))),
-            ("gpusd.select(count=1) + lease + release", p50(timeit_each(ours_lease, n)))]
-    try:
-        from nvitop import select_devices
+    for rig in rigs:
+        rig_fake = fake if rig == "samples" else FakeEnv(fleet_no_samples())
+        rig_fake.activate_in_process()
+        for backend in api._backends.values():  # a fresh backend per rig (it remembers what is unsupported)
+            backend.close()
+        api._backends.clear()
+        rows = [("gpusd.select(count=1, lease=False)", p50(timeit_each(ours, n))),
+                ("gpusd.select(count=1) + lease + release", p50(timeit_each(ours_lease, n)))]
+        try:
+            from nvitop import select_devices
 
-        rows.append(("nvitop.select_devices(min_count=1)", p50(timeit_each(lambda: select_devices(min_count=1),
-                                                                           max(100, n // 10)))))
-    except ImportError:
-        pass
-    base = rows[0][1]
-    print("\nSelection latency, in-process (p50)")
-    for name, t in rows:
-        print(f"{name:44s} {t * 1e3:8.3f} ms  {t / base:6.2f}x gpusd select")
+            rows.append(("nvitop.select_devices(min_count=1)", p50(timeit_each(lambda: select_devices(min_count=1),
+                                                                               max(100, n // 10)))))
+        except ImportError:
+            pass
+        base = rows[0][1]
+        print(f"\nSelection latency, in-process (p50), rig: {rig}")
+        for name, t in rows:
+            print(f"{name:44s} {t * 1e3:8.3f} ms  {t / base:6.2f}x gpusd select")
+        if rig_fake is not fake:
+            shutil.rmtree(rig_fake.tmp, ignore_errors=True)
+    fake.activate_in_process()
+    if runs <= 0:
+        return
     print(f"\nWhole process, median of {runs} runs")
     cmds = [("gpusd select -n 1", [sys.executable, "-m", "gpusd", "select", "-n", "1"])]
     if shutil.which("nvisel"):
@@ -250,13 +282,15 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=40)
     ap.add_argument("--skip", action="append", default=[], choices=["collisions", "latency", "makespan"])
+    ap.add_argument("--rig", action="append", choices=["samples", "no-samples"],
+                    help="latency rig(s) (default: both)")
     args = ap.parse_args()
     fake = FakeEnv(fleet())
     print(f"fake NVML: 8 x NVIDIA A100-SXM4-80GB, lock dir {fake.env['GPUSD_LOCK_DIR']}")
     if "collisions" not in args.skip:
         collisions(fake, args.rounds)
     if "latency" not in args.skip:
-        latency(fake, args.n, args.runs)
+        latency(fake, args.n, args.runs, args.rig or ["samples", "no-samples"])
     if "makespan" not in args.skip:
         makespan(fake, args.jobs)
     shutil.rmtree(fake.tmp, ignore_errors=True)

@@ -16,12 +16,29 @@ from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future
+
     from ..discovery.client import AsyncClient
     from ..discovery.types import Device, RemoteHost
+    from .localfleet import Found
 
 
 def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
     from ..discovery.client import AsyncClient
+    from .trust import fleet_key
+
+    return AsyncClient(
+        session=args.session,
+        all_sessions=args.all_sessions,
+        key=fleet_key(args),
+        interfaces=args.interfaces,
+        **_filter_args(args),
+        **kw,
+    )
+
+
+def _filter_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The host and GPU filters of ``args`` (``hostname``, ``model``, ``min_free_memory``), checked."""
     from ..wire.txt import valid_session
 
     if not args.all_sessions and not valid_session(args.session):
@@ -34,18 +51,7 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
             min_free = int(parse_memory(args.min_free, ratio=False))
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
-    from .trust import fleet_key
-
-    return AsyncClient(
-        session=args.session,
-        all_sessions=args.all_sessions,
-        key=fleet_key(args),
-        interfaces=args.interfaces,
-        hostname=args.host,
-        model=getattr(args, "model", None),
-        min_free_memory=min_free,
-        **kw,
-    )
+    return {"hostname": args.host, "model": getattr(args, "model", None), "min_free_memory": min_free}
 
 
 # -- scan ------------------------------------------------------------------------------------------
@@ -110,15 +116,37 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 def list_devices(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> tuple[list[Device], list[RemoteHost], int]:
-        client = _client(args)
-        try:
-            await client.wait_settled(args.timeout)
-            return client.list_devices(), client.hosts, len(client.unmatched_hosts)
-        finally:
-            await client.stop_listening()
+    from ..discovery import oneshot
+    from ..identity import state_dir
 
-    devices, hosts, unmatched = asyncio.run(go())
+    if args.all_sessions or not (state_dir() / "gpusd.json").exists():
+        oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
+    found = None
+    local = None if args.all_sessions else _ask_local_daemon(args)
+    if local is not None:
+        from concurrent.futures import wait
+
+        from .localfleet import QUICK
+
+        wait([local], QUICK)
+        if local.done():
+            found, local = local.result(), None  # None: no local daemon (or no usable answer): browse
+
+    async def go() -> tuple[list[Device], list[RemoteHost], int]:
+        browse = asyncio.ensure_future(
+            oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.timeout))
+        while local is not None and not browse.done():  # the local daemon is slow: whichever answers first
+            if local.done():
+                answer = local.result()
+                if answer is not None:
+                    browse.cancel()
+                    await asyncio.gather(browse, return_exceptions=True)
+                    return answer
+                break
+            await asyncio.wait({browse}, timeout=0.02)
+        return await browse
+
+    devices, hosts, unmatched = found if found is not None else asyncio.run(go())
     if args.json:
         print(dumps([d.to_dict() for d in devices], indent=1))
         return 0 if hosts else EXIT_NO_DAEMON
@@ -129,6 +157,16 @@ def list_devices(args: argparse.Namespace) -> int:
         return EXIT_NO_DAEMON
     print(render_devices(devices, hosts))
     return 0
+
+
+def _ask_local_daemon(args: argparse.Namespace) -> Future[Found | None]:
+    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md)."""
+    from ..discovery.types import Filters
+    from .localfleet import start_fleet_request
+    from .trust import fleet_key
+
+    filters = Filters(session=args.session, **_filter_args(args))
+    return start_fleet_request(filters, key=fleet_key(args))
 
 
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:

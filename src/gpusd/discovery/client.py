@@ -73,6 +73,11 @@ RESOLVE_TIMEOUT = 3.0
 RECONNECT_BUDGET = 2.0  # seconds a reconnection may take before the host counts as gone
 RETRY_MIN, RETRY_MAX = 1.0, 15.0  # retrying an announced host that does not answer (doubling)
 MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements beyond is dropped)
+# A service that said goodbye and is announced again within this long is followed only then: a
+# stopping responder may still multicast an answer it had queued (python-zeroconf delays an answer
+# by a second when it multicast the record less than a second before), and the stopping daemon may
+# still accept a connection; a restarted daemon (probing alone takes ~0.75 s) is merely seen later.
+REAPPEAR_HOLD = 2.0
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -165,6 +170,9 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
+        self._first_peer_at: float | None = None  # monotonic time the first service was found
+        self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
+        self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.max_hosts = max(1, int(max_hosts))
@@ -234,7 +242,6 @@ class AsyncClient:
         """Start browsing and following hosts (returns at once; events arrive as hosts are found)."""
         if self._listening:
             return
-        import aiohttp
         from zeroconf import DNSQuestionType
         from zeroconf.asyncio import AsyncServiceBrowser
 
@@ -245,23 +252,31 @@ class AsyncClient:
         if self._zc is None:
             self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
             self._own_zc = True
+        self._listening = True
+        self._started_at = self._last_peer_at = time.monotonic()
+        self._first_peer_at = None
+        types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
+        # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
+        # which the kernel hands to just one of the sockets bound there -- often another gpusd
+        # process on this machine (its daemon) rather than us.  A one-shot zeroconf (.oneshot: its
+        # own port, answered by unicast there) asks QU: responders drop a query identical to one
+        # they got in the last second (another client's), unless it is QU.
+        self._question = DNSQuestionType.QU if getattr(self._zc.zeroconf, "unicast", False) else DNSQuestionType.QM
+        try:
+            self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
+                                                question_type=self._question)
+        except BaseException:
+            await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
+            raise
+        # The browser's first query (after 20-120 ms) counts down while aiohttp is imported; nothing
+        # runs on the loop before this returns, so no host is followed before the session exists.
+        import aiohttp
+
         self._http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
             auto_decompress=False,
         )
-        self._listening = True
-        self._started_at = self._last_peer_at = time.monotonic()
-        types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
-        # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
-        # which the kernel hands to just one of the sockets bound there -- often another gpusd
-        # process on this machine (its daemon) rather than us.
-        try:
-            self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
-                                                question_type=DNSQuestionType.QM)
-        except BaseException:
-            await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
-            raise
 
     async def stop_listening(self) -> None:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""
@@ -324,22 +339,36 @@ class AsyncClient:
             await asyncio.sleep(remaining)
         return self.announced()
 
-    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5) -> bool:
+    @property
+    def answered(self) -> bool:
+        """Whether any service (of any session or type) has answered the browse."""
+        return self._first_peer_at is not None
+
+    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5,
+                           early: tuple[float, float] | None = None) -> bool:
         """Wait until discovery has settled: at least ``minimum`` s of browsing, no new service for
         ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout.
 
         ``minimum`` covers mDNS answer delays: 20-120 ms normally, but a responder that multicast its
-        answer less than a second ago (to another client) waits a second before repeating it."""
+        answer less than a second ago (to another client) waits a second before repeating it.
+
+        ``early=(q, s)``: once a service has answered, the answers have settled when no new one came
+        for ``q`` s and the first came ``s`` s ago, before ``minimum``.  Only for answers that all come
+        at once (legacy unicast one-shot queries, :mod:`.oneshot`).  Hosts that answer later are still
+        followed and reported while the client listens."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            if (now - self._started_at >= minimum and now - self._last_peer_at >= quiet
-                    and all(p.settled for p in self._peers.values())):
+            first = self._first_peer_at
+            if all(p.settled for p in self._peers.values()) and (
+                    (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
+                    or (early is not None and first is not None and now - first >= early[1]
+                        and now - self._last_peer_at >= early[0])):
                 return True
             if now >= deadline:
                 return False
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
 
     # -- browsing -----------------------------------------------------------------------------
     def _on_service_change(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
@@ -352,6 +381,9 @@ class AsyncClient:
         if state_change is ServiceStateChange.Removed:
             if peer is not None:
                 self._drop_peer(peer, "goodbye")
+                now = time.monotonic()
+                self._goodbyes = {k: t for k, t in self._goodbyes.items() if now - t < REAPPEAR_HOLD}
+                self._goodbyes[name] = now
             return
         if peer is None:
             if len(self._peers) >= self.max_hosts:
@@ -359,7 +391,11 @@ class AsyncClient:
                 return
             peer = self._peers[name] = _Peer(name=name, type=service_type)
             self._last_peer_at = time.monotonic()
-            peer.task = asyncio.ensure_future(self._follow(peer))
+            if self._first_peer_at is None:
+                self._first_peer_at = self._last_peer_at
+            gone = self._goodbyes.pop(name, None)
+            hold = gone + REAPPEAR_HOLD - self._last_peer_at if gone is not None else 0.0
+            peer.task = asyncio.ensure_future(self._follow(peer, hold))
             return
         # Updated: a new TXT (free count, inventory), new address, or a restarted daemon.
         peer.updated.set()
@@ -417,9 +453,11 @@ class AsyncClient:
         log.log(level, "skipping %s: %s", peer.name, message)
 
     # -- following one host -------------------------------------------------------------------
-    async def _follow(self, peer: _Peer) -> None:
+    async def _follow(self, peer: _Peer, hold: float = 0.0) -> None:
         retry = RETRY_MIN
         try:
+            if hold > 0:  # back right after its goodbye (REAPPEAR_HOLD)
+                await asyncio.sleep(hold)
             while self._listening:
                 peer.updated.clear()
                 host = await self._resolve(peer)
@@ -451,14 +489,14 @@ class AsyncClient:
             await asyncio.wait_for(peer.updated.wait(), seconds)
 
     async def _resolve(self, peer: _Peer) -> RemoteHost | None:
-        from zeroconf import DNSQuestionType, IPVersion
+        from zeroconf import IPVersion
         from zeroconf.asyncio import AsyncServiceInfo
 
         assert self._zc is not None
         info = AsyncServiceInfo(peer.type, peer.name)
         try:
             ok = await info.async_request(self._zc.zeroconf, int(RESOLVE_TIMEOUT * 1000),
-                                          question_type=DNSQuestionType.QM)
+                                          question_type=self._question)
         except Exception as exc:  # malformed names and the like
             self._problem(peer, f"cannot resolve: {exc}")
             return None
