@@ -36,6 +36,11 @@ class WaitTimeout(NoGpuAvailable):
     exit_code = EXIT_TIMEOUT
 
 
+class LockBusy(GpusdError):
+    """A lock of the lock directory stayed held past the documented bound (by a stuck or hostile
+    process); the message names the holder where the kernel tells it."""
+
+
 class ConfigError(GpusdError):
     """A bad flag, value or file given by the user."""
 

@@ -101,11 +101,11 @@ class Selection:
 
 
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
-             command: str | None, pid: int | None) -> Selection:
+             command: str | None, pid: int | None, deadline: float | None = None) -> Selection:
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
         return Selection(choose(snap, c, store.leases()), None)
-    with store.mutex():
+    with store.mutex(deadline):
         if ticket is None:
             queued = queue.waiting(store, cleanup=True)
             if queued:
@@ -122,34 +122,79 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
         return Selection(chosen, lease)
 
 
+# After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
+# a second), then every ``recheck`` seconds until the next lease ends.
+SETTLE = (0.05, 0.1, 0.2, 0.4)
+
+
 def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
-             poll: float = 0.1, simulate: str | None = None, store: LeaseStore | None = None,
+             poll: float = 1.0, simulate: str | None = None, store: LeaseStore | None = None,
              command: str | None = None, pid: int | None = None, backend: Backend | None = None) -> Selection:
-    """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served."""
+    """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served.
+
+    The head of the queue tries again when a lease ends (see :mod:`gpusd.alloc.queue`), and at the
+    latest every ``poll`` seconds.  Every wait for the selection mutex is bounded (``timeout``, and
+    :func:`gpusd.alloc.leases.mutex_timeout`)."""
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:
         return _attempt(backend, store, c, lease, None, command, pid)
     deadline = time.monotonic() + timeout if timeout is not None else None
-    with store.mutex():
-        ticket = queue.enqueue(store, c.count, command)
-    last: NoGpuAvailable | None = None
+    last: Exception | None = None
     try:
-        while True:
+        with store.mutex(deadline):
+            ticket = queue.enqueue(store, c.count, command)
+    except WaitTimeout as exc:
+        last, ticket = exc, None
+    watch: queue.LeaseWatch | None = None
+    settle = len(SETTLE)
+    try:
+        while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
             if ahead is not None:
-                if not queue.wait_for(ahead, deadline):
+                if deadline is not None and watch is None:
+                    watch = queue.LeaseWatch(store.dir)
+                if not queue.wait_for(ahead, deadline, watch=watch):
                     break
                 continue
+            if watch is None:
+                watch = queue.LeaseWatch(store.dir)  # before looking: no lease may end unseen
+            else:
+                watch.drain()
             try:
-                return _attempt(backend, store, c, lease, ticket, command, pid)
+                return _attempt(backend, store, c, lease, ticket, command, pid, deadline)
+            except WaitTimeout as exc:
+                last = exc
+                break
             except NoGpuAvailable as exc:
                 last = exc
-            if deadline is not None and time.monotonic() + poll > deadline:
+            if not watch.active:
+                delay = min(poll, 0.1)
+            elif settle < len(SETTLE):
+                delay, settle = SETTLE[settle], settle + 1
+            else:
+                delay = poll
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                delay = min(delay, left)
+            if watch.active:
+                if watch.wait(delay):
+                    settle = 0
+            else:
+                time.sleep(delay)
+            if deadline is not None and time.monotonic() >= deadline:
+                try:  # one last look at the deadline
+                    return _attempt(backend, store, c, lease, ticket, command, pid, deadline)
+                except NoGpuAvailable as exc:
+                    last = exc
                 break
-            time.sleep(poll)
     finally:
-        ticket.close()
+        if ticket is not None:
+            ticket.close()
+        if watch is not None:
+            watch.close()
     detail = f": {last}" if last else " (still queued behind other jobs)"
     raise WaitTimeout(f"gave up waiting after {timeout:g}s{detail}")
 
