@@ -87,6 +87,8 @@ def open_dir(path: Path, create: bool) -> int | None:
             except OSError as exc:
                 raise GpusdError(f"cannot create the lock directory {path}: {exc.strerror}") from None
         except OSError as exc:
+            if exc.errno == errno.ENOTDIR and os.path.islink(path):
+                exc.errno = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
             if exc.errno == errno.ELOOP:
                 raise GpusdError(f"refusing the lock directory {path}: it is a symbolic link (an administrator "
                                  "should remove it, or set GPUSD_LOCK_DIR to a real directory)") from None
@@ -152,6 +154,8 @@ def open_lock_file(dir_fd: int, name: str, where: Path) -> int:
             raise GpusdError(f"cannot open {path}: {who}, so you cannot lock it; ask that user or an "
                              "administrator to remove it") from None
         except OSError as exc:
+            if exc.errno == errno.ENOTDIR and os.path.islink(path):
+                exc.errno = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
             if exc.errno == errno.ELOOP:
                 raise GpusdError(f"refusing {path}: it is a symbolic link (someone may be trying to make gpusd "
                                  "write elsewhere); an administrator should remove it") from None

@@ -74,11 +74,16 @@ def leases(args: argparse.Namespace) -> int:
         print(json.dumps({"lock_dir": str(store.dir), "leases": [le.to_dict() for le in held],
                           "queued": [str(p.name) for _, p in queued]}, indent=2))
         return 0
+    from ..sanitize import for_terminal
+
     now = time.time()
-    rows = [[le.device or "-", le.lease_id, le.user or "-", str(le.pid),
+    # Lease records are files other users write: every string is made safe before it is printed.
+    rows = [[for_terminal(le.device or "-", 64, markup=False), for_terminal(le.lease_id, 16, markup=False),
+             for_terminal(le.user or "-", 32, markup=False), str(le.pid),
              "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
-             f"{now - le.started:.0f}s" if le.started else "-", (le.command or "-")[:40]] for le in held]
+             f"{now - le.started:.0f}s" if le.started else "-", for_terminal(le.command or "-", 40, markup=False)]
+            for le in held]
     print(f"lock directory {store.dir}: {len(held)} device lease(s), {len(queued)} job(s) waiting")
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "COMMAND"], rows))
