@@ -233,10 +233,17 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
         done = [json.loads(f.read_text()) for f in (run_dir / "done").iterdir()]
         waits = [d["start"] - t0 for d in done]
         on_busy = sum(1 for d in done if d["gpu"] in busy)
-        results[mode] = (end - t0, sum(waits) / len(waits), on_busy, len(done))
-    print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}")
-    for mode, (ms, mw, ob, nd) in results.items():
-        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs}")
+        # hand-over: from the end of one job to the start of the next on the same GPU (the job's
+        # own process start included), the time the scheduler leaves a GPU idle
+        gaps = []
+        for g in {d["gpu"] for d in done}:
+            runs = sorted((d["start"], d["end"]) for d in done if d["gpu"] == g)
+            gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
+        results[mode] = (end - t0, sum(waits) / len(waits), on_busy, len(done), p50(gaps) if gaps else 0.0)
+    print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}"
+          f" {'hand-over p50 ms':>17s}")
+    for mode, (ms, mw, ob, nd, gap) in results.items():
+        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs} {gap * 1e3:17.0f}")
 
 
 def main() -> int:

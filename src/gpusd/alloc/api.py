@@ -8,11 +8,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import NoGpuAvailable, WaitTimeout
+from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..model import GpuInfo
 from . import queue
@@ -20,14 +21,15 @@ from .env import apply_env, cuda_env
 from .leases import Lease, LeaseStore
 from .select import Candidate, Constraints, choose
 
+if TYPE_CHECKING:
+    from .authority import RemoteLease
+
 _backends: dict[str, Backend] = {}
 _backends_lock = threading.Lock()
 
 
 def shared_backend(simulate: str | None = None) -> Backend:
     """One backend per process (NVML initialised once, handles cached)."""
-    import os
-
     key = simulate or os.environ.get("GPUSD_SIMULATE") or ""
     with _backends_lock:
         backend = _backends.get(key)
@@ -39,7 +41,7 @@ def shared_backend(simulate: str | None = None) -> Backend:
 class Selection:
     """GPUs chosen for a job, with the lease that keeps them its own (when one was taken)."""
 
-    def __init__(self, chosen: list[Candidate], lease: Lease | None, use_uuid: bool = False) -> None:
+    def __init__(self, chosen: list[Candidate], lease: Lease | RemoteLease | None, use_uuid: bool = False) -> None:
         self.devices = chosen
         self.lease = lease
         self.use_uuid = use_uuid
@@ -101,22 +103,24 @@ class Selection:
 
 
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
-             command: str | None, pid: int | None, deadline: float | None = None) -> Selection:
+             command: str | None, pid: int | None, deadline: float | None = None, user: str | None = None,
+             env: dict[str, str] | None = None) -> Selection:
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
-        return Selection(choose(snap, c, store.leases()), None)
+        return Selection(choose(snap, c, store.leases(), env), None)
     with store.mutex(deadline):
         if ticket is None:
             queued = queue.waiting(store, cleanup=True)
             if queued:
                 raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (first come, "
                                      "first served); use --wait to queue behind them")
-        chosen = choose(snap, c, store.leases(cleanup=True))
+        chosen = choose(snap, c, store.leases(cleanup=True), env)
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
             totals = [x.total for x in chosen if x.total]
             memory = int(c.min_free * min(totals)) if totals else None
-        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid)
+        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid,
+                              user=user)
         if lease is None:  # held by a process that bypassed the mutex
             raise NoGpuAvailable("the chosen GPUs were taken at the same moment; try again")
         return Selection(chosen, lease)
@@ -124,21 +128,35 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
 
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
 # a second), then every ``recheck`` seconds until the next lease ends.
-SETTLE = (0.05, 0.1, 0.2, 0.4)
+SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
 
 
 def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
              poll: float = 1.0, simulate: str | None = None, store: LeaseStore | None = None,
-             command: str | None = None, pid: int | None = None, backend: Backend | None = None) -> Selection:
+             command: str | None = None, pid: int | None = None, backend: Backend | None = None,
+             user: str | None = None, env: dict[str, str] | None = None,
+             cancelled: Callable[[], bool] | None = None) -> Selection:
     """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served.
 
-    The head of the queue tries again when a lease ends (see :mod:`gpusd.alloc.queue`), and at the
-    latest every ``poll`` seconds.  Every wait for the selection mutex is bounded (``timeout``, and
-    :func:`gpusd.alloc.leases.mutex_timeout`)."""
+    Where a gpusd daemon serves the lease socket (:mod:`gpusd.alloc.authority`), a lease is asked of
+    it; otherwise (or with an explicit ``store``, ``backend`` or simulation) it is taken in the lock
+    directory.  The head of the queue tries again when a lease ends (see :mod:`gpusd.alloc.queue`),
+    and at the latest every ``poll`` seconds.  Every wait for the selection mutex is bounded
+    (``timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).  ``pid``, ``user`` and ``env`` (the
+    job's ``CUDA_VISIBLE_DEVICES``) describe the job when it is not this process; ``cancelled`` stops
+    a wait (the daemon's client went away)."""
+    if (lease and store is None and backend is None and simulate is None and pid is None
+            and not os.environ.get("GPUSD_SIMULATE")):
+        from . import authority
+
+        sock = authority.connect()
+        if sock is not None:
+            chosen, remote = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
+            return Selection(chosen, remote)
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:
-        return _attempt(backend, store, c, lease, None, command, pid)
+        return _attempt(backend, store, c, lease, None, command, pid, None, user, env)
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
     try:
@@ -152,17 +170,19 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
             if ahead is not None:
-                if deadline is not None and watch is None:
+                if (deadline is not None or cancelled is not None) and watch is None:
                     watch = queue.LeaseWatch(store.dir)
-                if not queue.wait_for(ahead, deadline, watch=watch):
+                if not queue.wait_for(ahead, deadline, watch=watch, cancelled=cancelled):
                     break
                 continue
             if watch is None:
                 watch = queue.LeaseWatch(store.dir)  # before looking: no lease may end unseen
             else:
                 watch.drain()
+            if cancelled is not None and cancelled():
+                break
             try:
-                return _attempt(backend, store, c, lease, ticket, command, pid, deadline)
+                return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env)
             except WaitTimeout as exc:
                 last = exc
                 break
@@ -186,7 +206,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 time.sleep(delay)
             if deadline is not None and time.monotonic() >= deadline:
                 try:  # one last look at the deadline
-                    return _attempt(backend, store, c, lease, ticket, command, pid, deadline)
+                    return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env)
                 except NoGpuAvailable as exc:
                     last = exc
                 break
@@ -195,6 +215,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             ticket.close()
         if watch is not None:
             watch.close()
+    if cancelled is not None and cancelled():
+        raise GpusdError("the wait was cancelled")
     detail = f": {last}" if last else " (still queued behind other jobs)"
     raise WaitTimeout(f"gave up waiting after {timeout:g}s{detail}")
 

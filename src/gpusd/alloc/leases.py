@@ -302,7 +302,7 @@ class LeaseStore:
                     dst = None
                 locks = table.get(lock_key(dst), []) if (table is not None and dst is not None) else []
                 if not any(pid in holders and excl != rec["shared"] for pid, excl in locks):
-                    log.warning("ignoring lease file %s of %s: it claims %s, which its holder does not hold",
+                    log.debug("ignoring lease file %s of %s: it claims %s, which its holder does not hold",
                                 name, user_name(st.st_uid), _safe(dev)[:64])
                     return []
         pid, user = rec["pid"], rec["user"]

@@ -15,7 +15,7 @@ Only the head looks at the GPUs, and not on a timer: it sleeps until a lease end
 when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its lock files are
 closed, whoever closes them (the holder, its last child, or the kernel when they die), and a close
 after writing is an ``IN_CLOSE_WRITE`` event.  Because the driver averages utilisation over up to a
-second, the head looks again shortly after each such event (50, 100, 200, 400 ms), and otherwise
+second, the head looks again shortly after each such event (20, 50, 100, 200, 400 ms), and otherwise
 every ``recheck`` seconds for load that changes outside gpusd.  Without inotify it polls every 0.1 s.
 
 Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
@@ -34,6 +34,7 @@ import select
 import struct
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
@@ -141,20 +142,24 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
     return before[-1] if before else None
 
 
-def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: LeaseWatch | None = None) -> bool:
-    """Block until the waiter holding ``path`` leaves (lock released).  False on deadline."""
+def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: LeaseWatch | None = None,
+             cancelled: Callable[[], bool] | None = None) -> bool:
+    """Block until the waiter holding ``path`` leaves (lock released).  False on deadline (or when
+    ``cancelled()`` says so, checked at least every second)."""
     try:
         fd = os.open(path, FILE_FLAGS | os.O_RDONLY)
     except OSError:
         return True  # already gone
     try:
-        if deadline is None:
+        if deadline is None and cancelled is None:
             fcntl.flock(fd, fcntl.LOCK_SH)  # sleeps in the kernel until the holder leaves
             return True
         while True:
             if try_lock(fd, shared=True):
                 return True
-            left = deadline - time.monotonic()
+            if cancelled is not None and cancelled():
+                return False
+            left = deadline - time.monotonic() if deadline is not None else 1.0
             if left <= 0:
                 return False
             if watch is not None and watch.active:

@@ -84,6 +84,7 @@ class Daemon:
         self._last_event_key: Any = None
         self._backend_failed_at = 0.0
         self._leases: Any = None
+        self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
         self._install_extensions()
 
     # -- extension points ---------------------------------------------------------------------
@@ -142,6 +143,10 @@ class Daemon:
         snap = await loop.run_in_executor(self._executor, self._read)
         self._accept(snap)
         await self._start_http()
+        if self.config.leases:
+            from .leasesock import start_lease_server
+
+            self._lease_server = await start_lease_server(self.config.simulate)
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
         from .announce import Announcer
@@ -197,6 +202,8 @@ class Daemon:
             await self.fleet.stop()
         if self.announcer is not None:
             await self.announcer.stop()
+        if self._lease_server is not None:
+            await self._lease_server.stop()
         await asyncio.sleep(0.05)  # let the streams flush their bye
         if self._runner is not None:
             with contextlib.suppress(Exception):
