@@ -233,3 +233,42 @@ def test_a_socket_not_owned_by_root_or_us_is_ignored(tmp_path, monkeypatch):
         assert authority.socket_path() is None
     finally:
         srv.close()
+
+
+def test_a_running_daemon_serves_leases_that_gpusd_run_uses(fake_nvml, cli_env, tmp_path):
+    from netns import read_lines
+
+    from daemon_helpers import unique_session
+    from gpusd.alloc.authority import socket_path
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.lockdir import flock_table, lock_key
+
+    fake_nvml.write(make_gpus(2))
+    env = dict(cli_env, GPUSD_STATE_DIR=str(tmp_path / "state"), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+    r, w = os.pipe()
+    with open(tmp_path / "log", "wb") as log:
+        daemon = subprocess.Popen([*GPUSD, "start", "--foreground", "--port", "0", "--session",
+                                   unique_session("lease"), "--ready-fd", str(w)], env=env, pass_fds=(w,),
+                                  stdout=subprocess.DEVNULL, stderr=log)
+    os.close(w)
+    job = None
+    try:
+        assert read_lines(r, 1, 60), (tmp_path / "log").read_text()
+        assert socket_path().is_socket()
+        job = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        [held] = _leases(cli_env)
+        assert held["pid"] == job.pid
+        store = LeaseStore()
+        lock = os.stat(store.dir / f"gpu-{held['device']}.lock")
+        assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [daemon.pid]  # the daemon holds it
+        _kill_group(job)
+        assert _wait_for(lambda: _leases(cli_env) == [])
+    finally:
+        if job is not None:
+            _kill_group(job)
+        os.close(r)
+        daemon.terminate()
+        daemon.wait(15)
+    assert not socket_path().exists()
+    assert gpusd_cli(["run", "--", "true"], env=cli_env).returncode == 0  # no daemon: the lock directory
