@@ -1,6 +1,7 @@
 """Issue 3 benchmark: collisions, selection latency and makespan, on a fake NVML with 8 GPUs.
 
-    python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--skip makespan]
+    python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--handovers 20]
+                                [--skip collisions|latency|handover|makespan]
 
 Collisions: 16 processes, started and initialised beforehand, are released at the same instant by a
 barrier and each asks for one GPU; we count the GPUs given to more than one process.  gpusd
@@ -9,6 +10,10 @@ barrier and each asks for one GPU; we count the GPUs given to more than one proc
 
 Latency: in-process ``gpusd.select(count=1, lease=False)`` and select + lease + release versus
 ``nvitop.select_devices(min_count=1)``; whole process ``gpusd select -n 1`` versus ``nvisel -n 1``.
+
+Hand-over: one GPU, leased by this process; a second process waits for it at the head of the queue
+(``gpusd.select(wait=True)``).  We release the lease at a random moment and measure how long until the
+waiter has it: the queue's wake-up, isolated from process start-up and from utilisation readings.
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
@@ -142,6 +147,45 @@ def latency(fake: FakeEnv, n: int, runs: int) -> None:
         print(f"{name:44s} {p50(times) * 1e3:8.1f} ms  (min {min(times) * 1e3:.1f}, rc {last.returncode})")
 
 
+# -- hand-over --------------------------------------------------------------------------------------
+
+WAITER = r"""
+import sys, time
+import gpusd
+sel = gpusd.select(count=1, wait=True, timeout=60)
+print(time.time(), flush=True)
+"""
+
+
+def handover(fake: FakeEnv, rounds: int) -> None:
+    fake.activate_in_process()
+    os.environ.update(fake.env)
+    from gpusd.alloc import queue
+    from gpusd.alloc.leases import LeaseStore
+
+    write_state(fake.state, make_gpus(1, mig_mode=0))
+    env = dict(fake.env, GPUSD_LEASE_SOCKET="off")
+    store = LeaseStore(env["GPUSD_LOCK_DIR"])
+    rng = random.Random(3)
+    delays = []
+    for _ in range(rounds):
+        lease = store.acquire([make_gpus(1)[0].uuid])
+        assert lease is not None
+        p = subprocess.Popen([sys.executable, "-c", WAITER], env=env, stdout=subprocess.PIPE, text=True)
+        while not queue.waiting(store):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.2, 0.5))  # the waiter is at the head, between two looks
+        t = time.time()
+        lease.release()
+        got = float(p.stdout.readline())
+        p.wait()
+        delays.append(got - t)
+    write_state(fake.state, fleet())
+    print(f"\nHand-over: a lease ends, the waiter at the head of the queue gets the GPU ({rounds} rounds)")
+    print(f"{'p50 ms':>8s} {'p90 ms':>8s} {'max ms':>8s}")
+    print(f"{p50(delays) * 1e3:8.1f} {sorted(delays)[int(0.9 * (len(delays) - 1))] * 1e3:8.1f} {max(delays) * 1e3:8.1f}")
+
+
 # -- makespan ----------------------------------------------------------------------------------------
 
 JOB = r"""
@@ -252,7 +296,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=40)
-    ap.add_argument("--skip", action="append", default=[], choices=["collisions", "latency", "makespan"])
+    ap.add_argument("--handovers", type=int, default=20)
+    ap.add_argument("--skip", action="append", default=[], choices=["collisions", "latency", "handover", "makespan"])
     args = ap.parse_args()
     fake = FakeEnv(fleet())
     print(f"fake NVML: 8 x NVIDIA A100-SXM4-80GB, lock dir {fake.env['GPUSD_LOCK_DIR']}")
@@ -260,6 +305,8 @@ def main() -> int:
         collisions(fake, args.rounds)
     if "latency" not in args.skip:
         latency(fake, args.n, args.runs)
+    if "handover" not in args.skip:
+        handover(fake, args.handovers)
     if "makespan" not in args.skip:
         makespan(fake, args.jobs)
     shutil.rmtree(fake.tmp, ignore_errors=True)

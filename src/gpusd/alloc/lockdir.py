@@ -237,7 +237,7 @@ def lock_within(fd: int, *, shared: bool, deadline: float, what: str, bound: flo
     """Take the flock on ``fd``, waiting until ``deadline`` (``time.monotonic()``) at most.
 
     The kernel offers no flock with a timeout, so this tries without blocking, with sleeps that grow
-    from 0.5 ms to 20 ms (the selection mutex is normally held for about a millisecond).  Raises
+    from 0.5 ms to 5 ms (the selection mutex is normally held for about a millisecond).  Raises
     :class:`LockBusy` naming the holder, ``bound`` being the wait that ran out."""
     if try_lock(fd, shared):
         return
@@ -249,6 +249,6 @@ def lock_within(fd: int, *, shared: bool, deadline: float, what: str, bound: flo
                            "gave up (a gpusd job holds it for about a millisecond: that process is stuck or "
                            "hostile; stop it, or ask an administrator)")
         time.sleep(min(delay, left))
-        delay = min(delay * 2, 0.02)
+        delay = min(delay * 2, 0.005)
         if try_lock(fd, shared):
             return
