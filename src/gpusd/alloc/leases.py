@@ -193,13 +193,18 @@ class LeaseStore:
             bound = mutex_timeout()
             limit = time.monotonic() + bound
             what = f"the selection mutex {self.dir / 'select.lock'}"
+            why = ("a gpusd job holds it for about a millisecond: that process is stuck or hostile; stop it, "
+                   "or ask an administrator")
             if deadline is not None and deadline < limit:
                 try:
-                    lock_within(fd, shared=False, deadline=deadline, what=what, bound=bound)
+                    lock_within(fd, shared=False, deadline=deadline)
                 except LockBusy as exc:
-                    raise WaitTimeout(str(exc).replace(f"for more than {bound:g}s", "until the timeout")) from None
+                    raise WaitTimeout(f"{what} is held by {exc} ({why})") from None
             else:
-                lock_within(fd, shared=False, deadline=limit, what=what, bound=bound)
+                try:
+                    lock_within(fd, shared=False, deadline=limit)
+                except LockBusy as exc:
+                    raise LockBusy(f"{what} has been held for more than {bound:g}s by {exc}; gave up ({why})") from None
             yield
         finally:
             os.close(fd)

@@ -233,21 +233,19 @@ def describe_holders(fd: int) -> str:
     return ", ".join(parts)
 
 
-def lock_within(fd: int, *, shared: bool, deadline: float, what: str, bound: float) -> None:
+def lock_within(fd: int, *, shared: bool, deadline: float) -> None:
     """Take the flock on ``fd``, waiting until ``deadline`` (``time.monotonic()``) at most.
 
     The kernel offers no flock with a timeout, so this tries without blocking, with sleeps that grow
     from 0.5 ms to 5 ms (the selection mutex is normally held for about a millisecond).  Raises
-    :class:`LockBusy` naming the holder, ``bound`` being the wait that ran out."""
+    :class:`LockBusy` whose message names the holder (:func:`describe_holders`)."""
     if try_lock(fd, shared):
         return
     delay = 0.0005
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise LockBusy(f"{what} has been held for more than {bound:g}s by {describe_holders(fd)}; "
-                           "gave up (a gpusd job holds it for about a millisecond: that process is stuck or "
-                           "hostile; stop it, or ask an administrator)")
+            raise LockBusy(describe_holders(fd))
         time.sleep(min(delay, left))
         delay = min(delay * 2, 0.005)
         if try_lock(fd, shared):
