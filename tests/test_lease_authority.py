@@ -272,3 +272,17 @@ def test_a_running_daemon_serves_leases_that_gpusd_run_uses(fake_nvml, cli_env, 
         daemon.wait(15)
     assert not socket_path().exists()
     assert gpusd_cli(["run", "--", "true"], env=cli_env).returncode == 0  # no daemon: the lock directory
+
+
+def test_a_busy_daemon_sends_clients_to_the_lock_directory(fake_nvml_inprocess, authority, cli_env, monkeypatch):
+    from gpusd.daemon import leasesock
+
+    monkeypatch.setattr(leasesock, "MAX_PER_UID", 1)
+    fake_nvml_inprocess.write(make_gpus(2))
+    first = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        r = gpusd_cli(["run", "--", "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'], env=cli_env)
+        assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr  # refused as busy, leased itself
+    finally:
+        _kill_group(first)

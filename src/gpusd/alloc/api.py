@@ -151,8 +151,11 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
 
         sock = authority.connect()
         if sock is not None:
-            chosen, remote = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
-            return Selection(chosen, remote)
+            try:
+                chosen, remote = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
+                return Selection(chosen, remote)
+            except authority.AuthorityBusy:
+                pass  # the same leases, taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:

@@ -18,7 +18,8 @@ The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md)
                "total": ..., "util": ...}]}
            or {"ok": false, "error": "no_gpu" | "timeout" | "usage" | "busy" | "error", "message": "..."}
 
-then nothing more: the client closes the connection to release the lease.
+then nothing more: the client closes the connection to release the lease.  On ``busy`` (too many
+requests open) the client takes its lease in the lock directory instead.
 
 The client uses the socket only when it is a socket owned by root or by the client's own user, and
 the process answering is one of those (``SO_PEERCRED`` again); otherwise it falls back to the lock
@@ -110,6 +111,16 @@ class RemoteLease:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+    def __del__(self) -> None:  # a dropped Selection must not keep its GPUs
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class AuthorityBusy(Exception):
+    """The daemon has too many requests open: take the lease in the lock directory instead."""
+
 
 def request(c: Constraints) -> dict[str, Any]:
     """The constraints as the protocol carries them (``visible``: this process's inherited
@@ -132,7 +143,10 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
     try:
         sock.settimeout(None if (wait and timeout is None) else
                         (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
-        sock.sendall(json.dumps(req).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps(req).encode() + b"\n")
+        except BrokenPipeError:
+            pass  # answered before it read us (busy): the answer is waiting below
         line = _readline(sock)
         sock.settimeout(None)
     except OSError as exc:
@@ -144,6 +158,9 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
             raise ValueError("not an object")
         if reply.get("ok") is not True:
             kind = reply.get("error")
+            if kind == "busy":
+                sock.close()
+                raise AuthorityBusy()
             message = for_terminal(str(reply.get("message") or "the daemon refused the lease"), 2000, markup=False)
             sock.close()
             raise {"no_gpu": NoGpuAvailable, "timeout": WaitTimeout, "usage": ConfigError}.get(

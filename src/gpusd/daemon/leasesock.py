@@ -8,8 +8,8 @@ directory, same mutex, same FIFO queue: the two ways never overlap), answers, an
 descriptors until the connection closes.  The lease record it writes is root's and names the client,
 so ``gpusd leases`` shows the client as the holder.
 
-Bounds: a request line of at most 16 KiB read within 5 s; at most 256 connections, 32 per uid (a
-user who opens more is refused with ``busy``).  The client sends nothing after its request: the end
+Bounds: a request line of at most 16 KiB read within 5 s; at most 256 connections, 64 per uid (a
+client refused with ``busy`` takes its lease in the lock directory instead).  The client sends nothing after its request: the end
 of the connection (or any further byte) abandons a wait, or releases the lease.
 """
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 MAX_REQUEST = 16384
 REQUEST_TIMEOUT = 5.0
 MAX_CLIENTS = 256
-MAX_PER_UID = 32
+MAX_PER_UID = 64
 
 
 class _LockedBackend:
