@@ -62,6 +62,8 @@ class LeaseServer:
         self.clients: dict[int, int] = {}  # uid -> open connections
         self.total = 0
         self.cancels: set[threading.Event] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.writers: set[asyncio.StreamWriter] = set()
 
     # -- start/stop ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -105,6 +107,11 @@ class LeaseServer:
             self.server = None
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
+        for writer in list(self.writers):  # every connection ends: its lease is released
+            writer.close()
+        tasks = [t for t in self.tasks if t is not asyncio.current_task()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self.backend is not None:
             backend, self.backend = self.backend, None
@@ -130,7 +137,12 @@ class LeaseServer:
             return
         self.total += 1
         self.clients[uid] = self.clients.get(uid, 0) + 1
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)
+        self.writers.add(writer)
         selection: Any = None
+        gone: asyncio.Future[bytes] | None = None
         cancel = threading.Event()
         self.cancels.add(cancel)
         try:
@@ -173,10 +185,18 @@ class LeaseServer:
             log.info("lease %s: %s for pid %d (uid %d)", selection.lease.lease_id,
                      ",".join(selection.uuids), pid, uid)
             await asyncio.wait({gone})  # held until the client closes (or sends anything)
-        except (ConnectionError, asyncio.CancelledError):
-            cancel.set()
+        except ConnectionError:
+            pass
         finally:
+            cancel.set()  # a wait still running for this client ends (within a second)
             self.cancels.discard(cancel)
+            if task is not None:
+                self.tasks.discard(task)
+            self.writers.discard(writer)
+            if gone is not None:
+                gone.cancel()
+                if gone.done() and not gone.cancelled():
+                    gone.exception()  # a reset connection is the normal end: nothing to log
             if selection is not None:
                 selection.release()
             self.total -= 1
