@@ -286,3 +286,25 @@ def test_a_busy_daemon_sends_clients_to_the_lock_directory(fake_nvml_inprocess, 
         assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr  # refused as busy, leased itself
     finally:
         _kill_group(first)
+
+
+def test_leases_survive_a_daemon_restart(fake_nvml_inprocess, cli_env):
+    fake_nvml_inprocess.write(make_gpus(1))
+    flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
+    server = ServerThread()
+    job = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        server.stop()  # the daemon goes away: it hands the lease's descriptors to its client
+        [held] = _leases(cli_env)
+        assert held["pid"] == job.pid
+        r = gpusd_cli(["select"], env=flock_only)
+        assert r.returncode == 4 and "leased by" in r.stderr, r.stderr
+        server = ServerThread()  # a new daemon sees the same lease
+        assert gpusd_cli(["select"], env=cli_env).returncode == 4
+        _kill_group(job)  # the job ends: so does its lease
+        assert _wait_for(lambda: _leases(cli_env) == [])
+        assert gpusd_cli(["select"], env=cli_env).returncode == 0
+    finally:
+        _kill_group(job)
+        server.stop()

@@ -138,6 +138,18 @@ class Lease:
         self.fds = []
         self.dir_fd = -1
 
+    def forget(self) -> None:
+        """Close this process's descriptors without ending the lease: for when they were handed to
+        another process (the daemon passing its leases to its clients as it stops), whose copies keep
+        the locks held and the record valid."""
+        for fd in (*self.fds, self.dir_fd):
+            try:
+                if fd >= 0:
+                    os.close(fd)
+            except OSError:
+                pass
+        self.fds, self.dir_fd, self.released = [], -1, True
+
     def __enter__(self) -> Lease:
         return self
 

@@ -8,6 +8,10 @@ directory, same mutex, same FIFO queue: the two ways never overlap), answers, an
 descriptors until the connection closes.  The lease record it writes is root's and names the client,
 so ``gpusd leases`` shows the client as the holder.
 
+When the daemon stops, it hands each lease's descriptors to its client over the connection
+(``SCM_RIGHTS``) before closing it: the locks belong to the open files, so the lease survives a
+daemon restart and still ends with the client's connection.
+
 Bounds: a request line of at most 16 KiB read within 5 s; at most 256 connections, 64 per uid (a
 client refused with ``busy`` takes its lease in the lock directory instead).  The client sends nothing after its request: the end
 of the connection (or any further byte) abandons a wait, or releases the lease.
@@ -15,6 +19,7 @@ of the connection (or any further byte) abandons a wait, or releases the lease.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import logging
@@ -64,6 +69,7 @@ class LeaseServer:
         self.cancels: set[threading.Event] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.writers: set[asyncio.StreamWriter] = set()
+        self.held: dict[asyncio.StreamWriter, Any] = {}  # connection -> Selection granted on it
 
     # -- start/stop ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -107,7 +113,10 @@ class LeaseServer:
             self.server = None
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
-        for writer in list(self.writers):  # every connection ends: its lease is released
+        for writer, selection in list(self.held.items()):  # the clients keep their leases
+            if _hand_over(writer, selection):
+                del self.held[writer]
+        for writer in list(self.writers):  # every other connection ends
             writer.close()
         tasks = [t for t in self.tasks if t is not asyncio.current_task()]
         if tasks:
@@ -184,6 +193,7 @@ class LeaseServer:
                  "total": c.total, "util": c.util} for c in selection.devices]})
             log.info("lease %s: %s for pid %d (uid %d)", selection.lease.lease_id,
                      ",".join(selection.uuids), pid, uid)
+            self.held[writer] = selection
             await asyncio.wait({gone})  # held until the client closes (or sends anything)
         except ConnectionError:
             pass
@@ -197,8 +207,9 @@ class LeaseServer:
                 gone.cancel()
                 if gone.done() and not gone.cancelled():
                     gone.exception()  # a reset connection is the normal end: nothing to log
+            self.held.pop(writer, None)
             if selection is not None:
-                selection.release()
+                selection.release()  # after a hand-over: only our (closed) copies, see _hand_over
             self.total -= 1
             self.clients[uid] -= 1
             if not self.clients[uid]:
@@ -218,6 +229,32 @@ class LeaseServer:
         return allocate(c, lease=True, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
                         cancelled=cancel.is_set)
+
+
+def _hand_over(writer: asyncio.StreamWriter, selection: Any) -> bool:
+    """Pass the lease's descriptors to the client (``SCM_RIGHTS``) and close ours: the kernel keeps
+    the locks, which belong to the open files, not to a process.  Sent fds live in the connection
+    until the client reads them or closes it, so the lease still ends with the client's connection,
+    and a daemon restart does not end it.  False when the client cannot be reached."""
+    import socket
+
+    lease = selection.lease
+    try:
+        raw = writer.get_extra_info("socket")
+        sock = socket.socket(fileno=os.dup(raw.fileno()))
+    except (OSError, AttributeError):
+        return False
+    try:
+        sock.setblocking(True)
+        sock.settimeout(1.0)
+        note = json.dumps({"op": "handover", "lease_id": lease.lease_id}).encode() + b"\n"
+        sock.sendmsg([note], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())])
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    lease.forget()
+    return True
 
 
 async def _reply(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
