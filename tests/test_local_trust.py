@@ -298,3 +298,33 @@ def test_oversized_or_ill_typed_lease_records_are_skipped(caplog):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+@needs_root
+def test_queue_waiters_are_attributed_to_the_ticket_owner(shared_tmp, monkeypatch):
+    from gpusd.alloc import queue
+    from gpusd.alloc.leases import LeaseStore
+
+    locks = shared_tmp / "locks"
+    monkeypatch.setenv("GPUSD_LOCK_DIR", str(locks))
+    store = LeaseStore()
+    with store.mutex():
+        mine = queue.enqueue(store, 2, "python train.py")
+
+    def forge() -> None:
+        import fcntl
+
+        fd = os.open(locks / "queue-000000000000-1.ticket", os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": 1, "user": "alice", "count": 1, "command": "\x1b[2Jx" * 300}).encode())
+
+    mallory = AsUser(MALLORY, forge, stay=True)
+    try:
+        assert mallory.result == "ok None"
+        first, second = queue.waiters(store)
+        assert (first["user"], first["pid"], first["count"]) == (str(MALLORY), None, 1)  # not alice, not pid 1
+        assert len(first["command"]) == 1024
+        assert (second["user"], second["pid"], second["command"]) == ("root", os.getpid(), "python train.py")
+    finally:
+        mallory.stop()
+        mine.close()

@@ -164,7 +164,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     last: Exception | None = None
     try:
         with store.mutex(deadline):
-            ticket = queue.enqueue(store, c.count, command)
+            ticket = queue.enqueue(store, c.count, command, pid, user)
     except WaitTimeout as exc:
         last, ticket = exc, None
     watch: queue.LeaseWatch | None = None

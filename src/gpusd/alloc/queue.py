@@ -68,8 +68,10 @@ class Ticket:
             pass
 
 
-def enqueue(store: LeaseStore, count: int, command: str | None = None) -> Ticket:
-    """Join the queue (call under the selection mutex)."""
+def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int | None = None,
+            user: str | None = None) -> Ticket:
+    """Join the queue (call under the selection mutex).  ``pid`` and ``user`` name the job when it
+    is not this process (the daemon waiting for a client); only root's tickets are believed to."""
     dfd = store.open(create=True)
     assert dfd is not None
     try:
@@ -89,7 +91,7 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None) -> Ticket
         name = f"queue-{seq:012d}-{os.getpid()}-{os.urandom(4).hex()}.ticket"
         tfd = create_exclusive(dfd, name, store.dir)
         fcntl.flock(tfd, fcntl.LOCK_EX)
-        os.write(tfd, json.dumps({"pid": os.getpid(), "user": current_user(), "count": count,
+        os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
                                   "since": time.time(), "command": command}).encode())
     except BaseException:
         os.close(dfd)
@@ -133,6 +135,49 @@ def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
     finally:
         os.close(dfd)
     out.sort()
+    return out
+
+
+MAX_TICKET_BYTES = 8192
+
+
+def waiters(store: LeaseStore) -> list[dict[str, object]]:
+    """The live waiters, oldest first: ``seq``, ``pid``, ``user``, ``count``, ``since``, ``command``.
+
+    A ticket is another user's file: it is attributed to the uid that owns it (only root's tickets,
+    the daemon's, may name someone else), its fields are typed and bounded, and its strings must
+    still go through :func:`gpusd.sanitize.for_terminal` before they are printed."""
+    from .lockdir import process_uid, user_name
+
+    out: list[dict[str, object]] = []
+    for seq, path in waiting(store):
+        try:
+            fd = os.open(path, FILE_FLAGS | os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, MAX_TICKET_BYTES + 1)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
+        except (ValueError, RecursionError):
+            d = {}
+        if not isinstance(d, dict):
+            d = {}
+        pid, count, since, command, user = d.get("pid"), d.get("count"), d.get("since"), d.get("command"), d.get("user")
+        pid = pid if type(pid) is int and pid > 0 else None
+        if st.st_uid != 0:
+            user = user_name(st.st_uid)
+            if pid is not None and process_uid(pid) != st.st_uid:
+                pid = None
+        out.append({"seq": seq, "pid": pid, "user": user[:64] if isinstance(user, str) else None,
+                    "count": count if type(count) is int and count > 0 else None,
+                    "since": since if type(since) in (int, float) else None,
+                    "command": command[:1024] if isinstance(command, str) else None})
     return out
 
 
