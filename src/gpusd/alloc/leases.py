@@ -69,6 +69,7 @@ LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
 MAX_LEASE_DEVICES = 64
+MAX_LEASE_FILES = 4096
 _LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\.json$")
 
 
@@ -242,10 +243,15 @@ class LeaseStore:
             return out
         table: dict[str, list[tuple[int, bool]]] | None = None
         table_read = False
+        seen = 0
         for name in names:
             m = _LEASE_NAME.match(name)
             if not m:
                 continue
+            seen += 1
+            if seen > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
+                log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.dir)
+                break
             try:
                 fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
             except OSError:
