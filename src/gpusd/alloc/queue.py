@@ -24,14 +24,12 @@ nobody can guess, never followed through a symlink, attributed to the uid that o
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
 import os
 import re
-import select
-import struct
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -224,7 +222,8 @@ _IN_DONT_FOLLOW = 0x02000000
 _IN_Q_OVERFLOW = 0x4000
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
-_EVENT = struct.Struct("iIII")
+_EVENT_SIZE = 16  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
+_LITTLE = sys.byteorder == "little"
 
 
 class LeaseWatch:
@@ -237,6 +236,8 @@ class LeaseWatch:
     def __init__(self, directory: Path) -> None:
         self.fd = -1
         try:
+            import ctypes  # only waiters need it: imported here, not by every gpusd command
+
             libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
             if fd < 0:
@@ -269,14 +270,17 @@ class LeaseWatch:
             if not buf:
                 return woke
             at = 0
-            while at + _EVENT.size <= len(buf):
-                _, mask, _, size = _EVENT.unpack_from(buf, at)
-                name = buf[at + _EVENT.size:at + _EVENT.size + size].rstrip(b"\0")
-                at += _EVENT.size + size
+            while at + _EVENT_SIZE <= len(buf):
+                mask = int.from_bytes(buf[at + 4:at + 8], "little" if _LITTLE else "big")
+                size = int.from_bytes(buf[at + 12:at + 16], "little" if _LITTLE else "big")
+                name = buf[at + _EVENT_SIZE:at + _EVENT_SIZE + size].rstrip(b"\0")
+                at += _EVENT_SIZE + size
                 if mask & _IN_Q_OVERFLOW or _relevant(name, mask):
                     woke = True
 
     def wait(self, timeout: float) -> bool:
+        import select
+
         end = time.monotonic() + timeout
         while True:
             left = end - time.monotonic()
