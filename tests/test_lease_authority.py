@@ -308,3 +308,16 @@ def test_leases_survive_a_daemon_restart(fake_nvml_inprocess, cli_env):
     finally:
         _kill_group(job)
         server.stop()
+
+
+def test_a_second_daemon_does_not_take_over_a_live_lease_socket(fake_nvml_inprocess, authority):
+    from gpusd.alloc import authority as client
+    from gpusd.daemon.leasesock import start_lease_server
+
+    async def second():
+        return await start_lease_server()
+
+    assert asyncio.run(second()) is None  # logged: another daemon serves leases there
+    sock = client.connect()
+    assert sock is not None  # the first one still answers
+    sock.close()

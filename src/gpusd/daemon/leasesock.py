@@ -100,7 +100,18 @@ class LeaseServer:
         else:
             if not stat.S_ISSOCK(st.st_mode):
                 raise GpusdError(f"not serving leases on {self.path}: something else is there")
-            os.unlink(self.path)  # a previous daemon's socket
+            import socket
+
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(self.path))
+            except OSError:
+                os.unlink(self.path)  # a previous daemon's socket, nobody behind it
+            else:
+                raise GpusdError(f"another gpusd daemon already serves leases on {self.path}")
+            finally:
+                probe.close()
         self.backend = _LockedBackend(open_backend(self.simulate))
 
     async def stop(self) -> None:
