@@ -208,8 +208,11 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             else:
                 time.sleep(delay)
             if deadline is not None and time.monotonic() >= deadline:
-                try:  # one last look at the deadline
-                    return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env)
+                try:  # one last look at the deadline (the mutex gets half a second more)
+                    return _attempt(backend, store, c, lease, ticket, command, pid, time.monotonic() + 0.5,
+                                    user, env)
+                except WaitTimeout:
+                    pass  # the mutex: the reason given is still the GPUs'
                 except NoGpuAvailable as exc:
                     last = exc
                 break
