@@ -328,3 +328,32 @@ def test_queue_waiters_are_attributed_to_the_ticket_owner(shared_tmp, monkeypatc
     finally:
         mallory.stop()
         mine.close()
+
+
+@needs_root
+def test_other_users_lease_as_usual_in_a_shared_directory(shared_tmp, monkeypatch):
+    from gpusd.alloc.leases import LeaseStore
+
+    locks = shared_tmp / "locks"
+    monkeypatch.setenv("GPUSD_LOCK_DIR", str(locks))
+    mine = LeaseStore().acquire(["GPU-1"])  # root makes the directory (1777) and the first files
+
+    def take() -> str:
+        store = LeaseStore(locks)
+        with store.mutex():
+            if store.acquire(["GPU-1"]) is not None:
+                return "took a leased GPU"
+            lease = store.acquire(["GPU-2"], memory=5)
+        assert lease is not None
+        globals()["_keep"] = lease  # held while this child lives
+        return lease.lease_id
+
+    alice = AsUser(ALICE, take, stay=True)
+    try:
+        assert alice.result.startswith("ok "), alice.result
+        held = {(le.device, le.user, le.pid) for le in LeaseStore().leases()}
+        assert held == {("GPU-1", "root", os.getpid()), ("GPU-2", str(ALICE), alice.pid)}
+    finally:
+        alice.stop()
+        mine.release()
+    assert LeaseStore().leases() == []
