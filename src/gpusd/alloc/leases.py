@@ -8,7 +8,8 @@ lease, nobody may delete another user's files.  An administrator may create it b
 
 ``select.lock``
     A mutex around "read leases, choose GPUs, take leases", so selection plus lease is atomic across
-    processes.  Held for about a millisecond.
+    processes.  Held for about a millisecond; a wait for it is bounded (:func:`mutex_timeout`, 10 s
+    by default, or the caller's deadline), and the error names the holder.
 ``gpu-<UUID>.lock`` (mode 0666, never deleted)
     One per GPU or MIG slice.  An exclusive lease holds ``LOCK_EX`` on it, a shared lease ``LOCK_SH``:
     the kernel itself refuses a second exclusive holder, whatever any process believes.
@@ -20,7 +21,7 @@ lease, nobody may delete another user's files.  An administrator may create it b
     that owns the file (a record written by root, i.e. by the daemon acting as lease authority, may
     name the client), and it counts for a device only while the process holding the record's lock
     also holds that device's lock in the mode claimed (``/proc/locks``).
-``queue-<SEQ>-<PID>.ticket``, ``queue.seq``
+``queue-<SEQ>-<PID>-<RANDOM>.ticket``, ``queue.seq``
     The first-come-first-served wait queue (:mod:`gpusd.alloc.queue`).
 
 The directory and its files are opened so that a hostile local user cannot turn them against us
