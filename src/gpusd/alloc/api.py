@@ -168,7 +168,9 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     except WaitTimeout as exc:
         last, ticket = exc, None
     watch: queue.LeaseWatch | None = None
-    settle = len(SETTLE)
+    # A new head looks again soon too: a lease may have ended just before it began to watch, with
+    # utilisation readings not yet caught up.
+    settle = 0
     try:
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
