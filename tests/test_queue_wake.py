@@ -54,3 +54,28 @@ def test_looking_at_the_leases_does_not_wake_the_looker():
             store.release_times()
         assert watch.wait(0.2) is False
     other.release()
+
+
+def test_a_ticket_is_never_visible_unlocked(monkeypatch):
+    """Another waiter's clean-up removes tickets it can lock (dead waiters'): a new ticket seen before
+    its owner locked it would be removed, and the queue order lost (a job overtaken)."""
+    import fcntl
+
+    store = LeaseStore()
+    store.ensure()
+    real_flock = fcntl.flock
+
+    def flock_after_a_cleanup(fd, op):
+        if op == fcntl.LOCK_EX:
+            queue.waiting(store, cleanup=True)  # what another process may do at this very moment
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(queue.fcntl, "flock", flock_after_a_cleanup)
+    with store.mutex():
+        first = queue.enqueue(store, 1)
+        second = queue.enqueue(store, 1)
+    monkeypatch.undo()
+    assert [seq for seq, _ in queue.waiting(store, cleanup=True)] == [first.seq, second.seq]
+    assert queue.ahead_of(store, second) == first.path
+    first.close()
+    second.close()

@@ -86,11 +86,18 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
         except OSError:
             pass  # read-only for us: numbers from the clock keep their order with the others
         os.close(fd)
-        name = f"queue-{seq:012d}-{os.getpid()}-{os.urandom(4).hex()}.ticket"
-        tfd = create_exclusive(dfd, name, store.dir)
-        fcntl.flock(tfd, fcntl.LOCK_EX)
-        os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
-                                  "since": time.time(), "command": command}).encode())
+        tag = f"{seq:012d}-{os.getpid()}-{os.urandom(4).hex()}"
+        name = f"queue-{tag}.ticket"
+        # Locked before it is visible: a ticket others can lock is a dead waiter's, and is removed.
+        tfd = create_exclusive(dfd, f".queue-{tag}.tmp", store.dir)
+        try:
+            fcntl.flock(tfd, fcntl.LOCK_EX)
+            os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
+                                      "since": time.time(), "command": command}).encode())
+            os.rename(f".queue-{tag}.tmp", name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.close(tfd)
+            raise
     except BaseException:
         os.close(dfd)
         raise
