@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..model import GpuInfo, MigInstance
 from .select import Candidate, Constraints
+
+if TYPE_CHECKING:
+    import socket
 
 DEFAULT_SOCKET = "/run/gpusd/lease.sock"
 PROTOCOL = 1
@@ -58,6 +60,8 @@ def socket_path() -> Path | None:
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end, from the kernel."""
+    import socket
+
     pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
     return pid, uid, gid
 
@@ -74,6 +78,8 @@ def connect(path: Path | None = None) -> socket.socket | None:
         return None
     if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in (0, me):
         return None  # not the daemon's: someone else's file is never trusted with a lease
+    import socket  # only where a daemon serves leases
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.settimeout(CONNECT_TIMEOUT)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import math
 import os
 import re
@@ -63,7 +62,18 @@ from .lockdir import (
     user_name,
 )
 
-log = logging.getLogger(__name__)
+
+
+class _Log:
+    """``logging`` imported on first use: most commands never log here (start-up time matters)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import logging
+
+        return getattr(logging.getLogger(__name__), name)
+
+
+log = _Log()
 
 DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 LEASE_FORMAT = 1

@@ -301,9 +301,13 @@ class LeaseWatch:
                 return True
 
     def close(self) -> None:
+        """Close the inotify instance, in a background thread: the kernel waits for an RCU grace
+        period there (measured: ~18 ms), which must not delay the job that just got its GPUs."""
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            import threading
+
+            fd, self.fd = self.fd, -1
+            threading.Thread(target=_close, args=(fd,), name="gpusd-inotify-close", daemon=True).start()
 
     def __enter__(self) -> LeaseWatch:
         return self
@@ -316,6 +320,13 @@ class LeaseWatch:
             self.close()
         except Exception:
             pass
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _relevant(name: bytes, mask: int) -> bool:
