@@ -92,10 +92,11 @@ def test_hostile_ticket_is_shown_without_harm(tmp_path: Path, capsys: pytest.Cap
         assert rc == 0 and "Traceback" not in err
         assert "\x1b" not in out and "\x07" not in out and "SECRET" not in out
         row = next(ln for ln in out.splitlines() if ln.startswith("1 "))
-        assert "4242" in row and "evil" in row and len(row) < 200
+        # the pid in the ticket is junk, and its file name is no more trustworthy: no pid is shown
+        assert row.split()[:3] == ["1", "evil", "-"] and len(row) < 200
         rc, out, _ = cli(["leases", "--json"], capsys)
         w = json.loads(out)["waiting"][0]
-        assert (w["pid"], w["count"], w["since"]) == (4242, None, None) and len(w["command"]) <= 512
+        assert (w["pid"], w["count"], w["since"]) == (None, None, None) and len(w["command"]) <= 1024
     finally:
         for fd in fds:
             os.close(fd)

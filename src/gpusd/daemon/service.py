@@ -87,6 +87,7 @@ class Daemon:
         self._last_event_key: Any = None
         self._backend_failed_at = 0.0
         self._leases: Any = None
+        self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
@@ -137,6 +138,10 @@ class Daemon:
             self._tls = await loop.run_in_executor(
                 self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
+        if self.config.leases:
+            from .leasesock import start_lease_server
+
+            self._lease_server = await start_lease_server(self.config.simulate)
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
         from .announce import Announcer
@@ -214,6 +219,8 @@ class Daemon:
             await self.fleet.stop()
         if self.announcer is not None:
             await self.announcer.stop()
+        if self._lease_server is not None:
+            await self._lease_server.stop()
         await asyncio.sleep(0.05)  # let the streams flush their bye
         if self._runner is not None:
             with contextlib.suppress(Exception):
