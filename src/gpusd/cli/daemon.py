@@ -51,6 +51,12 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
+        record=getattr(args, "record", True),
+        retention=getattr(args, "retention", 365.0) * 86400,
+        history_size=int(getattr(args, "history_size", 1024.0) * 2**20),
+        idle_after=getattr(args, "idle_after", 900.0),
+        idle_release=getattr(args, "idle_release", False),
+        idle_grace=getattr(args, "idle_grace", 900.0),
     )
     cfg.validate()
     return cfg
@@ -64,6 +70,13 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out += ["--interface", iface]
     out += ["--port", str(args.port), "--session", args.session, "--interval", str(args.interval),
             "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
+    if not getattr(args, "record", True):
+        out.append("--no-record")
+    if getattr(args, "idle_release", False):
+        out.append("--idle-release")
+    out += ["--retention", str(getattr(args, "retention", 365.0)), "--history-size",
+            str(getattr(args, "history_size", 1024.0)), "--idle-after", str(getattr(args, "idle_after", 900.0)),
+            "--idle-grace", str(getattr(args, "idle_grace", 900.0))]
     if args.hostname:
         out += ["--hostname", args.hostname]
     if args.simulate:

@@ -32,6 +32,14 @@ class DaemonConfig:
     # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     thresholds: list[str] = field(default_factory=list)
     node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
+    # usage history (docs/history.md; wired in daemon/recording.py)
+    record: bool = True  # record usage history in an SQLite database
+    history_db: Path | None = None  # default: history.sqlite in the state directory
+    retention: float = 365 * 86400.0  # seconds of coarse (5 min) history and job records kept
+    history_size: int = 1 << 30  # bytes: the database's size bound (the oldest data goes first)
+    idle_after: float = 900.0  # seconds a lease may hold GPUs under 5 % before it is marked idle
+    idle_release: bool = False  # opt-in: release idle reservations (never a running job's lease)
+    idle_grace: float = 900.0  # seconds between the release notice and the release
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -55,5 +63,10 @@ class DaemonConfig:
             raise ConfigError(f"--history must be between 0 and 10 years of seconds, not {self.history}")
         if not 0 <= self.txt_min_interval <= 86400:
             raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
+        from ..usage.db import Retention
+        from ..usage.idle import IdlePolicy
+
+        Retention(retention=self.retention, max_bytes=self.history_size).validate()
+        IdlePolicy(self.idle_after, self.idle_release, self.idle_grace).validate()
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")

@@ -84,6 +84,9 @@ class Daemon:
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
+        from .recording import install as install_recording  # usage history (docs/history.md)
+
+        self.recording = install_recording(self.app, self)
 
     # -- extension points ---------------------------------------------------------------------
     @property
