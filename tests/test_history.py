@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -130,9 +129,8 @@ def test_series_picks_the_tier_and_bounds_the_points(scenario_db):
 def test_restart_counts_nothing_twice_and_the_downtime_not_at_all(tmp_path):
     """A daemon stopped (or killed) and started again: the hours before and after add up, the gap
     between them is not counted, and a job still running continues its record."""
-    from history_helpers import SCENARIO, Clock
-
     from gpusd.inventory.simulated import SimulatedBackend
+    from history_helpers import SCENARIO, Clock
 
     db = tmp_path / "h.sqlite"
     clock = Clock()
