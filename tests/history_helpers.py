@@ -23,15 +23,15 @@ class Clock:
 
 
 def record_scenario(db: Path, hours: float = 6.0, interval: float = 10.0, spec: Path = SCENARIO,
-                    **kw: Any) -> tuple[SimulatedBackend, Clock]:
-    """Record ``hours`` of ``spec`` into ``db`` (one sample every ``interval`` seconds of simulated time)
-    through the daemon's recorder and its writer thread."""
-    clock = Clock()
+                    t0: float = T0, **kw: Any) -> tuple[SimulatedBackend, Clock]:
+    """Record ``hours`` of ``spec`` into ``db`` (one sample every ``interval`` seconds of simulated time
+    from ``t0``) through the daemon's recorder and its writer thread."""
+    clock = Clock(t0)
     backend = SimulatedBackend(str(spec), node="node-1", clock=clock)
     rec = Recorder(db, interval, **kw)
     try:
         for i in range(int(hours * HOUR / interval) + 1):
-            clock.t = T0 + i * interval
+            clock.t = t0 + i * interval
             rec.submit(backend.snapshot())
             if i % 500 == 0:
                 rec.flush()  # the queue holds 600: keep the writer close behind

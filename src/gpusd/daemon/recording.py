@@ -117,11 +117,14 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
     app.cleanup_ctx.append(lifecycle)
     daemon.on_sample.append(rec.on_sample)
 
-    def _json(data: object, status: int = 200) -> web.Response:
+    def _json(data: object, status: int = 200, cors: bool = False) -> web.Response:
         from ..sanitize import dumps
 
+        headers = {"Cache-Control": "no-store"}
+        if cors:  # public data: the dashboard served by another daemon of the fleet may read it
+            headers["Access-Control-Allow-Origin"] = "*"
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
-                            content_type="application/json", headers={"Cache-Control": "no-store"})
+                            content_type="application/json", headers=headers)
 
     def _unavailable() -> web.Response | None:
         if rec.recorder is None and not rec.path.exists():
@@ -149,8 +152,8 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
             out = await asyncio.get_running_loop().run_in_executor(
                 None, rec._read, lambda c: q_series(c, gpu, seconds, now, rec.keep))
         except KeyError:
-            return _json({"error": f"no history of GPU {gpu!r}"}, status=404)
-        return _json(out)
+            return _json({"error": f"no history of GPU {gpu!r}"}, status=404, cors=True)
+        return _json(out, cors=True)
 
     async def usage(request: web.Request) -> web.Response:
         from ..usage.query import parse_duration
@@ -181,7 +184,10 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
 
         data = {"idle_after": rec.policy.idle_after, "release": rec.policy.release, "grace": rec.policy.grace,
                 "idle": rec.watch.idle()}
-        return _json(data if can_see_private(request) else redact(data))
+        # A cross-origin reader (a page of another origin, which the browser marks with Origin) gets
+        # the public part only, whoever runs the browser: CORS must not hand owners to any web page.
+        cross = "Origin" in request.headers
+        return _json(data if can_see_private(request) and not cross else redact(data), cors=cross)
 
     app.router.add_get("/api/v1/history/series", series)
     app.router.add_get("/api/v1/history/usage", usage)
