@@ -33,10 +33,10 @@ def make_daemon(tmp: Path, hostname: str = "lab-node-1", **kw: Any) -> tuple[Dae
     return Daemon(cfg, backend), backend, clock
 
 
-async def feed(d: Daemon, backend: SimulatedBackend, clock: Clock, hours: float) -> None:
+async def feed(d: Daemon, backend: SimulatedBackend, clock: Clock, hours: float, t0: float = T0) -> None:
     """The daemon's sampling path (``_accept``: history, events, on_sample callbacks) on simulated time."""
     for i in range(int(hours * HOUR / INTERVAL) + 1):
-        clock.t = T0 + i * INTERVAL
+        clock.t = t0 + i * INTERVAL
         d._accept(backend.snapshot())
         if i % 400 == 0:
             await asyncio.sleep(0)
@@ -284,3 +284,44 @@ async def test_an_unwritable_database_leaves_the_daemon_sampling(tmp_path):
         assert d.samples == 1 and d.recording.recorder is None
     finally:
         await client.close()
+
+
+async def test_top_once_shows_each_gpus_last_hour_from_the_daemons_history(tmp_path, capsys):
+    """`gpusd top` draws a sparkline per GPU from the daemon's history: sixteen slices of the last
+    hour, all filled although top itself took one sample."""
+    import time
+
+    from gpusd.views.spark import BLOCKS
+
+    d, backend, clock = make_daemon(tmp_path)
+    client = TestClient(TestServer(d.app, host="127.0.0.1"))
+    await client.start_server()
+    now = time.time() // 10 * 10
+    await feed(d, backend, clock, 1.0, t0=now - HOUR)
+    url = str(client.make_url("/")).rstrip("/")
+    assert d.snapshot is not None
+    snap = d.snapshot.to_dict()
+
+    async def fleet(request: web.Request) -> web.Response:
+        return web.json_response({"hosts": [{"hostname": "lab-node-1", "node_id": "lab-node-1", "alive": True,
+                                             "url": url + "/api/v1", "snapshot": snap}]})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/fleet", fleet)
+    entry = TestClient(TestServer(app, host="127.0.0.1"))
+    await entry.start_server()
+    try:
+        code = await asyncio.to_thread(main, ["top", "--once", "--url", str(entry.make_url("/")), "--width", "200"])
+        out = capsys.readouterr()[0]
+    finally:
+        await entry.close()
+        await client.close()
+    assert code == 0 and "UTIL 1h" in out
+    sparks = {}
+    for line in out.splitlines():
+        cells = [c for c in line.split("  ") if c.strip()]
+        spark = next((c.strip() for c in cells if len(c.strip()) == 16 and set(c.strip()) <= set(BLOCKS)), None)
+        if spark and line.strip()[:1].isdigit():
+            sparks[int(line.split()[0])] = spark
+    assert sorted(sparks) == [0, 1, 2, 3]
+    assert sparks[2] == sparks[3] == "▁" * 16  # carol's idle reservation and the GPU nobody used

@@ -49,10 +49,13 @@ def top(args: argparse.Namespace) -> int:
     state = TopState(sort=args.sort, reverse=args.reverse, filter=args.filter or "")
     once = args.once or not sys.stdout.isatty()
     source = _source(args, settle=args.wait)
+    from ..views.spark import Sparks  # utilisation over the last hour, from the daemons' history
+
+    sparks = Sparks(token=_token(args))
     try:
         if once:
             width = args.width or shutil.get_terminal_size((120, 40)).columns
-            views = book.update(source.hosts())
+            views = sparks.update(book.update(source.hosts()), wait=2.0)
             sys.stdout.write(render_text(views, state, width=width, color=sys.stdout.isatty()))
             sys.stdout.flush()
             return 0
@@ -60,8 +63,10 @@ def top(args: argparse.Namespace) -> int:
 
         from ..views.live import run_live
 
-        return run_live(source.hosts, state, book, args.interval, Console(highlight=False))
+        return run_live(lambda: sparks.update(source.hosts()), state, book, args.interval,
+                        Console(highlight=False))
     finally:
+        sparks.close()
         source.close()
 
 
