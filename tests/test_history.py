@@ -120,7 +120,9 @@ def test_series_picks_the_tier_and_bounds_the_points(scenario_db):
     assert hours[0] == 80 and hours[1] == 80 and hours[3] == 0
     # older than the fine tier keeps: from the coarse one
     s = query.series(conn, "0", 30 * 86400, now + 5 * 86400, Retention())
-    assert s["tier"] == "coarse" and s["step"] % 300 == 0 and max(u for u in s["util"] if u is not None) == 80
+    assert s["tier"] == "hourly" and s["step"] == 3600 and max(u for u in s["util"] if u is not None) == 80
+    s = query.series(conn, "0", 4 * 86400, now + 3 * 86400, Retention())
+    assert s["tier"] == "coarse" and s["step"] % 300 == 0
     with pytest.raises(KeyError):
         query.series(conn, "GPU-nope", HOUR, now, Retention())
     conn.close()
@@ -244,3 +246,26 @@ def test_merging_many_hosts_and_hostile_answers():
     assert r["totals"]["gpus"] == 1
     r = report.build([good], "host")
     assert r["rows"][0]["host"] == "a" and r["rows"][0]["mean_util"] == 50.0
+
+
+def test_the_tiers_agree_on_a_range_with_partial_hours(scenario_db):
+    """A range older than the fine tier is read as whole hours (hourly tier) plus its partial hours
+    (5-minute tier): the same figures as the fine tier gives, to the 5-minute bucket."""
+    conn = connect(scenario_db, readonly=True)
+    start, end = T0 + 1500, T0 + 5 * HOUR + 600
+    fine = query.usage(conn, start, end, T0 + 6 * HOUR, Retention(), True)
+    old = query.usage(conn, start, end, T0 + 10 * 86400, Retention(), True)
+    assert fine["tier"] == "fine" and old["tier"] == "coarse"
+    assert query.spans(start, end, T0 + 10 * 86400, Retention())[1][0] == 2  # the hourly tier in the middle
+
+    def per_user(a):
+        out = {}
+        for u in a["users"]:
+            out[(u["user"], u["kind"])] = out.get((u["user"], u["kind"]), 0) + u["seconds"]
+        return out
+
+    f, o = per_user(fine), per_user(old)
+    assert set(f) == set(o)
+    for k in f:
+        assert o[k] == pytest.approx(f[k], abs=300)
+    conn.close()

@@ -123,9 +123,9 @@ async def test_dashboard_history_chart_ranges_usage_and_idle_mark(tmp_path):
         # the idle reservation's GPU is marked
         assert await page.wait_for("document.querySelector('tr.gpu.idle-held[data-index=\"2\"] .idle-tag')"
                                    " !== null", timeout=20)
-        # 30 days come from the coarse tier
+        # 30 days come from the hourly tier
         await page.evaluate("document.querySelector('#hist-ranges button[data-range=\"30d\"]').click()")
-        assert await page.wait_for("document.getElementById('hist-status').textContent.startsWith('coarse')",
+        assert await page.wait_for("document.getElementById('hist-status').textContent.startsWith('hourly')",
                                    timeout=10)
         assert await page.wait_for(f"{colour_pixels('#hist-chart canvas', UTIL_RGB)} > 50", timeout=10)
         await page.evaluate("document.querySelector('#hist-ranges button[data-range=\"6h\"]').click()")

@@ -1,8 +1,9 @@
 """The history database: schema, tiers, retention and size bound (docs/history.md).
 
-Two tiers hold the same figures at two resolutions, both written by every sample (so a crash can
-never leave one behind the other): tier 0 in 10-second buckets, kept ``fine_keep`` seconds (2 days),
-tier 1 in 5-minute buckets, kept ``retention`` seconds (a year).  A bucket's row sums what its
+Three tiers hold the same figures at three resolutions, all written by every sample (so a crash can
+never leave one behind another): tier 0 in 10-second buckets, kept ``fine_keep`` seconds (2 days),
+tier 1 in 5-minute buckets and tier 2 in hourly ones, both kept ``retention`` seconds (a year).  Long
+reports read whole hours from tier 2 and the partial hours at their edges from tier 1.  A bucket's row sums what its
 samples accounted: ``seconds`` observed, ``util_s`` (utilisation × seconds), ``energy_j`` (watts ×
 seconds), ``idle_s`` (seconds under 5 %), so averages over any range are exact sums divided.
 
@@ -18,8 +19,9 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-FINE, COARSE = 0, 1
-STEP = {FINE: 10, COARSE: 300}  # seconds per bucket of each tier
+FINE, COARSE, HOURLY = 0, 1, 2
+STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}  # seconds per bucket of each tier
+TIERS = (FINE, COARSE, HOURLY)
 SCHEMA_VERSION = 1
 IDLE_UTIL = 5.0  # percent: a GPU under this is idle (the same 5 % as a free GPU's rule)
 
@@ -106,8 +108,9 @@ def prune(conn: sqlite3.Connection, now: float, keep: Retention) -> int:
     with conn:
         n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
         n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
-        n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (COARSE, now - keep.retention)).rowcount
-        n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (COARSE, now - keep.retention)).rowcount
+        for tier in (COARSE, HOURLY):
+            n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (tier, now - keep.retention)).rowcount
+            n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (tier, now - keep.retention)).rowcount
         n += conn.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended<?", (now - keep.retention,)).rowcount
     for _ in range(3660):
         if size_bytes(conn) <= keep.max_bytes:

@@ -12,7 +12,7 @@ import re
 import sqlite3
 from typing import Any
 
-from .db import COARSE, FINE, STEP, Retention
+from .db import COARSE, FINE, HOURLY, STEP, Retention
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 MAX_POINTS = 720  # points per series: enough for a chart as wide as a screen
@@ -35,6 +35,21 @@ def tier_for(start: float, now: float, keep: Retention) -> int:
     return FINE if start >= now - keep.fine_keep + STEP[FINE] else COARSE
 
 
+def spans(start: float, end: float, now: float, keep: Retention) -> list[tuple[int, int, float]]:
+    """Where to read [start, end) from: (tier, from, to) pieces.  Recent ranges from the fine tier;
+    older ones as whole hours from the hourly tier and the partial hours at the edges from the
+    5-minute tier (a 30-day report reads 720 rows per GPU instead of 8640)."""
+    tier = tier_for(start, now, keep)
+    if tier == FINE:
+        return [(FINE, int(start // STEP[FINE] * STEP[FINE]), end)]
+    lo = int(start // STEP[COARSE] * STEP[COARSE])
+    h1 = -(-lo // STEP[HOURLY]) * STEP[HOURLY]
+    h2 = int(end // STEP[HOURLY] * STEP[HOURLY])
+    if h2 - h1 < 2 * STEP[HOURLY]:
+        return [(COARSE, lo, end)]
+    return [(COARSE, lo, h1), (HOURLY, h1, h2), (COARSE, h2, end)]
+
+
 def latest(conn: sqlite3.Connection) -> float | None:
     row = conn.execute("SELECT max(ts) FROM series WHERE tier=?", (FINE,)).fetchone()
     return None if row[0] is None else float(row[0]) + STEP[FINE]
@@ -50,6 +65,8 @@ def series(conn: sqlite3.Connection, gpu: str, seconds: float, now: float, keep:
     gid, uuid, idx, model, mem_total = row
     start = now - seconds
     tier = tier_for(start, now, keep)
+    if tier == COARSE and seconds / MAX_POINTS >= STEP[HOURLY]:
+        tier = HOURLY
     step = max(STEP[tier], int(-(-seconds // MAX_POINTS) // STEP[tier] * STEP[tier]) or STEP[tier])
     out: dict[str, list[Any]] = {"t": [], "util": [], "mem": [], "mem_max": [], "power": [], "temp": []}
     q = ("SELECT (ts/?)*? AS b, sum(util_s), sum(util_n), sum(mem_s), max(mem_max), sum(power_s), sum(seconds), "
@@ -63,41 +80,42 @@ def series(conn: sqlite3.Connection, gpu: str, seconds: float, now: float, keep:
         out["power"].append(round(power_s / secs, 1) if secs else None)
         out["temp"].append(temp if temp is not None and temp > -999 else None)
     return {"gpu": uuid, "index": idx, "model": model, "memory_total": mem_total, "from": start, "to": now,
-            "step": step, "tier": "fine" if tier == FINE else "coarse", **out}
+            "step": step, "tier": _TIER_NAMES[tier], **out}
+
+
+_TIER_NAMES = {FINE: "fine", COARSE: "coarse", HOURLY: "hourly"}
 
 
 def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: Retention, private: bool,
           idle_after: float = 900.0, host: str | None = None, node_id: str | None = None) -> dict[str, Any]:
     """Usage between ``start`` and ``end``: per GPU, per user (private), top jobs, idle reservations,
     and the host's mean utilisation over time (for charts)."""
-    tier = tier_for(start, now, keep)
-    lo, hi = int(start // STEP[tier] * STEP[tier]), end
+    pieces = spans(start, end, now, keep)
     gpus: dict[int, dict[str, Any]] = {}
     for gid, uuid, idx, model, mem_total, ghost in conn.execute(
             "SELECT id, uuid, idx, model, mem_total, host FROM gpus"):
         gpus[gid] = {"uuid": uuid, "index": idx, "model": model, "memory_total": mem_total, "host": ghost,
                      "seconds": 0.0, "util_s": 0.0, "util_n": 0.0, "energy_j": 0.0, "busy_s": 0.0, "held_s": 0.0}
-    for gid, secs, util_s, util_n, power_s, busy_s, held_s in conn.execute(
-            "SELECT gpu, sum(seconds), sum(util_s), sum(util_n), sum(power_s), sum(busy_s), sum(held_s) FROM series "
-            "WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu", (tier, lo, hi)):
-        if gid in gpus:
-            gpus[gid].update(seconds=secs, util_s=util_s, util_n=util_n, energy_j=power_s, busy_s=busy_s,
-                             held_s=held_s)
-    users: list[dict[str, Any]] = []
-    for gid, kind, user, secs, util_s, energy, idle_s in conn.execute(
-            "SELECT gpu, kind, user, sum(seconds), sum(util_s), sum(energy_j), sum(idle_s) FROM usage "
-            "WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu, kind, user", (tier, lo, hi)):
-        if gid in gpus:
-            users.append({"gpu": gpus[gid]["uuid"], "kind": kind, "user": (user or None) if private else None,
-                          "seconds": secs, "util_s": util_s, "energy_j": energy, "idle_s": idle_s})
-    if not private:  # aggregates only: one row per GPU and kind, no names
-        merged: dict[tuple[str, str], dict[str, Any]] = {}
-        for u in users:
-            m = merged.setdefault((u["gpu"], u["kind"]), {**u, "seconds": 0.0, "util_s": 0.0, "energy_j": 0.0,
-                                                          "idle_s": 0.0})
-            for k in ("seconds", "util_s", "energy_j", "idle_s"):
-                m[k] += u[k]
-        users = list(merged.values())
+    per_user: dict[tuple[int, str, str], list[float]] = {}
+    for tier, lo, hi in pieces:
+        for gid, secs, util_s, util_n, power_s, busy_s, held_s in conn.execute(
+                "SELECT gpu, sum(seconds), sum(util_s), sum(util_n), sum(power_s), sum(busy_s), sum(held_s) "
+                "FROM series WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu", (tier, lo, hi)):
+            g = gpus.get(gid)
+            if g is not None:
+                for k, v in (("seconds", secs), ("util_s", util_s), ("util_n", util_n), ("energy_j", power_s),
+                             ("busy_s", busy_s), ("held_s", held_s)):
+                    g[k] += v
+        for gid, kind, user, secs, util_s, energy, idle_s in conn.execute(
+                "SELECT gpu, kind, user, sum(seconds), sum(util_s), sum(energy_j), sum(idle_s) FROM usage "
+                "WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu, kind, user", (tier, lo, hi)):
+            acc = per_user.setdefault((gid, kind, user if private else ""), [0.0, 0.0, 0.0, 0.0])
+            for i, v in enumerate((secs, util_s, energy, idle_s)):
+                acc[i] += v
+    # without the right to see them, one row per GPU and kind, no names (aggregates are for everyone)
+    users = [{"gpu": gpus[gid]["uuid"], "kind": kind, "user": (user or None) if private else None,
+              "seconds": a[0], "util_s": a[1], "energy_j": a[2], "idle_s": a[3]}
+             for (gid, kind, user), a in per_user.items() if gid in gpus]
     jobs = []
     for (kind, uid, user, command, gl, jstart, last, ended, gpu_s, util_s, energy, idle_s, peak, flagged,
          released) in conn.execute(
@@ -111,13 +129,17 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
                      "idle_s": idle_s, "peak_mem": peak, "idle": idle, "released": released})
     idle_jobs = [j for j in jobs if j["idle"]]
     top = sorted((j for j in jobs if j["kind"] == "process"), key=lambda j: -j["gpu_s"])[:TOP_JOBS]
-    # the host's utilisation over time: at most MAX_POINTS points
-    span = max(1.0, hi - lo)
+    # the host's utilisation over time: at most MAX_POINTS points, from the coarsest tier that fits
+    span = max(1.0, end - start)
+    tier = max((t for t, _, _ in pieces if STEP[t] <= max(STEP[FINE], span / MAX_POINTS)),
+               default=pieces[0][0])
+    tier = FINE if pieces[0][0] == FINE else tier
     step = max(STEP[tier], int(-(-span // MAX_POINTS) // STEP[tier] * STEP[tier]) or STEP[tier])
+    lo = int(start // step * step)
     timeline = [[b, round(u / n, 1) if n else None, round(busy / secs * 100, 1) if secs else None]
                 for b, u, n, busy, secs in conn.execute(
                     "SELECT (ts/?)*? AS b, sum(util_s), sum(util_n), sum(busy_s), sum(seconds) FROM series "
-                    "WHERE tier=? AND ts>=? AND ts<? GROUP BY b ORDER BY b", (step, step, tier, lo, hi))]
-    return {"host": host, "node_id": node_id, "from": start, "to": end, "tier": "fine" if tier == FINE else "coarse",
+                    "WHERE tier=? AND ts>=? AND ts<? GROUP BY b ORDER BY b", (step, step, tier, lo, end))]
+    return {"host": host, "node_id": node_id, "from": start, "to": end, "tier": _TIER_NAMES[pieces[0][0]],
             "private": private, "idle_after": idle_after, "gpus": list(gpus.values()), "users": users,
             "jobs": top, "idle_reservations": idle_jobs, "timeline": {"step": step, "points": timeline}}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model import GpuInfo, HostSnapshot, finite
-from .db import COARSE, FINE, IDLE_UTIL, STEP, Retention, connect, prune
+from .db import IDLE_UTIL, STEP, TIERS, Retention, connect, prune
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class Accountant:
             idle = util is not None and util < IDLE_UTIL
             power_s = (s.power or 0.0) * dt
             busy = bool(s.users)
-            for tier in (FINE, COARSE):
+            for tier in TIERS:
                 b = int(t // STEP[tier] * STEP[tier])
                 series.append((tier, gid, b, dt, (util or 0.0) * dt, dt if util is not None else 0.0,
                                (s.mem or 0) * dt, s.mem, power_s, s.temp, dt if busy else 0.0,
@@ -226,6 +226,13 @@ class Accountant:
             self._uids[user] = _uid(user)
         return self._uids[user]
 
+    def close_jobs(self) -> None:
+        """A clean stop: every open job ends at its last sample (a crash leaves them open, and the next
+        start continues those still running)."""
+        with self.conn:
+            self.conn.execute("UPDATE jobs SET ended=last WHERE ended IS NULL")
+        self.open.clear()
+
     def mark_idle(self, lease_id: str, ts: float, released: bool = False) -> None:
         """Flag a lease as held idle (the idle watch saw it under 5 % long enough), or released."""
         job = self.open.get(f"l:{lease_id}")
@@ -280,6 +287,10 @@ class Recorder:
         while True:
             item = self._q.get()
             if item is None:
+                try:
+                    self.acc.close_jobs()
+                except sqlite3.Error as exc:
+                    log.warning("history: cannot close the open jobs: %r", exc)
                 break
             what, arg = item
             try:
