@@ -147,7 +147,7 @@ def generate(db: Path, host: str, days: float, gpus: int = 8, end: float | None 
             step = STEP[tier]
             t0 = start if tier == COARSE else end - 2 * DAY
             series, usage = [], []
-            for gi, gid in enumerate(ids):
+            for gid in ids:
                 t = t0
                 owner, until = None, t0
                 while t < end:
