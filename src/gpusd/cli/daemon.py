@@ -19,7 +19,10 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "history": ("--history", "history"), "simulate": ("--simulate", "simulate"),
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
              "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
-             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds")}
+             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
+             "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
+             "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
+             "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:

@@ -47,7 +47,10 @@ class DaemonConfig:
         return {"interfaces": self.interfaces, "port": self.port, "session": self.session,
                 "interval": self.interval, "history": self.history, "simulate": self.simulate,
                 "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
-                "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds)}
+                "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds),
+                "no_record": not self.record, "retention_days": self.retention / 86400,
+                "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
+                "idle_release": self.idle_release, "idle_grace": self.idle_grace}
 
     def validate(self) -> None:
         from ..errors import ConfigError
