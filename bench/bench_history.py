@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "src"))
 from gpusd.daemon.history import History  # noqa: E402
 from gpusd.inventory.simulated import SimulatedBackend  # noqa: E402
 from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo  # noqa: E402
-from gpusd.usage.db import COARSE, FINE, HOURLY, STEP, Retention, connect, prune  # noqa: E402
+from gpusd.usage.db import COARSE, FINE, HOURLY, STEP, Retention, connect, prune, transaction  # noqa: E402
 from gpusd.usage.recorder import Accountant, Recorder  # noqa: E402
 
 GiB = 2**30
@@ -136,7 +136,7 @@ def generate(db: Path, host: str, days: float, gpus: int = 8, end: float | None 
     conn = connect(db)
     conn.execute("PRAGMA synchronous=OFF")
     users = [f"user{i}" for i in range(12)]
-    with conn:
+    with transaction(conn):
         ids = []
         for k in range(gpus):
             cur = conn.execute("INSERT INTO gpus(uuid, host, idx, model, mem_total, first, last) VALUES(?,?,?,?,?,?,?) "
@@ -251,7 +251,7 @@ def report_32(tmp: Path, hosts: int = 32) -> dict[str, float]:
         if i:
             shutil.copyfile(first, db)
             conn = connect(db)
-            with conn:
+            with transaction(conn):
                 conn.execute("UPDATE gpus SET host=?, uuid=replace(uuid, 'node-00', ?)", (f"node-{i:02d}",
                                                                                           f"node-{i:02d}"))
             conn.close()

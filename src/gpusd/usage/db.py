@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +99,19 @@ def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One explicit transaction (the connection is in autocommit mode: ``with conn`` alone would not
+    begin one, and every statement would commit on its own)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 def _has_tables(conn: sqlite3.Connection) -> bool:
     return int(conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]) > 0
 
@@ -105,7 +120,7 @@ def prune(conn: sqlite3.Connection, now: float, keep: Retention) -> int:
     """Delete what retention says is too old, then, while the file is over its size bound, the
     oldest day of coarse data.  Returns the rows deleted."""
     n = 0
-    with conn:
+    with transaction(conn):
         n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
         n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
         for tier in (COARSE, HOURLY):
@@ -119,7 +134,7 @@ def prune(conn: sqlite3.Connection, now: float, keep: Retention) -> int:
         if oldest is None:
             break
         cut = oldest + 86400
-        with conn:
+        with transaction(conn):
             n += conn.execute("DELETE FROM series WHERE ts<?", (cut,)).rowcount
             n += conn.execute("DELETE FROM usage WHERE ts<?", (cut,)).rowcount
             n += conn.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended<?", (cut,)).rowcount

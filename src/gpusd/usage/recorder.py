@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model import GpuInfo, HostSnapshot, finite
-from .db import IDLE_UTIL, STEP, TIERS, Retention, connect, prune
+from .db import IDLE_UTIL, STEP, TIERS, Retention, connect, prune, transaction
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Accountant:
         dt = 0.0 if self.prev_ts is None else min(ts - self.prev_ts, self.max_gap)
         seen = self._seen(snap)
         states = [self._state(g) for g in snap.gpus if g.healthy]
-        with self.conn:
+        with transaction(self.conn):
             self._gpus(snap, ts)
             if dt > 0 and self.prev_ts is not None:
                 self._account(self.prev_ts, dt)
@@ -229,7 +229,7 @@ class Accountant:
     def close_jobs(self) -> None:
         """A clean stop: every open job ends at its last sample (a crash leaves them open, and the next
         start continues those still running)."""
-        with self.conn:
+        with transaction(self.conn):
             self.conn.execute("UPDATE jobs SET ended=last WHERE ended IS NULL")
         self.open.clear()
 
@@ -239,7 +239,7 @@ class Accountant:
         if job is None:
             return
         col = "released" if released else "idle_flagged"
-        with self.conn:
+        with transaction(self.conn):
             self.conn.execute(f"UPDATE jobs SET {col}=coalesce({col}, ?) WHERE id=?", (ts, job.row))
 
 
