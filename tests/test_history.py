@@ -281,3 +281,32 @@ def test_history_options_out_of_range_are_usage_errors(flag, value, named, tmp_p
                         "--interface", "127.0.0.1", "--port", "0", flag, value], env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr
+
+
+def _answer_with_user(name: str) -> dict:
+    return {"host": "h", "from": 0, "to": 3600, "private": True,
+            "gpus": [{"uuid": "G1", "index": 0, "model": "NVIDIA A100", "seconds": 3600, "util_s": 0, "util_n": 3600,
+                      "energy_j": 0, "busy_s": 3600, "held_s": 0}],
+            "users": [{"gpu": "G1", "kind": "use", "user": name, "seconds": 3600, "util_s": 0, "energy_j": 0,
+                       "idle_s": 0}],
+            "jobs": [{"kind": "process", "user": name, "command": name, "gpus": ["G1"], "start": 0, "last": 3600,
+                      "gpu_s": 3600}], "idle_reservations": [], "timeline": {"points": [[0, 5.0]]}}
+
+
+def test_user_names_cannot_inject_into_html_csv_or_the_terminal():
+    """A user name is whatever the account is called: it must not end a script in the HTML report,
+    start a formula in a spreadsheet, or move the terminal's cursor."""
+    from gpusd.views.report import render
+
+    evil = "</script><script>alert(1)</script><b>x"
+    r = report.build([_answer_with_user(evil)], "user")
+    html = render(r, "html")
+    assert "<script>alert(1)" not in html and "<b>x" not in html
+    assert "&lt;/script&gt;&lt;script&gt;alert(1)" in html  # shown, escaped, in the tables
+    csv_text = render(report.build([_answer_with_user("=HYPERLINK(\"http://x\")")], "user"), "csv")
+    import csv
+
+    (header, row) = list(csv.reader(csv_text.splitlines()))
+    assert row[0] == "'=HYPERLINK(\"http://x\")"  # text to a spreadsheet, not a formula
+    table = render(report.build([_answer_with_user("mallory\x1b[2J\x1b]0;owned\x07")], "user"), "table")
+    assert "\x1b" not in table and "\x07" not in table and "mallory" in table

@@ -158,6 +158,29 @@ async def test_the_idle_reservation_raises_an_event_and_a_mark(served):
     assert (await r.json())["idle"] == []
 
 
+async def test_idle_answers_to_another_origin_are_public_only(tmp_path):
+    """A web page of another origin, opened by someone on the daemon's own machine (a trusted
+    loopback reader), must not read lease owners through CORS."""
+    d, backend, clock = make_daemon(tmp_path)
+    client = TestClient(TestServer(d.app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        snap = backend.snapshot()
+        snap.gpus[2].leases = [LeaseInfo(lease_id="r1", pid=9, user="carol", device=snap.gpus[2].uuid)]
+        snap.gpus[2].utilization_gpu = 0.0
+        d.recording.watch.update(snap)
+        snap.timestamp += 2000
+        d.recording.watch.update(snap)
+        own = await (await client.get("/api/v1/history/idle")).json()
+        assert own["idle"][0]["leases"][0]["user"] == "carol"  # loopback: this machine's reader
+        r = await client.get("/api/v1/history/idle", headers={"Origin": "http://evil.example"})
+        assert r.headers.get("Access-Control-Allow-Origin") == "*"
+        other = await r.json()
+        assert other["idle"][0]["gpus"] == own["idle"][0]["gpus"] and other["idle"][0]["leases"][0]["user"] is None
+    finally:
+        await client.close()
+
+
 def _published(d: Daemon) -> list[tuple[str, dict[str, Any]]]:
     return getattr(d, "_test_events", [])
 

@@ -116,6 +116,13 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
 
     app.cleanup_ctx.append(lifecycle)
     daemon.on_sample.append(rec.on_sample)
+    # history queries run on worker threads: at most two at a time, so a burst of report requests
+    # queues instead of taking every thread (and core) from the daemon
+    busy = asyncio.Semaphore(2)
+
+    async def read(fn: Callable[[Any], Any]) -> Any:
+        async with busy:
+            return await asyncio.get_running_loop().run_in_executor(None, rec._read, fn)
 
     def _json(data: object, status: int = 200, cors: bool = False) -> web.Response:
         from ..sanitize import dumps
@@ -149,8 +156,7 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
         except ValueError as exc:
             return _json({"error": str(exc)}, status=400)
         try:
-            out = await asyncio.get_running_loop().run_in_executor(
-                None, rec._read, lambda c: q_series(c, gpu, seconds, now, rec.keep))
+            out = await read(lambda c: q_series(c, gpu, seconds, now, rec.keep))
         except KeyError:
             return _json({"error": f"no history of GPU {gpu!r}"}, status=404, cors=True)
         return _json(out, cors=True)
@@ -174,9 +180,8 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
         except ValueError as exc:
             return _json({"error": str(exc)}, status=400)
         private = can_see_private(request)
-        out = await asyncio.get_running_loop().run_in_executor(
-            None, rec._read, lambda c: q_usage(c, start, end, max(now, end), rec.keep, private,
-                                               rec.policy.idle_after, daemon.hostname, daemon.node_id))
+        out = await read(lambda c: q_usage(c, start, end, max(now, end), rec.keep, private,
+                                           rec.policy.idle_after, daemon.hostname, daemon.node_id))
         return _json(out)
 
     async def idle(request: web.Request) -> web.Response:
