@@ -310,3 +310,30 @@ def test_user_names_cannot_inject_into_html_csv_or_the_terminal():
     assert row[0] == "'=HYPERLINK(\"http://x\")"  # text to a spreadsheet, not a formula
     table = render(report.build([_answer_with_user("mallory\x1b[2J\x1b]0;owned\x07")], "user"), "table")
     assert "\x1b" not in table and "\x07" not in table and "mallory" in table
+
+
+def test_job_records_hold_owner_gpus_times_peak_memory_and_energy(scenario_db, tmp_path):
+    conn = connect(scenario_db, readonly=True)
+    rows = {r[0]: r[1:] for r in conn.execute(
+        "SELECT user, kind, gpus, start, ended, gpu_s, util_s, energy_j, peak_mem, idle_s FROM jobs "
+        "WHERE kind='process'")}
+    kind, gpus, start, ended, gpu_s, util_s, energy, peak, idle = rows["alice"]
+    assert json.loads(gpus) == [r[0] for r in conn.execute("SELECT uuid FROM gpus WHERE idx=0")]
+    assert start == T0 and ended == pytest.approx(T0 + 2 * HOUR - INTERVAL)
+    assert gpu_s == pytest.approx(2 * HOUR, abs=INTERVAL) and util_s / gpu_s == pytest.approx(80)
+    assert energy == pytest.approx(2 * HOUR * 400 * (0.15 + 0.8 * 0.8), rel=0.01)
+    assert peak == 20 * 2**30 and idle == 0
+    lease = conn.execute("SELECT user, gpu_s, idle_s FROM jobs WHERE kind='lease' AND user='carol'").fetchone()
+    assert lease[1] == pytest.approx(3 * HOUR, abs=INTERVAL) and lease[2] == pytest.approx(lease[1])
+    conn.close()
+    # the uid of an account of this machine is looked up on the daemon's host
+    import getpass
+    import pwd
+
+    from gpusd.model import GpuInfo, HostSnapshot, ProcessInfo
+
+    me = getpass.getuser()
+    acc = Accountant(connect(tmp_path / "u.sqlite"), 1.0)
+    acc.add(HostSnapshot(hostname="h", node_id="n", timestamp=T0, gpus=[
+        GpuInfo(index=0, uuid="G", processes=[ProcessInfo(pid=1, user=me)])]))
+    assert acc.conn.execute("SELECT uid FROM jobs").fetchone()[0] == pwd.getpwnam(me).pw_uid

@@ -305,6 +305,8 @@ async def test_an_unwritable_database_leaves_the_daemon_sampling(tmp_path):
     try:
         d._accept(backend.snapshot())  # sampling goes on
         assert d.samples == 1 and d.recording.recorder is None
+        r = await client.get("/api/v1/history/usage")
+        assert r.status == 503 and "cannot be read" in (await r.json())["error"]
     finally:
         await client.close()
 

@@ -121,8 +121,16 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
     busy = asyncio.Semaphore(2)
 
     async def read(fn: Callable[[Any], Any]) -> Any:
+        import sqlite3
+
         async with busy:
-            return await asyncio.get_running_loop().run_in_executor(None, rec._read, fn)
+            try:
+                return await asyncio.get_running_loop().run_in_executor(None, rec._read, fn)
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("cannot read the history database %s: %s", rec.path, exc)
+                raise web.HTTPServiceUnavailable(
+                    text='{"error": "the history database cannot be read: see the daemon\'s log"}',
+                    content_type="application/json") from None
 
     def _json(data: object, status: int = 200, cors: bool = False) -> web.Response:
         from ..sanitize import dumps
