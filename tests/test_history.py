@@ -219,6 +219,19 @@ def test_retention_and_the_size_bound_drop_the_oldest_data(tmp_path):
     newest = conn.execute("SELECT max(ts) FROM series WHERE tier=?", (COARSE,)).fetchone()[0]
     assert newest >= end - 600  # the newest data stays
 
+    # a bound smaller than two days of fine data: the fine tier is trimmed too, oldest hours first
+    conn = connect(tmp_path / "fine.sqlite")
+    acc = Accountant(conn, 10.0)
+    for i in range(6 * 360):  # six hours at 10 s
+        gpus = [GpuInfo(index=k, uuid=f"GPU-{k}", utilization_gpu=10.0) for k in range(8)]
+        acc.add(HostSnapshot(hostname="h", node_id="n", timestamp=T0 + i * 10, gpus=gpus))
+    end = T0 + 6 * HOUR
+    bound = size_bytes(conn) // 2
+    prune(conn, end, Retention(max_bytes=bound))
+    assert size_bytes(conn) <= bound
+    oldest, newest = conn.execute("SELECT min(ts), max(ts) FROM series WHERE tier=?", (FINE,)).fetchone()
+    assert oldest >= T0 + HOUR and newest >= end - 60
+
 
 def test_the_database_is_private_and_never_opened_through_a_link(tmp_path):
     db = tmp_path / "h.sqlite"

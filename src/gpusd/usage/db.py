@@ -118,7 +118,8 @@ def _has_tables(conn: sqlite3.Connection) -> bool:
 
 def prune(conn: sqlite3.Connection, now: float, keep: Retention) -> int:
     """Delete what retention says is too old, then, while the file is over its size bound, the
-    oldest day of coarse data.  Returns the rows deleted."""
+    oldest data (a day at a time, an hour at a time within the fine tier's two days).  Returns the
+    rows deleted."""
     n = 0
     with transaction(conn):
         n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
@@ -127,13 +128,15 @@ def prune(conn: sqlite3.Connection, now: float, keep: Retention) -> int:
             n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (tier, now - keep.retention)).rowcount
             n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (tier, now - keep.retention)).rowcount
         n += conn.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended<?", (now - keep.retention,)).rowcount
-    for _ in range(3660):
+    for _ in range(4000):
         if size_bytes(conn) <= keep.max_bytes:
             break
-        oldest = conn.execute("SELECT min(ts) FROM series WHERE tier=?", (COARSE,)).fetchone()[0]
+        oldest = conn.execute("SELECT min(ts) FROM series").fetchone()[0]
         if oldest is None:
             break
-        cut = oldest + 86400
+        # a day at a time while the 5-minute and hourly tiers reach back further than the fine one,
+        # then an hour at a time (a bound smaller than two days of fine data)
+        cut = oldest + (86400 if oldest < now - keep.fine_keep else 3600)
         with transaction(conn):
             n += conn.execute("DELETE FROM series WHERE ts<?", (cut,)).rowcount
             n += conn.execute("DELETE FROM usage WHERE ts<?", (cut,)).rowcount
