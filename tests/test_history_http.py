@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from daemon_helpers import fast_mdns  # noqa: F401  (a fixture)
 from gpusd.cli import main
 from gpusd.daemon import access
 from gpusd.daemon.config import DaemonConfig
@@ -350,3 +351,30 @@ async def test_top_once_shows_each_gpus_last_hour_from_the_daemons_history(tmp_p
             sparks[int(line.split()[0])] = spark
     assert sorted(sparks) == [0, 1, 2, 3]
     assert sparks[2] == sparks[3] == "▁" * 16  # carol's idle reservation and the GPU nobody used
+
+
+async def test_a_running_daemon_records_its_samples_and_ends_its_jobs_on_stop(tmp_path, fast_mdns):
+    """The whole path in a started daemon (sampling loop, on_sample, writer thread, HTTP), on 127.0.0.1."""
+    from daemon_helpers import FakeBackend, make_snapshot, running_daemon, unique_session, wait_until
+    from gpusd.usage.db import connect
+
+    snap = make_snapshot(2, hostname="rec-host", util=50.0)
+    snap.gpus[0].processes = [ProcessInfo(pid=7, user="alice", command="train")]
+    async with running_daemon(tmp_path, unique_session(), "rec-host", backend=FakeBackend(snap)) as d:
+        db = d.recording.path
+        assert db == d.state_dir / "history.sqlite"
+
+        def recorded() -> float:
+            conn = connect(db, readonly=True)
+            try:
+                return conn.execute("SELECT coalesce(sum(seconds), 0) FROM series WHERE tier=0").fetchone()[0]
+            finally:
+                conn.close()
+
+        await wait_until(lambda: recorded() >= 1.0, timeout=20)  # 0.1 s samples: ten of them
+        r = await asyncio.to_thread(main, ["report", "--db", str(db), "--since", "1h", "--format", "json"])
+        assert r == 0
+    conn = connect(db, readonly=True)
+    jobs = conn.execute("SELECT user, ended FROM jobs").fetchall()
+    conn.close()
+    assert jobs and all(ended is not None for _, ended in jobs) and jobs[0][0] == "alice"
