@@ -157,6 +157,13 @@ async def test_the_idle_reservation_raises_an_event_and_a_mark(served):
     assert ("lease_active", "carolres") in [(e, data["lease_id"]) for e, data in events]
     r = await client.get("/api/v1/history/idle")
     assert (await r.json())["idle"] == []
+    # and the history flags the lease as held idle (the report lists it whatever --idle-after says)
+    from gpusd.usage.db import connect
+
+    conn = connect(d.recording.path, readonly=True)
+    flagged = dict(conn.execute("SELECT user, idle_flagged FROM jobs WHERE kind='lease'").fetchall())
+    conn.close()
+    assert flagged["carol"] is not None and flagged["bob"] is None
 
 
 async def test_idle_answers_to_another_origin_are_public_only(tmp_path):
