@@ -346,17 +346,24 @@ async def test_top_once_shows_each_gpus_last_hour_from_the_daemons_history(tmp_p
     try:
         code = await asyncio.to_thread(main, ["top", "--once", "--url", str(entry.make_url("/")), "--width", "200"])
         out = capsys.readouterr()[0]
+        code6 = await asyncio.to_thread(main, ["top", "--once", "--url", str(entry.make_url("/")), "--width", "200",
+                                               "--history", "6h"])
+        out6 = capsys.readouterr()[0]
+        bad = await asyncio.to_thread(main, ["top", "--once", "--url", str(entry.make_url("/")), "--history", "1y"])
+        err = capsys.readouterr()[1]
     finally:
         await entry.close()
         await client.close()
-    assert code == 0 and "UTIL 1h" in out
+    assert code == 0 and "UTIL 1h" in out and "MEM 1h" in out
+    assert code6 == 0 and "UTIL 6h" in out6 and "MEM 6h" in out6
+    assert bad == 2 and "--history" in err
     sparks = {}
     for line in out.splitlines():
-        cells = [c for c in line.split("  ") if c.strip()]
-        spark = next((c.strip() for c in cells if len(c.strip()) == 16 and set(c.strip()) <= set(BLOCKS)), None)
-        if spark and line.strip()[:1].isdigit():
-            sparks[int(line.split()[0])] = spark
-    assert sorted(sparks) == [0, 1, 2, 3]
+        cells = [c.strip() for c in line.split("  ") if c.strip()]
+        found = [c for c in cells if len(c) == 16 and set(c) <= set(BLOCKS)]
+        if found and line.strip()[:1].isdigit():
+            sparks[int(line.split()[0])] = found[0]
+            assert len(found) == 2  # utilisation and memory
     assert sparks[2] == sparks[3] == "▁" * 16  # carol's idle reservation and the GPU nobody used
 
 

@@ -283,6 +283,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
+    p.add_argument("--history", default="1h", metavar="RANGE",
+                   help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
 
     p = _command(sub, "report", "gpusd.cli.report:report",
                  "usage report: GPU-hours used and held, idle reservations, utilisation, energy, top jobs")

@@ -49,9 +49,16 @@ def top(args: argparse.Namespace) -> int:
     state = TopState(sort=args.sort, reverse=args.reverse, filter=args.filter or "")
     once = args.once or not sys.stdout.isatty()
     source = _source(args, settle=args.wait)
+    from ..usage.query import parse_duration
     from ..views.spark import Sparks  # utilisation over the last hour, from the daemons' history
 
-    sparks = Sparks(token=_token(args))
+    try:
+        window = parse_duration(args.history)
+    except ValueError as exc:
+        raise ConfigError(f"--history: {exc}") from None
+    if not 60 <= window <= 30 * 86400:
+        raise ConfigError("--history must be between 1m and 30d")
+    sparks = Sparks(window=window, token=_token(args))
     try:
         if once:
             width = args.width or shutil.get_terminal_size((120, 40)).columns

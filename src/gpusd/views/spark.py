@@ -1,9 +1,10 @@
-"""Sparklines for ``gpusd top``: each GPU's utilisation over the last hour, in block characters.
+"""Sparklines for ``gpusd top``: each GPU's utilisation and memory over a recent window (an hour by
+default, up to 30 days with ``gpusd top --history 30d``), in block characters.
 
-:class:`Sparks` keeps, per GPU, the points of the last ``window`` seconds: what the daemon's history
-answers (``GET /api/v1/history/series?range=1h``, fetched on a worker thread about once a minute per
-host, so a frame never waits on the network) plus every sample ``top`` itself shows.  Hosts read
-without a daemon (``--local``) get the points ``top`` saw since it started.
+:class:`Sparks` keeps, per GPU, the points of the window: what the daemon's history answers
+(``GET /api/v1/history/series``, fetched on worker threads about once a minute per host, so a frame
+never waits on the network) plus every sample ``top`` itself shows.  Hosts read without a daemon
+(``--local``) get the points ``top`` saw since it started.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 REFETCH = 60.0  # seconds between two history requests to one host
+MAX_POINTS = 20000  # kept per GPU and metric
 
 
 def sparkline(values: Sequence[float | None], width: int | None = None) -> str:
@@ -45,6 +47,18 @@ def binned(points: Iterable[tuple[float, float]], start: float, end: float, bins
     return [s / c if c else None for s, c in zip(sums, counts)]
 
 
+def window_label(seconds: float) -> str:
+    """``3600`` -> ``1h``, ``2592000`` -> ``30d``: the column header's range."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
 class Sparks:
     def __init__(self, window: float = 3600.0, width: int = 16, token: str | None = None,
                  get_json: Callable[[str, str | None, float], Any] | None = None) -> None:
@@ -52,14 +66,23 @@ class Sparks:
         self.width = width
         self.token = token
         self._get = get_json
-        self.points: dict[str, dict[float, float]] = {}  # node|uuid -> {time: util}
+        # node|uuid -> {"util": {time: %}, "mem": {time: %}}
+        self.points: dict[str, dict[str, dict[float, float]]] = {}
         self._fetched: dict[str, float] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
+    @property
+    def label(self) -> str:
+        return window_label(self.window)
+
+    def _add(self, key: str, metric: str, t: float, v: float | None) -> None:
+        if v is not None:
+            self.points.setdefault(key, {}).setdefault(metric, {})[t] = v
+
     def update(self, views: list[HostView], now: float | None = None, wait: float = 0.0) -> list[HostView]:
         """Add what ``views`` show, start history fetches that are due (waiting up to ``wait``
-        seconds for them: ``top --once``), and set each view's ``spark``."""
+        seconds for them: ``top --once``), and set each view's ``spark`` and ``spark_mem``."""
         now = time.time() if now is None else now
         futures: list[Future[None]] = []
         for h in views:
@@ -68,11 +91,13 @@ class Sparks:
                 continue
             with self._lock:
                 for g in snap.gpus:
-                    if g.utilization_gpu is not None and math.isfinite(g.utilization_gpu):
-                        self.points.setdefault(f"{h.key}|{g.uuid}", {})[float(snap.timestamp)] = g.utilization_gpu
+                    key, t = f"{h.key}|{g.uuid}", float(snap.timestamp)
+                    self._add(key, "util", t, _finite(g.utilization_gpu))
+                    ratio = g.memory_used_ratio
+                    self._add(key, "mem", t, None if ratio is None else 100 * ratio)
             if h.url and now - self._fetched.get(h.key, -math.inf) >= REFETCH:
                 self._fetched[h.key] = now
-                futures.append(self._executor().submit(self._fetch, h.key, h.url, [g.uuid for g in snap.gpus], now))
+                futures.append(self._executor().submit(self._fetch, h.key, h.url, [g.uuid for g in snap.gpus]))
         if wait > 0 and futures:
             deadline = time.monotonic() + wait
             for f in futures:
@@ -82,15 +107,18 @@ class Sparks:
                     pass
         start = now - self.window
         with self._lock:
-            for key in list(self.points):
-                pts = self.points[key]
-                if len(pts) > 4000 or (pts and min(pts) < start):
-                    self.points[key] = {t: v for t, v in pts.items() if t >= start}
+            for series in self.points.values():
+                for metric, pts in series.items():
+                    if len(pts) > MAX_POINTS or (pts and min(pts) < start):
+                        series[metric] = {t: v for t, v in pts.items() if t >= start}
             for h in views:
-                if h.snapshot is not None:
-                    h.spark = {g.uuid: sparkline(binned(self.points.get(f"{h.key}|{g.uuid}", {}).items(),
-                                                        start, now, self.width))
-                               for g in h.snapshot.gpus}
+                if h.snapshot is None:
+                    continue
+                for attr, metric in (("spark", "util"), ("spark_mem", "mem")):
+                    setattr(h, attr, {g.uuid: sparkline(binned(
+                        self.points.get(f"{h.key}|{g.uuid}", {}).get(metric, {}).items(), start, now, self.width))
+                        for g in h.snapshot.gpus})
+                h.spark_label = self.label
         return views
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -98,7 +126,7 @@ class Sparks:
             self._pool = ThreadPoolExecutor(4, thread_name_prefix="gpusd-spark")
         return self._pool
 
-    def _fetch(self, key: str, url: str, uuids: list[str], now: float) -> None:
+    def _fetch(self, key: str, url: str, uuids: list[str]) -> None:
         from urllib.parse import quote
 
         from .sources import base_url, get_json
@@ -107,17 +135,22 @@ class Sparks:
         for uuid in uuids[:64]:
             data = get(f"{base_url(url)}/api/v1/history/series?gpu={quote(uuid)}&range={int(self.window)}s",
                        self.token, 3.0)
-            if not isinstance(data, dict):
+            if not isinstance(data, dict) or not isinstance(data.get("t"), list):
                 continue
-            t, util = data.get("t"), data.get("util")
-            if not isinstance(t, list) or not isinstance(util, list):
-                continue
-            raw_step = data.get("step")
-            step = float(raw_step) if isinstance(raw_step, (int, float)) else 0.0
-            fetched = {float(a) + step / 2: float(b) for a, b in zip(t[:5000], util[:5000])
-                       if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isfinite(b)}
+            step = _finite(data.get("step")) or 0.0
+            total = _finite(data.get("memory_total"))
+            times = [_finite(t) for t in data["t"][:5000]]
+            raw_util, raw_mem = data.get("util"), data.get("mem")
+            util: list[Any] = raw_util if isinstance(raw_util, list) else []
+            mem: list[Any] = raw_mem if isinstance(raw_mem, list) else []
             with self._lock:
-                self.points.setdefault(f"{key}|{uuid}", {}).update(fetched)
+                for i, t in enumerate(times):
+                    if t is None:
+                        continue
+                    mid = t + step / 2
+                    self._add(f"{key}|{uuid}", "util", mid, _finite(util[i]) if i < len(util) else None)
+                    m = _finite(mem[i]) if i < len(mem) else None
+                    self._add(f"{key}|{uuid}", "mem", mid, 100 * m / total if m is not None and total else None)
 
     def close(self) -> None:
         if self._pool is not None:
