@@ -66,8 +66,9 @@ ALLOWED: dict[str, set[str]] = {
     "thresholds": CORE,
     "alloc": CORE | {"inventory"},
     "discovery": CORE | {"wire"},
-    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds"},
-    "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds"},
+    "usage": CORE,
+    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
+    "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
 }
 # Known, documented exceptions: (importing module, imported module).
 EXCEPTIONS = {("gpusd.errors", "gpusd.cli"), ("gpusd.errors", "gpusd.cli.exits")}  # deprecated EXIT_* names

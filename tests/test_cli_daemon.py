@@ -82,6 +82,9 @@ def test_second_start_with_the_same_options_says_already_running(mode: list[str]
     (["--session", "elsewhere"], "--session elsewhere"),
     (["--gpusd-compat"], "--gpusd-compat (running: without it)"),
     (["--threshold", "lost"], "--threshold lost (running: none)"),
+    (["--idle-release"], "--idle-release (running: without it)"),
+    (["--no-record"], "--no-record (running: without it)"),
+    (["--retention", "30"], "--retention 30 (running: 365)"),
 ])
 def test_second_start_with_other_options_is_refused(mode: list[str], options: list[str], named: str,
                                                     daemon: dict[str, Any]) -> None:

@@ -206,6 +206,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", metavar="FILE", default=None,
                    help="with --foreground: log to FILE, rotated at 10 MiB (3 kept) while running "
                    "(default: stderr; a background daemon logs to gpusd.log in its state directory)")
+    h = p.add_argument_group("usage history (docs/history.md)")
+    h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
+    h.add_argument("--retention", type=_positive_seconds, default=365.0, metavar="DAYS",
+                   help="days of 5-minute history and job records kept (default 365)")
+    h.add_argument("--history-size", type=_positive_seconds, default=1024.0, metavar="MIB",
+                   help="size bound of the history database in MiB (default 1024)")
+    h.add_argument("--idle-after", type=_positive_seconds, default=900.0, metavar="S",
+                   help="mark a lease idle after S seconds under 5 %% utilisation (default 900)")
+    h.add_argument("--idle-release", action="store_true",
+                   help="release idle reservations after a notice and --idle-grace (never a running job's lease)")
+    h.add_argument("--idle-grace", type=_seconds, default=900.0, metavar="S",
+                   help="seconds between the release notice and the release (default 900)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 
@@ -275,6 +287,30 @@ def _build_parser() -> argparse.ArgumentParser:
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
+    p.add_argument("--history", default="1h", metavar="RANGE",
+                   help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
+
+    p = _command(sub, "report", "gpusd.cli.report:report",
+                 "usage report: GPU-hours used and held, idle reservations, utilisation, energy, top jobs")
+    when = p.add_argument_group("period")
+    when.add_argument("--since", default="7d", metavar="DURATION", help="the last DURATION (default 7d; 12h, 30d...)")
+    when.add_argument("--from", dest="from_", metavar="TIME", help="start (2026-11-01, 2026-11-01T08:00, epoch s)")
+    when.add_argument("--to", metavar="TIME", help="end (default now)")
+    p.add_argument("--by", choices=("user", "host", "gpu", "model"), default="user",
+                   help="group by (default user; per-user figures need the token)")
+    p.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
+                   help="output format (html: one self-contained file with charts)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
+    srcs = p.add_mutually_exclusive_group()
+    srcs.add_argument("--db", metavar="FILE", help="read this history database (default: the state directory's)")
+    srcs.add_argument("--fleet", action="store_true",
+                      help="every host of the fleet, as the daemon at --url (default this machine's) sees it")
+    p.add_argument("--url", action="append", metavar="URL",
+                   help="ask this daemon (repeatable; with --fleet: the daemon whose fleet to ask)")
+    p.add_argument("--state-dir", metavar="DIR", help="the local daemon's state directory")
+    p.add_argument("--idle-after", type=_positive_seconds, default=900.0, metavar="S",
+                   help="with --db: flag leases held idle this long in all (default 900)")
+    add_token_flags(p, "sign requests: per-user figures and job owners from daemons that prove they hold it")
 
     p = sub.add_parser("export", help="export the fleet for other tools",
                        description="export the fleet for other tools")

@@ -18,7 +18,10 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "history": ("--history", "history"), "simulate": ("--simulate", "simulate"),
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
              "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
-             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds")}
+             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
+             "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
+             "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
+             "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -52,6 +55,12 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
+        record=getattr(args, "record", True),
+        retention=getattr(args, "retention", 365.0) * 86400,
+        history_size=int(getattr(args, "history_size", 1024.0) * 2**20),
+        idle_after=getattr(args, "idle_after", 900.0),
+        idle_release=getattr(args, "idle_release", False),
+        idle_grace=getattr(args, "idle_grace", 900.0),
     )
     cfg.validate()
     return cfg
@@ -65,6 +74,13 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out += ["--interface", iface]
     out += ["--port", str(args.port), "--session", args.session, "--interval", str(args.interval),
             "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
+    if not getattr(args, "record", True):
+        out.append("--no-record")
+    if getattr(args, "idle_release", False):
+        out.append("--idle-release")
+    out += ["--retention", str(getattr(args, "retention", 365.0)), "--history-size",
+            str(getattr(args, "history_size", 1024.0)), "--idle-after", str(getattr(args, "idle_after", 900.0)),
+            "--idle-grace", str(getattr(args, "idle_grace", 900.0))]
     if args.hostname:
         out += ["--hostname", args.hostname]
     if args.tls_port is not None:

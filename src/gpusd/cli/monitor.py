@@ -45,10 +45,20 @@ def top(args: argparse.Namespace) -> int:
     state = TopState(sort=args.sort, reverse=args.reverse, filter=args.filter or "")
     once = args.once or not sys.stdout.isatty()
     source = _source(args, settle=args.wait)
+    from ..usage.query import parse_duration
+    from ..views.spark import Sparks  # utilisation over the last hour, from the daemons' history
+
+    try:
+        window = parse_duration(args.history)
+    except ValueError as exc:
+        raise ConfigError(f"--history: {exc}") from None
+    if not 60 <= window <= 30 * 86400:
+        raise ConfigError("--history must be between 1m and 30d")
+    sparks = Sparks(window=window, key=fleet_key(args))
     try:
         if once:
             width = args.width or shutil.get_terminal_size((120, 40)).columns
-            views = book.update(source.hosts())
+            views = sparks.update(book.update(source.hosts()), wait=2.0)
             sys.stdout.write(render_text(views, state, width=width, color=sys.stdout.isatty()))
             sys.stdout.flush()
             return 0
@@ -56,8 +66,10 @@ def top(args: argparse.Namespace) -> int:
 
         from ..views.live import run_live
 
-        return run_live(source.hosts, state, book, args.interval, Console(highlight=False))
+        return run_live(lambda: sparks.update(source.hosts()), state, book, args.interval,
+                        Console(highlight=False))
     finally:
+        sparks.close()
         source.close()
 
 

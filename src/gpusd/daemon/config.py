@@ -41,6 +41,14 @@ class DaemonConfig:
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
     fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
+    # usage history (docs/history.md; wired in daemon/recording.py)
+    record: bool = True  # record usage history in an SQLite database
+    history_db: Path | None = None  # default: history.sqlite in the state directory
+    retention: float = 365 * 86400.0  # seconds of coarse (5 min) history and job records kept
+    history_size: int = 1 << 30  # bytes: the database's size bound (the oldest data goes first)
+    idle_after: float = 900.0  # seconds a lease may hold GPUs under 5 % before it is marked idle
+    idle_release: bool = False  # opt-in: release idle reservations (never a running job's lease)
+    idle_grace: float = 900.0  # seconds between the release notice and the release
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -48,7 +56,10 @@ class DaemonConfig:
         return {"interfaces": self.interfaces, "port": self.port, "session": self.session,
                 "interval": self.interval, "history": self.history, "simulate": self.simulate,
                 "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
-                "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds)}
+                "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds),
+                "no_record": not self.record, "retention_days": self.retention / 86400,
+                "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
+                "idle_release": self.idle_release, "idle_grace": self.idle_grace}
 
     def validate(self) -> None:
         from ..errors import ConfigError
@@ -73,6 +84,11 @@ class DaemonConfig:
                 check_secret(self.token)
             except SecretError as exc:
                 raise ConfigError(str(exc)) from None
+        from ..usage.db import Retention
+        from ..usage.idle import IdlePolicy
+
+        Retention(retention=self.retention, max_bytes=self.history_size).validate()
+        IdlePolicy(self.idle_after, self.idle_release, self.idle_grace).validate()
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
         for name in ("header_timeout", "keepalive_timeout", "write_timeout"):

@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("gpusd.monitor")
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-_ASSETS = {"app.js": "application/javascript", "style.css": "text/css"}
+_ASSETS = {"app.js": "application/javascript", "style.css": "text/css", "history.js": "application/javascript",
+           "uPlot.iife.min.js": "application/javascript", "uPlot.min.css": "text/css"}
+_VENDORED = {"uPlot.iife.min.js", "uPlot.min.css"}  # web/vendor/: uPlot, with its licence
 # connect-src: the dashboard also reads /api/v1/alerts of the other daemons of the fleet (on LAN addresses).
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self' http: https:; "
@@ -167,7 +169,7 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
         kind = _ASSETS.get(name)
         if kind is None:
             raise web.HTTPNotFound()
-        return web.FileResponse(WEB_DIR / name, headers={
+        return web.FileResponse(WEB_DIR / ("vendor/" + name if name in _VENDORED else name), headers={
             "Content-Type": f"{kind}; charset=utf-8", "Cache-Control": "no-cache",
             "X-Content-Type-Options": "nosniff"})
 

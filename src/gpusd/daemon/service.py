@@ -7,7 +7,9 @@ Everything another part of gpusd needs is reachable from one :class:`Daemon`:
 * ``daemon.publish(event, data)`` — send an event to every ``/api/v1/events`` listener;
 * ``daemon.on_sample`` — callbacks ``fn(snapshot)`` run on the event loop after every sample;
 * ``daemon.app`` — the aiohttp application: add routes before :meth:`start`;
-* ``daemon.config`` — the :class:`~gpusd.daemon.config.DaemonConfig`.
+* ``daemon.config`` — the :class:`~gpusd.daemon.config.DaemonConfig`;
+* ``daemon.recording`` — the usage history (:mod:`.recording`, docs/history.md), fed by an
+  ``on_sample`` callback that only queues the snapshot for its writer thread.
 
 Metrics, the dashboard, access control and threshold evaluation (:mod:`.monitoring`) are wired into
 the app when the daemon is built; a failure there (a bad rule, say) stops the daemon from starting:
@@ -91,6 +93,9 @@ class Daemon:
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
+        from .recording import install as install_recording  # usage history (docs/history.md)
+
+        self.recording = install_recording(self.app, self)
 
     # -- extension points ---------------------------------------------------------------------
     @property

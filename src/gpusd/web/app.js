@@ -471,6 +471,10 @@
     ptd.appendChild(el("div", "plist", procsText(g)));
     ptd.title = (g.processes || []).map((p) => `${p.pid} ${p.user || ""} ${p.command || ""}`).join("\n");
     if (alerts.length) ptd.appendChild(el("div", "alert-tag", "⚠ " + alerts.join(", ")));
+    if (state.idle && state.idle.has(host.node_id + "|" + g.uuid)) {  // history.js: a lease held idle
+      tr.classList.add("idle-held");
+      ptd.appendChild(el("div", "idle-tag", "idle lease"));
+    }
     tr.appendChild(ptd);
     return tr;
   }
@@ -567,6 +571,7 @@
   $("filter").addEventListener("input", markDirty);
   $("sort").addEventListener("change", markDirty);
   setInterval(markDirty, 5000);  // sparklines slide even when nothing changes
-  window.gpusdDashboard = state;  // for debugging and tests
+  state.redraw = markDirty;  // for history.js (idle marks)
+  window.gpusdDashboard = state;  // for debugging, tests and history.js
   run();
 })();

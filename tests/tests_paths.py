@@ -1,0 +1,6 @@
+"""Paths the tests share."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src"
