@@ -166,7 +166,21 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="the daemon's state directory: pid file, log, node id (default $GPUSD_STATE_DIR, "
                        "/var/lib/gpusd for root, else ~/.local/state/gpusd)")
 
+    def beyond_flags(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("hosts beyond this link (docs/daemon.md, \"Beyond one link\")")
+        g.add_argument("--peer", action="append", metavar="HOST[:PORT]", dest="peers",
+                       help="also follow the daemon at HOST (name or IPv4; port 4780 by default; repeatable; "
+                       "default $GPUSD_PEERS, comma-separated)")
+        g.add_argument("--peers-file", metavar="FILE",
+                       help="peers, one HOST[:PORT] per line, # comments; re-read when it changes "
+                       "(default $GPUSD_PEERS_FILE)")
+        g.add_argument("--dns-sd-domain", metavar="DOMAIN",
+                       help="browse _gpusd._tcp.DOMAIN in unicast DNS (wide-area DNS-SD, RFC 6763 §11; "
+                       "default $GPUSD_DNS_SD_DOMAIN)")
+        g.add_argument("--dns-server", metavar="IP", help="ask this DNS server (default: the system resolver)")
+
     def client_flags(p: argparse.ArgumentParser) -> None:
+        beyond_flags(p)
         interface_flag(p, "browse")
         p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
         p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
@@ -199,6 +213,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
     p.add_argument("--fleet", choices=("auto", "on", "off"), default="auto",
                    help="the /api/v1/fleet view: started on first use (auto), always, or never")
+    beyond_flags(p)
     p.add_argument("--txt-interval", type=_seconds, default=6.0, metavar="S",
                    help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
     p.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
@@ -287,6 +302,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
+    beyond_flags(p)
     p.add_argument("--history", default="1h", metavar="RANGE",
                    help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
 

@@ -61,6 +61,10 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         idle_after=getattr(args, "idle_after", 900.0),
         idle_release=getattr(args, "idle_release", False),
         idle_grace=getattr(args, "idle_grace", 900.0),
+        peers=getattr(args, "peers", None),
+        peers_file=getattr(args, "peers_file", None),
+        dns_sd_domain=getattr(args, "dns_sd_domain", None),
+        dns_server=getattr(args, "dns_server", None),
     )
     cfg.validate()
     return cfg
@@ -83,6 +87,13 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
             "--idle-grace", str(getattr(args, "idle_grace", 900.0))]
     if args.hostname:
         out += ["--hostname", args.hostname]
+    for peer in getattr(args, "peers", None) or []:
+        out += ["--peer", peer]
+    for flag, name in (("--peers-file", "peers_file"), ("--dns-sd-domain", "dns_sd_domain"),
+                       ("--dns-server", "dns_server")):
+        if getattr(args, name, None):
+            value = getattr(args, name)
+            out += [flag, os.path.abspath(value) if name == "peers_file" else value]
     if args.tls_port is not None:
         out += ["--tls-port", str(args.tls_port)]
     if args.simulate:

@@ -33,8 +33,16 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
         key=fleet_key(args),
         interfaces=args.interfaces,
         **_filter_args(args),
+        **beyond_args(args),
         **kw,
     )
+
+
+def beyond_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--peer``, ``--peers-file``, ``--dns-sd-domain``, ``--dns-server`` as AsyncClient arguments
+    (absent flags: None, so the client reads the environment)."""
+    return {"peers": getattr(args, "peers", None), "peers_file": getattr(args, "peers_file", None),
+            "dns_sd_domain": getattr(args, "dns_sd_domain", None), "dns_server": getattr(args, "dns_server", None)}
 
 
 def _filter_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -41,6 +41,12 @@ class DaemonConfig:
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
     fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
+    # hosts beyond the mDNS link (discovery/beyond.py, docs/daemon.md "Beyond one link"); None: from the
+    # environment ($GPUSD_PEERS, $GPUSD_PEERS_FILE, $GPUSD_DNS_SD_DOMAIN)
+    peers: list[str] | None = None
+    peers_file: str | None = None
+    dns_sd_domain: str | None = None
+    dns_server: str | None = None
     # usage history (docs/history.md; wired in daemon/recording.py)
     record: bool = True  # record usage history in an SQLite database
     history_db: Path | None = None  # default: history.sqlite in the state directory
@@ -100,6 +106,18 @@ class DaemonConfig:
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000):
                 raise ConfigError(f"{name} must be a whole number between 1 and 1000000, not {value!r}")
         self._validate_thresholds()
+        self._validate_beyond()
+
+    def _validate_beyond(self) -> None:
+        """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
+        from ..discovery import beyond
+
+        if self.peers is not None:
+            beyond.parse_peers(list(self.peers))
+        if self.dns_sd_domain:
+            beyond.valid_domain(self.dns_sd_domain)
+        if self.dns_server:
+            beyond.valid_dns_server(self.dns_server)
 
     def _validate_thresholds(self) -> None:
         """Parse the threshold rules with the command line's parser (:mod:`gpusd.thresholds`): a rule

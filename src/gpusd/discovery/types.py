@@ -124,6 +124,9 @@ class RemoteHost:
     # False: it did not (a stranger, or a daemon of another fleet): its private fields are dropped;
     # None: this client has no fleet secret, so nothing can be checked.
     verified: bool | None = None
+    # how the host was found: "mdns" (announced on this link), "peer" (--peer, GPUSD_PEERS, a peers
+    # file) or "dns-sd" (wide-area DNS-SD, RFC 6763 §11)
+    via: str = "mdns"
 
     @property
     def hostname(self) -> str:
@@ -171,6 +174,7 @@ class RemoteHost:
             "node_id": self.node_id,
             "session": self.session,
             "source": self.source,
+            "via": self.via,
             "addresses": list(self.addresses),
             "port": self.port,
             "url": self.url,
@@ -217,6 +221,7 @@ class DiscoveryEvent:
             "session": self.host.session,
             "url": self.host.url,
             "source": self.host.source,
+            "via": self.host.via,
             "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }
