@@ -187,3 +187,35 @@ def test_a_host_behind_a_router_joins_the_pool_through_wide_area_dns_sd(lans: tu
         if pid == server.pid and server.poll() is None:
             os.kill(pid, signal.SIGTERM)
         server.wait(10)
+
+
+@pytest.mark.timeout(300)
+def test_a_dead_peer_is_retried_and_the_peers_file_is_followed_as_it_changes(lans: tuple[Lan, Lan],
+                                                                              tmp_path: Path) -> None:
+    a, b = lans
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    hb = b.add_gpu_host("node-b", make_gpus(1), fast=True, args=["--token-file", str(key)])
+    client = a.add_node("client")
+    peers_file = tmp_path / "peers"
+    peers_file.write_text(f"# LAN B\n{hb.ip}:4780\n")
+    watch = a.watch(client, ["--peers-file", str(peers_file), "--token-file", str(key)])
+    try:
+        # the peer is down at first: retried with back-off, found once it is up
+        time.sleep(3)
+        assert not any(e.get("hostname") == "node-b" for e in watch.events)
+        hb.start()
+        added = watch.wait_for(lambda e: e["event"] == "host_added" and e["hostname"] == "node-b", 40)
+        assert added["via"] == "peer" and added["verified"] is True
+        # the file no longer lists it: removed; listed again: back
+        tmp = tmp_path / "peers.new"
+        mark = watch.mark()
+        tmp.write_text("# nobody\n")
+        os.replace(tmp, peers_file)
+        removed = watch.wait_for(lambda e: e["event"] == "host_removed" and e["hostname"] == "node-b", 30, mark)
+        assert removed["data"]["reason"] == "no longer in the peers file"
+        mark = watch.mark()
+        tmp.write_text(f"{hb.ip}\n")
+        os.replace(tmp, peers_file)
+        watch.wait_for(lambda e: e["event"] == "host_added" and e["hostname"] == "node-b", 30, mark)
+    finally:
+        watch.stop()
