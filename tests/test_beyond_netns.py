@@ -145,31 +145,46 @@ def dnsmasq(lan: Lan, node: Any, tmp: Path, records: list[str]) -> subprocess.Po
     return p
 
 
+def dnsmasq_records(zone_lines: str) -> list[str]:
+    """dnsmasq options serving the records of a zone file's lines (PTR, SRV, TXT, A)."""
+    import dns.rdata
+    import dns.rdataclass
+    import dns.rdatatype
+
+    out = []
+    for line in zone_lines.splitlines():
+        name, _ttl, _cls, rtype, rdata = line.split(None, 4)
+        rd: Any = dns.rdata.from_text(dns.rdataclass.IN, dns.rdatatype.from_text(rtype), rdata)
+        name = name.rstrip(".")
+        if rtype == "PTR":
+            out.append(f"--ptr-record={name},{rd.target.to_text().rstrip('.')}")
+        elif rtype == "SRV":
+            out.append(f"--srv-host={name},{rd.target.to_text().rstrip('.')},{rd.port}")
+        elif rtype == "TXT":
+            strings = [s.decode() for s in rd.strings]
+            assert not any("," in s for s in strings), strings  # dnsmasq separates strings by commas
+            out.append(f"--txt-record={name}," + ",".join(strings))
+        elif rtype == "A":
+            out.append(f"--host-record={name},{rd.address}")
+    return out
+
+
 @pytest.mark.timeout(300)
 def test_a_host_behind_a_router_joins_the_pool_through_wide_area_dns_sd(lans: tuple[Lan, Lan],
                                                                          tmp_path: Path) -> None:
     if shutil.which("dnsmasq") is None:
         pytest.skip("dnsmasq is not installed (apt-get install dnsmasq-base)")
-    from gpusd.wire.txt import encode_txt
-
     a, b = lans
     key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
     hb = b.add_gpu_host("node-b", make_gpus(2), fast=True, args=["--token-file", str(key)])
     hb.start()
     dns = a.add_node("dns")
     client = a.add_node("client")
-    health = python_in(a, client, f"""
-        import urllib.request
-        print(urllib.request.urlopen("http://{hb.ip}:4780/healthz", timeout=10).read().decode())
-    """)
-    txt = encode_txt(node_id=health["node_id"], hostname="node-b", session="default", inventory=[], free=0)
-    inst = "node-b._gpusd._tcp.lab.example"
-    server = dnsmasq(a, dns, tmp_path, [
-        f"--ptr-record=_gpusd._tcp.lab.example,{inst}",
-        f"--srv-host={inst},node-b.lab.example,4780",
-        f"--txt-record={inst}," + ",".join(f"{k}={v}" for k, v in txt.items()),
-        f"--host-record=node-b.lab.example,{hb.ip}",
-    ])
+    # the lab publishes node-b: `gpusd export dns-sd-zone` (node-b reached as a peer) prints the records,
+    # which dnsmasq serves
+    r = a.gpusd(client, ["export", "dns-sd-zone", "--domain", "lab.example", "--peer", hb.ip, "--timeout", "4"])
+    assert r.returncode == 0, r.stderr
+    server = dnsmasq(a, dns, tmp_path, dnsmasq_records(r.stdout))
     try:
         ha = a.add_gpu_host("node-a", make_gpus(1), fast=True,
                             args=["--token-file", str(key), "--dns-sd-domain", "lab.example", "--dns-server", dns.ip])

@@ -345,6 +345,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S",
                    help="with --watch: check every S seconds")
     add_token_flags(p, "with --url: sign the request")
+    p = _command(esub, "dns-sd-zone", "gpusd.cli.discover:export_dns_sd_zone",
+                 "print zone-file records (PTR, SRV, TXT, A) publishing the hosts found under _gpusd._tcp.DOMAIN")
+    p.add_argument("--domain", required=True, help="the wide-area DNS-SD domain, e.g. lab.example")
+    p.add_argument("--ttl", type=int, default=300, help="TTL of the records in seconds (default 300)")
+    p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S", help="seconds to browse (default 3)")
+    client_flags(p)
     # --- end of monitoring commands ---
 
     return parser

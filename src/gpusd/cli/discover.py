@@ -106,7 +106,33 @@ def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> 
 
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
     return {"hostname": h.hostname, "node_id": h.node_id, "session": h.session, "source": h.source,
-            "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+            "via": h.via, "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+
+
+def export_dns_sd_zone(args: argparse.Namespace) -> int:
+    """``gpusd export dns-sd-zone --domain lab.example``: zone-file lines publishing the hosts found
+    (wide-area DNS-SD, docs/daemon.md "Beyond one link")."""
+    import asyncio
+
+    from ..discovery.beyond import valid_domain, zone_records
+
+    domain = valid_domain(args.domain)
+    if not 0 < args.ttl <= 86400:
+        raise ConfigError("--ttl must be between 1 and 86400 seconds")
+
+    async def go() -> list[RemoteHost]:
+        client = _client(args)
+        try:
+            return await client.scan(args.timeout)
+        finally:
+            await client.stop_listening()
+
+    lines = zone_records(asyncio.run(go()), domain, int(args.ttl))
+    if not lines:
+        print("gpusd: no gpusd host with an IPv4 address found", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    print("\n".join(lines))
+    return 0
 
 
 def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:

@@ -295,8 +295,64 @@ async def browse_dns_sd(domain: str, server: str | None = None) -> tuple[list[Dn
     return out, max(DNS_SD_MIN_INTERVAL, ttl), problems
 
 
+# -- publishing: the zone records of known hosts --------------------------------------------------------
+def instance_label(hostname: str, node_id: str) -> str:
+    """A DNS label for a host: its name made of ``a-z0-9-``, and the first 8 characters of its node id
+    (unique where two hosts share a name), as the mDNS instance names are."""
+    base = re.sub(r"[^a-z0-9-]+", "-", hostname.lower()).strip("-")[:40] or "gpu"
+    tag = re.sub(r"[^a-z0-9]+", "", node_id.lower())[:8]
+    return f"{base}-{tag}" if tag else base
+
+
+def zone_records(hosts: list[Any], domain: str, ttl: int = 300) -> list[str]:
+    """Zone-file lines (absolute names) that publish ``hosts`` (:class:`~gpusd.discovery.types.RemoteHost`
+    of gpusd daemons with an IPv4 address) under ``_gpusd._tcp.<domain>``: PTR, SRV, TXT (the host's own
+    TXT schema, re-encoded) and A.  Every name and string is escaped by dnspython: host names and TXT
+    values come from the network."""
+    import dns.name
+    import dns.rdataclass
+    import dns.rdatatype
+    from dns.rdtypes.ANY.TXT import TXT
+
+    from ..wire.txt import encode_txt
+
+    zone = dns.name.from_text(valid_domain(domain))
+    service = dns.name.Name(("_gpusd", "_tcp")).concatenate(zone)
+    out: list[str] = []
+    seen: set[str] = set()
+    for h in sorted(hosts, key=lambda h: (h.hostname, h.node_id)):
+        addresses = [a for a in h.addresses if _ipv4(a)]
+        if h.source != "gpusd" or not addresses or not 0 < int(h.port) < 65536:
+            continue
+        label = instance_label(h.hostname, h.node_id)
+        if label in seen:
+            continue
+        seen.add(label)
+        instance = dns.name.Name((label,)).concatenate(service)
+        target = dns.name.Name((label,)).concatenate(zone)
+        t = h.txt
+        props = encode_txt(node_id=t.node_id, hostname=t.hostname, session=t.session, inventory=list(t.inventory),
+                           free=t.free or 0, api=t.api, gpusd_version=t.gpusd_version, simulated=t.simulated,
+                           auth=t.auth, tls_port=t.tls_port, cert_fp=t.cert_fp)
+        strings = [f"{k}={v}".encode() for k, v in props.items()]
+        txt = TXT(dns.rdataclass.IN, dns.rdatatype.TXT, strings).to_text()
+        out += [f"{service} {ttl} IN PTR {instance}",
+                f"{instance} {ttl} IN SRV 0 0 {int(h.port)} {target}",
+                f"{instance} {ttl} IN TXT {txt}"]
+        out += [f"{target} {ttl} IN A {a}" for a in addresses[:16]]
+    return out
+
+
+def _ipv4(address: str) -> bool:
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    return True
+
+
 __all__ = [
     "DNS_SD_INTERVAL", "MAX_DNS_SD", "MAX_PEERS", "DnsSdInstance", "PeerSpec", "browse_dns_sd", "file_stamp",
     "parse_peer", "parse_peers", "peer_txt", "peers_from_env", "read_peers_file", "valid_dns_server",
-    "valid_domain", "valid_hostname",
+    "valid_domain", "valid_hostname", "zone_records",
 ]
