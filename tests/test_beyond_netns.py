@@ -85,6 +85,11 @@ def test_a_host_behind_a_router_joins_the_pool_through_peer(lans: tuple[Lan, Lan
     r = a.gpusd(client, ["list", "--json", "--timeout", "8", "--token-file", str(key)], env=env)
     assert {d["hostname"] for d in json.loads(r.stdout)} == {"node-a", "node-b"}, r.stderr
 
+    # on LAN B node-b is announced too: found both ways, it is listed once
+    cb = b.add_node("client-b")
+    on_b = list_json(b, cb, ["--token-file", str(key), "--peer", hb.ip])
+    assert [(d["hostname"], d["verified"]) for d in on_b if d["hostname"] == "node-b"] == [("node-b", True)]
+
     # node-a's fleet view (the daemon told --peer): node-b via peer, verified; the stranger not
     hosts = fleet_until(a, client, f"http://{ha.ip}:4780/api/v1/fleet", key, {"node-a", "node-b", "evil"})
     assert hosts["node-b"]["via"] == "peer" and hosts["node-b"]["verified"] is True

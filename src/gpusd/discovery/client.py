@@ -78,6 +78,7 @@ MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements bey
 # by a second when it multicast the record less than a second before), and the stopping daemon may
 # still accept a connection; a restarted daemon (probing alone takes ~0.75 s) is merely seen later.
 REAPPEAR_HOLD = 2.0
+FOLLOWED_ALREADY = "followed already"  # a stream's outcome: its node is reported, found another way
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -98,6 +99,7 @@ class _Peer:
     via: str = "mdns"  # how it was found: "mdns", "peer" (static) or "dns-sd" (wide area; .beyond)
     spec: Any = None  # a static peer's PeerSpec, a wide-area instance's DnsSdInstance
     from_file: bool = False  # a static peer listed in the peers file (dropped when the file drops it)
+    shadowed: bool = False  # its node is reported already, found another way (_shadowing)
 
 
 class AsyncClient:
@@ -589,10 +591,6 @@ class AsyncClient:
         if not self.filters.host_ok(txt):
             log.debug("ignoring %s: session %r / host %r filtered out", peer.name, txt.session, txt.hostname)
             return None
-        for other in self._peers.values():  # one host found two ways is followed once
-            if other is not peer and other.reported and other.host is not None and other.host.node_id == txt.node_id:
-                self._problem(peer, f"{txt.hostname} is followed already (found via {other.via})")
-                return None
         host = RemoteHost(key=peer.name, txt=txt, addresses=addresses, port=port, via=peer.via)
         if peer.host is not None and peer.reported:
             host.snapshot, host.alive, host.url = peer.host.snapshot, peer.host.alive, peer.host.url
@@ -788,7 +786,7 @@ class AsyncClient:
                 # dashboard's alert requests), also when the stream itself came over TLS
                 outcome = await self._read_stream(peer, host, resp, f"http://{address}:{host.port}{API_PREFIX}",
                                                   deadline)
-                if outcome in ("bye", "lost"):
+                if outcome in ("bye", "lost", FOLLOWED_ALREADY):
                     return outcome
                 failure = outcome  # no valid stream at this address (another machine's?): try the next
             finally:
@@ -832,6 +830,9 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     host.alive = True
                     self._apply(peer, host, snap.gpus, snap)
+                    if peer.shadowed:
+                        peer.shadowed = False
+                        return FOLLOWED_ALREADY
                 elif not got_snapshot:
                     continue  # anything before the snapshot is ignored
                 elif name == "heartbeat":
@@ -885,6 +886,12 @@ class AsyncClient:
     # -- reporting ----------------------------------------------------------------------------
     def _apply(self, peer: _Peer, host: RemoteHost, gpus: list[GpuInfo], snap: HostSnapshot | None = None) -> None:
         """Report what changed between the devices reported so far and ``gpus``."""
+        if not peer.reported and snap is not None:
+            other = self._shadowing(peer, host)
+            if other is not None:  # one host found two ways (mDNS and --peer, say) is reported once
+                log.debug("%s: %s is followed already (found via %s)", peer.name, host.hostname, other.via)
+                peer.shadowed = peer.settled = True
+                return
         if snap is not None:
             host.snapshot = snap
         peer.settled = True
@@ -911,6 +918,19 @@ class AsyncClient:
             changed = _changed(old.gpu, g)
             if changed:
                 self._emit(DiscoveryEvent(DEVICE_UPDATED, host, device=dev, previous=old, changed=changed))
+
+    def _shadowing(self, peer: _Peer, host: RemoteHost) -> _Peer | None:
+        """The reported host of the same node found another way (a static peer, wide-area DNS-SD), if
+        any: the first found is followed, the other waits (retried with back-off) -- unless this one is
+        verified and that one is not (a stranger claiming a node id never hides the real host).  Two
+        mDNS services of one node are both reported, as before."""
+        for other in self._peers.values():
+            if other is peer or not other.reported or other.host is None or other.host.node_id != host.node_id:
+                continue
+            if peer.via == other.via == "mdns" or (host.verified is True and other.host.verified is False):
+                continue
+            return other
+        return None
 
     def _report_removed(self, peer: _Peer, reason: str) -> None:
         host = peer.host
