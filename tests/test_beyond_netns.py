@@ -77,13 +77,18 @@ def test_a_host_behind_a_router_joins_the_pool_through_peer(lans: tuple[Lan, Lan
     assert names == {"node-a"}
     # with them: node-b verified (its process owner shown), the stranger unverified and without owners
     devices = list_json(a, client, ["--token-file", str(key), *peers])
-    verdict = {d["hostname"]: d["verified"] for d in devices}
-    assert verdict == {"node-a": True, "node-b": True, "evil": False}
+    verdict = {d["hostname"]: (d["verified"], d["via"]) for d in devices}
+    assert verdict == {"node-a": (True, "mdns"), "node-b": (True, "peer"), "evil": (False, "peer")}
     assert "mallory" not in json.dumps(devices) and "pytest" in json.dumps(devices)
     # the same through $GPUSD_PEERS
     env = a.base_env(client, GPUSD_PEERS=f"{hb.ip}:4780")
     r = a.gpusd(client, ["list", "--json", "--timeout", "8", "--token-file", str(key)], env=env)
     assert {d["hostname"] for d in json.loads(r.stdout)} == {"node-a", "node-b"}, r.stderr
+
+    # gpusd top with the peers: node-b's GPU and its process owner, the stranger marked
+    r = a.gpusd(client, ["top", "--once", "--width", "160", "--token-file", str(key), *peers])
+    assert r.returncode == 0, r.stderr
+    assert "node-b" in r.stdout and "evil  [unverified]" in r.stdout and "mallory" not in r.stdout, r.stdout
 
     # on LAN B node-b is announced too: found both ways, it is listed once
     cb = b.add_node("client-b")
@@ -197,8 +202,8 @@ def test_a_host_behind_a_router_joins_the_pool_through_wide_area_dns_sd(lans: tu
         wide = ["--dns-sd-domain", "lab.example", "--dns-server", dns.ip]
         assert {d["hostname"] for d in list_json(a, client, ["--token-file", str(key)])} == {"node-a"}
         devices = list_json(a, client, ["--token-file", str(key), *wide])
-        assert sorted((d["hostname"], d["verified"]) for d in devices) == [
-            ("node-a", True), ("node-b", True), ("node-b", True)]
+        assert sorted((d["hostname"], d["verified"], d["via"]) for d in devices) == [
+            ("node-a", True, "mdns"), ("node-b", True, "dns-sd"), ("node-b", True, "dns-sd")]
         hosts = fleet_until(a, client, f"http://{ha.ip}:4780/api/v1/fleet", key, {"node-a", "node-b"})
         assert hosts["node-b"]["via"] == "dns-sd" and hosts["node-b"]["verified"] is True
         assert hosts["node-b"]["url"] == f"http://{hb.ip}:4780/api/v1"

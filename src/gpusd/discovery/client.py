@@ -909,7 +909,7 @@ class AsyncClient:
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
                          source=host.source, live=host.live, simulated=simulated, host_key=host.key,
-                         verified=host.verified)
+                         verified=host.verified, via=host.via)
             old = peer.devices.get(uuid)
             peer.devices[uuid] = dev
             if old is None:

@@ -47,6 +47,7 @@ class Device:
     simulated: bool = False
     host_key: str = ""
     verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
+    via: str = "mdns"  # how its host was found (see RemoteHost.via)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -95,6 +96,7 @@ class Device:
             "live": self.live,
             "simulated": self.simulated,
             "verified": self.verified,
+            "via": self.via,
             "gpu": self.gpu.to_dict(),
         }
 
@@ -163,7 +165,7 @@ class RemoteHost:
         simulated = bool(self.snapshot.simulated) if self.snapshot is not None else self.txt.simulated
         return [
             Device(hostname=self.hostname, node_id=self.node_id, session=self.session, gpu=g, url=self.url,
-                   source=self.source, live=self.live, simulated=simulated, host_key=self.key)
+                   source=self.source, live=self.live, simulated=simulated, host_key=self.key, via=self.via)
             for g in self.gpus()
         ]
 
