@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +90,94 @@ def test_zone_records_publish_hosts_that_a_browser_reads_back() -> None:
     assert hosts == [hostile, "node-b"]
     addresses = [r.address for name in zone.nodes for r in (zone.get_rdataset(name, "A") or ())]
     assert sorted(addresses) == ["198.18.2.1", "198.18.2.9"]
+
+
+@pytest.fixture
+def dns_server(tmp_path: Path) -> Any:
+    """dnsmasq on 127.0.0.1 (a free port, never 53 or 5353), serving the records a test gives."""
+    import shutil
+    import socket
+    import subprocess
+
+    if shutil.which("dnsmasq") is None:
+        pytest.skip("dnsmasq is not installed (apt-get install dnsmasq-base)")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(records: list[str]) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        pid_file = tmp_path / f"dnsmasq-{port}.pid"
+        p = subprocess.Popen(["dnsmasq", "-k", "-C", "/dev/null", "--no-resolv", "--no-hosts", "--bind-interfaces",
+                              "--listen-address=127.0.0.1", f"--port={port}", f"--pid-file={pid_file}",
+                              "--user=root", *records], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(p)
+        for _ in range(50):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.1)
+        return port
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+        p.wait(10)
+
+
+async def test_browse_reads_the_zone_and_skips_bad_records(dns_server: Any) -> None:
+    from gpusd.wire.txt import encode_txt
+
+    good = encode_txt(node_id="7b676f27867c74e8", hostname="node-b", session="lab", inventory=[], free=0)
+    z = "_gpusd._tcp.lab.example"
+    port = dns_server([
+        f"--ptr-record={z},node-b.{z}", f"--ptr-record={z},bad.{z}", f"--ptr-record={z},nosrv.{z}",
+        f"--ptr-record={z},elsewhere.other.example",  # not under the service: ignored
+        f"--srv-host=node-b.{z},node-b.lab.example,4780", f"--srv-host=bad.{z},bad.lab.example,4780",
+        f"--txt-record=node-b.{z}," + ",".join(f"{k}={v}" for k, v in good.items()),
+        f"--txt-record=bad.{z},v=1,id=no spaces allowed,host=x,n=0",
+        "--host-record=node-b.lab.example,198.18.2.1", "--host-record=bad.lab.example,198.18.2.2",
+        "--local=/example/",  # answered here: NXDOMAIN for the rest, not REFUSED
+    ])
+    browse = await beyond.browse_dns_sd("lab.example.", "127.0.0.1", port)
+    assert browse.complete
+    assert [(i.name, i.port, i.addresses, i.txt.node_id, i.txt.session) for i in browse.found] == [
+        (f"node-b.{z}.", 4780, ["198.18.2.1"], "7b676f27867c74e8", "lab")]
+    assert any(p.startswith(f"bad.{z}.") and "node id" in p for p in browse.problems), browse.problems
+    assert any(p.startswith(f"nosrv.{z}.") for p in browse.problems), browse.problems
+    assert beyond.DNS_SD_MIN_INTERVAL <= browse.ttl <= beyond.DNS_SD_INTERVAL
+    # a domain with no gpusd service: nothing, and complete (hosts listed before are gone)
+    empty = await beyond.browse_dns_sd("nothing.example.", "127.0.0.1", port)
+    assert empty.found == [] and empty.complete
+    # a server that refuses (no answer): incomplete, so the caller drops nothing
+    refused = await beyond.browse_dns_sd("lab.other.", "127.0.0.1", port)
+    assert refused.found == [] and not refused.complete
+
+
+async def test_a_dns_server_that_does_not_answer_drops_no_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusd.wire.txt import decode_txt, encode_txt
+
+    txt = decode_txt(encode_txt(node_id="7b676f27867c74e8", hostname="node-b", session="default", inventory=[],
+                                free=0))
+    name = "node-b._gpusd._tcp.lab.example."
+    inst = beyond.DnsSdInstance(name, "node-b.lab.example.", 1, txt, ["127.0.0.1"], 60.0)  # port 1: refused
+    answers = [beyond.Browse([inst], 0.05, [], set()),
+               beyond.Browse([], 0.05, ["timeout"], set(), complete=False),  # the server is down
+               beyond.Browse([], 0.05, [], set())]  # the zone no longer lists it
+    seen: list[list[str]] = []
+    done = asyncio.Event()
+
+    async def fake_browse(domain: str, server: str | None = None, port: int = 53) -> beyond.Browse:
+        if len(seen) < len(answers) + 1:
+            seen.append([h.hostname for h in client.announced()])
+        if len(seen) > len(answers):
+            done.set()
+            return beyond.Browse([], 10.0, [], set(), complete=False)
+        return answers[len(seen) - 1]
+
+    monkeypatch.setattr(beyond, "browse_dns_sd", fake_browse)
+    client = AsyncClient(dns_sd_domain="lab.example", interfaces=["127.0.0.1"])
+    async with client:
+        await asyncio.wait_for(done.wait(), 10)
+    # before each browse: nothing yet; found; kept while the server was down; gone once the zone dropped it
+    assert seen == [[], ["node-b"], ["node-b"], []]

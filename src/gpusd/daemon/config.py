@@ -110,12 +110,15 @@ class DaemonConfig:
 
     def _validate_beyond(self) -> None:
         """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
+        import os
+
         from ..discovery import beyond
 
-        if self.peers is not None:
-            beyond.parse_peers(list(self.peers))
-        if self.dns_sd_domain:
-            beyond.valid_domain(self.dns_sd_domain)
+        # also what the fleet view would take from the environment: a bad $GPUSD_PEERS fails the start
+        beyond.parse_peers(list(self.peers) if self.peers is not None else beyond.peers_from_env())
+        domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
+        if domain:
+            beyond.valid_domain(domain)
         if self.dns_server:
             beyond.valid_dns_server(self.dns_server)
 

@@ -233,7 +233,7 @@ class DnsSdInstance:
     ttl: float  # the smallest TTL of its records (seconds)
 
 
-def _resolver(server: str | None) -> Any:
+def _resolver(server: str | None, port: int = 53) -> Any:
     import dns.asyncresolver
 
     if server is None:
@@ -241,28 +241,43 @@ def _resolver(server: str | None) -> Any:
     else:
         r = dns.asyncresolver.Resolver(configure=False)
         r.nameservers = [server]
+        r.port = port
     r.lifetime = DNS_TIMEOUT
     r.timeout = DNS_TIMEOUT
     r.cache = None  # TTLs are honoured by the browse loop itself
     return r
 
 
-async def browse_dns_sd(domain: str, server: str | None = None) -> tuple[list[DnsSdInstance], float, list[str]]:
-    """One wide-area browse of ``_gpusd._tcp.<domain>``: the valid instances, the smallest TTL seen
-    (for the next query), and the problems met (bad records are skipped, never raised)."""
+@dataclass
+class Browse:
+    """One wide-area browse: the valid instances, the smallest TTL seen (seconds until the next
+    query), the problems met, and the instances that could not be looked up this time (the DNS server
+    did not answer: the caller keeps what it had for them).  ``complete`` is False when the PTR query
+    itself failed: nothing is known, nothing is to be dropped."""
+
+    found: list[DnsSdInstance]
+    ttl: float
+    problems: list[str]
+    unknown: set[str]
+    complete: bool = True
+
+
+async def browse_dns_sd(domain: str, server: str | None = None, port: int = 53) -> Browse:
+    """One wide-area browse of ``_gpusd._tcp.<domain>`` (bad records are skipped and named in
+    ``problems``, never raised)."""
     import dns.exception
     import dns.resolver
 
-    r = _resolver(server)
+    r = _resolver(server, port)
     problems: list[str] = []
     ttl = DNS_SD_INTERVAL
     service = SERVICE + domain
     try:
         ptr = await r.resolve(service, "PTR")
     except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
-        return [], ttl, problems
+        return Browse([], ttl, problems, set())
     except dns.exception.DNSException as exc:
-        return [], DNS_SD_MIN_INTERVAL, [f"{service}: {exc.__class__.__name__}"]
+        return Browse([], DNS_SD_MIN_INTERVAL, [f"{service}: {exc.__class__.__name__}"], set(), complete=False)
     ttl = min(ttl, float(ptr.rrset.ttl)) if ptr.rrset is not None else ttl
     names = []
     for rr in ptr:
@@ -273,6 +288,7 @@ async def browse_dns_sd(domain: str, server: str | None = None) -> tuple[list[Dn
         problems.append(f"{len(names)} instances under {service}: following the first {MAX_DNS_SD}")
         names = names[:MAX_DNS_SD]
     out: list[DnsSdInstance] = []
+    unknown: set[str] = set()
     for name in names:
         try:
             srv = await r.resolve(name, "SRV")
@@ -287,12 +303,16 @@ async def browse_dns_sd(domain: str, server: str | None = None) -> tuple[list[Dn
             a = await r.resolve(target, "A")
             addresses = [rr.address for rr in a][:16]
             ttls = [float(x.rrset.ttl) for x in (srv, txt_answer, a) if x.rrset is not None]
+        except (dns.exception.Timeout, dns.resolver.NoNameservers) as exc:  # not an answer: keep what was known
+            unknown.add(name)
+            problems.append(f"{name[:120]}: {exc.__class__.__name__}")
+            continue
         except (dns.exception.DNSException, ValueError, TxtError, IndexError) as exc:
             problems.append(f"{name[:120]}: {str(exc)[:200] or exc.__class__.__name__}")
             continue
         ttl = min([ttl, *ttls])
         out.append(DnsSdInstance(name, target, port, txt, addresses, min(ttls) if ttls else ttl))
-    return out, max(DNS_SD_MIN_INTERVAL, ttl), problems
+    return Browse(out, max(DNS_SD_MIN_INTERVAL, ttl), problems, unknown)
 
 
 # -- publishing: the zone records of known hosts --------------------------------------------------------
@@ -352,7 +372,7 @@ def _ipv4(address: str) -> bool:
 
 
 __all__ = [
-    "DNS_SD_INTERVAL", "MAX_DNS_SD", "MAX_PEERS", "DnsSdInstance", "PeerSpec", "browse_dns_sd", "file_stamp",
+    "DNS_SD_INTERVAL", "MAX_DNS_SD", "MAX_PEERS", "Browse", "DnsSdInstance", "PeerSpec", "browse_dns_sd", "file_stamp",
     "parse_peer", "parse_peers", "peer_txt", "peers_from_env", "read_peers_file", "valid_dns_server",
     "valid_domain", "valid_hostname", "zone_records",
 ]

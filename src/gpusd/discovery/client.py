@@ -532,17 +532,19 @@ class AsyncClient:
         logged: set[str] = set()
         while self._listening:
             try:
-                found, ttl, problems = await beyond.browse_dns_sd(domain, self.dns_server)
+                browse = await beyond.browse_dns_sd(domain, self.dns_server)
             except Exception:  # never let a resolver's bug stop discovery
                 log.exception("wide-area DNS-SD browse of %s failed", domain)
-                found, ttl, problems = [], beyond.DNS_SD_INTERVAL, []
-            for problem in problems:
+                browse = beyond.Browse([], beyond.DNS_SD_INTERVAL, [], set(), complete=False)
+            for problem in browse.problems:
                 log.log(logging.DEBUG if problem in logged else logging.WARNING, "DNS-SD: %s", problem)
                 logged.add(problem)
-            names = {inst.name for inst in found}
-            for peer in [p for p in self._peers.values() if p.via == "dns-sd" and p.name not in names]:
+            # a host leaves when the zone no longer lists it; a server that does not answer drops nothing
+            names = {inst.name for inst in browse.found} | browse.unknown
+            gone = [p for p in self._peers.values() if p.via == "dns-sd" and p.name not in names]
+            for peer in gone if browse.complete else []:
                 self._drop_peer(peer, "removed from DNS-SD")
-            for inst in found:
+            for inst in browse.found:
                 known = self._peers.get(inst.name)
                 if known is None:
                     if len(self._peers) >= self.max_hosts:
@@ -559,7 +561,7 @@ class AsyncClient:
                 elif peer.host is not None:
                     peer.host.txt = inst.txt
             self._dns_sd_browsed = True
-            await asyncio.sleep(ttl)
+            await asyncio.sleep(browse.ttl)
 
     async def _resolve_beyond(self, peer: _Peer) -> RemoteHost | None:
         """A static peer's or a wide-area instance's host record (None: not now; retried)."""
