@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
 from daemon_helpers import (  # noqa: F401
     fast_mdns,
@@ -31,7 +32,6 @@ from gpusd.discovery.types import Filters
 from gpusd.model import ProcessInfo
 from gpusd.wire.signing import FleetKey, Headers, Request, Response
 from gpusd.wire.sse import format_event
-from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
