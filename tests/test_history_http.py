@@ -20,9 +20,10 @@ from gpusd.daemon.service import Daemon
 from gpusd.inventory.simulated import SimulatedBackend
 from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo
 from gpusd.usage.idle import IdlePolicy, IdleWatch
+from gpusd.wire.signing import FleetKey
 from history_helpers import HOUR, SCENARIO, T0, Clock
 
-TOKEN = "history-token"
+TOKEN = "history-fleet-secret-0123"  # the fleet secret (at least 16 bytes)
 INTERVAL = 10.0
 
 
@@ -63,10 +64,25 @@ def q(**kw: Any) -> str:
     return "&".join(f"{k}={v}" for k, v in kw.items())
 
 
+def signed(c: TestClient, path: str, secret: str = TOKEN) -> dict[str, str]:
+    """The headers of a GET of ``path`` on the test server, signed with ``secret`` (RFC 9421)."""
+    headers, _ = FleetKey(secret).sign_request("GET", str(c.make_url(path)))
+    return headers
+
+
+@pytest.fixture(autouse=True)
+def _no_secret_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reads the fleet secret from $GPUSD_TOKEN(_FILE) too: the tests say when there is one."""
+    monkeypatch.delenv("GPUSD_TOKEN", raising=False)
+    monkeypatch.delenv("GPUSD_TOKEN_FILE", raising=False)
+
+
 PERIOD = {"from": T0, "to": T0 + 6 * HOUR + INTERVAL, "now": T0 + 6 * HOUR + INTERVAL}
 
 
-async def test_usage_per_user_only_for_token_holders(served):
+async def test_usage_per_user_only_for_signed_readers(served):
+    """Per-user figures go to readers whose request is signed with the fleet secret; everyone else
+    (here a remote reader) gets the aggregates."""
     d, client = served
     r = await client.get("/api/v1/history/usage?" + q(**PERIOD))
     assert r.status == 200
@@ -81,14 +97,19 @@ async def test_usage_per_user_only_for_token_holders(served):
     assert used == pytest.approx(5.0, abs=2 * INTERVAL / HOUR)
     assert len(anon["gpus"]) == 4 and anon["idle_reservations"][0]["user"] is None
 
-    r = await client.get("/api/v1/history/usage?" + q(**PERIOD), headers={"Authorization": f"Bearer {TOKEN}"})
+    path = "/api/v1/history/usage?" + q(**PERIOD)
+    r = await client.get(path, headers=signed(client, path))
+    assert r.status == 200 and "Signature" in r.headers  # the daemon's proof comes back
     mine = await r.json()
     assert mine["private"] is True
     assert {u["user"] for u in mine["users"]} == {"alice", "bob", "carol"}
     assert mine["idle_reservations"][0]["user"] == "carol"
 
-    r = await client.get("/api/v1/history/usage?" + q(**PERIOD), headers={"Authorization": "Bearer wrong"})
-    assert (await r.json())["private"] is False
+    # a signature made with another secret, or the secret itself as a bearer token: refused
+    r = await client.get(path, headers=signed(client, path, secret="not-the-fleet-secret-4567"))
+    assert r.status == 401 and "alice" not in await r.text()
+    r = await client.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status == 401 and "alice" not in await r.text()
 
 
 async def test_series_endpoint_and_bad_queries(served):
@@ -131,12 +152,15 @@ async def test_report_over_http_one_host_and_the_fleet(tmp_path, served, capsys)
     try:
         code = await asyncio.to_thread(main, ["report", "--url", u1, *period, "--by", "user"])
         out, err = capsys.readouterr()
-        assert code == 1 and "private" in err  # no token, no per-user figures
+        assert code == 1 and "private" in err and "--token-file" in err  # no secret, no per-user figures
         code = await asyncio.to_thread(main, ["report", "--url", u1, *period, "--by", "host", "--format", "json"])
         r = json.loads(capsys.readouterr()[0])
         assert code == 0 and r["rows"][0]["host"] == "lab-node-1" and r["top_jobs"][0]["user"] is None
+        key_file = tmp_path / "fleet.key"
+        key_file.touch(mode=0o600)
+        key_file.write_text(TOKEN + "\n")
         code = await asyncio.to_thread(main, ["report", "--fleet", "--url", str(entry.make_url("/")), *period,
-                                              "--token", TOKEN, "--format", "json"])
+                                              "--token-file", str(key_file), "--format", "json"])
         r = json.loads(capsys.readouterr()[0])
         assert code == 0 and r["hosts"] == ["lab-node-1", "lab-node-2"]
         rows = {row["user"]: row for row in r["rows"]}
