@@ -229,7 +229,7 @@ def _capture_events(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_idle_event_data_is_redacted_on_the_event_stream():
-    """The lease's owner travels under "leases": the stream filter nulls it for readers without the token."""
+    """The lease's owner travels under "leases": the stream filter nulls it for readers without the fleet secret."""
     msgs: list[tuple[str, dict[str, Any]]] = []
     w = IdleWatch(IdlePolicy(idle_after=60), lambda e, data: msgs.append((e, data)))
     w.update(_snap(0, util=0.0, lease="alice"))

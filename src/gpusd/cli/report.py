@@ -87,7 +87,6 @@ def report(args: argparse.Namespace) -> int:
     from ..usage.report import build
     from ..views.report import render
     from ..views.sources import SourceError
-
     from .trust import fleet_key
 
     key = fleet_key(args)
