@@ -416,3 +416,39 @@ async def test_a_running_daemon_records_its_samples_and_ends_its_jobs_on_stop(tm
     jobs = conn.execute("SELECT user, ended FROM jobs").fetchall()
     conn.close()
     assert jobs and all(ended is not None for _, ended in jobs) and jobs[0][0] == "alice"
+
+
+def test_top_asks_no_history_of_a_host_that_did_not_prove_itself():
+    """With the fleet secret, `gpusd top` fetches sparkline history only from hosts that proved they
+    hold it (or, without a secret, from any host): a stranger announcing itself gets no request from
+    top, and its sparklines show what top itself saw."""
+    from gpusd.views.spark import Sparks
+    from gpusd.views.top import HostView
+
+    asked: list[tuple[str, Any]] = []
+
+    def get_json(url: str, key: Any, timeout: float) -> dict[str, Any]:
+        asked.append((url, key))
+        return {"t": [], "step": 10}
+
+    def view(name: str, verified: bool | None) -> HostView:
+        snap = HostSnapshot(hostname=name, node_id=name, timestamp=T0,
+                            gpus=[GpuInfo(index=0, uuid=f"GPU-{name}", utilization_gpu=90.0)])
+        return HostView(name, name, snap, url=f"http://{name}:4780/api/v1", verified=verified)
+
+    key = FleetKey(TOKEN)
+    sparks = Sparks(key=key, get_json=get_json)
+    try:
+        views = sparks.update([view("node-1", True), view("evil", False)], now=T0 + 1, wait=10.0)
+    finally:
+        sparks.close()
+    assert [u.split("/api/")[0] for u, _ in asked] == ["http://node-1:4780"] and asked[0][1] is key
+    assert views[1].spark["GPU-evil"].strip() == "█"  # top's own sample of the stranger
+
+    asked.clear()
+    plain = Sparks(get_json=get_json)  # no secret: nothing is verified, every host is asked
+    try:
+        plain.update([view("node-1", None), view("node-2", None)], now=T0 + 1, wait=10.0)
+    finally:
+        plain.close()
+    assert sorted(u.split("/api/")[0] for u, _ in asked) == ["http://node-1:4780", "http://node-2:4780"]
