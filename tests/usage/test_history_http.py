@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from daemon_helpers import fast_mdns  # noqa: F401  (a fixture)
+from fake_signing import proof_headers
 from gpusd.cli import main
 from gpusd.daemon import access
 from gpusd.daemon.config import DaemonConfig
@@ -139,10 +140,25 @@ async def test_report_over_http_one_host_and_the_fleet(tmp_path, served, capsys)
     await feed(d2, b2, clock2, 6.0)
     u1, u2 = (str(c.make_url("/")).rstrip("/") for c in (c1, c2))
 
+    stranger_asked: list[str] = []
+
+    async def stranger(request: web.Request) -> web.Response:
+        stranger_asked.append(request.path)
+        return web.json_response({"rows": [{"user": "mallory"}]})
+
+    sapp = web.Application()
+    sapp.router.add_get("/api/v1/history/usage", stranger)
+    evil = TestClient(TestServer(sapp, host="127.0.0.1"))
+    await evil.start_server()
+    u3 = str(evil.make_url("/")).rstrip("/")
+
     async def fleet(request: web.Request) -> web.Response:
-        return web.json_response({"hosts": [
-            {"hostname": h, "node_id": h, "url": u + "/api/v1", "alive": True} for h, u in
-            (("lab-node-1", u1), ("lab-node-2", u2))]})
+        # the entry daemon holds the secret, proves it, and says which hosts proved it to it
+        body = json.dumps({"hosts": [
+            {"hostname": h, "node_id": h, "url": u + "/api/v1", "alive": True, "verified": v} for h, u, v in
+            (("lab-node-1", u1, True), ("lab-node-2", u2, True), ("evil", u3, False))]}).encode()
+        return web.Response(body=body, content_type="application/json",
+                            headers=proof_headers(request, TOKEN, body, "entry"))
 
     app = web.Application()
     app.router.add_get("/api/v1/fleet", fleet)
@@ -161,15 +177,27 @@ async def test_report_over_http_one_host_and_the_fleet(tmp_path, served, capsys)
         key_file.write_text(TOKEN + "\n")
         code = await asyncio.to_thread(main, ["report", "--fleet", "--url", str(entry.make_url("/")), *period,
                                               "--token-file", str(key_file), "--format", "json"])
-        r = json.loads(capsys.readouterr()[0])
+        out, err = capsys.readouterr()
+        r = json.loads(out)
         assert code == 0 and r["hosts"] == ["lab-node-1", "lab-node-2"]
+        assert stranger_asked == [] and "evil" in err and "unverified" in err  # never asked, named
+        assert "mallory" not in out
         rows = {row["user"]: row for row in r["rows"]}
         assert rows["alice"]["gpu_hours_used"] == pytest.approx(4.0, abs=2 * INTERVAL / HOUR)
         assert rows["carol"]["idle_held_hours"] == pytest.approx(6.0, abs=2 * INTERVAL / HOUR)
         assert len(r["idle_reservations"]) == 2
+        # an entry daemon that cannot prove it holds the secret: none of the hosts it lists is trusted
+        other = tmp_path / "other.key"
+        other.touch(mode=0o600)
+        other.write_text("another-fleet-secret-0123456789\n")
+        code = await asyncio.to_thread(main, ["report", "--fleet", "--url", str(entry.make_url("/")), *period,
+                                              "--token-file", str(other), "--format", "json"])
+        out, err = capsys.readouterr()
+        assert code != 0 and stranger_asked == [] and "unverified" in err
     finally:
         await entry.close()
         await c2.close()
+        await evil.close()
 
 
 async def test_the_idle_reservation_raises_an_event_and_a_mark(served):
