@@ -19,8 +19,9 @@ import pytest
 
 from fakenvml import FakeProcess, make_gpus
 from netns import GpuHost, Lan, Node, lan, netns_ok, read_lines  # noqa: F401
+from tests_paths import TESTS
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS  # the test helpers (stranger.py) live in tests/
 GiB = 2**30
 
 
