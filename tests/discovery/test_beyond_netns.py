@@ -20,8 +20,8 @@ from typing import Any, Iterator
 import pytest
 
 from fakenvml import FakeProcess, make_gpus
+from lan_helpers import python_in, secret_file, signed_fleet, start_script
 from netns import Lan, join, netns_ok  # noqa: F401
-from test_trust_lan import python_in, secret_file, signed_fleet, start_script
 
 GiB = 2**30
 
