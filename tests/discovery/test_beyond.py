@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,10 @@ def test_the_client_refuses_bad_settings_in_the_caller() -> None:
         AsyncClient(peers=["host:99999"], interfaces=["127.0.0.1"])
     with pytest.raises(ConfigError):
         AsyncClient(dns_sd_domain="local", interfaces=["127.0.0.1"])
+    from gpusd.discovery import Client
+
+    with pytest.raises(ConfigError):
+        Client(peers=["198.18.2.1", "bad host"], interfaces=["127.0.0.1"])
     c = AsyncClient(peers=["198.18.2.1"], dns_sd_domain="lab.example", interfaces=["127.0.0.1"])
     assert c.peer_specs == [beyond.PeerSpec("198.18.2.1")] and c.dns_sd_domain == "lab.example."
 
@@ -181,3 +186,44 @@ async def test_a_dns_server_that_does_not_answer_drops_no_host(monkeypatch: pyte
         await asyncio.wait_for(done.wait(), 10)
     # before each browse: nothing yet; found; kept while the server was down; gone once the zone dropped it
     assert seen == [[], ["node-b"], ["node-b"], []]
+
+
+async def test_a_peer_is_read_through_the_txt_codec_and_bounded() -> None:
+    import aiohttp
+    from aiohttp import web
+
+    answers: dict[str, Any] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = answers[request.path]
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return web.Response(body=raw, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    node = "7b676f27867c74e8"
+    try:
+        async with aiohttp.ClientSession() as http:
+            answers["/healthz"] = {"ok": True, "node_id": node}
+            answers["/api/v1/host"] = {"node_id": node, "hostname": "node-b", "session": "lab",
+                                       "snapshot": {"gpus": [{}, {}]}}
+            txt = await beyond.peer_txt(http, "127.0.0.1", port)
+            assert (txt.node_id, txt.hostname, txt.session, txt.count, txt.tls_port) == (node, "node-b", "lab", 2, None)
+            bad = [
+                {"node_id": "not a node id!", "hostname": "x", "session": "lab"},  # the codec refuses it
+                {"node_id": node, "hostname": "x", "session": "bad session"},
+                {"node_id": "0" * 16, "hostname": "x", "session": "lab"},  # /healthz names another node
+                b"[" * 300_000,  # larger than the bound
+                b"not json",
+            ]
+            for answer in bad:
+                answers["/api/v1/host"] = answer
+                with pytest.raises(ValueError):
+                    await beyond.peer_txt(http, "127.0.0.1", port)
+    finally:
+        await runner.cleanup()

@@ -182,9 +182,11 @@ async def _get_json(http: "aiohttp.ClientSession", url: str) -> Any:
     async with http.get(url, timeout=_timeout(), allow_redirects=False) as resp:
         if resp.status != 200:
             raise ValueError(f"{url} answered {resp.status}")
-        body = await resp.content.read(MAX_FETCH + 1)
-        if len(body) > MAX_FETCH:
-            raise ValueError(f"{url}: answer larger than {MAX_FETCH} bytes")
+        body = b""
+        while chunk := await resp.content.read(MAX_FETCH + 1 - len(body)):
+            body += chunk
+            if len(body) > MAX_FETCH:
+                raise ValueError(f"{url}: answer larger than {MAX_FETCH} bytes")
         return json.loads(body)
 
 
