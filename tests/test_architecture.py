@@ -68,6 +68,7 @@ ALLOWED: dict[str, set[str]] = {
     "discovery": CORE | {"wire"},
     "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds"},
     "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds"},
+    "engines": CORE | {"alloc"},
 }
 # Known, documented exceptions: (importing module, imported module).
 EXCEPTIONS = {("gpusd.errors", "gpusd.cli"), ("gpusd.errors", "gpusd.cli.exits")}  # deprecated EXIT_* names
