@@ -163,12 +163,29 @@ def commands_for(engine: str, p: "Placement", rest: Sequence[str], args: argpars
     if engine == "command":
         return g.plain_commands(p, rest)
     # mpirun and horovodrun start the ranks themselves: one command, on the head.
+    env = g.mpi_env(p)
+    rsh = _rsh_agent(args)
     if engine == "mpirun":
         hosts = g.mpi_hostfile(p)
-        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python)
-        return [g.HostCommand(p.head, 0, argv, g.mpi_env(p), {"hostfile": hosts})]
-    argv = g.horovodrun_argv(p, rest, python=args.python)
-    return [g.HostCommand(p.head, 0, argv, g.mpi_env(p))]
+        extra = [w for name in _env_pairs(args.env) for w in ("-x", name)]
+        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python, extra=extra)
+        if rsh:  # Open MPI's own ssh gets the same config and options as gpusd's
+            env["OMPI_MCA_plm_rsh_agent"] = rsh
+        return [g.HostCommand(p.head, 0, argv, env, {"hostfile": hosts})]
+    # horovodrun has no ssh command option: it reads the user's ~/.ssh/config (and --ssh-port,
+    # --ssh-identity-file, which can follow ENGINE's arguments).
+    return [g.HostCommand(p.head, 0, g.horovodrun_argv(p, rest, python=args.python), env)]
+
+
+def _rsh_agent(args: argparse.Namespace) -> str | None:
+    """``ssh -F $GPUSD_SSH_CONFIG -o ...`` for engines that ssh by themselves, when gpusd's ssh has
+    settings of its own (else the engine's default ssh already reads the user's config)."""
+    config = os.environ.get("GPUSD_SSH_CONFIG")
+    options = list(getattr(args, "ssh_option", []) or [])
+    if not config and not options:
+        return None
+    words = ["ssh", *(["-F", config] if config else []), *[w for o in options for w in ("-o", o)]]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def launch(args: argparse.Namespace) -> int:
