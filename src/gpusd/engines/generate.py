@@ -139,9 +139,13 @@ def horovodrun_argv(p: Placement, args: Sequence[str], python: str = "python3") 
 # -- torchrun -------------------------------------------------------------------------------------------
 def torchrun_argv(p: Placement, slot: HostSlot, args: Sequence[str], port: int = RDZV_PORT,
                   extra: Sequence[str] = ()) -> list[str]:
+    """The head hosts the c10d store (``--rdzv-conf=is_host=1``; torch would otherwise guess it from
+    what the machine's own name resolves to), ``--local-addr`` is the host's placement address for the
+    same reason, and ``--tee=3`` prefixes each process's lines with its local rank."""
+    is_host = 1 if slot == p.head else 0
     return ["torchrun", f"--nnodes={len(p.hosts)}", f"--nproc-per-node={slot.slots}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={_hostport(p.head.address, port)}", f"--rdzv-id={p.job_id}",
-            *extra, *args]
+            f"--rdzv-conf=is_host={is_host}", f"--local-addr={slot.address}", "--tee=3", *extra, *args]
 
 
 def torchrun_commands(p: Placement, args: Sequence[str], port: int = RDZV_PORT,

@@ -1,0 +1,69 @@
+"""The real engines on a namespace LAN with an sshd per host (tests/netns.py, tests/sshd.py): torchrun's
+all-reduce over gloo on 2 hosts x 2 ranks, and a Ray cluster whose GPU tasks stay within the placement.
+
+Namespaces share the file system, so every "host" has the same Python environment (torch, ray) and the
+same files: that is what lets one machine play a cluster.  Marked ``engines`` (torch and ray are the
+engines test extra); skipped, saying why, where they or root are missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netns import Lan, Node, lan, netns_ok  # noqa: F401
+from sshd import SshFleet, sshd_ok  # noqa: F401
+
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(300)]
+SCRIPTS = Path(__file__).resolve().parent / "engines_scripts"
+BIN = str(Path(sys.executable).parent)
+
+
+def _placement(tmp_path: Path, hosts: list[tuple[str, Node, list[int]]], job: str) -> Path:
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps({"job_id": job, "hosts": [
+        {"hostname": name, "address": node.ip, "ssh_target": name, "gpus": gpus} for name, node, gpus in hosts]}))
+    return path
+
+
+@pytest.fixture
+def cluster(lan: Lan, sshd_ok: None, tmp_path: Path):  # type: ignore[no-untyped-def]
+    h1, h2 = lan.add_node("h1"), lan.add_node("h2")
+    with SshFleet(lan, [(h1, "node-1"), (h2, "node-2")], workdir=tmp_path / "ssh") as fleet:
+        yield lan, fleet, h1, h2
+
+
+def _env(fleet: SshFleet, node: Node) -> dict[str, str]:
+    # the engines' commands live next to this Python; the remote login PATH does not have them
+    return fleet.env(node, PATH=f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def test_torchrun_all_reduce_on_two_hosts_with_the_placements_gpus(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    lan, fleet, h1, h2 = cluster
+    pl = _placement(tmp_path, [("node-1", h1, [1, 3]), ("node-2", h2, [0, 2])], "allreduce-1")
+    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "4", "--per-host", "2", "--placement", str(pl),
+                     "--env", "PATH", "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=1",
+                     "torchrun", "--", str(SCRIPTS / "allreduce.py")], env=_env(fleet, h1), timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = []
+    for line in r.stdout.splitlines():
+        if "RESULT " in line:
+            prefix, _, payload = line.partition("RESULT ")
+            results.append((prefix, json.loads(payload)))
+    assert len(results) == 4, r.stdout[-3000:]
+    assert sorted(res["rank"] for _, res in results) == [0, 1, 2, 3]
+    assert all(res["world"] == 4 and res["sum"] == 10.0 for _, res in results)
+    expected = {h1.ip: ("1,3", "[node-1#0]"), h2.ip: ("0,2", "[node-2#1]")}
+    for prefix, res in results:
+        visible, label = expected[res["address"]]
+        assert res["cuda_visible_devices"] == visible and res["cuda_device_order"] == "PCI_BUS_ID"
+        assert prefix.startswith(label)  # output prefixed by host and rank
+    assert sorted(res["address"] for _, res in results) == sorted([h1.ip, h1.ip, h2.ip, h2.ip])
