@@ -67,3 +67,76 @@ def test_torchrun_all_reduce_on_two_hosts_with_the_placements_gpus(cluster, tmp_
         assert res["cuda_visible_devices"] == visible and res["cuda_device_order"] == "PCI_BUS_ID"
         assert prefix.startswith(label)  # output prefixed by host and rank
     assert sorted(res["address"] for _, res in results) == sorted([h1.ip, h1.ip, h2.ip, h2.ip])
+
+
+RAY_PROBE = r'''
+import json, subprocess, sys, time
+import ray
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+
+@ray.remote(num_gpus=1)
+def where():
+    import os
+    time.sleep(3)  # hold the GPU, so that the four tasks run at once on the four GPUs
+    ip = subprocess.run(["ip", "-4", "-o", "addr", "show", "eth0"], capture_output=True, text=True).stdout.split()
+    return {"gpu_ids": [str(g) for g in ray.get_gpu_ids()], "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "address": ip[3].split("/")[0]}
+
+print("RESULT " + json.dumps({"total_gpus": ray.cluster_resources().get("GPU"),
+                              "tasks": ray.get([where.remote() for _ in range(4)])}), flush=True)
+'''
+
+
+def _ray_pids() -> list[int]:
+    """Ray's processes on this machine (every namespace shares the pid space)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(k in cmdline for k in ("raylet", "gcs_server", "ray/_private/", "ray::", "default_worker.py")):
+            out.append(int(proc.name))
+    return out
+
+
+def test_ray_cluster_from_the_placement(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """gpusd ray up: a head on node-1 and a worker on node-2, each with --num-gpus and the placement's
+    CUDA_VISIBLE_DEVICES; a num_gpus=1 task runs on each reserved GPU (Ray's own GPU ids within the
+    placement); gpusd ray down leaves no Ray process."""
+    pytest.importorskip("ray")
+    if _ray_pids():
+        pytest.skip("Ray processes already run on this machine: the test would stop them")
+    lan, fleet, h1, h2 = cluster
+    pl = _placement(tmp_path, [("node-1", h1, [1, 3]), ("node-2", h2, [0, 2])], "ray-1")
+    env = _env(fleet, h1)
+    state = tmp_path / "state"
+    base = ["--placement", str(pl), "--ray", f"{BIN}/ray", "--state-dir", str(state)]
+    try:
+        r = lan.run(h1, [sys.executable, "-m", "gpusd", "ray", "up", "-n", "4", *base, "--",
+                         "--object-store-memory=100000000"], env=env, timeout=180)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        address = r.stdout.strip().splitlines()[-1]
+        assert address == f"{h1.ip}:6379"
+        r = lan.run(h1, [sys.executable, "-c", RAY_PROBE, address], env=env, timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        result = json.loads(r.stdout.split("RESULT ", 1)[1])
+        assert result["total_gpus"] == 4.0
+        reserved = {h1.ip: {"1", "3"}, h2.ip: {"0", "2"}}
+        used = set()
+        for task in result["tasks"]:
+            assert len(task["gpu_ids"]) == 1 and task["gpu_ids"][0] in reserved[task["address"]], task
+            assert task["cvd"] == task["gpu_ids"][0]
+            used.add((task["address"], task["gpu_ids"][0]))
+        assert used == {(a, g) for a, gs in reserved.items() for g in gs}  # one task on each reserved GPU
+    finally:
+        down = lan.run(h1, [sys.executable, "-m", "gpusd", "ray", "down", *base[2:]], env=env, timeout=120)
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    deadline = time.monotonic() + 20
+    while _ray_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ray_pids() == []
+    assert not (state / "ray-placement.json").exists()

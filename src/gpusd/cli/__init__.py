@@ -334,6 +334,9 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
         p.add_argument("--state-dir", metavar="DIR", help="where gpusd remembers the cluster (default: gpusd's "
                        "state directory)")
+        if name == "up":
+            p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
+                           help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")
     # --- end of distributed engine commands ---
 
     return parser

@@ -216,7 +216,10 @@ def ray_up(args: argparse.Namespace) -> int:
     from ..engines.launch import run_commands
 
     p = placement_for(args)
-    cmds = g.ray_commands(p, port=args.port, ray=args.ray)
+    extra = list(args.ray_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
     opts = _options(args, watchdog=False, stop_on_failure=True)
     status = run_commands(cmds[:1], opts)  # the head first: the workers join it
     if status == 0 and len(cmds) > 1:

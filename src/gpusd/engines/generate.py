@@ -158,7 +158,7 @@ def ray_address(p: Placement, port: int = RAY_PORT) -> str:
     return _hostport(p.head.address, port)
 
 
-def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray") -> list[HostCommand]:
+def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Sequence[str] = ()) -> list[HostCommand]:
     """``ray start --head`` on the head, ``ray start --address=HEAD:PORT`` on the others, each with
     ``--num-gpus`` and ``CUDA_VISIBLE_DEVICES`` limited to the GPUs of the placement there."""
     out = []
@@ -167,7 +167,7 @@ def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray") -> list[H
             argv = [ray, "start", "--head", f"--port={port}", f"--node-ip-address={h.address}"]
         else:
             argv = [ray, "start", f"--address={ray_address(p, port)}", f"--node-ip-address={h.address}"]
-        argv += [f"--num-gpus={h.slots}", "--disable-usage-stats"]
+        argv += [f"--num-gpus={h.slots}", "--disable-usage-stats", *extra]
         out.append(HostCommand(h, i, argv, h.cuda_env()))
     return out
 
