@@ -8,13 +8,9 @@ engines test extra); skipped, saying why, where they or root are missing."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
