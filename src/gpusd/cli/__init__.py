@@ -205,6 +205,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", metavar="FILE", default=None,
                    help="with --foreground: log to FILE, rotated at 10 MiB (3 kept) while running "
                    "(default: stderr; a background daemon logs to gpusd.log in its state directory)")
+    p.add_argument("--dcgm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="/metrics also serves NVIDIA DCGM exporter names (DCGM_FI_DEV_GPU_UTIL...) for Grafana "
+                   "dashboards made for it (default: on)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 

@@ -19,7 +19,8 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "history": ("--history", "history"), "simulate": ("--simulate", "simulate"),
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
              "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
-             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds")}
+             "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
+             "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -51,6 +52,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
+        dcgm_metrics=args.dcgm_metrics,
     )
     cfg.validate()
     return cfg
@@ -70,6 +72,8 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out += ["--simulate", args.simulate]
     if args.gpusd_compat:
         out.append("--gpusd-compat")
+    if not args.dcgm_metrics:
+        out.append("--no-dcgm-metrics")
     from ..thresholds import rule_specs
 
     for rule in rule_specs(args.threshold or (), args.thresholds or ()):
