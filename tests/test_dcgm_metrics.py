@@ -117,7 +117,8 @@ COMMUNITY_PANELS = {
     "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"${instance}", gpu=~"${gpu}"}',
 }
 # Its two other panels read what gpusd does not sample (empty, as on a DCGM exporter without them):
-COMMUNITY_NOT_SERVED = {"GPU SM Clocks": "DCGM_FI_DEV_SM_CLOCK", "Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+COMMUNITY_NOT_SERVED = {"GPU SM Clocks": "DCGM_FI_DEV_SM_CLOCK",
+                        "Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
 
 
 async def test_community_dcgm_dashboard_queries_select_every_daemons_gpus(tmp_path: Path) -> None:
