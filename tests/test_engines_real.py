@@ -8,6 +8,7 @@ engines test extra); skipped, saying why, where they or root are missing."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -136,3 +137,43 @@ def test_ray_cluster_from_the_placement(cluster, tmp_path: Path) -> None:  # typ
         time.sleep(0.2)
     assert _ray_pids() == []
     assert not (state / "ray-placement.json").exists()
+
+
+def test_mpirun_runs_every_rank_on_its_host_and_gpu(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """gpusd launch mpirun: Open MPI (the distribution's) reads gpusd's hostfile, starts its daemons over
+    the same ssh (GPUSD_SSH_CONFIG becomes plm_rsh_agent), and the per-rank wrapper gives each rank the
+    placement's GPU on its host."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI is not installed (Debian: apt-get install openmpi-bin)")
+    lan, fleet, h1, h2 = cluster
+    pl = _placement(tmp_path, [("node-1", h1, [1, 3]), ("node-2", h2, [2])], "mpi-1")
+    env = _env(fleet, h1)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    probe = ('echo "RANK $OMPI_COMM_WORLD_RANK $OMPI_COMM_WORLD_LOCAL_RANK $CUDA_VISIBLE_DEVICES '
+             '$(ip -4 -o addr show eth0 | awk \'{print $4}\')"')
+    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "3", "--placement", str(pl),
+                     "--python", sys.executable, "--env", "PATH", "--env", "PYTHONPATH",
+                     "--env", "OMPI_ALLOW_RUN_AS_ROOT", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+                     "--env", "OMPI_MCA_btl_tcp_if_include=eth0", "--env", "OMPI_MCA_oob_tcp_if_include=eth0",
+                     "mpirun", "--", "sh", "-c", probe], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ranks = sorted(tuple(line.split("RANK ", 1)[1].split()) for line in r.stdout.splitlines() if "RANK " in line)
+    assert ranks == [("0", "0", "1", f"{h1.ip}/16"), ("1", "1", "3", f"{h1.ip}/16"), ("2", "0", "2", f"{h2.ip}/16")]
+
+
+def test_deepspeed_launcher_gives_each_node_the_included_gpus(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """gpusd launch deepspeed: DeepSpeed's own launcher runs on each host (--no_ssh --node_rank=I) with
+    the hostfile gpusd wrote there, and sets CUDA_VISIBLE_DEVICES per node from --include: the
+    placement's GPUs.  (No GPU is used: the script only reports what it was given.)"""
+    pytest.importorskip("deepspeed")
+    lan, fleet, h1, h2 = cluster
+    pl = _placement(tmp_path, [("node-1", h1, [0, 2]), ("node-2", h2, [3])], "ds-1")
+    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "3", "--placement", str(pl), "--env", "PATH",
+                     "deepspeed", "--", str(SCRIPTS / "report_env.py")], env=_env(fleet, h1), timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = sorted((res["rank"], res["local_rank"], res["world"], res["address"], res["cuda_visible_devices"],
+                  res["cuda_device_order"])
+                 for res in (json.loads(line.split("RESULT ", 1)[1]) for line in r.stdout.splitlines()
+                             if "RESULT " in line))
+    assert got == [(0, 0, 3, h1.ip, "0,2", "PCI_BUS_ID"), (1, 1, 3, h1.ip, "0,2", "PCI_BUS_ID"),
+                   (2, 0, 3, h2.ip, "3", "PCI_BUS_ID")]
