@@ -298,12 +298,15 @@ def _build_parser() -> argparse.ArgumentParser:
     # --- end of monitoring commands ---
 
     # --- distributed engine commands (docs/engines.md) ---
-    from .engines import ENGINES, FORMATS, add_placement_flags, add_ssh_flags
+    # their options come from cli/engines.py, imported only when one of them runs (start-up time)
+    ecli: Any = _Skipped()
+    if _only in (None, "hostfile", "launch", "ray"):
+        ecli = importlib.import_module("gpusd.cli.engines")
 
     p = _command(sub, "hostfile", "gpusd.cli.engines:hostfile",
                  "write what a distributed engine reads (DeepSpeed/MPI hostfile, Horovod -H, torchrun lines, JSON)")
-    add_placement_flags(p)
-    p.add_argument("--format", "-f", choices=FORMATS, default="json", help="what to write (default json)")
+    ecli.add_placement_flags(p)
+    p.add_argument("--format", "-f", choices=ecli.FORMATS, default="json", help="what to write (default json)")
     p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
                    help="the training program, for the command lines shown")
@@ -311,8 +314,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "launch", "gpusd.cli.engines:launch",
                  "start a distributed engine on every host of the job over SSH: "
                  "gpusd launch -n 8 --per-host 4 torchrun -- train.py")
-    add_placement_flags(p)
-    add_ssh_flags(p)
+    ecli.add_placement_flags(p)
+    ecli.add_ssh_flags(p)
     p.add_argument("--env", "-x", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also set NAME on every host (its value here, or VALUE; repeatable)")
     p.add_argument("--chdir", metavar="DIR", help="working directory on every host (default: the current one)")
@@ -321,7 +324,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
     p.add_argument("--python", default="python3", help="the Python that runs gpusd's per-rank wrapper (mpirun, "
                    "horovodrun; default python3)")
-    p.add_argument("engine", choices=ENGINES, metavar="ENGINE", help=f"one of {', '.join(ENGINES)}")
+    p.add_argument("engine", choices=ecli.ENGINES, metavar="ENGINE",
+                   help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")
 
     p = sub.add_parser("ray", help="a Ray cluster on gpusd's GPUs: ray up / ray down",
@@ -331,8 +335,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                 "each limited to its GPUs; prints the address"),
                                ("down", "ray_down", "stop Ray on every host of the cluster gpusd started")):
         p = _command(rsub, name, f"gpusd.cli.engines:{target}", what)
-        add_placement_flags(p, with_count=name == "up")
-        add_ssh_flags(p)
+        ecli.add_placement_flags(p, with_count=name == "up")
+        ecli.add_ssh_flags(p)
         p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
         p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
         p.add_argument("--state-dir", metavar="DIR", help="where gpusd remembers the cluster (default: gpusd's "
