@@ -206,3 +206,17 @@ def test_mpirun_accepts_the_hostfile(tmp_path: Path) -> None:
             ranks[node].append(int(m.group(1)))
     assert slots == {"node-1": 2, "node-2": 1}, r.stdout + r.stderr
     assert ranks == {"node-1": [0, 1], "node-2": [2]}  # what the per-rank wrapper expects
+
+
+def test_hostfile_output_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    """Another user's symlink at the output path (a shared directory) is refused, the target untouched."""
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    link = tmp_path / "hostfile"
+    link.symlink_to(target)
+    r = _cli(["hostfile", "--format", "mpi", "--placement", str(_placement_file(tmp_path)), "--output", str(link)])
+    assert r.returncode != 0 and "symbolic link" in r.stderr
+    assert target.read_text() == "precious\n" and link.is_symlink()
+    r = _cli(["hostfile", "--format", "mpi", "--placement", str(_placement_file(tmp_path)),
+              "--output", str(tmp_path / "plain")])
+    assert r.returncode == 0 and (tmp_path / "plain").read_text() == "node-1 slots=2\nnode-2 slots=1\n"
