@@ -7,6 +7,7 @@ engines test extra); skipped, saying why, where they or root are missing."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -21,6 +22,13 @@ from sshd import SshFleet, sshd_ok  # noqa: F401
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(300)]
 SCRIPTS = Path(__file__).resolve().parent / "engines_scripts"
 BIN = str(Path(sys.executable).parent)
+
+
+def _need(module: str) -> None:
+    """Skip unless ``module`` is installed, without importing it here (DeepSpeed's import initialises
+    NVML in the importing process; torch's loads CUDA libraries): the engines run in subprocesses."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (the engines extra)")
 
 
 def _placement(tmp_path: Path, hosts: list[tuple[str, Node, list[int]]], job: str) -> Path:
@@ -43,7 +51,7 @@ def _env(fleet: SshFleet, node: Node) -> dict[str, str]:
 
 
 def test_torchrun_all_reduce_on_two_hosts_with_the_placements_gpus(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("torch")
+    _need("torch")
     lan, fleet, h1, h2 = cluster
     pl = _placement(tmp_path, [("node-1", h1, [1, 3]), ("node-2", h2, [0, 2])], "allreduce-1")
     r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "4", "--per-host", "2", "--placement", str(pl),
@@ -104,7 +112,7 @@ def test_ray_cluster_from_the_placement(cluster, tmp_path: Path) -> None:  # typ
     """gpusd ray up: a head on node-1 and a worker on node-2, each with --num-gpus and the placement's
     CUDA_VISIBLE_DEVICES; a num_gpus=1 task runs on each reserved GPU (Ray's own GPU ids within the
     placement); gpusd ray down leaves no Ray process."""
-    pytest.importorskip("ray")
+    _need("ray")
     if _ray_pids():
         pytest.skip("Ray processes already run on this machine: the test would stop them")
     lan, fleet, h1, h2 = cluster
@@ -165,7 +173,7 @@ def test_deepspeed_launcher_gives_each_node_the_included_gpus(cluster, tmp_path:
     """gpusd launch deepspeed: DeepSpeed's own launcher runs on each host (--no_ssh --node_rank=I) with
     the hostfile gpusd wrote there, and sets CUDA_VISIBLE_DEVICES per node from --include: the
     placement's GPUs.  (No GPU is used: the script only reports what it was given.)"""
-    pytest.importorskip("deepspeed")
+    _need("deepspeed")
     lan, fleet, h1, h2 = cluster
     pl = _placement(tmp_path, [("node-1", h1, [0, 2]), ("node-2", h2, [3])], "ds-1")
     r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "3", "--placement", str(pl), "--env", "PATH",
