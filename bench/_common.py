@@ -43,6 +43,7 @@ class FakeEnv:
         self.env["GPUSD_FAKE_NVML_STATE"] = str(self.state)
         self.env["GPUSD_LOCK_DIR"] = str(self.tmp / "locks")
         self.env["GPUSD_STATE_DIR"] = str(self.tmp / "state")
+        self.env["GPUSD_LEASE_SOCKET"] = str(self.tmp / "lease.sock")  # never the machine's daemon
         self.env.pop("CUDA_VISIBLE_DEVICES", None)
 
     def write(self, gpus: Sequence[FakeGPU]) -> None:
@@ -50,7 +51,7 @@ class FakeEnv:
 
     def activate_in_process(self) -> None:
         preload(self.libdir)
-        for key in ("GPUSD_FAKE_NVML_STATE", "GPUSD_LOCK_DIR", "GPUSD_STATE_DIR"):
+        for key in ("GPUSD_FAKE_NVML_STATE", "GPUSD_LOCK_DIR", "GPUSD_STATE_DIR", "GPUSD_LEASE_SOCKET"):
             os.environ[key] = self.env[key]
 
 

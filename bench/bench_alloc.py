@@ -1,6 +1,7 @@
 """Issue 3 benchmark: collisions, selection latency and makespan, on a fake NVML with 8 GPUs.
 
-    python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--skip makespan]
+    python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--handovers 20]
+                                [--skip collisions|latency|handover|makespan]
 
 Collisions: 16 processes, started and initialised beforehand, are released at the same instant by a
 barrier and each asks for one GPU; we count the GPUs given to more than one process.  gpusd
@@ -8,7 +9,14 @@ barrier and each asks for one GPU; we count the GPUs given to more than one proc
 "least loaded" pick (GPUtil itself needs nvidia-smi; its rule is reproduced on NVML readings).
 
 Latency: in-process ``gpusd.select(count=1, lease=False)`` and select + lease + release versus
-``nvitop.select_devices(min_count=1)``; whole process ``gpusd select -n 1`` versus ``nvisel -n 1``.
+``nvitop.select_devices(min_count=1)``, on two rigs: ``samples`` (the driver keeps a utilisation sample
+buffer) and ``no-samples`` (``nvmlDeviceGetSamples`` answers NOT_SUPPORTED, so gpusd builds its 5 s
+window from its own readings, one per call; processes on 5 of the 8 GPUs); whole process
+``gpusd select -n 1`` versus ``nvisel -n 1`` (first rig).
+
+Hand-over: one GPU, leased by this process; a second process waits for it at the head of the queue
+(``gpusd.select(wait=True)``).  We release the lease at a random moment and measure how long until the
+waiter has it: the queue's wake-up, isolated from process start-up and from utilisation readings.
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
@@ -29,7 +37,15 @@ import threading
 import time
 from pathlib import Path
 
-from _common import FakeEnv, make_gpus, p50, timeit_each, whole_process, write_state
+from _common import (
+    FakeEnv,
+    FakeProcess,
+    make_gpus,
+    p50,
+    timeit_each,
+    whole_process,
+    write_state,
+)
 
 GiB = 2**30
 
@@ -39,6 +55,16 @@ def fleet():
     for i, g in enumerate(gpus):  # varied, so "least loaded" is not simply GPU 0
         g.util_gpu = [12, 3, 25, 7, 18, 9, 30, 15][i]
         g.memory_used = [4, 1, 9, 2, 6, 3, 12, 5][i] * GiB
+    return gpus
+
+
+def fleet_no_samples():
+    """The same load on a driver without a sample buffer; processes on GPUs 0-4."""
+    gpus = fleet()
+    for i, g in enumerate(gpus):
+        g.errors = {"nvmlDeviceGetSamples": 3}
+        if i < 5:
+            g.processes = [FakeProcess(os.getpid(), 1 * GiB), FakeProcess(os.getppid(), 1 * GiB)]
     return gpus
 
 
@@ -113,9 +139,9 @@ def collisions(fake: FakeEnv, rounds: int) -> None:
 
 # -- latency -----------------------------------------------------------------------------------------
 
-def latency(fake: FakeEnv, n: int, runs: int) -> None:
-    fake.activate_in_process()
+def latency(fake: FakeEnv, n: int, runs: int, rigs: list[str]) -> None:
     import gpusd
+    from gpusd.alloc import api
 
     def ours() -> None:
         gpusd.select(count=1, lease=False)
@@ -123,19 +149,30 @@ def latency(fake: FakeEnv, n: int, runs: int) -> None:
     def ours_lease() -> None:
         gpusd.select(count=1).release()
 
-    rows = [("gpusd.select(count=1, lease=False)", p50(timeit_each(ours, n))),
-            ("gpusd.select(count=1) + lease + release", p50(timeit_each(ours_lease, n)))]
-    try:
-        from nvitop import select_devices
+    for rig in rigs:
+        rig_fake = fake if rig == "samples" else FakeEnv(fleet_no_samples())
+        rig_fake.activate_in_process()
+        for backend in api._backends.values():  # a fresh backend per rig (it remembers what is unsupported)
+            backend.close()
+        api._backends.clear()
+        rows = [("gpusd.select(count=1, lease=False)", p50(timeit_each(ours, n))),
+                ("gpusd.select(count=1) + lease + release", p50(timeit_each(ours_lease, n)))]
+        try:
+            from nvitop import select_devices
 
-        rows.append(("nvitop.select_devices(min_count=1)", p50(timeit_each(lambda: select_devices(min_count=1),
-                                                                           max(100, n // 10)))))
-    except ImportError:
-        pass
-    base = rows[0][1]
-    print("\nSelection latency, in-process (p50)")
-    for name, t in rows:
-        print(f"{name:44s} {t * 1e3:8.3f} ms  {t / base:6.2f}x gpusd select")
+            rows.append(("nvitop.select_devices(min_count=1)", p50(timeit_each(lambda: select_devices(min_count=1),
+                                                                               max(100, n // 10)))))
+        except ImportError:
+            pass
+        base = rows[0][1]
+        print(f"\nSelection latency, in-process (p50), rig: {rig}")
+        for name, t in rows:
+            print(f"{name:44s} {t * 1e3:8.3f} ms  {t / base:6.2f}x gpusd select")
+        if rig_fake is not fake:
+            shutil.rmtree(rig_fake.tmp, ignore_errors=True)
+    fake.activate_in_process()
+    if runs <= 0:
+        return
     print(f"\nWhole process, median of {runs} runs")
     cmds = [("gpusd select -n 1", [sys.executable, "-m", "gpusd", "select", "-n", "1"])]
     if shutil.which("nvisel"):
@@ -143,6 +180,46 @@ def latency(fake: FakeEnv, n: int, runs: int) -> None:
     for name, cmd in cmds:
         times, last = whole_process(cmd, fake.env, runs)
         print(f"{name:44s} {p50(times) * 1e3:8.1f} ms  (min {min(times) * 1e3:.1f}, rc {last.returncode})")
+
+
+# -- hand-over --------------------------------------------------------------------------------------
+
+WAITER = r"""
+import sys, time
+import gpusd
+sel = gpusd.select(count=1, wait=True, timeout=60)
+print(time.time(), flush=True)
+"""
+
+
+def handover(fake: FakeEnv, rounds: int) -> None:
+    fake.activate_in_process()
+    os.environ.update(fake.env)
+    from gpusd.alloc import queue
+    from gpusd.alloc.leases import LeaseStore
+
+    write_state(fake.state, make_gpus(1, mig_mode=0))
+    env = dict(fake.env, GPUSD_LEASE_SOCKET="off")
+    store = LeaseStore(env["GPUSD_LOCK_DIR"])
+    rng = random.Random(3)
+    delays = []
+    for _ in range(rounds):
+        lease = store.acquire([make_gpus(1)[0].uuid])
+        assert lease is not None
+        p = subprocess.Popen([sys.executable, "-c", WAITER], env=env, stdout=subprocess.PIPE, text=True)
+        while not queue.waiting(store):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.2, 0.5))  # the waiter is at the head, between two looks
+        t = time.time()
+        lease.release()
+        got = float(p.stdout.readline())
+        p.wait()
+        delays.append(got - t)
+    write_state(fake.state, fleet())
+    print(f"\nHand-over: a lease ends, the waiter at the head of the queue gets the GPU ({rounds} rounds)")
+    print(f"{'p50 ms':>8s} {'p90 ms':>8s} {'max ms':>8s}")
+    p90 = sorted(delays)[int(0.9 * (len(delays) - 1))]
+    print(f"{p50(delays) * 1e3:8.1f} {p90 * 1e3:8.1f} {max(delays) * 1e3:8.1f}")
 
 
 # -- makespan ----------------------------------------------------------------------------------------
@@ -237,10 +314,17 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
         done = [json.loads(f.read_text()) for f in (run_dir / "done").iterdir()]
         waits = [d["start"] - t0 for d in done]
         on_busy = sum(1 for d in done if d["gpu"] in busy)
-        results[mode] = (end - t0, sum(waits) / len(waits), on_busy, len(done))
-    print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}")
-    for mode, (ms, mw, ob, nd) in results.items():
-        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs}")
+        # hand-over: from the end of one job to the start of the next on the same GPU (the job's
+        # own process start included), the time the scheduler leaves a GPU idle
+        gaps = []
+        for g in {d["gpu"] for d in done}:
+            runs = sorted((d["start"], d["end"]) for d in done if d["gpu"] == g)
+            gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
+        results[mode] = (end - t0, sum(waits) / len(waits), on_busy, len(done), p50(gaps) if gaps else 0.0)
+    print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}"
+          f" {'hand-over p50 ms':>17s}")
+    for mode, (ms, mw, ob, nd, gap) in results.items():
+        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs} {gap * 1e3:17.0f}")
 
 
 def main() -> int:
@@ -249,14 +333,20 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--jobs", type=int, default=40)
-    ap.add_argument("--skip", action="append", default=[], choices=["collisions", "latency", "makespan"])
+    ap.add_argument("--handovers", type=int, default=20)
+    ap.add_argument("--skip", action="append", default=[],
+                    choices=["collisions", "latency", "handover", "makespan"])
+    ap.add_argument("--rig", action="append", choices=["samples", "no-samples"],
+                    help="latency rig(s) (default: both)")
     args = ap.parse_args()
     fake = FakeEnv(fleet())
     print(f"fake NVML: 8 x NVIDIA A100-SXM4-80GB, lock dir {fake.env['GPUSD_LOCK_DIR']}")
     if "collisions" not in args.skip:
         collisions(fake, args.rounds)
     if "latency" not in args.skip:
-        latency(fake, args.n, args.runs)
+        latency(fake, args.n, args.runs, args.rig or ["samples", "no-samples"])
+    if "handover" not in args.skip:
+        handover(fake, args.handovers)
     if "makespan" not in args.skip:
         makespan(fake, args.jobs)
     shutil.rmtree(fake.tmp, ignore_errors=True)

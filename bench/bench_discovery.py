@@ -2,6 +2,7 @@
 
     sudo python bench/bench_discovery.py [--neigh-gc-thresh 8192] [--reps 5] [--updates 20]
         [--hosts 32] [--gpus 8] [--rest 60] [--load 30] [--skip-latency] [--skip-scale] [--json FILE]
+    sudo python bench/bench_discovery.py --list-only [--hosts 32] [--list-reps 5] [--old-src DIR]
 
 Every daemon runs with gpusd's shipped timings (mDNS probing/announcing as python-zeroconf does it,
 1 s sampling, 2 s heartbeats, 10 s liveness bound) on its own fake NVML, pinned to its namespace's
@@ -9,6 +10,9 @@ address; the client is ``gpusd watch --json`` in another namespace.  Measured:
 
 * latency: daemon start -> client's ``host_added``; NVML state-file change -> ``device_updated``;
   ``gpusd stop`` / ``kill -9`` / cable pulled -> ``host_removed``;
+* cold ``gpusd list`` (``--list-only``): with ``--hosts`` hosts up, from a node without a daemon (the
+  one-shot browse) and on a host whose daemon runs (its fleet view), optionally against another
+  source tree (``--old-src``);
 * scale: ``--hosts`` hosts with ``--gpus`` GPUs each: time until the client has every GPU; mDNS
   multicast bytes per host per minute at rest and under changing load (frames on the bridge
   ports, Ethernet headers included); each daemon's CPU share and resident memory.
@@ -286,6 +290,55 @@ def scale(args: argparse.Namespace, results: dict[str, Any]) -> None:
                         "device_updated_per_s": updates / args.load, "cold_list_s": cold, "cold_list_gpus": listed}
 
 
+def cold_list(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Cold ``gpusd list`` (a new process each run) with ``--hosts`` hosts up: from a node without a
+    daemon (one-shot browse) and on a host whose daemon runs (its fleet view); with ``--old-src``,
+    the same from that source tree (the fixed 1.5 s browse of gpusd 0.1)."""
+    n, g = args.hosts, args.gpus
+    total = n * g
+    with Lan(tag="list") as lan:
+        hosts = [lan.add_gpu_host(f"gpu-{i:02d}", make_gpus(g, util_gpu=random.randint(0, 60)))
+                 for i in range(1, n + 1)]
+        client = lan.add_node("client")
+        w = lan.watch(client)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda h: h.start(timeout=120), hosts))
+        w.wait_count(is_("device_added"), total, timeout=120)
+        w.stop()
+        up = time.monotonic() - t0
+        print(f"\n## cold `gpusd list`: {n} hosts x {g} GPUs = {total} GPUs (all up after {up:.1f} s)")
+        time.sleep(3)  # start-up traffic (announcements, first queries) dies down
+        empty = lan.workdir / "client-state"
+        empty.mkdir()
+        client_env = lan.base_env(client, GPUSD_STATE_DIR=str(empty))
+        here = hosts[0]
+        runs: list[tuple[str, Any, dict[str, str]]] = [
+            ("client, no daemon: one-shot browse", client, client_env),
+            (f"{here.hostname}, its daemon runs: fleet view", here.node, here.env),
+        ]
+        if args.old_src:
+            old = str(Path(args.old_src).resolve())
+            runs += [("client, no daemon: gpusd 0.1 (--old-src)", client, dict(client_env, PYTHONPATH=old)),
+                     (f"{here.hostname}, its daemon runs: gpusd 0.1 (--old-src)", here.node,
+                      dict(here.env, PYTHONPATH=old))]
+        print(f"{'where, how':52s} {'first s':>8s} {'median s':>9s} {'max s':>7s} {'GPUs listed':>12s}")
+        out = {}
+        for label, node, env in runs:
+            times, counts = [], []
+            for _ in range(args.list_reps):
+                t = time.monotonic()
+                r = lan.gpusd(node, ["list", "--json"], env=env, timeout=60)
+                times.append(time.monotonic() - t)
+                counts.append(len(json.loads(r.stdout or "[]")))
+                time.sleep(0.3)
+            rest = times[1:] or times
+            print(f"{label:52s} {times[0]:8.2f} {statistics.median(rest):9.2f} {max(rest):7.2f} "
+                  f"{min(counts):>5d}-{max(counts)} of {total}")
+            out[label] = {"seconds": times, "gpus_listed": counts}
+    results["cold_list"] = {"hosts": n, "gpus_per_host": g, "runs": out}
+
+
 NEIGH = "/proc/sys/net/ipv4/neigh/default/gc_thresh{}"
 
 
@@ -329,6 +382,10 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=30, help="seconds measured under changing load (default 30)")
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--list-only", action="store_true",
+                    help="only time cold `gpusd list` with --hosts hosts (about a minute with 32)")
+    ap.add_argument("--list-reps", type=int, default=5, help="cold `gpusd list` runs per case (default 5)")
+    ap.add_argument("--old-src", metavar="DIR", help="also time `gpusd list` from this source tree (another version)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     ap.add_argument("--neigh-gc-thresh", type=int, default=0, metavar="N",
                     help="raise the machine-wide ARP table limit (gc_thresh3) to N for the run, restored "
@@ -342,6 +399,10 @@ def main() -> int:
         ap.error("--hosts: 1..200")
     results: dict[str, Any] = {"cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     t = time.monotonic()
+    if args.list_only:
+        with NeighLimit(args.neigh_gc_thresh):
+            cold_list(args, results)
+        args.skip_latency = args.skip_scale = True
     if not args.skip_latency:
         latency(args, results)
     if not args.skip_scale:

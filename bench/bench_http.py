@@ -1,6 +1,13 @@
 """Issue 5 benchmark: the daemon's HTTP API under load, and its CPU share, on loopback.
 
     python bench/bench_http.py [--gpus 8] [--seconds 10] [--cpu-seconds 20] [--concurrency 16]
+    python bench/bench_http.py --trust [--seconds 5]     # issue 9: the cost of signatures and TLS
+
+With ``--trust`` the daemon gets a fleet secret (``--token-file``) and ``GET /api/v1/gpus`` is loaded
+three ways in the same run: unsigned on the HTTP port (today's public read), signed with RFC 9421
+(a fresh signature per request, checked by the daemon, its signed answer checked by the client), and
+signed over HTTPS with the pinned certificate.  The load client signs and verifies in this process:
+its cost is counted in the latencies, as a real client's would be.
 
 One real daemon (``gpusd start --foreground``, 1 s sampling) on the fake NVML with 8 GPUs (two
 processes each), HTTP and mDNS on 127.0.0.1 only, in a session of its own.  Measured from this
@@ -46,7 +53,7 @@ def gpus(n: int):
     return out
 
 
-def start_daemon(fake: FakeEnv, interval: float) -> tuple[subprocess.Popen[bytes], dict]:
+def start_daemon(fake: FakeEnv, interval: float, secret: str | None = None) -> tuple[subprocess.Popen[bytes], dict]:
     state = Path(tempfile.mkdtemp(prefix="gpusd-bench-http-"))
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
@@ -54,6 +61,12 @@ def start_daemon(fake: FakeEnv, interval: float) -> tuple[subprocess.Popen[bytes
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
             "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
             "--ready-fd", str(w)]
+    if secret is not None:
+        key_file = state / "fleet.key"
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, secret.encode())
+        os.close(fd)
+        argv += ["--token-file", str(key_file)]
     with open(state / "gpusd.log", "ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=(w,), stdin=subprocess.DEVNULL)
     os.close(w)
@@ -179,6 +192,126 @@ async def bench(args: argparse.Namespace) -> None:
         print(f"| GET {path} | {size} | {rps:.0f} | {p50:.2f} | {p99:.2f} | {errors} | {100 * cpu:.0f} |")
 
 
+async def signed_load(session, url: str, seconds: float, concurrency: int, key, node_id: str,
+                      ssl_arg=True) -> tuple[int, list[float], int]:
+    """Like :func:`load`, each request freshly signed and its answer's proof checked."""
+    from gpusd.wire.signing import Headers, Request, Response
+
+    latencies: list[float] = []
+    errors = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal errors
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            try:
+                headers, nonce = key.sign_request("GET", url, node_id=node_id)
+                async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
+                    body = await resp.read()
+                    answer = Response(resp.status, Request("GET", url, Headers(headers)), Headers(resp.headers.items()))
+                    ok = resp.status == 200 and key.verify_response(answer, nonce, node_id, body=body)
+            except Exception:  # noqa: BLE001 - counted, the run goes on
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t)
+            else:
+                errors += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(latencies), latencies, errors
+
+
+async def session_load(url: str, seconds: float, concurrency: int, key, node_id: str,
+                       ssl_arg) -> tuple[int, list[float], int]:
+    """HTTPS keep-alive connections, one per worker: the first request signed and its proof checked
+    (which authenticates the TLS connection), the following ones plain reads on that connection."""
+    import aiohttp
+
+    from gpusd.wire.signing import Headers, Request, Response
+
+    latencies: list[float] = []
+    errors = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal errors
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            first = True
+            while time.perf_counter() < end:
+                t = time.perf_counter()
+                try:
+                    headers, nonce = key.sign_request("GET", url, node_id=node_id) if first else ({}, "")
+                    async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
+                        body = await resp.read()
+                        ok = resp.status == 200
+                        if first:
+                            answer = Response(resp.status, Request("GET", url, Headers(headers)),
+                                              Headers(resp.headers.items()))
+                            ok = ok and key.verify_response(answer, nonce, node_id, body=body)
+                            first = False
+                except Exception:  # noqa: BLE001 - counted, the run goes on
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - t)
+                else:
+                    errors += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return len(latencies), latencies, errors
+
+
+async def bench_trust(args: argparse.Namespace) -> None:
+    import aiohttp
+
+    from gpusd.wire.signing import FleetKey, fingerprint_bytes
+
+    secret = secrets.token_hex(32)
+    state = gpus(args.gpus)
+    fake = FakeEnv(state)
+    proc, info = start_daemon(fake, args.interval, secret)
+    key = FleetKey(secret)
+    node = info["node_id"]
+    plain = f"http://127.0.0.1:{info['port']}/api/v1/gpus"
+    tls = f"https://127.0.0.1:{info['tls_port']}/api/v1/gpus"
+    pin = aiohttp.Fingerprint(fingerprint_bytes(info["cert_fp"]))
+    rows = []
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await asyncio.sleep(1)
+            for name, run in (
+                ("unsigned, HTTP (public read)", lambda: load(session, plain, args.seconds, args.concurrency)),
+                ("signed (RFC 9421), HTTP",
+                 lambda: signed_load(session, plain, args.seconds, args.concurrency, key, node)),
+                ("signed, HTTPS (pinned), every request", lambda: signed_load(session, tls, args.seconds,
+                                                                              args.concurrency, key, node, pin)),
+                ("HTTPS (pinned), one signature per connection", lambda: session_load(tls, args.seconds,
+                                                                                  args.concurrency, key, node, pin)),
+            ):
+                c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+                n, lat, errors = await run()
+                wall = time.monotonic() - t0
+                rows.append((name, n / wall, pct(lat, 50) * 1000, pct(lat, 99) * 1000, errors,
+                             (cpu_seconds(proc.pid) - c0) / wall))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"daemon on the fake NVML with {args.gpus} GPUs; {args.concurrency} concurrent clients, "
+          f"{args.seconds:g} s each, client and daemon on one machine")
+    print()
+    print("| GET /api/v1/gpus | requests/s | vs unsigned | p50 ms | p99 ms | errors | daemon CPU % "
+          "| daemon CPU ms per request |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = rows[0][1] or 1
+    for name, rps, p50, p99, errors, cpu in rows:
+        print(f"| {name} | {rps:.0f} | {100 * (rps / base - 1):+.0f} % | {p50:.2f} | {p99:.2f} | {errors} "
+              f"| {100 * cpu:.0f} | {1000 * cpu / rps if rps else float('nan'):.3f} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=8)
@@ -187,7 +320,9 @@ def main() -> int:
     ap.add_argument("--cpu-seconds", type=float, default=20.0, help="CPU share measuring window")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--subscribers", type=int, default=10)
-    asyncio.run(bench(ap.parse_args()))
+    ap.add_argument("--trust", action="store_true", help="unsigned vs signed vs TLS (issue 9)")
+    args = ap.parse_args()
+    asyncio.run(bench_trust(args) if args.trust else bench(args))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-Every test gets its own lock and state directories (never the machine's real ones), no inherited
+Every test gets its own lock and state directories and lease socket (never the machine's real ones), no inherited
 CUDA_VISIBLE_DEVICES and no simulation unless it asks.  The fake NVML library (tests/fakenvml) is
 built once per session with the system C compiler.
 """
@@ -26,6 +26,7 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     base = tmp_path_factory.mktemp("gpusd")
     monkeypatch.setenv("GPUSD_LOCK_DIR", str(base / "locks"))
     monkeypatch.setenv("GPUSD_STATE_DIR", str(base / "state"))
+    monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(base / "run" / "lease.sock"))
     for var in ("GPUSD_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSD_NVML_LIBRARY"):
         monkeypatch.delenv(var, raising=False)
     yield base

@@ -36,6 +36,7 @@ class FakeDaemon:
                  thresholds: Sequence[str] = (), interval: float = 0.2) -> None:
         self.hosts = {h.node_id: h for h in hosts}
         self.local = hosts[0].node_id
+        self.node_id = self.local
         self.gone: set[str] = set()
         self.token = token
         self.thresholds = list(thresholds)

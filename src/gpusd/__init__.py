@@ -42,6 +42,7 @@ _LAZY = {
     "NoDaemon": "gpusd.errors",
     "SourceError": "gpusd.errors",
     "AlreadyRunning": "gpusd.errors",
+    "LockBusy": "gpusd.errors",
     "DaemonStartFailed": "gpusd.errors",
     "Client": "gpusd.discovery.sync",
     "AsyncClient": "gpusd.discovery.client",
@@ -91,6 +92,9 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
     )
     from .errors import (
         GpusdError as GpusdError,
+    )
+    from .errors import (
+        LockBusy as LockBusy,
     )
     from .errors import (
         NoDaemon as NoDaemon,

@@ -12,6 +12,7 @@
     │   └── SSEError               a malformed event stream
     ├── NoDaemon                   no daemon runs (or none answers)
     │   └── SourceError            a daemon's answer cannot be read (unreachable, bad answer)
+    ├── LockBusy                   a lock of the lock directory stayed held past its bound
     ├── AlreadyRunning             gpusd start: a daemon with other options runs on this state directory
     └── DaemonStartFailed          a background daemon exited while starting (``status``: its exit code)
 
@@ -76,6 +77,11 @@ class SourceError(NoDaemon):
     """The hosts cannot be read from a daemon (unreachable, bad answer)."""
 
 
+class LockBusy(GpusdError):
+    """A lock of the lock directory stayed held past the documented bound (by a stuck or hostile
+    process); the message names the holder where the kernel tells it."""
+
+
 class AlreadyRunning(GpusdError):
     """``gpusd start`` asked for other options than the daemon already running on its state directory."""
 
@@ -99,6 +105,7 @@ __all__ = [
     "SSEError",
     "NoDaemon",
     "SourceError",
+    "LockBusy",
     "AlreadyRunning",
     "DaemonStartFailed",
 ]

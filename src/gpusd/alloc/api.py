@@ -8,11 +8,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, NoGpuAvailable, WaitTimeout
+from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..model import GpuInfo
 from . import queue
@@ -20,14 +21,15 @@ from .env import apply_env, cuda_env
 from .leases import Lease, LeaseStore
 from .select import Candidate, Constraints, choose, constraint_keywords
 
+if TYPE_CHECKING:
+    from .authority import RemoteLease
+
 _backends: dict[str, Backend] = {}
 _backends_lock = threading.Lock()
 
 
 def shared_backend(simulate: str | None = None) -> Backend:
     """One backend per process (NVML initialised once, handles cached)."""
-    import os
-
     key = simulate or os.environ.get("GPUSD_SIMULATE") or ""
     with _backends_lock:
         backend = _backends.get(key)
@@ -39,7 +41,7 @@ def shared_backend(simulate: str | None = None) -> Backend:
 class Selection:
     """GPUs chosen for a job, with the lease that keeps them its own (when one was taken)."""
 
-    def __init__(self, chosen: list[Candidate], lease: Lease | None, use_uuid: bool = False) -> None:
+    def __init__(self, chosen: list[Candidate], lease: Lease | RemoteLease | None, use_uuid: bool = False) -> None:
         self.devices = chosen
         self.lease = lease
         self.use_uuid = use_uuid
@@ -101,57 +103,130 @@ class Selection:
 
 
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
-             command: str | None, pid: int | None) -> Selection:
+             command: str | None, pid: int | None, deadline: float | None = None, user: str | None = None,
+             env: dict[str, str] | None = None) -> Selection:
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
-        return Selection(choose(snap, c, store.leases()), None)
-    with store.mutex():
+        return Selection(choose(snap, c, store.leases(), env), None)
+    with store.mutex(deadline):
         if ticket is None:
             queued = queue.waiting(store, cleanup=True)
             if queued:
                 raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (first come, "
                                      "first served); use --wait to queue behind them")
-        chosen = choose(snap, c, store.leases(cleanup=True))
+        chosen = choose(snap, c, store.leases(cleanup=True), env)
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
             totals = [x.total for x in chosen if x.total]
             memory = int(c.min_free * min(totals)) if totals else None
-        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid)
+        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid,
+                              user=user)
         if lease is None:  # held by a process that bypassed the mutex
             raise NoGpuAvailable("the chosen GPUs were taken at the same moment; try again")
         return Selection(chosen, lease)
 
 
+# After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
+# a second), then every ``recheck`` seconds until the next lease ends.
+SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
+
+
 def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
-             poll: float = 0.1, simulate: str | None = None, store: LeaseStore | None = None,
-             command: str | None = None, pid: int | None = None, backend: Backend | None = None) -> Selection:
-    """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served."""
+             poll: float = 1.0, simulate: str | None = None, store: LeaseStore | None = None,
+             command: str | None = None, pid: int | None = None, backend: Backend | None = None,
+             user: str | None = None, env: dict[str, str] | None = None,
+             cancelled: Callable[[], bool] | None = None) -> Selection:
+    """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served.
+
+    Where a gpusd daemon serves the lease socket (:mod:`gpusd.alloc.authority`), a lease is asked of
+    it; otherwise (or with an explicit ``store``, ``backend`` or simulation) it is taken in the lock
+    directory.  The head of the queue tries again when a lease ends (see :mod:`gpusd.alloc.queue`),
+    and at the latest every ``poll`` seconds.  Every wait for the selection mutex is bounded
+    (``timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).  ``pid``, ``user`` and ``env`` (the
+    job's ``CUDA_VISIBLE_DEVICES``) describe the job when it is not this process; ``cancelled`` stops
+    a wait (the daemon's client went away)."""
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
+    if (lease and store is None and backend is None and simulate is None and pid is None
+            and not os.environ.get("GPUSD_SIMULATE")):
+        from . import authority
+
+        sock = authority.connect()
+        if sock is not None:
+            try:
+                chosen, remote = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
+                return Selection(chosen, remote)
+            except authority.AuthorityBusy:
+                pass  # the same leases, taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:
-        return _attempt(backend, store, c, lease, None, command, pid)
+        return _attempt(backend, store, c, lease, None, command, pid, None, user, env)
     deadline = time.monotonic() + timeout if timeout is not None else None
-    with store.mutex():
-        ticket = queue.enqueue(store, c.count, command)
-    last: NoGpuAvailable | None = None
+    last: Exception | None = None
     try:
-        while True:
+        with store.mutex(deadline):
+            ticket = queue.enqueue(store, c.count, command, pid, user)
+    except WaitTimeout as exc:
+        last, ticket = exc, None
+    watch: queue.LeaseWatch | None = None
+    # A new head looks again soon too: a lease may have ended just before it began to watch, with
+    # utilisation readings not yet caught up.
+    settle = 0
+    try:
+        while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
             if ahead is not None:
-                if not queue.wait_for(ahead, deadline):
+                if (deadline is not None or cancelled is not None) and watch is None:
+                    watch = queue.LeaseWatch(store.dir)
+                if not queue.wait_for(ahead, deadline, watch=watch, cancelled=cancelled):
                     break
                 continue
+            if watch is None:
+                watch = queue.LeaseWatch(store.dir)  # before looking: no lease may end unseen
+            else:
+                watch.drain()
+            if cancelled is not None and cancelled():
+                break
             try:
-                return _attempt(backend, store, c, lease, ticket, command, pid)
+                return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env)
+            except WaitTimeout as exc:
+                last = exc
+                break
             except NoGpuAvailable as exc:
                 last = exc
-            if deadline is not None and time.monotonic() + poll > deadline:
+            if not watch.active:
+                delay = min(poll, 0.1)
+            elif settle < len(SETTLE):
+                delay, settle = SETTLE[settle], settle + 1
+            else:
+                delay = poll
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                delay = min(delay, left)
+            if watch.active:
+                if watch.wait(delay):
+                    settle = 0
+            else:
+                time.sleep(delay)
+            if deadline is not None and time.monotonic() >= deadline:
+                try:  # one last look at the deadline (the mutex gets half a second more)
+                    return _attempt(backend, store, c, lease, ticket, command, pid, time.monotonic() + 0.5,
+                                    user, env)
+                except WaitTimeout:
+                    pass  # the mutex: the reason given is still the GPUs'
+                except NoGpuAvailable as exc:
+                    last = exc
                 break
-            time.sleep(poll)
     finally:
-        ticket.close()
+        if ticket is not None:
+            ticket.close()
+        if watch is not None:
+            watch.close()
+    if cancelled is not None and cancelled():
+        raise GpusdError("the wait was cancelled")
     detail = f": {last}" if last else " (still queued behind other jobs)"
     raise WaitTimeout(f"gave up waiting after {timeout:g}s{detail}")
 

@@ -8,16 +8,25 @@ lease, nobody may delete another user's files.  An administrator may create it b
 
 ``select.lock``
     A mutex around "read leases, choose GPUs, take leases", so selection plus lease is atomic across
-    processes.  Held for about a millisecond.
+    processes.  Held for about a millisecond; a wait for it is bounded (:func:`mutex_timeout`, 10 s
+    by default, or the caller's deadline), and the error names the holder.
 ``gpu-<UUID>.lock`` (mode 0666, never deleted)
     One per GPU or MIG slice.  An exclusive lease holds ``LOCK_EX`` on it, a shared lease ``LOCK_SH``:
     the kernel itself refuses a second exclusive holder, whatever any process believes.
 ``lease-<ID>.json``
     What a lease is: pid, user, start time, command, the memory the job asked for, shared or not, the
     devices.  Its holder keeps ``LOCK_EX`` on it; a file that can be locked by someone else belongs to a
-    dead holder and is ignored (and removed when permissions allow).
-``queue-<SEQ>-<PID>.ticket``, ``queue.seq``
+    dead holder and is ignored (and removed when permissions allow).  Another user may write such a
+    file, so a record is believed only as far as the kernel confirms it: it is attributed to the uid
+    that owns the file (a record written by root, i.e. by the daemon acting as lease authority, may
+    name the client), and it counts for a device only while the process holding the record's lock
+    also holds that device's lock in the mode claimed (``/proc/locks``).
+``queue-<SEQ>-<PID>-<RANDOM>.ticket``, ``queue.seq``
     The first-come-first-served wait queue (:mod:`gpusd.alloc.queue`).
+
+The directory and its files are opened so that a hostile local user cannot turn them against us
+(:mod:`gpusd.alloc.lockdir`): no symlink followed, no chmod of a file we did not just create, a
+directory owned by another user refused, every wait on the selection mutex bounded.
 
 Lock files are opened with ``O_CLOEXEC`` except where ``gpusd run`` passes them to its command on
 purpose: the lease then lasts as long as the job's processes do, even if ``gpusd run`` itself is
@@ -26,59 +35,69 @@ killed with SIGKILL.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
+import math
 import os
+import re
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from ..errors import GpusdError
+from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..model import HostSnapshot, LeaseInfo
+from .lockdir import (
+    FILE_FLAGS,
+    create_exclusive,
+    flock_table,
+    lock_key,
+    lock_within,
+    open_dir,
+    open_lock_file,
+    process_uid,
+    try_lock,
+    user_name,
+)
+
+
+class _Log:
+    """``logging`` imported on first use: most commands never log here (start-up time matters)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import logging
+
+        return getattr(logging.getLogger(__name__), name)
+
+
+log = _Log()
 
 DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 LEASE_FORMAT = 1
+MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
+MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
+MAX_LEASE_DEVICES = 64
+MAX_LEASE_FILES = 4096
+_LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\.json$")
 
 
 def lock_dir() -> Path:
     return Path(os.environ.get("GPUSD_LOCK_DIR") or DEFAULT_LOCK_DIR)
 
 
-def _user() -> str | None:
+def mutex_timeout() -> float:
+    """The bound on a wait for the selection mutex: ``$GPUSD_MUTEX_TIMEOUT`` seconds, default 10."""
     try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (KeyError, ImportError):
-        return os.environ.get("USER")
-
-
-def _open_shared_file(path: Path) -> int:
-    """Open (creating with mode 0666) a lock file every user of the machine can lock."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except PermissionError:
-        # Created by another user and not writable by us: flock works on a read-only descriptor.
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if os.fstat(fd).st_uid == os.geteuid():
-            os.fchmod(fd, 0o666)  # the umask must not keep other users out
-    except OSError:
-        pass
-    return fd
+        value = float(os.environ.get("GPUSD_MUTEX_TIMEOUT") or MUTEX_TIMEOUT)
+    except ValueError:
+        return MUTEX_TIMEOUT
+    return value if math.isfinite(value) and value > 0 else MUTEX_TIMEOUT
 
 
-def _try_lock(fd: int, shared: bool) -> bool:
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
+def current_user() -> str | None:
+    return user_name(os.geteuid())
 
 
 @dataclass
@@ -92,6 +111,7 @@ class Lease:
     path: Path
     fds: list[int] = field(default_factory=list)  # device locks + the lease file's lock
     released: bool = False
+    dir_fd: int = -1  # the lock directory, to remove the record without following any path again
 
     @property
     def info_fd(self) -> int:
@@ -101,10 +121,6 @@ class Lease:
         if self.released:
             return
         self.released = True
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
         for fd in self.fds[:-1]:
             try:
                 # The lock file's mtime says when the GPU's last lease ended: the load before then
@@ -112,12 +128,38 @@ class Lease:
                 os.utime(fd)
             except OSError:
                 pass
-        for fd in self.fds:
+        # Devices first: their close is what waiters are woken by (queue.LeaseWatch), and a record
+        # whose devices are free no longer counts anyway.
+        for fd in self.fds[:-1]:
             try:
                 os.close(fd)  # closing drops the flock (unless a child still holds a copy)
             except OSError:
                 pass
+        try:
+            if self.dir_fd >= 0:
+                os.unlink(self.path.name, dir_fd=self.dir_fd)
+        except OSError:
+            pass
+        for fd in (*self.fds[-1:], self.dir_fd):
+            try:
+                if fd >= 0:
+                    os.close(fd)
+            except OSError:
+                pass
         self.fds = []
+        self.dir_fd = -1
+
+    def forget(self) -> None:
+        """Close this process's descriptors without ending the lease: for when they were handed to
+        another process (the daemon passing its leases to its clients as it stops), whose copies keep
+        the locks held and the record valid."""
+        for fd in (*self.fds, self.dir_fd):
+            try:
+                if fd >= 0:
+                    os.close(fd)
+            except OSError:
+                pass
+        self.fds, self.dir_fd, self.released = [], -1, True
 
     def __enter__(self) -> Lease:
         return self
@@ -139,30 +181,53 @@ class LeaseStore:
         self.dir = Path(directory) if directory is not None else lock_dir()
 
     # -- setup ----------------------------------------------------------------------------------
+    def open(self, create: bool = True) -> int | None:
+        """A descriptor of the (checked) lock directory; the caller closes it.  None when it does
+        not exist and ``create`` is False."""
+        return open_dir(self.dir, create)
+
+    def _writable(self) -> int:
+        fd = open_dir(self.dir, True)
+        assert fd is not None
+        if not os.access(self.dir, os.W_OK | os.X_OK):
+            st = os.fstat(fd)
+            os.close(fd)
+            d = self.dir
+            raise GpusdError(
+                f"the lock directory {d} is not writable for you (mode {st.st_mode & 0o7777:o}, uid "
+                f"{st.st_uid}): its owner should `chmod 1777 {d}`, or set GPUSD_LOCK_DIR for every user")
+        return fd
+
     def ensure(self) -> None:
-        d = self.dir
-        if d.is_dir():
-            if not os.access(d, os.W_OK | os.X_OK):
-                st = d.stat()
-                raise GpusdError(
-                    f"the lock directory {d} is not writable for you (mode {st.st_mode & 0o7777:o}, uid "
-                    f"{st.st_uid}): its owner should `chmod 1777 {d}`, or set GPUSD_LOCK_DIR for every user")
-            return
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            os.chmod(d, 0o1777)
-        except PermissionError:
-            raise GpusdError(f"cannot create the lock directory {d}: permission denied (set GPUSD_LOCK_DIR)") from None
-        except OSError as exc:
-            raise GpusdError(f"cannot create the lock directory {d}: {exc.strerror}") from None
+        """Create the lock directory if needed, and check that it is safe and writable."""
+        os.close(self._writable())
 
     @contextmanager
-    def mutex(self) -> Iterator[None]:
-        """The machine-wide selection mutex (blocking)."""
-        self.ensure()
-        fd = _open_shared_file(self.dir / "select.lock")
+    def mutex(self, deadline: float | None = None) -> Iterator[None]:
+        """The machine-wide selection mutex.  The wait for it is bounded by :func:`mutex_timeout`
+        and by ``deadline`` (``time.monotonic()``): :class:`LockBusy`, or :class:`WaitTimeout` when
+        ``deadline`` ran out first, naming the holder."""
+        dfd = self._writable()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = open_lock_file(dfd, "select.lock", self.dir)
+        finally:
+            os.close(dfd)
+        try:
+            bound = mutex_timeout()
+            limit = time.monotonic() + bound
+            what = f"the selection mutex {self.dir / 'select.lock'}"
+            why = ("a gpusd job holds it for about a millisecond: that process is stuck or hostile; stop it, "
+                   "or ask an administrator")
+            if deadline is not None and deadline < limit:
+                try:
+                    lock_within(fd, shared=False, deadline=deadline)
+                except LockBusy as exc:
+                    raise WaitTimeout(f"{what} is held by {exc} ({why})") from None
+            else:
+                try:
+                    lock_within(fd, shared=False, deadline=limit)
+                except LockBusy as exc:
+                    raise LockBusy(f"{what} has been held for more than {bound:g}s by {exc}; gave up ({why})") from None
             yield
         finally:
             os.close(fd)
@@ -170,50 +235,117 @@ class LeaseStore:
     # -- reading --------------------------------------------------------------------------------
     def leases(self, cleanup: bool = False) -> list[LeaseInfo]:
         """Live leases, one :class:`LeaseInfo` per leased device.  A lease file whose holder died
-        is skipped (and removed when ``cleanup`` and permissions allow)."""
+        is skipped (and removed when ``cleanup`` and permissions allow); so is a record the kernel
+        does not confirm (see the module docstring)."""
+        dfd = self.open(create=False)
+        if dfd is None:
+            return []
+        try:
+            return self._leases(dfd, cleanup)
+        finally:
+            os.close(dfd)
+
+    def _leases(self, dfd: int, cleanup: bool) -> list[LeaseInfo]:
         out: list[LeaseInfo] = []
         try:
-            names = os.listdir(self.dir)
+            names = os.listdir(dfd)
         except OSError:
             return out
+        table: dict[str, list[tuple[int, bool]]] | None = None
+        table_read = False
+        seen = 0
         for name in names:
-            if not (name.startswith("lease-") and name.endswith(".json")):
+            m = _LEASE_NAME.match(name)
+            if not m:
                 continue
-            path = self.dir / name
+            seen += 1
+            if seen > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
+                log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.dir)
+                break
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
             except OSError:
-                continue  # released meanwhile
+                continue  # released meanwhile, or a symlink
             try:
-                if _try_lock(fd, shared=True):
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if try_lock(fd, shared=True):
                     # Nobody holds it: the holder died without cleaning up.
                     if cleanup:
                         try:
-                            path.unlink()
+                            os.unlink(name, dir_fd=dfd)
                         except OSError:
                             pass
                     continue
-                raw = os.read(fd, 65536)
+                if st.st_size > MAX_LEASE_BYTES:
+                    log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
+                                st.st_size, MAX_LEASE_BYTES)
+                    continue
+                raw = os.read(fd, MAX_LEASE_BYTES)
             except OSError:
                 continue
             finally:
                 os.close(fd)
-            out.extend(self._parse(name, raw))
+            record = self._parse(name, raw)
+            if record is None:
+                continue
+            if not table_read:
+                table, table_read = flock_table(), True
+            out.extend(self._believe(dfd, name, m.group(1), st, record, table))
         return out
 
     @staticmethod
-    def _parse(name: str, raw: bytes) -> list[LeaseInfo]:
-        import logging
-
+    def _parse(name: str, raw: bytes) -> dict[str, Any] | None:
+        """The fields of a lease record, typed and bounded; None (logged) when it is not one."""
         try:
             d = json.loads(raw)
-            if not isinstance(d, dict) or not isinstance(d.get("devices"), list):
-                raise ValueError("no device list")
-            base = {k: d.get(k) for k in ("lease_id", "pid", "user", "started", "memory", "shared", "command")}
-            return [LeaseInfo.from_dict({**base, "device": str(dev)}) for dev in d["devices"]]
-        except (ValueError, TypeError) as exc:
-            logging.getLogger(__name__).warning("skipping unreadable lease file %s: %s", name, exc)
-            return []
+            if not isinstance(d, dict):
+                raise ValueError("not an object")
+            devices = d.get("devices")
+            if (not isinstance(devices, list) or not devices or len(devices) > MAX_LEASE_DEVICES
+                    or not all(isinstance(x, str) and 0 < len(x) <= 128 for x in devices)):
+                raise ValueError("no valid device list")
+            pid, memory, started = d.get("pid"), d.get("memory"), d.get("started")
+            if type(pid) is not int or not 0 < pid < 2**31:
+                raise ValueError("no valid pid")
+            if memory is not None and (type(memory) is not int or memory < 0):
+                raise ValueError("bad memory")
+            if started is not None and (type(started) not in (int, float) or not math.isfinite(started)):
+                raise ValueError("bad start time")
+            user, command = d.get("user"), d.get("command")
+            return {
+                "pid": pid, "memory": memory, "started": started, "shared": d.get("shared") is True,
+                "devices": devices, "user": user[:64] if isinstance(user, str) else None,
+                "command": command[:1024] if isinstance(command, str) else None,
+            }
+        except (ValueError, TypeError, RecursionError) as exc:
+            log.warning("skipping unreadable lease file %s: %s", name, exc)
+            return None
+
+    def _believe(self, dfd: int, name: str, lease_id: str, st: os.stat_result, rec: dict[str, Any],
+                 table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]:
+        """The part of a live record the kernel confirms, attributed to the file's owner."""
+        holders = [pid for pid, _ in table.get(lock_key(st), [])] if table is not None else []
+        if holders:  # /proc/locks sees this file system: check every device claimed
+            for dev in rec["devices"]:
+                try:
+                    dst = os.stat(f"gpu-{_safe(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    dst = None
+                locks = table.get(lock_key(dst), []) if (table is not None and dst is not None) else []
+                if not any(pid in holders and excl != rec["shared"] for pid, excl in locks):
+                    log.debug("ignoring lease file %s of %s: it claims %s, which its holder does not hold",
+                                name, user_name(st.st_uid), _safe(dev)[:64])
+                    return []
+        pid, user = rec["pid"], rec["user"]
+        if st.st_uid != 0:  # only root (the lease authority) may write a record for someone else
+            user = user_name(st.st_uid)
+            if process_uid(pid) != st.st_uid:
+                pid = holders[0] if holders and holders[0] > 0 else 0
+        base = {"lease_id": lease_id, "pid": pid, "user": user, "started": rec["started"],
+                "memory": rec["memory"], "shared": rec["shared"], "command": rec["command"]}
+        return [LeaseInfo.from_dict({**base, "device": dev}) for dev in rec["devices"]]
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:
         """Device UUID -> when its last gpusd lease ended (the lock file's mtime), for leases that
@@ -221,24 +353,35 @@ class LeaseStore:
         out: dict[str, float] = {}
         horizon = time.time() - within
         try:
-            entries = os.scandir(self.dir)
-        except OSError:
+            dfd = self.open(create=False)
+        except GpusdError:
             return out
-        with entries:
-            for entry in entries:
-                name = entry.name
-                if name.startswith("gpu-") and name.endswith(".lock"):
-                    try:
-                        mtime = entry.stat().st_mtime
-                    except OSError:
-                        continue
-                    if mtime >= horizon:
-                        out[name[4:-5]] = mtime
+        if dfd is None:
+            return out
+        try:
+            with os.scandir(dfd) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if name.startswith("gpu-") and name.endswith(".lock"):
+                        try:
+                            mtime = entry.stat(follow_symlinks=False).st_mtime
+                        except OSError:
+                            continue
+                        if mtime >= horizon:
+                            out[name[4:-5]] = mtime
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
         return out
 
     def attach(self, snap: HostSnapshot) -> HostSnapshot:
         """Add the live leases to the GPUs of ``snap`` (a MIG slice's lease to its parent GPU)."""
-        leases = self.leases()
+        try:
+            leases = self.leases()
+        except GpusdError as exc:  # a refused lock directory: say so, but show the GPUs
+            log.warning("%s", exc)
+            return snap
         if not leases:
             return snap
         owner: dict[str, int] = {}
@@ -254,47 +397,49 @@ class LeaseStore:
 
     # -- taking ---------------------------------------------------------------------------------
     def acquire(self, devices: list[str], *, shared: bool = False, memory: int | None = None,
-                command: str | None = None, pid: int | None = None) -> Lease | None:
+                command: str | None = None, pid: int | None = None, user: str | None = None) -> Lease | None:
         """Lock ``devices`` (all or nothing, without blocking) and record the lease.  Returns None
         when one of them is held in a conflicting mode.  Call under :meth:`mutex` for atomicity
-        with the choice of devices."""
-        self.ensure()
+        with the choice of devices.  ``pid`` and ``user`` name the job when it is not this process
+        (the daemon taking a lease for a client); only root's records are believed to name others."""
+        dfd = self._writable()
         fds: list[int] = []
         try:
             for dev in devices:
-                fd = _open_shared_file(self.dir / f"gpu-{_safe(dev)}.lock")
+                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir)
                 fds.append(fd)
-                if not _try_lock(fd, shared):
+                if not try_lock(fd, shared):
                     for f in fds:
                         os.close(f)
+                    os.close(dfd)
                     return None
             lease_id = os.urandom(6).hex()
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,
                 "pid": pid or os.getpid(),
-                "user": _user(),
+                "user": user or current_user(),
                 "started": time.time(),
                 "memory": memory,
                 "shared": shared,
                 "command": command,
                 "devices": list(devices),
             }
-            final = self.dir / f"lease-{lease_id}.json"
-            tmp = self.dir / f".lease-{lease_id}.tmp"
-            info_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            final = f"lease-{lease_id}.json"
+            tmp = f".lease-{lease_id}.tmp"
+            info_fd = create_exclusive(dfd, tmp, self.dir)
             fds.append(info_fd)
             fcntl.flock(info_fd, fcntl.LOCK_EX)  # locked before it is visible: never seen as stale
             os.write(info_fd, json.dumps(record).encode())
-            os.rename(tmp, final)
+            os.rename(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
-            for f in fds:
+            for f in (*fds, dfd):
                 try:
                     os.close(f)
                 except OSError:
                     pass
             raise
-        return Lease(lease_id, list(devices), shared, memory, final, fds)
+        return Lease(lease_id, list(devices), shared, memory, self.dir / final, fds, dir_fd=dfd)
 
 
 def _safe(device: str) -> str:

@@ -9,7 +9,17 @@ told so and refused.
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
 selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it;
 that lock is released the moment that waiter gets its GPUs, gives up or dies (the kernel drops the
-lock of a killed process), so the hand-over is immediate.  Only the head polls the GPUs.
+lock of a killed process), so the hand-over is immediate.
+
+Only the head looks at the GPUs, and not on a timer: it sleeps until a lease ends.  The kernel says
+when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its lock files are
+closed, whoever closes them (the holder, its last child, or the kernel when they die), and a close
+after writing is an ``IN_CLOSE_WRITE`` event.  Because the driver averages utilisation over up to a
+second, the head looks again shortly after each such event (20, 50, 100, 200, 400 ms), and otherwise
+every ``recheck`` seconds for load that changes outside gpusd.  Without inotify it polls every 0.1 s.
+
+Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
+nobody can guess, never followed through a symlink, attributed to the uid that owns them.
 """
 
 from __future__ import annotations
@@ -20,31 +30,36 @@ import json
 import math
 import os
 import re
-import stat
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .leases import LeaseStore, _open_shared_file, _try_lock, _user
+from ..errors import GpusdError
+from .leases import LeaseStore, current_user
+from .lockdir import FILE_FLAGS, create_exclusive, open_lock_file, try_lock
 
-_TICKET = re.compile(r"^queue-(\d{12})-(\d+)\.ticket$")
+_TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
 
 
 class Ticket:
-    def __init__(self, store: LeaseStore, seq: int, path: Path, fd: int) -> None:
-        self.store, self.seq, self.path, self.fd = store, seq, path, fd
+    def __init__(self, store: LeaseStore, seq: int, path: Path, fd: int, dir_fd: int = -1) -> None:
+        self.store, self.seq, self.path, self.fd, self.dir_fd = store, seq, path, fd, dir_fd
         self.closed = False
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        os.close(self.fd)  # first: the waiter behind us is woken by this close
         try:
-            self.path.unlink()
+            if self.dir_fd >= 0:
+                os.unlink(self.path.name, dir_fd=self.dir_fd)
         except OSError:
             pass
-        os.close(self.fd)
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
 
     def __del__(self) -> None:
         try:
@@ -53,26 +68,42 @@ class Ticket:
             pass
 
 
-def enqueue(store: LeaseStore, count: int, command: str | None = None) -> Ticket:
-    """Join the queue (call under the selection mutex)."""
-    store.ensure()
-    fd = _open_shared_file(store.dir / "queue.seq")
+def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int | None = None,
+            user: str | None = None) -> Ticket:
+    """Join the queue (call under the selection mutex).  ``pid`` and ``user`` name the job when it
+    is not this process (the daemon waiting for a client); only root's tickets are believed to."""
+    dfd = store.open(create=True)
+    assert dfd is not None
     try:
-        raw = os.pread(fd, 32, 0)
-        seq = int(raw.strip() or b"0") + 1
-    except (ValueError, OSError):
-        seq = int(time.time() * 1000)  # unreadable counter: fall back to a clock-ordered number
-    try:
-        os.pwrite(fd, f"{seq:<20d}\n".encode(), 0)
-    except OSError:
-        pass  # read-only for us: numbers from the clock keep their order with the others
-    os.close(fd)
-    path = store.dir / f"queue-{seq:012d}-{os.getpid()}.ticket"
-    tfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    fcntl.flock(tfd, fcntl.LOCK_EX)
-    os.write(tfd, json.dumps({"pid": os.getpid(), "user": _user(), "count": count, "since": time.time(),
-                              "command": command}).encode())
-    return Ticket(store, seq, path, tfd)
+        fd = open_lock_file(dfd, "queue.seq", store.dir)
+        try:
+            raw = os.pread(fd, 32, 0)
+            seq = int(raw.strip() or b"0") + 1
+            if not 0 < seq < 10**12:
+                raise ValueError(seq)
+        except (ValueError, OSError):
+            seq = int(time.time() * 1000)  # unreadable counter: fall back to a clock-ordered number
+        try:
+            os.pwrite(fd, f"{seq:<20d}\n".encode(), 0)
+        except OSError:
+            pass  # read-only for us: numbers from the clock keep their order with the others
+        os.close(fd)
+        tag = f"{seq:012d}-{os.getpid()}-{os.urandom(4).hex()}"
+        name = f"queue-{tag}.ticket"
+        # Locked before it is visible: a ticket others can lock is a dead waiter's, and is removed.
+        tfd = create_exclusive(dfd, f".queue-{tag}.tmp", store.dir)
+        try:
+            fcntl.flock(tfd, fcntl.LOCK_EX)
+            os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
+                                      "since": time.time(), "command": command}).encode())
+            os.rename(f".queue-{tag}.tmp", name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.close(tfd)
+            raise
+    except BaseException:
+        os.close(dfd)
+        raise
+    return Ticket(store, seq, store.dir / name, tfd, dfd)
 
 
 def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
@@ -80,67 +111,49 @@ def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
     with ``cleanup``)."""
     out: list[tuple[int, Path]] = []
     try:
-        names = os.listdir(store.dir)
-    except OSError:
+        dfd = store.open(create=False)
+    except GpusdError:
         return out
-    for name in names:
-        m = _TICKET.match(name)
-        if not m:
-            continue
-        path = store.dir / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            alive = not _try_lock(fd, shared=True)
-        finally:
-            os.close(fd)
-        if alive:
-            out.append((int(m.group(1)), path))
-        elif cleanup:
+    if dfd is None:
+        return out
+    try:
+        names = os.listdir(dfd)
+        for name in names:
+            m = _TICKET.match(name)
+            if not m:
+                continue
             try:
-                path.unlink()
+                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
             except OSError:
-                pass
+                continue
+            try:
+                alive = not try_lock(fd, shared=True)
+            finally:
+                os.close(fd)
+            if alive:
+                out.append((int(m.group(1)), store.dir / name))
+            elif cleanup:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
     out.sort()
     return out
 
 
-def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
-    """The live ticket just ahead of ``ticket``, or None at the head."""
-    before = [p for seq, p in waiting(store, cleanup=True) if seq < ticket.seq]
-    return before[-1] if before else None
-
-
-def wait_for(path: Path, deadline: float | None, poll: float = 0.05) -> bool:
-    """Block until the waiter holding ``path`` leaves (lock released).  False on deadline."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return True  # already gone
-    try:
-        if deadline is None:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # sleeps in the kernel until the holder leaves
-            return True
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return True
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(poll)
-    finally:
-        os.close(fd)
+MAX_TICKET_BYTES = 8192
 
 
 @dataclass
 class Waiter:
-    """A job waiting in the queue, as its ticket describes it (None: the ticket does not say, or says
-    something malformed — tickets are written by other users and read as untrusted)."""
+    """A job waiting in the queue, as its ticket describes it.  A ticket is another user's file: it is
+    attributed to the uid that owns it (only root's tickets, the daemon's, may name someone else),
+    its fields are typed and bounded (None: missing or malformed), and its strings must still go
+    through :func:`gpusd.sanitize.for_terminal` before they are printed."""
 
     position: int  # 1: the head of the queue
     seq: int
@@ -155,51 +168,191 @@ class Waiter:
         return asdict(self)
 
 
-_TICKET_MAX = 8192  # a real ticket: under 4 KiB (the command is cut at 512 characters)
-
-
-def _read_ticket(path: Path) -> dict[str, Any]:
-    """The JSON of a ticket, read without following a link or blocking; {} when unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {}
-        data = json.loads(os.read(fd, _TICKET_MAX).decode("utf-8", "replace"))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    finally:
-        os.close(fd)
-    return data if isinstance(data, dict) else {}
-
-
-def _typed(value: Any, kind: type, limit: int = 256) -> Any:
-    if isinstance(value, bool) or not isinstance(value, kind):
-        return None
-    if isinstance(value, str):
-        return value[:limit]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def waiters(store: LeaseStore) -> list[Waiter]:
-    """Who is waiting, oldest first (read-only: nothing is locked, cleaned or written)."""
+    """The live waiters, oldest first (read-only: nothing is locked, cleaned or written)."""
+    from .lockdir import process_uid, user_name
+
     out: list[Waiter] = []
-    for position, (seq, path) in enumerate(waiting(store), 1):
-        t = _read_ticket(path)
-        m = _TICKET.match(path.name)
-        pid = _typed(t.get("pid"), int)
-        if pid is None and m:
-            pid = int(m.group(2))
-        since = t.get("since")
+    for seq, path in waiting(store):
+        try:
+            fd = os.open(path, FILE_FLAGS | os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, MAX_TICKET_BYTES + 1)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
+        except (ValueError, RecursionError):
+            d = {}
+        if not isinstance(d, dict):
+            d = {}
+        pid, count, since, command, user = d.get("pid"), d.get("count"), d.get("since"), d.get("command"), d.get("user")
+        pid = pid if type(pid) is int and pid > 0 else None
+        if st.st_uid != 0:
+            user = user_name(st.st_uid)
+            if pid is not None and process_uid(pid) != st.st_uid:
+                pid = None
         out.append(Waiter(
-            position=position, seq=seq, ticket=path.name, pid=pid, user=_typed(t.get("user"), str, 64),
-            count=_typed(t.get("count"), int),
+            position=len(out) + 1, seq=seq, ticket=path.name, pid=pid,
+            user=user[:64] if isinstance(user, str) else None,
+            count=count if type(count) is int and count > 0 else None,
             since=float(since) if isinstance(since, (int, float)) and not isinstance(since, bool)
             and math.isfinite(since) else None,
-            command=_typed(t.get("command"), str, 512),
-        ))
+            command=command[:1024] if isinstance(command, str) else None))
     return out
+
+
+def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
+    """The live ticket just ahead of ``ticket``, or None at the head."""
+    before = [p for seq, p in waiting(store, cleanup=True) if seq < ticket.seq]
+    return before[-1] if before else None
+
+
+def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: LeaseWatch | None = None,
+             cancelled: Callable[[], bool] | None = None) -> bool:
+    """Block until the waiter holding ``path`` leaves (lock released).  False on deadline (or when
+    ``cancelled()`` says so, checked at least every second)."""
+    try:
+        fd = os.open(path, FILE_FLAGS | os.O_RDONLY)
+    except OSError:
+        return True  # already gone
+    try:
+        if deadline is None and cancelled is None:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # sleeps in the kernel until the holder leaves
+            return True
+        while True:
+            if try_lock(fd, shared=True):
+                return True
+            if cancelled is not None and cancelled():
+                return False
+            left = deadline - time.monotonic() if deadline is not None else 1.0
+            if left <= 0:
+                return False
+            if watch is not None and watch.active:
+                watch.wait(min(left, 1.0))  # woken when a ticket is closed; 1 s in case an event is missed
+            else:
+                time.sleep(min(left, poll))
+    finally:
+        os.close(fd)
+
+
+# -- being woken when a lease ends ------------------------------------------------------------------
+
+_IN_CLOSE_WRITE = 0x008
+_IN_DELETE = 0x200
+_IN_ONLYDIR = 0x01000000
+_IN_DONT_FOLLOW = 0x02000000
+_IN_Q_OVERFLOW = 0x4000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_EVENT_SIZE = 16  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
+_LITTLE = sys.byteorder == "little"
+
+
+class LeaseWatch:
+    """Wakes a waiter when a lease or a ticket in the lock directory ends (Linux inotify).
+
+    ``wait(timeout)`` returns True when a lock file was closed after writing (a lease ends: its
+    device locks close; a ticket ends) or a lease record or ticket was removed, False after
+    ``timeout``.  ``active`` is False where inotify is unavailable (then the caller polls)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.fd = -1
+        try:
+            import ctypes  # only waiters need it: imported here, not by every gpusd command
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+            if fd < 0:
+                return
+            wd = libc.inotify_add_watch(fd, os.fsencode(directory),
+                                        _IN_CLOSE_WRITE | _IN_DELETE | _IN_ONLYDIR | _IN_DONT_FOLLOW)
+            if wd < 0:
+                os.close(fd)
+                return
+            self.fd = fd
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    @property
+    def active(self) -> bool:
+        return self.fd >= 0
+
+    def drain(self) -> bool:
+        """Read the pending events: True when one of them is a lease or ticket ending."""
+        woke = False
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return woke
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                return True
+            if not buf:
+                return woke
+            at = 0
+            while at + _EVENT_SIZE <= len(buf):
+                mask = int.from_bytes(buf[at + 4:at + 8], "little" if _LITTLE else "big")
+                size = int.from_bytes(buf[at + 12:at + 16], "little" if _LITTLE else "big")
+                name = buf[at + _EVENT_SIZE:at + _EVENT_SIZE + size].rstrip(b"\0")
+                at += _EVENT_SIZE + size
+                if mask & _IN_Q_OVERFLOW or _relevant(name, mask):
+                    woke = True
+
+    def wait(self, timeout: float) -> bool:
+        import select
+
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                ready, _, _ = select.select([self.fd], [], [], left)
+            except InterruptedError:
+                continue
+            if ready and self.drain():
+                return True
+
+    def close(self) -> None:
+        """Close the inotify instance, in a background thread: the kernel waits for an RCU grace
+        period there (measured: ~18 ms), which must not delay the job that just got its GPUs."""
+        if self.fd >= 0:
+            import threading
+
+            fd, self.fd = self.fd, -1
+            threading.Thread(target=_close, args=(fd,), name="gpusd-inotify-close", daemon=True).start()
+
+    def __enter__(self) -> LeaseWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _relevant(name: bytes, mask: int) -> bool:
+    if name.startswith(b"gpu-") and name.endswith(b".lock"):
+        return bool(mask & _IN_CLOSE_WRITE)  # a lease's device lock closed
+    if name.startswith(b"lease-") and name.endswith(b".json"):
+        return True
+    return name.startswith(b"queue-") and name.endswith(b".ticket")

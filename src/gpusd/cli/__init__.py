@@ -16,6 +16,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from .._version import __version__
 from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
 from .exits import EXIT_USAGE, exit_code_for
+from .trust import add_token_flags
 
 PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
 
@@ -165,13 +166,26 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="the daemon's state directory: pid file, log, node id (default $GPUSD_STATE_DIR, "
                        "/var/lib/gpusd for root, else ~/.local/state/gpusd)")
 
+    def beyond_flags(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("hosts beyond this link (docs/daemon.md, \"Beyond one link\")")
+        g.add_argument("--peer", action="append", metavar="HOST[:PORT]", dest="peers",
+                       help="also follow the daemon at HOST (name or IPv4; port 4780 by default; repeatable; "
+                       "default $GPUSD_PEERS, comma-separated)")
+        g.add_argument("--peers-file", metavar="FILE",
+                       help="peers, one HOST[:PORT] per line, # comments; re-read when it changes "
+                       "(default $GPUSD_PEERS_FILE)")
+        g.add_argument("--dns-sd-domain", metavar="DOMAIN",
+                       help="browse _gpusd._tcp.DOMAIN in unicast DNS (wide-area DNS-SD, RFC 6763 §11; "
+                       "default $GPUSD_DNS_SD_DOMAIN)")
+        g.add_argument("--dns-server", metavar="IP", help="ask this DNS server (default: the system resolver)")
+
     def client_flags(p: argparse.ArgumentParser) -> None:
+        beyond_flags(p)
         interface_flag(p, "browse")
         p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
         p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
         p.add_argument("--host", metavar="NAME", help="only hosts with this name (glob allowed)")
-        p.add_argument("--token", help="the daemons' shared token: also show process owners and commands "
-                       "($GPUSD_TOKEN)")
+        add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
 
     def device_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", metavar="TEXT", help="only GPUs whose model contains TEXT, or matches a glob "
@@ -191,13 +205,15 @@ def _build_parser() -> argparse.ArgumentParser:
     state_flag(p)
     p.add_argument("--gpusd-compat", action="store_true",
                    help="also announce hwsd's _gpu-sd._tcp and _net-sd._tcp records (for GPU-SD/Equalizer clients)")
-    p.add_argument("--token", default=None,
-                   help="token protecting private fields such as process owners (or $GPUSD_TOKEN)")
+    add_token_flags(p, "trust on: private fields and writes for signed requests, HTTPS with a pinned certificate")
+    p.add_argument("--tls-port", type=int, default=None, metavar="N",
+                   help="with a fleet secret: the HTTPS port (default: --port + 1; 0: any free port)")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='alert rule, e.g. "temperature>85", "utilization>90 for 60s", "lost" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
     p.add_argument("--fleet", choices=("auto", "on", "off"), default="auto",
                    help="the /api/v1/fleet view: started on first use (auto), always, or never")
+    beyond_flags(p)
     p.add_argument("--txt-interval", type=_seconds, default=6.0, metavar="S",
                    help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
     p.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
@@ -208,6 +224,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dcgm-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="/metrics also serves NVIDIA DCGM exporter names (DCGM_FI_DEV_GPU_UTIL...) for Grafana "
                    "dashboards made for it (default: on)")
+    h = p.add_argument_group("usage history (docs/history.md)")
+    h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
+    h.add_argument("--retention", type=_positive_seconds, default=365.0, metavar="DAYS",
+                   help="days of 5-minute history and job records kept (default 365)")
+    h.add_argument("--history-size", type=_positive_seconds, default=1024.0, metavar="MIB",
+                   help="size bound of the history database in MiB (default 1024)")
+    h.add_argument("--idle-after", type=_positive_seconds, default=900.0, metavar="S",
+                   help="mark a lease idle after S seconds under 5 %% utilisation (default 900)")
+    h.add_argument("--idle-release", action="store_true",
+                   help="release idle reservations after a notice and --idle-grace (never a running job's lease)")
+    h.add_argument("--idle-grace", type=_seconds, default=900.0, metavar="S",
+                   help="seconds between the release notice and the release (default 900)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 
@@ -276,7 +304,32 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
-    p.add_argument("--token", help="the daemons' token, to see process owners and commands ($GPUSD_TOKEN)")
+    add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
+    beyond_flags(p)
+    p.add_argument("--history", default="1h", metavar="RANGE",
+                   help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
+
+    p = _command(sub, "report", "gpusd.cli.report:report",
+                 "usage report: GPU-hours used and held, idle reservations, utilisation, energy, top jobs")
+    when = p.add_argument_group("period")
+    when.add_argument("--since", default="7d", metavar="DURATION", help="the last DURATION (default 7d; 12h, 30d...)")
+    when.add_argument("--from", dest="from_", metavar="TIME", help="start (2026-11-01, 2026-11-01T08:00, epoch s)")
+    when.add_argument("--to", metavar="TIME", help="end (default now)")
+    p.add_argument("--by", choices=("user", "host", "gpu", "model"), default="user",
+                   help="group by (default user; per-user figures need the token)")
+    p.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
+                   help="output format (html: one self-contained file with charts)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
+    srcs = p.add_mutually_exclusive_group()
+    srcs.add_argument("--db", metavar="FILE", help="read this history database (default: the state directory's)")
+    srcs.add_argument("--fleet", action="store_true",
+                      help="every host of the fleet, as the daemon at --url (default this machine's) sees it")
+    p.add_argument("--url", action="append", metavar="URL",
+                   help="ask this daemon (repeatable; with --fleet: the daemon whose fleet to ask)")
+    p.add_argument("--state-dir", metavar="DIR", help="the local daemon's state directory")
+    p.add_argument("--idle-after", type=_positive_seconds, default=900.0, metavar="S",
+                   help="with --db: flag leases held idle this long in all (default 900)")
+    add_token_flags(p, "sign requests: per-user figures and job owners from daemons that prove they hold it")
 
     p = sub.add_parser("export", help="export the fleet for other tools",
                        description="export the fleet for other tools")
@@ -294,7 +347,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
     p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S",
                    help="with --watch: check every S seconds")
-    p.add_argument("--token", help="with --url: the daemon's token ($GPUSD_TOKEN)")
+    add_token_flags(p, "with --url: sign the request")
+    p = _command(esub, "dns-sd-zone", "gpusd.cli.discover:export_dns_sd_zone",
+                 "print zone-file records (PTR, SRV, TXT, A) publishing the hosts found under _gpusd._tcp.DOMAIN")
+    p.add_argument("--domain", required=True, help="the wide-area DNS-SD domain, e.g. lab.example")
+    p.add_argument("--ttl", type=int, default=300, help="TTL of the records in seconds (default 300)")
+    p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S", help="seconds to browse (default 3)")
+    client_flags(p)
     # --- end of monitoring commands ---
 
     # --- distributed engine commands (docs/engines.md) ---

@@ -92,7 +92,8 @@ def leases(args: argparse.Namespace) -> int:
                      "waiting": [w.to_dict() for w in waiters]}, indent=2))
         return 0
     now = time.time()
-    rows = [[le.device or "-", le.lease_id, le.user or "-", str(le.pid),
+    # Lease records are files other users write: every string is made safe before it is printed.
+    rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32), str(le.pid),
              "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
              _age(le.started, now), _cell(le.command)] for le in held]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,10 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
              "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
              "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
-             "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics")}
+             "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics"),
+             "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
+             "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
+             "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -36,8 +38,9 @@ def _state_dir(args: argparse.Namespace) -> Path:
 def _config(args: argparse.Namespace, state: Path) -> Any:
     from ..daemon.config import DaemonConfig
     from ..thresholds import rule_specs
+    from .trust import secret
 
-    token = args.token or os.environ.get("GPUSD_TOKEN") or None
+    token = secret(args)
     cfg = DaemonConfig(
         interfaces=args.interfaces,
         port=args.port,
@@ -49,10 +52,21 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         state_dir=state if os.environ.get("GPUSD_STATE_DIR") else None,
         gpusd_compat=args.gpusd_compat,
         token=token,
+        tls_port=args.tls_port,
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
-        dcgm_metrics=args.dcgm_metrics,
+        dcgm_metrics=getattr(args, "dcgm_metrics", True),
+        record=getattr(args, "record", True),
+        retention=getattr(args, "retention", 365.0) * 86400,
+        history_size=int(getattr(args, "history_size", 1024.0) * 2**20),
+        idle_after=getattr(args, "idle_after", 900.0),
+        idle_release=getattr(args, "idle_release", False),
+        idle_grace=getattr(args, "idle_grace", 900.0),
+        peers=getattr(args, "peers", None),
+        peers_file=getattr(args, "peers_file", None),
+        dns_sd_domain=getattr(args, "dns_sd_domain", None),
+        dns_server=getattr(args, "dns_server", None),
     )
     cfg.validate()
     return cfg
@@ -66,8 +80,24 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out += ["--interface", iface]
     out += ["--port", str(args.port), "--session", args.session, "--interval", str(args.interval),
             "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
+    if not getattr(args, "record", True):
+        out.append("--no-record")
+    if getattr(args, "idle_release", False):
+        out.append("--idle-release")
+    out += ["--retention", str(getattr(args, "retention", 365.0)), "--history-size",
+            str(getattr(args, "history_size", 1024.0)), "--idle-after", str(getattr(args, "idle_after", 900.0)),
+            "--idle-grace", str(getattr(args, "idle_grace", 900.0))]
     if args.hostname:
         out += ["--hostname", args.hostname]
+    for peer in getattr(args, "peers", None) or []:
+        out += ["--peer", peer]
+    for flag, name in (("--peers-file", "peers_file"), ("--dns-sd-domain", "dns_sd_domain"),
+                       ("--dns-server", "dns_server")):
+        if getattr(args, name, None):
+            value = getattr(args, name)
+            out += [flag, os.path.abspath(value) if name == "peers_file" else value]
+    if args.tls_port is not None:
+        out += ["--tls-port", str(args.tls_port)]
     if args.simulate:
         out += ["--simulate", args.simulate]
     if args.gpusd_compat:
@@ -169,6 +199,8 @@ def start(args: argparse.Namespace) -> int:
     from . import prog
 
     env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
+    env.pop("GPUSD_TOKEN_FILE", None)  # the child takes exactly the secret read here
+    env.pop("GPUSD_TOKEN", None)
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
@@ -211,6 +243,8 @@ def status(args: argparse.Namespace) -> int:
     if info:
         print(f"  service   {info.get('service')}  (session {info.get('session')}, node {info.get('node_id')})")
         print(f"  serving   {' '.join(info.get('urls') or [])}")
+        if info.get("tls_port"):
+            print(f"  https     port {info.get('tls_port')}, certificate {info.get('cert_fp')} (trust on)")
         print(f"  mDNS on   {', '.join(info.get('interfaces') or []) or 'all interfaces'}")
     if live is not None:
         snap = live.get("snapshot") or {}
@@ -223,9 +257,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
-    """GET /api/v1/host from the running daemon (plain urllib: no aiohttp at CLI start-up)."""
-    import http.client
-    import urllib.request
+    """GET /api/v1/host from the running daemon (the one blocking GET helper, no aiohttp at start-up)."""
+    from ..wire.http import SourceError, fetch_json
 
     port = info.get("port")
     addresses = info.get("addresses")
@@ -236,10 +269,9 @@ def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
         addrs.insert(0, "127.0.0.1")
     for addr in addrs:
         try:
-            with urllib.request.urlopen(f"http://{addr}:{port}/api/v1/host", timeout=2) as resp:
-                data = json.loads(resp.read(4 * 2**20))
-                return data if isinstance(data, dict) else None
-        except (OSError, ValueError, http.client.HTTPException):  # down, not HTTP, or died mid-answer
+            data = fetch_json(f"http://{addr}:{port}/api/v1/host", timeout=2).data
+            return data if isinstance(data, dict) else None
+        except SourceError:  # down, not HTTP, or died mid-answer
             continue
     return None
 

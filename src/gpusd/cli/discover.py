@@ -16,12 +16,37 @@ from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future
+
     from ..discovery.client import AsyncClient
     from ..discovery.types import Device, RemoteHost
+    from .localfleet import Found
 
 
 def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
     from ..discovery.client import AsyncClient
+    from .trust import fleet_key
+
+    return AsyncClient(
+        session=args.session,
+        all_sessions=args.all_sessions,
+        key=fleet_key(args),
+        interfaces=args.interfaces,
+        **_filter_args(args),
+        **beyond_args(args),
+        **kw,
+    )
+
+
+def beyond_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--peer``, ``--peers-file``, ``--dns-sd-domain``, ``--dns-server`` as AsyncClient arguments
+    (absent flags: None, so the client reads the environment)."""
+    return {"peers": getattr(args, "peers", None), "peers_file": getattr(args, "peers_file", None),
+            "dns_sd_domain": getattr(args, "dns_sd_domain", None), "dns_server": getattr(args, "dns_server", None)}
+
+
+def _filter_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The host and GPU filters of ``args`` (``hostname``, ``model``, ``min_free_memory``), checked."""
     from ..wire.txt import valid_session
 
     if not args.all_sessions and not valid_session(args.session):
@@ -34,18 +59,7 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
             min_free = int(parse_memory(args.min_free, ratio=False))
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
-    import os
-
-    return AsyncClient(
-        session=args.session,
-        all_sessions=args.all_sessions,
-        token=getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None,
-        interfaces=args.interfaces,
-        hostname=args.host,
-        model=getattr(args, "model", None),
-        min_free_memory=min_free,
-        **kw,
-    )
+    return {"hostname": args.host, "model": getattr(args, "model", None), "min_free_memory": min_free}
 
 
 # -- scan ------------------------------------------------------------------------------------------
@@ -92,7 +106,33 @@ def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> 
 
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
     return {"hostname": h.hostname, "node_id": h.node_id, "session": h.session, "source": h.source,
-            "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+            "via": h.via, "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+
+
+def export_dns_sd_zone(args: argparse.Namespace) -> int:
+    """``gpusd export dns-sd-zone --domain lab.example``: zone-file lines publishing the hosts found
+    (wide-area DNS-SD, docs/daemon.md "Beyond one link")."""
+    import asyncio
+
+    from ..discovery.beyond import valid_domain, zone_records
+
+    domain = valid_domain(args.domain)
+    if not 0 < args.ttl <= 86400:
+        raise ConfigError("--ttl must be between 1 and 86400 seconds")
+
+    async def go() -> list[RemoteHost]:
+        client = _client(args)
+        try:
+            return await client.scan(args.timeout)
+        finally:
+            await client.stop_listening()
+
+    lines = zone_records(asyncio.run(go()), domain, int(args.ttl))
+    if not lines:
+        print("gpusd: no gpusd host with an IPv4 address found", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    print("\n".join(lines))
+    return 0
 
 
 def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
@@ -110,15 +150,37 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 def list_devices(args: argparse.Namespace) -> int:
     import asyncio
 
-    async def go() -> tuple[list[Device], list[RemoteHost], int]:
-        client = _client(args)
-        try:
-            await client.wait_settled(args.timeout)
-            return client.list_devices(), client.hosts, len(client.unmatched_hosts)
-        finally:
-            await client.stop_listening()
+    from ..discovery import oneshot
+    from ..identity import state_dir
 
-    devices, hosts, unmatched = asyncio.run(go())
+    if args.all_sessions or not (state_dir() / "gpusd.json").exists():
+        oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
+    found = None
+    local = None if args.all_sessions else _ask_local_daemon(args)
+    if local is not None:
+        from concurrent.futures import wait
+
+        from .localfleet import QUICK
+
+        wait([local], QUICK)
+        if local.done():
+            found, local = local.result(), None  # None: no local daemon (or no usable answer): browse
+
+    async def go() -> tuple[list[Device], list[RemoteHost], int]:
+        browse = asyncio.ensure_future(
+            oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.timeout))
+        while local is not None and not browse.done():  # the local daemon is slow: whichever answers first
+            if local.done():
+                answer = local.result()
+                if answer is not None:
+                    browse.cancel()
+                    await asyncio.gather(browse, return_exceptions=True)
+                    return answer
+                break
+            await asyncio.wait({browse}, timeout=0.02)
+        return await browse
+
+    devices, hosts, unmatched = found if found is not None else asyncio.run(go())
     if args.json:
         print(dumps([d.to_dict() for d in devices], indent=1))
         return 0 if hosts else EXIT_NO_DAEMON
@@ -129,6 +191,16 @@ def list_devices(args: argparse.Namespace) -> int:
         return EXIT_NO_DAEMON
     print(render_devices(devices, hosts))
     return 0
+
+
+def _ask_local_daemon(args: argparse.Namespace) -> Future[Found | None]:
+    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md)."""
+    from ..discovery.types import Filters
+    from .localfleet import start_fleet_request
+    from .trust import fleet_key
+
+    filters = Filters(session=args.session, **_filter_args(args))
+    return start_fleet_request(filters, key=fleet_key(args))
 
 
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:
@@ -158,12 +230,16 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         name = display_name(g.name)
         if d.simulated:
             state += " [sim]"
+        if d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
+            state += " [unverified]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
     table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))
     n_gpus = len(devices)
     footer = f"{len(hosts)} host(s), {n_gpus} GPU(s)"
     if any(d.simulated for d in devices):
         footer += "  (SIMULATED GPUs marked [sim])"
+    if any(d.verified is False for d in devices):
+        footer += "  ([unverified]: the host did not prove it holds the fleet secret)"
     return table + "\n" + footer
 
 

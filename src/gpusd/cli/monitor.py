@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, GpusdError
+from .trust import fleet_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..views.sources import Source
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    return getattr(args, "token", None) or os.environ.get("GPUSD_TOKEN") or None
 
 
 def _source(args: argparse.Namespace, settle: float) -> Source:
@@ -29,11 +25,12 @@ def _source(args: argparse.Namespace, settle: float) -> Source:
     if args.url:
         from ..views.sources import FleetSource
 
-        return FleetSource(args.url, token=_token(args))
+        return FleetSource(args.url, key=fleet_key(args))
     from ..views.sources import DiscoverySource
+    from .discover import beyond_args
 
     return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle,
-                           interfaces=args.interfaces, token=_token(args))
+                           interfaces=args.interfaces, key=fleet_key(args), **beyond_args(args))
 
 
 def top(args: argparse.Namespace) -> int:
@@ -49,10 +46,20 @@ def top(args: argparse.Namespace) -> int:
     state = TopState(sort=args.sort, reverse=args.reverse, filter=args.filter or "")
     once = args.once or not sys.stdout.isatty()
     source = _source(args, settle=args.wait)
+    from ..usage.query import parse_duration
+    from ..views.spark import Sparks  # utilisation over the last hour, from the daemons' history
+
+    try:
+        window = parse_duration(args.history)
+    except ValueError as exc:
+        raise ConfigError(f"--history: {exc}") from None
+    if not 60 <= window <= 30 * 86400:
+        raise ConfigError("--history must be between 1m and 30d")
+    sparks = Sparks(window=window, key=fleet_key(args))
     try:
         if once:
             width = args.width or shutil.get_terminal_size((120, 40)).columns
-            views = book.update(source.hosts())
+            views = sparks.update(book.update(source.hosts()), wait=2.0)
             sys.stdout.write(render_text(views, state, width=width, color=sys.stdout.isatty()))
             sys.stdout.flush()
             return 0
@@ -60,8 +67,10 @@ def top(args: argparse.Namespace) -> int:
 
         from ..views.live import run_live
 
-        return run_live(source.hosts, state, book, args.interval, Console(highlight=False))
+        return run_live(lambda: sparks.update(source.hosts()), state, book, args.interval,
+                        Console(highlight=False))
     finally:
+        sparks.close()
         source.close()
 
 
@@ -79,7 +88,7 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
 
     def daemons() -> list[sd.Daemon]:
         if source is None:
-            return sd.daemons_from_fleet(FleetSource(args.url, token=_token(args)).fleet(), session=session)
+            return sd.daemons_from_fleet(FleetSource(args.url, key=fleet_key(args)).fleet(), session=session)
         return [sd.Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session)
                 for h in source.hosts() if h.alive and h.url]
 

@@ -1,31 +1,42 @@
-"""Who may read what, and who may write: the daemon's access rules.
+"""Who may read what, and who may write: the daemon's access rules (docs/security.md).
 
-* Anyone who can reach the daemon may read GPU load (every ``GET``).
+* Anyone who can reach the daemon may read GPU load (every ``GET``, unsigned: cheap).
 * Process and lease owners (``user``) and command lines (``command``) are private.  A reader sees
-  them when it presents the daemon's shared token (``Authorization: Bearer <token>``), or when it
-  connects from this machine (loopback or one of the daemon's own addresses: ``ps`` shows it the
-  same), unless ``trust_loopback`` is off.  Everyone else gets them as ``null``.
-* Nothing but ``GET``/``HEAD``/``OPTIONS`` is accepted without the token: ``405`` when the daemon
-  has no token (it takes no writes at all), ``401`` when the token is missing or wrong.
+  them when its request is signed with the fleet secret (RFC 9421, :mod:`gpusd.wire.signing`), or
+  when it connects from this machine (loopback or one of the daemon's own addresses: ``ps`` shows
+  it the same) *and* its ``Host`` names this daemon (a browser page on a rebound name does not),
+  unless ``trust_loopback`` is off.  Everyone else gets them as ``null``.
+* Nothing but ``GET``/``HEAD``/``OPTIONS`` is accepted without a valid signature: ``405`` when the
+  daemon has no secret (it takes no writes at all), ``401`` otherwise, ``403`` from another site's
+  page (``Origin``).
+* A bad, stale, replayed or malformed signature, and any ``Authorization`` header (gpusd takes no
+  bearer secrets), get ``401`` — never a 500.
+* The answer to a verified request is signed back (:func:`install_proofs`): the client's proof
+  that this daemon holds the secret.
 
-:func:`middleware` enforces both for JSON answers.  Handlers that stream (server-sent events) pass
+:func:`middleware` enforces these for JSON answers.  Handlers that stream (server-sent events) pass
 every message through ``stream_filter(request)`` (:func:`stream_filter`).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
+import logging
 import re
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+from ..wire.privacy import PRIVATE_FIELDS as PRIVATE_FIELDS  # re-exported: the wire's private fields
+from ..wire.privacy import redact as redact
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
 
-PRIVATE_FIELDS = ("user", "command")
-_PRIVATE_LISTS = ("processes", "leases")
+log = logging.getLogger(__name__)
+
+
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _KEY: Any = None  # request[_request_key()]: True when this reader may see private fields
 
@@ -37,23 +48,6 @@ def _request_key() -> Any:
 
         _KEY = web.RequestKey("gpusd.private", bool) if hasattr(web, "RequestKey") else "gpusd.private"
     return _KEY
-
-
-def redact(payload: Any) -> Any:
-    """A copy of a JSON-like payload (snapshot, GPU list, fleet, event data) where every entry of a
-    ``processes`` or ``leases`` list has ``user`` and ``command`` set to ``None``.  Other values are
-    shared, not copied."""
-    if isinstance(payload, dict):
-        out = {}
-        for k, v in payload.items():
-            if k in _PRIVATE_LISTS and isinstance(v, list):
-                out[k] = [_strip(e) for e in v]
-            else:
-                out[k] = redact(v)
-        return out
-    if isinstance(payload, list):
-        return [redact(v) for v in payload]
-    return payload
 
 
 _PRIVATE_VALUE = re.compile(rb'"(?:user|command)"\s*:\s*"')
@@ -105,21 +99,6 @@ def stream_filter(request: web.Request) -> Callable[[bytes], bytes]:
     return _identity if can_see_private(request) else redact_event
 
 
-def _strip(entry: Any) -> Any:
-    if not isinstance(entry, dict):
-        return entry
-    return {k: (None if k in PRIVATE_FIELDS else v) for k, v in entry.items()}
-
-
-def bearer_token(headers: Any) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, or None."""
-    value = str(headers.get("Authorization", ""))
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
-
-
 def is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
@@ -129,27 +108,67 @@ def is_loopback(remote: str | None) -> bool:
         return False
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """``name``, ``name:port``, ``[v6]:port`` -> (lower-case name without a trailing dot, port or
+    None); None when it is not a host."""
+    if not value or len(value) > 300 or not value.isascii() or any(c in value for c in " /\\@?#\t"):
+        return None
+    value = value.lower()
+    port: int | None = None
+    if value.startswith("["):
+        name, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            return None
+        port_text = rest[1:] if rest else None
+    else:
+        name, sep, port_text = value.rpartition(":")
+        if not sep:
+            name, port_text = value, None
+        elif ":" in name:  # a bare IPv6 address
+            return None
+    if port_text is not None:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            return None
+        port = int(port_text)
+    name = name.rstrip(".")
+    return (name, port) if name else None
+
+
 class Access:
-    """The access rules of one daemon.  ``own_addresses()`` gives the daemon's own addresses: a
-    reader connecting from one of them is on this machine, like a loopback reader."""
+    """The access rules of one daemon.
+
+    ``token``: the fleet secret (None: trust off, no writes, no signed readers).  ``own_addresses()``,
+    ``own_names()`` and ``own_ports()`` say who the daemon is: a ``Host`` header must name one of
+    them (or ``localhost``) for a request to see private fields, to write, or to carry a valid
+    signature (DNS rebinding, replay to another daemon).  A reader connecting from one of the own
+    addresses is on this machine, like a loopback reader.  ``node_id()`` and ``cert_fp()`` go into
+    signed answers (docs/security.md)."""
 
     def __init__(self, token: str | None, trust_loopback: bool = True,
-                 own_addresses: Callable[[], Iterable[str]] | None = None) -> None:
+                 own_addresses: Callable[[], Iterable[str]] | None = None,
+                 own_names: Callable[[], Iterable[str]] | None = None,
+                 own_ports: Callable[[], Iterable[int]] | None = None,
+                 node_id: Callable[[], str | None] | None = None,
+                 cert_fp: Callable[[], str | None] | None = None) -> None:
+        from ..wire.signing import FleetKey, NonceCache
+
         self.token = token or None
+        self.key = FleetKey(self.token) if self.token else None
+        self.nonces = NonceCache()
+        # TLS connections on which a signed request was verified: later reads on them are the same
+        # client's (TLS binds them), so they need no signature of their own (docs/security.md).
+        self.sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self.trust_loopback = trust_loopback
         self._own = own_addresses
+        self._names = own_names
+        self._ports = own_ports
+        self._node_id = node_id
+        self._cert_fp = cert_fp
 
-    def token_ok(self, headers: Any) -> bool:
-        if self.token is None:
-            return False
-        given = bearer_token(headers)
-        return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
-
-    def may_see_private(self, headers: Any, remote: str | None) -> bool:
-        if self.trust_loopback and (is_loopback(remote) or self._is_own(remote)):
-            return True
-        return self.token_ok(headers)
-
+    # -- who is asking -----------------------------------------------------------------------------
     def _is_own(self, remote: str | None) -> bool:
         if not remote or self._own is None:
             return False
@@ -158,12 +177,96 @@ class Access:
         except Exception:  # noqa: BLE001 - an address list that fails means "not own"
             return False
 
-    def write_refusal(self, headers: Any) -> tuple[int, str] | None:
+    def local_reader(self, remote: str | None) -> bool:
+        return self.trust_loopback and (is_loopback(remote) or self._is_own(remote))
+
+    def host_ok(self, host: str | None) -> bool:
+        """Whether a ``Host`` header (or an ``@authority``, or an ``Origin``'s host) names this daemon:
+        ``localhost``, a loopback address, one of its own addresses or names (``name``,
+        ``name.local``), on one of its ports (any port when the daemon does not say)."""
+        parsed = split_host(host or "")
+        if parsed is None:
+            return False
+        name, port = parsed
+        try:
+            ports = set(self._ports()) if self._ports is not None else set()
+            if ports and (port if port is not None else 80) not in ports:
+                return False
+            if name in LOOPBACK_NAMES or is_loopback(name):
+                return True
+            own = {a.lower() for a in (self._own() if self._own is not None else ())}
+            for n in (self._names() if self._names is not None else ()):
+                n = n.lower().rstrip(".")
+                own.update((n, n + ".local") if not n.endswith(".local") else (n,))
+        except Exception:  # noqa: BLE001 - a failing callback: not ours
+            return False
+        return name in own
+
+    def origin_ok(self, origin: str | None) -> bool:
+        """No ``Origin`` (not a browser), or one of this daemon's own pages."""
+        if origin is None:
+            return True
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            return False
+        return parts.scheme in ("http", "https") and self.host_ok(parts.netloc)
+
+    # -- signatures --------------------------------------------------------------------------------
+    def verify(self, method: str, scheme: str, host: str, raw_path: str, headers: Any,
+               body: bytes = b"") -> tuple[Any, str | None]:
+        """Check a signed request: (the signature library's request object, None) when it is valid,
+        else (None, why not).  Never raises: anything malformed is simply not valid."""
+        if self.key is None:
+            return None, "this daemon has no fleet secret"
+        if not self.host_ok(host):
+            return None, "the request does not name this daemon (Host/@authority)"
+        from ..wire.signing import Headers, Request
+
+        try:
+            req = Request(method, f"{scheme}://{host}{raw_path}",
+                          Headers((k, v) for k, v in headers.items()))
+            result = self.key.verify_request(req, body)
+        except Exception as exc:  # noqa: BLE001 - InvalidSignature, malformed fields, odd bytes
+            return None, f"bad signature: {str(exc)[:120]}"
+        covered = result.covered_components
+        node = self._node_id() if self._node_id is not None else None
+        if '"gpusd-node"' in covered and covered['"gpusd-node"'] != node:
+            return None, "the request was signed for another node"
+        refused = self.nonces.add(str(result.nonce))
+        if refused is not None:
+            return None, refused
+        req.nonce = result.nonce  # type: ignore[attr-defined]
+        return req, None
+
+    def sign_response(self, req: Any, status: int, headers: Any, body: bytes | None) -> None:
+        """Add the daemon's proof (docs/security.md) to the answer of a verified request ``req``."""
+        from ..wire.signing import Headers, Response
+
+        assert self.key is not None
+        resp = Response(status, req, Headers())
+        node = (self._node_id() if self._node_id is not None else None) or "-"
+        fp = self._cert_fp() if self._cert_fp is not None else None
+        self.key.sign_response(resp, req.nonce, node, fp, body)
+        for k, v in resp.headers.items():
+            headers[k] = v
+
+    def tls_on(self) -> bool:
+        """Whether this daemon serves HTTPS: then private fields and writes never travel in clear
+        to another machine (a signed reader on plain HTTP gets the public view and the proof)."""
+        try:
+            return bool(self._cert_fp is not None and self._cert_fp())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def write_refusal(self, verified: bool) -> tuple[int, str] | None:
         """(status, message) when a write must be refused, else None."""
-        if self.token is None:
-            return 405, "this daemon accepts no writes: start it with a token (--token) to allow them"
-        if not self.token_ok(headers):
-            return 401, "a write needs the daemon's token: send 'Authorization: Bearer <token>'"
+        if self.key is None:
+            return 405, "this daemon accepts no writes: start it with a fleet secret (--token-file) to allow them"
+        if not verified:
+            return 401, "a write needs a request signed with the fleet secret (docs/security.md)"
         return None
 
 
@@ -176,31 +279,109 @@ def can_see_private(request: web.Request) -> bool:
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 
 
+_SIGNED_KEY: Any = None  # request[_signed_key()]: the verified signed request (for the answer's proof)
+
+
+def _signed_key() -> Any:
+    global _SIGNED_KEY
+    if _SIGNED_KEY is None:
+        from aiohttp import web
+
+        _SIGNED_KEY = web.RequestKey("gpusd.signed", object) if hasattr(web, "RequestKey") else "gpusd.signed"
+    return _SIGNED_KEY
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    from aiohttp import web
+
+    headers = {"Allow": "GET, HEAD, OPTIONS"} if status == 405 else (
+        {"WWW-Authenticate": 'Signature realm="gpusd"'} if status == 401 else {})
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
 def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """An aiohttp middleware applying ``access``: refuses writes without the token, marks each request
-    (see :func:`can_see_private`), and redacts JSON answers for readers without the right to see private
-    fields."""
+    """An aiohttp middleware applying ``access``: checks signed requests (401 for any bad or replayed
+    one, whatever its bytes), refuses writes without a valid signature and from foreign pages, marks
+    each request (see :func:`can_see_private`), and redacts JSON answers for readers without the
+    right to see private fields.  Unsigned public reads cost one dictionary lookup."""
     from aiohttp import web
 
     @web.middleware
     async def gpusd_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        headers = request.headers
+        if "Authorization" in headers:
+            return _refuse(401, "gpusd takes no bearer tokens (a secret must not travel): sign requests "
+                                "with the fleet secret, see docs/security.md")
+        verified = None
+        if "Signature" in headers or "Signature-Input" in headers:
+            body = b""
+            if request.method not in SAFE_METHODS or request.content_length:
+                try:
+                    body = await request.read()
+                except web.HTTPException:
+                    raise
+                except Exception:  # noqa: BLE001 - a broken body is a bad request, not a 500
+                    return _refuse(400, "unreadable request body")
+            verified, why = access.verify(request.method, request.scheme, request.host, request.raw_path,
+                                          headers, body)
+            if verified is None:
+                if access.key is None:
+                    verified = None  # no fleet secret here: an unsigned reader, as far as we know
+                else:
+                    log.debug("refused a signed %s %s from %s: %s", request.method, request.path[:100],
+                             request.remote, why)
+                    return _refuse(401, f"signature refused: {why}")
+        session = False
+        if verified is not None and request.secure and request.transport is not None:
+            access.sessions.add(request.transport)
+        elif verified is None and request.secure and request.transport in access.sessions:
+            session = request.method in SAFE_METHODS  # writes are signed one by one
+        local = access.local_reader(request.remote)
+        # With TLS on, private fields and writes go to other machines over HTTPS only.
+        in_clear = verified is not None and not request.secure and not local and access.tls_on()
         if request.method not in SAFE_METHODS:
-            refused = access.write_refusal(request.headers)
+            if not access.origin_ok(headers.get("Origin")):
+                return _refuse(403, "writes are not accepted from another site's page")
+            refused = access.write_refusal(verified is not None)
             if refused is not None:
-                status, message = refused
-                headers = {"Allow": "GET, HEAD, OPTIONS"} if status == 405 else {
-                    "WWW-Authenticate": 'Bearer realm="gpusd"'}
-                return web.json_response({"error": message}, status=status, headers=headers)
-        private = access.may_see_private(request.headers, request.remote)
+                return _refuse(*refused)
+            if in_clear:
+                return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
+        private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host))
         request[_request_key()] = private
+        if verified is not None:
+            request[_signed_key()] = verified
         response = await handler(request)
         if not private and isinstance(response, web.Response) and response.content_type == "application/json":
-            body = response.body
-            if isinstance(body, (bytes, bytearray)) and needs_redaction(bytes(body)):
+            answer = response.body
+            if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
                 try:
-                    response.body = redact_json(bytes(body))
+                    response.body = redact_json(bytes(answer))
                 except ValueError:  # not JSON after all: hold it back rather than leak it
                     return web.json_response({"error": "answer withheld"}, status=500)
         return response
 
     return gpusd_access
+
+
+def install_proofs(app: web.Application, access: Access) -> None:
+    """Sign the answers to verified requests (the daemon's proof that it holds the fleet secret):
+    headers are added just before an answer (or an event stream) is sent."""
+
+    async def prove(request: web.Request, response: web.StreamResponse) -> None:
+        req = request.get(_signed_key())
+        if req is None or access.key is None:
+            return
+        from aiohttp import web
+
+        body: bytes | None = None
+        if isinstance(response, web.Response) and isinstance(response.body, (bytes, bytearray)):
+            body = bytes(response.body)
+        elif isinstance(response, web.Response) and response.body is None:
+            body = b""
+        try:
+            access.sign_response(req, response.status, response.headers, body)
+        except Exception:
+            log.exception("cannot sign an answer")
+
+    app.on_response_prepare.append(prove)

@@ -47,12 +47,15 @@ class Announcer:
     followed)."""
 
     def __init__(self, config: "DaemonConfig", identity: HostIdentity, zc: "AsyncZeroconf",
-                 addresses: list[str], port: int, *, pinned: bool = False) -> None:
+                 addresses: list[str], port: int, *, pinned: bool = False, tls_port: int | None = None,
+                 cert_fp: str | None = None) -> None:
         self.config = config
         self.identity = identity
         self.zc = zc
         self.addresses = addresses
         self.port = port
+        self.tls_port = tls_port  # HTTPS port and certificate fingerprint, announced for pinning
+        self.cert_fp = cert_fp
         self.pinned = pinned
         self.instance = instance_name(identity.hostname, identity.node_id)
         self.server = f"{self.instance}.local."  # the SRV target; probed (and renamed) in start()
@@ -83,6 +86,8 @@ class Announcer:
             gpusd_version=__version__,
             simulated=snap.simulated,
             auth=bool(cfg.token),
+            tls_port=self.tls_port,
+            cert_fp=self.cert_fp,
         )
 
     def _info(self, type_: str, name: str, port: int, props: dict[str, str]) -> "ServiceInfo":

@@ -22,7 +22,9 @@ class DaemonConfig:
     hostname: str | None = None  # default: gpusd.identity.hostname()
     state_dir: Path | None = None  # default: gpusd.identity.state_dir()
     gpusd_compat: bool = False  # also announce _gpu-sd._tcp with hwsd's keys
-    token: str | None = None  # protects private fields (enforced by daemon/access.py)
+    token: str | None = None  # the fleet secret: trust on (daemon/access.py, docs/security.md); never from argv
+    tls: bool | None = None  # serve HTTPS with a self-signed, pinned certificate; None: when a secret is set
+    tls_port: int | None = None  # HTTPS port; None: the HTTP port + 1 (any free port when that is 0)
     heartbeat: float = 2.0  # seconds of silence before an event stream sends a heartbeat
     txt_min_interval: float = 6.0  # seconds between TXT updates (RFC 6762 §8.4: <= 10 a minute)
     fleet: str = "auto"  # "auto": start the fleet client on first use; "on"; "off"
@@ -40,6 +42,20 @@ class DaemonConfig:
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
     fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
+    # hosts beyond the mDNS link (discovery/beyond.py, docs/daemon.md "Beyond one link"); None: from the
+    # environment ($GPUSD_PEERS, $GPUSD_PEERS_FILE, $GPUSD_DNS_SD_DOMAIN)
+    peers: list[str] | None = None
+    peers_file: str | None = None
+    dns_sd_domain: str | None = None
+    dns_server: str | None = None
+    # usage history (docs/history.md; wired in daemon/recording.py)
+    record: bool = True  # record usage history in an SQLite database
+    history_db: Path | None = None  # default: history.sqlite in the state directory
+    retention: float = 365 * 86400.0  # seconds of coarse (5 min) history and job records kept
+    history_size: int = 1 << 30  # bytes: the database's size bound (the oldest data goes first)
+    idle_after: float = 900.0  # seconds a lease may hold GPUs under 5 % before it is marked idle
+    idle_release: bool = False  # opt-in: release idle reservations (never a running job's lease)
+    idle_grace: float = 900.0  # seconds between the release notice and the release
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -48,7 +64,10 @@ class DaemonConfig:
                 "interval": self.interval, "history": self.history, "simulate": self.simulate,
                 "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
                 "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds),
-                "dcgm_metrics": self.dcgm_metrics}
+                "dcgm_metrics": self.dcgm_metrics,
+                "no_record": not self.record, "retention_days": self.retention / 86400,
+                "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
+                "idle_release": self.idle_release, "idle_grace": self.idle_grace}
 
     def validate(self) -> None:
         from ..errors import ConfigError
@@ -64,6 +83,20 @@ class DaemonConfig:
             raise ConfigError(f"--history must be between 0 and 10 years of seconds, not {self.history}")
         if not 0 <= self.txt_min_interval <= 86400:
             raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
+        if self.tls_port is not None and not 0 <= self.tls_port < 65536:
+            raise ConfigError(f"bad TLS port {self.tls_port}")
+        if self.token is not None:
+            from ..wire.signing import SecretError, check_secret
+
+            try:
+                check_secret(self.token)
+            except SecretError as exc:
+                raise ConfigError(str(exc)) from None
+        from ..usage.db import Retention
+        from ..usage.idle import IdlePolicy
+
+        Retention(retention=self.retention, max_bytes=self.history_size).validate()
+        IdlePolicy(self.idle_after, self.idle_release, self.idle_grace).validate()
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
         for name in ("header_timeout", "keepalive_timeout", "write_timeout"):
@@ -75,6 +108,21 @@ class DaemonConfig:
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000):
                 raise ConfigError(f"{name} must be a whole number between 1 and 1000000, not {value!r}")
         self._validate_thresholds()
+        self._validate_beyond()
+
+    def _validate_beyond(self) -> None:
+        """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
+        import os
+
+        from ..discovery import beyond
+
+        # also what the fleet view would take from the environment: a bad $GPUSD_PEERS fails the start
+        beyond.parse_peers(list(self.peers) if self.peers is not None else beyond.peers_from_env())
+        domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
+        if domain:
+            beyond.valid_domain(domain)
+        if self.dns_server:
+            beyond.valid_dns_server(self.dns_server)
 
     def _validate_thresholds(self) -> None:
         """Parse the threshold rules with the command line's parser (:mod:`gpusd.thresholds`): a rule

@@ -31,9 +31,10 @@ class Fleet:
     """The fleet view.  It gets what it uses: the daemon's configuration (session, token, fleet mode)
     and the daemon's shared zeroconf instance."""
 
-    def __init__(self, config: "DaemonConfig", zc: "AsyncZeroconf | None") -> None:
+    def __init__(self, config: "DaemonConfig", zc: "AsyncZeroconf | None", *, allow_loopback: bool = False) -> None:
         self.config = config
         self.zc = zc
+        self.allow_loopback = allow_loopback  # follow announced loopback addresses (a daemon pinned to loopback)
         self.hub = EventHub(maxsize=1024, max_subscribers=config.max_subscribers)
         self.client: AsyncClient | None = None
         self._start_lock = asyncio.Lock()
@@ -54,10 +55,14 @@ class Fleet:
             from ..discovery.client import AsyncClient
 
             cfg = self.config
-            # Peers started with the same token show this daemon (and so its token holders) their
-            # process owners; to readers without the token the fleet view is redacted on the way out.
+            # Requests to peers are signed with the fleet secret (never sent); peers that prove they
+            # hold it too are "verified" and show this daemon (so its signed readers) their process
+            # owners; to readers without the secret the fleet view is redacted on the way out.
+            # Announced loopback addresses are followed only by a daemon itself pinned to loopback.
             client = AsyncClient(session=cfg.session, zeroconf=self.zc, token=cfg.token,
-                                 max_hosts=cfg.fleet_max_hosts)
+                                 max_hosts=cfg.fleet_max_hosts, allow_loopback=self.allow_loopback,
+                                 peers=cfg.peers, peers_file=cfg.peers_file, dns_sd_domain=cfg.dns_sd_domain,
+                                 dns_server=cfg.dns_server)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client

@@ -5,9 +5,9 @@
 * ``GET /metrics``: Prometheus text format of the daemon's latest snapshot (see :mod:`.metrics`);
 * ``GET /`` and ``GET /assets/{file}``: the web dashboard (``gpusd/web``: plain HTML, JS, CSS);
 * ``GET /api/v1/alerts``: the threshold rules exceeded right now, and the rules configured;
-* the access middleware (:mod:`.privacy`): writes need the token; JSON answers are redacted for
+* the access middleware (:mod:`.access`): writes need a signature; JSON answers are redacted for
   readers without it.  Streaming handlers call :func:`gpusd.daemon.access.can_see_private` and
-  :func:`gpusd.daemon.access.redact` themselves;
+  :func:`gpusd.wire.privacy.redact` themselves;
 * the threshold engine, run on every new snapshot — from ``daemon.on_sample`` callbacks where the
   daemon has that list, else from a task polling ``latest_snapshot()`` — calling
   ``daemon.publish("threshold", data)`` for each state change (and logging it).
@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("gpusd.monitor")
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-_ASSETS = {"app.js": "application/javascript", "style.css": "text/css"}
+_ASSETS = {"app.js": "application/javascript", "style.css": "text/css", "history.js": "application/javascript",
+           "uPlot.iife.min.js": "application/javascript", "uPlot.min.css": "text/css"}
+_VENDORED = {"uPlot.iife.min.js", "uPlot.min.css"}  # web/vendor/: uPlot, with its licence
 # connect-src: the dashboard also reads /api/v1/alerts of the other daemons of the fleet (on LAN addresses).
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self' http: https:; "
@@ -48,7 +50,7 @@ class MonitoredDaemon(Protocol):
 
     @property
     def token(self) -> str | None:
-        """The shared token; None: no writes, private fields for loopback readers only."""
+        """The fleet secret; None: no writes, private fields for loopback readers only."""
         ...
 
     @property
@@ -141,12 +143,17 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
     rules = load_rules(getattr(daemon, "thresholds", None) or ())
     access = privacy.Access(getattr(daemon, "token", None), trust_loopback=trust_loopback,
-                            own_addresses=lambda: getattr(daemon, "addresses", None) or ())
+                            own_addresses=lambda: getattr(daemon, "addresses", None) or (),
+                            own_names=lambda: _own_names(daemon),
+                            own_ports=lambda: _own_ports(daemon),
+                            node_id=lambda: getattr(daemon, "node_id", None),
+                            cert_fp=lambda: getattr(daemon, "cert_fp", None))
     if interval is None:
         interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
     monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)))
     app[_app_key()] = monitor
     app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
+    privacy.install_proofs(app, access)
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
@@ -163,7 +170,7 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
         kind = _ASSETS.get(name)
         if kind is None:
             raise web.HTTPNotFound()
-        return web.FileResponse(WEB_DIR / name, headers={
+        return web.FileResponse(WEB_DIR / ("vendor/" + name if name in _VENDORED else name), headers={
             "Content-Type": f"{kind}; charset=utf-8", "Cache-Control": "no-cache",
             "X-Content-Type-Options": "nosniff"})
 
@@ -191,6 +198,20 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                 await task
 
         app.cleanup_ctx.append(thresholds_ctx)
-    log.debug("monitoring installed: %d threshold rule(s), token %s", len(rules),
+    log.debug("monitoring installed: %d threshold rule(s), fleet secret %s", len(rules),
               "set" if access.token else "not set")
     return monitor
+
+
+def _own_names(daemon: Any) -> list[str]:
+    """The names a browser or client may use for this daemon: its host name, its mDNS names."""
+    announcer = getattr(daemon, "announcer", None)
+    out = [n for n in (getattr(daemon, "hostname", None), getattr(announcer, "instance", None))
+           if isinstance(n, str) and n]
+    return out
+
+
+def _own_ports(daemon: Any) -> list[int]:
+    """The daemon's HTTP (and HTTPS) ports; empty when it does not say (any port is accepted)."""
+    return [p for p in (getattr(daemon, "port", None), getattr(daemon, "tls_port", None))
+            if isinstance(p, int) and not isinstance(p, bool) and p > 0]

@@ -339,6 +339,8 @@ async def _main(config: Any, ready_fd: int | None) -> int:
         info = {
             "pid": os.getpid(),
             "port": daemon.port,
+            "tls_port": daemon.tls_port,
+            "cert_fp": daemon.cert_fp,
             "addresses": daemon.addresses,
             "urls": daemon.urls,
             "interfaces": daemon.interfaces,

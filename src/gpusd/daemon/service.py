@@ -7,7 +7,9 @@ Everything another part of gpusd needs is reachable from one :class:`Daemon`:
 * ``daemon.publish(event, data)`` — send an event to every ``/api/v1/events`` listener;
 * ``daemon.on_sample`` — callbacks ``fn(snapshot)`` run on the event loop after every sample;
 * ``daemon.app`` — the aiohttp application: add routes before :meth:`start`;
-* ``daemon.config`` — the :class:`~gpusd.daemon.config.DaemonConfig`.
+* ``daemon.config`` — the :class:`~gpusd.daemon.config.DaemonConfig`;
+* ``daemon.recording`` — the usage history (:mod:`.recording`, docs/history.md), fed by an
+  ``on_sample`` callback that only queues the snapshot for its writer thread.
 
 Metrics, the dashboard, access control and threshold evaluation (:mod:`.monitoring`) are wired into
 the app when the daemon is built; a failure there (a bad rule, say) stops the daemon from starting:
@@ -72,6 +74,9 @@ class Daemon:
         self.announcer: Announcer | None = None
         self.fleet: Fleet | None = None
         self.port = config.port
+        self.tls_port: int | None = None  # HTTPS port once serving TLS
+        self.cert_fp: str | None = None  # the TLS certificate's fingerprint (announced, pinned by clients)
+        self._tls: Any = None  # gpusd.daemon.tls.Identity
         self.addresses: list[str] = []
         self.started_at = time.time()
         self.samples = 0
@@ -84,9 +89,13 @@ class Daemon:
         self._last_event_key: Any = None
         self._backend_failed_at = 0.0
         self._leases: Any = None
+        self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
+        from .recording import install as install_recording  # usage history (docs/history.md)
+
+        self.recording = install_recording(self.app, self)
 
     # -- extension points ---------------------------------------------------------------------
     @property
@@ -132,16 +141,27 @@ class Daemon:
             self.backend = await loop.run_in_executor(self._executor, self._open_backend)
         snap = await loop.run_in_executor(self._executor, self._read)
         self._accept(snap)
+        if self.config.tls or (self.config.tls is None and self.config.token):
+            from .tls import load_or_create
+
+            self._tls = await loop.run_in_executor(
+                self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
+        if self.config.leases:
+            from .leasesock import start_lease_server
+
+            self._lease_server = await start_lease_server(self.config.simulate)
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
         from .announce import Announcer
         from .fleet import Fleet
 
         identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
-        self.fleet = Fleet(self.config, self.zc) if self.config.fleet != "off" else None
+        pinned_to_loopback = bool(self.interfaces) and all(a.startswith("127.") for a in self.interfaces or ())
+        self.fleet = (Fleet(self.config, self.zc, allow_loopback=pinned_to_loopback)
+                      if self.config.fleet != "off" else None)
         self.announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
-                                   pinned=self.interfaces is not None)
+                                   pinned=self.interfaces is not None, tls_port=self.tls_port, cert_fp=self.cert_fp)
         try:
             await self.announcer.start(snap)
         except Exception as exc:
@@ -173,14 +193,28 @@ class Daemon:
                 await site.start()
                 if self.port == 0 and site.bound_port:
                     self.port = site.bound_port
+            if self._tls is not None:
+                ctx = self._tls.server_context()
+                tls_port = self.config.tls_port if self.config.tls_port is not None else (
+                    self.port + 1 if self.config.port else 0)
+                for host in hosts:
+                    site = GuardedSite(self._runner, self.guard, host=host, port=tls_port, reuse_address=True,
+                                       ssl_context=ctx)
+                    await site.start()
+                    if tls_port == 0 and site.bound_port:
+                        tls_port = site.bound_port
+                self.tls_port, self.cert_fp = tls_port, self._tls.fingerprint
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
             where = ",".join(h for h in hosts if h) or "all addresses"
-            raise GpusdError(f"cannot serve HTTP on {where} port {self.port}: {exc.strerror or exc}") from None
-        log.info("HTTP API on %s port %d (at most %d connections, %g s to send a request head)",
-                 ",".join(h for h in hosts if h) or "all addresses", self.port, self.guard.max_connections,
-                 self.guard.header_timeout)
+            raise GpusdError(f"cannot serve HTTP(S) on {where} port {self.port}"
+                             f"{f' / {self.config.tls_port}' if self._tls is not None else ''}: "
+                             f"{exc.strerror or exc}") from None
+        log.info("HTTP API on %s port %d%s (at most %d connections, %g s to send a request head)",
+                 ",".join(h for h in hosts if h) or "all addresses", self.port,
+                 f", HTTPS port {self.tls_port} (certificate {self.cert_fp})" if self.tls_port else "",
+                 self.guard.max_connections, self.guard.header_timeout)
 
     async def stop(self) -> None:
         """Say goodbye (``bye`` on every stream, mDNS goodbye packets) and shut down."""
@@ -194,6 +228,8 @@ class Daemon:
             await self.fleet.stop()
         if self.announcer is not None:
             await self.announcer.stop()
+        if self._lease_server is not None:
+            await self._lease_server.stop()
         await asyncio.sleep(0.05)  # let the streams flush their bye
         if self._runner is not None:
             with contextlib.suppress(Exception):

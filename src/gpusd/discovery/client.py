@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Seque
 from ..model import GpuInfo, HostSnapshot
 from ..units import parse_memory
 from ..wire.mdns import open_zeroconf, rank_addresses, resolve_interfaces
+from ..wire.signing import fingerprint_bytes
 from ..wire.sse import SSEError, SSEParser
 from ..wire.txt import (
+    API_PREFIX,
     DEFAULT_SESSION,
     HWSD_TYPE,
     SERVICE_TYPE,
@@ -60,6 +62,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
 
+    from ..wire.signing import FleetKey
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[DiscoveryEvent], Any]
@@ -69,6 +73,12 @@ RESOLVE_TIMEOUT = 3.0
 RECONNECT_BUDGET = 2.0  # seconds a reconnection may take before the host counts as gone
 RETRY_MIN, RETRY_MAX = 1.0, 15.0  # retrying an announced host that does not answer (doubling)
 MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements beyond is dropped)
+# A service that said goodbye and is announced again within this long is followed only then: a
+# stopping responder may still multicast an answer it had queued (python-zeroconf delays an answer
+# by a second when it multicast the record less than a second before), and the stopping daemon may
+# still accept a connection; a restarted daemon (probing alone takes ~0.75 s) is merely seen later.
+REAPPEAR_HOLD = 2.0
+FOLLOWED_ALREADY = "followed already"  # a stream's outcome: its node is reported, found another way
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -86,6 +96,10 @@ class _Peer:
     streaming: bool = False
     settled: bool = False  # resolved and either reported or given up on (for wait_settled)
     problems: set[str] = field(default_factory=set)  # logged once each
+    via: str = "mdns"  # how it was found: "mdns", "peer" (static) or "dns-sd" (wide area; .beyond)
+    spec: Any = None  # a static peer's PeerSpec, a wide-area instance's DnsSdInstance
+    from_file: bool = False  # a static peer listed in the peers file (dropped when the file drops it)
+    shadowed: bool = False  # its node is reported already, found another way (_shadowing)
 
 
 class AsyncClient:
@@ -102,6 +116,18 @@ class AsyncClient:
     ``$GPUSD_INTERFACES``).  ``liveness_timeout``: a host silent this long is reported removed.
     ``max_hosts``: services followed at most; announcements beyond are dropped (counted in
     ``dropped_hosts``, logged once) until a followed one goes away.
+    ``token`` (the fleet secret, kept in this process) or ``key`` (a
+    :class:`~gpusd.wire.signing.FleetKey`): requests are signed, TLS is used where announced, and each
+    host is ``verified`` when it proves it holds the secret; private fields are kept from verified
+    hosts only (docs/security.md).  ``allow_loopback``: follow hosts announcing loopback or link-local
+    addresses (default: only when the client itself is bound to loopback).
+
+    Beyond the mDNS link (:mod:`gpusd.discovery.beyond`, docs/daemon.md): ``peers`` (``host[:port]``
+    strings; default ``$GPUSD_PEERS``), ``peers_file`` (one per line, re-read when it changes),
+    ``dns_sd_domain`` (browse ``_gpusd._tcp.<domain>`` in unicast DNS; default
+    ``$GPUSD_DNS_SD_DOMAIN``) and ``dns_server`` (an IP address; default: the system resolver).
+    Such hosts are followed and verified exactly like announced ones; ``RemoteHost.via`` says how
+    each host was found.
     """
 
     def __init__(
@@ -118,6 +144,12 @@ class AsyncClient:
         zeroconf: "AsyncZeroconf | None" = None,
         token: str | None = None,
         max_hosts: int = MAX_HOSTS,
+        key: "FleetKey | None" = None,
+        allow_loopback: bool | None = None,
+        peers: Sequence[str] | None = None,
+        peers_file: str | None = None,
+        dns_sd_domain: str | None = None,
+        dns_server: str | None = None,
     ) -> None:
         if isinstance(min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
             min_free_memory = int(parse_memory(min_free_memory, ratio=False))
@@ -128,8 +160,17 @@ class AsyncClient:
             min_free_memory=min_free_memory,
         )
         self._interface_specs = list(interfaces) if interfaces is not None else None
-        # Presented to every daemon: those started with the same token show process owners and commands.
-        self.token = token
+        # The fleet secret never leaves this process: requests are signed with keys derived from it,
+        # and only daemons that sign their answers back are trusted with private fields (verified).
+        if key is None and token:
+            from ..wire.signing import FleetKey, check_secret
+
+            check_secret(token)
+            key = FleetKey(token)
+        self.key = key
+        # Announced loopback/link-local addresses are followed only by a client itself bound to
+        # loopback (tests, the demo); None: decided from the interfaces when listening starts.
+        self.allow_loopback = allow_loopback
         self.liveness_timeout = float(liveness_timeout)
         self.silence_timeout = min(3 * HEARTBEAT, self.liveness_timeout * 0.6)
         self.include_hwsd = include_hwsd
@@ -145,10 +186,28 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
+        self._first_peer_at: float | None = None  # monotonic time the first service was found
+        self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
+        self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.max_hosts = max(1, int(max_hosts))
         self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
+        self._init_beyond(peers, peers_file, dns_sd_domain, dns_server)
+
+    def _init_beyond(self, peers: Sequence[str] | None, peers_file: str | None, dns_sd_domain: str | None,
+                     dns_server: str | None) -> None:
+        """Hosts beyond the mDNS link (validated here: bad values raise ConfigError in the caller)."""
+        import os
+
+        from . import beyond
+
+        self.peer_specs = beyond.parse_peers(list(peers) if peers is not None else beyond.peers_from_env())
+        self.peers_file = peers_file or os.environ.get("GPUSD_PEERS_FILE") or None
+        domain = dns_sd_domain if dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN", "")
+        self.dns_sd_domain = beyond.valid_domain(domain) if domain else None
+        self.dns_server = beyond.valid_dns_server(dns_server) if dns_server else None
+        self._dns_sd_browsed = self.dns_sd_domain is None  # the first wide-area browse is done (wait_settled)
 
     # -- handlers -----------------------------------------------------------------------------
     def register_event_handler(self, event: str, fn: Handler) -> None:
@@ -214,32 +273,42 @@ class AsyncClient:
         """Start browsing and following hosts (returns at once; events arrive as hosts are found)."""
         if self._listening:
             return
-        import aiohttp
         from zeroconf import DNSQuestionType
         from zeroconf.asyncio import AsyncServiceBrowser
 
         self.loop = asyncio.get_running_loop()
+        if self.allow_loopback is None:
+            ifaces = resolve_interfaces(self._interface_specs)
+            self.allow_loopback = bool(ifaces) and all(_is_loopback(a) for a in ifaces or ())
         if self._zc is None:
             self._zc = await open_zeroconf(resolve_interfaces(self._interface_specs))
             self._own_zc = True
+        self._listening = True
+        self._started_at = self._last_peer_at = time.monotonic()
+        self._first_peer_at = None
+        types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
+        # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
+        # which the kernel hands to just one of the sockets bound there -- often another gpusd
+        # process on this machine (its daemon) rather than us.  A one-shot zeroconf (.oneshot: its
+        # own port, answered by unicast there) asks QU: responders drop a query identical to one
+        # they got in the last second (another client's), unless it is QU.
+        self._question = DNSQuestionType.QU if getattr(self._zc.zeroconf, "unicast", False) else DNSQuestionType.QM
+        try:
+            self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
+                                                question_type=self._question)
+        except BaseException:
+            await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
+            raise
+        # The browser's first query (after 20-120 ms) counts down while aiohttp is imported; nothing
+        # runs on the loop before this returns, so no host is followed before the session exists.
+        import aiohttp
+
         self._http = aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
             auto_decompress=False,
         )
-        self._listening = True
-        self._started_at = self._last_peer_at = time.monotonic()
-        types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
-        # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
-        # which the kernel hands to just one of the sockets bound there -- often another gpusd
-        # process on this machine (its daemon) rather than us.
-        try:
-            self._browser = AsyncServiceBrowser(self._zc.zeroconf, types, handlers=[self._on_service_change],
-                                                question_type=DNSQuestionType.QM)
-        except BaseException:
-            await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
-            raise
+        self._start_beyond()
 
     async def stop_listening(self) -> None:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""
@@ -302,22 +371,36 @@ class AsyncClient:
             await asyncio.sleep(remaining)
         return self.announced()
 
-    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5) -> bool:
+    @property
+    def answered(self) -> bool:
+        """Whether any service (of any session or type) has answered the browse."""
+        return self._first_peer_at is not None
+
+    async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5,
+                           early: tuple[float, float] | None = None) -> bool:
         """Wait until discovery has settled: at least ``minimum`` s of browsing, no new service for
         ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout.
 
         ``minimum`` covers mDNS answer delays: 20-120 ms normally, but a responder that multicast its
-        answer less than a second ago (to another client) waits a second before repeating it."""
+        answer less than a second ago (to another client) waits a second before repeating it.
+
+        ``early=(q, s)``: once a service has answered, the answers have settled when no new one came
+        for ``q`` s and the first came ``s`` s ago, before ``minimum``.  Only for answers that all come
+        at once (legacy unicast one-shot queries, :mod:`.oneshot`).  Hosts that answer later are still
+        followed and reported while the client listens."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            if (now - self._started_at >= minimum and now - self._last_peer_at >= quiet
-                    and all(p.settled for p in self._peers.values())):
+            first = self._first_peer_at
+            if self._dns_sd_browsed and all(p.settled for p in self._peers.values()) and (
+                    (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
+                    or (early is not None and first is not None and now - first >= early[1]
+                        and now - self._last_peer_at >= early[0])):
                 return True
             if now >= deadline:
                 return False
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
 
     # -- browsing -----------------------------------------------------------------------------
     def _on_service_change(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
@@ -330,6 +413,9 @@ class AsyncClient:
         if state_change is ServiceStateChange.Removed:
             if peer is not None:
                 self._drop_peer(peer, "goodbye")
+                now = time.monotonic()
+                self._goodbyes = {k: t for k, t in self._goodbyes.items() if now - t < REAPPEAR_HOLD}
+                self._goodbyes[name] = now
             return
         if peer is None:
             if len(self._peers) >= self.max_hosts:
@@ -337,7 +423,11 @@ class AsyncClient:
                 return
             peer = self._peers[name] = _Peer(name=name, type=service_type)
             self._last_peer_at = time.monotonic()
-            peer.task = asyncio.ensure_future(self._follow(peer))
+            if self._first_peer_at is None:
+                self._first_peer_at = self._last_peer_at
+            gone = self._goodbyes.pop(name, None)
+            hold = gone + REAPPEAR_HOLD - self._last_peer_at if gone is not None else 0.0
+            peer.task = asyncio.ensure_future(self._follow(peer, hold))
             return
         # Updated: a new TXT (free count, inventory), new address, or a restarted daemon.
         peer.updated.set()
@@ -394,10 +484,127 @@ class AsyncClient:
         peer.problems.add(message)
         log.log(level, "skipping %s: %s", peer.name, message)
 
+    # -- beyond the link (static peers, wide-area DNS-SD: .beyond) ------------------------------
+    def _start_beyond(self) -> None:
+        for spec in self.peer_specs:
+            self._add_static(spec)
+        if self.peers_file is not None:
+            self._spawn(self._watch_peers_file(self.peers_file))
+        if self.dns_sd_domain is not None:
+            self._spawn(self._browse_dns_sd(self.dns_sd_domain))
+
+    def _add_static(self, spec: Any, from_file: bool = False) -> None:
+        name = f"peer:{spec}"
+        if name in self._peers:
+            return
+        peer = self._peers[name] = _Peer(name=name, type=SERVICE_TYPE, via="peer", spec=spec, from_file=from_file)
+        self._last_peer_at = time.monotonic()
+        peer.task = asyncio.ensure_future(self._follow(peer))
+
+    async def _watch_peers_file(self, path: str) -> None:
+        """Follow the peers in ``path``; re-read it when it changes (checked every few seconds).  A
+        file that turns bad keeps the peers it had (the error is logged)."""
+        from ..errors import ConfigError
+        from . import beyond
+
+        stamp: object = ()
+        while self._listening:
+            now = beyond.file_stamp(path)
+            if now != stamp:
+                stamp = now
+                try:
+                    specs = beyond.parse_peers(beyond.read_peers_file(path))
+                except ConfigError as exc:
+                    log.warning("peers file: %s (keeping the peers it listed before)", exc)
+                else:
+                    names = {f"peer:{spec}" for spec in specs}
+                    for peer in [p for p in self._peers.values() if p.from_file and p.name not in names]:
+                        self._drop_peer(peer, "no longer in the peers file")
+                    for spec in specs:
+                        self._add_static(spec, from_file=True)
+            await asyncio.sleep(beyond.PEERS_FILE_CHECK)
+
+    async def _browse_dns_sd(self, domain: str) -> None:
+        """Browse ``_gpusd._tcp.<domain>`` in unicast DNS now and again (every DNS_SD_INTERVAL s, or
+        sooner when a record's TTL is shorter, never more often than DNS_SD_MIN_INTERVAL s)."""
+        from . import beyond
+
+        logged: set[str] = set()
+        while self._listening:
+            try:
+                browse = await beyond.browse_dns_sd(domain, self.dns_server)
+            except Exception:  # never let a resolver's bug stop discovery
+                log.exception("wide-area DNS-SD browse of %s failed", domain)
+                browse = beyond.Browse([], beyond.DNS_SD_INTERVAL, [], set(), complete=False)
+            for problem in browse.problems:
+                log.log(logging.DEBUG if problem in logged else logging.WARNING, "DNS-SD: %s", problem)
+                logged.add(problem)
+            # a host leaves when the zone no longer lists it; a server that does not answer drops nothing
+            names = {inst.name for inst in browse.found} | browse.unknown
+            gone = [p for p in self._peers.values() if p.via == "dns-sd" and p.name not in names]
+            for peer in gone if browse.complete else []:
+                self._drop_peer(peer, "removed from DNS-SD")
+            for inst in browse.found:
+                known = self._peers.get(inst.name)
+                if known is None:
+                    if len(self._peers) >= self.max_hosts:
+                        self._drop_announcement(inst.name)
+                        continue
+                    new = self._peers[inst.name] = _Peer(name=inst.name, type=SERVICE_TYPE, via="dns-sd", spec=inst)
+                    self._last_peer_at = time.monotonic()
+                    new.task = asyncio.ensure_future(self._follow(new))
+                    continue
+                peer = known
+                old, peer.spec = peer.spec, inst
+                if (old.txt.node_id, old.port, old.addresses) != (inst.txt.node_id, inst.port, inst.addresses):
+                    self._restart_peer(peer)
+                elif peer.host is not None:
+                    peer.host.txt = inst.txt
+            self._dns_sd_browsed = True
+            await asyncio.sleep(browse.ttl)
+
+    async def _resolve_beyond(self, peer: _Peer) -> RemoteHost | None:
+        """A static peer's or a wide-area instance's host record (None: not now; retried)."""
+        from . import beyond
+
+        if peer.via == "dns-sd":
+            inst = peer.spec
+            txt, addresses, port = inst.txt, list(inst.addresses), inst.port
+        else:
+            import aiohttp
+
+            assert self._http is not None
+            spec = peer.spec
+            try:
+                addresses = await beyond.addresses_of(spec.host)
+            except (OSError, asyncio.TimeoutError) as exc:
+                self._problem(peer, f"cannot resolve {spec.host}: {exc}")
+                return None
+            txt, port = None, spec.port
+            for address in addresses:
+                try:
+                    txt = await beyond.peer_txt(self._http, address, port)
+                    addresses = [address]
+                    break
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                    self._problem(peer, f"no gpusd daemon at {address}:{port} ({str(exc)[:200] or type(exc).__name__})")
+            if txt is None:
+                return None
+        if not self.filters.host_ok(txt):
+            log.debug("ignoring %s: session %r / host %r filtered out", peer.name, txt.session, txt.hostname)
+            return None
+        host = RemoteHost(key=peer.name, txt=txt, addresses=addresses, port=port, via=peer.via)
+        if peer.host is not None and peer.reported:
+            host.snapshot, host.alive, host.url = peer.host.snapshot, peer.host.alive, peer.host.url
+        peer.host = host
+        return host
+
     # -- following one host -------------------------------------------------------------------
-    async def _follow(self, peer: _Peer) -> None:
+    async def _follow(self, peer: _Peer, hold: float = 0.0) -> None:
         retry = RETRY_MIN
         try:
+            if hold > 0:  # back right after its goodbye (REAPPEAR_HOLD)
+                await asyncio.sleep(hold)
             while self._listening:
                 peer.updated.clear()
                 host = await self._resolve(peer)
@@ -429,14 +636,16 @@ class AsyncClient:
             await asyncio.wait_for(peer.updated.wait(), seconds)
 
     async def _resolve(self, peer: _Peer) -> RemoteHost | None:
-        from zeroconf import DNSQuestionType, IPVersion
+        from zeroconf import IPVersion
         from zeroconf.asyncio import AsyncServiceInfo
 
+        if peer.via != "mdns":
+            return await self._resolve_beyond(peer)
         assert self._zc is not None
         info = AsyncServiceInfo(peer.type, peer.name)
         try:
             ok = await info.async_request(self._zc.zeroconf, int(RESOLVE_TIMEOUT * 1000),
-                                          question_type=DNSQuestionType.QM)
+                                          question_type=self._question)
         except Exception as exc:  # malformed names and the like
             self._problem(peer, f"cannot resolve: {exc}")
             return None
@@ -517,14 +726,45 @@ class AsyncClient:
 
         assert self._http is not None
         failure = "unreachable"
-        for address in rank_addresses(host.addresses):
-            url = f"http://{address}:{host.port}{host.txt.api}"
+        # a static peer's address is the user's own choice (--peer 127.0.0.1 is fine); announced ones
+        # (mDNS, wide-area DNS-SD) are followed only where they point at another machine
+        addresses = [a for a in rank_addresses(host.addresses)
+                     if self.allow_loopback or peer.via == "peer" or not _local_only(a)]
+        if not addresses:
+            self._problem(peer, f"announces only loopback/link-local addresses {host.addresses[:4]}: not followed")
+            return "no usable address"
+        # With the fleet secret, over TLS where the host announces it (its certificate pinned to the
+        # announced fingerprint, which its signed proof must name too), else plain HTTP.
+        tls = self.key is not None and host.txt.tls_port is not None and host.txt.cert_fp is not None
+        pin = fingerprint_bytes(host.txt.cert_fp or "") if tls else None
+        candidates = [(a, True) for a in addresses] if pin is not None else []
+        candidates += [(a, False) for a in addresses]
+        for address, secure in candidates:
+            # The URL is ours: the announced address and port, and gpusd's fixed path (never a path
+            # or a host name chosen by the announcer).
+            if secure:
+                url = f"https://{address}:{host.txt.tls_port}{API_PREFIX}"
+            else:
+                url = f"http://{address}:{host.port}{API_PREFIX}"
+            ssl_arg: Any = aiohttp.Fingerprint(pin) if secure and pin is not None else True
             budget = deadline - time.monotonic()
             if budget <= 0:
                 return "no answer within the liveness bound"
+            headers = {"Accept": "text/event-stream"}
+            nonce = None
+            if self.key is not None:
+                signed, nonce = self.key.sign_request("GET", url + "/events", node_id=host.node_id)
+                headers.update(signed)
             try:
-                resp = await asyncio.wait_for(
-                    self._http.get(url + "/events", headers={"Accept": "text/event-stream"}), budget)
+                resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
+                                              budget)
+                if resp.status == 401 and nonce is not None:
+                    # a daemon of another fleet (another secret): follow its public data, unverified
+                    resp.release()
+                    headers, nonce = {"Accept": "text/event-stream"}, None
+                    host.verified = False
+                    resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
+                                                  max(0.1, deadline - time.monotonic()))
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = f"cannot connect to {url}: {exc.__class__.__name__}"
                 log.debug("%s: %s", peer.name, failure)
@@ -534,8 +774,21 @@ class AsyncClient:
                     self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
                     failure = "not a gpusd event stream"
                     continue
-                outcome = await self._read_stream(peer, host, resp, url, deadline)
-                if outcome in ("bye", "lost"):
+                if self.key is None:
+                    host.verified = None
+                elif nonce is None:
+                    host.verified = False  # refused our signature (another fleet)
+                else:
+                    host.verified = self._proved(url + "/events", headers, resp, nonce, host,
+                                                 host.txt.cert_fp if secure else None)
+                if host.verified is False:
+                    self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
+                                        "without private fields")
+                # host.url stays the plain HTTP API base (public reads, Prometheus targets, the
+                # dashboard's alert requests), also when the stream itself came over TLS
+                outcome = await self._read_stream(peer, host, resp, f"http://{address}:{host.port}{API_PREFIX}",
+                                                  deadline)
+                if outcome in ("bye", "lost", FOLLOWED_ALREADY):
                     return outcome
                 failure = outcome  # no valid stream at this address (another machine's?): try the next
             finally:
@@ -579,6 +832,9 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     host.alive = True
                     self._apply(peer, host, snap.gpus, snap)
+                    if peer.shadowed:
+                        peer.shadowed = False
+                        return FOLLOWED_ALREADY
                 elif not got_snapshot:
                     continue  # anything before the snapshot is ignored
                 elif name == "heartbeat":
@@ -589,12 +845,24 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     self._threshold(peer, host, data)
 
+    def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost,
+                cert_fp: str | None = None) -> bool:
+        """Whether the answer carries the fleet's proof for our request to ``host`` (its node id; over
+        TLS, naming the pinned certificate ``cert_fp``)."""
+        from ..wire.signing import Headers, Request, Response
+
+        assert self.key is not None
+        answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
+        return self.key.verify_response(answer, nonce, node_id=host.node_id, cert_fp=cert_fp)
+
     def _parse_snapshot(self, peer: _Peer, host: RemoteHost, data: str) -> HostSnapshot | None:
         try:
             snap = HostSnapshot.from_json(data)
         except (ValueError, TypeError, RecursionError) as exc:
             self._problem(peer, f"invalid snapshot: {str(exc)[:200]}")
             return None
+        if host.verified is False:  # private fields are trusted only from daemons that proved themselves
+            _drop_private(snap)
         if snap.node_id != host.node_id:
             self._problem(peer, f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
             return None
@@ -620,6 +888,12 @@ class AsyncClient:
     # -- reporting ----------------------------------------------------------------------------
     def _apply(self, peer: _Peer, host: RemoteHost, gpus: list[GpuInfo], snap: HostSnapshot | None = None) -> None:
         """Report what changed between the devices reported so far and ``gpus``."""
+        if not peer.reported and snap is not None:
+            other = self._shadowing(peer, host)
+            if other is not None:  # one host found two ways (mDNS and --peer, say) is reported once
+                log.debug("%s: %s is followed already (found via %s)", peer.name, host.hostname, other.via)
+                peer.shadowed = peer.settled = True
+                return
         if snap is not None:
             host.snapshot = snap
         peer.settled = True
@@ -636,7 +910,8 @@ class AsyncClient:
         simulated = bool(snap.simulated) if snap is not None else host.txt.simulated
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
-                         source=host.source, live=host.live, simulated=simulated, host_key=host.key)
+                         source=host.source, live=host.live, simulated=simulated, host_key=host.key,
+                         verified=host.verified, via=host.via)
             old = peer.devices.get(uuid)
             peer.devices[uuid] = dev
             if old is None:
@@ -645,6 +920,19 @@ class AsyncClient:
             changed = _changed(old.gpu, g)
             if changed:
                 self._emit(DiscoveryEvent(DEVICE_UPDATED, host, device=dev, previous=old, changed=changed))
+
+    def _shadowing(self, peer: _Peer, host: RemoteHost) -> _Peer | None:
+        """The reported host of the same node found another way (a static peer, wide-area DNS-SD), if
+        any: the first found is followed, the other waits (retried with back-off) -- unless this one is
+        verified and that one is not (a stranger claiming a node id never hides the real host).  Two
+        mDNS services of one node are both reported, as before."""
+        for other in self._peers.values():
+            if other is peer or not other.reported or other.host is None or other.host.node_id != host.node_id:
+                continue
+            if peer.via == other.via == "mdns" or (host.verified is True and other.host.verified is False):
+                continue
+            return other
+        return None
 
     def _report_removed(self, peer: _Peer, reason: str) -> None:
         host = peer.host
@@ -658,6 +946,35 @@ class AsyncClient:
             self._emit(DiscoveryEvent(DEVICE_REMOVED, host, device=dev))
         peer.devices.clear()
         self._emit(DiscoveryEvent(HOST_REMOVED, host, data={"reason": reason}))
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_only(address: str) -> bool:
+    """An address that points back at this machine or means nothing on the LAN: never followed when
+    announced by someone else (finding 2 of issue 9: a record pointing at 127.0.0.1:4780)."""
+    import ipaddress
+
+    try:
+        a = ipaddress.ip_address(address)
+    except ValueError:
+        return True
+    return a.is_loopback or a.is_link_local or a.is_unspecified or a.is_multicast or a.is_reserved
+
+
+def _drop_private(snap: HostSnapshot) -> None:
+    for g in snap.gpus:
+        for p in g.processes or ():
+            p.user = p.command = None
+        for lease in g.leases or ():
+            lease.user = lease.command = None
 
 
 def _changed(old: GpuInfo, new: GpuInfo) -> tuple[str, ...]:

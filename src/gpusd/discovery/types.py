@@ -46,6 +46,8 @@ class Device:
     live: bool = True
     simulated: bool = False
     host_key: str = ""
+    verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
+    via: str = "mdns"  # how its host was found (see RemoteHost.via)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -93,6 +95,8 @@ class Device:
             "source": self.source,
             "live": self.live,
             "simulated": self.simulated,
+            "verified": self.verified,
+            "via": self.via,
             "gpu": self.gpu.to_dict(),
         }
 
@@ -118,6 +122,13 @@ class RemoteHost:
     alive: bool = False
     last_seen: float = 0.0  # time.monotonic() of the last sign of life
     added_at: float = field(default_factory=time.time)
+    # True: the daemon proved it holds the fleet secret (a signed answer for our signed request);
+    # False: it did not (a stranger, or a daemon of another fleet): its private fields are dropped;
+    # None: this client has no fleet secret, so nothing can be checked.
+    verified: bool | None = None
+    # how the host was found: "mdns" (announced on this link), "peer" (--peer, GPUSD_PEERS, a peers
+    # file) or "dns-sd" (wide-area DNS-SD, RFC 6763 §11)
+    via: str = "mdns"
 
     @property
     def hostname(self) -> str:
@@ -154,7 +165,7 @@ class RemoteHost:
         simulated = bool(self.snapshot.simulated) if self.snapshot is not None else self.txt.simulated
         return [
             Device(hostname=self.hostname, node_id=self.node_id, session=self.session, gpu=g, url=self.url,
-                   source=self.source, live=self.live, simulated=simulated, host_key=self.key)
+                   source=self.source, live=self.live, simulated=simulated, host_key=self.key, via=self.via)
             for g in self.gpus()
         ]
 
@@ -165,10 +176,12 @@ class RemoteHost:
             "node_id": self.node_id,
             "session": self.session,
             "source": self.source,
+            "via": self.via,
             "addresses": list(self.addresses),
             "port": self.port,
             "url": self.url,
             "alive": self.alive,
+            "verified": self.verified,
             "txt": self.txt.to_dict(),
             "snapshot": self.snapshot.to_dict() if self.snapshot is not None else None,
         }
@@ -210,6 +223,8 @@ class DiscoveryEvent:
             "session": self.host.session,
             "url": self.host.url,
             "source": self.host.source,
+            "via": self.host.via,
+            "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }
         if self.changed:

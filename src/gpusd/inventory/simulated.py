@@ -15,12 +15,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
-from ..model import GpuInfo, HostSnapshot, MigInstance, ProcessInfo
+from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 from ..units import format_bytes, parse_bytes
 
 GiB = 1024**3
@@ -107,7 +107,15 @@ class _SimGpu:
     temperature: _Signal | None = None
     mig: list[str] = field(default_factory=list)
     processes: list[dict[str, Any]] = field(default_factory=list)
+    leases: list[dict[str, Any]] = field(default_factory=list)
     lost: bool = False
+
+
+def _active(entry: dict[str, Any], elapsed: float) -> bool:
+    """Whether a scenario process or lease with optional ``from``/``until`` is there ``elapsed``
+    seconds after the backend started."""
+    start, until = entry.get("from"), entry.get("until")
+    return (start is None or elapsed >= start) and (until is None or elapsed < until)
 
 
 def _uuid(host: str, index: int) -> str:
@@ -162,8 +170,15 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
         temp = _signal(g["temperature"], "temperature") if "temperature" in g else None
         mig = g.get("mig") or []
         procs = g.get("processes") or []
-        if not isinstance(mig, list) or not isinstance(procs, list):
-            raise ConfigError(f"scenario {path}: gpus[{i}].mig and .processes must be lists")
+        leases = g.get("leases") or []
+        if not isinstance(mig, list) or not isinstance(procs, list) or not isinstance(leases, list):
+            raise ConfigError(f"scenario {path}: gpus[{i}].mig, .processes and .leases must be lists")
+        for what, entries in (("processes", procs), ("leases", leases)):
+            for k, p in enumerate(entries):
+                for key in ("from", "until"):
+                    v = p.get(key) if isinstance(p, dict) else None
+                    if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0):
+                        raise ConfigError(f"scenario {path}: gpus[{i}].{what}[{k}].{key} must be seconds >= 0")
         util = _signal(g.get("util", 0), f"gpus[{i}].util", phase=i)
         low, high = _extremes(util)
         if not 0 <= low <= high <= 100:
@@ -190,6 +205,7 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
             temperature=temp,
             mig=[str(p) for p in mig],
             processes=[p for p in procs if isinstance(p, dict)],
+            leases=[p for p in leases if isinstance(p, dict)],
             lost=bool(g.get("lost", False)),
         ))
     host = data.get("hostname")
@@ -201,7 +217,13 @@ class SimulatedBackend:
 
     backend = "simulated"
 
-    def __init__(self, spec: str, *, host: str | None = None, node: str | None = None) -> None:
+    def __init__(self, spec: str, *, host: str | None = None, node: str | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: where the time comes from (default ``time.time``; tests inject simulated time).
+        A scenario's processes and leases with ``from``/``until`` (seconds after this backend was
+        made) come and go on that clock."""
+        self._clock = clock or time.time
+        self._t0 = self._clock()
         scenario_host, self._gpus = parse_spec(spec)
         self.hostname = host or scenario_host or local_hostname()
         self.node_id = node or local_node_id()
@@ -210,7 +232,7 @@ class SimulatedBackend:
         self.cuda_version = "12.4"
 
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
-        t = time.time()
+        t = self._clock()
         gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
         return HostSnapshot(
             hostname=self.hostname,
@@ -251,6 +273,8 @@ class SimulatedBackend:
                 memory_total=mem, memory_used=0, gpu_instance_id=k + 1, compute_instance_id=0,
             ))
         for p in g.processes:
+            if not _active(p, t - self._t0):
+                continue
             try:
                 gpu.processes.append(ProcessInfo(
                     pid=int(p.get("pid", 0)),
@@ -258,6 +282,16 @@ class SimulatedBackend:
                     user=p.get("user"),
                     command=p.get("command"),
                 ))
+            except (TypeError, ValueError):
+                continue
+        for k, p in enumerate(g.leases):
+            if not _active(p, t - self._t0):
+                continue
+            try:
+                gpu.leases.append(LeaseInfo(
+                    lease_id=str(p.get("lease_id") or f"sim{i}-{k}")[:64], pid=int(p.get("pid", 0)),
+                    user=p.get("user"), started=self._t0 + float(p.get("from", 0)), command=p.get("command"),
+                    device=gpu.uuid))
             except (TypeError, ValueError):
                 continue
         in_procs = sum(p.used_memory or 0 for p in gpu.processes)

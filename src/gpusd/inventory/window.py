@@ -10,73 +10,151 @@ therefore reports the mean over a window (default 5 s):
 * elsewhere it keeps its own readings of ``nvmlDeviceGetUtilizationRates`` and averages them, weighting
   each by the time until the next one (a long-lived process such as the daemon builds the window up;
   a one-shot call has a single reading and says so with ``utilization_window = None``).
+
+The mean is a time-weighted one: each reading holds until the next, the newest for one mean reading
+period.  Each read costs the same however often readings arrive: readings are kept in at most
+``SLOTS`` (+2) time slots of ``window / SLOTS`` seconds, each with its share of a running integral, so
+``add`` and ``mean`` are O(1) amortised and memory is bounded.  Readings further apart than a slot
+(driver samples every 1/6 s or more, the daemon's 1 s sampling) each have a slot of their own and
+the mean is exact; readings closer together share a slot, whose integral is exact, and only where
+the window's start (or ``since``) falls inside a shared slot is that slot's share of it prorated
+(at most one slot's width, 2 % of the window).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+
+SLOTS = 50
+
+
+class _Slot:
+    """Readings from ``start`` to ``last``: ``acc`` is the running integral (value x seconds since the
+    first reading ever kept) at ``start``; ``n`` the number of readings before this slot."""
+
+    __slots__ = ("acc", "count", "last", "n", "start", "value")
+
+    def __init__(self, start: float, value: float, acc: float, n: int) -> None:
+        self.start = start
+        self.last = start
+        self.value = value  # the newest reading in the slot
+        self.acc = acc
+        self.n = n
+        self.count = 1
 
 
 class UtilWindow:
     """Time-stamped samples of one quantity, averaged over the last ``window`` seconds."""
 
-    __slots__ = ("window", "_samples")
+    __slots__ = ("_acc", "_n", "_slots", "_starts", "resolution", "window")
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self._samples: deque[tuple[float, float]] = deque()
+        self.resolution = window / SLOTS
+        self._slots: deque[_Slot] = deque()
+        self._starts: deque[float] = deque()  # slot starts, for bisect
+        self._acc = 0.0  # running integral up to the newest reading
+        self._n = 0  # readings ever kept
 
     def add(self, ts: float, value: float) -> None:
-        samples = self._samples
-        if samples and ts <= samples[-1][0]:
-            return  # already seen (or clock went back): keep the series monotonic
-        samples.append((ts, value))
+        slots = self._slots
+        if slots:
+            cur = slots[-1]
+            if ts <= cur.last:
+                return  # already seen (or clock went back): keep the series monotonic
+            self._acc += cur.value * (ts - cur.last)  # the previous reading held until now
+            self._n += 1
+            if ts - cur.start < self.resolution:
+                cur.last, cur.value = ts, value
+                cur.count += 1
+                return
+        else:
+            self._acc, self._n = 0.0, 1
+        slots.append(_Slot(ts, value, self._acc, self._n - 1))
+        self._starts.append(ts)
+        if len(slots) > 2 * SLOTS:  # bound memory where nobody reads the mean
+            self._trim(ts, ts - 2 * self.window)
 
-    def _trim(self, now: float) -> None:
-        samples = self._samples
-        horizon = now - self.window
-        # Keep one sample older than the horizon: it covers the start of the window.
-        while len(samples) > 1 and samples[1][0] <= horizon:
-            samples.popleft()
+    def _trim(self, now: float, horizon: float | None = None) -> None:
+        slots, starts = self._slots, self._starts
+        if horizon is None:
+            horizon = now - self.window
+        # Keep one slot older than the horizon: it covers the start of the window.
+        while len(slots) > 1 and slots[1].start <= horizon:
+            slots.popleft()
+            starts.popleft()
 
     def last_ts(self) -> float | None:
-        return self._samples[-1][0] if self._samples else None
+        return self._slots[-1].last if self._slots else None
+
+    def _acc_at(self, i: int, t: float) -> float:
+        """The running integral at time ``t``, ``slot i's start <= t <= slot i+1's start`` (prorated
+        inside a slot of several readings)."""
+        slot = self._slots[i]
+        if t >= slot.last:
+            return slot.acc + self._inside(i) + slot.value * (t - slot.last)
+        return slot.acc + self._inside(i) * (t - slot.start) / (slot.last - slot.start)
+
+    def _inside(self, i: int) -> float:
+        """The integral over slot i's readings, from its start to its newest reading."""
+        slots = self._slots
+        slot = slots[i]
+        if i == len(slots) - 1 or i == -1:
+            return self._acc - slot.acc
+        nxt = slots[i + 1]
+        return nxt.acc - slot.acc - slot.value * (nxt.start - slot.last)
 
     def mean(self, now: float, since: float | None = None) -> tuple[float | None, float | None]:
         """(mean, seconds covered).  Each sample counts for the time until the next sample (the
         newest for one mean sample period); a lone sample gives (value, None).  With ``since``,
         only samples taken at or after that time count (None, None when there are none)."""
         self._trim(now)
-        samples = self._samples
-        horizon = now - self.window
-        if since is not None:
-            items = [x for x in samples if x[0] >= since]
-            if since > horizon:
-                horizon = since
-        else:
-            items = samples  # type: ignore[assignment]
-        n = len(items)
-        if n == 0:
+        slots = self._slots
+        if not slots:
             return None, None
+        horizon = now - self.window
+        last = slots[-1]
+        first = slots[0]
+        first_ts, first_acc, n_before = first.start, first.acc, first.n
+        if since is not None and since > first.start:
+            if since > last.last:
+                return None, None
+            horizon = max(horizon, since)
+            i = bisect_right(self._starts, since) - 1  # the slot that holds ``since``
+            first = slots[i]
+            if since <= first.start:
+                first_ts, first_acc, n_before = first.start, first.acc, first.n
+            elif since <= first.last:
+                # Inside a slot of several readings: count its newest reading only (the others'
+                # times are not kept, and some may be older than ``since``).
+                first_ts, n_before = first.last, first.n + first.count - 1
+                first_acc = first.acc + self._inside(i)
+            else:
+                if i + 1 >= len(slots):
+                    return None, None
+                first = slots[i + 1]
+                first_ts, first_acc, n_before = first.start, first.acc, first.n
+        n = self._n - n_before
+        last_ts, last_value = last.last, last.value
         if n == 1:
-            return items[0][1], None
-        first_ts = items[0][0]
-        last_ts, last_value = items[-1]
+            return last_value, None
         period = (last_ts - first_ts) / (n - 1)
-        total = weight = 0.0
-        prev_ts, prev_value = items[0]
-        for ts, value in items:  # the first iteration covers nothing (ts == prev_ts)
-            start = prev_ts if prev_ts > horizon else horizon
-            if ts > start:
-                total += prev_value * (ts - start)
-                weight += ts - start
-            prev_ts, prev_value = ts, value
-        start = last_ts if last_ts > horizon else horizon
+        # The integral from max(first_ts, horizon) to last_ts, then the newest reading's period.
+        if horizon > first_ts:
+            i = bisect_right(self._starts, horizon) - 1
+            start_acc = self._acc_at(i, horizon)
+            start = horizon
+        else:
+            start_acc, start = first_acc, first_ts
+        total = self._acc - start_acc if last_ts > start else 0.0
+        weight = last_ts - start if last_ts > start else 0.0
+        tail_start = max(horizon, last_ts)
         end = last_ts + period
-        if end > start:
-            total += last_value * (end - start)
-            weight += end - start
+        if end > tail_start:
+            total += last_value * (end - tail_start)
+            weight += end - tail_start
         if weight <= 0:
             return last_value, None
-        covered = min(self.window, end - (first_ts if first_ts > horizon else horizon))
+        covered = min(self.window, end - (max(horizon, first_ts)))
         return total / weight, round(covered, 3)

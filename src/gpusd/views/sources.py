@@ -7,15 +7,17 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import GpusdError
-from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
+from ..wire.http import MAX_ANSWER as MAX_ANSWER  # re-exported
+from ..wire.http import SourceError as SourceError
+from ..wire.http import fetch_json
 from .top import HostView
 
-MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
+if TYPE_CHECKING:  # pragma: no cover
+    from ..wire.signing import FleetKey
 
 
 class Source(Protocol):
@@ -59,62 +61,68 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{strip_api(parts.path)}"
 
 
-def get_json(url: str, token: str | None = None, timeout: float = 5.0) -> Any:
-    """GET a JSON document (at most 4 MiB); :class:`SourceError` with a one-line reason otherwise."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    headers = {"Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read(MAX_ANSWER + 1)
-    except urllib.error.HTTPError as exc:
-        raise SourceError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise SourceError(f"cannot reach {url}: {reason}") from None
-    except http.client.HTTPException as exc:  # not HTTP (BadStatusLine), or the daemon died mid-answer
-        raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
-    if len(body) > MAX_ANSWER:
-        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise SourceError(f"{url}: answer is not JSON") from None
+def get_json(url: str, key: "FleetKey | None" = None, timeout: float = 5.0) -> Any:
+    """GET a JSON document (at most 4 MiB), signed when there is a fleet key (see
+    :func:`gpusd.wire.http.fetch_json`, which also says whether the daemon proved itself)."""
+    return fetch_json(url, key, timeout).data
 
 
-def hosts_from_fleet(data: Any) -> list[HostView]:
-    """HostViews from a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`);
-    malformed hosts are skipped."""
+def hosts_from_fleet(data: Any, trusted: bool | None = None) -> list[HostView]:
+    """HostViews from a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`); malformed
+    hosts are skipped.  ``trusted``: whether the daemon that answered proved it holds the fleet secret
+    (False: no host is verified)."""
     from ..wire.fleet import FleetView
 
     try:
         view = FleetView.from_dict(data)
     except ValueError as exc:
         raise SourceError(f"bad fleet answer: {exc}") from None
-    return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url) for h in view.hosts]
+    return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url,
+                     verified=False if trusted is False else h.verified) for h in view.hosts]
 
 
 class FleetSource:
     """The hosts one daemon knows (``gpusd top --url http://gpu-node-1:4780``)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, key: "FleetKey | None" = None, timeout: float = 5.0) -> None:
         self.url = base_url(url)
-        self.token = token
+        self.key = key
         self.timeout = timeout
+        self.verified: bool | None = None  # whether the daemon proved itself on the last answer
+        self._tls: tuple[str, str | None] | None = None  # (URL, pinned fingerprint) once looked up
 
     def fleet(self) -> dict[str, Any]:
-        data = get_json(f"{self.url}/api/v1/fleet", self.token, self.timeout)
-        if not isinstance(data, dict):
+        url, pin = self._secure_url()
+        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin)
+        if not isinstance(answer.data, dict):
             raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
-        return data
+        self.verified = answer.verified
+        return answer.data
+
+    def _secure_url(self) -> tuple[str, str | None]:
+        """With the fleet secret and a plain ``http://`` URL: the daemon's HTTPS URL and certificate
+        fingerprint as its ``/healthz`` says (private fields travel over TLS only; the fingerprint is
+        checked against the daemon's signed proof, so a forged /healthz gains nothing)."""
+        if self.key is None or not self.url.startswith("http://"):
+            return self.url, None
+        if self._tls is None:
+            self._tls = (self.url, None)
+            try:
+                health = fetch_json(f"{self.url}/healthz", None, self.timeout).data
+            except SourceError:
+                return self.url, None
+            port, fp = (health.get("tls_port"), health.get("cert_fp")) if isinstance(health, dict) else (None, None)
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and isinstance(fp, str):
+                from urllib.parse import urlsplit
+
+                parts = urlsplit(self.url)
+                host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+                self._tls = (f"https://{host}:{port}{parts.path}", fp)
+        return self._tls
 
     def hosts(self) -> list[HostView]:
-        return hosts_from_fleet(self.fleet())
+        data = self.fleet()
+        return hosts_from_fleet(data, self.verified)
 
     def close(self) -> None:
         pass
@@ -125,11 +133,12 @@ class DiscoverySource:
     host's event stream).  The first call waits up to ``settle`` seconds for the hosts to answer."""
 
     def __init__(self, session: str | None = "default", settle: float = 2.0,
-                 interfaces: list[str] | None = None, token: str | None = None) -> None:
+                 interfaces: list[str] | None = None, key: "FleetKey | None" = None, **beyond: Any) -> None:
         from ..discovery import Client
 
+        # beyond: peers, peers_file, dns_sd_domain, dns_server (hosts past the mDNS link)
         self._client = Client(session, interfaces=interfaces, all_sessions=session is None, daemon_thread=True,
-                              token=token)
+                              key=key, **beyond)
         self._settle = settle
         self._settled = False
 
@@ -137,7 +146,8 @@ class DiscoverySource:
         if not self._settled:
             self._client.wait_settled(self._settle)
             self._settled = True
-        return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url) for h in self._client.hosts]
+        return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url, verified=h.verified)
+                for h in self._client.hosts]
 
     def close(self) -> None:
         self._client.stop_listening()

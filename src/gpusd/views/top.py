@@ -53,6 +53,10 @@ class HostView:
     url: str | None = None
     gone_since: float | None = None  # time.time() when it vanished
     alerts: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> exceeded rule names
+    verified: bool | None = None  # proved it holds the fleet secret (None: no secret to check with)
+    spark: dict[str, str] = field(default_factory=dict)  # GPU UUID -> utilisation sparkline (views.spark)
+    spark_mem: dict[str, str] = field(default_factory=dict)  # GPU UUID -> memory sparkline
+    spark_label: str = "1h"  # the sparklines' window
 
     @property
     def key(self) -> str:
@@ -329,6 +333,8 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
         return t
     t.append("● ", style="green")
     t.append(name, style="bold cyan")
+    if h.verified is False:  # did not prove it holds the fleet secret (a stranger?): no private fields
+        t.append("  [unverified]", style="bold yellow")
     if snap is None:
         t.append("  waiting for data…", style="dim")
         return t
@@ -370,6 +376,9 @@ class _Layout:
     power: int = 8
     procs: int = 0
     leases: int = 0
+    spark: int = 0  # the utilisation sparkline's column (wide layout, when there is history)
+    spark_mem: int = 0  # the memory sparkline's column (wide layout, when there is room)
+    spark_label: str = "1h"
 
     @classmethod
     def of(cls, arranged: Sequence[tuple[HostView, list[GpuInfo]]], width: int) -> _Layout:
@@ -379,14 +388,20 @@ class _Layout:
         mem_text = max((len(_mem_text(g)) for _, g in gpus), default=0)
         procs = max(9, max((len(_procs(g)) for _, g in gpus), default=9))
         leases = max(15, max((len(_last_cell(h, g).plain) for h, g in gpus), default=15))
+        spark = max((len(h.spark.get(g.uuid, "")) for h, g in gpus), default=0)
+        label = next((h.spark_label for h, _ in gpus), "1h")
         # wide: 8 columns, 2 cells between columns; processes and leases get at least 12/15 cells
         for bar_w in (20, 12):
             model = max(5, min(names, 24))
             fixed = 2 + model + 2 * (bar_w + 5) + mem_text + 5 + power + 7 * 2
             room = width - fixed
+            sp = spark if spark and room >= 12 + 15 + spark + 2 else 0
+            room -= sp + 2 if sp else 0
+            sm = sp if sp and room >= 12 + 15 + sp + 2 else 0
+            room -= sm + 2 if sm else 0
             if room >= 12 + 15:
                 p = min(procs, max(12, room - min(leases, room // 2)))
-                return cls("wide", bar_w, model, mem_text, power, p, room - p)
+                return cls("wide", bar_w, model, mem_text, power, p, room - p, sp, sm, label)
         model = max(5, min(names, 14))
         for bar_w in (12, 8):
             if 2 + model + 2 * (bar_w + 5) + 5 + power + 5 + 6 * 2 <= width:
@@ -417,7 +432,11 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
     table.add_column("#", justify="right", no_wrap=True, width=2)
     table.add_column("MODEL", no_wrap=True, overflow="ellipsis", width=lay.model)
     table.add_column("UTIL", no_wrap=True, width=lay.bar + 5)
+    if lay.spark:
+        table.add_column(f"UTIL {lay.spark_label}", no_wrap=True, width=lay.spark)
     table.add_column("MEMORY", no_wrap=True, width=lay.bar + 5 + lay.mem_text)
+    if lay.spark_mem:
+        table.add_column(f"MEM {lay.spark_label}", no_wrap=True, width=lay.spark_mem)
     table.add_column("TEMP", justify="right", no_wrap=True, width=5)
     table.add_column("POWER", justify="right", no_wrap=True, width=lay.power)
     if wide:
@@ -433,6 +452,9 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
         if not g.healthy:
             row: list[RenderableType] = [idx, Text(_short_name(g.name)), status or "", "", "", ""]
             row += ["", ""] if wide else [""]
+            row[3:3] = [""] if lay.spark else []
+            if lay.spark_mem:
+                row.insert(5 if lay.spark else 4, "")
             table.add_row(*row, style=style)
             continue
         mem_pct = None if g.memory_used_ratio is None else 100 * g.memory_used_ratio
@@ -440,6 +462,10 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
         if wide:
             mem.append(_mem_text(g), style="dim")
         row = [idx, Text(_short_name(g.name)), bar(g.utilization_gpu, lay.bar), mem, _temp(g), Text(_power(g))]
+        if lay.spark:
+            row.insert(3, Text(h.spark.get(g.uuid, ""), style="cyan"))
+        if lay.spark_mem:
+            row.insert(5 if lay.spark else 4, Text(h.spark_mem.get(g.uuid, ""), style="magenta"))
         if wide:
             row += [Text(_procs(g)), _last_cell(h, g)]
         else:

@@ -1,6 +1,7 @@
 // gpusd dashboard: the fleet as one daemon sees it.
-// GET api/v1/fleet once, then follow the server-sent events of api/v1/fleet/events (read with fetch so
-// that a token can travel in the Authorization header).  No build step, no dependencies, no network
+// GET api/v1/fleet once, then follow the server-sent events of api/v1/fleet/events (read with fetch).
+// The page holds no secret: process owners and commands are shown where the daemon serves them to
+// this browser (opened on the daemon's own machine, under its own name: docs/security.md).  No build step, no dependencies, no network
 // access beyond the daemon that served this page.  All text from the network goes through
 // textContent, never innerHTML.
 //
@@ -25,7 +26,6 @@
     hosts: new Map(),     // node_id -> {node_id, hostname, url, alive, snapshot, goneAt}
     history: new Map(),   // gpu uuid -> [{t, util, mem}]
     alerts: new Map(),    // node|uuid|rule -> threshold data
-    token: null,
     lastHeard: 0,
     dirty: false,
     status: "connecting",
@@ -105,9 +105,7 @@
   function hostKey(d) { d = obj(d) || {}; return str(d.node_id, NAME_MAX) || str(d.hostname, NAME_MAX) || "?"; }
   function now() { return Date.now() / 1000; }
   function headers() {
-    const h = { "Accept": "application/json" };
-    if (state.token) h["Authorization"] = "Bearer " + state.token;
-    return h;
+    return { "Accept": "application/json" };
   }
   function markDirty() {
     if (!state.dirty) { state.dirty = true; requestAnimationFrame(render); }
@@ -473,6 +471,10 @@
     ptd.appendChild(el("div", "plist", procsText(g)));
     ptd.title = (g.processes || []).map((p) => `${p.pid} ${p.user || ""} ${p.command || ""}`).join("\n");
     if (alerts.length) ptd.appendChild(el("div", "alert-tag", "⚠ " + alerts.join(", ")));
+    if (state.idle && state.idle.has(host.node_id + "|" + g.uuid)) {  // history.js: a lease held idle
+      tr.classList.add("idle-held");
+      ptd.appendChild(el("div", "idle-tag", "idle lease"));
+    }
     tr.appendChild(ptd);
     return tr;
   }
@@ -565,27 +567,11 @@
   }
 
   // ------------------------------------------------------------------ start
-  function readToken() {
-    const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
-    if (m) {
-      sessionStorage.setItem("gpusd-token", decodeURIComponent(m[1]));
-      history.replaceState(null, "", location.pathname + location.search);
-    }
-    state.token = sessionStorage.getItem("gpusd-token");
-    $("token").classList.toggle("on", !!state.token);
-    $("token").textContent = state.token ? "token ✓" : "token";
-  }
-  $("token").addEventListener("click", () => {
-    const t = prompt("The fleet's shared token (empty to forget it):", "");
-    if (t === null) return;
-    if (t) sessionStorage.setItem("gpusd-token", t); else sessionStorage.removeItem("gpusd-token");
-    readToken();
-    if (controller) controller.abort();
-  });
+  sessionStorage.removeItem("gpusd-token");  // kept by earlier versions: a secret has no place in a page
   $("filter").addEventListener("input", markDirty);
   $("sort").addEventListener("change", markDirty);
   setInterval(markDirty, 5000);  // sparklines slide even when nothing changes
-  readToken();
-  window.gpusdDashboard = state;  // for debugging and tests
+  state.redraw = markDirty;  // for history.js (idle marks)
+  window.gpusdDashboard = state;  // for debugging, tests and history.js
   run();
 })();

@@ -32,9 +32,11 @@ class FleetHost:
     url: str | None = field(default=None, metadata={"max": MAX_URL})  # HTTP API base, .../api/v1
     alive: bool = True  # the serving daemon hears from this host (its event stream is up); absent: true
     last_seen: float | None = None  # seconds since the epoch of the last sign of life; None: never
-    # Placeholder for the trust work (issue 9): True once the host proved it holds the fleet secret.
-    # Nothing sets it yet, so every host is unverified.
-    verified: bool = False
+    # True: the host proved to the serving daemon that it holds the fleet secret (docs/security.md);
+    # False: it did not (a stranger, another fleet); None: the serving daemon has no secret to check.
+    verified: bool | None = None
+    # how the serving daemon found it: "mdns", "peer" (a static peer) or "dns-sd" (wide-area DNS-SD)
+    via: str = field(default="mdns", metadata={"max": 16})
     snapshot: HostSnapshot | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,7 +60,8 @@ class FleetHost:
         """From a :class:`gpusd.discovery.types.RemoteHost` (whose ``last_seen`` is monotonic)."""
         last = now_wall - (now_mono - h.last_seen) if h.last_seen else None
         return cls(hostname=h.hostname, node_id=h.node_id, session=h.session, source=h.source, url=h.url,
-                   alive=h.alive, last_seen=round(last, 3) if last is not None else None, snapshot=h.snapshot)
+                   alive=h.alive, last_seen=round(last, 3) if last is not None else None, verified=h.verified,
+                   via=getattr(h, "via", "mdns"), snapshot=h.snapshot)
 
 
 @dataclass(slots=True)

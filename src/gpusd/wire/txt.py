@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..errors import TxtError as TxtError  # re-exported: defined in gpusd.errors
 from ..model import HostSnapshot
@@ -62,6 +62,8 @@ class TxtRecord:
     gpusd_version: str | None = None
     simulated: bool = False
     auth: bool = False
+    tls_port: int | None = None  # the daemon's HTTPS port (``tls``), when it serves TLS
+    cert_fp: str | None = None  # its certificate's SHA-256 fingerprint (``fp``): pinned by clients
     version: int = TXT_VERSION
     source: str = "gpusd"  # "gpusd" or "hwsd"
     # hwsd only: (type, port, device) per GPU listed; port/device HWSD_NO_VALUE when not announced
@@ -80,6 +82,8 @@ class TxtRecord:
             "gpusd_version": self.gpusd_version,
             "simulated": self.simulated,
             "auth": self.auth,
+            "tls_port": self.tls_port,
+            "cert_fp": self.cert_fp,
             "version": self.version,
             "source": self.source,
         }
@@ -133,6 +137,8 @@ def encode_txt(
     gpusd_version: str | None = None,
     simulated: bool = False,
     auth: bool = False,
+    tls_port: int | None = None,
+    cert_fp: str | None = None,
 ) -> dict[str, str]:
     """The TXT properties, in a stable order.  Guaranteed: every string ≤ 255 bytes and the record
     ≤ 1300 bytes (inventory runs are dropped, last first, when they would not fit)."""
@@ -151,6 +157,9 @@ def encode_txt(
         tail["sim"] = "1"
     if auth:
         tail["auth"] = "1"
+    if tls_port and cert_fp:
+        tail["tls"] = str(tls_port)
+        tail["fp"] = cert_fp
     runs = _runs(inventory)
     budget = MAX_RECORD - record_size({**props, **tail})
     kept: dict[str, str] = {}
@@ -377,7 +386,21 @@ def decode_txt(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtReco
         gpusd_version=_text(props, "ver"),
         simulated="sim" in props and props["sim"] != b"0",
         auth="auth" in props and props["auth"] != b"0",
+        **_decode_tls(props),
     )
+
+
+def _decode_tls(props: dict[str, bytes | None]) -> dict[str, Any]:
+    """``tls`` and ``fp``: both valid, or neither (a half or garbled pair is ignored: no TLS)."""
+    port = _text(props, "tls")
+    fp = _text(props, "fp")
+    if not port or not fp or not port.isdigit() or not 0 < int(port) < 65536:
+        return {}
+    from .signing import fingerprint_bytes
+
+    if fingerprint_bytes(fp) is None:
+        return {}
+    return {"tls_port": int(port), "cert_fp": fp}
 
 
 def _decode_runs(props: dict[str, bytes | None], count: int) -> list[tuple[str, int | None]]:

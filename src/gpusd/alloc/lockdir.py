@@ -1,0 +1,252 @@
+"""The lock directory, opened so that another local user cannot turn it against us.
+
+Every user of a machine shares one lock directory, so anything in it may have been put there by a
+hostile local user.  The rules this module enforces (docs/allocation.md, "What a local user can do"):
+
+* The directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and refused, with a message saying why,
+  when it is not owned by root or by the current user, or when others may write to it without the
+  sticky bit.  Every file operation afterwards is relative to that descriptor.
+* Files are opened with ``O_NOFOLLOW`` (a symlink is refused, never followed) and ``O_NONBLOCK`` (a
+  FIFO cannot hang us), and must be regular files with one link (no hard link to a file elsewhere).
+* A file is chmod-ed only right after ``O_CREAT | O_EXCL`` created it, through that descriptor.
+* Waiting for a lock another user can hold is bounded (:func:`lock_within`); the error names the
+  holder's uid and pid when ``/proc/locks`` tells them.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+from pathlib import Path
+
+from ..errors import GpusdError, LockBusy
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def owner_name(uid: int) -> str:
+    """``"alice (uid 1000)"``, or ``"uid 1000"`` when the name is unknown."""
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def check_dir(path: Path, st: os.stat_result) -> None:
+    """Refuse a lock directory another user controls (see the module docstring)."""
+    me = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, me):
+        raise GpusdError(
+            f"refusing the lock directory {path}: it belongs to {owner_name(st.st_uid)}, not to root or you, "
+            "so that user could replace the lock files of everyone who uses it. An administrator should create "
+            f"it (`sudo install -d -m 1777 {path}`), or run the gpusd daemon as root (docs/allocation.md)")
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise GpusdError(
+            f"refusing the lock directory {path}: its mode {mode:o} lets other users delete or replace your lock "
+            f"files; its owner should `chmod 1777 {path}` (world-writable with the sticky bit, like /tmp)")
+
+
+def open_dir(path: Path, create: bool) -> int | None:
+    """A descriptor of the checked lock directory; None when it does not exist and ``create`` is
+    False.  A directory this call creates gets mode 1777 (through its descriptor, after checking
+    that it is the one just made)."""
+    created = False
+    for _ in range(3):
+        try:
+            fd = os.open(path, DIR_FLAGS)
+            break
+        except FileNotFoundError:
+            if not create:
+                return None
+            try:
+                if not path.parent.is_dir():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                os.mkdir(path, 0o700)
+                created = True
+            except FileExistsError:
+                pass
+            except PermissionError:
+                raise GpusdError(f"cannot create the lock directory {path}: permission denied "
+                                 "(set GPUSD_LOCK_DIR)") from None
+            except OSError as exc:
+                raise GpusdError(f"cannot create the lock directory {path}: {exc.strerror}") from None
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR and os.path.islink(path):
+                exc.errno = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
+            if exc.errno == errno.ELOOP:
+                raise GpusdError(f"refusing the lock directory {path}: it is a symbolic link (an administrator "
+                                 "should remove it, or set GPUSD_LOCK_DIR to a real directory)") from None
+            if exc.errno == errno.ENOTDIR:
+                raise GpusdError(f"cannot create the lock directory {path}: not a directory") from None
+            raise GpusdError(f"cannot open the lock directory {path}: {exc.strerror}") from None
+    else:
+        raise GpusdError(f"cannot open the lock directory {path}: it keeps disappearing")
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid():
+            os.fchmod(fd, 0o1777)  # the directory we just made: open to every user, sticky
+            st = os.fstat(fd)
+        check_dir(path, st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_file(fd: int, where: Path) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a hard link to another file"
+        raise GpusdError(f"refusing {where}: it is {what} (made by {owner_name(st.st_uid)}); an administrator "
+                         "should remove it")
+
+
+def open_lock_file(dir_fd: int, name: str, where: Path) -> int:
+    """Open (creating it with mode 0666 when missing) a lock file every user can lock.
+
+    A file someone else made is opened as it is (read-write, else read-only: ``flock`` works on
+    either) and never chmod-ed; a symlink, FIFO or hard link in its place is refused."""
+    path = where / name
+    for _ in range(3):
+        try:
+            fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        except PermissionError:
+            raise GpusdError(f"cannot create {path}: the lock directory is not writable for you") from None
+        else:
+            try:
+                os.fchmod(fd, 0o666)  # just created by us: other users must be able to open it too
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        try:
+            try:
+                fd = os.open(name, FILE_FLAGS | os.O_RDWR, dir_fd=dir_fd)
+            except PermissionError:
+                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue  # removed meanwhile: create it
+        except PermissionError:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                who = f"it belongs to {owner_name(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):03o}"
+            except OSError:
+                who = "permission denied"
+            raise GpusdError(f"cannot open {path}: {who}, so you cannot lock it; ask that user or an "
+                             "administrator to remove it") from None
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR and os.path.islink(path):
+                exc.errno = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
+            if exc.errno == errno.ELOOP:
+                raise GpusdError(f"refusing {path}: it is a symbolic link (someone may be trying to make gpusd "
+                                 "write elsewhere); an administrator should remove it") from None
+            raise GpusdError(f"cannot open {path}: {exc.strerror}") from None
+        _check_file(fd, path)
+        return fd
+    raise GpusdError(f"cannot open {path}: it keeps disappearing")
+
+
+def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644) -> int:
+    """Create a new file (never an existing one, never through a symlink) for writing."""
+    try:
+        return os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        raise GpusdError(f"cannot create {where / name}: {exc.strerror}") from None
+
+
+def try_lock(fd: int, shared: bool) -> bool:
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+
+
+# -- who holds a lock ----------------------------------------------------------------------------------
+
+def lock_key(st: os.stat_result) -> str:
+    """How /proc/locks names a file: ``MAJOR:MINOR:INODE`` (hex device numbers)."""
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+
+
+def flock_table() -> dict[str, list[tuple[int, bool]]] | None:
+    """The flock locks held on this machine, from /proc/locks: key -> [(pid, exclusive)].  A pid is 0
+    when the holder is outside our pid namespace.  None when /proc/locks cannot be read."""
+    try:
+        with open("/proc/locks", "rb") as f:
+            raw = f.read(4 << 20)
+    except OSError:
+        return None
+    table: dict[str, list[tuple[int, bool]]] = {}
+    for line in raw.split(b"\n"):
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != b"FLOCK":
+            continue  # POSIX/OFD locks, and "->" lines of blocked waiters
+        try:
+            pid = int(parts[4])
+        except ValueError:
+            continue
+        table.setdefault(parts[5].decode("ascii", "replace"), []).append((pid, parts[3] == b"WRITE"))
+    return table
+
+
+def process_uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except (OSError, ValueError):
+        return None
+
+
+def describe_holders(fd: int) -> str:
+    """``"pid 123 of alice (uid 1000)"`` for the holders of the flock on ``fd``, where known."""
+    table = flock_table()
+    if table is None:
+        return "another process (/proc/locks cannot be read to say which)"
+    holders = table.get(lock_key(os.fstat(fd)), [])
+    if not holders:
+        return "another process (not visible here)"
+    parts = []
+    for pid, _ in holders[:3]:
+        uid = process_uid(pid) if pid > 0 else None
+        parts.append(f"pid {pid} of {owner_name(uid)}" if uid is not None else f"pid {pid}")
+    return ", ".join(parts)
+
+
+def lock_within(fd: int, *, shared: bool, deadline: float) -> None:
+    """Take the flock on ``fd``, waiting until ``deadline`` (``time.monotonic()``) at most.
+
+    The kernel offers no flock with a timeout, so this tries without blocking, with sleeps that grow
+    from 0.5 ms to 5 ms (the selection mutex is normally held for about a millisecond).  Raises
+    :class:`LockBusy` whose message names the holder (:func:`describe_holders`)."""
+    if try_lock(fd, shared):
+        return
+    delay = 0.0005
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LockBusy(describe_holders(fd))
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.005)
+        if try_lock(fd, shared):
+            return

@@ -1,0 +1,52 @@
+"""The fleet secret for the command line: one lookup for every command (docs/security.md).
+
+From ``--token-file PATH``, else ``$GPUSD_TOKEN_FILE``, else ``$GPUSD_TOKEN``; never from a
+command-line value, which ``ps`` shows to every local user (``--token VALUE`` is refused with a hint).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..wire.signing import FleetKey
+
+HINT = ("--token VALUE would show the fleet secret to every local user (ps): put it in a file only you can "
+        "read and pass --token-file FILE, or set $GPUSD_TOKEN")
+
+
+class RefuseSecretOnArgv(argparse.Action):
+    """``--token VALUE``: an error with the way to do it instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error(HINT)
+
+
+def add_token_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--token-file", metavar="FILE",
+                   help=f"the fleet secret, read from FILE (mode 600; or $GPUSD_TOKEN_FILE, $GPUSD_TOKEN): {what}")
+    p.add_argument("--token", nargs="?", action=RefuseSecretOnArgv, help=argparse.SUPPRESS)
+
+
+def secret(args: argparse.Namespace) -> str | None:
+    """The fleet secret for this command, or None.  ConfigError (exit 2) when it cannot be read."""
+    from ..wire.signing import SecretError, load_secret
+
+    try:
+        return load_secret(getattr(args, "token_file", None))
+    except SecretError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def fleet_key(args: argparse.Namespace) -> FleetKey | None:
+    """The keys derived from this command's fleet secret, or None without one."""
+    value = secret(args)
+    if value is None:
+        return None
+    from ..wire.signing import FleetKey
+
+    return FleetKey(value)

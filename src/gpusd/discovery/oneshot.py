@@ -1,0 +1,142 @@
+"""A one-shot browse (``gpusd list``): ask once, stop when the answers have settled.
+
+A browser on port 5353 cannot tell when every host has answered: responders multicast their answers
+20-120 ms after a query, and one that multicast the same record less than a second earlier (to
+another querier, or in its own announcements) waits a second more (RFC 6762 §6, §14).  So
+``gpusd list`` used to browse for a fixed 1.5 s.
+
+Here the query goes out from an ephemeral port instead (a *one-shot* query, RFC 6762 §5.1, python-
+zeroconf's ``unicast=True``): every responder answers it at once, by unicast, with no random delay and
+no one-second limit, so all answers arrive within a few milliseconds of each other.  The browse has
+settled when no new service came for ``QUIET`` s after the first ``SPREAD`` s of answers; each host
+found is then read as before (its event stream's first snapshot).  The query is the browser's own
+first one, sent at once (not after the random 20-120 ms of a continuous querier, RFC 6762 §5.2), and
+asks for unicast answers (QU): responders drop a query identical to one they got in the last second
+(another client's) unless it is QU.  There is no second query of our own: responders also multicast
+their answers, and a second query right after the first would be answered by multicast a second
+later (the one-second limit), possibly after a host that stopped meanwhile sent its goodbye, which
+would bring it back to other browsers for a moment.
+
+A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
+gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
+browse with the old timing, so such a host pays ``NO_ANSWER`` s more than before, never a missing host.
+What ``gpusd list`` may now miss: a responder that answers more than ``QUIET`` s after the others (a
+host too loaded to answer for that long) or not at all to one-shot queries (RFC 6762 requires the
+answer; python-zeroconf, Avahi and Bonjour give it).  ``gpusd watch`` and the daemons' fleet views
+keep browsing on port 5353 (they need announcements and goodbyes): a host that answers late still
+appears there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .types import Device, RemoteHost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from .client import AsyncClient
+
+log = logging.getLogger(__name__)
+
+QUIET = 0.1  # no new service for this long...
+SPREAD = 0.1  # ...and this long after the first answer: every responder has answered
+NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
+
+
+async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
+    """An ``AsyncZeroconf`` whose sockets use an ephemeral port (queries are one-shot queries; it
+    neither answers nor hears multicast), on ``interfaces`` (None: all)."""
+    from zeroconf import InterfaceChoice, IPVersion
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from ..errors import ConfigError
+    from ..wire.mdns import apply_test_timings
+
+    apply_test_timings()
+    try:
+        aiozc = AsyncZeroconf(interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
+                              ip_version=IPVersion.V4Only, unicast=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
+    await aiozc.zeroconf.async_wait_for_start()
+    return aiozc
+
+
+def prefetch_imports() -> None:
+    """Import python-zeroconf and aiohttp in a thread (their imports take most of a cold ``gpusd list``
+    process's time): the process's other start-up work, and the first query's round trip, overlap
+    with them.  A later ``import`` of either waits for the thread (Python's import lock)."""
+    import threading
+
+    def run() -> None:
+        import importlib
+
+        for name in ("zeroconf.asyncio", "aiohttp"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # pragma: no cover - dependencies of gpusd
+                return
+
+    threading.Thread(target=run, name="gpusd-prefetch", daemon=True).start()
+
+
+def _no_first_query_delay() -> Any:
+    """Let the browser send its first query at once.  RFC 6762 §5.2 delays the first query of a
+    *continuous* querier by 20-120 ms so that many starting together do not query in step; a one-shot
+    query (§5.1), made when a user asks, has no such rule.  python-zeroconf reads the interval when a
+    browser is made; returns a function restoring it (a no-op where the module has no such name)."""
+    try:
+        from zeroconf._services import browser
+    except ImportError:  # pragma: no cover
+        return lambda: None
+    old = getattr(browser, "_FIRST_QUERY_DELAY_RANDOM_INTERVAL", None)
+    if old is None:  # pragma: no cover - another zeroconf
+        return lambda: None
+    browser._FIRST_QUERY_DELAY_RANDOM_INTERVAL = (0, 1)
+
+    def restore() -> None:
+        browser._FIRST_QUERY_DELAY_RANDOM_INTERVAL = old
+
+    return restore
+
+
+async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Sequence[str] | None,
+                         timeout: float) -> tuple[list[Device], list[RemoteHost], int]:
+    """Every reported device and host, and how many hosts the host filter left out, once the browse
+    has settled (at most ``timeout`` s waiting for hosts found to answer).  ``make_client(**kw)``
+    builds the :class:`AsyncClient` (filters, fleet key), ``zeroconf=`` given for the one-shot browse."""
+    from ..wire.mdns import resolve_interfaces
+
+    zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
+    client = make_client(zeroconf=zc)
+    try:
+        restore = _no_first_query_delay()
+        try:
+            await client.start_listening()
+        finally:
+            restore()
+        await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD))
+        if client.answered:
+            return client.list_devices(), client.hosts, len(client.unmatched_hosts)
+    finally:
+        await client.stop_listening()
+        await _close(zc)
+    log.debug("no answer to the one-shot query in %.1f s: browsing by multicast", NO_ANSWER)
+    client = make_client()
+    try:
+        await client.wait_settled(timeout)
+        return client.list_devices(), client.hosts, len(client.unmatched_hosts)
+    finally:
+        await client.stop_listening()
+
+
+async def _close(zc: Any) -> None:
+    import asyncio
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(zc.async_close(), 5)

@@ -1,0 +1,156 @@
+"""The history database: schema, tiers, retention and size bound (docs/history.md).
+
+Three tiers hold the same figures at three resolutions, all written by every sample (so a crash can
+never leave one behind another): tier 0 in 10-second buckets, kept ``fine_keep`` seconds (2 days),
+tier 1 in 5-minute buckets and tier 2 in hourly ones, both kept ``retention`` seconds (a year).  Long
+reports read whole hours from tier 2 and the partial hours at their edges from tier 1.  A bucket's row sums what its
+samples accounted: ``seconds`` observed, ``util_s`` (utilisation × seconds), ``energy_j`` (watts ×
+seconds), ``idle_s`` (seconds under 5 %), so averages over any range are exact sums divided.
+
+The database lives in the daemon's state directory (``history.sqlite``), created with mode 0600:
+who used what is private (docs/history.md, Privacy).  WAL mode, ``synchronous=NORMAL``: a commit
+survives the process being killed (only a power cut may lose the last commits).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+FINE, COARSE, HOURLY = 0, 1, 2
+STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}  # seconds per bucket of each tier
+TIERS = (FINE, COARSE, HOURLY)
+SCHEMA_VERSION = 1
+IDLE_UTIL = 5.0  # percent: a GPU under this is idle (the same 5 % as a free GPU's rule)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS gpus(
+    id INTEGER PRIMARY KEY, uuid TEXT UNIQUE NOT NULL, host TEXT, idx INTEGER, model TEXT,
+    mem_total INTEGER, first REAL, last REAL);
+CREATE TABLE IF NOT EXISTS series(
+    tier INTEGER NOT NULL, gpu INTEGER NOT NULL, ts INTEGER NOT NULL,
+    seconds REAL NOT NULL, util_s REAL NOT NULL, util_n REAL NOT NULL, mem_s REAL NOT NULL,
+    mem_max INTEGER, power_s REAL NOT NULL, temp_max INTEGER, busy_s REAL NOT NULL, held_s REAL NOT NULL,
+    PRIMARY KEY(tier, gpu, ts)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage(
+    tier INTEGER NOT NULL, gpu INTEGER NOT NULL, ts INTEGER NOT NULL, kind TEXT NOT NULL, user TEXT NOT NULL,
+    seconds REAL NOT NULL, util_s REAL NOT NULL, energy_j REAL NOT NULL, idle_s REAL NOT NULL,
+    PRIMARY KEY(tier, ts, gpu, kind, user)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS jobs(
+    id INTEGER PRIMARY KEY, kind TEXT NOT NULL, key TEXT UNIQUE NOT NULL, uid INTEGER, user TEXT,
+    command TEXT, gpus TEXT NOT NULL, start REAL NOT NULL, last REAL NOT NULL, ended REAL,
+    gpu_s REAL NOT NULL DEFAULT 0, util_s REAL NOT NULL DEFAULT 0, energy_j REAL NOT NULL DEFAULT 0,
+    idle_s REAL NOT NULL DEFAULT 0, peak_mem INTEGER, idle_flagged REAL, released REAL);
+CREATE INDEX IF NOT EXISTS jobs_last ON jobs(last);
+CREATE INDEX IF NOT EXISTS jobs_open ON jobs(ended) WHERE ended IS NULL;
+"""
+
+
+@dataclass
+class Retention:
+    """How long each tier is kept, and the bound on the file's size (docs/history.md)."""
+
+    fine_keep: float = 2 * 86400.0  # seconds of 10 s buckets
+    retention: float = 365 * 86400.0  # seconds of 5 min buckets and of job records
+    max_bytes: int = 1 << 30  # the file's size bound: the oldest coarse data goes first
+
+    def validate(self) -> None:
+        from ..errors import ConfigError
+
+        if not 3600 <= self.fine_keep <= 30 * 86400:
+            raise ConfigError("the fine history must be kept between 1 hour and 30 days")
+        if not 86400 <= self.retention <= 10 * 365 * 86400:
+            raise ConfigError("--retention must be between 1 and 3650 days")
+        if not 1 << 20 <= self.max_bytes <= 1 << 40:
+            raise ConfigError("--history-size must be between 1 MiB and 1 TiB")
+
+
+def default_path(state_dir: Path) -> Path:
+    return state_dir / "history.sqlite"
+
+
+def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
+    """Open (creating when writable) the history database.  A reader opens it read-only: it can
+    never change, lock out or grow the daemon's file.  Raises ``sqlite3.Error`` or ``OSError``."""
+    path = Path(path)
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
+        conn.execute("PRAGMA query_only=1")
+        return conn
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # created here, by us, 0600 (O_EXCL: never through a link someone else put in place)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+    elif path.is_symlink():
+        raise OSError(f"{path} is a symbolic link: refusing to open it")
+    conn = sqlite3.connect(str(path), timeout=10.0, check_same_thread=False, isolation_level=None)
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0 and not _has_tables(conn):
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table: lets the file shrink
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript(SCHEMA)
+    conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+    return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One explicit transaction (the connection is in autocommit mode: ``with conn`` alone would not
+    begin one, and every statement would commit on its own)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _has_tables(conn: sqlite3.Connection) -> bool:
+    return int(conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]) > 0
+
+
+def prune(conn: sqlite3.Connection, now: float, keep: Retention) -> int:
+    """Delete what retention says is too old, then, while the file is over its size bound, the
+    oldest data (a day at a time, an hour at a time within the fine tier's two days).  Returns the
+    rows deleted."""
+    n = 0
+    with transaction(conn):
+        n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
+        n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (FINE, now - keep.fine_keep)).rowcount
+        for tier in (COARSE, HOURLY):
+            n += conn.execute("DELETE FROM series WHERE tier=? AND ts<?", (tier, now - keep.retention)).rowcount
+            n += conn.execute("DELETE FROM usage WHERE tier=? AND ts<?", (tier, now - keep.retention)).rowcount
+        n += conn.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended<?", (now - keep.retention,)).rowcount
+    for _ in range(4000):
+        if size_bytes(conn) <= keep.max_bytes:
+            break
+        oldest = conn.execute("SELECT min(ts) FROM series").fetchone()[0]
+        if oldest is None:
+            break
+        # a day at a time while the 5-minute and hourly tiers reach back further than the fine one,
+        # then an hour at a time (a bound smaller than two days of fine data)
+        cut = oldest + (86400 if oldest < now - keep.fine_keep else 3600)
+        with transaction(conn):
+            n += conn.execute("DELETE FROM series WHERE ts<?", (cut,)).rowcount
+            n += conn.execute("DELETE FROM usage WHERE ts<?", (cut,)).rowcount
+            n += conn.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended<?", (cut,)).rowcount
+        conn.execute("PRAGMA incremental_vacuum")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if n:
+        conn.execute("PRAGMA incremental_vacuum")
+    return n
+
+
+def size_bytes(conn: sqlite3.Connection) -> int:
+    """The database's size in use: pages × page size (the WAL file is checkpointed into it)."""
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    return int((pages - free) * size)

@@ -1,0 +1,114 @@
+"""One blocking HTTP GET for the command line (``gpusd top --url``, ``gpusd status``, ``export``):
+JSON of at most 4 MiB, signed with the fleet secret when there is one, the daemon's proof checked.
+
+Plain ``http.client``: no aiohttp at CLI start-up.  ``https://`` URLs are accepted with the daemon's
+self-signed certificate; what makes such an answer trustworthy is the daemon's signed proof, which
+names that certificate's fingerprint (docs/security.md), or ``pin`` (an announced fingerprint).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .signing import FleetKey
+
+MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
+
+
+@dataclass
+class Answer:
+    data: Any
+    # None: no fleet secret here, nothing to check; True: the daemon proved it holds the secret
+    # (for this request, on this connection); False: it did not -- private fields were removed.
+    verified: bool | None
+    node_id: str | None = None  # the node id the proof names (when verified)
+
+
+def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node_id: str | None = None,
+               pin: str | None = None) -> Answer:
+    """GET ``url`` (``http://`` or ``https://``) and parse its JSON; :class:`SourceError` with a
+    one-line reason otherwise.  With ``key`` the request is signed and the answer's proof checked
+    (``node_id``: the node meant; ``pin``: the certificate fingerprint expected over TLS); an
+    answer without a valid proof is returned with its private fields nulled and ``verified`` False."""
+    import http.client
+    import ssl
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SourceError(f"not a daemon URL: {url!r}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise SourceError(f"bad port in {url!r}") from None
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    headers = {"Accept": "application/json", "Host": parts.netloc}
+    nonce = None
+    if key is not None:
+        signed, nonce = key.sign_request("GET", f"{parts.scheme}://{parts.netloc}{target}", node_id=node_id)
+        headers.update(signed)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # a self-signed certificate: pinned below, proven by the signature
+        conn = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout, context=ctx)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+    cert_fp: str | None = None
+    try:
+        conn.request("GET", target, headers=headers)
+        if parts.scheme == "https":
+            from .signing import fingerprint
+
+            sock = conn.sock
+            der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
+            cert_fp = fingerprint(der) if der else None
+            if pin is not None and cert_fp != pin:
+                raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
+        resp = conn.getresponse()
+        body = resp.read(MAX_ANSWER + 1)
+        status, reason, resp_headers = resp.status, resp.reason, resp.getheaders()
+    except SourceError:
+        raise
+    except (TimeoutError, OSError) as exc:
+        raise SourceError(f"cannot reach {url}: {getattr(exc, 'strerror', None) or exc}") from None
+    except http.client.HTTPException as exc:  # not HTTP (BadStatusLine), or the daemon died mid-answer
+        raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
+    finally:
+        conn.close()
+    if status != 200:
+        raise SourceError(f"{url}: HTTP {status} {reason}" + _error_text(body))
+    if len(body) > MAX_ANSWER:
+        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise SourceError(f"{url}: answer is not JSON") from None
+    if key is None or nonce is None:
+        return Answer(data, None)
+    from .signing import NODE_HEADER, Headers, Request, Response
+
+    sent = Request("GET", f"{parts.scheme}://{parts.netloc}{target}", Headers(headers))
+    answer = Response(status, sent, Headers(resp_headers))
+    if key.verify_response(answer, nonce, node_id=node_id, cert_fp=cert_fp, body=body):
+        return Answer(data, True, answer.headers.find(NODE_HEADER))
+    from .privacy import redact
+
+    return Answer(redact(data), False)
+
+
+def _error_text(body: bytes) -> str:
+    """``: <error>`` from a gpusd JSON error answer (bounded, printable), else nothing."""
+    try:
+        err = json.loads(body[:4096]).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(err, str):
+        return ""
+    return ": " + "".join(c for c in err[:200] if c.isprintable())

@@ -1,0 +1,325 @@
+"""Fleet trust on the wire: HTTP Message Signatures (RFC 9421) with a key derived from the fleet secret.
+
+No secret ever travels.  Every daemon and client of a fleet holds the same secret (``--token-file``
+or ``$GPUSD_TOKEN``, see :func:`load_secret`); from it HKDF-SHA256 derives two HMAC-SHA256 keys, one
+that signs requests and one that signs responses, and a public key id.  See docs/security.md.
+
+* A client signs a request (:meth:`FleetKey.sign_request`): ``@method``, ``@authority``, ``@path``,
+  ``@query``, ``content-digest`` (RFC 9530, SHA-256 of the body, also for an empty body) and, when
+  the client knows which daemon it means, the ``gpusd-node`` header (the target's node id); with
+  the ``created`` and ``nonce`` parameters and the tag ``gpusd-request``.
+* A daemon verifies it (:class:`RequestVerifier`): a known key id, a valid HMAC, ``created``
+  within :data:`MAX_SKEW` seconds of its clock either way, a nonce it has not seen (a bounded
+  cache), an ``@authority`` naming the daemon itself and, when covered, its own node id.
+* The daemon answers a signed request with a signed response (:meth:`FleetKey.sign_response`):
+  ``@status``, its node id (``gpusd-node``), its TLS certificate's fingerprint (``gpusd-cert``,
+  when it serves TLS), the request's ``@authority`` and ``@path``, and the body's
+  ``content-digest`` when the answer is not a stream; the response signature's ``nonce`` is the
+  request's nonce.  A client that checks it (:meth:`FleetKey.verify_response`) knows the answer
+  came from a holder of the secret, for this request, from the node it meant.
+
+Nothing here does I/O; :mod:`gpusd.wire.http` applies it to urllib requests and aiohttp clients,
+:mod:`gpusd.daemon.access` to the daemon's requests.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import datetime
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+MAX_SKEW = 30.0  # seconds a signature's "created" may differ from the verifier's clock (either way)
+NONCE_CACHE_MAX = 200_000  # nonces remembered; only verified requests enter the cache
+MIN_SECRET = 16  # bytes
+MAX_SECRET = 4096
+LABEL = "gpusd"
+TAG_REQUEST = "gpusd-request"
+TAG_RESPONSE = "gpusd-response"
+NODE_HEADER = "Gpusd-Node"
+CERT_HEADER = "Gpusd-Cert"
+SECRET_ENV = "GPUSD_TOKEN"
+SECRET_FILE_ENV = "GPUSD_TOKEN_FILE"
+_REQUEST_COMPONENTS = ("@method", "@authority", "@path", "@query")
+_RESPONSE_COMPONENTS = ("@status", '"@authority";req', '"@path";req', "gpusd-node")
+# the same as serialized component ids (keys of the library's covered_components)
+_REQUEST_COVERED = frozenset({'"@method"', '"@authority"', '"@path"', '"@query"', '"content-digest"'})
+_RESPONSE_COVERED = frozenset({'"@status"', '"@authority";req', '"@path";req', '"gpusd-node"'})
+
+
+class SecretError(ValueError):
+    """The fleet secret cannot be read or is unusable (the message says why, in one line)."""
+
+
+# -- the secret --------------------------------------------------------------------------------------
+def read_secret_file(path: str | os.PathLike[str]) -> str:
+    """The secret kept in ``path`` (first line, surrounding white space removed).  The file must be
+    a regular file that other users cannot read; a symlink is not followed."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise SecretError(f"cannot read the token file {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"the token file {os.fspath(path)!r} is not a regular file")
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            # ours and readable by others: refuse, as ssh does with keys
+            raise SecretError(f"the token file {os.fspath(path)!r} is readable by other users: chmod 600 it")
+        data = os.read(fd, MAX_SECRET + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET:
+        raise SecretError(f"the token file {os.fspath(path)!r} is larger than {MAX_SECRET} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SecretError(f"the token file {os.fspath(path)!r} is not UTF-8 text") from None
+    lines = text.strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def load_secret(token_file: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> str | None:
+    """The fleet secret: from ``token_file`` (``--token-file``), else the file named by
+    ``$GPUSD_TOKEN_FILE``, else ``$GPUSD_TOKEN``; None when none is given.  Never from a
+    command-line value (``ps`` shows those to every local user).  :class:`SecretError` for an
+    unreadable file or a secret shorter than :data:`MIN_SECRET` bytes."""
+    env = os.environ if environ is None else environ
+    if token_file is None and env.get(SECRET_FILE_ENV):
+        token_file = env[SECRET_FILE_ENV]
+    if token_file is not None:
+        value = read_secret_file(token_file)
+        where = f"the token file {os.fspath(token_file)!r}"
+    else:
+        value = (env.get(SECRET_ENV) or "").strip()
+        where = f"${SECRET_ENV}"
+        if not value:
+            return None
+    check_secret(value, where)
+    return value
+
+
+def check_secret(value: str, where: str = "the token") -> None:
+    if len(value.encode()) < MIN_SECRET:
+        raise SecretError(f"{where}: the fleet secret must be at least {MIN_SECRET} bytes "
+                          "(make one with: openssl rand -hex 32)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise SecretError(f"{where}: the fleet secret contains control characters")
+
+
+# -- messages as the signature library sees them -----------------------------------------------------
+class Headers(dict[str, str]):
+    """A case-insensitive enough header map for the signature library (keys stored as given)."""
+
+    def find(self, name: str) -> str | None:
+        low = name.lower()
+        for k, v in self.items():
+            if k.lower() == low:
+                return v
+        return None
+
+
+@dataclass
+class Request:
+    method: str
+    url: str  # absolute: http://authority/path?query
+    headers: Any = field(default_factory=Headers)
+
+
+@dataclass
+class Response:
+    status_code: int
+    request: Request
+    headers: Any = field(default_factory=Headers)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def fingerprint(der_certificate: bytes) -> str:
+    """The SHA-256 fingerprint of a DER certificate, as announced (``fp`` in TXT): unpadded base64url."""
+    return _b64(hashlib.sha256(der_certificate).digest())
+
+
+def fingerprint_bytes(fp: str) -> bytes | None:
+    """The 32 digest bytes of an announced fingerprint, or None when it is not one."""
+    if not isinstance(fp, str) or len(fp) != 43:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(fp + "=")
+    except ValueError:
+        return None
+    return raw if len(raw) == 32 else None
+
+
+class FleetKey:
+    """The keys derived from one fleet secret (HKDF-SHA256, distinct ``info`` per purpose)."""
+
+    def __init__(self, secret: str | bytes) -> None:
+        raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+        self.request_key = _hkdf(raw, b"gpusd v1 request signing")
+        self.response_key = _hkdf(raw, b"gpusd v1 response signing")
+        # public: tells a daemon "this client holds another secret" (no use for an attacker)
+        self.key_id = "gpusd-" + _hkdf(raw, b"gpusd v1 key id", 9).hex()
+        from http_message_signatures import (
+            HTTPMessageSigner,
+            algorithms,
+        )
+
+        self._req_signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
+                                             key_resolver=cast(Any, _Keys(self.key_id, self.request_key)))
+        self._resp_signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
+                                              key_resolver=cast(Any, _Keys(self.key_id, self.response_key)))
+        self._req_verifier = _verifier(self.key_id, self.request_key)
+        self._resp_verifier = _verifier(self.key_id, self.response_key)
+
+    # -- requests ---------------------------------------------------------------------------------
+    def sign_request(self, method: str, url: str, headers: MutableMapping[str, str] | None = None,
+                     body: bytes = b"", node_id: str | None = None,
+                     now: float | None = None) -> tuple[dict[str, str], str]:
+        """The headers to add to a request (``Content-Digest``, ``Signature-Input``, ``Signature``,
+        and ``Gpusd-Node`` with ``node_id``), and the nonce used (to check the answer's proof).
+        ``now``: the signing time (default: the clock)."""
+        req = Request(method.upper(), url, Headers())
+        covered = list(_REQUEST_COMPONENTS)
+        if node_id:
+            req.headers[NODE_HEADER] = node_id
+            covered.append("gpusd-node")
+        nonce = secrets.token_urlsafe(16)
+        created = datetime.datetime.fromtimestamp(time.time() if now is None else now, datetime.timezone.utc)
+        prepared = self._req_signer.prepare(req, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_REQUEST,
+                                            created=created, covered_component_ids=covered, body=body)
+        _apply(req.headers, prepared.signature_params, self.request_key, prepared.signature_base)
+        out = dict(req.headers)
+        if headers is not None:
+            headers.update(out)
+        return out, nonce
+
+    def verify_request(self, req: Request, body: bytes = b"") -> Any:
+        """The library's VerifyResult of the request's gpusd signature; raises on any problem."""
+        from http_message_signatures import InvalidSignature
+
+        results = self._req_verifier.verify(req, max_age=datetime.timedelta(0), expect_tag=TAG_REQUEST, body=body)
+        if len(results) != 1 or not results[0].nonce:
+            raise InvalidSignature("one signature with a nonce expected")
+        missing = _REQUEST_COVERED - results[0].covered_components.keys()
+        if missing:  # checked here rather than by the library's require_components: a third of the cost
+            raise InvalidSignature(f"the signature does not cover {sorted(missing)}")
+        return results[0]
+
+    # -- responses --------------------------------------------------------------------------------
+    def sign_response(self, resp: Response, nonce: str, node_id: str, cert_fp: str | None = None,
+                      body: bytes | None = None) -> None:
+        """Add ``Gpusd-Node`` (and ``Gpusd-Cert``), ``Signature-Input`` and ``Signature`` to
+        ``resp.headers`` (and ``Content-Digest`` when ``body`` is given, i.e. not a stream)."""
+        resp.headers[NODE_HEADER] = node_id
+        covered = list(_RESPONSE_COMPONENTS)
+        if cert_fp:
+            resp.headers[CERT_HEADER] = cert_fp
+            covered.append("gpusd-cert")
+        prepared = self._resp_signer.prepare(resp, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_RESPONSE,
+                                             created=datetime.datetime.now(datetime.timezone.utc),
+                                             covered_component_ids=covered, body=body)
+        _apply(resp.headers, prepared.signature_params, self.response_key, prepared.signature_base)
+
+    def verify_response(self, resp: Response, nonce: str, node_id: str | None = None,
+                        cert_fp: str | None = None, body: bytes | None = None) -> bool:
+        """Whether ``resp`` carries this fleet's proof for the request signed with ``nonce``: from
+        ``node_id`` when given, over a TLS connection whose certificate is ``cert_fp`` when given,
+        with a body matching its signed digest when ``body`` is given.  Never raises."""
+        try:
+            results = self._resp_verifier.verify(resp, max_age=datetime.timedelta(0), expect_tag=TAG_RESPONSE,
+                                                 body=body)
+            if len(results) != 1 or results[0].nonce != nonce:
+                return False
+            if _RESPONSE_COVERED - results[0].covered_components.keys():
+                return False
+            covered = results[0].covered_components
+            if node_id is not None and covered.get('"gpusd-node"') != node_id:
+                return False
+            if cert_fp is not None and covered.get('"gpusd-cert"') != cert_fp:
+                return False
+            # a body with content must match the signed digest
+            return not (body and results[0].body is None)
+        except Exception:  # noqa: BLE001 - any malformed proof is no proof
+            return False
+
+
+def _apply(headers: MutableMapping[str, str], params: str, key: bytes, base: bytes) -> None:
+    """What the library's ``apply()`` writes (``Signature-Input``, ``Signature``), without rebuilding the
+    signature base ``prepare()`` just built: half the cost of ``sign()``."""
+    mac = hmac.new(key, base, hashlib.sha256).digest()
+    headers["Signature-Input"] = f"{LABEL}={params}"
+    headers["Signature"] = f"{LABEL}=:{base64.b64encode(mac).decode()}:"
+
+
+def _hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=b"gpusd fleet secret", info=info).derive(secret)
+
+
+class _Keys:
+    """A key resolver that knows one key id (the library's resolver protocol, duck-typed: the library
+    is imported only when a key is used)."""
+
+    def __init__(self, key_id: str, key: bytes) -> None:
+        self.key_id, self.key = key_id, key
+
+    def resolve_private_key(self, key_id: str) -> bytes:
+        return self.resolve_public_key(key_id)
+
+    def resolve_public_key(self, key_id: str) -> bytes:
+        from http_message_signatures import InvalidSignature
+
+        if key_id != self.key_id:
+            raise InvalidSignature("unknown key id (another fleet secret?)")
+        return self.key
+
+
+def _verifier(key_id: str, key: bytes) -> Any:
+    from http_message_signatures import HTTPMessageVerifier, algorithms
+
+    v = HTTPMessageVerifier(signature_algorithm=algorithms.HMAC_SHA256, key_resolver=cast(Any, _Keys(key_id, key)))
+    v.max_clock_skew = datetime.timedelta(seconds=MAX_SKEW)
+    return v
+
+
+class NonceCache:
+    """Nonces of verified requests, each kept for ``2 * MAX_SKEW`` seconds (past that, the request's
+    ``created`` is out of the window anyway).  Bounded: at ``maximum`` live entries it refuses new ones."""
+
+    def __init__(self, ttl: float = 2 * MAX_SKEW, maximum: int = NONCE_CACHE_MAX) -> None:
+        self.ttl, self.maximum = ttl, maximum
+        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, nonce: str, now: float | None = None) -> str | None:
+        """None when ``nonce`` is new (and now remembered), else why it is refused."""
+        now = time.monotonic() if now is None else now
+        seen = self._seen
+        while seen:  # insertion order is expiry order
+            first, expires = next(iter(seen.items()))
+            if expires > now:
+                break
+            del seen[first]
+        if nonce in seen:
+            return "replayed request (nonce already used)"
+        if len(seen) >= self.maximum:
+            return "too many signed requests in the replay window"
+        seen[nonce] = now + self.ttl
+        return None

@@ -1,0 +1,241 @@
+"""Trust on one machine (issue 9; docs/security.md): where the fleet secret comes from, that it never
+shows on a command line, and that clients trust private fields only from daemons that prove they
+hold it.  Daemons and clients are bound to 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import gpusd_cli
+from daemon_helpers import (  # noqa: F401
+    LOOPBACK,
+    FakeBackend,
+    fast_mdns,
+    make_snapshot,
+    running_daemon,
+    unique_session,
+)
+from gpusd.model import ProcessInfo
+from gpusd.wire.signing import FleetKey, SecretError, load_secret
+from tests_paths import REPO
+
+SECRET = "b3c1f0a2d4e6f8091a2b3c4d5e6f7081"
+
+
+def secret_file(path: Path, value: str = SECRET, mode: int = 0o600) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    os.chmod(path, mode)
+    return path
+
+
+def test_the_secret_comes_from_a_private_file_or_the_environment(tmp_path):
+    good = secret_file(tmp_path / "fleet.key")
+    assert load_secret(good, environ={}) == SECRET
+    assert load_secret(None, environ={"GPUSD_TOKEN_FILE": str(good)}) == SECRET
+    assert load_secret(None, environ={"GPUSD_TOKEN": f" {SECRET} "}) == SECRET
+    assert load_secret(None, environ={}) is None
+    with pytest.raises(SecretError, match="readable by other users"):
+        load_secret(secret_file(tmp_path / "open.key", mode=0o644), environ={})
+    os.symlink(good, tmp_path / "link.key")
+    with pytest.raises(SecretError, match="cannot read"):  # a symlink is not followed (O_NOFOLLOW)
+        load_secret(tmp_path / "link.key", environ={})
+    with pytest.raises(SecretError, match="at least 16 bytes"):
+        load_secret(secret_file(tmp_path / "short.key", "tiny"), environ={})
+    with pytest.raises(SecretError, match="at least 16 bytes"):
+        load_secret(None, environ={"GPUSD_TOKEN": "short"})
+    with pytest.raises(SecretError, match="not a regular file"):
+        load_secret(tmp_path, environ={})
+
+
+@pytest.mark.parametrize("command", [["start"], ["list"], ["watch"], ["scan"], ["top"],
+                                     ["export", "prometheus-sd"]])
+def test_no_secret_on_the_command_line(command):
+    """Finding 10 of issue 9: ``--token VALUE`` showed the secret to every local user (ps)."""
+    r = gpusd_cli([*command, "--token", SECRET], timeout=30)
+    assert r.returncode == 2
+    assert "--token-file" in r.stderr and SECRET not in r.stderr
+
+
+def test_a_background_daemon_gets_the_secret_without_argv_and_proves_it(tmp_path):
+    from gpusd.wire.http import SourceError, fetch_json
+
+    key_file = secret_file(tmp_path / "fleet.key")
+    state = tmp_path / "state"
+    env = dict(os.environ, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
+    env.pop("GPUSD_TOKEN", None)
+    r = gpusd_cli(["start", "--simulate", "1xA100-80GB", "--interface", "127.0.0.1", "--port", "0",
+                   "--session", unique_session("ps"), "--fleet", "off", "--token-file", str(key_file)], env=env)
+    assert r.returncode == 0, r.stderr
+    try:
+        leaks = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    cmdline = (proc / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if SECRET.encode() in cmdline:
+                    leaks.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        assert leaks == []
+        st = gpusd_cli(["status", "--json"], env=env)
+        port = json.loads(st.stdout)["port"]
+        url = f"http://127.0.0.1:{port}/api/v1/host"
+        assert fetch_json(url, FleetKey(SECRET)).verified is True  # the daemon holds the secret
+        with pytest.raises(SourceError, match="401"):
+            fetch_json(url, FleetKey("another-fleet-secret-0123"))
+    finally:
+        gpusd_cli(["stop"], env=env)
+
+
+def _with_owner(d_node: str, hostname: str) -> FakeBackend:
+    snap = make_snapshot(1, hostname=hostname, node_id=d_node)
+    snap.gpus[0].processes = [ProcessInfo(pid=4242, used_memory=2**30, user=f"user-of-{hostname}",
+                                          command=f"train-{hostname}")]
+    return FakeBackend(snap)
+
+
+async def test_a_client_with_the_secret_trusts_private_fields_of_verified_hosts_only(tmp_path, fast_mdns):  # noqa: F811
+    """Three daemons on loopback -- one of our fleet, one of another fleet, one without a secret.
+    All three would show a loopback reader its owners; the client keeps them from ours only."""
+    from gpusd.discovery.client import AsyncClient
+
+    session = unique_session("trust")
+    async with (running_daemon(tmp_path, session, "ours", token=SECRET) as ours,
+                running_daemon(tmp_path, session, "theirs", token="another-fleet-secret-0123") as theirs,
+                running_daemon(tmp_path, session, "open") as open_):
+        for d in (ours, theirs, open_):
+            d.backend = _with_owner(d.node_id, d.hostname)
+        await _settle_samples()
+        for key in (FleetKey(SECRET), None):
+            client = AsyncClient(session=session, interfaces=LOOPBACK, key=key)
+            try:
+                await client.wait_settled(8)
+                hosts = {h.hostname: h for h in client.hosts}
+                assert set(hosts) == {"ours", "theirs", "open"}
+                owners = {name: h.snapshot.gpus[0].processes[0].user for name, h in hosts.items()}
+                if key is not None:
+                    assert hosts["ours"].url == f"http://127.0.0.1:{ours.port}/api/v1"  # the public base
+                    from gpusd.daemon.monitoring import _app_key
+
+                    assert len(ours.app[_app_key()].access.sessions) >= 1  # the stream came over TLS, signed
+                    assert {n: h.verified for n, h in hosts.items()} == {"ours": True, "theirs": False, "open": False}
+                    assert owners == {"ours": "user-of-ours", "theirs": None, "open": None}
+                    devices = {d.hostname: d.verified for d in client.list_devices()}
+                    assert devices == {"ours": True, "theirs": False, "open": False}
+                else:  # nothing to check with: nothing verified, loopback readers see what daemons show
+                    assert {h.verified for h in hosts.values()} == {None}
+            finally:
+                await client.stop_listening()
+
+
+async def _settle_samples() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.5)  # a few samples (interval 0.1 s) with the new backends
+
+
+def test_the_tls_identity_is_made_once_privately_and_never_through_a_symlink(tmp_path):
+    from gpusd.daemon.tls import CERT_FILE, KEY_FILE, load_or_create
+    from gpusd.errors import ConfigError
+
+    state = tmp_path / "state"
+    first = load_or_create(state, "gpusd test")
+    assert (state / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert load_or_create(state, "gpusd test").fingerprint == first.fingerprint  # kept across restarts
+    # a local user who plants symlinks where the files will be gets a refusal, not a write through them
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    other = tmp_path / "other"
+    other.mkdir()
+    os.symlink(victim, other / KEY_FILE)
+    os.symlink(victim, other / CERT_FILE)
+    with pytest.raises(ConfigError, match="symlink"):
+        load_or_create(other, "gpusd test")
+    assert victim.read_text() == "precious"
+    os.chmod(state / KEY_FILE, 0o644)  # made readable by someone: refused, not used (and not chmod-ed back)
+    with pytest.raises(ConfigError, match="readable by other users"):
+        load_or_create(state, "gpusd test")
+    assert (state / KEY_FILE).stat().st_mode & 0o777 == 0o644
+    (state / CERT_FILE).unlink()
+    with pytest.raises(ConfigError, match="missing"):
+        load_or_create(state, "gpusd test")
+
+
+async def test_answers_over_tls_name_the_pinned_certificate(tmp_path, fast_mdns):  # noqa: F811
+    """A proof names the certificate of the connection it came over: a relay with another certificate
+    (or a pin that does not match) is not trusted."""
+    import asyncio
+
+    from gpusd.wire.http import SourceError, fetch_json
+
+    session = unique_session("tls")
+    async with running_daemon(tmp_path, session, "tls-host", token=SECRET) as d:
+        assert d.tls_port and d.cert_fp
+        d.backend = _with_owner(d.node_id, d.hostname)
+        await asyncio.sleep(0.3)
+        url = f"https://127.0.0.1:{d.tls_port}/api/v1/gpus"
+        loop = asyncio.get_running_loop()
+        a = await loop.run_in_executor(None, lambda: fetch_json(url, FleetKey(SECRET), pin=d.cert_fp))
+        assert a.verified is True and a.data[0]["processes"][0]["user"] == "user-of-tls-host"
+        with pytest.raises(SourceError, match="pinned"):
+            await loop.run_in_executor(None, lambda: fetch_json(url, FleetKey(SECRET), pin="A" * 43))
+        health = await loop.run_in_executor(None, lambda: fetch_json(
+            f"http://127.0.0.1:{d.port}/healthz").data)
+        assert (health["tls_port"], health["cert_fp"]) == (d.tls_port, d.cert_fp)
+        # the proof covers the certificate: checked against another one, it fails
+        from gpusd.wire.signing import Headers, Request, Response
+
+        key = FleetKey(SECRET)
+        req = Request("GET", "https://127.0.0.1:1/api/v1/gpus", Headers())
+        resp = Response(200, req, Headers())
+        key.sign_response(resp, "n0nce", d.node_id, d.cert_fp, b"[]")
+        assert key.verify_response(resp, "n0nce", d.node_id, cert_fp=d.cert_fp, body=b"[]")
+        assert not key.verify_response(resp, "n0nce", d.node_id, cert_fp="B" * 43, body=b"[]")
+
+
+def test_stale_signatures_window_is_documented():
+    from gpusd.wire.signing import MAX_SKEW
+
+    text = (REPO / "docs" / "security.md").read_text()
+    assert f"{MAX_SKEW:g} s" in text
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_unverified_hosts_are_marked_in_top_and_in_the_fleet_source():
+    from gpusd.views.sources import hosts_from_fleet
+    from gpusd.views.top import render_text
+
+    snap = make_snapshot(1, hostname="evil", node_id="e71100000000beef").to_dict()
+    fleet = {"hosts": [{"hostname": "evil", "node_id": "e71100000000beef", "alive": True, "verified": False,
+                        "snapshot": snap},
+                       {"hostname": "good", "node_id": "9000000000000000", "alive": True, "verified": True,
+                        "snapshot": {**snap, "hostname": "good", "node_id": "9000000000000000"}}]}
+    views = hosts_from_fleet(fleet)
+    assert [v.verified for v in views] == [False, True]
+    text = render_text(views, width=160, color=False)
+    assert "evil  [unverified]" in text and text.count("[unverified]") == 1
+    # a daemon that did not prove itself vouches for nobody
+    assert {v.verified for v in hosts_from_fleet(fleet, trusted=False)} == {False}
+
+
+def test_a_daemon_that_cannot_enforce_access_does_not_start(tmp_path):
+    """Finding 11 of issue 9: a bad rule through the Python API left the access layer out and the
+    daemon served owners and commands to anyone.  Now the daemon is not even built."""
+    from daemon_helpers import daemon_config
+    from gpusd.daemon.service import Daemon
+    from gpusd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bad threshold rule"):
+        Daemon(daemon_config(tmp_path, unique_session("rule"), "h", thresholds=["temperature>>85"], token=SECRET))
+    with pytest.raises(ConfigError, match="at least 16 bytes"):  # a weak secret is refused the same way
+        Daemon(daemon_config(tmp_path, unique_session("weak"), "h", token="short"))

@@ -1,0 +1,319 @@
+"""``gpusd list`` without a fixed browse: the local daemon's fleet view, the one-shot browse and its
+fallbacks; late hosts still reach a watching client.  Mechanism checks on 127.0.0.1 (speed is in
+bench/bench_discovery.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
+
+from daemon_helpers import (  # noqa: F401
+    fast_mdns,
+    make_snapshot,
+    running_daemon,
+    unique_session,
+    wait_until,
+)
+from fake_signing import proof_headers
+from gpusd.cli import localfleet
+from gpusd.daemon.process import PidFile, write_info
+from gpusd.discovery import oneshot
+from gpusd.discovery.client import AsyncClient
+from gpusd.discovery.types import Filters
+from gpusd.model import ProcessInfo
+from gpusd.wire.sse import format_event
+
+pytestmark = pytest.mark.usefixtures("fast_mdns")
+
+OWN_NODE = "0123456789abcdef"
+
+
+# -- a fake local daemon: a locked pid file, gpusd.json, and GET /api/v1/fleet ------------------------
+def fleet_host(node: str, host: str, session: str, n: int = 1, owner: str | None = None) -> dict[str, Any]:
+    snap = make_snapshot(n, hostname=host, node_id=node)
+    if owner:
+        snap.gpus[0].processes = [ProcessInfo(pid=4242, used_memory=2**30, user=owner, command="python train.py")]
+    return {"node_id": node, "hostname": host, "session": session, "source": "gpusd",
+            "url": "http://198.18.0.9:4780/api/v1", "alive": True, "snapshot": snap.to_dict()}
+
+
+@asynccontextmanager
+async def local_daemon(state: Path, session: str, hosts: list[dict[str, Any]], delay: float = 0.0,
+                       seen: list[Any] | None = None, secret: str | None = None) -> AsyncIterator[int]:
+    """``secret``: the daemon holds this fleet secret and proves it to signed readers, as a real one does."""
+    async def fleet(request: web.Request) -> web.Response:
+        if seen is not None:
+            seen.append(dict(request.headers))
+        await asyncio.sleep(delay)
+        body = json.dumps({"session": session, "hosts": hosts}).encode()
+        headers = {"Content-Type": "application/json"}
+        if secret is not None:
+            headers.update(proof_headers(request, secret, body, OWN_NODE))
+        return web.Response(body=body, headers=headers)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/fleet", fleet)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    state.mkdir(parents=True, exist_ok=True)
+    pid = PidFile(state)
+    pid.acquire()
+    write_info(state, {"pid": os.getpid(), "port": port, "addresses": ["127.0.0.1"], "interfaces": ["127.0.0.1"],
+                       "session": session, "node_id": OWN_NODE})
+    try:
+        yield port
+    finally:
+        pid.release()
+        await runner.cleanup()
+
+
+async def gpusd_list(state: Path, *args: str, **env: str) -> list[dict[str, Any]]:
+    full = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1", **env)
+    full.pop("GPUSD_TOKEN", None)
+    full.update(env)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gpusd", "list", "--json", *args, env=full,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    devices: list[dict[str, Any]] = json.loads(out)
+    assert proc.returncode == (0 if devices else 6), err.decode()  # 6: nothing found
+    return devices
+
+
+async def test_list_answers_from_the_local_daemons_fleet_view(tmp_path: Path) -> None:
+    session = unique_session()
+    state = tmp_path / "state"
+    # "far" is announced nowhere: only the fleet view knows it
+    hosts = [fleet_host(OWN_NODE, "here", session, 2), fleet_host("fedcba9876543210", "far", session, 1)]
+    async with local_daemon(state, session, hosts):
+        devices = await gpusd_list(state, "--session", session)
+        assert sorted((d["hostname"], d["gpu"]["index"]) for d in devices) == [("far", 0), ("here", 0), ("here", 1)]
+        # the usual filters apply to it
+        assert {d["hostname"] for d in await gpusd_list(state, "--session", session, "--host", "fa*")} == {"far"}
+        # another session: not the fleet view's (nothing announces that one: nothing listed)
+        assert await gpusd_list(state, "--session", unique_session("other")) == []
+
+
+async def test_list_shows_other_hosts_owners_only_to_token_holders(tmp_path: Path) -> None:
+    session = unique_session()
+    state = tmp_path / "state"
+    hosts = [fleet_host(OWN_NODE, "here", session, owner="alice"),
+             fleet_host("fedcba9876543210", "far", session, owner="bob")]
+    seen: list[Any] = []
+    secret = "a-fleet-secret-of-32-characters!"
+    async with local_daemon(state, session, hosts, seen=seen, secret=secret):
+        def owners(devices: list[dict[str, Any]]) -> dict[str, Any]:
+            return {d["hostname"]: [(p["user"], p["command"]) for p in d["gpu"]["processes"]]
+                    for d in devices if d["gpu"]["index"] == 0}
+
+        # no token: this host's own owners (a reader here sees them anyway), not the other host's
+        assert owners(await gpusd_list(state, "--session", session)) == {
+            "here": [("alice", "python train.py")], "far": [(None, None)]}
+        # the fleet secret: the request is signed, the daemon proves it holds the secret too
+        assert owners(await gpusd_list(state, "--session", session, GPUSD_TOKEN=secret)) == {
+            "here": [("alice", "python train.py")], "far": [("bob", "python train.py")]}
+        # a daemon that does not hold the reader's secret answers without a proof: nothing private is
+        # believed, not even its own owners
+        assert owners(await gpusd_list(state, "--session", session, GPUSD_TOKEN="another-fleet-secret-0123")) == {
+            "here": [(None, None)], "far": [(None, None)]}
+    assert len(seen) == 3 and not any("Authorization" in h for h in seen)  # no secret sent to the daemon
+    assert "Signature" not in seen[0] and "Signature" in seen[1]
+    assert not any(secret in str(h) for h in seen)
+
+
+async def test_list_takes_a_slow_fleet_answer_within_the_bound(tmp_path: Path) -> None:
+    """The fleet view answers after the quick wait (a fleet view that is just starting): the browse
+    starts meanwhile, and the fleet view's answer, there first, is taken (the browse needs its
+    imports and the one-shot settle period, ``oneshot.SPREAD``, on top of the quick wait)."""
+    session = unique_session()
+    state = tmp_path / "state"
+    delay = localfleet.QUICK + 0.02
+    async with local_daemon(state, session, [fleet_host(OWN_NODE, "here", session)], delay=delay):
+        devices = await gpusd_list(state, "--session", session)
+    assert [d["hostname"] for d in devices] == ["here"]
+
+
+async def test_list_browses_when_the_local_daemon_hangs(tmp_path: Path) -> None:
+    session = unique_session()
+    state = tmp_path / "state"
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        return await sse(request, format_event("snapshot", snapshot_json("bbbb0001", "browsed")), hold=10)
+
+    async with local_daemon(state, session, [fleet_host(OWN_NODE, "here", session)], delay=30), \
+            http_peer(events) as port, announce("browsed-bbbb0001", good_txt("bbbb0001", "browsed", session), port):
+        devices = await gpusd_list(state, "--session", session)
+    assert [d["hostname"] for d in devices] == ["browsed"]
+
+
+def test_a_stale_or_foreign_state_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("GPUSD_STATE_DIR", str(state))
+    info = {"pid": 1, "port": 4780, "addresses": ["127.0.0.1"], "interfaces": [], "session": "s1", "node_id": OWN_NODE}
+    write_info(state, info)
+    assert localfleet.daemon_api_urls("s1") is None  # gpusd.json left behind, no daemon holds the pid file
+    pid = PidFile(state)
+    pid.acquire()
+    try:
+        write_info(state, info)
+        assert localfleet.daemon_api_urls("s1") == (["http://127.0.0.1:4780/api/v1"], OWN_NODE)
+        assert localfleet.daemon_api_urls("s2") is None  # another session's daemon
+        write_info(state, dict(info, port="4780; rm -rf /", addresses=["not-an-address"]))
+        assert localfleet.daemon_api_urls("s1") is None
+        write_info(state, dict(info, interfaces=["198.18.0.7"], addresses=["198.18.0.7", "evil host"]))
+        assert localfleet.daemon_api_urls("s1") == (["http://198.18.0.7:4780/api/v1"], OWN_NODE)
+    finally:
+        pid.release()
+
+
+def test_unusable_fleet_answers_mean_browsing() -> None:
+    f = Filters(session="s")
+
+    def body(*hosts: dict[str, Any]) -> Any:
+        return json.loads(json.dumps({"session": "s", "hosts": list(hosts)}))
+
+    good = fleet_host(OWN_NODE, "here", "s")
+    assert localfleet.parse_fleet(body(good), f, OWN_NODE, False) is not None
+    assert localfleet.parse_fleet("<html>", f, OWN_NODE, False) is None
+    assert localfleet.parse_fleet([[[]]], f, OWN_NODE, False) is None
+    assert localfleet.parse_fleet(body(), f, OWN_NODE, False) is None  # not even itself: still starting
+    assert localfleet.parse_fleet(body(good, dict(good, source="hwsd", snapshot=None)), f, OWN_NODE, False) is None
+    assert localfleet.parse_fleet(body(dict(good, hostname="evil\x1b[2Jhost")), f, OWN_NODE, False) is None
+    assert localfleet.parse_fleet(body(dict(good, snapshot={"gpus": "many"})), f, OWN_NODE, False) is None
+
+
+# -- the one-shot browse (in-process) ---------------------------------------------------------------
+def maker(session: str, made: list[AsyncClient] | None = None) -> Callable[..., AsyncClient]:
+    def make(**kw: Any) -> AsyncClient:
+        c = AsyncClient(session=session, interfaces=["127.0.0.1"], **kw)
+        if made is not None:
+            made.append(c)
+        return c
+    return make
+
+
+async def test_one_shot_browse_lists_every_host_of_the_session(tmp_path: Path) -> None:
+    session = unique_session()
+    made: list[AsyncClient] = []
+    async with running_daemon(tmp_path, session, "n1", n=2), running_daemon(tmp_path, session, "n2", n=1), \
+            running_daemon(tmp_path, unique_session("other"), "n3", n=1):
+        devices, hosts, _ = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
+    assert sorted(h.hostname for h in hosts) == ["n1", "n2"]
+    assert sorted((d.hostname, d.index) for d in devices) == [("n1", 0), ("n1", 1), ("n2", 0)]
+    assert len(made) == 1 and made[0].answered  # the one-shot query was answered: no multicast browse
+
+
+async def test_one_shot_browses_back_to_back_are_all_answered(tmp_path: Path) -> None:
+    """Responders drop a query identical to one they got less than a second before, unless it asks
+    for unicast answers (QU): one-shot queries do, so a list right after another is still answered."""
+    session = unique_session()
+    async with running_daemon(tmp_path, session, "n1", n=1), \
+            AsyncClient(session=session, interfaces=["127.0.0.1"]):  # another client browsing meanwhile
+        for _ in range(3):
+            made: list[AsyncClient] = []
+            _, hosts, _ = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
+            assert [h.hostname for h in hosts] == ["n1"]
+            assert len(made) == 1 and made[0].answered  # answered at once, no multicast browse needed
+
+
+async def test_one_shot_browse_waits_for_a_host_slow_to_answer(tmp_path: Path) -> None:
+    """A host found at once whose event stream sends its snapshot only after the answers have
+    settled is still listed (within the timeout)."""
+    session = unique_session()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(oneshot.QUIET + oneshot.SPREAD + 0.6)
+        return await sse(request, format_event("snapshot", snapshot_json("bbbb0001", "slow")), hold=10)
+
+    async with http_peer(slow) as port, announce("slow-bbbb0001", good_txt("bbbb0001", "slow", session), port), \
+            running_daemon(tmp_path, session, "quick", n=1):
+        devices, hosts, _ = await oneshot.browse_settled(maker(session), ["127.0.0.1"], 5.0)
+    assert sorted(h.hostname for h in hosts) == ["quick", "slow"] and len(devices) == 2
+
+
+async def test_no_answer_to_the_one_shot_query_means_a_multicast_browse(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """As behind a firewall that drops unicast replies to an ephemeral port: the one-shot client hears
+    nothing, and a multicast browse (port 5353) follows."""
+    real = oneshot.open_oneshot_zeroconf
+
+    async def unheard(interfaces: list[str] | None) -> Any:
+        zc = await real(interfaces)
+        zc.zeroconf.async_send = lambda *a, **kw: None  # its queries never get an answer
+        return zc
+
+    monkeypatch.setattr(oneshot, "open_oneshot_zeroconf", unheard)
+    session = unique_session()
+    made: list[AsyncClient] = []
+    async with running_daemon(tmp_path, session, "n1", n=1):
+        devices, hosts, _ = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
+    assert [h.hostname for h in hosts] == ["n1"] and len(devices) == 1
+    assert len(made) == 2 and not made[0].answered and made[1].answered
+
+
+async def test_a_host_that_comes_late_still_reaches_a_watching_client(tmp_path: Path) -> None:
+    """``gpusd watch`` keeps browsing: a host that answers (or starts) after discovery settled is
+    reported all the same."""
+    session = unique_session()
+    client = AsyncClient(session=session, interfaces=["127.0.0.1"])
+    rec = Recorder(client)
+    async with running_daemon(tmp_path, session, "early", n=1):
+        await client.start_listening()
+        try:
+            await client.wait_settled(5)
+            assert [h.hostname for h in client.hosts] == ["early"]
+            async with running_daemon(tmp_path, session, "late", n=1):
+                await rec.wait("host_added", "late", timeout=10)
+                await wait_until(lambda: len(client.list_devices()) == 2, 5)
+        finally:
+            await client.stop_listening()
+
+
+async def test_a_service_back_right_after_its_goodbye_is_followed_only_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopping responder may still multicast a queued answer after its goodbye (and the stopping
+    daemon still accept a connection): a service announced again right after its goodbye is followed
+    only after ``REAPPEAR_HOLD``, so a stale answer adds no ghost host; a restarted one is seen."""
+    from gpusd.discovery import client as client_mod
+
+    session = unique_session()
+    calls = 0
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        return await sse(request, format_event("snapshot", snapshot_json("cccc0001", "bouncy")), hold=10)
+
+    txt = good_txt("cccc0001", "bouncy", session)
+    async with http_peer(events) as port:
+        async with AsyncClient(session=session, interfaces=["127.0.0.1"]) as client:
+            rec = Recorder(client)
+            monkeypatch.setattr(client_mod, "REAPPEAR_HOLD", 60.0)
+            async with announce("bouncy-cccc0001", txt, port):
+                await rec.wait("host_added")
+            await rec.wait("host_removed")  # its goodbye
+            async with announce("bouncy-cccc0001", txt, port):  # back at once
+                await wait_until(lambda: "bouncy-cccc0001._gpusd._tcp.local." in client._peers, 5)
+                await asyncio.sleep(0.5)
+                assert calls == 1 and len(rec.of("host_added")) == 1  # not followed (yet)
+        async with AsyncClient(session=session, interfaces=["127.0.0.1"]) as client:
+            rec = Recorder(client)
+            monkeypatch.setattr(client_mod, "REAPPEAR_HOLD", 0.5)
+            async with announce("bouncy-cccc0001", txt, port):
+                await rec.wait("host_added")
+            await rec.wait("host_removed")
+            async with announce("bouncy-cccc0001", txt, port):  # a restart: seen after the hold
+                await rec.wait("host_added", n=2, timeout=10)
