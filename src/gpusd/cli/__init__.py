@@ -221,6 +221,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", metavar="FILE", default=None,
                    help="with --foreground: log to FILE, rotated at 10 MiB (3 kept) while running "
                    "(default: stderr; a background daemon logs to gpusd.log in its state directory)")
+    p.add_argument("--dcgm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="/metrics also serves NVIDIA DCGM exporter names (DCGM_FI_DEV_GPU_UTIL...) for Grafana "
+                   "dashboards made for it (default: on)")
     h = p.add_argument_group("usage history (docs/history.md)")
     h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
     h.add_argument("--retention", type=_positive_seconds, default=365.0, metavar="DAYS",
@@ -352,6 +355,55 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S", help="seconds to browse (default 3)")
     client_flags(p)
     # --- end of monitoring commands ---
+
+    # --- distributed engine commands (docs/engines.md) ---
+    # their options come from cli/engines.py, imported only when one of them runs (start-up time)
+    ecli: Any = _Skipped()
+    if _only in (None, "hostfile", "launch", "ray"):
+        ecli = importlib.import_module("gpusd.cli.engines")
+
+    p = _command(sub, "hostfile", "gpusd.cli.engines:hostfile",
+                 "write what a distributed engine reads (DeepSpeed/MPI hostfile, Horovod -H, torchrun lines, JSON)")
+    ecli.add_placement_flags(p)
+    p.add_argument("--format", "-f", choices=ecli.FORMATS, default="json", help="what to write (default json)")
+    p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
+                   help="the training program, for the command lines shown")
+
+    p = _command(sub, "launch", "gpusd.cli.engines:launch",
+                 "start a distributed engine on every host of the job over SSH: "
+                 "gpusd launch -n 8 --per-host 4 torchrun -- train.py")
+    ecli.add_placement_flags(p)
+    ecli.add_ssh_flags(p)
+    p.add_argument("--env", "-x", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also set NAME on every host (its value here, or VALUE; repeatable)")
+    p.add_argument("--chdir", metavar="DIR", help="working directory on every host (default: the current one)")
+    p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
+    p.add_argument("--port", type=int, default=None,
+                   help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
+    p.add_argument("--python", default="python3", help="the Python that runs gpusd's per-rank wrapper (mpirun, "
+                   "horovodrun; default python3)")
+    p.add_argument("engine", choices=ecli.ENGINES, metavar="ENGINE",
+                   help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")
+
+    p = sub.add_parser("ray", help="a Ray cluster on gpusd's GPUs: ray up / ray down",
+                       description="a Ray cluster on gpusd's GPUs: ray up / ray down")
+    rsub = p.add_subparsers(dest="ray_command", metavar="up|down", parser_class=_Parser, required=True)
+    for name, target, what in (("up", "ray_up", "start a Ray head on the first host and workers on the others, "
+                                "each limited to its GPUs; prints the address"),
+                               ("down", "ray_down", "stop Ray on every host of the cluster gpusd started")):
+        p = _command(rsub, name, f"gpusd.cli.engines:{target}", what)
+        ecli.add_placement_flags(p, with_count=name == "up")
+        ecli.add_ssh_flags(p)
+        p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
+        p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+        p.add_argument("--state-dir", metavar="DIR", help="where gpusd remembers the cluster (default: gpusd's "
+                       "state directory)")
+        if name == "up":
+            p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
+                           help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")
+    # --- end of distributed engine commands ---
 
     return parser
 
