@@ -69,6 +69,7 @@ ALLOWED: dict[str, set[str]] = {
     "usage": CORE,
     "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
     "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
+    "pool": CORE | {"wire", "inventory", "alloc", "discovery"},
 }
 # Known, documented exceptions: (importing module, imported module).
 EXCEPTIONS = {("gpusd.errors", "gpusd.cli"), ("gpusd.errors", "gpusd.cli.exits")}  # deprecated EXIT_* names
