@@ -192,6 +192,22 @@ def rank_hosts(hosts: Iterable[RemoteHost], c: Constraints, *, host: str | None 
     return out
 
 
+def api_url(h: RemoteHost) -> tuple[str, str | None]:
+    """Where to send signed writes to ``h``, and the certificate to pin: its HTTPS port where it
+    announces one (a daemon with TLS refuses writes over plain HTTP), at the address discovery
+    reached it on; else its plain HTTP API."""
+    from urllib.parse import urlsplit
+
+    from ..wire.txt import API_PREFIX
+
+    assert h.url is not None
+    if h.txt.tls_port and h.txt.cert_fp:
+        address = urlsplit(h.url).hostname or ""
+        host = f"[{address}]" if ":" in address else address
+        return f"https://{host}:{h.txt.tls_port}{API_PREFIX}", h.txt.cert_fp
+    return h.url, None
+
+
 def _local_node() -> str | None:
     try:
         from ..identity import node_id
@@ -220,17 +236,16 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
                             "include": list(c.include) if c.include else None,
                             "exclude": list(c.exclude) if c.exclude else None,
                             "holder": holder, "note": note, "ttl": ttl}
-    pin = h.txt.cert_fp if h.url.startswith("https:") else None
+    url, pin = api_url(h)
     try:
-        reply = request_json("POST", h.url + "/leases", body, key=key, node_id=h.node_id, pin=pin)
+        reply = request_json("POST", url + "/leases", body, key=key, node_id=h.node_id, pin=pin)
     except SourceError as exc:
         log.info("%s: %s", h.hostname, exc)
         return None
     if reply.verified is not True:
-        log.warning("%s did not prove it holds the fleet secret: not using it", h.hostname)
-        if reply.status == 201 and isinstance(reply.data, dict):
-            pass  # an impostor's "lease" is worthless: nothing to release either
-        return None
+        log.warning("%s did not prove it holds the fleet secret (HTTP %d %s: %s): not using it", h.hostname,
+                    reply.status, h.url, str(reply.data)[:200])
+        return None  # an impostor's "lease" is worthless: nothing to release either
     if reply.status in (409, 429, 503):
         log.info("%s: %s", h.hostname, (reply.data or {}).get("error"))
         return None
@@ -238,7 +253,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         raise GpusdError(f"{h.hostname} refused the lease (HTTP {reply.status}): {str(err)[:300]}")
     d = reply.data
-    lease = HostLease(str(d["lease_id"])[:64], h.hostname, h.node_id, h.url, pin, list(d.get("devices") or []),
+    lease = HostLease(str(d["lease_id"])[:64], h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
                       {str(k): str(v) for k, v in (d.get("env") or {}).items()}, float(d.get("ttl") or ttl),
                       float(d.get("expires") or 0), list(h.addresses))
     lease.local = h.node_id == _local_node()
@@ -339,9 +354,9 @@ def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dic
     for h in hosts:
         if h.verified is not True or not h.url:
             continue
-        pin = h.txt.cert_fp if h.url.startswith("https:") else None
+        url, pin = api_url(h)
         try:
-            ans = fetch_json(h.url + "/leases", key=key, node_id=h.node_id, pin=pin)
+            ans = fetch_json(url + "/leases", key=key, node_id=h.node_id, pin=pin)
         except SourceError as exc:
             log.info("%s: %s", h.hostname, exc)
             continue
@@ -349,6 +364,6 @@ def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dic
             continue
         for d in ans.data.get("leases") or []:
             if isinstance(d, dict) and (mine is None or mine(d)):
-                d["url"], d["pin"], d["addresses"] = h.url, pin, list(h.addresses)
+                d["url"], d["pin"], d["addresses"] = url, pin, list(h.addresses)
                 out.append(d)
     return out
