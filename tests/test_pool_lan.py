@@ -125,6 +125,13 @@ def test_a_reservation_shows_everywhere_and_ends_by_release_by_expiry_and_with_i
         assert "reserved" in r.stdout, r.stdout
         r = gpusd(lan, client, ["top", "--once", "--width", "200", *tok], env=env)
         assert "until" in r.stdout, r.stdout + r.stderr
+        # the dashboard's data: the daemon's fleet view (signed, over HTTPS)
+        fleet = signed(lan, client, "GET", f"https://{h1.ip}:4781/api/v1/fleet", key)
+        assert fleet["verified"] is True
+        shown = [le for host in fleet["data"]["hosts"] for g in (host["snapshot"] or {}).get("gpus", [])
+                 for le in g["leases"]]
+        assert [(le["lease_id"], le["user"], le["remote_from"]) for le in shown] == [
+            (lease_id, local[0]["user"], client.ip)] and shown[0]["expires"]
         r = gpusd(lan, client, ["reservations", "--json", *tok], env=env)
         mine = json.loads(r.stdout)["reservations"]
         assert [d["lease_id"] for d in mine] == [lease_id]
@@ -143,7 +150,7 @@ def test_a_reservation_shows_everywhere_and_ends_by_release_by_expiry_and_with_i
     r = gpusd(lan, client, ["reserve", "-n", "2", "--ttl", str(TTL), "--json", *tok], env=env)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert len(leases_of(devices_json(lan, h1))) == 2
+    assert len(leases_of(devices_json(lan, h1))) == 2, (res, h1.log_tail())
     os.kill(res["renewer_pid"], signal.SIGKILL)
     killed = time.monotonic()
     wait_for(lambda: not leases_of(devices_json(lan, h1)), TTL + 4, "the GPUs to be free again")
@@ -221,3 +228,39 @@ def test_two_clients_race_for_the_last_gpu_the_winner_runs_over_ssh(lan: Lan, tm
     assert losers[0].returncode == 4, (losers[0].returncode, losers[0].stderr)  # no GPU qualifies
     # the winner's lease ended with its command
     wait_for(lambda: not leases_of(devices_json(lan, h2)), 3, "the winner's lease to end")
+
+
+@pytest.mark.timeout(240)
+def test_a_client_waiting_for_the_fleet_gets_the_gpu_when_it_is_released(lan: Lan, tmp_path: Path) -> None:  # noqa: F811
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    h1 = gpu_host(lan, "node-1", 1, key)
+    start_all([h1])
+    c1, c2 = lan.add_node("c1"), lan.add_node("c2")
+    tok = ["--token-file", str(key)]
+    r = gpusd(lan, c1, ["reserve", "-n", "1", "--json", *tok])
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)
+    try:
+        r = gpusd(lan, c2, ["reserve", "-n", "1", *tok])
+        assert r.returncode == 4 and "no verified host" in r.stderr, (r.returncode, r.stderr)  # told no
+        waiter = subprocess.Popen(["ip", "netns", "exec", c2.ns, sys.executable, "-m", "gpusd", "reserve", "-n", "1",
+                                   "--wait", "--timeout", "60", "--json", *tok],
+                                  env=lan.base_env(c2, GPUSD_MDNS_FAST="1"), stdout=subprocess.PIPE, text=True)
+        lan.procs.append(waiter)
+        time.sleep(3)
+        assert waiter.poll() is None  # still waiting
+        assert gpusd(lan, c1, ["release", first["leases"][0]["lease_id"], *tok]).returncode == 0
+        out, _ = waiter.communicate(timeout=30)
+        assert waiter.returncode == 0
+        second = json.loads(out)
+        assert second["host"] == "node-1" and second["leases"][0]["lease_id"] != first["leases"][0]["lease_id"]
+        os.kill(second["renewer_pid"], signal.SIGTERM)  # the renewer releases as it stops
+        try:
+            wait_for(lambda: not leases_of(devices_json(lan, h1)), 5, "the second lease to end")
+        except AssertionError:
+            raise AssertionError((second, leases_of(devices_json(lan, h1)), h1.log_tail(10))) from None
+    finally:
+        try:
+            os.kill(first["renewer_pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it saw its lease released, and stopped

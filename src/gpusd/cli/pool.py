@@ -42,7 +42,7 @@ def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
         client.stop_listening()
 
 
-def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None) -> Reservation:
+def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: Any = None) -> Reservation:
     from ..alloc.select import constraints_from_args
     from ..pool.client import reserve
 
@@ -52,7 +52,7 @@ def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None) -> Reser
         raise ConfigError("--timeout only makes sense with --wait")
     return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model, session=args.session,
                    interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait, timeout=args.timeout,
-                   key=key)
+                   key=key, client=client)
 
 
 def _exports(env: dict[str, str]) -> list[str]:
@@ -67,10 +67,17 @@ def reserve(args: argparse.Namespace) -> int:
         duration = parse_duration(args.duration)
     except ValueError as exc:
         raise ConfigError(f"--for: {exc}") from None
+    from ..discovery.sync import Client
+    from .trust import secret
+
     key = _key(args)
-    res = _reserve(args, key, args.note)
-    until = time.time() + duration
-    pid = _detach_renewer(res, until)
+    client = Client(args.session, interfaces=args.interfaces, key=key)
+    try:
+        res = _reserve(args, key, args.note, client)
+        until = time.time() + duration
+        pid = _start_renewer(res, secret(args) or "", until)  # before anything slow: the TTL runs
+    finally:
+        client.stop_listening()
     if args.json:
         print(dumps({**res.to_dict(), "until": until, "renewer_pid": pid}, indent=2))
     else:
@@ -85,38 +92,28 @@ def reserve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detach_renewer(res: Reservation, until: float) -> int:
-    """Fork a background process that renews the lease(s) until ``until``, a release, or the
-    lease's loss; returns its pid.  The parent's discovery threads are stopped before the fork."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    try:  # the renewer
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        done = threading.Event()
+def _start_renewer(res: Reservation, fleet_secret: str, until: float) -> int:
+    """Start ``python -m gpusd.pool.renewer`` in its own session, the lease(s) and the secret on its
+    stdin (never argv or the environment); returns its pid."""
+    import json
+    import select
 
-        def stop(_s: int, _f: object) -> None:
-            done.set()
+    proc = subprocess.Popen([sys.executable, "-m", "gpusd.pool.renewer"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"secret": fleet_secret, "until": until,
+                                 "leases": [p.to_dict() for p in res.parts]}).encode())
+    proc.stdin.close()
+    # return once it renews (a SIGTERM from now on releases the lease), at most 10 s
+    ready, _, _ = select.select([proc.stdout], [], [], 10.0)
+    line = proc.stdout.readline() if ready else b""
+    proc.stdout.close()
+    if line.strip() != b"renewing":
+        import logging
 
-        signal.signal(signal.SIGTERM, stop)
-        period = max(0.5, min(p.ttl for p in res.parts) / 3)
-        while not done.wait(period):
-            if time.time() >= until:
-                break
-            try:
-                res.renew()
-            except Exception:  # noqa: BLE001 - missed heartbeats are allowed; a lost lease ends us
-                if res.lost.is_set():
-                    os._exit(0)
-        res.release()
-    finally:
-        os._exit(0)
+        logging.getLogger("gpusd.pool").warning("the renewer did not start: the lease ends with its TTL")
+    return proc.pid
 
 
 def _mine(d: dict[str, Any]) -> bool:
