@@ -68,6 +68,7 @@ async def test_a_remote_lease_is_the_same_flock_lease_a_local_job_would_take(tmp
 
 async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path: Path) -> None:
     async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        sub = d.events.subscribe()
         r = await acall("POST", base(d) + "/leases", {"count": 2, "holder": "alice", "ttl": 2})
         assert r.status == 201
         lease_id, first = r.data["lease_id"], r.data["expires"]
@@ -84,6 +85,20 @@ async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path
         assert lease_id not in d.pool.held
         r = await acall("POST", f"{base(d)}/leases/{lease_id}/renew", {})
         assert r.status == 404
+        # the event stream told it: granted, then expired (the lease under "leases": private fields redactable)
+        names = []
+        while True:
+            try:
+                msg = await asyncio.wait_for(sub.get(), 0.2)
+            except asyncio.TimeoutError:
+                break
+            if msg is None:
+                break
+            head, _, data = msg.decode().partition("\ndata: ")
+            if head.startswith("event: lease_"):
+                names.append((head[7:], json.loads(data)["leases"][0]["lease_id"]))
+        assert names == [("lease_granted", lease_id), ("lease_expired", lease_id)]
+        d.events.unsubscribe(sub)
 
 
 @pytest.mark.parametrize("body, why", [
