@@ -264,3 +264,35 @@ def test_a_client_waiting_for_the_fleet_gets_the_gpu_when_it_is_released(lan: La
             os.kill(first["renewer_pid"], signal.SIGKILL)
         except ProcessLookupError:
             pass  # it saw its lease released, and stopped
+
+
+@pytest.mark.timeout(240)
+def test_run_fleet_passes_stdin_stdout_stderr_and_signals_over_ssh(lan: Lan, tmp_path: Path) -> None:  # noqa: F811
+    from sshd import SshFleet, unavailable
+
+    if unavailable():
+        pytest.skip(unavailable() or "")
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    h1 = gpu_host(lan, "node-1", 2, key)
+    start_all([h1])
+    client = lan.add_node("client")
+    with SshFleet(lan, [(h1.node, "node-1")], workdir=tmp_path / "ssh") as fleet:
+        env = lan.base_env(client, GPUSD_MDNS_FAST="1", GPUSD_SSH_CONFIG=str(fleet.config))
+        base = [sys.executable, "-m", "gpusd", "run", "--fleet", "-n", "2", "--token-file", str(key), "--"]
+        # stdin in, stdout and stderr out (the remote pid line gpusd uses is not shown), exit status back
+        r = subprocess.run(["ip", "netns", "exec", client.ns, *base, "sh", "-c",
+                            "tr a-z A-Z; echo oops >&2; echo $CUDA_VISIBLE_DEVICES; exit 3"],
+                           input="hello\n", env=env, capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stdout, r.stderr) == (3, "HELLO\n0,1\n", "oops\n"), r
+        # SIGTERM to gpusd run reaches the remote command (which reports it and exits 42)
+        marker = tmp_path / "started"
+        p = subprocess.Popen(["ip", "netns", "exec", client.ns, *base, "sh", "-c",
+                              f"trap 'echo got TERM; exit 42' TERM; touch {marker}; while :; do sleep 0.1; done"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lan.procs.append(p)
+        wait_for(marker.exists, 30, "the remote command to start")
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)  # ip netns exec execs gpusd: this is gpusd run's pid
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 42 and "got TERM" in out, (p.returncode, out, err)
+    wait_for(lambda: not leases_of(devices_json(lan, h1)), 5, "the lease to end with the command")
