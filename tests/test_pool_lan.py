@@ -296,3 +296,44 @@ def test_run_fleet_passes_stdin_stdout_stderr_and_signals_over_ssh(lan: Lan, tmp
         out, err = p.communicate(timeout=30)
         assert p.returncode == 42 and "got TERM" in out, (p.returncode, out, err)
     wait_for(lambda: not leases_of(devices_json(lan, h1)), 5, "the lease to end with the command")
+
+
+@pytest.mark.timeout(240)
+def test_host_filters_per_host_and_moving_on_to_the_next_host(lan: Lan, tmp_path: Path) -> None:  # noqa: F811
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    h1, h2 = gpu_host(lan, "node-1", 1, key), gpu_host(lan, "node-2", 1, key)
+    start_all([h1, h2])
+    c1, c2 = lan.add_node("c1"), lan.add_node("c2")
+    tok = ["--token-file", str(key), "--ttl", "3"]
+
+    def reserve(node: Node, *args: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+        return gpusd(lan, node, ["reserve", "--json", *tok, *args])
+
+    def end(r: subprocess.CompletedProcess[str]) -> None:
+        os.kill(json.loads(r.stdout)["renewer_pid"], signal.SIGTERM)
+
+    # both hosts rank the same (idle, one GPU each; node-1 first by name): two clients at once both
+    # ask node-1, one gets 409 and moves on to node-2
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda n: reserve(n, "-n", "1"), [c1, c2]))
+    assert [r.returncode for r in both] == [0, 0], [r.stderr for r in both]
+    assert sorted(json.loads(r.stdout)["host"] for r in both) == ["node-1", "node-2"]
+    for r in both:
+        end(r)
+    wait_for(lambda: not leases_of(devices_json(lan, h1)) and not leases_of(devices_json(lan, h2)), 5, "releases")
+    time.sleep(1)  # the snapshots the clients rank on show the GPUs free again
+    # a glob on host names; a GPU model no host has; per_host: one GPU on each of two hosts
+    r = reserve(c1, "-n", "1", "--host", "*-2")
+    assert r.returncode == 0 and json.loads(r.stdout)["host"] == "node-2", r.stderr
+    end(r)
+    wait_for(lambda: not leases_of(devices_json(lan, h2)), 5, "the release")
+    time.sleep(1)
+    r = reserve(c1, "-n", "1", "--model", "H100")
+    assert r.returncode == 4, r.stderr
+    r = reserve(c1, "-n", "2", "--per-host", "1")
+    assert r.returncode == 0, r.stderr
+    parts = json.loads(r.stdout)["leases"]
+    assert sorted(p["host"] for p in parts) == ["node-1", "node-2"] and all(len(p["devices"]) == 1 for p in parts)
+    end(r)
+    r = reserve(c1, "-n", "2")  # two GPUs on one host: no host has them
+    assert r.returncode == 4, r.stderr
