@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -112,6 +113,8 @@ def test_a_reservation_shows_everywhere_and_ends_by_release_by_expiry_and_with_i
         assert local[0]["device"] == uuid and local[0]["remote_from"] == client.ip
         assert "@" in local[0]["user"]
         assert local[0]["command"] == "notebook" and local[0]["expires"] > time.time()
+        table = gpusd(lan, h1.node, ["devices"], env=h1.env).stdout
+        assert re.search(r"@\d\d:\d\d:\d\d", table), table  # the holder, and until when
 
         # renewed in the background: still there after several TTLs
         time.sleep(2.5 * TTL)
