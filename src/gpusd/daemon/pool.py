@@ -71,6 +71,8 @@ class Held:
     started: float
     expires: float
     devices: list[dict[str, Any]] = field(default_factory=list)
+    renewing: bool = False  # a renewal is rewriting the record (on the executor)
+    release_after: bool = False  # ended meanwhile: the renewal releases when it is done
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
@@ -161,11 +163,18 @@ class Pool:
         if body.get("ttl") is not None:
             ttl = _ttl(body.get("ttl"))
         expires = time.time() + ttl
+        if held.renewing:
+            return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
+        held.renewing = True
         try:
             await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, expires)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
             return 503, {"error": f"cannot renew: {exc}"}
+        finally:
+            held.renewing = False
+            if held.release_after:  # ended while its record was being rewritten: release now
+                held.selection.release()
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
         held.ttl, held.expires = ttl, expires
@@ -176,7 +185,10 @@ class Pool:
         held = self.held.pop(lease_id, None)
         if held is None:
             return None
-        held.selection.release()
+        if held.renewing:
+            held.release_after = True  # never under a rewrite of its record: the renewal releases it
+        else:
+            held.selection.release()
         log.info("remote lease %s of %s %s", lease_id, held.holder, why)
         self.daemon.publish("lease_expired" if why == "expired" else "lease_ended",
                             {"leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
