@@ -21,7 +21,7 @@ no daemon can take away without killing that process, so the daemon has no relea
 daemon's pool of remote reservations is one (``gpusd.daemon.pool``, docs/pool.md).
 
 Event data lists the lease under ``leases`` so that the daemon's access rules null its ``user`` and
-``command`` for readers without the token.
+``command`` for readers without the fleet secret.
 """
 
 from __future__ import annotations

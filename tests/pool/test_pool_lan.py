@@ -22,7 +22,6 @@ import pytest
 from fakenvml import make_gpus
 from netns import GpuHost, Lan, Node, lan, netns_ok  # noqa: F401
 
-HERE = Path(__file__).resolve().parent
 TTL = 3.0
 
 
