@@ -172,3 +172,6 @@ def test_a_reservation_gives_an_engine_placement() -> None:
         {"hostname": "node-1", "address": "198.18.0.2", "ssh_target": "node-1", "gpus": [2, 5],
          "uuids": ["GPU-1", "GPU-2"]},
         {"hostname": "node-2", "address": "198.18.0.3", "ssh_target": "node-2", "gpus": [0], "uuids": ["GPU-3"]}]}
+    placement = Reservation(parts, FleetKey(TOKEN)).to_placement("job-1")
+    assert [(h.hostname, list(h.gpus)) for h in placement.hosts] == [("node-1", [2, 5]), ("node-2", [0])]
+    assert placement.hosts[0].cuda_env()["CUDA_VISIBLE_DEVICES"] == "2,5"

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..alloc.select import Candidate, Constraints
     from ..discovery.sync import Client
     from ..discovery.types import RemoteHost
+    from ..engines.placement import Placement
     from ..wire.signing import FleetKey
 
 log = logging.getLogger("gpusd.pool")
@@ -149,6 +150,13 @@ class Reservation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"leases": [p.to_dict() for p in self.parts], "host": self.host, "env": self.env}
+
+    def to_placement(self, job_id: str | None = None) -> Placement:
+        """The engines' :class:`~gpusd.engines.placement.Placement` of this reservation (validated:
+        PlacementError for a host name that is not safe in a hostfile or an ssh argument)."""
+        from ..engines.placement import Placement
+
+        return Placement.from_dict(self.to_placement_dict(job_id))
 
     def to_placement_dict(self, job_id: str | None = None) -> dict[str, Any]:
         """The JSON form of an engine placement (``gpusd.engines.placement.Placement.from_dict``):
