@@ -129,6 +129,12 @@ def _fleet_flags(p: argparse.ArgumentParser, run: bool = False) -> None:
     g.add_argument("--session", default="default", help="hosts of this session (default: default)")
     g.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
                    help="browse on this interface (default all, or $GPUSD_INTERFACES)")
+    g.add_argument("--peer", action="append", metavar="HOST[:PORT]", dest="peers",
+                   help="also hosts beyond this link (repeatable; default $GPUSD_PEERS; docs/daemon.md)")
+    g.add_argument("--peers-file", metavar="FILE", help="peers, one HOST[:PORT] per line (default $GPUSD_PEERS_FILE)")
+    g.add_argument("--dns-sd-domain", metavar="DOMAIN",
+                   help="also browse this wide-area DNS-SD domain (default $GPUSD_DNS_SD_DOMAIN)")
+    g.add_argument("--dns-server", metavar="IP", help="with --dns-sd-domain: ask this DNS server")
     add_token_flags(g, "needed: remote leases are signed requests")  # type: ignore[arg-type]
 
 

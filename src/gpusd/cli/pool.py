@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..discovery.sync import Client
     from ..discovery.types import RemoteHost
     from ..pool.client import HostLease, Reservation
     from ..wire.signing import FleetKey
@@ -31,10 +32,16 @@ def _key(args: argparse.Namespace) -> FleetKey:
     return key
 
 
-def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
+def _client(args: argparse.Namespace, key: FleetKey) -> Client:
+    """The discovery client of a pool command: mDNS on the link, plus --peer & co. beyond it."""
     from ..discovery.sync import Client
+    from .discover import beyond_args
 
-    client = Client(args.session, interfaces=args.interfaces, key=key)
+    return Client(args.session, interfaces=args.interfaces, key=key, **beyond_args(args))
+
+
+def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
+    client = _client(args, key)
     try:
         client.wait_settled(3.0)
         return client.hosts
@@ -42,7 +49,8 @@ def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
         client.stop_listening()
 
 
-def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: Any = None) -> Reservation:
+def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: Client | None = None
+             ) -> Reservation:
     from ..alloc.select import constraints_from_args
     from ..pool.client import reserve
 
@@ -67,11 +75,10 @@ def reserve(args: argparse.Namespace) -> int:
         duration = parse_duration(args.duration)
     except ValueError as exc:
         raise ConfigError(f"--for: {exc}") from None
-    from ..discovery.sync import Client
     from .trust import secret
 
     key = _key(args)
-    client = Client(args.session, interfaces=args.interfaces, key=key)
+    client = _client(args, key)
     try:
         res = _reserve(args, key, args.note, client)
         until = time.time() + duration
@@ -184,7 +191,11 @@ def run_fleet(args: argparse.Namespace, cmd: list[str]) -> int:
     from ..alloc.runner import _interactive
 
     key = _key(args)
-    res = _reserve(args, key, shlex.join(cmd)[:512])
+    client = _client(args, key)
+    try:
+        res = _reserve(args, key, shlex.join(cmd)[:512], client)
+    finally:
+        client.stop_listening()
     res.start_renewing()
     try:
         part = res.parts[0]
