@@ -25,6 +25,7 @@ log = logging.getLogger("gpusd.pool")
 
 DEFAULT_TTL = 30.0
 WAKE_EVENTS = ("device_updated", "device_added", "host_added")
+RETRY_EVERY = 10.0  # seconds: a waiting reserve() tries again at least this often
 
 
 @dataclass
@@ -327,7 +328,9 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"gave up waiting after {timeout:g}s: no verified host had {per} GPU(s) free")
-            wake.wait(left if left is not None else None)
+            # woken by the fleet's events; RETRY_EVERY only as a safety net (a 409 for a reason the
+            # snapshots do not show, such as a job queued on that host, changes no event)
+            wake.wait(min(left, RETRY_EVERY) if left is not None else RETRY_EVERY)
     finally:
         for ev in WAKE_EVENTS:
             client.unregister_event_handler(ev, poke)
