@@ -70,6 +70,7 @@ ALLOWED: dict[str, set[str]] = {
     "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
     "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
     "engines": CORE | {"alloc"},
+    "pool": CORE | {"wire", "inventory", "alloc", "discovery", "engines"},
 }
 # Known, documented exceptions: (importing module, imported module).
 EXCEPTIONS = {("gpusd.errors", "gpusd.cli"), ("gpusd.errors", "gpusd.cli.exits")}  # deprecated EXIT_* names

@@ -231,6 +231,11 @@ class LeaseInfo:
     shared: bool = False
     command: str | None = field(default=None, metadata=TEXT)
     device: str | None = None  # UUID of the leased GPU or MIG slice
+    # A lease the daemon holds for a remote holder (docs/pool.md): where the request came from (the
+    # client's address), and when the lease ends unless its holder renews it (seconds since the epoch).
+    # ``user`` is then the holder's name and ``command`` its note (both private, as for local leases).
+    remote_from: str | None = None
+    expires: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

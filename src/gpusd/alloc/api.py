@@ -104,7 +104,7 @@ class Selection:
 
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
              command: str | None, pid: int | None, deadline: float | None = None, user: str | None = None,
-             env: dict[str, str] | None = None) -> Selection:
+             env: dict[str, str] | None = None, remote: dict[str, Any] | None = None) -> Selection:
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
         return Selection(choose(snap, c, store.leases(), env), None)
@@ -120,7 +120,7 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
             totals = [x.total for x in chosen if x.total]
             memory = int(c.min_free * min(totals)) if totals else None
         lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid,
-                              user=user)
+                              user=user, remote=remote)
         if lease is None:  # held by a process that bypassed the mutex
             raise NoGpuAvailable("the chosen GPUs were taken at the same moment; try again")
         return Selection(chosen, lease)
@@ -135,7 +135,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
              poll: float = 1.0, simulate: str | None = None, store: LeaseStore | None = None,
              command: str | None = None, pid: int | None = None, backend: Backend | None = None,
              user: str | None = None, env: dict[str, str] | None = None,
-             cancelled: Callable[[], bool] | None = None) -> Selection:
+             cancelled: Callable[[], bool] | None = None, remote: dict[str, Any] | None = None) -> Selection:
     """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served.
 
     Where a gpusd daemon serves the lease socket (:mod:`gpusd.alloc.authority`), a lease is asked of
@@ -144,7 +144,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     and at the latest every ``poll`` seconds.  Every wait for the selection mutex is bounded
     (``timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).  ``pid``, ``user`` and ``env`` (the
     job's ``CUDA_VISIBLE_DEVICES``) describe the job when it is not this process; ``cancelled`` stops
-    a wait (the daemon's client went away)."""
+    a wait (the daemon's client went away); ``remote``: the daemon's record of a remote holder's
+    lease (``remote_from``, ``expires``: docs/pool.md)."""
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
     if (lease and store is None and backend is None and simulate is None and pid is None
@@ -154,14 +155,14 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         sock = authority.connect()
         if sock is not None:
             try:
-                chosen, remote = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
-                return Selection(chosen, remote)
+                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
+                return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases, taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:
-        return _attempt(backend, store, c, lease, None, command, pid, None, user, env)
+        return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote)
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
     try:
@@ -189,7 +190,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             if cancelled is not None and cancelled():
                 break
             try:
-                return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env)
+                return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env, remote)
             except WaitTimeout as exc:
                 last = exc
                 break
@@ -214,7 +215,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             if deadline is not None and time.monotonic() >= deadline:
                 try:  # one last look at the deadline (the mutex gets half a second more)
                     return _attempt(backend, store, c, lease, ticket, command, pid, time.monotonic() + 0.5,
-                                    user, env)
+                                    user, env, remote)
                 except WaitTimeout:
                     pass  # the mutex: the reason given is still the GPUs'
                 except NoGpuAvailable as exc:

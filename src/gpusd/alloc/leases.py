@@ -112,6 +112,7 @@ class Lease:
     fds: list[int] = field(default_factory=list)  # device locks + the lease file's lock
     released: bool = False
     dir_fd: int = -1  # the lock directory, to remove the record without following any path again
+    record: dict[str, Any] | None = None  # what the record says (for LeaseStore.rewrite)
 
     @property
     def info_fd(self) -> int:
@@ -314,10 +315,15 @@ class LeaseStore:
             if started is not None and (type(started) not in (int, float) or not math.isfinite(started)):
                 raise ValueError("bad start time")
             user, command = d.get("user"), d.get("command")
+            remote_from, expires = d.get("remote_from"), d.get("expires")  # a daemon's remote lease
+            if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
+                raise ValueError("bad expiry time")
             return {
                 "pid": pid, "memory": memory, "started": started, "shared": d.get("shared") is True,
                 "devices": devices, "user": user[:64] if isinstance(user, str) else None,
                 "command": command[:1024] if isinstance(command, str) else None,
+                "remote_from": remote_from[:128] if isinstance(remote_from, str) else None,
+                "expires": float(expires) if expires is not None else None,
             }
         except (ValueError, TypeError, RecursionError) as exc:
             log.warning("skipping unreadable lease file %s: %s", name, exc)
@@ -344,7 +350,8 @@ class LeaseStore:
             if process_uid(pid) != st.st_uid:
                 pid = holders[0] if holders and holders[0] > 0 else 0
         base = {"lease_id": lease_id, "pid": pid, "user": user, "started": rec["started"],
-                "memory": rec["memory"], "shared": rec["shared"], "command": rec["command"]}
+                "memory": rec["memory"], "shared": rec["shared"], "command": rec["command"],
+                "remote_from": rec["remote_from"], "expires": rec["expires"]}
         return [LeaseInfo.from_dict({**base, "device": dev}) for dev in rec["devices"]]
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:
@@ -397,11 +404,14 @@ class LeaseStore:
 
     # -- taking ---------------------------------------------------------------------------------
     def acquire(self, devices: list[str], *, shared: bool = False, memory: int | None = None,
-                command: str | None = None, pid: int | None = None, user: str | None = None) -> Lease | None:
+                command: str | None = None, pid: int | None = None, user: str | None = None,
+                remote: dict[str, Any] | None = None) -> Lease | None:
         """Lock ``devices`` (all or nothing, without blocking) and record the lease.  Returns None
         when one of them is held in a conflicting mode.  Call under :meth:`mutex` for atomicity
         with the choice of devices.  ``pid`` and ``user`` name the job when it is not this process
-        (the daemon taking a lease for a client); only root's records are believed to name others."""
+        (the daemon taking a lease for a client); only root's records are believed to name others.
+        ``remote``: ``remote_from`` and ``expires`` of a lease the daemon holds for a remote holder
+        (docs/pool.md), written into the record."""
         dfd = self._writable()
         fds: list[int] = []
         try:
@@ -424,6 +434,7 @@ class LeaseStore:
                 "shared": shared,
                 "command": command,
                 "devices": list(devices),
+                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires")},
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
@@ -439,7 +450,32 @@ class LeaseStore:
                 except OSError:
                     pass
             raise
-        return Lease(lease_id, list(devices), shared, memory, self.dir / final, fds, dir_fd=dfd)
+        return Lease(lease_id, list(devices), shared, memory, self.dir / final, fds, dir_fd=dfd, record=record)
+
+    def rewrite(self, lease: Lease, **changes: Any) -> None:
+        """Replace ``lease``'s record with one where ``changes`` apply (a remote lease's new expiry):
+        a new file, locked before it is renamed over the old one, so no reader ever sees a lease
+        without a locked record.  Call under :meth:`mutex` (a stale-record cleanup must not run
+        between the rename and the old file's close).  GpusdError/OSError when it cannot."""
+        if lease.released or lease.dir_fd < 0 or lease.record is None:
+            raise GpusdError("the lease is no longer held")
+        record = {**lease.record, **changes}
+        tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
+        fd = create_exclusive(lease.dir_fd, tmp, self.dir)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps(record).encode())
+            os.rename(tmp, lease.path.name, src_dir_fd=lease.dir_fd, dst_dir_fd=lease.dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=lease.dir_fd)
+            except OSError:
+                pass
+            os.close(fd)
+            raise
+        old, lease.fds[-1] = lease.fds[-1], fd
+        lease.record = record
+        os.close(old)
 
 
 def _safe(device: str) -> str:

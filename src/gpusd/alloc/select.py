@@ -330,6 +330,12 @@ def _score(cand: Candidate, c: Constraints) -> tuple[float, ...]:
     return (0.5 * util + 0.5 * used_frac + 0.02 * len(cand.gpu.processes), index)
 
 
+def score(cand: Candidate, c: Constraints) -> tuple[float, ...]:
+    """The ranking key of one candidate (lower is better): what :func:`choose` sorts by, used by
+    fleet selection to compare hosts (docs/pool.md)."""
+    return _score(cand, c)
+
+
 def choose(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
            env: dict[str, str] | None = None) -> list[Candidate]:
     """The best ``c.count`` devices, or NoGpuAvailable saying why each device was refused."""

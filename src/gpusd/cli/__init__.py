@@ -109,6 +109,35 @@ def _selection_flags(p: argparse.ArgumentParser) -> None:
     _simulate_flag(p)
 
 
+def _fleet_flags(p: argparse.ArgumentParser, run: bool = False) -> None:
+    """Where fleet commands look (docs/pool.md)."""
+    if isinstance(p, _Skipped):
+        return
+    from .trust import add_token_flags
+
+    g = p.add_argument_group("fleet")
+    if run:
+        g.add_argument("--fleet", action="store_true",
+                       help="run on the best verified host of the fleet, over SSH (docs/pool.md)")
+        g.add_argument("--ssh-option", action="append", metavar="OPT", default=[],
+                       help="with --fleet: an ssh -o option (repeatable); $GPUSD_SSH_CONFIG: an ssh -F file")
+    if run or p.prog.split()[-1] == "reserve":
+        g.add_argument("--host", metavar="GLOB", help="only hosts whose name matches")
+        g.add_argument("--model", metavar="GLOB", help="only GPUs whose name matches (glob or substring)")
+        g.add_argument("--ttl", type=_positive_seconds, default=30.0, metavar="S",
+                       help="the lease ends S seconds after its last renewal (default 30)")
+    g.add_argument("--session", default="default", help="hosts of this session (default: default)")
+    g.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
+                   help="browse on this interface (default all, or $GPUSD_INTERFACES)")
+    g.add_argument("--peer", action="append", metavar="HOST[:PORT]", dest="peers",
+                   help="also hosts beyond this link (repeatable; default $GPUSD_PEERS; docs/daemon.md)")
+    g.add_argument("--peers-file", metavar="FILE", help="peers, one HOST[:PORT] per line (default $GPUSD_PEERS_FILE)")
+    g.add_argument("--dns-sd-domain", metavar="DOMAIN",
+                   help="also browse this wide-area DNS-SD domain (default $GPUSD_DNS_SD_DOMAIN)")
+    g.add_argument("--dns-server", metavar="IP", help="with --dns-sd-domain: ask this DNS server")
+    add_token_flags(g, "needed: remote leases are signed requests")  # type: ignore[arg-type]
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; with ``only``, the options of that command alone are built."""
     global _only
@@ -150,10 +179,38 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "run", "gpusd.cli.alloc:run_command",
                  "run a command on leased GPUs: gpusd run -n 2 -- python train.py")
     _selection_flags(p)
+    _fleet_flags(p, run=True)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
     p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
     p.add_argument("--json", action="store_true")
+
+    # --- the fleet pool (docs/pool.md) ---
+    p = _command(sub, "reserve", "gpusd.cli.pool:reserve",
+                 "hold the least-loaded GPUs of any verified host for an interactive session")
+    if not isinstance(p, _Skipped):
+        from ..alloc.select import add_constraint_flags
+
+        g = p.add_argument_group("constraints")
+        add_constraint_flags(g)
+        g.add_argument("--wait", action="store_true", help="wait (woken by the fleet's events) until GPUs qualify")
+        g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
+    _fleet_flags(p)
+    p.add_argument("--per-host", type=int, metavar="N", help="N GPUs on each of -n/N hosts (default: all on one)")
+    p.add_argument("--for", dest="duration", metavar="DURATION", default="2h",
+                   help="hold them this long at most (90s, 30m, 2h; default 2h), renewed in the background")
+    p.add_argument("--note", metavar="TEXT", help="a note shown with the lease (private, like a command line)")
+    p.add_argument("--json", action="store_true", help="print the reservation as JSON")
+
+    p = _command(sub, "release", "gpusd.cli.pool:release", "end a reservation: gpusd release ID")
+    p.add_argument("lease_id", metavar="ID", help="the reservation's lease id (gpusd reservations)")
+    _fleet_flags(p)
+
+    p = _command(sub, "reservations", "gpusd.cli.pool:reservations",
+                 "the GPUs reserved on the fleet's hosts (yours, or --all)")
+    p.add_argument("--all", action="store_true", help="every holder's, not only yours")
+    p.add_argument("--json", action="store_true")
+    _fleet_flags(p)
 
     # --- discovery & daemon commands ---
     def interface_flag(p: argparse.ArgumentParser, what: str) -> None:

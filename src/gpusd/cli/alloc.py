@@ -58,6 +58,10 @@ def run_command(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise ConfigError("no command given: gpusd run [options] -- CMD [ARGS...]")
+    if getattr(args, "fleet", False):
+        from .pool import run_fleet
+
+        return run_fleet(args, cmd)
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=shlex.join(cmd)[:512])

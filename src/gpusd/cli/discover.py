@@ -218,6 +218,10 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
                 state = f"UNHEALTHY: {g.error or '?'}"[:40]
             elif g.leases:
                 state = "leased"
+                remote = [le for le in g.leases if le.expires is not None]
+                if remote:  # held by a daemon for a remote holder (docs/pool.md): who, and for how long
+                    left = max(0.0, (remote[0].expires or 0) - time.time())
+                    state = f"reserved {for_terminal(remote[0].user, 24) or '?'} {left:.0f}s"
             elif g.processes:
                 state = f"{len(g.processes)} proc"
             elif g.is_free:

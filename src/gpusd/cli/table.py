@@ -53,7 +53,17 @@ def _procs(g: GpuInfo) -> str:
 def _leases(g: GpuInfo) -> str:
     if not g.leases:
         return "-"
-    return " ".join(f"{le.user or '?'}:{le.pid}{'(shared)' if le.shared else ''}" for le in g.leases)
+    return " ".join(f"{le.user or '?'}:{le.pid}{'(shared)' if le.shared else ''}{_until(le.expires)}"
+                    for le in g.leases)
+
+
+def _until(expires: float | None) -> str:
+    """A remote reservation's expiry (docs/pool.md), on the local clock."""
+    if expires is None:
+        return ""
+    import time
+
+    return "@" + time.strftime("%H:%M:%S", time.localtime(expires))
 
 
 def host_header(snap: HostSnapshot) -> str:

@@ -93,9 +93,13 @@ class Daemon:
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
+        from .pool import install as install_pool  # leases for remote holders (docs/pool.md)
+
+        self.pool = install_pool(self.app, self)
         from .recording import install as install_recording  # usage history (docs/history.md)
 
-        self.recording = install_recording(self.app, self)
+        # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)
+        self.recording = install_recording(self.app, self, releaser=self.pool)
 
     # -- extension points ---------------------------------------------------------------------
     @property

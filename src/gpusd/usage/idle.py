@@ -18,7 +18,7 @@ Only a *reservation* is ever released: a lease with no process on any of its GPU
 GPUs run a process is a running job's and is never released, however idle.  The release itself is
 a hook (:class:`Releaser`): today's leases are ``flock`` locks held by their holder's process, which
 no daemon can take away without killing that process, so the daemon has no releaser for them; the
-reservation server of the trust work plugs one in (docs/history.md, Idle reservations).
+daemon's pool of remote reservations is one (``gpusd.daemon.pool``, docs/pool.md).
 
 Event data lists the lease under ``leases`` so that the daemon's access rules null its ``user`` and
 ``command`` for readers without the fleet secret.

@@ -311,7 +311,16 @@ def _leases(g: GpuInfo) -> str:
     if not g.leases:
         return "-"
     return ", ".join(f"{for_terminal(le.user, WORD_MAX) or 'pid ' + str(le.pid)}{' (shared)' if le.shared else ''}"
-                     for le in g.leases)
+                     f"{_until(le.expires)}" for le in g.leases)
+
+
+def _until(expires: float | None) -> str:
+    """A remote lease's expiry (docs/pool.md), as the local clock reads it."""
+    if expires is None:
+        return ""
+    import time
+
+    return " until " + time.strftime("%H:%M:%S", time.localtime(expires))
 
 
 def _mem_text(g: GpuInfo) -> str:

@@ -50,7 +50,8 @@
   }
   function cleanLease(l) {
     l = obj(l) || {};
-    return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true });
+    return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true,
+      expires: num(l.expires) });
   }
   function cleanGpu(g) {  // null: not a GPU at all
     g = obj(g);
@@ -412,7 +413,9 @@
       return clip(p.user || "pid " + p.pid, 32) + cmd;
     });
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
-    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32));
+    const until = (l) => l.expires == null ? "" :  // a remote reservation (docs/pool.md): until when
+      " until " + new Date(l.expires * 1000).toLocaleTimeString();
+    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32) + until(l));
     return parts.concat(leases).join(", ") || "-";
   }
   function gpuAlerts(host, uuid) {

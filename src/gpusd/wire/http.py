@@ -112,3 +112,99 @@ def _error_text(body: bytes) -> str:
     if not isinstance(err, str):
         return ""
     return ": " + "".join(c for c in err[:200] if c.isprintable())
+
+
+@dataclass
+class Reply:
+    """The answer to :func:`request_json`: HTTP status, parsed JSON (``{}`` when none), and whether
+    the daemon proved it holds the fleet secret (as :attr:`Answer.verified`)."""
+
+    status: int
+    data: Any
+    verified: bool | None
+
+
+_CONTEXT: Any = None
+
+
+def _pinning_context() -> Any:
+    """One TLS client context for pinned daemons, made once: no CA store to load (a self-signed
+    certificate is checked against the announced fingerprint instead), which is most of the cost of
+    ``ssl.create_default_context()`` (~20 ms)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        import ssl
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # self-signed: pinned by the caller, proven by the signature
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+def request_json(method: str, url: str, body: Any = None, key: FleetKey | None = None, timeout: float = 5.0,
+                 node_id: str | None = None, pin: str | None = None) -> Reply:
+    """One signed request with a JSON body (``POST``/``DELETE`` to a daemon: docs/pool.md); the
+    status is returned, not raised (a 409 is an answer).  :class:`SourceError` when the daemon cannot
+    be reached, the certificate is not ``pin``, or the answer is not JSON."""
+    import http.client
+    import ssl
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SourceError(f"not a daemon URL: {url!r}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise SourceError(f"bad port in {url!r}") from None
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    payload = json.dumps(body, allow_nan=False).encode() if body is not None else b""
+    headers = {"Accept": "application/json", "Host": parts.netloc}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    nonce = None
+    if key is not None:
+        signed, nonce = key.sign_request(method, f"{parts.scheme}://{parts.netloc}{target}", body=payload,
+                                         node_id=node_id)
+        headers.update(signed)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout, context=_pinning_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+    cert_fp: str | None = None
+    try:
+        conn.request(method, target, body=payload if body is not None else None, headers=headers)
+        if parts.scheme == "https":
+            from .signing import fingerprint
+
+            sock = conn.sock
+            der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
+            cert_fp = fingerprint(der) if der else None
+            if pin is not None and cert_fp != pin:
+                raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
+        resp = conn.getresponse()
+        raw = resp.read(MAX_ANSWER + 1)
+        status, resp_headers = resp.status, resp.getheaders()
+    except SourceError:
+        raise
+    except (TimeoutError, OSError) as exc:
+        raise SourceError(f"cannot reach {url}: {getattr(exc, 'strerror', None) or exc}") from None
+    except http.client.HTTPException as exc:
+        raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
+    finally:
+        conn.close()
+    if len(raw) > MAX_ANSWER:
+        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise SourceError(f"{url}: HTTP {status}, and the answer is not JSON") from None
+    if key is None or nonce is None:
+        return Reply(status, data, None)
+    from .signing import Headers, Request, Response
+
+    sent = Request(method, f"{parts.scheme}://{parts.netloc}{target}", Headers(headers))
+    answer = Response(status, sent, Headers(resp_headers))
+    return Reply(status, data, key.verify_response(answer, nonce, node_id=node_id, cert_fp=cert_fp, body=raw))

@@ -1,0 +1,318 @@
+"""Leases the daemon holds for remote holders: the server side of the pool (docs/pool.md).
+
+``install(app, daemon)`` adds
+
+* ``POST /api/v1/leases`` — take a lease on this machine's GPUs for a holder elsewhere: the very same
+  flock leases a local ``gpusd run`` takes (:func:`gpusd.alloc.api.allocate`, same lock directory,
+  same machine-wide selection mutex, behind any job queued here), whose descriptors this daemon keeps;
+* ``POST /api/v1/leases/{id}/renew`` — the holder's heartbeat: the lease lives ``ttl`` seconds more;
+* ``DELETE /api/v1/leases/{id}`` — release;
+* ``GET /api/v1/leases`` — the remote leases held here (holder and note are private fields).
+
+Writes need a request signed with the fleet secret (and HTTPS where the daemon serves TLS): the
+access middleware (:mod:`gpusd.daemon.access`) refuses the others before a handler runs.  A lease
+whose holder stops renewing ends ``ttl`` seconds (default 30) after its last renewal.  Bounds: a
+request body of at most 16 KiB, ``ttl`` between 2 s and 1 h, at most 64 remote leases in all and
+16 per holder.  The lease record names the holder (``user``), the note (``command``), the client's
+address (``remote_from``) and the expiry (``expires``), so every view of leases shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import ConfigError, GpusdError, NoGpuAvailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from aiohttp import web
+
+    from ..model import LeaseInfo
+    from .config import DaemonConfig
+
+log = logging.getLogger("gpusd.pool")
+
+DEFAULT_TTL = 30.0
+MIN_TTL, MAX_TTL = 2.0, 3600.0
+MAX_BODY = 16384
+MAX_LEASES = 64
+MAX_PER_HOLDER = 16
+MAX_HOLDER = 64
+MAX_NOTE = 512
+CHECK_EVERY = 0.25  # seconds between expiry checks
+
+
+class PoolDaemon(Protocol):
+    @property
+    def config(self) -> "DaemonConfig": ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def node_id(self) -> str: ...
+    def publish(self, event: str, data: Any) -> None: ...
+
+
+@dataclass
+class Held:
+    """One remote lease: the Selection whose descriptors keep it, and its holder's terms."""
+
+    lease_id: str
+    selection: Any
+    holder: str
+    note: str | None
+    remote_from: str | None
+    ttl: float
+    started: float
+    expires: float
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    renewing: bool = False  # a renewal is rewriting the record (on the executor)
+    release_after: bool = False  # ended meanwhile: the renewal releases when it is done
+
+    def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
+                "command": self.note, "remote_from": self.remote_from, "ttl": self.ttl,
+                "started": self.started, "expires": self.expires, "devices": self.devices,
+                "env": self.selection.env() if self.selection is not None else {}}
+
+
+class Pool:
+    """The remote leases of one daemon (``daemon.pool``)."""
+
+    def __init__(self, daemon: PoolDaemon) -> None:
+        self.daemon = daemon
+        self.held: dict[str, Held] = {}
+        self.executor = ThreadPoolExecutor(4, thread_name_prefix="gpusd-pool")
+        self.backend: Any = None
+        self.pending = 0  # requests being granted (counted against MAX_LEASES)
+        self.task: asyncio.Task[None] | None = None
+
+    # -- the work, on the executor ------------------------------------------------------------------
+    def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
+               expires: float) -> Any:
+        from ..alloc.api import allocate
+        from ..alloc.leases import LeaseStore
+        from ..alloc.select import Constraints
+        from .leasesock import _LockedBackend
+
+        if self.backend is None:
+            from ..inventory import open_backend
+
+            self.backend = _LockedBackend(open_backend(self.daemon.config.simulate))
+        c = Constraints.build(**kwargs, within_visible=False)
+        return allocate(c, lease=True, wait=False, store=LeaseStore(), command=note, pid=os.getpid(),
+                        user=holder, backend=self.backend, env={},
+                        remote={"remote_from": remote_from, "expires": expires})
+
+    def _renew(self, held: Held, expires: float) -> None:
+        from ..alloc.leases import LeaseStore, mutex_timeout
+
+        store = LeaseStore()
+        with store.mutex(time.monotonic() + mutex_timeout()):
+            store.rewrite(held.selection.lease, expires=expires)
+
+    # -- requests -----------------------------------------------------------------------------------
+    async def create(self, body: dict[str, Any], remote_from: str | None) -> tuple[int, dict[str, Any]]:
+        from .leasesock import _request
+
+        holder, note, ttl = _terms(body)
+        try:
+            kwargs = _request(json.dumps({**body, "op": "lease", "wait": False, "timeout": None}).encode())
+        except ConfigError as exc:
+            return 400, {"error": str(exc)}
+        for k in ("wait", "timeout", "command", "visible"):
+            kwargs.pop(k, None)
+        if len(self.held) + self.pending >= MAX_LEASES:
+            return 429, {"error": f"this daemon holds {MAX_LEASES} remote leases already; try again later"}
+        if sum(1 for h in self.held.values() if h.holder == holder) >= MAX_PER_HOLDER:
+            return 429, {"error": f"{holder!r} holds {MAX_PER_HOLDER} leases here already"}
+        now = time.time()
+        self.pending += 1
+        try:
+            sel = await asyncio.get_running_loop().run_in_executor(
+                self.executor, self._grant, kwargs, holder, note, remote_from, now + ttl)
+        except NoGpuAvailable as exc:
+            return 409, {"error": str(exc), "reason": "no_gpu"}
+        except ConfigError as exc:
+            return 400, {"error": str(exc)}
+        except GpusdError as exc:
+            return 503, {"error": str(exc)}
+        finally:
+            self.pending -= 1
+        devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
+                    "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util}
+                   for c in sel.devices]
+        held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, now + ttl, devices)
+        self.held[held.lease_id] = held
+        log.info("remote lease %s: %s for %s from %s (ttl %gs)", held.lease_id, ",".join(sel.uuids), holder,
+                 remote_from, ttl)
+        out = held.to_dict(self.daemon.hostname, self.daemon.node_id)
+        self.daemon.publish("lease_granted", {"leases": [_event(out)]})
+        return 201, out
+
+    async def renew(self, lease_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        held = self.held.get(lease_id)
+        if held is None:
+            return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
+        ttl = held.ttl
+        if body.get("ttl") is not None:
+            ttl = _ttl(body.get("ttl"))
+        expires = time.time() + ttl
+        if held.renewing:
+            return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
+        held.renewing = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, expires)
+        except (GpusdError, OSError) as exc:
+            log.warning("cannot renew remote lease %s: %s", lease_id, exc)
+            return 503, {"error": f"cannot renew: {exc}"}
+        finally:
+            held.renewing = False
+            if held.release_after:  # ended while its record was being rewritten: release now
+                held.selection.release()
+        if self.held.get(lease_id) is not held:
+            return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
+        held.ttl, held.expires = ttl, expires
+        return 200, held.to_dict(self.daemon.hostname, self.daemon.node_id)
+
+    def end(self, lease_id: str, why: str) -> Held | None:
+        """Release a remote lease now (the flocks drop as its descriptors close)."""
+        held = self.held.pop(lease_id, None)
+        if held is None:
+            return None
+        if held.renewing:
+            held.release_after = True  # never under a rewrite of its record: the renewal releases it
+        else:
+            held.selection.release()
+        log.info("remote lease %s of %s %s", lease_id, held.holder, why)
+        self.daemon.publish("lease_expired" if why == "expired" else "lease_ended",
+                            {"leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
+                             "reason": why})
+        return held
+
+    def listing(self) -> list[dict[str, Any]]:
+        return [h.to_dict(self.daemon.hostname, self.daemon.node_id) for h in self.held.values()]
+
+    # -- the idle-release hook (gpusd.usage.idle.Releaser) ------------------------------------------
+    def release(self, lease: LeaseInfo, reason: str) -> bool:
+        """Release an idle remote reservation (the history's idle policy); False for other leases."""
+        if lease.lease_id not in self.held:
+            return False
+        return self.end(lease.lease_id, f"released: {reason}"[:200]) is not None
+
+    # -- expiry -------------------------------------------------------------------------------------
+    async def expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_EVERY)
+            now = time.time()
+            for lease_id in [k for k, h in self.held.items() if h.expires <= now]:
+                self.end(lease_id, "expired")
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        for lease_id in list(self.held):
+            self.end(lease_id, "ended: the daemon stops")
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.backend is not None:
+            try:
+                self.backend.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _event(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k != "env"}
+
+
+def _ttl(v: object) -> float:
+    if type(v) not in (int, float) or not MIN_TTL <= v <= MAX_TTL:  # type: ignore[operator]
+        raise ConfigError(f"'ttl' must be a number of seconds between {MIN_TTL:g} and {MAX_TTL:g}")
+    return float(v)  # type: ignore[arg-type]
+
+
+def _terms(body: dict[str, Any]) -> tuple[str, str | None, float]:
+    holder, note = body.get("holder"), body.get("note")
+    if not isinstance(holder, str) or not 0 < len(holder) <= MAX_HOLDER or not holder.isprintable():
+        raise ConfigError(f"'holder' must be a printable name of 1 to {MAX_HOLDER} characters")
+    if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
+        raise ConfigError(f"'note' must be a string of at most {MAX_NOTE} characters")
+    ttl = _ttl(body["ttl"]) if body.get("ttl") is not None else DEFAULT_TTL
+    return holder, note, ttl
+
+
+def install(app: web.Application, daemon: PoolDaemon) -> Pool:
+    from aiohttp import web
+
+    from ..sanitize import dumps
+    from .access import can_see_private
+
+    pool = Pool(daemon)
+
+    async def lifecycle(app: web.Application) -> Any:
+        pool.task = asyncio.ensure_future(pool.expire_loop())
+        yield
+        await pool.close()
+
+    app.cleanup_ctx.append(lifecycle)
+
+    def answer(status: int, data: object) -> web.Response:
+        return web.Response(text=dumps(data, separators=(",", ":")), status=status,
+                            content_type="application/json", headers={"Cache-Control": "no-store"})
+
+    async def body_of(request: web.Request) -> dict[str, Any]:
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            raise ConfigError(f"a lease request is at most {MAX_BODY} bytes")
+        raw = await request.read()  # bounded by the app's client_max_size (the middleware may have read it)
+        if len(raw) > MAX_BODY:
+            raise ConfigError(f"a lease request is at most {MAX_BODY} bytes")
+        if not raw.strip():
+            return {}
+        try:
+            d = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ConfigError("a lease request is a JSON object") from None
+        if not isinstance(d, dict):
+            raise ConfigError("a lease request is a JSON object")
+        return d
+
+    async def create(request: web.Request) -> web.Response:
+        try:
+            body = await body_of(request)
+            status, data = await pool.create(body, request.remote)
+        except ConfigError as exc:
+            return answer(400, {"error": str(exc)})
+        return answer(status, data)
+
+    async def renew(request: web.Request) -> web.Response:
+        try:
+            body = await body_of(request)
+            status, data = await pool.renew(request.match_info["id"][:64], body)
+        except ConfigError as exc:
+            return answer(400, {"error": str(exc)})
+        return answer(status, data)
+
+    async def delete(request: web.Request) -> web.Response:
+        held = pool.end(request.match_info["id"][:64], "released by its holder")
+        if held is None:
+            return answer(404, {"error": "no such remote lease here (released, or expired)"})
+        return answer(200, {"released": held.lease_id})
+
+    async def listing(request: web.Request) -> web.Response:
+        leases = pool.listing()
+        if not can_see_private(request):
+            for d in leases:
+                d["user"] = d["command"] = None
+                d["env"] = {k: v for k, v in d["env"].items() if k != "GPUSD_LEASE"}
+        return answer(200, {"host": daemon.hostname, "node_id": daemon.node_id, "leases": leases})
+
+    app.router.add_post("/api/v1/leases", create)
+    app.router.add_get("/api/v1/leases", listing)
+    app.router.add_post("/api/v1/leases/{id}/renew", renew)
+    app.router.add_delete("/api/v1/leases/{id}", delete)
+    return pool

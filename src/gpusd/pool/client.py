@@ -1,0 +1,380 @@
+"""Fleet selection and reservations: the client side of the pool (docs/pool.md)."""
+
+from __future__ import annotations
+
+import fnmatch
+import getpass
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from ..errors import ConfigError, GpusdError, NoGpuAvailable, SourceError, WaitTimeout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..alloc.select import Candidate, Constraints
+    from ..discovery.sync import Client
+    from ..discovery.types import RemoteHost
+    from ..engines.placement import Placement
+    from ..wire.signing import FleetKey
+
+log = logging.getLogger("gpusd.pool")
+
+DEFAULT_TTL = 30.0
+WAKE_EVENTS = ("device_updated", "device_added", "host_added")
+RETRY_EVERY = 10.0  # seconds: a waiting reserve() tries again at least this often
+
+
+@dataclass
+class HostLease:
+    """One lease a host's daemon holds for us."""
+
+    lease_id: str
+    hostname: str
+    node_id: str
+    url: str  # the daemon's API base (https where it serves TLS)
+    pin: str | None  # its announced certificate fingerprint (over https)
+    devices: list[dict[str, Any]]
+    env: dict[str, str]
+    ttl: float
+    expires: float
+    addresses: list[str] = field(default_factory=list)
+    local: bool = False  # the host is this machine (no SSH needed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "host": self.hostname, "node_id": self.node_id, "url": self.url,
+                "devices": self.devices, "env": self.env, "ttl": self.ttl, "expires": self.expires,
+                "addresses": self.addresses, "local": self.local, "pin": self.pin}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostLease:
+        return cls(str(d["lease_id"]), str(d["host"]), str(d["node_id"]), str(d["url"]), d.get("pin"),
+                   list(d.get("devices") or []), dict(d.get("env") or {}), float(d.get("ttl") or DEFAULT_TTL),
+                   float(d.get("expires") or 0), list(d.get("addresses") or []), bool(d.get("local")))
+
+
+def _call(method: str, lease: HostLease, path: str, key: FleetKey, body: Any = None,
+          timeout: float = 5.0) -> Any:
+    from ..wire.http import request_json
+
+    reply = request_json(method, lease.url + path, body, key=key, node_id=lease.node_id, pin=lease.pin,
+                         timeout=timeout)
+    if reply.verified is False:
+        raise SourceError(f"{lease.hostname}: the answer carries no proof of the fleet secret")
+    return reply
+
+
+class Reservation:
+    """Leases on one host or more (``per_host``), renewed in a background thread while held."""
+
+    def __init__(self, parts: list[HostLease], key: FleetKey) -> None:
+        self.parts = parts
+        self.key = key
+        self.lost = threading.Event()  # a daemon no longer knows a lease (expired, daemon restarted)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.released = False
+
+    # the common single-host case
+    @property
+    def host(self) -> str:
+        return self.parts[0].hostname
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.parts[0].env)
+
+    @property
+    def lease_id(self) -> str:
+        return self.parts[0].lease_id
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        return [d for p in self.parts for d in p.devices]
+
+    def renew(self, ttl: float | None = None) -> None:
+        """One heartbeat for every part; sets :attr:`lost` (and raises) when a daemon forgot one."""
+        for p in self.parts:
+            reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, {"ttl": ttl} if ttl else {})
+            if reply.status == 404:
+                self.lost.set()
+                raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
+            if reply.status != 200:
+                raise GpusdError(f"{p.hostname}: renewing failed (HTTP {reply.status})")
+            if isinstance(reply.data, dict) and type(reply.data.get("expires")) in (int, float):
+                p.expires = float(reply.data["expires"])
+
+    def start_renewing(self, until: float | None = None) -> None:
+        """Renew every ttl/3 seconds in a daemon thread; stop (and release) at ``until`` (epoch)."""
+        if self._thread is not None:
+            return
+
+        def loop() -> None:
+            period = max(0.5, min(p.ttl for p in self.parts) / 3)
+            while not self._stop.wait(period):
+                if until is not None and time.time() >= until:
+                    self.release()
+                    return
+                try:
+                    self.renew()
+                except GpusdError as exc:
+                    log.warning("%s", exc)
+                    if self.lost.is_set():
+                        return
+                except Exception as exc:  # noqa: BLE001 - a missed heartbeat; the TTL allows two more
+                    log.warning("renewing failed: %s", exc)
+
+        self._thread = threading.Thread(target=loop, name="gpusd-renew", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self._stop.set()
+        for p in self.parts:
+            try:
+                _call("DELETE", p, f"/leases/{p.lease_id}", self.key)
+            except GpusdError as exc:  # it ends with its TTL anyway
+                log.warning("cannot release %s on %s: %s (it expires within %gs)", p.lease_id, p.hostname, exc,
+                            p.ttl)
+
+    def __enter__(self) -> Reservation:
+        self.start_renewing()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"leases": [p.to_dict() for p in self.parts], "host": self.host, "env": self.env}
+
+    def to_placement(self, job_id: str | None = None) -> Placement:
+        """The engines' :class:`~gpusd.engines.placement.Placement` of this reservation (validated:
+        PlacementError for a host name that is not safe in a hostfile or an ssh argument)."""
+        from ..engines.placement import Placement
+
+        return Placement.from_dict(self.to_placement_dict(job_id))
+
+    def to_placement_dict(self, job_id: str | None = None) -> dict[str, Any]:
+        """The JSON form of an engine placement (``gpusd.engines.placement.Placement.from_dict``):
+        one slot per host, with the NVML indices and UUIDs leased there."""
+        import secrets
+
+        return {"job_id": job_id or f"gpusd-{secrets.token_hex(4)}", "hosts": [
+            {"hostname": p.hostname, "address": (p.addresses or [p.hostname])[0], "ssh_target": p.hostname,
+             "gpus": [d["index"] for d in p.devices], "uuids": [d["uuid"] for d in p.devices]} for p in self.parts]}
+
+
+# -- ranking --------------------------------------------------------------------------------------
+def rank_hosts(hosts: Iterable[RemoteHost], c: Constraints, *, host: str | None = None,
+               model: str | None = None) -> list[tuple[tuple[float, ...], RemoteHost, list[Candidate]]]:
+    """Verified hosts that can give ``c.count`` GPUs, best first: each host's best ``c.count`` as
+    local selection chooses them, the host ranked by its worst chosen GPU's score (ties: fewer
+    hosts' names first, by name)."""
+    from ..alloc.select import choose, score
+
+    out = []
+    for h in hosts:
+        if h.verified is not True or h.snapshot is None or not h.url or not h.alive:
+            continue
+        if host is not None and not fnmatch.fnmatch(h.hostname, host):
+            continue
+        snap = h.snapshot
+        if model is not None:
+            from copy import copy
+
+            snap = copy(snap)
+            snap.gpus = [g for g in snap.gpus if g.name and (fnmatch.fnmatch(g.name, model) or
+                                                             model.lower() in g.name.lower())]
+        leases = [le for g in snap.gpus for le in g.leases]
+        try:
+            chosen = choose(snap, c, leases, env={})
+        except NoGpuAvailable:
+            continue
+        worst = max(score(x, c) for x in chosen)
+        out.append((worst, h, chosen))
+    out.sort(key=lambda t: (t[0], t[1].hostname))
+    return out
+
+
+def api_url(h: RemoteHost) -> tuple[str, str | None]:
+    """Where to send signed writes to ``h``, and the certificate to pin: its HTTPS port where it
+    announces one (a daemon with TLS refuses writes over plain HTTP), at the address discovery
+    reached it on; else its plain HTTP API."""
+    from urllib.parse import urlsplit
+
+    from ..wire.txt import API_PREFIX
+
+    assert h.url is not None
+    if h.txt.tls_port and h.txt.cert_fp:
+        address = urlsplit(h.url).hostname or ""
+        host = f"[{address}]" if ":" in address else address
+        return f"https://{host}:{h.txt.tls_port}{API_PREFIX}", h.txt.cert_fp
+    return h.url, None
+
+
+def _local_node() -> str | None:
+    try:
+        from ..identity import node_id
+
+        return node_id()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def default_holder() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001
+        user = str(os.geteuid())
+    return f"{user}@{socket.gethostname()}"[:64]
+
+
+def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
+         ttl: float) -> HostLease | None:
+    """One lease request to ``h`` (None on 409: the GPUs just went)."""
+    from ..wire.http import request_json
+
+    assert h.url is not None
+    body: dict[str, Any] = {"count": c.count, "min_free": c.min_free, "memory": c.memory, "max_util": c.max_util,
+                            "max_processes": c.max_processes, "mig": c.mig, "by": c.by, "shared": c.shared,
+                            "include": list(c.include) if c.include else None,
+                            "exclude": list(c.exclude) if c.exclude else None,
+                            "holder": holder, "note": note, "ttl": ttl}
+    url, pin = api_url(h)
+    try:
+        reply = request_json("POST", url + "/leases", body, key=key, node_id=h.node_id, pin=pin)
+    except SourceError as exc:
+        log.info("%s: %s", h.hostname, exc)
+        return None
+    if reply.verified is not True:
+        log.warning("%s did not prove it holds the fleet secret (HTTP %d %s: %s): not using it", h.hostname,
+                    reply.status, h.url, str(reply.data)[:200])
+        return None  # an impostor's "lease" is worthless: nothing to release either
+    if reply.status in (409, 429, 503):
+        log.info("%s: %s", h.hostname, (reply.data or {}).get("error"))
+        return None
+    if reply.status != 201 or not isinstance(reply.data, dict):
+        err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
+        raise GpusdError(f"{h.hostname} refused the lease (HTTP {reply.status}): {str(err)[:300]}")
+    d = reply.data
+    lease = HostLease(str(d["lease_id"])[:64], h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
+                      {str(k): str(v) for k, v in (d.get("env") or {}).items()}, float(d.get("ttl") or ttl),
+                      float(d.get("expires") or 0), list(h.addresses))
+    lease.local = h.node_id == _local_node()
+    return lease
+
+
+def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = None, model: str | None = None,
+            session: str | None = None, ttl: float = DEFAULT_TTL, holder: str | None = None,
+            note: str | None = None, wait: bool = False, timeout: float | None = None,
+            key: FleetKey | None = None, token: str | None = None, token_file: str | None = None,
+            client: Client | None = None, interfaces: list[str] | None = None, discover: float = 3.0,
+            constraints: Constraints | None = None, **keywords: Any) -> Reservation:
+    """Reserve ``count`` GPUs on the fleet's verified hosts (all on one host unless ``per_host``
+    divides them: ``count=8, per_host=4`` is 4 GPUs on each of 2 hosts).  The constraint keywords
+    are :func:`gpusd.select`'s (``min_free``, ``memory``, ``max_util``, ...); ``host`` is a glob of
+    host names, ``model`` a glob or substring of GPU names.  Tries the best-ranked host first and the
+    next one when its daemon answers 409; with ``wait``, waits for discovery events (a GPU's load or
+    leases changed, a host appeared) and tries again, until ``timeout``.  Raises NoGpuAvailable
+    (WaitTimeout with ``wait``)."""
+    from ..alloc.select import Constraints
+    from ..wire.signing import FleetKey, load_secret
+
+    if key is None:
+        secret = token or load_secret(token_file)
+        if not secret:
+            raise ConfigError("reserving GPUs on other hosts needs the fleet secret (--token-file or $GPUSD_TOKEN)")
+        key = FleetKey(secret)
+    per = per_host or count
+    if per <= 0 or count % per:
+        raise ConfigError(f"per_host={per} must divide count={count}")
+    if not MIN_TTL <= ttl <= MAX_TTL:
+        raise ConfigError(f"ttl must be between {MIN_TTL:g} and {MAX_TTL:g} seconds")
+    c = constraints or Constraints.from_keywords(count=per, **keywords)
+    if c.count != per:
+        from dataclasses import replace
+
+        c = replace(c, count=per)
+    holder = (holder or default_holder())[:64]
+    own = client is None
+    if client is None:
+        from ..discovery.sync import Client
+
+        client = Client(session, interfaces=interfaces, key=key) if session else Client(interfaces=interfaces, key=key)
+    wake = threading.Event()
+
+    def poke(_: Any) -> None:
+        wake.set()
+
+    for ev in WAKE_EVENTS:
+        client.register_event_handler(ev, poke)
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    try:
+        if not client.listening:
+            client.wait_settled(discover)
+        while True:
+            wake.clear()
+            got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model)
+            if got is not None:
+                return Reservation(got, key)
+            if not wait:
+                raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
+                                     + (f" (hosts matching {host!r})" if host else ""))
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(f"gave up waiting after {timeout:g}s: no verified host had {per} GPU(s) free")
+            # woken by the fleet's events; RETRY_EVERY only as a safety net (a 409 for a reason the
+            # snapshots do not show, such as a job queued on that host, changes no event)
+            wake.wait(min(left, RETRY_EVERY) if left is not None else RETRY_EVERY)
+    finally:
+        for ev in WAKE_EVENTS:
+            client.unregister_event_handler(ev, poke)
+        if own:
+            client.stop_listening()
+
+
+MIN_TTL, MAX_TTL = 2.0, 3600.0
+
+
+def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetKey, holder: str,
+              note: str | None, ttl: float, host: str | None, model: str | None) -> list[HostLease] | None:
+    ranked = rank_hosts(hosts, c, host=host, model=model)
+    got: list[HostLease] = []
+    for _, h, chosen in ranked:
+        lease = _ask(h, chosen, c, key, holder, note, ttl)
+        if lease is not None:
+            got.append(lease)
+            if len(got) == n_hosts:
+                return got
+    if got:  # not enough hosts this time: give the partial set back
+        Reservation(got, key).release()
+    return None
+
+
+def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dict[str, Any]], bool] | None = None
+                 ) -> list[dict[str, Any]]:
+    """The remote leases of every verified host (``GET /api/v1/leases``), optionally filtered."""
+    from ..wire.http import fetch_json
+
+    out: list[dict[str, Any]] = []
+    for h in hosts:
+        if h.verified is not True or not h.url:
+            continue
+        url, pin = api_url(h)
+        try:
+            ans = fetch_json(url + "/leases", key=key, node_id=h.node_id, pin=pin)
+        except SourceError as exc:
+            log.info("%s: %s", h.hostname, exc)
+            continue
+        if ans.verified is not True or not isinstance(ans.data, dict):
+            continue
+        for d in ans.data.get("leases") or []:
+            if isinstance(d, dict) and (mine is None or mine(d)):
+                d["url"], d["pin"], d["addresses"] = url, pin, list(h.addresses)
+                out.append(d)
+    return out

@@ -1,0 +1,177 @@
+"""Remote leases held by a daemon (docs/pool.md), in process on 127.0.0.1: bounds, renewal, expiry,
+the lease record, and that local and remote allocation never overlap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon_helpers import running_daemon, unique_session
+
+TOKEN = secrets.token_hex(32)
+
+
+def call(method: str, url: str, body: Any = None, token: str | None = TOKEN) -> Any:
+    from gpusd.wire.http import request_json
+    from gpusd.wire.signing import FleetKey
+
+    return request_json(method, url, body, key=FleetKey(token) if token else None)
+
+
+async def acall(*a: Any, **kw: Any) -> Any:
+    return await asyncio.to_thread(call, *a, **kw)
+
+
+def base(d: Any) -> str:
+    return f"http://127.0.0.1:{d.port}/api/v1"
+
+
+def held_leases() -> list[Any]:
+    from gpusd.alloc.leases import LeaseStore
+
+    return LeaseStore().leases()
+
+
+async def test_a_remote_lease_is_the_same_flock_lease_a_local_job_would_take(tmp_path: Path) -> None:
+    from gpusd.alloc.api import allocate
+    from gpusd.alloc.select import Constraints
+    from gpusd.errors import NoGpuAvailable
+
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice@laptop", "note": "nb", "ttl": 30})
+        assert r.status == 201 and r.verified is True, r.data
+        lease_id = r.data["lease_id"]
+        assert r.data["env"]["CUDA_VISIBLE_DEVICES"] in ("0", "1") and r.data["env"]["GPUSD_LEASE"] == lease_id
+        # the record in the lock directory names the holder, the note, the origin and the expiry
+        (le,) = held_leases()
+        assert (le.lease_id, le.user, le.command, le.remote_from) == (lease_id, "alice@laptop", "nb", "127.0.0.1")
+        assert le.expires is not None and abs(le.expires - r.data["expires"]) < 0.01
+        # a local job gets the other GPU, then none: the two ways never overlap
+        sel = await asyncio.to_thread(allocate, Constraints(count=1), simulate="2xA100-80GB")
+        assert sel.uuids[0] != le.device
+        with pytest.raises(NoGpuAvailable):
+            await asyncio.to_thread(allocate, Constraints(count=1), simulate="2xA100-80GB")
+        # and the daemon answers 409, with the reason, when the local job holds the last GPU
+        r2 = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "bob"})
+        assert r2.status == 409 and "no GPUs available" in r2.data["error"], r2.data
+        sel.release()
+        assert (await acall("DELETE", f"{base(d)}/leases/{lease_id}")).status == 200
+        assert held_leases() == []
+        assert (await acall("DELETE", f"{base(d)}/leases/{lease_id}")).status == 404
+
+
+async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        sub = d.events.subscribe()
+        r = await acall("POST", base(d) + "/leases", {"count": 2, "holder": "alice", "ttl": 2})
+        assert r.status == 201
+        lease_id, first = r.data["lease_id"], r.data["expires"]
+        await asyncio.sleep(0.3)
+        r = await acall("POST", f"{base(d)}/leases/{lease_id}/renew", {})
+        assert r.status == 200 and r.data["expires"] > first
+        # the record was replaced, still locked: every device still leased, the new expiry written
+        leases = held_leases()
+        assert len(leases) == 2 and all(abs((le.expires or 0) - r.data["expires"]) < 0.01 for le in leases)
+        deadline = time.monotonic() + 5
+        while held_leases() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert held_leases() == []  # expired: the GPUs are free
+        assert lease_id not in d.pool.held
+        r = await acall("POST", f"{base(d)}/leases/{lease_id}/renew", {})
+        assert r.status == 404
+        # the event stream told it: granted, then expired (the lease under "leases": private fields redactable)
+        names = []
+        while True:
+            try:
+                msg = await asyncio.wait_for(sub.get(), 0.2)
+            except asyncio.TimeoutError:
+                break
+            if msg is None:
+                break
+            head, _, data = msg.decode().partition("\ndata: ")
+            if head.startswith("event: lease_"):
+                names.append((head[7:], json.loads(data)["leases"][0]["lease_id"]))
+        assert names == [("lease_granted", lease_id), ("lease_expired", lease_id)]
+        d.events.unsubscribe(sub)
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"count": 1}, "holder"),
+    ({"count": 1, "holder": "x" * 65}, "holder"),
+    ({"count": 1, "holder": "a\x1b[2J"}, "holder"),
+    ({"count": 1, "holder": "a", "ttl": 0.5}, "ttl"),
+    ({"count": 1, "holder": "a", "ttl": 86400}, "ttl"),
+    ({"count": 0, "holder": "a"}, "count"),
+    ({"count": 1, "holder": "a", "note": "n" * 600}, "note"),
+    ({"count": 1, "holder": "a", "max_util": "lots"}, "max_util"),
+    ([1, 2], "JSON object"),
+])
+async def test_bad_requests_get_a_clear_400(tmp_path: Path, body: Any, why: str) -> None:
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", body)
+        assert r.status == 400 and why in r.data["error"], r.data
+        assert held_leases() == []
+
+
+async def test_remote_leases_are_bounded_per_holder_and_body_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    from gpusd.daemon import pool
+
+    monkeypatch.setattr(pool, "MAX_PER_HOLDER", 2)
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="8xA100-80GB", tls=False) as d:
+        for _ in range(2):
+            assert (await acall("POST", base(d) + "/leases", {"count": 1, "holder": "greedy"})).status == 201
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "greedy"})
+        assert r.status == 429 and "greedy" in r.data["error"]
+        assert (await acall("POST", base(d) + "/leases", {"count": 1, "holder": "other"})).status == 201
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "big", "note": "x" * 20000})
+        assert r.status in (400, 413)
+        assert len(held_leases()) == 3
+
+
+async def test_unsigned_and_wrongly_signed_writes_are_refused(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        for token in (None, secrets.token_hex(32)):
+            r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "mallory"}, token=token)
+            assert r.status == 401, r.data
+        assert held_leases() == []
+        ok = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice", "note": "secret plan"})
+        lease_id = ok.data["lease_id"]
+        for token in (None, secrets.token_hex(32)):
+            assert (await acall("POST", f"{base(d)}/leases/{lease_id}/renew", {}, token=token)).status == 401
+            assert (await acall("DELETE", f"{base(d)}/leases/{lease_id}", token=token)).status == 401
+        assert len(held_leases()) == 1
+
+
+async def test_the_idle_policy_can_release_a_remote_reservation(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice"})
+        (le,) = held_leases()
+        assert d.recording.watch.releaser is d.pool
+        assert d.pool.release(le, "idle for 15 minutes") is True
+        assert held_leases() == [] and r.data["lease_id"] not in d.pool.held
+        assert d.pool.release(le, "again") is False  # not ours (any more): refused
+
+
+def test_a_reservation_gives_an_engine_placement() -> None:
+    from gpusd.pool.client import HostLease, Reservation
+    from gpusd.wire.signing import FleetKey
+
+    parts = [HostLease("a1", "node-1", "n1", "https://198.18.0.2:4781/api/v1", None,
+                       [{"index": 2, "uuid": "GPU-1"}, {"index": 5, "uuid": "GPU-2"}], {}, 30, 0, ["198.18.0.2"]),
+             HostLease("b2", "node-2", "n2", "https://198.18.0.3:4781/api/v1", None,
+                       [{"index": 0, "uuid": "GPU-3"}], {}, 30, 0, ["198.18.0.3"])]
+    p = Reservation(parts, FleetKey(TOKEN)).to_placement_dict("job-1")
+    assert json.loads(json.dumps(p)) == {"job_id": "job-1", "hosts": [
+        {"hostname": "node-1", "address": "198.18.0.2", "ssh_target": "node-1", "gpus": [2, 5],
+         "uuids": ["GPU-1", "GPU-2"]},
+        {"hostname": "node-2", "address": "198.18.0.3", "ssh_target": "node-2", "gpus": [0], "uuids": ["GPU-3"]}]}
+    placement = Reservation(parts, FleetKey(TOKEN)).to_placement("job-1")
+    assert [(h.hostname, list(h.gpus)) for h in placement.hosts] == [("node-1", [2, 5]), ("node-2", [0])]
+    assert placement.hosts[0].cuda_env()["CUDA_VISIBLE_DEVICES"] == "2,5"
