@@ -30,12 +30,24 @@ class Answer:
     node_id: str | None = None  # the node id the proof names (when verified)
 
 
-def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node_id: str | None = None,
-               pin: str | None = None) -> Answer:
-    """GET ``url`` (``http://`` or ``https://``) and parse its JSON; :class:`SourceError` with a
-    one-line reason otherwise.  With ``key`` the request is signed and the answer's proof checked
-    (``node_id``: the node meant; ``pin``: the certificate fingerprint expected over TLS); an
-    answer without a valid proof is returned with its private fields nulled and ``verified`` False."""
+@dataclass
+class _Exchange:
+    """One request and its raw answer (:func:`_exchange`)."""
+
+    status: int
+    reason: str
+    body: bytes  # at most MAX_ANSWER + 1 bytes: longer means too long
+    sent: Any  # the request as signed (gpusd.wire.signing.Request), for checking the proof
+    headers: list[tuple[str, str]]  # the answer's headers
+    nonce: str | None  # the signature's nonce (None: unsigned)
+    cert_fp: str | None  # the TLS certificate's fingerprint (https only)
+
+
+def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None, timeout: float,
+              node_id: str | None, pin: str | None) -> _Exchange:
+    """Send one request (signed with ``key``; over TLS for ``https://``, the certificate checked
+    against ``pin``) and read at most ``MAX_ANSWER + 1`` bytes of its answer.  :class:`SourceError`
+    when the daemon cannot be reached, does not speak HTTP, or shows another certificate."""
     import http.client
     import ssl
 
@@ -47,20 +59,23 @@ def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node
     except ValueError:
         raise SourceError(f"bad port in {url!r}") from None
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    absolute = f"{parts.scheme}://{parts.netloc}{target}"
     headers = {"Accept": "application/json", "Host": parts.netloc}
+    if payload is not None:
+        headers["Content-Type"] = "application/json"
     nonce = None
     if key is not None:
-        signed, nonce = key.sign_request("GET", f"{parts.scheme}://{parts.netloc}{target}", node_id=node_id)
+        signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id)
         headers.update(signed)
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        # a self-signed certificate: pinned below, proven by the signature
+        # a self-signed certificate: pinned here, proven by the signature
         conn = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout, context=_pinning_context())
     else:
         conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     cert_fp: str | None = None
     try:
-        conn.request("GET", target, headers=headers)
+        conn.request(method, target, body=payload, headers=headers)
         if parts.scheme == "https":
             from .signing import fingerprint
 
@@ -80,22 +95,42 @@ def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node
         raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
     finally:
         conn.close()
-    if status != 200:
-        raise SourceError(f"{url}: HTTP {status} {reason}" + _error_text(body))
     if len(body) > MAX_ANSWER:
         raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
+    from .signing import Headers, Request
+
+    return _Exchange(status, reason, body, Request(method, absolute, Headers(headers)), resp_headers, nonce,
+                     cert_fp)
+
+
+def _proven(x: _Exchange, key: FleetKey, node_id: str | None) -> tuple[bool, str | None]:
+    """Whether the answer carries the daemon's proof for this request; the node id it names."""
+    from .signing import NODE_HEADER, Headers, Response
+
+    answer = Response(x.status, x.sent, Headers(x.headers))
+    assert x.nonce is not None
+    ok = key.verify_response(answer, x.nonce, node_id=node_id, cert_fp=x.cert_fp, body=x.body)
+    return ok, answer.headers.find(NODE_HEADER) if ok else None
+
+
+def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node_id: str | None = None,
+               pin: str | None = None) -> Answer:
+    """GET ``url`` (``http://`` or ``https://``) and parse its JSON; :class:`SourceError` with a
+    one-line reason otherwise.  With ``key`` the request is signed and the answer's proof checked
+    (``node_id``: the node meant; ``pin``: the certificate fingerprint expected over TLS); an
+    answer without a valid proof is returned with its private fields nulled and ``verified`` False."""
+    x = _exchange("GET", url, None, key, timeout, node_id, pin)
+    if x.status != 200:
+        raise SourceError(f"{url}: HTTP {x.status} {x.reason}" + _error_text(x.body))
     try:
-        data = json.loads(body)
+        data = json.loads(x.body)
     except ValueError:
         raise SourceError(f"{url}: answer is not JSON") from None
-    if key is None or nonce is None:
+    if key is None or x.nonce is None:
         return Answer(data, None)
-    from .signing import NODE_HEADER, Headers, Request, Response
-
-    sent = Request("GET", f"{parts.scheme}://{parts.netloc}{target}", Headers(headers))
-    answer = Response(status, sent, Headers(resp_headers))
-    if key.verify_response(answer, nonce, node_id=node_id, cert_fp=cert_fp, body=body):
-        return Answer(data, True, answer.headers.find(NODE_HEADER))
+    ok, node = _proven(x, key, node_id)
+    if ok:
+        return Answer(data, True, node)
     from .privacy import redact
 
     return Answer(redact(data), False)
@@ -146,63 +181,12 @@ def request_json(method: str, url: str, body: Any = None, key: FleetKey | None =
     """One signed request with a JSON body (``POST``/``DELETE`` to a daemon: docs/pool.md); the
     status is returned, not raised (a 409 is an answer).  :class:`SourceError` when the daemon cannot
     be reached, the certificate is not ``pin``, or the answer is not JSON."""
-    import http.client
-    import ssl
-
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SourceError(f"not a daemon URL: {url!r}")
+    payload = json.dumps(body, allow_nan=False).encode() if body is not None else None
+    x = _exchange(method, url, payload, key, timeout, node_id, pin)
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        data = json.loads(x.body) if x.body.strip() else {}
     except ValueError:
-        raise SourceError(f"bad port in {url!r}") from None
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    payload = json.dumps(body, allow_nan=False).encode() if body is not None else b""
-    headers = {"Accept": "application/json", "Host": parts.netloc}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    nonce = None
-    if key is not None:
-        signed, nonce = key.sign_request(method, f"{parts.scheme}://{parts.netloc}{target}", body=payload,
-                                         node_id=node_id)
-        headers.update(signed)
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout, context=_pinning_context())
-    else:
-        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
-    cert_fp: str | None = None
-    try:
-        conn.request(method, target, body=payload if body is not None else None, headers=headers)
-        if parts.scheme == "https":
-            from .signing import fingerprint
-
-            sock = conn.sock
-            der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
-            cert_fp = fingerprint(der) if der else None
-            if pin is not None and cert_fp != pin:
-                raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
-        resp = conn.getresponse()
-        raw = resp.read(MAX_ANSWER + 1)
-        status, resp_headers = resp.status, resp.getheaders()
-    except SourceError:
-        raise
-    except (TimeoutError, OSError) as exc:
-        raise SourceError(f"cannot reach {url}: {getattr(exc, 'strerror', None) or exc}") from None
-    except http.client.HTTPException as exc:
-        raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
-    finally:
-        conn.close()
-    if len(raw) > MAX_ANSWER:
-        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
-    try:
-        data = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        raise SourceError(f"{url}: HTTP {status}, and the answer is not JSON") from None
-    if key is None or nonce is None:
-        return Reply(status, data, None)
-    from .signing import Headers, Request, Response
-
-    sent = Request(method, f"{parts.scheme}://{parts.netloc}{target}", Headers(headers))
-    answer = Response(status, sent, Headers(resp_headers))
-    return Reply(status, data, key.verify_response(answer, nonce, node_id=node_id, cert_fp=cert_fp, body=raw))
+        raise SourceError(f"{url}: HTTP {x.status}, and the answer is not JSON") from None
+    if key is None or x.nonce is None:
+        return Reply(x.status, data, None)
+    return Reply(x.status, data, _proven(x, key, node_id)[0])
