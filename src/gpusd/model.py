@@ -231,6 +231,7 @@ class LeaseInfo:
     shared: bool = False
     command: str | None = field(default=None, metadata=TEXT)
     device: str | None = None  # UUID of the leased GPU or MIG slice
+    job: str | None = None  # the gpusd job holding it (docs/jobs.md), when known
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

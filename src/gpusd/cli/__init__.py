@@ -150,7 +150,26 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "run", "gpusd.cli.alloc:run_command",
                  "run a command on leased GPUs: gpusd run -n 2 -- python train.py")
     _selection_flags(p)
+    if not isinstance(p, _Skipped):
+        from .jobs import add_run_flags
+
+        add_run_flags(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+    p = _command(sub, "jobs", "gpusd.cli.jobs:jobs", "list the jobs gpusd run started on this machine")
+    p.add_argument("--all", action="store_true", help="every user's jobs (default: yours)")
+    p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "grow", "gpusd.cli.jobs:grow", "give a running job more GPUs: gpusd grow JOB +2")
+    p.add_argument("job", help="the job id (a unique prefix is enough)")
+    p.add_argument("count", nargs="?", default="+1", help="+N more GPUs (default +1)")
+    p.add_argument("--wait", action="store_true", help="wait (in the queue) until they qualify")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds")
+
+    p = _command(sub, "shrink", "gpusd.cli.jobs:shrink", "take GPUs back from a running job: gpusd shrink JOB -1")
+    p.add_argument("job", help="the job id (a unique prefix is enough)")
+    p.add_argument("count", nargs="?", default=None, help="-N GPUs fewer (default -1)")
+    p.add_argument("--release", metavar="GPU", help="give back this GPU (index or UUID)")
 
     p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
     p.add_argument("--json", action="store_true")

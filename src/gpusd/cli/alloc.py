@@ -58,6 +58,10 @@ def run_command(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise ConfigError("no command given: gpusd run [options] -- CMD [ARGS...]")
+    if args.lease:  # every leased run is a job (docs/jobs.md)
+        from .jobs import run_job
+
+        return run_job(args, cmd, shlex.join(cmd)[:512])
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=shlex.join(cmd)[:512])

@@ -1,0 +1,111 @@
+"""Issue 13: jobs, the protocol, grow and shrink, preemption (docs/jobs.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import gpusd_cli
+from fakenvml import make_gpus
+from jobs_helpers import GPUSD, job_env, job_script, jobs_json, leases_json, log_events
+from waiting import wait_until_sync
+
+
+def _kill(p: subprocess.Popen[str]) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_a_run_is_a_job_listed_with_its_gpus_and_lease(fake_nvml, cli_env, tmp_path):
+    fake_nvml.write(make_gpus(2))
+    env = job_env(cli_env, JOBLOG=str(tmp_path / "log"), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "--priority", "high", "--", sys.executable, str(job_script(tmp_path))],
+                         env=env, text=True)
+    try:
+        jobs = wait_until_sync(lambda: [j for j in jobs_json(env) if j["state"] == "running"], timeout=30)
+        job = jobs[0]
+        assert job["priority_name"] == "high" and job["indices"] == [0] and job["restarts"] == 0
+        assert job["pid"] == p.pid and "job.py" in job["command"] and job["uid"] == os.geteuid()
+        held = leases_json(env)["leases"]
+        assert [le["job"] for le in held] == [job["job"]]
+        table = gpusd_cli(["jobs"], env=env)
+        assert job["job"] in table.stdout and "running" in table.stdout
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+        assert jobs_json(env) == []
+    finally:
+        _kill(p)
+
+
+def test_grow_from_one_to_three_then_shrink_to_two(fake_nvml, cli_env, tmp_path):
+    """The job sees each change through the protocol; no other job gets its GPUs in between."""
+    fake_nvml.write(make_gpus(4))
+    log = tmp_path / "log"
+    env = job_env(cli_env, JOBLOG=str(log), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "--", sys.executable, str(job_script(tmp_path))], env=env, text=True)
+    others: list[subprocess.Popen[str]] = []
+    try:
+        wait_until_sync(lambda: any(e["event"] == "start" for e in log_events(log)), timeout=30)
+        job = jobs_json(env)[0]["job"]
+        r = gpusd_cli(["grow", str(job)[:6], "+2"], env=env)
+        assert r.returncode == 0, r.stderr
+        seen = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "change"], timeout=30)
+        assert seen[-1]["gpus"] == "0,1,2"
+        # Meanwhile other jobs queue for GPUs: they must get GPU 3 only, never the job's.
+        out = tmp_path / "other"
+        others = [subprocess.Popen([*GPUSD, "run", "--wait", "--timeout", "120", "--", "sh", "-c",
+                                    f'echo "$CUDA_VISIBLE_DEVICES" >> {out}; sleep 0.5'], env=env, text=True)
+                  for _ in range(3)]
+        wait_until_sync(lambda: out.exists() and out.read_text().strip(), timeout=60)
+        r = gpusd_cli(["shrink", str(job), "-1"], env=env)
+        assert r.returncode == 0, r.stderr
+        changes = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "change"][1:], timeout=30)
+        assert changes[-1]["gpus"] == "0,1"
+        held = {le["device"] for le in leases_json(env)["leases"] if le.get("job") == job}
+        assert len(held) == 2
+        for o in others:
+            assert o.wait(timeout=120) == 0
+        got = out.read_text().split()
+        assert len(got) == 3 and set(got[:1]) == {"3"}  # the first ran while the job had 0,1,2
+        assert all(g in ("2", "3") for g in got)  # GPU 2 only after the shrink gave it back
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+        done = [e for e in log_events(log) if e["event"] == "done"][0]
+        assert done["gpus"] == "0,1"
+    finally:
+        for o in [p, *others]:
+            _kill(o)
+
+
+def test_grow_and_shrink_refuse_bad_requests(fake_nvml, cli_env, tmp_path):
+    fake_nvml.write(make_gpus(1))
+    env = job_env(cli_env, JOBLOG=str(tmp_path / "log"), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "--", sys.executable, str(job_script(tmp_path))], env=env, text=True)
+    try:
+        job = wait_until_sync(lambda: jobs_json(env), timeout=30)[0]["job"]
+        r = gpusd_cli(["grow", str(job), "+1"], env=env)  # only one GPU on the machine
+        assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr
+        r = gpusd_cli(["shrink", str(job), "-1"], env=env)
+        assert r.returncode != 0 and "at least one GPU" in r.stderr
+        r = gpusd_cli(["grow", "ffffffffff"], env=env)
+        assert r.returncode != 0 and "no running job" in r.stderr
+        r = gpusd_cli(["grow", str(job), "-1"], env=env)
+        assert r.returncode == 2 and "expected +N" in r.stderr
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+    finally:
+        _kill(p)
+
+
+def test_restart_me_restarts_on_the_same_lease_with_a_count(fake_nvml, cli_env, tmp_path):
+    fake_nvml.write(make_gpus(2))
+    out = tmp_path / "out"
+    script = ('echo "$GPUSD_RESTART_COUNT $CUDA_VISIBLE_DEVICES $GPUSD_LEASE" >> ' + str(out) +
+              '; [ "$GPUSD_RESTART_COUNT" -ge 2 ] || exit 75')
+    r = gpusd_cli(["run", "--", "sh", "-c", script], env=cli_env)
+    assert r.returncode == 0, r.stderr
+    lines = [line.split() for line in out.read_text().splitlines()]
+    assert [x[0] for x in lines] == ["0", "1", "2"]
+    assert len({x[1] for x in lines}) == 1 and len({x[2] for x in lines}) == 1  # same GPU, same lease
