@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -109,3 +110,76 @@ def test_restart_me_restarts_on_the_same_lease_with_a_count(fake_nvml, cli_env, 
     lines = [line.split() for line in out.read_text().splitlines()]
     assert [x[0] for x in lines] == ["0", "1", "2"]
     assert len({x[1] for x in lines}) == 1 and len({x[2] for x in lines}) == 1  # same GPU, same lease
+
+
+def test_a_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_checkpoint(fake_nvml, cli_env,
+                                                                                          tmp_path):
+    fake_nvml.write(make_gpus(2))
+    log, ckpt, result = tmp_path / "log", tmp_path / "ckpt", tmp_path / "result"
+    env = job_env(cli_env, JOBLOG=str(log), CKPT=str(ckpt), RESULT=str(result), STEPS="150")
+    low = subprocess.Popen([*GPUSD, "run", "-n", "2", "--preemptible", "--priority", "low", "--grace", "20", "--",
+                            sys.executable, str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        wait_until_sync(lambda: any(e["event"] == "start" for e in log_events(log)), timeout=30)
+        out = tmp_path / "high"
+        high = subprocess.run([*GPUSD, "run", "-n", "2", "--priority", "high", "--wait", "--timeout", "120", "--",
+                               "sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES" > {out}'], env=env, text=True,
+                              capture_output=True, timeout=180)
+        assert high.returncode == 0, high.stderr
+        assert out.read_text().strip() == "0,1"  # it ran on the GPUs the preempted job held
+        assert "preempted job" in high.stderr
+        assert low.wait(timeout=120) == 0
+        events = log_events(log)
+        starts = [e for e in events if e["event"] == "start"]
+        stopped = [e for e in events if e["event"] == "stopped"]
+        assert len(starts) == 2 and len(stopped) == 1
+        assert starts[1]["restarts"] == "1" and starts[1]["step"] == stopped[0]["step"] > 0  # from its checkpoint
+        assert result.read_text() == "150"  # and the right result
+        assert "preempted by job" in low.stderr.read()
+    finally:
+        _kill(low)
+
+
+def test_a_job_that_is_not_preemptible_is_never_stopped(fake_nvml, cli_env, tmp_path):
+    fake_nvml.write(make_gpus(1))
+    log = tmp_path / "log"
+    env = job_env(cli_env, JOBLOG=str(log), STOPFILE=str(tmp_path / "stop"))
+    held = subprocess.Popen([*GPUSD, "run", "--priority", "low", "--", sys.executable, str(job_script(tmp_path))],
+                            env=env, text=True)
+    try:
+        wait_until_sync(lambda: any(e["event"] == "start" for e in log_events(log)), timeout=30)
+        r = gpusd_cli(["run", "--priority", "urgent", "--", "true"], env=env)
+        assert r.returncode == 4  # nothing qualifies, nothing preempted
+        assert [e["event"] for e in log_events(log)] == ["start"]
+        (tmp_path / "stop").touch()
+        assert held.wait(timeout=30) == 0
+    finally:
+        _kill(held)
+
+
+def test_preemptions_per_hour_are_bounded(fake_nvml, cli_env, tmp_path):
+    """Fairness: a job preempted MAX_PREEMPTIONS_PER_HOUR times is left alone for the rest of the hour."""
+    from gpusd.jobs.control import request
+    from gpusd.jobs.supervisor import MAX_PREEMPTIONS_PER_HOUR
+
+    fake_nvml.write(make_gpus(1))
+    env = job_env(cli_env)
+    script = 'sleep 30 & wait'
+    low = subprocess.Popen([*GPUSD, "run", "--preemptible", "--priority", "low", "--grace", "5", "--", "sh", "-c",
+                            f'trap "exit 0" TERM; {script}'], env=env, text=True)
+    answers = []
+    try:
+        for _ in range(MAX_PREEMPTIONS_PER_HOUR + 1):
+            job = wait_until_sync(lambda: [j for j in jobs_json(env) if j["state"] == "running"], timeout=60)[0]
+            answers.append(request(str(job["job"]), os.geteuid(), {"op": "preempt", "by": "0" * 12, "priority": 2}))
+            if answers[-1]["ok"]:
+                wait_until_sync(lambda: [j for j in jobs_json(env) if j["restarts"] == len(answers)
+                                         and j["state"] == "running"], timeout=60)
+        assert [a["ok"] for a in answers] == [True] * MAX_PREEMPTIONS_PER_HOUR + [False]
+        assert "times in the last hour" in str(answers[-1]["message"])
+        low_prio = request(str(job["job"]), os.geteuid(), {"op": "preempt", "by": "0" * 12, "priority": 0})
+        assert not low_prio["ok"] and "higher priority" in str(low_prio["message"])
+    finally:
+        low.send_signal(signal.SIGTERM)
+        low.wait(timeout=30)
+        _kill(low)

@@ -79,6 +79,7 @@ class Supervisor:
         self.exited_at: float | None = None
         self.last_migration: float | None = None
         self.closing = False
+        self.yield_to: str | None = None  # the job that preempted us: it goes first
         self.writer = RecordWriter(self.store, JobRecord(
             job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
             preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
@@ -161,6 +162,19 @@ class Supervisor:
                 log(f"job {self.job_id} (priority {priority_name(self.priority)}) preempted job {v.job} "
                     f"(priority {priority_name(v.priority)}) for {count} GPU(s)")
         return asked
+
+    def wait_for_preemptor(self, bound: float = 60.0) -> None:
+        """Queue again only once the job that preempted us has its GPUs (or is gone), so that it is
+        ahead of us in the queue; at most ``bound`` seconds (docs/jobs.md, fairness)."""
+        by, self.yield_to = self.yield_to, None
+        if by is None:
+            return
+        limit = time.monotonic() + bound
+        while time.monotonic() < limit:
+            rec = next((r for r in list_jobs(self.store) if r.job == by), None)
+            if rec is None or rec.state != "queued":
+                return
+            time.sleep(0.05)
 
     def _rewrite_lease(self) -> None:
         """The lease record names the GPUs held now (ours and those still held by the command)."""
@@ -275,6 +289,7 @@ class Supervisor:
             if self.stopping or self.proc is None or self.proc.poll() is not None:
                 return {"ok": False, "message": f"job {self.job_id} is not running"}
             self.preemptions.append(now)
+            self.yield_to = by
             self.write_job_file("preempted", f"preempted by job {by} (priority {priority_name(priority)})")
             self._stop_child("preempt")
         log(f"job {self.job_id}: preempted by job {by}; SIGTERM, {self.grace:g}s to checkpoint")
@@ -336,12 +351,13 @@ class Supervisor:
         try:
             conn.settimeout(10)
             uid = control.peer_uid(conn)
+            req = control.read_line(conn)  # read first: the refusal is an answer, not a broken pipe
             if uid not in (0, os.geteuid()):
                 answer: dict[str, Any] = {"ok": False, "message": f"job {self.job_id} belongs to another user: only "
                                           "its owner or root may change it"}
                 log(f"job {self.job_id}: refused a request of uid {uid}")
             else:
-                answer = self.dispatch(control.read_line(conn))
+                answer = self.dispatch(req)
             conn.sendall(json.dumps(answer).encode() + b"\n")
         except Exception as exc:  # a bad request never stops the job
             try:
@@ -452,6 +468,7 @@ class Supervisor:
                     self.devs = []
                     self.restarts += 1
                     self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
+                    self.wait_for_preemptor()
                     self._take(allocate(self.c, lease=True, wait=True, simulate=self.simulate,
                                         command=self.command))
                     continue

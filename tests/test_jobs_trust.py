@@ -1,0 +1,60 @@
+"""Issue 13: a local user cannot grow, shrink, preempt, move or pause another user's job.
+
+The victim's job runs as root (the test); the attacker is a forked child that drops to another uid
+(tests/test_local_trust.py's AsUser) and talks to the job's control socket directly, so the check
+that counts is the supervisor's (SO_PEERCRED), not the CLI's.  Skipped when not run as root.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from fakenvml import make_gpus
+from jobs_helpers import GPUSD, job_env, job_script, jobs_json, log_events
+from test_local_trust import MALLORY, as_user, needs_root, shared_tmp  # noqa: F401  (fixture)
+from waiting import wait_until_sync
+
+
+@needs_root
+def test_another_user_cannot_change_or_preempt_a_job(fake_nvml, cli_env, tmp_path, shared_tmp, monkeypatch):  # noqa: F811
+    fake_nvml.write(make_gpus(3))
+    locks = shared_tmp / "locks"
+    monkeypatch.setenv("GPUSD_LOCK_DIR", str(locks))
+    log = tmp_path / "log"
+    env = job_env(cli_env, GPUSD_LOCK_DIR=str(locks), JOBLOG=str(log), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "-n", "2", "--preemptible", "--pausable", "--priority", "low", "--",
+                          sys.executable, str(job_script(tmp_path))], env=env, text=True)
+    try:
+        job = wait_until_sync(lambda: [j for j in jobs_json(env) if j["state"] == "running"], timeout=30)[0]
+        job_id = str(job["job"])
+
+        def attack(message: dict[str, object]) -> object:
+            from gpusd.jobs.control import request
+
+            return request(job_id, 0, message)
+
+        for message in ({"op": "grow", "count": 1}, {"op": "shrink", "count": 1},
+                        {"op": "preempt", "by": "0" * 12, "priority": 3}, {"op": "pause"},
+                        {"op": "move", "avoid": [], "reason": "x"}):
+            result = as_user(MALLORY, lambda m=message: attack(m))
+            assert "'ok': False" in result and "belongs to another user" in result, result
+        # The CLI says so too, before asking (run in the attacker's process: /root's python is not theirs).
+        def cli_shrink() -> object:
+            from gpusd.cli.jobs import _ask
+
+            return _ask(job_id, {"op": "shrink", "count": 1})
+
+        result = as_user(MALLORY, cli_shrink)
+        assert result.startswith("error GpusdError") and "only its owner or root" in result, result
+        # Nothing changed: the job kept its two GPUs and was never stopped or told of a change.
+        now = [j for j in jobs_json(env) if j["job"] == job_id][0]
+        assert now["indices"] == [0, 1] and now["state"] == "running" and now["restarts"] == 0
+        assert [e["event"] for e in log_events(log)] == ["start"]
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
