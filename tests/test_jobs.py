@@ -183,3 +183,48 @@ def test_preemptions_per_hour_are_bounded(fake_nvml, cli_env, tmp_path):
         low.send_signal(signal.SIGTERM)
         low.wait(timeout=30)
         _kill(low)
+
+
+def test_cuda_checkpoint_is_detected_on_path_and_otherwise_the_protocol_is_used(fake_nvml, cli_env, tmp_path):
+    """Detection and fallback only: the tool itself is verified on a GPU machine (docs/jobs.md)."""
+    from gpusd.jobs.checkpoint import find_cuda_checkpoint, toggle_command
+
+    fake_nvml.write(make_gpus(1))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = dict(cli_env, PATH=f"{empty}:/usr/bin:/bin")
+    r = gpusd_cli(["run", "--cuda-checkpoint", "--", "true"], env=env)
+    assert r.returncode == 0 and "cuda-checkpoint is not on PATH; the job protocol is used" in r.stderr
+    tool = empty / "cuda-checkpoint"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    r = gpusd_cli(["run", "--cuda-checkpoint", "--", "true"], env=env)
+    assert r.returncode == 0 and "not on PATH" not in r.stderr
+    old = os.environ["PATH"]
+    try:
+        os.environ["PATH"] = str(empty)
+        assert find_cuda_checkpoint() == str(tool)
+        assert toggle_command(str(tool), 42) == [str(tool), "--toggle", "--pid", "42"]
+        tool.chmod(0o644)
+        assert find_cuda_checkpoint() is None  # not executable: not used
+    finally:
+        os.environ["PATH"] = old
+
+
+def test_leases_and_top_show_the_job_beside_the_lease(fake_nvml, cli_env, tmp_path):
+    from gpusd.model import GpuInfo, LeaseInfo
+    from gpusd.views.top import _leases
+
+    fake_nvml.write(make_gpus(1))
+    env = job_env(cli_env, JOBLOG=str(tmp_path / "log"), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "--", sys.executable, str(job_script(tmp_path))], env=env, text=True)
+    try:
+        job = wait_until_sync(lambda: jobs_json(env), timeout=30)[0]["job"]
+        table = gpusd_cli(["leases"], env=env).stdout
+        assert "JOB" in table and str(job) in table
+        g = GpuInfo(index=0, uuid="GPU-x", leases=[LeaseInfo(lease_id="l", pid=1, user="alice", job=str(job))])
+        assert _leases(g) == f"alice job {job}"
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+    finally:
+        _kill(p)

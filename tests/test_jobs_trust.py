@@ -7,7 +7,6 @@ that counts is the supervisor's (SO_PEERCRED), not the CLI's.  Skipped when not 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 

@@ -237,6 +237,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="release idle reservations after a notice and --idle-grace (never a running job's lease)")
     h.add_argument("--idle-grace", type=_seconds, default=900.0, metavar="S",
                    help="seconds between the release notice and the release (default 900)")
+    r = p.add_argument_group("rebalancing of gpusd jobs (docs/jobs.md)")
+    r.add_argument("--rebalance", action="store_true",
+                   help="move --preemptible jobs off GPUs that stay hot while another GPU is idle, and pause "
+                   "--pausable jobs while their GPU is too hot (default policy)")
+    r.add_argument("--rebalance-policy", metavar="FILE",
+                   help="rebalance with the thresholds of this JSON file (implies --rebalance)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 

@@ -96,6 +96,11 @@ class Daemon:
         from .recording import install as install_recording  # usage history (docs/history.md)
 
         self.recording = install_recording(self.app, self)
+        self.rebalancing: Any = None
+        if config.rebalance or config.rebalance_policy is not None:
+            from .rebalancing import install as install_rebalancing  # docs/jobs.md
+
+            self.rebalancing = install_rebalancing(self)
 
     # -- extension points ---------------------------------------------------------------------
     @property

@@ -122,21 +122,21 @@ class Supervisor:
         self.writer.write(lease=lease.lease_id if lease is not None else None)
 
     def _allocate(self, c: Constraints, wait: bool, timeout: float | None) -> Selection:
+        """Leases in the lock directory, also where a daemon is the lease authority (it sees them as
+        any other): the job's supervisor must hold the descriptors to grow, shrink and move them."""
         return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
-                        store=self.store if isinstance(self.lease, Lease) else None,
-                        backend=shared_backend(self.simulate) if isinstance(self.lease, Lease) else None)
+                        store=self.store, backend=shared_backend(self.simulate))
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
         """The job's GPUs: at once; else (with wait) after asking lower-priority jobs to make room."""
         try:
-            self._take(allocate(self.c, lease=True, wait=False, simulate=self.simulate, command=self.command))
+            self._take(self._allocate(self.c, False, None))
             return
         except NoGpuAvailable:
             if not wait:
                 raise
         self.preempt_for(self.c.count)
-        self._take(allocate(self.c, lease=True, wait=True, timeout=timeout, simulate=self.simulate,
-                            command=self.command))
+        self._take(self._allocate(self.c, True, timeout))
 
     def preempt_for(self, count: int) -> list[str]:
         """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
@@ -410,6 +410,7 @@ class Supervisor:
         own_group = self.preemptible or self.pausable
         proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=_own_group if own_group else None)
         self.inherited = set(self.dev_fds)
+        self.writer.write(child=proc.pid)
         return proc
 
     def run(self) -> int:
@@ -469,8 +470,7 @@ class Supervisor:
                     self.restarts += 1
                     self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
                     self.wait_for_preemptor()
-                    self._take(allocate(self.c, lease=True, wait=True, simulate=self.simulate,
-                                        command=self.command))
+                    self._take(self._allocate(self.c, True, None))
                     continue
                 if why == "move" or rc == RESTART_ME:
                     self.restarts += 1

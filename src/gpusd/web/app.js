@@ -50,7 +50,8 @@
   }
   function cleanLease(l) {
     l = obj(l) || {};
-    return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true });
+    return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true,
+      job: str(l.job, 32) });
   }
   function cleanGpu(g) {  // null: not a GPU at all
     g = obj(g);
@@ -412,7 +413,8 @@
       return clip(p.user || "pid " + p.pid, 32) + cmd;
     });
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
-    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32));
+    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32) +
+      (l.job ? " job " + clip(l.job, 16) : ""));
     return parts.concat(leases).join(", ") || "-";
   }
   function gpuAlerts(host, uuid) {
