@@ -28,17 +28,18 @@ def daemon(fake_nvml, cli_env, tmp_path):
     policy.write_text(json.dumps({"util_above": 90, "hot_for": 0.5, "idle_below": 10, "min_interval": 600,
                                   "pause_temp": 90, "resume_margin": 5}))
     state = tmp_path / "state"
+    session = unique_session("jobs")
     env = job_env(cli_env, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
     for var in ("GPUSD_SIMULATE", "GPUSD_HOSTNAME", "GPUSD_TOKEN"):
         env.pop(var, None)
     fake_nvml.write(make_gpus(3, util_gpu=0))
     r = subprocess.run([*GPUSD, "start", "--interface", "127.0.0.1", "--port", "0", "--session",
-                        unique_session("jobs"), "--interval", "0.2", "--fleet", "off", "--no-record",
+                        session, "--interval", "0.2", "--fleet", "off", "--no-record",
                         "--rebalance-policy", str(policy)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     info = json.loads((state / "gpusd.json").read_text())
     try:
-        yield {"env": env, "state": state, "port": info["port"]}
+        yield {"env": env, "state": state, "port": info["port"], "session": session}
     finally:
         subprocess.run([*GPUSD, "stop", "--force"], env=env, capture_output=True, timeout=60)
 
@@ -56,6 +57,8 @@ def test_a_job_on_a_hot_gpu_moves_to_an_idle_one_and_finishes_there(daemon, fake
     env = job_env(daemon["env"], JOBLOG=str(log), CKPT=str(ckpt), RESULT=str(result), STEPS="1000")
     events = subprocess.Popen(["curl", "-sN", f"http://127.0.0.1:{daemon['port']}/api/v1/events"],
                               stdout=subprocess.PIPE, text=True) if _has_curl() else None
+    watch = subprocess.Popen([*GPUSD, "watch", "--json", "--session", daemon["session"], "--duration", "90"],
+                             env=env, text=True, stdout=subprocess.PIPE)
     p = subprocess.Popen([*GPUSD, "run", "--preemptible", "--grace", "30", "--", sys.executable,
                           str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
     try:
@@ -72,12 +75,17 @@ def test_a_job_on_a_hot_gpu_moves_to_an_idle_one_and_finishes_there(daemon, fake
         text = (daemon["state"] / "gpusd.log").read_text()
         assert "GPU 0 utilisation 99% > 90%" in text and "GPU 1 is idle" in text  # the reason, in the log
         assert "moving to GPU 1" in p.stderr.read()
+        watch.terminate()
+        watched = [json.loads(line) for line in watch.communicate(timeout=30)[0].splitlines() if line.strip()]
+        moves = [e["data"] for e in watched if e["event"] == "job"]
+        assert moves and moves[0]["action"] == "move" and moves[0]["ok"] is True  # gpusd watch shows it ...
+        assert "GPU 0 utilisation 99% > 90%" in moves[0]["reason"]  # ... with its reason
         if events is not None:
             seen = wait_until_sync(lambda: _job_events(events), timeout=10)
             assert seen[0]["action"] == "move" and seen[0]["ok"] and seen[0]["to"] == 1
             assert "utilisation 99%" in seen[0]["reason"]
     finally:
-        for proc in (p, events):
+        for proc in (p, events, watch):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()

@@ -202,6 +202,12 @@
         onThreshold(d, true); break;
       case "threshold_cleared":
         onThreshold(d, false); break;
+      case "job": {  // a rebalancing decision (docs/jobs.md), with its reason
+        const j = (d.data && typeof d.data === "object") ? d.data : {};
+        log(j.ok === true ? "" : "exceeded", `${str(d.hostname, SHOWN_MAX) || hostKey(d)}: ${str(j.reason, TEXT_MAX) || "job " +
+          str(j.action, 16)}${j.ok === true ? "" : " (failed: " + str(j.result, 200) + ")"}`);
+        return;
+      }
       case "snapshot":
         if (d.gpus) setHost({ node_id: d.node_id, hostname: d.hostname, snapshot: d });
         break;
