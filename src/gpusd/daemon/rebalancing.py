@@ -77,8 +77,9 @@ class Rebalancing:
         event = {**d.to_dict(), "ok": bool(answer.get("ok")),
                  "result": str(answer.get("message") or answer.get("devices") or "")[:300],
                  "ts": time.time(), "took_s": round(time.monotonic() - started, 3)}
-        log.log(logging.INFO if event["ok"] else logging.WARNING, "rebalance: %s (%s%s)", d.reason,
-                "done" if event["ok"] else "failed: ", "" if event["ok"] else event["result"])
+        log.log(logging.INFO if event["ok"] else logging.WARNING, "rebalance: %s (%s%s; asked in %.0f ms)", d.reason,
+                "done" if event["ok"] else "failed: ", "" if event["ok"] else event["result"],
+                event["took_s"] * 1000)
         self.decisions = (self.decisions + [event])[-50:]
         return event
 

@@ -124,7 +124,7 @@ class Rebalancer:
                 target = idle.pop(0)
                 self.last_move[r.job] = now
                 out.append(Decision("move", r.job, r.uid, uuid, g.index, (
-                    f"GPU {g.index} {why_hot[uuid]} for {now - since:.0f}s (>= {p.hot_for:g}s) while GPU "
+                    f"GPU {g.index} {why_hot[uuid]} for {now - since:.1f}s (>= {p.hot_for:g}s) while GPU "
                     f"{target.index} is idle ({target.utilization_gpu or 0:.0f}%): moving job {r.job} there"),
                     to=target.index))
                 break

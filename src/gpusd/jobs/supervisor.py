@@ -454,6 +454,8 @@ class Supervisor:
                         self.last_migration = time.monotonic() - self.exited_at
                         self.writer.write(reason=f"{self.writer.record.reason} (restarted in "
                                           f"{self.last_migration * 1000:.0f} ms)")
+                        log(f"job {self.job_id}: running on GPU {self.cuda_visible()} (restarted in "
+                            f"{self.last_migration * 1000:.0f} ms after the command exited)")
                     self.decided_at = self.exited_at = None
                 rc = self.proc.wait()
                 self.exited_at = time.monotonic()
