@@ -135,7 +135,10 @@ class Supervisor:
         except NoGpuAvailable:
             if not wait:
                 raise
-        self.preempt_for(self.c.count)
+        from ..alloc import queue
+
+        if not queue.waiting(self.store):  # the queue is FIFO: GPUs freed now would go to its head
+            self.preempt_for(self.c.count)
         self._take(self._allocate(self.c, True, timeout))
 
     def preempt_for(self, count: int) -> list[str]:
