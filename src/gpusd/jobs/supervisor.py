@@ -121,25 +121,30 @@ class Supervisor:
         self._rewrite_lease()
         self.writer.write(lease=lease.lease_id if lease is not None else None)
 
-    def _allocate(self, c: Constraints, wait: bool, timeout: float | None) -> Selection:
-        """Leases in the lock directory, also where a daemon is the lease authority (it sees them as
-        any other): the job's supervisor must hold the descriptors to grow, shrink and move them."""
+    def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False) -> Selection:
+        """A job's first lease goes through the daemon where it is the lease authority, except for a
+        ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
+        later (grow, move) join a lock-directory lease, so they are taken there too."""
+        local = not first or self.preemptible
         return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
-                        store=self.store, backend=shared_backend(self.simulate))
+                        store=self.store if local else None, backend=shared_backend(self.simulate) if local else None)
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
-        """The job's GPUs: at once; else (with wait) after asking lower-priority jobs to make room."""
-        try:
-            self._take(self._allocate(self.c, False, None))
+        """The job's GPUs: at once; with ``wait`` through the queue, after asking lower-priority jobs to
+        make room when nothing qualifies and nobody is queued (the queue is FIFO: GPUs freed while
+        others wait would go to its head)."""
+        if not wait:
+            self._take(self._allocate(self.c, False, None, first=True))
             return
-        except NoGpuAvailable:
-            if not wait:
-                raise
         from ..alloc import queue
 
-        if not queue.waiting(self.store):  # the queue is FIFO: GPUs freed now would go to its head
-            self.preempt_for(self.c.count)
-        self._take(self._allocate(self.c, True, timeout))
+        if self.priority > min(PRIORITIES.values()) and not queue.waiting(self.store):
+            try:  # would anything qualify now? (a choice only, no lease)
+                allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
+                         backend=shared_backend(self.simulate))
+            except NoGpuAvailable:
+                self.preempt_for(self.c.count)
+        self._take(self._allocate(self.c, True, timeout, first=True))
 
     def preempt_for(self, count: int) -> list[str]:
         """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
@@ -204,8 +209,8 @@ class Supervisor:
 
     def grow(self, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
         if not isinstance(self.lease, Lease):
-            return {"ok": False, "message": "this job's lease is held by the daemon: grow works on lock-directory "
-                    "leases (docs/jobs.md)"}
+            return {"ok": False, "message": "this job's lease is held by the daemon (the lease authority): "
+                    "grow works on jobs that lease in the lock directory, as --preemptible jobs do (docs/jobs.md)"}
         c = replace(self.c, count=n)
         try:
             sel = self._allocate(c, wait, timeout)
@@ -231,8 +236,8 @@ class Supervisor:
 
     def shrink(self, n: int | None, release: str | None) -> dict[str, Any]:
         if not isinstance(self.lease, Lease):
-            return {"ok": False, "message": "this job's lease is held by the daemon: shrink works on lock-directory "
-                    "leases (docs/jobs.md)"}
+            return {"ok": False, "message": "this job's lease is held by the daemon (the lease authority): "
+                    "shrink works on jobs that lease in the lock directory, as --preemptible jobs do (docs/jobs.md)"}
         with self.lock:
             if release is not None:
                 drop = [d for d in self.devs if release in (str(d.gpu.index), d.label) or d.uuid.startswith(release)]
@@ -475,7 +480,7 @@ class Supervisor:
                     self.restarts += 1
                     self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
                     self.wait_for_preemptor()
-                    self._take(self._allocate(self.c, True, None))
+                    self._take(self._allocate(self.c, True, None, first=True))
                     continue
                 if why == "move" or rc == RESTART_ME:
                     self.restarts += 1
