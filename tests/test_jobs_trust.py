@@ -107,10 +107,9 @@ def test_hostile_job_records_are_skipped_and_never_followed(tmp_path, monkeypatc
 @needs_root
 def test_a_job_record_is_attributed_to_its_files_owner(shared_tmp, monkeypatch):  # noqa: F811
     """Mallory writes a record that claims to be root's urgent job: it is listed as Mallory's."""
-    from test_local_trust import AsUser
-
     from gpusd.alloc.leases import LeaseStore
     from gpusd.jobs.record import list_jobs
+    from test_local_trust import AsUser
 
     locks = shared_tmp / "locks"
     monkeypatch.setenv("GPUSD_LOCK_DIR", str(locks))
