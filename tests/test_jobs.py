@@ -228,3 +228,36 @@ def test_leases_and_top_show_the_job_beside_the_lease(fake_nvml, cli_env, tmp_pa
         assert p.wait(timeout=30) == 0
     finally:
         _kill(p)
+
+
+def test_a_waiting_job_stops_on_sigterm_and_grow_waits_if_asked(fake_nvml, cli_env, tmp_path):
+    fake_nvml.write(make_gpus(2))
+    log = tmp_path / "log"
+    env = job_env(cli_env, JOBLOG=str(log), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "--", sys.executable, str(job_script(tmp_path))], env=env, text=True)
+    holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=env, text=True)
+    waiting = None
+    try:
+        wait_until_sync(lambda: len([j for j in jobs_json(env) if j["state"] == "running"]) == 2, timeout=30)
+        job = [j for j in jobs_json(env) if "job.py" in str(j["command"])][0]["job"]
+        # A job queued for GPUs stops on SIGTERM (exit 143), leaving nothing behind.
+        waiting = subprocess.Popen([*GPUSD, "run", "--wait", "--", "true"], env=env, text=True,
+                                   stderr=subprocess.PIPE)
+        wait_until_sync(lambda: leases_json(env)["queued"], timeout=30)
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=30) == 128 + 15
+        assert "while waiting for GPUs" in waiting.stderr.read()
+        assert leases_json(env)["queued"] == [] and len(jobs_json(env)) == 2
+        # grow --wait: queued until the other job's GPU is free, then the job gets it.
+        grow = subprocess.Popen([*GPUSD, "grow", str(job), "+1", "--wait", "--timeout", "60"], env=env, text=True)
+        wait_until_sync(lambda: leases_json(env)["queued"], timeout=30)
+        holder.send_signal(signal.SIGTERM)
+        assert grow.wait(timeout=60) == 0
+        changes = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "change"], timeout=30)
+        assert changes[-1]["gpus"] in ("0,1", "1,0")
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+    finally:
+        for proc in (p, holder, waiting):
+            if proc is not None:
+                _kill(proc)

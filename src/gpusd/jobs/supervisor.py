@@ -44,6 +44,14 @@ MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not pr
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+class Stopped(BaseException):
+    """A signal to stop arrived while no command was running (queued, or preempted and waiting)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _own_group() -> None:  # in the child before exec (process_group= needs Python 3.11)
     os.setpgid(0, 0)
 
@@ -436,10 +444,13 @@ class Supervisor:
             if signum != signal.SIGUSR1:
                 stop["user"] = True
             proc = self.proc
-            if proc is not None:
+            if proc is not None and proc.poll() is None:
                 _signal_group(proc.pid, signum)
+            elif signum != signal.SIGUSR1:  # queued or preempted, no command running: stop waiting
+                raise Stopped(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        rc = 0
         try:
             self.acquire(self.wait, self.timeout)
             while True:
@@ -486,6 +497,9 @@ class Supervisor:
                     self.restarts += 1
                     continue
                 break
+        except Stopped as exc:
+            log(f"job {self.job_id}: stopped by {signal.Signals(exc.signum).name} while waiting for GPUs")
+            rc = -exc.signum
         finally:
             self.closing = True
             for sig, handler in previous.items():
