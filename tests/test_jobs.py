@@ -261,3 +261,21 @@ def test_a_waiting_job_stops_on_sigterm_and_grow_waits_if_asked(fake_nvml, cli_e
         for proc in (p, holder, waiting):
             if proc is not None:
                 _kill(proc)
+
+
+def test_a_killed_supervisor_leaves_no_job_behind(fake_nvml, cli_env, tmp_path):
+    from gpusd.alloc.leases import lock_dir
+
+    fake_nvml.write(make_gpus(1))
+    p = subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=cli_env, start_new_session=True)
+    try:
+        job = wait_until_sync(lambda: jobs_json(cli_env), timeout=30)[0]["job"]
+        assert (lock_dir() / f"job-{job}.sock").exists()
+        os.killpg(p.pid, signal.SIGKILL)  # supervisor and command, no clean-up
+        p.wait()
+        assert jobs_json(cli_env) == []  # the record's lock went with it (and `jobs` cleans up)
+        assert not (lock_dir() / f"job-{job}.json").exists() and not (lock_dir() / f"job-{job}.sock").exists()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

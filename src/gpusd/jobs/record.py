@@ -149,11 +149,12 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
                 if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                     continue
                 if try_lock(fd, shared=True):  # nobody holds it: a dead supervisor's
-                    if cleanup:
-                        try:
-                            os.unlink(name, dir_fd=dfd)
-                        except OSError:
-                            pass
+                    if cleanup:  # its record and its control socket (our own files only: sticky dir)
+                        for stale in (name, name[:-5] + ".sock"):
+                            try:
+                                os.unlink(stale, dir_fd=dfd)
+                            except OSError:
+                                pass
                     continue
                 if st.st_size > MAX_JOB_BYTES:
                     log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)
