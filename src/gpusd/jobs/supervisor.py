@@ -486,6 +486,8 @@ class Supervisor:
                     assert self.lease is not None
                     self.lease.release()
                     self.dev_fds.clear()
+                    for fd in self.pending.values():  # given back while it ran: free them too
+                        _close(fd)
                     self.pending.clear()
                     self.devs = []
                     self.restarts += 1
