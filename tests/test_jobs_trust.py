@@ -8,17 +8,28 @@ that counts is the supervisor's (SO_PEERCRED), not the CLI's.  Skipped when not 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
+import pytest
+
 from fakenvml import make_gpus
-from jobs_helpers import GPUSD, job_env, job_script, jobs_json, log_events
-from test_local_trust import MALLORY, as_user, needs_root, shared_tmp  # noqa: F401  (fixture)
+from jobs_helpers import GPUSD, MALLORY, AsUser, as_user, job_env, job_script, jobs_json, log_events, shared_dir
 from waiting import wait_until_sync
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second, unprivileged user")
+
+
+@pytest.fixture
+def shared_tmp():
+    d = shared_dir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @needs_root
-def test_another_user_cannot_change_or_preempt_a_job(fake_nvml, cli_env, tmp_path, shared_tmp, monkeypatch):  # noqa: F811
+def test_another_user_cannot_change_or_preempt_a_job(fake_nvml, cli_env, tmp_path, shared_tmp, monkeypatch):
     fake_nvml.write(make_gpus(3))
     locks = shared_tmp / "locks"
     monkeypatch.setenv("GPUSD_LOCK_DIR", str(locks))
@@ -105,12 +116,10 @@ def test_hostile_job_records_are_skipped_and_never_followed(tmp_path, monkeypatc
 
 
 @needs_root
-def test_a_job_record_is_attributed_to_its_files_owner(shared_tmp, monkeypatch):  # noqa: F811
+def test_a_job_record_is_attributed_to_its_files_owner(shared_tmp, monkeypatch):
     """Mallory writes a record that claims to be root's urgent job: it is listed as Mallory's."""
     from gpusd.alloc.leases import LeaseStore
     from gpusd.jobs.record import list_jobs
-    from test_local_trust import AsUser
-
     locks = shared_tmp / "locks"
     monkeypatch.setenv("GPUSD_LOCK_DIR", str(locks))
     store = LeaseStore()
