@@ -267,7 +267,11 @@ class Watcher:
 class Lan:
     """A bridge namespace plus host namespaces; see the module docstring."""
 
-    def __init__(self, tag: str = "", workdir: Path | None = None) -> None:
+    def __init__(self, tag: str = "", workdir: Path | None = None, net: int | None = None) -> None:
+        # net: this LAN is 198.18.<net>.0/24 (hosts .1-.250, a router .254) for routed setups (join());
+        # None: the default 198.18.0.0/16
+        self.net = net
+        self.gateway: str | None = None
         sweep_stale()
         self.id = f"{PREFIX}-{os.getpid()}-{tag or ''}{secrets.token_hex(2)}"
         self.switch = f"{self.id}-lan"
@@ -277,6 +281,7 @@ class Lan:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=f"{self.id}-"))
         self._libdir: Path | None = None
+        self.routers: list[str] = []  # router namespaces this LAN deletes on close (join())
         self.closed = False
         _ip("netns", "add", self.switch)
         self._exec_checked(self.switch, "ip", "link", "add", "br0", "type", "bridge")
@@ -296,7 +301,8 @@ class Lan:
     def add_node(self, name: str) -> Node:
         index = len(self.nodes) + 1
         ns = f"{self.id}-{name}"
-        ip = f"198.18.{index // 250}.{index % 250 + 1}"
+        ip = f"198.18.{index // 250}.{index % 250 + 1}" if self.net is None else f"198.18.{self.net}.{index}"
+        prefix = 16 if self.net is None else 24
         _ip("netns", "add", ns)
         try:
             # Both ends are born in the switch namespace, then one moves into the host: the veth
@@ -304,9 +310,11 @@ class Lan:
             _ip("-n", self.switch, "link", "add", f"v{index}", "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("-n", self.switch, "link", "set", f"v{index}", "master", "br0")
             _ip("-n", self.switch, "link", "set", f"v{index}", "up")
-            _ip("-n", ns, "addr", "add", f"{ip}/16", "dev", "eth0")
+            _ip("-n", ns, "addr", "add", f"{ip}/{prefix}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
+            if self.gateway is not None:
+                _ip("-n", ns, "route", "add", "default", "via", self.gateway)
         except Exception:
             _ip("netns", "del", ns, check=False)
             raise
@@ -401,8 +409,35 @@ class Lan:
         for node in self.nodes:
             _ip("netns", "del", node.ns, check=False)
         _ip("netns", "del", self.switch, check=False)
+        for ns in self.routers:
+            _ip("netns", "del", ns, check=False)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def join(a: Lan, b: Lan) -> str:
+    """Join two LANs (made with ``net=``) by a router namespace with IP forwarding: unicast crosses
+    it, multicast (mDNS) does not.  The router is .254 on both; every host (now and later) routes the
+    other LAN through it.  Returns the router's namespace name (deleted by ``a.close()``)."""
+    assert a.net is not None and b.net is not None and a.net != b.net
+    ns = f"{a.id}-rtr"
+    _ip("netns", "add", ns)
+    a.routers.append(ns)
+    for i, lan in enumerate((a, b)):
+        gw = f"198.18.{lan.net}.254"
+        _ip("-n", lan.switch, "link", "add", "vr", "type", "veth", "peer", "name", f"eth{i}", "netns", ns)
+        _ip("-n", lan.switch, "link", "set", "vr", "master", "br0")
+        _ip("-n", lan.switch, "link", "set", "vr", "up")
+        _ip("-n", ns, "addr", "add", f"{gw}/24", "dev", f"eth{i}")
+        _ip("-n", ns, "link", "set", f"eth{i}", "up")
+        lan.gateway = gw
+        for node in lan.nodes:
+            _ip("-n", node.ns, "route", "add", "default", "via", gw)
+    r = subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip_forward in {ns}: {r.stderr.strip()}")
+    return ns
 
 
 # -- pytest fixtures (import them into a test module: ``from netns import lan``) --------------------

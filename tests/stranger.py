@@ -32,6 +32,11 @@ def recorder(log_path: str):  # an aiohttp handler factory
                                 "headers": [[k, v] for k, v in request.headers.items()]}) + "\n")
         if request.path.endswith("/events"):
             return await events(request)
+        if request.path == "/healthz":  # what a static peer is asked first (its public reads)
+            return web.json_response({"ok": True, "node_id": EVIL_NODE})
+        if request.path == "/api/v1/host":
+            return web.json_response({"api": 1, "session": "default", "node_id": EVIL_NODE, "hostname": "evil",
+                                      "snapshot": json.loads(fake_snapshot())})
         return web.json_response({"error": "nothing here"}, status=404)
 
     return record

@@ -1,6 +1,7 @@
-"""Paths the tests share."""
+"""Paths the tests share (test files sit one level down, in a folder per package)."""
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 SRC = REPO / "src"

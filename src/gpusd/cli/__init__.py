@@ -185,7 +185,21 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="the daemon's state directory: pid file, log, node id (default $GPUSD_STATE_DIR, "
                        "/var/lib/gpusd for root, else ~/.local/state/gpusd)")
 
+    def beyond_flags(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("hosts beyond this link (docs/daemon.md, \"Beyond one link\")")
+        g.add_argument("--peer", action="append", metavar="HOST[:PORT]", dest="peers",
+                       help="also follow the daemon at HOST (name or IPv4; port 4780 by default; repeatable; "
+                       "default $GPUSD_PEERS, comma-separated)")
+        g.add_argument("--peers-file", metavar="FILE",
+                       help="peers, one HOST[:PORT] per line, # comments; re-read when it changes "
+                       "(default $GPUSD_PEERS_FILE)")
+        g.add_argument("--dns-sd-domain", metavar="DOMAIN",
+                       help="browse _gpusd._tcp.DOMAIN in unicast DNS (wide-area DNS-SD, RFC 6763 §11; "
+                       "default $GPUSD_DNS_SD_DOMAIN)")
+        g.add_argument("--dns-server", metavar="IP", help="ask this DNS server (default: the system resolver)")
+
     def client_flags(p: argparse.ArgumentParser) -> None:
+        beyond_flags(p)
         interface_flag(p, "browse")
         p.add_argument("--session", default="default", help="only hosts of this session (default: default)")
         p.add_argument("--all-sessions", action="store_true", help="hosts of every session")
@@ -218,6 +232,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", action="append", metavar="FILE", help="alert rules from a JSON file")
     p.add_argument("--fleet", choices=("auto", "on", "off"), default="auto",
                    help="the /api/v1/fleet view: started on first use (auto), always, or never")
+    beyond_flags(p)
     p.add_argument("--txt-interval", type=_seconds, default=6.0, metavar="S",
                    help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
     p.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
@@ -225,6 +240,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", metavar="FILE", default=None,
                    help="with --foreground: log to FILE, rotated at 10 MiB (3 kept) while running "
                    "(default: stderr; a background daemon logs to gpusd.log in its state directory)")
+    p.add_argument("--dcgm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="/metrics also serves NVIDIA DCGM exporter names (DCGM_FI_DEV_GPU_UTIL...) for Grafana "
+                   "dashboards made for it (default: on)")
     h = p.add_argument_group("usage history (docs/history.md)")
     h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
     h.add_argument("--retention", type=_positive_seconds, default=365.0, metavar="DAYS",
@@ -312,6 +330,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
+    beyond_flags(p)
     p.add_argument("--history", default="1h", metavar="RANGE",
                    help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
 
@@ -354,7 +373,62 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_positive_seconds, default=10.0, metavar="S",
                    help="with --watch: check every S seconds")
     add_token_flags(p, "with --url: sign the request")
+    p = _command(esub, "dns-sd-zone", "gpusd.cli.discover:export_dns_sd_zone",
+                 "print zone-file records (PTR, SRV, TXT, A) publishing the hosts found under _gpusd._tcp.DOMAIN")
+    p.add_argument("--domain", required=True, help="the wide-area DNS-SD domain, e.g. lab.example")
+    p.add_argument("--ttl", type=int, default=300, help="TTL of the records in seconds (default 300)")
+    p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S", help="seconds to browse (default 3)")
+    client_flags(p)
     # --- end of monitoring commands ---
+
+    # --- distributed engine commands (docs/engines.md) ---
+    # their options come from cli/engines.py, imported only when one of them runs (start-up time)
+    ecli: Any = _Skipped()
+    if _only in (None, "hostfile", "launch", "ray"):
+        ecli = importlib.import_module("gpusd.cli.engines")
+
+    p = _command(sub, "hostfile", "gpusd.cli.engines:hostfile",
+                 "write what a distributed engine reads (DeepSpeed/MPI hostfile, Horovod -H, torchrun lines, JSON)")
+    ecli.add_placement_flags(p)
+    p.add_argument("--format", "-f", choices=ecli.FORMATS, default="json", help="what to write (default json)")
+    p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
+                   help="the training program, for the command lines shown")
+
+    p = _command(sub, "launch", "gpusd.cli.engines:launch",
+                 "start a distributed engine on every host of the job over SSH: "
+                 "gpusd launch -n 8 --per-host 4 torchrun -- train.py")
+    ecli.add_placement_flags(p)
+    ecli.add_ssh_flags(p)
+    p.add_argument("--env", "-x", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also set NAME on every host (its value here, or VALUE; repeatable)")
+    p.add_argument("--chdir", metavar="DIR", help="working directory on every host (default: the current one)")
+    p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
+    p.add_argument("--port", type=int, default=None,
+                   help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
+    p.add_argument("--python", default="python3", help="the Python that runs gpusd's per-rank wrapper (mpirun, "
+                   "horovodrun; default python3)")
+    p.add_argument("engine", choices=ecli.ENGINES, metavar="ENGINE",
+                   help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")
+
+    p = sub.add_parser("ray", help="a Ray cluster on gpusd's GPUs: ray up / ray down",
+                       description="a Ray cluster on gpusd's GPUs: ray up / ray down")
+    rsub = p.add_subparsers(dest="ray_command", metavar="up|down", parser_class=_Parser, required=True)
+    for name, target, what in (("up", "ray_up", "start a Ray head on the first host and workers on the others, "
+                                "each limited to its GPUs; prints the address"),
+                               ("down", "ray_down", "stop Ray on every host of the cluster gpusd started")):
+        p = _command(rsub, name, f"gpusd.cli.engines:{target}", what)
+        ecli.add_placement_flags(p, with_count=name == "up")
+        ecli.add_ssh_flags(p)
+        p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
+        p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+        p.add_argument("--state-dir", metavar="DIR", help="where gpusd remembers the cluster (default: gpusd's "
+                       "state directory)")
+        if name == "up":
+            p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
+                           help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")
+    # --- end of distributed engine commands ---
 
     return parser
 

@@ -19,6 +19,7 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
              "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
              "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
+             "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics"),
              "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
              "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
              "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace")}
@@ -55,6 +56,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
+        dcgm_metrics=getattr(args, "dcgm_metrics", True),
         record=getattr(args, "record", True),
         retention=getattr(args, "retention", 365.0) * 86400,
         history_size=int(getattr(args, "history_size", 1024.0) * 2**20),
@@ -63,6 +65,10 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         idle_grace=getattr(args, "idle_grace", 900.0),
         rebalance=getattr(args, "rebalance", False),
         rebalance_policy=Path(args.rebalance_policy).resolve() if getattr(args, "rebalance_policy", None) else None,
+        peers=getattr(args, "peers", None),
+        peers_file=getattr(args, "peers_file", None),
+        dns_sd_domain=getattr(args, "dns_sd_domain", None),
+        dns_server=getattr(args, "dns_server", None),
     )
     cfg.validate()
     return cfg
@@ -89,12 +95,21 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
             "--idle-grace", str(getattr(args, "idle_grace", 900.0))]
     if args.hostname:
         out += ["--hostname", args.hostname]
+    for peer in getattr(args, "peers", None) or []:
+        out += ["--peer", peer]
+    for flag, name in (("--peers-file", "peers_file"), ("--dns-sd-domain", "dns_sd_domain"),
+                       ("--dns-server", "dns_server")):
+        if getattr(args, name, None):
+            value = getattr(args, name)
+            out += [flag, os.path.abspath(value) if name == "peers_file" else value]
     if args.tls_port is not None:
         out += ["--tls-port", str(args.tls_port)]
     if args.simulate:
         out += ["--simulate", args.simulate]
     if args.gpusd_compat:
         out.append("--gpusd-compat")
+    if not args.dcgm_metrics:
+        out.append("--no-dcgm-metrics")
     from ..thresholds import rule_specs
 
     for rule in rule_specs(args.threshold or (), args.thresholds or ()):

@@ -33,8 +33,16 @@ def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
         key=fleet_key(args),
         interfaces=args.interfaces,
         **_filter_args(args),
+        **beyond_args(args),
         **kw,
     )
+
+
+def beyond_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--peer``, ``--peers-file``, ``--dns-sd-domain``, ``--dns-server`` as AsyncClient arguments
+    (absent flags: None, so the client reads the environment)."""
+    return {"peers": getattr(args, "peers", None), "peers_file": getattr(args, "peers_file", None),
+            "dns_sd_domain": getattr(args, "dns_sd_domain", None), "dns_server": getattr(args, "dns_server", None)}
 
 
 def _filter_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -98,7 +106,33 @@ def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> 
 
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
     return {"hostname": h.hostname, "node_id": h.node_id, "session": h.session, "source": h.source,
-            "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+            "via": h.via, "addresses": h.addresses, "port": h.port, "service": h.key, "txt": h.txt.to_dict()}
+
+
+def export_dns_sd_zone(args: argparse.Namespace) -> int:
+    """``gpusd export dns-sd-zone --domain lab.example``: zone-file lines publishing the hosts found
+    (wide-area DNS-SD, docs/daemon.md "Beyond one link")."""
+    import asyncio
+
+    from ..discovery.beyond import valid_domain, zone_records
+
+    domain = valid_domain(args.domain)
+    if not 0 < args.ttl <= 86400:
+        raise ConfigError("--ttl must be between 1 and 86400 seconds")
+
+    async def go() -> list[RemoteHost]:
+        client = _client(args)
+        try:
+            return await client.scan(args.timeout)
+        finally:
+            await client.stop_listening()
+
+    lines = zone_records(asyncio.run(go()), domain, int(args.ttl))
+    if not lines:
+        print("gpusd: no gpusd host with an IPv4 address found", file=sys.stderr)
+        return EXIT_NO_DAEMON
+    print("\n".join(lines))
+    return 0
 
 
 def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:

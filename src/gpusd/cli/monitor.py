@@ -27,9 +27,10 @@ def _source(args: argparse.Namespace, settle: float) -> Source:
 
         return FleetSource(args.url, key=fleet_key(args))
     from ..views.sources import DiscoverySource
+    from .discover import beyond_args
 
     return DiscoverySource(session=None if args.all_sessions else args.session, settle=settle,
-                           interfaces=args.interfaces, key=fleet_key(args))
+                           interfaces=args.interfaces, key=fleet_key(args), **beyond_args(args))
 
 
 def top(args: argparse.Namespace) -> int:

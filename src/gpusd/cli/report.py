@@ -77,17 +77,31 @@ def _from_url(url: str, start: float, end: float, key: FleetKey | None) -> dict[
 
 
 def _fleet_urls(url: str, key: FleetKey | None) -> list[str]:
-    from ..views.sources import base_url, get_json, hosts_from_fleet
+    """The API bases of the fleet's live hosts, as the daemon at ``url`` lists them.  With the fleet
+    secret, only hosts that proved they hold it (to a daemon that proved it to us) are asked: a
+    stranger gets no signed request and its made-up figures never reach the report."""
+    from ..sanitize import for_terminal
+    from ..views.sources import base_url, hosts_from_fleet
+    from ..wire.http import fetch_json
 
-    hosts = hosts_from_fleet(get_json(f"{base_url(url)}/api/v1/fleet", key))
-    return [h.url for h in hosts if h.alive and h.url]
+    answer = fetch_json(f"{base_url(url)}/api/v1/fleet", key)
+    hosts = [h for h in hosts_from_fleet(answer.data, trusted=answer.verified) if h.alive and h.url]
+    if key is None:
+        return [h.url for h in hosts if h.url]
+    left_out = [h.hostname for h in hosts if h.verified is not True]
+    if left_out:
+        names = ", ".join(for_terminal(n, 64) for n in left_out[:10]) + (" ..." if len(left_out) > 10 else "")
+        print(f"gpusd report: left out {len(left_out)} unverified host(s): {names}", file=sys.stderr)
+    urls = [h.url for h in hosts if h.verified is True and h.url]
+    if not urls:
+        raise GpusdError(f"no verified host in the fleet of {url}: none proved it holds the fleet secret")
+    return urls
 
 
 def report(args: argparse.Namespace) -> int:
     from ..usage.report import build
     from ..views.report import render
     from ..views.sources import SourceError
-
     from .trust import fleet_key
 
     key = fleet_key(args)

@@ -30,6 +30,7 @@ class DaemonConfig:
     fleet: str = "auto"  # "auto": start the fleet client on first use; "on"; "off"
     fleet_idle: float = 300.0  # "auto": stop the fleet client after this long unused
     leases: bool = True  # attach this machine's GPU leases to every sample
+    dcgm_metrics: bool = True  # /metrics also serves the DCGM exporter's names (DCGM_FI_DEV_*)
     netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
     # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     thresholds: list[str] = field(default_factory=list)
@@ -41,6 +42,12 @@ class DaemonConfig:
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
     fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
+    # hosts beyond the mDNS link (discovery/beyond.py, docs/daemon.md "Beyond one link"); None: from the
+    # environment ($GPUSD_PEERS, $GPUSD_PEERS_FILE, $GPUSD_DNS_SD_DOMAIN)
+    peers: list[str] | None = None
+    peers_file: str | None = None
+    dns_sd_domain: str | None = None
+    dns_server: str | None = None
     # usage history (docs/history.md; wired in daemon/recording.py)
     record: bool = True  # record usage history in an SQLite database
     history_db: Path | None = None  # default: history.sqlite in the state directory
@@ -60,6 +67,7 @@ class DaemonConfig:
                 "interval": self.interval, "history": self.history, "simulate": self.simulate,
                 "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
                 "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds),
+                "dcgm_metrics": self.dcgm_metrics,
                 "no_record": not self.record, "retention_days": self.retention / 86400,
                 "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
                 "idle_release": self.idle_release, "idle_grace": self.idle_grace,
@@ -109,6 +117,21 @@ class DaemonConfig:
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000):
                 raise ConfigError(f"{name} must be a whole number between 1 and 1000000, not {value!r}")
         self._validate_thresholds()
+        self._validate_beyond()
+
+    def _validate_beyond(self) -> None:
+        """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
+        import os
+
+        from ..discovery import beyond
+
+        # also what the fleet view would take from the environment: a bad $GPUSD_PEERS fails the start
+        beyond.parse_peers(list(self.peers) if self.peers is not None else beyond.peers_from_env())
+        domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
+        if domain:
+            beyond.valid_domain(domain)
+        if self.dns_server:
+            beyond.valid_dns_server(self.dns_server)
 
     def _validate_thresholds(self) -> None:
         """Parse the threshold rules with the command line's parser (:mod:`gpusd.thresholds`): a rule

@@ -60,7 +60,9 @@ class Fleet:
             # owners; to readers without the secret the fleet view is redacted on the way out.
             # Announced loopback addresses are followed only by a daemon itself pinned to loopback.
             client = AsyncClient(session=cfg.session, zeroconf=self.zc, token=cfg.token,
-                                 max_hosts=cfg.fleet_max_hosts, allow_loopback=self.allow_loopback)
+                                 max_hosts=cfg.fleet_max_hosts, allow_loopback=self.allow_loopback,
+                                 peers=cfg.peers, peers_file=cfg.peers_file, dns_sd_domain=cfg.dns_sd_domain,
+                                 dns_server=cfg.dns_server)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client

@@ -7,6 +7,9 @@ series), never exported as 0.
 
 Each daemon exports its own host only, so a Prometheus scraping every daemon (see
 ``gpusd export prometheus-sd``) gets each GPU exactly once.
+
+Alongside, by default, the same readings under NVIDIA's DCGM exporter names (``DCGM_FI_DEV_GPU_UTIL``
+...; :class:`DcgmCollector`), so that Grafana dashboards made for the DCGM exporter work unchanged.
 """
 
 from __future__ import annotations
@@ -127,14 +130,63 @@ class SnapshotCollector:
             yield active
 
 
+# NVIDIA's DCGM exporter names for the same readings, so that dashboards made for it (the community
+# "NVIDIA DCGM Exporter Dashboard", Grafana 12239) show a gpusd fleet unchanged.  Units are DCGM's:
+# percent, MiB, degrees C, watts.  name -> (help, reader)
+_MIB = float(1 << 20)
+_DCGM_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
+    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda g: g.utilization_gpu),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("Memory utilization (in %).", lambda g: g.utilization_memory),
+    "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).",
+                            lambda g: None if g.memory_used is None else g.memory_used / _MIB),
+    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).",
+                            lambda g: None if g.memory_free is None else g.memory_free / _MIB),
+    "DCGM_FI_DEV_GPU_TEMP": ("GPU temperature (in C).", lambda g: g.temperature),
+    "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", lambda g: g.power_draw),
+}
+# The DCGM exporter's labels; "hostname" (newer exporters) beside "Hostname" (older ones and the dashboards).
+DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION")
+
+
+class DcgmCollector:
+    """The DCGM exporter's series (``DCGM_FI_DEV_*``) for the GPUs of ``snapshots()`` (gpusd start
+    ``--no-dcgm-metrics`` leaves them out).  A reading the GPU does not report is left out."""
+
+    def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]]) -> None:
+        self._snapshots = snapshots
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        families = {name: GaugeMetricFamily(name, help_, labels=list(DCGM_LABELS))
+                    for name, (help_, _) in _DCGM_GAUGES.items()}
+        for snap in self._snapshots():
+            if snap is None:
+                continue
+            for g in snap.gpus:
+                labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.name or "", snap.hostname, snap.hostname,
+                          g.pci_bus_id or "", snap.driver_version or ""]
+                for name, (_, read) in _DCGM_GAUGES.items():
+                    value = read(g)
+                    if value is not None:
+                        families[name].add_metric(labels, float(value))
+        yield from families.values()
+
+
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
                   alerts: Callable[[], Sequence[ThresholdEvent]] | None = None,
-                  process_metrics: bool = True) -> CollectorRegistry:
-    """A registry holding the GPU collector (and, by default, the daemon's own process_* metrics)."""
+                  process_metrics: bool = True, dcgm: bool = False) -> CollectorRegistry:
+    """A registry holding the GPU collector (and, by default, the daemon's own process_* metrics; with
+    ``dcgm``, the DCGM exporter's names too)."""
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshots, alerts))
+    if dcgm:
+        registry.register(DcgmCollector(snapshots))
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry
@@ -147,8 +199,10 @@ def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
 
 
-def render_snapshots(snaps: Iterable[HostSnapshot], alerts: Sequence[ThresholdEvent] | None = None) -> bytes:
+def render_snapshots(snaps: Iterable[HostSnapshot], alerts: Sequence[ThresholdEvent] | None = None,
+                     dcgm: bool = False) -> bytes:
     """One-shot rendering (no process metrics), e.g. for tests or a textfile collector."""
     snaps = list(snaps)
-    registry = make_registry(lambda: snaps, (lambda: alerts) if alerts is not None else None, process_metrics=False)
+    registry = make_registry(lambda: snaps, (lambda: alerts) if alerts is not None else None, process_metrics=False,
+                             dcgm=dcgm)
     return render(registry)

@@ -72,8 +72,9 @@ class Monitor:
     """What :func:`install` set up; kept in the app as ``app[MONITOR_KEY]``."""
 
     def __init__(self, daemon: MonitoredDaemon, rules: Sequence[Rule], access: privacy.Access,
-                 interval: float) -> None:
+                 interval: float, dcgm: bool = False) -> None:
         self.daemon = daemon
+        self.dcgm = dcgm  # also serve the DCGM exporter's metric names
         self.rules = list(rules)
         self.engine = ThresholdEngine(self.rules)
         self.access = access
@@ -112,7 +113,7 @@ class Monitor:
 
         if self._registry is None:
             self._registry = make_registry(lambda: [self.daemon.latest_snapshot()],
-                                           self.engine.active if self.rules else None)
+                                           self.engine.active if self.rules else None, dcgm=self.dcgm)
         return render(self._registry)
 
     def alerts(self) -> dict[str, Any]:
@@ -149,7 +150,7 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                             cert_fp=lambda: getattr(daemon, "cert_fp", None))
     if interval is None:
         interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
-    monitor = Monitor(daemon, rules, access, interval)
+    monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)))
     app[_app_key()] = monitor
     app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
     privacy.install_proofs(app, access)

@@ -115,6 +115,10 @@ class Daemon:
     def interval(self) -> float:
         return self.config.interval
 
+    @property
+    def dcgm_metrics(self) -> bool:
+        return self.config.dcgm_metrics
+
     def latest_snapshot(self) -> HostSnapshot | None:
         return self.snapshot
 

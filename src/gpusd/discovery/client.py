@@ -79,6 +79,7 @@ MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements bey
 # by a second when it multicast the record less than a second before), and the stopping daemon may
 # still accept a connection; a restarted daemon (probing alone takes ~0.75 s) is merely seen later.
 REAPPEAR_HOLD = 2.0
+FOLLOWED_ALREADY = "followed already"  # a stream's outcome: its node is reported, found another way
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -96,6 +97,10 @@ class _Peer:
     streaming: bool = False
     settled: bool = False  # resolved and either reported or given up on (for wait_settled)
     problems: set[str] = field(default_factory=set)  # logged once each
+    via: str = "mdns"  # how it was found: "mdns", "peer" (static) or "dns-sd" (wide area; .beyond)
+    spec: Any = None  # a static peer's PeerSpec, a wide-area instance's DnsSdInstance
+    from_file: bool = False  # a static peer listed in the peers file (dropped when the file drops it)
+    shadowed: bool = False  # its node is reported already, found another way (_shadowing)
 
 
 class AsyncClient:
@@ -117,6 +122,13 @@ class AsyncClient:
     host is ``verified`` when it proves it holds the secret; private fields are kept from verified
     hosts only (docs/security.md).  ``allow_loopback``: follow hosts announcing loopback or link-local
     addresses (default: only when the client itself is bound to loopback).
+
+    Beyond the mDNS link (:mod:`gpusd.discovery.beyond`, docs/daemon.md): ``peers`` (``host[:port]``
+    strings; default ``$GPUSD_PEERS``), ``peers_file`` (one per line, re-read when it changes),
+    ``dns_sd_domain`` (browse ``_gpusd._tcp.<domain>`` in unicast DNS; default
+    ``$GPUSD_DNS_SD_DOMAIN``) and ``dns_server`` (an IP address; default: the system resolver).
+    Such hosts are followed and verified exactly like announced ones; ``RemoteHost.via`` says how
+    each host was found.
     """
 
     def __init__(
@@ -135,6 +147,10 @@ class AsyncClient:
         max_hosts: int = MAX_HOSTS,
         key: "FleetKey | None" = None,
         allow_loopback: bool | None = None,
+        peers: Sequence[str] | None = None,
+        peers_file: str | None = None,
+        dns_sd_domain: str | None = None,
+        dns_server: str | None = None,
     ) -> None:
         if isinstance(min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
             min_free_memory = int(parse_memory(min_free_memory, ratio=False))
@@ -178,6 +194,21 @@ class AsyncClient:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.max_hosts = max(1, int(max_hosts))
         self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
+        self._init_beyond(peers, peers_file, dns_sd_domain, dns_server)
+
+    def _init_beyond(self, peers: Sequence[str] | None, peers_file: str | None, dns_sd_domain: str | None,
+                     dns_server: str | None) -> None:
+        """Hosts beyond the mDNS link (validated here: bad values raise ConfigError in the caller)."""
+        import os
+
+        from . import beyond
+
+        self.peer_specs = beyond.parse_peers(list(peers) if peers is not None else beyond.peers_from_env())
+        self.peers_file = peers_file or os.environ.get("GPUSD_PEERS_FILE") or None
+        domain = dns_sd_domain if dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN", "")
+        self.dns_sd_domain = beyond.valid_domain(domain) if domain else None
+        self.dns_server = beyond.valid_dns_server(dns_server) if dns_server else None
+        self._dns_sd_browsed = self.dns_sd_domain is None  # the first wide-area browse is done (wait_settled)
 
     # -- handlers -----------------------------------------------------------------------------
     def register_event_handler(self, event: str, fn: Handler) -> None:
@@ -278,6 +309,7 @@ class AsyncClient:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=RESOLVE_TIMEOUT),
             auto_decompress=False,
         )
+        self._start_beyond()
 
     async def stop_listening(self) -> None:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""
@@ -362,7 +394,7 @@ class AsyncClient:
         while True:
             now = time.monotonic()
             first = self._first_peer_at
-            if all(p.settled for p in self._peers.values()) and (
+            if self._dns_sd_browsed and all(p.settled for p in self._peers.values()) and (
                     (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
                     or (early is not None and first is not None and now - first >= early[1]
                         and now - self._last_peer_at >= early[0])):
@@ -453,6 +485,121 @@ class AsyncClient:
         peer.problems.add(message)
         log.log(level, "skipping %s: %s", peer.name, message)
 
+    # -- beyond the link (static peers, wide-area DNS-SD: .beyond) ------------------------------
+    def _start_beyond(self) -> None:
+        for spec in self.peer_specs:
+            self._add_static(spec)
+        if self.peers_file is not None:
+            self._spawn(self._watch_peers_file(self.peers_file))
+        if self.dns_sd_domain is not None:
+            self._spawn(self._browse_dns_sd(self.dns_sd_domain))
+
+    def _add_static(self, spec: Any, from_file: bool = False) -> None:
+        name = f"peer:{spec}"
+        if name in self._peers:
+            return
+        peer = self._peers[name] = _Peer(name=name, type=SERVICE_TYPE, via="peer", spec=spec, from_file=from_file)
+        self._last_peer_at = time.monotonic()
+        peer.task = asyncio.ensure_future(self._follow(peer))
+
+    async def _watch_peers_file(self, path: str) -> None:
+        """Follow the peers in ``path``; re-read it when it changes (checked every few seconds).  A
+        file that turns bad keeps the peers it had (the error is logged)."""
+        from ..errors import ConfigError
+        from . import beyond
+
+        stamp: object = ()
+        while self._listening:
+            now = beyond.file_stamp(path)
+            if now != stamp:
+                stamp = now
+                try:
+                    specs = beyond.parse_peers(beyond.read_peers_file(path))
+                except ConfigError as exc:
+                    log.warning("peers file: %s (keeping the peers it listed before)", exc)
+                else:
+                    names = {f"peer:{spec}" for spec in specs}
+                    for peer in [p for p in self._peers.values() if p.from_file and p.name not in names]:
+                        self._drop_peer(peer, "no longer in the peers file")
+                    for spec in specs:
+                        self._add_static(spec, from_file=True)
+            await asyncio.sleep(beyond.PEERS_FILE_CHECK)
+
+    async def _browse_dns_sd(self, domain: str) -> None:
+        """Browse ``_gpusd._tcp.<domain>`` in unicast DNS now and again (every DNS_SD_INTERVAL s, or
+        sooner when a record's TTL is shorter, never more often than DNS_SD_MIN_INTERVAL s)."""
+        from . import beyond
+
+        logged: set[str] = set()
+        while self._listening:
+            try:
+                browse = await beyond.browse_dns_sd(domain, self.dns_server)
+            except Exception:  # never let a resolver's bug stop discovery
+                log.exception("wide-area DNS-SD browse of %s failed", domain)
+                browse = beyond.Browse([], beyond.DNS_SD_INTERVAL, [], set(), complete=False)
+            for problem in browse.problems:
+                log.log(logging.DEBUG if problem in logged else logging.WARNING, "DNS-SD: %s", problem)
+                logged.add(problem)
+            # a host leaves when the zone no longer lists it; a server that does not answer drops nothing
+            names = {inst.name for inst in browse.found} | browse.unknown
+            gone = [p for p in self._peers.values() if p.via == "dns-sd" and p.name not in names]
+            for peer in gone if browse.complete else []:
+                self._drop_peer(peer, "removed from DNS-SD")
+            for inst in browse.found:
+                known = self._peers.get(inst.name)
+                if known is None:
+                    if len(self._peers) >= self.max_hosts:
+                        self._drop_announcement(inst.name)
+                        continue
+                    new = self._peers[inst.name] = _Peer(name=inst.name, type=SERVICE_TYPE, via="dns-sd", spec=inst)
+                    self._last_peer_at = time.monotonic()
+                    new.task = asyncio.ensure_future(self._follow(new))
+                    continue
+                peer = known
+                old, peer.spec = peer.spec, inst
+                if (old.txt.node_id, old.port, old.addresses) != (inst.txt.node_id, inst.port, inst.addresses):
+                    self._restart_peer(peer)
+                elif peer.host is not None:
+                    peer.host.txt = inst.txt
+            self._dns_sd_browsed = True
+            await asyncio.sleep(browse.ttl)
+
+    async def _resolve_beyond(self, peer: _Peer) -> RemoteHost | None:
+        """A static peer's or a wide-area instance's host record (None: not now; retried)."""
+        from . import beyond
+
+        if peer.via == "dns-sd":
+            inst = peer.spec
+            txt, addresses, port = inst.txt, list(inst.addresses), inst.port
+        else:
+            import aiohttp
+
+            assert self._http is not None
+            spec = peer.spec
+            try:
+                addresses = await beyond.addresses_of(spec.host)
+            except (OSError, asyncio.TimeoutError) as exc:
+                self._problem(peer, f"cannot resolve {spec.host}: {exc}")
+                return None
+            txt, port = None, spec.port
+            for address in addresses:
+                try:
+                    txt = await beyond.peer_txt(self._http, address, port)
+                    addresses = [address]
+                    break
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                    self._problem(peer, f"no gpusd daemon at {address}:{port} ({str(exc)[:200] or type(exc).__name__})")
+            if txt is None:
+                return None
+        if not self.filters.host_ok(txt):
+            log.debug("ignoring %s: session %r / host %r filtered out", peer.name, txt.session, txt.hostname)
+            return None
+        host = RemoteHost(key=peer.name, txt=txt, addresses=addresses, port=port, via=peer.via)
+        if peer.host is not None and peer.reported:
+            host.snapshot, host.alive, host.url = peer.host.snapshot, peer.host.alive, peer.host.url
+        peer.host = host
+        return host
+
     # -- following one host -------------------------------------------------------------------
     async def _follow(self, peer: _Peer, hold: float = 0.0) -> None:
         retry = RETRY_MIN
@@ -493,6 +640,8 @@ class AsyncClient:
         from zeroconf import IPVersion
         from zeroconf.asyncio import AsyncServiceInfo
 
+        if peer.via != "mdns":
+            return await self._resolve_beyond(peer)
         assert self._zc is not None
         info = AsyncServiceInfo(peer.type, peer.name)
         try:
@@ -578,7 +727,10 @@ class AsyncClient:
 
         assert self._http is not None
         failure = "unreachable"
-        addresses = [a for a in rank_addresses(host.addresses) if self.allow_loopback or not _local_only(a)]
+        # a static peer's address is the user's own choice (--peer 127.0.0.1 is fine); announced ones
+        # (mDNS, wide-area DNS-SD) are followed only where they point at another machine
+        addresses = [a for a in rank_addresses(host.addresses)
+                     if self.allow_loopback or peer.via == "peer" or not _local_only(a)]
         if not addresses:
             self._problem(peer, f"announces only loopback/link-local addresses {host.addresses[:4]}: not followed")
             return "no usable address"
@@ -637,7 +789,7 @@ class AsyncClient:
                 # dashboard's alert requests), also when the stream itself came over TLS
                 outcome = await self._read_stream(peer, host, resp, f"http://{address}:{host.port}{API_PREFIX}",
                                                   deadline)
-                if outcome in ("bye", "lost"):
+                if outcome in ("bye", "lost", FOLLOWED_ALREADY):
                     return outcome
                 failure = outcome  # no valid stream at this address (another machine's?): try the next
             finally:
@@ -681,6 +833,9 @@ class AsyncClient:
                     host.last_seen = time.monotonic()
                     host.alive = True
                     self._apply(peer, host, snap.gpus, snap)
+                    if peer.shadowed:
+                        peer.shadowed = False
+                        return FOLLOWED_ALREADY
                 elif not got_snapshot:
                     continue  # anything before the snapshot is ignored
                 elif name == "heartbeat":
@@ -757,6 +912,12 @@ class AsyncClient:
     # -- reporting ----------------------------------------------------------------------------
     def _apply(self, peer: _Peer, host: RemoteHost, gpus: list[GpuInfo], snap: HostSnapshot | None = None) -> None:
         """Report what changed between the devices reported so far and ``gpus``."""
+        if not peer.reported and snap is not None:
+            other = self._shadowing(peer, host)
+            if other is not None:  # one host found two ways (mDNS and --peer, say) is reported once
+                log.debug("%s: %s is followed already (found via %s)", peer.name, host.hostname, other.via)
+                peer.shadowed = peer.settled = True
+                return
         if snap is not None:
             host.snapshot = snap
         peer.settled = True
@@ -774,7 +935,7 @@ class AsyncClient:
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
                          source=host.source, live=host.live, simulated=simulated, host_key=host.key,
-                         verified=host.verified)
+                         verified=host.verified, via=host.via)
             old = peer.devices.get(uuid)
             peer.devices[uuid] = dev
             if old is None:
@@ -783,6 +944,19 @@ class AsyncClient:
             changed = _changed(old.gpu, g)
             if changed:
                 self._emit(DiscoveryEvent(DEVICE_UPDATED, host, device=dev, previous=old, changed=changed))
+
+    def _shadowing(self, peer: _Peer, host: RemoteHost) -> _Peer | None:
+        """The reported host of the same node found another way (a static peer, wide-area DNS-SD), if
+        any: the first found is followed, the other waits (retried with back-off) -- unless this one is
+        verified and that one is not (a stranger claiming a node id never hides the real host).  Two
+        mDNS services of one node are both reported, as before."""
+        for other in self._peers.values():
+            if other is peer or not other.reported or other.host is None or other.host.node_id != host.node_id:
+                continue
+            if peer.via == other.via == "mdns" or (host.verified is True and other.host.verified is False):
+                continue
+            return other
+        return None
 
     def _report_removed(self, peer: _Peer, reason: str) -> None:
         host = peer.host

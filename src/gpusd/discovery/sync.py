@@ -66,11 +66,14 @@ class Client:
     def __init__(self, session: str | None = DEFAULT_SESSION, *, interfaces: Sequence[str] | None = None,
                  hostname: str | None = None, model: str | None = None, min_free_memory: int | str | None = None,
                  all_sessions: bool = False, liveness_timeout: float = 10.0, include_hwsd: bool = True,
-                 daemon_thread: bool = False, token: str | None = None, key: Any = None) -> None:
+                 daemon_thread: bool = False, token: str | None = None, key: Any = None,
+                 peers: Sequence[str] | None = None, peers_file: str | None = None,
+                 dns_sd_domain: str | None = None, dns_server: str | None = None) -> None:
         self._kwargs: dict[str, Any] = dict(
             interfaces=interfaces, hostname=hostname, model=model, min_free_memory=min_free_memory,
             all_sessions=all_sessions, liveness_timeout=liveness_timeout, include_hwsd=include_hwsd,
-            token=token, key=key,
+            token=token, key=key, peers=peers, peers_file=peers_file, dns_sd_domain=dns_sd_domain,
+            dns_server=dns_server,
         )
         self._session = session
         self._daemon_thread = daemon_thread

@@ -49,6 +49,7 @@ class Device:
     simulated: bool = False
     host_key: str = ""
     verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
+    via: str = "mdns"  # how its host was found (see RemoteHost.via)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -97,6 +98,7 @@ class Device:
             "live": self.live,
             "simulated": self.simulated,
             "verified": self.verified,
+            "via": self.via,
             "gpu": self.gpu.to_dict(),
         }
 
@@ -126,6 +128,9 @@ class RemoteHost:
     # False: it did not (a stranger, or a daemon of another fleet): its private fields are dropped;
     # None: this client has no fleet secret, so nothing can be checked.
     verified: bool | None = None
+    # how the host was found: "mdns" (announced on this link), "peer" (--peer, GPUSD_PEERS, a peers
+    # file) or "dns-sd" (wide-area DNS-SD, RFC 6763 §11)
+    via: str = "mdns"
 
     @property
     def hostname(self) -> str:
@@ -162,7 +167,7 @@ class RemoteHost:
         simulated = bool(self.snapshot.simulated) if self.snapshot is not None else self.txt.simulated
         return [
             Device(hostname=self.hostname, node_id=self.node_id, session=self.session, gpu=g, url=self.url,
-                   source=self.source, live=self.live, simulated=simulated, host_key=self.key)
+                   source=self.source, live=self.live, simulated=simulated, host_key=self.key, via=self.via)
             for g in self.gpus()
         ]
 
@@ -173,6 +178,7 @@ class RemoteHost:
             "node_id": self.node_id,
             "session": self.session,
             "source": self.source,
+            "via": self.via,
             "addresses": list(self.addresses),
             "port": self.port,
             "url": self.url,
@@ -219,6 +225,7 @@ class DiscoveryEvent:
             "session": self.host.session,
             "url": self.host.url,
             "source": self.host.source,
+            "via": self.host.via,
             "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }

@@ -21,7 +21,7 @@ no daemon can take away without killing that process, so the daemon has no relea
 reservation server of the trust work plugs one in (docs/history.md, Idle reservations).
 
 Event data lists the lease under ``leases`` so that the daemon's access rules null its ``user`` and
-``command`` for readers without the token.
+``command`` for readers without the fleet secret.
 """
 
 from __future__ import annotations

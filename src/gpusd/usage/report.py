@@ -33,7 +33,7 @@ def _display_model(name: str | None) -> str:
 
 def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, Any]:
     """The report of ``answers`` (one per host) grouped ``by`` one of :data:`BY`.  Raises
-    :class:`GpusdError` for ``by user`` when an answer withheld per-user figures (no token)."""
+    :class:`GpusdError` for ``by user`` when an answer withheld per-user figures (not signed with the fleet secret)."""
     if by not in BY:
         raise GpusdError(f"--by must be one of {', '.join(BY)}")
     answers = list(answers)
@@ -46,8 +46,8 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
     end = max((_num(a.get("to")) for a in answers), default=0.0)
     private = all(a.get("private") is True for a in answers)
     if by == "user" and not private:
-        raise GpusdError("per-user figures are private: give the daemons' token (--token or $GPUSD_TOKEN), "
-                         "or ask --by host, gpu or model")
+        raise GpusdError("per-user figures are private: sign with the fleet secret (--token-file FILE or "
+                         "$GPUSD_TOKEN_FILE), or ask --by host, gpu or model")
 
     def row(key: str) -> dict[str, float]:
         return rows.setdefault(key, {"used_h": 0.0, "held_h": 0.0, "idle_held_h": 0.0, "util_s": 0.0,

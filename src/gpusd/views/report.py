@@ -82,7 +82,8 @@ def to_table(r: Mapping[str, Any]) -> str:
                             _when(j["start"]), _fmt(j["gpu_hours"]), _fmt(j["mean_util"]), _fmt(j["energy_kwh"])]
                            for j in r["top_jobs"][:10]], right=(3, 5, 6, 7)))
     if not r["private"]:
-        out += ["", "(per-user figures and job owners are private: give the daemons' token to see them)"]
+        out += ["", "(per-user figures and job owners are private: sign with the fleet secret, --token-file,"
+                    " to see them)"]
     return "\n".join(out) + "\n"
 
 
@@ -144,7 +145,7 @@ def to_html(r: Mapping[str, Any]) -> str:
                             for j in r["top_jobs"]], "jobs"))
     if not r["private"]:
         parts.append("<p class=meta>Per-user figures and job owners are private: this report was made without "
-                     "the daemons' token.</p>")
+                     "the fleet secret.</p>")
     chart_data = {"by": by, "rows": r["rows"], "timeline": r["timeline"]}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

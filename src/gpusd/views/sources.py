@@ -133,11 +133,12 @@ class DiscoverySource:
     host's event stream).  The first call waits up to ``settle`` seconds for the hosts to answer."""
 
     def __init__(self, session: str | None = "default", settle: float = 2.0,
-                 interfaces: list[str] | None = None, key: "FleetKey | None" = None) -> None:
+                 interfaces: list[str] | None = None, key: "FleetKey | None" = None, **beyond: Any) -> None:
         from ..discovery import Client
 
+        # beyond: peers, peers_file, dns_sd_domain, dns_server (hosts past the mDNS link)
         self._client = Client(session, interfaces=interfaces, all_sessions=session is None, daemon_thread=True,
-                              key=key)
+                              key=key, **beyond)
         self._settle = settle
         self._settled = False
 

@@ -4,7 +4,8 @@ default, up to 30 days with ``gpusd top --history 30d``), in block characters.
 :class:`Sparks` keeps, per GPU, the points of the window: what the daemon's history answers
 (``GET /api/v1/history/series``, fetched on worker threads about once a minute per host, so a frame
 never waits on the network) plus every sample ``top`` itself shows.  Hosts read without a daemon
-(``--local``) get the points ``top`` saw since it started.
+(``--local``), and hosts that did not prove they hold the fleet secret (``verified`` False: a stranger
+gets no request from ``top``), get the points ``top`` saw since it started.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ class Sparks:
                     self._add(key, "util", t, _finite(g.utilization_gpu))
                     ratio = g.memory_used_ratio
                     self._add(key, "mem", t, None if ratio is None else 100 * ratio)
-            if h.url and now - self._fetched.get(h.key, -math.inf) >= REFETCH:
+            # A host that failed to prove it holds the fleet secret (a stranger announcing itself) is
+            # not asked anything: its sparklines show what top itself sees of it.
+            if h.url and h.verified is not False and now - self._fetched.get(h.key, -math.inf) >= REFETCH:
                 self._fetched[h.key] = now
                 futures.append(self._executor().submit(self._fetch, h.key, h.url, [g.uuid for g in snap.gpus]))
         if wait > 0 and futures:

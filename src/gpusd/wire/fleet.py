@@ -35,6 +35,8 @@ class FleetHost:
     # True: the host proved to the serving daemon that it holds the fleet secret (docs/security.md);
     # False: it did not (a stranger, another fleet); None: the serving daemon has no secret to check.
     verified: bool | None = None
+    # how the serving daemon found it: "mdns", "peer" (a static peer) or "dns-sd" (wide-area DNS-SD)
+    via: str = field(default="mdns", metadata={"max": 16})
     snapshot: HostSnapshot | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,7 +61,7 @@ class FleetHost:
         last = now_wall - (now_mono - h.last_seen) if h.last_seen else None
         return cls(hostname=h.hostname, node_id=h.node_id, session=h.session, source=h.source, url=h.url,
                    alive=h.alive, last_seen=round(last, 3) if last is not None else None, verified=h.verified,
-                   snapshot=h.snapshot)
+                   via=getattr(h, "via", "mdns"), snapshot=h.snapshot)
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@
   query id and cleared cache-flush bits are python-zeroconf's own. NSEC records are left out of
   these answers: mDNS compresses their next-name field (RFC 6762 §18.14), which unicast DNS forbids
   (RFC 4034 §4.1.1), and resolvers such as dnspython then reject the whole answer.
-  tests/test_responder.py checks this against the installed python-zeroconf, and fails if a new
+  tests/wire/test_responder.py checks this against the installed python-zeroconf, and fails if a new
   version answers some other way.
 * **Unicast answers stay on the link** (RFC 6762 §5.5, §11): python-zeroconf answers a unicast query
   from any source address.  :class:`ConformingZeroconf` sends no unicast answer to an address that

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 import gpusd
 import gpusd.errors as errors
 from gpusd.cli.exits import exit_code_for
+from tests_paths import REPO
 
 
 def test_every_error_is_exported_from_gpusd_and_is_a_gpusd_error() -> None:
@@ -56,7 +56,7 @@ def test_library_errors_carry_no_exit_code() -> None:
 ])
 def test_the_cli_maps_errors_to_the_documented_codes(exc: BaseException, code: int) -> None:
     assert exit_code_for(exc) == code
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    docs = (REPO / "docs" / "cli.md").read_text()
     assert re.search(rf"^\| {code} \|", docs, re.M), f"exit code {code} is not in docs/cli.md"
 
 

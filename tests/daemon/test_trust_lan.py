@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import sys
-import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,37 +16,15 @@ from typing import Any
 import pytest
 
 from fakenvml import FakeProcess, make_gpus
-from netns import GpuHost, Lan, Node, lan, netns_ok, read_lines  # noqa: F401
+from lan_helpers import python_in, secret_file, start_script
+from netns import GpuHost, Lan, Node, lan, netns_ok  # noqa: F401
 
-HERE = Path(__file__).resolve().parent
 GiB = 2**30
-
-
-def secret_file(path: Path, value: str) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
-    return path
 
 
 def start_all(hosts: list[GpuHost]) -> None:
     with ThreadPoolExecutor(len(hosts)) as pool:
         list(pool.map(lambda h: h.start(), hosts))
-
-
-def start_script(lan: Lan, node: Node, args: list[str]) -> subprocess.Popen[bytes]:  # noqa: F811
-    p = lan.popen(node, [sys.executable, str(HERE / "stranger.py"), *args],
-                  env=lan.base_env(node, GPUSD_MDNS_FAST="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert p.stdout is not None
-    lines = read_lines(p.stdout.fileno(), 1, 30)
-    assert lines and lines[0] == "ready", (lines, p.poll())
-    return p
-
-
-def python_in(lan: Lan, node: Node, code: str, env: dict[str, str] | None = None) -> Any:  # noqa: F811
-    r = lan.run(node, [sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def signed_fleet(lan: Lan, node: Node, url: str, key_file: Path) -> dict[str, Any]:  # noqa: F811

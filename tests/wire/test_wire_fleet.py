@@ -9,7 +9,7 @@ import pytest
 
 from gpusd.model import MAX_NAME
 from gpusd.wire.fleet import FLEET_SCHEMA, MAX_FLEET_HOSTS, FleetHost, FleetView
-from test_model import _sample, _snapshot
+from model_samples import _sample, _snapshot
 
 
 def test_every_field_of_a_fleet_host_round_trips() -> None:

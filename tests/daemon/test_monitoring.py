@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpusd.daemon.monitoring import WEB_DIR, install
 from gpusd.errors import ConfigError
 from monitor_fakes import FakeDaemon, make_app, sim_host
+from tests_paths import REPO
 from waiting import wait_until
 
 
@@ -71,7 +71,7 @@ def test_web_assets_need_no_network():
 
 
 def test_web_assets_ship_with_the_package():
-    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    pyproject = (REPO / "pyproject.toml").read_text()
     assert '"web/*"' in pyproject
     assert {p.name for p in WEB_DIR.iterdir()} >= {"index.html", "app.js", "style.css"}
 

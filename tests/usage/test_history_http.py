@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from daemon_helpers import fast_mdns  # noqa: F401  (a fixture)
+from fake_signing import proof_headers
 from gpusd.cli import main
 from gpusd.daemon import access
 from gpusd.daemon.config import DaemonConfig
@@ -20,9 +21,10 @@ from gpusd.daemon.service import Daemon
 from gpusd.inventory.simulated import SimulatedBackend
 from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo
 from gpusd.usage.idle import IdlePolicy, IdleWatch
+from gpusd.wire.signing import FleetKey
 from history_helpers import HOUR, SCENARIO, T0, Clock
 
-TOKEN = "history-token"
+TOKEN = "history-fleet-secret-0123"  # the fleet secret (at least 16 bytes)
 INTERVAL = 10.0
 
 
@@ -63,10 +65,25 @@ def q(**kw: Any) -> str:
     return "&".join(f"{k}={v}" for k, v in kw.items())
 
 
+def signed(c: TestClient, path: str, secret: str = TOKEN) -> dict[str, str]:
+    """The headers of a GET of ``path`` on the test server, signed with ``secret`` (RFC 9421)."""
+    headers, _ = FleetKey(secret).sign_request("GET", str(c.make_url(path)))
+    return headers
+
+
+@pytest.fixture(autouse=True)
+def _no_secret_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI reads the fleet secret from $GPUSD_TOKEN(_FILE) too: the tests say when there is one."""
+    monkeypatch.delenv("GPUSD_TOKEN", raising=False)
+    monkeypatch.delenv("GPUSD_TOKEN_FILE", raising=False)
+
+
 PERIOD = {"from": T0, "to": T0 + 6 * HOUR + INTERVAL, "now": T0 + 6 * HOUR + INTERVAL}
 
 
-async def test_usage_per_user_only_for_token_holders(served):
+async def test_usage_per_user_only_for_signed_readers(served):
+    """Per-user figures go to readers whose request is signed with the fleet secret; everyone else
+    (here a remote reader) gets the aggregates."""
     d, client = served
     r = await client.get("/api/v1/history/usage?" + q(**PERIOD))
     assert r.status == 200
@@ -81,14 +98,19 @@ async def test_usage_per_user_only_for_token_holders(served):
     assert used == pytest.approx(5.0, abs=2 * INTERVAL / HOUR)
     assert len(anon["gpus"]) == 4 and anon["idle_reservations"][0]["user"] is None
 
-    r = await client.get("/api/v1/history/usage?" + q(**PERIOD), headers={"Authorization": f"Bearer {TOKEN}"})
+    path = "/api/v1/history/usage?" + q(**PERIOD)
+    r = await client.get(path, headers=signed(client, path))
+    assert r.status == 200 and "Signature" in r.headers  # the daemon's proof comes back
     mine = await r.json()
     assert mine["private"] is True
     assert {u["user"] for u in mine["users"]} == {"alice", "bob", "carol"}
     assert mine["idle_reservations"][0]["user"] == "carol"
 
-    r = await client.get("/api/v1/history/usage?" + q(**PERIOD), headers={"Authorization": "Bearer wrong"})
-    assert (await r.json())["private"] is False
+    # a signature made with another secret, or the secret itself as a bearer token: refused
+    r = await client.get(path, headers=signed(client, path, secret="not-the-fleet-secret-4567"))
+    assert r.status == 401 and "alice" not in await r.text()
+    r = await client.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status == 401 and "alice" not in await r.text()
 
 
 async def test_series_endpoint_and_bad_queries(served):
@@ -118,10 +140,25 @@ async def test_report_over_http_one_host_and_the_fleet(tmp_path, served, capsys)
     await feed(d2, b2, clock2, 6.0)
     u1, u2 = (str(c.make_url("/")).rstrip("/") for c in (c1, c2))
 
+    stranger_asked: list[str] = []
+
+    async def stranger(request: web.Request) -> web.Response:
+        stranger_asked.append(request.path)
+        return web.json_response({"rows": [{"user": "mallory"}]})
+
+    sapp = web.Application()
+    sapp.router.add_get("/api/v1/history/usage", stranger)
+    evil = TestClient(TestServer(sapp, host="127.0.0.1"))
+    await evil.start_server()
+    u3 = str(evil.make_url("/")).rstrip("/")
+
     async def fleet(request: web.Request) -> web.Response:
-        return web.json_response({"hosts": [
-            {"hostname": h, "node_id": h, "url": u + "/api/v1", "alive": True} for h, u in
-            (("lab-node-1", u1), ("lab-node-2", u2))]})
+        # the entry daemon holds the secret, proves it, and says which hosts proved it to it
+        body = json.dumps({"hosts": [
+            {"hostname": h, "node_id": h, "url": u + "/api/v1", "alive": True, "verified": v} for h, u, v in
+            (("lab-node-1", u1, True), ("lab-node-2", u2, True), ("evil", u3, False))]}).encode()
+        return web.Response(body=body, content_type="application/json",
+                            headers=proof_headers(request, TOKEN, body, "entry"))
 
     app = web.Application()
     app.router.add_get("/api/v1/fleet", fleet)
@@ -131,21 +168,36 @@ async def test_report_over_http_one_host_and_the_fleet(tmp_path, served, capsys)
     try:
         code = await asyncio.to_thread(main, ["report", "--url", u1, *period, "--by", "user"])
         out, err = capsys.readouterr()
-        assert code == 1 and "private" in err  # no token, no per-user figures
+        assert code == 1 and "private" in err and "--token-file" in err  # no secret, no per-user figures
         code = await asyncio.to_thread(main, ["report", "--url", u1, *period, "--by", "host", "--format", "json"])
         r = json.loads(capsys.readouterr()[0])
         assert code == 0 and r["rows"][0]["host"] == "lab-node-1" and r["top_jobs"][0]["user"] is None
+        key_file = tmp_path / "fleet.key"
+        key_file.touch(mode=0o600)
+        key_file.write_text(TOKEN + "\n")
         code = await asyncio.to_thread(main, ["report", "--fleet", "--url", str(entry.make_url("/")), *period,
-                                              "--token", TOKEN, "--format", "json"])
-        r = json.loads(capsys.readouterr()[0])
+                                              "--token-file", str(key_file), "--format", "json"])
+        out, err = capsys.readouterr()
+        r = json.loads(out)
         assert code == 0 and r["hosts"] == ["lab-node-1", "lab-node-2"]
+        assert stranger_asked == [] and "evil" in err and "unverified" in err  # never asked, named
+        assert "mallory" not in out
         rows = {row["user"]: row for row in r["rows"]}
         assert rows["alice"]["gpu_hours_used"] == pytest.approx(4.0, abs=2 * INTERVAL / HOUR)
         assert rows["carol"]["idle_held_hours"] == pytest.approx(6.0, abs=2 * INTERVAL / HOUR)
         assert len(r["idle_reservations"]) == 2
+        # an entry daemon that cannot prove it holds the secret: none of the hosts it lists is trusted
+        other = tmp_path / "other.key"
+        other.touch(mode=0o600)
+        other.write_text("another-fleet-secret-0123456789\n")
+        code = await asyncio.to_thread(main, ["report", "--fleet", "--url", str(entry.make_url("/")), *period,
+                                              "--token-file", str(other), "--format", "json"])
+        out, err = capsys.readouterr()
+        assert code != 0 and stranger_asked == [] and "unverified" in err
     finally:
         await entry.close()
         await c2.close()
+        await evil.close()
 
 
 async def test_the_idle_reservation_raises_an_event_and_a_mark(served):
@@ -205,7 +257,7 @@ def _capture_events(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_idle_event_data_is_redacted_on_the_event_stream():
-    """The lease's owner travels under "leases": the stream filter nulls it for readers without the token."""
+    """The lease's owner travels under "leases": the stream filter nulls it for readers without the fleet secret."""
     msgs: list[tuple[str, dict[str, Any]]] = []
     w = IdleWatch(IdlePolicy(idle_after=60), lambda e, data: msgs.append((e, data)))
     w.update(_snap(0, util=0.0, lease="alice"))
@@ -392,3 +444,39 @@ async def test_a_running_daemon_records_its_samples_and_ends_its_jobs_on_stop(tm
     jobs = conn.execute("SELECT user, ended FROM jobs").fetchall()
     conn.close()
     assert jobs and all(ended is not None for _, ended in jobs) and jobs[0][0] == "alice"
+
+
+def test_top_asks_no_history_of_a_host_that_did_not_prove_itself():
+    """With the fleet secret, `gpusd top` fetches sparkline history only from hosts that proved they
+    hold it (or, without a secret, from any host): a stranger announcing itself gets no request from
+    top, and its sparklines show what top itself saw."""
+    from gpusd.views.spark import Sparks
+    from gpusd.views.top import HostView
+
+    asked: list[tuple[str, Any]] = []
+
+    def get_json(url: str, key: Any, timeout: float) -> dict[str, Any]:
+        asked.append((url, key))
+        return {"t": [], "step": 10}
+
+    def view(name: str, verified: bool | None) -> HostView:
+        snap = HostSnapshot(hostname=name, node_id=name, timestamp=T0,
+                            gpus=[GpuInfo(index=0, uuid=f"GPU-{name}", utilization_gpu=90.0)])
+        return HostView(name, name, snap, url=f"http://{name}:4780/api/v1", verified=verified)
+
+    key = FleetKey(TOKEN)
+    sparks = Sparks(key=key, get_json=get_json)
+    try:
+        views = sparks.update([view("node-1", True), view("evil", False)], now=T0 + 1, wait=10.0)
+    finally:
+        sparks.close()
+    assert [u.split("/api/")[0] for u, _ in asked] == ["http://node-1:4780"] and asked[0][1] is key
+    assert views[1].spark["GPU-evil"].strip() == "█"  # top's own sample of the stranger
+
+    asked.clear()
+    plain = Sparks(get_json=get_json)  # no secret: nothing is verified, every host is asked
+    try:
+        plain.update([view("node-1", None), view("node-2", None)], now=T0 + 1, wait=10.0)
+    finally:
+        plain.close()
+    assert sorted(u.split("/api/")[0] for u, _ in asked) == ["http://node-1:4780", "http://node-2:4780"]

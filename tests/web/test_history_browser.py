@@ -28,7 +28,7 @@ from monitor_fakes import FakeDaemon, make_app, sim_host
 
 pytestmark = pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed")
 
-TOKEN = "history-browser-token"
+TOKEN = "history-browser-fleet-secret"  # the daemon's fleet secret: the page never holds it
 NOW = time.time() // 10 * 10
 UTIL_RGB = (74, 163, 255)  # the dashboard's utilisation stroke, #4aa3ff
 
@@ -61,11 +61,15 @@ class Adapter:
 
 
 @contextlib.asynccontextmanager
-async def dashboard(tmp: Path, fragment: str = "") -> AsyncIterator[tuple[Page, Browser, FakeDaemon, Recording]]:
+async def dashboard(tmp: Path, local: bool, fragment: str = ""
+                    ) -> AsyncIterator[tuple[Page, Browser, FakeDaemon, Recording]]:
+    """The dashboard of a daemon with history, open in a browser.  ``local``: the browser counts as on
+    the daemon's own machine (a loopback reader naming the daemon: it sees private fields); else as
+    a reader on another machine (the page holds no secret, so it sees aggregates only)."""
     db = tmp / "history.sqlite"
     record_scenario(db, hours=6.0, interval=10.0, t0=NOW - 6 * HOUR)
     fake = FakeDaemon([sim_host("lab-node-1", "4xA100-80GB"), sim_host("lab-node-2", "2xH100-80GB")], token=TOKEN)
-    app = make_app(fake, trust_loopback=False)
+    app = make_app(fake, trust_loopback=local)
     rec = install_recording(app, Adapter(fake, db))
     ns = Netns() if can_netns() else None
     runner = web.AppRunner(app)
@@ -107,8 +111,9 @@ def idle_lease(fake: FakeDaemon, rec: Recording, index: int = 2) -> None:
 
 
 async def test_dashboard_history_chart_ranges_usage_and_idle_mark(tmp_path):
+    """On the daemon's own machine: the chart, the per-user usage and the idle mark."""
     shots = os.environ.get("GPUSD_SCREENSHOTS")
-    async with dashboard(tmp_path, f"#token={TOKEN}") as (page, browser, fake, rec):
+    async with dashboard(tmp_path, local=True) as (page, browser, fake, rec):
         idle_lease(fake, rec)
         await page.wait_for("!!(window.gpusdHistory && window.gpusdHistory.chart)", timeout=20)
         # GPU 1 (bob's: 60 % for three of every six hours) over six hours
@@ -116,7 +121,7 @@ async def test_dashboard_history_chart_ranges_usage_and_idle_mark(tmp_path):
         await page.evaluate("document.querySelector('tr.gpu[data-index=\"1\"]').click()")
         assert await page.wait_for("document.getElementById('hist-gpu').selectedIndex === 1", timeout=5)
         assert await page.wait_for(f"{colour_pixels('#hist-chart canvas', UTIL_RGB)} > 200", timeout=10)
-        # per-user usage over the range: the token holder sees names
+        # per-user usage over the range: a reader on the daemon's own machine sees names
         users = await page.wait_for("[...document.querySelectorAll('#usage-body tr td:first-child')]"
                                     ".map(e => e.textContent).sort().join(',')", timeout=10)
         assert users == "alice,bob,carol"
@@ -137,17 +142,20 @@ async def test_dashboard_history_chart_ranges_usage_and_idle_mark(tmp_path):
         assert browser.errors == []
 
 
-async def test_dashboard_usage_without_the_token_shows_aggregates_only(tmp_path):
-    async with dashboard(tmp_path) as (page, browser, fake, rec):
+async def test_dashboard_usage_from_another_machine_shows_aggregates_only(tmp_path):
+    """A reader not on the daemon's machine: GPU-hours for all users together, no names, no owner on
+    the idle mark; the page sends no credential (it has none) and says where per-user figures are."""
+    async with dashboard(tmp_path, local=False) as (page, browser, fake, rec):
         await page.wait_for("document.querySelectorAll('#hist-ranges button').length === 5", timeout=20)
         await page.evaluate("document.querySelector('#hist-ranges button[data-range=\"6h\"]').click()")
         text = await page.wait_for("document.getElementById('usage-body').textContent", timeout=20)
         assert "all users" in text
         for name in ("alice", "bob", "carol"):
             assert name not in text
-        assert "need the token" in await page.evaluate("document.getElementById('usage-note').textContent")
+        assert "daemon's own machine" in await page.evaluate("document.getElementById('usage-note').textContent")
         idle_lease(fake, rec)
         await page.wait_for("document.querySelector('tr.gpu.idle-held') !== null", timeout=20)
+        assert "carol" not in await page.evaluate("document.body.textContent")
         assert browser.errors == []
 
 

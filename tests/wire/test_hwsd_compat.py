@@ -1,6 +1,6 @@
 """``--gpusd-compat``: the records a gpusd host announces for GPU-SD/hwsd clients and Equalizer,
 checked against our own hwsd decoder and against what hwsd/Equalizer read (tests/hwsd_reader.py).
-The same over real multicast between namespaces is in tests/test_hwsd_netns.py."""
+The same over real multicast between namespaces is in tests/wire/test_hwsd_netns.py."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from daemon_helpers import (  # noqa: F401
 )
 from gpusd.model import ProcessInfo
 from gpusd.wire.signing import FleetKey, SecretError, load_secret
+from tests_paths import REPO
 
 SECRET = "b3c1f0a2d4e6f8091a2b3c4d5e6f7081"
 
@@ -202,7 +203,7 @@ async def test_answers_over_tls_name_the_pinned_certificate(tmp_path, fast_mdns)
 def test_stale_signatures_window_is_documented():
     from gpusd.wire.signing import MAX_SKEW
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    text = (REPO / "docs" / "security.md").read_text()
     assert f"{MAX_SKEW:g} s" in text
 
 

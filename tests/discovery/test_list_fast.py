@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
 from daemon_helpers import (  # noqa: F401
     fast_mdns,
@@ -23,15 +24,14 @@ from daemon_helpers import (  # noqa: F401
     unique_session,
     wait_until,
 )
+from fake_signing import proof_headers
 from gpusd.cli import localfleet
 from gpusd.daemon.process import PidFile, write_info
 from gpusd.discovery import oneshot
 from gpusd.discovery.client import AsyncClient
 from gpusd.discovery.types import Filters
 from gpusd.model import ProcessInfo
-from gpusd.wire.signing import FleetKey, Headers, Request, Response
 from gpusd.wire.sse import format_event
-from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
@@ -57,17 +57,8 @@ async def local_daemon(state: Path, session: str, hosts: list[dict[str, Any]], d
         await asyncio.sleep(delay)
         body = json.dumps({"session": session, "hosts": hosts}).encode()
         headers = {"Content-Type": "application/json"}
-        if secret is not None and "Signature" in request.headers:
-            key = FleetKey(secret)
-            req = Request(request.method, str(request.url), Headers(request.headers))
-            try:
-                nonce = key.verify_request(req).nonce
-            except Exception:  # noqa: BLE001 - signed with a secret it does not hold: it answers unproven
-                nonce = None
-            if nonce is not None:
-                resp = Response(200, req, Headers())
-                key.sign_response(resp, nonce, OWN_NODE, None, body)
-                headers.update(resp.headers)
+        if secret is not None:
+            headers.update(proof_headers(request, secret, body, OWN_NODE))
         return web.Response(body=body, headers=headers)
 
     app = web.Application()

@@ -1,0 +1,198 @@
+"""What each engine reads, generated from a :class:`~.placement.Placement` (pure functions).
+
+- DeepSpeed: a hostfile (``host slots=S``) and ``--include "h1:0,2@h2:1"`` naming the chosen GPUs; its
+  launcher sets ``CUDA_VISIBLE_DEVICES`` on each node from ``--include`` (an exported variable is ignored
+  there), and it checks every index against ``range(slots)``, so ``slots`` is the highest chosen index
+  + 1, not the number of GPUs chosen.  ``gpusd launch`` runs it per host (``--no_ssh --node_rank=I``).
+- Open MPI: a hostfile (``host slots=K``, K = GPUs chosen there), an ``-x``-ready environment, and the
+  per-rank wrapper :mod:`gpusd.engines.rank_gpu` that gives each rank its own GPU.
+- Horovod: ``-H h1:2,h2:1`` plus the same wrapper; a ``--host-discovery-script`` for elastic mode.
+- torchrun: one command line per host (``--nnodes``, ``--nproc-per-node``, c10d rendezvous on the head
+  at port 29400, ``--rdzv-id`` = the job id) with that host's ``CUDA_VISIBLE_DEVICES``.
+- Ray: ``ray start --head`` on the head and ``ray start --address`` elsewhere, each ``--num-gpus`` with
+  its ``CUDA_VISIBLE_DEVICES``.
+- JSON: the placement plus each host's environment, for anything else.
+
+Host names in files are :attr:`HostSlot.ssh_host` (what the engine will ssh to); addresses that other
+hosts dial (rendezvous, Ray head, DeepSpeed master) are :attr:`HostSlot.address`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .placement import HostSlot, Placement
+
+RDZV_PORT = 29400  # torchrun's c10d rendezvous
+DS_MASTER_PORT = 29500  # DeepSpeed's (torch.distributed's) master port
+RAY_PORT = 6379
+RANK_GPUS_VAR = "GPUSD_RANK_GPUS"  # read by gpusd.engines.rank_gpu
+FILES = "@GPUSD_FILES@"  # in an argv word: the private temporary directory the launcher writes ``files`` to
+
+
+@dataclass(frozen=True)
+class HostCommand:
+    """One command to start on one host of a placement (``rank`` = the host's position)."""
+
+    slot: HostSlot
+    rank: int
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, written before the command starts
+
+    def shell(self) -> str:
+        """One line for a POSIX shell on that host: ``VAR=value ... argv``."""
+        words = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [shlex.quote(a) for a in self.argv]
+        return " ".join(words)
+
+
+# -- DeepSpeed ------------------------------------------------------------------------------------------
+def deepspeed_hostfile(p: Placement) -> str:
+    return "".join(f"{h.ssh_host} slots={max(h.gpus) + 1}\n" for h in p.hosts)
+
+
+def deepspeed_include(p: Placement) -> str:
+    return "@".join(f"{h.ssh_host}:{','.join(str(g) for g in h.gpus)}" for h in p.hosts)
+
+
+def deepspeed_env_file(p: Placement) -> str:
+    """Lines for DeepSpeed's ``.deepspeed_env`` (exported to every node by its pdsh launcher): NVML's
+    indices are PCI bus order, so CUDA must count the same way."""
+    return "CUDA_DEVICE_ORDER=PCI_BUS_ID\n"
+
+
+def deepspeed_argv(p: Placement, hostfile: str, args: Sequence[str], node_rank: int | None = None,
+                   master_port: int = DS_MASTER_PORT) -> list[str]:
+    """``deepspeed --hostfile=... --include=... --master_addr=HEAD ...``; with ``node_rank``, the
+    per-host form (``--no_ssh --node_rank=I``) that ``gpusd launch`` starts on every host itself."""
+    argv = ["deepspeed", f"--hostfile={hostfile}", f"--include={deepspeed_include(p)}",
+            f"--master_addr={p.head.address}", f"--master_port={master_port}"]
+    if node_rank is not None:
+        argv += ["--no_ssh", f"--node_rank={node_rank}"]
+    return argv + list(args)
+
+
+def deepspeed_commands(p: Placement, args: Sequence[str], master_port: int = DS_MASTER_PORT) -> list[HostCommand]:
+    """Per host: ``deepspeed --no_ssh --node_rank=I`` with the hostfile written on that host first."""
+    files = {"hostfile": deepspeed_hostfile(p)}
+    return [HostCommand(h, i, deepspeed_argv(p, f"{FILES}/hostfile", args, i, master_port),
+                        {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, files) for i, h in enumerate(p.hosts)]
+
+
+# -- Open MPI and Horovod -----------------------------------------------------------------------------
+def mpi_hostfile(p: Placement) -> str:
+    return "".join(f"{h.ssh_host} slots={h.slots}\n" for h in p.hosts)
+
+
+def rank_gpus(p: Placement) -> str:
+    """``GPUSD_RANK_GPUS``: each host's GPUs, in placement order: ``node-1=0,2;node-2=1`` (UUIDs where
+    the placement has MIG slices)."""
+    parts = []
+    for h in p.hosts:
+        devices = h.cuda_env()["CUDA_VISIBLE_DEVICES"]
+        parts.append(f"{h.ssh_host}={devices}")
+    return ";".join(parts)
+
+
+def mpi_env(p: Placement) -> dict[str, str]:
+    """The variables every rank needs (``mpirun -x NAME`` each): the wrapper's map and the CUDA order."""
+    return {RANK_GPUS_VAR: rank_gpus(p), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def rank_wrapper(python: str = "python3") -> list[str]:
+    return [python, "-m", "gpusd.engines.rank_gpu", "--"]
+
+
+def mpirun_argv(p: Placement, hostfile: str, args: Sequence[str], python: str = "python3",
+                extra: Sequence[str] = ()) -> list[str]:
+    """``mpirun --hostfile HF -np N --map-by slot -x ... python3 -m gpusd.engines.rank_gpu -- ARGS``.
+    ``--map-by slot`` fills the hosts in hostfile order, which the wrapper checks."""
+    argv = ["mpirun", "--hostfile", hostfile, "-np", str(p.total_gpus), "--map-by", "slot", *extra]
+    for name in mpi_env(p):
+        argv += ["-x", name]
+    return argv + rank_wrapper(python) + list(args)
+
+
+def horovod_hosts(p: Placement) -> str:
+    return ",".join(f"{h.ssh_host}:{h.slots}" for h in p.hosts)
+
+
+def horovod_discovery_lines(p: Placement) -> str:
+    """What ``--host-discovery-script`` prints: one ``host:slots`` line per host."""
+    return "".join(f"{h.ssh_host}:{h.slots}\n" for h in p.hosts)
+
+
+def horovod_discovery_script(source: Sequence[str]) -> str:
+    """A script for ``horovodrun --host-discovery-script``: runs ``source`` (a command printing
+    ``host:slots`` lines of what gpusd holds now, e.g. ``gpusd hostfile --format horovod-discovery
+    --placement FILE``) each time Horovod asks."""
+    return "#!/bin/sh\n# made by gpusd: the hosts and slots gpusd holds for this job, one host:slots a line\nexec " + \
+        " ".join(shlex.quote(a) for a in source) + "\n"
+
+
+def horovodrun_argv(p: Placement, args: Sequence[str], python: str = "python3") -> list[str]:
+    return ["horovodrun", "-np", str(p.total_gpus), "-H", horovod_hosts(p), *rank_wrapper(python), *args]
+
+
+# -- torchrun -------------------------------------------------------------------------------------------
+def torchrun_argv(p: Placement, slot: HostSlot, args: Sequence[str], port: int = RDZV_PORT,
+                  extra: Sequence[str] = ()) -> list[str]:
+    """The head hosts the c10d store (``--rdzv-conf=is_host=1``; torch would otherwise guess it from
+    what the machine's own name resolves to), ``--local-addr`` is the host's placement address for the
+    same reason, and ``--tee=3`` prefixes each process's lines with its local rank."""
+    is_host = 1 if slot == p.head else 0
+    return ["torchrun", f"--nnodes={len(p.hosts)}", f"--nproc-per-node={slot.slots}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={_hostport(p.head.address, port)}", f"--rdzv-id={p.job_id}",
+            f"--rdzv-conf=is_host={is_host}", f"--local-addr={slot.address}", "--tee=3", *extra, *args]
+
+
+def torchrun_commands(p: Placement, args: Sequence[str], port: int = RDZV_PORT,
+                      extra: Sequence[str] = ()) -> list[HostCommand]:
+    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env()) for i, h in enumerate(p.hosts)]
+
+
+# -- Ray ------------------------------------------------------------------------------------------------
+def ray_address(p: Placement, port: int = RAY_PORT) -> str:
+    return _hostport(p.head.address, port)
+
+
+def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Sequence[str] = ()) -> list[HostCommand]:
+    """``ray start --head`` on the head, ``ray start --address=HEAD:PORT`` on the others, each with
+    ``--num-gpus`` and ``CUDA_VISIBLE_DEVICES`` limited to the GPUs of the placement there."""
+    out = []
+    for i, h in enumerate(p.hosts):
+        if i == 0:
+            argv = [ray, "start", "--head", f"--port={port}", f"--node-ip-address={h.address}"]
+        else:
+            argv = [ray, "start", f"--address={ray_address(p, port)}", f"--node-ip-address={h.address}"]
+        argv += [f"--num-gpus={h.slots}", "--disable-usage-stats", *extra]
+        out.append(HostCommand(h, i, argv, h.cuda_env()))
+    return out
+
+
+def ray_stop_commands(p: Placement, ray: str = "ray") -> list[HostCommand]:
+    return [HostCommand(h, i, [ray, "stop", "--force"], {}) for i, h in enumerate(p.hosts)]
+
+
+# -- generic --------------------------------------------------------------------------------------------
+def plain_commands(p: Placement, args: Sequence[str]) -> list[HostCommand]:
+    """``gpusd launch command``: the same command on every host, with that host's GPUs visible."""
+    return [HostCommand(h, i, list(args), {**h.cuda_env(), "GPUSD_NODE_RANK": str(i),
+                                           "GPUSD_NNODES": str(len(p.hosts)), "GPUSD_HEAD": p.head.address})
+            for i, h in enumerate(p.hosts)]
+
+
+def json_view(p: Placement) -> dict[str, Any]:
+    """The placement plus, per host, the environment that makes its GPUs visible."""
+    d = p.to_dict()
+    d["head"] = p.head.address
+    d["total_gpus"] = p.total_gpus
+    for h, out in zip(p.hosts, d["hosts"]):
+        out["env"] = h.cuda_env()
+    return d
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

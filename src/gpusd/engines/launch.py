@@ -1,0 +1,271 @@
+"""Start one command per host of a placement, over SSH, and stop them all together.
+
+- **SSH as the user has it**: ``ssh [-F $GPUSD_SSH_CONFIG] [--ssh-option ...] TARGET CMD``, so the user's
+  config, keys and agent apply; a host whose address is one of this machine's runs the command
+  directly (no SSH).  The children are started in their own session, so a Ctrl-C reaches gpusd only,
+  which then stops every host in order (below).
+- **Output** of every host is copied line by line, prefixed ``[HOST#RANK]`` (RANK = the host's position
+  in the placement; engines such as torchrun add their own per-process prefix after it).
+- **Stopping**: on SIGINT/SIGTERM, or when one host's command fails, gpusd closes each ssh's standard
+  input.  The remote side runs the command under a small ``sh`` watchdog that waits for that end of
+  input, then sends SIGTERM to the whole remote process group (sshd makes the remote shell a session
+  leader, so the group is the command and everything it started), and SIGKILL ``grace`` seconds later.
+  The same happens when gpusd itself dies (kill -9, a cut link): ssh's channel closes, and the remote
+  job does not linger.  Local commands get the same signals through ``killpg``.
+- **Exit status**: the first host that fails gives its status (a remote signal death reads 128+N, as
+  ssh reports it; 255 is ssh's own failure); 130 after a Ctrl-C; 0 when every host succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Sequence
+
+from .generate import FILES, HostCommand
+from .placement import HostSlot
+
+SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
+CHUNK = 1 << 16
+
+
+@dataclass
+class LaunchOptions:
+    ssh: str = "ssh"
+    ssh_config: str | None = None  # -F FILE (default $GPUSD_SSH_CONFIG)
+    ssh_options: list[str] = field(default_factory=list)  # each passed as -o OPTION
+    chdir: str | None = None  # remote working directory (None: the login directory)
+    env: dict[str, str] = field(default_factory=dict)  # sent to every host (gpusd launch --env)
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    watchdog: bool = True  # stop the remote group when ssh's input closes (off for daemonising commands)
+    stop_on_failure: bool = True
+    prefix: bool = True
+    local_addresses: frozenset[str] | None = None  # None: this machine's interface addresses
+
+    def __post_init__(self) -> None:
+        if self.ssh_config is None:
+            self.ssh_config = os.environ.get(SSH_CONFIG_VAR) or None
+
+
+def local_addresses() -> frozenset[str]:
+    """Every IP address of this machine (its current network namespace), loopback included."""
+    import ifaddr
+
+    out = {"127.0.0.1", "::1", "localhost"}
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            out.add(ip.ip if isinstance(ip.ip, str) else ip.ip[0])
+    return frozenset(out)
+
+
+def is_local(slot: HostSlot, opts: LaunchOptions) -> bool:
+    addresses = opts.local_addresses if opts.local_addresses is not None else local_addresses()
+    return slot.address in addresses or slot.ssh_host in ("localhost", "127.0.0.1", "::1")
+
+
+def _watchdog_script(grace: float, files: bool) -> str:
+    # stdin is ssh's channel: when it ends (gpusd stops the job, or gpusd/ssh died), the whole
+    # process group of the remote shell gets SIGTERM, then SIGKILL.  The watchdog ignores TERM itself.
+    g = max(0, int(grace))
+    rm = ' rm -rf -- "$gpusd_files";' if files else ""
+    # sh gives a background job /dev/null as its input: ssh's channel is handed over on fd 3.
+    return ("exec 3<&0\n"
+            f"{{ trap '' TERM; cat <&3 >/dev/null; kill -TERM 0;{rm} sleep {g}; kill -KILL 0; }} "
+            "</dev/null >/dev/null 2>&1 &\n")
+
+
+def _shell_word(word: str) -> str:
+    """``word`` quoted for sh, with the FILES token standing for the private directory made on the host."""
+    parts = word.split(FILES)
+    return '"$gpusd_files"'.join(shlex.quote(p) if p else "" for p in parts) or "''"
+
+
+def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
+    """The ``sh`` script run on the remote host for ``cmd``."""
+    lines = []
+    if opts.chdir:
+        lines.append(f"cd -- {shlex.quote(opts.chdir)} || exit 97\n")
+    if cmd.files:  # a private directory (mktemp -d: mode 0700, a fresh name) for the command's files
+        lines.append('gpusd_files=$(mktemp -d "${TMPDIR:-/tmp}/gpusd.XXXXXXXX") || exit 97\n')
+        for name, content in cmd.files.items():
+            lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
+    if opts.watchdog:
+        lines.append(_watchdog_script(opts.grace, bool(cmd.files)))
+    env = {**opts.env, **cmd.env}
+    words = ["exec", "env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)]
+    lines.append(" ".join(words))
+    lines.append(" </dev/null 3<&-\n" if opts.watchdog else "\n")
+    return "".join(lines)
+
+
+def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
+    argv = [opts.ssh]
+    if opts.ssh_config:
+        argv += ["-F", opts.ssh_config]
+    for o in opts.ssh_options:
+        argv += ["-o", o]
+    # The login shell may be any shell: it is only asked to exec sh with one quoted word.
+    remote = "exec sh -c " + shlex.quote(remote_script(cmd, opts)) + " gpusd-launch"
+    return argv + ["-T", "--", cmd.slot.ssh_target, remote]
+
+
+@dataclass
+class _Running:
+    cmd: HostCommand
+    proc: asyncio.subprocess.Process
+    local: bool
+    label: str
+
+
+async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, prefix: bool) -> None:
+    if reader is None:
+        return
+    pending = b""
+    while True:
+        chunk = await reader.read(CHUNK)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > CHUNK:  # an endless line: flush it in pieces
+            lines.append(pending)
+            pending = b""
+        for line in lines:
+            text = line.decode(errors="replace").rstrip("\r")
+            out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+        out.flush()
+    if pending:
+        text = pending.decode(errors="replace")
+        out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+        out.flush()
+
+
+class Launch:
+    """One launch of ``commands`` (one per host).  ``await launch.run()`` returns the exit status."""
+
+    def __init__(self, commands: Sequence[HostCommand], opts: LaunchOptions | None = None,
+                 stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> None:
+        self.commands = list(commands)
+        self.opts = opts or LaunchOptions()
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.running: list[_Running] = []
+        self.status: int | None = None  # the first failure's status
+        self.interrupted = False
+        self._stopping = False
+        self._local_dirs: list[str] = []
+
+    async def _start(self, cmd: HostCommand) -> _Running:
+        local = is_local(cmd.slot, self.opts)
+        label = f"{cmd.slot.hostname}#{cmd.rank}"
+        if local:
+            env = {**os.environ, **self.opts.env, **cmd.env}
+            argv = cmd.argv
+            if cmd.files:
+                import tempfile
+
+                d = tempfile.mkdtemp(prefix="gpusd.")
+                self._local_dirs.append(d)
+                for name, content in cmd.files.items():
+                    with open(os.path.join(d, name), "x") as f:
+                        f.write(content)
+                argv = [a.replace(FILES, d) for a in argv]
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                cwd=self.opts.chdir if self.opts.chdir and os.path.isdir(self.opts.chdir) else None)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                *ssh_argv(cmd, self.opts), stdin=asyncio.subprocess.PIPE if self.opts.watchdog
+                else asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        return _Running(cmd, proc, local, label)
+
+    def stop(self) -> None:
+        """Stop every host's command (idempotent): close ssh input / SIGTERM local groups, and
+        SIGKILL what is left after the grace period."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for r in self.running:
+            if r.proc.returncode is not None:
+                continue
+            if r.local:
+                _killpg(r.proc.pid, signal.SIGTERM)
+            elif r.proc.stdin is not None:
+                r.proc.stdin.close()
+            else:
+                _killpg(r.proc.pid, signal.SIGTERM)
+        asyncio.get_running_loop().call_later(self.opts.grace + 5, self._kill_all)
+
+    def _kill_all(self) -> None:
+        for r in self.running:
+            if r.proc.returncode is None:
+                _killpg(r.proc.pid, signal.SIGKILL)
+
+    def _interrupt(self) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            self.stderr.write("gpusd: stopping every host...\n")
+            self.stderr.flush()
+        self.stop()
+
+    async def _watch(self, r: _Running) -> None:
+        await asyncio.gather(_pump(r.proc.stdout, self.stdout, r.label, self.opts.prefix),
+                             _pump(r.proc.stderr, self.stderr, r.label, self.opts.prefix))
+        code = await r.proc.wait()
+        if code < 0:  # a local command killed by a signal: report it as a shell would
+            code = 128 - code
+        if code != 0 and self.status is None and not (self.interrupted and self._stopping):
+            self.status = code
+            what = "ssh failed" if code == 255 and not r.local else f"exited with status {code}"
+            self.stderr.write(f"gpusd: {r.label} ({r.cmd.slot.ssh_target}) {what}\n")
+            self.stderr.flush()
+            if self.opts.stop_on_failure:
+                self.stop()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        handled = []
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                loop.add_signal_handler(sig, self._interrupt)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        try:
+            try:
+                for cmd in self.commands:
+                    self.running.append(await self._start(cmd))
+            except OSError as e:
+                self.stderr.write(f"gpusd: cannot start {e.filename or ''}: {e.strerror or e}\n")
+                self.status = 127
+                self.stop()
+            await asyncio.gather(*(self._watch(r) for r in self.running))
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            self._kill_all()
+            import shutil
+
+            for d in self._local_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        if self.status is not None:
+            return self.status
+        return 130 if self.interrupted else 0
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_commands(commands: Sequence[HostCommand], opts: LaunchOptions | None = None) -> int:
+    """Run ``commands`` (one per host) to the end; the exit status as described in the module."""
+    return asyncio.run(Launch(commands, opts).run())

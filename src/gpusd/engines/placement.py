@@ -1,0 +1,217 @@
+"""Where a distributed job runs: the hosts and GPUs chosen for it, in order (the head first).
+
+A :class:`Placement` is what every engine generator and the launcher take.  The pool's reservation
+(`gpusd reserve`, issue 10) produces one: each reserved host becomes a :class:`HostSlot` with the NVML
+indices (and UUIDs) of the GPUs leased there; until then ``gpusd hostfile``/``launch``/``ray`` read one
+from a JSON file (``--placement FILE``, format below).
+
+Every field ends up in a hostfile, a command line or a shell word on another machine, and comes from
+the network (daemons announce their names), so :meth:`Placement.from_dict` is strict: host names and
+SSH targets are plain DNS-ish names or IP addresses (never an option such as ``-oProxyCommand=...``),
+GPU indices are small non-negative integers, without duplicates, UUIDs are ``GPU-``/``MIG-`` words.
+
+JSON form (``gpusd hostfile --format json`` prints the same)::
+
+    {"job_id": "gpusd-3f2a", "hosts": [
+        {"hostname": "node-1", "address": "10.0.0.1", "ssh_target": "node-1", "gpus": [0, 2],
+         "uuids": ["GPU-...", "GPU-..."]},
+        {"hostname": "node-2", "address": "10.0.0.2", "gpus": [1]}]}
+
+``ssh_target`` defaults to the host name (so the user's ssh config decides how to reach it);
+``address`` defaults to the host name too (it is what other hosts dial: the rendezvous endpoint).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import GpusdError
+
+MAX_HOSTS = 1024
+MAX_GPUS_PER_HOST = 256
+_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")  # host names as DNS and /etc/hosts write them
+_SSH_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+_UUID = re.compile(r"^(?:GPU|MIG)-[A-Za-z0-9-]{1,80}$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+
+
+class PlacementError(GpusdError, ValueError):
+    """A placement that cannot be used: unsafe or malformed host names, GPU lists or job id."""
+
+
+def valid_host(text: str) -> bool:
+    """A host name or an IP address safe in a hostfile, a command line and an ssh argument."""
+    if not isinstance(text, str) or not text:
+        return False
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    return bool(_NAME.match(text)) and ".." not in text
+
+
+def _check_host(text: object, what: str) -> str:
+    if not isinstance(text, str) or not valid_host(text):
+        raise PlacementError(f"{what} must be a host name or an IP address, not {str(text)[:80]!r}")
+    return text
+
+
+def _check_ssh_target(text: object) -> str:
+    if not isinstance(text, str):
+        raise PlacementError(f"ssh_target must be a string, not {type(text).__name__}")
+    user, at, host = text.rpartition("@")
+    if at and not _SSH_USER.match(user):
+        raise PlacementError(f"ssh_target has an unsafe user name: {text[:80]!r}")
+    _check_host(host, "ssh_target")
+    return text
+
+
+def new_job_id() -> str:
+    return f"gpusd-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class HostSlot:
+    """One host of a placement: the GPUs (NVML indices, PCI bus order) reserved there."""
+
+    hostname: str
+    address: str
+    ssh_target: str
+    gpus: tuple[int, ...]
+    uuids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_host(self.hostname, "hostname")
+        _check_host(self.address, "address")
+        _check_ssh_target(self.ssh_target)
+        if not self.gpus:
+            raise PlacementError(f"host {self.hostname} has no GPU in the placement")
+        if len(self.gpus) > MAX_GPUS_PER_HOST:
+            raise PlacementError(f"host {self.hostname}: more than {MAX_GPUS_PER_HOST} GPUs")
+        for g in self.gpus:
+            if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < 4096:
+                raise PlacementError(f"host {self.hostname}: a GPU index must be an integer 0-4095, not {g!r}")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise PlacementError(f"host {self.hostname}: a GPU is listed twice: {list(self.gpus)}")
+        if self.uuids:
+            if len(self.uuids) != len(self.gpus):
+                raise PlacementError(f"host {self.hostname}: {len(self.uuids)} UUIDs for {len(self.gpus)} GPUs")
+            for u in self.uuids:
+                if not isinstance(u, str) or not _UUID.match(u):
+                    raise PlacementError(f"host {self.hostname}: not a GPU UUID: {str(u)[:80]!r}")
+
+    @property
+    def slots(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def ssh_host(self) -> str:
+        """The host part of the SSH target: the name engines that ssh by themselves (MPI, DeepSpeed's
+        pdsh) are given in their hostfiles, so that the user's ssh config applies to them too."""
+        return self.ssh_target.rpartition("@")[2]
+
+    def cuda_env(self) -> dict[str, str]:
+        """``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES`` for this host's GPUs (UUIDs
+        for MIG slices, which CUDA addresses only by UUID)."""
+        from ..alloc.env import cuda_env
+
+        return cuda_env(self.gpus, uuids=self.uuids or None)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"hostname": self.hostname, "address": self.address, "ssh_target": self.ssh_target,
+                               "gpus": list(self.gpus)}
+        if self.uuids:
+            out["uuids"] = list(self.uuids)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "HostSlot":
+        if not isinstance(d, Mapping):
+            raise PlacementError(f"a host must be an object, not {type(d).__name__}")
+        hostname: Any = d.get("hostname")
+        gpus = d.get("gpus")
+        uuids = d.get("uuids") or ()
+        if not isinstance(gpus, list) or not isinstance(uuids, (list, tuple)):
+            raise PlacementError(f"host {str(hostname)[:80]!r}: gpus (and uuids) must be lists")
+        if len(gpus) > MAX_GPUS_PER_HOST or len(uuids) > MAX_GPUS_PER_HOST:
+            raise PlacementError(f"host {str(hostname)[:80]!r}: more than {MAX_GPUS_PER_HOST} GPUs")
+        # types and values are checked in __post_init__
+        return cls(hostname=hostname, address=d.get("address") or hostname,
+                   ssh_target=d.get("ssh_target") or hostname, gpus=tuple(gpus), uuids=tuple(uuids))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The hosts of one job, in order: ``hosts[0]`` is the head (rendezvous, MPI launch, Ray head)."""
+
+    job_id: str
+    hosts: tuple[HostSlot, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not _JOB_ID.match(self.job_id):
+            raise PlacementError(f"job_id must be 1-64 letters, digits, '.', '_' or '-', not {str(self.job_id)[:80]!r}")
+        if not self.hosts:
+            raise PlacementError("a placement needs at least one host")
+        if len(self.hosts) > MAX_HOSTS:
+            raise PlacementError(f"more than {MAX_HOSTS} hosts in a placement")
+        names = [h.hostname for h in self.hosts]
+        if len(set(names)) != len(names):
+            raise PlacementError(f"a host is listed twice: {names}")
+
+    @property
+    def head(self) -> HostSlot:
+        return self.hosts[0]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+    @property
+    def uniform(self) -> bool:
+        """Every host has the same number of GPUs (torchrun's ``--nproc-per-node`` is one number)."""
+        return len({h.slots for h in self.hosts}) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "hosts": [h.to_dict() for h in self.hosts]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Placement":
+        if not isinstance(d, Mapping):
+            raise PlacementError("a placement must be a JSON object")
+        hosts = d.get("hosts")
+        if not isinstance(hosts, list):
+            raise PlacementError("a placement needs a list of hosts")
+        if len(hosts) > MAX_HOSTS:
+            raise PlacementError(f"more than {MAX_HOSTS} hosts in a placement")
+        return cls(job_id=d.get("job_id") or new_job_id(), hosts=tuple(HostSlot.from_dict(h) for h in hosts))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Placement":
+        """Read a placement file (at most 1 MiB)."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read((1 << 20) + 1)
+        except OSError as e:
+            raise PlacementError(f"cannot read the placement {path}: {e.strerror or e}") from None
+        if len(raw) > 1 << 20:
+            raise PlacementError(f"the placement {path} is larger than 1 MiB")
+        try:
+            data = json.loads(raw)
+        except ValueError as e:
+            raise PlacementError(f"the placement {path} is not JSON: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def of(cls, hosts: Sequence[tuple[str, Sequence[int]]], job_id: str | None = None) -> "Placement":
+        """A placement from ``[(hostname, [gpu, ...]), ...]`` (address and ssh target = host name)."""
+        return cls(job_id or new_job_id(), tuple(HostSlot(h, h, h, tuple(g)) for h, g in hosts))

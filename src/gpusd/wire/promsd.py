@@ -1,0 +1,89 @@
+"""Prometheus service-discovery target groups of gpusd daemons: one definition for ``gpusd export
+prometheus-sd`` (file_sd, :mod:`gpusd.views.sd`) and every daemon's ``GET /api/v1/prometheus/http_sd``
+(docs/wire-format.md, "Prometheus HTTP service discovery").  Both are the same JSON document::
+
+    [{"targets": ["198.18.0.1:4780"], "labels": {"gpusd_hostname": "node-a", ...}}]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fleet import FleetView
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A daemon to scrape: its HTTP base URL (``http://198.18.0.1:4780``) and who it is."""
+
+    url: str
+    hostname: str
+    node_id: str
+    session: str | None = None
+    labels: tuple[tuple[str, str], ...] = field(default=())  # extra labels (gpusd_verified, gpusd_via)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as Prometheus wants it (IPv6 in brackets)."""
+        parts = urlsplit(self.url)
+        if not parts.hostname:
+            raise ValueError(f"not an http URL: {self.url!r}")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return f"{host}:{port}"
+
+
+def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: bool = False,
+                      unverified: bool = True) -> list[Daemon]:
+    """The live daemons of a fleet view (hosts without a URL, not alive, or with a URL Prometheus
+    cannot scrape are left out).  ``unverified=False`` also leaves out hosts that failed to prove
+    they hold the fleet secret; ``labels`` adds ``gpusd_verified`` (true, false, unknown) and
+    ``gpusd_via`` (mdns, peer, dns-sd)."""
+    out = []
+    for h in view.hosts:
+        if not h.url or not h.alive or (h.verified is False and not unverified):
+            continue
+        extra: tuple[tuple[str, str], ...] = ()
+        if labels:
+            verified = "unknown" if h.verified is None else str(h.verified).lower()
+            extra = (("gpusd_verified", verified), ("gpusd_via", h.via))
+        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session or h.session, labels=extra)
+        try:
+            d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
+        except ValueError:
+            continue
+        out.append(d)
+    return out
+
+
+def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
+    """The file_sd JSON document: one target group per daemon, sorted by host name, with labels
+    ``gpusd_hostname``, ``gpusd_node_id`` (and ``gpusd_session``, ``__scheme__``, ``__metrics_path__``
+    where they are not the defaults)."""
+    groups = []
+    seen = set()
+    for d in sorted(daemons, key=lambda d: (d.hostname, d.node_id, d.url)):
+        address = d.address
+        if address in seen:
+            continue
+        seen.add(address)
+        labels = {"gpusd_hostname": d.hostname, "gpusd_node_id": d.node_id}
+        if d.session:
+            labels["gpusd_session"] = d.session
+        labels.update(d.labels)
+        parts = urlsplit(d.url)
+        if parts.scheme == "https":
+            labels["__scheme__"] = "https"
+        path = parts.path.rstrip("/")
+        prefix = path.removesuffix("/api/v1")  # the API's root, not the API
+        if prefix:
+            labels["__metrics_path__"] = prefix + "/metrics"
+        groups.append({"targets": [address], "labels": labels})
+    return groups
+
+
+__all__ = ["Daemon", "daemons_from_view", "file_sd"]

@@ -1,0 +1,73 @@
+"""gpusd launch where every host of the placement is this machine (no SSH, no root needed): prefixed
+output, the first failure's status, Ctrl-C stops every process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import tests_paths
+from netns import read_lines
+
+SRC = str(tests_paths.SRC)
+
+
+def _placement(tmp_path: Path) -> Path:
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps({"job_id": "local-1", "hosts": [
+        {"hostname": "a", "address": "127.0.0.1", "gpus": [1]},
+        {"hostname": "b", "address": "127.0.0.1", "gpus": [0, 3]}]}))
+    return path
+
+
+def _argv(tmp_path: Path, *rest: str) -> list[str]:
+    return [sys.executable, "-m", "gpusd", "launch", "--placement", str(_placement(tmp_path)), "--grace", "2", *rest]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC}
+
+
+def test_local_hosts_run_without_ssh(tmp_path: Path) -> None:
+    r = subprocess.run(_argv(tmp_path, "command", "--", "sh", "-c",
+                             'echo "$GPUSD_NODE_RANK $CUDA_VISIBLE_DEVICES ${SSH_CONNECTION:-no-ssh}"'),
+                       capture_output=True, text=True, env={**_env(), "PATH": "/nonexistent-ssh:" + os.environ["PATH"]},
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[a#0] 0 1 no-ssh", "[b#1] 1 0,3 no-ssh"]
+
+
+def test_first_failure_wins_and_stops_the_rest(tmp_path: Path) -> None:
+    t = time.monotonic()
+    r = subprocess.run(_argv(tmp_path, "command", "--", "sh", "-c",
+                             '[ "$GPUSD_NODE_RANK" = 1 ] && exit 3; exec sleep 60'),
+                       capture_output=True, text=True, env=_env(), timeout=60)
+    assert r.returncode == 3 and "b#1 (b) exited with status 3" in r.stderr
+    assert time.monotonic() - t < 45
+
+
+def test_sigint_stops_every_local_process_group(tmp_path: Path) -> None:
+    p = subprocess.Popen(_argv(tmp_path, "command", "--", "sh", "-c", 'sleep 300 & echo "pids $$ $!"; wait'),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    assert p.stdout is not None
+    lines = read_lines(p.stdout.fileno(), 2, 30)
+    pids = [int(x) for line in lines if " pids " in line for x in line.split()[2:]]
+    assert len(pids) == 4
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=30)
+    assert p.returncode == 130
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+
+
+def test_a_missing_program_is_reported(tmp_path: Path) -> None:
+    r = subprocess.run(_argv(tmp_path, "command", "--", "/nonexistent/prog"), capture_output=True, text=True,
+                       env=_env(), timeout=60)
+    assert r.returncode == 127 and "cannot start" in r.stderr and "Traceback" not in r.stderr
