@@ -52,8 +52,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
     g.add_argument("--cuda-checkpoint", action="store_true",
-                   help="checkpoint and restore CUDA state with NVIDIA's cuda-checkpoint when it is installed "
-                   "(else the job protocol)")
+                   help="look for NVIDIA's cuda-checkpoint on PATH and say whether it is there; the transparent "
+                   "checkpoint of CUDA state is not wired in yet: moves use the job protocol (docs/jobs.md)")
 
 
 def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
