@@ -65,10 +65,11 @@ ALLOWED: dict[str, set[str]] = {
     "inventory": CORE,
     "thresholds": CORE,
     "alloc": CORE | {"inventory"},
+    "jobs": CORE | {"inventory", "alloc"},
     "discovery": CORE | {"wire"},
     "usage": CORE,
-    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
-    "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage"},
+    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs"},
+    "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs"},
     "engines": CORE | {"alloc"},
     "pool": CORE | {"wire", "inventory", "alloc", "discovery", "engines"},
 }

@@ -236,6 +236,7 @@ class LeaseInfo:
     # ``user`` is then the holder's name and ``command`` its note (both private, as for local leases).
     remote_from: str | None = None
     expires: float | None = None
+    job: str | None = None  # the gpusd job holding it (docs/jobs.md), when known
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

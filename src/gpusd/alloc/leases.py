@@ -81,6 +81,7 @@ MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files a
 MAX_LEASE_DEVICES = 64
 MAX_LEASE_FILES = 4096
 _LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\.json$")
+_JOB_ID = re.compile(r"^[a-f0-9]{8,32}$")  # a gpusd job's id (gpusd.jobs.record)
 
 
 def lock_dir() -> Path:
@@ -324,6 +325,7 @@ class LeaseStore:
                 "command": command[:1024] if isinstance(command, str) else None,
                 "remote_from": remote_from[:128] if isinstance(remote_from, str) else None,
                 "expires": float(expires) if expires is not None else None,
+                "job": job if isinstance(job := d.get("job"), str) and _JOB_ID.match(job) else None,
             }
         except (ValueError, TypeError, RecursionError) as exc:
             log.warning("skipping unreadable lease file %s: %s", name, exc)
@@ -351,7 +353,7 @@ class LeaseStore:
                 pid = holders[0] if holders and holders[0] > 0 else 0
         base = {"lease_id": lease_id, "pid": pid, "user": user, "started": rec["started"],
                 "memory": rec["memory"], "shared": rec["shared"], "command": rec["command"],
-                "remote_from": rec["remote_from"], "expires": rec["expires"]}
+                "remote_from": rec["remote_from"], "expires": rec["expires"], "job": rec.get("job")}
         return [LeaseInfo.from_dict({**base, "device": dev}) for dev in rec["devices"]]
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:

@@ -180,7 +180,26 @@ def _build_parser() -> argparse.ArgumentParser:
                  "run a command on leased GPUs: gpusd run -n 2 -- python train.py")
     _selection_flags(p)
     _fleet_flags(p, run=True)
+    if not isinstance(p, _Skipped):
+        from .jobs import add_run_flags
+
+        add_run_flags(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
+
+    p = _command(sub, "jobs", "gpusd.cli.jobs:jobs", "list the jobs gpusd run started on this machine")
+    p.add_argument("--all", action="store_true", help="every user's jobs (default: yours)")
+    p.add_argument("--json", action="store_true")
+
+    p = _command(sub, "grow", "gpusd.cli.jobs:grow", "give a running job more GPUs: gpusd grow JOB +2")
+    p.add_argument("job", help="the job id (a unique prefix is enough)")
+    p.add_argument("count", nargs="?", default="+1", help="+N more GPUs (default +1)")
+    p.add_argument("--wait", action="store_true", help="wait (in the queue) until they qualify")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds")
+
+    p = _command(sub, "shrink", "gpusd.cli.jobs:shrink", "take GPUs back from a running job: gpusd shrink JOB -1")
+    p.add_argument("job", help="the job id (a unique prefix is enough)")
+    p.add_argument("count", nargs="?", default=None, help="-N GPUs fewer (default -1)")
+    p.add_argument("--release", metavar="GPU", help="give back this GPU (index or UUID)")
 
     p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
     p.add_argument("--json", action="store_true")
@@ -293,6 +312,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="release idle reservations after a notice and --idle-grace (never a running job's lease)")
     h.add_argument("--idle-grace", type=_seconds, default=900.0, metavar="S",
                    help="seconds between the release notice and the release (default 900)")
+    r = p.add_argument_group("rebalancing of gpusd jobs (docs/jobs.md)")
+    r.add_argument("--rebalance", action="store_true",
+                   help="move --preemptible jobs off GPUs that stay hot while another GPU is idle, and pause "
+                   "--pausable jobs while their GPU is too hot (default policy)")
+    r.add_argument("--rebalance-policy", metavar="FILE",
+                   help="rebalance with the thresholds of this JSON file (implies --rebalance)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 

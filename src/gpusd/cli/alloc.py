@@ -62,6 +62,10 @@ def run_command(args: argparse.Namespace) -> int:
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
+    if args.lease:  # every leased run is a job (docs/jobs.md)
+        from .jobs import run_job
+
+        return run_job(args, cmd, shlex.join(cmd)[:512])
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=shlex.join(cmd)[:512])
@@ -100,10 +104,10 @@ def leases(args: argparse.Namespace) -> int:
     rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32), str(le.pid),
              "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
-             _age(le.started, now), _cell(le.command)] for le in held]
+             _age(le.started, now), _cell(le.job, 16), _cell(le.command)] for le in held]
     print(f"lock directory {store.dir}: {len(held)} device lease(s), {len(waiters)} job(s) waiting")
     if rows:
-        print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "COMMAND"], rows))
+        print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
     if waiters:
         print("waiting (first come, first served):")
         print(render_table(["#", "USER", "PID", "GPUS", "WAITING", "COMMAND"], [

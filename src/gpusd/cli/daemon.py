@@ -63,6 +63,8 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         idle_after=getattr(args, "idle_after", 900.0),
         idle_release=getattr(args, "idle_release", False),
         idle_grace=getattr(args, "idle_grace", 900.0),
+        rebalance=getattr(args, "rebalance", False),
+        rebalance_policy=Path(args.rebalance_policy).resolve() if getattr(args, "rebalance_policy", None) else None,
         peers=getattr(args, "peers", None),
         peers_file=getattr(args, "peers_file", None),
         dns_sd_domain=getattr(args, "dns_sd_domain", None),
@@ -84,6 +86,10 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out.append("--no-record")
     if getattr(args, "idle_release", False):
         out.append("--idle-release")
+    if getattr(args, "rebalance", False):
+        out.append("--rebalance")
+    if getattr(args, "rebalance_policy", None):
+        out += ["--rebalance-policy", str(Path(args.rebalance_policy).resolve())]
     out += ["--retention", str(getattr(args, "retention", 365.0)), "--history-size",
             str(getattr(args, "history_size", 1024.0)), "--idle-after", str(getattr(args, "idle_after", 900.0)),
             "--idle-grace", str(getattr(args, "idle_grace", 900.0))]

@@ -56,6 +56,9 @@ class DaemonConfig:
     idle_after: float = 900.0  # seconds a lease may hold GPUs under 5 % before it is marked idle
     idle_release: bool = False  # opt-in: release idle reservations (never a running job's lease)
     idle_grace: float = 900.0  # seconds between the release notice and the release
+    # rebalancing of gpusd jobs (docs/jobs.md; wired in daemon/rebalancing.py): opt-in
+    rebalance: bool = False
+    rebalance_policy: Path | None = None  # a JSON file with the fields of gpusd.jobs.rebalance.Policy
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -67,7 +70,9 @@ class DaemonConfig:
                 "dcgm_metrics": self.dcgm_metrics,
                 "no_record": not self.record, "retention_days": self.retention / 86400,
                 "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
-                "idle_release": self.idle_release, "idle_grace": self.idle_grace}
+                "idle_release": self.idle_release, "idle_grace": self.idle_grace,
+                "rebalance": self.rebalance or self.rebalance_policy is not None,
+                "rebalance_policy": str(self.rebalance_policy) if self.rebalance_policy else None}
 
     def validate(self) -> None:
         from ..errors import ConfigError
@@ -97,6 +102,10 @@ class DaemonConfig:
 
         Retention(retention=self.retention, max_bytes=self.history_size).validate()
         IdlePolicy(self.idle_after, self.idle_release, self.idle_grace).validate()
+        if self.rebalance_policy is not None:
+            from ..jobs.rebalance import Policy
+
+            Policy.load(self.rebalance_policy)  # a bad policy file fails the start, with its reason
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
         for name in ("header_timeout", "keepalive_timeout", "write_timeout"):

@@ -100,6 +100,11 @@ class Daemon:
 
         # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)
         self.recording = install_recording(self.app, self, releaser=self.pool)
+        self.rebalancing: Any = None
+        if config.rebalance or config.rebalance_policy is not None:
+            from .rebalancing import install as install_rebalancing  # docs/jobs.md
+
+            self.rebalancing = install_rebalancing(self)
 
     # -- extension points ---------------------------------------------------------------------
     @property

@@ -49,6 +49,7 @@ from .types import (
     EVENTS,
     HOST_ADDED,
     HOST_REMOVED,
+    JOB,
     THRESHOLD_CLEARED,
     THRESHOLD_EXCEEDED,
     Device,
@@ -844,6 +845,9 @@ class AsyncClient:
                 elif name == "threshold":
                     host.last_seen = time.monotonic()
                     self._threshold(peer, host, data)
+                elif name == "job":
+                    host.last_seen = time.monotonic()
+                    self._job(peer, host, data)
 
     def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost,
                 cert_fp: str | None = None) -> bool:
@@ -884,6 +888,26 @@ class AsyncClient:
                 device = dev
         kind = THRESHOLD_EXCEEDED if d["state"] == "exceeded" else THRESHOLD_CLEARED
         self._emit(DiscoveryEvent(kind, host, device=device, data=d))
+
+    def _job(self, peer: _Peer, host: RemoteHost, data: str) -> None:
+        """A rebalancing decision (docs/jobs.md): only its known fields, typed and bounded."""
+        import json
+
+        try:
+            d = json.loads(data[:8192])
+        except ValueError:
+            return
+        if not isinstance(d, dict) or d.get("action") not in ("move", "pause", "resume"):
+            return
+        out: dict[str, Any] = {"action": d["action"], "ok": d.get("ok") is True}
+        for key, limit in (("job", 32), ("gpu", 128), ("reason", 300), ("result", 300)):
+            v = d.get(key)
+            out[key] = v[:limit] if isinstance(v, str) else None
+        for key in ("index", "to"):
+            v = d.get(key)
+            out[key] = v if type(v) is int and -1 <= v < 4096 else None
+        device = next((dev for dev in peer.devices.values() if dev.uuid == out["gpu"]), None)
+        self._emit(DiscoveryEvent(JOB, host, device=device, data=out))
 
     # -- reporting ----------------------------------------------------------------------------
     def _apply(self, peer: _Peer, host: RemoteHost, gpus: list[GpuInfo], snap: HostSnapshot | None = None) -> None:

@@ -143,6 +143,13 @@ class Client:
                 loop.run_forever()
             finally:
                 try:
+                    # what a slow stop left (a stream still closing on a loaded machine): cancelled
+                    # and awaited here, as asyncio.run does, never destroyed while pending
+                    left = asyncio.all_tasks(loop)
+                    for task in left:
+                        task.cancel()
+                    if left:
+                        loop.run_until_complete(asyncio.wait(left, timeout=5))
                     loop.run_until_complete(loop.shutdown_asyncgens())
                 finally:
                     loop.close()

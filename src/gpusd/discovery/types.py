@@ -19,7 +19,9 @@ DEVICE_REMOVED = "device_removed"
 DEVICE_UPDATED = "device_updated"
 THRESHOLD_EXCEEDED = "threshold_exceeded"
 THRESHOLD_CLEARED = "threshold_cleared"
-EVENTS = (HOST_ADDED, HOST_REMOVED, DEVICE_ADDED, DEVICE_REMOVED, DEVICE_UPDATED, THRESHOLD_EXCEEDED, THRESHOLD_CLEARED)
+JOB = "job"  # a rebalancing decision of the daemon about a gpusd job (docs/jobs.md)
+EVENTS = (HOST_ADDED, HOST_REMOVED, DEVICE_ADDED, DEVICE_REMOVED, DEVICE_UPDATED, THRESHOLD_EXCEEDED, THRESHOLD_CLEARED,
+          JOB)
 
 
 def event_names(event: str) -> tuple[str, ...]:
@@ -241,7 +243,19 @@ class DiscoveryEvent:
             line = f"{self.event} {self.host}"
         if self.event.startswith("threshold_") and self.data:
             line += _rule_words(self.data)
+        if self.event == JOB and self.data:
+            line = f"job {self.host.hostname}: {_job_words(self.data)}"
         return line
+
+
+def _job_words(data: dict[str, Any]) -> str:
+    """A rebalancing decision in words, from a daemon's ``job`` event (bounded, printable)."""
+
+    def text(v: Any, limit: int = 300) -> str:
+        return "".join(c if c.isprintable() else "?" for c in v[:limit]) if isinstance(v, str) else ""
+
+    done = "done" if data.get("ok") is True else f"failed: {text(data.get('result'), 200)}"
+    return f"{text(data.get('action'), 16)} {text(data.get('job'), 32)}: {text(data.get('reason'))} ({done})"
 
 
 def _rule_words(data: dict[str, Any]) -> str:

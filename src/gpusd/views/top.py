@@ -311,7 +311,8 @@ def _leases(g: GpuInfo) -> str:
     if not g.leases:
         return "-"
     return ", ".join(f"{for_terminal(le.user, WORD_MAX) or 'pid ' + str(le.pid)}{' (shared)' if le.shared else ''}"
-                     f"{_until(le.expires)}" for le in g.leases)
+                     f"{_until(le.expires)}{' job ' + (for_terminal(le.job, 12) or '') if le.job else ''}"
+                     for le in g.leases)
 
 
 def _until(expires: float | None) -> str:

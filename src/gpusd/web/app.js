@@ -51,7 +51,7 @@
   function cleanLease(l) {
     l = obj(l) || {};
     return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true,
-      expires: num(l.expires) });
+      expires: num(l.expires), job: str(l.job, 32) });
   }
   function cleanGpu(g) {  // null: not a GPU at all
     g = obj(g);
@@ -202,6 +202,12 @@
         onThreshold(d, true); break;
       case "threshold_cleared":
         onThreshold(d, false); break;
+      case "job": {  // a rebalancing decision (docs/jobs.md), with its reason
+        const j = (d.data && typeof d.data === "object") ? d.data : {};
+        log(j.ok === true ? "" : "exceeded", `${str(d.hostname, SHOWN_MAX) || hostKey(d)}: ${str(j.reason, TEXT_MAX) || "job " +
+          str(j.action, 16)}${j.ok === true ? "" : " (failed: " + str(j.result, 200) + ")"}`);
+        return;
+      }
       case "snapshot":
         if (d.gpus) setHost({ node_id: d.node_id, hostname: d.hostname, snapshot: d });
         break;
@@ -415,7 +421,8 @@
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
     const until = (l) => l.expires == null ? "" :  // a remote reservation (docs/pool.md): until when
       " until " + new Date(l.expires * 1000).toLocaleTimeString();
-    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32) + until(l));
+    const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32) + until(l) +
+      (l.job ? " job " + clip(l.job, 16) : ""));
     return parts.concat(leases).join(", ") || "-";
   }
   function gpuAlerts(host, uuid) {

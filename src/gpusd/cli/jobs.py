@@ -1,0 +1,176 @@
+"""``gpusd jobs``, ``gpusd grow``, ``gpusd shrink`` and the job flags of ``gpusd run`` (docs/jobs.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, GpusdError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..jobs.record import JobRecord
+
+PRIORITY_NAMES = ("low", "normal", "high", "urgent")
+
+
+def _signal(text: str) -> int:
+    name = text.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        try:
+            return int(signal.Signals(int(text)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a signal: {text!r}") from None
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < 86400:
+        raise argparse.ArgumentTypeError("the grace period is 0 to 86400 seconds")
+    return value
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("job")
+    g.add_argument("--priority", choices=PRIORITY_NAMES, default="normal",
+                   help="low, normal (default), high or urgent: a waiting job may preempt --preemptible jobs of "
+                   "lower priority (docs/jobs.md)")
+    g.add_argument("--preemptible", action="store_true",
+                   help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
+                   "priority, or moved off an overloaded GPU")
+    g.add_argument("--pausable", action="store_true", help="may be paused (SIGSTOP) while its GPU is too hot")
+    g.add_argument("--grace", type=_grace, default=30.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
+    g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
+                   help="the signal that tells the job its GPUs changed (default SIGUSR1)")
+    g.add_argument("--cuda-checkpoint", action="store_true",
+                   help="look for NVIDIA's cuda-checkpoint on PATH and say whether it is there; the transparent "
+                   "checkpoint of CUDA state is not wired in yet: moves use the job protocol (docs/jobs.md)")
+
+
+def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
+    from ..alloc.select import constraints_from_args
+    from ..jobs.checkpoint import find_cuda_checkpoint
+    from ..jobs.record import PRIORITIES
+    from ..jobs.supervisor import Supervisor
+
+    if args.timeout is not None and not args.wait:
+        raise ConfigError("--timeout only makes sense with --wait")
+    tool = None
+    if args.cuda_checkpoint:
+        tool = find_cuda_checkpoint()
+        if tool is None:
+            from ..jobs.supervisor import log
+
+            log("--cuda-checkpoint: cuda-checkpoint is not on PATH; the job protocol is used instead")
+    sup = Supervisor(constraints_from_args(args), cmd, command=command, priority=PRIORITIES[args.priority],
+                     preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
+                     grace=args.grace, wait=args.wait, timeout=args.timeout, simulate=args.simulate,
+                     use_uuid=args.uuid, cuda_checkpoint=tool)
+    try:
+        return sup.run()
+    except BaseException:
+        sup.close()
+        raise
+
+
+def _visible(records: list["JobRecord"], all_users: bool) -> list["JobRecord"]:
+    if all_users:
+        return records
+    me = os.geteuid()
+    return [r for r in records if r.uid == me]
+
+
+def jobs(args: argparse.Namespace) -> int:
+    import time
+
+    from ..jobs.record import list_jobs, priority_name
+    from ..sanitize import dumps, for_terminal
+    from .table import render_table
+
+    records = _visible(list_jobs(cleanup=True), args.all)
+    if args.json:
+        print(dumps({"jobs": [r.to_dict() for r in records]}, indent=2))
+        return 0
+    now = time.time()
+
+    def cell(text: str | None, limit: int = 40) -> str:
+        return for_terminal(text, limit) or "-"
+
+    rows = [[r.job, cell(r.user, 32), cell(r.state, 12), priority_name(r.priority) + ("*" if r.preemptible else ""),
+             ",".join(str(i) for i in r.indices) or "-", str(r.restarts),
+             f"{max(0.0, now - r.started):.0f}s" if r.started else "-", cell(r.command)] for r in records]
+    if not rows:
+        print("no jobs" + ("" if args.all else " of yours (--all: every user's)"))
+        return 0
+    print(render_table(["JOB", "USER", "STATE", "PRIORITY", "GPUS", "RESTARTS", "AGE", "COMMAND"], rows))
+    print("* preemptible")
+    return 0
+
+
+def _find(job: str) -> "JobRecord":
+    from ..jobs.record import list_jobs
+
+    prefix = job.strip().lower()
+    found = [r for r in list_jobs() if prefix and r.job.startswith(prefix)]
+    if not found:
+        raise GpusdError(f"no running job {job!r} (gpusd jobs --all lists them)")
+    if len(found) > 1:
+        raise ConfigError(f"{job!r} names {len(found)} jobs: give more of the id")
+    return found[0]
+
+
+def _count(text: str | None, sign: str) -> int | None:
+    if text is None:
+        return None
+    raw = text[1:] if text[:1] in "+-" else text
+    if text[:1] in "+-" and text[:1] != sign:
+        raise ConfigError(f"expected {sign}N, not {text!r}")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ConfigError(f"expected {sign}N (a number of GPUs), not {text!r}") from None
+    if not 0 < n <= 64:
+        raise ConfigError("a number of GPUs from 1 to 64")
+    return n
+
+
+def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
+    from ..jobs.control import request
+
+    rec = _find(job)
+    me = os.geteuid()
+    if me not in (0, rec.uid):
+        raise GpusdError(f"job {rec.job} belongs to {rec.user}: only its owner or root may change it")
+    answer = request(rec.job, rec.uid, message, timeout=timeout)
+    text = str(answer.get("message") or answer.get("devices") or "")
+    if not answer.get("ok"):
+        from ..errors import NoGpuAvailable, WaitTimeout
+
+        kind = {"no_gpu": NoGpuAvailable, "timeout": WaitTimeout}.get(str(answer.get("error")), GpusdError)
+        raise kind(f"job {rec.job}: {text}")
+    print(f"job {rec.job}: GPUs {answer.get('devices')}" + (f" ({text})" if answer.get("message") else ""))
+    return 0
+
+
+def grow(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not args.wait:
+        raise ConfigError("--timeout only makes sense with --wait")
+    n = _count(args.count, "+") or 1
+    limit = 30.0 + (args.timeout if args.timeout is not None else (86400.0 if args.wait else 0.0))
+    return _ask(args.job, {"op": "grow", "count": n, "wait": args.wait, "timeout": args.timeout}, timeout=limit)
+
+
+def shrink(args: argparse.Namespace) -> int:
+    if args.release is not None and args.count is not None:
+        raise ConfigError("give -N or --release GPU, not both")
+    n = _count(args.count, "-")
+    return _ask(args.job, {"op": "shrink", "count": n, "release": args.release})

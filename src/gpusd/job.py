@@ -1,0 +1,108 @@
+"""The job side of the gpusd job protocol (docs/jobs.md), for Python jobs; stdlib only.
+
+>>> from gpusd.job import Job, RESTART_ME
+>>> job = Job(on_change=lambda j: print("now on GPUs", j.cuda_visible_devices))
+>>> while not job.should_stop:            # SIGTERM: preempted, moved, or stopped
+...     train_one_step()
+>>> save_checkpoint(); job.restart()      # exit status 75: gpusd runs the command again, same lease
+
+Under ``gpusd run`` the environment names the job file (``GPUSD_JOB_FILE``: JSON, rewritten
+atomically) and the signal that announces a change (``GPUSD_NOTIFY_SIGNAL``, default SIGUSR1);
+``GPUSD_RESTART_COUNT`` says how many times the command was restarted.  Outside ``gpusd run`` a
+:class:`Job` describes no job (``active`` is False) and never calls back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any, Callable, NoReturn
+
+RESTART_ME = 75  # the exit status that asks gpusd run to start the command again, keeping the lease
+MAX_FILE = 65536
+
+
+def read_job_file(path: str | None = None) -> dict[str, Any] | None:
+    """The job file's contents (None outside a gpusd job or when it cannot be read)."""
+    path = path or os.environ.get("GPUSD_JOB_FILE")
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            d = json.loads(f.read(MAX_FILE))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+class Job:
+    """This process's job: its GPUs, told of changes by signal (docs/jobs.md)."""
+
+    def __init__(self, on_change: Callable[[Job], None] | None = None, *, install: bool = True,
+                 path: str | None = None) -> None:
+        self.path = path or os.environ.get("GPUSD_JOB_FILE")
+        self.on_change = on_change
+        self.stop_requested = False
+        self.data: dict[str, Any] = read_job_file(self.path) or {}
+        self.restarts = int(os.environ.get("GPUSD_RESTART_COUNT") or 0)
+        if install and self.active:
+            name = os.environ.get("GPUSD_NOTIFY_SIGNAL") or "SIGUSR1"
+            sig = getattr(signal, name, signal.SIGUSR1)
+            signal.signal(sig, self._changed)
+            signal.signal(signal.SIGTERM, self._stop)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.path)
+
+    @property
+    def id(self) -> str | None:
+        return os.environ.get("GPUSD_JOB_ID")
+
+    @property
+    def generation(self) -> int:
+        return int(self.data.get("generation") or 0)
+
+    @property
+    def state(self) -> str:
+        return str(self.data.get("state") or "running")
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return str(self.data.get("cuda_visible_devices") or os.environ.get("CUDA_VISIBLE_DEVICES") or "")
+
+    @property
+    def devices(self) -> list[str]:
+        """The job's GPUs now, as CUDA_VISIBLE_DEVICES entries (indices, or UUIDs)."""
+        return [x for x in self.cuda_visible_devices.split(",") if x]
+
+    @property
+    def should_stop(self) -> bool:
+        """SIGTERM arrived (preempted, moved, or stopped): save a checkpoint and exit."""
+        return self.stop_requested
+
+    def refresh(self) -> bool:
+        """Read the file again; True when it changed."""
+        d = read_job_file(self.path)
+        if d is None or d.get("generation") == self.data.get("generation"):
+            return False
+        self.data = d
+        return True
+
+    def _changed(self, _signum: int, _frame: object) -> None:
+        if self.refresh() and self.on_change is not None:
+            self.on_change(self)
+
+    def _stop(self, _signum: int, _frame: object) -> None:
+        self.stop_requested = True
+
+    def restart(self) -> NoReturn:
+        """Exit with :data:`RESTART_ME`: gpusd starts the command again on the job's GPUs now."""
+        sys.stdout.flush()
+        sys.exit(RESTART_ME)
+
+
+def current(on_change: Callable[[Job], None] | None = None) -> Job:
+    return Job(on_change)

@@ -1,0 +1,90 @@
+"""The control socket of a job: ``job-<ID>.sock`` in the lock directory.
+
+``gpusd grow``, ``gpusd shrink``, a waiting job that preempts and the daemon's rebalancer talk to a
+job's supervisor through it, one JSON object per line each way::
+
+    client -> {"op": "grow", "count": 2, "wait": false, "timeout": null}
+    job    -> {"ok": true, "devices": [...], "message": "..."}  or  {"ok": false, "message": "..."}
+
+Who asks is learnt from the kernel (``SO_PEERCRED``), never from the request: the supervisor obeys
+only its own user and root.  The client, in turn, talks only to a socket whose answering process
+runs as the uid that owns the job's record (or root), so a fake socket cannot collect requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+from ..alloc.leases import LeaseStore
+from ..errors import GpusdError
+
+MAX_LINE = 65536
+_CRED = struct.Struct("3i")
+
+
+def socket_name(job_id: str) -> str:
+    return f"job-{job_id}.sock"
+
+
+def peer_uid(conn: socket.socket) -> int:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+    _pid, uid, _gid = _CRED.unpack(raw)
+    return int(uid)
+
+
+def read_line(conn: socket.socket, limit: int = MAX_LINE) -> dict[str, Any]:
+    buf = b""
+    while b"\n" not in buf:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > limit:
+            raise ValueError("request too long")
+    d = json.loads(buf.split(b"\n", 1)[0] or b"null")
+    if not isinstance(d, dict):
+        raise ValueError("not an object")
+    return d
+
+
+def bind(store: LeaseStore, job_id: str) -> socket.socket:
+    """The listening socket of a job (connectable by every user: the kernel tells us who connects)."""
+    path = store.dir / socket_name(job_id)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o111)  # rw for everyone: a socket's mode only decides who may connect
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(16)
+    return sock
+
+
+def request(job_id: str, uid: int | None, message: dict[str, Any], timeout: float = 30.0,
+            store: LeaseStore | None = None) -> dict[str, Any]:
+    """Send ``message`` to the supervisor of ``job_id``, whose record belongs to ``uid``."""
+    store = store or LeaseStore()
+    path: Path = store.dir / socket_name(job_id)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            raise GpusdError(f"cannot reach job {job_id}: {exc.strerror or exc}") from None
+        server = peer_uid(sock)
+        if server not in (0, uid):
+            raise GpusdError(f"refusing the control socket of job {job_id}: it is served by uid {server}, "
+                             f"not by the job's owner")
+        sock.sendall(json.dumps(message).encode() + b"\n")
+        try:
+            return read_line(sock)
+        except (ValueError, OSError) as exc:
+            raise GpusdError(f"job {job_id} gave no valid answer: {exc}") from None
+    finally:
+        sock.close()

@@ -1,0 +1,239 @@
+"""Job records: ``job-<ID>.json`` in the lock directory, beside the leases.
+
+A record is written by the job's supervisor (``gpusd run``) with the same hardening as a lease
+record (:mod:`gpusd.alloc.leases`): created with ``O_EXCL | O_NOFOLLOW`` under a temporary name,
+locked (``LOCK_EX``) before it is renamed into place, rewritten the same way on every change.  A
+record whose lock nobody holds belongs to a dead supervisor and is ignored (removed when possible).
+Another user may write such a file: it is read bounded, typed field by field, and attributed to the
+uid that owns the file (only root's records, the daemon's, may name another user).
+
+A fleet run (``gpusd run --fleet``) registers the same record on the machine that runs it; ``host``
+then names the machine that asked (informational only; the owner is still the file's uid).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+import stat
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..alloc.leases import LeaseStore
+from ..alloc.lockdir import FILE_FLAGS, create_exclusive, try_lock, user_name
+
+JOB_FORMAT = 1
+MAX_JOB_BYTES = 16384
+MAX_JOB_FILES = 4096
+MAX_DEVICES = 64
+JOB_NAME = re.compile(r"^job-([a-f0-9]{8,32})\.json$")
+ID_RE = re.compile(r"^[a-f0-9]{8,32}$")
+
+# Named priorities (docs/jobs.md): higher preempts lower (within the rules of preemption).
+PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
+STATES = ("queued", "running", "preempted", "paused", "moving", "done", "failed")
+
+
+def priority_name(level: int) -> str:
+    for name, value in PRIORITIES.items():
+        if value == level:
+            return name
+    return str(level)
+
+
+def new_job_id() -> str:
+    return os.urandom(6).hex()
+
+
+@dataclass
+class JobRecord:
+    """What a job is (the fields of ``job-<ID>.json``)."""
+
+    job: str
+    pid: int  # the supervisor (gpusd run)
+    user: str | None = None
+    uid: int | None = None  # from the file's owner, never from its contents
+    command: str | None = None
+    devices: list[str] = field(default_factory=list)  # UUIDs currently given to the job
+    indices: list[int] = field(default_factory=list)
+    priority: int = PRIORITIES["normal"]
+    preemptible: bool = False
+    pausable: bool = False
+    state: str = "queued"
+    restarts: int = 0
+    lease: str | None = None
+    started: float | None = None
+    child: int | None = None  # the command's pid (its process group, when it has its own)
+    host: str | None = None  # fleet runs: the machine that asked
+    reason: str | None = None  # why the last change of state happened
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["priority_name"] = priority_name(self.priority)
+        return d
+
+
+def _text(value: object, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def parse(raw: bytes, uid: int) -> JobRecord:
+    """A record from another user's file: typed and bounded (ValueError when it is not one)."""
+    d = json.loads(raw)
+    if not isinstance(d, dict):
+        raise ValueError("not an object")
+    job, pid = d.get("job"), d.get("pid")
+    if not isinstance(job, str) or not ID_RE.match(job):
+        raise ValueError("no valid job id")
+    if type(pid) is not int or not 0 < pid < 2**31:
+        raise ValueError("no valid pid")
+    devices = d.get("devices") or []
+    if (not isinstance(devices, list) or len(devices) > MAX_DEVICES
+            or not all(isinstance(x, str) and 0 < len(x) <= 128 for x in devices)):
+        raise ValueError("no valid device list")
+    indices = d.get("indices") or []
+    if not isinstance(indices, list) or not all(type(i) is int and 0 <= i < 4096 for i in indices[:MAX_DEVICES]):
+        raise ValueError("no valid index list")
+    priority = d.get("priority")
+    if type(priority) is not int or priority not in PRIORITIES.values():
+        raise ValueError("no valid priority")
+    state = d.get("state")
+    if state not in STATES:
+        raise ValueError("no valid state")
+    restarts, child, started = d.get("restarts"), d.get("child"), d.get("started")
+    if type(restarts) is not int or not 0 <= restarts < 2**31:
+        raise ValueError("no valid restart count")
+    if child is not None and (type(child) is not int or not 0 < child < 2**31):
+        raise ValueError("no valid child pid")
+    if started is not None and (type(started) not in (int, float) or not math.isfinite(started)):
+        raise ValueError("bad start time")
+    user = _text(d.get("user"), 64) if uid == 0 else user_name(uid)
+    lease = d.get("lease")
+    return JobRecord(job=job, pid=pid, user=user, uid=uid, command=_text(d.get("command"), 1024),
+                     devices=list(devices), indices=list(indices[:MAX_DEVICES]), priority=priority,
+                     preemptible=d.get("preemptible") is True, pausable=d.get("pausable") is True, state=state,
+                     restarts=restarts, lease=lease if isinstance(lease, str) and ID_RE.match(lease) else None,
+                     started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200))
+
+
+def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[JobRecord]:
+    """The live jobs of this machine (their supervisor holds the record's lock), oldest first."""
+    import logging
+
+    log = logging.getLogger(__name__)
+    store = store or LeaseStore()
+    dfd = store.open(create=False)
+    if dfd is None:
+        return []
+    out: list[JobRecord] = []
+    try:
+        names = os.listdir(dfd)
+        seen = 0
+        for name in names:
+            if not JOB_NAME.match(name):
+                continue
+            seen += 1
+            if seen > MAX_JOB_FILES:
+                log.warning("more than %d job files in %s: the rest are ignored", MAX_JOB_FILES, store.dir)
+                break
+            try:
+                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+            except OSError:
+                continue  # gone meanwhile, or a symlink
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    continue
+                if try_lock(fd, shared=True):  # nobody holds it: a dead supervisor's
+                    if cleanup:  # its record and its control socket (our own files only: sticky dir)
+                        for stale in (name, name[:-5] + ".sock"):
+                            try:
+                                os.unlink(stale, dir_fd=dfd)
+                            except OSError:
+                                pass
+                    continue
+                if st.st_size > MAX_JOB_BYTES:
+                    log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)
+                    continue
+                raw = os.read(fd, MAX_JOB_BYTES)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            try:
+                rec = parse(raw, st.st_uid)
+            except (ValueError, TypeError, RecursionError) as exc:
+                log.warning("skipping unreadable job file %s: %s", name, exc)
+                continue
+            if f"job-{rec.job}.json" != name:
+                continue
+            out.append(rec)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+    out.sort(key=lambda r: (r.started or 0.0, r.job))
+    return out
+
+
+def find_job(job_id: str, store: LeaseStore | None = None) -> JobRecord | None:
+    prefix = job_id.strip().lower()
+    matches = [r for r in list_jobs(store) if r.job.startswith(prefix)] if prefix else []
+    return matches[0] if len(matches) == 1 else None
+
+
+class RecordWriter:
+    """The supervisor's side: writes (and rewrites) its job's record, holding its lock."""
+
+    def __init__(self, store: LeaseStore, record: JobRecord) -> None:
+        self.store = store
+        self.record = record
+        self.fd = -1
+        dir_fd = store.open(create=True)  # checked: O_NOFOLLOW, owner, sticky
+        assert dir_fd is not None
+        self.dir_fd: int = dir_fd
+
+    def write(self, **changes: Any) -> None:
+        for key, value in changes.items():
+            setattr(self.record, key, value)
+        d = self.record.to_dict()
+        d.pop("uid", None)
+        d["format"] = JOB_FORMAT
+        final, tmp = f"job-{self.record.job}.json", f".job-{self.record.job}-{os.urandom(3).hex()}.tmp"
+        fd = create_exclusive(self.dir_fd, tmp, self.store.dir)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # locked before it is visible: never taken for stale
+            os.write(fd, json.dumps(d).encode())
+            os.rename(tmp, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(tmp, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+            raise
+        old, self.fd = self.fd, fd
+        if old >= 0:
+            os.close(old)
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            try:
+                os.unlink(f"job-{self.record.job}.json", dir_fd=self.dir_fd)
+            except OSError:
+                pass
+        for fd in (self.fd, self.dir_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.fd = self.dir_fd = -1
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,547 @@
+"""The supervisor of a job: what ``gpusd run`` is (docs/jobs.md).
+
+It leases the GPUs, writes the job's record (:mod:`gpusd.jobs.record`) and its GPU file (the
+protocol: ``GPUSD_JOB_FILE``, rewritten atomically, and ``--notify-signal`` on every change), runs
+the command in its own process group, and serves the job's control socket
+(:mod:`gpusd.jobs.control`): grow, shrink, preempt, pause/resume, move.  The command is restarted,
+keeping the lease, when it exits with :data:`RESTART_ME` (75); a preempted job is restarted when
+GPUs qualify again; ``GPUSD_RESTART_COUNT`` tells the command how many times it was restarted.
+
+Lease descriptors are handed to the command as plain ``gpusd run`` does, so its GPUs stay leased while
+it lives, even if the supervisor is killed.  A ``--preemptible`` or ``--pausable`` command runs in
+its own process group (so that SIGTERM, SIGSTOP and SIGCONT reach all of it); signals to
+``gpusd run`` are forwarded to it.  GPUs added by ``grow`` are held by the supervisor until the next restart hands
+them over too; a GPU given back by ``shrink`` that the running command inherited stays locked (and
+recorded) until that command exits or restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..alloc.api import Selection, allocate, shared_backend
+from ..alloc.leases import MAX_LEASE_BYTES, Lease, LeaseStore, current_user
+from ..alloc.lockdir import create_exclusive
+from ..alloc.select import Candidate, Constraints
+from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
+from . import control
+from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, new_job_id, priority_name
+
+RESTART_ME = 75
+FILE_FORMAT = 1
+MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not preemptible for that hour
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Stopped(BaseException):
+    """A signal to stop arrived while no command was running (queued, or preempted and waiting)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _own_group() -> None:  # in the child before exec (process_group= needs Python 3.11)
+    os.setpgid(0, 0)
+
+
+def log(message: str) -> None:
+    print(f"gpusd: {message}", file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    def __init__(self, c: Constraints, cmd: Sequence[str], *, command: str, priority: int = PRIORITIES["normal"],
+                 preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
+                 grace: float = 30.0, wait: bool = False, timeout: float | None = None,
+                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: str | None = None,
+                 host: str | None = None) -> None:
+        self.c, self.cmd, self.command = c, list(cmd), command
+        self.priority, self.preemptible, self.pausable = priority, preemptible, pausable
+        self.notify_signal, self.grace, self.wait, self.timeout = notify_signal, grace, wait, timeout
+        self.simulate, self.use_uuid, self.cuda_checkpoint = simulate, use_uuid, cuda_checkpoint
+        self.store = LeaseStore()
+        self.lock = threading.RLock()
+        self.job_id = new_job_id()
+        self.devs: list[Candidate] = []
+        self.dev_fds: dict[str, int] = {}
+        self.inherited: set[str] = set()
+        self.pending: dict[str, int] = {}  # given back, still held by the running command
+        self.lease: Lease | Any = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping: str | None = None  # "preempt", "move", "user"
+        self.generation = 0
+        self.restarts = 0
+        self.preemptions: list[float] = []
+        self.decided_at: float | None = None
+        self.exited_at: float | None = None
+        self.last_migration: float | None = None
+        self.closing = False
+        self.yield_to: str | None = None  # the job that preempted us: it goes first
+        self.writer = RecordWriter(self.store, JobRecord(
+            job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
+            preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
+        self.private = Path(tempfile.mkdtemp(prefix=f"gpusd-job-{self.job_id}-"))
+        self.job_file = self.private / "gpus.json"
+        self.server = control.bind(self.store, self.job_id)
+
+    # -- the protocol file ----------------------------------------------------------------------------
+    def cuda_visible(self) -> str:
+        if self.use_uuid or any(d.mig is not None for d in self.devs):
+            return ",".join(d.uuid for d in self.devs)
+        return ",".join(str(d.gpu.index) for d in self.devs)
+
+    def write_job_file(self, state: str, reason: str | None = None) -> None:
+        self.generation += 1
+        d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
+             "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
+             "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label} for x in self.devs]}
+        tmp = self.private / f".gpus.{self.generation}.tmp"
+        tmp.write_text(json.dumps(d))
+        os.replace(tmp, self.job_file)
+        self.writer.write(devices=[x.uuid for x in self.devs], indices=[x.gpu.index for x in self.devs],
+                          state=state if state != "stopping" else self.writer.record.state, reason=reason,
+                          restarts=self.restarts)
+
+    def notify(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, self.notify_signal)
+            except ProcessLookupError:
+                pass
+
+    # -- leases -------------------------------------------------------------------------------------
+    def _take(self, sel: Selection) -> None:
+        self.lease = sel.lease
+        self.devs = list(sel.devices)
+        lease = sel.lease
+        self.dev_fds = dict(zip(lease.devices, lease.fds[:-1])) if isinstance(lease, Lease) else {}
+        self._rewrite_lease()
+        self.writer.write(lease=lease.lease_id if lease is not None else None)
+
+    def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False) -> Selection:
+        """A job's first lease goes through the daemon where it is the lease authority, except for a
+        ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
+        later (grow, move) join a lock-directory lease, so they are taken there too."""
+        local = not first or self.preemptible
+        return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
+                        store=self.store if local else None, backend=shared_backend(self.simulate) if local else None)
+
+    def acquire(self, wait: bool, timeout: float | None) -> None:
+        """The job's GPUs: at once; with ``wait`` through the queue, after asking lower-priority jobs to
+        make room when nothing qualifies and nobody is queued (the queue is FIFO: GPUs freed while
+        others wait would go to its head)."""
+        if not wait:
+            self._take(self._allocate(self.c, False, None, first=True))
+            return
+        from ..alloc import queue
+
+        if self.priority > min(PRIORITIES.values()) and not queue.waiting(self.store):
+            try:  # would anything qualify now? (a choice only, no lease)
+                allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
+                         backend=shared_backend(self.simulate))
+            except NoGpuAvailable:
+                self.preempt_for(self.c.count)
+        self._take(self._allocate(self.c, True, timeout, first=True))
+
+    def preempt_for(self, count: int) -> list[str]:
+        """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
+        stop until ``count`` GPUs are freed.  The victims decide too (docs/jobs.md)."""
+        me = os.geteuid()
+        victims = [r for r in list_jobs(self.store) if r.preemptible and r.priority < self.priority
+                   and r.state == "running" and r.job != self.job_id and (me == 0 or r.uid == me)]
+        victims.sort(key=lambda r: (r.priority, -(r.started or 0.0)))
+        asked: list[str] = []
+        freed = 0
+        for v in victims:
+            if freed >= count:
+                break
+            try:
+                answer = control.request(v.job, v.uid, {"op": "preempt", "by": self.job_id,
+                                                         "priority": self.priority}, store=self.store)
+            except GpusdError as exc:
+                log(f"job {self.job_id}: could not preempt job {v.job}: {exc}")
+                continue
+            if answer.get("ok"):
+                freed += len(v.devices)
+                asked.append(v.job)
+                log(f"job {self.job_id} (priority {priority_name(self.priority)}) preempted job {v.job} "
+                    f"(priority {priority_name(v.priority)}) for {count} GPU(s)")
+        return asked
+
+    def wait_for_preemptor(self, bound: float = 60.0) -> None:
+        """Queue again only once the job that preempted us has its GPUs (or is gone), so that it is
+        ahead of us in the queue; at most ``bound`` seconds (docs/jobs.md, fairness)."""
+        by, self.yield_to = self.yield_to, None
+        if by is None:
+            return
+        limit = time.monotonic() + bound
+        while time.monotonic() < limit:
+            rec = next((r for r in list_jobs(self.store) if r.job == by), None)
+            if rec is None or rec.state != "queued":
+                return
+            time.sleep(0.05)
+
+    def _rewrite_lease(self) -> None:
+        """The lease record names the GPUs held now (ours and those still held by the command)."""
+        lease = self.lease
+        if not isinstance(lease, Lease) or lease.released:
+            return
+        raw = os.pread(lease.info_fd, MAX_LEASE_BYTES, 0)
+        record = json.loads(raw)
+        record["devices"] = [d.uuid for d in self.devs] + list(self.pending)
+        record["job"] = self.job_id
+        dfd = lease.dir_fd
+        tmp = f".lease-{lease.lease_id}-{os.urandom(3).hex()}.tmp"
+        import fcntl
+
+        fd = create_exclusive(dfd, tmp, self.store.dir)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(record).encode())
+        os.rename(tmp, lease.path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        old = lease.fds[-1]
+        lease.fds = [self.dev_fds[d.uuid] for d in self.devs] + [fd]
+        lease.devices = [d.uuid for d in self.devs]
+        if old not in lease.fds:
+            os.close(old)
+
+    def grow(self, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
+        if not isinstance(self.lease, Lease):
+            return {"ok": False, "message": "this job's lease is held by the daemon (the lease authority): "
+                    "grow works on jobs that lease in the lock directory, as --preemptible jobs do (docs/jobs.md)"}
+        c = replace(self.c, count=n)
+        try:
+            sel = self._allocate(c, wait, timeout)
+        except WaitTimeout as exc:
+            return {"ok": False, "error": "timeout", "message": str(exc)}
+        except NoGpuAvailable as exc:
+            return {"ok": False, "error": "no_gpu", "message": str(exc)}
+        except GpusdError as exc:
+            return {"ok": False, "message": str(exc)}
+        extra = sel.lease
+        assert isinstance(extra, Lease)
+        with self.lock:
+            for uuid, fd in zip(extra.devices, extra.fds[:-1]):
+                self.dev_fds[uuid] = fd
+            self.devs.extend(sel.devices)
+            extra.fds = extra.fds[-1:]  # the devices are ours now; its record goes
+            self._rewrite_lease()
+            extra.release()
+            self.write_job_file("running", f"grown by {n} GPU(s)")
+            self.notify()
+        log(f"job {self.job_id}: grown to {self.cuda_visible()}")
+        return {"ok": True, "devices": self.cuda_visible()}
+
+    def shrink(self, n: int | None, release: str | None) -> dict[str, Any]:
+        if not isinstance(self.lease, Lease):
+            return {"ok": False, "message": "this job's lease is held by the daemon (the lease authority): "
+                    "shrink works on jobs that lease in the lock directory, as --preemptible jobs do (docs/jobs.md)"}
+        with self.lock:
+            if release is not None:
+                drop = [d for d in self.devs if release in (str(d.gpu.index), d.label) or d.uuid.startswith(release)]
+                if not drop:
+                    return {"ok": False, "message": f"job {self.job_id} has no GPU {release}"}
+            else:
+                k = n or 1
+                drop = self.devs[-k:] if k < len(self.devs) else []
+            if not drop or len(drop) >= len(self.devs):
+                return {"ok": False, "message": f"a job keeps at least one GPU (it has {len(self.devs)})"}
+            later = []
+            for d in drop:
+                self.devs.remove(d)
+                fd = self.dev_fds.pop(d.uuid)
+                if d.uuid in self.inherited:
+                    self.pending[d.uuid] = fd
+                    later.append(d.label)
+                else:
+                    _close(fd)
+            self._rewrite_lease()
+            self.write_job_file("running", f"shrunk by {len(drop)} GPU(s)")
+            self.notify()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+        if later:
+            msg += f"; GPU {','.join(later)} is freed when the running command exits or restarts"
+        log(msg)
+        return {"ok": True, "devices": self.cuda_visible(), "message": msg}
+
+    def _stop_child(self, why: str) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        self.stopping = why
+        _signal_group(proc.pid, signal.SIGCONT)
+        _signal_group(proc.pid, signal.SIGTERM)
+
+        def kill_later() -> None:
+            try:
+                proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                log(f"job {self.job_id}: no exit within the {self.grace:g}s grace period: SIGKILL")
+                _signal_group(proc.pid, signal.SIGKILL)
+
+        threading.Thread(target=kill_later, daemon=True).start()
+
+    def preempt(self, by: str, priority: int) -> dict[str, Any]:
+        with self.lock:
+            if not self.preemptible:
+                return {"ok": False, "message": f"job {self.job_id} is not preemptible"}
+            if priority <= self.priority:
+                return {"ok": False, "message": "only a job of higher priority may preempt this one"}
+            now = time.time()
+            self.preemptions = [t for t in self.preemptions if now - t < 3600]
+            if len(self.preemptions) >= MAX_PREEMPTIONS_PER_HOUR:
+                return {"ok": False, "message": f"job {self.job_id} was preempted {len(self.preemptions)} times in "
+                        "the last hour: not again before it has run (docs/jobs.md, fairness)"}
+            if self.stopping or self.proc is None or self.proc.poll() is not None:
+                return {"ok": False, "message": f"job {self.job_id} is not running"}
+            self.preemptions.append(now)
+            self.yield_to = by
+            self.write_job_file("preempted", f"preempted by job {by} (priority {priority_name(priority)})")
+            self._stop_child("preempt")
+        log(f"job {self.job_id}: preempted by job {by}; SIGTERM, {self.grace:g}s to checkpoint")
+        return {"ok": True, "message": f"job {self.job_id} stops within {self.grace:g}s"}
+
+    def move(self, avoid: Sequence[str], reason: str) -> dict[str, Any]:
+        if not isinstance(self.lease, Lease):
+            return {"ok": False, "message": "this job's lease is held by the daemon"}
+        with self.lock:
+            if not self.preemptible:
+                return {"ok": False, "message": f"job {self.job_id} is not preemptible: it is not moved"}
+            hot = [d for d in self.devs if d.uuid in avoid]
+            if not hot or self.stopping or self.proc is None or self.proc.poll() is not None:
+                return {"ok": False, "message": "nothing to move"}
+        self.decided_at = time.monotonic()
+        c = replace(self.c, count=len(hot), exclude=[*(self.c.exclude or []), *avoid])
+        try:
+            sel = self._allocate(c, False, None)
+        except GpusdError as exc:
+            return {"ok": False, "message": str(exc)}
+        extra = sel.lease
+        assert isinstance(extra, Lease)
+        with self.lock:
+            for d in hot:
+                self.devs.remove(d)
+                self.pending[d.uuid] = self.dev_fds.pop(d.uuid)
+            for uuid, fd in zip(extra.devices, extra.fds[:-1]):
+                self.dev_fds[uuid] = fd
+            self.devs.extend(sel.devices)
+            extra.fds = extra.fds[-1:]
+            self._rewrite_lease()
+            extra.release()
+            self.write_job_file("moving", reason)
+            self._stop_child("move")
+        log(f"job {self.job_id}: moving to GPU {self.cuda_visible()}: {reason}")
+        return {"ok": True, "devices": self.cuda_visible()}
+
+    def pause(self, on: bool, reason: str) -> dict[str, Any]:
+        with self.lock:
+            if not self.pausable:
+                return {"ok": False, "message": f"job {self.job_id} is not pausable"}
+            if self.proc is None or self.proc.poll() is not None:
+                return {"ok": False, "message": "not running"}
+            _signal_group(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self.writer.write(state="paused" if on else "running", reason=reason)
+        log(f"job {self.job_id}: {'paused' if on else 'resumed'}: {reason}")
+        return {"ok": True}
+
+    # -- the control socket ------------------------------------------------------------------------
+    def serve(self) -> None:
+        while not self.closing:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(10)
+            uid = control.peer_uid(conn)
+            req = control.read_line(conn)  # read first: the refusal is an answer, not a broken pipe
+            if uid not in (0, os.geteuid()):
+                answer: dict[str, Any] = {"ok": False, "message": f"job {self.job_id} belongs to another user: only "
+                                          "its owner or root may change it"}
+                log(f"job {self.job_id}: refused a request of uid {uid}")
+            else:
+                answer = self.dispatch(req)
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+        except Exception as exc:  # a bad request never stops the job
+            try:
+                conn.sendall(json.dumps({"ok": False, "message": f"bad request: {exc}"[:300]}).encode() + b"\n")
+            except OSError:
+                pass
+        finally:
+            conn.close()
+
+    def dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        count = req.get("count")
+        if count is not None and (type(count) is not int or not 0 < count <= 64):
+            return {"ok": False, "message": "count must be a number of GPUs from 1 to 64"}
+        if op == "status":
+            return {"ok": True, "record": self.writer.record.to_dict(), "migration_s": self.last_migration}
+        if op == "grow":
+            timeout = req.get("timeout")
+            if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout < 1e6):
+                return {"ok": False, "message": "bad timeout"}
+            return self.grow(count or 1, req.get("wait") is True, timeout)
+        if op == "shrink":
+            release = req.get("release")
+            return self.shrink(count, release[:128] if isinstance(release, str) else None)
+        if op == "preempt":
+            prio = req.get("priority")
+            by = req.get("by")
+            if type(prio) is not int:
+                return {"ok": False, "message": "no priority"}
+            return self.preempt(str(by)[:32] if by else "?", prio)
+        if op == "move":
+            avoid = req.get("avoid")
+            if not isinstance(avoid, list) or not all(isinstance(a, str) for a in avoid):
+                return {"ok": False, "message": "avoid: a list of GPU UUIDs"}
+            return self.move(avoid[:64], str(req.get("reason") or "asked")[:200])
+        if op in ("pause", "resume"):
+            return self.pause(op == "pause", str(req.get("reason") or "asked")[:200])
+        return {"ok": False, "message": f"unknown op {str(op)[:32]!r}"}
+
+    # -- the run --------------------------------------------------------------------------------------
+    def start_child(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.cuda_visible(),
+                    "GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
+                    "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.notify_signal).name,
+                    "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME)})
+        if self.lease is not None:
+            env["GPUSD_LEASE"] = self.lease.lease_id
+        fds = list(self.lease.fds) if self.lease is not None else []
+        own_group = self.preemptible or self.pausable
+        proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=_own_group if own_group else None)
+        self.inherited = set(self.dev_fds)
+        self.writer.write(child=proc.pid)
+        return proc
+
+    def run(self) -> int:
+        threading.Thread(target=self.serve, daemon=True).start()
+        stop = {"user": False}
+
+        from ..alloc.runner import _interactive
+
+        interactive = _interactive() and not (self.preemptible or self.pausable)
+
+        def forward(signum: int, _frame: object) -> None:
+            if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
+                stop["user"] = True
+                return  # the terminal sent it to the whole foreground group, the command included
+            if signum != signal.SIGUSR1:
+                stop["user"] = True
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                _signal_group(proc.pid, signum)
+            elif signum != signal.SIGUSR1:  # queued or preempted, no command running: stop waiting
+                raise Stopped(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        rc = 0
+        try:
+            self.acquire(self.wait, self.timeout)
+            while True:
+                with self.lock:
+                    for fd in self.pending.values():
+                        _close(fd)
+                    self.pending.clear()
+                    self._rewrite_lease()
+                    self.stopping = None
+                    self.write_job_file("running", self.writer.record.reason)
+                    try:
+                        self.proc = self.start_child()
+                    except FileNotFoundError:
+                        log(f"command not found: {self.cmd[0]}")
+                        return 127
+                    except PermissionError:
+                        log(f"permission denied: {self.cmd[0]}")
+                        return 126
+                    if self.exited_at is not None and self.decided_at is not None:
+                        self.last_migration = time.monotonic() - self.exited_at
+                        self.writer.write(reason=f"{self.writer.record.reason} (restarted in "
+                                          f"{self.last_migration * 1000:.0f} ms)")
+                        log(f"job {self.job_id}: running on GPU {self.cuda_visible()} (restarted in "
+                            f"{self.last_migration * 1000:.0f} ms after the command exited)")
+                    self.decided_at = self.exited_at = None
+                rc = self.proc.wait()
+                self.exited_at = time.monotonic()
+                with self.lock:
+                    why = self.stopping
+                if stop["user"]:
+                    break
+                if why == "preempt":
+                    assert self.lease is not None
+                    self.lease.release()
+                    self.dev_fds.clear()
+                    for fd in self.pending.values():  # given back while it ran: free them too
+                        _close(fd)
+                    self.pending.clear()
+                    self.devs = []
+                    self.restarts += 1
+                    self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
+                    self.wait_for_preemptor()
+                    self._take(self._allocate(self.c, True, None, first=True))
+                    continue
+                if why == "move" or rc == RESTART_ME:
+                    self.restarts += 1
+                    continue
+                break
+        except Stopped as exc:
+            log(f"job {self.job_id}: stopped by {signal.Signals(exc.signum).name} while waiting for GPUs")
+            rc = -exc.signum
+        finally:
+            self.closing = True
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.close()
+        return rc if rc >= 0 else 128 - rc
+
+    def close(self) -> None:
+        try:
+            self.server.close()
+            os.unlink(self.store.dir / control.socket_name(self.job_id))
+        except OSError:
+            pass
+        if self.lease is not None:
+            self.lease.release()
+        for fd in self.pending.values():
+            _close(fd)
+        self.writer.close()
+        import shutil
+
+        shutil.rmtree(self.private, ignore_errors=True)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.utime(fd)
+    except OSError:
+        pass
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """Signal the command's process group when it leads one (--preemptible, --pausable), else it."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,192 @@
+"""Issue 13: rebalancing (docs/jobs.md) — a daemon with --rebalance-policy on the fake NVML moves a
+preemptible job off a GPU the test makes hot, pauses a pausable job while its GPU is too hot, and
+never moves a job twice within the rate-limit period under an oscillating load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from daemon_helpers import unique_session
+from fakenvml import make_gpus
+from gpusd.jobs.rebalance import Policy, Rebalancer
+from gpusd.jobs.record import JobRecord
+from gpusd.model import GpuInfo, HostSnapshot
+from jobs_helpers import GPUSD, job_env, job_script, jobs_json, log_events
+from waiting import wait_until_sync
+
+
+@pytest.fixture
+def daemon(fake_nvml, cli_env, tmp_path):
+    """A daemon sampling the fake NVML every 0.2 s, rebalancing after 0.5 s of heat."""
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"util_above": 90, "hot_for": 0.5, "idle_below": 10, "min_interval": 600,
+                                  "pause_temp": 90, "resume_margin": 5}))
+    state = tmp_path / "state"
+    session = unique_session("jobs")
+    env = job_env(cli_env, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+    for var in ("GPUSD_SIMULATE", "GPUSD_HOSTNAME", "GPUSD_TOKEN"):
+        env.pop(var, None)
+    fake_nvml.write(make_gpus(3, util_gpu=0))
+    r = subprocess.run([*GPUSD, "start", "--interface", "127.0.0.1", "--port", "0", "--session",
+                        session, "--interval", "0.2", "--fleet", "off", "--no-record",
+                        "--rebalance-policy", str(policy)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    info = json.loads((state / "gpusd.json").read_text())
+    try:
+        yield {"env": env, "state": state, "port": info["port"], "session": session}
+    finally:
+        subprocess.run([*GPUSD, "stop", "--force"], env=env, capture_output=True, timeout=60)
+
+
+def _hot(fake_nvml, hot: dict[int, dict[str, int]]) -> None:
+    gpus = make_gpus(3, util_gpu=0)
+    for i, values in hot.items():
+        for k, v in values.items():
+            setattr(gpus[i], k, v)
+    fake_nvml.write(gpus)
+
+
+def test_a_job_on_a_hot_gpu_moves_to_an_idle_one_and_finishes_there(daemon, fake_nvml, tmp_path):
+    log, ckpt, result = tmp_path / "log", tmp_path / "ckpt", tmp_path / "result"
+    env = job_env(daemon["env"], JOBLOG=str(log), CKPT=str(ckpt), RESULT=str(result), STEPS="1000")
+    events = subprocess.Popen(["curl", "-sN", f"http://127.0.0.1:{daemon['port']}/api/v1/events"],
+                              stdout=subprocess.PIPE, text=True) if _has_curl() else None
+    watch = subprocess.Popen([*GPUSD, "watch", "--json", "--session", daemon["session"], "--duration", "90"],
+                             env=env, text=True, stdout=subprocess.PIPE)
+    p = subprocess.Popen([*GPUSD, "run", "--preemptible", "--grace", "30", "--", sys.executable,
+                          str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        start = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "start"], timeout=30)
+        assert start[0]["gpus"] == "0"
+        _hot(fake_nvml, {0: {"util_gpu": 99}})  # something else loads GPU 0
+        assert p.wait(timeout=120) == 0
+        got = log_events(log)
+        starts = [e for e in got if e["event"] == "start"]
+        assert [s["gpus"] for s in starts] == ["0", "1"]  # moved to the idle GPU 1 ...
+        assert [e for e in got if e["event"] == "done"][0]["gpus"] == "1"  # ... and finished there
+        assert starts[1]["step"] == [e for e in got if e["event"] == "stopped"][0]["step"] > 0  # from its checkpoint
+        assert result.read_text() == "1000"
+        text = (daemon["state"] / "gpusd.log").read_text()
+        assert "GPU 0 utilisation 99% > 90%" in text and "GPU 1 is idle" in text  # the reason, in the log
+        assert "moving to GPU 1" in p.stderr.read()
+        watch.terminate()
+        watched = [json.loads(line) for line in watch.communicate(timeout=30)[0].splitlines() if line.strip()]
+        moves = [e["data"] for e in watched if e["event"] == "job"]
+        assert moves and moves[0]["action"] == "move" and moves[0]["ok"] is True  # gpusd watch shows it ...
+        assert "GPU 0 utilisation 99% > 90%" in moves[0]["reason"]  # ... with its reason
+        if events is not None:
+            seen = wait_until_sync(lambda: _job_events(events), timeout=10)
+            assert seen[0]["action"] == "move" and seen[0]["ok"] and seen[0]["to"] == 1
+            assert "utilisation 99%" in seen[0]["reason"]
+    finally:
+        for proc in (p, events, watch):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _has_curl() -> bool:
+    import shutil
+
+    return shutil.which("curl") is not None
+
+
+def _job_events(proc: subprocess.Popen[str]) -> list[dict[str, object]]:
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    out: list[dict[str, object]] = []
+    event = None
+    while sel.select(timeout=0.5):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:") and event == "job":
+            out.append(json.loads(line.split(":", 1)[1]))
+            return out
+    return out
+
+
+def test_a_pausable_job_is_paused_while_its_gpu_is_too_hot(daemon, fake_nvml, tmp_path):
+    env = job_env(daemon["env"])
+    p = subprocess.Popen([*GPUSD, "run", "--pausable", "--", "sleep", "60"], env=env, text=True)
+    try:
+        job = wait_until_sync(lambda: [j for j in jobs_json(env) if j["state"] == "running"], timeout=30)[0]
+        child = int(job["child"] or 0) if job.get("child") else None
+        _hot(fake_nvml, {0: {"temperature": 95}})
+        paused = wait_until_sync(lambda: [j for j in jobs_json(env) if j["state"] == "paused"], timeout=30)
+        assert "temperature 95°C > 90°C" in str(paused[0]["reason"])
+        if child:
+            assert _proc_state(child) == "T"  # stopped
+        _hot(fake_nvml, {0: {"temperature": 80}})
+        wait_until_sync(lambda: [j for j in jobs_json(env) if j["state"] == "running"], timeout=30)
+        text = (daemon["state"] / "gpusd.log").read_text()
+        assert "pausing job" in text and "resuming job" in text
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+# -- the policy alone: no thrashing under an oscillating load --------------------------------------
+
+def _snap(utils: list[float]) -> HostSnapshot:
+    gpus = [GpuInfo(index=i, uuid=f"GPU-{i}", utilization_gpu=u, temperature=40) for i, u in enumerate(utils)]
+    return HostSnapshot(hostname="h", node_id="n", timestamp=0.0, gpus=gpus)
+
+
+def test_no_thrashing_under_an_oscillating_load():
+    """Load swings between GPU 0 and GPU 1 every 2 s for 10 minutes: each job moves at most once per
+    rate-limit period (here 60 s), however often the heat moves."""
+    r = Rebalancer(Policy(util_above=90, hot_for=1, idle_below=10, min_interval=60))
+    job = JobRecord(job="a" * 12, pid=1, devices=["GPU-0"], preemptible=True, state="running", uid=0)
+    moves: list[float] = []
+    for step in range(600):
+        t = float(step)
+        hot = (step // 2) % 2  # GPU 0 hot for 2 s, then GPU 1 for 2 s ...
+        utils = [99.0, 0.0, 0.0] if hot == 0 else [0.0, 99.0, 0.0]
+        for d in r.decide(_snap(utils), [job], now=t):
+            assert d.action == "move" and d.job == job.job and "for" in d.reason
+            moves.append(t)
+            job.devices = [f"GPU-{d.to}"]  # the job now runs there
+    assert moves, "the job was never moved"
+    assert all(b - a >= 60 for a, b in zip(moves, moves[1:]))
+    assert len(moves) <= 600 // 60 + 1
+
+
+def test_a_gpu_hot_for_less_than_the_set_time_moves_nothing():
+    r = Rebalancer(Policy(util_above=90, hot_for=30, idle_below=10, min_interval=60))
+    job = JobRecord(job="b" * 12, pid=1, devices=["GPU-0"], preemptible=True, state="running", uid=0)
+    assert r.decide(_snap([99, 0]), [job], now=0.0) == []
+    assert r.decide(_snap([99, 0]), [job], now=29.0) == []
+    assert r.decide(_snap([50, 0]), [job], now=31.0) == []  # cooled down: the clock restarts
+    assert r.decide(_snap([99, 0]), [job], now=32.0) == []
+    moved = r.decide(_snap([99, 0]), [job], now=62.5)
+    assert [d.to for d in moved] == [1]
+    not_preemptible = JobRecord(job="c" * 12, pid=1, devices=["GPU-0"], state="running", uid=0)
+    assert Rebalancer(Policy(hot_for=0)).decide(_snap([99, 0]), [not_preemptible], now=5.0) == []
+
+
+def test_a_bad_policy_file_is_a_clear_error(fake_nvml, cli_env, tmp_path):
+    from gpusd.errors import ConfigError
+
+    for text, why in (('{"util_above": "hot"}', "must be a number"), ('{"speed": 1}', "unknown"),
+                      ("[1]", "JSON object"), ("{", "not JSON")):
+        f = tmp_path / "p.json"
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            Policy.load(f)
+    assert os.path.exists(f)
