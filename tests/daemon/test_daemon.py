@@ -153,12 +153,12 @@ async def test_nvml_failure_and_lost_gpu_keep_the_daemon_serving(tmp_path: Path)
     backend = FakeBackend(make_snapshot(2, hostname="flaky"))
     async with running_daemon(tmp_path, unique_session(), "flaky", backend=backend) as d:
         backend.fail = BackendUnavailable("NVML cannot count GPUs: GPU is lost")
-        await wait_until(lambda: d.snapshot is not None and not d.snapshot.gpus[0].healthy)
+        await wait_until(lambda: d.snapshot is not None and bool(d.snapshot.gpus) and not d.snapshot.gpus[0].healthy)
         status, host = await get_json(d.urls[0] + "/host")
         assert status == 200 and "GPU is lost" in host["snapshot"]["gpus"][0]["error"]
         backend.fail = None
         backend.snap.gpus.pop()  # one GPU is gone for good
-        await wait_until(lambda: d.snapshot is not None and d.snapshot.gpus[0].healthy and len(d.snapshot.gpus) == 1)
+        await wait_until(lambda: d.snapshot is not None and len(d.snapshot.gpus) == 1 and d.snapshot.gpus[0].healthy)
         assert d.samples >= 2 and d.sample_errors == 0
 
 
