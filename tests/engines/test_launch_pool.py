@@ -186,3 +186,23 @@ def test_ray_up_holds_the_reservation_until_ray_down(pool, tmp_path: Path) -> No
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     _no_lease_left(lan, hosts)  # released by ray down (within 5 s, before the 8 s TTL could end them)
     assert not (tmp_path / "ray-state" / "ray-placement.json").exists()
+
+
+@pytest.mark.engines
+def test_torchrun_all_reduce_on_gpus_reserved_from_the_pool(pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The issue's command: gpusd launch -n 4 --per-host 2 torchrun -- allreduce.py, reserving with a
+    constraint (--exclude 1): every rank all-reduces over gloo and sees the GPUs reserved on its host."""
+    lan, hosts, client, env = pool
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the engines extra)")
+    script = Path(__file__).resolve().parent / "scripts" / "allreduce.py"
+    r = lan.gpusd(client, ["launch", "-n", "4", "--per-host", "2", "--exclude", "1", "--ttl", "10",
+                           "--env", "PATH", "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=1",
+                           "torchrun", "--", str(script)], env=env, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = [json.loads(line.partition("RESULT ")[2]) for line in r.stdout.splitlines() if "RESULT " in line]
+    assert sorted(res["rank"] for res in results) == [0, 1, 2, 3], r.stdout[-3000:]
+    assert all(res["world"] == 4 and res["sum"] == 10.0 for res in results)
+    assert sorted(res["address"] for res in results) == sorted([h.ip for h in hosts for _ in range(2)])
+    assert all(res["cuda_visible_devices"] == "0,2" and res["cuda_device_order"] == "PCI_BUS_ID" for res in results)
+    _no_lease_left(lan, hosts)
