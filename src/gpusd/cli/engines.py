@@ -40,11 +40,17 @@ def placement_for(args: argparse.Namespace) -> "Placement":
     return Placement.load(path)
 
 
-def acquire(args: argparse.Namespace, note: str) -> tuple["Placement", "Reservation | None"]:
+def acquire(args: argparse.Namespace, note: str, until: float | None = None
+            ) -> tuple["Placement", "Reservation | None", int | None]:
     """The placement a command works on, and the reservation that holds it: ``-n N [--per-host K]``
     and the constraints reserve GPUs across the fleet (the pool, docs/pool.md); ``--placement FILE``
     (or ``$GPUSD_PLACEMENT`` without ``-n``) reads a ready-made placement and reserves nothing (for
-    testing and for placements made by other tools).  The caller renews and releases the reservation."""
+    testing and for placements made by other tools).
+
+    The reservation is renewed from the moment it is made (before discovery stops, which may take longer
+    than a TTL): by a background thread of this process while it runs (``until`` None; the caller
+    releases), or by a renewer process (``python -m gpusd.pool.renewer``) until ``until`` (epoch), whose
+    pid is returned third."""
     from ..engines.placement import PlacementError, new_job_id
 
     count = getattr(args, "count", None)
@@ -54,23 +60,43 @@ def acquire(args: argparse.Namespace, note: str) -> tuple["Placement", "Reservat
     if count is None:
         if getattr(args, "per_host", None) is not None:
             raise PlacementError("--per-host needs -n N (the GPUs in all)")
-        return placement_for(args), None
-    from .pool import _client, _key, _reserve
+        return placement_for(args), None, None
+    from .pool import _client, _key, _reserve, _start_renewer
+    from .trust import secret
 
     if count <= 0:
         raise PlacementError("-n wants a positive number of GPUs")
     job_id = new_job_id()
     key = _key(args)
     client = _client(args, key)
+    got: list[Reservation] = []
+    pid: int | None = None
     try:
-        res = _reserve(args, key, f"{job_id}: {note}"[:512], client)
-    finally:
-        client.stop_listening()
-    try:
-        return res.to_placement(job_id), res
+        got.append(_reserve(args, key, f"{job_id}: {note}"[:512], client))
+        if until is None:
+            got[0].start_renewing()
+        else:
+            pid = _start_renewer(got[0], secret(args) or "", until)
+        client.stop_listening()  # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
+        return got[0].to_placement(job_id), got[0], pid
     except BaseException:
-        res.release()
+        _end_renewer({"renewer_pid": pid})
+        for res in got:
+            res.release()
+        client.stop_listening()
         raise
+
+
+def _until(args: argparse.Namespace) -> float:
+    """The end of ``--for`` (epoch)."""
+    import time
+
+    from ..usage.query import parse_duration
+
+    try:
+        return time.time() + parse_duration(args.duration)
+    except ValueError as exc:
+        raise SystemExit(f"{_prog()}: --for: {exc}") from None
 
 
 def _release(res: "Reservation | None") -> None:
@@ -235,16 +261,18 @@ def hostfile(args: argparse.Namespace) -> int:
             sys.stdout.write(horovod_discovery_lines(held))
         return 0
     cmd = list(args.args) if args.args else []
-    p, res = acquire(args, f"gpusd hostfile --format {args.format}" + (f" -- {shlex.join(cmd)}" if cmd else ""))
+    until = _until(args) if args.count is not None and not cmd else None
+    p, res, pid = acquire(args, f"gpusd hostfile --format {args.format}" + (f" -- {shlex.join(cmd)}" if cmd else ""),
+                          until)
     if res is None:
         return _hostfile_output(args, p, None, cmd)
     if not cmd:
-        return _hand_over(args, p, res)
+        assert pid is not None and until is not None
+        return _hand_over(args, p, res, pid, until)
     import time
 
-    res.start_renewing()
-    held_file = _write_held(p, os.getpid(), None)
     try:
+        held_file = _write_held(p, os.getpid(), None)
         status = _hostfile_output(args, p, held_file, cmd)
         if status != 0:
             return status
@@ -264,26 +292,17 @@ def hostfile(args: argparse.Namespace) -> int:
         res.release()
 
 
-def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation") -> int:
-    """Keep the reservation after this command: a background renewer until ``--for`` is up."""
+def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid: int, until: float) -> int:
+    """Keep the reservation after this command: its renewer (``pid``) holds it until ``--for`` is up."""
     import time
 
     from ..sanitize import for_terminal
-    from ..usage.query import parse_duration
-    from .pool import _start_renewer
-    from .trust import secret
 
     try:
-        duration = parse_duration(args.duration)
-    except ValueError as exc:
-        res.release()
-        raise SystemExit(f"{_prog()}: --for: {exc}") from None
-    until = time.time() + duration
-    try:
-        pid = _start_renewer(res, secret(args) or "", until)
         held_file = _write_held(p, pid, until)
         status = _hostfile_output(args, p, held_file, [])
     except BaseException:
+        _end_renewer({"renewer_pid": pid})
         res.release()
         raise
     print(f"# held until {time.strftime('%H:%M:%S', time.localtime(until))} (--for {for_terminal(args.duration, 16)}) "
@@ -391,10 +410,8 @@ def launch(args: argparse.Namespace) -> int:
         print(f"{_prog()}: launch needs the program to run after ENGINE: gpusd launch -n 4 torchrun -- train.py",
               file=sys.stderr)
         return 2
-    p, res = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
+    p, res, _ = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
     try:  # from here on, every way out releases (a failure, Ctrl-C, the end)
-        if res is not None:
-            res.start_renewing()
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
         opts = _options(args, chdir=chdir, env=_env_pairs(args.env))
         return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
@@ -455,21 +472,12 @@ def ray_up(args: argparse.Namespace) -> int:
     extra = list(args.ray_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    p, res = acquire(args, "gpusd ray up")
+    # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL)
+    until = _until(args) if args.count is not None else None
+    p, res, pid = acquire(args, "gpusd ray up", until)
     state = _ray_state(args)
     record: dict[str, Any] = {"placement": p.to_dict(), "port": args.port}
     if res is not None:
-        from ..usage.query import parse_duration
-        from .pool import _start_renewer
-        from .trust import secret
-
-        try:
-            until = time.time() + parse_duration(args.duration)
-            # the renewer first: starting Ray may take longer than the leases' TTL
-            pid = _start_renewer(res, secret(args) or "", until)
-        except BaseException:
-            res.release()
-            raise
         record.update(renewer_pid=pid, until=until, leases=[part.to_dict() for part in res.parts])
     cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
     opts = _options(args, watchdog=False, stop_on_failure=True)
