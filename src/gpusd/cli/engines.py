@@ -129,6 +129,9 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
                            help=f"without a command to wait for: hold the GPUs this long at most (default {hold}), "
                            "renewed in the background")
         p.set_defaults(count=None)  # -n absent: --placement
+        for action in p._actions:
+            if action.dest == "count":
+                action.help = "reserve N GPUs in all across the fleet (or give --placement FILE)"
         _fleet_flags(p)
     p.add_argument("--placement", metavar="FILE",
                    help="testing/advanced: use the hosts and GPUs this JSON file names instead of reserving "
