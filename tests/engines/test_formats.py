@@ -26,8 +26,9 @@ from tests_paths import SRC
 P = Placement.of([("node-1", [0, 2]), ("node-2", [1])], job_id="job-7")
 
 
-def _cli(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+def _cli(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = str(SRC)
     return subprocess.run([sys.executable, "-m", "gpusd", *args], capture_output=True, text=True, env=env,
                           timeout=60, cwd=cwd)
@@ -73,13 +74,16 @@ def test_a_hostile_placement_is_refused_by_the_cli_before_any_ssh(tmp_path: Path
     assert not mark.exists()
 
 
-def test_placement_round_trips_and_checks_the_requested_shape(tmp_path: Path) -> None:
+def test_placement_round_trips_and_excludes_reserving(tmp_path: Path) -> None:
+    """--placement names the GPUs itself: -n (which reserves) or --per-host with it is a clear error."""
     path = _placement_file(tmp_path)
     assert Placement.load(path) == P and P.head.hostname == "node-1" and P.total_gpus == 3
-    r = _cli(["launch", "--placement", str(path), "-n", "4", "command", "--", "true"])
-    assert r.returncode == 1 and "-n 4, but the placement has 3 GPUs" in r.stderr
+    r = _cli(["launch", "--placement", str(path), "-n", "3", "command", "--", "true"])
+    assert r.returncode == 1 and "-n and --placement exclude each other" in r.stderr, r.stderr
     r = _cli(["launch", "--placement", str(path), "--per-host", "2", "command", "--", "true"])
-    assert r.returncode == 1 and "node-2:1" in r.stderr
+    assert r.returncode == 1 and "--per-host needs -n" in r.stderr, r.stderr
+    r = _cli(["launch", "command", "--", "true"], env={"GPUSD_PLACEMENT": ""})
+    assert r.returncode == 1 and "give -n N to reserve" in r.stderr and "Traceback" not in r.stderr
     r = _cli(["hostfile", "--format", "json", "--placement", str(path)])
     view = json.loads(r.stdout)
     assert view["hosts"][1]["env"] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}

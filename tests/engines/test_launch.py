@@ -43,7 +43,7 @@ def test_launch_runs_one_command_per_host_with_its_gpus(two_hosts, tmp_path: Pat
     pl = _placement(tmp_path, [("node-1", h1, [0, 2]), ("node-2", h2, [1])])
     script = ('echo "visible=$CUDA_VISIBLE_DEVICES order=$CUDA_DEVICE_ORDER rank=$GPUSD_NODE_RANK '
               'head=$GPUSD_HEAD via=${SSH_CONNECTION:-local} flag=$MY_FLAG"; echo oops >&2')
-    r = _gpusd(lan, fleet, h1, ["launch", "--placement", str(pl), "-n", "3", "--env", "MY_FLAG=on", "command",
+    r = _gpusd(lan, fleet, h1, ["launch", "--placement", str(pl), "--env", "MY_FLAG=on", "command",
                                 "--", "sh", "-c", script])
     assert r.returncode == 0, r.stderr
     lines = sorted(r.stdout.splitlines())

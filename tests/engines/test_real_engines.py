@@ -54,7 +54,7 @@ def test_torchrun_all_reduce_on_two_hosts_with_the_placements_gpus(cluster, tmp_
     _need("torch")
     lan, fleet, h1, h2 = cluster
     pl = _placement(tmp_path, [("node-1", h1, [1, 3]), ("node-2", h2, [0, 2])], "allreduce-1")
-    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "4", "--per-host", "2", "--placement", str(pl),
+    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "--placement", str(pl),
                      "--env", "PATH", "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=1",
                      "torchrun", "--", str(SCRIPTS / "allreduce.py")], env=_env(fleet, h1), timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -121,7 +121,7 @@ def test_ray_cluster_from_the_placement(cluster, tmp_path: Path) -> None:  # typ
     state = tmp_path / "state"
     base = ["--placement", str(pl), "--ray", f"{BIN}/ray", "--state-dir", str(state)]
     try:
-        r = lan.run(h1, [sys.executable, "-m", "gpusd", "ray", "up", "-n", "4", *base, "--",
+        r = lan.run(h1, [sys.executable, "-m", "gpusd", "ray", "up", *base, "--",
                          "--object-store-memory=100000000"], env=env, timeout=180)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         address = r.stdout.strip().splitlines()[-1]
@@ -159,7 +159,7 @@ def test_mpirun_runs_every_rank_on_its_host_and_gpu(cluster, tmp_path: Path) -> 
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     probe = ('echo "RANK $OMPI_COMM_WORLD_RANK $OMPI_COMM_WORLD_LOCAL_RANK $CUDA_VISIBLE_DEVICES '
              '$(ip -4 -o addr show eth0 | awk \'{print $4}\')"')
-    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "3", "--placement", str(pl),
+    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "--placement", str(pl),
                      "--python", sys.executable, "--env", "PATH", "--env", "PYTHONPATH",
                      "--env", "OMPI_ALLOW_RUN_AS_ROOT", "--env", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
                      "--env", "OMPI_MCA_btl_tcp_if_include=eth0", "--env", "OMPI_MCA_oob_tcp_if_include=eth0",
@@ -176,7 +176,7 @@ def test_deepspeed_launcher_gives_each_node_the_included_gpus(cluster, tmp_path:
     _need("deepspeed")
     lan, fleet, h1, h2 = cluster
     pl = _placement(tmp_path, [("node-1", h1, [0, 2]), ("node-2", h2, [3])], "ds-1")
-    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "-n", "3", "--placement", str(pl), "--env", "PATH",
+    r = lan.run(h1, [sys.executable, "-m", "gpusd", "launch", "--placement", str(pl), "--env", "PATH",
                      "deepspeed", "--", str(SCRIPTS / "report_env.py")], env=_env(fleet, h1), timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     got = sorted((res["rank"], res["local_rank"], res["world"], res["address"], res["cuda_visible_devices"],

@@ -446,11 +446,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "hostfile", "gpusd.cli.engines:hostfile",
                  "write what a distributed engine reads (DeepSpeed/MPI hostfile, Horovod -H, torchrun lines, JSON)")
-    ecli.add_placement_flags(p)
+    ecli.add_placement_flags(p, hold="2h")
     p.add_argument("--format", "-f", choices=ecli.FORMATS, default="json", help="what to write (default json)")
+    p.add_argument("--held", metavar="FILE", help=argparse.SUPPRESS)  # Horovod's discovery script
     p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
-                   help="the training program, for the command lines shown")
+                   help="with -n: a command to run here while the GPUs are held (released at its end); "
+                   "also the training program of the command lines shown")
 
     p = _command(sub, "launch", "gpusd.cli.engines:launch",
                  "start a distributed engine on every host of the job over SSH: "
@@ -476,7 +478,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                 "each limited to its GPUs; prints the address"),
                                ("down", "ray_down", "stop Ray on every host of the cluster gpusd started")):
         p = _command(rsub, name, f"gpusd.cli.engines:{target}", what)
-        ecli.add_placement_flags(p, with_count=name == "up")
+        ecli.add_placement_flags(p, with_count=name == "up", hold="24h")
         ecli.add_ssh_flags(p)
         p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
         p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")

@@ -1,0 +1,64 @@
+"""What the engine commands keep about a held reservation (docs/engines.md): the record Horovod's
+discovery script reads, and the renewer pid that ``gpusd ray down`` signals, which comes from a file
+and is only signalled while it is still one of gpusd's renewers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpusd.cli.engines import _end_renewer, _renewer_of, held_placement
+from gpusd.engines.placement import Placement
+
+P = Placement.of([("node-1", [0, 2]), ("node-2", [1])], job_id="job-7")
+
+
+def _record(tmp_path: Path, pid: int, until: float | None) -> str:
+    path = tmp_path / "job-7.json"
+    path.write_text(json.dumps({"placement": P.to_dict(), "pid": pid, "until": until}))
+    return str(path)
+
+
+def test_the_discovery_record_lists_the_hosts_only_while_they_are_held(tmp_path: Path) -> None:
+    assert held_placement(_record(tmp_path, os.getpid(), None)) == P
+    assert held_placement(_record(tmp_path, os.getpid(), time.time() + 60)) == P
+    assert held_placement(_record(tmp_path, os.getpid(), time.time() - 1)) is None  # --for is up
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert held_placement(_record(tmp_path, dead.pid, None)) is None  # the holder is gone
+    assert held_placement(str(tmp_path / "missing.json")) is None  # released
+    (tmp_path / "bad.json").write_text("{not json")
+    assert held_placement(str(tmp_path / "bad.json")) is None
+
+
+def test_ray_down_signals_only_a_renewer_of_gpusd(tmp_path: Path) -> None:
+    """A renewer pid read back from the state file may have been reused by any process: ray down
+    leaves a process that is not ``gpusd.pool.renewer`` alone."""
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert _renewer_of(other.pid) is None
+        _end_renewer({"renewer_pid": other.pid}, timeout=1)
+        assert other.poll() is None
+        for bad in (None, "12", True, 1, -5):
+            assert _renewer_of(bad) is None
+    finally:
+        other.kill()
+        other.wait()
+    # a real renewer with nothing to renew ends on its own; one waiting on its input is ours to stop
+    renewer = subprocess.Popen([sys.executable, "-m", "gpusd.pool.renewer"], stdin=subprocess.PIPE,
+                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    try:
+        deadline = time.monotonic() + 10
+        while _renewer_of(renewer.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _renewer_of(renewer.pid) == renewer.pid
+        _end_renewer({"renewer_pid": renewer.pid}, timeout=10)  # returns once it has ended
+        renewer.wait(timeout=0.5)  # raises if it still runs
+    finally:
+        if renewer.poll() is None:
+            renewer.kill()
+        renewer.wait()
