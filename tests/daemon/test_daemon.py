@@ -158,7 +158,9 @@ async def test_nvml_failure_and_lost_gpu_keep_the_daemon_serving(tmp_path: Path)
         assert status == 200 and "GPU is lost" in host["snapshot"]["gpus"][0]["error"]
         backend.fail = None
         backend.snap.gpus.pop()  # one GPU is gone for good
-        await wait_until(lambda: d.snapshot is not None and len(d.snapshot.gpus) == 1 and d.snapshot.gpus[0].healthy)
+        # a failing backend is reopened at most every REOPEN_AFTER (5 s) seconds: wait past that
+        await wait_until(lambda: d.snapshot is not None and len(d.snapshot.gpus) == 1 and d.snapshot.gpus[0].healthy,
+                         timeout=20)
         assert d.samples >= 2 and d.sample_errors == 0
 
 
