@@ -194,9 +194,10 @@ def run_fleet(args: argparse.Namespace, cmd: list[str]) -> int:
     client = _client(args, key)
     try:
         res = _reserve(args, key, shlex.join(cmd)[:512], client)
+        # renew from the moment the GPUs are ours: stopping discovery can outlast a short TTL
+        res.start_renewing()
     finally:
         client.stop_listening()
-    res.start_renewing()
     try:
         part = res.parts[0]
         if part.local:
