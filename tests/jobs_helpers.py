@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 from conftest import REPO
 
@@ -81,52 +80,7 @@ def leases_json(env: dict[str, str]) -> dict[str, object]:
 
 
 # -- a second user (as tests/alloc/test_local_trust.py does it), for the job trust tests -----------------
-MALLORY = 40001  # no passwd entry needed: the kernel only knows numbers
-
-
-class AsUser:
-    """A forked child running ``fn`` as ``uid``; it reports one line (``fn``'s result or error) and
-    then, with ``stay``, keeps running (holding whatever it opened) until stopped."""
-
-    def __init__(self, uid: int, fn: Callable[[], object], stay: bool = False) -> None:
-        import time
-
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never return into pytest
-            try:
-                os.close(r)
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-                try:
-                    result = f"ok {fn()}"
-                except Exception as exc:
-                    result = f"error {type(exc).__name__}: {exc}"
-                os.write(w, (result.replace("\n", " ") + "\n").encode())
-                if stay:
-                    time.sleep(120)
-            finally:
-                os._exit(0)
-        os.close(w)
-        self.pid = pid
-        with os.fdopen(r) as f:
-            self.result = f.readline().strip()
-
-    def stop(self) -> None:
-        import signal
-
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-
-
-def as_user(uid: int, fn: Callable[[], object]) -> str:
-    child = AsUser(uid, fn)
-    child.stop()
-    return child.result
+from other_user import MALLORY, AsUser, as_user  # noqa: E402,F401  (re-exported for the job tests)
 
 
 def shared_dir() -> Path:

@@ -9,22 +9,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from conftest import gpusd_cli
 from fakenvml import make_gpus
-
-MALLORY = 40001  # no passwd entry needed: the kernel only knows numbers
-ALICE = 40002
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second, unprivileged user")
+from other_user import ALICE, MALLORY, AsUser, as_user, needs_root  # noqa: F401
 
 
 @pytest.fixture
@@ -34,47 +28,6 @@ def shared_tmp():
     os.chmod(d, 0o1777)  # like /tmp
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-class AsUser:
-    """A forked child running ``fn`` as ``uid``; it reports one line (``fn``'s result or error) and
-    then, with ``stay``, keeps running (holding whatever it opened) until stopped."""
-
-    def __init__(self, uid: int, fn: Callable[[], object], stay: bool = False) -> None:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never return into pytest
-            try:
-                os.close(r)
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-                try:
-                    result = f"ok {fn()}"
-                except Exception as exc:
-                    result = f"error {type(exc).__name__}: {exc}"
-                os.write(w, (result.replace("\n", " ") + "\n").encode())
-                if stay:
-                    time.sleep(120)
-            finally:
-                os._exit(0)
-        os.close(w)
-        self.pid = pid
-        with os.fdopen(r) as f:
-            self.result = f.readline().strip()
-
-    def stop(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-
-
-def as_user(uid: int, fn: Callable[[], object]) -> str:
-    child = AsUser(uid, fn)
-    child.stop()
-    return child.result
 
 
 # -- finding 4: symlinks in a lock directory another user made -----------------------------------------

@@ -16,9 +16,8 @@ import pytest
 
 from fakenvml import make_gpus
 from jobs_helpers import GPUSD, MALLORY, AsUser, as_user, job_env, job_script, jobs_json, log_events, shared_dir
+from other_user import needs_root
 from waiting import wait_until_sync
-
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second, unprivileged user")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from .api import Selection
 
@@ -42,14 +42,22 @@ def run_with(selection: Selection, cmd: Sequence[str]) -> int:
         print(f"gpusd: permission denied: {cmd[0]}", file=sys.stderr)
         selection.release()
         return 126
-    interactive = _interactive()
+    try:
+        return wait_forwarding(proc, proc.send_signal, _interactive())
+    finally:
+        selection.release()
 
+
+def wait_forwarding(proc: subprocess.Popen[Any], send: Callable[[int], object], interactive: bool) -> int:
+    """Wait for ``proc``, passing the signals a runner gets on to it through ``send`` (``FORWARDED``;
+    not SIGINT/SIGQUIT at a terminal, which sent them to the whole foreground group, the command
+    included); its exit status, or 128 + the signal that ended it."""
     def forward(signum: int, _frame: object) -> None:
         if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
-            return  # the terminal sent it to the whole foreground group, the command included
+            return
         try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
+            send(signum)
+        except (ProcessLookupError, OSError):
             pass
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
@@ -58,5 +66,4 @@ def run_with(selection: Selection, cmd: Sequence[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        selection.release()
     return rc if rc >= 0 else 128 - rc

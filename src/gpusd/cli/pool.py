@@ -168,7 +168,7 @@ def reservations(args: argparse.Namespace) -> int:
 
 
 # -- gpusd run --fleet ----------------------------------------------------------------------------
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+from ..alloc.runner import FORWARDED as FORWARDED  # noqa: E402  (one list of the signals a runner passes on)
 
 
 def ssh_base(options: Sequence[str]) -> list[str]:
@@ -219,21 +219,9 @@ def _run_here(part: HostLease, cmd: list[str], interactive: bool) -> int:
 
 
 def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
-    def forward(signum: int, _frame: object) -> None:
-        if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
-            return
-        try:
-            send(signum)
-        except (ProcessLookupError, OSError):
-            pass
+    from ..alloc.runner import wait_forwarding
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    try:
-        rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return rc if rc >= 0 else 128 - rc
+    return wait_forwarding(proc, send, interactive)
 
 
 def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str]) -> int:

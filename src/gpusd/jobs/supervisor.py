@@ -41,7 +41,7 @@ from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, new_job_id, 
 RESTART_ME = 75
 FILE_FORMAT = 1
 MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not preemptible for that hour
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+from ..alloc.runner import FORWARDED  # noqa: E402  (one list of the signals a runner passes on)
 
 
 class Stopped(BaseException):
