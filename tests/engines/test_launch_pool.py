@@ -22,6 +22,7 @@ import pytest
 from fakenvml import make_gpus
 from netns import GpuHost, Lan, Node, lan, netns_ok  # noqa: F401
 from sshd import SshFleet, sshd_ok  # noqa: F401
+from waiting import wait_until_sync
 
 pytestmark = pytest.mark.timeout(300)
 BIN = str(Path(sys.executable).parent)
@@ -44,14 +45,7 @@ def _leased(lan: Lan, host: GpuHost) -> dict[int, list[dict[str, Any]]]:  # noqa
 
 
 def _wait_for(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return wait_until_sync(pred, timeout, step=0.1, what=what)  # the one wait helper (tests/waiting.py)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 
 from fakenvml import make_gpus
 from netns import GpuHost, Lan, Node, lan, netns_ok  # noqa: F401
+from waiting import wait_until_sync
 
 TTL = 3.0
 
@@ -61,14 +62,7 @@ def leases_of(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def wait_for(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return wait_until_sync(pred, timeout, step=0.1, what=what)  # the one wait helper (tests/waiting.py)
 
 
 def signed(lan: Lan, node: Node, method: str, url: str, key_file: Path | None, body: Any = None) -> dict[str, Any]:  # noqa: F811
