@@ -211,7 +211,7 @@ def test_bad_requests_get_an_error_and_the_server_lives_on(fake_nvml_inprocess, 
     assert ask(b'{"op": "lease", "count": 1, "min_free": NaN}\n')["error"] == "usage"
     assert ask(b'{"op": "lease", "include": [' + b'"0",' * 100 + b'"0"]}\n')["error"] == "usage"
     assert ask(b'{"op": "lease", "min_free": "lots"}\n')["error"] == "usage"
-    assert ask(b"x" * 100_000 + b"\n") == {}  # oversized: dropped without an answer
+    assert ask(b"x" * 100_000 + b"\n")["error"] == "usage"  # oversized: refused, not read whole
     assert ask(b'{"op": "lease", "count": 2}\n')["error"] == "no_gpu"
     r = gpusd_cli(["run", "--", "true"], env=cli_env)
     assert r.returncode == 0, r.stderr

@@ -135,7 +135,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
              poll: float = 1.0, simulate: str | None = None, store: LeaseStore | None = None,
              command: str | None = None, pid: int | None = None, backend: Backend | None = None,
              user: str | None = None, env: dict[str, str] | None = None,
-             cancelled: Callable[[], bool] | None = None, remote: dict[str, Any] | None = None) -> Selection:
+             cancelled: Callable[[], bool] | None = None, remote: dict[str, Any] | None = None,
+             job: str | None = None) -> Selection:
     """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served.
 
     Where a gpusd daemon serves the lease socket (:mod:`gpusd.alloc.authority`), a lease is asked of
@@ -145,7 +146,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     (``timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).  ``pid``, ``user`` and ``env`` (the
     job's ``CUDA_VISIBLE_DEVICES``) describe the job when it is not this process; ``cancelled`` stops
     a wait (the daemon's client went away); ``remote``: the daemon's record of a remote holder's
-    lease (``remote_from``, ``expires``: docs/pool.md)."""
+    lease (``remote_from``, ``expires``: docs/pool.md); ``job``: the gpusd job the lease is for,
+    named in its record (and, through the daemon, the lease can then grow and shrink)."""
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
     if (lease and store is None and backend is None and simulate is None and pid is None
@@ -155,12 +157,15 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         sock = authority.connect()
         if sock is not None:
             try:
-                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
+                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
+                                                       job=job)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases, taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
+    if job is not None:
+        remote = {**(remote or {}), "job": job}
     if not wait:
         return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote)
     deadline = time.monotonic() + timeout if timeout is not None else None
