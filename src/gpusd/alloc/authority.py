@@ -184,7 +184,12 @@ class RemoteLease:
             try:
                 self.sock.settimeout(None if (wait and timeout is None) else
                                      (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
-                self.sock.sendall(json.dumps({**req, "id": rid}).encode() + b"\n")
+                try:
+                    self.sock.sendall(json.dumps({**req, "id": rid}).encode() + b"\n")
+                except (BrokenPipeError, ConnectionResetError):  # the daemon closed its end: it stopped
+                    self.handed_over = True
+                    raise GpusdError("the gpusd daemon that held this lease stopped (it handed the lease over: "
+                                     "it lasts until the job ends, but can no longer grow or shrink)") from None
                 for _ in range(MAX_STRAY):
                     reply = _decode(self.reader.readline())
                     if reply.get("op") == "handover":

@@ -40,6 +40,7 @@ import socket
 import stat
 import struct
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ SEND_TIMEOUT = 10.0
 MAX_CLIENTS = 256
 MAX_PER_UID = 64
 MAX_AHEAD = 8  # further requests read (and kept) while one is served
+MAX_WRITERS = 16  # processes sharing a connection whose unfinished lines are kept apart
 MAX_DEVICES = 64  # a lease record names at most this many (gpusd.alloc.leases.MAX_LEASE_DEVICES)
 PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -77,16 +79,13 @@ class _LockedBackend:
             self.backend.close()
 
 
-class _TooLong(Exception):
-    """A request line over :data:`MAX_REQUEST` (the rest of it is skipped)."""
-
-
 class _Conn:
     """One client connection, read line by line with the uid of whoever wrote each line.
 
     The kernel attaches the writer's credentials to every message (``SO_PASSCRED``) and never glues
-    two writers' bytes into one read, so a line's writers are known; ``None`` stands for bytes without
-    credentials (sent before we asked for them)."""
+    two writers' bytes into one read, so each writer's bytes are gathered into lines of their own: a
+    process that shares the connection cannot corrupt the holder's requests with half a line.  A
+    writer is ``None`` for bytes without credentials (sent before we asked for them)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -95,9 +94,9 @@ class _Conn:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         except OSError:
             pass  # then no line has credentials, and none after the first request is believed
-        self.buf = bytearray()
-        self.marks: list[tuple[int, int | None]] = []  # (end offset in buf, writer's uid) per read
-        self.skipping = False  # inside an over-long line: drop bytes up to its newline
+        self.partial: dict[tuple[int, int] | None, bytearray] = {}  # writer (pid, uid) -> its unfinished line
+        self.skipping: set[tuple[int, int] | None] = set()  # writers inside an over-long line
+        self.lines: deque[tuple[bytes | None, int | None]] = deque()  # (line or None: too long, writer's uid)
         self.eof = False
         self.deaf = False  # an answer could not be sent: the client does not read; answer no more
         self.closed = False
@@ -122,13 +121,13 @@ class _Conn:
             except OSError:
                 data, ancillary = b"", []
                 break
-        uid: int | None = None
+        writer: tuple[int, int] | None = None
         for level, kind, payload in ancillary:
             if level != socket.SOL_SOCKET:
                 continue
             if kind == socket.SCM_CREDENTIALS and len(payload) >= _CRED.size:
-                pid, u, _gid = _CRED.unpack(payload[:_CRED.size])
-                uid = u if pid > 0 else None  # no pid: bytes sent before SO_PASSCRED, writer unknown
+                pid, uid, _gid = _CRED.unpack(payload[:_CRED.size])
+                writer = (pid, uid) if pid > 0 else None  # no pid: sent before SO_PASSCRED, writer unknown
             elif kind == socket.SCM_RIGHTS:  # nobody passes us descriptors: close what came
                 fds = array.array("i")
                 fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
@@ -140,65 +139,57 @@ class _Conn:
         if not data:
             self.eof = True
             return False
-        if self.skipping:
-            at = data.find(b"\n")
-            if at < 0:
-                return True
-            self.skipping, data = False, data[at + 1:]
-        if data:
-            self.buf += data
-            self.marks.append((len(self.buf), uid))
+        self._gather(data, writer)
         return True
 
-    def _take_line(self) -> tuple[bytes, set[int | None]] | None:
-        at = self.buf.find(b"\n")
-        if at < 0:
-            if len(self.buf) > MAX_REQUEST:
-                self.buf.clear()
-                self.marks.clear()
-                self.skipping = True
-                raise _TooLong()
-            return None
-        n = at + 1
-        if n > MAX_REQUEST + 1:
-            line = None
-        else:
-            line = bytes(self.buf[:n])
-        writers: set[int | None] = set()
-        kept: list[tuple[int, int | None]] = []
-        start = 0
-        for end, uid in self.marks:
-            if start < n:
-                writers.add(uid)
-            if end > n:
-                kept.append((end - n, uid))
-            start = end
-        del self.buf[:n]
-        self.marks = kept
-        if line is None:
-            raise _TooLong()
-        return line, writers
+    def _gather(self, data: bytes, writer: tuple[int, int] | None) -> None:
+        uid = writer[1] if writer is not None else None
+        while data:
+            at = data.find(b"\n")
+            if writer in self.skipping:
+                if at < 0:
+                    return
+                self.skipping.discard(writer)
+                data = data[at + 1:]
+                continue
+            buf = self.partial.get(writer)
+            if buf is None:
+                if len(self.partial) >= MAX_WRITERS:  # bounded: the oldest unfinished line goes
+                    oldest = next(iter(self.partial))
+                    del self.partial[oldest]
+                    self.skipping.add(oldest)
+                buf = self.partial[writer] = bytearray()
+            if at < 0:
+                buf += data
+                if len(buf) > MAX_REQUEST:
+                    del self.partial[writer]
+                    self.skipping.add(writer)
+                    self.lines.append((None, uid))
+                return
+            buf += data[:at + 1]
+            data = data[at + 1:]
+            del self.partial[writer]
+            self.lines.append((bytes(buf) if len(buf) <= MAX_REQUEST + 1 else None, uid))
 
-    def lines_ahead(self) -> int:
-        return self.buf.count(b"\n")
-
-    async def readline(self) -> tuple[bytes, set[int | None]] | None:
-        """The next line and the uids of its writers; None at the end of the connection; _TooLong."""
-        while True:
-            got = self._take_line()
-            if got is not None:
-                return got
+    async def readline(self) -> tuple[bytes | None, int | None] | None:
+        """The next line (None: it was over :data:`MAX_REQUEST` bytes) and its writer's uid; None at
+        the end of the connection."""
+        while not self.lines:
             if self.eof or not await self._recv():
                 return None
+        return self.lines.popleft()
+
+    def pending(self) -> bool:
+        return bool(self.lines) or any(self.partial.values())
 
     async def watch(self, fut: asyncio.Future[Any], any_data_ends: bool) -> bool:
         """Wait for ``fut``; True when the client left meanwhile (or, with ``any_data_ends``, sent
         anything: protocol 1's "abandon").  Requests that arrive are kept for later (at most
         :data:`MAX_AHEAD`; beyond that nothing more is read until ``fut`` is done)."""
         while not fut.done():
-            if self.eof or (any_data_ends and self.buf):
+            if self.eof or (any_data_ends and self.pending()):
                 return True
-            if self.lines_ahead() >= MAX_AHEAD or len(self.buf) > MAX_AHEAD * MAX_REQUEST:
+            if len(self.lines) >= MAX_AHEAD:
                 await asyncio.wait({fut})
                 break
             reading = asyncio.ensure_future(self._recv())
@@ -212,7 +203,7 @@ class _Conn:
                 break
             if not reading.result():
                 return True
-        return self.eof or (any_data_ends and bool(self.buf))
+        return self.eof or (any_data_ends and self.pending())
 
     async def send(self, obj: dict[str, Any]) -> None:
         if self.deaf or self.closed:
@@ -396,15 +387,14 @@ class LeaseServer:
                 got = await asyncio.wait_for(conn.readline(), REQUEST_TIMEOUT)
             except asyncio.TimeoutError:
                 return  # slow: nothing to answer
-            except _TooLong:
-                await conn.send({"ok": False, "error": "usage", "message": f"a request is one line of at most "
-                                 f"{MAX_REQUEST} bytes"})
+            if got is None:
+                return
+            if got[0] is None:
+                await conn.send(_TOO_LONG)
                 try:  # read the rest of it (a little): closing on unread bytes would reset the connection
                     await asyncio.wait_for(conn.readline(), 1.0)
-                except (asyncio.TimeoutError, _TooLong):
+                except asyncio.TimeoutError:
                     pass
-                return
-            if got is None:
                 return
             try:
                 req = _parse(got[0])
@@ -425,8 +415,8 @@ class LeaseServer:
                 await conn.send(_failure(exc))
                 return
             held = _Held(selection, command, job, pid, uid)
-            if conn.eof or conn.buf:
-                return  # granted as the client left: released below
+            if conn.eof or conn.pending():
+                return  # granted as the client left (or spoke: abandoned): released below
             await conn.send({"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
                              "devices": [_candidate(c) for c in selection.devices]})
             log.info("lease %s: %s for pid %d (uid %d)%s", selection.lease.lease_id, ",".join(selection.uuids),
@@ -456,19 +446,17 @@ class LeaseServer:
         loop = asyncio.get_running_loop()
         lease_id = held.lease.lease_id
         while True:
-            try:
-                got = await conn.readline()
-            except _TooLong:
-                await conn.send({"ok": False, "error": "usage", "id": None,
-                                 "message": f"a request is one line of at most {MAX_REQUEST} bytes"})
-                continue
+            got = await conn.readline()
             if got is None:
                 return  # the end of the connection: the lease ends
-            line, writers = got
-            if not all(w is not None and w in (held.uid, 0) for w in writers):
+            line, writer = got
+            if writer is None or writer not in (held.uid, 0):
                 log.warning("lease %s: ignored a request on the connection of uid %d written by uid %s", lease_id,
-                            held.uid, ",".join(sorted(str(w) for w in writers)))
+                            held.uid, writer if writer is not None else "unknown")
                 continue  # not its user's: neither obeyed nor answered (an answer would go to the holder)
+            if line is None:
+                await conn.send({**_TOO_LONG, "id": None})
+                continue
             try:
                 req = _parse(line)
                 rid = req.get("id")
@@ -572,6 +560,9 @@ class LeaseServer:
                 raise ConfigError(f"this lease does not hold {device!r}")
             store.drop(held.lease, device)
         held.selection.devices = [c for c in held.selection.devices if c.uuid != device]
+
+
+_TOO_LONG = {"ok": False, "error": "usage", "message": f"a request is one line of at most {MAX_REQUEST} bytes"}
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
