@@ -502,3 +502,25 @@ def test_another_user_cannot_change_a_lease_through_its_connection(fake_nvml_inp
     finally:
         lease.release()
     assert _wait_for(lambda: _leases(cli_env) == [])
+
+
+def test_a_grow_waiting_on_a_held_connection_is_abandoned_with_it(fake_nvml_inprocess, authority, cli_env):
+    fake_nvml_inprocess.write(make_gpus(2))
+    flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
+    s, answer, f = _held_connection()
+    other = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(_leases(cli_env)) == 2)
+        s.sendall(b'{"op": "grow", "id": 1, "count": 1, "wait": true}\n')
+
+        def queued():
+            return json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"]
+
+        assert _wait_for(lambda: len(queued()) == 1)  # the grow waits in the queue, like any request
+        f.close()
+        s.close()
+        assert _wait_for(lambda: queued() == [] and len(_leases(cli_env)) == 1)  # wait and lease: gone
+    finally:
+        f.close()
+        s.close()
+        _kill_group(other)

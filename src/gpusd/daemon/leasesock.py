@@ -24,7 +24,7 @@ survives a daemon restart and still ends with the client's connection.
 
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
-requests read ahead while one is served; a lease of at most 64 devices.
+requests kept while one is served (more are dropped); a lease of at most 64 devices.
 """
 
 from __future__ import annotations
@@ -184,14 +184,15 @@ class _Conn:
 
     async def watch(self, fut: asyncio.Future[Any], any_data_ends: bool) -> bool:
         """Wait for ``fut``; True when the client left meanwhile (or, with ``any_data_ends``, sent
-        anything: protocol 1's "abandon").  Requests that arrive are kept for later (at most
-        :data:`MAX_AHEAD`; beyond that nothing more is read until ``fut`` is done)."""
+        anything: protocol 1's "abandon").  Requests that arrive are kept for later, at most
+        :data:`MAX_AHEAD` of them (more are dropped, logged: the end of the connection must still be
+        seen)."""
         while not fut.done():
             if self.eof or (any_data_ends and self.pending()):
                 return True
-            if len(self.lines) >= MAX_AHEAD:
-                await asyncio.wait({fut})
-                break
+            while len(self.lines) > MAX_AHEAD:
+                self.lines.pop()
+                log.warning("lease socket: more than %d requests sent ahead of an answer: one dropped", MAX_AHEAD)
             reading = asyncio.ensure_future(self._recv())
             try:
                 await asyncio.wait({fut, reading}, return_when=asyncio.FIRST_COMPLETED)
