@@ -524,3 +524,39 @@ def test_a_grow_waiting_on_a_held_connection_is_abandoned_with_it(fake_nvml_inpr
         f.close()
         s.close()
         _kill_group(other)
+
+
+def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client(fake_nvml_inprocess, cli_env):
+    """The client reads the hand-over while it waits for its answer: it must keep the descriptors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpusd.alloc.authority import connect, lease_through
+    from gpusd.alloc.select import Constraints
+    from gpusd.errors import GpusdError
+
+    fake_nvml_inprocess.write(make_gpus(3))
+    flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
+    server = ServerThread()
+    other = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
+    sock = connect()
+    assert sock is not None
+    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x", job="0123456789ab")
+    try:
+        lease.grow(Constraints(count=1))
+        assert _wait_for(lambda: len(_leases(cli_env)) == 3)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lease.grow, Constraints(count=1), wait=True)
+            assert _wait_for(lambda: json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"])
+            server.stop()
+            with pytest.raises(GpusdError, match="handed this lease over"):
+                waiting.result(timeout=30)
+        assert len(lease.fds) == 1 + 3  # the connection, and the lease's descriptors (2 GPUs and the record)
+        assert sorted(le["device"] for le in _leases(cli_env) if le["lease_id"] == lease.lease_id) == sorted(
+            lease.devices)
+        r = gpusd_cli(["select", "-n", "1"], env=flock_only)
+        assert r.returncode == 4, r.stderr  # the job's two GPUs are still leased
+        lease.release()
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)  # only the other job's is left
+    finally:
+        lease.release()
+        _kill_group(other)
