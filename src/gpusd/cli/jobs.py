@@ -41,8 +41,8 @@ def _grace(text: str) -> float:
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("job")
     g.add_argument("--priority", choices=PRIORITY_NAMES, default="normal",
-                   help="low, normal (default), high or urgent: a waiting job may preempt --preemptible jobs of "
-                   "lower priority (docs/jobs.md)")
+                   help="low, normal (default), high or urgent (root, or whom the priority policy names): orders the "
+                   "--wait queue, and a waiting job may preempt --preemptible jobs of lower priority (docs/jobs.md)")
     g.add_argument("--preemptible", action="store_true",
                    help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
                    "priority, or moved off an overloaded GPU")
@@ -64,6 +64,14 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
 
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout only makes sense with --wait")
+    from ..alloc.priority import POLICY_PATH, load_policy, priority_name
+
+    policy = load_policy()
+    allowed = policy.max_for(os.geteuid())
+    if PRIORITIES[args.priority] > allowed:
+        raise ConfigError(f"--priority {args.priority}: the priority policy ({policy.source or 'the defaults'}) allows "
+                          f"you at most {priority_name(allowed)}; an administrator names who may use more in "
+                          f"{POLICY_PATH} (docs/jobs.md)")
     tool = None
     if args.cuda_checkpoint:
         tool = find_cuda_checkpoint()

@@ -87,7 +87,6 @@ class Supervisor:
         self.exited_at: float | None = None
         self.last_migration: float | None = None
         self.closing = False
-        self.yield_to: str | None = None  # the job that preempted us: it goes first
         self.writer = RecordWriter(self.store, JobRecord(
             job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
             preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
@@ -129,30 +128,42 @@ class Supervisor:
         self._rewrite_lease()
         self.writer.write(lease=lease.lease_id if lease is not None else None)
 
-    def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False) -> Selection:
+    def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False,
+                  resume: bool = False) -> Selection:
         """A job's first lease goes through the daemon where it is the lease authority, except for a
         ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
-        later (grow, move) join a lock-directory lease, so they are taken there too."""
+        later (grow, move) join a lock-directory lease, so they are taken there too.  A waiting job
+        of priority above ``low`` preempts when it reaches the head of the queue and nothing qualifies."""
         local = not first or self.preemptible
+        blocked = (lambda: self.preempt_for(c.count)) if first and self.priority > PRIORITIES["low"] else None
         return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
-                        store=self.store if local else None, backend=shared_backend(self.simulate) if local else None)
+                        store=self.store if local else None, backend=shared_backend(self.simulate) if local else None,
+                        priority=self.priority, resume=resume, when_blocked=blocked)
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
-        """The job's GPUs: at once; with ``wait`` through the queue, after asking lower-priority jobs to
-        make room when nothing qualifies and nobody is queued (the queue is FIFO: GPUs freed while
-        others wait would go to its head)."""
-        if not wait:
-            self._take(self._allocate(self.c, False, None, first=True))
-            return
-        from ..alloc import queue
+        """The job's GPUs: at once; with ``wait`` through the queue, where it asks lower-priority jobs
+        to make room once it is at the head and nothing qualifies."""
+        if wait and self.priority > PRIORITIES["low"] and not self.preemptible and self._through_daemon():
+            # The daemon queues for us and cannot preempt our jobs: ask for room first when nothing
+            # qualifies and nobody of our class or above is queued.
+            from ..alloc import queue
+            from ..alloc.priority import load_policy
 
-        if self.priority > min(PRIORITIES.values()) and not queue.waiting(self.store):
-            try:  # would anything qualify now? (a choice only, no lease)
-                allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
-                         backend=shared_backend(self.simulate))
-            except NoGpuAvailable:
-                self.preempt_for(self.c.count)
-        self._take(self._allocate(self.c, True, timeout, first=True))
+            if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.priority, os.geteuid())):
+                try:  # would anything qualify now? (a choice only, no lease)
+                    allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
+                             backend=shared_backend(self.simulate))
+                except NoGpuAvailable:
+                    self.preempt_for(self.c.count)
+        self._take(self._allocate(self.c, wait, timeout if wait else None, first=True))
+
+    def _through_daemon(self) -> bool:
+        """Whether the first lease would be asked of a daemon (the lease authority)."""
+        from ..alloc import authority
+
+        path = authority.socket_path()
+        return (self.simulate is None and not os.environ.get("GPUSD_SIMULATE") and path is not None
+                and path.exists())
 
     def preempt_for(self, count: int) -> list[str]:
         """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
@@ -178,19 +189,6 @@ class Supervisor:
                 log(f"job {self.job_id} (priority {priority_name(self.priority)}) preempted job {v.job} "
                     f"(priority {priority_name(v.priority)}) for {count} GPU(s)")
         return asked
-
-    def wait_for_preemptor(self, bound: float = 60.0) -> None:
-        """Queue again only once the job that preempted us has its GPUs (or is gone), so that it is
-        ahead of us in the queue; at most ``bound`` seconds (docs/jobs.md, fairness)."""
-        by, self.yield_to = self.yield_to, None
-        if by is None:
-            return
-        limit = time.monotonic() + bound
-        while time.monotonic() < limit:
-            rec = next((r for r in list_jobs(self.store) if r.job == by), None)
-            if rec is None or rec.state != "queued":
-                return
-            time.sleep(0.05)
 
     def _rewrite_lease(self) -> None:
         """The lease record names the GPUs held now (ours and those still held by the command)."""
@@ -305,7 +303,6 @@ class Supervisor:
             if self.stopping or self.proc is None or self.proc.poll() is not None:
                 return {"ok": False, "message": f"job {self.job_id} is not running"}
             self.preemptions.append(now)
-            self.yield_to = by
             self.write_job_file("preempted", f"preempted by job {by} (priority {priority_name(priority)})")
             self._stop_child("preempt")
         log(f"job {self.job_id}: preempted by job {by}; SIGTERM, {self.grace:g}s to checkpoint")
@@ -373,7 +370,7 @@ class Supervisor:
                                           "its owner or root may change it"}
                 log(f"job {self.job_id}: refused a request of uid {uid}")
             else:
-                answer = self.dispatch(req)
+                answer = self.dispatch(req, uid)
             conn.sendall(json.dumps(answer).encode() + b"\n")
         except Exception as exc:  # a bad request never stops the job
             try:
@@ -383,7 +380,7 @@ class Supervisor:
         finally:
             conn.close()
 
-    def dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+    def dispatch(self, req: dict[str, Any], uid: int | None = None) -> dict[str, Any]:
         op = req.get("op")
         count = req.get("count")
         if count is not None and (type(count) is not int or not 0 < count <= 64):
@@ -403,6 +400,9 @@ class Supervisor:
             by = req.get("by")
             if type(prio) is not int:
                 return {"ok": False, "message": "no priority"}
+            from ..alloc.priority import load_policy
+
+            prio = load_policy().believed(prio, os.geteuid() if uid is None else uid)  # the policy's bound
             return self.preempt(str(by)[:32] if by else "?", prio)
         if op == "move":
             avoid = req.get("avoid")
@@ -492,8 +492,7 @@ class Supervisor:
                     self.devs = []
                     self.restarts += 1
                     self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
-                    self.wait_for_preemptor()
-                    self._take(self._allocate(self.c, True, None, first=True))
+                    self._take(self._allocate(self.c, True, None, first=True, resume=True))
                     continue
                 if why == "move" or rc == RESTART_ME:
                     self.restarts += 1
