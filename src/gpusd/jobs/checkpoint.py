@@ -166,14 +166,16 @@ class CudaCheckpoint:
                 self.call(["--action", "restore", "--pid", str(pid), "--device-map", device_map])
             for pid in pids:
                 self.call(["--action", "unlock", "--pid", str(pid)])
-        except CheckpointFailed as exc:
+        except Exception as exc:  # whatever went wrong, nothing stays locked
             left = self.put_back(touched)
-            raise CheckpointFailed(f"{exc}; {left}") from None
+            what = str(exc) if isinstance(exc, CheckpointFailed) else _printable(f"{type(exc).__name__}: {exc}")
+            raise CheckpointFailed(f"{what}; {left}") from None
         return pids
 
     def put_back(self, pids: Sequence[int]) -> str:
         """After a failure: each process restored where it was (no device map) and unlocked, as far as
-        its state says; what happened, in words."""
+        its state says; what happened, in words.  (With several processes, one already restored onto the
+        new GPU is unlocked there: the caller's fallback restarts them all on the new GPU anyway.)"""
         stuck: list[str] = []
         for pid in pids:
             try:
