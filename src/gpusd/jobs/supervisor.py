@@ -353,7 +353,8 @@ class Supervisor:
                 self.write_job_file("running", f"{reason}; {msg}")
                 self.notify()
             else:
-                msg = f"moving to GPU {self.cuda_visible()} with the job protocol (SIGTERM, restart): {note}"
+                msg = f"moving to GPU {self.cuda_visible()} with the job protocol (SIGTERM, restart)"
+                msg += f": {note}" if self.cuda_checkpoint is not None else ""
                 self.write_job_file("moving", f"{reason}; {msg}")
                 self._stop_child("move")
         log(f"job {self.job_id}: {msg}: {reason}")
