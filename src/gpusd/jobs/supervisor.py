@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..alloc.api import Selection, allocate, shared_backend
 from ..alloc.leases import MAX_LEASE_BYTES, Lease, LeaseStore, current_user
@@ -37,6 +37,9 @@ from ..alloc.select import Candidate, Constraints
 from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
 from . import control
 from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, new_job_id, priority_name
+
+if TYPE_CHECKING:
+    from .checkpoint import CudaCheckpoint
 
 RESTART_ME = 75
 FILE_FORMAT = 1
@@ -64,7 +67,7 @@ class Supervisor:
     def __init__(self, c: Constraints, cmd: Sequence[str], *, command: str, priority: int = PRIORITIES["normal"],
                  preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
-                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: str | None = None,
+                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
                  host: str | None = None) -> None:
         self.c, self.cmd, self.command = c, list(cmd), command
         self.priority, self.preemptible, self.pausable = priority, preemptible, pausable
@@ -317,7 +320,7 @@ class Supervisor:
             hot = [d for d in self.devs if d.uuid in avoid]
             if not hot or self.stopping or self.proc is None or self.proc.poll() is not None:
                 return {"ok": False, "message": "nothing to move"}
-        self.decided_at = time.monotonic()
+        self.decided_at = decided = time.monotonic()
         c = replace(self.c, count=len(hot), exclude=[*(self.c.exclude or []), *avoid])
         try:
             sel = self._allocate(c, False, None)
@@ -326,19 +329,52 @@ class Supervisor:
         extra = sel.lease
         assert isinstance(extra, Lease)
         with self.lock:
-            for d in hot:
-                self.devs.remove(d)
-                self.pending[d.uuid] = self.dev_fds.pop(d.uuid)
+            new = dict(zip((d.uuid for d in hot), sel.devices))
+            note = self._migrate_cuda({u: new[u].uuid if u in new else u for u in sorted(self.inherited)}, list(new))
+            for d in hot:  # in place: the process's CUDA device k is the job file's device k
+                self.devs[self.devs.index(d)] = new[d.uuid]
+                fd = self.dev_fds.pop(d.uuid)
+                if note is None:  # the command runs on the new GPU now: the old one is free
+                    _unlock(fd)
+                    self.inherited.discard(d.uuid)
+                else:
+                    self.pending[d.uuid] = fd
             for uuid, fd in zip(extra.devices, extra.fds[:-1]):
                 self.dev_fds[uuid] = fd
-            self.devs.extend(sel.devices)
             extra.fds = extra.fds[-1:]
             self._rewrite_lease()
             extra.release()
-            self.write_job_file("moving", reason)
-            self._stop_child("move")
-        log(f"job {self.job_id}: moving to GPU {self.cuda_visible()}: {reason}")
-        return {"ok": True, "devices": self.cuda_visible()}
+            if note is None:
+                self.last_migration, self.decided_at = time.monotonic() - decided, None
+                msg = f"moved to GPU {self.cuda_visible()} by cuda-checkpoint, without a restart"
+                self.write_job_file("running", f"{reason}; {msg}")
+                self.notify()
+            else:
+                msg = f"moving to GPU {self.cuda_visible()} with the job protocol (SIGTERM, restart)"
+                msg += f": {note}" if self.cuda_checkpoint is not None else ""
+                self.write_job_file("moving", f"{reason}; {msg}")
+                self._stop_child("move")
+        log(f"job {self.job_id}: {msg}: {reason}")
+        return {"ok": True, "devices": self.cuda_visible(), "message": msg}
+
+    def _migrate_cuda(self, mapping: dict[str, str], hot: list[str]) -> str | None:
+        """Move the command's CUDA state with cuda-checkpoint (``--cuda-checkpoint``, docs/jobs.md):
+        ``mapping`` names each GPU the command started with (old UUID -> new UUID).  None when done,
+        else why not (the caller then uses the job protocol)."""
+        if self.cuda_checkpoint is None:
+            return "no cuda-checkpoint (gpusd run --cuda-checkpoint)"
+        if self.proc is None or self.proc.poll() is not None:
+            return "the command is not running"
+        if not set(hot) <= set(mapping):
+            return "cuda-checkpoint not used: the command was not started on the GPU moved"
+        from .checkpoint import CheckpointFailed
+
+        try:
+            pids = self.cuda_checkpoint.migrate(self.proc.pid, mapping)
+        except CheckpointFailed as exc:
+            return f"cuda-checkpoint failed: {exc}"
+        log(f"job {self.job_id}: cuda-checkpoint moved the CUDA state of process(es) {pids}")
+        return None
 
     def pause(self, on: bool, reason: str) -> dict[str, Any]:
         with self.lock:
@@ -533,6 +569,22 @@ def _close(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def _unlock(fd: int) -> None:
+    """Free a GPU whose lock descriptor the command inherited too: the flock belongs to the open
+    file, shared with the command's copy, so unlocking it here frees the GPU for everyone."""
+    import fcntl
+
+    try:
+        os.utime(fd)  # when the GPU's lease ended (LeaseStore.release_times), before anyone can take it
+    except OSError:
+        pass
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    _close(fd)
 
 
 def _signal_group(pid: int, signum: int) -> None:
