@@ -90,3 +90,68 @@ def shared_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="gpusd-jobs-trust-", dir="/tmp"))
     os.chmod(d, 0o1777)
     return d
+
+
+# -- a fake NVIDIA cuda-checkpoint (docs/jobs.md): records its argv, keeps each pid's CUDA state ---------
+# State per pid in DIR/state-PID (running -> locked -> checkpointed -> locked -> running, as the real tool's
+# lock/checkpoint/restore/unlock); a wrong transition is an error, as it is for the tool.  DIR/fail-ACTION
+# makes that action fail ("exit": exit 1 with the tool's message; "hang": no answer) — for restore only
+# when it is asked to map devices; DIR/no-device-map makes --help read like r570 (no GPU migration).
+FAKE_CUDA_CHECKPOINT = r'''#!PYTHON
+import json, os, sys, time
+d = os.environ["FAKE_CKPT_DIR"]
+args = sys.argv[1:]
+with open(os.path.join(d, "calls"), "a") as f:
+    f.write(json.dumps(args) + "\n")
+if args in (["--help"], ["-h"]):
+    text = "--get-state --pid <pid>\n--action lock | checkpoint | restore | unlock --pid <pid> [--timeout <ms>]"
+    if not os.path.exists(os.path.join(d, "no-device-map")):
+        text += " [--device-map <uuids>]"
+    print(text)
+    sys.exit(0)
+opt = {a: b for a, b in zip(args, args[1:]) if a.startswith("--")}
+pid = opt.get("--pid", "")
+if not pid.isdigit() or not os.path.exists(f"/proc/{pid}"):
+    print(f"Invalid pid {pid!r}", file=sys.stderr)
+    sys.exit(1)
+path = os.path.join(d, f"state-{pid}")
+state = open(path).read() if os.path.exists(path) else "running"
+if "--get-state" in args:
+    print(state)
+    sys.exit(0)
+action = opt.get("--action", "")
+fail = os.path.join(d, f"fail-{action}")
+if os.path.exists(fail) and (action != "restore" or "--device-map" in opt):
+    if open(fail).read() == "hang":
+        time.sleep(120)
+    print(f'Could not {action} on process ID {pid}: "invalid argument"', file=sys.stderr)
+    sys.exit(1)
+steps = {"lock": ("running", "locked"), "checkpoint": ("locked", "checkpointed"),
+         "restore": ("checkpointed", "locked"), "unlock": ("locked", "running")}
+if action not in steps or state != steps[action][0]:
+    print(f"Could not {action} on process ID {pid}: \"invalid state\" ({state})", file=sys.stderr)
+    sys.exit(1)
+open(path, "w").write(steps[action][1])
+'''
+
+
+def fake_cuda_checkpoint(tmp: Path) -> tuple[Path, Path]:
+    """(a directory holding the fake ``cuda-checkpoint``, for PATH; the directory of its records)."""
+    bindir, state = tmp / "fakebin", tmp / "fake-ckpt"
+    bindir.mkdir()
+    state.mkdir()
+    tool = bindir / "cuda-checkpoint"
+    tool.write_text(FAKE_CUDA_CHECKPOINT.replace("PYTHON", sys.executable, 1))
+    tool.chmod(0o755)
+    return bindir, state
+
+
+def fake_calls(state: Path) -> list[list[str]]:
+    """Every argv the fake tool was called with, in order."""
+    calls = state / "calls"
+    return [json.loads(x) for x in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def fake_state(state: Path, pid: int) -> str:
+    p = state / f"state-{pid}"
+    return p.read_text() if p.exists() else "running"

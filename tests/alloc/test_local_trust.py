@@ -263,6 +263,7 @@ def test_queue_waiters_are_attributed_to_the_ticket_owner(shared_tmp, monkeypatc
     store = LeaseStore()
     with store.mutex():
         mine = queue.enqueue(store, 2, "python train.py")
+    time.sleep(0.05)  # a later kernel clock tick (ties within one tick go by ticket number)
 
     def forge() -> None:
         import fcntl
@@ -275,9 +276,10 @@ def test_queue_waiters_are_attributed_to_the_ticket_owner(shared_tmp, monkeypatc
     try:
         assert mallory.result == "ok None"
         first, second = queue.waiters(store)
-        assert (first.user, first.pid, first.count) == (str(MALLORY), None, 1)  # not alice, not pid 1
-        assert first.command is not None and len(first.command) == 1024
-        assert (second.user, second.pid, second.command) == ("root", os.getpid(), "python train.py")
+        # Her ticket number 0 does not put her first: a ticket's place is when it appeared (the kernel's ctime).
+        assert (second.user, second.pid, second.count) == (str(MALLORY), None, 1)  # not alice, not pid 1
+        assert second.command is not None and len(second.command) == 1024
+        assert (first.user, first.pid, first.command) == ("root", os.getpid(), "python train.py")
     finally:
         mallory.stop()
         mine.close()

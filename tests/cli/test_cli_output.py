@@ -52,11 +52,12 @@ def test_leases_lists_the_waiters(capsys: pytest.CaptureFixture[str]) -> None:
         assert "2 job(s) waiting" in out
         lines = out.splitlines()
         head = lines.index(next(ln for ln in lines if ln.startswith("#")))
-        assert lines[head].split() == ["#", "USER", "PID", "GPUS", "WAITING", "COMMAND"]
-        rows = [ln.split(None, 5) for ln in lines[head + 2:head + 4]]
-        assert [(r[0], r[2], r[3], r[5]) for r in rows] == [
-            ("1", str(os.getpid()), "2", "python train.py --big"), ("2", str(os.getpid()), "1", "python eval.py")]
-        assert all(r[4].endswith("s") for r in rows)
+        assert lines[head].split() == ["#", "USER", "PID", "GPUS", "PRIORITY", "WAITING", "COMMAND"]
+        rows = [ln.split(None, 6) for ln in lines[head + 2:head + 4]]
+        assert [(r[0], r[2], r[3], r[4], r[6]) for r in rows] == [
+            ("1", str(os.getpid()), "2", "normal", "python train.py --big"),
+            ("2", str(os.getpid()), "1", "normal", "python eval.py")]
+        assert all(r[5].endswith("s") for r in rows)
         rc, out, _ = cli(["leases", "--json"], capsys)
         waiting = json.loads(out)["waiting"]
         assert [(w["position"], w["pid"], w["count"], w["command"]) for w in waiting] == [
@@ -96,7 +97,9 @@ def test_hostile_ticket_is_shown_without_harm(tmp_path: Path, capsys: pytest.Cap
         assert row.split()[:3] == ["1", "evil", "-"] and len(row) < 200
         rc, out, _ = cli(["leases", "--json"], capsys)
         w = json.loads(out)["waiting"][0]
-        assert (w["pid"], w["count"], w["since"]) == (None, None, None) and len(w["command"]) <= 1024
+        assert (w["pid"], w["count"]) == (None, None) and len(w["command"]) <= 1024
+        assert w["since"] == pytest.approx(bad.stat().st_ctime)  # the kernel's time, not the file's "now"
+        assert w["priority_name"] == "normal"
     finally:
         for fd in fds:
             os.close(fd)

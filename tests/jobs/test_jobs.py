@@ -140,6 +140,36 @@ def test_a_high_priority_job_preempts_a_preemptible_one_which_resumes_from_its_c
         _kill(low)
 
 
+def test_a_preempted_job_goes_back_at_the_head_of_its_class(fake_nvml, cli_env, tmp_path):
+    """One GPU: a preemptible low job runs, another low job queues, a high job arrives and preempts the
+    first.  When the high job is done, the preempted job runs again before the low job that queued
+    before it was preempted (docs/jobs.md, "Fairness")."""
+    fake_nvml.write(make_gpus(1))
+    log, ckpt, result = tmp_path / "log", tmp_path / "ckpt", tmp_path / "result"
+    env = job_env(cli_env, JOBLOG=str(log), CKPT=str(ckpt), RESULT=str(result), STEPS="500")
+    mark = 'import json, os; open(os.environ["JOBLOG"], "a").write(json.dumps({"event": "%s"}) + "\\n")'
+    low = subprocess.Popen([*GPUSD, "run", "--preemptible", "--priority", "low", "--grace", "20", "--",
+                            sys.executable, str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
+    other = high = None
+    try:
+        wait_until_sync(lambda: any(e["event"] == "start" for e in log_events(log)), timeout=30)
+        other = subprocess.Popen([*GPUSD, "run", "--priority", "low", "--wait", "--timeout", "120", "--",
+                                  sys.executable, "-c", mark % "other"], env=env, text=True)
+        wait_until_sync(lambda: len(leases_json(env)["waiting"]) == 1, timeout=30)  # type: ignore[arg-type]
+        high = subprocess.run([*GPUSD, "run", "--priority", "high", "--wait", "--timeout", "120", "--",
+                               sys.executable, "-c", mark % "high"], env=env, text=True, capture_output=True,
+                              timeout=180)
+        assert high.returncode == 0, high.stderr
+        assert low.wait(timeout=120) == 0 and other.wait(timeout=120) == 0
+        events = [e["event"] for e in log_events(log)]
+        assert events == ["start", "stopped", "high", "start", "done", "other"], events
+        assert result.read_text() == "500"
+    finally:
+        _kill(low)
+        if other is not None:
+            _kill(other)
+
+
 def test_a_job_that_is_not_preemptible_is_never_stopped(fake_nvml, cli_env, tmp_path):
     fake_nvml.write(make_gpus(1))
     log = tmp_path / "log"
@@ -186,8 +216,9 @@ def test_preemptions_per_hour_are_bounded(fake_nvml, cli_env, tmp_path):
 
 
 def test_cuda_checkpoint_is_detected_on_path_and_otherwise_the_protocol_is_used(fake_nvml, cli_env, tmp_path):
-    """Detection and fallback only: the tool itself is verified on a GPU machine (docs/jobs.md)."""
-    from gpusd.jobs.checkpoint import find_cuda_checkpoint, toggle_command
+    """Detection and fallback (the moves themselves: test_jobs_rebalance.py, test_cuda_checkpoint.py); the real
+    tool is verified only on a GPU machine (docs/jobs.md)."""
+    from gpusd.jobs.checkpoint import find_cuda_checkpoint
 
     fake_nvml.write(make_gpus(1))
     empty = tmp_path / "empty"
@@ -198,13 +229,13 @@ def test_cuda_checkpoint_is_detected_on_path_and_otherwise_the_protocol_is_used(
     tool = empty / "cuda-checkpoint"
     tool.write_text("#!/bin/sh\nexit 0\n")
     tool.chmod(0o755)
-    r = gpusd_cli(["run", "--cuda-checkpoint", "--", "true"], env=env)
+    r = gpusd_cli(["run", "--cuda-checkpoint", "--", "true"], env=env)  # a tool that knows no --action
     assert r.returncode == 0 and "not on PATH" not in r.stderr
+    assert "cuda-checkpoint has no --action (driver r570 or later is needed); the job protocol is used" in r.stderr
     old = os.environ["PATH"]
     try:
         os.environ["PATH"] = str(empty)
         assert find_cuda_checkpoint() == str(tool)
-        assert toggle_command(str(tool), 42) == [str(tool), "--toggle", "--pid", "42"]
         tool.chmod(0o644)
         assert find_cuda_checkpoint() is None  # not executable: not used
     finally:

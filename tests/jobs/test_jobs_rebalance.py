@@ -13,11 +13,21 @@ import sys
 import pytest
 
 from daemon_helpers import unique_session
-from fakenvml import make_gpus
+from fakenvml import fake_uuid, make_gpus
 from gpusd.jobs.rebalance import Policy, Rebalancer
 from gpusd.jobs.record import JobRecord
 from gpusd.model import GpuInfo, HostSnapshot
-from jobs_helpers import GPUSD, job_env, job_script, jobs_json, log_events
+from jobs_helpers import (
+    GPUSD,
+    fake_calls,
+    fake_cuda_checkpoint,
+    fake_state,
+    job_env,
+    job_script,
+    jobs_json,
+    leases_json,
+    log_events,
+)
 from waiting import wait_until_sync
 
 
@@ -114,6 +124,88 @@ def _job_events(proc: subprocess.Popen[str]) -> list[dict[str, object]]:
             out.append(json.loads(line.split(":", 1)[1]))
             return out
     return out
+
+
+# -- with cuda-checkpoint (issue 13 item 6): a fake tool here, the real one only on a GPU machine ---------
+
+def _ckpt_env(daemon, tmp_path, **extra: str) -> tuple[dict[str, str], object]:
+    bindir, state = fake_cuda_checkpoint(tmp_path)
+    env = job_env(daemon["env"], PATH=f"{bindir}:{os.environ['PATH']}", FAKE_CKPT_DIR=str(state), **extra)
+    return env, state
+
+
+def _moves(state, pid: int) -> list[list[str]]:
+    return [c for c in fake_calls(state) if "--action" in c and c[c.index("--pid") + 1] == str(pid)]
+
+
+def test_with_cuda_checkpoint_a_job_moves_to_the_idle_gpu_without_a_restart(daemon, fake_nvml, tmp_path):
+    log, stop = tmp_path / "log", tmp_path / "stop"
+    env, state = _ckpt_env(daemon, tmp_path, JOBLOG=str(log), STOPFILE=str(stop))
+    p = subprocess.Popen([*GPUSD, "run", "--preemptible", "--cuda-checkpoint", "--", sys.executable,
+                          str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "start"], timeout=30)
+        child = int(jobs_json(env)[0]["child"])
+        _hot(fake_nvml, {0: {"util_gpu": 99}})
+        wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "change" and e["gpus"] == "1"],
+                        timeout=60, what="the job told of its new GPU")
+        job = jobs_json(env)[0]
+        assert job["child"] == child and job["restarts"] == 0 and job["state"] == "running"  # same process
+        assert job["devices"] == [fake_uuid(1)] and "cuda-checkpoint" in str(job["reason"])
+        os.kill(child, 0)  # still alive
+        # the tool, for the command's process: lock, checkpoint, restore onto GPU 1's UUID, unlock
+        acts = _moves(state, child)
+        assert [c[1] for c in acts] == ["lock", "checkpoint", "restore", "unlock"]
+        assert acts[2][-2:] == ["--device-map", f"{fake_uuid(0)}={fake_uuid(1)}"]
+        assert fake_state(state, child) == "running"
+        held = [le for le in leases_json(env)["leases"] if le.get("job") == job["job"]]
+        assert [le["device"] for le in held] == [fake_uuid(1)]  # the old GPU is released ...
+        other = subprocess.run([*GPUSD, "run", "--include", "0", "--", "true"], env=env, capture_output=True,
+                               text=True, timeout=60)
+        assert other.returncode == 0, other.stderr  # ... for anyone, though the command still has its descriptor
+        stop.write_text("")
+        assert p.wait(timeout=60) == 0
+        got = log_events(log)
+        assert [e["event"] for e in got if e["event"] == "start"] == ["start"]  # never restarted
+        assert [e for e in got if e["event"] == "done"][0]["gpus"] == "1"
+        err = p.stderr.read()
+        assert "cuda-checkpoint: a move restores the job's CUDA state on the new GPU" in err  # detected at start
+        assert "moved to GPU 1 by cuda-checkpoint, without a restart" in err
+        text = (daemon["state"] / "gpusd.log").read_text()
+        assert "GPU 0 utilisation 99% > 90%" in text and "by cuda-checkpoint" in text  # the event says how
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_when_cuda_checkpoint_fails_the_job_is_moved_with_the_protocol(daemon, fake_nvml, tmp_path):
+    log, ckpt, result = tmp_path / "log", tmp_path / "ckpt", tmp_path / "result"
+    env, state = _ckpt_env(daemon, tmp_path, JOBLOG=str(log), CKPT=str(ckpt), RESULT=str(result), STEPS="1000")
+    (state / "fail-restore").write_text("exit")  # restoring onto another GPU fails: "invalid argument"
+    p = subprocess.Popen([*GPUSD, "run", "--preemptible", "--cuda-checkpoint", "--", sys.executable,
+                          str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "start"], timeout=30)
+        child = int(jobs_json(env)[0]["child"])
+        _hot(fake_nvml, {0: {"util_gpu": 99}})
+        assert p.wait(timeout=120) == 0
+        got = log_events(log)
+        starts = [e for e in got if e["event"] == "start"]
+        assert [s["gpus"] for s in starts] == ["0", "1"] and starts[1]["restarts"] == "1"  # restarted on GPU 1
+        assert [e for e in got if e["event"] == "done"][0]["gpus"] == "1" and result.read_text() == "1000"
+        assert starts[1]["step"] == [e for e in got if e["event"] == "stopped"][0]["step"] > 0  # from its checkpoint
+        # the tool was undone before the SIGTERM: restored where it was, unlocked
+        assert [c[1] for c in _moves(state, child)] == ["lock", "checkpoint", "restore", "restore", "unlock"]
+        assert fake_state(state, child) == "running"
+        err = p.stderr.read()
+        assert "with the job protocol (SIGTERM, restart): cuda-checkpoint failed" in err and "invalid argument" in err
+        text = (daemon["state"] / "gpusd.log").read_text()
+        assert "cuda-checkpoint failed" in text and "job protocol" in text  # the event says why
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def test_a_pausable_job_is_paused_while_its_gpu_is_too_hot(daemon, fake_nvml, tmp_path):

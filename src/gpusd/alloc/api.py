@@ -19,6 +19,7 @@ from ..model import GpuInfo
 from . import queue
 from .env import apply_env, cuda_env
 from .leases import Lease, LeaseStore
+from .priority import NORMAL, load_policy, priority_name
 from .select import Candidate, Constraints, choose, constraint_keywords
 
 if TYPE_CHECKING:
@@ -102,18 +103,26 @@ class Selection:
         }
 
 
+class _NotHead(Exception):
+    """Someone joined the queue ahead of us (a higher class) while we were its head."""
+
+
 def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
              command: str | None, pid: int | None, deadline: float | None = None, user: str | None = None,
-             env: dict[str, str] | None = None, remote: dict[str, Any] | None = None) -> Selection:
+             env: dict[str, str] | None = None, remote: dict[str, Any] | None = None,
+             priority: int = NORMAL) -> Selection:
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
         return Selection(choose(snap, c, store.leases(), env), None)
     with store.mutex(deadline):
         if ticket is None:
-            queued = queue.waiting(store, cleanup=True)
+            queued = queue.ahead_of_newcomer(store, priority)
             if queued:
-                raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (first come, "
-                                     "first served); use --wait to queue behind them")
+                raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (priority "
+                                     f"{priority_name(priority)}; first come, first served within a priority); "
+                                     "use --wait to queue")
+        elif queue.ahead_of(store, ticket) is not None:
+            raise _NotHead()
         chosen = choose(snap, c, store.leases(cleanup=True), env)
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
@@ -136,8 +145,10 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
              command: str | None = None, pid: int | None = None, backend: Backend | None = None,
              user: str | None = None, env: dict[str, str] | None = None,
              cancelled: Callable[[], bool] | None = None, remote: dict[str, Any] | None = None,
-             job: str | None = None) -> Selection:
-    """Choose (and lease) devices for ``c``; with ``wait``, queue first-come-first-served.
+             priority: int | None = None, uid: int | None = None, resume: bool = False,
+             when_blocked: Callable[[], object] | None = None, job: str | None = None) -> Selection:
+    """Choose (and lease) devices for ``c``; with ``wait``, queue (by priority class, then first
+    come first served: :mod:`gpusd.alloc.queue`).
 
     Where a gpusd daemon serves the lease socket (:mod:`gpusd.alloc.authority`), a lease is asked of
     it; otherwise (or with an explicit ``store``, ``backend`` or simulation) it is taken in the lock
@@ -146,8 +157,14 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     (``timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).  ``pid``, ``user`` and ``env`` (the
     job's ``CUDA_VISIBLE_DEVICES``) describe the job when it is not this process; ``cancelled`` stops
     a wait (the daemon's client went away); ``remote``: the daemon's record of a remote holder's
-    lease (``remote_from``, ``expires``: docs/pool.md); ``job``: the gpusd job the lease is for,
-    named in its record (and, through the daemon, the lease can then grow and shrink)."""
+    lease (``remote_from``, ``expires``: docs/pool.md).  ``priority`` is believed up to what the
+    priority policy allows ``uid`` (default: this process's user); ``resume`` marks a preempted job
+    (it queues at the head of its class); ``when_blocked`` is called once, outside the mutex, the
+    first time the job is at the head of the queue and nothing qualifies (a job preempts there).
+    ``job``: the gpusd job the lease is for, named in its record (and, through the daemon, the lease
+    can then grow and shrink)."""
+    level = load_policy().believed(NORMAL if priority is None else priority,
+                                   os.geteuid() if uid is None else uid)
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
     if (lease and store is None and backend is None and simulate is None and pid is None
@@ -167,12 +184,12 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     if job is not None:
         remote = {**(remote or {}), "job": job}
     if not wait:
-        return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote)
+        return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote, level)
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
     try:
         with store.mutex(deadline):
-            ticket = queue.enqueue(store, c.count, command, pid, user)
+            ticket = queue.enqueue(store, c.count, command, pid, user, priority=level, resume=resume)
     except WaitTimeout as exc:
         last, ticket = exc, None
     watch: queue.LeaseWatch | None = None
@@ -183,10 +200,15 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
             if ahead is not None:
-                if (deadline is not None or cancelled is not None) and watch is None:
+                if watch is None:
                     watch = queue.LeaseWatch(store.dir)
-                if not queue.wait_for(ahead, deadline, watch=watch, cancelled=cancelled):
-                    break
+                # Look again at least every second: the order may change (a newcomer of a higher
+                # class, aging), and the one ahead may now be waiting behind us.
+                until = time.monotonic() + 1.0
+                if not queue.wait_for(ahead, until if deadline is None else min(deadline, until), watch=watch,
+                                      cancelled=cancelled):
+                    if (deadline is not None and time.monotonic() >= deadline) or (cancelled and cancelled()):
+                        break
                 continue
             if watch is None:
                 watch = queue.LeaseWatch(store.dir)  # before looking: no lease may end unseen
@@ -196,11 +218,16 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 break
             try:
                 return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env, remote)
+            except _NotHead:
+                continue
             except WaitTimeout as exc:
                 last = exc
                 break
             except NoGpuAvailable as exc:
                 last = exc
+                if when_blocked is not None:
+                    blocked, when_blocked = when_blocked, None
+                    blocked()
             if not watch.active:
                 delay = min(poll, 0.1)
             elif settle < len(SETTLE):
@@ -221,7 +248,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 try:  # one last look at the deadline (the mutex gets half a second more)
                     return _attempt(backend, store, c, lease, ticket, command, pid, time.monotonic() + 0.5,
                                     user, env, remote)
-                except WaitTimeout:
+                except (WaitTimeout, _NotHead):
                     pass  # the mutex: the reason given is still the GPUs'
                 except NoGpuAvailable as exc:
                     last = exc

@@ -1,15 +1,28 @@
-"""The first-come-first-served wait queue of ``--wait``.
+"""The wait queue of ``--wait``: priority classes, first come first served within a class.
 
-Fairness rule: strict FIFO without backfilling.  Jobs are served in the order they started waiting;
-only the job at the head of the queue may take GPUs, so a 4-GPU job is never starved by a stream of
-1-GPU jobs behind it (the price: while the head waits for 4 GPUs, 1-GPU jobs behind it wait too).  A
-job that does not wait (no ``--wait``) does not jump the queue either: while anyone is queued it is
-told so and refused.
+Order (docs/jobs.md, "Fairness"): a ticket's **class** is its priority as the priority policy
+believes it for the ticket's owner (:mod:`gpusd.alloc.priority`: ``urgent`` needs root or the
+administrator's word), raised one level per aging period waited, up to ``high``.  Higher classes go
+first; within a class, a job that was **preempted** goes first (in the order its ``gpusd run``
+started), then everyone in the order they started waiting.  There is no backfilling: only the job at
+the head of the queue may take GPUs, so a 4-GPU job is never starved by a stream of 1-GPU jobs behind
+it (the price: while the head waits for 4 GPUs, 1-GPU jobs behind it wait too).  A job that does not
+wait (no ``--wait``) does not jump the queue either: while anyone who would be ahead of it is queued,
+it is told so and refused.
+
+What orders tickets comes from the kernel wherever another user could lie: the time a ticket started
+waiting is its file's ``ctime`` (set by the kernel when it is renamed into place; its owner can only
+move it later), its owner is the file's uid, and a "preempted" claim counts only when ``/proc/locks``
+shows the claimed process holding the ticket's lock, owned by the same uid; its place is then the start
+time of that process (from ``/proc``), which nobody can set.  A user thus gains nothing by claiming: at
+best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
-selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it;
-that lock is released the moment that waiter gets its GPUs, gives up or dies (the kernel drops the
-lock of a killed process), so the hand-over is immediate.
+selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it,
+and looks again at least every second (a newcomer of a higher class, or aging, may change who that
+is); a lock is released the moment its waiter gets its GPUs, gives up or dies (the kernel drops the
+lock of a killed process), so the hand-over is immediate.  The head checks under the selection mutex
+that it still is the head before it takes GPUs.
 
 Only the head looks at the GPUs, and not on a timer: it sleeps until a lease ends.  The kernel says
 when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its lock files are
@@ -27,7 +40,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import math
 import os
 import re
 import sys
@@ -38,7 +50,8 @@ from typing import Any, Callable
 
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
-from .lockdir import FILE_FLAGS, create_exclusive, open_lock_file, try_lock
+from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
+from .priority import NORMAL, load_policy, priority_name
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
 
@@ -69,9 +82,11 @@ class Ticket:
 
 
 def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int | None = None,
-            user: str | None = None) -> Ticket:
+            user: str | None = None, priority: int = NORMAL, resume: bool = False) -> Ticket:
     """Join the queue (call under the selection mutex).  ``pid`` and ``user`` name the job when it
-    is not this process (the daemon waiting for a client); only root's tickets are believed to."""
+    is not this process (the daemon waiting for a client); only root's tickets are believed to.
+    ``priority`` is a claim, believed up to the policy's bound for the ticket's owner; ``resume``
+    says the job was preempted (believed as the module docstring says)."""
     dfd = store.open(create=True)
     assert dfd is not None
     try:
@@ -95,7 +110,8 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
         try:
             fcntl.flock(tfd, fcntl.LOCK_EX)
             os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
-                                      "since": time.time(), "command": command}).encode())
+                                      "since": time.time(), "command": command, "priority": priority,
+                                      "resume": resume}).encode())
             os.rename(f".queue-{tag}.tmp", name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             os.close(tfd)
@@ -106,46 +122,8 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
     return Ticket(store, seq, store.dir / name, tfd, dfd)
 
 
-def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
-    """Live tickets (seq, path), oldest first.  Tickets of dead waiters are skipped (and removed
-    with ``cleanup``)."""
-    out: list[tuple[int, Path]] = []
-    try:
-        dfd = store.open(create=False)
-    except GpusdError:
-        return out
-    if dfd is None:
-        return out
-    try:
-        names = os.listdir(dfd)
-        for name in names:
-            m = _TICKET.match(name)
-            if not m:
-                continue
-            try:
-                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
-            except OSError:
-                continue
-            try:
-                alive = not try_lock(fd, shared=True)
-            finally:
-                os.close(fd)
-            if alive:
-                out.append((int(m.group(1)), store.dir / name))
-            elif cleanup:
-                try:
-                    os.unlink(name, dir_fd=dfd)
-                except OSError:
-                    pass
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-    out.sort()
-    return out
-
-
 MAX_TICKET_BYTES = 8192
+MAX_TICKETS = 4096
 
 
 @dataclass
@@ -161,56 +139,138 @@ class Waiter:
     pid: int | None
     user: str | None
     count: int | None  # GPUs asked for
-    since: float | None  # time.time() when it started waiting
+    since: float | None  # when it started waiting (the kernel's ctime of the ticket)
     command: str | None
+    priority: int = NORMAL  # as believed for the ticket's owner (the policy's bound applied)
+    level: int = NORMAL  # its class now: the priority after aging
+    resumed: bool = False  # a preempted job, believed (see the module docstring)
+    uid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["priority_name"], d["level_name"] = priority_name(self.priority), priority_name(self.level)
+        return d
 
 
-def waiters(store: LeaseStore) -> list[Waiter]:
-    """The live waiters, oldest first (read-only: nothing is locked, cleaned or written)."""
+def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float, Path]]:
+    """The live tickets, read and attributed, unordered: (waiter, place in its class, path).  Tickets
+    of dead waiters are skipped (and removed with ``cleanup``); a ticket that cannot be read is still
+    a waiter (of normal priority, in the order it started waiting)."""
     from .lockdir import process_uid, user_name
 
-    out: list[Waiter] = []
-    for seq, path in waiting(store):
-        try:
-            fd = os.open(path, FILE_FLAGS | os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            raw = os.read(fd, MAX_TICKET_BYTES + 1)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        try:
-            d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
-        except (ValueError, RecursionError):
-            d = {}
-        if not isinstance(d, dict):
-            d = {}
-        pid, count, since, command, user = d.get("pid"), d.get("count"), d.get("since"), d.get("command"), d.get("user")
-        pid = pid if type(pid) is int and pid > 0 else None
-        if st.st_uid != 0:
-            user = user_name(st.st_uid)
-            if pid is not None and process_uid(pid) != st.st_uid:
-                pid = None
-        out.append(Waiter(
-            position=len(out) + 1, seq=seq, ticket=path.name, pid=pid,
-            user=user[:64] if isinstance(user, str) else None,
-            count=count if type(count) is int and count > 0 else None,
-            since=float(since) if isinstance(since, (int, float)) and not isinstance(since, bool)
-            and math.isfinite(since) else None,
-            command=command[:1024] if isinstance(command, str) else None))
+    out: list[tuple[Waiter, float, Path]] = []
+    try:
+        dfd = store.open(create=False)
+    except GpusdError:
+        return out
+    if dfd is None:
+        return out
+    policy = load_policy()
+    locks: dict[str, list[tuple[int, bool]]] | None = None
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(dfd) if _TICKET.match(n)][:MAX_TICKETS]
+        for name in names:
+            m = _TICKET.match(name)
+            assert m is not None
+            try:
+                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                if try_lock(fd, shared=True):  # nobody holds it: a dead waiter's
+                    if cleanup:
+                        try:
+                            os.unlink(name, dir_fd=dfd)
+                        except OSError:
+                            pass
+                    continue
+                st = os.fstat(fd)
+                raw = os.read(fd, MAX_TICKET_BYTES + 1)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            try:
+                d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
+            except (ValueError, RecursionError):
+                d = {}
+            if not isinstance(d, dict):
+                d = {}
+            pid, count, command, user = d.get("pid"), d.get("count"), d.get("command"), d.get("user")
+            pid = pid if type(pid) is int and 0 < pid < 2**31 else None
+            if st.st_uid != 0:
+                user = user_name(st.st_uid)
+                if pid is not None and process_uid(pid) != st.st_uid:
+                    pid = None
+            since = st.st_ctime_ns / 1e9
+            priority = policy.believed(d.get("priority"), st.st_uid)
+            place = since
+            resumed = False
+            if d.get("resume") is True and pid is not None:
+                if locks is None:
+                    locks = flock_table() or {}
+                if (pid, True) in locks.get(lock_key(st), []):
+                    started = _process_start(pid)
+                    if started is not None and started <= since:
+                        place, resumed = started, True
+            out.append((Waiter(
+                position=0, seq=int(m.group(1)), ticket=name, pid=pid,
+                user=user[:64] if isinstance(user, str) else None,
+                count=count if type(count) is int and count > 0 else None, since=since,
+                command=command[:1024] if isinstance(command, str) else None,
+                priority=priority, level=policy.aged(priority, now - since), resumed=resumed, uid=st.st_uid),
+                place, store.dir / name))
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
     return out
 
 
+def _order(entries: list[tuple[Waiter, float, Path]]) -> list[tuple[Waiter, float, Path]]:
+    entries.sort(key=lambda e: (-e[0].level, not e[0].resumed, e[1], e[0].seq))
+    for i, (w, _, _) in enumerate(entries):
+        w.position = i + 1
+    return entries
+
+
+def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
+    """Live tickets (seq, path), in queue order (the head first).  Tickets of dead waiters are
+    skipped (and removed with ``cleanup``)."""
+    return [(w.seq, path) for w, _, path in _order(_scan(store, cleanup))]
+
+
+def waiters(store: LeaseStore) -> list[Waiter]:
+    """The live waiters, in queue order (read-only: nothing is locked, cleaned or written)."""
+    return [w for w, _, _ in _order(_scan(store))]
+
+
 def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
-    """The live ticket just ahead of ``ticket``, or None at the head."""
-    before = [p for seq, p in waiting(store, cleanup=True) if seq < ticket.seq]
-    return before[-1] if before else None
+    """The live ticket just ahead of ``ticket`` in the queue order, or None at the head."""
+    order = _order(_scan(store, cleanup=True))
+    for i, (_, _, path) in enumerate(order):
+        if path.name == ticket.path.name:
+            return order[i - 1][2] if i else None
+    return order[-1][2] if order else None  # not visible (yet): behind everyone
+
+
+def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:
+    """The waiters who would be ahead of a job of (believed) ``priority`` that joined now."""
+    return [w for w, _, _ in _order(_scan(store, cleanup=True)) if w.level >= priority]
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), from /proc: set by the kernel."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096)
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f.read(1 << 16).split(b"\n") if line.startswith(b"btime "))
+        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: LeaseWatch | None = None,
@@ -244,6 +304,7 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
 # -- being woken when a lease ends ------------------------------------------------------------------
 
 _IN_CLOSE_WRITE = 0x008
+_IN_MOVED_TO = 0x080
 _IN_DELETE = 0x200
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
@@ -258,7 +319,8 @@ class LeaseWatch:
     """Wakes a waiter when a lease or a ticket in the lock directory ends (Linux inotify).
 
     ``wait(timeout)`` returns True when a lock file was closed after writing (a lease ends: its
-    device locks close; a ticket ends) or a lease record or ticket was removed, False after
+    device locks close; a ticket ends), a lease record or ticket was removed, or a new ticket
+    appeared (it may belong ahead of the head), False after
     ``timeout``.  ``active`` is False where inotify is unavailable (then the caller polls)."""
 
     def __init__(self, directory: Path) -> None:
@@ -271,7 +333,7 @@ class LeaseWatch:
             if fd < 0:
                 return
             wd = libc.inotify_add_watch(fd, os.fsencode(directory),
-                                        _IN_CLOSE_WRITE | _IN_DELETE | _IN_ONLYDIR | _IN_DONT_FOLLOW)
+                                        _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_DELETE | _IN_ONLYDIR | _IN_DONT_FOLLOW)
             if wd < 0:
                 os.close(fd)
                 return
@@ -354,5 +416,5 @@ def _relevant(name: bytes, mask: int) -> bool:
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
         return bool(mask & _IN_CLOSE_WRITE)  # a lease's device lock closed
     if name.startswith(b"lease-") and name.endswith(b".json"):
-        return True
+        return not mask & _IN_MOVED_TO  # a record rewritten (renamed over) is not a lease ending
     return name.startswith(b"queue-") and name.endswith(b".ticket")

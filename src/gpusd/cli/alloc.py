@@ -109,9 +109,13 @@ def leases(args: argparse.Namespace) -> int:
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
     if waiters:
-        print("waiting (first come, first served):")
-        print(render_table(["#", "USER", "PID", "GPUS", "WAITING", "COMMAND"], [
+        from ..alloc.priority import priority_name
+
+        print("waiting (by priority, then first come, first served):")
+        print(render_table(["#", "USER", "PID", "GPUS", "PRIORITY", "WAITING", "COMMAND"], [
             [str(w.position), _cell(w.user, 32), str(w.pid) if w.pid is not None else "-",
-             str(w.count) if w.count is not None else "-", _age(w.since, now), _cell(w.command)]
-            for w in waiters], right=(0, 2, 3, 4)))
+             str(w.count) if w.count is not None else "-",
+             priority_name(w.priority) + (f"->{priority_name(w.level)}" if w.level != w.priority else "")
+             + (" (preempted)" if w.resumed else ""), _age(w.since, now), _cell(w.command)]
+            for w in waiters], right=(0, 2, 3, 5)))
     return 0

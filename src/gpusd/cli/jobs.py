@@ -41,8 +41,8 @@ def _grace(text: str) -> float:
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("job")
     g.add_argument("--priority", choices=PRIORITY_NAMES, default="normal",
-                   help="low, normal (default), high or urgent: a waiting job may preempt --preemptible jobs of "
-                   "lower priority (docs/jobs.md)")
+                   help="low, normal (default), high or urgent (root, or whom the priority policy names): orders the "
+                   "--wait queue, and a waiting job may preempt --preemptible jobs of lower priority (docs/jobs.md)")
     g.add_argument("--preemptible", action="store_true",
                    help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
                    "priority, or moved off an overloaded GPU")
@@ -52,25 +52,41 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
     g.add_argument("--cuda-checkpoint", action="store_true",
-                   help="look for NVIDIA's cuda-checkpoint on PATH and say whether it is there; the transparent "
-                   "checkpoint of CUDA state is not wired in yet: moves use the job protocol (docs/jobs.md)")
+                   help="when NVIDIA's cuda-checkpoint is on PATH and can restore onto another GPU (driver r580+), "
+                   "move this job by checkpointing its CUDA state and restoring it on the new GPU, without a "
+                   "restart; otherwise, or if the tool fails, moves use the job protocol (docs/jobs.md)")
 
 
 def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
     from ..alloc.select import constraints_from_args
-    from ..jobs.checkpoint import find_cuda_checkpoint
+    from ..jobs.checkpoint import CudaCheckpoint, find_cuda_checkpoint
     from ..jobs.record import PRIORITIES
     from ..jobs.supervisor import Supervisor
 
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout only makes sense with --wait")
+    from ..alloc.priority import POLICY_PATH, load_policy, priority_name
+
+    policy = load_policy()
+    allowed = policy.max_for(os.geteuid())
+    if PRIORITIES[args.priority] > allowed:
+        raise ConfigError(f"--priority {args.priority}: the priority policy ({policy.source or 'the defaults'}) allows "
+                          f"you at most {priority_name(allowed)}; an administrator names who may use more in "
+                          f"{POLICY_PATH} (docs/jobs.md)")
     tool = None
     if args.cuda_checkpoint:
-        tool = find_cuda_checkpoint()
-        if tool is None:
-            from ..jobs.supervisor import log
+        from ..jobs.supervisor import log
 
+        path = find_cuda_checkpoint()
+        found = CudaCheckpoint(path) if path is not None else None
+        if found is None:
             log("--cuda-checkpoint: cuda-checkpoint is not on PATH; the job protocol is used instead")
+        elif (why := found.unsupported()) is not None:
+            log(f"--cuda-checkpoint: {why}; the job protocol is used instead")
+        else:
+            tool = found
+            log(f"--cuda-checkpoint: {path}: a move restores the job's CUDA state on the new GPU"
+                + ("" if args.preemptible else " (only --preemptible jobs are moved)"))
     sup = Supervisor(constraints_from_args(args), cmd, command=command, priority=PRIORITIES[args.priority],
                      preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
                      grace=args.grace, wait=args.wait, timeout=args.timeout, simulate=args.simulate,

@@ -78,7 +78,7 @@ class Rebalancing:
                  "result": str(answer.get("message") or answer.get("devices") or "")[:300],
                  "ts": time.time(), "took_s": round(time.monotonic() - started, 3)}
         log.log(logging.INFO if event["ok"] else logging.WARNING, "rebalance: %s (%s%s; asked in %.0f ms)", d.reason,
-                "done" if event["ok"] else "failed: ", "" if event["ok"] else event["result"],
+                "done" if event["ok"] else "failed", f": {event['result']}" if event["result"] else "",
                 event["took_s"] * 1000)
         self.decisions = (self.decisions + [event])[-50:]
         return event

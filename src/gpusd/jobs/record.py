@@ -25,6 +25,8 @@ from typing import Any
 
 from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import FILE_FLAGS, create_exclusive, try_lock, user_name
+from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
+from ..alloc.priority import priority_name as priority_name
 
 JOB_FORMAT = 1
 MAX_JOB_BYTES = 16384
@@ -33,16 +35,7 @@ MAX_DEVICES = 64
 JOB_NAME = re.compile(r"^job-([a-f0-9]{8,32})\.json$")
 ID_RE = re.compile(r"^[a-f0-9]{8,32}$")
 
-# Named priorities (docs/jobs.md): higher preempts lower (within the rules of preemption).
-PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 STATES = ("queued", "running", "preempted", "paused", "moving", "done", "failed")
-
-
-def priority_name(level: int) -> str:
-    for name, value in PRIORITIES.items():
-        if value == level:
-            return name
-    return str(level)
 
 
 def new_job_id() -> str:

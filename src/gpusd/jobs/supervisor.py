@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..alloc.api import Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
@@ -40,6 +40,9 @@ from ..alloc.select import Candidate, Constraints
 from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
 from . import control
 from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, new_job_id, priority_name
+
+if TYPE_CHECKING:
+    from .checkpoint import CudaCheckpoint
 
 RESTART_ME = 75
 FILE_FORMAT = 1
@@ -67,7 +70,7 @@ class Supervisor:
     def __init__(self, c: Constraints, cmd: Sequence[str], *, command: str, priority: int = PRIORITIES["normal"],
                  preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
-                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: str | None = None,
+                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
                  host: str | None = None) -> None:
         self.c, self.cmd, self.command = c, list(cmd), command
         self.priority, self.preemptible, self.pausable = priority, preemptible, pausable
@@ -90,7 +93,6 @@ class Supervisor:
         self.exited_at: float | None = None
         self.last_migration: float | None = None
         self.closing = False
-        self.yield_to: str | None = None  # the job that preempted us: it goes first
         self.writer = RecordWriter(self.store, JobRecord(
             job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
             preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
@@ -132,31 +134,42 @@ class Supervisor:
         self._rewrite_lease()
         self.writer.write(lease=lease.lease_id if lease is not None else None)
 
-    def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False) -> Selection:
+    def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False,
+                  resume: bool = False) -> Selection:
         """A job's first lease goes through the daemon where it is the lease authority, except for a
         ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
-        later (grow, move) join a lock-directory lease, so they are taken there too."""
+        later (grow, move) join a lock-directory lease, so they are taken there too.  A waiting job
+        of priority above ``low`` preempts when it reaches the head of the queue and nothing qualifies."""
         local = not first or self.preemptible
+        blocked = (lambda: self.preempt_for(c.count)) if first and self.priority > PRIORITIES["low"] else None
         return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
                         store=self.store if local else None, backend=shared_backend(self.simulate) if local else None,
-                        job=self.job_id)
+                        priority=self.priority, resume=resume, when_blocked=blocked, job=self.job_id)
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
-        """The job's GPUs: at once; with ``wait`` through the queue, after asking lower-priority jobs to
-        make room when nothing qualifies and nobody is queued (the queue is FIFO: GPUs freed while
-        others wait would go to its head)."""
-        if not wait:
-            self._take(self._allocate(self.c, False, None, first=True))
-            return
-        from ..alloc import queue
+        """The job's GPUs: at once; with ``wait`` through the queue, where it asks lower-priority jobs
+        to make room once it is at the head and nothing qualifies."""
+        if wait and self.priority > PRIORITIES["low"] and not self.preemptible and self._through_daemon():
+            # The daemon queues for us and cannot preempt our jobs: ask for room first when nothing
+            # qualifies and nobody of our class or above is queued.
+            from ..alloc import queue
+            from ..alloc.priority import load_policy
 
-        if self.priority > min(PRIORITIES.values()) and not queue.waiting(self.store):
-            try:  # would anything qualify now? (a choice only, no lease)
-                allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
-                         backend=shared_backend(self.simulate))
-            except NoGpuAvailable:
-                self.preempt_for(self.c.count)
-        self._take(self._allocate(self.c, True, timeout, first=True))
+            if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.priority, os.geteuid())):
+                try:  # would anything qualify now? (a choice only, no lease)
+                    allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
+                             backend=shared_backend(self.simulate))
+                except NoGpuAvailable:
+                    self.preempt_for(self.c.count)
+        self._take(self._allocate(self.c, wait, timeout if wait else None, first=True))
+
+    def _through_daemon(self) -> bool:
+        """Whether the first lease would be asked of a daemon (the lease authority)."""
+        from ..alloc import authority
+
+        path = authority.socket_path()
+        return (self.simulate is None and not os.environ.get("GPUSD_SIMULATE") and path is not None
+                and path.exists())
 
     def preempt_for(self, count: int) -> list[str]:
         """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
@@ -182,19 +195,6 @@ class Supervisor:
                 log(f"job {self.job_id} (priority {priority_name(self.priority)}) preempted job {v.job} "
                     f"(priority {priority_name(v.priority)}) for {count} GPU(s)")
         return asked
-
-    def wait_for_preemptor(self, bound: float = 60.0) -> None:
-        """Queue again only once the job that preempted us has its GPUs (or is gone), so that it is
-        ahead of us in the queue; at most ``bound`` seconds (docs/jobs.md, fairness)."""
-        by, self.yield_to = self.yield_to, None
-        if by is None:
-            return
-        limit = time.monotonic() + bound
-        while time.monotonic() < limit:
-            rec = next((r for r in list_jobs(self.store) if r.job == by), None)
-            if rec is None or rec.state != "queued":
-                return
-            time.sleep(0.05)
 
     def _rewrite_lease(self) -> None:
         """The lease record names the GPUs held now (ours and those still held by the command)."""
@@ -366,7 +366,6 @@ class Supervisor:
             if self.stopping or self.proc is None or self.proc.poll() is not None:
                 return {"ok": False, "message": f"job {self.job_id} is not running"}
             self.preemptions.append(now)
-            self.yield_to = by
             self.write_job_file("preempted", f"preempted by job {by} (priority {priority_name(priority)})")
             self._stop_child("preempt")
         log(f"job {self.job_id}: preempted by job {by}; SIGTERM, {self.grace:g}s to checkpoint")
@@ -381,7 +380,7 @@ class Supervisor:
             hot = [d for d in self.devs if d.uuid in avoid]
             if not hot or self.stopping or self.proc is None or self.proc.poll() is not None:
                 return {"ok": False, "message": "nothing to move"}
-        self.decided_at = time.monotonic()
+        self.decided_at = decided = time.monotonic()
         c = replace(self.c, count=len(hot), exclude=[*(self.c.exclude or []), *avoid])
         try:
             sel = self._allocate(c, False, None)
@@ -390,19 +389,52 @@ class Supervisor:
         extra = sel.lease
         assert isinstance(extra, Lease)
         with self.lock:
-            for d in hot:
-                self.devs.remove(d)
-                self.pending[d.uuid] = self.dev_fds.pop(d.uuid)
+            new = dict(zip((d.uuid for d in hot), sel.devices))
+            note = self._migrate_cuda({u: new[u].uuid if u in new else u for u in sorted(self.inherited)}, list(new))
+            for d in hot:  # in place: the process's CUDA device k is the job file's device k
+                self.devs[self.devs.index(d)] = new[d.uuid]
+                fd = self.dev_fds.pop(d.uuid)
+                if note is None:  # the command runs on the new GPU now: the old one is free
+                    _unlock(fd)
+                    self.inherited.discard(d.uuid)
+                else:
+                    self.pending[d.uuid] = fd
             for uuid, fd in zip(extra.devices, extra.fds[:-1]):
                 self.dev_fds[uuid] = fd
-            self.devs.extend(sel.devices)
             extra.fds = extra.fds[-1:]
             self._rewrite_lease()
             extra.release()
-            self.write_job_file("moving", reason)
-            self._stop_child("move")
-        log(f"job {self.job_id}: moving to GPU {self.cuda_visible()}: {reason}")
-        return {"ok": True, "devices": self.cuda_visible()}
+            if note is None:
+                self.last_migration, self.decided_at = time.monotonic() - decided, None
+                msg = f"moved to GPU {self.cuda_visible()} by cuda-checkpoint, without a restart"
+                self.write_job_file("running", f"{reason}; {msg}")
+                self.notify()
+            else:
+                msg = f"moving to GPU {self.cuda_visible()} with the job protocol (SIGTERM, restart)"
+                msg += f": {note}" if self.cuda_checkpoint is not None else ""
+                self.write_job_file("moving", f"{reason}; {msg}")
+                self._stop_child("move")
+        log(f"job {self.job_id}: {msg}: {reason}")
+        return {"ok": True, "devices": self.cuda_visible(), "message": msg}
+
+    def _migrate_cuda(self, mapping: dict[str, str], hot: list[str]) -> str | None:
+        """Move the command's CUDA state with cuda-checkpoint (``--cuda-checkpoint``, docs/jobs.md):
+        ``mapping`` names each GPU the command started with (old UUID -> new UUID).  None when done,
+        else why not (the caller then uses the job protocol)."""
+        if self.cuda_checkpoint is None:
+            return "no cuda-checkpoint (gpusd run --cuda-checkpoint)"
+        if self.proc is None or self.proc.poll() is not None:
+            return "the command is not running"
+        if not set(hot) <= set(mapping):
+            return "cuda-checkpoint not used: the command was not started on the GPU moved"
+        from .checkpoint import CheckpointFailed
+
+        try:
+            pids = self.cuda_checkpoint.migrate(self.proc.pid, mapping)
+        except CheckpointFailed as exc:
+            return f"cuda-checkpoint failed: {exc}"
+        log(f"job {self.job_id}: cuda-checkpoint moved the CUDA state of process(es) {pids}")
+        return None
 
     def pause(self, on: bool, reason: str) -> dict[str, Any]:
         with self.lock:
@@ -434,7 +466,7 @@ class Supervisor:
                                           "its owner or root may change it"}
                 log(f"job {self.job_id}: refused a request of uid {uid}")
             else:
-                answer = self.dispatch(req)
+                answer = self.dispatch(req, uid)
             conn.sendall(json.dumps(answer).encode() + b"\n")
         except Exception as exc:  # a bad request never stops the job
             try:
@@ -444,7 +476,7 @@ class Supervisor:
         finally:
             conn.close()
 
-    def dispatch(self, req: dict[str, Any]) -> dict[str, Any]:
+    def dispatch(self, req: dict[str, Any], uid: int | None = None) -> dict[str, Any]:
         op = req.get("op")
         count = req.get("count")
         if count is not None and (type(count) is not int or not 0 < count <= 64):
@@ -464,6 +496,9 @@ class Supervisor:
             by = req.get("by")
             if type(prio) is not int:
                 return {"ok": False, "message": "no priority"}
+            from ..alloc.priority import load_policy
+
+            prio = load_policy().believed(prio, os.geteuid() if uid is None else uid)  # the policy's bound
             return self.preempt(str(by)[:32] if by else "?", prio)
         if op == "move":
             avoid = req.get("avoid")
@@ -553,8 +588,7 @@ class Supervisor:
                     self.devs = []
                     self.restarts += 1
                     self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
-                    self.wait_for_preemptor()
-                    self._take(self._allocate(self.c, True, None, first=True))
+                    self._take(self._allocate(self.c, True, None, first=True, resume=True))
                     continue
                 if why == "move" or rc == RESTART_ME:
                     self.restarts += 1
@@ -595,6 +629,22 @@ def _close(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def _unlock(fd: int) -> None:
+    """Free a GPU whose lock descriptor the command inherited too: the flock belongs to the open
+    file, shared with the command's copy, so unlocking it here frees the GPU for everyone."""
+    import fcntl
+
+    try:
+        os.utime(fd)  # when the GPU's lease ended (LeaseStore.release_times), before anyone can take it
+    except OSError:
+        pass
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    _close(fd)
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -1,0 +1,181 @@
+"""Priorities: their names, who may claim which, and how waiting ages a job (docs/jobs.md).
+
+Four named levels, ``low`` < ``normal`` < ``high`` < ``urgent``.  A priority orders the ``--wait``
+queue (:mod:`gpusd.alloc.queue`) and decides who may preempt whom (:mod:`gpusd.jobs.supervisor`).
+
+A priority is a claim another user makes in a file we read, so it is believed only up to what the
+**priority policy** allows that user: root may claim any level; everyone else at most ``high`` by
+default (``urgent`` is for root and for the users or groups the administrator names).  The policy is
+``/etc/gpusd/priorities.json`` (or ``$GPUSD_PRIORITY_POLICY``), JSON::
+
+    {"max": "high", "users": {"alice": "urgent"}, "groups": {"interns": "normal"}, "aging_minutes": 30}
+
+It is read only when it is a regular file (not a symlink) owned by root (or by the reader itself) that
+nobody else may write; otherwise gpusd says so once and uses the defaults.  Every process that orders
+the queue reads the same file, so they all agree on the order.
+
+Aging: a waiting job rises one level for every ``aging_minutes`` it has waited, up to ``high`` (never
+to ``urgent``), so a ``low`` job is passed by newcomers for at most twice that long.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
+LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
+DEFAULT_MAX = HIGH
+DEFAULT_AGING_S = 1800.0
+POLICY_PATH = "/etc/gpusd/priorities.json"
+MAX_POLICY_BYTES = 65536
+
+
+def priority_name(level: int) -> str:
+    for name, value in PRIORITIES.items():
+        if value == level:
+            return name
+    return str(level)
+
+
+def parse_level(value: object) -> int | None:
+    if isinstance(value, str) and value in PRIORITIES:
+        return PRIORITIES[value]
+    return None
+
+
+@dataclass
+class PriorityPolicy:
+    max_default: int = DEFAULT_MAX
+    users: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+    aging_s: float = DEFAULT_AGING_S
+    source: str | None = None  # the file it came from; None: the defaults
+
+    def max_for(self, uid: int) -> int:
+        """The highest priority the user ``uid`` may claim."""
+        if uid == 0:
+            return URGENT
+        name = _user(uid)
+        if name is not None and name in self.users:
+            return self.users[name]
+        levels = [self.groups[g] for g in _groups(uid, name) if g in self.groups]
+        return max(levels) if levels else self.max_default
+
+    def believed(self, claimed: object, uid: int) -> int:
+        """The priority a file of ``uid`` is believed to claim (a missing or malformed claim: normal)."""
+        level = claimed if type(claimed) is int and claimed in PRIORITIES.values() else NORMAL
+        assert isinstance(level, int)
+        return min(level, self.max_for(uid))
+
+    def aged(self, level: int, waited: float) -> int:
+        """``level`` after waiting ``waited`` seconds: one level up per aging period, up to high."""
+        if level >= HIGH or not waited > 0:
+            return level
+        return min(HIGH, level + int(waited // self.aging_s))
+
+
+def _user(uid: int) -> str | None:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return None
+
+
+def _groups(uid: int, name: str | None) -> list[str]:
+    try:
+        import grp
+        import pwd
+
+        gid = pwd.getpwuid(uid).pw_gid
+        out = [g.gr_name for g in grp.getgrall() if g.gr_gid == gid or (name is not None and name in g.gr_mem)]
+        return out
+    except (KeyError, ImportError):
+        return []
+
+
+_cache: dict[str, tuple[tuple[int, int, int], PriorityPolicy]] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(path: str, message: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("%s", message)
+
+
+def load_policy(path: str | None = None) -> PriorityPolicy:
+    """The priority policy (cached while the file is unchanged); the defaults where there is none or
+    it cannot be trusted or parsed (said once, in the log)."""
+    path = path or os.environ.get("GPUSD_PRIORITY_POLICY") or POLICY_PATH
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return PriorityPolicy()
+    try:
+        st = os.fstat(fd)
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        hit = _cache.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        if not stat.S_ISREG(st.st_mode):
+            _warn_once(path, f"ignoring the priority policy {path}: not a regular file")
+            return PriorityPolicy()
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _warn_once(path, f"ignoring the priority policy {path}: it must belong to root and be writable by "
+                       "nobody else")
+            return PriorityPolicy()
+        raw = os.read(fd, MAX_POLICY_BYTES + 1)
+    except OSError:
+        return PriorityPolicy()
+    finally:
+        os.close(fd)
+    try:
+        policy = parse_policy(raw if len(raw) <= MAX_POLICY_BYTES else b"", path)
+    except ValueError as exc:
+        _warn_once(path, f"ignoring the priority policy {path}: {exc}")
+        return PriorityPolicy()
+    _cache[path] = (key, policy)
+    return policy
+
+
+def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:
+    """A policy from its JSON; ValueError names what is wrong (unknown fields are refused)."""
+    try:
+        d = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    unknown = set(d) - {"max", "users", "groups", "aging_minutes"}
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")
+    policy = PriorityPolicy(source=source)
+    if "max" in d:
+        level = parse_level(d["max"])
+        if level is None:
+            raise ValueError(f"max: one of {', '.join(PRIORITIES)}")
+        policy.max_default = level
+    for key, target in (("users", policy.users), ("groups", policy.groups)):
+        table = d.get(key, {})
+        if not isinstance(table, dict) or len(table) > 4096:
+            raise ValueError(f"{key}: an object of names to priorities")
+        for name, value in table.items():
+            level = parse_level(value)
+            if level is None or not isinstance(name, str) or not 0 < len(name) <= 64:
+                raise ValueError(f"{key}: {str(name)[:64]!r} needs one of {', '.join(PRIORITIES)}")
+            target[name] = level
+    if "aging_minutes" in d:
+        m = d["aging_minutes"]
+        if type(m) not in (int, float) or not math.isfinite(m) or not 0 < m <= 10 * 24 * 60:
+            raise ValueError("aging_minutes: a number of minutes above 0 and at most 14400")
+        policy.aging_s = float(m) * 60.0
+    return policy
