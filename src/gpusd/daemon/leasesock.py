@@ -85,7 +85,7 @@ class _Conn:
     The kernel attaches the writer's credentials to every message (``SO_PASSCRED``) and never glues
     two writers' bytes into one read, so each writer's bytes are gathered into lines of their own: a
     process that shares the connection cannot corrupt the holder's requests with half a line.  A
-    writer is ``None`` for bytes without credentials (sent before we asked for them)."""
+    writer is ``None`` for bytes without credentials (where SO_PASSCRED could not be set)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -126,8 +126,10 @@ class _Conn:
             if level != socket.SOL_SOCKET:
                 continue
             if kind == socket.SCM_CREDENTIALS and len(payload) >= _CRED.size:
+                # The pid is 0 for a writer in a pid namespace we cannot see; the uid is always the
+                # writer's as the kernel maps it to ours (65534 when unmapped or unknown, never root).
                 pid, uid, _gid = _CRED.unpack(payload[:_CRED.size])
-                writer = (pid, uid) if pid > 0 else None  # no pid: sent before SO_PASSCRED, writer unknown
+                writer = (pid, uid)
             elif kind == socket.SCM_RIGHTS:  # nobody passes us descriptors: close what came
                 fds = array.array("i")
                 fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
