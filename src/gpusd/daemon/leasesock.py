@@ -561,6 +561,8 @@ class LeaseServer:
                 raise GpusdError("the lease has ended")
             if device not in held.lease.devices:
                 raise ConfigError(f"this lease does not hold {device!r}")
+            if len(held.lease.devices) == 1:
+                raise ConfigError("a lease keeps at least one GPU: close the connection to end it")
             store.drop(held.lease, device)
         held.selection.devices = [c for c in held.selection.devices if c.uuid != device]
 
