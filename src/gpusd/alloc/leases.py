@@ -412,8 +412,8 @@ class LeaseStore:
         when one of them is held in a conflicting mode.  Call under :meth:`mutex` for atomicity
         with the choice of devices.  ``pid`` and ``user`` name the job when it is not this process
         (the daemon taking a lease for a client); only root's records are believed to name others.
-        ``remote``: ``remote_from`` and ``expires`` of a lease the daemon holds for a remote holder
-        (docs/pool.md), written into the record."""
+        ``remote``: ``remote_from``, ``expires`` (and the fleet run's ``job``) of a lease the daemon
+        holds for a remote holder (docs/pool.md), written into the record."""
         dfd = self._writable()
         fds: list[int] = []
         try:
@@ -436,7 +436,7 @@ class LeaseStore:
                 "shared": shared,
                 "command": command,
                 "devices": list(devices),
-                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires")},
+                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires", "job")},
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
