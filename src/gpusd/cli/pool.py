@@ -183,12 +183,13 @@ def ssh_base(options: Sequence[str]) -> list[str]:
 
 def remote_script(env: dict[str, str], cmd: Sequence[str], job: Sequence[str] = ()) -> str:
     """What the remote shell runs: say its pid (for signals), set the environment, exec CMD — under
-    ``job`` (``gpusd fleet-job ... --``, which registers the job there) where gpusd is on that host's
-    PATH; the pid line then ends with ``job``."""
+    ``job`` (``gpusd fleet-job ... --``, which registers the job there) where the gpusd on that host's
+    PATH has ``fleet-job`` (asked first: about 50 ms); the pid line then ends with ``job``."""
     exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     if not job:
         return f"printf '{REMOTE_PID} %s\\n' \"$$\" >&2; {exports}; exec {shlex.join(cmd)}"
-    return ("gpusd_job=; if command -v gpusd >/dev/null 2>&1; then gpusd_job=job; fi; "
+    probe = shlex.join([job[0], job[1], "--help"])
+    return (f"gpusd_job=; if {probe} >/dev/null 2>&1 </dev/null; then gpusd_job=job; fi; "
             f"printf '{REMOTE_PID} %s %s\\n' \"$$\" \"$gpusd_job\" >&2; {exports}; "
             f"if [ -n \"$gpusd_job\" ]; then exec {shlex.join([*job, *cmd])}; fi; exec {shlex.join(cmd)}")
 
@@ -287,8 +288,8 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
                     from ..sanitize import for_terminal
 
                     where = for_terminal(part.hostname, 64)
-                    out.write(f"gpusd: gpusd is not on the PATH of an ssh session on {where}: the command runs "
-                              "there without a job record (gpusd jobs there does not list it)\n".encode())
+                    out.write(f"gpusd: no gpusd with fleet jobs on the PATH of an ssh session on {where}: the command "
+                              "runs there without a job record (gpusd jobs there does not list it)\n".encode())
                     out.flush()
                 continue
             out.write(line)
