@@ -361,11 +361,18 @@ def test_run_fleet_on_the_local_host_runs_without_ssh(lan: Lan, tmp_path: Path) 
     start_all([h1])
     env = dict(h1.env, GPUSD_MDNS_FAST="1", PATH="/usr/bin:/bin")  # the host's own state: its node id
     env["GPUSD_SSH_CONFIG"] = "/nonexistent/ssh_config"  # ssh would fail (255) if it were used
+    listed = tmp_path / "jobs.json"
     r = gpusd(lan, h1.node, ["run", "--fleet", "-n", "2", "--token-file", str(key), "--",
-                             "sh", "-c", "echo $CUDA_VISIBLE_DEVICES $GPUSD_LEASE; exit 5"], env=env)
+                             "sh", "-c", f"echo $CUDA_VISIBLE_DEVICES $GPUSD_LEASE $GPUSD_JOB_ID; "
+                             f"{sys.executable} -m gpusd jobs --json > {listed}; exit 5"], env=env)
     assert r.returncode == 5, (r.stdout, r.stderr)
-    cvd, lease = r.stdout.split()
+    cvd, lease, job_id = r.stdout.split()
     assert cvd == "0,1" and len(lease) == 12
+    # one machine, one job record: this host's GPUs, asked from here
+    (job,) = json.loads(listed.read_text())["jobs"]
+    assert (job["job"], job["indices"], job["labels"], job["host"], job["lease"]) == (job_id, [0, 1], [], "node-1",
+                                                                                     lease), job
+    assert jobs_of(lan, h1.node, h1.env, "--all") == []
     wait_for(lambda: not leases_of(devices_json(lan, h1)), 5, "the lease to end with the command")
 
 
