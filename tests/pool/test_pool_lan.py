@@ -418,6 +418,10 @@ def test_a_fleet_run_is_a_job_on_the_host_that_runs_it_and_on_the_machine_that_a
             held = leases_of(devices_json(lan, h1))
             assert sorted(le["device"] for le in held) == sorted(gpus[i] for i in indices)
             assert {le["job"] for le in held} == {told["job"]} and {le["lease_id"] for le in held} == {there["lease"]}
+            top = wait_for(lambda: (r := gpusd(lan, client, ["top", "--once", "--width", "200", "--token-file",
+                                                              str(key)], env=env)).stdout.count(f"job {told['job']}")
+                           == 2 and r, 30, "gpusd top on the asking machine to show the job beside its two GPUs")
+            assert "until" in top.stdout
             # the machine that asked: the same job, its GPUs as HOST:INDEX, none of this machine's
             (here,) = jobs_of(lan, client, env)
             assert (here["job"], here["state"], here["host"], here["user"]) == (told["job"], "running", "laptop-7",
