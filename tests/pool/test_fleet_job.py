@@ -37,7 +37,8 @@ def _jobs(env: dict[str, str]) -> list[dict[str, object]]:
 def test_fleet_job_registers_the_job_and_runs_the_command_under_the_protocol(tmp_path: Path) -> None:
     """While the command runs, gpusd jobs lists it (its GPUs here, host = the asking machine, the lease);
     the command sees GPUSD_JOB_ID and a job file naming its GPUs; exit 75 starts it again with the
-    restart count one higher; its exit status is gpusd's; the record goes with it."""
+    restart count one higher; grow is refused with the reason; its exit status is gpusd's; the record
+    goes with it."""
     go, seen = tmp_path / "go", tmp_path / "seen"
     script = (f'echo "$GPUSD_JOB_ID $GPUSD_RESTART_COUNT $GPUSD_RESTART_STATUS" >> {seen}; '
               f'cp "$GPUSD_JOB_FILE" {tmp_path}/file.json; '
@@ -57,6 +58,9 @@ def test_fleet_job_registers_the_job_and_runs_the_command_under_the_protocol(tmp
         told = json.loads((tmp_path / "file.json").read_text())
         assert told["job"] == "0123456789ab" and told["cuda_visible_devices"] == "1,3" and told["restarts"] == 1
         assert [d["uuid"] for d in told["devices"]] == UUIDS
+        # its GPUs are the remote daemon's lease: grow and shrink say so (there is no supervisor to ask)
+        r = gpusd_cli(["grow", "0123", "+1"], env=env)
+        assert r.returncode == 1 and "fleet run (asked from laptop-7)" in r.stderr, r.stderr
         go.touch()
         assert p.wait(timeout=30) == 9
     finally:
