@@ -184,7 +184,7 @@ def ssh_base(options: Sequence[str]) -> list[str]:
 def remote_script(env: dict[str, str], cmd: Sequence[str], job: Sequence[str] = ()) -> str:
     """What the remote shell runs: say its pid (for signals), set the environment, exec CMD — under
     ``job`` (``gpusd fleet-job ... --``, which registers the job there) where the gpusd on that host's
-    PATH has ``fleet-job`` (asked first: about 50 ms); the pid line then ends with ``job``."""
+    PATH has ``fleet-job`` (asked first: about 35 ms); the pid line then ends with ``job``."""
     exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     if not job:
         return f"printf '{REMOTE_PID} %s\\n' \"$$\" >&2; {exports}; exec {shlex.join(cmd)}"
