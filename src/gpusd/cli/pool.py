@@ -195,12 +195,15 @@ def remote_script(env: dict[str, str], cmd: Sequence[str], job: Sequence[str] = 
 
 
 def fleet_job_argv(job_id: str, asker: str, part: HostLease) -> list[str]:
-    """The remote entry point of a fleet run (``gpusd fleet-job``, docs/jobs.md), up to ``--``."""
+    """The remote entry point of a fleet run (``gpusd fleet-job``, docs/jobs.md), up to ``--``; empty
+    (the command runs as it is) when the daemon's answer names no well-formed GPU."""
     import json
 
     from ..jobs.fleet import valid_devices
 
     devices = valid_devices(part.devices)  # the daemon's answer: typed and bounded before it is passed on
+    if not devices:
+        return []
     return ["gpusd", "fleet-job", "--job", job_id, "--from", asker, "--lease", part.lease_id,
             "--devices", json.dumps(devices, separators=(",", ":")), "--"]
 
