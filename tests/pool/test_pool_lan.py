@@ -222,7 +222,9 @@ def test_two_clients_race_for_the_last_gpu_the_winner_runs_over_ssh(lan: Lan, tm
     local_job = lan.popen(h1.node, [sys.executable, "-m", "gpusd", "run", "-n", "2", "--", "sleep", "60"],
                           env=h1.env)
     wait_for(lambda: len(leases_of(devices_json(lan, h1))) == 2, 10, "the local job's leases")
-    with SshFleet(lan, [(h1.node, "node-1"), (h2.node, "node-2")], workdir=tmp_path / "ssh") as fleet:
+    # (each host's gpusd, with its own lock directory, for the job record the fleet run writes there)
+    with SshFleet(lan, [(h1.node, "node-1"), (h2.node, "node-2")], workdir=tmp_path / "ssh",
+                  host_env={"node-1": gpusd_there(h1), "node-2": gpusd_there(h2)}) as fleet:
         cmd = ["run", "--fleet", "-n", "1", "--ttl", str(TTL), "--token-file", str(key), "--",
                "sh", "-c", 'echo "CVD=$CUDA_VISIBLE_DEVICES ORDER=$CUDA_DEVICE_ORDER"; '
                            'ip -o -4 addr show dev eth0; sleep 2; exit 7']
