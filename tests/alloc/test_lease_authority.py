@@ -192,6 +192,8 @@ def test_bad_requests_get_an_error_and_the_server_lives_on(fake_nvml_inprocess, 
     assert ask(b'{"op": "lease", "count": 1, "min_free": NaN}\n')["error"] == "usage"
     assert ask(b'{"op": "lease", "include": [' + b'"0",' * 100 + b'"0"]}\n')["error"] == "usage"
     assert ask(b'{"op": "lease", "min_free": "lots"}\n')["error"] == "usage"
+    assert ask(b'{"op": "lease", "priority": 7}\n')["error"] == "usage"
+    assert ask(b'{"op": "lease", "priority": "urgent"}\n')["error"] == "usage"
     assert ask(b"x" * 100_000 + b"\n")["error"] == "usage"  # oversized: refused, not read whole
     assert ask(b'{"op": "lease", "count": 2}\n')["error"] == "no_gpu"
     r = gpusd_cli(["run", "--", "true"], env=cli_env)
@@ -560,3 +562,47 @@ def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client
     finally:
         lease.release()
         _kill_group(other)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second user")
+def test_the_daemon_queues_a_client_in_the_class_the_policy_allows_its_uid(fake_nvml_inprocess, public_authority,
+                                                                          cli_env):
+    """The daemon's tickets are root's, and root's tickets are believed: so the daemon itself must cap
+    a client's claimed priority by the client's uid (SO_PEERCRED), or any user could queue as urgent."""
+    from gpusd.alloc import queue
+    from gpusd.alloc.authority import socket_path
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.priority import HIGH, URGENT
+
+    fake_nvml_inprocess.write(make_gpus(1))
+    cli_env = dict(cli_env, GPUSD_LEASE_SOCKET=str(socket_path()))
+    holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+    pids = []
+    try:
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        for uid in (40001, 0):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    if uid:
+                        os.setgroups([])
+                        os.setgid(uid)
+                        os.setuid(uid)
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.connect(str(socket_path()))
+                    s.sendall(json.dumps({"op": "lease", "count": 1, "wait": True, "command": f"uid{uid}",
+                                          "priority": URGENT}).encode() + b"\n")
+                    time.sleep(60)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+            assert _wait_for(lambda n=len(pids): len(queue.waiters(LeaseStore())) == n)
+        waiting = {w.command: w for w in queue.waiters(LeaseStore())}
+        assert waiting["uid40001"].priority == HIGH  # capped: urgent is for root and whom the policy names
+        assert waiting["uid0"].priority == URGENT
+        assert [w.command for w in queue.waiters(LeaseStore())] == ["uid0", "uid40001"]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        _kill_group(holder)

@@ -175,7 +175,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         if sock is not None:
             try:
                 chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
-                                                       job=job)
+                                                       job=job, priority=priority)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases, taken here

@@ -265,7 +265,8 @@ def request(c: Constraints) -> dict[str, Any]:
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
-                  command: str | None, job: str | None = None) -> tuple[list[Candidate], RemoteLease]:
+                  command: str | None, job: str | None = None,
+                  priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
     """Ask the daemon for a lease (for the gpusd job ``job``: 12 hex digits, named in the lease's
     record); raises what a local allocation would raise."""
     from .leases import mutex_timeout
@@ -275,6 +276,8 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
         if not JOB_ID.match(job):
             raise ConfigError(f"not a job id: {job!r}")
         req["job"] = job
+    if priority is not None:
+        req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
     reader = _Lines(sock)
     try:
         sock.settimeout(None if (wait and timeout is None) else

@@ -236,9 +236,10 @@ class _Conn:
 class _Held:
     """A lease granted on a connection, and what its further requests need."""
 
-    def __init__(self, selection: Any, command: str | None, job: str | None, pid: int, uid: int) -> None:
+    def __init__(self, selection: Any, command: str | None, job: str | None, pid: int, uid: int,
+                 priority: int | None = None) -> None:
         self.selection = selection
-        self.command, self.job, self.pid, self.uid = command, job, pid, uid
+        self.command, self.job, self.pid, self.uid, self.priority = command, job, pid, uid, priority
         self.lock = threading.Lock()  # the lease's descriptors: a join or drop vs the hand-over
 
     @property
@@ -404,12 +405,13 @@ class LeaseServer:
                 kwargs = _constraints(req)
                 version = _version(req)
                 job = _job(req)
+                priority = _priority(req)
             except ConfigError as exc:
                 await conn.send({"ok": False, "error": "usage", "message": str(exc)})
                 return
             command = kwargs["command"]
             loop = asyncio.get_running_loop()
-            granting = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel)
+            granting = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel, priority)
             if await conn.watch(granting, any_data_ends=True):
                 cancel.set()  # the client went away (or spoke) while waiting: abandoned
             try:
@@ -417,7 +419,7 @@ class LeaseServer:
             except Exception as exc:
                 await conn.send(_failure(exc))
                 return
-            held = _Held(selection, command, job, pid, uid)
+            held = _Held(selection, command, job, pid, uid, priority)
             if conn.eof or conn.pending():
                 return  # granted as the client left (or spoke: abandoned): released below
             await conn.send({"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
@@ -503,7 +505,8 @@ class LeaseServer:
             await conn.send(answer)
 
     # -- the work, in the executor's threads --------------------------------------------------------
-    def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event) -> Any:
+    def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event,
+               priority: int | None = None) -> Any:
         from ..alloc.api import allocate
         from ..alloc.leases import LeaseStore
         from ..alloc.lockdir import user_name
@@ -516,7 +519,7 @@ class LeaseServer:
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
         return allocate(c, lease=True, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
-                        cancelled=cancel.is_set, job=job)
+                        cancelled=cancel.is_set, job=job, priority=priority, uid=uid)  # believed for uid
 
     def _grow(self, held: _Held, kwargs: dict[str, Any], cancel: threading.Event) -> list[Any]:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same
@@ -537,7 +540,7 @@ class LeaseServer:
         store = LeaseStore()
         sel = allocate(c, lease=True, wait=wait, timeout=timeout, store=store, command=held.command, pid=held.pid,
                        user=user_name(held.uid), backend=self.backend, env=env,  # type: ignore[arg-type]
-                       cancelled=cancel.is_set, job=held.job)
+                       cancelled=cancel.is_set, job=held.job, priority=held.priority, uid=held.uid)
         try:
             extra = sel.lease
             if not isinstance(extra, Lease):  # taken in the lock directory (store given): always a Lease
@@ -640,6 +643,17 @@ def _job(d: dict[str, Any]) -> str | None:
     if not isinstance(job, str) or not JOB_ID.match(job):
         raise ConfigError("bad 'job' in the lease request (a job id is 12 hex digits)")
     return job
+
+
+def _priority(d: dict[str, Any]) -> int | None:
+    """The client's priority (0 low .. 3 urgent, docs/jobs.md): a claim, believed up to the priority
+    policy's bound for the client's uid where it is used (``allocate(uid=...)``)."""
+    level = d.get("priority")
+    if level is None:
+        return None
+    if type(level) is not int or not 0 <= level <= 3:
+        raise ConfigError("bad 'priority' in the lease request (0 low, 1 normal, 2 high, 3 urgent)")
+    return level
 
 
 def _request(line: bytes) -> dict[str, Any]:
