@@ -596,7 +596,8 @@ def test_the_daemon_queues_a_client_in_the_class_the_policy_allows_its_uid(fake_
                 finally:
                     os._exit(0)
             pids.append(pid)
-            assert _wait_for(lambda n=len(pids): len(queue.waiters(LeaseStore())) == n)
+            n = len(pids)
+            assert _wait_for(lambda: len(queue.waiters(LeaseStore())) == n)  # noqa: B023
         waiting = {w.command: w for w in queue.waiters(LeaseStore())}
         assert waiting["uid40001"].priority == HIGH  # capped: urgent is for root and whom the policy names
         assert waiting["uid0"].priority == URGENT
