@@ -252,7 +252,7 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
     for i, (_, _, path) in enumerate(order):
         if path.name == ticket.path.name:
             return order[i - 1][2] if i else None
-    return order[-1][2] if order else None  # not visible (yet): behind everyone
+    return None  # not visible (over MAX_TICKETS, unreadable): served as the head rather than never
 
 
 def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:
