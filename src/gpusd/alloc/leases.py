@@ -51,6 +51,7 @@ from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..model import HostSnapshot, LeaseInfo
 from .lockdir import (
     FILE_FLAGS,
+    abandoned,
     create_exclusive,
     flock_table,
     lock_key,
@@ -272,13 +273,7 @@ class LeaseStore:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                if try_lock(fd, shared=True):
-                    # Nobody holds it: the holder died without cleaning up.
-                    if cleanup:
-                        try:
-                            os.unlink(name, dir_fd=dfd)
-                        except OSError:
-                            pass
+                if abandoned(fd, dfd, (name,), cleanup):  # the holder died without cleaning up
                     continue
                 if st.st_size > MAX_LEASE_BYTES:
                     log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),

@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
-from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
+from .lockdir import FILE_FLAGS, abandoned, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
 from .priority import NORMAL, load_policy, priority_name
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
@@ -178,12 +178,7 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
             except OSError:
                 continue
             try:
-                if try_lock(fd, shared=True):  # nobody holds it: a dead waiter's
-                    if cleanup:
-                        try:
-                            os.unlink(name, dir_fd=dfd)
-                        except OSError:
-                            pass
+                if abandoned(fd, dfd, (name,), cleanup):  # a dead waiter's
                     continue
                 st = os.fstat(fd)
                 raw = os.read(fd, MAX_TICKET_BYTES + 1)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..alloc.leases import LeaseStore
-from ..alloc.lockdir import FILE_FLAGS, create_exclusive, try_lock, user_name
+from ..alloc.lockdir import FILE_FLAGS, abandoned, create_exclusive, user_name
 from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
 from ..alloc.priority import priority_name as priority_name
 
@@ -150,13 +150,7 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                     continue
-                if try_lock(fd, shared=True):  # nobody holds it: a dead supervisor's
-                    if cleanup:  # its record and its control socket (our own files only: sticky dir)
-                        for stale in (name, name[:-5] + ".sock"):
-                            try:
-                                os.unlink(stale, dir_fd=dfd)
-                            except OSError:
-                                pass
+                if abandoned(fd, dfd, (name, name[:-5] + ".sock"), cleanup):  # a dead supervisor's record and socket
                     continue
                 if st.st_size > MAX_JOB_BYTES:
                     log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)

@@ -227,12 +227,8 @@ class Supervisor:
         c = replace(self.c, count=n)
         try:
             sel = self._allocate(c, wait, timeout)
-        except WaitTimeout as exc:
-            return {"ok": False, "error": "timeout", "message": str(exc)}
-        except NoGpuAvailable as exc:
-            return {"ok": False, "error": "no_gpu", "message": str(exc)}
         except GpusdError as exc:
-            return {"ok": False, "message": str(exc)}
+            return _refusal(exc)
         extra = sel.lease
         assert isinstance(extra, Lease)
         with self.lock:
@@ -252,12 +248,8 @@ class Supervisor:
         them in the job's lease record; it holds their descriptors, so nothing is handed to the command."""
         try:
             added = lease.grow(replace(self.c, count=n), wait=wait, timeout=timeout)
-        except WaitTimeout as exc:
-            return {"ok": False, "error": "timeout", "message": str(exc)}
-        except NoGpuAvailable as exc:
-            return {"ok": False, "error": "no_gpu", "message": str(exc)}
         except GpusdError as exc:
-            return {"ok": False, "message": str(exc)}
+            return _refusal(exc)
         with self.lock:
             self.devs.extend(added)
             self.write_job_file("running", f"grown by {n} GPU(s)")
@@ -618,6 +610,15 @@ class Supervisor:
         import shutil
 
         shutil.rmtree(self.private, ignore_errors=True)
+
+
+def _refusal(exc: GpusdError) -> dict[str, Any]:
+    """The control socket's answer to a grow that got no GPUs."""
+    if isinstance(exc, WaitTimeout):
+        return {"ok": False, "error": "timeout", "message": str(exc)}
+    if isinstance(exc, NoGpuAvailable):
+        return {"ok": False, "error": "no_gpu", "message": str(exc)}
+    return {"ok": False, "message": str(exc)}
 
 
 def _close(fd: int) -> None:
