@@ -13,9 +13,11 @@ them are short high-priority jobs, the rest normal (half of those --preemptible,
 
 Policies: static (every job on GPU 0), round-robin, gpusd FIFO (``--wait``, every job normal),
 gpusd priority (``--wait --priority``: the queue's classes alone) and gpusd preempt (priorities,
-``--preemptible`` low jobs, a daemon with ``--rebalance-policy``).  Printed side by side: makespan, mean completion time (arrival -> end) of the high-priority jobs and of
-all jobs, work lost (units), restarts/moves, and the migration time measured by the supervisor (from the
-rebalancing decision until the command runs on its new GPU, less the job's own checkpoint time).
+``--preemptible`` low jobs, a daemon with ``--rebalance-policy``).  Printed side by side: makespan,
+mean completion time (arrival -> end) of the high-priority jobs and of all jobs, work lost (units),
+restarts/moves; then the migration time measured by the supervisor (from the rebalancing decision
+until the command runs on its new GPU, less the job's own checkpoint time), and how soon a
+high-priority job starts when the only GPU runs a long preemptible job (against FIFO, where it waits).
 """
 
 from __future__ import annotations
@@ -247,6 +249,61 @@ def migrations(fake: FakeEnv, unit: float, n: int, limit: float) -> list[tuple[f
     return out
 
 
+VICTIM = r'''
+import os, sys, time
+from pathlib import Path
+from gpusd.job import Job, RESTART_ME
+job = Job(); d = Path(os.environ["BENCH_DIR"])
+if job.restarts:
+    (d / "resumed").write_text(repr(time.time())); sys.exit(0)
+(d / "started").write_text(repr(time.time()))
+end = time.time() + float(os.environ["RUN_S"])
+while time.time() < end:
+    if job.should_stop:
+        t = time.time(); time.sleep(float(os.environ["CKPT_S"]))  # its own checkpoint
+        (d / "checkpoint").write_text(repr(time.time() - t)); sys.exit(RESTART_ME)
+    time.sleep(0.01)
+'''
+
+
+def preemption(fake: FakeEnv, unit: float, rounds: int, limit: float, grace: float = 5.0,
+               ckpt: float = 0.5, run_s: float = 20.0) -> list[tuple[float, float, float]]:
+    """A high-priority job arrives while the only GPU runs a long preemptible low job: (seconds from its
+    ``gpusd run`` to its command running, the victim's own checkpoint time, and the same start with a
+    victim that is not preemptible, i.e. FIFO: it waits for the job to end, cut at ``limit``)."""
+    out: list[tuple[float, float, float]] = []
+    for k in range(rounds):
+        got = []
+        for preemptible in (True, False):
+            run = Run(fake, 1, unit, f"preempt{k}{'p' if preemptible else 'f'}")
+            fake.write(make_gpus(1, util_gpu=0))
+            (run.dir / "victim.py").write_text(VICTIM)
+            env = dict(run.env, RUN_S=str(run_s if preemptible else min(run_s, limit)), CKPT_S=str(ckpt))
+            victim = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "--priority", "low", "--grace", str(grace),
+                                       *(["--preemptible"] if preemptible else []), "--", sys.executable,
+                                       str(run.dir / "victim.py")], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            try:
+                t = time.time()
+                while not (run.dir / "started").exists() and time.time() - t < limit:
+                    time.sleep(0.02)
+                t0 = time.time()
+                high = subprocess.run([sys.executable, "-m", "gpusd", "run", "--priority", "high", "--wait",
+                                       "--timeout", str(limit + run_s), "--", sys.executable, "-c",
+                                       "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()))",
+                                       str(run.dir / "high")], env=env, capture_output=True, timeout=limit + run_s + 60)
+                if high.returncode == 0:
+                    got.append(float((run.dir / "high").read_text()) - t0)
+                    if preemptible:
+                        got.append(float((run.dir / "checkpoint").read_text()))
+            finally:
+                victim.terminate()
+                victim.wait(timeout=60)
+        if len(got) == 3:
+            out.append((got[0], got[1], got[2]))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=24)
@@ -289,6 +346,10 @@ def main() -> int:
                   f"(goal < 1000 ms, the job's checkpoint excluded)")
         if not moves:
             print("  migration: no move observed within the limit")
+        for latency, ck, fifo in preemption(fake, args.unit, 3, min(args.limit, 20.0)):
+            print(f"  preemption: a high-priority job started {latency:.2f} s after its gpusd run (goal: within "
+                  f"the 5 s grace + 1 s), of which {ck:.2f} s was the victim's own checkpoint; without preemption "
+                  f"(FIFO) it started after {fifo:.1f} s, when the running job ended")
     base = dict(rows)
     if "gpusd-fifo" in base:
         for ref in ("static", "round-robin"):
