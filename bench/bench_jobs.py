@@ -91,9 +91,9 @@ def mix(n: int, seed: int) -> list[dict[str, object]]:
 
 
 class Run:
-    def __init__(self, fake: FakeEnv, gpus: int, unit: float, policy: str) -> None:
+    def __init__(self, fake: FakeEnv, gpus: int, unit: float, policy: str, attempt: int = 0) -> None:
         self.fake, self.gpus, self.unit, self.policy = fake, gpus, unit, policy
-        self.dir = fake.tmp / policy
+        self.dir = fake.tmp / (f"{policy}.{attempt}" if attempt else policy)  # fresh checkpoints every run
         for sub in ("ck", "on", "bg", "done", "reached", "err", "lost"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.script = self.dir / "job.py"
@@ -323,8 +323,8 @@ def main() -> int:
     rows = []
     for policy in args.policies.split(","):
         runs = []
-        for _ in range(max(1, args.repeat) if policy.startswith("gpusd") else 1):
-            res = Run(fake, args.gpus, args.unit, policy).go(jobs, args.limit)
+        for attempt in range(max(1, args.repeat) if policy.startswith("gpusd") else 1):
+            res = Run(fake, args.gpus, args.unit, policy, attempt).go(jobs, args.limit)
             runs.append(res)
             span = f"{res['makespan']:6.1f}s" if res["done"] == len(jobs) else f">{args.limit:.0f}s  "
             print(f"  {policy:14s} done {res['done']:.0f}/{len(jobs)}  makespan {span}  "
