@@ -62,6 +62,8 @@ def run_command(args: argparse.Namespace) -> int:
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
+    if not args.lease and getattr(args, "on_change", "signal") != "signal":
+        raise ConfigError("--on-change needs a job: a run with --no-lease cannot grow or shrink")
     if args.lease:  # every leased run is a job (docs/jobs.md)
         from .jobs import run_job
 
