@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     n = gpu_count(path)
     if n is None:
-        print(f"gpusd.job: cannot read the job file {path!r}, or it names no devices (has the job ended?)", file=sys.stderr)
+        print(f"gpusd.job: cannot read the job file {path!r}, or it names no devices (has the job ended?)",
+              file=sys.stderr)
         return 1
     if args.count:
         print(n)

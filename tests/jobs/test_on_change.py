@@ -13,10 +13,9 @@ import pytest
 
 from conftest import gpusd_cli
 from fakenvml import make_gpus
+from gpusd import job as gjob
 from jobs_helpers import GPUSD, job_env, jobs_json, leases_json
 from waiting import wait_until_sync
-
-from gpusd import job as gjob
 
 
 def _kill(p: subprocess.Popen[str]) -> None:
