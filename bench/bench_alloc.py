@@ -303,7 +303,7 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
             for jid, dur, mem in specs:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait", "--max-util", "50",
-                     "--memory", str(mem), "--", sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur),
+                     "--memory", f"{mem}B", "--", sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur),
                      str(mem)], env=fake.env))
                 time.sleep(0.01)  # submission order = queue order
             for p in procs:
@@ -320,7 +320,8 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
         for g in {d["gpu"] for d in done}:
             runs = sorted((d["start"], d["end"]) for d in done if d["gpu"] == g)
             gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
-        results[mode] = (end - t0, sum(waits) / len(waits), on_busy, len(done), p50(gaps) if gaps else 0.0)
+        results[mode] = (end - t0, sum(waits) / len(waits) if waits else float("nan"), on_busy, len(done),
+                         p50(gaps) if gaps else 0.0)
     print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}"
           f" {'hand-over p50 ms':>17s}")
     for mode, (ms, mw, ob, nd, gap) in results.items():

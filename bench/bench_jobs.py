@@ -1,7 +1,7 @@
 """Issue 13: jobs that adapt — static vs round-robin vs gpusd FIFO vs gpusd with preemption and
 rebalancing, on the fake NVML, with jobs that are scripts speaking the job protocol (docs/jobs.md).
 
-    PYTHONPATH=src python3 bench/bench_jobs.py [--jobs 24] [--gpus 4] [--unit 0.25] [--seed 7]
+    PYTHONPATH=src python3 bench/bench_jobs.py [--jobs 24] [--gpus 4] [--unit 0.25] [--seed 7] [--repeat 5]
 
 The model (a simulation, said plainly): a job needs WORK units of GPU time (UNIT seconds each on a GPU
 of its own).  A GPU's time is shared equally by the jobs on it and reduced by background load (a file
@@ -11,9 +11,13 @@ when a job is killed or restarted.  Background load: GPU 3 is 90 % busy for the 
 for the rest (a shift the rebalancer can react to).  Jobs arrive over the first seconds; a quarter of
 them are short high-priority jobs, the rest normal (half of those --preemptible, priority low).
 
-Printed side by side: makespan, mean completion time (arrival -> end) of the high-priority jobs and of
-all jobs, work lost (units), restarts/moves, and the migration time measured by the supervisor (from the
-rebalancing decision until the command runs on its new GPU, less the job's own checkpoint time).
+Policies: static (every job on GPU 0), round-robin, gpusd FIFO (``--wait``, every job normal),
+gpusd priority (``--wait --priority``: the queue's classes alone) and gpusd preempt (priorities,
+``--preemptible`` low jobs, a daemon with ``--rebalance-policy``).  Printed side by side: makespan,
+mean completion time (arrival -> end) of the high-priority jobs and of all jobs, work lost (units),
+restarts/moves; then the migration time measured by the supervisor (from the rebalancing decision
+until the command runs on its new GPU, less the job's own checkpoint time), and how soon a
+high-priority job starts when the only GPU runs a long preemptible job (against FIFO, where it waits).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -112,6 +117,8 @@ class Run:
         if self.policy == "round-robin":
             return py, dict(env, CUDA_VISIBLE_DEVICES=str(i % self.gpus))
         run = [sys.executable, "-m", "gpusd", "run", "--wait", "--max-util", "80"]
+        if self.policy == "gpusd-priority":  # the queue's priority classes alone: no preemption, no moves
+            run += ["--priority", str(job["priority"])]
         if self.policy == "gpusd-preempt":
             run += ["--priority", str(job["priority"]), "--grace", "5"]
             if job["preemptible"]:
@@ -242,6 +249,61 @@ def migrations(fake: FakeEnv, unit: float, n: int, limit: float) -> list[tuple[f
     return out
 
 
+VICTIM = r'''
+import os, sys, time
+from pathlib import Path
+from gpusd.job import Job, RESTART_ME
+job = Job(); d = Path(os.environ["BENCH_DIR"])
+if job.restarts:
+    (d / "resumed").write_text(repr(time.time())); sys.exit(0)
+(d / "started").write_text(repr(time.time()))
+end = time.time() + float(os.environ["RUN_S"])
+while time.time() < end:
+    if job.should_stop:
+        t = time.time(); time.sleep(float(os.environ["CKPT_S"]))  # its own checkpoint
+        (d / "checkpoint").write_text(repr(time.time() - t)); sys.exit(RESTART_ME)
+    time.sleep(0.01)
+'''
+
+
+def preemption(fake: FakeEnv, unit: float, rounds: int, limit: float, grace: float = 5.0,
+               ckpt: float = 0.5, run_s: float = 20.0) -> list[tuple[float, float, float]]:
+    """A high-priority job arrives while the only GPU runs a long preemptible low job: (seconds from its
+    ``gpusd run`` to its command running, the victim's own checkpoint time, and the same start with a
+    victim that is not preemptible, i.e. FIFO: it waits for the job to end, cut at ``limit``)."""
+    out: list[tuple[float, float, float]] = []
+    for k in range(rounds):
+        got = []
+        for preemptible in (True, False):
+            run = Run(fake, 1, unit, f"preempt{k}{'p' if preemptible else 'f'}")
+            fake.write(make_gpus(1, util_gpu=0))
+            (run.dir / "victim.py").write_text(VICTIM)
+            env = dict(run.env, RUN_S=str(run_s if preemptible else min(run_s, limit)), CKPT_S=str(ckpt))
+            victim = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "--priority", "low", "--grace", str(grace),
+                                       *(["--preemptible"] if preemptible else []), "--", sys.executable,
+                                       str(run.dir / "victim.py")], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            try:
+                t = time.time()
+                while not (run.dir / "started").exists() and time.time() - t < limit:
+                    time.sleep(0.02)
+                t0 = time.time()
+                high = subprocess.run([sys.executable, "-m", "gpusd", "run", "--priority", "high", "--wait",
+                                       "--timeout", str(limit + run_s), "--", sys.executable, "-c",
+                                       "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()))",
+                                       str(run.dir / "high")], env=env, capture_output=True, timeout=limit + run_s + 60)
+                if high.returncode == 0:
+                    got.append(float((run.dir / "high").read_text()) - t0)
+                    if preemptible:
+                        got.append(float((run.dir / "checkpoint").read_text()))
+            finally:
+                victim.terminate()
+                victim.wait(timeout=60)
+        if len(got) == 3:
+            out.append((got[0], got[1], got[2]))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=24)
@@ -250,7 +312,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--limit", type=float, default=30.0, help="seconds per policy at most")
     ap.add_argument("--no-migration", action="store_true", help="skip the migration-time measurement")
-    ap.add_argument("--policies", default="static,round-robin,gpusd-fifo,gpusd-preempt")
+    ap.add_argument("--policies", default="static,round-robin,gpusd-fifo,gpusd-priority,gpusd-preempt")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each gpusd policy (median and range shown)")
     args = ap.parse_args()
     fake = FakeEnv(make_gpus(args.gpus, util_gpu=0))
     jobs = mix(args.jobs, args.seed)
@@ -259,13 +322,22 @@ def main() -> int:
           f"on {args.gpus} GPUs (ideal makespan ~{total / (args.gpus - 0.9):.1f}s with 0.9 GPU of background load)")
     rows = []
     for policy in args.policies.split(","):
-        res = Run(fake, args.gpus, args.unit, policy).go(jobs, args.limit)
-        rows.append((policy, res))
-        span = f"{res['makespan']:6.1f}s" if res["done"] == len(jobs) else f">{args.limit:.0f}s  "
-        print(f"  {policy:14s} done {res['done']:.0f}/{len(jobs)}  makespan {span}  "
-              f"high-priority mean {res['high_mean']:5.1f}s  all mean {res['all_mean']:5.1f}s  "
-              f"work lost {res['lost']:.2f}u  restarts {res['restarts']:.0f}  moves {res['moves']:.0f}  "
-              f"migration max {res['migration_max'] * 1000:.0f} ms", flush=True)
+        runs = []
+        for _ in range(max(1, args.repeat) if policy.startswith("gpusd") else 1):
+            res = Run(fake, args.gpus, args.unit, policy).go(jobs, args.limit)
+            runs.append(res)
+            span = f"{res['makespan']:6.1f}s" if res["done"] == len(jobs) else f">{args.limit:.0f}s  "
+            print(f"  {policy:14s} done {res['done']:.0f}/{len(jobs)}  makespan {span}  "
+                  f"high-priority mean {res['high_mean']:5.1f}s  all mean {res['all_mean']:5.1f}s  "
+                  f"work lost {res['lost']:.2f}u  restarts {res['restarts']:.0f}  moves {res['moves']:.0f}  "
+                  f"migration max {res['migration_max'] * 1000:.0f} ms", flush=True)
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        if len(runs) > 1:
+            print(f"  {policy:14s} median of {len(runs)}: " + "  ".join(
+                f"{what} {med[k]:.1f}s [{min(r[k] for r in runs):.1f}-{max(r[k] for r in runs):.1f}]"
+                for k, what in (("makespan", "makespan"), ("high_mean", "high-priority mean"),
+                                ("all_mean", "all mean"))), flush=True)
+        rows.append((policy, med))
     if not args.no_migration:
         moves = migrations(fake, args.unit, 3, args.limit)
         for asked, restart in moves:
@@ -274,6 +346,10 @@ def main() -> int:
                   f"(goal < 1000 ms, the job's checkpoint excluded)")
         if not moves:
             print("  migration: no move observed within the limit")
+        for latency, ck, fifo in preemption(fake, args.unit, 3, min(args.limit, 20.0)):
+            print(f"  preemption: a high-priority job started {latency:.2f} s after its gpusd run (goal: within "
+                  f"the 5 s grace + 1 s), of which {ck:.2f} s was the victim's own checkpoint; without preemption "
+                  f"(FIFO) it started after {fifo:.1f} s, when the running job ended")
     base = dict(rows)
     if "gpusd-fifo" in base:
         for ref in ("static", "round-robin"):
@@ -282,10 +358,13 @@ def main() -> int:
                 a, b = (args.limit if unfinished else base[ref]["makespan"]), base["gpusd-fifo"]["makespan"]
                 print(f"gpusd FIFO vs {ref}: makespan {'at least ' if unfinished else ''}{100 * (a - b) / a:.0f}% "
                       "shorter" + (f" ({ref} had not finished at the {args.limit:g}s limit)" if unfinished else ""))
-        if "gpusd-preempt" in base:
-            for key, what in (("makespan", "makespan"), ("high_mean", "mean completion of high-priority jobs")):
-                a, b = base["gpusd-fifo"][key], base["gpusd-preempt"][key]
-                print(f"gpusd preempt+rebalance vs FIFO: {what} {100 * (a - b) / a:+.0f}% shorter (negative: longer)")
+        for other, name in (("gpusd-priority", "priority classes"), ("gpusd-preempt", "preempt+rebalance")):
+            if other not in base:
+                continue
+            for key, what in (("makespan", "makespan"), ("high_mean", "mean completion of high-priority jobs"),
+                              ("all_mean", "mean completion of all jobs")):
+                a, b = base["gpusd-fifo"][key], base[other][key]
+                print(f"gpusd {name} vs FIFO: {what} {100 * (a - b) / a:+.0f}% shorter (negative: longer)")
     shutil.rmtree(fake.tmp, ignore_errors=True)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     return 0

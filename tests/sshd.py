@@ -7,6 +7,9 @@ that host's namespace address only (port 22 inside the namespace: nothing else c
 - key-only login (``AuthenticationMethods publickey``, no passwords, no PAM), for the user running
   the test (root in CI), limited to the test's own ``authorized_keys`` (``AuthorizedKeysFile``):
   the machine's ``~/.ssh`` is never read or written;
+- an optional environment per host (``host_env``: sshd's ``SetEnv``, e.g. ``PATH``, ``PYTHONPATH`` and
+  ``GPUSD_LOCK_DIR`` so that ``gpusd`` run over ssh is this source tree's, with that host's lock
+  directory, as on a real host where gpusd is installed);
 - a client config file (:attr:`SshFleet.config`) naming every host by its host name (``Host node-1``
   -> its address), with the test's identity, a ``known_hosts`` of the made host keys and
   ``StrictHostKeyChecking yes``: pass it as ``ssh -F CONFIG`` or ``GPUSD_SSH_CONFIG``.
@@ -95,7 +98,7 @@ class SshFleet:
     """One sshd per (node, host name); see the module docstring."""
 
     def __init__(self, lan: Lan, hosts: Iterable[tuple[Node, str]], workdir: Path | None = None,
-                 start: bool = True) -> None:
+                 start: bool = True, host_env: dict[str, dict[str, str]] | None = None) -> None:
         reason = unavailable()
         if reason:
             raise RuntimeError(reason)
@@ -113,6 +116,7 @@ class SshFleet:
         self.known_hosts = self.dir / "known_hosts"
         self.config = self.dir / "ssh_config"
         self.hosts: list[SshHost] = []
+        self.host_env = host_env or {}  # host name -> what its sshd sets in every session (SetEnv)
         known: list[str] = []
         for node, hostname in hosts:
             hdir = self.dir / f"host-{node.name}"
@@ -120,7 +124,7 @@ class SshFleet:
             host_pub = _keygen(hdir / "ssh_host_ed25519_key", f"gpusd-test-host-{hostname}")
             kind, blob = host_pub.split()[:2]
             known.append(f"{hostname},{node.ip} {kind} {blob}")
-            (hdir / "sshd_config").write_text(self._sshd_config(node, hdir))
+            (hdir / "sshd_config").write_text(self._sshd_config(node, hdir, self.host_env.get(hostname, {})))
             self.hosts.append(SshHost(node, hostname, hdir))
         self.known_hosts.write_text("\n".join(known) + "\n")
         self.config.write_text(self._client_config())
@@ -133,8 +137,12 @@ class SshFleet:
                 raise
 
     # -- configuration -------------------------------------------------------------------------------
-    def _sshd_config(self, node: Node, hdir: Path) -> str:
+    def _sshd_config(self, node: Node, hdir: Path, env: dict[str, str]) -> str:
+        for k, v in env.items():
+            if not k.isidentifier() or any(c.isspace() or c == '"' for c in v):
+                raise ValueError(f"SetEnv {k}={v!r}: a name, and a value without spaces or quotes")
         return "\n".join([
+            *([f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}"] if env else []),
             f"ListenAddress {node.ip}",
             "Port 22",
             f"HostKey {hdir / 'ssh_host_ed25519_key'}",

@@ -9,34 +9,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
+from authority_helpers import ServerThread
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 
 GPUSD = [sys.executable, "-m", "gpusd"]
-
-
-class ServerThread:
-    """A LeaseServer on its own event loop in a thread of this process (the daemon's part)."""
-
-    def __init__(self) -> None:
-        from gpusd.alloc.authority import socket_path
-        from gpusd.daemon.leasesock import LeaseServer
-
-        self.loop = asyncio.new_event_loop()
-        self.server = LeaseServer(socket_path())
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(30)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture
@@ -211,7 +192,9 @@ def test_bad_requests_get_an_error_and_the_server_lives_on(fake_nvml_inprocess, 
     assert ask(b'{"op": "lease", "count": 1, "min_free": NaN}\n')["error"] == "usage"
     assert ask(b'{"op": "lease", "include": [' + b'"0",' * 100 + b'"0"]}\n')["error"] == "usage"
     assert ask(b'{"op": "lease", "min_free": "lots"}\n')["error"] == "usage"
-    assert ask(b"x" * 100_000 + b"\n") == {}  # oversized: dropped without an answer
+    assert ask(b'{"op": "lease", "priority": 7}\n')["error"] == "usage"
+    assert ask(b'{"op": "lease", "priority": "urgent"}\n')["error"] == "usage"
+    assert ask(b"x" * 100_000 + b"\n")["error"] == "usage"  # oversized: refused, not read whole
     assert ask(b'{"op": "lease", "count": 2}\n')["error"] == "no_gpu"
     r = gpusd_cli(["run", "--", "true"], env=cli_env)
     assert r.returncode == 0, r.stderr
@@ -320,3 +303,307 @@ def test_a_second_daemon_does_not_take_over_a_live_lease_socket(fake_nvml_inproc
     sock = client.connect()
     assert sock is not None  # the first one still answers
     sock.close()
+
+
+# -- protocol 2: the connection that holds a lease grows it and gives GPUs back (issue 13) ----------------
+
+def _held_connection(count: int = 1, **extra: object) -> tuple[socket.socket, dict, object]:
+    """A protocol-2 lease asked on a raw connection: (the connection, the answer, a line reader)."""
+    from gpusd.alloc.authority import socket_path
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(str(socket_path()))
+    s.sendall(json.dumps({"op": "lease", "v": 2, "count": count, "command": "held", **extra}).encode() + b"\n")
+    f = s.makefile("rb")
+    return s, json.loads(f.readline()), f
+
+
+def _record(env, lease_id):
+    return sorted(le["device"] for le in _leases(env) if le["lease_id"] == lease_id)
+
+
+def test_a_held_connection_grows_and_releases_under_one_record(fake_nvml_inprocess, authority, cli_env):
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.lockdir import flock_table, lock_key
+
+    fake_nvml_inprocess.write(make_gpus(3))
+    s, answer, f = _held_connection(job="3f9c0a1b22de")
+    try:
+        assert answer["ok"] is True and answer["v"] == 2 and answer["job"] == "3f9c0a1b22de"
+        lease_id, first = answer["lease_id"], answer["devices"][0]["gpu"]["uuid"]
+        assert [le["job"] for le in _leases(cli_env)] == ["3f9c0a1b22de"]  # the record names the job
+        s.sendall(b'{"op": "grow", "id": 1, "count": 2}\n')
+        grown = json.loads(f.readline())
+        assert grown["ok"] is True and grown["id"] == 1 and grown["lease_id"] == lease_id, grown
+        added = [d["gpu"]["uuid"] for d in grown["devices"]]
+        assert len(added) == 2 and first not in added and sorted(grown["held"]) == sorted([first, *added])
+        # one record, the daemon's, names all three and the job; the daemon (this process) holds the locks
+        assert _record(cli_env, lease_id) == sorted([first, *added])
+        assert {le["job"] for le in _leases(cli_env)} == {"3f9c0a1b22de"}
+        store = LeaseStore()
+        for uuid in (first, *added):
+            lock = os.stat(store.dir / f"gpu-{uuid}.lock")
+            assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [os.getpid()]
+        assert gpusd_cli(["select"], env=dict(cli_env, GPUSD_LEASE_SOCKET="off")).returncode == 4
+        # the first GPU (not a grown one) goes back at once: the daemon holds every descriptor
+        s.sendall(json.dumps({"op": "release", "id": 2, "device": first}).encode() + b"\n")
+        released = json.loads(f.readline())
+        assert released["ok"] is True and released["id"] == 2 and sorted(released["held"]) == sorted(added)
+        assert _record(cli_env, lease_id) == sorted(added)
+        r = gpusd_cli(["select", "--json"], env=dict(cli_env, GPUSD_LEASE_SOCKET="off"))
+        assert r.returncode == 0 and json.loads(r.stdout)["devices"][0]["uuid"] == first, r.stderr
+    finally:
+        f.close()
+        s.close()
+    assert _wait_for(lambda: _leases(cli_env) == [])  # the end of the connection ends all of it
+
+
+def test_bad_requests_on_a_held_connection_get_an_error_and_keep_the_lease(fake_nvml_inprocess, authority,
+                                                                             cli_env):
+    fake_nvml_inprocess.write(make_gpus(2))
+    s, answer, f = _held_connection()
+    try:
+        lease_id, mine = answer["lease_id"], answer["devices"][0]["gpu"]["uuid"]
+        for raw in (b"not json", b"[1, 2]", b'{"op": "grow", "count": "2"}', b'{"op": "grow", "count": 1000000000}',
+                    b'{"op": "grow", "count": 64}', b'{"op": "grow", "count": 1, "id": "x"}',
+                    b'{"op": "grow", "count": 1, "timeout": -1}', b'{"op": "grow", "count": 1, "include": 5}',
+                    b'{"op": "release", "device": 5}', b'{"op": "release", "device": "GPU-not-mine"}',
+                    b'{"op": "release", "id": 3, "device": "' + mine.encode() + b'"}',  # its last GPU
+                    b'{"op": "lease", "count": 1}', b'{"op": "nope"}', b"x" * 100_000):
+            s.sendall(raw + b"\n")
+            reply = json.loads(f.readline())
+            assert reply["ok"] is False and reply["error"] == "usage", (raw[:60], reply)
+            assert "Traceback" not in reply["message"]
+            assert _record(cli_env, lease_id) == [mine], raw[:60]
+        assert reply["id"] is None
+        s.sendall(b'{"op": "grow", "id": 9, "count": 1}\n')  # and it still works
+        grown = json.loads(f.readline())
+        assert grown["ok"] is True and grown["id"] == 9 and len(_record(cli_env, lease_id)) == 2
+        s.sendall(b'{"op": "grow", "id": 10, "count": 1}\n')
+        none_left = json.loads(f.readline())
+        assert none_left["ok"] is False and none_left["error"] == "no_gpu" and none_left["id"] == 10
+    finally:
+        f.close()
+        s.close()
+    assert _wait_for(lambda: _leases(cli_env) == [])
+
+
+def test_protocol_1_still_means_anything_after_the_answer_releases(fake_nvml_inprocess, authority, cli_env):
+    from gpusd.alloc.authority import socket_path
+
+    fake_nvml_inprocess.write(make_gpus(1))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(str(socket_path()))
+        s.sendall(b'{"op": "lease", "count": 1}\n')  # no "v": an old client
+        f = s.makefile("rb")
+        answer = json.loads(f.readline())
+        assert answer["ok"] is True and answer["v"] == 1
+        assert len(_leases(cli_env)) == 1
+        s.sendall(b'{"op": "grow", "count": 1}\n')  # to an old client's daemon: "release"
+        assert f.readline() == b""  # no answer: the daemon ended the connection
+        assert _wait_for(lambda: _leases(cli_env) == [])
+
+
+def test_a_client_never_sends_a_change_to_an_older_daemon():
+    """An old daemon (protocol 1, no "v" in its answer) would take any further line for "release"."""
+    from gpusd.alloc.authority import RemoteLease
+    from gpusd.alloc.select import Constraints
+    from gpusd.errors import GpusdError
+
+    ours, daemon = socket.socketpair()
+    lease = RemoteLease("l1", ["GPU-a"], False, None, ours, version=1)
+    try:
+        with pytest.raises(GpusdError, match="older than this gpusd"):
+            lease.grow(Constraints(count=1))
+        with pytest.raises(GpusdError, match="older than this gpusd"):
+            lease.drop("GPU-a")
+        daemon.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            daemon.recv(1)  # nothing was sent
+    finally:
+        lease.release()
+        daemon.close()
+
+
+def test_a_grown_lease_survives_a_daemon_restart(fake_nvml_inprocess, cli_env):
+    from gpusd.alloc.authority import connect, lease_through
+    from gpusd.alloc.select import Constraints
+    from gpusd.errors import GpusdError
+
+    fake_nvml_inprocess.write(make_gpus(3))
+    flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
+    server = ServerThread()
+    sock = connect()
+    assert sock is not None
+    chosen, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x",
+                                  job="0123456789ab")
+    try:
+        lease.grow(Constraints(count=1))
+        assert len(lease.devices) == 2 and len(_leases(cli_env)) == 2
+        server.stop()  # hands every descriptor over, the grown GPU's too
+        assert sorted(le["device"] for le in _leases(cli_env)) == sorted(lease.devices)
+        r = gpusd_cli(["select", "-n", "2"], env=flock_only)
+        assert r.returncode == 4, r.stderr  # only one GPU is free
+        with pytest.raises(GpusdError, match="handed the lease over"):
+            lease.grow(Constraints(count=1))
+        assert len(_leases(cli_env)) == 2  # a refused change loses nothing
+        server = ServerThread()
+    finally:
+        lease.release()
+        server.stop()
+    assert _wait_for(lambda: _leases(cli_env) == [])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second user")
+def test_another_user_cannot_change_a_lease_through_its_connection(fake_nvml_inprocess, public_authority, cli_env):
+    """A command that runs as another user inherits the job's connection (``su bob -c ...``): its
+    lines are not obeyed, and the holder's own requests are still answered."""
+    from gpusd.alloc.authority import connect, lease_through, socket_path
+    from gpusd.alloc.select import Constraints
+    from other_user import MALLORY, AsUser
+
+    fake_nvml_inprocess.write(make_gpus(3))
+    cli_env = dict(cli_env, GPUSD_LEASE_SOCKET=str(socket_path()))
+    sock = connect()
+    assert sock is not None
+    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x", job="0123456789ab")
+    mine = lease.devices[0]
+    try:
+        def meddle() -> str:
+            for message in ({"op": "grow", "id": 1, "count": 2}, {"op": "release", "id": 2, "device": mine},
+                            {"op": "grow", "id": 3, "count": 1, "wait": True}):
+                sock.sendall(json.dumps(message).encode() + b"\n")
+            sock.sendall(b'{"op": "gr')  # half a line: the holder's next line must not complete it
+            return "sent"
+
+        assert AsUser(MALLORY, meddle).result == "ok sent"
+        time.sleep(0.3)
+        assert _record(cli_env, lease.lease_id) == [mine]  # neither grown nor shrunk
+        # Mallory's own connection cannot reach it either: "job" is a label, the lease is hers.
+        kept = []  # her connection stays open while she stays
+
+        def own() -> str:
+            s, answer, f = _held_connection(job="0123456789ab")
+            kept.append((s, f))
+            s.sendall(json.dumps({"op": "release", "id": 1, "device": mine}).encode() + b"\n")
+            return json.dumps([answer["lease_id"], json.loads(f.readline())])
+
+        hers = AsUser(MALLORY, own, stay=True)
+        try:
+            her_lease, refused = json.loads(hers.result[3:])
+            assert refused["ok"] is False and "does not hold" in refused["message"]
+            assert [le["user"] for le in _leases(cli_env) if le["lease_id"] == her_lease] == [str(MALLORY)]
+            assert _record(cli_env, lease.lease_id) == [mine]
+        finally:
+            hers.stop()
+        # the holder's own grow still gets its own answer (its line is not glued to Mallory's half line)
+        lease.grow(Constraints(count=1))
+        assert len(lease.devices) == 2 and _record(cli_env, lease.lease_id) == sorted(lease.devices)
+    finally:
+        lease.release()
+    assert _wait_for(lambda: _leases(cli_env) == [])
+
+
+def test_a_grow_waiting_on_a_held_connection_is_abandoned_with_it(fake_nvml_inprocess, authority, cli_env):
+    fake_nvml_inprocess.write(make_gpus(2))
+    flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
+    s, answer, f = _held_connection()
+    other = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(_leases(cli_env)) == 2)
+        s.sendall(b'{"op": "grow", "id": 1, "count": 1, "wait": true}\n')
+
+        def queued():
+            return json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"]
+
+        assert _wait_for(lambda: len(queued()) == 1)  # the grow waits in the queue, like any request
+        f.close()
+        s.close()
+        assert _wait_for(lambda: queued() == [] and len(_leases(cli_env)) == 1)  # wait and lease: gone
+    finally:
+        f.close()
+        s.close()
+        _kill_group(other)
+
+
+def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client(fake_nvml_inprocess, cli_env):
+    """The client reads the hand-over while it waits for its answer: it must keep the descriptors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpusd.alloc.authority import connect, lease_through
+    from gpusd.alloc.select import Constraints
+    from gpusd.errors import GpusdError
+
+    fake_nvml_inprocess.write(make_gpus(3))
+    flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
+    server = ServerThread()
+    other = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
+    sock = connect()
+    assert sock is not None
+    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x", job="0123456789ab")
+    try:
+        lease.grow(Constraints(count=1))
+        assert _wait_for(lambda: len(_leases(cli_env)) == 3)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lease.grow, Constraints(count=1), wait=True)
+            assert _wait_for(lambda: json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"])
+            server.stop()
+            with pytest.raises(GpusdError, match="handed this lease over"):
+                waiting.result(timeout=30)
+        assert len(lease.fds) == 1 + 3  # the connection, and the lease's descriptors (2 GPUs and the record)
+        assert sorted(le["device"] for le in _leases(cli_env) if le["lease_id"] == lease.lease_id) == sorted(
+            lease.devices)
+        r = gpusd_cli(["select", "-n", "1"], env=flock_only)
+        assert r.returncode == 4, r.stderr  # the job's two GPUs are still leased
+        lease.release()
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)  # only the other job's is left
+    finally:
+        lease.release()
+        _kill_group(other)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second user")
+def test_the_daemon_queues_a_client_in_the_class_the_policy_allows_its_uid(fake_nvml_inprocess, public_authority,
+                                                                          cli_env):
+    """The daemon's tickets are root's, and root's tickets are believed: so the daemon itself must cap
+    a client's claimed priority by the client's uid (SO_PEERCRED), or any user could queue as urgent."""
+    from gpusd.alloc import queue
+    from gpusd.alloc.authority import socket_path
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.priority import HIGH, URGENT
+
+    fake_nvml_inprocess.write(make_gpus(1))
+    cli_env = dict(cli_env, GPUSD_LEASE_SOCKET=str(socket_path()))
+    holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+    pids = []
+    try:
+        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        for uid in (40001, 0):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    if uid:
+                        os.setgroups([])
+                        os.setgid(uid)
+                        os.setuid(uid)
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.connect(str(socket_path()))
+                    s.sendall(json.dumps({"op": "lease", "count": 1, "wait": True, "command": f"uid{uid}",
+                                          "priority": URGENT}).encode() + b"\n")
+                    time.sleep(60)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+            n = len(pids)
+            assert _wait_for(lambda: len(queue.waiters(LeaseStore())) == n)  # noqa: B023
+        waiting = {w.command: w for w in queue.waiters(LeaseStore())}
+        assert waiting["uid40001"].priority == HIGH  # capped: urgent is for root and whom the policy names
+        assert waiting["uid0"].priority == URGENT
+        assert [w.command for w in queue.waiters(LeaseStore())] == ["uid0", "uid40001"]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        _kill_group(holder)

@@ -63,6 +63,14 @@ async def test_a_remote_lease_is_the_same_flock_lease_a_local_job_would_take(tmp
         sel.release()
         assert (await acall("DELETE", f"{base(d)}/leases/{lease_id}")).status == 200
         assert held_leases() == []
+        # gpusd run --fleet names its job: the record (so gpusd leases, top, the dashboard) and the answer
+        r = await acall("POST", base(d) + "/leases", {"count": 2, "holder": "alice@laptop", "job": "0123456789ab"})
+        assert r.status == 201 and r.data["job"] == "0123456789ab", r.data
+        assert [le.job for le in held_leases()] == ["0123456789ab"] * 2
+        # and a renewal keeps it
+        assert (await acall("POST", f"{base(d)}/leases/{r.data['lease_id']}/renew", {})).status == 200
+        assert [le.job for le in held_leases()] == ["0123456789ab"] * 2
+        assert (await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}")).status == 200
         assert (await acall("DELETE", f"{base(d)}/leases/{lease_id}")).status == 404
 
 
@@ -110,6 +118,8 @@ async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path
     ({"count": 0, "holder": "a"}, "count"),
     ({"count": 1, "holder": "a", "note": "n" * 600}, "note"),
     ({"count": 1, "holder": "a", "max_util": "lots"}, "max_util"),
+    ({"count": 1, "holder": "a", "job": "../../job-x"}, "job"),
+    ({"count": 1, "holder": "a", "job": 12345678}, "job"),
     ([1, 2], "JSON object"),
 ])
 async def test_bad_requests_get_a_clear_400(tmp_path: Path, body: Any, why: str) -> None:

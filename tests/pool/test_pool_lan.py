@@ -81,6 +81,24 @@ print(json.dumps({{"status": r.status, "data": r.data, "verified": r.verified}})
     return json.loads(r.stdout)
 
 
+SRC = Path(__file__).resolve().parents[2] / "src"
+BIN = str(Path(sys.executable).parent)
+
+
+def gpusd_there(host: GpuHost) -> dict[str, str]:
+    """What a login on ``host`` sees (sshd's SetEnv): gpusd on the PATH, this source tree, and the
+    host's lock directory, the one its daemon leases in (on a real host: the installed gpusd and
+    the default lock directory)."""
+    return {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(SRC),
+            "GPUSD_LOCK_DIR": host.env["GPUSD_LOCK_DIR"]}
+
+
+def jobs_of(lan: Lan, node: Node, env: dict[str, str], *args: str) -> list[dict[str, Any]]:  # noqa: F811
+    r = gpusd(lan, node, ["jobs", "--json", *args], env=env)
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout)["jobs"])
+
+
 @pytest.mark.timeout(240)
 def test_a_reservation_shows_everywhere_and_ends_by_release_by_expiry_and_with_its_killed_client(
         lan: Lan, tmp_path: Path) -> None:  # noqa: F811
@@ -204,7 +222,9 @@ def test_two_clients_race_for_the_last_gpu_the_winner_runs_over_ssh(lan: Lan, tm
     local_job = lan.popen(h1.node, [sys.executable, "-m", "gpusd", "run", "-n", "2", "--", "sleep", "60"],
                           env=h1.env)
     wait_for(lambda: len(leases_of(devices_json(lan, h1))) == 2, 10, "the local job's leases")
-    with SshFleet(lan, [(h1.node, "node-1"), (h2.node, "node-2")], workdir=tmp_path / "ssh") as fleet:
+    # (each host's gpusd, with its own lock directory, for the job record the fleet run writes there)
+    with SshFleet(lan, [(h1.node, "node-1"), (h2.node, "node-2")], workdir=tmp_path / "ssh",
+                  host_env={"node-1": gpusd_there(h1), "node-2": gpusd_there(h2)}) as fleet:
         cmd = ["run", "--fleet", "-n", "1", "--ttl", str(TTL), "--token-file", str(key), "--",
                "sh", "-c", 'echo "CVD=$CUDA_VISIBLE_DEVICES ORDER=$CUDA_DEVICE_ORDER"; '
                            'ip -o -4 addr show dev eth0; sleep 2; exit 7']
@@ -272,7 +292,8 @@ def test_run_fleet_passes_stdin_stdout_stderr_and_signals_over_ssh(lan: Lan, tmp
     h1 = gpu_host(lan, "node-1", 2, key)
     start_all([h1])
     client = lan.add_node("client")
-    with SshFleet(lan, [(h1.node, "node-1")], workdir=tmp_path / "ssh") as fleet:
+    # through gpusd fleet-job there (the remote side of a fleet run, which makes it a job there)
+    with SshFleet(lan, [(h1.node, "node-1")], workdir=tmp_path / "ssh", host_env={"node-1": gpusd_there(h1)}) as fleet:
         env = lan.base_env(client, GPUSD_MDNS_FAST="1", GPUSD_SSH_CONFIG=str(fleet.config))
         base = [sys.executable, "-m", "gpusd", "run", "--fleet", "-n", "2", "--token-file", str(key), "--"]
         # stdin in, stdout and stderr out (the remote pid line gpusd uses is not shown), exit status back
@@ -342,9 +363,82 @@ def test_run_fleet_on_the_local_host_runs_without_ssh(lan: Lan, tmp_path: Path) 
     start_all([h1])
     env = dict(h1.env, GPUSD_MDNS_FAST="1", PATH="/usr/bin:/bin")  # the host's own state: its node id
     env["GPUSD_SSH_CONFIG"] = "/nonexistent/ssh_config"  # ssh would fail (255) if it were used
+    listed = tmp_path / "jobs.json"
     r = gpusd(lan, h1.node, ["run", "--fleet", "-n", "2", "--token-file", str(key), "--",
-                             "sh", "-c", "echo $CUDA_VISIBLE_DEVICES $GPUSD_LEASE; exit 5"], env=env)
+                             "sh", "-c", f"echo $CUDA_VISIBLE_DEVICES $GPUSD_LEASE $GPUSD_JOB_ID; "
+                             f"{sys.executable} -m gpusd jobs --json > {listed}; exit 5"], env=env)
     assert r.returncode == 5, (r.stdout, r.stderr)
-    cvd, lease = r.stdout.split()
+    cvd, lease, job_id = r.stdout.split()
     assert cvd == "0,1" and len(lease) == 12
+    # one machine, one job record: this host's GPUs, asked from here
+    (job,) = json.loads(listed.read_text())["jobs"]
+    assert (job["job"], job["indices"], job["labels"], job["host"], job["lease"]) == (job_id, [0, 1], [], "node-1",
+                                                                                     lease), job
+    assert jobs_of(lan, h1.node, h1.env, "--all") == []
+    wait_for(lambda: not leases_of(devices_json(lan, h1)), 5, "the lease to end with the command")
+
+
+@pytest.mark.timeout(240)
+def test_a_fleet_run_is_a_job_on_the_host_that_runs_it_and_on_the_machine_that_asked(
+        lan: Lan, tmp_path: Path) -> None:  # noqa: F811
+    """issue 13 item 1: while a gpusd run --fleet command runs, gpusd jobs on the host that runs it lists
+    it (the user it runs as, its GPUs there, host = the machine that asked), the daemon's lease names
+    it, the command has the job protocol's environment, and gpusd jobs on the asking machine lists the
+    same job with its GPUs as HOST:INDEX; both records go with the command."""
+    from sshd import SshFleet, unavailable
+
+    if unavailable():
+        pytest.skip(unavailable() or "")
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    h1 = gpu_host(lan, "node-1", 3, key)
+    start_all([h1])
+    client = lan.add_node("client")
+    go, seen = tmp_path / "go", tmp_path / "seen.json"
+    script = (f'printf \'{{"job": "%s", "cvd": "%s", "file": %s}}\' "$GPUSD_JOB_ID" "$CUDA_VISIBLE_DEVICES" '
+              f'"$(cat "$GPUSD_JOB_FILE")" > {seen}.tmp; mv {seen}.tmp {seen}; '
+              f'while [ ! -e {go} ]; do sleep 0.1; done; echo done')
+    with SshFleet(lan, [(h1.node, "node-1")], workdir=tmp_path / "ssh", host_env={"node-1": gpusd_there(h1)}) as fleet:
+        env = lan.base_env(client, GPUSD_MDNS_FAST="1", GPUSD_SSH_CONFIG=str(fleet.config),
+                           GPUSD_HOSTNAME="laptop-7", GPUSD_LOCK_DIR=str(tmp_path / "client-locks"))
+        p = lan.popen(client, [sys.executable, "-m", "gpusd", "run", "--fleet", "-n", "2", "--token-file", str(key),
+                               "--", "sh", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True)
+        try:
+            wait_for(seen.exists, 60, "the remote command to start")
+            told = json.loads(seen.read_text())
+            gpus = {g["index"]: g["uuid"] for g in devices_json(lan, h1)["gpus"]}
+            indices = [int(i) for i in told["cvd"].split(",")]
+            assert len(indices) == 2 and told["file"]["job"] == told["job"], told
+            assert [d["index"] for d in told["file"]["devices"]] == indices
+            # the host that runs it: an ordinary job of the user the command runs as (root here)
+            (there,) = jobs_of(lan, h1.node, h1.env, "--all")
+            assert there["job"] == told["job"] and there["state"] == "running", there
+            assert (there["user"], there["uid"], there["host"]) == ("root", os.geteuid(), "laptop-7"), there
+            assert there["indices"] == indices and there["devices"] == [gpus[i] for i in indices]
+            assert "sh -c" in there["command"] and there["labels"] == []
+            # its lease, the daemon's record, names the job (gpusd leases, top and the dashboard show it)
+            held = leases_of(devices_json(lan, h1))
+            assert sorted(le["device"] for le in held) == sorted(gpus[i] for i in indices)
+            assert {le["job"] for le in held} == {told["job"]} and {le["lease_id"] for le in held} == {there["lease"]}
+            top = wait_for(lambda: (r := gpusd(lan, client, ["top", "--once", "--width", "200", "--token-file",
+                                                              str(key)], env=env)).stdout.count(f"job {told['job']}")
+                           == 2 and r, 30, "gpusd top on the asking machine to show the job beside its two GPUs")
+            assert "until" in top.stdout
+            # the machine that asked: the same job, its GPUs as HOST:INDEX, none of this machine's
+            (here,) = jobs_of(lan, client, env)
+            assert (here["job"], here["state"], here["host"], here["user"]) == (told["job"], "running", "laptop-7",
+                                                                              "root"), here
+            assert here["labels"] == [f"node-1:{i}" for i in indices] and here["indices"] == [], here
+            assert here["pid"] == p.pid and here["lease"] == there["lease"]
+            table = gpusd(lan, client, ["jobs"], env=env)
+            assert ",".join(here["labels"]) in table.stdout, table.stdout
+            go.touch()
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert (p.returncode, out) == (0, "done\n"), (p.returncode, out, err)
+    # both records went with the command, and the lease with them
+    assert jobs_of(lan, client, env, "--all") == []
+    assert jobs_of(lan, h1.node, h1.env, "--all") == []
     wait_for(lambda: not leases_of(devices_json(lan, h1)), 5, "the lease to end with the command")

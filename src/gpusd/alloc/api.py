@@ -146,7 +146,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
              user: str | None = None, env: dict[str, str] | None = None,
              cancelled: Callable[[], bool] | None = None, remote: dict[str, Any] | None = None,
              priority: int | None = None, uid: int | None = None, resume: bool = False,
-             when_blocked: Callable[[], object] | None = None) -> Selection:
+             when_blocked: Callable[[], object] | None = None, job: str | None = None) -> Selection:
     """Choose (and lease) devices for ``c``; with ``wait``, queue (by priority class, then first
     come first served: :mod:`gpusd.alloc.queue`).
 
@@ -160,7 +160,9 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     lease (``remote_from``, ``expires``: docs/pool.md).  ``priority`` is believed up to what the
     priority policy allows ``uid`` (default: this process's user); ``resume`` marks a preempted job
     (it queues at the head of its class); ``when_blocked`` is called once, outside the mutex, the
-    first time the job is at the head of the queue and nothing qualifies (a job preempts there)."""
+    first time the job is at the head of the queue and nothing qualifies (a job preempts there).
+    ``job``: the gpusd job the lease is for, named in its record (and, through the daemon, the lease
+    can then grow and shrink)."""
     level = load_policy().believed(NORMAL if priority is None else priority,
                                    os.geteuid() if uid is None else uid)
     if timeout is not None and not timeout >= 0:  # also refuses nan
@@ -172,12 +174,15 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         sock = authority.connect()
         if sock is not None:
             try:
-                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command)
+                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
+                                                       job=job, priority=priority)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases, taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
+    if job is not None:
+        remote = {**(remote or {}), "job": job}
     if not wait:
         return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote, level)
     deadline = time.monotonic() + timeout if timeout is not None else None

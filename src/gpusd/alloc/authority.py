@@ -11,15 +11,28 @@ descriptors.
 
 The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md):
 
-    client -> {"op": "lease", "v": 1, "count": 1, "min_free": null, "memory": null, "max_util": null,
+    client -> {"op": "lease", "v": 2, "count": 1, "min_free": null, "memory": null, "max_util": null,
                "max_processes": null, "include": null, "exclude": null, "mig": false, "by": "load",
-               "shared": false, "visible": null, "wait": false, "timeout": null, "command": "..."}
-    daemon -> {"ok": true, "lease_id": "...", "devices": [{"gpu": {...}, "mig": null, "free": ...,
-               "total": ..., "util": ...}]}
+               "shared": false, "visible": null, "wait": false, "timeout": null, "command": "...",
+               "job": "3f9c0a1b22de"}
+    daemon -> {"ok": true, "v": 2, "lease_id": "...", "job": "...", "devices": [{"gpu": {...},
+               "mig": null, "free": ..., "total": ..., "util": ...}]}
            or {"ok": false, "error": "no_gpu" | "timeout" | "usage" | "busy" | "error", "message": "..."}
 
-then nothing more: the client closes the connection to release the lease.  On ``busy`` (too many
-requests open) the client takes its lease in the lock directory instead.
+The client closes the connection to release the lease.  On ``busy`` (too many requests open) the
+client takes its lease in the lock directory instead.  Protocol 2 (both sides said ``"v": 2``): the
+connection that holds the lease takes further requests, answered in order, each answer carrying the
+request's ``id``:
+
+    client -> {"op": "grow", "id": 1, "count": 2, ...the constraints of a lease request..., "wait": false,
+               "timeout": null}
+    daemon -> {"ok": true, "id": 1, "op": "grow", "lease_id": "...", "devices": [...the GPUs added...],
+               "held": ["GPU-...", ...]}
+    client -> {"op": "release", "id": 2, "device": "GPU-..."}
+    daemon -> {"ok": true, "id": 2, "op": "release", "lease_id": "...", "held": [...]}
+
+With protocol 1 (an older daemon: no ``v`` in its answer) anything sent after the answer releases
+the lease, so this client sends nothing more there: :meth:`RemoteLease.grow` refuses instead.
 
 The client uses the socket only when it is a socket owned by root or by the client's own user, and
 the process answering is one of those (``SO_PEERCRED`` again); otherwise it falls back to the lock
@@ -30,8 +43,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import struct
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,10 +58,14 @@ if TYPE_CHECKING:
     import socket
 
 DEFAULT_SOCKET = "/run/gpusd/lease.sock"
-PROTOCOL = 1
+PROTOCOL = 2
 MAX_LINE = 1 << 20  # the reply carries the chosen GPUs: a few KiB
 CONNECT_TIMEOUT = 2.0
 REPLY_SLACK = 30.0  # beyond the client's own timeout and the mutex bound
+BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to end
+MAX_STRAY = 64  # answers to other requests skipped while looking for ours
+MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
+JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 _CRED = struct.Struct("3i")
 
 
@@ -94,22 +113,104 @@ def connect(path: Path | None = None) -> socket.socket | None:
 
 
 class RemoteLease:
-    """A lease the daemon holds for us while :attr:`sock` is open (duck-types :class:`Lease`)."""
+    """A lease the daemon holds for us while :attr:`sock` is open (duck-types :class:`Lease`).
+
+    With protocol 2 it can grow and give GPUs back (:meth:`grow`, :meth:`drop`), one change at a
+    time.  If the daemon stops, it hands the lease's descriptors over on the connection; when we read
+    them (looking for an answer), they are kept here (:attr:`fds`) and the lease can no longer change."""
 
     def __init__(self, lease_id: str, devices: list[str], shared: bool, memory: int | None,
-                 sock: socket.socket) -> None:
+                 sock: socket.socket, version: int = 1, reader: _Lines | None = None) -> None:
         self.lease_id, self.devices, self.shared, self.memory, self.sock = lease_id, devices, shared, memory, sock
+        self.version = version
         self.released = False
+        self.handed_over = False
+        self.reader = reader or _Lines(sock)
+        self.lock = threading.Lock()
+        self.next_id = 1
 
     @property
     def fds(self) -> list[int]:
         """What keeps the lease alive: handed to ``gpusd run``'s command like flock descriptors."""
-        return [] if self.released else [self.sock.fileno()]
+        return [] if self.released else [self.sock.fileno(), *self.reader.fds]
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.sock.close()  # the daemon sees the end of the connection and releases
+            for fd in self.reader.fds:  # handed over by a daemon that stopped
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.reader.fds = []
+
+    def grow(self, c: Constraints, *, wait: bool = False, timeout: float | None = None) -> list[Candidate]:
+        """``c.count`` more GPUs (chosen with ``c``) under this lease; raises what a lease request
+        would raise (NoGpuAvailable, WaitTimeout, ConfigError, GpusdError)."""
+        answer = self._ask(dict(request(c), op="grow", wait=wait, timeout=timeout), wait, timeout)
+        try:
+            chosen = _candidates(answer)
+        except ValueError as exc:
+            raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
+        self.devices.extend(x.uuid for x in chosen)
+        return chosen
+
+    def drop(self, uuid: str) -> None:
+        """Give one GPU of this lease back: the daemon frees it at once."""
+        answer = self._ask({"op": "release", "device": uuid}, False, None)
+        held = answer.get("held")
+        if isinstance(held, list) and all(isinstance(x, str) for x in held):
+            self.devices = list(held)
+        elif uuid in self.devices:
+            self.devices.remove(uuid)
+
+    def _ask(self, req: dict[str, Any], wait: bool, timeout: float | None) -> dict[str, Any]:
+        from .leases import mutex_timeout
+
+        if self.released:
+            raise GpusdError("the lease has ended")
+        if self.version < 2:
+            raise GpusdError("the gpusd daemon holding this lease is older than this gpusd (lease protocol "
+                             f"{self.version}): restart it to grow or shrink leases through it")
+        if self.handed_over:
+            raise GpusdError("the gpusd daemon stopped and handed this lease over: it lasts until the job ends, "
+                             "but can no longer grow or shrink")
+        if not self.lock.acquire(timeout=BUSY_WAIT):
+            raise GpusdError("another change of this lease is in progress (a grow waiting for GPUs?); try again "
+                             "when it is done")
+        try:
+            rid, self.next_id = self.next_id, self.next_id + 1
+            try:
+                self.sock.settimeout(None if (wait and timeout is None) else
+                                     (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
+                try:
+                    self.sock.sendall(json.dumps({**req, "id": rid}).encode() + b"\n")
+                except (BrokenPipeError, ConnectionResetError):  # the daemon closed its end: it stopped
+                    self.handed_over = True
+                    raise GpusdError("the gpusd daemon that held this lease stopped (it handed the lease over: "
+                                     "it lasts until the job ends, but can no longer grow or shrink)") from None
+                for _ in range(MAX_STRAY):
+                    reply = _decode(self.reader.readline())
+                    if reply.get("op") == "handover":
+                        self.handed_over = True
+                        raise GpusdError("the gpusd daemon stopped and handed this lease over: it lasts until the "
+                                         "job ends, but can no longer grow or shrink")
+                    if reply.get("id") == rid:
+                        break
+                else:
+                    raise OSError("no answer to our request")
+            except (OSError, ValueError) as exc:
+                raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
+            finally:
+                try:
+                    self.sock.settimeout(None)
+                except OSError:
+                    pass
+            _check(reply)
+            return reply
+        finally:
+            self.lock.release()
 
     def __enter__(self) -> RemoteLease:
         return self
@@ -122,6 +223,30 @@ class RemoteLease:
             self.release()
         except Exception:
             pass
+
+
+class _Lines:
+    """Lines from the daemon, and any descriptors that come with them (a hand-over: kept, since
+    closing them would end the lease)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.fds: list[int] = []
+
+    def readline(self) -> bytes:
+        import socket
+
+        while b"\n" not in self.buf:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+            self.fds.extend(fds)
+            if not data:
+                raise OSError("the daemon closed the connection")
+            self.buf += data
+            if len(self.buf) > MAX_LINE:
+                raise OSError("reply too long")
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line + b"\n"
 
 
 class AuthorityBusy(Exception):
@@ -140,12 +265,20 @@ def request(c: Constraints) -> dict[str, Any]:
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
-                  command: str | None) -> tuple[list[Candidate], RemoteLease]:
-    """Ask the daemon for a lease; raises what a local allocation would raise."""
-    from ..sanitize import for_terminal
+                  command: str | None, job: str | None = None,
+                  priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
+    """Ask the daemon for a lease (for the gpusd job ``job``: 12 hex digits, named in the lease's
+    record); raises what a local allocation would raise."""
     from .leases import mutex_timeout
 
     req = dict(request(c), wait=wait, timeout=timeout, command=command)
+    if job is not None:
+        if not JOB_ID.match(job):
+            raise ConfigError(f"not a job id: {job!r}")
+        req["job"] = job
+    if priority is not None:
+        req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
+    reader = _Lines(sock)
     try:
         sock.settimeout(None if (wait and timeout is None) else
                         (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
@@ -153,46 +286,61 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
             sock.sendall(json.dumps(req).encode() + b"\n")
         except BrokenPipeError:
             pass  # answered before it read us (busy): the answer is waiting below
-        line = _readline(sock)
+        line = reader.readline()
         sock.settimeout(None)
     except OSError as exc:
         sock.close()
         raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
     try:
-        reply = json.loads(line)
-        if not isinstance(reply, dict):
-            raise ValueError("not an object")
-        if reply.get("ok") is not True:
-            kind = reply.get("error")
-            if kind == "busy":
-                sock.close()
-                raise AuthorityBusy()
-            message = for_terminal(str(reply.get("message") or "the daemon refused the lease"), 2000)
-            sock.close()
-            raise {"no_gpu": NoGpuAvailable, "timeout": WaitTimeout, "usage": ConfigError}.get(
-                kind if isinstance(kind, str) else "", GpusdError)(message)
-        chosen = [Candidate(GpuInfo.from_dict(d["gpu"]), MigInstance.from_dict(d["mig"]) if d.get("mig") else None,
-                            _int(d.get("free")), _int(d.get("total")), _num(d.get("util")))
-                  for d in reply["devices"]]
-        lease_id = reply["lease_id"]
+        reply = _decode(line)
+        if reply.get("ok") is not True and reply.get("error") == "busy":
+            raise AuthorityBusy()
+        _check(reply)
+        chosen = _candidates(reply)
+        lease_id = reply.get("lease_id")
         if not isinstance(lease_id, str) or not chosen:
             raise ValueError("no lease")
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         sock.close()
         raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
-    return chosen, RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock)
+    except BaseException:
+        sock.close()
+        raise
+    v = reply.get("v")
+    version = v if type(v) is int and v >= 1 else 1  # an older daemon says nothing: protocol 1
+    return chosen, RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
+                               reader)
 
 
-def _readline(sock: socket.socket) -> bytes:
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise OSError("the daemon closed the connection")
-        buf += chunk
-        if len(buf) > MAX_LINE:
-            raise OSError("reply too long")
-    return bytes(buf)
+def _decode(line: bytes) -> dict[str, Any]:
+    try:
+        reply = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ValueError("an answer that is not JSON") from None
+    if not isinstance(reply, dict):
+        raise ValueError("an answer that is not a JSON object")
+    return reply
+
+
+def _check(reply: dict[str, Any]) -> None:
+    """Raise what a refusal means (the daemon's message, sanitised)."""
+    from ..sanitize import for_terminal
+
+    if reply.get("ok") is True:
+        return
+    kind = reply.get("error")
+    message = for_terminal(str(reply.get("message") or "the daemon refused the request"), 2000)
+    raise {"no_gpu": NoGpuAvailable, "timeout": WaitTimeout, "usage": ConfigError}.get(
+        kind if isinstance(kind, str) else "", GpusdError)(message)
+
+
+def _candidates(reply: dict[str, Any]) -> list[Candidate]:
+    try:
+        return [Candidate(GpuInfo.from_dict(d["gpu"]), MigInstance.from_dict(d["mig"]) if d.get("mig") else None,
+                          _int(d.get("free")), _int(d.get("total")), _num(d.get("util")))
+                for d in reply["devices"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _int(v: object) -> int | None:

@@ -51,6 +51,7 @@ from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..model import HostSnapshot, LeaseInfo
 from .lockdir import (
     FILE_FLAGS,
+    abandoned,
     create_exclusive,
     flock_table,
     lock_key,
@@ -272,13 +273,7 @@ class LeaseStore:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                if try_lock(fd, shared=True):
-                    # Nobody holds it: the holder died without cleaning up.
-                    if cleanup:
-                        try:
-                            os.unlink(name, dir_fd=dfd)
-                        except OSError:
-                            pass
+                if abandoned(fd, dfd, (name,), cleanup):  # the holder died without cleaning up
                     continue
                 if st.st_size > MAX_LEASE_BYTES:
                     log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
@@ -413,7 +408,7 @@ class LeaseStore:
         with the choice of devices.  ``pid`` and ``user`` name the job when it is not this process
         (the daemon taking a lease for a client); only root's records are believed to name others.
         ``remote``: ``remote_from`` and ``expires`` of a lease the daemon holds for a remote holder
-        (docs/pool.md), written into the record."""
+        (docs/pool.md), and ``job``, the id of the gpusd job the lease is for, written into the record."""
         dfd = self._writable()
         fds: list[int] = []
         try:
@@ -436,7 +431,7 @@ class LeaseStore:
                 "shared": shared,
                 "command": command,
                 "devices": list(devices),
-                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires")},
+                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires", "job")},
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
@@ -478,6 +473,39 @@ class LeaseStore:
         old, lease.fds[-1] = lease.fds[-1], fd
         lease.record = record
         os.close(old)
+
+    def join(self, lease: Lease, extra: Lease) -> None:
+        """``extra``'s devices join ``lease`` (a job grown under its lease): one record names them
+        all, ``extra``'s record goes.  The record is rewritten before anything else changes, and it
+        never names a device its holder does not hold.  Call under :meth:`mutex`, like
+        :meth:`rewrite`; on an error nothing has changed (the caller releases ``extra``)."""
+        if extra.released or extra.shared != lease.shared:
+            raise GpusdError("cannot join these leases")
+        devices = [*lease.devices, *extra.devices]
+        self.rewrite(lease, devices=devices)
+        lease.fds = [*lease.fds[:-1], *extra.fds[:-1], lease.fds[-1]]
+        lease.devices = devices
+        extra.fds, extra.devices = extra.fds[-1:], []
+        extra.release()  # only its record now
+
+    def drop(self, lease: Lease, device: str) -> None:
+        """Free one device of ``lease`` at once (a job shrunk): the record stops naming it first,
+        then its lock is closed.  Call under :meth:`mutex`.  GpusdError when the lease does not
+        hold it or it is the last one (a lease ends with its holder's release, not here)."""
+        if device not in lease.devices or lease.released:
+            raise GpusdError(f"the lease does not hold {device[:128]}")
+        if len(lease.devices) == 1:
+            raise GpusdError("a lease keeps at least one device")
+        at = lease.devices.index(device)
+        devices = [d for d in lease.devices if d != device]
+        self.rewrite(lease, devices=devices)
+        fd = lease.fds.pop(at)
+        lease.devices = devices
+        try:
+            os.utime(fd)  # when the GPU's lease ended (LeaseStore.release_times)
+        except OSError:
+            pass
+        os.close(fd)
 
 
 def _safe(device: str) -> str:

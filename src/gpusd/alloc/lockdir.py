@@ -183,6 +183,21 @@ def try_lock(fd: int, shared: bool) -> bool:
         raise
 
 
+def abandoned(fd: int, dir_fd: int, names: tuple[str, ...], cleanup: bool) -> bool:
+    """Whether nobody holds the lock on ``fd`` (its holder died without cleaning up); then, with
+    ``cleanup``, ``names`` are removed from the directory ``dir_fd`` (in a sticky directory, only
+    our own files can be)."""
+    if not try_lock(fd, shared=True):
+        return False
+    if cleanup:
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
+    return True
+
+
 # -- who holds a lock ----------------------------------------------------------------------------------
 
 def lock_key(st: os.stat_result) -> str:

@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
-from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
+from .lockdir import FILE_FLAGS, abandoned, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
 from .priority import NORMAL, load_policy, priority_name
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
@@ -178,12 +178,7 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
             except OSError:
                 continue
             try:
-                if try_lock(fd, shared=True):  # nobody holds it: a dead waiter's
-                    if cleanup:
-                        try:
-                            os.unlink(name, dir_fd=dfd)
-                        except OSError:
-                            pass
+                if abandoned(fd, dfd, (name,), cleanup):  # a dead waiter's
                     continue
                 st = os.fstat(fd)
                 raw = os.read(fd, MAX_TICKET_BYTES + 1)
@@ -252,7 +247,7 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
     for i, (_, _, path) in enumerate(order):
         if path.name == ticket.path.name:
             return order[i - 1][2] if i else None
-    return order[-1][2] if order else None  # not visible (yet): behind everyone
+    return None  # not visible (over MAX_TICKETS, unreadable): served as the head rather than never
 
 
 def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:

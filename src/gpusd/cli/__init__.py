@@ -52,9 +52,11 @@ class _Skipped:
 _only: str | None = None  # the command being run, when known before parsing
 
 
-def _command(sub: "argparse._SubParsersAction[_Parser]", name: str, target: str, help: str,
+def _command(sub: "argparse._SubParsersAction[_Parser]", name: str, target: str, help: str | None,
              **kw: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **kw)
+    """A subcommand (``help`` None: one that is not listed, such as ``fleet-job``)."""
+    p: argparse.ArgumentParser = (sub.add_parser(name, help=help, description=help, **kw) if help is not None
+                                  else sub.add_parser(name, **kw))
     p.set_defaults(_target=target)
     if _only is not None and name != _only and sub.dest == "command":  # top-level commands only
         return _Skipped()  # type: ignore[return-value]
@@ -203,6 +205,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "leases", "gpusd.cli.alloc:leases", "list the GPU leases held on this machine")
     p.add_argument("--json", action="store_true")
+
+    # what gpusd run --fleet runs on the chosen host, over ssh (docs/jobs.md, "Fleet runs"): not listed
+    p = _command(sub, "fleet-job", "gpusd.cli.pool:fleet_job", None)
+    p.add_argument("--job", required=True, help="the job id the asking machine chose")
+    p.add_argument("--from", dest="asker", default=None, help="the machine that asked (informational)")
+    p.add_argument("--lease", default=None, help="the lease this host's daemon holds for the job")
+    p.add_argument("--devices", required=True, help="the leased GPUs: a JSON list of {index, uuid, label}")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")
 
     # --- the fleet pool (docs/pool.md) ---
     p = _command(sub, "reserve", "gpusd.cli.pool:reserve",

@@ -128,7 +128,7 @@ def jobs(args: argparse.Namespace) -> int:
         return for_terminal(text, limit) or "-"
 
     rows = [[r.job, cell(r.user, 32), cell(r.state, 12), priority_name(r.priority) + ("*" if r.preemptible else ""),
-             ",".join(str(i) for i in r.indices) or "-", str(r.restarts),
+             cell(",".join(r.labels) or ",".join(str(i) for i in r.indices), 64), str(r.restarts),
              f"{max(0.0, now - r.started):.0f}s" if r.started else "-", cell(r.command)] for r in records]
     if not rows:
         print("no jobs" + ("" if args.all else " of yours (--all: every user's)"))
@@ -169,6 +169,11 @@ def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
     from ..jobs.control import request
 
     rec = _find(job)
+    if rec.host is not None:  # gpusd run --fleet: its lease is a daemon's, there is no supervisor to ask
+        from ..sanitize import for_terminal
+
+        raise GpusdError(f"job {rec.job} is a fleet run (asked from {for_terminal(rec.host, 64)}): its GPUs are "
+                         "a remote lease of the host's daemon, which grow and shrink cannot change")
     me = os.geteuid()
     if me not in (0, rec.uid):
         raise GpusdError(f"job {rec.job} belongs to {rec.user}: only its owner or root may change it")

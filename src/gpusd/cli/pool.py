@@ -49,8 +49,8 @@ def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
         client.stop_listening()
 
 
-def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: Client | None = None
-             ) -> Reservation:
+def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: Client | None = None,
+             job: str | None = None) -> Reservation:
     from ..alloc.select import constraints_from_args
     from ..pool.client import reserve
 
@@ -60,7 +60,7 @@ def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: 
         raise ConfigError("--timeout only makes sense with --wait")
     return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model, session=args.session,
                    interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait, timeout=args.timeout,
-                   key=key, client=client)
+                   key=key, client=client, job=job)
 
 
 def _exports(env: dict[str, str]) -> list[str]:
@@ -181,41 +181,84 @@ def ssh_base(options: Sequence[str]) -> list[str]:
     return argv
 
 
-def remote_script(env: dict[str, str], cmd: Sequence[str]) -> str:
-    """What the remote shell runs: say its pid (for signals), set the environment, exec CMD."""
+def remote_script(env: dict[str, str], cmd: Sequence[str], job: Sequence[str] = ()) -> str:
+    """What the remote shell runs: say its pid (for signals), set the environment, exec CMD — under
+    ``job`` (``gpusd fleet-job ... --``, which registers the job there) where the gpusd on that host's
+    PATH has ``fleet-job`` (asked first: about 35 ms); the pid line then ends with ``job``."""
     exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
-    return f"printf '{REMOTE_PID} %s\\n' \"$$\" >&2; {exports}; exec {shlex.join(cmd)}"
+    if not job:
+        return f"printf '{REMOTE_PID} %s\\n' \"$$\" >&2; {exports}; exec {shlex.join(cmd)}"
+    probe = shlex.join([job[0], job[1], "--help"])
+    return (f"gpusd_job=; if {probe} >/dev/null 2>&1 </dev/null; then gpusd_job=job; fi; "
+            f"printf '{REMOTE_PID} %s %s\\n' \"$$\" \"$gpusd_job\" >&2; {exports}; "
+            f"if [ -n \"$gpusd_job\" ]; then exec {shlex.join([*job, *cmd])}; fi; exec {shlex.join(cmd)}")
+
+
+def fleet_job_argv(job_id: str, asker: str, part: HostLease) -> list[str]:
+    """The remote entry point of a fleet run (``gpusd fleet-job``, docs/jobs.md), up to ``--``; empty
+    (the command runs as it is) when the daemon's answer names no well-formed GPU."""
+    import json
+
+    from ..jobs.fleet import valid_devices
+
+    devices = valid_devices(part.devices)  # the daemon's answer: typed and bounded before it is passed on
+    if not devices:
+        return []
+    return ["gpusd", "fleet-job", "--job", job_id, "--from", asker, "--lease", part.lease_id,
+            "--devices", json.dumps(devices, separators=(",", ":")), "--"]
 
 
 def run_fleet(args: argparse.Namespace, cmd: list[str]) -> int:
     from ..alloc.runner import _interactive
+    from ..identity import hostname
+    from ..jobs.fleet import FleetJob, clean_host
+    from ..jobs.record import new_job_id
 
     key = _key(args)
-    client = _client(args, key)
+    command = shlex.join(cmd)[:512]
+    asker = clean_host(hostname())
+    # the run is a job here from the start (queued while it looks for GPUs); the same id names it
+    # on the host that runs it, and in that host's lease record
+    job = FleetJob(new_job_id(), command, asker)
     try:
-        res = _reserve(args, key, shlex.join(cmd)[:512], client)
-        # renew from the moment the GPUs are ours: stopping discovery can outlast a short TTL
-        res.start_renewing()
+        client = _client(args, key)
+        try:
+            res = _reserve(args, key, command, client, job=job.job_id)
+            # renew from the moment the GPUs are ours: stopping discovery can outlast a short TTL
+            res.start_renewing()
+        finally:
+            client.stop_listening()
+        try:
+            part = res.parts[0]
+            if part.local:  # one machine: the command runs here, under this record
+                job.placed(part.devices, part.lease_id)
+                return job.run(cmd, part.env, part.devices, _interactive())
+            job.placed(part.devices, part.lease_id, remote=part.hostname)
+            return _run_over_ssh(part, cmd, args.ssh_option, fleet_job_argv(job.job_id, asker, part))
+        finally:
+            res.release()
     finally:
-        client.stop_listening()
-    try:
-        part = res.parts[0]
-        if part.local:
-            return _run_here(part, cmd, _interactive())
-        return _run_over_ssh(part, cmd, args.ssh_option)
-    finally:
-        res.release()
+        job.close()
 
 
-def _run_here(part: HostLease, cmd: list[str], interactive: bool) -> int:
-    env = dict(os.environ)
-    env.update(part.env)
+def fleet_job(args: argparse.Namespace) -> int:
+    """``gpusd fleet-job``: what ``gpusd run --fleet`` runs on the chosen host (over ssh): register
+    the job here and run the command under it (docs/jobs.md, "Fleet runs")."""
+    from ..alloc.runner import _interactive
+    from ..jobs.fleet import FleetJob, parse_devices
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("no command given: gpusd fleet-job [options] -- CMD [ARGS...]")
+    devices = parse_devices(args.devices)
+    job = FleetJob(args.job, shlex.join(cmd)[:512], args.asker)
     try:
-        proc = subprocess.Popen(cmd, env=env)
-    except FileNotFoundError:
-        print(f"gpusd: command not found: {cmd[0]}", file=sys.stderr)
-        return 127
-    return _wait(proc, lambda sig: proc.send_signal(sig), interactive)
+        job.placed(devices, args.lease)
+        return job.run(cmd, {}, devices, _interactive())
+    finally:
+        job.close()
 
 
 def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
@@ -224,10 +267,10 @@ def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
     return wait_forwarding(proc, send, interactive)
 
 
-def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str]) -> int:
+def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: Sequence[str] = ()) -> int:
     base = ssh_base(options)
     tty = os.isatty(0)
-    argv = [*base, *(["-tt"] if tty else ["-T"]), "--", part.hostname, remote_script(part.env, cmd)]
+    argv = [*base, *(["-tt"] if tty else ["-T"]), "--", part.hostname, remote_script(part.env, cmd, job)]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=not tty)
     remote_pid: list[int] = []
     assert proc.stderr is not None
@@ -239,10 +282,18 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str]) -> in
         for line in iter(err.readline, b""):
             if first and line.startswith(REMOTE_PID.encode()):
                 first = False
+                words = line.split()
                 try:
-                    remote_pid.append(int(line.split()[1]))
+                    remote_pid.append(int(words[1]))
                 except (IndexError, ValueError):
                     pass
+                if job and words[2:3] != [b"job"]:
+                    from ..sanitize import for_terminal
+
+                    where = for_terminal(part.hostname, 64)
+                    out.write(f"gpusd: no gpusd with fleet jobs on the PATH of an ssh session on {where}: the command "
+                              "runs there without a job record (gpusd jobs there does not list it)\n".encode())
+                    out.flush()
                 continue
             out.write(line)
             out.flush()

@@ -14,7 +14,8 @@ access middleware (:mod:`gpusd.daemon.access`) refuses the others before a handl
 whose holder stops renewing ends ``ttl`` seconds (default 30) after its last renewal.  Bounds: a
 request body of at most 16 KiB, ``ttl`` between 2 s and 1 h, at most 64 remote leases in all and
 16 per holder.  The lease record names the holder (``user``), the note (``command``), the client's
-address (``remote_from``) and the expiry (``expires``), so every view of leases shows them.
+address (``remote_from``), the expiry (``expires``) and, for ``gpusd run --fleet``, the job
+(``job``), so every view of leases shows them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ MAX_PER_HOLDER = 16
 MAX_HOLDER = 64
 MAX_NOTE = 512
 CHECK_EVERY = 0.25  # seconds between expiry checks
+JOB_ID = re.compile(r"^[a-f0-9]{8,32}$")  # a gpusd job's id (gpusd.jobs.record)
 
 
 class PoolDaemon(Protocol):
@@ -71,13 +74,14 @@ class Held:
     started: float
     expires: float
     devices: list[dict[str, Any]] = field(default_factory=list)
+    job: str | None = None  # the fleet run's job id (gpusd run --fleet), named in the record
     renewing: bool = False  # a renewal is rewriting the record (on the executor)
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
                 "command": self.note, "remote_from": self.remote_from, "ttl": self.ttl,
-                "started": self.started, "expires": self.expires, "devices": self.devices,
+                "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
                 "env": self.selection.env() if self.selection is not None else {}}
 
 
@@ -94,7 +98,7 @@ class Pool:
 
     # -- the work, on the executor ------------------------------------------------------------------
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
-               expires: float) -> Any:
+               expires: float, job: str | None = None) -> Any:
         from ..alloc.api import allocate
         from ..alloc.leases import LeaseStore
         from ..alloc.select import Constraints
@@ -107,7 +111,8 @@ class Pool:
         c = Constraints.build(**kwargs, within_visible=False)
         return allocate(c, lease=True, wait=False, store=LeaseStore(), command=note, pid=os.getpid(),
                         user=holder, backend=self.backend, env={},
-                        remote={"remote_from": remote_from, "expires": expires})
+                        remote={"remote_from": remote_from, "expires": expires,
+                                **({"job": job} if job is not None else {})})
 
     def _renew(self, held: Held, expires: float) -> None:
         from ..alloc.leases import LeaseStore, mutex_timeout
@@ -121,6 +126,9 @@ class Pool:
         from .leasesock import _request
 
         holder, note, ttl = _terms(body)
+        job = body.get("job")
+        if job is not None and (not isinstance(job, str) or not JOB_ID.match(job)):
+            return 400, {"error": "'job' must be a gpusd job id (8 to 32 lowercase hex digits)"}
         try:
             kwargs = _request(json.dumps({**body, "op": "lease", "wait": False, "timeout": None}).encode())
         except ConfigError as exc:
@@ -135,7 +143,7 @@ class Pool:
         self.pending += 1
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._grant, kwargs, holder, note, remote_from, now + ttl)
+                self.executor, self._grant, kwargs, holder, note, remote_from, now + ttl, job)
         except NoGpuAvailable as exc:
             return 409, {"error": str(exc), "reason": "no_gpu"}
         except ConfigError as exc:
@@ -147,7 +155,7 @@ class Pool:
         devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
                     "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util}
                    for c in sel.devices]
-        held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, now + ttl, devices)
+        held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, now + ttl, devices, job)
         self.held[held.lease_id] = held
         log.info("remote lease %s: %s for %s from %s (ttl %gs)", held.lease_id, ",".join(sel.uuids), holder,
                  remote_from, ttl)

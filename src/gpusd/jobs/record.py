@@ -8,7 +8,9 @@ Another user may write such a file: it is read bounded, typed field by field, an
 uid that owns the file (only root's records, the daemon's, may name another user).
 
 A fleet run (``gpusd run --fleet``) registers the same record on the machine that runs it; ``host``
-then names the machine that asked (informational only; the owner is still the file's uid).
+then names the machine that asked (informational only; the owner is still the file's uid).  The
+machine that asked keeps a record of the same id too, whose ``labels`` name the GPUs it runs on
+(``HOST:INDEX``: not this machine's GPUs, so its ``indices`` are empty) (:mod:`gpusd.jobs.fleet`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..alloc.leases import LeaseStore
-from ..alloc.lockdir import FILE_FLAGS, create_exclusive, try_lock, user_name
+from ..alloc.lockdir import FILE_FLAGS, abandoned, create_exclusive, user_name
 from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
 from ..alloc.priority import priority_name as priority_name
 
@@ -32,6 +34,7 @@ JOB_FORMAT = 1
 MAX_JOB_BYTES = 16384
 MAX_JOB_FILES = 4096
 MAX_DEVICES = 64
+MAX_LABEL = 300  # a host name (255) and a GPU index
 JOB_NAME = re.compile(r"^job-([a-f0-9]{8,32})\.json$")
 ID_RE = re.compile(r"^[a-f0-9]{8,32}$")
 
@@ -63,6 +66,7 @@ class JobRecord:
     child: int | None = None  # the command's pid (its process group, when it has its own)
     host: str | None = None  # fleet runs: the machine that asked
     reason: str | None = None  # why the last change of state happened
+    labels: list[str] = field(default_factory=list)  # fleet runs, where they were asked: HOST:INDEX
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -104,13 +108,18 @@ def parse(raw: bytes, uid: int) -> JobRecord:
         raise ValueError("no valid child pid")
     if started is not None and (type(started) not in (int, float) or not math.isfinite(started)):
         raise ValueError("bad start time")
+    labels = d.get("labels") or []
+    if (not isinstance(labels, list) or len(labels) > MAX_DEVICES
+            or not all(isinstance(x, str) and 0 < len(x) <= MAX_LABEL for x in labels)):
+        raise ValueError("no valid label list")
     user = _text(d.get("user"), 64) if uid == 0 else user_name(uid)
     lease = d.get("lease")
     return JobRecord(job=job, pid=pid, user=user, uid=uid, command=_text(d.get("command"), 1024),
                      devices=list(devices), indices=list(indices[:MAX_DEVICES]), priority=priority,
                      preemptible=d.get("preemptible") is True, pausable=d.get("pausable") is True, state=state,
                      restarts=restarts, lease=lease if isinstance(lease, str) and ID_RE.match(lease) else None,
-                     started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200))
+                     started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200),
+                     labels=list(labels))
 
 
 def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[JobRecord]:
@@ -141,13 +150,7 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                     continue
-                if try_lock(fd, shared=True):  # nobody holds it: a dead supervisor's
-                    if cleanup:  # its record and its control socket (our own files only: sticky dir)
-                        for stale in (name, name[:-5] + ".sock"):
-                            try:
-                                os.unlink(stale, dir_fd=dfd)
-                            except OSError:
-                                pass
+                if abandoned(fd, dfd, (name, name[:-5] + ".sock"), cleanup):  # a dead supervisor's record and socket
                     continue
                 if st.st_size > MAX_JOB_BYTES:
                     log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)

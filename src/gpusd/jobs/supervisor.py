@@ -12,7 +12,9 @@ it lives, even if the supervisor is killed.  A ``--preemptible`` or ``--pausable
 its own process group (so that SIGTERM, SIGSTOP and SIGCONT reach all of it); signals to
 ``gpusd run`` are forwarded to it.  GPUs added by ``grow`` are held by the supervisor until the next restart hands
 them over too; a GPU given back by ``shrink`` that the running command inherited stays locked (and
-recorded) until that command exits or restarts.
+recorded) until that command exits or restarts.  Where the daemon holds the job's lease (the lease
+authority, :mod:`gpusd.alloc.authority`), grow and shrink are asked of it on the lease's connection:
+it holds every descriptor, so a GPU given back is freed at once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..alloc.api import Selection, allocate, shared_backend
+from ..alloc.authority import RemoteLease
 from ..alloc.leases import MAX_LEASE_BYTES, Lease, LeaseStore, current_user
 from ..alloc.lockdir import create_exclusive
 from ..alloc.select import Candidate, Constraints
@@ -145,7 +148,7 @@ class Supervisor:
         blocked = (lambda: self.preempt_for(c.count)) if first and self.priority > PRIORITIES["low"] else None
         return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
                         store=self.store if local else None, backend=shared_backend(self.simulate) if local else None,
-                        priority=self.priority, resume=resume, when_blocked=blocked)
+                        priority=self.priority, resume=resume, when_blocked=blocked, job=self.job_id)
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
         """The job's GPUs: at once; with ``wait`` through the queue, where it asks lower-priority jobs
@@ -221,18 +224,15 @@ class Supervisor:
             os.close(old)
 
     def grow(self, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
+        if isinstance(self.lease, RemoteLease):
+            return self._grow_remote(self.lease, n, wait, timeout)
         if not isinstance(self.lease, Lease):
-            return {"ok": False, "message": "this job's lease is held by the daemon (the lease authority): "
-                    "grow works on jobs that lease in the lock directory, as --preemptible jobs do (docs/jobs.md)"}
+            return {"ok": False, "message": f"job {self.job_id} holds no lease now"}
         c = replace(self.c, count=n)
         try:
             sel = self._allocate(c, wait, timeout)
-        except WaitTimeout as exc:
-            return {"ok": False, "error": "timeout", "message": str(exc)}
-        except NoGpuAvailable as exc:
-            return {"ok": False, "error": "no_gpu", "message": str(exc)}
         except GpusdError as exc:
-            return {"ok": False, "message": str(exc)}
+            return _refusal(exc)
         extra = sel.lease
         assert isinstance(extra, Lease)
         with self.lock:
@@ -247,20 +247,72 @@ class Supervisor:
         log(f"job {self.job_id}: grown to {self.cuda_visible()}" + self._restart_note())
         return {"ok": True, "devices": self.cuda_visible()}
 
-    def shrink(self, n: int | None, release: str | None) -> dict[str, Any]:
-        if not isinstance(self.lease, Lease):
-            return {"ok": False, "message": "this job's lease is held by the daemon (the lease authority): "
-                    "shrink works on jobs that lease in the lock directory, as --preemptible jobs do (docs/jobs.md)"}
+    def _grow_remote(self, lease: RemoteLease, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
+        """Grow a lease the daemon holds: it takes the GPUs (same constraints, same queue) and names
+        them in the job's lease record; it holds their descriptors, so nothing is handed to the command."""
+        try:
+            added = lease.grow(replace(self.c, count=n), wait=wait, timeout=timeout)
+        except GpusdError as exc:
+            return _refusal(exc)
         with self.lock:
-            if release is not None:
-                drop = [d for d in self.devs if release in (str(d.gpu.index), d.label) or d.uuid.startswith(release)]
-                if not drop:
-                    return {"ok": False, "message": f"job {self.job_id} has no GPU {release}"}
-            else:
-                k = n or 1
-                drop = self.devs[-k:] if k < len(self.devs) else []
-            if not drop or len(drop) >= len(self.devs):
-                return {"ok": False, "message": f"a job keeps at least one GPU (it has {len(self.devs)})"}
+            self.devs.extend(added)
+            self.write_job_file("running", f"grown by {n} GPU(s)")
+            self.notify()
+        log(f"job {self.job_id}: grown to {self.cuda_visible()}")
+        return {"ok": True, "devices": self.cuda_visible()}
+
+    def _to_drop(self, n: int | None, release: str | None) -> list[Candidate] | str:
+        """The GPUs a shrink gives back (the last added, or the one named), or why none."""
+        if release is not None:
+            drop = [d for d in self.devs if release in (str(d.gpu.index), d.label) or d.uuid.startswith(release)]
+            if not drop:
+                return f"job {self.job_id} has no GPU {release}"
+        else:
+            k = n or 1
+            drop = self.devs[-k:] if k < len(self.devs) else []
+        if not drop or len(drop) >= len(self.devs):
+            return f"a job keeps at least one GPU (it has {len(self.devs)})"
+        return drop
+
+    def _shrink_remote(self, lease: RemoteLease, n: int | None, release: str | None) -> dict[str, Any]:
+        """Shrink a lease the daemon holds: the daemon frees each GPU at once (it holds the
+        descriptors; the command holds only the connection)."""
+        with self.lock:
+            drop = self._to_drop(n, release)
+        if isinstance(drop, str):
+            return {"ok": False, "message": drop}
+        done: list[Candidate] = []
+        failed = None
+        for d in drop:
+            try:
+                lease.drop(d.uuid)
+            except GpusdError as exc:
+                failed = str(exc)
+                break
+            done.append(d)
+        if done:
+            with self.lock:
+                for d in done:
+                    if d in self.devs:
+                        self.devs.remove(d)
+                self.write_job_file("running", f"shrunk by {len(done)} GPU(s)")
+                self.notify()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+        log(msg if failed is None else f"{msg}; giving back the rest failed: {failed}")
+        if failed is not None:
+            return {"ok": False, "devices": self.cuda_visible(), "message": f"{msg}; giving back the rest failed: "
+                    f"{failed}"}
+        return {"ok": True, "devices": self.cuda_visible(), "message": msg}
+
+    def shrink(self, n: int | None, release: str | None) -> dict[str, Any]:
+        if isinstance(self.lease, RemoteLease):
+            return self._shrink_remote(self.lease, n, release)
+        if not isinstance(self.lease, Lease):
+            return {"ok": False, "message": f"job {self.job_id} holds no lease now"}
+        with self.lock:
+            drop = self._to_drop(n, release)
+            if isinstance(drop, str):
+                return {"ok": False, "message": drop}
             later = []
             for d in drop:
                 self.devs.remove(d)
@@ -575,6 +627,15 @@ class Supervisor:
         import shutil
 
         shutil.rmtree(self.private, ignore_errors=True)
+
+
+def _refusal(exc: GpusdError) -> dict[str, Any]:
+    """The control socket's answer to a grow that got no GPUs."""
+    if isinstance(exc, WaitTimeout):
+        return {"ok": False, "error": "timeout", "message": str(exc)}
+    if isinstance(exc, NoGpuAvailable):
+        return {"ok": False, "error": "no_gpu", "message": str(exc)}
+    return {"ok": False, "message": str(exc)}
 
 
 def _close(fd: int) -> None:

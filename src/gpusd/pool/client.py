@@ -235,7 +235,7 @@ def default_holder() -> str:
 
 
 def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
-         ttl: float) -> HostLease | None:
+         ttl: float, job: str | None = None) -> HostLease | None:
     """One lease request to ``h`` (None on 409: the GPUs just went)."""
     from ..wire.http import request_json
 
@@ -245,6 +245,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
                             "include": list(c.include) if c.include else None,
                             "exclude": list(c.exclude) if c.exclude else None,
                             "holder": holder, "note": note, "ttl": ttl}
+    if job is not None:  # a fleet run's job id: the daemon's lease record names it (older daemons ignore it)
+        body["job"] = job
     url, pin = api_url(h)
     try:
         reply = request_json("POST", url + "/leases", body, key=key, node_id=h.node_id, pin=pin)
@@ -274,14 +276,15 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             note: str | None = None, wait: bool = False, timeout: float | None = None,
             key: FleetKey | None = None, token: str | None = None, token_file: str | None = None,
             client: Client | None = None, interfaces: list[str] | None = None, discover: float = 3.0,
-            constraints: Constraints | None = None, **keywords: Any) -> Reservation:
+            constraints: Constraints | None = None, job: str | None = None, **keywords: Any) -> Reservation:
     """Reserve ``count`` GPUs on the fleet's verified hosts (all on one host unless ``per_host``
     divides them: ``count=8, per_host=4`` is 4 GPUs on each of 2 hosts).  The constraint keywords
     are :func:`gpusd.select`'s (``min_free``, ``memory``, ``max_util``, ...); ``host`` is a glob of
     host names, ``model`` a glob or substring of GPU names.  Tries the best-ranked host first and the
     next one when its daemon answers 409; with ``wait``, waits for discovery events (a GPU's load or
     leases changed, a host appeared) and tries again, until ``timeout``.  Raises NoGpuAvailable
-    (WaitTimeout with ``wait``)."""
+    (WaitTimeout with ``wait``).  ``job``: the id of the gpusd job the reservation is for (``gpusd run
+    --fleet``), named in each host's lease record."""
     from ..alloc.select import Constraints
     from ..wire.signing import FleetKey, load_secret
 
@@ -319,7 +322,7 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             client.wait_settled(discover)
         while True:
             wake.clear()
-            got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model)
+            got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model, job)
             if got is not None:
                 return Reservation(got, key)
             if not wait:
@@ -342,11 +345,12 @@ MIN_TTL, MAX_TTL = 2.0, 3600.0
 
 
 def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetKey, holder: str,
-              note: str | None, ttl: float, host: str | None, model: str | None) -> list[HostLease] | None:
+              note: str | None, ttl: float, host: str | None, model: str | None,
+              job: str | None = None) -> list[HostLease] | None:
     ranked = rank_hosts(hosts, c, host=host, model=model)
     got: list[HostLease] = []
     for _, h, chosen in ranked:
-        lease = _ask(h, chosen, c, key, holder, note, ttl)
+        lease = _ask(h, chosen, c, key, holder, note, ttl, job)
         if lease is not None:
             got.append(lease)
             if len(got) == n_hosts:

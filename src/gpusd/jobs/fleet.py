@@ -1,0 +1,204 @@
+"""Fleet runs as jobs (docs/jobs.md, "Fleet runs").
+
+``gpusd run --fleet`` takes a lease that a host's daemon holds (docs/pool.md) and runs the command
+on that host.  The run is a job on both machines, under one id chosen by the machine that asks (the
+daemon's lease record names it too):
+
+* on the machine that runs the command, ``gpusd fleet-job`` (what ``gpusd run --fleet`` runs over
+  ssh; in process when the chosen host is the asking machine itself) writes the job's record — an
+  ordinary record of the user the command runs as, ``host`` = the machine that asked — and runs the
+  command with the job protocol's environment (``GPUSD_JOB_ID``, ``GPUSD_JOB_FILE``, ...).  A fleet
+  job's GPUs never change (its lease is the daemon's: no grow, shrink, preemption or move), so its
+  job file is written once per start; exit status 75 starts the command again, on the same lease.
+* on the machine that asked, a record of the same id whose ``labels`` name the GPUs it runs on
+  (``HOST:INDEX``); its ``indices`` are empty (none of this machine's GPUs is the job's).
+
+Records are written by :class:`gpusd.jobs.record.RecordWriter`, as every job's.  Writing one is best
+effort: a fleet run whose record cannot be written (no usable lock directory) still runs, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..alloc.leases import LeaseStore, current_user
+from ..errors import ConfigError, GpusdError
+from .record import ID_RE, MAX_DEVICES, JobRecord, RecordWriter, list_jobs, new_job_id
+
+RESTART_ME = 75  # the protocol's "restart me" status (docs/jobs.md)
+FILE_FORMAT = 1
+MAX_HOST = 255
+
+
+def _say(message: str) -> None:
+    print(f"gpusd: {message}", file=sys.stderr, flush=True)
+
+
+def clean_host(text: str) -> str:
+    """A host name for the informational ``host`` field: at most 255 printable characters."""
+    return "".join(c if c.isprintable() else "?" for c in text[:MAX_HOST])
+
+
+def device(d: object) -> dict[str, Any]:
+    """One GPU of a fleet lease (``{"index", "uuid", "label"}``: what the daemon's answer and
+    ``gpusd fleet-job --devices`` carry), typed and bounded; ValueError when it is not one."""
+    index = d.get("index") if isinstance(d, dict) else None
+    uuid = d.get("uuid") if isinstance(d, dict) else None
+    if type(index) is not int or not 0 <= index < 4096:
+        raise ValueError("each GPU needs an index from 0 to 4095")
+    if not isinstance(uuid, str) or not 0 < len(uuid) <= 128 or not uuid.isprintable():
+        raise ValueError("each GPU needs a UUID of 1 to 128 printable characters")
+    label = d.get("label") if isinstance(d, dict) else None
+    label = label if isinstance(label, str) and 0 < len(label) <= 64 and label.isprintable() else str(index)
+    return {"index": index, "uuid": uuid, "label": label}
+
+
+def valid_devices(devices: Sequence[object]) -> list[dict[str, Any]]:
+    """The well-formed GPUs of ``devices`` (at most 64); the others are left out."""
+    out = []
+    for d in list(devices)[:MAX_DEVICES]:
+        try:
+            out.append(device(d))
+        except ValueError:
+            continue
+    return out
+
+
+def parse_devices(text: str) -> list[dict[str, Any]]:
+    """``gpusd fleet-job --devices``: a JSON list of 1 to 64 GPUs; ConfigError when it is not one."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ConfigError("--devices: not JSON") from None
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_DEVICES:
+        raise ConfigError(f"--devices: a list of 1 to {MAX_DEVICES} GPUs")
+    try:
+        return [device(d) for d in raw]
+    except ValueError as exc:
+        raise ConfigError(f"--devices: {exc}") from None
+
+
+class FleetJob:
+    """The job record of a fleet run on this machine (either side), and, where the command runs
+    here, the command under the job protocol."""
+
+    def __init__(self, job_id: str, command: str, host: str | None, store: LeaseStore | None = None) -> None:
+        if not ID_RE.match(job_id):
+            raise ConfigError(f"not a job id: {job_id[:40]!r}")
+        self.store = store or LeaseStore()
+        self.job_id = job_id
+        self.writer: RecordWriter | None = None
+        self.private: Path | None = None
+        self.restarts = 0
+        self.generation = 0
+        try:
+            if any(r.job == job_id for r in list_jobs(self.store)):  # a 48-bit id met twice: keep both
+                self.job_id = new_job_id()
+                _say(f"a job {job_id} already runs here: this one is job {self.job_id}")
+            writer = RecordWriter(self.store, JobRecord(
+                job=self.job_id, pid=os.getpid(), user=current_user(), command=command, state="queued",
+                started=time.time(), host=clean_host(host) if host else None))
+            try:
+                writer.write()
+            except BaseException:
+                writer.close()
+                raise
+            self.writer = writer
+        except (GpusdError, OSError) as exc:
+            _say(f"no job record for this fleet run (gpusd jobs will not list it): {exc}")
+
+    def placed(self, devices: Sequence[dict[str, Any]], lease: str | None, remote: str | None = None) -> None:
+        """The GPUs are leased: the record says which (``remote``: the host they are on, when it is not
+        this machine) and that the job runs."""
+        if self.writer is None:
+            return
+        good = valid_devices(devices)
+        uuids, indices = [d["uuid"] for d in good], [d["index"] for d in good]
+        labels = [f"{clean_host(remote)}:{i}" for i in indices] if remote is not None else []
+        self.writer.write(state="running", devices=uuids, indices=[] if remote is not None else indices,
+                          labels=labels, lease=lease if lease and ID_RE.match(lease) else None)
+
+    def _write_job_file(self, devices: Sequence[dict[str, Any]], visible: str) -> Path:
+        if self.private is None:
+            self.private = Path(tempfile.mkdtemp(prefix=f"gpusd-job-{self.job_id}-"))  # mode 0700
+        self.generation += 1
+        path = self.private / "gpus.json"
+        tmp = self.private / f".gpus.{self.generation}.tmp"
+        tmp.write_text(json.dumps({
+            "format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": "running",
+            "reason": None, "restarts": self.restarts, "cuda_visible_devices": visible,
+            "devices": [{"index": d["index"], "uuid": d["uuid"], "label": d.get("label", str(d["index"]))}
+                        for d in devices]}))
+        os.replace(tmp, path)
+        return path
+
+    def run(self, cmd: Sequence[str], env: dict[str, str], devices: Sequence[dict[str, Any]],
+            interactive: bool) -> int:
+        """Run ``cmd`` (``env`` over this process's environment, plus the job protocol's variables)
+        until it exits with anything but 75; signals to this process are passed on to it (not
+        SIGINT/SIGQUIT at a terminal, which sent them to the command too).  Its exit status, or
+        128 + the signal that ended it; 127/126 when it cannot be started."""
+        proc: subprocess.Popen[bytes] | None = None
+        stop = False
+
+        def forward(signum: int, _frame: object) -> None:
+            nonlocal stop
+            if signum != signal.SIGUSR1:
+                stop = True  # a 75 after this ends the job: it was told to stop
+            if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
+                return
+            if proc is not None and proc.poll() is None:
+                try:
+                    proc.send_signal(signum)
+                except OSError:
+                    pass
+
+        from ..alloc.runner import FORWARDED
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        try:
+            while True:
+                full = dict(os.environ)
+                full.update(env)
+                visible = full.get("CUDA_VISIBLE_DEVICES", "")
+                full.update({"GPUSD_JOB_ID": self.job_id, "GPUSD_NOTIFY_SIGNAL": "SIGUSR1",
+                             "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME)})
+                try:
+                    full["GPUSD_JOB_FILE"] = str(self._write_job_file(devices, visible))
+                except OSError as exc:  # the protocol's file is a convenience: run without it
+                    _say(f"cannot write the job file: {exc}")
+                try:
+                    proc = subprocess.Popen(list(cmd), env=full)
+                except FileNotFoundError:
+                    _say(f"command not found: {cmd[0]}")
+                    return 127
+                except PermissionError:
+                    _say(f"permission denied: {cmd[0]}")
+                    return 126
+                if self.writer is not None:
+                    self.writer.write(child=proc.pid, restarts=self.restarts)
+                rc = proc.wait()
+                if rc == RESTART_ME and not stop:
+                    self.restarts += 1
+                    continue
+                return rc if rc >= 0 else 128 - rc
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.private is not None:
+            shutil.rmtree(self.private, ignore_errors=True)
+            self.private = None
