@@ -78,6 +78,41 @@ def test_on_change_restart_follows_grow_and_shrink_keeping_the_lease(fake_nvml, 
         _kill(p)
 
 
+def test_on_change_restart_of_a_job_whose_lease_the_daemon_holds(fake_nvml_inprocess, cli_env, tmp_path):
+    """Where a daemon is the lease authority the restart keeps the daemon's lease too (its id in
+    GPUSD_LEASE, the GPUs named in its record)."""
+    from authority_helpers import ServerThread
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.lockdir import flock_table, lock_key
+
+    fake_nvml_inprocess.write(make_gpus(2))
+    server = ServerThread()
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    script = (f'echo "$GPUSD_RESTART_COUNT $CUDA_VISIBLE_DEVICES $GPUSD_GPU_COUNT $GPUSD_LEASE" >> {out}; '
+              f'while [ ! -e {stop} ]; do sleep 0.1; done')
+    env = job_env(cli_env)
+    p = subprocess.Popen([*GPUSD, "run", "--on-change", "restart", "--", "sh", "-c", script], env=env, text=True)
+    try:
+        wait_until_sync(lambda: _lines(out), timeout=30)
+        [held] = leases_json(env)["leases"]
+        job = str(held["job"])
+        assert held["pid"] == p.pid and _lines(out)[0] == ["0", "0", "1", held["lease_id"]]
+        assert gpusd_cli(["grow", job], env=env).returncode == 0
+        wait_until_sync(lambda: len(_lines(out)) == 2, timeout=30, what="the restart after the grow")
+        assert _lines(out)[1] == ["1", "0,1", "2", held["lease_id"]]
+        assert len({le["device"] for le in leases_json(env)["leases"] if le["lease_id"] == held["lease_id"]}) == 2
+        lock = os.stat(LeaseStore().dir / f"gpu-{held['device']}.lock")
+        assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [os.getpid()]  # held by the daemon (here)
+        assert gpusd_cli(["shrink", job], env=env).returncode == 0
+        wait_until_sync(lambda: len(_lines(out)) == 3, timeout=30, what="the restart after the shrink")
+        assert _lines(out)[2] == ["2", "0", "1", held["lease_id"]]
+        stop.touch()
+        assert p.wait(timeout=30) == 0
+    finally:
+        _kill(p)
+        server.stop()
+
+
 def test_on_change_restart_kills_a_command_that_ignores_sigterm_after_the_grace(fake_nvml, cli_env, tmp_path):
     fake_nvml.write(make_gpus(2))
     out, stop = tmp_path / "out", tmp_path / "stop"

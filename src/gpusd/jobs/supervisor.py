@@ -256,9 +256,9 @@ class Supervisor:
             return _refusal(exc)
         with self.lock:
             self.devs.extend(added)
-            self.write_job_file("running", f"grown by {n} GPU(s)")
-            self.notify()
-        log(f"job {self.job_id}: grown to {self.cuda_visible()}")
+            self.write_job_file("running", f"grown by {n} GPU(s)" + self._restart_note())
+            self._tell()
+        log(f"job {self.job_id}: grown to {self.cuda_visible()}" + self._restart_note())
         return {"ok": True, "devices": self.cuda_visible()}
 
     def _to_drop(self, n: int | None, release: str | None) -> list[Candidate] | str:
@@ -295,9 +295,9 @@ class Supervisor:
                 for d in done:
                     if d in self.devs:
                         self.devs.remove(d)
-                self.write_job_file("running", f"shrunk by {len(done)} GPU(s)")
-                self.notify()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+                self.write_job_file("running", f"shrunk by {len(done)} GPU(s)" + self._restart_note())
+                self._tell()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}" + self._restart_note()
         log(msg if failed is None else f"{msg}; giving back the rest failed: {failed}")
         if failed is not None:
             return {"ok": False, "devices": self.cuda_visible(), "message": f"{msg}; giving back the rest failed: "
