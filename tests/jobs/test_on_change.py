@@ -162,7 +162,9 @@ def test_on_change_is_validated(fake_nvml, cli_env):
     r = gpusd_cli(["run", "--on-change", "sometimes", "--", "true"], env=cli_env)
     assert r.returncode == 2 and "--on-change" in r.stderr and "invalid choice" in r.stderr
     r = gpusd_cli(["run", "--no-lease", "--on-change", "restart", "--", "true"], env=cli_env)
-    assert r.returncode == 2 and "--on-change needs a job" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "--on-change is for local jobs" in r.stderr and "Traceback" not in r.stderr
+    r = gpusd_cli(["run", "--fleet", "--on-change", "file", "--", "true"], env=cli_env)
+    assert r.returncode == 2 and "not with --fleet" in r.stderr and "Traceback" not in r.stderr
     r = gpusd_cli(["run", "--", "sh", "-c", 'test "$GPUSD_GPU_COUNT" = 1'], env=cli_env)
     assert r.returncode == 0, r.stderr
 
