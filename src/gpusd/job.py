@@ -6,6 +6,11 @@
 ...     train_one_step()
 >>> save_checkpoint(); job.restart()      # exit status 75: gpusd runs the command again, same lease
 
+From a shell or a launcher (stdlib only, fast)::
+
+    python -m gpusd.job --count                  # the job's GPU count now, from the job file
+    python -m gpusd.job --horovod-discovery      # "HOST:N": elastic Horovod's --host-discovery-script
+
 Under ``gpusd run`` the environment names the job file (``GPUSD_JOB_FILE``: JSON, rewritten
 atomically) and the signal that announces a change (``GPUSD_NOTIFY_SIGNAL``, default SIGUSR1);
 ``GPUSD_RESTART_COUNT`` says how many times the command was restarted.  Outside ``gpusd run`` a
@@ -106,3 +111,51 @@ class Job:
 
 def current(on_change: Callable[[Job], None] | None = None) -> Job:
     return Job(on_change)
+
+
+def gpu_count(path: str | None = None) -> int | None:
+    """How many GPUs the job has now (the job file's ``devices``); None outside a gpusd job, or when
+    the file cannot be read."""
+    d = read_job_file(path)
+    devices = d.get("devices") if d is not None else None
+    return len(devices) if isinstance(devices, list) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpusd.job --count | --horovod-discovery [--host NAME]`` (docs/jobs.md)."""
+    import argparse
+    import re
+    import socket
+
+    p = argparse.ArgumentParser(prog="python -m gpusd.job",
+                                description="the current GPUs of the gpusd job this runs in (GPUSD_JOB_FILE)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--count", action="store_true", help="print the job's GPU count now")
+    what.add_argument("--horovod-discovery", action="store_true",
+                      help="print HOST:COUNT, as elastic Horovod's --host-discovery-script does; Horovod polls it")
+    p.add_argument("--host", help="the host name to print (default: this machine's)")
+    p.add_argument("--file", help="the job file (default: $GPUSD_JOB_FILE)")
+    args = p.parse_args(argv)
+    path = args.file or os.environ.get("GPUSD_JOB_FILE")
+    if not path:
+        print("gpusd.job: not in a gpusd job (GPUSD_JOB_FILE is not set): run this under gpusd run",
+              file=sys.stderr)
+        return 1
+    n = gpu_count(path)
+    if n is None:
+        print(f"gpusd.job: cannot read the job file {path!r}, or it names no devices (has the job ended?)",
+              file=sys.stderr)
+        return 1
+    if args.count:
+        print(n)
+        return 0
+    host = args.host or socket.gethostname()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", host):
+        print(f"gpusd.job: not a host name: {host[:64]!r}", file=sys.stderr)
+        return 2
+    print(f"{host}:{n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,6 +58,9 @@ def run_command(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise ConfigError("no command given: gpusd run [options] -- CMD [ARGS...]")
+    if getattr(args, "on_change", "signal") != "signal" and (getattr(args, "fleet", False) or not args.lease):
+        raise ConfigError("--on-change is for local jobs, which grow and shrink: not with --fleet (fleet jobs keep "
+                          "their GPUs) or --no-lease")
     if getattr(args, "fleet", False):
         from .pool import run_fleet
 

@@ -51,6 +51,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
+    g.add_argument("--on-change", choices=("signal", "restart", "file"), default="signal",
+                   help="how the command learns of a grow or shrink (the job file is rewritten first): signal "
+                   "(default: --notify-signal), restart (stop it like a move: SIGTERM to its process group, --grace, "
+                   "SIGKILL; start it again at once on the new GPUs, same lease: for torchrun, ray start, any "
+                   "program that does not speak the protocol), or file (nothing: it polls the job file, as elastic "
+                   "Horovod's discovery script does)")
     g.add_argument("--cuda-checkpoint", action="store_true",
                    help="when NVIDIA's cuda-checkpoint is on PATH and can restore onto another GPU (driver r580+), "
                    "move this job by checkpointing its CUDA state and restoring it on the new GPU, without a "
@@ -90,7 +96,7 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
     sup = Supervisor(constraints_from_args(args), cmd, command=command, priority=PRIORITIES[args.priority],
                      preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
                      grace=args.grace, wait=args.wait, timeout=args.timeout, simulate=args.simulate,
-                     use_uuid=args.uuid, cuda_checkpoint=tool)
+                     use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change)
     try:
         return sup.run()
     except BaseException:

@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 RESTART_ME = 75
 FILE_FORMAT = 1
+# --on-change (docs/jobs.md): after a grow or shrink rewrites the job file, send the notify signal
+# ("signal"), restart the command like a move ("restart"), or nothing ("file": the command polls the file)
+ON_CHANGE = ("signal", "restart", "file")
 MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not preemptible for that hour
 from ..alloc.runner import FORWARDED  # noqa: E402  (one list of the signals a runner passes on)
 
@@ -71,8 +74,9 @@ class Supervisor:
                  preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
                  simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, on_change: str = "signal") -> None:
         self.c, self.cmd, self.command = c, list(cmd), command
+        self.on_change = on_change  # ON_CHANGE: how the command is told of a grow or shrink
         self.priority, self.preemptible, self.pausable = priority, preemptible, pausable
         self.notify_signal, self.grace, self.wait, self.timeout = notify_signal, grace, wait, timeout
         self.simulate, self.use_uuid, self.cuda_checkpoint = simulate, use_uuid, cuda_checkpoint
@@ -85,7 +89,7 @@ class Supervisor:
         self.pending: dict[str, int] = {}  # given back, still held by the running command
         self.lease: Lease | Any = None
         self.proc: subprocess.Popen[bytes] | None = None
-        self.stopping: str | None = None  # "preempt", "move", "user"
+        self.stopping: str | None = None  # "preempt", "move", "change" (--on-change restart), "user"
         self.generation = 0
         self.restarts = 0
         self.preemptions: list[float] = []
@@ -238,9 +242,9 @@ class Supervisor:
             extra.fds = extra.fds[-1:]  # the devices are ours now; its record goes
             self._rewrite_lease()
             extra.release()
-            self.write_job_file("running", f"grown by {n} GPU(s)")
-            self.notify()
-        log(f"job {self.job_id}: grown to {self.cuda_visible()}")
+            self.write_job_file("running", f"grown by {n} GPU(s)" + self._restart_note())
+            self._tell()
+        log(f"job {self.job_id}: grown to {self.cuda_visible()}" + self._restart_note())
         return {"ok": True, "devices": self.cuda_visible()}
 
     def _grow_remote(self, lease: RemoteLease, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
@@ -252,9 +256,9 @@ class Supervisor:
             return _refusal(exc)
         with self.lock:
             self.devs.extend(added)
-            self.write_job_file("running", f"grown by {n} GPU(s)")
-            self.notify()
-        log(f"job {self.job_id}: grown to {self.cuda_visible()}")
+            self.write_job_file("running", f"grown by {n} GPU(s)" + self._restart_note())
+            self._tell()
+        log(f"job {self.job_id}: grown to {self.cuda_visible()}" + self._restart_note())
         return {"ok": True, "devices": self.cuda_visible()}
 
     def _to_drop(self, n: int | None, release: str | None) -> list[Candidate] | str:
@@ -291,9 +295,9 @@ class Supervisor:
                 for d in done:
                     if d in self.devs:
                         self.devs.remove(d)
-                self.write_job_file("running", f"shrunk by {len(done)} GPU(s)")
-                self.notify()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+                self.write_job_file("running", f"shrunk by {len(done)} GPU(s)" + self._restart_note())
+                self._tell()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}" + self._restart_note()
         log(msg if failed is None else f"{msg}; giving back the rest failed: {failed}")
         if failed is not None:
             return {"ok": False, "devices": self.cuda_visible(), "message": f"{msg}; giving back the rest failed: "
@@ -319,13 +323,25 @@ class Supervisor:
                 else:
                     _close(fd)
             self._rewrite_lease()
-            self.write_job_file("running", f"shrunk by {len(drop)} GPU(s)")
-            self.notify()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+            self.write_job_file("running", f"shrunk by {len(drop)} GPU(s)" + self._restart_note())
+            self._tell()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}" + self._restart_note()
         if later:
             msg += f"; GPU {','.join(later)} is freed when the running command exits or restarts"
         log(msg)
         return {"ok": True, "devices": self.cuda_visible(), "message": msg}
+
+    def _restart_note(self) -> str:
+        return "; the command restarts (--on-change restart)" if self.on_change == "restart" else ""
+
+    def _tell(self) -> None:
+        """Tell the command its GPUs changed (grow, shrink), as ``--on-change`` says: the notify
+        signal; or a restart like a move's (SIGTERM to its group, --grace, SIGKILL; started again at
+        once on the job's GPUs then, same lease); or nothing (it polls the job file)."""
+        if self.on_change == "signal":
+            self.notify()
+        elif self.on_change == "restart" and not self.stopping:  # a stop under way starts it on the GPUs now
+            self._stop_child("change")
 
     def _stop_child(self, why: str) -> None:
         proc = self.proc
@@ -507,11 +523,12 @@ class Supervisor:
         env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.cuda_visible(),
                     "GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
                     "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.notify_signal).name,
-                    "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME)})
+                    "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME),
+                    "GPUSD_GPU_COUNT": str(len(self.devs))})
         if self.lease is not None:
             env["GPUSD_LEASE"] = self.lease.lease_id
         fds = list(self.lease.fds) if self.lease is not None else []
-        own_group = self.preemptible or self.pausable
+        own_group = self.preemptible or self.pausable or self.on_change == "restart"
         proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=_own_group if own_group else None)
         self.inherited = set(self.dev_fds)
         self.writer.write(child=proc.pid)
@@ -523,7 +540,7 @@ class Supervisor:
 
         from ..alloc.runner import _interactive
 
-        interactive = _interactive() and not (self.preemptible or self.pausable)
+        interactive = _interactive() and not (self.preemptible or self.pausable or self.on_change == "restart")
 
         def forward(signum: int, _frame: object) -> None:
             if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
@@ -582,7 +599,7 @@ class Supervisor:
                     self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
                     self._take(self._allocate(self.c, True, None, first=True, resume=True))
                     continue
-                if why == "move" or rc == RESTART_ME:
+                if why in ("move", "change") or rc == RESTART_ME:
                     self.restarts += 1
                     continue
                 break
