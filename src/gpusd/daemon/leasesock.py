@@ -4,7 +4,7 @@ A daemon running as root serves ``$GPUSD_LEASE_SOCKET`` (default ``/run/gpusd/le
 directory only it can write; the protocol is in :mod:`gpusd.alloc.authority` and docs/allocation.md.
 For each connection it reads one request, learns the client's pid and uid from the kernel
 (``SO_PEERCRED``), selects and takes the very same flock leases a client would take itself (same lock
-directory, same mutex, same FIFO queue: the two ways never overlap), answers, and keeps the lease's
+directory, same mutex, same queue: the two ways never overlap), answers, and keeps the lease's
 descriptors until the connection closes.  The lease record it writes is root's and names the client
 (and the client's job, when it says which: a label only), so ``gpusd leases`` shows the client as
 the holder.
