@@ -202,9 +202,9 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             if ahead is not None:
                 if watch is None:
                     watch = queue.LeaseWatch(store.dir)
-                # Look again at least every second: the order may change (a newcomer of a higher
-                # class, aging), and the one ahead may now be waiting behind us.
-                until = time.monotonic() + 1.0
+                # Look again now and then: aging may change the order, and two waiters whose clocks
+                # straddle an aging step could each wait for the other until one looks again.
+                until = time.monotonic() + queue.RECHECK_ORDER
                 if not queue.wait_for(ahead, until if deadline is None else min(deadline, until), watch=watch,
                                       cancelled=cancelled):
                     if (deadline is not None and time.monotonic() >= deadline) or (cancelled and cancelled()):

@@ -19,8 +19,8 @@ best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
 selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it,
-and looks again at least every second (a newcomer of a higher class, or aging, may change who that
-is); a lock is released the moment its waiter gets its GPUs, gives up or dies (the kernel drops the
+and looks again at least every :data:`RECHECK_ORDER` seconds (aging may change who that is); a lock
+is released the moment its waiter gets its GPUs, gives up or dies (the kernel drops the
 lock of a killed process), so the hand-over is immediate.  The head checks under the selection mutex
 that it still is the head before it takes GPUs.
 
@@ -124,6 +124,7 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
 
 MAX_TICKET_BYTES = 8192
 MAX_TICKETS = 4096
+RECHECK_ORDER = 5.0  # seconds: a waiter that is not the head looks at the order again at least this often
 
 
 @dataclass

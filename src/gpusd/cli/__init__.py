@@ -105,7 +105,8 @@ def _selection_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("constraints")
     add_constraint_flags(g)
     g.add_argument("--no-lease", dest="lease", action="store_false", help="select only; take no lease")
-    g.add_argument("--wait", action="store_true", help="queue (by priority, then first come, first served) until GPUs qualify")
+    g.add_argument("--wait", action="store_true",
+                   help="queue (by priority, then first come, first served) until GPUs qualify")
     g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
     g.add_argument("--uuid", action="store_true", help="emit UUIDs instead of indices in CUDA_VISIBLE_DEVICES")
     _simulate_flag(p)
