@@ -333,7 +333,7 @@ def test_leases_table_and_json_with_a_hostile_lease_file(tmp_path, monkeypatch) 
                               command=f"{CLEAR}rm -rf /{C1_CSI}" + HUGE, device="GPU-1")]
 
     monkeypatch.setattr(leases_mod, "LeaseStore", Hostile)
-    monkeypatch.setattr(queue, "waiting", lambda store: [])
+    monkeypatch.setattr(queue, "waiters", lambda store: [])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert leases(argparse.Namespace(json=False)) == 0
