@@ -45,6 +45,19 @@ def gpusd_cli(args: Sequence[str], env: dict[str, str] | None = None, timeout: f
 
 
 @pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory like /tmp that every uid can use (pytest's tmp_path is private to root), for the
+    tests that play a second, hostile local user (tests/other_user.py)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="gpusd-shared-", dir="/tmp"))
+    os.chmod(d, 0o1777)  # like /tmp
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def cli_env(fake_nvml: FakeNvml) -> dict[str, str]:
     """Environment for a gpusd subprocess on the fake NVML (state written by the test)."""
     return fake_nvml.env(dict(os.environ))

@@ -82,16 +82,6 @@ def leases_json(env: dict[str, str]) -> dict[str, object]:
 # -- a second user (as tests/alloc/test_local_trust.py does it), for the job trust tests -----------------
 from other_user import MALLORY, AsUser, as_user  # noqa: E402,F401  (re-exported for the job tests)
 
-
-def shared_dir() -> Path:
-    """A directory like /tmp that every uid can use (pytest's tmp_path is private to root)."""
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="gpusd-jobs-trust-", dir="/tmp"))
-    os.chmod(d, 0o1777)
-    return d
-
-
 # -- a fake NVIDIA cuda-checkpoint (docs/jobs.md): records its argv, keeps each pid's CUDA state ---------
 # State per pid in DIR/state-PID (running -> locked -> checkpointed -> locked -> running, as the real tool's
 # lock/checkpoint/restore/unlock); a wrong transition is an error, as it is for the tool.  DIR/fail-ACTION

@@ -8,27 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 from other_user import ALICE, MALLORY, AsUser, as_user, needs_root  # noqa: F401
-
-
-@pytest.fixture
-def shared_tmp():
-    """A directory like /tmp that every uid can use (pytest's tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="gpusd-trust-", dir="/tmp"))
-    os.chmod(d, 0o1777)  # like /tmp
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
 
 # -- finding 4: symlinks in a lock directory another user made -----------------------------------------
 

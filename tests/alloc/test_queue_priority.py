@@ -7,10 +7,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -143,14 +141,11 @@ def test_a_resume_claim_by_a_process_that_does_not_hold_the_ticket_is_not_believ
 
 
 @pytest.fixture
-def shared_locks():
-    d = Path(tempfile.mkdtemp(prefix="gpusd-prio-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    locks = d / "locks"
+def shared_locks(shared_tmp):
+    locks = shared_tmp / "locks"
     locks.mkdir()
     os.chmod(locks, 0o1777)
-    yield locks
-    shutil.rmtree(d, ignore_errors=True)
+    return locks
 
 
 def _forge_ticket(locks: Path, name: str, body: dict[str, object]) -> object:

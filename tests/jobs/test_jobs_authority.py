@@ -4,7 +4,6 @@ job), and grows and shrinks there (docs/jobs.md, docs/allocation.md "lease proto
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 from authority_helpers import ServerThread
 from conftest import gpusd_cli
 from fakenvml import make_gpus
-from jobs_helpers import GPUSD, MALLORY, as_user, job_env, job_script, jobs_json, leases_json, log_events, shared_dir
+from jobs_helpers import GPUSD, MALLORY, as_user, job_env, job_script, jobs_json, leases_json, log_events
 from other_user import needs_root
 from waiting import wait_until_sync
 
@@ -127,13 +126,6 @@ def test_a_daemon_held_job_refuses_what_it_cannot_do(fake_nvml_inprocess, author
         assert p.wait(timeout=30) == 0
     finally:
         _kill(p)
-
-
-@pytest.fixture
-def shared_tmp():
-    d = shared_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @needs_root

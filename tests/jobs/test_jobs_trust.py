@@ -8,23 +8,13 @@ that counts is the supervisor's (SO_PEERCRED), not the CLI's.  Skipped when not 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
-import pytest
-
 from fakenvml import make_gpus
-from jobs_helpers import GPUSD, MALLORY, AsUser, as_user, job_env, job_script, jobs_json, log_events, shared_dir
+from jobs_helpers import GPUSD, MALLORY, AsUser, as_user, job_env, job_script, jobs_json, log_events
 from other_user import needs_root
 from waiting import wait_until_sync
-
-
-@pytest.fixture
-def shared_tmp():
-    d = shared_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @needs_root
