@@ -33,34 +33,25 @@ import array
 import asyncio
 import json
 import logging
-import math
 import os
-import re
 import socket
 import stat
-import struct
 import threading
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from .leaseconn import MAX_REQUEST, Conn
+from .leasereq import constraints, job_of, parse, priority_of
+from .leasereq import version as protocol_version
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST = 16384
 REQUEST_TIMEOUT = 5.0
-SEND_TIMEOUT = 10.0
 MAX_CLIENTS = 256
 MAX_PER_UID = 64
-MAX_AHEAD = 8  # further requests read (and kept) while one is served
-MAX_WRITERS = 16  # processes sharing a connection whose unfinished lines are kept apart
 MAX_DEVICES = 64  # a lease record names at most this many (gpusd.alloc.leases.MAX_LEASE_DEVICES)
-PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
-JOB_ID = re.compile(r"^[0-9a-f]{12}$")
-_CRED = struct.Struct("3i")
-_ANCILLARY = socket.CMSG_SPACE(_CRED.size) + socket.CMSG_SPACE(16 * 4)
 
 
 class _LockedBackend:
@@ -77,160 +68,6 @@ class _LockedBackend:
     def close(self) -> None:
         with self.lock:
             self.backend.close()
-
-
-class _Conn:
-    """One client connection, read line by line with the uid of whoever wrote each line.
-
-    The kernel attaches the writer's credentials to every message (``SO_PASSCRED``) and never glues
-    two writers' bytes into one read, so each writer's bytes are gathered into lines of their own: a
-    process that shares the connection cannot corrupt the holder's requests with half a line.  A
-    writer is ``None`` for bytes without credentials (where SO_PASSCRED could not be set)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        sock.setblocking(False)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        except OSError:
-            pass  # then no line has credentials, and none after the first request is believed
-        self.partial: dict[tuple[int, int] | None, bytearray] = {}  # writer (pid, uid) -> its unfinished line
-        self.skipping: set[tuple[int, int] | None] = set()  # writers inside an over-long line
-        self.lines: deque[tuple[bytes | None, int | None]] = deque()  # (line or None: too long, writer's uid)
-        self.eof = False
-        self.deaf = False  # an answer could not be sent: the client does not read; answer no more
-        self.closed = False
-        # The loop watching the socket for input, and the future that the watch resolves.
-        self.watched: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-
-    async def _recv(self) -> bool:
-        """Read what is there (waiting for it); False at the end of the connection."""
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                data, ancillary, _flags, _addr = self.sock.recvmsg(65536, _ANCILLARY)
-                break
-            except (BlockingIOError, InterruptedError):
-                ready: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(self.sock.fileno(), _resolve, ready)
-                self.watched = loop, ready
-                try:
-                    await ready
-                finally:
-                    self._unwatch(ready)  # unless that was done already (and the socket watched anew)
-            except OSError:
-                data, ancillary = b"", []
-                break
-        writer: tuple[int, int] | None = None
-        for level, kind, payload in ancillary:
-            if level != socket.SOL_SOCKET:
-                continue
-            if kind == socket.SCM_CREDENTIALS and len(payload) >= _CRED.size:
-                # The pid is 0 for a writer in a pid namespace we cannot see; the uid is always the
-                # writer's as the kernel maps it to ours (65534 when unmapped or unknown, never root).
-                pid, uid, _gid = _CRED.unpack(payload[:_CRED.size])
-                writer = (pid, uid)
-            elif kind == socket.SCM_RIGHTS:  # nobody passes us descriptors: close what came
-                fds = array.array("i")
-                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-                for fd in fds:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-        if not data:
-            self.eof = True
-            return False
-        self._gather(data, writer)
-        return True
-
-    def _gather(self, data: bytes, writer: tuple[int, int] | None) -> None:
-        uid = writer[1] if writer is not None else None
-        while data:
-            at = data.find(b"\n")
-            if writer in self.skipping:
-                if at < 0:
-                    return
-                self.skipping.discard(writer)
-                data = data[at + 1:]
-                continue
-            buf = self.partial.get(writer)
-            if buf is None:
-                if len(self.partial) >= MAX_WRITERS:  # bounded: the oldest unfinished line goes
-                    oldest = next(iter(self.partial))
-                    del self.partial[oldest]
-                    self.skipping.add(oldest)
-                buf = self.partial[writer] = bytearray()
-            if at < 0:
-                buf += data
-                if len(buf) > MAX_REQUEST:
-                    del self.partial[writer]
-                    self.skipping.add(writer)
-                    self.lines.append((None, uid))
-                return
-            buf += data[:at + 1]
-            data = data[at + 1:]
-            del self.partial[writer]
-            self.lines.append((bytes(buf) if len(buf) <= MAX_REQUEST + 1 else None, uid))
-
-    async def readline(self) -> tuple[bytes | None, int | None] | None:
-        """The next line (None: it was over :data:`MAX_REQUEST` bytes) and its writer's uid; None at
-        the end of the connection."""
-        while not self.lines:
-            if self.eof or not await self._recv():
-                return None
-        return self.lines.popleft()
-
-    def pending(self) -> bool:
-        return bool(self.lines) or any(self.partial.values())
-
-    async def watch(self, fut: asyncio.Future[Any], any_data_ends: bool) -> bool:
-        """Wait for ``fut``; True when the client left meanwhile (or, with ``any_data_ends``, sent
-        anything: protocol 1's "abandon").  Requests that arrive are kept for later, at most
-        :data:`MAX_AHEAD` of them (more are dropped, logged: the end of the connection must still be
-        seen)."""
-        while not fut.done():
-            if self.eof or (any_data_ends and self.pending()):
-                return True
-            while len(self.lines) > MAX_AHEAD:
-                self.lines.pop()
-                log.warning("lease socket: more than %d requests sent ahead of an answer: one dropped", MAX_AHEAD)
-            reading = asyncio.ensure_future(self._recv())
-            try:
-                await asyncio.wait({fut, reading}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not reading.done():
-                    reading.cancel()
-                    self._unwatch()  # now, not when the cancelled read next runs
-            if not reading.done() or reading.cancelled():
-                break
-            if not reading.result():
-                return True
-        return self.eof or (any_data_ends and self.pending())
-
-    async def send(self, obj: dict[str, Any]) -> None:
-        if self.deaf or self.closed:
-            return
-        loop = asyncio.get_running_loop()
-        try:
-            data = json.dumps(obj, allow_nan=False).encode() + b"\n"
-            await asyncio.wait_for(loop.sock_sendall(self.sock, data), SEND_TIMEOUT)
-        except (OSError, ValueError, asyncio.TimeoutError):
-            self.deaf = True  # it does not read: its lease stays, its answers stop
-
-    def _unwatch(self, ready: asyncio.Future[None] | None = None) -> None:
-        """Stop watching the socket (before it is closed: its number may be reused at once); with
-        ``ready``, only that watch."""
-        if self.watched is None or (ready is not None and self.watched[1] is not ready):
-            return
-        loop, self.watched = self.watched[0], None
-        loop.remove_reader(self.sock.fileno())
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._unwatch()
-            self.sock.close()
 
 
 class _Held:
@@ -262,7 +99,7 @@ class LeaseServer:
         self.total = 0
         self.cancels: set[threading.Event] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.held: dict[_Conn, _Held] = {}  # connection -> the lease granted on it
+        self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
 
     # -- start/stop ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -370,7 +207,7 @@ class LeaseServer:
     async def _client(self, sock: socket.socket) -> None:
         from ..alloc.authority import peer_credentials
 
-        conn = _Conn(sock)
+        conn = Conn(sock)
         try:
             pid, uid, _ = peer_credentials(sock)
         except OSError:
@@ -401,11 +238,11 @@ class LeaseServer:
                     pass
                 return
             try:
-                req = _parse(got[0])
-                kwargs = _constraints(req)
-                version = _version(req)
-                job = _job(req)
-                priority = _priority(req)
+                req = parse(got[0])
+                kwargs = constraints(req)
+                version = protocol_version(req)
+                job = job_of(req)
+                priority = priority_of(req)
             except ConfigError as exc:
                 await conn.send({"ok": False, "error": "usage", "message": str(exc)})
                 return
@@ -446,7 +283,7 @@ class LeaseServer:
                 del self.clients[uid]
             conn.close()
 
-    async def _serve(self, conn: _Conn, held: _Held, cancel: threading.Event) -> None:
+    async def _serve(self, conn: Conn, held: _Held, cancel: threading.Event) -> None:
         """Protocol 2: further requests on the connection that holds the lease, until it ends."""
         loop = asyncio.get_running_loop()
         lease_id = held.lease.lease_id
@@ -463,7 +300,7 @@ class LeaseServer:
                 await conn.send({**_TOO_LONG, "id": None})
                 continue
             try:
-                req = _parse(line)
+                req = parse(line)
                 rid = req.get("id")
                 if rid is not None and (type(rid) is not int or not 0 <= rid < 2**53):
                     raise ConfigError("bad 'id' in the request")
@@ -473,7 +310,7 @@ class LeaseServer:
             op = req.get("op")
             try:
                 if op == "grow":
-                    kwargs = _constraints(req, op="grow")
+                    kwargs = constraints(req, op="grow")
                     if len(held.held()) + kwargs["count"] > MAX_DEVICES:
                         raise ConfigError(f"a lease holds at most {MAX_DEVICES} GPUs")
                     growing = loop.run_in_executor(self.executor, self._grow, held, kwargs, cancel)
@@ -573,11 +410,6 @@ class LeaseServer:
 _TOO_LONG = {"ok": False, "error": "usage", "message": f"a request is one line of at most {MAX_REQUEST} bytes"}
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
 def _candidate(c: Any) -> dict[str, Any]:
     return {"gpu": c.gpu.to_dict(), "mig": c.mig.to_dict() if c.mig else None, "free": c.free, "total": c.total,
             "util": c.util}
@@ -615,89 +447,6 @@ def _hand_over(sock: socket.socket, lease: Any) -> bool:
         dup.close()
     lease.forget()
     return True
-
-
-def _parse(line: bytes) -> dict[str, Any]:
-    try:
-        d = json.loads(line)
-    except (ValueError, RecursionError):
-        raise ConfigError("a request is one JSON object on one line") from None
-    if not isinstance(d, dict):
-        raise ConfigError("a request is one JSON object on one line")
-    return d
-
-
-def _version(d: dict[str, Any]) -> int:
-    """The protocol both sides speak: the client's ``v`` (1 when absent), at most ours."""
-    v = d.get("v", 1)
-    if type(v) is not int or v < 1:
-        raise ConfigError("bad 'v' in the lease request")
-    return min(v, PROTOCOL)
-
-
-def _job(d: dict[str, Any]) -> str | None:
-    """The client's job id (12 hex digits), a label for the lease record; believed as nothing more."""
-    job = d.get("job")
-    if job is None:
-        return None
-    if not isinstance(job, str) or not JOB_ID.match(job):
-        raise ConfigError("bad 'job' in the lease request (a job id is 12 hex digits)")
-    return job
-
-
-def _priority(d: dict[str, Any]) -> int | None:
-    """The client's priority (0 low .. 3 urgent, docs/jobs.md): a claim, believed up to the priority
-    policy's bound for the client's uid where it is used (``allocate(uid=...)``)."""
-    level = d.get("priority")
-    if level is None:
-        return None
-    if type(level) is not int or not 0 <= level <= 3:
-        raise ConfigError("bad 'priority' in the lease request (0 low, 1 normal, 2 high, 3 urgent)")
-    return level
-
-
-def _request(line: bytes) -> dict[str, Any]:
-    """Validate a lease request into keyword arguments for :meth:`Constraints.build` (plus wait,
-    timeout, command, visible); ConfigError when it is not one."""
-    return _constraints(_parse(line))
-
-
-def _constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
-    """:func:`_request` of a parsed request (``op`` ``lease``, or ``grow`` on a held connection)."""
-    if d.get("op") != op:
-        raise ConfigError(f'unknown request (expected {{"op": "{op}", ...}})')
-
-    def opt(key: str, types: tuple[type, ...]) -> Any:
-        v = d.get(key)
-        if v is None:
-            return None
-        if type(v) not in types or (isinstance(v, float) and not math.isfinite(v)):
-            raise ConfigError(f"bad {key!r} in the lease request")
-        return v
-
-    def ids(key: str) -> list[str] | None:
-        v = d.get(key)
-        if v is None:
-            return None
-        if not isinstance(v, list) or len(v) > 64 or not all(isinstance(x, str) and len(x) <= 128 for x in v):
-            raise ConfigError(f"bad {key!r} in the lease request")
-        return v
-
-    count = d.get("count", 1)
-    if type(count) is not int or not 0 < count <= 256:
-        raise ConfigError("bad 'count' in the lease request")
-    timeout = opt("timeout", (int, float))
-    if timeout is not None and not 0 <= timeout <= 10**7:
-        raise ConfigError("bad 'timeout' in the lease request")
-    by = opt("by", (str,)) or "load"
-    command, visible = opt("command", (str,)), opt("visible", (str,))
-    return {
-        "count": count, "min_free": opt("min_free", (int, float)), "memory": opt("memory", (int,)),
-        "max_util": opt("max_util", (int, float)), "max_processes": opt("max_processes", (int,)),
-        "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
-        "shared": d.get("shared") is True, "wait": d.get("wait") is True, "timeout": timeout,
-        "command": command[:1024] if command else None, "visible": visible[:1024] if visible is not None else None,
-    }
 
 
 async def start_lease_server(simulate: str | None = None) -> LeaseServer | None:

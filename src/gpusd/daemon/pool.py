@@ -123,7 +123,7 @@ class Pool:
 
     # -- requests -----------------------------------------------------------------------------------
     async def create(self, body: dict[str, Any], remote_from: str | None) -> tuple[int, dict[str, Any]]:
-        from .leasesock import _request
+        from .leasereq import request as _request
 
         holder, note, ttl = _terms(body)
         job = body.get("job")

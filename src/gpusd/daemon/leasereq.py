@@ -1,0 +1,102 @@
+"""Lease-socket requests, checked field by field (docs/allocation.md, "The daemon as lease authority").
+
+Part of the lease authority (:mod:`gpusd.daemon.leasesock`); the daemon's remote leases
+(:mod:`gpusd.daemon.pool`) check their constraints with the same :func:`request`.  Anything that is
+not a well-formed request is a :class:`~gpusd.errors.ConfigError` (answered ``usage``), never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ..errors import ConfigError
+
+PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
+JOB_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+def parse(line: bytes) -> dict[str, Any]:
+    try:
+        d = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ConfigError("a request is one JSON object on one line") from None
+    if not isinstance(d, dict):
+        raise ConfigError("a request is one JSON object on one line")
+    return d
+
+
+def version(d: dict[str, Any]) -> int:
+    """The protocol both sides speak: the client's ``v`` (1 when absent), at most ours."""
+    v = d.get("v", 1)
+    if type(v) is not int or v < 1:
+        raise ConfigError("bad 'v' in the lease request")
+    return min(v, PROTOCOL)
+
+
+def job_of(d: dict[str, Any]) -> str | None:
+    """The client's job id (12 hex digits), a label for the lease record; believed as nothing more."""
+    job = d.get("job")
+    if job is None:
+        return None
+    if not isinstance(job, str) or not JOB_ID.match(job):
+        raise ConfigError("bad 'job' in the lease request (a job id is 12 hex digits)")
+    return job
+
+
+def priority_of(d: dict[str, Any]) -> int | None:
+    """The client's priority (0 low .. 3 urgent, docs/jobs.md): a claim, believed up to the priority
+    policy's bound for the client's uid where it is used (``allocate(uid=...)``)."""
+    level = d.get("priority")
+    if level is None:
+        return None
+    if type(level) is not int or not 0 <= level <= 3:
+        raise ConfigError("bad 'priority' in the lease request (0 low, 1 normal, 2 high, 3 urgent)")
+    return level
+
+
+def request(line: bytes) -> dict[str, Any]:
+    """Validate a lease request into keyword arguments for :meth:`Constraints.build` (plus wait,
+    timeout, command, visible); ConfigError when it is not one."""
+    return constraints(parse(line))
+
+
+def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
+    """:func:`request` of a parsed request (``op`` ``lease``, or ``grow`` on a held connection)."""
+    if d.get("op") != op:
+        raise ConfigError(f'unknown request (expected {{"op": "{op}", ...}})')
+
+    def opt(key: str, types: tuple[type, ...]) -> Any:
+        v = d.get(key)
+        if v is None:
+            return None
+        if type(v) not in types or (isinstance(v, float) and not math.isfinite(v)):
+            raise ConfigError(f"bad {key!r} in the lease request")
+        return v
+
+    def ids(key: str) -> list[str] | None:
+        v = d.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or len(v) > 64 or not all(isinstance(x, str) and len(x) <= 128 for x in v):
+            raise ConfigError(f"bad {key!r} in the lease request")
+        return v
+
+    count = d.get("count", 1)
+    if type(count) is not int or not 0 < count <= 256:
+        raise ConfigError("bad 'count' in the lease request")
+    timeout = opt("timeout", (int, float))
+    if timeout is not None and not 0 <= timeout <= 10**7:
+        raise ConfigError("bad 'timeout' in the lease request")
+    by = opt("by", (str,)) or "load"
+    command, visible = opt("command", (str,)), opt("visible", (str,))
+    return {
+        "count": count, "min_free": opt("min_free", (int, float)), "memory": opt("memory", (int,)),
+        "max_util": opt("max_util", (int, float)), "max_processes": opt("max_processes", (int,)),
+        "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
+        "shared": d.get("shared") is True, "wait": d.get("wait") is True, "timeout": timeout,
+        "command": command[:1024] if command else None, "visible": visible[:1024] if visible is not None else None,
+    }
