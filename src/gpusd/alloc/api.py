@@ -225,9 +225,11 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 break
             except NoGpuAvailable as exc:
                 last = exc
+                # Our own look closed lock files (a failed acquire opens and closes them): those
+                # closes are not a lease ending, and waking on them would spin.
+                watch.drain()
                 if when_blocked is not None:
-                    blocked, when_blocked = when_blocked, None
-                    blocked()
+                    when_blocked()
             if not watch.active:
                 delay = min(poll, 0.1)
             elif settle < len(SETTLE):

@@ -166,11 +166,19 @@ def open_lock_file(dir_fd: int, name: str, where: Path) -> int:
 
 
 def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644) -> int:
-    """Create a new file (never an existing one, never through a symlink) for writing."""
+    """Create a new file (never an existing one, never through a symlink) for writing, with ``mode``
+    whatever the umask (a lease record or ticket others cannot read would be invisible to them: a
+    GPU locked with no record, a waiter nobody queues behind).  The chmod is of the file we just
+    created, through its descriptor."""
     try:
-        return os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
     except OSError as exc:
         raise GpusdError(f"cannot create {where / name}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        pass
+    return fd
 
 
 def try_lock(fd: int, shared: bool) -> bool:

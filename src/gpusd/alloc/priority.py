@@ -10,9 +10,10 @@ default (``urgent`` is for root and for the users or groups the administrator na
 
     {"max": "high", "users": {"alice": "urgent"}, "groups": {"interns": "normal"}, "aging_minutes": 30}
 
-It is read only when it is a regular file (not a symlink) owned by root (or by the reader itself) that
-nobody else may write; otherwise gpusd says so once and uses the defaults.  Every process that orders
-the queue reads the same file, so they all agree on the order.
+It is read only when it is a regular file (not a symlink) owned by root, readable by everyone and
+writable by nobody else; otherwise every process ignores it (saying so once) and uses the defaults.
+Every process that orders the queue must read the same policy, or two waiters could each wait for the
+other: a policy only root can read, or one a user wrote, is therefore nobody's.
 
 Aging: a waiting job rises one level for every ``aging_minutes`` it has waited, up to ``high`` (never
 to ``urgent``), so a ``low`` job is passed by newcomers for at most twice that long.
@@ -118,7 +119,10 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
     path = path or os.environ.get("GPUSD_PRIORITY_POLICY") or POLICY_PATH
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    except FileNotFoundError:
+        return PriorityPolicy()
+    except OSError as exc:  # a symlink (ELOOP), unreadable: every process must read the same policy
+        _warn_once(path, f"ignoring the priority policy {path}: {exc.strerror}")
         return PriorityPolicy()
     try:
         st = os.fstat(fd)
@@ -129,9 +133,11 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
         if not stat.S_ISREG(st.st_mode):
             _warn_once(path, f"ignoring the priority policy {path}: not a regular file")
             return PriorityPolicy()
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            _warn_once(path, f"ignoring the priority policy {path}: it must belong to root and be writable by "
-                       "nobody else")
+        if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not st.st_mode & stat.S_IROTH:
+            # Every process that orders the queue must see the same policy, or two waiters may each
+            # wait for the other: a file only some can read, or one a user wrote, is nobody's.
+            _warn_once(path, f"ignoring the priority policy {path}: it must belong to root, be readable by "
+                       "everyone and writable by nobody else")
             return PriorityPolicy()
         raw = os.read(fd, MAX_POLICY_BYTES + 1)
     except OSError:
