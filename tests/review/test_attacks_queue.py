@@ -10,7 +10,6 @@ from conftest import REPO
 from gpusd.alloc import queue
 from gpusd.alloc.leases import LeaseStore
 from gpusd.alloc.priority import NORMAL
-from waiting import wait_until_sync
 
 
 def _enqueue(store, priority, **kw):

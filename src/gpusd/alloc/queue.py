@@ -225,7 +225,9 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
 
 
 def _order(entries: list[tuple[Waiter, float, Path]]) -> list[tuple[Waiter, float, Path]]:
-    entries.sort(key=lambda e: (-e[0].level, e[1], e[0].seq))  # a resumed job: placed at its process start (never ahead of earlier waiters by its word alone)
+    # A resumed job is placed at its process's start, not ahead of its class: a claim anyone can
+    # make must never put a process started after others queued ahead of them.
+    entries.sort(key=lambda e: (-e[0].level, e[1], e[0].seq))
     for i, (w, _, _) in enumerate(entries):
         w.position = i + 1
     return entries
