@@ -47,3 +47,26 @@ def test_a_fresh_process_claiming_resume_does_not_pass_earlier_waiters_of_its_cl
         p.wait()
         for x in others:
             x.close()
+
+
+def test_a_hard_link_or_a_fifo_in_the_queue_is_not_a_waiter(tmp_path):
+    """A ticket is a regular file with one link (as every other lock-directory file): a hard link to
+    another user's file (root's, say: believed to name anyone, at any priority) or a FIFO is not one."""
+    import fcntl
+
+    store = LeaseStore()
+    store.ensure()
+    d = store.dir
+    other = d / "elsewhere.json"
+    other.write_text('{"priority": 3, "user": "alice"}')
+    os.link(other, d / "queue-000000000001-1.ticket")
+    os.mkfifo(d / "queue-000000000002-1.ticket")
+    fds = [os.open(d / "queue-000000000001-1.ticket", os.O_RDONLY),
+           os.open(d / "queue-000000000002-1.ticket", os.O_RDONLY | os.O_NONBLOCK)]
+    try:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        assert queue.waiters(store) == []
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -42,6 +42,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -179,9 +180,11 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
             except OSError:
                 continue
             try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    continue  # not a ticket gpusd made (a FIFO, a directory, a hard link to another file)
                 if abandoned(fd, dfd, (name,), cleanup):  # a dead waiter's
                     continue
-                st = os.fstat(fd)
                 raw = os.read(fd, MAX_TICKET_BYTES + 1)
             except OSError:
                 continue
