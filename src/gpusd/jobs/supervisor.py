@@ -470,7 +470,7 @@ class Supervisor:
         try:
             conn.settimeout(10)
             uid = control.peer_uid(conn)
-            req = control.read_line(conn)  # read first: the refusal is an answer, not a broken pipe
+            req = control.read_line(conn, within=10)  # read first: the refusal is an answer, not a broken pipe
             if uid not in (0, os.geteuid()):
                 answer: dict[str, Any] = {"ok": False, "message": f"job {self.job_id} belongs to another user: only "
                                           "its owner or root may change it"}
