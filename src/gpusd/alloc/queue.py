@@ -42,6 +42,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -179,9 +180,11 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
             except OSError:
                 continue
             try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    continue  # not a ticket gpusd made (a FIFO, a directory, a hard link to another file)
                 if abandoned(fd, dfd, (name,), cleanup):  # a dead waiter's
                     continue
-                st = os.fstat(fd)
                 raw = os.read(fd, MAX_TICKET_BYTES + 1)
             except OSError:
                 continue
@@ -225,7 +228,9 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
 
 
 def _order(entries: list[tuple[Waiter, float, Path]]) -> list[tuple[Waiter, float, Path]]:
-    entries.sort(key=lambda e: (-e[0].level, not e[0].resumed, e[1], e[0].seq))
+    # A resumed job is placed at its process's start, not ahead of its class: a claim anyone can
+    # make must never put a process started after others queued ahead of them.
+    entries.sort(key=lambda e: (-e[0].level, e[1], e[0].seq))
     for i, (w, _, _) in enumerate(entries):
         w.position = i + 1
     return entries

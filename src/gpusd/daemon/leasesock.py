@@ -181,11 +181,13 @@ class LeaseServer:
             self.listener = None
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
-        for conn, held in list(self.held.items()):  # the clients keep their leases
+        # the clients keep their leases; one that does not read its answers (deaf) gets no wait, and
+        # comes last, so that it cannot hold up everyone else's hand-over
+        for conn, held in sorted(self.held.items(), key=lambda item: item[0].deaf):
             if not held.lock.acquire(timeout=2.0):  # a join or drop takes milliseconds
                 continue
             try:
-                handed = _hand_over(conn.sock, held.lease)
+                handed = _hand_over(conn.sock, held.lease, 0.0 if conn.deaf else 1.0)
             finally:
                 held.lock.release()
             if handed:
@@ -427,7 +429,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"ok": False, "error": "error", "message": f"internal error: {exc!r}"[:300]}
 
 
-def _hand_over(sock: socket.socket, lease: Any) -> bool:
+def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
     """Pass the lease's descriptors to the client (``SCM_RIGHTS``) and close ours: the kernel keeps
     the locks, which belong to the open files, not to a process.  Sent fds live in the connection
     until the client reads them or closes it, so the lease still ends with the client's connection,
@@ -437,8 +439,7 @@ def _hand_over(sock: socket.socket, lease: Any) -> bool:
     except OSError:
         return False
     try:
-        dup.setblocking(True)
-        dup.settimeout(1.0)
+        dup.settimeout(timeout)  # 0: not blocking at all
         note = json.dumps({"op": "handover", "lease_id": lease.lease_id}).encode() + b"\n"
         dup.sendmsg([note], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())])
     except OSError:

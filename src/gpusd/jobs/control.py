@@ -37,9 +37,19 @@ def peer_uid(conn: socket.socket) -> int:
     return int(uid)
 
 
-def read_line(conn: socket.socket, limit: int = MAX_LINE) -> dict[str, Any]:
+def read_line(conn: socket.socket, limit: int = MAX_LINE, within: float | None = None) -> dict[str, Any]:
+    """One JSON object line; with ``within``, the whole line must come within that many seconds
+    (a peer that sends a byte now and then cannot keep us waiting: socket.timeout)."""
+    import time
+
+    deadline = time.monotonic() + within if within is not None else None
     buf = b""
     while b"\n" not in buf:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no whole request or answer in time")
+            conn.settimeout(left)
         chunk = conn.recv(4096)
         if not chunk:
             break
@@ -83,7 +93,7 @@ def request(job_id: str, uid: int | None, message: dict[str, Any], timeout: floa
                              f"not by the job's owner")
         sock.sendall(json.dumps(message).encode() + b"\n")
         try:
-            return read_line(sock)
+            return read_line(sock, within=timeout)
         except (ValueError, OSError) as exc:
             raise GpusdError(f"job {job_id} gave no valid answer: {exc}") from None
     finally:

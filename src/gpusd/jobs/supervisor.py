@@ -89,6 +89,7 @@ class Supervisor:
         self.pending: dict[str, int] = {}  # given back, still held by the running command
         self.lease: Lease | Any = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None  # the command's own process group (when it has one)
         self.stopping: str | None = None  # "preempt", "move", "change" (--on-change restart), "user"
         self.generation = 0
         self.restarts = 0
@@ -348,6 +349,7 @@ class Supervisor:
         if proc is None or proc.poll() is not None:
             return
         self.stopping = why
+        self.stop_deadline = time.monotonic() + self.grace
         _signal_group(proc.pid, signal.SIGCONT)
         _signal_group(proc.pid, signal.SIGTERM)
 
@@ -468,7 +470,7 @@ class Supervisor:
         try:
             conn.settimeout(10)
             uid = control.peer_uid(conn)
-            req = control.read_line(conn)  # read first: the refusal is an answer, not a broken pipe
+            req = control.read_line(conn, within=10)  # read first: the refusal is an answer, not a broken pipe
             if uid not in (0, os.geteuid()):
                 answer: dict[str, Any] = {"ok": False, "message": f"job {self.job_id} belongs to another user: only "
                                           "its owner or root may change it"}
@@ -530,6 +532,7 @@ class Supervisor:
         fds = list(self.lease.fds) if self.lease is not None else []
         own_group = self.preemptible or self.pausable or self.on_change == "restart"
         proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=_own_group if own_group else None)
+        self.pgid = proc.pid if own_group else None
         self.inherited = set(self.dev_fds)
         self.writer.write(child=proc.pid)
         return proc
@@ -582,9 +585,14 @@ class Supervisor:
                             f"{self.last_migration * 1000:.0f} ms after the command exited)")
                     self.decided_at = self.exited_at = None
                 rc = self.proc.wait()
-                self.exited_at = time.monotonic()
                 with self.lock:
                     why = self.stopping
+                if self.pgid is not None and (why or rc == RESTART_ME):
+                    # the leader is gone; what is left of its group (children that ignore SIGTERM)
+                    # gets the rest of the grace, then SIGKILL, before its GPUs are reused
+                    _end_group(self.pgid, getattr(self, "stop_deadline", time.monotonic()) if why else
+                               time.monotonic() + self.grace)
+                self.exited_at = time.monotonic()
                 if stop["user"]:
                     break
                 if why == "preempt":
@@ -663,6 +671,26 @@ def _unlock(fd: int) -> None:
     except OSError:
         pass
     _close(fd)
+
+
+def _end_group(pgid: int, deadline: float) -> None:
+    """Wait (until ``deadline``) for the process group ``pgid`` to empty, then SIGKILL what is left.
+    The kernel does not reuse a pid while it names a group with members, so ``pgid`` is still the
+    job's group; once it is seen empty it is never signalled again."""
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return  # not ours any more
+        if time.monotonic() >= deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+            return
+        time.sleep(0.05)
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -265,10 +265,23 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         raise GpusdError(f"{h.hostname} refused the lease (HTTP {reply.status}): {str(err)[:300]}")
     d = reply.data
     lease = HostLease(str(d["lease_id"])[:64], h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
-                      {str(k): str(v) for k, v in (d.get("env") or {}).items()}, float(d.get("ttl") or ttl),
+                      _remote_env(d.get("env")), float(d.get("ttl") or ttl),
                       float(d.get("expires") or 0), list(h.addresses))
     lease.local = h.node_id == _local_node()
     return lease
+
+
+REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE")  # what a daemon's lease answer sets
+
+
+def _remote_env(raw: object) -> dict[str, str]:
+    """The variables of a daemon's lease answer that a job may get: only those a daemon sets (the
+    names go into a remote shell's ``export`` lines and into the command's environment), with
+    bounded printable values; the others are dropped."""
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items()
+            if k in REMOTE_ENV and isinstance(v, str) and len(v) <= 4096 and v.isprintable()}
 
 
 def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = None, model: str | None = None,
