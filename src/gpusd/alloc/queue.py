@@ -3,8 +3,9 @@
 Order (docs/jobs.md, "Fairness"): a ticket's **class** is its priority as the priority policy
 believes it for the ticket's owner (:mod:`gpusd.alloc.priority`: ``urgent`` needs root or the
 administrator's word), raised one level per aging period waited, up to ``high``.  Higher classes go
-first; within a class, a job that was **preempted** goes first (in the order its ``gpusd run``
-started), then everyone in the order they started waiting.  There is no backfilling: only the job at
+first; within a class, everyone in the order they started waiting, where a job that was
+**preempted** keeps its place from when its ``gpusd run`` started (so it goes back ahead of the jobs
+of its class that queued while it ran).  There is no backfilling: only the job at
 the head of the queue may take GPUs, so a 4-GPU job is never starved by a stream of 1-GPU jobs behind
 it (the price: while the head waits for 4 GPUs, 1-GPU jobs behind it wait too).  A job that does not
 wait (no ``--wait``) does not jump the queue either: while anyone who would be ahead of it is queued,

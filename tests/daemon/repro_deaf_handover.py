@@ -1,5 +1,5 @@
 """Review reproduction (timed, so not collected as a test): run with
-    python3 -m pytest -s tests/review/repro_deaf_handover.py -p no:cacheprovider \
+    python3 -m pytest -s tests/daemon/repro_deaf_handover.py -p no:cacheprovider \
         -o "python_functions=repro_*" -o "python_files=repro_*.py"
 A protocol-2 client that never reads must not delay the daemon's stop (the
 hand-over of everyone else's leases)."""
