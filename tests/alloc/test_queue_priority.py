@@ -282,3 +282,29 @@ def test_run_as_another_user_refuses_urgent_without_the_administrators_word(fake
     result.stop()
     assert result.result.startswith("ok 2 ") and "allows you at most high" in result.result, result.result
     assert queue.waiters(LeaseStore()) == []
+
+
+@needs_root
+def test_one_users_flood_of_tickets_is_bounded(shared_locks, monkeypatch):
+    """Every waiter scans every ticket: one user's thousand tickets would slow everyone's queue. Past
+    MAX_TICKETS_PER_USER, a user's tickets are not counted (they queue behind everyone)."""
+    monkeypatch.setenv("GPUSD_LOCK_DIR", str(shared_locks))
+    monkeypatch.setattr(queue, "MAX_TICKETS_PER_USER", 5)
+    store = LeaseStore()
+    mine = _enqueue(store, NORMAL)
+
+    kept: list[queue.Ticket] = []  # held while the child stays
+
+    def flood() -> str:
+        s = LeaseStore()
+        kept.extend(_enqueue(s, HIGH) for _ in range(8))
+        return str(len(kept))
+
+    mallory = AsUser(MALLORY, flood, stay=True)
+    try:
+        assert mallory.result == "ok 8"
+        order = queue.waiters(store)
+        assert [w.uid for w in order].count(MALLORY) == 5 and order[-1].ticket == mine.path.name
+    finally:
+        mallory.stop()
+        mine.close()

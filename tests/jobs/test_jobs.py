@@ -294,6 +294,65 @@ def test_a_waiting_job_stops_on_sigterm_and_grow_waits_if_asked(fake_nvml, cli_e
                 _kill(proc)
 
 
+def test_an_abandoned_grow_wait_leaves_the_queue_and_grows_nothing(fake_nvml, cli_env, tmp_path):
+    """Ctrl-C on `gpusd grow --wait`: the supervisor's place in the queue goes with it, and the job is
+    not grown later, unasked, when a GPU frees."""
+    fake_nvml.write(make_gpus(2))
+    log = tmp_path / "log"
+    env = job_env(cli_env, JOBLOG=str(log), STOPFILE=str(tmp_path / "stop"))
+    p = subprocess.Popen([*GPUSD, "run", "--", sys.executable, str(job_script(tmp_path))], env=env, text=True)
+    holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=env, text=True)
+    grow = None
+    try:
+        wait_until_sync(lambda: len([j for j in jobs_json(env) if j["state"] == "running"]) == 2, timeout=30)
+        job = [j for j in jobs_json(env) if "job.py" in str(j["command"])][0]["job"]
+        grow = subprocess.Popen([*GPUSD, "grow", str(job), "+1", "--wait"], env=env, text=True)
+        wait_until_sync(lambda: leases_json(env)["queued"], timeout=30)
+        grow.send_signal(signal.SIGINT)
+        grow.wait(timeout=30)
+        wait_until_sync(lambda: leases_json(env)["queued"] == [], timeout=30)  # the wait ended with its asker
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=30)
+        r = gpusd_cli(["run", "--", "true"], env=env)  # the freed GPU is free for anyone, not grown into
+        assert r.returncode == 0, r.stderr
+        assert [j["indices"] for j in jobs_json(env) if j["job"] == job] == [[0]] or \
+            [j["indices"] for j in jobs_json(env) if j["job"] == job] == [[1]]
+        assert not [e for e in log_events(log) if e["event"] == "change"]
+        (tmp_path / "stop").touch()
+        assert p.wait(timeout=30) == 0
+    finally:
+        for proc in (p, holder, grow):
+            if proc is not None:
+                _kill(proc)
+
+
+def test_a_blocked_head_asks_for_room_again_only_once_the_jobs_asked_have_stopped(monkeypatch):
+    """The queue calls its head's preemption each time it finds nothing qualifying: the supervisor
+    asks again only when the jobs it asked have let go of their GPUs, and not more often than every
+    PREEMPT_RETRY seconds, so that one checkpoint in progress does not cost more victims."""
+    from gpusd.alloc.select import Constraints
+    from gpusd.jobs import supervisor as sv
+    from gpusd.jobs.record import JobRecord
+
+    sup = sv.Supervisor(Constraints(count=1), ["true"], command="true", priority=2, simulate="1xA100-80GB")
+    try:
+        calls: list[int] = []
+        monkeypatch.setattr(sup, "preempt_for", lambda n: calls.append(n) or ["aaaaaaaaaaaa"])
+        stopping = [JobRecord(job="aaaaaaaaaaaa", pid=1, state="preempted", devices=["GPU-0"])]
+        monkeypatch.setattr(sv, "list_jobs", lambda store=None: stopping)
+        for _ in range(50):
+            sup.preempt_when_blocked(1)
+        assert calls == [1]  # once, however often the head looked
+        monkeypatch.setattr(sv, "PREEMPT_RETRY", 0.0)
+        sup.preempt_when_blocked(1)
+        assert calls == [1]  # the job asked still holds its GPU (checkpointing within its grace)
+        stopping[0] = JobRecord(job="aaaaaaaaaaaa", pid=1, state="queued", devices=[])
+        sup.preempt_when_blocked(1)
+        assert calls == [1, 1]  # it let go, and the head is still blocked: ask again
+    finally:
+        sup.close()
+
+
 def test_a_killed_supervisor_leaves_no_job_behind(fake_nvml, cli_env, tmp_path):
     from gpusd.alloc.leases import lock_dir
 

@@ -138,6 +138,7 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
 # a second), then every ``recheck`` seconds until the next lease ends.
 SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
+MIN_GAP = 0.02  # seconds between two looks of the head, however often it is woken
 
 
 def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
@@ -196,6 +197,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     # A new head looks again soon too: a lease may have ended just before it began to watch, with
     # utilisation readings not yet caught up.
     settle = 0
+    last_look = 0.0
     try:
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
@@ -216,6 +218,10 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 watch.drain()
             if cancelled is not None and cancelled():
                 break
+            gap = MIN_GAP - (time.monotonic() - last_look)
+            if gap > 0:  # events anyone can cause (a ticket written, a lock file closed) must not make it spin
+                time.sleep(gap)
+            last_look = time.monotonic()
             try:
                 return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env, remote)
             except _NotHead:

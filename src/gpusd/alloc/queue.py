@@ -53,7 +53,7 @@ from typing import Any, Callable
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
 from .lockdir import FILE_FLAGS, abandoned, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
-from .priority import NORMAL, load_policy, priority_name
+from .priority import NORMAL, URGENT, load_policy, priority_name
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
 
@@ -126,6 +126,7 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
 
 MAX_TICKET_BYTES = 8192
 MAX_TICKETS = 4096
+MAX_TICKETS_PER_USER = 512  # beyond this, a (non-root) user's tickets are not counted: they queue behind all
 RECHECK_ORDER = 5.0  # seconds: a waiter that is not the head looks at the order again at least this often
 
 
@@ -172,7 +173,9 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
     locks: dict[str, list[tuple[int, bool]]] | None = None
     now = time.time()
     try:
-        names = [n for n in os.listdir(dfd) if _TICKET.match(n)][:MAX_TICKETS]
+        names = sorted(n for n in os.listdir(dfd) if _TICKET.match(n))[:MAX_TICKETS]
+        per_uid: dict[int, int] = {}
+        bound: dict[int, int] = {}  # uid -> the highest priority the policy lets it claim (one lookup each)
         for name in names:
             m = _TICKET.match(name)
             assert m is not None
@@ -203,8 +206,15 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
                 user = user_name(st.st_uid)
                 if pid is not None and process_uid(pid) != st.st_uid:
                     pid = None
+            if st.st_uid != 0:  # a flood of one user's tickets costs everyone's scans: bounded per user
+                per_uid[st.st_uid] = per_uid.get(st.st_uid, 0) + 1
+                if per_uid[st.st_uid] > MAX_TICKETS_PER_USER:
+                    continue
             since = st.st_ctime_ns / 1e9
-            priority = policy.believed(d.get("priority"), st.st_uid)
+            if st.st_uid not in bound:
+                bound[st.st_uid] = policy.max_for(st.st_uid)
+            claimed = d.get("priority")
+            priority = min(claimed if type(claimed) is int and 0 <= claimed <= URGENT else NORMAL, bound[st.st_uid])
             place = since
             resumed = False
             if d.get("resume") is True and pid is not None:
@@ -254,7 +264,7 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
     for i, (_, _, path) in enumerate(order):
         if path.name == ticket.path.name:
             return order[i - 1][2] if i else None
-    return None  # not visible (over MAX_TICKETS, unreadable): served as the head rather than never
+    return order[-1][2] if order else None  # not visible (over a bound, unreadable): behind everyone
 
 
 def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..alloc.api import Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
@@ -50,6 +50,7 @@ FILE_FORMAT = 1
 # ("signal"), restart the command like a move ("restart"), or nothing ("file": the command polls the file)
 ON_CHANGE = ("signal", "restart", "file")
 MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not preemptible for that hour
+PREEMPT_RETRY = 10.0  # seconds: a job blocked at the head of the queue asks for room again at most this often
 from ..alloc.runner import FORWARDED  # noqa: E402  (one list of the signals a runner passes on)
 
 
@@ -94,6 +95,8 @@ class Supervisor:
         self.generation = 0
         self.restarts = 0
         self.preemptions: list[float] = []
+        self.asked: list[str] = []  # the jobs we last asked to make room, and when
+        self.asked_at: float | None = None
         self.decided_at: float | None = None
         self.exited_at: float | None = None
         self.last_migration: float | None = None
@@ -140,16 +143,17 @@ class Supervisor:
         self.writer.write(lease=lease.lease_id if lease is not None else None)
 
     def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False,
-                  resume: bool = False) -> Selection:
+                  resume: bool = False, cancelled: Callable[[], bool] | None = None) -> Selection:
         """A job's first lease goes through the daemon where it is the lease authority, except for a
         ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
         later (grow, move) join a lock-directory lease, so they are taken there too.  A waiting job
         of priority above ``low`` preempts when it reaches the head of the queue and nothing qualifies."""
         local = not first or self.preemptible
-        blocked = (lambda: self.preempt_for(c.count)) if first and self.priority > PRIORITIES["low"] else None
+        blocked = (lambda: self.preempt_when_blocked(c.count)) if first and self.priority > PRIORITIES["low"] else None
         return allocate(c, lease=True, wait=wait, timeout=timeout, simulate=self.simulate, command=self.command,
                         store=self.store if local else None, backend=shared_backend(self.simulate) if local else None,
-                        priority=self.priority, resume=resume, when_blocked=blocked, job=self.job_id)
+                        priority=self.priority, resume=resume, when_blocked=blocked, job=self.job_id,
+                        cancelled=cancelled)
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
         """The job's GPUs: at once; with ``wait`` through the queue, where it asks lower-priority jobs
@@ -175,6 +179,21 @@ class Supervisor:
         path = authority.socket_path()
         return (self.simulate is None and not os.environ.get("GPUSD_SIMULATE") and path is not None
                 and path.exists())
+
+    def preempt_when_blocked(self, count: int) -> None:
+        """Called each time the job at the head of the queue finds nothing qualifying: preempt, then
+        ask again only once the jobs asked have stopped (their records hold no GPUs any more) and at
+        most every :data:`PREEMPT_RETRY` seconds, so that a victim still checkpointing within its grace
+        period is not joined by more victims than needed."""
+        now = time.monotonic()
+        if self.asked_at is not None and now - self.asked_at < PREEMPT_RETRY:
+            return
+        if self.asked:
+            live = {r.job: r for r in list_jobs(self.store)}
+            if any(j in live and live[j].devices and live[j].state in ("preempted", "running") for j in self.asked):
+                return  # still stopping (or refused to): their GPUs are not free yet
+        self.asked_at = now
+        self.asked = self.preempt_for(count)
 
     def preempt_for(self, count: int) -> list[str]:
         """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
@@ -224,19 +243,26 @@ class Supervisor:
         if old not in lease.fds:
             os.close(old)
 
-    def grow(self, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
+    def grow(self, n: int, wait: bool, timeout: float | None,
+             cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """``n`` more GPUs; ``cancelled`` says the asker went away (a wait then ends)."""
         if isinstance(self.lease, RemoteLease):
             return self._grow_remote(self.lease, n, wait, timeout)
-        if not isinstance(self.lease, Lease):
-            return {"ok": False, "message": f"job {self.job_id} holds no lease now"}
+        with self.lock:
+            if not isinstance(self.lease, Lease) or self.lease.released or self.stopping == "preempt":
+                return {"ok": False, "message": f"job {self.job_id} holds no lease now (it is preempted or "
+                        "waiting): grow it once it runs"}
         c = replace(self.c, count=n)
         try:
-            sel = self._allocate(c, wait, timeout)
+            sel = self._allocate(c, wait, timeout, cancelled=cancelled)
         except GpusdError as exc:
             return _refusal(exc)
         extra = sel.lease
         assert isinstance(extra, Lease)
         with self.lock:
+            if not isinstance(self.lease, Lease) or self.lease.released or self.stopping == "preempt":
+                extra.release()  # preempted while we waited: the GPUs are not the job's to keep
+                return {"ok": False, "message": f"job {self.job_id} was preempted meanwhile: not grown"}
             for uuid, fd in zip(extra.devices, extra.fds[:-1]):
                 self.dev_fds[uuid] = fd
             self.devs.extend(sel.devices)
@@ -407,6 +433,7 @@ class Supervisor:
                 if note is None:  # the command runs on the new GPU now: the old one is free
                     _unlock(fd)
                     self.inherited.discard(d.uuid)
+                    self.inherited.add(new[d.uuid].uuid)  # in use by the command: a shrink keeps it locked
                 else:
                     self.pending[d.uuid] = fd
             for uuid, fd in zip(extra.devices, extra.fds[:-1]):
@@ -476,7 +503,7 @@ class Supervisor:
                                           "its owner or root may change it"}
                 log(f"job {self.job_id}: refused a request of uid {uid}")
             else:
-                answer = self.dispatch(req, uid)
+                answer = self.dispatch(req, uid, cancelled=lambda: _hung_up(conn))
             conn.sendall(json.dumps(answer).encode() + b"\n")
         except Exception as exc:  # a bad request never stops the job
             try:
@@ -486,7 +513,8 @@ class Supervisor:
         finally:
             conn.close()
 
-    def dispatch(self, req: dict[str, Any], uid: int | None = None) -> dict[str, Any]:
+    def dispatch(self, req: dict[str, Any], uid: int | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
         op = req.get("op")
         count = req.get("count")
         if count is not None and (type(count) is not int or not 0 < count <= 64):
@@ -497,7 +525,7 @@ class Supervisor:
             timeout = req.get("timeout")
             if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout < 1e6):
                 return {"ok": False, "message": "bad timeout"}
-            return self.grow(count or 1, req.get("wait") is True, timeout)
+            return self.grow(count or 1, req.get("wait") is True, timeout, cancelled)
         if op == "shrink":
             release = req.get("release")
             return self.shrink(count, release[:128] if isinstance(release, str) else None)
@@ -596,15 +624,16 @@ class Supervisor:
                 if stop["user"]:
                     break
                 if why == "preempt":
-                    assert self.lease is not None
-                    self.lease.release()
-                    self.dev_fds.clear()
-                    for fd in self.pending.values():  # given back while it ran: free them too
-                        _close(fd)
-                    self.pending.clear()
-                    self.devs = []
-                    self.restarts += 1
-                    self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
+                    with self.lock:  # against a grow or shrink on the control socket meanwhile
+                        assert self.lease is not None
+                        self.lease.release()
+                        self.dev_fds.clear()
+                        for fd in self.pending.values():  # given back while it ran: free them too
+                            _close(fd)
+                        self.pending.clear()
+                        self.devs = []
+                        self.restarts += 1
+                        self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
                     self._take(self._allocate(self.c, True, None, first=True, resume=True))
                     continue
                 if why in ("move", "change") or rc == RESTART_ME:
@@ -635,6 +664,17 @@ class Supervisor:
         import shutil
 
         shutil.rmtree(self.private, ignore_errors=True)
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the asker on the control socket went away (``gpusd grow --wait`` stopped with Ctrl-C)."""
+    import select
+
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _refusal(exc: GpusdError) -> dict[str, Any]:
