@@ -728,7 +728,14 @@ def _end_group(pgid: int, deadline: float) -> None:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
-                pass
+                return
+            deadline = time.monotonic() + 1.0  # SIGKILL is delivered at once; the reaping may lag a little
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except OSError:
+                    return
+                time.sleep(0.02)
             return
         time.sleep(0.05)
 
