@@ -160,8 +160,9 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     a wait (the daemon's client went away); ``remote``: the daemon's record of a remote holder's
     lease (``remote_from``, ``expires``: docs/pool.md).  ``priority`` is believed up to what the
     priority policy allows ``uid`` (default: this process's user); ``resume`` marks a preempted job
-    (it queues at the head of its class); ``when_blocked`` is called once, outside the mutex, the
-    first time the job is at the head of the queue and nothing qualifies (a job preempts there).
+    (it keeps its place in its class from when its process started); ``when_blocked`` is called,
+    outside the mutex, each time the job at the head of the queue finds nothing qualifying (a job
+    preempts there, at its own pace).
     ``job``: the gpusd job the lease is for, named in its record (and, through the daemon, the lease
     can then grow and shrink)."""
     level = load_policy().believed(NORMAL if priority is None else priority,
