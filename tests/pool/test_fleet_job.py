@@ -77,6 +77,7 @@ def test_fleet_job_registers_the_job_and_runs_the_command_under_the_protocol(tmp
     (["--job", "0123456789ab", "--devices", json.dumps([{"index": -1, "uuid": "GPU-1"}])], "index"),
     (["--job", "0123456789ab", "--devices", json.dumps([{"index": 0, "uuid": "GPU-\x1b[2J"}])], "UUID"),
     (["--job", "0123456789ab", "--devices", json.dumps([{"index": 0, "uuid": "G"}] * 65)], "a list of 1 to 64"),
+    (["--job", "0123456789ab", "--devices", DEVICES, "--lease=-rf; x"], "--lease: not a lease id"),
 ])
 def test_fleet_job_refuses_bad_arguments_before_running_anything(tmp_path: Path, args: list[str], why: str) -> None:
     marker = tmp_path / "ran"

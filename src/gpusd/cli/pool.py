@@ -253,6 +253,10 @@ def fleet_job(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("no command given: gpusd fleet-job [options] -- CMD [ARGS...]")
     devices = parse_devices(args.devices)
+    from ..pool.client import LEASE_ID
+
+    if args.lease is not None and not LEASE_ID.match(args.lease):
+        raise ConfigError(f"--lease: not a lease id (hex digits): {args.lease[:40]!r}")
     job = FleetJob(args.job, shlex.join(cmd)[:512], args.asker)
     try:
         job.placed(devices, args.lease)

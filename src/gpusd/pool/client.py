@@ -6,6 +6,7 @@ import fnmatch
 import getpass
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -264,13 +265,20 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         raise GpusdError(f"{h.hostname} refused the lease (HTTP {reply.status}): {str(err)[:300]}")
     d = reply.data
-    lease = HostLease(str(d["lease_id"])[:64], h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
-                      _remote_env(d.get("env")), float(d.get("ttl") or ttl),
-                      float(d.get("expires") or 0), list(h.addresses))
+    lease_id = d.get("lease_id")
+    if not isinstance(lease_id, str) or not LEASE_ID.match(lease_id):
+        raise GpusdError(f"{h.hostname} answered a lease without a usable id ({str(lease_id)[:40]!r}): not used")
+    try:
+        lease = HostLease(lease_id, h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
+                          _remote_env(d.get("env")), float(d.get("ttl") or ttl),
+                          float(d.get("expires") or 0), list(h.addresses))
+    except (TypeError, ValueError) as exc:
+        raise GpusdError(f"{h.hostname} answered a lease that cannot be read ({exc}): not used") from None
     lease.local = h.node_id == _local_node()
     return lease
 
 
+LEASE_ID = re.compile(r"^[0-9a-f]{8,32}$")  # a daemon's lease ids are hex (gpusd.alloc.leases)
 REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE")  # what a daemon's lease answer sets
 
 
