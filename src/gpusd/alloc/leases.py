@@ -40,7 +40,6 @@ import json
 import math
 import os
 import re
-import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,8 +49,6 @@ from typing import Any, Iterator
 from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..model import HostSnapshot, LeaseInfo
 from .lockdir import (
-    FILE_FLAGS,
-    abandoned,
     create_exclusive,
     flock_table,
     lock_key,
@@ -59,6 +56,7 @@ from .lockdir import (
     open_dir,
     open_lock_file,
     process_uid,
+    read_live,
     try_lock,
     user_name,
 )
@@ -265,25 +263,14 @@ class LeaseStore:
             if seen > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
                 log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.dir)
                 break
-            try:
-                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
-            except OSError:
-                continue  # released meanwhile, or a symlink
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                if abandoned(fd, dfd, (name,), cleanup):  # the holder died without cleaning up
-                    continue
-                if st.st_size > MAX_LEASE_BYTES:
-                    log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
-                                st.st_size, MAX_LEASE_BYTES)
-                    continue
-                raw = os.read(fd, MAX_LEASE_BYTES)
-            except OSError:
+            got = read_live(dfd, name, MAX_LEASE_BYTES, cleanup, single_link=False)  # released meanwhile: None
+            if got is None:
                 continue
-            finally:
-                os.close(fd)
+            st, raw = got
+            if len(raw) > MAX_LEASE_BYTES:
+                log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
+                            st.st_size, MAX_LEASE_BYTES)
+                continue
             record = self._parse(name, raw)
             if record is None:
                 continue

@@ -206,6 +206,29 @@ def abandoned(fd: int, dir_fd: int, names: tuple[str, ...], cleanup: bool) -> bo
     return True
 
 
+def read_live(dir_fd: int, name: str, max_bytes: int, cleanup: bool, remove: tuple[str, ...] | None = None,
+              single_link: bool = True) -> tuple[os.stat_result, bytes] | None:
+    """Read the file ``name`` of a lock directory whose writer still holds its lock: its stat and at
+    most ``max_bytes + 1`` bytes (more than ``max_bytes``: the caller's to refuse).  None when it is
+    gone, a symlink, not a regular file, hard-linked elsewhere (with ``single_link``), or abandoned
+    by a dead holder (then ``remove``, default the file itself, is removed with ``cleanup``)."""
+    try:
+        fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
+    except OSError:
+        return None  # gone meanwhile, or a symlink
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (single_link and st.st_nlink != 1):
+            return None
+        if abandoned(fd, dir_fd, (name,) if remove is None else remove, cleanup):
+            return None
+        return st, os.read(fd, max_bytes + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 # -- who holds a lock ----------------------------------------------------------------------------------
 
 def lock_key(st: os.stat_result) -> str:

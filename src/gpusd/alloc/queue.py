@@ -43,7 +43,6 @@ import fcntl
 import json
 import os
 import re
-import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -52,7 +51,7 @@ from typing import Any, Callable
 
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
-from .lockdir import FILE_FLAGS, abandoned, create_exclusive, flock_table, lock_key, open_lock_file, try_lock
+from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, read_live, try_lock
 from .priority import NORMAL, URGENT, load_policy, priority_name
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
@@ -179,21 +178,11 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
         for name in names:
             m = _TICKET.match(name)
             assert m is not None
-            try:
-                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
-            except OSError:
+            # None: not a ticket gpusd made (a FIFO, a directory, a hard link to another file), or a dead waiter's
+            got = read_live(dfd, name, MAX_TICKET_BYTES, cleanup)
+            if got is None:
                 continue
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                    continue  # not a ticket gpusd made (a FIFO, a directory, a hard link to another file)
-                if abandoned(fd, dfd, (name,), cleanup):  # a dead waiter's
-                    continue
-                raw = os.read(fd, MAX_TICKET_BYTES + 1)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
+            st, raw = got
             try:
                 d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
             except (ValueError, RecursionError):

@@ -20,13 +20,12 @@ import json
 import math
 import os
 import re
-import stat
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..alloc.leases import LeaseStore
-from ..alloc.lockdir import FILE_FLAGS, abandoned, create_exclusive, user_name
+from ..alloc.lockdir import create_exclusive, read_live, user_name
 from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
 from ..alloc.priority import priority_name as priority_name
 
@@ -142,24 +141,13 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
             if seen > MAX_JOB_FILES:
                 log.warning("more than %d job files in %s: the rest are ignored", MAX_JOB_FILES, store.dir)
                 break
-            try:
-                fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
-            except OSError:
-                continue  # gone meanwhile, or a symlink
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                    continue
-                if abandoned(fd, dfd, (name, name[:-5] + ".sock"), cleanup):  # a dead supervisor's record and socket
-                    continue
-                if st.st_size > MAX_JOB_BYTES:
-                    log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)
-                    continue
-                raw = os.read(fd, MAX_JOB_BYTES)
-            except OSError:
+            got = read_live(dfd, name, MAX_JOB_BYTES, cleanup, (name, name[:-5] + ".sock"))  # a dead one's socket too
+            if got is None:
                 continue
-            finally:
-                os.close(fd)
+            st, raw = got
+            if len(raw) > MAX_JOB_BYTES:
+                log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)
+                continue
             try:
                 rec = parse(raw, st.st_uid)
             except (ValueError, TypeError, RecursionError) as exc:
