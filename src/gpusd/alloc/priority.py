@@ -45,6 +45,13 @@ def priority_name(level: int) -> str:
     return str(level)
 
 
+def capped(claimed: object, bound: int) -> int:
+    """A claimed level (a missing or malformed claim: normal), at most ``bound``."""
+    level = claimed if type(claimed) is int and claimed in PRIORITIES.values() else NORMAL
+    assert isinstance(level, int)
+    return min(level, bound)
+
+
 def parse_level(value: object) -> int | None:
     if isinstance(value, str) and value in PRIORITIES:
         return PRIORITIES[value]
@@ -71,9 +78,7 @@ class PriorityPolicy:
 
     def believed(self, claimed: object, uid: int) -> int:
         """The priority a file of ``uid`` is believed to claim (a missing or malformed claim: normal)."""
-        level = claimed if type(claimed) is int and claimed in PRIORITIES.values() else NORMAL
-        assert isinstance(level, int)
-        return min(level, self.max_for(uid))
+        return capped(claimed, self.max_for(uid))
 
     def aged(self, level: int, waited: float) -> int:
         """``level`` after waiting ``waited`` seconds: one level up per aging period, up to high."""

@@ -52,7 +52,7 @@ from typing import Any, Callable
 from ..errors import GpusdError
 from .leases import LeaseStore, current_user
 from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, read_live, try_lock
-from .priority import NORMAL, URGENT, load_policy, priority_name
+from .priority import NORMAL, capped, load_policy, priority_name
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
 
@@ -202,8 +202,7 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
             since = st.st_ctime_ns / 1e9
             if st.st_uid not in bound:
                 bound[st.st_uid] = policy.max_for(st.st_uid)
-            claimed = d.get("priority")
-            priority = min(claimed if type(claimed) is int and 0 <= claimed <= URGENT else NORMAL, bound[st.st_uid])
+            priority = capped(d.get("priority"), bound[st.st_uid])
             place = since
             resumed = False
             if d.get("resume") is True and pid is not None:
