@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,8 @@ async def test_browse_reads_the_zone_and_skips_bad_records(dns_server: Any) -> N
 async def test_a_dns_server_that_does_not_answer_drops_no_host(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpusd.wire.txt import decode_txt, encode_txt
 
-    txt = decode_txt(encode_txt(node_id="7b676f27867c74e8", hostname="node-b", session="default", inventory=[],
+    session = f"beyond-{os.getpid()}"  # hermetic: a gpusd daemon announcing on 127.0.0.1 is not in this session
+    txt = decode_txt(encode_txt(node_id="7b676f27867c74e8", hostname="node-b", session=session, inventory=[],
                                 free=0))
     name = "node-b._gpusd._tcp.lab.example."
     inst = beyond.DnsSdInstance(name, "node-b.lab.example.", 1, txt, ["127.0.0.1"], 60.0)  # port 1: refused
@@ -181,7 +183,7 @@ async def test_a_dns_server_that_does_not_answer_drops_no_host(monkeypatch: pyte
         return answers[len(seen) - 1]
 
     monkeypatch.setattr(beyond, "browse_dns_sd", fake_browse)
-    client = AsyncClient(dns_sd_domain="lab.example", interfaces=["127.0.0.1"])
+    client = AsyncClient(session, dns_sd_domain="lab.example", interfaces=["127.0.0.1"])
     async with client:
         await asyncio.wait_for(done.wait(), 10)
     # before each browse: nothing yet; found; kept while the server was down; gone once the zone dropped it
