@@ -534,6 +534,14 @@ def _setup_logging(verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _command_in(argv) == "env":  # eval "$(gpusd env ...)" fails closed (docs/cli.md)
+        from .alloc import env_failing_closed
+
+        return env_failing_closed(lambda: _main(argv))
+    return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser(_command_in(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the (sub)command's parser, so the usage shown is the command's own
