@@ -169,18 +169,21 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                                    os.geteuid() if uid is None else uid)
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
-    if (lease and store is None and backend is None and simulate is None and pid is None
+    if (store is None and backend is None and simulate is None and pid is None
             and not os.environ.get("GPUSD_SIMULATE")):
         from . import authority
 
         sock = authority.connect()
-        if sock is not None:
+        if sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
             try:
+                if not lease:
+                    return Selection(authority.choose_through(sock, c, wait=wait, timeout=timeout, command=command,
+                                                              priority=priority), None)
                 chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
                                                        job=job, priority=priority)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
-                pass  # the same leases, taken here
+                pass  # the same leases (or choice), taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if job is not None:

@@ -175,9 +175,8 @@ class Supervisor:
             from ..alloc.priority import load_policy
 
             if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.priority, os.geteuid())):
-                try:  # would anything qualify now? (a choice only, no lease)
-                    allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
-                             backend=shared_backend(self.simulate))
+                try:  # would anything qualify now? (a choice only, no lease: the daemon's, its GPUs may be simulated)
+                    allocate(self.c, lease=False)
                 except NoGpuAvailable:
                     self.preempt_for(self.c.count)
         self._take(self._allocate(self.c, wait, timeout if wait else None, first=True))
