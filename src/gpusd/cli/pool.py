@@ -135,6 +135,8 @@ def release(args: argparse.Namespace) -> int:
     from ..pool.client import HostLease, Reservation, reservations
 
     key = _key(args)
+    if _release_remembered(args.lease_id, key):
+        return 0
     found = reservations(key, _hosts(args, key), mine=lambda d: d.get("lease_id") == args.lease_id)
     if not found:
         raise GpusdError(f"no reservation {args.lease_id!r} on the fleet (released, or expired)")
@@ -142,6 +144,34 @@ def release(args: argparse.Namespace) -> int:
         Reservation([HostLease.from_dict(d)], key).release()
         print(f"released {args.lease_id} on {d.get('host')}")
     return 0
+
+
+def _release_remembered(lease_id: str, key: FleetKey) -> bool:
+    """Release a reservation made from this machine where it was made (its renewer's record: the
+    host's address as it was when the host granted it, found by mDNS, ``--peer`` or DNS-SD alike).
+    False when there is no record; an error when the host says it has no such lease or cannot be reached."""
+    from ..errors import GpusdError
+    from ..pool.client import HostLease, _call
+    from ..pool.renewer import forget, recall
+    from ..sanitize import for_terminal
+
+    rec = recall(lease_id.strip().lower())
+    if rec is None:
+        return False
+    try:
+        part = HostLease.from_dict(rec["lease"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    where = for_terminal(part.hostname, 64)
+    reply = _call("DELETE", part, f"/leases/{part.lease_id}", key)
+    if reply.status == 404:
+        forget(part.lease_id)
+        raise GpusdError(f"no reservation {part.lease_id} on {where} any more (released, or expired)")
+    if reply.status not in (200, 204):
+        raise GpusdError(f"{where}: releasing {part.lease_id} failed (HTTP {reply.status})")
+    forget(part.lease_id)  # its renewer sees the lease gone at its next renewal and stops
+    print(f"released {part.lease_id} on {where}")
+    return True
 
 
 def reservations(args: argparse.Namespace) -> int:
