@@ -60,6 +60,8 @@ def test_release_finds_a_reservation_made_through_peer_without_peer(lans: tuple[
     assert r.returncode == 0, r.stderr
     lease_id = r.stdout.split("lease ", 1)[1].split()[0]
     renewer = int(r.stdout.split("renewed by pid ", 1)[1].split(";")[0])
+    hint = r.stdout.split("; ", 1)[1].split(" to end it)")[0]  # names the secret and where it looked (item 5)
+    assert hint.startswith(f"gpusd release {lease_id} --token-file ") and f"--peer {hb.ip}:4780" in hint, hint
     try:
         assert [le["lease_id"] for le in _leases(b, hb)] == [lease_id]
         r = a.gpusd(client, ["release", lease_id, *tok], env=env)  # no --peer: mDNS alone cannot see node-b

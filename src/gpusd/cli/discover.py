@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from itertools import groupby
@@ -186,8 +187,10 @@ def list_devices(args: argparse.Namespace) -> int:
         return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
+        start = "gpusd start" + ("" if args.all_sessions or args.session == "default" else
+                                 f" --session {shlex.quote(args.session)}")
         print(_nothing_found(args, unmatched, f"no gpusd hosts found in {where}; is a daemon running "
-                             "(gpusd start)? Try gpusd demo."), file=sys.stderr)
+                             f"({for_terminal(start, 200)})? Try gpusd demo."), file=sys.stderr)
         return EXIT_NO_DAEMON
     print(render_devices(devices, hosts))
     return 0

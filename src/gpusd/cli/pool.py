@@ -63,6 +63,38 @@ def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: 
                    key=key, client=client, job=job)
 
 
+def fleet_selectors(args: argparse.Namespace) -> list[str]:
+    """The options of this command that say where it looked and with which secret (--token-file,
+    --session, --interface, --peer, --peers-file, --dns-sd-domain, --dns-server), as given: a hint
+    that names another command names them too, so that it acts on what this one acted on."""
+    from pathlib import Path
+
+    out: list[str] = []
+    token_file = getattr(args, "token_file", None) or os.environ.get("GPUSD_TOKEN_FILE")
+    if token_file:
+        out += ["--token-file", str(Path(token_file).resolve())]
+    if getattr(args, "session", "default") != "default":
+        out += ["--session", str(args.session)]
+    for iface in getattr(args, "interfaces", None) or []:
+        out += ["--interface", str(iface)]
+    for peer in getattr(args, "peers", None) or []:
+        out += ["--peer", str(peer)]
+    for flag, name in (("--peers-file", "peers_file"), ("--dns-sd-domain", "dns_sd_domain"),
+                       ("--dns-server", "dns_server")):
+        value = getattr(args, name, None)
+        if value:
+            out += [flag, str(Path(value).resolve()) if name == "peers_file" else str(value)]
+    return out
+
+
+def release_command(args: argparse.Namespace, lease_id: str) -> str:
+    """``gpusd release ID`` with :func:`fleet_selectors` (for hints), safe to paste and to show."""
+    from ..sanitize import for_terminal
+    from . import prog
+
+    return for_terminal(shlex.join([prog(), "release", lease_id, *fleet_selectors(args)]), 2000)
+
+
 def _exports(env: dict[str, str]) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
@@ -92,7 +124,7 @@ def reserve(args: argparse.Namespace) -> int:
             where = "this machine" if p.local else for_terminal(p.hostname, 64)
             print(f"reserved {len(p.devices)} GPU(s) on {where}: lease {p.lease_id} until "
                   f"{time.strftime('%H:%M:%S', time.localtime(until))} (renewed by pid {pid}; "
-                  f"gpusd release {p.lease_id} to end it)")
+                  f"{release_command(args, p.lease_id)} to end it)")
             for line in _exports({k: v for k, v in p.env.items()}):
                 print("  " + line)
     sys.stdout.flush()
