@@ -117,3 +117,44 @@ def test_a_daemon_that_does_not_know_choose_leaves_the_choice_here(fake_nvml, cl
         assert [a["op"] for a in asked] == ["choose"]
     finally:
         listener.close()
+
+
+def test_a_preemptible_job_leases_the_daemons_gpus_in_the_lock_directory_and_grows(sim_daemon, tmp_path):
+    """A --preemptible job takes its lease in the lock directory (its supervisor must hold the locks to
+    move it): without a driver here, it reads the GPUs from the daemon ({"op": "snapshot"})."""
+    out, stop = tmp_path / "out", tmp_path / "stop"
+    job = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "--preemptible", "--", "sh", "-c",
+                            f'echo "$CUDA_VISIBLE_DEVICES" > {out}; while [ ! -e {stop} ]; do sleep 0.1; done'],
+                           env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_sync(lambda: out.exists() and out.read_text().strip(), timeout=30, what="the job to start")
+        assert out.read_text().strip() == "0"
+        [rec] = json.loads(_ok(gpusd_cli(["jobs", "--json"], env=_env())))["jobs"]
+        assert "the command does not catch" in _ok(gpusd_cli(["grow", rec["job"]], env=_env()))
+        held = json.loads(_ok(gpusd_cli(["leases", "--json"], env=_env())))["leases"]
+        assert len(held) == 2 and {le["job"] for le in held} == {rec["job"]}
+        assert _ok(gpusd_cli(["select"], env=_env())).strip() == "2"  # the daemon sees them leased
+        stop.touch()
+        assert job.wait(timeout=30) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.stderr is not None and "driver" not in job.stderr.read()
+
+
+def test_the_daemons_snapshot_names_no_process_owner(tmp_path):
+    """The lease socket is open to every local user: the snapshot it gives carries what selection reads
+    (pids, memory), not who runs what."""
+    from gpusd.alloc.authority import DaemonInventory
+
+    scenario = tmp_path / "busy.json"
+    scenario.write_text(json.dumps({"gpus": [{"model": "A100-80GB", "processes": [
+        {"pid": 4242, "user": "alice", "command": "python secret-project.py", "memory": "10GiB"}]}]}))
+    server = ServerThread(simulate=str(scenario))
+    try:
+        snap = DaemonInventory().snapshot()
+    finally:
+        server.stop()
+    [gpu] = snap.gpus
+    assert [(p.pid, p.used_memory, p.user, p.command) for p in gpu.processes] == [(4242, 10 * 2**30, None, None)]

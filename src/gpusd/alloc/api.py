@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..model import GpuInfo
 from . import queue
@@ -30,12 +30,24 @@ _backends_lock = threading.Lock()
 
 
 def shared_backend(simulate: str | None = None) -> Backend:
-    """One backend per process (NVML initialised once, handles cached)."""
+    """One backend per process (NVML initialised once, handles cached).  Where this process has no
+    driver library but the local daemon serves its GPUs (real, or simulated), they are read from the
+    daemon (:class:`gpusd.alloc.authority.DaemonInventory`)."""
     key = simulate or os.environ.get("GPUSD_SIMULATE") or ""
     with _backends_lock:
         backend = _backends.get(key)
         if backend is None:
-            backend = _backends[key] = open_backend(key or None)
+            try:
+                backend = open_backend(key or None)
+            except BackendUnavailable:
+                if key:
+                    raise
+                from .authority import daemon_inventory
+
+                backend = daemon_inventory()
+                if backend is None:
+                    raise
+            _backends[key] = backend
         return backend
 
 

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
-from ..model import GpuInfo, MigInstance
+from ..model import GpuInfo, HostSnapshot, MigInstance
 from .select import Candidate, Constraints
 
 if TYPE_CHECKING:
@@ -329,6 +329,62 @@ def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: 
     except ValueError as exc:
         raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
     return chosen
+
+
+class DaemonInventory:
+    """The daemon's GPUs read over the lease socket (``{"op": "snapshot"}``): the inventory backend
+    (:class:`gpusd.inventory.Backend`) of a process on a host where the daemon reads the GPUs and
+    this process cannot (no driver library here: the daemon's GPUs are simulated, or only it may
+    load the driver), so that leases it takes in the lock directory (``gpusd run --preemptible``,
+    growing such a job) choose among the daemon's GPUs.  Each :meth:`snapshot` asks again."""
+
+    backend = "daemon"
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        first = self.snapshot()
+        self.hostname, self.node_id = first.hostname, first.node_id
+
+    def snapshot(self, util_since: Any = None, detail: bool = True) -> HostSnapshot:
+        from ..errors import BackendUnavailable
+
+        sock = connect(self.path)
+        if sock is None:
+            raise BackendUnavailable("the gpusd daemon's lease socket does not answer")
+        try:
+            line = _send(sock, _Lines(sock), {"op": "snapshot", "v": PROTOCOL}, False, None)
+        finally:
+            sock.close()
+        try:
+            reply = _decode(line)
+            _check(reply)
+            data = reply.get("snapshot")
+            if not isinstance(data, dict):
+                raise ValueError("no snapshot")
+            return HostSnapshot.from_dict(data)
+        except (ValueError, TypeError, KeyError, ConfigError) as exc:  # ConfigError: a daemon without "snapshot"
+            raise BackendUnavailable(f"the gpusd daemon did not give its GPUs ({exc})") from None
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> DaemonInventory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def daemon_inventory() -> DaemonInventory | None:
+    """:class:`DaemonInventory` where a daemon serves the lease socket and gives its GPUs, else None."""
+    from ..errors import BackendUnavailable
+
+    if socket_path() is None:
+        return None
+    try:
+        return DaemonInventory()
+    except (BackendUnavailable, GpusdError):
+        return None
 
 
 def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:

@@ -10,7 +10,8 @@ descriptors until the connection closes.  The lease record it writes is root's a
 the holder.
 
 A ``choose`` request (``gpusd select``, ``gpusd env``) is answered like a lease request, with the
-GPUs a lease would get and no lease: the connection ends with the answer.
+GPUs a lease would get and no lease; a ``snapshot`` request with the daemon's GPUs (for a client
+without a driver library that leases in the lock directory): the connection ends with the answer.
 
 Protocol 1: the client sends nothing after its request; the end of the connection (or any further
 byte) abandons a wait, or releases the lease.  Protocol 2 (a request with ``"v": 2``): the connection
@@ -244,6 +245,15 @@ class LeaseServer:
                 return
             try:
                 req = parse(got[0])
+                if req.get("op") == "snapshot":  # the GPUs, for a client without a driver library
+                    version = protocol_version(req)
+                    try:
+                        snap = await asyncio.get_running_loop().run_in_executor(self.executor, self._snapshot)
+                    except Exception as exc:
+                        await conn.send(_failure(exc))
+                        return
+                    await conn.send({"ok": True, "v": version, "op": "snapshot", "snapshot": snap})
+                    return
                 choice = req.get("op") == "choose"  # which GPUs a lease would get, taking none
                 kwargs = constraints(req, op="choose" if choice else "lease")
                 version = protocol_version(req)
@@ -377,6 +387,18 @@ class LeaseServer:
         return allocate(c, lease=lease, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
                         cancelled=cancel.is_set, job=job, priority=priority, uid=uid)  # believed for uid
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""
+        from ..alloc.leases import LeaseStore
+
+        if self.backend is None:
+            raise GpusdError("the lease authority is stopping")
+        d: dict[str, Any] = self.backend.snapshot(util_since=LeaseStore().release_times(), detail=False).to_dict()
+        for g in d.get("gpus") or []:  # what selection reads: pids and memory, not who runs what
+            for p in g.get("processes") or []:
+                p["user"] = p["command"] = None
+        return d
 
     def _grow(self, held: _Held, kwargs: dict[str, Any], cancel: threading.Event) -> list[Any]:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same
