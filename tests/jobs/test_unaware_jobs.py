@@ -123,3 +123,24 @@ def test_catches_reads_the_kernels_mask(tmp_path):
         child.kill()
         child.wait()
     assert not catches(child.pid, signal.SIGUSR2)  # gone: nothing to signal
+
+
+def test_an_unaware_job_whose_lease_the_daemon_holds_survives_grow_and_shrink(fake_nvml_inprocess, cli_env,
+                                                                              tmp_path):
+    from authority_helpers import ServerThread
+
+    fake_nvml_inprocess.write(make_gpus(2))
+    server = ServerThread()
+    env = job_env(cli_env)
+    p = subprocess.Popen([*GPUSD, "run", "--", "sleep", "300"], env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        rec = wait_until_sync(lambda: [j for j in jobs_json(env) if j.get("child")], timeout=30)[0]
+        job = str(rec["job"])
+        r = gpusd_cli(["grow", job], env=env)
+        assert r.returncode == 0 and "does not catch SIGUSR1" in r.stdout, (r.stdout, r.stderr)
+        assert gpusd_cli(["shrink", job], env=env).returncode == 0
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        _kill(p)
+        server.stop()
