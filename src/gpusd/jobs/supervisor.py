@@ -383,7 +383,7 @@ class Supervisor:
         if self.on_change == "restart":
             if not self.stopping:  # a stop under way starts it on the GPUs now
                 self._stop_child("change")
-            return "the command restarts on them (--on-change restart)"
+            return "the command restarts on its GPUs now (--on-change restart)"
         return "not signalled (--on-change file): the command sees the change in $GPUSD_JOB_FILE"
 
     def _stop_child(self, why: str) -> None:
