@@ -36,3 +36,26 @@ def test_a_renewer_whose_daemon_is_gone_stops_after_the_ttl() -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and out == "renewing\n"
+
+
+def test_a_reservation_is_remembered_where_it_was_made_and_only_our_own_record_is_read(tmp_path, monkeypatch):
+    """gpusd release ID reads the renewer's record (issue 18, item 4): a symbolic link or a record naming
+    another lease is not acted on."""
+    from gpusd.pool import renewer
+
+    monkeypatch.setenv("GPUSD_STATE_DIR", str(tmp_path / "state"))
+    part = HostLease(lease_id="abcdef123456", hostname="node-b", node_id="0123456789abcdef",
+                     url="https://198.18.2.2:4781/api/v1", pin="ab" * 32, devices=[], env={}, ttl=3.0,
+                     expires=time.time() + 3).to_dict()
+    renewer.remember([part], 4242, time.time() + 60)
+    d = tmp_path / "state" / renewer.RECORD_DIR
+    assert oct(d.stat().st_mode & 0o777) == "0o700" and oct((d / "abcdef123456.json").stat().st_mode & 0o777) == "0o600"
+    rec = renewer.recall("abcdef123456")
+    assert rec is not None and rec["lease"]["url"] == part["url"] and rec["renewer_pid"] == 4242
+    assert renewer.recall("../../etc/passwd") is None and renewer.recall("ABC") is None
+    (d / "feedfacecafe.json").write_text(json.dumps({"lease": {**part}}))  # names another lease
+    assert renewer.recall("feedfacecafe") is None
+    (d / "0badc0de0bad.json").symlink_to(d / "abcdef123456.json")
+    assert renewer.recall("0badc0de0bad") is None
+    renewer.forget("abcdef123456")
+    assert renewer.recall("abcdef123456") is None

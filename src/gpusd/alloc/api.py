@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..model import GpuInfo
 from . import queue
@@ -30,12 +30,24 @@ _backends_lock = threading.Lock()
 
 
 def shared_backend(simulate: str | None = None) -> Backend:
-    """One backend per process (NVML initialised once, handles cached)."""
+    """One backend per process (NVML initialised once, handles cached).  Where this process has no
+    driver library but the local daemon serves its GPUs (real, or simulated), they are read from the
+    daemon (:class:`gpusd.alloc.authority.DaemonInventory`)."""
     key = simulate or os.environ.get("GPUSD_SIMULATE") or ""
     with _backends_lock:
         backend = _backends.get(key)
         if backend is None:
-            backend = _backends[key] = open_backend(key or None)
+            try:
+                backend = open_backend(key or None)
+            except BackendUnavailable:
+                if key:
+                    raise
+                from .authority import daemon_inventory
+
+                backend = daemon_inventory()
+                if backend is None:
+                    raise
+            _backends[key] = backend
         return backend
 
 
@@ -169,18 +181,21 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                                    os.geteuid() if uid is None else uid)
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
-    if (lease and store is None and backend is None and simulate is None and pid is None
+    if (store is None and backend is None and simulate is None and pid is None
             and not os.environ.get("GPUSD_SIMULATE")):
         from . import authority
 
         sock = authority.connect()
-        if sock is not None:
+        if sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
             try:
+                if not lease:
+                    return Selection(authority.choose_through(sock, c, wait=wait, timeout=timeout, command=command,
+                                                              priority=priority), None)
                 chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
                                                        job=job, priority=priority)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
-                pass  # the same leases, taken here
+                pass  # the same leases (or choice), taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if job is not None:

@@ -31,6 +31,11 @@ request's ``id``:
     client -> {"op": "release", "id": 2, "device": "GPU-..."}
     daemon -> {"ok": true, "id": 2, "op": "release", "lease_id": "...", "held": [...]}
 
+A request ``{"op": "choose", ...the fields of a lease request...}`` asks only which GPUs the daemon
+would give (``gpusd select``, ``gpusd env``): the answer is a lease's without ``lease_id``, and the
+connection ends with it (a daemon from before ``choose`` refuses it as a ``usage`` error: the client
+then chooses itself).
+
 With protocol 1 (an older daemon: no ``v`` in its answer) anything sent after the answer releases
 the lease, so this client sends nothing more there: :meth:`RemoteLease.grow` refuses instead.
 
@@ -51,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
-from ..model import GpuInfo, MigInstance
+from ..model import GpuInfo, HostSnapshot, MigInstance
 from .select import Candidate, Constraints
 
 if TYPE_CHECKING:
@@ -269,8 +274,6 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
                   priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
     """Ask the daemon for a lease (for the gpusd job ``job``: 12 hex digits, named in the lease's
     record); raises what a local allocation would raise."""
-    from .leases import mutex_timeout
-
     req = dict(request(c), wait=wait, timeout=timeout, command=command)
     if job is not None:
         if not JOB_ID.match(job):
@@ -279,18 +282,7 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
     if priority is not None:
         req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
     reader = _Lines(sock)
-    try:
-        sock.settimeout(None if (wait and timeout is None) else
-                        (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
-        try:
-            sock.sendall(json.dumps(req).encode() + b"\n")
-        except BrokenPipeError:
-            pass  # answered before it read us (busy): the answer is waiting below
-        line = reader.readline()
-        sock.settimeout(None)
-    except OSError as exc:
-        sock.close()
-        raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
+    line = _send(sock, reader, req, wait, timeout)
     try:
         reply = _decode(line)
         if reply.get("ok") is not True and reply.get("error") == "busy":
@@ -310,6 +302,108 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
     version = v if type(v) is int and v >= 1 else 1  # an older daemon says nothing: protocol 1
     return chosen, RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
                                reader)
+
+
+def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
+                   command: str | None = None, priority: int | None = None) -> list[Candidate]:
+    """Ask the daemon which GPUs it would give for ``c``, taking no lease (``gpusd select``, ``env``,
+    ``gpusd.select(lease=False)``): its inventory (real or simulated), the leases of the lock
+    directory, the same queue with ``wait``.  Raises what a local choice would raise;
+    :class:`AuthorityBusy` where the daemon is busy or too old to answer a choice (choose here then)."""
+    req = dict(request(c), op="choose", wait=wait, timeout=timeout, command=command)
+    if priority is not None:
+        req["priority"] = priority
+    try:
+        line = _send(sock, _Lines(sock), req, wait, timeout)
+    finally:
+        sock.close()  # a choice holds nothing
+    try:
+        reply = _decode(line)
+        if reply.get("ok") is not True and (reply.get("error") == "busy" or (
+                reply.get("error") == "usage" and "unknown request" in str(reply.get("message")))):
+            raise AuthorityBusy()  # a daemon from before "choose" answers a usage error
+        _check(reply)
+        chosen = _candidates(reply)
+        if not chosen:
+            raise ValueError("no devices")
+    except ValueError as exc:
+        raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
+    return chosen
+
+
+class DaemonInventory:
+    """The daemon's GPUs read over the lease socket (``{"op": "snapshot"}``): the inventory backend
+    (:class:`gpusd.inventory.Backend`) of a process on a host where the daemon reads the GPUs and
+    this process cannot (no driver library here: the daemon's GPUs are simulated, or only it may
+    load the driver), so that leases it takes in the lock directory (``gpusd run --preemptible``,
+    growing such a job) choose among the daemon's GPUs.  Each :meth:`snapshot` asks again."""
+
+    backend = "daemon"
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        first = self.snapshot()
+        self.hostname, self.node_id = first.hostname, first.node_id
+
+    def snapshot(self, util_since: Any = None, detail: bool = True) -> HostSnapshot:
+        from ..errors import BackendUnavailable
+
+        sock = connect(self.path)
+        if sock is None:
+            raise BackendUnavailable("the gpusd daemon's lease socket does not answer")
+        try:
+            line = _send(sock, _Lines(sock), {"op": "snapshot", "v": PROTOCOL}, False, None)
+        finally:
+            sock.close()
+        try:
+            reply = _decode(line)
+            _check(reply)
+            data = reply.get("snapshot")
+            if not isinstance(data, dict):
+                raise ValueError("no snapshot")
+            return HostSnapshot.from_dict(data)
+        except (ValueError, TypeError, KeyError, ConfigError) as exc:  # ConfigError: a daemon without "snapshot"
+            raise BackendUnavailable(f"the gpusd daemon did not give its GPUs ({exc})") from None
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> DaemonInventory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def daemon_inventory() -> DaemonInventory | None:
+    """:class:`DaemonInventory` where a daemon serves the lease socket and gives its GPUs, else None."""
+    from ..errors import BackendUnavailable
+
+    if socket_path() is None:
+        return None
+    try:
+        return DaemonInventory()
+    except (BackendUnavailable, GpusdError):
+        return None
+
+
+def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:
+    """Send one request line, read the answer line (the socket is closed when that fails)."""
+    from .leases import mutex_timeout
+
+    try:
+        sock.settimeout(None if (wait and timeout is None) else
+                        (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
+        try:
+            sock.sendall(json.dumps(req).encode() + b"\n")
+        except BrokenPipeError:
+            pass  # answered before it read us (busy): the answer is waiting below
+        line = reader.readline()
+        sock.settimeout(None)
+    except OSError as exc:
+        sock.close()
+        raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
+    return line
 
 
 def _decode(line: bytes) -> dict[str, Any]:

@@ -232,8 +232,14 @@ def _family(pid: int) -> set[int]:
 
 def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
                env: dict[str, str] | None = None) -> tuple[list[Candidate], list[str]]:
-    """(qualifying devices ranked best first, one reason per rejected device)."""
-    leases = list(leases) if leases is not None else [le for g in snap.gpus for le in g.leases]
+    """(qualifying devices ranked best first, one reason per rejected device).  A lease the snapshot
+    itself shows (a simulation's, or one attached to it) counts as much as one in ``leases``."""
+    shown = [le for g in snap.gpus for le in g.leases]
+    if leases is None:
+        leases = shown
+    else:
+        known = {(le.lease_id, le.device) for le in leases}
+        leases = [*leases, *(le for le in shown if (le.lease_id, le.device) not in known)]
     by_device: dict[str, list[LeaseInfo]] = {}
     for lease in leases:
         by_device.setdefault(lease.device or "", []).append(lease)

@@ -193,13 +193,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every user's jobs (default: yours)")
     p.add_argument("--json", action="store_true")
 
-    p = _command(sub, "grow", "gpusd.cli.jobs:grow", "give a running job more GPUs: gpusd grow JOB +2")
+    told = ("The job file ($GPUSD_JOB_FILE) is rewritten, then the job is told as its --on-change says. With the "
+            "default (signal) only a command that catches the notify signal (SIGUSR1 unless --notify-signal) is "
+            "sent it; an unaware command (sleep, a script without a handler) is not signalled, keeps running on "
+            "the GPUs it started with and sees the change only in the job file. The output says how it was told.")
+    p = _command(sub, "grow", "gpusd.cli.jobs:grow", "give a running job more GPUs: gpusd grow JOB +2", epilog=told)
     p.add_argument("job", help="the job id (a unique prefix is enough)")
     p.add_argument("count", nargs="?", default="+1", help="+N more GPUs (default +1)")
     p.add_argument("--wait", action="store_true", help="wait (in the queue) until they qualify")
     p.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds")
 
-    p = _command(sub, "shrink", "gpusd.cli.jobs:shrink", "take GPUs back from a running job: gpusd shrink JOB -1")
+    p = _command(sub, "shrink", "gpusd.cli.jobs:shrink", "take GPUs back from a running job: gpusd shrink JOB -1",
+                 epilog=told)
     p.add_argument("job", help="the job id (a unique prefix is enough)")
     p.add_argument("count", nargs="?", default=None, help="-N GPUs fewer (default -1)")
     p.add_argument("--release", metavar="GPU", help="give back this GPU (index or UUID)")
@@ -529,6 +534,14 @@ def _setup_logging(verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _command_in(argv) == "env":  # eval "$(gpusd env ...)" fails closed (docs/cli.md)
+        from .alloc import env_failing_closed
+
+        return env_failing_closed(lambda: _main(argv))
+    return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser(_command_in(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the (sub)command's parser, so the usage shown is the command's own

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
 
@@ -41,6 +41,39 @@ def select(args: argparse.Namespace) -> int:
     else:
         print(sel.env()["CUDA_VISIBLE_DEVICES"])
     return 0
+
+
+# What ``gpusd env`` prints on stdout when it fails, so that ``eval "$(gpusd env ...)"`` fails closed: no
+# GPU visible (an empty CUDA_VISIBLE_DEVICES hides every GPU; unset would show them all) and eval's status
+# non-zero (that of its last command).  The error itself goes to stderr as always (docs/cli.md).
+FAIL_CLOSED = ("export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", "unset GPUSD_LEASE",
+               "false")
+
+
+def env_failing_closed(run: Callable[[], int]) -> int:
+    """Run ``gpusd env`` (``run``); on any failure (an error, bad usage, an exception) print
+    :data:`FAIL_CLOSED` on stdout before giving the failure back."""
+    import sys
+
+    def closed() -> None:
+        try:
+            sys.stdout.flush()
+        except OSError:
+            pass
+        print("\n".join(FAIL_CLOSED), flush=True)
+
+    try:
+        rc = run()
+    except SystemExit as exc:  # argparse: bad usage (2); --help is 0
+        if exc.code not in (0, None):
+            closed()
+        raise
+    except BaseException:
+        closed()
+        raise
+    if rc != 0:
+        closed()
+    return rc
 
 
 def env(args: argparse.Namespace) -> int:

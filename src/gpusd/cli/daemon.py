@@ -166,6 +166,14 @@ def _show(value: Any) -> str:
     return "default" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _stop_hint(state: Path) -> str:
+    """``gpusd stop`` with what selects this daemon (``--state-dir``), under the name the user ran."""
+    from ..daemon.process import stop_command
+    from . import prog
+
+    return prog() + stop_command(state)[len("gpusd"):]
+
+
 def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
     """A daemon already runs on this state directory: the same for a foreground and a background
     start.  The options given match its own: say so, exit 0.  They differ: refuse (exit 7)."""
@@ -176,10 +184,11 @@ def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
     if diff is None:
         raise AlreadyRunning(f"a daemon is already running ({where}) and its options are not recorded (an older "
                              "daemon, or one still starting), so the options given cannot be checked; stop it "
-                             "first (gpusd stop) to start with them")
+                             f"first ({_stop_hint(st.state_dir)}) to start with them")
     if diff:
         raise AlreadyRunning(f"a daemon is already running ({where}) with other options: {'; '.join(diff)}. "
-                             "Stop it first (gpusd stop), or give another --state-dir for a second daemon")
+                             f"Stop it first ({_stop_hint(st.state_dir)}), or give another --state-dir for a "
+                             "second daemon")
     print(f"gpusd: already running ({where})")
     return 0
 
@@ -214,7 +223,7 @@ def start(args: argparse.Namespace) -> int:
     sim = "  [SIMULATED GPUs]" if info.get("simulated") else ""
     print(f"gpusd: started (pid {info.get('pid')}), announced as {info.get('service')}, "
           f"session {info.get('session')}, serving {urls}{sim}")
-    print(f"gpusd: log {state / process.LOG_FILE}; stop with: gpusd stop")
+    print(f"gpusd: log {state / process.LOG_FILE}; stop with: {_stop_hint(state)}")
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import time
 from itertools import groupby
@@ -186,21 +188,31 @@ def list_devices(args: argparse.Namespace) -> int:
         return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
+        start = "gpusd start" + ("" if args.all_sessions or args.session == "default" else
+                                 f" --session {shlex.quote(args.session)}")
         print(_nothing_found(args, unmatched, f"no gpusd hosts found in {where}; is a daemon running "
-                             "(gpusd start)? Try gpusd demo."), file=sys.stderr)
+                             f"({for_terminal(start, 200)})? Try gpusd demo."), file=sys.stderr)
         return EXIT_NO_DAEMON
     print(render_devices(devices, hosts))
     return 0
 
 
-def _ask_local_daemon(args: argparse.Namespace) -> Future[Found | None]:
-    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md)."""
+def _ask_local_daemon(args: argparse.Namespace) -> Future[Found | None] | None:
+    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md), where its view is
+    what the options given ask for: none when hosts beyond the link are asked for (``--peer`` & co.,
+    or their variables: the daemon's view has its own), the interfaces must be the daemon's
+    (``--interface eth9`` is checked first: exit 2 when there is no such interface, as when browsing)."""
     from ..discovery.types import Filters
+    from ..wire.mdns import resolve_interfaces
     from .localfleet import start_fleet_request
     from .trust import fleet_key
 
     filters = Filters(session=args.session, **_filter_args(args))
-    return start_fleet_request(filters, key=fleet_key(args))
+    interfaces = resolve_interfaces(args.interfaces)  # ConfigError (exit 2) for an interface that is not there
+    if any(beyond_args(args).values()) or any(os.environ.get(v) for v in
+                                              ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN")):
+        return None
+    return start_fleet_request(filters, key=fleet_key(args), interfaces=interfaces)
 
 
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:

@@ -300,6 +300,7 @@ def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid
     import time
 
     from ..sanitize import for_terminal
+    from .pool import release_command
 
     try:
         held_file = _write_held(p, pid, until)
@@ -310,7 +311,7 @@ def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid
         raise
     print(f"# held until {time.strftime('%H:%M:%S', time.localtime(until))} (--for {for_terminal(args.duration, 16)}) "
           f"by renewer pid {pid}; end it earlier with: "
-          + "; ".join(f"gpusd release {part.lease_id}" for part in res.parts), file=sys.stderr)
+          + "; ".join(release_command(args, part.lease_id) for part in res.parts), file=sys.stderr)
     return status
 
 

@@ -41,9 +41,10 @@ QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after t
 Found = tuple[list[Device], list[RemoteHost], int]
 
 
-def daemon_api_urls(session: str) -> tuple[list[str], str] | None:
+def daemon_api_urls(session: str, interfaces: list[str] | None = None) -> tuple[list[str], str] | None:
     """The running local daemon's API bases to try (loopback first) and its node id, when it runs
-    in ``session``; None otherwise."""
+    in ``session`` (and, with ``interfaces``, the addresses the user asked for, resolved: it browses on
+    exactly those); None otherwise."""
     from ..daemon.process import status
     from ..identity import state_dir
 
@@ -51,6 +52,10 @@ def daemon_api_urls(session: str) -> tuple[list[str], str] | None:
     info = st.info
     if not st.running or info.get("session") != session:
         return None
+    if interfaces is not None:
+        running = info.get("interfaces")
+        if not isinstance(running, list) or sorted(map(str, running)) != sorted(interfaces):
+            return None  # it browses elsewhere (or everywhere): its view is not what was asked for
     port, node_id = info.get("port"), info.get("node_id")
     if not isinstance(port, int) or not 0 < port < 65536 or not isinstance(node_id, str):
         return None
@@ -124,16 +129,19 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Fo
 
 
 def fleet_from_local_daemon(filters: Filters, *, key: FleetKey | None = None,
-                            timeout: float = FLEET_TIMEOUT) -> Found | None:
+                            timeout: float = FLEET_TIMEOUT, interfaces: list[str] | None = None) -> Found | None:
     """The fleet as this host's running daemon sees it, or None (browse instead).  ``filters.session``
-    must be set: a daemon's fleet view covers its own session only."""
+    must be set: a daemon's fleet view covers its own session only.  The options given still hold:
+    ``interfaces`` (resolved addresses, None: any) must be the daemon's own, and with the fleet secret
+    (``key``) the daemon must prove it holds it too -- otherwise it cannot tell which hosts do, and
+    the client browses, checking each host's proof itself."""
     import time
 
     from ..wire.http import SourceError, fetch_json
 
     if filters.session is None:
         return None
-    found = daemon_api_urls(filters.session)
+    found = daemon_api_urls(filters.session, interfaces)
     if found is None:
         return None
     urls, own_node = found
@@ -147,6 +155,9 @@ def fleet_from_local_daemon(filters: Filters, *, key: FleetKey | None = None,
         except SourceError as exc:
             log.debug("%s", exc)
             continue
+        if key is not None and answer.verified is not True:
+            log.debug("%s/fleet: the daemon did not prove it holds the fleet secret: browsing", base)
+            return None
         result = parse_fleet(answer.data, filters, own_node, private=answer.verified is True)
         if result is not None:
             return result
@@ -155,8 +166,8 @@ def fleet_from_local_daemon(filters: Filters, *, key: FleetKey | None = None,
     return None
 
 
-def start_fleet_request(filters: Filters, *, key: FleetKey | None = None,
-                        timeout: float = FLEET_TIMEOUT) -> Future[Found | None]:
+def start_fleet_request(filters: Filters, *, key: FleetKey | None = None, timeout: float = FLEET_TIMEOUT,
+                        interfaces: list[str] | None = None) -> Future[Found | None]:
     """:func:`fleet_from_local_daemon` in a daemon thread (it never holds up the process's exit):
     the caller can browse meanwhile and take whichever answers first."""
     import threading
@@ -166,7 +177,7 @@ def start_fleet_request(filters: Filters, *, key: FleetKey | None = None,
 
     def run() -> None:
         try:
-            fut.set_result(fleet_from_local_daemon(filters, key=key, timeout=timeout))
+            fut.set_result(fleet_from_local_daemon(filters, key=key, timeout=timeout, interfaces=interfaces))
         except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
             log.debug("local fleet view failed: %r", exc)
             fut.set_result(None)

@@ -63,6 +63,38 @@ def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: 
                    key=key, client=client, job=job)
 
 
+def fleet_selectors(args: argparse.Namespace) -> list[str]:
+    """The options of this command that say where it looked and with which secret (--token-file,
+    --session, --interface, --peer, --peers-file, --dns-sd-domain, --dns-server), as given: a hint
+    that names another command names them too, so that it acts on what this one acted on."""
+    from pathlib import Path
+
+    out: list[str] = []
+    token_file = getattr(args, "token_file", None) or os.environ.get("GPUSD_TOKEN_FILE")
+    if token_file:
+        out += ["--token-file", str(Path(token_file).resolve())]
+    if getattr(args, "session", "default") != "default":
+        out += ["--session", str(args.session)]
+    for iface in getattr(args, "interfaces", None) or []:
+        out += ["--interface", str(iface)]
+    for peer in getattr(args, "peers", None) or []:
+        out += ["--peer", str(peer)]
+    for flag, name in (("--peers-file", "peers_file"), ("--dns-sd-domain", "dns_sd_domain"),
+                       ("--dns-server", "dns_server")):
+        value = getattr(args, name, None)
+        if value:
+            out += [flag, str(Path(value).resolve()) if name == "peers_file" else str(value)]
+    return out
+
+
+def release_command(args: argparse.Namespace, lease_id: str) -> str:
+    """``gpusd release ID`` with :func:`fleet_selectors` (for hints), safe to paste and to show."""
+    from ..sanitize import for_terminal
+    from . import prog
+
+    return for_terminal(shlex.join([prog(), "release", lease_id, *fleet_selectors(args)]), 2000)
+
+
 def _exports(env: dict[str, str]) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
@@ -92,7 +124,7 @@ def reserve(args: argparse.Namespace) -> int:
             where = "this machine" if p.local else for_terminal(p.hostname, 64)
             print(f"reserved {len(p.devices)} GPU(s) on {where}: lease {p.lease_id} until "
                   f"{time.strftime('%H:%M:%S', time.localtime(until))} (renewed by pid {pid}; "
-                  f"gpusd release {p.lease_id} to end it)")
+                  f"{release_command(args, p.lease_id)} to end it)")
             for line in _exports({k: v for k, v in p.env.items()}):
                 print("  " + line)
     sys.stdout.flush()
@@ -135,6 +167,8 @@ def release(args: argparse.Namespace) -> int:
     from ..pool.client import HostLease, Reservation, reservations
 
     key = _key(args)
+    if _release_remembered(args.lease_id, key):
+        return 0
     found = reservations(key, _hosts(args, key), mine=lambda d: d.get("lease_id") == args.lease_id)
     if not found:
         raise GpusdError(f"no reservation {args.lease_id!r} on the fleet (released, or expired)")
@@ -142,6 +176,34 @@ def release(args: argparse.Namespace) -> int:
         Reservation([HostLease.from_dict(d)], key).release()
         print(f"released {args.lease_id} on {d.get('host')}")
     return 0
+
+
+def _release_remembered(lease_id: str, key: FleetKey) -> bool:
+    """Release a reservation made from this machine where it was made (its renewer's record: the
+    host's address as it was when the host granted it, found by mDNS, ``--peer`` or DNS-SD alike).
+    False when there is no record; an error when the host says it has no such lease or cannot be reached."""
+    from ..errors import GpusdError
+    from ..pool.client import HostLease, _call
+    from ..pool.renewer import forget, recall
+    from ..sanitize import for_terminal
+
+    rec = recall(lease_id.strip().lower())
+    if rec is None:
+        return False
+    try:
+        part = HostLease.from_dict(rec["lease"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    where = for_terminal(part.hostname, 64)
+    reply = _call("DELETE", part, f"/leases/{part.lease_id}", key)
+    if reply.status == 404:
+        forget(part.lease_id)
+        raise GpusdError(f"no reservation {part.lease_id} on {where} any more (released, or expired)")
+    if reply.status not in (200, 204):
+        raise GpusdError(f"{where}: releasing {part.lease_id} failed (HTTP {reply.status})")
+    forget(part.lease_id)  # its renewer sees the lease gone at its next renewal and stops
+    print(f"released {part.lease_id} on {where}")
+    return True
 
 
 def reservations(args: argparse.Namespace) -> int:

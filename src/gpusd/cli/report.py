@@ -106,6 +106,9 @@ def report(args: argparse.Namespace) -> int:
 
     key = fleet_key(args)
     start, end = _period(args)
+    if args.output and not Path(args.output).absolute().parent.is_dir():  # say so before gathering anything
+        raise GpusdError(f"cannot write the report to {args.output}: no directory "
+                         f"{Path(args.output).absolute().parent}")
     answers: list[dict[str, Any]] = []
     errors: list[str] = []
     if args.db:
@@ -149,9 +152,24 @@ def report(args: argparse.Namespace) -> int:
         raise GpusdError("no host answered")
     text = render(build(answers, args.by), args.format)
     if args.output:
-        tmp = Path(args.output + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, args.output)
+        _write_output(Path(args.output), text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _write_output(path: Path, text: str) -> None:
+    """Write the report to ``path`` atomically: a new temporary file of our own beside it (never through
+    a link someone left there), renamed over it; any failure is one line (``gpusd: cannot write ...``)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise GpusdError(f"cannot write the report to {path}: {exc.strerror or exc}") from None

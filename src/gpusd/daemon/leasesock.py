@@ -9,6 +9,10 @@ descriptors until the connection closes.  The lease record it writes is root's a
 (and the client's job, when it says which: a label only), so ``gpusd leases`` shows the client as
 the holder.
 
+A ``choose`` request (``gpusd select``, ``gpusd env``) is answered like a lease request, with the
+GPUs a lease would get and no lease; a ``snapshot`` request with the daemon's GPUs (for a client
+without a driver library that leases in the lock directory): the connection ends with the answer.
+
 Protocol 1: the client sends nothing after its request; the end of the connection (or any further
 byte) abandons a wait, or releases the lease.  Protocol 2 (a request with ``"v": 2``): the connection
 that holds a lease also takes further requests, one line each, served one at a time and answered in
@@ -241,7 +245,17 @@ class LeaseServer:
                 return
             try:
                 req = parse(got[0])
-                kwargs = constraints(req)
+                if req.get("op") == "snapshot":  # the GPUs, for a client without a driver library
+                    version = protocol_version(req)
+                    try:
+                        snap = await asyncio.get_running_loop().run_in_executor(self.executor, self._snapshot)
+                    except Exception as exc:
+                        await conn.send(_failure(exc))
+                        return
+                    await conn.send({"ok": True, "v": version, "op": "snapshot", "snapshot": snap})
+                    return
+                choice = req.get("op") == "choose"  # which GPUs a lease would get, taking none
+                kwargs = constraints(req, op="choose" if choice else "lease")
                 version = protocol_version(req)
                 job = job_of(req)
                 priority = priority_of(req)
@@ -250,6 +264,20 @@ class LeaseServer:
                 return
             command = kwargs["command"]
             loop = asyncio.get_running_loop()
+            if choice:
+                choosing = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, None, cancel, priority,
+                                                False)
+                if await conn.watch(choosing, any_data_ends=True):
+                    cancel.set()  # the client went away while waiting
+                try:
+                    chosen = await choosing
+                except Exception as exc:
+                    await conn.send(_failure(exc))
+                    return
+                if not conn.eof:
+                    await conn.send({"ok": True, "v": version, "op": "choose",
+                                     "devices": [_candidate(c) for c in chosen.devices]})
+                return
             granting = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel, priority)
             if await conn.watch(granting, any_data_ends=True):
                 cancel.set()  # the client went away (or spoke) while waiting: abandoned
@@ -345,7 +373,7 @@ class LeaseServer:
 
     # -- the work, in the executor's threads --------------------------------------------------------
     def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event,
-               priority: int | None = None) -> Any:
+               priority: int | None = None, lease: bool = True) -> Any:
         from ..alloc.api import allocate
         from ..alloc.leases import LeaseStore
         from ..alloc.lockdir import user_name
@@ -356,9 +384,21 @@ class LeaseServer:
                                            kwargs.pop("visible"))
         c = Constraints.build(**kwargs, within_visible=visible is not None)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
-        return allocate(c, lease=True, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
+        return allocate(c, lease=lease, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
                         cancelled=cancel.is_set, job=job, priority=priority, uid=uid)  # believed for uid
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""
+        from ..alloc.leases import LeaseStore
+
+        if self.backend is None:
+            raise GpusdError("the lease authority is stopping")
+        d: dict[str, Any] = self.backend.snapshot(util_since=LeaseStore().release_times(), detail=False).to_dict()
+        for g in d.get("gpus") or []:  # what selection reads: pids and memory, not who runs what
+            for p in g.get("processes") or []:
+                p["user"] = p["command"] = None
+        return d
 
     def _grow(self, held: _Held, kwargs: dict[str, Any], cancel: threading.Event) -> list[Any]:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same

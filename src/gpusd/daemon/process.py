@@ -69,7 +69,8 @@ class PidFile:
                 if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                     pid = _read_pid(self.path)
                     raise GpusdError(f"a gpusd daemon is already running with state directory {self.path.parent}"
-                                     f"{f' (pid {pid})' if pid else ''}; stop it with gpusd stop") from None
+                                     f"{f' (pid {pid})' if pid else ''}; stop it with "
+                                     f"{stop_command(self.path.parent)}") from None
                 raise
             # A stopping daemon unlinks the file before it lets go of the lock: a lock won on that
             # unlinked file guards nothing (the next daemon would create and lock a new one).
@@ -301,7 +302,22 @@ def stop(state_dir: Path, timeout: float = 10.0, force: bool = False) -> int:
         except ProcessLookupError:
             pass
         return pid
-    raise GpusdError(f"the daemon (pid {pid}) did not stop within {timeout:.0f} s; gpusd stop --force kills it")
+    raise GpusdError(f"the daemon (pid {pid}) did not stop within {timeout:.0f} s; "
+                     f"{stop_command(state_dir, force=True)} kills it")
+
+
+def stop_command(state_dir: Path, force: bool = False) -> str:
+    """The command that stops the daemon of ``state_dir``, for hints: it names ``--state-dir`` unless
+    the directory is the default one (no ``--state-dir``, no ``$GPUSD_STATE_DIR``), so that it never
+    stops another daemon."""
+    import shlex
+
+    words = ["gpusd", "stop"]
+    if os.environ.get("GPUSD_STATE_DIR"):  # --state-dir is passed on as $GPUSD_STATE_DIR
+        words += ["--state-dir", str(Path(state_dir).resolve())]
+    if force:
+        words.append("--force")
+    return shlex.join(words)
 
 
 # -- foreground run ------------------------------------------------------------------------------

@@ -126,12 +126,22 @@ class Supervisor:
                           state=state if state != "stopping" else self.writer.record.state, reason=reason,
                           restarts=self.restarts)
 
-    def notify(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, self.notify_signal)
-            except ProcessLookupError:
-                pass
+    def notify(self) -> str:
+        """Send the notify signal to the command, but only if it catches it (the kernel's ``SigCgt``):
+        a program without a handler would be ended by it (SIGUSR1's default action).  Says how the
+        command was told, for grow's and shrink's answer."""
+        name = signal.Signals(self.notify_signal).name
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return "no command runs now: it sees the job file when it starts"
+        if not catches(proc.pid, self.notify_signal):
+            return (f"the command does not catch {name}: not signalled (that would end it), it sees the "
+                    "change in $GPUSD_JOB_FILE")
+        try:
+            os.kill(proc.pid, self.notify_signal)
+        except ProcessLookupError:
+            return "the command had exited"
+        return f"the command was sent {name}"
 
     # -- leases -------------------------------------------------------------------------------------
     def _take(self, sel: Selection) -> None:
@@ -165,9 +175,8 @@ class Supervisor:
             from ..alloc.priority import load_policy
 
             if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.priority, os.geteuid())):
-                try:  # would anything qualify now? (a choice only, no lease)
-                    allocate(self.c, lease=False, simulate=self.simulate, store=self.store,
-                             backend=shared_backend(self.simulate))
+                try:  # would anything qualify now? (a choice only, no lease: the daemon's, its GPUs may be simulated)
+                    allocate(self.c, lease=False)
                 except NoGpuAvailable:
                     self.preempt_for(self.c.count)
         self._take(self._allocate(self.c, wait, timeout if wait else None, first=True))
@@ -270,9 +279,9 @@ class Supervisor:
             self._rewrite_lease()
             extra.release()
             self.write_job_file("running", f"grown by {n} GPU(s)" + self._restart_note())
-            self._tell()
+            told = self._tell()
         log(f"job {self.job_id}: grown to {self.cuda_visible()}" + self._restart_note())
-        return {"ok": True, "devices": self.cuda_visible()}
+        return {"ok": True, "devices": self.cuda_visible(), "message": told}
 
     def _grow_remote(self, lease: RemoteLease, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
         """Grow a lease the daemon holds: it takes the GPUs (same constraints, same queue) and names
@@ -284,9 +293,9 @@ class Supervisor:
         with self.lock:
             self.devs.extend(added)
             self.write_job_file("running", f"grown by {n} GPU(s)" + self._restart_note())
-            self._tell()
+            told = self._tell()
         log(f"job {self.job_id}: grown to {self.cuda_visible()}" + self._restart_note())
-        return {"ok": True, "devices": self.cuda_visible()}
+        return {"ok": True, "devices": self.cuda_visible(), "message": told}
 
     def _to_drop(self, n: int | None, release: str | None) -> list[Candidate] | str:
         """The GPUs a shrink gives back (the last added, or the one named), or why none."""
@@ -323,9 +332,11 @@ class Supervisor:
                     if d in self.devs:
                         self.devs.remove(d)
                 self.write_job_file("running", f"shrunk by {len(done)} GPU(s)" + self._restart_note())
-                self._tell()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}" + self._restart_note()
-        log(msg if failed is None else f"{msg}; giving back the rest failed: {failed}")
+                told = self._tell()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+        log(msg + self._restart_note() if failed is None else f"{msg}; giving back the rest failed: {failed}")
+        if done:
+            msg = f"{msg}; {told}"
         if failed is not None:
             return {"ok": False, "devices": self.cuda_visible(), "message": f"{msg}; giving back the rest failed: "
                     f"{failed}"}
@@ -351,24 +362,29 @@ class Supervisor:
                     _close(fd)
             self._rewrite_lease()
             self.write_job_file("running", f"shrunk by {len(drop)} GPU(s)" + self._restart_note())
-            self._tell()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}" + self._restart_note()
+            told = self._tell()
+        msg = f"job {self.job_id} now has {self.cuda_visible()}"
         if later:
             msg += f"; GPU {','.join(later)} is freed when the running command exits or restarts"
-        log(msg)
+        log(msg + self._restart_note())
+        msg = f"{msg}; {told}"
         return {"ok": True, "devices": self.cuda_visible(), "message": msg}
 
     def _restart_note(self) -> str:
         return "; the command restarts (--on-change restart)" if self.on_change == "restart" else ""
 
-    def _tell(self) -> None:
+    def _tell(self) -> str:
         """Tell the command its GPUs changed (grow, shrink), as ``--on-change`` says: the notify
-        signal; or a restart like a move's (SIGTERM to its group, --grace, SIGKILL; started again at
-        once on the job's GPUs then, same lease); or nothing (it polls the job file)."""
+        signal (only to a command that catches it); or a restart like a move's (SIGTERM to its group,
+        --grace, SIGKILL; started again at once on the job's GPUs then, same lease); or nothing (it
+        polls the job file).  Says how it was told."""
         if self.on_change == "signal":
-            self.notify()
-        elif self.on_change == "restart" and not self.stopping:  # a stop under way starts it on the GPUs now
-            self._stop_child("change")
+            return self.notify()
+        if self.on_change == "restart":
+            if not self.stopping:  # a stop under way starts it on the GPUs now
+                self._stop_child("change")
+            return "the command restarts on its GPUs now (--on-change restart)"
+        return "not signalled (--on-change file): the command sees the change in $GPUSD_JOB_FILE"
 
     def _stop_child(self, why: str) -> None:
         proc = self.proc
@@ -738,6 +754,19 @@ def _end_group(pgid: int, deadline: float) -> None:
                 time.sleep(0.02)
             return
         time.sleep(0.05)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum``: the ``SigCgt`` mask of
+    /proc/PID/status (bit ``signum - 1``).  False when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split(":", 1)[1].strip(), 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _signal_group(pid: int, signum: int) -> None:

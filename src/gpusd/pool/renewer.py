@@ -7,15 +7,81 @@ answering that a lease is gone, or no renewal getting through for longer than th
 have expired the leases by then: a holder cut off from them, or whose daemons are gone, stops).
 Started in its own session, detached from the terminal; says
 ``renewing`` on stdout once its signal handlers are set and the first renewal was sent.
+
+While it runs, each lease it holds is remembered where it was made (:func:`remember`): a record
+``reservations/<lease id>.json`` in the user's state directory (mode 0600, in a 0700 directory) with
+the host's API address, node id and certificate pin as they were when the host granted the lease, so
+``gpusd release ID`` finds a host that was reached with ``--peer`` or DNS-SD without those options
+(docs/pool.md).  The record holds no secret and goes when the renewer ends.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
+
+RECORD_DIR = "reservations"  # under gpusd's state directory (gpusd.identity.state_dir)
+_LEASE_ID = re.compile(r"^[0-9a-f]{8,32}$")  # as gpusd.pool.client.LEASE_ID
+MAX_RECORD = 1 << 20
+
+
+def _record_dir() -> Path:
+    from ..identity import state_dir
+
+    return state_dir() / RECORD_DIR
+
+
+def remember(parts: list[dict[str, Any]], pid: int, until: float) -> None:
+    """Record each lease (``HostLease.to_dict()``) of a reservation held by renewer ``pid``."""
+    d = _record_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return  # nowhere to remember it: gpusd release then looks for it on the fleet
+    for part in parts:
+        lease_id = str(part.get("lease_id"))
+        if not _LEASE_ID.match(lease_id):
+            continue
+        tmp = d / f".{lease_id}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"lease": part, "renewer_pid": pid, "until": until}, f)
+            os.replace(tmp, d / f"{lease_id}.json")
+        except OSError:
+            continue
+
+
+def recall(lease_id: str) -> dict[str, Any] | None:
+    """The record of the lease ``lease_id`` (``{"lease": HostLease dict, "renewer_pid", "until"}``), or None."""
+    if not _LEASE_ID.match(lease_id):
+        return None
+    try:
+        fd = os.open(_record_dir() / f"{lease_id}.json", os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                return None  # not ours: never acted on
+            d = json.loads(f.read(MAX_RECORD))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("lease"), dict) or d["lease"].get("lease_id") != lease_id:
+        return None
+    return d
+
+
+def forget(lease_id: str) -> None:
+    if _LEASE_ID.match(lease_id):
+        try:
+            (_record_dir() / f"{lease_id}.json").unlink()
+        except OSError:
+            pass
 
 
 def main() -> int:
@@ -29,6 +95,15 @@ def main() -> int:
         res = Reservation([HostLease.from_dict(x) for x in d["leases"]], key)
     except (ValueError, KeyError, TypeError):
         return 2
+    remember([p.to_dict() for p in res.parts], os.getpid(), until)
+    try:
+        return _renew(res, until)
+    finally:
+        for p in res.parts:
+            forget(p.lease_id)
+
+
+def _renew(res: Any, until: float) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

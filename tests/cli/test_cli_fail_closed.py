@@ -1,0 +1,48 @@
+"""Issue 18, item 2: ``eval "$(gpusd env ...)"`` fails closed: when gpusd env fails, eval returns non-zero
+and no GPU is left visible (docs/cli.md, "Allocation")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from fakenvml import make_gpus
+
+
+def _eval(cli_env: dict[str, str], args: str, before: str = "export CUDA_VISIBLE_DEVICES=0,1") -> list[str]:
+    """What a user's shell sees: eval's status, then CUDA_VISIBLE_DEVICES (or 'unset')."""
+    script = (f'{before}; eval "$({sys.executable} -m gpusd env {args})"; echo "status=$?"; '
+              'echo "visible=${CUDA_VISIBLE_DEVICES-unset}"')
+    r = subprocess.run(["bash", "-c", script], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_an_unsatisfiable_env_makes_eval_fail_and_hides_every_gpu(fake_nvml, cli_env):
+    fake_nvml.write(make_gpus(2))
+    assert _eval(cli_env, "-n 5") == ["status=1", "visible="]
+    # nothing exported before either: still none visible, rather than all
+    assert _eval(cli_env, "-n 5", before="unset CUDA_VISIBLE_DEVICES") == ["status=1", "visible="]
+
+
+def test_bad_usage_of_env_fails_closed_too(fake_nvml, cli_env):
+    fake_nvml.write(make_gpus(2))
+    assert _eval(cli_env, "-n 1 --no-such-flag") == ["status=1", "visible="]
+    assert _eval(cli_env, "-n 1 --timeout 5") == ["status=1", "visible="]  # --timeout without --wait
+
+
+def test_env_that_succeeds_is_unchanged(fake_nvml, cli_env):
+    fake_nvml.write(make_gpus(2))
+    assert _eval(cli_env, "-n 1 --no-lease") == ["status=0", "visible=0"]
+    r = subprocess.run([sys.executable, "-m", "gpusd", "env", "-n", "1", "--no-lease"], env=cli_env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "false" not in r.stdout.split()
+
+
+def test_the_error_still_goes_to_stderr_with_the_exit_status(fake_nvml, cli_env):
+    fake_nvml.write(make_gpus(2))
+    r = subprocess.run([sys.executable, "-m", "gpusd", "env", "-n", "5"], env=cli_env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 4 and r.stderr.startswith("gpusd: ") and "need 5" in r.stderr
+    assert r.stdout.splitlines() == ["export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+                                     "unset GPUSD_LEASE", "false"]
