@@ -40,6 +40,11 @@ def select(args: argparse.Namespace) -> int:
         print(dumps(out, indent=2))
     else:
         print(sel.env()["CUDA_VISIBLE_DEVICES"])
+        if getattr(args, "explain", False) and sel.pick is not None:
+            from ..sanitize import for_terminal
+
+            for line in sel.pick.lines():
+                print(for_terminal(line, 400))
     return 0
 
 
