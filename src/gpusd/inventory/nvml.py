@@ -190,7 +190,7 @@ class NvmlBackend:
     # -- topology (docs/inventory.md, "Topology"): read once per device list ---------------------
     def _topology(self, devices: list[_Device]) -> None:
         nv = self._nv
-        words = max(1, ((os.cpu_count() or 64) + 63) // 64)
+        words = max(16, ((os.cpu_count() or 64) + 63) // 64)  # 1024 CPUs at least: ids can be sparse
         for dev in devices:
             if dev.handle is None:
                 continue
