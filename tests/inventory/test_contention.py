@@ -52,7 +52,8 @@ def test_memory_that_does_not_fit_kills_the_job_that_allocates_last():
 
 def test_a_two_gpu_job_communicates_at_its_links_speed():
     job = Job("d", 0.0, 2, 100.0, 90.0, GiB, comm_bytes=10 * NVLINK_BW)
-    assert job.standalone(0) == pytest.approx(110.0) and job.standalone(2) == pytest.approx(100 + 10 * NVLINK_BW / PCIE_BW)
+    assert job.standalone(0) == pytest.approx(110.0)
+    assert job.standalone(2) == pytest.approx(100 + 10 * NVLINK_BW / PCIE_BW)
     assert run(_box(nvlink=True), [job], _on([0, 1]), ramp=0.0).makespan == pytest.approx(110.0)
     assert run(_box(nvlink=False), [job], _on([0, 1]), ramp=0.0).makespan == pytest.approx(204.0)
 

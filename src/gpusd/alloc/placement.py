@@ -176,10 +176,11 @@ def pick(snap: HostSnapshot, ranked: list[Candidate], c: Constraints) -> Pick:
     ok = [s for s in sets if within(s)]
     best = min(ok, key=_key)
     if [m.gpu.index for m in best.members] == [m.gpu.index for m in least]:
-        reason = f"the least-loaded set is also the best connected within the tolerance (worst link {_worst_label(best)})"
+        reason = ("the least-loaded set is also the best connected within the tolerance "
+                  f"(worst link {_worst_label(best)})")
     elif best.worst < base.worst or best.mean < base.mean:
-        reason = (f"better connected (worst link {_worst_label(best)}, against {_worst_label(base)} for the least-loaded "
-                  f"set) and within the tolerance ({TOL_UTIL:g} utilisation points, {TOL_MEMORY * 100:g}% memory)")
+        reason = (f"better connected (worst link {_worst_label(best)}, against {_worst_label(base)} for the "
+                  f"least-loaded set) and within the tolerance ({TOL_UTIL:g} utilisation points, {TOL_MEMORY * 100:g}% memory)")
     else:
         reason = "as well connected as the least-loaded set, and less loaded in sum"
     return Pick(sorted(best.members, key=ranked.index), policy, reason, least_labels,

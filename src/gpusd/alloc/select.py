@@ -11,7 +11,9 @@ Ranking (documented in docs/allocation.md):
     Most free memory (after reservations) first, then lowest utilisation.
 
 Ties go to the lower index.  Which ``count`` of the ranked devices go together is
-:mod:`gpusd.alloc.placement`'s choice (by topology for 2+ GPUs, ``--topology``).  Exclusive requests only consider GPUs nobody holds a lease on; shared
+:mod:`gpusd.alloc.placement`'s choice (by topology for 2+ GPUs, ``--topology``).
+
+Exclusive requests only consider GPUs nobody holds a lease on; shared
 requests (``share=True``) pack onto GPUs already shared by other shared jobs while their memory fits
 (best fit: the fullest GPU that still fits), and open an unleased GPU only when none fits.
 

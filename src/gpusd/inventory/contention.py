@@ -13,7 +13,8 @@ The model, and where its numbers come from:
   loading: :data:`RAMP`, an assumption); NVML shows it only then.  If the GPU's memory in use would
   then exceed its total, the job fails like an out-of-memory error: its work is lost, it counts as an
   OOM failure, and it is submitted again at once (as its user would), at the back of the queue, up to
-  :data:`RETRIES` times; its completion time still counts from its first arrival.  A reservation (a gpusd lease's ``--memory``) is visible to gpusd at once.
+  :data:`RETRIES` times; its completion time still counts from its first arrival.  A reservation
+  (a gpusd lease's ``--memory``) is visible to gpusd at once.
 * **Communication.** A k-GPU job spends ``comm_bytes / bandwidth(link)`` seconds all-reducing, on top
   of its compute, where the link is the worst between its GPUs: NVLink 208 GB/s, PCIe 20 GB/s (one A100
   node, NVIDIA/nccl-tests #178: two ranks on an NVLink pair against three crossing PCIe), across
