@@ -180,7 +180,8 @@ def pick(snap: HostSnapshot, ranked: list[Candidate], c: Constraints) -> Pick:
                   f"(worst link {_worst_label(best)})")
     elif best.worst < base.worst or best.mean < base.mean:
         reason = (f"better connected (worst link {_worst_label(best)}, against {_worst_label(base)} for the "
-                  f"least-loaded set) and within the tolerance ({TOL_UTIL:g} utilisation points, {TOL_MEMORY * 100:g}% memory)")
+                  f"least-loaded set) and within the tolerance ({TOL_UTIL:g} utilisation points, "
+                  f"{TOL_MEMORY * 100:g}% memory)")
     else:
         reason = "as well connected as the least-loaded set, and less loaded in sum"
     return Pick(sorted(best.members, key=ranked.index), policy, reason, least_labels,
