@@ -172,3 +172,22 @@ def test_cpu_lists():
     for bad in ("a", "3-1", "1,,2", "-1", "0-99999999"):
         with pytest.raises(ValueError):
             parse_cpulist(bad)
+
+
+def test_topology_calls_that_fail_leave_the_rest_of_the_snapshot(fake_nvml_inprocess):
+    """A driver that fails the topology calls (or a GPU that is lost) costs the links, not the snapshot."""
+    from gpusd.inventory.nvml import NvmlBackend
+
+    gpus = _pairs_box()
+    gpus[0].errors = {"nvmlDeviceGetTopologyCommonAncestor": 999, "nvmlDeviceGetNvLinkState": 15,
+                      "nvmlDeviceGetCpuAffinity": 999}
+    gpus[3].errors = {"*": 15}
+    fake_nvml_inprocess.write(gpus)
+    with NvmlBackend(processes=False) as backend:
+        g = backend.snapshot().gpus
+    assert [x.healthy for x in g] == [True, True, True, False]
+    assert g[0].local_cpus is None and g[0].numa_node == 0
+    assert link_between(g[0], g[1]).nvlink == 4  # GPU 1 still reports its NVLinks to GPU 0
+    assert g[0].links == []  # it could tell nothing itself
+    assert label(link_between(g[1], g[2])) == "SYS"
+    assert link_between(g[2], g[3]) is None  # the lost GPU answers nothing, not even its PCI address
