@@ -247,6 +247,27 @@ class LeaseInfo:
 
 
 @dataclass(slots=True)
+class GpuLink:
+    """How a GPU reaches another GPU of the same host (docs/inventory.md, "Topology").
+
+    ``level`` is NVML's common-ancestor level of the PCIe path (0 INTERNAL, 10 SINGLE switch,
+    20 MULTIPLE switches, 30 HOSTBRIDGE, 40 NODE, 50 SYSTEM: :mod:`gpusd.topology`); ``nvlink`` the
+    number of active NVLinks between the two (through an NVSwitch: the GPU's links to the switches),
+    0 for none."""
+
+    peer: int  # the other GPU's index in the same snapshot
+    level: int | None = None  # None: NVML cannot tell
+    nvlink: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuLink:
+        return decode(cls, d)
+
+
+@dataclass(slots=True)
 class GpuInfo:
     """One physical GPU as seen at one moment."""
 
@@ -271,6 +292,11 @@ class GpuInfo:
     leases: list[LeaseInfo] = field(default_factory=list)
     healthy: bool = True
     error: str | None = field(default=None, metadata=TEXT)  # why the GPU is unhealthy, or which query failed
+    # Topology (added in 0.3, schema 1 still: older readers ignore these keys): the GPU's NUMA node, the
+    # CPUs close to it (a Linux CPU list, "0-23,48-71"), and its link to every other GPU of the host.
+    numa_node: int | None = None
+    local_cpus: str | None = None
+    links: list[GpuLink] = field(default_factory=list, metadata={"max": 256})
 
     @property
     def memory_used_ratio(self) -> float | None:
@@ -346,12 +372,13 @@ class HostSnapshot:
         return cls.from_dict(data)
 
 
-MODEL_CLASSES = (HostSnapshot, GpuInfo, MigInstance, ProcessInfo, LeaseInfo)
+MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo)
 
 __all__ = [
     "SCHEMA_VERSION",
     "HostSnapshot",
     "GpuInfo",
+    "GpuLink",
     "MigInstance",
     "ProcessInfo",
     "LeaseInfo",

@@ -30,7 +30,7 @@ def test_select_json_claims_no_lease(capsys: pytest.CaptureFixture[str]) -> None
     rc, out, _ = cli(["select", "--json", "--simulate", "2xA100-80GB"], capsys)
     assert rc == 0
     d = json.loads(out)
-    assert set(d) == {"devices", "env"}, d  # no "lease": null that reads as a lease it never takes
+    assert set(d) == {"devices", "env", "explain"}, d  # no "lease": null that reads as a lease it never takes
     rc, out, _ = cli(["leases", "--json"], capsys)
     assert json.loads(out)["leases"] == []  # and indeed none was taken
     rc, out, _ = cli(["select", "--help"], capsys)

@@ -46,6 +46,7 @@ __all__ = [
     "fake_env",
     "fake_uuid",
     "make_gpus",
+    "nvlink_pairs",
     "preload",
     "render_state",
     "write_state",
@@ -232,6 +233,15 @@ class FakeGPU:
     graphics_processes: list[FakeProcess] = field(default_factory=list)
     # pid -> (sm, mem) or (sm, mem, enc, dec), for nvmlDeviceGetProcessUtilization
     process_utilization: Mapping[int, Sequence[int]] = field(default_factory=dict)
+    # topology (README "Topology"): NUMA node, PCIe switch and host bridge ids, the local CPUs (a
+    # Linux CPU list such as "0-3,8"), NVLinks as (remote PCI bus id, number of links), and NVML
+    # levels to other GPUs by index that override the level derived from switch/bridge/NUMA node
+    numa_node: int | None = None
+    pcie_switch: int | None = None
+    host_bridge: int | None = None
+    cpu_affinity: str | None = None
+    nvlinks: list[tuple[str, int]] = field(default_factory=list)
+    topology: Mapping[int, int] = field(default_factory=dict)
     # exported function name (or "*") -> nvmlReturn_t code
     errors: Mapping[str, int] = field(default_factory=dict)
     # raw extra lines appended to this device's block
@@ -273,6 +283,14 @@ def make_gpus(
         )
         for i in range(n)
     ]
+
+
+def nvlink_pairs(gpus: Sequence[FakeGPU], pairs: Iterable[tuple[int, int]], links: int = 4) -> None:
+    """Bond ``links`` NVLinks between each pair of GPUs (by position in ``gpus``), both ways."""
+    for a, b in pairs:
+        for x, y in ((a, b), (b, a)):
+            bus = gpus[y].pci_bus_id
+            gpus[x].nvlinks.append((fake_bus_id(y) if bus is AUTO or bus is None else str(bus), links))
 
 
 def _check_str(key: str, value: str) -> str:
@@ -394,6 +412,16 @@ def render_state(
             if len(util) not in (2, 4):
                 raise ValueError("process_utilization values: (sm, mem) or (sm, mem, enc, dec)")
             out.append(f"process_util {int(pid)} " + " ".join(str(int(u)) for u in util))
+        for key in ("numa_node", "pcie_switch", "host_bridge"):
+            v = getattr(g, key)
+            if v is not None:
+                out.append(f"{key} {int(v)}")
+        if g.cpu_affinity is not None:
+            out.append(f"cpu_affinity {_check_str('cpu_affinity', g.cpu_affinity)}")
+        for bus, count in g.nvlinks:
+            out.append(f"nvlink {_check_str('nvlink', bus)} {int(count)}")
+        for peer, level in g.topology.items():
+            out.append(f"topology {int(peer)} {int(level)}")
         for fn, code in g.errors.items():
             out.append(f"error {_check_str('error', fn)} {int(code)}")
         out.extend(g.extra_lines)

@@ -216,6 +216,8 @@ typedef struct {
 #define MAX_PROCS 256
 #define MAX_SAMPLES 128
 #define MAX_ERRORS 32
+#define MAX_LINKS 18      /* NVLinks per GPU (H100: 18) */
+#define MAX_CPU_WORDS 16  /* CPU affinity: up to 1024 CPUs */
 #define MAX_LINE 8192
 #define MAX_FILE (4 * 1024 * 1024)
 #define SAMPLE_PERIOD_US 166667ull
@@ -232,7 +234,7 @@ enum {
     F_PERSISTENCE, F_DISPLAY_ACTIVE, F_DISPLAY_MODE, F_CLOCK_SM,
     F_CLOCK_SM_MAX, F_CLOCK_MEM, F_CLOCK_MEM_MAX, F_CLOCK_GR, F_CLOCK_GR_MAX,
     F_CLOCK_VIDEO, F_CLOCK_VIDEO_MAX, F_PCIE_TX, F_PCIE_RX, F_MIG_MODE,
-    F_MIG_MAX, F_ECC, F_BRAND,
+    F_MIG_MAX, F_ECC, F_BRAND, F_NUMA, F_SWITCH, F_BRIDGE, F_CPUS,
 };
 #define HAS(d, f) (((d)->has >> (f)) & 1ull)
 
@@ -276,6 +278,12 @@ typedef struct {
     unsigned int mig_mode, mig_pending, mig_max;
     unsigned int nmig, nproc, ngproc, nputil, nerr;
     int err_all;
+    /* topology (before migs: cleared by a `device` line) */
+    unsigned int numa_node, pcie_switch, host_bridge;
+    unsigned int nlink, nlevel;
+    unsigned int link_dom[MAX_LINKS], link_bus[MAX_LINKS], link_dev[MAX_LINKS], link_fn[MAX_LINKS];
+    unsigned int level_peer[MAX_GPUS], level_value[MAX_GPUS];
+    ull cpus[MAX_CPU_WORDS];
     fmig_t migs[MAX_MIGS];
     fproc_t procs[MAX_PROCS];
     fproc_t gprocs[MAX_PROCS];
@@ -661,6 +669,60 @@ static int parse_state(const char *buf, size_t len, fstate_t *st)
             if (nt == 5)
                 NEED(!parse_u32(tok[3], &u->enc) && !parse_u32(tok[4], &u->dec));
             d->nputil++;
+        } else if (!strcmp(key, "numa_node")) {
+            U32(numa_node, F_NUMA);
+        } else if (!strcmp(key, "pcie_switch")) {
+            U32(pcie_switch, F_SWITCH);
+        } else if (!strcmp(key, "host_bridge")) {
+            U32(host_bridge, F_BRIDGE);
+        } else if (!strcmp(key, "cpu_affinity")) {
+            /* a Linux CPU list: 0-3,8,10-11 */
+            DEV();
+            NEED(nt == 1);
+            memset(d->cpus, 0, sizeof d->cpus);
+            char *p = tok[0];
+            while (*p) {
+                unsigned lo, hi;
+                char *end;
+                NEED(*p >= '0' && *p <= '9');
+                lo = (unsigned)strtoul(p, &end, 10);
+                hi = lo;
+                if (*end == '-') {
+                    p = end + 1;
+                    NEED(*p >= '0' && *p <= '9');
+                    hi = (unsigned)strtoul(p, &end, 10);
+                }
+                NEED(lo <= hi && hi < 64 * MAX_CPU_WORDS);
+                for (unsigned c = lo; c <= hi; c++)
+                    d->cpus[c / 64] |= 1ull << (c % 64);
+                if (*end == ',')
+                    end++;
+                else
+                    NEED(*end == 0);
+                p = end;
+            }
+            d->has |= 1ull << F_CPUS;
+        } else if (!strcmp(key, "nvlink")) {
+            /* nvlink <remote pci bus id> [links]: that many active links to the remote device */
+            unsigned dom, bus, dv, fn, count = 1;
+            DEV();
+            NEED((nt == 1 || nt == 2) && !parse_busid(tok[0], &dom, &bus, &dv, &fn));
+            if (nt == 2)
+                NEED(!parse_u32(tok[1], &count) && count >= 1);
+            NEED(d->nlink + count <= MAX_LINKS);
+            for (unsigned k = 0; k < count; k++, d->nlink++) {
+                d->link_dom[d->nlink] = dom;
+                d->link_bus[d->nlink] = bus;
+                d->link_dev[d->nlink] = dv;
+                d->link_fn[d->nlink] = fn;
+            }
+        } else if (!strcmp(key, "topology")) {
+            /* topology <peer index> <NVML level>: overrides the level derived from the keys above */
+            DEV();
+            NEED(nt == 2 && d->nlevel < MAX_GPUS);
+            NEED(!parse_u32(tok[0], &d->level_peer[d->nlevel]) && !parse_u32(tok[1], &d->level_value[d->nlevel]));
+            NEED(d->level_peer[d->nlevel] < MAX_GPUS);
+            d->nlevel++;
         } else if (!strcmp(key, "error")) {
             int code;
             DEV();
@@ -1884,6 +1946,168 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t h, unsigned int 
     if (!m)
         RET(NVML_ERROR_NOT_SUPPORTED);
     *id = m->ci;
+    END();
+}
+
+/* ------------------------------------------------------------------------ */
+/* topology                                                                 */
+/* ------------------------------------------------------------------------ */
+
+#define NVML_P2P_CAPS_INDEX_NVLINK 2
+#define NVML_P2P_STATUS_OK 0
+#define NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED 3
+#define NVML_P2P_STATUS_NOT_SUPPORTED 5
+#define TOPO_INFO ((1ull << F_NUMA) | (1ull << F_SWITCH) | (1ull << F_BRIDGE))
+
+/* the second handle of a two-device call (g_mu held) */
+static nvmlReturn_t resolve_peer(void *h, const char *fn, fdev_t **dp)
+{
+    fmig_t *m;
+    return resolve(h, fn, NULL, 0, dp, &m);
+}
+
+/* the NVML level between two devices of the state; -1 when neither says anything */
+static int topo_level(const fdev_t *a, const fdev_t *b)
+{
+    unsigned ia = (unsigned)(a - g_cur->devs), ib = (unsigned)(b - g_cur->devs);
+    if (ia == ib)
+        return 0;
+    for (unsigned k = 0; k < a->nlevel; k++)
+        if (a->level_peer[k] == ib)
+            return (int)a->level_value[k];
+    for (unsigned k = 0; k < b->nlevel; k++)
+        if (b->level_peer[k] == ia)
+            return (int)b->level_value[k];
+    if (!(a->has & TOPO_INFO) && !(b->has & TOPO_INFO))
+        return -1;
+    if (HAS(a, F_SWITCH) && HAS(b, F_SWITCH) && a->pcie_switch == b->pcie_switch)
+        return 10;
+    if (HAS(a, F_BRIDGE) && HAS(b, F_BRIDGE) && a->host_bridge == b->host_bridge)
+        return 30;
+    if (HAS(a, F_NUMA) && HAS(b, F_NUMA) && a->numa_node == b->numa_node)
+        return 40;
+    return 50;
+}
+
+static int link_to(const fdev_t *a, unsigned k, const fdev_t *b)
+{
+    return HAS(b, F_PCI) && a->link_dom[k] == b->domain && a->link_bus[k] == b->bus && a->link_dev[k] == b->dev &&
+           a->link_fn[k] == b->func;
+}
+
+/* is the remote end of a's link k a GPU of this state? (else: an NVSwitch) */
+static int link_to_gpu(const fdev_t *a, unsigned k)
+{
+    for (unsigned i = 0; i < g_cur->ndev; i++)
+        if (link_to(a, k, &g_cur->devs[i]))
+            return 1;
+    return 0;
+}
+
+static int nvlinked(const fdev_t *a, const fdev_t *b)
+{
+    for (unsigned k = 0; k < a->nlink; k++)
+        if (link_to(a, k, b))
+            return 1;
+    for (unsigned k = 0; k < b->nlink; k++)
+        if (link_to(b, k, a))
+            return 1;
+    int sa = 0, sb = 0; /* both reach an NVSwitch */
+    for (unsigned k = 0; k < a->nlink; k++)
+        sa |= !link_to_gpu(a, k);
+    for (unsigned k = 0; k < b->nlink; k++)
+        sb |= !link_to_gpu(b, k);
+    return sa && sb;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t h1, nvmlDevice_t h2, int *level)
+{
+    BEGIN_DEV(h1, "nvmlDeviceGetTopologyCommonAncestor", NULL, 0);
+    NONNULL(level);
+    fdev_t *d2;
+    rc = resolve_peer((void *)h2, "nvmlDeviceGetTopologyCommonAncestor", &d2);
+    if (rc != NVML_SUCCESS)
+        goto out;
+    int lv = topo_level(d, d2);
+    if (lv < 0)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    *level = lv;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t h1, nvmlDevice_t h2, int p2pIndex, int *status)
+{
+    BEGIN_DEV(h1, "nvmlDeviceGetP2PStatus", NULL, 0);
+    NONNULL(status);
+    fdev_t *d2;
+    rc = resolve_peer((void *)h2, "nvmlDeviceGetP2PStatus", &d2);
+    if (rc != NVML_SUCCESS)
+        goto out;
+    if (p2pIndex < 0 || p2pIndex > 6)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK) {
+        *status = nvlinked(d, d2) ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    } else {
+        int lv = topo_level(d, d2);
+        *status = lv == 50 ? NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED : NVML_P2P_STATUS_OK;
+    }
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t h, unsigned int link, int *isActive)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetNvLinkState", NULL, 0);
+    NONNULL(isActive);
+    if (!d->nlink)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= MAX_LINKS)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    *isActive = link < d->nlink;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t h, unsigned int link, nvmlPciInfo_t *pci)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo", 0);
+    NONNULL(pci);
+    if (!d->nlink)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= MAX_LINKS)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (link >= d->nlink)
+        RET(NVML_ERROR_NOT_SUPPORTED); /* an inactive link has no remote end */
+    memset(pci, 0, sizeof *pci);
+    pci->domain = d->link_dom[link];
+    pci->bus = d->link_bus[link];
+    pci->device = d->link_dev[link];
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", pci->domain, pci->bus, pci->device,
+             d->link_fn[link]);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", pci->domain & 0xFFFF, pci->bus,
+             pci->device, d->link_fn[link]);
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t h, unsigned int link, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t h, unsigned int cpuSetSize, unsigned long *cpuSet)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetCpuAffinity", NULL, 0);
+    NONNULL(cpuSet);
+    REQUIRE(F_CPUS);
+    for (unsigned i = 0; i < cpuSetSize; i++)
+        cpuSet[i] = i < MAX_CPU_WORDS ? (unsigned long)d->cpus[i] : 0ul;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t h, unsigned int *node)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetNumaNodeId", NULL, 0);
+    NONNULL(node);
+    REQUIRE(F_NUMA);
+    *node = d->numa_node;
     END();
 }
 

@@ -260,3 +260,39 @@ async def test_a_malformed_event_does_not_freeze_the_page():
         assert await page.wait_for(f"{cell(n2, 0, '.util-value')} === '88%'", timeout=5)
         assert await page.evaluate(f"{rows(n1)}.length") == 4
         assert browser.errors == []
+
+
+def topo(node: str) -> str:
+    return (f"[...document.querySelectorAll('[data-node=\"{node}\"] table.topo tr')]"
+            ".map(r => [...r.children].map(c => c.textContent))")
+
+
+async def test_each_host_shows_its_topology_as_nvidia_smi_does():
+    """Issue 22: a host card has its GPU matrix (NV#, PIX, PXB, PHB, NODE, SYS), CPU and NUMA affinity;
+    it stays open across redraws; hostile links are shown as N/A, never as markup."""
+    pairs = sim_host("gpu-node-1", "4xA6000")
+    evil = sim_host("evil-host", "2xL40S").to_dict()
+    evil["gpus"][0]["links"] = [{"peer": 1, "level": 10, "nvlink": XSS}, {"peer": "1"}, "x", None]
+    evil["gpus"][0]["local_cpus"] = XSS
+    evil["gpus"][1]["links"] = [{"peer": 0, "level": 99}]
+    d = FakeDaemon([pairs])
+    d.extra = [{"node_id": "evil", "hostname": "evil-host", "alive": True, "snapshot": evil}]
+    n1 = list(d.hosts)[0]
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n1)}.length === 4", timeout=15)
+        matrix = await page.evaluate(topo(n1))
+        assert matrix[0] == ["", "GPU0", "GPU1", "GPU2", "GPU3", "CPU Affinity", "NUMA Affinity"]
+        assert matrix[1] == ["GPU0", "X", "NV4", "SYS", "SYS", "0-31", "0"]
+        assert matrix[3] == ["GPU2", "SYS", "SYS", "X", "NV4", "32-63", "1"]
+        summary = f"document.querySelector('[data-node=\"{n1}\"] details.topology summary')"
+        assert "NVLink" in await page.evaluate(f"{summary}.textContent")
+        await page.evaluate(f"{summary}.click()")
+        d.set_gpu(n1, 1, utilization_gpu=91.0)  # a redraw
+        assert await page.wait_for(f"{cell(n1, 1, '.util-value')} === '91%'", timeout=5)
+        assert await page.evaluate(f"document.querySelector('[data-node=\"{n1}\"] details.topology').open")
+        bad = await page.wait_for(f"(() => {{ const m = {topo('evil')}; return m.length === 3 && m; }})()", timeout=5)
+        assert bad[1] == ["GPU0", "X", "PIX", "N/A", "0"]  # its bad NVLink count is none, its CPU list N/A
+        assert bad[2] == ["GPU1", "N/A", "X", "0-31", "0"]  # a level NVML never gives: N/A
+        assert await page.evaluate("document.querySelectorAll('img').length") == 0
+        assert await page.evaluate("window.pwned === undefined")
+        assert browser.errors == []

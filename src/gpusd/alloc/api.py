@@ -20,10 +20,11 @@ from . import queue
 from .env import apply_env, cuda_env
 from .leases import Lease, LeaseStore
 from .priority import NORMAL, load_policy, priority_name
-from .select import Candidate, Constraints, choose, constraint_keywords
+from .select import Candidate, Constraints, constraint_keywords, explain
 
 if TYPE_CHECKING:
     from .authority import RemoteLease
+    from .placement import Pick
 
 _backends: dict[str, Backend] = {}
 _backends_lock = threading.Lock()
@@ -54,10 +55,12 @@ def shared_backend(simulate: str | None = None) -> Backend:
 class Selection:
     """GPUs chosen for a job, with the lease that keeps them its own (when one was taken)."""
 
-    def __init__(self, chosen: list[Candidate], lease: Lease | RemoteLease | None, use_uuid: bool = False) -> None:
+    def __init__(self, chosen: list[Candidate], lease: Lease | RemoteLease | None, use_uuid: bool = False,
+                 pick: Pick | None = None) -> None:
         self.devices = chosen
         self.lease = lease
         self.use_uuid = use_uuid
+        self.pick = pick  # why these devices (None: the daemon chose them)
 
     @property
     def gpus(self) -> list[GpuInfo]:
@@ -112,6 +115,7 @@ class Selection:
             ],
             "lease": self.lease.lease_id if self.lease else None,
             "env": self.env(),
+            "explain": self.pick.to_dict() if self.pick is not None else None,
         }
 
 
@@ -125,7 +129,8 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
              priority: int = NORMAL) -> Selection:
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
     if not take_lease:
-        return Selection(choose(snap, c, store.leases(), env), None)
+        why = explain(snap, c, store.leases(), env)
+        return Selection(why.chosen, None, pick=why)
     with store.mutex(deadline):
         if ticket is None:
             queued = queue.ahead_of_newcomer(store, priority)
@@ -135,7 +140,8 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
                                      "use --wait to queue")
         elif queue.ahead_of(store, ticket) is not None:
             raise _NotHead()
-        chosen = choose(snap, c, store.leases(cleanup=True), env)
+        why = explain(snap, c, store.leases(cleanup=True), env)
+        chosen = why.chosen
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
             totals = [x.total for x in chosen if x.total]
@@ -144,7 +150,7 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
                               user=user, remote=remote)
         if lease is None:  # held by a process that bypassed the mutex
             raise NoGpuAvailable("the chosen GPUs were taken at the same moment; try again")
-        return Selection(chosen, lease)
+        return Selection(chosen, lease, pick=why)
 
 
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
@@ -291,7 +297,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
 def select(count: int = 1, *, min_free: str | int | float | None = None, memory: str | int | None = None,
            max_util: float | None = None, max_processes: int | None = None,
            include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
-           mig: bool = False, by: str = "load", share: bool = False, lease: bool = True, wait: bool = False,
+           mig: bool = False, by: str = "load", share: bool = False, topology: str = "auto", lease: bool = True,
+           wait: bool = False,
            timeout: float | None = None, use_uuid: bool = False, within_visible: bool = True,
            simulate: str | None = None) -> Selection:
     """Pick the ``count`` least-loaded GPUs that satisfy the constraints and (by default) lease them.

@@ -13,7 +13,7 @@ The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md)
 
     client -> {"op": "lease", "v": 2, "count": 1, "min_free": null, "memory": null, "max_util": null,
                "max_processes": null, "include": null, "exclude": null, "mig": false, "by": "load",
-               "shared": false, "visible": null, "wait": false, "timeout": null, "command": "...",
+               "shared": false, "topology": "auto", "visible": null, "wait": false, "timeout": null, "command": "...",
                "job": "3f9c0a1b22de"}
     daemon -> {"ok": true, "v": 2, "lease_id": "...", "job": "...", "devices": [{"gpu": {...},
                "mig": null, "free": ..., "total": ..., "util": ...}]}
@@ -266,7 +266,7 @@ def request(c: Constraints) -> dict[str, Any]:
             "max_util": c.max_util, "max_processes": c.max_processes,
             "include": list(c.include) if c.include is not None else None,
             "exclude": list(c.exclude) if c.exclude is not None else None,
-            "mig": c.mig, "by": c.by, "shared": c.shared, "visible": visible}
+            "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible}
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,

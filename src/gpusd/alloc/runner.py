@@ -28,12 +28,19 @@ def _interactive() -> bool:
         return False
 
 
-def run_with(selection: Selection, cmd: Sequence[str]) -> int:
+def run_with(selection: Selection, cmd: Sequence[str], bind_cpus: bool = False) -> int:
+    """Run ``cmd`` on ``selection``'s devices (``bind_cpus``: on their local CPUs, :mod:`gpusd.alloc.cpus`)."""
+    from .cpus import binding, preexec
+
     env = dict(os.environ)
     env.update(selection.env())
     fds = list(selection.lease.fds) if selection.lease else []
+    cpus = None
+    if bind_cpus:
+        cpus, said = binding(selection.gpus)
+        print(f"gpusd: {said}", file=sys.stderr, flush=True)
     try:
-        proc = subprocess.Popen(list(cmd), env=env, pass_fds=fds)
+        proc = subprocess.Popen(list(cmd), env=env, pass_fds=fds, preexec_fn=preexec(cpus, False))
     except FileNotFoundError:
         print(f"gpusd: command not found: {cmd[0]}", file=sys.stderr)
         selection.release()

@@ -10,7 +10,10 @@ Ranking (documented in docs/allocation.md):
 ``memory``
     Most free memory (after reservations) first, then lowest utilisation.
 
-Ties go to the lower index.  Exclusive requests only consider GPUs nobody holds a lease on; shared
+Ties go to the lower index.  Which ``count`` of the ranked devices go together is
+:mod:`gpusd.alloc.placement`'s choice (by topology for 2+ GPUs, ``--topology``).
+
+Exclusive requests only consider GPUs nobody holds a lease on; shared
 requests (``share=True``) pack onto GPUs already shared by other shared jobs while their memory fits
 (best fit: the fullest GPU that still fits), and open an unleased GPU only when none fits.
 
@@ -23,13 +26,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError, NoGpuAvailable
 from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance
 from ..units import format_bytes, parse_memory
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .placement import Pick
+
 RANKINGS = ("load", "util", "memory")
+TOPOLOGIES = ("auto", "any", "nvlink")  # how a multi-GPU set is chosen: alloc.placement
 
 
 def _option(default: Any = None, *, help: str, flags: tuple[str, ...] = (), metavar: str | None = None,
@@ -66,6 +73,9 @@ class Constraints:
     by: str = _option("load", flags=("--by",), choices=RANKINGS, help="ranking (default load)")
     shared: bool = _option(False, flags=("--share",), switch=True, keyword="share",
                            help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
+    topology: str = _option("auto", flags=("--topology",), choices=TOPOLOGIES,
+                            help="for 2+ GPUs: auto (default: the best-connected set unless clearly more loaded than "
+                            "the least-loaded one), any (load order only), nvlink (only GPUs all linked by NVLink)")
     within_visible: bool = _option(True, help="only inside an inherited CUDA_VISIBLE_DEVICES")
 
     @classmethod
@@ -82,12 +92,15 @@ class Constraints:
     def build(cls, count: int = 1, min_free: str | int | float | None = None, memory: str | int | None = None,
               max_util: float | None = None, max_processes: int | None = None,
               include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
-              mig: bool = False, by: str = "load", shared: bool = False, within_visible: bool = True) -> Constraints:
+              mig: bool = False, by: str = "load", shared: bool = False, topology: str = "auto",
+              within_visible: bool = True) -> Constraints:
         """Validate user-facing values (``"8GiB"``, ``"0,2"``...) into constraints; ConfigError if bad."""
         if not isinstance(count, int) or count < 1:
             raise ConfigError(f"count must be a positive integer, not {count!r}")
         if by not in RANKINGS:
             raise ConfigError(f"--by must be one of {', '.join(RANKINGS)}, not {by!r}")
+        if topology not in TOPOLOGIES:
+            raise ConfigError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {str(topology)[:20]!r}")
         try:
             mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
         except ValueError as exc:
@@ -111,7 +124,7 @@ class Constraints:
             mf = mem
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
-                   within_visible=within_visible)
+                   topology=topology, within_visible=within_visible)
 
 
 def keyword_of(name: str) -> str:
@@ -345,9 +358,18 @@ def score(cand: Candidate, c: Constraints) -> tuple[float, ...]:
 def choose(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
            env: dict[str, str] | None = None) -> list[Candidate]:
     """The best ``c.count`` devices, or NoGpuAvailable saying why each device was refused."""
+    return explain(snap, c, leases, env).chosen
+
+
+def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
+            env: dict[str, str] | None = None) -> Pick:
+    """:func:`choose`, with the reasons: the ranked devices go to :func:`gpusd.alloc.placement.pick`,
+    which chooses the set (by topology for 2+ GPUs, docs/allocation.md)."""
     ok, rejected = candidates(snap, c, leases, env)
     if len(ok) >= c.count:
-        return ok[: c.count]
+        from .placement import pick
+
+        return pick(snap, ok, c)
     what = "MIG slice" if c.mig else "GPU"
     reasons = "; ".join(rejected[:8]) + (f"; and {len(rejected) - 8} more" if len(rejected) > 8 else "")
     if not snap.gpus:

@@ -165,13 +165,17 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "devices", "gpusd.cli.devices:run", "show this machine's GPUs")
     p.add_argument("--json", action="store_true", help="print the host snapshot as JSON")
+    p.add_argument("--topology", action="store_true",
+                   help="print how the GPUs connect, as nvidia-smi topo -m does (NV#, PIX, PXB, PHB, NODE, SYS)")
     p.add_argument("--no-processes", dest="processes", action="store_false", help="skip process lists")
     _simulate_flag(p)
 
     p = _command(sub, "select", "gpusd.cli.alloc:select",
                  "pick the least-loaded GPUs that satisfy constraints; takes no lease (gpusd run does)")
     _selection_flags(p)
-    p.add_argument("--json", action="store_true", help="print the selection as JSON: devices and env")
+    p.add_argument("--json", action="store_true", help="print the selection as JSON: devices, env and explain")
+    p.add_argument("--explain", action="store_true",
+                   help="also say why these GPUs: the least-loaded set, the links, the tolerance (docs/allocation.md)")
     p.set_defaults(lease=False)
 
     p = _command(sub, "env", "gpusd.cli.alloc:env",

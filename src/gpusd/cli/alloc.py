@@ -40,6 +40,11 @@ def select(args: argparse.Namespace) -> int:
         print(dumps(out, indent=2))
     else:
         print(sel.env()["CUDA_VISIBLE_DEVICES"])
+        if getattr(args, "explain", False) and sel.pick is not None:
+            from ..sanitize import for_terminal
+
+            for line in sel.pick.lines():
+                print(for_terminal(line, 400))
     return 0
 
 
@@ -94,6 +99,8 @@ def run_command(args: argparse.Namespace) -> int:
     if getattr(args, "on_change", "signal") != "signal" and (getattr(args, "fleet", False) or not args.lease):
         raise ConfigError("--on-change is for local jobs, which grow and shrink: not with --fleet (fleet jobs keep "
                           "their GPUs) or --no-lease")
+    if getattr(args, "bind_cpus", False) and getattr(args, "fleet", False):
+        raise ConfigError("--bind-cpus is for local runs: not with --fleet (yet)")
     if getattr(args, "fleet", False):
         from .pool import run_fleet
 
@@ -105,7 +112,7 @@ def run_command(args: argparse.Namespace) -> int:
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=shlex.join(cmd)[:512])
-    return run_with(sel, cmd)
+    return run_with(sel, cmd, bind_cpus=getattr(args, "bind_cpus", False))
 
 
 def _cell(text: str | None, limit: int = 40) -> str:

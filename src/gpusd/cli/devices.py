@@ -1,11 +1,15 @@
-"""``gpusd devices``: this machine's GPUs, as a table or JSON."""
+"""``gpusd devices``: this machine's GPUs, as a table or JSON; ``--topology``: how they connect."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ..inventory import open_backend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model import HostSnapshot
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,8 +23,35 @@ def run(args: argparse.Namespace) -> int:
         from ..sanitize import dumps
 
         sys.stdout.write(dumps(snap.to_dict(), separators=(",", ":")) + "\n")
+    elif getattr(args, "topology", False):
+        print(render_topology(snap))
     else:
         from .table import render_host
 
         print(render_host(snap))
     return 0
+
+
+def render_topology(snap: HostSnapshot) -> str:
+    """The GPU matrix as ``nvidia-smi topo -m`` prints it: ``X`` on the diagonal, ``NV#`` for # bonded
+    NVLinks, else ``PIX``/``PXB``/``PHB``/``NODE``/``SYS``; then each GPU's CPU and NUMA affinity and
+    the legend.  Every cell is built from numbers (a CPU list is parsed and written again), so nothing
+    a device or a peer said reaches the terminal as text."""
+    from ..topology import LEGEND, format_cpulist, label, link_between, local_cpus
+
+    gpus = snap.gpus
+    header = [""] + [f"GPU{g.index}" for g in gpus] + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    rows = [header]
+    for a in gpus:
+        cells = [f"GPU{a.index}"]
+        for b in gpus:
+            cells.append(" X " if a is b else label(link_between(a, b)))
+        cpus = local_cpus(a)
+        cells.append(format_cpulist(cpus) if cpus else "N/A")
+        cells.append(str(a.numa_node) if a.numa_node is not None else "N/A")
+        cells.append("N/A")  # a GPU's own memory NUMA node (Grace Hopper): not read
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    sim = "\n(simulated GPUs)" if snap.simulated else ""
+    return "\n".join(lines) + "\n\n" + LEGEND + sim

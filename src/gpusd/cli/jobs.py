@@ -57,6 +57,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    "SIGKILL; start it again at once on the new GPUs, same lease: for torchrun, ray start, any "
                    "program that does not speak the protocol), or file (nothing: it polls the job file, as elastic "
                    "Horovod's discovery script does)")
+    g.add_argument("--bind-cpus", action="store_true",
+                   help="run the command on the CPUs local to its GPUs (NVML's CPU affinity, within the CPUs gpusd "
+                   "may use; sched_setaffinity), and say which; off by default")
     g.add_argument("--cuda-checkpoint", action="store_true",
                    help="when NVIDIA's cuda-checkpoint is on PATH and can restore onto another GPU (driver r580+), "
                    "move this job by checkpointing its CUDA state and restoring it on the new GPU, without a "
@@ -96,7 +99,8 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
     sup = Supervisor(constraints_from_args(args), cmd, command=command, priority=PRIORITIES[args.priority],
                      preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
                      grace=args.grace, wait=args.wait, timeout=args.timeout, simulate=args.simulate,
-                     use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change)
+                     use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change,
+                     bind_cpus=args.bind_cpus)
     try:
         return sup.run()
     except BaseException:

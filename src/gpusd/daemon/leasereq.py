@@ -92,11 +92,12 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     if timeout is not None and not 0 <= timeout <= 10**7:
         raise ConfigError("bad 'timeout' in the lease request")
     by = opt("by", (str,)) or "load"
+    topology = opt("topology", (str,)) or "auto"  # added in 0.3: an older client sends none
     command, visible = opt("command", (str,)), opt("visible", (str,))
     return {
         "count": count, "min_free": opt("min_free", (int, float)), "memory": opt("memory", (int,)),
         "max_util": opt("max_util", (int, float)), "max_processes": opt("max_processes", (int,)),
         "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
-        "shared": d.get("shared") is True, "wait": d.get("wait") is True, "timeout": timeout,
+        "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
         "command": command[:1024] if command else None, "visible": visible[:1024] if visible is not None else None,
     }

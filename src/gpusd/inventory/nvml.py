@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
-from ..model import GpuInfo, HostSnapshot, MigInstance, ProcessInfo
+from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from .processes import ProcessResolver
 from .window import UtilWindow
 
@@ -52,6 +52,19 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _bus_key(bus_id: str | None) -> tuple[int, int, int, int] | None:
+    """A PCI bus id (``00000000:07:00.0``, ``0000:07:00.0``, ``07:00.0``) as numbers, to compare."""
+    if not bus_id:
+        return None
+    try:
+        head, _, fn = bus_id.strip().rpartition(".")
+        parts = head.split(":")
+        dom = int(parts[-3], 16) if len(parts) >= 3 else 0
+        return dom, int(parts[-2], 16), int(parts[-1], 16), int(fn, 16)
+    except (ValueError, IndexError):
+        return None
+
+
 class _GpuFailed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -68,6 +81,9 @@ class _Device:
     unsupported: set[str] = field(default_factory=set)
     util: UtilWindow | None = None
     samples_ts: int = 0  # newest driver sample seen (microseconds)
+    numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
+    local_cpus: str | None = None
+    links: list[GpuLink] = field(default_factory=list)
 
 
 def load_library(path: str | None = None) -> None:
@@ -169,6 +185,75 @@ class NvmlBackend:
             devices.append(dev)
         self._devices = devices
         self._count = count
+        self._topology(devices)
+
+    # -- topology (docs/inventory.md, "Topology"): read once per device list ---------------------
+    def _topology(self, devices: list[_Device]) -> None:
+        nv = self._nv
+        words = max(16, ((os.cpu_count() or 64) + 63) // 64)  # 1024 CPUs at least: ids can be sparse
+        for dev in devices:
+            if dev.handle is None:
+                continue
+            try:
+                node = int(nv.nvmlDeviceGetNumaNodeId(dev.handle))
+                dev.numa_node = node if 0 <= node < 65536 else None
+            except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                pass
+            try:
+                mask = nv.nvmlDeviceGetCpuAffinity(dev.handle, words)
+                cpus = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if (int(word) >> b) & 1]
+                if cpus:
+                    from ..topology import format_cpulist
+
+                    dev.local_cpus = format_cpulist(cpus)[:256]
+            except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                pass
+        by_bus = {_bus_key(d.pci_bus_id): d.index for d in devices if d.pci_bus_id}
+        remote = {d.index: self._nvlinks(d) for d in devices if d.handle is not None}
+        for a in devices:
+            a.links = []
+            if a.handle is None:
+                continue
+            mine = remote.get(a.index, [])
+            to_switch = sum(1 for bus in mine if bus not in by_bus)
+            for b in devices:
+                if b.index == a.index or b.handle is None:
+                    continue
+                level = None
+                try:
+                    level = int(nv.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle))
+                except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                    pass
+                n = sum(1 for bus in mine if by_bus.get(bus) == b.index)
+                if n == 0 and to_switch and any(bus not in by_bus for bus in remote.get(b.index, [])):
+                    # both reach NVSwitches: NVLink between them when NVML says P2P over NVLink works
+                    try:
+                        if nv.nvmlDeviceGetP2PStatus(a.handle, b.handle, nv.NVML_P2P_CAPS_INDEX_NVLINK) == 0:
+                            n = to_switch
+                    except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                        pass
+                if level is not None or n:
+                    a.links.append(GpuLink(peer=b.index, level=level, nvlink=n))
+
+    def _nvlinks(self, dev: _Device) -> list[tuple[int, int, int, int]]:
+        """The remote PCI address of each active NVLink of ``dev`` (empty: none, or no NVLink)."""
+        nv = self._nv
+        out: list[tuple[int, int, int, int]] = []
+        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                if not nv.nvmlDeviceGetNvLinkState(dev.handle, link):
+                    continue
+                pci = nv.nvmlDeviceGetNvLinkRemotePciInfo(dev.handle, link)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == _NOT_SUPPORTED and link > 0:
+                    continue  # this link only
+                break  # no NVLink on this GPU, or past its last link (INVALID_ARGUMENT)
+            except (AttributeError, TypeError):
+                break
+            key = _bus_key(_text(pci.busId))
+            if key is not None:
+                out.append(key)
+        return out
 
     def _query_safe(self, dev: _Device, key: str, fn: Any) -> Any:
         try:
@@ -206,7 +291,8 @@ class NvmlBackend:
         )
 
     def _read(self, dev: _Device) -> GpuInfo:
-        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id)
+        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
+                      numa_node=dev.numa_node, local_cpus=dev.local_cpus, links=list(dev.links))
         if dev.handle is None:
             gpu.healthy, gpu.error = False, "no NVML handle"
             return gpu

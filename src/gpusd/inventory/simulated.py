@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from ..errors import ConfigError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
-from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
+from ..model import GpuInfo, GpuLink, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 from ..units import format_bytes, parse_bytes
 
 GiB = 1024**3
@@ -38,6 +38,15 @@ MODELS: dict[str, tuple[str, int, float, bool]] = {
     "V100-32GB": ("Tesla V100-SXM2-32GB", 32 * GiB, 300.0, False),
     "T4": ("Tesla T4", 16 * GiB, 70.0, False),
 }
+# How GPUs of a model connect in the boxes they usually come in (docs/simulation.md, "Topology"):
+# SXM boards sit on NVSwitches (DGX/HGX A100: 12 NVLinks per GPU, H100/H200: 18), workstation boards
+# with NVLink bridges in pairs (A6000, RTX 3090: NV4; V100 simplified to NV2 pairs), the rest on PCIe only.
+NVLINK: dict[str, tuple[str, int]] = {
+    "A100-80GB": ("nvswitch", 12), "A100-40GB": ("nvswitch", 12), "H100-80GB": ("nvswitch", 18),
+    "H200-141GB": ("nvswitch", 18), "A6000": ("pairs", 4), "RTX3090": ("pairs", 4), "V100-32GB": ("pairs", 2),
+}
+CPUS_PER_NODE = 32  # simulated CPUs per NUMA node: node k has CPUs 32k..32k+31
+
 _ALIASES = {k.lower().replace("-", ""): k for k in MODELS} | {
     "a100": "A100-80GB", "h100": "H100-80GB", "h200": "H200-141GB", "v100": "V100-32GB"}
 
@@ -111,6 +120,105 @@ class _SimGpu:
     lost: bool = False
 
 
+@dataclass
+class _Topology:
+    """Per GPU: NUMA node, PCIe switch, local CPUs; per pair: NVLinks."""
+
+    numa: list[int]
+    switch: list[int]
+    cpus: list[str]
+    nvlinks: dict[tuple[int, int], int]
+
+    def links(self, i: int) -> list[GpuLink]:
+        out = []
+        for j in range(len(self.numa)):
+            if j == i:
+                continue
+            if self.switch[i] == self.switch[j] and self.numa[i] == self.numa[j]:
+                level = 10
+            elif self.numa[i] == self.numa[j]:
+                level = 40
+            else:
+                level = 50
+            out.append(GpuLink(peer=j, level=level, nvlink=self.nvlinks.get((min(i, j), max(i, j)), 0)))
+        return out
+
+
+def default_topology(models: list[str], preset: str | None = None) -> _Topology:
+    """The usual box for these GPUs: two NUMA nodes (the first half of the GPUs on node 0) when there
+    are four or more, PCIe switches shared by pairs, NVLinks as the model has them (:data:`NVLINK`)
+    or as ``preset`` says (``nvswitch``, ``pairs``, ``pcie``)."""
+    n = len(models)
+    numa = [0 if n < 4 or i < (n + 1) // 2 else 1 for i in range(n)]
+    switch = [i // 2 for i in range(n)]
+    cpus = [f"{CPUS_PER_NODE * k}-{CPUS_PER_NODE * k + CPUS_PER_NODE - 1}" for k in numa]
+    nvlinks: dict[tuple[int, int], int] = {}
+    i = 0
+    while i < n:  # each run of one model is one NVLink domain
+        j = i
+        while j < n and models[j] == models[i]:
+            j += 1
+        kind, count = NVLINK.get(models[i], ("pcie", 0))
+        if preset is not None:
+            kind = preset
+            count = count or (18 if preset == "nvswitch" else 4)
+        if kind == "nvswitch":
+            nvlinks.update({(a, b): count for a in range(i, j) for b in range(a + 1, j)})
+        elif kind == "pairs":
+            nvlinks.update({(a, a + 1): count for a in range(i, j - 1, 2)})
+        i = j
+    return _Topology(numa, switch, cpus, nvlinks)
+
+
+_PRESETS = ("nvswitch", "pairs", "pcie")
+
+
+def _scenario_topology(spec: Any, models: list[str], path: Path) -> _Topology:
+    """A scenario's ``topology``: a preset name, or an object with ``preset``, ``nvlink`` (a list of
+    [a, b, links]), ``numa`` and ``pcie_switch`` (one number per GPU) and ``cpus`` (a CPU list per GPU)."""
+    if spec is None or isinstance(spec, str):
+        if spec is not None and spec not in _PRESETS:
+            raise ConfigError(f"scenario {path}: topology must be one of {', '.join(_PRESETS)} or an object")
+        return default_topology(models, spec)
+    if not isinstance(spec, dict):
+        raise ConfigError(f"scenario {path}: topology must be a preset name or an object")
+    preset = spec.get("preset")
+    if preset is not None and preset not in _PRESETS:
+        raise ConfigError(f"scenario {path}: topology.preset must be one of {', '.join(_PRESETS)}")
+    topo = default_topology(models, preset)
+    n = len(models)
+    for key, attr in (("numa", "numa"), ("pcie_switch", "switch")):
+        if key in spec:
+            v = spec[key]
+            if (not isinstance(v, list) or len(v) != n
+                    or not all(type(x) is int and 0 <= x < 1024 for x in v)):
+                raise ConfigError(f"scenario {path}: topology.{key} must list one number (0-1023) per GPU")
+            setattr(topo, attr, list(v))
+            if key == "numa" and "cpus" not in spec:
+                topo.cpus = [f"{CPUS_PER_NODE * k}-{CPUS_PER_NODE * k + CPUS_PER_NODE - 1}" for k in v]
+    if "cpus" in spec:
+        from ..topology import parse_cpulist
+
+        v = spec["cpus"]
+        if not isinstance(v, list) or len(v) != n or not all(isinstance(x, str) for x in v):
+            raise ConfigError(f"scenario {path}: topology.cpus must list one CPU list (\"0-15\") per GPU")
+        for x in v:
+            try:
+                parse_cpulist(x)
+            except ValueError as exc:
+                raise ConfigError(f"scenario {path}: topology.cpus: {exc}") from None
+        topo.cpus = list(v)
+    if "nvlink" in spec:
+        v = spec["nvlink"]
+        ok = isinstance(v, list) and all(
+            isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)
+            and 0 <= e[0] < n and 0 <= e[1] < n and e[0] != e[1] and 1 <= e[2] <= 18 for e in v)
+        if not ok:
+            raise ConfigError(f"scenario {path}: topology.nvlink must be a list of [gpu, gpu, links (1-18)]")
+        topo.nvlinks = {(min(a, b), max(a, b)): k for a, b, k in v}
+    return topo
+
+
 def _active(entry: dict[str, Any], elapsed: float) -> bool:
     """Whether a scenario process or lease with optional ``from``/``until`` is there ``elapsed``
     seconds after the backend started."""
@@ -123,8 +231,8 @@ def _uuid(host: str, index: int) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu]]:
-    """``4xA100-80GB[,2xRTX4090]`` or a scenario JSON file -> (host name or None, GPUs)."""
+def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu], _Topology]:
+    """``4xA100-80GB[,2xRTX4090]`` or a scenario JSON file -> (host name or None, GPUs, topology)."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
         return _parse_scenario(path)
@@ -150,10 +258,10 @@ def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu]]:
                 util = _Signal(0, 5.0 + 7 * (i % 3), 35.0 + 20 * (i % 4), 40.0 + 13 * i, 1.7 * i)
                 mem = _Signal(0, 0.02 * total, (0.15 + 0.2 * (i % 4)) * total, 90.0 + 17 * i, 0.9 * i)
             gpus.append(_SimGpu(model, util, mem))
-    return None, gpus
+    return None, gpus, default_topology([g.model for g in gpus])
 
 
-def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
+def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu], _Topology]:
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
@@ -209,7 +317,8 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu]]:
             lost=bool(g.get("lost", False)),
         ))
     host = data.get("hostname")
-    return (str(host) if host else None), gpus
+    topology = _scenario_topology(data.get("topology"), [g.model for g in gpus], path)
+    return (str(host) if host else None), gpus, topology
 
 
 class SimulatedBackend:
@@ -224,7 +333,7 @@ class SimulatedBackend:
         made) come and go on that clock."""
         self._clock = clock or time.time
         self._t0 = self._clock()
-        scenario_host, self._gpus = parse_spec(spec)
+        scenario_host, self._gpus, self._topology = parse_spec(spec)
         self.hostname = host or scenario_host or local_hostname()
         self.node_id = node or local_node_id()
         self.spec = spec
@@ -248,8 +357,10 @@ class SimulatedBackend:
 
     def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:
         name, total, plimit, mig_capable = MODELS[g.model]
+        topo = self._topology
         gpu = GpuInfo(index=i, uuid=_uuid(self.hostname, i), name=name,
-                      pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0")
+                      pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0",
+                      numa_node=topo.numa[i], local_cpus=topo.cpus[i], links=topo.links(i))
         if g.lost:
             gpu.healthy, gpu.error = False, "GPU is lost (simulated)"
             return gpu

@@ -62,10 +62,6 @@ class Stopped(BaseException):
         self.signum = signum
 
 
-def _own_group() -> None:  # in the child before exec (process_group= needs Python 3.11)
-    os.setpgid(0, 0)
-
-
 def log(message: str) -> None:
     print(f"gpusd: {message}", file=sys.stderr, flush=True)
 
@@ -75,9 +71,10 @@ class Supervisor:
                  preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
                  simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
-                 host: str | None = None, on_change: str = "signal") -> None:
+                 host: str | None = None, on_change: str = "signal", bind_cpus: bool = False) -> None:
         self.c, self.cmd, self.command = c, list(cmd), command
         self.on_change = on_change  # ON_CHANGE: how the command is told of a grow or shrink
+        self.bind_cpus = bind_cpus  # run the command on its GPUs' local CPUs (alloc.cpus)
         self.priority, self.preemptible, self.pausable = priority, preemptible, pausable
         self.notify_signal, self.grace, self.wait, self.timeout = notify_signal, grace, wait, timeout
         self.simulate, self.use_uuid, self.cuda_checkpoint = simulate, use_uuid, cuda_checkpoint
@@ -575,7 +572,15 @@ class Supervisor:
             env["GPUSD_LEASE"] = self.lease.lease_id
         fds = list(self.lease.fds) if self.lease is not None else []
         own_group = self.preemptible or self.pausable or self.on_change == "restart"
-        proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=_own_group if own_group else None)
+        cpus = None
+        if self.bind_cpus:  # at every start: a grow, shrink or move changes the GPUs
+            from ..alloc.cpus import binding
+
+            cpus, said = binding([d.gpu for d in self.devs])
+            log(said)
+        from ..alloc.cpus import preexec
+
+        proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=preexec(cpus, own_group))
         self.pgid = proc.pid if own_group else None
         self.inherited = set(self.dev_fds)
         self.writer.write(child=proc.pid)

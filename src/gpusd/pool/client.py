@@ -243,6 +243,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     assert h.url is not None
     body: dict[str, Any] = {"count": c.count, "min_free": c.min_free, "memory": c.memory, "max_util": c.max_util,
                             "max_processes": c.max_processes, "mig": c.mig, "by": c.by, "shared": c.shared,
+                            "topology": c.topology,
                             "include": list(c.include) if c.include else None,
                             "exclude": list(c.exclude) if c.exclude else None,
                             "holder": holder, "note": note, "ttl": ttl}

@@ -27,6 +27,7 @@
     history: new Map(),   // gpu uuid -> [{t, util, mem}]
     alerts: new Map(),    // node|uuid|rule -> threshold data
     lastHeard: 0,
+    topoOpen: new Set(),  // node ids whose topology view is open (kept across redraws)
     dirty: false,
     status: "connecting",
   };
@@ -66,7 +67,23 @@
     out.healthy = g.healthy !== false;
     out.processes = bounded(g.processes, PROCS_MAX).map(cleanProc);
     out.leases = bounded(g.leases, PROCS_MAX).map(cleanLease);
+    out.numa_node = num(g.numa_node);
+    out.local_cpus = typeof g.local_cpus === "string" && /^[0-9,-]{1,256}$/.test(g.local_cpus) ? g.local_cpus : null;
+    out.links = bounded(g.links, GPUS_MAX).map(cleanLink).filter(Boolean);
     return out;
+  }
+  function cleanLink(l) {  // {peer, level, nvlink} (docs/wire-format.md, "Topology"); null: not a link
+    l = obj(l);
+    if (!l || num(l.peer) === null) return null;
+    return { peer: num(l.peer), level: num(l.level), nvlink: Math.max(0, Math.min(999, num(l.nvlink) ?? 0)) };
+  }
+  // nvidia-smi topo -m's words (gpusd.topology.label): NV# for # bonded NVLinks, else the PCIe level
+  const LEVEL_LABELS = { 0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS" };
+  function linkLabel(a, b) {
+    const l = a.links.find((x) => x.peer === b.index) || b.links.find((x) => x.peer === a.index);
+    if (!l) return "N/A";
+    if (l.nvlink > 0) return "NV" + Math.round(l.nvlink);
+    return LEVEL_LABELS[l.level] || "N/A";
   }
   function cleanSnapshot(s) {
     s = obj(s);
@@ -515,7 +532,45 @@
     }
     table.appendChild(tb);
     card.appendChild(table);
+    if (snap) {
+      const topo = topologyView(host, snap.gpus || []);
+      if (topo) card.appendChild(topo);
+    }
     return card;
+  }
+
+  // The host's GPU matrix as nvidia-smi topo -m prints it (all its GPUs, whatever the filter shows).
+  function topologyView(host, all) {
+    const gpus = [...all].sort((a, b) => a.index - b.index).slice(0, 64);
+    if (!gpus.some((g) => g.links.length || g.numa_node !== null || g.local_cpus)) return null;
+    const box = el("details", "topology");
+    box.open = state.topoOpen.has(host.node_id);
+    box.addEventListener("toggle", () => {
+      if (box.open) state.topoOpen.add(host.node_id); else state.topoOpen.delete(host.node_id);
+    });
+    const nv = gpus.some((g) => g.links.some((l) => l.nvlink > 0));
+    box.appendChild(el("summary", "", "topology" + (nv ? " · NVLink" : " · PCIe only")));
+    const t = el("table", "topo");
+    const hr = el("tr");
+    hr.appendChild(el("th", "", ""));
+    for (const g of gpus) hr.appendChild(el("th", "", "GPU" + g.index));
+    hr.appendChild(el("th", "", "CPU Affinity"));
+    hr.appendChild(el("th", "", "NUMA Affinity"));
+    t.appendChild(hr);
+    for (const a of gpus) {
+      const tr = el("tr");
+      tr.dataset.index = a.index;
+      tr.appendChild(el("th", "", "GPU" + a.index));
+      for (const b of gpus) {
+        const lbl = a === b ? "X" : linkLabel(a, b);
+        tr.appendChild(el("td", lbl.startsWith("NV") ? "nv" : lbl === "SYS" ? "sys" : "", lbl));
+      }
+      tr.appendChild(el("td", "cpus", a.local_cpus || "N/A"));
+      tr.appendChild(el("td", "numa", a.numa_node === null ? "N/A" : String(a.numa_node)));
+      t.appendChild(tr);
+    }
+    box.appendChild(t);
+    return box;
   }
 
   function render() {

@@ -1,0 +1,197 @@
+"""Choosing a set of GPUs for a multi-GPU request: load first, then how the GPUs connect.
+
+:func:`gpusd.alloc.select.candidates` ranks each GPU by load; this module chooses which ``count`` of
+them go together (docs/allocation.md, "Topology").  With ``--topology auto`` (the default) the
+best-connected set wins unless its GPUs are clearly more loaded than the least-loaded set:
+
+* a set is *within the tolerance* when its busiest GPU's utilisation is at most :data:`TOL_UTIL`
+  points above the least-loaded set's busiest, and its fullest GPU's memory in use (reservations
+  counted) at most :data:`TOL_MEMORY` of a GPU's memory above the least-loaded set's fullest;
+* among the sets within the tolerance, the one whose worst link is best wins (NVLink, then one PCIe
+  switch, several switches, the host bridge, the NUMA node, across sockets:
+  :func:`gpusd.topology.rank`), then the better mean link, then the lower summed load score, then
+  the lower indices.  The least-loaded set is always within the tolerance, so a host that reports
+  no topology gets exactly the load order.
+
+``--topology any`` is the pure load order (the least-loaded set); ``--topology nvlink`` takes the
+least-loaded set whose GPUs are all NVLink-connected, and refuses when there is none.  One GPU, MIG
+slices and ``--share`` requests are placed by load alone (``nvlink`` is then refused for MIG).
+
+Every choice comes with a :class:`Pick` that says why (``gpusd select --explain``, and ``explain``
+in ``gpusd select --json``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..errors import NoGpuAvailable
+from ..model import HostSnapshot
+from ..topology import has_topology, label, link_between, rank
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .select import Candidate, Constraints
+
+TOPOLOGIES = ("auto", "any", "nvlink")
+TOL_UTIL = 10.0  # utilisation points
+TOL_MEMORY = 0.10  # of a GPU's memory
+MAX_SETS = 20000  # sets compared exhaustively; beyond, each GPU seeds one set grown greedily
+
+
+@dataclass
+class _Set:
+    members: list[Candidate]
+    worst: int  # the worst link's rank (0: NVLink)
+    mean: float  # the mean link rank
+    max_util: float
+    max_memory: float  # fraction of the GPU in use
+    load: float  # summed ranking scores
+
+    @property
+    def labels(self) -> list[str]:
+        return [m.label for m in self.members]
+
+
+@dataclass
+class Pick:
+    """The chosen devices and why (``to_dict`` for JSON, ``lines`` for people)."""
+
+    chosen: list[Candidate]
+    topology: str  # auto, any or nvlink
+    reason: str
+    least_loaded: list[str] = field(default_factory=list)  # labels of the least-loaded set
+    links: list[tuple[str, str, str]] = field(default_factory=list)  # (a, b, NV4/PIX/...) of the chosen set
+    considered: int = 0
+    alternatives: list[dict[str, Any]] = field(default_factory=list)  # other sets, best first (a few)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topology": self.topology, "chosen": [c.label for c in self.chosen],
+                "least_loaded": self.least_loaded, "reason": self.reason,
+                "links": [{"a": a, "b": b, "link": lk} for a, b, lk in self.links],
+                "sets_considered": self.considered, "alternatives": self.alternatives,
+                "tolerance": {"utilization_points": TOL_UTIL, "memory_fraction": TOL_MEMORY}}
+
+    def lines(self) -> list[str]:
+        out = [f"chose GPU(s) {', '.join(c.label for c in self.chosen)} (--topology {self.topology}): {self.reason}"]
+        if self.links:
+            out.append("links: " + ", ".join(f"{a}-{b} {lk}" for a, b, lk in self.links))
+        if self.least_loaded and self.least_loaded != [c.label for c in self.chosen]:
+            out.append(f"least-loaded set: {', '.join(self.least_loaded)}")
+        for alt in self.alternatives:
+            out.append(f"  also: {', '.join(alt['gpus'])}  worst link {alt['worst_link']}, busiest "
+                       f"{alt['max_util']:.0f}%, fullest {alt['max_memory'] * 100:.0f}% memory"
+                       + ("  (beyond the tolerance)" if alt["within_tolerance"] is False else ""))
+        for c in self.chosen:
+            util = f"{c.util:.0f}%" if c.util is not None else "?"
+            out.append(f"  GPU {c.label}: utilisation {util}, memory in use {_memory(c) * 100:.0f}%")
+        return out
+
+
+def _util(c: Candidate) -> float:
+    return c.util if c.util is not None and math.isfinite(c.util) else 0.0
+
+
+def _memory(c: Candidate) -> float:
+    return 1.0 - c.free / c.total if c.free is not None and c.total else 0.0
+
+
+def _describe(members: Sequence[Candidate], c: Constraints) -> _Set:
+    from .select import score
+
+    ranks = [rank(link_between(a.gpu, b.gpu)) for a, b in itertools.combinations(members, 2)]
+    return _Set(list(members), max(ranks, default=0), sum(ranks) / len(ranks) if ranks else 0.0,
+                max(_util(m) for m in members), max(_memory(m) for m in members),
+                sum(score(m, c)[0] for m in members))
+
+
+def _sets(ranked: Sequence[Candidate], count: int, c: Constraints) -> list[_Set]:
+    if math.comb(len(ranked), count) <= MAX_SETS:
+        return [_describe(s, c) for s in itertools.combinations(ranked, count)]
+    out = []
+    for seed in ranked:  # greedy: add the GPU that connects best to the set so far, ties by load order
+        members = [seed]
+        while len(members) < count:
+            rest = [x for x in ranked if x not in members]
+            members.append(min(rest, key=lambda x: max(rank(link_between(x.gpu, m.gpu)) for m in members)))
+        out.append(_describe(sorted(members, key=ranked.index), c))
+    return out
+
+
+def _key(s: _Set) -> tuple[Any, ...]:
+    return (s.worst, s.mean, s.load, [m.gpu.index for m in s.members])
+
+
+def _links(members: Sequence[Candidate]) -> list[tuple[str, str, str]]:
+    return [(a.label, b.label, label(link_between(a.gpu, b.gpu))) for a, b in itertools.combinations(members, 2)]
+
+
+def _worst_label(s: _Set) -> str:
+    names = {0: "NVLink", 1: "same board", 2: "PIX", 3: "PXB", 4: "PHB", 5: "NODE", 6: "SYS"}
+    return names.get(s.worst, "SYS")
+
+
+def pick(snap: HostSnapshot, ranked: list[Candidate], c: Constraints) -> Pick:
+    """The ``c.count`` devices for ``c`` out of ``ranked`` (qualifying, best first, at least
+    ``c.count`` of them); NoGpuAvailable for ``--topology nvlink`` when no set is all NVLink."""
+    policy = c.topology
+    least = ranked[: c.count]
+    least_labels = [x.label for x in least]
+    if c.count == 1 or c.mig or c.shared or policy == "any":
+        if policy == "nvlink" and c.mig:
+            raise NoGpuAvailable("--topology nvlink is for whole GPUs, not MIG slices")
+        why = ("one GPU: the least loaded" if c.count == 1 else
+               "MIG slices: by load" if c.mig else
+               "the least-loaded GPUs, whatever connects them" if policy == "any" else
+               "--share: packed by memory, by load")
+        if policy == "nvlink" and c.count > 1 and c.shared:
+            nv = [s for s in _sets(ranked, c.count, c) if s.worst == 0]
+            if not nv:
+                raise NoGpuAvailable(f"--topology nvlink: no {c.count} qualifying GPUs are all connected by NVLink")
+            best = min(nv, key=lambda s: (s.load, [m.gpu.index for m in s.members]))
+            return Pick(best.members, policy, "--share with --topology nvlink: the least-loaded NVLink set",
+                        least_labels, _links(best.members))
+        return Pick(least, policy, why, least_labels, _links(least) if c.count > 1 else [])
+    if not has_topology(snap):
+        if policy == "nvlink":
+            raise NoGpuAvailable("--topology nvlink: this host reports no topology (no NVLink seen)")
+        return Pick(least, policy, "the host reports no topology: the least-loaded GPUs", least_labels)
+    sets = _sets(ranked, c.count, c)
+    base = _describe(least, c)
+    if policy == "nvlink":
+        nv = [s for s in sets if s.worst == 0]
+        if not nv:
+            raise NoGpuAvailable(f"--topology nvlink: no {c.count} qualifying GPUs are all connected by NVLink "
+                                 f"({len(ranked)} qualify)")
+        best = min(nv, key=lambda s: (s.load, s.mean, [m.gpu.index for m in s.members]))
+        return Pick(best.members, policy, "the least-loaded set whose GPUs are all connected by NVLink",
+                    least_labels, _links(best.members), len(sets), _alternatives(sets, best, None))
+
+    def within(s: _Set) -> bool:
+        return (s.max_util <= base.max_util + TOL_UTIL + 1e-9
+                and s.max_memory <= base.max_memory + TOL_MEMORY + 1e-9)
+
+    ok = [s for s in sets if within(s)]
+    best = min(ok, key=_key)
+    if [m.gpu.index for m in best.members] == [m.gpu.index for m in least]:
+        reason = ("the least-loaded set is also the best connected within the tolerance "
+                  f"(worst link {_worst_label(best)})")
+    elif best.worst < base.worst or best.mean < base.mean:
+        reason = (f"better connected (worst link {_worst_label(best)}, against {_worst_label(base)} for the "
+                  f"least-loaded set) and within the tolerance ({TOL_UTIL:g} utilisation points, "
+                  f"{TOL_MEMORY * 100:g}% memory)")
+    else:
+        reason = "as well connected as the least-loaded set, and less loaded in sum"
+    return Pick(sorted(best.members, key=ranked.index), policy, reason, least_labels,
+                _links(sorted(best.members, key=ranked.index)), len(sets), _alternatives(sets, best, base))
+
+
+def _alternatives(sets: list[_Set], best: _Set, base: _Set | None, n: int = 3) -> list[dict[str, Any]]:
+    """A few other sets, best first; ``within_tolerance`` None where no tolerance applies (nvlink)."""
+    others = sorted((s for s in sets if s.labels != best.labels), key=_key)[:n]
+    return [{"gpus": s.labels, "worst_link": _worst_label(s), "max_util": s.max_util, "max_memory": s.max_memory,
+             "within_tolerance": None if base is None else (s.max_util <= base.max_util + TOL_UTIL + 1e-9
+                                                            and s.max_memory <= base.max_memory + TOL_MEMORY + 1e-9)}
+            for s in others]

@@ -1,0 +1,116 @@
+"""How the GPUs of one host connect: NVML's topology levels, ``nvidia-smi topo -m``'s notation, and
+Linux CPU lists (docs/inventory.md, "Topology").  Pure functions of the data model; part of the core.
+
+NVML's ``nvmlDeviceGetTopologyCommonAncestor`` says where the PCIe paths of two GPUs meet; NVLinks
+are counted separately (``nvmlDeviceGetNvLinkState``/``RemotePciInfo``).  ``nvidia-smi topo -m``
+writes a pair as ``NV#`` (# bonded NVLinks) where there are NVLinks, else by the PCIe level.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from .model import GpuInfo, GpuLink, HostSnapshot
+
+INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
+
+# nvidia-smi topo -m's words for NVML's levels (INTERNAL: two GPUs on one board, shown as PIX)
+LEVEL_LABELS = {INTERNAL: "PIX", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS"}
+
+LEGEND = """Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks"""
+
+MAX_CPUS = 65536  # CPU ids a CPU list may name (the kernel's NR_CPUS is at most 8192 today)
+
+# The rank of a link for placement (lower is better): NVLink, then the PCIe levels; unknown counts as
+# SYSTEM, so a host that reports no topology ranks every set the same (load order decides).
+_RANK = {INTERNAL: 1, SINGLE: 2, MULTIPLE: 3, HOSTBRIDGE: 4, NODE: 5, SYSTEM: 6}
+WORST_RANK = 6
+
+
+def link_between(a: GpuInfo, b: GpuInfo) -> GpuLink | None:
+    """What ``a`` says of its link to ``b`` (or ``b`` of ``a``); None when neither says."""
+    for x, y in ((a, b), (b, a)):
+        for link in x.links:
+            if link.peer == y.index:
+                return link
+    return None
+
+
+def label(link: GpuLink | None) -> str:
+    """``NV4``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS`` (nvidia-smi's words); ``N/A`` unknown."""
+    if link is None:
+        return "N/A"
+    if link.nvlink > 0:
+        return f"NV{min(link.nvlink, 999)}"
+    if link.level is None:
+        return "N/A"
+    return LEVEL_LABELS.get(link.level, "N/A")
+
+
+def rank(link: GpuLink | None) -> int:
+    """0 for NVLink, 1 (same board) .. 6 (across sockets, or unknown): lower connects better."""
+    if link is None:
+        return WORST_RANK
+    if link.nvlink > 0:
+        return 0
+    return _RANK.get(link.level if link.level is not None else SYSTEM, WORST_RANK)
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """``"0-3,8,10-11"`` -> {0, 1, 2, 3, 8, 10, 11}; ValueError when it is not a CPU list."""
+    cpus: set[int] = set()
+    text = text.strip()
+    if not text:
+        return frozenset()
+    for part in text.split(","):
+        lo_s, sep, hi_s = part.partition("-")
+        if not lo_s.isdigit() or (sep and not hi_s.isdigit()) or len(lo_s) > 6 or len(hi_s) > 6:
+            raise ValueError(f"not a CPU list: {text[:40]!r}")
+        lo = int(lo_s)
+        hi = int(hi_s) if sep else lo
+        if not lo <= hi < MAX_CPUS or len(cpus) + hi - lo >= MAX_CPUS:
+            raise ValueError(f"not a CPU list: {text[:40]!r}")
+        cpus.update(range(lo, hi + 1))
+    return frozenset(cpus)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 8} -> ``"0-3,8"`` (the kernel's and nvidia-smi's form)."""
+    out: list[str] = []
+    run: list[int] = []
+    for c in sorted(set(cpus)):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def local_cpus(gpu: GpuInfo) -> frozenset[int] | None:
+    """The CPUs close to ``gpu`` (None: unknown, or a CPU list that does not parse)."""
+    if not gpu.local_cpus:
+        return None
+    try:
+        return parse_cpulist(gpu.local_cpus)
+    except ValueError:
+        return None
+
+
+def has_topology(snap: HostSnapshot) -> bool:
+    return any(g.links for g in snap.gpus)
+
+
+__all__ = ["INTERNAL", "SINGLE", "MULTIPLE", "HOSTBRIDGE", "NODE", "SYSTEM", "LEVEL_LABELS", "LEGEND",
+           "link_between", "label", "rank", "parse_cpulist", "format_cpulist", "local_cpus", "has_topology"]
