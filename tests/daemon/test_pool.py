@@ -17,11 +17,22 @@ from daemon_helpers import running_daemon, unique_session
 TOKEN = secrets.token_hex(32)
 
 
-def call(method: str, url: str, body: Any = None, token: str | None = TOKEN) -> Any:
+def node_of(url: str) -> str:
+    """The node id of the daemon serving ``url`` (as discovery learns it), for signed writes."""
+    from urllib.parse import urlsplit
+
+    from gpusd.wire.http import fetch_json
+
+    parts = urlsplit(url)
+    return str(fetch_json(f"{parts.scheme}://{parts.netloc}/api/v1/host").data["node_id"])
+
+
+def call(method: str, url: str, body: Any = None, token: str | None = TOKEN, node_id: str | None = None) -> Any:
     from gpusd.wire.http import request_json
     from gpusd.wire.signing import FleetKey
 
-    return request_json(method, url, body, key=FleetKey(token) if token else None)
+    return request_json(method, url, body, key=FleetKey(token) if token else None,
+                        node_id=node_id or (node_of(url) if token else None))
 
 
 async def acall(*a: Any, **kw: Any) -> Any:

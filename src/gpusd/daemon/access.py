@@ -180,10 +180,12 @@ class Access:
     def local_reader(self, remote: str | None) -> bool:
         return self.trust_loopback and (is_loopback(remote) or self._is_own(remote))
 
-    def host_ok(self, host: str | None) -> bool:
-        """Whether a ``Host`` header (or an ``@authority``, or an ``Origin``'s host) names this daemon:
-        ``localhost``, a loopback address, one of its own addresses or names (``name``,
-        ``name.local``), on one of its ports (any port when the daemon does not say)."""
+    def host_ok(self, host: str | None, remote: str | None = None) -> bool:
+        """Whether a ``Host`` header (or an ``@authority``, or an ``Origin``'s host) sent by the peer
+        ``remote`` names this daemon: one of its own addresses or names (``name``, ``name.local``),
+        on one of its ports (any port when the daemon does not say); ``localhost`` and loopback
+        addresses only when the peer itself is on loopback (from another machine, "localhost" is
+        that machine, not this daemon: a request signed for it must not be accepted here, issue 17)."""
         parsed = split_host(host or "")
         if parsed is None:
             return False
@@ -193,7 +195,7 @@ class Access:
             if ports and (port if port is not None else 80) not in ports:
                 return False
             if name in LOOPBACK_NAMES or is_loopback(name):
-                return True
+                return is_loopback(remote)
             own = {a.lower() for a in (self._own() if self._own is not None else ())}
             for n in (self._names() if self._names is not None else ()):
                 n = n.lower().rstrip(".")
@@ -202,8 +204,9 @@ class Access:
             return False
         return name in own
 
-    def origin_ok(self, origin: str | None) -> bool:
-        """No ``Origin`` (not a browser), or one of this daemon's own pages."""
+    def origin_ok(self, origin: str | None, remote: str | None = None) -> bool:
+        """No ``Origin`` (not a browser), or one of this daemon's own pages (as :meth:`host_ok` for
+        the peer ``remote``)."""
         if origin is None:
             return True
         from urllib.parse import urlsplit
@@ -212,16 +215,19 @@ class Access:
             parts = urlsplit(origin)
         except ValueError:
             return False
-        return parts.scheme in ("http", "https") and self.host_ok(parts.netloc)
+        return parts.scheme in ("http", "https") and self.host_ok(parts.netloc, remote)
 
     # -- signatures --------------------------------------------------------------------------------
     def verify(self, method: str, scheme: str, host: str, raw_path: str, headers: Any,
-               body: bytes = b"") -> tuple[Any, str | None]:
-        """Check a signed request: (the signature library's request object, None) when it is valid,
-        else (None, why not).  Never raises: anything malformed is simply not valid."""
+               body: bytes = b"", remote: str | None = None) -> tuple[Any, str | None]:
+        """Check a signed request from the peer ``remote``: (the signature library's request object,
+        None) when it is valid, else (None, why not).  Never raises: anything malformed is simply not
+        valid.  A write (any method but GET/HEAD/OPTIONS) must cover ``gpusd-node``: this daemon's
+        node id, so that one signed write is good for one daemon only; a ``localhost`` or loopback
+        ``@authority`` is accepted from loopback peers only (:meth:`host_ok`)."""
         if self.key is None:
             return None, "this daemon has no fleet secret"
-        if not self.host_ok(host):
+        if not self.host_ok(host, remote):
             return None, "the request does not name this daemon (Host/@authority)"
         from ..wire.signing import Headers, Request
 
@@ -235,6 +241,8 @@ class Access:
         node = self._node_id() if self._node_id is not None else None
         if '"gpusd-node"' in covered and covered['"gpusd-node"'] != node:
             return None, "the request was signed for another node"
+        if method.upper() not in SAFE_METHODS and ('"gpusd-node"' not in covered or not node):
+            return None, "a signed write must name this daemon's node id (gpusd-node, docs/security.md)"
         refused = self.nonces.add(str(result.nonce))
         if refused is not None:
             return None, refused
@@ -323,7 +331,7 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                 except Exception:  # noqa: BLE001 - a broken body is a bad request, not a 500
                     return _refuse(400, "unreadable request body")
             verified, why = access.verify(request.method, request.scheme, request.host, request.raw_path,
-                                          headers, body)
+                                          headers, body, request.remote)
             if verified is None:
                 if access.key is None:
                     verified = None  # no fleet secret here: an unsigned reader, as far as we know
@@ -340,14 +348,14 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
         # With TLS on, private fields and writes go to other machines over HTTPS only.
         in_clear = verified is not None and not request.secure and not local and access.tls_on()
         if request.method not in SAFE_METHODS:
-            if not access.origin_ok(headers.get("Origin")):
+            if not access.origin_ok(headers.get("Origin"), request.remote):
                 return _refuse(403, "writes are not accepted from another site's page")
             refused = access.write_refusal(verified is not None)
             if refused is not None:
                 return _refuse(*refused)
             if in_clear:
                 return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
-        private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host))
+        private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host, request.remote))
         request[_request_key()] = private
         if verified is not None:
             request[_signed_key()] = verified
