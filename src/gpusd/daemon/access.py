@@ -111,6 +111,27 @@ def is_loopback(remote: str | None) -> bool:
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
+def peer_of(remote: str | None) -> str:
+    """The peer a connection or request is counted against (per-peer limits, holders of remote
+    leases): its IPv4 address (an IPv4-mapped IPv6 address as IPv4), the /64 of an IPv6 address (one
+    machine usually has a whole /64 to pick source addresses from), ``-`` when unknown."""
+    if not remote:
+        return "-"
+    try:
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return remote[:64]
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        if not addr.is_loopback:
+            return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
+
+
+_KEYID = re.compile(r'keyid="([A-Za-z0-9._-]{1,64})"')
+
+
 def split_host(value: str) -> tuple[str, int | None] | None:
     """``name``, ``name:port``, ``[v6]:port`` -> (lower-case name without a trailing dot, port or
     None); None when it is not a host."""
@@ -284,7 +305,33 @@ def can_see_private(request: web.Request) -> bool:
     return bool(request.get(_request_key(), False))
 
 
+def is_signed(request: web.Request) -> bool:
+    """Whether this request is a secret holder's: signed and verified, or on a TLS connection a
+    verified request authenticated (set by :func:`middleware`)."""
+    return bool(request.get(_trusted_key(), False))
+
+
+def holder_of(request: web.Request) -> str:
+    """Who holds what this (verified, signed) request takes, as far as the daemon can check it
+    until user identities exist: the signature's key id and the peer address (:func:`peer_of`),
+    e.g. ``gpusd-0123abcd... from 198.18.0.7``; never a name the request declares."""
+    found = _KEYID.search(request.headers.get("Signature-Input", ""))
+    return f"{found.group(1) if found else 'unsigned'} from {peer_of(request.remote)}"
+
+
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+
+
+_TRUSTED_KEY: Any = None  # request[_trusted_key()]: True for a secret holder's request (is_signed)
+
+
+def _trusted_key() -> Any:
+    global _TRUSTED_KEY
+    if _TRUSTED_KEY is None:
+        from aiohttp import web
+
+        _TRUSTED_KEY = web.RequestKey("gpusd.trusted", bool) if hasattr(web, "RequestKey") else "gpusd.trusted"
+    return _TRUSTED_KEY
 
 
 _SIGNED_KEY: Any = None  # request[_signed_key()]: the verified signed request (for the answer's proof)
@@ -357,6 +404,7 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                 return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
         private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host, request.remote))
         request[_request_key()] = private
+        request[_trusted_key()] = verified is not None or session
         if verified is not None:
             request[_signed_key()] = verified
         response = await handler(request)
