@@ -407,7 +407,23 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
         request[_trusted_key()] = verified is not None or session
         if verified is not None:
             request[_signed_key()] = verified
-        response = await handler(request)
+        from .guard import note_request
+
+        # the connection guard keeps a secret holder's connection when it needs room (daemon/guard.py)
+        served, ended = note_request(request.transport, verified is not None or session)
+        if not served:
+            if ended is not None:
+                ended()
+            refusal = _refuse(503, "this daemon holds as many connections as it serves; this one was let in for "
+                                   "a signed request only (docs/daemon.md, limits): try again later")
+            refusal.headers["Retry-After"] = "5"
+            refusal.force_close()
+            return refusal
+        try:
+            response = await handler(request)
+        finally:
+            if ended is not None:
+                ended()
         if not private and isinstance(response, web.Response) and response.content_type == "application/json":
             answer = response.body
             if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
