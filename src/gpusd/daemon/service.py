@@ -362,7 +362,7 @@ def connection_cap(configured: int) -> int:
         return configured
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return configured
-    return max(16, min(configured, soft - FD_RESERVE))
+    return min(configured, max(16, soft - FD_RESERVE))  # never above what was configured
 
 
 def _node_id(config: DaemonConfig) -> str:
