@@ -402,7 +402,8 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                 return _refuse(*refused)
             if in_clear:
                 return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
-        private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host, request.remote))
+        private = (verified is not None and not in_clear) or session or (
+            local and access.host_ok(request.host, request.remote))
         request[_request_key()] = private
         request[_trusted_key()] = verified is not None or session
         if verified is not None:
