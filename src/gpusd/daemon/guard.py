@@ -19,16 +19,20 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
   and those of one peer address (:func:`gpusd.daemon.access.peer_of`: an IPv4 address, an IPv6 /64)
   at most ``per_peer``.
 
-  The guard sees a connection before any request on it is signed, so a new connection is never
-  refused for being unsigned: when it would go beyond one of these limits, the guard makes room by
-  closing one connection that is *not* signed — the oldest still waiting for its first request
-  head (the slowloris kind: a real client sends its request at once), else the oldest idle one
-  (between two requests of a keep-alive), else the oldest busy one (an event stream, a request in
-  progress) — of the new connection's own peer when that peer is at its ``per_peer`` share, else of
-  the peer that holds the most unsigned connections (waiting ones first from anyone).  A secret
-  holder's new connection therefore always gets in while strangers hold places; a stranger opening
-  connections as fast as it can mostly closes its own.  Only when every open connection is signed
-  is a new one closed at once.
+  The guard sees a connection before any request on it is signed.  When a new connection would go
+  beyond one of these limits, the guard first makes room by closing a connection that is *not*
+  signed and costs its owner little: the oldest still waiting for its first request head (the
+  slowloris kind: a real client sends its request at once) — of the new connection's own peer when
+  that peer is at its ``per_peer`` share, else of anyone — else the oldest *idle* one (between two
+  requests of a keep-alive) of that peer, or of the peer holding the most unsigned connections.
+  When every such connection is busy (event streams, requests in progress), the new connection is
+  let in **on probation**, beyond the limits (at most ``reserved`` at once): its first request must
+  be signed, or it is answered ``503`` (``Retry-After: 5``) and closed.  A signed one is kept, and
+  to bring the count back under ``max_connections`` the guard closes the oldest unsigned connection
+  (waiting, else idle, else busy) of the peer holding the most.  So a secret holder's connection
+  always gets in while strangers hold places, and strangers never push out each other's busy
+  connections.  Without a fleet secret (``reserved`` 0: nobody can sign) a new connection finding
+  every connection busy is closed at once, as before issue 17.
 
 :class:`GuardedSite` is an aiohttp site (like ``web.TCPSite``) whose connections go through a guard.
 """
