@@ -172,3 +172,29 @@ async def test_a_signed_connection_gets_in_while_strangers_hold_every_other_plac
                         q = await stream(d.port, "127.0.0.24", signed=True, path="/api/v1/gpus")
                         async with held([q]):
                             assert q.status == 200
+
+
+async def test_connections_parked_on_probation_do_not_keep_a_secret_holder_out(tmp_path: Path) -> None:
+    """A stranger whose extra connections are on probation keeps them alive with requests the access
+    layer refuses before the guard hears of them (an ``Authorization`` header: 401); a secret holder
+    still gets in, the oldest parked connection being closed for it."""
+    async with running_daemon(tmp_path, unique_session("park"), "park", token=SECRET, tls=False,
+                              max_connections=8, reserved_connections=4, max_connections_per_peer=8,
+                              max_subscribers=100, reserved_subscribers=0) as d:
+        streams = [await stream(d.port, "127.0.0.31") for _ in range(4)]
+        async with held(streams):
+            assert [c.status for c in streams] == [200] * 4  # the unsigned share (8 less 4) is full
+            parked = []
+            for _ in range(4):
+                c = await connect(d.port, "127.0.0.32")
+                c.writer.write(f"GET /api/v1/gpus HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
+                               "Authorization: Bearer x\r\n\r\n".encode())
+                line = await asyncio.wait_for(c.reader.readline(), 10)
+                assert line.startswith(b"HTTP/1.1 401"), line
+                parked.append(c)
+            async with held(parked):
+                assert d.guard is not None and d.guard.on_probation == 4
+                ours = await stream(d.port, "127.0.0.1", signed=True)
+                async with held([ours]):
+                    assert ours.status == 200
+                    assert not any(c.closed.is_set() for c in streams)

@@ -103,9 +103,12 @@ def is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
     try:
-        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 on a dual-stack socket
+    return addr.is_loopback
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -245,7 +245,7 @@ class ConnectionGuard:
         """Every connection that could make room is busy (or signed): admit ``conn`` beyond the
         limits, on probation, when the daemon has a share for signed connections; its first request
         must be signed (:meth:`_request_started`).  At most ``reserved`` such connections at once:
-        beyond, the oldest one still waiting for its head is closed; refused when there is none."""
+        beyond, the oldest of them is closed."""
         if self.reserved == 0 or (len(self._probation) >= self.reserved and not self._drop_oldest_probation()):
             self.refused += 1
             self._warn("refused", "HTTP connection limit (%d) reached with every connection busy or signed: "
@@ -257,7 +257,10 @@ class ConnectionGuard:
         return True
 
     def _drop_oldest_probation(self) -> bool:
-        victim = next((c for c in self._probation if not c.head_done), None)
+        """Close the oldest connection on probation (none of them is signed: a signed request takes
+        its connection off probation at once), whatever it is doing: a stranger cannot park
+        connections there (with requests the access layer refuses before the guard hears of them)."""
+        victim = next(iter(self._probation), None)
         if victim is None:
             return False
         self.evicted += 1
