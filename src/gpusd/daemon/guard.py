@@ -183,7 +183,7 @@ class ConnectionGuard:
         self._unsigned: dict[str, dict[_GuardedProtocol, None]] = {}
         self._probation: dict[_GuardedProtocol, None] = {}  # beyond the limits: must sign its first request
         self.accepted = 0
-        self.refused = 0  # closed at once: the cap was reached and every connection was signed
+        self.refused = 0  # closed at once: nothing could make room (every connection busy or signed)
         self.evicted = 0  # closed to make room: waiting for their first request head
         self.evicted_unsigned = 0  # closed to make room: idle or busy, not signed
         self.header_timeouts = 0
