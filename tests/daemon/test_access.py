@@ -83,21 +83,31 @@ def test_host_names_the_daemon():
     for bad in ("", "a b", "x:99999", "x:-1", "::1", "a/b", "user@host", "h\xff", "h:80:81"):
         assert split_host(bad) is None, bad
     a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_names=lambda: ["gpu-node-1"], own_ports=lambda: [4780])
-    for ok in ("198.18.0.2:4780", "gpu-node-1:4780", "GPU-NODE-1.local:4780", "localhost:4780", "127.0.0.1:4780",
-               "[::1]:4780"):
-        assert a.host_ok(ok), ok
+    for ok in ("198.18.0.2:4780", "gpu-node-1:4780", "GPU-NODE-1.local:4780"):
+        assert a.host_ok(ok, "198.18.0.7") and a.host_ok(ok, "127.0.0.1"), ok
+    for ok in ("localhost:4780", "127.0.0.1:4780", "[::1]:4780"):
+        # "localhost" names this daemon only for a peer on this machine's loopback (issue 17, row 4)
+        assert a.host_ok(ok, "127.0.0.1") and a.host_ok(ok, "::1"), ok
+        assert not a.host_ok(ok, "198.18.0.7") and not a.host_ok(ok, "198.18.0.2") and not a.host_ok(ok), ok
     for bad in ("evil.example:4780", "198.18.0.3:4780", "198.18.0.2:4781", "gpu-node-1", "gpu-node-1.evil:4780",
                 None, "198.18.0.2:4780\x00"):
-        assert not a.host_ok(bad), bad
-    assert a.origin_ok(None) and a.origin_ok("http://gpu-node-1:4780")
-    assert not a.origin_ok("http://evil.example") and not a.origin_ok("null")
+        assert not a.host_ok(bad, "127.0.0.1"), bad
+    assert a.origin_ok(None) and a.origin_ok("http://gpu-node-1:4780", "198.18.0.7")
+    assert a.origin_ok("http://localhost:4780", "127.0.0.1") and not a.origin_ok("http://localhost:4780", "198.18.0.7")
+    assert not a.origin_ok("http://evil.example", "127.0.0.1") and not a.origin_ok("null", "127.0.0.1")
 
 
 def signed(c: TestClient, path: str, secret: str = TOKEN, method: str = "GET", body: bytes = b"",
            **kw: Any) -> dict[str, str]:
-    """The headers of a request to ``path`` on the test server, signed with ``secret``."""
+    """The headers of a request to ``path`` on the test server, signed with ``secret`` (a write for
+    the node of ``gpu-node-1``, the first host of the fake daemons here, unless ``node_id`` says)."""
+    if method not in ("GET", "HEAD"):
+        kw.setdefault("node_id", NODE_1)
     headers, _ = FleetKey(secret).sign_request(method, str(c.make_url(path)), body=body, **kw)
     return headers
+
+
+NODE_1 = sim_host("gpu-node-1").node_id
 
 
 async def test_remote_reader_without_signature_sees_load_but_no_owners(remote):
@@ -252,6 +262,40 @@ async def test_writes_refused_without_signature(remote):
     r = await c.post("/api/v1/echo", data=body, headers={"Origin": "http://evil.example",
                                                         **signed(c, "/api/v1/echo", method="POST", body=body)})
     assert r.status == 403
+
+
+async def test_a_signed_write_names_one_daemon(remote):
+    """Issue 17, row 4: a write signed without ``gpusd-node`` was good for every daemon of the fleet
+    (once each); one signed for another node is refused too."""
+    d, c = remote
+    body = b'{"x": 1}'
+    for node in (None, "", "0123456789abcdef"):
+        r = await c.post("/api/v1/echo", data=body,
+                         headers=signed(c, "/api/v1/echo", method="POST", body=body, node_id=node))
+        assert r.status == 401, node
+        assert "gpusd-node" in (await r.json())["error"] or node, node
+    r = await c.post("/api/v1/echo", data=body,
+                     headers=signed(c, "/api/v1/echo", method="POST", body=body, node_id=d.node_id))
+    assert r.status == 200
+    # reads need no node id (docs/security.md): a signed read without one still verifies
+    r = await c.get("/api/v1/gpus", headers=signed(c, "/api/v1/gpus"))
+    assert r.status == 200 and "Signature" in r.headers
+
+
+def test_a_loopback_authority_is_accepted_from_loopback_peers_only():
+    """Issue 17, row 4: a request signed for ``localhost:4781`` (with or without a node id), sent
+    from another machine, names that machine's loopback, not this daemon."""
+    a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_ports=lambda: [4781], node_id=lambda: "n1")
+    key = FleetKey(TOKEN)
+    for authority in ("localhost:4781", "127.0.0.1:4781", "[::1]:4781"):
+        for method, node in (("POST", "n1"), ("POST", None), ("GET", None)):
+            url = f"https://{authority}/api/v1/leases"
+            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node)
+            req, why = a.verify(method, "https", authority, "/api/v1/leases", headers, b"{}", remote="198.18.0.7")
+            assert req is None and "name this daemon" in str(why), (authority, method, node)
+            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node)
+            req, why = a.verify(method, "https", authority, "/api/v1/leases", headers, b"{}", remote="127.0.0.1")
+            assert (req is not None) == (method == "GET" or node is not None), (authority, method, node, why)
 
 
 async def test_no_writes_at_all_without_a_configured_token():

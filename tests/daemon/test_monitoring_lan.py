@@ -42,8 +42,15 @@ def http(lan: Lan, node: Node,  # noqa: F811 - lan: the netns fixture's name
         from gpusd.wire.signing import FleetKey
         body = b"{{}}" if {method!r} != "GET" else None
         req = urllib.request.Request({url!r}, method={method!r}, data=body)
+        node = None
+        if {token!r} and {method!r} != "GET":  # a signed write names the daemon's node (docs/security.md)
+            from urllib.parse import urlsplit
+            from gpusd.wire.http import fetch_json
+            parts = urlsplit({url!r})
+            node = fetch_json(f"{{parts.scheme}}://{{parts.netloc}}/api/v1/host").data["node_id"]
         if {token!r}:
-            for k, v in FleetKey({token!r}).sign_request({method!r}, {url!r}, body=body or b"")[0].items():
+            for k, v in FleetKey({token!r}).sign_request({method!r}, {url!r}, body=body or b"",
+                                                         node_id=node)[0].items():
                 req.add_header(k, v)
         try:
             # the daemon's self-signed certificate (clients pin it; this test only reads)

@@ -17,11 +17,22 @@ from daemon_helpers import running_daemon, unique_session
 TOKEN = secrets.token_hex(32)
 
 
-def call(method: str, url: str, body: Any = None, token: str | None = TOKEN) -> Any:
+def node_of(url: str) -> str:
+    """The node id of the daemon serving ``url`` (as discovery learns it), for signed writes."""
+    from urllib.parse import urlsplit
+
+    from gpusd.wire.http import fetch_json
+
+    parts = urlsplit(url)
+    return str(fetch_json(f"{parts.scheme}://{parts.netloc}/api/v1/host").data["node_id"])
+
+
+def call(method: str, url: str, body: Any = None, token: str | None = TOKEN, node_id: str | None = None) -> Any:
     from gpusd.wire.http import request_json
     from gpusd.wire.signing import FleetKey
 
-    return request_json(method, url, body, key=FleetKey(token) if token else None)
+    return request_json(method, url, body, key=FleetKey(token) if token else None,
+                        node_id=node_id or (node_of(url) if token else None))
 
 
 async def acall(*a: Any, **kw: Any) -> Any:
@@ -121,6 +132,21 @@ async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path
     ({"count": 1, "holder": "a", "job": "../../job-x"}, "job"),
     ({"count": 1, "holder": "a", "job": 12345678}, "job"),
     ([1, 2], "JSON object"),
+    # issue 17, row 6: numbers are numbers of the right kind and range, and the answer names the field
+    ({"count": 1, "holder": "a", "memory": -5}, "'memory'"),
+    ({"count": -1, "holder": "a"}, "'count'"),
+    ({"count": 1, "holder": "a", "ttl": 1e9}, "'ttl'"),
+    ({"count": True, "holder": "a"}, "'count'"),
+    ({"count": 1.5, "holder": "a"}, "'count'"),
+    ({"count": 1, "holder": "a", "memory": 1.5}, "'memory'"),
+    ({"count": 1, "holder": "a", "memory": True}, "'memory'"),
+    ({"count": 1, "holder": "a", "memory": 2**60}, "'memory'"),
+    ({"count": 1, "holder": "a", "min_free": -1}, "'min_free'"),
+    ({"count": 1, "holder": "a", "max_util": -3}, "'max_util'"),
+    ({"count": 1, "holder": "a", "max_processes": -1}, "'max_processes'"),
+    ({"count": 1, "holder": "a", "ttl": -30}, "'ttl'"),
+    ({"count": 1, "holder": "a", "ttl": True}, "'ttl'"),
+    ({"count": 1, "holder": "a", "ttl": "30"}, "'ttl'"),
 ])
 async def test_bad_requests_get_a_clear_400(tmp_path: Path, body: Any, why: str) -> None:
     async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
@@ -129,20 +155,85 @@ async def test_bad_requests_get_a_clear_400(tmp_path: Path, body: Any, why: str)
         assert held_leases() == []
 
 
-async def test_remote_leases_are_bounded_per_holder_and_body_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                  ) -> None:
-    from gpusd.daemon import pool
+def call_from(source: str, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    """A signed request (for the daemon's node) sent from the local address ``source`` (another
+    loopback address: another peer as far as the daemon can tell)."""
+    import http.client
+    from urllib.parse import urlsplit
 
-    monkeypatch.setattr(pool, "MAX_PER_HOLDER", 2)
-    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="8xA100-80GB", tls=False) as d:
+    from gpusd.wire.signing import FleetKey
+
+    payload = json.dumps(body).encode() if body is not None else b""
+    headers, _ = FleetKey(TOKEN).sign_request(method, url, body=payload, node_id=node_of(url))
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=10,
+                                      source_address=(source, 0))
+    try:
+        conn.request(method, parts.path, body=payload or None,
+                     headers={**headers, "Host": parts.netloc, "Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+async def test_remote_leases_are_bounded_per_holder_and_body_size(tmp_path: Path) -> None:
+    """Issue 17, row 5: the per-holder cap counts what the daemon can check (the signing key and the
+    peer address): a new ``holder`` name per request does not get around it; another peer has its own."""
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="8xA100-80GB", tls=False,
+                              lease_max_per_holder=2) as d:
         for _ in range(2):
             assert (await acall("POST", base(d) + "/leases", {"count": 1, "holder": "greedy"})).status == 201
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "greedy"})
-        assert r.status == 429 and "greedy" in r.data["error"]
-        assert (await acall("POST", base(d) + "/leases", {"count": 1, "holder": "other"})).status == 201
+        assert r.status == 429 and "127.0.0.1" in r.data["error"], r.data
+        for name in ("other", "greedy-2", "x"):  # a name per request: the same holder
+            r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": name})
+            assert r.status == 429, r.data
+        status, data = await asyncio.to_thread(call_from, "127.0.0.2", "POST", base(d) + "/leases",
+                                               {"count": 1, "holder": "other"})
+        assert status == 201, data
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "big", "note": "x" * 20000})
         assert r.status in (400, 413)
         assert len(held_leases()) == 3
+
+
+async def test_the_lease_policy_bounds_ttl_lifetime_and_gpus_per_holder(tmp_path: Path) -> None:
+    """Issue 17, row 5: ``ttl`` is granted up to the policy's ``lease_max_ttl``, renewals never carry a
+    lease past ``lease_max_lifetime``, and one holder gets at most ``lease_max_gpus_per_holder`` GPUs."""
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="8xA100-80GB", tls=False,
+                              lease_max_ttl=2.0, lease_max_lifetime=3.0, lease_max_gpus_per_holder=3) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 4, "holder": "all-of-it", "ttl": 3600})
+        assert r.status == 429 and "3 per holder" in r.data["error"], r.data
+        r = await acall("POST", base(d) + "/leases", {"count": 2, "holder": "a", "ttl": 3600})
+        assert r.status == 201 and r.data["ttl"] == 2.0, r.data  # asked an hour, granted the policy's 2 s
+        assert r.data["expires"] - r.data["started"] <= 2.01
+        lease_id, started = r.data["lease_id"], r.data["started"]
+        r2 = await acall("POST", base(d) + "/leases", {"count": 2, "holder": "b"})
+        assert r2.status == 429, r2.data  # 2 + 2 > 3 for the same key and address
+        assert (await acall("POST", base(d) + "/leases", {"count": 1, "holder": "b"})).status == 201
+        # renewed as often as it likes: never past 3 s after the grant
+        ends = []
+        for _ in range(8):
+            r = await acall("POST", f"{base(d)}/leases/{lease_id}/renew", {"ttl": 3600})
+            if r.status != 200:
+                break
+            ends.append(r.data["expires"])
+            assert r.data["expires"] <= started + 3.0 + 1e-6, r.data
+            await asyncio.sleep(0.5)
+        assert r.status == 404, r.data  # expired at its lifetime, although renewed every 0.5 s
+        assert ends and max(ends) <= started + 3.0 + 1e-6
+
+
+def test_the_lease_policy_is_validated() -> None:
+    from gpusd.daemon.config import DaemonConfig
+    from gpusd.errors import ConfigError
+
+    for bad in ({"lease_max_ttl": 1e9}, {"lease_max_ttl": float("nan")}, {"lease_max_lifetime": 1.0},
+                {"lease_max_gpus_per_holder": 0}, {"lease_max_gpus_per_holder": True},
+                {"lease_max_per_holder": -1}, {"lease_max_total": 0}, {"reserved_connections": -1},
+                {"max_subscribers_per_peer": 0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            DaemonConfig(**bad).validate()  # type: ignore[arg-type]
 
 
 async def test_unsigned_and_wrongly_signed_writes_are_refused(tmp_path: Path) -> None:

@@ -73,7 +73,13 @@ from gpusd.wire.http import request_json
 from gpusd.wire.signing import FleetKey, load_secret
 kf = {str(key_file) if key_file else None!r}
 key = FleetKey(load_secret(kf)) if kf else None
-r = request_json({method!r}, {url!r}, {body!r}, key=key)
+node = None
+if key is not None and {method!r} != "GET":  # a signed write names the daemon's node (docs/security.md)
+    from urllib.parse import urlsplit
+    from gpusd.wire.http import fetch_json
+    parts = urlsplit({url!r})
+    node = fetch_json(f"{{parts.scheme}}://{{parts.netloc}}/api/v1/host").data["node_id"]
+r = request_json({method!r}, {url!r}, {body!r}, key=key, node_id=node)
 print(json.dumps({{"status": r.status, "data": r.data, "verified": r.verified}}))
 """
     r = lan.run(node, [sys.executable, "-c", code], timeout=60)

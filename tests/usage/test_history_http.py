@@ -52,7 +52,8 @@ async def feed(d: Daemon, backend: SimulatedBackend, clock: Clock, hours: float,
 @pytest.fixture
 async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Daemon, TestClient]]:
     """A daemon fed 6 simulated hours, read as a remote reader would (loopback not trusted)."""
-    monkeypatch.setattr(access, "is_loopback", lambda remote: False)
+    # not a local reader (a request signed for 127.0.0.1 still names the daemon: it comes from loopback)
+    monkeypatch.setattr(access.Access, "local_reader", lambda self, remote: False)
     d, backend, clock = make_daemon(tmp_path)
     client = TestClient(TestServer(d.app, host="127.0.0.1"))
     await client.start_server()

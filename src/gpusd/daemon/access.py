@@ -103,12 +103,36 @@ def is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
     try:
-        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
     except ValueError:
         return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 on a dual-stack socket
+    return addr.is_loopback
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def peer_of(remote: str | None) -> str:
+    """The peer a connection or request is counted against (per-peer limits, holders of remote
+    leases): its IPv4 address (an IPv4-mapped IPv6 address as IPv4), the /64 of an IPv6 address (one
+    machine usually has a whole /64 to pick source addresses from), ``-`` when unknown."""
+    if not remote:
+        return "-"
+    try:
+        addr = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return remote[:64]
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        if not addr.is_loopback:
+            return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
+
+
+_KEYID = re.compile(r'keyid="([A-Za-z0-9._-]{1,64})"')
 
 
 def split_host(value: str) -> tuple[str, int | None] | None:
@@ -180,10 +204,12 @@ class Access:
     def local_reader(self, remote: str | None) -> bool:
         return self.trust_loopback and (is_loopback(remote) or self._is_own(remote))
 
-    def host_ok(self, host: str | None) -> bool:
-        """Whether a ``Host`` header (or an ``@authority``, or an ``Origin``'s host) names this daemon:
-        ``localhost``, a loopback address, one of its own addresses or names (``name``,
-        ``name.local``), on one of its ports (any port when the daemon does not say)."""
+    def host_ok(self, host: str | None, remote: str | None = None) -> bool:
+        """Whether a ``Host`` header (or an ``@authority``, or an ``Origin``'s host) sent by the peer
+        ``remote`` names this daemon: one of its own addresses or names (``name``, ``name.local``),
+        on one of its ports (any port when the daemon does not say); ``localhost`` and loopback
+        addresses only when the peer itself is on loopback (from another machine, "localhost" is
+        that machine, not this daemon: a request signed for it must not be accepted here, issue 17)."""
         parsed = split_host(host or "")
         if parsed is None:
             return False
@@ -193,7 +219,7 @@ class Access:
             if ports and (port if port is not None else 80) not in ports:
                 return False
             if name in LOOPBACK_NAMES or is_loopback(name):
-                return True
+                return is_loopback(remote)
             own = {a.lower() for a in (self._own() if self._own is not None else ())}
             for n in (self._names() if self._names is not None else ()):
                 n = n.lower().rstrip(".")
@@ -202,8 +228,9 @@ class Access:
             return False
         return name in own
 
-    def origin_ok(self, origin: str | None) -> bool:
-        """No ``Origin`` (not a browser), or one of this daemon's own pages."""
+    def origin_ok(self, origin: str | None, remote: str | None = None) -> bool:
+        """No ``Origin`` (not a browser), or one of this daemon's own pages (as :meth:`host_ok` for
+        the peer ``remote``)."""
         if origin is None:
             return True
         from urllib.parse import urlsplit
@@ -212,16 +239,19 @@ class Access:
             parts = urlsplit(origin)
         except ValueError:
             return False
-        return parts.scheme in ("http", "https") and self.host_ok(parts.netloc)
+        return parts.scheme in ("http", "https") and self.host_ok(parts.netloc, remote)
 
     # -- signatures --------------------------------------------------------------------------------
     def verify(self, method: str, scheme: str, host: str, raw_path: str, headers: Any,
-               body: bytes = b"") -> tuple[Any, str | None]:
-        """Check a signed request: (the signature library's request object, None) when it is valid,
-        else (None, why not).  Never raises: anything malformed is simply not valid."""
+               body: bytes = b"", remote: str | None = None) -> tuple[Any, str | None]:
+        """Check a signed request from the peer ``remote``: (the signature library's request object,
+        None) when it is valid, else (None, why not).  Never raises: anything malformed is simply not
+        valid.  A write (any method but GET/HEAD/OPTIONS) must cover ``gpusd-node``: this daemon's
+        node id, so that one signed write is good for one daemon only; a ``localhost`` or loopback
+        ``@authority`` is accepted from loopback peers only (:meth:`host_ok`)."""
         if self.key is None:
             return None, "this daemon has no fleet secret"
-        if not self.host_ok(host):
+        if not self.host_ok(host, remote):
             return None, "the request does not name this daemon (Host/@authority)"
         from ..wire.signing import Headers, Request
 
@@ -235,6 +265,8 @@ class Access:
         node = self._node_id() if self._node_id is not None else None
         if '"gpusd-node"' in covered and covered['"gpusd-node"'] != node:
             return None, "the request was signed for another node"
+        if method.upper() not in SAFE_METHODS and ('"gpusd-node"' not in covered or not node):
+            return None, "a signed write must name this daemon's node id (gpusd-node, docs/security.md)"
         refused = self.nonces.add(str(result.nonce))
         if refused is not None:
             return None, refused
@@ -276,7 +308,33 @@ def can_see_private(request: web.Request) -> bool:
     return bool(request.get(_request_key(), False))
 
 
+def is_signed(request: web.Request) -> bool:
+    """Whether this request is a secret holder's: signed and verified, or on a TLS connection a
+    verified request authenticated (set by :func:`middleware`)."""
+    return bool(request.get(_trusted_key(), False))
+
+
+def holder_of(request: web.Request) -> str:
+    """Who holds what this (verified, signed) request takes, as far as the daemon can check it
+    until user identities exist: the signature's key id and the peer address (:func:`peer_of`),
+    e.g. ``gpusd-0123abcd... from 198.18.0.7``; never a name the request declares."""
+    found = _KEYID.search(request.headers.get("Signature-Input", ""))
+    return f"{found.group(1) if found else 'unsigned'} from {peer_of(request.remote)}"
+
+
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+
+
+_TRUSTED_KEY: Any = None  # request[_trusted_key()]: True for a secret holder's request (is_signed)
+
+
+def _trusted_key() -> Any:
+    global _TRUSTED_KEY
+    if _TRUSTED_KEY is None:
+        from aiohttp import web
+
+        _TRUSTED_KEY = web.RequestKey("gpusd.trusted", bool) if hasattr(web, "RequestKey") else "gpusd.trusted"
+    return _TRUSTED_KEY
 
 
 _SIGNED_KEY: Any = None  # request[_signed_key()]: the verified signed request (for the answer's proof)
@@ -323,7 +381,7 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                 except Exception:  # noqa: BLE001 - a broken body is a bad request, not a 500
                     return _refuse(400, "unreadable request body")
             verified, why = access.verify(request.method, request.scheme, request.host, request.raw_path,
-                                          headers, body)
+                                          headers, body, request.remote)
             if verified is None:
                 if access.key is None:
                     verified = None  # no fleet secret here: an unsigned reader, as far as we know
@@ -340,18 +398,36 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
         # With TLS on, private fields and writes go to other machines over HTTPS only.
         in_clear = verified is not None and not request.secure and not local and access.tls_on()
         if request.method not in SAFE_METHODS:
-            if not access.origin_ok(headers.get("Origin")):
+            if not access.origin_ok(headers.get("Origin"), request.remote):
                 return _refuse(403, "writes are not accepted from another site's page")
             refused = access.write_refusal(verified is not None)
             if refused is not None:
                 return _refuse(*refused)
             if in_clear:
                 return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
-        private = (verified is not None and not in_clear) or session or (local and access.host_ok(request.host))
+        private = (verified is not None and not in_clear) or session or (
+            local and access.host_ok(request.host, request.remote))
         request[_request_key()] = private
+        request[_trusted_key()] = verified is not None or session
         if verified is not None:
             request[_signed_key()] = verified
-        response = await handler(request)
+        from .guard import note_request
+
+        # the connection guard keeps a secret holder's connection when it needs room (daemon/guard.py)
+        served, ended = note_request(request.transport, verified is not None or session)
+        if not served:
+            if ended is not None:
+                ended()
+            refusal = _refuse(503, "this daemon holds as many connections as it serves; this one was let in for "
+                                   "a signed request only (docs/daemon.md, limits): try again later")
+            refusal.headers["Retry-After"] = "5"
+            refusal.force_close()
+            return refusal
+        try:
+            response = await handler(request)
+        finally:
+            if ended is not None:
+                ended()
         if not private and isinstance(response, web.Response) and response.content_type == "application/json":
             answer = response.body
             if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):

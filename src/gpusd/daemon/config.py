@@ -42,6 +42,17 @@ class DaemonConfig:
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
     fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
+    # Shares that unsigned readers cannot take, and per-peer limits (docs/daemon.md "Limits", issue 17):
+    max_subscribers_per_peer: int = 32  # unsigned readers per event stream from one peer address (IPv6: /64)
+    reserved_subscribers: int = 64  # of max_subscribers, kept for signed readers (unsigned ones get the rest)
+    max_connections_per_peer: int = 128  # connections not (yet) signed from one peer address (IPv6: /64)
+    reserved_connections: int = 64  # of max_connections, kept for signed connections
+    # The remote-lease policy (docs/pool.md "Bounds"); a holder is the signing key and the peer address
+    lease_max_ttl: float = 300.0  # seconds: a longer ttl (up to 3600) is granted as this; renew within it
+    lease_max_lifetime: float = 7 * 86400.0  # seconds from the grant: no renewal extends a lease past it
+    lease_max_total: int = 64  # remote leases this daemon holds at most
+    lease_max_per_holder: int = 16  # remote leases one holder holds here at most
+    lease_max_gpus_per_holder: int | None = None  # GPUs one holder holds here at most (None: any number)
     # hosts beyond the mDNS link (discovery/beyond.py, docs/daemon.md "Beyond one link"); None: from the
     # environment ($GPUSD_PEERS, $GPUSD_PEERS_FILE, $GPUSD_DNS_SD_DOMAIN)
     peers: list[str] | None = None
@@ -112,10 +123,25 @@ class DaemonConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.01 <= value <= 86400):  # also refuses nan
                 raise ConfigError(f"{name} must be between 0.01 and 86400 seconds, not {value!r}")
-        for name in ("max_connections", "max_subscribers", "fleet_max_hosts"):
+        for name in ("max_connections", "max_subscribers", "fleet_max_hosts", "max_subscribers_per_peer",
+                     "max_connections_per_peer", "lease_max_total", "lease_max_per_holder"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000):
                 raise ConfigError(f"{name} must be a whole number between 1 and 1000000, not {value!r}")
+        for name in ("reserved_subscribers", "reserved_connections"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1_000_000):
+                raise ConfigError(f"{name} must be a whole number between 0 and 1000000, not {value!r}")
+        cap = self.lease_max_gpus_per_holder
+        if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and 1 <= cap <= 4096):
+            raise ConfigError(f"lease_max_gpus_per_holder must be None or a whole number from 1 to 4096, not {cap!r}")
+        from .pool import MAX_TTL, MIN_TTL
+
+        ttl, life = self.lease_max_ttl, self.lease_max_lifetime
+        if not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and MIN_TTL <= ttl <= MAX_TTL):
+            raise ConfigError(f"lease_max_ttl must be between {MIN_TTL:g} and {MAX_TTL:g} seconds, not {ttl!r}")
+        if not (isinstance(life, (int, float)) and not isinstance(life, bool) and ttl <= life <= 10 * 365 * 86400):
+            raise ConfigError(f"lease_max_lifetime must be between lease_max_ttl and 10 years of seconds, not {life!r}")
         self._validate_thresholds()
         self._validate_beyond()
 

@@ -2,7 +2,19 @@
 
 A subscriber that falls ``maxsize`` events behind is disconnected (its stream ends, ``dropped`` is
 set); a gpusd client reconnects at once and starts again from a full snapshot, so nothing is lost
-but the backlog.  At most ``max_subscribers`` subscribe at once: one more gets :class:`HubFull`."""
+but the backlog.
+
+Who may subscribe (docs/daemon.md, "Limits against hostile peers"; issue 17):
+
+* at most ``max_subscribers`` at once;
+* *unsigned* subscribers (readers without the fleet secret) share ``max_subscribers - reserved``
+  places, and one peer address (:func:`gpusd.daemon.access.peer_of`) holds at most ``per_peer`` of
+  them: a stranger cannot take the places of secret holders, nor one stranger all of the others';
+* a *signed* subscriber (a secret holder: a fleet client, ``gpusd list``) is never refused while an
+  unsigned one holds a place: when the hub is full, the oldest unsigned subscriber of the peer that
+  holds the most is cut off (its stream ends, ``evicted`` is set) to make room.
+
+One more than these allow gets :class:`HubFull`."""
 
 from __future__ import annotations
 
@@ -17,40 +29,95 @@ class HubFull(Exception):
 
 
 class Subscription:
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, peer: str = "-", signed: bool = False) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
         self.dropped = False  # cut off for falling too far behind (not a normal end)
+        self.evicted = False  # cut off to make room for a signed subscriber
+        self.peer = peer
+        self.signed = signed
 
     async def get(self) -> bytes | None:
         return await self.queue.get()
 
 
 class EventHub:
-    def __init__(self, maxsize: int = 256, max_subscribers: int | None = None) -> None:
+    def __init__(self, maxsize: int = 256, max_subscribers: int | None = None, per_peer: int | None = None,
+                 reserved: int = 0) -> None:
         self.maxsize = maxsize
         self.max_subscribers = max_subscribers
-        self.refused = 0  # subscriptions refused because the hub was full
+        self.per_peer = per_peer  # unsigned subscribers of one peer address at most (None: no limit)
+        # places only signed subscribers take (at most half of max_subscribers)
+        self.reserved = min(max(0, reserved), max_subscribers // 2) if max_subscribers is not None else 0
+        self.refused = 0  # subscriptions refused (the hub, its unsigned share or the peer's share full)
         self.dropped = 0  # subscribers cut off for falling behind
-        self._subs: set[Subscription] = set()
+        self.evicted = 0  # unsigned subscribers cut off to make room for signed ones
+        self._subs: dict[Subscription, None] = {}  # oldest first
+        self._unsigned: dict[str, dict[Subscription, None]] = {}  # peer -> its unsigned subscribers, oldest first
         self.closed = False
 
     def __len__(self) -> int:
         return len(self._subs)
 
-    def subscribe(self) -> Subscription:
-        """A new subscription; raises :class:`HubFull` beyond ``max_subscribers``."""
-        if self.max_subscribers is not None and not self.closed and len(self._subs) >= self.max_subscribers:
-            self.refused += 1
-            raise HubFull(f"{len(self._subs)} subscribers already")
-        sub = Subscription(self.maxsize)
+    @property
+    def unsigned(self) -> int:
+        """Unsigned subscribers now."""
+        return sum(len(v) for v in self._unsigned.values())
+
+    def subscribe(self, peer: str = "-", signed: bool = False) -> Subscription:
+        """A new subscription for a reader at ``peer`` (:func:`gpusd.daemon.access.peer_of`),
+        ``signed`` when it is a secret holder's; raises :class:`HubFull` beyond the limits above."""
+        if not self.closed:
+            self._admit(peer, signed)
+        sub = Subscription(self.maxsize, peer, signed)
         if self.closed:
             sub.queue.put_nowait(None)
         else:
-            self._subs.add(sub)
+            self._subs[sub] = None
+            if not signed:
+                self._unsigned.setdefault(peer, {})[sub] = None
         return sub
 
+    def _admit(self, peer: str, signed: bool) -> None:
+        cap = self.max_subscribers
+        if signed:
+            if cap is not None and len(self._subs) >= cap:
+                victim = self._heaviest_unsigned()
+                if victim is None:
+                    self.refused += 1
+                    raise HubFull(f"{len(self._subs)} signed subscribers already")
+                self._evict(victim)
+            return
+        if self.per_peer is not None and len(self._unsigned.get(peer, ())) >= self.per_peer:
+            self.refused += 1
+            raise HubFull(f"{self.per_peer} unsigned subscribers from {peer} already")
+        if cap is not None and (len(self._subs) >= cap or self.unsigned >= cap - self.reserved):
+            self.refused += 1
+            raise HubFull(f"{len(self._subs)} subscribers already ({self.reserved} places kept for signed readers)")
+
+    def _heaviest_unsigned(self) -> Subscription | None:
+        if not self._unsigned:
+            return None
+        peer = max(self._unsigned, key=lambda p: len(self._unsigned[p]))
+        return next(iter(self._unsigned[peer]), None)
+
+    def _evict(self, sub: Subscription) -> None:
+        self._forget(sub)
+        sub.evicted = True
+        self.evicted += 1
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+        sub.queue.put_nowait(None)
+
+    def _forget(self, sub: Subscription) -> None:
+        self._subs.pop(sub, None)
+        mine = self._unsigned.get(sub.peer)
+        if mine is not None:
+            mine.pop(sub, None)
+            if not mine:
+                del self._unsigned[sub.peer]
+
     def unsubscribe(self, sub: Subscription) -> None:
-        self._subs.discard(sub)
+        self._forget(sub)
 
     def publish(self, event: str, data: Any) -> None:
         if self.closed:
@@ -65,7 +132,7 @@ class EventHub:
                 self._drop(sub)
 
     def _drop(self, sub: Subscription) -> None:
-        self._subs.discard(sub)
+        self._forget(sub)
         sub.dropped = True
         self.dropped += 1
         while not sub.queue.empty():
@@ -85,3 +152,4 @@ class EventHub:
             except asyncio.QueueFull:
                 self._drop(sub)
         self._subs.clear()
+        self._unsigned.clear()

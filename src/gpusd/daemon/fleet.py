@@ -35,7 +35,9 @@ class Fleet:
         self.config = config
         self.zc = zc
         self.allow_loopback = allow_loopback  # follow announced loopback addresses (a daemon pinned to loopback)
-        self.hub = EventHub(maxsize=1024, max_subscribers=config.max_subscribers)
+        self.hub = EventHub(maxsize=1024, max_subscribers=config.max_subscribers,
+                            per_peer=config.max_subscribers_per_peer,
+                            reserved=config.reserved_subscribers if config.token else 0)
         self.client: AsyncClient | None = None
         self._start_lock = asyncio.Lock()
         self._last_used = time.monotonic()

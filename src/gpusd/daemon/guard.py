@@ -10,10 +10,29 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
 * **Header timeout**: a connection whose first request head (request line and headers, up to the
   blank line) is not complete ``header_timeout`` seconds after it was accepted is closed.  Later
   requests on a kept-alive connection are bounded by aiohttp's ``keepalive_timeout``.
-* **Connection cap**: at most ``max_connections`` connections are open.  A new connection beyond
-  the cap first evicts the oldest connection still waiting for its first request head (the
-  slowloris kind: a real client sends its request at once); when there is none, the new
-  connection is closed at once.
+* **Connection cap**: at most ``max_connections`` connections are open.
+* **Signed connections** (issue 17): the access middleware tells the guard when a request with a
+  valid signature arrived on a connection (:func:`note_request`); from then on the connection is a
+  secret holder's: it counts against ``max_connections`` only, and it is never closed to make room.
+* **A share strangers cannot take**: connections not (yet) signed — waiting for their first request
+  head, or having sent only unsigned requests — hold at most ``max_connections - reserved`` places,
+  and those of one peer address (:func:`gpusd.daemon.access.peer_of`: an IPv4 address, an IPv6 /64)
+  at most ``per_peer``.
+
+  The guard sees a connection before any request on it is signed.  When a new connection would go
+  beyond one of these limits, the guard first makes room by closing a connection that is *not*
+  signed and costs its owner little: the oldest still waiting for its first request head (the
+  slowloris kind: a real client sends its request at once) — of the new connection's own peer when
+  that peer is at its ``per_peer`` share, else of anyone — else the oldest *idle* one (between two
+  requests of a keep-alive) of that peer, or of the peer holding the most unsigned connections.
+  When every such connection is busy (event streams, requests in progress), the new connection is
+  let in **on probation**, beyond the limits (at most ``reserved`` at once): its first request must
+  be signed, or it is answered ``503`` (``Retry-After: 5``) and closed.  A signed one is kept, and
+  to bring the count back under ``max_connections`` the guard closes the oldest unsigned connection
+  (waiting, else idle, else busy) of the peer holding the most.  So a secret holder's connection
+  always gets in while strangers hold places, and strangers never push out each other's busy
+  connections.  Without a fleet secret (``reserved`` 0: nobody can sign) a new connection finding
+  every connection busy is closed at once, as before issue 17.
 
 :class:`GuardedSite` is an aiohttp site (like ``web.TCPSite``) whose connections go through a guard.
 """
@@ -36,10 +55,26 @@ log = logging.getLogger(__name__)
 WARN_EVERY = 60.0  # seconds between warnings about the same kind of pressure
 
 
+_BY_TRANSPORT: dict[Any, _GuardedProtocol] = {}  # the open connections of every guard, by transport
+
+
+def note_request(transport: Any, signed: bool) -> tuple[bool, Callable[[], None] | None]:
+    """Called by the access middleware when a request starts on ``transport``: ``signed`` when it
+    carries a valid signature (or rides a TLS connection one authenticated).  Returns whether the
+    request may be served (not: an unsigned request on a connection admitted beyond the limits,
+    to be answered 503 and closed) and what to call when it ends (None: no guard watches it)."""
+    conn = _BY_TRANSPORT.get(transport) if transport is not None else None
+    if conn is None:
+        return True, None
+    ok = conn.guard._request_started(conn, signed)
+    return ok, lambda: conn.guard._request_ended(conn)
+
+
 class _GuardedProtocol(asyncio.Protocol):
     """Passes everything on to aiohttp's protocol; watches for the end of the first request head."""
 
-    __slots__ = ("_made", "_tail", "_timer", "closed", "guard", "head_done", "inner", "transport")
+    __slots__ = ("_made", "_tail", "_timer", "busy", "closed", "guard", "head_done", "inner",
+                 "peer", "probation", "signed", "transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
@@ -47,6 +82,10 @@ class _GuardedProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.head_done = False
         self.closed = False
+        self.signed = False  # a verified signed request came on it: a secret holder's connection
+        self.busy = 0  # requests in progress (an event stream is one for as long as it lasts)
+        self.probation = False  # admitted beyond the limits: its first request must be signed
+        self.peer = "-"
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
         self._made = False
@@ -54,11 +93,16 @@ class _GuardedProtocol(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        from .access import peer_of
+
+        peername = transport.get_extra_info("peername")
+        self.peer = peer_of(str(peername[0]) if isinstance(peername, tuple) and peername else None)
         if not self.guard._admit(self):
             self.closed = True
             transport.abort()  # type: ignore[attr-defined]
             return
         self._made = True
+        _BY_TRANSPORT[transport] = self
         self._timer = asyncio.get_running_loop().call_later(self.guard.header_timeout, self._header_deadline)
         self.inner.connection_made(transport)
 
@@ -123,17 +167,25 @@ class _GuardedProtocol(asyncio.Protocol):
 
 
 class ConnectionGuard:
-    """Counts the daemon's HTTP connections and applies the header timeout and the cap."""
+    """Counts the daemon's HTTP connections and applies the header timeout, the cap, the share kept
+    for signed connections (``reserved``, at most half the cap) and the per-peer share."""
 
-    def __init__(self, max_connections: int, header_timeout: float) -> None:
+    def __init__(self, max_connections: int, header_timeout: float, per_peer: int | None = None,
+                 reserved: int = 0) -> None:
         self.max_connections = max(1, int(max_connections))
         self.header_timeout = float(header_timeout)
-        # every open connection, oldest first; those still waiting for their first request head
+        self.per_peer = max(1, int(per_peer)) if per_peer is not None else None
+        self.reserved = min(max(0, int(reserved)), self.max_connections // 2)
+        # every open connection, oldest first; those still waiting for their first request head;
+        # those not signed, per peer
         self._open: dict[_GuardedProtocol, None] = {}
         self._waiting: dict[_GuardedProtocol, None] = {}
+        self._unsigned: dict[str, dict[_GuardedProtocol, None]] = {}
+        self._probation: dict[_GuardedProtocol, None] = {}  # beyond the limits: must sign its first request
         self.accepted = 0
-        self.refused = 0  # closed at once: the cap was reached and nothing could be evicted
+        self.refused = 0  # closed at once: nothing could make room (every connection busy or signed)
         self.evicted = 0  # closed to make room: waiting for their first request head
+        self.evicted_unsigned = 0  # closed to make room: idle or busy, not signed
         self.header_timeouts = 0
         self._warned: dict[str, float] = {}
 
@@ -154,29 +206,149 @@ class ConnectionGuard:
 
         return make
 
+    @property
+    def unsigned(self) -> int:
+        """Open connections not signed (waiting for their first request head, or unsigned)."""
+        return sum(len(v) for v in self._unsigned.values())
+
+    @property
+    def on_probation(self) -> int:
+        """Connections admitted beyond the limits, whose first request must be signed."""
+        return len(self._probation)
+
+    def _over(self) -> bool:
+        return len(self._open) >= self.max_connections or self.unsigned >= self.max_connections - self.reserved
+
     def _admit(self, conn: _GuardedProtocol) -> bool:
-        if len(self._open) >= self.max_connections:
-            victim = next(iter(self._waiting), None)
+        peer = conn.peer
+        mine = self._unsigned.get(peer, {})
+        if self.per_peer is not None and len(mine) >= self.per_peer:
+            # this peer is at its share: it makes room among its own connections
+            victim = self._victim(mine, busy=False)
             if victim is None:
-                self.refused += 1
-                self._warn("refused", "HTTP connection limit (%d) reached with every connection busy: "
-                           "refusing new ones; %d refused so far", self.max_connections, self.refused)
-                return False
-            self.evicted += 1
-            self._warn("evicted", "HTTP connection limit (%d) reached: closing connections still waiting for "
-                       "their request head; %d closed so far", self.max_connections, self.evicted)
-            victim.abort()
+                return self._on_probation(conn)
+            self._make_room(victim, "peer")
+        while self._over():
+            victim = next((c for c in self._waiting), None)
+            if victim is None:
+                victim = self._idle_of_heaviest()
+            if victim is None:
+                return self._on_probation(conn)
+            self._make_room(victim, "cap")
         self.accepted += 1
         self._open[conn] = None
         self._waiting[conn] = None
+        self._unsigned.setdefault(peer, {})[conn] = None
         return True
+
+    def _on_probation(self, conn: _GuardedProtocol) -> bool:
+        """Every connection that could make room is busy (or signed): admit ``conn`` beyond the
+        limits, on probation, when the daemon has a share for signed connections; its first request
+        must be signed (:meth:`_request_started`).  At most ``reserved`` such connections at once:
+        beyond, the oldest of them is closed."""
+        if self.reserved == 0 or (len(self._probation) >= self.reserved and not self._drop_oldest_probation()):
+            self.refused += 1
+            self._warn("refused", "HTTP connection limit (%d) reached with every connection busy or signed: "
+                       "refusing new ones; %d refused so far", self.max_connections, self.refused)
+            return False
+        self.accepted += 1
+        conn.probation = True
+        self._probation[conn] = None
+        return True
+
+    def _drop_oldest_probation(self) -> bool:
+        """Close the oldest connection on probation (none of them is signed: a signed request takes
+        its connection off probation at once), whatever it is doing: a stranger cannot park
+        connections there (with requests the access layer refuses before the guard hears of them)."""
+        victim = next(iter(self._probation), None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        victim.abort()
+        return True
+
+    @staticmethod
+    def _victim(conns: dict[_GuardedProtocol, None], busy: bool = True) -> _GuardedProtocol | None:
+        """Of ``conns`` (oldest first): the oldest waiting for its head, else the oldest idle, else
+        (``busy``) the oldest busy one."""
+        waiting = next((c for c in conns if not c.head_done), None)
+        if waiting is not None:
+            return waiting
+        idle = next((c for c in conns if c.busy == 0), None)
+        if idle is not None or not busy:
+            return idle
+        return next(iter(conns), None)
+
+    def _idle_of_heaviest(self) -> _GuardedProtocol | None:
+        """The oldest idle unsigned connection of the peer holding the most unsigned connections
+        (the next heaviest when that one has none idle)."""
+        for peer in sorted(self._unsigned, key=lambda p: len(self._unsigned[p]), reverse=True):
+            victim = self._victim(self._unsigned[peer], busy=False)
+            if victim is not None:
+                return victim
+        return None
+
+    def _make_room(self, victim: _GuardedProtocol, why: str) -> None:
+        if victim.closed:  # already closing: just stop counting it
+            self._forget(victim)
+            return
+        if not victim.head_done:
+            self.evicted += 1
+            self._warn("evicted", "HTTP connection limit (%d, %s per peer) reached: closing connections still "
+                       "waiting for their request head; %d closed so far", self.max_connections,
+                       self.per_peer or "any", self.evicted)
+        else:
+            self.evicted_unsigned += 1
+            self._warn("evicted_unsigned", "HTTP connections without a signature at their limit (%s): closing "
+                       "the oldest of the peer that holds the most (%s); %d closed so far",
+                       "per peer" if why == "peer" else f"{self.max_connections - self.reserved} in all",
+                       victim.peer, self.evicted_unsigned)
+        victim.abort()
 
     def _head_complete(self, conn: _GuardedProtocol) -> None:
         self._waiting.pop(conn, None)
 
+    def _request_started(self, conn: _GuardedProtocol, signed: bool) -> bool:
+        """A request starts on ``conn``; False when it must be refused (an unsigned request on a
+        connection admitted on probation)."""
+        conn.busy += 1
+        if conn.probation:
+            if not signed:
+                return False
+            # a secret holder's connection: it is kept, and a stranger's makes room for it
+            conn.probation = False
+            self._probation.pop(conn, None)
+            self._open[conn] = None
+            conn.signed = True
+            while len(self._open) > self.max_connections and self._unsigned:
+                heaviest = max(self._unsigned, key=lambda p: len(self._unsigned[p]))
+                victim = self._victim(self._unsigned[heaviest])
+                if victim is None:
+                    break
+                self._make_room(victim, "cap")
+            return True
+        if signed and not conn.signed:
+            conn.signed = True
+            self._unsign(conn)
+        return True
+
+    def _request_ended(self, conn: _GuardedProtocol) -> None:
+        conn.busy = max(0, conn.busy - 1)
+
+    def _unsign(self, conn: _GuardedProtocol) -> None:
+        mine = self._unsigned.get(conn.peer)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self._unsigned[conn.peer]
+
     def _forget(self, conn: _GuardedProtocol) -> None:
         self._open.pop(conn, None)
         self._waiting.pop(conn, None)
+        self._probation.pop(conn, None)
+        self._unsign(conn)
+        if conn.transport is not None and _BY_TRANSPORT.get(conn.transport) is conn:
+            del _BY_TRANSPORT[conn.transport]
 
     def _warn(self, kind: str, msg: str, *args: Any) -> None:
         now = time.monotonic()
@@ -187,9 +359,11 @@ class ConnectionGuard:
             log.debug(msg, *args)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"open": self.count, "waiting_for_head": self.waiting, "max_connections": self.max_connections,
+        return {"open": self.count, "waiting_for_head": self.waiting, "unsigned": self.unsigned,
+                "max_connections": self.max_connections, "reserved": self.reserved, "per_peer": self.per_peer,
                 "header_timeout": self.header_timeout, "accepted": self.accepted, "refused": self.refused,
-                "evicted": self.evicted, "header_timeouts": self.header_timeouts}
+                "evicted": self.evicted, "evicted_unsigned": self.evicted_unsigned, "on_probation": self.on_probation,
+                "header_timeouts": self.header_timeouts}
 
 
 class GuardedSite(web.BaseSite):

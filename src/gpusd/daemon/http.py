@@ -173,16 +173,18 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
 
     A reader that does not take a message within ``write_timeout`` seconds, or falls so far behind
     that the hub drops it, is disconnected at once (its connection aborted: nothing more is queued
-    for it).  Beyond the hub's ``max_subscribers``, a new reader gets ``503`` with ``Retry-After``."""
-    from .access import stream_filter
+    for it).  Beyond the hub's limits (:mod:`gpusd.daemon.events`: in all, for unsigned readers, per
+    peer address), a new reader gets ``503`` with ``Retry-After``; a signed reader (a secret holder)
+    is refused only when signed readers hold every place."""
+    from .access import is_signed, peer_of, stream_filter
 
     out = stream_filter(request)  # private fields only for readers allowed to see them
     try:
-        sub = hub.subscribe()  # before the first messages: nothing published meanwhile is lost
-    except HubFull:
-        log.debug("event stream refused to %s: %d readers already", request.remote, len(hub))
-        refusal = _json({"error": f"too many event-stream readers (at most {hub.max_subscribers}); try again later"},
-                        status=503)
+        # before the first messages: nothing published meanwhile is lost
+        sub = hub.subscribe(peer_of(request.remote), is_signed(request))
+    except HubFull as why:
+        log.debug("event stream refused to %s: %s", request.remote, why)
+        refusal = _json({"error": f"too many event-stream readers ({why}); try again later"}, status=503)
         refusal.headers["Retry-After"] = "5"
         return refusal
     resp = web.StreamResponse(headers=SSE_HEADERS)

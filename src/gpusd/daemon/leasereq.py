@@ -69,13 +69,25 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     if d.get("op") != op:
         raise ConfigError(f'unknown request (expected {{"op": "{op}", ...}})')
 
-    def opt(key: str, types: tuple[type, ...]) -> Any:
+    def opt(key: str, types: tuple[type, ...], what: str = "") -> Any:
         v = d.get(key)
         if v is None:
             return None
+        # type() and not isinstance(): true/false are not numbers here; NaN and infinities are refused
         if type(v) not in types or (isinstance(v, float) and not math.isfinite(v)):
-            raise ConfigError(f"bad {key!r} in the lease request")
+            raise ConfigError(f"bad {key!r} in the lease request" + (f": {what}" if what else ""))
         return v
+
+    def bounded(key: str, types: tuple[type, ...], top: float, what: str) -> Any:
+        """A number from 0 to ``top``."""
+        v = opt(key, types, what)
+        if v is not None and not 0 <= v <= top:
+            raise ConfigError(f"bad {key!r} in the lease request: {what}")
+        return v
+
+    def amount(key: str, types: tuple[type, ...], what: str) -> Any:
+        """A number of bytes (or a ratio, for min_free): 0 or more, at most 2**53."""
+        return bounded(key, types, 2**53, what)
 
     def ids(key: str) -> list[str] | None:
         v = d.get(key)
@@ -87,7 +99,7 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
 
     count = d.get("count", 1)
     if type(count) is not int or not 0 < count <= 256:
-        raise ConfigError("bad 'count' in the lease request")
+        raise ConfigError("bad 'count' in the lease request: a whole number of GPUs from 1 to 256")
     timeout = opt("timeout", (int, float))
     if timeout is not None and not 0 <= timeout <= 10**7:
         raise ConfigError("bad 'timeout' in the lease request")
@@ -95,8 +107,11 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     topology = opt("topology", (str,)) or "auto"  # added in 0.3: an older client sends none
     command, visible = opt("command", (str,)), opt("visible", (str,))
     return {
-        "count": count, "min_free": opt("min_free", (int, float)), "memory": opt("memory", (int,)),
-        "max_util": opt("max_util", (int, float)), "max_processes": opt("max_processes", (int,)),
+        "count": count,
+        "min_free": amount("min_free", (int, float), "bytes as a whole number, or a ratio from 0 to 1"),
+        "memory": amount("memory", (int,), "a whole number of bytes, 0 or more"),
+        "max_util": bounded("max_util", (int, float), 100, "a percentage from 0 to 100"),
+        "max_processes": bounded("max_processes", (int,), 2**31, "a whole number, 0 or more"),
         "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
         "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
         "command": command[:1024] if command else None, "visible": visible[:1024] if visible is not None else None,

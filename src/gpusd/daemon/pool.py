@@ -12,10 +12,15 @@
 Writes need a request signed with the fleet secret (and HTTPS where the daemon serves TLS): the
 access middleware (:mod:`gpusd.daemon.access`) refuses the others before a handler runs.  A lease
 whose holder stops renewing ends ``ttl`` seconds (default 30) after its last renewal.  Bounds: a
-request body of at most 16 KiB, ``ttl`` between 2 s and 1 h, at most 64 remote leases in all and
-16 per holder.  The lease record names the holder (``user``), the note (``command``), the client's
-address (``remote_from``), the expiry (``expires``) and, for ``gpusd run --fleet``, the job
-(``job``), so every view of leases shows them.
+request body of at most 16 KiB, ``ttl`` between 2 s and 1 h (granted up to ``lease_max_ttl``), no
+lease past ``lease_max_lifetime`` after its grant, at most ``lease_max_total`` remote leases in all
+and, per holder, ``lease_max_per_holder`` leases and ``lease_max_gpus_per_holder`` GPUs
+(:class:`~gpusd.daemon.config.DaemonConfig`, docs/pool.md).  A holder, for these caps, is what the
+daemon can check: the request's signing key and the peer address it came from
+(:func:`gpusd.daemon.access.holder_of`), never the ``holder`` name the request declares.  The lease
+record names the holder (``user``), the note (``command``), the client's address (``remote_from``),
+the expiry (``expires``) and, for ``gpusd run --fleet``, the job (``job``), so every view of leases
+shows them.
 """
 
 from __future__ import annotations
@@ -43,8 +48,6 @@ log = logging.getLogger("gpusd.pool")
 DEFAULT_TTL = 30.0
 MIN_TTL, MAX_TTL = 2.0, 3600.0
 MAX_BODY = 16384
-MAX_LEASES = 64
-MAX_PER_HOLDER = 16
 MAX_HOLDER = 64
 MAX_NOTE = 512
 CHECK_EVERY = 0.25  # seconds between expiry checks
@@ -75,6 +78,7 @@ class Held:
     expires: float
     devices: list[dict[str, Any]] = field(default_factory=list)
     job: str | None = None  # the fleet run's job id (gpusd run --fleet), named in the record
+    identity: str = ""  # who holds it, as the daemon can check: signing key and peer (access.holder_of)
     renewing: bool = False  # a renewal is rewriting the record (on the executor)
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
 
@@ -93,7 +97,8 @@ class Pool:
         self.held: dict[str, Held] = {}
         self.executor = ThreadPoolExecutor(4, thread_name_prefix="gpusd-pool")
         self.backend: Any = None
-        self.pending = 0  # requests being granted (counted against MAX_LEASES)
+        self.pending = 0  # requests being granted (counted against lease_max_total)
+        self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
         self.task: asyncio.Task[None] | None = None
 
     # -- the work, on the executor ------------------------------------------------------------------
@@ -122,10 +127,34 @@ class Pool:
             store.rewrite(held.selection.lease, expires=expires)
 
     # -- requests -----------------------------------------------------------------------------------
-    async def create(self, body: dict[str, Any], remote_from: str | None) -> tuple[int, dict[str, Any]]:
+    def _bounds(self, identity: str, count: int) -> str | None:
+        """Why a lease of ``count`` GPUs for ``identity`` goes beyond the policy now (None: it does not)."""
+        cfg = self.daemon.config
+        if len(self.held) + self.pending >= cfg.lease_max_total:
+            return f"this daemon holds {cfg.lease_max_total} remote leases already; try again later"
+        mine = [h for h in self.held.values() if h.identity == identity]
+        asking, gpus = self.pending_of.get(identity, (0, 0))
+        if len(mine) + asking >= cfg.lease_max_per_holder:
+            return (f"this client ({identity}) holds {cfg.lease_max_per_holder} leases here already "
+                    "(a holder is the signing key and the address, not the 'holder' name)")
+        cap = cfg.lease_max_gpus_per_holder
+        held = sum(len(h.devices) for h in mine) + gpus
+        if cap is not None and held + count > cap:
+            return (f"this client ({identity}) would hold {held + count} GPUs here; the policy allows "
+                    f"{cap} per holder")
+        return None
+
+    def _expiry(self, started: float, now: float, ttl: float) -> float:
+        """``now + ttl``, never past the lease's lifetime (``lease_max_lifetime`` after ``started``)."""
+        return min(now + ttl, started + float(self.daemon.config.lease_max_lifetime))
+
+    async def create(self, body: dict[str, Any], remote_from: str | None,
+                     identity: str | None = None) -> tuple[int, dict[str, Any]]:
         from .leasereq import request as _request
 
         holder, note, ttl = _terms(body)
+        ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
+        identity = identity or f"address {remote_from}"
         job = body.get("job")
         if job is not None and (not isinstance(job, str) or not JOB_ID.match(job)):
             return 400, {"error": "'job' must be a gpusd job id (8 to 32 lowercase hex digits)"}
@@ -135,15 +164,17 @@ class Pool:
             return 400, {"error": str(exc)}
         for k in ("wait", "timeout", "command", "visible"):
             kwargs.pop(k, None)
-        if len(self.held) + self.pending >= MAX_LEASES:
-            return 429, {"error": f"this daemon holds {MAX_LEASES} remote leases already; try again later"}
-        if sum(1 for h in self.held.values() if h.holder == holder) >= MAX_PER_HOLDER:
-            return 429, {"error": f"{holder!r} holds {MAX_PER_HOLDER} leases here already"}
+        count = int(kwargs.get("count") or 1)
+        why = self._bounds(identity, count)
+        if why is not None:
+            return 429, {"error": why, "reason": "policy"}
         now = time.time()
         self.pending += 1
+        asking, gpus = self.pending_of.get(identity, (0, 0))
+        self.pending_of[identity] = (asking + 1, gpus + count)
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._grant, kwargs, holder, note, remote_from, now + ttl, job)
+                self.executor, self._grant, kwargs, holder, note, remote_from, self._expiry(now, now, ttl), job)
         except NoGpuAvailable as exc:
             return 409, {"error": str(exc), "reason": "no_gpu"}
         except ConfigError as exc:
@@ -152,10 +183,14 @@ class Pool:
             return 503, {"error": str(exc)}
         finally:
             self.pending -= 1
+            asking, gpus = self.pending_of.pop(identity, (1, count))
+            if asking > 1:
+                self.pending_of[identity] = (asking - 1, gpus - count)
         devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
                     "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util}
                    for c in sel.devices]
-        held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, now + ttl, devices, job)
+        held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, self._expiry(now, now, ttl),
+                    devices, job, identity)
         self.held[held.lease_id] = held
         log.info("remote lease %s: %s for %s from %s (ttl %gs)", held.lease_id, ",".join(sel.uuids), holder,
                  remote_from, ttl)
@@ -169,8 +204,8 @@ class Pool:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
         ttl = held.ttl
         if body.get("ttl") is not None:
-            ttl = _ttl(body.get("ttl"))
-        expires = time.time() + ttl
+            ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
+        expires = self._expiry(held.started, time.time(), ttl)  # never past the lease's lifetime
         if held.renewing:
             return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
         held.renewing = True
@@ -290,9 +325,11 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
         return d
 
     async def create(request: web.Request) -> web.Response:
+        from .access import holder_of
+
         try:
             body = await body_of(request)
-            status, data = await pool.create(body, request.remote)
+            status, data = await pool.create(body, request.remote, holder_of(request))
         except ConfigError as exc:
             return answer(400, {"error": str(exc)})
         return answer(status, data)

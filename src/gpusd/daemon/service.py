@@ -67,7 +67,8 @@ class Daemon:
         self.backend = backend
         self.snapshot: HostSnapshot | None = None
         self.history = History(config.history, config.interval)
-        self.events = EventHub(max_subscribers=config.max_subscribers)
+        self.events = EventHub(max_subscribers=config.max_subscribers, per_peer=config.max_subscribers_per_peer,
+                               reserved=config.reserved_subscribers if config.token else 0)
         self.on_sample: list[Callable[[HostSnapshot], Any]] = []
         self.app: web.Application = build_app(self)
         self.zc: AsyncZeroconf | None = None
@@ -191,7 +192,10 @@ class Daemon:
         from .guard import ConnectionGuard, GuardedSite
 
         cfg = self.config
-        self.guard = ConnectionGuard(connection_cap(cfg.max_connections), cfg.header_timeout)
+        self.guard = ConnectionGuard(connection_cap(cfg.max_connections), cfg.header_timeout,
+                                     per_peer=cfg.max_connections_per_peer,
+                                     # no secret: nobody can sign, nothing to keep
+                                     reserved=cfg.reserved_connections if cfg.token else 0)
         self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
                                      keepalive_timeout=cfg.keepalive_timeout)
         await self._runner.setup()
@@ -358,7 +362,7 @@ def connection_cap(configured: int) -> int:
         return configured
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return configured
-    return max(16, min(configured, soft - FD_RESERVE))
+    return min(configured, max(16, soft - FD_RESERVE))  # never above what was configured
 
 
 def _node_id(config: DaemonConfig) -> str:

@@ -64,6 +64,9 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     if payload is not None:
         headers["Content-Type"] = "application/json"
     nonce = None
+    if key is not None and method.upper() not in ("GET", "HEAD") and not node_id:
+        # a daemon refuses a signed write that does not name it (docs/security.md): say so here
+        raise SourceError(f"{url}: a signed {method.upper()} must name the daemon's node id")
     if key is not None:
         signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id)
         headers.update(signed)

@@ -6,11 +6,13 @@ that signs requests and one that signs responses, and a public key id.  See docs
 
 * A client signs a request (:meth:`FleetKey.sign_request`): ``@method``, ``@authority``, ``@path``,
   ``@query``, ``content-digest`` (RFC 9530, SHA-256 of the body, also for an empty body) and, when
-  the client knows which daemon it means, the ``gpusd-node`` header (the target's node id); with
-  the ``created`` and ``nonce`` parameters and the tag ``gpusd-request``.
-* A daemon verifies it (:class:`RequestVerifier`): a known key id, a valid HMAC, ``created``
-  within :data:`MAX_SKEW` seconds of its clock either way, a nonce it has not seen (a bounded
-  cache), an ``@authority`` naming the daemon itself and, when covered, its own node id.
+  the client knows which daemon it means, the ``gpusd-node`` header (the target's node id: a daemon
+  refuses a write without it, so every write names it); with the ``created`` and ``nonce``
+  parameters and the tag ``gpusd-request``.
+* A daemon verifies it (:meth:`FleetKey.verify_request`, applied by :mod:`gpusd.daemon.access`): a
+  known key id, a valid HMAC, ``created`` within :data:`MAX_SKEW` seconds of its clock either way, a
+  nonce it has not seen (a bounded cache), an ``@authority`` naming the daemon itself (``localhost``
+  only from its loopback) and, when covered, its own node id (covered at all, on a write).
 * The daemon answers a signed request with a signed response (:meth:`FleetKey.sign_response`):
   ``@status``, its node id (``gpusd-node``), its TLS certificate's fingerprint (``gpusd-cert``,
   when it serves TLS), the request's ``@authority`` and ``@path``, and the body's
