@@ -268,6 +268,8 @@ class DiscoveryEvent:
             "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }
+        if self.host.copy_of is not None:  # an unverified copy of that host's announcement
+            out["copy_of"] = self.host.copy_of
         if self.changed:
             out["changed"] = list(self.changed)
         if self.data is not None:
