@@ -104,10 +104,11 @@ def test_the_signed_name_and_addresses_are_covered_by_the_answers_signature() ->
     key = FleetKey(SECRET)
     req = Request("GET", "http://198.18.0.2:4780/api/v1/events", Headers())
     resp = Response(200, req, Headers())
-    key.sign_response(resp, "n0nce", "0123456789abcdef", host="node-1", addresses=["198.18.0.2", "bad", "10.0.0.1"])
-    assert resp.headers["Gpusd-Host"] == "node-1" and resp.headers["Gpusd-Addrs"] == "198.18.0.2,10.0.0.1"
+    key.sign_response(resp, "n0nce", "0123456789abcdef", host="node-1",
+                      addresses=["198.18.0.2", "bad", "10.0.0.1", "0.0.0.0"])
+    assert resp.headers["Gpusd-Host"] == "node-1" and resp.headers["Gpusd-Addrs"] == "198.18.0.2,10.0.0.1,0.0.0.0"
     proof = key.response_proof(resp, "n0nce", "0123456789abcdef")
-    assert proof is not None and (proof.host, proof.addresses) == ("node-1", ("198.18.0.2", "10.0.0.1"))
+    assert proof is not None and (proof.host, proof.addresses) == ("node-1", ("198.18.0.2", "10.0.0.1"))  # no 0.0.0.0
     # a relay that rewrites the name or the addresses breaks the proof
     for header, value in (("Gpusd-Host", "aaa-evil.example.com"), ("Gpusd-Addrs", "198.18.0.66")):
         forged = Response(200, req, Headers({**resp.headers, header: value}))

@@ -322,14 +322,20 @@ def decode_host(value: object) -> str | None:
 
 
 def decode_addresses(value: object) -> tuple[str, ...]:
-    """The IP addresses of a signed ``Gpusd-Addrs`` value (invalid entries dropped, at most
+    """The IP addresses of a signed ``Gpusd-Addrs`` value (entries that are not an address one can
+    reach a host at -- not an IP address, unspecified, multicast -- dropped; at most
     :data:`MAX_SIGNED_ADDRS`)."""
+    import ipaddress
+
     if not isinstance(value, str) or not value:
         return ()
     out: list[str] = []
     for part in value.split(",")[:MAX_SIGNED_ADDRS]:
         a = part.strip()
-        if _ip(a) and a not in out:
+        if not _ip(a) or a in out:
+            continue
+        ip = ipaddress.ip_address(a)
+        if not (ip.is_unspecified or ip.is_multicast):
             out.append(a)
     return tuple(out)
 
