@@ -133,3 +133,36 @@ def test_an_old_daemons_proof_names_no_host() -> None:
     key.sign_response(resp, "n0nce", "0123456789abcdef")
     proof = key.response_proof(resp, "n0nce", "0123456789abcdef")
     assert proof is not None and proof.host is None and "Gpusd-Host" not in resp.headers
+
+
+@pytest.mark.timeout(120)
+async def test_a_copy_that_renames_itself_later_is_checked_again(tmp_path, fast_mdns):  # noqa: F811
+    """A stranger copies the announcement with the real name first (one host with the real one), then
+    updates its TXT to a name of its own: the new name is checked against the signed one again."""
+    from zeroconf import ServiceInfo
+
+    from gpusd.discovery.client import AsyncClient
+
+    session = unique_session("rename")
+    async with running_daemon(tmp_path, session, "real-node", token=SECRET) as d:
+        zc, info = await _announce_copy(d, "real-node", f"later-{d.node_id[:8]}")
+        client = AsyncClient(session=session, interfaces=LOOPBACK, key=FleetKey(SECRET))
+        try:
+            await client.wait_settled(8)
+            renamed = ServiceInfo(info.type, info.name, port=info.port, server=info.server,
+                                  properties=dict(info.decoded_properties, host="aaa-evil.example.com"),
+                                  parsed_addresses=list(LOOPBACK))
+            await (await zc.async_update_service(renamed))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 40
+            want = {"real-node": (True, None), "aaa-evil.example.com": (False, "real-node")}
+            while loop.time() < deadline:
+                seen = {h.hostname: (h.verified, h.copy_of) for h in client.hosts if h.snapshot is not None}
+                if seen == want:
+                    break
+                await asyncio.sleep(0.2)
+            assert seen == want
+        finally:
+            await client.stop_listening()
+            await (await zc.async_unregister_service(info))
+            await zc.async_close()
