@@ -2,7 +2,8 @@
 whom"), on a LAN of network namespaces: a stranger without the fleet secret re-announces node-1's TXT
 (node id, address, port, TLS fingerprint) under other service names, with ``host=`` of its choosing.
 node-1's daemon answers every proof; the names the stranger chose still get no ssh connection (a
-logging fake ``ssh`` on PATH), no hostfile line and no "verified" label.  Skipped (with the reason)
+logging fake ``ssh`` on PATH: ``run --fleet``, ``launch``), no hostfile line and no "verified" label.
+Skipped (with the reason)
 without root or ``ip netns``."""
 
 from __future__ import annotations
@@ -109,4 +110,8 @@ def test_a_copied_announcement_gets_no_ssh_no_hostfile_line_and_no_verified_labe
     assert (host["hostname"], host["address"], host["ssh_target"]) == ("node-1", h1.ip, "node-1"), host
     for name in NAMES:
         assert name not in r.stdout
+    # gpusd launch: the engine is started over ssh on node-1 alone
+    r = lan.gpusd(client, ["launch", "-n", "1", "--ttl", "6", "torchrun", "--", "train.py"], env=env, timeout=90)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert ssh_targets(log) == ["node-1", "node-1"], log.read_text()
     assert "Traceback" not in (h1.state_dir / "gpusd.log").read_text()
