@@ -3,8 +3,7 @@ whom"), on a LAN of network namespaces: a stranger without the fleet secret re-a
 (node id, address, port, TLS fingerprint) under other service names, with ``host=`` of its choosing.
 node-1's daemon answers every proof; the names the stranger chose still get no ssh connection (a
 logging fake ``ssh`` on PATH: ``run --fleet``, ``launch``), no hostfile line and no "verified" label.
-Skipped (with the reason)
-without root or ``ip netns``."""
+Skipped (with the reason) without root or ``ip netns``."""
 
 from __future__ import annotations
 
