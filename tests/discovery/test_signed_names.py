@@ -166,3 +166,16 @@ async def test_a_copy_that_renames_itself_later_is_checked_again(tmp_path, fast_
             await client.stop_listening()
             await (await zc.async_unregister_service(info))
             await zc.async_close()
+
+
+def test_the_addresses_a_client_acts_on_are_signed_ones_the_reached_one_first() -> None:
+    from gpusd.discovery.types import RemoteHost, SignedIdentity
+    from gpusd.wire.txt import TxtRecord
+
+    txt = TxtRecord(node_id="0123456789abcdef", hostname="node-1", session="default", count=1)
+    host = RemoteHost(key="k", txt=txt, addresses=["198.18.0.66", "198.18.0.2"], url="http://198.18.0.2:4780/api/v1")
+    assert host.signed_addresses == []  # announced addresses are never acted on
+    host.identity = SignedIdentity("0123456789abcdef", "node-1", ("10.0.0.1", "198.18.0.2"))
+    assert host.signed_addresses == ["198.18.0.2", "10.0.0.1"] and host.hostname == "node-1"
+    host.url = "http://198.18.0.66:4780/api/v1"  # reached somewhere it did not sign: not acted on
+    assert host.signed_addresses == ["10.0.0.1", "198.18.0.2"]
