@@ -246,7 +246,9 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         name = display_name(g.name)
         if d.simulated:
             state += " [sim]"
-        if d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
+        if d.copy_of is not None:  # its daemon proved it is another host: a copy of that one's announcement
+            state += f" [unverified: a copy of {for_terminal(d.copy_of, 64)}]"
+        elif d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
             state += " [unverified]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
     table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))

@@ -334,9 +334,13 @@ def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
 
 
 def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: Sequence[str] = ()) -> int:
+    from ..engines.placement import check_ssh_target
+
+    # the host name its daemon signed, checked as every ssh target is (never an option, user@ or a URL)
+    target = check_ssh_target(part.hostname, what="the host name its daemon signed")
     base = ssh_base(options)
     tty = os.isatty(0)
-    argv = [*base, *(["-tt"] if tty else ["-T"]), "--", part.hostname, remote_script(part.env, cmd, job)]
+    argv = [*base, *(["-tt"] if tty else ["-T"]), "--", target, remote_script(part.env, cmd, job)]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=not tty)
     remote_pid: list[int] = []
     assert proc.stderr is not None
@@ -372,7 +376,7 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
             proc.send_signal(signal.SIGTERM)
             return
         name = signal.Signals(signum).name.removeprefix("SIG")
-        subprocess.Popen([*base, "-T", "--", part.hostname, f"kill -s {name} {remote_pid[0]}"],
+        subprocess.Popen([*base, "-T", "--", target, f"kill -s {name} {remote_pid[0]}"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     rc = _wait(proc, send, tty)

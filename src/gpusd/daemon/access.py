@@ -169,14 +169,16 @@ class Access:
     them (or ``localhost``) for a request to see private fields, to write, or to carry a valid
     signature (DNS rebinding, replay to another daemon).  A reader connecting from one of the own
     addresses is on this machine, like a loopback reader.  ``node_id()`` and ``cert_fp()`` go into
-    signed answers (docs/security.md)."""
+    signed answers (docs/security.md), with ``host_name()`` and ``own_addresses()``: who the daemon
+    is, the name and addresses clients act on."""
 
     def __init__(self, token: str | None, trust_loopback: bool = True,
                  own_addresses: Callable[[], Iterable[str]] | None = None,
                  own_names: Callable[[], Iterable[str]] | None = None,
                  own_ports: Callable[[], Iterable[int]] | None = None,
                  node_id: Callable[[], str | None] | None = None,
-                 cert_fp: Callable[[], str | None] | None = None) -> None:
+                 cert_fp: Callable[[], str | None] | None = None,
+                 host_name: Callable[[], str | None] | None = None) -> None:
         from ..wire.signing import FleetKey, NonceCache
 
         self.token = token or None
@@ -191,6 +193,7 @@ class Access:
         self._ports = own_ports
         self._node_id = node_id
         self._cert_fp = cert_fp
+        self._host_name = host_name
 
     # -- who is asking -----------------------------------------------------------------------------
     def _is_own(self, remote: str | None) -> bool:
@@ -281,7 +284,10 @@ class Access:
         resp = Response(status, req, Headers())
         node = (self._node_id() if self._node_id is not None else None) or "-"
         fp = self._cert_fp() if self._cert_fp is not None else None
-        self.key.sign_response(resp, req.nonce, node, fp, body)
+        name = self._host_name() if self._host_name is not None else None
+        name = name if isinstance(name, str) else None
+        addresses = list(self._own()) if self._own is not None and name else []
+        self.key.sign_response(resp, req.nonce, node, fp, body, host=name, addresses=addresses)
         for k, v in resp.headers.items():
             headers[k] = v
 

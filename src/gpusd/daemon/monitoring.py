@@ -147,7 +147,8 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                             own_names=lambda: _own_names(daemon),
                             own_ports=lambda: _own_ports(daemon),
                             node_id=lambda: getattr(daemon, "node_id", None),
-                            cert_fp=lambda: getattr(daemon, "cert_fp", None))
+                            cert_fp=lambda: getattr(daemon, "cert_fp", None),
+                            host_name=lambda: getattr(daemon, "hostname", None))
     if interval is None:
         interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
     monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)))

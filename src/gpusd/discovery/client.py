@@ -39,6 +39,7 @@ from ..wire.txt import (
     HWSD_TYPE,
     SERVICE_TYPE,
     TxtError,
+    announced_host,
     decode_hwsd,
     decode_txt,
 )
@@ -56,6 +57,7 @@ from .types import (
     DiscoveryEvent,
     Filters,
     RemoteHost,
+    SignedIdentity,
     event_names,
 )
 
@@ -63,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
 
-    from ..wire.signing import FleetKey
+    from ..wire.signing import FleetKey, Proof
 
 log = logging.getLogger(__name__)
 
@@ -461,10 +463,11 @@ class AsyncClient:
         except TxtError as exc:
             self._problem(peer, f"invalid TXT update: {exc}")
             return
-        if txt.node_id == peer.host.node_id and self.filters.host_ok(txt):
+        if txt.node_id == peer.host.node_id and self.filters.host_ok(txt) and txt.hostname == peer.host.txt.hostname:
             peer.host.txt = txt
             return
-        # Another node or session now: forget what was reported and start over.
+        # Another node, session or host name now: forget what was reported and start over (a new
+        # name is checked against the daemon's signed one again).
         self._restart_peer(peer)
 
     def _restart_peer(self, peer: _Peer) -> None:
@@ -596,7 +599,7 @@ class AsyncClient:
             return None
         host = RemoteHost(key=peer.name, txt=txt, addresses=addresses, port=port, via=peer.via)
         if peer.host is not None and peer.reported:
-            host.snapshot, host.alive, host.url = peer.host.snapshot, peer.host.alive, peer.host.url
+            _carry(peer.host, host)
         peer.host = host
         return host
 
@@ -680,8 +683,7 @@ class AsyncClient:
             txt.hostname = (info.server or peer.name).rstrip(".").removesuffix(".local")
         host = RemoteHost(key=peer.name, txt=txt, addresses=addresses, port=port)
         if peer.host is not None and peer.reported:
-            # keep what was reported (snapshot, alive) while following again
-            host.snapshot, host.alive, host.url = peer.host.snapshot, peer.host.alive, peer.host.url
+            _carry(peer.host, host)  # keep what was reported (snapshot, alive) while following again
         peer.host = host
         return host
 
@@ -775,14 +777,15 @@ class AsyncClient:
                     self._problem(peer, f"{url}/events answered {resp.status} {resp.content_type}")
                     failure = "not a gpusd event stream"
                     continue
+                host.identity = host.copy_of = None
                 if self.key is None:
                     host.verified = None
                 elif nonce is None:
                     host.verified = False  # refused our signature (another fleet)
                 else:
-                    host.verified = self._proved(url + "/events", headers, resp, nonce, host,
-                                                 host.txt.cert_fp if secure else None)
-                if host.verified is False:
+                    host.verified = self._believe(peer, host, self._proved(
+                        url + "/events", headers, resp, nonce, host, host.txt.cert_fp if secure else None))
+                if host.verified is False and host.copy_of is None:
                     self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
                                         "without private fields")
                 # host.url stays the plain HTTP API base (public reads, Prometheus targets, the
@@ -850,14 +853,34 @@ class AsyncClient:
                     self._job(peer, host, data)
 
     def _proved(self, url: str, sent: dict[str, str], resp: Any, nonce: str, host: RemoteHost,
-                cert_fp: str | None = None) -> bool:
-        """Whether the answer carries the fleet's proof for our request to ``host`` (its node id; over
-        TLS, naming the pinned certificate ``cert_fp``)."""
+                cert_fp: str | None = None) -> Proof | None:
+        """The fleet's proof the answer carries for our request to ``host`` (its node id; over TLS,
+        naming the pinned certificate ``cert_fp``), or None."""
         from ..wire.signing import Headers, Request, Response
 
         assert self.key is not None
         answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
-        return self.key.verify_response(answer, nonce, node_id=host.node_id, cert_fp=cert_fp)
+        return self.key.response_proof(answer, nonce, node_id=host.node_id, cert_fp=cert_fp)
+
+    def _believe(self, peer: _Peer, host: RemoteHost, proof: Proof | None) -> bool:
+        """Whether ``host`` is verified: its daemon proved it holds the fleet secret *and* signed the
+        host name its announcement gives (docs/security.md, "What a client believes, and from whom").
+        Sets ``host.identity`` (the signed name and addresses) when it is; ``host.copy_of`` when the
+        daemon proved it is another host (the announcement is a copy, under a name of its own)."""
+        if proof is None:
+            return False
+        if proof.host is None:
+            self._problem(peer, "proved it holds the fleet secret but signed no host name (a gpusd older than "
+                                "0.3?): shown as unverified, never used for placement")
+            return False
+        if host.txt.hostname != announced_host(proof.host):
+            host.copy_of = proof.host
+            self._problem(peer, f"announces host {host.txt.hostname[:80]!r}, but the daemon it points at proved it "
+                                f"is {proof.host[:80]!r}: an unverified copy of that host's announcement, "
+                                "never used for placement")
+            return False
+        host.identity = SignedIdentity(proof.node_id, proof.host, proof.addresses)
+        return True
 
     def _parse_snapshot(self, peer: _Peer, host: RemoteHost, data: str) -> HostSnapshot | None:
         try:
@@ -935,7 +958,7 @@ class AsyncClient:
         for uuid, g in wanted.items():
             dev = Device(hostname=host.hostname, node_id=host.node_id, session=host.session, gpu=g, url=host.url,
                          source=host.source, live=host.live, simulated=simulated, host_key=host.key,
-                         verified=host.verified, via=host.via)
+                         verified=host.verified, via=host.via, copy_of=host.copy_of)
             old = peer.devices.get(uuid)
             peer.devices[uuid] = dev
             if old is None:
@@ -946,14 +969,18 @@ class AsyncClient:
                 self._emit(DiscoveryEvent(DEVICE_UPDATED, host, device=dev, previous=old, changed=changed))
 
     def _shadowing(self, peer: _Peer, host: RemoteHost) -> _Peer | None:
-        """The reported host of the same node found another way (a static peer, wide-area DNS-SD), if
-        any: the first found is followed, the other waits (retried with back-off) -- unless this one is
-        verified and that one is not (a stranger claiming a node id never hides the real host).  Two
-        mDNS services of one node are both reported, as before."""
+        """The reported host of the same node found another way (a static peer, wide-area DNS-SD), or
+        under another mDNS service name with the same signed identity, if any: the first found is
+        followed, the other waits (retried with back-off) -- unless this one is verified and that one
+        is not (a stranger claiming a node id never hides the real host).  Two mDNS services of one
+        node that are not both verified are both reported (the unverified one marked): which of them
+        is the real one only a proof can tell."""
         for other in self._peers.values():
             if other is peer or not other.reported or other.host is None or other.host.node_id != host.node_id:
                 continue
-            if peer.via == other.via == "mdns" or (host.verified is True and other.host.verified is False):
+            both_proved = host.verified is True and other.host.verified is True
+            if (peer.via == other.via == "mdns" and not both_proved) or (
+                    host.verified is True and other.host.verified is False):
                 continue
             return other
         return None
@@ -991,6 +1018,13 @@ def _local_only(address: str) -> bool:
     except ValueError:
         return True
     return a.is_loopback or a.is_link_local or a.is_unspecified or a.is_multicast or a.is_reserved
+
+
+def _carry(old: RemoteHost, new: RemoteHost) -> None:
+    """What a followed host keeps while it is resolved again: what was reported (snapshot, alive,
+    URL) and what its daemon proved (checked again on the next connection)."""
+    new.snapshot, new.alive, new.url = old.snapshot, old.alive, old.url
+    new.verified, new.identity, new.copy_of = old.verified, old.identity, old.copy_of
 
 
 def _drop_private(snap: HostSnapshot) -> None:

@@ -50,6 +50,7 @@ class Device:
     host_key: str = ""
     verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
     via: str = "mdns"  # how its host was found (see RemoteHost.via)
+    copy_of: str | None = None  # see RemoteHost.copy_of
 
     @property
     def key(self) -> tuple[str, str]:
@@ -99,6 +100,7 @@ class Device:
             "simulated": self.simulated,
             "verified": self.verified,
             "via": self.via,
+            "copy_of": self.copy_of,
             "gpu": self.gpu.to_dict(),
         }
 
@@ -111,9 +113,24 @@ class Device:
         return f"{for_terminal(self.hostname, 64)}:{g.index} {name} util {util} mem {mem}"
 
 
+@dataclass(frozen=True, slots=True)
+class SignedIdentity:
+    """Who a daemon proved it is: the node id, host name and addresses its signed answer carries
+    (:class:`gpusd.wire.signing.Proof`).  The name and addresses a client acts on (ssh targets,
+    placements, the ranking's tie-break) and shows for a verified host come from here, never from an
+    announcement (docs/security.md, "What a client believes, and from whom")."""
+
+    node_id: str
+    hostname: str
+    addresses: tuple[str, ...] = ()
+
+
 @dataclass(slots=True)
 class RemoteHost:
-    """A host seen on the LAN: its announcement and, for gpusd hosts, its live snapshot."""
+    """A host seen on the LAN: its announcement and, for gpusd hosts, its live snapshot.
+
+    ``hostname`` is the name the daemon signed (``identity``) once it proved itself, else the
+    announced one (an unverified host's name is a claim, shown as such)."""
 
     key: str  # the DNS-SD service name (unique on the LAN)
     txt: TxtRecord
@@ -131,10 +148,29 @@ class RemoteHost:
     # how the host was found: "mdns" (announced on this link), "peer" (--peer, GPUSD_PEERS, a peers
     # file) or "dns-sd" (wide-area DNS-SD, RFC 6763 §11)
     via: str = "mdns"
+    # what the daemon signed about itself (set with verified True, and only then)
+    identity: SignedIdentity | None = None
+    # an announcement whose daemon proved it is another host: the signed name of the node it names
+    # (it is unverified: a copy of that host's announcement under another name)
+    copy_of: str | None = None
 
     @property
     def hostname(self) -> str:
-        return self.txt.hostname
+        return self.identity.hostname if self.identity is not None else self.txt.hostname
+
+    @property
+    def signed_addresses(self) -> list[str]:
+        """The addresses a client may act on (placements, hostfiles): the one this client reached
+        the daemon at first (its signature covers that authority), then the others it signed; empty
+        for a host that did not prove itself."""
+        if self.identity is None:
+            return []
+        from urllib.parse import urlsplit
+
+        reached = urlsplit(self.url).hostname if self.url else None
+        signed = list(self.identity.addresses)
+        first = [reached] if reached and (reached in signed or not signed) else []
+        return first + [a for a in signed if a not in first]
 
     @property
     def node_id(self) -> str:
@@ -167,7 +203,8 @@ class RemoteHost:
         simulated = bool(self.snapshot.simulated) if self.snapshot is not None else self.txt.simulated
         return [
             Device(hostname=self.hostname, node_id=self.node_id, session=self.session, gpu=g, url=self.url,
-                   source=self.source, live=self.live, simulated=simulated, host_key=self.key, via=self.via)
+                   source=self.source, live=self.live, simulated=simulated, host_key=self.key, via=self.via,
+                   copy_of=self.copy_of)
             for g in self.gpus()
         ]
 
@@ -184,6 +221,8 @@ class RemoteHost:
             "url": self.url,
             "alive": self.alive,
             "verified": self.verified,
+            "copy_of": self.copy_of,
+            "signed_addresses": self.signed_addresses,
             "txt": self.txt.to_dict(),
             "snapshot": self.snapshot.to_dict() if self.snapshot is not None else None,
         }
@@ -229,6 +268,8 @@ class DiscoveryEvent:
             "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }
+        if self.host.copy_of is not None:  # an unverified copy of that host's announcement
+            out["copy_of"] = self.host.copy_of
         if self.changed:
             out["changed"] = list(self.changed)
         if self.data is not None:

@@ -6,9 +6,11 @@ indices (and UUIDs) of the GPUs leased there; until then ``gpusd hostfile``/``la
 from a JSON file (``--placement FILE``, format below).
 
 Every field ends up in a hostfile, a command line or a shell word on another machine, and comes from
-the network (daemons announce their names), so :meth:`Placement.from_dict` is strict: host names and
-SSH targets are plain DNS-ish names or IP addresses (never an option such as ``-oProxyCommand=...``),
-GPU indices are small non-negative integers, without duplicates, UUIDs are ``GPU-``/``MIG-`` words.
+the network (the names and addresses daemons sign), so :meth:`Placement.from_dict` is strict: host
+names and SSH targets are plain DNS-ish names or IP addresses (never an option such as
+``-oProxyCommand=...``, a URL, spaces or control characters: :func:`check_ssh_target`, the one check
+of every ssh target gpusd uses, ``gpusd run --fleet`` included), GPU indices are small non-negative
+integers, without duplicates, UUIDs are ``GPU-``/``MIG-`` words.
 
 JSON form (``gpusd hostfile --format json`` prints the same)::
 
@@ -46,7 +48,8 @@ class PlacementError(GpusdError, ValueError):
 
 
 def valid_host(text: str) -> bool:
-    """A host name or an IP address safe in a hostfile, a command line and an ssh argument."""
+    """A host name or an IP address safe in a hostfile, a command line and an ssh argument: never
+    an option (a leading ``-``), ``user@``, a URL, a port, spaces or control characters."""
     if not isinstance(text, str) or not text:
         return False
     try:
@@ -54,7 +57,7 @@ def valid_host(text: str) -> bool:
         return True
     except ValueError:
         pass
-    return bool(_NAME.match(text)) and ".." not in text
+    return _NAME.fullmatch(text) is not None and ".." not in text
 
 
 def _check_host(text: object, what: str) -> str:
@@ -63,13 +66,20 @@ def _check_host(text: object, what: str) -> str:
     return text
 
 
-def _check_ssh_target(text: object) -> str:
+def check_ssh_target(text: object, *, user: bool = False, what: str = "ssh_target") -> str:
+    """The one check of an ssh target (``gpusd run --fleet``, ``launch``, ``hostfile``, ``ray up``):
+    a DNS name or an IP address (:func:`valid_host`), returned as it is; PlacementError otherwise.
+    ``user``: also ``name@host``, for the ``ssh_target`` of a placement file the user wrote
+    (docs/engines.md); a name that came from the network (a daemon's signed host name) is checked
+    without it, so it can never pick the login."""
     if not isinstance(text, str):
-        raise PlacementError(f"ssh_target must be a string, not {type(text).__name__}")
-    user, at, host = text.rpartition("@")
-    if at and not _SSH_USER.match(user):
-        raise PlacementError(f"ssh_target has an unsafe user name: {text[:80]!r}")
-    _check_host(host, "ssh_target")
+        raise PlacementError(f"{what} must be a string, not {type(text).__name__}")
+    login, at, host = text.rpartition("@")
+    if at and not user:
+        raise PlacementError(f"{what} must be a host name or an IP address, not {text[:80]!r}")
+    if at and _SSH_USER.fullmatch(login) is None:
+        raise PlacementError(f"{what} has an unsafe user name: {text[:80]!r}")
+    _check_host(host, what)
     return text
 
 
@@ -90,7 +100,7 @@ class HostSlot:
     def __post_init__(self) -> None:
         _check_host(self.hostname, "hostname")
         _check_host(self.address, "address")
-        _check_ssh_target(self.ssh_target)
+        check_ssh_target(self.ssh_target, user=True)
         if not self.gpus:
             raise PlacementError(f"host {self.hostname} has no GPU in the placement")
         if len(self.gpus) > MAX_GPUS_PER_HOST:
@@ -104,7 +114,7 @@ class HostSlot:
             if len(self.uuids) != len(self.gpus):
                 raise PlacementError(f"host {self.hostname}: {len(self.uuids)} UUIDs for {len(self.gpus)} GPUs")
             for u in self.uuids:
-                if not isinstance(u, str) or not _UUID.match(u):
+                if not isinstance(u, str) or _UUID.fullmatch(u) is None:
                     raise PlacementError(f"host {self.hostname}: not a GPU UUID: {str(u)[:80]!r}")
 
     @property
@@ -155,7 +165,7 @@ class Placement:
     hosts: tuple[HostSlot, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.job_id, str) or not _JOB_ID.match(self.job_id):
+        if not isinstance(self.job_id, str) or _JOB_ID.fullmatch(self.job_id) is None:
             raise PlacementError(f"job_id must be 1-64 letters, digits, '.', '_' or '-', not {str(self.job_id)[:80]!r}")
         if not self.hosts:
             raise PlacementError("a placement needs at least one host")

@@ -162,7 +162,8 @@ class Reservation:
 
     def to_placement_dict(self, job_id: str | None = None) -> dict[str, Any]:
         """The JSON form of an engine placement (``gpusd.engines.placement.Placement.from_dict``):
-        one slot per host, with the NVML indices and UUIDs leased there."""
+        one slot per host, with the NVML indices and UUIDs leased there.  Host name, address and ssh
+        target are what each host's daemon signed (``HostLease.hostname``, ``addresses``)."""
         import secrets
 
         return {"job_id": job_id or f"gpusd-{secrets.token_hex(4)}", "hosts": [
@@ -174,13 +175,15 @@ class Reservation:
 def rank_hosts(hosts: Iterable[RemoteHost], c: Constraints, *, host: str | None = None,
                model: str | None = None) -> list[tuple[tuple[float, ...], RemoteHost, list[Candidate]]]:
     """Verified hosts that can give ``c.count`` GPUs, best first: each host's best ``c.count`` as
-    local selection chooses them, the host ranked by its worst chosen GPU's score (ties: fewer
-    hosts' names first, by name)."""
+    local selection chooses them, the host ranked by its worst chosen GPU's score (ties: by the host
+    name its daemon signed).  Only hosts whose daemon signed its name and addresses
+    (``RemoteHost.identity``) are ranked: an announcement's name is never a tie-break or a target."""
     from ..alloc.select import choose, score
 
     out = []
     for h in hosts:
-        if h.verified is not True or h.snapshot is None or not h.url or not h.alive:
+        # a host is what it proved: its signed name ranks it, breaks ties and is where jobs go
+        if h.verified is not True or h.identity is None or h.snapshot is None or not h.url or not h.alive:
             continue
         if host is not None and not fnmatch.fnmatch(h.hostname, host):
             continue
@@ -272,7 +275,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     try:
         lease = HostLease(lease_id, h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
                           _remote_env(d.get("env")), float(d.get("ttl") or ttl),
-                          float(d.get("expires") or 0), list(h.addresses))
+                          float(d.get("expires") or 0), h.signed_addresses)
     except (TypeError, ValueError) as exc:
         raise GpusdError(f"{h.hostname} answered a lease that cannot be read ({exc}): not used") from None
     lease.local = h.node_id == _local_node()
@@ -401,6 +404,6 @@ def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dic
             continue
         for d in ans.data.get("leases") or []:
             if isinstance(d, dict) and (mine is None or mine(d)):
-                d["url"], d["pin"], d["addresses"] = url, pin, list(h.addresses)
+                d["url"], d["pin"], d["addresses"] = url, pin, h.signed_addresses
                 out.append(d)
     return out

@@ -15,10 +15,13 @@ that signs requests and one that signs responses, and a public key id.  See docs
   only from its loopback) and, when covered, its own node id (covered at all, on a write).
 * The daemon answers a signed request with a signed response (:meth:`FleetKey.sign_response`):
   ``@status``, its node id (``gpusd-node``), its TLS certificate's fingerprint (``gpusd-cert``,
-  when it serves TLS), the request's ``@authority`` and ``@path``, and the body's
-  ``content-digest`` when the answer is not a stream; the response signature's ``nonce`` is the
-  request's nonce.  A client that checks it (:meth:`FleetKey.verify_response`) knows the answer
-  came from a holder of the secret, for this request, from the node it meant.
+  when it serves TLS), its host name and the addresses it serves (``gpusd-host``, ``gpusd-addrs``:
+  gpusd 0.3), the request's ``@authority`` and ``@path``, and the body's ``content-digest`` when
+  the answer is not a stream; the response signature's ``nonce`` is the request's nonce.  A client
+  that checks it (:meth:`FleetKey.verify_response`, :meth:`FleetKey.response_proof`) knows the
+  answer came from a holder of the secret, for this request, from the node it meant, and which
+  host name and addresses that node claims for itself (:class:`Proof`): the only name and
+  addresses a client acts on (docs/security.md, "What a client believes, and from whom").
 
 Nothing here does I/O; :mod:`gpusd.wire.http` applies it to urllib requests and aiohttp clients,
 :mod:`gpusd.daemon.access` to the daemon's requests.
@@ -35,7 +38,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -48,6 +51,10 @@ TAG_REQUEST = "gpusd-request"
 TAG_RESPONSE = "gpusd-response"
 NODE_HEADER = "Gpusd-Node"
 CERT_HEADER = "Gpusd-Cert"
+HOST_HEADER = "Gpusd-Host"  # the daemon's host name, percent-encoded UTF-8 (plain for DNS names)
+ADDRS_HEADER = "Gpusd-Addrs"  # the addresses it serves, comma-separated
+MAX_SIGNED_HOST = 255  # characters of a signed host name
+MAX_SIGNED_ADDRS = 64  # addresses in a signed answer
 SECRET_ENV = "GPUSD_TOKEN"
 SECRET_FILE_ENV = "GPUSD_TOKEN_FILE"
 _REQUEST_COMPONENTS = ("@method", "@authority", "@path", "@query")
@@ -222,14 +229,24 @@ class FleetKey:
 
     # -- responses --------------------------------------------------------------------------------
     def sign_response(self, resp: Response, nonce: str, node_id: str, cert_fp: str | None = None,
-                      body: bytes | None = None) -> None:
-        """Add ``Gpusd-Node`` (and ``Gpusd-Cert``), ``Signature-Input`` and ``Signature`` to
-        ``resp.headers`` (and ``Content-Digest`` when ``body`` is given, i.e. not a stream)."""
+                      body: bytes | None = None, host: str | None = None,
+                      addresses: Sequence[str] = ()) -> None:
+        """Add ``Gpusd-Node`` (and ``Gpusd-Cert``, ``Gpusd-Host``, ``Gpusd-Addrs``), ``Signature-Input``
+        and ``Signature`` to ``resp.headers`` (and ``Content-Digest`` when ``body`` is given, i.e. not
+        a stream).  ``host``, ``addresses``: who the daemon is (its host name, the addresses it
+        serves), covered by the signature like the node id."""
         resp.headers[NODE_HEADER] = node_id
         covered = list(_RESPONSE_COMPONENTS)
         if cert_fp:
             resp.headers[CERT_HEADER] = cert_fp
             covered.append("gpusd-cert")
+        if host:
+            resp.headers[HOST_HEADER] = encode_host(host)
+            covered.append("gpusd-host")
+            addrs = [a for a in addresses if _ip(a)][:MAX_SIGNED_ADDRS]
+            if addrs:
+                resp.headers[ADDRS_HEADER] = ",".join(addrs)
+                covered.append("gpusd-addrs")
         prepared = self._resp_signer.prepare(resp, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_RESPONSE,
                                              created=datetime.datetime.now(datetime.timezone.utc),
                                              covered_component_ids=covered, body=body)
@@ -240,22 +257,99 @@ class FleetKey:
         """Whether ``resp`` carries this fleet's proof for the request signed with ``nonce``: from
         ``node_id`` when given, over a TLS connection whose certificate is ``cert_fp`` when given,
         with a body matching its signed digest when ``body`` is given.  Never raises."""
+        return self.response_proof(resp, nonce, node_id, cert_fp, body) is not None
+
+    def response_proof(self, resp: Response, nonce: str, node_id: str | None = None,
+                       cert_fp: str | None = None, body: bytes | None = None) -> Proof | None:
+        """The :class:`Proof` ``resp`` carries (as :meth:`verify_response` checks it), or None: what
+        the daemon signed about itself.  Never raises."""
         try:
             results = self._resp_verifier.verify(resp, max_age=datetime.timedelta(0), expect_tag=TAG_RESPONSE,
                                                  body=body)
             if len(results) != 1 or results[0].nonce != nonce:
-                return False
+                return None
             if _RESPONSE_COVERED - results[0].covered_components.keys():
-                return False
+                return None
             covered = results[0].covered_components
             if node_id is not None and covered.get('"gpusd-node"') != node_id:
-                return False
+                return None
             if cert_fp is not None and covered.get('"gpusd-cert"') != cert_fp:
-                return False
+                return None
             # a body with content must match the signed digest
-            return not (body and results[0].body is None)
+            if body and results[0].body is None:
+                return None
+            return Proof(node_id=str(covered.get('"gpusd-node"') or ""),
+                         host=decode_host(covered.get('"gpusd-host"')),
+                         addresses=decode_addresses(covered.get('"gpusd-addrs"')),
+                         cert_fp=covered.get('"gpusd-cert"'))
         except Exception:  # noqa: BLE001 - any malformed proof is no proof
-            return False
+            return None
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What a daemon's signed answer says about the daemon: its node id, and (gpusd 0.3) its host
+    name and the addresses it serves (``host`` None, ``addresses`` empty: the daemon signed none, or
+    signed a value that is not one; an older daemon).  A client takes the name and addresses it acts
+    on from here, never from an announcement."""
+
+    node_id: str
+    host: str | None = None
+    addresses: tuple[str, ...] = ()
+    cert_fp: str | None = None
+
+
+def encode_host(name: str) -> str:
+    """A host name as the ``Gpusd-Host`` header carries it: percent-encoded UTF-8 (RFC 3986), so a
+    DNS name goes as it is and any other name stays one printable ASCII header value."""
+    from urllib.parse import quote
+
+    return quote(name[:MAX_SIGNED_HOST], safe="")
+
+
+def decode_host(value: object) -> str | None:
+    """The host name of a signed ``Gpusd-Host`` value; None when absent or not a printable name of
+    at most :data:`MAX_SIGNED_HOST` characters."""
+    from urllib.parse import unquote
+
+    if not isinstance(value, str) or not value or len(value) > 3 * MAX_SIGNED_HOST:
+        return None
+    try:
+        name = unquote(value, errors="strict") if "%" in value else value
+    except UnicodeDecodeError:
+        return None
+    if not 0 < len(name) <= MAX_SIGNED_HOST or not name.isprintable():
+        return None
+    return name
+
+
+def decode_addresses(value: object) -> tuple[str, ...]:
+    """The IP addresses of a signed ``Gpusd-Addrs`` value (entries that are not an address one can
+    reach a host at -- not an IP address, unspecified, multicast -- dropped; at most
+    :data:`MAX_SIGNED_ADDRS`)."""
+    import ipaddress
+
+    if not isinstance(value, str) or not value:
+        return ()
+    out: list[str] = []
+    for part in value.split(",")[:MAX_SIGNED_ADDRS]:
+        a = part.strip()
+        if not _ip(a) or a in out:
+            continue
+        ip = ipaddress.ip_address(a)
+        if not (ip.is_unspecified or ip.is_multicast):
+            out.append(a)
+    return tuple(out)
+
+
+def _ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _apply(headers: MutableMapping[str, str], params: str, key: bytes, base: bytes) -> None:

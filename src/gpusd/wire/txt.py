@@ -145,7 +145,7 @@ def encode_txt(
     props: dict[str, str] = {
         "v": str(TXT_VERSION),
         "id": node_id[:64],
-        "host": _clip(hostname, MAX_STRING - len("host=")),
+        "host": announced_host(hostname),
         "session": session,
         "n": str(len(inventory)),
         "free": str(free),
@@ -171,6 +171,12 @@ def encode_txt(
         kept[f"g{k}"] = run
         budget -= cost
     return {**props, **kept, **tail}
+
+
+def announced_host(hostname: str) -> str:
+    """The ``host`` value a TXT record carries for ``hostname`` (clipped to fit a TXT string): what a
+    client compares with the name a daemon signs (docs/security.md)."""
+    return _clip(hostname, MAX_STRING - len("host="))
 
 
 def _clip(text: str, limit: int) -> str:
