@@ -74,6 +74,34 @@ class Pick:
                 "sets_considered": self.considered, "alternatives": self.alternatives,
                 "tolerance": {"utilization_points": TOL_UTIL, "memory_fraction": TOL_MEMORY}}
 
+    @classmethod
+    def from_dict(cls, d: Any, chosen: list[Candidate]) -> Pick | None:
+        """The pick the daemon explained (``explain`` of its ``choose`` answer) for ``chosen``; None when
+        it is not one (an older daemon sends none).  Only typed, bounded fields are kept."""
+        if not isinstance(d, dict) or not isinstance(d.get("reason"), str) or not isinstance(d.get("topology"), str):
+            return None
+
+        def words(v: Any, n: int = 64) -> list[str]:
+            return [str(x)[:64] for x in v[:n] if isinstance(x, (str, int))] if isinstance(v, list) else []
+
+        def items(key: str, n: int) -> list[Any]:
+            v = d.get(key)
+            return v[:n] if isinstance(v, list) else []
+
+        links = [(str(x.get("a"))[:64], str(x.get("b"))[:64], str(x.get("link"))[:8])
+                 for x in items("links", 2016) if isinstance(x, dict)]
+        alternatives = []
+        for alt in items("alternatives", 8):
+            if (isinstance(alt, dict) and type(alt.get("max_util")) in (int, float)
+                    and type(alt.get("max_memory")) in (int, float)):
+                alternatives.append({"gpus": words(alt.get("gpus")), "worst_link": str(alt.get("worst_link"))[:16],
+                                     "max_util": float(alt["max_util"]), "max_memory": float(alt["max_memory"]),
+                                     "within_tolerance": alt.get("within_tolerance") if isinstance(
+                                         alt.get("within_tolerance"), bool) else None})
+        considered = d.get("sets_considered")
+        return cls(chosen, d["topology"][:16], d["reason"][:400], words(d.get("least_loaded")), links,
+                   considered if type(considered) is int else 0, alternatives)
+
     def lines(self) -> list[str]:
         out = [f"chose GPU(s) {', '.join(c.label for c in self.chosen)} (--topology {self.topology}): {self.reason}"]
         if self.links:
