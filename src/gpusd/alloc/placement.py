@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import NoGpuAvailable
-from ..model import HostSnapshot
+from ..model import GpuLink, HostSnapshot
 from ..topology import WORST_RANK, has_topology, label, link_between, rank
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,8 +133,16 @@ class _Ranks:
     def __init__(self, ranked: Sequence[Candidate]) -> None:
         self._r: dict[tuple[int, int], int] = {}
         gpus = {id(x.gpu): x.gpu for x in ranked}
+        # each GPU's links by peer index, the first one it lists as link_between takes it: one pass
+        # over the links (a snapshot from the wire may list 256 GPUs with 256 links each)
+        by_peer: dict[int, dict[int, GpuLink]] = {}
+        for g in gpus.values():
+            mine = by_peer.setdefault(id(g), {})
+            for link in g.links:
+                mine.setdefault(link.peer, link)
         for a, b in itertools.combinations(gpus.values(), 2):
-            r = rank(link_between(a, b))
+            link = by_peer[id(a)].get(b.index) or by_peer[id(b)].get(a.index)
+            r = rank(link)
             self._r[(id(a), id(b))] = self._r[(id(b), id(a))] = r
 
     def __call__(self, a: Candidate, b: Candidate) -> int:
