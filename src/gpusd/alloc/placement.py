@@ -141,8 +141,7 @@ class _Ranks:
             for link in g.links:
                 mine.setdefault(link.peer, link)
         for a, b in itertools.combinations(gpus.values(), 2):
-            link = by_peer[id(a)].get(b.index) or by_peer[id(b)].get(a.index)
-            r = rank(link)
+            r = rank(by_peer[id(a)].get(b.index) or by_peer[id(b)].get(a.index))
             self._r[(id(a), id(b))] = self._r[(id(b), id(a))] = r
 
     def __call__(self, a: Candidate, b: Candidate) -> int:
