@@ -462,3 +462,15 @@ if pytest is not None:
             yield lan
         finally:
             lan.close()
+
+    @pytest.fixture
+    def lans(netns_ok: None, tmp_path: Path) -> Iterable[tuple[Lan, Lan]]:
+        """Two LANs (nets 1 and 2) joined by a router: hosts of one reach the other's only by address."""
+        a = Lan(workdir=tmp_path / "lan-a", net=1)
+        b = Lan(workdir=tmp_path / "lan-b", net=2)
+        try:
+            join(a, b)
+            yield a, b
+        finally:
+            b.close()
+            a.close()

@@ -158,3 +158,12 @@ def test_the_daemons_snapshot_names_no_process_owner(tmp_path):
         server.stop()
     [gpu] = snap.gpus
     assert [(p.pid, p.used_memory, p.user, p.command) for p in gpu.processes] == [(4242, 10 * 2**30, None, None)]
+
+
+def test_select_explain_says_why_when_the_daemon_chose(sim_daemon):
+    """``gpusd select --explain`` (and ``--json``'s ``explain``) beside a daemon: the daemon's choice comes
+    with its reasons. It printed the GPUs and silently nothing else (``explain: null``)."""
+    out = _ok(gpusd_cli(["select", "-n", "2", "--explain"], env=_env())).splitlines()
+    assert out[0] == "0,1" and out[1].startswith("chose GPU(s) 0, 1 (--topology auto): "), out
+    got = json.loads(_ok(gpusd_cli(["select", "-n", "2", "--json"], env=_env())))
+    assert got["explain"] is not None and got["explain"]["chosen"] == ["0", "1"], got

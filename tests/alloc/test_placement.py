@@ -129,3 +129,38 @@ def test_the_lease_requests_carry_the_topology():
             constraints(dict(req, topology=bad))
     with pytest.raises(ConfigError):
         Constraints.build(count=2, topology=constraints(dict(req, topology="ring"))["topology"])
+
+
+def test_the_greedy_path_keeps_the_least_loaded_set_when_no_grown_set_is_within_the_tolerance():
+    # Three NVSwitch groups of 8: the 8 idle GPUs are spread over them, every other GPU is at 90 %.
+    # Each set grown greedily stays inside one group (90 %: beyond the tolerance); the least-loaded
+    # set is always within it, so it is chosen (it was a traceback: min() of no sets).
+    idle = {0, 1, 2, 8, 9, 10, 16, 17}
+    utils = [0 if i in idle else 90 for i in range(24)]
+    groups = [(a, b) for g in range(3) for a in range(8 * g, 8 * g + 8) for b in range(a + 1, 8 * g + 8)]
+    snap = _host(utils, nvlink_pairs=groups, level=50)
+    from math import comb
+
+    assert comb(24, 8) > MAX_SETS
+    assert sorted(_ids(snap, count=8)) == sorted(idle)
+
+
+def test_a_large_host_compares_each_pair_of_gpus_a_bounded_number_of_times(monkeypatch):
+    # 128 GPUs (a scenario may have that many; a verified peer's snapshot too), 64 asked: the greedy
+    # path must not look links up once per set and member (that took a minute of a daemon thread).
+    import gpusd.alloc.placement as placement
+
+    n = 128
+    groups = [(a, b) for g in range(n // 8) for a in range(8 * g, 8 * g + 8) for b in range(a + 1, 8 * g + 8)]
+    snap = _host([i % 7 for i in range(n)], nvlink_pairs=groups, level=50)
+    calls = 0
+    real = placement.link_between
+
+    def counting(a, b):
+        nonlocal calls
+        calls += 1
+        return real(a, b)
+
+    monkeypatch.setattr(placement, "link_between", counting)
+    assert len(_ids(snap, count=64)) == 64
+    assert calls <= 2 * n * n

@@ -46,3 +46,14 @@ def test_the_error_still_goes_to_stderr_with_the_exit_status(fake_nvml, cli_env)
     assert r.returncode == 4 and r.stderr.startswith("gpusd: ") and "need 5" in r.stderr
     assert r.stdout.splitlines() == ["export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
                                      "unset GPUSD_LEASE", "false"]
+
+
+def test_env_stopped_by_sigterm_while_waiting_fails_closed(fake_nvml, cli_env):
+    """``eval "$(timeout 60 gpusd env --wait -n 5)"``: timeout(1) ends gpusd env with SIGTERM, whose default
+    action printed nothing, so eval succeeded with every GPU visible."""
+    fake_nvml.write(make_gpus(2))
+    script = (f'export CUDA_VISIBLE_DEVICES=0,1; eval "$(timeout -s TERM 8 {sys.executable} -m gpusd env --wait '
+              '-n 5)"; echo "status=$?"; echo "visible=${CUDA_VISIBLE_DEVICES-unset}"')
+    r = subprocess.run(["bash", "-c", script], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.splitlines() == ["status=1", "visible="]

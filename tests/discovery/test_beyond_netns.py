@@ -15,27 +15,15 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from fakenvml import FakeProcess, make_gpus
 from lan_helpers import python_in, secret_file, signed_fleet, start_script
-from netns import Lan, join, netns_ok  # noqa: F401
+from netns import Lan, lans, netns_ok  # noqa: F401
 
 GiB = 2**30
-
-
-@pytest.fixture
-def lans(netns_ok: None, tmp_path: Path) -> Iterator[tuple[Lan, Lan]]:  # noqa: F811
-    a = Lan(workdir=tmp_path / "lan-a", net=1)
-    b = Lan(workdir=tmp_path / "lan-b", net=2)
-    try:
-        join(a, b)
-        yield a, b
-    finally:
-        b.close()
-        a.close()
 
 
 def list_json(lan: Lan, node: Any, args: list[str]) -> list[dict[str, Any]]:

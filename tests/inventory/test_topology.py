@@ -135,7 +135,8 @@ def test_a_scenario_describes_its_topology(tmp_path):
 
 
 @pytest.mark.parametrize("topology", ["mesh", {"nvlink": [[0, 0, 4]]}, {"nvlink": [[0, 5, 4]]},
-                                      {"numa": [0]}, {"cpus": ["0-", "1"]}, {"preset": 3}])
+                                      {"numa": [0]}, {"cpus": ["0-", "1"]}, {"preset": 3},
+                                      {"cpus": [",".join(map(str, range(0, 400, 2))), "1"]}])  # too long for the wire
 def test_a_bad_scenario_topology_is_one_clear_error(tmp_path, topology):
     from gpusd.inventory.simulated import SimulatedBackend
 
@@ -191,3 +192,19 @@ def test_topology_calls_that_fail_leave_the_rest_of_the_snapshot(fake_nvml_inpro
     assert g[0].links == []  # it could tell nothing itself
     assert label(link_between(g[1], g[2])) == "SYS"
     assert link_between(g[2], g[3]) is None  # the lost GPU answers nothing, not even its PCI address
+
+
+def test_a_cpu_list_too_long_for_the_wire_is_unknown_never_cut(fake_nvml_inprocess):
+    """A GPU local to every other CPU (a BIOS that numbers the sockets' CPUs alternately: 0,2,4,...)
+    has a CPU list longer than a wire string may be. Cut at 256 characters it named CPUs that are not
+    local (``...,25`` for ``...,250``) and lost the rest, and ``run --bind-cpus`` bound the job there."""
+    from gpusd.inventory.nvml import NvmlBackend
+
+    gpus = _pairs_box()
+    gpus[0].cpu_affinity = ",".join(str(c) for c in range(0, 400, 2))
+    fake_nvml_inprocess.write(gpus)
+    with NvmlBackend(processes=False) as backend:
+        g = backend.snapshot(detail=False).gpus
+    assert g[0].local_cpus is None or parse_cpulist(g[0].local_cpus) == frozenset(range(0, 400, 2))
+    assert g[1].local_cpus == "0"
+    HostSnapshot.from_json(HostSnapshot("h", "n", 0.0, gpus=g).to_json())  # still goes on the wire

@@ -144,3 +144,31 @@ def test_an_unaware_job_whose_lease_the_daemon_holds_survives_grow_and_shrink(fa
     finally:
         _kill(p)
         server.stop()
+
+
+def test_the_notify_signal_never_reaches_a_process_that_reused_the_commands_pid(tmp_path):
+    """The main thread reaps the command while grow's thread decides to notify it: the pid it read may
+    name another process by then (here: one that catches SIGUSR1 and is not the job). The signal goes
+    through the command's pidfd, so that process is never sent it."""
+    import os
+    import types
+
+    from gpusd.jobs.supervisor import Supervisor
+
+    command = subprocess.Popen([sys.executable, "-c", "pass"])
+    pidfd = os.pidfd_open(command.pid)
+    command.wait()  # the job's command: exited and reaped
+    got = tmp_path / "got"
+    other = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              f"signal.signal(signal.SIGUSR1, lambda *a: open({str(got)!r}, 'w').write('hit'))\n"
+                              "print('ok', flush=True)\ntime.sleep(3)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ok\n"
+        # what grow's thread saw: a command not yet reaped (poll() None), whose pid is now the other's
+        stale = types.SimpleNamespace(pid=other.pid, poll=lambda: None)
+        sup = types.SimpleNamespace(proc=stale, pidfd=pidfd, notify_signal=signal.SIGUSR1)
+        assert Supervisor.notify(sup) == "the command had exited"  # type: ignore[arg-type]
+        assert other.wait(timeout=30) == 0 and not got.exists()
+    finally:
+        os.close(pidfd)
+        _kill(other)

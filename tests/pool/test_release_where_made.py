@@ -10,26 +10,14 @@ import os
 import secrets
 import signal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from fakenvml import make_gpus
 from lan_helpers import secret_file
-from netns import Lan, join, netns_ok  # noqa: F401
+from netns import Lan, lans, netns_ok  # noqa: F401
 from waiting import wait_until_sync
-
-
-@pytest.fixture
-def lans(netns_ok: None, tmp_path: Path) -> Iterator[tuple[Lan, Lan]]:  # noqa: F811
-    a = Lan(workdir=tmp_path / "lan-a", net=1)
-    b = Lan(workdir=tmp_path / "lan-b", net=2)
-    try:
-        join(a, b)
-        yield a, b
-    finally:
-        b.close()
-        a.close()
 
 
 def _alive(pid: int) -> bool:

@@ -59,3 +59,40 @@ def test_a_reservation_is_remembered_where_it_was_made_and_only_our_own_record_i
     assert renewer.recall("0badc0de0bad") is None
     renewer.forget("abcdef123456")
     assert renewer.recall("abcdef123456") is None
+
+
+def test_a_record_directory_another_user_controls_is_neither_written_nor_read(tmp_path, monkeypatch):
+    """$GPUSD_STATE_DIR in a shared place: another user made ``reservations`` first (theirs, or open to
+    all, or a link to their own directory). gpusd neither tells them where its reservations are nor
+    believes what they may rearrange there."""
+    import os
+
+    from gpusd.pool import renewer
+
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("GPUSD_STATE_DIR", str(state))
+    part = HostLease(lease_id="abcdef123456", hostname="node-b", node_id="0123456789abcdef",
+                     url="https://198.18.2.2:4781/api/v1", pin="ab" * 32, devices=[], env={}, ttl=3.0,
+                     expires=time.time() + 3).to_dict()
+    d = state / renewer.RECORD_DIR
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)  # open to everyone
+    renewer.remember([part], 4242, time.time() + 60)
+    assert list(d.iterdir()) == []
+    os.chmod(d, 0o700)
+    renewer.remember([part], 4242, time.time() + 60)
+    assert renewer.recall("abcdef123456") is not None
+    os.chmod(d, 0o777)
+    assert renewer.recall("abcdef123456") is None  # a directory anyone may rearrange: not believed
+    os.chmod(d, 0o700)
+    if os.geteuid() == 0:
+        os.chown(d, 65534, 65534)  # another user's directory
+        assert renewer.recall("abcdef123456") is None
+        os.chown(d, 0, 0)
+    elsewhere = tmp_path / "theirs"
+    d.rename(elsewhere)
+    d.symlink_to(elsewhere)  # a link to a directory of theirs
+    assert renewer.recall("abcdef123456") is None
+    renewer.remember([dict(part, lease_id="feedfacecafe")], 4242, time.time() + 60)
+    assert not (elsewhere / "feedfacecafe.json").exists()

@@ -60,7 +60,7 @@ class Selection:
         self.devices = chosen
         self.lease = lease
         self.use_uuid = use_uuid
-        self.pick = pick  # why these devices (None: the daemon chose them)
+        self.pick = pick  # why these devices (None: not told, e.g. by a daemon's lease answer)
 
     @property
     def gpus(self) -> list[GpuInfo]:
@@ -195,8 +195,9 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         if sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
             try:
                 if not lease:
-                    return Selection(authority.choose_through(sock, c, wait=wait, timeout=timeout, command=command,
-                                                              priority=priority), None)
+                    chosen, why = authority.choose_through(sock, c, wait=wait, timeout=timeout, command=command,
+                                                           priority=priority)
+                    return Selection(chosen, None, pick=why)
                 chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
                                                        job=job, priority=priority)
                 return Selection(chosen, held)

@@ -32,7 +32,8 @@ request's ``id``:
     daemon -> {"ok": true, "id": 2, "op": "release", "lease_id": "...", "held": [...]}
 
 A request ``{"op": "choose", ...the fields of a lease request...}`` asks only which GPUs the daemon
-would give (``gpusd select``, ``gpusd env``): the answer is a lease's without ``lease_id``, and the
+would give (``gpusd select``, ``gpusd env``): the answer is a lease's without ``lease_id``, with
+``explain`` (why these GPUs: :meth:`gpusd.alloc.placement.Pick.to_dict`), and the
 connection ends with it (a daemon from before ``choose`` refuses it as a ``usage`` error: the client
 then chooses itself).
 
@@ -61,6 +62,8 @@ from .select import Candidate, Constraints
 
 if TYPE_CHECKING:
     import socket
+
+    from .placement import Pick
 
 DEFAULT_SOCKET = "/run/gpusd/lease.sock"
 PROTOCOL = 2
@@ -305,11 +308,14 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
 
 
 def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
-                   command: str | None = None, priority: int | None = None) -> list[Candidate]:
+                   command: str | None = None, priority: int | None = None) -> tuple[list[Candidate], Pick | None]:
     """Ask the daemon which GPUs it would give for ``c``, taking no lease (``gpusd select``, ``env``,
     ``gpusd.select(lease=False)``): its inventory (real or simulated), the leases of the lock
     directory, the same queue with ``wait``.  Raises what a local choice would raise;
-    :class:`AuthorityBusy` where the daemon is busy or too old to answer a choice (choose here then)."""
+    :class:`AuthorityBusy` where the daemon is busy or too old to answer a choice (choose here then).
+    With the chosen devices comes the daemon's reason for them (``explain``), when it gives one."""
+    from .placement import Pick
+
     req = dict(request(c), op="choose", wait=wait, timeout=timeout, command=command)
     if priority is not None:
         req["priority"] = priority
@@ -328,7 +334,7 @@ def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: 
             raise ValueError("no devices")
     except ValueError as exc:
         raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
-    return chosen
+    return chosen, Pick.from_dict(reply.get("explain"), chosen)
 
 
 class DaemonInventory:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import NoGpuAvailable
-from ..model import HostSnapshot
-from ..topology import has_topology, label, link_between, rank
+from ..model import GpuLink, HostSnapshot
+from ..topology import WORST_RANK, has_topology, label, link_between, rank
 
 if TYPE_CHECKING:  # pragma: no cover
     from .select import Candidate, Constraints
@@ -74,6 +74,34 @@ class Pick:
                 "sets_considered": self.considered, "alternatives": self.alternatives,
                 "tolerance": {"utilization_points": TOL_UTIL, "memory_fraction": TOL_MEMORY}}
 
+    @classmethod
+    def from_dict(cls, d: Any, chosen: list[Candidate]) -> Pick | None:
+        """The pick the daemon explained (``explain`` of its ``choose`` answer) for ``chosen``; None when
+        it is not one (an older daemon sends none).  Only typed, bounded fields are kept."""
+        if not isinstance(d, dict) or not isinstance(d.get("reason"), str) or not isinstance(d.get("topology"), str):
+            return None
+
+        def words(v: Any, n: int = 64) -> list[str]:
+            return [str(x)[:64] for x in v[:n] if isinstance(x, (str, int))] if isinstance(v, list) else []
+
+        def items(key: str, n: int) -> list[Any]:
+            v = d.get(key)
+            return v[:n] if isinstance(v, list) else []
+
+        links = [(str(x.get("a"))[:64], str(x.get("b"))[:64], str(x.get("link"))[:8])
+                 for x in items("links", 2016) if isinstance(x, dict)]
+        alternatives = []
+        for alt in items("alternatives", 8):
+            if (isinstance(alt, dict) and type(alt.get("max_util")) in (int, float)
+                    and type(alt.get("max_memory")) in (int, float)):
+                alternatives.append({"gpus": words(alt.get("gpus")), "worst_link": str(alt.get("worst_link"))[:16],
+                                     "max_util": float(alt["max_util"]), "max_memory": float(alt["max_memory"]),
+                                     "within_tolerance": alt.get("within_tolerance") if isinstance(
+                                         alt.get("within_tolerance"), bool) else None})
+        considered = d.get("sets_considered")
+        return cls(chosen, d["topology"][:16], d["reason"][:400], words(d.get("least_loaded")), links,
+                   considered if type(considered) is int else 0, alternatives)
+
     def lines(self) -> list[str]:
         out = [f"chose GPU(s) {', '.join(c.label for c in self.chosen)} (--topology {self.topology}): {self.reason}"]
         if self.links:
@@ -98,25 +126,54 @@ def _memory(c: Candidate) -> float:
     return 1.0 - c.free / c.total if c.free is not None and c.total else 0.0
 
 
-def _describe(members: Sequence[Candidate], c: Constraints) -> _Set:
+class _Ranks:
+    """The link rank of every pair of ranked GPUs, looked up once (a set's description and the greedy
+    growth then cost no link search: a 128-GPU host stays fast)."""
+
+    def __init__(self, ranked: Sequence[Candidate]) -> None:
+        self._r: dict[tuple[int, int], int] = {}
+        gpus = {id(x.gpu): x.gpu for x in ranked}
+        # each GPU's links by peer index, the first one it lists as link_between takes it: one pass
+        # over the links (a snapshot from the wire may list 256 GPUs with 256 links each)
+        by_peer: dict[int, dict[int, GpuLink]] = {}
+        for g in gpus.values():
+            mine = by_peer.setdefault(id(g), {})
+            for link in g.links:
+                mine.setdefault(link.peer, link)
+        for a, b in itertools.combinations(gpus.values(), 2):
+            r = rank(by_peer[id(a)].get(b.index) or by_peer[id(b)].get(a.index))
+            self._r[(id(a), id(b))] = self._r[(id(b), id(a))] = r
+
+    def __call__(self, a: Candidate, b: Candidate) -> int:
+        return self._r.get((id(a.gpu), id(b.gpu)), WORST_RANK)
+
+
+def _describe(members: Sequence[Candidate], c: Constraints, ranks: _Ranks) -> _Set:
     from .select import score
 
-    ranks = [rank(link_between(a.gpu, b.gpu)) for a, b in itertools.combinations(members, 2)]
-    return _Set(list(members), max(ranks, default=0), sum(ranks) / len(ranks) if ranks else 0.0,
+    pair_ranks = [ranks(a, b) for a, b in itertools.combinations(members, 2)]
+    return _Set(list(members), max(pair_ranks, default=0),
+                sum(pair_ranks) / len(pair_ranks) if pair_ranks else 0.0,
                 max(_util(m) for m in members), max(_memory(m) for m in members),
                 sum(score(m, c)[0] for m in members))
 
 
-def _sets(ranked: Sequence[Candidate], count: int, c: Constraints) -> list[_Set]:
+def _sets(ranked: Sequence[Candidate], count: int, c: Constraints, ranks: _Ranks) -> list[_Set]:
     if math.comb(len(ranked), count) <= MAX_SETS:
-        return [_describe(s, c) for s in itertools.combinations(ranked, count)]
-    out = []
+        return [_describe(s, c, ranks) for s in itertools.combinations(ranked, count)]
+    out = [_describe(ranked[:count], c, ranks)]  # the least-loaded set: always a candidate (the tolerance's base)
     for seed in ranked:  # greedy: add the GPU that connects best to the set so far, ties by load order
         members = [seed]
+        # each other GPU's worst link to the set so far, kept up to date as the set grows
+        worst = {i: ranks(x, seed) for i, x in enumerate(ranked) if x is not seed}
         while len(members) < count:
-            rest = [x for x in ranked if x not in members]
-            members.append(min(rest, key=lambda x: max(rank(link_between(x.gpu, m.gpu)) for m in members)))
-        out.append(_describe(sorted(members, key=ranked.index), c))
+            i = min(worst, key=lambda j: (worst[j], j))
+            added = ranked[i]
+            del worst[i]
+            members.append(added)
+            for j in worst:
+                worst[j] = max(worst[j], ranks(ranked[j], added))
+        out.append(_describe(sorted(members, key=ranked.index), c, ranks))
     return out
 
 
@@ -147,7 +204,7 @@ def pick(snap: HostSnapshot, ranked: list[Candidate], c: Constraints) -> Pick:
                "the least-loaded GPUs, whatever connects them" if policy == "any" else
                "--share: packed by memory, by load")
         if policy == "nvlink" and c.count > 1 and c.shared:
-            nv = [s for s in _sets(ranked, c.count, c) if s.worst == 0]
+            nv = [s for s in _sets(ranked, c.count, c, _Ranks(ranked)) if s.worst == 0]
             if not nv:
                 raise NoGpuAvailable(f"--topology nvlink: no {c.count} qualifying GPUs are all connected by NVLink")
             best = min(nv, key=lambda s: (s.load, [m.gpu.index for m in s.members]))
@@ -158,8 +215,9 @@ def pick(snap: HostSnapshot, ranked: list[Candidate], c: Constraints) -> Pick:
         if policy == "nvlink":
             raise NoGpuAvailable("--topology nvlink: this host reports no topology (no NVLink seen)")
         return Pick(least, policy, "the host reports no topology: the least-loaded GPUs", least_labels)
-    sets = _sets(ranked, c.count, c)
-    base = _describe(least, c)
+    ranks = _Ranks(ranked)
+    sets = _sets(ranked, c.count, c, ranks)
+    base = _describe(least, c, ranks)
     if policy == "nvlink":
         nv = [s for s in sets if s.worst == 0]
         if not nv:

@@ -56,9 +56,17 @@ FAIL_CLOSED = ("export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_B
 
 
 def env_failing_closed(run: Callable[[], int]) -> int:
-    """Run ``gpusd env`` (``run``); on any failure (an error, bad usage, an exception) print
-    :data:`FAIL_CLOSED` on stdout before giving the failure back."""
+    """Run ``gpusd env`` (``run``); on any failure (an error, bad usage, an exception, SIGTERM or
+    SIGHUP: ``timeout 60 gpusd env --wait``) print :data:`FAIL_CLOSED` on stdout before giving the
+    failure back.  (SIGKILL leaves nothing to print: eval then sees no output.)"""
+    import signal
     import sys
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)  # the shell's status for a signal, after the fail-closed lines
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stopped)
 
     def closed() -> None:
         try:

@@ -276,7 +276,8 @@ class LeaseServer:
                     return
                 if not conn.eof:
                     await conn.send({"ok": True, "v": version, "op": "choose",
-                                     "devices": [_candidate(c) for c in chosen.devices]})
+                                     "devices": [_candidate(c) for c in chosen.devices],
+                                     "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
             granting = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel, priority)
             if await conn.watch(granting, any_data_ends=True):

@@ -203,9 +203,12 @@ class NvmlBackend:
                 mask = nv.nvmlDeviceGetCpuAffinity(dev.handle, words)
                 cpus = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if (int(word) >> b) & 1]
                 if cpus:
+                    from ..model import MAX_NAME
                     from ..topology import format_cpulist
 
-                    dev.local_cpus = format_cpulist(cpus)[:256]
+                    text = format_cpulist(cpus)
+                    # a list longer than a wire string is unknown: cut, it would name other CPUs
+                    dev.local_cpus = text if len(text) <= MAX_NAME else None
             except (nv.NVMLError, AttributeError, TypeError, ValueError):
                 pass
         by_bus = {_bus_key(d.pci_bus_id): d.index for d in devices if d.pci_bus_id}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from ..errors import ConfigError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
-from ..model import GpuInfo, GpuLink, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
+from ..model import MAX_NAME, GpuInfo, GpuLink, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 from ..units import format_bytes, parse_bytes
 
 GiB = 1024**3
@@ -207,6 +207,8 @@ def _scenario_topology(spec: Any, models: list[str], path: Path) -> _Topology:
                 parse_cpulist(x)
             except ValueError as exc:
                 raise ConfigError(f"scenario {path}: topology.cpus: {exc}") from None
+            if len(x) > MAX_NAME:  # it could not go on the wire
+                raise ConfigError(f"scenario {path}: topology.cpus: a CPU list of at most {MAX_NAME} characters")
         topo.cpus = list(v)
     if "nvlink" in spec:
         v = spec["nvlink"]

@@ -88,6 +88,7 @@ class Supervisor:
         self.lease: Lease | Any = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pgid: int | None = None  # the command's own process group (when it has one)
+        self.pidfd: int | None = None  # the command's pidfd: signals that cannot reach a reused pid
         self.stopping: str | None = None  # "preempt", "move", "change" (--on-change restart), "user"
         self.generation = 0
         self.restarts = 0
@@ -128,14 +129,23 @@ class Supervisor:
         a program without a handler would be ended by it (SIGUSR1's default action).  Says how the
         command was told, for grow's and shrink's answer."""
         name = signal.Signals(self.notify_signal).name
-        proc = self.proc
+        proc, pidfd = self.proc, self.pidfd
         if proc is None or proc.poll() is not None:
             return "no command runs now: it sees the job file when it starts"
-        if not catches(proc.pid, self.notify_signal):
-            return (f"the command does not catch {name}: not signalled (that would end it), it sees the "
-                    "change in $GPUSD_JOB_FILE")
+        catching = catches(proc.pid, self.notify_signal)
+        # The main thread may reap the command between poll() and here, and its pid go to another
+        # process: the mask read was the command's only if its pidfd still names a live process, and
+        # the signal goes through the pidfd (never to whoever has the pid now).
         try:
-            os.kill(proc.pid, self.notify_signal)
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, 0)
+            if not catching:
+                return (f"the command does not catch {name}: not signalled (that would end it), it sees the "
+                        "change in $GPUSD_JOB_FILE")
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, self.notify_signal)
+            else:  # pragma: no cover - a kernel without pidfds (before Linux 5.3)
+                os.kill(proc.pid, self.notify_signal)
         except ProcessLookupError:
             return "the command had exited"
         return f"the command was sent {name}"
@@ -582,6 +592,12 @@ class Supervisor:
 
         proc = subprocess.Popen(self.cmd, env=env, pass_fds=fds, preexec_fn=preexec(cpus, own_group))
         self.pgid = proc.pid if own_group else None
+        if self.pidfd is not None:  # the previous command's (reaped before a new one starts)
+            os.close(self.pidfd)
+        try:  # before anyone can reap it: the pidfd names this command for good
+            self.pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # pragma: no cover - a kernel without pidfds
+            self.pidfd = None
         self.inherited = set(self.dev_fds)
         self.writer.write(child=proc.pid)
         return proc

@@ -9,7 +9,8 @@ Started in its own session, detached from the terminal; says
 ``renewing`` on stdout once its signal handlers are set and the first renewal was sent.
 
 While it runs, each lease it holds is remembered where it was made (:func:`remember`): a record
-``reservations/<lease id>.json`` in the user's state directory (mode 0600, in a 0700 directory) with
+``reservations/<lease id>.json`` in the user's state directory (mode 0600, in a 0700 directory of
+the user's own: one that is a link, another user's or open to others is neither written nor read) with
 the host's API address, node id and certificate pin as they were when the host granted the lease, so
 ``gpusd release ID`` finds a host that was reached with ``--peer`` or DNS-SD without those options
 (docs/pool.md).  The record holds no secret and goes when the renewer ends.
@@ -38,50 +39,87 @@ def _record_dir() -> Path:
     return state_dir() / RECORD_DIR
 
 
+def _open_record_dir(create: bool) -> int | None:
+    """A descriptor of the record directory, or None where it is not ours alone: a symbolic link, another
+    user's, or writable by others (``$GPUSD_STATE_DIR`` in a shared place, made first by someone else)
+    is neither written (it would tell them where our reservations are) nor read."""
+    d = _record_dir()
+    if create:
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError:
+            return None
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        return None
+    return fd
+
+
 def remember(parts: list[dict[str, Any]], pid: int, until: float) -> None:
     """Record each lease (``HostLease.to_dict()``) of a reservation held by renewer ``pid``."""
-    d = _record_dir()
-    try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError:
+    dfd = _open_record_dir(create=True)
+    if dfd is None:
         return  # nowhere to remember it: gpusd release then looks for it on the fleet
-    for part in parts:
-        lease_id = str(part.get("lease_id"))
-        if not _LEASE_ID.match(lease_id):
-            continue
-        tmp = d / f".{lease_id}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"lease": part, "renewer_pid": pid, "until": until}, f)
-            os.replace(tmp, d / f"{lease_id}.json")
-        except OSError:
-            continue
+    try:
+        for part in parts:
+            lease_id = str(part.get("lease_id"))
+            if not _LEASE_ID.match(lease_id):
+                continue
+            tmp = f".{lease_id}.{os.getpid()}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"lease": part, "renewer_pid": pid, "until": until}, f)
+                os.replace(tmp, f"{lease_id}.json", src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                continue
+    finally:
+        os.close(dfd)
 
 
 def recall(lease_id: str) -> dict[str, Any] | None:
     """The record of the lease ``lease_id`` (``{"lease": HostLease dict, "renewer_pid", "until"}``), or None."""
     if not _LEASE_ID.match(lease_id):
         return None
+    dfd = _open_record_dir(create=False)
+    if dfd is None:
+        return None
     try:
-        fd = os.open(_record_dir() / f"{lease_id}.json", os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(f"{lease_id}.json", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
         with os.fdopen(fd, "rb") as f:
             if os.fstat(f.fileno()).st_uid != os.geteuid():
                 return None  # not ours: never acted on
             d = json.loads(f.read(MAX_RECORD))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(dfd)
     if not isinstance(d, dict) or not isinstance(d.get("lease"), dict) or d["lease"].get("lease_id") != lease_id:
         return None
     return d
 
 
 def forget(lease_id: str) -> None:
-    if _LEASE_ID.match(lease_id):
-        try:
-            (_record_dir() / f"{lease_id}.json").unlink()
-        except OSError:
-            pass
+    if not _LEASE_ID.match(lease_id):
+        return
+    dfd = _open_record_dir(create=False)
+    if dfd is None:
+        return
+    try:
+        os.unlink(f"{lease_id}.json", dir_fd=dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
 
 
 def main() -> int:
