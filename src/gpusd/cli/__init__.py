@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -36,9 +37,14 @@ _COMMANDS: dict[str, str] = {}
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, documented exit code
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"gpusd: error: {message}\n")
+    # A value such as -1h or -5m is a (wrong) value, not an unknown flag: without this, argparse says
+    # "expected one argument" for --since -1h and the duration parser never gets to say what is wrong.
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._negative_number_matcher = re.compile(r"^-\d+(\.\d*)?[a-zA-Z]*$|^-\.\d+[a-zA-Z]*$")
+
+    def error(self, message: str) -> NoReturn:  # one line, documented exit code, no usage block
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\nsee {self.prog} --help\n")
 
 
 class _Skipped:
@@ -74,21 +80,33 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 
 def _seconds(text: str) -> float:
-    """A duration flag: a finite number of seconds, 0 or more."""
+    """A duration flag (seconds, or 90s, 15m, 2h: :func:`gpusd.units.parse_duration`), 0 or more."""
+    from ..units import parse_duration
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
-    return value
+        return parse_duration(text, zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_seconds(text: str) -> float:
     """A period or duration that must be longer than zero."""
-    value = _seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}")
+    from ..units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_number(text: str) -> float:
+    """A finite number > 0 in the flag's own unit (days, MiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number greater than 0, not {text!r}")
     return value
 
 
@@ -313,9 +331,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    "dashboards made for it (default: on)")
     h = p.add_argument_group("usage history (docs/history.md)")
     h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
-    h.add_argument("--retention", type=_positive_seconds, default=365.0, metavar="DAYS",
+    h.add_argument("--retention", type=_positive_number, default=365.0, metavar="DAYS",
                    help="days of 5-minute history and job records kept (default 365)")
-    h.add_argument("--history-size", type=_positive_seconds, default=1024.0, metavar="MIB",
+    h.add_argument("--history-size", type=_positive_number, default=1024.0, metavar="MIB",
                    help="size bound of the history database in MiB (default 1024)")
     h.add_argument("--idle-after", type=_positive_seconds, default=900.0, metavar="S",
                    help="mark a lease idle after S seconds under 5 %% utilisation (default 900)")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import ConfigError
 from ..model import display_name
 from ..sanitize import dumps, for_terminal
-from ..units import format_bytes
+from ..units import format_bytes, format_duration
 from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
@@ -220,8 +220,11 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
                 state = "leased"
                 remote = [le for le in g.leases if le.expires is not None]
                 if remote:  # held by a daemon for a remote holder (docs/pool.md): who, and for how long
-                    left = max(0.0, (remote[0].expires or 0) - time.time())
-                    state = f"reserved {for_terminal(remote[0].user, 24) or '?'} {left:.0f}s"
+                    # the user is private (hidden from an unverified reader); the seconds are the
+                    # lease's TTL left, renewed by its holder, not when the reservation ends
+                    left = format_duration((remote[0].expires or 0) - time.time())
+                    who = for_terminal(remote[0].user, 24)
+                    state = f"reserved{' by ' + who if who else ''} (ttl {left})"
             elif g.processes:
                 state = f"{len(g.processes)} proc"
             elif g.is_free:

@@ -116,6 +116,7 @@ def jobs(args: argparse.Namespace) -> int:
 
     from ..jobs.record import list_jobs, priority_name
     from ..sanitize import dumps, for_terminal
+    from ..units import format_duration
     from .table import render_table
 
     records = _visible(list_jobs(cleanup=True), args.all)
@@ -127,14 +128,20 @@ def jobs(args: argparse.Namespace) -> int:
     def cell(text: str | None, limit: int = 40) -> str:
         return for_terminal(text, limit) or "-"
 
+    def gpus(r: "JobRecord") -> str:
+        """How many GPUs, then which: ``2 (0,1)``; an index alone reads like a count."""
+        names = list(r.labels) or [str(i) for i in r.indices]
+        return f"{len(names)} ({cell(','.join(names), 64)})" if names else "0"
+
     rows = [[r.job, cell(r.user, 32), cell(r.state, 12), priority_name(r.priority) + ("*" if r.preemptible else ""),
-             cell(",".join(r.labels) or ",".join(str(i) for i in r.indices), 64), str(r.restarts),
-             f"{max(0.0, now - r.started):.0f}s" if r.started else "-", cell(r.command)] for r in records]
+             gpus(r), str(r.restarts), format_duration(now - r.started) if r.started else "-",
+             cell(r.command)] for r in records]
     if not rows:
         print("no jobs" + ("" if args.all else " of yours (--all: every user's)"))
         return 0
     print(render_table(["JOB", "USER", "STATE", "PRIORITY", "GPUS", "RESTARTS", "AGE", "COMMAND"], rows))
-    print("* preemptible")
+    if any(r.preemptible for r in records):
+        print("* preemptible")
     return 0
 
 

@@ -24,11 +24,12 @@ REMOTE_PID = "gpusd-remote-pid"
 
 
 def _key(args: argparse.Namespace) -> FleetKey:
-    from .trust import fleet_key
+    from .trust import MAKE_ONE, fleet_key
 
     key = fleet_key(args)
     if key is None:
-        raise ConfigError("the fleet pool needs the fleet secret: --token-file FILE, $GPUSD_TOKEN_FILE or $GPUSD_TOKEN")
+        raise ConfigError("the fleet pool needs the fleet secret (--token-file FILE, $GPUSD_TOKEN_FILE or "
+                          f"$GPUSD_TOKEN), and none was given; {MAKE_ONE}")
     return key
 
 
@@ -154,16 +155,27 @@ def reservations(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps({"reservations": found}, indent=2))
         return 0
+    from ..units import format_duration
+
     now = time.time()
+
+    def ends(d: dict[str, Any]) -> str:
+        """When the reservation ends: the end its holder announced (--for), else with its holder
+        (a run or launch holds it while it runs; the lease ends a TTL after its last renewal)."""
+        end, expires = d.get("ends"), d.get("expires")
+        if type(end) in (int, float):
+            return "in " + format_duration(float(end) - now)
+        ttl = f" (ttl {format_duration(float(expires) - now)})" if type(expires) in (int, float) else ""
+        return "with its holder" + ttl
+
     rows = [[for_terminal(str(d.get("lease_id")), 16), for_terminal(str(d.get("host")), 32),
              ",".join(str(x.get("index")) for x in d.get("devices") or [] if isinstance(x, dict)),
              for_terminal(str(d.get("user")), 40), for_terminal(str(d.get("remote_from")), 40),
-             f"{max(0.0, float(d.get('expires') or now) - now):.0f}s",
-             for_terminal(str(d.get("command") or "-"), 40)] for d in found]
+             ends(d), for_terminal(str(d.get("command") or "-"), 40)] for d in found]
     if not rows:
         print("no reservations" + ("" if args.all else " of yours (--all: everyone's)"))
         return 0
-    print(render_table(["LEASE", "HOST", "GPUS", "HOLDER", "FROM", "EXPIRES IN", "NOTE"], rows))
+    print(render_table(["LEASE", "HOST", "GPUS", "HOLDER", "FROM", "ENDS", "NOTE"], rows))
     return 0
 
 

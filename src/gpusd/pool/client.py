@@ -78,6 +78,7 @@ class Reservation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = False
+        self.until: float | None = None  # when the holder stops renewing (epoch), told to the daemons as "left"
 
     # the common single-host case
     @property
@@ -99,7 +100,10 @@ class Reservation:
     def renew(self, ttl: float | None = None) -> None:
         """One heartbeat for every part; sets :attr:`lost` (and raises) when a daemon forgot one."""
         for p in self.parts:
-            reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, {"ttl": ttl} if ttl else {})
+            body: dict[str, float] = {"ttl": ttl} if ttl else {}
+            if self.until is not None:  # a duration, never a time: the daemon's clock decides
+                body["left"] = round(max(0.0, self.until - time.time()), 1)
+            reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, body)
             if reply.status == 404:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
@@ -112,6 +116,8 @@ class Reservation:
         """Renew every ttl/3 seconds in a daemon thread; stop (and release) at ``until`` (epoch)."""
         if self._thread is not None:
             return
+        if until is not None:
+            self.until = until
 
         def loop() -> None:
             period = max(0.5, min(p.ttl for p in self.parts) / 3)

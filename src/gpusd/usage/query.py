@@ -12,22 +12,12 @@ import re
 import sqlite3
 from typing import Any
 
+from ..units import parse_duration  # noqa: F401  (re-exported: the one duration parser)
 from .db import COARSE, FINE, HOURLY, STEP, Retention
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 MAX_POINTS = 720  # points per series: enough for a chart as wide as a screen
 TOP_JOBS = 20
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``6h``, ``7d``, ``2w`` -> seconds.  Raises ValueError."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (examples: 90s, 15m, 6h, 7d, 2w)")
-    value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
-    if not 0 < value <= 20 * 365 * 86400:
-        raise ValueError(f"duration out of range: {text!r}")
-    return value
 
 
 def tier_for(start: float, now: float, keep: Retention) -> int:
