@@ -99,6 +99,13 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _duration_text(text: str) -> str:
+    """A duration kept as given (``--since 7d``, ``--for 2h``), checked now so that a wrong one is a
+    usage error like any other duration's."""
+    _positive_seconds(text)
+    return text
+
+
 def _positive_number(text: str) -> float:
     """A finite number > 0 in the flag's own unit (days, MiB)."""
     try:
@@ -245,7 +252,7 @@ def _build_parser() -> argparse.ArgumentParser:
         g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
     _fleet_flags(p)
     p.add_argument("--per-host", type=int, metavar="N", help="N GPUs on each of -n/N hosts (default: all on one)")
-    p.add_argument("--for", dest="duration", metavar="DURATION", default="2h",
+    p.add_argument("--for", dest="duration", metavar="DURATION", default="2h", type=_duration_text,
                    help="hold them this long at most (90s, 30m, 2h; default 2h), renewed in the background")
     p.add_argument("--note", metavar="TEXT", help="a note shown with the lease (private, like a command line)")
     p.add_argument("--json", action="store_true", help="print the reservation as JSON")
@@ -417,13 +424,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
     beyond_flags(p)
-    p.add_argument("--history", default="1h", metavar="RANGE",
+    p.add_argument("--history", default="1h", metavar="RANGE", type=_duration_text,
                    help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
 
     p = _command(sub, "report", "gpusd.cli.report:report",
                  "usage report: GPU-hours used and held, idle reservations, utilisation, energy, top jobs")
     when = p.add_argument_group("period")
-    when.add_argument("--since", default="7d", metavar="DURATION", help="the last DURATION (default 7d; 12h, 30d...)")
+    when.add_argument("--since", default="7d", metavar="DURATION", type=_duration_text,
+                      help="the last DURATION (default 7d; 12h, 30d...)")
     when.add_argument("--from", dest="from_", metavar="TIME", help="start (2026-11-01, 2026-11-01T08:00, epoch s)")
     when.add_argument("--to", metavar="TIME", help="end (default now)")
     p.add_argument("--by", choices=("user", "host", "gpu", "model"), default="user",

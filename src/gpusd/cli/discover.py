@@ -99,9 +99,9 @@ def scan(args: argparse.Namespace) -> int:
 def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> str:
     """Why nothing is listed: the --host filter left out every host found, or there was none."""
     if args.host and unmatched:
-        return (f"{unmatched} gpusd host(s) found, but none matched --host {args.host!r} "
+        return (f"gpusd: {unmatched} gpusd host(s) found, but none matched --host {args.host!r} "
                 "(a glob on the host name, case-insensitive)")
-    return otherwise
+    return f"gpusd: {otherwise}"
 
 
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
@@ -278,8 +278,5 @@ def watch(args: argparse.Namespace) -> int:
         finally:
             await client.stop_listening()
 
-    try:
-        asyncio.run(go())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(go())  # Ctrl-C: main() says "interrupted" and exits 130, as documented
     return 0

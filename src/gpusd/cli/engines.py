@@ -108,7 +108,7 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
     """``-n``/``--per-host``, the constraints and the fleet flags of ``gpusd reserve`` (with
     ``with_count``), and ``--placement FILE``; ``hold``: the default of ``--for`` (how long a
     reservation outlives the command that made it)."""
-    from . import _fleet_flags, _positive_seconds, _seconds, _Skipped
+    from . import _duration_text, _fleet_flags, _positive_seconds, _seconds, _Skipped
 
     if isinstance(p, _Skipped):
         return
@@ -125,7 +125,7 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
         g.add_argument("--ttl", type=_positive_seconds, default=30.0, metavar="S",
                        help="the leases end S seconds after their last renewal (default 30)")
         if hold:
-            g.add_argument("--for", dest="duration", metavar="DURATION", default=hold,
+            g.add_argument("--for", dest="duration", metavar="DURATION", default=hold, type=_duration_text,
                            help=f"without a command to wait for: hold the GPUs this long at most (default {hold}), "
                            "renewed in the background")
         p.set_defaults(count=None)  # -n absent: --placement

@@ -41,10 +41,23 @@ def _client(args: argparse.Namespace, key: FleetKey) -> Client:
     return Client(args.session, interfaces=args.interfaces, key=key, **beyond_args(args))
 
 
+def say_unverified(hosts: Sequence[RemoteHost]) -> None:
+    """Once per command, how many hosts the pool left out because they did not prove they hold
+    the fleet secret (``-v`` logs each one)."""
+    from ..sanitize import for_terminal
+
+    names = sorted({for_terminal(h.hostname, 64) for h in hosts if h.verified is False})
+    if names:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        print(f"gpusd: left out {len(names)} host(s) that did not prove they hold the fleet secret: {shown}",
+              file=sys.stderr)
+
+
 def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
     client = _client(args, key)
     try:
         client.wait_settled(3.0)
+        say_unverified(client.hosts)
         return client.hosts
     finally:
         client.stop_listening()
@@ -59,9 +72,13 @@ def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: 
     per = getattr(args, "per_host", None)
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout only makes sense with --wait")
-    return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model, session=args.session,
-                   interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait, timeout=args.timeout,
-                   key=key, client=client, job=job)
+    try:
+        return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model,
+                       session=args.session, interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait,
+                       timeout=args.timeout, key=key, client=client, job=job)
+    finally:
+        if client is not None:
+            say_unverified(client.hosts)
 
 
 def _exports(env: dict[str, str]) -> list[str]:

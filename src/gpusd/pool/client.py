@@ -354,7 +354,8 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
                 return Reservation(got, key)
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
-                                     + (f" (hosts matching {host!r})" if host else ""))
+                                     + (f" (hosts matching {host!r})" if host else "")
+                                     + _largest(client.hosts, per, host, per_host is None))
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"gave up waiting after {timeout:g}s: no verified host had {per} GPU(s) free")
@@ -369,6 +370,22 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
 
 
 MIN_TTL, MAX_TTL = 2.0, 3600.0
+
+
+def _largest(hosts: Iterable[RemoteHost], per: int, host: str | None, spread: bool) -> str:
+    """Why no host can ever qualify, when that is why: none is verified, or the largest has fewer
+    GPUs than one host was asked for (``reserve -n 5`` on hosts of 2)."""
+    from ..sanitize import for_terminal
+
+    ok = [h for h in hosts if h.verified is True and h.snapshot is not None and h.alive
+          and (host is None or fnmatch.fnmatch(h.hostname, host))]
+    if not ok:
+        return ": no verified host was found (is the fleet secret the daemons' own?)"
+    big = max(ok, key=lambda h: (len(h.gpus()), h.hostname))
+    if len(big.gpus()) >= per:
+        return ""
+    hint = "; --per-host N spreads them over several hosts" if spread else ""
+    return f": the largest verified host, {for_terminal(big.hostname, 64)}, has {len(big.gpus())}{hint}"
 
 
 def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetKey, holder: str,
