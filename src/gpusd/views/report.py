@@ -163,7 +163,7 @@ def to_html(r: Mapping[str, Any]) -> str:
     if not r["private"]:
         parts.append("<p class=meta>Per-user figures and job owners are private: this report was made without "
                      "the fleet secret.</p>")
-    chart_data = {"by": by, "rows": r["rows"], "timeline": r["timeline"]}
+    chart_data = {"by": by, "rows": r["rows"], "timeline": r["timeline"], "from": r["from"], "to": r["to"]}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; \
