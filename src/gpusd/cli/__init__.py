@@ -502,8 +502,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
     p.add_argument("--port", type=int, default=None,
                    help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
-    p.add_argument("--python", default="python3", help="the Python that runs gpusd's per-rank wrapper (mpirun, "
-                   "horovodrun; default python3)")
+    p.add_argument("--python", default=None, help="the Python that runs gpusd's per-rank wrapper (mpirun, "
+                   "horovodrun; default: this machine's interpreter where the same path exists on the host, "
+                   "else the one of the gpusd command on the host's PATH)")
     p.add_argument("engine", choices=ecli.ENGINES, metavar="ENGINE",
                    help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")
