@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -300,42 +301,100 @@ def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
     return wait_forwarding(proc, send, interactive)
 
 
+_SSH_CLOSED = re.compile(rb"^Connection to \S+ closed\.\r?\n?$")  # ssh -tt's goodbye, not the command's
+_SSH_UNRESOLVED = re.compile(rb"Could not resolve hostname")
+
+
+def _ssh_name_hint(part: HostLease) -> str:
+    """What to put in ssh's config when ssh cannot resolve the name a host announced."""
+    from urllib.parse import urlsplit
+
+    from ..sanitize import for_terminal
+
+    name = for_terminal(part.hostname, 64)
+    seen = for_terminal(urlsplit(part.url).hostname or "", 64)
+    at = f" (it answered gpusd at {seen})" if seen else ""
+    config = os.environ.get("GPUSD_SSH_CONFIG") or "~/.ssh/config"
+    return (f"gpusd: ssh cannot resolve {name}, the name the chosen host announced{at}; tell ssh where it is "
+            f"in {config}:\n    Host {name}\n        HostName ITS-ADDRESS-OR-DNS-NAME\n")
+
+
 def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: Sequence[str] = ()) -> int:
     base = ssh_base(options)
     tty = os.isatty(0)
     argv = [*base, *(["-tt"] if tty else ["-T"]), "--", part.hostname, remote_script(part.env, cmd, job)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=not tty)
+    # at a terminal the remote pty merges the command's stderr into its output: the protocol line
+    # then arrives on ssh's stdout, which is read here so that it never reaches the screen
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.PIPE if tty else None,
+                            start_new_session=not tty)
     remote_pid: list[int] = []
     assert proc.stderr is not None
     err = proc.stderr
+    protocol = REMOTE_PID.encode()
+
+    def pid_line(line: bytes) -> bool:
+        """Take the protocol line (``gpusd-remote-pid PID [job]``): True when ``line`` was it."""
+        if remote_pid or not line.startswith(protocol):
+            return False
+        words = line.split()
+        try:
+            remote_pid.append(int(words[1]))
+        except (IndexError, ValueError):
+            remote_pid.append(0)  # seen, but no pid to signal
+        if job and words[2:3] != [b"job"]:
+            from ..sanitize import for_terminal
+
+            where = for_terminal(part.hostname, 64)
+            sys.stderr.buffer.write(f"gpusd: no gpusd with fleet jobs on the PATH of an ssh session on {where}: the "
+                                    "command runs there without a job record (gpusd jobs there does not list it)\n"
+                                    .encode())
+            sys.stderr.buffer.flush()
+        return True
 
     def pump() -> None:
-        first = True
         out = sys.stderr.buffer
         for line in iter(err.readline, b""):
-            if first and line.startswith(REMOTE_PID.encode()):
-                first = False
-                words = line.split()
-                try:
-                    remote_pid.append(int(words[1]))
-                except (IndexError, ValueError):
-                    pass
-                if job and words[2:3] != [b"job"]:
-                    from ..sanitize import for_terminal
-
-                    where = for_terminal(part.hostname, 64)
-                    out.write(f"gpusd: no gpusd with fleet jobs on the PATH of an ssh session on {where}: the command "
-                              "runs there without a job record (gpusd jobs there does not list it)\n".encode())
-                    out.flush()
+            if pid_line(line) or (tty and _SSH_CLOSED.match(line)):
                 continue
             out.write(line)
+            if _SSH_UNRESOLVED.search(line):
+                out.write(_ssh_name_hint(part).encode())
             out.flush()
 
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
+    def pump_out() -> None:
+        """The command's output at a terminal: passed on as it comes, the protocol line taken out."""
+        assert proc.stdout is not None
+        fd, out = proc.stdout.fileno(), sys.stdout.buffer
+        pending = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            if remote_pid or len(pending) > 65536:
+                out.write(pending + chunk)
+                pending = b""
+            else:  # until the protocol line has come (it is the first line the remote script prints)
+                pending += chunk
+                while b"\n" in pending and not remote_pid:
+                    line, _, pending = pending.partition(b"\n")
+                    if not pid_line(line + b"\n"):
+                        out.write(line + b"\n")
+                if remote_pid:
+                    out.write(pending)
+                    pending = b""
+            out.flush()
+        if pending:
+            out.write(pending)
+            out.flush()
+
+    threads = [threading.Thread(target=pump, daemon=True)]
+    if tty:
+        threads.append(threading.Thread(target=pump_out, daemon=True))
+    for t in threads:
+        t.start()
 
     def send(signum: int) -> None:
-        if not remote_pid:  # not started yet: end the connection
+        if not remote_pid or not remote_pid[0]:  # not started yet: end the connection
             proc.send_signal(signal.SIGTERM)
             return
         name = signal.Signals(signum).name.removeprefix("SIG")
@@ -343,5 +402,6 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     rc = _wait(proc, send, tty)
-    t.join(2)
+    for t in threads:
+        t.join(2)
     return rc
