@@ -17,7 +17,8 @@ from tests_paths import SRC
 
 FAKE_SSH = r"""#!/bin/sh
 case " $* " in
-  *" -tt "*) printf 'gpusd-remote-pid 4242 job\r\nhello from the job\r\n'; printf 'Connection to node-1 closed.\r\n' >&2; exit 0;;
+  *" -tt "*) printf 'gpusd-remote-pid 4242 job\r\nhello from the job\r\n'
+             printf 'Connection to node-1 closed.\r\n' >&2; exit 0;;
   *" kill "*) exit 0;;
   *) echo "ssh: Could not resolve hostname node-1: Name or service not known" >&2; exit 255;;
 esac

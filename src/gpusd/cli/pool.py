@@ -181,9 +181,10 @@ def reservations(args: argparse.Namespace) -> int:
         """When the reservation ends: the end its holder announced (--for), else with its holder
         (a run or launch holds it while it runs; the lease ends a TTL after its last renewal)."""
         end, expires = d.get("ends"), d.get("expires")
-        if type(end) in (int, float):
+        if isinstance(end, (int, float)) and not isinstance(end, bool):
             return "in " + format_duration(float(end) - now)
-        ttl = f" (ttl {format_duration(float(expires) - now)})" if type(expires) in (int, float) else ""
+        ok = isinstance(expires, (int, float)) and not isinstance(expires, bool)
+        ttl = f" (ttl {format_duration(float(expires) - now)})" if ok else ""  # type: ignore[arg-type]
         return "with its holder" + ttl
 
     rows = [[for_terminal(str(d.get("lease_id")), 16), for_terminal(str(d.get("host")), 32),

@@ -28,7 +28,8 @@ def _time(text: str, flag: str) -> float:
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
-        raise ConfigError(f"{flag}: not a time: {text!r} (examples: 2026-11-01, 2026-11-01T08:00, 1793000000)") from None
+        raise ConfigError(f"{flag}: not a time: {text!r} (examples: 2026-11-01, 2026-11-01T08:00, "
+                          "1793000000)") from None
 
 
 def _period(args: argparse.Namespace) -> tuple[float, float]:

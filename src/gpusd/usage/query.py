@@ -8,11 +8,10 @@ private: :func:`usage` leaves them out (``users`` empty, job ``user``/``command`
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from typing import Any
 
-from ..units import parse_duration  # noqa: F401  (re-exported: the one duration parser)
+from ..units import parse_duration as parse_duration  # re-exported: the one duration parser
 from .db import COARSE, FINE, HOURLY, STEP, Retention
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
@@ -30,7 +29,8 @@ def _inside(tier: int, lo: float, hi: float, start: float) -> str:
     if lo < start:
         factor = f"(CASE WHEN ts<{int(lo) + step} THEN {float(lo + step - start) / step!r} ELSE 1.0 END)"
     if hi % step:
-        factor += f"*(CASE WHEN ts+{step}>{float(hi)!r} THEN min(1.0, ({float(hi)!r}-ts)/max(seconds, 0.001)) ELSE 1.0 END)"
+        end = repr(float(hi))
+        factor += f"*(CASE WHEN ts+{step}>{end} THEN min(1.0, ({end}-ts)/max(seconds, 0.001)) ELSE 1.0 END)"
     return factor
 
 

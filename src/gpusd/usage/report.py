@@ -127,7 +127,8 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
     top.sort(key=lambda j: -j["gpu_hours"])
     return {
         "from": start, "to": end, "data_from": min(firsts) if firsts else None,
-        "data_to": max(lasts) if lasts else None, "by": by, "hosts": sorted(hosts), "private": private, "rows": out_rows,
+        "data_to": max(lasts) if lasts else None, "by": by, "hosts": sorted(hosts), "private": private,
+        "rows": out_rows,
         "totals": {"gpus": totals["gpus"], "gpu_hours_observed": round(totals["observed_h"], 4),
                    "gpu_hours_used": round(totals["used_h"], 4), "gpu_hours_held": round(totals["held_h"], 4),
                    "idle_held_hours": round(totals["idle_held_h"], 4),
