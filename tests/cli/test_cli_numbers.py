@@ -231,3 +231,29 @@ def test_unverified_hosts_are_said_once_with_a_count(capsys) -> None:
     say_unverified([_host(f"stranger-{i}", 1, False) for i in range(4)] + [_host("ok", 1, True)])  # type: ignore[list-item]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "left out 4 host(s)" in err and "ok" not in err.split(":", 2)[2], err
+
+
+# -- the newcomer's pass: what else was found ------------------------------------------------------------
+@pytest.mark.parametrize("extra", [[], ["--foreground"]])
+def test_a_state_directory_that_cannot_be_made_is_one_line(extra: list[str]) -> None:
+    r = gpusd_cli(["start", "--state-dir", "/proc/gpusd-nope/state", "--simulate", "1xT4", "--port", "0",
+                   "--interface", "127.0.0.1", *extra], timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("gpusd: cannot create the state directory /proc/gpusd-nope/state"), r.stderr
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["run", "--wait", "-n", "5", "--simulate", "2xT4", "--", "true"], "only 2 GPU"),
+    (["select", "--wait", "--include", "7", "--simulate", "2xT4"], "no GPU 7"),
+])
+def test_a_wait_that_can_never_end_is_refused_at_once(argv: list[str], why: str, tmp_path: Path) -> None:
+    """--wait for more GPUs than the machine has waited for ever, silently."""
+    env = dict(os.environ, PYTHONPATH=str(SRC), GPUSD_LOCK_DIR=str(tmp_path / "locks"), GPUSD_LEASE_SOCKET="off",
+               GPUSD_STATE_DIR=str(tmp_path / "state"))
+    r = gpusd_cli(argv, env=env, timeout=60)
+    assert r.returncode == 4 and why in r.stderr and "waiting cannot help" in r.stderr, r.stderr
+
+
+def test_top_width_must_be_a_width(capsys) -> None:
+    rc, out, err = cli(["top", "--once", "--local", "--simulate", "1xT4", "--width", "-3"], capsys)
+    assert rc == 2 and "--width" in err and out == ""

@@ -106,6 +106,17 @@ def _duration_text(text: str) -> str:
     return text
 
 
+def _columns(text: str) -> int:
+    """A terminal width: a whole number of columns, 20 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 20 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"must be a number of columns from 20 to 10000, not {text!r}")
+    return value
+
+
 def _positive_number(text: str) -> float:
     """A finite number > 0 in the flag's own unit (days, MiB)."""
     try:
@@ -418,7 +429,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reverse", action="store_true", help="reverse the sort order")
     p.add_argument("--filter", metavar="TEXT",
                    help="show only GPUs matching TEXT (host, model, UUID, user...; a term with * is a glob: A100*)")
-    p.add_argument("--width", type=int, metavar="N", help="with --once: render for N columns")
+    p.add_argument("--width", type=_columns, metavar="N", help="with --once: render for N columns (20 or more)")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")

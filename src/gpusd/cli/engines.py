@@ -51,21 +51,22 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None
     than a TTL): by a background thread of this process while it runs (``until`` None; the caller
     releases), or by a renewer process (``python -m gpusd.pool.renewer``) until ``until`` (epoch), whose
     pid is returned third."""
-    from ..engines.placement import PlacementError, new_job_id
+    from ..engines.placement import new_job_id
+    from ..errors import ConfigError  # wrong flags are usage errors (exit 2), as everywhere
 
     count = getattr(args, "count", None)
     if getattr(args, "placement", None) and count is not None:
-        raise PlacementError("-n and --placement exclude each other: -n reserves GPUs, --placement FILE "
+        raise ConfigError("-n and --placement exclude each other: -n reserves GPUs, --placement FILE "
                              "uses the hosts and GPUs the file names")
     if count is None:
         if getattr(args, "per_host", None) is not None:
-            raise PlacementError("--per-host needs -n N (the GPUs in all)")
+            raise ConfigError("--per-host needs -n N (the GPUs in all)")
         return placement_for(args), None, None
     from .pool import _client, _key, _reserve, _start_renewer
     from .trust import secret
 
     if count <= 0:
-        raise PlacementError("-n wants a positive number of GPUs")
+        raise ConfigError("-n wants a positive number of GPUs")
     job_id = new_job_id()
     key = _key(args)
     client = _client(args, key)
