@@ -257,3 +257,11 @@ def test_a_wait_that_can_never_end_is_refused_at_once(argv: list[str], why: str,
 def test_top_width_must_be_a_width(capsys) -> None:
     rc, out, err = cli(["top", "--once", "--local", "--simulate", "1xT4", "--width", "-3"], capsys)
     assert rc == 2 and "--width" in err and out == ""
+
+
+@pytest.mark.parametrize("argv", [["run", "--grace", "-1", "--", "true"],
+                                  ["launch", "--grace", "-1", "--placement", "x", "command", "--", "true"]])
+def test_grace_periods_are_durations_like_any_other(argv: list[str], capsys) -> None:
+    """launch --grace took any float (a negative one too); run --grace said it in other words."""
+    rc, _, err = cli(argv, capsys)
+    assert rc == 2 and "argument --grace: must be a duration 0 or more" in err, err

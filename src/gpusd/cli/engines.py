@@ -142,7 +142,9 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
 def add_ssh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-option", "-o", action="append", default=[], metavar="OPTION",
                    help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
-    p.add_argument("--grace", type=float, default=10.0, metavar="S",
+    from .jobs import grace
+
+    p.add_argument("--grace", type=grace, default=10.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
 
 

@@ -28,13 +28,16 @@ def _signal(text: str) -> int:
             raise argparse.ArgumentTypeError(f"not a signal: {text!r}") from None
 
 
-def _grace(text: str) -> float:
+def grace(text: str) -> float:
+    """A grace period (SIGTERM to SIGKILL): a duration from 0 to a day, in the words of every duration."""
+    from ..units import parse_duration
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < 86400:
-        raise argparse.ArgumentTypeError("the grace period is 0 to 86400 seconds")
+        value = parse_duration(text, zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value >= 86400:
+        raise argparse.ArgumentTypeError(f"must be a duration under a day (the grace period), not {text!r}")
     return value
 
 
@@ -47,7 +50,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
                    "priority, or moved off an overloaded GPU")
     g.add_argument("--pausable", action="store_true", help="may be paused (SIGSTOP) while its GPU is too hot")
-    g.add_argument("--grace", type=_grace, default=30.0, metavar="S",
+    g.add_argument("--grace", type=grace, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
