@@ -265,3 +265,9 @@ def test_grace_periods_are_durations_like_any_other(argv: list[str], capsys) -> 
     """launch --grace took any float (a negative one too); run --grace said it in other words."""
     rc, _, err = cli(argv, capsys)
     assert rc == 2 and "argument --grace: must be a duration 0 or more" in err, err
+
+
+def test_an_unknown_command_is_not_offered_the_unlisted_one(capsys) -> None:
+    rc, _, err = cli(["bogus-command"], capsys)
+    assert rc == 2 and "invalid choice: 'bogus-command'" in err and "'devices'" in err
+    assert "fleet-job" not in err  # run --fleet's remote entry point, not a command for people

@@ -44,6 +44,7 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\d+(\.\d*)?[a-zA-Z]*$|^-\.\d+[a-zA-Z]*$")
 
     def error(self, message: str) -> NoReturn:  # one line, documented exit code, no usage block
+        message = message.replace(", 'fleet-job'", "")  # the unlisted command is no choice to offer
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\nsee {self.prog} --help\n")
 
 
