@@ -64,3 +64,18 @@ def test_one_format_per_column_and_the_period_with_data(db: Path, capsys) -> Non
     code, out = report(capsys, "--db", str(db), "--from", str(T0 - 7 * 24 * HOUR), "--to", str(T0 + 600),
                        "--format", "html")
     assert "data from" in out.split("</h1>")[0]
+
+
+def test_since_90s_is_90_seconds(tmp_path: Path, capsys) -> None:
+    """The case of the issue: `report --since 90s` on a recording up to now gave 97.9 s per GPU."""
+    import time
+
+    spec = tmp_path / "scenario.json"
+    spec.write_text(json.dumps(SCENARIO))
+    path = tmp_path / "history.sqlite"
+    t0 = time.time() - 600
+    record_scenario(path, hours=600 / HOUR, interval=1.0, spec=spec, t0=t0)
+    code, out = report(capsys, "--db", str(path), "--since", "90s", "--format", "json")
+    assert code == 0
+    seconds = json.loads(out)["totals"]["gpu_hours_observed"] * 3600 / 2
+    assert seconds == pytest.approx(90, abs=3), seconds
