@@ -1,4 +1,5 @@
-"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio)."""
+"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio), and of
+durations such as ``90s``, ``15m`` or ``2h`` (the one duration parser of every flag and API)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,43 @@ def format_bytes(n: int | None, unit: str = "GiB") -> str:
     div = {"MiB": 1024**2, "GiB": 1024**3}[unit]
     value = n / div
     return f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|sec|m|min|h|d|w)?", re.IGNORECASE)
+_DURATION_UNIT = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_DURATION = 20 * 365 * 86400  # 20 years: longer is a typo, and would overflow timers
+DURATION_EXAMPLES = "seconds, or 90s, 15m, 6h, 7d, 2w"
+
+
+def parse_duration(text: str | float, zero: bool = False) -> float:
+    """``90``, ``90s``, ``15m``, ``6h``, ``7d``, ``2w`` -> seconds.  ``zero``: 0 is allowed (a timeout
+    of 0: do not wait); otherwise a duration must be longer than 0.  Raises ValueError with one
+    vocabulary for every flag: what was given and what a duration looks like."""
+    s = str(text).strip()
+    m = _DURATION.fullmatch(s)
+    least = "0 or more" if zero else "longer than 0"
+    if not m:
+        if s.startswith("-") and _DURATION.fullmatch(s[1:].strip()):
+            raise ValueError(f"must be a duration {least} ({DURATION_EXAMPLES}), not {s!r}")
+        raise ValueError(f"not a duration: {s!r} ({DURATION_EXAMPLES})")
+    value = float(m.group(1)) * _DURATION_UNIT[(m.group(2) or "").lower()]
+    if value > MAX_DURATION:
+        raise ValueError(f"must be a duration of at most 20 years, not {s!r}")
+    if value == 0 and not zero:
+        raise ValueError(f"must be a duration {least} ({DURATION_EXAMPLES}), not {s!r}")
+    return value
+
+
+def format_duration(seconds: float | None) -> str:
+    """``28`` -> ``28s``, ``3540`` -> ``59m``, ``7140`` -> ``1h59m``, ``183600`` -> ``2d3h``: a time
+    left or an age, rounded down to the two largest units a reader needs."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f"{s % 60:02d}s" if s < 600 and s % 60 else "")
+    if s < 86400:
+        return f"{s // 3600}h" + (f"{s % 3600 // 60:02d}m" if s % 3600 // 60 else "")
+    return f"{s // 86400}d" + (f"{s % 86400 // 3600}h" if s % 86400 // 3600 else "")

@@ -50,14 +50,14 @@ def test_nothing_found_exits_6(command: list[str], daemon: dict[str, Any]) -> No
     if "--json" in command:
         assert json.loads(r.stdout) == []
     else:
-        assert "no gpusd hosts" in r.stderr
+        assert r.stderr.startswith("gpusd: no gpusd hosts"), r.stderr
 
 
 @pytest.mark.parametrize("command", [["scan", "--timeout", "3"], ["list"]])
 def test_host_filter_that_removes_every_host_says_so(command: list[str], daemon: dict[str, Any]) -> None:
     r = gpusd(*command, "--session", daemon["session"], "--host", "other-*", env=daemon["env"])
     assert r.returncode == NO_DAEMON, (r.stdout, r.stderr)
-    assert "1 gpusd host(s) found, but none matched --host 'other-*'" in r.stderr
+    assert r.stderr.startswith("gpusd: 1 gpusd host(s) found, but none matched --host 'other-*'"), r.stderr
     assert "is a daemon running" not in r.stderr
     r = gpusd(*command, "--session", daemon["session"], "--host", "CLI-*", env=daemon["env"])
     assert r.returncode == 0 and "cli-host" in r.stdout, r.stderr

@@ -79,9 +79,9 @@ def test_placement_round_trips_and_excludes_reserving(tmp_path: Path) -> None:
     path = _placement_file(tmp_path)
     assert Placement.load(path) == P and P.head.hostname == "node-1" and P.total_gpus == 3
     r = _cli(["launch", "--placement", str(path), "-n", "3", "command", "--", "true"])
-    assert r.returncode == 1 and "-n and --placement exclude each other" in r.stderr, r.stderr
+    assert r.returncode == 2 and "-n and --placement exclude each other" in r.stderr, r.stderr  # bad usage
     r = _cli(["launch", "--placement", str(path), "--per-host", "2", "command", "--", "true"])
-    assert r.returncode == 1 and "--per-host needs -n" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--per-host needs -n" in r.stderr, r.stderr
     r = _cli(["launch", "command", "--", "true"], env={"GPUSD_PLACEMENT": ""})
     assert r.returncode == 1 and "give -n N to reserve" in r.stderr and "Traceback" not in r.stderr
     r = _cli(["hostfile", "--format", "json", "--placement", str(path)])

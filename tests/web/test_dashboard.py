@@ -295,4 +295,17 @@ async def test_each_host_shows_its_topology_as_nvidia_smi_does():
         assert bad[2] == ["GPU1", "N/A", "X", "0-31", "0"]  # a level NVML never gives: N/A
         assert await page.evaluate("document.querySelectorAll('img').length") == 0
         assert await page.evaluate("window.pwned === undefined")
+
+
+async def test_model_names_are_shown_whole_so_80gb_and_40gb_differ():
+    """Issue 18, item 16: a model cell cut with an ellipsis made A100-SXM4-80GB and A100-SXM4-40GB look
+    the same; the whole name is on screen (wrapped where it must be)."""
+    d = FakeDaemon([sim_host("gpu-node-1", "1xA100-80GB,1xA100-40GB,1xH100-80GB")])
+    (n1,) = list(d.hosts)
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n1)}.length === 3", timeout=15)
+        cells = await page.evaluate(f"[...{rows(n1)}].map(r => {{ const c = r.querySelector('.model'); "
+                                    "return [c.textContent, c.scrollWidth <= c.clientWidth + 1]; })")
+        assert [t for t, _ in cells] == ["A100-SXM4-80GB", "A100-SXM4-40GB", "H100 80GB HBM3"]
+        assert all(whole for _, whole in cells), cells  # nothing hidden behind an ellipsis
         assert browser.errors == []

@@ -61,13 +61,13 @@ class Adapter:
 
 
 @contextlib.asynccontextmanager
-async def dashboard(tmp: Path, local: bool, fragment: str = ""
+async def dashboard(tmp: Path, local: bool, fragment: str = "", hours: float = 6.0
                     ) -> AsyncIterator[tuple[Page, Browser, FakeDaemon, Recording]]:
     """The dashboard of a daemon with history, open in a browser.  ``local``: the browser counts as on
     the daemon's own machine (a loopback reader naming the daemon: it sees private fields); else as
     a reader on another machine (the page holds no secret, so it sees aggregates only)."""
     db = tmp / "history.sqlite"
-    record_scenario(db, hours=6.0, interval=10.0, t0=NOW - 6 * HOUR)
+    record_scenario(db, hours=hours, interval=10.0, t0=NOW - hours * HOUR)
     fake = FakeDaemon([sim_host("lab-node-1", "4xA100-80GB"), sim_host("lab-node-2", "2xH100-80GB")], token=TOKEN)
     app = make_app(fake, trust_loopback=local)
     rec = install_recording(app, Adapter(fake, db))
@@ -181,6 +181,47 @@ async def test_html_report_is_self_contained_and_draws_its_charts(tmp_path, caps
         shots = os.environ.get("GPUSD_SCREENSHOTS")
         if shots:
             await page.screenshot(Path(shots) / "history-report.png")
+        assert browser.errors == []
+    finally:
+        await browser.close()
+        if ns is not None:
+            ns.close()
+
+
+async def test_a_new_daemons_long_range_chart_spans_the_range_asked(tmp_path):
+    """Issue 18, item 9: a daemon with 30 s of history, charted over 7 and 30 days: the x axis is the
+    answer's from/to (the week or month before now), not a range uPlot makes up around a few points."""
+    async with dashboard(tmp_path, local=True, hours=30 / HOUR) as (page, browser, fake, rec):
+        await page.wait_for("!!(window.gpusdHistory && window.gpusdHistory.chart)", timeout=20)
+        for name, secs in (("7d", 7 * 86400), ("30d", 30 * 86400)):
+            await page.evaluate(f"document.querySelector('#hist-ranges button[data-range=\"{name}\"]').click()")
+            await page.wait_for(f"document.getElementById('hist-status').textContent.includes('every') && "
+                                f"window.gpusdHistory.chart && window.gpusdHistory.chart.scales.x.max - "
+                                f"window.gpusdHistory.chart.scales.x.min > {secs / 2}", timeout=10)
+            lo, hi = await page.evaluate("[window.gpusdHistory.chart.scales.x.min, "
+                                         "window.gpusdHistory.chart.scales.x.max]")
+            now = time.time()
+            assert abs(hi - now) < 600 and abs((hi - lo) - secs) < 3600, (name, lo, hi, now)
+        assert browser.errors == []
+
+
+async def test_a_short_report_draws_its_usage_above_a_tiny_axis(tmp_path, capsys):
+    """Minutes of GPU use: the usage chart's y axis fits them (it used to start at 0-1 GPU-hours)."""
+    db = tmp_path / "history.sqlite"
+    t0 = 6 * 3600.0 * 83334
+    record_scenario(db, hours=0.1, interval=10.0, t0=t0)
+    out = tmp_path / "report.html"
+    assert main(["report", "--db", str(db), "--from", str(t0), "--to", str(t0 + 360), "--format", "html",
+                 "-o", str(out)]) == 0
+    ns = Netns() if can_netns() else None
+    browser = await Browser.start(netns=ns.name if ns else None)
+    try:
+        page = await browser.page(out.as_uri(), width=1100, height=1300)
+        assert await page.wait_for("!!window.reportCharts && window.reportCharts.length === 2", timeout=15)
+        ymax = await page.evaluate("window.reportCharts[1].scales.y.max")
+        assert 0 < ymax < 0.5, ymax  # 0.1 h of use at most, per row
+        lo, hi = await page.evaluate("[window.reportCharts[0].scales.x.min, window.reportCharts[0].scales.x.max]")
+        assert abs(lo - t0) < 20 and abs(hi - (t0 + 360)) < 20, (lo, hi)
         assert browser.errors == []
     finally:
         await browser.close()

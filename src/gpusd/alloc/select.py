@@ -372,8 +372,22 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
         return pick(snap, ok, c)
     what = "MIG slice" if c.mig else "GPU"
     reasons = "; ".join(rejected[:8]) + (f"; and {len(rejected) - 8} more" if len(rejected) > 8 else "")
-    if not snap.gpus:
-        reasons = "this machine has no GPU"
+    reasons = never(snap, c) or reasons
     raise NoGpuAvailable(
         f"no {what}s available: need {c.count}, {len(ok)} qualify" + (f" ({reasons})" if reasons else "")
     )
+
+
+def never(snap: HostSnapshot, c: Constraints) -> str | None:
+    """Why ``c`` can never be met on this machine, whatever the load and the leases (a wait would
+    wait for ever): ``--include 7`` on a 4-GPU host, ``-n 5`` on one with 4, no GPU at all."""
+    if not snap.gpus:
+        return "this machine has no GPU"
+    units = [(g, m) for g in snap.gpus for m in ([None, *g.mig_instances])]
+    absent = [t for t in c.include or () if not any(_matches([t], g, m) for g, m in units)]
+    have = f"this machine has GPU{'s' if len(snap.gpus) != 1 else ''} " + ",".join(str(g.index) for g in snap.gpus)
+    if absent and c.count > len(c.include or ()) - len(absent):
+        return f"no GPU {', '.join(absent)} here; {have}"  # not "not in --include" for every GPU
+    if not c.mig and c.count > len(snap.gpus):
+        return f"this machine has only {len(snap.gpus)} GPU(s)"
+    return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -36,9 +37,15 @@ _COMMANDS: dict[str, str] = {}
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, documented exit code
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"gpusd: error: {message}\n")
+    # A value such as -1h or -5m is a (wrong) value, not an unknown flag: without this, argparse says
+    # "expected one argument" for --since -1h and the duration parser never gets to say what is wrong.
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._negative_number_matcher = re.compile(r"^-\d+(\.\d*)?[a-zA-Z]*$|^-\.\d+[a-zA-Z]*$")
+
+    def error(self, message: str) -> NoReturn:  # one line, documented exit code, no usage block
+        message = message.replace(", 'fleet-job'", "")  # the unlisted command is no choice to offer
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\nsee {self.prog} --help\n")
 
 
 class _Skipped:
@@ -74,21 +81,51 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 
 def _seconds(text: str) -> float:
-    """A duration flag: a finite number of seconds, 0 or more."""
+    """A duration flag (seconds, or 90s, 15m, 2h: :func:`gpusd.units.parse_duration`), 0 or more."""
+    from ..units import parse_duration
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {text!r}")
-    return value
+        return parse_duration(text, zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_seconds(text: str) -> float:
     """A period or duration that must be longer than zero."""
-    value = _seconds(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}")
+    from ..units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration_text(text: str) -> str:
+    """A duration kept as given (``--since 7d``, ``--for 2h``), checked now so that a wrong one is a
+    usage error like any other duration's."""
+    _positive_seconds(text)
+    return text
+
+
+def _columns(text: str) -> int:
+    """A terminal width: a whole number of columns, 20 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 20 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"must be a number of columns from 20 to 10000, not {text!r}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    """A finite number > 0 in the flag's own unit (days, MiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number greater than 0, not {text!r}")
     return value
 
 
@@ -236,7 +273,7 @@ def _build_parser() -> argparse.ArgumentParser:
         g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
     _fleet_flags(p)
     p.add_argument("--per-host", type=int, metavar="N", help="N GPUs on each of -n/N hosts (default: all on one)")
-    p.add_argument("--for", dest="duration", metavar="DURATION", default="2h",
+    p.add_argument("--for", dest="duration", metavar="DURATION", default="2h", type=_duration_text,
                    help="hold them this long at most (90s, 30m, 2h; default 2h), renewed in the background")
     p.add_argument("--note", metavar="TEXT", help="a note shown with the lease (private, like a command line)")
     p.add_argument("--json", action="store_true", help="print the reservation as JSON")
@@ -322,9 +359,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    "dashboards made for it (default: on)")
     h = p.add_argument_group("usage history (docs/history.md)")
     h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
-    h.add_argument("--retention", type=_positive_seconds, default=365.0, metavar="DAYS",
+    h.add_argument("--retention", type=_positive_number, default=365.0, metavar="DAYS",
                    help="days of 5-minute history and job records kept (default 365)")
-    h.add_argument("--history-size", type=_positive_seconds, default=1024.0, metavar="MIB",
+    h.add_argument("--history-size", type=_positive_number, default=1024.0, metavar="MIB",
                    help="size bound of the history database in MiB (default 1024)")
     h.add_argument("--idle-after", type=_positive_seconds, default=900.0, metavar="S",
                    help="mark a lease idle after S seconds under 5 %% utilisation (default 900)")
@@ -402,19 +439,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reverse", action="store_true", help="reverse the sort order")
     p.add_argument("--filter", metavar="TEXT",
                    help="show only GPUs matching TEXT (host, model, UUID, user...; a term with * is a glob: A100*)")
-    p.add_argument("--width", type=int, metavar="N", help="with --once: render for N columns")
+    p.add_argument("--width", type=_columns, metavar="N", help="with --once: render for N columns (20 or more)")
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='mark GPUs breaking RULE, e.g. "temperature>85", "utilization>90 for 60s" (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     add_token_flags(p, "sign requests, see process owners and commands of verified hosts")
     beyond_flags(p)
-    p.add_argument("--history", default="1h", metavar="RANGE",
+    p.add_argument("--history", default="1h", metavar="RANGE", type=_duration_text,
                    help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
 
     p = _command(sub, "report", "gpusd.cli.report:report",
                  "usage report: GPU-hours used and held, idle reservations, utilisation, energy, top jobs")
     when = p.add_argument_group("period")
-    when.add_argument("--since", default="7d", metavar="DURATION", help="the last DURATION (default 7d; 12h, 30d...)")
+    when.add_argument("--since", default="7d", metavar="DURATION", type=_duration_text,
+                      help="the last DURATION (default 7d; 12h, 30d...)")
     when.add_argument("--from", dest="from_", metavar="TIME", help="start (2026-11-01, 2026-11-01T08:00, epoch s)")
     when.add_argument("--to", metavar="TIME", help="end (default now)")
     p.add_argument("--by", choices=("user", "host", "gpu", "model"), default="user",
@@ -485,8 +523,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
     p.add_argument("--port", type=int, default=None,
                    help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
-    p.add_argument("--python", default="python3", help="the Python that runs gpusd's per-rank wrapper (mpirun, "
-                   "horovodrun; default python3)")
+    p.add_argument("--python", default=None, help="the Python that runs gpusd's per-rank wrapper (mpirun, "
+                   "horovodrun; default: this machine's interpreter where the same path exists on the host, "
+                   "else the one of the gpusd command on the host's PATH)")
     p.add_argument("engine", choices=ecli.ENGINES, metavar="ENGINE",
                    help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")

@@ -195,6 +195,11 @@ def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
 
 def start(args: argparse.Namespace) -> int:
     state = _state_dir(args)
+    try:  # one line, not a traceback, for a state directory that cannot be (/proc/x, a read-only disk)
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the state directory {state}: {exc.strerror or exc} "
+                          "(give --state-dir DIR or $GPUSD_STATE_DIR)") from None
     cfg = _config(args, state)
     if args.hostname:
         os.environ["GPUSD_HOSTNAME"] = args.hostname

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import ConfigError
 from ..model import display_name
 from ..sanitize import dumps, for_terminal
-from ..units import format_bytes
+from ..units import format_bytes, format_duration
 from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
@@ -101,9 +101,9 @@ def scan(args: argparse.Namespace) -> int:
 def _nothing_found(args: argparse.Namespace, unmatched: int, otherwise: str) -> str:
     """Why nothing is listed: the --host filter left out every host found, or there was none."""
     if args.host and unmatched:
-        return (f"{unmatched} gpusd host(s) found, but none matched --host {args.host!r} "
+        return (f"gpusd: {unmatched} gpusd host(s) found, but none matched --host {args.host!r} "
                 "(a glob on the host name, case-insensitive)")
-    return otherwise
+    return f"gpusd: {otherwise}"
 
 
 def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
@@ -232,8 +232,11 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
                 state = "leased"
                 remote = [le for le in g.leases if le.expires is not None]
                 if remote:  # held by a daemon for a remote holder (docs/pool.md): who, and for how long
-                    left = max(0.0, (remote[0].expires or 0) - time.time())
-                    state = f"reserved {for_terminal(remote[0].user, 24) or '?'} {left:.0f}s"
+                    # the user is private (hidden from an unverified reader); the seconds are the
+                    # lease's TTL left, renewed by its holder, not when the reservation ends
+                    left = format_duration((remote[0].expires or 0) - time.time())
+                    who = for_terminal(remote[0].user, 24)
+                    state = f"reserved{' by ' + who if who else ''} (ttl {left})"
             elif g.processes:
                 state = f"{len(g.processes)} proc"
             elif g.is_free:
@@ -289,8 +292,5 @@ def watch(args: argparse.Namespace) -> int:
         finally:
             await client.stop_listening()
 
-    try:
-        asyncio.run(go())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(go())  # Ctrl-C: main() says "interrupted" and exits 130, as documented
     return 0

@@ -51,21 +51,22 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None
     than a TTL): by a background thread of this process while it runs (``until`` None; the caller
     releases), or by a renewer process (``python -m gpusd.pool.renewer``) until ``until`` (epoch), whose
     pid is returned third."""
-    from ..engines.placement import PlacementError, new_job_id
+    from ..engines.placement import new_job_id
+    from ..errors import ConfigError  # wrong flags are usage errors (exit 2), as everywhere
 
     count = getattr(args, "count", None)
     if getattr(args, "placement", None) and count is not None:
-        raise PlacementError("-n and --placement exclude each other: -n reserves GPUs, --placement FILE "
+        raise ConfigError("-n and --placement exclude each other: -n reserves GPUs, --placement FILE "
                              "uses the hosts and GPUs the file names")
     if count is None:
         if getattr(args, "per_host", None) is not None:
-            raise PlacementError("--per-host needs -n N (the GPUs in all)")
+            raise ConfigError("--per-host needs -n N (the GPUs in all)")
         return placement_for(args), None, None
     from .pool import _client, _key, _reserve, _start_renewer
     from .trust import secret
 
     if count <= 0:
-        raise PlacementError("-n wants a positive number of GPUs")
+        raise ConfigError("-n wants a positive number of GPUs")
     job_id = new_job_id()
     key = _key(args)
     client = _client(args, key)
@@ -108,7 +109,7 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
     """``-n``/``--per-host``, the constraints and the fleet flags of ``gpusd reserve`` (with
     ``with_count``), and ``--placement FILE``; ``hold``: the default of ``--for`` (how long a
     reservation outlives the command that made it)."""
-    from . import _fleet_flags, _positive_seconds, _seconds, _Skipped
+    from . import _duration_text, _fleet_flags, _positive_seconds, _seconds, _Skipped
 
     if isinstance(p, _Skipped):
         return
@@ -125,7 +126,7 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
         g.add_argument("--ttl", type=_positive_seconds, default=30.0, metavar="S",
                        help="the leases end S seconds after their last renewal (default 30)")
         if hold:
-            g.add_argument("--for", dest="duration", metavar="DURATION", default=hold,
+            g.add_argument("--for", dest="duration", metavar="DURATION", default=hold, type=_duration_text,
                            help=f"without a command to wait for: hold the GPUs this long at most (default {hold}), "
                            "renewed in the background")
         p.set_defaults(count=None)  # -n absent: --placement
@@ -141,7 +142,9 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
 def add_ssh_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-option", "-o", action="append", default=[], metavar="OPTION",
                    help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
-    p.add_argument("--grace", type=float, default=10.0, metavar="S",
+    from .jobs import grace
+
+    p.add_argument("--grace", type=grace, default=10.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
 
 

@@ -28,13 +28,16 @@ def _signal(text: str) -> int:
             raise argparse.ArgumentTypeError(f"not a signal: {text!r}") from None
 
 
-def _grace(text: str) -> float:
+def grace(text: str) -> float:
+    """A grace period (SIGTERM to SIGKILL): a duration from 0 to a day, in the words of every duration."""
+    from ..units import parse_duration
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < 86400:
-        raise argparse.ArgumentTypeError("the grace period is 0 to 86400 seconds")
+        value = parse_duration(text, zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value >= 86400:
+        raise argparse.ArgumentTypeError(f"must be a duration under a day (the grace period), not {text!r}")
     return value
 
 
@@ -47,7 +50,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
                    "priority, or moved off an overloaded GPU")
     g.add_argument("--pausable", action="store_true", help="may be paused (SIGSTOP) while its GPU is too hot")
-    g.add_argument("--grace", type=_grace, default=30.0, metavar="S",
+    g.add_argument("--grace", type=grace, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
@@ -120,6 +123,7 @@ def jobs(args: argparse.Namespace) -> int:
 
     from ..jobs.record import list_jobs, priority_name
     from ..sanitize import dumps, for_terminal
+    from ..units import format_duration
     from .table import render_table
 
     records = _visible(list_jobs(cleanup=True), args.all)
@@ -131,14 +135,20 @@ def jobs(args: argparse.Namespace) -> int:
     def cell(text: str | None, limit: int = 40) -> str:
         return for_terminal(text, limit) or "-"
 
+    def gpus(r: "JobRecord") -> str:
+        """How many GPUs, then which: ``2 (0,1)``; an index alone reads like a count."""
+        names = list(r.labels) or [str(i) for i in r.indices]
+        return f"{len(names)} ({cell(','.join(names), 64)})" if names else "0"
+
     rows = [[r.job, cell(r.user, 32), cell(r.state, 12), priority_name(r.priority) + ("*" if r.preemptible else ""),
-             cell(",".join(r.labels) or ",".join(str(i) for i in r.indices), 64), str(r.restarts),
-             f"{max(0.0, now - r.started):.0f}s" if r.started else "-", cell(r.command)] for r in records]
+             gpus(r), str(r.restarts), format_duration(now - r.started) if r.started else "-",
+             cell(r.command)] for r in records]
     if not rows:
         print("no jobs" + ("" if args.all else " of yours (--all: every user's)"))
         return 0
     print(render_table(["JOB", "USER", "STATE", "PRIORITY", "GPUS", "RESTARTS", "AGE", "COMMAND"], rows))
-    print("* preemptible")
+    if any(r.preemptible for r in records):
+        print("* preemptible")
     return 0
 
 

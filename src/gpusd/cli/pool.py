@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -24,11 +25,12 @@ REMOTE_PID = "gpusd-remote-pid"
 
 
 def _key(args: argparse.Namespace) -> FleetKey:
-    from .trust import fleet_key
+    from .trust import MAKE_ONE, fleet_key
 
     key = fleet_key(args)
     if key is None:
-        raise ConfigError("the fleet pool needs the fleet secret: --token-file FILE, $GPUSD_TOKEN_FILE or $GPUSD_TOKEN")
+        raise ConfigError("the fleet pool needs the fleet secret (--token-file FILE, $GPUSD_TOKEN_FILE or "
+                          f"$GPUSD_TOKEN), and none was given; {MAKE_ONE}")
     return key
 
 
@@ -40,10 +42,23 @@ def _client(args: argparse.Namespace, key: FleetKey) -> Client:
     return Client(args.session, interfaces=args.interfaces, key=key, **beyond_args(args))
 
 
+def say_unverified(hosts: Sequence[RemoteHost]) -> None:
+    """Once per command, how many hosts the pool left out because they did not prove they hold
+    the fleet secret (``-v`` logs each one)."""
+    from ..sanitize import for_terminal
+
+    names = sorted({for_terminal(h.hostname, 64) for h in hosts if h.verified is False})
+    if names:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        print(f"gpusd: left out {len(names)} host(s) that did not prove they hold the fleet secret: {shown}",
+              file=sys.stderr)
+
+
 def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
     client = _client(args, key)
     try:
         client.wait_settled(3.0)
+        say_unverified(client.hosts)
         return client.hosts
     finally:
         client.stop_listening()
@@ -58,9 +73,13 @@ def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: 
     per = getattr(args, "per_host", None)
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout only makes sense with --wait")
-    return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model, session=args.session,
-                   interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait, timeout=args.timeout,
-                   key=key, client=client, job=job)
+    try:
+        return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model,
+                       session=args.session, interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait,
+                       timeout=args.timeout, key=key, client=client, job=job)
+    finally:
+        if client is not None:
+            say_unverified(client.hosts)
 
 
 def fleet_selectors(args: argparse.Namespace) -> list[str]:
@@ -216,16 +235,28 @@ def reservations(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps({"reservations": found}, indent=2))
         return 0
+    from ..units import format_duration
+
     now = time.time()
+
+    def ends(d: dict[str, Any]) -> str:
+        """When the reservation ends: the end its holder announced (--for), else with its holder
+        (a run or launch holds it while it runs; the lease ends a TTL after its last renewal)."""
+        end, expires = d.get("ends"), d.get("expires")
+        if isinstance(end, (int, float)) and not isinstance(end, bool):
+            return "in " + format_duration(float(end) - now)
+        ok = isinstance(expires, (int, float)) and not isinstance(expires, bool)
+        ttl = f" (ttl {format_duration(float(expires) - now)})" if ok else ""  # type: ignore[arg-type]
+        return "with its holder" + ttl
+
     rows = [[for_terminal(str(d.get("lease_id")), 16), for_terminal(str(d.get("host")), 32),
              ",".join(str(x.get("index")) for x in d.get("devices") or [] if isinstance(x, dict)),
              for_terminal(str(d.get("user")), 40), for_terminal(str(d.get("remote_from")), 40),
-             f"{max(0.0, float(d.get('expires') or now) - now):.0f}s",
-             for_terminal(str(d.get("command") or "-"), 40)] for d in found]
+             ends(d), for_terminal(str(d.get("command") or "-"), 40)] for d in found]
     if not rows:
         print("no reservations" + ("" if args.all else " of yours (--all: everyone's)"))
         return 0
-    print(render_table(["LEASE", "HOST", "GPUS", "HOLDER", "FROM", "EXPIRES IN", "NOTE"], rows))
+    print(render_table(["LEASE", "HOST", "GPUS", "HOLDER", "FROM", "ENDS", "NOTE"], rows))
     return 0
 
 
@@ -333,6 +364,24 @@ def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
     return wait_forwarding(proc, send, interactive)
 
 
+_SSH_CLOSED = re.compile(rb"^Connection to \S+ closed\.\r?\n?$")  # ssh -tt's goodbye, not the command's
+_SSH_UNRESOLVED = re.compile(rb"Could not resolve hostname")
+
+
+def _ssh_name_hint(part: HostLease) -> str:
+    """What to put in ssh's config when ssh cannot resolve the name a host announced."""
+    from urllib.parse import urlsplit
+
+    from ..sanitize import for_terminal
+
+    name = for_terminal(part.hostname, 64)
+    seen = for_terminal(urlsplit(part.url).hostname or "", 64)
+    at = f" (it answered gpusd at {seen})" if seen else ""
+    config = os.environ.get("GPUSD_SSH_CONFIG") or "~/.ssh/config"
+    return (f"gpusd: ssh cannot resolve {name}, the name the chosen host announced{at}; tell ssh where it is "
+            f"in {config}:\n    Host {name}\n        HostName ITS-ADDRESS-OR-DNS-NAME\n")
+
+
 def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: Sequence[str] = ()) -> int:
     from ..engines.placement import check_ssh_target
 
@@ -341,38 +390,78 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
     base = ssh_base(options)
     tty = os.isatty(0)
     argv = [*base, *(["-tt"] if tty else ["-T"]), "--", target, remote_script(part.env, cmd, job)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=not tty)
+    # at a terminal the remote pty merges the command's stderr into its output: the protocol line
+    # then arrives on ssh's stdout, which is read here so that it never reaches the screen
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.PIPE if tty else None,
+                            start_new_session=not tty)
     remote_pid: list[int] = []
     assert proc.stderr is not None
     err = proc.stderr
+    protocol = REMOTE_PID.encode()
+
+    def pid_line(line: bytes) -> bool:
+        """Take the protocol line (``gpusd-remote-pid PID [job]``): True when ``line`` was it."""
+        if remote_pid or not line.startswith(protocol):
+            return False
+        words = line.split()
+        try:
+            remote_pid.append(int(words[1]))
+        except (IndexError, ValueError):
+            remote_pid.append(0)  # seen, but no pid to signal
+        if job and words[2:3] != [b"job"]:
+            from ..sanitize import for_terminal
+
+            where = for_terminal(part.hostname, 64)
+            sys.stderr.buffer.write(f"gpusd: no gpusd with fleet jobs on the PATH of an ssh session on {where}: the "
+                                    "command runs there without a job record (gpusd jobs there does not list it)\n"
+                                    .encode())
+            sys.stderr.buffer.flush()
+        return True
 
     def pump() -> None:
-        first = True
         out = sys.stderr.buffer
         for line in iter(err.readline, b""):
-            if first and line.startswith(REMOTE_PID.encode()):
-                first = False
-                words = line.split()
-                try:
-                    remote_pid.append(int(words[1]))
-                except (IndexError, ValueError):
-                    pass
-                if job and words[2:3] != [b"job"]:
-                    from ..sanitize import for_terminal
-
-                    where = for_terminal(part.hostname, 64)
-                    out.write(f"gpusd: no gpusd with fleet jobs on the PATH of an ssh session on {where}: the command "
-                              "runs there without a job record (gpusd jobs there does not list it)\n".encode())
-                    out.flush()
+            if pid_line(line) or (tty and _SSH_CLOSED.match(line)):
                 continue
             out.write(line)
+            if _SSH_UNRESOLVED.search(line):
+                out.write(_ssh_name_hint(part).encode())
             out.flush()
 
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
+    def pump_out() -> None:
+        """The command's output at a terminal: passed on as it comes, the protocol line taken out."""
+        assert proc.stdout is not None
+        fd, out = proc.stdout.fileno(), sys.stdout.buffer
+        pending = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            if remote_pid or len(pending) > 65536:
+                out.write(pending + chunk)
+                pending = b""
+            else:  # until the protocol line has come (it is the first line the remote script prints)
+                pending += chunk
+                while b"\n" in pending and not remote_pid:
+                    line, _, pending = pending.partition(b"\n")
+                    if not pid_line(line + b"\n"):
+                        out.write(line + b"\n")
+                if remote_pid:
+                    out.write(pending)
+                    pending = b""
+            out.flush()
+        if pending:
+            out.write(pending)
+            out.flush()
+
+    threads = [threading.Thread(target=pump, daemon=True)]
+    if tty:
+        threads.append(threading.Thread(target=pump_out, daemon=True))
+    for t in threads:
+        t.start()
 
     def send(signum: int) -> None:
-        if not remote_pid:  # not started yet: end the connection
+        if not remote_pid or not remote_pid[0]:  # not started yet: end the connection
             proc.send_signal(signal.SIGTERM)
             return
         name = signal.Signals(signum).name.removeprefix("SIG")
@@ -380,5 +469,6 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     rc = _wait(proc, send, tty)
-    t.join(2)
+    for t in threads:
+        t.join(2)
     return rc

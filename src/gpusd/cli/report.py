@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 LOCAL_URL = "http://127.0.0.1:4780"
 
 
-def _time(text: str) -> float:
-    """``2026-11-01``, ``2026-11-01T08:00``, or seconds since the epoch."""
+def _time(text: str, flag: str) -> float:
+    """``2026-11-01``, ``2026-11-01T08:00``, or seconds since the epoch (``flag``: named in the error)."""
     try:
         return float(text)
     except ValueError:
@@ -28,17 +28,21 @@ def _time(text: str) -> float:
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
-        raise ConfigError(f"not a time: {text!r} (examples: 2026-11-01, 2026-11-01T08:00, 1793000000)") from None
+        raise ConfigError(f"{flag}: not a time: {text!r} (examples: 2026-11-01, 2026-11-01T08:00, "
+                          "1793000000)") from None
 
 
 def _period(args: argparse.Namespace) -> tuple[float, float]:
-    from ..usage.query import parse_duration
+    from ..units import parse_duration
 
-    end = _time(args.to) if args.to else time.time()
-    try:
-        start = _time(args.from_) if args.from_ else end - parse_duration(args.since)
-    except ValueError as exc:
-        raise ConfigError(f"--since: {exc}") from None
+    end = _time(args.to, "--to") if args.to else time.time()
+    if args.from_:
+        start = _time(args.from_, "--from")
+    else:
+        try:
+            start = end - parse_duration(args.since)
+        except ValueError as exc:
+            raise ConfigError(f"--since: {exc}") from None
     if not start < end:
         raise ConfigError("--from must be before --to")
     return start, end

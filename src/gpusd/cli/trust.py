@@ -18,6 +18,12 @@ HINT = ("--token VALUE would show the fleet secret to every local user (ps): put
         "read and pass --token-file FILE, or set $GPUSD_TOKEN")
 
 
+# how to make the secret, for every message that finds none (the recipe of docs/security.md)
+MAKE_ONE = ("make one with: openssl rand -hex 32 > fleet.key && chmod 600 fleet.key, copy it to every host "
+            "(each daemon: gpusd start --token-file fleet.key), then pass --token-file fleet.key "
+            "or set $GPUSD_TOKEN_FILE (docs/security.md)")
+
+
 class RefuseSecretOnArgv(argparse.Action):
     """``--token VALUE``: an error with the way to do it instead."""
 

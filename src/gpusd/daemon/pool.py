@@ -79,6 +79,7 @@ class Held:
     devices: list[dict[str, Any]] = field(default_factory=list)
     job: str | None = None  # the fleet run's job id (gpusd run --fleet), named in the record
     identity: str = ""  # who holds it, as the daemon can check: signing key and peer (access.holder_of)
+    ends: float | None = None  # when the holder said it stops renewing (its "left", on our clock): shown only
     renewing: bool = False  # a renewal is rewriting the record (on the executor)
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
 
@@ -86,7 +87,7 @@ class Held:
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
                 "command": self.note, "remote_from": self.remote_from, "ttl": self.ttl,
                 "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
-                "env": self.selection.env() if self.selection is not None else {}}
+                "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}}
 
 
 class Pool:
@@ -221,6 +222,7 @@ class Pool:
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
         held.ttl, held.expires = ttl, expires
+        held.ends = _ends(body.get("left"), held.ends)
         return 200, held.to_dict(self.daemon.hostname, self.daemon.node_id)
 
     def end(self, lease_id: str, why: str) -> Held | None:
@@ -271,6 +273,14 @@ class Pool:
 
 def _event(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k != "env"}
+
+
+def _ends(left: object, before: float | None) -> float | None:
+    """The holder's ``left`` (seconds it means to keep renewing; informational, for listings) as a time
+    on this daemon's clock; anything but a number from 0 to 20 years is ignored."""
+    if type(left) in (int, float) and 0 <= left <= 20 * 365 * 86400:  # type: ignore[operator]
+        return time.time() + float(left)  # type: ignore[arg-type]
+    return before
 
 
 def _ttl(v: object) -> float:

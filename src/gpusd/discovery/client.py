@@ -482,9 +482,9 @@ class AsyncClient:
             peer.task.cancel()
         self._report_removed(peer, reason)
 
-    def _problem(self, peer: _Peer, message: str) -> None:
+    def _problem(self, peer: _Peer, message: str, level: int = logging.WARNING) -> None:
         """Log a problem with a peer once (repeats at debug level)."""
-        level = logging.DEBUG if message in peer.problems else logging.WARNING
+        level = logging.DEBUG if message in peer.problems else level
         peer.problems.add(message)
         log.log(level, "skipping %s: %s", peer.name, message)
 
@@ -786,8 +786,10 @@ class AsyncClient:
                     host.verified = self._believe(peer, host, self._proved(
                         url + "/events", headers, resp, nonce, host, host.txt.cert_fp if secure else None))
                 if host.verified is False and host.copy_of is None:
+                    # INFO: the views mark such a host [unverified] and the pool commands say once how
+                    # many they left out (a LAN of strangers would otherwise print a line per host)
                     self._problem(peer, "did not prove it holds the fleet secret: shown as unverified, "
-                                        "without private fields")
+                                        "without private fields", logging.INFO)
                 # host.url stays the plain HTTP API base (public reads, Prometheus targets, the
                 # dashboard's alert requests), also when the stream itself came over TLS
                 outcome = await self._read_stream(peer, host, resp, f"http://{address}:{host.port}{API_PREFIX}",

@@ -101,11 +101,36 @@ def mpi_env(p: Placement) -> dict[str, str]:
     return {RANK_GPUS_VAR: rank_gpus(p), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def rank_wrapper(python: str = "python3") -> list[str]:
-    return [python, "-m", "gpusd.engines.rank_gpu", "--"]
+RANK_MODULE = "gpusd.engines.rank_gpu"
+
+# The Python of each rank's wrapper when none is named (gpusd launch without --python): this
+# machine's own interpreter where the same path exists on the host and imports gpusd (a venv on a
+# shared home, an identical image), else the one of the ``gpusd`` command on the host's PATH (its
+# #! line); otherwise a message that says what was tried, and exit 127.  $1: this machine's path.
+FIND_PYTHON = (
+    'here=$1; shift; '
+    f'if [ -x "$here" ] && "$here" -c "import {RANK_MODULE}" 2>/dev/null; then exec "$here" -m {RANK_MODULE} "$@"; fi; '
+    'g=$(command -v gpusd 2>/dev/null); py=; '
+    'if [ -n "$g" ]; then py=$(sed -n "1s/^#! *//p" "$g" 2>/dev/null); fi; '
+    f'if [ -n "$py" ] && $py -c "import {RANK_MODULE}" 2>/dev/null; then exec $py -m {RANK_MODULE} "$@"; fi; '
+    'echo "gpusd launch: no Python with gpusd on $(hostname): tried $here (the path on the launching machine:'
+    ' missing here or without gpusd) and the gpusd on PATH (${g:-not found}${py:+, #!$py});'
+    ' install gpusd there or give gpusd launch --python PATH" >&2; exit 127'
+)
 
 
-def mpirun_argv(p: Placement, hostfile: str, args: Sequence[str], python: str = "python3",
+def rank_wrapper(python: str | None = "python3", here: str | None = None) -> list[str]:
+    """What runs before each rank's command: ``python3 -m gpusd.engines.rank_gpu --``; with
+    ``python`` None, a shell that finds the interpreter on the host (:data:`FIND_PYTHON`; ``here``:
+    this machine's interpreter, default ``sys.executable``)."""
+    if python is not None:
+        return [python, "-m", RANK_MODULE, "--"]
+    import sys
+
+    return ["sh", "-c", FIND_PYTHON, "gpusd-rank", here or sys.executable, "--"]
+
+
+def mpirun_argv(p: Placement, hostfile: str, args: Sequence[str], python: str | None = "python3",
                 extra: Sequence[str] = ()) -> list[str]:
     """``mpirun --hostfile HF -np N --map-by slot -x ... python3 -m gpusd.engines.rank_gpu -- ARGS``.
     ``--map-by slot`` fills the hosts in hostfile order, which the wrapper checks."""
@@ -132,7 +157,7 @@ def horovod_discovery_script(source: Sequence[str]) -> str:
         " ".join(shlex.quote(a) for a in source) + "\n"
 
 
-def horovodrun_argv(p: Placement, args: Sequence[str], python: str = "python3") -> list[str]:
+def horovodrun_argv(p: Placement, args: Sequence[str], python: str | None = "python3") -> list[str]:
     return ["horovodrun", "-np", str(p.total_gpus), "-H", horovod_hosts(p), *rank_wrapper(python), *args]
 
 

@@ -104,6 +104,8 @@ def _signal(spec: Any, what: str, convert: Any = float, phase: float = 0.0) -> _
             low, high = float(convert(spec["min"])), float(convert(spec["max"]))
             return _Signal(low, low, high, float(spec.get("period", 60)), phase)
         return _Signal(float(convert(spec)))
+    except ConfigError:
+        raise  # already says what is wrong (and is a ValueError: not wrapped in itself again)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"bad {what} in scenario: {spec!r} ({exc})") from None
 

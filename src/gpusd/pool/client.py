@@ -78,6 +78,7 @@ class Reservation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = False
+        self.until: float | None = None  # when the holder stops renewing (epoch), told to the daemons as "left"
 
     # the common single-host case
     @property
@@ -99,7 +100,10 @@ class Reservation:
     def renew(self, ttl: float | None = None) -> None:
         """One heartbeat for every part; sets :attr:`lost` (and raises) when a daemon forgot one."""
         for p in self.parts:
-            reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, {"ttl": ttl} if ttl else {})
+            body: dict[str, float] = {"ttl": ttl} if ttl else {}
+            if self.until is not None:  # a duration, never a time: the daemon's clock decides
+                body["left"] = round(max(0.0, self.until - time.time()), 1)
+            reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, body)
             if reply.status == 404:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
@@ -112,6 +116,8 @@ class Reservation:
         """Renew every ttl/3 seconds in a daemon thread; stop (and release) at ``until`` (epoch)."""
         if self._thread is not None:
             return
+        if until is not None:
+            self.until = until
 
         def loop() -> None:
             period = max(0.5, min(p.ttl for p in self.parts) / 3)
@@ -352,7 +358,8 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
                 return Reservation(got, key)
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
-                                     + (f" (hosts matching {host!r})" if host else ""))
+                                     + (f" (hosts matching {host!r})" if host else "")
+                                     + _largest(client.hosts, per, host, per_host is None))
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"gave up waiting after {timeout:g}s: no verified host had {per} GPU(s) free")
@@ -367,6 +374,22 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
 
 
 MIN_TTL, MAX_TTL = 2.0, 3600.0
+
+
+def _largest(hosts: Iterable[RemoteHost], per: int, host: str | None, spread: bool) -> str:
+    """Why no host can ever qualify, when that is why: none is verified, or the largest has fewer
+    GPUs than one host was asked for (``reserve -n 5`` on hosts of 2)."""
+    from ..sanitize import for_terminal
+
+    ok = [h for h in hosts if h.verified is True and h.snapshot is not None and h.alive
+          and (host is None or fnmatch.fnmatch(h.hostname, host))]
+    if not ok:
+        return ": no verified host was found (is the fleet secret the daemons' own?)"
+    big = max(ok, key=lambda h: (len(h.gpus()), h.hostname))
+    if len(big.gpus()) >= per:
+        return ""
+    hint = "; --per-host N spreads them over several hosts" if spread else ""
+    return f": the largest verified host, {for_terminal(big.hostname, 64)}, has {len(big.gpus())}{hint}"
 
 
 def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetKey, holder: str,

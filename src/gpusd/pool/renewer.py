@@ -131,6 +131,7 @@ def main() -> int:
         key = FleetKey(str(d["secret"]))
         until = float(d["until"])
         res = Reservation([HostLease.from_dict(x) for x in d["leases"]], key)
+        res.until = until  # the daemons show when the reservation ends, not only the TTL
     except (ValueError, KeyError, TypeError):
         return 2
     remember([p.to_dict() for p in res.parts], os.getpid(), until)

@@ -8,10 +8,10 @@ private: :func:`usage` leaves them out (``users`` empty, job ``user``/``command`
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from typing import Any
 
+from ..units import parse_duration as parse_duration  # re-exported: the one duration parser
 from .db import COARSE, FINE, HOURLY, STEP, Retention
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
@@ -19,15 +19,19 @@ MAX_POINTS = 720  # points per series: enough for a chart as wide as a screen
 TOP_JOBS = 20
 
 
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``6h``, ``7d``, ``2w`` -> seconds.  Raises ValueError."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (examples: 90s, 15m, 6h, 7d, 2w)")
-    value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
-    if not 0 < value <= 20 * 365 * 86400:
-        raise ValueError(f"duration out of range: {text!r}")
-    return value
+def _inside(tier: int, lo: float, hi: float, start: float) -> str:
+    """The SQL factor of a bucket's sums inside [start, hi): a bucket that began before ``start``
+    counts for its share after it (--since 90s is 90 s, not 90 s plus the rest of the first 10-s
+    bucket); one that ends after ``hi`` for its seconds up to ``hi`` (all of them when it is the
+    bucket being filled now).  Only numbers computed here go into the text."""
+    step = STEP[tier]
+    factor = "1.0"
+    if lo < start:
+        factor = f"(CASE WHEN ts<{int(lo) + step} THEN {float(lo + step - start) / step!r} ELSE 1.0 END)"
+    if hi % step:
+        end = repr(float(hi))
+        factor += f"*(CASE WHEN ts+{step}>{end} THEN min(1.0, ({end}-ts)/max(seconds, 0.001)) ELSE 1.0 END)"
+    return factor
 
 
 def tier_for(start: float, now: float, keep: Retention) -> int:
@@ -97,9 +101,16 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
         gpus[gid] = {"uuid": uuid, "index": idx, "model": model, "memory_total": mem_total, "host": ghost,
                      "seconds": 0.0, "util_s": 0.0, "util_n": 0.0, "energy_j": 0.0, "busy_s": 0.0, "held_s": 0.0}
     per_user: dict[tuple[int, str, str], list[float]] = {}
+    seen: list[float] = []  # the first and last bucket with data: the period the figures cover
     for tier, lo, hi in pieces:
+        part = _inside(tier, lo, hi, start)
+        first, last = conn.execute("SELECT min(ts), max(ts) FROM series WHERE tier=? AND ts>=? AND ts<? AND seconds>0",
+                                   (tier, lo, hi)).fetchone()
+        if first is not None:
+            seen += [max(start, float(first)), min(end, float(last) + STEP[tier])]
         for gid, secs, util_s, util_n, power_s, busy_s, held_s in conn.execute(
-                "SELECT gpu, sum(seconds), sum(util_s), sum(util_n), sum(power_s), sum(busy_s), sum(held_s) "
+                f"SELECT gpu, sum(seconds*{part}), sum(util_s*{part}), sum(util_n*{part}), sum(power_s*{part}), "
+                f"sum(busy_s*{part}), sum(held_s*{part}) "
                 "FROM series WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu", (tier, lo, hi)):
             g = gpus.get(gid)
             if g is not None:
@@ -107,8 +118,9 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
                              ("busy_s", busy_s), ("held_s", held_s)):
                     g[k] += v
         for gid, kind, user, secs, util_s, energy, idle_s in conn.execute(
-                "SELECT gpu, kind, user, sum(seconds), sum(util_s), sum(energy_j), sum(idle_s) FROM usage "
-                "WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu, kind, user", (tier, lo, hi)):
+                f"SELECT gpu, kind, user, sum(seconds*{part}), sum(util_s*{part}), sum(energy_j*{part}), "
+                f"sum(idle_s*{part}) FROM usage WHERE tier=? AND ts>=? AND ts<? GROUP BY gpu, kind, user",
+                (tier, lo, hi)):
             acc = per_user.setdefault((gid, kind, user if private else ""), [0.0, 0.0, 0.0, 0.0])
             for i, v in enumerate((secs, util_s, energy, idle_s)):
                 acc[i] += v
@@ -141,5 +153,6 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
                     "SELECT (ts/?)*? AS b, sum(util_s), sum(util_n), sum(busy_s), sum(seconds) FROM series "
                     "WHERE tier=? AND ts>=? AND ts<? GROUP BY b ORDER BY b", (step, step, tier, lo, end))]
     return {"host": host, "node_id": node_id, "from": start, "to": end, "tier": _TIER_NAMES[pieces[0][0]],
+            "data_from": min(seen) if seen else None, "data_to": max(seen) if seen else None,
             "private": private, "idle_after": idle_after, "gpus": list(gpus.values()), "users": users,
             "jobs": top, "idle_reservations": idle_jobs, "timeline": {"step": step, "points": timeline}}

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import GpusdError
+from .db import IDLE_UTIL
 
 BY = ("user", "host", "gpu", "model")
 UNKNOWN_USER = "(unknown)"
@@ -44,6 +45,9 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
               "util_s": 0.0, "util_n": 0.0}
     start = min((_num(a.get("from")) for a in answers), default=0.0)
     end = max((_num(a.get("to")) for a in answers), default=0.0)
+    # the part of the period with data (answers of older daemons do not say: None)
+    firsts = [_num(a.get("data_from")) for a in answers if _num(a.get("data_from")) > 0]
+    lasts = [_num(a.get("data_to")) for a in answers if _num(a.get("data_to")) > 0]
     private = all(a.get("private") is True for a in answers)
     if by == "user" and not private:
         raise GpusdError("per-user figures are private: sign with the fleet secret (--token-file FILE or "
@@ -74,7 +78,11 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
             totals["energy_kwh"] += _num(g.get("energy_j")) / 3.6e6
             totals["util_s"] += _num(g.get("util_s"))
             totals["util_n"] += _num(g.get("util_n"))
-            if _num(g.get("busy_s")) <= 0 and _num(g.get("held_s")) <= 0:
+            # never used: no process, no lease, and idle all along (a GPU at 30 % whose processes
+            # are out of sight, in a container or another user's, was used)
+            util_n = _num(g.get("util_n"))
+            mean_util = _num(g.get("util_s")) / util_n if util_n else 0.0
+            if _num(g.get("busy_s")) <= 0 and _num(g.get("held_s")) <= 0 and mean_util < IDLE_UTIL:
                 never_used.append(info)
             if by != "user":
                 r = row(_key(by, info))
@@ -118,7 +126,9 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
     out_rows.sort(key=lambda r: (-r["gpu_hours_used"] - r["gpu_hours_held"], str(r[by])))
     top.sort(key=lambda j: -j["gpu_hours"])
     return {
-        "from": start, "to": end, "by": by, "hosts": sorted(hosts), "private": private, "rows": out_rows,
+        "from": start, "to": end, "data_from": min(firsts) if firsts else None,
+        "data_to": max(lasts) if lasts else None, "by": by, "hosts": sorted(hosts), "private": private,
+        "rows": out_rows,
         "totals": {"gpus": totals["gpus"], "gpu_hours_observed": round(totals["observed_h"], 4),
                    "gpu_hours_used": round(totals["used_h"], 4), "gpu_hours_held": round(totals["held_h"], 4),
                    "idle_held_hours": round(totals["idle_held_h"], 4),

@@ -113,6 +113,17 @@ def crop(console: Console, frame: RenderableType, footer: RenderableType, offset
     room = max(1, height - len(foot))
     offset = max(0, min(offset, len(body) - room))
     shown = body[offset:offset + room]
+    # say that the frame goes on: a marker line in place of the first or last row shown
+    from rich.style import Style
+
+    def marker(text: str) -> list[Segment]:
+        return [Segment(text[:max(1, options.max_width)], Style(dim=True, reverse=True))]
+
+    below = len(body) - (offset + room)
+    if below > 0 and len(shown) > 1:
+        shown = [*shown[:-1], marker(f"↓ {below + 1} more line(s) below: ↓/j, PgDn")]
+    if offset > 0 and len(shown) > 2:
+        shown = [marker(f"↑ {offset + 1} more line(s) above: ↑/k, PgUp, Home"), *shown[1:]]
     segments: list[Segment] = []
     for line in [*shown, *foot]:
         segments.extend(line)

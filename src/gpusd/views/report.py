@@ -39,12 +39,27 @@ def _when(ts: float | None) -> str:
     return "-" if not ts else time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, column: str = "") -> str:
+    """One format per column, whatever the size: hours and kWh with 2 decimals, utilisation in %."""
     if v is None:
         return "-"
+    if column == "mean_util" and isinstance(v, (int, float)):
+        return f"{v:.0f}%"
     if isinstance(v, float):
-        return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
+        return f"{v:.2f}"
     return str(v)
+
+
+def period(r: Mapping[str, Any]) -> str:
+    """The period asked for, and the part of it with data when that is shorter (a new daemon)."""
+    text = f"{_when(r['from'])} to {_when(r['to'])}"
+    first, last = r.get("data_from"), r.get("data_to")
+    if first is None and last is None and r.get("totals", {}).get("gpus") == 0:
+        return text + " (no data in this period)"
+    if isinstance(first, (int, float)) and isinstance(last, (int, float)) and (
+            first - r["from"] > 60 or r["to"] - last > 60):
+        return text + f" (data from {_when(first)} to {_when(last)})"
+    return text
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
@@ -59,11 +74,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
 
 def to_table(r: Mapping[str, Any]) -> str:
     by = str(r["by"])
-    out = [f"gpusd usage report: {_when(r['from'])} to {_when(r['to'])}, {len(r['hosts'])} host(s), "
+    out = [f"gpusd usage report: {period(r)}, {len(r['hosts'])} host(s), "
            f"{r['totals']['gpus']} GPU(s)", ""]
-    rows = [[str(row[by])] + [_fmt(row[c]) for c in COLUMNS] for row in r["rows"]]
+    rows = [[str(row[by])] + [_fmt(row[c], c) for c in COLUMNS] for row in r["rows"]]
     t = r["totals"]
-    rows.append(["(all)"] + [_fmt(t[c if c != "idle_held_hours" else "idle_held_hours"]) for c in COLUMNS])
+    rows.append(["(all)"] + [_fmt(t[c], c) for c in COLUMNS])
     out.append(_table([by, *HEADERS], rows, right=range(1, 6)))
     if r["idle_reservations"]:
         out += ["", "Idle reservations and leases (held under 5 % for longer than the idle limit):"]
@@ -79,7 +94,8 @@ def to_table(r: Mapping[str, Any]) -> str:
         out += ["", "Top jobs:"]
         out.append(_table(["host", "user", "command", "GPUs", "start", "GPU-h", "mean util", "kWh"],
                           [[j["host"], j["user"] or "-", (j["command"] or "-")[:40], str(len(j["gpus"])),
-                            _when(j["start"]), _fmt(j["gpu_hours"]), _fmt(j["mean_util"]), _fmt(j["energy_kwh"])]
+                            _when(j["start"]), _fmt(j["gpu_hours"]), _fmt(j["mean_util"], "mean_util"),
+                            _fmt(j["energy_kwh"])]
                            for j in r["top_jobs"][:10]], right=(3, 5, 6, 7)))
     if not r["private"]:
         out += ["", "(per-user figures and job owners are private: sign with the fleet secret, --token-file,"
@@ -117,10 +133,10 @@ def to_html(r: Mapping[str, Any]) -> str:
         return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
     t = r["totals"]
-    main_rows = [[str(row[by])] + [row[c] for c in COLUMNS] for row in r["rows"]]
-    main_rows.append(["(all)"] + [t[c] for c in COLUMNS])
+    main_rows = [[str(row[by])] + [_fmt(row[c], c) for c in COLUMNS] for row in r["rows"]]
+    main_rows.append(["(all)"] + [_fmt(t[c], c) for c in COLUMNS])
     parts = [
-        f"<h1>GPU usage {e(_when(r['from']))} – {e(_when(r['to']))}</h1>",
+        f"<h1>GPU usage {e(period(r).replace(' to ', ' – ', 1))}</h1>",
         f"<p class=meta>{len(r['hosts'])} host(s): {e(', '.join(r['hosts']))} · {t['gpus']} GPUs · "
         f"{_fmt(t['gpu_hours_observed'])} GPU-hours observed · generated {e(_when(time.time()))} by gpusd</p>",
         '<h2>Utilisation over time</h2><div id="timeline" class="chart"></div>',
@@ -141,12 +157,13 @@ def to_html(r: Mapping[str, Any]) -> str:
         parts.append("<h2>Top jobs</h2>")
         parts.append(table(["host", "user", "command", "GPUs", "start", "end", "GPU-hours", "mean util", "kWh"],
                            [[j["host"], j["user"] or "-", (j["command"] or "-")[:80], len(j["gpus"]),
-                             _when(j["start"]), _when(j["end"]), j["gpu_hours"], j["mean_util"], j["energy_kwh"]]
+                             _when(j["start"]), _when(j["end"]), j["gpu_hours"], _fmt(j["mean_util"], "mean_util"),
+                             j["energy_kwh"]]
                             for j in r["top_jobs"]], "jobs"))
     if not r["private"]:
         parts.append("<p class=meta>Per-user figures and job owners are private: this report was made without "
                      "the fleet secret.</p>")
-    chart_data = {"by": by, "rows": r["rows"], "timeline": r["timeline"]}
+    chart_data = {"by": by, "rows": r["rows"], "timeline": r["timeline"], "from": r["from"], "to": r["to"]}
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; \

@@ -149,10 +149,13 @@ class TopState:
             self.sort = SORT_KEYS[(SORT_KEYS.index(self.sort) - 1) % len(SORT_KEYS)]
         elif k == "r":
             self.reverse = not self.reverse
-        elif k in ("/", "f"):
-            self.editing, self.draft = True, self.filter
-        elif k == "\x1b":
-            self.filter = ""
+        elif k in ("/", "f"):  # a new filter (the old one stays until Enter; Esc keeps it)
+            self.editing, self.draft = True, ""
+        elif k == "\x1b":  # closes the help first, then clears the filter
+            if self.help:
+                self.help = False
+            else:
+                self.filter = ""
         elif k in ("h", "?"):
             self.help = not self.help
         elif k in ("j", "DOWN"):
@@ -518,9 +521,9 @@ def _narrow_lines(h: HostView, gpus: Sequence[GpuInfo], width: int, lay: _Layout
 
 def render(hosts: Iterable[HostView], state: TopState | None = None, width: int = 120,
            now: float | None = None, title: str = "gpusd top", footer: bool = True,
-           message: str | None = None) -> RenderableType:
+           message: str | None = None, keys: bool = True) -> RenderableType:
     """One frame of ``gpusd top`` for a terminal ``width`` columns wide (``footer``: with the sort,
-    filter and key line; ``message``: an error line under the title)."""
+    filter and key line, the keys only with ``keys``; ``message``: an error line under the title)."""
     from rich.console import Group
     from rich.text import Text
 
@@ -543,12 +546,12 @@ def render(hosts: Iterable[HostView], state: TopState | None = None, width: int 
         else:
             parts.append(_gpu_table(h, gpus, lay))
     if footer:
-        parts.append(footer_line(state, width))
+        parts.append(footer_line(state, width, keys))
     return Group(*parts)
 
 
-HELP = ("keys: q quit · s/S next/previous sort · r reverse · / or f filter (Enter apply, Esc cancel) · "
-        "Esc clear filter · ↑/↓ j/k PgUp/PgDn scroll · h help.  "
+HELP = ("keys: q quit · s/S next/previous sort · r reverse · / or f new filter (Enter apply, Esc cancel) · "
+        "Esc close help, clear filter · ↑/↓ j/k PgUp/PgDn scroll · h help.  "
         "Filter terms match host, model, UUID, #index, users, commands, "
         "alerts, 'lost', 'gone'.")
 
@@ -572,8 +575,9 @@ def _title(arranged: Sequence[tuple[HostView, list[GpuInfo]]], state: TopState, 
     return t
 
 
-def footer_line(state: TopState, width: int) -> RenderableType:
-    """The bottom line: sort order, filter, keys (and the key help when toggled with ``h``)."""
+def footer_line(state: TopState, width: int, keys: bool = True) -> RenderableType:
+    """The bottom line: sort order, filter, keys (and the key help when toggled with ``h``); without
+    ``keys`` (``top --once``: nothing reads them) sort and filter only."""
     from rich.text import Text
 
     arrow = "↑" if (state.reverse if state.sort != "host" else not state.reverse) else "↓"
@@ -586,12 +590,14 @@ def footer_line(state: TopState, width: int) -> RenderableType:
     elif state.filter:
         t.append("  filter: ", style="dim")
         t.append(state.filter, style="bold yellow")
-    if width >= 72:
+    if not keys:
+        pass
+    elif width >= 72:
         t.append("   q quit  s sort  r reverse  / filter  h help", style="dim")
     elif width >= 40:
         t.append("  q s r / h", style="dim")
     t.truncate(width, overflow="ellipsis")
-    if state.help:
+    if state.help and keys:
         from rich.console import Group
 
         return Group(Text(HELP, style="dim"), t)
@@ -606,5 +612,5 @@ def render_text(hosts: Iterable[HostView], state: TopState | None = None, width:
     console = Console(width=width, record=False, force_terminal=color, no_color=not color,
                       color_system="truecolor" if color else None, legacy_windows=False, highlight=False)
     with console.capture() as cap:
-        console.print(render(hosts, state, width=width, now=now))
+        console.print(render(hosts, state, width=width, now=now, keys=False))
     return "\n".join(line.rstrip() for line in cap.get().splitlines()) + "\n"

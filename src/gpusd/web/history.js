@@ -75,9 +75,14 @@
     const total = typeof data.memory_total === "number" && data.memory_total > 0 ? data.memory_total : null;
     const memPct = mem.map((m) => m === null || !total ? null : Math.round(1000 * m / total) / 10);
     const width = Math.max(320, box.clientWidth || 800);
+    // the period asked for, from the answer: a new daemon's one point in a 7-day chart sits at its
+    // end, not in the middle of an axis uPlot made up around it (Feb 2027 to Aug 2029)
+    const from = typeof data.from === "number" && Number.isFinite(data.from) ? data.from : null;
+    const to = typeof data.to === "number" && Number.isFinite(data.to) ? data.to : null;
+    const x = from !== null && to !== null && from < to ? { time: true, range: [from, to] } : { time: true };
     const opts = {
       width, height: 220,
-      scales: { y: { range: [0, 100] } },
+      scales: { x, y: { range: [0, 100] } },
       series: [{}, { label: "utilisation %", stroke: "#4aa3ff", fill: "rgba(74,163,255,.15)", width: 1.5 },
         { label: "memory %", stroke: "#b083f0", width: 1.5 }],
       axes: [{ stroke: "#7d8a99", grid: { stroke: "#26303b" } }, { stroke: "#7d8a99", grid: { stroke: "#26303b" } }],

@@ -11,7 +11,10 @@
   const ys = hosts.map((h) => { const y = new Array(xs.length).fill(null); for (const p of data.timeline[h]) y[at.get(p[0])] = p[1]; return y; });
   window.reportCharts = [];
   if (xs.length) {
-    window.reportCharts.push(new uPlot({ width: W, height: 260, scales: { y: { range: [0, 100] } },
+    // the period of the report, not only the part with data
+    const x = typeof data.from === "number" && typeof data.to === "number" && data.from < data.to
+      ? { time: true, range: [data.from, data.to] } : { time: true };
+    window.reportCharts.push(new uPlot({ width: W, height: 260, scales: { x, y: { range: [0, 100] } },
       series: [{}].concat(hosts.map((h, i) => ({ label: h, stroke: colors[i % colors.length], width: 1.5, spanGaps: false }))),
       axes: [{}, { label: "utilisation %" }] }, [xs].concat(ys), document.getElementById("timeline")));
   }
@@ -23,7 +26,7 @@
       paths: uPlot.paths.bars({ size: [0.25, 40], align: off }), points: { show: false },
       value: (u, v) => v === null ? "-" : v.toFixed(2) });
     window.reportCharts.push(new uPlot({ width: W, height: 260,
-      scales: { x: { time: false, range: [-0.5, rows.length - 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
+      scales: { x: { time: false, range: [-0.5, rows.length - 0.5] }, y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },  // minutes of use: not lost under a 0-1 axis
       series: [{ label: data.by, value: (u, v) => v === null ? "" : String(rows[Math.round(v)] ? rows[Math.round(v)][data.by] : "") },
         mk("GPU-hours used", "#2b6cb0", -1), mk("GPU-hours held", "#b7791f", 0),
         mk("idle-held hours", "#c53030", 1)],

@@ -1,0 +1,63 @@
+"""`gpusd launch` (mpirun, horovodrun) from a venv: each rank's wrapper runs under the Python the user
+expects on that host (issue 18, item 15) — the launching machine's interpreter where the same path
+exists there, else the one of the `gpusd` on the host's PATH — and says what it tried when neither
+works, instead of "No module named 'gpusd'" on every rank."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gpusd.engines import generate as g
+from tests_paths import SRC
+
+RANK_ENV = {"GPUSD_RANK_GPUS": "h=3,5", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+SHOW = ["sh", "-c", 'echo "gpu=$CUDA_VISIBLE_DEVICES"']
+
+
+def rank(here: str, path: str) -> subprocess.CompletedProcess[str]:
+    """One rank as mpirun starts it on a host: the wrapper's argv, run directly (no shell)."""
+    env = {"PATH": path, "PYTHONPATH": str(SRC), **RANK_ENV}
+    return subprocess.run([*g.rank_wrapper(None, here=here), *SHOW], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_same_interpreter_path_when_it_exists_on_the_host() -> None:
+    r = rank(sys.executable, "/usr/bin:/bin")
+    assert r.returncode == 0 and r.stdout.strip() == "gpu=5", r.stderr
+
+
+def test_else_the_python_of_the_gpusd_on_the_host_path(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "gpusd"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom gpusd.cli import entry\nsys.exit(entry())\n")
+    script.chmod(0o755)
+    r = rank("/nonexistent/venv/bin/python3", f"{bin_dir}:/usr/bin:/bin")
+    assert r.returncode == 0 and r.stdout.strip() == "gpu=5", r.stderr
+
+
+def test_neither_says_what_it_tried_and_exits_127(tmp_path: Path) -> None:
+    r = rank("/nonexistent/venv/bin/python3", "/usr/bin:/bin")
+    assert r.returncode == 127
+    assert "No module named" not in r.stderr
+    assert "/nonexistent/venv/bin/python3" in r.stderr and "gpusd on PATH (not found)" in r.stderr
+    assert "--python" in r.stderr
+
+
+def test_launch_uses_the_finder_unless_python_is_given() -> None:
+    from gpusd.cli import build_parser
+    from gpusd.cli.engines import commands_for
+    from gpusd.engines.placement import Placement
+
+    p = Placement.from_dict({"job_id": "j1", "hosts": [{"hostname": "h", "address": "10.0.0.1", "gpus": [3, 5]}]})
+    for extra, first in (([], "sh"), (["--python", "/opt/py"], "/opt/py")):
+        args = build_parser("launch").parse_args(["launch", "--placement", "x", *extra, "mpirun", "--", "true"])
+        (cmd,) = commands_for("mpirun", p, ["true"], args)
+        wrapper = cmd.argv[cmd.argv.index("CUDA_DEVICE_ORDER") + 1]
+        assert wrapper == first, cmd.argv
+        if first == "sh":
+            assert sys.executable in cmd.argv
+    assert os.path.isabs(sys.executable)
