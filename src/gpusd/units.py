@@ -1,4 +1,5 @@
-"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio)."""
+"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio), and of moments
+(:func:`format_clock`)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,15 @@ def format_bytes(n: int | None, unit: str = "GiB") -> str:
     div = {"MiB": 1024**2, "GiB": 1024**3}[unit]
     value = n / div
     return f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
+
+
+def format_clock(ts: float, now: float | None = None) -> str:
+    """A moment as people read it on this machine's clock: ``19:10:48`` when it is today, else with
+    the date, ``2026-12-02 19:10:48`` (a 24-hour hold ends tomorrow: a bare time would read as past)."""
+    import time
+
+    when = time.localtime(ts)
+    today = time.localtime(time.time() if now is None else now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M:%S", when)
+    return time.strftime("%Y-%m-%d %H:%M:%S", when)

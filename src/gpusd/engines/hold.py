@@ -110,12 +110,12 @@ def stop_all(grace: float) -> None:
             return
 
 
-def lease_expires(store: LeaseStore, lease_id: str) -> float | None | bool:
+def lease_expires(store: LeaseStore, lease_id: str) -> float | bool:
     """When the daemon ends lease ``lease_id`` unless renewed (epoch, this host's clock); True for a
     lease without an end (a local one); False when no live lease of that id is here."""
     for info in store.leases():
         if info.lease_id == lease_id:
-            return info.expires if info.expires is not None else True
+            return float(info.expires) if info.expires is not None else True
     return False
 
 
@@ -144,8 +144,8 @@ def guard(lease_id: str, margin: float, stopped: list[str], store: LeaseStore) -
                 return f"the lease {lease_id} is gone (released, or the daemon restarted)"
         else:
             missing = 0
-            if end is not True and time.time() >= float(end) - margin:
-                return f"the lease {lease_id} was not renewed (it ends in {max(0.0, float(end) - time.time()):.1f}s)"
+            if isinstance(end, float) and time.time() >= end - margin:
+                return f"the lease {lease_id} was not renewed (it ends in {max(0.0, end - time.time()):.1f}s)"
         time.sleep(POLL)
 
 

@@ -7,15 +7,26 @@ answering that a lease is gone, or no renewal getting through for longer than th
 have expired the leases by then: a holder cut off from them, or whose daemons are gone, stops).
 Started in its own session, detached from the terminal; says
 ``renewing`` on stdout once its signal handlers are set and the first renewal was sent.
+
+Optional fields: ``"at_end": "expire"`` — at ``until`` stop renewing but do not release: the leases
+end with their TTL, which is what the host-side guards of ``gpusd ray up`` (gpusd.engines.hold) watch,
+so the engine is stopped on every host before its GPUs are free (a release would free them at once);
+``"forget": [PATH, ...]`` — files that describe the reservation (a job record of ``gpusd hostfile``),
+removed when the renewer ends, however it ends (but SIGKILL).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .client import Reservation
 
 
 def main() -> int:
@@ -27,8 +38,21 @@ def main() -> int:
         key = FleetKey(str(d["secret"]))
         until = float(d["until"])
         res = Reservation([HostLease.from_dict(x) for x in d["leases"]], key)
+        expire = d.get("at_end") == "expire"
+        forget = [str(x) for x in d.get("forget") or []]
     except (ValueError, KeyError, TypeError):
         return 2
+    try:
+        return _renew(res, until, expire)
+    finally:
+        for path in forget:
+            try:
+                os.unlink(path)  # never follows a link: removes the name only
+            except OSError:
+                pass
+
+
+def _renew(res: "Reservation", until: float, expire: bool) -> int:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -55,6 +79,8 @@ def main() -> int:
                 pass
         if done.wait(min(period, max(0.0, until - time.time()))):
             break
+    if expire and not done.is_set():  # --for is over: the leases end with their TTL
+        return 0
     res.release()
     return 0
 
