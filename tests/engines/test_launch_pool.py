@@ -26,6 +26,8 @@ from waiting import wait_until_sync
 
 pytestmark = pytest.mark.timeout(300)
 BIN = str(Path(sys.executable).parent)
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+FAKE_RAY = str(Path(__file__).resolve().parent / "scripts" / "fake_ray")
 TTL = "6"  # leases outlive the 3 s waits for "no lease left" (so those prove releases, not expiries), and
 # a renewal delayed a few seconds on a loaded machine does not lose them
 
@@ -61,7 +63,11 @@ def pool(lan: Lan, sshd_ok: None, tmp_path: Path):  # type: ignore[no-untyped-de
         h.start()
     client = lan.add_node("c1")
     (tmp_path / "client-state").mkdir()
-    with SshFleet(lan, [(h.node, h.hostname) for h in hosts], workdir=tmp_path / "ssh") as fleet:
+    # an ssh session on a host sees that host's lock directory, and gpusd from this tree (the guards
+    # of gpusd ray up run there), as on a real host where gpusd is installed
+    host_env = {h.hostname: {"GPUSD_LOCK_DIR": h.env["GPUSD_LOCK_DIR"], "PYTHONPATH": SRC,
+                             "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"} for h in hosts}
+    with SshFleet(lan, [(h.node, h.hostname) for h in hosts], workdir=tmp_path / "ssh", host_env=host_env) as fleet:
         env = lan.base_env(client, GPUSD_MDNS_FAST="1", GPUSD_SSH_CONFIG=str(fleet.config),
                            GPUSD_STATE_DIR=str(tmp_path / "client-state"), GPUSD_TOKEN_FILE=str(key),
                            PATH=f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -156,9 +162,13 @@ def test_hostfile_without_a_command_holds_until_release(pool, tmp_path: Path) ->
     lease_id = r.stderr.split("gpusd release ")[1].split()[0]
     time.sleep(float(TTL) + 1)  # renewed in the background
     assert sum(len(_leased(lan, h)) for h in hosts) == 1
+    records = list((tmp_path / "client-state" / "jobs").glob("*.json"))  # what Horovod's discovery reads
+    assert len(records) == 1
     r = lan.gpusd(client, ["release", lease_id], env=env)
     assert r.returncode == 0, r.stderr
     _no_lease_left(lan, hosts)
+    # the job's record goes with the reservation (its renewer removes it as it ends)
+    _wait_for(lambda: not records[0].exists(), 10, "the job record to be removed")
 
 
 @pytest.mark.engines
@@ -203,3 +213,125 @@ def test_torchrun_all_reduce_on_gpus_reserved_from_the_pool(pool, tmp_path: Path
     assert sorted(res["address"] for res in results) == sorted([h.ip for h in hosts for _ in range(2)])
     assert all(res["cuda_visible_devices"] == "0,2" and res["cuda_device_order"] == "PCI_BUS_ID" for res in results)
     _no_lease_left(lan, hosts)
+
+
+# -- a Ray cluster ends with its reservation (issue 18, items 18 and 19) ------------------------------------
+def _raylets() -> set[tuple[str, str]]:
+    """The fake Ray nodes running (tests/engines/scripts/fake_ray): (node address, its GPUs)."""
+    out = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            words = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"fake-raylet" in words and state not in (b"Z", b"X"):
+            i = words.index(b"fake-raylet")
+            out.add((words[i + 1].decode(), words[i + 2].decode()))
+    return out
+
+
+def _nodes_of(record: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A cluster's lease ids -> its Ray node there (address, GPUs)."""
+    return {d["lease_id"]: (h["address"], ",".join(map(str, h["gpus"])))
+            for d, h in zip(record["leases"], record["placement"]["hosts"])}
+
+
+def _held_leases(hosts: list[GpuHost]) -> set[str]:  # noqa: F811
+    """The lease ids live in the hosts' lock directories, as the daemons hold them (read directly: a
+    lease that is gone here is one the daemon may grant again)."""
+    from gpusd.alloc.leases import LeaseStore
+
+    return {le.lease_id for h in hosts for le in LeaseStore(h.env["GPUSD_LOCK_DIR"]).leases()}
+
+
+def _ray_up(lan: Lan, client: Node, env: dict[str, str], state: Path, *extra: str) -> dict[str, Any]:  # noqa: F811
+    before = {p.name for p in (state / "ray").glob("*.json")} if (state / "ray").is_dir() else set()
+    r = lan.gpusd(client, ["ray", "up", "-n", "2", "--per-host", "1", "--ray", FAKE_RAY, "--python", sys.executable,
+                           "--state-dir", str(state), *extra], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (new,) = [p for p in (state / "ray").glob("*.json") if p.name not in before]
+    record = json.loads(new.read_text())
+    assert f"Ray cluster {record['id']}" in r.stderr and "gpusd ray down " + record["id"] in r.stderr, r.stderr
+    return record
+
+
+def _watch_until_gone(hosts: list[GpuHost], record: dict[str, Any], timeout: float) -> None:  # noqa: F811
+    """Until the cluster's leases and its Ray nodes are gone: at no moment is a lease gone (its GPUs
+    free for anyone) while its Ray node still runs."""
+    leases = _nodes_of(record)
+    deadline = time.monotonic() + timeout
+    while True:
+        held = _held_leases(hosts) & set(leases)  # first the leases, then the nodes: a node seen after
+        nodes = _raylets()  # its lease was seen gone ran on GPUs that could be given again
+        for lease, node in leases.items():
+            assert lease in held or node not in nodes, f"the Ray node {node} runs after its lease ended"
+        if not held and not any(node in nodes for node in leases.values()):
+            return
+        assert time.monotonic() < deadline, f"still held or running after {timeout}s: {held} {nodes}"
+        time.sleep(0.05)
+
+
+def _kill_raylets() -> None:
+    """What a failed test left running (only fake_ray's processes, by pid)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"fake-raylet" in (proc / "cmdline").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_a_ray_cluster_stops_before_its_reservation_ends(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """gpusd ray up holds its GPUs with a background renewer: when it is killed (a laptop closed), or
+    --for is over, the leases run out — and every host stops its Ray node before its lease ends, so
+    no GPU is given to someone else while Ray still uses it.  (Ray itself: the engines test below.)"""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    a = _ray_up(lan, client, env, state, "--ttl", "4")
+    b = _ray_up(lan, client, env, state, "--ttl", "4", "--for", "6s")
+    assert _raylets() == {*_nodes_of(a).values(), *_nodes_of(b).values()}  # a node per host and cluster
+    assert _held_leases(hosts) == {d["lease_id"] for rec in (a, b) for d in rec["leases"]}
+    os.kill(a["renewer_pid"], signal.SIGKILL)  # cluster a: nobody renews from now on
+    _watch_until_gone(hosts, a, 30)
+    _watch_until_gone(hosts, b, 30)  # cluster b: --for 6s is over, its leases run out
+    # nothing left to stop: ray down says so for each host, and forgets the clusters
+    r = lan.gpusd(client, ["ray", "down", "--all", "--state-dir", str(state)], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert list((state / "ray").glob("*.json")) == []
+
+
+def test_ray_down_stops_one_cluster_of_several(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """Two gpusd ray up: two records; ray down alone asks which; ray down ID stops that cluster's nodes
+    (and only those) and releases its GPUs at once; --all the rest."""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    a = _ray_up(lan, client, env, state, "--ttl", "30")
+    b = _ray_up(lan, client, env, state, "--ttl", "30")
+    assert a["id"] != b["id"]
+    base = ["ray", "down", "--state-dir", str(state)]
+    r = lan.gpusd(client, base, env=env, timeout=60)
+    assert r.returncode == 2 and "say which" in r.stderr and a["id"] in r.stderr and b["id"] in r.stderr, r.stderr
+    assert _raylets() == {*_nodes_of(a).values(), *_nodes_of(b).values()}  # nothing was stopped
+    r = lan.gpusd(client, [*base, a["id"]], env=env, timeout=120)
+    assert r.returncode == 0 and f"stopping Ray cluster {a['id']}" in r.stderr, r.stdout + r.stderr
+    assert _raylets() == set(_nodes_of(b).values())  # a's nodes are gone, b's run on
+    held = _held_leases(hosts)  # a's GPUs are back (released, long before the 30 s TTL), b's held
+    assert held == set(_nodes_of(b)), (held, a["leases"], b["leases"])
+    r = lan.gpusd(client, [*base, "nosuch"], env=env, timeout=60)
+    assert r.returncode == 1 and b["id"] in r.stderr, r.stderr
+    r = lan.gpusd(client, [*base, "--all"], env=env, timeout=120)
+    assert r.returncode == 0 and b["id"] in r.stderr, r.stderr
+    assert _raylets() == set() and _held_leases(hosts) == set()
+    assert not _renewer_alive(a["renewer_pid"]) and not _renewer_alive(b["renewer_pid"])  # no orphaned renewer
+
+
+def _renewer_alive(pid: int) -> bool:
+    try:
+        return b"gpusd.pool.renewer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
