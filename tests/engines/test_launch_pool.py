@@ -335,3 +335,112 @@ def _renewer_alive(pid: int) -> bool:
         return b"gpusd.pool.renewer" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def _ray_processes(nodes: list[Node]) -> dict[str, list[int]]:  # noqa: F811
+    """Ray's processes in each namespace host (by its address): raylet, GCS, workers, dashboard..."""
+    inodes = {os.stat(f"/run/netns/{n.ns}").st_ino: n.ip for n in nodes}
+    out: dict[str, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            ns = os.readlink(proc / "ns" / "net")
+        except (OSError, IndexError):
+            continue
+        if state in (b"Z", b"X") or not any(k in cmdline for k in (
+                "raylet", "gcs_server", "ray/_private/", "ray/dashboard", "ray::", "default_worker.py")):
+            continue
+        ip = inodes.get(int(ns.partition("[")[2].rstrip("]") or 0))
+        if ip is not None:
+            out.setdefault(ip, []).append(int(proc.name))
+    return out
+
+
+@pytest.mark.engines
+def test_ray_stops_on_every_host_before_its_gpus_can_be_given_again(pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The issue's case with Ray itself: gpusd ray up -n 2 --per-host 1, a task on each GPU, then the
+    renewer is killed (a laptop closed).  Every host stops its Ray node — raylet, workers and all —
+    before its lease ends: at no moment is a lease gone while Ray still runs on that host."""
+    lan, hosts, client, env = pool
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed (the engines extra)")
+    if subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True).returncode == 0:
+        pytest.skip("Ray processes already run on this machine: the test would stop them")
+    state = tmp_path / "ray-state"
+    base = ["--ray", f"{BIN}/ray", "--state-dir", str(state)]
+    nodes = [h.node for h in hosts]
+    driver = None
+    try:
+        r = lan.gpusd(client, ["ray", "up", "-n", "2", "--per-host", "1", "--ttl", "10", *base, "--",
+                               "--object-store-memory=100000000"], env=env, timeout=180)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        (path,) = (state / "ray").glob("*.json")
+        record = json.loads(path.read_text())
+        started = tmp_path / "started"
+        started.mkdir()
+        driver = lan.popen(client, [sys.executable, str(Path(__file__).resolve().parent / "scripts" /
+                                                         "ray_hold_gpus.py"), record["address"], str(started)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _wait_for(lambda: len(list(started.iterdir())) == 2, 120, "a task on each GPU")
+        running = _ray_processes(nodes)
+        assert set(running) == {h.ip for h in hosts}, running
+        os.kill(record["renewer_pid"], signal.SIGKILL)  # nobody renews from now on
+        leases = {d["lease_id"]: h["address"] for d, h in zip(record["leases"], record["placement"]["hosts"])}
+        deadline = time.monotonic() + 60
+        while True:
+            held = _held_leases(hosts) & set(leases)  # the leases first, then Ray's processes
+            procs = _ray_processes(nodes)
+            for lease, ip in leases.items():
+                assert lease in held or not procs.get(ip), f"Ray runs on {ip} after its lease ended: {procs[ip]}"
+            if not held and not procs:
+                break
+            assert time.monotonic() < deadline, (held, procs)
+            time.sleep(0.05)
+    finally:
+        if driver is not None:
+            driver.kill()
+            driver.communicate(timeout=30)
+        lan.gpusd(client, ["ray", "down", "--all", *base], env=env, timeout=120)
+    assert _ray_processes(nodes) == {}
+
+
+def test_a_cut_link_stops_the_remote_ranks_before_their_lease_ends(pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The client's cable is pulled while gpusd launch runs: nothing reaches the host any more (no
+    renewal, no end of the ssh channel).  The rank there is stopped by its watchdog when gpusd's
+    heartbeats stop coming, before the host's daemon lets the lease expire."""
+    lan, hosts, client, env = pool
+    pidfile = tmp_path / "rank.pid"
+    script = f"echo $$ > {pidfile}; while :; do sleep 0.2; done"
+    proc = lan.popen(client, [sys.executable, "-m", "gpusd", "launch", "-n", "1", "--ttl", "9", "--grace", "1",
+                              "--no-chdir", "command", "--", "sh", "-c", script], env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut = False
+    try:
+        _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60, "the rank to start")
+        rank = int(pidfile.read_text())
+        (lease,) = _held_leases(hosts)
+        subprocess.run(["ip", "-n", lan.switch, "link", "set", f"v{client.index}", "down"], check=True)
+        cut = True
+        deadline = time.monotonic() + 40
+        while True:
+            held = lease in _held_leases(hosts)  # the lease first, then the rank
+            alive = Path(f"/proc/{rank}").exists() and b"Z" not in Path(f"/proc/{rank}/stat").read_bytes(
+                ).rsplit(b")", 1)[1].split()[:1]
+            assert held or not alive, "the rank still runs after its lease ended"
+            if not alive:
+                break
+            assert time.monotonic() < deadline, "the rank still runs 40 s after the link was cut"
+            time.sleep(0.05)
+    finally:
+        if cut:
+            subprocess.run(["ip", "-n", lan.switch, "link", "set", f"v{client.index}", "up"])
+        try:
+            proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode != 0  # gpusd learnt it too: ssh gave up, or the lease was lost

@@ -427,10 +427,19 @@ def launch(args: argparse.Namespace) -> int:
     p, res, _ = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
     try:  # from here on, every way out releases (a failure, Ctrl-C, the end)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
-        opts = _options(args, chdir=chdir, env=_env_pairs(args.env))
+        opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res))
         return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
     finally:
         _release(res)
+
+
+def _silence(res: "Reservation | None") -> float:
+    """How long a remote rank runs on without hearing from gpusd (a cut link) before it is stopped: a
+    quarter of the leases' TTL (2-10 s), so that with the default --grace it is gone before the lease
+    can end (TTL - TTL/3 after the last renewal at the earliest); 10 s without a reservation."""
+    if res is None:
+        return 10.0
+    return max(2.0, min(10.0, min(part.ttl for part in res.parts) / 4))
 
 
 def asyncio_run(coro: "Coroutine[Any, Any, int]") -> int:

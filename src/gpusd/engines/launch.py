@@ -10,8 +10,13 @@
   input.  The remote side runs the command under a small ``sh`` watchdog that waits for that end of
   input, then sends SIGTERM to the whole remote process group (sshd makes the remote shell a session
   leader, so the group is the command and everything it started), and SIGKILL ``grace`` seconds later.
-  The same happens when gpusd itself dies (kill -9, a cut link): ssh's channel closes, and the remote
-  job does not linger.  Local commands get the same signals through ``killpg``.
+  The same happens when gpusd itself dies (kill -9): ssh's channel closes.  A cut link closes
+  nothing (sshd may not notice for hours), so gpusd also sends a heartbeat byte down each channel
+  every ``HEARTBEAT`` seconds, and the watchdog stops the command after ``silence`` seconds without
+  one (where ``timeout`` exists there: GNU coreutils, busybox); gpusd's own ssh gives up on a silent
+  server after ``ServerAliveInterval`` x ``ServerAliveCountMax`` (5 s x 3, unless the options say
+  otherwise), so gpusd learns it too and stops the other hosts.  Local commands get the same
+  signals through ``killpg``.
 - **Exit status**: the first host that fails gives its status (a remote signal death reads 128+N, as
   ssh reports it; 255 is ssh's own failure); 130 after a Ctrl-C; 0 when every host succeeded.
 """
@@ -31,6 +36,8 @@ from .placement import HostSlot
 
 SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
 CHUNK = 1 << 16
+HEARTBEAT = 1.0  # seconds between the heartbeat bytes gpusd sends down each ssh channel
+SERVER_ALIVE = (("ServerAliveInterval", "5"), ("ServerAliveCountMax", "3"))  # ssh gives up on a cut link
 
 
 @dataclass
@@ -41,6 +48,7 @@ class LaunchOptions:
     chdir: str | None = None  # remote working directory (None: the login directory)
     env: dict[str, str] = field(default_factory=dict)  # sent to every host (gpusd launch --env)
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    silence: float = 10.0  # the remote watchdog stops the command after this long without a heartbeat
     watchdog: bool = True  # stop the remote group when ssh's input closes (off for daemonising commands)
     stop_on_failure: bool = True
     prefix: bool = True
@@ -67,14 +75,20 @@ def is_local(slot: HostSlot, opts: LaunchOptions) -> bool:
     return slot.address in addresses or slot.ssh_host in ("localhost", "127.0.0.1", "::1")
 
 
-def _watchdog_script(grace: float, files: bool) -> str:
-    # stdin is ssh's channel: when it ends (gpusd stops the job, or gpusd/ssh died), the whole
+def _watchdog_script(grace: float, files: bool, silence: float = 10.0) -> str:
+    # stdin is ssh's channel: when it ends (gpusd stops the job, or gpusd/ssh died) or stays silent
+    # for ``silence`` seconds (a cut link: gpusd sends a byte every HEARTBEAT seconds), the whole
     # process group of the remote shell gets SIGTERM, then SIGKILL.  The watchdog ignores TERM itself.
     g = max(0, int(grace))
+    quiet = max(2, int(silence + 0.999))
     rm = ' rm -rf -- "$gpusd_files";' if files else ""
+    # each heartbeat is one non-newline byte: `head -c 1` prints it; at the end of input or after
+    # `quiet` seconds of silence it prints nothing.  Without `timeout`, only the end of input counts.
+    wait = (f'if command -v timeout >/dev/null 2>&1; then while [ -n "$(timeout {quiet} head -c 1 <&3 2>/dev/null)" ]; '
+            "do :; done; else cat <&3 >/dev/null; fi;")
     # sh gives a background job /dev/null as its input: ssh's channel is handed over on fd 3.
     return ("exec 3<&0\n"
-            f"{{ trap '' TERM; cat <&3 >/dev/null; kill -TERM 0;{rm} sleep {g}; kill -KILL 0; }} "
+            f"{{ trap '' TERM; {wait} kill -TERM 0;{rm} sleep {g}; kill -KILL 0; }} "
             "</dev/null >/dev/null 2>&1 &\n")
 
 
@@ -94,7 +108,7 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
         for name, content in cmd.files.items():
             lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
     if opts.watchdog:
-        lines.append(_watchdog_script(opts.grace, bool(cmd.files)))
+        lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
     env = {**opts.env, **cmd.env}
     words = ["exec", "env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)]
     lines.append(" ".join(words))
@@ -108,6 +122,10 @@ def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
         argv += ["-F", opts.ssh_config]
     for o in opts.ssh_options:
         argv += ["-o", o]
+    given = {o.split("=", 1)[0].split()[0].lower() for o in opts.ssh_options if o.strip()}
+    for name, value in SERVER_ALIVE:  # after the user's: ssh keeps the first value it is given
+        if name.lower() not in given:
+            argv += ["-o", f"{name}={value}"]
     # The login shell may be any shell: it is only asked to exec sh with one quoted word.
     remote = "exec sh -c " + shlex.quote(remote_script(cmd, opts)) + " gpusd-launch"
     return argv + ["-T", "--", cmd.slot.ssh_target, remote]
@@ -202,6 +220,20 @@ class Launch:
                 _killpg(r.proc.pid, signal.SIGTERM)
         asyncio.get_running_loop().call_later(self.opts.grace + 5, self._kill_all)
 
+    async def _heartbeat(self) -> None:
+        """One byte down every remote channel each HEARTBEAT seconds, until the job stops: the remote
+        watchdogs stop their command when it no longer comes (a cut link)."""
+        while not self._stopping:
+            for r in self.running:
+                stdin = r.proc.stdin
+                if r.local or stdin is None or r.proc.returncode is not None or stdin.is_closing():
+                    continue
+                try:
+                    stdin.write(b".")
+                except (OSError, RuntimeError):
+                    pass
+            await asyncio.sleep(HEARTBEAT)
+
     def _kill_all(self) -> None:
         for r in self.running:
             if r.proc.returncode is None:
@@ -245,7 +277,12 @@ class Launch:
                 self.stderr.write(f"gpusd: cannot start {e.filename or ''}: {e.strerror or e}\n")
                 self.status = 127
                 self.stop()
-            await asyncio.gather(*(self._watch(r) for r in self.running))
+            beat = asyncio.ensure_future(self._heartbeat()) if self.opts.watchdog else None
+            try:
+                await asyncio.gather(*(self._watch(r) for r in self.running))
+            finally:
+                if beat is not None:
+                    beat.cancel()
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)
