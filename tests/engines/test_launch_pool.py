@@ -384,7 +384,13 @@ def test_ray_stops_on_every_host_before_its_gpus_can_be_given_again(pool, tmp_pa
         driver = lan.popen(client, [sys.executable, str(Path(__file__).resolve().parent / "scripts" /
                                                          "ray_hold_gpus.py"), record["address"], str(started)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _wait_for(lambda: len(list(started.iterdir())) == 2, 120, "a task on each GPU")
+        try:
+            _wait_for(lambda: len(list(started.iterdir())) == 2 or driver.poll() is not None, 120,
+                      "a task on each GPU")
+            assert driver.poll() is None
+        except AssertionError:
+            driver.kill()
+            raise AssertionError(f"the driver: {driver.communicate()[0][-3000:]}") from None
         running = _ray_processes(nodes)
         assert set(running) == {h.ip for h in hosts}, running
         os.kill(record["renewer_pid"], signal.SIGKILL)  # nobody renews from now on
