@@ -204,7 +204,7 @@ def test_torchrun_all_reduce_on_gpus_reserved_from_the_pool(pool, tmp_path: Path
         pytest.skip("torch is not installed (the engines extra)")
     script = Path(__file__).resolve().parent / "scripts" / "allreduce.py"
     r = lan.gpusd(client, ["launch", "-n", "4", "--per-host", "2", "--exclude", "1", "--ttl", "10",
-                           "--env", "PATH", "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=1",
+                           "--env", "PATH", "--env", "OMP_NUM_THREADS=1",
                            "torchrun", "--", str(script)], env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = [json.loads(line.partition("RESULT ")[2]) for line in r.stdout.splitlines() if "RESULT " in line]

@@ -70,6 +70,39 @@ def local_addresses() -> frozenset[str]:
     return frozenset(out)
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that has ``address``, or None."""
+    import ifaddr
+
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if (ip.ip if isinstance(ip.ip, str) else ip.ip[0]) == address:
+                return str(adapter.name)
+    return None
+
+
+def _iface_lines(cmd: HostCommand) -> str:
+    """sh lines that set each of ``cmd.iface_env`` to the interface carrying the slot's address (from
+    ``ip -o addr show to ADDR``), unless the host's environment has it; a line on stderr when it
+    cannot be told."""
+    import ipaddress
+
+    address = cmd.slot.address
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return ""  # a name: ip cannot look it up; the engine resolves it itself
+    out = []
+    for var in cmd.iface_env:
+        hint = (f"gpusd: cannot tell which interface carries {address} here (no ip command?); if {var} must be "
+                f"set (the host name resolves to loopback), give gpusd launch --env {var}=IFACE")
+        out.append(f'if [ -z "${{{var}-}}" ]; then gpusd_if=$(ip -o addr show to {address} 2>/dev/null | '
+                   "awk '{print $2; exit}'); "
+                   f'if [ -n "$gpusd_if" ]; then {var}=$gpusd_if; export {var}; '
+                   f"else echo {shlex.quote(hint)} >&2; fi; fi\n")
+    return "".join(out)
+
+
 def is_local(slot: HostSlot, opts: LaunchOptions) -> bool:
     addresses = opts.local_addresses if opts.local_addresses is not None else local_addresses()
     return slot.address in addresses or slot.ssh_host in ("localhost", "127.0.0.1", "::1")
@@ -107,6 +140,8 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
         lines.append('gpusd_files=$(mktemp -d "${TMPDIR:-/tmp}/gpusd.XXXXXXXX") || exit 97\n')
         for name, content in cmd.files.items():
             lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
+    if cmd.iface_env:
+        lines.append(_iface_lines(cmd))
     if opts.watchdog:
         lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
     env = {**opts.env, **cmd.env}
@@ -182,6 +217,10 @@ class Launch:
         label = f"{cmd.slot.hostname}#{cmd.rank}"
         if local:
             env = {**os.environ, **self.opts.env, **cmd.env}
+            for var in cmd.iface_env:
+                iface = None if var in env else interface_of(cmd.slot.address)
+                if iface is not None:
+                    env[var] = iface
             argv = cmd.argv
             if cmd.files:
                 import tempfile
