@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -255,6 +256,8 @@ def _ray_up(lan: Lan, client: Node, env: dict[str, str], state: Path, *extra: st
     (new,) = [p for p in (state / "ray").glob("*.json") if p.name not in before]
     record = json.loads(new.read_text())
     assert f"Ray cluster {record['id']}" in r.stderr and "gpusd ray down " + record["id"] in r.stderr, r.stderr
+    if "--for" not in extra:  # held 24 h: the end is tomorrow, and says so
+        assert re.search(r"at most until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d, --for", r.stderr), r.stderr
     return record
 
 
