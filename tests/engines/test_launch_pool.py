@@ -453,3 +453,22 @@ def test_a_cut_link_stops_the_remote_ranks_before_their_lease_ends(pool, tmp_pat
                 proc.kill()
                 proc.communicate()
     assert proc.returncode != 0  # gpusd learnt it too: ssh gave up, or the lease was lost
+
+
+def test_ray_down_that_cannot_reach_a_host_lets_its_lease_run_out(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """ray down cannot ssh to one host (its sshd is gone; its daemon still answers): it says so and
+    stops renewing instead of releasing, so that host's guard still stops its Ray node before its lease
+    ends there (a release would free the GPUs under the running node)."""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    a = _ray_up(lan, client, env, state, "--ttl", "4")
+    far = next(h for h in hosts if h.hostname != a["placement"]["hosts"][0]["hostname"])  # not the head
+    sshd = int((tmp_path / "ssh" / f"host-{far.node.name}" / "sshd.pid").read_text())  # started by the fixture
+    os.kill(sshd, signal.SIGTERM)
+    _wait_for(lambda: not Path(f"/proc/{sshd}").exists() or b" Z " in Path(f"/proc/{sshd}/stat").read_bytes(),
+              10, "sshd to end")
+    r = lan.gpusd(client, ["ray", "down", a["id"], "--state-dir", str(state)], env=env, timeout=120)
+    assert r.returncode == 255 and "not every host" in r.stderr, r.stdout + r.stderr
+    _watch_until_gone(hosts, a, 30)
+    assert list((state / "ray").glob("*.json")) == []

@@ -632,8 +632,9 @@ def _renewer_of(pid: object) -> int | None:
     return pid
 
 
-def _end_renewer(record: dict[str, Any], timeout: float = 15.0) -> None:
-    """Stop the reservation's renewer (SIGTERM: it releases the leases) and wait until it is gone."""
+def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = True) -> None:
+    """Stop the reservation's renewer (SIGTERM: it releases the leases; without ``release``, SIGUSR1:
+    they end with their TTL) and wait until it is gone."""
     import signal
     import time
 
@@ -641,7 +642,7 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0) -> None:
     if pid is None:
         return
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM if release else signal.SIGUSR1)
     except OSError:
         return
     deadline = time.monotonic() + timeout
@@ -690,8 +691,14 @@ def ray_down(args: argparse.Namespace) -> int:
         path, record = clusters[cid]
         print(f"{_prog()}: stopping Ray cluster {cid} ({_describe(record)})", file=sys.stderr)
         sys.stderr.flush()
-        status = _stop_cluster(args, record) or status
-        _end_renewer(record)  # Ray stopped (or not reachable): the GPUs go back to the pool
+        stopped = _stop_cluster(args, record)
+        status = stopped or status
+        if stopped == 0:
+            _end_renewer(record)  # Ray stopped on every host: the GPUs go back to the pool at once
+        else:  # a host not reached: its guard stops Ray there before the lease runs out, then it is free
+            _end_renewer(record, release=False)
+            print(f"{_prog()}: not every host of {cid} could be reached: its leases are no longer renewed and end "
+                  "within their TTL (each host's guard stops Ray there first)", file=sys.stderr)
         _forget_cluster(path)
     return status
 

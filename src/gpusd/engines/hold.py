@@ -225,7 +225,8 @@ def guards_of(lease_id: str) -> list[int]:
 def stop(lease_id: str, timeout: float) -> int:
     pids = guards_of(lease_id)
     if not pids:
-        print(f"gpusd: no guard of lease {lease_id} runs here", file=sys.stderr)
+        print(f"gpusd: no guard of lease {lease_id} runs here (it stopped its processes when the lease ended, "
+              "or was never started)", file=sys.stderr)
         return NO_LEASE
     for pid in pids:
         try:

@@ -12,7 +12,9 @@ Optional fields: ``"at_end": "expire"`` — at ``until`` stop renewing but do no
 end with their TTL, which is what the host-side guards of ``gpusd ray up`` (gpusd.engines.hold) watch,
 so the engine is stopped on every host before its GPUs are free (a release would free them at once);
 ``"forget": [PATH, ...]`` — files that describe the reservation (a job record of ``gpusd hostfile``),
-removed when the renewer ends, however it ends (but SIGKILL).
+removed when the renewer ends, however it ends (but SIGKILL).  SIGUSR1 ends the renewer without
+releasing (the leases end with their TTL: ``gpusd ray down`` when a host could not be reached, whose
+guard then stops Ray there before its lease ends).
 """
 
 from __future__ import annotations
@@ -54,7 +56,14 @@ def main() -> int:
 
 def _renew(res: "Reservation", until: float, expire: bool) -> int:
     done = threading.Event()
+    let_expire: list[bool] = []
+
+    def expire_now(_s: int, _f: object) -> None:
+        let_expire.append(True)
+        done.set()
+
     signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
+    signal.signal(signal.SIGUSR1, expire_now)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     period = max(0.5, min(p.ttl for p in res.parts) / 3)
@@ -79,7 +88,7 @@ def _renew(res: "Reservation", until: float, expire: bool) -> int:
                 pass
         if done.wait(min(period, max(0.0, until - time.time()))):
             break
-    if expire and not done.is_set():  # --for is over: the leases end with their TTL
+    if (expire and not done.is_set()) or let_expire:  # --for is over, or SIGUSR1: they end with their TTL
         return 0
     res.release()
     return 0
