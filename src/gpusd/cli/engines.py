@@ -507,8 +507,8 @@ def _clusters(args: argparse.Namespace) -> dict[str, tuple[Path, dict[str, Any]]
         except (OSError, ValueError, KeyError, TypeError, PlacementError) as exc:
             print(f"{_prog()}: skipping the unreadable cluster record {path}: {exc}", file=sys.stderr)
             continue
-        record.setdefault("id", p.job_id)
-        out[str(record["id"])] = (path, record)
+        record["id"] = p.job_id  # the id is the placement's job id (checked by Placement)
+        out[p.job_id] = (path, record)
     return out
 
 
@@ -603,8 +603,11 @@ def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
     from ..engines.launch import run_commands
     from ..engines.placement import Placement
 
+    from ..pool.client import LEASE_ID
+
     p = Placement.from_dict(record["placement"])
-    leases = [str(d.get("lease_id")) for d in record.get("leases") or [] if isinstance(d, dict)]
+    leases = [d["lease_id"] for d in record.get("leases") or []
+              if isinstance(d, dict) and isinstance(d.get("lease_id"), str) and LEASE_ID.match(d["lease_id"])]
     opts = _options(args, watchdog=False, stop_on_failure=False)
     if leases and len(leases) == len(p.hosts):
         python = getattr(args, "python", None) or str(record.get("python") or "python3")
