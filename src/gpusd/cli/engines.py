@@ -602,7 +602,6 @@ def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
     from ..engines import generate as g
     from ..engines.launch import run_commands
     from ..engines.placement import Placement
-
     from ..pool.client import LEASE_ID
 
     p = Placement.from_dict(record["placement"])
