@@ -496,8 +496,8 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--state-dir", metavar="DIR", help="where gpusd remembers the cluster (default: gpusd's "
                        "state directory)")
         p.add_argument("--python", default=None, metavar="PATH",
-                       help="the Python with gpusd on the hosts, which runs each node's guard (default python3; "
-                       "ray down: the one ray up used)")
+                       help="the Python with gpusd on the hosts, which runs each node's guard (default python3, "
+                       "here gpusd's own; ray down: the one ray up used)")
         if name == "down":
             p.add_argument("cluster", nargs="?", metavar="ID", help="the cluster to stop (ray up prints its id; "
                            "needed when there are several)")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..engines.generate import HostCommand
     from ..engines.launch import LaunchOptions
-    from ..engines.placement import Placement
+    from ..engines.placement import HostSlot, Placement
     from ..pool.client import Reservation
 
 ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
@@ -518,15 +518,24 @@ def _guard_margin(res: "Reservation") -> tuple[float, float]:
     return round(margin, 2), round(margin / 2, 2)
 
 
-def guarded(cmds: Sequence["HostCommand"], leases: Sequence[str], python: str, margin: float,
+def guarded(cmds: Sequence["HostCommand"], leases: Sequence[str], python: str | None, margin: float,
             grace: float) -> list["HostCommand"]:
     """Each host's command under that host's guard (gpusd.engines.hold), watching the lease its daemon
-    holds for it: the engine is stopped on that host before the lease can end."""
+    holds for it: the engine is stopped on that host before the lease can end.  ``python``: the one
+    with gpusd on the hosts (None: ``python3`` there, this very Python on this machine)."""
     from ..engines.generate import HostCommand
 
-    return [HostCommand(c.slot, c.rank, [python, "-m", "gpusd.engines.hold", "--lease", lease, "--margin",
-                                         f"{margin:g}", "--grace", f"{grace:g}", "--", *c.argv], c.env, c.files)
+    return [HostCommand(c.slot, c.rank, [*_guard(c.slot, python), "--lease", lease, "--margin", f"{margin:g}",
+                                         "--grace", f"{grace:g}", "--", *c.argv], c.env, c.files)
             for c, lease in zip(cmds, leases)]
+
+
+def _guard(slot: "HostSlot", python: str | None) -> list[str]:
+    """``PYTHON -m gpusd.engines.hold`` for ``slot``: ``python``, else this very Python on this
+    machine and ``python3`` on the others."""
+    from ..engines.launch import LaunchOptions, is_local
+
+    return [python or (sys.executable if is_local(slot, LaunchOptions()) else "python3"), "-m", "gpusd.engines.hold"]
 
 
 def ray_up(args: argparse.Namespace) -> int:
@@ -547,15 +556,15 @@ def ray_up(args: argparse.Namespace) -> int:
     # at the end of --for it lets the leases expire, so that every host's guard stops Ray first
     until = _until(args) if args.count is not None else None
     p, res, pid = acquire(args, "gpusd ray up", until, new_job_id(), {"at_end": "expire"})
-    python = args.python or "python3"
-    record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": python,
+    python = args.python or "python3"  # on the hosts; this machine's guard runs under this Python
+    record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
                               "address": g.ray_address(p, args.port), "started": time.time()}
     if res is not None:
         record.update(renewer_pid=pid, until=until, leases=[part.to_dict() for part in res.parts])
     cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
     if res is not None:
         margin, grace = _guard_margin(res)
-        cmds = guarded(cmds, [part.lease_id for part in res.parts], python, margin, grace)
+        cmds = guarded(cmds, [part.lease_id for part in res.parts], args.python, margin, grace)
     opts = _options(args, watchdog=False, stop_on_failure=True)
     path = _ray_state(args) / RAY_DIR / f"{p.job_id}.json"
     if res is None and p.job_id in _clusters(args):  # a --placement file's job id: the same cluster twice
@@ -609,10 +618,11 @@ def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
               if isinstance(d, dict) and isinstance(d.get("lease_id"), str) and LEASE_ID.match(d["lease_id"])]
     opts = _options(args, watchdog=False, stop_on_failure=False)
     if leases and len(leases) == len(p.hosts):
-        python = getattr(args, "python", None) or str(record.get("python") or "python3")
+        python = getattr(args, "python", None) or record.get("python")
+        python = python if isinstance(python, str) and python else None
         # exit 3: no guard of that lease runs there (it stopped the node when the lease ended)
-        cmds = [g.HostCommand(h, i, ["sh", "-c", '"$@" || [ $? -eq 3 ]', "gpusd-ray-down", python, "-m",
-                                     "gpusd.engines.hold", "--stop", "--lease", lease])
+        cmds = [g.HostCommand(h, i, ["sh", "-c", '"$@" || [ $? -eq 3 ]', "gpusd-ray-down", *_guard(h, python),
+                                     "--stop", "--lease", lease])
                 for (i, h), lease in zip(enumerate(p.hosts), leases)]
         return run_commands(cmds, opts)
     return run_commands(g.ray_stop_commands(p, ray=args.ray), opts)
