@@ -248,9 +248,10 @@ def _held_leases(hosts: list[GpuHost]) -> set[str]:  # noqa: F811
     return {le.lease_id for h in hosts for le in LeaseStore(h.env["GPUSD_LOCK_DIR"]).leases()}
 
 
-def _ray_up(lan: Lan, client: Node, env: dict[str, str], state: Path, *extra: str) -> dict[str, Any]:  # noqa: F811
+def _ray_up(lan: Lan, client: Node, env: dict[str, str], state: Path, *extra: str,  # noqa: F811
+            python: tuple[str, ...] = ("--python", sys.executable)) -> dict[str, Any]:
     before = {p.name for p in (state / "ray").glob("*.json")} if (state / "ray").is_dir() else set()
-    r = lan.gpusd(client, ["ray", "up", "-n", "2", "--per-host", "1", "--ray", FAKE_RAY, "--python", sys.executable,
+    r = lan.gpusd(client, ["ray", "up", "-n", "2", "--per-host", "1", "--ray", FAKE_RAY, *python,
                            "--state-dir", str(state), *extra], env=env, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (new,) = [p for p in (state / "ray").glob("*.json") if p.name not in before]
@@ -472,3 +473,18 @@ def test_ray_down_that_cannot_reach_a_host_lets_its_lease_run_out(pool, tmp_path
     assert r.returncode == 255 and "not every host" in r.stderr, r.stdout + r.stderr
     _watch_until_gone(hosts, a, 30)
     assert list((state / "ray").glob("*.json")) == []
+
+
+def test_a_ray_node_on_this_machine_is_guarded_too(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """ray up run on one of the GPU hosts: the node there starts without ssh, under this machine's guard
+    (gpusd's own Python, no --python), and stops before its lease ends like the remote one."""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    here = hosts[0].node
+    local_env = {**env, "GPUSD_INTERFACES": here.ip, "GPUSD_LOCK_DIR": hosts[0].env["GPUSD_LOCK_DIR"]}
+    a = _ray_up(lan, here, local_env, state, "--ttl", "4", python=())
+    assert here.ip in {h["address"] for h in a["placement"]["hosts"]}, a  # both hosts: this one among them
+    assert _raylets() == set(_nodes_of(a).values())
+    os.kill(a["renewer_pid"], signal.SIGKILL)
+    _watch_until_gone(hosts, a, 30)
