@@ -1,5 +1,6 @@
-"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio), and of
-durations such as ``90s``, ``15m`` or ``2h`` (the one duration parser of every flag and API)."""
+"""Parsing and formatting of sizes such as ``8GiB``, ``500MB`` or ``0.25`` (a ratio), of durations
+such as ``90s``, ``15m`` or ``2h`` (the one duration parser of every flag and API), and of moments
+(:func:`format_clock`)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,15 @@ def format_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h" + (f"{s % 3600 // 60:02d}m" if s % 3600 // 60 else "")
     return f"{s // 86400}d" + (f"{s % 86400 // 3600}h" if s % 86400 // 3600 else "")
+
+
+def format_clock(ts: float, now: float | None = None) -> str:
+    """A moment as people read it on this machine's clock: ``19:10:48`` when it is today, else with
+    the date, ``2026-12-02 19:10:48`` (a 24-hour hold ends tomorrow: a bare time would read as past)."""
+    import time
+
+    when = time.localtime(ts)
+    today = time.localtime(time.time() if now is None else now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M:%S", when)
+    return time.strftime("%Y-%m-%d %H:%M:%S", when)

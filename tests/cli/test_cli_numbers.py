@@ -172,11 +172,13 @@ def test_the_daemon_keeps_the_end_its_holder_announced() -> None:
     import asyncio
     from types import SimpleNamespace
 
+    from gpusd.daemon.config import DaemonConfig
+
     from gpusd.daemon import pool as dpool
 
     held = dpool.Held("ab12", SimpleNamespace(env=lambda: {}, release=lambda: None), "me", None, None, 30.0,
                       time.time(), time.time() + 30)
-    p = dpool.Pool(SimpleNamespace(hostname="h", node_id="n"))  # type: ignore[arg-type]
+    p = dpool.Pool(SimpleNamespace(hostname="h", node_id="n", config=DaemonConfig()))  # type: ignore[arg-type]
     p._renew = lambda held, expires: None  # type: ignore[method-assign]
     p.held["ab12"] = held
     status, out = asyncio.run(p.renew("ab12", {"left": 7200}))

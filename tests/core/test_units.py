@@ -33,3 +33,15 @@ def test_format_bytes():
     assert format_bytes(None) == "-"
     assert format_bytes(80 * 2**30) == "80.0GiB"
     assert format_bytes(141 * 2**30) == "141GiB"
+
+
+def test_a_moment_that_is_not_today_is_written_with_its_date() -> None:
+    """A 24-hour hold ends tomorrow: "until 19:10:48" alone reads as a time already past (issue 18)."""
+    import time
+
+    from gpusd.units import format_clock
+
+    now = time.mktime((2026, 12, 1, 19, 10, 48, 0, 0, -1))
+    assert format_clock(now + 60, now=now) == "19:11:48"
+    assert format_clock(now + 24 * 3600, now=now) == "2026-12-02 19:10:48"
+    assert format_clock(now - 24 * 3600, now=now) == "2026-11-30 19:10:48"

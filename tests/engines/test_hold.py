@@ -11,20 +11,26 @@ import sys
 import time
 from pathlib import Path
 
+from gpusd.alloc.queue import _process_start
 from gpusd.cli.engines import _end_renewer, _renewer_of, held_placement
 from gpusd.engines.placement import Placement
 
 P = Placement.of([("node-1", [0, 2]), ("node-2", [1])], job_id="job-7")
 
 
-def _record(tmp_path: Path, pid: int, until: float | None) -> str:
+def _record(tmp_path: Path, pid: int, until: float | None, started: float | None = None) -> str:
     path = tmp_path / "job-7.json"
-    path.write_text(json.dumps({"placement": P.to_dict(), "pid": pid, "until": until}))
+    started = _process_start(pid) if started is None else started
+    path.write_text(json.dumps({"placement": P.to_dict(), "pid": pid, "pid_started": started, "until": until}))
     return str(path)
 
 
 def test_the_discovery_record_lists_the_hosts_only_while_they_are_held(tmp_path: Path) -> None:
     assert held_placement(_record(tmp_path, os.getpid(), None)) == P
+    # the holder's pid now names another process (reused): its start time is not the holder's
+    mine = _process_start(os.getpid())
+    assert mine is not None
+    assert held_placement(_record(tmp_path, os.getpid(), None, started=mine - 3600)) is None
     assert held_placement(_record(tmp_path, os.getpid(), time.time() + 60)) == P
     assert held_placement(_record(tmp_path, os.getpid(), time.time() - 1)) is None  # --for is up
     dead = subprocess.Popen(["true"])

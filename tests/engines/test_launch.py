@@ -124,3 +124,37 @@ def test_killed_launcher_leaves_no_remote_job(two_hosts, tmp_path: Path) -> None
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [pid for pid in pids if _alive(pid)] == []
+
+
+GLOO_PROBE = r'''
+import sys
+from gpusd.engines.generate import HostCommand
+from gpusd.engines.launch import LaunchOptions, run_commands
+from gpusd.engines.placement import Placement
+
+p = Placement.from_dict({"job_id": "gloo-1", "hosts": [
+    {"hostname": "node-1", "address": sys.argv[1], "gpus": [0]},
+    {"hostname": "node-2", "address": sys.argv[2], "gpus": [0]}]})
+env = {"GLOO_SOCKET_IFNAME": sys.argv[3]} if len(sys.argv) > 3 else {}
+cmds = [HostCommand(h, i, ["sh", "-c", 'echo "ifname=$GLOO_SOCKET_IFNAME"'], iface_env=("GLOO_SOCKET_IFNAME",))
+        for i, h in enumerate(p.hosts)]
+sys.exit(run_commands(cmds, LaunchOptions(env=env)))
+'''
+
+
+def test_torchrun_and_deepspeed_get_the_interface_of_the_placement_address(two_hosts) -> None:  # type: ignore[no-untyped-def]
+    """Where a host's name resolves to loopback (Debian's 127.0.1.1), gloo would bind 127.0.0.1: each host
+    (the head here, node-2 over ssh) gets GLOO_SOCKET_IFNAME = the interface carrying its placement
+    address, unless the user gives one (--env)."""
+    from gpusd.engines.generate import deepspeed_commands, torchrun_commands
+    from gpusd.engines.placement import Placement
+
+    lan, fleet, h1, h2 = two_hosts
+    p = Placement.of([("node-1", [0]), ("node-2", [1])])
+    assert all(c.iface_env == ("GLOO_SOCKET_IFNAME",) for c in [*torchrun_commands(p, ["t.py"]),
+                                                                 *deepspeed_commands(p, ["t.py"])])
+    r = lan.run(h1, [sys.executable, "-c", GLOO_PROBE, h1.ip, h2.ip], env=fleet.env(h1), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[node-1#0] ifname=eth0", "[node-2#1] ifname=eth0"], r.stdout
+    r = lan.run(h1, [sys.executable, "-c", GLOO_PROBE, h1.ip, h2.ip, "lo"], env=fleet.env(h1), timeout=60)
+    assert sorted(r.stdout.splitlines()) == ["[node-1#0] ifname=lo", "[node-2#1] ifname=lo"], r.stdout

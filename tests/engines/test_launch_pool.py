@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from waiting import wait_until_sync
 
 pytestmark = pytest.mark.timeout(300)
 BIN = str(Path(sys.executable).parent)
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+FAKE_RAY = str(Path(__file__).resolve().parent / "scripts" / "fake_ray")
 TTL = "6"  # leases outlive the 3 s waits for "no lease left" (so those prove releases, not expiries), and
 # a renewal delayed a few seconds on a loaded machine does not lose them
 
@@ -61,7 +64,11 @@ def pool(lan: Lan, sshd_ok: None, tmp_path: Path):  # type: ignore[no-untyped-de
         h.start()
     client = lan.add_node("c1")
     (tmp_path / "client-state").mkdir()
-    with SshFleet(lan, [(h.node, h.hostname) for h in hosts], workdir=tmp_path / "ssh") as fleet:
+    # an ssh session on a host sees that host's lock directory, and gpusd from this tree (the guards
+    # of gpusd ray up run there), as on a real host where gpusd is installed
+    host_env = {h.hostname: {"GPUSD_LOCK_DIR": h.env["GPUSD_LOCK_DIR"], "PYTHONPATH": SRC,
+                             "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"} for h in hosts}
+    with SshFleet(lan, [(h.node, h.hostname) for h in hosts], workdir=tmp_path / "ssh", host_env=host_env) as fleet:
         env = lan.base_env(client, GPUSD_MDNS_FAST="1", GPUSD_SSH_CONFIG=str(fleet.config),
                            GPUSD_STATE_DIR=str(tmp_path / "client-state"), GPUSD_TOKEN_FILE=str(key),
                            PATH=f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -156,9 +163,13 @@ def test_hostfile_without_a_command_holds_until_release(pool, tmp_path: Path) ->
     lease_id = r.stderr.split("gpusd release ")[1].split()[0]
     time.sleep(float(TTL) + 1)  # renewed in the background
     assert sum(len(_leased(lan, h)) for h in hosts) == 1
+    records = list((tmp_path / "client-state" / "jobs").glob("*.json"))  # what Horovod's discovery reads
+    assert len(records) == 1
     r = lan.gpusd(client, ["release", lease_id], env=env)
     assert r.returncode == 0, r.stderr
     _no_lease_left(lan, hosts)
+    # the job's record goes with the reservation (its renewer removes it as it ends)
+    _wait_for(lambda: not records[0].exists(), 10, "the job record to be removed")
 
 
 @pytest.mark.engines
@@ -194,7 +205,7 @@ def test_torchrun_all_reduce_on_gpus_reserved_from_the_pool(pool, tmp_path: Path
         pytest.skip("torch is not installed (the engines extra)")
     script = Path(__file__).resolve().parent / "scripts" / "allreduce.py"
     r = lan.gpusd(client, ["launch", "-n", "4", "--per-host", "2", "--exclude", "1", "--ttl", "10",
-                           "--env", "PATH", "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "OMP_NUM_THREADS=1",
+                           "--env", "PATH", "--env", "OMP_NUM_THREADS=1",
                            "torchrun", "--", str(script)], env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = [json.loads(line.partition("RESULT ")[2]) for line in r.stdout.splitlines() if "RESULT " in line]
@@ -203,3 +214,277 @@ def test_torchrun_all_reduce_on_gpus_reserved_from_the_pool(pool, tmp_path: Path
     assert sorted(res["address"] for res in results) == sorted([h.ip for h in hosts for _ in range(2)])
     assert all(res["cuda_visible_devices"] == "0,2" and res["cuda_device_order"] == "PCI_BUS_ID" for res in results)
     _no_lease_left(lan, hosts)
+
+
+# -- a Ray cluster ends with its reservation (issue 18, items 18 and 19) ------------------------------------
+def _raylets() -> set[tuple[str, str]]:
+    """The fake Ray nodes running (tests/engines/scripts/fake_ray): (node address, its GPUs)."""
+    out = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            words = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"fake-raylet" in words and state not in (b"Z", b"X"):
+            i = words.index(b"fake-raylet")
+            out.add((words[i + 1].decode(), words[i + 2].decode()))
+    return out
+
+
+def _nodes_of(record: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A cluster's lease ids -> its Ray node there (address, GPUs)."""
+    return {d["lease_id"]: (h["address"], ",".join(map(str, h["gpus"])))
+            for d, h in zip(record["leases"], record["placement"]["hosts"])}
+
+
+def _held_leases(hosts: list[GpuHost]) -> set[str]:  # noqa: F811
+    """The lease ids live in the hosts' lock directories, as the daemons hold them (read directly: a
+    lease that is gone here is one the daemon may grant again)."""
+    from gpusd.alloc.leases import LeaseStore
+
+    return {le.lease_id for h in hosts for le in LeaseStore(h.env["GPUSD_LOCK_DIR"]).leases()}
+
+
+def _ray_up(lan: Lan, client: Node, env: dict[str, str], state: Path, *extra: str,  # noqa: F811
+            python: tuple[str, ...] = ("--python", sys.executable)) -> dict[str, Any]:
+    before = {p.name for p in (state / "ray").glob("*.json")} if (state / "ray").is_dir() else set()
+    r = lan.gpusd(client, ["ray", "up", "-n", "2", "--per-host", "1", "--ray", FAKE_RAY, *python,
+                           "--state-dir", str(state), *extra], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (new,) = [p for p in (state / "ray").glob("*.json") if p.name not in before]
+    record = json.loads(new.read_text())
+    assert f"Ray cluster {record['id']}" in r.stderr and "gpusd ray down " + record["id"] in r.stderr, r.stderr
+    if "--for" not in extra:  # held 24 h: the end is tomorrow, and says so
+        assert re.search(r"at most until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d, --for", r.stderr), r.stderr
+    return record
+
+
+def _watch_until_gone(hosts: list[GpuHost], record: dict[str, Any], timeout: float) -> None:  # noqa: F811
+    """Until the cluster's leases and its Ray nodes are gone: at no moment is a lease gone (its GPUs
+    free for anyone) while its Ray node still runs."""
+    leases = _nodes_of(record)
+    deadline = time.monotonic() + timeout
+    while True:
+        held = _held_leases(hosts) & set(leases)  # first the leases, then the nodes: a node seen after
+        nodes = _raylets()  # its lease was seen gone ran on GPUs that could be given again
+        for lease, node in leases.items():
+            assert lease in held or node not in nodes, f"the Ray node {node} runs after its lease ended"
+        if not held and not any(node in nodes for node in leases.values()):
+            return
+        assert time.monotonic() < deadline, f"still held or running after {timeout}s: {held} {nodes}"
+        time.sleep(0.05)
+
+
+def _kill_raylets() -> None:
+    """What a failed test left running (only fake_ray's processes, by pid)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"fake-raylet" in (proc / "cmdline").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_a_ray_cluster_stops_before_its_reservation_ends(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """gpusd ray up holds its GPUs with a background renewer: when it is killed (a laptop closed), or
+    --for is over, the leases run out — and every host stops its Ray node before its lease ends, so
+    no GPU is given to someone else while Ray still uses it.  (Ray itself: the engines test below.)"""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    a = _ray_up(lan, client, env, state, "--ttl", "4")
+    b = _ray_up(lan, client, env, state, "--ttl", "4", "--for", "6s")
+    assert _raylets() == {*_nodes_of(a).values(), *_nodes_of(b).values()}  # a node per host and cluster
+    assert _held_leases(hosts) == {d["lease_id"] for rec in (a, b) for d in rec["leases"]}
+    os.kill(a["renewer_pid"], signal.SIGKILL)  # cluster a: nobody renews from now on
+    _watch_until_gone(hosts, a, 30)
+    _watch_until_gone(hosts, b, 30)  # cluster b: --for 6s is over, its leases run out
+    # nothing left to stop: ray down says so for each host, and forgets the clusters
+    r = lan.gpusd(client, ["ray", "down", "--all", "--state-dir", str(state)], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert list((state / "ray").glob("*.json")) == []
+
+
+def test_ray_down_stops_one_cluster_of_several(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """Two gpusd ray up: two records; ray down alone asks which; ray down ID stops that cluster's nodes
+    (and only those) and releases its GPUs at once; --all the rest."""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    a = _ray_up(lan, client, env, state, "--ttl", "30")
+    b = _ray_up(lan, client, env, state, "--ttl", "30")
+    assert a["id"] != b["id"]
+    base = ["ray", "down", "--state-dir", str(state)]
+    r = lan.gpusd(client, base, env=env, timeout=60)
+    assert r.returncode == 2 and "say which" in r.stderr and a["id"] in r.stderr and b["id"] in r.stderr, r.stderr
+    assert _raylets() == {*_nodes_of(a).values(), *_nodes_of(b).values()}  # nothing was stopped
+    r = lan.gpusd(client, [*base, a["id"]], env=env, timeout=120)
+    assert r.returncode == 0 and f"stopping Ray cluster {a['id']}" in r.stderr, r.stdout + r.stderr
+    assert _raylets() == set(_nodes_of(b).values())  # a's nodes are gone, b's run on
+    held = _held_leases(hosts)  # a's GPUs are back (released, long before the 30 s TTL), b's held
+    assert held == set(_nodes_of(b)), (held, a["leases"], b["leases"])
+    r = lan.gpusd(client, [*base, "nosuch"], env=env, timeout=60)
+    assert r.returncode == 1 and b["id"] in r.stderr, r.stderr
+    r = lan.gpusd(client, [*base, "--all"], env=env, timeout=120)
+    assert r.returncode == 0 and b["id"] in r.stderr, r.stderr
+    assert _raylets() == set() and _held_leases(hosts) == set()
+    assert not _renewer_alive(a["renewer_pid"]) and not _renewer_alive(b["renewer_pid"])  # no orphaned renewer
+
+
+def _renewer_alive(pid: int) -> bool:
+    try:
+        return b"gpusd.pool.renewer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _ray_processes(nodes: list[Node]) -> dict[str, list[int]]:  # noqa: F811
+    """Ray's processes in each namespace host (by its address): raylet, GCS, workers, dashboard..."""
+    inodes = {os.stat(f"/run/netns/{n.ns}").st_ino: n.ip for n in nodes}
+    out: dict[str, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            ns = os.readlink(proc / "ns" / "net")
+        except (OSError, IndexError):
+            continue
+        if state in (b"Z", b"X") or not any(k in cmdline for k in (
+                "raylet", "gcs_server", "ray/_private/", "ray/dashboard", "ray::", "default_worker.py")):
+            continue
+        ip = inodes.get(int(ns.partition("[")[2].rstrip("]") or 0))
+        if ip is not None:
+            out.setdefault(ip, []).append(int(proc.name))
+    return out
+
+
+@pytest.mark.engines
+def test_ray_stops_on_every_host_before_its_gpus_can_be_given_again(pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The issue's case with Ray itself: gpusd ray up -n 2 --per-host 1, a task on each GPU, then the
+    renewer is killed (a laptop closed).  Every host stops its Ray node — raylet, workers and all —
+    before its lease ends: at no moment is a lease gone while Ray still runs on that host."""
+    lan, hosts, client, env = pool
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("ray is not installed (the engines extra)")
+    if subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True).returncode == 0:
+        pytest.skip("Ray processes already run on this machine: the test would stop them")
+    state = tmp_path / "ray-state"
+    base = ["--ray", f"{BIN}/ray", "--state-dir", str(state)]
+    nodes = [h.node for h in hosts]
+    driver = None
+    try:
+        r = lan.gpusd(client, ["ray", "up", "-n", "2", "--per-host", "1", "--ttl", "10", *base, "--",
+                               "--object-store-memory=100000000"], env=env, timeout=180)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        (path,) = (state / "ray").glob("*.json")
+        record = json.loads(path.read_text())
+        started = tmp_path / "started"
+        started.mkdir()
+        driver = lan.popen(client, [sys.executable, str(Path(__file__).resolve().parent / "scripts" /
+                                                         "ray_hold_gpus.py"), record["address"], str(started)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(lambda: len(list(started.iterdir())) == 2 or driver.poll() is not None, 120,
+                      "a task on each GPU")
+            assert driver.poll() is None
+        except AssertionError:
+            driver.kill()
+            raise AssertionError(f"the driver: {driver.communicate()[0][-3000:]}") from None
+        running = _ray_processes(nodes)
+        assert set(running) == {h.ip for h in hosts}, running
+        os.kill(record["renewer_pid"], signal.SIGKILL)  # nobody renews from now on
+        leases = {d["lease_id"]: h["address"] for d, h in zip(record["leases"], record["placement"]["hosts"])}
+        deadline = time.monotonic() + 60
+        while True:
+            held = _held_leases(hosts) & set(leases)  # the leases first, then Ray's processes
+            procs = _ray_processes(nodes)
+            for lease, ip in leases.items():
+                assert lease in held or not procs.get(ip), f"Ray runs on {ip} after its lease ended: {procs[ip]}"
+            if not held and not procs:
+                break
+            assert time.monotonic() < deadline, (held, procs)
+            time.sleep(0.05)
+    finally:
+        if driver is not None:
+            driver.kill()
+            driver.communicate(timeout=30)
+        lan.gpusd(client, ["ray", "down", "--all", *base], env=env, timeout=120)
+    assert _ray_processes(nodes) == {}
+
+
+def test_a_cut_link_stops_the_remote_ranks_before_their_lease_ends(pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The client's cable is pulled while gpusd launch runs: nothing reaches the host any more (no
+    renewal, no end of the ssh channel).  The rank there is stopped by its watchdog when gpusd's
+    heartbeats stop coming, before the host's daemon lets the lease expire."""
+    lan, hosts, client, env = pool
+    pidfile = tmp_path / "rank.pid"
+    script = f"echo $$ > {pidfile}; while :; do sleep 0.2; done"
+    proc = lan.popen(client, [sys.executable, "-m", "gpusd", "launch", "-n", "1", "--ttl", "9", "--grace", "1",
+                              "--no-chdir", "command", "--", "sh", "-c", script], env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut = False
+    try:
+        _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60, "the rank to start")
+        rank = int(pidfile.read_text())
+        (lease,) = _held_leases(hosts)
+        subprocess.run(["ip", "-n", lan.switch, "link", "set", f"v{client.index}", "down"], check=True)
+        cut = True
+        deadline = time.monotonic() + 40
+        while True:
+            held = lease in _held_leases(hosts)  # the lease first, then the rank
+            alive = Path(f"/proc/{rank}").exists() and b"Z" not in Path(f"/proc/{rank}/stat").read_bytes(
+                ).rsplit(b")", 1)[1].split()[:1]
+            assert held or not alive, "the rank still runs after its lease ended"
+            if not alive:
+                break
+            assert time.monotonic() < deadline, "the rank still runs 40 s after the link was cut"
+            time.sleep(0.05)
+    finally:
+        if cut:
+            subprocess.run(["ip", "-n", lan.switch, "link", "set", f"v{client.index}", "up"])
+        try:
+            proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode != 0  # gpusd learnt it too: ssh gave up, or the lease was lost
+
+
+def test_ray_down_that_cannot_reach_a_host_lets_its_lease_run_out(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """ray down cannot ssh to one host (its sshd is gone; its daemon still answers): it says so and
+    stops renewing instead of releasing, so that host's guard still stops its Ray node before its lease
+    ends there (a release would free the GPUs under the running node)."""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    a = _ray_up(lan, client, env, state, "--ttl", "4")
+    far = next(h for h in hosts if h.hostname != a["placement"]["hosts"][0]["hostname"])  # not the head
+    sshd = int((tmp_path / "ssh" / f"host-{far.node.name}" / "sshd.pid").read_text())  # started by the fixture
+    os.kill(sshd, signal.SIGTERM)
+    _wait_for(lambda: not Path(f"/proc/{sshd}").exists() or b" Z " in Path(f"/proc/{sshd}/stat").read_bytes(),
+              10, "sshd to end")
+    r = lan.gpusd(client, ["ray", "down", a["id"], "--state-dir", str(state)], env=env, timeout=120)
+    assert r.returncode == 255 and "not every host" in r.stderr, r.stdout + r.stderr
+    _watch_until_gone(hosts, a, 30)
+    assert list((state / "ray").glob("*.json")) == []
+
+
+def test_a_ray_node_on_this_machine_is_guarded_too(pool, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
+    """ray up run on one of the GPU hosts: the node there starts without ssh, under this machine's guard
+    (gpusd's own Python, no --python), and stops before its lease ends like the remote one."""
+    lan, hosts, client, env = pool
+    state = tmp_path / "ray-state"
+    request.addfinalizer(_kill_raylets)
+    here = hosts[0].node
+    local_env = {**env, "GPUSD_INTERFACES": here.ip, "GPUSD_LOCK_DIR": hosts[0].env["GPUSD_LOCK_DIR"]}
+    a = _ray_up(lan, here, local_env, state, "--ttl", "4", python=())
+    assert here.ip in {h["address"] for h in a["placement"]["hosts"]}, a  # both hosts: this one among them
+    assert _raylets() == set(_nodes_of(a).values())
+    os.kill(a["renewer_pid"], signal.SIGKILL)
+    _watch_until_gone(hosts, a, 30)

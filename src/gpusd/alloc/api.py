@@ -20,7 +20,7 @@ from . import queue
 from .env import apply_env, cuda_env
 from .leases import Lease, LeaseStore
 from .priority import NORMAL, load_policy, priority_name
-from .select import Candidate, Constraints, choose, constraint_keywords, explain, never
+from .select import Candidate, Constraints, constraint_keywords, explain, never
 
 if TYPE_CHECKING:
     from .authority import RemoteLease
@@ -209,9 +209,9 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
         remote = {**(remote or {}), "job": job}
     if not wait:
         return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote, level)
-    why = never(backend.snapshot(detail=False), c)
-    if why is not None:  # no load or lease ending can help: say so now instead of waiting for ever
-        raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({why}); "
+    hopeless = never(backend.snapshot(detail=False), c)
+    if hopeless is not None:  # no load or lease ending can help: say so now instead of waiting for ever
+        raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({hopeless}); "
                              "waiting cannot help")
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None

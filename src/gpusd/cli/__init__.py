@@ -535,7 +535,7 @@ def _build_parser() -> argparse.ArgumentParser:
     rsub = p.add_subparsers(dest="ray_command", metavar="up|down", parser_class=_Parser, required=True)
     for name, target, what in (("up", "ray_up", "start a Ray head on the first host and workers on the others, "
                                 "each limited to its GPUs; prints the address"),
-                               ("down", "ray_down", "stop Ray on every host of the cluster gpusd started")):
+                               ("down", "ray_down", "stop Ray on every host of a cluster gpusd started; release it")):
         p = _command(rsub, name, f"gpusd.cli.engines:{target}", what)
         ecli.add_placement_flags(p, with_count=name == "up", hold="24h")
         ecli.add_ssh_flags(p)
@@ -543,6 +543,13 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
         p.add_argument("--state-dir", metavar="DIR", help="where gpusd remembers the cluster (default: gpusd's "
                        "state directory)")
+        p.add_argument("--python", default=None, metavar="PATH",
+                       help="the Python with gpusd on the hosts, which runs each node's guard (default python3, "
+                       "here gpusd's own; ray down: the one ray up used)")
+        if name == "down":
+            p.add_argument("cluster", nargs="?", metavar="ID", help="the cluster to stop (ray up prints its id; "
+                           "needed when there are several)")
+            p.add_argument("--all", action="store_true", help="stop every cluster gpusd started here")
         if name == "up":
             p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
                            help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")

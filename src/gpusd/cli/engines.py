@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..engines.generate import HostCommand
     from ..engines.launch import LaunchOptions
-    from ..engines.placement import Placement
+    from ..engines.placement import HostSlot, Placement
     from ..pool.client import Reservation
 
 ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
@@ -40,8 +40,8 @@ def placement_for(args: argparse.Namespace) -> "Placement":
     return Placement.load(path)
 
 
-def acquire(args: argparse.Namespace, note: str, until: float | None = None
-            ) -> tuple["Placement", "Reservation | None", int | None]:
+def acquire(args: argparse.Namespace, note: str, until: float | None = None, job_id: str | None = None,
+            renewer: dict[str, Any] | None = None) -> tuple["Placement", "Reservation | None", int | None]:
     """The placement a command works on, and the reservation that holds it: ``-n N [--per-host K]``
     and the constraints reserve GPUs across the fleet (the pool, docs/pool.md); ``--placement FILE``
     (or ``$GPUSD_PLACEMENT`` without ``-n``) reads a ready-made placement and reserves nothing (for
@@ -50,14 +50,15 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None
     The reservation is renewed from the moment it is made (before discovery stops, which may take longer
     than a TTL): by a background thread of this process while it runs (``until`` None; the caller
     releases), or by a renewer process (``python -m gpusd.pool.renewer``) until ``until`` (epoch), whose
-    pid is returned third."""
+    pid is returned third; ``renewer``: its optional fields (``at_end``, ``forget``).  ``job_id``: the
+    placement's (default: a new one)."""
     from ..engines.placement import new_job_id
     from ..errors import ConfigError  # wrong flags are usage errors (exit 2), as everywhere
 
     count = getattr(args, "count", None)
     if getattr(args, "placement", None) and count is not None:
         raise ConfigError("-n and --placement exclude each other: -n reserves GPUs, --placement FILE "
-                             "uses the hosts and GPUs the file names")
+                          "uses the hosts and GPUs the file names")
     if count is None:
         if getattr(args, "per_host", None) is not None:
             raise ConfigError("--per-host needs -n N (the GPUs in all)")
@@ -67,7 +68,7 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None
 
     if count <= 0:
         raise ConfigError("-n wants a positive number of GPUs")
-    job_id = new_job_id()
+    job_id = job_id or new_job_id()
     key = _key(args)
     client = _client(args, key)
     got: list[Reservation] = []
@@ -77,7 +78,7 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None
         if until is None:
             got[0].start_renewing()
         else:
-            pid = _start_renewer(got[0], secret(args) or "", until)
+            pid = _start_renewer(got[0], secret(args) or "", until, renewer)
         client.stop_listening()  # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
         return got[0].to_placement(job_id), got[0], pid
     except BaseException:
@@ -185,10 +186,14 @@ def _held_path(job_id: str) -> Path:
 
 
 def _write_held(p: "Placement", holder_pid: int, until: float | None) -> Path:
-    """Record what the job holds now (read by ``--format horovod-discovery --held FILE``)."""
+    """Record what the job holds now (read by ``--format horovod-discovery --held FILE``): the
+    placement, and the holder as the kernel knows it (pid and start time: a pid alone may be reused)."""
+    from ..alloc.queue import _process_start
+
     path = _held_path(p.job_id)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _write(str(path), json.dumps({"placement": p.to_dict(), "pid": holder_pid, "until": until}) + "\n", 0o600)
+    record = {"placement": p.to_dict(), "pid": holder_pid, "pid_started": _process_start(holder_pid), "until": until}
+    _write(str(path), json.dumps(record) + "\n", 0o600)
     return path
 
 
@@ -199,19 +204,21 @@ def _forget_held(p: "Placement") -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _holder_alive(pid: object, started: object) -> bool:
+    """Whether the process that wrote a record still runs: the pid, and the same kernel start time
+    (a pid that was reused by another process has a later one)."""
+    from ..alloc.queue import _process_start
+
+    if type(pid) is not int or pid <= 0 or not isinstance(started, (int, float)):
         return False
-    except PermissionError:
-        return True
-    return True
+    now = _process_start(pid)
+    return now is not None and abs(now - started) < 1.5  # btime may shift by 1 s
 
 
 def held_placement(path: str) -> "Placement | None":
     """What a job holds now: the placement in ``path`` while its holder (``gpusd hostfile -- CMD``,
-    or the renewer of a reservation held ``--for`` a while) lives and the time is not up; else None."""
+    or the renewer of a reservation held ``--for`` a while) lives — the same process, by pid and
+    start time — and the time is not up; else None."""
     import time
 
     from ..engines.placement import Placement
@@ -222,7 +229,7 @@ def held_placement(path: str) -> "Placement | None":
         until = d.get("until")
         if until is not None and time.time() >= float(until):
             return None
-        if not _alive(int(d["pid"])):
+        if not _holder_alive(d["pid"], d.get("pid_started")):
             return None
         return Placement.from_dict(d["placement"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -266,10 +273,15 @@ def hostfile(args: argparse.Namespace) -> int:
 
             sys.stdout.write(horovod_discovery_lines(held))
         return 0
+    from ..engines.placement import new_job_id
+
     cmd = list(args.args) if args.args else []
     until = _until(args) if args.count is not None and not cmd else None
+    job_id = new_job_id()
+    # the renewer (no CMD) removes the job's record when the reservation ends: gpusd release ID,
+    # --for over, a lease lost
     p, res, pid = acquire(args, f"gpusd hostfile --format {args.format}" + (f" -- {shlex.join(cmd)}" if cmd else ""),
-                          until)
+                          until, job_id, {"forget": [str(_held_path(job_id))]} if until is not None else None)
     if res is None:
         return _hostfile_output(args, p, None, cmd)
     if not cmd:
@@ -300,9 +312,8 @@ def hostfile(args: argparse.Namespace) -> int:
 
 def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid: int, until: float) -> int:
     """Keep the reservation after this command: its renewer (``pid``) holds it until ``--for`` is up."""
-    import time
-
     from ..sanitize import for_terminal
+    from ..units import format_clock
     from .pool import release_command
 
     try:
@@ -312,7 +323,7 @@ def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid
         _end_renewer({"renewer_pid": pid})
         res.release()
         raise
-    print(f"# held until {time.strftime('%H:%M:%S', time.localtime(until))} (--for {for_terminal(args.duration, 16)}) "
+    print(f"# held until {format_clock(until)} (--for {for_terminal(args.duration, 16)}) "
           f"by renewer pid {pid}; end it earlier with: "
           + "; ".join(release_command(args, part.lease_id) for part in res.parts), file=sys.stderr)
     return status
@@ -420,10 +431,19 @@ def launch(args: argparse.Namespace) -> int:
     p, res, _ = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
     try:  # from here on, every way out releases (a failure, Ctrl-C, the end)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
-        opts = _options(args, chdir=chdir, env=_env_pairs(args.env))
+        opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res))
         return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
     finally:
         _release(res)
+
+
+def _silence(res: "Reservation | None") -> float:
+    """How long a remote rank runs on without hearing from gpusd (a cut link) before it is stopped: a
+    quarter of the leases' TTL (2-10 s), so that with the default --grace it is gone before the lease
+    can end (TTL - TTL/3 after the last renewal at the earliest); 10 s without a reservation."""
+    if res is None:
+        return 10.0
+    return max(2.0, min(10.0, min(part.ttl for part in res.parts) / 4))
 
 
 def asyncio_run(coro: "Coroutine[Any, Any, int]") -> int:
@@ -462,50 +482,154 @@ async def run_holding(commands: Sequence["HostCommand"], opts: "LaunchOptions", 
 
 
 # -- gpusd ray up / down -----------------------------------------------------------------------------------
+RAY_DIR = "ray"  # under the state directory: one record per cluster, ray/ID.json
+
+
 def _ray_state(args: argparse.Namespace) -> Path:
     from ..identity import state_dir
 
     return Path(args.state_dir) if getattr(args, "state_dir", None) else state_dir()
 
 
+def _clusters(args: argparse.Namespace) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The clusters gpusd started and remembers here: id -> (record file, record).  An unreadable
+    record is skipped with a line; the single record of gpusd 0.2 (``ray-placement.json``) counts too."""
+    from ..engines.placement import Placement, PlacementError
+
+    state = _ray_state(args)
+    paths = sorted((state / RAY_DIR).glob("*.json")) if (state / RAY_DIR).is_dir() else []
+    if (state / RAY_STATE).is_file():
+        paths.append(state / RAY_STATE)
+    out: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path in paths[:256]:
+        try:
+            if path.is_symlink():
+                raise ValueError("a symbolic link")
+            with open(path, "rb") as f:
+                record = json.loads(f.read(1 << 20))
+            p = Placement.from_dict(record["placement"])
+        except (OSError, ValueError, KeyError, TypeError, PlacementError) as exc:
+            print(f"{_prog()}: skipping the unreadable cluster record {path}: {exc}", file=sys.stderr)
+            continue
+        record["id"] = p.job_id  # the id is the placement's job id (checked by Placement)
+        out[p.job_id] = (path, record)
+    return out
+
+
+def _guard_margin(res: "Reservation") -> tuple[float, float]:
+    """How long before a lease's end its host stops the engine, and the SIGTERM-to-SIGKILL grace."""
+    margin = max(1.0, min(part.ttl for part in res.parts) / 4)
+    return round(margin, 2), round(margin / 2, 2)
+
+
+def guarded(cmds: Sequence["HostCommand"], leases: Sequence[str], python: str | None, margin: float,
+            grace: float) -> list["HostCommand"]:
+    """Each host's command under that host's guard (gpusd.engines.hold), watching the lease its daemon
+    holds for it: the engine is stopped on that host before the lease can end.  ``python``: the one
+    with gpusd on the hosts (None: ``python3`` there, this very Python on this machine)."""
+    from ..engines.generate import HostCommand
+
+    return [HostCommand(c.slot, c.rank, [*_guard(c.slot, python), "--lease", lease, "--margin", f"{margin:g}",
+                                         "--grace", f"{grace:g}", "--", *c.argv], c.env, c.files)
+            for c, lease in zip(cmds, leases)]
+
+
+def _guard(slot: "HostSlot", python: str | None) -> list[str]:
+    """``PYTHON -m gpusd.engines.hold`` for ``slot``: ``python``, else this very Python on this
+    machine and ``python3`` on the others."""
+    from ..engines.launch import LaunchOptions, is_local
+
+    return [python or (sys.executable if is_local(slot, LaunchOptions()) else "python3"), "-m", "gpusd.engines.hold"]
+
+
 def ray_up(args: argparse.Namespace) -> int:
-    """Reserve (``-n``), start Ray on every host, and hand the reservation to a background renewer
-    (until ``--for`` is up) that ``gpusd ray down`` stops, which releases the GPUs."""
+    """Reserve (``-n``), start Ray on every host — each node under a guard that stops it before that
+    host's lease can end — and hand the reservation to a background renewer (until ``--for`` is up,
+    then the leases run out) that ``gpusd ray down`` stops, which releases the GPUs."""
     import time
 
     from ..engines import generate as g
     from ..engines.launch import run_commands
+    from ..engines.placement import new_job_id
+    from ..units import format_clock
 
     extra = list(args.ray_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL)
+    # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL);
+    # at the end of --for it lets the leases expire, so that every host's guard stops Ray first
     until = _until(args) if args.count is not None else None
-    p, res, pid = acquire(args, "gpusd ray up", until)
-    state = _ray_state(args)
-    record: dict[str, Any] = {"placement": p.to_dict(), "port": args.port}
+    p, res, pid = acquire(args, "gpusd ray up", until, new_job_id(), {"at_end": "expire"})
+    python = args.python or "python3"  # on the hosts; this machine's guard runs under this Python
+    record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
+                              "address": g.ray_address(p, args.port), "started": time.time()}
     if res is not None:
         record.update(renewer_pid=pid, until=until, leases=[part.to_dict() for part in res.parts])
     cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
+    if res is not None:
+        margin, grace = _guard_margin(res)
+        cmds = guarded(cmds, [part.lease_id for part in res.parts], args.python, margin, grace)
     opts = _options(args, watchdog=False, stop_on_failure=True)
+    path = _ray_state(args) / RAY_DIR / f"{p.job_id}.json"
+    if res is None and p.job_id in _clusters(args):  # a --placement file's job id: the same cluster twice
+        raise SystemExit(f"{_prog()}: a Ray cluster {p.job_id} is already up (gpusd ray down {p.job_id}), "
+                         "or give the placement another job_id")
     try:
-        state.mkdir(parents=True, exist_ok=True)
-        _write(str(state / RAY_STATE), json.dumps(record) + "\n", 0o600)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write(str(path), json.dumps(record) + "\n", 0o600)
         status = run_commands(cmds[:1], opts)  # the head first: the workers join it
         if status == 0 and len(cmds) > 1:
             status = run_commands(cmds[1:], opts)
     except BaseException:
+        if res is not None and path.exists():  # stop what started before the GPUs go back
+            _stop_cluster(args, record)
         _end_renewer(record)
+        _forget_cluster(path)
         raise
     if status != 0:
-        print(f"{_prog()}: ray up failed (status {status}); `gpusd ray down` stops what started and releases "
-              "the GPUs", file=sys.stderr)
+        hint = (f" (each host needs gpusd for {python}: --python PATH names the Python that has it)"
+                if res is not None else "")
+        print(f"{_prog()}: ray up failed (status {status}){hint}; `gpusd ray down {p.job_id}` stops what started "
+              "and releases the GPUs", file=sys.stderr)
         return status
-    print(g.ray_address(p, args.port))
+    print(record["address"])
     if res is not None:
-        print(f"# the GPUs are held until `gpusd ray down` (at most until "
-              f"{time.strftime('%H:%M:%S', time.localtime(record['until']))}, --for)", file=sys.stderr)
+        print(f"# Ray cluster {p.job_id}: the GPUs are held until `gpusd ray down {p.job_id}` (at most until "
+              f"{format_clock(record['until'])}, --for); a host whose lease is not renewed stops its Ray node "
+              f"{margin:g}s before the lease ends", file=sys.stderr)
+    else:
+        print(f"# Ray cluster {p.job_id}: stop it with `gpusd ray down {p.job_id}`", file=sys.stderr)
     return 0
+
+
+def _forget_cluster(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
+    """Stop Ray on every host of a cluster: its guards (which stop that node's processes, and only
+    those, and return once they are gone) where gpusd reserved the GPUs, else ``ray stop --force``."""
+    from ..engines import generate as g
+    from ..engines.launch import run_commands
+    from ..engines.placement import Placement
+    from ..pool.client import LEASE_ID
+
+    p = Placement.from_dict(record["placement"])
+    leases = [d["lease_id"] for d in record.get("leases") or []
+              if isinstance(d, dict) and isinstance(d.get("lease_id"), str) and LEASE_ID.match(d["lease_id"])]
+    opts = _options(args, watchdog=False, stop_on_failure=False)
+    if leases and len(leases) == len(p.hosts):
+        python = getattr(args, "python", None) or record.get("python")
+        python = python if isinstance(python, str) and python else None
+        # exit 3: no guard of that lease runs there (it stopped the node when the lease ended)
+        cmds = [g.HostCommand(h, i, ["sh", "-c", '"$@" || [ $? -eq 3 ]', "gpusd-ray-down", *_guard(h, python),
+                                     "--stop", "--lease", lease])
+                for (i, h), lease in zip(enumerate(p.hosts), leases)]
+        return run_commands(cmds, opts)
+    return run_commands(g.ray_stop_commands(p, ray=args.ray), opts)
 
 
 def _renewer_of(pid: object) -> int | None:
@@ -524,8 +648,9 @@ def _renewer_of(pid: object) -> int | None:
     return pid
 
 
-def _end_renewer(record: dict[str, Any], timeout: float = 15.0) -> None:
-    """Stop the reservation's renewer (SIGTERM: it releases the leases) and wait until it is gone."""
+def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = True) -> None:
+    """Stop the reservation's renewer (SIGTERM: it releases the leases; without ``release``, SIGUSR1:
+    they end with their TTL) and wait until it is gone."""
     import signal
     import time
 
@@ -533,7 +658,7 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0) -> None:
     if pid is None:
         return
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM if release else signal.SIGUSR1)
     except OSError:
         return
     deadline = time.monotonic() + timeout
@@ -550,29 +675,58 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0) -> None:
 
 
 def ray_down(args: argparse.Namespace) -> int:
-    from ..engines import generate as g
-    from ..engines.launch import run_commands
-    from ..engines.placement import Placement
-
-    record: dict[str, Any] = {}
+    """Stop one cluster gpusd started (``ID``; the only one when there is one), or ``--all``: Ray first
+    on every host, then the renewer, which releases the GPUs."""
     if getattr(args, "placement", None):
-        p = placement_for(args)
+        record = {"placement": placement_for(args).to_dict()}
+        return _stop_cluster(args, record)
+    clusters = _clusters(args)
+    if args.cluster:
+        if args.cluster not in clusters:
+            known = ", ".join(sorted(clusters)) or "none"
+            print(f"{_prog()}: no Ray cluster {args.cluster!r} started by gpusd here (known: {known})",
+                  file=sys.stderr)
+            return 1
+        chosen = [args.cluster]
+    elif not clusters:
+        if os.environ.get("GPUSD_PLACEMENT"):
+            return _stop_cluster(args, {"placement": placement_for(args).to_dict()})
+        print(f"{_prog()}: no Ray cluster started by gpusd here ({_ray_state(args) / RAY_DIR}); give --placement FILE",
+              file=sys.stderr)
+        return 1
+    elif len(clusters) > 1 and not args.all:
+        print(f"{_prog()}: {len(clusters)} Ray clusters started by gpusd here; say which: gpusd ray down ID "
+              "(or --all)", file=sys.stderr)
+        for cid, (_, record) in sorted(clusters.items()):
+            print(f"  {cid}  {_describe(record)}", file=sys.stderr)
+        return 2
     else:
-        path = _ray_state(args) / RAY_STATE
-        try:
-            record = json.loads(path.read_text())
-            p = Placement.from_dict(record["placement"])
-        except (OSError, ValueError, KeyError, TypeError):
-            if os.environ.get("GPUSD_PLACEMENT"):
-                p = placement_for(args)
-            else:
-                print(f"{_prog()}: no Ray cluster started by gpusd here ({path}); give --placement FILE",
-                      file=sys.stderr)
-                return 1
-    status = run_commands(g.ray_stop_commands(p, ray=args.ray), _options(args, watchdog=False, stop_on_failure=False))
-    _end_renewer(record)  # Ray stopped (or not reachable): the GPUs go back to the pool
-    try:
-        (_ray_state(args) / RAY_STATE).unlink()
-    except OSError:
-        pass
+        chosen = sorted(clusters)
+    status = 0
+    for cid in chosen:
+        path, record = clusters[cid]
+        print(f"{_prog()}: stopping Ray cluster {cid} ({_describe(record)})", file=sys.stderr)
+        sys.stderr.flush()
+        stopped = _stop_cluster(args, record)
+        status = stopped or status
+        if stopped == 0:
+            _end_renewer(record)  # Ray stopped on every host: the GPUs go back to the pool at once
+        else:  # a host not reached: its guard stops Ray there before the lease runs out, then it is free
+            _end_renewer(record, release=False)
+            print(f"{_prog()}: not every host of {cid} could be reached: its leases are no longer renewed and end "
+                  "within their TTL (each host's guard stops Ray there first)", file=sys.stderr)
+        _forget_cluster(path)
     return status
+
+
+def _describe(record: dict[str, Any]) -> str:
+    """``10.0.0.1:6379, 2 hosts, held until 2026-12-02 19:10:48`` for a cluster record."""
+    from ..sanitize import for_terminal
+    from ..units import format_clock
+
+    hosts = record.get("placement", {}).get("hosts") or []
+    words = [for_terminal(str(record.get("address") or "?"), 80), f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"]
+    until = record.get("until")
+    if isinstance(until, (int, float)):
+        words.append(f"held until {format_clock(until)}")
+    return ", ".join(words)

@@ -126,6 +126,7 @@ def reserve(args: argparse.Namespace) -> int:
         duration = parse_duration(args.duration)
     except ValueError as exc:
         raise ConfigError(f"--for: {exc}") from None
+    from ..units import format_clock
     from .trust import secret
 
     key = _key(args)
@@ -142,7 +143,7 @@ def reserve(args: argparse.Namespace) -> int:
         for p in res.parts:
             where = "this machine" if p.local else for_terminal(p.hostname, 64)
             print(f"reserved {len(p.devices)} GPU(s) on {where}: lease {p.lease_id} until "
-                  f"{time.strftime('%H:%M:%S', time.localtime(until))} (renewed by pid {pid}; "
+                  f"{format_clock(until)} (renewed by pid {pid}; "
                   f"{release_command(args, p.lease_id)} to end it)")
             for line in _exports({k: v for k, v in p.env.items()}):
                 print("  " + line)
@@ -150,9 +151,10 @@ def reserve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_renewer(res: Reservation, fleet_secret: str, until: float) -> int:
+def _start_renewer(res: Reservation, fleet_secret: str, until: float, extra: dict[str, Any] | None = None) -> int:
     """Start ``python -m gpusd.pool.renewer`` in its own session, the lease(s) and the secret on its
-    stdin (never argv or the environment); returns its pid."""
+    stdin (never argv or the environment); returns its pid.  ``extra``: the renewer's optional fields
+    (``at_end``, ``forget``: gpusd.pool.renewer)."""
     import json
     import select
 
@@ -160,7 +162,7 @@ def _start_renewer(res: Reservation, fleet_secret: str, until: float) -> int:
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
                             close_fds=True)
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps({"secret": fleet_secret, "until": until,
+    proc.stdin.write(json.dumps({**(extra or {}), "secret": fleet_secret, "until": until,
                                  "leases": [p.to_dict() for p in res.parts]}).encode())
     proc.stdin.close()
     # return once it renews (a SIGTERM from now on releases the lease), at most 10 s

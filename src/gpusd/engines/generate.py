@@ -8,7 +8,8 @@
   per-rank wrapper :mod:`gpusd.engines.rank_gpu` that gives each rank its own GPU.
 - Horovod: ``-H h1:2,h2:1`` plus the same wrapper; a ``--host-discovery-script`` for elastic mode.
 - torchrun: one command line per host (``--nnodes``, ``--nproc-per-node``, c10d rendezvous on the head
-  at port 29400, ``--rdzv-id`` = the job id) with that host's ``CUDA_VISIBLE_DEVICES``.
+  at port 29400, ``--rdzv-id`` = the job id) with that host's ``CUDA_VISIBLE_DEVICES``, and
+  ``GLOO_SOCKET_IFNAME`` set there to the interface of the host's placement address (as DeepSpeed's).
 - Ray: ``ray start --head`` on the head and ``ray start --address`` elsewhere, each ``--num-gpus`` with
   its ``CUDA_VISIBLE_DEVICES``.
 - JSON: the placement plus each host's environment, for anything else.
@@ -29,6 +30,7 @@ RDZV_PORT = 29400  # torchrun's c10d rendezvous
 DS_MASTER_PORT = 29500  # DeepSpeed's (torch.distributed's) master port
 RAY_PORT = 6379
 RANK_GPUS_VAR = "GPUSD_RANK_GPUS"  # read by gpusd.engines.rank_gpu
+GLOO_IFNAME = "GLOO_SOCKET_IFNAME"  # the interface torch.distributed's gloo binds
 FILES = "@GPUSD_FILES@"  # in an argv word: the private temporary directory the launcher writes ``files`` to
 
 
@@ -41,6 +43,10 @@ class HostCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # name -> content, written before the command starts
+    # variables set on the host to the network interface that carries the slot's address, unless the
+    # host's environment or --env sets them (GLOO_SOCKET_IFNAME: gloo otherwise binds the address the
+    # machine's own name resolves to, which is loopback where /etc/hosts says 127.0.1.1)
+    iface_env: tuple[str, ...] = ()
 
     def shell(self) -> str:
         """One line for a POSIX shell on that host: ``VAR=value ... argv``."""
@@ -78,7 +84,8 @@ def deepspeed_commands(p: Placement, args: Sequence[str], master_port: int = DS_
     """Per host: ``deepspeed --no_ssh --node_rank=I`` with the hostfile written on that host first."""
     files = {"hostfile": deepspeed_hostfile(p)}
     return [HostCommand(h, i, deepspeed_argv(p, f"{FILES}/hostfile", args, i, master_port),
-                        {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, files) for i, h in enumerate(p.hosts)]
+                        {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, files, iface_env=(GLOO_IFNAME,))
+            for i, h in enumerate(p.hosts)]
 
 
 # -- Open MPI and Horovod -----------------------------------------------------------------------------
@@ -175,7 +182,8 @@ def torchrun_argv(p: Placement, slot: HostSlot, args: Sequence[str], port: int =
 
 def torchrun_commands(p: Placement, args: Sequence[str], port: int = RDZV_PORT,
                       extra: Sequence[str] = ()) -> list[HostCommand]:
-    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env()) for i, h in enumerate(p.hosts)]
+    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env(), iface_env=(GLOO_IFNAME,))
+            for i, h in enumerate(p.hosts)]
 
 
 # -- Ray ------------------------------------------------------------------------------------------------

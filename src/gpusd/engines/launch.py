@@ -10,8 +10,13 @@
   input.  The remote side runs the command under a small ``sh`` watchdog that waits for that end of
   input, then sends SIGTERM to the whole remote process group (sshd makes the remote shell a session
   leader, so the group is the command and everything it started), and SIGKILL ``grace`` seconds later.
-  The same happens when gpusd itself dies (kill -9, a cut link): ssh's channel closes, and the remote
-  job does not linger.  Local commands get the same signals through ``killpg``.
+  The same happens when gpusd itself dies (kill -9): ssh's channel closes.  A cut link closes
+  nothing (sshd may not notice for hours), so gpusd also sends a heartbeat byte down each channel
+  every ``HEARTBEAT`` seconds, and the watchdog stops the command after ``silence`` seconds without
+  one (where ``timeout`` exists there: GNU coreutils, busybox); gpusd's own ssh gives up on a silent
+  server after ``ServerAliveInterval`` x ``ServerAliveCountMax`` (5 s x 3, unless the options say
+  otherwise), so gpusd learns it too and stops the other hosts.  Local commands get the same
+  signals through ``killpg``.
 - **Exit status**: the first host that fails gives its status (a remote signal death reads 128+N, as
   ssh reports it; 255 is ssh's own failure); 130 after a Ctrl-C; 0 when every host succeeded.
 """
@@ -31,6 +36,8 @@ from .placement import HostSlot
 
 SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
 CHUNK = 1 << 16
+HEARTBEAT = 1.0  # seconds between the heartbeat bytes gpusd sends down each ssh channel
+SERVER_ALIVE = (("ServerAliveInterval", "5"), ("ServerAliveCountMax", "3"))  # ssh gives up on a cut link
 
 
 @dataclass
@@ -41,6 +48,7 @@ class LaunchOptions:
     chdir: str | None = None  # remote working directory (None: the login directory)
     env: dict[str, str] = field(default_factory=dict)  # sent to every host (gpusd launch --env)
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    silence: float = 10.0  # the remote watchdog stops the command after this long without a heartbeat
     watchdog: bool = True  # stop the remote group when ssh's input closes (off for daemonising commands)
     stop_on_failure: bool = True
     prefix: bool = True
@@ -62,19 +70,58 @@ def local_addresses() -> frozenset[str]:
     return frozenset(out)
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that has ``address``, or None."""
+    import ifaddr
+
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if (ip.ip if isinstance(ip.ip, str) else ip.ip[0]) == address:
+                return str(adapter.name)
+    return None
+
+
+def _iface_lines(cmd: HostCommand) -> str:
+    """sh lines that set each of ``cmd.iface_env`` to the interface carrying the slot's address (from
+    ``ip -o addr show to ADDR``), unless the host's environment has it; a line on stderr when it
+    cannot be told."""
+    import ipaddress
+
+    address = cmd.slot.address
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return ""  # a name: ip cannot look it up; the engine resolves it itself
+    out = []
+    for var in cmd.iface_env:
+        hint = (f"gpusd: cannot tell which interface carries {address} here (no ip command?); if {var} must be "
+                f"set (the host name resolves to loopback), give gpusd launch --env {var}=IFACE")
+        out.append(f'if [ -z "${{{var}-}}" ]; then gpusd_if=$(ip -o addr show to {address} 2>/dev/null | '
+                   "awk '{print $2; exit}'); "
+                   f'if [ -n "$gpusd_if" ]; then {var}=$gpusd_if; export {var}; '
+                   f"else echo {shlex.quote(hint)} >&2; fi; fi\n")
+    return "".join(out)
+
+
 def is_local(slot: HostSlot, opts: LaunchOptions) -> bool:
     addresses = opts.local_addresses if opts.local_addresses is not None else local_addresses()
     return slot.address in addresses or slot.ssh_host in ("localhost", "127.0.0.1", "::1")
 
 
-def _watchdog_script(grace: float, files: bool) -> str:
-    # stdin is ssh's channel: when it ends (gpusd stops the job, or gpusd/ssh died), the whole
+def _watchdog_script(grace: float, files: bool, silence: float = 10.0) -> str:
+    # stdin is ssh's channel: when it ends (gpusd stops the job, or gpusd/ssh died) or stays silent
+    # for ``silence`` seconds (a cut link: gpusd sends a byte every HEARTBEAT seconds), the whole
     # process group of the remote shell gets SIGTERM, then SIGKILL.  The watchdog ignores TERM itself.
     g = max(0, int(grace))
+    quiet = max(2, int(silence + 0.999))
     rm = ' rm -rf -- "$gpusd_files";' if files else ""
+    # each heartbeat is one non-newline byte: `head -c 1` prints it; at the end of input or after
+    # `quiet` seconds of silence it prints nothing.  Without `timeout`, only the end of input counts.
+    wait = (f'if command -v timeout >/dev/null 2>&1; then while [ -n "$(timeout {quiet} head -c 1 <&3 2>/dev/null)" ]; '
+            "do :; done; else cat <&3 >/dev/null; fi;")
     # sh gives a background job /dev/null as its input: ssh's channel is handed over on fd 3.
     return ("exec 3<&0\n"
-            f"{{ trap '' TERM; cat <&3 >/dev/null; kill -TERM 0;{rm} sleep {g}; kill -KILL 0; }} "
+            f"{{ trap '' TERM; {wait} kill -TERM 0;{rm} sleep {g}; kill -KILL 0; }} "
             "</dev/null >/dev/null 2>&1 &\n")
 
 
@@ -93,8 +140,10 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
         lines.append('gpusd_files=$(mktemp -d "${TMPDIR:-/tmp}/gpusd.XXXXXXXX") || exit 97\n')
         for name, content in cmd.files.items():
             lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
+    if cmd.iface_env:
+        lines.append(_iface_lines(cmd))
     if opts.watchdog:
-        lines.append(_watchdog_script(opts.grace, bool(cmd.files)))
+        lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
     env = {**opts.env, **cmd.env}
     words = ["exec", "env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)]
     lines.append(" ".join(words))
@@ -108,6 +157,10 @@ def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
         argv += ["-F", opts.ssh_config]
     for o in opts.ssh_options:
         argv += ["-o", o]
+    given = {o.split("=", 1)[0].split()[0].lower() for o in opts.ssh_options if o.strip()}
+    for name, value in SERVER_ALIVE:  # after the user's: ssh keeps the first value it is given
+        if name.lower() not in given:
+            argv += ["-o", f"{name}={value}"]
     # The login shell may be any shell: it is only asked to exec sh with one quoted word.
     remote = "exec sh -c " + shlex.quote(remote_script(cmd, opts)) + " gpusd-launch"
     return argv + ["-T", "--", cmd.slot.ssh_target, remote]
@@ -164,6 +217,10 @@ class Launch:
         label = f"{cmd.slot.hostname}#{cmd.rank}"
         if local:
             env = {**os.environ, **self.opts.env, **cmd.env}
+            for var in cmd.iface_env:
+                iface = None if var in env else interface_of(cmd.slot.address)
+                if iface is not None:
+                    env[var] = iface
             argv = cmd.argv
             if cmd.files:
                 import tempfile
@@ -201,6 +258,20 @@ class Launch:
             else:
                 _killpg(r.proc.pid, signal.SIGTERM)
         asyncio.get_running_loop().call_later(self.opts.grace + 5, self._kill_all)
+
+    async def _heartbeat(self) -> None:
+        """One byte down every remote channel each HEARTBEAT seconds, until the job stops: the remote
+        watchdogs stop their command when it no longer comes (a cut link)."""
+        while not self._stopping:
+            for r in self.running:
+                stdin = r.proc.stdin
+                if r.local or stdin is None or r.proc.returncode is not None or stdin.is_closing():
+                    continue
+                try:
+                    stdin.write(b".")
+                except (OSError, RuntimeError):
+                    pass
+            await asyncio.sleep(HEARTBEAT)
 
     def _kill_all(self) -> None:
         for r in self.running:
@@ -245,7 +316,12 @@ class Launch:
                 self.stderr.write(f"gpusd: cannot start {e.filename or ''}: {e.strerror or e}\n")
                 self.status = 127
                 self.stop()
-            await asyncio.gather(*(self._watch(r) for r in self.running))
+            beat = asyncio.ensure_future(self._heartbeat()) if self.opts.watchdog else None
+            try:
+                await asyncio.gather(*(self._watch(r) for r in self.running))
+            finally:
+                if beat is not None:
+                    beat.cancel()
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)

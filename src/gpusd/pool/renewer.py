@@ -14,6 +14,14 @@ the user's own: one that is a link, another user's or open to others is neither 
 the host's API address, node id and certificate pin as they were when the host granted the lease, so
 ``gpusd release ID`` finds a host that was reached with ``--peer`` or DNS-SD without those options
 (docs/pool.md).  The record holds no secret and goes when the renewer ends.
+
+Optional fields: ``"at_end": "expire"`` — at ``until`` stop renewing but do not release: the leases
+end with their TTL, which is what the host-side guards of ``gpusd ray up`` (gpusd.engines.hold) watch,
+so the engine is stopped on every host before its GPUs are free (a release would free them at once);
+``"forget": [PATH, ...]`` — files that describe the reservation (a job record of ``gpusd hostfile``),
+removed when the renewer ends, however it ends (but SIGKILL).  SIGUSR1 ends the renewer without
+releasing (the leases end with their TTL: ``gpusd ray down`` when a host could not be reached, whose
+guard then stops Ray there before its lease ends).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 RECORD_DIR = "reservations"  # under gpusd's state directory (gpusd.identity.state_dir)
 _LEASE_ID = re.compile(r"^[0-9a-f]{8,32}$")  # as gpusd.pool.client.LEASE_ID
@@ -121,6 +129,9 @@ def forget(lease_id: str) -> None:
     finally:
         os.close(dfd)
 
+if TYPE_CHECKING:
+    from .client import Reservation
+
 
 def main() -> int:
     from ..wire.signing import FleetKey
@@ -132,19 +143,33 @@ def main() -> int:
         until = float(d["until"])
         res = Reservation([HostLease.from_dict(x) for x in d["leases"]], key)
         res.until = until  # the daemons show when the reservation ends, not only the TTL
+        expire = d.get("at_end") == "expire"
+        forget_paths = [str(x) for x in d.get("forget") or []]
     except (ValueError, KeyError, TypeError):
         return 2
     remember([p.to_dict() for p in res.parts], os.getpid(), until)
     try:
-        return _renew(res, until)
+        return _renew(res, until, expire)
     finally:
         for p in res.parts:
             forget(p.lease_id)
+        for path in forget_paths:
+            try:
+                os.unlink(path)  # never follows a link: removes the name only
+            except OSError:
+                pass
 
 
-def _renew(res: Any, until: float) -> int:
+def _renew(res: "Reservation", until: float, expire: bool) -> int:
     done = threading.Event()
+    let_expire: list[bool] = []
+
+    def expire_now(_s: int, _f: object) -> None:
+        let_expire.append(True)
+        done.set()
+
     signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
+    signal.signal(signal.SIGUSR1, expire_now)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     period = max(0.5, min(p.ttl for p in res.parts) / 3)
@@ -169,6 +194,8 @@ def _renew(res: Any, until: float) -> int:
                 pass
         if done.wait(min(period, max(0.0, until - time.time()))):
             break
+    if (expire and not done.is_set()) or let_expire:  # --for is over, or SIGUSR1: they end with their TTL
+        return 0
     res.release()
     return 0
 

@@ -1,0 +1,146 @@
+"""The host-side guard of an engine that outlives ``gpusd ray up`` (gpusd.engines.hold, docs/engines.md):
+the processes a command leaves running (as ``ray start`` does) are stopped before the lease that
+holds their GPUs can end, when that lease is released, or on ``--stop`` — and only the guard's own.
+
+Here the lease is a real record in a private lock directory, written the way the daemon writes a
+remote lease (``expires`` on this host's clock), and the "engine" is a shell that leaves a
+``sleep`` behind, as ``ray start`` leaves raylet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusd.alloc.leases import LeaseStore
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the guard reads /proc (Linux)")
+
+
+def _env(locks: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC, "GPUSD_LOCK_DIR": str(locks)}
+
+
+def _daemonising(pidfile: Path) -> list[str]:
+    """A command that starts a background process and returns, as ``ray start`` does."""
+    return ["sh", "-c", f"sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; echo started"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def _guard(locks: Path, lease: str, cmd: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpusd.engines.hold", "--lease", lease, *extra, "--", *cmd],
+                          env=_env(locks), capture_output=True, text=True, timeout=60)
+
+
+def _wait(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LeaseStore:
+    return LeaseStore(tmp_path / "locks")
+
+
+def test_the_engine_is_stopped_before_its_lease_can_end(store: LeaseStore, tmp_path: Path) -> None:
+    """Nobody renews the lease (the renewer was killed, --for is over): the guard stops what the
+    command left running ``--margin`` seconds before the daemon would end the lease."""
+    expires = time.time() + 6.0
+    lease = store.acquire(["GPU-guard-0"], remote={"remote_from": "198.18.0.9", "expires": expires})
+    assert lease is not None
+    pidfile = tmp_path / "engine.pid"
+    try:
+        r = _guard(store.dir, lease.lease_id, _daemonising(pidfile), "--margin", "3", "--grace", "1")
+        assert r.returncode == 0 and "started" in r.stdout, r.stderr  # returns once the command has
+        engine = int(pidfile.read_text())
+        assert _alive(engine)  # ... left its process running, guarded
+        while time.time() < expires - 0.3 and _alive(engine):
+            time.sleep(0.05)
+        assert not _alive(engine), "the engine still ran when its lease was about to end"
+        assert not lease.released  # nobody ended the lease: the guard acted on its expiry alone
+    finally:
+        lease.release()
+        if pidfile.exists() and _alive(int(pidfile.read_text())):
+            os.kill(int(pidfile.read_text()), 9)
+
+
+def test_a_renewed_lease_keeps_the_engine_and_a_released_one_stops_it(store: LeaseStore, tmp_path: Path) -> None:
+    lease = store.acquire(["GPU-guard-1"], remote={"remote_from": "198.18.0.9", "expires": time.time() + 3})
+    assert lease is not None
+    pidfile = tmp_path / "engine.pid"
+    try:
+        r = _guard(store.dir, lease.lease_id, _daemonising(pidfile), "--margin", "1", "--grace", "0.5")
+        assert r.returncode == 0, r.stderr
+        engine = int(pidfile.read_text())
+        for _ in range(6):  # renewed as the daemon renews: the record replaced with a later expiry
+            with store.mutex():
+                store.rewrite(lease, expires=time.time() + 3)
+            time.sleep(0.7)
+        assert _alive(engine)  # renewed for 4 s past the first expiry: still running
+        lease.release()  # released (gpusd release, or the daemon restarted)
+        assert _wait(lambda: not _alive(engine), 10)
+    finally:
+        lease.release()
+        if _alive(engine := int(pidfile.read_text())):
+            os.kill(engine, 9)
+
+
+def test_stop_ends_only_the_guard_of_that_lease(store: LeaseStore, tmp_path: Path) -> None:
+    """``--stop --lease ID`` (what gpusd ray down runs on each host) stops that cluster's processes and
+    returns when they are gone; another cluster's guard on the same host keeps its own."""
+    far = time.time() + 600
+    a = store.acquire(["GPU-guard-2"], remote={"remote_from": "198.18.0.9", "expires": far})
+    b = store.acquire(["GPU-guard-3"], remote={"remote_from": "198.18.0.9", "expires": far})
+    assert a is not None and b is not None
+    pa, pb = tmp_path / "a.pid", tmp_path / "b.pid"
+    try:
+        assert _guard(store.dir, a.lease_id, _daemonising(pa)).returncode == 0
+        assert _guard(store.dir, b.lease_id, _daemonising(pb)).returncode == 0
+        ea, eb = int(pa.read_text()), int(pb.read_text())
+        r = subprocess.run([sys.executable, "-m", "gpusd.engines.hold", "--stop", "--lease", a.lease_id],
+                           env=_env(store.dir), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert not _alive(ea) and _alive(eb)  # gone when --stop returned; the other cluster untouched
+        r = subprocess.run([sys.executable, "-m", "gpusd.engines.hold", "--stop", "--lease", a.lease_id],
+                           env=_env(store.dir), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 3 and "no guard" in r.stderr  # nothing left to stop
+    finally:
+        for le in (a, b):
+            le.release()
+        for p in (pa, pb):
+            if p.exists() and _alive(int(p.read_text())):
+                os.kill(int(p.read_text()), 9)
+
+
+def test_without_the_lease_nothing_starts_and_a_failing_command_leaves_nothing(store: LeaseStore,
+                                                                              tmp_path: Path) -> None:
+    store.ensure()
+    marker = tmp_path / "ran"
+    r = _guard(store.dir, "0123456789ab", ["touch", str(marker)])
+    assert r.returncode == 3 and "no lease 0123456789ab" in r.stderr and not marker.exists()
+    lease = store.acquire(["GPU-guard-4"], remote={"remote_from": "198.18.0.9", "expires": time.time() + 600})
+    assert lease is not None
+    pidfile = tmp_path / "engine.pid"
+    try:
+        r = _guard(store.dir, lease.lease_id, ["sh", "-c", f"sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "
+                                                           f"{pidfile}; exit 7"], "--grace", "0.5")
+        assert r.returncode == 7
+        assert not _alive(int(pidfile.read_text()))  # what a failed start left is stopped
+    finally:
+        lease.release()
