@@ -172,9 +172,8 @@ def test_the_daemon_keeps_the_end_its_holder_announced() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from gpusd.daemon.config import DaemonConfig
-
     from gpusd.daemon import pool as dpool
+    from gpusd.daemon.config import DaemonConfig
 
     held = dpool.Held("ab12", SimpleNamespace(env=lambda: {}, release=lambda: None), "me", None, None, 30.0,
                       time.time(), time.time() + 30)
