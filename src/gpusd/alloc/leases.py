@@ -419,8 +419,8 @@ class LeaseStore:
                 out.append(LeaseInfo.from_dict({
                     "lease_id": "-", "pid": pid, "user": who, "shared": not exclusive, "device": dev,
                     "unleased": True,
-                    "command": f"holds {'LOCK_EX' if exclusive else 'LOCK_SH'} on {self.dir / f'gpu-{dev}.lock'} "
-                               f"without a lease ({holder_name(pid)}): not gpusd's; stop it, or ask an "
+                    "command": f"without a lease: {holder_name(pid)} holds {'LOCK_EX' if exclusive else 'LOCK_SH'} "
+                               f"on {self.dir / f'gpu-{dev}.lock'}, not through gpusd; stop it, or ask an "
                                "administrator"}))
         return out
 
