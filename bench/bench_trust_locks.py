@@ -11,7 +11,7 @@ world-writable directory under /tmp:
 2. **daemon**: serves the lease socket in-process (the daemon's part, as root), takes one lease
    through it (so the daemon's own files exist), then lets ``nobody`` open every file it can under
    the lock directory and hold a flock on it (``--hold``: LOCK_SH, the default, or LOCK_EX), and
-   times root's ``gpusd run -n 1 -- true``;
+   times root's ``gpusd run -n 1 -- true`` (and, first, the same command with no attacker: the floor);
 3. **no daemon** (``GPUSD_LEASE_SOCKET=off``), the same attack, the same command;
 4. **no daemon, GPU locks only**: ``nobody`` holds only the ``gpu-*.lock`` files (not the mutex).
 
@@ -113,7 +113,12 @@ def worker(hold: str) -> None:
         asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
         try:
             assert cli(["run", "-n", "2", "--", "true"], env)[0].returncode == 0
-            results = [attack("daemon", env)]
+            r, took = cli(["run", "-n", "1", "--", "true"], env)  # the floor: the same command, no attacker
+            results: list[dict[str, object]] = [{
+                "case": "daemon, no attack (floor)", "files_locked": 0, "got_gpu": r.returncode == 0,
+                "rc": r.returncode, "seconds": round(took, 2), "error_names_holder": False,
+                "leases_names_holder": False, "message": ""}]
+            results.append(attack("daemon", env))
         finally:
             asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
             loop.call_soon_threadsafe(loop.stop)
@@ -154,8 +159,9 @@ def main() -> int:
         if not rows:
             print(f"| {name} | worker failed: {r.stderr.strip().splitlines()[-1:]} |")
         for row in rows:
+            got = "yes" if row["got_gpu"] else f"no (exit {row['rc']})"
             print(f"| {name} | {row['case']} | {str(row['files_locked']).removeprefix('ok ')} | "
-                  f"{'yes' if row['got_gpu'] else 'no (exit %d)' % row['rc']} | {row['seconds']:.2f} s | "
+                  f"{got} | {row['seconds']:.2f} s | "
                   f"{'yes' if row['error_names_holder'] else ('-' if row['got_gpu'] else 'no')} | "
                   f"{'yes' if row['leases_names_holder'] else 'no'} | {row['message'] or '-'} |")
     return 0
