@@ -269,3 +269,46 @@ def test_a_squatted_authority_directory_is_moved_aside_not_used(shared_locks):
     with store.mutex():
         pass
     assert [p.dir for p in LeaseStore().peers()] == [store.dir]
+
+
+def test_leases_in_the_two_stores_never_overlap_in_a_race(monkeypatch):
+    """The authority's store and the shared one have different mutexes: many threads taking leases
+    in both at once still never get one GPU twice (each publishes, then checks the other side)."""
+    import threading
+
+    from gpusd.alloc.api import allocate, shared_backend
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.select import Constraints
+    from gpusd.errors import NoGpuAvailable
+
+    simulate = "4xA100-80GB"
+    backend = shared_backend(simulate)
+    authority, shared = LeaseStore.authority(), LeaseStore()
+    authority.prepare()
+    clashes: list[str] = []
+    for _ in range(15):
+        held: list[tuple[str, object]] = []
+        lock = threading.Lock()
+        start = threading.Barrier(8)
+
+        def take(store: LeaseStore) -> None:
+            start.wait()
+            try:
+                sel = allocate(Constraints(count=1), store=store, backend=backend)
+            except NoGpuAvailable:
+                return
+            with lock:
+                held.append((sel.uuids[0], sel))
+
+        threads = [threading.Thread(target=take, args=(authority if i % 2 else shared,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        devices = [d for d, _ in held]
+        if len(devices) != len(set(devices)):
+            clashes.append(",".join(sorted(devices)))
+        assert len(held) <= 4
+        for _, sel in held:
+            sel.release()  # type: ignore[attr-defined]
+    assert clashes == []
