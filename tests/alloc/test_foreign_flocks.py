@@ -286,21 +286,22 @@ def test_leases_in_the_two_stores_never_overlap_in_a_race(monkeypatch):
     authority, shared = LeaseStore.authority(), LeaseStore()
     authority.prepare()
     clashes: list[str] = []
+    lock = threading.Lock()
+
+    def take(store: LeaseStore, start: threading.Barrier, held: list[tuple[str, object]]) -> None:
+        start.wait()
+        try:
+            sel = allocate(Constraints(count=1), store=store, backend=backend)
+        except NoGpuAvailable:
+            return
+        with lock:
+            held.append((sel.uuids[0], sel))
+
     for _ in range(15):
         held: list[tuple[str, object]] = []
-        lock = threading.Lock()
         start = threading.Barrier(8)
-
-        def take(store: LeaseStore) -> None:
-            start.wait()
-            try:
-                sel = allocate(Constraints(count=1), store=store, backend=backend)
-            except NoGpuAvailable:
-                return
-            with lock:
-                held.append((sel.uuids[0], sel))
-
-        threads = [threading.Thread(target=take, args=(authority if i % 2 else shared,)) for i in range(8)]
+        threads = [threading.Thread(target=take, args=(authority if i % 2 else shared, start, held))
+                   for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
@@ -312,3 +313,34 @@ def test_leases_in_the_two_stores_never_overlap_in_a_race(monkeypatch):
         for _, sel in held:
             sel.release()  # type: ignore[attr-defined]
     assert clashes == []
+
+
+@needs_root
+def test_a_ticket_a_dead_daemon_left_cannot_be_kept_alive_by_another_user(shared_locks):
+    """The authority's tickets are readable by every user; one left by a killed daemon and locked by
+    another user is no waiter (else nobody could take a GPU without queueing behind it)."""
+    import fcntl
+
+    from gpusd.alloc import queue
+    from gpusd.alloc.leases import LeaseStore
+
+    store = LeaseStore.authority()
+    store.prepare()
+    ticket = queue.enqueue(store, 1, "sleep 60")
+    assert [w.ticket for w in queue.waiters(LeaseStore())] == [ticket.path.name]  # seen from the shared side
+    fd = os.open(ticket.path, os.O_RDONLY)  # the daemon "dies": its lock goes, its file stays
+    os.close(ticket.fd)
+    ticket.closed = True
+    os.close(ticket.dir_fd)
+    os.close(fd)
+
+    def keep_alive() -> None:
+        held = os.open(ticket.path, os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+
+    mallory = AsUser(MALLORY, keep_alive, stay=True)
+    try:
+        assert mallory.result == "ok None"
+        assert queue.waiters(LeaseStore()) == [] and queue.waiters(store) == []
+    finally:
+        mallory.stop()

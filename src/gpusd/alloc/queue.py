@@ -192,6 +192,14 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
             if got is None:
                 continue
             st, raw = got
+            if store.private:
+                # The authority's tickets are readable by all, so a user could lock one its daemon left
+                # behind (killed) and pass it off as a waiter: one counts only while a process of the
+                # ticket's owner (the daemon's user) holds its lock.  Its waits never change hands.
+                if locks is None:
+                    locks = flock_table() or {}
+                if not any(process_uid(pid) == st.st_uid for pid, _ in locks.get(lock_key(st), []) if pid > 0):
+                    continue
             try:
                 d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
             except (ValueError, RecursionError):
