@@ -119,6 +119,10 @@ async def test_foreign_flocks_do_not_stop_a_remote_lease(shared_locks, tmp_path)
         try:
             assert mallory.result.startswith("ok "), mallory.result
             blocked = mallory.result[3:].split(",")
+            # the shared directory's view names her; the daemon's (its announcement, its API) has no
+            # lock of hers in it: they block nothing there, so no GPU may look taken to the fleet
+            assert {le.pid for le in LeaseStore().leases() if le.unleased} == {mallory.pid}
+            assert LeaseStore.for_daemon().private and LeaseStore.for_daemon().leases() == []
             granted = []
             for _ in range(2):  # both GPUs: neither of her flocks counts
                 r = await asyncio.to_thread(request_json, "POST", url, {"count": 1, "holder": "alice@laptop",
