@@ -509,6 +509,10 @@ class LeaseStore:
             pass
         finally:
             os.close(dfd)
+        if not self.private:  # the authority's ends count here; never the other way (anyone can touch ours)
+            for peer in self.peers():
+                for dev, mtime in peer.release_times(within).items():
+                    out[dev] = max(mtime, out.get(dev, mtime))
         return out
 
     def attach(self, snap: HostSnapshot) -> HostSnapshot:
