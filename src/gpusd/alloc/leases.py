@@ -49,6 +49,7 @@ from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..model import HostSnapshot, LeaseInfo
 from .lockdir import (
     DIR_FLAGS,
+    FILE_FLAGS,
     check_private_dir,
     create_exclusive,
     describe_holders,
@@ -338,24 +339,37 @@ class LeaseStore:
         is skipped (and removed when ``cleanup`` and permissions allow); so is a record the kernel
         does not confirm (see the module docstring).  A device lock held by a process that holds no
         lease on it comes as a LeaseInfo with ``unleased`` set, naming that process's pid and uid
-        (it blocks the GPU here: an administrator's to act on).  With ``peers``, the confirmed
-        leases of :meth:`peers` follow (not the locks held there without a lease: they block nothing
-        here)."""
+        (it blocks the GPU here: an administrator's to act on; not looked for in the authority's own
+        directory, whose lock files only its user can open).  With ``cleanup`` (a caller under the
+        selection mutex: the allocation itself) such locks are found by trying each unleased GPU's
+        lock, and ``/proc/locks`` (a read costs the kernel an RCU grace period, ~10 ms on a busy
+        machine) is read only to name a holder found so.  With ``peers``, the confirmed leases of
+        :meth:`peers` follow (not the locks held there without a lease: they block nothing here)."""
         dfd = self.open(create=False)
         if dfd is None:
             out: list[LeaseInfo] = []
         else:
             try:
-                out = self._leases(dfd, cleanup, blockers=True)
+                out = self._leases(dfd, cleanup, blockers=not self.private)
             finally:
                 os.close(dfd)
         if peers:
             for peer in self.peers():
                 try:
-                    out.extend(le for le in peer.leases(peers=False) if not le.unleased)
+                    out.extend(peer._confirmed())
                 except GpusdError as exc:
                     log.warning("%s", exc)
         return out
+
+    def _confirmed(self) -> list[LeaseInfo]:
+        """The leases the kernel confirms, nothing else (read by the other store)."""
+        dfd = self.open(create=False)
+        if dfd is None:
+            return []
+        try:
+            return self._leases(dfd, False, blockers=False)
+        finally:
+            os.close(dfd)
 
     def _leases(self, dfd: int, cleanup: bool, blockers: bool = False) -> list[LeaseInfo]:
         out: list[LeaseInfo] = []
@@ -394,17 +408,22 @@ class LeaseStore:
                 for dev in record["devices"]:
                     confirmed.setdefault(_safe(dev), set()).update(pid for pid, _ in table.get(lock_key(st), []))
         if blockers:
-            out.extend(self._unleased(dfd, names, confirmed, table if table_read else flock_table()))
+            devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
+            if cleanup and not table_read:  # under the mutex, nothing read yet: try the locks first
+                devices = [dev for dev in devices if dev not in confirmed and _held(dfd, f"gpu-{dev}.lock")]
+                if devices:
+                    table, table_read = flock_table(), True
+            if devices:
+                out.extend(self._unleased(dfd, devices, confirmed, table if table_read else flock_table()))
         return out
 
-    def _unleased(self, dfd: int, names: list[str], confirmed: dict[str, set[int]],
+    def _unleased(self, dfd: int, devices: list[str], confirmed: dict[str, set[int]],
                   table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]:
         """The device locks held by processes that hold no lease on the device (``/proc/locks``):
         someone bypassing gpusd, or a local user blocking the GPU.  Named by pid and uid."""
         out: list[LeaseInfo] = []
         if not table:
             return out
-        devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
         for dev in devices:
             try:
                 st = os.stat(f"gpu-{dev}.lock", dir_fd=dfd, follow_symlinks=False)
@@ -658,6 +677,22 @@ class LeaseStore:
             os.utime(fd)  # when the GPU's lease ended (LeaseStore.release_times)
         except OSError:
             pass
+        os.close(fd)
+
+
+def _held(dfd: int, name: str) -> bool:
+    """Whether anyone holds a lock on the lock file ``name`` (tried without blocking, on a descriptor
+    of our own, closed at once).  Only under the selection mutex: nobody else takes these locks then.
+    Opened read-only, so its close is no event for the queue's watchers."""
+    try:
+        fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+    except OSError:
+        return False
+    try:
+        return not try_lock(fd, shared=False)
+    except OSError:
+        return False
+    finally:
         os.close(fd)
 
 
