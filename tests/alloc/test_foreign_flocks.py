@@ -348,3 +348,37 @@ def test_a_ticket_a_dead_daemon_left_cannot_be_kept_alive_by_another_user(shared
         assert queue.waiters(LeaseStore()) == [] and queue.waiters(store) == []
     finally:
         mallory.stop()
+
+
+@needs_root
+def test_a_ticket_in_the_shared_directory_does_not_hold_up_the_daemons_clients(fake_nvml_inprocess, cli_env,
+                                                                               shared_locks):
+    """Anyone can queue in the shared directory and never take a GPU: through the daemon, such a ticket
+    is nobody's turn (the shared side still queues behind the daemon's waiters)."""
+    from gpusd.alloc import queue
+    from gpusd.alloc.leases import LeaseStore
+
+    fake_nvml_inprocess.write(make_gpus(2))
+    env = dict(cli_env, GPUSD_LOCK_DIR=str(shared_locks))
+    _seed_world_openable(dict(env))
+
+    kept = []
+
+    def queue_forever() -> object:
+        kept.append(queue.enqueue(LeaseStore(shared_locks), 64, "sleep forever"))  # kept open: a waiter
+        return kept[0].path.name
+
+    mallory = AsUser(MALLORY, queue_forever, stay=True)
+    server = ServerThread()
+    try:
+        assert mallory.result.startswith("ok queue-"), mallory.result
+        flock_only = dict(env, GPUSD_LEASE_SOCKET="off")
+        r = gpusd_cli(["run", "--", "true"], env=flock_only)
+        assert r.returncode == 4 and "waiting for GPUs ahead" in r.stderr  # the shared queue is as it was
+        r = gpusd_cli(["run", "--", "true"], env=env)
+        assert r.returncode == 0, r.stderr
+        r = gpusd_cli(["run", "--wait", "--timeout", "20", "--", "true"], env=env)
+        assert r.returncode == 0, r.stderr
+    finally:
+        server.stop()
+        mallory.stop()

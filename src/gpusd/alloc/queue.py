@@ -157,11 +157,14 @@ class Waiter:
 def _scan(store: LeaseStore, cleanup: bool = False, peers: bool = True) -> list[tuple[Waiter, float, Path]]:
     """The live tickets, read and attributed, unordered: (waiter, place in its class, path).  Tickets
     of dead waiters are skipped (and removed with ``cleanup``); a ticket that cannot be read is still
-    a waiter (of normal priority, in the order it started waiting).  With ``peers``, the waiters of
-    the other store of this machine (:meth:`LeaseStore.peers`) too: one queue, wherever a waiter's
-    ticket is."""
+    a waiter (of normal priority, in the order it started waiting).  With ``peers``, for the shared
+    directory, the waiters of the lease authority's store (:meth:`LeaseStore.peers`) too, in one
+    order; the authority's store counts only its own."""
     out = _scan_one(store, cleanup)
-    if peers:
+    if peers and not store.private:
+        # The shared directory's waiters queue behind the authority's; the authority's queue is its own:
+        # a ticket anyone can write in the shared directory (held by a process that never takes GPUs)
+        # must not hold up the daemon's clients (docs/allocation.md, "The authority's own directory").
         for peer in store.peers():
             out.extend(_scan_one(peer, False))
     return out
