@@ -174,8 +174,11 @@ class LeaseServer:
                 probe.close()
         from ..alloc.leases import LeaseStore
 
-        store = LeaseStore.authority()
-        store.prepare()  # a directory only we can write, lock files only we can open
+        if os.geteuid() == 0:
+            store = LeaseStore.authority()
+            store.prepare()  # a directory only we can write, lock files only we can open
+        else:  # other users' clients would not trust our directory: we lease where they do
+            store = LeaseStore()
         self.store = store
         self.backend = _LockedBackend(open_backend(self.simulate))
 
@@ -412,7 +415,8 @@ class LeaseServer:
         """Where this authority takes leases: its own directory (never the world-openable files)."""
         from ..alloc.leases import LeaseStore
 
-        return self.store if self.store is not None else LeaseStore.authority()
+        return self.store if self.store is not None else (LeaseStore.authority() if os.geteuid() == 0
+                                                          else LeaseStore())
 
     def _drop(self, held: _Held, device: str) -> None:
         store = self._store()
