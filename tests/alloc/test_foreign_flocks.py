@@ -382,3 +382,33 @@ def test_a_ticket_in_the_shared_directory_does_not_hold_up_the_daemons_clients(f
     finally:
         server.stop()
         mallory.stop()
+
+
+@needs_root
+def test_without_a_daemon_a_held_selection_mutex_is_named_in_leases_and_devices(fake_nvml, cli_env, shared_locks):
+    fake_nvml.write(make_gpus(1))
+    env = dict(cli_env, GPUSD_LOCK_DIR=str(shared_locks), GPUSD_LEASE_SOCKET="off")
+    assert gpusd_cli(["run", "--", "true"], env=env).returncode == 0
+    doc = json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)
+    assert doc["mutex_holders"] == []
+
+    def hold_mutex() -> None:
+        import fcntl
+
+        fd = os.open(shared_locks / "select.lock", os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a read lock is enough to keep everyone's LOCK_EX out
+
+    mallory = AsUser(MALLORY, hold_mutex, stay=True)
+    try:
+        assert mallory.result == "ok None"
+        who = f"pid {mallory.pid} of uid {MALLORY}"
+        doc = json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)
+        assert doc["mutex_holders"] == [{"pid": mallory.pid, "uid": MALLORY, "user": str(MALLORY)}]
+        r = gpusd_cli(["leases"], env=env)
+        assert r.returncode == 0 and who in r.stdout and "selection mutex" in r.stdout, r.stdout
+        r = gpusd_cli(["devices"], env=env)
+        assert r.returncode == 0 and who in r.stderr, r.stderr
+        r = gpusd_cli(["run", "--", "true"], env=dict(env, GPUSD_MUTEX_TIMEOUT="1"))
+        assert r.returncode == 1 and who in r.stderr  # and in the error, as before
+    finally:
+        mallory.stop()

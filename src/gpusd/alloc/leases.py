@@ -333,6 +333,37 @@ class LeaseStore:
         finally:
             os.close(fd)
 
+    def mutex_holders(self, confirm: float = 0.05) -> list[tuple[int, int | None]]:
+        """Who holds the selection mutex, for the views: (pid, uid or None), from ``/proc/locks``;
+        empty when it is free.  It is tried without blocking (an allocation waiting for it just tries
+        again), and again after ``confirm`` seconds: an allocation holds it for about a millisecond,
+        so only a holder that keeps it is named.  Not for the authority's own mutex (nobody else can
+        open it)."""
+        if self.private:
+            return []
+        dfd = self.open(create=False)
+        if dfd is None:
+            return []
+        try:
+            fd = os.open("select.lock", FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+        except OSError:
+            return []
+        finally:
+            os.close(dfd)
+        try:
+            for attempt in range(2):
+                if try_lock(fd, shared=False):
+                    return []
+                if not attempt:
+                    time.sleep(confirm)
+            table = flock_table() or {}
+            holders = table.get(lock_key(os.fstat(fd)), [])[:8]
+            return [(pid, process_uid(pid) if pid > 0 else None) for pid, _ in holders]
+        except OSError:
+            return []
+        finally:
+            os.close(fd)  # read-only: its close is no event for the queue's watchers
+
     # -- reading --------------------------------------------------------------------------------
     def leases(self, cleanup: bool = False, peers: bool = True) -> list[LeaseInfo]:
         """Live leases, one :class:`LeaseInfo` per leased device.  A lease file whose holder died
