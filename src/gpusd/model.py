@@ -237,6 +237,9 @@ class LeaseInfo:
     remote_from: str | None = None
     expires: float | None = None
     job: str | None = None  # the gpusd job holding it (docs/jobs.md), when known
+    # Not a lease: a process (``pid``, ``user`` naming its uid) holds the device's lock without one,
+    # which blocks the GPU for gpusd's leases in that lock directory (docs/allocation.md).
+    unleased: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -241,9 +242,11 @@ def test_a_running_daemon_serves_leases_that_gpusd_run_uses(fake_nvml, cli_env, 
         assert _wait_for(lambda: len(_leases(cli_env)) == 1)
         [held] = _leases(cli_env)
         assert held["pid"] == job.pid
-        store = LeaseStore()
+        store = LeaseStore.authority()  # the daemon's own directory: lock files only it can open
         lock = os.stat(store.dir / f"gpu-{held['device']}.lock")
         assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [daemon.pid]  # the daemon holds it
+        assert stat.S_IMODE(lock.st_mode) == 0o600 and stat.S_IMODE(os.stat(store.dir).st_mode) == 0o755
+        assert not (LeaseStore().dir / f"gpu-{held['device']}.lock").exists()  # nothing in the shared one
         _kill_group(job)
         assert _wait_for(lambda: _leases(cli_env) == [])
     finally:
@@ -341,7 +344,7 @@ def test_a_held_connection_grows_and_releases_under_one_record(fake_nvml_inproce
         # one record, the daemon's, names all three and the job; the daemon (this process) holds the locks
         assert _record(cli_env, lease_id) == sorted([first, *added])
         assert {le["job"] for le in _leases(cli_env)} == {"3f9c0a1b22de"}
-        store = LeaseStore()
+        store = LeaseStore.authority()
         for uuid in (first, *added):
             lock = os.stat(store.dir / f"gpu-{uuid}.lock")
             assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [os.getpid()]

@@ -332,6 +332,9 @@ def test_leases_table_and_json_with_a_hostile_lease_file(tmp_path, monkeypatch) 
             return [LeaseInfo(lease_id="l1", pid=1, user=f"[red]root{OSC_TITLE}", started=float("nan"),
                               command=f"{CLEAR}rm -rf /{C1_CSI}" + HUGE, device="GPU-1")]
 
+        def mutex_holders(self) -> list[tuple[int, int | None]]:
+            return []
+
     monkeypatch.setattr(leases_mod, "LeaseStore", Hostile)
     monkeypatch.setattr(queue, "waiters", lambda store: [])
     out = io.StringIO()

@@ -61,7 +61,7 @@ def test_a_daemon_held_job_grows_from_one_to_three_and_shrinks_to_two(fake_nvml_
         assert held["job"] == job_id and held["pid"] == p.pid  # the daemon's record names the job
         lease_id = held["lease_id"]
         assert job["lease"] == lease_id
-        lock = os.stat(LeaseStore().dir / f"gpu-{held['device']}.lock")
+        lock = os.stat(LeaseStore.authority().dir / f"gpu-{held['device']}.lock")
         assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [os.getpid()]  # held by the daemon
 
         r = gpusd_cli(["grow", job_id[:6], "+2"], env=env)

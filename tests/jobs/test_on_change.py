@@ -101,7 +101,7 @@ def test_on_change_restart_of_a_job_whose_lease_the_daemon_holds(fake_nvml_inpro
         wait_until_sync(lambda: len(_lines(out)) == 2, timeout=30, what="the restart after the grow")
         assert _lines(out)[1] == ["1", "0,1", "2", held["lease_id"]]
         assert len({le["device"] for le in leases_json(env)["leases"] if le["lease_id"] == held["lease_id"]}) == 2
-        lock = os.stat(LeaseStore().dir / f"gpu-{held['device']}.lock")
+        lock = os.stat(LeaseStore.authority().dir / f"gpu-{held['device']}.lock")
         assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [os.getpid()]  # held by the daemon (here)
         assert gpusd_cli(["shrink", job], env=env).returncode == 0
         wait_until_sync(lambda: len(_lines(out)) == 3, timeout=30, what="the restart after the shrink")

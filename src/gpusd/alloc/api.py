@@ -149,7 +149,7 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
         lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid,
                               user=user, remote=remote)
         if lease is None:  # held by a process that bypassed the mutex
-            raise NoGpuAvailable("the chosen GPUs were taken at the same moment; try again")
+            raise NoGpuAvailable(f"the chosen GPUs were taken at the same moment ({store.refusal}); try again")
         return Selection(chosen, lease, pick=why)
 
 

@@ -35,7 +35,6 @@ killed with SIGKILL.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -49,14 +48,21 @@ from typing import Any, Iterator
 from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..model import HostSnapshot, LeaseInfo
 from .lockdir import (
+    DIR_FLAGS,
+    FILE_FLAGS,
+    check_private_dir,
     create_exclusive,
+    describe_holders,
     flock_table,
+    holder_name,
     lock_key,
     lock_within,
     open_dir,
     open_lock_file,
+    owner_name,
     process_uid,
     read_live,
+    replace_private_dir,
     try_lock,
     user_name,
 )
@@ -74,6 +80,7 @@ class _Log:
 log = _Log()
 
 DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
+AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
 LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
@@ -175,20 +182,113 @@ class Lease:
             pass
 
 
-class LeaseStore:
-    """The lock directory of this machine."""
+_serving: LeaseStore | None = None  # the authority store of this process, while it serves the lease socket
 
-    def __init__(self, directory: Path | str | None = None) -> None:
+
+class LeaseStore:
+    """The lock directory of this machine (``private``: the lease authority's own directory in it,
+    ``<lock dir>/authority``, whose lock files only the daemon can open; see docs/allocation.md,
+    "What a local user can and cannot do").  Each store also reads the leases and waiters of the
+    other one (:meth:`peers`), so that leases taken in either never overlap."""
+
+    def __init__(self, directory: Path | str | None = None, private: bool = False) -> None:
         self.dir = Path(directory) if directory is not None else lock_dir()
+        self.private = private
+        self.refusal: str | None = None  # why the last acquire returned None: who holds what
+
+    @classmethod
+    def authority(cls, base: Path | str | None = None) -> LeaseStore:
+        """The lease authority's store, inside the lock directory ``base`` (default: this machine's)."""
+        return cls(Path(base) if base is not None else lock_dir()).sub()
+
+    def sub(self) -> LeaseStore:
+        return LeaseStore(self.dir / AUTHORITY_DIR, private=True) if not self.private else self
+
+    @staticmethod
+    def for_daemon() -> LeaseStore:
+        """Where this daemon takes leases: its authority store while it serves the lease socket
+        (remote leases, moves), else the shared lock directory."""
+        return _serving if _serving is not None else LeaseStore()
+
+    @staticmethod
+    def of(lease: Lease) -> LeaseStore:
+        """The store ``lease`` was taken in (its record's directory)."""
+        d = lease.path.parent
+        return LeaseStore(d, private=d.name == AUTHORITY_DIR)
+
+    @staticmethod
+    def serving(store: LeaseStore | None) -> None:
+        """Record (None: forget) the authority store of this process (the lease socket's)."""
+        global _serving
+        _serving = store
+
+    def peers(self) -> list[LeaseStore]:
+        """The other store of this machine whose leases and waiters count here too: the shared lock
+        directory for the authority's store; for the shared one, the authority's store when it is
+        there and can be trusted (a real directory owned by root or by us that nobody else can write)."""
+        if self.private:
+            return [LeaseStore(self.dir.parent)]
+        path = self.dir / AUTHORITY_DIR
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return []
+        import stat as _stat
+
+        if not _stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            log.debug("ignoring %s: not a lease authority's directory (%s's, mode %o)", path,
+                      owner_name(st.st_uid), st.st_mode & 0o7777)
+            return []
+        return [LeaseStore(path, private=True)]
+
+    def prepare(self) -> None:
+        """Make the authority's store ready (the daemon, as it becomes the lease authority): the
+        shared lock directory exists and is safe; the authority's directory in it is our own, made
+        new when something else squats its name (moved aside, never chmod-ed or followed); tickets a
+        previous daemon left are removed (its waits ended with it)."""
+        assert self.private
+        parent = open_dir(self.dir.parent, True)
+        assert parent is not None
+        try:
+            try:
+                fd = open_dir(self.dir, True, private=True)
+            except GpusdError:
+                replace_private_dir(parent, self.dir.name, self.dir)
+                fd = open_dir(self.dir, True, private=True)
+            assert fd is not None
+            try:
+                for name in os.listdir(fd):
+                    if name.startswith(("queue-", ".queue-")) and name.endswith((".ticket", ".tmp")):
+                        try:
+                            os.unlink(name, dir_fd=fd)
+                        except OSError:
+                            pass
+            finally:
+                os.close(fd)
+        finally:
+            os.close(parent)
 
     # -- setup ----------------------------------------------------------------------------------
     def open(self, create: bool = True) -> int | None:
         """A descriptor of the (checked) lock directory; the caller closes it.  None when it does
         not exist and ``create`` is False."""
-        return open_dir(self.dir, create)
+        if self.private and not create:
+            try:
+                fd = os.open(self.dir, DIR_FLAGS)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise GpusdError(f"cannot open the lease authority's lock directory {self.dir}: "
+                                 f"{exc.strerror}") from None
+            st = os.fstat(fd)
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:  # read by others: root's, or ours
+                os.close(fd)
+                check_private_dir(self.dir, st)  # raises, saying why
+            return fd
+        return open_dir(self.dir, create, private=self.private)
 
     def _writable(self) -> int:
-        fd = open_dir(self.dir, True)
+        fd = open_dir(self.dir, True, private=self.private)
         assert fd is not None
         if not os.access(self.dir, os.W_OK | os.X_OK):
             st = os.fstat(fd)
@@ -210,7 +310,7 @@ class LeaseStore:
         ``deadline`` ran out first, naming the holder."""
         dfd = self._writable()
         try:
-            fd = open_lock_file(dfd, "select.lock", self.dir)
+            fd = open_lock_file(dfd, "select.lock", self.dir, private=self.private)
         finally:
             os.close(dfd)
         try:
@@ -233,20 +333,76 @@ class LeaseStore:
         finally:
             os.close(fd)
 
-    # -- reading --------------------------------------------------------------------------------
-    def leases(self, cleanup: bool = False) -> list[LeaseInfo]:
-        """Live leases, one :class:`LeaseInfo` per leased device.  A lease file whose holder died
-        is skipped (and removed when ``cleanup`` and permissions allow); so is a record the kernel
-        does not confirm (see the module docstring)."""
+    def mutex_holders(self, confirm: float = 0.05) -> list[tuple[int, int | None]]:
+        """Who holds the selection mutex, for the views: (pid, uid or None), from ``/proc/locks``;
+        empty when it is free.  It is tried without blocking (an allocation waiting for it just tries
+        again), and again after ``confirm`` seconds: an allocation holds it for about a millisecond,
+        so only a holder that keeps it is named.  Not for the authority's own mutex (nobody else can
+        open it)."""
+        if self.private:
+            return []
         dfd = self.open(create=False)
         if dfd is None:
             return []
         try:
-            return self._leases(dfd, cleanup)
+            fd = os.open("select.lock", FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+        except OSError:
+            return []
+        finally:
+            os.close(dfd)
+        try:
+            for attempt in range(2):
+                if try_lock(fd, shared=False):
+                    return []
+                if not attempt:
+                    time.sleep(confirm)
+            table = flock_table() or {}
+            holders = table.get(lock_key(os.fstat(fd)), [])[:8]
+            return [(pid, process_uid(pid) if pid > 0 else None) for pid, _ in holders]
+        except OSError:
+            return []
+        finally:
+            os.close(fd)  # read-only: its close is no event for the queue's watchers
+
+    # -- reading --------------------------------------------------------------------------------
+    def leases(self, cleanup: bool = False, peers: bool = True) -> list[LeaseInfo]:
+        """Live leases, one :class:`LeaseInfo` per leased device.  A lease file whose holder died
+        is skipped (and removed when ``cleanup`` and permissions allow); so is a record the kernel
+        does not confirm (see the module docstring).  A device lock held by a process that holds no
+        lease on it comes as a LeaseInfo with ``unleased`` set, naming that process's pid and uid
+        (it blocks the GPU here: an administrator's to act on; not looked for in the authority's own
+        directory, whose lock files only its user can open).  With ``cleanup`` (a caller under the
+        selection mutex: the allocation itself) such locks are found by trying each unleased GPU's
+        lock, and ``/proc/locks`` (a read costs the kernel an RCU grace period, ~10 ms on a busy
+        machine) is read only to name a holder found so.  With ``peers``, the confirmed leases of
+        :meth:`peers` follow (not the locks held there without a lease: they block nothing here)."""
+        dfd = self.open(create=False)
+        if dfd is None:
+            out: list[LeaseInfo] = []
+        else:
+            try:
+                out = self._leases(dfd, cleanup, blockers=not self.private)
+            finally:
+                os.close(dfd)
+        if peers:
+            for peer in self.peers():
+                try:
+                    out.extend(peer._confirmed())
+                except GpusdError as exc:
+                    log.warning("%s", exc)
+        return out
+
+    def _confirmed(self) -> list[LeaseInfo]:
+        """The leases the kernel confirms, nothing else (read by the other store)."""
+        dfd = self.open(create=False)
+        if dfd is None:
+            return []
+        try:
+            return self._leases(dfd, False, blockers=False)
         finally:
             os.close(dfd)
 
-    def _leases(self, dfd: int, cleanup: bool) -> list[LeaseInfo]:
+    def _leases(self, dfd: int, cleanup: bool, blockers: bool = False) -> list[LeaseInfo]:
         out: list[LeaseInfo] = []
         try:
             names = os.listdir(dfd)
@@ -254,6 +410,7 @@ class LeaseStore:
             return out
         table: dict[str, list[tuple[int, bool]]] | None = None
         table_read = False
+        confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of leases on it
         seen = 0
         for name in names:
             m = _LEASE_NAME.match(name)
@@ -276,7 +433,45 @@ class LeaseStore:
                 continue
             if not table_read:
                 table, table_read = flock_table(), True
-            out.extend(self._believe(dfd, name, m.group(1), st, record, table))
+            believed = self._believe(dfd, name, m.group(1), st, record, table)
+            out.extend(believed)
+            if believed and table is not None:
+                for dev in record["devices"]:
+                    confirmed.setdefault(_safe(dev), set()).update(pid for pid, _ in table.get(lock_key(st), []))
+        if blockers:
+            devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
+            if cleanup and not table_read:  # under the mutex, nothing read yet: try the locks first
+                devices = [dev for dev in devices if dev not in confirmed and _held(dfd, f"gpu-{dev}.lock")]
+                if devices:
+                    table, table_read = flock_table(), True
+            if devices:
+                out.extend(self._unleased(dfd, devices, confirmed, table if table_read else flock_table()))
+        return out
+
+    def _unleased(self, dfd: int, devices: list[str], confirmed: dict[str, set[int]],
+                  table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]:
+        """The device locks held by processes that hold no lease on the device (``/proc/locks``):
+        someone bypassing gpusd, or a local user blocking the GPU.  Named by pid and uid."""
+        out: list[LeaseInfo] = []
+        if not table:
+            return out
+        for dev in devices:
+            try:
+                st = os.stat(f"gpu-{dev}.lock", dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            ours = confirmed.get(dev, set())
+            for pid, exclusive in table.get(lock_key(st), [])[:8]:
+                if pid in ours:
+                    continue
+                uid = process_uid(pid) if pid > 0 else None
+                who = owner_name(uid) if uid is not None else "an unknown user"
+                out.append(LeaseInfo.from_dict({
+                    "lease_id": "-", "pid": pid, "user": who, "shared": not exclusive, "device": dev,
+                    "unleased": True,
+                    "command": f"without a lease: {holder_name(pid)} holds {'LOCK_EX' if exclusive else 'LOCK_SH'} "
+                               f"on {self.dir / f'gpu-{dev}.lock'}, not through gpusd; stop it, or ask an "
+                               "administrator"}))
         return out
 
     @staticmethod
@@ -364,6 +559,10 @@ class LeaseStore:
             pass
         finally:
             os.close(dfd)
+        if not self.private:  # the authority's ends count here; never the other way (anyone can touch ours)
+            for peer in self.peers():
+                for dev, mtime in peer.release_times(within).items():
+                    out[dev] = max(mtime, out.get(dev, mtime))
         return out
 
     def attach(self, snap: HostSnapshot) -> HostSnapshot:
@@ -391,7 +590,8 @@ class LeaseStore:
                 command: str | None = None, pid: int | None = None, user: str | None = None,
                 remote: dict[str, Any] | None = None) -> Lease | None:
         """Lock ``devices`` (all or nothing, without blocking) and record the lease.  Returns None
-        when one of them is held in a conflicting mode.  Call under :meth:`mutex` for atomicity
+        when one of them is held in a conflicting mode (:attr:`refusal` then says by whom), here or,
+        at the same moment, in the other store (:meth:`peers`).  Call under :meth:`mutex` for atomicity
         with the choice of devices.  ``pid`` and ``user`` name the job when it is not this process
         (the daemon taking a lease for a client); only root's records are believed to name others.
         ``remote``: ``remote_from`` and ``expires`` of a lease the daemon holds for a remote holder
@@ -400,9 +600,12 @@ class LeaseStore:
         fds: list[int] = []
         try:
             for dev in devices:
-                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir)
+                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir, private=self.private)
                 fds.append(fd)
                 if not try_lock(fd, shared):
+                    # A process that bypassed the mutex: named, so that someone can act
+                    self.refusal = (f"{_safe(dev)[:64]} is locked by {describe_holders(fd)} "
+                                    f"({self.dir / f'gpu-{_safe(dev)}.lock'})")
                     for f in fds:
                         os.close(f)
                     os.close(dfd)
@@ -422,9 +625,8 @@ class LeaseStore:
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
-            info_fd = create_exclusive(dfd, tmp, self.dir)
+            info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
             fds.append(info_fd)
-            fcntl.flock(info_fd, fcntl.LOCK_EX)  # locked before it is visible: never seen as stale
             os.write(info_fd, json.dumps(record).encode())
             os.rename(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
@@ -434,7 +636,22 @@ class LeaseStore:
                 except OSError:
                     pass
             raise
-        return Lease(lease_id, list(devices), shared, memory, self.dir / final, fds, dir_fd=dfd, record=record)
+        lease = Lease(lease_id, list(devices), shared, memory, self.dir / final, fds, dir_fd=dfd, record=record)
+        # The other store's mutex is not ours: a lease published there at the same moment could name
+        # the same GPU.  Each side publishes, then looks at the other; at least one of two such leases
+        # sees the other and gives way (both may: each then tries again).
+        try:
+            clash = [le for peer in self.peers() for le in peer.leases(peers=False)
+                     if not le.unleased and le.device in devices and not (shared and le.shared)]
+        except BaseException:
+            lease.release()
+            raise
+        if clash:
+            lease.release()
+            le = clash[0]
+            self.refusal = f"{(le.device or '?')[:64]} was leased at the same moment by pid {le.pid} of {le.user}"
+            return None
+        return lease
 
     def rewrite(self, lease: Lease, **changes: Any) -> None:
         """Replace ``lease``'s record with one where ``changes`` apply (a remote lease's new expiry):
@@ -445,9 +662,8 @@ class LeaseStore:
             raise GpusdError("the lease is no longer held")
         record = {**lease.record, **changes}
         tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
-        fd = create_exclusive(lease.dir_fd, tmp, self.dir)
+        fd = create_exclusive(lease.dir_fd, tmp, self.dir, lock=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             os.write(fd, json.dumps(record).encode())
             os.rename(tmp, lease.path.name, src_dir_fd=lease.dir_fd, dst_dir_fd=lease.dir_fd)
         except BaseException:
@@ -492,6 +708,22 @@ class LeaseStore:
             os.utime(fd)  # when the GPU's lease ended (LeaseStore.release_times)
         except OSError:
             pass
+        os.close(fd)
+
+
+def _held(dfd: int, name: str) -> bool:
+    """Whether anyone holds a lock on the lock file ``name`` (tried without blocking, on a descriptor
+    of our own, closed at once).  Only under the selection mutex: nobody else takes these locks then.
+    Opened read-only, so its close is no event for the queue's watchers."""
+    try:
+        fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+    except OSError:
+        return False
+    try:
+        return not try_lock(fd, shared=False)
+    except OSError:
+        return False
+    finally:
         os.close(fd)
 
 

@@ -11,6 +11,11 @@ hostile local user.  The rules this module enforces (docs/allocation.md, "What a
 * A file is chmod-ed only right after ``O_CREAT | O_EXCL`` created it, through that descriptor.
 * Waiting for a lock another user can hold is bounded (:func:`lock_within`); the error names the
   holder's uid and pid when ``/proc/locks`` tells them.
+* A *private* directory (the lease authority's: :func:`open_dir` with ``private``) belongs to the daemon's user
+  and nobody else may write to it; its lock files are created ``0600`` (only that user can open them,
+  so only it can ``flock`` them), and a lock file there that is not the daemon's own ``0600`` file is
+  refused.  Records and tickets anyone may read are created ``0600``, locked, and only then made
+  readable (:func:`create_exclusive` with ``lock``): nobody can take a lock on them first.
 """
 
 from __future__ import annotations
@@ -62,10 +67,19 @@ def check_dir(path: Path, st: os.stat_result) -> None:
             f"files; its owner should `chmod 1777 {path}` (world-writable with the sticky bit, like /tmp)")
 
 
-def open_dir(path: Path, create: bool) -> int | None:
+def check_private_dir(path: Path, st: os.stat_result) -> None:
+    """Refuse a private (lease authority) directory that is not ours alone to write."""
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise GpusdError(
+            f"refusing the lease authority's lock directory {path}: it must be a directory owned by "
+            f"{owner_name(os.geteuid())} that nobody else can write to (it is owned by {owner_name(st.st_uid)}, "
+            f"mode {stat.S_IMODE(st.st_mode):o}); an administrator should remove it")
+
+
+def open_dir(path: Path, create: bool, private: bool = False) -> int | None:
     """A descriptor of the checked lock directory; None when it does not exist and ``create`` is
-    False.  A directory this call creates gets mode 1777 (through its descriptor, after checking
-    that it is the one just made)."""
+    False.  A directory this call creates gets mode 1777 (``private``: 0755, see the module
+    docstring), through its descriptor, after checking that it is the one just made."""
     created = False
     for _ in range(3):
         try:
@@ -100,9 +114,13 @@ def open_dir(path: Path, create: bool) -> int | None:
     try:
         st = os.fstat(fd)
         if created and st.st_uid == os.geteuid():
-            os.fchmod(fd, 0o1777)  # the directory we just made: open to every user, sticky
+            # the directory we just made: open to every user, sticky; a private one readable only
+            os.fchmod(fd, 0o755 if private else 0o1777)
             st = os.fstat(fd)
-        check_dir(path, st)
+        if private:
+            check_private_dir(path, st)
+        else:
+            check_dir(path, st)
     except BaseException:
         os.close(fd)
         raise
@@ -118,11 +136,13 @@ def _check_file(fd: int, where: Path) -> None:
                          "should remove it")
 
 
-def open_lock_file(dir_fd: int, name: str, where: Path) -> int:
+def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False) -> int:
     """Open (creating it with mode 0666 when missing) a lock file every user can lock.
 
     A file someone else made is opened as it is (read-write, else read-only: ``flock`` works on
-    either) and never chmod-ed; a symlink, FIFO or hard link in its place is refused."""
+    either) and never chmod-ed; a symlink, FIFO or hard link in its place is refused.  ``private``
+    (the lease authority's directory): created ``0600``, and an existing file must be our own
+    ``0600`` one (anything else is refused: another user could hold a lock on it)."""
     path = where / name
     for _ in range(3):
         try:
@@ -133,7 +153,8 @@ def open_lock_file(dir_fd: int, name: str, where: Path) -> int:
             raise GpusdError(f"cannot create {path}: the lock directory is not writable for you") from None
         else:
             try:
-                os.fchmod(fd, 0o666)  # just created by us: other users must be able to open it too
+                if not private:
+                    os.fchmod(fd, 0o666)  # just created by us: other users must be able to open it too
             except BaseException:
                 os.close(fd)
                 raise
@@ -161,24 +182,57 @@ def open_lock_file(dir_fd: int, name: str, where: Path) -> int:
                                  "write elsewhere); an administrator should remove it") from None
             raise GpusdError(f"cannot open {path}: {exc.strerror}") from None
         _check_file(fd, path)
+        if private:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                os.close(fd)
+                raise GpusdError(f"refusing {path}: a lock file of the lease authority must be its own, mode 600 "
+                                 f"(it is {owner_name(st.st_uid)}'s, mode {stat.S_IMODE(st.st_mode):03o}); an "
+                                 "administrator should remove it")
         return fd
     raise GpusdError(f"cannot open {path}: it keeps disappearing")
 
 
-def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644) -> int:
+def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, lock: bool = False) -> int:
     """Create a new file (never an existing one, never through a symlink) for writing, with ``mode``
     whatever the umask (a lease record or ticket others cannot read would be invisible to them: a
     GPU locked with no record, a waiter nobody queues behind).  The chmod is of the file we just
-    created, through its descriptor."""
+    created, through its descriptor.  With ``lock``, the file holds our ``LOCK_EX`` before anyone
+    else may open it (it is created 0600 and made readable after): nobody can lock it first."""
     try:
-        fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600 if lock else mode, dir_fd=dir_fd)
     except OSError as exc:
         raise GpusdError(f"cannot create {where / name}: {exc.strerror}") from None
+    if lock:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can have opened it: never blocks
     try:
         os.fchmod(fd, mode)
     except OSError:
         pass
     return fd
+
+
+def replace_private_dir(parent_fd: int, name: str, where: Path) -> None:
+    """Move aside whatever squats the name of a private directory in the shared directory
+    ``parent_fd`` (a directory another user made there, or one with the wrong mode), so that a new
+    one can be made: nothing of it is followed, opened or chmod-ed.  Only root can move another
+    user's entry out of a sticky directory; GpusdError otherwise."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise GpusdError(f"cannot check {where}: {exc.strerror}") from None
+    aside = f"{name}.refused-{os.urandom(4).hex()}"
+    try:
+        os.rename(name, aside, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    except OSError as exc:
+        raise GpusdError(f"refusing the lease authority's lock directory {where} ({owner_name(st.st_uid)}'s, mode "
+                         f"{stat.S_IMODE(st.st_mode):o}) and cannot move it aside: {exc.strerror}") from None
+    from logging import getLogger
+
+    getLogger(__name__).warning("moved %s (%s's, mode %o, not the lease authority's own) aside to %s",
+                                where, owner_name(st.st_uid), stat.S_IMODE(st.st_mode), aside)
 
 
 def try_lock(fd: int, shared: bool) -> bool:
@@ -264,19 +318,23 @@ def process_uid(pid: int) -> int | None:
         return None
 
 
-def describe_holders(fd: int) -> str:
+def holder_name(pid: int) -> str:
+    """``"pid 123 of alice (uid 1000)"``: a process holding a lock, as /proc/locks names it."""
+    uid = process_uid(pid) if pid > 0 else None
+    if uid is not None:
+        return f"pid {pid} of {owner_name(uid)}"
+    return f"pid {pid}" if pid > 0 else "a process outside this pid namespace"
+
+
+def describe_holders(fd: int, table: dict[str, list[tuple[int, bool]]] | None = None) -> str:
     """``"pid 123 of alice (uid 1000)"`` for the holders of the flock on ``fd``, where known."""
-    table = flock_table()
+    table = flock_table() if table is None else table
     if table is None:
         return "another process (/proc/locks cannot be read to say which)"
     holders = table.get(lock_key(os.fstat(fd)), [])
     if not holders:
         return "another process (not visible here)"
-    parts = []
-    for pid, _ in holders[:3]:
-        uid = process_uid(pid) if pid > 0 else None
-        parts.append(f"pid {pid} of {owner_name(uid)}" if uid is not None else f"pid {pid}")
-    return ", ".join(parts)
+    return ", ".join(holder_name(pid) for pid, _ in holders[:3])
 
 
 def lock_within(fd: int, *, shared: bool, deadline: float) -> None:

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GpusdError
-from .leases import LeaseStore, current_user
+from .leases import AUTHORITY_DIR, LeaseStore, current_user
 from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, read_live, try_lock
 from .priority import NORMAL, capped, load_policy, priority_name
 
@@ -91,7 +91,7 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
     dfd = store.open(create=True)
     assert dfd is not None
     try:
-        fd = open_lock_file(dfd, "queue.seq", store.dir)
+        fd = open_lock_file(dfd, "queue.seq", store.dir, private=store.private)
         try:
             raw = os.pread(fd, 32, 0)
             seq = int(raw.strip() or b"0") + 1
@@ -107,9 +107,8 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
         tag = f"{seq:012d}-{os.getpid()}-{os.urandom(4).hex()}"
         name = f"queue-{tag}.ticket"
         # Locked before it is visible: a ticket others can lock is a dead waiter's, and is removed.
-        tfd = create_exclusive(dfd, f".queue-{tag}.tmp", store.dir)
+        tfd = create_exclusive(dfd, f".queue-{tag}.tmp", store.dir, lock=True)
         try:
-            fcntl.flock(tfd, fcntl.LOCK_EX)
             os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
                                       "since": time.time(), "command": command, "priority": priority,
                                       "resume": resume}).encode())
@@ -155,10 +154,23 @@ class Waiter:
         return d
 
 
-def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float, Path]]:
+def _scan(store: LeaseStore, cleanup: bool = False, peers: bool = True) -> list[tuple[Waiter, float, Path]]:
     """The live tickets, read and attributed, unordered: (waiter, place in its class, path).  Tickets
     of dead waiters are skipped (and removed with ``cleanup``); a ticket that cannot be read is still
-    a waiter (of normal priority, in the order it started waiting)."""
+    a waiter (of normal priority, in the order it started waiting).  With ``peers``, for the shared
+    directory, the waiters of the lease authority's store (:meth:`LeaseStore.peers`) too, in one
+    order; the authority's store counts only its own."""
+    out = _scan_one(store, cleanup)
+    if peers and not store.private:
+        # The shared directory's waiters queue behind the authority's; the authority's queue is its own:
+        # a ticket anyone can write in the shared directory (held by a process that never takes GPUs)
+        # must not hold up the daemon's clients (docs/allocation.md, "The authority's own directory").
+        for peer in store.peers():
+            out.extend(_scan_one(peer, False))
+    return out
+
+
+def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Path]]:
     from .lockdir import process_uid, user_name
 
     out: list[tuple[Waiter, float, Path]] = []
@@ -183,6 +195,14 @@ def _scan(store: LeaseStore, cleanup: bool = False) -> list[tuple[Waiter, float,
             if got is None:
                 continue
             st, raw = got
+            if store.private:
+                # The authority's tickets are readable by all, so a user could lock one its daemon left
+                # behind (killed) and pass it off as a waiter: one counts only while a process of the
+                # ticket's owner (the daemon's user) holds its lock.  Its waits never change hands.
+                if locks is None:
+                    locks = flock_table() or {}
+                if not any(process_uid(pid) == st.st_uid for pid, _ in locks.get(lock_key(st), []) if pid > 0):
+                    continue
             try:
                 d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
             except (ValueError, RecursionError):
@@ -332,11 +352,14 @@ class LeaseWatch:
             fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
             if fd < 0:
                 return
-            wd = libc.inotify_add_watch(fd, os.fsencode(directory),
-                                        _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_DELETE | _IN_ONLYDIR | _IN_DONT_FOLLOW)
+            events = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_DELETE | _IN_ONLYDIR | _IN_DONT_FOLLOW
+            wd = libc.inotify_add_watch(fd, os.fsencode(directory), events)
             if wd < 0:
                 os.close(fd)
                 return
+            # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
+            peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
+            libc.inotify_add_watch(fd, os.fsencode(peer), events)  # absent: nothing to watch there
             self.fd = fd
         except (OSError, AttributeError):
             self.fd = -1

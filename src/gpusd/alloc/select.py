@@ -322,8 +322,13 @@ def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list
     if gpu.compute_mode in ("exclusive_process", "exclusive_thread") and gpu.processes:
         return f"GPU {label}: exclusive compute mode and already in use"
     if leases:
-        holders = ", ".join(f"{le.user or '?'}:{le.pid}" for le in leases)
+        holders = ", ".join(f"{le.user or '?'}:{le.pid}" for le in leases if not le.unleased)
         if not c.shared or not all(le.shared for le in leases):
+            blockers = [le for le in leases if le.unleased]
+            if blockers:  # not a lease: someone holds the lock file itself; say who, so that someone can act
+                who = ", ".join(f"pid {le.pid} of {le.user or 'an unknown user'}" for le in blockers[:3])
+                return (f"GPU {label}: its lock file is held without a lease by {who}"
+                        + (f" (and leased by {holders})" if holders else ""))
             return f"GPU {label}: leased by {holders}"
     if c.max_util is not None and mig is None:
         if gpu.utilization_gpu is not None and gpu.utilization_gpu > c.max_util:

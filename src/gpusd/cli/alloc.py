@@ -134,29 +134,47 @@ def _age(since: float | None, now: float) -> str:
     return f"{max(0.0, now - since):.0f}s" if since else "-"
 
 
+def mutex_note(store: object, mutex: list[tuple[int, int | None]]) -> str:
+    """One line naming who holds the selection mutex (``LeaseStore.mutex_holders``)."""
+    from ..alloc.lockdir import holder_name
+
+    path = getattr(store, "dir", "?")
+    return (f"the selection mutex {path}/select.lock is held by {', '.join(holder_name(pid) for pid, _ in mutex)}: "
+            "allocation in this lock directory waits for it (at most 10 s a try); stop that process, or ask an "
+            "administrator")
+
+
 def leases(args: argparse.Namespace) -> int:
     import time
 
     from ..alloc import queue
     from ..alloc.leases import LeaseStore
+    from ..alloc.lockdir import user_name
     from ..sanitize import dumps  # lease files are other users' words: cells go through _cell
     from .table import render_table
 
     store = LeaseStore()
     held = store.leases()
     waiters = queue.waiters(store)
+    mutex = store.mutex_holders()
     if args.json:
         print(dumps({"lock_dir": str(store.dir), "leases": [le.to_dict() for le in held],
                      "queued": [w.ticket for w in waiters],
-                     "waiting": [w.to_dict() for w in waiters]}, indent=2))
+                     "waiting": [w.to_dict() for w in waiters],
+                     "mutex_holders": [{"pid": pid, "uid": uid, "user": user_name(uid) if uid is not None else None}
+                                       for pid, uid in mutex]}, indent=2))
         return 0
+    if mutex:
+        print(mutex_note(store, mutex))
     now = time.time()
     # Lease records are files other users write: every string is made safe before it is printed.
     rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32), str(le.pid),
              "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
              _age(le.started, now), _cell(le.job, 16), _cell(le.command)] for le in held]
-    print(f"lock directory {store.dir}: {len(held)} device lease(s), {len(waiters)} job(s) waiting")
+    blocked = sum(1 for le in held if le.unleased)
+    print(f"lock directory {store.dir}: {len(held) - blocked} device lease(s), {len(waiters)} job(s) waiting"
+          + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else ""))
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
     if waiters:

@@ -17,7 +17,13 @@ def run(args: argparse.Namespace) -> int:
 
     with open_backend(args.simulate, processes=args.processes) as backend:
         snap = backend.snapshot()
-    LeaseStore().attach(snap)
+    store = LeaseStore()
+    store.attach(snap)
+    mutex = store.mutex_holders()
+    if mutex:
+        from .alloc import mutex_note
+
+        print(f"gpusd: warning: {mutex_note(store, mutex)}", file=sys.stderr)
     if args.json:
         # strict JSON: never NaN or Infinity
         from ..sanitize import dumps

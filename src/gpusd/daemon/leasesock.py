@@ -3,9 +3,11 @@
 A daemon running as root serves ``$GPUSD_LEASE_SOCKET`` (default ``/run/gpusd/lease.sock``) in a
 directory only it can write; the protocol is in :mod:`gpusd.alloc.authority` and docs/allocation.md.
 For each connection it reads one request, learns the client's pid and uid from the kernel
-(``SO_PEERCRED``), selects and takes the very same flock leases a client would take itself (same lock
-directory, same mutex, same queue: the two ways never overlap), answers, and keeps the lease's
-descriptors until the connection closes.  The lease record it writes is root's and names the client
+(``SO_PEERCRED``), selects and takes the very same flock leases a client would take itself in its own
+directory (``<lock dir>/authority``: owned by the daemon, lock files ``0600``, so that no other user
+can hold a lock there; the two directories read each other's leases and queue, so the two ways never
+overlap: :class:`gpusd.alloc.leases.LeaseStore`), answers, and keeps the lease's descriptors until the
+connection closes.  The lease record it writes is root's and names the client
 (and the client's job, when it says which: a label only), so ``gpusd leases`` shows the client as
 the holder.
 
@@ -104,6 +106,7 @@ class LeaseServer:
         self.cancels: set[threading.Event] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
+        self.store: Any = None  # the authority's own lock directory (LeaseStore.authority), once prepared
 
     # -- start/stop ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -121,7 +124,10 @@ class LeaseServer:
             raise
         self.listener = sock
         self.accepting = asyncio.ensure_future(self._accept(sock))
-        log.info("lease authority on %s", self.path)
+        from ..alloc.leases import LeaseStore
+
+        LeaseStore.serving(self.store)  # this process's other leases (remote ones, moves) are taken there too
+        log.info("lease authority on %s (leases in %s)", self.path, self.store.dir)
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -170,9 +176,21 @@ class LeaseServer:
                 raise GpusdError(f"another gpusd daemon already serves leases on {self.path}")
             finally:
                 probe.close()
+        from ..alloc.leases import LeaseStore
+
+        if os.geteuid() == 0:
+            store = LeaseStore.authority()
+            store.prepare()  # a directory only we can write, lock files only we can open
+        else:  # other users' clients would not trust our directory: we lease where they do
+            store = LeaseStore()
+        self.store = store
         self.backend = _LockedBackend(open_backend(self.simulate))
 
     async def stop(self) -> None:
+        from ..alloc.leases import LeaseStore
+
+        if self.store is not None and LeaseStore.for_daemon() is self.store:
+            LeaseStore.serving(None)
         if self.accepting is not None:
             self.accepting.cancel()
             self.accepting = None
@@ -376,7 +394,6 @@ class LeaseServer:
     def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event,
                priority: int | None = None, lease: bool = True) -> Any:
         from ..alloc.api import allocate
-        from ..alloc.leases import LeaseStore
         from ..alloc.lockdir import user_name
         from ..alloc.select import Constraints
 
@@ -385,17 +402,15 @@ class LeaseServer:
                                            kwargs.pop("visible"))
         c = Constraints.build(**kwargs, within_visible=visible is not None)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
-        return allocate(c, lease=lease, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
+        return allocate(c, lease=lease, wait=wait, timeout=timeout, store=self._store(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
                         cancelled=cancel.is_set, job=job, priority=priority, uid=uid)  # believed for uid
 
     def _snapshot(self) -> dict[str, Any]:
         """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""
-        from ..alloc.leases import LeaseStore
-
         if self.backend is None:
             raise GpusdError("the lease authority is stopping")
-        d: dict[str, Any] = self.backend.snapshot(util_since=LeaseStore().release_times(), detail=False).to_dict()
+        d: dict[str, Any] = self.backend.snapshot(util_since=self._store().release_times(), detail=False).to_dict()
         for g in d.get("gpus") or []:  # what selection reads: pids and memory, not who runs what
             for p in g.get("processes") or []:
                 p["user"] = p["command"] = None
@@ -405,7 +420,7 @@ class LeaseServer:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same
         mutex), then joined to the lease's record."""
         from ..alloc.api import allocate
-        from ..alloc.leases import Lease, LeaseStore
+        from ..alloc.leases import Lease
         from ..alloc.lockdir import user_name
         from ..alloc.select import Constraints
 
@@ -417,7 +432,7 @@ class LeaseServer:
         kwargs["exclude"] = [*(kwargs["exclude"] or []), *lease.devices]  # a shared GPU is not taken twice
         c = Constraints.build(**kwargs, within_visible=visible is not None)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
-        store = LeaseStore()
+        store = self._store()
         sel = allocate(c, lease=True, wait=wait, timeout=timeout, store=store, command=held.command, pid=held.pid,
                        user=user_name(held.uid), backend=self.backend, env=env,  # type: ignore[arg-type]
                        cancelled=cancel.is_set, job=held.job, priority=held.priority, uid=held.uid)
@@ -435,10 +450,15 @@ class LeaseServer:
         held.selection.devices.extend(sel.devices)
         return list(sel.devices)
 
-    def _drop(self, held: _Held, device: str) -> None:
+    def _store(self) -> Any:
+        """Where this authority takes leases: its own directory (never the world-openable files)."""
         from ..alloc.leases import LeaseStore
 
-        store = LeaseStore()
+        return self.store if self.store is not None else (LeaseStore.authority() if os.geteuid() == 0
+                                                          else LeaseStore())
+
+    def _drop(self, held: _Held, device: str) -> None:
+        store = self._store()
         with store.mutex(), held.lock:
             if held.lease.released:
                 raise GpusdError("the lease has ended")

@@ -115,7 +115,7 @@ class Pool:
 
             self.backend = _LockedBackend(open_backend(self.daemon.config.simulate))
         c = Constraints.build(**kwargs, within_visible=False)
-        return allocate(c, lease=True, wait=False, store=LeaseStore(), command=note, pid=os.getpid(),
+        return allocate(c, lease=True, wait=False, store=LeaseStore.for_daemon(), command=note, pid=os.getpid(),
                         user=holder, backend=self.backend, env={},
                         remote={"remote_from": remote_from, "expires": expires,
                                 **({"job": job} if job is not None else {})})
@@ -123,7 +123,7 @@ class Pool:
     def _renew(self, held: Held, expires: float) -> None:
         from ..alloc.leases import LeaseStore, mutex_timeout
 
-        store = LeaseStore()
+        store = LeaseStore.of(held.selection.lease)  # where it was taken (the authority's, when serving)
         with store.mutex(time.monotonic() + mutex_timeout()):
             store.rewrite(held.selection.lease, expires=expires)
 

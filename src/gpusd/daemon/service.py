@@ -263,10 +263,12 @@ class Daemon:
         snap = self.backend.snapshot()
         if self.config.leases:
             try:
-                if self._leases is None:
-                    from ..alloc.leases import LeaseStore
+                from ..alloc.leases import LeaseStore
 
-                    self._leases = LeaseStore()
+                # Where this daemon is the lease authority, the leases it honours: its own, and the
+                # confirmed ones of the shared directory, never a lock held there without a lease (it
+                # blocks nothing here, so it must not make a GPU look taken to the fleet).
+                self._leases = LeaseStore.for_daemon()
                 self._leases.attach(snap)
             except Exception as exc:  # leases are a detail; never lose a sample over them
                 log.debug("cannot read leases: %r", exc)

@@ -87,6 +87,8 @@ class IdleWatch:
             util[g.uuid] = g.utilization_gpu if g.healthy else None
             procs[g.uuid] = len(g.processes)
             for lease in g.leases:
+                if lease.unleased:
+                    continue  # a lock held without a lease (docs/allocation.md): no lease to watch or release
                 t = self.tracks.get(lease.lease_id) or seen.get(lease.lease_id) or _Track(lease)
                 t.gpus.add(g.uuid)
                 seen[lease.lease_id] = t

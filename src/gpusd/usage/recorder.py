@@ -119,7 +119,7 @@ class Accountant:
         users = sorted({p.user or "" for p in g.processes})
         holders = sorted({lease.user or "" for lease in g.leases})
         jobs = [_proc_ident(p.pid, p.user, p.command) for p in g.processes]
-        jobs += [f"l:{lease.lease_id}" for lease in g.leases]
+        jobs += [f"l:{lease.lease_id}" for lease in g.leases if not lease.unleased]
         return _GpuState(g.uuid, finite(g.utilization_gpu), g.memory_used, finite(g.power_draw), g.temperature,
                          users, holders, jobs)
 
@@ -131,6 +131,8 @@ class Accountant:
                 s.gpus.add(g.uuid)
                 s.mem += p.used_memory or 0
             for lease in g.leases:
+                if lease.unleased:
+                    continue  # not a lease: a lock held without one
                 s = out.setdefault(f"l:{lease.lease_id}", _Seen("lease", lease.user, lease.command))
                 s.gpus.add(g.uuid)
         return out
