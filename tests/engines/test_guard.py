@@ -196,3 +196,36 @@ def test_another_users_record_does_not_keep_the_engine_alive(shared_tmp: Path, t
         lease.release()
         if pidfile.exists() and _alive(int(pidfile.read_text())):
             os.kill(int(pidfile.read_text()), 9)
+
+
+def _flood(locks: Path, n: int) -> object:
+    for i in range(n):
+        fd = os.open(locks / f"lease-junk{i:06d}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(fd)
+    return n
+
+
+def test_another_users_lease_files_do_not_hide_the_guards_lease(shared_tmp: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another local user fills the shared lock directory with files named like lease records: a
+    scan of the directory reads at most MAX_LEASE_FILES of them (4096; cut to 1 here, with 200 such
+    files, so that the scan order cannot save it), so a guard that looked for its lease by scanning
+    would miss it and stop (or not start) another user's engine.  The guard reads its own record only."""
+    from other_user import MALLORY, as_user, needs_root
+
+    from gpusd.alloc import leases as leases_mod
+    from gpusd.engines import hold
+
+    if os.geteuid() != 0:
+        pytest.skip(needs_root.kwargs["reason"])
+    store = LeaseStore(shared_tmp / "locks")
+    expires = time.time() + 600
+    lease = store.acquire(["GPU-guard-6"], remote={"remote_from": "198.18.0.9", "expires": expires})
+    assert lease is not None
+    try:
+        assert as_user(MALLORY, lambda: _flood(store.dir, 200)) == "ok 200"
+        monkeypatch.setattr(leases_mod, "MAX_LEASE_FILES", 1)
+        assert hold.lease_expires(store, lease.lease_id) == pytest.approx(expires)
+        assert hold.lease_expires(store, "0123456789ab") is False
+    finally:
+        lease.release()

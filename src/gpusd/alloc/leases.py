@@ -246,6 +246,33 @@ class LeaseStore:
         finally:
             os.close(dfd)
 
+    def lease_of(self, lease_id: str) -> tuple[int, list[LeaseInfo]] | None:
+        """The record of lease ``lease_id`` alone, read as :meth:`leases` reads each (live, typed,
+        confirmed by the kernel): the uid that owns the file and its :class:`LeaseInfo` (one per
+        device), or None when there is no such live record.  No scan of the directory: other users'
+        files (there may be thousands, and a scan reads at most MAX_LEASE_FILES) cannot hide it."""
+        name = f"lease-{lease_id}.json"
+        m = _LEASE_NAME.match(name)
+        if m is None:
+            return None
+        dfd = self.open(create=False)
+        if dfd is None:
+            return None
+        try:
+            got = read_live(dfd, name, MAX_LEASE_BYTES, False, single_link=False)
+            if got is None:
+                return None
+            st, raw = got
+            if len(raw) > MAX_LEASE_BYTES:
+                return None
+            record = self._parse(name, raw)
+            if record is None:
+                return None
+            infos = self._believe(dfd, name, m.group(1), st, record, flock_table())
+            return (st.st_uid, infos) if infos else None
+        finally:
+            os.close(dfd)
+
     def _leases(self, dfd: int, cleanup: bool) -> list[LeaseInfo]:
         out: list[LeaseInfo] = []
         try:

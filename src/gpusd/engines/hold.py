@@ -38,7 +38,6 @@ import time
 from typing import Sequence
 
 from ..alloc.leases import LeaseStore
-from ..errors import GpusdError
 
 NO_LEASE = 3
 POLL = 0.2  # seconds between looks at the lease
@@ -113,35 +112,21 @@ def stop_all(grace: float) -> None:
 
 def lease_expires(store: LeaseStore, lease_id: str) -> float | bool:
     """When the daemon ends lease ``lease_id`` unless renewed (epoch, this host's clock); True for a
-    lease without an end (a local one); False when no live lease of that id is here, or when its
-    record was not written by the daemon (root) or this user (:func:`_written_by_us`)."""
-    for info in store.leases():
-        if info.lease_id == lease_id:
-            if not _written_by_us(store, lease_id):
-                return False
-            return float(info.expires) if info.expires is not None else True
-    return False
+    lease without an end (a local one); False when no live lease of that id is here.
 
-
-def _written_by_us(store: LeaseStore, lease_id: str) -> bool:
-    """Whether the record of ``lease_id`` belongs to root (the daemon that holds remote leases) or to
-    this user.  The lock directory is open to every local user (mode 1777): once the daemon removes
-    the record of a lease that ended, anyone may write one of that id, live and due in a year, which
-    would keep the engine running on GPUs the daemon has freed.  Read after the record itself: a
-    record replaced meanwhile reads as another user's, and the guard stops."""
-    try:
-        dfd = store.open(create=False)
-    except (OSError, GpusdError):
+    Only the record of that lease is read (:meth:`LeaseStore.lease_of`, no scan that other users'
+    files could fill), and it is believed only when root (the daemon that holds remote leases) or
+    this user owns the file: the lock directory is open to every local user (mode 1777), and once
+    the daemon removes the record of a lease that ended, anyone may write one of that id, live and
+    due in a year, which would keep the engine running on GPUs the daemon has freed."""
+    got = store.lease_of(lease_id)
+    if got is None:
         return False
-    if dfd is None:
+    owner, infos = got
+    if owner not in (0, os.getuid()):
         return False
-    try:
-        st = os.stat(f"lease-{lease_id}.json", dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return False
-    finally:
-        os.close(dfd)
-    return st.st_uid in (0, os.getuid())
+    expires = infos[0].expires
+    return float(expires) if expires is not None else True
 
 
 def _set_subreaper() -> None:
