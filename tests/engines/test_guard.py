@@ -229,3 +229,15 @@ def test_another_users_lease_files_do_not_hide_the_guards_lease(shared_tmp: Path
         assert hold.lease_expires(store, "0123456789ab") is False
     finally:
         lease.release()
+
+
+def test_a_lock_directory_it_cannot_use_is_a_one_line_error(tmp_path: Path) -> None:
+    """A lock directory open to every user without the sticky bit (anyone could replace the lease
+    record): one ``gpusd:`` line and exit 3, nothing started, no traceback."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    os.chmod(locks, 0o777)
+    marker = tmp_path / "ran"
+    r = _guard(locks, "0123456789ab", ["touch", str(marker)])
+    assert r.returncode == 3 and not marker.exists()
+    assert "Traceback" not in r.stderr and r.stderr.startswith("gpusd: ") and "chmod 1777" in r.stderr, r.stderr

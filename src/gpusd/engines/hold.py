@@ -276,7 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no command given: -- CMD ARGS")
     if not (0 < args.margin <= 3600 and 0 <= args.grace < args.margin):
         p.error("--margin must be 0-3600 seconds and --grace below it")
-    return hold(args.lease, cmd, args.margin, args.grace)
+    from ..errors import GpusdError
+
+    try:
+        return hold(args.lease, cmd, args.margin, args.grace)
+    except GpusdError as exc:  # before anything started: the lock directory cannot be used
+        print(f"gpusd: {exc}; not starting {cmd[0]}", file=sys.stderr)
+        return NO_LEASE
 
 
 if __name__ == "__main__":
