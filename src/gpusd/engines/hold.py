@@ -165,7 +165,8 @@ def hold(lease_id: str, cmd: Sequence[str], margin: float, grace: float) -> int:
     store = LeaseStore()
     if lease_expires(store, lease_id) is False:
         print(f"gpusd: no lease {lease_id} in this host's lock directory ({store.dir}): not starting "
-              f"{cmd[0]} (is the daemon's lock directory $GPUSD_LOCK_DIR here?)", file=sys.stderr, flush=True)
+              f"{cmd[0]} (is the daemon's lock directory $GPUSD_LOCK_DIR here? a record is believed only when "
+              "root, the daemon, or you own it)", file=sys.stderr, flush=True)
         return NO_LEASE
     sys.stdout.flush()
     sys.stderr.flush()
