@@ -211,10 +211,9 @@ def test_another_users_lease_files_do_not_hide_the_guards_lease(shared_tmp: Path
     scan of the directory reads at most MAX_LEASE_FILES of them (4096; cut to 1 here, with 200 such
     files, so that the scan order cannot save it), so a guard that looked for its lease by scanning
     would miss it and stop (or not start) another user's engine.  The guard reads its own record only."""
-    from other_user import MALLORY, as_user, needs_root
-
     from gpusd.alloc import leases as leases_mod
     from gpusd.engines import hold
+    from other_user import MALLORY, as_user, needs_root
 
     if os.geteuid() != 0:
         pytest.skip(needs_root.kwargs["reason"])

@@ -78,9 +78,9 @@ def test_an_interpreter_another_user_could_have_put_there_is_not_run(shared_tmp:
     """The launching machine's Python is in a venv under /tmp; on the host, another user has made that
     path first: the wrapper must not run it (as the user who launched the job), but say so and try
     the gpusd on PATH."""
-    from other_user import MALLORY, as_user, needs_root
-
     import pytest
+
+    from other_user import MALLORY, as_user, needs_root
 
     if os.geteuid() != 0:
         pytest.skip(needs_root.kwargs["reason"])

@@ -134,7 +134,8 @@ FIND_PYTHON = (
     'if [ -n "$g" ]; then py=$(sed -n "1s/^#! *//p" "$g" 2>/dev/null); fi; '
     f'if [ -n "$py" ] && $py -c "import {RANK_MODULE}" 2>/dev/null; then exec $py -m {RANK_MODULE} "$@"; fi; '
     'echo "gpusd launch: no Python with gpusd on $(hostname): tried $here (the path on the launching machine:'
-    ' missing here, without gpusd, or where another user could have put it) and the gpusd on PATH (${g:-not found}${py:+, #!$py});'
+    ' missing here, without gpusd, or where another user could have put it) and the gpusd on PATH'
+    ' (${g:-not found}${py:+, #!$py});'
     ' install gpusd there or give gpusd launch --python PATH" >&2; exit 127'
 )
 
