@@ -120,3 +120,25 @@ def dumps(obj: Any, **kw: Any) -> str:
 
 
 __all__ = ["MAX_LEN", "dumps", "for_terminal", "json_safe", "log_formatter", "optional", "rich_text"]
+
+
+_SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # an IPv6 zone: an interface name or index (IFNAMSIZ - 1)
+
+
+def ip_word(text: object) -> bool:
+    """Whether ``text`` is an IP address that is also one safe word: in a shell, a hostfile, an
+    ssh argument.  Python's :mod:`ipaddress` accepts an IPv6 scope id of any characters but ``/``
+    and ``%`` (``fe80::1%;reboot`` is an address to it); here a scope id is an interface name or
+    index: letters, digits, ``_``, ``.``, ``-``, at most 15."""
+    import ipaddress
+
+    if not isinstance(text, str) or not text:
+        return False
+    _, pct, scope = text.partition("%")
+    if pct and _SCOPE.fullmatch(scope) is None:
+        return False
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

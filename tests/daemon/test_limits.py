@@ -199,3 +199,26 @@ async def test_connections_parked_on_probation_do_not_keep_a_secret_holder_out(t
                 async with held([ours]):
                     assert ours.status == 200
                     assert not any(c.closed.is_set() for c in streams)
+
+
+async def test_a_strangers_new_connections_do_not_close_a_secret_holders_on_probation(tmp_path: Path) -> None:
+    """Strangers hold every unsigned place (busy streams): a secret holder's new connection is let in
+    on probation, and until its signed request arrives it looks like any other.  A stranger that
+    then opens connections of its own (silent, each on probation too) fills the probation places:
+    the place made for each is the oldest of the peer holding the most of them -- the stranger's
+    own -- never the secret holder's, which is served once its request comes."""
+    async with running_daemon(tmp_path, unique_session("churn"), "churn", token=SECRET, tls=False,
+                              max_connections=8, reserved_connections=4, max_connections_per_peer=8,
+                              max_subscribers=100, reserved_subscribers=0) as d:
+        streams = [await stream(d.port, "127.0.0.41") for _ in range(4)]
+        async with held(streams):
+            assert [c.status for c in streams] == [200] * 4  # the unsigned share (8 less 4) is full
+            ours = await connect(d.port, "127.0.0.1")
+            async with held([ours]):
+                await asyncio.sleep(0.2)
+                assert d.guard is not None and d.guard.on_probation == 1
+                churn = [await connect(d.port, "127.0.0.42") for _ in range(8)]
+                async with held(churn):
+                    await asyncio.sleep(0.3)
+                    assert d.guard.on_probation <= 4
+                    assert await ours.request(d.port, "/api/v1/events", signed=True) == 200

@@ -9,6 +9,7 @@ remote lease (``expires`` on this host's clock), and the "engine" is a shell tha
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -144,3 +145,98 @@ def test_without_the_lease_nothing_starts_and_a_failing_command_leaves_nothing(s
         assert not _alive(int(pidfile.read_text()))  # what a failed start left is stopped
     finally:
         lease.release()
+
+
+def _forge(locks: Path, lease_id: str, expires: float) -> object:
+    """As another local user: write ``lease-ID.json`` the way a live holder does (holding its lock
+    and the lock of the GPU it names), for a lease that just ended."""
+    import fcntl
+    import json
+
+    dev = os.open(locks / "gpu-GPU-forged.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(dev, fcntl.LOCK_EX)
+    fd = os.open(locks / f"lease-{lease_id}.json", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"format": 1, "lease_id": lease_id, "pid": os.getpid(), "user": "root",
+                             "started": time.time(), "memory": None, "shared": False, "command": "ray",
+                             "devices": ["GPU-forged"], "remote_from": "198.18.0.9",
+                             "expires": expires}).encode())
+    return "forged"
+
+
+def test_another_users_record_does_not_keep_the_engine_alive(shared_tmp: Path, tmp_path: Path) -> None:
+    """The lease ends (released); another local user at once writes a record of that lease id, live
+    and due in an hour, into the shared lock directory (mode 1777): the guard believes only records
+    the daemon (root) or its own user wrote, and stops the engine as the lease ended.  Nor does such
+    a record alone start anything."""
+    from other_user import MALLORY, AsUser, needs_root
+
+    if os.geteuid() != 0:
+        pytest.skip(needs_root.kwargs["reason"])
+    store = LeaseStore(shared_tmp / "locks")
+    lease = store.acquire(["GPU-guard-5"], remote={"remote_from": "198.18.0.9", "expires": time.time() + 600})
+    assert lease is not None
+    assert stat.S_IMODE(os.stat(store.dir).st_mode) == 0o1777  # the default lock directory: anyone may create
+    pidfile = tmp_path / "engine.pid"
+    mallory = None
+    try:
+        r = _guard(store.dir, lease.lease_id, _daemonising(pidfile), "--margin", "3", "--grace", "0.5")
+        assert r.returncode == 0, r.stderr
+        engine = int(pidfile.read_text())
+        lease.release()
+        mallory = AsUser(MALLORY, lambda: _forge(store.dir, lease.lease_id, time.time() + 3600), stay=True)
+        assert mallory.result == "ok forged", mallory.result
+        assert _wait(lambda: not _alive(engine), 10), "a record another user wrote kept the engine running"
+        marker = tmp_path / "ran"
+        r = _guard(store.dir, lease.lease_id, ["touch", str(marker)])
+        assert r.returncode == 3 and not marker.exists()  # nor does it start anything
+    finally:
+        if mallory is not None:
+            mallory.stop()
+        lease.release()
+        if pidfile.exists() and _alive(int(pidfile.read_text())):
+            os.kill(int(pidfile.read_text()), 9)
+
+
+def _flood(locks: Path, n: int) -> object:
+    for i in range(n):
+        fd = os.open(locks / f"lease-junk{i:06d}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(fd)
+    return n
+
+
+def test_another_users_lease_files_do_not_hide_the_guards_lease(shared_tmp: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another local user fills the shared lock directory with files named like lease records: a
+    scan of the directory reads at most MAX_LEASE_FILES of them (4096; cut to 1 here, with 200 such
+    files, so that the scan order cannot save it), so a guard that looked for its lease by scanning
+    would miss it and stop (or not start) another user's engine.  The guard reads its own record only."""
+    from gpusd.alloc import leases as leases_mod
+    from gpusd.engines import hold
+    from other_user import MALLORY, as_user, needs_root
+
+    if os.geteuid() != 0:
+        pytest.skip(needs_root.kwargs["reason"])
+    store = LeaseStore(shared_tmp / "locks")
+    expires = time.time() + 600
+    lease = store.acquire(["GPU-guard-6"], remote={"remote_from": "198.18.0.9", "expires": expires})
+    assert lease is not None
+    try:
+        assert as_user(MALLORY, lambda: _flood(store.dir, 200)) == "ok 200"
+        monkeypatch.setattr(leases_mod, "MAX_LEASE_FILES", 1)
+        assert hold.lease_expires(store, lease.lease_id) == pytest.approx(expires)
+        assert hold.lease_expires(store, "0123456789ab") is False
+    finally:
+        lease.release()
+
+
+def test_a_lock_directory_it_cannot_use_is_a_one_line_error(tmp_path: Path) -> None:
+    """A lock directory open to every user without the sticky bit (anyone could replace the lease
+    record): one ``gpusd:`` line and exit 3, nothing started, no traceback."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    os.chmod(locks, 0o777)
+    marker = tmp_path / "ran"
+    r = _guard(locks, "0123456789ab", ["touch", str(marker)])
+    assert r.returncode == 3 and not marker.exists()
+    assert "Traceback" not in r.stderr and r.stderr.startswith("gpusd: ") and "chmod 1777" in r.stderr, r.stderr

@@ -61,3 +61,40 @@ def test_launch_uses_the_finder_unless_python_is_given() -> None:
         if first == "sh":
             assert sys.executable in cmd.argv
     assert os.path.isabs(sys.executable)
+
+
+def _plant(root: Path) -> str:
+    """As another local user: a "python" at the launching machine's venv path (which this host lacks),
+    in a directory of that user's own, that leaves a mark when it runs."""
+    venv = root / "venv" / "bin"
+    venv.mkdir(parents=True)
+    fake = venv / "python3"
+    fake.write_text(f"#!/bin/sh\ntouch {root}/ran-as-$(id -u)\nexit 0\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_an_interpreter_another_user_could_have_put_there_is_not_run(shared_tmp: Path) -> None:
+    """The launching machine's Python is in a venv under /tmp; on the host, another user has made that
+    path first: the wrapper must not run it (as the user who launched the job), but say so and try
+    the gpusd on PATH."""
+    import pytest
+
+    from other_user import MALLORY, as_user, needs_root
+
+    if os.geteuid() != 0:
+        pytest.skip(needs_root.kwargs["reason"])
+    assert as_user(MALLORY, lambda: _plant(shared_tmp)).startswith("ok ")
+    here = str(shared_tmp / "venv" / "bin" / "python3")
+    r = rank(here, "/usr/bin:/bin")
+    assert not list(shared_tmp.glob("ran-as-*")), "another user's program ran as the launching user"
+    assert r.returncode == 127 and here in r.stderr, r.stderr
+
+
+def test_an_interpreter_in_a_directory_others_may_write_is_not_run(tmp_path: Path) -> None:
+    """The path is this user's, but a directory on the way is writable by everyone (no sticky bit):
+    anyone could have replaced it."""
+    here = _plant(tmp_path)
+    os.chmod(tmp_path / "venv" / "bin", 0o777)
+    r = rank(here, "/usr/bin:/bin")
+    assert not list(tmp_path.glob("ran-as-*")) and r.returncode == 127, r.stderr

@@ -402,6 +402,49 @@ class LeaseStore:
         finally:
             os.close(dfd)
 
+    def lease_of(self, lease_id: str) -> tuple[int, list[LeaseInfo]] | None:
+        """The record of lease ``lease_id`` alone, read as :meth:`leases` reads each (live, typed,
+        confirmed by the kernel): the uid that owns the file and its :class:`LeaseInfo` (one per
+        device), or None when there is no such live record.  No scan of the directory: other users'
+        files (there may be thousands, and a scan reads at most MAX_LEASE_FILES) cannot hide it.  Looked
+        for in this store and its :meth:`peers`, the authority's own directory first: a root daemon's
+        leases are there, where no other user can write, so a record of the same id that another user
+        wrote in the shared directory never hides the daemon's."""
+        for store in sorted((self, *self.peers()), key=lambda st: not st.private):
+            try:
+                got = store._lease_of_here(lease_id)
+            except GpusdError as exc:
+                if store is self:
+                    raise
+                log.warning("%s", exc)
+                continue
+            if got is not None:
+                return got
+        return None
+
+    def _lease_of_here(self, lease_id: str) -> tuple[int, list[LeaseInfo]] | None:
+        name = f"lease-{lease_id}.json"
+        m = _LEASE_NAME.match(name)
+        if m is None:
+            return None
+        dfd = self.open(create=False)
+        if dfd is None:
+            return None
+        try:
+            got = read_live(dfd, name, MAX_LEASE_BYTES, False, single_link=False)
+            if got is None:
+                return None
+            st, raw = got
+            if len(raw) > MAX_LEASE_BYTES:
+                return None
+            record = self._parse(name, raw)
+            if record is None:
+                return None
+            infos = self._believe(dfd, name, m.group(1), st, record, flock_table())
+            return (st.st_uid, infos) if infos else None
+        finally:
+            os.close(dfd)
+
     def _leases(self, dfd: int, cleanup: bool, blockers: bool = False) -> list[LeaseInfo]:
         out: list[LeaseInfo] = []
         try:

@@ -26,7 +26,8 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
   that peer is at its ``per_peer`` share, else of anyone — else the oldest *idle* one (between two
   requests of a keep-alive) of that peer, or of the peer holding the most unsigned connections.
   When every such connection is busy (event streams, requests in progress), the new connection is
-  let in **on probation**, beyond the limits (at most ``reserved`` at once): its first request must
+  let in **on probation**, beyond the limits (at most ``reserved`` at once; beyond, the oldest
+  on probation of the peer that holds the most there is closed): its first request must
   be signed, or it is answered ``503`` (``Retry-After: 5``) and closed.  A signed one is kept, and
   to bring the count back under ``max_connections`` the guard closes the oldest unsigned connection
   (waiting, else idle, else busy) of the peer holding the most.  So a secret holder's connection
@@ -246,7 +247,7 @@ class ConnectionGuard:
         limits, on probation, when the daemon has a share for signed connections; its first request
         must be signed (:meth:`_request_started`).  At most ``reserved`` such connections at once:
         beyond, the oldest of them is closed."""
-        if self.reserved == 0 or (len(self._probation) >= self.reserved and not self._drop_oldest_probation()):
+        if self.reserved == 0 or (len(self._probation) >= self.reserved and not self._drop_oldest_probation(conn)):
             self.refused += 1
             self._warn("refused", "HTTP connection limit (%d) reached with every connection busy or signed: "
                        "refusing new ones; %d refused so far", self.max_connections, self.refused)
@@ -256,11 +257,20 @@ class ConnectionGuard:
         self._probation[conn] = None
         return True
 
-    def _drop_oldest_probation(self) -> bool:
-        """Close the oldest connection on probation (none of them is signed: a signed request takes
-        its connection off probation at once), whatever it is doing: a stranger cannot park
-        connections there (with requests the access layer refuses before the guard hears of them)."""
-        victim = next(iter(self._probation), None)
+    def _drop_oldest_probation(self, newcomer: _GuardedProtocol) -> bool:
+        """Close the oldest connection on probation of the peer holding the most of them, counting
+        ``newcomer`` as its peer's (none of them is signed: a signed request takes its connection off
+        probation at once), whatever it is doing: a stranger cannot park connections there (with
+        requests the access layer refuses before the guard hears of them).  The heaviest peer's, not
+        simply the oldest: a secret holder's connection is on probation until its first request
+        arrives, and a stranger opening connections meanwhile must close its own, never that one."""
+        count: dict[str, int] = {newcomer.peer: 1}
+        for c in self._probation:
+            count[c.peer] = count.get(c.peer, 0) + 1
+        heaviest = max(count.values())
+        victim = next((c for c in self._probation if count[c.peer] == heaviest), None)
+        if victim is None:  # the newcomer's own peer is the heaviest, with nothing older here: the oldest
+            victim = next(iter(self._probation), None)
         if victim is None:
             return False
         self.evicted += 1

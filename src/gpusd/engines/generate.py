@@ -114,14 +114,28 @@ RANK_MODULE = "gpusd.engines.rank_gpu"
 # machine's own interpreter where the same path exists on the host and imports gpusd (a venv on a
 # shared home, an identical image), else the one of the ``gpusd`` command on the host's PATH (its
 # #! line); otherwise a message that says what was tried, and exit 127.  $1: this machine's path.
+# A path from the launching machine names whatever is at that path on the host: it is run only when
+# it, the file it resolves to, and every directory above either belong to root or the user and no
+# one else may write them (a sticky directory such as /tmp excepted): another user of the host could
+# otherwise have made /tmp/venv/bin/python3 first, and the job would run it as the user.
+_OURS = (
+    'gpusd_ours() { me=$(id -u); for p in "$1" "$(readlink -f -- "$1" 2>/dev/null)"; do '
+    '[ -n "$p" ] || return 1; while :; do '
+    's=$(stat -L -c "%u %a" -- "$p" 2>/dev/null) || return 1; u=${s%% *}; m=${s#* }; '
+    '[ "$u" = 0 ] || [ "$u" = "$me" ] || return 1; '
+    'if [ $((0$m & 022)) -ne 0 ] && { [ ! -d "$p" ] || [ $((0$m & 01000)) -eq 0 ]; }; then return 1; fi; '
+    '[ "$p" = / ] && break; p=$(dirname -- "$p"); done; done; }; '
+)
 FIND_PYTHON = (
-    'here=$1; shift; '
-    f'if [ -x "$here" ] && "$here" -c "import {RANK_MODULE}" 2>/dev/null; then exec "$here" -m {RANK_MODULE} "$@"; fi; '
+    'here=$1; shift; ' + _OURS +
+    f'if [ -x "$here" ] && gpusd_ours "$here" && "$here" -c "import {RANK_MODULE}" 2>/dev/null; then '
+    f'exec "$here" -m {RANK_MODULE} "$@"; fi; '
     'g=$(command -v gpusd 2>/dev/null); py=; '
     'if [ -n "$g" ]; then py=$(sed -n "1s/^#! *//p" "$g" 2>/dev/null); fi; '
     f'if [ -n "$py" ] && $py -c "import {RANK_MODULE}" 2>/dev/null; then exec $py -m {RANK_MODULE} "$@"; fi; '
     'echo "gpusd launch: no Python with gpusd on $(hostname): tried $here (the path on the launching machine:'
-    ' missing here or without gpusd) and the gpusd on PATH (${g:-not found}${py:+, #!$py});'
+    ' missing here, without gpusd, or where another user could have put it) and the gpusd on PATH'
+    ' (${g:-not found}${py:+, #!$py});'
     ' install gpusd there or give gpusd launch --python PATH" >&2; exit 127'
 )
 

@@ -112,11 +112,21 @@ def stop_all(grace: float) -> None:
 
 def lease_expires(store: LeaseStore, lease_id: str) -> float | bool:
     """When the daemon ends lease ``lease_id`` unless renewed (epoch, this host's clock); True for a
-    lease without an end (a local one); False when no live lease of that id is here."""
-    for info in store.leases():
-        if info.lease_id == lease_id:
-            return float(info.expires) if info.expires is not None else True
-    return False
+    lease without an end (a local one); False when no live lease of that id is here.
+
+    Only the record of that lease is read (:meth:`LeaseStore.lease_of`, no scan that other users'
+    files could fill), and it is believed only when root (the daemon that holds remote leases) or
+    this user owns the file: the lock directory is open to every local user (mode 1777), and once
+    the daemon removes the record of a lease that ended, anyone may write one of that id, live and
+    due in a year, which would keep the engine running on GPUs the daemon has freed."""
+    got = store.lease_of(lease_id)
+    if got is None:
+        return False
+    owner, infos = got
+    if owner not in (0, os.getuid()):
+        return False
+    expires = infos[0].expires
+    return float(expires) if expires is not None else True
 
 
 def _set_subreaper() -> None:
@@ -155,7 +165,8 @@ def hold(lease_id: str, cmd: Sequence[str], margin: float, grace: float) -> int:
     store = LeaseStore()
     if lease_expires(store, lease_id) is False:
         print(f"gpusd: no lease {lease_id} in this host's lock directory ({store.dir}): not starting "
-              f"{cmd[0]} (is the daemon's lock directory $GPUSD_LOCK_DIR here?)", file=sys.stderr, flush=True)
+              f"{cmd[0]} (is the daemon's lock directory $GPUSD_LOCK_DIR here? a record is believed only when "
+              "root, the daemon, or you own it)", file=sys.stderr, flush=True)
         return NO_LEASE
     sys.stdout.flush()
     sys.stderr.flush()
@@ -266,7 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no command given: -- CMD ARGS")
     if not (0 < args.margin <= 3600 and 0 <= args.grace < args.margin):
         p.error("--margin must be 0-3600 seconds and --grace below it")
-    return hold(args.lease, cmd, args.margin, args.grace)
+    from ..errors import GpusdError
+
+    try:
+        return hold(args.lease, cmd, args.margin, args.grace)
+    except GpusdError as exc:  # before anything started: the lock directory cannot be used
+        print(f"gpusd: {exc}; not starting {cmd[0]}", file=sys.stderr)
+        return NO_LEASE
 
 
 if __name__ == "__main__":

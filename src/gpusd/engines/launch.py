@@ -96,7 +96,7 @@ def _iface_lines(cmd: HostCommand) -> str:
     for var in cmd.iface_env:
         hint = (f"gpusd: cannot tell which interface carries {address} here (no ip command?); if {var} must be "
                 f"set (the host name resolves to loopback), give gpusd launch --env {var}=IFACE")
-        out.append(f'if [ -z "${{{var}-}}" ]; then gpusd_if=$(ip -o addr show to {address} 2>/dev/null | '
+        out.append(f'if [ -z "${{{var}-}}" ]; then gpusd_if=$(ip -o addr show to {shlex.quote(address)} 2>/dev/null | '
                    "awk '{print $2; exit}'); "
                    f'if [ -n "$gpusd_if" ]; then {var}=$gpusd_if; export {var}; '
                    f"else echo {shlex.quote(hint)} >&2; fi; fi\n")

@@ -25,7 +25,6 @@ JSON form (``gpusd hostfile --format json`` prints the same)::
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import secrets
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import GpusdError
+from ..sanitize import ip_word
 
 MAX_HOSTS = 1024
 MAX_GPUS_PER_HOST = 256
@@ -52,11 +52,8 @@ def valid_host(text: str) -> bool:
     an option (a leading ``-``), ``user@``, a URL, a port, spaces or control characters."""
     if not isinstance(text, str) or not text:
         return False
-    try:
-        ipaddress.ip_address(text)
+    if ip_word(text):  # an IPv6 scope id only of interface-name characters (never ``%;reboot``)
         return True
-    except ValueError:
-        pass
     return _NAME.fullmatch(text) is not None and ".." not in text
 
 

@@ -343,13 +343,11 @@ def decode_addresses(value: object) -> tuple[str, ...]:
 
 
 def _ip(text: str) -> bool:
-    import ipaddress
+    """An IP address that is one safe word (:func:`gpusd.sanitize.ip_word`: no scope id such as
+    ``%;reboot``): what a client may put in a hostfile or a remote shell."""
+    from ..sanitize import ip_word
 
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    return ip_word(text)
 
 
 def _apply(headers: MutableMapping[str, str], params: str, key: bytes, base: bytes) -> None:
