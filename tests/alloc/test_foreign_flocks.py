@@ -126,7 +126,8 @@ async def test_foreign_flocks_do_not_stop_a_remote_lease(shared_locks, tmp_path)
             granted = []
             for _ in range(2):  # both GPUs: neither of her flocks counts
                 r = await asyncio.to_thread(request_json, "POST", url, {"count": 1, "holder": "alice@laptop",
-                                                                        "ttl": 30}, key=FleetKey(token))
+                                                                        "ttl": 30}, key=FleetKey(token),
+                                            node_id=d.node_id)
                 assert r.status == 201, r.data
                 granted.append(r.data["lease_id"])
             held = [le for le in LeaseStore().leases() if not le.unleased]
