@@ -29,8 +29,10 @@ def _interactive() -> bool:
 
 
 def run_with(selection: Selection, cmd: Sequence[str]) -> int:
-    env = dict(os.environ)
-    env.update(selection.env())
+    from ..inventory.vendors import job_environ
+
+    env = job_environ(os.environ, selection.visible, use_uuid=selection.use_uuid)
+    env.update({k: v for k, v in selection.env().items() if k == "GPUSD_LEASE"})
     fds = list(selection.lease.fds) if selection.lease else []
     try:
         proc = subprocess.Popen(list(cmd), env=env, pass_fds=fds)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError, NoGpuAvailable
-from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance
+from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
 from ..units import format_bytes, parse_memory
 
 RANKINGS = ("load", "util", "memory")
@@ -67,6 +67,8 @@ class Constraints:
     shared: bool = _option(False, flags=("--share",), switch=True, keyword="share",
                            help="share GPUs with other --share jobs (packed by --memory) instead of an exclusive lease")
     within_visible: bool = _option(True, help="only inside an inherited CUDA_VISIBLE_DEVICES")
+    vendor: str | None = _option(flags=("--vendor",), choices=VENDORS,
+                                 help="only GPUs of this vendor: nvidia, amd or intel (default: any)")
 
     @classmethod
     def from_keywords(cls, **values: Any) -> Constraints:
@@ -82,12 +84,15 @@ class Constraints:
     def build(cls, count: int = 1, min_free: str | int | float | None = None, memory: str | int | None = None,
               max_util: float | None = None, max_processes: int | None = None,
               include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
-              mig: bool = False, by: str = "load", shared: bool = False, within_visible: bool = True) -> Constraints:
+              mig: bool = False, by: str = "load", shared: bool = False, within_visible: bool = True,
+              vendor: str | None = None) -> Constraints:
         """Validate user-facing values (``"8GiB"``, ``"0,2"``...) into constraints; ConfigError if bad."""
         if not isinstance(count, int) or count < 1:
             raise ConfigError(f"count must be a positive integer, not {count!r}")
         if by not in RANKINGS:
             raise ConfigError(f"--by must be one of {', '.join(RANKINGS)}, not {by!r}")
+        if vendor is not None and vendor not in VENDORS:
+            raise ConfigError(f"--vendor must be one of {', '.join(VENDORS)}, not {str(vendor)[:40]!r}")
         try:
             mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
         except ValueError as exc:
@@ -111,7 +116,7 @@ class Constraints:
             mf = mem
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
-                   within_visible=within_visible)
+                   within_visible=within_visible, vendor=vendor)
 
 
 def keyword_of(name: str) -> str:
@@ -193,10 +198,11 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     return out
 
 
-def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None) -> bool:
+def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None, cuda: bool = False) -> bool:
+    index = gpu.device_index if cuda else gpu.index
     for t in tokens:
         if t.isdigit():
-            if mig is None and int(t) == gpu.index:
+            if mig is None and int(t) == index:
                 return True
         elif mig is not None and mig.uuid.startswith(t):
             return True
@@ -288,9 +294,12 @@ def _need(c: Constraints, total: int | None) -> int | None:
 
 def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list[str] | None,
             leases: list[LeaseInfo], label: str, uuid: str) -> str | None:
+    if c.vendor is not None and gpu.vendor != c.vendor:
+        return f"GPU {label}: {gpu.vendor}, not {c.vendor} (--vendor)"
     if not gpu.healthy:
         return f"GPU {label}: unhealthy ({gpu.error or 'unknown'})"
-    if visible is not None and not _matches(visible, gpu, mig):
+    # An inherited CUDA_VISIBLE_DEVICES counts NVIDIA GPUs (by their CUDA number) only.
+    if visible is not None and gpu.vendor == "nvidia" and not _matches(visible, gpu, mig, cuda=True):
         return f"GPU {label}: outside the inherited CUDA_VISIBLE_DEVICES"
     if c.include is not None and not _matches(c.include, gpu, mig):
         return f"GPU {label}: not in --include"

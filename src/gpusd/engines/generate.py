@@ -41,11 +41,14 @@ class HostCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # name -> content, written before the command starts
+    unset: tuple[str, ...] = ()  # variables the command must not inherit (an AMD host's HIP_VISIBLE_DEVICES...)
 
     def shell(self) -> str:
-        """One line for a POSIX shell on that host: ``VAR=value ... argv``."""
+        """One line for a POSIX shell on that host: ``VAR=value ... argv`` (after ``unset VAR;``
+        for what must not be inherited)."""
         words = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [shlex.quote(a) for a in self.argv]
-        return " ".join(words)
+        head = f"unset {' '.join(self.unset)}; " if self.unset else ""
+        return head + " ".join(words)
 
 
 # -- DeepSpeed ------------------------------------------------------------------------------------------
@@ -91,7 +94,7 @@ def rank_gpus(p: Placement) -> str:
     the placement has MIG slices)."""
     parts = []
     for h in p.hosts:
-        devices = h.cuda_env()["CUDA_VISIBLE_DEVICES"]
+        devices = h.cuda_env()[h.device_variable]
         parts.append(f"{h.ssh_host}={devices}")
     return ";".join(parts)
 
@@ -150,7 +153,8 @@ def torchrun_argv(p: Placement, slot: HostSlot, args: Sequence[str], port: int =
 
 def torchrun_commands(p: Placement, args: Sequence[str], port: int = RDZV_PORT,
                       extra: Sequence[str] = ()) -> list[HostCommand]:
-    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env()) for i, h in enumerate(p.hosts)]
+    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env(), unset=h.cleared())
+            for i, h in enumerate(p.hosts)]
 
 
 # -- Ray ------------------------------------------------------------------------------------------------
@@ -160,7 +164,9 @@ def ray_address(p: Placement, port: int = RAY_PORT) -> str:
 
 def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Sequence[str] = ()) -> list[HostCommand]:
     """``ray start --head`` on the head, ``ray start --address=HEAD:PORT`` on the others, each with
-    ``--num-gpus`` and ``CUDA_VISIBLE_DEVICES`` limited to the GPUs of the placement there."""
+    ``--num-gpus`` and the GPUs of the placement there made visible as Ray reads them: NVIDIA
+    ``CUDA_VISIBLE_DEVICES``, AMD ``HIP_VISIBLE_DEVICES`` (Ray raises when ``ROCR_VISIBLE_DEVICES`` is
+    set: it is unset), Intel ``ZE_AFFINITY_MASK``."""
     out = []
     for i, h in enumerate(p.hosts):
         if i == 0:
@@ -168,7 +174,7 @@ def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Se
         else:
             argv = [ray, "start", f"--address={ray_address(p, port)}", f"--node-ip-address={h.address}"]
         argv += [f"--num-gpus={h.slots}", "--disable-usage-stats", *extra]
-        out.append(HostCommand(h, i, argv, h.cuda_env()))
+        out.append(HostCommand(h, i, argv, h.visible_env("ray"), unset=h.cleared("ray")))
     return out
 
 
@@ -180,7 +186,8 @@ def ray_stop_commands(p: Placement, ray: str = "ray") -> list[HostCommand]:
 def plain_commands(p: Placement, args: Sequence[str]) -> list[HostCommand]:
     """``gpusd launch command``: the same command on every host, with that host's GPUs visible."""
     return [HostCommand(h, i, list(args), {**h.cuda_env(), "GPUSD_NODE_RANK": str(i),
-                                           "GPUSD_NNODES": str(len(p.hosts)), "GPUSD_HEAD": p.head.address})
+                                           "GPUSD_NNODES": str(len(p.hosts)), "GPUSD_HEAD": p.head.address},
+                        unset=h.cleared())
             for i, h in enumerate(p.hosts)]
 
 

@@ -549,9 +549,11 @@ class Supervisor:
 
     # -- the run --------------------------------------------------------------------------------------
     def start_child(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.cuda_visible(),
-                    "GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
+        from ..inventory.vendors import Visible, job_environ
+
+        env = job_environ(os.environ, [Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs],
+                          use_uuid=self.use_uuid)
+        env.update({"GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
                     "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.notify_signal).name,
                     "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME),
                     "GPUSD_GPU_COUNT": str(len(self.devs))})
