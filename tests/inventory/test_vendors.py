@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+
 import tests_paths
 from conftest import gpusd_cli
-
 from gpusd.engines.generate import plain_commands, ray_commands
 from gpusd.engines.placement import Placement, PlacementError
 from gpusd.inventory.simulated import SimulatedBackend
@@ -155,7 +155,8 @@ print(M.get_visible_accelerator_ids_env_var(), ",".join(M.get_current_process_vi
 """
 
 
-def _ray_sees(env: dict[str, str], unset: tuple[str, ...], inherited: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _ray_sees(env: dict[str, str], unset: tuple[str, ...],
+              inherited: dict[str, str]) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("ray._private.accelerators.amd_gpu", reason="ray is not installed")
     return subprocess.run([sys.executable, "-c", RAY_CHECK, json.dumps({**env, "__unset__": list(unset)})],
                           capture_output=True, text=True, env=_env(**inherited), timeout=120)
