@@ -200,3 +200,28 @@ def test_is_free_and_ranking_are_the_same_for_every_vendor() -> None:
     snap = HostSnapshot("h", "n", 0.0, [gpu(0, "nvidia", 50), gpu(1, "amd", 1), gpu(2, "intel", 20)])
     assert [g.is_free for g in snap.gpus] == [False, True, False]
     assert [c.gpu.vendor for c in choose(snap, Constraints.build(count=3))] == ["amd", "intel", "nvidia"]
+
+
+def test_metrics_carry_amd_exporter_names_for_amd_gpus_and_dcgm_names_for_nvidia_only() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpusd.daemon.metrics import render_snapshots
+
+    snap = SimulatedBackend("1xA100-80GB,1xMI300X", host="mixed-1").snapshot()
+    text = render_snapshots([snap], dcgm=True).decode()
+    series = [(s.name, dict(s.labels), s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+    amd = snap.gpus[1]
+    gfx = [(labels, v) for name, labels, v in series if name == "gpu_gfx_activity"]
+    assert len(gfx) == 1 and gfx[0][1] == amd.utilization_gpu
+    labels = gfx[0][0]
+    assert (labels["gpu_id"], labels["gpu_uuid"], labels["hostname"], labels["card_model"]) == (
+        "0", amd.uuid, "mixed-1", "AMD Instinct MI300X")
+    assert labels["gpu_compute_partition_type"] == "spx" and labels["gpu_memory_partition_type"] == "nps1"
+    vram = [v for name, _, v in series if name == "gpu_total_vram"]
+    assert vram == [192 * 1024]  # MB, as the exporter counts
+    dcgm = [labels["UUID"] for name, labels, _ in series if name == "DCGM_FI_DEV_GPU_UTIL"]
+    assert dcgm == [snap.gpus[0].uuid]  # the NVIDIA GPU only
+    info = {labels["uuid"]: labels["vendor"] for name, labels, _ in series if name == "gpusd_gpu_info"}
+    assert info == {snap.gpus[0].uuid: "nvidia", amd.uuid: "amd"}
+    nvidia_only = render_snapshots([SimulatedBackend("1xA100-80GB").snapshot()], dcgm=True).decode()
+    assert "gpu_gfx_activity" not in nvidia_only
