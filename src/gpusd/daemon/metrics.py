@@ -171,7 +171,8 @@ class DcgmCollector:
             for g in snap.gpus:
                 if g.vendor != "nvidia":
                     continue  # DCGM's names are NVIDIA's (AMD GPUs: AmdExporterCollector)
-                labels = [str(g.device_index), g.uuid, f"nvidia{g.device_index}", g.name or "", snap.hostname, snap.hostname,
+                n = g.device_index
+                labels = [str(n), g.uuid, f"nvidia{n}", g.name or "", snap.hostname, snap.hostname,
                           g.pci_bus_id or "", snap.driver_version or ""]
                 for name, (_, read) in _DCGM_GAUGES.items():
                     value = read(g)
