@@ -231,7 +231,7 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         else:
             mem = util = temp = power = "-"
             state = "announced (hwsd)"
-        name = display_name(g.name)
+        name = display_name(g.name) if g.vendor == "nvidia" else f"{display_name(g.name)} [{for_terminal(g.vendor, 8)}]"
         if d.simulated:
             state += " [sim]"
         if d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
