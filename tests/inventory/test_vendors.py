@@ -225,3 +225,32 @@ def test_metrics_carry_amd_exporter_names_for_amd_gpus_and_dcgm_names_for_nvidia
     assert info == {snap.gpus[0].uuid: "nvidia", amd.uuid: "amd"}
     nvidia_only = render_snapshots([SimulatedBackend("1xA100-80GB").snapshot()], dcgm=True).decode()
     assert "gpu_gfx_activity" not in nvidia_only
+
+
+def test_mpi_ranks_on_an_amd_host_get_rocr_from_the_rank_wrapper() -> None:
+    from gpusd.engines.generate import rank_gpus
+
+    p = Placement.from_dict({"hosts": [{"hostname": "a100", "gpus": [3]}, AMD_PLACEMENT["hosts"][0]]})
+    text = rank_gpus(p)
+    assert text == "a100=3;mi300-a=amd:GPU-00000000000000a0,amd:GPU-00000000000000a2"
+    code = 'import os; print(os.environ.get("ROCR_VISIBLE_DEVICES"), os.environ.get("HIP_VISIBLE_DEVICES", "-"))'
+    r = subprocess.run([sys.executable, "-m", "gpusd.engines.rank_gpu", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=60,
+                       env=_env(GPUSD_RANK_GPUS=text, OMPI_COMM_WORLD_RANK="2", OMPI_COMM_WORLD_LOCAL_RANK="1",
+                                HIP_VISIBLE_DEVICES="0"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["GPU-00000000000000a2", "-"]
+
+
+def test_a_reservation_on_an_amd_host_becomes_an_amd_placement() -> None:
+    from gpusd.pool.client import HostLease, Reservation
+
+    devices = [{"index": 2, "uuid": "GPU-00000000000000a0", "vendor": "amd", "vendor_index": 0}]
+    lease = HostLease("0123456789abcdef", "mi300-a", "node", "https://x", None, devices, {}, 60.0, 0.0,
+                      ["198.18.0.5"])
+    slot = Reservation([lease], key=None).to_placement().head  # type: ignore[arg-type]
+    assert (slot.vendor, slot.gpus, slot.address) == ("amd", (0,), "198.18.0.5")
+    assert slot.visible_env() == {"ROCR_VISIBLE_DEVICES": "GPU-00000000000000a0"}
+    old = [{"index": 1, "uuid": "GPU-1"}]  # a 0.2 daemon's answer: NVIDIA, by index
+    lease = HostLease("0123456789abcdef", "n", "node", "https://x", None, old, {}, 60.0, 0.0, [])
+    assert Reservation([lease], key=None).to_placement().head.cuda_env()["CUDA_VISIBLE_DEVICES"] == "1"  # type: ignore[arg-type]

@@ -95,6 +95,8 @@ def rank_gpus(p: Placement) -> str:
     parts = []
     for h in p.hosts:
         devices = h.cuda_env()[h.device_variable]
+        if h.vendor != "nvidia":  # the wrapper sets that vendor's variables (rank_gpu)
+            devices = ",".join(f"{h.vendor}:{d}" for d in devices.split(","))
         parts.append(f"{h.ssh_host}={devices}")
     return ";".join(parts)
 
