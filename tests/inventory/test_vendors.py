@@ -254,3 +254,14 @@ def test_a_reservation_on_an_amd_host_becomes_an_amd_placement() -> None:
     old = [{"index": 1, "uuid": "GPU-1"}]  # a 0.2 daemon's answer: NVIDIA, by index
     lease = HostLease("0123456789abcdef", "n", "node", "https://x", None, old, {}, 60.0, 0.0, [])
     assert Reservation([lease], key=None).to_placement().head.cuda_env()["CUDA_VISIBLE_DEVICES"] == "1"  # type: ignore[arg-type]
+
+
+def test_a_hostile_vendor_from_the_network_is_shown_sanitised_and_never_placed() -> None:
+    from gpusd.cli.table import gpu_rows
+
+    snap = HostSnapshot.from_dict({"hostname": "h", "node_id": "n", "timestamp": 1.0, "gpus": [
+        {"index": 0, "uuid": "GPU-1", "name": "X", "vendor": "\x1b]0;owned\x07amd"}]})
+    cell = gpu_rows(snap)[0][1]
+    assert "\x1b" not in cell and "\x07" not in cell
+    with pytest.raises(PlacementError):
+        Placement.from_dict({"hosts": [{"hostname": "h", "gpus": [0], "vendor": snap.gpus[0].vendor}]})
