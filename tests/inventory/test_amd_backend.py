@@ -109,3 +109,42 @@ def test_library_errors_are_one_line(fake_amdsmi, tmp_path) -> None:
     assert "no ROCm library libamd_smi.so" in r.stderr
     r = gpusd_cli(["devices"], env={**_env(fake_amdsmi), "PYTHONPATH": str(tests_paths.SRC)})
     assert r.returncode != 0 and "the amdsmi package is not installed" in r.stderr
+
+
+def test_a_host_with_nvidia_and_amd_gpus_is_one_host(fake_amdsmi, fake_nvml) -> None:
+    from fakenvml import make_gpus
+
+    fake_nvml.write(make_gpus(2))
+    fake_amdsmi.write(_two())
+    env = {**fake_nvml.env(_env(fake_amdsmi)), "GPUSD_BACKENDS": "nvidia,amd"}
+    r = gpusd_cli(["devices", "--json"], env=env)
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert snap["backend"] == "nvml+amdsmi"
+    assert [(g["index"], g["vendor"], g["vendor_index"]) for g in snap["gpus"]] == [
+        (0, "nvidia", None), (1, "nvidia", None), (2, "amd", 0), (3, "amd", 1)]
+    r = gpusd_cli(["run", "-n", "1", "--vendor", "amd", "--include", "3", "--", "env"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ROCR_VISIBLE_DEVICES=GPU-00000000000000b1" in r.stdout.splitlines()
+    assert not any(line.startswith("CUDA_VISIBLE_DEVICES=") for line in r.stdout.splitlines())
+    r = gpusd_cli(["run", "-n", "1", "--vendor", "nvidia", "--", "env"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert not any(line.startswith("ROCR_VISIBLE_DEVICES=") for line in r.stdout.splitlines())
+    assert any(line.startswith("CUDA_VISIBLE_DEVICES=") for line in r.stdout.splitlines())
+
+
+def test_by_default_every_vendor_that_opens_is_read_and_one_that_fails_is_skipped(fake_amdsmi, fake_nvml) -> None:
+    from fakenvml import make_gpus
+
+    fake_nvml.write(make_gpus(1))
+    fake_amdsmi.write(_two())
+    env = fake_nvml.env(_env(fake_amdsmi))
+    env.pop("GPUSD_BACKENDS")
+    snap = json.loads(gpusd_cli(["devices", "--json"], env=env).stdout)
+    assert [g["vendor"] for g in snap["gpus"]] == ["nvidia", "amd", "amd"]
+    fake_amdsmi.write(_two(), init_status=34)  # the amdgpu driver not loaded: the NVIDIA GPU alone
+    r = gpusd_cli(["devices", "--json"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert [g["vendor"] for g in json.loads(r.stdout)["gpus"]] == ["nvidia"]
+    r = gpusd_cli(["devices"], env={**env, "GPUSD_BACKENDS": "nvidia,amd"})  # named: it must work
+    assert r.returncode != 0 and "amdgpu driver is not loaded" in r.stderr
