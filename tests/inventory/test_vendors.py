@@ -265,3 +265,21 @@ def test_a_hostile_vendor_from_the_network_is_shown_sanitised_and_never_placed()
     assert "\x1b" not in cell and "\x07" not in cell
     with pytest.raises(PlacementError):
         Placement.from_dict({"hosts": [{"hostname": "h", "gpus": [0], "vendor": snap.gpus[0].vendor}]})
+
+
+def test_the_lease_protocol_carries_the_vendor_and_refuses_an_unknown_one() -> None:
+    from gpusd.alloc.authority import request
+    from gpusd.alloc.select import Constraints
+    from gpusd.daemon.leasereq import request as parse_request
+    from gpusd.errors import ConfigError
+
+    line = json.dumps({**request(Constraints.build(vendor="amd")), "wait": False, "timeout": None}).encode()
+    kwargs = parse_request(line)
+    assert kwargs["vendor"] == "amd"
+    for k in ("wait", "timeout", "command", "visible"):
+        kwargs.pop(k)
+    assert Constraints.build(**kwargs).vendor == "amd"
+    assert "vendor" not in request(Constraints.build())  # an older daemon sees the request it knows
+    bad = parse_request(line.replace(b'"amd"', b'"3dfx"'))
+    with pytest.raises(ConfigError, match="--vendor"):
+        Constraints.build(**{k: v for k, v in bad.items() if k not in ("wait", "timeout", "command", "visible")})
