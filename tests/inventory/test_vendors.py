@@ -283,3 +283,14 @@ def test_the_lease_protocol_carries_the_vendor_and_refuses_an_unknown_one() -> N
     bad = parse_request(line.replace(b'"amd"', b'"3dfx"'))
     with pytest.raises(ConfigError, match="--vendor"):
         Constraints.build(**{k: v for k, v in bad.items() if k not in ("wait", "timeout", "command", "visible")})
+
+
+def test_a_job_on_an_amd_gpu_gets_rocr_and_its_job_file_says_so(tmp_path) -> None:
+    code = ("import json, os; d = json.load(open(os.environ['GPUSD_JOB_FILE'])); "
+            "print(os.environ.get('ROCR_VISIBLE_DEVICES'), os.environ.get('CUDA_VISIBLE_DEVICES', '-'), "
+            "d['cuda_visible_devices'], d['env'].get('ROCR_VISIBLE_DEVICES'))")
+    r = gpusd_cli(["run", "-n", "1", "--vendor", "amd", "--simulate", "1xA100-80GB,1xMI300X", "--",
+                   sys.executable, "-c", code], env=_env())
+    assert r.returncode == 0, r.stderr
+    uuid = SimulatedBackend("1xA100-80GB,1xMI300X").snapshot().gpus[1].uuid
+    assert r.stdout.split() == [uuid, "-", uuid, uuid]
