@@ -23,6 +23,9 @@ __all__ = ["DEVICE_VARIABLE", "Visible", "cleared", "visible_env", "cuda_env", "
            "set_cuda_visible_devices", "cuda_initialized", "CudaAlreadyInitializedWarning"]
 
 
+_DEVICE_LISTS = ("_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")  # the variables named in the warning
+
+
 class CudaAlreadyInitializedWarning(RuntimeWarning):
     """CUDA_VISIBLE_DEVICES was set in a process where CUDA is already initialised."""
 
@@ -72,8 +75,9 @@ def apply_env(variables: dict[str, str], environ: MutableMapping[str, str] | Non
         why = cuda_initialized()
         if why:
             warnings.warn(
-                f"CUDA is already initialised in this process ({why}): setting CUDA_VISIBLE_DEVICES="
-                f"{variables.get('CUDA_VISIBLE_DEVICES')} now has no effect. Set it before CUDA starts "
+                f"CUDA is already initialised in this process ({why}): setting "
+                f"{' '.join(f'{k}={v}' for k, v in variables.items() if k.endswith(_DEVICE_LISTS))} now has no "
+                "effect. Set it before CUDA starts "
                 "(before importing torch & co.), or launch the job with `gpusd run`.",
                 CudaAlreadyInitializedWarning,
                 stacklevel=stacklevel,
