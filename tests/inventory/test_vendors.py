@@ -113,8 +113,7 @@ def test_select_apply_and_set_cuda_visible_devices_follow_the_vendor(monkeypatch
 def test_gpu_optimizer_sets_the_vendors_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_optimizer import GpuOptimizer
 
-    monkeypatch.setenv("GPUSD_SIMULATE", "1xMAX1550")
-    assert GpuOptimizer().set_visible(1) == [0]
+    assert GpuOptimizer(simulate="1xMAX1550").set_visible(1) == [0]  # the simulation given, not in the env
     assert os.environ["ZE_AFFINITY_MASK"] == "0" and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
