@@ -96,10 +96,26 @@ def apply_visible(devices: Iterable[Visible], *, use_uuid: bool = False,
     return variables
 
 
+def _other_vendors_possible() -> bool:
+    """Whether this process could see GPUs that are not NVIDIA's (a simulation, or the AMD or Intel
+    package installed): only then does ``set_cuda_visible_devices`` read the inventory."""
+    import importlib.util
+
+    if os.environ.get("GPUSD_SIMULATE"):
+        return True
+    backends = os.environ.get("GPUSD_BACKENDS", "")
+    if backends and backends != "auto":
+        return any(v in backends for v in ("amd", "intel"))
+    return any(importlib.util.find_spec(m) is not None for m in ("amdsmi", "pyzes"))
+
+
 def _resolve(items: list[int | str]) -> list[Visible] | None:
     """The local GPUs ``items`` name (gpusd indices or UUIDs), with their vendors; None where the
     local inventory cannot be read or does not know one of them."""
     from ..errors import GpusdError
+
+    if not _other_vendors_possible():
+        return None  # an NVIDIA host: no NVML start-up just to learn that
 
     try:
         from .api import shared_backend
