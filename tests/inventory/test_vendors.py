@@ -293,3 +293,28 @@ def test_a_job_on_an_amd_gpu_gets_rocr_and_its_job_file_says_so(tmp_path) -> Non
     assert r.returncode == 0, r.stderr
     uuid = SimulatedBackend("1xA100-80GB,1xMI300X").snapshot().gpus[1].uuid
     assert r.stdout.split() == [uuid, "-", uuid, uuid]
+
+
+def test_gpusd_ray_up_on_an_amd_host_starts_ray_with_what_rays_amd_code_reads(tmp_path) -> None:
+    pytest.importorskip("ray._private.accelerators.amd_gpu", reason="ray is not installed")
+    out = tmp_path / "seen.txt"
+    fake_ray = tmp_path / "ray"  # stands in for `ray start`: asks Ray's own AMD code what it sees
+    fake_ray.write_text(f"#!{sys.executable}\n" + f"""
+import os, sys
+from ray._private.accelerators.amd_gpu import AMDGPUAcceleratorManager as M
+try:
+    seen = M.get_visible_accelerator_ids_env_var() + " " + ",".join(M.get_current_process_visible_accelerator_ids())
+except RuntimeError as exc:
+    seen = "refused: " + str(exc)
+rocr = "ROCR=" + os.environ.get("ROCR_VISIBLE_DEVICES", "unset")  # would mask before HIP's indices count
+open({str(out)!r}, "w").write(seen + " " + rocr + " " + " ".join(a for a in sys.argv[1:] if a.startswith("--num")))
+""")
+    fake_ray.chmod(0o755)
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps(AMD_PLACEMENT))
+    r = subprocess.run([sys.executable, "-m", "gpusd", "ray", "up", "--placement", str(path), "--ray", str(fake_ray),
+                        "--state-dir", str(tmp_path / "state")],
+                       capture_output=True, text=True, timeout=120,
+                       env=_env(ROCR_VISIBLE_DEVICES="GPU-00000000000000a0"))  # as inside `gpusd run` on AMD
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == "HIP_VISIBLE_DEVICES 0,2 ROCR=unset --num-gpus=2"
