@@ -265,7 +265,8 @@ class SimulatedBackend:
             timestamp=t,
             gpus=gpus,
             driver_version=self.driver_version,
-            cuda_version=self.cuda_version,
+            # CUDA only where an NVIDIA GPU is simulated (an MI300X-only host has none)
+            cuda_version=self.cuda_version if any(g.vendor == "nvidia" for g in gpus) else None,
             nvml_version=None,
             backend="simulated",
             simulated=True,
