@@ -15,8 +15,10 @@ from typing import Iterator, Sequence
 
 import pytest
 
+from fakeamdsmi.fixtures import fake_amdsmi, fake_amdsmi_root  # noqa: F401
 from fakenvml import FakeGPU, FakeNvml, make_gpus  # noqa: F401  (re-exported for tests)
 from fakenvml.fixtures import fake_nvml, fake_nvml_inprocess, fake_nvml_libdir  # noqa: F401
+from fakeze.fixtures import fake_ze, fake_ze_lib  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +29,11 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("GPUSD_LOCK_DIR", str(base / "locks"))
     monkeypatch.setenv("GPUSD_STATE_DIR", str(base / "state"))
     monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(base / "run" / "lease.sock"))
-    for var in ("GPUSD_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSD_NVML_LIBRARY"):
+    for var in ("GPUSD_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSD_NVML_LIBRARY",
+                # the other vendors' visibility variables and libraries (issue 21)
+                "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK",
+                "ONEAPI_DEVICE_SELECTOR", "ZE_FLAT_DEVICE_HIERARCHY", "GPUSD_AMDSMI_LIBRARY", "GPUSD_ZE_LIBRARY",
+                "GPUSD_BACKENDS"):
         monkeypatch.delenv(var, raising=False)
     yield base
     from gpusd.alloc import api

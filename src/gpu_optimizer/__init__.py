@@ -30,12 +30,13 @@ class GpuOptimizer:
         return [int(g.index) for g in sel.gpus]
 
     def set_visible(self, count: int = 1, **constraints: Any) -> list[int]:
-        """Pick ``count`` GPUs and make them this process's CUDA devices."""
+        """Pick ``count`` GPUs and make them this process's devices (``CUDA_VISIBLE_DEVICES`` for
+        NVIDIA GPUs, the vendor's variable for AMD and Intel ones: gpusd.inventory.vendors)."""
         import gpusd
 
-        gpus = self.get_min_load_gpus(count, **constraints)
-        gpusd.set_cuda_visible_devices(gpus)
-        return gpus
+        sel = gpusd.select(count, by=self.by, lease=False, simulate=self.simulate, **constraints)
+        sel.apply()
+        return [int(g.index) for g in sel.gpus]
 
 
 __all__ = ["GpuOptimizer"]

@@ -79,6 +79,14 @@ class Job:
         return str(self.data.get("cuda_visible_devices") or os.environ.get("CUDA_VISIBLE_DEVICES") or "")
 
     @property
+    def env(self) -> dict[str, str]:
+        """The variables that make the job's GPUs visible now (each vendor's: docs/inventory.md)."""
+        raw = self.data.get("env")
+        if isinstance(raw, dict):
+            return {str(k): str(v) for k, v in raw.items() if isinstance(v, str)}
+        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices} if self.cuda_visible_devices else {}
+
+    @property
     def devices(self) -> list[str]:
         """The job's GPUs now, as CUDA_VISIBLE_DEVICES entries (indices, or UUIDs)."""
         return [x for x in self.cuda_visible_devices.split(",") if x]

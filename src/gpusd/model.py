@@ -300,6 +300,20 @@ class GpuInfo:
     numa_node: int | None = None
     local_cpus: str | None = None
     links: list[GpuLink] = field(default_factory=list, metadata={"max": 256})
+    # Issue 21 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
+    # runtime (CUDA, ROCm, Level Zero), which is what that vendor's visibility variable counts.
+    # ``index`` stays unique on the host; on a one-vendor host both are the same.
+    vendor: str = "nvidia"  # "nvidia", "amd" or "intel" (VENDORS)
+    vendor_index: int | None = None  # None: the same as ``index``
+    compute_partition: str | None = None  # AMD: "SPX", "DPX", "QPX", "CPX"; None: not partitionable
+    memory_partition: str | None = None  # AMD: "NPS1", "NPS4"
+    subdevices: int | None = None  # Intel: stacks (tiles) of the card; None: not reported
+
+    @property
+    def device_index(self) -> int:
+        """The GPU's number for its vendor's runtime (what ``CUDA_VISIBLE_DEVICES``,
+        ``ZE_AFFINITY_MASK`` or ``HIP_VISIBLE_DEVICES`` count)."""
+        return self.index if self.vendor_index is None else self.vendor_index
 
     @property
     def memory_used_ratio(self) -> float | None:
@@ -336,7 +350,7 @@ class HostSnapshot:
     driver_version: str | None = None
     cuda_version: str | None = None  # e.g. "12.4"
     nvml_version: str | None = None
-    backend: str = "nvml"  # "nvml" or "simulated"
+    backend: str = "nvml"  # "nvml", "amdsmi", "levelzero", "simulated", or several joined by "+"
     simulated: bool = False
     schema: int = SCHEMA_VERSION
 
@@ -375,6 +389,9 @@ class HostSnapshot:
         return cls.from_dict(data)
 
 
+# The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
+VENDORS = ("nvidia", "amd", "intel")
+
 MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo)
 
 __all__ = [
@@ -386,6 +403,7 @@ __all__ = [
     "ProcessInfo",
     "LeaseInfo",
     "FREE_UTIL",
+    "VENDORS",
     "MAX_NAME",
     "MAX_TEXT",
     "finite",
@@ -396,8 +414,8 @@ FIELD_NAMES = {cls.__name__: [f.name for f in fields(cls)] for cls in MODEL_CLAS
 
 
 # -- how a GPU's name is shown -----------------------------------------------------------------------
-_NAME_PREFIXES = ("NVIDIA ",)  # the vendor, then at most one brand
-_BRAND_PREFIXES = ("GeForce ", "Tesla ")
+_NAME_PREFIXES = ("NVIDIA ", "AMD ", "Intel(R) ")  # the vendor, then at most one brand
+_BRAND_PREFIXES = ("GeForce ", "Tesla ", "Instinct ", "Radeon ", "Data Center GPU ")
 
 
 def display_name(name: str | None) -> str:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
+from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo
 from . import queue
-from .env import apply_env, cuda_env
+from .env import apply_visible
 from .leases import Lease, LeaseStore
 from .priority import NORMAL, load_policy, priority_name
 from .select import Candidate, Constraints, constraint_keywords, explain, never
@@ -77,18 +78,30 @@ class Selection:
     def uuids(self) -> list[str]:
         return [c.uuid for c in self.devices]
 
+    @property
+    def visible(self) -> list[Visible]:
+        """The devices as their vendors' runtimes number them (:mod:`gpusd.inventory.vendors`)."""
+        return [Visible.of(c.gpu, c.uuid, c.mig is not None) for c in self.devices]
+
     def env(self, use_uuid: bool | None = None) -> dict[str, str]:
-        """``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` for these devices (plus ``GPUSD_LEASE``)."""
+        """The visibility variables for these devices (plus ``GPUSD_LEASE``): ``CUDA_DEVICE_ORDER`` and
+        ``CUDA_VISIBLE_DEVICES`` for NVIDIA GPUs, ``ROCR_VISIBLE_DEVICES`` for AMD, ``ZE_AFFINITY_MASK``
+        for Intel."""
         use = self.use_uuid if use_uuid is None else use_uuid
-        variables = cuda_env([c.gpu.index for c in self.devices], use_uuid=use, uuids=self.uuids)
+        variables = visible_env(self.visible, use_uuid=use)
         if self.lease is not None:
             variables["GPUSD_LEASE"] = self.lease.lease_id
         return variables
 
     def apply(self, use_uuid: bool | None = None) -> dict[str, str]:
-        """Set the variables in ``os.environ``; warns if CUDA is already initialised (too late)."""
-        variables = self.env(use_uuid)
-        apply_env(variables, stacklevel=3)
+        """Set the variables in ``os.environ`` (and remove those of the chosen vendors that would mask
+        again, e.g. an inherited ``HIP_VISIBLE_DEVICES`` beside ``ROCR_VISIBLE_DEVICES``); warns if
+        CUDA is already initialised (too late)."""
+        use = self.use_uuid if use_uuid is None else use_uuid
+        variables = apply_visible(self.visible, use_uuid=use)
+        if self.lease is not None:
+            variables["GPUSD_LEASE"] = self.lease.lease_id
+            os.environ["GPUSD_LEASE"] = self.lease.lease_id
         return variables
 
     def release(self) -> None:
@@ -305,12 +318,13 @@ def select(count: int = 1, *, min_free: str | int | float | None = None, memory:
            mig: bool = False, by: str = "load", share: bool = False, topology: str = "auto", lease: bool = True,
            wait: bool = False,
            timeout: float | None = None, use_uuid: bool = False, within_visible: bool = True,
-           simulate: str | None = None) -> Selection:
+           simulate: str | None = None, vendor: str | None = None) -> Selection:
     """Pick the ``count`` least-loaded GPUs that satisfy the constraints and (by default) lease them.
 
     The lease lasts until :meth:`Selection.release`, the end of a ``with`` block, or the end of the
     process — whichever comes first; no other gpusd selection on this machine gets these GPUs
-    meanwhile.  Raises :class:`gpusd.NoGpuAvailable` (or :class:`gpusd.WaitTimeout` with ``wait``)."""
+    meanwhile.  ``vendor`` (``"nvidia"``, ``"amd"``, ``"intel"``; default any) keeps to one vendor's GPUs.
+    Raises :class:`gpusd.NoGpuAvailable` (or :class:`gpusd.WaitTimeout` with ``wait``)."""
     given = locals()  # the constraint keywords are Constraints' fields (test_select checks the signature)
     c = Constraints.from_keywords(**{k: given[k] for k in constraint_keywords()})
     sel = allocate(c, lease=lease, wait=wait, timeout=timeout, simulate=simulate)

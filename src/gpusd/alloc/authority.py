@@ -269,7 +269,8 @@ def request(c: Constraints) -> dict[str, Any]:
             "max_util": c.max_util, "max_processes": c.max_processes,
             "include": list(c.include) if c.include is not None else None,
             "exclude": list(c.exclude) if c.exclude is not None else None,
-            "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible}
+            "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
+            **({"vendor": c.vendor} if c.vendor is not None else {})}  # issue 21: older daemons ignore it
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,

@@ -5,6 +5,8 @@
 * UUIDs are emitted on request, and always for MIG slices (CUDA addresses a slice only by UUID); they
   also survive MPS and container renumbering.
 * Setting ``CUDA_VISIBLE_DEVICES`` after CUDA has initialised in a process does nothing: we warn.
+* AMD and Intel GPUs get their own vendor's variables (``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``),
+  never ``CUDA_VISIBLE_DEVICES``: the rules are the inventory's (:mod:`gpusd.inventory.vendors`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ import os
 import sys
 import warnings
 from typing import Iterable, MutableMapping
+
+from ..inventory.vendors import DEVICE_VARIABLE, Visible, apply_cleared, cleared, visible_env
+
+# the vendor rules, for the layers above alloc (engines): docs/architecture.md
+__all__ = ["DEVICE_VARIABLE", "Visible", "cleared", "visible_env", "cuda_env", "apply_env", "apply_visible",
+           "set_cuda_visible_devices", "cuda_initialized", "CudaAlreadyInitializedWarning"]
+
+
+_DEVICE_LISTS = ("_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")  # the variables named in the warning
 
 
 class CudaAlreadyInitializedWarning(RuntimeWarning):
@@ -64,8 +75,9 @@ def apply_env(variables: dict[str, str], environ: MutableMapping[str, str] | Non
         why = cuda_initialized()
         if why:
             warnings.warn(
-                f"CUDA is already initialised in this process ({why}): setting CUDA_VISIBLE_DEVICES="
-                f"{variables.get('CUDA_VISIBLE_DEVICES')} now has no effect. Set it before CUDA starts "
+                f"CUDA is already initialised in this process ({why}): setting "
+                f"{' '.join(f'{k}={v}' for k, v in variables.items() if k.endswith(_DEVICE_LISTS))} now has no "
+                "effect. Set it before CUDA starts "
                 "(before importing torch & co.), or launch the job with `gpusd run`.",
                 CudaAlreadyInitializedWarning,
                 stacklevel=stacklevel,
@@ -73,17 +85,74 @@ def apply_env(variables: dict[str, str], environ: MutableMapping[str, str] | Non
     target.update(variables)
 
 
-def set_cuda_visible_devices(devices: Iterable[int | str] | int | str) -> dict[str, str]:
-    """Make ``devices`` (NVML indices as in nvidia-smi, or UUIDs) the GPUs this process sees.
+def apply_visible(devices: Iterable[Visible], *, use_uuid: bool = False,
+                  environ: MutableMapping[str, str] | None = None, stacklevel: int = 4) -> dict[str, str]:
+    """Set each vendor's variables for ``devices`` (and remove those that would mask again)."""
+    devs = list(devices)
+    variables = visible_env(devs, use_uuid=use_uuid)
+    target = os.environ if environ is None else environ
+    apply_cleared(target, {d.vendor for d in devs}, keep=variables)
+    apply_env(variables, environ, stacklevel=stacklevel)
+    return variables
 
-    Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` together with ``CUDA_VISIBLE_DEVICES`` and warns when CUDA is
-    already initialised.  Returns the variables set."""
+
+def _other_vendors_possible() -> bool:
+    """Whether this process could see GPUs that are not NVIDIA's (a simulation, or the AMD or Intel
+    package installed): only then does ``set_cuda_visible_devices`` read the inventory."""
+    import importlib.util
+
+    if os.environ.get("GPUSD_SIMULATE"):
+        return True
+    backends = os.environ.get("GPUSD_BACKENDS", "")
+    if backends and backends != "auto":
+        return any(v in backends for v in ("amd", "intel"))
+    return any(importlib.util.find_spec(m) is not None for m in ("amdsmi", "pyzes"))
+
+
+def _resolve(items: list[int | str]) -> list[Visible] | None:
+    """The local GPUs ``items`` name (gpusd indices or UUIDs), with their vendors; None where the
+    local inventory cannot be read or does not know one of them."""
+    from ..errors import GpusdError
+
+    if not _other_vendors_possible():
+        return None  # an NVIDIA host: no NVML start-up just to learn that
+
+    try:
+        from .api import shared_backend
+
+        snap = shared_backend().snapshot(detail=False)
+    except GpusdError:
+        return None
+    out = []
+    for d in items:
+        try:
+            gpu = snap.gpu(d)
+        except KeyError:
+            return None
+        out.append(Visible.of(gpu))
+    return out
+
+
+def set_cuda_visible_devices(devices: Iterable[int | str] | int | str, vendor: str | None = None) -> dict[str, str]:
+    """Make ``devices`` (gpusd's indices as in ``gpusd devices``, nvidia-smi's on NVIDIA hosts, or
+    UUIDs) the GPUs this process sees.
+
+    NVIDIA GPUs: sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` together with ``CUDA_VISIBLE_DEVICES``; AMD and
+    Intel GPUs get their own variables (``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``; the name is kept
+    for old scripts).  ``vendor`` says whose GPUs they are; by default the local inventory says, and
+    NVIDIA is assumed where it cannot be read.  Warns when CUDA is already initialised.  Returns the
+    variables set."""
     if isinstance(devices, (int, str)):
         devices = [devices]
     items = list(devices)
     for d in items:
         if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
             raise ValueError(f"a GPU is an index (0, 1, ...) or a UUID, not {d!r}")
-    variables = cuda_env(items)
-    apply_env(variables)
-    return variables
+    resolved = _resolve(items) if vendor is None and items else None
+    if resolved is None or all(v.vendor == "nvidia" for v in resolved):
+        if vendor in (None, "nvidia"):
+            variables = cuda_env(items)
+            apply_env(variables)
+            return variables
+        resolved = [Visible(vendor, int(d)) if isinstance(d, int) else Visible(vendor, 0, d) for d in items]
+    return apply_visible(resolved)

@@ -30,10 +30,11 @@ def _interactive() -> bool:
 
 def run_with(selection: Selection, cmd: Sequence[str], bind_cpus: bool = False) -> int:
     """Run ``cmd`` on ``selection``'s devices (``bind_cpus``: on their local CPUs, :mod:`gpusd.alloc.cpus`)."""
+    from ..inventory.vendors import job_environ
     from .cpus import binding, preexec
 
-    env = dict(os.environ)
-    env.update(selection.env())
+    env = job_environ(os.environ, selection.visible, use_uuid=selection.use_uuid)
+    env.update({k: v for k, v in selection.env().items() if k == "GPUSD_LEASE"})
     fds = list(selection.lease.fds) if selection.lease else []
     cpus = None
     if bind_cpus:

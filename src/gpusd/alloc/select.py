@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError, NoGpuAvailable
-from ..model import GpuInfo, HostSnapshot, LeaseInfo, MigInstance
+from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
 from ..units import format_bytes, parse_memory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,6 +77,8 @@ class Constraints:
                             help="for 2+ GPUs: auto (default: the best-connected set unless clearly more loaded than "
                             "the least-loaded one), any (load order only), nvlink (only GPUs all linked by NVLink)")
     within_visible: bool = _option(True, help="only inside an inherited CUDA_VISIBLE_DEVICES")
+    vendor: str | None = _option(flags=("--vendor",), choices=VENDORS,
+                                 help="only GPUs of this vendor: nvidia, amd or intel (default: any)")
 
     @classmethod
     def from_keywords(cls, **values: Any) -> Constraints:
@@ -93,7 +95,7 @@ class Constraints:
               max_util: float | None = None, max_processes: int | None = None,
               include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
               mig: bool = False, by: str = "load", shared: bool = False, topology: str = "auto",
-              within_visible: bool = True) -> Constraints:
+              within_visible: bool = True, vendor: str | None = None) -> Constraints:
         """Validate user-facing values (``"8GiB"``, ``"0,2"``...) into constraints; ConfigError if bad."""
         if not isinstance(count, int) or count < 1:
             raise ConfigError(f"count must be a positive integer, not {count!r}")
@@ -101,6 +103,8 @@ class Constraints:
             raise ConfigError(f"--by must be one of {', '.join(RANKINGS)}, not {by!r}")
         if topology not in TOPOLOGIES:
             raise ConfigError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {str(topology)[:20]!r}")
+        if vendor is not None and vendor not in VENDORS:
+            raise ConfigError(f"--vendor must be one of {', '.join(VENDORS)}, not {str(vendor)[:40]!r}")
         try:
             mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
         except ValueError as exc:
@@ -124,7 +128,7 @@ class Constraints:
             mf = mem
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
-                   topology=topology, within_visible=within_visible)
+                   topology=topology, within_visible=within_visible, vendor=vendor)
 
 
 def keyword_of(name: str) -> str:
@@ -206,10 +210,11 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     return out
 
 
-def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None) -> bool:
+def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None, cuda: bool = False) -> bool:
+    index = gpu.device_index if cuda else gpu.index
     for t in tokens:
         if t.isdigit():
-            if mig is None and int(t) == gpu.index:
+            if mig is None and int(t) == index:
                 return True
         elif mig is not None and mig.uuid.startswith(t):
             return True
@@ -307,9 +312,12 @@ def _need(c: Constraints, total: int | None) -> int | None:
 
 def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list[str] | None,
             leases: list[LeaseInfo], label: str, uuid: str) -> str | None:
+    if c.vendor is not None and gpu.vendor != c.vendor:
+        return f"GPU {label}: {gpu.vendor}, not {c.vendor} (--vendor)"
     if not gpu.healthy:
         return f"GPU {label}: unhealthy ({gpu.error or 'unknown'})"
-    if visible is not None and not _matches(visible, gpu, mig):
+    # An inherited CUDA_VISIBLE_DEVICES counts NVIDIA GPUs (by their CUDA number) only.
+    if visible is not None and gpu.vendor == "nvidia" and not _matches(visible, gpu, mig, cuda=True):
         return f"GPU {label}: outside the inherited CUDA_VISIBLE_DEVICES"
     if c.include is not None and not _matches(c.include, gpu, mig):
         return f"GPU {label}: not in --include"

@@ -39,7 +39,12 @@ def select(args: argparse.Namespace) -> int:
         out.pop("lease", None)  # select takes no lease (gpusd run does): no key that suggests one
         print(dumps(out, indent=2))
     else:
-        print(sel.env()["CUDA_VISIBLE_DEVICES"])
+        from ..inventory.vendors import DEVICE_VARIABLE
+
+        variables = sel.env()
+        # the device list of each vendor chosen (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, ...)
+        print(" ".join(variables[v] for v in DEVICE_VARIABLE.values() if v in variables)
+              or variables.get("CUDA_VISIBLE_DEVICES", ""))
         if getattr(args, "explain", False) and sel.pick is not None:
             from ..sanitize import for_terminal
 
@@ -90,8 +95,14 @@ def env_failing_closed(run: Callable[[], int]) -> int:
 
 
 def env(args: argparse.Namespace) -> int:
+    from ..inventory.vendors import cleared
+
     sel = _allocate(args)
-    for key, value in sel.env().items():
+    variables = sel.env()
+    # what would mask again after the vendor's own variable (HIP_VISIBLE_DEVICES beside ROCR_...)
+    for key in sorted(cleared({d.vendor for d in sel.visible}) - set(variables)):
+        print(f"unset {key}")
+    for key, value in variables.items():
         if key == "GPUSD_LEASE":
             continue  # the lease ends with this process: do not pretend otherwise
         print(f"export {key}={shlex.quote(value)}")

@@ -246,7 +246,7 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         else:
             mem = util = temp = power = "-"
             state = "announced (hwsd)"
-        name = display_name(g.name)
+        name = display_name(g.name) if g.vendor == "nvidia" else f"{display_name(g.name)} [{for_terminal(g.vendor, 8)}]"
         if d.simulated:
             state += " [sim]"
         if d.copy_of is not None:  # its daemon proved it is another host: a copy of that one's announcement

@@ -73,6 +73,12 @@ def host_header(snap: HostSnapshot) -> str:
             f"CUDA {for_terminal(snap.cuda_version, 32) or '-'}  {len(snap.gpus)} GPU(s){sim}")
 
 
+def vendor_name(g: GpuInfo) -> str:
+    """The NAME cell: the shown name, with the vendor for a GPU that is not NVIDIA's (``MI300X [amd]``)."""
+    name = display_name(g.name)
+    return name if g.vendor == "nvidia" else f"{name} [{for_terminal(g.vendor, 8)}]"
+
+
 def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
     rows = []
     for g in snap.gpus:
@@ -83,7 +89,7 @@ def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
         power = f"{g.power_draw:.0f}W" if g.power_draw is not None else "-"
         status = "ok" if g.healthy else f"UNHEALTHY: {g.error or 'unknown'}"
         rows.append([
-            str(g.index), display_name(g.name), mem, _pct(g.utilization_gpu),
+            str(g.index), vendor_name(g), mem, _pct(g.utilization_gpu),
             f"{g.temperature}C" if g.temperature is not None else "-", power,
             _procs(g), _leases(g), status,
         ])

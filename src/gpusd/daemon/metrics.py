@@ -9,7 +9,9 @@ Each daemon exports its own host only, so a Prometheus scraping every daemon (se
 ``gpusd export prometheus-sd``) gets each GPU exactly once.
 
 Alongside, by default, the same readings under NVIDIA's DCGM exporter names (``DCGM_FI_DEV_GPU_UTIL``
-...; :class:`DcgmCollector`), so that Grafana dashboards made for the DCGM exporter work unchanged.
+...; :class:`DcgmCollector`) for NVIDIA GPUs, and under AMD's device-metrics-exporter names
+(``gpu_gfx_activity``, ``gpu_used_vram`` ...; :class:`AmdExporterCollector`) for AMD GPUs, so that
+Grafana dashboards made for either exporter work unchanged.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class SnapshotCollector:
                                     "When the host's GPUs were last sampled (seconds since the epoch)",
                                     labels=["host"])
         gpu_info = GaugeMetricFamily("gpusd_gpu_info", "A GPU (value 1)",
-                                     labels=[*GPU_LABELS, "pci_bus_id", "compute_mode", "mig_mode"])
+                                     labels=[*GPU_LABELS, "pci_bus_id", "compute_mode", "mig_mode", "vendor"])
         gauges = {name: GaugeMetricFamily(name, help_, labels=list(GPU_LABELS))
                   for name, (help_, _) in _GPU_GAUGES.items()}
         mig_used = GaugeMetricFamily("gpusd_mig_memory_used_bytes", "Memory in use on a MIG instance",
@@ -102,7 +104,7 @@ class SnapshotCollector:
             for g in snap.gpus:
                 labels = _gpu_labels(snap, g)
                 mig = "" if g.mig_mode is None else ("enabled" if g.mig_mode else "disabled")
-                gpu_info.add_metric([*labels, g.pci_bus_id or "", g.compute_mode or "", mig], 1.0)
+                gpu_info.add_metric([*labels, g.pci_bus_id or "", g.compute_mode or "", mig, g.vendor], 1.0)
                 for name, (_, read) in _GPU_GAUGES.items():
                     value = read(g)
                     if value is not None:
@@ -167,13 +169,65 @@ class DcgmCollector:
             if snap is None:
                 continue
             for g in snap.gpus:
-                labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.name or "", snap.hostname, snap.hostname,
+                if g.vendor != "nvidia":
+                    continue  # DCGM's names are NVIDIA's (AMD GPUs: AmdExporterCollector)
+                n = g.device_index
+                labels = [str(n), g.uuid, f"nvidia{n}", g.name or "", snap.hostname, snap.hostname,
                           g.pci_bus_id or "", snap.driver_version or ""]
                 for name, (_, read) in _DCGM_GAUGES.items():
                     value = read(g)
                     if value is not None:
                         families[name].add_metric(labels, float(value))
         yield from families.values()
+
+
+# AMD's device-metrics-exporter names (ROCm/device-metrics-exporter) for the same readings of AMD GPUs,
+# so that AMD's Grafana dashboards show them.  Units are the exporter's: percent, MB (MiB), C, W.
+_AMD_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
+    "gpu_gfx_activity": ("Graphics engine activity (in %).", lambda g: g.utilization_gpu),
+    "gpu_umc_activity": ("Memory controller activity (in %).", lambda g: g.utilization_memory),
+    "gpu_used_vram": ("Used VRAM (in MB).", lambda g: None if g.memory_used is None else g.memory_used / _MIB),
+    "gpu_free_vram": ("Free VRAM (in MB).", lambda g: None if g.memory_free is None else g.memory_free / _MIB),
+    "gpu_total_vram": ("Total VRAM (in MB).", lambda g: None if g.memory_total is None else g.memory_total / _MIB),
+    "gpu_edge_temperature": ("Edge temperature (in C).", lambda g: g.temperature),
+    "gpu_package_power": ("Package power (in W).", lambda g: g.power_draw),
+    "gpu_power_usage": ("Power usage (in W).", lambda g: g.power_draw),
+}
+AMD_LABELS = ("gpu_id", "gpu_uuid", "serial_number", "card_model", "card_vendor", "hostname", "gpu_partition_id",
+              "gpu_compute_partition_type", "gpu_memory_partition_type", "driver_version")
+
+
+class AmdExporterCollector:
+    """The AMD device-metrics-exporter's series for the AMD GPUs of ``snapshots()`` (left out with
+    the DCGM ones by ``--no-dcgm-metrics``).  A reading the GPU does not report is left out."""
+
+    def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]]) -> None:
+        self._snapshots = snapshots
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        families = {name: GaugeMetricFamily(name, help_, labels=list(AMD_LABELS))
+                    for name, (help_, _) in _AMD_GAUGES.items()}
+        for snap in self._snapshots():
+            if snap is None:
+                continue
+            for g in snap.gpus:
+                if g.vendor != "amd":
+                    continue
+                serial = g.uuid.removeprefix("GPU-") if g.uuid.startswith("GPU-") else ""
+                labels = [str(g.device_index), g.uuid, serial, g.name or "", "AMD", snap.hostname, "0",
+                          (g.compute_partition or "").lower(), (g.memory_partition or "").lower(),
+                          snap.driver_version or ""]
+                for name, (_, read) in _AMD_GAUGES.items():
+                    value = read(g)
+                    if value is not None:
+                        families[name].add_metric(labels, float(value))
+        # only families with series: a host without AMD GPUs exports none of these names
+        yield from (f for f in families.values() if f.samples)
 
 
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
@@ -187,6 +241,7 @@ def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
     registry.register(SnapshotCollector(snapshots, alerts))
     if dcgm:
         registry.register(DcgmCollector(snapshots))
+        registry.register(AmdExporterCollector(snapshots))
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry

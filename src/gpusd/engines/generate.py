@@ -47,11 +47,14 @@ class HostCommand:
     # host's environment or --env sets them (GLOO_SOCKET_IFNAME: gloo otherwise binds the address the
     # machine's own name resolves to, which is loopback where /etc/hosts says 127.0.1.1)
     iface_env: tuple[str, ...] = ()
+    unset: tuple[str, ...] = ()  # variables the command must not inherit (an AMD host's HIP_VISIBLE_DEVICES...)
 
     def shell(self) -> str:
-        """One line for a POSIX shell on that host: ``VAR=value ... argv``."""
+        """One line for a POSIX shell on that host: ``VAR=value ... argv`` (after ``unset VAR;``
+        for what must not be inherited)."""
         words = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [shlex.quote(a) for a in self.argv]
-        return " ".join(words)
+        head = f"unset {' '.join(self.unset)}; " if self.unset else ""
+        return head + " ".join(words)
 
 
 # -- DeepSpeed ------------------------------------------------------------------------------------------
@@ -98,7 +101,9 @@ def rank_gpus(p: Placement) -> str:
     the placement has MIG slices)."""
     parts = []
     for h in p.hosts:
-        devices = h.cuda_env()["CUDA_VISIBLE_DEVICES"]
+        devices = h.cuda_env()[h.device_variable]
+        if h.vendor != "nvidia":  # the wrapper sets that vendor's variables (rank_gpu)
+            devices = ",".join(f"{h.vendor}:{d}" for d in devices.split(","))
         parts.append(f"{h.ssh_host}={devices}")
     return ";".join(parts)
 
@@ -196,7 +201,8 @@ def torchrun_argv(p: Placement, slot: HostSlot, args: Sequence[str], port: int =
 
 def torchrun_commands(p: Placement, args: Sequence[str], port: int = RDZV_PORT,
                       extra: Sequence[str] = ()) -> list[HostCommand]:
-    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env(), iface_env=(GLOO_IFNAME,))
+    return [HostCommand(h, i, torchrun_argv(p, h, args, port, extra), h.cuda_env(), iface_env=(GLOO_IFNAME,),
+                        unset=h.cleared())
             for i, h in enumerate(p.hosts)]
 
 
@@ -207,7 +213,9 @@ def ray_address(p: Placement, port: int = RAY_PORT) -> str:
 
 def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Sequence[str] = ()) -> list[HostCommand]:
     """``ray start --head`` on the head, ``ray start --address=HEAD:PORT`` on the others, each with
-    ``--num-gpus`` and ``CUDA_VISIBLE_DEVICES`` limited to the GPUs of the placement there."""
+    ``--num-gpus`` and the GPUs of the placement there made visible as Ray reads them: NVIDIA
+    ``CUDA_VISIBLE_DEVICES``, AMD ``HIP_VISIBLE_DEVICES`` (Ray raises when ``ROCR_VISIBLE_DEVICES`` is
+    set: it is unset), Intel ``ZE_AFFINITY_MASK``."""
     out = []
     for i, h in enumerate(p.hosts):
         if i == 0:
@@ -215,7 +223,7 @@ def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Se
         else:
             argv = [ray, "start", f"--address={ray_address(p, port)}", f"--node-ip-address={h.address}"]
         argv += [f"--num-gpus={h.slots}", "--disable-usage-stats", *extra]
-        out.append(HostCommand(h, i, argv, h.cuda_env()))
+        out.append(HostCommand(h, i, argv, h.visible_env("ray"), unset=h.cleared("ray")))
     return out
 
 
@@ -227,7 +235,8 @@ def ray_stop_commands(p: Placement, ray: str = "ray") -> list[HostCommand]:
 def plain_commands(p: Placement, args: Sequence[str]) -> list[HostCommand]:
     """``gpusd launch command``: the same command on every host, with that host's GPUs visible."""
     return [HostCommand(h, i, list(args), {**h.cuda_env(), "GPUSD_NODE_RANK": str(i),
-                                           "GPUSD_NNODES": str(len(p.hosts)), "GPUSD_HEAD": p.head.address})
+                                           "GPUSD_NNODES": str(len(p.hosts)), "GPUSD_HEAD": p.head.address},
+                        unset=h.cleared())
             for i, h in enumerate(p.hosts)]
 
 

@@ -145,6 +145,8 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
     if opts.watchdog:
         lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
     env = {**opts.env, **cmd.env}
+    if cmd.unset:  # names from gpusd's own table (inventory.vendors), never from the network
+        lines.append("unset " + " ".join(shlex.quote(n) for n in cmd.unset) + "\n")
     words = ["exec", "env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)]
     lines.append(" ".join(words))
     lines.append(" </dev/null 3<&-\n" if opts.watchdog else "\n")
@@ -216,7 +218,8 @@ class Launch:
         local = is_local(cmd.slot, self.opts)
         label = f"{cmd.slot.hostname}#{cmd.rank}"
         if local:
-            env = {**os.environ, **self.opts.env, **cmd.env}
+            env = {k: v for k, v in os.environ.items() if k not in cmd.unset}
+            env.update({**self.opts.env, **cmd.env})
             for var in cmd.iface_env:
                 iface = None if var in env else interface_of(cmd.slot.address)
                 if iface is not None:

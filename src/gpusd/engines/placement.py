@@ -17,7 +17,11 @@ JSON form (``gpusd hostfile --format json`` prints the same)::
     {"job_id": "gpusd-3f2a", "hosts": [
         {"hostname": "node-1", "address": "10.0.0.1", "ssh_target": "node-1", "gpus": [0, 2],
          "uuids": ["GPU-...", "GPU-..."]},
-        {"hostname": "node-2", "address": "10.0.0.2", "gpus": [1]}]}
+        {"hostname": "node-2", "address": "10.0.0.2", "gpus": [1]},
+        {"hostname": "mi300-1", "gpus": [0, 1], "vendor": "amd"}]}
+
+``vendor`` (``nvidia`` when left out, ``amd``, ``intel``) says which visibility variables the host's
+commands get (``gpusd.inventory.vendors``).
 
 ``ssh_target`` defaults to the host name (so the user's ssh config decides how to reach it);
 ``address`` defaults to the host name too (it is what other hosts dial: the rendezvous endpoint).
@@ -32,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..alloc.env import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..errors import GpusdError
+from ..model import VENDORS
 from ..sanitize import ip_word
 
 MAX_HOSTS = 1024
@@ -93,9 +99,15 @@ class HostSlot:
     ssh_target: str
     gpus: tuple[int, ...]
     uuids: tuple[str, ...] = ()
+    # whose GPUs they are (issue 21): which visibility variables the host's commands get; ``gpus``
+    # are then that vendor's own numbers (CUDA's, ROCm's, Level Zero's)
+    vendor: str = "nvidia"
 
     def __post_init__(self) -> None:
         _check_host(self.hostname, "hostname")
+        if self.vendor not in VENDORS:
+            raise PlacementError(f"host {self.hostname}: vendor must be one of {', '.join(VENDORS)}, "
+                                 f"not {str(self.vendor)[:40]!r}")
         _check_host(self.address, "address")
         check_ssh_target(self.ssh_target, user=True)
         if not self.gpus:
@@ -125,17 +137,35 @@ class HostSlot:
         return self.ssh_target.rpartition("@")[2]
 
     def cuda_env(self) -> dict[str, str]:
-        """``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES`` for this host's GPUs (UUIDs
-        for MIG slices, which CUDA addresses only by UUID)."""
-        from ..alloc.env import cuda_env
+        """The visibility variables for this host's GPUs: ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and
+        ``CUDA_VISIBLE_DEVICES`` on NVIDIA (UUIDs for MIG slices, which CUDA addresses only by UUID),
+        ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel (:meth:`visible_env`)."""
+        return self.visible_env()
 
-        return cuda_env(self.gpus, uuids=self.uuids or None)
+    def visible(self) -> list[Visible]:
+        uuids: Sequence[str | None] = self.uuids or [None] * len(self.gpus)
+        return [Visible(self.vendor, g, u, bool(u and u.startswith("MIG-"))) for g, u in zip(self.gpus, uuids)]
+
+    def visible_env(self, engine: str | None = None) -> dict[str, str]:
+        """What makes this host's GPUs visible to a command (``engine="ray"``: what Ray reads)."""
+        return visible_env(self.visible(), engine=engine)
+
+    def cleared(self, engine: str | None = None) -> tuple[str, ...]:
+        """Variables the host's commands must not inherit (they would mask again)."""
+        return tuple(sorted(cleared([self.vendor], engine) - set(self.visible_env(engine))))
+
+    @property
+    def device_variable(self) -> str:
+        """The variable that lists the devices (``CUDA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES``...)."""
+        return DEVICE_VARIABLE[self.vendor]
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"hostname": self.hostname, "address": self.address, "ssh_target": self.ssh_target,
                                "gpus": list(self.gpus)}
         if self.uuids:
             out["uuids"] = list(self.uuids)
+        if self.vendor != "nvidia":
+            out["vendor"] = self.vendor
         return out
 
     @classmethod
@@ -151,7 +181,8 @@ class HostSlot:
             raise PlacementError(f"host {str(hostname)[:80]!r}: more than {MAX_GPUS_PER_HOST} GPUs")
         # types and values are checked in __post_init__
         return cls(hostname=hostname, address=d.get("address") or hostname,
-                   ssh_target=d.get("ssh_target") or hostname, gpus=tuple(gpus), uuids=tuple(uuids))
+                   ssh_target=d.get("ssh_target") or hostname, gpus=tuple(gpus), uuids=tuple(uuids),
+                   vendor=d.get("vendor") or "nvidia")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ ranks fill the hosts in order (``--map-by slot``, which gpusd's command line set
 ``OMPI_COMM_WORLD_LOCAL_RANK`` must agree, else the mapping was changed and the wrapper refuses).  The
 GPU is that host's entry number LOCAL_RANK.  It sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and
 ``CUDA_VISIBLE_DEVICES`` and execs the command (exit 2 with a message on bad input, 127 if the command
-cannot be run).  Imports nothing but the standard library: it runs once per rank.
+cannot be run).  An AMD or Intel host's entries carry their vendor (``mi300=amd:GPU-...,amd:GPU-...``):
+the rank then gets that vendor's variables (``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``;
+docs/inventory.md "Vendors").  Imports nothing but the standard library for NVIDIA ranks: it runs once
+per rank.
 """
 
 from __future__ import annotations
@@ -94,8 +97,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RankError as e:
         print(f"gpusd rank_gpu: {e}", file=sys.stderr)
         return 2
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    os.environ["CUDA_VISIBLE_DEVICES"] = device
+    vendor, _, token = device.partition(":") if device.startswith(("amd:", "intel:")) else ("nvidia", "", device)
+    if vendor == "nvidia":
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["CUDA_VISIBLE_DEVICES"] = device
+    else:
+        if not (token.isdigit() or (token.startswith("GPU-") and len(token) <= 64)):
+            print(f"gpusd rank_gpu: not a GPU: {token[:40]!r}", file=sys.stderr)
+            return 2
+        from ..alloc.env import Visible, cleared, visible_env
+
+        visible = Visible(vendor, int(token) if token.isdigit() else 0, None if token.isdigit() else token)
+        variables = visible_env([visible])
+        for name in cleared([vendor]) - set(variables):
+            os.environ.pop(name, None)
+        os.environ.update(variables)
     try:
         os.execvp(args[0], args)
     except OSError as e:

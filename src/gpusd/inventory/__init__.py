@@ -1,7 +1,9 @@
-"""Reading the local GPUs: NVML for real hardware, a simulation for demos.
+"""Reading the local GPUs: NVML, amdsmi (AMD) and Level Zero Sysman (Intel) for real hardware, a
+simulation for demos.
 
-``open_backend()`` picks NVML, or the simulation named by ``simulate`` / ``$GPUSD_SIMULATE``.
-Both backends have the same interface (:class:`Backend`).
+``open_backend()`` picks the simulation named by ``simulate`` / ``$GPUSD_SIMULATE``, or every vendor
+backend that works here (``$GPUSD_BACKENDS`` to name them: :mod:`gpusd.inventory.combined`).  All
+backends have the same interface (:class:`Backend`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,6 @@ def open_backend(simulate: str | None = None, *, util_window: float = 5.0, proce
         from .simulated import SimulatedBackend
 
         return SimulatedBackend(simulate)
-    from .nvml import NvmlBackend
+    from .combined import open_backends
 
-    return NvmlBackend(util_window=util_window, processes=processes)
+    return open_backends(util_window=util_window, processes=processes)

@@ -37,6 +37,19 @@ MODELS: dict[str, tuple[str, int, float, bool]] = {
     "RTX3090": ("NVIDIA GeForce RTX 3090", 24 * GiB, 350.0, False),
     "V100-32GB": ("Tesla V100-SXM2-32GB", 32 * GiB, 300.0, False),
     "T4": ("Tesla T4", 16 * GiB, 70.0, False),
+    # AMD and Intel (issue 21): as amd-smi and Sysman name them.  An MI250X module is two GCDs, which
+    # the driver shows as two GPUs of 64 GiB each: one model entry is one GCD.
+    "MI300X": ("AMD Instinct MI300X", 192 * GiB, 750.0, False),
+    "MI250X": ("AMD Instinct MI250X", 64 * GiB, 560.0, False),
+    "MAX1550": ("Intel(R) Data Center GPU Max 1550", 128 * GiB, 600.0, False),
+}
+# model key -> (vendor, compute partition, memory partition, subdevices) for the non-NVIDIA models:
+# an MI300X in its default SPX/NPS1 mode (one GPU of 8 XCDs; CPX would show 8 GPUs), a Max 1550
+# card with its two stacks (tiles).
+VENDOR_MODELS: dict[str, tuple[str, str | None, str | None, int | None]] = {
+    "MI300X": ("amd", "SPX", "NPS1", None),
+    "MI250X": ("amd", None, None, None),
+    "MAX1550": ("intel", None, None, 2),
 }
 # How GPUs of a model connect in the boxes they usually come in (docs/simulation.md, "Topology"):
 # SXM boards sit on NVSwitches (DGX/HGX A100: 12 NVLinks per GPU, H100/H200: 18), workstation boards
@@ -235,6 +248,18 @@ def _uuid(host: str, index: int) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
+def _vendor_fields(gpu: GpuInfo, model: str, before: list[_SimGpu]) -> None:
+    """Vendor, vendor index (its number among the host's GPUs of the same vendor), partitioning and a
+    UUID of the vendor's form (ROCm's ``GPU-<16 hex digits>``) for a simulated GPU."""
+    vendor, compute, memory, subdevices = VENDOR_MODELS.get(model, ("nvidia", None, None, None))
+    gpu.vendor = vendor
+    same = sum(1 for b in before if VENDOR_MODELS.get(b.model, ("nvidia",))[0] == vendor)
+    gpu.vendor_index = same if same != gpu.index else None
+    gpu.compute_partition, gpu.memory_partition, gpu.subdevices = compute, memory, subdevices
+    if vendor == "amd":
+        gpu.uuid = "GPU-" + gpu.uuid.removeprefix("GPU-").replace("-", "")[:16]
+
+
 def parse_spec(spec: str) -> tuple[str | None, list[_SimGpu], _Topology]:
     """``4xA100-80GB[,2xRTX4090]`` or a scenario JSON file -> (host name or None, GPUs, topology)."""
     path = Path(spec)
@@ -353,7 +378,8 @@ class SimulatedBackend:
             timestamp=t,
             gpus=gpus,
             driver_version=self.driver_version,
-            cuda_version=self.cuda_version,
+            # CUDA only where an NVIDIA GPU is simulated (an MI300X-only host has none)
+            cuda_version=self.cuda_version if any(g.vendor == "nvidia" for g in gpus) else None,
             nvml_version=None,
             backend="simulated",
             simulated=True,
@@ -365,6 +391,7 @@ class SimulatedBackend:
         gpu = GpuInfo(index=i, uuid=_uuid(self.hostname, i), name=name,
                       pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0",
                       numa_node=topo.numa[i], local_cpus=topo.cpus[i], links=topo.links(i))
+        _vendor_fields(gpu, g.model, self._gpus[:i])
         if g.lost:
             gpu.healthy, gpu.error = False, "GPU is lost (simulated)"
             return gpu
@@ -377,7 +404,8 @@ class SimulatedBackend:
         gpu.temperature = int(g.temperature.at(t)) if g.temperature else int(32 + util * 0.45)
         gpu.power_limit = plimit
         gpu.power_draw = round(plimit * (0.15 + 0.8 * util / 100), 1)
-        gpu.fan_speed = None if "A100" in g.model or "H" in g.model[:1] else int(30 + util * 0.5)
+        gpu.fan_speed = (None if "A100" in g.model or "H" in g.model[:1] or g.model in VENDOR_MODELS
+                         else int(30 + util * 0.5))
         gpu.compute_mode = "default"
         gpu.mig_mode = bool(g.mig) if mig_capable else None
         for k, profile in enumerate(g.mig):

@@ -108,14 +108,27 @@ class Supervisor:
 
     # -- the protocol file ----------------------------------------------------------------------------
     def cuda_visible(self) -> str:
-        if self.use_uuid or any(d.mig is not None for d in self.devs):
-            return ",".join(d.uuid for d in self.devs)
-        return ",".join(str(d.gpu.index) for d in self.devs)
+        """The job's devices as its vendor's variable lists them (``CUDA_VISIBLE_DEVICES`` on NVIDIA,
+        ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel)."""
+        if all(d.gpu.vendor == "nvidia" for d in self.devs):
+            if self.use_uuid or any(d.mig is not None for d in self.devs):
+                return ",".join(d.uuid for d in self.devs)
+            return ",".join(str(d.gpu.device_index) for d in self.devs)
+        from ..inventory.vendors import DEVICE_VARIABLE
+
+        env = self.visible_env()
+        return ",".join(env[v] for v in DEVICE_VARIABLE.values() if env.get(v))
+
+    def visible_env(self) -> dict[str, str]:
+        from ..inventory.vendors import Visible, visible_env
+
+        return visible_env([Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs], use_uuid=self.use_uuid)
 
     def write_job_file(self, state: str, reason: str | None = None) -> None:
         self.generation += 1
         d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
+             "env": self.visible_env(),  # issue 21: the vendor's variables (additive)
              "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label} for x in self.devs]}
         tmp = self.private / f".gpus.{self.generation}.tmp"
         tmp.write_text(json.dumps(d))
@@ -572,9 +585,11 @@ class Supervisor:
 
     # -- the run --------------------------------------------------------------------------------------
     def start_child(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.cuda_visible(),
-                    "GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
+        from ..inventory.vendors import Visible, job_environ
+
+        env = job_environ(os.environ, [Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs],
+                          use_uuid=self.use_uuid)
+        env.update({"GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
                     "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.notify_signal).name,
                     "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME),
                     "GPUSD_GPU_COUNT": str(len(self.devs))})

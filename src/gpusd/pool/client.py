@@ -174,7 +174,24 @@ class Reservation:
 
         return {"job_id": job_id or f"gpusd-{secrets.token_hex(4)}", "hosts": [
             {"hostname": p.hostname, "address": (p.addresses or [p.hostname])[0], "ssh_target": p.hostname,
-             "gpus": [d["index"] for d in p.devices], "uuids": [d["uuid"] for d in p.devices]} for p in self.parts]}
+             **_slot_gpus(p)} for p in self.parts]}
+
+
+def _slot_gpus(p: HostLease) -> dict[str, Any]:
+    """A host's GPUs in a placement: its vendor's own numbers (a daemon before issue 21 sends no
+    vendor: NVIDIA's, which are its indices).  A host's part of a reservation is of one vendor."""
+    vendors = {d.get("vendor") or "nvidia" for d in p.devices}
+    if len(vendors) > 1:
+        raise GpusdError(f"{p.hostname}: the GPUs reserved there are of several vendors "
+                         f"({', '.join(sorted(vendors))}): "
+                         "a host of a placement has one (reserve with --vendor)")
+    numbers = [d["vendor_index"] if type(d.get("vendor_index")) is int else d["index"]
+               for d in p.devices]
+    out: dict[str, Any] = {"gpus": numbers, "uuids": [d["uuid"] for d in p.devices]}
+    vendor = vendors.pop() if vendors else "nvidia"
+    if vendor != "nvidia":
+        out["vendor"] = vendor
+    return out
 
 
 # -- ranking --------------------------------------------------------------------------------------
@@ -256,6 +273,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
                             "include": list(c.include) if c.include else None,
                             "exclude": list(c.exclude) if c.exclude else None,
                             "holder": holder, "note": note, "ttl": ttl}
+    if c.vendor is not None:  # older daemons ignore it (and the client's ranking has filtered already)
+        body["vendor"] = c.vendor
     if job is not None:  # a fleet run's job id: the daemon's lease record names it (older daemons ignore it)
         body["job"] = job
     url, pin = api_url(h)
@@ -289,7 +308,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
 
 
 LEASE_ID = re.compile(r"^[0-9a-f]{8,32}$")  # a daemon's lease ids are hex (gpusd.alloc.leases)
-REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE")  # what a daemon's lease answer sets
+REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE",  # what a daemon's lease answer sets
+              "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR")
 
 
 def _remote_env(raw: object) -> dict[str, str]:

@@ -292,8 +292,12 @@ def _power(g: GpuInfo) -> str:
     return f"{draw:.0f}W"
 
 
-def _short_name(name: str | None) -> str:
-    return for_terminal(display_name(for_terminal(name, 4 * NAME_MAX)), NAME_MAX)
+def _short_name(name: str | None, vendor: str = "nvidia") -> str:
+    """The shown name, with the vendor for a GPU that is not NVIDIA's (``MI300X [amd]``)."""
+    shown = display_name(for_terminal(name, 4 * NAME_MAX))
+    if vendor != "nvidia":
+        shown = f"{shown} [{vendor}]"
+    return for_terminal(shown, NAME_MAX)
 
 
 def _procs(g: GpuInfo, limit: int = 2) -> str:
@@ -396,7 +400,7 @@ class _Layout:
     @classmethod
     def of(cls, arranged: Sequence[tuple[HostView, list[GpuInfo]]], width: int) -> _Layout:
         gpus = [(h, g) for h, gs in arranged for g in gs]
-        names = max((len(_short_name(g.name)) for _, g in gpus), default=5)
+        names = max((len(_short_name(g.name, g.vendor)) for _, g in gpus), default=5)
         power = max(5, max((len(_power(g)) for _, g in gpus), default=5))
         mem_text = max((len(_mem_text(g)) for _, g in gpus), default=0)
         procs = max(9, max((len(_procs(g)) for _, g in gpus), default=9))
@@ -463,7 +467,7 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
         style = "bright_black" if dim else None
         idx = Text(str(g.index), style="bold red" if status is not None and not dim else "")
         if not g.healthy:
-            row: list[RenderableType] = [idx, Text(_short_name(g.name)), status or "", "", "", ""]
+            row: list[RenderableType] = [idx, Text(_short_name(g.name, g.vendor)), status or "", "", "", ""]
             row += ["", ""] if wide else [""]
             row[3:3] = [""] if lay.spark else []
             if lay.spark_mem:
@@ -474,7 +478,8 @@ def _gpu_table(h: HostView, gpus: Sequence[GpuInfo], lay: _Layout) -> Renderable
         mem = bar(mem_pct, lay.bar)
         if wide:
             mem.append(_mem_text(g), style="dim")
-        row = [idx, Text(_short_name(g.name)), bar(g.utilization_gpu, lay.bar), mem, _temp(g), Text(_power(g))]
+        row = [idx, Text(_short_name(g.name, g.vendor)), bar(g.utilization_gpu, lay.bar), mem, _temp(g),
+               Text(_power(g))]
         if lay.spark:
             row.insert(3, Text(h.spark.get(g.uuid, ""), style="cyan"))
         if lay.spark_mem:

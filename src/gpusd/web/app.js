@@ -63,6 +63,8 @@
     out.index = num(g.index) ?? 0;
     out.uuid = str(g.uuid, NAME_MAX) || "?";
     out.name = str(g.name, NAME_MAX);
+    // issue 21: a known vendor or "nvidia" (older daemons send none); never free text on the page
+    out.vendor = ["nvidia", "amd", "intel"].includes(g.vendor) ? g.vendor : "nvidia";
     out.error = str(g.error, TEXT_MAX);
     out.healthy = g.healthy !== false;
     out.processes = bounded(g.processes, PROCS_MAX).map(cleanProc);
@@ -119,7 +121,9 @@
   }
   function level(p) { return p === null ? "" : p >= 90 ? "bad" : p >= 70 ? "warn" : ""; }
   // gpusd.model.display_name: without "NVIDIA ", then without one brand ("GeForce ", "Tesla ")
-  function shortName(n) { return (n || "").replace(/^(NVIDIA )?(GeForce |Tesla )?/, "") || "-"; }
+  function shortName(n) {
+    return (n || "").replace(/^(NVIDIA |AMD |Intel\(R\) )?(GeForce |Tesla |Instinct |Radeon |Data Center GPU )?/, "") || "-";
+  }
   function hostKey(d) { d = obj(d) || {}; return str(d.node_id, NAME_MAX) || str(d.hostname, NAME_MAX) || "?"; }
   function now() { return Date.now() / 1000; }
   function headers() {
@@ -469,7 +473,8 @@
     if (g.healthy === false) tr.classList.add("lost");
     if (alerts.length) tr.classList.add("alerting");
     tr.appendChild(el("td", "idx", g.index));
-    const name = el("td", "model", clip(shortName(g.name), SHOWN_MAX));
+    const name = el("td", "model", clip(shortName(g.name) + (g.vendor !== "nvidia" ? " [" + g.vendor + "]" : ""),
+      SHOWN_MAX));
     name.title = (g.name || "") + "\n" + g.uuid;
     tr.appendChild(name);
     if (g.healthy === false) {

@@ -1,0 +1,262 @@
+"""Read the local AMD GPUs through AMD's own library: ``amdsmi`` (PyPI), over ROCm's ``libamd_smi.so``.
+
+``amdsmi`` finds the library through ``ROCM_PATH``/``ROCM_HOME`` (``$ROCM_PATH/lib``), the loader path
+or ``/opt/rocm/lib``, and needs the ``amdgpu`` driver.  It is imported only here, when a snapshot of
+AMD GPUs is asked for (``pip install 'gpusd[amd]'``).
+
+What each field comes from: name and UUID ``amdsmi_get_gpu_asic_info`` (market name; the UUID is
+ROCm's ``GPU-<unique id>``, the form ``ROCR_VISIBLE_DEVICES`` takes), PCI bus id
+``amdsmi_get_gpu_device_bdf``, memory ``amdsmi_get_gpu_vram_usage``, utilisation
+``amdsmi_get_gpu_activity`` (GFX activity, averaged over the window from our own readings: amdsmi
+keeps no sample buffer; UMC activity as the memory utilisation), temperature
+``amdsmi_get_temp_metric`` (edge, else hotspot), power and limit ``amdsmi_get_power_info``, processes
+``amdsmi_get_gpu_process_list`` (VRAM per process), partition modes
+``amdsmi_get_gpu_compute_partition``/``..._memory_partition`` (SPX/DPX/QPX/CPX, NPS1/NPS4 on MI300).
+No fan (data-centre parts have none), no compute mode, no MIG.
+
+A query the GPU does not support leaves its field ``None`` and is not asked again; any other error
+marks the GPU unhealthy (with the status) while the rest of the snapshot still comes back.  Without
+``amdsmi`` or ``libamd_smi.so`` the backend is unavailable with a one-line reason (no sysfs fallback:
+the amdgpu driver's sysfs has no per-process memory, and a partial reader would make ``is_free`` lie).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import BackendUnavailable
+from ..identity import hostname, node_id
+from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from .processes import ProcessResolver
+from .window import UtilWindow
+
+# amdsmi statuses (amdsmi_status_t) that mean "this field is not there on this GPU".
+_UNSUPPORTED = {2, 3, 5, 10, 40}  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOAD_SYMBOL, NO_PERM, NO_DATA
+_DRIVER_NOT_LOADED = 34
+_STATUS_NAMES = {6: "DRM error", 7: "API failed", 8: "timeout", 12: "I/O error", 18: "init error",
+                 31: "not found", 32: "not initialised", 34: "driver not loaded", 51: "no driver"}
+
+
+class _GpuFailed(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    unsupported: set[str] = field(default_factory=set)
+    util: UtilWindow | None = None
+
+
+def import_amdsmi() -> Any:
+    """The ``amdsmi`` module, or BackendUnavailable with why not.  Its import prints to stdout when
+    the library is missing (and then fails with a KeyError): that line would break ``--json``."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            import amdsmi
+    except ImportError:
+        raise BackendUnavailable("the amdsmi package is not installed (pip install 'gpusd[amd]')", hint=True) from None
+    except (KeyError, OSError, AttributeError):
+        where = os.environ.get("ROCM_PATH") or os.environ.get("ROCM_HOME") or "/opt/rocm"
+        raise BackendUnavailable(f"no ROCm library libamd_smi.so (looked in {where}/lib and the loader path)",
+                                 hint=True) from None
+    return amdsmi
+
+
+def available() -> bool:
+    """Whether an AMD backend could be tried here without importing anything heavy."""
+    import importlib.util
+
+    return importlib.util.find_spec("amdsmi") is not None
+
+
+def _code(exc: BaseException) -> int | None:
+    code = getattr(exc, "err_code", None)
+    return code if isinstance(code, int) else None
+
+
+def _status(exc: BaseException) -> str:
+    code = _code(exc)
+    name = _STATUS_NAMES.get(code or -1)
+    return f"amdsmi status {code}" + (f" ({name})" if name else "") if code is not None else f"amdsmi: {exc}"
+
+
+def _number(value: Any) -> float | None:
+    """amdsmi's value, or None where it says N/A."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class AmdBackend:
+    """The local AMD GPUs through amdsmi.  Thread-safe; one instance per process is enough."""
+
+    backend = "amdsmi"
+    vendor = "amd"
+
+    def __init__(self, *, util_window: float = 5.0, processes: bool = True) -> None:
+        self.util_window = util_window
+        self.want_processes = processes
+        self._lock = threading.Lock()
+        self._devices: list[_Device] = []
+        self._resolver = ProcessResolver()
+        self._util_since: Mapping[str, float] = {}
+        self._detail = True
+        smi = import_amdsmi()
+        self._smi = smi
+        self._error = smi.AmdSmiException
+        try:
+            smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+        except smi.AmdSmiException as exc:
+            if _code(exc) == _DRIVER_NOT_LOADED:
+                raise BackendUnavailable("the amdgpu driver is not loaded", hint=True) from None
+            raise BackendUnavailable(f"amdsmi failed to start: {_status(exc)}", hint=True) from None
+        self._closed = False
+        self.driver_version: str | None = None
+        self.hostname = hostname()
+        self.node_id = node_id()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _query(self, dev: _Device, key: str, fn: Any, *args: Any) -> Any:
+        """``fn(handle, *args)``; None where unsupported; raise _GpuFailed where the GPU failed."""
+        if key in dev.unsupported:
+            return None
+        try:
+            return fn(dev.handle, *args)
+        except self._error as exc:
+            if _code(exc) in _UNSUPPORTED:
+                dev.unsupported.add(key)
+                return None
+            raise _GpuFailed(f"{key}: {_status(exc)}") from None
+
+    def _refresh_devices(self) -> None:
+        smi = self._smi
+        handles = smi.amdsmi_get_processor_handles()
+        if len(handles) == len(self._devices):
+            return
+        devices = []
+        for i, h in enumerate(handles):
+            dev = _Device(i, h, f"unknown-{i}", None, None, util=UtilWindow(self.util_window))
+            try:
+                asic = self._query(dev, "asic", smi.amdsmi_get_gpu_asic_info)
+            except _GpuFailed:
+                asic = None
+            if asic:
+                name = asic.get("market_name")
+                dev.name = str(name) if name and name != "N/A" else None
+                serial = str(asic.get("asic_serial") or "")
+                try:
+                    dev.uuid = f"GPU-{int(serial, 16):016x}"  # ROCm's UUID (rocminfo, ROCR_VISIBLE_DEVICES)
+                except ValueError:
+                    pass
+            try:
+                bdf = self._query(dev, "bdf", smi.amdsmi_get_gpu_device_bdf)
+                dev.pci_bus_id = str(bdf).upper().replace("0X", "") if bdf else None
+            except _GpuFailed:
+                pass
+            devices.append(dev)
+        self._devices = devices
+
+    # -- the snapshot -------------------------------------------------------------------------
+    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
+        with self._lock:
+            self._util_since = util_since or {}
+            self._detail = detail
+            if self._closed:
+                raise BackendUnavailable("the amdsmi backend is closed")
+            try:
+                self._refresh_devices()
+            except self._error as exc:
+                raise BackendUnavailable(f"amdsmi cannot list GPUs: {_status(exc)}", hint=True) from None
+            gpus = [self._read(dev) for dev in self._devices]
+        if detail:
+            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
+        return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=gpus,
+                            driver_version=self.driver_version, backend=self.backend)
+
+    def _read(self, dev: _Device) -> GpuInfo:
+        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="amd")
+        try:
+            self._fill(dev, gpu)
+        except _GpuFailed as exc:
+            gpu.healthy, gpu.error = False, exc.reason
+        return gpu
+
+    def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
+        smi, q = self._smi, self._query
+        vram = q(dev, "vram", smi.amdsmi_get_gpu_vram_usage)
+        if vram is not None:
+            total, used = _number(vram.get("vram_total")), _number(vram.get("vram_used"))
+            if total is not None and used is not None:  # MiB
+                gpu.memory_total, gpu.memory_used = int(total) << 20, int(used) << 20
+                gpu.memory_free = max(0, gpu.memory_total - gpu.memory_used)
+        activity = q(dev, "activity", smi.amdsmi_get_gpu_activity)
+        now = time.time()
+        gfx = _number(activity.get("gfx_activity")) if activity else None
+        if activity:
+            gpu.utilization_memory = _number(activity.get("umc_activity"))
+        window = dev.util
+        assert window is not None
+        if gfx is not None:
+            window.add(now, gfx)  # no driver sample buffer: the window is built from our readings
+        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
+        if gpu.utilization_gpu is None:
+            gpu.utilization_gpu = gfx
+        if self._detail:
+            kinds = smi.AmdSmiTemperatureType
+            current = smi.AmdSmiTemperatureMetric.CURRENT
+            temp = q(dev, "temp_edge", smi.amdsmi_get_temp_metric, kinds.EDGE, current)
+            if temp is None:
+                temp = q(dev, "temp_hotspot", smi.amdsmi_get_temp_metric, kinds.HOTSPOT, current)
+            gpu.temperature = int(temp) if isinstance(temp, int) else None
+            power = q(dev, "power", smi.amdsmi_get_power_info)
+            if power:
+                draw = _number(power.get("current_socket_power"))
+                gpu.power_draw = draw if draw is not None else _number(power.get("average_socket_power"))
+                gpu.power_limit = _number(power.get("power_limit"))
+        gpu.compute_partition = self._partition(dev, "compute_partition", smi.amdsmi_get_gpu_compute_partition)
+        gpu.memory_partition = self._partition(dev, "memory_partition", smi.amdsmi_get_gpu_memory_partition)
+        if self.want_processes:
+            gpu.processes = self._processes(dev)
+
+    def _partition(self, dev: _Device, key: str, fn: Any) -> str | None:
+        value = self._query(dev, key, fn)
+        return str(value)[:16] if value else None
+
+    def _processes(self, dev: _Device) -> list[ProcessInfo]:
+        out: list[ProcessInfo] = []
+        for p in self._query(dev, "processes", self._smi.amdsmi_get_gpu_process_list) or []:
+            pid = p.get("pid") if isinstance(p, dict) else None
+            if not isinstance(pid, int) or pid <= 0:
+                continue
+            usage = p.get("memory_usage") or {}
+            used = _number(usage.get("vram_mem")) if isinstance(usage, dict) else None
+            if used is None:
+                used = _number(p.get("mem"))
+            out.append(ProcessInfo(pid=pid, used_memory=int(used) if used is not None else None, type="compute"))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                try:
+                    self._smi.amdsmi_shut_down()
+                except self._error:
+                    pass
+
+    def __enter__(self) -> AmdBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,149 @@
+"""Per vendor: which variables make a chosen set of GPUs the only ones a job sees.
+
+The inventory backend that reads a vendor's GPUs owns its visibility rule here (NVML's for NVIDIA,
+amdsmi's for AMD, Level Zero's for Intel), so every path that hands GPUs to a job — ``gpusd env`` and
+``run``, ``select().apply()``, ``set_cuda_visible_devices``, the seed's ``GpuOptimizer``, ``launch`` and
+hostfiles per host, ``ray up`` — sets the same variables:
+
+* **nvidia**: ``CUDA_VISIBLE_DEVICES`` (NVML indices, PCI bus order, or UUIDs; MIG slices by UUID)
+  with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA counts as NVML does.
+* **amd**: ``ROCR_VISIBLE_DEVICES`` by UUID (``GPU-<unique id>``): it masks at the lowest level (the
+  ROCr runtime), and a UUID means the same GPU whatever renumbering comes after.  Never
+  ``HIP_VISIBLE_DEVICES``/``CUDA_VISIBLE_DEVICES``/``GPU_DEVICE_ORDINAL`` by index as well: those count
+  *after* the ROCr mask, so an inherited or added index can hide every GPU (SwarmUI #566,
+  flux-core #4534): they are removed from the job's environment.  HIP honours ``CUDA_VISIBLE_DEVICES``
+  too, which is why a non-NVIDIA GPU never gets one.
+* **intel**: ``ZE_AFFINITY_MASK`` (Level Zero ordinals) with ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE``,
+  so that an ordinal is a card as Sysman counts them (in the FLAT mode a Max 1550's two stacks are two
+  devices); ``ONEAPI_DEVICE_SELECTOR=level_zero:*``: SYCL then takes the masked Level Zero devices only
+  (no second copy through OpenCL) and never re-selects by an index that the mask has renumbered.
+
+Engines that manage a vendor's variable themselves get what they read (``engine="ray"``): Ray reads
+``HIP_VISIBLE_DEVICES`` on AMD and *raises* when ``ROCR_VISIBLE_DEVICES`` is set
+(``ray/_private/accelerators/amd_gpu.py``), and reads only ``ZE_AFFINITY_MASK`` on Intel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, MutableMapping
+
+from ..model import VENDORS, GpuInfo
+
+# Variables a vendor's rule removes from a job's inherited environment: each would count again
+# after the mask (docs/alloc.md "Vendors").
+CLEARED: dict[str, tuple[str, ...]] = {
+    "nvidia": (),
+    "amd": ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
+    "intel": (),
+}
+RAY_CLEARED: dict[str, tuple[str, ...]] = {
+    "nvidia": (),
+    "amd": ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
+    "intel": ("ONEAPI_DEVICE_SELECTOR",),
+}
+# The variable that lists the devices, per vendor (and for Ray).
+DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
+RAY_DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
+
+
+@dataclass(frozen=True, slots=True)
+class Visible:
+    """One device a job is to see: its vendor, its number in that vendor's runtime, its UUID."""
+
+    vendor: str
+    index: int
+    uuid: str | None = None
+    is_slice: bool = False  # a MIG slice (addressed only by UUID)
+
+    @classmethod
+    def of(cls, gpu: GpuInfo, uuid: str | None = None, is_slice: bool = False) -> Visible:
+        return cls(gpu.vendor, gpu.device_index, uuid or gpu.uuid, is_slice)
+
+
+def check_vendor(vendor: str) -> str:
+    if vendor not in VENDORS:
+        raise ValueError(f"unknown GPU vendor {vendor!r}; known: {', '.join(VENDORS)}")
+    return vendor
+
+
+def _amd_token(d: Visible) -> str:
+    # ROCm's UUIDs are GPU-<16 hex digits>; anything else (a simulated or unreadable one) by index.
+    u = d.uuid or ""
+    return u if u.startswith("GPU-") and len(u) <= 40 else str(d.index)
+
+
+def vendor_env(vendor: str, devices: list[Visible], *, use_uuid: bool = False,
+               engine: str | None = None) -> dict[str, str]:
+    """The variables for ``devices``, all of ``vendor``."""
+    check_vendor(vendor)
+    if vendor == "nvidia":
+        by_uuid = use_uuid or any(d.is_slice for d in devices)
+        items = [d.uuid if by_uuid and d.uuid else str(d.index) for d in devices]
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(items)}
+    if vendor == "amd":
+        if engine == "ray":
+            return {"HIP_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
+        return {"ROCR_VISIBLE_DEVICES": ",".join(_amd_token(d) for d in devices)}
+    mask = {"ZE_AFFINITY_MASK": ",".join(str(d.index) for d in devices), "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}
+    if engine == "ray":
+        return mask
+    return {**mask, "ONEAPI_DEVICE_SELECTOR": "level_zero:*"}
+
+
+def by_vendor(devices: Iterable[Visible]) -> dict[str, list[Visible]]:
+    out: dict[str, list[Visible]] = {}
+    for d in devices:
+        out.setdefault(d.vendor, []).append(d)
+    return out
+
+
+def visible_env(devices: Iterable[Visible], *, use_uuid: bool = False, engine: str | None = None) -> dict[str, str]:
+    """The variables that make exactly ``devices`` visible, each vendor's by its own rule (a job on
+    GPUs of two vendors gets both).  No device at all: NVIDIA's form (``CUDA_VISIBLE_DEVICES=``)."""
+    groups = by_vendor(devices)
+    if not groups:
+        return vendor_env("nvidia", [], engine=engine)
+    out: dict[str, str] = {}
+    for vendor, group in groups.items():
+        out.update(vendor_env(vendor, group, use_uuid=use_uuid, engine=engine))
+    return out
+
+
+def cleared(vendors: Iterable[str], engine: str | None = None) -> set[str]:
+    """Variables to remove from a job's inherited environment for GPUs of ``vendors``."""
+    table = RAY_CLEARED if engine == "ray" else CLEARED
+    out: set[str] = set()
+    for v in vendors:
+        out.update(table.get(v, ()))
+    return out
+
+
+def job_environ(base: Mapping[str, str], devices: Iterable[Visible], *, use_uuid: bool = False,
+                engine: str | None = None) -> dict[str, str]:
+    """``base`` (a job's inherited environment) with the variables of ``devices`` set and those that
+    would count again after the mask removed."""
+    devs = list(devices)
+    variables = visible_env(devs, use_uuid=use_uuid, engine=engine)
+    env = dict(base)
+    for name in cleared({d.vendor for d in devs}, engine) - set(variables):
+        env.pop(name, None)
+    env.update(variables)
+    return env
+
+
+def apply_cleared(environ: MutableMapping[str, str], vendors: Iterable[str], keep: Iterable[str] = ()) -> None:
+    """Remove from ``environ`` what :func:`cleared` names for ``vendors`` (but ``keep``)."""
+    for name in cleared(vendors) - set(keep):
+        environ.pop(name, None)
+
+
+def vendor_of_name(name: str | None) -> str:
+    """The vendor a GPU's marketing name says (for names that come without one: scenario files,
+    placements written by hand)."""
+    n = (name or "").lower()
+    if n.startswith("amd") or "instinct" in n or "radeon" in n or n.startswith("mi"):
+        return "amd"
+    if n.startswith("intel") or "data center gpu max" in n or n.startswith("arc"):
+        return "intel"
+    return "nvidia"

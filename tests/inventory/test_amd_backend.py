@@ -1,0 +1,150 @@
+"""The AMD backend on the fake libamd_smi.so (tests/fakeamdsmi), through AMD's real ``amdsmi`` package:
+what ``gpusd devices --json`` lists, what ``gpusd run`` sets, and how lost GPUs, missing fields and
+library errors come out (as for NVML: a flagged GPU or a one-line error)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tests_paths
+from conftest import gpusd_cli
+from fakeamdsmi import AmdGpu, AmdProcess, MiB, package_dir, wrapped_functions
+
+GiB = 1024**3
+
+
+def _env(fake, **extra: str) -> dict[str, str]:
+    base = {**os.environ, "PYTHONPATH": str(tests_paths.SRC), **extra}
+    return fake.env(base)
+
+
+def _two() -> list[AmdGpu]:
+    return [AmdGpu(gfx=63, umc=20, vram_used=40 * 1024 * MiB, temp=51, power=420,
+                   processes=[AmdProcess(os.getpid(), 30 * GiB)]),
+            AmdGpu(serial="00000000000000b1", bdf="0000:1c:00.0", name="AMD Instinct MI250X", vram_total=65536 * MiB,
+                   cpart="", mpart="")]
+
+
+def test_the_fake_exports_every_function_the_real_package_looks_up(fake_amdsmi) -> None:
+    import ctypes
+
+    names = wrapped_functions(package_dir("amdsmi")[0] / "amdsmi_wrapper.py")
+    assert len(names) > 150  # 184 in amdsmi 7.0.2
+    lib = ctypes.CDLL(str(fake_amdsmi.root / "lib" / "libamd_smi.so"))
+    assert [n for n in names if not hasattr(lib, n)] == []
+    lib.fake_amdsmi_sizeof.restype = ctypes.c_size_t
+    assert lib.fake_amdsmi_sizeof(b"amdsmi_proc_info_t") == 704  # the layout of amdsmi_wrapper.py
+
+
+def test_devices_json_lists_amd_gpus_with_vendor_memory_utilisation_and_processes(fake_amdsmi) -> None:
+    fake_amdsmi.write(_two())
+    r = gpusd_cli(["devices", "--json"], env=_env(fake_amdsmi))
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert snap["backend"] == "amdsmi"
+    a, b = snap["gpus"]
+    assert (a["vendor"], a["name"], a["uuid"], a["pci_bus_id"]) == (
+        "amd", "AMD Instinct MI300X", "GPU-1a2b3c4d5e6f7081", "0000:0C:00.0")
+    assert a["memory_total"] == 196592 * MiB and a["memory_used"] == 40 * GiB
+    assert a["utilization_gpu"] == 63 and a["utilization_memory"] == 20
+    assert (a["temperature"], a["power_draw"], a["power_limit"]) == (51, 420, 750)
+    assert (a["compute_partition"], a["memory_partition"]) == ("SPX", "NPS1")
+    assert [(p["pid"], p["used_memory"]) for p in a["processes"]] == [(os.getpid(), 30 * GiB)]
+    assert a["processes"][0]["user"]  # resolved on the host, as for NVML
+    assert b["name"] == "AMD Instinct MI250X" and b["memory_total"] == 64 * GiB and b["compute_partition"] is None
+    assert a["free"] is False and b["free"] is True
+    table = gpusd_cli(["devices"], env=_env(fake_amdsmi)).stdout
+    assert "MI300X [amd]" in table
+
+
+def test_run_on_an_amd_host_sets_rocr_visible_devices_and_no_cuda_variable(fake_amdsmi) -> None:
+    fake_amdsmi.write(_two())
+    r = gpusd_cli(["run", "-n", "1", "--", "env"], env=_env(fake_amdsmi, HIP_VISIBLE_DEVICES="0"))
+    assert r.returncode == 0, r.stderr
+    env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    assert env["ROCR_VISIBLE_DEVICES"] == "GPU-00000000000000b1"  # the idle one
+    assert "CUDA_VISIBLE_DEVICES" not in env and "HIP_VISIBLE_DEVICES" not in env
+    r = gpusd_cli(["env", "-n", "1", "--vendor", "amd"], env=_env(fake_amdsmi))
+    assert r.returncode == 0, r.stderr
+    assert "export ROCR_VISIBLE_DEVICES=GPU-00000000000000b1" in r.stdout
+    assert "unset CUDA_VISIBLE_DEVICES" in r.stdout and "export CUDA" not in r.stdout
+
+
+def test_a_lost_gpu_is_flagged_and_the_other_still_read(fake_amdsmi) -> None:
+    gpus = _two()
+    gpus[0].lost = 6  # AMDSMI_STATUS_DRM_ERROR on every query
+    fake_amdsmi.write(gpus)
+    r = gpusd_cli(["devices", "--json"], env=_env(fake_amdsmi))
+    assert r.returncode == 0, r.stderr
+    a, b = json.loads(r.stdout)["gpus"]
+    assert a["healthy"] is False and "DRM error" in a["error"]
+    assert b["healthy"] is True and b["memory_total"] == 64 * GiB
+    r = gpusd_cli(["run", "-n", "2", "--", "true"], env=_env(fake_amdsmi))
+    assert r.returncode != 0 and "unhealthy" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_fields_stay_unknown(fake_amdsmi) -> None:
+    gpus = _two()
+    gpus[0].missing = ["temp", "power", "processes", "cpart", "mpart"]
+    fake_amdsmi.write(gpus)
+    r = gpusd_cli(["devices", "--json"], env=_env(fake_amdsmi))
+    assert r.returncode == 0, r.stderr
+    a = json.loads(r.stdout)["gpus"][0]
+    assert a["healthy"] is True and a["temperature"] is None and a["power_draw"] is None
+    assert a["compute_partition"] is None and a["processes"] == [] and a["memory_total"] == 196592 * MiB
+    gpus[0].missing = ["activity"]  # no utilisation: gpusd cannot tell it is free
+    fake_amdsmi.write(gpus)
+    a = json.loads(gpusd_cli(["devices", "--json"], env=_env(fake_amdsmi)).stdout)["gpus"][0]
+    assert a["utilization_gpu"] is None and a["free"] is False
+
+
+def test_library_errors_are_one_line(fake_amdsmi, tmp_path) -> None:
+    fake_amdsmi.write(_two(), init_status=34)  # AMDSMI_STATUS_DRIVER_NOT_LOADED
+    r = gpusd_cli(["devices"], env=_env(fake_amdsmi))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("gpusd: the amdgpu driver is not loaded")
+    r = gpusd_cli(["devices", "--json"], env={**_env(fake_amdsmi), "ROCM_PATH": str(tmp_path)})
+    assert r.returncode != 0 and r.stdout == "" and "Traceback" not in r.stderr  # amdsmi's own print is kept off
+    assert "no ROCm library libamd_smi.so" in r.stderr
+    r = gpusd_cli(["devices"], env={**_env(fake_amdsmi), "PYTHONPATH": str(tests_paths.SRC)})
+    assert r.returncode != 0 and "the amdsmi package is not installed" in r.stderr
+
+
+def test_a_host_with_nvidia_and_amd_gpus_is_one_host(fake_amdsmi, fake_nvml) -> None:
+    from fakenvml import make_gpus
+
+    fake_nvml.write(make_gpus(2))
+    fake_amdsmi.write(_two())
+    env = {**fake_nvml.env(_env(fake_amdsmi)), "GPUSD_BACKENDS": "nvidia,amd"}
+    r = gpusd_cli(["devices", "--json"], env=env)
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert snap["backend"] == "nvml+amdsmi"
+    assert [(g["index"], g["vendor"], g["vendor_index"]) for g in snap["gpus"]] == [
+        (0, "nvidia", None), (1, "nvidia", None), (2, "amd", 0), (3, "amd", 1)]
+    r = gpusd_cli(["run", "-n", "1", "--vendor", "amd", "--include", "3", "--", "env"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ROCR_VISIBLE_DEVICES=GPU-00000000000000b1" in r.stdout.splitlines()
+    assert not any(line.startswith("CUDA_VISIBLE_DEVICES=") for line in r.stdout.splitlines())
+    r = gpusd_cli(["run", "-n", "1", "--vendor", "nvidia", "--", "env"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert not any(line.startswith("ROCR_VISIBLE_DEVICES=") for line in r.stdout.splitlines())
+    assert any(line.startswith("CUDA_VISIBLE_DEVICES=") for line in r.stdout.splitlines())
+
+
+def test_by_default_every_vendor_that_opens_is_read_and_one_that_fails_is_skipped(fake_amdsmi, fake_nvml) -> None:
+    from fakenvml import make_gpus
+
+    fake_nvml.write(make_gpus(1))
+    fake_amdsmi.write(_two())
+    env = fake_nvml.env(_env(fake_amdsmi))
+    env.pop("GPUSD_BACKENDS")
+    snap = json.loads(gpusd_cli(["devices", "--json"], env=env).stdout)
+    assert [g["vendor"] for g in snap["gpus"]] == ["nvidia", "amd", "amd"]
+    fake_amdsmi.write(_two(), init_status=34)  # the amdgpu driver not loaded: the NVIDIA GPU alone
+    r = gpusd_cli(["devices", "--json"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert [g["vendor"] for g in json.loads(r.stdout)["gpus"]] == ["nvidia"]
+    r = gpusd_cli(["devices"], env={**env, "GPUSD_BACKENDS": "nvidia,amd"})  # named: it must work
+    assert r.returncode != 0 and "amdgpu driver is not loaded" in r.stderr
