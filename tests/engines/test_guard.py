@@ -240,3 +240,29 @@ def test_a_lock_directory_it_cannot_use_is_a_one_line_error(tmp_path: Path) -> N
     r = _guard(locks, "0123456789ab", ["touch", str(marker)])
     assert r.returncode == 3 and not marker.exists()
     assert "Traceback" not in r.stderr and r.stderr.startswith("gpusd: ") and "chmod 1777" in r.stderr, r.stderr
+
+
+def test_another_users_record_in_the_shared_directory_does_not_hide_the_daemons(shared_tmp: Path) -> None:
+    """A root daemon keeps its remote leases in its own directory (``<lock dir>/authority``); another
+    local user writes a live record of the same lease id, due at once, into the shared directory
+    (mode 1777): the guard reads the daemon's record (its own directory first, where no one else can
+    write) and neither stops the engine early nor believes the forged end."""
+    from gpusd.engines.hold import lease_expires
+    from other_user import MALLORY, AsUser, needs_root
+
+    if os.geteuid() != 0:
+        pytest.skip(needs_root.kwargs["reason"])
+    shared = LeaseStore(shared_tmp / "locks")
+    authority = LeaseStore.authority(shared.dir)
+    authority.prepare()
+    ends = time.time() + 600
+    lease = authority.acquire(["GPU-guard-7"], remote={"remote_from": "198.18.0.9", "expires": ends})
+    assert lease is not None
+    mallory = AsUser(MALLORY, lambda: _forge(shared.dir, lease.lease_id, time.time() + 1), stay=True)
+    try:
+        assert mallory.result == "ok forged", mallory.result
+        got = lease_expires(shared, lease.lease_id)
+        assert isinstance(got, float) and abs(got - ends) < 1, got
+    finally:
+        mallory.stop()
+        lease.release()
