@@ -76,3 +76,31 @@ def test_an_unresolvable_name_says_which_host_and_what_to_configure(tmp_path: Pa
     assert "Could not resolve hostname node-1" in r.stderr  # ssh's own words stay
     assert "ssh cannot resolve node-1" in r.stderr and "Host node-1" in r.stderr and "HostName" in r.stderr
     assert "198.18.0.7" in r.stderr and "~/.ssh/config" in r.stderr
+
+
+HOSTILE_PID_SSH = r"""#!/bin/sh
+case " $* " in
+  *" kill "*) echo "$*" >> "$SSH_LOG"; exit 0;;
+  *) printf 'gpusd-remote-pid %s job\n' "$REMOTE_PID" >&2; exec sleep 30;;
+esac
+"""
+
+
+def test_a_protocol_line_naming_no_single_process_is_never_signalled(tmp_path: Path) -> None:
+    """The remote side (an sshd banner, the user's shell rc) prints ``gpusd-remote-pid -1``: a
+    signal to the run must not become ``kill -s TERM -1`` (every process of that user there) — the
+    connection is ended instead."""
+    import signal
+
+    env = _env(tmp_path)
+    (tmp_path / "bin" / "ssh").write_text(HOSTILE_PID_SSH)
+    log = tmp_path / "ssh.log"
+    for hostile in ("-1", "0", "1", "99999999999"):
+        log.unlink(missing_ok=True)
+        run_env = dict(env, SSH_LOG=str(log), REMOTE_PID=hostile)
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER], env=run_env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # the protocol line is read
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        assert not log.exists() or "kill" not in log.read_text(), (hostile, log.read_text())

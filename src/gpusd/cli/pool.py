@@ -407,9 +407,11 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
             return False
         words = line.split()
         try:
-            remote_pid.append(int(words[1]))
+            pid = int(words[1])
         except (IndexError, ValueError):
-            remote_pid.append(0)  # seen, but no pid to signal
+            pid = 0
+        # seen; a pid that is not one process's (0, 1, -1: every process; absurdly large) is none to signal
+        remote_pid.append(pid if 1 < pid < 1 << 22 else 0)
         if job and words[2:3] != [b"job"]:
             from ..sanitize import for_terminal
 
