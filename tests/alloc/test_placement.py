@@ -95,15 +95,17 @@ def test_launch_per_host_placement_follows_the_same_rule():
     """``launch``/``reserve --per-host``: each host's GPUs are chosen by the pool's ranking, which is
     local selection's (``rank_hosts``): an idle NVLink pair within the tolerance over the two idlest
     split GPUs, on every host; the host's snapshot came over the wire, links included."""
-    from gpusd.discovery.types import RemoteHost
+    from gpusd.discovery.types import RemoteHost, SignedIdentity
     from gpusd.pool.client import rank_hosts
     from gpusd.wire.txt import TxtRecord
 
     hosts = []
     for name, utils in (("node-a", [1, 30, 3, 5]), ("node-b", [1, 30, 3, 60])):
         snap = HostSnapshot.from_json(_host(utils).to_json())  # as a daemon serves it
-        hosts.append(RemoteHost(key=name, txt=TxtRecord(node_id=name, hostname=name, session="default", count=4),
-                                url="http://198.18.0.9:4780/api/v1", snapshot=snap, alive=True, verified=True))
+        host = RemoteHost(key=name, txt=TxtRecord(node_id=name, hostname=name, session="default", count=4),
+                          url="http://198.18.0.9:4780/api/v1", snapshot=snap, alive=True, verified=True)
+        host.identity = SignedIdentity(name, name, ("198.18.0.9",))  # what the daemon signed (issue 17)
+        hosts.append(host)
     ranked = rank_hosts(hosts, Constraints.build(count=2))
     chosen = {h.hostname: sorted(c.gpu.index for c in cands) for _, h, cands in ranked}
     assert chosen == {"node-a": [2, 3], "node-b": [0, 2]}
