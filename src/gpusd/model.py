@@ -237,6 +237,8 @@ class LeaseInfo:
     remote_from: str | None = None
     expires: float | None = None
     job: str | None = None  # the gpusd job holding it (docs/jobs.md), when known
+    # the Slurm job holding it (added in 0.3): its id, recorded by `gpusd slurm prolog` (docs/slurm.md)
+    slurm_job: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)
@@ -336,6 +338,14 @@ class HostSnapshot:
     backend: str = "nvml"  # "nvml" or "simulated"
     simulated: bool = False
     schema: int = SCHEMA_VERSION
+    # The machine (added in 0.3, schema 1 still: older readers ignore these keys), as ``slurmd -C``
+    # reports it: online logical CPUs, sockets, cores per socket, threads per core, bytes of RAM
+    # (gpusd.topology.machine; docs/slurm.md). None: not read (an older daemon).
+    cpus: int | None = None
+    sockets: int | None = None
+    cores_per_socket: int | None = None
+    threads_per_core: int | None = None
+    memory: int | None = None
 
     def gpu(self, key: int | str) -> GpuInfo:
         """The GPU with this index or UUID."""

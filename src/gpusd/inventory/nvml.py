@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
+from ..topology import with_machine
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from .processes import ProcessResolver
 from .window import UtilWindow
@@ -279,7 +280,7 @@ class NvmlBackend:
             gpus = [self._read(dev) for dev in self._devices]
         if detail:
             self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
-        return HostSnapshot(
+        return with_machine(HostSnapshot(
             hostname=self.hostname,
             node_id=self.node_id,
             timestamp=time.time(),
@@ -288,7 +289,7 @@ class NvmlBackend:
             cuda_version=self.cuda_version,
             nvml_version=self.nvml_version,
             backend="nvml",
-        )
+        ))
 
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
@@ -413,7 +414,7 @@ class NvmlBackend:
                     type=kind,
                     gpu_instance_id=int(gi) if gi is not None and gi != 0xFFFFFFFF else None,
                     compute_instance_id=int(ci) if ci is not None and ci != 0xFFFFFFFF else None,
-                ))
+        ))
         return out
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
 from ..units import format_bytes, parse_bytes
+from ..topology import with_machine
 
 GiB = 1024**3
 
@@ -343,7 +344,7 @@ class SimulatedBackend:
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         t = self._clock()
         gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
-        return HostSnapshot(
+        return with_machine(HostSnapshot(
             hostname=self.hostname,
             node_id=self.node_id,
             timestamp=t,
@@ -353,7 +354,7 @@ class SimulatedBackend:
             nvml_version=None,
             backend="simulated",
             simulated=True,
-        )
+        ))
 
     def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:
         name, total, plimit, mig_capable = MODELS[g.model]
@@ -392,7 +393,7 @@ class SimulatedBackend:
                     used_memory=parse_bytes(p.get("memory", 0)),
                     user=p.get("user"),
                     command=p.get("command"),
-                ))
+        ))
             except (TypeError, ValueError):
                 continue
         for k, p in enumerate(g.leases):
