@@ -160,7 +160,7 @@ class Daemon:
         if self.config.leases:
             from .leasesock import start_lease_server
 
-            self._lease_server = await start_lease_server(self.config.simulate)
+            self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm)
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
         from .announce import Announcer

@@ -1,0 +1,119 @@
+"""Leases the lease authority holds for Slurm jobs (docs/slurm.md, "One authority per GPU").
+
+``gpusd slurm prolog`` (Slurm's Prolog, run as root by slurmd) sends one request on the lease socket::
+
+    {"op": "slurm", "v": 2, "action": "begin", "slurm_job": "42", "uid": 1000, "devices": ["0", "1"]}
+
+and ``gpusd slurm epilog`` ``{"op": "slurm", "v": 2, "action": "end", "slurm_job": "42"}``.  Only a
+peer the kernel reports as root (``SO_PEERCRED``) is obeyed: Slurm's prolog runs as root, and whoever
+is root could take the locks anyway.  ``begin`` takes the very same flock leases a local ``gpusd run``
+takes, on exactly the GPUs Slurm gave (``devices``: NVML indices or UUIDs), through the allocation
+path of every other lease (:func:`gpusd.alloc.api.allocate`, same mutex, same lock directory), with a
+record naming the job's user, ``slurm job 42`` as its command and ``slurm_job``; the daemon keeps the
+descriptors until ``end`` (or until it stops: see docs/slurm.md).  A GPU Slurm chose that gpusd has
+leased already refuses the ``begin`` (``no_gpu``): the prolog fails, and Slurm drains the node and
+requeues the job — a GPU is never given by both.  ``begin`` for a job already held answers what it holds
+(a prolog run twice); ``end`` for a job not held answers ``released: []``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+log = logging.getLogger("gpusd.slurm")
+
+SLURM_JOB = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")  # a Slurm job id (an array task: 42_3)
+MAX_DEVICES = 64
+
+
+def parse(req: dict[str, Any]) -> tuple[str, str, int | None, list[str]]:
+    """(action, slurm_job, uid, devices) of a request, checked; ConfigError when malformed."""
+    action = req.get("action")
+    if action not in ("begin", "end"):
+        raise ConfigError("bad 'action' in the slurm request (begin or end)")
+    job = req.get("slurm_job")
+    if not isinstance(job, str) or not SLURM_JOB.match(job):
+        raise ConfigError("bad 'slurm_job' in the slurm request (a Slurm job id)")
+    if action == "end":
+        return action, job, None, []
+    uid = req.get("uid")
+    if type(uid) is not int or not 0 <= uid < 2**32:
+        raise ConfigError("bad 'uid' in the slurm request")
+    devices = req.get("devices")
+    if (not isinstance(devices, list) or not 0 < len(devices) <= MAX_DEVICES
+            or not all(isinstance(d, str) and 0 < len(d) <= 128 for d in devices)):
+        raise ConfigError(f"bad 'devices' in the slurm request (1 to {MAX_DEVICES} GPU indices or UUIDs)")
+    return action, job, uid, list(dict.fromkeys(devices))
+
+
+class SlurmJobs:
+    """The Slurm jobs' leases of one lease authority: job id -> its Selection."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+    def begin(self, job: str, uid: int, devices: list[str], snapshot: Callable[[], Any],
+              grant: Callable[[dict[str, Any], int, int], Any]) -> Any:
+        """Lease ``devices`` for Slurm job ``job`` of ``uid`` (on the executor).  ``snapshot``: the
+        daemon's GPUs; ``grant(kwargs, pid, uid)``: the authority's own grant."""
+        from .leasereq import constraints
+
+        with self.lock:
+            if job in self.held:
+                return self.held[job]
+        snap = snapshot()
+        uuids: list[str] = []
+        for d in devices:
+            gpu = next((g for g in snap.gpus if str(g.index) == d or g.uuid == d), None)
+            if gpu is None:
+                raise ConfigError(f"Slurm job {job}: this host has no GPU {d[:64]!r}")
+            uuids.append(gpu.uuid)
+        kwargs = constraints({"count": len(uuids), "include": uuids, "topology": "any",
+                              "command": f"slurm job {job}"})
+        selection = grant(kwargs, os.getpid(), uid)
+        with self.lock:
+            if job in self.held:  # two prologs raced: keep one
+                selection.release()
+                return self.held[job]
+            self.held[job] = selection
+        log.info("Slurm job %s (uid %d): leased %s (lease %s)", job, uid, ",".join(selection.uuids),
+                 getattr(selection.lease, "lease_id", "?"))
+        return selection
+
+    def end(self, job: str) -> list[str]:
+        with self.lock:
+            selection = self.held.pop(job, None)
+        if selection is None:
+            return []
+        uuids = list(selection.uuids)
+        selection.release()
+        log.info("Slurm job %s ended: released %s", job, ",".join(uuids))
+        return uuids
+
+    def close(self) -> None:
+        with self.lock:
+            held, self.held = self.held, {}
+        for job, selection in held.items():
+            log.warning("daemon stopping: the lease of Slurm job %s ends with it", job)
+            selection.release()
+
+
+def answer(req: dict[str, Any], peer_uid: int, jobs: SlurmJobs, snapshot: Callable[[], Any],
+           grant: Callable[[dict[str, Any], int, int], Any]) -> dict[str, Any]:
+    """The lease socket's answer to an ``{"op": "slurm", ...}`` request (on the executor)."""
+    if peer_uid != 0:
+        raise ConfigError("only root (Slurm's prolog and epilog) may record Slurm jobs")
+    action, job, uid, devices = parse(req)
+    if action == "end":
+        return {"ok": True, "op": "slurm", "slurm_job": job, "released": jobs.end(job)}
+    assert uid is not None
+    selection = jobs.begin(job, uid, devices, snapshot, grant)
+    return {"ok": True, "op": "slurm", "slurm_job": job, "lease_id": getattr(selection.lease, "lease_id", None),
+            "devices": list(selection.uuids)}

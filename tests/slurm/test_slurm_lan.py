@@ -1,0 +1,155 @@
+"""gpusd and the real Slurm (issue 23, docs/slurm.md): Debian's slurmctld, slurmd and munge on a LAN
+of network namespaces (tests/netns.py, tests/slurm_helpers.py), gpusd daemons on fake NVML GPUs.
+Skipped, with the reason, without root, ``ip netns`` or the Slurm packages.  Every wait is bounded
+and every process is stopped by pid (SlurmLab.close, Lan.close), even when a test fails."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from fakenvml import make_gpus
+from lan_helpers import secret_file
+from netns import GpuHost, Lan, lan, netns_ok  # noqa: F401
+from slurm_helpers import SlurmLab, unavailable, wait_for
+
+
+
+
+@pytest.fixture
+def slurm(lan: Lan) -> Iterator[SlurmLab]:  # noqa: F811
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    lab = SlurmLab(lan, lan.workdir / "slurm")
+    try:
+        lab.start_munge()
+        yield lab
+    finally:
+        lab.close()
+
+
+def gpu_host(lan: Lan, name: str, n: int, key: Path, args: list[str] = ()) -> GpuHost:  # type: ignore[assignment]  # noqa: F811
+    node_name = f"h{len(lan.nodes) + 1}"
+    return lan.add_gpu_host(name, make_gpus(n), fast=True, node_name=node_name,
+                            args=["--token-file", str(key), "--interval", "0.2", *args],
+                            extra_env={"GPUSD_LEASE_SOCKET": str(lan.workdir / f"{node_name}-lease.sock")})
+
+
+def conf_from(lan: Lan, node: Any, key: Path, *extra: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+    return lan.gpusd(node, ["slurm", "conf", "--token-file", str(key), "--wait", "4", *extra],
+                     env=lan.base_env(node, GPUSD_MDNS_FAST="1"), timeout=60)
+
+
+def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, slurm: SlurmLab,  # noqa: F811
+                                                                    tmp_path: Path) -> None:
+    """Done when (1): the NodeName and gres.conf lines ``gpusd slurm conf`` prints for a namespace fleet
+    of 2 and 4 GPUs are what slurmctld takes (``scontrol show node`` shows each host's GRES), a slurmd
+    started on them registers IDLE with its GPUs, a job gets a GPU, and ``--check`` on a slurm.conf
+    that lacks a host reports it added."""
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    a = gpu_host(lan, "gpu-a", 2, key)
+    b = gpu_host(lan, "gpu-b", 4, key)
+    ctl = lan.add_node("ctl")
+    a.start()
+    b.start()
+    nodes = conf_from(lan, ctl, key)
+    assert nodes.returncode == 0, nodes.stderr
+    gres = conf_from(lan, ctl, key, "--gres")
+    assert gres.returncode == 0, gres.stderr
+    assert re.search(rf"^NodeName=gpu-a NodeAddr={re.escape(a.ip)} .*Gres=gpu:a100:2 ", nodes.stdout, re.M), nodes.stdout
+    assert re.search(rf"^NodeName=gpu-b NodeAddr={re.escape(b.ip)} .*Gres=gpu:a100:4 ", nodes.stdout, re.M), nodes.stdout
+    assert len(re.findall(r"^NodeName=gpu-b Name=gpu Type=a100 File=/dev/nvidia[0-3]", gres.stdout, re.M)) == 4
+    # the GPUs are simulated: File= names device files the test made (a char device is what slurmd needs)
+    dev = slurm.device_files(4)
+    gres_text = gres.stdout.replace("File=/dev/nvidia", f"File={dev}/nvidia")
+    slurm.start_slurmctld(ctl, extra=nodes.stdout + "PartitionName=gpus Nodes=ALL Default=YES\n", gres_conf=gres_text)
+    assert slurm.node_info("gpu-a").get("Gres") == "gpu:a100:2"
+    assert slurm.node_info("gpu-b").get("Gres") == "gpu:a100:4"
+    # slurmd reads the gres.conf lines (Cores=, Links=) and registers with them
+    slurm.start_slurmd(a.node, "gpu-a")
+    wait_for(lambda: "IDLE" in slurm.node_info("gpu-a").get("State", ""), 60,
+             f"gpu-a to register IDLE:\n{slurm.log('slurmd-gpu-a.log')}\n{slurm.log('slurmctld.log')}")
+    r = slurm.run_in(ctl, ["srun", "-w", "gpu-a", "--gres=gpu:2", "printenv", "CUDA_VISIBLE_DEVICES"], timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "0,1", (r.stdout, r.stderr)
+    # --check: a slurm.conf with gpu-a only reports gpu-b as added; the generated one matches
+    only_a = tmp_path / "only-a.conf"
+    only_a.write_text("\n".join(line for line in nodes.stdout.splitlines() if "gpu-b" not in line) + "\n")
+    checked = conf_from(lan, ctl, key, "--check", str(only_a))
+    assert checked.returncode == 1 and "added: gpu-b" in checked.stdout, (checked.stdout, checked.stderr)
+    assert "gpu-a" not in checked.stdout
+    full = tmp_path / "full.conf"
+    full.write_text(nodes.stdout)
+    same = conf_from(lan, ctl, key, "--check", str(full))
+    assert same.returncode == 0, (same.stdout, same.stderr)
+
+
+def _devices(host: GpuHost) -> dict[str, Any]:
+    r = host.lan.gpusd(host.node, ["devices", "--json"], env=host.env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _slurm_leases(host: GpuHost) -> list[dict[str, Any]]:
+    return [dict(le, gpu=g["index"]) for g in _devices(host)["gpus"] for le in g.get("leases") or []
+            if le.get("slurm_job")]
+
+
+def prolog_script(slurm: SlurmLab, host: GpuHost, what: str) -> Path:
+    """Slurm's Prolog/Epilog for ``host``: two lines that call gpusd (docs/slurm.md) with the test's
+    lease socket and source tree (Slurm gives the script only the job's variables)."""
+    path = slurm.work / f"{what}-{host.hostname}"
+    env = " ".join(f"{k}={v}" for k, v in host.env.items()
+                   if k in ("GPUSD_LEASE_SOCKET", "GPUSD_LOCK_DIR", "GPUSD_STATE_DIR", "PYTHONPATH"))
+    path.write_text(f"#!/bin/sh\nexec env {env} {sys.executable} -m gpusd slurm {what} "
+                    f">>{slurm.work}/{what}.log 2>&1\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan, slurm: SlurmLab,  # noqa: F811
+                                                                       tmp_path: Path) -> None:
+    """Done when (2): ``srun --gres=gpu:1`` gets a GPU, which gpusd on that node shows as leased by the
+    Slurm job (its id and user) while a concurrent local ``gpusd run`` is refused with how to ask Slurm
+    (none given twice); after the job the lease is gone."""
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    a = gpu_host(lan, "gpu-a", 2, key, ["--slurm", "--slurm-controller", "198.18.0.2"])
+    ctl = lan.add_node("ctl")
+    a.env["GPUSD_SLURMD"] = "off"  # this test starts slurmd itself, from a static slurm.conf
+    a.start()
+    nodes = conf_from(lan, ctl, key)
+    gres = conf_from(lan, ctl, key, "--gres")
+    dev = slurm.device_files(2)
+    extra = (nodes.stdout + "PartitionName=gpus Nodes=ALL Default=YES\nPrologFlags=Alloc\n"
+             f"Prolog={prolog_script(slurm, a, 'prolog')}\nEpilog={prolog_script(slurm, a, 'epilog')}\n")
+    slurm.start_slurmctld(ctl, extra=extra, gres_conf=gres.stdout.replace("File=/dev/nvidia", f"File={dev}/nvidia"))
+    slurm.start_slurmd(a.node, "gpu-a")
+    wait_for(lambda: "IDLE" in slurm.node_info("gpu-a").get("State", ""), 60, "gpu-a to register IDLE")
+    job = subprocess.Popen(["ip", "netns", "exec", ctl.ns, "srun", "-w", "gpu-a", "--gres=gpu:1", "sh", "-c",
+                            "echo $CUDA_VISIBLE_DEVICES; sleep 6"], env=slurm.env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        held = wait_for(lambda: _slurm_leases(a), 30, f"the Slurm job's lease:\n{slurm.log('prolog.log')}")
+        assert isinstance(held, list) and len(held) == 1
+        assert held[0]["user"] == "root" and held[0]["command"].startswith("slurm job ")
+        slurm_job = held[0]["slurm_job"]
+        # a local gpusd run on this Slurm node is refused, saying how to ask Slurm
+        r = lan.gpusd(a.node, ["run", "--", "true"], env=a.env, timeout=60)
+        assert r.returncode == 4 and "srun --gres=gpu:1" in r.stderr, (r.returncode, r.stderr)
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    assert job.returncode == 0, err
+    assert out.strip() == str(held[0]["gpu"]), (out, held)  # the GPU Slurm gave is the one gpusd shows leased
+    assert re.fullmatch(r"[0-9]+", slurm_job)
+    wait_for(lambda: not _slurm_leases(a), 30, f"the lease to end after the job:\n{slurm.log('epilog.log')}")
