@@ -137,7 +137,7 @@ def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan,
                             "echo $CUDA_VISIBLE_DEVICES; sleep 6"], env=slurm.env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        held = wait_for(lambda: _slurm_leases(a), 30, f"the Slurm job's lease:\n{slurm.log('prolog.log')}")
+        held = wait_for(lambda: _slurm_leases(a), 30, f"the Slurm job's lease:\n{slurm.log('prolog.log')}\n{slurm.log('slurmd-gpu-a.log')}\n{slurm.log('slurmctld.log', 20)}\n{a.log_tail()}\n{job.poll()} {job.stderr.read() if job.poll() is not None else ''}")
         assert isinstance(held, list) and len(held) == 1
         assert held[0]["user"] == "root" and held[0]["command"].startswith("slurm job ")
         slurm_job = held[0]["slurm_job"]

@@ -75,7 +75,7 @@ class SlurmJobs:
             if gpu is None:
                 raise ConfigError(f"Slurm job {job}: this host has no GPU {d[:64]!r}")
             uuids.append(gpu.uuid)
-        kwargs = constraints({"count": len(uuids), "include": uuids, "topology": "any",
+        kwargs = constraints({"op": "lease", "count": len(uuids), "include": uuids, "topology": "any",
                               "command": f"slurm job {job}"})
         selection = grant(kwargs, os.getpid(), uid)
         with self.lock:
