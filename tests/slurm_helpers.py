@@ -132,9 +132,14 @@ class SlurmLab:
         self.write_conf(extra)
         if gres_conf is not None:
             (self.work / "gres.conf").write_text(gres_conf)
-        script = f"hostname {shlex.quote(self.ctl_name)} && exec slurmctld -D -i -f {shlex.quote(str(self.conf))}"
+        # a private mount namespace: /run/gpusd/slurm/gres.conf (the Include of a configless cluster,
+        # docs/slurm.md) is the controller's own, empty file
+        script = (f"set -e; hostname {shlex.quote(self.ctl_name)}; mount -t tmpfs none /run; "
+                  "mkdir -p /run/gpusd/slurm; : > /run/gpusd/slurm/gres.conf; "
+                  f"exec slurmctld -D -i -f {shlex.quote(str(self.conf))}")
         log = open(self.work / "slurmctld.out", "ab")
-        p = self.lan.popen(ctl, ["unshare", "--uts", "sh", "-c", script], env=self.env(), stdout=log, stderr=log)
+        p = self.lan.popen(ctl, ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script],
+                           env=self.env(), stdout=log, stderr=log)
         log.close()
         self.procs.append(p)
         wait_for(lambda: self.scontrol("ping").returncode == 0 or p.poll() is not None, 30, "slurmctld to answer")
@@ -169,8 +174,11 @@ set -e
 mount -t tmpfs none /sys/fs/cgroup
 mkdir -p /sys/fs/cgroup/systemd
 mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
-mkdir -p /run/munge 2>/dev/null || mount -t tmpfs none /run && mkdir -p /run/munge
+mount -t tmpfs none /run
+mkdir -p /run/munge /run/gpusd/slurm
 mount --bind {self.munge_dir} /run/munge
+[ -n "$GPUSD_SLURM_DIR" ] && mount --bind "$GPUSD_SLURM_DIR" /run/gpusd/slurm
+unset SLURM_CONF
 exec slurmd "$@"' slurmd "$@"
 """)
             os.chmod(path, 0o755)

@@ -153,3 +153,76 @@ def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan,
     assert out.strip() == str(held[0]["gpu"]), (out, held)  # the GPU Slurm gave is the one gpusd shows leased
     assert re.fullmatch(r"[0-9]+", slurm_job)
     wait_for(lambda: not _slurm_leases(a), 30, f"the lease to end after the job:\n{slurm.log('epilog.log')}")
+
+
+DYNAMIC = ("Nodeset=gpusd Feature=gpusd\nPartitionName=gpus Nodes=gpusd Default=YES\nGresTypes=gpu\n"
+           "PrologFlags=Alloc\n")
+
+
+def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan: Lan, slurm: SlurmLab,  # noqa: F811
+                                                                            tmp_path: Path) -> None:
+    """Done when (2, 3): two hosts started with ``gpusd start --slurm`` find the controller through the
+    daemon started with ``--slurmctld`` and join as dynamic configless nodes (no NodeName line written:
+    ``scontrol show node`` shows their GRES, 2 and 4 GPUs); a job's GPU is leased by the Slurm job in
+    gpusd while a local ``gpusd run`` is refused; the lease ends with the job; a lost GPU drains the node
+    with gpusd's reason; after ``gpusd stop`` the node is gone from the controller."""
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    ctl_host = lan.add_gpu_host("ctl", [], fast=True, node_name="ctl",
+                                args=["--token-file", str(key), "--interval", "0.2", "--slurmctld", "6817"],
+                                extra_env={"GPUSD_LEASE_SOCKET": str(lan.workdir / "ctl-lease.sock")})
+    hosts = [gpu_host(lan, "gpu-a", 2, key, ["--slurm"]), gpu_host(lan, "gpu-b", 4, key, ["--slurm"])]
+    dev = slurm.device_files(4)
+    # the cluster's gres.conf is one Include of each host's own file, which gpusd writes (docs/slurm.md)
+    cases = "".join(f"  {h.hostname}) export GPUSD_LEASE_SOCKET={h.env['GPUSD_LEASE_SOCKET']} "
+                    f"GPUSD_LOCK_DIR={h.env['GPUSD_LOCK_DIR']};;\n" for h in hosts)
+    for what in ("prolog", "epilog"):
+        script = slurm.work / what
+        script.write_text(f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
+                          f"exec env PYTHONPATH={lan.base_env(hosts[0].node)['PYTHONPATH']} {sys.executable} "
+                          f"-m gpusd slurm {what} >>{slurm.work}/{what}.log 2>&1\n")
+        script.chmod(0o755)
+    slurm.start_slurmctld(ctl_host.node, extra=DYNAMIC + f"Prolog={slurm.work}/prolog\nEpilog={slurm.work}/epilog\n",
+                          gres_conf="Include /run/gpusd/slurm/gres.conf\n")
+    ctl_host.start()
+    for h in hosts:
+        slurm_dir = lan.workdir / f"{h.node.name}-slurm"
+        h.env.update(GPUSD_SLURMD=str(slurm.slurmd_wrapper()), SLURMD_HOST=h.hostname,
+                     GPUSD_SLURM_DIR=str(slurm_dir), SLURM_CONF=str(slurm.conf),
+                     GPUSD_SLURM_DEVICES=f"{dev}/nvidia")  # the simulated GPUs' device files
+        h.start()
+    for h, n in zip(hosts, (2, 4)):
+        wait_for(lambda h=h: "IDLE" in slurm.node_info(h.hostname).get("State", ""), 60,
+                 f"{h.hostname} to join:\n{h.log_tail()}\n{slurm.log(f'slurmd-{h.hostname}.log')}")
+        info = slurm.node_info(h.hostname)
+        assert info["Gres"] == f"gpu:a100:{n}" and "DYNAMIC" in info["State"], info
+        # gres.conf's File= are the GPUs' device files (the simulated ones: in the test's directory)
+        assert (lan.workdir / f"{h.node.name}-slurm" / "gres.conf").read_text().count(f"File={dev}/nvidia") == n
+    assert "NodeName" not in slurm.conf.read_text()  # nobody wrote a node line
+    b = hosts[1]
+    job = subprocess.Popen(["ip", "netns", "exec", ctl_host.node.ns, "srun", "-w", "gpu-b", "--gres=gpu:1", "sh", "-c",
+                            "echo $CUDA_VISIBLE_DEVICES; sleep 6"], env=slurm.env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        held = wait_for(lambda: _slurm_leases(b), 40, f"the Slurm job's lease on gpu-b:\n{slurm.log('prolog.log')}"
+                        f"\n{slurm.log('slurmd-gpu-b.log')}")
+        assert isinstance(held, list) and len(held) == 1
+        r = lan.gpusd(b.node, ["run", "--", "true"], env=b.env, timeout=60)
+        assert r.returncode == 4 and "srun --gres=gpu:1" in r.stderr, (r.returncode, r.stderr)
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    assert job.returncode == 0, err
+    assert out.strip() == str(held[0]["gpu"]), (out, held)
+    wait_for(lambda: not _slurm_leases(b), 30, f"the lease to end:\n{slurm.log('epilog.log')}")
+    # GPU 3 of gpu-b falls off the bus: the node is drained with gpusd's reason
+    gpus = make_gpus(4)
+    gpus[3].errors = {"*": 15}
+    b.write(gpus)
+    wait_for(lambda: "DRAIN" in slurm.node_info("gpu-b").get("State", ""), 30, f"gpu-b drained:\n{b.log_tail()}")
+    assert "gpusd: GPU 3" in slurm.scontrol("show", "node", "gpu-b").stdout
+    # gpusd stop: the node leaves the controller
+    hosts[0].stop(timeout=60)
+    wait_for(lambda: not slurm.node_info("gpu-a"), 30, f"gpu-a removed:\n{hosts[0].log_tail()}")
+    assert slurm.node_info("gpu-b")

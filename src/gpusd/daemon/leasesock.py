@@ -416,7 +416,7 @@ class LeaseServer:
         return allocate(c, lease=lease, wait=wait, timeout=timeout, store=LeaseStore(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
                         cancelled=cancel.is_set, job=job, priority=priority, uid=uid,  # believed for uid
-                        **({"remote": extra} if extra else {}))
+                        remote=extra)
 
     def _snapshot(self) -> dict[str, Any]:
         """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""

@@ -113,9 +113,10 @@ def _cores(snap: HostSnapshot, gpu: GpuInfo) -> str | None:
     return format_cpulist(cores)
 
 
-def gres_lines(snap: HostSnapshot, with_node: bool = True) -> list[str]:
+def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str = "/dev/nvidia") -> list[str]:
     """The gres.conf lines of the host's usable GPUs (``with_node``: each scoped ``NodeName=X``, so
-    one file serves the whole cluster), and a comment for each GPU left out."""
+    one file serves the whole cluster), and a comment for each GPU left out.  ``device``: the device
+    files' prefix (GPU N is ``/dev/nvidiaN``)."""
     name = node_name(snap.hostname)
     if name is None:
         return [f"# left out a host whose name is not a Slurm node name ({len(snap.gpus)} GPU(s))"]
@@ -128,7 +129,7 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True) -> list[str]:
             out.append(f"# {name}: GPU {g.index} left out ({why})")
     for g in gpus:
         words = ([f"NodeName={name}"] if with_node else []) + [
-            "Name=gpu", f"Type={gpu_type(g.name)}", f"File=/dev/nvidia{g.index}"]
+            "Name=gpu", f"Type={gpu_type(g.name)}", f"File={device}{g.index}"]
         cores = _cores(snap, g)
         if cores:
             words.append(f"Cores={cores}")
