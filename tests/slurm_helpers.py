@@ -36,14 +36,17 @@ def unavailable() -> str | None:
     return None
 
 
-def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
+def wait_for(pred: Callable[[], object], timeout: float, what: str | Callable[[], str],
+             every: float = 0.2) -> object:
+    """``pred()`` once it is true; TimeoutError after ``timeout`` s, saying ``what`` (a callable is
+    asked then: logs as they are at the timeout)."""
     deadline = time.monotonic() + timeout
     while True:
         got = pred()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what() if callable(what) else what}")
         time.sleep(every)
 
 

@@ -10,7 +10,6 @@ import re
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,8 +19,6 @@ from fakenvml import make_gpus
 from lan_helpers import secret_file
 from netns import GpuHost, Lan, lan, netns_ok  # noqa: F401
 from slurm_helpers import SlurmLab, unavailable, wait_for
-
-
 
 
 @pytest.fixture
@@ -65,8 +62,9 @@ def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, 
     assert nodes.returncode == 0, nodes.stderr
     gres = conf_from(lan, ctl, key, "--gres")
     assert gres.returncode == 0, gres.stderr
-    assert re.search(rf"^NodeName=gpu-a NodeAddr={re.escape(a.ip)} .*Gres=gpu:a100:2 ", nodes.stdout, re.M), nodes.stdout
-    assert re.search(rf"^NodeName=gpu-b NodeAddr={re.escape(b.ip)} .*Gres=gpu:a100:4 ", nodes.stdout, re.M), nodes.stdout
+    for h, n in ((a, 2), (b, 4)):
+        assert re.search(rf"^NodeName={h.hostname} NodeAddr={re.escape(h.ip)} .*Gres=gpu:a100:{n} ", nodes.stdout,
+                         re.M), nodes.stdout
     assert len(re.findall(r"^NodeName=gpu-b Name=gpu Type=a100 File=/dev/nvidia[0-3]", gres.stdout, re.M)) == 4
     # the GPUs are simulated: File= names device files the test made (a char device is what slurmd needs)
     dev = slurm.device_files(4)
@@ -77,7 +75,7 @@ def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, 
     # slurmd reads the gres.conf lines (Cores=, Links=) and registers with them
     slurm.start_slurmd(a.node, "gpu-a")
     wait_for(lambda: "IDLE" in slurm.node_info("gpu-a").get("State", ""), 60,
-             f"gpu-a to register IDLE:\n{slurm.log('slurmd-gpu-a.log')}\n{slurm.log('slurmctld.log')}")
+             lambda: f"gpu-a to register IDLE:\n{slurm.log('slurmd-gpu-a.log')}\n{slurm.log('slurmctld.log')}")
     r = slurm.run_in(ctl, ["srun", "-w", "gpu-a", "--gres=gpu:2", "printenv", "CUDA_VISIBLE_DEVICES"], timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "0,1", (r.stdout, r.stderr)
     # --check: a slurm.conf with gpu-a only reports gpu-b as added; the generated one matches
@@ -137,7 +135,8 @@ def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan,
                             "echo $CUDA_VISIBLE_DEVICES; sleep 6"], env=slurm.env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        held = wait_for(lambda: _slurm_leases(a), 30, f"the Slurm job's lease:\n{slurm.log('prolog.log')}\n{slurm.log('slurmd-gpu-a.log')}\n{slurm.log('slurmctld.log', 20)}\n{a.log_tail()}\n{job.poll()} {job.stderr.read() if job.poll() is not None else ''}")
+        held = wait_for(lambda: _slurm_leases(a), 30, lambda: f"the Slurm job's lease:\n{slurm.log('prolog.log')}\n"
+                        f"{slurm.log('slurmd-gpu-a.log')}\n{slurm.log('slurmctld.log', 20)}\n{a.log_tail()}")
         assert isinstance(held, list) and len(held) == 1
         assert held[0]["user"] == "root" and held[0]["command"].startswith("slurm job ")
         slurm_job = held[0]["slurm_job"]
@@ -152,7 +151,7 @@ def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan,
     assert job.returncode == 0, err
     assert out.strip() == str(held[0]["gpu"]), (out, held)  # the GPU Slurm gave is the one gpusd shows leased
     assert re.fullmatch(r"[0-9]+", slurm_job)
-    wait_for(lambda: not _slurm_leases(a), 30, f"the lease to end after the job:\n{slurm.log('epilog.log')}")
+    wait_for(lambda: not _slurm_leases(a), 30, lambda: f"the lease to end after the job:\n{slurm.log('epilog.log')}")
 
 
 DYNAMIC = ("Nodeset=gpusd Feature=gpusd\nPartitionName=gpus Nodes=gpusd Default=YES\nGresTypes=gpu\n"
@@ -192,7 +191,7 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
         h.start()
     for h, n in zip(hosts, (2, 4)):
         wait_for(lambda h=h: "IDLE" in slurm.node_info(h.hostname).get("State", ""), 60,
-                 f"{h.hostname} to join:\n{h.log_tail()}\n{slurm.log(f'slurmd-{h.hostname}.log')}")
+                 lambda h=h: f"{h.hostname} to join:\n{h.log_tail()}\n{slurm.log(f'slurmd-{h.hostname}.log')}")
         info = slurm.node_info(h.hostname)
         assert info["Gres"] == f"gpu:a100:{n}" and "DYNAMIC" in info["State"], info
         # gres.conf's File= are the GPUs' device files (the simulated ones: in the test's directory)
@@ -203,8 +202,9 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
                             "echo $CUDA_VISIBLE_DEVICES; sleep 6"], env=slurm.env(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        held = wait_for(lambda: _slurm_leases(b), 40, f"the Slurm job's lease on gpu-b:\n{slurm.log('prolog.log')}"
-                        f"\n{slurm.log('slurmd-gpu-b.log')}")
+        held = wait_for(lambda: _slurm_leases(b), 40,
+                        lambda: f"the Slurm job's lease on gpu-b:\n{slurm.log('prolog.log')}\n"
+                        f"{slurm.log('slurmd-gpu-b.log')}")
         assert isinstance(held, list) and len(held) == 1
         r = lan.gpusd(b.node, ["run", "--", "true"], env=b.env, timeout=60)
         assert r.returncode == 4 and "srun --gres=gpu:1" in r.stderr, (r.returncode, r.stderr)
@@ -215,14 +215,15 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
             job.wait(10)
     assert job.returncode == 0, err
     assert out.strip() == str(held[0]["gpu"]), (out, held)
-    wait_for(lambda: not _slurm_leases(b), 30, f"the lease to end:\n{slurm.log('epilog.log')}")
+    wait_for(lambda: not _slurm_leases(b), 30, lambda: f"the lease to end:\n{slurm.log('epilog.log')}")
     # GPU 3 of gpu-b falls off the bus: the node is drained with gpusd's reason
     gpus = make_gpus(4)
     gpus[3].errors = {"*": 15}
     b.write(gpus)
-    wait_for(lambda: "DRAIN" in slurm.node_info("gpu-b").get("State", ""), 30, f"gpu-b drained:\n{b.log_tail()}")
+    wait_for(lambda: "DRAIN" in slurm.node_info("gpu-b").get("State", ""), 30,
+             lambda: f"gpu-b drained:\n{b.log_tail()}")
     assert "gpusd: GPU 3" in slurm.scontrol("show", "node", "gpu-b").stdout
     # gpusd stop: the node leaves the controller
     hosts[0].stop(timeout=60)
-    wait_for(lambda: not slurm.node_info("gpu-a"), 30, f"gpu-a removed:\n{hosts[0].log_tail()}")
+    wait_for(lambda: not slurm.node_info("gpu-a"), 30, lambda: f"gpu-a removed:\n{hosts[0].log_tail()}")
     assert slurm.node_info("gpu-b")

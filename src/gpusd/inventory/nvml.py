@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
-from ..topology import with_machine
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
+from ..topology import with_machine
 from .processes import ProcessResolver
 from .window import UtilWindow
 

@@ -21,8 +21,8 @@ from ..errors import ConfigError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
-from ..units import format_bytes, parse_bytes
 from ..topology import with_machine
+from ..units import format_bytes, parse_bytes
 
 GiB = 1024**3
 

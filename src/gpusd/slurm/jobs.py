@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from typing import Any, Mapping
 
 from ..errors import ConfigError, GpusdError, NoDaemon
@@ -63,7 +62,7 @@ def ask(req: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
             if not chunk:
                 break
             data += chunk
-    except (OSError, socket.timeout) as exc:
+    except (TimeoutError, OSError) as exc:
         raise GpusdError(f"the gpusd daemon did not answer: {exc}") from None
     finally:
         sock.close()
