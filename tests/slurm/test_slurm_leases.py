@@ -18,7 +18,7 @@ import pytest
 from authority_helpers import ServerThread
 from conftest import gpusd_cli
 from fakenvml import make_gpus
-from other_user import MALLORY, as_user, needs_root
+from other_user import MALLORY, AsUser, as_user, needs_root
 
 
 @pytest.fixture
@@ -127,3 +127,34 @@ def test_malformed_slurm_requests_get_a_usage_answer(authority: Any) -> None:
                 {"action": "drop", "slurm_job": "1"}):
         reply = _ask({"op": "slurm", "v": 2, **req})
         assert reply["ok"] is False and reply["error"] == "usage", (req, reply)
+
+
+_kept: list[Any] = []
+
+
+@needs_root
+def test_a_user_record_claiming_a_slurm_job_is_shown_without_it(fake_nvml: Any, cli_env: dict[str, str],
+                                                                shared_tmp: Any) -> None:
+    """A local user's own lease cannot pass for a Slurm job's: only root's records (the lease
+    authority) name one."""
+    from gpusd.alloc.leases import LeaseStore
+
+    fake_nvml.write(make_gpus(1))
+    locks = shared_tmp / "locks"
+    env = dict(cli_env, GPUSD_LOCK_DIR=str(locks), GPUSD_LEASE_SOCKET="off")
+    LeaseStore(locks).ensure()
+    uuid = json.loads(gpusd_cli(["devices", "--json"], env=env).stdout)["gpus"][0]["uuid"]
+
+    def forge() -> str:
+        lease = LeaseStore(locks).acquire([uuid], remote={"slurm_job": "42"}, command="slurm job 42")
+        assert lease is not None
+        _kept.append(lease)  # held while the child lives
+        return "held"
+
+    mallory = AsUser(MALLORY, forge, stay=True)
+    try:
+        assert mallory.result == "ok held", mallory.result
+        [held] = _leases(env)
+        assert held["user"] == str(MALLORY) and held.get("slurm_job") is None, held
+    finally:
+        mallory.stop()
