@@ -216,6 +216,11 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
     assert job.returncode == 0, err
     assert out.strip() == str(held[0]["gpu"]), (out, held)
     wait_for(lambda: not _slurm_leases(b), 30, lambda: f"the lease to end:\n{slurm.log('epilog.log')}")
+    # a remote reservation of gpu-b's GPUs through gpusd's pool is refused too (Slurm allocates there)
+    r = lan.gpusd(ctl_host.node, ["reserve", "-n", "1", "--host", "gpu-b", "--for", "60", "--token-file", str(key)],
+                  env=lan.base_env(ctl_host.node, GPUSD_MDNS_FAST="1"), timeout=90)
+    assert r.returncode == 4, (r.returncode, r.stdout, r.stderr)
+    assert _slurm_leases(b) == [] and not any(g.get("leases") for g in _devices(b)["gpus"])
     # GPU 3 of gpu-b falls off the bus: the node is drained with gpusd's reason
     gpus = make_gpus(4)
     gpus[3].errors = {"*": 15}
@@ -227,3 +232,10 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
     hosts[0].stop(timeout=60)
     wait_for(lambda: not slurm.node_info("gpu-a"), 30, lambda: f"gpu-a removed:\n{hosts[0].log_tail()}")
     assert slurm.node_info("gpu-b")
+    # the daemon dies without a word: its slurmd goes with it (PR_SET_PDEATHSIG)
+    m = re.search(r"slurmd \(pid (\d+)\) joins", (b.state_dir / "gpusd.log").read_text())
+    assert m, b.log_tail()
+    slurmd_pid = int(m.group(1))
+    b.kill()
+    wait_for(lambda: not Path(f"/proc/{slurmd_pid}").exists() or
+             "Z" in Path(f"/proc/{slurmd_pid}/stat").read_text().split()[2], 20, "slurmd to end with its daemon")

@@ -88,6 +88,9 @@ class SlurmPart:
                 except (OSError, ConfigError) as exc:
                     log.warning("Slurm: cannot write %s/gres.conf: %s", gres_dir(), exc)
         if cfg.slurm:
+            if getattr(self.daemon, "_lease_server", None) is None:
+                log.error("Slurm: this daemon is not the lease authority (not root, or $GPUSD_LEASE_SOCKET=off): "
+                          "Slurm's prolog cannot record jobs and gpusd leases are not refused here")
             self.task = asyncio.ensure_future(self._join())
 
     async def _join(self) -> None:
