@@ -101,3 +101,25 @@ def test_slurm_conf_local_prints_this_machine() -> None:
     r = subprocess.run([sys.executable, "-m", "gpusd", "slurm", "conf"], capture_output=True, text=True, timeout=60,
                        env={k: v for k, v in __import__("os").environ.items() if not k.startswith("GPUSD_TOKEN")})
     assert r.returncode == 2 and "proved themselves" in r.stderr  # no secret: no host is believed
+
+
+def test_the_controller_address_is_a_host_or_address_and_a_port() -> None:
+    import pytest
+
+    from gpusd.errors import ConfigError
+    from gpusd.slurm.node import parse_controller
+
+    assert parse_controller("ctl.lab") == ("ctl.lab", 6817)
+    assert parse_controller("10.0.0.2:7000") == ("10.0.0.2", 7000)
+    assert parse_controller("[fd00::2]:6817") == ("fd00::2", 6817)
+    assert parse_controller("6818") == ("", 6818)  # --slurmctld PORT: this host
+    for bad in ("a b", "ctl:0", "ctl:99999", "ctl;reboot", "-x", "ctl:6817:1"):
+        with pytest.raises(ConfigError):
+            parse_controller(bad)
+
+
+def test_slurmd_joins_as_a_dynamic_configless_node_with_the_host_gpus() -> None:
+    from gpusd.slurm.node import slurmd_argv
+
+    argv = slurmd_argv(host(n=2), ("10.0.0.2", 6817), ["slurmd"])
+    assert argv == ["slurmd", "-D", "-Z", "--conf-server", "10.0.0.2:6817", "--conf", "Gres=gpu:a100:2 Feature=gpusd,a100"]

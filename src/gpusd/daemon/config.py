@@ -122,6 +122,8 @@ class DaemonConfig:
             from ..jobs.rebalance import Policy
 
             Policy.load(self.rebalance_policy)  # a bad policy file fails the start, with its reason
+        if self.slurm_controller is not None and not self.slurm:
+            raise ConfigError("--slurm-controller goes with --slurm (it names the controller the node joins)")
         if self.slurm_controller is not None or self.slurmctld is not None:
             from ..slurm.node import parse_controller
 
