@@ -122,4 +122,5 @@ def test_slurmd_joins_as_a_dynamic_configless_node_with_the_host_gpus() -> None:
     from gpusd.slurm.node import slurmd_argv
 
     argv = slurmd_argv(host(n=2), ("10.0.0.2", 6817), ["slurmd"])
-    assert argv == ["slurmd", "-D", "-Z", "--conf-server", "10.0.0.2:6817", "--conf", "Gres=gpu:a100:2 Feature=gpusd,a100"]
+    assert argv == ["slurmd", "-D", "-Z", "--conf-server", "10.0.0.2:6817",
+                    "--conf", "Gres=gpu:a100:2 Feature=gpusd,a100"]
