@@ -18,7 +18,7 @@ import pytest
 from authority_helpers import ServerThread
 from conftest import gpusd_cli
 from fakenvml import make_gpus
-from other_user import MALLORY, AsUser, as_user, needs_root
+from other_user import ALICE, MALLORY, AsUser, as_user, needs_root
 
 
 @pytest.fixture
@@ -158,3 +158,37 @@ def test_a_user_record_claiming_a_slurm_job_is_shown_without_it(fake_nvml: Any, 
         assert held["user"] == str(MALLORY) and held.get("slurm_job") is None, held
     finally:
         mallory.stop()
+
+
+def test_a_restarted_authority_takes_the_leases_of_running_jobs_again(fake_nvml_inprocess: Any, tmp_path: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     cli_env: dict[str, str]) -> None:
+    """The Slurm jobs' leases end with the daemon; the next one takes those of the jobs the controller
+    says still run (and forgets the others), so a restart between prolog and epilog loses nothing."""
+    from gpusd.daemon.slurmjobs import restore
+
+    monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(tmp_path / "lease.sock"))
+    fake_nvml_inprocess.write(make_gpus(2))
+    env = _env(cli_env)
+    state = tmp_path / "slurm-jobs.json"
+    first = ServerThread()
+    try:
+        first.server.slurm_jobs.state = state
+        assert _prolog(env, "42", "1", uid=ALICE).returncode == 0
+        assert _prolog(env, "43", "0").returncode == 0
+    finally:
+        first.stop()
+    assert _leases(env) == []  # they ended with the daemon
+    second = ServerThread()
+    try:
+        second.server.slurm_jobs.state = state
+        back = restore(second.server.slurm_jobs, lambda req: second.server.slurm_answer(req, 0),
+                       lambda job: job == "42")  # the controller: 42 runs, 43 has ended
+        assert back == ["42"]
+        [held] = _leases(env)
+        assert (held["gpu"], held["slurm_job"], held["user"]) == (1, "42", str(ALICE))
+        assert set(json.loads(state.read_text())["jobs"]) == {"42"}
+        assert gpusd_cli(["slurm", "epilog"], env=dict(env, SLURM_JOB_ID="42")).returncode == 0
+        assert _leases(env) == [] and json.loads(state.read_text())["jobs"] == {}
+    finally:
+        second.stop()

@@ -385,19 +385,21 @@ class LeaseServer:
     # -- the work, in the executor's threads --------------------------------------------------------
     async def _slurm(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
         """A Slurm job's lease begins or ends (daemon/slurmjobs.py); root only."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.slurm_answer, req, uid)
+
+    def slurm_answer(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
+        """The answer to a ``{"op": "slurm"}`` request from ``uid`` (in a thread; never raises)."""
         from .slurmjobs import answer
 
         def grant(kwargs: dict[str, Any], pid: int, job_uid: int) -> Any:
             job = str(req.get("slurm_job"))
             return self._grant(kwargs, pid, job_uid, None, threading.Event(), extra={"slurm_job": job})
 
-        def work() -> dict[str, Any]:
-            if self.backend is None:
-                raise GpusdError("the lease authority is stopping")
-            return answer(req, uid, self.slurm_jobs, lambda: self.backend.snapshot(detail=False)  # type: ignore
-                          , grant)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, work)
+            backend = self.backend
+            if backend is None:
+                raise GpusdError("the lease authority is stopping")
+            return answer(req, uid, self.slurm_jobs, lambda: backend.snapshot(detail=False), grant)
         except Exception as exc:
             return _failure(exc)
 

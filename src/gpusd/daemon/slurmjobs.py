@@ -18,10 +18,12 @@ requeues the job — a GPU is never given by both.  ``begin`` for a job already 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -53,11 +55,52 @@ def parse(req: dict[str, Any]) -> tuple[str, str, int | None, list[str]]:
 
 
 class SlurmJobs:
-    """The Slurm jobs' leases of one lease authority: job id -> its Selection."""
+    """The Slurm jobs' leases of one lease authority: job id -> its Selection.  With ``state`` (a
+    file in the daemon's state directory), the jobs held are remembered there, so that a restarted
+    daemon can take their leases again (:func:`restore`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: Path | None = None) -> None:
         self.held: dict[str, Any] = {}
         self.lock = threading.Lock()
+        self.state = state
+        self.records: dict[str, dict[str, Any]] = {}  # job -> {"uid", "devices"}: what ``state`` holds
+
+    def _save(self) -> None:
+        """Write ``records`` to ``state`` (atomically; call with ``lock`` held)."""
+        if self.state is None:
+            return
+        tmp = self.state.with_name(f".{self.state.name}.{os.getpid()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"format": 1, "jobs": self.records}, f)
+            os.replace(tmp, self.state)
+        except OSError as exc:
+            log.warning("cannot remember the Slurm jobs in %s: %s", self.state, exc)
+
+    def remembered(self) -> dict[str, dict[str, Any]]:
+        """The jobs ``state`` names (checked; a broken file is logged and read as none)."""
+        if self.state is None:
+            return {}
+        try:
+            with open(self.state, "rb") as f:
+                d = json.loads(f.read(1 << 20))
+            jobs = d.get("jobs") if isinstance(d, dict) else None
+            if not isinstance(jobs, dict):
+                raise ValueError("no jobs")
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s: %s", self.state, exc)
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for job, rec in list(jobs.items())[:4096]:
+            try:
+                parse({"action": "begin", "slurm_job": job, **(rec if isinstance(rec, dict) else {})})
+            except ConfigError:
+                continue
+            out[job] = {"uid": rec["uid"], "devices": list(rec["devices"])}
+        return out
 
     def begin(self, job: str, uid: int, devices: list[str], snapshot: Callable[[], Any],
               grant: Callable[[dict[str, Any], int, int], Any]) -> Any:
@@ -83,6 +126,8 @@ class SlurmJobs:
                 selection.release()
                 return self.held[job]
             self.held[job] = selection
+            self.records[job] = {"uid": uid, "devices": list(selection.uuids)}
+            self._save()
         log.info("Slurm job %s (uid %d): leased %s (lease %s)", job, uid, ",".join(selection.uuids),
                  getattr(selection.lease, "lease_id", "?"))
         return selection
@@ -90,6 +135,8 @@ class SlurmJobs:
     def end(self, job: str) -> list[str]:
         with self.lock:
             selection = self.held.pop(job, None)
+            if self.records.pop(job, None) is not None:
+                self._save()
         if selection is None:
             return []
         uuids = list(selection.uuids)
@@ -98,11 +145,35 @@ class SlurmJobs:
         return uuids
 
     def close(self) -> None:
+        """The daemon stops: the leases end with it (the jobs stay remembered for :func:`restore`)."""
         with self.lock:
             held, self.held = self.held, {}
         for job, selection in held.items():
-            log.warning("daemon stopping: the lease of Slurm job %s ends with it", job)
+            log.warning("daemon stopping: the lease of Slurm job %s ends with it%s", job,
+                        " (remembered: a restart takes it again while the job runs)" if self.state else "")
             selection.release()
+
+
+def restore(jobs: SlurmJobs, begin: Callable[[dict[str, Any]], Any], running: Callable[[str], bool]) -> list[str]:
+    """Take again the leases of the remembered jobs that still run (``running(job)``, from the
+    controller); forget the others.  ``begin``: the authority's answer to a ``begin`` request (as
+    root).  Returns the jobs whose leases are held again."""
+    back: list[str] = []
+    for job, rec in jobs.remembered().items():
+        if not running(job):
+            log.info("Slurm job %s has ended meanwhile: its lease is not taken again", job)
+            continue
+        reply = begin({"op": "slurm", "v": 2, "action": "begin", "slurm_job": job, "uid": rec["uid"],
+                       "devices": rec["devices"]})
+        if reply.get("ok") is True:
+            back.append(job)
+            log.info("Slurm job %s still runs: its lease is held again", job)
+        else:
+            log.warning("Slurm job %s still runs but its GPUs cannot be leased again: %s", job, reply.get("message"))
+    with jobs.lock:
+        jobs.records = {j: r for j, r in jobs.records.items() if j in back or j in jobs.held}
+        jobs._save()
+    return back
 
 
 def answer(req: dict[str, Any], peer_uid: int, jobs: SlurmJobs, snapshot: Callable[[], Any],

@@ -87,8 +87,18 @@ class SlurmPart:
                     await loop.run_in_executor(None, write_gres, HostSnapshot(self.daemon.hostname, "", 0.0))
                 except (OSError, ConfigError) as exc:
                     log.warning("Slurm: cannot write %s/gres.conf: %s", gres_dir(), exc)
+        server = getattr(self.daemon, "_lease_server", None)
+        if cfg.slurm and server is not None:  # the Slurm jobs' leases survive a restart of the daemon
+            from ..slurm.node import job_running
+            from .slurmjobs import restore
+
+            server.slurm_jobs.state = self.daemon.state_dir / "slurm-jobs.json"
+            back = await loop.run_in_executor(None, restore, server.slurm_jobs,
+                                              lambda req: server.slurm_answer(req, 0), job_running)
+            if back:
+                log.info("Slurm: leases of running job(s) %s held again", ", ".join(back))
         if cfg.slurm:
-            if getattr(self.daemon, "_lease_server", None) is None:
+            if server is None:
                 log.error("Slurm: this daemon is not the lease authority (not root, or $GPUSD_LEASE_SOCKET=off): "
                           "Slurm's prolog cannot record jobs and gpusd leases are not refused here")
             self.task = asyncio.ensure_future(self._join())

@@ -114,6 +114,13 @@ def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT) -> tuple[bool, str]:
     return r.returncode == 0, (r.stdout + r.stderr).strip()[:500]
 
 
+def job_running(job: str) -> bool:
+    """Whether the controller says Slurm job ``job`` still runs (False when it cannot tell)."""
+    ok, out = scontrol("show", "job", "-o", job)
+    state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "") if ok else ""
+    return state in ("RUNNING", "CONFIGURING", "SUSPENDED")
+
+
 def _reason(text: str) -> str:
     """A drain reason scontrol takes as one argument: printable, no quotes, bounded."""
     return "".join(c if c.isprintable() and c not in "\"'\\" else " " for c in text)[:200]
