@@ -46,6 +46,19 @@ def conf_from(lan: Lan, node: Any, key: Path, *extra: str) -> subprocess.Complet
                      env=lan.base_env(node, GPUSD_MDNS_FAST="1"), timeout=60)
 
 
+def conf_of(lan: Lan, node: Any, key: Path, names: list[str], *extra: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+    """``conf_from`` once every host of ``names`` is in its output (browsing may miss a host that is
+    slow to prove itself under load: asked again, for at most 60 s)."""
+    out: list[subprocess.CompletedProcess[str]] = []
+
+    def ask() -> bool:
+        out[:] = [conf_from(lan, node, key, *extra)]
+        return out[0].returncode == 0 and all(f"NodeName={n} " in out[0].stdout for n in names)
+
+    wait_for(ask, 60, lambda: f"{names} in gpusd slurm conf: {out[0].stdout} {out[0].stderr}")
+    return out[0]
+
+
 def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, slurm: SlurmLab,  # noqa: F811
                                                                     tmp_path: Path) -> None:
     """Done when (1): the NodeName and gres.conf lines ``gpusd slurm conf`` prints for a namespace fleet
@@ -58,10 +71,8 @@ def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, 
     ctl = lan.add_node("ctl")
     a.start()
     b.start()
-    nodes = conf_from(lan, ctl, key)
-    assert nodes.returncode == 0, nodes.stderr
-    gres = conf_from(lan, ctl, key, "--gres")
-    assert gres.returncode == 0, gres.stderr
+    nodes = conf_of(lan, ctl, key, ["gpu-a", "gpu-b"])
+    gres = conf_of(lan, ctl, key, ["gpu-a", "gpu-b"], "--gres")
     for h, n in ((a, 2), (b, 4)):
         assert re.search(rf"^NodeName={h.hostname} NodeAddr={re.escape(h.ip)} .*Gres=gpu:a100:{n} ", nodes.stdout,
                          re.M), nodes.stdout
@@ -81,13 +92,18 @@ def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, 
     # --check: a slurm.conf with gpu-a only reports gpu-b as added; the generated one matches
     only_a = tmp_path / "only-a.conf"
     only_a.write_text("\n".join(line for line in nodes.stdout.splitlines() if "gpu-b" not in line) + "\n")
-    checked = conf_from(lan, ctl, key, "--check", str(only_a))
-    assert checked.returncode == 1 and "added: gpu-b" in checked.stdout, (checked.stdout, checked.stderr)
-    assert "gpu-a" not in checked.stdout
+    # (asked again where browsing missed a host that was slow to prove itself: it would read as gone)
+    got: list[subprocess.CompletedProcess[str]] = []
+    wait_for(lambda: got.append(conf_from(lan, ctl, key, "--check", str(only_a))) or "gone" not in got[-1].stdout,
+             60, lambda: got[-1].stdout)
+    checked = got[-1]
+    assert checked.returncode == 1, (checked.stdout, checked.stderr)
+    assert checked.stdout.splitlines() == ["added: gpu-b (in the fleet, not in the file)"], checked.stdout
     full = tmp_path / "full.conf"
     full.write_text(nodes.stdout)
-    same = conf_from(lan, ctl, key, "--check", str(full))
-    assert same.returncode == 0, (same.stdout, same.stderr)
+    wait_for(lambda: got.append(conf_from(lan, ctl, key, "--check", str(full))) or "gone" not in got[-1].stdout,
+             60, lambda: got[-1].stdout)
+    assert got[-1].returncode == 0, (got[-1].stdout, got[-1].stderr)
 
 
 def _devices(host: GpuHost) -> dict[str, Any]:
@@ -123,8 +139,8 @@ def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan,
     ctl = lan.add_node("ctl")
     a.env["GPUSD_SLURMD"] = "off"  # this test starts slurmd itself, from a static slurm.conf
     a.start()
-    nodes = conf_from(lan, ctl, key)
-    gres = conf_from(lan, ctl, key, "--gres")
+    nodes = conf_of(lan, ctl, key, ["gpu-a"])
+    gres = conf_of(lan, ctl, key, ["gpu-a"], "--gres")
     dev = slurm.device_files(2)
     extra = (nodes.stdout + "PartitionName=gpus Nodes=ALL Default=YES\nPrologFlags=Alloc\n"
              f"Prolog={prolog_script(slurm, a, 'prolog')}\nEpilog={prolog_script(slurm, a, 'epilog')}\n")
