@@ -255,3 +255,46 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
     b.kill()
     wait_for(lambda: not Path(f"/proc/{slurmd_pid}").exists() or
              "Z" in Path(f"/proc/{slurmd_pid}/stat").read_text().split()[2], 20, "slurmd to end with its daemon")
+
+
+def test_a_daemon_restarted_during_a_slurm_job_takes_its_lease_again(lan: Lan, slurm: SlurmLab,  # noqa: F811
+                                                                     tmp_path: Path) -> None:
+    """The job's lease ends with the daemon; the next daemon asks the controller and, the job still
+    running, takes it again; the job's epilog then ends it."""
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    ctl = lan.add_node("ctl")
+    b = gpu_host(lan, "gpu-b", 2, key, ["--slurm", "--slurm-controller", ctl.ip])
+    dev = slurm.device_files(2)
+    cases = (f"  gpu-b) export GPUSD_LEASE_SOCKET={b.env['GPUSD_LEASE_SOCKET']} "
+             f"GPUSD_LOCK_DIR={b.env['GPUSD_LOCK_DIR']};;\n")
+    for what in ("prolog", "epilog"):
+        script = slurm.work / what
+        script.write_text(f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
+                          f"exec env PYTHONPATH={lan.base_env(b.node)['PYTHONPATH']} {sys.executable} "
+                          f"-m gpusd slurm {what} >>{slurm.work}/{what}.log 2>&1\n")
+        script.chmod(0o755)
+    slurm.start_slurmctld(ctl, extra=DYNAMIC + f"Prolog={slurm.work}/prolog\nEpilog={slurm.work}/epilog\n",
+                          gres_conf="Include /run/gpusd/slurm/gres.conf\n")
+    b.env.update(GPUSD_SLURMD=str(slurm.slurmd_wrapper()), SLURMD_HOST="gpu-b",
+                 GPUSD_SLURM_DIR=str(lan.workdir / "gpu-b-slurm"), SLURM_CONF=str(slurm.conf),
+                 GPUSD_SLURM_DEVICES=f"{dev}/nvidia")
+    b.start()
+    wait_for(lambda: "IDLE" in slurm.node_info("gpu-b").get("State", ""), 60, lambda: b.log_tail())
+    job = subprocess.Popen(["ip", "netns", "exec", ctl.ns, "srun", "-w", "gpu-b", "--gres=gpu:1", "sleep", "25"],
+                           env=slurm.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _slurm_leases(b), 40, lambda: slurm.log("prolog.log"))
+        b.stop(timeout=60)  # the job runs on: the node is drained, not removed
+        assert _slurm_leases(b) == []
+        assert "DRAIN" in slurm.node_info("gpu-b").get("State", ""), slurm.node_info("gpu-b")
+        b.start()
+        held = wait_for(lambda: _slurm_leases(b), 30, lambda: b.log_tail())
+        assert isinstance(held, list) and len(held) == 1 and held[0]["slurm_job"]
+        _, err = job.communicate(timeout=60)
+        assert job.returncode == 0, err  # the job ran through both daemons
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    wait_for(lambda: not _slurm_leases(b), 40,
+             lambda: f"the lease to end:\n{slurm.log('epilog.log')}\n{b.log_tail()}")
