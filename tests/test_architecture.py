@@ -68,10 +68,11 @@ ALLOWED: dict[str, set[str]] = {
     "jobs": CORE | {"inventory", "alloc"},
     "discovery": CORE | {"wire"},
     "usage": CORE,
-    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs"},
+    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs", "slurm"},
     "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs"},
     "engines": CORE | {"alloc"},
     "pool": CORE | {"wire", "inventory", "alloc", "discovery", "engines"},
+    "slurm": CORE | {"alloc"},
 }
 # Known, documented exceptions: (importing module, imported module).
 EXCEPTIONS = {("gpusd.errors", "gpusd.cli"), ("gpusd.errors", "gpusd.cli.exits")}  # deprecated EXIT_* names

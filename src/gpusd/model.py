@@ -240,6 +240,8 @@ class LeaseInfo:
     # Not a lease: a process (``pid``, ``user`` naming its uid) holds the device's lock without one,
     # which blocks the GPU for gpusd's leases in that lock directory (docs/allocation.md).
     unleased: bool = False
+    # the Slurm job holding it (added in 0.3): its id, recorded by `gpusd slurm prolog` (docs/slurm.md)
+    slurm_job: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)
@@ -353,6 +355,14 @@ class HostSnapshot:
     backend: str = "nvml"  # "nvml", "amdsmi", "levelzero", "simulated", or several joined by "+"
     simulated: bool = False
     schema: int = SCHEMA_VERSION
+    # The machine (added in 0.3, schema 1 still: older readers ignore these keys), as ``slurmd -C``
+    # reports it: online logical CPUs, sockets, cores per socket, threads per core, bytes of RAM
+    # (gpusd.topology.machine; docs/slurm.md). None: not read (an older daemon).
+    cpus: int | None = None
+    sockets: int | None = None
+    cores_per_socket: int | None = None
+    threads_per_core: int | None = None
+    memory: int | None = None
 
     def gpu(self, key: int | str) -> GpuInfo:
         """The GPU with this index or UUID."""

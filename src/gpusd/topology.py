@@ -112,5 +112,69 @@ def has_topology(snap: HostSnapshot) -> bool:
     return any(g.links for g in snap.gpus)
 
 
+_machine: dict[str, int | None] | None = None
+
+
+def machine(sysfs: str = "/sys/devices/system/cpu") -> dict[str, int | None]:
+    """This machine's CPUs and memory, as ``slurmd -C`` reports them: ``cpus`` (online logical
+    CPUs), ``sockets``, ``cores_per_socket``, ``threads_per_core`` and ``memory`` (bytes of RAM, from
+    /proc/meminfo).  Read once per process; a field that cannot be read is None."""
+    global _machine
+    if _machine is not None and sysfs == "/sys/devices/system/cpu":
+        return dict(_machine)
+    import os
+
+    out: dict[str, int | None] = {"cpus": None, "sockets": None, "cores_per_socket": None,
+                                  "threads_per_core": None, "memory": None}
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read(4096).strip()
+        except OSError:
+            return None
+
+    online = read(f"{sysfs}/online")
+    try:
+        cpus = sorted(parse_cpulist(online)) if online else []
+    except ValueError:
+        cpus = []
+    if not cpus:
+        n = os.cpu_count()
+        cpus = list(range(n)) if n else []
+    out["cpus"] = len(cpus) or None
+    packages: set[str] = set()
+    for c in cpus:
+        pkg = read(f"{sysfs}/cpu{c}/topology/physical_package_id")
+        if pkg is not None:
+            packages.add(pkg)
+    siblings = read(f"{sysfs}/cpu{cpus[0]}/topology/thread_siblings_list") if cpus else None
+    try:
+        threads = len(parse_cpulist(siblings)) if siblings else None
+    except ValueError:
+        threads = None
+    if cpus and packages and threads and len(cpus) % (len(packages) * threads) == 0:
+        out["sockets"], out["threads_per_core"] = len(packages), threads
+        out["cores_per_socket"] = len(cpus) // (len(packages) * threads)
+    meminfo = read("/proc/meminfo") or ""
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                out["memory"] = int(parts[1]) * 1024
+    if sysfs == "/sys/devices/system/cpu":
+        _machine = dict(out)
+    return out
+
+
+def with_machine(snap: HostSnapshot) -> HostSnapshot:
+    """``snap`` with this machine's CPUs and memory (:func:`machine`) filled in."""
+    m = machine()
+    snap.cpus, snap.sockets, snap.cores_per_socket = m["cpus"], m["sockets"], m["cores_per_socket"]
+    snap.threads_per_core, snap.memory = m["threads_per_core"], m["memory"]
+    return snap
+
+
 __all__ = ["INTERNAL", "SINGLE", "MULTIPLE", "HOSTBRIDGE", "NODE", "SYSTEM", "LEVEL_LABELS", "LEGEND",
-           "link_between", "label", "rank", "parse_cpulist", "format_cpulist", "local_cpus", "has_topology"]
+           "link_between", "label", "rank", "parse_cpulist", "format_cpulist", "local_cpus", "has_topology",
+           "machine", "with_machine"]

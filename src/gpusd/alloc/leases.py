@@ -88,6 +88,7 @@ MAX_LEASE_DEVICES = 64
 MAX_LEASE_FILES = 4096
 _LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\.json$")
 _JOB_ID = re.compile(r"^[a-f0-9]{8,32}$")  # a gpusd job's id (gpusd.jobs.record)
+_SLURM_JOB = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")  # a Slurm job id (docs/slurm.md)
 
 
 def lock_dir() -> Path:
@@ -546,6 +547,8 @@ class LeaseStore:
                 "remote_from": remote_from[:128] if isinstance(remote_from, str) else None,
                 "expires": float(expires) if expires is not None else None,
                 "job": job if isinstance(job := d.get("job"), str) and _JOB_ID.match(job) else None,
+                "slurm_job": (sj if isinstance(sj := d.get("slurm_job"), str) and _SLURM_JOB.match(sj)
+                              else None),
             }
         except (ValueError, TypeError, RecursionError) as exc:
             log.warning("skipping unreadable lease file %s: %s", name, exc)
@@ -573,7 +576,9 @@ class LeaseStore:
                 pid = holders[0] if holders and holders[0] > 0 else 0
         base = {"lease_id": lease_id, "pid": pid, "user": user, "started": rec["started"],
                 "memory": rec["memory"], "shared": rec["shared"], "command": rec["command"],
-                "remote_from": rec["remote_from"], "expires": rec["expires"], "job": rec.get("job")}
+                "remote_from": rec["remote_from"], "expires": rec["expires"], "job": rec.get("job"),
+                # a Slurm job's lease is recorded by the lease authority (root) only (docs/slurm.md)
+                "slurm_job": rec.get("slurm_job") if st.st_uid == 0 else None}
         return [LeaseInfo.from_dict({**base, "device": dev}) for dev in rec["devices"]]
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:
@@ -664,7 +669,7 @@ class LeaseStore:
                 "shared": shared,
                 "command": command,
                 "devices": list(devices),
-                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires", "job")},
+                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires", "job", "slurm_job")},
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"

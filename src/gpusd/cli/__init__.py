@@ -375,6 +375,14 @@ def _build_parser() -> argparse.ArgumentParser:
                    "--pausable jobs while their GPU is too hot (default policy)")
     r.add_argument("--rebalance-policy", metavar="FILE",
                    help="rebalance with the thresholds of this JSON file (implies --rebalance)")
+    sl = p.add_argument_group("Slurm (docs/slurm.md)")
+    sl.add_argument("--slurm", action="store_true",
+                    help="join Slurm as a dynamic node (slurmd -Z, configless) with this host's GPUs; Slurm then "
+                    "allocates them: local and remote gpusd leases are refused, Slurm jobs' leases recorded")
+    sl.add_argument("--slurm-controller", metavar="HOST[:PORT]",
+                    help="with --slurm: slurmctld's address (default: the daemon announcing --slurmctld)")
+    sl.add_argument("--slurmctld", metavar="[HOST:]PORT", nargs="?", const="6817", default=None,
+                    help="announce that slurmctld runs on this host (its port, default 6817)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     _simulate_flag(p)
 
@@ -495,6 +503,27 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_seconds, default=3.0, metavar="S", help="seconds to browse (default 3)")
     client_flags(p)
     # --- end of monitoring commands ---
+
+    # --- Slurm (docs/slurm.md) ---
+    p = sub.add_parser("slurm", help="Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases",
+                       description="Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases")
+    ssub = p.add_subparsers(dest="slurm_command", metavar="conf|prolog|epilog", parser_class=_Parser, required=True)
+    p = _command(ssub, "conf", "gpusd.cli.slurm:conf",
+                 "print slurm.conf NodeName lines (or, with --gres, gres.conf lines) for every verified host")
+    p.add_argument("--gres", action="store_true", help="print gres.conf lines instead of slurm.conf's")
+    p.add_argument("--check", metavar="FILE",
+                   help="compare FILE's NodeName lines with the fleet: hosts added, gone, changed (exit 1 if any)")
+    p.add_argument("--local", action="store_true", help="this machine only (no fleet, no secret needed)")
+    p.add_argument("--wait", type=_seconds, default=3.0, metavar="S", help="seconds to browse the LAN (default 3)")
+    _simulate_flag(p)
+    _fleet_flags(p)
+    for name, what in (("prolog", "Slurm's Prolog: record the job's GPUs as a lease held by the Slurm job"),
+                       ("epilog", "Slurm's Epilog: end the lease of the Slurm job")):
+        p = _command(ssub, name, f"gpusd.cli.slurm:{name}", what)
+        p.add_argument("--job", metavar="ID", help="the Slurm job id (default $SLURM_JOB_ID)")
+        p.add_argument("--timeout", type=_positive_seconds, default=10.0, metavar="S",
+                       help="give up asking the daemon after S seconds (default 10)")
+    # --- end of Slurm ---
 
     # --- distributed engine commands (docs/engines.md) ---
     # their options come from cli/engines.py, imported only when one of them runs (start-up time)

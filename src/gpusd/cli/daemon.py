@@ -22,7 +22,9 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics"),
              "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
              "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
-             "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace")}
+             "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace"),
+             "slurm": ("--slurm", "slurm"), "slurm_controller": ("--slurm-controller", "slurm_controller"),
+             "slurmctld": ("--slurmctld", "slurmctld")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -69,6 +71,9 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         peers_file=getattr(args, "peers_file", None),
         dns_sd_domain=getattr(args, "dns_sd_domain", None),
         dns_server=getattr(args, "dns_server", None),
+        slurm=getattr(args, "slurm", False),
+        slurm_controller=getattr(args, "slurm_controller", None),
+        slurmctld=getattr(args, "slurmctld", None),
     )
     cfg.validate()
     return cfg

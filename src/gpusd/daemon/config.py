@@ -70,6 +70,10 @@ class DaemonConfig:
     # rebalancing of gpusd jobs (docs/jobs.md; wired in daemon/rebalancing.py): opt-in
     rebalance: bool = False
     rebalance_policy: Path | None = None  # a JSON file with the fields of gpusd.jobs.rebalance.Policy
+    # Slurm (docs/slurm.md): join as a dynamic node (slurmd -Z), whose GPUs Slurm then allocates
+    slurm: bool = False
+    slurm_controller: str | None = None  # HOST[:PORT] of slurmctld; None: the daemon announcing one
+    slurmctld: str | None = None  # announce slurmctld on this host: "[HOST:]PORT"
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -83,7 +87,8 @@ class DaemonConfig:
                 "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
                 "idle_release": self.idle_release, "idle_grace": self.idle_grace,
                 "rebalance": self.rebalance or self.rebalance_policy is not None,
-                "rebalance_policy": str(self.rebalance_policy) if self.rebalance_policy else None}
+                "rebalance_policy": str(self.rebalance_policy) if self.rebalance_policy else None,
+                "slurm": self.slurm, "slurm_controller": self.slurm_controller, "slurmctld": self.slurmctld}
 
     def validate(self) -> None:
         from ..errors import ConfigError
@@ -117,6 +122,14 @@ class DaemonConfig:
             from ..jobs.rebalance import Policy
 
             Policy.load(self.rebalance_policy)  # a bad policy file fails the start, with its reason
+        if self.slurm_controller is not None and not self.slurm:
+            raise ConfigError("--slurm-controller goes with --slurm (it names the controller the node joins)")
+        if self.slurm_controller is not None or self.slurmctld is not None:
+            from ..slurm.node import parse_controller
+
+            for v in (self.slurm_controller, self.slurmctld):
+                if v is not None:
+                    parse_controller(v)  # ConfigError with the reason
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
         for name in ("header_timeout", "keepalive_timeout", "write_timeout"):

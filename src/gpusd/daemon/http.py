@@ -108,7 +108,14 @@ async def host(request: web.Request) -> web.Response:
         "node_id": d.node_id,
         "hostname": d.hostname,
         "snapshot": snap.to_dict() if snap is not None else None,
+        # where slurmctld runs, for a daemon started with --slurmctld (docs/slurm.md); added in 0.3
+        "slurmctld": _slurmctld(d),
     })
+
+
+def _slurmctld(d: Daemon) -> object:
+    part = getattr(d, "slurm", None)
+    return part.host_info() if part is not None else None
 
 
 async def gpus(request: web.Request) -> web.Response:

@@ -94,9 +94,13 @@ class _Held:
 
 
 class LeaseServer:
-    def __init__(self, path: Path, simulate: str | None = None) -> None:
+    def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False) -> None:
         self.path = path
         self.simulate = simulate
+        self.slurm = slurm  # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
+        from .slurmjobs import SlurmJobs
+
+        self.slurm_jobs = SlurmJobs()
         self.listener: socket.socket | None = None
         self.accepting: asyncio.Task[None] | None = None
         self.backend: _LockedBackend | None = None
@@ -214,6 +218,7 @@ class LeaseServer:
                 held.lock.release()
             if handed:
                 del self.held[conn]
+        self.slurm_jobs.close()  # Slurm jobs' leases end with the daemon (docs/slurm.md)
         tasks = [t for t in self.tasks if t is not asyncio.current_task()]
         for t in tasks:  # every connection ends (a lease not handed over is released)
             t.cancel()
@@ -271,6 +276,12 @@ class LeaseServer:
                         await conn.send(_failure(exc))
                         return
                     await conn.send({"ok": True, "v": version, "op": "snapshot", "snapshot": snap})
+                    return
+                if req.get("op") == "slurm":  # gpusd slurm prolog/epilog (daemon/slurmjobs.py)
+                    await conn.send(await self._slurm(req, uid))
+                    return
+                if self.slurm and req.get("op", "lease") == "lease":
+                    await conn.send({"ok": False, "error": "no_gpu", "message": SLURM_REFUSAL})
                     return
                 choice = req.get("op") == "choose"  # which GPUs a lease would get, taking none
                 kwargs = constraints(req, op="choose" if choice else "lease")
@@ -391,8 +402,28 @@ class LeaseServer:
             await conn.send(answer)
 
     # -- the work, in the executor's threads --------------------------------------------------------
+    async def _slurm(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
+        """A Slurm job's lease begins or ends (daemon/slurmjobs.py); root only."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.slurm_answer, req, uid)
+
+    def slurm_answer(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
+        """The answer to a ``{"op": "slurm"}`` request from ``uid`` (in a thread; never raises)."""
+        from .slurmjobs import answer
+
+        def grant(kwargs: dict[str, Any], pid: int, job_uid: int) -> Any:
+            job = str(req.get("slurm_job"))
+            return self._grant(kwargs, pid, job_uid, None, threading.Event(), extra={"slurm_job": job})
+
+        try:
+            backend = self.backend
+            if backend is None:
+                raise GpusdError("the lease authority is stopping")
+            return answer(req, uid, self.slurm_jobs, lambda: backend.snapshot(detail=False), grant)
+        except Exception as exc:
+            return _failure(exc)
+
     def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event,
-               priority: int | None = None, lease: bool = True) -> Any:
+               priority: int | None = None, lease: bool = True, extra: dict[str, Any] | None = None) -> Any:
         from ..alloc.api import allocate
         from ..alloc.lockdir import user_name
         from ..alloc.select import Constraints
@@ -404,7 +435,8 @@ class LeaseServer:
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
         return allocate(c, lease=lease, wait=wait, timeout=timeout, store=self._store(), command=command, pid=pid,
                         user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
-                        cancelled=cancel.is_set, job=job, priority=priority, uid=uid)  # believed for uid
+                        cancelled=cancel.is_set, job=job, priority=priority, uid=uid,  # believed for uid
+                        remote=extra)
 
     def _snapshot(self) -> dict[str, Any]:
         """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""
@@ -470,6 +502,9 @@ class LeaseServer:
         held.selection.devices = [c for c in held.selection.devices if c.uuid != device]
 
 
+SLURM_REFUSAL = ("this host's GPUs are allocated by Slurm (its gpusd daemon runs with --slurm): ask Slurm for "
+                 "them, e.g. srun --gres=gpu:1 -- CMD, or salloc --gres=gpu:1 for a shell (docs/slurm.md)")
+
 _TOO_LONG = {"ok": False, "error": "usage", "message": f"a request is one line of at most {MAX_REQUEST} bytes"}
 
 
@@ -511,14 +546,14 @@ def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
     return True
 
 
-async def start_lease_server(simulate: str | None = None) -> LeaseServer | None:
+async def start_lease_server(simulate: str | None = None, slurm: bool = False) -> LeaseServer | None:
     """Serve leases where this daemon can be the authority; None (logged) where it cannot."""
     from ..alloc.authority import socket_path
 
     path = socket_path()
     if path is None:
         return None
-    server = LeaseServer(path, simulate)
+    server = LeaseServer(path, simulate, slurm)
     try:
         await server.start()
     except (GpusdError, OSError) as exc:

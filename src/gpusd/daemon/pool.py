@@ -153,6 +153,10 @@ class Pool:
                      identity: str | None = None) -> tuple[int, dict[str, Any]]:
         from .leasereq import request as _request
 
+        if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
+            from .leasesock import SLURM_REFUSAL
+
+            return 409, {"error": SLURM_REFUSAL, "reason": "slurm"}
         holder, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
         identity = identity or f"address {remote_from}"

@@ -90,6 +90,7 @@ class Daemon:
         self._last_event_key: Any = None
         self._backend_failed_at = 0.0
         self._leases: Any = None
+        self.slurm: Any = None  # daemon/slurmnode.py: --slurm, --slurmctld
         self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
         from .monitoring import install as install_monitoring
 
@@ -160,7 +161,12 @@ class Daemon:
         if self.config.leases:
             from .leasesock import start_lease_server
 
-            self._lease_server = await start_lease_server(self.config.simulate)
+            self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm)
+        if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
+            from .slurmnode import SlurmPart
+
+            self.slurm = SlurmPart(self)
+            await self.slurm.start()
         self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
         self.zc = await open_zeroconf(self.interfaces)
         from .announce import Announcer
@@ -241,6 +247,9 @@ class Daemon:
             await self.fleet.stop()
         if self.announcer is not None:
             await self.announcer.stop()
+        if self.slurm is not None:  # the node leaves Slurm before its leases' authority goes
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.slurm.stop(), 40)
         if self._lease_server is not None:
             await self._lease_server.stop()
         await asyncio.sleep(0.05)  # let the streams flush their bye

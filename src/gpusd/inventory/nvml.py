@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
+from ..topology import with_machine
 from .processes import ProcessResolver
 from .window import UtilWindow
 
@@ -282,7 +283,7 @@ class NvmlBackend:
             gpus = [self._read(dev) for dev in self._devices]
         if detail:
             self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
-        return HostSnapshot(
+        return with_machine(HostSnapshot(
             hostname=self.hostname,
             node_id=self.node_id,
             timestamp=time.time(),
@@ -291,7 +292,7 @@ class NvmlBackend:
             cuda_version=self.cuda_version,
             nvml_version=self.nvml_version,
             backend="nvml",
-        )
+        ))
 
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
@@ -416,7 +417,7 @@ class NvmlBackend:
                     type=kind,
                     gpu_instance_id=int(gi) if gi is not None and gi != 0xFFFFFFFF else None,
                     compute_instance_id=int(ci) if ci is not None and ci != 0xFFFFFFFF else None,
-                ))
+        ))
         return out
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..model import MAX_NAME, GpuInfo, GpuLink, HostSnapshot, LeaseInfo, MigInstance, ProcessInfo
+from ..topology import with_machine
 from ..units import format_bytes, parse_bytes
 
 GiB = 1024**3
@@ -372,7 +373,7 @@ class SimulatedBackend:
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         t = self._clock()
         gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
-        return HostSnapshot(
+        return with_machine(HostSnapshot(
             hostname=self.hostname,
             node_id=self.node_id,
             timestamp=t,
@@ -383,7 +384,7 @@ class SimulatedBackend:
             nvml_version=None,
             backend="simulated",
             simulated=True,
-        )
+        ))
 
     def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:
         name, total, plimit, mig_capable = MODELS[g.model]
@@ -424,7 +425,7 @@ class SimulatedBackend:
                     used_memory=parse_bytes(p.get("memory", 0)),
                     user=p.get("user"),
                     command=p.get("command"),
-                ))
+        ))
             except (TypeError, ValueError):
                 continue
         for k, p in enumerate(g.leases):
