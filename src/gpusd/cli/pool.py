@@ -158,8 +158,12 @@ def _start_renewer(res: Reservation, fleet_secret: str, until: float) -> int:
 def _mine(d: dict[str, Any]) -> bool:
     import getpass
 
-    holder = d.get("user")
-    return isinstance(holder, str) and holder.split("@")[0] == getpass.getuser()
+    from ..pool.client import default_holder
+
+    holder = d.get("user")  # the account the host attributed the lease to (docs/security.md "Identity")
+    if isinstance(holder, str) and holder.split("@")[0] == getpass.getuser():
+        return True
+    return d.get("claimed") == default_holder()  # a lease taken without a user key: the name we declared
 
 
 def release(args: argparse.Namespace) -> int:
