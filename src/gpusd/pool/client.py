@@ -104,7 +104,9 @@ class Reservation:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
             if reply.status != 200:
-                raise GpusdError(f"{p.hostname}: renewing failed (HTTP {reply.status})")
+                err = reply.data.get("error") if isinstance(reply.data, dict) else None
+                raise GpusdError(f"{p.hostname}: renewing failed (HTTP {reply.status})"
+                                 + (f": {str(err)[:300]}" if err else ""))
             if isinstance(reply.data, dict) and type(reply.data.get("expires")) in (int, float):
                 p.expires = float(reply.data["expires"])
 
