@@ -209,3 +209,21 @@ async def test_a_daemon_that_requires_user_keys_refuses_a_write_without_one(tmp_
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "root"})
         assert r.status == 401 and "ssh-agent" in r.data["error"] and "--identity" in r.data["error"], r.data
         assert held() == []
+
+
+async def test_max_gpus_per_user_caps_remote_leases_by_account_not_by_holder_name(
+        tmp_path: Path, accounts: Accounts, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    alice, bob = accounts.add("alice"), accounts.add("bob")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"max_gpus_per_user": 1}))
+    policy.chmod(0o644)
+    monkeypatch.setenv("GPUSD_POLICY", str(policy))
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="3xA100-80GB", tls=False,
+                              n=3) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a1"}, user=alice.signer())
+        assert r.status == 201, r.data
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "another-name"}, user=alice.signer())
+        assert r.status == 429 and r.data["reason"] == "policy", r.data
+        assert "max_gpus_per_user 1" in r.data["error"] and alice.name in r.data["error"]
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a1"}, user=bob.signer())
+        assert r.status == 201 and r.data["user"] == bob.name, r.data

@@ -156,6 +156,7 @@ class Pool:
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
         from .access import peer_of
+        from ..alloc.policy import OverCap
         from .leasereq import request as _request
 
         claimed, note, ttl = _terms(body)
@@ -184,6 +185,8 @@ class Pool:
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._grant, kwargs, holder, note, remote_from, self._expiry(now, now, ttl), job)
+        except OverCap as exc:  # the fair-use policy's cap for this user (alloc/policy.py)
+            return 429, {"error": str(exc), "reason": "policy"}
         except NoGpuAvailable as exc:
             return 409, {"error": str(exc), "reason": "no_gpu"}
         except ConfigError as exc:
