@@ -246,3 +246,76 @@ def check(user: str | None, count: int, leases: Iterable[Any], policy: Policy | 
     why = policy.refusal(user, count, held_by_user(leases))
     if why is not None:
         raise OverCap(why)
+
+
+# -- fair share: the daemon's summary of the usage history, read by every waiter ------------------
+SHARES_FILE = "fair-share.json"
+MAX_SHARES_BYTES = 1 << 20
+
+
+def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], days: float,
+                 now: float | None = None) -> None:
+    """Write the GPU-hours of each user over the last ``days`` days into the lock directory (root's
+    daemon does, every minute, from the usage history), atomically: a new file renamed into place."""
+    import secrets
+    import time
+
+    data = json.dumps({"days": days, "at": time.time() if now is None else now,
+                       "hours": {u[:64]: round(float(h), 6) for u, h in sorted(hours.items())[:10000]}}).encode()
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        tmp = f".{SHARES_FILE}.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.rename(tmp, SHARES_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_shares(directory: str | os.PathLike[str]) -> dict[str, float] | None:
+    """The users' GPU-hours the daemon last wrote (:func:`write_shares`), or None: no file, or one
+    that is not root's regular file (anyone may create files in the lock directory)."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fd = os.open(SHARES_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None
+        raw = os.read(fd, MAX_SHARES_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        d = json.loads(raw) if len(raw) <= MAX_SHARES_BYTES else None
+    except (ValueError, RecursionError):
+        return None
+    hours = d.get("hours") if isinstance(d, dict) else None
+    if not isinstance(hours, dict):
+        return None
+    return {str(u)[:64]: float(h) for u, h in hours.items()
+            if type(h) in (int, float) and math.isfinite(h) and h >= 0}
+
+
+def shares_from_usage(answer: dict[str, Any]) -> dict[str, float]:
+    """User -> GPU-hours in a usage answer (:func:`gpusd.usage.query.usage`): the hours its leases held
+    GPUs and its processes ran on GPUs without a lease (what gpusd allocated, and what bypassed it)."""
+    out: dict[str, float] = {}
+    for u in answer.get("users") or []:
+        if isinstance(u, dict) and u.get("kind") in ("hold", "unleased") and u.get("user"):
+            secs = u.get("seconds")
+            if type(secs) in (int, float):
+                out[str(u["user"])] = out.get(str(u["user"]), 0.0) + float(secs) / 3600.0
+    return out
