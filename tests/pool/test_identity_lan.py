@@ -115,3 +115,43 @@ def test_alices_reservation_from_another_host_is_alices_everywhere(lan: Lan, tmp
     assert r.returncode != 0 and "not listed for any account" in r.stderr and "authorized_keys" in r.stderr, \
         r.stdout + r.stderr
     assert not leases_of(devices_json(lan, h1))
+
+
+@pytest.mark.timeout(300)
+def test_the_fleet_wide_cap_counts_the_users_gpus_on_every_host(lan: Lan, tmp_path: Path,  # noqa: F811
+                                                                 accounts: Accounts) -> None:  # noqa: F811
+    """fleet_max_gpus_per_user 1: alice's lease on node-1, once node-2's fleet view shows it, stops her
+    second one on node-2 (naming the cap); bob still gets one there."""
+    from fakenvml import make_gpus
+
+    alice, bob = accounts.add("alice"), accounts.add("bob")
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    pol = tmp_path / "policy.json"
+    pol.write_text(json.dumps({"fleet_max_gpus_per_user": 1}))
+    pol.chmod(0o644)
+    hosts = []
+    for name in ("node-1", "node-2"):
+        node_name = f"h{len(lan.nodes) + 1}"
+        hosts.append(lan.add_gpu_host(name, make_gpus(2), fast=True, node_name=node_name,
+                                      args=["--token-file", str(key), "--interval", "0.2"],
+                                      extra_env={"GPUSD_LEASE_SOCKET": str(lan.workdir / f"{node_name}-lease.sock"),
+                                                 "GPUSD_POLICY": str(pol)}))
+    start_all(hosts)
+    h1, h2 = hosts
+    client = lan.add_node("client")
+    first = as_agent(lan, client, alice.agent, "POST", f"https://{h1.ip}:4781/api/v1/leases", key,
+                     {"count": 1, "holder": "a", "ttl": 60})
+    assert first["status"] == 201 and first["data"]["user"] == alice.name, first
+    url2 = f"https://{h2.ip}:4781/api/v1/leases"
+
+    def refused_on_node2() -> Any:
+        got = as_agent(lan, client, alice.agent, "POST", url2, key, {"count": 1, "holder": "a", "ttl": 60})
+        if got["status"] == 201:  # node-2's view had not seen node-1's lease yet: give it back
+            as_agent(lan, client, alice.agent, "DELETE", f"{url2}/{got['data']['lease_id']}", key)
+            return None
+        return got
+
+    got = wait_for(refused_on_node2, 30, "node-2 to count alice's lease on node-1")
+    assert got["status"] == 429 and "fleet_max_gpus_per_user 1" in got["data"]["error"], got
+    theirs = as_agent(lan, client, bob.agent, "POST", url2, key, {"count": 1, "holder": "b", "ttl": 60})
+    assert theirs["status"] == 201 and theirs["data"]["user"] == bob.name, theirs

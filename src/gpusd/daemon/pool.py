@@ -149,6 +149,44 @@ class Pool:
                     f"{cap} per holder")
         return None
 
+    async def _fleet_cap(self, user: str, count: int) -> str | None:
+        """Why ``user`` may not take ``count`` GPUs more by the fleet-wide cap of the policy file
+        (``fleet_max_gpus_per_user``): GPUs its leases hold here (the lock directory) and on every other
+        verified host, as this daemon's fleet view last saw them.  The view lags by the propagation
+        window (docs/allocation.md, measured in BENCHMARKS.md): a burst to many hosts at once may
+        exceed the cap by what the others granted within it."""
+        from ..alloc.policy import held_by_user, load
+
+        policy = load()
+        if policy.fleet_max_gpus_per_user is None:
+            return None
+        fleet = getattr(self.daemon, "fleet", None)
+        counted = self.fleet_held(fleet, user)
+        if fleet is not None and getattr(fleet, "client", None) is None:
+            fleet.touch()
+            await fleet.ensure_started()  # auto mode: the view starts on first use
+            counted = self.fleet_held(fleet, user)
+        try:
+            from ..alloc.leases import LeaseStore
+
+            here = await asyncio.get_running_loop().run_in_executor(self.executor, LeaseStore().leases)
+        except GpusdError:
+            here = []
+        counted += held_by_user(here).get(user, 0)
+        return policy.refusal(user, count, {}, {user: counted})
+
+    def fleet_held(self, fleet: Any, user: str) -> int:
+        """GPUs ``user`` holds on the other verified hosts of the fleet view."""
+        if fleet is None or getattr(fleet, "client", None) is None:
+            return 0
+        fleet.touch()
+        n = 0
+        for h in fleet.client.hosts:
+            if h.verified is not True or h.snapshot is None or h.node_id == self.daemon.node_id:
+                continue
+            n += sum(1 for g in h.snapshot.gpus for le in g.leases if le.user == user)
+        return n
+
     def _expiry(self, started: float, now: float, ttl: float) -> float:
         """``now + ttl``, never past the lease's lifetime (``lease_max_lifetime`` after ``started``)."""
         return min(now + ttl, started + float(self.daemon.config.lease_max_lifetime))
@@ -175,7 +213,7 @@ class Pool:
         for k in ("wait", "timeout", "command", "visible"):
             kwargs.pop(k, None)
         count = int(kwargs.get("count") or 1)
-        why = self._bounds(identity, count)
+        why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
             return 429, {"error": why, "reason": "policy"}
         now = time.time()
