@@ -101,7 +101,6 @@ async def test_a_key_no_account_lists_is_refused_naming_what_to_set_up(tmp_path:
 
 async def test_a_replayed_user_signature_is_refused(tmp_path: Path, accounts: Accounts) -> None:  # noqa: F811
     """A fleet member copies alice's user signature onto a request of its own (new nonce): refused."""
-    from gpusd.wire.http import _exchange
     from gpusd.wire.signing import FleetKey
     from gpusd.wire.sshsig import HEADER
 
@@ -180,7 +179,8 @@ async def test_from_and_command_options_are_honoured(tmp_path: Path, accounts: A
             r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a"}, user=alice.signer())
             assert (r.status == 201) is ok, (line, r.data)
             if ok:
-                assert (await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}", user=alice.signer())).status == 200
+                gone = await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}", user=alice.signer())
+                assert gone.status == 200
             else:
                 assert "from=" in r.data["error"] or "command=" in r.data["error"], r.data
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_pool_lan import TTL, devices_json, gpu_host, gpusd, leases_of, secret_file, start_all, wait_for
 
 from netns import Lan, Node, lan, netns_ok  # noqa: F401
-from test_pool_lan import TTL, devices_json, gpu_host, gpusd, leases_of, secret_file, start_all, wait_for
 from user_keys import Accounts, accounts, keygen, needs_accounts  # noqa: F401
 
 pytestmark = needs_accounts  # the lan fixture skips where network namespaces cannot be made

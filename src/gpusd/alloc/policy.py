@@ -306,7 +306,7 @@ def read_shares(directory: str | os.PathLike[str]) -> dict[str, float] | None:
     if not isinstance(hours, dict):
         return None
     return {str(u)[:64]: float(h) for u, h in hours.items()
-            if type(h) in (int, float) and math.isfinite(h) and h >= 0}
+            if isinstance(h, (int, float)) and not isinstance(h, bool) and math.isfinite(h) and h >= 0}
 
 
 def shares_from_usage(answer: dict[str, Any]) -> dict[str, float]:
@@ -316,6 +316,6 @@ def shares_from_usage(answer: dict[str, Any]) -> dict[str, float]:
     for u in answer.get("users") or []:
         if isinstance(u, dict) and u.get("kind") in ("hold", "unleased") and u.get("user"):
             secs = u.get("seconds")
-            if type(secs) in (int, float):
+            if isinstance(secs, (int, float)) and not isinstance(secs, bool):
                 out[str(u["user"])] = out.get(str(u["user"]), 0.0) + float(secs) / 3600.0
     return out

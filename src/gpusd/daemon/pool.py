@@ -193,8 +193,8 @@ class Pool:
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
-        from .access import peer_of
         from ..alloc.policy import OverCap
+        from .access import peer_of
         from .leasereq import request as _request
 
         claimed, note, ttl = _terms(body)

@@ -69,7 +69,7 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         raise SourceError(f"{url}: a signed {method.upper()} must name the daemon's node id")
     if key is not None:
         signer = user
-        if signer is None and method.upper() not in ("GET", "HEAD"):  # a write: signed by the user too (docs/security.md)
+        if signer is None and method.upper() not in ("GET", "HEAD"):  # a write: the user signs it too (security.md)
             from ..errors import ConfigError
             from .sshsig import SshSigError, default_signer
 

@@ -262,6 +262,7 @@ class FileSigner:
                 data = f.read(65537)
         except OSError as exc:
             raise SshSigError(f"cannot read the identity {path!r}: {exc.strerror or exc}") from None
+        key: Any
         try:
             if b"OPENSSH PRIVATE KEY" in data:
                 key = serialization.load_ssh_private_key(data, passphrase)
