@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_pool_lan import TTL, devices_json, gpu_host, gpusd, leases_of, secret_file, start_all, wait_for
+from test_pool_lan import TTL, devices_json, gpu_host, gpusd, leases_of, secret_file, signed, start_all, wait_for
 
 from netns import Lan, Node, lan, netns_ok  # noqa: F401
 from user_keys import Accounts, accounts, keygen, needs_accounts  # noqa: F401
@@ -76,6 +76,11 @@ def test_alices_reservation_from_another_host_is_alices_everywhere(lan: Lan, tmp
         assert [le["user"] for le in listed if le["lease_id"] == lease_id] == [alice.name], r.stdout
         r = gpusd(lan, client, ["top", "--once", "--width", "200", *tok], env=env_alice)
         assert alice.name in r.stdout, r.stdout + r.stderr
+        # the dashboard's data: the daemon's fleet view (signed, over HTTPS)
+        fleet = signed(lan, client, "GET", f"https://{h1.ip}:4781/api/v1/fleet", key)
+        shown = [le["user"] for host in fleet["data"]["hosts"] for g in (host["snapshot"] or {}).get("gpus", [])
+                 for le in g["leases"] if le["lease_id"] == lease_id]
+        assert shown == [alice.name], fleet
         r = gpusd(lan, client, ["reservations", "--json", "--all", *tok], env=env_alice)
         mine = json.loads(r.stdout)["reservations"]
         assert [(d["lease_id"], d["user"]) for d in mine] == [(lease_id, alice.name)], r.stdout

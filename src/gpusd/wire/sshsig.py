@@ -373,9 +373,10 @@ def load_signer(identity: str | None = None, environ: dict[str, str] | None = No
     if sock:
         try:
             held = agent_keys(sock)
-        except SshSigError:
-            if identity is None:
-                raise
+        except SshSigError as exc:  # a stale $SSH_AUTH_SOCK: as ssh does, go on without the agent
+            import logging
+
+            logging.getLogger("gpusd").warning("%s (going on without the agent)", exc)
     held = [(b, c) for b, c in held if _usable(b)]
     if identity is None:
         return AgentSigner(sock, held[0][0], held[0][1]) if sock and held else None
