@@ -54,8 +54,8 @@ def test_alices_reservation_from_another_host_is_alices_everywhere(lan: Lan, tmp
     tok = ["--token-file", str(key)]
     env_alice = {**lan.base_env(client, GPUSD_MDNS_FAST="1"), "SSH_AUTH_SOCK": alice.agent}
 
-    r = gpusd(lan, client, ["reserve", "-n", "1", "--ttl", str(TTL), "--for", "1h", "--note", "nb", "--json", *tok],
-              env=env_alice)
+    r = gpusd(lan, client, ["reserve", "-n", "1", "--ttl", str(TTL), "--for", "1h", "--note", "nb", "--json",
+                            "--wait", "--timeout", "30", *tok], env=env_alice)  # --wait: until discovery has it
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     lease_id, renewer = res["leases"][0]["lease_id"], res["renewer_pid"]
