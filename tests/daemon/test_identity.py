@@ -227,3 +227,20 @@ async def test_max_gpus_per_user_caps_remote_leases_by_account_not_by_holder_nam
         assert "max_gpus_per_user 1" in r.data["error"] and alice.name in r.data["error"]
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a1"}, user=bob.signer())
         assert r.status == 201 and r.data["user"] == bob.name, r.data
+
+
+async def test_root_of_the_host_may_release_anyones_lease(tmp_path: Path, accounts: Accounts,  # noqa: F811
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpusd.wire.sshsig import FileSigner
+
+    alice = accounts.add("alice")
+    admin = FileSigner.load(str(keygen(tmp_path / "admin")))
+    users = tmp_path / "users"
+    users.write_text("root " + (tmp_path / "admin.pub").read_text())
+    users.chmod(0o644)
+    monkeypatch.setenv("GPUSD_USERS", str(users))
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a"}, user=alice.signer())
+        assert r.status == 201, r.data
+        gone = await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}", user=admin)
+        assert gone.status == 200 and held() == [], gone.data
