@@ -244,3 +244,28 @@ async def test_root_of_the_host_may_release_anyones_lease(tmp_path: Path, accoun
         assert r.status == 201, r.data
         gone = await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}", user=admin)
         assert gone.status == 200 and held() == [], gone.data
+
+
+async def test_a_key_two_accounts_list_names_nobody(tmp_path: Path, accounts: Accounts) -> None:  # noqa: F811
+    alice, bob = accounts.add("alice"), accounts.add("bob")
+    bob.authorize(bob.pub, alice.pub)  # bob lists alice's key too: whose is it?
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a"}, user=alice.signer())
+        assert r.status == 403 and "several accounts" in r.data["error"], r.data
+        assert alice.name in r.data["error"] and bob.name in r.data["error"]
+
+
+def test_authorized_keys_lines_and_from_patterns() -> None:
+    from gpusd.daemon.users import from_allows, parse_line, why_not
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    e = parse_line(f'from="10.0.0.0/8,!10.1.2.3",no-pty,command="echo \\"a b\\"" {key} me@x')
+    assert e is not None and e.options["from"] == "10.0.0.0/8,!10.1.2.3" and "no-pty" in e.flags
+    assert e.options["command"] == 'echo "a b"' and why_not(e, "10.0.0.1") is not None  # command=: no identity
+    assert from_allows("10.0.0.0/8,!10.1.2.3", "10.9.9.9") and not from_allows("10.0.0.0/8,!10.1.2.3", "10.1.2.3")
+    assert from_allows("198.18.*", "::ffff:198.18.0.7") and not from_allows("host.example", "198.18.0.7")
+    assert not from_allows("10.0.0.0/99", "10.0.0.1")  # a bad CIDR fails the whole list, as in sshd
+    old = parse_line(f'expiry-time="20200101" {key}')
+    assert old is not None and why_not(old, "10.0.0.1") == "its expiry-time has passed"
+    for junk in ("", "# comment", "ssh-ed25519 not-base64!", "ssh-dss AAAAB3NzaC1kc3MAAACBAP", "x" * 20000):
+        assert parse_line(junk) is None
