@@ -97,7 +97,7 @@ class Accounts:
                     os.waitpid(user.agent_pid, 0)
                 except (ProcessLookupError, ChildProcessError):
                     pass
-            subprocess.run(["userdel", user.name], capture_output=True)  # by name, never a pattern
+            subprocess.run(["userdel", "-f", user.name], capture_output=True)  # by name (-f: even with a process left)
 
 
 @pytest.fixture
