@@ -184,6 +184,9 @@ class ProcessInfo:
     command: str | None = field(default=None, metadata=TEXT)
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # on a GPU no gpusd lease covers: not a lease holder's (or its descendants') and not a lease
+    # holder's user's (docs/allocation.md "Unleased processes"); False where leases were not read
+    unleased: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

@@ -309,3 +309,20 @@ async def test_model_names_are_shown_whole_so_80gb_and_40gb_differ():
         assert [t for t, _ in cells] == ["A100-SXM4-80GB", "A100-SXM4-40GB", "H100 80GB HBM3"]
         assert all(whole for _, whole in cells), cells  # nothing hidden behind an ellipsis
         assert browser.errors == []
+
+
+async def test_an_unleased_process_is_shown_as_unleased():
+    """Issue 20: a GPU process no gpusd lease covers is marked in the processes column."""
+    from gpusd.model import ProcessInfo
+
+    d = two_hosts()
+    n1, _ = list(d.hosts)
+    async with dashboard(d) as (page, browser):
+        await page.wait_for(f"{rows(n1)}.length === 4", timeout=15)
+        d.set_gpu(n1, 0, processes=[ProcessInfo(pid=4242, user="mallory", command="/usr/bin/python train.py",
+                                                unleased=True)])
+        d.set_gpu(n1, 1, processes=[ProcessInfo(pid=4243, user="alice", command="train.py")])
+        assert await page.wait_for(f"{cell(n1, 0, '.plist')}.startsWith('mallory python unleased')", timeout=5)
+        assert await page.wait_for(f"{cell(n1, 1, '.plist')}.startsWith('alice train.py')", timeout=5)
+        assert "unleased" not in await page.evaluate(cell(n1, 1, '.plist'))
+        assert browser.errors == []

@@ -17,9 +17,10 @@ from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable
 from ..inventory import Backend, open_backend
 from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo
+from . import policy as _policy
 from . import queue
 from .env import apply_visible
-from .leases import Lease, LeaseStore
+from .leases import Lease, LeaseStore, current_user
 from .priority import NORMAL, load_policy, priority_name
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
@@ -153,7 +154,9 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
                                      "use --wait to queue")
         elif queue.ahead_of(store, ticket) is not None:
             raise _NotHead()
-        why = explain(snap, c, store.leases(cleanup=True), env)
+        held = store.leases(cleanup=True)
+        _policy.check(user or current_user(), c.count, held)  # the fair-use caps (alloc/policy.py)
+        why = explain(snap, c, held, env)
         chosen = why.chosen
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
@@ -269,6 +272,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             except WaitTimeout as exc:
                 last = exc
                 break
+            except _policy.OverCap:
+                raise  # a cap is the policy's answer, not a wait: a capped head would hold up the others
             except NoGpuAvailable as exc:
                 last = exc
                 # Our own look closed lock files (a failed acquire opens and closes them): those
@@ -298,6 +303,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                                     user, env, remote)
                 except (WaitTimeout, _NotHead):
                     pass  # the mutex: the reason given is still the GPUs'
+                except _policy.OverCap:
+                    raise
                 except NoGpuAvailable as exc:
                     last = exc
                 break

@@ -620,8 +620,6 @@ class LeaseStore:
         except GpusdError as exc:  # a refused lock directory: say so, but show the GPUs
             log.warning("%s", exc)
             return snap
-        if not leases:
-            return snap
         owner: dict[str, int] = {}
         for i, g in enumerate(snap.gpus):
             owner[g.uuid] = i
@@ -631,6 +629,7 @@ class LeaseStore:
             at = owner.get(lease.device or "")
             if at is not None:
                 snap.gpus[at].leases.append(lease)
+        mark_unleased(snap)
         return snap
 
     # -- taking ---------------------------------------------------------------------------------
@@ -773,6 +772,41 @@ def _held(dfd: int, name: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _ancestors(pid: int, depth: int = 64) -> set[int]:
+    """``pid`` and its parents, as /proc shows them (bounded; a process of another pid namespace: itself)."""
+    out = {pid}
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read(4096)
+        except OSError:
+            break
+        try:
+            ppid = int(raw[raw.rindex(b")") + 2:].split()[1])
+        except (ValueError, IndexError):
+            break
+        if ppid <= 1 or ppid in out:
+            break
+        out.add(ppid)
+        pid = ppid
+    return out
+
+
+def mark_unleased(snap: HostSnapshot) -> None:
+    """Mark each GPU process that no lease on its GPU covers (``ProcessInfo.unleased``): a process is
+    covered by a lease whose holder is the process or one of its ancestors, or whose user is the
+    process's user (a remote reservation's job runs under sshd, not under the daemon that holds it).
+    So an administrator sees who uses GPUs without gpusd (devices, top, the dashboard, the history)."""
+    for g in snap.gpus:
+        if not g.processes:
+            continue
+        leases = [le for le in g.leases if not le.unleased]  # a lock held without a lease covers nothing
+        holders = {le.pid for le in leases if le.pid}
+        users = {le.user for le in leases if le.user}
+        for p in g.processes:
+            p.unleased = not ((p.user is not None and p.user in users) or (holders and _ancestors(p.pid) & holders))
 
 
 def _safe(device: str) -> str:

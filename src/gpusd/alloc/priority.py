@@ -6,7 +6,8 @@ queue (:mod:`gpusd.alloc.queue`) and decides who may preempt whom (:mod:`gpusd.j
 A priority is a claim another user makes in a file we read, so it is believed only up to what the
 **priority policy** allows that user: root may claim any level; everyone else at most ``high`` by
 default (``urgent`` is for root and for the users or groups the administrator names).  The policy is
-``/etc/gpusd/priorities.json`` (or ``$GPUSD_PRIORITY_POLICY``), JSON::
+the ``priorities`` object of the fair-use policy ``/etc/gpusd/policy.json`` (:mod:`gpusd.alloc.policy`,
+which absorbs it), else ``/etc/gpusd/priorities.json`` (or ``$GPUSD_PRIORITY_POLICY``), JSON::
 
     {"max": "high", "users": {"alice": "urgent"}, "groups": {"interns": "normal"}, "aging_minutes": 30}
 
@@ -121,6 +122,12 @@ def _warn_once(path: str, message: str) -> None:
 def load_policy(path: str | None = None) -> PriorityPolicy:
     """The priority policy (cached while the file is unchanged); the defaults where there is none or
     it cannot be trusted or parsed (said once, in the log)."""
+    if path is None and not os.environ.get("GPUSD_PRIORITY_POLICY"):
+        from .policy import load as load_fair_use
+
+        absorbed = load_fair_use().priorities  # the fair-use policy's "priorities" (alloc/policy.py)
+        if absorbed is not None:
+            return absorbed  # type: ignore[no-any-return]
     path = path or os.environ.get("GPUSD_PRIORITY_POLICY") or POLICY_PATH
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -246,10 +246,25 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
     return out
 
 
-def _order(entries: list[tuple[Waiter, float, Path]]) -> list[tuple[Waiter, float, Path]]:
+def _shares(store: LeaseStore) -> dict[str, float] | None:
+    """The users' GPU-hours for the fair-share order, when the policy asks for it (alloc/policy.py)."""
+    from . import policy
+
+    if policy.load().fair_share_days is None:
+        return None
+    return policy.read_shares(store.dir)
+
+
+def _order(entries: list[tuple[Waiter, float, Path]],
+           shares: dict[str, float] | None = None) -> list[tuple[Waiter, float, Path]]:
     # A resumed job is placed at its process's start, not ahead of its class: a claim anyone can
-    # make must never put a process started after others queued ahead of them.
-    entries.sort(key=lambda e: (-e[0].level, e[1], e[0].seq))
+    # make must never put a process started after others queued ahead of them.  With the fair-share
+    # policy, within a class the user with fewer GPU-hours (the daemon's summary of the history) goes
+    # first, then the order of waiting; every waiter reads the same summary, so all agree.
+    if shares is not None:
+        entries.sort(key=lambda e: (-e[0].level, shares.get(e[0].user or "", 0.0), e[1], e[0].seq))
+    else:
+        entries.sort(key=lambda e: (-e[0].level, e[1], e[0].seq))
     for i, (w, _, _) in enumerate(entries):
         w.position = i + 1
     return entries
@@ -258,17 +273,17 @@ def _order(entries: list[tuple[Waiter, float, Path]]) -> list[tuple[Waiter, floa
 def waiting(store: LeaseStore, cleanup: bool = False) -> list[tuple[int, Path]]:
     """Live tickets (seq, path), in queue order (the head first).  Tickets of dead waiters are
     skipped (and removed with ``cleanup``)."""
-    return [(w.seq, path) for w, _, path in _order(_scan(store, cleanup))]
+    return [(w.seq, path) for w, _, path in _order(_scan(store, cleanup), _shares(store))]
 
 
 def waiters(store: LeaseStore) -> list[Waiter]:
     """The live waiters, in queue order (read-only: nothing is locked, cleaned or written)."""
-    return [w for w, _, _ in _order(_scan(store))]
+    return [w for w, _, _ in _order(_scan(store), _shares(store))]
 
 
 def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
     """The live ticket just ahead of ``ticket`` in the queue order, or None at the head."""
-    order = _order(_scan(store, cleanup=True))
+    order = _order(_scan(store, cleanup=True), _shares(store))
     for i, (_, _, path) in enumerate(order):
         if path.name == ticket.path.name:
             return order[i - 1][2] if i else None
@@ -277,7 +292,7 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
 
 def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:
     """The waiters who would be ahead of a job of (believed) ``priority`` that joined now."""
-    return [w for w, _, _ in _order(_scan(store, cleanup=True)) if w.level >= priority]
+    return [w for w, _, _ in _order(_scan(store, cleanup=True), _shares(store)) if w.level >= priority]
 
 
 def _process_start(pid: int) -> float | None:

@@ -179,8 +179,12 @@ def _start_renewer(res: Reservation, fleet_secret: str, until: float, extra: dic
 def _mine(d: dict[str, Any]) -> bool:
     import getpass
 
-    holder = d.get("user")
-    return isinstance(holder, str) and holder.split("@")[0] == getpass.getuser()
+    from ..pool.client import default_holder
+
+    holder = d.get("user")  # the account the host attributed the lease to (docs/security.md "Identity")
+    if isinstance(holder, str) and holder.split("@")[0] == getpass.getuser():
+        return True
+    return d.get("claimed") == default_holder()  # a lease taken without a user key: the name we declared
 
 
 def release(args: argparse.Namespace) -> int:
@@ -221,7 +225,9 @@ def _release_remembered(lease_id: str, key: FleetKey) -> bool:
         forget(part.lease_id)
         raise GpusdError(f"no reservation {part.lease_id} on {where} any more (released, or expired)")
     if reply.status not in (200, 204):
-        raise GpusdError(f"{where}: releasing {part.lease_id} failed (HTTP {reply.status})")
+        err = reply.data.get("error") if isinstance(reply.data, dict) else None
+        why = f": {for_terminal(str(err), 300)}" if err else ""
+        raise GpusdError(f"{where}: releasing {part.lease_id} failed (HTTP {reply.status}){why}")
     forget(part.lease_id)  # its renewer sees the lease gone at its next renewal and stops
     print(f"released {part.lease_id} on {where}")
     return True

@@ -36,12 +36,23 @@ def add_token_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--token-file", metavar="FILE",
                    help=f"the fleet secret, read from FILE (mode 600; or $GPUSD_TOKEN_FILE, $GPUSD_TOKEN): {what}")
     p.add_argument("--token", nargs="?", action=RefuseSecretOnArgv, help=argparse.SUPPRESS)
+    try:
+        p.add_argument("--identity", metavar="FILE", dest="identity",
+                       help="sign remote writes with this SSH key (like ssh -i; default: the first key of "
+                            "ssh-agent, $SSH_AUTH_SOCK): the host attributes them to the account listing it")
+    except argparse.ArgumentError:  # the command has it already
+        pass
 
 
 def secret(args: argparse.Namespace) -> str | None:
     """The fleet secret for this command, or None.  ConfigError (exit 2) when it cannot be read."""
     from ..wire.signing import SecretError, load_secret
 
+    identity = getattr(args, "identity", None)
+    if isinstance(identity, str) and identity:  # for this process and the renewer it starts (wire.sshsig)
+        import os
+
+        os.environ["GPUSD_IDENTITY"] = os.path.abspath(identity)
     try:
         return load_secret(getattr(args, "token_file", None))
     except SecretError as exc:

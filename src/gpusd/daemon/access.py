@@ -274,6 +274,9 @@ class Access:
         if refused is not None:
             return None, refused
         req.nonce = result.nonce  # type: ignore[attr-defined]
+        from ..wire.signing import signature_base
+
+        req.base = signature_base(result)  # type: ignore[attr-defined]  # what a user's SSH key signs
         return req, None
 
     def sign_response(self, req: Any, status: int, headers: Any, body: bytes | None) -> None:
@@ -318,6 +321,11 @@ def is_signed(request: web.Request) -> bool:
     """Whether this request is a secret holder's: signed and verified, or on a TLS connection a
     verified request authenticated (set by :func:`middleware`)."""
     return bool(request.get(_trusted_key(), False))
+
+
+def signed_request(request: web.Request) -> Any:
+    """The verified signed request (with its ``nonce`` and signature ``base``), or None."""
+    return request.get(_signed_key())
 
 
 def holder_of(request: web.Request) -> str:

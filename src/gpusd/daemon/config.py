@@ -53,6 +53,9 @@ class DaemonConfig:
     lease_max_total: int = 64  # remote leases this daemon holds at most
     lease_max_per_holder: int = 16  # remote leases one holder holds here at most
     lease_max_gpus_per_holder: int | None = None  # GPUs one holder holds here at most (None: any number)
+    # users' SSH keys on remote writes (docs/security.md "Identity", daemon/users.py)
+    require_user_key: bool = False  # refuse a remote write that carries no user signature
+    users_file: str | None = None  # default: $GPUSD_USERS, else /etc/gpusd/users
     # hosts beyond the mDNS link (discovery/beyond.py, docs/daemon.md "Beyond one link"); None: from the
     # environment ($GPUSD_PEERS, $GPUSD_PEERS_FILE, $GPUSD_DNS_SD_DOMAIN)
     peers: list[str] | None = None
@@ -145,6 +148,10 @@ class DaemonConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1_000_000):
                 raise ConfigError(f"{name} must be a whole number between 0 and 1000000, not {value!r}")
+        if not isinstance(self.require_user_key, bool):
+            raise ConfigError(f"require_user_key must be true or false, not {self.require_user_key!r}")
+        if self.users_file is not None and not (isinstance(self.users_file, str) and self.users_file.startswith("/")):
+            raise ConfigError(f"users_file must be an absolute path, not {self.users_file!r}")
         cap = self.lease_max_gpus_per_holder
         if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and 1 <= cap <= 4096):
             raise ConfigError(f"lease_max_gpus_per_holder must be None or a whole number from 1 to 4096, not {cap!r}")

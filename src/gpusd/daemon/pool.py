@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..model import LeaseInfo
     from .config import DaemonConfig
+    from .users import Account
 
 log = logging.getLogger("gpusd.pool")
 
@@ -78,14 +79,15 @@ class Held:
     expires: float
     devices: list[dict[str, Any]] = field(default_factory=list)
     job: str | None = None  # the fleet run's job id (gpusd run --fleet), named in the record
-    identity: str = ""  # who holds it, as the daemon can check: signing key and peer (access.holder_of)
+    identity: str = ""  # who holds it, as the daemon can check: "user NAME" (a user key), else key and peer
+    claimed: str | None = None  # the 'holder' name the request declared (shown as such, never as the user)
     ends: float | None = None  # when the holder said it stops renewing (its "left", on our clock): shown only
     renewing: bool = False  # a renewal is rewriting the record (on the executor)
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
-                "command": self.note, "remote_from": self.remote_from, "ttl": self.ttl,
+                "command": self.note, "claimed": self.claimed, "remote_from": self.remote_from, "ttl": self.ttl,
                 "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
                 "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}}
 
@@ -101,6 +103,9 @@ class Pool:
         self.pending = 0  # requests being granted (counted against lease_max_total)
         self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
         self.task: asyncio.Task[None] | None = None
+        from .users import Directory
+
+        self.users = Directory(getattr(daemon.config, "users_file", None))
 
     # -- the work, on the executor ------------------------------------------------------------------
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
@@ -145,21 +150,64 @@ class Pool:
                     f"{cap} per holder")
         return None
 
+    async def _fleet_cap(self, user: str, count: int) -> str | None:
+        """Why ``user`` may not take ``count`` GPUs more by the fleet-wide cap of the policy file
+        (``fleet_max_gpus_per_user``): GPUs its leases hold here (the lock directory) and on every other
+        verified host, as this daemon's fleet view last saw them.  The view lags by the propagation
+        window (docs/allocation.md, measured in BENCHMARKS.md): a burst to many hosts at once may
+        exceed the cap by what the others granted within it."""
+        from ..alloc.policy import held_by_user, load
+
+        policy = load()
+        if policy.fleet_max_gpus_per_user is None:
+            return None
+        fleet = getattr(self.daemon, "fleet", None)
+        counted = self.fleet_held(fleet, user)
+        if fleet is not None and getattr(fleet, "client", None) is None:
+            fleet.touch()
+            await fleet.ensure_started()  # auto mode: the view starts on first use
+            counted = self.fleet_held(fleet, user)
+        try:
+            from ..alloc.leases import LeaseStore
+
+            here = await asyncio.get_running_loop().run_in_executor(self.executor, LeaseStore().leases)
+        except GpusdError:
+            here = []
+        counted += held_by_user(here).get(user, 0)
+        return policy.refusal(user, count, {}, {user: counted})
+
+    def fleet_held(self, fleet: Any, user: str) -> int:
+        """GPUs ``user`` holds on the other verified hosts of the fleet view."""
+        if fleet is None or getattr(fleet, "client", None) is None:
+            return 0
+        fleet.touch()
+        n = 0
+        for h in fleet.client.hosts:
+            if h.verified is not True or h.snapshot is None or h.node_id == self.daemon.node_id:
+                continue
+            n += sum(1 for g in h.snapshot.gpus for le in g.leases if le.user == user)
+        return n
+
     def _expiry(self, started: float, now: float, ttl: float) -> float:
         """``now + ttl``, never past the lease's lifetime (``lease_max_lifetime`` after ``started``)."""
         return min(now + ttl, started + float(self.daemon.config.lease_max_lifetime))
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
-                     identity: str | None = None) -> tuple[int, dict[str, Any]]:
+                     identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
+        from ..alloc.policy import OverCap
+        from .access import peer_of
         from .leasereq import request as _request
 
         if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
             from .leasesock import SLURM_REFUSAL
 
             return 409, {"error": SLURM_REFUSAL, "reason": "slurm"}
-        holder, note, ttl = _terms(body)
+        claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
-        identity = identity or f"address {remote_from}"
+        # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
+        # member at that address -- never the 'holder' name the request declares (issue 20)
+        holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"
+        identity = _identity(account, identity or f"address {remote_from}")
         job = body.get("job")
         if job is not None and (not isinstance(job, str) or not JOB_ID.match(job)):
             return 400, {"error": "'job' must be a gpusd job id (8 to 32 lowercase hex digits)"}
@@ -170,7 +218,7 @@ class Pool:
         for k in ("wait", "timeout", "command", "visible"):
             kwargs.pop(k, None)
         count = int(kwargs.get("count") or 1)
-        why = self._bounds(identity, count)
+        why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
             return 429, {"error": why, "reason": "policy"}
         now = time.time()
@@ -180,6 +228,8 @@ class Pool:
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._grant, kwargs, holder, note, remote_from, self._expiry(now, now, ttl), job)
+        except OverCap as exc:  # the fair-use policy's cap for this user (alloc/policy.py)
+            return 429, {"error": str(exc), "reason": "policy"}
         except NoGpuAvailable as exc:
             return 409, {"error": str(exc), "reason": "no_gpu"}
         except ConfigError as exc:
@@ -196,7 +246,7 @@ class Pool:
                     "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index}  # issue 21, additive
                    for c in sel.devices]
         held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, self._expiry(now, now, ttl),
-                    devices, job, identity)
+                    devices, job, identity, claimed)
         self.held[held.lease_id] = held
         log.info("remote lease %s: %s for %s from %s (ttl %gs)", held.lease_id, ",".join(sel.uuids), holder,
                  remote_from, ttl)
@@ -204,10 +254,25 @@ class Pool:
         self.daemon.publish("lease_granted", {"leases": [_event(out)]})
         return 201, out
 
-    async def renew(self, lease_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def refusal(self, lease_id: str, identity: str | None, account: Account | None,
+                verb: str) -> tuple[int, dict[str, Any]] | None:
+        """Why the requester may not ``verb`` the lease (None: it may): only its owner, or root of this host."""
         held = self.held.get(lease_id)
         if held is None:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
+        if identity is None or (account is not None and account.is_root):
+            return None  # identity None: a caller inside the daemon
+        if _identity(account, identity) == held.identity:
+            return None
+        return 403, {"error": f"the lease {held.lease_id} is {held.holder}'s: only {held.holder} (or root on "
+                              f"{self.daemon.hostname}) may {verb} it", "reason": "not_owner"}
+
+    async def renew(self, lease_id: str, body: dict[str, Any], identity: str | None = None,
+                    account: Account | None = None) -> tuple[int, dict[str, Any]]:
+        refused = self.refusal(lease_id, identity, account, "renew")
+        if refused is not None:
+            return refused
+        held = self.held[lease_id]
         ttl = held.ttl
         if body.get("ttl") is not None:
             ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
@@ -276,8 +341,14 @@ class Pool:
                 pass
 
 
+def _identity(account: Account | None, fallback: str) -> str:
+    """Who a request is, for the caps and for ownership: the user of a verified key, else ``fallback``
+    (the fleet signature's key id and the peer address, :func:`gpusd.daemon.access.holder_of`)."""
+    return f"user {account.name}" if account is not None else fallback
+
+
 def _event(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if k != "env"}
+    return {k: v for k, v in d.items() if k not in ("env", "claimed")}
 
 
 def _ends(left: object, before: float | None) -> float | None:
@@ -339,25 +410,72 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
             raise ConfigError("a lease request is a JSON object")
         return d
 
+    async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
+        """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)
+        without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
+        from ..wire.sshsig import HEADER, SshSigError, read_header, verify
+        from .access import signed_request
+        from .users import Refused
+
+        value = request.headers.get(HEADER)
+        if value is None:
+            if daemon.config.require_user_key:
+                return None, answer(401, {"error": "this daemon takes remote writes signed with the user's SSH key: "
+                                                   "load your key into ssh-agent ($SSH_AUTH_SOCK) or pass --identity "
+                                                   "FILE (docs/security.md)", "reason": "user_key"})
+            return None, None
+        base = getattr(signed_request(request), "base", None)
+        if not isinstance(base, bytes):
+            return None, answer(401, {"error": "a user signature needs the fleet signature it signs",
+                                      "reason": "user_key"})
+        try:
+            blob = verify(read_header(value), base)
+        except SshSigError as exc:
+            return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
+        try:
+            account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+                pool.executor, pool.users.who, blob, request.remote, daemon.hostname), 10.0)
+        except Refused as exc:
+            return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
+        except asyncio.TimeoutError:
+            return None, answer(503, {"error": "reading the accounts' authorized_keys took too long"})
+        return account, None
+
     async def create(request: web.Request) -> web.Response:
         from .access import holder_of
 
+        account, refused = await who(request)
+        if refused is not None:
+            return refused
         try:
             body = await body_of(request)
-            status, data = await pool.create(body, request.remote, holder_of(request))
+            status, data = await pool.create(body, request.remote, holder_of(request), account)
         except ConfigError as exc:
             return answer(400, {"error": str(exc)})
         return answer(status, data)
 
     async def renew(request: web.Request) -> web.Response:
+        from .access import holder_of
+
+        account, refused = await who(request)
+        if refused is not None:
+            return refused
         try:
             body = await body_of(request)
-            status, data = await pool.renew(request.match_info["id"][:64], body)
+            status, data = await pool.renew(request.match_info["id"][:64], body, holder_of(request), account)
         except ConfigError as exc:
             return answer(400, {"error": str(exc)})
         return answer(status, data)
 
     async def delete(request: web.Request) -> web.Response:
+        from .access import holder_of
+
+        account, refused = await who(request)
+        if refused is not None:
+            return refused
+        denied = pool.refusal(request.match_info["id"][:64], holder_of(request), account, "release")
+        if denied is not None:
+            return answer(*denied)
         held = pool.end(request.match_info["id"][:64], "released by its holder")
         if held is None:
             return answer(404, {"error": "no such remote lease here (released, or expired)"})
@@ -367,7 +485,7 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
         leases = pool.listing()
         if not can_see_private(request):
             for d in leases:
-                d["user"] = d["command"] = None
+                d["user"] = d["command"] = d["claimed"] = None
                 d["env"] = {k: v for k, v in d["env"].items() if k != "GPUSD_LEASE"}
         return answer(200, {"host": daemon.hostname, "node_id": daemon.node_id, "leases": leases})
 

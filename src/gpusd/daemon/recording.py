@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("gpusd.history")
 
+POLICY_EVERY = 5.0  # seconds between looks at the fair-use policy file (cached while unchanged)
+SHARES_EVERY = 60.0  # seconds between fair-share summaries written to the lock directory
+
 
 class RecordedDaemon(Protocol):
     @property
@@ -62,6 +65,10 @@ class Recording:
         self.path = cfg.history_db or (Path(daemon.state_dir) / "history.sqlite")
         self.recorder: Recorder | None = None
         self.watch = IdleWatch(self.policy, self._notify, releaser)
+        self._policy_checked = 0.0  # monotonic: when the fair-use policy file was last looked at
+        self._shares_written = 0.0
+        self._shares_busy = False
+        self._apply_policy()
 
     def open(self) -> None:
         from ..usage.recorder import Recorder
@@ -82,7 +89,49 @@ class Recording:
     def on_sample(self, snap: HostSnapshot) -> None:
         if self.recorder is not None:
             self.recorder.submit(snap)
+        now = time.monotonic()
+        if now - self._policy_checked >= POLICY_EVERY:
+            self._policy_checked = now
+            self._apply_policy()
         self.watch.update(snap)
+
+    # -- the fair-use policy file (alloc/policy.py): idle release and the fair-share summary ------
+    def _apply_policy(self) -> None:
+        """The policy file's idle terms override the configuration's (warn after N minutes idle, release
+        M minutes later); with ``fair_share_days``, the users' GPU-hours go to the lock directory."""
+        from ..alloc.policy import load
+
+        pol = load()
+        cfg = self.daemon.config
+        if pol.idle_warn_minutes is not None:
+            self.policy.idle_after = pol.idle_warn_minutes * 60.0
+            self.policy.release = pol.idle_release_minutes is not None
+            self.policy.grace = (pol.idle_release_minutes or 0.0) * 60.0
+        else:
+            self.policy.idle_after, self.policy.release, self.policy.grace = (cfg.idle_after, cfg.idle_release,
+                                                                              cfg.idle_grace)
+        if (pol.fair_share_days is not None and self.recorder is not None and not self._shares_busy
+                and time.monotonic() - self._shares_written >= SHARES_EVERY):
+            self._shares_written = time.monotonic()
+            self._shares_busy = True
+            import threading
+
+            threading.Thread(target=self._write_shares, args=(pol.fair_share_days,), name="gpusd-shares",
+                             daemon=True).start()
+
+    def _write_shares(self, days: float) -> None:
+        from ..alloc.leases import LeaseStore
+        from ..alloc.policy import shares_from_usage, write_shares
+        from ..usage import query
+
+        try:
+            now = time.time()
+            answer = self._read(lambda conn: query.usage(conn, now - days * 86400, now, now, self.keep, True))
+            write_shares(LeaseStore().dir, shares_from_usage(answer), days)
+        except Exception as exc:  # noqa: BLE001 - the order falls back to first come, first served
+            log.warning("cannot write the fair-share summary: %s", exc)
+        finally:
+            self._shares_busy = False
 
     def _notify(self, event: str, data: dict[str, Any]) -> None:
         level = logging.WARNING if event in ("lease_release_notice", "lease_released") else logging.INFO

@@ -108,7 +108,9 @@ class Reservation:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
             if reply.status != 200:
-                raise GpusdError(f"{p.hostname}: renewing failed (HTTP {reply.status})")
+                err = reply.data.get("error") if isinstance(reply.data, dict) else None
+                raise GpusdError(f"{p.hostname}: renewing failed (HTTP {reply.status})"
+                                 + (f": {str(err)[:300]}" if err else ""))
             if isinstance(reply.data, dict) and type(reply.data.get("expires")) in (int, float):
                 p.expires = float(reply.data["expires"])
 
@@ -262,7 +264,7 @@ def default_holder() -> str:
 
 
 def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
-         ttl: float, job: str | None = None) -> HostLease | None:
+         ttl: float, job: str | None = None, reasons: list[str] | None = None) -> HostLease | None:
     """One lease request to ``h`` (None on 409: the GPUs just went)."""
     from ..wire.http import request_json
 
@@ -288,7 +290,12 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
                     reply.status, h.url, str(reply.data)[:200])
         return None  # an impostor's "lease" is worthless: nothing to release either
     if reply.status in (409, 429, 503):
-        log.info("%s: %s", h.hostname, (reply.data or {}).get("error"))
+        err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
+        log.info("%s: %s", h.hostname, err)
+        if reply.status == 429 and reasons is not None and err:  # a cap: say which when nothing is granted
+            from ..sanitize import for_terminal
+
+            reasons.append(f"{for_terminal(h.hostname, 64)}: {for_terminal(str(err), 300)}")
         return None
     if reply.status != 201 or not isinstance(reply.data, dict):
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
@@ -373,13 +380,15 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             client.wait_settled(discover)
         while True:
             wake.clear()
-            got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model, job)
+            reasons: list[str] = []
+            got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model, job, reasons)
             if got is not None:
                 return Reservation(got, key)
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
                                      + (f" (hosts matching {host!r})" if host else "")
-                                     + _largest(client.hosts, per, host, per_host is None))
+                                     + _largest(client.hosts, per, host, per_host is None)
+                                     + (f"; {'; '.join(reasons[:4])}" if reasons else ""))
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"gave up waiting after {timeout:g}s: no verified host had {per} GPU(s) free")
@@ -414,11 +423,11 @@ def _largest(hosts: Iterable[RemoteHost], per: int, host: str | None, spread: bo
 
 def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetKey, holder: str,
               note: str | None, ttl: float, host: str | None, model: str | None,
-              job: str | None = None) -> list[HostLease] | None:
+              job: str | None = None, reasons: list[str] | None = None) -> list[HostLease] | None:
     ranked = rank_hosts(hosts, c, host=host, model=model)
     got: list[HostLease] = []
     for _, h, chosen in ranked:
-        lease = _ask(h, chosen, c, key, holder, note, ttl, job)
+        lease = _ask(h, chosen, c, key, holder, note, ttl, job, reasons)
         if lease is not None:
             got.append(lease)
             if len(got) == n_hosts:

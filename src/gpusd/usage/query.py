@@ -140,7 +140,7 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
                      "last": last, "ended": ended, "gpu_s": gpu_s, "util_s": util_s, "energy_j": energy,
                      "idle_s": idle_s, "peak_mem": peak, "idle": idle, "released": released})
     idle_jobs = [j for j in jobs if j["idle"]]
-    top = sorted((j for j in jobs if j["kind"] == "process"), key=lambda j: -j["gpu_s"])[:TOP_JOBS]
+    top = sorted((j for j in jobs if j["kind"] in ("process", "unleased")), key=lambda j: -j["gpu_s"])[:TOP_JOBS]
     # the host's utilisation over time: at most MAX_POINTS points, from the coarsest tier that fits
     span = max(1.0, end - start)
     tier = max((t for t, _, _ in pieces if STEP[t] <= max(STEP[FINE], span / MAX_POINTS)),

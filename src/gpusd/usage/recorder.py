@@ -50,6 +50,7 @@ class _GpuState:
     users: list[str]  # distinct owners of its processes
     holders: list[str]  # distinct holders of its leases
     jobs: list[str]  # identities of the processes and leases on it
+    unleased: list[str] = field(default_factory=list)  # distinct owners of its processes no lease covers
 
 
 @dataclass
@@ -120,14 +121,16 @@ class Accountant:
         holders = sorted({lease.user or "" for lease in g.leases})
         jobs = [_proc_ident(p.pid, p.user, p.command) for p in g.processes]
         jobs += [f"l:{lease.lease_id}" for lease in g.leases if not lease.unleased]
+        unleased = sorted({p.user or "" for p in g.processes if p.unleased})
         return _GpuState(g.uuid, finite(g.utilization_gpu), g.memory_used, finite(g.power_draw), g.temperature,
-                         users, holders, jobs)
+                         users, holders, jobs, unleased)
 
     def _seen(self, snap: HostSnapshot) -> dict[str, _Seen]:
         out: dict[str, _Seen] = {}
         for g in snap.gpus:
             for p in g.processes:
-                s = out.setdefault(_proc_ident(p.pid, p.user, p.command), _Seen("process", p.user, p.command))
+                s = out.setdefault(_proc_ident(p.pid, p.user, p.command),
+                                   _Seen("unleased" if p.unleased else "process", p.user, p.command))
                 s.gpus.add(g.uuid)
                 s.mem += p.used_memory or 0
             for lease in g.leases:
@@ -170,7 +173,8 @@ class Accountant:
                 series.append((tier, gid, b, dt, (util or 0.0) * dt, dt if util is not None else 0.0,
                                (s.mem or 0) * dt, s.mem, power_s, s.temp, dt if busy else 0.0,
                                dt if s.holders else 0.0))
-                for kind, who, energy in (("use", s.users, power_s), ("hold", s.holders, 0.0 if busy else power_s)):
+                for kind, who, energy in (("use", s.users, power_s), ("hold", s.holders, 0.0 if busy else power_s),
+                                          ("unleased", s.unleased, 0.0)):  # GPU time outside gpusd, by user
                     n = len(who)
                     for u in who:
                         usage.append((tier, gid, b, kind, u, dt / n, (util or 0.0) * dt / n, energy / n,

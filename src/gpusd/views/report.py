@@ -80,6 +80,11 @@ def to_table(r: Mapping[str, Any]) -> str:
     t = r["totals"]
     rows.append(["(all)"] + [_fmt(t[c], c) for c in COLUMNS])
     out.append(_table([by, *HEADERS], rows, right=range(1, 6)))
+    unleased = [(str(row[by]), row.get("gpu_hours_unleased") or 0.0) for row in r["rows"]]
+    unleased = [(k, v) for k, v in unleased if isinstance(v, (int, float)) and v > 0]
+    if unleased:  # GPU time of processes no gpusd lease covered (docs/allocation.md "Unleased processes")
+        out += ["", "Used unleased (GPU processes without a gpusd lease): "
+                + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in unleased)]
     if r["idle_reservations"]:
         out += ["", "Idle reservations and leases (held under 5 % for longer than the idle limit):"]
         out.append(_table(["host", "user", "GPUs", "held since", "held h", "idle h", "released"],

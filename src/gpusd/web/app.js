@@ -47,7 +47,7 @@
   function cleanProc(p) {
     p = obj(p) || {};
     return Object.assign({}, p, { pid: num(p.pid), used_memory: num(p.used_memory), user: str(p.user, NAME_MAX),
-      command: str(p.command, TEXT_MAX) });
+      command: str(p.command, TEXT_MAX), unleased: p.unleased === true });
   }
   function cleanLease(l) {
     l = obj(l) || {};
@@ -437,7 +437,7 @@
   function procsText(g) {
     const parts = (g.processes || []).slice(0, 3).map((p) => {
       const cmd = p.command ? " " + clip(p.command.split(" ")[0].split("/").pop(), 32) : "";
-      return clip(p.user || "pid " + p.pid, 32) + cmd;
+      return clip(p.user || "pid " + p.pid, 32) + cmd + (p.unleased ? " unleased" : "");
     });
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
     const until = (l) => l.expires == null ? "" :  // a remote reservation (docs/pool.md): until when

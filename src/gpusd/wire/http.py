@@ -44,7 +44,7 @@ class _Exchange:
 
 
 def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None, timeout: float,
-              node_id: str | None, pin: str | None) -> _Exchange:
+              node_id: str | None, pin: str | None, user: Any = None) -> _Exchange:
     """Send one request (signed with ``key``; over TLS for ``https://``, the certificate checked
     against ``pin``) and read at most ``MAX_ANSWER + 1`` bytes of its answer.  :class:`SourceError`
     when the daemon cannot be reached, does not speak HTTP, or shows another certificate."""
@@ -68,7 +68,16 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         # a daemon refuses a signed write that does not name it (docs/security.md): say so here
         raise SourceError(f"{url}: a signed {method.upper()} must name the daemon's node id")
     if key is not None:
-        signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id)
+        signer = user
+        if signer is None and method.upper() not in ("GET", "HEAD"):  # a write: the user signs it too (security.md)
+            from ..errors import ConfigError
+            from .sshsig import SshSigError, default_signer
+
+            try:
+                signer = default_signer()
+            except SshSigError as exc:
+                raise ConfigError(f"cannot sign with your SSH key: {exc}") from None
+        signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id, user=signer)
         headers.update(signed)
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
@@ -180,12 +189,14 @@ def _pinning_context() -> Any:
 
 
 def request_json(method: str, url: str, body: Any = None, key: FleetKey | None = None, timeout: float = 5.0,
-                 node_id: str | None = None, pin: str | None = None) -> Reply:
+                 node_id: str | None = None, pin: str | None = None, user: Any = None) -> Reply:
     """One signed request with a JSON body (``POST``/``DELETE`` to a daemon: docs/pool.md); the
     status is returned, not raised (a 409 is an answer).  :class:`SourceError` when the daemon cannot
-    be reached, the certificate is not ``pin``, or the answer is not JSON."""
+    be reached, the certificate is not ``pin``, or the answer is not JSON.  A write is also signed with
+    the user's SSH key (``user``, a :mod:`gpusd.wire.sshsig` signer; default: ``--identity`` or the
+    agent's first key, none when there is neither)."""
     payload = json.dumps(body, allow_nan=False).encode() if body is not None else None
-    x = _exchange(method, url, payload, key, timeout, node_id, pin)
+    x = _exchange(method, url, payload, key, timeout, node_id, pin, user)
     try:
         data = json.loads(x.body) if x.body.strip() else {}
     except ValueError:

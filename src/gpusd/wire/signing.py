@@ -196,10 +196,11 @@ class FleetKey:
     # -- requests ---------------------------------------------------------------------------------
     def sign_request(self, method: str, url: str, headers: MutableMapping[str, str] | None = None,
                      body: bytes = b"", node_id: str | None = None,
-                     now: float | None = None) -> tuple[dict[str, str], str]:
+                     now: float | None = None, user: Any = None) -> tuple[dict[str, str], str]:
         """The headers to add to a request (``Content-Digest``, ``Signature-Input``, ``Signature``,
         and ``Gpusd-Node`` with ``node_id``), and the nonce used (to check the answer's proof).
-        ``now``: the signing time (default: the clock)."""
+        ``now``: the signing time (default: the clock).  ``user``: the user's SSH key signer
+        (:mod:`gpusd.wire.sshsig`), which signs this signature's base into ``Gpusd-User-Signature``."""
         req = Request(method.upper(), url, Headers())
         covered = list(_REQUEST_COMPONENTS)
         if node_id:
@@ -210,6 +211,10 @@ class FleetKey:
         prepared = self._req_signer.prepare(req, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_REQUEST,
                                             created=created, covered_component_ids=covered, body=body)
         _apply(req.headers, prepared.signature_params, self.request_key, prepared.signature_base)
+        if user is not None:
+            from .sshsig import HEADER, header_value
+
+            req.headers[HEADER] = header_value(user, bytes(prepared.signature_base))
         out = dict(req.headers)
         if headers is not None:
             headers.update(out)
@@ -417,3 +422,10 @@ class NonceCache:
             return "too many signed requests in the replay window"
         seen[nonce] = now + self.ttl
         return None
+
+
+def signature_base(result: Any) -> bytes:
+    """The RFC 9421 signature base a verified request was signed over (what a user's SSH key signs,
+    :mod:`gpusd.wire.sshsig`), rebuilt from the library's VerifyResult: its covered components, in
+    order, then ``@signature-params``."""
+    return "\n".join(f"{k}: {v}" for k, v in result.covered_components.items()).encode()

@@ -1,0 +1,321 @@
+"""The fair-use policy: one root-owned file, ``/etc/gpusd/policy.json`` (``$GPUSD_POLICY``), docs/allocation.md.
+
+JSON, every field optional::
+
+    {"max_gpus_per_user": 2,                       # GPUs one user holds on this host (local and remote leases)
+     "max_gpus_per_group": {"interns": 4},         # GPUs the members of a group hold together on this host
+     "fleet_max_gpus_per_user": 8,                 # GPUs one user holds on the whole fleet (from the fleet view)
+     "fair_share_days": 7,                         # opt-in: waiters of one class, fewer GPU-hours first
+     "idle_warn_minutes": 30, "idle_release_minutes": 15,   # idle reservations: warned, then released
+     "priorities": {"max": "high", "users": {"alice": "urgent"}, "groups": {}, "aging_minutes": 30}}
+
+``priorities`` is the priority policy of :mod:`gpusd.alloc.priority` (the old
+``/etc/gpusd/priorities.json`` is still read when this file has none).  The file is believed only
+when it is a regular file (not a symlink) owned by root, readable by everyone and writable by nobody
+else — the checks the priority policy always had, because every process that orders the queue or
+counts a cap must read the same policy; otherwise it is ignored (said once in the log) and nothing is
+capped.  A user is counted by the name the lease records carry: the file owner of a local lease, the
+account a remote lease was attributed to (:mod:`gpusd.daemon.users`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import NoGpuAvailable
+
+log = logging.getLogger(__name__)
+
+POLICY_PATH = "/etc/gpusd/policy.json"
+POLICY_ENV = "GPUSD_POLICY"
+MAX_BYTES = 65536
+FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
+                    "idle_warn_minutes", "idle_release_minutes", "priorities"})
+
+
+class OverCap(NoGpuAvailable):
+    """A request past the policy's cap for its user (the message names the cap); never waited out."""
+
+
+@dataclass
+class Policy:
+    max_gpus_per_user: int | None = None
+    max_gpus_per_group: dict[str, int] = field(default_factory=dict)
+    fleet_max_gpus_per_user: int | None = None
+    fair_share_days: float | None = None
+    idle_warn_minutes: float | None = None
+    idle_release_minutes: float | None = None
+    priorities: Any = None  # a gpusd.alloc.priority.PriorityPolicy, or None: that module's own file
+    source: str | None = None
+
+    def refusal(self, user: str | None, count: int, held: dict[str, int],
+                fleet_held: dict[str, int] | None = None) -> str | None:
+        """Why ``user`` may not lease ``count`` GPUs more, holding ``held`` (user -> GPUs on this host;
+        ``fleet_held``: on the fleet); None when it may."""
+        if not user:
+            return None
+        where = self.source or POLICY_PATH
+        mine = held.get(user, 0)
+        cap = self.max_gpus_per_user
+        if cap is not None and mine + count > cap:
+            return (f"{user} holds {mine} GPU(s) on this host and asks for {count} more: the policy ({where}) "
+                    f"allows max_gpus_per_user {cap}")
+        if self.max_gpus_per_group:
+            members: dict[str, set[str]] = {}
+            for g in groups_of(user):
+                if g in self.max_gpus_per_group:
+                    members[g] = {u for u in held if g in groups_of(u)} | {user}
+            for g, names in sorted(members.items()):
+                together = sum(held.get(u, 0) for u in names)
+                if together + count > self.max_gpus_per_group[g]:
+                    return (f"the group {g} holds {together} GPU(s) on this host and {user} asks for {count} more: "
+                            f"the policy ({where}) allows max_gpus_per_group {g}: {self.max_gpus_per_group[g]}")
+        fcap = self.fleet_max_gpus_per_user
+        if fcap is not None and fleet_held is not None:
+            total = fleet_held.get(user, 0)
+            if total + count > fcap:
+                return (f"{user} holds {total} GPU(s) on the fleet (as this host's fleet view shows it) and asks for "
+                        f"{count} more: the policy ({where}) allows fleet_max_gpus_per_user {fcap}")
+        return None
+
+
+def groups_of(user: str) -> set[str]:
+    try:
+        import grp
+        import pwd
+
+        gid = pwd.getpwnam(user).pw_gid
+    except (KeyError, ImportError):
+        return set()
+    out = set()
+    for g in grp.getgrall():
+        if g.gr_gid == gid or user in g.gr_mem:
+            out.add(g.gr_name)
+    return out
+
+
+def held_by_user(leases: Iterable[Any]) -> dict[str, int]:
+    """User -> GPUs (devices) its leases hold, from lease records (:class:`gpusd.model.LeaseInfo`)."""
+    out: dict[str, int] = {}
+    seen: set[tuple[str, str | None]] = set()
+    for le in leases:
+        if not le.user or (le.lease_id, le.device) in seen:
+            continue
+        seen.add((le.lease_id, le.device))
+        out[le.user] = out.get(le.user, 0) + 1
+    return out
+
+
+def read_root_file(path: str, what: str, warn: Any) -> tuple[tuple[int, int, int] | None, bytes | None]:
+    """(the file's identity, its bytes) when ``path`` is a policy every process may believe: a regular
+    file, not a symlink, owned by root, readable by everyone, writable by nobody else, at most
+    :data:`MAX_BYTES`.  (None, None) when it is missing or fails a check (``warn`` is told why)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:  # a symlink (ELOOP), unreadable: every process must read the same policy
+        warn(path, f"ignoring the {what} {path}: {exc.strerror}")
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            warn(path, f"ignoring the {what} {path}: not a regular file")
+            return None, None
+        if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not st.st_mode & stat.S_IROTH:
+            # Every process that orders the queue must see the same policy, or two waiters may each
+            # wait for the other: a file only some can read, or one a user wrote, is nobody's.
+            warn(path, f"ignoring the {what} {path}: it must belong to root, be readable by everyone and "
+                       "writable by nobody else")
+            return None, None
+        raw = os.read(fd, MAX_BYTES + 1)
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_BYTES:
+        warn(path, f"ignoring the {what} {path}: larger than {MAX_BYTES} bytes")
+        return None, None
+    return (st.st_ino, st.st_mtime_ns, st.st_size), raw
+
+
+_cache: dict[str, tuple[tuple[int, int, int], Policy]] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(path: str, message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def policy_path() -> str:
+    return os.environ.get(POLICY_ENV) or POLICY_PATH
+
+
+def load(path: str | None = None) -> Policy:
+    """The policy (cached while the file is unchanged); no caps where there is none or it cannot be
+    trusted or parsed (said once, in the log)."""
+    path = path or policy_path()
+    key, raw = read_root_file(path, "policy", _warn_once)
+    if key is None or raw is None:
+        return Policy()
+    hit = _cache.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    try:
+        policy = parse(raw, path)
+    except ValueError as exc:
+        _warn_once(path, f"ignoring the policy {path}: {exc}")
+        return Policy()
+    _cache[path] = (key, policy)
+    return policy
+
+
+def _count(d: dict[str, Any], name: str, top: int = 1_000_000) -> int | None:
+    v = d.get(name)
+    if v is None:
+        return None
+    if type(v) is not int or not 0 <= v <= top:
+        raise ValueError(f"{name}: a whole number from 0 to {top}")
+    return v
+
+
+def _minutes(d: dict[str, Any], name: str) -> float | None:
+    v = d.get(name)
+    if v is None:
+        return None
+    if type(v) not in (int, float) or not math.isfinite(v) or not 0 < v <= 366 * 24 * 60:
+        raise ValueError(f"{name}: a number of minutes above 0 and at most a year")
+    return float(v)
+
+
+def parse(raw: bytes, source: str | None = None) -> Policy:
+    """A policy from its JSON; ValueError names what is wrong (unknown fields are refused)."""
+    try:
+        d = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    unknown = set(d) - FIELDS
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")
+    p = Policy(source=source)
+    p.max_gpus_per_user = _count(d, "max_gpus_per_user")
+    p.fleet_max_gpus_per_user = _count(d, "fleet_max_gpus_per_user")
+    groups = d.get("max_gpus_per_group", {})
+    if not isinstance(groups, dict) or len(groups) > 4096:
+        raise ValueError("max_gpus_per_group: an object of group names to numbers of GPUs")
+    for name, value in groups.items():
+        if not isinstance(name, str) or not 0 < len(name) <= 64 or type(value) is not int or not 0 <= value <= 10**6:
+            raise ValueError(f"max_gpus_per_group: {str(name)[:64]!r} needs a whole number of GPUs")
+        p.max_gpus_per_group[name] = value
+    days = d.get("fair_share_days")
+    if days is not None:
+        if type(days) not in (int, float) or not math.isfinite(days) or not 0 < days <= 366:
+            raise ValueError("fair_share_days: a number of days above 0 and at most 366")
+        p.fair_share_days = float(days)
+    p.idle_warn_minutes = _minutes(d, "idle_warn_minutes")
+    p.idle_release_minutes = _minutes(d, "idle_release_minutes")
+    if "priorities" in d:
+        from .priority import parse_policy
+
+        pri = d["priorities"]
+        if not isinstance(pri, dict):
+            raise ValueError("priorities: an object (the priority policy, docs/jobs.md)")
+        try:
+            p.priorities = parse_policy(json.dumps(pri).encode(), source)
+        except ValueError as exc:
+            raise ValueError(f"priorities: {exc}") from None
+    return p
+
+
+def check(user: str | None, count: int, leases: Iterable[Any], policy: Policy | None = None) -> None:
+    """Raise :class:`OverCap` when ``user`` may not lease ``count`` GPUs more beside ``leases``."""
+    policy = policy or load()
+    if policy.max_gpus_per_user is None and not policy.max_gpus_per_group:
+        return
+    why = policy.refusal(user, count, held_by_user(leases))
+    if why is not None:
+        raise OverCap(why)
+
+
+# -- fair share: the daemon's summary of the usage history, read by every waiter ------------------
+SHARES_FILE = "fair-share.json"
+MAX_SHARES_BYTES = 1 << 20
+
+
+def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], days: float,
+                 now: float | None = None) -> None:
+    """Write the GPU-hours of each user over the last ``days`` days into the lock directory (root's
+    daemon does, every minute, from the usage history), atomically: a new file renamed into place."""
+    import secrets
+    import time
+
+    data = json.dumps({"days": days, "at": time.time() if now is None else now,
+                       "hours": {u[:64]: round(float(h), 6) for u, h in sorted(hours.items())[:10000]}}).encode()
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        tmp = f".{SHARES_FILE}.{secrets.token_hex(8)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.rename(tmp, SHARES_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_shares(directory: str | os.PathLike[str]) -> dict[str, float] | None:
+    """The users' GPU-hours the daemon last wrote (:func:`write_shares`), or None: no file, or one
+    that is not root's regular file (anyone may create files in the lock directory)."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fd = os.open(SHARES_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None
+        raw = os.read(fd, MAX_SHARES_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        d = json.loads(raw) if len(raw) <= MAX_SHARES_BYTES else None
+    except (ValueError, RecursionError):
+        return None
+    hours = d.get("hours") if isinstance(d, dict) else None
+    if not isinstance(hours, dict):
+        return None
+    return {str(u)[:64]: float(h) for u, h in hours.items()
+            if isinstance(h, (int, float)) and not isinstance(h, bool) and math.isfinite(h) and h >= 0}
+
+
+def shares_from_usage(answer: dict[str, Any]) -> dict[str, float]:
+    """User -> GPU-hours in a usage answer (:func:`gpusd.usage.query.usage`): the hours its leases held
+    GPUs and its processes ran on GPUs without a lease (what gpusd allocated, and what bypassed it)."""
+    out: dict[str, float] = {}
+    for u in answer.get("users") or []:
+        if isinstance(u, dict) and u.get("kind") in ("hold", "unleased") and u.get("user"):
+            secs = u.get("seconds")
+            if isinstance(secs, (int, float)) and not isinstance(secs, bool):
+                out[str(u["user"])] = out.get(str(u["user"]), 0.0) + float(secs) / 3600.0
+    return out
