@@ -76,7 +76,7 @@ def top(args: argparse.Namespace) -> int:
 
 def export_prometheus_sd(args: argparse.Namespace) -> int:
     from ..views import sd
-    from ..views.sources import FleetSource, SourceError
+    from ..views.sources import DiscoverySource, FleetSource, SourceError
 
     if args.watch and not args.output:
         raise ConfigError("--watch needs --output FILE (Prometheus re-reads the file when it changes)")
@@ -86,11 +86,19 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
 
     source = None if args.url else _source(args, settle=args.wait)
 
+    from ..wire.promsd import daemons_from_hosts
+
     def daemons() -> list[sd.Daemon]:
+        # the document every daemon serves at /api/v1/prometheus/http_sd, from the same function
         if source is None:
-            return sd.daemons_from_fleet(FleetSource(args.url, key=fleet_key(args)).fleet(), session=session)
-        return [sd.Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session)
-                for h in source.hosts() if h.alive and h.url]
+            fleet = FleetSource(args.url, key=fleet_key(args))
+            hosts = sd.fleet_hosts(fleet.fleet(), trusted=fleet.verified)
+            if fleet.verified is False:
+                print(f"gpusd: {fleet.url} did not prove it holds the fleet secret: its hosts are left out",
+                      file=sys.stderr)
+            return daemons_from_hosts(hosts, session)
+        assert isinstance(source, DiscoverySource)
+        return daemons_from_hosts(source.remote_hosts(), session)
 
     try:
         while True:

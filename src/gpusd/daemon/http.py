@@ -147,13 +147,13 @@ async def prometheus_http_sd(request: web.Request) -> web.Response:
     """Prometheus HTTP service discovery (``http_sd_configs``): the fleet's metric targets, public
     fields only.  Hosts that failed to prove they hold the fleet secret are left out; the others carry
     ``gpusd_verified`` (true, or unknown for a daemon without a secret) and ``gpusd_via``."""
-    from ..wire.promsd import daemons_from_view, file_sd
+    from ..wire.promsd import daemons_from_hosts, file_sd
 
     d = _daemon(request)
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
     await d.fleet.ensure_started()
-    return _json(file_sd(daemons_from_view(d.fleet.view(), labels=True, unverified=False)))
+    return _json(file_sd(daemons_from_hosts(d.fleet.view().hosts)))  # the document export prometheus-sd writes
 
 
 async def fleet_events(request: web.Request) -> web.StreamResponse:

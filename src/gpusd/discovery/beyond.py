@@ -336,7 +336,7 @@ def zone_records(hosts: list[Any], domain: str, ttl: int = 300) -> list[str]:
     import dns.rdatatype
     from dns.rdtypes.ANY.TXT import TXT
 
-    from ..wire.txt import encode_txt
+    from ..wire.txt import count_free, encode_txt, inventory_of
 
     zone = dns.name.from_text(valid_domain(domain))
     service = dns.name.Name(("_gpusd", "_tcp")).concatenate(zone)
@@ -353,8 +353,13 @@ def zone_records(hosts: list[Any], domain: str, ttl: int = 300) -> list[str]:
         instance = dns.name.Name((label,)).concatenate(service)
         target = dns.name.Name((label,)).concatenate(zone)
         t = h.txt
-        props = encode_txt(node_id=t.node_id, hostname=t.hostname, session=t.session, inventory=list(t.inventory),
-                           free=t.free or 0, api=t.api, gpusd_version=t.gpusd_version, simulated=t.simulated,
+        # the live snapshot where there is one: a --peer host's TXT is made up from its HTTP API and
+        # names no inventory (n=0 free=0 for a host with 2 GPUs)
+        snap = h.snapshot
+        inventory = inventory_of(snap) if snap is not None else list(t.inventory)
+        free = count_free(snap) if snap is not None else (t.free or 0)
+        props = encode_txt(node_id=t.node_id, hostname=t.hostname, session=t.session, inventory=inventory,
+                           free=free, api=t.api, gpusd_version=t.gpusd_version, simulated=t.simulated,
                            auth=t.auth, tls_port=t.tls_port, cert_fp=t.cert_fp)
         strings = [f"{k}={v}".encode() for k, v in props.items()]
         txt = TXT(dns.rdataclass.IN, dns.rdatatype.TXT, strings).to_text()

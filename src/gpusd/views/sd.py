@@ -23,6 +23,24 @@ from ..wire.promsd import daemons_from_view
 from ..wire.promsd import file_sd as file_sd
 
 
+def fleet_hosts(fleet: dict[str, Any], trusted: bool | None = None) -> list[Any]:
+    """The hosts of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetHost`, malformed
+    ones left out); ``trusted`` False (the daemon that answered did not prove it holds the fleet
+    secret): none of them counts as verified."""
+    from ..wire.fleet import FleetView
+
+    try:
+        view = FleetView.from_dict(fleet)
+    except ValueError as exc:
+        from .sources import SourceError
+
+        raise SourceError(f"bad fleet answer: {exc}") from None
+    if trusted is False:
+        for h in view.hosts:
+            h.verified = False
+    return list(view.hosts)
+
+
 def daemons_from_fleet(fleet: dict[str, Any], session: str | None = None) -> list[Daemon]:
     """The live daemons of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`;
     hosts without a URL, not alive or malformed are left out)."""

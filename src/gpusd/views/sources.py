@@ -147,7 +147,14 @@ class DiscoverySource:
             self._client.wait_settled(self._settle)
             self._settled = True
         return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url, verified=h.verified)
-                for h in self._client.hosts]
+                for h in self.remote_hosts()]
+
+    def remote_hosts(self) -> list[Any]:
+        """The client's hosts as discovery sees them (session, how each was found, verified)."""
+        if not self._settled:
+            self._client.wait_settled(self._settle)
+            self._settled = True
+        return list(self._client.hosts)
 
     def close(self) -> None:
         self._client.stop_listening()

@@ -37,12 +37,38 @@ class Daemon:
         return f"{host}:{port}"
 
 
+def daemons_from_hosts(hosts: Iterable[Any], session: str | None = None) -> list[Daemon]:
+    """The daemons to scrape among ``hosts`` (:class:`gpusd.wire.fleet.FleetHost` of a fleet view, or
+    :class:`gpusd.discovery.types.RemoteHost` of a client: anything with ``hostname``, ``node_id``,
+    ``session``, ``url``, ``alive``, ``verified`` and ``via``): the one definition behind both
+    ``GET /api/v1/prometheus/http_sd`` and ``gpusd export prometheus-sd``.  Live hosts with an API URL
+    Prometheus can scrape, of ``session`` when one is given; hosts that failed to prove they hold the
+    fleet secret are left out; each carries its own session, ``gpusd_verified`` (true, or unknown
+    without a secret to check) and ``gpusd_via`` (mdns, peer, dns-sd)."""
+    out = []
+    for h in hosts:
+        if not h.url or not h.alive or h.verified is False:
+            continue
+        if session is not None and h.session is not None and h.session != session:
+            continue
+        verified = "unknown" if h.verified is None else str(h.verified).lower()
+        extra = (("gpusd_verified", verified), ("gpusd_via", str(h.via or "mdns")))
+        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
+        try:
+            d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
+        except ValueError:
+            continue
+        out.append(d)
+    return out
+
+
 def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: bool = False,
                       unverified: bool = True) -> list[Daemon]:
     """The live daemons of a fleet view (hosts without a URL, not alive, or with a URL Prometheus
     cannot scrape are left out).  ``unverified=False`` also leaves out hosts that failed to prove
     they hold the fleet secret; ``labels`` adds ``gpusd_verified`` (true, false, unknown) and
-    ``gpusd_via`` (mdns, peer, dns-sd)."""
+    ``gpusd_via`` (mdns, peer, dns-sd).  Each daemon carries its own session (``session``: for hosts
+    that name none)."""
     out = []
     for h in view.hosts:
         if not h.url or not h.alive or (h.verified is False and not unverified):
@@ -51,7 +77,7 @@ def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: 
         if labels:
             verified = "unknown" if h.verified is None else str(h.verified).lower()
             extra = (("gpusd_verified", verified), ("gpusd_via", h.via))
-        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=session or h.session, labels=extra)
+        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
         try:
             d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
         except ValueError:
@@ -86,4 +112,4 @@ def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
     return groups
 
 
-__all__ = ["Daemon", "daemons_from_view", "file_sd"]
+__all__ = ["Daemon", "daemons_from_hosts", "daemons_from_view", "file_sd"]
