@@ -271,6 +271,22 @@ class GpuInfo:
     leases: list[LeaseInfo] = field(default_factory=list)
     healthy: bool = True
     error: str | None = field(default=None, metadata=TEXT)  # why the GPU is unhealthy, or which query failed
+    # Telemetry behind the DCGM exporter's default counters (docs/monitoring.md); None where unsupported.
+    clock_sm: int | None = None  # MHz
+    clock_memory: int | None = None  # MHz
+    memory_temperature: int | None = None  # degrees C (HBM)
+    memory_reserved: int | None = None  # bytes the driver reserves
+    energy: int | None = None  # millijoules since the driver loaded (a counter)
+    pcie_replays: int | None = None  # PCIe replay counter
+    utilization_encoder: int | None = None  # percent
+    utilization_decoder: int | None = None  # percent
+    nvlink_bytes: int | None = None  # NVLink raw bytes, TX+RX over every link (a counter)
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    xid_last: int | None = None  # the last XID error seen since the daemon started; 0: none
+    xid_errors: int | None = None  # XID errors seen since the daemon started; None: no event support
 
     @property
     def memory_used_ratio(self) -> float | None:

@@ -52,6 +52,113 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+# nvmlDeviceGetFieldValues: memory temperature, then NVLink raw TX/RX (KiB) of every link.
+_FI_MEMORY_TEMP = 82
+_FI_NVLINK_RAW_TX, _FI_NVLINK_RAW_RX = 140, 141
+_NVLINK_MAX_LINKS = 18
+_FIELDS: list[Any] = [_FI_MEMORY_TEMP] + [(f, link) for link in range(_NVLINK_MAX_LINKS)
+                                          for f in (_FI_NVLINK_RAW_TX, _FI_NVLINK_RAW_RX)]
+# nvmlValueType_t -> the member of the value union that holds it
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_value(v: Any) -> float | int | None:
+    """One nvmlFieldValue_t's value, or None where NVML could not read it."""
+    if int(v.nvmlReturn) != 0:
+        return None
+    member = _VALUE_MEMBERS.get(int(v.valueType))
+    if member is None:
+        return None
+    value = getattr(v.value, member)
+    return float(value) if member == "dVal" else int(value)
+
+
+class _XidWatcher:
+    """XID errors from NVML's events (``nvmlEventSetWait``), in a thread of its own: the last XID and
+    how many were seen per GPU since the daemon started.  GPUs whose driver offers no events read None."""
+
+    _TIMEOUT_MS = 500
+
+    def __init__(self, nv: Any) -> None:
+        self._nv = nv
+        self._set: Any = None
+        self._lock = threading.Lock()
+        self._registered: dict[int, str] = {}  # handle address -> uuid
+        self._refused: set[int] = set()  # handles whose driver has no XID events
+        self._seen: dict[str, tuple[int, int]] = {}  # uuid -> (last, count)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self, devices: list[_Device]) -> None:
+        nv = self._nv
+        try:
+            if self._set is None:
+                self._set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            _log().debug("no NVML event set: %s", exc)
+            return
+        for dev in devices:
+            if dev.handle is None:
+                continue
+            key = ctypes.cast(dev.handle, ctypes.c_void_p).value or 0
+            with self._lock:
+                if self._registered.get(key) == dev.uuid or key in self._refused:
+                    continue
+            try:
+                nv.nvmlDeviceRegisterEvents(dev.handle, nv.nvmlEventTypeXidCriticalError, self._set)
+            except nv.NVMLError as exc:
+                _log().debug("GPU %d: no XID events: %s", dev.index, exc)
+                if getattr(exc, "value", None) in _UNSUPPORTED:
+                    self._refused.add(key)
+                continue
+            with self._lock:
+                self._registered[key] = dev.uuid
+                self._seen.setdefault(dev.uuid, (0, 0))
+        if self._thread is None and self._registered:
+            self._thread = threading.Thread(target=self._run, name="gpusd-nvml-xid", daemon=True)
+            self._thread.start()
+
+    def read(self, uuid: str) -> tuple[int | None, int | None]:
+        with self._lock:
+            seen = self._seen.get(uuid)
+        return (None, None) if seen is None else seen
+
+    def _run(self) -> None:
+        nv = self._nv
+        while not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait(self._set, self._TIMEOUT_MS)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == 10:  # NVML_ERROR_TIMEOUT
+                    continue
+                _log().debug("NVML event wait failed: %s", exc)
+                self._stop.wait(1.0)
+                continue
+            if not int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
+                continue
+            key = ctypes.cast(data.device, ctypes.c_void_p).value or 0
+            xid = int(data.eventData)
+            with self._lock:
+                uuid = self._registered.get(key)
+                if uuid is not None:
+                    self._seen[uuid] = (xid, self._seen.get(uuid, (0, 0))[1] + 1)
+            _log().warning("GPU %s: XID %d", uuid or "?", xid)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self._TIMEOUT_MS / 1000)
+        if self._set is not None and (self._thread is None or not self._thread.is_alive()):
+            try:
+                self._nv.nvmlEventSetFree(self._set)
+            except self._nv.NVMLError:
+                pass
+
+
 class _GpuFailed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -95,6 +202,7 @@ class NvmlBackend:
         self._resolver = ProcessResolver()
         self._util_since: Mapping[str, float] = {}
         self._detail = True
+        self._xids: _XidWatcher | None = None
         try:
             import pynvml
         except ImportError:  # pragma: no cover - a dependency of gpusd
@@ -191,6 +299,10 @@ class NvmlBackend:
                 self._refresh_devices()
             except self._nv.NVMLError as exc:
                 raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}", hint=True) from None
+            if detail:
+                if self._xids is None:
+                    self._xids = _XidWatcher(self._nv)
+                self._xids.register(self._devices)
             gpus = [self._read(dev) for dev in self._devices]
         if detail:
             self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
@@ -235,6 +347,7 @@ class NvmlBackend:
             limit = q(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit)
             gpu.power_limit = limit / 1000.0 if limit is not None else None
             gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
+            self._telemetry(dev, gpu)
         mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
         mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
@@ -244,6 +357,35 @@ class NvmlBackend:
                 gpu.mig_instances = self._migs(dev)
         if self.want_processes:
             gpu.processes = self._processes(dev)
+
+    def _telemetry(self, dev: _Device, gpu: GpuInfo) -> None:
+        """What the DCGM exporter's default counters read (docs/monitoring.md): clocks, memory
+        temperature, reserved memory, energy, PCIe replays, encoder/decoder, NVLink, remapped rows, XIDs."""
+        nv = self._nv
+        q = self._query
+        gpu.clock_sm = _int(q(dev, "clock_sm", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM))
+        gpu.clock_memory = _int(q(dev, "clock_mem", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM))
+        mem2 = q(dev, "memory_v2", nv.nvmlDeviceGetMemoryInfo, nv.nvmlMemory_v2)
+        gpu.memory_reserved = _int(getattr(mem2, "reserved", None))
+        gpu.energy = _int(q(dev, "energy", nv.nvmlDeviceGetTotalEnergyConsumption))
+        gpu.pcie_replays = _int(q(dev, "pcie_replay", nv.nvmlDeviceGetPcieReplayCounter))
+        enc = q(dev, "encoder", nv.nvmlDeviceGetEncoderUtilization)
+        gpu.utilization_encoder = _int(enc[0]) if enc is not None else None
+        dec = q(dev, "decoder", nv.nvmlDeviceGetDecoderUtilization)
+        gpu.utilization_decoder = _int(dec[0]) if dec is not None else None
+        rows = q(dev, "remapped_rows", nv.nvmlDeviceGetRemappedRows)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            gpu.remapped_rows_correctable, gpu.remapped_rows_uncorrectable = int(corr), int(unc)
+            gpu.row_remap_pending, gpu.row_remap_failure = bool(pending), bool(failure)
+        values = q(dev, "fields", nv.nvmlDeviceGetFieldValues, _FIELDS)
+        if values is not None:
+            read = [_field_value(v) for v in values]
+            gpu.memory_temperature = _int(read[0])
+            links = [v for v in read[1:] if v is not None]
+            gpu.nvlink_bytes = int(sum(links)) * 1024 if links else None  # KiB -> bytes
+        if self._xids is not None:
+            gpu.xid_last, gpu.xid_errors = self._xids.read(dev.uuid)
 
     def _utilization(self, dev: _Device, gpu: GpuInfo, rates: Any, now: float) -> None:
         window = dev.util
@@ -334,6 +476,8 @@ class NvmlBackend:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._xids is not None:
+                    self._xids.close()
                 try:
                     self._nv.nvmlShutdown()
                 except self._nv.NVMLError:
