@@ -40,12 +40,14 @@ def test_dcgm_series_with_dcgm_units_and_labels() -> None:
     dcgm = {name: (labels, value) for name, labels, value in series
             if name.startswith("DCGM_") and labels["UUID"] == "GPU-aaa"}
     assert {k: v[1] for k, v in dcgm.items()} == {
-        "DCGM_FI_DEV_GPU_UTIL": 45.0, "DCGM_FI_DEV_MEM_COPY_UTIL": 30.0, "DCGM_FI_DEV_FB_USED": 20480.0,
-        "DCGM_FI_DEV_FB_FREE": 61440.0, "DCGM_FI_DEV_GPU_TEMP": 61.0, "DCGM_FI_DEV_POWER_USAGE": 250.5}
+        "DCGM_FI_DEV_GPU_UTIL": 45, "DCGM_FI_DEV_MEM_COPY_UTIL": 30, "DCGM_FI_DEV_FB_USED": 20480,
+        "DCGM_FI_DEV_FB_FREE": 61440, "DCGM_FI_DEV_GPU_TEMP": 61, "DCGM_FI_DEV_POWER_USAGE": 250.5}
+    # integers where DCGM's fields are integers (the parser reads "45" as an int, "45.0" as a float)
+    assert all(type(v[1]) is int for k, v in dcgm.items() if k != "DCGM_FI_DEV_POWER_USAGE")
+    # dcgm-exporter's labels; `hostname` in lower case, as the exporter writes it since May 2026
     assert dcgm["DCGM_FI_DEV_GPU_TEMP"][0] == {
         "gpu": "0", "UUID": "GPU-aaa", "device": "nvidia0", "modelName": "NVIDIA A100-SXM4-80GB",
-        "Hostname": "gpu-node-1", "hostname": "gpu-node-1", "pci_bus_id": "00000000:07:00.0",
-        "DCGM_FI_DRIVER_VERSION": "550.54"}
+        "hostname": "gpu-node-1", "pci_bus_id": "00000000:07:00.0", "DCGM_FI_DRIVER_VERSION": "550.54"}
     # a lost GPU reports nothing: no DCGM series for it rather than zeros
     assert [n for n, labels, _ in series if n.startswith("DCGM_") and labels["UUID"] == "GPU-bbb"] == []
     # gpusd's own names are still there
@@ -84,6 +86,7 @@ def _host(n: int, hostname: str) -> HostSnapshot:
     snap = make_snapshot(n, hostname=hostname, util=30.0, used=MiB)
     for g in snap.gpus:
         g.power_draw, g.utilization_memory, g.pci_bus_id = 100.0 + g.index, 5.0, f"00000000:{g.index + 7:02x}:00.0"
+        g.clock_sm = 1410
     return snap
 
 
@@ -116,10 +119,10 @@ COMMUNITY_PANELS = {
     "GPU Power Total": 'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"${instance}", gpu=~"${gpu}"})',
     "GPU Utilization": 'DCGM_FI_DEV_GPU_UTIL{instance=~"${instance}", gpu=~"${gpu}"}',
     "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"${instance}", gpu=~"${gpu}"}',
+    "GPU SM Clocks": 'DCGM_FI_DEV_SM_CLOCK{instance=~"${instance}", gpu=~"${gpu}"} * 1000000',
 }
-# Its two other panels read what gpusd does not sample (empty, as on a DCGM exporter without them):
-COMMUNITY_NOT_SERVED = {"GPU SM Clocks": "DCGM_FI_DEV_SM_CLOCK",
-                        "Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+# Its other panel reads a profiling counter that only DCGM itself measures (docs/monitoring.md):
+COMMUNITY_NOT_SERVED = {"Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
 
 
 async def test_community_dcgm_dashboard_queries_select_every_daemons_gpus(tmp_path: Path) -> None:
