@@ -79,7 +79,7 @@ def test_top_export_and_metrics_across_the_lan(lan: Lan) -> None:  # noqa: F811
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert sorted(t for g in doc for t in g["targets"]) == sorted([f"{h1.ip}:4780", f"{h2.ip}:4780"])
-    assert {g["labels"]["gpusd_hostname"] for g in doc} == {"node-1", "node-2"}
+    assert {g["labels"]["__meta_gpusd_hostname"] for g in doc} == {"node-1", "node-2"}
 
     # what Prometheus would scrape from each target: that host's GPUs, once
     for h, n in ((h1, 2), (h2, 1)):
