@@ -331,6 +331,76 @@ class DcgmCollector:
         return exporter_text(self.fields, self._snapshots())
 
 
+class UsageCounters:
+    """GPU-seconds used (a process ran on the GPU) and held (a gpusd lease held it), per GPU and per
+    user, since the daemon started: counters a Grafana panel sums over any range (``increase(...[7d])``)
+    to answer "who used what" without ``gpusd report``.  Fed every new sample (:meth:`add`); a GPU
+    used by two users gives each half the interval, as the history does (docs/history.md).  A gap
+    longer than ``max_gap`` (a suspended machine) counts as ``max_gap``."""
+
+    MAX_USERS = 4096  # distinct users kept (a hostile process name cannot grow this without bound)
+
+    def __init__(self, max_gap: float = 30.0) -> None:
+        self.max_gap = max_gap
+        self._prev: HostSnapshot | None = None
+        self.gpu: dict[tuple[str, str, str, str], list[float]] = {}  # GPU labels -> [used_s, held_s]
+        self.user: dict[tuple[str, str], list[float]] = {}  # (host, user) -> [used_s, held_s]
+
+    def add(self, snap: HostSnapshot) -> None:
+        prev, self._prev = self._prev, snap
+        for g in snap.gpus:
+            self.gpu.setdefault(tuple(_gpu_labels(snap, g)), [0.0, 0.0])  # type: ignore[arg-type]
+        if prev is None or snap.timestamp <= prev.timestamp:
+            return
+        dt = min(snap.timestamp - prev.timestamp, self.max_gap)
+        for g in prev.gpus:  # the interval just ended is accounted to what the previous sample showed
+            acc = self.gpu.setdefault(tuple(_gpu_labels(prev, g)), [0.0, 0.0])  # type: ignore[arg-type]
+            users = sorted({p.user or "" for p in g.processes})
+            holders = sorted({lease.user or "" for lease in g.leases})
+            for i, who in ((0, users), (1, holders)):
+                if not who:
+                    continue
+                acc[i] += dt
+                for u in who:
+                    key = (prev.hostname, u or "unknown")
+                    if key in self.user or len(self.user) < self.MAX_USERS:
+                        self.user.setdefault(key, [0.0, 0.0])[i] += dt / len(who)
+
+
+class UsageCollector:
+    """:class:`UsageCounters` as ``gpusd_gpu_used_seconds_total``/``gpusd_gpu_held_seconds_total`` (per
+    GPU, for everyone) and, where ``per_user()`` is true (the admin's ``--user-metrics`` and a reader
+    who may see private data), ``gpusd_user_gpu_seconds_total{host, user, kind="used"|"held"}``."""
+
+    def __init__(self, counters: UsageCounters, per_user: Callable[[], bool] = lambda: False) -> None:
+        self.counters = counters
+        self.per_user = per_user
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        used = CounterMetricFamily("gpusd_gpu_used_seconds", "Seconds a process ran on the GPU, since the "
+                                   "daemon started", labels=list(GPU_LABELS))
+        held = CounterMetricFamily("gpusd_gpu_held_seconds", "Seconds a gpusd lease held the GPU, since the "
+                                   "daemon started", labels=list(GPU_LABELS))
+        for labels, (u, h) in self.counters.gpu.items():
+            used.add_metric(list(labels), u)
+            held.add_metric(list(labels), h)
+        yield used
+        yield held
+        if self.per_user():
+            per = CounterMetricFamily("gpusd_user_gpu_seconds", "GPU-seconds a user's processes used (kind=used) "
+                                      "or a user's leases held (kind=held), since the daemon started",
+                                      labels=["host", "user", "kind"])
+            for (host, user), (u, h) in self.counters.user.items():
+                per.add_metric([host, user, "used"], u)
+                per.add_metric([host, user, "held"], h)
+            yield per
+
+
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
                   alerts: Callable[[], Sequence[ThresholdEvent]] | None = None,
                   process_metrics: bool = True, dcgm: bool = False,

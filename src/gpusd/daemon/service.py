@@ -123,6 +123,10 @@ class Daemon:
     def dcgm_metrics(self) -> bool:
         return self.config.dcgm_metrics
 
+    @property
+    def user_metrics(self) -> bool:
+        return self.config.user_metrics
+
     def latest_snapshot(self) -> HostSnapshot | None:
         return self.snapshot
 
