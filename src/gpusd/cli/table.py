@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from ..model import GpuInfo, HostSnapshot, display_name
 from ..sanitize import for_terminal
 from ..units import format_bytes

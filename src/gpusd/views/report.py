@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..sanitize import dumps, for_terminal
+from ..sanitize import dumps
 
 FORMATS = ("table", "csv", "json", "html")
 COLUMNS = ("gpu_hours_used", "gpu_hours_held", "idle_held_hours", "mean_util", "energy_kwh")
