@@ -35,7 +35,7 @@ def backend(fake_nvml_inprocess: Any) -> Any:
     created: list[NvmlBackend] = []
 
     def make() -> NvmlBackend:
-        b = NvmlBackend()
+        b = NvmlBackend(telemetry=True)
         created.append(b)
         return b
 
@@ -170,3 +170,18 @@ def test_a_driver_without_the_readings_leaves_their_series_out(fake_nvml_inproce
                  "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"):
         assert name not in fams, name
     assert fams["DCGM_FI_DEV_GPU_TEMP"].samples[0].value == 35
+
+
+def test_one_shot_commands_do_not_read_telemetry(fake_nvml_inprocess: Any) -> None:
+    """``gpusd devices`` and selection open the backend without telemetry: no XID thread to wait for
+    at exit, no extra NVML calls (BENCHMARKS.md); the daemon turns it on for /metrics."""
+    import threading
+
+    fake_nvml_inprocess.write(_gpus())
+    b = NvmlBackend()
+    try:
+        g = b.snapshot().gpus[0]
+        assert g.clock_sm is None and g.energy is None and g.xid_errors is None
+        assert not any(t.name == "gpusd-nvml-xid" for t in threading.enumerate() if t.is_alive())
+    finally:
+        b.close()

@@ -187,7 +187,7 @@ class Daemon:
     def _open_backend(self) -> "Backend":
         from ..inventory import open_backend
 
-        return open_backend(self.config.simulate)
+        return open_backend(self.config.simulate, telemetry=True)  # for /metrics (DCGM's counters)
 
     async def _start_http(self) -> None:
         from aiohttp import web

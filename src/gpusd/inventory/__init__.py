@@ -26,11 +26,13 @@ class Backend(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True) -> Backend:
+def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True,
+                 telemetry: bool = False) -> Backend:
     """The NVML backend, or a simulated one for ``simulate`` (``"4xA100-80GB"`` or a scenario file).
 
     ``$GPUSD_SIMULATE`` is used when ``simulate`` is not given, so scripts and ``gpusd run`` children
-    see the same simulated host."""
+    see the same simulated host.  ``telemetry``: also read what the DCGM-named metrics need (clocks,
+    energy, XID events...: the daemon; a one-shot command has no use for them)."""
     simulate = simulate or os.environ.get("GPUSD_SIMULATE") or None
     if simulate:
         from .simulated import SimulatedBackend
@@ -38,4 +40,4 @@ def open_backend(simulate: str | None = None, *, util_window: float = 5.0, proce
         return SimulatedBackend(simulate)
     from .nvml import NvmlBackend
 
-    return NvmlBackend(util_window=util_window, processes=processes)
+    return NvmlBackend(util_window=util_window, processes=processes, telemetry=telemetry)

@@ -66,6 +66,10 @@ _FIELDS: list[Any] = [_FI_MEMORY_TEMP] + [(f, link) for link in range(_NVLINK_MA
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
+def _field_key(f: Any) -> tuple[int, int]:
+    return (f[0], f[1]) if isinstance(f, tuple) else (int(f), 0)
+
+
 def _field_value(v: Any) -> float | int | None:
     """One nvmlFieldValue_t's value, or None where NVML could not read it."""
     if int(v.nvmlReturn) != 0:
@@ -175,6 +179,7 @@ class _Device:
     unsupported: set[str] = field(default_factory=set)
     util: UtilWindow | None = None
     samples_ts: int = 0  # newest driver sample seen (microseconds)
+    fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
 
 
 def load_library(path: str | None = None) -> None:
@@ -193,7 +198,8 @@ class NvmlBackend:
 
     backend = "nvml"
 
-    def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None) -> None:
+    def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None,
+                 telemetry: bool = False) -> None:
         self.util_window = util_window
         self.want_processes = processes
         self._lock = threading.Lock()
@@ -203,6 +209,7 @@ class NvmlBackend:
         self._util_since: Mapping[str, float] = {}
         self._detail = True
         self._xids: _XidWatcher | None = None
+        self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         try:
             import pynvml
         except ImportError:  # pragma: no cover - a dependency of gpusd
@@ -299,7 +306,7 @@ class NvmlBackend:
                 self._refresh_devices()
             except self._nv.NVMLError as exc:
                 raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}", hint=True) from None
-            if detail:
+            if detail and self.telemetry:
                 if self._xids is None:
                     self._xids = _XidWatcher(self._nv)
                 self._xids.register(self._devices)
@@ -347,7 +354,8 @@ class NvmlBackend:
             limit = q(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit)
             gpu.power_limit = limit / 1000.0 if limit is not None else None
             gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
-            self._telemetry(dev, gpu)
+            if self.telemetry:
+                self._telemetry(dev, gpu)
         mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
         mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
@@ -378,11 +386,14 @@ class NvmlBackend:
             corr, unc, pending, failure = rows
             gpu.remapped_rows_correctable, gpu.remapped_rows_uncorrectable = int(corr), int(unc)
             gpu.row_remap_pending, gpu.row_remap_failure = bool(pending), bool(failure)
-        values = q(dev, "fields", nv.nvmlDeviceGetFieldValues, _FIELDS)
+        ids = _FIELDS if dev.fields is None else dev.fields
+        values = q(dev, "fields", nv.nvmlDeviceGetFieldValues, ids) if ids else None
         if values is not None:
-            read = [_field_value(v) for v in values]
-            gpu.memory_temperature = _int(read[0])
-            links = [v for v in read[1:] if v is not None]
+            read = {(int(v.fieldId), int(v.scopeId)): _field_value(v) for v in values}
+            if dev.fields is None:  # ask only for what the GPU answered from now on (most have no NVLink)
+                dev.fields = [f for f in _FIELDS if read.get(_field_key(f)) is not None]
+            gpu.memory_temperature = _int(read.get((_FI_MEMORY_TEMP, 0)))
+            links = [v for (fid, _), v in read.items() if fid != _FI_MEMORY_TEMP and v is not None]
             gpu.nvlink_bytes = int(sum(links)) * 1024 if links else None  # KiB -> bytes
         if self._xids is not None:
             gpu.xid_last, gpu.xid_errors = self._xids.read(dev.uuid)
