@@ -287,6 +287,12 @@ class GpuInfo:
     row_remap_failure: bool | None = None
     xid_last: int | None = None  # the last XID error seen since the daemon started; 0: none
     xid_errors: int | None = None  # XID errors seen since the daemon started; None: no event support
+    # NVML's GPM (Hopper and newer), between the last two samples: percent, bytes per second
+    gpm_graphics_util: float | None = None
+    gpm_tensor_util: float | None = None  # any tensor pipe
+    gpm_dram_util: float | None = None  # DRAM bandwidth
+    pcie_tx_rate: float | None = None
+    pcie_rx_rate: float | None = None
 
     @property
     def memory_used_ratio(self) -> float | None:

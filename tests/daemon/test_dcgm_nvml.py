@@ -185,3 +185,31 @@ def test_one_shot_commands_do_not_read_telemetry(fake_nvml_inprocess: Any) -> No
         assert not any(t.name == "gpusd-nvml-xid" for t in threading.enumerate() if t.is_alive())
     finally:
         b.close()
+
+
+def test_profiling_series_from_gpm_on_hopper(fake_nvml_inprocess: Any, backend: Any) -> None:
+    """DCGM's profiling counters need DCGM, but NVML's GPM (Hopper and newer) measures the same: served
+    under DCGM's names from the second sample on; an Ampere GPU (no GPM) has none."""
+    gpus = _gpus()
+    gpus[0].name = "NVIDIA H100 80GB HBM3"
+    gpus[0].gpm = {1: 60, 5: 35, 10: 20, 20: 100, 21: 50}  # graphics, any tensor, DRAM %; PCIe TX/RX MiB/s
+    fake_nvml_inprocess.write(gpus)
+    b = backend()
+    def read() -> dict[str, Any]:
+        snap = b.snapshot()
+        return _families(render(make_registry(lambda: [snap], process_metrics=False, dcgm=True)).decode())
+
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" not in read()  # one sample: nothing to measure between yet
+    fams = read()
+    u0 = gpus[0].uuid
+    assert {n: _one(fams[n], u0).value for n in (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES")} == {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.6, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.35,
+        "DCGM_FI_PROF_DRAM_ACTIVE": 0.2, "DCGM_FI_PROF_PCIE_TX_BYTES": 100 * MiB,
+        "DCGM_FI_PROF_PCIE_RX_BYTES": 50 * MiB}
+    assert [s.labels["UUID"] for s in fams["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].samples] == [u0]  # not the A100
+    tensor = {s.labels["uuid"]: s.value for s in fams["gpusd_gpu_tensor_active_ratio"].samples}
+    assert tensor == {u0: 0.35}
+    for _ in range(300):  # the samples are freed as they are used: the fake has 256
+        b.snapshot()

@@ -245,6 +245,7 @@ class FakeGPU:
     fields: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (field id, scope) -> value
     xids: Sequence[int] = ()  # every XID so far; a rewrite with more is an event for each new one
     xid_events: bool = True  # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED
+    gpm: Mapping[int, int] = field(default_factory=dict)  # GPM metric id -> value (a Hopper's GPM)
 
 
 def fake_uuid(index: int, seed: str = "gpusd-fake-gpu", prefix: str = "GPU") -> str:
@@ -320,6 +321,7 @@ def _telemetry_lines(g: FakeGPU) -> list[str]:
     out.extend(f"xid {int(x)}" for x in g.xids)
     if not g.xid_events:
         out.append("xid_events 0")
+    out.extend(f"gpm {int(k)} {int(v)}" for k, v in g.gpm.items())
     return out
 
 

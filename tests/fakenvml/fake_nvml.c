@@ -275,6 +275,10 @@ typedef struct {
     int no_events;           /* "xid_events 0": nvmlDeviceRegisterEvents is NOT_SUPPORTED */
     unsigned int nxid;
     ull xid[MAX_XIDS];       /* every XID so far, oldest first; new lines are new events */
+    int gpm;                 /* "gpm ..." lines seen: nvmlGpmQueryDeviceSupport says supported */
+    unsigned int ngpm;
+    unsigned int gpm_id[MAX_FIELDS];
+    ull gpm_val[MAX_FIELDS]; /* the metric's value between any two samples (percent, MiB/s) */
 } ftel_t;
 
 typedef struct {
@@ -472,7 +476,7 @@ static int parse_tel(fdev_t *d, const char *key, char **tok, int nt)
 {
     ftel_t *t;
     if (strcmp(key, "energy") && strcmp(key, "pcie_replay") && strcmp(key, "remapped_rows") &&
-        strcmp(key, "field") && strcmp(key, "xid") && strcmp(key, "xid_events"))
+        strcmp(key, "field") && strcmp(key, "xid") && strcmp(key, "xid_events") && strcmp(key, "gpm"))
         return 0;
     if (!d)
         return -1;
@@ -508,6 +512,12 @@ static int parse_tel(fdev_t *d, const char *key, char **tok, int nt)
         if (nt != 1 || t->nxid >= MAX_XIDS || parse_u64(tok[0], &t->xid[t->nxid]))
             return -1;
         t->nxid++;
+    } else if (!strcmp(key, "gpm")) {
+        unsigned k = t->ngpm;
+        if (nt != 2 || k >= MAX_FIELDS || parse_u32(tok[0], &t->gpm_id[k]) || parse_u64(tok[1], &t->gpm_val[k]))
+            return -1;
+        t->ngpm++;
+        t->gpm = 1;
     } else { /* xid_events */
         unsigned v;
         if (nt != 1 || parse_u32(tok[0], &v))
@@ -2218,4 +2228,129 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     return event_wait(set, data, timeoutms, 0);
+}
+
+/* GPM (GPU performance monitoring, Hopper and newer): `gpm <metric id> <value>` lines.  A sample
+ * remembers its device; nvmlGpmMetricsGet between two samples of one device answers each metric that
+ * has a line (its value), NOT_SUPPORTED the others. */
+#define MAX_GPM_SAMPLES 256
+#define GPM_SAMPLE_MAGIC 0x47504d53u
+typedef struct {
+    unsigned int magic;
+    int used, taken;
+    unsigned int dev;
+    long long t_ns;
+} fgpmsample_t;
+static fgpmsample_t g_gpm[MAX_GPM_SAMPLES];
+
+typedef struct {
+    char *shortName, *longName, *unit;
+} nvmlGpmMetricInfo_t;
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+#define NVML_GPM_METRIC_MAX 477
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    fgpmsample_t *sample1, *sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+static fgpmsample_t *gpm_sample(fgpmsample_t *p)
+{
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++)
+        if (p == &g_gpm[i] && g_gpm[i].used && g_gpm[i].magic == GPM_SAMPLE_MAGIC)
+            return p;
+    return NULL;
+}
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t h, nvmlGpmSupport_t *support)
+{
+    BEGIN_DEV(h, "nvmlGpmQueryDeviceSupport", NULL, 0);
+    NONNULL(support);
+    if (support->version != 1)
+        RET(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    support->isSupportedDevice = d->tel.gpm ? 1 : 0;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(fgpmsample_t **sample)
+{
+    BEGIN();
+    NONNULL(sample);
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++) {
+        if (!g_gpm[i].used) {
+            memset(&g_gpm[i], 0, sizeof g_gpm[i]);
+            g_gpm[i].used = 1;
+            g_gpm[i].magic = GPM_SAMPLE_MAGIC;
+            *sample = &g_gpm[i];
+            RET(NVML_SUCCESS);
+        }
+    }
+    rc = NVML_ERROR_MEMORY;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(fgpmsample_t *sample)
+{
+    BEGIN();
+    fgpmsample_t *s = gpm_sample(sample);
+    if (!s)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    s->used = 0;
+    s->magic = 0;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t h, fgpmsample_t *sample)
+{
+    BEGIN_DEV(h, "nvmlGpmSampleGet", NULL, 0);
+    fgpmsample_t *s = gpm_sample(sample);
+    if (!s)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (!d->tel.gpm)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    s->taken = 1;
+    s->dev = (unsigned)(d - g_cur->devs);
+    s->t_ns = mono_ns();
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg)
+{
+    BEGIN();
+    NONNULL(mg);
+    if (mg->version != 1)
+        RET(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    fgpmsample_t *a = gpm_sample(mg->sample1), *b = gpm_sample(mg->sample2);
+    if (!a || !b || !a->taken || !b->taken || a->dev != b->dev || b->t_ns <= a->t_ns ||
+        mg->numMetrics > NVML_GPM_METRIC_MAX)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (a->dev >= g_cur->ndev)
+        RET(NVML_ERROR_GPU_IS_LOST);
+    {
+        ftel_t *t = &g_cur->devs[a->dev].tel;
+        for (unsigned i = 0; i < mg->numMetrics; i++) {
+            nvmlGpmMetric_t *m = &mg->metrics[i];
+            m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            m->value = 0;
+            m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+            for (unsigned k = 0; k < t->ngpm; k++) {
+                if (t->gpm_id[k] == m->metricId) {
+                    m->value = (double)t->gpm_val[k];
+                    m->nvmlReturn = NVML_SUCCESS;
+                    break;
+                }
+            }
+        }
+    }
+    END();
 }

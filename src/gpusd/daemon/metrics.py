@@ -62,6 +62,14 @@ _GPU_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
                                             lambda g: None if g.utilization_decoder is None
                                             else g.utilization_decoder / 100.0),
     "gpusd_gpu_xid_last": ("The last XID error seen since the daemon started (0: none)", lambda g: g.xid_last),
+    "gpusd_gpu_graphics_active_ratio": ("Graphics engine activity, 0-1 (NVML GPM, Hopper and newer)",
+                                        lambda g: _ratio(g.gpm_graphics_util)),
+    "gpusd_gpu_tensor_active_ratio": ("Tensor pipe activity, 0-1 (NVML GPM, Hopper and newer)",
+                                      lambda g: _ratio(g.gpm_tensor_util)),
+    "gpusd_gpu_dram_active_ratio": ("DRAM bandwidth use, 0-1 (NVML GPM, Hopper and newer)",
+                                    lambda g: _ratio(g.gpm_dram_util)),
+    "gpusd_gpu_pcie_tx_bytes_per_second": ("PCIe transmit rate (NVML GPM)", lambda g: g.pcie_tx_rate),
+    "gpusd_gpu_pcie_rx_bytes_per_second": ("PCIe receive rate (NVML GPM)", lambda g: g.pcie_rx_rate),
     "gpusd_gpu_row_remap_failure": ("1 when remapping a row of GPU memory failed",
                                     lambda g: None if g.row_remap_failure is None else float(g.row_remap_failure)),
 }
@@ -199,6 +207,10 @@ def _round(value: float | None) -> int | None:
     return None if value is None else int(round(value))
 
 
+def _ratio(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100.0
+
+
 def _mib(value: int | None) -> int | None:
     return None if value is None else int(value) // _MIB
 
@@ -247,6 +259,20 @@ DCGM_FIELDS: tuple[ExporterField, ...] = (
                   "Number of remapped rows for correctable errors", lambda g: g.remapped_rows_correctable),
     ExporterField("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
                   lambda g: _flag(g.row_remap_failure)),
+    # DCGM's profiling counters, from NVML's GPM where the GPU has it (Hopper and newer; docs/monitoring.md)
+    ExporterField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+                  lambda g: _ratio(g.gpm_graphics_util)),
+    ExporterField("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+                  lambda g: _ratio(g.gpm_tensor_util)),
+    ExporterField("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+                  "Ratio of cycles the device memory interface is active sending or receiving data.",
+                  lambda g: _ratio(g.gpm_dram_util)),
+    ExporterField("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - "
+                  "including both protocol headers and data payloads - in bytes per second.",
+                  lambda g: _round(g.pcie_tx_rate)),
+    ExporterField("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - "
+                  "including both protocol headers and data payloads - in bytes per second.",
+                  lambda g: _round(g.pcie_rx_rate)),
 )
 # dcgm-exporter's labels, in its order (internal/pkg/rendermetrics/render_metrics.go).  `hostname` is lower
 # case since dcgm-exporter d5e5f51 (May 2026, "Rename Hostname label to hostname"); gpusd follows the current

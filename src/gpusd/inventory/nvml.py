@@ -66,6 +66,18 @@ _FIELDS: list[Any] = [_FI_MEMORY_TEMP] + [(f, link) for link in range(_NVLINK_MA
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
+# NVML GPM metric ids (nvml.h): graphics engine, any tensor pipe, DRAM bandwidth (percent); PCIe MiB/s
+_GPM_GRAPHICS, _GPM_ANY_TENSOR, _GPM_DRAM_BW, _GPM_PCIE_TX, _GPM_PCIE_RX = 1, 5, 10, 20, 21
+_GPM_METRICS = (_GPM_GRAPHICS, _GPM_ANY_TENSOR, _GPM_DRAM_BW, _GPM_PCIE_TX, _GPM_PCIE_RX)
+
+
+def _free_gpm(nv: Any, sample: Any) -> None:
+    try:
+        nv.nvmlGpmSampleFree(sample)
+    except nv.NVMLError:
+        pass
+
+
 def _field_key(f: Any) -> tuple[int, int]:
     return (f[0], f[1]) if isinstance(f, tuple) else (int(f), 0)
 
@@ -180,6 +192,7 @@ class _Device:
     util: UtilWindow | None = None
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
+    gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
 
 
 def load_library(path: str | None = None) -> None:
@@ -282,6 +295,9 @@ class NvmlBackend:
             pci = self._query_safe(dev, "pci", nv.nvmlDeviceGetPciInfo)
             dev.pci_bus_id = _text(pci.busId) if pci is not None else None
             devices.append(dev)
+        for old in self._devices:
+            if old.gpm_prev is not None:
+                _free_gpm(nv, old.gpm_prev)
         self._devices = devices
         self._count = count
 
@@ -397,6 +413,55 @@ class NvmlBackend:
             gpu.nvlink_bytes = int(sum(links)) * 1024 if links else None  # KiB -> bytes
         if self._xids is not None:
             gpu.xid_last, gpu.xid_errors = self._xids.read(dev.uuid)
+        gpm = self._gpm(dev)
+        gpu.gpm_graphics_util = gpm.get(_GPM_GRAPHICS)
+        gpu.gpm_tensor_util = gpm.get(_GPM_ANY_TENSOR)
+        gpu.gpm_dram_util = gpm.get(_GPM_DRAM_BW)
+        for attr, mid in (("pcie_tx_rate", _GPM_PCIE_TX), ("pcie_rx_rate", _GPM_PCIE_RX)):
+            value = gpm.get(mid)
+            setattr(gpu, attr, None if value is None else value * 2**20)  # MiB/s -> bytes/s
+
+    def _gpm(self, dev: _Device) -> dict[int, float]:
+        """GPM metrics (``nvmlGpmMetricsGet``) between the previous sample of this GPU and a new one;
+        empty on the first call and where the GPU has no GPM (before Hopper)."""
+        nv = self._nv
+        if "gpm" in dev.unsupported or not hasattr(nv, "nvmlGpmSampleAlloc"):
+            return {}
+        try:
+            if dev.gpm_prev is None and not nv.nvmlGpmQueryDeviceSupport(dev.handle).isSupportedDevice:
+                dev.unsupported.add("gpm")
+                return {}
+            sample = nv.nvmlGpmSampleAlloc()
+            try:
+                nv.nvmlGpmSampleGet(dev.handle, sample)
+            except nv.NVMLError:
+                nv.nvmlGpmSampleFree(sample)
+                raise
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in _FATAL:
+                raise _GpuFailed(_text(exc)) from None
+            if code in _UNSUPPORTED:
+                dev.unsupported.add("gpm")
+            return {}
+        prev, dev.gpm_prev = dev.gpm_prev, sample
+        if prev is None:
+            return {}
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(_GPM_METRICS)
+            mg.sample1, mg.sample2 = prev, sample
+            for i, mid in enumerate(_GPM_METRICS):
+                mg.metrics[i].metricId = mid
+            nv.nvmlGpmMetricsGet(mg)
+            return {int(m.metricId): float(m.value) for m in mg.metrics[:len(_GPM_METRICS)]
+                    if int(m.nvmlReturn) == 0}
+        except nv.NVMLError as exc:
+            _log().debug("GPU %d: GPM metrics failed: %s", dev.index, exc)
+            return {}
+        finally:
+            _free_gpm(nv, prev)
 
     def _utilization(self, dev: _Device, gpu: GpuInfo, rates: Any, now: float) -> None:
         window = dev.util
@@ -489,6 +554,10 @@ class NvmlBackend:
                 self._closed = True
                 if self._xids is not None:
                     self._xids.close()
+                for dev in self._devices:
+                    if dev.gpm_prev is not None:
+                        _free_gpm(self._nv, dev.gpm_prev)
+                        dev.gpm_prev = None
                 try:
                     self._nv.nvmlShutdown()
                 except self._nv.NVMLError:
