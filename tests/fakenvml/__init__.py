@@ -321,6 +321,8 @@ def _telemetry_lines(g: FakeGPU) -> list[str]:
     out.extend(f"xid {int(x)}" for x in g.xids)
     if not g.xid_events:
         out.append("xid_events 0")
+    if len(g.gpm) > 48:
+        raise ValueError("at most 48 GPM metrics per GPU")
     out.extend(f"gpm {int(k)} {int(v)}" for k, v in g.gpm.items())
     return out
 
