@@ -150,8 +150,8 @@ async def test_prometheus_discovers_the_daemons_and_both_dashboards_have_data(tm
     session = unique_session("prom")
     a = running_daemon(tmp_path, session, "node-a", backend=FakeBackend(_host("node-a", 2)), user_metrics=True,
                        thresholds=["temperature>85"])
-    b = running_daemon(tmp_path, session, "node-b", backend=FakeBackend(_host("node-b", 3, hopper=True)), user_metrics=True,
-                       thresholds=["temperature>85"])
+    b = running_daemon(tmp_path, session, "node-b", backend=FakeBackend(_host("node-b", 3, hopper=True)),
+                       user_metrics=True, thresholds=["temperature>85"])
     async with a as da, b as db:
         sd_url = f"http://127.0.0.1:{da.port}/api/v1/prometheus/http_sd"
         async with aiohttp.ClientSession() as s:
