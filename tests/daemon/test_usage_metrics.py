@@ -85,7 +85,13 @@ async def test_the_daemon_counts_usage_and_shows_users_only_when_asked(tmp_path:
         assert 0.5 < used["0"] and used["1"] == 0.0
         users = _values(text, "gpusd_user_gpu_seconds_total")
         assert users[("used", "alice")] == used["0"]
-        # a reader who may not see private data (another machine, unsigned) gets no user names
+        # a reader who may not see private data gets no user names: a page of another name in a browser
+        # on this machine (DNS rebinding: its Host is not the daemon's) ...
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{d.port}/metrics",
+                                                       headers={"Host": f"evil.example:{d.port}"}) as r:
+            rebound = await r.text()
+        assert r.status == 200 and "gpusd_gpu_used_seconds_total" in rebound and "alice" not in rebound
+        # ... and another machine's unsigned scraper (the same rule, asked of the monitor directly)
         monitor: Any = d.app[next(k for k in d.app if "monitor" in str(k))]
         public = monitor.metrics(private=False).decode()
         assert "alice" not in public and "gpusd_gpu_used_seconds_total" in public
