@@ -184,3 +184,24 @@ def test_start_flag(flag: list[str], expected: bool) -> None:
 
     args = build_parser("start").parse_args(["start", *flag])
     assert args.dcgm_metrics is expected
+
+
+def test_a_simulated_fleet_feeds_the_dcgm_series_too() -> None:
+    """``gpusd start --simulate`` (a demo of the dashboards) makes up the telemetry consistently: the
+    energy counter grows with the power drawn, Hoppers have the profiling series, lost GPUs none."""
+    from gpusd.inventory.simulated import SimulatedBackend
+
+    now = [1000.0]
+    b = SimulatedBackend("1xA100-80GB,1xH100-80GB", clock=lambda: now[0])
+
+    def read() -> dict[str, dict[str, float]]:
+        fams = text_string_to_metric_families(render_snapshots([b.snapshot()], dcgm=True).decode())
+        return {f.name: {s.labels["gpu"]: s.value for s in f.samples} for f in fams if f.name.startswith("DCGM_")}
+
+    first = read()
+    now[0] += 10.0
+    second = read()
+    energy0, energy1 = first["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"], second["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    assert all(energy1[g] > energy0[g] for g in ("0", "1"))
+    assert set(second["DCGM_FI_DEV_SM_CLOCK"]) == {"0", "1"}
+    assert set(second["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]) == {"1"}  # the H100 only
