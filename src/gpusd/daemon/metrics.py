@@ -9,11 +9,16 @@ Each daemon exports its own host only, so a Prometheus scraping every daemon (se
 ``gpusd export prometheus-sd``) gets each GPU exactly once.
 
 Alongside, by default, the same readings under NVIDIA's DCGM exporter names (``DCGM_FI_DEV_GPU_UTIL``
-...; :class:`DcgmCollector`), so that Grafana dashboards made for the DCGM exporter work unchanged.
+...; :data:`DCGM_FIELDS`, :class:`DcgmCollector`), so that Grafana dashboards made for the DCGM exporter
+work unchanged: every default counter of dcgm-exporter that NVML can give, with its type, unit, integer
+values and labels, written by :func:`exporter_text` (another vendor's names can sit beside as another
+tuple of :class:`ExporterField`).  :class:`UsageCounters`/:class:`UsageCollector`: GPU-seconds used and
+held per GPU, and per user where the admin turned it on, for readers who may see private data.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -427,6 +432,11 @@ class UsageCollector:
             yield per
 
 
+# registry -> the exporter-named collectors :func:`render` appends (written by exporter_text, not by
+# prometheus_client: see DcgmCollector)
+_EXPORTERS: weakref.WeakKeyDictionary[Any, list[DcgmCollector]] = weakref.WeakKeyDictionary()
+
+
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
                   alerts: Callable[[], Sequence[ThresholdEvent]] | None = None,
                   process_metrics: bool = True, dcgm: bool = False,
@@ -441,7 +451,7 @@ def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
     for c in extra:
         registry.register(c)
     if dcgm:
-        registry.gpusd_exporters = [DcgmCollector(snapshots)]  # type: ignore[attr-defined]
+        _EXPORTERS[registry] = [DcgmCollector(snapshots)]
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry
@@ -452,7 +462,7 @@ def render(registry: CollectorRegistry) -> bytes:
     from prometheus_client import generate_latest
 
     text = generate_latest(registry)
-    for exporter in getattr(registry, "gpusd_exporters", ()):
+    for exporter in _EXPORTERS.get(registry, ()):
         text += exporter.text().encode()
     return text
 
