@@ -165,6 +165,8 @@ async def test_prometheus_discovers_the_daemons_and_both_dashboards_have_data(tm
             proc, prom = _start_prometheus(tmp_path, sd_url)
             try:
                 async def scraped() -> bool:  # both targets up, each scraped a few times
+                    if proc.poll() is not None:  # it could not start (a port taken meanwhile...): say why
+                        raise RuntimeError("prometheus exited: " + (tmp_path / "prometheus.log").read_text()[-2000:])
                     up = await _query(s, prom, 'count_over_time(up{job="gpusd"}[5m]) >= 4')
                     return len(up) == 2 and all(float(r["value"][1]) >= 4 for r in up)
 
