@@ -122,6 +122,8 @@ def test_energy_grows_and_xid_events_arrive(fake_nvml_inprocess: Any, backend: A
     assert _one(first["DCGM_FI_DEV_XID_ERRORS"], u1).value == 0
     time.sleep(0.2)
     gpus[1].xids = [79, 48]  # two XIDs happen on GPU 1 (the fake: new `xid` lines)
+    for g in gpus:  # the fake's counter restarts from the file's value at a rewrite: write it further on
+        g.energy += 10**6
     fake_nvml_inprocess.write(gpus)
     deadline = time.monotonic() + 10
     while True:

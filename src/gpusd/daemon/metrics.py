@@ -279,12 +279,6 @@ DCGM_FIELDS: tuple[ExporterField, ...] = (
                   "including both protocol headers and data payloads - in bytes per second.",
                   lambda g: _round(g.pcie_rx_rate)),
 )
-# dcgm-exporter's labels, in its order (internal/pkg/rendermetrics/render_metrics.go).  `hostname` is lower
-# case since dcgm-exporter d5e5f51 (May 2026, "Rename Hostname label to hostname"); gpusd follows the current
-# exporter and sends `Hostname` no more (docs/monitoring.md has a relabel rule for dashboards that want it).
-DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "DCGM_FI_DRIVER_VERSION")
-DCGM_MIG_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "hostname",
-                   "DCGM_FI_DRIVER_VERSION")
 
 
 class _MigAsGpu:
@@ -309,33 +303,48 @@ def _number(value: float | int) -> str:
     return repr(float(value))  # readings are finite (gpusd.model.finite)
 
 
-def exporter_text(fields: Sequence[ExporterField], snaps: Iterable[HostSnapshot | None]) -> str:
-    """The series of ``fields`` for every GPU of ``snaps`` in the text exposition format, written as
-    dcgm-exporter writes them: a counter's samples carry the family's own name (no ``_total``, which
-    prometheus_client would add) and integer fields are integers.  A reading a GPU does not report (a
-    lost GPU reports none) is left out; a field no GPU reports has no family."""
+LabelsFn = Callable[[HostSnapshot, GpuInfo, "MigInstance | None"], Sequence[tuple[str, str]]]
+
+
+def dcgm_labels(snap: HostSnapshot, g: GpuInfo, mig: MigInstance | None) -> list[tuple[str, str]]:
+    """dcgm-exporter's labels for a GPU, or one of its MIG instances (``GPU_I_PROFILE``, ``GPU_I_ID``), in
+    its order (internal/pkg/rendermetrics/render_metrics.go).  ``hostname`` is lower case since
+    dcgm-exporter d5e5f51 (May 2026, "Rename Hostname label to hostname"): gpusd follows the current
+    exporter and sends ``Hostname`` no more (docs/monitoring.md has a relabel rule for dashboards that
+    want it)."""
+    out = [("gpu", str(g.index)), ("UUID", g.uuid), ("pci_bus_id", g.pci_bus_id or ""),
+           ("device", f"nvidia{g.index}"), ("modelName", g.name or "")]
+    if mig is not None:
+        out += [("GPU_I_PROFILE", mig.profile or ""),
+                ("GPU_I_ID", "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id))]
+    return out + [("hostname", snap.hostname), ("DCGM_FI_DRIVER_VERSION", snap.driver_version or "")]
+
+
+def exporter_text(fields: Sequence[ExporterField], snaps: Iterable[HostSnapshot | None],
+                  labels: LabelsFn = dcgm_labels) -> str:
+    """The series of ``fields`` for every GPU of ``snaps`` in the text exposition format, labelled by
+    ``labels`` (DCGM's by default; another exporter's naming passes its own), written as dcgm-exporter
+    writes them: a counter's samples carry the family's own name (no ``_total``, which prometheus_client
+    would add) and integer fields are integers.  A reading a GPU does not report (a lost GPU reports
+    none) is left out; a field no GPU reports has no family."""
     rows: dict[str, list[str]] = {f.name: [] for f in fields}
     for snap in snaps:
         if snap is None:
             continue
-        driver = snap.driver_version or ""
         for g in snap.gpus:
-            base = [str(g.index), g.uuid, g.pci_bus_id or "", f"nvidia{g.index}", g.name or ""]
-            labels = _labels(DCGM_LABELS, [*base, snap.hostname, driver])
+            text = _labels(labels(snap, g, None))
             for f in fields:
                 value = f.read(g)
                 if value is not None:
-                    rows[f.name].append(f"{f.name}{{{labels}}} {_number(value)}")
+                    rows[f.name].append(f"{f.name}{{{text}}} {_number(value)}")
             for m in g.mig_instances:
-                mlabels = _labels(DCGM_MIG_LABELS, [*base, m.profile or "",
-                                                    "" if m.gpu_instance_id is None else str(m.gpu_instance_id),
-                                                    snap.hostname, driver])
+                mtext = _labels(labels(snap, g, m))
                 mig = _MigAsGpu(m)
                 for f in fields:
                     if f.mig:
                         value = f.read(mig)  # type: ignore[arg-type]
                         if value is not None:
-                            rows[f.name].append(f"{f.name}{{{mlabels}}} {_number(value)}")
+                            rows[f.name].append(f"{f.name}{{{mtext}}} {_number(value)}")
     out = []
     for f in fields:
         if rows[f.name]:
@@ -344,8 +353,8 @@ def exporter_text(fields: Sequence[ExporterField], snaps: Iterable[HostSnapshot 
     return "".join(out)
 
 
-def _labels(names: Sequence[str], values: Sequence[str]) -> str:
-    return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f'{n}="{_escape(v)}"' for n, v in pairs)
 
 
 class DcgmCollector:
@@ -354,12 +363,13 @@ class DcgmCollector:
     write a counter without ``_total``, and DCGM's names have none."""
 
     def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]],
-                 fields: Sequence[ExporterField] = DCGM_FIELDS) -> None:
+                 fields: Sequence[ExporterField] = DCGM_FIELDS, labels: LabelsFn = dcgm_labels) -> None:
         self._snapshots = snapshots
         self.fields = tuple(fields)
+        self.labels = labels
 
     def text(self) -> str:
-        return exporter_text(self.fields, self._snapshots())
+        return exporter_text(self.fields, self._snapshots(), self.labels)
 
 
 class UsageCounters:
