@@ -205,3 +205,26 @@ def test_a_simulated_fleet_feeds_the_dcgm_series_too() -> None:
     assert all(energy1[g] > energy0[g] for g in ("0", "1"))
     assert set(second["DCGM_FI_DEV_SM_CLOCK"]) == {"0", "1"}
     assert set(second["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]) == {"1"}  # the H100 only
+
+
+def test_every_dcgm_series_is_nvidias_only_and_counts_the_cuda_number() -> None:
+    """On a host with GPUs of several vendors, the DCGM names (issue 25's new counters too) are served
+    for the NVIDIA GPUs alone, numbered as CUDA counts them (``device_index``); the AMD GPU gets AMD's
+    exporter names, and a simulated AMD GPU makes up none of NVML's telemetry."""
+    from gpusd.inventory.simulated import SimulatedBackend
+
+    snap = SimulatedBackend("1xMI300X,1xH100-80GB", host="mixed-2").snapshot()
+    amd, nvidia = snap.gpus
+    assert (amd.vendor, nvidia.vendor, nvidia.index, nvidia.device_index) == ("amd", "nvidia", 1, 0)
+    assert amd.energy is None and amd.clock_sm is None and amd.xid_errors is None
+    text = render_snapshots([snap], dcgm=True).decode()
+    series = _series(text)
+    # by family (a counter's samples come back from the parser named ..._total)
+    dcgm = [(f.name, dict(s.labels)) for f in text_string_to_metric_families(text) if f.name.startswith("DCGM_")
+            for s in f.samples]
+    assert {n for n, _ in dcgm} >= {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                                    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+    assert {labels["UUID"] for _, labels in dcgm} == {nvidia.uuid}
+    assert {(labels["gpu"], labels["device"]) for _, labels in dcgm} == {("0", "nvidia0")}
+    assert {labels["gpu_uuid"] for n, labels, _ in series if n == "gpu_gfx_activity"} == {amd.uuid}
+    assert {labels["uuid"] for n, labels, _ in series if n == "gpusd_gpu_energy_joules_total"} == {nvidia.uuid}
