@@ -33,3 +33,14 @@ def test_hostile_cells_are_sanitised_and_never_markup() -> None:
     assert "[bold red]x[/]" in text  # shown as typed, not styled
     assert max(cell_len(line) for line in text.split("\n")) <= 40
     assert not any(line != line.rstrip() for line in text.split("\n"))
+
+
+def test_a_matrix_has_no_rule_and_devices_topology_uses_the_one_renderer() -> None:
+    from gpusd.cli.devices import render_topology
+    from gpusd.inventory.simulated import SimulatedBackend
+
+    assert render_table(["", "GPU0"], [["GPU0", " X "]], rule=False) == "      GPU0\nGPU0   X"
+    out = render_topology(SimulatedBackend("2xA6000").snapshot()).splitlines()
+    assert out[:3] == ["      GPU0  GPU1  CPU Affinity  NUMA Affinity  GPU NUMA ID",
+                       "GPU0   X    NV4   0-31          0              N/A",
+                       "GPU1  NV4    X    0-31          0              N/A"]

@@ -20,7 +20,9 @@ MAX_CELL = 80  # characters shown of one cell
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = (),
-                 max_cell: int = MAX_CELL) -> str:
+                 max_cell: int = MAX_CELL, rule: bool = True) -> str:
+    """``headers`` and ``rows`` laid out (module docstring); ``rule=False`` leaves out the dashes under
+    the header (a matrix such as ``gpusd devices --topology``, as ``nvidia-smi topo -m`` prints it)."""
     import io
 
     from rich.cells import cell_len
@@ -34,7 +36,7 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: C
     table = Table(box=None, show_header=False, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0))
     for i in range(len(head)):
         table.add_column(justify="right" if i in right else "left", no_wrap=True)
-    for cells in (head, ["-" * w for w in widths], *body):
+    for cells in (head, *([["-" * w for w in widths]] if rule else []), *body):
         table.add_row(*(Text(c) for c in cells))
     out = io.StringIO()
     console = Console(file=out, width=sum(widths) + 2 * len(widths) + 8, color_system=None, force_terminal=False,
