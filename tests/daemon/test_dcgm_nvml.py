@@ -111,9 +111,13 @@ def test_energy_grows_and_xid_events_arrive(fake_nvml_inprocess: Any, backend: A
     gpus = _gpus()
     fake_nvml_inprocess.write(gpus)
     b = backend()
-    registry = make_registry(lambda: [b.snapshot()], process_metrics=False, dcgm=True)
+    latest: list[Any] = [None]
+    registry = make_registry(lambda: [latest[0]], process_metrics=False, dcgm=True)
 
     def read() -> dict[str, Any]:
+        # one sample per scrape, as the daemon's latest_snapshot(): gpusd's and DCGM's series are rendered
+        # by two collectors, and a new sample each could put an XID in one and not yet in the other
+        latest[0] = b.snapshot()
         return _families(render(registry).decode())
 
     first = read()
