@@ -588,3 +588,91 @@ def test_gpustat_cli_json(fake_nvml: FakeNvml) -> None:
     assert data["driver_version"] == "550.54.15"
     assert [g["uuid"] for g in data["gpus"]] == [g.uuid for g in gpus]
     assert [g["utilization.gpu"] for g in data["gpus"]] == [40, 40, 40]
+
+
+# -- telemetry (issue 25): energy, PCIe replays, remapped rows, field values, XID events, GPM ----------------
+def test_telemetry_calls_answer_from_the_state(fake_nvml_inprocess: FakeNvml) -> None:
+    gpus = make_gpus(2, energy=1000, pcie_replay=4, remapped_rows=(3, 2, 1, 0), memory_temperature=66,
+                     power_usage=0)
+    gpus[1] = make_gpus(2)[1]  # nothing modelled: NOT_SUPPORTED
+    fake_nvml_inprocess.write(gpus)
+    with nvml():
+        h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        assert pynvml.nvmlDeviceGetTotalEnergyConsumption(h0) == 1000  # 0 W: does not grow
+        assert pynvml.nvmlDeviceGetPcieReplayCounter(h0) == 4
+        assert pynvml.nvmlDeviceGetRemappedRows(h0) == (3, 2, 1, 0)
+        [v] = pynvml.nvmlDeviceGetFieldValues(h0, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        assert (v.nvmlReturn, v.value.ullVal) == (0, 66)
+        [v] = pynvml.nvmlDeviceGetFieldValues(h1, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        assert v.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+        for fn in (pynvml.nvmlDeviceGetTotalEnergyConsumption, pynvml.nvmlDeviceGetPcieReplayCounter,
+                   pynvml.nvmlDeviceGetRemappedRows):
+            with pytest.raises(pynvml.NVMLError) as exc:
+                fn(h1)
+            assert exc.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+        # a malformed telemetry line makes the file malformed: the previous state stays
+        fake_nvml_inprocess.write_text(render_state(gpus).replace("remapped_rows 3 2 1 0", "remapped_rows 3"))
+        assert pynvml.nvmlDeviceGetRemappedRows(h0) == (3, 2, 1, 0)
+
+
+def test_xid_events_are_delivered_once_each_after_registration(fake_nvml_inprocess: FakeNvml) -> None:
+    gpus = make_gpus(1, xids=[13])  # an XID from before registration is not an event
+    fake_nvml_inprocess.write(gpus)
+    with nvml():
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetSupportedEventTypes(h) == pynvml.nvmlEventTypeXidCriticalError
+        es = pynvml.nvmlEventSetCreate()
+        try:
+            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+            with pytest.raises(pynvml.NVMLError) as exc:
+                pynvml.nvmlEventSetWait(es, 30)
+            assert exc.value.value == pynvml.NVML_ERROR_TIMEOUT
+            gpus[0].xids = [13, 79, 48]
+            fake_nvml_inprocess.write(gpus)
+            got = [pynvml.nvmlEventSetWait(es, 1000) for _ in range(2)]
+            assert [(int(e.eventType), int(e.eventData)) for e in got] == [(8, 79), (8, 48)]
+            assert ctypes.cast(got[0].device, ctypes.c_void_p).value == ctypes.cast(h, ctypes.c_void_p).value
+            with pytest.raises(pynvml.NVMLError):
+                pynvml.nvmlEventSetWait(es, 30)  # each once
+        finally:
+            pynvml.nvmlEventSetFree(es)
+        gpus[0].xid_events = False
+        fake_nvml_inprocess.write(gpus)
+        es = pynvml.nvmlEventSetCreate()
+        try:
+            with pytest.raises(pynvml.NVMLError) as exc:
+                pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+            assert exc.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+        finally:
+            pynvml.nvmlEventSetFree(es)
+
+
+def test_gpm_metrics_between_two_samples(fake_nvml_inprocess: FakeNvml) -> None:
+    gpus = make_gpus(2)
+    gpus[0].gpm = {5: 35, 10: 20}
+    fake_nvml_inprocess.write(gpus)
+    with nvml():
+        h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        assert pynvml.nvmlGpmQueryDeviceSupport(h0).isSupportedDevice == 1
+        assert pynvml.nvmlGpmQueryDeviceSupport(h1).isSupportedDevice == 0
+        a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        try:
+            pynvml.nvmlGpmSampleGet(h0, a)
+            time.sleep(0.01)
+            pynvml.nvmlGpmSampleGet(h0, b)
+            mg = pynvml.c_nvmlGpmMetricsGet_t()
+            mg.version, mg.numMetrics, mg.sample1, mg.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, 3, a, b
+            for i, mid in enumerate((5, 10, 1)):
+                mg.metrics[i].metricId = mid
+            pynvml.nvmlGpmMetricsGet(mg)
+            assert [(m.metricId, m.nvmlReturn, m.value) for m in mg.metrics[:3]] == [
+                (5, 0, 35.0), (10, 0, 20.0), (1, pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0)]
+            mg.sample1, mg.sample2 = b, a  # the second sample must be the later one
+            with pytest.raises(pynvml.NVMLError):
+                pynvml.nvmlGpmMetricsGet(mg)
+            with pytest.raises(pynvml.NVMLError) as exc:
+                pynvml.nvmlGpmSampleGet(h1, a)
+            assert exc.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+        finally:
+            pynvml.nvmlGpmSampleFree(a)
+            pynvml.nvmlGpmSampleFree(b)

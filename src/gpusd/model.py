@@ -55,6 +55,7 @@ class _Spec:
     required: bool  # no default: must be present
     limit: int  # characters (str) or entries (list)
     nested: bool  # kind is a model class
+    omit_none: bool = False  # left off the wire while None (the telemetry fields: most snapshots lack them)
 
 
 _PLANS: dict[type, tuple[_Spec, ...]] = {}
@@ -86,7 +87,7 @@ def _plan(cls: type) -> tuple[_Spec, ...]:
         default_limit = MAX_ITEMS if is_list else MAX_NAME
         required = f.default is MISSING and f.default_factory is MISSING
         specs.append(_Spec(f.name, tp, optional, is_list, required, int(f.metadata.get("max", default_limit)),
-                           tp not in _SCALARS))
+                           tp not in _SCALARS, bool(f.metadata.get("omit_none", False))))
     plan = _PLANS[cls] = tuple(specs)
     return plan
 
@@ -157,7 +158,8 @@ def encode(obj: Any) -> dict[str, Any]:
     for spec in _plan(type(obj)):
         value = getattr(obj, spec.name)
         if value is None:
-            pass
+            if spec.omit_none:
+                continue  # a reader takes the default, None
         elif spec.nested:
             value = [v.to_dict() for v in value] if spec.is_list else value.to_dict()
         elif spec.is_list:
@@ -171,6 +173,7 @@ def encode(obj: Any) -> dict[str, Any]:
 
 
 TEXT: dict[str, Any] = {"max": MAX_TEXT}
+OPT: dict[str, Any] = {"omit_none": True}  # an optional reading sent only where present
 
 
 @dataclass(slots=True)
@@ -313,6 +316,30 @@ class GpuInfo:
     compute_partition: str | None = None  # AMD: "SPX", "DPX", "QPX", "CPX"; None: not partitionable
     memory_partition: str | None = None  # AMD: "NPS1", "NPS4"
     subdevices: int | None = None  # Intel: stacks (tiles) of the card; None: not reported
+
+    # Telemetry behind the DCGM exporter's default counters (docs/monitoring.md); None where unsupported
+    # or not read, and then left off the wire (OPT).
+    clock_sm: int | None = field(default=None, metadata=OPT)  # MHz
+    clock_memory: int | None = field(default=None, metadata=OPT)  # MHz
+    memory_temperature: int | None = field(default=None, metadata=OPT)  # degrees C (HBM)
+    memory_reserved: int | None = field(default=None, metadata=OPT)  # bytes the driver reserves
+    energy: int | None = field(default=None, metadata=OPT)  # mJ since the driver loaded (a counter)
+    pcie_replays: int | None = field(default=None, metadata=OPT)  # PCIe replay counter
+    utilization_encoder: int | None = field(default=None, metadata=OPT)  # percent
+    utilization_decoder: int | None = field(default=None, metadata=OPT)  # percent
+    nvlink_bytes: int | None = field(default=None, metadata=OPT)  # NVLink raw bytes, TX+RX, every link
+    remapped_rows_correctable: int | None = field(default=None, metadata=OPT)
+    remapped_rows_uncorrectable: int | None = field(default=None, metadata=OPT)
+    row_remap_pending: bool | None = field(default=None, metadata=OPT)
+    row_remap_failure: bool | None = field(default=None, metadata=OPT)
+    xid_last: int | None = field(default=None, metadata=OPT)  # the last XID seen since the start; 0: none
+    xid_errors: int | None = field(default=None, metadata=OPT)  # XIDs seen since the start; None: no events
+    # NVML's GPM (Hopper and newer), between the last two samples: percent, bytes per second
+    gpm_graphics_util: float | None = field(default=None, metadata=OPT)
+    gpm_tensor_util: float | None = field(default=None, metadata=OPT)  # any tensor pipe
+    gpm_dram_util: float | None = field(default=None, metadata=OPT)  # DRAM bandwidth
+    pcie_tx_rate: float | None = field(default=None, metadata=OPT)
+    pcie_rx_rate: float | None = field(default=None, metadata=OPT)
 
     @property
     def device_index(self) -> int:

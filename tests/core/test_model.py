@@ -131,3 +131,18 @@ def test_a_field_of_a_type_the_codec_cannot_carry_is_refused_at_once():
 
     with pytest.raises(TypeError, match="when"):
         encode(Odd({}))
+
+
+def test_telemetry_fields_travel_only_where_read() -> None:
+    """The DCGM-backing readings (issue 25) are left off the JSON while None: a snapshot without them is
+    as large as before; with them they round-trip, and a hostile value is refused like any field."""
+    from gpusd.errors import WireError
+    from gpusd.model import GpuInfo
+
+    plain = GpuInfo(index=0, uuid="GPU-0").to_dict()
+    assert "energy" not in plain and "xid_last" not in plain and "clock_sm" not in plain
+    assert GpuInfo.from_dict(plain).energy is None
+    g = GpuInfo(index=0, uuid="GPU-0", energy=123, xid_last=79, row_remap_failure=True, gpm_tensor_util=35.0)
+    assert GpuInfo.from_dict(json.loads(json.dumps(g.to_dict()))) == g
+    with pytest.raises(WireError, match="energy"):
+        GpuInfo.from_dict({**g.to_dict(), "energy": "lots"})

@@ -40,12 +40,14 @@ def test_dcgm_series_with_dcgm_units_and_labels() -> None:
     dcgm = {name: (labels, value) for name, labels, value in series
             if name.startswith("DCGM_") and labels["UUID"] == "GPU-aaa"}
     assert {k: v[1] for k, v in dcgm.items()} == {
-        "DCGM_FI_DEV_GPU_UTIL": 45.0, "DCGM_FI_DEV_MEM_COPY_UTIL": 30.0, "DCGM_FI_DEV_FB_USED": 20480.0,
-        "DCGM_FI_DEV_FB_FREE": 61440.0, "DCGM_FI_DEV_GPU_TEMP": 61.0, "DCGM_FI_DEV_POWER_USAGE": 250.5}
+        "DCGM_FI_DEV_GPU_UTIL": 45, "DCGM_FI_DEV_MEM_COPY_UTIL": 30, "DCGM_FI_DEV_FB_USED": 20480,
+        "DCGM_FI_DEV_FB_FREE": 61440, "DCGM_FI_DEV_GPU_TEMP": 61, "DCGM_FI_DEV_POWER_USAGE": 250.5}
+    # integers where DCGM's fields are integers (the parser reads "45" as an int, "45.0" as a float)
+    assert all(type(v[1]) is int for k, v in dcgm.items() if k != "DCGM_FI_DEV_POWER_USAGE")
+    # dcgm-exporter's labels; `hostname` in lower case, as the exporter writes it since May 2026
     assert dcgm["DCGM_FI_DEV_GPU_TEMP"][0] == {
         "gpu": "0", "UUID": "GPU-aaa", "device": "nvidia0", "modelName": "NVIDIA A100-SXM4-80GB",
-        "Hostname": "gpu-node-1", "hostname": "gpu-node-1", "pci_bus_id": "00000000:07:00.0",
-        "DCGM_FI_DRIVER_VERSION": "550.54"}
+        "hostname": "gpu-node-1", "pci_bus_id": "00000000:07:00.0", "DCGM_FI_DRIVER_VERSION": "550.54"}
     # a lost GPU reports nothing: no DCGM series for it rather than zeros
     assert [n for n, labels, _ in series if n.startswith("DCGM_") and labels["UUID"] == "GPU-bbb"] == []
     # gpusd's own names are still there
@@ -84,6 +86,7 @@ def _host(n: int, hostname: str) -> HostSnapshot:
     snap = make_snapshot(n, hostname=hostname, util=30.0, used=MiB)
     for g in snap.gpus:
         g.power_draw, g.utilization_memory, g.pci_bus_id = 100.0 + g.index, 5.0, f"00000000:{g.index + 7:02x}:00.0"
+        g.clock_sm = 1410
     return snap
 
 
@@ -116,10 +119,10 @@ COMMUNITY_PANELS = {
     "GPU Power Total": 'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"${instance}", gpu=~"${gpu}"})',
     "GPU Utilization": 'DCGM_FI_DEV_GPU_UTIL{instance=~"${instance}", gpu=~"${gpu}"}',
     "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"${instance}", gpu=~"${gpu}"}',
+    "GPU SM Clocks": 'DCGM_FI_DEV_SM_CLOCK{instance=~"${instance}", gpu=~"${gpu}"} * 1000000',
 }
-# Its two other panels read what gpusd does not sample (empty, as on a DCGM exporter without them):
-COMMUNITY_NOT_SERVED = {"GPU SM Clocks": "DCGM_FI_DEV_SM_CLOCK",
-                        "Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+# Its other panel reads a profiling counter that only DCGM itself measures (docs/monitoring.md):
+COMMUNITY_NOT_SERVED = {"Tensor Core Utilization": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
 
 
 async def test_community_dcgm_dashboard_queries_select_every_daemons_gpus(tmp_path: Path) -> None:
@@ -161,12 +164,13 @@ async def test_our_grafana_dashboard_queries_only_metrics_that_exist(tmp_path: P
     wanted = _dashboard_metrics(dashboard)
     assert len(wanted) >= 10
     session = unique_session("dash")
-    async with running_daemon(tmp_path, session, "node-a", thresholds=["temperature>85"]) as d:
+    async with running_daemon(tmp_path, session, "node-a", thresholds=["temperature>85"], user_metrics=True) as d:
         async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{d.port}/metrics") as r:
             text = await r.text()
     families = {fam.name for fam in text_string_to_metric_families(text)}
     samples = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
-    assert sorted(wanted - families - samples) == []
+    counters = {f"{fam.name}_total" for fam in text_string_to_metric_families(text) if fam.type == "counter"}
+    assert sorted(wanted - families - samples - counters) == []
     # every selector in it filters by the variables Prometheus and the dashboard provide
     for p in dashboard["panels"]:
         for t in p["targets"]:
@@ -180,3 +184,47 @@ def test_start_flag(flag: list[str], expected: bool) -> None:
 
     args = build_parser("start").parse_args(["start", *flag])
     assert args.dcgm_metrics is expected
+
+
+def test_a_simulated_fleet_feeds_the_dcgm_series_too() -> None:
+    """``gpusd start --simulate`` (a demo of the dashboards) makes up the telemetry consistently: the
+    energy counter grows with the power drawn, Hoppers have the profiling series, lost GPUs none."""
+    from gpusd.inventory.simulated import SimulatedBackend
+
+    now = [1000.0]
+    b = SimulatedBackend("1xA100-80GB,1xH100-80GB", clock=lambda: now[0])
+
+    def read() -> dict[str, dict[str, float]]:
+        fams = text_string_to_metric_families(render_snapshots([b.snapshot()], dcgm=True).decode())
+        return {f.name: {s.labels["gpu"]: s.value for s in f.samples} for f in fams if f.name.startswith("DCGM_")}
+
+    first = read()
+    now[0] += 10.0
+    second = read()
+    energy0, energy1 = first["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"], second["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    assert all(energy1[g] > energy0[g] for g in ("0", "1"))
+    assert set(second["DCGM_FI_DEV_SM_CLOCK"]) == {"0", "1"}
+    assert set(second["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]) == {"1"}  # the H100 only
+
+
+def test_every_dcgm_series_is_nvidias_only_and_counts_the_cuda_number() -> None:
+    """On a host with GPUs of several vendors, the DCGM names (issue 25's new counters too) are served
+    for the NVIDIA GPUs alone, numbered as CUDA counts them (``device_index``); the AMD GPU gets AMD's
+    exporter names, and a simulated AMD GPU makes up none of NVML's telemetry."""
+    from gpusd.inventory.simulated import SimulatedBackend
+
+    snap = SimulatedBackend("1xMI300X,1xH100-80GB", host="mixed-2").snapshot()
+    amd, nvidia = snap.gpus
+    assert (amd.vendor, nvidia.vendor, nvidia.index, nvidia.device_index) == ("amd", "nvidia", 1, 0)
+    assert amd.energy is None and amd.clock_sm is None and amd.xid_errors is None
+    text = render_snapshots([snap], dcgm=True).decode()
+    series = _series(text)
+    # by family (a counter's samples come back from the parser named ..._total)
+    dcgm = [(f.name, dict(s.labels)) for f in text_string_to_metric_families(text) if f.name.startswith("DCGM_")
+            for s in f.samples]
+    assert {n for n, _ in dcgm} >= {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                                    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+    assert {labels["UUID"] for _, labels in dcgm} == {nvidia.uuid}
+    assert {(labels["gpu"], labels["device"]) for _, labels in dcgm} == {("0", "nvidia0")}
+    assert {labels["gpu_uuid"] for n, labels, _ in series if n == "gpu_gfx_activity"} == {amd.uuid}
+    assert {labels["uuid"] for n, labels, _ in series if n == "gpusd_gpu_energy_joules_total"} == {nvidia.uuid}

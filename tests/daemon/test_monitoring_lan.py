@@ -86,7 +86,7 @@ def test_top_export_and_metrics_across_the_lan(lan: Lan) -> None:  # noqa: F811
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert sorted(t for g in doc for t in g["targets"]) == sorted([f"{h1.ip}:4780", f"{h2.ip}:4780"])
-    assert {g["labels"]["gpusd_hostname"] for g in doc} == {"node-1", "node-2"}
+    assert {g["labels"]["__meta_gpusd_hostname"] for g in doc} == {"node-1", "node-2"}
 
     # what Prometheus would scrape from each target: that host's GPUs, once
     for h, n in ((h1, 2), (h2, 1)):
@@ -184,3 +184,33 @@ def test_token_holders_see_owners_of_every_host_in_the_fleet_view(lan: Lan, tmp_
     assert "pytest" in r.stdout
     r = lan.gpusd(client, ["list", "--json"])
     assert r.returncode == 0 and "pytest" not in r.stdout and str(os.getpid()) in r.stdout
+
+
+@pytest.mark.timeout(180)
+def test_usage_per_user_only_for_a_signed_scraper_across_the_lan(lan: Lan, tmp_path: Any) -> None:  # noqa: F811
+    """--user-metrics: a Prometheus on another machine gets GPU-seconds per GPU; per user only when its
+    scrape is signed with the fleet secret (over HTTPS), never anonymously."""
+    import time
+
+    gpus = make_gpus(2, util_gpu=40)
+    gpus[0].processes = [FakeProcess(os.getpid(), GiB)]  # this test process: root
+    h1 = lan.add_gpu_host("node-1", gpus, fast=True,
+                          args=["--token-file", token_file(tmp_path), "--user-metrics", "--interval", "0.2"])
+    client = lan.add_node("client")
+    start_all([h1])
+    time.sleep(1.5)  # some samples to count
+
+    def series(body: str, name: str) -> dict[tuple[str, ...], float]:
+        return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(body)
+                for s in f.samples if s.name == name}
+
+    anon = http(lan, client, f"http://{h1.ip}:4780/metrics")
+    assert anon["status"] == 200
+    used = {dict(k)["index"]: v for k, v in series(anon["body"], "gpusd_gpu_used_seconds_total").items()}
+    assert used["0"] > 0 and used["1"] == 0
+    assert series(anon["body"], "gpusd_user_gpu_seconds_total") == {} and "root" not in anon["body"]
+    signed = http(lan, client, f"https://{h1.ip}:4781/metrics", token=TOKEN)
+    assert signed["status"] == 200
+    per_user = {(dict(k)["user"], dict(k)["kind"]): v
+                for k, v in series(signed["body"], "gpusd_user_gpu_seconds_total").items()}
+    assert per_user[("root", "used")] > 0 and per_user[("root", "held")] == 0

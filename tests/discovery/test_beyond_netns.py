@@ -99,8 +99,9 @@ def test_a_host_behind_a_router_joins_the_pool_through_peer(lans: tuple[Lan, Lan
     assert sd["type"].startswith("application/json")
     groups = {g["targets"][0]: g["labels"] for g in sd["body"]}
     assert set(groups) == {f"{ha.ip}:4780", f"{hb.ip}:4780"}  # the stranger is not a target
-    assert groups[f"{hb.ip}:4780"] == {"gpusd_hostname": "node-b", "gpusd_node_id": hosts["node-b"]["node_id"],
-                                       "gpusd_session": "default", "gpusd_verified": "true", "gpusd_via": "peer"}
+    assert groups[f"{hb.ip}:4780"] == {
+        "__meta_gpusd_hostname": "node-b", "__meta_gpusd_node_id": hosts["node-b"]["node_id"],
+        "__meta_gpusd_session": "default", "__meta_gpusd_verified": "true", "__meta_gpusd_via": "peer"}
     for g in sd["body"]:
         assert set(g) == {"targets", "labels"} and all(isinstance(v, str) for v in g["labels"].values())
 

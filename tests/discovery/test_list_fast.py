@@ -317,3 +317,22 @@ async def test_a_service_back_right_after_its_goodbye_is_followed_only_later(
             await rec.wait("host_removed")
             async with announce("bouncy-cccc0001", txt, port):  # a restart: seen after the hold
                 await rec.wait("host_added", n=2, timeout=10)
+
+
+def test_the_one_shot_query_is_sent_through_zeroconfs_public_api() -> None:
+    """RFC 6762 §5.1: a one-shot query goes out at once (no private zeroconf module patched): one PTR
+    question per browsed type, asking for unicast answers (QU)."""
+    import inspect
+
+    from gpusd.discovery.client import HWSD_TYPE, SERVICE_TYPE
+
+    sent: list[Any] = []
+
+    class Zc:
+        def async_send(self, out: Any) -> None:
+            sent.append(out)
+
+    oneshot.ask_now(Zc(), [SERVICE_TYPE, HWSD_TYPE])
+    [out] = sent
+    assert [(q.name, q.type, q.unicast) for q in out.questions] == [(SERVICE_TYPE, 12, True), (HWSD_TYPE, 12, True)]
+    assert "from zeroconf._" not in inspect.getsource(oneshot)  # no private module of python-zeroconf

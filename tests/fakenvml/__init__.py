@@ -246,6 +246,16 @@ class FakeGPU:
     errors: Mapping[str, int] = field(default_factory=dict)
     # raw extra lines appended to this device's block
     extra_lines: list[str] = field(default_factory=list)
+    # -- telemetry for the DCGM-style series (issue 25) --
+    energy: int | None = None  # mJ when the file is loaded; grows at power_usage mW from then
+    pcie_replay: int | None = None  # nvmlDeviceGetPcieReplayCounter
+    remapped_rows: tuple[int, int, int, int] | None = None  # corr, unc, pending, failure
+    memory_temperature: int | None = None  # C, field NVML_FI_DEV_MEMORY_TEMP (82)
+    nvlink_raw: Mapping[int, tuple[int, int]] = field(default_factory=dict)  # link -> (tx, rx) KiB
+    fields: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (field id, scope) -> value
+    xids: Sequence[int] = ()  # every XID so far; a rewrite with more is an event for each new one
+    xid_events: bool = True  # False: nvmlDeviceRegisterEvents answers NOT_SUPPORTED
+    gpm: Mapping[int, int] = field(default_factory=dict)  # GPM metric id -> value (a Hopper's GPM)
 
 
 def fake_uuid(index: int, seed: str = "gpusd-fake-gpu", prefix: str = "GPU") -> str:
@@ -298,6 +308,41 @@ def _check_str(key: str, value: str) -> str:
     if not value or "\n" in value or "#" in value or value != value.strip():
         raise ValueError(f"invalid value for {key!r}: {value!r}")
     return value
+
+
+NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX = 140
+NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX = 141
+
+
+def _telemetry_lines(g: FakeGPU) -> list[str]:
+    """The state lines of the telemetry fields (energy, PCIe replays, remapped rows, field values, XIDs)."""
+    out: list[str] = []
+    if g.energy is not None:
+        out.append(f"energy {int(g.energy)}")
+    if g.pcie_replay is not None:
+        out.append(f"pcie_replay {int(g.pcie_replay)}")
+    if g.remapped_rows is not None:
+        out.append("remapped_rows " + " ".join(str(int(v)) for v in g.remapped_rows))
+    fields = dict(g.fields)
+    if g.memory_temperature is not None:
+        fields[(NVML_FI_DEV_MEMORY_TEMP, 0)] = g.memory_temperature
+    for link, (tx, rx) in g.nvlink_raw.items():
+        fields[(NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, link)] = tx
+        fields[(NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, link)] = rx
+    if len(fields) > 48:
+        raise ValueError("at most 48 field values per GPU")
+    for (fid, scope), v in fields.items():
+        out.append(f"field {int(fid)} {int(v)} {int(scope)}")
+    if len(g.xids) > 64:
+        raise ValueError("at most 64 XIDs per GPU")
+    out.extend(f"xid {int(x)}" for x in g.xids)
+    if not g.xid_events:
+        out.append("xid_events 0")
+    if len(g.gpm) > 48:
+        raise ValueError("at most 48 GPM metrics per GPU")
+    out.extend(f"gpm {int(k)} {int(v)}" for k, v in g.gpm.items())
+    return out
 
 
 def render_state(
@@ -422,6 +467,7 @@ def render_state(
             out.append(f"nvlink {_check_str('nvlink', bus)} {int(count)}")
         for peer, level in g.topology.items():
             out.append(f"topology {int(peer)} {int(level)}")
+        out.extend(_telemetry_lines(g))
         for fn, code in g.errors.items():
             out.append(f"error {_check_str('error', fn)} {int(code)}")
         out.extend(g.extra_lines)

@@ -79,6 +79,7 @@ enum {
 };
 
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 #define NVML_NO_ID 0xFFFFFFFFu
 
 /* pynvml: nvmlPciInfo_t (used by nvmlDeviceGetPciInfo_v3) */
@@ -260,6 +261,28 @@ typedef struct {
     unsigned int gi, ci;
 } fmig_t;
 
+/* Telemetry for the DCGM-style series (issue 25): energy, PCIe replays, remapped
+ * rows, field values and XID events.  Kept in one block so other additions merge. */
+#define MAX_FIELDS 48
+#define MAX_XIDS 64
+typedef struct {
+    int has_energy, has_replay, has_remap;
+    ull energy;              /* mJ when the file was loaded; grows at power_usage mW */
+    long long energy_t0_ns;  /* CLOCK_MONOTONIC at load */
+    unsigned int replay;
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
+    unsigned int nfield;
+    unsigned int field_id[MAX_FIELDS], field_scope[MAX_FIELDS];
+    ull field_val[MAX_FIELDS];
+    int no_events;           /* "xid_events 0": nvmlDeviceRegisterEvents is NOT_SUPPORTED */
+    unsigned int nxid;
+    ull xid[MAX_XIDS];       /* every XID so far, oldest first; new lines are new events */
+    int gpm;                 /* "gpm ..." lines seen: nvmlGpmQueryDeviceSupport says supported */
+    unsigned int ngpm;
+    unsigned int gpm_id[MAX_FIELDS];
+    ull gpm_val[MAX_FIELDS]; /* the metric's value between any two samples (percent, MiB/s) */
+} ftel_t;
+
 typedef struct {
     ull has;
     char name[96], uuid[96], serial[32];
@@ -284,6 +307,7 @@ typedef struct {
     unsigned int link_dom[MAX_LINKS], link_bus[MAX_LINKS], link_dev[MAX_LINKS], link_fn[MAX_LINKS];
     unsigned int level_peer[MAX_GPUS], level_value[MAX_GPUS];
     ull cpus[MAX_CPU_WORDS];
+    ftel_t tel;
     fmig_t migs[MAX_MIGS];
     fproc_t procs[MAX_PROCS];
     fproc_t gprocs[MAX_PROCS];
@@ -350,6 +374,13 @@ static long long now_ns(void)
 }
 
 static ull now_us(void) { return (ull)(now_ns() / 1000); }
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
 
 static void init_handles(void)
 {
@@ -446,6 +477,64 @@ static int copy_str(char *dst, size_t cap, const char *src)
 #define MAX_TOK 160
 
 /* parse `len` bytes of `buf` into `st`; 0 on success, else the line number */
+/* Telemetry lines (issue 25).  Returns 0 when `key` is not one of them, 1 when it
+ * was parsed, -1 when it is malformed. */
+static long long mono_ns(void);
+static int parse_tel(fdev_t *d, const char *key, char **tok, int nt)
+{
+    ftel_t *t;
+    if (strcmp(key, "energy") && strcmp(key, "pcie_replay") && strcmp(key, "remapped_rows") &&
+        strcmp(key, "field") && strcmp(key, "xid") && strcmp(key, "xid_events") && strcmp(key, "gpm"))
+        return 0;
+    if (!d)
+        return -1;
+    t = &d->tel;
+    if (!strcmp(key, "energy")) {
+        if (nt != 1 || parse_u64(tok[0], &t->energy))
+            return -1;
+        t->has_energy = 1;
+        t->energy_t0_ns = mono_ns();
+    } else if (!strcmp(key, "pcie_replay")) {
+        if (nt != 1 || parse_u32(tok[0], &t->replay))
+            return -1;
+        t->has_replay = 1;
+    } else if (!strcmp(key, "remapped_rows")) {
+        if (nt < 2 || nt > 4 || parse_u32(tok[0], &t->remap_corr) || parse_u32(tok[1], &t->remap_unc))
+            return -1;
+        t->remap_pending = t->remap_failure = 0;
+        if (nt > 2 && parse_u32(tok[2], &t->remap_pending))
+            return -1;
+        if (nt > 3 && parse_u32(tok[3], &t->remap_failure))
+            return -1;
+        t->has_remap = 1;
+    } else if (!strcmp(key, "field")) {
+        unsigned k = t->nfield;
+        if ((nt != 2 && nt != 3) || k >= MAX_FIELDS || parse_u32(tok[0], &t->field_id[k]) ||
+            parse_u64(tok[1], &t->field_val[k]))
+            return -1;
+        t->field_scope[k] = 0;
+        if (nt == 3 && parse_u32(tok[2], &t->field_scope[k]))
+            return -1;
+        t->nfield++;
+    } else if (!strcmp(key, "xid")) {
+        if (nt != 1 || t->nxid >= MAX_XIDS || parse_u64(tok[0], &t->xid[t->nxid]))
+            return -1;
+        t->nxid++;
+    } else if (!strcmp(key, "gpm")) {
+        unsigned k = t->ngpm;
+        if (nt != 2 || k >= MAX_FIELDS || parse_u32(tok[0], &t->gpm_id[k]) || parse_u64(tok[1], &t->gpm_val[k]))
+            return -1;
+        t->ngpm++;
+        t->gpm = 1;
+    } else { /* xid_events */
+        unsigned v;
+        if (nt != 1 || parse_u32(tok[0], &v))
+            return -1;
+        t->no_events = v == 0;
+    }
+    return 1;
+}
+
 static int parse_state(const char *buf, size_t len, fstate_t *st)
 {
     static char line[MAX_LINE];
@@ -735,6 +824,9 @@ static int parse_state(const char *buf, size_t len, fstate_t *st)
                 d->errs[d->nerr].code = code;
                 d->nerr++;
             }
+        } else {
+            int r = parse_tel(d, key, tok, nt);
+            NEED(r >= 0);
         }
         /* unknown keys are ignored */
 #undef NEED
@@ -1770,7 +1862,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int count, nvmlFiel
         values[i].latencyUsec = 0;
         values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
         values[i].value.ullVal = 0;
-        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED; /* no field is modelled */
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED; /* unless a `field` line models it */
+        for (unsigned k = 0; k < d->tel.nfield; k++) {
+            if (d->tel.field_id[k] == values[i].fieldId && d->tel.field_scope[k] == values[i].scopeId) {
+                values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                values[i].value.ullVal = d->tel.field_val[k];
+                values[i].nvmlReturn = NVML_SUCCESS;
+                break;
+            }
+        }
     }
     END();
 }
@@ -2171,4 +2271,310 @@ EXPORT unsigned long fake_nvml_offsetof(const char *name)
         if (!strcmp(offs[i].name, name))
             return offs[i].off;
     return (unsigned long)-1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* telemetry (issue 25): energy, PCIe replays, remapped rows, XID events    */
+/* ------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t h, ull *energy)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetTotalEnergyConsumption", NULL, 0);
+    NONNULL(energy);
+    if (!d->tel.has_energy)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    {
+        long long dt = mono_ns() - d->tel.energy_t0_ns; /* ns since the file was loaded */
+        ull mw = HAS(d, F_POWER_USAGE) ? d->power_usage : 0;
+        *energy = d->tel.energy + (ull)((double)mw * (double)(dt > 0 ? dt : 0) / 1e9);
+    }
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t h, unsigned int *value)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetPcieReplayCounter", NULL, 0);
+    NONNULL(value);
+    if (!d->tel.has_replay)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    *value = d->tel.replay;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t h, unsigned int *corr, unsigned int *unc,
+                                              unsigned int *pending, unsigned int *failure)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetRemappedRows", NULL, 0);
+    NONNULL(corr);
+    NONNULL(unc);
+    NONNULL(pending);
+    NONNULL(failure);
+    if (!d->tel.has_remap)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    *corr = d->tel.remap_corr;
+    *unc = d->tel.remap_unc;
+    *pending = d->tel.remap_pending;
+    *failure = d->tel.remap_failure;
+    END();
+}
+
+/* Event sets.  A set delivers the `xid` lines that appear for a registered
+ * device after its registration (a rewrite of the state file with more `xid`
+ * lines is "the XIDs that happened since"). */
+#define NVML_EVENT_TYPE_XID 0x8ull
+#define MAX_EVSETS 16
+typedef struct {
+    unsigned int magic;
+    int used;
+    ull mask[MAX_GPUS];
+    unsigned int delivered[MAX_GPUS];
+} fevset_t;
+static fevset_t g_evsets[MAX_EVSETS];
+#define EVSET_MAGIC 0x45565354u
+typedef fevset_t *nvmlEventSet_t;
+
+/* pynvml: c_nvmlEventData_t */
+typedef struct {
+    nvmlDevice_t device;
+    ull eventType;
+    ull eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+static fevset_t *evset(nvmlEventSet_t set)
+{
+    for (int i = 0; i < MAX_EVSETS; i++)
+        if (set == &g_evsets[i] && g_evsets[i].used && g_evsets[i].magic == EVSET_MAGIC)
+            return &g_evsets[i];
+    return NULL;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    BEGIN();
+    NONNULL(set);
+    for (int i = 0; i < MAX_EVSETS; i++) {
+        if (!g_evsets[i].used) {
+            memset(&g_evsets[i], 0, sizeof g_evsets[i]);
+            g_evsets[i].used = 1;
+            g_evsets[i].magic = EVSET_MAGIC;
+            *set = &g_evsets[i];
+            RET(NVML_SUCCESS);
+        }
+    }
+    rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    BEGIN();
+    fevset_t *e = evset(set);
+    if (!e)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    e->used = 0;
+    e->magic = 0;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t h, ull *types)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetSupportedEventTypes", NULL, 0);
+    NONNULL(types);
+    *types = d->tel.no_events ? 0 : NVML_EVENT_TYPE_XID;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t h, ull types, nvmlEventSet_t set)
+{
+    BEGIN_DEV(h, "nvmlDeviceRegisterEvents", NULL, 0);
+    fevset_t *e = evset(set);
+    if (!e)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->tel.no_events || (types & ~NVML_EVENT_TYPE_XID))
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    {
+        unsigned di = (unsigned)(d - g_cur->devs);
+        if (!(e->mask[di] & NVML_EVENT_TYPE_XID))
+            e->delivered[di] = d->tel.nxid; /* only what happens from now on */
+        e->mask[di] |= types;
+    }
+    END();
+}
+
+static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms, int v2)
+{
+    long long deadline = mono_ns() + (long long)timeoutms * 1000000ll;
+    for (;;) {
+        nvmlReturn_t rc;
+        pthread_mutex_lock(&g_mu);
+        rc = enter();
+        if (rc == NVML_SUCCESS) {
+            fevset_t *e = evset(set);
+            rc = NVML_ERROR_TIMEOUT;
+            if (!e || !data) {
+                rc = NVML_ERROR_INVALID_ARGUMENT;
+            } else {
+                for (unsigned di = 0; di < g_cur->ndev && di < MAX_GPUS; di++) {
+                    ftel_t *t = &g_cur->devs[di].tel;
+                    if (!(e->mask[di] & NVML_EVENT_TYPE_XID))
+                        continue;
+                    if (e->delivered[di] > t->nxid)
+                        e->delivered[di] = t->nxid; /* the file lost lines: start over from there */
+                    if (e->delivered[di] < t->nxid) {
+                        data->device = (nvmlDevice_t)(void *)&g_hdev[di];
+                        data->eventType = NVML_EVENT_TYPE_XID;
+                        data->eventData = t->xid[e->delivered[di]++];
+                        if (v2) {
+                            data->gpuInstanceId = NVML_NO_ID;
+                            data->computeInstanceId = NVML_NO_ID;
+                        }
+                        rc = NVML_SUCCESS;
+                        break;
+                    }
+                }
+            }
+        }
+        pthread_mutex_unlock(&g_mu);
+        if (rc != NVML_ERROR_TIMEOUT || mono_ns() >= deadline)
+            return rc;
+        struct timespec nap = {0, 10 * 1000000l}; /* 10 ms, without the lock */
+        nanosleep(&nap, NULL);
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return event_wait(set, data, timeoutms, 1);
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return event_wait(set, data, timeoutms, 0);
+}
+
+/* GPM (GPU performance monitoring, Hopper and newer): `gpm <metric id> <value>` lines.  A sample
+ * remembers its device; nvmlGpmMetricsGet between two samples of one device answers each metric that
+ * has a line (its value), NOT_SUPPORTED the others. */
+#define MAX_GPM_SAMPLES 256
+#define GPM_SAMPLE_MAGIC 0x47504d53u
+typedef struct {
+    unsigned int magic;
+    int used, taken;
+    unsigned int dev;
+    long long t_ns;
+} fgpmsample_t;
+static fgpmsample_t g_gpm[MAX_GPM_SAMPLES];
+
+typedef struct {
+    char *shortName, *longName, *unit;
+} nvmlGpmMetricInfo_t;
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+#define NVML_GPM_METRIC_MAX 477
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    fgpmsample_t *sample1, *sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+static fgpmsample_t *gpm_sample(fgpmsample_t *p)
+{
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++)
+        if (p == &g_gpm[i] && g_gpm[i].used && g_gpm[i].magic == GPM_SAMPLE_MAGIC)
+            return p;
+    return NULL;
+}
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t h, nvmlGpmSupport_t *support)
+{
+    BEGIN_DEV(h, "nvmlGpmQueryDeviceSupport", NULL, 0);
+    NONNULL(support);
+    if (support->version != 1)
+        RET(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    support->isSupportedDevice = d->tel.gpm ? 1 : 0;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(fgpmsample_t **sample)
+{
+    BEGIN();
+    NONNULL(sample);
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++) {
+        if (!g_gpm[i].used) {
+            memset(&g_gpm[i], 0, sizeof g_gpm[i]);
+            g_gpm[i].used = 1;
+            g_gpm[i].magic = GPM_SAMPLE_MAGIC;
+            *sample = &g_gpm[i];
+            RET(NVML_SUCCESS);
+        }
+    }
+    rc = NVML_ERROR_MEMORY;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(fgpmsample_t *sample)
+{
+    BEGIN();
+    fgpmsample_t *s = gpm_sample(sample);
+    if (!s)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    s->used = 0;
+    s->magic = 0;
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t h, fgpmsample_t *sample)
+{
+    BEGIN_DEV(h, "nvmlGpmSampleGet", NULL, 0);
+    fgpmsample_t *s = gpm_sample(sample);
+    if (!s)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (!d->tel.gpm)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    s->taken = 1;
+    s->dev = (unsigned)(d - g_cur->devs);
+    s->t_ns = mono_ns();
+    END();
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *mg)
+{
+    BEGIN();
+    NONNULL(mg);
+    if (mg->version != 1)
+        RET(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    fgpmsample_t *a = gpm_sample(mg->sample1), *b = gpm_sample(mg->sample2);
+    if (!a || !b || !a->taken || !b->taken || a->dev != b->dev || b->t_ns <= a->t_ns ||
+        mg->numMetrics > NVML_GPM_METRIC_MAX)
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    if (a->dev >= g_cur->ndev)
+        RET(NVML_ERROR_GPU_IS_LOST);
+    {
+        ftel_t *t = &g_cur->devs[a->dev].tel;
+        for (unsigned i = 0; i < mg->numMetrics; i++) {
+            nvmlGpmMetric_t *m = &mg->metrics[i];
+            m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            m->value = 0;
+            m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+            for (unsigned k = 0; k < t->ngpm; k++) {
+                if (t->gpm_id[k] == m->metricId) {
+                    m->value = (double)t->gpm_val[k];
+                    m->nvmlReturn = NVML_SUCCESS;
+                    break;
+                }
+            }
+        }
+    }
+    END();
 }

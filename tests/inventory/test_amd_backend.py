@@ -148,3 +148,46 @@ def test_by_default_every_vendor_that_opens_is_read_and_one_that_fails_is_skippe
     assert [g["vendor"] for g in json.loads(r.stdout)["gpus"]] == ["nvidia"]
     r = gpusd_cli(["devices"], env={**env, "GPUSD_BACKENDS": "nvidia,amd"})  # named: it must work
     assert r.returncode != 0 and "amdgpu driver is not loaded" in r.stderr
+
+
+def test_the_daemons_backend_on_a_mixed_host_reads_nvml_telemetry_and_serves_dcgm_names_for_nvidia_only(
+        fake_amdsmi, fake_nvml) -> None:
+    """open_backend(telemetry=True) (what the daemon opens) goes through the combined backend and still
+    asks NVML for DCGM's readings; a one-shot open_backend() does not; the DCGM names cover the NVIDIA
+    GPUs and AMD's exporter names the AMD ones."""
+    import subprocess
+    import sys
+
+    from fakenvml import make_gpus
+
+    fake_nvml.write(make_gpus(2, clock_sm=1395, energy=5_000_000, pcie_replay=3))
+    fake_amdsmi.write(_two())
+    env = {**fake_nvml.env(_env(fake_amdsmi)), "GPUSD_BACKENDS": "nvidia,amd"}
+    env.pop("GPUSD_SIMULATE", None)
+    script = (
+        "import json, sys\n"
+        "from gpusd.inventory import open_backend\n"
+        "from gpusd.daemon.metrics import render_snapshots\n"
+        "with open_backend(telemetry=sys.argv[1] == '1') as b:\n"
+        "    snap = b.snapshot()\n"
+        "print(json.dumps({'snap': snap.to_dict(), 'metrics': render_snapshots([snap], dcgm=True).decode()}))\n")
+    out = {}
+    for telemetry in ("1", "0"):
+        r = subprocess.run([sys.executable, "-c", script, telemetry], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        out[telemetry] = json.loads(r.stdout)
+    snap = out["1"]["snap"]
+    assert snap["backend"] == "nvml+amdsmi"
+    nvidia = [g["uuid"] for g in snap["gpus"] if g["vendor"] == "nvidia"]
+    amd = [g["uuid"] for g in snap["gpus"] if g["vendor"] == "amd"]
+    assert len(nvidia) == 2 and len(amd) == 2
+    assert [(g.get("clock_sm"), g.get("pcie_replays")) for g in snap["gpus"]] == [(1395, 3)] * 2 + [(None, None)] * 2
+    assert all("clock_sm" not in g and "energy" not in g for g in out["0"]["snap"]["gpus"])  # one-shot: none
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(out["1"]["metrics"])}
+    for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_UTIL"):
+        assert sorted(s.labels["UUID"] for s in fams[name].samples) == sorted(nvidia), name
+    assert sorted(s.labels["gpu_uuid"] for s in fams["gpu_gfx_activity"].samples) == sorted(amd)

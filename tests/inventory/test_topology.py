@@ -208,3 +208,23 @@ def test_a_cpu_list_too_long_for_the_wire_is_unknown_never_cut(fake_nvml_inproce
     assert g[0].local_cpus is None or parse_cpulist(g[0].local_cpus) == frozenset(range(0, 400, 2))
     assert g[1].local_cpus == "0"
     HostSnapshot.from_json(HostSnapshot("h", "n", 0.0, gpus=g).to_json())  # still goes on the wire
+
+
+def test_the_daemons_nvml_reads_topology_and_telemetry_of_the_same_gpus(fake_nvml_inprocess) -> None:
+    """Issue 22's topology and issue 25's telemetry side by side: one NVML backend opened as the daemon
+    opens it (telemetry) reads the NUMA node, local CPUs and NVLinks and the energy, clocks and XIDs."""
+    from gpusd.inventory.nvml import NvmlBackend
+
+    gpus = make_gpus(2, energy=5_000_000, clock_sm=1395, numa_node=1, cpu_affinity="0-3")
+    gpus[0].nvlinks = [(str(gpus[1].pci_bus_id), 4)]
+    gpus[1].nvlinks = [(str(gpus[0].pci_bus_id), 4)]
+    fake_nvml_inprocess.write(gpus)
+    b = NvmlBackend(telemetry=True)
+    try:
+        snap = b.snapshot()
+    finally:
+        b.close()
+    for g in snap.gpus:
+        assert (g.numa_node, g.local_cpus, [(link.peer, link.nvlink) for link in g.links]) == (
+            1, "0-3", [(1 - g.index, 4)])
+        assert g.energy is not None and g.energy >= 5_000_000 and g.clock_sm == 1395 and g.xid_errors == 0

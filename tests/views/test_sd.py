@@ -22,13 +22,15 @@ def test_file_sd_document():
                sd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab")]  # seen twice: listed once
     doc = sd.file_sd(daemons)
     assert doc == [
-        {"targets": ["198.18.0.1:4780"], "labels": {"gpusd_hostname": "node-a", "gpusd_node_id": "a" * 16,
-                                                   "gpusd_session": "lab"}},
-        {"targets": ["198.18.0.2:4780"], "labels": {"gpusd_hostname": "node-b", "gpusd_node_id": "b" * 16,
-                                                   "gpusd_session": "lab", "__metrics_path__": "/gpusd/metrics"}},
-        {"targets": ["[fe80::1]:4780"], "labels": {"gpusd_hostname": "node-c", "gpusd_node_id": "c" * 16}},
-        {"targets": ["198.18.0.4:4780"], "labels": {"gpusd_hostname": "node-d", "gpusd_node_id": "d" * 16,
-                                                   "gpusd_session": "lab"}},
+        {"targets": ["198.18.0.1:4780"], "labels": {"__meta_gpusd_hostname": "node-a",
+                                                   "__meta_gpusd_node_id": "a" * 16, "__meta_gpusd_session": "lab"}},
+        {"targets": ["198.18.0.2:4780"], "labels": {"__meta_gpusd_hostname": "node-b",
+                                                   "__meta_gpusd_node_id": "b" * 16, "__meta_gpusd_session": "lab",
+                                                   "__metrics_path__": "/gpusd/metrics"}},
+        {"targets": ["[fe80::1]:4780"], "labels": {"__meta_gpusd_hostname": "node-c",
+                                                  "__meta_gpusd_node_id": "c" * 16}},
+        {"targets": ["198.18.0.4:4780"], "labels": {"__meta_gpusd_hostname": "node-d",
+                                                   "__meta_gpusd_node_id": "d" * 16, "__meta_gpusd_session": "lab"}},
     ]
 
 
@@ -96,7 +98,7 @@ async def test_cli_writes_the_daemons_a_daemon_knows(tmp_path):
         rc, out, err = await run_cli("export", "prometheus-sd", "--url", url)
         assert rc == 0, err
         doc = json.loads(out)
-        assert [g["labels"]["gpusd_hostname"] for g in doc] == ["gpu-node-1", "gpu-node-2"]
+        assert [g["labels"]["__meta_gpusd_hostname"] for g in doc] == ["gpu-node-1", "gpu-node-2"]
         assert doc[0]["targets"] == ["gpu-node-1:4780"]
         target = tmp_path / "targets.json"
         rc, out, err = await run_cli("export", "prometheus-sd", "--url", url, "-o", str(target))

@@ -38,11 +38,15 @@ def test_each_host_is_labelled_with_its_own_session_and_how_it_was_found() -> No
     hosts = [remote("node-a", "default", "198.18.0.1", True), remote("node-b", "lab", "198.18.0.2", True, "peer"),
              remote("node-c", "lab", "198.18.0.3", False)]  # did not prove it holds the secret: left out
     groups = file_sd(daemons_from_hosts(hosts))  # --all-sessions
-    assert [(g["labels"]["gpusd_hostname"], g["labels"]["gpusd_session"], g["labels"]["gpusd_verified"],
-             g["labels"]["gpusd_via"]) for g in groups] == [("node-a", "default", "true", "mdns"),
-                                                           ("node-b", "lab", "true", "peer")]
+    meta = [g["labels"] for g in groups]
+    assert [(m["__meta_gpusd_hostname"], m["__meta_gpusd_session"], m["__meta_gpusd_verified"],
+             m["__meta_gpusd_via"]) for m in meta] == [("node-a", "default", "true", "mdns"),
+                                                       ("node-b", "lab", "true", "peer")]
+    # every discovery fact is a __meta_ label: Prometheus drops it after relabelling, so none of them
+    # (a host becoming verified, found another way) changes a series' identity
+    assert all(k.startswith("__") for m in meta for k in m)
     only = file_sd(daemons_from_hosts(hosts, "lab"))
-    assert [g["labels"]["gpusd_hostname"] for g in only] == ["node-b"]
+    assert [g["labels"]["__meta_gpusd_hostname"] for g in only] == ["node-b"]
 
 
 def test_the_file_and_the_daemons_http_sd_are_the_same_document() -> None:
@@ -55,8 +59,9 @@ def test_the_file_and_the_daemons_http_sd_are_the_same_document() -> None:
     via_url = file_sd(daemons_from_hosts(sd.fleet_hosts(json.loads(json.dumps(view.to_dict())))))
     browsed = file_sd(daemons_from_hosts(hosts))
     assert served == via_url == browsed
-    assert served[1]["labels"] == {"gpusd_hostname": "node-b", "gpusd_node_id": "b" * 16, "gpusd_session": "lab",
-                                   "gpusd_verified": "unknown", "gpusd_via": "dns-sd"}
+    assert served[1]["labels"] == {"__meta_gpusd_hostname": "node-b", "__meta_gpusd_node_id": "b" * 16,
+                                   "__meta_gpusd_session": "lab", "__meta_gpusd_verified": "unknown",
+                                   "__meta_gpusd_via": "dns-sd"}
     # an answering daemon that did not prove it holds the fleet secret vouches for nobody
     assert daemons_from_hosts(sd.fleet_hosts(view.to_dict(), trusted=False)) == []
 
@@ -77,7 +82,7 @@ def test_export_writes_the_labels_of_the_document(monkeypatch: pytest.MonkeyPatc
     out = tmp_path / "t.json"
     assert main(["export", "prometheus-sd", "-o", str(out), "--wait", "0", "--interface", "127.0.0.1"]) == 0
     labels = json.loads(out.read_text())[0]["labels"]
-    assert labels["gpusd_verified"] == "true" and labels["gpusd_via"] == "peer"
+    assert labels["__meta_gpusd_verified"] == "true" and labels["__meta_gpusd_via"] == "peer"
 
 
 def test_zone_records_of_a_peer_name_its_gpus() -> None:

@@ -357,6 +357,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dcgm-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="/metrics also serves NVIDIA DCGM exporter names (DCGM_FI_DEV_GPU_UTIL...) for Grafana "
                    "dashboards made for it (default: on)")
+    p.add_argument("--user-metrics", action="store_true",
+                   help="/metrics also serves GPU-seconds used and held per user, to readers that may see "
+                   "private data (this machine, signed requests); docs/monitoring.md, Privacy")
     h = p.add_argument_group("usage history (docs/history.md)")
     h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
     h.add_argument("--retention", type=_positive_number, default=365.0, metavar="DAYS",

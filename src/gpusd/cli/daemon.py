@@ -19,7 +19,7 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
              "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
              "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
-             "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics"),
+             "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics"), "user_metrics": ("--user-metrics", "user_metrics"),
              "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
              "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
              "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace"),
@@ -59,6 +59,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         txt_min_interval=args.txt_interval,
         thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
         dcgm_metrics=getattr(args, "dcgm_metrics", True),
+        user_metrics=getattr(args, "user_metrics", False),
         record=getattr(args, "record", True),
         retention=getattr(args, "retention", 365.0) * 86400,
         history_size=int(getattr(args, "history_size", 1024.0) * 2**20),
@@ -115,6 +116,8 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out.append("--gpusd-compat")
     if not args.dcgm_metrics:
         out.append("--no-dcgm-metrics")
+    if getattr(args, "user_metrics", False):
+        out.append("--user-metrics")
     from ..thresholds import rule_specs
 
     for rule in rule_specs(args.threshold or (), args.thresholds or ()):

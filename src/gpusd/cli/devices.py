@@ -44,10 +44,11 @@ def render_topology(snap: HostSnapshot) -> str:
     the legend.  Every cell is built from numbers (a CPU list is parsed and written again), so nothing
     a device or a peer said reaches the terminal as text."""
     from ..topology import LEGEND, format_cpulist, label, link_between, local_cpus
+    from ..views.tables import render_table
 
     gpus = snap.gpus
     header = [""] + [f"GPU{g.index}" for g in gpus] + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
-    rows = [header]
+    rows = []
     for a in gpus:
         cells = [f"GPU{a.index}"]
         for b in gpus:
@@ -57,7 +58,5 @@ def render_topology(snap: HostSnapshot) -> str:
         cells.append(str(a.numa_node) if a.numa_node is not None else "N/A")
         cells.append("N/A")  # a GPU's own memory NUMA node (Grace Hopper): not read
         rows.append(cells)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     sim = "\n(simulated GPUs)" if snap.simulated else ""
-    return "\n".join(lines) + "\n\n" + LEGEND + sim
+    return render_table(header, rows, rule=False) + "\n\n" + LEGEND + sim

@@ -1,37 +1,16 @@
-"""Plain-text tables for the CLI (no rich here: these commands must start fast).
-
-Every cell is hostile data (names from the network, users and commands from other users' files):
-:func:`render_table` passes each one through :func:`gpusd.sanitize.for_terminal`, bounded to
-``max_cell`` characters, so no escape sequence reaches the terminal and no line is unbounded.
+"""The CLI's tables of hosts and GPUs, rendered by gpusd's one table renderer
+(:func:`gpusd.views.tables.render_table`, rich: every cell sanitised, plain text out).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from ..model import GpuInfo, HostSnapshot, display_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
+from ..views.tables import MAX_CELL, render_table
 
-MAX_CELL = 80  # characters shown of one cell
+__all__ = ["MAX_CELL", "render_table", "render_host", "gpu_rows", "host_header"]
 NAME_MAX = 64  # of a host name
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
-                 max_cell: int = MAX_CELL) -> str:
-    rows = [[for_terminal(cell, max_cell) for cell in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-
-    def line(cells: Sequence[str]) -> str:
-        out = []
-        for i, cell in enumerate(cells):
-            out.append(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]))
-        return "  ".join(out).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def _pct(v: float | None) -> str:

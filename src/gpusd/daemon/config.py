@@ -31,6 +31,7 @@ class DaemonConfig:
     fleet_idle: float = 300.0  # "auto": stop the fleet client after this long unused
     leases: bool = True  # attach this machine's GPU leases to every sample
     dcgm_metrics: bool = True  # /metrics also serves the DCGM exporter's names (DCGM_FI_DEV_*)
+    user_metrics: bool = False  # /metrics: GPU-seconds per user, for readers who may see private data
     netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
     # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     thresholds: list[str] = field(default_factory=list)
@@ -85,7 +86,7 @@ class DaemonConfig:
                 "interval": self.interval, "history": self.history, "simulate": self.simulate,
                 "hostname": self.hostname, "gpusd_compat": self.gpusd_compat, "fleet": self.fleet,
                 "txt_interval": self.txt_min_interval, "thresholds": list(self.thresholds),
-                "dcgm_metrics": self.dcgm_metrics,
+                "dcgm_metrics": self.dcgm_metrics, "user_metrics": self.user_metrics,
                 "no_record": not self.record, "retention_days": self.retention / 86400,
                 "history_size_mib": self.history_size / 2**20, "idle_after": self.idle_after,
                 "idle_release": self.idle_release, "idle_grace": self.idle_grace,

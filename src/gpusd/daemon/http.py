@@ -153,7 +153,7 @@ async def fleet(request: web.Request) -> web.Response:
 async def prometheus_http_sd(request: web.Request) -> web.Response:
     """Prometheus HTTP service discovery (``http_sd_configs``): the fleet's metric targets, public
     fields only.  Hosts that failed to prove they hold the fleet secret are left out; the others carry
-    ``gpusd_verified`` (true, or unknown for a daemon without a secret) and ``gpusd_via``."""
+    ``__meta_gpusd_verified`` (true, or unknown for a daemon without a secret) and ``__meta_gpusd_via``."""
     from ..wire.promsd import daemons_from_hosts, file_sd
 
     d = _daemon(request)

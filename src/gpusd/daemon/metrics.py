@@ -9,18 +9,24 @@ Each daemon exports its own host only, so a Prometheus scraping every daemon (se
 ``gpusd export prometheus-sd``) gets each GPU exactly once.
 
 Alongside, by default, the same readings under NVIDIA's DCGM exporter names (``DCGM_FI_DEV_GPU_UTIL``
-...; :class:`DcgmCollector`) for NVIDIA GPUs, and under AMD's device-metrics-exporter names
-(``gpu_gfx_activity``, ``gpu_used_vram`` ...; :class:`AmdExporterCollector`) for AMD GPUs, so that
-Grafana dashboards made for either exporter work unchanged.
+...; :data:`DCGM_FIELDS`, :class:`DcgmCollector`) for NVIDIA GPUs, so that Grafana dashboards made for the
+DCGM exporter work unchanged: every default counter of dcgm-exporter that NVML can give, with its type,
+unit, integer values and labels, written by :func:`exporter_text` (another vendor's names can sit beside
+as another tuple of :class:`ExporterField`); and under AMD's device-metrics-exporter names
+(``gpu_gfx_activity``, ``gpu_used_vram`` ...; :class:`AmdExporterCollector`) for AMD GPUs.
+:class:`UsageCounters`/:class:`UsageCollector`: GPU-seconds used and held per GPU, and per user where the
+admin turned it on, for readers who may see private data.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, MigInstance
 
 if TYPE_CHECKING:  # pragma: no cover
     from prometheus_client.registry import CollectorRegistry
@@ -51,7 +57,42 @@ _GPU_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
                           lambda g: 1.0 if g.healthy else 0.0),
     "gpusd_gpu_processes": ("Processes running on the GPU", lambda g: len(g.processes)),
     "gpusd_gpu_leases": ("gpusd leases held on the GPU", lambda g: len(g.leases)),
+    "gpusd_gpu_sm_clock_hertz": ("SM clock", lambda g: None if g.clock_sm is None else g.clock_sm * 1e6),
+    "gpusd_gpu_memory_clock_hertz": ("Memory clock",
+                                     lambda g: None if g.clock_memory is None else g.clock_memory * 1e6),
+    "gpusd_gpu_memory_temperature_celsius": ("GPU memory (HBM) temperature", lambda g: g.memory_temperature),
+    "gpusd_gpu_memory_reserved_bytes": ("GPU memory the driver reserves", lambda g: g.memory_reserved),
+    "gpusd_gpu_encoder_utilization_ratio": ("Video encoder utilisation, 0-1",
+                                            lambda g: None if g.utilization_encoder is None
+                                            else g.utilization_encoder / 100.0),
+    "gpusd_gpu_decoder_utilization_ratio": ("Video decoder utilisation, 0-1",
+                                            lambda g: None if g.utilization_decoder is None
+                                            else g.utilization_decoder / 100.0),
+    "gpusd_gpu_xid_last": ("The last XID error seen since the daemon started (0: none)", lambda g: g.xid_last),
+    "gpusd_gpu_graphics_active_ratio": ("Graphics engine activity, 0-1 (NVML GPM, Hopper and newer)",
+                                        lambda g: _ratio(g.gpm_graphics_util)),
+    "gpusd_gpu_tensor_active_ratio": ("Tensor pipe activity, 0-1 (NVML GPM, Hopper and newer)",
+                                      lambda g: _ratio(g.gpm_tensor_util)),
+    "gpusd_gpu_dram_active_ratio": ("DRAM bandwidth use, 0-1 (NVML GPM, Hopper and newer)",
+                                    lambda g: _ratio(g.gpm_dram_util)),
+    "gpusd_gpu_pcie_tx_bytes_per_second": ("PCIe transmit rate (NVML GPM)", lambda g: g.pcie_tx_rate),
+    "gpusd_gpu_pcie_rx_bytes_per_second": ("PCIe receive rate (NVML GPM)", lambda g: g.pcie_rx_rate),
+    "gpusd_gpu_row_remap_failure": ("1 when remapping a row of GPU memory failed",
+                                    lambda g: None if g.row_remap_failure is None else float(g.row_remap_failure)),
 }
+# name (without _total) -> (help, reader): counters
+_GPU_COUNTERS: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
+    "gpusd_gpu_energy_joules": ("Energy the GPU used since the driver loaded",
+                                lambda g: None if g.energy is None else g.energy / 1000.0),
+    "gpusd_gpu_pcie_replays": ("PCIe replays (retries)", lambda g: g.pcie_replays),
+    "gpusd_gpu_nvlink_bytes": ("NVLink raw bytes sent and received, every link", lambda g: g.nvlink_bytes),
+    "gpusd_gpu_xid_errors": ("XID errors seen since the daemon started", lambda g: g.xid_errors),
+    "gpusd_gpu_remapped_rows_correctable": ("GPU memory rows remapped for correctable errors",
+                                            lambda g: g.remapped_rows_correctable),
+    "gpusd_gpu_remapped_rows_uncorrectable": ("GPU memory rows remapped for uncorrectable errors",
+                                              lambda g: g.remapped_rows_uncorrectable),
+}
+_SEEN_MAX = 4096  # GPUs remembered so that one that vanishes keeps gpusd_gpu_healthy 0
 
 
 def _gpu_labels(snap: HostSnapshot, g: GpuInfo) -> list[str]:
@@ -68,13 +109,14 @@ class SnapshotCollector:
                  alerts: Callable[[], Sequence[ThresholdEvent]] | None = None) -> None:
         self._snapshots = snapshots
         self._alerts = alerts
+        self._seen: dict[tuple[str, str], list[str]] = {}  # (host, uuid) -> labels, of GPUs seen before
 
     def describe(self) -> list[Any]:
         # An empty describe() keeps registration from calling collect() (which may not be ready yet).
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
         snaps = [s for s in self._snapshots() if s is not None]
         build = InfoMetricFamily("gpusd_build", "gpusd version", labels=["version"])
@@ -92,6 +134,9 @@ class SnapshotCollector:
                                      labels=[*GPU_LABELS, "pci_bus_id", "compute_mode", "mig_mode", "vendor"])
         gauges = {name: GaugeMetricFamily(name, help_, labels=list(GPU_LABELS))
                   for name, (help_, _) in _GPU_GAUGES.items()}
+        counters = {name: CounterMetricFamily(name, help_, labels=list(GPU_LABELS))
+                    for name, (help_, _) in _GPU_COUNTERS.items()}
+        present: set[tuple[str, str]] = set()
         mig_used = GaugeMetricFamily("gpusd_mig_memory_used_bytes", "Memory in use on a MIG instance",
                                      labels=[*GPU_LABELS, "mig_uuid", "profile"])
         mig_total = GaugeMetricFamily("gpusd_mig_memory_total_bytes", "Memory of a MIG instance",
@@ -109,17 +154,31 @@ class SnapshotCollector:
                     value = read(g)
                     if value is not None:
                         gauges[name].add_metric(labels, float(value))
+                for name, (_, read) in _GPU_COUNTERS.items():
+                    value = read(g)
+                    if value is not None:
+                        counters[name].add_metric(labels, float(value))
+                key = (snap.hostname, g.uuid)
+                present.add(key)
+                if key not in self._seen and len(self._seen) < _SEEN_MAX:
+                    self._seen[key] = labels
                 for m in g.mig_instances:
                     mlabels = [*labels, m.uuid, m.profile or ""]
                     if m.memory_used is not None:
                         mig_used.add_metric(mlabels, float(m.memory_used))
                     if m.memory_total is not None:
                         mig_total.add_metric(mlabels, float(m.memory_total))
+        # A GPU seen before that the host no longer lists (fallen off the bus) keeps a health series: 0.
+        hosts = {snap.hostname for snap in snaps}
+        for key, labels in self._seen.items():
+            if key[0] in hosts and key not in present:
+                gauges["gpusd_gpu_healthy"].add_metric(labels, 0.0)
         yield host_info
         yield host_gpus
         yield host_ts
         yield gpu_info
         yield from gauges.values()
+        yield from counters.values()
         yield mig_used
         yield mig_total
         if self._alerts is not None:
@@ -132,53 +191,269 @@ class SnapshotCollector:
             yield active
 
 
-# NVIDIA's DCGM exporter names for the same readings, so that dashboards made for it (the community
-# "NVIDIA DCGM Exporter Dashboard", Grafana 12239) show a gpusd fleet unchanged.  Units are DCGM's:
-# percent, MiB, degrees C, watts.  name -> (help, reader)
-_MIB = float(1 << 20)
-_DCGM_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda g: g.utilization_gpu),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("Memory utilization (in %).", lambda g: g.utilization_memory),
-    "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).",
-                            lambda g: None if g.memory_used is None else g.memory_used / _MIB),
-    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).",
-                            lambda g: None if g.memory_free is None else g.memory_free / _MIB),
-    "DCGM_FI_DEV_GPU_TEMP": ("GPU temperature (in C).", lambda g: g.temperature),
-    "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", lambda g: g.power_draw),
-}
-# The DCGM exporter's labels; "hostname" (newer exporters) beside "Hostname" (older ones and the dashboards).
-DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "hostname", "pci_bus_id", "DCGM_FI_DRIVER_VERSION")
+# NVIDIA's DCGM exporter names for the same readings, so that dashboards made for it (NVIDIA's "NVIDIA DCGM
+# Exporter Dashboard", grafana/dcgm-exporter-dashboard.json, Grafana 12239) show a gpusd fleet unchanged.
+# Every default counter of dcgm-exporter's etc/default-counters.csv that NVML can provide, in that file's
+# order, with its type, help and unit (percent, MiB, degrees C, watts, MHz, mJ).  Values are integers
+# where DCGM's fields are integers.  docs/monitoring.md has the side-by-side table.
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ExporterField:
+    """One series of another exporter's naming (DCGM's here; a vendor's beside it)."""
+
+    name: str
+    type: str  # "gauge" or "counter"
+    help: str
+    read: Callable[[GpuInfo], float | int | None]
+    mig: bool = False  # also per MIG instance (read through _MigAsGpu)
+
+
+def _round(value: float | None) -> int | None:
+    return None if value is None else int(round(value))
+
+
+def _ratio(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100.0
+
+
+def _mib(value: int | None) -> int | None:
+    return None if value is None else int(value) // _MIB
+
+
+def _used_v2(g: Any) -> int | None:
+    """Memory used as DCGM counts it (NVML's memory v2: total = used + free + reserved); gpusd's
+    ``memory_used`` is NVML v1's, which counts the reserved memory as used."""
+    if g.memory_used is None:
+        return None
+    return max(0, int(g.memory_used) - int(g.memory_reserved or 0))
+
+
+def _flag(value: bool | None) -> int | None:
+    return None if value is None else int(value)
+
+
+DCGM_FIELDS: tuple[ExporterField, ...] = (
+    ExporterField("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda g: g.clock_sm),
+    ExporterField("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda g: g.clock_memory),
+    ExporterField("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
+                  lambda g: g.memory_temperature),
+    ExporterField("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda g: g.temperature),
+    ExporterField("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda g: g.power_draw),
+    ExporterField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+                  "Total energy consumption since boot (in mJ).", lambda g: g.energy),
+    ExporterField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+                  lambda g: g.pcie_replays),
+    ExporterField("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: _round(g.utilization_gpu)),
+    ExporterField("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).",
+                  lambda g: _round(g.utilization_memory)),
+    ExporterField("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", lambda g: g.utilization_encoder),
+    ExporterField("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", lambda g: g.utilization_decoder),
+    ExporterField("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+                  lambda g: g.xid_last),
+    ExporterField("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
+                  lambda g: _mib(g.memory_free), mig=True),
+    ExporterField("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
+                  lambda g: _mib(_used_v2(g)), mig=True),
+    ExporterField("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
+                  lambda g: _mib(g.memory_reserved), mig=True),
+    ExporterField("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+                  "Total number of NVLink bandwidth counters for all lanes.", lambda g: g.nvlink_bytes),
+    ExporterField("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+                  "Number of remapped rows for uncorrectable errors", lambda g: g.remapped_rows_uncorrectable),
+    ExporterField("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+                  "Number of remapped rows for correctable errors", lambda g: g.remapped_rows_correctable),
+    ExporterField("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+                  lambda g: _flag(g.row_remap_failure)),
+    # DCGM's profiling counters, from NVML's GPM where the GPU has it (Hopper and newer; docs/monitoring.md)
+    ExporterField("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+                  lambda g: _ratio(g.gpm_graphics_util)),
+    ExporterField("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+                  lambda g: _ratio(g.gpm_tensor_util)),
+    ExporterField("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+                  "Ratio of cycles the device memory interface is active sending or receiving data.",
+                  lambda g: _ratio(g.gpm_dram_util)),
+    ExporterField("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - "
+                  "including both protocol headers and data payloads - in bytes per second.",
+                  lambda g: _round(g.pcie_tx_rate)),
+    ExporterField("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - "
+                  "including both protocol headers and data payloads - in bytes per second.",
+                  lambda g: _round(g.pcie_rx_rate)),
+)
+
+
+class _MigAsGpu:
+    """A MIG instance read by the FB fields (memory used, free; nothing reserved)."""
+
+    def __init__(self, m: MigInstance) -> None:
+        self.memory_used = m.memory_used
+        self.memory_free = m.memory_free
+        self.memory_reserved = 0 if m.memory_total is not None else None
+
+
+def _escape(value: str) -> str:
+    """A label value in the text exposition format."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))  # readings are finite (gpusd.model.finite)
+
+
+LabelsFn = Callable[[HostSnapshot, GpuInfo, "MigInstance | None"], Sequence[tuple[str, str]]]
+
+
+def dcgm_labels(snap: HostSnapshot, g: GpuInfo, mig: MigInstance | None) -> list[tuple[str, str]]:
+    """dcgm-exporter's labels for a GPU, or one of its MIG instances (``GPU_I_PROFILE``, ``GPU_I_ID``), in
+    its order (internal/pkg/rendermetrics/render_metrics.go).  ``hostname`` is lower case since
+    dcgm-exporter d5e5f51 (May 2026, "Rename Hostname label to hostname"): gpusd follows the current
+    exporter and sends ``Hostname`` no more (docs/monitoring.md has a relabel rule for dashboards that
+    want it).  ``gpu`` is the GPU's CUDA number (``device_index``: on a host with GPUs of several vendors,
+    ``index`` runs over all of them)."""
+    n = g.device_index
+    out = [("gpu", str(n)), ("UUID", g.uuid), ("pci_bus_id", g.pci_bus_id or ""),
+           ("device", f"nvidia{n}"), ("modelName", g.name or "")]
+    if mig is not None:
+        out += [("GPU_I_PROFILE", mig.profile or ""),
+                ("GPU_I_ID", "" if mig.gpu_instance_id is None else str(mig.gpu_instance_id))]
+    return out + [("hostname", snap.hostname), ("DCGM_FI_DRIVER_VERSION", snap.driver_version or "")]
+
+
+def exporter_text(fields: Sequence[ExporterField], snaps: Iterable[HostSnapshot | None],
+                  labels: LabelsFn = dcgm_labels, vendor: str | None = "nvidia") -> str:
+    """The series of ``fields`` for every GPU of ``snaps`` in the text exposition format, labelled by
+    ``labels`` (DCGM's by default; another exporter's naming passes its own), written as dcgm-exporter
+    writes them: a counter's samples carry the family's own name (no ``_total``, which prometheus_client
+    would add) and integer fields are integers.  A reading a GPU does not report (a lost GPU reports
+    none) is left out; a field no GPU reports has no family.  Only GPUs of ``vendor`` (None: every
+    GPU): DCGM's names are NVIDIA's (AMD GPUs get :class:`AmdExporterCollector`'s)."""
+    rows: dict[str, list[str]] = {f.name: [] for f in fields}
+    for snap in snaps:
+        if snap is None:
+            continue
+        for g in snap.gpus:
+            if vendor is not None and g.vendor != vendor:
+                continue
+            text = _labels(labels(snap, g, None))
+            for f in fields:
+                value = f.read(g)
+                if value is not None:
+                    rows[f.name].append(f"{f.name}{{{text}}} {_number(value)}")
+            for m in g.mig_instances:
+                mtext = _labels(labels(snap, g, m))
+                mig = _MigAsGpu(m)
+                for f in fields:
+                    if f.mig:
+                        value = f.read(mig)  # type: ignore[arg-type]
+                        if value is not None:
+                            rows[f.name].append(f"{f.name}{{{mtext}}} {_number(value)}")
+    out = []
+    for f in fields:
+        if rows[f.name]:
+            out.append(f"# HELP {f.name} {f.help}\n# TYPE {f.name} {f.type}\n")
+            out.append("".join(line + "\n" for line in rows[f.name]))
+    return "".join(out)
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f'{n}="{_escape(v)}"' for n, v in pairs)
 
 
 class DcgmCollector:
-    """The DCGM exporter's series (``DCGM_FI_DEV_*``) for the GPUs of ``snapshots()`` (gpusd start
-    ``--no-dcgm-metrics`` leaves them out).  A reading the GPU does not report is left out."""
+    """The DCGM exporter's series (``DCGM_FI_DEV_*``) for the NVIDIA GPUs of ``snapshots()`` (gpusd start
+    ``--no-dcgm-metrics`` leaves them out), rendered by :func:`exporter_text`: prometheus_client cannot
+    write a counter without ``_total``, and DCGM's names have none.  ``vendor``: whose GPUs (None: all)."""
 
-    def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]]) -> None:
+    def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]],
+                 fields: Sequence[ExporterField] = DCGM_FIELDS, labels: LabelsFn = dcgm_labels,
+                 vendor: str | None = "nvidia") -> None:
         self._snapshots = snapshots
+        self.fields = tuple(fields)
+        self.labels = labels
+        self.vendor = vendor
+
+    def text(self) -> str:
+        return exporter_text(self.fields, self._snapshots(), self.labels, self.vendor)
+
+
+class UsageCounters:
+    """GPU-seconds used (a process ran on the GPU) and held (a gpusd lease held it), per GPU and per
+    user, since the daemon started: counters a Grafana panel sums over any range (``increase(...[7d])``)
+    to answer "who used what" without ``gpusd report``.  Fed every new sample (:meth:`add`); a GPU
+    used by two users gives each half the interval, as the history does (docs/history.md).  A gap
+    longer than ``max_gap`` (a suspended machine) counts as ``max_gap``."""
+
+    MAX_USERS = 4096  # distinct users kept (a hostile process name cannot grow this without bound)
+
+    def __init__(self, max_gap: float = 30.0) -> None:
+        self.max_gap = max_gap
+        self._prev: HostSnapshot | None = None
+        self.gpu: dict[tuple[str, str, str, str], list[float]] = {}  # GPU labels -> [used_s, held_s]
+        self.user: dict[tuple[str, str], list[float]] = {}  # (host, user) -> [used_s, held_s]
+
+    def add(self, snap: HostSnapshot) -> None:
+        prev, self._prev = self._prev, snap
+        for g in snap.gpus:
+            self.gpu.setdefault(tuple(_gpu_labels(snap, g)), [0.0, 0.0])  # type: ignore[arg-type]
+        if prev is None or snap.timestamp <= prev.timestamp:
+            return
+        dt = min(snap.timestamp - prev.timestamp, self.max_gap)
+        for g in prev.gpus:  # the interval just ended is accounted to what the previous sample showed
+            acc = self.gpu.setdefault(tuple(_gpu_labels(prev, g)), [0.0, 0.0])  # type: ignore[arg-type]
+            users = sorted({p.user or "" for p in g.processes})
+            holders = sorted({lease.user or "" for lease in g.leases})
+            for i, who in ((0, users), (1, holders)):
+                if not who:
+                    continue
+                acc[i] += dt
+                for u in who:
+                    key = (prev.hostname, u or "unknown")
+                    if key in self.user or len(self.user) < self.MAX_USERS:
+                        self.user.setdefault(key, [0.0, 0.0])[i] += dt / len(who)
+
+
+class UsageCollector:
+    """:class:`UsageCounters` as ``gpusd_gpu_used_seconds_total``/``gpusd_gpu_held_seconds_total`` (per
+    GPU, for everyone) and, where ``per_user()`` is true (the admin's ``--user-metrics`` and a reader
+    who may see private data), ``gpusd_user_gpu_seconds_total{host, user, kind="used"|"held"}``."""
+
+    def __init__(self, counters: UsageCounters, per_user: Callable[[], bool] = lambda: False) -> None:
+        self.counters = counters
+        self.per_user = per_user
 
     def describe(self) -> list[Any]:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily
 
-        families = {name: GaugeMetricFamily(name, help_, labels=list(DCGM_LABELS))
-                    for name, (help_, _) in _DCGM_GAUGES.items()}
-        for snap in self._snapshots():
-            if snap is None:
-                continue
-            for g in snap.gpus:
-                if g.vendor != "nvidia":
-                    continue  # DCGM's names are NVIDIA's (AMD GPUs: AmdExporterCollector)
-                n = g.device_index
-                labels = [str(n), g.uuid, f"nvidia{n}", g.name or "", snap.hostname, snap.hostname,
-                          g.pci_bus_id or "", snap.driver_version or ""]
-                for name, (_, read) in _DCGM_GAUGES.items():
-                    value = read(g)
-                    if value is not None:
-                        families[name].add_metric(labels, float(value))
-        yield from families.values()
+        used = CounterMetricFamily("gpusd_gpu_used_seconds", "Seconds a process ran on the GPU, since the "
+                                   "daemon started", labels=list(GPU_LABELS))
+        held = CounterMetricFamily("gpusd_gpu_held_seconds", "Seconds a gpusd lease held the GPU, since the "
+                                   "daemon started", labels=list(GPU_LABELS))
+        for labels, (u, h) in self.counters.gpu.items():
+            used.add_metric(list(labels), u)
+            held.add_metric(list(labels), h)
+        yield used
+        yield held
+        if self.per_user():
+            per = CounterMetricFamily("gpusd_user_gpu_seconds", "GPU-seconds a user's processes used (kind=used) "
+                                      "or a user's leases held (kind=held), since the daemon started",
+                                      labels=["host", "user", "kind"])
+            for (host, user), (u, h) in self.counters.user.items():
+                per.add_metric([host, user, "used"], u)
+                per.add_metric([host, user, "held"], h)
+            yield per
+
+
+# registry -> the exporter-named collectors :func:`render` appends (written by exporter_text, not by
+# prometheus_client: see DcgmCollector)
+_EXPORTERS: weakref.WeakKeyDictionary[Any, list[DcgmCollector]] = weakref.WeakKeyDictionary()
 
 
 # AMD's device-metrics-exporter names (ROCm/device-metrics-exporter) for the same readings of AMD GPUs,
@@ -232,26 +507,33 @@ class AmdExporterCollector:
 
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
                   alerts: Callable[[], Sequence[ThresholdEvent]] | None = None,
-                  process_metrics: bool = True, dcgm: bool = False) -> CollectorRegistry:
+                  process_metrics: bool = True, dcgm: bool = False,
+                  extra: Sequence[Any] = ()) -> CollectorRegistry:
     """A registry holding the GPU collector (and, by default, the daemon's own process_* metrics; with
-    ``dcgm``, the DCGM exporter's names too)."""
+    ``dcgm``, the DCGM exporter's names too, which :func:`render` appends); ``extra``: more collectors
+    (the usage counters)."""
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(snapshots, alerts))
+    for c in extra:
+        registry.register(c)
     if dcgm:
-        registry.register(DcgmCollector(snapshots))
-        registry.register(AmdExporterCollector(snapshots))
+        _EXPORTERS[registry] = [DcgmCollector(snapshots)]  # NVIDIA GPUs only
+        registry.register(AmdExporterCollector(snapshots))  # AMD GPUs only
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    """The registry in the Prometheus text exposition format."""
+    """The registry in the Prometheus text exposition format, then the exporter-named series."""
     from prometheus_client import generate_latest
 
-    return generate_latest(registry)
+    text = generate_latest(registry)
+    for exporter in _EXPORTERS.get(registry, ()):
+        text += exporter.text().encode()
+    return text
 
 
 def render_snapshots(snaps: Iterable[HostSnapshot], alerts: Sequence[ThresholdEvent] | None = None,

@@ -72,7 +72,7 @@ class Monitor:
     """What :func:`install` set up; kept in the app as ``app[MONITOR_KEY]``."""
 
     def __init__(self, daemon: MonitoredDaemon, rules: Sequence[Rule], access: privacy.Access,
-                 interval: float, dcgm: bool = False) -> None:
+                 interval: float, dcgm: bool = False, user_metrics: bool = False) -> None:
         self.daemon = daemon
         self.dcgm = dcgm  # also serve the DCGM exporter's metric names
         self.rules = list(rules)
@@ -81,6 +81,12 @@ class Monitor:
         self.interval = interval
         self._last_ts: float | None = None
         self._registry: Any = None
+        self._public: Any = None  # the registry without per-user series
+        self.user_metrics = user_metrics  # per-user usage series for readers who may see private data
+        from .metrics import UsageCounters
+
+        self.usage = UsageCounters(max_gap=max(30.0, 10 * interval))
+        self._usage_ts: float | None = None
 
     # thresholds ---------------------------------------------------------------------------------
     def evaluate(self, snap: HostSnapshot | None = None, now: float | None = None) -> list[ThresholdEvent]:
@@ -108,13 +114,30 @@ class Monitor:
             await asyncio.sleep(self.interval)
 
     # metrics -------------------------------------------------------------------------------------
-    def metrics(self) -> bytes:
-        from .metrics import make_registry, render
+    def count_usage(self, snap: HostSnapshot | None = None) -> None:
+        """Feed the usage counters a new sample (``on_sample``, else the watch task)."""
+        snap = snap if snap is not None else self.daemon.latest_snapshot()
+        if snap is None or snap.timestamp == self._usage_ts:
+            return
+        self._usage_ts = snap.timestamp
+        self.usage.add(snap)
 
-        if self._registry is None:
-            self._registry = make_registry(lambda: [self.daemon.latest_snapshot()],
-                                           self.engine.active if self.rules else None, dcgm=self.dcgm)
-        return render(self._registry)
+    def metrics(self, private: bool = False) -> bytes:
+        """/metrics; ``private``: the reader may see private data (per-user series where turned on)."""
+        from .metrics import UsageCollector, make_registry, render
+
+        per_user = private and self.user_metrics
+        if (self._registry if per_user else self._public) is None:
+            registry = make_registry(lambda: [self.daemon.latest_snapshot()],
+                                     self.engine.active if self.rules else None, dcgm=self.dcgm,
+                                     extra=[UsageCollector(self.usage, lambda: per_user)])
+            if per_user:
+                self._registry = registry
+            else:
+                self._public = registry
+        if not isinstance(getattr(self.daemon, "on_sample", None), list):
+            self.count_usage()  # no per-sample callbacks: count what each scrape finds new
+        return render(self._registry if per_user else self._public)
 
     def alerts(self) -> dict[str, Any]:
         return {"rules": [r.to_dict() for r in self.rules], "alerts": [e.to_dict() for e in self.engine.active()]}
@@ -151,14 +174,15 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                             host_name=lambda: getattr(daemon, "hostname", None))
     if interval is None:
         interval = max(0.1, float(getattr(daemon, "interval", 1.0) or 1.0) / 2)
-    monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)))
+    monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)),
+                      user_metrics=bool(getattr(daemon, "user_metrics", False)))
     app[_app_key()] = monitor
     app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
     privacy.install_proofs(app, access)
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
-        return web.Response(body=monitor.metrics(),
+        return web.Response(body=monitor.metrics(private=privacy.can_see_private(request)),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def index(request: web.Request) -> web.StreamResponse:
@@ -188,6 +212,8 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     app.router.add_get("/api/v1/alerts", alerts)
 
     on_sample = getattr(daemon, "on_sample", None)
+    if isinstance(on_sample, list):
+        on_sample.append(monitor.count_usage)  # every sample, for the usage counters
     if rules and isinstance(on_sample, list):
         on_sample.append(lambda snap: monitor.evaluate(snap))
     elif rules:

@@ -125,6 +125,10 @@ class Daemon:
     def dcgm_metrics(self) -> bool:
         return self.config.dcgm_metrics
 
+    @property
+    def user_metrics(self) -> bool:
+        return self.config.user_metrics
+
     def latest_snapshot(self) -> HostSnapshot | None:
         return self.snapshot
 
@@ -190,7 +194,7 @@ class Daemon:
     def _open_backend(self) -> "Backend":
         from ..inventory import open_backend
 
-        return open_backend(self.config.simulate)
+        return open_backend(self.config.simulate, telemetry=True)  # for /metrics (DCGM's counters)
 
     async def _start_http(self) -> None:
         from aiohttp import web

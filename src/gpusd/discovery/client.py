@@ -272,6 +272,11 @@ class AsyncClient:
     def listening(self) -> bool:
         return self._listening
 
+    @property
+    def service_types(self) -> list[str]:
+        """The mDNS service types this client browses."""
+        return [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
+
     async def start_listening(self) -> None:
         """Start browsing and following hosts (returns at once; events arrive as hosts are found)."""
         if self._listening:
@@ -289,7 +294,7 @@ class AsyncClient:
         self._listening = True
         self._started_at = self._last_peer_at = time.monotonic()
         self._first_peer_at = None
-        types = [SERVICE_TYPE] + ([HWSD_TYPE] if self.include_hwsd else [])
+        types = self.service_types
         # QM questions (multicast answers) only: with QU the answers come by unicast to port 5353,
         # which the kernel hands to just one of the sockets bound there -- often another gpusd
         # process on this machine (its daemon) rather than us.  A one-shot zeroconf (.oneshot: its

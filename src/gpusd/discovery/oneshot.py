@@ -84,24 +84,25 @@ def prefetch_imports() -> None:
     threading.Thread(target=run, name="gpusd-prefetch", daemon=True).start()
 
 
-def _no_first_query_delay() -> Any:
-    """Let the browser send its first query at once.  RFC 6762 §5.2 delays the first query of a
-    *continuous* querier by 20-120 ms so that many starting together do not query in step; a one-shot
-    query (§5.1), made when a user asks, has no such rule.  python-zeroconf reads the interval when a
-    browser is made; returns a function restoring it (a no-op where the module has no such name)."""
-    try:
-        from zeroconf._services import browser
-    except ImportError:  # pragma: no cover
-        return lambda: None
-    old = getattr(browser, "_FIRST_QUERY_DELAY_RANDOM_INTERVAL", None)
-    if old is None:  # pragma: no cover - another zeroconf
-        return lambda: None
-    browser._FIRST_QUERY_DELAY_RANDOM_INTERVAL = (0, 1)
+# RFC 1035 record type PTR and class IN, with RFC 6762 §5.4's unicast-response (QU) bit
+_PTR, _CLASS_IN_QU = 12, 0x8001
 
-    def restore() -> None:
-        browser._FIRST_QUERY_DELAY_RANDOM_INTERVAL = old
 
-    return restore
+def ask_now(zeroconf: Any, types: Sequence[str]) -> None:
+    """Send a one-shot query (RFC 6762 §5.1) for ``types`` at once, through python-zeroconf's public
+    API (``DNSOutgoing``, ``DNSQuestion``, ``Zeroconf.async_send``).  A browser delays its first query
+    by 20-120 ms, as §5.2 asks of a *continuous* querier so that many starting together do not query
+    in step; a one-shot query, made when a user asks, has no such rule.  The answers (unicast, QU, to
+    this zeroconf's own port) reach the browser through the cache like any other.  Call it on the
+    event loop, after the browser started."""
+    # Top-level names of the package (not in its __all__, hence the ignores), stable since 0.2x; no
+    # private module of zeroconf and no private constant is touched.
+    from zeroconf import DNSOutgoing, DNSQuestion  # type: ignore[attr-defined]
+
+    out = DNSOutgoing(0)  # flags 0: a standard query
+    for t in types:
+        out.add_question(DNSQuestion(t, _PTR, _CLASS_IN_QU))
+    zeroconf.async_send(out)
 
 
 async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Sequence[str] | None,
@@ -114,11 +115,8 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
     client = make_client(zeroconf=zc)
     try:
-        restore = _no_first_query_delay()
-        try:
-            await client.start_listening()
-        finally:
-            restore()
+        await client.start_listening()
+        ask_now(zc.zeroconf, client.service_types)
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD))
         if client.answered:
             return client.list_devices(), client.hosts, len(client.unmatched_hosts)

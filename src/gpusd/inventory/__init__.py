@@ -28,11 +28,14 @@ class Backend(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True) -> Backend:
-    """The NVML backend, or a simulated one for ``simulate`` (``"4xA100-80GB"`` or a scenario file).
+def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True,
+                 telemetry: bool = False) -> Backend:
+    """The backend of every vendor present (NVML, amdsmi, Level Zero), or a simulated one for
+    ``simulate`` (``"4xA100-80GB"`` or a scenario file).
 
     ``$GPUSD_SIMULATE`` is used when ``simulate`` is not given, so scripts and ``gpusd run`` children
-    see the same simulated host."""
+    see the same simulated host.  ``telemetry``: also read what the DCGM-named metrics need (clocks,
+    energy, XID events...: the daemon; a one-shot command has no use for them)."""
     simulate = simulate or os.environ.get("GPUSD_SIMULATE") or None
     if simulate:
         from .simulated import SimulatedBackend
@@ -40,4 +43,4 @@ def open_backend(simulate: str | None = None, *, util_window: float = 5.0, proce
         return SimulatedBackend(simulate)
     from .combined import open_backends
 
-    return open_backends(util_window=util_window, processes=processes)
+    return open_backends(util_window=util_window, processes=processes, telemetry=telemetry)

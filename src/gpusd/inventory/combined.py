@@ -33,7 +33,8 @@ def wanted(value: str | None = None) -> tuple[tuple[str, ...], bool]:
     return names, True
 
 
-def open_vendor(vendor: str, *, util_window: float, processes: bool) -> Backend:
+def open_vendor(vendor: str, *, util_window: float, processes: bool, telemetry: bool = False) -> Backend:
+    """One vendor's backend; ``telemetry`` (what the DCGM-named metrics read) is NVML's only."""
     if vendor == "amd":
         from .amd import AmdBackend
 
@@ -44,7 +45,7 @@ def open_vendor(vendor: str, *, util_window: float, processes: bool) -> Backend:
         return IntelBackend(util_window=util_window, processes=processes)
     from .nvml import NvmlBackend
 
-    nvml: Backend = NvmlBackend(util_window=util_window, processes=processes)
+    nvml: Backend = NvmlBackend(util_window=util_window, processes=processes, telemetry=telemetry)
     return nvml
 
 
@@ -57,12 +58,12 @@ def _installed(vendor: str) -> bool:
     return importlib.util.find_spec("amdsmi" if vendor == "amd" else "pyzes") is not None
 
 
-def open_backends(*, util_window: float = 5.0, processes: bool = True) -> Backend:
+def open_backends(*, util_window: float = 5.0, processes: bool = True, telemetry: bool = False) -> Backend:
     """The backend of every vendor present: one alone as itself, several as a :class:`CombinedBackend`.
 
     ``$GPUSD_BACKENDS`` names the vendors to read (every one named must work); by default NVML is
     tried, and AMD and Intel when their package is installed; the first failure's reason is raised
-    when none works."""
+    when none works.  ``telemetry`` goes to NVML (the daemon's clocks, energy, XID events...)."""
     vendors, explicit = wanted()
     opened: list[Backend] = []
     first: BackendUnavailable | None = None
@@ -70,7 +71,7 @@ def open_backends(*, util_window: float = 5.0, processes: bool = True) -> Backen
         if not explicit and not _installed(vendor):
             continue
         try:
-            opened.append(open_vendor(vendor, util_window=util_window, processes=processes))
+            opened.append(open_vendor(vendor, util_window=util_window, processes=processes, telemetry=telemetry))
         except BackendUnavailable as exc:
             if explicit:
                 for b in opened:

@@ -64,6 +64,127 @@ def _bus_key(bus_id: str | None) -> tuple[int, int, int, int] | None:
         return dom, int(parts[-2], 16), int(parts[-1], 16), int(fn, 16)
     except (ValueError, IndexError):
         return None
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+# nvmlDeviceGetFieldValues: memory temperature, then NVLink raw TX/RX (KiB) of every link.
+_FI_MEMORY_TEMP = 82
+_FI_NVLINK_RAW_TX, _FI_NVLINK_RAW_RX = 140, 141
+_NVLINK_MAX_LINKS = 18
+_FIELDS: list[Any] = [_FI_MEMORY_TEMP] + [(f, link) for link in range(_NVLINK_MAX_LINKS)
+                                          for f in (_FI_NVLINK_RAW_TX, _FI_NVLINK_RAW_RX)]
+# nvmlValueType_t -> the member of the value union that holds it
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+# NVML GPM metric ids (nvml.h): graphics engine, any tensor pipe, DRAM bandwidth (percent); PCIe MiB/s
+_GPM_GRAPHICS, _GPM_ANY_TENSOR, _GPM_DRAM_BW, _GPM_PCIE_TX, _GPM_PCIE_RX = 1, 5, 10, 20, 21
+_GPM_METRICS = (_GPM_GRAPHICS, _GPM_ANY_TENSOR, _GPM_DRAM_BW, _GPM_PCIE_TX, _GPM_PCIE_RX)
+
+
+def _free_gpm(nv: Any, sample: Any) -> None:
+    try:
+        nv.nvmlGpmSampleFree(sample)
+    except nv.NVMLError:
+        pass
+
+
+def _field_key(f: Any) -> tuple[int, int]:
+    return (f[0], f[1]) if isinstance(f, tuple) else (int(f), 0)
+
+
+def _field_value(v: Any) -> float | int | None:
+    """One nvmlFieldValue_t's value, or None where NVML could not read it."""
+    if int(v.nvmlReturn) != 0:
+        return None
+    member = _VALUE_MEMBERS.get(int(v.valueType))
+    if member is None:
+        return None
+    value = getattr(v.value, member)
+    return float(value) if member == "dVal" else int(value)
+
+
+class _XidWatcher:
+    """XID errors from NVML's events (``nvmlEventSetWait``), in a thread of its own: the last XID and
+    how many were seen per GPU since the daemon started.  GPUs whose driver offers no events read None."""
+
+    _TIMEOUT_MS = 500
+
+    def __init__(self, nv: Any) -> None:
+        self._nv = nv
+        self._set: Any = None
+        self._lock = threading.Lock()
+        self._registered: dict[int, str] = {}  # handle address -> uuid
+        self._refused: set[int] = set()  # handles whose driver has no XID events
+        self._seen: dict[str, tuple[int, int]] = {}  # uuid -> (last, count)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self, devices: list[_Device]) -> None:
+        nv = self._nv
+        try:
+            if self._set is None:
+                self._set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            _log().debug("no NVML event set: %s", exc)
+            return
+        for dev in devices:
+            if dev.handle is None:
+                continue
+            key = ctypes.cast(dev.handle, ctypes.c_void_p).value or 0
+            with self._lock:
+                if self._registered.get(key) == dev.uuid or key in self._refused:
+                    continue
+            try:
+                nv.nvmlDeviceRegisterEvents(dev.handle, nv.nvmlEventTypeXidCriticalError, self._set)
+            except nv.NVMLError as exc:
+                _log().debug("GPU %d: no XID events: %s", dev.index, exc)
+                if getattr(exc, "value", None) in _UNSUPPORTED:
+                    self._refused.add(key)
+                continue
+            with self._lock:
+                self._registered[key] = dev.uuid
+                self._seen.setdefault(dev.uuid, (0, 0))
+        if self._thread is None and self._registered:
+            self._thread = threading.Thread(target=self._run, name="gpusd-nvml-xid", daemon=True)
+            self._thread.start()
+
+    def read(self, uuid: str) -> tuple[int | None, int | None]:
+        with self._lock:
+            seen = self._seen.get(uuid)
+        return (None, None) if seen is None else seen
+
+    def _run(self) -> None:
+        nv = self._nv
+        while not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait(self._set, self._TIMEOUT_MS)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == 10:  # NVML_ERROR_TIMEOUT
+                    continue
+                _log().debug("NVML event wait failed: %s", exc)
+                self._stop.wait(1.0)
+                continue
+            if not int(data.eventType) & nv.nvmlEventTypeXidCriticalError:
+                continue
+            key = ctypes.cast(data.device, ctypes.c_void_p).value or 0
+            xid = int(data.eventData)
+            with self._lock:
+                uuid = self._registered.get(key)
+                if uuid is not None:
+                    self._seen[uuid] = (xid, self._seen.get(uuid, (0, 0))[1] + 1)
+            _log().warning("GPU %s: XID %d", uuid or "?", xid)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self._TIMEOUT_MS / 1000)
+        if self._set is not None and (self._thread is None or not self._thread.is_alive()):
+            try:
+                self._nv.nvmlEventSetFree(self._set)
+            except self._nv.NVMLError:
+                pass
 
 
 class _GpuFailed(Exception):
@@ -85,6 +206,8 @@ class _Device:
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
     local_cpus: str | None = None
     links: list[GpuLink] = field(default_factory=list)
+    fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
+    gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
 
 
 def load_library(path: str | None = None) -> None:
@@ -103,7 +226,8 @@ class NvmlBackend:
 
     backend = "nvml"
 
-    def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None) -> None:
+    def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None,
+                 telemetry: bool = False) -> None:
         self.util_window = util_window
         self.want_processes = processes
         self._lock = threading.Lock()
@@ -112,6 +236,8 @@ class NvmlBackend:
         self._resolver = ProcessResolver()
         self._util_since: Mapping[str, float] = {}
         self._detail = True
+        self._xids: _XidWatcher | None = None
+        self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         try:
             import pynvml
         except ImportError:  # pragma: no cover - a dependency of gpusd
@@ -184,6 +310,9 @@ class NvmlBackend:
             pci = self._query_safe(dev, "pci", nv.nvmlDeviceGetPciInfo)
             dev.pci_bus_id = _text(pci.busId) if pci is not None else None
             devices.append(dev)
+        for old in self._devices:
+            if old.gpm_prev is not None:
+                _free_gpm(nv, old.gpm_prev)
         self._devices = devices
         self._count = count
         self._topology(devices)
@@ -280,6 +409,10 @@ class NvmlBackend:
                 self._refresh_devices()
             except self._nv.NVMLError as exc:
                 raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}", hint=True) from None
+            if detail and self.telemetry:
+                if self._xids is None:
+                    self._xids = _XidWatcher(self._nv)
+                self._xids.register(self._devices)
             gpus = [self._read(dev) for dev in self._devices]
         if detail:
             self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
@@ -325,6 +458,8 @@ class NvmlBackend:
             limit = q(dev, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit)
             gpu.power_limit = limit / 1000.0 if limit is not None else None
             gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
+            if self.telemetry:
+                self._telemetry(dev, gpu)
         mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
         mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
@@ -334,6 +469,87 @@ class NvmlBackend:
                 gpu.mig_instances = self._migs(dev)
         if self.want_processes:
             gpu.processes = self._processes(dev)
+
+    def _telemetry(self, dev: _Device, gpu: GpuInfo) -> None:
+        """What the DCGM exporter's default counters read (docs/monitoring.md): clocks, memory
+        temperature, reserved memory, energy, PCIe replays, encoder/decoder, NVLink, remapped rows, XIDs."""
+        nv = self._nv
+        q = self._query
+        gpu.clock_sm = _int(q(dev, "clock_sm", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM))
+        gpu.clock_memory = _int(q(dev, "clock_mem", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM))
+        mem2 = q(dev, "memory_v2", nv.nvmlDeviceGetMemoryInfo, nv.nvmlMemory_v2)
+        gpu.memory_reserved = _int(getattr(mem2, "reserved", None))
+        gpu.energy = _int(q(dev, "energy", nv.nvmlDeviceGetTotalEnergyConsumption))
+        gpu.pcie_replays = _int(q(dev, "pcie_replay", nv.nvmlDeviceGetPcieReplayCounter))
+        enc = q(dev, "encoder", nv.nvmlDeviceGetEncoderUtilization)
+        gpu.utilization_encoder = _int(enc[0]) if enc is not None else None
+        dec = q(dev, "decoder", nv.nvmlDeviceGetDecoderUtilization)
+        gpu.utilization_decoder = _int(dec[0]) if dec is not None else None
+        rows = q(dev, "remapped_rows", nv.nvmlDeviceGetRemappedRows)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            gpu.remapped_rows_correctable, gpu.remapped_rows_uncorrectable = int(corr), int(unc)
+            gpu.row_remap_pending, gpu.row_remap_failure = bool(pending), bool(failure)
+        ids = _FIELDS if dev.fields is None else dev.fields
+        values = q(dev, "fields", nv.nvmlDeviceGetFieldValues, ids) if ids else None
+        if values is not None:
+            read = {(int(v.fieldId), int(v.scopeId)): _field_value(v) for v in values}
+            if dev.fields is None:  # ask only for what the GPU answered from now on (most have no NVLink)
+                dev.fields = [f for f in _FIELDS if read.get(_field_key(f)) is not None]
+            gpu.memory_temperature = _int(read.get((_FI_MEMORY_TEMP, 0)))
+            links = [v for (fid, _), v in read.items() if fid != _FI_MEMORY_TEMP and v is not None]
+            gpu.nvlink_bytes = int(sum(links)) * 1024 if links else None  # KiB -> bytes
+        if self._xids is not None:
+            gpu.xid_last, gpu.xid_errors = self._xids.read(dev.uuid)
+        gpm = self._gpm(dev)
+        gpu.gpm_graphics_util = gpm.get(_GPM_GRAPHICS)
+        gpu.gpm_tensor_util = gpm.get(_GPM_ANY_TENSOR)
+        gpu.gpm_dram_util = gpm.get(_GPM_DRAM_BW)
+        for attr, mid in (("pcie_tx_rate", _GPM_PCIE_TX), ("pcie_rx_rate", _GPM_PCIE_RX)):
+            value = gpm.get(mid)
+            setattr(gpu, attr, None if value is None else value * 2**20)  # MiB/s -> bytes/s
+
+    def _gpm(self, dev: _Device) -> dict[int, float]:
+        """GPM metrics (``nvmlGpmMetricsGet``) between the previous sample of this GPU and a new one;
+        empty on the first call and where the GPU has no GPM (before Hopper)."""
+        nv = self._nv
+        if "gpm" in dev.unsupported or not hasattr(nv, "nvmlGpmSampleAlloc"):
+            return {}
+        try:
+            if dev.gpm_prev is None and not nv.nvmlGpmQueryDeviceSupport(dev.handle).isSupportedDevice:
+                dev.unsupported.add("gpm")
+                return {}
+            sample = nv.nvmlGpmSampleAlloc()
+            try:
+                nv.nvmlGpmSampleGet(dev.handle, sample)
+            except nv.NVMLError:
+                nv.nvmlGpmSampleFree(sample)
+                raise
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in _FATAL:
+                raise _GpuFailed(_text(exc)) from None
+            if code in _UNSUPPORTED:
+                dev.unsupported.add("gpm")
+            return {}
+        prev, dev.gpm_prev = dev.gpm_prev, sample
+        if prev is None:
+            return {}
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(_GPM_METRICS)
+            mg.sample1, mg.sample2 = prev, sample
+            for i, mid in enumerate(_GPM_METRICS):
+                mg.metrics[i].metricId = mid
+            nv.nvmlGpmMetricsGet(mg)
+            return {int(m.metricId): float(m.value) for m in mg.metrics[:len(_GPM_METRICS)]
+                    if int(m.nvmlReturn) == 0}
+        except nv.NVMLError as exc:
+            _log().debug("GPU %d: GPM metrics failed: %s", dev.index, exc)
+            return {}
+        finally:
+            _free_gpm(nv, prev)
 
     def _utilization(self, dev: _Device, gpu: GpuInfo, rates: Any, now: float) -> None:
         window = dev.util
@@ -424,6 +640,12 @@ class NvmlBackend:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._xids is not None:
+                    self._xids.close()
+                for dev in self._devices:
+                    if dev.gpm_prev is not None:
+                        _free_gpm(self._nv, dev.gpm_prev)
+                        dev.gpm_prev = None
                 try:
                     self._nv.nvmlShutdown()
                 except self._nv.NVMLError:

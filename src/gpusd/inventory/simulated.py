@@ -363,6 +363,7 @@ class SimulatedBackend:
         made) come and go on that clock."""
         self._clock = clock or time.time
         self._t0 = self._clock()
+        self._energy: dict[int, tuple[float, float]] = {}  # GPU -> (time, mJ): the energy counter
         scenario_host, self._gpus, self._topology = parse_spec(spec)
         self.hostname = host or scenario_host or local_hostname()
         self.node_id = node or local_node_id()
@@ -441,7 +442,29 @@ class SimulatedBackend:
         in_procs = sum(p.used_memory or 0 for p in gpu.processes)
         if in_procs > used:
             gpu.memory_used, gpu.memory_free = min(total, in_procs), max(0, total - in_procs)
+        if gpu.vendor == "nvidia":  # what the NVML backend reads; amdsmi and Sysman read none of it
+            self._telemetry(i, g.model, gpu, util, t)
         return gpu
+
+    def _telemetry(self, i: int, model: str, gpu: GpuInfo, util: float, t: float) -> None:
+        """What the DCGM-named metrics read, made up consistently: clocks, a growing energy counter
+        (the power draw integrated), no errors; GPM activity on Hopper and newer."""
+        boost = 1980 if model[:1] == "H" else 1410
+        gpu.clock_sm = int(boost * (0.6 + 0.4 * util / 100))
+        gpu.clock_memory = 2619 if model[:1] == "H" else 1593
+        gpu.memory_temperature = None if gpu.temperature is None else gpu.temperature + 4
+        gpu.memory_reserved = 512 * 2**20
+        last_t, mj = self._energy.get(i, (self._t0, 1e9))
+        mj += max(0.0, t - last_t) * (gpu.power_draw or 0.0) * 1000.0
+        self._energy[i] = (max(t, last_t), mj)
+        gpu.energy = int(mj)
+        gpu.pcie_replays, gpu.utilization_encoder, gpu.utilization_decoder = 0, 0, 0
+        gpu.remapped_rows_correctable, gpu.remapped_rows_uncorrectable = 0, 0
+        gpu.row_remap_pending, gpu.row_remap_failure = False, False
+        gpu.xid_last, gpu.xid_errors = 0, 0
+        if model[:1] == "H":
+            gpu.gpm_graphics_util = util
+            gpu.gpm_tensor_util, gpu.gpm_dram_util = round(util * 0.5, 1), round(util * 0.6, 1)
 
     def close(self) -> None:
         pass

@@ -24,7 +24,7 @@ from pathlib import Path
 FINE, COARSE, HOURLY = 0, 1, 2
 STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}  # seconds per bucket of each tier
 TIERS = (FINE, COARSE, HOURLY)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # the version SCHEMA creates; meta('schema') holds a database's own
 IDLE_UTIL = 5.0  # percent: a GPU under this is idle (the same 5 % as a free GPU's rule)
 
 SCHEMA = """
@@ -49,6 +49,17 @@ CREATE TABLE IF NOT EXISTS jobs(
 CREATE INDEX IF NOT EXISTS jobs_last ON jobs(last);
 CREATE INDEX IF NOT EXISTS jobs_open ON jobs(ended) WHERE ended IS NULL;
 """
+
+
+# Schema migrations: version -> the statements that bring a database of the version before it to it.
+# A change to the schema bumps SCHEMA_VERSION, puts the change in SCHEMA (new databases) and here
+# (existing ones).  :func:`migrate` runs the steps a database lacks, in order, in one transaction.
+MIGRATIONS: dict[int, tuple[str, ...]] = {}
+
+
+class SchemaError(sqlite3.DatabaseError):
+    """The history database is of a schema this gpusd cannot use: written by a newer gpusd, or (for a
+    read-only reader) by an older one that no daemon has migrated yet, or its version is unreadable."""
 
 
 @dataclass
@@ -80,7 +91,14 @@ def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
     path = Path(path)
     if readonly:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
-        conn.execute("PRAGMA query_only=1")
+        try:
+            conn.execute("PRAGMA query_only=1")
+            version = schema_version(conn)
+            if version is not None and version != SCHEMA_VERSION:
+                raise SchemaError(_mismatch(path, version, readonly=True))
+        except BaseException:
+            conn.close()
+            raise
         return conn
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,11 +110,68 @@ def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=10.0, check_same_thread=False, isolation_level=None)
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0 and not _has_tables(conn):
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table: lets the file shrink
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.executescript(SCHEMA)
-    conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def schema_version(conn: sqlite3.Connection) -> int | None:
+    """The database's schema version (meta 'schema'); None for an empty database.  A database with
+    tables but no version (none was ever written without one) reads as version 1."""
+    if not _has_tables(conn):
+        return None
+    has_meta = conn.execute("SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()[0]
+    row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if has_meta else None
+    if row is None:
+        return 1
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        raise SchemaError(f"the history database has an unreadable schema version {str(row[0])[:20]!r}") from None
+    if version < 1:
+        raise SchemaError(f"the history database has an unreadable schema version {version}")
+    return version
+
+
+def _mismatch(path: Path | str, version: int, readonly: bool = False) -> str:
+    if version > SCHEMA_VERSION:
+        return (f"{path} was written by a newer gpusd (history schema {version}; this gpusd reads schema "
+                f"{SCHEMA_VERSION} and older): upgrade gpusd, or move the file away to start a new history")
+    return (f"{path} has history schema {version}, older than this gpusd's {SCHEMA_VERSION}: "
+            + ("start the daemon once to migrate it" if readonly else "it is migrated when opened for writing"))
+
+
+def migrate(conn: sqlite3.Connection, path: Path | str = "the history database") -> int:
+    """Bring the database to :data:`SCHEMA_VERSION`: create it when empty, run the missing
+    :data:`MIGRATIONS` in order when older (one transaction: all or nothing), refuse it with
+    :class:`SchemaError` when newer (its data stays untouched).  Returns the version it had (0: new)."""
+    version = schema_version(conn)
+    if version is None:
+        conn.executescript(SCHEMA)
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+        return 0
+    if version > SCHEMA_VERSION:
+        raise SchemaError(_mismatch(path, version))
+    if version < SCHEMA_VERSION:
+        missing = [v for v in range(version + 1, SCHEMA_VERSION + 1) if v not in MIGRATIONS]
+        if missing:
+            raise SchemaError(f"no migration to history schema {missing[0]} (a bug in this gpusd)")
+        with transaction(conn):
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[v]:
+                    conn.execute(statement)
+            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+        import logging
+
+        logging.getLogger(__name__).info("history database %s migrated from schema %d to %d", path, version,
+                                         SCHEMA_VERSION)
+    conn.executescript(SCHEMA)  # every table and index of this version exists (a no-op when they do)
+    return version
 
 
 @contextmanager

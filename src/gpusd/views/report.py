@@ -63,13 +63,9 @@ def period(r: Mapping[str, Any]) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    rows = [[for_terminal(c, 60) for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    from .tables import render_table
 
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+    return render_table(headers, rows, right=right, max_cell=60)
 
 
 def to_table(r: Mapping[str, Any]) -> str:

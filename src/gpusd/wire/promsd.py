@@ -2,7 +2,11 @@
 prometheus-sd`` (file_sd, :mod:`gpusd.views.sd`) and every daemon's ``GET /api/v1/prometheus/http_sd``
 (docs/wire-format.md, "Prometheus HTTP service discovery").  Both are the same JSON document::
 
-    [{"targets": ["198.18.0.1:4780"], "labels": {"gpusd_hostname": "node-a", ...}}]
+    [{"targets": ["198.18.0.1:4780"], "labels": {"__meta_gpusd_hostname": "node-a", ...}}]
+
+The fleet's facts are ``__meta_gpusd_*`` labels: Prometheus offers them to ``relabel_configs`` and drops
+them afterwards, so a fact that changes (``__meta_gpusd_verified``, ``__meta_gpusd_via``) never changes a
+series' identity; docs/monitoring.md has the relabel config that keeps the stable ones.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .fleet import FleetView
 
 
+
+META = "__meta_gpusd_"  # the prefix of every discovery label
+
+
 @dataclass(frozen=True)
 class Daemon:
     """A daemon to scrape: its HTTP base URL (``http://198.18.0.1:4780``) and who it is."""
@@ -24,7 +32,7 @@ class Daemon:
     hostname: str
     node_id: str
     session: str | None = None
-    labels: tuple[tuple[str, str], ...] = field(default=())  # extra labels (gpusd_verified, gpusd_via)
+    labels: tuple[tuple[str, str], ...] = field(default=())  # extra labels (__meta_gpusd_verified, _via)
 
     @property
     def address(self) -> str:
@@ -43,8 +51,8 @@ def daemons_from_hosts(hosts: Iterable[Any], session: str | None = None) -> list
     ``session``, ``url``, ``alive``, ``verified`` and ``via``): the one definition behind both
     ``GET /api/v1/prometheus/http_sd`` and ``gpusd export prometheus-sd``.  Live hosts with an API URL
     Prometheus can scrape, of ``session`` when one is given; hosts that failed to prove they hold the
-    fleet secret are left out; each carries its own session, ``gpusd_verified`` (true, or unknown
-    without a secret to check) and ``gpusd_via`` (mdns, peer, dns-sd)."""
+    fleet secret are left out; each carries its own session, ``__meta_gpusd_verified`` (true, or unknown
+    without a secret to check) and ``__meta_gpusd_via`` (mdns, peer, dns-sd)."""
     out = []
     for h in hosts:
         if not h.url or not h.alive or h.verified is False:
@@ -52,7 +60,7 @@ def daemons_from_hosts(hosts: Iterable[Any], session: str | None = None) -> list
         if session is not None and h.session is not None and h.session != session:
             continue
         verified = "unknown" if h.verified is None else str(h.verified).lower()
-        extra = (("gpusd_verified", verified), ("gpusd_via", str(h.via or "mdns")))
+        extra = ((META + "verified", verified), (META + "via", str(h.via or "mdns")))
         d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
         try:
             d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
@@ -66,8 +74,8 @@ def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: 
                       unverified: bool = True) -> list[Daemon]:
     """The live daemons of a fleet view (hosts without a URL, not alive, or with a URL Prometheus
     cannot scrape are left out).  ``unverified=False`` also leaves out hosts that failed to prove
-    they hold the fleet secret; ``labels`` adds ``gpusd_verified`` (true, false, unknown) and
-    ``gpusd_via`` (mdns, peer, dns-sd).  Each daemon carries its own session (``session``: for hosts
+    they hold the fleet secret; ``labels`` adds ``__meta_gpusd_verified`` (true, false, unknown) and
+    ``__meta_gpusd_via`` (mdns, peer, dns-sd).  Each daemon carries its own session (``session``: for hosts
     that name none)."""
     out = []
     for h in view.hosts:
@@ -76,7 +84,7 @@ def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: 
         extra: tuple[tuple[str, str], ...] = ()
         if labels:
             verified = "unknown" if h.verified is None else str(h.verified).lower()
-            extra = (("gpusd_verified", verified), ("gpusd_via", h.via))
+            extra = ((META + "verified", verified), (META + "via", h.via))
         d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
         try:
             d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
@@ -88,8 +96,8 @@ def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: 
 
 def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
     """The file_sd JSON document: one target group per daemon, sorted by host name, with labels
-    ``gpusd_hostname``, ``gpusd_node_id`` (and ``gpusd_session``, ``__scheme__``, ``__metrics_path__``
-    where they are not the defaults)."""
+    ``__meta_gpusd_hostname``, ``__meta_gpusd_node_id`` (and ``__meta_gpusd_session``, ``__scheme__``,
+    ``__metrics_path__`` where they are not the defaults)."""
     groups = []
     seen = set()
     for d in sorted(daemons, key=lambda d: (d.hostname, d.node_id, d.url)):
@@ -97,9 +105,9 @@ def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
         if address in seen:
             continue
         seen.add(address)
-        labels = {"gpusd_hostname": d.hostname, "gpusd_node_id": d.node_id}
+        labels = {META + "hostname": d.hostname, META + "node_id": d.node_id}
         if d.session:
-            labels["gpusd_session"] = d.session
+            labels[META + "session"] = d.session
         labels.update(d.labels)
         parts = urlsplit(d.url)
         if parts.scheme == "https":
@@ -112,4 +120,4 @@ def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
     return groups
 
 
-__all__ = ["Daemon", "daemons_from_hosts", "daemons_from_view", "file_sd"]
+__all__ = ["META", "Daemon", "daemons_from_hosts", "daemons_from_view", "file_sd"]

@@ -1,0 +1,45 @@
+"""gpusd's one table renderer: plain-text tables laid out by rich, for the CLI's lists and the usage
+report.
+
+The output is what scripts and people read: a header, a line of dashes under each column, the rows,
+columns two spaces apart, the columns ``right`` right-aligned, no trailing spaces and no styling.
+rich measures cells by their width on a terminal (a CJK user name takes two columns a character), so
+the columns line up where ``str.ljust`` did not.  Every cell is hostile data (names from the network,
+users and commands from other users' files): it is passed through :func:`gpusd.sanitize.for_terminal`,
+bounded to ``max_cell`` characters, and given to rich as plain text (never as markup), so no escape
+sequence reaches the terminal and no line is unbounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ..sanitize import for_terminal
+
+MAX_CELL = 80  # characters shown of one cell
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = (),
+                 max_cell: int = MAX_CELL, rule: bool = True) -> str:
+    """``headers`` and ``rows`` laid out (module docstring); ``rule=False`` leaves out the dashes under
+    the header (a matrix such as ``gpusd devices --topology``, as ``nvidia-smi topo -m`` prints it)."""
+    import io
+
+    from rich.cells import cell_len
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    head = [for_terminal(h, max_cell) for h in headers]
+    body = [[for_terminal(c, max_cell) for c in row] for row in rows]
+    widths = [max([cell_len(head[i])] + [cell_len(r[i]) for r in body if i < len(r)]) for i in range(len(head))]
+    table = Table(box=None, show_header=False, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0))
+    for i in range(len(head)):
+        table.add_column(justify="right" if i in right else "left", no_wrap=True)
+    for cells in (head, *([["-" * w for w in widths]] if rule else []), *body):
+        table.add_row(*(Text(c) for c in cells))
+    out = io.StringIO()
+    console = Console(file=out, width=sum(widths) + 2 * len(widths) + 8, color_system=None, force_terminal=False,
+                      highlight=False, markup=False, emoji=False, soft_wrap=False, no_color=True)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip("\n").split("\n"))
