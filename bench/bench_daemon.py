@@ -214,6 +214,142 @@ def serve(args: argparse.Namespace) -> None:
               f"{cpu_g:.3f} / {cpu_b:.3f} | {sum(x[1] for x in g)} / {sum(x[1] for x in b)} |")
 
 
+FLOOR_REGISTER = r"""
+import asyncio, sys
+from zeroconf import IPVersion, ServiceInfo
+from zeroconf.asyncio import AsyncZeroconf
+async def main():
+    name = sys.argv[1]
+    zc = AsyncZeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+    info = ServiceInfo("_gpusd._tcp.local.", f"{name}._gpusd._tcp.local.", port=9, server=f"{name}.local.",
+                       parsed_addresses=["127.0.0.1"], properties={"v": "1", "session": "floor"})
+    await (await zc.async_register_service(info))
+    await asyncio.sleep(30)  # killed once seen
+asyncio.run(main())
+"""
+
+
+def memory(args: argparse.Namespace) -> None:
+    import psutil
+
+    fake = FakeEnv(gpus(args.gpus))
+    proc, _ = start_daemon(fake, interval=1.0)
+    port = free_port()
+    peer = None
+    if shutil.which("nvitop-exporter"):
+        peer = subprocess.Popen(["nvitop-exporter", "--bind-address", "127.0.0.1", "--port", str(port),
+                                 "--interval", "1"], env=fake.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        if peer is not None:
+            wait_port(port, 30)
+        time.sleep(3)  # start-up settles
+        procs = {"gpusd start": proc.pid, **({"nvitop-exporter": peer.pid} if peer else {})}
+        c0 = {k: cpu_seconds(v) for k, v in procs.items()}
+        t0 = time.monotonic()
+        time.sleep(args.seconds)
+        wall = time.monotonic() - t0
+        rows = []
+        for k, pid in procs.items():
+            mi = psutil.Process(pid).memory_full_info()
+            rows.append((k, mi.rss / 2**20, mi.uss / 2**20, (cpu_seconds(pid) - c0[k]) / wall))
+    finally:
+        stop(proc)
+        if peer is not None:
+            stop(peer)  # type: ignore[arg-type]
+    floor = subprocess.run([sys.executable, "-c", "import aiohttp.web, zeroconf.asyncio; "
+                            "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"],
+                           capture_output=True, text=True).stdout.strip()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load avg {os.getloadavg()[0]:.1f}; fake NVML with {args.gpus} GPUs, 1 s sampling, at rest for "
+          f"{args.seconds:g} s")
+    print()
+    print("| process | RSS MiB | USS MiB | CPU % of one core |")
+    print("|---|---|---|---|")
+    for k, rss, uss, cpu in rows:
+        print(f"| {k} | {rss:.1f} | {uss:.1f} | {100 * cpu:.2f} |")
+    if not peer:
+        print("| nvitop-exporter | not installed (pip install nvitop-exporter) | | |")
+    print(f"| floor: python -c 'import aiohttp.web, zeroconf.asyncio' | {int(floor) / 1024:.1f} | | |")
+
+
+def visible(args: argparse.Namespace) -> None:
+    import threading
+
+    from zeroconf import IPVersion, ServiceBrowser, ServiceStateChange, Zeroconf
+
+    seen: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def on_change(zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        if state_change is ServiceStateChange.Added:
+            with lock:
+                seen.setdefault(name.split(".")[0].split("-")[0], time.monotonic())  # <host>-<node id>
+
+    zc = Zeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+    browser = ServiceBrowser(zc, "_gpusd._tcp.local.", handlers=[on_change])
+    fake = FakeEnv(gpus(args.gpus))
+    results: dict[str, list[float]] = {"gpusd start": [], "floor": []}
+    ready: list[float] = []
+
+    def wait_seen(label: str, t0: float, limit: float = 15.0) -> float | None:
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            with lock:
+                if label in seen:
+                    return seen[label] - t0
+            time.sleep(0.005)
+        return None
+
+    try:
+        time.sleep(1)
+        for i in range(args.rounds):
+            label = f"vis{secrets.token_hex(3)}"
+            state = Path(tempfile.mkdtemp(prefix="gpusd-bench-vis-"))
+            atexit.register(shutil.rmtree, state, ignore_errors=True)
+            env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
+            r, w = os.pipe()
+            t0 = time.monotonic()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
+                 "--session", f"bench-{label}", "--hostname", label, "--ready-fd", str(w)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,),
+                stdin=subprocess.DEVNULL)
+            os.close(w)
+            with os.fdopen(r) as f:
+                f.readline()
+            ready.append(time.monotonic() - t0)
+            took = wait_seen(label, t0)
+            stop(proc)
+            if took is not None:
+                results["gpusd start"].append(took)
+            flabel = f"floor{secrets.token_hex(3)}"
+            t0 = time.monotonic()
+            fproc = subprocess.Popen([sys.executable, "-c", FLOOR_REGISTER, flabel], stdin=subprocess.DEVNULL)
+            took = wait_seen(flabel, t0)
+            fproc.kill()
+            fproc.wait()
+            if took is not None:
+                results["floor"].append(took)
+    finally:
+        browser.cancel()
+        zc.close()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load avg {os.getloadavg()[0]:.1f}; a browser on 127.0.0.1, {args.rounds} interleaved rounds")
+    print()
+    print("| from process spawn to a browser's Added | median s | min s | max s | seen |")
+    print("|---|---|---|---|---|")
+    for name, label in (("gpusd start", "`gpusd start` (8 fake GPUs)"),
+                        ("floor", "floor: a bare python-zeroconf registration (python start-up included)")):
+        xs = sorted(results[name])
+        if xs:
+            print(f"| {label} | {xs[len(xs) // 2]:.2f} | {xs[0]:.2f} | {xs[-1]:.2f} | {len(xs)}/{args.rounds} |")
+        else:
+            print(f"| {label} | - | - | - | 0/{args.rounds} |")
+    print(f"| `gpusd start` ready (its --ready-fd line) | {sorted(ready)[len(ready) // 2]:.2f} | "
+          f"{min(ready):.2f} | {max(ready):.2f} | |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["serve", "memory", "visible"])
@@ -222,7 +358,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
     args = ap.parse_args()
-    {"serve": serve}[args.what](args)
+    {"serve": serve, "memory": memory, "visible": visible}[args.what](args)
     return 0
 
 

@@ -105,14 +105,35 @@ class Announcer:
     # -- life cycle ---------------------------------------------------------------------------
     async def start(self, snap: HostSnapshot) -> None:
         """Probe for our host and service names and announce.  Returns when the first announcement
-        is sent."""
+        is sent.
+
+        The host name (:class:`~gpusd.wire.responder.HostNameGuard`) and the service instance name
+        (python-zeroconf's ``async_check_service``) are probed together, not one after the other
+        (RFC 6762 §8.1 allows probing several records at once): a new host is visible about one
+        probing round (~0.75-1 s) sooner.  The service is announced only once both are ours; its SRV
+        record points to the host name the probe settled on."""
         from ..wire.responder import HostNameGuard
 
         self.guard = HostNameGuard(self.zc.zeroconf, self.instance, self.addresses, on_conflict=self._host_conflict)
-        self.server = await self.guard.probe()
+        self.server = self.guard.name  # the first candidate; the probe below may move to "-2", ...
         self.txt = self._txt_for(snap)
         self.info = self._info(SERVICE_TYPE, f"{self.instance}.{SERVICE_TYPE}", self.port, self.txt)
-        task = await self.zc.async_register_service(self.info, allow_name_change=True)
+        zc = self.zc.zeroconf
+        await zc.async_wait_for_start()
+        host_probe = asyncio.ensure_future(self.guard.probe())
+        try:
+            await zc.async_check_service(self.info, True)  # renames the instance on a conflict
+            server = await host_probe
+        finally:
+            if not host_probe.done():
+                host_probe.cancel()
+                with contextlib.suppress(BaseException):
+                    await host_probe
+        if server != self.server:  # our first host name was taken: the SRV names the one we own
+            self.server = server
+            self.info = self._info(SERVICE_TYPE, self.info.name, self.port, self.txt)
+        # both names are probed: announce without probing the service a second time
+        task = await self.zc.async_register_service(self.info, cooperating_responders=True)
         self._keep(task)
         self._last_update = time.monotonic()
         if self.config.gpusd_compat:
