@@ -303,7 +303,7 @@ def visible(args: argparse.Namespace) -> None:
 
     try:
         time.sleep(1)
-        for i in range(args.rounds):
+        for _ in range(args.rounds):
             label = f"vis{secrets.token_hex(3)}"
             state = Path(tempfile.mkdtemp(prefix="gpusd-bench-vis-"))
             atexit.register(shutil.rmtree, state, ignore_errors=True)
