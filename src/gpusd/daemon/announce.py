@@ -72,6 +72,7 @@ class Announcer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._lock = asyncio.Lock()
         self._closed = False
+        self._host_probe: asyncio.Future[str] | None = None
 
     # -- building records ---------------------------------------------------------------------
     def _txt_for(self, snap: HostSnapshot) -> dict[str, str]:
@@ -112,15 +113,12 @@ class Announcer:
         (RFC 6762 §8.1 allows probing several records at once): a new host is visible about one
         probing round (~0.75-1 s) sooner.  The service is announced only once both are ours; its SRV
         record points to the host name the probe settled on."""
-        from ..wire.responder import HostNameGuard
-
-        self.guard = HostNameGuard(self.zc.zeroconf, self.instance, self.addresses, on_conflict=self._host_conflict)
-        self.server = self.guard.name  # the first candidate; the probe below may move to "-2", ...
+        host_probe = self._host_probe if self._host_probe is not None else self.probe_host()
+        self.server = self.guard.name if self.guard is not None else self.server  # may move to "-2", ...
         self.txt = self._txt_for(snap)
         self.info = self._info(SERVICE_TYPE, f"{self.instance}.{SERVICE_TYPE}", self.port, self.txt)
         zc = self.zc.zeroconf
         await zc.async_wait_for_start()
-        host_probe = asyncio.ensure_future(self.guard.probe())
         try:
             await zc.async_check_service(self.info, True)  # renames the instance on a conflict
             server = await host_probe
@@ -140,6 +138,17 @@ class Announcer:
             await self._start_hwsd(snap)
         await asyncio.sleep(0.01)  # let the first announcement go out
         log.info("announced %s on %s port %d", self.info.name, ",".join(self.addresses), self.port)
+
+    def probe_host(self) -> "asyncio.Future[str]":
+        """Start probing for our host name (the daemon calls this as soon as mDNS is open, so the
+        probe runs while it reads its GPUs and starts HTTP); :meth:`start` awaits it."""
+        from ..wire.responder import HostNameGuard
+
+        if self._host_probe is None:
+            self.guard = HostNameGuard(self.zc.zeroconf, self.instance, self.addresses,
+                                       on_conflict=self._host_conflict)
+            self._host_probe = asyncio.ensure_future(self.guard.probe())
+        return self._host_probe
 
     def _hwsd_props(self, count: int) -> dict[str, str]:
         from .hwsd import x_display
@@ -215,6 +224,8 @@ class Announcer:
     async def stop(self, timeout: float = 3.0) -> None:
         """Send the goodbye packets (and wait for them: an un-awaited unregister sends none)."""
         self._closed = True
+        if self._host_probe is not None and not self._host_probe.done():
+            self._host_probe.cancel()
         if self.guard is not None:
             self.guard.close()
         if self._timer is not None:

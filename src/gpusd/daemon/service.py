@@ -143,10 +143,27 @@ class Daemon:
     async def start(self) -> None:
         """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
         from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
+        from .announce import Announcer
 
         loop = asyncio.get_running_loop()
         self.started_at = time.time()
         self.interfaces = resolve_interfaces(self.config.interfaces)
+        # mDNS first: the host name is probed (about a second, RFC 6762 §8.1) while the GPUs are read
+        # and HTTP starts; the announcer is the daemon's once the first sample is in (docs/wire-format.md)
+        self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
+        self.zc = await open_zeroconf(self.interfaces)
+        identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
+        announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
+                              pinned=self.interfaces is not None)
+        announcer.probe_host()
+        try:
+            await self._start_serving(loop, announcer)
+        except BaseException:
+            if self.announcer is None:  # stop() will not see it: end its probe and listener here
+                await announcer.stop()
+            raise
+
+    async def _start_serving(self, loop: asyncio.AbstractEventLoop, announcer: "Announcer") -> None:
         if self.backend is None:
             self.backend = await loop.run_in_executor(self._executor, self._open_backend)
         snap = await loop.run_in_executor(self._executor, self._read)
@@ -161,17 +178,13 @@ class Daemon:
             from .leasesock import start_lease_server
 
             self._lease_server = await start_lease_server(self.config.simulate)
-        self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
-        self.zc = await open_zeroconf(self.interfaces)
-        from .announce import Announcer
         from .fleet import Fleet
 
-        identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
         pinned_to_loopback = bool(self.interfaces) and all(a.startswith("127.") for a in self.interfaces or ())
         self.fleet = (Fleet(self.config, self.zc, allow_loopback=pinned_to_loopback)
                       if self.config.fleet != "off" else None)
-        self.announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
-                                   pinned=self.interfaces is not None, tls_port=self.tls_port, cert_fp=self.cert_fp)
+        announcer.port, announcer.tls_port, announcer.cert_fp = self.port, self.tls_port, self.cert_fp
+        self.announcer = announcer
         try:
             await self.announcer.start(snap)
         except Exception as exc:
