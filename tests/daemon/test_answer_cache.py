@@ -111,3 +111,20 @@ async def test_the_middleware_never_remembers_a_private_body_as_clean() -> None:
             assert "alice" not in text and json.loads(text)[0]["processes"][0]["user"] is None
     finally:
         await client.close()
+
+
+def test_one_redaction_per_event_never_another_events() -> None:
+    """The hub hands one bytes object to every reader: its redaction is made once, and a different
+    event never gets it."""
+    from gpusd.daemon.access import redact_event
+    from gpusd.wire.sse import format_event
+
+    first = format_event("snapshot", {"gpus": [{"index": 0, "processes": [{"pid": 1, "user": "alice",
+                                                                         "command": "a --secret"}]}]})
+    second = format_event("snapshot", {"gpus": [{"index": 1, "processes": [{"pid": 2, "user": "bob",
+                                                                         "command": "b --secret"}]}]})
+    one = redact_event(first)
+    assert redact_event(first) is one and b"alice" not in one and b"secret" not in one and b'"pid":1' in one
+    two = redact_event(second)
+    assert b"bob" not in two and b'"pid":2' in two and b'"index":1' in two and b'"pid":1' not in two
+    assert redact_event(bytes(bytearray(first))) == one  # equal bytes, another object: made again, the same

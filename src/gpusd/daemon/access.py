@@ -66,11 +66,24 @@ def redact_json(body: bytes) -> bytes:
     return json.dumps(redact(json.loads(body)), separators=(",", ":"), allow_nan=False).encode()
 
 
+_LAST_REDACTED: list[bytes] = []  # [message, its redaction]: one event goes to every reader
+
+
 def redact_event(message: bytes) -> bytes:
     """One server-sent event (``event: NAME\ndata: JSON\n\n``) with private fields nulled.  An event
-    whose data cannot be parsed but may hold private values is dropped (``b""``), never passed on."""
+    whose data cannot be parsed but may hold private values is dropped (``b""``), never passed on.
+    The last event's redaction is remembered (by identity: the hub hands one bytes object to every
+    reader), so a snapshot event is parsed once, not once per public reader."""
     if b'"user"' not in message and b'"command"' not in message:
         return message  # the common case (heartbeats, events without processes): no parsing
+    if _LAST_REDACTED and _LAST_REDACTED[0] is message:
+        return _LAST_REDACTED[1]
+    out = _redact_event(message)
+    _LAST_REDACTED[:] = [message, out]  # holds the message: its id cannot be reused meanwhile
+    return out
+
+
+def _redact_event(message: bytes) -> bytes:
     lines = message.split(b"\n")
     data = b"\n".join(ln[5:].removeprefix(b" ") for ln in lines if ln.startswith(b"data:"))
     if not needs_redaction(data):

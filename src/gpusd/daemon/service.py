@@ -88,6 +88,8 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._last_event_key: Any = None
+        self._event_of: HostSnapshot | None = None  # the snapshot _event_bytes was built from
+        self._event_bytes = b""
         self._backend_failed_at = 0.0
         self._leases: Any = None
         self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
@@ -132,8 +134,14 @@ class Daemon:
         self.events.publish(event, data)
 
     def snapshot_event(self) -> bytes:
-        assert self.snapshot is not None
-        return format_event("snapshot", self.snapshot.to_dict())  # strict JSON: no NaN/Infinity
+        """The ``snapshot`` event of the current snapshot: built once per sample (it is what every
+        new event-stream reader gets first, and what is published when the snapshot changed)."""
+        snap = self.snapshot
+        assert snap is not None
+        if self._event_of is not snap:
+            self._event_bytes = format_event("snapshot", snap.to_dict())  # strict JSON: no NaN/Infinity
+            self._event_of = snap
+        return self._event_bytes
 
     @property
     def urls(self) -> list[str]:
@@ -320,10 +328,12 @@ class Daemon:
         """Make ``snap`` the current snapshot: event stream (when visibly changed), TXT record,
         ``on_sample`` callbacks (threshold rules)."""
         self.snapshot = snap
-        key = _visible(snap)
+        data = snap.to_dict()  # once per sample: the change test and the event share it
+        key = {k: v for k, v in data.items() if k != "timestamp"}  # what a client shows of it
         if key != self._last_event_key:
             self._last_event_key = key
-            self.events.publish_raw(self.snapshot_event())
+            self._event_bytes, self._event_of = format_event("snapshot", data), snap
+            self.events.publish_raw(self._event_bytes)
         if self.announcer is not None:
             self.announcer.on_sample(snap)
         for fn in list(self.on_sample):
@@ -395,10 +405,3 @@ def _node_id(config: DaemonConfig) -> str:
     from pathlib import Path
 
     return local_node_id(Path(config.state_dir) if config.state_dir is not None else None)
-
-
-def _visible(snap: HostSnapshot) -> Any:
-    """What a client shows of a snapshot: everything but the timestamp."""
-    d = snap.to_dict()
-    d.pop("timestamp", None)
-    return d
