@@ -58,6 +58,20 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 """
 
 
+PREFIX: list[str] = []  # ["ip", "netns", "exec", NAME] when the bench runs in a namespace of its own
+
+
+def own_namespace() -> str:
+    """A network namespace with only its loopback up (root only): no other process's mDNS or
+    traffic reaches the processes measured there.  Deleted at exit."""
+    name = f"gpusd-b24-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    atexit.register(subprocess.run, ["ip", "netns", "del", name], check=False)
+    subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+    PREFIX[:] = ["ip", "netns", "exec", name]
+    return name
+
+
 def gpus(n: int):
     out = make_gpus(n, memory_used=12 * GiB, util_gpu=35, util_memory=10, temperature=50, power_usage=180_000)
     for g in out:
@@ -75,7 +89,8 @@ def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None =
             "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
             "--ready-fd", str(w), *(extra or [])]
     with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=(w,), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([*PREFIX, *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
+                                stdin=subprocess.DEVNULL)
     os.close(w)
     with os.fdopen(r) as f:
         line = f.readline()
@@ -102,29 +117,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, seconds: float = 10) -> None:
-    import socket
+_PROBE = "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', int(sys.argv[1]))))"
+_FETCH = "import sys,urllib.request; sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1], timeout=5).read())"
 
+
+def wait_port(port: int, seconds: float = 10) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if subprocess.run([*PREFIX, sys.executable, "-c", _PROBE, str(port)]).returncode == 0:
+            return
         time.sleep(0.05)
     raise SystemExit(f"nothing listens on 127.0.0.1:{port}")
 
 
 def fetch(url: str) -> bytes:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - loopback only
-        return bytes(r.read())
+    """GET ``url`` (loopback only) from where the measured processes run."""
+    return subprocess.run([*PREFIX, sys.executable, "-c", _FETCH, url], capture_output=True, check=True,
+                          timeout=30).stdout
 
 
 # -- load ------------------------------------------------------------------------------------------
 def hey(url: str, seconds: float, concurrency: int) -> tuple[float, int]:
     """(requests/s, non-200 answers) from ``hey -z`` (keep-alive)."""
-    out = subprocess.run(["hey", "-z", f"{seconds:g}s", "-c", str(concurrency), url], capture_output=True,
+    out = subprocess.run([*PREFIX, "hey", "-z", f"{seconds:g}s", "-c", str(concurrency), url], capture_output=True,
                          text=True, timeout=seconds + 30).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     codes = dict((int(c), int(n)) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out))
@@ -166,7 +181,14 @@ def cpu_seconds(pid: int) -> float:
     return t.user + t.system
 
 
+def where(args: argparse.Namespace) -> str:
+    if args.netns and os.geteuid() == 0 and shutil.which("ip") and shutil.which("hey"):
+        return f"in a network namespace of its own ({own_namespace()}: loopback only, no other mDNS traffic)"
+    return "on this machine's loopback"
+
+
 def serve(args: argparse.Namespace) -> None:
+    place = where(args)
     fake = FakeEnv(gpus(args.gpus))
     # a long interval: the bytes the bare server serves stay the daemon's current ones
     proc, info = start_daemon(fake, interval=3600.0)
@@ -179,7 +201,8 @@ def serve(args: argparse.Namespace) -> None:
         (tmp / f"{i}.json").write_bytes(fetch(base + p))
         files.append(f"{p}={tmp / f'{i}.json'}")
     bare_port = free_port()
-    bare = subprocess.Popen([sys.executable, "-c", BARE_SERVER, str(bare_port), *files], stdin=subprocess.DEVNULL)
+    bare = subprocess.Popen([*PREFIX, sys.executable, "-c", BARE_SERVER, str(bare_port), *files],
+                            stdin=subprocess.DEVNULL)
     results: dict[tuple[str, str], list[tuple[float, int, float]]] = {}
     try:
         wait_port(bare_port)
@@ -198,7 +221,7 @@ def serve(args: argparse.Namespace) -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}; daemon on the fake NVML with {args.gpus} GPUs; "
           f"{'hey' if shutil.which('hey') else 'aiohttp load generator'} -c {args.concurrency}, keep-alive, "
-          f"{args.seconds:g} s per run, {args.rounds} interleaved rounds")
+          f"{args.seconds:g} s per run, {args.rounds} interleaved rounds, {place}")
     print()
     print("| GET | answer bytes | gpusd req/s (median) | bare aiohttp req/s (median) | gpusd / bare | "
           "ratio per round | CPU ms/request gpusd / bare | errors |")
@@ -232,12 +255,13 @@ asyncio.run(main())
 def memory(args: argparse.Namespace) -> None:
     import psutil
 
+    place = where(args)
     fake = FakeEnv(gpus(args.gpus))
     proc, _ = start_daemon(fake, interval=1.0)
     port = free_port()
     peer = None
     if shutil.which("nvitop-exporter"):
-        peer = subprocess.Popen(["nvitop-exporter", "--bind-address", "127.0.0.1", "--port", str(port),
+        peer = subprocess.Popen([*PREFIX, "nvitop-exporter", "--bind-address", "127.0.0.1", "--port", str(port),
                                  "--interval", "1"], env=fake.env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
@@ -262,7 +286,7 @@ def memory(args: argparse.Namespace) -> None:
                            capture_output=True, text=True).stdout.strip()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load avg {os.getloadavg()[0]:.1f}; fake NVML with {args.gpus} GPUs, 1 s sampling, at rest for "
-          f"{args.seconds:g} s")
+          f"{args.seconds:g} s, {place}")
     print()
     print("| process | RSS MiB | USS MiB | CPU % of one core |")
     print("|---|---|---|---|")
@@ -357,6 +381,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--no-netns", dest="netns", action="store_false",
+                    help="serve, memory: run on this machine's loopback, not in a namespace of their own")
     args = ap.parse_args()
     {"serve": serve, "memory": memory, "visible": visible}[args.what](args)
     return 0
