@@ -1,8 +1,8 @@
 """The daemon's DNS-SD announcement: one ``_gpusd._tcp`` service per host (and, opt-in, hwsd's
 ``_gpu-sd._tcp`` and ``_net-sd._tcp`` for GPU-SD clients and Equalizer), its host name probed
-first (:class:`gpusd.wire.responder.HostNameGuard`), TXT updates only when the summary changes and
-at most every ``txt_min_interval`` seconds, goodbye packets on stop, and a re-announcement when the
-machine's addresses change.
+(:class:`gpusd.wire.responder.HostNameGuard`) together with the service's instance name, TXT
+updates only when the summary changes and at most every ``txt_min_interval`` seconds, goodbye
+packets on stop, and a re-announcement when the machine's addresses change.
 """
 
 from __future__ import annotations
