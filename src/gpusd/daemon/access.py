@@ -20,6 +20,7 @@ every message through ``stream_filter(request)`` (:func:`stream_filter`).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -65,11 +66,24 @@ def redact_json(body: bytes) -> bytes:
     return json.dumps(redact(json.loads(body)), separators=(",", ":"), allow_nan=False).encode()
 
 
+_LAST_REDACTED: list[bytes] = []  # [message, its redaction]: one event goes to every reader
+
+
 def redact_event(message: bytes) -> bytes:
     """One server-sent event (``event: NAME\ndata: JSON\n\n``) with private fields nulled.  An event
-    whose data cannot be parsed but may hold private values is dropped (``b""``), never passed on."""
+    whose data cannot be parsed but may hold private values is dropped (``b""``), never passed on.
+    The last event's redaction is remembered (by identity: the hub hands one bytes object to every
+    reader), so a snapshot event is parsed once, not once per public reader."""
     if b'"user"' not in message and b'"command"' not in message:
         return message  # the common case (heartbeats, events without processes): no parsing
+    if _LAST_REDACTED and _LAST_REDACTED[0] is message:
+        return _LAST_REDACTED[1]
+    out = _redact_event(message)
+    _LAST_REDACTED[:] = [message, out]  # holds the message: its id cannot be reused meanwhile
+    return out
+
+
+def _redact_event(message: bytes) -> bytes:
     lines = message.split(b"\n")
     data = b"\n".join(ln[5:].removeprefix(b" ") for ln in lines if ln.startswith(b"data:"))
     if not needs_redaction(data):
@@ -99,6 +113,7 @@ def stream_filter(request: web.Request) -> Callable[[bytes], bytes]:
     return _identity if can_see_private(request) else redact_event
 
 
+@functools.lru_cache(maxsize=256)  # called per request with the peer's address: parse each one once
 def is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
@@ -135,6 +150,7 @@ def peer_of(remote: str | None) -> str:
 _KEYID = re.compile(r'keyid="([A-Za-z0-9._-]{1,64})"')
 
 
+@functools.lru_cache(maxsize=256)  # per request with the Host header: parse each value once
 def split_host(value: str) -> tuple[str, int | None] | None:
     """``name``, ``name:port``, ``[v6]:port`` -> (lower-case name without a trailing dot, port or
     None); None when it is not a host."""
@@ -378,6 +394,13 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
     right to see private fields.  Unsigned public reads cost one dictionary lookup."""
     from aiohttp import web
 
+    from .guard import note_request
+
+    # Public answers already checked, by identity (bytes are immutable): the daemon serves one body per
+    # sample and level (daemon/http.py), so each is scanned once, not once per request.
+    clean: dict[int, bytes] = {}
+    private_key, trusted_key, signed_key = _request_key(), _trusted_key(), _signed_key()
+
     @web.middleware
     async def gpusd_access(request: web.Request, handler: Handler) -> web.StreamResponse:
         headers = request.headers
@@ -404,15 +427,16 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                              request.remote, why)
                     return _refuse(401, f"signature refused: {why}")
         session = False
-        if verified is not None and request.secure and request.transport is not None:
+        secure, remote = request.secure, request.remote
+        if verified is not None and secure and request.transport is not None:
             access.sessions.add(request.transport)
-        elif verified is None and request.secure and request.transport in access.sessions:
+        elif verified is None and secure and request.transport in access.sessions:
             session = request.method in SAFE_METHODS  # writes are signed one by one
-        local = access.local_reader(request.remote)
+        local = access.local_reader(remote)
         # With TLS on, private fields and writes go to other machines over HTTPS only.
-        in_clear = verified is not None and not request.secure and not local and access.tls_on()
+        in_clear = verified is not None and not secure and not local and access.tls_on()
         if request.method not in SAFE_METHODS:
-            if not access.origin_ok(headers.get("Origin"), request.remote):
+            if not access.origin_ok(headers.get("Origin"), remote):
                 return _refuse(403, "writes are not accepted from another site's page")
             refused = access.write_refusal(verified is not None)
             if refused is not None:
@@ -420,13 +444,11 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
             if in_clear:
                 return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
         private = (verified is not None and not in_clear) or session or (
-            local and access.host_ok(request.host, request.remote))
-        request[_request_key()] = private
-        request[_trusted_key()] = verified is not None or session
+            local and access.host_ok(request.host, remote))
+        request[private_key] = private
+        request[trusted_key] = verified is not None or session
         if verified is not None:
-            request[_signed_key()] = verified
-        from .guard import note_request
-
+            request[signed_key] = verified
         # the connection guard keeps a secret holder's connection when it needs room (daemon/guard.py)
         served, ended = note_request(request.transport, verified is not None or session)
         if not served:
@@ -444,11 +466,17 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
                 ended()
         if not private and isinstance(response, web.Response) and response.content_type == "application/json":
             answer = response.body
+            if type(answer) is bytes and clean.get(id(answer)) is answer:
+                return response
             if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
                 try:
                     response.body = redact_json(bytes(answer))
                 except ValueError:  # not JSON after all: hold it back rather than leak it
                     return web.json_response({"error": "answer withheld"}, status=500)
+            elif type(answer) is bytes and len(answer) > 512:  # worth remembering (a small one scans fast)
+                if len(clean) >= 16:
+                    clean.pop(next(iter(clean)))
+                clean[id(answer)] = answer  # held: its id cannot be reused while it is here
         return response
 
     return gpusd_access
@@ -456,7 +484,10 @@ def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web
 
 def install_proofs(app: web.Application, access: Access) -> None:
     """Sign the answers to verified requests (the daemon's proof that it holds the fleet secret):
-    headers are added just before an answer (or an event stream) is sent."""
+    headers are added just before an answer (or an event stream) is sent.  Without a fleet secret
+    nothing is ever verified: no hook (one coroutine less per answer)."""
+    if access.key is None:
+        return
 
     async def prove(request: web.Request, response: web.StreamResponse) -> None:
         req = request.get(_signed_key())

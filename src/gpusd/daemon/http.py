@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Iterable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from aiohttp import web
 
 from .._version import __version__
 from ..wire.sse import format_event
+from .access import can_see_private
 from .events import EventHub, HubFull
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,9 +64,42 @@ SSE_HEADERS = {
 }
 
 
+class Answers:
+    """The bytes of the answers built from one snapshot (``GET /api/v1/gpus``, ``/api/v1/host``), per
+    redaction level: ``private`` (a local reader, or a verified fleet member: both see process owners
+    and commands) and public (those fields nulled, :func:`gpusd.wire.privacy.redact`).  Each is built
+    at most once per sample, on its first request; a new snapshot object starts afresh.  A public
+    body is always built from the redacted payload, never from a private body, and the two never
+    share a key; the access middleware checks every public answer anyway (docs/security.md)."""
+
+    __slots__ = ("_bodies", "_snap")
+
+    def __init__(self) -> None:
+        self._snap: object = None
+        self._bodies: dict[tuple[str, bool], bytes] = {}
+
+    def get(self, snap: object, kind: str, private: bool, build: "Callable[[], object]") -> bytes:
+        if snap is not self._snap:  # a new sample (a strong reference: its id cannot be reused meanwhile)
+            self._snap, self._bodies = snap, {}
+        key = (kind, private)
+        body = self._bodies.get(key)
+        if body is None:
+            from ..sanitize import dumps
+            from ..wire.privacy import redact
+
+            payload = build()
+            body = dumps(payload if private else redact(payload), separators=(",", ":")).encode()
+            self._bodies[key] = body
+        return body
+
+
+ANSWERS_KEY: web.AppKey[Answers] = web.AppKey("gpusd_answers")
+
+
 def build_app(daemon: Daemon) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[DAEMON_KEY] = daemon
+    app[ANSWERS_KEY] = Answers()
     app.router.add_get("/healthz", healthz)
     app.router.add_get(f"{API}/host", host)
     app.router.add_get(f"{API}/gpus", gpus)
@@ -89,28 +123,50 @@ def _json(data: object, status: int = 200) -> web.Response:
                         content_type="application/json")
 
 
+def _bytes(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
+
+
+_HEALTH: dict[tuple[str, int | None, str | None], tuple[bytes, bytes]] = {}
+
+
 async def healthz(request: web.Request) -> web.Response:
     d = _daemon(request)
-    out: dict[str, object] = {"ok": True, "node_id": d.node_id, "uptime": round(time.time() - d.started_at, 3)}
-    if d.tls_port and d.cert_fp:  # where private fields travel (docs/security.md); pinned, and proven by signature
-        out.update(tls_port=d.tls_port, cert_fp=d.cert_fp)
-    return _json(out)
+    # everything but the uptime is fixed: its bytes are built once, the uptime placed in them per request
+    # (where private fields travel, docs/security.md: pinned, and proven by signature)
+    ident = (d.node_id, d.tls_port, d.cert_fp)
+    parts = _HEALTH.get(ident)
+    if parts is None:
+        from ..sanitize import dumps
+
+        out: dict[str, object] = {"ok": True, "node_id": d.node_id, "uptime": 0}
+        if d.tls_port and d.cert_fp:
+            out.update(tls_port=d.tls_port, cert_fp=d.cert_fp)
+        head, _, tail = dumps(out, separators=(",", ":")).encode().partition(b'"uptime":0')
+        parts = _HEALTH[ident] = (head + b'"uptime":', tail)
+        if len(_HEALTH) > 8:  # a daemon has one identity; tests build many
+            del _HEALTH[next(iter(_HEALTH))]
+    return _bytes(b"%s%r%s" % (parts[0], round(time.time() - d.started_at, 3), parts[1]))
 
 
 async def host(request: web.Request) -> web.Response:
     d = _daemon(request)
     snap = d.snapshot
-    return _json({
-        "api": 1,
-        "gpusd_version": __version__,
-        "session": d.config.session,
-        "interval": d.config.interval,
-        "node_id": d.node_id,
-        "hostname": d.hostname,
-        "snapshot": snap.to_dict() if snap is not None else None,
-        # where slurmctld runs, for a daemon started with --slurmctld (docs/slurm.md); added in 0.3
-        "slurmctld": _slurmctld(d),
-    })
+
+    def build() -> object:
+        return {
+            "api": 1,
+            "gpusd_version": __version__,
+            "session": d.config.session,
+            "interval": d.config.interval,
+            "node_id": d.node_id,
+            "hostname": d.hostname,
+            "snapshot": snap.to_dict() if snap is not None else None,
+            # where slurmctld runs, for a daemon started with --slurmctld (docs/slurm.md); added in 0.3
+            "slurmctld": _slurmctld(d),
+        }
+
+    return _bytes(request.app[ANSWERS_KEY].get(snap, "host", can_see_private(request), build))
 
 
 def _slurmctld(d: Daemon) -> object:
@@ -120,7 +176,8 @@ def _slurmctld(d: Daemon) -> object:
 
 async def gpus(request: web.Request) -> web.Response:
     snap = _daemon(request).snapshot
-    return _json([g.to_dict() for g in snap.gpus] if snap is not None else [])
+    return _bytes(request.app[ANSWERS_KEY].get(
+        snap, "gpus", can_see_private(request), lambda: [g.to_dict() for g in snap.gpus] if snap is not None else []))
 
 
 async def history(request: web.Request) -> web.Response:

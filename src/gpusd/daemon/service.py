@@ -88,6 +88,8 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._last_event_key: Any = None
+        self._event_of: HostSnapshot | None = None  # the snapshot _event_bytes was built from
+        self._event_bytes = b""
         self._backend_failed_at = 0.0
         self._leases: Any = None
         self.slurm: Any = None  # daemon/slurmnode.py: --slurm, --slurmctld
@@ -137,8 +139,14 @@ class Daemon:
         self.events.publish(event, data)
 
     def snapshot_event(self) -> bytes:
-        assert self.snapshot is not None
-        return format_event("snapshot", self.snapshot.to_dict())  # strict JSON: no NaN/Infinity
+        """The ``snapshot`` event of the current snapshot: built once per sample (it is what every
+        new event-stream reader gets first, and what is published when the snapshot changed)."""
+        snap = self.snapshot
+        assert snap is not None
+        if self._event_of is not snap:
+            self._event_bytes = format_event("snapshot", snap.to_dict())  # strict JSON: no NaN/Infinity
+            self._event_of = snap
+        return self._event_bytes
 
     @property
     def urls(self) -> list[str]:
@@ -148,10 +156,27 @@ class Daemon:
     async def start(self) -> None:
         """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
         from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
+        from .announce import Announcer
 
         loop = asyncio.get_running_loop()
         self.started_at = time.time()
         self.interfaces = resolve_interfaces(self.config.interfaces)
+        # mDNS first: the host name is probed (about a second, RFC 6762 §8.1) while the GPUs are read
+        # and HTTP starts; the announcer is the daemon's once the first sample is in (docs/wire-format.md)
+        self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
+        self.zc = await open_zeroconf(self.interfaces)
+        identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
+        announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
+                              pinned=self.interfaces is not None)
+        announcer.probe_host()
+        try:
+            await self._start_serving(loop, announcer)
+        except BaseException:
+            if self.announcer is None:  # stop() will not see it: end its probe and listener here
+                await announcer.stop()
+            raise
+
+    async def _start_serving(self, loop: asyncio.AbstractEventLoop, announcer: "Announcer") -> None:
         if self.backend is None:
             self.backend = await loop.run_in_executor(self._executor, self._open_backend)
         snap = await loop.run_in_executor(self._executor, self._read)
@@ -171,17 +196,13 @@ class Daemon:
 
             self.slurm = SlurmPart(self)
             await self.slurm.start()
-        self.addresses = list(self.interfaces) if self.interfaces else local_ipv4_addresses()
-        self.zc = await open_zeroconf(self.interfaces)
-        from .announce import Announcer
         from .fleet import Fleet
 
-        identity = HostIdentity(hostname=self.hostname, node_id=self.node_id)
         pinned_to_loopback = bool(self.interfaces) and all(a.startswith("127.") for a in self.interfaces or ())
         self.fleet = (Fleet(self.config, self.zc, allow_loopback=pinned_to_loopback)
                       if self.config.fleet != "off" else None)
-        self.announcer = Announcer(self.config, identity, self.zc, self.addresses, self.port,
-                                   pinned=self.interfaces is not None, tls_port=self.tls_port, cert_fp=self.cert_fp)
+        announcer.port, announcer.tls_port, announcer.cert_fp = self.port, self.tls_port, self.cert_fp
+        self.announcer = announcer
         try:
             await self.announcer.start(snap)
         except Exception as exc:
@@ -190,6 +211,7 @@ class Daemon:
         self._tasks.append(asyncio.ensure_future(self.announcer.watch_network(self.config.netwatch)))
         if self.fleet is not None and self.config.fleet == "on":
             self._tasks.append(asyncio.ensure_future(self.fleet.ensure_started()))
+        trim_heap()  # what start-up freed goes back to the system (daemon memory at rest, issue 24)
 
     def _open_backend(self) -> "Backend":
         from ..inventory import open_backend
@@ -321,10 +343,12 @@ class Daemon:
         """Make ``snap`` the current snapshot: event stream (when visibly changed), TXT record,
         ``on_sample`` callbacks (threshold rules)."""
         self.snapshot = snap
-        key = _visible(snap)
+        data = snap.to_dict()  # once per sample: the change test and the event share it
+        key = {k: v for k, v in data.items() if k != "timestamp"}  # what a client shows of it
         if key != self._last_event_key:
             self._last_event_key = key
-            self.events.publish_raw(self.snapshot_event())
+            self._event_bytes, self._event_of = format_event("snapshot", data), snap
+            self.events.publish_raw(self._event_bytes)
         if self.announcer is not None:
             self.announcer.on_sample(snap)
         for fn in list(self.on_sample):
@@ -364,6 +388,17 @@ class Daemon:
             self.backend = old
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``): about 2 MiB of RSS
+    that start-up (imports, the first sample, TLS) allocated and freed.  Nothing elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
 
 
@@ -385,10 +420,3 @@ def _node_id(config: DaemonConfig) -> str:
     from pathlib import Path
 
     return local_node_id(Path(config.state_dir) if config.state_dir is not None else None)
-
-
-def _visible(snap: HostSnapshot) -> Any:
-    """What a client shows of a snapshot: everything but the timestamp."""
-    d = snap.to_dict()
-    d.pop("timestamp", None)
-    return d
