@@ -82,7 +82,7 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
         client.stop_listening()  # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
         return got[0].to_placement(job_id), got[0], pid
     except BaseException:
-        _end_renewer({"renewer_pid": pid})
+        _end_renewer(_renewer_record(pid))
         for res in got:
             res.release()
         client.stop_listening()
@@ -320,7 +320,7 @@ def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid
         held_file = _write_held(p, pid, until)
         status = _hostfile_output(args, p, held_file, [])
     except BaseException:
-        _end_renewer({"renewer_pid": pid})
+        _end_renewer(_renewer_record(pid))
         res.release()
         raise
     print(f"# held until {format_clock(until)} (--for {for_terminal(args.duration, 16)}) "
@@ -564,7 +564,7 @@ def ray_up(args: argparse.Namespace) -> int:
     record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
                               "address": g.ray_address(p, args.port), "started": time.time()}
     if res is not None:
-        record.update(renewer_pid=pid, until=until, leases=[part.to_dict() for part in res.parts])
+        record.update(_renewer_record(pid), until=until, leases=[part.to_dict() for part in res.parts])
     cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
     if res is not None:
         margin, grace = _guard_margin(res)
@@ -632,9 +632,19 @@ def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
     return run_commands(g.ray_stop_commands(p, ray=args.ray), opts)
 
 
-def _renewer_of(pid: object) -> int | None:
-    """``pid`` if it is still a renewer of ours (``python -m gpusd.pool.renewer``): a pid from a file is
-    only signalled after checking what runs under it now."""
+def _renewer_record(pid: int | None) -> dict[str, Any]:
+    """What a record keeps of a renewer we just started (``pid``, our child, not yet waited for, so
+    the pid is still its own): the pid and the kernel's start time of the process."""
+    from ..alloc.queue import _process_start
+
+    return {"renewer_pid": pid, "renewer_started": _process_start(pid) if pid is not None else None}
+
+
+def _renewer_of(pid: object, started: object) -> int | None:
+    """``pid`` if it is still the renewer that a record names: a process of ours running
+    ``python -m gpusd.pool.renewer`` that started when the record says (``started``: the kernel's start
+    time recorded with the pid; another renewer of the same user that reused the pid started later).
+    A pid from a file is only signalled after checking what runs under it now."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return None
     try:
@@ -645,6 +655,8 @@ def _renewer_of(pid: object) -> int | None:
         return None
     if st.st_uid != os.getuid() or b"gpusd.pool.renewer" not in cmdline:
         return None
+    if not _holder_alive(pid, started):  # a record without a start time (gpusd 0.2) is never acted on
+        return None
     return pid
 
 
@@ -654,7 +666,8 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = 
     import signal
     import time
 
-    pid = _renewer_of(record.get("renewer_pid"))
+    started = record.get("renewer_started")
+    pid = _renewer_of(record.get("renewer_pid"), started)
     if pid is None:
         return
     try:
@@ -668,7 +681,7 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = 
                 return
         except ChildProcessError:
             pass
-        if _renewer_of(pid) is None:
+        if _renewer_of(pid, started) is None:
             return
         time.sleep(0.05)
     print(f"{_prog()}: the renewer (pid {pid}) did not end; the leases expire with their TTL", file=sys.stderr)
