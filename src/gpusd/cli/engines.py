@@ -388,19 +388,24 @@ def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None
 def commands_for(engine: str, p: "Placement", rest: Sequence[str], args: argparse.Namespace) -> list["HostCommand"]:
     from ..engines import generate as g
 
-    if engine == "torchrun":
-        return g.torchrun_commands(p, rest, port=args.port or g.RDZV_PORT)
-    if engine == "deepspeed":
-        return g.deepspeed_commands(p, rest, master_port=args.port or g.DS_MASTER_PORT)
-    if engine == "command":
-        return g.plain_commands(p, rest)
-    # mpirun and horovodrun start the ranks themselves: one command, on the head.
-    env = g.mpi_env(p)
+    bind = bool(getattr(args, "bind_cpus", False))
+    if engine in ("torchrun", "deepspeed", "command"):
+        if engine == "torchrun":
+            cmds = g.torchrun_commands(p, rest, port=args.port or g.RDZV_PORT)
+        elif engine == "deepspeed":
+            cmds = g.deepspeed_commands(p, rest, master_port=args.port or g.DS_MASTER_PORT)
+        else:
+            cmds = g.plain_commands(p, rest)
+        # these start their ranks themselves on each host: the host's launcher is bound, the ranks inherit
+        return g.bound(cmds, python=args.python) if bind else cmds
+    # mpirun and horovodrun start the ranks themselves: one command, on the head; gpusd's per-rank
+    # wrapper binds each rank (GPUSD_RANK_CPUS)
+    env = g.mpi_env(p, bind)
     rsh = _rsh_agent(args)
     if engine == "mpirun":
         hosts = g.mpi_hostfile(p)
         extra = [w for name in _env_pairs(args.env) for w in ("-x", name)]
-        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python, extra=extra)
+        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python, extra=extra, bind_cpus=bind)
         if rsh:  # Open MPI's own ssh gets the same config and options as gpusd's
             env["OMPI_MCA_plm_rsh_agent"] = rsh
         return [g.HostCommand(p.head, 0, argv, env, {"hostfile": hosts})]
@@ -430,11 +435,38 @@ def launch(args: argparse.Namespace) -> int:
         return 2
     p, res, _ = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
     try:  # from here on, every way out releases (a failure, Ctrl-C, the end)
+        if getattr(args, "bind_cpus", False):
+            _say_binding(args.engine, p)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
         opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res))
         return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
     finally:
         _release(res)
+
+
+def _say_binding(engine: str, p: "Placement") -> None:
+    """``launch --bind-cpus``: what will be bound on each host (each host then says what it did, in
+    its own output: its CPUs may be fewer where the command may not use them all)."""
+    from ..engines.generate import host_cpus
+    from ..sanitize import for_terminal
+
+    per_rank = engine in ("mpirun", "horovodrun")
+    for h in p.hosts:
+        name = for_terminal(h.hostname, 80)
+        gpus = ",".join(str(g) for g in h.gpus)
+        if per_rank:
+            cpus = ", ".join(f"GPU {g}: {c or 'unknown'}" for g, c in zip(h.gpus, h.local_cpus or [None] * h.slots))
+            print(f"{_prog()}: --bind-cpus: {name}: each rank on the CPUs local to its GPU ({cpus}), by gpusd's "
+                  "rank wrapper there", file=sys.stderr)
+            continue
+        union = host_cpus(h)
+        if union is None:
+            print(f"{_prog()}: --bind-cpus: {name}: not bound: the CPUs local to GPU(s) {gpus} are unknown (its "
+                  "daemon did not say, or the placement file has no local_cpus)", file=sys.stderr)
+        else:
+            print(f"{_prog()}: --bind-cpus: {name}: {engine} and its ranks on CPUs {union} (local to GPU(s) "
+                  f"{gpus}), as far as the command may use them there", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _silence(res: "Reservation | None") -> float:
