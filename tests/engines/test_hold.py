@@ -46,24 +46,57 @@ def test_ray_down_signals_only_a_renewer_of_gpusd(tmp_path: Path) -> None:
     leaves a process that is not ``gpusd.pool.renewer`` alone."""
     other = subprocess.Popen(["sleep", "30"])
     try:
-        assert _renewer_of(other.pid) is None
-        _end_renewer({"renewer_pid": other.pid}, timeout=1)
+        assert _renewer_of(other.pid, _process_start(other.pid)) is None
+        _end_renewer({"renewer_pid": other.pid, "renewer_started": _process_start(other.pid)}, timeout=1)
         assert other.poll() is None
         for bad in (None, "12", True, 1, -5):
-            assert _renewer_of(bad) is None
+            assert _renewer_of(bad, time.time()) is None
     finally:
         other.kill()
         other.wait()
     # a real renewer with nothing to renew ends on its own; one waiting on its input is ours to stop
-    renewer = subprocess.Popen([sys.executable, "-m", "gpusd.pool.renewer"], stdin=subprocess.PIPE,
-                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    renewer = _idle_renewer()
     try:
-        deadline = time.monotonic() + 10
-        while _renewer_of(renewer.pid) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _renewer_of(renewer.pid) == renewer.pid
-        _end_renewer({"renewer_pid": renewer.pid}, timeout=10)  # returns once it has ended
+        started = _wait_renewer(renewer)
+        _end_renewer({"renewer_pid": renewer.pid, "renewer_started": started}, timeout=10)  # returns once ended
         renewer.wait(timeout=0.5)  # raises if it still runs
+    finally:
+        if renewer.poll() is None:
+            renewer.kill()
+        renewer.wait()
+
+
+def _idle_renewer() -> "subprocess.Popen[bytes]":
+    """A real ``python -m gpusd.pool.renewer`` waiting on its input (nothing to renew yet)."""
+    return subprocess.Popen([sys.executable, "-m", "gpusd.pool.renewer"], stdin=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+
+
+def _wait_renewer(renewer: "subprocess.Popen[bytes]") -> float:
+    """The renewer's start time, once its command line says it is one."""
+    started = _process_start(renewer.pid)
+    assert started is not None
+    deadline = time.monotonic() + 10
+    while _renewer_of(renewer.pid, started) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _renewer_of(renewer.pid, started) == renewer.pid
+    return started
+
+
+def test_ray_down_never_signals_a_renewer_that_reused_the_pid() -> None:
+    """The pid a cluster record names may now be another renewer of the same user (same uid, same
+    command line): only the kernel's start time tells them apart, and ray down leaves it alone."""
+    renewer = _idle_renewer()
+    try:
+        started = _wait_renewer(renewer)
+        # the record's renewer started an hour before the process that now has its pid
+        record = {"renewer_pid": renewer.pid, "renewer_started": started - 3600}
+        assert _renewer_of(renewer.pid, started - 3600) is None
+        _end_renewer(record, timeout=1)
+        _end_renewer({**record}, timeout=1, release=False)
+        _end_renewer({"renewer_pid": renewer.pid}, timeout=1)  # a record without a start time (0.2)
+        time.sleep(0.3)
+        assert renewer.poll() is None  # neither SIGTERM nor SIGUSR1 reached it
     finally:
         if renewer.poll() is None:
             renewer.kill()

@@ -172,3 +172,50 @@ def test_the_notify_signal_never_reaches_a_process_that_reused_the_commands_pid(
     finally:
         os.close(pidfd)
         _kill(other)
+
+
+def test_stop_pause_and_forwarded_signals_never_reach_a_process_group_that_reused_the_commands_pid(tmp_path):
+    """The command (its own process group, --preemptible/--pausable) was reaped meanwhile and its pid
+    now leads another process group (here: one that catches SIGTERM, SIGCONT and SIGUSR2). A stop
+    (SIGCONT, SIGTERM, SIGKILL after the grace period), a pause and a forwarded signal go through the
+    command's pidfd and its group recorded at spawn: that group is never signalled."""
+    import os
+    import threading
+    import time
+    import types
+
+    from gpusd.jobs.supervisor import Supervisor
+
+    command = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    pidfd = os.pidfd_open(command.pid)
+    command.wait()  # the job's command: exited and reaped
+    got = tmp_path / "got"
+    other = subprocess.Popen([sys.executable, "-c", "import os, signal, sys, time\n"
+                              f"hit = lambda n, f: open({str(got)!r}, 'a').write(f'{{n}} ')\n"
+                              "for s in (signal.SIGTERM, signal.SIGCONT, signal.SIGUSR2):\n"
+                              "    signal.signal(s, hit)\n"
+                              "print('ok', flush=True)\ntime.sleep(3)"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ok\n"
+        assert os.getpgid(other.pid) == other.pid  # it leads a group: the old getpgid test would killpg it
+
+        def wait(timeout=None):  # the grace period runs out: the SIGKILL is due
+            time.sleep(timeout or 0)
+            raise subprocess.TimeoutExpired("cmd", timeout or 0)
+
+        # what a control thread saw: a command not yet reaped (poll() None), whose pid is now the other's
+        stale = types.SimpleNamespace(pid=other.pid, poll=lambda: None, wait=wait)
+        sup = types.SimpleNamespace(proc=stale, pidfd=pidfd, pgid=command.pid, grace=0.2, job_id="j1",
+                                    stopping=None, lock=threading.RLock(), pausable=True,
+                                    writer=types.SimpleNamespace(write=lambda **kw: None))
+        sup._signal = types.MethodType(Supervisor._signal, sup)
+        Supervisor._stop_child(sup, "move")  # type: ignore[arg-type]
+        assert Supervisor.pause(sup, True, "test")["ok"]  # type: ignore[arg-type]
+        sup._signal(signal.SIGUSR2)  # what the forwarding handler sends
+        time.sleep(0.6)  # past the grace period: kill_later has run
+        assert other.poll() is None  # no SIGKILL, no SIGSTOP left it stopped
+        assert other.wait(timeout=30) == 0 and not got.exists()
+    finally:
+        os.close(pidfd)
+        _kill(other)

@@ -558,6 +558,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=None, help="the Python that runs gpusd's per-rank wrapper (mpirun, "
                    "horovodrun; default: this machine's interpreter where the same path exists on the host, "
                    "else the one of the gpusd command on the host's PATH)")
+    p.add_argument("--bind-cpus", action="store_true",
+                   help="bind to the CPUs local to the GPUs, on each host (intersected there with the CPUs the "
+                   "command may use): each rank to its GPU's (mpirun, horovodrun), the per-host launcher and "
+                   "so its ranks to its GPUs' (torchrun, deepspeed, command); says what it did per host")
     p.add_argument("engine", choices=ecli.ENGINES, metavar="ENGINE",
                    help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")

@@ -82,7 +82,7 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
         client.stop_listening()  # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
         return got[0].to_placement(job_id), got[0], pid
     except BaseException:
-        _end_renewer({"renewer_pid": pid})
+        _end_renewer(_renewer_record(pid))
         for res in got:
             res.release()
         client.stop_listening()
@@ -320,7 +320,7 @@ def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid
         held_file = _write_held(p, pid, until)
         status = _hostfile_output(args, p, held_file, [])
     except BaseException:
-        _end_renewer({"renewer_pid": pid})
+        _end_renewer(_renewer_record(pid))
         res.release()
         raise
     print(f"# held until {format_clock(until)} (--for {for_terminal(args.duration, 16)}) "
@@ -388,19 +388,24 @@ def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None
 def commands_for(engine: str, p: "Placement", rest: Sequence[str], args: argparse.Namespace) -> list["HostCommand"]:
     from ..engines import generate as g
 
-    if engine == "torchrun":
-        return g.torchrun_commands(p, rest, port=args.port or g.RDZV_PORT)
-    if engine == "deepspeed":
-        return g.deepspeed_commands(p, rest, master_port=args.port or g.DS_MASTER_PORT)
-    if engine == "command":
-        return g.plain_commands(p, rest)
-    # mpirun and horovodrun start the ranks themselves: one command, on the head.
-    env = g.mpi_env(p)
+    bind = bool(getattr(args, "bind_cpus", False))
+    if engine in ("torchrun", "deepspeed", "command"):
+        if engine == "torchrun":
+            cmds = g.torchrun_commands(p, rest, port=args.port or g.RDZV_PORT)
+        elif engine == "deepspeed":
+            cmds = g.deepspeed_commands(p, rest, master_port=args.port or g.DS_MASTER_PORT)
+        else:
+            cmds = g.plain_commands(p, rest)
+        # these start their ranks themselves on each host: the host's launcher is bound, the ranks inherit
+        return g.bound(cmds, python=args.python) if bind else cmds
+    # mpirun and horovodrun start the ranks themselves: one command, on the head; gpusd's per-rank
+    # wrapper binds each rank (GPUSD_RANK_CPUS)
+    env = g.mpi_env(p, bind)
     rsh = _rsh_agent(args)
     if engine == "mpirun":
         hosts = g.mpi_hostfile(p)
         extra = [w for name in _env_pairs(args.env) for w in ("-x", name)]
-        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python, extra=extra)
+        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python, extra=extra, bind_cpus=bind)
         if rsh:  # Open MPI's own ssh gets the same config and options as gpusd's
             env["OMPI_MCA_plm_rsh_agent"] = rsh
         return [g.HostCommand(p.head, 0, argv, env, {"hostfile": hosts})]
@@ -430,11 +435,38 @@ def launch(args: argparse.Namespace) -> int:
         return 2
     p, res, _ = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
     try:  # from here on, every way out releases (a failure, Ctrl-C, the end)
+        if getattr(args, "bind_cpus", False):
+            _say_binding(args.engine, p)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
         opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res))
         return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
     finally:
         _release(res)
+
+
+def _say_binding(engine: str, p: "Placement") -> None:
+    """``launch --bind-cpus``: what will be bound on each host (each host then says what it did, in
+    its own output: its CPUs may be fewer where the command may not use them all)."""
+    from ..engines.generate import host_cpus
+    from ..sanitize import for_terminal
+
+    per_rank = engine in ("mpirun", "horovodrun")
+    for h in p.hosts:
+        name = for_terminal(h.hostname, 80)
+        gpus = ",".join(str(g) for g in h.gpus)
+        if per_rank:
+            cpus = ", ".join(f"GPU {g}: {c or 'unknown'}" for g, c in zip(h.gpus, h.local_cpus or [None] * h.slots))
+            print(f"{_prog()}: --bind-cpus: {name}: each rank on the CPUs local to its GPU ({cpus}), by gpusd's "
+                  "rank wrapper there", file=sys.stderr)
+            continue
+        union = host_cpus(h)
+        if union is None:
+            print(f"{_prog()}: --bind-cpus: {name}: not bound: the CPUs local to GPU(s) {gpus} are unknown (its "
+                  "daemon did not say, or the placement file has no local_cpus)", file=sys.stderr)
+        else:
+            print(f"{_prog()}: --bind-cpus: {name}: {engine} and its ranks on CPUs {union} (local to GPU(s) "
+                  f"{gpus}), as far as the command may use them there", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _silence(res: "Reservation | None") -> float:
@@ -564,7 +596,7 @@ def ray_up(args: argparse.Namespace) -> int:
     record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
                               "address": g.ray_address(p, args.port), "started": time.time()}
     if res is not None:
-        record.update(renewer_pid=pid, until=until, leases=[part.to_dict() for part in res.parts])
+        record.update(_renewer_record(pid), until=until, leases=[part.to_dict() for part in res.parts])
     cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
     if res is not None:
         margin, grace = _guard_margin(res)
@@ -632,9 +664,19 @@ def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
     return run_commands(g.ray_stop_commands(p, ray=args.ray), opts)
 
 
-def _renewer_of(pid: object) -> int | None:
-    """``pid`` if it is still a renewer of ours (``python -m gpusd.pool.renewer``): a pid from a file is
-    only signalled after checking what runs under it now."""
+def _renewer_record(pid: int | None) -> dict[str, Any]:
+    """What a record keeps of a renewer we just started (``pid``, our child, not yet waited for, so
+    the pid is still its own): the pid and the kernel's start time of the process."""
+    from ..alloc.queue import _process_start
+
+    return {"renewer_pid": pid, "renewer_started": _process_start(pid) if pid is not None else None}
+
+
+def _renewer_of(pid: object, started: object) -> int | None:
+    """``pid`` if it is still the renewer that a record names: a process of ours running
+    ``python -m gpusd.pool.renewer`` that started when the record says (``started``: the kernel's start
+    time recorded with the pid; another renewer of the same user that reused the pid started later).
+    A pid from a file is only signalled after checking what runs under it now."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
         return None
     try:
@@ -645,6 +687,8 @@ def _renewer_of(pid: object) -> int | None:
         return None
     if st.st_uid != os.getuid() or b"gpusd.pool.renewer" not in cmdline:
         return None
+    if not _holder_alive(pid, started):  # a record without a start time (gpusd 0.2) is never acted on
+        return None
     return pid
 
 
@@ -654,7 +698,8 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = 
     import signal
     import time
 
-    pid = _renewer_of(record.get("renewer_pid"))
+    started = record.get("renewer_started")
+    pid = _renewer_of(record.get("renewer_pid"), started)
     if pid is None:
         return
     try:
@@ -668,7 +713,7 @@ def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = 
                 return
         except ChildProcessError:
             pass
-        if _renewer_of(pid) is None:
+        if _renewer_of(pid, started) is None:
             return
         time.sleep(0.05)
     print(f"{_prog()}: the renewer (pid {pid}) did not end; the leases expire with their TTL", file=sys.stderr)

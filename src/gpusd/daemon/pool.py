@@ -243,7 +243,8 @@ class Pool:
                 self.pending_of[identity] = (asking - 1, gpus - count)
         devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
                     "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
-                    "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index}  # issue 21, additive
+                    "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
+                    "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
                    for c in sel.devices]
         held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, self._expiry(now, now, ttl),
                     devices, job, identity, claimed)

@@ -30,6 +30,7 @@ RDZV_PORT = 29400  # torchrun's c10d rendezvous
 DS_MASTER_PORT = 29500  # DeepSpeed's (torch.distributed's) master port
 RAY_PORT = 6379
 RANK_GPUS_VAR = "GPUSD_RANK_GPUS"  # read by gpusd.engines.rank_gpu
+RANK_CPUS_VAR = "GPUSD_RANK_CPUS"  # the same, each GPU's local CPUs (launch --bind-cpus)
 GLOO_IFNAME = "GLOO_SOCKET_IFNAME"  # the interface torch.distributed's gloo binds
 FILES = "@GPUSD_FILES@"  # in an argv word: the private temporary directory the launcher writes ``files`` to
 
@@ -108,9 +109,48 @@ def rank_gpus(p: Placement) -> str:
     return ";".join(parts)
 
 
-def mpi_env(p: Placement) -> dict[str, str]:
-    """The variables every rank needs (``mpirun -x NAME`` each): the wrapper's map and the CUDA order."""
-    return {RANK_GPUS_VAR: rank_gpus(p), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+def mpi_env(p: Placement, bind_cpus: bool = False) -> dict[str, str]:
+    """The variables every rank needs (``mpirun -x NAME`` each): the wrapper's map and the CUDA order
+    (``bind_cpus``: and each GPU's local CPUs, :func:`rank_cpus`)."""
+    env = {RANK_GPUS_VAR: rank_gpus(p), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if bind_cpus:
+        env[RANK_CPUS_VAR] = rank_cpus(p)
+    return env
+
+
+def rank_cpus(p: Placement) -> str:
+    """``GPUSD_RANK_CPUS``: each GPU's local CPUs as its host's daemon claimed them, in the order of
+    ``GPUSD_RANK_GPUS``: ``node-1=0-3/4-7;node-2=?`` (``?``: unknown).  Each rank's wrapper binds
+    itself to its GPU's list, intersected there with the CPUs it may use."""
+    return ";".join(f"{h.ssh_host}=" + "/".join(_cpus_of(h, i) for i in range(h.slots)) for h in p.hosts)
+
+
+def _cpus_of(h: HostSlot, i: int) -> str:
+    return (h.local_cpus[i] if h.local_cpus else None) or "?"
+
+
+def host_cpus(h: HostSlot) -> str | None:
+    """The union of the CPUs local to a host's GPUs (a CPU list), None when one GPU's are unknown."""
+    from ..topology import format_cpulist, parse_cpulist
+
+    if not h.local_cpus or any(c is None for c in h.local_cpus):
+        return None
+    return format_cpulist(frozenset().union(*(parse_cpulist(c) for c in h.local_cpus if c is not None)))
+
+
+def bound(cmds: Sequence[HostCommand], python: str | None = "python3") -> list[HostCommand]:
+    """``launch --bind-cpus`` for engines that start their own ranks on each host (torchrun, DeepSpeed,
+    a plain command): each host's command runs under ``python3 -m gpusd.engines.rank_gpu --bind-cpus
+    LIST --for GPUS --``, which binds it to the union of its GPUs' local CPUs that it may use there
+    and execs it; the ranks it starts inherit that."""
+    from dataclasses import replace
+
+    out = []
+    for c in cmds:
+        gpus = ",".join(str(g) for g in c.slot.gpus)
+        wrapper = rank_wrapper(python)[:-1] + ["--bind-cpus", host_cpus(c.slot) or "?", "--for", gpus, "--"]
+        out.append(replace(c, argv=wrapper + list(c.argv)))
+    return out
 
 
 RANK_MODULE = "gpusd.engines.rank_gpu"
@@ -157,11 +197,14 @@ def rank_wrapper(python: str | None = "python3", here: str | None = None) -> lis
 
 
 def mpirun_argv(p: Placement, hostfile: str, args: Sequence[str], python: str | None = "python3",
-                extra: Sequence[str] = ()) -> list[str]:
+                extra: Sequence[str] = (), bind_cpus: bool = False) -> list[str]:
     """``mpirun --hostfile HF -np N --map-by slot -x ... python3 -m gpusd.engines.rank_gpu -- ARGS``.
-    ``--map-by slot`` fills the hosts in hostfile order, which the wrapper checks."""
-    argv = ["mpirun", "--hostfile", hostfile, "-np", str(p.total_gpus), "--map-by", "slot", *extra]
-    for name in mpi_env(p):
+    ``--map-by slot`` fills the hosts in hostfile order, which the wrapper checks.  ``bind_cpus``:
+    ``--bind-to none`` (Open MPI would bind each rank to a core or socket first, and the wrapper can only
+    narrow what a rank may use) and each rank's wrapper binds it to its GPU's local CPUs."""
+    argv = ["mpirun", "--hostfile", hostfile, "-np", str(p.total_gpus), "--map-by", "slot",
+            *(["--bind-to", "none"] if bind_cpus else []), *extra]
+    for name in mpi_env(p, bind_cpus):
         argv += ["-x", name]
     return argv + rank_wrapper(python) + list(args)
 

@@ -86,6 +86,21 @@ def check_ssh_target(text: object, *, user: bool = False, what: str = "ssh_targe
     return text
 
 
+MAX_CPULIST = 4096  # characters in one GPU's CPU list
+
+
+def valid_cpulist(text: object) -> bool:
+    """A Linux CPU list (``0-3,8``) that :func:`gpusd.topology.parse_cpulist` reads, bounded."""
+    from ..topology import parse_cpulist
+
+    if not isinstance(text, str) or not 0 < len(text) <= MAX_CPULIST:
+        return False
+    try:
+        return bool(parse_cpulist(text))
+    except ValueError:
+        return False
+
+
 def new_job_id() -> str:
     return f"gpusd-{secrets.token_hex(4)}"
 
@@ -102,6 +117,10 @@ class HostSlot:
     # whose GPUs they are (issue 21): which visibility variables the host's commands get; ``gpus``
     # are then that vendor's own numbers (CUDA's, ROCm's, Level Zero's)
     vendor: str = "nvidia"
+    # each GPU's local CPUs as the host's daemon claimed them (``nvmlDeviceGetCpuAffinity``: a Linux
+    # CPU list such as ``0-15,32-47``; None: unknown), in ``gpus`` order; ``launch --bind-cpus`` binds
+    # to them intersected, on the host, with the CPUs the command may use there (a claim, never more)
+    local_cpus: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         _check_host(self.hostname, "hostname")
@@ -125,6 +144,13 @@ class HostSlot:
             for u in self.uuids:
                 if not isinstance(u, str) or _UUID.fullmatch(u) is None:
                     raise PlacementError(f"host {self.hostname}: not a GPU UUID: {str(u)[:80]!r}")
+        if self.local_cpus:
+            if len(self.local_cpus) != len(self.gpus):
+                raise PlacementError(f"host {self.hostname}: {len(self.local_cpus)} CPU lists for "
+                                     f"{len(self.gpus)} GPUs")
+            for c in self.local_cpus:
+                if c is not None and not valid_cpulist(c):
+                    raise PlacementError(f"host {self.hostname}: not a CPU list: {str(c)[:80]!r}")
 
     @property
     def slots(self) -> int:
@@ -166,6 +192,8 @@ class HostSlot:
             out["uuids"] = list(self.uuids)
         if self.vendor != "nvidia":
             out["vendor"] = self.vendor
+        if self.local_cpus:
+            out["local_cpus"] = list(self.local_cpus)
         return out
 
     @classmethod
@@ -175,14 +203,15 @@ class HostSlot:
         hostname: Any = d.get("hostname")
         gpus = d.get("gpus")
         uuids = d.get("uuids") or ()
-        if not isinstance(gpus, list) or not isinstance(uuids, (list, tuple)):
-            raise PlacementError(f"host {str(hostname)[:80]!r}: gpus (and uuids) must be lists")
-        if len(gpus) > MAX_GPUS_PER_HOST or len(uuids) > MAX_GPUS_PER_HOST:
+        cpus = d.get("local_cpus") or ()
+        if not isinstance(gpus, list) or not isinstance(uuids, (list, tuple)) or not isinstance(cpus, (list, tuple)):
+            raise PlacementError(f"host {str(hostname)[:80]!r}: gpus (and uuids, local_cpus) must be lists")
+        if len(gpus) > MAX_GPUS_PER_HOST or len(uuids) > MAX_GPUS_PER_HOST or len(cpus) > MAX_GPUS_PER_HOST:
             raise PlacementError(f"host {str(hostname)[:80]!r}: more than {MAX_GPUS_PER_HOST} GPUs")
         # types and values are checked in __post_init__
         return cls(hostname=hostname, address=d.get("address") or hostname,
                    ssh_target=d.get("ssh_target") or hostname, gpus=tuple(gpus), uuids=tuple(uuids),
-                   vendor=d.get("vendor") or "nvidia")
+                   vendor=d.get("vendor") or "nvidia", local_cpus=tuple(cpus))
 
 
 @dataclass(frozen=True)

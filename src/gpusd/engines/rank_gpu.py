@@ -12,6 +12,14 @@ cannot be run).  An AMD or Intel host's entries carry their vendor (``mi300=amd:
 the rank then gets that vendor's variables (``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``;
 docs/inventory.md "Vendors").  Imports nothing but the standard library for NVIDIA ranks: it runs once
 per rank.
+
+``gpusd launch --bind-cpus`` (docs/engines.md): with ``GPUSD_RANK_CPUS`` (``node-1=0-3/4-7;node-2=?``:
+each GPU's local CPUs as its host's daemon claimed them, ``/`` between GPUs, ``?`` unknown, in the
+order of ``GPUSD_RANK_GPUS``) the rank binds itself (``sched_setaffinity``) to its GPU's local CPUs
+that it may use here, before the exec.  ``--bind-cpus LIST --for GPUS -- CMD`` binds to ``LIST`` the
+same way and execs CMD without choosing a GPU: the per-host launchers (torchrun, DeepSpeed, a plain
+command), whose ranks inherit it.  Each says on stderr what it did; a CPU list that does not parse,
+or that names no CPU usable here, binds nothing (and says so).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import sys
 from typing import Mapping, Sequence
 
 VAR = "GPUSD_RANK_GPUS"
+CPUS_VAR = "GPUSD_RANK_CPUS"
+UNKNOWN = "?"
 MAX_LEN = 1 << 16
 
 
@@ -53,6 +63,55 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
 def choose(env: Mapping[str, str]) -> str:
     """The device (NVML index or UUID) for the rank described by ``env``."""
     hosts = parse(env.get(VAR, ""))
+    at, local = locate(env, hosts)
+    return hosts[at][1][local]
+
+
+def rank_cpus(env: Mapping[str, str]) -> str | None:
+    """The local CPUs (a CPU list, as claimed) of the rank's GPU from ``GPUSD_RANK_CPUS``; None when
+    unknown.  RankError when the map does not match ``GPUSD_RANK_GPUS``."""
+    hosts = parse(env.get(VAR, ""))
+    at, local = locate(env, hosts)
+    text = env.get(CPUS_VAR, "")
+    if len(text) > MAX_LEN:
+        raise RankError(f"${CPUS_VAR} is too long")
+    cpus = [(name, lists.split("/")) for name, _, lists in (part.partition("=") for part in text.split(";"))]
+    if [(n, len(c)) for n, c in cpus] != [(n, len(d)) for n, d in hosts]:
+        raise RankError(f"${CPUS_VAR} does not match ${VAR} (set together by gpusd launch --bind-cpus)")
+    value = cpus[at][1][local]
+    return None if value == UNKNOWN else value
+
+
+def bind(claimed: str | None, what: str, gpus: str) -> str:
+    """Bind this process to the CPUs of ``claimed`` (a CPU list: the CPUs local to ``gpus``, as their
+    host's daemon said) that it may use (its affinity now: a cgroup's cpuset, taskset, mpirun's
+    binding); the line that says what was done."""
+    head = f"gpusd: --bind-cpus: {what}"
+    if claimed is None:
+        return f"{head}: the CPUs local to GPU(s) {gpus} are unknown; not bound"
+    from ..topology import format_cpulist, parse_cpulist
+
+    try:
+        if len(claimed) > 4096:
+            raise ValueError("too long")
+        wanted = parse_cpulist(claimed)
+    except ValueError:
+        return f"{head}: not a CPU list for GPU(s) {gpus}: {claimed[:40]!r}; not bound"
+    try:
+        allowed = frozenset(os.sched_getaffinity(0))
+        chosen = wanted & allowed
+        if not chosen:
+            return (f"{head}: none of the CPUs local to GPU(s) {gpus} ({format_cpulist(wanted)}) may be used "
+                    f"here ({format_cpulist(allowed)}); not bound")
+        os.sched_setaffinity(0, chosen)
+    except OSError as exc:
+        return f"{head}: cannot set the CPU affinity ({exc.strerror or exc}); not bound"
+    return f"{head}: bound to CPUs {format_cpulist(chosen)} (local to GPU(s) {gpus})"
+
+
+def locate(env: Mapping[str, str], hosts: Sequence[tuple[str, Sequence[str]]]) -> tuple[int, int]:
+    """Which host of ``hosts`` (its position) and which of its GPUs (the local rank) the rank of
+    ``env`` is."""
     local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
     if local is None:
         local = _int(env, "HOROVOD_LOCAL_RANK")
@@ -61,42 +120,57 @@ def choose(env: Mapping[str, str]) -> str:
                         "(OMPI_COMM_WORLD_LOCAL_RANK / HOROVOD_LOCAL_RANK)")
     hostname = env.get("HOROVOD_HOSTNAME")
     if hostname is not None:
-        found = [d for name, d in hosts if name == hostname]
+        found = [i for i, (name, _d) in enumerate(hosts) if name == hostname]
         if not found:
             raise RankError(f"host {hostname[:60]!r} is not in the placement")
-        devices = found[0]
+        at = found[0]
+        devices = hosts[at][1]
     else:
         world = _int(env, "OMPI_COMM_WORLD_RANK")
         if world is None:
             raise RankError("no world rank (OMPI_COMM_WORLD_RANK)")
         first = 0
-        for _name, d in hosts:
+        for i, (_name, d) in enumerate(hosts):
             if world < first + len(d):
                 if world - first != local:
                     raise RankError(f"rank {world} has local rank {local}, not {world - first}: ranks were not "
                                     "mapped by slot in hostfile order (keep mpirun's --map-by slot)")
-                devices = d
+                at, devices = i, d
                 break
             first += len(d)
         else:
             raise RankError(f"rank {world} is beyond the {first} GPUs of the placement")
     if local >= len(devices):
         raise RankError(f"local rank {local} but only {len(devices)} GPUs on this host")
-    return devices[local]
+    return at, local
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--":
         args = args[1:]
+    if len(args) >= 5 and args[0] == "--bind-cpus" and args[2] == "--for" and args[4] == "--":
+        # a per-host launcher (torchrun, DeepSpeed, a plain command): bind it, choose no GPU
+        claimed, gpus, cmd = args[1], args[3], args[5:]
+        if not cmd:
+            print("usage: python3 -m gpusd.engines.rank_gpu --bind-cpus LIST --for GPUS -- CMD [ARGS...]",
+                  file=sys.stderr)
+            return 2
+        print(bind(None if claimed == UNKNOWN else claimed, f"{os.path.basename(cmd[0])[:40]} and what it starts",
+                   gpus[:200]), file=sys.stderr, flush=True)
+        return _exec(cmd)
     if not args:
         print("usage: python3 -m gpusd.engines.rank_gpu -- CMD [ARGS...]", file=sys.stderr)
         return 2
     try:
         device = choose(os.environ)
+        cpus = rank_cpus(os.environ) if CPUS_VAR in os.environ else None
     except RankError as e:
         print(f"gpusd rank_gpu: {e}", file=sys.stderr)
         return 2
+    if CPUS_VAR in os.environ:
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK") or "?"
+        print(bind(cpus, f"rank {rank[:12]} (GPU {device})", device), file=sys.stderr, flush=True)
     vendor, _, token = device.partition(":") if device.startswith(("amd:", "intel:")) else ("nvidia", "", device)
     if vendor == "nvidia":
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -112,8 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in cleared([vendor]) - set(variables):
             os.environ.pop(name, None)
         os.environ.update(variables)
+    return _exec(args)
+
+
+def _exec(args: Sequence[str]) -> int:
     try:
-        os.execvp(args[0], args)
+        os.execvp(args[0], list(args))
     except OSError as e:
         print(f"gpusd rank_gpu: cannot run {args[0]!r}: {e.strerror or e}", file=sys.stderr)
         return 127

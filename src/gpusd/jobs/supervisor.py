@@ -412,17 +412,31 @@ class Supervisor:
             return
         self.stopping = why
         self.stop_deadline = time.monotonic() + self.grace
-        _signal_group(proc.pid, signal.SIGCONT)
-        _signal_group(proc.pid, signal.SIGTERM)
+        pgid = self.pgid
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGTERM)
+        # the thread's own descriptor of this command: self.pidfd is closed (and its number may be
+        # reused) when the next command starts, before the grace period is over
+        pidfd, had = _dup(self.pidfd), self.pidfd is not None
 
         def kill_later() -> None:
             try:
                 proc.wait(self.grace)
             except subprocess.TimeoutExpired:
                 log(f"job {self.job_id}: no exit within the {self.grace:g}s grace period: SIGKILL")
-                _signal_group(proc.pid, signal.SIGKILL)
+                if pidfd is not None or not had:  # no dup (out of descriptors): never by the bare pid
+                    _signal_command(pidfd, pgid, proc.pid, signal.SIGKILL)
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
 
         threading.Thread(target=kill_later, daemon=True).start()
+
+    def _signal(self, signum: int) -> None:
+        """Signal the running command (its process group when it has one), never a process that
+        reused its pid: see ``_signal_command``."""
+        if self.proc is not None:
+            _signal_command(self.pidfd, self.pgid, self.proc.pid, signum)
 
     def preempt(self, by: str, priority: int) -> dict[str, Any]:
         with self.lock:
@@ -515,7 +529,7 @@ class Supervisor:
                 return {"ok": False, "message": f"job {self.job_id} is not pausable"}
             if self.proc is None or self.proc.poll() is not None:
                 return {"ok": False, "message": "not running"}
-            _signal_group(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self._signal(signal.SIGSTOP if on else signal.SIGCONT)
             self.writer.write(state="paused" if on else "running", reason=reason)
         log(f"job {self.job_id}: {'paused' if on else 'resumed'}: {reason}")
         return {"ok": True}
@@ -633,7 +647,7 @@ class Supervisor:
                 stop["user"] = True
             proc = self.proc
             if proc is not None and proc.poll() is None:
-                _signal_group(proc.pid, signum)
+                self._signal(signum)
             elif signum != signal.SIGUSR1:  # queued or preempted, no command running: stop waiting
                 raise Stopped(signum)
 
@@ -805,12 +819,30 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _signal_group(pid: int, signum: int) -> None:
-    """Signal the command's process group when it leads one (--preemptible, --pausable), else it."""
+def _signal_command(pidfd: int | None, pgid: int | None, pid: int, signum: int) -> None:
+    """Signal the command that ``pidfd`` names (opened at spawn, before anyone could reap it): its
+    process group ``pgid`` (the one made at spawn: --preemptible, --pausable, --on-change restart) while
+    that pidfd still names a process not yet reaped — its pid, and so its group id, cannot have been
+    reused then — else the command alone, through the pidfd.  A command already reaped is never
+    signalled, nor whoever has its pid now (``pid`` serves only a kernel without pidfds)."""
     try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
+        if pidfd is None:  # pragma: no cover - a kernel without pidfds (before Linux 5.3)
+            if pgid is not None:
+                os.killpg(pgid, signum)
+            else:
+                os.kill(pid, signum)
+            return
+        if pgid is None:
+            signal.pidfd_send_signal(pidfd, signum)
+            return
+        signal.pidfd_send_signal(pidfd, 0)  # raises once the command was reaped
+        os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _dup(fd: int | None) -> int | None:
+    try:
+        return None if fd is None else os.dup(fd)
+    except OSError:  # pragma: no cover - out of descriptors: the SIGKILL then goes nowhere
+        return None

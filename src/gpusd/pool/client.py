@@ -190,6 +190,13 @@ def _slot_gpus(p: HostLease) -> dict[str, Any]:
     numbers = [d["vendor_index"] if type(d.get("vendor_index")) is int else d["index"]
                for d in p.devices]
     out: dict[str, Any] = {"gpus": numbers, "uuids": [d["uuid"] for d in p.devices]}
+    from ..engines.placement import valid_cpulist
+
+    # each GPU's local CPUs as the host claims them (a daemon before 0.3 says nothing): a CPU list
+    # that does not parse is unknown; the rank's host intersects it with what it may use
+    cpus = [d.get("local_cpus") if valid_cpulist(d.get("local_cpus")) else None for d in p.devices]
+    if any(c is not None for c in cpus):
+        out["local_cpus"] = cpus
     vendor = vendors.pop() if vendors else "nvidia"
     if vendor != "nvidia":
         out["vendor"] = vendor
