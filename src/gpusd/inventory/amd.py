@@ -34,7 +34,7 @@ from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot, ProcessInfo
 from .processes import ProcessResolver
-from .window import UtilWindow
+from .window import UtilWindow, utilisation
 
 # amdsmi statuses (amdsmi_status_t) that mean "this field is not there on this GPU".
 _UNSUPPORTED = {2, 3, 5, 10, 40}  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOAD_SYMBOL, NO_PERM, NO_DATA
@@ -205,13 +205,10 @@ class AmdBackend:
         gfx = _number(activity.get("gfx_activity")) if activity else None
         if activity:
             gpu.utilization_memory = _number(activity.get("umc_activity"))
-        window = dev.util
-        assert window is not None
-        if gfx is not None:
-            window.add(now, gfx)  # no driver sample buffer: the window is built from our readings
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
-        if gpu.utilization_gpu is None:
-            gpu.utilization_gpu = gfx
+        assert dev.util is not None
+        # no driver sample buffer: the window is built from our own readings
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(dev.util, now, self._util_since.get(dev.uuid),
+                                                                  gfx, own=True)
         if self._detail:
             kinds = smi.AmdSmiTemperatureType
             current = smi.AmdSmiTemperatureMetric.CURRENT

@@ -32,7 +32,7 @@ from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot, ProcessInfo
 from .processes import ProcessResolver
-from .window import UtilWindow
+from .window import UtilWindow, utilisation
 
 LIBRARY_ENV = "GPUSD_ZE_LIBRARY"
 _HARD_CODED = "libze_loader.so.1"
@@ -295,13 +295,10 @@ class IntelBackend:
             gpu.memory_used = max(0, total - free)
         now = time.time()
         util, power = self._counters(dev)
-        window = dev.util
-        assert window is not None
-        if util is not None:
-            window.add(now, util)
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
-        if gpu.utilization_gpu is None:
-            gpu.utilization_gpu = util
+        assert dev.util is not None
+        # no driver sample buffer: the window is built from our own readings
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(dev.util, now, self._util_since.get(dev.uuid),
+                                                                  util, own=True)
         if self._detail:
             gpu.power_draw = round(power, 1) if power is not None else None
             if dev.temp is not None:

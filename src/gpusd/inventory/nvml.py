@@ -20,7 +20,7 @@ from ..identity import hostname, node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from ..topology import with_machine
 from .processes import ProcessResolver
-from .window import UtilWindow
+from .window import UtilWindow, utilisation
 
 
 def _log() -> Any:
@@ -575,9 +575,8 @@ class NvmlBackend:
         elif rates is not None and ("samples" in dev.unsupported or window.last_ts() is None):
             # No driver sample buffer: build the window from our own readings.
             window.add(now, float(rates.gpu))
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
-        if gpu.utilization_gpu is None and rates is not None:
-            gpu.utilization_gpu = float(rates.gpu)
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(window, now, self._util_since.get(dev.uuid),
+                                                                  float(rates.gpu) if rates is not None else None)
 
     def _migs(self, dev: _Device) -> list[MigInstance]:
         nv = self._nv
