@@ -33,6 +33,8 @@ from typing import Any, Mapping
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from .lost import GpuFailed as _GpuFailed
+from .lost import filled
 from .processes import ProcessResolver
 from .window import UtilWindow, utilisation
 
@@ -41,12 +43,6 @@ _UNSUPPORTED = {2, 3, 5, 10, 40}  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOA
 _DRIVER_NOT_LOADED = 34
 _STATUS_NAMES = {6: "DRM error", 7: "API failed", 8: "timeout", 12: "I/O error", 18: "init error",
                  31: "not found", 32: "not initialised", 34: "driver not loaded", 51: "no driver"}
-
-
-class _GpuFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -186,11 +182,7 @@ class AmdBackend:
 
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="amd")
-        try:
-            self._fill(dev, gpu)
-        except _GpuFailed as exc:
-            gpu.healthy, gpu.error = False, exc.reason
-        return gpu
+        return filled(gpu, self._fill, dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         smi, q = self._smi, self._query

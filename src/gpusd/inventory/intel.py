@@ -31,6 +31,8 @@ from typing import Any, Mapping
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from .lost import GpuFailed as _GpuFailed
+from .lost import filled
 from .processes import ProcessResolver
 from .window import UtilWindow, utilisation
 
@@ -42,12 +44,6 @@ _NAMES = {0x70000001: "device lost", 0x78000001: "uninitialised", 0x7FFFFFFE: "u
 _ENGINE_ALL, _ENGINE_COMPUTE_ALL = 0, 1
 _TEMP_GPU = 1
 _import_lock = threading.Lock()
-
-
-class _GpuFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _result(code: int) -> str:
@@ -271,11 +267,7 @@ class IntelBackend:
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="intel",
                       subdevices=dev.subdevices)
-        try:
-            self._fill(dev, gpu)
-        except _GpuFailed as exc:
-            gpu.healthy, gpu.error = False, exc.reason
-        return gpu
+        return filled(gpu, self._fill, dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         ze = self._ze

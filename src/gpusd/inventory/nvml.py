@@ -19,6 +19,8 @@ from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from ..topology import with_machine
+from .lost import GpuFailed as _GpuFailed
+from .lost import filled
 from .processes import ProcessResolver
 from .window import UtilWindow, utilisation
 
@@ -185,12 +187,6 @@ class _XidWatcher:
                 self._nv.nvmlEventSetFree(self._set)
             except self._nv.NVMLError:
                 pass
-
-
-class _GpuFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -433,12 +429,7 @@ class NvmlBackend:
         if dev.handle is None:
             gpu.healthy, gpu.error = False, "no NVML handle"
             return gpu
-        try:
-            self._fill(dev, gpu)
-        except _GpuFailed as exc:
-            gpu.healthy = False
-            gpu.error = exc.reason
-        return gpu
+        return filled(gpu, self._fill, dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         nv = self._nv
