@@ -127,21 +127,10 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
         if absorbed is not None:
             return absorbed  # type: ignore[no-any-return]
     path = path or os.environ.get("GPUSD_PRIORITY_POLICY") or POLICY_PATH
-    from .policy import read_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
+    from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
 
-    key, raw = read_root_file(path, "priority policy", _warn_once)
-    if key is None or raw is None:
-        return PriorityPolicy()
-    hit = _cache.get(path)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    try:
-        policy = parse_policy(raw, path)
-    except ValueError as exc:
-        _warn_once(path, f"ignoring the priority policy {path}: {exc}")
-        return PriorityPolicy()
-    _cache[path] = (key, policy)
-    return policy
+    policy = load_root_file(path, "priority policy", _warn_once, _cache, parse_policy)
+    return PriorityPolicy() if policy is None else policy
 
 
 def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:
