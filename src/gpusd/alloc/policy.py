@@ -25,9 +25,9 @@ import logging
 import math
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import NoGpuAvailable
 
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 POLICY_PATH = "/etc/gpusd/policy.json"
 POLICY_ENV = "GPUSD_POLICY"
 MAX_BYTES = 65536
+T = TypeVar("T")
+Warn = Callable[[str, str], None]  # warn(path, message): how a reader of a policy file says it ignores one
 FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
                     "idle_warn_minutes", "idle_release_minutes", "priorities"})
 
@@ -113,7 +115,7 @@ def held_by_user(leases: Iterable[Any]) -> dict[str, int]:
     return out
 
 
-def read_root_file(path: str, what: str, warn: Any) -> tuple[tuple[int, int, int] | None, bytes | None]:
+def read_root_file(path: str, what: str, warn: Warn) -> tuple[tuple[int, int, int] | None, bytes | None]:
     """(the file's identity, its bytes) when ``path`` is a policy every process may believe: a regular
     file, not a symlink, owned by root, readable by everyone, writable by nobody else, at most
     :data:`MAX_BYTES`.  (None, None) when it is missing or fails a check (``warn`` is told why)."""
@@ -146,6 +148,26 @@ def read_root_file(path: str, what: str, warn: Any) -> tuple[tuple[int, int, int
     return (st.st_ino, st.st_mtime_ns, st.st_size), raw
 
 
+def load_root_file(path: str, what: str, warn: Warn, cache: dict[str, tuple[tuple[int, int, int], T]],
+                   parse: Callable[[bytes, str], T]) -> T | None:
+    """``parse(bytes, path)`` of the policy file ``path`` that :func:`read_root_file` believes, kept in
+    ``cache`` (path -> (inode, mtime, size), value) while the file is unchanged; None where there is
+    none, it fails a check, or ``parse`` raises ValueError (``warn`` is told why)."""
+    key, raw = read_root_file(path, what, warn)
+    if key is None or raw is None:
+        return None
+    hit = cache.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    try:
+        value = parse(raw, path)
+    except ValueError as exc:
+        warn(path, f"ignoring the {what} {path}: {exc}")
+        return None
+    cache[path] = (key, value)
+    return value
+
+
 _cache: dict[str, tuple[tuple[int, int, int], Policy]] = {}
 _warned: set[str] = set()
 
@@ -164,19 +186,8 @@ def load(path: str | None = None) -> Policy:
     """The policy (cached while the file is unchanged); no caps where there is none or it cannot be
     trusted or parsed (said once, in the log)."""
     path = path or policy_path()
-    key, raw = read_root_file(path, "policy", _warn_once)
-    if key is None or raw is None:
-        return Policy()
-    hit = _cache.get(path)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    try:
-        policy = parse(raw, path)
-    except ValueError as exc:
-        _warn_once(path, f"ignoring the policy {path}: {exc}")
-        return Policy()
-    _cache[path] = (key, policy)
-    return policy
+    policy = load_root_file(path, "policy", _warn_once, _cache, parse)
+    return Policy() if policy is None else policy
 
 
 def _count(d: dict[str, Any], name: str, top: int = 1_000_000) -> int | None:

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,6 @@ LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
 DEFAULT_MAX = HIGH
 DEFAULT_AGING_S = 1800.0
 POLICY_PATH = "/etc/gpusd/priorities.json"
-MAX_POLICY_BYTES = 65536
 
 
 def priority_name(level: int) -> str:
@@ -129,40 +127,10 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
         if absorbed is not None:
             return absorbed  # type: ignore[no-any-return]
     path = path or os.environ.get("GPUSD_PRIORITY_POLICY") or POLICY_PATH
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return PriorityPolicy()
-    except OSError as exc:  # a symlink (ELOOP), unreadable: every process must read the same policy
-        _warn_once(path, f"ignoring the priority policy {path}: {exc.strerror}")
-        return PriorityPolicy()
-    try:
-        st = os.fstat(fd)
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        hit = _cache.get(path)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        if not stat.S_ISREG(st.st_mode):
-            _warn_once(path, f"ignoring the priority policy {path}: not a regular file")
-            return PriorityPolicy()
-        if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not st.st_mode & stat.S_IROTH:
-            # Every process that orders the queue must see the same policy, or two waiters may each
-            # wait for the other: a file only some can read, or one a user wrote, is nobody's.
-            _warn_once(path, f"ignoring the priority policy {path}: it must belong to root, be readable by "
-                       "everyone and writable by nobody else")
-            return PriorityPolicy()
-        raw = os.read(fd, MAX_POLICY_BYTES + 1)
-    except OSError:
-        return PriorityPolicy()
-    finally:
-        os.close(fd)
-    try:
-        policy = parse_policy(raw if len(raw) <= MAX_POLICY_BYTES else b"", path)
-    except ValueError as exc:
-        _warn_once(path, f"ignoring the priority policy {path}: {exc}")
-        return PriorityPolicy()
-    _cache[path] = (key, policy)
-    return policy
+    from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
+
+    policy = load_root_file(path, "priority policy", _warn_once, _cache, parse_policy)
+    return PriorityPolicy() if policy is None else policy
 
 
 def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:

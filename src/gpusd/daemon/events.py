@@ -101,9 +101,13 @@ class EventHub:
         return next(iter(self._unsigned[peer]), None)
 
     def _evict(self, sub: Subscription) -> None:
-        self._forget(sub)
         sub.evicted = True
         self.evicted += 1
+        self._end(sub)
+
+    def _end(self, sub: Subscription) -> None:
+        """Forget ``sub`` and end its stream now: what it had not read is discarded, then the end."""
+        self._forget(sub)
         while not sub.queue.empty():
             sub.queue.get_nowait()
         sub.queue.put_nowait(None)
@@ -132,12 +136,9 @@ class EventHub:
                 self._drop(sub)
 
     def _drop(self, sub: Subscription) -> None:
-        self._forget(sub)
         sub.dropped = True
         self.dropped += 1
-        while not sub.queue.empty():
-            sub.queue.get_nowait()
-        sub.queue.put_nowait(None)
+        self._end(sub)
 
     def close(self, final: bytes | None = None) -> None:
         """End every stream, after ``final`` (e.g. a ``bye`` event)."""

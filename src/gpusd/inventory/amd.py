@@ -33,20 +33,16 @@ from typing import Any, Mapping
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from .lost import GpuFailed as _GpuFailed
+from .lost import filled
 from .processes import ProcessResolver
-from .window import UtilWindow
+from .window import UtilWindow, utilisation
 
 # amdsmi statuses (amdsmi_status_t) that mean "this field is not there on this GPU".
 _UNSUPPORTED = {2, 3, 5, 10, 40}  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOAD_SYMBOL, NO_PERM, NO_DATA
 _DRIVER_NOT_LOADED = 34
 _STATUS_NAMES = {6: "DRM error", 7: "API failed", 8: "timeout", 12: "I/O error", 18: "init error",
                  31: "not found", 32: "not initialised", 34: "driver not loaded", 51: "no driver"}
-
-
-class _GpuFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -186,11 +182,7 @@ class AmdBackend:
 
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="amd")
-        try:
-            self._fill(dev, gpu)
-        except _GpuFailed as exc:
-            gpu.healthy, gpu.error = False, exc.reason
-        return gpu
+        return filled(gpu, self._fill, dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         smi, q = self._smi, self._query
@@ -205,13 +197,10 @@ class AmdBackend:
         gfx = _number(activity.get("gfx_activity")) if activity else None
         if activity:
             gpu.utilization_memory = _number(activity.get("umc_activity"))
-        window = dev.util
-        assert window is not None
-        if gfx is not None:
-            window.add(now, gfx)  # no driver sample buffer: the window is built from our readings
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
-        if gpu.utilization_gpu is None:
-            gpu.utilization_gpu = gfx
+        assert dev.util is not None
+        # no driver sample buffer: the window is built from our own readings
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(dev.util, now, self._util_since.get(dev.uuid),
+                                                                  gfx, own=True)
         if self._detail:
             kinds = smi.AmdSmiTemperatureType
             current = smi.AmdSmiTemperatureMetric.CURRENT

@@ -31,8 +31,10 @@ from typing import Any, Mapping
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from .lost import GpuFailed as _GpuFailed
+from .lost import filled
 from .processes import ProcessResolver
-from .window import UtilWindow
+from .window import UtilWindow, utilisation
 
 LIBRARY_ENV = "GPUSD_ZE_LIBRARY"
 _HARD_CODED = "libze_loader.so.1"
@@ -42,12 +44,6 @@ _NAMES = {0x70000001: "device lost", 0x78000001: "uninitialised", 0x7FFFFFFE: "u
 _ENGINE_ALL, _ENGINE_COMPUTE_ALL = 0, 1
 _TEMP_GPU = 1
 _import_lock = threading.Lock()
-
-
-class _GpuFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _result(code: int) -> str:
@@ -271,11 +267,7 @@ class IntelBackend:
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="intel",
                       subdevices=dev.subdevices)
-        try:
-            self._fill(dev, gpu)
-        except _GpuFailed as exc:
-            gpu.healthy, gpu.error = False, exc.reason
-        return gpu
+        return filled(gpu, self._fill, dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         ze = self._ze
@@ -295,13 +287,10 @@ class IntelBackend:
             gpu.memory_used = max(0, total - free)
         now = time.time()
         util, power = self._counters(dev)
-        window = dev.util
-        assert window is not None
-        if util is not None:
-            window.add(now, util)
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
-        if gpu.utilization_gpu is None:
-            gpu.utilization_gpu = util
+        assert dev.util is not None
+        # no driver sample buffer: the window is built from our own readings
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(dev.util, now, self._util_since.get(dev.uuid),
+                                                                  util, own=True)
         if self._detail:
             gpu.power_draw = round(power, 1) if power is not None else None
             if dev.temp is not None:

@@ -19,8 +19,10 @@ from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from ..topology import with_machine
+from .lost import GpuFailed as _GpuFailed
+from .lost import filled
 from .processes import ProcessResolver
-from .window import UtilWindow
+from .window import UtilWindow, utilisation
 
 
 def _log() -> Any:
@@ -185,12 +187,6 @@ class _XidWatcher:
                 self._nv.nvmlEventSetFree(self._set)
             except self._nv.NVMLError:
                 pass
-
-
-class _GpuFailed(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -433,12 +429,7 @@ class NvmlBackend:
         if dev.handle is None:
             gpu.healthy, gpu.error = False, "no NVML handle"
             return gpu
-        try:
-            self._fill(dev, gpu)
-        except _GpuFailed as exc:
-            gpu.healthy = False
-            gpu.error = exc.reason
-        return gpu
+        return filled(gpu, self._fill, dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         nv = self._nv
@@ -575,9 +566,8 @@ class NvmlBackend:
         elif rates is not None and ("samples" in dev.unsupported or window.last_ts() is None):
             # No driver sample buffer: build the window from our own readings.
             window.add(now, float(rates.gpu))
-        gpu.utilization_gpu, gpu.utilization_window = window.mean(now, self._util_since.get(dev.uuid))
-        if gpu.utilization_gpu is None and rates is not None:
-            gpu.utilization_gpu = float(rates.gpu)
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(window, now, self._util_since.get(dev.uuid),
+                                                                  float(rates.gpu) if rates is not None else None)
 
     def _migs(self, dev: _Device) -> list[MigInstance]:
         nv = self._nv

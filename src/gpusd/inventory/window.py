@@ -158,3 +158,15 @@ class UtilWindow:
             return last_value, None
         covered = min(self.window, end - (max(horizon, first_ts)))
         return total / weight, round(covered, 3)
+
+
+def utilisation(window: UtilWindow, now: float, since: float | None, reading: float | None,
+                own: bool = False) -> tuple[float | None, float | None]:
+    """(utilisation, seconds covered) of one GPU for a snapshot: the window's mean at ``now`` (only
+    samples at or after ``since`` count), else the instant ``reading`` (with no window).  ``own``: the
+    backend has no driver sample buffer, so ``reading`` (when there is one) is first added to the
+    window, which is then built from the backend's own readings."""
+    if own and reading is not None:
+        window.add(now, reading)
+    mean, covered = window.mean(now, since)
+    return (reading, covered) if mean is None else (mean, covered)

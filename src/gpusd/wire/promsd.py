@@ -59,14 +59,9 @@ def daemons_from_hosts(hosts: Iterable[Any], session: str | None = None) -> list
             continue
         if session is not None and h.session is not None and h.session != session:
             continue
-        verified = "unknown" if h.verified is None else str(h.verified).lower()
-        extra = ((META + "verified", verified), (META + "via", str(h.via or "mdns")))
-        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
-        try:
-            d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
-        except ValueError:
-            continue
-        out.append(d)
+        d = _scrapeable(h, session, str(h.via or "mdns"))
+        if d is not None:
+            out.append(d)
     return out
 
 
@@ -81,17 +76,26 @@ def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: 
     for h in view.hosts:
         if not h.url or not h.alive or (h.verified is False and not unverified):
             continue
-        extra: tuple[tuple[str, str], ...] = ()
-        if labels:
-            verified = "unknown" if h.verified is None else str(h.verified).lower()
-            extra = ((META + "verified", verified), (META + "via", h.via))
-        d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
-        try:
-            d.address  # noqa: B018 - a URL Prometheus cannot scrape (from the network: anything) is left out
-        except ValueError:
-            continue
-        out.append(d)
+        d = _scrapeable(h, session, h.via if labels else None)
+        if d is not None:
+            out.append(d)
     return out
+
+
+def _scrapeable(h: Any, session: str | None, via: str | None) -> Daemon | None:
+    """The daemon of host ``h`` (its own session, else ``session``), labelled with
+    ``__meta_gpusd_verified`` and ``__meta_gpusd_via`` when ``via`` is given; None when its URL is not
+    one Prometheus can scrape (from the network: anything)."""
+    extra: tuple[tuple[str, str], ...] = ()
+    if via is not None:
+        verified = "unknown" if h.verified is None else str(h.verified).lower()
+        extra = ((META + "verified", verified), (META + "via", via))
+    d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
+    try:
+        d.address  # noqa: B018 - raises ValueError for a URL Prometheus cannot scrape
+    except ValueError:
+        return None
+    return d
 
 
 def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
