@@ -207,6 +207,8 @@ def test_a_priority_policy_another_user_can_write_is_ignored(shared_locks, monke
     link = shared_locks / "link.json"
     link.symlink_to(policy)
     assert load_policy(str(link)).max_for(MALLORY) == HIGH  # never through a symlink
+    os.chmod(policy, 0o666)  # made writable by others after a good read: no longer believed, cache or not
+    assert load_policy(str(policy)).max_for(MALLORY) == HIGH
 
 
 def test_policy_files_are_checked_field_by_field():
