@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Iterable, MutableMapping
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Iterable, MutableMapping
 
 
 class CudaAlreadyInitializedWarning(RuntimeWarning):

@@ -12,12 +12,15 @@ import importlib
 import os
 import re
 import sys
-from typing import Any, Callable, NoReturn, Sequence
 
 from .._version import __version__
 from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
 from .exits import EXIT_USAGE, exit_code_for
 from .trust import add_token_flags
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, NoReturn, Sequence
 
 PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
 
@@ -487,7 +490,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add_token_flags(p, "sign requests: per-user figures and job owners from daemons that prove they hold it")
 
     p = (_Skipped() if _skipped(sub, "export") else  # type: ignore[assignment]
-         sub.add_parser("export", help="export the fleet for other tools", description="export the fleet for other tools"))
+         sub.add_parser("export", help="export the fleet for other tools",
+                        description="export the fleet for other tools"))
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
     p = _command(esub, "prometheus-sd", "gpusd.cli.monitor:export_prometheus_sd",
                  "write a Prometheus file_sd target list of the gpusd daemons discovered")

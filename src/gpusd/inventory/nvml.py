@@ -13,13 +13,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from .processes import ProcessResolver
 from .window import UtilWindow
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Mapping
 
 
 def _log() -> Any:
