@@ -7,11 +7,13 @@ Every cell is hostile data (names from the network, users and commands from othe
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from ..model import GpuInfo, HostSnapshot, display_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Sequence
 
 MAX_CELL = 80  # characters shown of one cell
 NAME_MAX = 64  # of a host name
