@@ -267,7 +267,7 @@ class StateKeeper(threading.Thread):
             if key != last:
                 write_state(self.fake.state, gpus)
                 last = key
-            time.sleep(0.05)
+            time.sleep(float(os.environ.get("KEEPER_POLL", "0.05")))
 
 
 def makespan(fake: FakeEnv, jobs: int) -> None:

@@ -27,6 +27,8 @@ GiB = 2**30
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30, help="rounds (each runs every command once)")
+    ap.add_argument("--before", metavar="SRC", help="also run the gpusd of this src/ directory (a worktree of the "
+                    "base commit), interleaved with the others, as 'before'")
     args = ap.parse_args()
 
     gpus = make_gpus(8, model="NVIDIA H100 80GB HBM3", memory_used=12 * GiB, util_gpu=35, util_memory=10,
@@ -41,32 +43,40 @@ def main() -> int:
         "gpusd select -n 1": [py, "-m", "gpusd", "select", "-n", "1"],
         "gpusd env -n 1": [py, "-m", "gpusd", "env", "-n", "1"],
     }
+    envs = {name: env for name in cmds}
+    if args.before:
+        before = dict(env, PYTHONPATH=args.before)
+        for name in list(cmds):
+            if name.startswith("gpusd"):
+                cmds[name + " (before)"] = cmds[name]
+                envs[name + " (before)"] = before
     for name, exe in (("nvisel -n 1", "nvisel"), ("nvitop -1", "nvitop")):
         path = shutil.which(exe)
         if path:
             cmds[name] = [path, *name.split()[1:]]
+            envs[name] = env
     times: dict[str, list[float]] = {name: [] for name in cmds}
     for name, cmd in cmds.items():  # warm-up, and each must work
-        done = subprocess.run(cmd, env=env, capture_output=True)
+        done = subprocess.run(cmd, env=envs[name], capture_output=True)
         if done.returncode != 0:
             print(f"{name}: exit {done.returncode}: {done.stderr.decode()[-400:]}", file=sys.stderr)
             return 1
     for _ in range(args.runs):
         for name, cmd in cmds.items():
             t = time.perf_counter()
-            subprocess.run(cmd, env=env, capture_output=True)
+            subprocess.run(cmd, env=envs[name], capture_output=True)
             times[name].append(time.perf_counter() - t)
 
     med = {name: p50(v) for name, v in times.items()}
     load = os.getloadavg()[0]
     print(f"Whole process, median of {args.runs} interleaved rounds (load average {load:.1f} on "
           f"{os.cpu_count()} CPUs), fake NVML, 8 H100s")
-    print(f"{'command':24s} {'median ms':>10s} {'min ms':>8s} {'x python -c pass':>17s} {'x nvisel -n 1':>14s}")
+    print(f"{'command':33s} {'median ms':>10s} {'min ms':>8s} {'x python -c pass':>17s} {'x nvisel -n 1':>14s}")
     floor = med["python -c pass"]
     nvisel = med.get("nvisel -n 1")
     for name in cmds:
         rel = f"{med[name] / nvisel:14.2f}" if nvisel else f"{'-':>14s}"
-        print(f"{name:24s} {med[name] * 1e3:10.1f} {min(times[name]) * 1e3:8.1f} {med[name] / floor:17.2f} {rel}")
+        print(f"{name:33s} {med[name] * 1e3:10.1f} {min(times[name]) * 1e3:8.1f} {med[name] / floor:17.2f} {rel}")
     print("goal: devices <= 4x python -c pass; select and env <= 0.6x nvisel -n 1")
 
     print("\nModules imported (python -X importtime), beyond those of python -c pass")
