@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from fakenvml import make_gpus
 
 SRC = Path(__file__).resolve().parents[2] / "src"
