@@ -20,7 +20,10 @@ waiter has it: the queue's wake-up, isolated from process start-up and from util
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
-``gpusd run --wait --max-util 50`` per job versus a static round-robin assignment.
+``gpusd run --wait --max-util 50`` per job versus a static round-robin assignment.  Knobs for finding where
+a hand-over goes: ``$BENCH_MAX_UTIL`` (the jobs' ``--max-util``, default 50; 100: utilisation never holds a
+job back) and ``$KEEPER_POLL`` (seconds between the fake state keeper's looks at the running jobs, default
+0.05: a job's load and memory stay in the fake NVML that long after it ends).
 """
 
 from __future__ import annotations
@@ -302,7 +305,8 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
             procs = []
             for jid, dur, mem in specs:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait", "--max-util", "50",
+                    [sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait",
+                     "--max-util", os.environ.get("BENCH_MAX_UTIL", "50"),
                      "--memory", f"{mem}B", "--", sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur),
                      str(mem)], env=fake.env))
                 time.sleep(0.01)  # submission order = queue order

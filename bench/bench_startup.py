@@ -106,7 +106,7 @@ def _imports(cmd: list[str], env: dict[str, str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in err.splitlines():
         if line.startswith("import time:") and "|" in line:
-            _, self_us, mod = (part.strip() for part in line[len("import time:"):].split("|"))
+            self_us, _, mod = (part.strip() for part in line[len("import time:"):].split("|"))
             if self_us.isdigit():
                 out[mod.strip()] = int(self_us)
     return out
