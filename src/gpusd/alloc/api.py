@@ -156,12 +156,9 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
         return Selection(chosen, lease, pick=why)
 
 
-# After a lease ends, look again after these delays, then every ``recheck`` seconds until the next lease
-# ends.  The ended job's load is left out of the readings (``util_since``), so the GPU qualifies once the
-# driver has a utilisation sample taken after the end: it takes one every 1/6 s, hence a look every 20 ms
-# for the first 180 ms (a coarser 20, 50, 100 ms schedule lost 50-90 ms per hand-over: BENCHMARKS.md,
-# issue 24); then less often, for a driver that only averages (up to a second, no sample buffer).
-SETTLE = (0.02,) * 9 + (0.05, 0.1, 0.2, 0.4)
+# After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
+# a second), then every ``recheck`` seconds until the next lease ends.
+SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
 MIN_GAP = 0.02  # seconds between two looks of the head, however often it is woken
 
 

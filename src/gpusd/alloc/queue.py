@@ -29,8 +29,7 @@ Only the head looks at the GPUs, and not on a timer: it sleeps until a lease end
 when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its lock files are
 closed, whoever closes them (the holder, its last child, or the kernel when they die), and a close
 after writing is an ``IN_CLOSE_WRITE`` event.  Because the driver averages utilisation over up to a
-second and samples it every 1/6 s, the head looks again shortly after each such event (every 20 ms for
-180 ms, then at 230, 330, 530 and 930 ms), and otherwise
+second, the head looks again shortly after each such event (20, 50, 100, 200, 400 ms), and otherwise
 every ``recheck`` seconds for load that changes outside gpusd.  Without inotify it polls every 0.1 s.
 
 Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
