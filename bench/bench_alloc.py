@@ -22,8 +22,9 @@ Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with ba
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
 ``gpusd run --wait --max-util 50`` per job versus a static round-robin assignment.  Knobs for finding where
 a hand-over goes: ``$BENCH_MAX_UTIL`` (the jobs' ``--max-util``, default 50; 100: utilisation never holds a
-job back) and ``$KEEPER_POLL`` (seconds between the fake state keeper's looks at the running jobs, default
-0.05: a job's load and memory stay in the fake NVML that long after it ends).
+job back), ``$KEEPER_POLL`` (the fake state keeper's longest wait between two looks at the running jobs,
+default 0.05 s) and ``$KEEPER_EVENTS=0`` (the keeper polls only, instead of waking on inotify when a job
+starts or ends: a job's load and memory then stay in the fake NVML up to KEEPER_POLL after it ends).
 """
 
 from __future__ import annotations
