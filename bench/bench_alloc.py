@@ -20,12 +20,17 @@ waiter has it: the queue's wake-up, isolated from process start-up and from util
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
-``gpusd run --wait --max-util 50`` per job versus a static round-robin assignment.
+``gpusd run --wait --max-util 50`` per job versus a static round-robin assignment.  Knobs for finding where
+a hand-over goes: ``$BENCH_MAX_UTIL`` (the jobs' ``--max-util``, default 50; 100: utilisation never holds a
+job back), ``$KEEPER_POLL`` (the fake state keeper's longest wait between two looks at the running jobs,
+default 0.05 s) and ``$KEEPER_EVENTS=0`` (the keeper polls only, instead of waking on inotify when a job
+starts or ends: a job's load and memory then stay in the fake NVML up to KEEPER_POLL after it ends).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -241,8 +246,41 @@ with open(os.path.join(run_dir, "done", job_id), "w") as f:
 """
 
 
+class _DirWatch:
+    """inotify on a directory (any entry created, renamed in or removed): the state keeper wakes when a
+    job starts or ends instead of polling (``$KEEPER_EVENTS=0``: poll only, as before)."""
+
+    def __init__(self, directory: Path) -> None:
+        import ctypes
+        import ctypes.util
+
+        self.fd = -1
+        if os.environ.get("KEEPER_EVENTS", "1") == "0":
+            return
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), 0x100 | 0x80 | 0x200) >= 0:
+            self.fd = fd  # IN_CREATE | IN_MOVED_TO | IN_DELETE
+
+    def wait(self, timeout: float) -> None:
+        import select
+
+        if self.fd < 0:
+            time.sleep(timeout)
+            return
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.fd, 65536)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
 class StateKeeper(threading.Thread):
-    """Writes the fake NVML state: base fleet + background load + the load of running jobs."""
+    """Writes the fake NVML state: base fleet + background load + the load of running jobs.  It wakes when a
+    job starts or ends (inotify on ``running/``), and every ``$KEEPER_POLL`` s (default 0.05) at the latest."""
 
     def __init__(self, fake: FakeEnv, run_dir: Path, busy: list[int]) -> None:
         super().__init__(daemon=True)
@@ -251,6 +289,13 @@ class StateKeeper(threading.Thread):
 
     def run(self) -> None:
         last = None
+        watch = _DirWatch(self.run_dir / "running")
+        try:
+            self._loop(watch, last)
+        finally:
+            watch.close()
+
+    def _loop(self, watch: _DirWatch, last: object) -> None:
         while not self.stop.is_set():
             gpus = make_gpus(8, memory_used=GiB, util_gpu=0, mig_mode=0)
             for b in self.busy:
@@ -267,7 +312,7 @@ class StateKeeper(threading.Thread):
             if key != last:
                 write_state(self.fake.state, gpus)
                 last = key
-            time.sleep(0.05)
+            watch.wait(float(os.environ.get("KEEPER_POLL", "0.05")))
 
 
 def makespan(fake: FakeEnv, jobs: int) -> None:
@@ -302,7 +347,8 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
             procs = []
             for jid, dur, mem in specs:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait", "--max-util", "50",
+                    [sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait",
+                     "--max-util", os.environ.get("BENCH_MAX_UTIL", "50"),
                      "--memory", f"{mem}B", "--", sys.executable, str(run_dir / "job.py"), str(run_dir), jid, str(dur),
                      str(mem)], env=fake.env))
                 time.sleep(0.01)  # submission order = queue order

@@ -13,9 +13,10 @@ Everything is imported lazily so that ``import gpusd`` (and the ``gpusd`` CLI) s
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
 _LAZY = {
     "select": "gpusd.alloc.api",
@@ -137,7 +138,7 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'gpusd' has no attribute {name!r}")

@@ -22,7 +22,9 @@ documented in docs/cli.md).  Those that are also :class:`ValueError` stay catcha
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
 
 
 class GpusdError(Exception):

@@ -27,10 +27,12 @@ import json
 import math
 import re
 import unicodedata
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
+    from typing import Any
 
     from rich.text import Text
 

@@ -8,9 +8,11 @@ writes a pair as ``NV#`` (# bonded NVLinks) where there are NVLinks, else by the
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from .model import GpuInfo, GpuLink, HostSnapshot
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Iterable
 
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
 

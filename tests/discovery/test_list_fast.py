@@ -336,3 +336,41 @@ def test_the_one_shot_query_is_sent_through_zeroconfs_public_api() -> None:
     [out] = sent
     assert [(q.name, q.type, q.unicast) for q in out.questions] == [(SERVICE_TYPE, 12, True), (HWSD_TYPE, 12, True)]
     assert "from zeroconf._" not in inspect.getsource(oneshot)  # no private module of python-zeroconf
+
+
+async def test_a_tar_pit_is_given_up_on_and_the_real_hosts_are_listed(tmp_path: Path) -> None:
+    """A service that accepts the connection and never answers (a tar pit) does not hold the one-shot
+    list until its timeout: once nothing has happened for GIVE_UP s, the browse counts as settled (True,
+    not the timeout's False) with the hosts that answered; the pit is not listed.  (Without the give-up
+    the pit settles only when its connection attempt is abandoned, after RESOLVE_TIMEOUT + 2 = 5 s: past
+    this browse's timeout of 4 s.)"""
+    session = unique_session()
+    held: list[asyncio.StreamWriter] = []
+
+    async def pit(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accept, never answer
+
+    server = await asyncio.start_server(pit, "127.0.0.1", 0)
+    pit_port = server.sockets[0].getsockname()[1]
+    try:
+        async with announce("pit-cccc0001", good_txt("cccc0001", "pit", session), pit_port), \
+                running_daemon(tmp_path, session, "real", n=1):
+            from gpusd.wire.mdns import resolve_interfaces
+
+            zc = await oneshot.open_oneshot_zeroconf(resolve_interfaces(["127.0.0.1"]))
+            client = maker(session)(zeroconf=zc)
+            try:
+                await client.start_listening()
+                settled = await client.wait_settled(4.0, minimum=oneshot.NO_ANSWER,
+                                                    early=(oneshot.QUIET, oneshot.SPREAD), give_up=oneshot.GIVE_UP)
+                hosts = [h.hostname for h in client.hosts]
+                announced = sorted(h.hostname for h in client.announced())
+            finally:
+                await client.stop_listening()
+                await zc.async_close()
+    finally:
+        server.close()
+        for w in held:
+            w.transport.abort()
+    assert announced == ["pit", "real"]  # both were found, and the pit was asked
+    assert settled is True and hosts == ["real"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
@@ -24,7 +23,11 @@ from .leases import Lease, LeaseStore, current_user
 from .priority import NORMAL, load_policy, priority_name
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+
 if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable
+
     from .authority import RemoteLease
     from .placement import Pick
 

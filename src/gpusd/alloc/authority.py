@@ -54,14 +54,16 @@ import stat
 import struct
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from .select import Candidate, Constraints
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+
 if TYPE_CHECKING:
     import socket
+    from typing import Any
 
     from .placement import Pick
 

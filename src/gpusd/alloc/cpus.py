@@ -10,10 +10,13 @@ when a GPU's CPUs are unknown or none of them may be used here.
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
 
 from ..model import GpuInfo
 from ..topology import format_cpulist, local_cpus
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable, Sequence
 
 
 def binding(gpus: Sequence[GpuInfo]) -> tuple[frozenset[int] | None, str]:

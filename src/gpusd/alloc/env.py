@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Iterable, MutableMapping
 
 from ..inventory.vendors import DEVICE_VARIABLE, Visible, apply_cleared, cleared, visible_env
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Iterable, MutableMapping
 
 # the vendor rules, for the layers above alloc (engines): docs/architecture.md
 __all__ = ["DEVICE_VARIABLE", "Visible", "cleared", "visible_env", "cuda_env", "apply_env", "apply_visible",

@@ -26,13 +26,16 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import NoGpuAvailable
 from ..model import GpuLink, HostSnapshot
 from ..topology import WORST_RANK, has_topology, label, link_between, rank
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Sequence
+
     from .select import Candidate, Constraints
 
 TOPOLOGIES = ("auto", "any", "nvlink")

@@ -23,12 +23,9 @@ to ``urgent``), so a ``low`` job is passed by newcomers for at most twice that l
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 from dataclasses import dataclass, field
-
-log = logging.getLogger(__name__)
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
@@ -114,7 +111,9 @@ _warned: set[str] = set()
 def _warn_once(path: str, message: str) -> None:
     if path not in _warned:
         _warned.add(path)
-        log.warning("%s", message)
+        import logging  # lazily: the CLI's start-up time matters
+
+        logging.getLogger(__name__).warning("%s", message)
 
 
 def load_policy(path: str | None = None) -> PriorityPolicy:

@@ -47,12 +47,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 from ..errors import GpusdError
 from .leases import AUTHORITY_DIR, LeaseStore, current_user
 from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, read_live, try_lock
 from .priority import NORMAL, capped, load_policy, priority_name
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable
 
 _TICKET = re.compile(r"^queue-(\d{12,20})-(\d+)(?:-[0-9a-f]{1,32})?\.ticket$")
 

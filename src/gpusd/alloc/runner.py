@@ -14,9 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Sequence
 
 from .api import Selection
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, Sequence
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import ConfigError, NoGpuAvailable
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
 from ..units import format_bytes, parse_memory
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, Iterable, Sequence
+
     from .placement import Pick
 
 RANKINGS = ("load", "util", "memory")

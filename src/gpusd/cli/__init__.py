@@ -12,12 +12,15 @@ import importlib
 import os
 import re
 import sys
-from typing import Any, Callable, NoReturn, Sequence
 
 from .._version import __version__
 from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
 from .exits import EXIT_USAGE, exit_code_for
 from .trust import add_token_flags
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, NoReturn, Sequence
 
 PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
 
@@ -62,12 +65,20 @@ _only: str | None = None  # the command being run, when known before parsing
 def _command(sub: "argparse._SubParsersAction[_Parser]", name: str, target: str, help: str | None,
              **kw: Any) -> argparse.ArgumentParser:
     """A subcommand (``help`` None: one that is not listed, such as ``fleet-job``)."""
+    if _skipped(sub, name):  # another top-level command than the one being run: not even listed
+        return _Skipped()  # type: ignore[return-value]
     p: argparse.ArgumentParser = (sub.add_parser(name, help=help, description=help, **kw) if help is not None
                                   else sub.add_parser(name, **kw))
     p.set_defaults(_target=target)
-    if _only is not None and name != _only and sub.dest == "command":  # top-level commands only
-        return _Skipped()  # type: ignore[return-value]
     return p
+
+
+def _skipped(sub: Any, name: str) -> bool:
+    """Is ``name`` a top-level command other than the one being run?  Its parser is then not built at
+    all (each costs ~0.15 ms, and its help strings a gettext look-up each): only ``gpusd --help``, or a
+    word that names no command, builds them all, so the help and the "invalid choice" error list every
+    command."""
+    return _only is not None and name != _only and getattr(sub, "dest", None) == "command"
 
 
 def _command_in(argv: Sequence[str]) -> str | None:
@@ -178,10 +189,17 @@ def _fleet_flags(p: argparse.ArgumentParser, run: bool = False) -> None:
     add_token_flags(g, "needed: remote leases are signed requests")  # type: ignore[arg-type]
 
 
+# Every top-level command (as _build_parser adds them): a word of argv that is one of these builds that
+# command's parser alone; any other builds the whole parser.
+COMMANDS = ("devices", "select", "env", "run", "jobs", "grow", "shrink", "leases", "fleet-job", "reserve",
+            "release", "reservations", "start", "stop", "status", "scan", "list", "list_devices", "watch",
+            "demo", "top", "report", "export", "hostfile", "launch", "ray")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``only``, the options of that command alone are built."""
+    """The whole parser; with ``only`` (a command of :data:`COMMANDS`), the parser of that command alone."""
     global _only
-    _only = only
+    _only = only if only in COMMANDS else None
     try:
         return _build_parser()
     finally:
@@ -482,8 +500,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="with --db: flag leases held idle this long in all (default 900)")
     add_token_flags(p, "sign requests: per-user figures and job owners from daemons that prove they hold it")
 
-    p = sub.add_parser("export", help="export the fleet for other tools",
-                       description="export the fleet for other tools")
+    p = (_Skipped() if _skipped(sub, "export") else  # type: ignore[assignment]
+         sub.add_parser("export", help="export the fleet for other tools",
+                        description="export the fleet for other tools"))
     esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=_Parser, required=True)
     p = _command(esub, "prometheus-sd", "gpusd.cli.monitor:export_prometheus_sd",
                  "write a Prometheus file_sd target list of the gpusd daemons discovered")
@@ -566,8 +585,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...", help="the program and its arguments")
 
-    p = sub.add_parser("ray", help="a Ray cluster on gpusd's GPUs: ray up / ray down",
-                       description="a Ray cluster on gpusd's GPUs: ray up / ray down")
+    p = (_Skipped() if _skipped(sub, "ray") else  # type: ignore[assignment]
+         sub.add_parser("ray", help="a Ray cluster on gpusd's GPUs: ray up / ray down",
+                        description="a Ray cluster on gpusd's GPUs: ray up / ray down"))
     rsub = p.add_subparsers(dest="ray_command", metavar="up|down", parser_class=_Parser, required=True)
     for name, target, what in (("up", "ray_up", "start a Ray head on the first host and workers on the others, "
                                 "each limited to its GPUs; prints the address"),

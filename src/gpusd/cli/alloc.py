@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
     from ..alloc.api import Selection
     from ..alloc.select import Constraints
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
 
 from ..inventory import open_backend
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, GpusdError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jobs.record import JobRecord

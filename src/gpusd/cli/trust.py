@@ -7,9 +7,10 @@ command-line value, which ``ps`` shows to every local user (``--token VALUE`` is
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey

@@ -189,6 +189,7 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
+        self._activity_at = 0.0  # the last resolve answered or request sent (wait_settled's give_up)
         self._first_peer_at: float | None = None  # monotonic time the first service was found
         self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
         self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
@@ -385,7 +386,7 @@ class AsyncClient:
         return self._first_peer_at is not None
 
     async def wait_settled(self, timeout: float = 3.0, quiet: float = 0.3, minimum: float = 1.5,
-                           early: tuple[float, float] | None = None) -> bool:
+                           early: tuple[float, float] | None = None, give_up: float | None = None) -> bool:
         """Wait until discovery has settled: at least ``minimum`` s of browsing, no new service for
         ``quiet`` s, and every service resolved and connected (or given up on).  False on timeout.
 
@@ -395,16 +396,33 @@ class AsyncClient:
         ``early=(q, s)``: once a service has answered, the answers have settled when no new one came
         for ``q`` s and the first came ``s`` s ago, before ``minimum``.  Only for answers that all come
         at once (legacy unicast one-shot queries, :mod:`.oneshot`).  Hosts that answer later are still
-        followed and reported while the client listens."""
+        followed and reported while the client listens.
+
+        ``give_up=g``: once the browse has settled, the hosts that have not answered yet are given up on
+        when for ``g`` s nothing happened: no host answered, no service was resolved, no request was
+        sent (a one-shot list: a tar pit, a service that accepts the connection and never answers, must
+        not hold the list until ``timeout``; True is returned, the hosts that answered are reported).
+        A real host on a LAN answers its request in milliseconds; while this process is still busy
+        resolving and asking a flood of services, it is not given up on."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
+        answered, progress = -1, 0.0  # hosts settled so far, and when that number last grew
         while True:
             now = time.monotonic()
             first = self._first_peer_at
-            if self._dns_sd_browsed and all(p.settled for p in self._peers.values()) and (
-                    (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
-                    or (early is not None and first is not None and now - first >= early[1]
-                        and now - self._last_peer_at >= early[0])):
+            browsed = self._dns_sd_browsed and (
+                (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
+                or (early is not None and first is not None and now - first >= early[1]
+                    and now - self._last_peer_at >= early[0]))
+            settled = sum(1 for p in self._peers.values() if p.settled)
+            if browsed and settled == len(self._peers):
+                return True
+            if settled != answered:
+                answered, progress = settled, now
+            quiet_for = now - max(progress, self._activity_at, self._last_peer_at)
+            if browsed and give_up is not None and quiet_for >= give_up:
+                log.debug("%d of %d services have not answered in %.1f s: given up on", len(self._peers) - settled,
+                          len(self._peers), give_up)
                 return True
             if now >= deadline:
                 return False
@@ -617,6 +635,7 @@ class AsyncClient:
             while self._listening:
                 peer.updated.clear()
                 host = await self._resolve(peer)
+                self._activity_at = time.monotonic()
                 if host is None:
                     self._report_removed(peer, "announcement no longer valid")
                     peer.settled = True
@@ -763,6 +782,7 @@ class AsyncClient:
             if self.key is not None:
                 signed, nonce = self.key.sign_request("GET", url + "/events", node_id=host.node_id)
                 headers.update(signed)
+            self._activity_at = time.monotonic()
             try:
                 resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
                                               budget)

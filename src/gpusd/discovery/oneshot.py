@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 QUIET = 0.1  # no new service for this long...
 SPREAD = 0.1  # ...and this long after the first answer: every responder has answered
 NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
+# Once the answers have settled, nothing happened for this long (no host answered, no service was resolved,
+# no request sent): the hosts that answered are listed, the others (tar pits: services that accept a
+# connection and never answer) given up on instead of holding the list until --timeout.  A gpusd daemon
+# answers its event stream in milliseconds; one slower than this by more than a second is left out of the
+# one-shot list (`gpusd watch` and the daemons' fleet views still follow it).
+GIVE_UP = 1.0
 
 
 async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
@@ -117,7 +123,7 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     try:
         await client.start_listening()
         ask_now(zc.zeroconf, client.service_types)
-        await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD))
+        await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD), give_up=GIVE_UP)
         if client.answered:
             return client.list_devices(), client.hosts, len(client.unmatched_hosts)
     finally:
@@ -126,7 +132,7 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     log.debug("no answer to the one-shot query in %.1f s: browsing by multicast", NO_ANSWER)
     client = make_client()
     try:
-        await client.wait_settled(timeout)
+        await client.wait_settled(timeout, give_up=GIVE_UP)
         return client.list_devices(), client.hosts, len(client.unmatched_hosts)
     finally:
         await client.stop_listening()

@@ -9,23 +9,28 @@ backends have the same interface (:class:`Backend`).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Protocol
 
-from ..model import HostSnapshot
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Mapping, Protocol
 
+    from ..model import HostSnapshot
 
-class Backend(Protocol):
-    backend: str
-    hostname: str
-    node_id: str
+    class Backend(Protocol):
+        backend: str
+        hostname: str
+        node_id: str
 
-    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot: ...
+        def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot: ...
 
-    def close(self) -> None: ...
+        def close(self) -> None: ...
 
-    def __enter__(self) -> "Backend": ...
+        def __enter__(self) -> "Backend": ...
 
-    def __exit__(self, *exc: object) -> None: ...
+        def __exit__(self, *exc: object) -> None: ...
+
+else:
+    Backend = object  # the protocol is for the type checker only
 
 
 def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True,

@@ -10,9 +10,12 @@ about 14 ms); elsewhere psutil answers.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
 
 from ..model import ProcessInfo
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Iterable
 
 _HAVE_PROC = os.path.isdir("/proc/self")
 

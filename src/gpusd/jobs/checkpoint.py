@@ -23,7 +23,10 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Mapping, Sequence
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Mapping, Sequence
 
 CALL_TIMEOUT = 30.0  # seconds, every call of the tool
 MAX_PROCESSES = 64  # the command's process tree we look at, at most

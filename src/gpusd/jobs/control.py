@@ -18,10 +18,13 @@ import os
 import socket
 import struct
 from pathlib import Path
-from typing import Any
 
 from ..alloc.leases import LeaseStore
 from ..errors import GpusdError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
 
 MAX_LINE = 65536
 _CRED = struct.Struct("3i")

@@ -30,7 +30,6 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..alloc.api import Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
@@ -41,7 +40,11 @@ from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
 from . import control
 from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, new_job_id, priority_name
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+
 if TYPE_CHECKING:
+    from typing import Any, Callable, Sequence
+
     from .checkpoint import CudaCheckpoint
 
 RESTART_ME = 75

@@ -1,0 +1,86 @@
+"""What the quick commands import (issue 24, start-up): `devices`, `select`, `env` and `run` run on the fake
+NVML in a fresh interpreter without site (`python -S`: this machine's .pth files import typing and more
+before gpusd starts), and the modules they leave in ``sys.modules`` are checked.  A command imports what it
+runs: no event loop, no network stack, no signing, no rich, no database; and no ``typing`` (annotations are
+strings), no ``logging`` where nothing is logged.  An assertion on the set of modules, never on time."""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakenvml import make_gpus
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# Run the command as `python -m gpusd` would, then report sys.modules on stderr (stdout is the command's).
+PROBE = """
+import sys
+from gpusd.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:
+    rc = exc.code
+sys.stderr.write("\\nMODULES " + " ".join(sorted(sys.modules)) + " RC " + str(rc) + "\\n")
+"""
+
+# Never on the path of a quick command: what the daemon, discovery, trust, views and history use.
+HEAVY = ("aiohttp", "zeroconf", "rich", "cryptography", "http_message_signatures", "prometheus_client",
+         "sqlite3", "asyncio", "ssl", "http", "email", "psutil")
+# What annotations and lazy logging keep out (dataclasses stays: the model's records are dataclasses).
+LIGHT = ("typing", "logging")
+
+
+def _modules(args: list[str], env: dict[str, str]) -> set[str]:
+    env = dict(env, PYTHONPATH=os.pathsep.join([str(SRC), *site.getsitepackages(), site.getusersitepackages()]))
+    r = subprocess.run([sys.executable, "-S", "-c", PROBE, *args], env=env, capture_output=True, text=True,
+                       timeout=60)
+    line = next((ln for ln in r.stderr.splitlines() if ln.startswith("MODULES ")), None)
+    assert line is not None, r.stderr
+    names, _, rc = line[len("MODULES "):].rpartition(" RC ")
+    assert rc == "0", r.stderr
+    return set(names.split())
+
+
+@pytest.mark.parametrize("args", [
+    ["devices", "--json"],
+    ["devices"],
+    ["select", "-n", "1"],
+    ["env", "-n", "1"],
+    ["run", "-n", "1", "--", "true"],
+], ids=lambda a: " ".join(a))
+def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> None:
+    fake_nvml.write(make_gpus(4, errors={"nvmlDeviceGetSamples": 3}))
+    mods = _modules(args, cli_env)
+    assert "pynvml" in mods and "gpusd.inventory.nvml" in mods  # it did read the GPUs
+    loaded = sorted(m for m in mods if m.split(".")[0] in HEAVY)
+    assert loaded == [], f"{args[0]} imported {loaded}"
+    assert [m for m in LIGHT if m in mods] == []
+    # only the command's own module of the CLI, not the others'
+    others = {"gpusd.cli.discover", "gpusd.cli.daemon", "gpusd.cli.monitor", "gpusd.cli.pool", "gpusd.cli.engines",
+              "gpusd.cli.report", "gpusd.daemon", "gpusd.discovery", "gpusd.views", "gpusd.usage", "gpusd.web"}
+    assert sorted(mods & others) == []
+
+
+def test_select_on_simulated_gpus_does_not_load_nvml(cli_env) -> None:
+    mods = _modules(["select", "-n", "1", "--simulate", "2xA100-80GB"], cli_env)
+    assert "pynvml" not in mods and "gpusd.inventory.nvml" not in mods and "ctypes" not in mods
+
+
+def test_help_still_lists_every_command() -> None:
+    """The parser of the command alone is built; ``--help`` builds them all."""
+    from gpusd.cli import COMMANDS
+
+    r = subprocess.run([sys.executable, "-m", "gpusd", "--help"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(SRC), COLUMNS="200"))
+    assert r.returncode == 0
+    listed = {ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("    ") and ln[4:5] != " "}
+    assert listed == set(COMMANDS) - {"fleet-job"}  # the unlisted one is not listed
+    bad = subprocess.run([sys.executable, "-m", "gpusd", "lsit"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(SRC)))
+    assert bad.returncode == 2 and "'devices'" in bad.stderr and "'launch'" in bad.stderr
