@@ -21,22 +21,23 @@ account a remote lease was attributed to (:mod:`gpusd.daemon.users`).
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from ..errors import NoGpuAvailable
 
-log = logging.getLogger(__name__)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, TypeVar
 
 POLICY_PATH = "/etc/gpusd/policy.json"
 POLICY_ENV = "GPUSD_POLICY"
 MAX_BYTES = 65536
-T = TypeVar("T")
+if TYPE_CHECKING:  # pragma: no cover
+    T = TypeVar("T")
 Warn = Callable[[str, str], None]  # warn(path, message): how a reader of a policy file says it ignores one
 FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
                     "idle_warn_minutes", "idle_release_minutes", "priorities"})
@@ -175,7 +176,9 @@ _warned: set[str] = set()
 def _warn_once(path: str, message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        log.warning("%s", message)
+        import logging  # lazily: the CLI's start-up time matters (issue 24)
+
+        logging.getLogger(__name__).warning("%s", message)
 
 
 def policy_path() -> str:

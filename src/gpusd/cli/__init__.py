@@ -193,7 +193,7 @@ def _fleet_flags(p: argparse.ArgumentParser, run: bool = False) -> None:
 # command's parser alone; any other builds the whole parser.
 COMMANDS = ("devices", "select", "env", "run", "jobs", "grow", "shrink", "leases", "fleet-job", "reserve",
             "release", "reservations", "start", "stop", "status", "scan", "list", "list_devices", "watch",
-            "demo", "top", "report", "export", "hostfile", "launch", "ray")
+            "demo", "top", "report", "export", "hostfile", "launch", "ray", "slurm")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -527,8 +527,9 @@ def _build_parser() -> argparse.ArgumentParser:
     # --- end of monitoring commands ---
 
     # --- Slurm (docs/slurm.md) ---
-    p = sub.add_parser("slurm", help="Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases",
-                       description="Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases")
+    p = (_Skipped() if _skipped(sub, "slurm") else  # type: ignore[assignment]
+         sub.add_parser("slurm", help="Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases",
+                        description="Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases"))
     ssub = p.add_subparsers(dest="slurm_command", metavar="conf|prolog|epilog", parser_class=_Parser, required=True)
     p = _command(ssub, "conf", "gpusd.cli.slurm:conf",
                  "print slurm.conf NodeName lines (or, with --gres, gres.conf lines) for every verified host")

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, HostSnapshot
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Mapping, Sequence
+
     from . import Backend
 
 ORDER = ("nvidia", "amd", "intel")

@@ -4,11 +4,14 @@ the snapshot as ``healthy: false`` with the failing query's reason, and reads th
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
-
 from ..model import GpuInfo
 
-D = TypeVar("D")
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, TypeVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    D = TypeVar("D")
 
 
 class GpuFailed(Exception):

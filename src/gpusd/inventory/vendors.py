@@ -26,9 +26,12 @@ Engines that manage a vendor's variable themselves get what they read (``engine=
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, MutableMapping
 
 from ..model import VENDORS, GpuInfo
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Iterable, Mapping, MutableMapping
 
 # Variables a vendor's rule removes from a job's inherited environment: each would count again
 # after the mask (docs/alloc.md "Vendors").
