@@ -124,3 +124,18 @@ def answer_garbage_once() -> tuple[Any, Any]:
     t = threading.Thread(target=answer, daemon=True)
     t.start()
     return srv, t
+
+
+def private_values(payload: Any) -> list[Any]:
+    """Every user/command value inside processes and leases."""
+    out: list[Any] = []
+    if isinstance(payload, dict):
+        for k, v in payload.items():
+            if k in ("processes", "leases") and isinstance(v, list):
+                out += [e.get(f) for e in v for f in ("user", "command")]
+            else:
+                out += private_values(v)
+    elif isinstance(payload, list):
+        for v in payload:
+            out += private_values(v)
+    return out

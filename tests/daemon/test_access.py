@@ -11,27 +11,13 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from daemon_helpers import private_values
 from gpusd.daemon.access import Access, redact
 from gpusd.wire.signing import FleetKey
 from monitor_fakes import FakeDaemon, make_app, sim_host
 from waiting import wait_until
 
 TOKEN = "s3cret-fleet-token-0123"
-
-
-def private_values(payload: Any) -> list[Any]:
-    """Every user/command value inside processes and leases."""
-    out: list[Any] = []
-    if isinstance(payload, dict):
-        for k, v in payload.items():
-            if k in ("processes", "leases") and isinstance(v, list):
-                out += [e.get(f) for e in v for f in ("user", "command")]
-            else:
-                out += private_values(v)
-    elif isinstance(payload, list):
-        for v in payload:
-            out += private_values(v)
-    return out
 
 
 async def client_for(daemon: FakeDaemon, trust_loopback: bool = False) -> TestClient:

@@ -12,7 +12,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from daemon_helpers import FakeBackend, fast_mdns, make_snapshot, running_daemon, unique_session  # noqa: F401
+from daemon_helpers import (  # noqa: F401
+    FakeBackend,
+    fast_mdns,
+    make_snapshot,
+    private_values,
+    running_daemon,
+    unique_session,
+)
 from gpusd.daemon.access import Access, middleware
 from gpusd.daemon.http import Answers
 from gpusd.model import LeaseInfo, ProcessInfo
@@ -21,20 +28,6 @@ from waiting import wait_until
 pytestmark = pytest.mark.usefixtures("fast_mdns")
 
 SECRET = "answer-cache-fleet-secret-0123456789"
-
-
-def private_values(payload: Any) -> list[Any]:
-    out: list[Any] = []
-    if isinstance(payload, dict):
-        for k, v in payload.items():
-            if k in ("processes", "leases") and isinstance(v, list):
-                out += [e.get(f) for e in v for f in ("user", "command")]
-            else:
-                out += private_values(v)
-    elif isinstance(payload, list):
-        for v in payload:
-            out += private_values(v)
-    return out
 
 
 def with_owners(snap: Any) -> Any:
