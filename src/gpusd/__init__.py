@@ -37,6 +37,8 @@ _LAZY = {
     "BackendUnavailable": "gpusd.errors",
     "NoGpuAvailable": "gpusd.errors",
     "WaitTimeout": "gpusd.errors",
+    "IdError": "gpusd.errors",
+    "SecretError": "gpusd.errors",
     "WireError": "gpusd.errors",
     "TxtError": "gpusd.errors",
     "SSEError": "gpusd.errors",
@@ -95,6 +97,9 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
         GpusdError as GpusdError,
     )
     from .errors import (
+        IdError as IdError,
+    )
+    from .errors import (
         LockBusy as LockBusy,
     )
     from .errors import (
@@ -102,6 +107,9 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
     )
     from .errors import (
         NoGpuAvailable as NoGpuAvailable,
+    )
+    from .errors import (
+        SecretError as SecretError,
     )
     from .errors import (
         SourceError as SourceError,

@@ -2,22 +2,27 @@
 
 ::
 
-    GpusdError                     base; its message is one line meant for users
-    ├── ConfigError (ValueError)   a bad flag, value, rule, scenario or file given by the user
-    ├── BackendUnavailable         no NVML library, no driver, or NVML failed to start
-    ├── NoGpuAvailable             no GPU satisfies the constraints right now
-    │   └── WaitTimeout            waiting for qualifying GPUs ran past its timeout
-    ├── WireError (ValueError)     data from the network fails validation
-    │   ├── TxtError               a malformed DNS-SD TXT record
-    │   └── SSEError               a malformed event stream
-    ├── NoDaemon                   no daemon runs (or none answers)
-    │   └── SourceError            a daemon's answer cannot be read (unreachable, bad answer)
-    ├── LockBusy                   a lock of the lock directory stayed held past its bound
-    ├── AlreadyRunning             gpusd start: a daemon with other options runs on this state directory
-    └── DaemonStartFailed          a background daemon exited while starting (``status``: its exit code)
+    class (code)                         what it means
+    GpusdError (error)                   base; its message is one line meant for users
+    ├── ConfigError (usage) ValueError   a bad flag, value, rule, scenario or file given by the user
+    │   ├── IdError (bad_id)             not a job, lease or Slurm job id (gpusd.ids)
+    │   └── SecretError (secret)         the fleet secret cannot be read or is too weak
+    ├── BackendUnavailable (no_backend)  no NVML library, no driver, or NVML failed to start
+    ├── NoGpuAvailable (no_gpu)          no GPU satisfies the constraints right now
+    │   └── WaitTimeout (timeout)        waiting for qualifying GPUs ran past its timeout
+    ├── WireError (wire) ValueError      data from the network fails validation
+    │   ├── TxtError (txt)               a malformed DNS-SD TXT record
+    │   └── SSEError (sse)               a malformed event stream
+    ├── NoDaemon (no_daemon)             no daemon runs (or none answers)
+    ├── SourceError (source)             a daemon's answer cannot be read (unreachable, bad answer)
+    ├── LockBusy (lock_busy)             a lock of the lock directory stayed held past its bound
+    ├── AlreadyRunning (already_running) gpusd start: a daemon with other options runs on this state directory
+    └── DaemonStartFailed (start_failed) a background daemon exited while starting (``status``: its exit code)
 
-Library exceptions carry no CLI exit code: the CLI maps them (``gpusd.cli.exit_code_for``,
-documented in docs/cli.md).  Those that are also :class:`ValueError` stay catchable as before.
+Each class has a stable ``code`` (docs/errors.md): the lease socket, a job's control socket and the
+HTTP API carry it (:func:`to_wire`, :func:`from_wire`), and the CLI's exit codes are keyed off it
+(``gpusd.cli.exits``).  Library exceptions carry no CLI exit code.  Those that are also
+:class:`ValueError` stay catchable as before.
 """
 
 from __future__ import annotations
@@ -30,9 +35,31 @@ if TYPE_CHECKING:  # pragma: no cover
 class GpusdError(Exception):
     """Base class of gpusd's errors; its message is one line meant for users."""
 
+    code = "error"  # stable: on the wire (to_wire) and the key of the CLI's exit codes
+
+    @classmethod
+    def from_message(cls, message: str, d: dict[str, Any]) -> GpusdError:
+        """The error a peer reported (``d``: its wire form), rebuilt here (:func:`from_wire`)."""
+        return cls(message)
+
 
 class ConfigError(GpusdError, ValueError):
     """A bad flag, value or file given by the user."""
+
+    code = "usage"
+
+
+class IdError(ConfigError):
+    """Not a job, lease or Slurm job id (:mod:`gpusd.ids`); the message says what one is."""
+
+    code = "bad_id"
+
+
+class SecretError(ConfigError):
+    """The fleet secret (``--token-file``, ``$GPUSD_TOKEN``, ``token=``) cannot be read, or is too short
+    or not text (still a :class:`ValueError`, as before it joined the tree)."""
+
+    code = "secret"
 
 
 SIMULATE_EXAMPLE = "--simulate 4xA100-80GB"
@@ -44,56 +71,127 @@ class BackendUnavailable(GpusdError):
     ``reason`` is what failed; with ``hint``, the message also says how to try gpusd without a GPU
     (the CLI rewrites that hint to name the very command that was run)."""
 
+    code = "no_backend"
+
     def __init__(self, reason: str, hint: bool = False) -> None:
         self.reason = reason
         self.hint = hint
         super().__init__(f"{reason}; to try gpusd without a GPU, simulate some ({SIMULATE_EXAMPLE}, "
                          "or simulate='4xA100-80GB' in Python)" if hint else reason)
 
+
 class NoGpuAvailable(GpusdError):
     """No GPU satisfies the constraints right now."""
+
+    code = "no_gpu"
 
 
 class WaitTimeout(NoGpuAvailable):
     """Waiting for qualifying GPUs ran past its timeout."""
+
+    code = "timeout"
 
 
 class WireError(GpusdError, ValueError):
     """Data from the network (a snapshot, a fleet answer, a TXT record, an event stream) fails
     validation; the message names the bad field."""
 
+    code = "wire"
+
 
 class TxtError(WireError):
     """A TXT record that is malformed, oversized, of another version, or inconsistent."""
+
+    code = "txt"
 
 
 class SSEError(WireError):
     """The stream is not valid SSE, or an event is too large."""
 
+    code = "sse"
+
 
 class NoDaemon(GpusdError):
     """No daemon runs (for this state directory), or none was found."""
 
+    code = "no_daemon"
 
-class SourceError(NoDaemon):
-    """The hosts cannot be read from a daemon (unreachable, bad answer)."""
+
+class SourceError(GpusdError):
+    """The hosts cannot be read from a daemon (unreachable, bad answer).  Not a :class:`NoDaemon`
+    (a daemon may well run: its answer is what failed); the CLI still exits 6 for it."""
+
+    code = "source"
 
 
 class LockBusy(GpusdError):
     """A lock of the lock directory stayed held past the documented bound (by a stuck or hostile
     process); the message names the holder where the kernel tells it."""
 
+    code = "lock_busy"
+
 
 class AlreadyRunning(GpusdError):
     """``gpusd start`` asked for other options than the daemon already running on its state directory."""
+
+    code = "already_running"
 
 
 class DaemonStartFailed(GpusdError):
     """A daemon started in the background exited before it was ready."""
 
+    code = "start_failed"
+
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status  # the daemon process's exit status
+
+    @classmethod
+    def from_message(cls, message: str, d: dict[str, Any]) -> GpusdError:
+        status = d.get("status")
+        return cls(message, status if type(status) is int and 0 <= status < 256 else 1)
+
+
+# -- errors on the wire ---------------------------------------------------------------------------------
+# The answers of 0.2 daemons and supervisors name a kind in "error" (lease socket, control socket) and
+# no "code"; those words are the codes of these classes, and every answer still carries its nearest one.
+LEGACY_KINDS = ("usage", "no_gpu", "timeout", "error")
+MAX_MESSAGE = 2000  # characters of a peer's message kept (sanitised for a terminal)
+
+
+def to_wire(exc: BaseException, http: bool = False) -> dict[str, Any]:
+    """The wire form of ``exc``: ``{"ok": false, "code": ..., "error": KIND, "message": ...}`` on the
+    lease socket and a job's control socket (``error``: the nearest 0.2 kind, for older clients), or
+    ``{"error": MESSAGE, "code": ...}`` as an HTTP API error body (``http``; its ``error`` has always
+    been the message).  Anything not a :class:`GpusdError` is code ``error``."""
+    cls = type(exc) if isinstance(exc, GpusdError) else GpusdError
+    message = str(exc)
+    if http:
+        return {"error": message, "code": cls.code}
+    kind = next(c.__dict__["code"] for c in cls.__mro__ if c.__dict__.get("code") in LEGACY_KINDS)
+    out: dict[str, Any] = {"ok": False, "code": cls.code, "error": kind, "message": message}
+    if isinstance(exc, DaemonStartFailed):
+        out["status"] = exc.status
+    return out
+
+
+def from_wire(d: object, prefix: str = "") -> GpusdError:
+    """The :class:`GpusdError` a peer's refusal (:func:`to_wire`'s form, or a 0.2 peer's without
+    ``code``) stands for, its message sanitised and prefixed with ``prefix`` (e.g. ``"job 3f..: "``).
+    An unknown code falls back on the 0.2 ``error`` kind, then on :class:`GpusdError`."""
+    from .sanitize import for_terminal
+
+    if not isinstance(d, dict):
+        return GpusdError(prefix + "the peer's answer is not a JSON object")
+    code, message = d.get("code"), d.get("message")
+    if isinstance(message, str):  # the sockets' form: "error" is the kind
+        kind = d.get("error")
+    else:  # an HTTP error body: "error" is the message, a 0.2 daemon's "reason" the kind where it gave one
+        message, kind = d.get("error"), d.get("reason")
+    cls = (_BY_CODE.get(code) if isinstance(code, str) else None) or (
+        _BY_CODE.get(kind) if isinstance(kind, str) and kind in LEGACY_KINDS else None) or GpusdError
+    text = for_terminal(str(message), MAX_MESSAGE) if message else "the peer refused the request"
+    return cls.from_message(prefix + text, d)
 
 
 __all__ = [
@@ -102,6 +200,8 @@ __all__ = [
     "BackendUnavailable",
     "NoGpuAvailable",
     "WaitTimeout",
+    "IdError",
+    "SecretError",
     "WireError",
     "TxtError",
     "SSEError",
@@ -111,6 +211,11 @@ __all__ = [
     "AlreadyRunning",
     "DaemonStartFailed",
 ]
+
+_BY_CODE: dict[str, type[GpusdError]] = {
+    c.code: c for c in (GpusdError, ConfigError, IdError, SecretError, BackendUnavailable, NoGpuAvailable,
+                        WaitTimeout, WireError, TxtError, SSEError, NoDaemon, SourceError, LockBusy,
+                        AlreadyRunning, DaemonStartFailed)}
 
 _MOVED = ("EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NO_BACKEND", "EXIT_NO_GPU", "EXIT_TIMEOUT", "EXIT_NO_DAEMON")
 

@@ -42,6 +42,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from ..errors import SecretError
+
 MAX_SKEW = 30.0  # seconds a signature's "created" may differ from the verifier's clock (either way)
 NONCE_CACHE_MAX = 200_000  # nonces remembered; only verified requests enter the cache
 MIN_SECRET = 16  # bytes
@@ -62,10 +64,6 @@ _RESPONSE_COMPONENTS = ("@status", '"@authority";req', '"@path";req', "gpusd-nod
 # the same as serialized component ids (keys of the library's covered_components)
 _REQUEST_COVERED = frozenset({'"@method"', '"@authority"', '"@path"', '"@query"', '"content-digest"'})
 _RESPONSE_COVERED = frozenset({'"@status"', '"@authority";req', '"@path";req', '"gpusd-node"'})
-
-
-class SecretError(ValueError):
-    """The fleet secret cannot be read or is unusable (the message says why, in one line)."""
 
 
 # -- the secret --------------------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""The identifiers gpusd makes and reads: one owner per format (docs/jobs.md, "Identifiers").
+
+Each kind of id is a namespace with the same three functions::
+
+    JobId.new()            -> "3f9c0a1b22de"    (the one format gpusd writes)
+    JobId.parse(text)      -> text, or IdError  (every format accepted today, on disk and on the wire)
+    JobId.is_valid(text)   -> bool
+
+``parse`` accepts every id an older gpusd wrote or sent (the widest rule any part used to check), while
+``new`` makes one format only; an id read from a file name is taken with :func:`from_file_name`.  No other
+module compiles a regular expression for these ids (``tests/test_ids.py`` checks the source).
+
+``JobId``        a gpusd job (``gpusd run``, a fleet run): written 12 lowercase hex digits; read 8 to 32.
+``LeaseId``      a lease (local, through the daemon, or a daemon's remote lease): written 12 lowercase
+                 hex digits; read 1 to 64 letters, digits, ``_`` or ``-`` (the lock directory's rule).
+``SlurmJobId``   a Slurm job or array task (``42``, ``42_3``): Slurm makes them, gpusd only reads them.
+``PlacementId``  the ``job_id`` of an engines placement (``gpusd launch``, ``hostfile``, ``ray up``):
+                 a name for hostfiles and engines, not a gpusd job; written ``gpusd-`` and 8 hex digits,
+                 read 1 to 64 letters, digits, ``.``, ``_`` or ``-`` (not starting with ``.`` or ``-``).
+
+Core: imports only :mod:`gpusd.errors`; cheap to import (a few compiled expressions, no typing).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import IdError
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
+
+class _Id:
+    """The shared functions of an id kind; subclasses set ``what``, ``rule`` and ``_match``."""
+
+    what = "an id"
+    rule = ""
+    _match: Callable[[str], object]
+
+    @classmethod
+    def is_valid(cls, text: object) -> bool:
+        return isinstance(text, str) and cls._match(text) is not None
+
+    @classmethod
+    def parse(cls, text: object, where: str | None = None) -> str:
+        """``text`` when it is such an id; :class:`~gpusd.errors.IdError` (a ``ConfigError``, so a
+        ``ValueError``) with a one-line message otherwise (``where``: what gave it, e.g. ``--job``)."""
+        if isinstance(text, str) and cls._match(text) is not None:
+            return text
+        shown = repr(text[:40]) if isinstance(text, str) else type(text).__name__
+        raise IdError(f"{where + ': ' if where else ''}not {cls.what}: {shown} ({cls.what} is {cls.rule})")
+
+    @classmethod
+    def optional(cls, value: object) -> str | None:
+        """``value`` when it is such an id, else None (a field of a record another user wrote)."""
+        return value if isinstance(value, str) and cls._match(value) is not None else None
+
+    @classmethod
+    def from_file_name(cls, name: str, prefix: str, suffix: str) -> str | None:
+        """The id in ``PREFIX<ID>SUFFIX`` (``lease-<ID>.json``), or None when ``name`` is not one."""
+        if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) <= len(prefix) + len(suffix):
+            return None
+        text = name[len(prefix):len(name) - len(suffix)]
+        return text if cls._match(text) is not None else None
+
+
+def _hex12() -> str:
+    return os.urandom(6).hex()  # 48 bits: unique among the jobs and leases of one machine
+
+
+class JobId(_Id):
+    """A gpusd job's id (``job-<ID>.json``, ``GPUSD_JOB``, a lease record's ``job``)."""
+
+    what = "a job id"
+    rule = "8 to 32 lowercase hex digits"
+    _match = re.compile(r"[0-9a-f]{8,32}").fullmatch
+
+    @staticmethod
+    def new() -> str:
+        return _hex12()
+
+
+class LeaseId(_Id):
+    """A lease's id (``lease-<ID>.json``, the lease socket's and the HTTP API's ``lease_id``)."""
+
+    what = "a lease id"
+    rule = "1 to 64 letters, digits, '_' or '-' (gpusd makes 12 hex digits)"
+    _match = re.compile(r"[A-Za-z0-9_-]{1,64}").fullmatch
+
+    @staticmethod
+    def new() -> str:
+        return _hex12()
+
+
+class SlurmJobId(_Id):
+    """A Slurm job id (``$SLURM_JOB_ID``), or an array task's (``42_3``); Slurm makes them."""
+
+    what = "a Slurm job id"
+    rule = "digits, or digits_digits for an array task"
+    _match = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,10})?").fullmatch
+
+
+class PlacementId(_Id):
+    """The ``job_id`` of an engines :class:`~gpusd.engines.placement.Placement`: a name hostfiles,
+    DeepSpeed, Ray and ``GPUSD_JOB_ID`` carry (a placement file may name its own)."""
+
+    what = "a placement's job id"
+    rule = "1-64 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+    _match = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}").fullmatch
+
+    @staticmethod
+    def new() -> str:
+        return "gpusd-" + os.urandom(4).hex()
+
+
+__all__ = ["JobId", "LeaseId", "SlurmJobId", "PlacementId"]
