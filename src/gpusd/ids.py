@@ -31,6 +31,7 @@ from .errors import IdError
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
+    from typing import TypeGuard
 
 
 class _Id:
@@ -41,7 +42,7 @@ class _Id:
     _match: Callable[[str], object]
 
     @classmethod
-    def is_valid(cls, text: object) -> bool:
+    def is_valid(cls, text: object) -> TypeGuard[str]:
         return isinstance(text, str) and cls._match(text) is not None
 
     @classmethod

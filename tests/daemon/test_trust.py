@@ -20,8 +20,9 @@ from daemon_helpers import (  # noqa: F401
     running_daemon,
     unique_session,
 )
+from gpusd.errors import SecretError
 from gpusd.model import ProcessInfo
-from gpusd.wire.signing import FleetKey, SecretError, load_secret
+from gpusd.wire.signing import FleetKey, load_secret
 from tests_paths import REPO
 
 SECRET = "b3c1f0a2d4e6f8091a2b3c4d5e6f7081"

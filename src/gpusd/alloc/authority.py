@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import struct
 import threading
 from pathlib import Path
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from ..ids import JobId
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from .select import Candidate, Constraints
 
@@ -75,7 +75,6 @@ REPLY_SLACK = 30.0  # beyond the client's own timeout and the mutex bound
 BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to end
 MAX_STRAY = 64  # answers to other requests skipped while looking for ours
 MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
-JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 _CRED = struct.Struct("3i")
 
 
@@ -278,13 +277,11 @@ def request(c: Constraints) -> dict[str, Any]:
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
                   command: str | None, job: str | None = None,
                   priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
-    """Ask the daemon for a lease (for the gpusd job ``job``: 12 hex digits, named in the lease's
-    record); raises what a local allocation would raise."""
+    """Ask the daemon for a lease (for the gpusd job ``job``, a :class:`gpusd.ids.JobId`, named in the
+    lease's record); raises what a local allocation would raise."""
     req = dict(request(c), wait=wait, timeout=timeout, command=command)
     if job is not None:
-        if not JOB_ID.match(job):
-            raise ConfigError(f"not a job id: {job!r}")
-        req["job"] = job
+        req["job"] = JobId.parse(job)
     if priority is not None:
         req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
     reader = _Lines(sock)

@@ -38,13 +38,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GpusdError, LockBusy, WaitTimeout
+from ..ids import JobId, LeaseId, SlurmJobId
 from ..model import HostSnapshot, LeaseInfo
 from .lockdir import (
     DIR_FLAGS,
@@ -89,9 +89,6 @@ MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selectio
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
 MAX_LEASE_DEVICES = 64
 MAX_LEASE_FILES = 4096
-_LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\.json$")
-_JOB_ID = re.compile(r"^[a-f0-9]{8,32}$")  # a gpusd job's id (gpusd.jobs.record)
-_SLURM_JOB = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")  # a Slurm job id (docs/slurm.md)
 
 
 def lock_dir() -> Path:
@@ -427,10 +424,9 @@ class LeaseStore:
         return None
 
     def _lease_of_here(self, lease_id: str) -> tuple[int, list[LeaseInfo]] | None:
-        name = f"lease-{lease_id}.json"
-        m = _LEASE_NAME.match(name)
-        if m is None:
+        if not LeaseId.is_valid(lease_id):
             return None
+        name = f"lease-{lease_id}.json"
         dfd = self.open(create=False)
         if dfd is None:
             return None
@@ -444,7 +440,7 @@ class LeaseStore:
             record = self._parse(name, raw)
             if record is None:
                 return None
-            infos = self._believe(dfd, name, m.group(1), st, record, flock_table())
+            infos = self._believe(dfd, name, lease_id, st, record, flock_table())
             return (st.st_uid, infos) if infos else None
         finally:
             os.close(dfd)
@@ -460,8 +456,8 @@ class LeaseStore:
         confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of leases on it
         seen = 0
         for name in names:
-            m = _LEASE_NAME.match(name)
-            if not m:
+            lease_id = LeaseId.from_file_name(name, "lease-", ".json")
+            if lease_id is None:
                 continue
             seen += 1
             if seen > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
@@ -480,7 +476,7 @@ class LeaseStore:
                 continue
             if not table_read:
                 table, table_read = flock_table(), True
-            believed = self._believe(dfd, name, m.group(1), st, record, table)
+            believed = self._believe(dfd, name, lease_id, st, record, table)
             out.extend(believed)
             if believed and table is not None:
                 for dev in record["devices"]:
@@ -549,9 +545,8 @@ class LeaseStore:
                 "command": command[:1024] if isinstance(command, str) else None,
                 "remote_from": remote_from[:128] if isinstance(remote_from, str) else None,
                 "expires": float(expires) if expires is not None else None,
-                "job": job if isinstance(job := d.get("job"), str) and _JOB_ID.match(job) else None,
-                "slurm_job": (sj if isinstance(sj := d.get("slurm_job"), str) and _SLURM_JOB.match(sj)
-                              else None),
+                "job": JobId.optional(d.get("job")),
+                "slurm_job": SlurmJobId.optional(d.get("slurm_job")),
             }
         except (ValueError, TypeError, RecursionError) as exc:
             log.warning("skipping unreadable lease file %s: %s", name, exc)
@@ -660,7 +655,7 @@ class LeaseStore:
                         os.close(f)
                     os.close(dfd)
                     return None
-            lease_id = os.urandom(6).hex()
+            lease_id = LeaseId.new()
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,

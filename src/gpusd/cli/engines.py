@@ -52,8 +52,8 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
     releases), or by a renewer process (``python -m gpusd.pool.renewer``) until ``until`` (epoch), whose
     pid is returned third; ``renewer``: its optional fields (``at_end``, ``forget``).  ``job_id``: the
     placement's (default: a new one)."""
-    from ..engines.placement import new_job_id
     from ..errors import ConfigError  # wrong flags are usage errors (exit 2), as everywhere
+    from ..ids import PlacementId
 
     count = getattr(args, "count", None)
     if getattr(args, "placement", None) and count is not None:
@@ -68,7 +68,7 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
 
     if count <= 0:
         raise ConfigError("-n wants a positive number of GPUs")
-    job_id = job_id or new_job_id()
+    job_id = job_id or PlacementId.new()
     key = _key(args)
     client = _client(args, key)
     got: list[Reservation] = []
@@ -273,11 +273,11 @@ def hostfile(args: argparse.Namespace) -> int:
 
             sys.stdout.write(horovod_discovery_lines(held))
         return 0
-    from ..engines.placement import new_job_id
+    from ..ids import PlacementId
 
     cmd = list(args.args) if args.args else []
     until = _until(args) if args.count is not None and not cmd else None
-    job_id = new_job_id()
+    job_id = PlacementId.new()
     # the renewer (no CMD) removes the job's record when the reservation ends: gpusd release ID,
     # --for over, a lease lost
     p, res, pid = acquire(args, f"gpusd hostfile --format {args.format}" + (f" -- {shlex.join(cmd)}" if cmd else ""),
@@ -582,7 +582,7 @@ def ray_up(args: argparse.Namespace) -> int:
 
     from ..engines import generate as g
     from ..engines.launch import run_commands
-    from ..engines.placement import new_job_id
+    from ..ids import PlacementId
     from ..units import format_clock
 
     extra = list(args.ray_args)
@@ -591,7 +591,7 @@ def ray_up(args: argparse.Namespace) -> int:
     # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL);
     # at the end of --for it lets the leases expire, so that every host's guard stops Ray first
     until = _until(args) if args.count is not None else None
-    p, res, pid = acquire(args, "gpusd ray up", until, new_job_id(), {"at_end": "expire"})
+    p, res, pid = acquire(args, "gpusd ray up", until, PlacementId.new(), {"at_end": "expire"})
     python = args.python or "python3"  # on the hosts; this machine's guard runs under this Python
     record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
                               "address": g.ray_address(p, args.port), "started": time.time()}
@@ -647,11 +647,11 @@ def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
     from ..engines import generate as g
     from ..engines.launch import run_commands
     from ..engines.placement import Placement
-    from ..pool.client import LEASE_ID
+    from ..ids import LeaseId
 
     p = Placement.from_dict(record["placement"])
     leases = [d["lease_id"] for d in record.get("leases") or []
-              if isinstance(d, dict) and isinstance(d.get("lease_id"), str) and LEASE_ID.match(d["lease_id"])]
+              if isinstance(d, dict) and LeaseId.is_valid(d.get("lease_id"))]
     opts = _options(args, watchdog=False, stop_on_failure=False)
     if leases and len(leases) == len(p.hosts):
         python = getattr(args, "python", None) or record.get("python")

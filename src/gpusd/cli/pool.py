@@ -312,15 +312,15 @@ def fleet_job_argv(job_id: str, asker: str, part: HostLease) -> list[str]:
 def run_fleet(args: argparse.Namespace, cmd: list[str]) -> int:
     from ..alloc.runner import _interactive
     from ..identity import hostname
+    from ..ids import JobId
     from ..jobs.fleet import FleetJob, clean_host
-    from ..jobs.record import new_job_id
 
     key = _key(args)
     command = shlex.join(cmd)[:512]
     asker = clean_host(hostname())
     # the run is a job here from the start (queued while it looks for GPUs); the same id names it
     # on the host that runs it, and in that host's lease record
-    job = FleetJob(new_job_id(), command, asker)
+    job = FleetJob(JobId.new(), command, asker)
     try:
         client = _client(args, key)
         try:
@@ -354,10 +354,10 @@ def fleet_job(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("no command given: gpusd fleet-job [options] -- CMD [ARGS...]")
     devices = parse_devices(args.devices)
-    from ..pool.client import LEASE_ID
+    from ..ids import LeaseId
 
-    if args.lease is not None and not LEASE_ID.match(args.lease):
-        raise ConfigError(f"--lease: not a lease id (hex digits): {args.lease[:40]!r}")
+    if args.lease is not None:
+        LeaseId.parse(args.lease, "--lease")
     job = FleetJob(args.job, shlex.join(cmd)[:512], args.asker)
     try:
         job.placed(devices, args.lease)

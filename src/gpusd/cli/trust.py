@@ -47,7 +47,8 @@ def add_token_flags(p: argparse.ArgumentParser, what: str) -> None:
 
 def secret(args: argparse.Namespace) -> str | None:
     """The fleet secret for this command, or None.  ConfigError (exit 2) when it cannot be read."""
-    from ..wire.signing import SecretError, load_secret
+    from ..errors import SecretError
+    from ..wire.signing import load_secret
 
     identity = getattr(args, "identity", None)
     if isinstance(identity, str) and identity:  # for this process and the renewer it starts (wire.sshsig)

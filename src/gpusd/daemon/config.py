@@ -111,7 +111,8 @@ class DaemonConfig:
         if self.tls_port is not None and not 0 <= self.tls_port < 65536:
             raise ConfigError(f"bad TLS port {self.tls_port}")
         if self.token is not None:
-            from ..wire.signing import SecretError, check_secret
+            from ..errors import SecretError
+            from ..wire.signing import check_secret
 
             try:
                 check_secret(self.token)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from ..errors import ConfigError
+from ..ids import JobId
 
 PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
-JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
 def parse(line: bytes) -> dict[str, Any]:
@@ -38,12 +37,12 @@ def version(d: dict[str, Any]) -> int:
 
 
 def job_of(d: dict[str, Any]) -> str | None:
-    """The client's job id (12 hex digits), a label for the lease record; believed as nothing more."""
+    """The client's job id (:class:`gpusd.ids.JobId`), a label for the lease record; believed as nothing more."""
     job = d.get("job")
     if job is None:
         return None
-    if not isinstance(job, str) or not JOB_ID.match(job):
-        raise ConfigError("bad 'job' in the lease request (a job id is 12 hex digits)")
+    if not JobId.is_valid(job):
+        raise ConfigError(f"bad 'job' in the lease request ({JobId.what} is {JobId.rule})")
     return job
 
 

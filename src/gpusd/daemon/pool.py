@@ -29,13 +29,13 @@ import asyncio
 import json
 import logging
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable
+from ..ids import JobId
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -52,7 +52,6 @@ MAX_BODY = 16384
 MAX_HOLDER = 64
 MAX_NOTE = 512
 CHECK_EVERY = 0.25  # seconds between expiry checks
-JOB_ID = re.compile(r"^[a-f0-9]{8,32}$")  # a gpusd job's id (gpusd.jobs.record)
 
 
 class PoolDaemon(Protocol):
@@ -209,7 +208,7 @@ class Pool:
         holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"
         identity = _identity(account, identity or f"address {remote_from}")
         job = body.get("job")
-        if job is not None and (not isinstance(job, str) or not JOB_ID.match(job)):
+        if job is not None and not JobId.is_valid(job):
             return 400, {"error": "'job' must be a gpusd job id (8 to 32 lowercase hex digits)"}
         try:
             kwargs = _request(json.dumps({**body, "op": "lease", "wait": False, "timeout": None}).encode())

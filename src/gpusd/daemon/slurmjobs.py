@@ -21,16 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..ids import SlurmJobId
 
 log = logging.getLogger("gpusd.slurm")
 
-SLURM_JOB = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")  # a Slurm job id (an array task: 42_3)
 MAX_DEVICES = 64
 
 
@@ -40,7 +39,7 @@ def parse(req: dict[str, Any]) -> tuple[str, str, int | None, list[str]]:
     if action not in ("begin", "end"):
         raise ConfigError("bad 'action' in the slurm request (begin or end)")
     job = req.get("slurm_job")
-    if not isinstance(job, str) or not SLURM_JOB.match(job):
+    if not SlurmJobId.is_valid(job):
         raise ConfigError("bad 'slurm_job' in the slurm request (a Slurm job id)")
     if action == "end":
         return action, job, None, []

@@ -264,9 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="with --stop: wait this long at most")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
-    from ..alloc.leases import _LEASE_NAME
+    from ..ids import LeaseId
 
-    if not _LEASE_NAME.match(f"lease-{args.lease}.json"):
+    if not LeaseId.is_valid(args.lease):
         p.error(f"--lease: not a lease id: {args.lease[:40]!r}")
     if args.stop:
         return stop(args.lease, args.timeout)

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..alloc.env import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..errors import GpusdError
+from ..ids import PlacementId
 from ..model import VENDORS
 from ..sanitize import ip_word
 
@@ -46,7 +46,6 @@ MAX_GPUS_PER_HOST = 256
 _NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")  # host names as DNS and /etc/hosts write them
 _SSH_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 _UUID = re.compile(r"^(?:GPU|MIG)-[A-Za-z0-9-]{1,80}$")
-_JOB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 
 
 class PlacementError(GpusdError, ValueError):
@@ -99,10 +98,6 @@ def valid_cpulist(text: object) -> bool:
         return bool(parse_cpulist(text))
     except ValueError:
         return False
-
-
-def new_job_id() -> str:
-    return f"gpusd-{secrets.token_hex(4)}"
 
 
 @dataclass(frozen=True)
@@ -222,7 +217,7 @@ class Placement:
     hosts: tuple[HostSlot, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.job_id, str) or _JOB_ID.fullmatch(self.job_id) is None:
+        if not PlacementId.is_valid(self.job_id):
             raise PlacementError(f"job_id must be 1-64 letters, digits, '.', '_' or '-', not {str(self.job_id)[:80]!r}")
         if not self.hosts:
             raise PlacementError("a placement needs at least one host")
@@ -260,7 +255,7 @@ class Placement:
             raise PlacementError("a placement needs a list of hosts")
         if len(hosts) > MAX_HOSTS:
             raise PlacementError(f"more than {MAX_HOSTS} hosts in a placement")
-        return cls(job_id=d.get("job_id") or new_job_id(), hosts=tuple(HostSlot.from_dict(h) for h in hosts))
+        return cls(job_id=d.get("job_id") or PlacementId.new(), hosts=tuple(HostSlot.from_dict(h) for h in hosts))
 
     @classmethod
     def load(cls, path: str | Path) -> "Placement":
@@ -281,4 +276,4 @@ class Placement:
     @classmethod
     def of(cls, hosts: Sequence[tuple[str, Sequence[int]]], job_id: str | None = None) -> "Placement":
         """A placement from ``[(hostname, [gpu, ...]), ...]`` (address and ssh target = host name)."""
-        return cls(job_id or new_job_id(), tuple(HostSlot(h, h, h, tuple(g)) for h, g in hosts))
+        return cls(job_id or PlacementId.new(), tuple(HostSlot(h, h, h, tuple(g)) for h, g in hosts))

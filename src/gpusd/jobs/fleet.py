@@ -32,7 +32,8 @@ from typing import Any, Sequence
 
 from ..alloc.leases import LeaseStore, current_user
 from ..errors import ConfigError, GpusdError
-from .record import ID_RE, MAX_DEVICES, JobRecord, RecordWriter, list_jobs, new_job_id
+from ..ids import JobId, LeaseId
+from .record import MAX_DEVICES, JobRecord, RecordWriter, list_jobs
 
 RESTART_ME = 75  # the protocol's "restart me" status (docs/jobs.md)
 FILE_FORMAT = 1
@@ -92,8 +93,7 @@ class FleetJob:
     here, the command under the job protocol."""
 
     def __init__(self, job_id: str, command: str, host: str | None, store: LeaseStore | None = None) -> None:
-        if not ID_RE.match(job_id):
-            raise ConfigError(f"not a job id: {job_id[:40]!r}")
+        JobId.parse(job_id)  # IdError (a ConfigError): not a job id
         self.store = store or LeaseStore()
         self.job_id = job_id
         self.writer: RecordWriter | None = None
@@ -102,7 +102,7 @@ class FleetJob:
         self.generation = 0
         try:
             if any(r.job == job_id for r in list_jobs(self.store)):  # a 48-bit id met twice: keep both
-                self.job_id = new_job_id()
+                self.job_id = JobId.new()
                 _say(f"a job {job_id} already runs here: this one is job {self.job_id}")
             writer = RecordWriter(self.store, JobRecord(
                 job=self.job_id, pid=os.getpid(), user=current_user(), command=command, state="queued",
@@ -125,7 +125,7 @@ class FleetJob:
         uuids, indices = [d["uuid"] for d in good], [d["index"] for d in good]
         labels = [f"{clean_host(remote)}:{i}" for i in indices] if remote is not None else []
         self.writer.write(state="running", devices=uuids, indices=[] if remote is not None else indices,
-                          labels=labels, lease=lease if lease and ID_RE.match(lease) else None)
+                          labels=labels, lease=LeaseId.optional(lease))
 
     def _write_job_file(self, devices: Sequence[dict[str, Any]], visible: str) -> Path:
         if self.private is None:

@@ -19,7 +19,6 @@ import fcntl
 import json
 import math
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -27,6 +26,7 @@ from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import create_exclusive, read_live, user_name
 from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
 from ..alloc.priority import priority_name as priority_name
+from ..ids import JobId, LeaseId
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,14 +37,8 @@ MAX_JOB_BYTES = 16384
 MAX_JOB_FILES = 4096
 MAX_DEVICES = 64
 MAX_LABEL = 300  # a host name (255) and a GPU index
-JOB_NAME = re.compile(r"^job-([a-f0-9]{8,32})\.json$")
-ID_RE = re.compile(r"^[a-f0-9]{8,32}$")
 
 STATES = ("queued", "running", "preempted", "paused", "moving", "done", "failed")
-
-
-def new_job_id() -> str:
-    return os.urandom(6).hex()
 
 
 @dataclass
@@ -86,7 +80,7 @@ def parse(raw: bytes, uid: int) -> JobRecord:
     if not isinstance(d, dict):
         raise ValueError("not an object")
     job, pid = d.get("job"), d.get("pid")
-    if not isinstance(job, str) or not ID_RE.match(job):
+    if not JobId.is_valid(job):
         raise ValueError("no valid job id")
     if type(pid) is not int or not 0 < pid < 2**31:
         raise ValueError("no valid pid")
@@ -115,11 +109,10 @@ def parse(raw: bytes, uid: int) -> JobRecord:
             or not all(isinstance(x, str) and 0 < len(x) <= MAX_LABEL for x in labels)):
         raise ValueError("no valid label list")
     user = _text(d.get("user"), 64) if uid == 0 else user_name(uid)
-    lease = d.get("lease")
     return JobRecord(job=job, pid=pid, user=user, uid=uid, command=_text(d.get("command"), 1024),
                      devices=list(devices), indices=list(indices[:MAX_DEVICES]), priority=priority,
                      preemptible=d.get("preemptible") is True, pausable=d.get("pausable") is True, state=state,
-                     restarts=restarts, lease=lease if isinstance(lease, str) and ID_RE.match(lease) else None,
+                     restarts=restarts, lease=LeaseId.optional(d.get("lease")),
                      started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200),
                      labels=list(labels))
 
@@ -138,7 +131,7 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
         names = os.listdir(dfd)
         seen = 0
         for name in names:
-            if not JOB_NAME.match(name):
+            if JobId.from_file_name(name, "job-", ".json") is None:
                 continue
             seen += 1
             if seen > MAX_JOB_FILES:

@@ -37,8 +37,9 @@ from ..alloc.leases import MAX_LEASE_BYTES, Lease, LeaseStore, current_user
 from ..alloc.lockdir import create_exclusive
 from ..alloc.select import Candidate, Constraints
 from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
+from ..ids import JobId
 from . import control
-from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, new_job_id, priority_name
+from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, priority_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
@@ -83,7 +84,7 @@ class Supervisor:
         self.simulate, self.use_uuid, self.cuda_checkpoint = simulate, use_uuid, cuda_checkpoint
         self.store = LeaseStore()
         self.lock = threading.RLock()
-        self.job_id = new_job_id()
+        self.job_id = JobId.new()
         self.devs: list[Candidate] = []
         self.dev_fds: dict[str, int] = {}
         self.inherited: set[str] = set()

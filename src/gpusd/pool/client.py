@@ -6,7 +6,6 @@ import fnmatch
 import getpass
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, SourceError, WaitTimeout
+from ..ids import LeaseId
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..alloc.select import Candidate, Constraints
@@ -172,9 +172,9 @@ class Reservation:
         """The JSON form of an engine placement (``gpusd.engines.placement.Placement.from_dict``):
         one slot per host, with the NVML indices and UUIDs leased there.  Host name, address and ssh
         target are what each host's daemon signed (``HostLease.hostname``, ``addresses``)."""
-        import secrets
+        from ..ids import PlacementId
 
-        return {"job_id": job_id or f"gpusd-{secrets.token_hex(4)}", "hosts": [
+        return {"job_id": job_id or PlacementId.new(), "hosts": [
             {"hostname": p.hostname, "address": (p.addresses or [p.hostname])[0], "ssh_target": p.hostname,
              **_slot_gpus(p)} for p in self.parts]}
 
@@ -309,7 +309,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         raise GpusdError(f"{h.hostname} refused the lease (HTTP {reply.status}): {str(err)[:300]}")
     d = reply.data
     lease_id = d.get("lease_id")
-    if not isinstance(lease_id, str) or not LEASE_ID.match(lease_id):
+    if not LeaseId.is_valid(lease_id):
         raise GpusdError(f"{h.hostname} answered a lease without a usable id ({str(lease_id)[:40]!r}): not used")
     try:
         lease = HostLease(lease_id, h.hostname, h.node_id, url, pin, list(d.get("devices") or []),
@@ -321,7 +321,6 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     return lease
 
 
-LEASE_ID = re.compile(r"^[0-9a-f]{8,32}$")  # a daemon's lease ids are hex (gpusd.alloc.leases)
 REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE",  # what a daemon's lease answer sets
               "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR")
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -36,8 +35,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..ids import LeaseId
+
 RECORD_DIR = "reservations"  # under gpusd's state directory (gpusd.identity.state_dir)
-_LEASE_ID = re.compile(r"^[0-9a-f]{8,32}$")  # as gpusd.pool.client.LEASE_ID
 MAX_RECORD = 1 << 20
 
 
@@ -76,7 +76,7 @@ def remember(parts: list[dict[str, Any]], pid: int, until: float) -> None:
     try:
         for part in parts:
             lease_id = str(part.get("lease_id"))
-            if not _LEASE_ID.match(lease_id):
+            if not LeaseId.is_valid(lease_id):
                 continue
             tmp = f".{lease_id}.{os.getpid()}.tmp"
             try:
@@ -96,7 +96,7 @@ def remember(parts: list[dict[str, Any]], pid: int, until: float) -> None:
 
 def recall(lease_id: str) -> dict[str, Any] | None:
     """The record of the lease ``lease_id`` (``{"lease": HostLease dict, "renewer_pid", "until"}``), or None."""
-    if not _LEASE_ID.match(lease_id):
+    if not LeaseId.is_valid(lease_id):
         return None
     dfd = _open_record_dir(create=False)
     if dfd is None:
@@ -117,7 +117,7 @@ def recall(lease_id: str) -> dict[str, Any] | None:
 
 
 def forget(lease_id: str) -> None:
-    if not _LEASE_ID.match(lease_id):
+    if not LeaseId.is_valid(lease_id):
         return
     dfd = _open_record_dir(create=False)
     if dfd is None:

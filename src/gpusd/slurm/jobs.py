@@ -15,14 +15,14 @@ import re
 from typing import Any, Mapping
 
 from ..errors import ConfigError, GpusdError, NoDaemon
+from ..ids import SlurmJobId
 
-_JOB = re.compile(r"^[0-9]{1,20}(_[0-9]{1,10})?$")
 _DEVICE = re.compile(r"^[0-9]{1,4}$|^(GPU|MIG)-[0-9A-Za-z-]{1,120}$")
 
 
 def job_id(env: Mapping[str, str], given: str | None = None) -> str:
     job = given or env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not _JOB.match(job):
+    if not SlurmJobId.is_valid(job):
         raise ConfigError("no Slurm job id: run as Slurm's Prolog/Epilog ($SLURM_JOB_ID) or give --job ID")
     return job
 
