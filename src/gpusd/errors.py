@@ -167,9 +167,10 @@ def to_wire(exc: BaseException, http: bool = False) -> dict[str, Any]:
     cls = type(exc) if isinstance(exc, GpusdError) else GpusdError
     message = str(exc)
     if http:
-        return {"error": message, "code": cls.code}
-    kind = next(c.__dict__["code"] for c in cls.__mro__ if c.__dict__.get("code") in LEGACY_KINDS)
-    out: dict[str, Any] = {"ok": False, "code": cls.code, "error": kind, "message": message}
+        out: dict[str, Any] = {"error": message, "code": cls.code}
+    else:
+        kind = next(c.__dict__["code"] for c in cls.__mro__ if c.__dict__.get("code") in LEGACY_KINDS)
+        out = {"ok": False, "code": cls.code, "error": kind, "message": message}
     if isinstance(exc, DaemonStartFailed):
         out["status"] = exc.status
     return out

@@ -64,3 +64,104 @@ def test_old_exit_code_names_still_resolve() -> None:
     from gpusd.errors import EXIT_NO_DAEMON, EXIT_USAGE
 
     assert (EXIT_USAGE, EXIT_NO_DAEMON) == (2, 6)
+
+
+# -- codes and the wire (issue 19) ------------------------------------------------------------------
+CLASSES = [getattr(errors, n) for n in errors.__all__]
+
+
+def test_every_class_has_its_own_unique_code_and_docs_errors_lists_it() -> None:
+    codes = [cls.__dict__.get("code") for cls in CLASSES]
+    assert all(isinstance(c, str) and re.fullmatch(r"[a-z_]{2,20}", c) for c in codes), codes
+    assert len(set(codes)) == len(codes)
+    table = (REPO / "docs" / "errors.md").read_text()
+    for cls in CLASSES:
+        assert re.search(rf"^\| `{cls.code}` \| `{cls.__name__}` \|", table, re.M), f"{cls.code} not in docs/errors.md"
+
+
+def _example(cls: type[errors.GpusdError]) -> errors.GpusdError:
+    if cls is errors.DaemonStartFailed:
+        return cls("the daemon exited", 3)
+    return cls("it failed\x1b[31m here")
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_to_wire_from_wire_round_trips_every_class(cls: type[errors.GpusdError]) -> None:
+    import json
+
+    exc = _example(cls)
+    for http in (False, True):
+        d = json.loads(json.dumps(errors.to_wire(exc, http=http)))  # what the other side reads
+        assert d["code"] == cls.code
+        back = errors.from_wire(d, "host: ")
+        assert type(back) is cls
+        assert str(back).startswith("host: ") and str(exc).split("\x1b")[0] in str(back)
+        assert "\x1b" not in str(back)  # sanitised for a terminal
+        assert exit_code_for(back) == exit_code_for(exc)
+    sock = errors.to_wire(exc)
+    assert sock["ok"] is False and sock["message"] == str(exc)
+    assert sock["error"] in ("usage", "no_gpu", "timeout", "error")  # what a 0.2 client understands
+    if cls is errors.DaemonStartFailed:
+        assert errors.from_wire(sock).status == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("reply, cls", [
+    ({"ok": False, "error": "no_gpu", "message": "m"}, errors.NoGpuAvailable),  # a 0.2 lease socket
+    ({"ok": False, "error": "timeout", "message": "m"}, errors.WaitTimeout),
+    ({"ok": False, "error": "usage", "message": "m"}, errors.ConfigError),
+    ({"ok": False, "error": "error", "message": "m"}, errors.GpusdError),
+    ({"ok": False, "message": "m"}, errors.GpusdError),  # a 0.2 supervisor's refusal
+    ({"error": "m"}, errors.GpusdError),  # a 0.2 HTTP error body
+    ({"error": "m", "reason": "no_gpu"}, errors.NoGpuAvailable),
+    ({"ok": False, "code": "from_0.4", "error": "no_gpu", "message": "m"}, errors.NoGpuAvailable),  # newer peer
+    ({"ok": False, "code": 7, "error": ["x"], "message": "m"}, errors.GpusdError),  # hostile types
+])
+def test_from_wire_reads_old_and_unknown_replies(reply: dict[str, object], cls: type) -> None:
+    got = errors.from_wire(reply)
+    assert type(got) is cls and str(got) == "m"
+
+
+def test_from_wire_of_garbage_is_a_gpusd_error() -> None:
+    assert type(errors.from_wire(["not", "a", "dict"])) is errors.GpusdError
+    assert str(errors.from_wire({"ok": False})) == "the peer refused the request"
+    long = errors.from_wire({"ok": False, "message": "x" * 100_000})
+    assert len(str(long)) <= errors.MAX_MESSAGE + 5
+
+
+def test_a_bad_token_is_caught_as_a_gpusd_error() -> None:
+    """0.2: ``gpusd.AsyncClient(token="x")`` raised SecretError(ValueError), which ``except GpusdError``
+    missed; it is a ConfigError now (exit 2, as the CLI already made it), still a ValueError."""
+    with pytest.raises(gpusd.GpusdError, match="at least 16 bytes") as info:
+        gpusd.AsyncClient(token="x")
+    assert isinstance(info.value, gpusd.SecretError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value, gpusd.ConfigError) and exit_code_for(info.value) == 2
+    from gpusd.wire.signing import check_secret
+
+    with pytest.raises(gpusd.SecretError):
+        check_secret("short")
+
+
+def test_source_error_is_no_longer_a_no_daemon_but_exits_the_same() -> None:
+    assert not issubclass(gpusd.SourceError, gpusd.NoDaemon)
+    assert exit_code_for(gpusd.SourceError("x")) == exit_code_for(gpusd.NoDaemon("x")) == 6
+
+
+@pytest.mark.parametrize("exc, status", [
+    (gpusd.IdError("x"), 2),
+    (gpusd.SecretError("x"), 2),
+    (gpusd.SSEError("x"), 1),
+    (gpusd.LockBusy("x"), 1),
+    (gpusd.AlreadyRunning("x"), 7),
+    (ValueError("x"), 1),
+    (KeyError("x"), 1),
+])
+def test_more_exit_codes(exc: BaseException, status: int) -> None:
+    assert exit_code_for(exc) == status
+
+
+def test_subclasses_elsewhere_keep_their_base_code() -> None:
+    from gpusd.alloc.policy import OverCap
+    from gpusd.engines.placement import PlacementError
+
+    assert errors.to_wire(OverCap("cap"))["code"] == "no_gpu" and exit_code_for(OverCap("cap")) == 4
+    assert errors.to_wire(PlacementError("p"))["code"] == "error" and exit_code_for(PlacementError("p")) == 1

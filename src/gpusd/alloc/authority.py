@@ -54,7 +54,7 @@ import struct
 import threading
 from pathlib import Path
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from ..errors import ConfigError, GpusdError, from_wire
 from ..ids import JobId
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from .select import Candidate, Constraints
@@ -423,15 +423,10 @@ def _decode(line: bytes) -> dict[str, Any]:
 
 
 def _check(reply: dict[str, Any]) -> None:
-    """Raise what a refusal means (the daemon's message, sanitised)."""
-    from ..sanitize import for_terminal
-
+    """Raise what a refusal means (its code, or a 0.2 daemon's kind; the message sanitised)."""
     if reply.get("ok") is True:
         return
-    kind = reply.get("error")
-    message = for_terminal(str(reply.get("message") or "the daemon refused the request"), 2000)
-    raise {"no_gpu": NoGpuAvailable, "timeout": WaitTimeout, "usage": ConfigError}.get(
-        kind if isinstance(kind, str) else "", GpusdError)(message)
+    raise from_wire(reply)
 
 
 def _candidates(reply: dict[str, Any]) -> list[Candidate]:

@@ -181,7 +181,7 @@ def _count(text: str | None, sign: str) -> int | None:
 
 
 def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
-    from ..jobs.control import request
+    from ..jobs.control import refused, request
 
     rec = _find(job)
     if rec.host is not None:  # gpusd run --fleet: its lease is a daemon's, there is no supervisor to ask
@@ -193,12 +193,10 @@ def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
     if me not in (0, rec.uid):
         raise GpusdError(f"job {rec.job} belongs to {rec.user}: only its owner or root may change it")
     answer = request(rec.job, rec.uid, message, timeout=timeout)
+    failed = refused(answer, f"job {rec.job}: ")  # docs/errors.md: the refusal's code
+    if failed is not None:
+        raise failed
     text = str(answer.get("message") or answer.get("devices") or "")
-    if not answer.get("ok"):
-        from ..errors import NoGpuAvailable, WaitTimeout
-
-        kind = {"no_gpu": NoGpuAvailable, "timeout": WaitTimeout}.get(str(answer.get("error")), GpusdError)
-        raise kind(f"job {rec.job}: {text}")
     print(f"job {rec.job}: GPUs {answer.get('devices')}" + (f" ({text})" if answer.get("message") else ""))
     return 0
 

@@ -225,9 +225,9 @@ def _release_remembered(lease_id: str, key: FleetKey) -> bool:
         forget(part.lease_id)
         raise GpusdError(f"no reservation {part.lease_id} on {where} any more (released, or expired)")
     if reply.status not in (200, 204):
-        err = reply.data.get("error") if isinstance(reply.data, dict) else None
-        why = f": {for_terminal(str(err), 300)}" if err else ""
-        raise GpusdError(f"{where}: releasing {part.lease_id} failed (HTTP {reply.status}){why}")
+        from ..pool.client import refusal
+
+        raise refusal(reply, f"{where}: releasing {part.lease_id} failed (HTTP {reply.status})")
     forget(part.lease_id)  # its renewer sees the lease gone at its next renewal and stops
     print(f"released {part.lease_id} on {where}")
     return True

@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from ..errors import ConfigError, GpusdError, NoGpuAvailable, to_wire
 from .leaseconn import MAX_REQUEST, Conn
 from .leasereq import constraints, job_of, parse, priority_of
 from .leasereq import version as protocol_version
@@ -243,8 +243,8 @@ class LeaseServer:
             conn.close()
             return
         if self.total >= MAX_CLIENTS or self.clients.get(uid, 0) >= MAX_PER_UID:
-            await conn.send({"ok": False, "error": "busy", "message": "the gpusd daemon has too many lease "
-                             "requests open (from you or in all); try again later"})
+            await conn.send({"ok": False, "code": "busy", "error": "busy", "message": "the gpusd daemon has too many "
+                             "lease requests open (from you or in all); try again later"})
             conn.close()
             return
         self.total += 1
@@ -281,7 +281,7 @@ class LeaseServer:
                     await conn.send(await self._slurm(req, uid))
                     return
                 if self.slurm and req.get("op", "lease") == "lease":
-                    await conn.send({"ok": False, "error": "no_gpu", "message": SLURM_REFUSAL})
+                    await conn.send(to_wire(NoGpuAvailable(SLURM_REFUSAL)))
                     return
                 choice = req.get("op") == "choose"  # which GPUs a lease would get, taking none
                 kwargs = constraints(req, op="choose" if choice else "lease")
@@ -289,7 +289,7 @@ class LeaseServer:
                 job = job_of(req)
                 priority = priority_of(req)
             except ConfigError as exc:
-                await conn.send({"ok": False, "error": "usage", "message": str(exc)})
+                await conn.send(to_wire(exc))
                 return
             command = kwargs["command"]
             loop = asyncio.get_running_loop()
@@ -365,7 +365,7 @@ class LeaseServer:
                 if rid is not None and (type(rid) is not int or not 0 <= rid < 2**53):
                     raise ConfigError("bad 'id' in the request")
             except ConfigError as exc:
-                await conn.send({"ok": False, "error": "usage", "id": None, "message": str(exc)})
+                await conn.send({**to_wire(exc), "id": None})
                 continue
             op = req.get("op")
             try:
@@ -505,7 +505,7 @@ class LeaseServer:
 SLURM_REFUSAL = ("this host's GPUs are allocated by Slurm (its gpusd daemon runs with --slurm): ask Slurm for "
                  "them, e.g. srun --gres=gpu:1 -- CMD, or salloc --gres=gpu:1 for a shell (docs/slurm.md)")
 
-_TOO_LONG = {"ok": False, "error": "usage", "message": f"a request is one line of at most {MAX_REQUEST} bytes"}
+_TOO_LONG = to_wire(ConfigError(f"a request is one line of at most {MAX_REQUEST} bytes"))
 
 
 def _candidate(c: Any) -> dict[str, Any]:
@@ -515,14 +515,10 @@ def _candidate(c: Any) -> dict[str, Any]:
 
 def _failure(exc: BaseException) -> dict[str, Any]:
     """The answer for a request that failed (never a traceback to the client; logged if unexpected)."""
-    if isinstance(exc, NoGpuAvailable):
-        return {"ok": False, "error": "timeout" if isinstance(exc, WaitTimeout) else "no_gpu", "message": str(exc)}
-    if isinstance(exc, ConfigError):
-        return {"ok": False, "error": "usage", "message": str(exc)}
     if isinstance(exc, GpusdError):
-        return {"ok": False, "error": "error", "message": str(exc)}
+        return to_wire(exc)  # docs/errors.md
     log.error("lease request failed", exc_info=exc)  # never lose the daemon over one request
-    return {"ok": False, "error": "error", "message": f"internal error: {exc!r}"[:300]}
+    return to_wire(GpusdError(f"internal error: {exc!r}"[:300]))
 
 
 def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:

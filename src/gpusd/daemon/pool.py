@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable
+from ..errors import ConfigError, GpusdError, IdError, NoGpuAvailable, to_wire
 from ..ids import JobId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -200,7 +200,7 @@ class Pool:
         if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
             from .leasesock import SLURM_REFUSAL
 
-            return 409, {"error": SLURM_REFUSAL, "reason": "slurm"}
+            return 409, {**to_wire(NoGpuAvailable(SLURM_REFUSAL), http=True), "reason": "slurm"}
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
         # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
@@ -209,17 +209,17 @@ class Pool:
         identity = _identity(account, identity or f"address {remote_from}")
         job = body.get("job")
         if job is not None and not JobId.is_valid(job):
-            return 400, {"error": "'job' must be a gpusd job id (8 to 32 lowercase hex digits)"}
+            return 400, to_wire(IdError(f"'job' must be a gpusd job id ({JobId.rule})"), http=True)
         try:
             kwargs = _request(json.dumps({**body, "op": "lease", "wait": False, "timeout": None}).encode())
         except ConfigError as exc:
-            return 400, {"error": str(exc)}
+            return 400, to_wire(exc, http=True)
         for k in ("wait", "timeout", "command", "visible"):
             kwargs.pop(k, None)
         count = int(kwargs.get("count") or 1)
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
-            return 429, {"error": why, "reason": "policy"}
+            return 429, {**to_wire(OverCap(why), http=True), "reason": "policy"}
         now = time.time()
         self.pending += 1
         asking, gpus = self.pending_of.get(identity, (0, 0))
@@ -228,13 +228,13 @@ class Pool:
             sel = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._grant, kwargs, holder, note, remote_from, self._expiry(now, now, ttl), job)
         except OverCap as exc:  # the fair-use policy's cap for this user (alloc/policy.py)
-            return 429, {"error": str(exc), "reason": "policy"}
+            return 429, {**to_wire(exc, http=True), "reason": "policy"}
         except NoGpuAvailable as exc:
-            return 409, {"error": str(exc), "reason": "no_gpu"}
+            return 409, {**to_wire(exc, http=True), "reason": "no_gpu"}
         except ConfigError as exc:
-            return 400, {"error": str(exc)}
+            return 400, to_wire(exc, http=True)
         except GpusdError as exc:
-            return 503, {"error": str(exc)}
+            return 503, to_wire(exc, http=True)
         finally:
             self.pending -= 1
             asking, gpus = self.pending_of.pop(identity, (1, count))
@@ -284,7 +284,7 @@ class Pool:
             await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, expires)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
-            return 503, {"error": f"cannot renew: {exc}"}
+            return 503, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
         finally:
             held.renewing = False
             if held.release_after:  # ended while its record was being rewritten: release now
@@ -451,7 +451,7 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
             body = await body_of(request)
             status, data = await pool.create(body, request.remote, holder_of(request), account)
         except ConfigError as exc:
-            return answer(400, {"error": str(exc)})
+            return answer(400, to_wire(exc, http=True))
         return answer(status, data)
 
     async def renew(request: web.Request) -> web.Response:
@@ -464,7 +464,7 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
             body = await body_of(request)
             status, data = await pool.renew(request.match_info["id"][:64], body, holder_of(request), account)
         except ConfigError as exc:
-            return answer(400, {"error": str(exc)})
+            return answer(400, to_wire(exc, http=True))
         return answer(status, data)
 
     async def delete(request: web.Request) -> web.Response:

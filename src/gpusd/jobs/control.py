@@ -4,7 +4,12 @@
 job's supervisor through it, one JSON object per line each way::
 
     client -> {"op": "grow", "count": 2, "wait": false, "timeout": null}
-    job    -> {"ok": true, "devices": [...], "message": "..."}  or  {"ok": false, "message": "..."}
+    job    -> {"ok": true, "devices": [...], "message": "..."}
+           or {"ok": false, "code": "no_gpu", "error": "no_gpu", "message": "..."}
+
+A refusal carries its error's ``code`` (docs/errors.md; :func:`encode` adds it to the supervisor's
+answers) and, for older clients, the 0.2 kind in ``error``; the client rebuilds the error with
+:func:`gpusd.errors.from_wire`, which also reads a 0.2 supervisor's refusal (no ``code``).
 
 Who asks is learnt from the kernel (``SO_PEERCRED``), never from the request: the supervisor obeys
 only its own user and root.  The client, in turn, talks only to a socket whose answering process
@@ -20,7 +25,7 @@ import struct
 from pathlib import Path
 
 from ..alloc.leases import LeaseStore
-from ..errors import GpusdError
+from ..errors import GpusdError, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,6 +68,19 @@ def read_line(conn: socket.socket, limit: int = MAX_LINE, within: float | None =
     if not isinstance(d, dict):
         raise ValueError("not an object")
     return d
+
+
+def encode(answer: dict[str, Any]) -> bytes:
+    """One answer line; a refusal (``ok`` not true) without a ``code`` gets the one its ``error`` kind
+    names (code ``error`` without one), and the 0.2 kind beside it."""
+    if answer.get("ok") is not True and "code" not in answer:
+        answer = {**to_wire(from_wire(answer)), **answer}
+    return json.dumps(answer).encode() + b"\n"
+
+
+def refused(answer: dict[str, Any], prefix: str = "") -> GpusdError | None:
+    """The error a supervisor's answer stands for (None when it did what was asked)."""
+    return None if answer.get("ok") is True else from_wire(answer, prefix)
 
 
 def bind(store: LeaseStore, job_id: str) -> socket.socket:

@@ -558,10 +558,10 @@ class Supervisor:
                 log(f"job {self.job_id}: refused a request of uid {uid}")
             else:
                 answer = self.dispatch(req, uid, cancelled=lambda: _hung_up(conn))
-            conn.sendall(json.dumps(answer).encode() + b"\n")
+            conn.sendall(control.encode(answer))
         except Exception as exc:  # a bad request never stops the job
             try:
-                conn.sendall(json.dumps({"ok": False, "message": f"bad request: {exc}"[:300]}).encode() + b"\n")
+                conn.sendall(control.encode({"ok": False, "message": f"bad request: {exc}"[:300]}))
             except OSError:
                 pass
         finally:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, SourceError, WaitTimeout
+from ..errors import ConfigError, GpusdError, NoGpuAvailable, SourceError, WaitTimeout, from_wire
 from ..ids import LeaseId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..discovery.sync import Client
     from ..discovery.types import RemoteHost
     from ..engines.placement import Placement
+    from ..wire.http import Reply
     from ..wire.signing import FleetKey
 
 log = logging.getLogger("gpusd.pool")
@@ -108,9 +109,7 @@ class Reservation:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
             if reply.status != 200:
-                err = reply.data.get("error") if isinstance(reply.data, dict) else None
-                raise GpusdError(f"{p.hostname}: renewing failed (HTTP {reply.status})"
-                                 + (f": {str(err)[:300]}" if err else ""))
+                raise refusal(reply, f"{p.hostname}: renewing failed (HTTP {reply.status})")
             if isinstance(reply.data, dict) and type(reply.data.get("expires")) in (int, float):
                 p.expires = float(reply.data["expires"])
 
@@ -177,6 +176,19 @@ class Reservation:
         return {"job_id": job_id or PlacementId.new(), "hosts": [
             {"hostname": p.hostname, "address": (p.addresses or [p.hostname])[0], "ssh_target": p.hostname,
              **_slot_gpus(p)} for p in self.parts]}
+
+
+def refusal(reply: Reply, what: str) -> GpusdError:
+    """A daemon's HTTP error answer as the error to raise: ``WHAT: MESSAGE`` (sanitised), always a
+    :class:`GpusdError` (exit 1, as in 0.2, whatever the daemon's ``code``), its ``__cause__`` the error
+    the daemon named (:func:`gpusd.errors.from_wire`, docs/errors.md)."""
+    data = reply.data if isinstance(reply.data, dict) else {}
+    if not data.get("error"):
+        return GpusdError(what)
+    named = from_wire(data, what + ": ")
+    exc = GpusdError(str(named)[:len(what) + 302])
+    exc.__cause__ = named
+    return exc
 
 
 def _slot_gpus(p: HostLease) -> dict[str, Any]:
@@ -305,8 +317,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
             reasons.append(f"{for_terminal(h.hostname, 64)}: {for_terminal(str(err), 300)}")
         return None
     if reply.status != 201 or not isinstance(reply.data, dict):
-        err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
-        raise GpusdError(f"{h.hostname} refused the lease (HTTP {reply.status}): {str(err)[:300]}")
+        raise refusal(reply, f"{h.hostname} refused the lease (HTTP {reply.status})")
     d = reply.data
     lease_id = d.get("lease_id")
     if not LeaseId.is_valid(lease_id):
