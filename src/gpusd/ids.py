@@ -12,7 +12,8 @@ module compiles a regular expression for these ids (``tests/test_ids.py`` checks
 
 ``JobId``        a gpusd job (``gpusd run``, a fleet run): written 12 lowercase hex digits; read 8 to 32.
 ``LeaseId``      a lease (local, through the daemon, or a daemon's remote lease): written 12 lowercase
-                 hex digits; read 1 to 64 letters, digits, ``_`` or ``-`` (the lock directory's rule).
+                 hex digits; read 1 to 64 letters, digits, ``_`` or ``-`` (the lock directory's rule),
+                 not starting with ``-`` (a lease id goes into ``gpusd fleet-job --lease ID`` lines).
 ``SlurmJobId``   a Slurm job or array task (``42``, ``42_3``): Slurm makes them, gpusd only reads them.
 ``PlacementId``  the ``job_id`` of an engines placement (``gpusd launch``, ``hostfile``, ``ray up``):
                  a name for hostfiles and engines, not a gpusd job; written ``gpusd-`` and 8 hex digits,
@@ -88,8 +89,9 @@ class LeaseId(_Id):
     """A lease's id (``lease-<ID>.json``, the lease socket's and the HTTP API's ``lease_id``)."""
 
     what = "a lease id"
-    rule = "1 to 64 letters, digits, '_' or '-' (gpusd makes 12 hex digits)"
-    _match = re.compile(r"[A-Za-z0-9_-]{1,64}").fullmatch
+    rule = "1 to 64 letters, digits, '_' or '-', not starting with '-' (gpusd makes 12 hex digits)"
+    # the lock directory's 0.2 rule, less a leading '-' (never written by gpusd; an option on a command line)
+    _match = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}").fullmatch
 
     @staticmethod
     def new() -> str:

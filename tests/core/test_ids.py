@@ -23,7 +23,7 @@ OLD_LEASE_IDS = ["a1b2c3d4e5f6",  # alloc.leases (uuid4().hex[:12], later urando
 OLD_SLURM_IDS = ["42", "12345678901234567890", "42_3"]
 OLD_PLACEMENT_IDS = ["gpusd-1a2b3c4d", "my-job.v2", "_x", "A" * 64]  # engines placement files (any name)
 
-GARBAGE = ["", "../../etc", "3F9C0A1B22DE\n", "abc", "x" * 65, "3f9c 0a1b", "lease/..", None, 12, ["3f9c0a1b22de"]]
+GARBAGE = ["", "../../etc", "-rf", "3F9C0A1B22DE\n", "abc", "x" * 65, "3f9c 0a1b", "lease/..", None, 12, ["3f9c0a1b22de"]]
 
 
 @pytest.mark.parametrize("kind, old", [(JobId, OLD_JOB_IDS), (LeaseId, OLD_LEASE_IDS),
@@ -68,6 +68,13 @@ def test_a_trailing_newline_is_not_an_id() -> None:
     not carry one."""
     assert re.match(r"^[a-f0-9]{8,32}$", "3f9c0a1b22de\n")  # the old rule's hole
     assert not JobId.is_valid("3f9c0a1b22de\n") and not LeaseId.is_valid("a1b2c3d4e5f6\n")
+
+
+def test_a_lease_id_is_never_an_option() -> None:
+    """gpusd fleet-job --lease ID is built from a daemon's answer: a lease id never starts with '-'."""
+    for text in ("-rf", "--help", "-"):
+        assert not LeaseId.is_valid(text) and not PlacementId.is_valid(text)
+    assert LeaseId.is_valid("_x-") and LeaseId.is_valid("a-b")
 
 
 def test_ids_in_file_names() -> None:

@@ -17,7 +17,8 @@ The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md)
                "job": "3f9c0a1b22de"}
     daemon -> {"ok": true, "v": 2, "lease_id": "...", "job": "...", "devices": [{"gpu": {...},
                "mig": null, "free": ..., "total": ..., "util": ...}]}
-           or {"ok": false, "error": "no_gpu" | "timeout" | "usage" | "busy" | "error", "message": "..."}
+           or {"ok": false, "code": "no_gpu", "error": "no_gpu" | "timeout" | "usage" | "busy" | "error",
+               "message": "..."}   (code: the error's own, docs/errors.md; error: the 0.2 kind)
 
 The client closes the connection to release the lease.  On ``busy`` (too many requests open) the
 client takes its lease in the lock directory instead.  Protocol 2 (both sides said ``"v": 2``): the

@@ -36,7 +36,7 @@ from ..alloc.authority import RemoteLease
 from ..alloc.leases import MAX_LEASE_BYTES, Lease, LeaseStore, current_user
 from ..alloc.lockdir import create_exclusive
 from ..alloc.select import Candidate, Constraints
-from ..errors import GpusdError, NoGpuAvailable, WaitTimeout
+from ..errors import GpusdError, NoGpuAvailable, to_wire
 from ..ids import JobId
 from . import control
 from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, priority_name
@@ -748,12 +748,8 @@ def _hung_up(conn: socket.socket) -> bool:
 
 
 def _refusal(exc: GpusdError) -> dict[str, Any]:
-    """The control socket's answer to a grow that got no GPUs."""
-    if isinstance(exc, WaitTimeout):
-        return {"ok": False, "error": "timeout", "message": str(exc)}
-    if isinstance(exc, NoGpuAvailable):
-        return {"ok": False, "error": "no_gpu", "message": str(exc)}
-    return {"ok": False, "message": str(exc)}
+    """The control socket's answer to a grow that got no GPUs (docs/errors.md)."""
+    return to_wire(exc)
 
 
 def _close(fd: int) -> None:
