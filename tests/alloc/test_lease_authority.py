@@ -201,6 +201,34 @@ def test_bad_requests_get_an_error_and_the_server_lives_on(fake_nvml_inprocess, 
     assert r.returncode == 0, r.stderr
 
 
+def test_refusals_carry_their_code_and_the_0_2_kind(fake_nvml_inprocess, authority, cli_env):
+    """docs/errors.md: each refusal names its error's code beside the 0.2 kind, and the client rebuilds
+    the very class; a job id of 8 to 32 hex digits (what job records take) is accepted, not only 12."""
+    from gpusd.alloc.authority import _check, socket_path
+    from gpusd.errors import ConfigError, NoGpuAvailable
+
+    fake_nvml_inprocess.write(make_gpus(1))
+
+    def ask(raw: bytes) -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(20)
+            s.connect(str(socket_path()))
+            s.sendall(raw)
+            line = s.makefile("rb").readline()
+            return json.loads(line) if line else {}
+
+    bad = ask(b'{"op": "choose", "count": 1, "job": "../../etc"}\n')
+    assert (bad["ok"], bad["code"], bad["error"]) == (False, "usage", "usage") and "job" in bad["message"]
+    with pytest.raises(ConfigError, match="bad 'job'"):
+        _check(bad)
+    none = ask(b'{"op": "choose", "count": 2}\n')
+    assert (none["code"], none["error"]) == ("no_gpu", "no_gpu")
+    with pytest.raises(NoGpuAvailable):
+        _check(none)
+    for job in ("deadbeef", "3f9c0a1b22de", "0123456789abcdef0123456789abcdef"):
+        assert ask(b'{"op": "choose", "count": 1, "job": "%s"}\n' % job.encode())["ok"] is True, job
+
+
 def test_a_socket_not_owned_by_root_or_us_is_ignored(tmp_path, monkeypatch):
     from gpusd.alloc import authority
 

@@ -155,6 +155,7 @@ async def test_bad_requests_get_a_clear_400(tmp_path: Path, body: Any, why: str)
     async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
         r = await acall("POST", base(d) + "/leases", body)
         assert r.status == 400 and why in r.data["error"], r.data
+        assert r.data["code"] == ("bad_id" if why == "job" else "usage")  # docs/errors.md (since 0.3)
         assert held_leases() == []
 
 
