@@ -23,7 +23,8 @@ OLD_LEASE_IDS = ["a1b2c3d4e5f6",  # alloc.leases (uuid4().hex[:12], later urando
 OLD_SLURM_IDS = ["42", "12345678901234567890", "42_3"]
 OLD_PLACEMENT_IDS = ["gpusd-1a2b3c4d", "my-job.v2", "_x", "A" * 64]  # engines placement files (any name)
 
-GARBAGE = ["", "../../etc", "-rf", "3F9C0A1B22DE\n", "abc", "x" * 65, "3f9c 0a1b", "lease/..", None, 12, ["3f9c0a1b22de"]]
+GARBAGE = ["", "../../etc", "-rf", "3F9C0A1B22DE\n", "abc", "x" * 65, "3f9c 0a1b", "lease/..", None, 12,
+           ["3f9c0a1b22de"]]
 
 
 @pytest.mark.parametrize("kind, old", [(JobId, OLD_JOB_IDS), (LeaseId, OLD_LEASE_IDS),
@@ -132,7 +133,8 @@ def test_only_gpusd_ids_compiles_an_id_expression() -> None:
 
 def test_the_check_sees_an_old_regex() -> None:
     """The check above fails on what 0.2 had (so it is not a test that cannot fail)."""
-    old = ast.parse('JOB_ID = re.compile(r"^[0-9a-f]{12}$")\n_LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\\.json$")')
+    old = ast.parse('JOB_ID = re.compile(r"^[0-9a-f]{12}$")\n'
+                    '_LEASE_NAME = re.compile(r"^lease-([A-Za-z0-9_-]{1,64})\\.json$")')
     found = _compiled_patterns(old)
     assert [n for n, _, _ in found] == ["JOB_ID", "_LEASE_NAME"]
     assert all(ID_NAMES.search(n) for n, _, _ in found)
