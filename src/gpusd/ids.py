@@ -41,6 +41,7 @@ class _Id:
     what = "an id"
     rule = ""
     _match: Callable[[str], object]
+    _file: Callable[[str], re.Match[str] | None]  # the record's file name, the id its group 1
 
     @classmethod
     def is_valid(cls, text: object) -> TypeGuard[str]:
@@ -61,12 +62,11 @@ class _Id:
         return value if isinstance(value, str) and cls._match(value) is not None else None
 
     @classmethod
-    def from_file_name(cls, name: str, prefix: str, suffix: str) -> str | None:
-        """The id in ``PREFIX<ID>SUFFIX`` (``lease-<ID>.json``), or None when ``name`` is not one."""
-        if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) <= len(prefix) + len(suffix):
-            return None
-        text = name[len(prefix):len(name) - len(suffix)]
-        return text if cls._match(text) is not None else None
+    def from_file_name(cls, name: str) -> str | None:
+        """The id in a record's file name (``lease-<ID>.json``, ``job-<ID>.json``), or None when ``name``
+        is not one (one match per directory entry: listing the lock directory stays cheap)."""
+        m = cls._file(name)
+        return m[1] if m is not None else None
 
 
 def _hex12() -> str:
@@ -79,6 +79,7 @@ class JobId(_Id):
     what = "a job id"
     rule = "8 to 32 lowercase hex digits"
     _match = re.compile(r"[0-9a-f]{8,32}").fullmatch
+    _file = re.compile(r"job-([0-9a-f]{8,32})\.json").fullmatch  # job-<ID>.json (gpusd.jobs.record)
 
     @staticmethod
     def new() -> str:
@@ -92,6 +93,7 @@ class LeaseId(_Id):
     rule = "1 to 64 letters, digits, '_' or '-', not starting with '-' (gpusd makes 12 hex digits)"
     # the lock directory's 0.2 rule, less a leading '-' (never written by gpusd; an option on a command line)
     _match = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}").fullmatch
+    _file = re.compile(r"lease-([A-Za-z0-9_][A-Za-z0-9_-]{0,63})\.json").fullmatch  # lease-<ID>.json
 
     @staticmethod
     def new() -> str:

@@ -79,12 +79,14 @@ def test_a_lease_id_is_never_an_option() -> None:
 
 
 def test_ids_in_file_names() -> None:
-    assert LeaseId.from_file_name("lease-a1b2c3d4e5f6.json", "lease-", ".json") == "a1b2c3d4e5f6"
-    assert JobId.from_file_name("job-3f9c0a1b22de.json", "job-", ".json") == "3f9c0a1b22de"
+    assert LeaseId.from_file_name("lease-a1b2c3d4e5f6.json") == "a1b2c3d4e5f6"
+    assert LeaseId.from_file_name("lease-sim0-1.json") == "sim0-1"
+    assert JobId.from_file_name("job-3f9c0a1b22de.json") == "3f9c0a1b22de"
     for name in ("lease-.json", "lease-a.b.json", "job-3f9c0a1b22de.sock", ".lease-a1b2c3d4e5f6.tmp",
-                 "job-XYZ.json", "lease-json"):
-        assert LeaseId.from_file_name(name, "lease-", ".json") is None or name.startswith("lease-a1")
-        assert JobId.from_file_name(name, "job-", ".json") is None
+                 "job-XYZ.json", "lease-json", "lease--rf.json", "lease-a1b2c3d4e5f6.json\n",
+                 "job-3f9c0a1b22de.json\n", "lease-a1b2c3d4e5f6.json.tmp"):
+        assert LeaseId.from_file_name(name) is None, name
+        assert JobId.from_file_name(name) is None, name
 
 
 def test_optional_fields() -> None:

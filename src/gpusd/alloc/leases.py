@@ -456,7 +456,7 @@ class LeaseStore:
         confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of leases on it
         seen = 0
         for name in names:
-            lease_id = LeaseId.from_file_name(name, "lease-", ".json")
+            lease_id = LeaseId.from_file_name(name)
             if lease_id is None:
                 continue
             seen += 1

@@ -131,7 +131,7 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
         names = os.listdir(dfd)
         seen = 0
         for name in names:
-            if JobId.from_file_name(name, "job-", ".json") is None:
+            if JobId.from_file_name(name) is None:
                 continue
             seen += 1
             if seen > MAX_JOB_FILES:
