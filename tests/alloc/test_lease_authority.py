@@ -205,7 +205,7 @@ def test_refusals_carry_their_code_and_the_0_2_kind(fake_nvml_inprocess, authori
     """docs/errors.md: each refusal names its error's code beside the 0.2 kind, and the client rebuilds
     the very class; a job id of 8 to 32 hex digits (what job records take) is accepted, not only 12."""
     from gpusd.alloc.authority import _check, socket_path
-    from gpusd.errors import ConfigError, NoGpuAvailable
+    from gpusd.errors import IdError, NoGpuAvailable
 
     fake_nvml_inprocess.write(make_gpus(1))
 
@@ -218,9 +218,10 @@ def test_refusals_carry_their_code_and_the_0_2_kind(fake_nvml_inprocess, authori
             return json.loads(line) if line else {}
 
     bad = ask(b'{"op": "choose", "count": 1, "job": "../../etc"}\n')
-    assert (bad["ok"], bad["code"], bad["error"]) == (False, "usage", "usage") and "job" in bad["message"]
-    with pytest.raises(ConfigError, match="bad 'job'"):
+    assert (bad["ok"], bad["code"], bad["error"]) == (False, "bad_id", "usage") and "job" in bad["message"]
+    with pytest.raises(IdError, match="bad 'job'"):  # an IdError is a ConfigError: exit 2, as before
         _check(bad)
+    assert ask(b"not json\n")["code"] == "usage"
     none = ask(b'{"op": "choose", "count": 2}\n')
     assert (none["code"], none["error"]) == ("no_gpu", "no_gpu")
     with pytest.raises(NoGpuAvailable):

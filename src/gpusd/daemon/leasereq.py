@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, IdError
 from ..ids import JobId
 
 PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
@@ -42,7 +42,7 @@ def job_of(d: dict[str, Any]) -> str | None:
     if job is None:
         return None
     if not JobId.is_valid(job):
-        raise ConfigError(f"bad 'job' in the lease request ({JobId.what} is {JobId.rule})")
+        raise IdError(f"bad 'job' in the lease request ({JobId.what} is {JobId.rule})")
     return job
 
 
