@@ -46,23 +46,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\nsee {self.prog} --help\n")
 
 
-# The commands, grouped as docs/cli.md groups them (and as ``gpusd --help`` lists them): (title, ((command,
-# the module of gpusd.cli that registers its parser), ...)).  Each of those modules has ``register(sub,
-# name)``; only the module of the command being run is imported to build its parser (start-up, issue 24).
+# The commands, grouped under the headings of docs/cli.md (and so listed by ``gpusd --help``): (heading,
+# ((command, the module of gpusd.cli that registers its parser), ...)).  Each of those modules has
+# ``register(sub, name)``; only the module of the command being run is imported to build its parser
+# (start-up time, issue 24).
 GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("local GPUs", (("devices", "devices"),)),
-    ("allocation (docs/allocation.md)", (("select", "alloc"), ("env", "alloc"), ("run", "alloc"),
+    ("Local GPUs", (("devices", "devices"),)),
+    ("Allocation (docs/allocation.md)", (("select", "alloc"), ("env", "alloc"), ("run", "alloc"),
                                          ("leases", "alloc"))),
-    ("jobs (docs/jobs.md)", (("jobs", "jobs"), ("grow", "jobs"), ("shrink", "jobs"))),
-    ("the fleet pool (docs/pool.md)", (("reserve", "pool"), ("release", "pool"), ("reservations", "pool"))),
-    ("the daemon and the LAN (docs/daemon.md)", (("start", "daemon"), ("stop", "daemon"), ("status", "daemon"),
+    ("The fleet pool (docs/pool.md)", (("reserve", "pool"), ("release", "pool"), ("reservations", "pool"))),
+    ("Jobs (docs/jobs.md)", (("jobs", "jobs"), ("grow", "jobs"), ("shrink", "jobs"))),
+    ("The daemon and the LAN (docs/daemon.md)", (("start", "daemon"), ("stop", "daemon"), ("status", "daemon"),
                                                  ("scan", "discover"), ("list", "discover"),
                                                  ("list_devices", "discover"), ("watch", "discover"),
                                                  ("demo", "daemon"))),
     ("Slurm (docs/slurm.md)", (("slurm", "slurm"),)),
-    ("watching the fleet (docs/monitoring.md)", (("top", "monitor"), ("export", "monitor"))),
-    ("distributed engines (docs/engines.md)", (("hostfile", "engines"), ("launch", "engines"), ("ray", "engines"))),
-    ("usage history (docs/history.md)", (("report", "report"),)),
+    ("Watching the fleet (docs/monitoring.md)", (("top", "monitor"), ("export", "monitor"))),
+    ("Distributed engines (docs/engines.md)", (("hostfile", "engines"), ("launch", "engines"), ("ray", "engines"))),
+    ("Usage history (docs/history.md)", (("report", "report"),)),
 )
 # not listed: what gpusd run --fleet runs on the chosen host, over ssh (docs/jobs.md, "Fleet runs")
 _UNLISTED = (("fleet-job", "pool"),)

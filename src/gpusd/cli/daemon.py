@@ -461,7 +461,7 @@ def _start_parser(sub: Any, o: Any) -> None:
                   parents=[o.interface(), o.session(all_sessions=False), o.state_dir(),
                            o.token("trust on: private fields and writes for signed requests, HTTPS with a pinned "
                                    "certificate"),
-                           o.thresholds("alert when a GPU breaks"), o.beyond(), o.simulate()])
+                           o.thresholds(), o.beyond(), o.simulate()])
     p.add_argument("--foreground", action="store_true", help="run in the foreground (systemd, containers)")
     p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
     p.add_argument("--interval", type=o.positive_seconds, default=1.0, metavar="S",

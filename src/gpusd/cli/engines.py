@@ -139,11 +139,12 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
 
 
 def add_ssh_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ssh-option", "-o", action="append", default=[], metavar="OPTION",
-                   help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
-    from .jobs import grace
+    from . import options as o
 
-    p.add_argument("--grace", type=grace, default=10.0, metavar="S",
+    ssh = p.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
+                         help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
+    o.deprecated(p, "-o", ssh)  # -o is --output elsewhere (report, export)
+    p.add_argument("--grace", type=o.grace, default=10.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
 
 

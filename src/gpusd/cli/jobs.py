@@ -29,20 +29,9 @@ def _signal(text: str) -> int:
             raise argparse.ArgumentTypeError(f"not a signal: {text!r}") from None
 
 
-def grace(text: str) -> float:
-    """A grace period (SIGTERM to SIGKILL): a duration from 0 to a day, in the words of every duration."""
-    from ..units import parse_duration
-
-    try:
-        value = parse_duration(text, zero=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value >= 86400:
-        raise argparse.ArgumentTypeError(f"must be a duration under a day (the grace period), not {text!r}")
-    return value
-
-
 def add_run_flags(p: argparse.ArgumentParser) -> None:
+    from . import options as o
+
     g = p.add_argument_group("job")
     g.add_argument("--priority", choices=PRIORITY_NAMES, default="normal",
                    help="low, normal (default), high or urgent (root, or whom the priority policy names): orders the "
@@ -51,7 +40,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
                    "priority, or moved off an overloaded GPU")
     g.add_argument("--pausable", action="store_true", help="may be paused (SIGSTOP) while its GPU is too hot")
-    g.add_argument("--grace", type=grace, default=30.0, metavar="S",
+    g.add_argument("--grace", type=o.grace, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")

@@ -142,7 +142,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
     p = o.command(sub, name, "gpusd.cli.monitor:top",
                   "live view of every GPU on the LAN (or --local): utilisation, memory, leases, processes",
                   parents=[o.simulate(), o.interface(), o.session(), o.browse(2.0, old="--wait"),
-                           o.thresholds("mark GPUs breaking"), o.token(o.SIGN), o.beyond()])
+                           o.thresholds(), o.token(o.SIGN), o.beyond()])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--local", action="store_true", help="this machine only, read directly (no daemon)")
     src.add_argument("--url", metavar="URL", help="read the fleet from this daemon, e.g. http://gpu-node-1:4780")

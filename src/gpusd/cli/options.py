@@ -44,6 +44,19 @@ def positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def grace(text: str) -> float:
+    """A grace period (SIGTERM to SIGKILL): a duration from 0 to a day, in the words of every duration."""
+    from ..units import parse_duration
+
+    try:
+        value = parse_duration(text, zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value >= 86400:
+        raise argparse.ArgumentTypeError(f"must be a duration under a day (the grace period), not {text!r}")
+    return value
+
+
 def duration_text(text: str) -> str:
     """A duration kept as given (``--since 7d``, ``--for 2h``), checked now so that a wrong one is a
     usage error like any other duration's."""
@@ -91,8 +104,9 @@ class _Deprecated(argparse.Action):
     """The old spelling of a renamed flag: it still works (for one release) and says, once, in one line
     on stderr, what to write instead."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", **kw: Any) -> None:
-        self.new = new
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", append: bool = False,
+                 **kw: Any) -> None:
+        self.new, self.append = new, append
         super().__init__(option_strings, dest, **kw)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
@@ -102,13 +116,16 @@ class _Deprecated(argparse.Action):
         if note not in _told:
             _told.add(note)
             print(note, file=sys.stderr)
+        if self.append:  # as the new flag's action="append" does: a new list, not the default's
+            values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, values)
 
 
 def deprecated(p: Any, old: str, new: argparse.Action) -> None:
     """Keep ``old`` as a hidden alias of the flag ``new`` (the same dest, type and choices)."""
     p.add_argument(old, action=_Deprecated, new=new.option_strings[0], dest=new.dest, type=new.type,
-                   choices=new.choices, metavar=new.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                   choices=new.choices, metavar=new.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                   append=isinstance(new, argparse._AppendAction))
 
 
 # -- the shared flag groups (parent parsers) ---------------------------------------------------------------
@@ -204,10 +221,11 @@ def host_filter(model: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def thresholds(what: str) -> argparse.ArgumentParser:
+def thresholds() -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--threshold", action="append", metavar="RULE",
-                   help=f'{what} RULE, e.g. "temperature>85", "utilization>90 for 60s", "lost" (repeatable)')
+                   help='a threshold rule, e.g. "temperature>85", "utilization>90 for 60s", "lost": start alerts, '
+                   'top marks the GPUs breaking it (repeatable)')
     p.add_argument("--thresholds", action="append", metavar="FILE", help="threshold rules from a JSON file")
     return p
 
