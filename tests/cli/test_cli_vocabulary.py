@@ -115,8 +115,8 @@ OWN = {("--ttl", ("export", "dns-sd-zone")),  # the DNS records' TTL: an int of 
        ("--min-free", ("list",)), ("--min-free", ("list_devices",)), ("--min-free", ("watch",)),  # an amount only
        ("--timeout", ("start",)), ("--timeout", ("stop",)), ("--timeout", ("slurm", "prolog")),
        ("--timeout", ("slurm", "epilog")),  # the wait of that command, not of --wait
-       ("--ssh-option", ("run",)),
-       ("--by", ("report",))}  # the key: select ranks GPUs by it, report groups rows by it  # with --fleet: one ssh -o option (launch and ray: of every ssh)
+       ("--ssh-option", ("run",)),  # with --fleet: one ssh -o option (launch and ray: of every ssh)
+       ("--by", ("report",))}  # the key: select ranks GPUs by it, report groups rows by it
 
 
 def test_a_shared_flag_is_defined_once() -> None:
