@@ -100,10 +100,13 @@ def test_the_deprecated_spellings_are_documented() -> None:
     text = (ROOT / "docs" / "cli.md").read_text()
     section = text[text.index("## Vocabulary"):]
     section = section[:section.index("\n## ", 4)]
+    table = section[section.index("| old spelling |"):].split("\n\n")[0].splitlines()[2:]
     for old, new, _, _ in RENAMED:
         gone = next(w for w in old if w.startswith("-") and w not in new)
         now = next(w for w in new if w.startswith("-") and w not in old)
-        assert f"`{gone}`" in section and f"`{now}`" in section, (gone, now)
+        cells = [re.split(r"(?<!\\)\|", r) for r in table]  # a cell may hold an escaped \|
+        rows = [c for c in cells if re.search(rf"{gone}(?![-\w])", c[1]) and old[0] in c[1]]
+        assert len(rows) == 1 and now in rows[0][2], (gone, now)
 
 
 # the flags of the shared groups (gpusd.cli.options): the same definition wherever they appear
