@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..engines.launch import LaunchOptions
     from ..engines.placement import HostSlot, Placement
     from ..pool.client import Reservation
+    from .options import Flags
 
 ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
 FORMATS = ("deepspeed", "mpi", "horovod", "horovod-discovery", "torchrun", "ray", "json")
@@ -106,7 +107,7 @@ def _release(res: "Reservation | None") -> None:
         res.release()
 
 
-def placement_parents(with_count: bool = True) -> list[argparse.ArgumentParser]:
+def placement_parents(with_count: bool = True) -> "list[Flags]":
     """The shared flag groups of a command that reserves its placement (with ``with_count``): the
     constraints, ``--wait``/``--timeout``, ``--host``/``--model``, ``--ttl`` and the fleet flags of
     ``gpusd reserve``."""

@@ -87,7 +87,7 @@ def positive_number(text: str) -> float:
 
 
 # -- commands and renamed flags ------------------------------------------------------------------------
-def command(sub: Any, name: str, target: str, help: str | None, parents: Sequence[argparse.ArgumentParser] = (),
+def command(sub: Any, name: str, target: str, help: str | None, parents: Sequence[Flags] = (),
             **kw: Any) -> argparse.ArgumentParser:
     """A (sub)command run by ``target`` ("module:function"); ``help`` None: one that is not listed
     (``fleet-job``).  ``parents``: the shared flag groups it takes."""
@@ -129,18 +129,33 @@ def deprecated(p: Any, old: str, new: argparse.Action) -> None:
 
 
 # -- the shared flag groups (parent parsers) ---------------------------------------------------------------
-def _parent() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(add_help=False)
+class Flags(argparse._ActionsContainer):
+    """A parent parser: the flags (and argument groups) that ``parents=`` copies into a command's parser.
+    It is argparse's container of actions, not a whole ``ArgumentParser``, whose construction (its
+    registries, its groups' translated titles, a formatter built per flag to check its metavar) would cost
+    more than the flags it holds; the command's parser checks them when it copies them."""
+
+    def __init__(self) -> None:
+        super().__init__(description=None, prefix_chars="-", argument_default=None, conflict_handler="error")
+        self.register("type", None, _same)  # as ArgumentParser does: no type, the text itself
 
 
-def simulate() -> argparse.ArgumentParser:
+def _same(text: str) -> str:
+    return text
+
+
+def _parent() -> Flags:
+    return Flags()
+
+
+def simulate() -> Flags:
     p = _parent()
     p.add_argument("--simulate", metavar="SPEC", default=None,
                    help="use simulated GPUs, e.g. 4xA100-80GB or a scenario .json file (also $GPUSD_SIMULATE)")
     return p
 
 
-def interface() -> argparse.ArgumentParser:
+def interface() -> Flags:
     p = _parent()
     p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
                    help="only this network interface, to browse (or, for start, to announce and serve) "
@@ -148,7 +163,7 @@ def interface() -> argparse.ArgumentParser:
     return p
 
 
-def session(all_sessions: bool = True) -> argparse.ArgumentParser:
+def session(all_sessions: bool = True) -> Flags:
     """``--session`` (a daemon announces in it; a client sees its hosts only) and ``--all-sessions``."""
     p = _parent()
     p.add_argument("--session", default="default",
@@ -159,7 +174,7 @@ def session(all_sessions: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def state_dir() -> argparse.ArgumentParser:
+def state_dir() -> Flags:
     p = _parent()
     p.add_argument("--state-dir", metavar="DIR",
                    help="gpusd's state directory: the daemon's pid file, log, node id and history, the Ray "
@@ -168,7 +183,7 @@ def state_dir() -> argparse.ArgumentParser:
     return p
 
 
-def beyond() -> argparse.ArgumentParser:
+def beyond() -> Flags:
     """The hosts beyond this link: static peers and wide-area DNS-SD."""
     p = _parent()
     g = p.add_argument_group("hosts beyond this link (docs/daemon.md, \"Beyond one link\")")
@@ -186,7 +201,7 @@ def beyond() -> argparse.ArgumentParser:
     return p
 
 
-def token(what: str) -> argparse.ArgumentParser:
+def token(what: str) -> Flags:
     """``--token-file`` (and ``--identity``); ``what``: what the secret does for this command."""
     from .trust import add_token_flags
 
@@ -195,7 +210,7 @@ def token(what: str) -> argparse.ArgumentParser:
     return p
 
 
-def fleet(what: str = "needed: remote leases are signed requests") -> list[argparse.ArgumentParser]:
+def fleet(what: str = "needed: remote leases are signed requests") -> list[Flags]:
     """Where fleet commands look (docs/pool.md): the session, the interfaces, the hosts beyond this
     link, the fleet secret."""
     return [session(all_sessions=False), interface(), beyond(), token(what)]
@@ -204,13 +219,13 @@ def fleet(what: str = "needed: remote leases are signed requests") -> list[argpa
 SIGN = "sign requests, see process owners and commands of verified hosts"
 
 
-def client(model: bool = False) -> list[argparse.ArgumentParser]:
+def client(model: bool = False) -> list[Flags]:
     """What a discovery client takes (``scan``, ``list``, ``watch``, ``export dns-sd-zone``): the hosts
     beyond this link, the interfaces, the session, ``--host`` (``model``: and ``--model``), the secret."""
     return [beyond(), interface(), session(), host_filter(model), token(SIGN)]
 
 
-def host_filter(model: bool = True) -> argparse.ArgumentParser:
+def host_filter(model: bool = True) -> Flags:
     """``--host GLOB`` (and ``--model GLOB``): which hosts and GPUs a command considers."""
     p = _parent()
     p.add_argument("--host", metavar="GLOB", help="only hosts whose name matches GLOB (a name, or a pattern such as "
@@ -221,7 +236,7 @@ def host_filter(model: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def thresholds() -> argparse.ArgumentParser:
+def thresholds() -> Flags:
     p = _parent()
     p.add_argument("--threshold", action="append", metavar="RULE",
                    help='a threshold rule, e.g. "temperature>85", "utilization>90 for 60s", "lost": start alerts, '
@@ -230,14 +245,14 @@ def thresholds() -> argparse.ArgumentParser:
     return p
 
 
-def json_output(what: str | None = None) -> argparse.ArgumentParser:
+def json_output(what: str | None = None) -> Flags:
     """``--json``: print JSON (``what``: which, e.g. "the host snapshot as JSON") instead of a table."""
     p = _parent()
     p.add_argument("--json", action="store_true", help=None if what is None else f"print {what}")
     return p
 
 
-def browse(default: float, old: str) -> argparse.ArgumentParser:
+def browse(default: float, old: str) -> Flags:
     """``--browse S``: how long a command browses the LAN (mDNS) before it answers; ``old``: the
     spelling it had in this command (``--timeout`` or ``--wait``), kept as a deprecated alias."""
     p = _parent()
@@ -247,14 +262,14 @@ def browse(default: float, old: str) -> argparse.ArgumentParser:
     return p
 
 
-def ttl() -> argparse.ArgumentParser:
+def ttl() -> Flags:
     p = _parent()
     p.add_argument("--ttl", type=positive_seconds, default=30.0, metavar="S",
                    help="the lease ends S seconds after its last renewal (default 30)")
     return p
 
 
-def constraints(title: str = "constraints", wait: bool = True) -> argparse.ArgumentParser:
+def constraints(title: str = "constraints", wait: bool = True) -> Flags:
     """A flag for every constraint that has one (the fields of :class:`gpusd.alloc.select.Constraints`,
     each stored under its :func:`gpusd.select` keyword with the field's default), and, with ``wait``,
     ``--wait`` and ``--timeout``.  :func:`to_constraints` reads them back."""
@@ -282,7 +297,7 @@ def constraints(title: str = "constraints", wait: bool = True) -> argparse.Argum
     return p
 
 
-def wait() -> argparse.ArgumentParser:
+def wait() -> Flags:
     """``--wait`` (a switch: queue until GPUs qualify) and ``--timeout S`` (how long at most)."""
     p = _parent()
     _wait_flags(p)
