@@ -158,8 +158,8 @@ def simulate() -> Flags:
 def interface() -> Flags:
     p = _parent()
     p.add_argument("--interface", "-i", action="append", metavar="IF", dest="interfaces",
-                   help="only this network interface, to browse (or, for start, to announce and serve) "
-                   "(name or IPv4 address; repeatable; default all, or $GPUSD_INTERFACES)")
+                   help="the network interface to browse on (start: to announce and serve on): a name or IPv4 "
+                   "address; repeatable; default all, or $GPUSD_INTERFACES")
     return p
 
 
