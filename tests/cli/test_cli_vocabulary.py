@@ -126,6 +126,7 @@ def test_a_shared_flag_is_defined_once() -> None:
     seen: dict[str, tuple[tuple[str, ...], tuple[object, ...]]] = {}
     takers: dict[str, int] = {}
     for words in ALL:
+        assert _parser(words).format_help()  # the flags copied from the parents fit their metavars
         for opt, a in _options(words).items():
             if opt not in SHARED or (opt, words) in OWN:
                 continue

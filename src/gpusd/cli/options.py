@@ -133,7 +133,8 @@ class Flags(argparse._ActionsContainer):
     """A parent parser: the flags (and argument groups) that ``parents=`` copies into a command's parser.
     It is argparse's container of actions, not a whole ``ArgumentParser``, whose construction (its
     registries, its groups' translated titles, a formatter built per flag to check its metavar) would cost
-    more than the flags it holds; the command's parser checks them when it copies them."""
+    more than the flags it holds (a metavar that does not fit its flag shows when the command's help is
+    built: tests/cli/test_cli_vocabulary.py builds every command's)."""
 
     def __init__(self) -> None:
         super().__init__(description=None, prefix_chars="-", argument_default=None, conflict_handler="error")
