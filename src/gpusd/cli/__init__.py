@@ -1,8 +1,11 @@
 """The ``gpusd`` command line.
 
 Only argparse is imported at start-up; each command imports what it needs when it runs, so
-``gpusd --help`` and the quick commands stay fast.  Exit codes are listed in docs/cli.md; the CLI
-maps library exceptions to them (:mod:`gpusd.cli.exits`).
+``gpusd --help`` and the quick commands stay fast.  Each command's module registers its own parser
+(``register(sub, name)``; :data:`GROUPS` says which module, in the groups ``--help`` lists), and only
+the module of the command being run is imported to build it.  The flags several commands share are
+defined once, in :mod:`gpusd.cli.options`, which also turns arguments into the library's typed values.
+Exit codes are listed in docs/cli.md; the CLI maps library exceptions to them (:mod:`gpusd.cli.exits`).
 """
 
 from __future__ import annotations
