@@ -100,7 +100,7 @@ def daemon_cpu(tmp: Path, record: bool, seconds: float) -> float:
     env = dict(os.environ, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state), PYTHONPATH=str(REPO / "src"),
                GPUSD_LOCK_DIR=str(tmp / "locks"))
     cmd = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", "8xA100-80GB", "--port", "0",
-           "--interface", "127.0.0.1", "--interval", "1", "--session", f"bench-{os.getpid()}", "--fleet", "off"]
+           "--interface", "127.0.0.1", "--interval", "1", "--session", f"bench-{os.getpid()}", "--fleet-view", "off"]
     if not record:
         cmd.append("--no-record")
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -349,7 +349,7 @@ def sigkill(tmp: Path, interval: float = 0.1, run: float = 6.0) -> dict[str, Any
                GPUSD_LOCK_DIR=str(tmp / "locks"))
     cmd = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", str(scenario), "--port", "0",
            "--interface", "127.0.0.1", "--interval", str(interval), "--session", f"kill-{os.getpid()}",
-           "--fleet", "off"]
+           "--fleet-view", "off"]
     db = state / "history.sqlite"
 
     def accounted() -> list[float]:

@@ -131,7 +131,7 @@ class Run:
             policy = self.dir / "policy.json"
             policy.write_text(json.dumps({"util_above": 90, "hot_for": 0.5, "idle_below": 10, "min_interval": 30}))
             r = subprocess.run([sys.executable, "-m", "gpusd", "start", "--interface", "127.0.0.1", "--port", "0",
-                                "--session", f"bench-{os.getpid()}", "--interval", "0.2", "--fleet", "off",
+                                "--session", f"bench-{os.getpid()}", "--interval", "0.2", "--fleet-view", "off",
                                 "--no-record", "--rebalance-policy", str(policy)], env=self.env, capture_output=True,
                                text=True, timeout=60)
             if r.returncode != 0:
@@ -211,8 +211,9 @@ def migrations(fake: FakeEnv, unit: float, n: int, limit: float) -> list[tuple[f
     policy = run.dir / "policy.json"
     policy.write_text(json.dumps({"util_above": 90, "hot_for": 0.2, "idle_below": 10, "min_interval": 600}))
     r = subprocess.run([sys.executable, "-m", "gpusd", "start", "--interface", "127.0.0.1", "--port", "0",
-                        "--session", f"bench-m-{os.getpid()}", "--interval", "0.2", "--fleet", "off", "--no-record",
-                        "--rebalance-policy", str(policy)], env=run.env, capture_output=True, text=True, timeout=60)
+                        "--session", f"bench-m-{os.getpid()}", "--interval", "0.2", "--fleet-view", "off",
+                        "--no-record", "--rebalance-policy", str(policy)], env=run.env, capture_output=True, text=True,
+                       timeout=60)
     if r.returncode != 0:
         raise SystemExit(f"daemon did not start: {r.stderr}")
     out: list[tuple[float, float]] = []

@@ -38,7 +38,7 @@ def start_daemon(src: Path, state: Path, session: str, name: str) -> int:
     env.pop("GPUSD_TOKEN", None)
     r = subprocess.run([sys.executable, "-m", "gpusd", "start", "--simulate", "2xA100-80GB", "--interface",
                         "127.0.0.1", "--port", "0", "--session", session, "--hostname", name, "--no-record",
-                        "--fleet", "off"], env=env, capture_output=True, text=True, timeout=120, check=False)
+                        "--fleet-view", "off"], env=env, capture_output=True, text=True, timeout=120, check=False)
     if r.returncode != 0:
         raise SystemExit(f"the daemon did not start: {r.stderr}")
     return int(json.loads((state / "gpusd.json").read_text())["pid"])

@@ -169,8 +169,8 @@ def test_the_documented_select_keywords_still_work() -> None:
 def test_cli_flags_are_derived_from_the_fields() -> None:
     import dataclasses
 
-    from gpusd.alloc.select import constraints_from_args
     from gpusd.cli import build_parser
+    from gpusd.cli.options import to_constraints as constraints_from_args
 
     parser = build_parser("select")
     sub = next(a for a in parser._actions if a.dest == "command").choices["select"]  # type: ignore[union-attr]

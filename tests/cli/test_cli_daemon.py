@@ -42,8 +42,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 
 # -- nothing found: exit 6, and the right reason --------------------------------------------------------
-@pytest.mark.parametrize("command", [["scan", "--timeout", "0.5"], ["list", "--timeout", "0.5"],
-                                     ["scan", "--timeout", "0.5", "--json"], ["list", "--timeout", "0.5", "--json"]])
+@pytest.mark.parametrize("command", [["scan", "--browse", "0.5"], ["list", "--browse", "0.5"],
+                                     ["scan", "--browse", "0.5", "--json"], ["list", "--browse", "0.5", "--json"]])
 def test_nothing_found_exits_6(command: list[str], daemon: dict[str, Any]) -> None:
     r = gpusd(*command, "--session", unique_session("nobody"), env=daemon["env"])
     assert r.returncode == NO_DAEMON, (r.stdout, r.stderr)
@@ -53,7 +53,7 @@ def test_nothing_found_exits_6(command: list[str], daemon: dict[str, Any]) -> No
         assert r.stderr.startswith("gpusd: no gpusd hosts"), r.stderr
 
 
-@pytest.mark.parametrize("command", [["scan", "--timeout", "3"], ["list"]])
+@pytest.mark.parametrize("command", [["scan", "--browse", "3"], ["list"]])
 def test_host_filter_that_removes_every_host_says_so(command: list[str], daemon: dict[str, Any]) -> None:
     r = gpusd(*command, "--session", daemon["session"], "--host", "other-*", env=daemon["env"])
     assert r.returncode == NO_DAEMON, (r.stdout, r.stderr)

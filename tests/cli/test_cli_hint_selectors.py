@@ -85,5 +85,5 @@ def test_the_release_hint_names_the_secret_and_where_reserve_looked(tmp_path: Pa
 def test_nothing_found_in_a_session_hints_a_start_in_that_session() -> None:
     session = unique_session("nobody")
     env = dict(os.environ, GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
-    r = gpusd("list", "--timeout", "0.5", "--session", session, env=env)
+    r = gpusd("list", "--browse", "0.5", "--session", session, env=env)
     assert r.returncode == 6 and f"(gpusd start --session {session})" in r.stderr, r.stderr

@@ -246,7 +246,7 @@ def test_start_status_stop(proc_env: dict[str, str], tmp_path: Path) -> None:
         r = gpusd("start", "--simulate", "2xA100-80GB", env=proc_env)
         assert r.returncode == 0 and "already running" in r.stdout
         # it is announced: a scan on 127.0.0.1 sees it
-        r = gpusd("scan", "--session", session, "--timeout", "1.5", "--json", env=proc_env)
+        r = gpusd("scan", "--session", session, "--browse", "1.5", "--json", env=proc_env)
         assert [h["hostname"] for h in json.loads(r.stdout)] == ["proc-host"], r.stderr
         r = gpusd("list", "--session", session, "--json", env=proc_env)
         devices = json.loads(r.stdout)

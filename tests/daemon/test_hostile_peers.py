@@ -315,7 +315,7 @@ def test_daemon_raises_its_open_file_limit_and_survives_half_open_connections(tm
     env = dict(os.environ, GPUSD_STATE_DIR=str(tmp_path / "state"), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
     r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", "1xT4", "--interface", "127.0.0.1",
-            "--port", "0", "--session", unique_session("fd"), "--fleet", "off", "--ready-fd", str(w)]
+            "--port", "0", "--session", unique_session("fd"), "--fleet-view", "off", "--ready-fd", str(w)]
 
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))

@@ -77,12 +77,12 @@ def test_top_export_and_metrics_across_the_lan(lan: Lan) -> None:  # noqa: F811
     client = lan.add_node("client")
     start_all([h1, h2])
 
-    r = lan.gpusd(client, ["top", "--once", "--wait", "6", "--width", "160"])
+    r = lan.gpusd(client, ["top", "--once", "--browse", "6", "--width", "160"])
     assert r.returncode == 0, r.stderr
     assert "2 hosts, 3 GPUs" in r.stdout and "● node-1" in r.stdout and "● node-2" in r.stdout
     assert "H100 80GB HBM3" in r.stdout and "A100-SXM4-80GB" in r.stdout
 
-    r = lan.gpusd(client, ["export", "prometheus-sd", "--wait", "6"])
+    r = lan.gpusd(client, ["export", "prometheus-sd", "--browse", "6"])
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert sorted(t for g in doc for t in g["targets"]) == sorted([f"{h1.ip}:4780", f"{h2.ip}:4780"])

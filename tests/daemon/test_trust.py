@@ -72,7 +72,7 @@ def test_a_background_daemon_gets_the_secret_without_argv_and_proves_it(tmp_path
     env = dict(os.environ, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
     env.pop("GPUSD_TOKEN", None)
     r = gpusd_cli(["start", "--simulate", "1xA100-80GB", "--interface", "127.0.0.1", "--port", "0",
-                   "--session", unique_session("ps"), "--fleet", "off", "--token-file", str(key_file)], env=env)
+                   "--session", unique_session("ps"), "--fleet-view", "off", "--token-file", str(key_file)], env=env)
     assert r.returncode == 0, r.stderr
     try:
         leaks = []

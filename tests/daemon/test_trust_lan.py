@@ -88,13 +88,13 @@ def test_a_stranger_announcing_a_host_learns_nothing_and_is_shown_unverified(lan
     assert "loop" not in names  # the record pointing at loopback was never followed
 
     # gpusd list with the secret (from a file): the same verdicts, a marked stranger
-    r = lan.gpusd(client, ["list", "--json", "--token-file", str(key_file), "--timeout", "6"])
+    r = lan.gpusd(client, ["list", "--json", "--token-file", str(key_file), "--browse", "6"])
     assert r.returncode == 0, r.stderr
     devices = json.loads(r.stdout)
     verdict = {d["hostname"]: d["verified"] for d in devices}
     assert verdict == {"node-1": True, "node-2": True, "evil": False}
     assert "mallory" not in r.stdout and "pytest" in r.stdout
-    table = lan.gpusd(client, ["list", "--token-file", str(key_file), "--timeout", "6"]).stdout
+    table = lan.gpusd(client, ["list", "--token-file", str(key_file), "--browse", "6"]).stdout
     assert next(ln for ln in table.splitlines() if ln.startswith("evil")).endswith("[unverified]")
 
     # gpusd top --url: the fleet as node-1 sees it, over its HTTPS port, the stranger marked
@@ -190,6 +190,6 @@ def test_a_reader_without_the_secret_gets_public_data_only(lan: Lan, tmp_path: P
     """)
     assert conn[0][0] == conn[1][0] == conn[2][0] == 200
     assert "pytest" in conn[0][1] and "pytest" in conn[1][1] and conn[2][1] is None
-    r = lan.gpusd(client, ["list", "--json", "--timeout", "6"])
+    r = lan.gpusd(client, ["list", "--json", "--browse", "6"])
     assert r.returncode == 0 and "pytest" not in r.stdout and str(os.getpid()) in r.stdout
     assert {d["verified"] for d in json.loads(r.stdout)} == {None}  # nothing to verify with

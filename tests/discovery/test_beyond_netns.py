@@ -27,7 +27,7 @@ GiB = 2**30
 
 
 def list_json(lan: Lan, node: Any, args: list[str]) -> list[dict[str, Any]]:
-    r = lan.gpusd(node, ["list", "--json", "--timeout", "8", *args])
+    r = lan.gpusd(node, ["list", "--json", "--browse", "8", *args])
     assert r.returncode in (0, 3), r.stderr  # 3: no host found
     return json.loads(r.stdout) if r.stdout.strip() else []
 
@@ -70,7 +70,7 @@ def test_a_host_behind_a_router_joins_the_pool_through_peer(lans: tuple[Lan, Lan
     assert "mallory" not in json.dumps(devices) and "pytest" in json.dumps(devices)
     # the same through $GPUSD_PEERS
     env = a.base_env(client, GPUSD_PEERS=f"{hb.ip}:4780")
-    r = a.gpusd(client, ["list", "--json", "--timeout", "8", "--token-file", str(key)], env=env)
+    r = a.gpusd(client, ["list", "--json", "--browse", "8", "--token-file", str(key)], env=env)
     assert {d["hostname"] for d in json.loads(r.stdout)} == {"node-a", "node-b"}, r.stderr
 
     # gpusd top with the peers: node-b's GPU and its process owner, the stranger marked
@@ -181,7 +181,7 @@ def test_a_host_behind_a_router_joins_the_pool_through_wide_area_dns_sd(lans: tu
     client = a.add_node("client")
     # the lab publishes node-b: `gpusd export dns-sd-zone` (node-b reached as a peer) prints the records,
     # which dnsmasq serves
-    r = a.gpusd(client, ["export", "dns-sd-zone", "--domain", "lab.example", "--peer", hb.ip, "--timeout", "4"])
+    r = a.gpusd(client, ["export", "dns-sd-zone", "--domain", "lab.example", "--peer", hb.ip, "--browse", "4"])
     assert r.returncode == 0, r.stderr
     server = dnsmasq(a, dns, tmp_path, dnsmasq_records(r.stdout))
     try:

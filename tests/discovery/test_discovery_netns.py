@@ -170,7 +170,7 @@ ROGUE = textwrap.dedent('''
 
 def test_rogue_announcer_is_skipped(lan: Lan) -> None:
     session = "rogue-test"
-    honest = lan.add_gpu_host("honest", make_gpus(2), session=session, fast=True, args=["--fleet", "on"])
+    honest = lan.add_gpu_host("honest", make_gpus(2), session=session, fast=True, args=["--fleet-view", "on"])
     rogue = lan.add_node("rogue")
     client = lan.add_node("client")
     p = lan.popen(rogue, [sys.executable, "-c", ROGUE, rogue.ip, session], env=lan.base_env(rogue),

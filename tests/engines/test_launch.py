@@ -72,7 +72,8 @@ def test_launch_reports_an_unreachable_host(two_hosts, tmp_path: Path) -> None: 
     pl = tmp_path / "placement.json"
     pl.write_text(json.dumps({"hosts": [{"hostname": "node-1", "address": h1.ip, "gpus": [0]},
                                         {"hostname": "node-9", "address": "198.18.0.250", "gpus": [0]}]}))
-    r = _gpusd(lan, fleet, h1, ["launch", "--placement", str(pl), "-o", "ConnectTimeout=2", "command", "--", "true"])
+    r = _gpusd(lan, fleet, h1, ["launch", "--placement", str(pl), "--ssh-option", "ConnectTimeout=2", "command", "--",
+                                "true"])
     assert r.returncode == 255 and "node-9#1 (node-9) ssh failed" in r.stderr
 
 

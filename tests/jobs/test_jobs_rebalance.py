@@ -44,7 +44,7 @@ def daemon(fake_nvml, cli_env, tmp_path):
         env.pop(var, None)
     fake_nvml.write(make_gpus(3, util_gpu=0))
     r = subprocess.run([*GPUSD, "start", "--interface", "127.0.0.1", "--port", "0", "--session",
-                        session, "--interval", "0.2", "--fleet", "off", "--no-record",
+                        session, "--interval", "0.2", "--fleet-view", "off", "--no-record",
                         "--rebalance-policy", str(policy)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     info = json.loads((state / "gpusd.json").read_text())

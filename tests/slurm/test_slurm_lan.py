@@ -42,7 +42,7 @@ def gpu_host(lan: Lan, name: str, n: int, key: Path, args: list[str] = ()) -> Gp
 
 
 def conf_from(lan: Lan, node: Any, key: Path, *extra: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    return lan.gpusd(node, ["slurm", "conf", "--token-file", str(key), "--wait", "4", *extra],
+    return lan.gpusd(node, ["slurm", "conf", "--token-file", str(key), "--browse", "4", *extra],
                      env=lan.base_env(node, GPUSD_MDNS_FAST="1"), timeout=60)
 
 

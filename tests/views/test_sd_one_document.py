@@ -80,7 +80,7 @@ def test_export_writes_the_labels_of_the_document(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(sources.DiscoverySource, "remote_hosts", lambda self: hosts)
     monkeypatch.setattr(sources.DiscoverySource, "close", lambda self: None)
     out = tmp_path / "t.json"
-    assert main(["export", "prometheus-sd", "-o", str(out), "--wait", "0", "--interface", "127.0.0.1"]) == 0
+    assert main(["export", "prometheus-sd", "-o", str(out), "--browse", "0", "--interface", "127.0.0.1"]) == 0
     labels = json.loads(out.read_text())[0]["labels"]
     assert labels["__meta_gpusd_verified"] == "true" and labels["__meta_gpusd_via"] == "peer"
 

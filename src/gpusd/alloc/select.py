@@ -54,8 +54,8 @@ def _option(default: Any = None, *, help: str, flags: tuple[str, ...] = (), meta
 @dataclass
 class Constraints:
     """What a job asks of its GPUs: the one definition of the selection constraints.  The command-line
-    flags (:func:`add_constraint_flags`) and the keywords of :func:`gpusd.select` are derived from these
-    fields; :meth:`build` parses and validates the values people give."""
+    flags (:func:`gpusd.cli.options.constraints`) and the keywords of :func:`gpusd.select` are derived
+    from these fields; :meth:`build` parses and validates the values people give."""
 
     count: int = _option(1, flags=("-n", "--count"), parse=int, help="number of GPUs (default 1)")
     min_free: int | float | None = _option(  # bytes, or a ratio (0..1) of the total
@@ -145,29 +145,6 @@ def keyword_of(name: str) -> str:
 def constraint_keywords() -> dict[str, Any]:
     """Every constraint keyword of :func:`gpusd.select`, with its default."""
     return {keyword_of(f.name): f.default for f in fields(Constraints)}
-
-
-def add_constraint_flags(group: Any) -> None:
-    """Add a command-line flag for every constraint that has one (``group``: an argparse parser or
-    argument group); each stores under its :func:`gpusd.select` keyword, with the field's default."""
-    for f in fields(Constraints):
-        meta = f.metadata
-        if not meta.get("flags"):
-            continue
-        kw: dict[str, Any] = {"dest": keyword_of(f.name), "help": meta["help"]}
-        if meta["switch"]:
-            kw["action"] = "store_true"
-        else:
-            kw["default"] = f.default
-            for key, arg in (("parse", "type"), ("metavar", "metavar"), ("choices", "choices")):
-                if meta.get(key) is not None:
-                    kw[arg] = meta[key]
-        group.add_argument(*meta["flags"], **kw)
-
-
-def constraints_from_args(args: Any) -> Constraints:
-    """The constraints given on a command line parsed with :func:`add_constraint_flags`."""
-    return Constraints.from_keywords(**{k: getattr(args, k) for k in constraint_keywords() if hasattr(args, k)})
 
 
 def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:

@@ -13,21 +13,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
     from ..alloc.api import Selection
-    from ..alloc.select import Constraints
-
-
-def _constraints(args: argparse.Namespace) -> "Constraints":
-    from ..alloc.select import constraints_from_args
-
-    return constraints_from_args(args)
 
 
 def _allocate(args: argparse.Namespace, command: str | None = None) -> "Selection":
     from ..alloc.api import allocate
+    from .options import to_constraints, wait_timeout
 
-    if args.timeout is not None and not args.wait:
-        raise ConfigError("--timeout only makes sense with --wait")
-    sel = allocate(_constraints(args), lease=args.lease, wait=args.wait, timeout=args.timeout,
+    timeout = wait_timeout(args)
+    sel = allocate(to_constraints(args), lease=args.lease, wait=args.wait, timeout=timeout,
                    simulate=args.simulate, command=command)
     sel.use_uuid = args.uuid
     return sel
@@ -202,3 +195,48 @@ def leases(args: argparse.Namespace) -> int:
              + (" (preempted)" if w.resumed else ""), _age(w.since, now), _cell(w.command)]
             for w in waiters], right=(0, 2, 3, 5)))
     return 0
+
+
+def _selection(p: argparse.ArgumentParser) -> None:
+    """What ``select``, ``env`` and ``run`` add to the constraints: ``--no-lease`` and ``--uuid``."""
+    g = next(g for g in p._action_groups if g.title == "constraints")
+    g.add_argument("--no-lease", dest="lease", action="store_false", help="select only; take no lease")
+    g.add_argument("--uuid", action="store_true", help="emit UUIDs instead of indices in CUDA_VISIBLE_DEVICES")
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd select``, ``env``, ``run`` and ``leases``."""
+    from . import options as o
+
+    if name == "leases":
+        o.command(sub, name, "gpusd.cli.alloc:leases", "list the GPU leases held on this machine",
+                  parents=[o.json_output()])
+        return
+    helps = {"select": ("gpusd.cli.alloc:select",
+                        "pick the least-loaded GPUs that satisfy constraints; takes no lease (gpusd run does)"),
+             "env": ("gpusd.cli.alloc:env",
+                     "print shell lines setting CUDA_VISIBLE_DEVICES: eval \"$(gpusd env -n 2)\""),
+             "run": ("gpusd.cli.alloc:run_command", "run a command on leased GPUs: gpusd run -n 2 -- python train.py")}
+    target, what = helps[name]
+    parents = [o.constraints(), o.simulate()]
+    if name == "select":
+        parents.append(o.json_output("the selection as JSON: devices, env and explain"))
+    if name == "run":
+        parents += [o.host_filter(), o.ttl(), *o.fleet()]
+    p = o.command(sub, name, target, what, parents=parents)
+    _selection(p)
+    if name == "select":
+        p.add_argument("--explain", action="store_true", help="also say why these GPUs: the least-loaded set, the "
+                       "links, the tolerance (docs/allocation.md)")
+    if name != "run":
+        p.set_defaults(lease=False)
+        return
+    from .jobs import add_run_flags
+
+    g = p.add_argument_group("fleet")
+    g.add_argument("--fleet", action="store_true",
+                   help="run on the best verified host of the fleet, over SSH (docs/pool.md)")
+    g.add_argument("--ssh-option", action="append", metavar="OPT", default=[],
+                   help="with --fleet: an ssh -o option (repeatable); $GPUSD_SSH_CONFIG: an ssh -F file")
+    add_run_flags(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")

@@ -15,9 +15,9 @@ from .exits import EXIT_NO_DAEMON
 # (--foreground, --timeout, --state-dir, --token, -v) do not make another daemon
 _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "port"),
              "session": ("--session", "session"), "interval": ("--interval", "interval"),
-             "history": ("--history", "history"), "simulate": ("--simulate", "simulate"),
+             "history": ("--sample-window", "history"), "simulate": ("--simulate", "simulate"),
              "hostname": ("--hostname", "hostname"), "gpusd_compat": ("--gpusd-compat", "gpusd_compat"),
-             "fleet": ("--fleet", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
+             "fleet": ("--fleet-view", "fleet"), "txt_interval": ("--txt-interval", "txt_interval"),
              "threshold": ("--threshold", "thresholds"), "thresholds": ("--thresholds", "thresholds"),
              "dcgm_metrics": ("--dcgm-metrics", "dcgm_metrics"), "user_metrics": ("--user-metrics", "user_metrics"),
              "record": ("--no-record", "no_record"), "retention": ("--retention", "retention_days"),
@@ -87,7 +87,7 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
     for iface in args.interfaces or []:
         out += ["--interface", iface]
     out += ["--port", str(args.port), "--session", args.session, "--interval", str(args.interval),
-            "--history", str(args.history), "--fleet", args.fleet, "--txt-interval", str(args.txt_interval)]
+            "--sample-window", str(args.history), "--fleet-view", args.fleet, "--txt-interval", str(args.txt_interval)]
     if not getattr(args, "record", True):
         out.append("--no-record")
     if getattr(args, "idle_release", False):
@@ -351,7 +351,7 @@ def _start_demo_daemons(tmp: Path, session: str, n: int, procs: list[Any]) -> No
             r, w = os.pipe()
             argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", DEMO_HOSTS[i - 1],
                     "--interface", "127.0.0.1", "--port", "0", "--hostname", f"demo-{i}", "--session", session,
-                    "--state-dir", str(state), "--fleet", "off", "--ready-fd", str(w)]
+                    "--state-dir", str(state), "--fleet-view", "off", "--ready-fd", str(w)]
             try:
                 with open(state / "gpusd.log", "ab") as log:
                     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
@@ -430,3 +430,90 @@ async def _demo_show(session: str, args: argparse.Namespace) -> int:
         return 0
     finally:
         await client.stop_listening()
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd start``, ``stop``, ``status`` and ``demo``."""
+    from . import options as o
+
+    if name == "start":
+        _start_parser(sub, o)
+    elif name == "stop":
+        p = o.command(sub, name, "gpusd.cli.daemon:stop", "stop the daemon (its host disappears from clients at once)",
+                      parents=[o.state_dir()])
+        p.add_argument("--timeout", type=o.seconds, default=10.0, metavar="S", help="how long to wait (default 10)")
+        p.add_argument("--force", action="store_true", help="SIGKILL the daemon if it does not stop in time")
+    elif name == "status":
+        o.command(sub, name, "gpusd.cli.daemon:status", "is the daemon running, and what does it serve",
+                  parents=[o.state_dir(), o.json_output()])
+    else:
+        p = o.command(sub, name, "gpusd.cli.daemon:demo",
+                      "start three daemons with simulated GPUs on 127.0.0.1, discover them and show them live")
+        p.add_argument("--duration", type=o.positive_seconds, default=10.0, metavar="S",
+                       help="seconds to show (default 10)")
+        p.add_argument("--once", action="store_true", help="print the table once, then stop")
+        p.add_argument("--hosts", type=int, default=3, help="number of simulated hosts (1-8, default 3)")
+
+
+def _start_parser(sub: Any, o: Any) -> None:
+    p = o.command(sub, "start", "gpusd.cli.daemon:start",
+                  "start the daemon: sample this machine's GPUs, serve them over HTTP, announce them on the LAN",
+                  parents=[o.interface(), o.session(all_sessions=False), o.state_dir(),
+                           o.token("trust on: private fields and writes for signed requests, HTTPS with a pinned "
+                                   "certificate"),
+                           o.thresholds(), o.beyond(), o.simulate()])
+    p.add_argument("--foreground", action="store_true", help="run in the foreground (systemd, containers)")
+    p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
+    p.add_argument("--interval", type=o.positive_seconds, default=1.0, metavar="S",
+                   help="seconds between samples (default 1)")
+    window = p.add_argument("--sample-window", dest="history", type=o.seconds, default=300.0, metavar="S",
+                            help="seconds of per-GPU samples kept in memory, served at /api/v1/history (default 300)")
+    o.deprecated(p, "--history", window)  # "history" is the usage history database (docs/cli.md, "Vocabulary")
+    p.add_argument("--hostname", help="host name to announce (default: this machine's, or $GPUSD_HOSTNAME)")
+    p.add_argument("--gpusd-compat", action="store_true",
+                   help="also announce hwsd's _gpu-sd._tcp and _net-sd._tcp records (for GPU-SD/Equalizer clients)")
+    p.add_argument("--tls-port", type=int, default=None, metavar="N",
+                   help="with a fleet secret: the HTTPS port (default: --port + 1; 0: any free port)")
+    view = p.add_argument("--fleet-view", dest="fleet", choices=("auto", "on", "off"), default="auto",
+                          help="the /api/v1/fleet view: started on first use (auto), always, or never")
+    o.deprecated(p, "--fleet", view)  # --fleet elsewhere: a switch, act on the fleet (run, report)
+    p.add_argument("--txt-interval", type=o.seconds, default=6.0, metavar="S",
+                   help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
+    p.add_argument("--timeout", type=o.positive_seconds, default=30.0, metavar="S",
+                   help="how long to wait for a background daemon to come up (default 30)")
+    p.add_argument("--log-file", metavar="FILE", default=None,
+                   help="with --foreground: log to FILE, rotated at 10 MiB (3 kept) while running "
+                   "(default: stderr; a background daemon logs to gpusd.log in its state directory)")
+    p.add_argument("--dcgm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="/metrics also serves NVIDIA DCGM exporter names (DCGM_FI_DEV_GPU_UTIL...) for Grafana "
+                   "dashboards made for it (default: on)")
+    p.add_argument("--user-metrics", action="store_true",
+                   help="/metrics also serves GPU-seconds used and held per user, to readers that may see "
+                   "private data (this machine, signed requests); docs/monitoring.md, Privacy")
+    h = p.add_argument_group("usage history (docs/history.md)")
+    h.add_argument("--no-record", dest="record", action="store_false", help="record no usage history")
+    h.add_argument("--retention", type=o.positive_number, default=365.0, metavar="DAYS",
+                   help="days of 5-minute history and job records kept (default 365)")
+    h.add_argument("--history-size", type=o.positive_number, default=1024.0, metavar="MIB",
+                   help="size bound of the history database in MiB (default 1024)")
+    h.add_argument("--idle-after", type=o.positive_seconds, default=900.0, metavar="S",
+                   help="mark a lease idle after S seconds under 5 %% utilisation (default 900)")
+    h.add_argument("--idle-release", action="store_true",
+                   help="release idle reservations after a notice and --idle-grace (never a running job's lease)")
+    h.add_argument("--idle-grace", type=o.seconds, default=900.0, metavar="S",
+                   help="seconds between the release notice and the release (default 900)")
+    r = p.add_argument_group("rebalancing of gpusd jobs (docs/jobs.md)")
+    r.add_argument("--rebalance", action="store_true",
+                   help="move --preemptible jobs off GPUs that stay hot while another GPU is idle, and pause "
+                   "--pausable jobs while their GPU is too hot (default policy)")
+    r.add_argument("--rebalance-policy", metavar="FILE",
+                   help="rebalance with the thresholds of this JSON file (implies --rebalance)")
+    sl = p.add_argument_group("Slurm (docs/slurm.md)")
+    sl.add_argument("--slurm", action="store_true",
+                    help="join Slurm as a dynamic node (slurmd -Z, configless) with this host's GPUs; Slurm then "
+                    "allocates them: local and remote gpusd leases are refused, Slurm jobs' leases recorded")
+    sl.add_argument("--slurm-controller", metavar="HOST[:PORT]",
+                    help="with --slurm: slurmctld's address (default: the daemon announcing --slurmctld)")
+    sl.add_argument("--slurmctld", metavar="[HOST:]PORT", nargs="?", const="6817", default=None,
+                    help="announce that slurmctld runs on this host (its port, default 6817)")
+    p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)

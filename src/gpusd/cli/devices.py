@@ -61,3 +61,14 @@ def render_topology(snap: HostSnapshot) -> str:
         rows.append(cells)
     sim = "\n(simulated GPUs)" if snap.simulated else ""
     return render_table(header, rows, rule=False) + "\n\n" + LEGEND + sim
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parser of ``gpusd devices``."""
+    from . import options as o
+
+    p = o.command(sub, name, "gpusd.cli.devices:run", "show this machine's GPUs",
+                  parents=[o.json_output("the host snapshot as JSON"), o.simulate()])
+    p.add_argument("--topology", action="store_true",
+                   help="print how the GPUs connect, as nvidia-smi topo -m does (NV#, PIX, PXB, PHB, NODE, SYS)")
+    p.add_argument("--no-processes", dest="processes", action="store_false", help="skip process lists")

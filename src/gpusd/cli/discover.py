@@ -71,7 +71,7 @@ def scan(args: argparse.Namespace) -> int:
     async def go() -> tuple[list[RemoteHost], int]:
         client = _client(args)
         try:
-            return await client.scan(args.timeout), len(client.unmatched_hosts)
+            return await client.scan(args.browse), len(client.unmatched_hosts)
         finally:
             await client.stop_listening()
 
@@ -81,7 +81,7 @@ def scan(args: argparse.Namespace) -> int:
         return 0 if hosts else EXIT_NO_DAEMON
     if not hosts:
         where = "any session" if args.all_sessions else f"session {args.session!r}"
-        print(_nothing_found(args, unmatched, f"no gpusd hosts announced in {where} (browsed {args.timeout:g} s)"),
+        print(_nothing_found(args, unmatched, f"no gpusd hosts announced in {where} (browsed {args.browse:g} s)"),
               file=sys.stderr)
         return EXIT_NO_DAEMON
     rows = []
@@ -125,7 +125,7 @@ def export_dns_sd_zone(args: argparse.Namespace) -> int:
     async def go() -> list[RemoteHost]:
         client = _client(args)
         try:
-            return await client.scan(args.timeout)
+            return await client.scan(args.browse)
         finally:
             await client.stop_listening()
 
@@ -170,7 +170,7 @@ def list_devices(args: argparse.Namespace) -> int:
 
     async def go() -> tuple[list[Device], list[RemoteHost], int]:
         browse = asyncio.ensure_future(
-            oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.timeout))
+            oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.browse))
         while local is not None and not browse.done():  # the local daemon is slow: whichever answers first
             if local.done():
                 answer = local.result()
@@ -294,3 +294,25 @@ def watch(args: argparse.Namespace) -> int:
 
     asyncio.run(go())  # Ctrl-C: main() says "interrupted" and exits 130, as documented
     return 0
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd scan``, ``list`` (and the seed's ``list_devices``) and ``watch``."""
+    from . import options as o
+
+    if name == "scan":
+        o.command(sub, name, "gpusd.cli.discover:scan", "list the hosts announced on the LAN (mDNS)",
+                  parents=[*o.client(), o.browse(2.0, old="--timeout"), o.json_output()])
+        return
+    if name in ("list", "list_devices"):
+        p = o.command(sub, name, "gpusd.cli.discover:list_devices",
+                      "every GPU on the LAN with its live load" if name == "list"
+                      else "every GPU on the LAN (alias of list)",
+                      parents=[*o.client(model=True), o.browse(3.0, old="--timeout"), o.json_output()])
+    else:
+        p = o.command(sub, name, "gpusd.cli.discover:watch", "print discovery events as they happen, one per line",
+                      parents=[*o.client(model=True), o.json_output("one JSON object per line")])
+        p.add_argument("--duration", type=o.positive_seconds, default=None, metavar="S", help="stop after S seconds")
+        p.add_argument("--liveness", type=o.positive_seconds, default=10.0, metavar="S",
+                       help="report a silent host removed after S seconds (default 10)")
+    p.add_argument("--min-free", metavar="MEM", help="only GPUs with at least this much free memory (20GiB)")

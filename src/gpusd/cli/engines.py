@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..engines.launch import LaunchOptions
     from ..engines.placement import HostSlot, Placement
     from ..pool.client import Reservation
+    from .options import Flags
 
 ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
 FORMATS = ("deepspeed", "mpi", "horovod", "horovod-discovery", "torchrun", "ray", "json")
@@ -93,7 +94,7 @@ def _until(args: argparse.Namespace) -> float:
     """The end of ``--for`` (epoch)."""
     import time
 
-    from ..usage.query import parse_duration
+    from ..units import parse_duration
 
     try:
         return time.time() + parse_duration(args.duration)
@@ -106,46 +107,45 @@ def _release(res: "Reservation | None") -> None:
         res.release()
 
 
+def placement_parents(with_count: bool = True) -> "list[Flags]":
+    """The shared flag groups of a command that reserves its placement (with ``with_count``): the
+    constraints, ``--wait``/``--timeout``, ``--host``/``--model``, ``--ttl`` and the fleet flags of
+    ``gpusd reserve``."""
+    from . import options as o
+
+    if not with_count:
+        return []
+    return [o.constraints("what to reserve across the fleet (docs/pool.md)"), o.host_filter(), o.ttl(), *o.fleet()]
+
+
 def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hold: str | None = None) -> None:
-    """``-n``/``--per-host``, the constraints and the fleet flags of ``gpusd reserve`` (with
-    ``with_count``), and ``--placement FILE``; ``hold``: the default of ``--for`` (how long a
-    reservation outlives the command that made it)."""
-    from . import _duration_text, _fleet_flags, _positive_seconds, _seconds, _Skipped
+    """``--per-host`` (with ``with_count``: p has :func:`placement_parents`) and ``--placement FILE``;
+    ``hold``: the default of ``--for`` (how long a reservation outlives the command that made it)."""
+    from .options import duration_text
 
-    if isinstance(p, _Skipped):
-        return
     if with_count:
-        from ..alloc.select import add_constraint_flags
-
-        g = p.add_argument_group("what to reserve across the fleet (docs/pool.md)")
-        add_constraint_flags(g)  # -n/--count and every constraint of gpusd reserve
+        g = next(g for g in p._action_groups if g.title == "what to reserve across the fleet (docs/pool.md)")
         g.add_argument("--per-host", type=int, metavar="K", help="K GPUs on each of N/K hosts (default: all on one)")
-        g.add_argument("--wait", action="store_true", help="wait (woken by the fleet's events) until GPUs qualify")
-        g.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 5)")
-        g.add_argument("--host", metavar="GLOB", help="only hosts whose name matches")
-        g.add_argument("--model", metavar="GLOB", help="only GPUs whose name matches (glob or substring)")
-        g.add_argument("--ttl", type=_positive_seconds, default=30.0, metavar="S",
-                       help="the leases end S seconds after their last renewal (default 30)")
         if hold:
-            g.add_argument("--for", dest="duration", metavar="DURATION", default=hold, type=_duration_text,
+            g.add_argument("--for", dest="duration", metavar="DURATION", default=hold, type=duration_text,
                            help=f"without a command to wait for: hold the GPUs this long at most (default {hold}), "
                            "renewed in the background")
         p.set_defaults(count=None)  # -n absent: --placement
         for action in p._actions:
             if action.dest == "count":
                 action.help = "reserve N GPUs in all across the fleet (or give --placement FILE)"
-        _fleet_flags(p)
     p.add_argument("--placement", metavar="FILE",
                    help="testing/advanced: use the hosts and GPUs this JSON file names instead of reserving "
                    "(docs/engines.md; $GPUSD_PLACEMENT); excludes -n")
 
 
 def add_ssh_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ssh-option", "-o", action="append", default=[], metavar="OPTION",
-                   help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
-    from .jobs import grace
+    from . import options as o
 
-    p.add_argument("--grace", type=grace, default=10.0, metavar="S",
+    ssh = p.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
+                         help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
+    o.deprecated(p, "-o", ssh)  # -o is --output elsewhere (report, export)
+    p.add_argument("--grace", type=o.grace, default=10.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
 
 
@@ -775,3 +775,70 @@ def _describe(record: dict[str, Any]) -> str:
     if isinstance(until, (int, float)):
         words.append(f"held until {format_clock(until)}")
     return ", ".join(words)
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd hostfile``, ``launch`` and ``ray up|down``."""
+    from .options import command
+
+    if name == "hostfile":
+        p = command(sub, name, "gpusd.cli.engines:hostfile", "write what a distributed engine reads (DeepSpeed/MPI "
+                    "hostfile, Horovod -H, torchrun lines, JSON)", parents=placement_parents())
+        add_placement_flags(p, hold="2h")
+        p.add_argument("--format", "-f", choices=FORMATS, default="json", help="what to write (default json)")
+        p.add_argument("--held", metavar="FILE", help=argparse.SUPPRESS)  # Horovod's discovery script
+        p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
+        p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
+                       help="with -n: a command to run here while the GPUs are held (released at its end); "
+                       "also the training program of the command lines shown")
+    elif name == "launch":
+        p = command(sub, name, "gpusd.cli.engines:launch", "start a distributed engine on every host of the job over "
+                    "SSH: gpusd launch -n 8 --per-host 4 torchrun -- train.py", parents=placement_parents())
+        add_placement_flags(p)
+        add_ssh_flags(p)
+        p.add_argument("--env", "-x", action="append", default=[], metavar="NAME[=VALUE]",
+                       help="also set NAME on every host (its value here, or VALUE; repeatable)")
+        p.add_argument("--chdir", metavar="DIR", help="working directory on every host (default: the current one)")
+        p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
+        p.add_argument("--port", type=int, default=None,
+                       help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
+        p.add_argument("--python", default=None, help="the Python that runs gpusd's per-rank wrapper (mpirun, "
+                       "horovodrun; default: this machine's interpreter where the same path exists on the host, "
+                       "else the one of the gpusd command on the host's PATH)")
+        p.add_argument("--bind-cpus", action="store_true",
+                       help="bind to the CPUs local to the GPUs, on each host (intersected there with the CPUs the "
+                       "command may use): each rank to its GPU's (mpirun, horovodrun), the per-host launcher and "
+                       "so its ranks to its GPUs' (torchrun, deepspeed, command); says what it did per host")
+        p.add_argument("engine", choices=ENGINES, metavar="ENGINE",
+                       help="torchrun, deepspeed, mpirun, horovodrun or command (the same command on every host)")
+        p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
+                       help="the program and its arguments")
+    else:
+        _ray_parsers(sub)
+
+
+def _ray_parsers(sub: Any) -> None:
+    from .options import command, state_dir
+
+    what = "a Ray cluster on gpusd's GPUs: ray up / ray down"
+    p = sub.add_parser("ray", help=what, description=what)
+    rsub = p.add_subparsers(dest="ray_command", metavar="up|down", parser_class=type(p), required=True)
+    for name, target, what in (("up", "ray_up", "start a Ray head on the first host and workers on the others, "
+                                "each limited to its GPUs; prints the address"),
+                               ("down", "ray_down", "stop Ray on every host of a cluster gpusd started; release it")):
+        p = command(rsub, name, f"gpusd.cli.engines:{target}", what,
+                    parents=[*placement_parents(with_count=name == "up"), state_dir()])
+        add_placement_flags(p, with_count=name == "up", hold="24h")
+        add_ssh_flags(p)
+        p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
+        p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+        p.add_argument("--python", default=None, metavar="PATH",
+                       help="the Python with gpusd on the hosts, which runs each node's guard (default python3, "
+                       "here gpusd's own; ray down: the one ray up used)")
+        if name == "down":
+            p.add_argument("cluster", nargs="?", metavar="ID", help="the cluster to stop (ray up prints its id; "
+                           "needed when there are several)")
+            p.add_argument("--all", action="store_true", help="stop every cluster gpusd started here")
+        if name == "up":
+            p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
+                           help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")

@@ -29,20 +29,9 @@ def _signal(text: str) -> int:
             raise argparse.ArgumentTypeError(f"not a signal: {text!r}") from None
 
 
-def grace(text: str) -> float:
-    """A grace period (SIGTERM to SIGKILL): a duration from 0 to a day, in the words of every duration."""
-    from ..units import parse_duration
-
-    try:
-        value = parse_duration(text, zero=True)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value >= 86400:
-        raise argparse.ArgumentTypeError(f"must be a duration under a day (the grace period), not {text!r}")
-    return value
-
-
 def add_run_flags(p: argparse.ArgumentParser) -> None:
+    from . import options as o
+
     g = p.add_argument_group("job")
     g.add_argument("--priority", choices=PRIORITY_NAMES, default="normal",
                    help="low, normal (default), high or urgent (root, or whom the priority policy names): orders the "
@@ -51,7 +40,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="this job may be stopped (SIGTERM, --grace, SIGKILL) and restarted later for a job of higher "
                    "priority, or moved off an overloaded GPU")
     g.add_argument("--pausable", action="store_true", help="may be paused (SIGSTOP) while its GPU is too hot")
-    g.add_argument("--grace", type=grace, default=30.0, metavar="S",
+    g.add_argument("--grace", type=o.grace, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
@@ -71,13 +60,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
-    from ..alloc.select import constraints_from_args
     from ..jobs.checkpoint import CudaCheckpoint, find_cuda_checkpoint
     from ..jobs.record import PRIORITIES
     from ..jobs.supervisor import Supervisor
+    from .options import to_constraints, wait_timeout
 
-    if args.timeout is not None and not args.wait:
-        raise ConfigError("--timeout only makes sense with --wait")
+    timeout = wait_timeout(args)
     from ..alloc.priority import POLICY_PATH, load_policy, priority_name
 
     policy = load_policy()
@@ -100,9 +88,9 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
             tool = found
             log(f"--cuda-checkpoint: {path}: a move restores the job's CUDA state on the new GPU"
                 + ("" if args.preemptible else " (only --preemptible jobs are moved)"))
-    sup = Supervisor(constraints_from_args(args), cmd, command=command, priority=PRIORITIES[args.priority],
+    sup = Supervisor(to_constraints(args), cmd, command=command, priority=PRIORITIES[args.priority],
                      preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
-                     grace=args.grace, wait=args.wait, timeout=args.timeout, simulate=args.simulate,
+                     grace=args.grace, wait=args.wait, timeout=timeout, simulate=args.simulate,
                      use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change,
                      bind_cpus=args.bind_cpus)
     try:
@@ -202,11 +190,12 @@ def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
 
 
 def grow(args: argparse.Namespace) -> int:
-    if args.timeout is not None and not args.wait:
-        raise ConfigError("--timeout only makes sense with --wait")
+    from .options import wait_timeout
+
+    timeout = wait_timeout(args)
     n = _count(args.count, "+") or 1
-    limit = 30.0 + (args.timeout if args.timeout is not None else (86400.0 if args.wait else 0.0))
-    return _ask(args.job, {"op": "grow", "count": n, "wait": args.wait, "timeout": args.timeout}, timeout=limit)
+    limit = 30.0 + (timeout if timeout is not None else (86400.0 if args.wait else 0.0))
+    return _ask(args.job, {"op": "grow", "count": n, "wait": args.wait, "timeout": timeout}, timeout=limit)
 
 
 def shrink(args: argparse.Namespace) -> int:
@@ -214,3 +203,30 @@ def shrink(args: argparse.Namespace) -> int:
         raise ConfigError("give -N or --release GPU, not both")
     n = _count(args.count, "-")
     return _ask(args.job, {"op": "shrink", "count": n, "release": args.release})
+
+
+TOLD = ("The job file ($GPUSD_JOB_FILE) is rewritten, then the job is told as its --on-change says. With the "
+        "default (signal) only a command that catches the notify signal (SIGUSR1 unless --notify-signal) is "
+        "sent it; an unaware command (sleep, a script without a handler) is not signalled, keeps running on "
+        "the GPUs it started with and sees the change only in the job file. The output says how it was told.")
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd jobs``, ``grow`` and ``shrink``."""
+    from . import options as o
+
+    if name == "jobs":
+        p = o.command(sub, name, "gpusd.cli.jobs:jobs", "list the jobs gpusd run started on this machine",
+                      parents=[o.json_output()])
+        p.add_argument("--all", action="store_true", help="every user's jobs (default: yours)")
+    elif name == "grow":
+        p = o.command(sub, name, "gpusd.cli.jobs:grow", "give a running job more GPUs: gpusd grow JOB +2", epilog=TOLD,
+                      parents=[o.wait()])
+        p.add_argument("job", help="the job id (a unique prefix is enough)")
+        p.add_argument("count", nargs="?", default="+1", help="+N more GPUs (default +1)")
+    else:
+        p = o.command(sub, name, "gpusd.cli.jobs:shrink", "take GPUs back from a running job: gpusd shrink JOB -1",
+                      epilog=TOLD)
+        p.add_argument("job", help="the job id (a unique prefix is enough)")
+        p.add_argument("count", nargs="?", default=None, help="-N GPUs fewer (default -1)")
+        p.add_argument("--release", metavar="GPU", help="give back this GPU (index or UUID)")

@@ -6,7 +6,7 @@ import argparse
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, GpusdError
 from .trust import fleet_key
@@ -45,8 +45,8 @@ def top(args: argparse.Namespace) -> int:
     book = HostBook(engine_factory=(lambda: ThresholdEngine(rules)) if rules else None)
     state = TopState(sort=args.sort, reverse=args.reverse, filter=args.filter or "")
     once = args.once or not sys.stdout.isatty()
-    source = _source(args, settle=args.wait)
-    from ..usage.query import parse_duration
+    source = _source(args, settle=args.browse)
+    from ..units import parse_duration
     from ..views.spark import Sparks  # utilisation over the last hour, from the daemons' history
 
     try:
@@ -84,7 +84,7 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
         raise ConfigError("--interval must be a positive number of seconds")
     session = None if args.all_sessions else args.session
 
-    source = None if args.url else _source(args, settle=args.wait)
+    source = None if args.url else _source(args, settle=args.browse)
 
     from ..wire.promsd import daemons_from_hosts
 
@@ -130,3 +130,50 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
     finally:
         if source is not None:
             source.close()
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd top`` and ``gpusd export prometheus-sd|dns-sd-zone``."""
+    from . import options as o
+
+    if name == "export":
+        _export_parsers(sub, o)
+        return
+    p = o.command(sub, name, "gpusd.cli.monitor:top",
+                  "live view of every GPU on the LAN (or --local): utilisation, memory, leases, processes",
+                  parents=[o.simulate(), o.interface(), o.session(), o.browse(2.0, old="--wait"),
+                           o.thresholds(), o.token(o.SIGN), o.beyond()])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--local", action="store_true", help="this machine only, read directly (no daemon)")
+    src.add_argument("--url", metavar="URL", help="read the fleet from this daemon, e.g. http://gpu-node-1:4780")
+    p.add_argument("--once", action="store_true", help="print one frame and exit (also when stdout is not a terminal)")
+    p.add_argument("--interval", type=o.positive_seconds, default=1.0, metavar="S",
+                   help="refresh every S seconds (default 1)")
+    p.add_argument("--sort", choices=("host", "util", "memory", "temp", "power", "free"), default="host",
+                   help="sort GPUs (and hosts) by this key; key s cycles (default host)")
+    p.add_argument("--reverse", action="store_true", help="reverse the sort order")
+    p.add_argument("--filter", metavar="TEXT",
+                   help="show only GPUs matching TEXT (host, model, UUID, user...; a term with * is a glob: A100*)")
+    p.add_argument("--width", type=o.columns, metavar="N", help="with --once: render for N columns (20 or more)")
+    p.add_argument("--history", default="1h", metavar="RANGE", type=o.duration_text,
+                   help="the sparklines' window, from the daemons' history: 1h (default), 6h, 24h, 7d, 30d")
+
+
+def _export_parsers(sub: Any, o: Any) -> None:
+    what = "export the fleet for other tools"
+    p = sub.add_parser("export", help=what, description=what)
+    esub = p.add_subparsers(dest="export_format", metavar="FORMAT", parser_class=type(p), required=True)
+    p = o.command(esub, "prometheus-sd", "gpusd.cli.monitor:export_prometheus_sd",
+                  "write a Prometheus file_sd target list of the gpusd daemons discovered",
+                  parents=[o.interface(), o.session(), o.browse(3.0, old="--wait"),
+                           o.token("with --url: sign the request")])
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE atomically (default: standard output)")
+    p.add_argument("--url", metavar="URL", help="ask this daemon for the fleet instead of browsing the LAN")
+    p.add_argument("--watch", action="store_true", help="keep running; rewrite FILE when daemons come and go")
+    p.add_argument("--interval", type=o.positive_seconds, default=10.0, metavar="S",
+                   help="with --watch: check every S seconds")
+    p = o.command(esub, "dns-sd-zone", "gpusd.cli.discover:export_dns_sd_zone",
+                  "print zone-file records (PTR, SRV, TXT, A) publishing the hosts found under _gpusd._tcp.DOMAIN",
+                  parents=[*o.client(), o.browse(3.0, old="--timeout")])
+    p.add_argument("--domain", required=True, help="the wide-area DNS-SD domain, e.g. lab.example")
+    p.add_argument("--ttl", type=int, default=300, help="TTL of the records in seconds (default 300)")

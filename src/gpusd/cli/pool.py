@@ -66,17 +66,16 @@ def _hosts(args: argparse.Namespace, key: FleetKey) -> list[RemoteHost]:
 
 def _reserve(args: argparse.Namespace, key: FleetKey, note: str | None, client: Client | None = None,
              job: str | None = None) -> Reservation:
-    from ..alloc.select import constraints_from_args
     from ..pool.client import reserve
+    from .options import to_constraints, wait_timeout
 
-    c = constraints_from_args(args)
+    c = to_constraints(args)
     per = getattr(args, "per_host", None)
-    if args.timeout is not None and not args.wait:
-        raise ConfigError("--timeout only makes sense with --wait")
+    timeout = wait_timeout(args)
     try:
         return reserve(c.count, per_host=per, constraints=c, host=args.host, model=args.model,
                        session=args.session, interfaces=args.interfaces, ttl=args.ttl, note=note, wait=args.wait,
-                       timeout=args.timeout, key=key, client=client, job=job)
+                       timeout=timeout, key=key, client=client, job=job)
     finally:
         if client is not None:
             say_unverified(client.hosts)
@@ -120,7 +119,7 @@ def _exports(env: dict[str, str]) -> list[str]:
 
 def reserve(args: argparse.Namespace) -> int:
     from ..sanitize import dumps, for_terminal
-    from ..usage.query import parse_duration
+    from ..units import parse_duration
 
     try:
         duration = parse_duration(args.duration)
@@ -482,3 +481,32 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
     for t in threads:
         t.join(2)
     return rc
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd reserve``, ``release``, ``reservations`` and the unlisted ``fleet-job``."""
+    from . import options as o
+
+    if name == "reserve":
+        p = o.command(sub, name, "gpusd.cli.pool:reserve",
+                      "hold the least-loaded GPUs of any verified host for an interactive session",
+                      parents=[o.constraints(), o.host_filter(), o.ttl(), *o.fleet(),
+                               o.json_output("the reservation as JSON")])
+        p.add_argument("--per-host", type=int, metavar="N", help="N GPUs on each of -n/N hosts (default: all on one)")
+        p.add_argument("--for", dest="duration", metavar="DURATION", default="2h", type=o.duration_text,
+                       help="hold them this long at most (90s, 30m, 2h; default 2h), renewed in the background")
+        p.add_argument("--note", metavar="TEXT", help="a note shown with the lease (private, like a command line)")
+    elif name == "release":
+        p = o.command(sub, name, "gpusd.cli.pool:release", "end a reservation: gpusd release ID", parents=o.fleet())
+        p.add_argument("lease_id", metavar="ID", help="the reservation's lease id (gpusd reservations)")
+    elif name == "reservations":
+        p = o.command(sub, name, "gpusd.cli.pool:reservations",
+                      "the GPUs reserved on the fleet's hosts (yours, or --all)", parents=[o.json_output(), *o.fleet()])
+        p.add_argument("--all", action="store_true", help="every holder's, not only yours")
+    else:  # what gpusd run --fleet runs on the chosen host, over ssh (docs/jobs.md, "Fleet runs"): not listed
+        p = o.command(sub, name, "gpusd.cli.pool:fleet_job", None)
+        p.add_argument("--job", required=True, help="the job id the asking machine chose")
+        p.add_argument("--from", dest="asker", default=None, help="the machine that asked (informational)")
+        p.add_argument("--lease", default=None, help="the lease this host's daemon holds for the job")
+        p.add_argument("--devices", required=True, help="the leased GPUs: a JSON list of {index, uuid, label}")
+        p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run")

@@ -177,3 +177,31 @@ def _write_output(path: Path, text: str) -> None:
             raise
     except OSError as exc:
         raise GpusdError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parser of ``gpusd report``."""
+    from . import options as o
+
+    p = o.command(sub, name, "gpusd.cli.report:report",
+                  "usage report: GPU-hours used and held, idle reservations, utilisation, energy, top jobs",
+                  parents=[o.state_dir(), o.token("sign requests: per-user figures and job owners from daemons that "
+                                                  "prove they hold it")])
+    when = p.add_argument_group("period")
+    when.add_argument("--since", default="7d", metavar="DURATION", type=o.duration_text,
+                      help="the last DURATION (default 7d; 12h, 30d...)")
+    when.add_argument("--from", dest="from_", metavar="TIME", help="start (2026-11-01, 2026-11-01T08:00, epoch s)")
+    when.add_argument("--to", metavar="TIME", help="end (default now)")
+    p.add_argument("--by", choices=("user", "host", "gpu", "model"), default="user",
+                   help="group by (default user; per-user figures need the token)")
+    p.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
+                   help="output format (html: one self-contained file with charts)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: standard output)")
+    srcs = p.add_mutually_exclusive_group()
+    srcs.add_argument("--db", metavar="FILE", help="read this history database (default: the state directory's)")
+    srcs.add_argument("--fleet", action="store_true",
+                      help="every host of the fleet, as the daemon at --url (default this machine's) sees it")
+    p.add_argument("--url", action="append", metavar="URL",
+                   help="ask this daemon (repeatable; with --fleet: the daemon whose fleet to ask)")
+    p.add_argument("--idle-after", type=o.positive_seconds, default=900.0, metavar="S",
+                   help="with --db: flag leases held idle this long in all (default 900)")

@@ -30,7 +30,7 @@ def _hosts(args: argparse.Namespace) -> list[tuple[HostSnapshot, str | None]]:
                           "(--token-file FILE, $GPUSD_TOKEN_FILE or $GPUSD_TOKEN), or use --local")
     client = Client(args.session, interfaces=args.interfaces, key=key, **beyond_args(args))
     try:
-        client.wait_settled(args.wait)
+        client.wait_settled(args.browse)
         hosts = client.hosts
     finally:
         client.stop_listening()
@@ -61,7 +61,7 @@ def conf(args: argparse.Namespace) -> int:
             print(for_terminal(line, 400))
         return 0 if diff.same else 1
     if not hosts:
-        print("gpusd: no verified host found (is the fleet secret the daemons'? --wait longer?)", file=sys.stderr)
+        print("gpusd: no verified host found (is the fleet secret the daemons'? --browse longer?)", file=sys.stderr)
     sys.stdout.write(sconf.gres_conf([s for s, _ in hosts]) if args.gres else sconf.slurm_conf(hosts))
     return 0
 
@@ -85,3 +85,25 @@ def epilog(args: argparse.Namespace) -> int:
     except NoDaemon:  # the daemon held the lease: without it there is none left to end
         print("gpusd: no gpusd daemon here: no lease to end", file=sys.stderr)
     return 0
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
+    """The parsers of ``gpusd slurm conf|prolog|epilog``."""
+    from . import options as o
+
+    what = "Slurm from the fleet: slurm.conf and gres.conf lines, prolog/epilog leases"
+    p = sub.add_parser(name, help=what, description=what)
+    ssub = p.add_subparsers(dest="slurm_command", metavar="conf|prolog|epilog", parser_class=type(p), required=True)
+    p = o.command(ssub, "conf", "gpusd.cli.slurm:conf",
+                  "print slurm.conf NodeName lines (or, with --gres, gres.conf lines) for every verified host",
+                  parents=[o.browse(3.0, old="--wait"), o.simulate(), *o.fleet()])
+    p.add_argument("--gres", action="store_true", help="print gres.conf lines instead of slurm.conf's")
+    p.add_argument("--check", metavar="FILE",
+                   help="compare FILE's NodeName lines with the fleet: hosts added, gone, changed (exit 1 if any)")
+    p.add_argument("--local", action="store_true", help="this machine only (no fleet, no secret needed)")
+    for name, what in (("prolog", "Slurm's Prolog: record the job's GPUs as a lease held by the Slurm job"),
+                       ("epilog", "Slurm's Epilog: end the lease of the Slurm job")):
+        p = o.command(ssub, name, f"gpusd.cli.slurm:{name}", what)
+        p.add_argument("--job", metavar="ID", help="the Slurm job id (default $SLURM_JOB_ID)")
+        p.add_argument("--timeout", type=o.positive_seconds, default=10.0, metavar="S",
+                       help="give up asking the daemon after S seconds (default 10)")

@@ -33,7 +33,7 @@ class RefuseSecretOnArgv(argparse.Action):
         parser.error(HINT)
 
 
-def add_token_flags(p: argparse.ArgumentParser, what: str) -> None:
+def add_token_flags(p: argparse._ActionsContainer, what: str) -> None:
     p.add_argument("--token-file", metavar="FILE",
                    help=f"the fleet secret, read from FILE (mode 600; or $GPUSD_TOKEN_FILE, $GPUSD_TOKEN): {what}")
     p.add_argument("--token", nargs="?", action=RefuseSecretOnArgv, help=argparse.SUPPRESS)
