@@ -115,11 +115,8 @@ class AsyncClient:
         options: DiscoveryOptions | None = None,
         sources: Sequence[HostSource] = (),
     ) -> None:
-        self.options = opts = options_of(options, dict(
-            session=session, interfaces=interfaces, hostname=hostname, model=model, min_free_memory=min_free_memory,
-            all_sessions=all_sessions, liveness_timeout=liveness_timeout, include_hwsd=include_hwsd, token=token,
-            max_hosts=max_hosts, key=key, allow_loopback=allow_loopback, peers=peers, peers_file=peers_file,
-            dns_sd_domain=dns_sd_domain, dns_server=dns_server))
+        # the keyword arguments above are the options' fields (tests/discovery/test_sources.py checks it)
+        self.options = opts = options_of(options, locals())
         self.filters = opts.filters()
         self.key = opts.key
         # Announced loopback/link-local addresses are followed only by a client itself bound to

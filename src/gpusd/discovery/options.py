@@ -101,9 +101,11 @@ OPTION_NAMES = tuple(f.name for f in fields(DiscoveryOptions) if f.init)
 _DEFAULTS = {f.name: f.default for f in fields(DiscoveryOptions) if f.init}
 
 
-def options_of(options: DiscoveryOptions | None, given: dict[str, Any]) -> DiscoveryOptions:
-    """``options``, or the value ``given`` (a client's keyword arguments) builds; both at once (an
-    options value and a keyword argument that is not its default) is a ``TypeError``."""
+def options_of(options: DiscoveryOptions | None, arguments: dict[str, Any]) -> DiscoveryOptions:
+    """``options``, or the value a client's ``arguments`` (its ``locals()`` on entry: the options' fields
+    and its own) build; both at once (an options value and a keyword argument that is not its default)
+    is a ``TypeError``."""
+    given = {name: arguments[name] for name in OPTION_NAMES}
     if options is None:
         return DiscoveryOptions(**given)
     extra = sorted(k for k, v in given.items() if v != _DEFAULTS[k])

@@ -79,11 +79,8 @@ class Client:
                  options: DiscoveryOptions | None = None) -> None:
         # Checked here, so that bad arguments fail in the caller's thread; the asyncio client it drives
         # (and the one a restart makes) takes the same value.
-        self.options = options_of(options, dict(
-            session=session, interfaces=interfaces, hostname=hostname, model=model, min_free_memory=min_free_memory,
-            all_sessions=all_sessions, liveness_timeout=liveness_timeout, include_hwsd=include_hwsd, token=token,
-            max_hosts=max_hosts, key=key, allow_loopback=allow_loopback, peers=peers, peers_file=peers_file,
-            dns_sd_domain=dns_sd_domain, dns_server=dns_server))
+        # (the keyword arguments above are the options' fields: tests/discovery/test_sources.py checks it)
+        self.options = options_of(options, locals())
         self._daemon_thread = daemon_thread
         from .client import AsyncClient
 
