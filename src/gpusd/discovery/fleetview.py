@@ -110,7 +110,7 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
             unmatched += 1
             continue
         if snap.node_id != own_node and not private:
-            drop_private(snap.gpus)
+            drop_private(snap)
         host = RemoteHost(key=snap.node_id, txt=txt, url=h.url, snapshot=snap, alive=h.alive,
                           verified=h.verified if private else None)
         hosts.append(host)

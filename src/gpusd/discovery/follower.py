@@ -379,7 +379,7 @@ class Follower:
             self.problem(f"invalid snapshot: {str(exc)[:200]}")
             return None
         if host.verified is False:  # private fields are trusted only from daemons that proved themselves
-            drop_private(snap.gpus)
+            drop_private(snap)
         if snap.node_id != host.node_id:
             self.problem(f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
             return None

@@ -367,10 +367,11 @@ class Filters:
         return True
 
 
-def drop_private(gpus: list[GpuInfo]) -> None:
+def drop_private(snap: HostSnapshot) -> None:
     """Blank what only a host that proved itself is trusted with (process and lease owners, command
-    lines): for a host that did not, and for another host's GPUs in an unproved fleet view."""
-    for g in gpus:
+    lines): for a host that did not, and for another host's snapshot in an unproved fleet view.  (The
+    one redaction rule of the model replaces this where it exists: same call, ``redact(snap)``.)"""
+    for g in snap.gpus:
         for p in g.processes or ():
             p.user = p.command = None
         for lease in g.leases or ():
