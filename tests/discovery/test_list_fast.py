@@ -27,7 +27,7 @@ from daemon_helpers import (  # noqa: F401
 from fake_signing import proof_headers
 from gpusd.cli import localfleet
 from gpusd.daemon.process import PidFile, write_info
-from gpusd.discovery import oneshot
+from gpusd.discovery import fleetview, oneshot
 from gpusd.discovery.client import AsyncClient
 from gpusd.discovery.types import Filters
 from gpusd.model import ProcessInfo
@@ -139,7 +139,7 @@ async def test_list_takes_a_slow_fleet_answer_within_the_bound(tmp_path: Path) -
     imports and the one-shot settle period, ``oneshot.SPREAD``, on top of the quick wait)."""
     session = unique_session()
     state = tmp_path / "state"
-    delay = localfleet.QUICK + 0.02
+    delay = fleetview.QUICK + 0.02
     async with local_daemon(state, session, [fleet_host(OWN_NODE, "here", session)], delay=delay):
         devices = await gpusd_list(state, "--session", session)
     assert [d["hostname"] for d in devices] == ["here"]
@@ -186,13 +186,13 @@ def test_unusable_fleet_answers_mean_browsing() -> None:
         return json.loads(json.dumps({"session": "s", "hosts": list(hosts)}))
 
     good = fleet_host(OWN_NODE, "here", "s")
-    assert localfleet.parse_fleet(body(good), f, OWN_NODE, False) is not None
-    assert localfleet.parse_fleet("<html>", f, OWN_NODE, False) is None
-    assert localfleet.parse_fleet([[[]]], f, OWN_NODE, False) is None
-    assert localfleet.parse_fleet(body(), f, OWN_NODE, False) is None  # not even itself: still starting
-    assert localfleet.parse_fleet(body(good, dict(good, source="hwsd", snapshot=None)), f, OWN_NODE, False) is None
-    assert localfleet.parse_fleet(body(dict(good, hostname="evil\x1b[2Jhost")), f, OWN_NODE, False) is None
-    assert localfleet.parse_fleet(body(dict(good, snapshot={"gpus": "many"})), f, OWN_NODE, False) is None
+    assert fleetview.parse_fleet(body(good), f, OWN_NODE, False) is not None
+    assert fleetview.parse_fleet("<html>", f, OWN_NODE, False) is None
+    assert fleetview.parse_fleet([[[]]], f, OWN_NODE, False) is None
+    assert fleetview.parse_fleet(body(), f, OWN_NODE, False) is None  # not even itself: still starting
+    assert fleetview.parse_fleet(body(good, dict(good, source="hwsd", snapshot=None)), f, OWN_NODE, False) is None
+    assert fleetview.parse_fleet(body(dict(good, hostname="evil\x1b[2Jhost")), f, OWN_NODE, False) is None
+    assert fleetview.parse_fleet(body(dict(good, snapshot={"gpus": "many"})), f, OWN_NODE, False) is None
 
 
 # -- the one-shot browse (in-process) ---------------------------------------------------------------
@@ -287,7 +287,7 @@ async def test_a_service_back_right_after_its_goodbye_is_followed_only_later(
     """A stopping responder may still multicast a queued answer after its goodbye (and the stopping
     daemon still accept a connection): a service announced again right after its goodbye is followed
     only after ``REAPPEAR_HOLD``, so a stale answer adds no ghost host; a restarted one is seen."""
-    from gpusd.discovery import client as client_mod
+    from gpusd.discovery import mdns as client_mod
 
     session = unique_session()
     calls = 0
@@ -324,7 +324,7 @@ def test_the_one_shot_query_is_sent_through_zeroconfs_public_api() -> None:
     question per browsed type, asking for unicast answers (QU)."""
     import inspect
 
-    from gpusd.discovery.client import HWSD_TYPE, SERVICE_TYPE
+    from gpusd.wire.txt import HWSD_TYPE, SERVICE_TYPE
 
     sent: list[Any] = []
 

@@ -14,7 +14,7 @@ from gpusd.discovery import beyond
 from gpusd.discovery.types import RemoteHost
 from gpusd.model import GpuInfo, HostSnapshot
 from gpusd.views import sd
-from gpusd.wire.fleet import FleetHost, FleetView
+from gpusd.wire.fleet import FleetView
 from gpusd.wire.promsd import daemons_from_hosts, file_sd
 from gpusd.wire.txt import decode_txt, encode_txt
 
@@ -53,8 +53,7 @@ def test_the_file_and_the_daemons_http_sd_are_the_same_document() -> None:
     """What a daemon serves (its fleet view's hosts) and what the CLI writes from the same hosts
     (browsed, or through --url) are equal, labels included."""
     hosts = [remote("node-a", "default", "198.18.0.1", True), remote("node-b", "lab", "198.18.0.2", None, "dns-sd")]
-    view = FleetView(session="default", hosts=[FleetHost.from_remote(h, time.time(), time.monotonic())
-                                               for h in hosts])
+    view = FleetView(session="default", hosts=[h.record() for h in hosts])
     served = file_sd(daemons_from_hosts(view.hosts))  # GET /api/v1/prometheus/http_sd
     via_url = file_sd(daemons_from_hosts(sd.fleet_hosts(json.loads(json.dumps(view.to_dict())))))
     browsed = file_sd(daemons_from_hosts(hosts))

@@ -8,17 +8,17 @@ import json
 import pytest
 
 from gpusd.model import MAX_NAME
-from gpusd.wire.fleet import FLEET_SCHEMA, MAX_FLEET_HOSTS, FleetHost, FleetView
+from gpusd.wire.fleet import FLEET_SCHEMA, MAX_FLEET_HOSTS, FleetView, HostRecord
 from model_samples import _sample, _snapshot
 
 
 def test_every_field_of_a_fleet_host_round_trips() -> None:
-    host = _sample(FleetHost)
-    assert isinstance(host, FleetHost)
+    host = _sample(HostRecord)
+    assert isinstance(host, HostRecord)
     host.snapshot = _snapshot()  # a real snapshot (the sampler makes a minimal one)
     d = json.loads(json.dumps(host.to_dict(), allow_nan=False))
-    assert {f.name for f in dataclasses.fields(FleetHost)} == set(d)
-    assert FleetHost.from_dict(d) == host
+    assert {f.name for f in dataclasses.fields(HostRecord)} == set(d)
+    assert HostRecord.from_dict(d) == host
 
 
 def _answer(*hosts: object) -> dict[str, object]:

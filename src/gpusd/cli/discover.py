@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from concurrent.futures import Future
 
     from ..discovery.client import AsyncClient
+    from ..discovery.source import Listing
     from ..discovery.types import Device, RemoteHost
-    from .localfleet import Found
 
 
 def _client(args: argparse.Namespace, **kw: Any) -> "AsyncClient":
@@ -162,7 +162,7 @@ def list_devices(args: argparse.Namespace) -> int:
     if local is not None:
         from concurrent.futures import wait
 
-        from .localfleet import QUICK
+        from ..discovery.fleetview import QUICK
 
         wait([local], QUICK)
         if local.done():
@@ -197,7 +197,7 @@ def list_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ask_local_daemon(args: argparse.Namespace) -> Future[Found | None] | None:
+def _ask_local_daemon(args: argparse.Namespace) -> Future[Listing | None] | None:
     """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md), where its view is
     what the options given ask for: none when hosts beyond the link are asked for (``--peer`` & co.,
     or their variables: the daemon's view has its own), the interfaces must be the daemon's

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent
-from ..wire.fleet import FleetHost, FleetView
+from ..wire.fleet import FleetView
 from ..wire.sse import format_event
 from .events import EventHub
 
@@ -92,8 +92,7 @@ class Fleet:
         """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`)."""
         view = FleetView(session=self.config.session)
         if self.client is not None:
-            wall, mono = time.time(), time.monotonic()
-            view.hosts = [FleetHost.from_remote(h, wall, mono) for h in self.client.hosts]
+            view.hosts = [h.record() for h in self.client.hosts]
             view.hosts_dropped = self.client.dropped_hosts
         return view
 

@@ -1,8 +1,15 @@
 """Finding gpusd daemons (and GPU-SD/hwsd daemons) on the LAN.
 
-* :mod:`.client` — :class:`AsyncClient`: browse with python-zeroconf, follow each host's event stream,
-  emit ``host_added``/``device_updated``/... events.
+* :mod:`.client` — :class:`AsyncClient`: follow every host its sources find, emit
+  ``host_added``/``device_updated``/... events.
 * :mod:`.sync` — :class:`Client`: the same, driven from a background thread for synchronous code.
+* :mod:`.options` — :class:`DiscoveryOptions`: what both clients are asked, as one value.
+* :mod:`.source` — the host source protocol; the sources: :mod:`.mdns` (browsing the link),
+  :mod:`.peers` (static peers), :mod:`.widearea` (wide-area DNS-SD), :mod:`.fleetview` (a daemon's
+  fleet view, read once); :mod:`.beyond` — the helpers of the two sources beyond the link.
+* :mod:`.follower` — following one host: its event stream and what its daemon proves.
+* :mod:`.bus` — the event bus; :mod:`.types` — hosts, devices, events, filters; :mod:`.oneshot` —
+  the one-shot browse of ``gpusd list``.
 
 Nothing heavy is imported here: ``import gpusd.wire.txt`` stays cheap.
 """
@@ -11,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AsyncClient", "Client", "Device", "RemoteHost", "DiscoveryEvent", "EVENTS"]
+__all__ = ["AsyncClient", "Client", "Device", "DiscoveryOptions", "RemoteHost", "DiscoveryEvent", "EVENTS"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from .sync import Client
 
         return Client
+    if name == "DiscoveryOptions":
+        from .options import DiscoveryOptions
+
+        return DiscoveryOptions
     if name in ("Device", "RemoteHost", "DiscoveryEvent", "EVENTS"):
         from . import types
 

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .types import Device, RemoteHost
+from .source import Listing
 
 if TYPE_CHECKING:  # pragma: no cover
     from zeroconf.asyncio import AsyncZeroconf
@@ -112,7 +112,7 @@ def ask_now(zeroconf: Any, types: Sequence[str]) -> None:
 
 
 async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Sequence[str] | None,
-                         timeout: float) -> tuple[list[Device], list[RemoteHost], int]:
+                         timeout: float) -> Listing:
     """Every reported device and host, and how many hosts the host filter left out, once the browse
     has settled (at most ``timeout`` s waiting for hosts found to answer).  ``make_client(**kw)``
     builds the :class:`AsyncClient` (filters, fleet key), ``zeroconf=`` given for the one-shot browse."""
@@ -125,7 +125,7 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
         ask_now(zc.zeroconf, client.service_types)
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD), give_up=GIVE_UP)
         if client.answered:
-            return client.list_devices(), client.hosts, len(client.unmatched_hosts)
+            return Listing(client.list_devices(), client.hosts, len(client.unmatched_hosts))
     finally:
         await client.stop_listening()
         await _close(zc)
@@ -133,7 +133,7 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     client = make_client()
     try:
         await client.wait_settled(timeout, give_up=GIVE_UP)
-        return client.list_devices(), client.hosts, len(client.unmatched_hosts)
+        return Listing(client.list_devices(), client.hosts, len(client.unmatched_hosts))
     finally:
         await client.stop_listening()
 

@@ -24,10 +24,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 from ..wire.txt import DEFAULT_SESSION
+from .options import MAX_HOSTS, DiscoveryOptions, options_of
 from .types import EVENTS, Device, DiscoveryEvent, RemoteHost, event_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..wire.signing import FleetKey
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,26 +65,26 @@ def _hold_at_exit(client: "Client") -> None:
 
 
 class Client:
-    """Discover gpusd hosts and their GPUs (synchronous API; same arguments as ``AsyncClient``)."""
+    """Discover gpusd hosts and their GPUs (synchronous API; the same arguments as ``AsyncClient``, or
+    its ``options=`` value, but ``zeroconf`` and ``sources``, which belong to an event loop; and
+    ``daemon_thread``: do not hold the program open while listening)."""
 
     def __init__(self, session: str | None = DEFAULT_SESSION, *, interfaces: Sequence[str] | None = None,
                  hostname: str | None = None, model: str | None = None, min_free_memory: int | str | None = None,
                  all_sessions: bool = False, liveness_timeout: float = 10.0, include_hwsd: bool = True,
-                 daemon_thread: bool = False, token: str | None = None, key: Any = None,
+                 daemon_thread: bool = False, token: str | None = None, max_hosts: int = MAX_HOSTS,
+                 key: "FleetKey | None" = None, allow_loopback: bool | None = None,
                  peers: Sequence[str] | None = None, peers_file: str | None = None,
-                 dns_sd_domain: str | None = None, dns_server: str | None = None) -> None:
-        self._kwargs: dict[str, Any] = dict(
-            interfaces=interfaces, hostname=hostname, model=model, min_free_memory=min_free_memory,
-            all_sessions=all_sessions, liveness_timeout=liveness_timeout, include_hwsd=include_hwsd,
-            token=token, key=key, peers=peers, peers_file=peers_file, dns_sd_domain=dns_sd_domain,
-            dns_server=dns_server,
-        )
-        self._session = session
+                 dns_sd_domain: str | None = None, dns_server: str | None = None,
+                 options: DiscoveryOptions | None = None) -> None:
+        # Checked here, so that bad arguments fail in the caller's thread; the asyncio client it drives
+        # (and the one a restart makes) takes the same value.
+        # (the keyword arguments above are the options' fields: tests/discovery/test_sources.py checks it)
+        self.options = options_of(options, locals())
         self._daemon_thread = daemon_thread
         from .client import AsyncClient
 
-        # Built here so that bad arguments fail in the caller's thread; it binds to a loop only later.
-        self._async = AsyncClient(session, **self._kwargs)
+        self._async = AsyncClient(options=self.options)  # it binds to a loop only when listening starts
         self._handlers: dict[str, list[Handler]] = {e: [] for e in EVENTS}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -193,7 +197,7 @@ class Client:
             self._loop = self._thread = None
             from .client import AsyncClient
 
-            self._async = AsyncClient(self._session, **self._kwargs)  # a stopped client can be restarted
+            self._async = AsyncClient(options=self.options)  # a stopped client can be restarted
 
     def _call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         assert self._loop is not None

@@ -10,6 +10,7 @@ from typing import Any
 from ..model import GpuInfo, HostSnapshot, display_name, name_matches
 from ..sanitize import for_terminal
 from ..units import format_bytes
+from ..wire.fleet import HostRecord
 from ..wire.txt import TxtRecord
 
 HOST_ADDED = "host_added"
@@ -125,38 +126,73 @@ class SignedIdentity:
     addresses: tuple[str, ...] = ()
 
 
-@dataclass(slots=True)
-class RemoteHost:
-    """A host seen on the LAN: its announcement and, for gpusd hosts, its live snapshot.
+@dataclass(slots=True, init=False)
+class RemoteHost(HostRecord):
+    """A host seen on the LAN: the one host record (:class:`gpusd.wire.fleet.HostRecord`: name, node,
+    session, source, URL, snapshot, alive, verified, how it was found) and what a discovery client
+    knows besides: the announcement (``txt``), its addresses and port, and what the daemon signed.
 
     ``hostname`` is the name the daemon signed (``identity``) once it proved itself, else the
-    announced one (an unverified host's name is a claim, shown as such)."""
+    announced one (an unverified host's name is a claim, shown as such); it, ``node_id``,
+    ``session`` and ``source`` follow ``txt`` and ``identity`` whenever those are set."""
 
-    key: str  # the DNS-SD service name (unique on the LAN)
-    txt: TxtRecord
+    key: str = ""  # the DNS-SD service name (unique on the LAN)
+    _txt: TxtRecord | None = None
     addresses: list[str] = field(default_factory=list)
     port: int = 0
-    url: str | None = None  # the HTTP API base, e.g. http://198.18.0.2:4780/api/v1
-    snapshot: HostSnapshot | None = None
-    alive: bool = False
-    last_seen: float = 0.0  # time.monotonic() of the last sign of life
-    added_at: float = field(default_factory=time.time)
-    # True: the daemon proved it holds the fleet secret (a signed answer for our signed request);
-    # False: it did not (a stranger, or a daemon of another fleet): its private fields are dropped;
-    # None: this client has no fleet secret, so nothing can be checked.
-    verified: bool | None = None
-    # how the host was found: "mdns" (announced on this link), "peer" (--peer, GPUSD_PEERS, a peers
-    # file) or "dns-sd" (wide-area DNS-SD, RFC 6763 §11)
-    via: str = "mdns"
+    added_at: float = 0.0  # time.time() when this record was made
+    heard_at: float = 0.0  # time.monotonic() of the last sign of life (the liveness bound's clock)
     # what the daemon signed about itself (set with verified True, and only then)
-    identity: SignedIdentity | None = None
+    _identity: SignedIdentity | None = None
     # an announcement whose daemon proved it is another host: the signed name of the node it names
     # (it is unverified: a copy of that host's announcement under another name)
     copy_of: str | None = None
 
+    def __init__(self, *, key: str, txt: TxtRecord, addresses: list[str] | None = None, port: int = 0,
+                 url: str | None = None, snapshot: HostSnapshot | None = None, alive: bool = False,
+                 verified: bool | None = None, via: str = "mdns", identity: SignedIdentity | None = None,
+                 copy_of: str | None = None) -> None:
+        # verified -- True: the daemon proved it holds the fleet secret (a signed answer for our signed
+        # request); False: it did not (a stranger, or a daemon of another fleet): its private fields are
+        # dropped; None: this client has no fleet secret, so nothing can be checked.  via -- "mdns"
+        # (announced on this link), "peer" (--peer, GPUSD_PEERS, a peers file) or "dns-sd" (wide-area
+        # DNS-SD, RFC 6763 §11).
+        HostRecord.__init__(self, txt.hostname, txt.node_id, snapshot, txt.session, txt.source, url, alive, None,
+                            verified, via)
+        self.key = key
+        self._txt = txt
+        self.addresses = list(addresses) if addresses is not None else []
+        self.port = port
+        self.added_at = time.time()
+        self.heard_at = 0.0
+        self._identity = None
+        self.copy_of = copy_of
+        self.identity = identity
+
     @property
-    def hostname(self) -> str:
-        return self.identity.hostname if self.identity is not None else self.txt.hostname
+    def txt(self) -> TxtRecord:
+        assert self._txt is not None
+        return self._txt
+
+    @txt.setter
+    def txt(self, txt: TxtRecord) -> None:
+        self._txt = txt
+        self.node_id, self.session, self.source = txt.node_id, txt.session, txt.source
+        self.hostname = self._identity.hostname if self._identity is not None else txt.hostname
+
+    @property
+    def identity(self) -> SignedIdentity | None:
+        return self._identity
+
+    @identity.setter
+    def identity(self, identity: SignedIdentity | None) -> None:
+        self._identity = identity
+        self.hostname = identity.hostname if identity is not None else self.txt.hostname
+
+    def heard(self) -> None:
+        """A sign of life now (a snapshot, a heartbeat, an event)."""
+        self.heard_at = time.monotonic()
+        self.last_seen = round(time.time(), 3)
 
     @property
     def signed_addresses(self) -> list[str]:
@@ -171,18 +207,6 @@ class RemoteHost:
         signed = list(self.identity.addresses)
         first = [reached] if reached and (reached in signed or not signed) else []
         return first + [a for a in signed if a not in first]
-
-    @property
-    def node_id(self) -> str:
-        return self.txt.node_id
-
-    @property
-    def session(self) -> str:
-        return self.txt.session
-
-    @property
-    def source(self) -> str:
-        return self.txt.source
 
     @property
     def live(self) -> bool:
@@ -202,7 +226,7 @@ class RemoteHost:
     def devices(self) -> list[Device]:
         simulated = bool(self.snapshot.simulated) if self.snapshot is not None else self.txt.simulated
         return [
-            Device(hostname=self.hostname, node_id=self.node_id, session=self.session, gpu=g, url=self.url,
+            Device(hostname=self.hostname, node_id=self.node_id, session=self.txt.session, gpu=g, url=self.url,
                    source=self.source, live=self.live, simulated=simulated, host_key=self.key, via=self.via,
                    copy_of=self.copy_of)
             for g in self.gpus()
@@ -341,3 +365,14 @@ class Filters:
             if free is None or free < self.min_free_memory:
                 return False
         return True
+
+
+def drop_private(snap: HostSnapshot) -> None:
+    """Blank what only a host that proved itself is trusted with (process and lease owners, command
+    lines): for a host that did not, and for another host's snapshot in an unproved fleet view.  (The
+    one redaction rule of the model replaces this where it exists: same call, ``redact(snap)``.)"""
+    for g in snap.gpus:
+        for p in g.processes or ():
+            p.user = p.command = None
+        for lease in g.leases or ():
+            lease.user = lease.command = None

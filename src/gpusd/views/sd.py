@@ -16,15 +16,18 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..wire.promsd import Daemon as Daemon
 from ..wire.promsd import daemons_from_view
 from ..wire.promsd import file_sd as file_sd
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..wire.fleet import HostRecord
 
-def fleet_hosts(fleet: dict[str, Any], trusted: bool | None = None) -> list[Any]:
-    """The hosts of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetHost`, malformed
+
+def fleet_hosts(fleet: dict[str, Any], trusted: bool | None = None) -> list[HostRecord]:
+    """The hosts of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.HostRecord`, malformed
     ones left out); ``trusted`` False (the daemon that answered did not prove it holds the fleet
     secret): none of them counts as verified."""
     from ..wire.fleet import FleetView

@@ -1,22 +1,23 @@
 """Where ``gpusd top`` and ``gpusd export prometheus-sd`` get their hosts from.
 
 * :class:`LocalSource` — this machine's GPUs (NVML or a simulation), no daemon, no network.
-* :class:`FleetSource` — one daemon's ``GET /api/v1/fleet`` (every host it discovered).
+* :class:`FleetSource` — one daemon's ``GET /api/v1/fleet`` (every host it discovered), read by
+  :class:`gpusd.discovery.fleetview.FleetReader`.
 * :class:`DiscoverySource` — the LAN, browsed with the discovery client.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlsplit
 
-from ..errors import GpusdError
+from ..discovery.fleetview import base_url as base_url  # the views' and the CLI's one daemon-URL rule
 from ..wire.http import MAX_ANSWER as MAX_ANSWER  # re-exported
 from ..wire.http import SourceError as SourceError
 from ..wire.http import fetch_json
 from .top import HostView
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..discovery.types import RemoteHost
     from ..wire.signing import FleetKey
 
 
@@ -44,23 +45,6 @@ class LocalSource:
         self._backend.close()
 
 
-def strip_api(path: str) -> str:
-    """``/api/v1`` or ``/prefix/api/v1/`` -> ``""`` or ``/prefix``: the daemon's root path."""
-    path = path.rstrip("/")
-    return path.removesuffix("/api/v1")
-
-
-def base_url(url: str) -> str:
-    """``host:4780``, ``http://host:4780/`` or ``http://host:4780/api/v1`` -> ``http://host:4780``."""
-    url = url.strip()
-    if "://" not in url:
-        url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise GpusdError(f"not a daemon URL: {url!r} (example: http://gpu-node-1:4780)")
-    return f"{parts.scheme}://{parts.netloc}{strip_api(parts.path)}"
-
-
 def get_json(url: str, key: "FleetKey | None" = None, timeout: float = 5.0) -> Any:
     """GET a JSON document (at most 4 MiB), signed when there is a fleet key (see
     :func:`gpusd.wire.http.fetch_json`, which also says whether the daemon proved itself)."""
@@ -77,48 +61,29 @@ def hosts_from_fleet(data: Any, trusted: bool | None = None) -> list[HostView]:
         view = FleetView.from_dict(data)
     except ValueError as exc:
         raise SourceError(f"bad fleet answer: {exc}") from None
-    return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url,
-                     verified=False if trusted is False else h.verified) for h in view.hosts]
+    return [HostView.of(h, verified=False if trusted is False else h.verified) for h in view.hosts]
 
 
 class FleetSource:
-    """The hosts one daemon knows (``gpusd top --url http://gpu-node-1:4780``)."""
+    """The hosts one daemon knows (``gpusd top --url http://gpu-node-1:4780``), read by
+    :class:`gpusd.discovery.fleetview.FleetReader`."""
 
     def __init__(self, url: str, key: "FleetKey | None" = None, timeout: float = 5.0) -> None:
-        self.url = base_url(url)
-        self.key = key
-        self.timeout = timeout
-        self.verified: bool | None = None  # whether the daemon proved itself on the last answer
-        self._tls: tuple[str, str | None] | None = None  # (URL, pinned fingerprint) once looked up
+        from ..discovery.fleetview import FleetReader
+
+        self.reader = FleetReader(url, key, timeout)
+        self.url = self.reader.url
+
+    @property
+    def verified(self) -> bool | None:
+        """Whether the daemon proved itself on the last answer."""
+        return self.reader.verified
 
     def fleet(self) -> dict[str, Any]:
-        url, pin = self._secure_url()
-        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin)
-        if not isinstance(answer.data, dict):
-            raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
-        self.verified = answer.verified
-        return answer.data
+        return self.reader.fetch()
 
     def _secure_url(self) -> tuple[str, str | None]:
-        """With the fleet secret and a plain ``http://`` URL: the daemon's HTTPS URL and certificate
-        fingerprint as its ``/healthz`` says (private fields travel over TLS only; the fingerprint is
-        checked against the daemon's signed proof, so a forged /healthz gains nothing)."""
-        if self.key is None or not self.url.startswith("http://"):
-            return self.url, None
-        if self._tls is None:
-            self._tls = (self.url, None)
-            try:
-                health = fetch_json(f"{self.url}/healthz", None, self.timeout).data
-            except SourceError:
-                return self.url, None
-            port, fp = (health.get("tls_port"), health.get("cert_fp")) if isinstance(health, dict) else (None, None)
-            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and isinstance(fp, str):
-                from urllib.parse import urlsplit
-
-                parts = urlsplit(self.url)
-                host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
-                self._tls = (f"https://{host}:{port}{parts.path}", fp)
-        return self._tls
+        return self.reader.secure_url()
 
     def hosts(self) -> list[HostView]:
         data = self.fleet()
@@ -146,10 +111,9 @@ class DiscoverySource:
         if not self._settled:
             self._client.wait_settled(self._settle)
             self._settled = True
-        return [HostView(h.hostname, h.node_id, h.snapshot, alive=h.alive, url=h.url, verified=h.verified)
-                for h in self.remote_hosts()]
+        return [HostView.of(h) for h in self.remote_hosts()]
 
-    def remote_hosts(self) -> list[Any]:
+    def remote_hosts(self) -> list[RemoteHost]:
         """The client's hosts as discovery sees them (session, how each was found, verified)."""
         if not self._settled:
             self._client.wait_settled(self._settle)

@@ -22,11 +22,12 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..model import GpuInfo, HostSnapshot, display_name
+from ..model import GpuInfo, display_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
+from ..wire.fleet import RECORD_FIELDS, HostRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import RenderableType
@@ -43,20 +44,22 @@ _SORT_LABEL = {"host": "host/index", "util": "utilisation", "memory": "memory us
 
 
 @dataclass
-class HostView:
-    """One host as ``gpusd top`` shows it."""
+class HostView(HostRecord):
+    """One host as ``gpusd top`` shows it: the host record (:class:`gpusd.wire.fleet.HostRecord`), and
+    what the screen remembers of it."""
 
-    hostname: str
-    node_id: str
-    snapshot: HostSnapshot | None
-    alive: bool = True
-    url: str | None = None
     gone_since: float | None = None  # time.time() when it vanished
     alerts: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> exceeded rule names
-    verified: bool | None = None  # proved it holds the fleet secret (None: no secret to check with)
     spark: dict[str, str] = field(default_factory=dict)  # GPU UUID -> utilisation sparkline (views.spark)
     spark_mem: dict[str, str] = field(default_factory=dict)  # GPU UUID -> memory sparkline
     spark_label: str = "1h"  # the sparklines' window
+
+    @classmethod
+    def of(cls, host: HostRecord, **changes: Any) -> HostView:
+        """The view of ``host`` (a fleet view's record, a discovery client's host), with ``changes``."""
+        fields_ = {name: getattr(host, name) for name in RECORD_FIELDS}
+        fields_.update(changes)
+        return cls(**fields_)
 
     @property
     def key(self) -> str:

@@ -1,8 +1,9 @@
 """The fleet view as served by ``GET /api/v1/fleet`` (docs/wire-format.md, "Fleet view"): one typed
-record per host, validated on the way in, so the daemon, ``gpusd top --url``, ``gpusd export
-prometheus-sd`` and the dashboard read the same fields the same way.
+record per host (:class:`HostRecord`, also the one record of a host seen remotely that discovery,
+the views and the pool pass around), validated on the way in, so the daemon, ``gpusd top --url``,
+``gpusd export prometheus-sd`` and the dashboard read the same fields the same way.
 
-``FleetHost.from_dict`` validates every field against its type and bounds (the model's codec) and
+``HostRecord.from_dict`` validates every field against its type and bounds (the model's codec) and
 raises :class:`ValueError` naming the bad field; ``FleetView.from_dict`` skips (and counts) hosts that
 fail, so one bad host never hides the good ones.  A host whose snapshot is malformed is kept, without
 a snapshot.
@@ -10,7 +11,7 @@ a snapshot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import WireError
@@ -22,32 +23,48 @@ MAX_URL = 2048  # characters of a host's URL
 
 
 @dataclass(slots=True)
-class FleetHost:
-    """One host of a daemon's fleet view."""
+class HostRecord:
+    """A host seen remotely: the one record of it every part passes around.
+
+    It is what ``GET /api/v1/fleet`` serves per host (``to_dict``/``from_dict``, the wire form), what
+    ``gpusd top`` shows (:class:`gpusd.views.top.HostView` adds what the screen remembers: alerts,
+    sparklines, since when it is gone) and what a discovery client follows
+    (:class:`gpusd.discovery.types.RemoteHost` adds what the announcement said and what the daemon
+    signed: TXT, addresses, port, the signed identity); the pool ranks and asks those.  Everything
+    here is a fact about the host as its reader knows it; the subclasses' extras never go on the
+    fleet wire (:meth:`record`)."""
 
     hostname: str
     node_id: str
+    snapshot: HostSnapshot | None = None  # its last snapshot (None: none yet, or hwsd: none at all)
     session: str | None = None
     source: str = "gpusd"  # "gpusd" (live snapshot over HTTP) or "hwsd" (announcement only)
     url: str | None = field(default=None, metadata={"max": MAX_URL})  # HTTP API base, .../api/v1
-    alive: bool = True  # the serving daemon hears from this host (its event stream is up); absent: true
+    alive: bool = True  # the reader hears from this host (its event stream is up); absent: true
     last_seen: float | None = None  # seconds since the epoch of the last sign of life; None: never
-    # True: the host proved to the serving daemon that it holds the fleet secret (docs/security.md);
-    # False: it did not (a stranger, another fleet); None: the serving daemon has no secret to check.
+    # True: the host proved to its reader that it holds the fleet secret (docs/security.md);
+    # False: it did not (a stranger, another fleet); None: the reader has no secret to check.
     verified: bool | None = None
-    # how the serving daemon found it: "mdns", "peer" (a static peer) or "dns-sd" (wide-area DNS-SD)
+    # how its reader found it: "mdns", "peer" (a static peer) or "dns-sd" (wide-area DNS-SD)
     via: str = field(default="mdns", metadata={"max": 16})
-    snapshot: HostSnapshot | None = None
+
+    def record(self) -> HostRecord:
+        """Just the record (a subclass's extras left out): what the fleet view serves."""
+        if type(self) is HostRecord:
+            return self
+        return HostRecord(**{name: getattr(self, name) for name in RECORD_FIELDS})
 
     def to_dict(self) -> dict[str, Any]:
-        return encode(self)
+        d = encode(self.record())
+        d["snapshot"] = d.pop("snapshot")  # last, as the fleet view has always sent it
+        return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FleetHost:
+    def from_dict(cls, d: dict[str, Any]) -> HostRecord:
         if not isinstance(d, dict):
             raise WireError("a fleet host must be an object")
         snap = d.get("snapshot")
-        host = decode(cls, {k: v for k, v in d.items() if k != "snapshot"})
+        host = decode(HostRecord, {k: v for k, v in d.items() if k != "snapshot"})
         if snap is not None:
             try:
                 host.snapshot = HostSnapshot.from_dict(snap)
@@ -55,13 +72,8 @@ class FleetHost:
                 host.snapshot = None  # the host is still listed (and still alive or not): no data
         return host
 
-    @classmethod
-    def from_remote(cls, h: Any, now_wall: float, now_mono: float) -> FleetHost:
-        """From a :class:`gpusd.discovery.types.RemoteHost` (whose ``last_seen`` is monotonic)."""
-        last = now_wall - (now_mono - h.last_seen) if h.last_seen else None
-        return cls(hostname=h.hostname, node_id=h.node_id, session=h.session, source=h.source, url=h.url,
-                   alive=h.alive, last_seen=round(last, 3) if last is not None else None, verified=h.verified,
-                   via=getattr(h, "via", "mdns"), snapshot=h.snapshot)
+
+RECORD_FIELDS = tuple(f.name for f in fields(HostRecord))
 
 
 @dataclass(slots=True)
@@ -69,7 +81,7 @@ class FleetView:
     """A whole ``GET /api/v1/fleet`` answer."""
 
     session: str | None = None
-    hosts: list[FleetHost] = field(default_factory=list, metadata={"max": MAX_FLEET_HOSTS})
+    hosts: list[HostRecord] = field(default_factory=list, metadata={"max": MAX_FLEET_HOSTS})
     schema: int = FLEET_SCHEMA
     hosts_dropped: int = 0  # announcements the daemon ignored: it already follows its cap of hosts
     skipped: int = 0  # malformed hosts left out by from_dict (not sent)
@@ -100,10 +112,10 @@ class FleetView:
         view = cls(session=session, hosts_dropped=dropped)
         for item in raw:
             try:
-                view.hosts.append(FleetHost.from_dict(item))
+                view.hosts.append(HostRecord.from_dict(item))
             except ValueError:
                 view.skipped += 1
         return view
 
 
-__all__ = ["FLEET_SCHEMA", "MAX_FLEET_HOSTS", "FleetHost", "FleetView"]
+__all__ = ["FLEET_SCHEMA", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostRecord"]

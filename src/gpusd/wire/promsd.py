@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .fleet import FleetView
+    from .fleet import FleetView, HostRecord
 
 
 
@@ -45,10 +45,9 @@ class Daemon:
         return f"{host}:{port}"
 
 
-def daemons_from_hosts(hosts: Iterable[Any], session: str | None = None) -> list[Daemon]:
-    """The daemons to scrape among ``hosts`` (:class:`gpusd.wire.fleet.FleetHost` of a fleet view, or
-    :class:`gpusd.discovery.types.RemoteHost` of a client: anything with ``hostname``, ``node_id``,
-    ``session``, ``url``, ``alive``, ``verified`` and ``via``): the one definition behind both
+def daemons_from_hosts(hosts: Iterable[HostRecord], session: str | None = None) -> list[Daemon]:
+    """The daemons to scrape among ``hosts`` (the :class:`gpusd.wire.fleet.HostRecord` s of a fleet view,
+    or a client's, :class:`gpusd.discovery.types.RemoteHost` being one): the one definition behind both
     ``GET /api/v1/prometheus/http_sd`` and ``gpusd export prometheus-sd``.  Live hosts with an API URL
     Prometheus can scrape, of ``session`` when one is given; hosts that failed to prove they hold the
     fleet secret are left out; each carries its own session, ``__meta_gpusd_verified`` (true, or unknown

@@ -1,0 +1,255 @@
+"""Reading a daemon's fleet view (``GET /api/v1/fleet``, docs/wire-format.md "Fleet view").
+
+A daemon already follows every host of its session.  Two readers ask one instead of browsing:
+
+* :class:`LocalFleetView` -- this host's own daemon (``gpusd list``): one local HTTP request instead of
+  a browse that has to wait for the answers to settle.  Where its daemon runs (the CLI reads that from
+  the state directory and hands over a ``locate`` function giving the API bases and node id:
+  :func:`api_urls` turns a daemon's ``gpusd.json`` into them), the request runs in a thread
+  (:meth:`LocalFleetView.start`): where it has not answered within ``QUICK`` s (a fleet view that is just
+  starting, a daemon that hangs), the caller browses meanwhile and takes whichever comes first.
+  Anything unexpected -- no daemon, another session, no answer within ``timeout``, an answer that is
+  not a valid fleet view, a host known only from an hwsd announcement (the fleet view does not carry its
+  TXT inventory) -- reads as None, and the caller browses as before.  Without the fleet secret, or
+  where the daemon's answer carries no valid proof, process and lease owners and command lines of
+  *other* hosts are blanked: browsing without the secret gets them blank from the other daemons too,
+  while this host's own are shown (a reader on this machine sees them).
+* :class:`FleetReader` -- any daemon named by URL (``gpusd top --url``, ``gpusd export prometheus-sd
+  --url``, ``gpusd report --url``): with the fleet secret over the daemon's TLS port, its certificate
+  pinned to the fingerprint its signed proof names.
+
+Only the standard library is used (no aiohttp, no zeroconf: their imports alone cost more than the
+answer); every request is :func:`gpusd.wire.http.fetch_json` (signed with the fleet key where there is
+one, bounded, checked).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlsplit
+
+from ..errors import GpusdError
+from .source import Listing
+from .types import Device, Filters, RemoteHost, drop_private
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future
+
+    from ..wire.signing import FleetKey
+
+log = logging.getLogger(__name__)
+
+FLEET_TIMEOUT = 2.0  # seconds for the whole answer (a cold fleet view settles first)
+QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after this long, browse too
+
+#: the running local daemon's API bases (loopback first) and its node id, or None (no such daemon)
+Locate = Callable[[], "tuple[list[str], str] | None"]
+
+
+# -- this host's own daemon -------------------------------------------------------------------------
+def api_urls(info: dict[str, Any], session: str, interfaces: list[str] | None = None) -> tuple[list[str], str] | None:
+    """The API bases to try (loopback first) and the node id of the daemon whose ``gpusd.json`` is
+    ``info``, when it runs in ``session`` (and, with ``interfaces``, on exactly the addresses the user
+    asked for, resolved: it browses on exactly those); None otherwise.  Every value is checked: the file
+    is another process's."""
+    if info.get("session") != session:
+        return None
+    if interfaces is not None:
+        running = info.get("interfaces")
+        if not isinstance(running, list) or sorted(map(str, running)) != sorted(interfaces):
+            return None  # it browses elsewhere (or everywhere): its view is not what was asked for
+    port, node_id = info.get("port"), info.get("node_id")
+    if not isinstance(port, int) or not 0 < port < 65536 or not isinstance(node_id, str):
+        return None
+    hosts: list[str] = []
+    if not info.get("interfaces"):  # bound to every address: loopback too
+        hosts.append("127.0.0.1")
+    addresses = info.get("addresses")
+    for a in addresses if isinstance(addresses, list) else []:
+        try:
+            ip = ipaddress.ip_address(a)
+        except (TypeError, ValueError):
+            continue
+        if ip.version == 4 and a not in hosts:
+            hosts.append(str(ip))
+    if not hosts:
+        return None
+    return [f"http://{h}:{port}/api/v1" for h in hosts[:4]], node_id
+
+
+def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Listing | None:
+    """The devices and hosts of a fleet view answer (:class:`gpusd.wire.fleet.FleetView`), filtered like
+    a browsing client's; None when the answer is not a usable fleet view.  ``private``: the daemon proved
+    it holds the fleet secret, so the other hosts' owners and commands are kept."""
+    from ..wire.fleet import FleetView
+    from ..wire.txt import TxtRecord
+
+    try:
+        view = FleetView.from_dict(data)
+    except (ValueError, RecursionError):
+        return None
+    if not view.hosts or view.skipped:
+        return None  # not even the daemon itself yet (still starting), or a damaged answer: browse
+    hosts: list[RemoteHost] = []
+    devices: list[Device] = []
+    unmatched = 0
+    for h in view.hosts:
+        snap = h.snapshot
+        if h.source != "gpusd" or snap is None or h.session is None:
+            return None  # an hwsd host, or one without a snapshot yet: browsing tells more
+        if not h.hostname.isprintable():
+            return None  # a name no announcement could carry: browse instead
+        # the host name as announced (TXT), like a browsing client's
+        txt = TxtRecord(node_id=snap.node_id, hostname=h.hostname, session=h.session, count=len(snap.gpus),
+                        simulated=bool(snap.simulated))
+        if filters.session is not None and txt.session != filters.session:
+            continue
+        if not filters.host_ok(txt):
+            unmatched += 1
+            continue
+        if snap.node_id != own_node and not private:
+            drop_private(snap)
+        host = RemoteHost(key=snap.node_id, txt=txt, url=h.url, snapshot=snap, alive=h.alive,
+                          verified=h.verified if private else None)
+        hosts.append(host)
+        seen: set[str] = set()
+        for dev in host.devices():
+            if filters.device_ok(dev.gpu) and dev.uuid not in seen:
+                seen.add(dev.uuid)
+                devices.append(dev)
+    hosts.sort(key=lambda x: (x.hostname, x.node_id))
+    devices.sort(key=lambda d: (d.hostname, d.node_id, d.index))
+    return Listing(devices, hosts, unmatched)
+
+
+class LocalFleetView:
+    """The fleet as this host's running daemon sees it (a :class:`~.source.HostListing`).
+    ``filters.session`` must be set: a daemon's fleet view covers its own session only.  The options
+    given still hold: ``locate`` finds only a daemon on the interfaces asked for, and with the fleet
+    secret (``key``) the daemon must prove it holds it too -- otherwise it cannot tell which hosts do,
+    and the client browses, checking each host's proof itself."""
+
+    via = "fleet"
+
+    def __init__(self, locate: Locate, filters: Filters, *, key: FleetKey | None = None,
+                 timeout: float = FLEET_TIMEOUT) -> None:
+        self.locate = locate
+        self.filters = filters
+        self.key = key
+        self.timeout = timeout
+
+    def read(self) -> Listing | None:
+        import time
+
+        from ..wire.http import SourceError, fetch_json
+
+        if self.filters.session is None:
+            return None
+        found = self.locate()
+        if found is None:
+            return None
+        urls, own_node = found
+        deadline = time.monotonic() + self.timeout
+        for base in urls:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                answer = fetch_json(base + "/fleet", key=self.key, timeout=left, node_id=own_node)
+            except SourceError as exc:
+                log.debug("%s", exc)
+                continue
+            if self.key is not None and answer.verified is not True:
+                log.debug("%s/fleet: the daemon did not prove it holds the fleet secret: browsing", base)
+                return None
+            result = parse_fleet(answer.data, self.filters, own_node, private=answer.verified is True)
+            if result is not None:
+                return result
+            log.debug("%s/fleet: not a usable fleet view", base)
+            return None
+        return None
+
+    def start(self) -> Future[Listing | None]:
+        """:meth:`read` in a daemon thread (it never holds up the process's exit): the caller can
+        browse meanwhile and take whichever answers first."""
+        import threading
+        from concurrent.futures import Future
+
+        fut: Future[Listing | None] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(self.read())
+            except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
+                log.debug("local fleet view failed: %r", exc)
+                fut.set_result(None)
+
+        threading.Thread(target=run, name="gpusd-local-fleet", daemon=True).start()
+        return fut
+
+
+# -- any daemon, by URL -------------------------------------------------------------------------------
+def strip_api(path: str) -> str:
+    """``/api/v1`` or ``/prefix/api/v1/`` -> ``""`` or ``/prefix``: the daemon's root path."""
+    path = path.rstrip("/")
+    return path.removesuffix("/api/v1")
+
+
+def base_url(url: str) -> str:
+    """``host:4780``, ``http://host:4780/`` or ``http://host:4780/api/v1`` -> ``http://host:4780``."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise GpusdError(f"not a daemon URL: {url!r} (example: http://gpu-node-1:4780)")
+    return f"{parts.scheme}://{parts.netloc}{strip_api(parts.path)}"
+
+
+class FleetReader:
+    """One daemon's fleet view, by URL (``gpusd top --url http://gpu-node-1:4780``)."""
+
+    def __init__(self, url: str, key: FleetKey | None = None, timeout: float = 5.0) -> None:
+        self.url = base_url(url)
+        self.key = key
+        self.timeout = timeout
+        self.verified: bool | None = None  # whether the daemon proved itself on the last answer
+        self._tls: tuple[str, str | None] | None = None  # (URL, pinned fingerprint) once looked up
+
+    def fetch(self) -> dict[str, Any]:
+        """The answer (an object; :class:`~gpusd.wire.http.SourceError` otherwise), and ``verified``."""
+        from ..wire.http import SourceError, fetch_json
+
+        url, pin = self.secure_url()
+        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin)
+        if not isinstance(answer.data, dict):
+            raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
+        self.verified = answer.verified
+        return answer.data
+
+    def secure_url(self) -> tuple[str, str | None]:
+        """With the fleet secret and a plain ``http://`` URL: the daemon's HTTPS URL and certificate
+        fingerprint as its ``/healthz`` says (private fields travel over TLS only; the fingerprint is
+        checked against the daemon's signed proof, so a forged /healthz gains nothing)."""
+        from ..wire.http import SourceError, fetch_json
+
+        if self.key is None or not self.url.startswith("http://"):
+            return self.url, None
+        if self._tls is None:
+            self._tls = (self.url, None)
+            try:
+                health = fetch_json(f"{self.url}/healthz", None, self.timeout).data
+            except SourceError:
+                return self.url, None
+            port, fp = (health.get("tls_port"), health.get("cert_fp")) if isinstance(health, dict) else (None, None)
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and isinstance(fp, str):
+                parts = urlsplit(self.url)
+                host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+                self._tls = (f"https://{host}:{port}{parts.path}", fp)
+        return self._tls
+
+
+__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "api_urls", "base_url", "parse_fleet",
+           "strip_api"]
