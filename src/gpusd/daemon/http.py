@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot
     from .config import DaemonConfig
     from .fleet import Fleet
-    from .history import History
+    from .recent import RecentSamples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,7 +43,7 @@ class Daemon(Protocol):
     @property
     def snapshot(self) -> "HostSnapshot | None": ...
     @property
-    def history(self) -> "History": ...
+    def history(self) -> "RecentSamples": ...
     @property
     def events(self) -> EventHub: ...
     @property
