@@ -25,7 +25,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..discovery.types import Device, Filters, RemoteHost
-from ..model import GpuInfo
+from ..model import redact
 
 if TYPE_CHECKING:  # pragma: no cover
     from concurrent.futures import Future
@@ -75,14 +75,6 @@ def daemon_api_urls(session: str, interfaces: list[str] | None = None) -> tuple[
     return [f"http://{h}:{port}/api/v1" for h in hosts[:4]], node_id
 
 
-def _blank_private(gpus: list[GpuInfo]) -> None:
-    for g in gpus:
-        for p in g.processes:
-            p.user = p.command = None
-        for lease in g.leases:
-            lease.user = lease.command = None
-
-
 def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Found | None:
     """The devices and hosts of a fleet view answer (:class:`gpusd.wire.fleet.FleetView`), filtered like
     a browsing client's; None when the answer is not a usable fleet view.  ``private``: the daemon proved
@@ -114,7 +106,7 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Fo
             unmatched += 1
             continue
         if snap.node_id != own_node and not private:
-            _blank_private(snap.gpus)
+            redact(snap)
         host = RemoteHost(key=snap.node_id, txt=txt, url=h.url, snapshot=snap, alive=h.alive,
                           verified=h.verified if private else None)
         hosts.append(host)

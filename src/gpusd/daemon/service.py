@@ -37,8 +37,8 @@ from ..model import HostSnapshot
 from ..wire.sse import format_event
 from .config import DaemonConfig
 from .events import EventHub
-from .recent import RecentSamples
 from .logs import flush as flush_log_summaries
+from .recent import RecentSamples
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, redact
 from ..units import parse_memory
 from ..wire.mdns import open_zeroconf, rank_addresses, resolve_interfaces
 from ..wire.signing import fingerprint_bytes
@@ -916,7 +916,7 @@ class AsyncClient:
             self._problem(peer, f"invalid snapshot: {str(exc)[:200]}")
             return None
         if host.verified is False:  # private fields are trusted only from daemons that proved themselves
-            _drop_private(snap)
+            redact(snap)
         if snap.node_id != host.node_id:
             self._problem(peer, f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
             return None
@@ -1052,14 +1052,6 @@ def _carry(old: RemoteHost, new: RemoteHost) -> None:
     URL) and what its daemon proved (checked again on the next connection)."""
     new.snapshot, new.alive, new.url = old.snapshot, old.alive, old.url
     new.verified, new.identity, new.copy_of = old.verified, old.identity, old.copy_of
-
-
-def _drop_private(snap: HostSnapshot) -> None:
-    for g in snap.gpus:
-        for p in g.processes or ():
-            p.user = p.command = None
-        for lease in g.leases or ():
-            lease.user = lease.command = None
 
 
 def _changed(old: GpuInfo, new: GpuInfo) -> tuple[str, ...]:

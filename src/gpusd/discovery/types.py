@@ -78,12 +78,7 @@ class Device:
 
     @property
     def memory_free(self) -> int | None:
-        g = self.gpu
-        if g.memory_free is not None:
-            return g.memory_free
-        if g.memory_total is not None and g.memory_used is not None:
-            return max(0, g.memory_total - g.memory_used)
-        return None
+        return self.gpu.memory_available  # the model's one rule
 
     @property
     def utilization(self) -> float | None:
@@ -335,9 +330,7 @@ class Filters:
         if self.model and not name_matches(gpu.name, self.model):
             return False
         if self.min_free_memory is not None:
-            free = gpu.memory_free
-            if free is None and gpu.memory_total is not None and gpu.memory_used is not None:
-                free = gpu.memory_total - gpu.memory_used
+            free = gpu.memory_available  # the model's one rule
             if free is None or free < self.min_free_memory:
                 return False
         return True

@@ -143,7 +143,7 @@ def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node
     ok, node = _proven(x, key, node_id)
     if ok:
         return Answer(data, True, node)
-    from .privacy import redact
+    from ..model import redact
 
     return Answer(redact(data), False)
 
