@@ -303,3 +303,19 @@ def test_the_rules_parser_reads_each_kind_of_line() -> None:
     assert rules.allowed["job"] == set()
     assert rules.exceptions == {("gpusd.errors", "gpusd.cli.exits"), ("gpusd.errors", "gpusd.cli")}
     assert rules.part("gpusd.model") == "core" and rules.part("gpusd.wire.txt") == "wire"
+
+
+def test_every_package_docstring_names_its_modules() -> None:
+    """A package's docstring is its table of contents: each module named (``:mod:`.mod```).  The CLI's
+    modules, one per group of commands, are listed in docs/architecture.md and docs/cli.md instead."""
+    missing = []
+    for init in sorted(PKG.glob("*/__init__.py")):
+        package = init.parent.name
+        if package == "cli":
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for mod in sorted(p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"):
+            if f":mod:`.{mod}`" not in doc:
+                missing.append(f"gpusd.{package}.{mod}: name it in gpusd/{package}/__init__.py's docstring "
+                               f"(* :mod:`.{mod}` — what it does)")
+    assert missing == []
