@@ -93,7 +93,7 @@ def _until(args: argparse.Namespace) -> float:
     """The end of ``--for`` (epoch)."""
     import time
 
-    from ..usage.query import parse_duration
+    from ..units import parse_duration
 
     try:
         return time.time() + parse_duration(args.duration)

@@ -120,7 +120,7 @@ def _exports(env: dict[str, str]) -> list[str]:
 
 def reserve(args: argparse.Namespace) -> int:
     from ..sanitize import dumps, for_terminal
-    from ..usage.query import parse_duration
+    from ..units import parse_duration
 
     try:
         duration = parse_duration(args.duration)
@@ -269,7 +269,6 @@ def reservations(args: argparse.Namespace) -> int:
 
 
 # -- gpusd run --fleet ----------------------------------------------------------------------------
-from ..alloc.runner import FORWARDED as FORWARDED  # noqa: E402  (one list of the signals a runner passes on)
 
 
 def ssh_base(options: Sequence[str]) -> list[str]:

@@ -197,7 +197,8 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
         return None
 
     async def series(request: web.Request) -> web.Response:
-        from ..usage.query import RANGES, parse_duration
+        from ..units import parse_duration
+        from ..usage.query import RANGES
         from ..usage.query import series as q_series
 
         gone = _unavailable()
@@ -219,7 +220,7 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
         return _json(out, cors=True)
 
     async def usage(request: web.Request) -> web.Response:
-        from ..usage.query import parse_duration
+        from ..units import parse_duration
         from ..usage.query import usage as q_usage
 
         gone = _unavailable()

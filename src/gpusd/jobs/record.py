@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import create_exclusive, read_live, user_name
-from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
-from ..alloc.priority import priority_name as priority_name
+from ..alloc.priority import PRIORITIES, priority_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover

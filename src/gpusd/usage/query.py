@@ -11,7 +11,6 @@ import json
 import sqlite3
 from typing import Any
 
-from ..units import parse_duration as parse_duration  # re-exported: the one duration parser
 from .db import COARSE, FINE, HOURLY, STEP, Retention
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}

@@ -10,9 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from ..errors import GpusdError
-from ..wire.http import MAX_ANSWER as MAX_ANSWER  # re-exported
-from ..wire.http import SourceError as SourceError
+from ..errors import GpusdError, SourceError
 from ..wire.http import fetch_json
 from .top import HostView
 
