@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import GpuInfo, HostSnapshot, display_name, name_matches
-from ..sanitize import for_terminal
+from ..sanitize import for_terminal, printable
 from ..units import format_bytes
 from ..wire.txt import TxtRecord
 
@@ -288,7 +288,7 @@ def _job_words(data: dict[str, Any]) -> str:
     """A rebalancing decision in words, from a daemon's ``job`` event (bounded, printable)."""
 
     def text(v: Any, limit: int = 300) -> str:
-        return "".join(c if c.isprintable() else "?" for c in v[:limit]) if isinstance(v, str) else ""
+        return printable(v, limit) if isinstance(v, str) else ""
 
     done = "done" if data.get("ok") is True else f"failed: {text(data.get('result'), 200)}"
     return f"{text(data.get('action'), 16)} {text(data.get('job'), 32)}: {text(data.get('reason'))} ({done})"
@@ -299,7 +299,7 @@ def _rule_words(data: dict[str, Any]) -> str:
     daemon: typed, bounded and printable before it reaches a terminal)."""
 
     def text(v: Any) -> str | None:
-        return "".join(c if c.isprintable() else "?" for c in v[:120]) if isinstance(v, str) and v else None
+        return printable(v, 120) if isinstance(v, str) and v else None
 
     name, expr = text(data.get("rule")), text(data.get("expr"))
     if name is None and expr is None:
