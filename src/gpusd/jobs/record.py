@@ -166,12 +166,6 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
     return out
 
 
-def find_job(job_id: str, store: LeaseStore | None = None) -> JobRecord | None:
-    prefix = job_id.strip().lower()
-    matches = [r for r in list_jobs(store) if r.job.startswith(prefix)] if prefix else []
-    return matches[0] if len(matches) == 1 else None
-
-
 class RecordWriter:
     """The supervisor's side: writes (and rewrites) its job's record, holding its lock."""
 
