@@ -558,10 +558,8 @@ __all__ = [
     "finite",
     "free_memory",
     "redact",
+    "shown_name",
 ]
-
-# Keep the list of fields in one place for documentation tools.
-FIELD_NAMES = {cls.__name__: [f.name for f in fields(cls)] for cls in MODEL_CLASSES}
 
 
 # -- how a GPU's name is shown -----------------------------------------------------------------------
