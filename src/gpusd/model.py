@@ -537,6 +537,28 @@ class HostSnapshot:
 
 SIMULATED_BACKEND = "simulated"  # HostSnapshot.backend of simulated GPUs (gpusd.inventory.simulated)
 
+
+def _accept_simulated_keyword(cls: type) -> None:
+    """``HostSnapshot(..., simulated=True)`` as 0.2 wrote it still works (until 0.4), with a warning:
+    ``simulated`` is now derived from ``backend``, which it sets."""
+    init = vars(cls)["__init__"]
+
+    def __init__(self: Any, *args: Any, simulated: bool | None = None, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if simulated is not None:
+            import warnings
+
+            warnings.warn("HostSnapshot(simulated=...) is derived from backend: pass backend='simulated'",
+                          DeprecationWarning, stacklevel=2)
+            if simulated:
+                self.backend = SIMULATED_BACKEND
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]  # inspect.signature shows the fields
+    setattr(cls, "__init__", __init__)  # noqa: B010
+
+
+_accept_simulated_keyword(HostSnapshot)
+
 # The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
 VENDORS = ("nvidia", "amd", "intel")
 

@@ -83,3 +83,11 @@ def test_printable_replaces_or_drops_what_python_does_not_print() -> None:
     assert printable("a\x00b", replace="") == "ab"
     assert printable("x" * 10, 4) == "xxxx"
     assert printable("plain") == "plain"
+
+
+def test_the_old_simulated_keyword_still_builds_a_simulated_snapshot() -> None:
+    import pytest
+
+    with pytest.warns(DeprecationWarning, match="backend"):
+        snap = HostSnapshot(hostname="h", node_id="n", timestamp=1.0, simulated=True)  # type: ignore[call-arg]
+    assert snap.simulated and snap.backend == "simulated"
