@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..alloc.env import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..errors import GpusdError
+from ..inventory.vendors import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..model import VENDORS
 from ..sanitize import ip_word
 
