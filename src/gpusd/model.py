@@ -37,6 +37,7 @@ MAX_INT = 2**63  # integers are 64-bit on every producer (NVML, the kernel)
 # and below this many percent.  An unknown utilisation is not free: gpusd cannot tell.
 FREE_UTIL = 5.0
 
+
 def free_memory(total: int | None, used: int | None, reported: int | None = None) -> int | None:
     """gpusd's one rule for free memory (a GPU's, a MIG slice's): what the driver reported, else total
     less used (never below 0), else None: unknown."""
@@ -558,6 +559,7 @@ def _accept_simulated_keyword(cls: type) -> None:
 
 
 _accept_simulated_keyword(HostSnapshot)
+
 
 # The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
 VENDORS = ("nvidia", "amd", "intel")
