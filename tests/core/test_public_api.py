@@ -148,3 +148,30 @@ def test_the_returned_types_are_public() -> None:
     for name in hints.values():
         assert name in gpusd.__all__
     assert "Device" in gpusd.__all__ and "DiscoveryEvent" in gpusd.__all__  # list_devices(), event handlers
+
+
+JOB_MEMBERS: dict[str, str | None] = {
+    "Job.active": None,
+    "Job.cuda_visible_devices": None,
+    "Job.devices": None,
+    "Job.env": None,
+    "Job.generation": None,
+    "Job.id": None,
+    "Job.refresh": "",
+    "Job.restart": "",
+    "Job.should_stop": None,
+    "Job.state": None,
+}
+
+
+def test_the_job_side_of_the_job_protocol_is_pinned() -> None:
+    """``gpusd.job`` (docs/jobs.md) runs inside users' jobs: its entry points and ``Job``'s members."""
+    import gpusd.job as job
+
+    assert job.RESTART_ME == 75
+    assert {name: parameters(getattr(job, name)) for name in ("Job", "current", "gpu_count", "read_job_file")} == {
+        "Job": "on_change=None, *, install=True, path=None", "current": "on_change=None",
+        "gpu_count": "path=None", "read_job_file": "path=None"}
+    got = {f"Job.{m}": parameters(getattr(job.Job, m)) if callable(inspect.getattr_static(job.Job, m)) else None
+           for m in sorted(vars(job.Job)) if not m.startswith("_")}
+    assert got == JOB_MEMBERS
