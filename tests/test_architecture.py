@@ -264,6 +264,19 @@ def test_the_job_side_of_the_job_protocol_is_standard_library_only() -> None:
     assert sorted(tops - set(sys.stdlib_module_names) - {"__future__"}) == []
 
 
+def test_the_per_rank_wrapper_imports_only_the_standard_library_at_start() -> None:
+    """engines/rank_gpu.py runs once per rank under mpirun (docs/engines.md): at module level it imports
+    the standard library only (a non-NVIDIA rank imports the vendors' rules when it needs them)."""
+    tree = ast.parse((PKG / "engines" / "rank_gpu.py").read_text())
+    tops = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            tops.add("gpusd" if node.level else (node.module or "").split(".")[0])
+    assert sorted(tops - set(sys.stdlib_module_names) - {"__future__"}) == []
+
+
 def test_the_daemon_parts_never_import_the_daemon_object() -> None:
     """The announcer, the fleet client and the HTTP handlers get the config and an identity, not
     the Daemon: only the package's lazy export and the process manager import daemon/service.py."""
