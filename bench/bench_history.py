@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from gpusd.daemon.history import History  # noqa: E402
+from gpusd.daemon.recent import RecentSamples  # noqa: E402
 from gpusd.inventory.simulated import SimulatedBackend  # noqa: E402
 from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo  # noqa: E402
 from gpusd.usage.db import COARSE, FINE, HOURLY, STEP, Retention, connect, prune, transaction  # noqa: E402
@@ -72,7 +72,7 @@ def recording_cost(tmp: Path, samples: int = 2000) -> dict[str, float]:
     snaps = [snapshot(1e9 + i) for i in range(samples)]
     # today's per-sample work in the daemon: the backend's snapshot and the in-memory ring
     backend = SimulatedBackend("8xA100-80GB", host="h", node="n")
-    ring = History(300, 1.0)
+    ring = RecentSamples(300, 1.0)
     t = cpu()
     for _ in range(samples):
         ring.add(backend.snapshot())

@@ -79,7 +79,7 @@ def gpusd(infos: list[GpuInfo], topology: str, max_util: float | None = None,
         for k, j in enumerate(state.running):  # every running job is a gpusd job holding its lease
             leases += [LeaseInfo(f"l{k}-{i}", 10_000_000 + k, memory=j.memory, device=infos[i].uuid, shared=share)
                        for i in j.placed]
-        snap = HostSnapshot("sim", "sim", state.time, gpus=gpus, simulated=True)
+        snap = HostSnapshot("sim", "sim", state.time, gpus=gpus, backend="simulated")
         c = Constraints.build(count=job.gpus, memory=job.memory, max_util=max_util, topology=topology, shared=share)
         try:
             return [x.gpu.index for x in choose(snap, c, leases=leases, env={})]

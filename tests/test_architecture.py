@@ -1,12 +1,23 @@
-"""The layout rules of docs/architecture.md, checked on the source: who may import whom."""
+"""docs/architecture.md checked against the source: who may import whom, and every package and module named.
+
+The rules are the doc's ``layers`` block (the map at its top): one line per part of gpusd (a package, a
+top-level module, or ``core``), ``PART ─▶ the parts it may import``.  The code is checked against the
+block (no import the block does not allow), and the block against the code (no allowed edge left unused
+without a note, no part the code lacks).  Every module must be named in its package's paragraph.  A
+failure says which line of the doc to add or change.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"  # tests/ sits beside src/
 PKG = SRC / "gpusd"
+DOC = SRC.parent / "docs" / "architecture.md"
 
 
 def _module_name(path: Path) -> str:
@@ -38,6 +49,234 @@ def imports_of(path: Path, me: str | None = None) -> set[str]:
     return {m for m in out if m == "gpusd" or m.startswith("gpusd.")}
 
 
+def _is_module(name: str) -> bool:
+    """``gpusd.a.b`` names a module or package of the source (not a name inside one)."""
+    rel = Path(*name.split(".")[1:]) if "." in name else Path()
+    return (PKG / rel).is_dir() or (PKG / rel).with_suffix(".py").exists()
+
+
+# -- the doc's rules ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Rules:
+    core: set[str] = field(default_factory=set)  # the core's modules: one part
+    allowed: dict[str, set[str]] = field(default_factory=dict)  # part -> parts it may import ("*": any)
+    unused: dict[str, set[str]] = field(default_factory=dict)  # allowed edges noted as unused today
+    exceptions: set[tuple[str, str]] = field(default_factory=set)  # (module, module or package it may import)
+
+    def part(self, module: str) -> str:
+        """The part a module belongs to: ``gpusd`` (the package's __init__), ``core``, a package, or a
+        top-level module."""
+        if module == "gpusd":
+            return "gpusd"
+        top = module.split(".")[1]
+        return "core" if top in self.core else top
+
+
+_ARROW = re.compile(r"^(?P<part>[\w.]+)\s*(?:─▶|->)\s*(?P<targets>[^#]*?)\s*(?:#\s*(?P<note>.*))?$")
+
+
+def parse_rules(text: str) -> Rules:
+    """The ``layers`` block of docs/architecture.md:
+
+    * ``core = model units ...``: the modules of the core, which import only each other;
+    * ``PART ─▶ A B C  # note``: PART may import the parts A, B and C (``*``: any part; nothing: none);
+      a note ``unused: B (why)`` says an allowed edge no module uses today, and why it stays;
+    * ``gpusd.errors ─▶ gpusd.cli.exits  # why``: one module's documented exception to its part's rule.
+    """
+    block = re.search(r"^```layers\n(.*?)^```", text, re.S | re.M)
+    assert block, "docs/architecture.md has no ```layers block (the map the layout tests read)"
+    rules = Rules()
+    for n, line in enumerate(block.group(1).splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("core ="):
+            rules.core = set(line.split("=", 1)[1].split("#")[0].split())
+            continue
+        m = _ARROW.match(line)
+        assert m, f"docs/architecture.md, layers block line {n}: cannot read {line!r}"
+        part, targets, note = m["part"], set(m["targets"].split()), m["note"] or ""
+        if part.startswith("gpusd."):
+            for t in targets:
+                rules.exceptions |= {(part, t), (part, t.rpartition(".")[0])} if t.count(".") > 1 else {(part, t)}
+            continue
+        rules.allowed[part] = targets
+        unused = re.search(r"unused:\s*([\w\s]+)", note)
+        if unused:
+            rules.unused[part] = set(unused.group(1).split())
+    rules.allowed.setdefault("core", set())
+    return rules
+
+
+def doc_rules() -> Rules:
+    return parse_rules(DOC.read_text())
+
+
+def _source_files() -> list[tuple[str, Path]]:
+    return [(_module_name(p), p) for p in sorted(PKG.rglob("*.py"))]
+
+
+def code_parts(rules: Rules) -> set[str]:
+    return {rules.part(me) for me, _ in _source_files()}
+
+
+def layer_violations(files: list[tuple[str, Path]] | None = None, rules: Rules | None = None) -> list[str]:
+    """Every import of the source the doc's rules do not allow, as ``A imports B``."""
+    rules = rules or doc_rules()
+    out = []
+    for me, path in files if files is not None else _source_files():
+        mine = rules.part(me)
+        allowed = rules.allowed.get(mine, set())
+        if "*" in allowed:
+            continue
+        for target in sorted(imports_of(path, me)):
+            theirs = rules.part(target) if target != "gpusd" else "gpusd"
+            if theirs == mine or theirs in allowed or (me, target) in rules.exceptions:
+                continue
+            if not _is_module(target):
+                continue  # "from .model import X" also yields "gpusd.model.X": X is a name, not a module
+            out.append(f"{me} imports {target}")
+    return out
+
+
+def used_edges(rules: Rules) -> dict[str, set[str]]:
+    """part -> the other parts its modules import (exceptions left out)."""
+    out: dict[str, set[str]] = {}
+    for me, path in _source_files():
+        mine = rules.part(me)
+        for target in imports_of(path, me):
+            if (me, target) in rules.exceptions or not _is_module(target):
+                continue
+            theirs = rules.part(target)
+            if theirs != mine:
+                out.setdefault(mine, set()).add(theirs)
+    return out
+
+
+# -- the tests --------------------------------------------------------------------------------------
+
+
+def test_packages_import_only_what_docs_architecture_allows() -> None:
+    """Each line is an import the layers block of docs/architecture.md does not allow: remove the import,
+    or (a decision) add the edge to the block and say why in the package's paragraph."""
+    assert layer_violations() == []
+
+
+def test_every_part_of_the_code_has_a_line_in_the_layers_block() -> None:
+    rules = doc_rules()
+    parts = code_parts(rules)
+    missing = sorted(parts - set(rules.allowed))
+    assert missing == [], (f"add a line `PART ─▶ ...` to the layers block of docs/architecture.md for {missing}"
+                           " (or the module to its `core =` line)")
+    gone = sorted(set(rules.allowed) - parts)
+    assert gone == [], f"the layers block names parts the code does not have: {gone}"
+    named = {t for targets in rules.allowed.values() for t in targets} - {"*"}
+    assert sorted(named - parts) == [], "the layers block allows imports of parts the code does not have"
+    assert sorted(rules.core - {m.split(".")[1] for m, _ in _source_files() if "." in m}) == []
+
+
+def test_every_allowed_edge_is_used_or_noted() -> None:
+    """The block says exactly what the code does: an allowed edge no module uses is noted ``unused: X (why)``,
+    and a noted one that is used has its note dropped."""
+    rules, used = doc_rules(), used_edges(doc_rules())
+    problems = []
+    for part, targets in sorted(rules.allowed.items()):
+        if "*" in targets:
+            continue
+        noted = rules.unused.get(part, set())
+        for t in sorted(targets - used.get(part, set()) - noted):
+            problems.append(f"{part} ─▶ {t}: no module of {part} imports {t}: drop it or note `unused: {t} (why)`")
+        for t in sorted(noted & used.get(part, set())):
+            problems.append(f"{part} ─▶ {t}: noted unused, but imported: drop the note")
+        for t in sorted(noted - targets):
+            problems.append(f"{part}: the note names {t}, which the line does not allow")
+    assert problems == []
+
+
+def _paragraphs(text: str) -> dict[str, str]:
+    """Each part's paragraph (starting ``**`part`.**`` or ``**Core: ...**`` / ``**Top level: ...**``)."""
+    out: dict[str, str] = {}
+    for para in re.split(r"\n\s*\n", text):
+        head = re.match(r"\*\*(.*?)\*\*", para.strip())
+        if not head:
+            continue
+        for name in re.findall(r"`([\w./]+)`", head.group(1)):
+            out.setdefault(name.removesuffix(".py").removeprefix("gpusd/"), para)
+    return out
+
+
+def test_every_module_is_named_in_its_packages_paragraph() -> None:
+    """A module of package P is named in P's paragraph as `P.mod` or `mod`; a top-level module or a package
+    in its own (or the core's) paragraph."""
+    text = DOC.read_text()
+    paras = _paragraphs(text)
+    missing = []
+    for me, path in _source_files():
+        parts = me.split(".")
+        if len(parts) == 1 or parts[-1] == "__main__" and len(parts) == 2:
+            continue
+        if len(parts) == 2:  # a package or a top-level module: it heads (or is named in) a paragraph
+            name = parts[1]
+            if name not in paras and f"`{name}`" not in text and f"`{name}.py`" not in text:
+                missing.append(f"{me}: name `{name}` in docs/architecture.md (a paragraph of its own, or the core's)")
+            continue
+        package, mod = parts[1], ".".join(parts[2:])
+        if path.name == "__init__.py":
+            continue
+        para = paras.get(package)
+        if para is None:
+            missing.append(f"{me}: docs/architecture.md has no paragraph **`{package}`.**")
+        elif f"`{package}.{mod}`" not in para and f"`{mod}`" not in para:
+            missing.append(f"{me}: add `{package}.{mod}` (what it does) to the paragraph of `{package}` "
+                           "in docs/architecture.md")
+    assert missing == []
+
+
+def test_the_modules_the_doc_names_exist() -> None:
+    """`pkg.mod` in the doc names a module of the code, or a function or class of the package's
+    __init__.py (a renamed or deleted module leaves no stale line)."""
+    text = DOC.read_text()
+    packages = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+    def exists(name: str) -> bool:
+        package, _, attr = name.partition(".")
+        init = (PKG / package / "__init__.py").read_text()
+        return _is_module(f"gpusd.{name}") or re.search(rf"^(?:def|class) {attr}\b", init, re.M) is not None
+
+    stale = sorted({name for name in re.findall(r"`([a-z_]+\.[a-z_]+)`", text)
+                    if name.split(".")[0] in packages and not exists(name)})
+    assert stale == []
+
+
+def test_the_job_side_of_the_job_protocol_is_standard_library_only() -> None:
+    """gpusd/job.py runs inside users' jobs (docs/jobs.md): it imports nothing of gpusd and nothing outside
+    the standard library, at run time or lazily."""
+    path = PKG / "job.py"
+    assert imports_of(path) == set()
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            tops.add((node.module or "").split(".")[0])
+    assert sorted(tops - set(sys.stdlib_module_names) - {"__future__"}) == []
+
+
+def test_the_per_rank_wrapper_imports_only_the_standard_library_at_start() -> None:
+    """engines/rank_gpu.py runs once per rank under mpirun (docs/engines.md): at module level it imports
+    the standard library only (a non-NVIDIA rank imports the vendors' rules when it needs them)."""
+    tree = ast.parse((PKG / "engines" / "rank_gpu.py").read_text())
+    tops = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            tops.add("gpusd" if node.level else (node.module or "").split(".")[0])
+    assert sorted(tops - set(sys.stdlib_module_names) - {"__future__"}) == []
+
+
 def test_the_daemon_parts_never_import_the_daemon_object() -> None:
     """The announcer, the fleet client and the HTTP handlers get the config and an identity, not
     the Daemon: only the package's lazy export and the process manager import daemon/service.py."""
@@ -57,60 +296,6 @@ def test_import_scanner_sees_relative_and_lazy_imports() -> None:
     assert "gpusd.wire.sse" in imports_of(PKG / "daemon" / "fleet.py")
 
 
-# Which gpusd packages each package may import (docs/architecture.md).  Core modules are the leaves.
-CORE = {"model", "units", "errors", "ids", "identity", "sanitize", "topology", "_version"}
-ALLOWED: dict[str, set[str]] = {
-    **{c: CORE for c in CORE},
-    "wire": CORE,
-    "inventory": CORE,
-    "thresholds": CORE,
-    "alloc": CORE | {"inventory"},
-    "jobs": CORE | {"inventory", "alloc"},
-    "discovery": CORE | {"wire"},
-    "usage": CORE,
-    "daemon": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs", "slurm"},
-    "views": CORE | {"wire", "inventory", "alloc", "discovery", "thresholds", "usage", "jobs"},
-    "engines": CORE | {"alloc"},
-    "pool": CORE | {"wire", "inventory", "alloc", "discovery", "engines"},
-    "slurm": CORE | {"alloc"},
-}
-# Known, documented exceptions: (importing module, imported module).
-EXCEPTIONS = {("gpusd.errors", "gpusd.cli"), ("gpusd.errors", "gpusd.cli.exits")}  # deprecated EXIT_* names
-
-
-def _part(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
-
-
-def layer_violations(files: list[tuple[str, Path]] | None = None) -> list[str]:
-    out = []
-    for me, path in files if files is not None else [(_module_name(p), p) for p in sorted(PKG.rglob("*.py"))]:
-        allowed = ALLOWED.get(_part(me))
-        if allowed is None:  # cli, the top level and __main__ may import anything
-            continue
-        for target in sorted(imports_of(path, me)):
-            part = _part(target)
-            if part in ("", _part(me)) or part in allowed or (me, target) in EXCEPTIONS:
-                continue
-            if not (PKG / part).is_dir() and not (PKG / f"{part}.py").exists():
-                continue  # "from .model import X" also yields "gpusd.model.X": X is a name, not a module
-            out.append(f"{me} imports {target}")
-    return out
-
-
-def test_packages_import_only_what_docs_architecture_allows() -> None:
-    assert layer_violations() == []
-
-
-def test_every_package_is_described_in_docs_architecture() -> None:
-    text = (SRC.parent / "docs" / "architecture.md").read_text()
-    packages = {p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("__")}
-    packages |= {p.stem for p in PKG.glob("*.py") if not p.stem.startswith("__") and p.stem != "_local"}
-    missing = [name for name in sorted(packages) if f"`{name}`" not in text]
-    assert missing == []
-
-
 def test_the_rule_check_catches_a_forbidden_import(tmp_path: Path) -> None:
     """A wire module importing the daemon lazily, or discovery importing views, is reported (the check
     is not vacuous); an allowed import is not."""
@@ -120,3 +305,31 @@ def test_the_rule_check_catches_a_forbidden_import(tmp_path: Path) -> None:
                                                               "gpusd.wire.probe imports gpusd.daemon.service"]
     probe.write_text("import gpusd.views.top\n")
     assert layer_violations([("gpusd.discovery.probe", probe)]) == ["gpusd.discovery.probe imports gpusd.views.top"]
+    probe.write_text("import gpusd.cli\n")
+    assert layer_violations([("gpusd.job", probe)]) == ["gpusd.job imports gpusd.cli"]
+
+
+def test_the_rules_parser_reads_each_kind_of_line() -> None:
+    rules = parse_rules("```layers\ncore = model units\nwire ─▶ core\nviews -> core wire  # unused: wire (soon)\n"
+                        "gpusd.errors ─▶ gpusd.cli.exits  # the old names\njob ─▶\n```\n")
+    assert rules.core == {"model", "units"} and rules.allowed["wire"] == {"core"}
+    assert rules.allowed["views"] == {"core", "wire"} and rules.unused["views"] == {"wire"}
+    assert rules.allowed["job"] == set()
+    assert rules.exceptions == {("gpusd.errors", "gpusd.cli.exits"), ("gpusd.errors", "gpusd.cli")}
+    assert rules.part("gpusd.model") == "core" and rules.part("gpusd.wire.txt") == "wire"
+
+
+def test_every_package_docstring_names_its_modules() -> None:
+    """A package's docstring is its table of contents: each module named (``:mod:`.mod```).  The CLI's
+    modules, one per group of commands, are listed in docs/architecture.md and docs/cli.md instead."""
+    missing = []
+    for init in sorted(PKG.glob("*/__init__.py")):
+        package = init.parent.name
+        if package == "cli":
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for mod in sorted(p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"):
+            if f":mod:`.{mod}`" not in doc:
+                missing.append(f"gpusd.{package}.{mod}: name it in gpusd/{package}/__init__.py's docstring "
+                               f"(* :mod:`.{mod}` — what it does)")
+    assert missing == []

@@ -8,6 +8,11 @@ Everything is imported lazily so that ``import gpusd`` (and the ``gpusd`` CLI) s
     gpusd.set_cuda_visible_devices([1, 3])
     snap = gpusd.local_snapshot()                            # this host's GPUs
     client = gpusd.Client()                                  # every GPU on the LAN
+    with gpusd.reserve(count=2) as r: ...                    # GPUs on any host of the fleet
+
+The public API is the names of ``__all__`` (docs/api.md, "Public API"; ``tests/core/test_public_api.py``
+pins them and the signatures of the entry points).  Every other module is internal: importable, but
+without a promise between releases.
 """
 
 from __future__ import annotations
@@ -18,20 +23,30 @@ from ._version import __version__
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
+# The public names, each resolved on first use from the module that defines it.
 _LAZY = {
+    # local GPUs: choose, lease, set the visibility variables, read
     "select": "gpusd.alloc.api",
     "Selection": "gpusd.alloc.api",
+    "Constraints": "gpusd.alloc.select",
     "set_cuda_visible_devices": "gpusd.alloc.env",
     "CudaAlreadyInitializedWarning": "gpusd.alloc.env",
-    "Constraints": "gpusd.alloc.select",
-    "LeaseStore": "gpusd.alloc.leases",
-    "open_backend": "gpusd.inventory",
     "local_snapshot": "gpusd._local",
+    # the fleet: discovery clients and what they return, the pool's reservations
+    "Client": "gpusd.discovery.sync",
+    "AsyncClient": "gpusd.discovery.client",
+    "Device": "gpusd.discovery.types",
+    "DiscoveryEvent": "gpusd.discovery.types",
+    "reserve": "gpusd.pool.client",
+    "Reservation": "gpusd.pool.client",
+    # the data model
     "HostSnapshot": "gpusd.model",
     "GpuInfo": "gpusd.model",
+    "GpuLink": "gpusd.model",
     "MigInstance": "gpusd.model",
     "ProcessInfo": "gpusd.model",
     "LeaseInfo": "gpusd.model",
+    # the one exception tree
     "GpusdError": "gpusd.errors",
     "ConfigError": "gpusd.errors",
     "BackendUnavailable": "gpusd.errors",
@@ -47,13 +62,19 @@ _LAZY = {
     "AlreadyRunning": "gpusd.errors",
     "LockBusy": "gpusd.errors",
     "DaemonStartFailed": "gpusd.errors",
-    "Client": "gpusd.discovery.sync",
-    "AsyncClient": "gpusd.discovery.client",
+}
+
+# Names 0.2 exported that are internal: still resolved, with a DeprecationWarning, until 0.4.
+_DEPRECATED = {
+    "LeaseStore": "gpusd.alloc.leases",
+    "open_backend": "gpusd.inventory",
 }
 
 __all__ = ["__version__", *_LAZY]
 
-if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type checker sees the real objects)
+if TYPE_CHECKING:  # pragma: no cover
+    # What a type checker sees: every name of _LAZY and _DEPRECATED, re-exported.  Kept equal to the tables
+    # by tests/core/test_exports.py, which prints the lines to paste when they differ.
     from ._local import (
         local_snapshot as local_snapshot,
     )
@@ -80,6 +101,12 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
     )
     from .discovery.sync import (
         Client as Client,
+    )
+    from .discovery.types import (
+        Device as Device,
+    )
+    from .discovery.types import (
+        DiscoveryEvent as DiscoveryEvent,
     )
     from .errors import (
         AlreadyRunning as AlreadyRunning,
@@ -133,6 +160,9 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
         GpuInfo as GpuInfo,
     )
     from .model import (
+        GpuLink as GpuLink,
+    )
+    from .model import (
         HostSnapshot as HostSnapshot,
     )
     from .model import (
@@ -144,12 +174,25 @@ if TYPE_CHECKING:  # pragma: no cover  (every name of _LAZY, re-exported: a type
     from .model import (
         ProcessInfo as ProcessInfo,
     )
+    from .pool.client import (
+        Reservation as Reservation,
+    )
+    from .pool.client import (
+        reserve as reserve,
+    )
 
 
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'gpusd' has no attribute {name!r}")
+        module = _DEPRECATED.get(name)
+        if module is None:
+            raise AttributeError(f"module 'gpusd' has no attribute {name!r}")
+        import warnings
+
+        warnings.warn(f"gpusd.{name} is internal and leaves gpusd's namespace in 0.4: import it from {module}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(import_module(module), name)  # not cached: every use warns
     value = getattr(import_module(module), name)
     globals()[name] = value
     return value

@@ -37,6 +37,17 @@ MAX_INT = 2**63  # integers are 64-bit on every producer (NVML, the kernel)
 # and below this many percent.  An unknown utilisation is not free: gpusd cannot tell.
 FREE_UTIL = 5.0
 
+
+def free_memory(total: int | None, used: int | None, reported: int | None = None) -> int | None:
+    """gpusd's one rule for free memory (a GPU's, a MIG slice's): what the driver reported, else total
+    less used (never below 0), else None: unknown."""
+    if reported is not None:
+        return reported
+    if total is None or used is None:
+        return None
+    return max(0, total - used)
+
+
 def finite(value: float | None) -> float | None:
     """``value``, or None where it is NaN or infinite: a reading gpusd cannot trust is unsupported."""
     if value is None or not math.isfinite(value):
@@ -50,10 +61,10 @@ def finite(value: float | None) -> float | None:
 class _Spec:
     """How one field is encoded and decoded (a plain class: a dataclass costs 0.7 ms at import)."""
 
-    __slots__ = ("name", "kind", "optional", "is_list", "required", "limit", "nested", "omit_none")
+    __slots__ = ("name", "kind", "optional", "is_list", "required", "limit", "nested", "omit_none", "private")
 
     def __init__(self, name: str, kind: type, optional: bool, is_list: bool, required: bool, limit: int,
-                 nested: bool, omit_none: bool = False) -> None:
+                 nested: bool, omit_none: bool = False, private: bool = False) -> None:
         self.name = name
         self.kind = kind  # int, float, str, bool, or a model class (for list entries)
         self.optional = optional  # None is a valid value
@@ -62,6 +73,7 @@ class _Spec:
         self.limit = limit  # characters (str) or entries (list)
         self.nested = nested  # kind is a model class
         self.omit_none = omit_none  # left off the wire while None (the telemetry fields: most snapshots lack them)
+        self.private = private  # withheld from readers who may not see it (PRIVATE): :func:`redact`
 
 
 _PLANS: dict[type, tuple[_Spec, ...]] = {}
@@ -79,7 +91,8 @@ def _plan(cls: type) -> tuple[_Spec, ...]:
         default_limit = MAX_ITEMS if is_list else MAX_NAME
         required = f.default is MISSING and f.default_factory is MISSING
         specs.append(_Spec(f.name, tp, optional, is_list, required, int(f.metadata.get("max", default_limit)),
-                           tp not in _SCALARS, bool(f.metadata.get("omit_none", False))))
+                           tp not in _SCALARS, bool(f.metadata.get("omit_none", False)),
+                           bool(f.metadata.get("private", False))))
     plan = _PLANS[cls] = tuple(specs)
     return plan
 
@@ -192,8 +205,61 @@ def encode(obj: Any) -> dict[str, Any]:
     return out
 
 
+# -- private fields: marked in the field metadata (PRIVATE), withheld by one function ------------------
+
+
+_PRIVATE_KEYS: tuple[frozenset[str], frozenset[str]] | None = None
+
+
+def private_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """(the names of the private fields, the names of the list fields whose entries have private fields),
+    derived from the model's field metadata: today ``{user, command}`` and ``{processes, leases}``."""
+    global _PRIVATE_KEYS
+    if _PRIVATE_KEYS is None:
+        keys = {s.name for cls in MODEL_CLASSES for s in _plan(cls) if s.private}
+        lists = {s.name for cls in MODEL_CLASSES for s in _plan(cls)
+                 if s.is_list and s.nested and any(x.private for x in _plan(s.kind))}
+        _PRIVATE_KEYS = frozenset(keys), frozenset(lists)
+    return _PRIVATE_KEYS
+
+
+def redact(value: Any) -> Any:
+    """``value`` without its private fields (process owners and command lines, docs/security.md), the
+    one redaction of gpusd (daemon answers, event data, fleet views, a client's view of an unverified host).
+
+    * a JSON-like payload (dict, list): a copy in which every entry of a private list (``processes``,
+      ``leases``) has its private keys (``user``, ``command``) set to None; other values are shared;
+    * a model object (or any dataclass using this module's codec, such as a fleet view's host): its
+      private fields, and those of the objects it holds, set to None in place; returned."""
+    if isinstance(value, dict):
+        keys, lists = private_keys()
+        out = {}
+        for k, v in value.items():
+            if k in lists and isinstance(v, list):
+                out[k] = [{f: (None if f in keys else x) for f, x in e.items()} if isinstance(e, dict) else e
+                          for e in v]
+            else:
+                out[k] = redact(v)
+        return out
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        for spec in _plan(type(value)):
+            if spec.private:
+                setattr(value, spec.name, None)
+            elif spec.nested:
+                held = getattr(value, spec.name)
+                for item in (held or ()) if spec.is_list else (held,):
+                    if item is not None:
+                        redact(item)
+    return value
+
+
 TEXT: dict[str, Any] = {"max": MAX_TEXT}
 OPT: dict[str, Any] = {"omit_none": True}  # an optional reading sent only where present
+# A private field (process owners, command lines: docs/security.md): served only to readers the daemon
+# trusts, dropped from hosts that did not prove they hold the fleet secret.  :func:`redact` reads this mark.
+PRIVATE: dict[str, Any] = {"private": True}
 
 
 @dataclass(slots=True)
@@ -203,8 +269,8 @@ class ProcessInfo:
     pid: int
     used_memory: int | None = None
     type: str = "compute"  # "compute" or "graphics"
-    user: str | None = None  # None where the host cannot tell (containers without host PIDs)
-    command: str | None = field(default=None, metadata=TEXT)
+    user: str | None = field(default=None, metadata=PRIVATE)  # None where the host cannot tell (containers)
+    command: str | None = field(default=None, metadata={**TEXT, **PRIVATE})
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
     # on a GPU no gpusd lease covers: not a lease holder's (or its descendants') and not a lease
@@ -233,9 +299,7 @@ class MigInstance:
 
     @property
     def memory_free(self) -> int | None:
-        if self.memory_total is None or self.memory_used is None:
-            return None
-        return max(0, self.memory_total - self.memory_used)
+        return free_memory(self.memory_total, self.memory_used)
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)
@@ -251,11 +315,11 @@ class LeaseInfo:
 
     lease_id: str
     pid: int
-    user: str | None = None
+    user: str | None = field(default=None, metadata=PRIVATE)
     started: float | None = None  # seconds since the epoch
     memory: int | None = None  # bytes the job asked for; None: not stated
     shared: bool = False
-    command: str | None = field(default=None, metadata=TEXT)
+    command: str | None = field(default=None, metadata={**TEXT, **PRIVATE})
     device: str | None = None  # UUID of the leased GPU or MIG slice
     # A lease the daemon holds for a remote holder (docs/pool.md): where the request came from (the
     # client's address), and when the lease ends unless its holder renews it (seconds since the epoch).
@@ -368,6 +432,12 @@ class GpuInfo:
         return self.index if self.vendor_index is None else self.vendor_index
 
     @property
+    def memory_available(self) -> int | None:
+        """Free memory by the one rule (:func:`free_memory`): ``memory_free`` where the backend read it,
+        else total less used; None when unknown."""
+        return free_memory(self.memory_total, self.memory_used, self.memory_free)
+
+    @property
     def memory_used_ratio(self) -> float | None:
         if not self.memory_total or self.memory_used is None:
             return None
@@ -403,7 +473,7 @@ class HostSnapshot:
     cuda_version: str | None = None  # e.g. "12.4"
     nvml_version: str | None = None
     backend: str = "nvml"  # "nvml", "amdsmi", "levelzero", "simulated", or several joined by "+"
-    simulated: bool = False
+    # ``simulated`` is derived from ``backend`` (a property, below), still sent on the wire after it
     schema: int = SCHEMA_VERSION
     # The machine (added in 0.3, schema 1 still: older readers ignore these keys), as ``slurmd -C``
     # reports it: online logical CPUs, sockets, cores per socket, threads per core, bytes of RAM
@@ -414,6 +484,12 @@ class HostSnapshot:
     threads_per_core: int | None = None
     memory: int | None = None
 
+    @property
+    def simulated(self) -> bool:
+        """The GPUs are simulated (``gpusd start --simulate``): the backend says so, and every output
+        with it.  Sent on the wire as ``simulated`` beside ``backend``, as before 0.3."""
+        return self.backend == SIMULATED_BACKEND
+
     def gpu(self, key: int | str) -> GpuInfo:
         """The GPU with this index or UUID."""
         for g in self.gpus:
@@ -422,7 +498,12 @@ class HostSnapshot:
         raise KeyError(key)
 
     def to_dict(self) -> dict[str, Any]:
-        return encode(self)
+        out: dict[str, Any] = {}
+        for key, value in encode(self).items():  # "simulated" right after "backend", where it always was
+            out[key] = value
+            if key == "backend":
+                out["simulated"] = self.simulated
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostSnapshot:
@@ -431,7 +512,13 @@ class HostSnapshot:
         schema = d.get("schema", SCHEMA_VERSION)
         if schema != SCHEMA_VERSION or isinstance(schema, bool):
             raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
-        return decode(cls, d)
+        simulated = d.get("simulated")
+        if simulated is not None and not isinstance(simulated, bool):
+            raise WireError(f"field 'simulated' must be bool, got {type(simulated).__name__}")
+        snap = decode(cls, d)
+        if simulated and "backend" not in d:
+            snap.backend = SIMULATED_BACKEND  # a sender that said only "simulated"
+        return snap
 
     def to_json(self) -> str:
         import json
@@ -447,6 +534,31 @@ class HostSnapshot:
         except (ValueError, UnicodeDecodeError) as exc:
             raise WireError(f"not JSON: {exc}") from None
         return cls.from_dict(data)
+
+
+SIMULATED_BACKEND = "simulated"  # HostSnapshot.backend of simulated GPUs (gpusd.inventory.simulated)
+
+
+def _accept_simulated_keyword(cls: type) -> None:
+    """``HostSnapshot(..., simulated=True)`` as 0.2 wrote it still works (until 0.4), with a warning:
+    ``simulated`` is now derived from ``backend``, which it sets."""
+    init = vars(cls)["__init__"]
+
+    def __init__(self: Any, *args: Any, simulated: bool | None = None, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if simulated is not None:
+            import warnings
+
+            warnings.warn("HostSnapshot(simulated=...) is derived from backend: pass backend='simulated'",
+                          DeprecationWarning, stacklevel=2)
+            if simulated:
+                self.backend = SIMULATED_BACKEND
+
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]  # inspect.signature shows the fields
+    setattr(cls, "__init__", __init__)  # noqa: B010
+
+
+_accept_simulated_keyword(HostSnapshot)
 
 
 # The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
@@ -468,10 +580,10 @@ __all__ = [
     "MAX_NAME",
     "MAX_TEXT",
     "finite",
+    "free_memory",
+    "redact",
+    "shown_name",
 ]
-
-# Keep the list of fields in one place for documentation tools.
-FIELD_NAMES = {cls.__name__: [f.name for f in fields(cls)] for cls in MODEL_CLASSES}
 
 
 # -- how a GPU's name is shown -----------------------------------------------------------------------
@@ -493,6 +605,18 @@ def display_name(name: str | None) -> str:
             name = name[len(prefix):]
             break
     return name or "-"
+
+
+def shown_name(name: str | None, vendor: str = "nvidia") -> str:
+    """A GPU's NAME cell in every table (``devices``, ``list``, ``top``): :func:`display_name`, with the
+    vendor for a GPU that is not NVIDIA's (``MI300X [amd]``; the vendor made printable, at most 8
+    characters).  The dashboard's ``shortName`` (web/app.js) follows the same rule."""
+    shown = display_name(name)
+    if vendor == "nvidia":
+        return shown
+    from .sanitize import for_terminal
+
+    return f"{shown} [{for_terminal(vendor, 8)}]"
 
 
 def name_matches(name: str | None, pattern: str) -> bool:

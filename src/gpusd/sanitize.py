@@ -77,6 +77,17 @@ def for_terminal(s: object, max_len: int = MAX_LEN) -> str:
     return text
 
 
+def printable(text: str, limit: int | None = None, replace: str = "?") -> str:
+    """The first ``limit`` characters of ``text`` with every character Python does not print (controls,
+    format and separator characters, lone surrogates) replaced by ``replace`` (``""``: dropped): the
+    one per-character rule for a value that is stored or sent on (a TXT word, a record's host field, a
+    tool's message), where :func:`for_terminal` is for what a terminal shows."""
+    text = text if limit is None else text[:limit]
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else replace for c in text)
+
+
 def optional(s: object, max_len: int = MAX_LEN) -> str | None:
     """:func:`for_terminal`, except that ``None`` stays ``None`` (for ``x or "-"`` idioms)."""
     return None if s is None else for_terminal(s, max_len)

@@ -25,7 +25,7 @@ from daemon_helpers import (  # noqa: F401
     wait_until,
 )
 from gpusd.daemon.events import EventHub
-from gpusd.daemon.history import History
+from gpusd.daemon.recent import RecentSamples
 from gpusd.errors import BackendUnavailable
 from gpusd.wire.sse import SSEParser
 from gpusd.wire.txt import SERVICE_TYPE, decode_txt
@@ -196,7 +196,7 @@ async def test_fleet_off(tmp_path: Path) -> None:
 
 
 def test_history_and_hub_bounds() -> None:
-    h = History(seconds=1.0, interval=0.5)
+    h = RecentSamples(seconds=1.0, interval=0.5)
     s = make_snapshot(1)
     for i in range(10):
         s.timestamp = float(i)

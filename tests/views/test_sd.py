@@ -11,16 +11,17 @@ from aiohttp.test_utils import TestServer
 
 from gpusd.views import sd
 from gpusd.views.sources import base_url
+from gpusd.wire import promsd
 from monitor_fakes import FakeDaemon, make_app, sim_host
 
 
 def test_file_sd_document():
-    daemons = [sd.Daemon("http://198.18.0.2:4780/gpusd/api/v1", "node-b", "b" * 16, "lab"),
-               sd.Daemon("http://198.18.0.4:4780/api/v1", "node-d", "d" * 16, "lab"),
-               sd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab"),
-               sd.Daemon("http://[fe80::1]:4780", "node-c", "c" * 16),
-               sd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab")]  # seen twice: listed once
-    doc = sd.file_sd(daemons)
+    daemons = [promsd.Daemon("http://198.18.0.2:4780/gpusd/api/v1", "node-b", "b" * 16, "lab"),
+               promsd.Daemon("http://198.18.0.4:4780/api/v1", "node-d", "d" * 16, "lab"),
+               promsd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab"),
+               promsd.Daemon("http://[fe80::1]:4780", "node-c", "c" * 16),
+               promsd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab")]  # seen twice: listed once
+    doc = promsd.file_sd(daemons)
     assert doc == [
         {"targets": ["198.18.0.1:4780"], "labels": {"__meta_gpusd_hostname": "node-a",
                                                    "__meta_gpusd_node_id": "a" * 16, "__meta_gpusd_session": "lab"}},
@@ -53,14 +54,15 @@ def test_daemons_from_fleet_skips_urls_prometheus_cannot_scrape():
                        {"hostname": "c", "node_id": "3", "url": "http://10.0.0.3:99999"}]}
     daemons = sd.daemons_from_fleet(fleet)
     assert [d.hostname for d in daemons] == ["a"]
-    assert [g["targets"] for g in sd.file_sd(daemons)] == [["10.0.0.1:4780"]]
+    assert [g["targets"] for g in promsd.file_sd(daemons)] == [["10.0.0.1:4780"]]
 
 
 def test_broken_http_answer_is_a_source_error():
     import pytest
 
     from daemon_helpers import answer_garbage_once
-    from gpusd.views.sources import SourceError, get_json
+    from gpusd.errors import SourceError
+    from gpusd.views.sources import get_json
 
     srv, t = answer_garbage_once()
     try:
@@ -73,7 +75,7 @@ def test_broken_http_answer_is_a_source_error():
 
 def test_write_is_atomic_and_skips_identical_content(tmp_path):
     f = tmp_path / "gpusd.json"
-    d = [sd.Daemon("http://10.0.0.1:4780", "a", "1")]
+    d = [promsd.Daemon("http://10.0.0.1:4780", "a", "1")]
     assert sd.write(f, d) is True
     assert json.loads(f.read_text())[0]["targets"] == ["10.0.0.1:4780"]
     assert sd.write(f, d) is False

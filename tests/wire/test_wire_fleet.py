@@ -73,8 +73,9 @@ def test_a_0_1_answer_without_schema_still_reads() -> None:
 
 
 def test_readers_use_the_model() -> None:
+    from gpusd.errors import SourceError
     from gpusd.views.sd import daemons_from_fleet
-    from gpusd.views.sources import SourceError, hosts_from_fleet
+    from gpusd.views.sources import hosts_from_fleet
 
     answer = _answer(_host("a"), _host("b", alive=False), _host("c", hostname=["c"]))
     assert [h.hostname for h in hosts_from_fleet(answer)] == ["a", "b"]

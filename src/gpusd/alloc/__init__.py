@@ -1,3 +1,18 @@
-"""Race-free allocation of the local GPUs: constraints and ranking (:mod:`.select`), leases held with
-flock (:mod:`.leases`), the FIFO wait queue (:mod:`.queue`), the CUDA environment (:mod:`.env`), the
-Python API (:mod:`.api`) and ``gpusd run`` (:mod:`.runner`)."""
+"""Choosing and leasing the GPUs of this machine, race-free (docs/allocation.md).
+
+* :mod:`.select` — the constraints (:class:`Constraints`, defined once for flags and keywords) and the ranking;
+* :mod:`.placement` — a multi-GPU set chosen by topology, and why;
+* :mod:`.cpus` — binding a command to its GPUs' CPUs;
+* :mod:`.leases` — leases held with flock, in the shared lock directory or the authority's;
+* :mod:`.queue` — the wait queue (priorities, then first come, first served);
+* :mod:`.lockdir` — lock directories and files opened without following anyone's symlinks;
+* :mod:`.authority` — leases through the local daemon: the client side of the lease socket;
+* :mod:`.policy` — the fair-use policy file;
+* :mod:`.priority` — priorities: names, who may claim which, ageing;
+* :mod:`.env` — the visibility variables for chosen GPUs (``set_cuda_visible_devices``);
+* :mod:`.api` — ``gpusd.select`` and its :class:`Selection`;
+* :mod:`.runner` — ``gpusd run``: a command on leased GPUs, for as long as it lives.
+
+Internal (docs/api.md): ``gpusd.select``, ``gpusd.Selection``, ``gpusd.Constraints`` and
+``gpusd.set_cuda_visible_devices`` are the public names.
+"""

@@ -15,15 +15,15 @@ import os
 import sys
 import warnings
 
-from ..inventory.vendors import DEVICE_VARIABLE, Visible, apply_cleared, cleared, visible_env
+from ..inventory.vendors import Visible, apply_cleared, visible_env
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable, MutableMapping
 
-# the vendor rules, for the layers above alloc (engines): docs/architecture.md
-__all__ = ["DEVICE_VARIABLE", "Visible", "cleared", "visible_env", "cuda_env", "apply_env", "apply_visible",
-           "set_cuda_visible_devices", "cuda_initialized", "CudaAlreadyInitializedWarning"]
+# (the vendors' variables themselves are gpusd.inventory.vendors')
+__all__ = ["cuda_env", "apply_env", "apply_visible", "set_cuda_visible_devices", "cuda_initialized",
+           "CudaAlreadyInitializedWarning"]
 
 
 _DEVICE_LISTS = ("_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")  # the variables named in the warning

@@ -11,7 +11,7 @@ from itertools import groupby
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError
-from ..model import display_name
+from ..model import display_name, shown_name
 from ..sanitize import dumps, for_terminal
 from ..units import format_bytes, format_duration
 from .exits import EXIT_NO_DAEMON
@@ -246,7 +246,7 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         else:
             mem = util = temp = power = "-"
             state = "announced (hwsd)"
-        name = display_name(g.name) if g.vendor == "nvidia" else f"{display_name(g.name)} [{for_terminal(g.vendor, 8)}]"
+        name = shown_name(g.name, g.vendor)
         if d.simulated:
             state += " [sim]"
         if d.copy_of is not None:  # its daemon proved it is another host: a copy of that one's announcement

@@ -60,8 +60,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
+    from ..alloc.priority import PRIORITIES
     from ..jobs.checkpoint import CudaCheckpoint, find_cuda_checkpoint
-    from ..jobs.record import PRIORITIES
     from ..jobs.supervisor import Supervisor
     from .options import to_constraints, wait_timeout
 
@@ -110,7 +110,8 @@ def _visible(records: list["JobRecord"], all_users: bool) -> list["JobRecord"]:
 def jobs(args: argparse.Namespace) -> int:
     import time
 
-    from ..jobs.record import list_jobs, priority_name
+    from ..alloc.priority import priority_name
+    from ..jobs.record import list_jobs
     from ..sanitize import dumps, for_terminal
     from ..units import format_duration
     from .table import render_table

@@ -75,8 +75,10 @@ def top(args: argparse.Namespace) -> int:
 
 
 def export_prometheus_sd(args: argparse.Namespace) -> int:
+    from ..errors import SourceError
     from ..views import sd
-    from ..views.sources import DiscoverySource, FleetSource, SourceError
+    from ..views.sources import DiscoverySource, FleetSource
+    from ..wire.promsd import Daemon
 
     if args.watch and not args.output:
         raise ConfigError("--watch needs --output FILE (Prometheus re-reads the file when it changes)")
@@ -88,7 +90,7 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
 
     from ..wire.promsd import daemons_from_hosts
 
-    def daemons() -> list[sd.Daemon]:
+    def daemons() -> list[Daemon]:
         # the document every daemon serves at /api/v1/prometheus/http_sd, from the same function
         if source is None:
             fleet = FleetSource(args.url, key=fleet_key(args))

@@ -268,7 +268,6 @@ def reservations(args: argparse.Namespace) -> int:
 
 
 # -- gpusd run --fleet ----------------------------------------------------------------------------
-from ..alloc.runner import FORWARDED as FORWARDED  # noqa: E402  (one list of the signals a runner passes on)
 
 
 def ssh_base(options: Sequence[str]) -> list[str]:

@@ -103,9 +103,9 @@ def _fleet_urls(url: str, key: FleetKey | None) -> list[str]:
 
 
 def report(args: argparse.Namespace) -> int:
+    from ..errors import SourceError
     from ..usage.report import build
     from ..views.report import render
-    from ..views.sources import SourceError
     from .trust import fleet_key
 
     key = fleet_key(args)

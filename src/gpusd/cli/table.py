@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..model import GpuInfo, HostSnapshot, display_name
+from ..model import GpuInfo, HostSnapshot, shown_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
 from ..views.tables import MAX_CELL, render_table
@@ -54,8 +54,7 @@ def host_header(snap: HostSnapshot) -> str:
 
 def vendor_name(g: GpuInfo) -> str:
     """The NAME cell: the shown name, with the vendor for a GPU that is not NVIDIA's (``MI300X [amd]``)."""
-    name = display_name(g.name)
-    return name if g.vendor == "nvidia" else f"{name} [{for_terminal(g.vendor, 8)}]"
+    return shown_name(g.name, g.vendor)
 
 
 def gpu_rows(snap: HostSnapshot) -> list[list[str]]:

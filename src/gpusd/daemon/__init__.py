@@ -1,14 +1,25 @@
-"""The gpusd daemon: samples the local GPUs, serves them over HTTP, announces the host with mDNS.
+"""The gpusd daemon: samples the local GPUs, serves them over HTTP, announces the host with mDNS (docs/daemon.md).
 
-* :mod:`.config` — :class:`DaemonConfig`, every knob in one place.
-* :mod:`.service` — :class:`Daemon`: the sampling loop, history, event publishing.
-* :mod:`.http` — the aiohttp application (``build_app``) and server-sent event streams.
-* :mod:`.announce` — the DNS-SD announcement (rate-limited TXT updates, interface changes).
-* :mod:`.fleet` — the fleet view (an :class:`~gpusd.discovery.client.AsyncClient` in the daemon).
-* :mod:`.monitoring` — metrics, dashboard, alerts and threshold evaluation wired into the app.
-* :mod:`.access` — who may read private fields and write (the access middleware).
-* :mod:`.metrics` — Prometheus text format of the daemon's snapshot.
-* :mod:`.process` — pid file, background start, stop, status, systemd notification.
+* :mod:`.config` — :class:`DaemonConfig`, every knob in one place;
+* :mod:`.service` — :class:`Daemon`: the sampling loop, event publishing;
+* :mod:`.process` — pid file, background start, stop, status, systemd notification;
+* :mod:`.logs` — the log, bounded in rate and size; :mod:`.tls` — the daemon's TLS key and certificate;
+* :mod:`.http` — the aiohttp application (``build_app``) and server-sent event streams;
+* :mod:`.guard` — connection limits (header timeout, open connections); :mod:`.events` — the event hub;
+* :mod:`.recent` — the recent samples (ring buffers of ``GET /api/v1/history``);
+* :mod:`.recording` — the usage history (:mod:`gpusd.usage`) wired in, and its routes;
+* :mod:`.monitoring` — metrics, dashboard, alerts and threshold evaluation wired into the app;
+* :mod:`.metrics` — Prometheus text format of the daemon's snapshot (and DCGM's names);
+* :mod:`.access` — who may read private fields and write (the access middleware, redaction);
+* :mod:`.users` — who signed a remote write (``authorized_keys``, the users file);
+* :mod:`.announce` — the DNS-SD announcement; :mod:`.hwsd` — what a ``--gpusd-compat`` host tells hwsd clients;
+* :mod:`.fleet` — the fleet view (an :class:`~gpusd.discovery.client.AsyncClient` in the daemon);
+* :mod:`.leasesock` — the lease authority on its Unix socket; :mod:`.leaseconn` — one connection;
+  :mod:`.leasereq` — its requests checked; :mod:`.slurmjobs` — the leases it holds for Slurm jobs;
+* :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
+* :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node.
+
+Internal (docs/api.md): no public API beyond the command and the wire formats.
 """
 
 from __future__ import annotations

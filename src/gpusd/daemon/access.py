@@ -29,8 +29,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..wire.privacy import PRIVATE_FIELDS as PRIVATE_FIELDS  # re-exported: the wire's private fields
-from ..wire.privacy import redact as redact
+from ..model import private_keys, redact
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -51,7 +50,9 @@ def _request_key() -> Any:
     return _KEY
 
 
-_PRIVATE_VALUE = re.compile(rb'"(?:user|command)"\s*:\s*"')
+_PRIVATE_NAMES = sorted(private_keys()[0])  # the model's private fields (gpusd.model.PRIVATE)
+_PRIVATE_VALUE = re.compile(rb'"(?:' + b"|".join(re.escape(k.encode()) for k in _PRIVATE_NAMES) + rb')"\s*:\s*"')
+_PRIVATE_KEYS = tuple(b'"' + k.encode() + b'"' for k in _PRIVATE_NAMES)
 
 
 def needs_redaction(body: bytes) -> bool:
@@ -74,7 +75,7 @@ def redact_event(message: bytes) -> bytes:
     whose data cannot be parsed but may hold private values is dropped (``b""``), never passed on.
     The last event's redaction is remembered (by identity: the hub hands one bytes object to every
     reader), so a snapshot event is parsed once, not once per public reader."""
-    if b'"user"' not in message and b'"command"' not in message:
+    if not any(k in message for k in _PRIVATE_KEYS):
         return message  # the common case (heartbeats, events without processes): no parsing
     if _LAST_REDACTED and _LAST_REDACTED[0] is message:
         return _LAST_REDACTED[1]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot
     from .config import DaemonConfig
     from .fleet import Fleet
-    from .history import History
+    from .recent import RecentSamples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,7 +43,7 @@ class Daemon(Protocol):
     @property
     def snapshot(self) -> "HostSnapshot | None": ...
     @property
-    def history(self) -> "History": ...
+    def history(self) -> "RecentSamples": ...
     @property
     def events(self) -> EventHub: ...
     @property
@@ -67,7 +67,7 @@ SSE_HEADERS = {
 class Answers:
     """The bytes of the answers built from one snapshot (``GET /api/v1/gpus``, ``/api/v1/host``), per
     redaction level: ``private`` (a local reader, or a verified fleet member: both see process owners
-    and commands) and public (those fields nulled, :func:`gpusd.wire.privacy.redact`).  Each is built
+    and commands) and public (those fields nulled, :func:`gpusd.model.redact`).  Each is built
     at most once per sample, on its first request; a new snapshot object starts afresh.  A public
     body is always built from the redacted payload, never from a private body, and the two never
     share a key; the access middleware checks every public answer anyway (docs/security.md)."""
@@ -84,8 +84,8 @@ class Answers:
         key = (kind, private)
         body = self._bodies.get(key)
         if body is None:
+            from ..model import redact
             from ..sanitize import dumps
-            from ..wire.privacy import redact
 
             payload = build()
             body = dumps(payload if private else redact(payload), separators=(",", ":")).encode()

@@ -7,7 +7,7 @@
 * ``GET /api/v1/alerts``: the threshold rules exceeded right now, and the rules configured;
 * the access middleware (:mod:`.access`): writes need a signature; JSON answers are redacted for
   readers without it.  Streaming handlers call :func:`gpusd.daemon.access.can_see_private` and
-  :func:`gpusd.wire.privacy.redact` themselves;
+  :func:`gpusd.model.redact` themselves;
 * the threshold engine, run on every new snapshot — from ``daemon.on_sample`` callbacks where the
   daemon has that list, else from a task polling ``latest_snapshot()`` — calling
   ``daemon.publish("threshold", data)`` for each state change (and logging it).

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import DaemonStartFailed, GpusdError
-from ..errors import NoDaemon as NoDaemon  # re-exported: defined in gpusd.errors
+from ..errors import DaemonStartFailed, GpusdError, NoDaemon
 
 log = logging.getLogger(__name__)
 

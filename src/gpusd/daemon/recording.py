@@ -243,7 +243,7 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
         return _json(out)
 
     async def idle(request: web.Request) -> web.Response:
-        from .access import redact
+        from ..model import redact
 
         data = {"idle_after": rec.policy.idle_after, "release": rec.policy.release, "grace": rec.policy.grace,
                 "idle": rec.watch.idle()}

@@ -3,7 +3,7 @@
 Everything another part of gpusd needs is reachable from one :class:`Daemon`:
 
 * ``daemon.snapshot`` — the latest :class:`~gpusd.model.HostSnapshot` (leases attached);
-* ``daemon.history`` — per-GPU ring buffers (:class:`~gpusd.daemon.history.History`);
+* ``daemon.history`` — per-GPU ring buffers (:class:`~gpusd.daemon.recent.RecentSamples`);
 * ``daemon.publish(event, data)`` — send an event to every ``/api/v1/events`` listener;
 * ``daemon.on_sample`` — callbacks ``fn(snapshot)`` run on the event loop after every sample;
 * ``daemon.app`` — the aiohttp application: add routes before :meth:`start`;
@@ -37,8 +37,8 @@ from ..model import HostSnapshot
 from ..wire.sse import format_event
 from .config import DaemonConfig
 from .events import EventHub
-from .history import History
 from .logs import flush as flush_log_summaries
+from .recent import RecentSamples
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -66,7 +66,7 @@ class Daemon:
         self.interfaces: list[str] | None = None  # resolved at start
         self.backend = backend
         self.snapshot: HostSnapshot | None = None
-        self.history = History(config.history, config.interval)
+        self.history = RecentSamples(config.history, config.interval)
         self.events = EventHub(max_subscribers=config.max_subscribers, per_peer=config.max_subscribers_per_peer,
                                reserved=config.reserved_subscribers if config.token else 0)
         self.on_sample: list[Callable[[HostSnapshot], Any]] = []

@@ -1,4 +1,4 @@
-"""Finding gpusd daemons (and GPU-SD/hwsd daemons) on the LAN.
+"""Finding gpusd daemons (and GPU-SD/hwsd daemons) on the LAN and beyond.
 
 * :mod:`.client` — :class:`AsyncClient`: follow every host its sources find, emit
   ``host_added``/``device_updated``/... events.
@@ -11,7 +11,9 @@
 * :mod:`.bus` — the event bus; :mod:`.types` — hosts, devices, events, filters; :mod:`.oneshot` —
   the one-shot browse of ``gpusd list``.
 
-Nothing heavy is imported here: ``import gpusd.wire.txt`` stays cheap.
+``gpusd.Client``, ``gpusd.AsyncClient``, ``gpusd.Device`` and ``gpusd.DiscoveryEvent`` are the public
+names (docs/api.md); the rest is internal.  Nothing heavy is imported here: ``import gpusd.wire.txt``
+stays cheap.
 """
 
 from __future__ import annotations

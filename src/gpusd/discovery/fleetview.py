@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from ..errors import GpusdError
+from ..model import redact
 from .source import Listing
-from .types import Device, Filters, RemoteHost, drop_private
+from .types import Device, Filters, RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
     from concurrent.futures import Future
@@ -110,7 +111,7 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
             unmatched += 1
             continue
         if snap.node_id != own_node and not private:
-            drop_private(snap)
+            redact(snap)
         host = RemoteHost(key=snap.node_id, txt=txt, url=h.url, snapshot=snap, alive=h.alive,
                           verified=h.verified if private else None)
         hosts.append(host)

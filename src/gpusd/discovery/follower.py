@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..model import HostSnapshot
+from ..model import HostSnapshot, redact
 from ..wire.mdns import rank_addresses
 from ..wire.signing import fingerprint_bytes
 from ..wire.sse import SSEError, SSEParser
@@ -37,7 +37,6 @@ from .types import (
     DiscoveryEvent,
     RemoteHost,
     SignedIdentity,
-    drop_private,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -379,7 +378,7 @@ class Follower:
             self.problem(f"invalid snapshot: {str(exc)[:200]}")
             return None
         if host.verified is False:  # private fields are trusted only from daemons that proved themselves
-            drop_private(snap)
+            redact(snap)
         if snap.node_id != host.node_id:
             self.problem(f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")
             return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import GpuInfo, HostSnapshot, display_name, name_matches
-from ..sanitize import for_terminal
+from ..sanitize import for_terminal, printable
 from ..units import format_bytes
 from ..wire.fleet import HostRecord
 from ..wire.txt import TxtRecord
@@ -79,12 +79,7 @@ class Device:
 
     @property
     def memory_free(self) -> int | None:
-        g = self.gpu
-        if g.memory_free is not None:
-            return g.memory_free
-        if g.memory_total is not None and g.memory_used is not None:
-            return max(0, g.memory_total - g.memory_used)
-        return None
+        return self.gpu.memory_available  # the model's one rule
 
     @property
     def utilization(self) -> float | None:
@@ -317,7 +312,7 @@ def _job_words(data: dict[str, Any]) -> str:
     """A rebalancing decision in words, from a daemon's ``job`` event (bounded, printable)."""
 
     def text(v: Any, limit: int = 300) -> str:
-        return "".join(c if c.isprintable() else "?" for c in v[:limit]) if isinstance(v, str) else ""
+        return printable(v, limit) if isinstance(v, str) else ""
 
     done = "done" if data.get("ok") is True else f"failed: {text(data.get('result'), 200)}"
     return f"{text(data.get('action'), 16)} {text(data.get('job'), 32)}: {text(data.get('reason'))} ({done})"
@@ -328,7 +323,7 @@ def _rule_words(data: dict[str, Any]) -> str:
     daemon: typed, bounded and printable before it reaches a terminal)."""
 
     def text(v: Any) -> str | None:
-        return "".join(c if c.isprintable() else "?" for c in v[:120]) if isinstance(v, str) and v else None
+        return printable(v, 120) if isinstance(v, str) and v else None
 
     name, expr = text(data.get("rule")), text(data.get("expr"))
     if name is None and expr is None:
@@ -359,20 +354,7 @@ class Filters:
         if self.model and not name_matches(gpu.name, self.model):
             return False
         if self.min_free_memory is not None:
-            free = gpu.memory_free
-            if free is None and gpu.memory_total is not None and gpu.memory_used is not None:
-                free = gpu.memory_total - gpu.memory_used
+            free = gpu.memory_available  # the model's one rule
             if free is None or free < self.min_free_memory:
                 return False
         return True
-
-
-def drop_private(snap: HostSnapshot) -> None:
-    """Blank what only a host that proved itself is trusted with (process and lease owners, command
-    lines): for a host that did not, and for another host's snapshot in an unproved fleet view.  (The
-    one redaction rule of the model replaces this where it exists: same call, ``redact(snap)``.)"""
-    for g in snap.gpus:
-        for p in g.processes or ():
-            p.user = p.command = None
-        for lease in g.leases or ():
-            lease.user = lease.command = None

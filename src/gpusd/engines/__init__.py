@@ -1,3 +1,10 @@
-"""Distributed engines on gpusd's GPUs: a :class:`~.placement.Placement` (the hosts and GPUs a job got)
-turned into what DeepSpeed, Open MPI, Horovod, torchrun and Ray read (:mod:`.generate`), the per-rank
-GPU wrapper (:mod:`.rank_gpu`), and the SSH launcher (:mod:`.launch`).  See docs/engines.md."""
+"""Distributed engines on gpusd's GPUs (docs/engines.md).
+
+* :mod:`.placement` — a :class:`~.placement.Placement`: the hosts and GPUs a job got, head first;
+* :mod:`.generate` — what DeepSpeed, Open MPI, Horovod, torchrun and Ray read, from a placement;
+* :mod:`.rank_gpu` — the per-rank GPU wrapper run under mpirun/horovodrun (standard library only);
+* :mod:`.launch` — the SSH launcher (``gpusd launch``);
+* :mod:`.hold` — the host-side guard that stops what an engine left running before its lease can end.
+
+Internal (docs/api.md).
+"""

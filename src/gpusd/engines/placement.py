@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..alloc.env import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..errors import GpusdError
 from ..ids import PlacementId
+from ..inventory.vendors import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..model import VENDORS
 from ..sanitize import ip_word
 

@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (token.isdigit() or (token.startswith("GPU-") and len(token) <= 64)):
             print(f"gpusd rank_gpu: not a GPU: {token[:40]!r}", file=sys.stderr)
             return 2
-        from ..alloc.env import Visible, cleared, visible_env
+        from ..inventory.vendors import Visible, cleared, visible_env
 
         visible = Visible(vendor, int(token) if token.isdigit() else 0, None if token.isdigit() else token)
         variables = visible_env([visible])

@@ -1,9 +1,19 @@
 """Reading the local GPUs: NVML, amdsmi (AMD) and Level Zero Sysman (Intel) for real hardware, a
-simulation for demos.
+simulation for demos (docs/inventory.md).
 
 ``open_backend()`` picks the simulation named by ``simulate`` / ``$GPUSD_SIMULATE``, or every vendor
-backend that works here (``$GPUSD_BACKENDS`` to name them: :mod:`gpusd.inventory.combined`).  All
-backends have the same interface (:class:`Backend`).
+backend that works here (``$GPUSD_BACKENDS`` to name them).  All backends have the same interface
+(:class:`Backend`):
+
+* :mod:`.nvml` — NVIDIA, in-process; :mod:`.amd` — amdsmi; :mod:`.intel` — Level Zero through pyzes;
+* :mod:`.combined` — several vendors of one host as one backend;
+* :mod:`.simulated` — simulated GPUs; :mod:`.contention` — the simulator's jobs sharing GPUs;
+* :mod:`.window` — utilisation averaged over a time window;
+* :mod:`.lost` — a GPU that fails mid-snapshot, flagged unhealthy;
+* :mod:`.processes` — who runs a GPU process (user, command line);
+* :mod:`.vendors` — each vendor's visibility variables.
+
+Internal (docs/api.md): ``gpusd.local_snapshot`` is the public way to read this machine's GPUs.
 """
 
 from __future__ import annotations

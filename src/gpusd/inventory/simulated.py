@@ -383,8 +383,7 @@ class SimulatedBackend:
             # CUDA only where an NVIDIA GPU is simulated (an MI300X-only host has none)
             cuda_version=self.cuda_version if any(g.vendor == "nvidia" for g in gpus) else None,
             nvml_version=None,
-            backend="simulated",
-            simulated=True,
+            backend="simulated",  # HostSnapshot.simulated
         ))
 
     def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:

@@ -139,14 +139,3 @@ def apply_cleared(environ: MutableMapping[str, str], vendors: Iterable[str], kee
     """Remove from ``environ`` what :func:`cleared` names for ``vendors`` (but ``keep``)."""
     for name in cleared(vendors) - set(keep):
         environ.pop(name, None)
-
-
-def vendor_of_name(name: str | None) -> str:
-    """The vendor a GPU's marketing name says (for names that come without one: scenario files,
-    placements written by hand)."""
-    n = (name or "").lower()
-    if n.startswith("amd") or "instinct" in n or "radeon" in n or n.startswith("mi"):
-        return "amd"
-    if n.startswith("intel") or "data center gpu max" in n or n.startswith("arc"):
-        return "intel"
-    return "nvidia"

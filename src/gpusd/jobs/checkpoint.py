@@ -48,8 +48,9 @@ def find_cuda_checkpoint() -> str | None:
 
 def _printable(text: str) -> str:
     """The tool's output, for a log line or an event: one line, printable, bounded."""
-    flat = " ".join(text.split())
-    return "".join(c if c.isprintable() else "?" for c in flat)[:MAX_OUTPUT]
+    from ..sanitize import printable
+
+    return printable(" ".join(text.split()), MAX_OUTPUT)
 
 
 def process_tree(root: int, limit: int = MAX_PROCESSES) -> list[int]:

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 from ..alloc.leases import LeaseStore, current_user
 from ..errors import ConfigError, GpusdError
 from ..ids import JobId, LeaseId
+from ..sanitize import printable
 from .record import MAX_DEVICES, JobRecord, RecordWriter, list_jobs
 
 RESTART_ME = 75  # the protocol's "restart me" status (docs/jobs.md)
@@ -46,7 +47,7 @@ def _say(message: str) -> None:
 
 def clean_host(text: str) -> str:
     """A host name for the informational ``host`` field: at most 255 printable characters."""
-    return "".join(c if c.isprintable() else "?" for c in text[:MAX_HOST])
+    return printable(text, MAX_HOST)
 
 
 def device(d: object) -> dict[str, Any]:

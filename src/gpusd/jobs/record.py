@@ -24,8 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import create_exclusive, read_live, user_name
-from ..alloc.priority import PRIORITIES as PRIORITIES  # re-exported: the names belong to alloc.priority
-from ..alloc.priority import priority_name as priority_name
+from ..alloc.priority import PRIORITIES, priority_name
 from ..ids import JobId, LeaseId
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -158,12 +157,6 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
         os.close(dfd)
     out.sort(key=lambda r: (r.started or 0.0, r.job))
     return out
-
-
-def find_job(job_id: str, store: LeaseStore | None = None) -> JobRecord | None:
-    prefix = job_id.strip().lower()
-    matches = [r for r in list_jobs(store) if r.job.startswith(prefix)] if prefix else []
-    return matches[0] if len(matches) == 1 else None
 
 
 class RecordWriter:

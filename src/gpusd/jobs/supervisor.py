@@ -35,11 +35,12 @@ from ..alloc.api import Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
 from ..alloc.leases import MAX_LEASE_BYTES, Lease, LeaseStore, current_user
 from ..alloc.lockdir import create_exclusive
+from ..alloc.priority import PRIORITIES, priority_name
 from ..alloc.select import Candidate, Constraints
 from ..errors import GpusdError, NoGpuAvailable, to_wire
 from ..ids import JobId
 from . import control
-from .record import PRIORITIES, JobRecord, RecordWriter, list_jobs, priority_name
+from .record import JobRecord, RecordWriter, list_jobs
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 

@@ -1,3 +1,8 @@
-"""gpusd and Slurm (docs/slurm.md): slurm.conf and gres.conf lines from the fleet (``conf``, pure),
-the Slurm job leases of ``gpusd slurm prolog``/``epilog`` (``jobs``), and slurmd run as a dynamic
-node beside the daemon (``node``)."""
+"""gpusd and Slurm (docs/slurm.md).
+
+* :mod:`.conf` — slurm.conf and gres.conf lines from the fleet (pure);
+* :mod:`.jobs` — the Slurm job leases of ``gpusd slurm prolog``/``epilog``;
+* :mod:`.node` — slurmd run as a dynamic node beside the daemon.
+
+Internal (docs/api.md).
+"""

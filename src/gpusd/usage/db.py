@@ -81,10 +81,6 @@ class Retention:
             raise ConfigError("--history-size must be between 1 MiB and 1 TiB")
 
 
-def default_path(state_dir: Path) -> Path:
-    return state_dir / "history.sqlite"
-
-
 def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
     """Open (creating when writable) the history database.  A reader opens it read-only: it can
     never change, lock out or grow the daemon's file.  Raises ``sqlite3.Error`` or ``OSError``."""

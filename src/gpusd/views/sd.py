@@ -18,9 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..wire.promsd import Daemon as Daemon
-from ..wire.promsd import daemons_from_view
-from ..wire.promsd import file_sd as file_sd
+from ..wire.promsd import Daemon, daemons_from_view, file_sd
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.fleet import HostRecord
@@ -35,7 +33,7 @@ def fleet_hosts(fleet: dict[str, Any], trusted: bool | None = None) -> list[Host
     try:
         view = FleetView.from_dict(fleet)
     except ValueError as exc:
-        from .sources import SourceError
+        from ..errors import SourceError
 
         raise SourceError(f"bad fleet answer: {exc}") from None
     if trusted is False:
@@ -52,7 +50,7 @@ def daemons_from_fleet(fleet: dict[str, Any], session: str | None = None) -> lis
     try:
         view = FleetView.from_dict(fleet)
     except ValueError as exc:
-        from .sources import SourceError
+        from ..errors import SourceError
 
         raise SourceError(f"bad fleet answer: {exc}") from None
     return [Daemon(url=d.url, hostname=d.hostname, node_id=d.node_id, session=session)

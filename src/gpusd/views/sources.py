@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..discovery.fleetview import base_url as base_url  # the views' and the CLI's one daemon-URL rule
-from ..wire.http import MAX_ANSWER as MAX_ANSWER  # re-exported
-from ..wire.http import SourceError as SourceError
+from ..errors import SourceError
 from ..wire.http import fetch_json
 from .top import HostView
 

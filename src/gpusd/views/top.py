@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..model import GpuInfo, display_name
+from ..model import GpuInfo, display_name, shown_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
 from ..wire.fleet import RECORD_FIELDS, HostRecord
@@ -297,10 +297,7 @@ def _power(g: GpuInfo) -> str:
 
 def _short_name(name: str | None, vendor: str = "nvidia") -> str:
     """The shown name, with the vendor for a GPU that is not NVIDIA's (``MI300X [amd]``)."""
-    shown = display_name(for_terminal(name, 4 * NAME_MAX))
-    if vendor != "nvidia":
-        shown = f"{shown} [{vendor}]"
-    return for_terminal(shown, NAME_MAX)
+    return for_terminal(shown_name(for_terminal(name, 4 * NAME_MAX), vendor), NAME_MAX)
 
 
 def _procs(g: GpuInfo, limit: int = 2) -> str:

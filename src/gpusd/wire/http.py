@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
+from ..sanitize import printable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .signing import FleetKey
@@ -143,7 +144,7 @@ def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node
     ok, node = _proven(x, key, node_id)
     if ok:
         return Answer(data, True, node)
-    from .privacy import redact
+    from ..model import redact
 
     return Answer(redact(data), False)
 
@@ -156,7 +157,7 @@ def _error_text(body: bytes) -> str:
         return ""
     if not isinstance(err, str):
         return ""
-    return ": " + "".join(c for c in err[:200] if c.isprintable())
+    return ": " + printable(err, 200, replace="")
 
 
 @dataclass

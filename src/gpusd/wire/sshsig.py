@@ -100,12 +100,6 @@ def fingerprint(blob: bytes) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def public_line(blob: bytes, comment: str = "") -> str:
-    """The ``authorized_keys`` form of a key: ``TYPE BASE64 [comment]``."""
-    line = f"{key_type(blob)} {base64.b64encode(blob).decode()}"
-    return f"{line} {comment}" if comment else line
-
-
 def parse_public(text: str) -> bytes:
     """The blob of a public key written ``TYPE BASE64 [comment]`` (a ``.pub`` file's line)."""
     fields = text.strip().split()

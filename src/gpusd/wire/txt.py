@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from ..errors import TxtError as TxtError  # re-exported: defined in gpusd.errors
 from ..model import HostSnapshot
+from ..sanitize import printable
 
 SERVICE_TYPE = "_gpusd._tcp.local."
 HWSD_TYPE = "_gpu-sd._tcp.local."
@@ -100,7 +101,7 @@ def short_model(name: str | None) -> str:
     if text.startswith("NVIDIA "):
         text = text[7:]
     text = text.replace(";", " ").replace("*", " ").replace("=", " ")
-    text = "".join(ch for ch in text if ch.isprintable()).strip() or "unknown"
+    text = printable(text, replace="").strip() or "unknown"
     return text[:MAX_MODEL]
 
 
@@ -464,7 +465,7 @@ def hwsd_word(value: bytes, limit: int = 64) -> str:
     words = value.split(None, 1)
     word = words[0].split(b"\x00", 1)[0] if words else b""
     text = word[: limit * 4].decode("utf-8", errors="replace")
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:limit]
+    return printable(text, limit)
 
 
 def decode_hwsd(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtRecord:

@@ -1,4 +1,8 @@
-"""A short per-GPU history of the live values (ring buffers, bounded by time and length)."""
+"""The recent samples: per GPU, the last minutes of the live values in ring buffers bounded by time and
+length, served at ``GET /api/v1/history`` (``gpusd start --history S``).
+
+Not the usage history (:mod:`gpusd.usage`, an SQLite database kept for a year): docs/history.md, "Two
+kinds of history"."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from ..model import HostSnapshot, finite
 FIELDS = ("utilization_gpu", "memory_used", "temperature", "power_draw")
 
 
-class History:
+class RecentSamples:
     def __init__(self, seconds: float, interval: float) -> None:
         self.seconds = seconds
         self.maxlen = max(1, int(seconds / max(interval, 0.01)) + 1)
