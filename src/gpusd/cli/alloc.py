@@ -23,12 +23,13 @@ def _constraints(args: argparse.Namespace) -> "Constraints":
 
 
 def _allocate(args: argparse.Namespace, command: str | None = None) -> "Selection":
-    from ..alloc.api import allocate
+    from ..alloc.api import LeaseRequest, allocate
+    from ..alloc.handle import Holder
 
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout only makes sense with --wait")
-    sel = allocate(_constraints(args), lease=args.lease, wait=args.wait, timeout=args.timeout,
-                   simulate=args.simulate, command=command)
+    sel = allocate(LeaseRequest(_constraints(args), lease=args.lease, wait=args.wait, timeout=args.timeout,
+                                simulate=args.simulate, holder=Holder(command=command)))
     sel.use_uuid = args.uuid
     return sel
 
