@@ -421,7 +421,7 @@ def test_a_client_never_sends_a_change_to_an_older_daemon():
         with pytest.raises(GpusdError, match="older than this gpusd"):
             lease.grow(Constraints(count=1))
         with pytest.raises(GpusdError, match="older than this gpusd"):
-            lease.drop("GPU-a")
+            lease.give_back("GPU-a")
         daemon.setblocking(False)
         with pytest.raises(BlockingIOError):
             daemon.recv(1)  # nothing was sent
