@@ -61,11 +61,13 @@ def test_a_policy_only_root_can_read_does_not_make_two_waiters_wait_for_each_oth
     os.chmod(policy, 0o600)  # an administrator's umask 077: users silently get the defaults (30 min)
     monkeypatch.setenv("GPUSD_PRIORITY_POLICY", str(policy))
     store = LeaseStore(locks)
-    allocate(LeaseRequest(Constraints(count=1), simulate=SIM), store=LeaseStore(tmp := shared_tmp / "warm")).release()  # imports
+    warm = LeaseRequest(Constraints(count=1), simulate=SIM)
+    allocate(warm, store=LeaseStore(tmp := shared_tmp / "warm")).release()  # imports
     del tmp
     # The GPU is held by another process: a lease taken here would be inherited by the forked user below.
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from gpusd.alloc.api import LeaseRequest, allocate\nfrom gpusd.alloc.leases import LeaseStore\n"
+                               "from gpusd.alloc.api import LeaseRequest, allocate\n"
+                               "from gpusd.alloc.leases import LeaseStore\n"
                                "from gpusd.alloc.select import Constraints\n"
                                f"s = allocate(LeaseRequest(Constraints(count=1), simulate={SIM!r}), "
                                f"store=LeaseStore({str(locks)!r}))\n"
@@ -92,7 +94,8 @@ def test_a_policy_only_root_can_read_does_not_make_two_waiters_wait_for_each_oth
 
     def root_waits() -> None:  # root's normal job (as the daemon waits for a client), queued second
         try:
-            sel = allocate(LeaseRequest(Constraints(count=1), wait=True, timeout=12, simulate=SIM, priority=NORMAL), store=store)
+            req = LeaseRequest(Constraints(count=1), wait=True, timeout=12, simulate=SIM, priority=NORMAL)
+            sel = allocate(req, store=store)
         except GpusdError as exc:
             got_err.append(repr(exc))
             return

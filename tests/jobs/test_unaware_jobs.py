@@ -211,8 +211,8 @@ def test_stop_pause_and_forwarded_signals_never_reach_a_process_group_that_reuse
         stale = types.SimpleNamespace(pid=other.pid, poll=lambda: None, wait=wait)
         child = Child("job j1")
         child.proc, child.pidfd, child.pgid = stale, pidfd, command.pid  # type: ignore[assignment]
-        sup = types.SimpleNamespace(child=child, grace=0.2, job_id="j1", state=JobStates(JobState.RUNNING),
-                                    lock=threading.RLock(), pausable=True,
+        sup = types.SimpleNamespace(child=child, spec=types.SimpleNamespace(grace=0.2, pausable=True), job_id="j1",
+                                    state=JobStates(JobState.RUNNING), lock=threading.RLock(),
                                     writer=types.SimpleNamespace(write=lambda **kw: None))
         Supervisor._stop_child(sup, JobState.MOVING)  # type: ignore[arg-type]
         assert Supervisor.pause(sup, True, "test")["ok"]  # type: ignore[arg-type]

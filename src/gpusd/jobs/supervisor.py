@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..alloc.api import LeaseRequest, Selection, allocate, shared_backend
@@ -77,18 +77,51 @@ def log(message: str) -> None:
     print(f"gpusd: {message}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class JobSpec:
+    """What ``gpusd run`` was asked (docs/jobs.md): the constraints of the job's GPUs, the command
+    (``cmd``; ``command``: as the records show it), its priority, whether it may be preempted
+    (``preemptible``) or paused, the signal that tells it of a change (``notify_signal``) and what a
+    change does (``on_change``: :data:`ON_CHANGE`), the seconds between SIGTERM and SIGKILL
+    (``grace``), whether and how long to wait for GPUs, simulated GPUs, ``CUDA_VISIBLE_DEVICES`` as
+    UUIDs, cuda-checkpoint for moves, and binding to the GPUs' CPUs."""
+
+    c: Constraints
+    cmd: tuple[str, ...]
+    command: str
+    priority: int = PRIORITIES["normal"]
+    preemptible: bool = False
+    pausable: bool = False
+    notify_signal: int = signal.SIGUSR1
+    grace: float = 30.0
+    wait: bool = False
+    timeout: float | None = None
+    simulate: str | None = None
+    use_uuid: bool = False
+    cuda_checkpoint: CudaCheckpoint | None = None
+    on_change: str = "signal"  # ON_CHANGE: how the command is told of a grow or shrink
+    bind_cpus: bool = False  # run the command on its GPUs' local CPUs (alloc.cpus)
+
+    @property
+    def own_group(self) -> bool:
+        """Whether the command runs in its own process group (so that SIGTERM, SIGSTOP and SIGCONT
+        reach all of it)."""
+        return self.preemptible or self.pausable or self.on_change == "restart"
+
+
 class Supervisor:
+    """One job: its :class:`JobSpec`, its state (:attr:`state`), its command (:attr:`child`), its lease
+    (:attr:`lease`, a :class:`LeaseHandle`) and the GPUs it has now (:attr:`devs`), its record
+    (:attr:`writer`) and job file, and its control socket (:attr:`server`).  :meth:`run` is the main
+    thread's loop; the control socket's threads change the job under :attr:`lock`."""
+
     def __init__(self, c: Constraints, cmd: Sequence[str], *, command: str, priority: int = PRIORITIES["normal"],
                  preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
                  simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
                  host: str | None = None, on_change: str = "signal", bind_cpus: bool = False) -> None:
-        self.c, self.cmd, self.command = c, list(cmd), command
-        self.on_change = on_change  # ON_CHANGE: how the command is told of a grow or shrink
-        self.bind_cpus = bind_cpus  # run the command on its GPUs' local CPUs (alloc.cpus)
-        self.priority, self.preemptible, self.pausable = priority, preemptible, pausable
-        self.notify_signal, self.grace, self.wait, self.timeout = notify_signal, grace, wait, timeout
-        self.simulate, self.use_uuid, self.cuda_checkpoint = simulate, use_uuid, cuda_checkpoint
+        self.spec = JobSpec(c, tuple(cmd), command, priority, preemptible, pausable, notify_signal, grace, wait,
+                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus)
         self.store = LeaseStore()
         self.lock = threading.RLock()  # the job's GPUs, lease and state, against the control socket's threads
         self.job_id = new_job_id()
@@ -121,7 +154,7 @@ class Supervisor:
         """The job's devices as its vendor's variable lists them (``CUDA_VISIBLE_DEVICES`` on NVIDIA,
         ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel)."""
         if all(d.gpu.vendor == "nvidia" for d in self.devs):
-            if self.use_uuid or any(d.mig is not None for d in self.devs):
+            if self.spec.use_uuid or any(d.mig is not None for d in self.devs):
                 return ",".join(d.uuid for d in self.devs)
             return ",".join(str(d.gpu.device_index) for d in self.devs)
         from ..inventory.vendors import DEVICE_VARIABLE
@@ -132,7 +165,8 @@ class Supervisor:
     def visible_env(self) -> dict[str, str]:
         from ..inventory.vendors import Visible, visible_env
 
-        return visible_env([Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs], use_uuid=self.use_uuid)
+        return visible_env([Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs],
+                           use_uuid=self.spec.use_uuid)
 
     def write_job_file(self, state: str, reason: str | None = None) -> None:
         self.generation += 1
@@ -149,7 +183,7 @@ class Supervisor:
 
     def notify(self) -> str:
         """Send the notify signal to the command, but only if it catches it (:meth:`Child.notify`)."""
-        return self.child.notify(self.notify_signal)
+        return self.child.notify(self.spec.notify_signal)
 
     # -- leases -------------------------------------------------------------------------------------
     def _take(self, sel: Selection) -> None:
@@ -163,28 +197,29 @@ class Supervisor:
         ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
         later (grow, move) join a lock-directory lease, so they are taken there too.  A waiting job
         of priority above ``low`` preempts when it reaches the head of the queue and nothing qualifies."""
-        local = not first or self.preemptible
-        blocked = (lambda: self.preempt_when_blocked(c.count)) if first and self.priority > PRIORITIES["low"] else None
-        req = LeaseRequest(c, wait=wait, timeout=timeout, simulate=self.simulate, holder=self.holder,
-                           priority=self.priority, resume=resume, when_blocked=blocked, cancelled=cancelled)
+        local = not first or self.spec.preemptible
+        preempts = first and self.spec.priority > PRIORITIES["low"]
+        blocked = (lambda: self.preempt_when_blocked(c.count)) if preempts else None
+        req = LeaseRequest(c, wait=wait, timeout=timeout, simulate=self.spec.simulate, holder=self.holder,
+                           priority=self.spec.priority, resume=resume, when_blocked=blocked, cancelled=cancelled)
         return allocate(req, store=self.store if local else None,
-                        backend=shared_backend(self.simulate) if local else None)
+                        backend=shared_backend(self.spec.simulate) if local else None)
 
     def acquire(self, wait: bool, timeout: float | None) -> None:
         """The job's GPUs: at once; with ``wait`` through the queue, where it asks lower-priority jobs
         to make room once it is at the head and nothing qualifies."""
-        if wait and self.priority > PRIORITIES["low"] and not self.preemptible and self._through_daemon():
+        if wait and self.spec.priority > PRIORITIES["low"] and not self.spec.preemptible and self._through_daemon():
             # The daemon queues for us and cannot preempt our jobs: ask for room first when nothing
             # qualifies and nobody of our class or above is queued.
             from ..alloc import queue
             from ..alloc.priority import load_policy
 
-            if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.priority, os.geteuid())):
+            if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.spec.priority, os.geteuid())):
                 try:  # would anything qualify now? (a choice only, no lease: the daemon's, its GPUs may be simulated)
-                    allocate(LeaseRequest(self.c, lease=False))
+                    allocate(LeaseRequest(self.spec.c, lease=False))
                 except NoGpuAvailable:
-                    self.preempt_for(self.c.count)
-        self._take(self._until_stopped(lambda: self._allocate(self.c, wait, timeout if wait else None, first=True,
+                    self.preempt_for(self.spec.c.count)
+        self._take(self._until_stopped(lambda: self._allocate(self.spec.c, wait, timeout if wait else None, first=True,
                                                               cancelled=self.stopped.is_set)))
 
     def _until_stopped(self, take: Callable[[], Selection]) -> Selection:
@@ -230,7 +265,7 @@ class Supervisor:
         from ..alloc import authority
 
         path = authority.socket_path()
-        return (self.simulate is None and not os.environ.get("GPUSD_SIMULATE") and path is not None
+        return (self.spec.simulate is None and not os.environ.get("GPUSD_SIMULATE") and path is not None
                 and path.exists())
 
     def preempt_when_blocked(self, count: int) -> None:
@@ -252,7 +287,7 @@ class Supervisor:
         """Ask preemptible jobs of lower priority (our own user's, or anyone's when we are root) to
         stop until ``count`` GPUs are freed.  The victims decide too (docs/jobs.md)."""
         me = os.geteuid()
-        victims = [r for r in list_jobs(self.store) if r.preemptible and r.priority < self.priority
+        victims = [r for r in list_jobs(self.store) if r.preemptible and r.priority < self.spec.priority
                    and r.state == "running" and r.job != self.job_id and (me == 0 or r.uid == me)]
         victims.sort(key=lambda r: (r.priority, -(r.started or 0.0)))
         asked: list[str] = []
@@ -262,14 +297,14 @@ class Supervisor:
                 break
             try:
                 answer = control.request(v.job, v.uid, {"op": "preempt", "by": self.job_id,
-                                                         "priority": self.priority}, store=self.store)
+                                                         "priority": self.spec.priority}, store=self.store)
             except GpusdError as exc:
                 log(f"job {self.job_id}: could not preempt job {v.job}: {exc}")
                 continue
             if answer.get("ok"):
                 freed += len(v.devices)
                 asked.append(v.job)
-                log(f"job {self.job_id} (priority {priority_name(self.priority)}) preempted job {v.job} "
+                log(f"job {self.job_id} (priority {priority_name(self.spec.priority)}) preempted job {v.job} "
                     f"(priority {priority_name(v.priority)}) for {count} GPU(s)")
         return asked
 
@@ -291,7 +326,7 @@ class Supervisor:
             if self._local() is None or self._preempted():
                 return {"ok": False, "message": f"job {self.job_id} holds no lease now (it is preempted or "
                         "waiting): grow it once it runs"}
-        c = replace(self.c, count=n)
+        c = replace(self.spec.c, count=n)
         try:
             sel = self._allocate(c, wait, timeout, cancelled=cancelled)
         except GpusdError as exc:
@@ -318,7 +353,7 @@ class Supervisor:
         """Grow a lease the daemon holds: it takes the GPUs (same constraints, same queue) and names
         them in the job's lease record; it holds their descriptors, so nothing is handed to the command."""
         try:
-            added = lease.grow(replace(self.c, count=n), wait=wait, timeout=timeout)
+            added = lease.grow(replace(self.spec.c, count=n), wait=wait, timeout=timeout)
         except GpusdError as exc:
             return _refusal(exc)
         with self.lock:
@@ -401,16 +436,16 @@ class Supervisor:
         return {"ok": True, "devices": self.cuda_visible(), "message": msg}
 
     def _restart_note(self) -> str:
-        return "; the command restarts (--on-change restart)" if self.on_change == "restart" else ""
+        return "; the command restarts (--on-change restart)" if self.spec.on_change == "restart" else ""
 
     def _tell(self) -> str:
         """Tell the command its GPUs changed (grow, shrink), as ``--on-change`` says: the notify
         signal (only to a command that catches it); or a restart like a move's (SIGTERM to its group,
         --grace, SIGKILL; started again at once on the job's GPUs then, same lease); or nothing (it
         polls the job file).  Says how it was told."""
-        if self.on_change == "signal":
+        if self.spec.on_change == "signal":
             return self.notify()
-        if self.on_change == "restart":
+        if self.spec.on_change == "restart":
             if not self.state.restarting:  # a stop under way starts it on the GPUs now
                 self._stop_child(JobState.STOPPING)
             return "the command restarts on its GPUs now (--on-change restart)"
@@ -421,13 +456,13 @@ class Supervisor:
         with self.lock:
             if self.child.running:
                 self.state.to(why)
-                self.child.stop(self.grace)
+                self.child.stop(self.spec.grace)
 
     def preempt(self, by: str, priority: int) -> dict[str, Any]:
         with self.lock:
-            if not self.preemptible:
+            if not self.spec.preemptible:
                 return {"ok": False, "message": f"job {self.job_id} is not preemptible"}
-            if priority <= self.priority:
+            if priority <= self.spec.priority:
                 return {"ok": False, "message": "only a job of higher priority may preempt this one"}
             now = time.time()
             self.preemptions = [t for t in self.preemptions if now - t < 3600]
@@ -439,20 +474,20 @@ class Supervisor:
             self.preemptions.append(now)
             self.write_job_file("preempted", f"preempted by job {by} (priority {priority_name(priority)})")
             self._stop_child(JobState.PREEMPTED)
-        log(f"job {self.job_id}: preempted by job {by}; SIGTERM, {self.grace:g}s to checkpoint")
-        return {"ok": True, "message": f"job {self.job_id} stops within {self.grace:g}s"}
+        log(f"job {self.job_id}: preempted by job {by}; SIGTERM, {self.spec.grace:g}s to checkpoint")
+        return {"ok": True, "message": f"job {self.job_id} stops within {self.spec.grace:g}s"}
 
     def move(self, avoid: Sequence[str], reason: str) -> dict[str, Any]:
         if not isinstance(self.lease, Lease):
             return {"ok": False, "message": "this job's lease is held by the daemon"}
         with self.lock:
-            if not self.preemptible:
+            if not self.spec.preemptible:
                 return {"ok": False, "message": f"job {self.job_id} is not preemptible: it is not moved"}
             hot = [d for d in self.devs if d.uuid in avoid]
             if not hot or self.state.restarting or not self.child.running:
                 return {"ok": False, "message": "nothing to move"}
         self.decided_at = decided = time.monotonic()
-        c = replace(self.c, count=len(hot), exclude=[*(self.c.exclude or []), *avoid])
+        c = replace(self.spec.c, count=len(hot), exclude=[*(self.spec.c.exclude or []), *avoid])
         try:
             sel = self._allocate(c, False, None)
         except GpusdError as exc:
@@ -486,7 +521,7 @@ class Supervisor:
                 self.notify()
             else:
                 msg = f"moving to GPU {self.cuda_visible()} with the job protocol (SIGTERM, restart)"
-                msg += f": {note}" if self.cuda_checkpoint is not None else ""
+                msg += f": {note}" if self.spec.cuda_checkpoint is not None else ""
                 self.write_job_file("moving", f"{reason}; {msg}")
                 self._stop_child(JobState.MOVING)
         log(f"job {self.job_id}: {msg}: {reason}")
@@ -496,7 +531,7 @@ class Supervisor:
         """Move the command's CUDA state with cuda-checkpoint (``--cuda-checkpoint``, docs/jobs.md):
         ``mapping`` names each GPU the command started with (old UUID -> new UUID).  None when done,
         else why not (the caller then uses the job protocol)."""
-        if self.cuda_checkpoint is None:
+        if self.spec.cuda_checkpoint is None:
             return "no cuda-checkpoint (gpusd run --cuda-checkpoint)"
         proc = self.child.proc
         if proc is None or proc.poll() is not None:
@@ -506,7 +541,7 @@ class Supervisor:
         from .checkpoint import CheckpointFailed
 
         try:
-            pids = self.cuda_checkpoint.migrate(proc.pid, mapping)
+            pids = self.spec.cuda_checkpoint.migrate(proc.pid, mapping)
         except CheckpointFailed as exc:
             return f"cuda-checkpoint failed: {exc}"
         log(f"job {self.job_id}: cuda-checkpoint moved the CUDA state of process(es) {pids}")
@@ -514,7 +549,7 @@ class Supervisor:
 
     def pause(self, on: bool, reason: str) -> dict[str, Any]:
         with self.lock:
-            if not self.pausable:
+            if not self.spec.pausable:
                 return {"ok": False, "message": f"job {self.job_id} is not pausable"}
             if not self.child.running:
                 return {"ok": False, "message": "not running"}
@@ -566,22 +601,22 @@ class Supervisor:
         from ..inventory.vendors import Visible, job_environ
 
         env = job_environ(os.environ, [Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs],
-                          use_uuid=self.use_uuid)
+                          use_uuid=self.spec.use_uuid)
         env.update({"GPUSD_JOB_ID": self.job_id, "GPUSD_JOB_FILE": str(self.job_file),
-                    "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.notify_signal).name,
+                    "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.spec.notify_signal).name,
                     "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME),
                     "GPUSD_GPU_COUNT": str(len(self.devs))})
         if self.lease is not None:
             env["GPUSD_LEASE"] = self.lease.lease_id
         fds = list(self.lease.fds) if self.lease is not None else []
-        own_group = self.preemptible or self.pausable or self.on_change == "restart"
+        own_group = self.spec.own_group
         cpus = None
-        if self.bind_cpus:  # at every start: a grow, shrink or move changes the GPUs
+        if self.spec.bind_cpus:  # at every start: a grow, shrink or move changes the GPUs
             from ..alloc.cpus import binding
 
             cpus, said = binding([d.gpu for d in self.devs])
             log(said)
-        proc = self.child.start(self.cmd, env, fds, own_group, preexec(cpus, own_group))
+        proc = self.child.start(self.spec.cmd, env, fds, own_group, preexec(cpus, own_group))
         lease = self._local()
         self.inherited = set(lease.devices) if lease is not None else set()
         self.writer.write(child=proc.pid)
@@ -607,12 +642,12 @@ class Supervisor:
         self.server.start()
         from ..alloc.runner import _interactive
 
-        interactive = _interactive() and not (self.preemptible or self.pausable or self.on_change == "restart")
+        interactive = _interactive() and not self.spec.own_group
         handler = self._on_signal(interactive)
         previous = {sig: signal.signal(sig, handler) for sig in FORWARDED}
         rc = 0
         try:
-            self.acquire(self.wait, self.timeout)
+            self.acquire(self.spec.wait, self.spec.timeout)
             while True:
                 with self.lock:
                     if self.stopped.is_set():  # a signal while no command ran (between two starts)
@@ -625,10 +660,10 @@ class Supervisor:
                     try:
                         self.start_child()
                     except FileNotFoundError:
-                        log(f"command not found: {self.cmd[0]}")
+                        log(f"command not found: {self.spec.cmd[0]}")
                         return 127
                     except PermissionError:
-                        log(f"permission denied: {self.cmd[0]}")
+                        log(f"permission denied: {self.spec.cmd[0]}")
                         return 126
                     if self.exited_at is not None and self.decided_at is not None:
                         self.last_migration = time.monotonic() - self.exited_at
@@ -644,7 +679,7 @@ class Supervisor:
                     # the leader is gone; what is left of its group (children that ignore SIGTERM)
                     # gets the rest of the grace, then SIGKILL, before its GPUs are reused
                     deadline = self.child.stop_deadline if why is not None else None
-                    self.child.end_group(deadline if deadline is not None else time.monotonic() + self.grace)
+                    self.child.end_group(deadline if deadline is not None else time.monotonic() + self.spec.grace)
                 self.exited_at = time.monotonic()
                 if self.user_stop:
                     break
@@ -655,8 +690,8 @@ class Supervisor:
                         self.devs = []
                         self.restarts += 1
                         self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
-                    self._take(self._until_stopped(lambda: self._allocate(self.c, True, None, first=True, resume=True,
-                                                                          cancelled=self.stopped.is_set)))
+                    self._take(self._until_stopped(lambda: self._allocate(
+                        self.spec.c, True, None, first=True, resume=True, cancelled=self.stopped.is_set)))
                     continue
                 if why is not None or rc == RESTART_ME:
                     self.restarts += 1
