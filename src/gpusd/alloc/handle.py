@@ -49,11 +49,6 @@ class Holder:
         """The record's optional fields this holder sets (those not None)."""
         return {k: v for k in EXTRA_FIELDS if (v := getattr(self, k)) is not None}
 
-    @property
-    def remote(self) -> bool:
-        """Whether the lease is the daemon's for someone else (a remote holder, a Slurm job)."""
-        return self.remote_from is not None or self.slurm_job is not None
-
 
 class LeaseHandle(abc.ABC):
     """A lease held now: on :attr:`devices` (UUIDs), in one mode (:attr:`shared`), for
