@@ -118,6 +118,41 @@ def test_a_handle_updates_its_record_only_as_far_as_it_may(take):
         lease.update(job=JOB)  # the lease has ended
 
 
+def test_a_flock_lease_keeps_recording_a_gpu_its_command_still_holds_until_it_settles():
+    """A job shrunk while its command runs: the command's inherited copy keeps the GPU's lock, so the
+    record keeps naming it (lingering) until the command is gone; a GPU the command moved off (with
+    cuda-checkpoint) is unlocked for everyone at once.  All through the handle, under the mutex."""
+    import subprocess
+
+    store = LeaseStore()
+    lease = store.acquire(["GPU-a", "GPU-b", "GPU-c"], holder=Holder(job=JOB))
+    assert lease is not None
+    command = subprocess.Popen(["sleep", "60"], pass_fds=lease.fds)  # the command inherits every lock
+    try:
+        lease.give_back("GPU-b", linger=True)
+        assert lease.devices == ["GPU-a", "GPU-c"] and list(lease.lingering) == ["GPU-b"]
+        assert sorted(le.device for le in _recorded(lease.lease_id)) == ["GPU-a", "GPU-b", "GPU-c"]
+        assert store.acquire(["GPU-b"]) is None  # still locked: the command holds it
+        lease.give_back("GPU-c", unlock=True)  # the command runs elsewhere now: free for everyone
+        assert sorted(le.device for le in _recorded(lease.lease_id)) == ["GPU-a", "GPU-b"]
+        other = store.acquire(["GPU-c"])
+        assert other is not None
+        other.release()
+        command.kill()
+        command.wait()
+        lease.settle()  # the command is gone: the lingering GPU is freed and no longer recorded
+        assert lease.lingering == {} and [le.device for le in _recorded(lease.lease_id)] == ["GPU-a"]
+        other = store.acquire(["GPU-b"])
+        assert other is not None
+        other.release()
+        assert [le.job for le in _recorded(lease.lease_id)] == [JOB]  # the record still names its holder
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+        lease.release()
+
+
 # -- only alloc touches the lock files ------------------------------------------------------------
 
 _LOCK_FILE = re.compile(r"^(gpu-\{\}\.lock|select\.lock|\.?lease-\{\}.*\.(json|tmp)|\.lease-.*)$")

@@ -53,3 +53,24 @@ def test_a_job_stopped_for_a_restart_cannot_be_stopped_again_before_it_runs():
                 states.to(again)
         states.to(JobState.RUNNING)
 
+
+
+def test_a_signal_while_no_command_runs_sets_the_stop_event_and_raises_nothing():
+    """The handler of the signals gpusd run forwards only notes them: the main thread ends the wait."""
+    import signal
+
+    from gpusd.alloc.select import Constraints
+    from gpusd.jobs.supervisor import Stopped, Supervisor
+
+    sup = Supervisor(Constraints(count=1), ["true"], command="true", simulate="1xA100-80GB")
+    try:
+        handler = sup._on_signal(interactive=False)
+        handler(signal.SIGUSR1, None)  # no command to pass it to: ignored
+        assert not sup.stopped.is_set() and not sup.user_stop
+        handler(signal.SIGHUP, None)  # returns: nothing is raised into whatever the main thread does
+        assert sup.stopped.is_set() and sup.user_stop and sup.stopped_by == signal.SIGHUP
+        with pytest.raises(Stopped):  # the main thread, waiting for GPUs, stops there
+            sup._until_stopped(lambda: pytest.fail("no lease is asked for once stopped"))  # type: ignore[arg-type]
+        assert sup.state.now is JobState.QUEUED
+    finally:
+        sup.close()
