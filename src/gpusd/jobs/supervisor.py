@@ -681,6 +681,8 @@ class Supervisor:
                     deadline = self.child.stop_deadline if why is not None else None
                     self.child.end_group(deadline if deadline is not None else time.monotonic() + self.spec.grace)
                 self.exited_at = time.monotonic()
+                if self.stopped.is_set():  # the signal came after the command had exited
+                    raise Stopped(self.stopped_by)
                 if self.user_stop:
                     break
                 if why is JobState.PREEMPTED:
