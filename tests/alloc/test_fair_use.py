@@ -70,10 +70,10 @@ _held: list[object] = []
 
 
 def _hold() -> str:
-    from gpusd.alloc.api import allocate
+    from gpusd.alloc.api import LeaseRequest, allocate
     from gpusd.alloc.select import Constraints
 
-    _held.append(allocate(Constraints(count=1)))
+    _held.append(allocate(LeaseRequest(Constraints(count=1))))
     return "leased"
 
 

@@ -281,7 +281,7 @@ def test_leases_in_the_two_stores_never_overlap_in_a_race(monkeypatch):
     in both at once still never get one GPU twice (each publishes, then checks the other side)."""
     import threading
 
-    from gpusd.alloc.api import allocate, shared_backend
+    from gpusd.alloc.api import LeaseRequest, allocate, shared_backend
     from gpusd.alloc.leases import LeaseStore
     from gpusd.alloc.select import Constraints
     from gpusd.errors import NoGpuAvailable
@@ -296,7 +296,7 @@ def test_leases_in_the_two_stores_never_overlap_in_a_race(monkeypatch):
     def take(store: LeaseStore, start: threading.Barrier, held: list[tuple[str, object]]) -> None:
         start.wait()
         try:
-            sel = allocate(Constraints(count=1), store=store, backend=backend)
+            sel = allocate(LeaseRequest(Constraints(count=1)), store=store, backend=backend)
         except NoGpuAvailable:
             return
         with lock:

@@ -450,7 +450,7 @@ def test_a_client_never_sends_a_change_to_an_older_daemon():
         with pytest.raises(GpusdError, match="older than this gpusd"):
             lease.grow(Constraints(count=1))
         with pytest.raises(GpusdError, match="older than this gpusd"):
-            lease.drop("GPU-a")
+            lease.give_back("GPU-a")
         daemon.setblocking(False)
         with pytest.raises(BlockingIOError):
             daemon.recv(1)  # nothing was sent
@@ -461,6 +461,7 @@ def test_a_client_never_sends_a_change_to_an_older_daemon():
 
 def test_a_grown_lease_survives_a_daemon_restart(fake_nvml_inprocess, cli_env):
     from gpusd.alloc.authority import connect, lease_through
+    from gpusd.alloc.handle import Holder
     from gpusd.alloc.select import Constraints
     from gpusd.errors import GpusdError
 
@@ -469,8 +470,8 @@ def test_a_grown_lease_survives_a_daemon_restart(fake_nvml_inprocess, cli_env):
     server = ServerThread()
     sock = connect()
     assert sock is not None
-    chosen, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x",
-                                  job="0123456789ab")
+    chosen, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None,
+                                  holder=Holder(command="x", job="0123456789ab"))
     try:
         lease.grow(Constraints(count=1))
         assert len(lease.devices) == 2 and len(_leases(cli_env)) == 2
@@ -493,6 +494,7 @@ def test_another_user_cannot_change_a_lease_through_its_connection(fake_nvml_inp
     """A command that runs as another user inherits the job's connection (``su bob -c ...``): its
     lines are not obeyed, and the holder's own requests are still answered."""
     from gpusd.alloc.authority import connect, lease_through, socket_path
+    from gpusd.alloc.handle import Holder
     from gpusd.alloc.select import Constraints
     from other_user import MALLORY, AsUser
 
@@ -500,7 +502,8 @@ def test_another_user_cannot_change_a_lease_through_its_connection(fake_nvml_inp
     cli_env = dict(cli_env, GPUSD_LEASE_SOCKET=str(socket_path()))
     sock = connect()
     assert sock is not None
-    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x", job="0123456789ab")
+    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None,
+                             holder=Holder(command="x", job="0123456789ab"))
     mine = lease.devices[0]
     try:
         def meddle() -> str:
@@ -565,6 +568,7 @@ def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client
     from concurrent.futures import ThreadPoolExecutor
 
     from gpusd.alloc.authority import connect, lease_through
+    from gpusd.alloc.handle import Holder
     from gpusd.alloc.select import Constraints
     from gpusd.errors import GpusdError
 
@@ -574,7 +578,8 @@ def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client
     other = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
     sock = connect()
     assert sock is not None
-    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None, command="x", job="0123456789ab")
+    _, lease = lease_through(sock, Constraints(count=1), wait=False, timeout=None,
+                             holder=Holder(command="x", job="0123456789ab"))
     try:
         lease.grow(Constraints(count=1))
         assert _wait_for(lambda: len(_leases(cli_env)) == 3)

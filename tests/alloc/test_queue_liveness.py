@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gpusd.alloc import api
-from gpusd.alloc.api import allocate
+from gpusd.alloc.api import LeaseRequest, allocate
 from gpusd.alloc.leases import LeaseStore
 from gpusd.alloc.priority import LOW, NORMAL
 from gpusd.alloc.select import Constraints
@@ -29,7 +29,7 @@ def test_the_head_does_not_spin_while_a_gpu_is_locked_without_a_record():
     """A GPU whose lock outlives its record (a preempted command's child still holds the inherited
     descriptor; or a record another user cannot read): the head must wait for a change, not spin."""
     store = LeaseStore()
-    sel = allocate(Constraints(count=1), simulate=SIM, store=store)
+    sel = allocate(LeaseRequest(Constraints(count=1), simulate=SIM), store=store)
     child = subprocess.Popen(["sleep", "30"], pass_fds=[sel.lease.fds[0]])
     sel.release()  # the record goes; the child's copy keeps the lock
     attempts = [0]
@@ -42,7 +42,7 @@ def test_the_head_does_not_spin_while_a_gpu_is_locked_without_a_record():
     api._attempt = counting  # type: ignore[assignment]
     try:
         with pytest.raises(GpusdError):
-            allocate(Constraints(count=1), wait=True, timeout=1.5, simulate=SIM, store=store)
+            allocate(LeaseRequest(Constraints(count=1), wait=True, timeout=1.5, simulate=SIM), store=store)
     finally:
         api._attempt = real  # type: ignore[assignment]
         child.kill()
@@ -61,13 +61,15 @@ def test_a_policy_only_root_can_read_does_not_make_two_waiters_wait_for_each_oth
     os.chmod(policy, 0o600)  # an administrator's umask 077: users silently get the defaults (30 min)
     monkeypatch.setenv("GPUSD_PRIORITY_POLICY", str(policy))
     store = LeaseStore(locks)
-    allocate(Constraints(count=1), simulate=SIM, store=LeaseStore(tmp := shared_tmp / "warm")).release()  # imports
+    warm = LeaseRequest(Constraints(count=1), simulate=SIM)
+    allocate(warm, store=LeaseStore(tmp := shared_tmp / "warm")).release()  # imports
     del tmp
     # The GPU is held by another process: a lease taken here would be inherited by the forked user below.
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from gpusd.alloc.api import allocate\nfrom gpusd.alloc.leases import LeaseStore\n"
+                               "from gpusd.alloc.api import LeaseRequest, allocate\n"
+                               "from gpusd.alloc.leases import LeaseStore\n"
                                "from gpusd.alloc.select import Constraints\n"
-                               f"s = allocate(Constraints(count=1), simulate={SIM!r}, "
+                               f"s = allocate(LeaseRequest(Constraints(count=1), simulate={SIM!r}), "
                                f"store=LeaseStore({str(locks)!r}))\n"
                                "print('held', flush=True)\ntime.sleep(120)\n"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -76,8 +78,8 @@ def test_a_policy_only_root_can_read_does_not_make_two_waiters_wait_for_each_oth
         from gpusd.alloc import priority
 
         priority._cache.clear()  # a fresh process of that user: it reads the policy itself
-        sel = allocate(Constraints(count=1), wait=True, timeout=12, simulate=SIM, store=LeaseStore(locks),
-                       priority=LOW)
+        sel = allocate(LeaseRequest(Constraints(count=1), wait=True, timeout=12, simulate=SIM, priority=LOW),
+                       store=LeaseStore(locks))
         sel.release()
         return "got"
 
@@ -92,7 +94,8 @@ def test_a_policy_only_root_can_read_does_not_make_two_waiters_wait_for_each_oth
 
     def root_waits() -> None:  # root's normal job (as the daemon waits for a client), queued second
         try:
-            sel = allocate(Constraints(count=1), wait=True, timeout=12, simulate=SIM, store=store, priority=NORMAL)
+            req = LeaseRequest(Constraints(count=1), wait=True, timeout=12, simulate=SIM, priority=NORMAL)
+            sel = allocate(req, store=store)
         except GpusdError as exc:
             got_err.append(repr(exc))
             return

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 from fakenvml import make_gpus
 from gpusd.alloc import queue
-from gpusd.alloc.api import allocate
+from gpusd.alloc.api import LeaseRequest, allocate
 from gpusd.alloc.leases import LeaseStore
 from gpusd.alloc.priority import HIGH, LOW, NORMAL, URGENT, PriorityPolicy, load_policy, parse_policy
 from gpusd.alloc.select import Constraints
@@ -227,12 +227,12 @@ def test_a_high_priority_newcomer_gets_the_freed_gpu_before_the_normal_jobs_queu
     fake_nvml_inprocess.write(make_gpus(1))
     store = LeaseStore()
     c = Constraints(count=1)
-    held = allocate(c, store=store)
+    held = allocate(LeaseRequest(c), store=store)
     got: list[str] = []
     lock = threading.Lock()
 
     def waiter(name: str, priority: int) -> None:
-        sel = allocate(c, wait=True, timeout=60, store=store, priority=priority)
+        sel = allocate(LeaseRequest(c, wait=True, timeout=60, priority=priority), store=store)
         with lock:
             got.append(name)
         sel.release()
@@ -244,7 +244,7 @@ def test_a_high_priority_newcomer_gets_the_freed_gpu_before_the_normal_jobs_queu
             threads[-1].start()
             wait_until_sync(lambda n=i + 1: len(queue.waiters(store)) == n, timeout=20)
         with pytest.raises(NoGpuAvailable, match="waiting for GPUs ahead of this one"):
-            allocate(c, store=store, priority=NORMAL)  # no --wait: refused, two are ahead
+            allocate(LeaseRequest(c, priority=NORMAL), store=store)  # no --wait: refused, two are ahead
         threads.append(threading.Thread(target=waiter, args=("high", HIGH)))
         threads[-1].start()
         wait_until_sync(lambda: len(queue.waiters(store)) == 3, timeout=20)

@@ -50,7 +50,7 @@ def held_leases() -> list[Any]:
 
 
 async def test_a_remote_lease_is_the_same_flock_lease_a_local_job_would_take(tmp_path: Path) -> None:
-    from gpusd.alloc.api import allocate
+    from gpusd.alloc.api import LeaseRequest, allocate
     from gpusd.alloc.select import Constraints
     from gpusd.errors import NoGpuAvailable
 
@@ -67,10 +67,10 @@ async def test_a_remote_lease_is_the_same_flock_lease_a_local_job_would_take(tmp
         assert r.data["claimed"] == "alice@laptop" and r.data["user"] == "fleet@127.0.0.1"
         assert le.expires is not None and abs(le.expires - r.data["expires"]) < 0.01
         # a local job gets the other GPU, then none: the two ways never overlap
-        sel = await asyncio.to_thread(allocate, Constraints(count=1), simulate="2xA100-80GB")
+        sel = await asyncio.to_thread(allocate, LeaseRequest(Constraints(count=1), simulate="2xA100-80GB"))
         assert sel.uuids[0] != le.device
         with pytest.raises(NoGpuAvailable):
-            await asyncio.to_thread(allocate, Constraints(count=1), simulate="2xA100-80GB")
+            await asyncio.to_thread(allocate, LeaseRequest(Constraints(count=1), simulate="2xA100-80GB"))
         # and the daemon answers 409, with the reason, when the local job holds the last GPU
         r2 = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "bob"})
         assert r2.status == 409 and "no GPUs available" in r2.data["error"], r2.data

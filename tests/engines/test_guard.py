@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusd.alloc.handle import Holder
 from gpusd.alloc.leases import LeaseStore
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -63,7 +64,7 @@ def test_the_engine_is_stopped_before_its_lease_can_end(store: LeaseStore, tmp_p
     """Nobody renews the lease (the renewer was killed, --for is over): the guard stops what the
     command left running ``--margin`` seconds before the daemon would end the lease."""
     expires = time.time() + 6.0
-    lease = store.acquire(["GPU-guard-0"], remote={"remote_from": "198.18.0.9", "expires": expires})
+    lease = store.acquire(["GPU-guard-0"], holder=Holder(remote_from="198.18.0.9", expires=expires))
     assert lease is not None
     pidfile = tmp_path / "engine.pid"
     try:
@@ -82,7 +83,7 @@ def test_the_engine_is_stopped_before_its_lease_can_end(store: LeaseStore, tmp_p
 
 
 def test_a_renewed_lease_keeps_the_engine_and_a_released_one_stops_it(store: LeaseStore, tmp_path: Path) -> None:
-    lease = store.acquire(["GPU-guard-1"], remote={"remote_from": "198.18.0.9", "expires": time.time() + 3})
+    lease = store.acquire(["GPU-guard-1"], holder=Holder(remote_from="198.18.0.9", expires=time.time() + 3))
     assert lease is not None
     pidfile = tmp_path / "engine.pid"
     try:
@@ -106,8 +107,8 @@ def test_stop_ends_only_the_guard_of_that_lease(store: LeaseStore, tmp_path: Pat
     """``--stop --lease ID`` (what gpusd ray down runs on each host) stops that cluster's processes and
     returns when they are gone; another cluster's guard on the same host keeps its own."""
     far = time.time() + 600
-    a = store.acquire(["GPU-guard-2"], remote={"remote_from": "198.18.0.9", "expires": far})
-    b = store.acquire(["GPU-guard-3"], remote={"remote_from": "198.18.0.9", "expires": far})
+    a = store.acquire(["GPU-guard-2"], holder=Holder(remote_from="198.18.0.9", expires=far))
+    b = store.acquire(["GPU-guard-3"], holder=Holder(remote_from="198.18.0.9", expires=far))
     assert a is not None and b is not None
     pa, pb = tmp_path / "a.pid", tmp_path / "b.pid"
     try:
@@ -135,7 +136,7 @@ def test_without_the_lease_nothing_starts_and_a_failing_command_leaves_nothing(s
     marker = tmp_path / "ran"
     r = _guard(store.dir, "0123456789ab", ["touch", str(marker)])
     assert r.returncode == 3 and "no lease 0123456789ab" in r.stderr and not marker.exists()
-    lease = store.acquire(["GPU-guard-4"], remote={"remote_from": "198.18.0.9", "expires": time.time() + 600})
+    lease = store.acquire(["GPU-guard-4"], holder=Holder(remote_from="198.18.0.9", expires=time.time() + 600))
     assert lease is not None
     pidfile = tmp_path / "engine.pid"
     try:
@@ -174,7 +175,7 @@ def test_another_users_record_does_not_keep_the_engine_alive(shared_tmp: Path, t
     if os.geteuid() != 0:
         pytest.skip(needs_root.kwargs["reason"])
     store = LeaseStore(shared_tmp / "locks")
-    lease = store.acquire(["GPU-guard-5"], remote={"remote_from": "198.18.0.9", "expires": time.time() + 600})
+    lease = store.acquire(["GPU-guard-5"], holder=Holder(remote_from="198.18.0.9", expires=time.time() + 600))
     assert lease is not None
     assert stat.S_IMODE(os.stat(store.dir).st_mode) == 0o1777  # the default lock directory: anyone may create
     pidfile = tmp_path / "engine.pid"
@@ -219,7 +220,7 @@ def test_another_users_lease_files_do_not_hide_the_guards_lease(shared_tmp: Path
         pytest.skip(needs_root.kwargs["reason"])
     store = LeaseStore(shared_tmp / "locks")
     expires = time.time() + 600
-    lease = store.acquire(["GPU-guard-6"], remote={"remote_from": "198.18.0.9", "expires": expires})
+    lease = store.acquire(["GPU-guard-6"], holder=Holder(remote_from="198.18.0.9", expires=expires))
     assert lease is not None
     try:
         assert as_user(MALLORY, lambda: _flood(store.dir, 200)) == "ok 200"
@@ -256,7 +257,7 @@ def test_another_users_record_in_the_shared_directory_does_not_hide_the_daemons(
     authority = LeaseStore.authority(shared.dir)
     authority.prepare()
     ends = time.time() + 600
-    lease = authority.acquire(["GPU-guard-7"], remote={"remote_from": "198.18.0.9", "expires": ends})
+    lease = authority.acquire(["GPU-guard-7"], holder=Holder(remote_from="198.18.0.9", expires=ends))
     assert lease is not None
     mallory = AsUser(MALLORY, lambda: _forge(shared.dir, lease.lease_id, time.time() + 1), stay=True)
     try:

@@ -183,3 +183,27 @@ def test_another_user_cannot_grow_or_shrink_a_daemon_held_job(fake_nvml_inproces
     finally:
         _kill(p)
         server.stop()
+
+
+def test_a_job_queued_at_the_daemon_stops_on_sigterm(fake_nvml_inprocess, authority, cli_env):
+    """The wait for GPUs is the daemon's (a blocking read on the lease socket): the signal only sets the
+    supervisor's stop event, and the main thread ends the wait (exit 128 + 15), leaving nothing queued."""
+    import signal
+
+    fake_nvml_inprocess.write(make_gpus(1))
+    holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, text=True)
+    waiting = None
+    try:
+        wait_until_sync(lambda: len(leases_json(cli_env)["leases"]) == 1, timeout=30)
+        waiting = subprocess.Popen([*GPUSD, "run", "--wait", "--", "true"], env=cli_env, text=True,
+                                   stderr=subprocess.PIPE)
+        wait_until_sync(lambda: leases_json(cli_env)["queued"], timeout=30, what="the job queued at the daemon")
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=30) == 128 + 15
+        assert waiting.stderr is not None and "stopped by SIGTERM while waiting for GPUs" in waiting.stderr.read()
+        wait_until_sync(lambda: leases_json(cli_env)["queued"] == [], timeout=30, what="the daemon's queue empty")
+        assert [j["state"] for j in jobs_json(cli_env)] == ["running"]  # only the holder's job is left
+    finally:
+        for p in (holder, waiting):
+            if p is not None:
+                _kill(p)

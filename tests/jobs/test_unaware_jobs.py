@@ -110,7 +110,7 @@ def test_a_job_that_catches_the_notify_signal_is_sent_it(fake_nvml, cli_env, tmp
 
 
 def test_catches_reads_the_kernels_mask(tmp_path):
-    from gpusd.jobs.supervisor import catches
+    from gpusd.jobs.child import catches
 
     child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
                               "signal.signal(signal.SIGUSR2, lambda *a: None)\nprint('ok', flush=True)\n"
@@ -153,7 +153,7 @@ def test_the_notify_signal_never_reaches_a_process_that_reused_the_commands_pid(
     import os
     import types
 
-    from gpusd.jobs.supervisor import Supervisor
+    from gpusd.jobs.child import Child
 
     command = subprocess.Popen([sys.executable, "-c", "pass"])
     pidfd = os.pidfd_open(command.pid)
@@ -166,8 +166,9 @@ def test_the_notify_signal_never_reaches_a_process_that_reused_the_commands_pid(
         assert other.stdout is not None and other.stdout.readline() == "ok\n"
         # what grow's thread saw: a command not yet reaped (poll() None), whose pid is now the other's
         stale = types.SimpleNamespace(pid=other.pid, poll=lambda: None)
-        sup = types.SimpleNamespace(proc=stale, pidfd=pidfd, notify_signal=signal.SIGUSR1)
-        assert Supervisor.notify(sup) == "the command had exited"  # type: ignore[arg-type]
+        child = Child("job j1")
+        child.proc, child.pidfd = stale, pidfd  # type: ignore[assignment]
+        assert child.notify(signal.SIGUSR1) == "the command had exited"
         assert other.wait(timeout=30) == 0 and not got.exists()
     finally:
         os.close(pidfd)
@@ -184,6 +185,8 @@ def test_stop_pause_and_forwarded_signals_never_reach_a_process_group_that_reuse
     import time
     import types
 
+    from gpusd.jobs.child import Child
+    from gpusd.jobs.state import JobState, JobStates
     from gpusd.jobs.supervisor import Supervisor
 
     command = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
@@ -206,13 +209,14 @@ def test_stop_pause_and_forwarded_signals_never_reach_a_process_group_that_reuse
 
         # what a control thread saw: a command not yet reaped (poll() None), whose pid is now the other's
         stale = types.SimpleNamespace(pid=other.pid, poll=lambda: None, wait=wait)
-        sup = types.SimpleNamespace(proc=stale, pidfd=pidfd, pgid=command.pid, grace=0.2, job_id="j1",
-                                    stopping=None, lock=threading.RLock(), pausable=True,
+        child = Child("job j1")
+        child.proc, child.pidfd, child.pgid = stale, pidfd, command.pid  # type: ignore[assignment]
+        sup = types.SimpleNamespace(child=child, spec=types.SimpleNamespace(grace=0.2, pausable=True), job_id="j1",
+                                    state=JobStates(JobState.RUNNING), lock=threading.RLock(),
                                     writer=types.SimpleNamespace(write=lambda **kw: None))
-        sup._signal = types.MethodType(Supervisor._signal, sup)
-        Supervisor._stop_child(sup, "move")  # type: ignore[arg-type]
+        Supervisor._stop_child(sup, JobState.MOVING)  # type: ignore[arg-type]
         assert Supervisor.pause(sup, True, "test")["ok"]  # type: ignore[arg-type]
-        sup._signal(signal.SIGUSR2)  # what the forwarding handler sends
+        child.signal(signal.SIGUSR2)  # what the forwarding handler sends
         time.sleep(0.6)  # past the grace period: kill_later has run
         assert other.poll() is None  # no SIGKILL, no SIGSTOP left it stopped
         assert other.wait(timeout=30) == 0 and not got.exists()

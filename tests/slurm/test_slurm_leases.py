@@ -137,6 +137,7 @@ def test_a_user_record_claiming_a_slurm_job_is_shown_without_it(fake_nvml: Any, 
                                                                 shared_tmp: Any) -> None:
     """A local user's own lease cannot pass for a Slurm job's: only root's records (the lease
     authority) name one."""
+    from gpusd.alloc.handle import Holder
     from gpusd.alloc.leases import LeaseStore
 
     fake_nvml.write(make_gpus(1))
@@ -146,7 +147,7 @@ def test_a_user_record_claiming_a_slurm_job_is_shown_without_it(fake_nvml: Any, 
     uuid = json.loads(gpusd_cli(["devices", "--json"], env=env).stdout)["gpus"][0]["uuid"]
 
     def forge() -> str:
-        lease = LeaseStore(locks).acquire([uuid], remote={"slurm_job": "42"}, command="slurm job 42")
+        lease = LeaseStore(locks).acquire([uuid], holder=Holder(slurm_job="42", command="slurm job 42"))
         assert lease is not None
         _kept.append(lease)  # held while the child lives
         return "held"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
@@ -19,7 +20,8 @@ from ..model import GpuInfo
 from . import policy as _policy
 from . import queue
 from .env import apply_visible
-from .leases import Lease, LeaseStore, current_user
+from .handle import Holder, LeaseHandle
+from .leases import LeaseStore, current_user
 from .priority import NORMAL, load_policy, priority_name
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
@@ -28,7 +30,6 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
 
-    from .authority import RemoteLease
     from .placement import Pick
 
 _backends: dict[str, Backend] = {}
@@ -60,7 +61,7 @@ def shared_backend(simulate: str | None = None) -> Backend:
 class Selection:
     """GPUs chosen for a job, with the lease that keeps them its own (when one was taken)."""
 
-    def __init__(self, chosen: list[Candidate], lease: Lease | RemoteLease | None, use_uuid: bool = False,
+    def __init__(self, chosen: list[Candidate], lease: LeaseHandle | None, use_uuid: bool = False,
                  pick: Pick | None = None) -> None:
         self.devices = chosen
         self.lease = lease
@@ -140,33 +141,58 @@ class _NotHead(Exception):
     """Someone joined the queue ahead of us (a higher class) while we were its head."""
 
 
-def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bool, ticket: queue.Ticket | None,
-             command: str | None, pid: int | None, deadline: float | None = None, user: str | None = None,
-             env: dict[str, str] | None = None, remote: dict[str, Any] | None = None,
-             priority: int = NORMAL) -> Selection:
+@dataclass(frozen=True)
+class LeaseRequest:
+    """What :func:`allocate` is asked: GPUs satisfying ``constraints``, leased (``lease``) or only
+    chosen, for ``holder`` (default: this process).  ``wait``: queue (by priority class, then first
+    come first served), for ``timeout`` seconds at most (None: for ever), looking again at the latest
+    every ``poll`` seconds.  ``env``: the job's ``CUDA_VISIBLE_DEVICES`` when it is not this
+    process's; ``simulate``: the simulated GPUs to choose among.  ``priority`` is believed up to what
+    the priority policy allows ``holder.uid`` (default: this process's user); ``resume`` marks a
+    preempted job (it keeps its place in its class from when its process started).  ``cancelled``
+    stops a wait (the daemon's client went away); ``when_blocked`` is called, outside the mutex,
+    each time the job at the head of the queue finds nothing qualifying (a job preempts there)."""
+
+    constraints: Constraints
+    lease: bool = True
+    wait: bool = False
+    timeout: float | None = None
+    poll: float = 1.0
+    simulate: str | None = None
+    holder: Holder = field(default_factory=Holder)
+    env: dict[str, str] | None = None
+    priority: int | None = None
+    resume: bool = False
+    cancelled: Callable[[], bool] | None = None
+    when_blocked: Callable[[], object] | None = None
+
+
+def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int, ticket: queue.Ticket | None = None,
+             deadline: float | None = None) -> Selection:
+    """One look: choose for ``req`` (of believed priority ``level``) and, for a lease, take it."""
+    c, holder = req.constraints, req.holder
     snap = backend.snapshot(util_since=store.release_times(), detail=False)
-    if not take_lease:
-        why = explain(snap, c, store.leases(), env)
+    if not req.lease:
+        why = explain(snap, c, store.leases(), req.env)
         return Selection(why.chosen, None, pick=why)
     with store.mutex(deadline):
         if ticket is None:
-            queued = queue.ahead_of_newcomer(store, priority)
+            queued = queue.ahead_of_newcomer(store, level)
             if queued:
                 raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (priority "
-                                     f"{priority_name(priority)}; first come, first served within a priority); "
+                                     f"{priority_name(level)}; first come, first served within a priority); "
                                      "use --wait to queue")
         elif queue.ahead_of(store, ticket) is not None:
             raise _NotHead()
         held = store.leases(cleanup=True)
-        _policy.check(user or current_user(), c.count, held)  # the fair-use caps (alloc/policy.py)
-        why = explain(snap, c, held, env)
+        _policy.check(holder.user or current_user(), c.count, held)  # the fair-use caps (alloc/policy.py)
+        why = explain(snap, c, held, req.env)
         chosen = why.chosen
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
             totals = [x.total for x in chosen if x.total]
             memory = int(c.min_free * min(totals)) if totals else None
-        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, command=command, pid=pid,
-                              user=user, remote=remote)
+        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, holder=holder)
         if lease is None:  # held by a process that bypassed the mutex
             raise NoGpuAvailable(f"the chosen GPUs were taken at the same moment ({store.refusal}); try again")
         return Selection(chosen, lease, pick=why)
@@ -178,56 +204,43 @@ SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
 MIN_GAP = 0.02  # seconds between two looks of the head, however often it is woken
 
 
-def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,
-             poll: float = 1.0, simulate: str | None = None, store: LeaseStore | None = None,
-             command: str | None = None, pid: int | None = None, backend: Backend | None = None,
-             user: str | None = None, env: dict[str, str] | None = None,
-             cancelled: Callable[[], bool] | None = None, remote: dict[str, Any] | None = None,
-             priority: int | None = None, uid: int | None = None, resume: bool = False,
-             when_blocked: Callable[[], object] | None = None, job: str | None = None) -> Selection:
-    """Choose (and lease) devices for ``c``; with ``wait``, queue (by priority class, then first
-    come first served: :mod:`gpusd.alloc.queue`).
+def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Backend | None = None) -> Selection:
+    """Choose (and lease) devices as ``req`` asks; with ``req.wait``, queue (by priority class, then
+    first come first served: :mod:`gpusd.alloc.queue`).
 
     Where a gpusd daemon serves the lease socket (:mod:`gpusd.alloc.authority`), a lease is asked of
-    it; otherwise (or with an explicit ``store``, ``backend`` or simulation) it is taken in the lock
-    directory.  The head of the queue tries again when a lease ends (see :mod:`gpusd.alloc.queue`),
-    and at the latest every ``poll`` seconds.  Every wait for the selection mutex is bounded
-    (``timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).  ``pid``, ``user`` and ``env`` (the
-    job's ``CUDA_VISIBLE_DEVICES``) describe the job when it is not this process; ``cancelled`` stops
-    a wait (the daemon's client went away); ``remote``: the daemon's record of a remote holder's
-    lease (``remote_from``, ``expires``: docs/pool.md).  ``priority`` is believed up to what the
-    priority policy allows ``uid`` (default: this process's user); ``resume`` marks a preempted job
-    (it keeps its place in its class from when its process started); ``when_blocked`` is called,
-    outside the mutex, each time the job at the head of the queue finds nothing qualifying (a job
-    preempts there, at its own pace).
-    ``job``: the gpusd job the lease is for, named in its record (and, through the daemon, the lease
-    can then grow and shrink)."""
-    level = load_policy().believed(NORMAL if priority is None else priority,
-                                   os.geteuid() if uid is None else uid)
+    it; otherwise (or with an explicit ``store``, ``backend``, simulation or holder's pid) it is taken
+    in the lock directory.  The head of the queue tries again when a lease ends (see
+    :mod:`gpusd.alloc.queue`), and at the latest every ``req.poll`` seconds.  Every wait for the
+    selection mutex is bounded (``req.timeout``, and :func:`gpusd.alloc.leases.mutex_timeout`).
+    ``req.holder.job``: the gpusd job the lease is for, named in its record (and, through the daemon,
+    the lease can then grow and shrink)."""
+    c, holder, wait, timeout, simulate = req.constraints, req.holder, req.wait, req.timeout, req.simulate
+    poll, cancelled, when_blocked = req.poll, req.cancelled, req.when_blocked
+    level = load_policy().believed(NORMAL if req.priority is None else req.priority,
+                                   os.geteuid() if holder.uid is None else holder.uid)
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
-    if (store is None and backend is None and simulate is None and pid is None
+    if (store is None and backend is None and simulate is None and holder.pid is None
             and not os.environ.get("GPUSD_SIMULATE")):
         from . import authority
 
         sock = authority.connect()
         if sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
             try:
-                if not lease:
-                    chosen, why = authority.choose_through(sock, c, wait=wait, timeout=timeout, command=command,
-                                                           priority=priority)
+                if not req.lease:
+                    chosen, why = authority.choose_through(sock, c, wait=wait, timeout=timeout,
+                                                           command=holder.command, priority=req.priority)
                     return Selection(chosen, None, pick=why)
-                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, command=command,
-                                                       job=job, priority=priority)
+                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, holder=holder,
+                                                       priority=req.priority)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases (or choice), taken here
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
-    if job is not None:
-        remote = {**(remote or {}), "job": job}
     if not wait:
-        return _attempt(backend, store, c, lease, None, command, pid, None, user, env, remote, level)
+        return _attempt(backend, store, req, level)
     hopeless = never(backend.snapshot(detail=False), c)
     if hopeless is not None:  # no load or lease ending can help: say so now instead of waiting for ever
         raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({hopeless}); "
@@ -236,7 +249,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     last: Exception | None = None
     try:
         with store.mutex(deadline):
-            ticket = queue.enqueue(store, c.count, command, pid, user, priority=level, resume=resume)
+            ticket = queue.enqueue(store, c.count, holder.command, holder.pid, holder.user, priority=level,
+                                   resume=req.resume)
     except WaitTimeout as exc:
         last, ticket = exc, None
     watch: queue.LeaseWatch | None = None
@@ -269,7 +283,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 time.sleep(gap)
             last_look = time.monotonic()
             try:
-                return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env, remote)
+                return _attempt(backend, store, req, level, ticket, deadline)
             except _NotHead:
                 continue
             except WaitTimeout as exc:
@@ -302,8 +316,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 time.sleep(delay)
             if deadline is not None and time.monotonic() >= deadline:
                 try:  # one last look at the deadline (the mutex gets half a second more)
-                    return _attempt(backend, store, c, lease, ticket, command, pid, time.monotonic() + 0.5,
-                                    user, env, remote)
+                    return _attempt(backend, store, req, level, ticket, time.monotonic() + 0.5)
                 except (WaitTimeout, _NotHead):
                     pass  # the mutex: the reason given is still the GPUs'
                 except _policy.OverCap:
@@ -337,6 +350,6 @@ def select(count: int = 1, *, min_free: str | int | float | None = None, memory:
     Raises :class:`gpusd.NoGpuAvailable` (or :class:`gpusd.WaitTimeout` with ``wait``)."""
     given = locals()  # the constraint keywords are Constraints' fields (test_select checks the signature)
     c = Constraints.from_keywords(**{k: given[k] for k in constraint_keywords()})
-    sel = allocate(c, lease=lease, wait=wait, timeout=timeout, simulate=simulate)
+    sel = allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, simulate=simulate))
     sel.use_uuid = use_uuid
     return sel

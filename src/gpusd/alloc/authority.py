@@ -58,6 +58,7 @@ from pathlib import Path
 from ..errors import ConfigError, GpusdError, from_wire
 from ..ids import JobId
 from ..model import GpuInfo, HostSnapshot, MigInstance
+from .handle import Holder, LeaseHandle
 from .select import Candidate, Constraints
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -122,16 +123,20 @@ def connect(path: Path | None = None) -> socket.socket | None:
     return sock
 
 
-class RemoteLease:
-    """A lease the daemon holds for us while :attr:`sock` is open (duck-types :class:`Lease`).
+class RemoteLease(LeaseHandle):
+    """A lease the daemon holds for us while :attr:`sock` is open (a :class:`LeaseHandle`, like
+    :class:`gpusd.alloc.leases.Lease`).
 
-    With protocol 2 it can grow and give GPUs back (:meth:`grow`, :meth:`drop`), one change at a
-    time.  If the daemon stops, it hands the lease's descriptors over on the connection; when we read
-    them (looking for an answer), they are kept here (:attr:`fds`) and the lease can no longer change."""
+    With protocol 2 it can grow and give GPUs back (:meth:`grow`, :meth:`give_back`), one change at
+    a time.  If the daemon stops, it hands the lease's descriptors over on the connection; when we
+    read them (looking for an answer), they are kept here (:attr:`fds`) and the lease can no longer
+    change.  The record is the daemon's: it wrote what the request said (:attr:`holder`)."""
 
     def __init__(self, lease_id: str, devices: list[str], shared: bool, memory: int | None,
-                 sock: socket.socket, version: int = 1, reader: _Lines | None = None) -> None:
+                 sock: socket.socket, version: int = 1, reader: _Lines | None = None,
+                 holder: Holder | None = None) -> None:
         self.lease_id, self.devices, self.shared, self.memory, self.sock = lease_id, devices, shared, memory, sock
+        self.holder = holder or Holder()
         self.version = version
         self.released = False
         self.handed_over = False
@@ -166,14 +171,23 @@ class RemoteLease:
         self.devices.extend(x.uuid for x in chosen)
         return chosen
 
-    def drop(self, uuid: str) -> None:
-        """Give one GPU of this lease back: the daemon frees it at once."""
+    def give_back(self, uuid: str) -> None:
+        """Give one GPU of this lease back: the daemon frees it at once (and its record stops naming it)."""
         answer = self._ask({"op": "release", "device": uuid}, False, None)
         held = answer.get("held")
         if isinstance(held, list) and all(isinstance(x, str) for x in held):
             self.devices = list(held)
         elif uuid in self.devices:
             self.devices.remove(uuid)
+
+    def update(self, **changes: Any) -> None:
+        """The daemon keeps this lease's record, as the request described the holder; only what it
+        says already can be "changed" (GpusdError otherwise: the lease socket has no such request)."""
+        if self.released:
+            raise GpusdError("the lease has ended")
+        differ = sorted(k for k, v in changes.items() if getattr(self.holder, k, object()) != v)
+        if differ:
+            raise GpusdError(f"the gpusd daemon keeps this lease's record: {', '.join(differ)[:200]} cannot change")
 
     def _ask(self, req: dict[str, Any], wait: bool, timeout: float | None) -> dict[str, Any]:
         from .leases import mutex_timeout
@@ -225,9 +239,6 @@ class RemoteLease:
     def __enter__(self) -> RemoteLease:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
     def __del__(self) -> None:  # a dropped Selection must not keep its GPUs
         try:
             self.release()
@@ -276,11 +287,11 @@ def request(c: Constraints) -> dict[str, Any]:
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
-                  command: str | None, job: str | None = None,
-                  priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
-    """Ask the daemon for a lease (for the gpusd job ``job``, a :class:`gpusd.ids.JobId`, named in the
-    lease's record); raises what a local allocation would raise."""
-    req = dict(request(c), wait=wait, timeout=timeout, command=command)
+                  holder: Holder, priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
+    """Ask the daemon for a lease for ``holder`` (this process: its ``command``, and the gpusd job
+    ``job``, a :class:`gpusd.ids.JobId`, named in the lease's record); raises what a local allocation would raise."""
+    job = holder.job
+    req = dict(request(c), wait=wait, timeout=timeout, command=holder.command)
     if job is not None:
         req["job"] = JobId.parse(job)
     if priority is not None:
@@ -305,7 +316,7 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
     v = reply.get("v")
     version = v if type(v) is int and v >= 1 else 1  # an older daemon says nothing: protocol 1
     return chosen, RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
-                               reader)
+                               reader, holder)
 
 
 def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,

@@ -46,6 +46,7 @@ from pathlib import Path
 from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..ids import JobId, LeaseId, SlurmJobId
 from ..model import HostSnapshot, LeaseInfo
+from .handle import Holder, LeaseHandle
 from .lockdir import (
     DIR_FLAGS,
     FILE_FLAGS,
@@ -108,29 +109,84 @@ def current_user() -> str | None:
     return user_name(os.geteuid())
 
 
-@dataclass
-class Lease:
-    """Leases on one or more devices, taken together.  Release with :meth:`release` (or exit)."""
+@dataclass(eq=False)
+class Lease(LeaseHandle):
+    """Leases on one or more devices in a lock directory, taken together (:meth:`LeaseStore.acquire`).
+    Release with :meth:`release` (or exit).  It holds a lock descriptor per device
+    (:attr:`device_fds`, in the order of :attr:`devices`) and its record's (:attr:`record_fd`); a
+    device given back while a command still holds an inherited copy of its lock stays recorded
+    (:attr:`lingering`) until :meth:`settle`."""
 
     lease_id: str
     devices: list[str]
     shared: bool
     memory: int | None
     path: Path
-    fds: list[int] = field(default_factory=list)  # device locks + the lease file's lock
+    device_fds: list[int] = field(default_factory=list)
+    record_fd: int = -1  # the record's lock: held while the lease lives
     released: bool = False
     dir_fd: int = -1  # the lock directory, to remove the record without following any path again
     record: dict[str, Any] | None = None  # what the record says (for LeaseStore.rewrite)
+    holder: Holder = field(default_factory=Holder)
+    lingering: dict[str, int] = field(default_factory=dict)  # given back, still held by a command's copy
 
     @property
-    def info_fd(self) -> int:
-        return self.fds[-1]
+    def fds(self) -> list[int]:
+        """The device locks and the record's lock, for a command to inherit."""
+        if self.released:
+            return []
+        return [*self.device_fds, *self.lingering.values(), *([self.record_fd] if self.record_fd >= 0 else [])]
+
+    @property
+    def store(self) -> LeaseStore:
+        """The store this lease was taken in (its record's directory)."""
+        return LeaseStore.of(self)
+
+    def update(self, **changes: Any) -> None:
+        """Rewrite the record with ``changes`` (under the store's selection mutex)."""
+        store = self.store
+        with store.mutex():
+            store.rewrite(self, **changes)
+
+    def give_back(self, device: str, *, linger: bool = False, unlock: bool = False) -> None:
+        """Free ``device`` (under the store's mutex; the record stops naming it first).  ``linger``:
+        a command holds an inherited copy of its lock, so the GPU stays locked whatever we do: keep it
+        recorded (:attr:`lingering`) until :meth:`settle`.  ``unlock``: a command holds such a copy but
+        no longer uses the GPU (moved away): unlock it for everyone (the flock belongs to the open
+        file, which the copy shares)."""
+        store = self.store
+        with store.mutex():
+            store.drop(self, device, linger=linger, unlock=unlock)
+
+    def join(self, extra: Lease) -> None:
+        """``extra``'s devices join this lease (a job grown): one record names them all (under the
+        store's mutex; on an error nothing has changed, and the caller releases ``extra``)."""
+        store = self.store
+        with store.mutex():
+            store.join(self, extra)
+
+    def settle(self) -> None:
+        """The command that held copies of the :attr:`lingering` devices' locks has exited: the record
+        stops naming them, then they are closed (under the store's mutex)."""
+        if not self.lingering or self.released:
+            return
+        store = self.store
+        with store.mutex():
+            gone, self.lingering = self.lingering, {}
+            try:
+                store.rewrite(self)
+            except BaseException:
+                self.lingering = gone
+                raise
+        for fd in gone.values():
+            _end_device(fd)
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
-        for fd in self.fds[:-1]:
+        devices = [*self.device_fds, *self.lingering.values()]
+        for fd in devices:
             try:
                 # The lock file's mtime says when the GPU's last lease ended: the load before then
                 # was this job's, no reason to avoid the GPU now (see LeaseStore.release_times).
@@ -139,7 +195,7 @@ class Lease:
                 pass
         # Devices first: their close is what waiters are woken by (queue.LeaseWatch), and a record
         # whose devices are free no longer counts anyway.
-        for fd in self.fds[:-1]:
+        for fd in devices:
             try:
                 os.close(fd)  # closing drops the flock (unless a child still holds a copy)
             except OSError:
@@ -149,26 +205,26 @@ class Lease:
                 os.unlink(self.path.name, dir_fd=self.dir_fd)
         except OSError:
             pass
-        for fd in (*self.fds[-1:], self.dir_fd):
+        for fd in (self.record_fd, self.dir_fd):
             try:
                 if fd >= 0:
                     os.close(fd)
             except OSError:
                 pass
-        self.fds = []
-        self.dir_fd = -1
+        self.device_fds, self.lingering = [], {}
+        self.record_fd = self.dir_fd = -1
 
     def forget(self) -> None:
         """Close this process's descriptors without ending the lease: for when they were handed to
         another process (the daemon passing its leases to its clients as it stops), whose copies keep
         the locks held and the record valid."""
-        for fd in (*self.fds, self.dir_fd):
+        for fd in (*self.device_fds, *self.lingering.values(), self.record_fd, self.dir_fd):
             try:
                 if fd >= 0:
                     os.close(fd)
             except OSError:
                 pass
-        self.fds, self.dir_fd, self.released = [], -1, True
+        self.device_fds, self.lingering, self.record_fd, self.dir_fd, self.released = [], {}, -1, -1, True
 
     def __enter__(self) -> Lease:
         return self
@@ -181,6 +237,26 @@ class Lease:
             self.release()
         except Exception:
             pass
+
+
+def _end_device(fd: int, unlock: bool = False) -> None:
+    """Close a device's lock descriptor, saying when its lease ended (the lock file's mtime:
+    LeaseStore.release_times); ``unlock``: drop the flock first, for the copies a command inherited too."""
+    try:
+        os.utime(fd)
+    except OSError:
+        pass
+    if unlock:
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 _serving: LeaseStore | None = None  # the authority store of this process, while it serves the lease socket
@@ -632,15 +708,16 @@ class LeaseStore:
 
     # -- taking ---------------------------------------------------------------------------------
     def acquire(self, devices: list[str], *, shared: bool = False, memory: int | None = None,
-                command: str | None = None, pid: int | None = None, user: str | None = None,
-                remote: dict[str, Any] | None = None) -> Lease | None:
+                holder: Holder | None = None) -> Lease | None:
         """Lock ``devices`` (all or nothing, without blocking) and record the lease.  Returns None
         when one of them is held in a conflicting mode (:attr:`refusal` then says by whom), here or,
         at the same moment, in the other store (:meth:`peers`).  Call under :meth:`mutex` for atomicity
-        with the choice of devices.  ``pid`` and ``user`` name the job when it is not this process
-        (the daemon taking a lease for a client); only root's records are believed to name others.
-        ``remote``: ``remote_from`` and ``expires`` of a lease the daemon holds for a remote holder
-        (docs/pool.md), and ``job``, the id of the gpusd job the lease is for, written into the record."""
+        with the choice of devices.  ``holder`` says who the lease is for, written into the record:
+        its ``pid`` and ``user`` name the job when it is not this process (the daemon taking a lease
+        for a client; only root's records are believed to name others), its ``command``, and for a
+        lease the daemon holds for a remote holder ``remote_from`` and ``expires`` (docs/pool.md),
+        ``job`` (the gpusd job the lease is for) and ``slurm_job``."""
+        holder = holder or Holder()
         dfd = self._writable()
         fds: list[int] = []
         try:
@@ -659,14 +736,14 @@ class LeaseStore:
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,
-                "pid": pid or os.getpid(),
-                "user": user or current_user(),
+                "pid": holder.pid or os.getpid(),
+                "user": holder.user or current_user(),
                 "started": time.time(),
                 "memory": memory,
                 "shared": shared,
-                "command": command,
+                "command": holder.command,
                 "devices": list(devices),
-                **{k: v for k, v in (remote or {}).items() if k in ("remote_from", "expires", "job", "slurm_job")},
+                **holder.extra(),
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
@@ -681,7 +758,8 @@ class LeaseStore:
                 except OSError:
                     pass
             raise
-        lease = Lease(lease_id, list(devices), shared, memory, self.dir / final, fds, dir_fd=dfd, record=record)
+        lease = Lease(lease_id, list(devices), shared, memory, self.dir / final, fds[:-1], fds[-1], dir_fd=dfd,
+                      record=record, holder=holder)
         # The other store's mutex is not ours: a lease published there at the same moment could name
         # the same GPU.  Each side publishes, then looks at the other; at least one of two such leases
         # sees the other and gives way (both may: each then tries again).
@@ -701,11 +779,14 @@ class LeaseStore:
     def rewrite(self, lease: Lease, **changes: Any) -> None:
         """Replace ``lease``'s record with one where ``changes`` apply (a remote lease's new expiry):
         a new file, locked before it is renamed over the old one, so no reader ever sees a lease
-        without a locked record.  Call under :meth:`mutex` (a stale-record cleanup must not run
-        between the rename and the old file's close).  GpusdError/OSError when it cannot."""
+        without a locked record.  The record names ``changes["devices"]`` (default: the lease's
+        devices) and the lease's :attr:`~Lease.lingering` ones.  Call under :meth:`mutex` (a
+        stale-record cleanup must not run between the rename and the old file's close); a holder
+        does so through :meth:`Lease.update`.  GpusdError/OSError when it cannot."""
         if lease.released or lease.dir_fd < 0 or lease.record is None:
             raise GpusdError("the lease is no longer held")
-        record = {**lease.record, **changes}
+        devices = list(changes.pop("devices", lease.devices))
+        record = {**lease.record, **changes, "devices": [*devices, *(d for d in lease.lingering if d not in devices)]}
         tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
         fd = create_exclusive(lease.dir_fd, tmp, self.dir, lock=True)
         try:
@@ -718,9 +799,10 @@ class LeaseStore:
                 pass
             os.close(fd)
             raise
-        old, lease.fds[-1] = lease.fds[-1], fd
+        old, lease.record_fd = lease.record_fd, fd
         lease.record = record
-        os.close(old)
+        if old >= 0:
+            os.close(old)
 
     def join(self, lease: Lease, extra: Lease) -> None:
         """``extra``'s devices join ``lease`` (a job grown under its lease): one record names them
@@ -731,29 +813,34 @@ class LeaseStore:
             raise GpusdError("cannot join these leases")
         devices = [*lease.devices, *extra.devices]
         self.rewrite(lease, devices=devices)
-        lease.fds = [*lease.fds[:-1], *extra.fds[:-1], lease.fds[-1]]
+        lease.device_fds = [*lease.device_fds, *extra.device_fds]
         lease.devices = devices
-        extra.fds, extra.devices = extra.fds[-1:], []
+        extra.device_fds, extra.devices = [], []
         extra.release()  # only its record now
 
-    def drop(self, lease: Lease, device: str) -> None:
+    def drop(self, lease: Lease, device: str, *, linger: bool = False, unlock: bool = False) -> None:
         """Free one device of ``lease`` at once (a job shrunk): the record stops naming it first,
-        then its lock is closed.  Call under :meth:`mutex`.  GpusdError when the lease does not
-        hold it or it is the last one (a lease ends with its holder's release, not here)."""
+        then its lock is closed (``unlock``: unlocked first, for a command's inherited copy; ``linger``:
+        kept, and recorded, in :attr:`Lease.lingering`).  Call under :meth:`mutex`.  GpusdError when
+        the lease does not hold it or it is the last one (a lease ends with its holder's release)."""
         if device not in lease.devices or lease.released:
             raise GpusdError(f"the lease does not hold {device[:128]}")
         if len(lease.devices) == 1:
             raise GpusdError("a lease keeps at least one device")
         at = lease.devices.index(device)
         devices = [d for d in lease.devices if d != device]
-        self.rewrite(lease, devices=devices)
-        fd = lease.fds.pop(at)
-        lease.devices = devices
+        fd = lease.device_fds[at]
+        if linger:
+            lease.lingering[device] = fd
         try:
-            os.utime(fd)  # when the GPU's lease ended (LeaseStore.release_times)
-        except OSError:
-            pass
-        os.close(fd)
+            self.rewrite(lease, devices=devices)
+        except BaseException:
+            lease.lingering.pop(device, None)
+            raise
+        lease.device_fds.pop(at)
+        lease.devices = devices
+        if not linger:
+            _end_device(fd, unlock=unlock)
 
 
 def _held(dfd: int, name: str) -> bool:

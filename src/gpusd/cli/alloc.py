@@ -16,12 +16,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _allocate(args: argparse.Namespace, command: str | None = None) -> "Selection":
-    from ..alloc.api import allocate
+    from ..alloc.api import LeaseRequest, allocate
+    from ..alloc.handle import Holder
     from .options import to_constraints, wait_timeout
 
     timeout = wait_timeout(args)
-    sel = allocate(to_constraints(args), lease=args.lease, wait=args.wait, timeout=timeout,
-                   simulate=args.simulate, command=command)
+    sel = allocate(LeaseRequest(to_constraints(args), lease=args.lease, wait=args.wait, timeout=timeout,
+                                simulate=args.simulate, holder=Holder(command=command)))
     sel.use_uuid = args.uuid
     return sel
 

@@ -424,7 +424,8 @@ class LeaseServer:
 
     def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event,
                priority: int | None = None, lease: bool = True, extra: dict[str, Any] | None = None) -> Any:
-        from ..alloc.api import allocate
+        from ..alloc.api import LeaseRequest, allocate
+        from ..alloc.handle import Holder
         from ..alloc.lockdir import user_name
         from ..alloc.select import Constraints
 
@@ -433,10 +434,11 @@ class LeaseServer:
                                            kwargs.pop("visible"))
         c = Constraints.build(**kwargs, within_visible=visible is not None)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
-        return allocate(c, lease=lease, wait=wait, timeout=timeout, store=self._store(), command=command, pid=pid,
-                        user=user_name(uid), backend=self.backend, env=env,  # type: ignore[arg-type]
-                        cancelled=cancel.is_set, job=job, priority=priority, uid=uid,  # believed for uid
-                        remote=extra)
+        who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,  # priority believed for uid
+                     slurm_job=(extra or {}).get("slurm_job"))
+        return allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
+                                     priority=priority, cancelled=cancel.is_set),
+                        store=self._store(), backend=self.backend)  # type: ignore[arg-type]
 
     def _snapshot(self) -> dict[str, Any]:
         """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""
@@ -451,7 +453,8 @@ class LeaseServer:
     def _grow(self, held: _Held, kwargs: dict[str, Any], cancel: threading.Event) -> list[Any]:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same
         mutex), then joined to the lease's record."""
-        from ..alloc.api import allocate
+        from ..alloc.api import LeaseRequest, allocate
+        from ..alloc.handle import Holder
         from ..alloc.leases import Lease
         from ..alloc.lockdir import user_name
         from ..alloc.select import Constraints
@@ -465,9 +468,10 @@ class LeaseServer:
         c = Constraints.build(**kwargs, within_visible=visible is not None)
         env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
         store = self._store()
-        sel = allocate(c, lease=True, wait=wait, timeout=timeout, store=store, command=held.command, pid=held.pid,
-                       user=user_name(held.uid), backend=self.backend, env=env,  # type: ignore[arg-type]
-                       cancelled=cancel.is_set, job=held.job, priority=held.priority, uid=held.uid)
+        who = Holder(pid=held.pid, user=user_name(held.uid), uid=held.uid, command=held.command, job=held.job)
+        sel = allocate(LeaseRequest(c, wait=wait, timeout=timeout, holder=who, env=env, priority=held.priority,
+                                    cancelled=cancel.is_set),
+                       store=store, backend=self.backend)  # type: ignore[arg-type]
         try:
             extra = sel.lease
             if not isinstance(extra, Lease):  # taken in the lock directory (store given): always a Lease

@@ -109,7 +109,8 @@ class Pool:
     # -- the work, on the executor ------------------------------------------------------------------
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
                expires: float, job: str | None = None) -> Any:
-        from ..alloc.api import allocate
+        from ..alloc.api import LeaseRequest, allocate
+        from ..alloc.handle import Holder
         from ..alloc.leases import LeaseStore
         from ..alloc.select import Constraints
         from .leasesock import _LockedBackend
@@ -119,17 +120,11 @@ class Pool:
 
             self.backend = _LockedBackend(open_backend(self.daemon.config.simulate))
         c = Constraints.build(**kwargs, within_visible=False)
-        return allocate(c, lease=True, wait=False, store=LeaseStore.for_daemon(), command=note, pid=os.getpid(),
-                        user=holder, backend=self.backend, env={},
-                        remote={"remote_from": remote_from, "expires": expires,
-                                **({"job": job} if job is not None else {})})
+        who = Holder(pid=os.getpid(), user=holder, command=note, remote_from=remote_from, expires=expires, job=job)
+        return allocate(LeaseRequest(c, env={}, holder=who), store=LeaseStore.for_daemon(), backend=self.backend)
 
     def _renew(self, held: Held, expires: float) -> None:
-        from ..alloc.leases import LeaseStore, mutex_timeout
-
-        store = LeaseStore.of(held.selection.lease)  # where it was taken (the authority's, when serving)
-        with store.mutex(time.monotonic() + mutex_timeout()):
-            store.rewrite(held.selection.lease, expires=expires)
+        held.selection.lease.update(expires=expires)  # under the mutex of the store it was taken in
 
     # -- requests -----------------------------------------------------------------------------------
     def _bounds(self, identity: str, count: int) -> str | None:

@@ -12,7 +12,8 @@ answers) and, for older clients, the 0.2 kind in ``error``; the client rebuilds 
 :func:`gpusd.errors.from_wire`, which also reads a 0.2 supervisor's refusal (no ``code``).
 
 Who asks is learnt from the kernel (``SO_PEERCRED``), never from the request: the supervisor obeys
-only its own user and root.  The client, in turn, talks only to a socket whose answering process
+only its own user and root (:class:`ControlServer`, one thread per request, answering with the
+supervisor's ``dispatch``).  The client, in turn, talks only to a socket whose answering process
 runs as the uid that owns the job's record (or root), so a fake socket cannot collect requests.
 """
 
@@ -22,6 +23,8 @@ import json
 import os
 import socket
 import struct
+import sys
+import threading
 from pathlib import Path
 
 from ..alloc.leases import LeaseStore
@@ -29,7 +32,10 @@ from ..errors import GpusdError, from_wire, to_wire
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any
+    from typing import Any, Callable
+
+    # dispatch(request, uid of the asker, cancelled: whether the asker went away) -> the answer
+    Dispatch = Callable[[dict[str, Any], int | None, Callable[[], bool]], dict[str, Any]]
 
 MAX_LINE = 65536
 _CRED = struct.Struct("3i")
@@ -94,6 +100,69 @@ def bind(store: LeaseStore, job_id: str) -> socket.socket:
         os.umask(old)
     sock.listen(16)
     return sock
+
+
+class ControlServer:
+    """The control socket of job ``job_id``, served: :meth:`start` accepts in a thread of its own,
+    each request gets a thread (a ``grow --wait`` may wait long) and one answer line from
+    ``dispatch``; a request from a user other than ours or root is refused, and a bad request never
+    stops the job."""
+
+    def __init__(self, store: LeaseStore, job_id: str, dispatch: Dispatch) -> None:
+        self.job_id, self.dispatch = job_id, dispatch
+        self.path = store.dir / socket_name(job_id)
+        self.sock = bind(store, job_id)
+        self.closing = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closing:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(10)
+            uid = peer_uid(conn)
+            req = read_line(conn, within=10)  # read first: the refusal is an answer, not a broken pipe
+            if uid not in (0, os.geteuid()):
+                answer: dict[str, Any] = {"ok": False, "message": f"job {self.job_id} belongs to another user: only "
+                                          "its owner or root may change it"}
+                print(f"gpusd: job {self.job_id}: refused a request of uid {uid}", file=sys.stderr, flush=True)
+            else:
+                answer = self.dispatch(req, uid, lambda: hung_up(conn))
+            conn.sendall(encode(answer))
+        except Exception as exc:  # a bad request never stops the job
+            try:
+                conn.sendall(encode({"ok": False, "message": f"bad request: {exc}"[:300]}))
+            except OSError:
+                pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.closing = True
+        try:
+            self.sock.close()
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def hung_up(conn: socket.socket) -> bool:
+    """Whether the asker on the control socket went away (``gpusd grow --wait`` stopped with Ctrl-C)."""
+    import select
+
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def request(job_id: str, uid: int | None, message: dict[str, Any], timeout: float = 30.0,

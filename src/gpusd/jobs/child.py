@@ -1,0 +1,205 @@
+"""The command a job's supervisor runs (docs/jobs.md): started, signalled, stopped, started again.
+
+A :class:`Child` is one command at a time (a restart starts the next one in the same object).  It
+is signalled only through the pidfd opened at spawn, before anyone could reap it, so a signal never
+reaches a process that reused its pid (nor, for a command in its own process group, a group that
+reused its group id).  A stop is SIGCONT (a paused command must be able to exit), SIGTERM, and
+SIGKILL after the grace period, for the whole group; what is left of the group after the leader
+exits gets the rest of the grace, then SIGKILL (:meth:`Child.end_group`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable, Sequence
+
+
+def log(message: str) -> None:
+    print(f"gpusd: {message}", file=sys.stderr, flush=True)
+
+
+class Child:
+    """The job's command (:attr:`proc`), its own process group (:attr:`pgid`, when it has one) and
+    its pidfd (:attr:`pidfd`)."""
+
+    def __init__(self, name: str = "job") -> None:
+        self.name = name  # for the log: "job <ID>"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None  # the command's own process group (when it has one)
+        self.pidfd: int | None = None  # the command's pidfd: signals that cannot reach a reused pid
+        self.stop_deadline: float | None = None  # when the grace of the last stop ends
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int], own_group: bool,
+              preexec_fn: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` (FileNotFoundError, PermissionError as Popen raises them).  The previous
+        command was reaped before."""
+        proc = subprocess.Popen(list(cmd), env=env, pass_fds=list(pass_fds), preexec_fn=preexec_fn)
+        self.proc = proc
+        self.pgid = proc.pid if own_group else None
+        self.stop_deadline = None
+        if self.pidfd is not None:  # the previous command's (reaped before a new one starts)
+            os.close(self.pidfd)
+        try:  # before anyone can reap it: the pidfd names this command for good
+            self.pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # pragma: no cover - a kernel without pidfds
+            self.pidfd = None
+        return proc
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def signal(self, signum: int) -> None:
+        """Signal the running command (its process group when it has one), never a process that
+        reused its pid: see :func:`signal_command`."""
+        if self.proc is not None:
+            signal_command(self.pidfd, self.pgid, self.proc.pid, signum)
+
+    def notify(self, signum: int) -> str:
+        """Send ``signum`` to the command, but only if it catches it (the kernel's ``SigCgt``): a
+        program without a handler would be ended by it (SIGUSR1's default action).  Says how the
+        command was told, for grow's and shrink's answer."""
+        name = signal.Signals(signum).name
+        proc, pidfd = self.proc, self.pidfd
+        if proc is None or proc.poll() is not None:
+            return "no command runs now: it sees the job file when it starts"
+        catching = catches(proc.pid, signum)
+        # The main thread may reap the command between poll() and here, and its pid go to another
+        # process: the mask read was the command's only if its pidfd still names a live process, and
+        # the signal goes through the pidfd (never to whoever has the pid now).
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, 0)
+            if not catching:
+                return (f"the command does not catch {name}: not signalled (that would end it), it sees the "
+                        "change in $GPUSD_JOB_FILE")
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:  # pragma: no cover - a kernel without pidfds (before Linux 5.3)
+                os.kill(proc.pid, signum)
+        except ProcessLookupError:
+            return "the command had exited"
+        return f"the command was sent {name}"
+
+    def stop(self, grace: float) -> bool:
+        """SIGCONT and SIGTERM to the command (its group), SIGKILL after ``grace`` seconds; False when
+        no command runs."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return False
+        self.stop_deadline = time.monotonic() + grace
+        pgid = self.pgid
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        # the thread's own descriptor of this command: self.pidfd is closed (and its number may be
+        # reused) when the next command starts, before the grace period is over
+        pidfd, had = _dup(self.pidfd), self.pidfd is not None
+
+        def kill_later() -> None:
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name}: no exit within the {grace:g}s grace period: SIGKILL")
+                if pidfd is not None or not had:  # no dup (out of descriptors): never by the bare pid
+                    signal_command(pidfd, pgid, proc.pid, signal.SIGKILL)
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+
+        threading.Thread(target=kill_later, daemon=True).start()
+        return True
+
+    def end_group(self, deadline: float) -> None:
+        """The leader is gone; what is left of its group (children that ignore SIGTERM) gets until
+        ``deadline``, then SIGKILL, before its GPUs are reused."""
+        if self.pgid is not None:
+            end_group(self.pgid, deadline)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            try:
+                os.close(self.pidfd)
+            except OSError:
+                pass
+            self.pidfd = None
+
+
+def end_group(pgid: int, deadline: float) -> None:
+    """Wait (until ``deadline``) for the process group ``pgid`` to empty, then SIGKILL what is left.
+    The kernel does not reuse a pid while it names a group with members, so ``pgid`` is still the
+    job's group; once it is seen empty it is never signalled again."""
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            return  # not ours any more
+        if time.monotonic() >= deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                return
+            deadline = time.monotonic() + 1.0  # SIGKILL is delivered at once; the reaping may lag a little
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except OSError:
+                    return
+                time.sleep(0.02)
+            return
+        time.sleep(0.05)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum``: the ``SigCgt`` mask of
+    /proc/PID/status (bit ``signum - 1``).  False when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split(":", 1)[1].strip(), 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def signal_command(pidfd: int | None, pgid: int | None, pid: int, signum: int) -> None:
+    """Signal the command that ``pidfd`` names (opened at spawn, before anyone could reap it): its
+    process group ``pgid`` (the one made at spawn: --preemptible, --pausable, --on-change restart) while
+    that pidfd still names a process not yet reaped — its pid, and so its group id, cannot have been
+    reused then — else the command alone, through the pidfd.  A command already reaped is never
+    signalled, nor whoever has its pid now (``pid`` serves only a kernel without pidfds)."""
+    try:
+        if pidfd is None:  # pragma: no cover - a kernel without pidfds (before Linux 5.3)
+            if pgid is not None:
+                os.killpg(pgid, signum)
+            else:
+                os.kill(pid, signum)
+            return
+        if pgid is None:
+            signal.pidfd_send_signal(pidfd, signum)
+            return
+        signal.pidfd_send_signal(pidfd, 0)  # raises once the command was reaped
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _dup(fd: int | None) -> int | None:
+    try:
+        return None if fd is None else os.dup(fd)
+    except OSError:  # pragma: no cover - out of descriptors: the SIGKILL then goes nowhere
+        return None
