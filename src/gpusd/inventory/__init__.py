@@ -2,8 +2,9 @@
 simulation for demos.
 
 ``open_backend()`` picks the simulation named by ``simulate`` / ``$GPUSD_SIMULATE``, or every vendor
-backend that works here (``$GPUSD_BACKENDS`` to name them: :mod:`gpusd.inventory.combined`).  All
-backends have the same interface (:class:`Backend`).
+backend that works here (``$GPUSD_BACKENDS`` to name them: :mod:`gpusd.inventory.combined`).  Every
+backend implements one protocol (:class:`gpusd.inventory.backend.Backend`), the vendor libraries' on
+one shared base (:mod:`gpusd.inventory.base`).
 """
 
 from __future__ import annotations
@@ -12,25 +13,9 @@ import os
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Mapping, Protocol
-
-    from ..model import HostSnapshot
-
-    class Backend(Protocol):
-        backend: str
-        hostname: str
-        node_id: str
-
-        def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot: ...
-
-        def close(self) -> None: ...
-
-        def __enter__(self) -> "Backend": ...
-
-        def __exit__(self, *exc: object) -> None: ...
-
+    from .backend import Backend as Backend
 else:
-    Backend = object  # the protocol is for the type checker only
+    Backend = object  # the protocol (inventory.backend) is for the type checker: typing stays unimported
 
 
 def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True,

@@ -91,6 +91,7 @@ class CombinedBackend:
     def __init__(self, parts: Sequence[Backend]) -> None:
         self.parts = list(parts)
         self.backend = "+".join(p.backend for p in self.parts)
+        self.vendors = tuple(v for p in self.parts for v in p.vendors)
         self.hostname = self.parts[0].hostname
         self.node_id = self.parts[0].node_id
 
