@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from .backend import SharedBackend
 from .leaseconn import MAX_REQUEST, Conn
 from .leasereq import constraints, job_of, parse, priority_of
 from .leasereq import version as protocol_version
@@ -58,22 +59,6 @@ REQUEST_TIMEOUT = 5.0
 MAX_CLIENTS = 256
 MAX_PER_UID = 64
 MAX_DEVICES = 64  # a lease record names at most this many (gpusd.alloc.leases.MAX_LEASE_DEVICES)
-
-
-class _LockedBackend:
-    """The inventory backend shared by the request threads, one snapshot at a time."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.lock = threading.Lock()
-
-    def snapshot(self, util_since: Any = None, detail: bool = True) -> Any:
-        with self.lock:
-            return self.backend.snapshot(util_since=util_since, detail=detail)
-
-    def close(self) -> None:
-        with self.lock:
-            self.backend.close()
 
 
 class _Held:
@@ -94,16 +79,20 @@ class _Held:
 
 
 class LeaseServer:
-    def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False) -> None:
+    def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
+                 backend: SharedBackend | None = None) -> None:
+        """``backend``: the daemon's one backend (daemon/backend.py), which the daemon closes; without
+        it (a lease server on its own: tests, benchmarks) the server opens and closes its own."""
         self.path = path
         self.simulate = simulate
+        self.shared = backend
         self.slurm = slurm  # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
         from .slurmjobs import SlurmJobs
 
         self.slurm_jobs = SlurmJobs()
         self.listener: socket.socket | None = None
         self.accepting: asyncio.Task[None] | None = None
-        self.backend: _LockedBackend | None = None
+        self.backend: SharedBackend | None = None  # while serving
         self.executor = ThreadPoolExecutor(MAX_CLIENTS, thread_name_prefix="gpusd-lease")
         self.clients: dict[int, int] = {}  # uid -> open connections
         self.total = 0
@@ -188,7 +177,12 @@ class LeaseServer:
         else:  # other users' clients would not trust our directory: we lease where they do
             store = LeaseStore()
         self.store = store
-        self.backend = _LockedBackend(open_backend(self.simulate))
+        if self.shared is not None:
+            self.backend = self.shared
+        else:
+            own = SharedBackend(lambda: open_backend(self.simulate))
+            own.open()
+            self.backend = own
 
     async def stop(self) -> None:
         from ..alloc.leases import LeaseStore
@@ -227,10 +221,11 @@ class LeaseServer:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self.backend is not None:
             backend, self.backend = self.backend, None
-            try:
-                backend.close()
-            except Exception:
-                pass
+            if backend is not self.shared:  # the daemon's own is the daemon's to close
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, backend.close)
+                except Exception:
+                    pass
 
     # -- one client ---------------------------------------------------------------------------------
     async def _client(self, sock: socket.socket) -> None:
@@ -546,14 +541,15 @@ def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
     return True
 
 
-async def start_lease_server(simulate: str | None = None, slurm: bool = False) -> LeaseServer | None:
+async def start_lease_server(simulate: str | None = None, slurm: bool = False,
+                             backend: SharedBackend | None = None) -> LeaseServer | None:
     """Serve leases where this daemon can be the authority; None (logged) where it cannot."""
     from ..alloc.authority import socket_path
 
     path = socket_path()
     if path is None:
         return None
-    server = LeaseServer(path, simulate, slurm)
+    server = LeaseServer(path, simulate, slurm, backend)
     try:
         await server.start()
     except (GpusdError, OSError) as exc:

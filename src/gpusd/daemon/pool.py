@@ -99,7 +99,8 @@ class Pool:
         self.daemon = daemon
         self.held: dict[str, Held] = {}
         self.executor = ThreadPoolExecutor(4, thread_name_prefix="gpusd-pool")
-        self.backend: Any = None
+        self.backend: Any = None  # the daemon's SharedBackend, on the first grant
+        self._own_backend: Any = None  # one this pool opened itself (no daemon's to use): closed with it
         self.pending = 0  # requests being granted (counted against lease_max_total)
         self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
         self.task: asyncio.Task[None] | None = None
@@ -113,12 +114,17 @@ class Pool:
         from ..alloc.api import allocate
         from ..alloc.leases import LeaseStore
         from ..alloc.select import Constraints
-        from .leasesock import _LockedBackend
 
-        if self.backend is None:
-            from ..inventory import open_backend
+        if self.backend is None:  # the daemon's one backend (daemon/backend.py); a bare Pool opens its own
+            shared = getattr(self.daemon, "inventory", None)
+            if shared is None:
+                from ..inventory import open_backend
+                from .backend import SharedBackend
 
-            self.backend = _LockedBackend(open_backend(self.daemon.config.simulate))
+                shared = SharedBackend(lambda: open_backend(self.daemon.config.simulate))
+                shared.open()
+                self._own_backend = shared
+            self.backend = shared
         c = Constraints.build(**kwargs, within_visible=False)
         return allocate(c, lease=True, wait=False, store=LeaseStore.for_daemon(), command=note, pid=os.getpid(),
                         user=holder, backend=self.backend, env={},
@@ -335,9 +341,9 @@ class Pool:
         for lease_id in list(self.held):
             self.end(lease_id, "ended: the daemon stops")
         self.executor.shutdown(wait=False, cancel_futures=True)
-        if self.backend is not None:
+        if self._own_backend is not None:  # never the daemon's: the daemon closes that one last
             try:
-                self.backend.close()
+                self._own_backend.close()
             except Exception:  # noqa: BLE001
                 pass
 
