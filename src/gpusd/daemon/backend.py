@@ -40,11 +40,11 @@ class SharedBackend:
 
     @property
     def hostname(self) -> str:
-        return self._now().hostname
+        return str(getattr(self.current, "hostname", ""))
 
     @property
     def node_id(self) -> str:
-        return self._now().node_id
+        return str(getattr(self.current, "node_id", ""))
 
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         with self.lock:

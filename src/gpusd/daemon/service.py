@@ -66,7 +66,7 @@ class Daemon:
         self.node_id = config.node_id or _node_id(config)
         self.interfaces: list[str] | None = None  # resolved at start
         # the one inventory backend: sampling, the lease authority, the pool and rebalancing (daemon/backend.py)
-        self.inventory = SharedBackend(self._open_backend, backend)
+        self.inventory = SharedBackend(lambda: self._open_backend(), backend)
         self.snapshot: HostSnapshot | None = None
         self.history = History(config.history, config.interval)
         self.events = EventHub(max_subscribers=config.max_subscribers, per_peer=config.max_subscribers_per_peer,
