@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -201,31 +203,33 @@ class LeaseServer:
             self.listener = None
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
-        # the clients keep their leases; one that does not read its answers (deaf) gets no wait, and
-        # comes last, so that it cannot hold up everyone else's hand-over
+        # Nothing here blocks the event loop (issue 19): the lease's lock is polled, the descriptors
+        # are sent without blocking, the rest runs on the executor.  The clients keep their leases;
+        # one that does not read its answers (deaf) gets no wait, and comes last, so that it cannot
+        # hold up everyone else's hand-over.
+        loop = asyncio.get_running_loop()
         for conn, held in sorted(self.held.items(), key=lambda item: item[0].deaf):
-            if not held.lock.acquire(timeout=2.0):  # a join or drop takes milliseconds
+            if not await _acquire(held.lock, 2.0):  # a join or drop takes milliseconds
                 continue
             try:
-                handed = _hand_over(conn.sock, held.lease, 0.0 if conn.deaf else 1.0)
+                handed = await _hand_over(conn.sock, held.lease, 0.0 if conn.deaf else 1.0)
             finally:
                 held.lock.release()
             if handed:
                 del self.held[conn]
-        self.slurm_jobs.close()  # Slurm jobs' leases end with the daemon (docs/slurm.md)
+        with contextlib.suppress(RuntimeError):  # Slurm jobs' leases end with the daemon (docs/slurm.md)
+            await loop.run_in_executor(self.executor, self.slurm_jobs.close)
         tasks = [t for t in self.tasks if t is not asyncio.current_task()]
         for t in tasks:  # every connection ends (a lease not handed over is released)
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
-        self.executor.shutdown(wait=False, cancel_futures=True)
         if self.backend is not None:
             backend, self.backend = self.backend, None
             if backend is not self.shared:  # the daemon's own is the daemon's to close
-                try:
-                    await asyncio.get_running_loop().run_in_executor(None, backend.close)
-                except Exception:
-                    pass
+                with contextlib.suppress(Exception):
+                    await loop.run_in_executor(self.executor, backend.close)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     # -- one client ---------------------------------------------------------------------------------
     async def _client(self, sock: socket.socket) -> None:
@@ -329,9 +333,8 @@ class LeaseServer:
             cancel.set()  # a wait still running for this client ends (within a second)
             self.cancels.discard(cancel)
             self.held.pop(conn, None)
-            if held is not None:
-                with held.lock:
-                    held.selection.release()  # after a hand-over: only our (closed) copies, see _hand_over
+            if held is not None:  # after a hand-over: only our (closed) copies, see _hand_over
+                await self._release(held)
             self.total -= 1
             self.clients[uid] -= 1
             if not self.clients[uid]:
@@ -395,6 +398,19 @@ class LeaseServer:
                 answer = _failure(exc)
             answer["id"] = rid
             await conn.send(answer)
+
+    async def _release(self, held: _Held) -> None:
+        """End ``held``'s lease, on the executor (its lock may be held there by a join, a moment)."""
+        def release() -> None:
+            with held.lock:
+                held.selection.release()
+
+        try:
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(self.executor, release))
+        except RuntimeError:  # the executor is shut down already: the daemon is gone, release here
+            release()
+        except asyncio.CancelledError:  # the daemon stops meanwhile: the release still runs (shielded)
+            pass
 
     # -- the work, in the executor's threads --------------------------------------------------------
     async def _slurm(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
@@ -520,25 +536,69 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"ok": False, "error": "error", "message": f"internal error: {exc!r}"[:300]}
 
 
-def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
+async def _acquire(lock: threading.Lock, timeout: float) -> bool:
+    """``lock`` (a thread's lock) within ``timeout`` seconds, polled: the event loop never waits on it."""
+    deadline = time.monotonic() + timeout
+    while not lock.acquire(blocking=False):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
     """Pass the lease's descriptors to the client (``SCM_RIGHTS``) and close ours: the kernel keeps
     the locks, which belong to the open files, not to a process.  Sent fds live in the connection
     until the client reads them or closes it, so the lease still ends with the client's connection,
-    and a daemon restart does not end it.  False when the client cannot be reached."""
+    and a daemon restart does not end it.  False when the client cannot be reached within
+    ``timeout`` seconds (0: only if its socket takes the note at once).  Never blocks the event loop:
+    the socket is non-blocking and the loop waits for it to be writable."""
+    loop = asyncio.get_running_loop()
     try:
         dup = socket.socket(fileno=os.dup(sock.fileno()))
     except OSError:
         return False
+    deadline = loop.time() + timeout
     try:
-        dup.settimeout(timeout)  # 0: not blocking at all
+        dup.setblocking(False)
         note = json.dumps({"op": "handover", "lease_id": lease.lease_id}).encode() + b"\n"
-        dup.sendmsg([note], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())])
-    except OSError:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())]
+        while True:
+            try:
+                sent = dup.sendmsg([note], rights)
+                break
+            except (BlockingIOError, InterruptedError):
+                if not await _writable(loop, dup, deadline - loop.time()):
+                    return False
+        if sent < len(note):  # the descriptors went with the first bytes: the rest of the line follows
+            await asyncio.wait_for(loop.sock_sendall(dup, note[sent:]), max(0.05, deadline - loop.time()))
+    except (OSError, asyncio.TimeoutError):
         return False
     finally:
         dup.close()
     lease.forget()
     return True
+
+
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` can be written to within ``timeout`` seconds (awaited, not blocking)."""
+    if timeout <= 0:
+        return False
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await asyncio.wait_for(ready, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_writer(fd)
 
 
 async def start_lease_server(simulate: str | None = None, slurm: bool = False,
