@@ -72,3 +72,29 @@ def test_stopping_with_clients_that_do_not_read_does_not_block_the_loop(fake_nvm
             c.close()
         server.loop.call_soon_threadsafe(server.loop.stop)
         server.thread.join(10)
+
+
+async def test_the_daemons_stop_awaits_each_stream_writing_its_bye() -> None:
+    """The streams' ``bye`` is awaited (EventHub.drained), not given a fixed 50 ms: a stream still
+    writing is waited for (boundedly), a subscription no stream serves is not."""
+    from gpusd.daemon.events import EventHub
+
+    hub = EventHub()
+    served = hub.subscribe()
+    hub.streaming(served)  # what sse_stream does
+    hub.subscribe()  # read in process (no stream): nothing to wait for
+    hub.close(b"event: bye\n\n")
+    assert await hub.drained(0.05) is False  # the stream has not written its bye yet: bounded wait
+    got: list[bytes | None] = []
+
+    async def stream() -> None:
+        while True:
+            msg = await served.get()
+            got.append(msg)
+            if msg is None:
+                break
+        hub.unsubscribe(served)  # the stream's end (sse_stream's finally)
+
+    task = asyncio.ensure_future(stream())
+    assert await hub.drained(5) is True
+    assert got == [b"event: bye\n\n", None] and task.done()

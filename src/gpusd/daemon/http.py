@@ -251,6 +251,7 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         refusal = _json({"error": f"too many event-stream readers ({why}); try again later"}, status=503)
         refusal.headers["Retry-After"] = "5"
         return refusal
+    hub.streaming(sub)  # from here on, the finally below ends it: the daemon's stop awaits that (drained)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     slow = False
     try:

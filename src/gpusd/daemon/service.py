@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 REOPEN_AFTER = 5.0  # seconds between attempts to reopen a failing inventory backend
+STREAM_FLUSH = 1.0  # at most this long, at stop, for the event streams to write their bye
 
 
 class Daemon:
@@ -289,7 +290,7 @@ class Daemon:
                 await asyncio.wait_for(self.slurm.stop(), 40)
         if self._lease_server is not None:
             await self._lease_server.stop()
-        await asyncio.sleep(0.05)  # let the streams flush their bye
+        await self.events.drained(STREAM_FLUSH)  # every stream wrote its bye and ended (a deaf one: bounded)
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._runner.cleanup(), 5)
