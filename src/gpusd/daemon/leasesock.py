@@ -31,6 +31,15 @@ survives a daemon restart and still ends with the client's connection.
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
 requests kept while one is served (more are dropped); a lease of at most 64 devices.
+Threads (issue 19): every connection's I/O is a coroutine on the daemon's event loop (reading with
+each writer's credentials, noticing a client that leaves while it waits, the hand-over at stop:
+a non-blocking ``sendmsg`` awaited for writability, never a blocking call on the loop); the blocking
+work -- flock waits, the selection mutex, lease records, the backend's snapshot -- runs in one
+bounded executor.  Not a threaded Unix server beside the loop: the per-connection logic above is
+already asynchronous, and a second I/O model for the same sockets would double it.  The executor
+has ``MAX_CLIENTS`` workers because a connection runs at most one blocking job at a time (its
+requests are served in order) and at most ``MAX_CLIENTS`` connections are admitted, so no job ever
+queues behind another client's wait; its threads start only as jobs come (an idle daemon has none).
 """
 
 from __future__ import annotations
