@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..model import LeaseInfo
     from .config import DaemonConfig
+    from .routes import RouteDef
     from .users import Account
 
 log = logging.getLogger("gpusd.pool")
@@ -383,10 +384,7 @@ def _terms(body: dict[str, Any]) -> tuple[str, str | None, float]:
 
 
 def install(app: web.Application, daemon: PoolDaemon) -> Pool:
-    from aiohttp import web
-
-    from ..sanitize import dumps
-    from .access import can_see_private
+    from .routes import add_routes
 
     pool = Pool(daemon)
 
@@ -396,6 +394,20 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
         await pool.close()
 
     app.cleanup_ctx.append(lifecycle)
+    add_routes(app, routes(pool))
+    return pool
+
+
+def routes(pool: Pool) -> list[RouteDef]:
+    """The remote leases' route table; the handlers use ``pool`` and the :class:`PoolDaemon` it
+    reads the daemon through, nothing else of the daemon."""
+    from aiohttp import web
+
+    from ..sanitize import dumps
+    from .access import can_see_private
+    from .routes import RouteDef
+
+    daemon = pool.daemon
 
     def answer(status: int, data: object) -> web.Response:
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
@@ -496,8 +508,7 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
                 d["env"] = {k: v for k, v in d["env"].items() if k != "GPUSD_LEASE"}
         return answer(200, {"host": daemon.hostname, "node_id": daemon.node_id, "leases": leases})
 
-    app.router.add_post("/api/v1/leases", create)
-    app.router.add_get("/api/v1/leases", listing)
-    app.router.add_post("/api/v1/leases/{id}/renew", renew)
-    app.router.add_delete("/api/v1/leases/{id}", delete)
-    return pool
+    return [RouteDef("POST", "/api/v1/leases", create),
+            RouteDef("GET", "/api/v1/leases", listing),
+            RouteDef("POST", "/api/v1/leases/{id}/renew", renew),
+            RouteDef("DELETE", "/api/v1/leases/{id}", delete)]

@@ -35,9 +35,9 @@ from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
 from ..wire.sse import format_event
+from .backend import SharedBackend
 from .config import DaemonConfig
 from .events import EventHub
-from .backend import SharedBackend
 from .history import History
 from .logs import flush as flush_log_summaries
 

@@ -24,7 +24,7 @@ from .window import UtilWindow, utilisation
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, Mapping
+    from typing import Any
 
 
 def _log() -> Any:
