@@ -219,6 +219,7 @@ class NvmlBackend(VendorBackend):
     vendor = "nvidia"
     library = "NVML"
     listing = "cannot count GPUs"
+    telemetry_counters = True  # takes telemetry=: the DCGM-named metrics (inventory.combined.open_vendor)
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None,
                  telemetry: bool = False) -> None:
