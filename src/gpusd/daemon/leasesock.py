@@ -415,11 +415,15 @@ class LeaseServer:
                 held.selection.release()
 
         try:
-            await asyncio.shield(asyncio.get_running_loop().run_in_executor(self.executor, release))
+            job = asyncio.get_running_loop().run_in_executor(self.executor, release)
         except RuntimeError:  # the executor is shut down already: the daemon is gone, release here
             release()
-        except asyncio.CancelledError:  # the daemon stops meanwhile: the release still runs (shielded)
-            pass
+            return
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:  # the daemon stops meanwhile: the release still runs (shielded)...
+            if job.cancelled():  # ...unless the executor dropped it unstarted: then here, never lost
+                release()
 
     # -- the work, in the executor's threads --------------------------------------------------------
     async def _slurm(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
