@@ -124,3 +124,20 @@ def test_the_daemons_shared_backend_implements_the_protocol() -> None:
     shared.close()
     with pytest.raises(BackendUnavailable):
         shared.snapshot()
+
+
+def test_the_daemons_gpus_read_over_the_lease_socket_implement_the_protocol() -> None:
+    """alloc.authority.DaemonInventory: the backend of a process without a driver library, reading
+    the local daemon's GPUs over its lease socket."""
+    from authority_helpers import ServerThread
+    from gpusd.alloc.authority import DaemonInventory
+    from gpusd.inventory.backend import Backend
+
+    server = ServerThread("1xMI300X,1xA100-80GB")
+    try:
+        with DaemonInventory() as b:
+            assert isinstance(b, Backend) and b.backend == "daemon"
+            assert b.vendors == ("amd", "nvidia")  # in the order of the daemon's GPUs
+            assert [g.vendor for g in b.snapshot(detail=False).gpus] == ["amd", "nvidia"]
+    finally:
+        server.stop()
