@@ -18,7 +18,8 @@ a daemon that cannot enforce access must not serve.
 The blocking NVML snapshot runs in a one-thread executor: the event loop (HTTP, heartbeats, mDNS)
 never waits on the driver.  The daemon opens one backend, ``daemon.inventory``
 (:class:`~gpusd.daemon.backend.SharedBackend`), and hands it to the lease authority and the pool:
-every lease is decided on the readings the API serves.  A failing NVML, a lost GPU or a changed network is logged and lived with.
+every lease is decided on the readings the API serves.  A failing NVML, a lost GPU or a changed
+network is logged and lived with.
 """
 
 from __future__ import annotations
