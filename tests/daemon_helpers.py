@@ -45,7 +45,7 @@ class FakeBackend:
         self.fail: BaseException | None = None
         self.closed = False
 
-    def snapshot(self, util_since: Any = None) -> HostSnapshot:
+    def snapshot(self, util_since: Any = None, detail: bool = True) -> HostSnapshot:
         if self.fail is not None:
             raise self.fail
         s = copy.deepcopy(self.snap)
@@ -60,6 +60,16 @@ class FakeBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def frozen(simulate: str) -> FakeBackend:
+    """The simulated GPUs of ``simulate`` (the UUIDs ``allocate(simulate=...)`` sees), read once: the
+    daemon's one backend serves them to its API, its pool and its lease socket alike, and a snapshot
+    that does not change publishes no event."""
+    from gpusd.inventory import open_backend
+
+    with open_backend(simulate) as b:
+        return FakeBackend(b.snapshot())
 
 
 @pytest.fixture
@@ -91,6 +101,8 @@ async def running_daemon(tmp: Path, session: str, hostname: str = "h1", n: int =
 
     cfg = daemon_config(tmp, session, hostname, **kw)
     d = Daemon(cfg)
+    if backend is None and cfg.simulate is not None:  # the simulated GPUs its pool and lease socket lease
+        backend = frozen(cfg.simulate)
     d.backend = backend or FakeBackend(make_snapshot(n, hostname=hostname, node_id=d.node_id))
     await d.start()
     try:

@@ -362,6 +362,7 @@ class DaemonInventory:
         self.path = path
         first = self.snapshot()
         self.hostname, self.node_id = first.hostname, first.node_id
+        self.vendors = tuple(dict.fromkeys(g.vendor for g in first.gpus)) or ("nvidia",)  # inventory.backend
 
     def snapshot(self, util_since: Any = None, detail: bool = True) -> HostSnapshot:
         from ..errors import BackendUnavailable

@@ -106,10 +106,13 @@ def _other_vendors_possible() -> bool:
 
     if os.environ.get("GPUSD_SIMULATE"):
         return True
+    from ..inventory.vendors import PACKAGES
+
+    others = {v: p for v, p in PACKAGES.items() if p is not None}  # the vendors gpusd has no package of
     backends = os.environ.get("GPUSD_BACKENDS", "")
     if backends and backends != "auto":
-        return any(v in backends for v in ("amd", "intel"))
-    return any(importlib.util.find_spec(m) is not None for m in ("amdsmi", "pyzes"))
+        return any(v in backends for v in others)
+    return any(importlib.util.find_spec(p) is not None for p in others.values())
 
 
 def _resolve(items: list[int | str]) -> list[Visible] | None:

@@ -35,6 +35,7 @@ class Subscription:
         self.evicted = False  # cut off to make room for a signed subscriber
         self.peer = peer
         self.signed = signed
+        self.served: asyncio.Event | None = None  # set once a stream serving it has ended (sse_stream)
 
     async def get(self) -> bytes | None:
         return await self.queue.get()
@@ -53,6 +54,7 @@ class EventHub:
         self.evicted = 0  # unsigned subscribers cut off to make room for signed ones
         self._subs: dict[Subscription, None] = {}  # oldest first
         self._unsigned: dict[str, dict[Subscription, None]] = {}  # peer -> its unsigned subscribers, oldest first
+        self._streaming: set[Subscription] = set()  # subscriptions a stream still serves (see drained)
         self.closed = False
 
     def __len__(self) -> int:
@@ -122,6 +124,27 @@ class EventHub:
 
     def unsubscribe(self, sub: Subscription) -> None:
         self._forget(sub)
+        self._streaming.discard(sub)
+        if sub.served is not None:
+            sub.served.set()
+
+    def streaming(self, sub: Subscription) -> None:
+        """``sub`` is served by a stream now (it calls :meth:`unsubscribe` when it ends)."""
+        sub.served = asyncio.Event()
+        self._streaming.add(sub)
+
+    async def drained(self, timeout: float) -> bool:
+        """After :meth:`close`: wait until every stream has written what it was given (the ``bye``)
+        and ended, at most ``timeout`` seconds (a reader that does not read is not waited for
+        longer).  True when all did."""
+        waits = [sub.served.wait() for sub in list(self._streaming) if sub.served is not None]
+        if not waits:
+            return True
+        tasks = [asyncio.ensure_future(w) for w in waits]
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for t in pending:
+            t.cancel()
+        return not pending
 
     def publish(self, event: str, data: Any) -> None:
         if self.closed:

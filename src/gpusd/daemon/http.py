@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import DaemonConfig
     from .fleet import Fleet
     from .recent import RecentSamples
+    from .routes import RouteDef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,18 +98,28 @@ ANSWERS_KEY: web.AppKey[Answers] = web.AppKey("gpusd_answers")
 
 
 def build_app(daemon: Daemon) -> web.Application:
+    from .routes import add_routes
+
     app = web.Application(client_max_size=64 * 1024)
-    app[DAEMON_KEY] = daemon
+    app[DAEMON_KEY] = daemon  # the handlers' one dependency: the Daemon protocol above, never more
     app[ANSWERS_KEY] = Answers()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get(f"{API}/host", host)
-    app.router.add_get(f"{API}/gpus", gpus)
-    app.router.add_get(f"{API}/history", history)
-    app.router.add_get(f"{API}/events", events)
-    app.router.add_get(f"{API}/fleet", fleet)
-    app.router.add_get(f"{API}/fleet/events", fleet_events)
-    app.router.add_get(f"{API}/prometheus/http_sd", prometheus_http_sd)
+    add_routes(app, routes())
     return app
+
+
+def routes() -> list[RouteDef]:
+    """The core API's route table (docs/wire-format.md); each handler reads the daemon through the
+    :class:`Daemon` protocol the app holds (``DAEMON_KEY``)."""
+    from .routes import RouteDef
+
+    return [RouteDef("GET", "/healthz", healthz),
+            RouteDef("GET", f"{API}/host", host),
+            RouteDef("GET", f"{API}/gpus", gpus),
+            RouteDef("GET", f"{API}/history", history),
+            RouteDef("GET", f"{API}/events", events),
+            RouteDef("GET", f"{API}/fleet", fleet),
+            RouteDef("GET", f"{API}/fleet/events", fleet_events),
+            RouteDef("GET", f"{API}/prometheus/http_sd", prometheus_http_sd)]
 
 
 def _daemon(request: web.Request) -> Daemon:
@@ -251,6 +262,7 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         refusal = _json({"error": f"too many event-stream readers ({why}); try again later"}, status=503)
         refusal.headers["Retry-After"] = "5"
         return refusal
+    hub.streaming(sub)  # from here on, the finally below ends it: the daemon's stop awaits that (drained)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     slow = False
     try:

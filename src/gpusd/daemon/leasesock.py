@@ -31,23 +31,35 @@ survives a daemon restart and still ends with the client's connection.
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
 requests kept while one is served (more are dropped); a lease of at most 64 devices.
+Threads (issue 19): every connection's I/O is a coroutine on the daemon's event loop (reading with
+each writer's credentials, noticing a client that leaves while it waits, the hand-over at stop:
+a non-blocking ``sendmsg`` awaited for writability, never a blocking call on the loop); the blocking
+work -- flock waits, the selection mutex, lease records, the backend's snapshot -- runs in one
+bounded executor.  Not a threaded Unix server beside the loop: the per-connection logic above is
+already asynchronous, and a second I/O model for the same sockets would double it.  The executor
+has ``MAX_CLIENTS`` workers because a connection runs at most one blocking job at a time (its
+requests are served in order) and at most ``MAX_CLIENTS`` connections are admitted, so no job ever
+queues behind another client's wait; its threads start only as jobs come (an idle daemon has none).
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, to_wire
+from .backend import SharedBackend
 from .leaseconn import MAX_REQUEST, Conn
 from .leasereq import constraints, job_of, parse, priority_of
 from .leasereq import version as protocol_version
@@ -58,22 +70,6 @@ REQUEST_TIMEOUT = 5.0
 MAX_CLIENTS = 256
 MAX_PER_UID = 64
 MAX_DEVICES = 64  # a lease record names at most this many (gpusd.alloc.leases.MAX_LEASE_DEVICES)
-
-
-class _LockedBackend:
-    """The inventory backend shared by the request threads, one snapshot at a time."""
-
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.lock = threading.Lock()
-
-    def snapshot(self, util_since: Any = None, detail: bool = True) -> Any:
-        with self.lock:
-            return self.backend.snapshot(util_since=util_since, detail=detail)
-
-    def close(self) -> None:
-        with self.lock:
-            self.backend.close()
 
 
 class _Held:
@@ -94,16 +90,20 @@ class _Held:
 
 
 class LeaseServer:
-    def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False) -> None:
+    def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
+                 backend: SharedBackend | None = None) -> None:
+        """``backend``: the daemon's one backend (daemon/backend.py), which the daemon closes; without
+        it (a lease server on its own: tests, benchmarks) the server opens and closes its own."""
         self.path = path
         self.simulate = simulate
+        self.shared = backend
         self.slurm = slurm  # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
         from .slurmjobs import SlurmJobs
 
         self.slurm_jobs = SlurmJobs()
         self.listener: socket.socket | None = None
         self.accepting: asyncio.Task[None] | None = None
-        self.backend: _LockedBackend | None = None
+        self.backend: SharedBackend | None = None  # while serving
         self.executor = ThreadPoolExecutor(MAX_CLIENTS, thread_name_prefix="gpusd-lease")
         self.clients: dict[int, int] = {}  # uid -> open connections
         self.total = 0
@@ -188,7 +188,12 @@ class LeaseServer:
         else:  # other users' clients would not trust our directory: we lease where they do
             store = LeaseStore()
         self.store = store
-        self.backend = _LockedBackend(open_backend(self.simulate))
+        if self.shared is not None:
+            self.backend = self.shared
+        else:
+            own = SharedBackend(lambda: open_backend(self.simulate))
+            own.open()
+            self.backend = own
 
     async def stop(self) -> None:
         from ..alloc.leases import LeaseStore
@@ -207,30 +212,33 @@ class LeaseServer:
             self.listener = None
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
-        # the clients keep their leases; one that does not read its answers (deaf) gets no wait, and
-        # comes last, so that it cannot hold up everyone else's hand-over
+        # Nothing here blocks the event loop (issue 19): the lease's lock is polled, the descriptors
+        # are sent without blocking, the rest runs on the executor.  The clients keep their leases;
+        # one that does not read its answers (deaf) gets no wait, and comes last, so that it cannot
+        # hold up everyone else's hand-over.
+        loop = asyncio.get_running_loop()
         for conn, held in sorted(self.held.items(), key=lambda item: item[0].deaf):
-            if not held.lock.acquire(timeout=2.0):  # a join or drop takes milliseconds
+            if not await _acquire(held.lock, 2.0):  # a join or drop takes milliseconds
                 continue
             try:
-                handed = _hand_over(conn.sock, held.lease, 0.0 if conn.deaf else 1.0)
+                handed = await _hand_over(conn.sock, held.lease, 0.0 if conn.deaf else 1.0)
             finally:
                 held.lock.release()
             if handed:
                 del self.held[conn]
-        self.slurm_jobs.close()  # Slurm jobs' leases end with the daemon (docs/slurm.md)
+        with contextlib.suppress(RuntimeError):  # Slurm jobs' leases end with the daemon (docs/slurm.md)
+            await loop.run_in_executor(self.executor, self.slurm_jobs.close)
         tasks = [t for t in self.tasks if t is not asyncio.current_task()]
         for t in tasks:  # every connection ends (a lease not handed over is released)
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
-        self.executor.shutdown(wait=False, cancel_futures=True)
         if self.backend is not None:
             backend, self.backend = self.backend, None
-            try:
-                backend.close()
-            except Exception:
-                pass
+            if backend is not self.shared:  # the daemon's own is the daemon's to close
+                with contextlib.suppress(Exception):
+                    await loop.run_in_executor(self.executor, backend.close)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     # -- one client ---------------------------------------------------------------------------------
     async def _client(self, sock: socket.socket) -> None:
@@ -334,9 +342,8 @@ class LeaseServer:
             cancel.set()  # a wait still running for this client ends (within a second)
             self.cancels.discard(cancel)
             self.held.pop(conn, None)
-            if held is not None:
-                with held.lock:
-                    held.selection.release()  # after a hand-over: only our (closed) copies, see _hand_over
+            if held is not None:  # after a hand-over: only our (closed) copies, see _hand_over
+                await self._release(held)
             self.total -= 1
             self.clients[uid] -= 1
             if not self.clients[uid]:
@@ -400,6 +407,23 @@ class LeaseServer:
                 answer = _failure(exc)
             answer["id"] = rid
             await conn.send(answer)
+
+    async def _release(self, held: _Held) -> None:
+        """End ``held``'s lease, on the executor (its lock may be held there by a join, a moment)."""
+        def release() -> None:
+            with held.lock:
+                held.selection.release()
+
+        try:
+            job = asyncio.get_running_loop().run_in_executor(self.executor, release)
+        except RuntimeError:  # the executor is shut down already: the daemon is gone, release here
+            release()
+            return
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:  # the daemon stops meanwhile: the release still runs (shielded)...
+            if job.cancelled():  # ...unless the executor dropped it unstarted: then here, never lost
+                release()
 
     # -- the work, in the executor's threads --------------------------------------------------------
     async def _slurm(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
@@ -525,20 +549,43 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return to_wire(GpusdError(f"internal error: {exc!r}"[:300]))
 
 
-def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
+async def _acquire(lock: threading.Lock, timeout: float) -> bool:
+    """``lock`` (a thread's lock) within ``timeout`` seconds, polled: the event loop never waits on it."""
+    deadline = time.monotonic() + timeout
+    while not lock.acquire(blocking=False):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
     """Pass the lease's descriptors to the client (``SCM_RIGHTS``) and close ours: the kernel keeps
     the locks, which belong to the open files, not to a process.  Sent fds live in the connection
     until the client reads them or closes it, so the lease still ends with the client's connection,
-    and a daemon restart does not end it.  False when the client cannot be reached."""
+    and a daemon restart does not end it.  False when the client cannot be reached within
+    ``timeout`` seconds (0: only if its socket takes the note at once).  Never blocks the event loop:
+    the socket is non-blocking and the loop waits for it to be writable."""
+    loop = asyncio.get_running_loop()
     try:
         dup = socket.socket(fileno=os.dup(sock.fileno()))
     except OSError:
         return False
+    deadline = loop.time() + timeout
     try:
-        dup.settimeout(timeout)  # 0: not blocking at all
+        dup.setblocking(False)
         note = json.dumps({"op": "handover", "lease_id": lease.lease_id}).encode() + b"\n"
-        dup.sendmsg([note], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())])
-    except OSError:
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())]
+        while True:
+            try:
+                sent = dup.sendmsg([note], rights)
+                break
+            except (BlockingIOError, InterruptedError):
+                if not await _writable(loop, dup, deadline - loop.time()):
+                    return False
+        if sent < len(note):  # the descriptors went with the first bytes: the rest of the line follows
+            await asyncio.wait_for(loop.sock_sendall(dup, note[sent:]), max(0.05, deadline - loop.time()))
+    except (OSError, asyncio.TimeoutError):
         return False
     finally:
         dup.close()
@@ -546,14 +593,36 @@ def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
     return True
 
 
-async def start_lease_server(simulate: str | None = None, slurm: bool = False) -> LeaseServer | None:
+async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` can be written to within ``timeout`` seconds (awaited, not blocking)."""
+    if timeout <= 0:
+        return False
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await asyncio.wait_for(ready, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_writer(fd)
+
+
+async def start_lease_server(simulate: str | None = None, slurm: bool = False,
+                             backend: SharedBackend | None = None) -> LeaseServer | None:
     """Serve leases where this daemon can be the authority; None (logged) where it cannot."""
     from ..alloc.authority import socket_path
 
     path = socket_path()
     if path is None:
         return None
-    server = LeaseServer(path, simulate, slurm)
+    server = LeaseServer(path, simulate, slurm, backend)
     try:
         await server.start()
     except (GpusdError, OSError) as exc:

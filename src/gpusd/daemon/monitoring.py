@@ -33,6 +33,8 @@ from . import access as privacy
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
 
+    from .routes import RouteDef
+
 log = logging.getLogger("gpusd.monitor")
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -162,7 +164,6 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     Call before the app starts.  ``interval``: how often to look for a new snapshot (default: half
     the daemon's ``interval`` attribute, else 0.5 s).  Raises :class:`~gpusd.errors.ConfigError` for
     a bad rule."""
-    from aiohttp import web
 
     rules = load_rules(getattr(daemon, "thresholds", None) or ())
     access = privacy.Access(getattr(daemon, "token", None), trust_loopback=trust_loopback,
@@ -179,6 +180,33 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     app[_app_key()] = monitor
     app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
     privacy.install_proofs(app, access)
+    from .routes import add_routes
+
+    add_routes(app, routes(monitor))
+    on_sample = getattr(daemon, "on_sample", None)
+    if isinstance(on_sample, list):
+        on_sample.append(monitor.count_usage)  # every sample, for the usage counters
+    if rules and isinstance(on_sample, list):
+        on_sample.append(lambda snap: monitor.evaluate(snap))
+    elif rules:
+        async def thresholds_ctx(app: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(monitor._watch(), name="gpusd-thresholds")
+            yield
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(thresholds_ctx)
+    log.debug("monitoring installed: %d threshold rule(s), fleet secret %s", len(rules),
+              "set" if access.token else "not set")
+    return monitor
+
+
+def routes(monitor: Monitor) -> list[RouteDef]:
+    """Metrics, the dashboard and alerts as a route table; the handlers use ``monitor`` only."""
+    from aiohttp import web
+
+    from .routes import RouteDef
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
@@ -206,28 +234,10 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
         return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"}, dumps=dumps)
 
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/", index)
-    app.router.add_get("/assets/{name}", asset)
-    app.router.add_get("/api/v1/alerts", alerts)
-
-    on_sample = getattr(daemon, "on_sample", None)
-    if isinstance(on_sample, list):
-        on_sample.append(monitor.count_usage)  # every sample, for the usage counters
-    if rules and isinstance(on_sample, list):
-        on_sample.append(lambda snap: monitor.evaluate(snap))
-    elif rules:
-        async def thresholds_ctx(app: web.Application) -> AsyncIterator[None]:
-            task = asyncio.create_task(monitor._watch(), name="gpusd-thresholds")
-            yield
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        app.cleanup_ctx.append(thresholds_ctx)
-    log.debug("monitoring installed: %d threshold rule(s), fleet secret %s", len(rules),
-              "set" if access.token else "not set")
-    return monitor
+    return [RouteDef("GET", "/metrics", metrics),
+            RouteDef("GET", "/", index),
+            RouteDef("GET", "/assets/{name}", asset),
+            RouteDef("GET", "/api/v1/alerts", alerts)]
 
 
 def _own_names(daemon: Any) -> list[str]:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..model import LeaseInfo
     from .config import DaemonConfig
+    from .routes import RouteDef
     from .users import Account
 
 log = logging.getLogger("gpusd.pool")
@@ -98,7 +99,8 @@ class Pool:
         self.daemon = daemon
         self.held: dict[str, Held] = {}
         self.executor = ThreadPoolExecutor(4, thread_name_prefix="gpusd-pool")
-        self.backend: Any = None
+        self.backend: Any = None  # the daemon's SharedBackend, on the first grant
+        self._own_backend: Any = None  # one this pool opened itself (no daemon's to use): closed with it
         self.pending = 0  # requests being granted (counted against lease_max_total)
         self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
         self.task: asyncio.Task[None] | None = None
@@ -113,12 +115,17 @@ class Pool:
         from ..alloc.handle import Holder
         from ..alloc.leases import LeaseStore
         from ..alloc.select import Constraints
-        from .leasesock import _LockedBackend
 
-        if self.backend is None:
-            from ..inventory import open_backend
+        if self.backend is None:  # the daemon's one backend (daemon/backend.py); a bare Pool opens its own
+            shared = getattr(self.daemon, "inventory", None)
+            if shared is None:
+                from ..inventory import open_backend
+                from .backend import SharedBackend
 
-            self.backend = _LockedBackend(open_backend(self.daemon.config.simulate))
+                shared = SharedBackend(lambda: open_backend(self.daemon.config.simulate))
+                shared.open()
+                self._own_backend = shared
+            self.backend = shared
         c = Constraints.build(**kwargs, within_visible=False)
         who = Holder(pid=os.getpid(), user=holder, command=note, remote_from=remote_from, expires=expires, job=job)
         return allocate(LeaseRequest(c, env={}, holder=who), store=LeaseStore.for_daemon(), backend=self.backend)
@@ -329,9 +336,9 @@ class Pool:
         for lease_id in list(self.held):
             self.end(lease_id, "ended: the daemon stops")
         self.executor.shutdown(wait=False, cancel_futures=True)
-        if self.backend is not None:
+        if self._own_backend is not None:  # never the daemon's: the daemon closes that one last
             try:
-                self.backend.close()
+                self._own_backend.close()
             except Exception:  # noqa: BLE001
                 pass
 
@@ -371,10 +378,7 @@ def _terms(body: dict[str, Any]) -> tuple[str, str | None, float]:
 
 
 def install(app: web.Application, daemon: PoolDaemon) -> Pool:
-    from aiohttp import web
-
-    from ..sanitize import dumps
-    from .access import can_see_private
+    from .routes import add_routes
 
     pool = Pool(daemon)
 
@@ -384,6 +388,20 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
         await pool.close()
 
     app.cleanup_ctx.append(lifecycle)
+    add_routes(app, routes(pool))
+    return pool
+
+
+def routes(pool: Pool) -> list[RouteDef]:
+    """The remote leases' route table; the handlers use ``pool`` and the :class:`PoolDaemon` it
+    reads the daemon through, nothing else of the daemon."""
+    from aiohttp import web
+
+    from ..sanitize import dumps
+    from .access import can_see_private
+    from .routes import RouteDef
+
+    daemon = pool.daemon
 
     def answer(status: int, data: object) -> web.Response:
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
@@ -484,8 +502,7 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
                 d["env"] = {k: v for k, v in d["env"].items() if k != "GPUSD_LEASE"}
         return answer(200, {"host": daemon.hostname, "node_id": daemon.node_id, "leases": leases})
 
-    app.router.add_post("/api/v1/leases", create)
-    app.router.add_get("/api/v1/leases", listing)
-    app.router.add_post("/api/v1/leases/{id}/renew", renew)
-    app.router.add_delete("/api/v1/leases/{id}", delete)
-    return pool
+    return [RouteDef("POST", "/api/v1/leases", create),
+            RouteDef("GET", "/api/v1/leases", listing),
+            RouteDef("POST", "/api/v1/leases/{id}/renew", renew),
+            RouteDef("DELETE", "/api/v1/leases/{id}", delete)]

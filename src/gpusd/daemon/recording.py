@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..usage.recorder import Recorder
     from .config import DaemonConfig
+    from .routes import RouteDef
 
 log = logging.getLogger("gpusd.history")
 
@@ -152,9 +153,7 @@ class Recording:
 
 
 def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser | None = None) -> Recording:
-    from aiohttp import web
-
-    from .access import can_see_private
+    from .routes import add_routes
 
     rec = Recording(daemon, releaser)
 
@@ -165,6 +164,19 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
 
     app.cleanup_ctx.append(lifecycle)
     daemon.on_sample.append(rec.on_sample)
+    add_routes(app, routes(rec))
+    return rec
+
+
+def routes(rec: Recording) -> "list[RouteDef]":
+    """The usage history's route table; the handlers use ``rec`` (and the :class:`RecordedDaemon`
+    it holds), nothing else of the daemon."""
+    from aiohttp import web
+
+    from .access import can_see_private
+    from .routes import RouteDef
+
+    daemon = rec.daemon
     # history queries run on worker threads: at most two at a time, so a burst of report requests
     # queues instead of taking every thread (and core) from the daemon
     busy = asyncio.Semaphore(2)
@@ -252,10 +264,9 @@ def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser |
         cross = "Origin" in request.headers
         return _json(data if can_see_private(request) and not cross else redact(data), cors=cross)
 
-    app.router.add_get("/api/v1/history/series", series)
-    app.router.add_get("/api/v1/history/usage", usage)
-    app.router.add_get("/api/v1/history/idle", idle)
-    return rec
+    return [RouteDef("GET", "/api/v1/history/series", series),
+            RouteDef("GET", "/api/v1/history/usage", usage),
+            RouteDef("GET", "/api/v1/history/idle", idle)]
 
 
 def _now(request: "web.Request") -> float:

@@ -16,7 +16,10 @@ the app when the daemon is built; a failure there (a bad rule, say) stops the da
 a daemon that cannot enforce access must not serve.
 
 The blocking NVML snapshot runs in a one-thread executor: the event loop (HTTP, heartbeats, mDNS)
-never waits on the driver.  A failing NVML, a lost GPU or a changed network is logged and lived with.
+never waits on the driver.  The daemon opens one backend, ``daemon.inventory``
+(:class:`~gpusd.daemon.backend.SharedBackend`), and hands it to the lease authority and the pool:
+every lease is decided on the readings the API serves.  A failing NVML, a lost GPU or a changed
+network is logged and lived with.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
 from ..wire.sse import format_event
+from .backend import SharedBackend
 from .config import DaemonConfig
 from .events import EventHub
 from .logs import flush as flush_log_summaries
@@ -52,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 REOPEN_AFTER = 5.0  # seconds between attempts to reopen a failing inventory backend
+STREAM_FLUSH = 1.0  # at most this long, at stop, for the event streams to write their bye
 
 
 class Daemon:
@@ -64,7 +69,8 @@ class Daemon:
         self.hostname = config.hostname or local_hostname()
         self.node_id = config.node_id or _node_id(config)
         self.interfaces: list[str] | None = None  # resolved at start
-        self.backend = backend
+        # the one inventory backend: sampling, the lease authority, the pool and rebalancing (daemon/backend.py)
+        self.inventory = SharedBackend(lambda: self._open_backend(), backend)
         self.snapshot: HostSnapshot | None = None
         self.history = RecentSamples(config.history, config.interval)
         self.events = EventHub(max_subscribers=config.max_subscribers, per_peer=config.max_subscribers_per_peer,
@@ -111,6 +117,15 @@ class Daemon:
             self.rebalancing = install_rebalancing(self)
 
     # -- extension points ---------------------------------------------------------------------
+    @property
+    def backend(self) -> "Backend | None":
+        """The inventory backend read now (``self.inventory`` is the shared one every part holds)."""
+        return self.inventory.current
+
+    @backend.setter
+    def backend(self, backend: "Backend | None") -> None:
+        self.inventory.current = backend
+
     @property
     def token(self) -> str | None:
         return self.config.token
@@ -177,8 +192,7 @@ class Daemon:
             raise
 
     async def _start_serving(self, loop: asyncio.AbstractEventLoop, announcer: "Announcer") -> None:
-        if self.backend is None:
-            self.backend = await loop.run_in_executor(self._executor, self._open_backend)
+        await loop.run_in_executor(self._executor, self.inventory.open)
         snap = await loop.run_in_executor(self._executor, self._read)
         self._accept(snap)
         if self.config.tls or (self.config.tls is None and self.config.token):
@@ -190,7 +204,8 @@ class Daemon:
         if self.config.leases:
             from .leasesock import start_lease_server
 
-            self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm)
+            self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm,
+                                                          backend=self.inventory)
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 
@@ -278,24 +293,22 @@ class Daemon:
                 await asyncio.wait_for(self.slurm.stop(), 40)
         if self._lease_server is not None:
             await self._lease_server.stop()
-        await asyncio.sleep(0.05)  # let the streams flush their bye
+        await self.events.drained(STREAM_FLUSH)  # every stream wrote its bye and ended (a deaf one: bounded)
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._runner.cleanup(), 5)
         if self.zc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.zc.async_close(), 5)
-        if self.backend is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.close)
+        with contextlib.suppress(Exception):
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.inventory.close)
         self._executor.shutdown(wait=False)
         log.info("stopped")
 
     # -- sampling -----------------------------------------------------------------------------
     def _read(self) -> HostSnapshot:
         """One sample (in the executor thread): the backend's snapshot plus this machine's leases."""
-        assert self.backend is not None
-        snap = self.backend.snapshot()
+        snap = self.inventory.snapshot()
         if self.config.leases:
             try:
                 from ..alloc.leases import LeaseStore
@@ -376,16 +389,11 @@ class Daemon:
             await self._reopen_backend()
 
     async def _reopen_backend(self) -> None:
-        loop = asyncio.get_running_loop()
-        old = self.backend
         try:
-            if old is not None:
-                await loop.run_in_executor(self._executor, old.close)
-            self.backend = await loop.run_in_executor(self._executor, self._open_backend)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.inventory.reopen)
             log.info("inventory backend reopened")
         except Exception as exc:
             log.debug("cannot reopen the backend yet: %r", exc)
-            self.backend = old
 
 
 def trim_heap() -> None:

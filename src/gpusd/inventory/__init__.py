@@ -11,7 +11,9 @@ backend that works here (``$GPUSD_BACKENDS`` to name them).  All backends have t
 * :mod:`.window` — utilisation averaged over a time window;
 * :mod:`.lost` — a GPU that fails mid-snapshot, flagged unhealthy;
 * :mod:`.processes` — who runs a GPU process (user, command line);
-* :mod:`.vendors` — each vendor's visibility variables.
+* :mod:`.vendors` — each vendor's visibility variables;
+* :mod:`.backend` — the one protocol every backend implements; :mod:`.base` — the vendor libraries'
+  shared reader (device list, lock, query, closing).
 
 Internal (docs/api.md): ``gpusd.local_snapshot`` is the public way to read this machine's GPUs.
 """
@@ -22,25 +24,9 @@ import os
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Mapping, Protocol
-
-    from ..model import HostSnapshot
-
-    class Backend(Protocol):
-        backend: str
-        hostname: str
-        node_id: str
-
-        def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot: ...
-
-        def close(self) -> None: ...
-
-        def __enter__(self) -> "Backend": ...
-
-        def __exit__(self, *exc: object) -> None: ...
-
+    from .backend import Backend as Backend
 else:
-    Backend = object  # the protocol is for the type checker only
+    Backend = object  # the protocol (inventory.backend) is for the type checker: typing stays unimported
 
 
 def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True,

@@ -25,17 +25,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import BackendUnavailable
-from ..identity import hostname, node_id
-from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from ..model import GpuInfo, ProcessInfo
+from .base import Device as _Device
+from .base import VendorBackend
 from .lost import GpuFailed as _GpuFailed
-from .lost import filled
-from .processes import ProcessResolver
 from .window import UtilWindow, utilisation
 
 # amdsmi statuses (amdsmi_status_t) that mean "this field is not there on this GPU".
@@ -43,17 +40,6 @@ _UNSUPPORTED = {2, 3, 5, 10, 40}  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOA
 _DRIVER_NOT_LOADED = 34
 _STATUS_NAMES = {6: "DRM error", 7: "API failed", 8: "timeout", 12: "I/O error", 18: "init error",
                  31: "not found", 32: "not initialised", 34: "driver not loaded", 51: "no driver"}
-
-
-@dataclass
-class _Device:
-    index: int
-    handle: Any
-    uuid: str
-    name: str | None
-    pci_bus_id: str | None
-    unsupported: set[str] = field(default_factory=set)
-    util: UtilWindow | None = None
 
 
 def import_amdsmi() -> Any:
@@ -94,20 +80,15 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-class AmdBackend:
+class AmdBackend(VendorBackend):
     """The local AMD GPUs through amdsmi.  Thread-safe; one instance per process is enough."""
 
     backend = "amdsmi"
     vendor = "amd"
+    library = "amdsmi"
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True) -> None:
-        self.util_window = util_window
-        self.want_processes = processes
-        self._lock = threading.Lock()
-        self._devices: list[_Device] = []
-        self._resolver = ProcessResolver()
-        self._util_since: Mapping[str, float] = {}
-        self._detail = True
+        super().__init__(util_window=util_window, processes=processes)
         smi = import_amdsmi()
         self._smi = smi
         self._error = smi.AmdSmiException
@@ -117,23 +98,16 @@ class AmdBackend:
             if _code(exc) == _DRIVER_NOT_LOADED:
                 raise BackendUnavailable("the amdgpu driver is not loaded", hint=True) from None
             raise BackendUnavailable(f"amdsmi failed to start: {_status(exc)}", hint=True) from None
-        self._closed = False
-        self.driver_version: str | None = None
-        self.hostname = hostname()
-        self.node_id = node_id()
 
-    # -- helpers ------------------------------------------------------------------------------
-    def _query(self, dev: _Device, key: str, fn: Any, *args: Any) -> Any:
-        """``fn(handle, *args)``; None where unsupported; raise _GpuFailed where the GPU failed."""
-        if key in dev.unsupported:
-            return None
-        try:
-            return fn(dev.handle, *args)
-        except self._error as exc:
-            if _code(exc) in _UNSUPPORTED:
-                dev.unsupported.add(key)
-                return None
-            raise _GpuFailed(f"{key}: {_status(exc)}") from None
+    # -- what amdsmi's errors mean ------------------------------------------------------------
+    def _unsupported(self, exc: BaseException) -> bool:
+        return _code(exc) in _UNSUPPORTED
+
+    def _failed(self, dev: Any, key: str, exc: BaseException) -> str | None:
+        return f"{key}: {_status(exc)}"
+
+    def _list_reason(self, exc: BaseException) -> str | None:
+        return _status(exc) if isinstance(exc, self._error) else None
 
     def _refresh_devices(self) -> None:
         smi = self._smi
@@ -163,27 +137,7 @@ class AmdBackend:
             devices.append(dev)
         self._devices = devices
 
-    # -- the snapshot -------------------------------------------------------------------------
-    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
-        with self._lock:
-            self._util_since = util_since or {}
-            self._detail = detail
-            if self._closed:
-                raise BackendUnavailable("the amdsmi backend is closed")
-            try:
-                self._refresh_devices()
-            except self._error as exc:
-                raise BackendUnavailable(f"amdsmi cannot list GPUs: {_status(exc)}", hint=True) from None
-            gpus = [self._read(dev) for dev in self._devices]
-        if detail:
-            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
-        return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=gpus,
-                            driver_version=self.driver_version, backend=self.backend)
-
-    def _read(self, dev: _Device) -> GpuInfo:
-        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="amd")
-        return filled(gpu, self._fill, dev)
-
+    # -- one GPU ------------------------------------------------------------------------------
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         smi, q = self._smi, self._query
         vram = q(dev, "vram", smi.amdsmi_get_gpu_vram_usage)
@@ -235,17 +189,8 @@ class AmdBackend:
             out.append(ProcessInfo(pid=pid, used_memory=int(used) if used is not None else None, type="compute"))
         return out
 
-    def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                try:
-                    self._smi.amdsmi_shut_down()
-                except self._error:
-                    pass
-
-    def __enter__(self) -> AmdBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _shutdown(self) -> None:
+        try:
+            self._smi.amdsmi_shut_down()
+        except self._error:
+            pass

@@ -12,6 +12,7 @@ import time
 
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, HostSnapshot
+from .vendors import BACKENDS
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from . import Backend
 
-ORDER = ("nvidia", "amd", "intel")
+ORDER = tuple(BACKENDS)  # NVIDIA, AMD, Intel: the order of the host's GPU indices
 ENV = "GPUSD_BACKENDS"  # which vendors to read: "nvidia,amd", or "auto" (default)
 
 
@@ -36,28 +37,25 @@ def wanted(value: str | None = None) -> tuple[tuple[str, ...], bool]:
 
 
 def open_vendor(vendor: str, *, util_window: float, processes: bool, telemetry: bool = False) -> Backend:
-    """One vendor's backend; ``telemetry`` (what the DCGM-named metrics read) is NVML's only."""
-    if vendor == "amd":
-        from .amd import AmdBackend
+    """One vendor's backend (``vendors.BACKENDS``); ``telemetry`` (what the DCGM-named metrics read)
+    goes to the backends that read it (NVML's)."""
+    import importlib
 
-        return AmdBackend(util_window=util_window, processes=processes)
-    if vendor == "intel":
-        from .intel import IntelBackend
-
-        return IntelBackend(util_window=util_window, processes=processes)
-    from .nvml import NvmlBackend
-
-    nvml: Backend = NvmlBackend(util_window=util_window, processes=processes, telemetry=telemetry)
-    return nvml
+    module, name = BACKENDS[vendor]
+    cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    kwargs = {"telemetry": telemetry} if getattr(cls, "telemetry_counters", False) else {}
+    backend: Backend = cls(util_window=util_window, processes=processes, **kwargs)
+    return backend
 
 
 def _installed(vendor: str) -> bool:
     """Whether trying ``vendor`` on a host that did not ask for it is worth it (its package is there)."""
     import importlib.util
 
-    if vendor == "nvidia":
-        return True
-    return importlib.util.find_spec("amdsmi" if vendor == "amd" else "pyzes") is not None
+    from .vendors import PACKAGES
+
+    package = PACKAGES.get(vendor)
+    return package is None or importlib.util.find_spec(package) is not None
 
 
 def open_backends(*, util_window: float = 5.0, processes: bool = True, telemetry: bool = False) -> Backend:
@@ -91,6 +89,7 @@ class CombinedBackend:
     def __init__(self, parts: Sequence[Backend]) -> None:
         self.parts = list(parts)
         self.backend = "+".join(p.backend for p in self.parts)
+        self.vendors = tuple(v for p in self.parts for v in p.vendors)
         self.hostname = self.parts[0].hostname
         self.node_id = self.parts[0].node_id
 

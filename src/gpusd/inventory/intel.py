@@ -26,14 +26,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import BackendUnavailable
-from ..identity import hostname, node_id
-from ..model import GpuInfo, HostSnapshot, ProcessInfo
+from ..model import GpuInfo, ProcessInfo
+from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
-from .lost import filled
-from .processes import ProcessResolver
 from .window import UtilWindow, utilisation
 
 LIBRARY_ENV = "GPUSD_ZE_LIBRARY"
@@ -81,15 +79,8 @@ def import_pyzes(library: str | None = None) -> Any:
 
 
 @dataclass
-class _Device:
-    index: int
-    handle: Any
-    uuid: str
-    name: str | None = None
-    pci_bus_id: str | None = None
+class _Device(Device):
     subdevices: int | None = None
-    unsupported: set[str] = field(default_factory=set)
-    util: UtilWindow | None = None
     engine: Any = None
     power: Any = None
     temp: Any = None
@@ -98,29 +89,23 @@ class _Device:
     last_energy: tuple[int, int] | None = None  # (energy uJ, timestamp us)
 
 
-class IntelBackend:
+class IntelBackend(VendorBackend):
     """The local Intel GPUs through Level Zero Sysman."""
 
     backend = "levelzero"
     vendor = "intel"
+    library = "Level Zero"
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None) -> None:
-        self.util_window = util_window
-        self.want_processes = processes
-        self._lock = threading.Lock()
-        self._devices: list[_Device] = []
-        self._resolver = ProcessResolver()
-        self._util_since: Mapping[str, float] = {}
-        self._detail = True
+        super().__init__(util_window=util_window, processes=processes)
         ze = import_pyzes(library)
         self._ze = ze
         rc = ze.zesInit(0)
         if rc != 0:
             raise BackendUnavailable(f"Level Zero Sysman failed to start: {_result(rc)}", hint=True)
-        self._closed = False
-        self.driver_version: str | None = None
-        self.hostname = hostname()
-        self.node_id = node_id()
+
+    def _list_reason(self, exc: BaseException) -> str | None:
+        return exc.reason if isinstance(exc, _GpuFailed) else None
 
     # -- helpers ------------------------------------------------------------------------------
     def _handles(self, fn: Any, parent: Any, kind: Any) -> list[Any]:
@@ -219,26 +204,11 @@ class IntelBackend:
         dev.memory = self._enum(dev, "memory_modules", ze.zesDeviceEnumMemoryModules, ze.zes_mem_handle_t)
 
     # -- the snapshot -------------------------------------------------------------------------
-    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
-        with self._lock:
-            self._util_since = util_since or {}
-            self._detail = detail
-            if self._closed:
-                raise BackendUnavailable("the Level Zero backend is closed")
-            try:
-                self._refresh_devices()
-            except _GpuFailed as exc:
-                raise BackendUnavailable(f"Level Zero cannot list GPUs: {exc.reason}", hint=True) from None
-            first = any(d.last_activity is None and d.engine is not None for d in self._devices)
-            if first:  # counters need two readings: take the first now
-                for d in self._devices:
-                    self._counters(d)
-                time.sleep(0.05)
-            gpus = [self._read(dev) for dev in self._devices]
-        if detail:
-            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
-        return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=gpus,
-                            driver_version=self.driver_version, backend=self.backend)
+    def _before_read(self) -> None:
+        if any(d.last_activity is None and d.engine is not None for d in self._devices):
+            for d in self._devices:  # counters need two readings: take the first now
+                self._counters(d)
+            time.sleep(0.05)
 
     def _counters(self, dev: _Device) -> tuple[float | None, float | None]:
         """(utilisation %, power W) since the previous reading; updates it."""
@@ -264,10 +234,10 @@ class IntelBackend:
             pass  # the snapshot's own reading flags the GPU
         return util, power
 
-    def _read(self, dev: _Device) -> GpuInfo:
-        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor="intel",
-                      subdevices=dev.subdevices)
-        return filled(gpu, self._fill, dev)
+    def _gpu(self, dev: _Device) -> GpuInfo:
+        gpu = super()._gpu(dev)
+        gpu.subdevices = dev.subdevices
+        return gpu
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         ze = self._ze
@@ -334,15 +304,7 @@ class IntelBackend:
         return [ProcessInfo(pid=int(p.processId), used_memory=int(p.memSize), type="compute")
                 for p in arr[: count.value] if int(p.processId) > 0]
 
-    def close(self) -> None:
-        self._closed = True  # Sysman has no shutdown call
-
-    def __enter__(self) -> IntelBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
+    # Sysman has no shutdown call: closing only refuses further snapshots
 
 class _Unsupported(Exception):
     """An enumeration the device does not support."""

@@ -15,17 +15,16 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable
-from ..identity import hostname, node_id
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from ..topology import with_machine
+from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
 from .lost import filled
-from .processes import ProcessResolver
 from .window import UtilWindow, utilisation
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, Mapping
+    from typing import Any
 
 
 def _log() -> Any:
@@ -193,14 +192,7 @@ class _XidWatcher:
 
 
 @dataclass
-class _Device:
-    index: int
-    handle: Any
-    uuid: str
-    name: str | None
-    pci_bus_id: str | None
-    unsupported: set[str] = field(default_factory=set)
-    util: UtilWindow | None = None
+class _Device(Device):
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
     local_cpus: str | None = None
@@ -220,21 +212,19 @@ def load_library(path: str | None = None) -> None:
             raise BackendUnavailable(f"cannot load the NVML library {path} ({exc})", hint=True) from None
 
 
-class NvmlBackend:
+class NvmlBackend(VendorBackend):
     """The local GPUs through NVML.  Thread-safe; one instance per process is enough."""
 
     backend = "nvml"
+    vendor = "nvidia"
+    library = "NVML"
+    listing = "cannot count GPUs"
+    telemetry_counters = True  # takes telemetry=: the DCGM-named metrics (inventory.combined.open_vendor)
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None,
                  telemetry: bool = False) -> None:
-        self.util_window = util_window
-        self.want_processes = processes
-        self._lock = threading.Lock()
-        self._devices: list[_Device] = []
+        super().__init__(util_window=util_window, processes=processes)
         self._count = -1
-        self._resolver = ProcessResolver()
-        self._util_since: Mapping[str, float] = {}
-        self._detail = True
         self._xids: _XidWatcher | None = None
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         try:
@@ -242,6 +232,7 @@ class NvmlBackend:
         except ImportError:  # pragma: no cover - a dependency of gpusd
             raise BackendUnavailable("the nvidia-ml-py package is not installed", hint=True) from None
         self._nv = pynvml
+        self._error = pynvml.NVMLError
         load_library(library)
         try:
             pynvml.nvmlInit()
@@ -254,16 +245,13 @@ class NvmlBackend:
             else:
                 msg = f"NVML failed to start: {_text(exc)}"
             raise BackendUnavailable(msg, hint=True) from None
-        self._closed = False
         nv = pynvml
         self.driver_version = self._global(nv.nvmlSystemGetDriverVersion)
         self.nvml_version = self._global(nv.nvmlSystemGetNVMLVersion)
         cuda = self._global(nv.nvmlSystemGetCudaDriverVersion)
         self.cuda_version = f"{int(cuda) // 1000}.{int(cuda) % 1000 // 10}" if cuda is not None else None
-        self.hostname = hostname()
-        self.node_id = node_id()
 
-    # -- helpers ------------------------------------------------------------------------------
+    # -- what NVML's errors mean (VendorBackend._query) -----------------------------------------
     def _global(self, fn: Any) -> Any:
         try:
             value = fn()
@@ -271,21 +259,17 @@ class NvmlBackend:
             return None
         return _text(value) if isinstance(value, bytes | str) else value
 
-    def _query(self, dev: _Device, key: str, fn: Any, *args: Any) -> Any:
-        """Call ``fn(handle, *args)``; None where unsupported; raise _GpuFailed where the GPU failed."""
-        if key in dev.unsupported:
-            return None
-        try:
-            return fn(dev.handle, *args)
-        except self._nv.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            if code in _UNSUPPORTED:
-                dev.unsupported.add(key)
-                return None
-            if code in _FATAL:
-                raise _GpuFailed(_text(exc)) from None
-            _log().debug("GPU %d: %s failed: %s", dev.index, key, exc)
-            return None
+    def _unsupported(self, exc: BaseException) -> bool:
+        return getattr(exc, "value", None) in _UNSUPPORTED
+
+    def _failed(self, dev: Any, key: str, exc: BaseException) -> str | None:
+        if getattr(exc, "value", None) in _FATAL:
+            return _text(exc)
+        _log().debug("GPU %d: %s failed: %s", dev.index, key, exc)
+        return None
+
+    def _list_reason(self, exc: BaseException) -> str | None:
+        return _text(exc) if isinstance(exc, self._nv.NVMLError) else None
 
     def _refresh_devices(self) -> None:
         nv = self._nv
@@ -394,27 +378,14 @@ class NvmlBackend:
             return None
         return _text(value) if isinstance(value, bytes) else value
 
-    # -- the snapshot -------------------------------------------------------------------------
-    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
-        """All GPUs now.  ``util_since`` maps GPU UUIDs to a time before which their utilisation
-        samples are ignored (the load of a gpusd lease that has ended since).  ``detail=False``
-        reads only what selection needs (no temperature, power, fan, process owners)."""
-        with self._lock:
-            self._util_since = util_since or {}
-            self._detail = detail
-            if self._closed:
-                raise BackendUnavailable("the NVML backend is closed")
-            try:
-                self._refresh_devices()
-            except self._nv.NVMLError as exc:
-                raise BackendUnavailable(f"NVML cannot count GPUs: {_text(exc)}", hint=True) from None
-            if detail and self.telemetry:
-                if self._xids is None:
-                    self._xids = _XidWatcher(self._nv)
-                self._xids.register(self._devices)
-            gpus = [self._read(dev) for dev in self._devices]
-        if detail:
-            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
+    # -- the snapshot (VendorBackend.snapshot) ---------------------------------------------------
+    def _before_read(self) -> None:
+        if self._detail and self.telemetry:
+            if self._xids is None:
+                self._xids = _XidWatcher(self._nv)
+            self._xids.register(self._devices)
+
+    def _host(self, gpus: list[GpuInfo]) -> HostSnapshot:
         return with_machine(HostSnapshot(
             hostname=self.hostname,
             node_id=self.node_id,
@@ -677,23 +648,14 @@ class NvmlBackend:
         ))
         return out
 
-    def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                if self._xids is not None:
-                    self._xids.close()
-                for dev in self._devices:
-                    if dev.gpm_prev is not None:
-                        _free_gpm(self._nv, dev.gpm_prev)
-                        dev.gpm_prev = None
-                try:
-                    self._nv.nvmlShutdown()
-                except self._nv.NVMLError:
-                    pass
-
-    def __enter__(self) -> NvmlBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _shutdown(self) -> None:
+        if self._xids is not None:
+            self._xids.close()
+        for dev in self._devices:
+            if dev.gpm_prev is not None:
+                _free_gpm(self._nv, dev.gpm_prev)
+                dev.gpm_prev = None
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError:
+            pass

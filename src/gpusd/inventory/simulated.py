@@ -352,7 +352,7 @@ def _parse_scenario(path: Path) -> tuple[str | None, list[_SimGpu], _Topology]:
 
 
 class SimulatedBackend:
-    """Same interface as :class:`~gpusd.inventory.nvml.NvmlBackend`, on simulated GPUs."""
+    """The :class:`~gpusd.inventory.backend.Backend` on simulated GPUs (any vendor's)."""
 
     backend = "simulated"
 
@@ -370,6 +370,9 @@ class SimulatedBackend:
         self.spec = spec
         self.driver_version = "550.54.15-sim"
         self.cuda_version = "12.4"
+        # the vendors of the simulated GPUs, in their order (each has its visibility rule: inventory.vendors)
+        self.vendors = tuple(dict.fromkeys(VENDOR_MODELS.get(g.model, ("nvidia",))[0] for g in self._gpus)) or (
+            "nvidia",)
 
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         t = self._clock()

@@ -45,6 +45,13 @@ RAY_CLEARED: dict[str, tuple[str, ...]] = {
     "amd": ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
     "intel": ("ONEAPI_DEVICE_SELECTOR",),
 }
+# Per vendor: its backend (module of gpusd.inventory, class: gpusd.inventory.backend.Backend) and the
+# Python package it needs (None: a dependency of gpusd).  A new vendor is a row here, a row in each
+# table of this module, its name in model.VENDORS and its backend module -- allocation, discovery and
+# the views do not change.
+BACKENDS: dict[str, tuple[str, str]] = {"nvidia": ("nvml", "NvmlBackend"), "amd": ("amd", "AmdBackend"),
+                                        "intel": ("intel", "IntelBackend")}
+PACKAGES: dict[str, str | None] = {"nvidia": None, "amd": "amdsmi", "intel": "pyzes"}
 # The variable that lists the devices, per vendor (and for Ray).
 DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
 RAY_DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}

@@ -1,0 +1,151 @@
+"""What every vendor library's backend shares (NVML, amdsmi, Level Zero): the device list kept between
+snapshots, the one lock, a query that remembers what a GPU does not support, a GPU that fails
+mid-snapshot flagged (:mod:`.lost`), process owners resolved once per snapshot, and closing.
+
+A vendor's backend subclasses :class:`VendorBackend` and writes only what its library says:
+``_refresh_devices`` (the handles, read again when their number changes), ``_fill`` (one GPU's
+readings), and where it needs them ``_before_read`` (once per snapshot, under the lock),
+``_host`` (the snapshot's host fields) and ``_shutdown``.  It implements
+:class:`gpusd.inventory.backend.Backend`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..errors import BackendUnavailable
+from ..identity import hostname, node_id
+from ..model import GpuInfo, HostSnapshot
+from .lost import GpuFailed, filled
+from .processes import ProcessResolver
+from .window import UtilWindow
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Mapping
+
+
+@dataclass
+class Device:
+    """One GPU as a backend keeps it between snapshots (a vendor adds its own handles)."""
+
+    index: int
+    handle: Any
+    uuid: str
+    name: str | None = None
+    pci_bus_id: str | None = None
+    unsupported: set[str] = field(default_factory=set)  # queries this GPU does not answer: not asked again
+    util: UtilWindow | None = None
+
+
+class VendorBackend:
+    """The shared part of a vendor library's backend.  Thread-safe; one instance per process is enough."""
+
+    backend = ""  # the name snapshots carry
+    vendor = "nvidia"  # GpuInfo.vendor of every GPU it reads (its visibility rule: inventory.vendors)
+    library = ""  # for messages: "NVML", "amdsmi", "Level Zero"
+    listing = "cannot list GPUs"  # what failed when the device list cannot be read
+    _error: Any = ()  # the library's exception type(s), for _query
+
+    def __init__(self, *, util_window: float = 5.0, processes: bool = True) -> None:
+        self.util_window = util_window
+        self.want_processes = processes
+        self._lock = threading.Lock()
+        self._devices: list[Any] = []
+        self._resolver = ProcessResolver()
+        self._util_since: Mapping[str, float] = {}
+        self._detail = True
+        self._closed = False
+        self.driver_version: str | None = None
+        self.hostname = hostname()
+        self.node_id = node_id()
+
+    @property
+    def vendors(self) -> tuple[str, ...]:
+        return (self.vendor,)
+
+    # -- what a vendor writes -----------------------------------------------------------------
+    def _refresh_devices(self) -> None:
+        raise NotImplementedError
+
+    def _fill(self, dev: Any, gpu: GpuInfo) -> None:
+        raise NotImplementedError
+
+    def _list_reason(self, exc: BaseException) -> str | None:
+        """Why the device list could not be read, where ``exc`` is the library's error (else None)."""
+        return None
+
+    def _unsupported(self, exc: BaseException) -> bool:
+        """Whether the library's error ``exc`` means "this GPU has no such reading"."""
+        return False
+
+    def _failed(self, dev: Any, key: str, exc: BaseException) -> str | None:
+        """The reason the GPU itself failed, from the library's error ``exc`` (None: a missing reading)."""
+        return f"{key}: {exc}"
+
+    def _before_read(self) -> None:
+        """Once per snapshot, under the lock, after the device list is read."""
+
+    def _host(self, gpus: list[GpuInfo]) -> HostSnapshot:
+        return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=gpus,
+                            driver_version=self.driver_version, backend=self.backend)
+
+    def _shutdown(self) -> None:
+        """The library's own shutdown, once, under the lock."""
+
+    # -- shared -------------------------------------------------------------------------------
+    def _query(self, dev: Any, key: str, fn: Any, *args: Any) -> Any:
+        """``fn(handle, *args)``; None where unsupported (not asked again) or missing; raises
+        :class:`~gpusd.inventory.lost.GpuFailed` where the GPU failed."""
+        if key in dev.unsupported:
+            return None
+        try:
+            return fn(dev.handle, *args)
+        except self._error as exc:
+            if self._unsupported(exc):
+                dev.unsupported.add(key)
+                return None
+            reason = self._failed(dev, key, exc)
+            if reason is not None:
+                raise GpuFailed(reason) from None
+            return None
+
+    def _gpu(self, dev: Any) -> GpuInfo:
+        return GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id, vendor=self.vendor)
+
+    def _read(self, dev: Any) -> GpuInfo:
+        return filled(self._gpu(dev), self._fill, dev)
+
+    def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
+        """All GPUs now (see :meth:`gpusd.inventory.backend.Backend.snapshot`)."""
+        with self._lock:
+            self._util_since = util_since or {}
+            self._detail = detail
+            if self._closed:
+                raise BackendUnavailable(f"the {self.library} backend is closed")
+            try:
+                self._refresh_devices()
+            except Exception as exc:
+                reason = self._list_reason(exc)
+                if reason is None:
+                    raise
+                raise BackendUnavailable(f"{self.library} {self.listing}: {reason}", hint=True) from None
+            self._before_read()
+            gpus = [self._read(dev) for dev in self._devices]
+        if detail:
+            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
+        return self._host(gpus)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._shutdown()
+
+    def __enter__(self) -> VendorBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
