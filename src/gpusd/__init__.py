@@ -37,6 +37,8 @@ _LAZY = {
     "AsyncClient": "gpusd.discovery.client",
     "Device": "gpusd.discovery.types",
     "DiscoveryEvent": "gpusd.discovery.types",
+    "RemoteHost": "gpusd.discovery.types",
+    "DiscoveryOptions": "gpusd.discovery.options",
     "reserve": "gpusd.pool.client",
     "Reservation": "gpusd.pool.client",
     # the data model
@@ -99,6 +101,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .discovery.client import (
         AsyncClient as AsyncClient,
     )
+    from .discovery.options import (
+        DiscoveryOptions as DiscoveryOptions,
+    )
     from .discovery.sync import (
         Client as Client,
     )
@@ -107,6 +112,9 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from .discovery.types import (
         DiscoveryEvent as DiscoveryEvent,
+    )
+    from .discovery.types import (
+        RemoteHost as RemoteHost,
     )
     from .errors import (
         AlreadyRunning as AlreadyRunning,

@@ -14,9 +14,9 @@ import gpusd
 
 PUBLIC = [
     "AlreadyRunning", "AsyncClient", "BackendUnavailable", "Client", "ConfigError", "Constraints",
-    "CudaAlreadyInitializedWarning", "DaemonStartFailed", "Device", "DiscoveryEvent", "GpuInfo", "GpuLink",
-    "GpusdError", "HostSnapshot", "LeaseInfo", "LockBusy", "MigInstance", "NoDaemon", "NoGpuAvailable",
-    "ProcessInfo", "Reservation", "SSEError", "Selection", "SourceError", "TxtError", "WaitTimeout", "WireError",
+    "CudaAlreadyInitializedWarning", "DaemonStartFailed", "Device", "DiscoveryEvent", "DiscoveryOptions", "GpuInfo", "GpuLink",
+    "GpusdError", "HostSnapshot", "IdError", "LeaseInfo", "LockBusy", "MigInstance", "NoDaemon", "NoGpuAvailable",
+    "ProcessInfo", "RemoteHost", "Reservation", "SSEError", "SecretError", "Selection", "SourceError", "TxtError", "WaitTimeout", "WireError",
     "__version__", "local_snapshot", "reserve", "select", "set_cuda_visible_devices",
 ]
 
@@ -32,11 +32,12 @@ ENTRY_POINTS = {
                "discover=3.0, constraints=None, job=None, **keywords",
     "Client": "session='default', *, interfaces=None, hostname=None, model=None, min_free_memory=None, "
               "all_sessions=False, liveness_timeout=10.0, include_hwsd=True, daemon_thread=False, token=None, "
-              "key=None, peers=None, peers_file=None, dns_sd_domain=None, dns_server=None",
+              "max_hosts=1024, key=None, allow_loopback=None, peers=None, peers_file=None, dns_sd_domain=None, "
+              "dns_server=None, options=None",
     "AsyncClient": "session='default', *, interfaces=None, hostname=None, model=None, min_free_memory=None, "
                    "all_sessions=False, liveness_timeout=10.0, include_hwsd=True, zeroconf=None, token=None, "
                    "max_hosts=1024, key=None, allow_loopback=None, peers=None, peers_file=None, "
-                   "dns_sd_domain=None, dns_server=None",
+                   "dns_sd_domain=None, dns_server=None, options=None, sources=()",
     "Constraints": "count=1, min_free=None, memory=None, max_util=None, max_processes=None, include=None, "
                    "exclude=None, mig=False, by='load', shared=False, topology='auto', within_visible=True, "
                    "vendor=None",
@@ -67,6 +68,25 @@ MEMBERS: dict[str, str | None] = {
     "AsyncClient.stop_listening": "",
     "AsyncClient.unregister_event_handler": "event, fn",
     "AsyncClient.wait_settled": "timeout=3.0, quiet=0.3, minimum=1.5, early=None, give_up=None",
+    # what a host source (``AsyncClient(sources=[...])``, gpusd.discovery.source) and a follower call on
+    # their client: the source protocol's side, documented in docs/api.md as such
+    "AsyncClient.add": "name, source, *, service_type='_gpusd._tcp.local.', spec=None, from_file=False, hold=0.0, "
+                       "answer=False, capped=True",
+    "AsyncClient.drop": "peer, reason",
+    "AsyncClient.emit": "event",
+    "AsyncClient.follower": "name",
+    "AsyncClient.followers": "",
+    "AsyncClient.report": "peer, host, gpus, snap=None",
+    "AsyncClient.report_removed": "peer, reason",
+    "AsyncClient.shadowing": "peer, host",
+    "AsyncClient.spawn": "coro",
+    "AsyncClient.touch": "",
+    # what it was asked (read-only views of its DiscoveryOptions)
+    "AsyncClient.dns_sd_domain": None,  # property
+    "AsyncClient.dns_server": None,  # property
+    "AsyncClient.include_hwsd": None,  # property
+    "AsyncClient.peer_specs": None,  # property
+    "AsyncClient.peers_file": None,  # property
     "Selection.apply": "use_uuid=None",
     "Selection.env": "use_uuid=None",
     "Selection.gpus": None,  # property

@@ -4,6 +4,7 @@
 * :mod:`.placement` — a multi-GPU set chosen by topology, and why;
 * :mod:`.cpus` — binding a command to its GPUs' CPUs;
 * :mod:`.leases` — leases held with flock, in the shared lock directory or the authority's;
+* :mod:`.handle` — the one lease handle (:class:`LeaseHandle`, :class:`Holder`) both kinds of lease implement;
 * :mod:`.queue` — the wait queue (priorities, then first come, first served);
 * :mod:`.lockdir` — lock directories and files opened without following anyone's symlinks;
 * :mod:`.authority` — leases through the local daemon: the client side of the lease socket;

@@ -17,7 +17,9 @@
 * :mod:`.leasesock` — the lease authority on its Unix socket; :mod:`.leaseconn` — one connection;
   :mod:`.leasereq` — its requests checked; :mod:`.slurmjobs` — the leases it holds for Slurm jobs;
 * :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
-* :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node.
+* :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node;
+* :mod:`.backend` — the one inventory backend the sampling loop, the lease authority and the pool share;
+* :mod:`.routes` — the HTTP route tables each part builds from its own dependencies.
 
 Internal (docs/api.md): no public API beyond the command and the wire formats.
 """
