@@ -14,10 +14,11 @@ import gpusd
 
 PUBLIC = [
     "AlreadyRunning", "AsyncClient", "BackendUnavailable", "Client", "ConfigError", "Constraints",
-    "CudaAlreadyInitializedWarning", "DaemonStartFailed", "Device", "DiscoveryEvent", "DiscoveryOptions", "GpuInfo", "GpuLink",
-    "GpusdError", "HostSnapshot", "IdError", "LeaseInfo", "LockBusy", "MigInstance", "NoDaemon", "NoGpuAvailable",
-    "ProcessInfo", "RemoteHost", "Reservation", "SSEError", "SecretError", "Selection", "SourceError", "TxtError", "WaitTimeout", "WireError",
-    "__version__", "local_snapshot", "reserve", "select", "set_cuda_visible_devices",
+    "CudaAlreadyInitializedWarning", "DaemonStartFailed", "Device", "DiscoveryEvent", "DiscoveryOptions",
+    "GpuInfo", "GpuLink", "GpusdError", "HostSnapshot", "IdError", "LeaseInfo", "LockBusy", "MigInstance",
+    "NoDaemon", "NoGpuAvailable", "ProcessInfo", "RemoteHost", "Reservation", "SSEError", "SecretError",
+    "Selection", "SourceError", "TxtError", "WaitTimeout", "WireError", "__version__", "local_snapshot",
+    "reserve", "select", "set_cuda_visible_devices",
 ]
 
 # name -> its parameters as a caller sees them (names, kinds, defaults; annotations are not pinned).
