@@ -297,13 +297,19 @@ def proc_figures(pid: int) -> tuple[float, int, float]:
     return rss, fds, cpu
 
 
-def one_list(state: Path, session: str, secret: str | None, extra: list[str]) -> tuple[float, int]:
+def one_list(state: Path, session: str, secret: str | None, extra: list[str], as_json: bool = True) -> tuple[float, int]:
+    """(seconds, fake hosts listed) of one cold ``gpusd list`` (``--json``, or the table)."""
+    import re
+
     env = daemon_env(state, secret)
     env.pop("GPUSD_INTERFACES", None)
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "gpusd", "list", "--json", "-i", "127.0.0.1", "--session", session,
-                        *extra], env=env, capture_output=True, text=True, timeout=120, check=False)
+    r = subprocess.run([sys.executable, "-m", "gpusd", "list", *(["--json"] if as_json else []), "-i", "127.0.0.1",
+                        "--session", session, *extra], env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
     took = time.monotonic() - t
+    if not as_json:
+        return took, len(set(re.findall(r"\bfake-\d{4}\b", r.stdout)))
     try:
         rows = json.loads(r.stdout or "[]")
     except ValueError:
@@ -376,7 +382,10 @@ def main() -> int:
             rss2, fds2, cpu1 = proc_figures(pid)
             cpu = (cpu1 - cpu0) / 5.0 * 100
             fleet = [fleet_hosts(port) for _ in range(3)]
-            lists = [one_list(state, session, secret, []) for _ in range(args.runs)] if n else []
+            lists, tables = [], []
+            for _ in range(args.runs if n else 0):  # interleaved
+                lists.append(one_list(state, session, secret, []))
+                tables.append(one_list(state, session, secret, [], as_json=False))
             if n == 0:
                 base = (max(rss, rss2), max(fds, fds2))
             per_host = ""
@@ -384,11 +393,12 @@ def main() -> int:
                 per_host = (f"  per host: {(max(rss, rss2) - base[0]) * 1024 / n:6.1f} KiB, "
                             f"{(max(fds, fds2) - base[1]) / n:.2f} fds")
             times = [t for t, _ in lists]
-            listed = [k for _, k in lists]
+            listed = [k for _, k in lists] + [k for _, k in tables]
             rows.append(f"{n:6d} {seen:6d} {full:7.1f} {max(rss, rss2):8.1f} {max(fds, fds2):6d} {cpu:6.1f} "
                         f"{statistics.median(t for _, t, _ in fleet):8.3f} {fleet[0][2] / 1e6:7.2f} "
-                        + (f"{statistics.median(times):8.2f} {max(times):7.2f} {min(listed):5d}-{max(listed)}"
-                           if lists else f"{'-':>8s} {'-':>7s} {'-':>7s}") + per_host)
+                        + (f"{statistics.median(times):8.2f} {max(times):7.2f} "
+                           f"{statistics.median(t for t, _ in tables):8.2f} {min(listed):5d}-{max(listed)}"
+                           if lists else f"{'-':>8s} {'-':>7s} {'-':>8s} {'-':>7s}") + per_host)
             print(rows[-1], flush=True)
             stop_daemon(state, pid, secret)
             daemon = None
@@ -396,7 +406,11 @@ def main() -> int:
             fake_rss = proc_figures(fake_pid)[0]
         print()
         print(f"{'hosts':>6s} {'in view':>6s} {'full s':>7s} {'RSS MiB':>8s} {'fds':>6s} {'CPU %':>6s} "
-              f"{'/fleet s':>8s} {'MB':>7s} {'list s':>8s} {'max s':>7s} {'listed':>7s}")
+              f"{'/fleet s':>8s} {'MB':>7s} {'json s':>8s} {'max s':>7s} {'table s':>8s} {'listed':>7s}")
+        print("(hosts: followed by the daemon; in view: fake hosts in its /api/v1/fleet; full s: from gpusd start to "
+              "all in view; RSS, fds, CPU (% of one core, 5 s): the daemon at rest, following them; /fleet s, MB: one "
+              "GET /api/v1/fleet; json s, table s: a cold `gpusd list --json` / `gpusd list` from this host, median; "
+              "listed: fake hosts each run listed, least-most)")
         for row in rows:
             print(row)
         ct = [t for t, _ in cold]

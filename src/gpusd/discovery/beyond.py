@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 4780  # the daemon's default HTTP port (daemon.config.DEFAULT_PORT)
 MAX_PEERS = 256  # static peers at most (more are refused with a clear error)
-MAX_DNS_SD = 256  # wide-area DNS-SD instances followed at most per domain
+MAX_DNS_SD = 1024  # wide-area DNS-SD instances followed at most per domain (as many as a client follows)
 MAX_PEERS_FILE = 64 * 1024  # bytes of a peers file read at most
 DNS_SD_INTERVAL = 30.0  # seconds between wide-area DNS-SD queries (at most; a shorter TTL re-queries sooner)
 DNS_SD_MIN_INTERVAL = 5.0  # ... but never more often than this

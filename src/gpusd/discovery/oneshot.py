@@ -20,6 +20,8 @@ would bring it back to other browsers for a moment.
 A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
 gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
 browse with the old timing, so such a host pays ``NO_ANSWER`` s more than before, never a missing host.
+(Except where hosts beyond the link -- ``--peer``, ``--dns-sd-domain`` -- answered: those are listed
+without the multicast browse, which would cost 1.5 s more and browse the zone a second time.)
 What ``gpusd list`` may now miss: a responder that answers more than ``QUIET`` s after the others (a
 host too loaded to answer for that long) or not at all to one-shot queries (RFC 6762 requires the
 answer; python-zeroconf, Avahi and Bonjour give it).  ``gpusd watch`` and the daemons' fleet views
@@ -124,7 +126,9 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
         await client.start_listening()
         ask_now(zc.zeroconf, client.service_types)
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD), give_up=GIVE_UP)
-        if client.answered:
+        # hosts beyond the link (peers, wide-area DNS-SD) answered: no multicast browse for the rest
+        # (it would start a second client, browse the zone again and cost 1.5 s more)
+        if client.answered or client.hosts:
             return client.list_devices(), client.hosts, len(client.unmatched_hosts)
     finally:
         await client.stop_listening()

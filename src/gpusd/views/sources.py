@@ -92,8 +92,10 @@ class FleetSource:
         self._tls: tuple[str, str | None] | None = None  # (URL, pinned fingerprint) once looked up
 
     def fleet(self) -> dict[str, Any]:
+        from ..wire.fleet import MAX_FLEET_BYTES
+
         url, pin = self._secure_url()
-        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin)
+        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin, max_bytes=MAX_FLEET_BYTES)
         if not isinstance(answer.data, dict):
             raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
         self.verified = answer.verified
