@@ -81,6 +81,8 @@ MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements bey
 # by a second when it multicast the record less than a second before), and the stopping daemon may
 # still accept a connection; a restarted daemon (probing alone takes ~0.75 s) is merely seen later.
 REAPPEAR_HOLD = 2.0
+STALL = 0.1  # wait_settled's give-up clocks: a longer stretch without the loop running counts as this long
+BEYOND_GIVE_UP = 3.0  # ... and a host beyond the link (peers, wide-area DNS-SD: round trips of a WAN) gets 3x
 FOLLOWED_ALREADY = "followed already"  # a stream's outcome: its node is reported, found another way
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
@@ -189,7 +191,6 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
-        self._activity_at = 0.0  # the last resolve answered or request sent (wait_settled's give_up)
         self._first_peer_at: float | None = None  # monotonic time the first service was found
         self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
         self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
@@ -328,11 +329,13 @@ class AsyncClient:
             with contextlib.suppress(Exception):
                 await self._browser.async_cancel()
             self._browser = None
-        tasks = [p.task for p in self._peers.values() if p.task is not None] + list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
+        pending = {p.task for p in self._peers.values() if p.task is not None} | set(self._tasks)
+        for _ in range(50):  # 5 s at most
+            if not pending:
+                break
+            for t in pending:  # again and again: asyncio.wait_for (Python < 3.12) can lose a cancellation
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         self._peers.clear()
         if self._http is not None:
             await self._http.close()
@@ -398,31 +401,38 @@ class AsyncClient:
         at once (legacy unicast one-shot queries, :mod:`.oneshot`).  Hosts that answer later are still
         followed and reported while the client listens.
 
-        ``give_up=g``: once the browse has settled, the hosts that have not answered yet are given up on
-        when for ``g`` s nothing happened: no host answered, no service was resolved, no request was
-        sent (a one-shot list: a tar pit, a service that accepts the connection and never answers, must
-        not hold the list until ``timeout``; True is returned, the hosts that answered are reported).
-        A real host on a LAN answers its request in milliseconds; while this process is still busy
-        resolving and asking a flood of services, it is not given up on."""
+        ``give_up=g``: once the browse has settled, a service that has not answered ``g`` s after it was
+        found (resolved, connected, its first snapshot read; ``BEYOND_GIVE_UP`` times that for a host
+        beyond the link, a WAN's round trips away) is given up on, each on its own clock (a
+        one-shot list: a tar pit, a service that accepts the connection and never answers, or whose
+        responder takes seconds to resolve it, must not hold the list until ``timeout``, nor delay the
+        hosts that answered; True is returned when every service answered or was given up on).  A
+        real host on a LAN answers in milliseconds.  The clocks count only time this process could
+        work: a stretch in which this loop did not run (a process busy with a flood of services, or
+        a machine too loaded to run it) counts as at most ``STALL`` s."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
-        answered, progress = -1, 0.0  # hosts settled so far, and when that number last grew
+        clock, last = 0.0, time.monotonic()  # seconds this loop ran (stalls counted as STALL at most)
+        found: dict[str, float] = {}  # service -> the clock when it was first seen here
         while True:
             now = time.monotonic()
+            clock += min(now - last, STALL)
+            last = now
             first = self._first_peer_at
             browsed = self._dns_sd_browsed and (
                 (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
                 or (early is not None and first is not None and now - first >= early[1]
                     and now - self._last_peer_at >= early[0]))
-            settled = sum(1 for p in self._peers.values() if p.settled)
-            if browsed and settled == len(self._peers):
+            waiting = [p for p in self._peers.values() if not p.settled]
+            if browsed and not waiting:
                 return True
-            if settled != answered:
-                answered, progress = settled, now
-            quiet_for = now - max(progress, self._activity_at, self._last_peer_at)
-            if browsed and give_up is not None and quiet_for >= give_up:
-                log.debug("%d of %d services have not answered in %.1f s: given up on", len(self._peers) - settled,
-                          len(self._peers), give_up)
+            for p in waiting:
+                found.setdefault(p.name, clock)
+            if browsed and give_up is not None and all(
+                    clock - found[p.name] >= (give_up if p.via == "mdns" else give_up * BEYOND_GIVE_UP)
+                    for p in waiting):
+                log.debug("%d of %d services have not answered within %.1f s of being found: given up on",
+                          len(waiting), len(self._peers), give_up)
                 return True
             if now >= deadline:
                 return False
@@ -635,7 +645,6 @@ class AsyncClient:
             while self._listening:
                 peer.updated.clear()
                 host = await self._resolve(peer)
-                self._activity_at = time.monotonic()
                 if host is None:
                     self._report_removed(peer, "announcement no longer valid")
                     peer.settled = True
@@ -782,7 +791,6 @@ class AsyncClient:
             if self.key is not None:
                 signed, nonce = self.key.sign_request("GET", url + "/events", node_id=host.node_id)
                 headers.update(signed)
-            self._activity_at = time.monotonic()
             try:
                 resp = await asyncio.wait_for(self._http.get(url + "/events", headers=headers, ssl=ssl_arg),
                                               budget)

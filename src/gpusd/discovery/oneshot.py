@@ -47,12 +47,15 @@ log = logging.getLogger(__name__)
 QUIET = 0.1  # no new service for this long...
 SPREAD = 0.1  # ...and this long after the first answer: every responder has answered
 NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
-# Once the answers have settled, nothing happened for this long (no host answered, no service was resolved,
-# no request sent): the hosts that answered are listed, the others (tar pits: services that accept a
-# connection and never answer) given up on instead of holding the list until --timeout.  A gpusd daemon
-# answers its event stream in milliseconds; one slower than this by more than a second is left out of the
-# one-shot list (`gpusd watch` and the daemons' fleet views still follow it).
-GIVE_UP = 1.0
+# Once the answers have settled, a service that has not answered this long after it was found (resolved,
+# connected, its first snapshot read) is given up on, each on its own clock: the hosts that answered are
+# listed, the others (tar pits: services that accept a connection and never answer, or whose responder
+# takes seconds to resolve them) left out instead of holding the list until --timeout or delaying the
+# rest.  A gpusd daemon on the link answers in milliseconds; one that takes longer than this is left out of
+# the one-shot list (`gpusd watch` and the daemons' fleet views still follow it).  A host beyond the link
+# (--peer, --dns-sd-domain) gets three times as long (TCP, TLS and HTTP round trips over a WAN).  Time
+# this process could not run (a loaded machine) does not count (AsyncClient.wait_settled, STALL).
+GIVE_UP = 0.5
 
 
 async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
