@@ -297,7 +297,8 @@ def proc_figures(pid: int) -> tuple[float, int, float]:
     return rss, fds, cpu
 
 
-def one_list(state: Path, session: str, secret: str | None, extra: list[str], as_json: bool = True) -> tuple[float, int]:
+def one_list(state: Path, session: str, secret: str | None, extra: list[str],
+             as_json: bool = True) -> tuple[float, int]:
     """(seconds, fake hosts listed) of one cold ``gpusd list`` (``--json``, or the table)."""
     import re
 
@@ -344,8 +345,8 @@ def main() -> int:
     if secret:
         env["BENCH_FLEET_SECRET"] = secret
     fakes = subprocess.Popen([sys.executable, __file__, "--fakes", str(n_max), "--sizes", ",".join(map(str, sizes)),
-                              "--tag", tag, "--session", session, "--gpus", str(args.gpus), "--sample", str(args.sample)],
-                             env=env, stdout=subprocess.PIPE, text=True)
+                              "--tag", tag, "--session", session, "--gpus", str(args.gpus),
+                              "--sample", str(args.sample)], env=env, stdout=subprocess.PIPE, text=True)
     daemon: tuple[Path, int] | None = None
     rows: list[str] = []
     try:
