@@ -193,7 +193,7 @@ async def serve_fakes(n: int, sizes: list[int], tag: str, session: str, gpus: in
 
     async def events(request: web.Request) -> web.StreamResponse:
         nonlocal streams
-        _, name, node, (head, tail), _ = host_of(request)
+        i, name, node, (head, tail), _ = host_of(request)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         if key is not None and "Signature" in request.headers:
             req = Request(request.method, str(request.url), Headers(request.headers))
@@ -206,13 +206,14 @@ async def serve_fakes(n: int, sizes: list[int], tag: str, session: str, gpus: in
         streams += 1
         try:
             await resp.write(format_event("snapshot", f"{head}{time.time():.3f}{tail}"))
-            beat = 0.0
+            await asyncio.sleep(sample * (i % 100) / 100)  # the hosts' samples spread over the interval
+            last = time.monotonic()
             while True:
                 await asyncio.sleep(min(sample, 2.0))
-                beat += min(sample, 2.0)
-                if sample <= 2.0:
+                if time.monotonic() - last >= sample - 0.01:
+                    last = time.monotonic()
                     await resp.write(format_event("snapshot", f"{head}{time.time():.3f}{tail}"))
-                else:
+                else:  # a daemon's heartbeat after 2 s without an event
                     await resp.write(format_event("heartbeat", {}))
         except (ConnectionError, asyncio.CancelledError):
             pass
@@ -324,7 +325,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per fake host (default 8)")
     ap.add_argument("--runs", type=int, default=5, help="gpusd list runs per size (default 5)")
     ap.add_argument("--sample", type=float, default=1.0, help="seconds between a fake host's snapshots (default 1, "
-                    "as a daemon's sampling interval; above 2: heartbeats only)")
+                    "a daemon's sampling interval; heartbeats every 2 s between)")
     ap.add_argument("--no-secret", action="store_true", help="no fleet secret (unsigned streams, hosts unverified)")
     ap.add_argument("--fakes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", help=argparse.SUPPRESS)
