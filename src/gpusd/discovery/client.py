@@ -406,14 +406,16 @@ class AsyncClient:
         beyond the link, a WAN's round trips away) is given up on, each on its own clock (a
         one-shot list: a tar pit, a service that accepts the connection and never answers, or whose
         responder takes seconds to resolve it, must not hold the list until ``timeout``, nor delay the
-        hosts that answered; True is returned when every service answered or was given up on).  A
-        real host on a LAN answers in milliseconds.  The clocks count only time this process could
-        work: a stretch in which this loop did not run (a process busy with a flood of services, or
-        a machine too loaded to run it) counts as at most ``STALL`` s."""
+        hosts that answered; True is returned when every service answered or was given up on), and
+        while hosts keep answering (a one-shot list of a thousand hosts takes this process a while to
+        read) none is given up on.  A real host on a LAN answers in milliseconds.  The clocks count
+        only time this process could work: a stretch in which this loop did not run (a process busy
+        with a flood of services, or a machine too loaded to run it) counts as at most ``STALL`` s."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
         clock, last = 0.0, time.monotonic()  # seconds this loop ran (stalls counted as STALL at most)
         found: dict[str, float] = {}  # service -> the clock when it was first seen here
+        answered, progress = -1, 0.0  # services settled so far, and the clock when that number last grew
         while True:
             now = time.monotonic()
             clock += min(now - last, STALL)
@@ -428,7 +430,9 @@ class AsyncClient:
                 return True
             for p in waiting:
                 found.setdefault(p.name, clock)
-            if browsed and give_up is not None and all(
+            if len(self._peers) - len(waiting) != answered:
+                answered, progress = len(self._peers) - len(waiting), clock
+            if browsed and give_up is not None and clock - progress >= give_up and all(
                     clock - found[p.name] >= (give_up if p.via == "mdns" else give_up * BEYOND_GIVE_UP)
                     for p in waiting):
                 log.debug("%d of %d services have not answered within %.1f s of being found: given up on",
