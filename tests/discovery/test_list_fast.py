@@ -369,8 +369,9 @@ def test_the_one_shot_query_is_sent_through_zeroconfs_public_api() -> None:
 
 async def test_a_tar_pit_is_given_up_on_and_the_real_hosts_are_listed(tmp_path: Path) -> None:
     """A service that accepts the connection and never answers (a tar pit) does not hold the one-shot
-    list until its timeout: once nothing has happened for GIVE_UP s, the browse counts as settled (True,
-    not the timeout's False) with the hosts that answered; the pit is not listed.  (Without the give-up
+    list until its timeout: GIVE_UP s after it was found (and with no host answering meanwhile) it is
+    given up on and the browse counts as settled (True, not the timeout's False) with the hosts that
+    answered; the pit is not listed.  (Without the give-up
     the pit settles only when its connection attempt is abandoned, after RESOLVE_TIMEOUT + 2 = 5 s: past
     this browse's timeout of 4 s.)"""
     session = unique_session()
