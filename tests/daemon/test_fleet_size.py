@@ -13,7 +13,8 @@ import pytest
 from daemon_helpers import unique_session
 from gpusd.daemon import fleet as fleet_mod
 from gpusd.daemon.config import DaemonConfig
-from gpusd.daemon.fleet import FD_RESERVE, Fleet, followed_cap
+from gpusd.daemon.fleet import Fleet, followed_cap
+from gpusd.daemon.service import FD_RESERVE
 
 
 def limit(monkeypatch: pytest.MonkeyPatch, soft: int) -> None:

@@ -26,14 +26,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-FD_RESERVE = 128  # descriptors left for everything else (as daemon/service.py keeps them beside connections)
-
-
 def followed_cap(configured: int) -> int:
     """The hosts the fleet view follows at most: ``fleet_max_hosts``, lowered where the open-file
     limit would run out first.  A followed host costs one descriptor (its event stream,
-    bench/bench_fleet_scale.py); half of what the limit leaves beyond :data:`FD_RESERVE` goes to
-    followed hosts, the other half to incoming connections."""
+    bench/bench_fleet_scale.py); half of what the limit leaves beyond the daemon's
+    :data:`~gpusd.daemon.service.FD_RESERVE` goes to followed hosts, the other half to incoming
+    connections (:func:`~gpusd.daemon.service.connection_cap`)."""
+    from .service import FD_RESERVE
+
     try:
         import resource
 
