@@ -81,7 +81,6 @@ MEMBERS: dict[str, str | None] = {
     "AsyncClient.report_removed": "peer, reason",
     "AsyncClient.shadowing": "peer, host",
     "AsyncClient.spawn": "coro",
-    "AsyncClient.touch": "",
     # what it was asked (read-only views of its DiscoveryOptions)
     "AsyncClient.dns_sd_domain": None,  # property
     "AsyncClient.dns_server": None,  # property

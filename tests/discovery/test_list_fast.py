@@ -145,6 +145,35 @@ async def test_list_takes_a_slow_fleet_answer_within_the_bound(tmp_path: Path) -
     assert [d["hostname"] for d in devices] == ["here"]
 
 
+async def test_list_reads_a_fleet_view_larger_than_other_answers(tmp_path: Path) -> None:
+    """A fleet of hundreds of 8-GPU hosts makes a fleet view larger than the 4 MiB other answers are
+    bound to (5-10 kB a host): the list still takes it from the local daemon (issue 24, 1,000 hosts)."""
+    session = unique_session()
+    state = tmp_path / "state"
+    hosts = [fleet_host(OWN_NODE, "here", session)] + [fleet_host(f"ffff{i:04d}", f"far-{i:03d}", session, n=8)
+                                                       for i in range(900)]
+    assert len(json.dumps(hosts)) > 4 * 2**20
+    async with local_daemon(state, session, hosts):
+        devices = await gpusd_list(state, "--session", session)
+    assert len({d["hostname"] for d in devices}) == 901 and len(devices) == 1 + 900 * 8
+
+
+async def test_list_takes_the_fleet_view_that_comes_after_the_browse(tmp_path: Path) -> None:
+    """The browse settles first (a host answers at once) while the daemon's fleet view is still on its
+    way (a large fleet takes it about a second): the fleet view, the whole fleet, is what is listed."""
+    session = unique_session()
+    state = tmp_path / "state"
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        return await sse(request, format_event("snapshot", snapshot_json("bbbb0001", "browsed")), hold=10)
+
+    fleet = [fleet_host(OWN_NODE, "here", session), fleet_host("cccc0001", "far", session)]
+    async with local_daemon(state, session, fleet, delay=1.5), \
+            http_peer(events) as port, announce("browsed-bbbb0001", good_txt("bbbb0001", "browsed", session), port):
+        devices = await gpusd_list(state, "--session", session)
+    assert sorted(d["hostname"] for d in devices) == ["far", "here"]
+
+
 async def test_list_browses_when_the_local_daemon_hangs(tmp_path: Path) -> None:
     session = unique_session()
     state = tmp_path / "state"
@@ -231,11 +260,11 @@ async def test_one_shot_browses_back_to_back_are_all_answered(tmp_path: Path) ->
 
 async def test_one_shot_browse_waits_for_a_host_slow_to_answer(tmp_path: Path) -> None:
     """A host found at once whose event stream sends its snapshot only after the answers have
-    settled is still listed (within the timeout)."""
+    settled is still listed (within the timeout), if it answers within ``GIVE_UP`` of being found."""
     session = unique_session()
 
     async def slow(request: web.Request) -> web.StreamResponse:
-        await asyncio.sleep(oneshot.QUIET + oneshot.SPREAD + 0.6)
+        await asyncio.sleep(max(oneshot.QUIET + oneshot.SPREAD + 0.05, oneshot.GIVE_UP * 0.6))
         return await sse(request, format_event("snapshot", snapshot_json("bbbb0001", "slow")), hold=10)
 
     async with http_peer(slow) as port, announce("slow-bbbb0001", good_txt("bbbb0001", "slow", session), port), \
@@ -340,8 +369,9 @@ def test_the_one_shot_query_is_sent_through_zeroconfs_public_api() -> None:
 
 async def test_a_tar_pit_is_given_up_on_and_the_real_hosts_are_listed(tmp_path: Path) -> None:
     """A service that accepts the connection and never answers (a tar pit) does not hold the one-shot
-    list until its timeout: once nothing has happened for GIVE_UP s, the browse counts as settled (True,
-    not the timeout's False) with the hosts that answered; the pit is not listed.  (Without the give-up
+    list until its timeout: GIVE_UP s after it was found (and with no host answering meanwhile) it is
+    given up on and the browse counts as settled (True, not the timeout's False) with the hosts that
+    answered; the pit is not listed.  (Without the give-up
     the pit settles only when its connection attempt is abandoned, after RESOLVE_TIMEOUT + 2 = 5 s: past
     this browse's timeout of 4 s.)"""
     session = unique_session()

@@ -171,7 +171,7 @@ def list_devices(args: argparse.Namespace) -> int:
     async def go() -> tuple[list[Device], list[RemoteHost], int]:
         browse = asyncio.ensure_future(
             oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.browse))
-        while local is not None and not browse.done():  # the local daemon is slow: whichever answers first
+        while local is not None and not browse.done():  # the local daemon is slow: browse meanwhile
             if local.done():
                 answer = local.result()
                 if answer is not None:
@@ -180,6 +180,18 @@ def list_devices(args: argparse.Namespace) -> int:
                     return answer
                 break
             await asyncio.wait({browse}, timeout=0.02)
+        if local is not None and not local.done():
+            # The browse settled first, but the daemon's view is the whole fleet (hosts beyond the link
+            # too; a fleet of 1,000 takes it ~1 s to send): it is taken when it comes within its own
+            # bound (discovery.fleetview.FLEET_TIMEOUT from its start), the browse's answer otherwise.
+            from ..discovery.fleetview import FLEET_TIMEOUT
+
+            try:
+                answer = await asyncio.wait_for(asyncio.wrap_future(local), FLEET_TIMEOUT)
+            except asyncio.TimeoutError:
+                answer = None
+            if answer is not None:
+                return answer
         return await browse
 
     devices, hosts, unmatched = found if found is not None else asyncio.run(go())

@@ -86,9 +86,10 @@ def _fleet_urls(url: str, key: FleetKey | None) -> list[str]:
     stranger gets no signed request and its made-up figures never reach the report."""
     from ..sanitize import for_terminal
     from ..views.sources import base_url, hosts_from_fleet
+    from ..wire.fleet import MAX_FLEET_BYTES
     from ..wire.http import fetch_json
 
-    answer = fetch_json(f"{base_url(url)}/api/v1/fleet", key)
+    answer = fetch_json(f"{base_url(url)}/api/v1/fleet", key, max_bytes=MAX_FLEET_BYTES)
     hosts = [h for h in hosts_from_fleet(answer.data, trusted=answer.verified) if h.alive and h.url]
     if key is None:
         return [h.url for h in hosts if h.url]

@@ -42,7 +42,7 @@ class DaemonConfig:
     max_connections: int = 1024  # open HTTP connections at most (also bounded by the open-file limit)
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
-    fleet_max_hosts: int = 512  # services the fleet view follows at most (more are dropped, counted, logged once)
+    fleet_max_hosts: int = 1024  # services the fleet view follows at most (more are dropped, counted, logged once)
     # Shares that unsigned readers cannot take, and per-peer limits (docs/daemon.md "Limits", issue 17):
     max_subscribers_per_peer: int = 32  # unsigned readers per event stream from one peer address (IPv6: /64)
     reserved_subscribers: int = 64  # of max_subscribers, kept for signed readers (unsigned ones get the rest)

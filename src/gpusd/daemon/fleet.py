@@ -26,6 +26,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+def followed_cap(configured: int) -> int:
+    """The hosts the fleet view follows at most: ``fleet_max_hosts``, lowered where the open-file
+    limit would run out first.  A followed host costs one descriptor (its event stream,
+    bench/bench_fleet_scale.py); half of what the limit leaves beyond the daemon's
+    :data:`~gpusd.daemon.service.FD_RESERVE` goes to followed hosts, the other half to incoming
+    connections (:func:`~gpusd.daemon.service.connection_cap`)."""
+    from .service import FD_RESERVE
+
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return configured
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return configured
+    return min(configured, max(16, (soft - FD_RESERVE) // 2))
+
 
 class Fleet:
     """The fleet view.  It gets what it uses: the daemon's configuration (session, token, fleet mode)
@@ -57,18 +75,22 @@ class Fleet:
             from ..discovery.client import AsyncClient
 
             cfg = self.config
+            cap = followed_cap(cfg.fleet_max_hosts)
+            if cap < cfg.fleet_max_hosts:
+                log.warning("fleet view: following at most %d hosts, not %d (fleet_max_hosts): the open-file "
+                            "limit leaves no more", cap, cfg.fleet_max_hosts)
             # Requests to peers are signed with the fleet secret (never sent); peers that prove they
             # hold it too are "verified" and show this daemon (so its signed readers) their process
             # owners; to readers without the secret the fleet view is redacted on the way out.
             # Announced loopback addresses are followed only by a daemon itself pinned to loopback.
             client = AsyncClient(session=cfg.session, zeroconf=self.zc, token=cfg.token,
-                                 max_hosts=cfg.fleet_max_hosts, allow_loopback=self.allow_loopback,
+                                 max_hosts=cap, allow_loopback=self.allow_loopback,
                                  peers=cfg.peers, peers_file=cfg.peers_file, dns_sd_domain=cfg.dns_sd_domain,
                                  dns_server=cfg.dns_server)
             client.register_event_handler("*", self._republish)
             await client.start_listening()
             self.client = client
-            log.info("fleet view started (session %s)", cfg.session)
+            log.info("fleet view started (session %s, following at most %d hosts)", cfg.session, cap)
             if cfg.fleet == "auto" and self._idle_task is None:
                 self._idle_task = asyncio.ensure_future(self._stop_when_idle())
             await client.wait_settled(settle)

@@ -213,7 +213,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 async def fleet(request: web.Request) -> web.Response:
     d = _daemon(request)
     if d.fleet is None or d.config.fleet == "off":
-        return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
+        return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
     return _json(d.fleet.to_dict())
 
@@ -226,7 +226,7 @@ async def prometheus_http_sd(request: web.Request) -> web.Response:
 
     d = _daemon(request)
     if d.fleet is None or d.config.fleet == "off":
-        return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
+        return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
     return _json(file_sd(daemons_from_hosts(d.fleet.view().hosts)))  # the document export prometheus-sd writes
 
@@ -234,7 +234,7 @@ async def prometheus_http_sd(request: web.Request) -> web.Response:
 async def fleet_events(request: web.Request) -> web.StreamResponse:
     d = _daemon(request)
     if d.fleet is None or d.config.fleet == "off":
-        return _json({"error": "the fleet view is off in this daemon (--fleet off)"}, status=404)
+        return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
     return await sse_stream(request, d.fleet.hub, d.fleet.replay(), d.config.heartbeat, touch=d.fleet.touch,
                             write_timeout=d.config.write_timeout)

@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+STALL = 0.1  # wait_settled's give-up clocks: a longer stretch without the loop running counts as this long
+BEYOND_GIVE_UP = 3.0  # ... and a host beyond the link (peers, wide-area DNS-SD: round trips of a WAN) gets 3x
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -135,7 +137,6 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
-        self._activity_at = 0.0  # the last resolve answered or request sent (wait_settled's give_up)
         self._first_peer_at: float | None = None  # monotonic time the first service was found
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -231,12 +232,14 @@ class AsyncClient:
         if not self._listening:
             return
         self._listening = False  # sources hear nothing from now on
-        tasks = [p.task for p in self._peers.values() if p.task is not None] + list(self._tasks)
-        tasks += self.bus.pending()
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
+        pending = {p.task for p in self._peers.values() if p.task is not None} | set(self._tasks)
+        pending |= set(self.bus.pending())
+        for _ in range(50):  # 5 s at most
+            if not pending:
+                break
+            for t in pending:  # again and again: asyncio.wait_for (Python < 3.12) can lose a cancellation
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         self._peers.clear()
         if self.http is not None:
             await self.http.close()
@@ -251,10 +254,6 @@ class AsyncClient:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-    def touch(self) -> None:
-        """Something happened (a resolve answered, a request was sent): for ``wait_settled``'s give_up."""
-        self._activity_at = time.monotonic()
 
     # -- the table of followed instances (what sources add and drop) ----------------------------
     def follower(self, name: str) -> Follower | None:
@@ -343,31 +342,42 @@ class AsyncClient:
         at once (legacy unicast one-shot queries, :mod:`.oneshot`).  Hosts that answer later are still
         followed and reported while the client listens.
 
-        ``give_up=g``: once the browse has settled, the hosts that have not answered yet are given up on
-        when for ``g`` s nothing happened: no host answered, no service was resolved, no request was
-        sent (a one-shot list: a tar pit, a service that accepts the connection and never answers, must
-        not hold the list until ``timeout``; True is returned, the hosts that answered are reported).
-        A real host on a LAN answers its request in milliseconds; while this process is still busy
-        resolving and asking a flood of services, it is not given up on."""
+        ``give_up=g``: once the browse has settled, a service that has not answered ``g`` s after it was
+        found (resolved, connected, its first snapshot read; ``BEYOND_GIVE_UP`` times that for a host
+        beyond the link, a WAN's round trips away) is given up on, each on its own clock (a
+        one-shot list: a tar pit, a service that accepts the connection and never answers, or whose
+        responder takes seconds to resolve it, must not hold the list until ``timeout``, nor delay the
+        hosts that answered; True is returned when every service answered or was given up on), and
+        while hosts keep answering (a one-shot list of a thousand hosts takes this process a while to
+        read) none is given up on.  A real host on a LAN answers in milliseconds.  The clocks count
+        only time this process could work: a stretch in which this loop did not run (a process busy
+        with a flood of services, or a machine too loaded to run it) counts as at most ``STALL`` s."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
-        answered, progress = -1, 0.0  # hosts settled so far, and when that number last grew
+        clock, last = 0.0, time.monotonic()  # seconds this loop ran (stalls counted as STALL at most)
+        found: dict[str, float] = {}  # service -> the clock when it was first seen here
+        answered, progress = -1, 0.0  # services settled so far, and the clock when that number last grew
         while True:
             now = time.monotonic()
+            clock += min(now - last, STALL)
+            last = now
             first = self._first_peer_at
             browsed = all(s.browsed for s in self.sources) and (
                 (now - self._started_at >= minimum and now - self._last_peer_at >= quiet)
                 or (early is not None and first is not None and now - first >= early[1]
                     and now - self._last_peer_at >= early[0]))
-            settled = sum(1 for p in self._peers.values() if p.settled)
-            if browsed and settled == len(self._peers):
+            waiting = [p for p in self._peers.values() if not p.settled]
+            if browsed and not waiting:
                 return True
-            if settled != answered:
-                answered, progress = settled, now
-            quiet_for = now - max(progress, self._activity_at, self._last_peer_at)
-            if browsed and give_up is not None and quiet_for >= give_up:
-                log.debug("%d of %d services have not answered in %.1f s: given up on", len(self._peers) - settled,
-                          len(self._peers), give_up)
+            for p in waiting:
+                found.setdefault(p.name, clock)
+            if len(self._peers) - len(waiting) != answered:
+                answered, progress = len(self._peers) - len(waiting), clock
+            if browsed and give_up is not None and clock - progress >= give_up and all(
+                    clock - found[p.name] >= (give_up if p.via == "mdns" else give_up * BEYOND_GIVE_UP)
+                    for p in waiting):
+                log.debug("%d of %d services have not answered within %.1f s of being found: given up on",
+                          len(waiting), len(self._peers), give_up)
                 return True
             if now >= deadline:
                 return False

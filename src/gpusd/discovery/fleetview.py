@@ -7,7 +7,8 @@ A daemon already follows every host of its session.  Two readers ask one instead
   the state directory and hands over a ``locate`` function giving the API bases and node id:
   :func:`api_urls` turns a daemon's ``gpusd.json`` into them), the request runs in a thread
   (:meth:`LocalFleetView.start`): where it has not answered within ``QUICK`` s (a fleet view that is just
-  starting, a daemon that hangs), the caller browses meanwhile and takes whichever comes first.
+  starting, a daemon that hangs), the caller browses meanwhile; the daemon's answer is taken when it
+  comes within ``FLEET_TIMEOUT`` s (a fleet of 1,000 hosts takes about a second), the browse's otherwise.
   Anything unexpected -- no daemon, another session, no answer within ``timeout``, an answer that is
   not a valid fleet view, a host known only from an hwsd announcement (the fleet view does not carry its
   TXT inventory) -- reads as None, and the caller browses as before.  Without the fleet secret, or
@@ -144,6 +145,7 @@ class LocalFleetView:
     def read(self) -> Listing | None:
         import time
 
+        from ..wire.fleet import MAX_FLEET_BYTES
         from ..wire.http import SourceError, fetch_json
 
         if self.filters.session is None:
@@ -158,7 +160,8 @@ class LocalFleetView:
             if left <= 0:
                 break
             try:
-                answer = fetch_json(base + "/fleet", key=self.key, timeout=left, node_id=own_node)
+                answer = fetch_json(base + "/fleet", key=self.key, timeout=left, node_id=own_node,
+                                    max_bytes=MAX_FLEET_BYTES)
             except SourceError as exc:
                 log.debug("%s", exc)
                 continue
@@ -221,10 +224,11 @@ class FleetReader:
 
     def fetch(self) -> dict[str, Any]:
         """The answer (an object; :class:`~gpusd.wire.http.SourceError` otherwise), and ``verified``."""
+        from ..wire.fleet import MAX_FLEET_BYTES
         from ..wire.http import SourceError, fetch_json
 
         url, pin = self.secure_url()
-        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin)
+        answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin, max_bytes=MAX_FLEET_BYTES)
         if not isinstance(answer.data, dict):
             raise SourceError(f"{self.url}/api/v1/fleet: expected an object")
         self.verified = answer.verified

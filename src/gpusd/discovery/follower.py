@@ -130,7 +130,6 @@ class Follower:
             while client.listening:
                 self.updated.clear()
                 host = await self.source.resolve(self)
-                client.touch()
                 if host is None:
                     client.report_removed(self, "announcement no longer valid")
                     self.settled = True
@@ -243,7 +242,6 @@ class Follower:
             if key is not None:
                 signed, nonce = key.sign_request("GET", url + "/events", node_id=host.node_id)
                 headers.update(signed)
-            client.touch()
             try:
                 resp = await asyncio.wait_for(http.get(url + "/events", headers=headers, ssl=ssl_arg), budget)
                 if resp.status == 401 and nonce is not None:

@@ -20,6 +20,8 @@ would bring it back to other browsers for a moment.
 A network that drops unicast replies to an ephemeral port (a host firewall that only lets port 5353 in)
 gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over as a multicast
 browse with the old timing, so such a host pays ``NO_ANSWER`` s more than before, never a missing host.
+(Except where hosts beyond the link -- ``--peer``, ``--dns-sd-domain`` -- answered: those are listed
+without the multicast browse, which would cost 1.5 s more and browse the zone a second time.)
 What ``gpusd list`` may now miss: a responder that answers more than ``QUIET`` s after the others (a
 host too loaded to answer for that long) or not at all to one-shot queries (RFC 6762 requires the
 answer; python-zeroconf, Avahi and Bonjour give it).  ``gpusd watch`` and the daemons' fleet views
@@ -45,12 +47,15 @@ log = logging.getLogger(__name__)
 QUIET = 0.1  # no new service for this long...
 SPREAD = 0.1  # ...and this long after the first answer: every responder has answered
 NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
-# Once the answers have settled, nothing happened for this long (no host answered, no service was resolved,
-# no request sent): the hosts that answered are listed, the others (tar pits: services that accept a
-# connection and never answer) given up on instead of holding the list until --timeout.  A gpusd daemon
-# answers its event stream in milliseconds; one slower than this by more than a second is left out of the
-# one-shot list (`gpusd watch` and the daemons' fleet views still follow it).
-GIVE_UP = 1.0
+# Once the answers have settled, a service that has not answered this long after it was found (resolved,
+# connected, its first snapshot read) is given up on, each on its own clock: the hosts that answered are
+# listed, the others (tar pits: services that accept a connection and never answer, or whose responder
+# takes seconds to resolve them) left out instead of holding the list until --timeout or delaying the
+# rest.  A gpusd daemon on the link answers in milliseconds; one that takes longer than this is left out of
+# the one-shot list (`gpusd watch` and the daemons' fleet views still follow it).  A host beyond the link
+# (--peer, --dns-sd-domain) gets three times as long (TCP, TLS and HTTP round trips over a WAN).  Time
+# this process could not run (a loaded machine) does not count (AsyncClient.wait_settled, STALL).
+GIVE_UP = 0.5
 
 
 async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
@@ -124,7 +129,9 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
         await client.start_listening()
         ask_now(zc.zeroconf, client.service_types)
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD), give_up=GIVE_UP)
-        if client.answered:
+        # hosts beyond the link (peers, wide-area DNS-SD) answered: no multicast browse for the rest
+        # (it would start a second client, browse the zone again and cost 1.5 s more)
+        if client.answered or client.hosts:
             return Listing(client.list_devices(), client.hosts, len(client.unmatched_hosts))
     finally:
         await client.stop_listening()

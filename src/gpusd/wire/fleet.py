@@ -19,6 +19,9 @@ from ..model import MAX_NAME, HostSnapshot, decode, encode
 
 FLEET_SCHEMA = 1  # version of this document; a reader refuses other versions
 MAX_FLEET_HOSTS = 4096  # hosts in one answer
+# bytes of one fleet answer read at most: a host of 8 GPUs takes ~10.6 kB (bench/bench_fleet_scale.py),
+# 1,000 of them ~10.6 MB, beyond the 4 MiB of other answers; 64 MiB covers 4,096 hosts of 8 GPUs
+MAX_FLEET_BYTES = 64 * 2**20
 MAX_URL = 2048  # characters of a host's URL
 
 
@@ -118,4 +121,4 @@ class FleetView:
         return view
 
 
-__all__ = ["FLEET_SCHEMA", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostRecord"]
+__all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostRecord"]

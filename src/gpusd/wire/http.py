@@ -45,9 +45,9 @@ class _Exchange:
 
 
 def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None, timeout: float,
-              node_id: str | None, pin: str | None, user: Any = None) -> _Exchange:
+              node_id: str | None, pin: str | None, user: Any = None, max_bytes: int = MAX_ANSWER) -> _Exchange:
     """Send one request (signed with ``key``; over TLS for ``https://``, the certificate checked
-    against ``pin``) and read at most ``MAX_ANSWER + 1`` bytes of its answer.  :class:`SourceError`
+    against ``pin``) and read at most ``max_bytes + 1`` bytes of its answer.  :class:`SourceError`
     when the daemon cannot be reached, does not speak HTTP, or shows another certificate."""
     import http.client
     import ssl
@@ -98,7 +98,7 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
             if pin is not None and cert_fp != pin:
                 raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
         resp = conn.getresponse()
-        body = resp.read(MAX_ANSWER + 1)
+        body = resp.read(max_bytes + 1)
         status, reason, resp_headers = resp.status, resp.reason, resp.getheaders()
     except SourceError:
         raise
@@ -108,8 +108,8 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
     finally:
         conn.close()
-    if len(body) > MAX_ANSWER:
-        raise SourceError(f"{url}: answer larger than {MAX_ANSWER} bytes")
+    if len(body) > max_bytes:
+        raise SourceError(f"{url}: answer larger than {max_bytes} bytes")
     from .signing import Headers, Request
 
     return _Exchange(status, reason, body, Request(method, absolute, Headers(headers)), resp_headers, nonce,
@@ -127,12 +127,13 @@ def _proven(x: _Exchange, key: FleetKey, node_id: str | None) -> tuple[bool, str
 
 
 def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node_id: str | None = None,
-               pin: str | None = None) -> Answer:
-    """GET ``url`` (``http://`` or ``https://``) and parse its JSON; :class:`SourceError` with a
-    one-line reason otherwise.  With ``key`` the request is signed and the answer's proof checked
+               pin: str | None = None, max_bytes: int = MAX_ANSWER) -> Answer:
+    """GET ``url`` (``http://`` or ``https://``) and parse its JSON (at most ``max_bytes``: 4 MiB unless
+    the caller knows a larger bound, as for a fleet view); :class:`SourceError` with a one-line reason
+    otherwise.  With ``key`` the request is signed and the answer's proof checked
     (``node_id``: the node meant; ``pin``: the certificate fingerprint expected over TLS); an
     answer without a valid proof is returned with its private fields nulled and ``verified`` False."""
-    x = _exchange("GET", url, None, key, timeout, node_id, pin)
+    x = _exchange("GET", url, None, key, timeout, node_id, pin, max_bytes=max_bytes)
     if x.status != 200:
         raise SourceError(f"{url}: HTTP {x.status} {x.reason}" + _error_text(x.body))
     try:

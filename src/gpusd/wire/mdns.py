@@ -121,6 +121,8 @@ def _local_networks() -> list[ipaddress.IPv4Network]:
 def rank_addresses(addresses: Sequence[str]) -> list[str]:
     """A host's announced addresses in the order to try them: on one of our own networks first,
     loopback and link-local last (a peer's 127.0.0.1 is reachable only from the peer itself)."""
+    if len(addresses) < 2:  # nothing to order (most hosts): no look at our own interfaces, which took
+        return list(addresses)  # ~1 ms a host, half a second for a one-shot list beside 500 services
     try:
         nets = _local_networks()
     except Exception:  # ifaddr trouble: keep the announced order
