@@ -33,7 +33,7 @@ IN_DONT_FOLLOW = 0x02000000
 LOST = IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT
 
 _EVENT_SIZE = 16  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
-_ORDER = "little" if sys.byteorder == "little" else "big"
+_ORDER = sys.byteorder
 
 
 class Inotify:

@@ -194,7 +194,10 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
     locks: dict[str, list[tuple[int, bool]]] | None = None
     now = time.time()
     try:
-        names = sorted(n for n in os.listdir(dfd) if _TICKET.match(n))[:MAX_TICKETS]
+        from .leaseview import ticket_names
+
+        listed = ticket_names(dfd)  # this process's view of the directory, if any; else a listing
+        names = sorted(n for n in (os.listdir(dfd) if listed is None else listed) if _TICKET.match(n))[:MAX_TICKETS]
         per_uid: dict[int, int] = {}
         bound: dict[int, int] = {}  # uid -> the highest priority the policy lets it claim (one lookup each)
         for name in names:
