@@ -58,6 +58,11 @@ class Inotify:
             return -1
         return int(self._libc.inotify_add_watch(self.fd, os.fsencode(path), events))
 
+    def unwatch(self, wd: int) -> None:
+        """Remove a watch (its last event is an ``IN_IGNORED``)."""
+        if self.fd >= 0:
+            self._libc.inotify_rm_watch(self.fd, wd)
+
     def read(self) -> list[tuple[int, int, bytes]]:
         """The pending events, ``(wd, mask, name)``, without blocking (empty when there are none).  A read
         error other than "nothing pending" comes as one event with ``IN_Q_OVERFLOW``: state kept from

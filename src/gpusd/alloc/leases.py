@@ -559,9 +559,9 @@ class LeaseStore:
         try:
             from . import leaseview
 
-            known = leaseview.release_times(self, dfd)  # this process's view of the directory, if any
+            known = leaseview.release_times(self, dfd, horizon)  # this process's view of the directory, if any
             if known is not None:
-                out = {dev: mtime for dev, mtime in known.items() if mtime >= horizon}
+                out = known
             else:
                 with os.scandir(dfd) as entries:
                     for entry in entries:

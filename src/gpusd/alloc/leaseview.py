@@ -58,7 +58,7 @@ from .inotify import (
     Inotify,
 )
 from .leases import _LEASE_NAME, MAX_LEASE_BYTES, MAX_LEASE_FILES, _safe, log
-from .lockdir import FILE_FLAGS, flock_table, lock_key, read_live, try_lock
+from .lockdir import FILE_FLAGS, flock_table, lock_key, read_live, try_lock, user_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,8 +107,11 @@ class DirView:
         self.blockers: list[tuple[Any, ...]] | None = None  # device locks held without a lease, as last found
         self.flat: list[tuple[Any, ...]] | None = None  # the confirmed leases' fields (None: to rebuild)
         self.confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of its leases
+        self.recent: tuple[float, dict[str, float]] | None = None  # (horizon, the lock files touched since)
+        self.free: list[str] | None = None  # the devices with a lock file and no confirmed lease
         self.full = True
         self.checked = 0.0
+        self.used = time.monotonic()
 
     # -- events -------------------------------------------------------------------------------------
     def event(self, mask: int, raw: bytes) -> None:
@@ -146,6 +149,7 @@ class DirView:
         devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
         self.locks = dict.fromkeys(devices)
         self.restat = set(devices)
+        self.recent = self.free = None
         self.tickets = {n for n in names if n.startswith("queue-") and n.endswith(".ticket")}
         self.blockers = None
 
@@ -168,11 +172,16 @@ class DirView:
         self.flat = None
 
     def _stat_locks(self, dfd: int) -> None:
+        if self.restat:
+            self.recent = None
         for dev in self.restat:
+            if dev not in self.locks:
+                self.free = None  # a new lock file
             try:
                 self.locks[dev] = os.stat(f"gpu-{dev}.lock", dir_fd=dfd, follow_symlinks=False).st_mtime
             except OSError:
                 self.locks.pop(dev, None)
+                self.free = None
         self.restat = set()
 
     def look(self, store: LeaseStore, dfd: int, cleanup: bool, blockers: bool) -> list[LeaseInfo]:
@@ -189,6 +198,9 @@ class DirView:
         self.own = set()
         changed_devices = set(self.restat)
         self._stat_locks(dfd)
+        for dev in changed_devices:  # a device lock opened, closed or replaced: its claims are read again
+            for name in self.claims.get(dev, ()):
+                self.dirty[name] = self.dirty.get(name, 0) | _FULL
         confirm: list[str] = []
         for name, mask in self.dirty.items():
             got = read_live(dfd, name, MAX_LEASE_BYTES, cleanup, single_link=False)  # released meanwhile: None
@@ -204,7 +216,7 @@ class DirView:
             if e is not None and e.key == key and not mask & ~(IN_CLOSE_NOWRITE | _IN_OPEN):
                 continue  # someone read it; it is still locked, and the same record
             if len(raw) > MAX_LEASE_BYTES:
-                log.warning("skipping lease file %s of uid %d: %d bytes (at most %d)", name, st.st_uid,
+                log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
                             st.st_size, MAX_LEASE_BYTES)
                 self._set(name, _Entry(key, st, None))
                 continue
@@ -213,11 +225,6 @@ class DirView:
             if record is not None:
                 confirm.append(name)
         self.dirty = {}
-        if full:
-            confirm = [n for n, e in self.entries.items() if e.record is not None]
-        else:
-            for dev in changed_devices:  # a device lock opened, closed or replaced: confirm its claims again
-                confirm.extend(n for n in self.claims.get(dev, ()) if n not in confirm)
         table: dict[str, list[tuple[int, bool]]] | None = None
         table_read = False
         if confirm:
@@ -231,7 +238,7 @@ class DirView:
             self.flat = None
         if self.flat is None:
             self.flat = [_values(le) for e in self.entries.values() for le in e.infos]
-            self.confirmed = {}
+            self.confirmed, self.free = {}, None
             for e in self.entries.values():
                 if e.infos and e.pids is not None:
                     for dev in e.devices:
@@ -244,7 +251,9 @@ class DirView:
         # tried each time, as every allocation did, and /proc/locks is read when one is held or when
         # the lock of a leased device changed; otherwise what the last reading found stands.
         if cleanup and not table_read:
-            held = self._tried(dfd, [dev for dev in self.locks if dev not in self.confirmed])
+            if self.free is None:
+                self.free = [dev for dev in self.locks if dev not in self.confirmed]
+            held = self._tried(dfd, self.free)
             if held or self.blockers is None or changed_devices & self.confirmed.keys():
                 table, table_read = flock_table(), True
             else:  # the devices without a lease are free: only what holds leased ones stands
@@ -276,9 +285,14 @@ class DirView:
                 os.close(fd)
         return out
 
-    def release_times(self, dfd: int) -> dict[str, float]:
-        self._stat_locks(dfd)
-        return {dev: mtime for dev, mtime in self.locks.items() if mtime is not None}
+    def release_times(self, dfd: int, horizon: float) -> dict[str, float]:
+        """Device -> its lock file's mtime, where that is ``horizon`` or later."""
+        if self.restat or self.recent is None or horizon < self.recent[0]:
+            self._stat_locks(dfd)
+            self.recent = (horizon, {dev: t for dev, t in self.locks.items() if t is not None and t >= horizon})
+        elif any(t < horizon for t in self.recent[1].values()):  # the horizon only moves on: fewer
+            self.recent = (horizon, {dev: t for dev, t in self.recent[1].items() if t >= horizon})
+        return dict(self.recent[1])
 
 
 def _values(le: LeaseInfo) -> tuple[Any, ...]:
@@ -338,8 +352,11 @@ def _view(store: LeaseStore, dfd: int) -> DirView | None:
     ident = (st.st_dev, st.st_ino)
     _pump()
     v = _views.get(ident)
-    if v is not None or _ino_failed:
+    if v is not None:
+        v.used = time.monotonic()
         return v
+    if _ino_failed:
+        return None
     if ident not in _seen:
         _seen.add(ident)
         return None
@@ -349,8 +366,11 @@ def _view(store: LeaseStore, dfd: int) -> DirView | None:
         except OSError:
             _ino_failed = True
             return None
-    if len(_views) >= MAX_VIEWS:
-        return None
+    if len(_views) >= MAX_VIEWS:  # the one looked at longest ago goes
+        old = min(_views.values(), key=lambda each: each.used)
+        _views.pop(old.ident, None)
+        _by_wd.pop(old.wd, None)
+        _ino.unwatch(old.wd)
     # Through the descriptor opened and checked: the watch is on that directory whatever its path names now
     wd = _ino.watch(f"/proc/self/fd/{dfd}", EVENTS)
     if wd < 0:
@@ -371,8 +391,9 @@ def look(store: LeaseStore, dfd: int, cleanup: bool, blockers: bool) -> list[Lea
         return v.look(store, dfd, cleanup, blockers)
 
 
-def release_times(store: LeaseStore, dfd: int) -> dict[str, float] | None:
-    """Device -> its lock file's mtime, from the view of ``dfd``; None without one (then scan)."""
+def release_times(store: LeaseStore, dfd: int, horizon: float) -> dict[str, float] | None:
+    """Device -> its lock file's mtime where that is ``horizon`` or later, from the view of ``dfd``;
+    None without one (then scan)."""
     with _lock:
         if _ino_pid != os.getpid() or not _views:
             return None
@@ -382,7 +403,7 @@ def release_times(store: LeaseStore, dfd: int) -> dict[str, float] | None:
         _pump()
         if v.full or v.ident not in _views:
             return None
-        return v.release_times(dfd)
+        return v.release_times(dfd, horizon)
 
 
 def ticket_names(dfd: int) -> list[str] | None:
