@@ -40,6 +40,12 @@ time.sleep(60)
 """
 
 
+@pytest.fixture(autouse=True)
+def _events_only(monkeypatch):
+    """No periodic full look during a test (slow machines): what a look tells must come from the events."""
+    monkeypatch.setattr(leaseview, "REVALIDATE", 600.0)
+
+
 def holder(devices: str, how: str = "plain") -> tuple[subprocess.Popen[str], str]:
     p = subprocess.Popen([sys.executable, "-c", HOLD, devices, how], stdout=subprocess.PIPE, stdin=subprocess.PIPE,
                          text=True)
