@@ -342,7 +342,9 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
             if left <= 0:
                 return False
             if watch is not None and watch.active:
-                watch.wait(min(left, 1.0))  # woken when a ticket is closed; 1 s in case an event is missed
+                # woken when a ticket is closed or appears (a lease ending is the head's business, not
+                # ours: 40 waiters woken by every lease end would slow the hand-over); 1 s in case one is missed
+                watch.wait(min(left, 1.0), tickets=True)
             else:
                 time.sleep(min(left, poll))
     finally:
@@ -382,19 +384,21 @@ class LeaseWatch:
     def active(self) -> bool:
         return self.fd >= 0
 
-    def drain(self) -> bool:
-        """Read the pending events: True when one of them is a lease or ticket ending."""
+    def drain(self, tickets: bool = False) -> bool:
+        """Read the pending events: True when one of them is a lease or ticket ending (``tickets``: a
+        ticket's only)."""
         if self._ino is None:
             return False
-        return any(mask & IN_Q_OVERFLOW or _relevant(name, mask) for _, mask, name in self._ino.read())
+        return any(mask & IN_Q_OVERFLOW or _relevant(name, mask, tickets) for _, mask, name in self._ino.read())
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, tickets: bool = False) -> bool:
+        """Block until :meth:`drain` finds an event (True) or ``timeout`` passed (False)."""
         end = time.monotonic() + timeout
         while self._ino is not None:
             left = end - time.monotonic()
             if left <= 0 or not self._ino.wait(left):
                 return False
-            if self.drain():
+            if self.drain(tickets):
                 return True
         return False
 
@@ -417,7 +421,9 @@ class LeaseWatch:
             pass
 
 
-def _relevant(name: bytes, mask: int) -> bool:
+def _relevant(name: bytes, mask: int, tickets: bool = False) -> bool:
+    if tickets:
+        return name.startswith(b"queue-") and name.endswith(b".ticket")
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
         return bool(mask & IN_CLOSE_WRITE)  # a lease's device lock closed
     if name.startswith(b"lease-") and name.endswith(b".json"):
