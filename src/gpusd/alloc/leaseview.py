@@ -325,6 +325,18 @@ def _reset() -> None:
     _by_wd.clear()
 
 
+def _after_fork() -> None:
+    """In a forked child: a new lock (another thread of the parent may have held ours), and no view
+    (the parent's inotify queue is the parent's: :func:`_view` starts afresh on the next look)."""
+    global _lock, _ino_pid
+    _lock = threading.Lock()
+    _ino_pid = -1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def _pump() -> None:
     if _ino is None:
         return
