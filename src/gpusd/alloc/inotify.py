@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
+import struct
 import time
 
 IN_MODIFY = 0x002
@@ -32,8 +32,8 @@ IN_DONT_FOLLOW = 0x02000000
 # The watch itself is gone or events were lost: whoever keeps state from events must start again.
 LOST = IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT
 
-_EVENT_SIZE = 16  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
-_ORDER = sys.byteorder
+_HEADER = struct.Struct("=iIII")  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
+_EVENT_SIZE = _HEADER.size
 
 
 class Inotify:
@@ -80,13 +80,12 @@ class Inotify:
                 break
             if not buf:
                 break
-            at = 0
-            while at + _EVENT_SIZE <= len(buf):
-                wd = int.from_bytes(buf[at:at + 4], _ORDER, signed=True)
-                mask = int.from_bytes(buf[at + 4:at + 8], _ORDER)
-                size = int.from_bytes(buf[at + 12:at + 16], _ORDER)
-                out.append((wd, mask, buf[at + _EVENT_SIZE:at + _EVENT_SIZE + size].rstrip(b"\0")))
-                at += _EVENT_SIZE + size
+            at, end = 0, len(buf)
+            while at + _EVENT_SIZE <= end:
+                wd, mask, _, size = _HEADER.unpack_from(buf, at)
+                at += _EVENT_SIZE
+                out.append((wd, mask, buf[at:at + size].rstrip(b"\0") if size else b""))
+                at += size
         return out
 
     def wait(self, timeout: float) -> bool:
