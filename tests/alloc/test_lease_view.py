@@ -226,3 +226,24 @@ def test_an_abandoned_record_seen_by_a_view_is_removed_by_the_next_allocation():
     assert (store.dir / name).exists()
     assert devices(store, cleanup=True) == []
     assert not (store.dir / name).exists()
+
+
+def test_a_lock_taken_without_a_lease_is_named_by_the_next_allocation_look():
+    store = LeaseStore()
+    store.acquire(["GPU-5"]).release()  # the lock file exists: opening it again makes no file event
+    warm(store)
+    store.leases(cleanup=True)
+    blocker = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, time\n"
+        f"fd = os.open({str(store.dir / 'gpu-GPU-5.lock')!r}, os.O_RDONLY)\n"
+        "time.sleep(0.2)\n"  # the lock comes well after the open
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert blocker.stdout is not None and blocker.stdout.readline().strip() == "locked"
+        found = [le for le in store.leases(cleanup=True) if le.unleased]
+        assert [(le.device, le.pid) for le in found] == [("GPU-5", blocker.pid)]
+    finally:
+        kill(blocker)
+    assert [le for le in store.leases(cleanup=True) if le.unleased] == []
