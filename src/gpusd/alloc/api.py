@@ -232,6 +232,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     if hopeless is not None:  # no load or lease ending can help: say so now instead of waiting for ever
         raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({hopeless}); "
                              "waiting cannot help")
+    from . import placement  # noqa: F401  (the first pick imports it: now, not at the hand-over)
+
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
     try:
@@ -244,6 +246,7 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
     # utilisation readings not yet caught up.
     settle = 0
     last_look = 0.0
+    timed = False  # this look comes from the head's own timer (not from an event)
     try:
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
@@ -264,10 +267,12 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
                 watch.drain()
             if cancelled is not None and cancelled():
                 break
-            gap = MIN_GAP - (time.monotonic() - last_look)
-            if gap > 0:  # events anyone can cause (a ticket written, a lock file closed) must not make it spin
-                time.sleep(gap)
-            last_look = time.monotonic()
+            if not timed:  # events anyone can cause (a ticket written, a lock file closed) must not make it spin;
+                gap = MIN_GAP - (time.monotonic() - last_look)  # its own timer's looks are bounded by the timer
+                if gap > 0:
+                    time.sleep(gap)
+                last_look = time.monotonic()
+            timed = False
             try:
                 return _attempt(backend, store, c, lease, ticket, command, pid, deadline, user, env, remote)
             except _NotHead:
@@ -298,6 +303,8 @@ def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout:
             if watch.active:
                 if watch.wait(delay):
                     settle = 0
+                else:
+                    timed = True
             else:
                 time.sleep(delay)
             if deadline is not None and time.monotonic() >= deadline:
