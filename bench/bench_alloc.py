@@ -394,13 +394,13 @@ def _after(events: list[tuple[float, int]], gpu: int, t: float, until: float) ->
     return min((e for e, g in events if g == gpu and t - 0.002 <= e <= until), default=None)
 
 
-def makespan(fake: FakeEnv, jobs: int, modes: tuple[str, ...] = ("round-robin", "gpusd run --wait")) -> None:
+def makespan(fake: FakeEnv, jobs: int) -> None:
     rng = random.Random(7)
     specs = [(f"j{i:02d}", round(rng.uniform(0.3, 1.5), 2), rng.choice([4, 8, 16, 24]) * GiB) for i in range(jobs)]
     busy = [2, 5]
     print(f"\nMakespan: {jobs} jobs (0.3-1.5 s, 4-24 GiB) on 8 GPUs, GPUs {busy} busy with background load")
     results = {}
-    for mode in modes:
+    for mode in ("round-robin", "gpusd run --wait"):
         run_dir = fake.tmp / f"makespan-{mode.split()[0]}"
         shutil.rmtree(run_dir, ignore_errors=True)
         (run_dir / "running").mkdir(parents=True)
@@ -494,9 +494,9 @@ def main() -> int:
     ap.add_argument("--rig", action="append", choices=["samples", "no-samples"],
                     help="latency rig(s) (default: both)")
     ap.add_argument("--tree", type=Path, action="append",
-                    help="makespan: a gpusd source tree (its src/) to run the jobs with, beside this one's; "
-                         "repeatable, the trees alternate (e.g. a worktree of the base commit)")
-    ap.add_argument("--repeat", type=int, default=1, help="makespan: rounds (trees alternating)")
+                    help="hand-over and makespan: a gpusd source tree (its src/) to run the waiters and jobs with, "
+                         "beside this one's; repeatable, the trees alternate (e.g. a worktree of the base commit)")
+    ap.add_argument("--repeat", type=int, default=1, help="hand-over and makespan: rounds (trees alternating)")
     args = ap.parse_args()
     fake = FakeEnv(fleet())
     print(f"fake NVML: 8 x NVIDIA A100-SXM4-80GB, lock dir {fake.env['GPUSD_LOCK_DIR']}")
@@ -504,15 +504,16 @@ def main() -> int:
         collisions(fake, args.rounds)
     if "latency" not in args.skip:
         latency(fake, args.n, args.runs, args.rig or ["samples", "no-samples"])
-    if "handover" not in args.skip:
-        handover(fake, args.handovers)
-    if "makespan" not in args.skip:
-        trees = [REPO / "src", *(t.resolve() / "src" for t in args.tree or [])]
-        for r in range(args.repeat):
-            for tree in trees if r % 2 == 0 else trees[::-1]:
-                fake.env["PYTHONPATH"] = str(tree)
+    trees = [REPO / "src", *(t.resolve() / "src" for t in args.tree or [])]
+    for r in range(args.repeat):
+        for tree in trees if r % 2 == 0 else trees[::-1]:
+            fake.env["PYTHONPATH"] = str(tree)  # the waiters' and jobs' gpusd (this process's stays this tree's)
+            if len(trees) > 1:
                 print(f"\n[tree {tree}]")
-                makespan(fake, args.jobs, modes=("round-robin", "gpusd run --wait"))
+            if "handover" not in args.skip:
+                handover(fake, args.handovers)
+            if "makespan" not in args.skip:
+                makespan(fake, args.jobs)
     shutil.rmtree(fake.tmp, ignore_errors=True)
     return 0
 
