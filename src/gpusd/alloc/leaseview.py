@@ -143,7 +143,8 @@ class DirView:
         if len(leases) > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
             log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.path)
             leases = leases[:MAX_LEASE_FILES]
-        for name in [n for n in self.entries if n not in set(leases)]:
+        listed = set(leases)
+        for name in [n for n in self.entries if n not in listed]:
             self._drop(name)
         self.dirty = dict.fromkeys(leases, _FULL)
         devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
