@@ -82,13 +82,14 @@ class _Entry:
     """A live record as last read: its stat key, its fields (None: unreadable), the LeaseInfo values the
     kernel confirmed and the pids holding its lock (for the device locks' other holders)."""
 
-    __slots__ = ("key", "st", "record", "infos", "pids", "devices")
+    __slots__ = ("key", "st", "record", "infos", "pids", "devices", "sig")
 
     def __init__(self, key: tuple[int, ...], st: os.stat_result, record: dict[str, Any] | None) -> None:
         self.key, self.st, self.record = key, st, record
         self.infos: list[LeaseInfo] = []
         self.pids: set[int] | None = None  # None: /proc/locks could not be read
         self.devices: tuple[str, ...] = tuple(_safe(d) for d in record["devices"]) if record else ()
+        self.sig: tuple[Any, ...] | None = None  # what /proc/locks said of its locks when it was confirmed
 
 
 class DirView:
@@ -99,6 +100,7 @@ class DirView:
         self.entries: dict[str, _Entry] = {}  # lease record name -> as last read
         self.dirty: dict[str, int] = {}  # lease record name -> the events seen since (or _FULL)
         self.locks: dict[str, float | None] = {}  # device (as in the file name) -> its lock file's mtime
+        self.lockkeys: dict[str, str] = {}  # device -> its lock file as /proc/locks names it
         self.restat: set[str] = set()  # devices whose lock file changed since the last look
         self.tickets: set[str] = set()  # names of queue-*.ticket files
         self.own: set[str] = set()  # names this process opened read-only since the last drain
@@ -149,6 +151,7 @@ class DirView:
         self.dirty = dict.fromkeys(leases, _FULL)
         devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
         self.locks = dict.fromkeys(devices)
+        self.lockkeys = {}
         self.restat = set(devices)
         self.recent = self.free = None
         self.tickets = {n for n in names if n.startswith("queue-") and n.endswith(".ticket")}
@@ -179,10 +182,13 @@ class DirView:
             if dev not in self.locks:
                 self.free = None  # a new lock file
             try:
-                self.locks[dev] = os.stat(f"gpu-{dev}.lock", dir_fd=dfd, follow_symlinks=False).st_mtime
+                st = os.stat(f"gpu-{dev}.lock", dir_fd=dfd, follow_symlinks=False)
             except OSError:
                 self.locks.pop(dev, None)
+                self.lockkeys.pop(dev, None)
                 self.free = None
+                continue
+            self.locks[dev], self.lockkeys[dev] = st.st_mtime, lock_key(st)
         self.restat = set()
 
     def look(self, store: LeaseStore, dfd: int, cleanup: bool, blockers: bool) -> list[LeaseInfo]:
@@ -216,12 +222,17 @@ class DirView:
             e = self.entries.get(name)
             if e is not None and e.key == key and not mask & ~(IN_CLOSE_NOWRITE | _IN_OPEN):
                 continue  # someone read it; it is still locked, and the same record
+            if e is not None and e.key == key:  # the same record, read again: confirmed again below
+                e.st = st
+                if e.record is not None:
+                    confirm.append(name)
+                continue
             if len(raw) > MAX_LEASE_BYTES:
                 log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
                             st.st_size, MAX_LEASE_BYTES)
                 self._set(name, _Entry(key, st, None))
                 continue
-            record = e.record if e is not None and e.key == key else store._parse(name, raw)
+            record = store._parse(name, raw)
             self._set(name, _Entry(key, st, record))
             if record is not None:
                 confirm.append(name)
@@ -232,11 +243,20 @@ class DirView:
             table, table_read = flock_table(), True
             for name in confirm:
                 e = self.entries[name]
+                # What the kernel says of its locks: the same as when it was last confirmed (its holders,
+                # its devices' lock files and their holders), the same answer: no need to work it out again
+                sig = None if table is None else (
+                    tuple(table.get(lock_key(e.st), ())),
+                    tuple((k, tuple(table.get(k, ()) if k else ()))
+                          for k in (self.lockkeys.get(dev) for dev in e.devices)))
+                if sig is not None and sig == e.sig:
+                    continue
                 m = _LEASE_NAME.match(name)
                 assert m is not None and e.record is not None
                 e.infos = store._believe(dfd, name, m.group(1), e.st, e.record, table)
                 e.pids = {pid for pid, _ in table.get(lock_key(e.st), [])} if table is not None else None
-            self.flat = None
+                e.sig = sig
+                self.flat = None
         if self.flat is None:
             self.flat = [_values(le) for e in self.entries.values() for le in e.infos]
             self.confirmed, self.free = {}, None
