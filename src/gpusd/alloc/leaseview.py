@@ -196,7 +196,11 @@ class DirView:
         now = time.monotonic()
         full = self.full or now - self.checked >= REVALIDATE
         if full:
-            self._rescan(dfd)
+            try:
+                self._rescan(dfd)
+            except OSError:  # unreadable: no leases seen (as before), and a full look next time
+                self.full = True
+                return []
             self.full, self.checked = False, now
         if cleanup and self.unclean:
             for name in self.unclean:
