@@ -1,7 +1,7 @@
 """Issue 3 benchmark: collisions, selection latency and makespan, on a fake NVML with 8 GPUs.
 
     python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--handovers 20]
-                                [--skip collisions|latency|handover|makespan]
+                                [--skip collisions|latency|handover|makespan] [--tree DIR ...] [--repeat N]
 
 Collisions: 16 processes, started and initialised beforehand, are released at the same instant by a
 barrier and each asks for one GPU; we count the GPUs given to more than one process.  gpusd
@@ -16,7 +16,9 @@ window from its own readings, one per call; processes on 5 of the 8 GPUs); whole
 
 Hand-over: one GPU, leased by this process; a second process waits for it at the head of the queue
 (``gpusd.select(wait=True)``).  We release the lease at a random moment and measure how long until the
-waiter has it: the queue's wake-up, isolated from process start-up and from utilisation readings.
+waiter has it: the queue's wake-up, isolated from process start-up and from utilisation readings.  Then
+the same through ``gpusd run --wait`` (a job), split at the moment its lease is taken (inotify on the lock
+directory), beside the floor: the same command started by a plain ``Popen``.
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
@@ -25,6 +27,11 @@ a hand-over goes: ``$BENCH_MAX_UTIL`` (the jobs' ``--max-util``, default 50; 100
 job back), ``$KEEPER_POLL`` (the fake state keeper's longest wait between two looks at the running jobs,
 default 0.05 s) and ``$KEEPER_EVENTS=0`` (the keeper polls only, instead of waking on inotify when a job
 starts or ends: a job's load and memory then stay in the fake NVML up to KEEPER_POLL after it ends).
+Each hand-over is split (job end -> its lease ends -> the next lease is taken -> the next job starts), the
+fake's lag is given apart, and the ideal (a zero-overhead FIFO list schedule on the usable GPUs) beside.
+
+``--tree DIR`` (repeatable): run the hand-over's and makespan's waiters and jobs with that tree's gpusd
+(``DIR/src``) as well as this one's, alternating, ``--repeat`` rounds (e.g. a worktree of the base commit).
 """
 
 from __future__ import annotations

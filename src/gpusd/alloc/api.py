@@ -175,7 +175,7 @@ def _attempt(backend: Backend, store: LeaseStore, c: Constraints, take_lease: bo
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
 # a second), then every ``recheck`` seconds until the next lease ends.
 SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
-MIN_GAP = 0.02  # seconds between two looks of the head, however often it is woken
+MIN_GAP = 0.02  # seconds between two looks of the head woken by events, however often (its timer's are its own)
 
 
 def allocate(c: Constraints, *, lease: bool = True, wait: bool = False, timeout: float | None = None,

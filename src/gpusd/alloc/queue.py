@@ -19,7 +19,8 @@ time of that process (from ``/proc``), which nobody can set.  A user thus gains 
 best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
-selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it,
+selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it
+(woken by the tickets' events only: a lease ending is the head's business),
 and looks again at least every :data:`RECHECK_ORDER` seconds (aging may change who that is); a lock
 is released the moment its waiter gets its GPUs, gives up or dies (the kernel drops the
 lock of a killed process), so the hand-over is immediate.  The head checks under the selection mutex
