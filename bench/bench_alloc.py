@@ -1,7 +1,7 @@
 """Issue 3 benchmark: collisions, selection latency and makespan, on a fake NVML with 8 GPUs.
 
     python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--handovers 20]
-                                [--skip collisions|latency|handover|makespan]
+                                [--skip collisions|latency|handover|makespan] [--tree DIR ...] [--repeat N]
 
 Collisions: 16 processes, started and initialised beforehand, are released at the same instant by a
 barrier and each asks for one GPU; we count the GPUs given to more than one process.  gpusd
@@ -16,7 +16,9 @@ window from its own readings, one per call; processes on 5 of the 8 GPUs); whole
 
 Hand-over: one GPU, leased by this process; a second process waits for it at the head of the queue
 (``gpusd.select(wait=True)``).  We release the lease at a random moment and measure how long until the
-waiter has it: the queue's wake-up, isolated from process start-up and from utilisation readings.
+waiter has it: the queue's wake-up, isolated from process start-up and from utilisation readings.  Then
+the same through ``gpusd run --wait`` (a job), split at the moment its lease is taken (inotify on the lock
+directory), beside the floor: the same command started by a plain ``Popen``.
 
 Makespan: 40 jobs of mixed length and memory on 8 GPUs, two of them busy with background load (jobs
 there run at half speed); each job, while it runs, adds its load and memory to the fake state.
@@ -25,6 +27,11 @@ a hand-over goes: ``$BENCH_MAX_UTIL`` (the jobs' ``--max-util``, default 50; 100
 job back), ``$KEEPER_POLL`` (the fake state keeper's longest wait between two looks at the running jobs,
 default 0.05 s) and ``$KEEPER_EVENTS=0`` (the keeper polls only, instead of waking on inotify when a job
 starts or ends: a job's load and memory then stay in the fake NVML up to KEEPER_POLL after it ends).
+Each hand-over is split (job end -> its lease ends -> the next lease is taken -> the next job starts), the
+fake's lag is given apart, and the ideal (a zero-overhead FIFO list schedule on the usable GPUs) beside.
+
+``--tree DIR`` (repeatable): run the hand-over's and makespan's waiters and jobs with that tree's gpusd
+(``DIR/src``) as well as this one's, alternating, ``--repeat`` rounds (e.g. a worktree of the base commit).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import time
 from pathlib import Path
 
 from _common import (
+    REPO,
     FakeEnv,
     FakeProcess,
     make_gpus,
@@ -220,11 +228,43 @@ def handover(fake: FakeEnv, rounds: int) -> None:
         got = float(p.stdout.readline())
         p.wait()
         delays.append(got - t)
+    # The same through `gpusd run --wait` (a job: the supervisor, its records, the command's start) against
+    # the floor, the same command started by a plain Popen; where the time goes: lease end -> the next
+    # lease taken (the queue) -> the command's first line (the supervisor's start of it + the interpreter)
+    log = LeaseLog(Path(env["GPUSD_LOCK_DIR"]), [make_gpus(1)[0].uuid])
+    log.start()
+    job = [sys.executable, "-c", "import time; print(time.time(), flush=True)"]
+    runs, floor = [], []
+    for _ in range(rounds):
+        lease = store.acquire([make_gpus(1)[0].uuid])
+        assert lease is not None
+        p = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "-n", "1", "--wait", "--timeout", "60", "--", *job],
+                             env=env, stdout=subprocess.PIPE, text=True)
+        while not queue.waiting(store):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.2, 0.5))
+        t = time.time()
+        lease.release()
+        got = float(p.stdout.readline())
+        p.wait()
+        taken = _after(log.taken, 0, t, got)
+        runs.append((got - t, (taken - t) if taken else float("nan"), (got - taken) if taken else float("nan")))
+        t = time.time()
+        q = subprocess.Popen(job, env=env, stdout=subprocess.PIPE, text=True)
+        floor.append(float(q.stdout.readline()) - t)
+        q.wait()
+    log.stop.set()
+    log.join()
     write_state(fake.state, fleet())
     print(f"\nHand-over: a lease ends, the waiter at the head of the queue gets the GPU ({rounds} rounds)")
-    print(f"{'p50 ms':>8s} {'p90 ms':>8s} {'max ms':>8s}")
-    p90 = sorted(delays)[int(0.9 * (len(delays) - 1))]
-    print(f"{p50(delays) * 1e3:8.1f} {p90 * 1e3:8.1f} {max(delays) * 1e3:8.1f}")
+    print(f"{'':44s} {'p50 ms':>8s} {'p90 ms':>8s} {'max ms':>8s}")
+    for name, vals in (("gpusd.select(wait=True), in process", delays),
+                       ("gpusd run --wait: lease end -> command runs", [r[0] for r in runs]),
+                       ("  of which: lease end -> next lease taken", [r[1] for r in runs]),
+                       ("  of which: lease taken -> command runs", [r[2] for r in runs]),
+                       ("floor: Popen of the same command -> runs", floor)):
+        vals = sorted(vals)
+        print(f"{name:44s} {p50(vals) * 1e3:8.1f} {vals[int(0.9 * (len(vals) - 1))] * 1e3:8.1f} {vals[-1] * 1e3:8.1f}")
 
 
 # -- makespan ----------------------------------------------------------------------------------------
@@ -286,6 +326,7 @@ class StateKeeper(threading.Thread):
         super().__init__(daemon=True)
         self.fake, self.run_dir, self.busy = fake, run_dir, busy
         self.stop = threading.Event()
+        self.writes: list[float] = []  # when the fake state was written (its lag after a job ends)
 
     def run(self) -> None:
         last = None
@@ -311,8 +352,53 @@ class StateKeeper(threading.Thread):
             key = [(g.util_gpu, g.memory_used) for g in gpus]
             if key != last:
                 write_state(self.fake.state, gpus)
+                self.writes.append(time.time())
                 last = key
             watch.wait(float(os.environ.get("KEEPER_POLL", "0.05")))
+
+
+class LeaseLog(threading.Thread):
+    """When each lease began and ended, as the kernel tells (inotify on the lock directory: a record renamed
+    into place, a record removed), with the GPU it names: where a hand-over's time goes."""
+
+    def __init__(self, directory: Path, gpus: list[str]) -> None:
+        super().__init__(daemon=True)
+        from gpusd.alloc.inotify import IN_DELETE, IN_MOVED_TO, Inotify
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.dir, self.index = directory, {uuid: i for i, uuid in enumerate(gpus)}
+        self.ino = Inotify()
+        self.ino.watch(directory, IN_DELETE | IN_MOVED_TO)
+        self.kinds = (IN_MOVED_TO, IN_DELETE)
+        self.gpu_of: dict[str, int] = {}
+        self.taken: list[tuple[float, int]] = []  # (time, gpu)
+        self.ended: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not self.ino.wait(0.1):
+                continue
+            now = time.time()
+            for _, mask, raw in self.ino.read():
+                name = raw.decode()
+                if not (name.startswith("lease-") and name.endswith(".json")):
+                    continue
+                if mask & self.kinds[0]:
+                    try:
+                        dev = json.loads((self.dir / name).read_text())["devices"][0]
+                    except (OSError, ValueError, KeyError, IndexError):
+                        continue
+                    if dev in self.index:
+                        self.gpu_of[name] = self.index[dev]
+                        self.taken.append((now, self.index[dev]))
+                elif name in self.gpu_of:
+                    self.ended.append((now, self.gpu_of.pop(name)))
+
+
+def _after(events: list[tuple[float, int]], gpu: int, t: float, until: float) -> float | None:
+    """The first time in ``events`` on ``gpu`` within [t, until]."""
+    return min((e for e, g in events if g == gpu and t - 0.002 <= e <= until), default=None)
 
 
 def makespan(fake: FakeEnv, jobs: int) -> None:
@@ -330,6 +416,8 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
         (run_dir / "job.py").write_text(JOB)
         keeper = StateKeeper(fake, run_dir, busy)
         keeper.start()
+        log = LeaseLog(Path(fake.env["GPUSD_LOCK_DIR"]), [g.uuid for g in make_gpus(8)])
+        log.start()
         time.sleep(0.3)
         t0 = time.time()
         if mode == "round-robin":
@@ -357,21 +445,48 @@ def makespan(fake: FakeEnv, jobs: int) -> None:
         end = time.time()
         keeper.stop.set()
         keeper.join()
+        log.stop.set()
+        log.join()
         done = [json.loads(f.read_text()) for f in (run_dir / "done").iterdir()]
         waits = [d["start"] - t0 for d in done]
         on_busy = sum(1 for d in done if d["gpu"] in busy)
         # hand-over: from the end of one job to the start of the next on the same GPU (the job's
         # own process start included), the time the scheduler leaves a GPU idle
-        gaps = []
+        gaps, parts, lags = [], {"exit": [], "queue": [], "start": []}, []
         for g in {d["gpu"] for d in done}:
             runs = sorted((d["start"], d["end"]) for d in done if d["gpu"] == g)
             gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
+            for a, b in zip(runs, runs[1:]):
+                # job ends -> its lease ends (the job's exit, gpusd run's release) -> the next lease is
+                # taken (the queue's wake-up and look) -> the next job starts (spawn, interpreter start)
+                released = _after(log.ended, g, a[1], b[0])
+                taken = _after(log.taken, g, released or a[1], b[0])
+                if released is not None and taken is not None:
+                    parts["exit"].append(released - a[1])
+                    parts["queue"].append(taken - released)
+                    parts["start"].append(b[0] - taken)
+        for d in done:  # the fake's lag: a job's load stays in the fake NVML until the keeper writes again
+            later = [w for w in keeper.writes if w >= d["end"]]
+            if later:
+                lags.append(later[0] - d["end"])
         results[mode] = (end - t0, sum(waits) / len(waits) if waits else float("nan"), on_busy, len(done),
-                         p50(gaps) if gaps else 0.0)
+                         p50(gaps) if gaps else 0.0, {k: p50(v) if v else float("nan") for k, v in parts.items()},
+                         p50(lags) if lags else float("nan"))
+    usable = [g for g in range(8) if g not in busy]
+    free_at = dict.fromkeys(usable, 0.0)
+    for _, dur, _ in specs:  # a zero-overhead first-come-first-served list schedule on the usable GPUs
+        g = min(free_at, key=lambda k: free_at[k])
+        free_at[g] += dur
+    ideal = max(free_at.values())
     print(f"{'scheduler':22s} {'makespan s':>11s} {'mean wait s':>12s} {'jobs on busy GPUs':>18s} {'finished':>9s}"
-          f" {'hand-over p50 ms':>17s}")
-    for mode, (ms, mw, ob, nd, gap) in results.items():
-        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs} {gap * 1e3:17.0f}")
+          f" {'hand-over p50 ms':>17s}  {'exit/queue/start p50 ms':>24s} {'fake lag p50 ms':>16s}")
+    for mode, (ms, mw, ob, nd, gap, part, lag) in results.items():
+        split = "/".join(f"{part[k] * 1e3:.0f}" for k in ("exit", "queue", "start"))
+        print(f"{mode:22s} {ms:11.2f} {mw:12.2f} {ob:18d} {nd:>5d}/{jobs} {gap * 1e3:17.0f}  {split:>24s}"
+              f" {lag * 1e3:16.0f}")
+    print(f"ideal (FIFO list schedule on the {len(usable)} usable GPUs, no overhead): {ideal:.2f} s; gpusd "
+          f"{results['gpusd run --wait'][0] / ideal:.2f}x; the hand-over's floor is round-robin's (a job's exit "
+          "and the next one's interpreter start, no scheduler)")
 
 
 def main() -> int:
@@ -385,6 +500,10 @@ def main() -> int:
                     choices=["collisions", "latency", "handover", "makespan"])
     ap.add_argument("--rig", action="append", choices=["samples", "no-samples"],
                     help="latency rig(s) (default: both)")
+    ap.add_argument("--tree", type=Path, action="append",
+                    help="hand-over and makespan: a gpusd source tree (its src/) to run the waiters and jobs with, "
+                         "beside this one's; repeatable, the trees alternate (e.g. a worktree of the base commit)")
+    ap.add_argument("--repeat", type=int, default=1, help="hand-over and makespan: rounds (trees alternating)")
     args = ap.parse_args()
     fake = FakeEnv(fleet())
     print(f"fake NVML: 8 x NVIDIA A100-SXM4-80GB, lock dir {fake.env['GPUSD_LOCK_DIR']}")
@@ -392,10 +511,16 @@ def main() -> int:
         collisions(fake, args.rounds)
     if "latency" not in args.skip:
         latency(fake, args.n, args.runs, args.rig or ["samples", "no-samples"])
-    if "handover" not in args.skip:
-        handover(fake, args.handovers)
-    if "makespan" not in args.skip:
-        makespan(fake, args.jobs)
+    trees = [REPO / "src", *(t.resolve() / "src" for t in args.tree or [])]
+    for r in range(args.repeat):
+        for tree in trees if r % 2 == 0 else trees[::-1]:
+            fake.env["PYTHONPATH"] = str(tree)  # the waiters' and jobs' gpusd (this process's stays this tree's)
+            if len(trees) > 1:
+                print(f"\n[tree {tree}]")
+            if "handover" not in args.skip:
+                handover(fake, args.handovers)
+            if "makespan" not in args.skip:
+                makespan(fake, args.jobs)
     shutil.rmtree(fake.tmp, ignore_errors=True)
     return 0
 

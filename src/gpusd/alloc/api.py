@@ -201,7 +201,7 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
 # a second), then every ``recheck`` seconds until the next lease ends.
 SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
-MIN_GAP = 0.02  # seconds between two looks of the head, however often it is woken
+MIN_GAP = 0.02  # seconds between two looks of the head woken by events, however often (its timer's are its own)
 
 
 def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Backend | None = None) -> Selection:
@@ -245,6 +245,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     if hopeless is not None:  # no load or lease ending can help: say so now instead of waiting for ever
         raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({hopeless}); "
                              "waiting cannot help")
+    from . import placement  # noqa: F401  (the first pick imports it: now, not at the hand-over)
+
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
     try:
@@ -258,6 +260,7 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     # utilisation readings not yet caught up.
     settle = 0
     last_look = 0.0
+    timed = False  # this look comes from the head's own timer (not from an event)
     try:
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
@@ -278,10 +281,12 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                 watch.drain()
             if cancelled is not None and cancelled():
                 break
-            gap = MIN_GAP - (time.monotonic() - last_look)
-            if gap > 0:  # events anyone can cause (a ticket written, a lock file closed) must not make it spin
-                time.sleep(gap)
-            last_look = time.monotonic()
+            if not timed:  # events anyone can cause (a ticket written, a lock file closed) must not make it spin;
+                gap = MIN_GAP - (time.monotonic() - last_look)  # its own timer's looks are bounded by the timer
+                if gap > 0:
+                    time.sleep(gap)
+                last_look = time.monotonic()
+            timed = False
             try:
                 return _attempt(backend, store, req, level, ticket, deadline)
             except _NotHead:
@@ -312,6 +317,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
             if watch.active:
                 if watch.wait(delay):
                     settle = 0
+                else:
+                    timed = True
             else:
                 time.sleep(delay)
             if deadline is not None and time.monotonic() >= deadline:

@@ -522,50 +522,11 @@ class LeaseStore:
             os.close(dfd)
 
     def _leases(self, dfd: int, cleanup: bool, blockers: bool = False) -> list[LeaseInfo]:
-        out: list[LeaseInfo] = []
-        try:
-            names = os.listdir(dfd)
-        except OSError:
-            return out
-        table: dict[str, list[tuple[int, bool]]] | None = None
-        table_read = False
-        confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of leases on it
-        seen = 0
-        for name in names:
-            lease_id = LeaseId.from_file_name(name)
-            if lease_id is None:
-                continue
-            seen += 1
-            if seen > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
-                log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.dir)
-                break
-            got = read_live(dfd, name, MAX_LEASE_BYTES, cleanup, single_link=False)  # released meanwhile: None
-            if got is None:
-                continue
-            st, raw = got
-            if len(raw) > MAX_LEASE_BYTES:
-                log.warning("skipping lease file %s of %s: %d bytes (at most %d)", name, user_name(st.st_uid),
-                            st.st_size, MAX_LEASE_BYTES)
-                continue
-            record = self._parse(name, raw)
-            if record is None:
-                continue
-            if not table_read:
-                table, table_read = flock_table(), True
-            believed = self._believe(dfd, name, lease_id, st, record, table)
-            out.extend(believed)
-            if believed and table is not None:
-                for dev in record["devices"]:
-                    confirmed.setdefault(_safe(dev), set()).update(pid for pid, _ in table.get(lock_key(st), []))
-        if blockers:
-            devices = [n[4:-5] for n in names if n.startswith("gpu-") and n.endswith(".lock")][:MAX_LEASE_FILES]
-            if cleanup and not table_read:  # under the mutex, nothing read yet: try the locks first
-                devices = [dev for dev in devices if dev not in confirmed and _held(dfd, f"gpu-{dev}.lock")]
-                if devices:
-                    table, table_read = flock_table(), True
-            if devices:
-                out.extend(self._unleased(dfd, devices, confirmed, table if table_read else flock_table()))
-        return out
+        """The live leases of the directory ``dfd``, through this process's view of it (read again
+        only where the kernel's events say something changed: :mod:`gpusd.alloc.leaseview`)."""
+        from . import leaseview
+
+        return leaseview.look(self, dfd, cleanup, blockers)
 
     def _unleased(self, dfd: int, devices: list[str], confirmed: dict[str, set[int]],
                   table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]:
@@ -667,16 +628,22 @@ class LeaseStore:
         if dfd is None:
             return out
         try:
-            with os.scandir(dfd) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if name.startswith("gpu-") and name.endswith(".lock"):
-                        try:
-                            mtime = entry.stat(follow_symlinks=False).st_mtime
-                        except OSError:
-                            continue
-                        if mtime >= horizon:
-                            out[name[4:-5]] = mtime
+            from . import leaseview
+
+            known = leaseview.release_times(self, dfd, horizon)  # this process's view of the directory, if any
+            if known is not None:
+                out = known
+            else:
+                with os.scandir(dfd) as entries:
+                    for entry in entries:
+                        name = entry.name
+                        if name.startswith("gpu-") and name.endswith(".lock"):
+                            try:
+                                mtime = entry.stat(follow_symlinks=False).st_mtime
+                            except OSError:
+                                continue
+                            if mtime >= horizon:
+                                out[name[4:-5]] = mtime
         except OSError:
             pass
         finally:
@@ -841,22 +808,6 @@ class LeaseStore:
         lease.devices = devices
         if not linger:
             _end_device(fd, unlock=unlock)
-
-
-def _held(dfd: int, name: str) -> bool:
-    """Whether anyone holds a lock on the lock file ``name`` (tried without blocking, on a descriptor
-    of our own, closed at once).  Only under the selection mutex: nobody else takes these locks then.
-    Opened read-only, so its close is no event for the queue's watchers."""
-    try:
-        fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
-    except OSError:
-        return False
-    try:
-        return not try_lock(fd, shared=False)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def _ancestors(pid: int, depth: int = 64) -> set[int]:

@@ -19,7 +19,8 @@ time of that process (from ``/proc``), which nobody can set.  A user thus gains 
 best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
-selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it,
+selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it
+(woken by the tickets' events only: a lease ending is the head's business),
 and looks again at least every :data:`RECHECK_ORDER` seconds (aging may change who that is); a lock
 is released the moment its waiter gets its GPUs, gives up or dies (the kernel drops the
 lock of a killed process), so the hand-over is immediate.  The head checks under the selection mutex
@@ -38,17 +39,24 @@ nobody can guess, never followed through a symlink, attributed to the uid that o
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import GpusdError
+from .inotify import (
+    IN_CLOSE_WRITE,
+    IN_DELETE,
+    IN_DONT_FOLLOW,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    Inotify,
+)
 from .leases import AUTHORITY_DIR, LeaseStore, current_user
 from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, read_live, try_lock
 from .priority import NORMAL, capped, load_policy, priority_name
@@ -187,7 +195,10 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
     locks: dict[str, list[tuple[int, bool]]] | None = None
     now = time.time()
     try:
-        names = sorted(n for n in os.listdir(dfd) if _TICKET.match(n))[:MAX_TICKETS]
+        from .leaseview import ticket_names
+
+        listed = ticket_names(dfd)  # this process's view of the directory, if any; else a listing
+        names = sorted(n for n in (os.listdir(dfd) if listed is None else listed) if _TICKET.match(n))[:MAX_TICKETS]
         per_uid: dict[int, int] = {}
         bound: dict[int, int] = {}  # uid -> the highest priority the policy lets it claim (one lookup each)
         for name in names:
@@ -332,7 +343,9 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
             if left <= 0:
                 return False
             if watch is not None and watch.active:
-                watch.wait(min(left, 1.0))  # woken when a ticket is closed; 1 s in case an event is missed
+                # woken when a ticket is closed or appears (a lease ending is the head's business, not
+                # ours: 40 waiters woken by every lease end would slow the hand-over); 1 s in case one is missed
+                watch.wait(min(left, 1.0), tickets=True)
             else:
                 time.sleep(min(left, poll))
     finally:
@@ -340,18 +353,6 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
 
 
 # -- being woken when a lease ends ------------------------------------------------------------------
-
-_IN_CLOSE_WRITE = 0x008
-_IN_MOVED_TO = 0x080
-_IN_DELETE = 0x200
-_IN_ONLYDIR = 0x01000000
-_IN_DONT_FOLLOW = 0x02000000
-_IN_Q_OVERFLOW = 0x4000
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
-_EVENT_SIZE = 16  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
-_LITTLE = sys.byteorder == "little"
-
 
 class LeaseWatch:
     """Wakes a waiter when a lease or a ticket in the lock directory ends (Linux inotify).
@@ -362,76 +363,51 @@ class LeaseWatch:
     ``timeout``.  ``active`` is False where inotify is unavailable (then the caller polls)."""
 
     def __init__(self, directory: Path) -> None:
-        self.fd = -1
+        self._ino: Inotify | None = None
         try:
-            import ctypes  # only waiters need it: imported here, not by every gpusd command
+            ino = Inotify()
+        except OSError:
+            return
+        events = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
+        if ino.watch(directory, events) < 0:
+            ino.close()
+            return
+        # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
+        peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
+        ino.watch(peer, events)  # absent: nothing to watch there
+        self._ino = ino
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-            if fd < 0:
-                return
-            events = _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_DELETE | _IN_ONLYDIR | _IN_DONT_FOLLOW
-            wd = libc.inotify_add_watch(fd, os.fsencode(directory), events)
-            if wd < 0:
-                os.close(fd)
-                return
-            # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
-            peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
-            libc.inotify_add_watch(fd, os.fsencode(peer), events)  # absent: nothing to watch there
-            self.fd = fd
-        except (OSError, AttributeError):
-            self.fd = -1
+    @property
+    def fd(self) -> int:
+        return self._ino.fd if self._ino is not None else -1
 
     @property
     def active(self) -> bool:
         return self.fd >= 0
 
-    def drain(self) -> bool:
-        """Read the pending events: True when one of them is a lease or ticket ending."""
-        woke = False
-        while True:
-            try:
-                buf = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return woke
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                return True
-            if not buf:
-                return woke
-            at = 0
-            while at + _EVENT_SIZE <= len(buf):
-                mask = int.from_bytes(buf[at + 4:at + 8], "little" if _LITTLE else "big")
-                size = int.from_bytes(buf[at + 12:at + 16], "little" if _LITTLE else "big")
-                name = buf[at + _EVENT_SIZE:at + _EVENT_SIZE + size].rstrip(b"\0")
-                at += _EVENT_SIZE + size
-                if mask & _IN_Q_OVERFLOW or _relevant(name, mask):
-                    woke = True
+    def drain(self, tickets: bool = False) -> bool:
+        """Read the pending events: True when one of them is a lease or ticket ending (``tickets``: a
+        ticket's only)."""
+        if self._ino is None:
+            return False
+        return any(mask & IN_Q_OVERFLOW or _relevant(name, mask, tickets) for _, mask, name in self._ino.read())
 
-    def wait(self, timeout: float) -> bool:
-        import select
-
+    def wait(self, timeout: float, tickets: bool = False) -> bool:
+        """Block until :meth:`drain` finds an event (True) or ``timeout`` passed (False)."""
         end = time.monotonic() + timeout
-        while True:
+        while self._ino is not None:
             left = end - time.monotonic()
-            if left <= 0:
+            if left <= 0 or not self._ino.wait(left):
                 return False
-            try:
-                ready, _, _ = select.select([self.fd], [], [], left)
-            except InterruptedError:
-                continue
-            if ready and self.drain():
+            if self.drain(tickets):
                 return True
+        return False
 
     def close(self) -> None:
-        """Close the inotify instance, in a background thread: the kernel waits for an RCU grace
-        period there (measured: ~18 ms), which must not delay the job that just got its GPUs."""
-        if self.fd >= 0:
-            import threading
-
-            fd, self.fd = self.fd, -1
-            threading.Thread(target=_close, args=(fd,), name="gpusd-inotify-close", daemon=True).start()
+        """Close the inotify instance (in the background: :meth:`Inotify.close`)."""
+        if self._ino is not None:
+            ino, self._ino = self._ino, None
+            ino.close()
 
     def __enter__(self) -> LeaseWatch:
         return self
@@ -446,16 +422,11 @@ class LeaseWatch:
             pass
 
 
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def _relevant(name: bytes, mask: int) -> bool:
+def _relevant(name: bytes, mask: int, tickets: bool = False) -> bool:
+    if tickets:
+        return name.startswith(b"queue-") and name.endswith(b".ticket")
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
-        return bool(mask & _IN_CLOSE_WRITE)  # a lease's device lock closed
+        return bool(mask & IN_CLOSE_WRITE)  # a lease's device lock closed
     if name.startswith(b"lease-") and name.endswith(b".json"):
-        return not mask & _IN_MOVED_TO  # a record rewritten (renamed over) is not a lease ending
+        return not mask & IN_MOVED_TO  # a record rewritten (renamed over) is not a lease ending
     return name.startswith(b"queue-") and name.endswith(b".ticket")

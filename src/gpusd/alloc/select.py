@@ -235,7 +235,7 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
     shown = [le for g in snap.gpus for le in g.leases]
     if leases is None:
         leases = shown
-    else:
+    elif shown:  # (none, mostly: the leases come in ``leases``; no set of them built then)
         known = {(le.lease_id, le.device) for le in leases}
         leases = [*leases, *(le for le in shown if (le.lease_id, le.device) not in known)]
     by_device: dict[str, list[LeaseInfo]] = {}

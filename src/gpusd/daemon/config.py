@@ -9,6 +9,7 @@ from typing import Any
 from ..wire.txt import DEFAULT_SESSION
 
 DEFAULT_PORT = 4780
+FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
 
 
 @dataclass

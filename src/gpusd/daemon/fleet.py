@@ -30,9 +30,9 @@ def followed_cap(configured: int) -> int:
     """The hosts the fleet view follows at most: ``fleet_max_hosts``, lowered where the open-file
     limit would run out first.  A followed host costs one descriptor (its event stream,
     bench/bench_fleet_scale.py); half of what the limit leaves beyond the daemon's
-    :data:`~gpusd.daemon.service.FD_RESERVE` goes to followed hosts, the other half to incoming
+    :data:`~gpusd.daemon.config.FD_RESERVE` goes to followed hosts, the other half to incoming
     connections (:func:`~gpusd.daemon.service.connection_cap`)."""
-    from .service import FD_RESERVE
+    from .config import FD_RESERVE
 
     try:
         import resource

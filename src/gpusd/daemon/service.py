@@ -39,7 +39,7 @@ from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
 from ..wire.sse import format_event
 from .backend import SharedBackend
-from .config import DaemonConfig
+from .config import FD_RESERVE, DaemonConfig
 from .events import EventHub
 from .logs import flush as flush_log_summaries
 from .recent import RecentSamples
@@ -405,9 +405,6 @@ def trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
 
 
 def connection_cap(configured: int) -> int:
