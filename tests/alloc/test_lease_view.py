@@ -29,7 +29,7 @@ if how == "read-only":  # hold every lock through a read-only descriptor only (a
         ro = os.open(os.path.join(d, name), os.O_RDONLY)
         os.close(fd)
         fcntl.flock(ro, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    lease.fds, lease.dir_fd, lease.released = [], -1, True
+    lease.device_fds, lease.record_fd, lease.dir_fd, lease.released = [], -1, -1, True
 print("held", lease.path.name, flush=True)
 if how == "unlock":  # drop the locks without closing anything: no event at all
     sys.stdin.readline()

@@ -12,9 +12,8 @@ import pytest
 
 from daemon_helpers import unique_session
 from gpusd.daemon import fleet as fleet_mod
-from gpusd.daemon.config import DaemonConfig
+from gpusd.daemon.config import FD_RESERVE, DaemonConfig
 from gpusd.daemon.fleet import Fleet, followed_cap
-from gpusd.daemon.config import FD_RESERVE
 
 
 def limit(monkeypatch: pytest.MonkeyPatch, soft: int) -> None:

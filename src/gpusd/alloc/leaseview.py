@@ -429,33 +429,33 @@ def look(store: LeaseStore, dfd: int, cleanup: bool, blockers: bool) -> list[Lea
         return v.look(store, dfd, cleanup, blockers)
 
 
+def _current(dfd: int) -> "DirView | None":
+    """The view of ``dfd`` brought up to date, where this process keeps one that is not due for a full
+    look (the caller holds ``_lock``); None otherwise."""
+    if _ino_pid != os.getpid() or not _views:
+        return None
+    v = _views.get(_ident(dfd))
+    if v is None:
+        return None
+    _pump()
+    if v.full or v.ident not in _views:
+        return None
+    return v
+
+
 def release_times(store: LeaseStore, dfd: int, horizon: float) -> dict[str, float] | None:
     """Device -> its lock file's mtime where that is ``horizon`` or later, from the view of ``dfd``;
     None without one (then scan)."""
     with _lock:
-        if _ino_pid != os.getpid() or not _views:
-            return None
-        v = _views.get(_ident(dfd))
-        if v is None:
-            return None
-        _pump()
-        if v.full or v.ident not in _views:
-            return None
-        return v.release_times(dfd, horizon)
+        v = _current(dfd)
+        return None if v is None else v.release_times(dfd, horizon)
 
 
 def ticket_names(dfd: int) -> list[str] | None:
     """The names of the queue's tickets in ``dfd``, from its view; None without one (then list it)."""
     with _lock:
-        if _ino_pid != os.getpid() or not _views:
-            return None
-        v = _views.get(_ident(dfd))
-        if v is None:
-            return None
-        _pump()
-        if v.full or v.ident not in _views:
-            return None
-        return list(v.tickets)
+        v = _current(dfd)
+        return None if v is None else list(v.tickets)
 
 
 def _ident(dfd: int) -> tuple[int, int]:

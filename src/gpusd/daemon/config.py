@@ -12,6 +12,17 @@ DEFAULT_PORT = 4780
 FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
 
 
+def open_file_limit() -> int | None:
+    """The process's soft limit on open files, or None where there is none (or it cannot be read)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY or soft <= 0 else soft
+
+
 @dataclass
 class DaemonConfig:
     interfaces: list[str] | None = None  # IPv4 addresses or interface names; None: all (or $GPUSD_INTERFACES)

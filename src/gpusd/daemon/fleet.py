@@ -32,17 +32,10 @@ def followed_cap(configured: int) -> int:
     bench/bench_fleet_scale.py); half of what the limit leaves beyond the daemon's
     :data:`~gpusd.daemon.config.FD_RESERVE` goes to followed hosts, the other half to incoming
     connections (:func:`~gpusd.daemon.service.connection_cap`)."""
-    from .config import FD_RESERVE
+    from .config import FD_RESERVE, open_file_limit
 
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return configured
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return configured
-    return min(configured, max(16, (soft - FD_RESERVE) // 2))
+    soft = open_file_limit()
+    return configured if soft is None else min(configured, max(16, (soft - FD_RESERVE) // 2))
 
 
 class Fleet:

@@ -39,7 +39,7 @@ from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
 from ..wire.sse import format_event
 from .backend import SharedBackend
-from .config import FD_RESERVE, DaemonConfig
+from .config import FD_RESERVE, DaemonConfig, open_file_limit
 from .events import EventHub
 from .logs import flush as flush_log_summaries
 from .recent import RecentSamples
@@ -409,15 +409,8 @@ def trim_heap() -> None:
 
 def connection_cap(configured: int) -> int:
     """``configured``, lowered where the process's open-file limit would run out first."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return configured
-    if soft == resource.RLIM_INFINITY or soft <= 0:
-        return configured
-    return min(configured, max(16, soft - FD_RESERVE))  # never above what was configured
+    soft = open_file_limit()
+    return configured if soft is None else min(configured, max(16, soft - FD_RESERVE))  # never above it
 
 
 def _node_id(config: DaemonConfig) -> str:
