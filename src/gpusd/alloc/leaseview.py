@@ -126,6 +126,8 @@ class DirView:
         name = os.fsdecode(raw)
         own = mask in (IN_CLOSE_NOWRITE, _IN_OPEN) and name in self.own  # one kind per event: never both
         if name.startswith("lease-") and name.endswith(".json"):
+            if LeaseId.from_file_name(name) is None:
+                return  # no lease's record (the full look skips it too): anyone may make such a name
             if own or mask == _IN_OPEN:
                 return  # our own read, or anyone's open (a read, or a lock to come: its close will tell)
             if name in self.entries or len(self.entries) + len(self.dirty) < MAX_LEASE_FILES:
