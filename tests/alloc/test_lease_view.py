@@ -273,3 +273,19 @@ def test_a_record_whose_name_is_no_lease_id_is_ignored_by_a_view(name):
     finally:
         os.close(fd)
         path.unlink()
+
+
+def test_the_device_locks_a_view_follows_are_bounded_as_a_full_look_bounds_them(monkeypatch):
+    """Device lock files made after the view was (anyone may make them in the shared directory): no more
+    are followed than a full look takes (MAX_LEASE_FILES), however many the events name."""
+    monkeypatch.setattr(leaseview, "MAX_LEASE_FILES", 8)
+    store = LeaseStore()
+    dfd = store.open(create=True)
+    assert dfd is not None
+    os.close(dfd)
+    warm(store)
+    for i in range(20):
+        (store.dir / f"gpu-GPU-flood-{i}.lock").touch()
+    store.leases()
+    st = os.stat(store.dir)
+    assert len(leaseview._views[(st.st_dev, st.st_ino)].locks) <= 8

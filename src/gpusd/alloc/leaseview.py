@@ -133,8 +133,10 @@ class DirView:
             if name in self.entries or len(self.entries) + len(self.dirty) < MAX_LEASE_FILES:
                 self.dirty[name] = self.dirty.get(name, 0) | mask
         elif name.startswith("gpu-") and name.endswith(".lock"):
-            if not own:
-                self.restat.add(name[4:-5])
+            dev = name[4:-5]
+            # as many device locks followed as a full look takes (anyone may make them in the shared directory)
+            if not own and (dev in self.locks or len(self.locks) + len(self.restat) < MAX_LEASE_FILES):
+                self.restat.add(dev)
         elif name.startswith("queue-") and name.endswith(".ticket"):
             if mask & (IN_CREATE | IN_MOVED_TO):
                 self.tickets.add(name)
