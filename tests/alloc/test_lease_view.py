@@ -247,3 +247,45 @@ def test_a_lock_taken_without_a_lease_is_named_by_the_next_allocation_look():
     finally:
         kill(blocker)
     assert [le for le in store.leases(cleanup=True) if le.unleased] == []
+
+
+@pytest.mark.parametrize("name", ["lease--x.json", "lease-a!b.json", "lease-.json", f"lease-{'a' * 65}.json"])
+def test_a_record_whose_name_is_no_lease_id_is_ignored_by_a_view(name):
+    """A local user's locked record under a name that is no lease id (the full look skips it): the view's
+    events must skip it too, not fail every look of every user of the directory."""
+    import fcntl
+    import json
+
+    store = LeaseStore()
+    dfd = store.open(create=True)
+    assert dfd is not None
+    os.close(dfd)
+    warm(store)
+    before = devices(store)
+    path = store.dir / name
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, json.dumps({"format": 1, "pid": os.getpid(), "devices": ["GPU-forged"]}).encode())
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.close(os.open(path, os.O_RDWR))  # a close of a file opened for writing: an event for the view
+        assert devices(store) == before
+        assert devices(store, cleanup=True) == before
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def test_the_device_locks_a_view_follows_are_bounded_as_a_full_look_bounds_them(monkeypatch):
+    """Device lock files made after the view was (anyone may make them in the shared directory): no more
+    are followed than a full look takes (MAX_LEASE_FILES), however many the events name."""
+    monkeypatch.setattr(leaseview, "MAX_LEASE_FILES", 8)
+    store = LeaseStore()
+    dfd = store.open(create=True)
+    assert dfd is not None
+    os.close(dfd)
+    warm(store)
+    for i in range(20):
+        (store.dir / f"gpu-GPU-flood-{i}.lock").touch()
+    store.leases()
+    st = os.stat(store.dir)
+    assert len(leaseview._views[(st.st_dev, st.st_ino)].locks) <= 8

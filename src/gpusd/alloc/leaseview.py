@@ -126,13 +126,17 @@ class DirView:
         name = os.fsdecode(raw)
         own = mask in (IN_CLOSE_NOWRITE, _IN_OPEN) and name in self.own  # one kind per event: never both
         if name.startswith("lease-") and name.endswith(".json"):
+            if LeaseId.from_file_name(name) is None:
+                return  # no lease's record (the full look skips it too): anyone may make such a name
             if own or mask == _IN_OPEN:
                 return  # our own read, or anyone's open (a read, or a lock to come: its close will tell)
             if name in self.entries or len(self.entries) + len(self.dirty) < MAX_LEASE_FILES:
                 self.dirty[name] = self.dirty.get(name, 0) | mask
         elif name.startswith("gpu-") and name.endswith(".lock"):
-            if not own:
-                self.restat.add(name[4:-5])
+            dev = name[4:-5]
+            # as many device locks followed as a full look takes (anyone may make them in the shared directory)
+            if not own and (dev in self.locks or len(self.locks) + len(self.restat) < MAX_LEASE_FILES):
+                self.restat.add(dev)
         elif name.startswith("queue-") and name.endswith(".ticket"):
             if mask & (IN_CREATE | IN_MOVED_TO):
                 self.tickets.add(name)
