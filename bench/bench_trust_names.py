@@ -75,7 +75,7 @@ def one_name(lan: Lan, client: Node, evil: Node, env: dict[str, str], name: str,
         seen: dict[str, Any] = {}
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
-            r = lan.gpusd(client, ["list", "--json", "--timeout", "6"], env=env, timeout=60)
+            r = lan.gpusd(client, ["list", "--json", "--browse", "6"], env=env, timeout=60)
             if r.returncode == 0:
                 seen = {d["hostname"]: d.get("verified") for d in json.loads(r.stdout)}
                 if name in seen and "node-1" in seen:

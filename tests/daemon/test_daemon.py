@@ -290,6 +290,16 @@ def test_cli_help_stays_light() -> None:
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
+def test_a_bad_sample_window_is_named_by_its_flag() -> None:
+    """``start --sample-window nan`` names the flag the user wrote (``--history`` is its deprecated
+    spelling, and "history" is the usage history database: docs/cli.md, "Vocabulary")."""
+    from gpusd.daemon.config import DaemonConfig
+    from gpusd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^--sample-window must be between"):
+        DaemonConfig(history=float("nan")).validate()
+
+
 def test_bad_flags(proc_env: dict[str, str]) -> None:
     r = gpusd("start", "--session", "bad name!", "--simulate", "1xT4", env=proc_env)
     assert r.returncode == 2 and "session" in r.stderr

@@ -77,5 +77,5 @@ async def test_peers_asked_for_are_looked_for_by_the_client(tmp_path: Path) -> N
     state = tmp_path / "state"
     hosts = [fleet_host(OWN_NODE, "here", session), fleet_host("fedcba9876543210", "far", session)]
     async with local_daemon(state, session, hosts):
-        rc, out, err = await _run(state, "--json", "--session", session, "--timeout", "1", "--peer", "127.0.0.1:9")
+        rc, out, err = await _run(state, "--json", "--session", session, "--browse", "1", "--peer", "127.0.0.1:9")
         assert rc == 6 and out.strip() == "[]", (rc, out, err)  # browsed (nothing there), not the daemon's view

@@ -117,7 +117,7 @@ class DaemonConfig:
         if not 0.05 <= self.interval <= 3600:
             raise ConfigError(f"--interval must be between 0.05 and 3600 seconds, not {self.interval}")
         if not 0 <= self.history <= 10 * 365 * 86400:  # also refuses nan and inf
-            raise ConfigError(f"--history must be between 0 and 10 years of seconds, not {self.history}")
+            raise ConfigError(f"--sample-window must be between 0 and 10 years of seconds, not {self.history}")
         if not 0 <= self.txt_min_interval <= 86400:
             raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
         if self.tls_port is not None and not 0 <= self.tls_port < 65536:

@@ -1,5 +1,5 @@
 """The recent samples: per GPU, the last minutes of the live values in ring buffers bounded by time and
-length, served at ``GET /api/v1/history`` (``gpusd start --history S``).
+length, served at ``GET /api/v1/history`` (``gpusd start --sample-window S``).
 
 Not the usage history (:mod:`gpusd.usage`, an SQLite database kept for a year): docs/history.md, "Two
 kinds of history"."""

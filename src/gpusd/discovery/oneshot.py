@@ -50,7 +50,7 @@ NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
 # Once the answers have settled, a service that has not answered this long after it was found (resolved,
 # connected, its first snapshot read) is given up on, each on its own clock: the hosts that answered are
 # listed, the others (tar pits: services that accept a connection and never answer, or whose responder
-# takes seconds to resolve them) left out instead of holding the list until --timeout or delaying the
+# takes seconds to resolve them) left out instead of holding the list until --browse runs out or delaying the
 # rest.  A gpusd daemon on the link answers in milliseconds; one that takes longer than this is left out of
 # the one-shot list (`gpusd watch` and the daemons' fleet views still follow it).  A host beyond the link
 # (--peer, --dns-sd-domain) gets three times as long (TCP, TLS and HTTP round trips over a WAN).  Time
