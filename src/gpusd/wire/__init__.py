@@ -7,6 +7,7 @@
 * :mod:`.fleet` — the typed fleet view of ``GET /api/v1/fleet``;
 * :mod:`.http` — one bounded, signed HTTP GET for the command line;
 * :mod:`.signing` — HTTP Message Signatures with the fleet secret, the daemon's proof;
+* :mod:`.sigfast` — the fast path for gpusd's own signature shape (the library: fallback, reference);
 * :mod:`.sshsig` — users' SSH signatures (SSHSIG, the agent's sign request);
 * :mod:`.promsd` — the Prometheus target groups.
 
