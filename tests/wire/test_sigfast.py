@@ -254,3 +254,18 @@ def test_mutated_responses() -> None:
         assert KEY.response_proof(r, nonce, node_id="n1", body=b"{}") is None, name
     assert KEY.response_proof(resp, nonce, node_id="n1", body=b"{ }") is None  # another body
     assert KEY.response_proof(resp, "other", node_id="n1", body=b"{}") is None  # another request's nonce
+
+
+def test_without_the_librarys_private_helpers_every_call_takes_the_library_path(monkeypatch) -> None:
+    """An upgrade of http-message-signatures that moves the two private helpers the fast path reuses
+    must cost speed, never a signature: each call then signs and checks through the library."""
+    monkeypatch.setattr(sigfast, "_LIBRARY_OK", [False])
+    url = "http://h:7390/api/v1/gpus"
+    headers, _ = KEY.sign_request("GET", url, node_id="node-1")
+    assert sigfast.sign_request(KEY.request_key, KEY.key_id, "GET", url, "node-1", b"", "n" * 16, int(time.time())) \
+        is None
+    req = Request("GET", url, Headers(headers))
+    assert fast_verify(req, b"") is None
+    assert KEY.verify_request(req, b"").nonce  # the library's check, still accepting
+    monkeypatch.setattr(sigfast, "_LIBRARY_OK", [True])
+    assert fast_verify(req, b"") is not None  # and the library-signed headers pass the fast check too

@@ -49,6 +49,23 @@ _SIGNATURE = re.compile(r"gpusd=:(?P<mac>[A-Za-z0-9+/]{43}=):")
 _DIGEST = re.compile(r"sha-256=:(?P<d>[A-Za-z0-9+/]{43}=):")
 
 
+_LIBRARY_OK: list[bool] = []  # whether the library's two private helpers the fast path reuses are there
+
+
+def _library_ok() -> bool:
+    """The fast path reuses the library's URL parser and header normalisation (private names): where an
+    upgrade moved them, every call goes to the library's public path instead (slower, never wrong)."""
+    if not _LIBRARY_OK:
+        try:
+            from http_message_signatures._url import parse_url  # noqa: F401
+            from http_message_signatures.structures import normalize_header_value  # noqa: F401
+        except ImportError:
+            _LIBRARY_OK.append(False)
+        else:
+            _LIBRARY_OK.append(True)
+    return _LIBRARY_OK[0]
+
+
 def _fields(headers: Any) -> dict[str, str]:
     """Header values by lower-case name, as the library combines and normalises them."""
     from http_message_signatures.structures import normalize_header_value
@@ -132,6 +149,8 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
                  nonce: str, created: int) -> tuple[dict[str, str], bytes] | None:
     """The headers gpusd's request signature adds (as the library writes them) and the signature
     base, or None (the caller signs with the library)."""
+    if not _library_ok():
+        return None
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method.isprintable() or not method:
         return None
@@ -164,6 +183,8 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
                    skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for a request carrying gpusd's exact signature shape that the
     library would accept, or None (anything else: the caller asks the library)."""
+    if not _library_ok():
+        return None
     f = _fields(headers)
     m = _REQ_INPUT.fullmatch(f.get("signature-input", ""))
     if m is None or m["keyid"] != key_id or "signature" not in f:
@@ -200,6 +221,8 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
                   covered: Sequence[str], nonce: str, created: int, body: bytes | None) -> bool:
     """Write gpusd's response signature into ``headers`` (which hold the covered ``gpusd-*``
     fields already); False (nothing written) when the library must do it."""
+    if not _library_ok():
+        return False
     comps = _url_components(req_url)
     if comps is None or not re.fullmatch(_KEYID, key_id) or not re.fullmatch(_NONCE, nonce):
         return False
@@ -237,6 +260,8 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
                     body: bytes | None, skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for an answer carrying gpusd's exact response shape that the
     library would accept (with ``body`` checked as the library's ``verify(body=...)`` does), or None."""
+    if not _library_ok():
+        return None
     f = _fields(headers)
     m = _RESP_INPUT.fullmatch(f.get("signature-input", ""))
     if m is None or m["keyid"] != key_id or "signature" not in f:
