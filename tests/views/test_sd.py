@@ -9,8 +9,8 @@ import sys
 
 from aiohttp.test_utils import TestServer
 
+from gpusd.discovery.fleetview import base_url
 from gpusd.views import sd
-from gpusd.views.sources import base_url
 from gpusd.wire import promsd
 from monitor_fakes import FakeDaemon, make_app, sim_host
 

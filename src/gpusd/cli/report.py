@@ -71,7 +71,8 @@ def _from_db(path: Path, start: float, end: float, idle_after: float) -> dict[st
 def _from_url(url: str, start: float, end: float, key: FleetKey | None) -> dict[str, Any]:
     from urllib.parse import urlencode
 
-    from ..views.sources import base_url, get_json
+    from ..discovery.fleetview import base_url
+    from ..views.sources import get_json
 
     answer = get_json(f"{base_url(url)}/api/v1/history/usage?" + urlencode({"from": start, "to": end}), key,
                       timeout=30.0)
@@ -84,8 +85,9 @@ def _fleet_urls(url: str, key: FleetKey | None) -> list[str]:
     """The API bases of the fleet's live hosts, as the daemon at ``url`` lists them.  With the fleet
     secret, only hosts that proved they hold it (to a daemon that proved it to us) are asked: a
     stranger gets no signed request and its made-up figures never reach the report."""
+    from ..discovery.fleetview import base_url
     from ..sanitize import for_terminal
-    from ..views.sources import base_url, hosts_from_fleet
+    from ..views.sources import hosts_from_fleet
     from ..wire.fleet import MAX_FLEET_BYTES
     from ..wire.http import fetch_json
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..discovery.fleetview import base_url as base_url  # the views' and the CLI's one daemon-URL rule
 from ..errors import SourceError
 from ..wire.http import fetch_json
 from .top import HostView

@@ -133,7 +133,8 @@ class Sparks:
     def _fetch(self, key: str, url: str, uuids: list[str]) -> None:
         from urllib.parse import quote
 
-        from .sources import base_url, get_json
+        from ..discovery.fleetview import base_url
+        from .sources import get_json
 
         get = self._get or get_json
         for uuid in uuids[:64]:
