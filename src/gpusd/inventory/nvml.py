@@ -446,12 +446,7 @@ class NvmlBackend(VendorBackend):
         # Past the last direct call: what follows raises no NVMLError (only _GpuFailed), so a GPU read
         # again by _fill never adds a second reading to its utilisation window.
         self._utilization(dev, gpu, rates, time.time())
-        if mig is not None:
-            gpu.mig_mode = bool(mig[0])
-            if gpu.mig_mode:
-                gpu.mig_instances = self._migs(dev)
-        if self.want_processes:
-            gpu.processes = self._processes(dev)
+        self._migs_and_processes(dev, gpu, mig)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         nv = self._nv
@@ -475,7 +470,11 @@ class NvmlBackend(VendorBackend):
                 self._telemetry(dev, gpu)
         mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
-        mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
+        self._migs_and_processes(dev, gpu, q(dev, "mig_mode", nv.nvmlDeviceGetMigMode))
+
+    def _migs_and_processes(self, dev: _Device, gpu: GpuInfo, mig: Any) -> None:
+        """The rest of a GPU's reading, the same on both paths: its MIG instances (``mig``: NVML's MIG
+        mode, None where unsupported) and its processes."""
         if mig is not None:
             gpu.mig_mode = bool(mig[0])
             if gpu.mig_mode:
