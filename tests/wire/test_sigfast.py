@@ -259,7 +259,7 @@ def test_mutated_responses() -> None:
 def test_without_the_librarys_private_helpers_every_call_takes_the_library_path(monkeypatch) -> None:
     """An upgrade of http-message-signatures that moves the two private helpers the fast path reuses
     must cost speed, never a signature: each call then signs and checks through the library."""
-    monkeypatch.setattr(sigfast, "_LIBRARY_OK", [False])
+    monkeypatch.setattr(sigfast, "_LIBRARY_OK", False)
     url = "http://h:7390/api/v1/gpus"
     headers, _ = KEY.sign_request("GET", url, node_id="node-1")
     assert sigfast.sign_request(KEY.request_key, KEY.key_id, "GET", url, "node-1", b"", "n" * 16, int(time.time())) \
@@ -267,5 +267,5 @@ def test_without_the_librarys_private_helpers_every_call_takes_the_library_path(
     req = Request("GET", url, Headers(headers))
     assert fast_verify(req, b"") is None
     assert KEY.verify_request(req, b"").nonce  # the library's check, still accepting
-    monkeypatch.setattr(sigfast, "_LIBRARY_OK", [True])
+    monkeypatch.setattr(sigfast, "_LIBRARY_OK", True)
     assert fast_verify(req, b"") is not None  # and the library-signed headers pass the fast check too

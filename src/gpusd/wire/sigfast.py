@@ -49,27 +49,17 @@ _SIGNATURE = re.compile(r"gpusd=:(?P<mac>[A-Za-z0-9+/]{43}=):")
 _DIGEST = re.compile(r"sha-256=:(?P<d>[A-Za-z0-9+/]{43}=):")
 
 
-_LIBRARY_OK: list[bool] = []  # whether the library's two private helpers the fast path reuses are there
-
-
-def _library_ok() -> bool:
-    """The fast path reuses the library's URL parser and header normalisation (private names): where an
-    upgrade moved them, every call goes to the library's public path instead (slower, never wrong)."""
-    if not _LIBRARY_OK:
-        try:
-            from http_message_signatures._url import parse_url  # noqa: F401
-            from http_message_signatures.structures import normalize_header_value  # noqa: F401
-        except ImportError:
-            _LIBRARY_OK.append(False)
-        else:
-            _LIBRARY_OK.append(True)
-    return _LIBRARY_OK[0]
+try:  # the library's URL parser and header normalisation (private names the fast path reuses)
+    from http_message_signatures._url import parse_url
+    from http_message_signatures.structures import normalize_header_value
+except ImportError:  # an upgrade moved them: every call takes the library's public path (slower, never wrong)
+    _LIBRARY_OK = False
+else:
+    _LIBRARY_OK = True
 
 
 def _fields(headers: Any) -> dict[str, str]:
     """Header values by lower-case name, as the library combines and normalises them."""
-    from http_message_signatures.structures import normalize_header_value
-
     lines: dict[str, list[str]] = {}
     for name, value in headers.items():
         lines.setdefault(name.lower(), []).append(normalize_header_value(value))
@@ -78,8 +68,6 @@ def _fields(headers: Any) -> dict[str, str]:
 
 def _url_components(url: str) -> tuple[str, str, str] | None:
     """``@authority``, ``@path``, ``@query`` of an absolute URL, as the library resolves them."""
-    from http_message_signatures._url import parse_url
-
     try:
         parts = parse_url(url)
     except Exception:  # noqa: BLE001 - the library path will say why
@@ -149,7 +137,7 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
                  nonce: str, created: int) -> tuple[dict[str, str], bytes] | None:
     """The headers gpusd's request signature adds (as the library writes them) and the signature
     base, or None (the caller signs with the library)."""
-    if not _library_ok():
+    if not _LIBRARY_OK:
         return None
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method.isprintable() or not method:
@@ -183,7 +171,7 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
                    skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for a request carrying gpusd's exact signature shape that the
     library would accept, or None (anything else: the caller asks the library)."""
-    if not _library_ok():
+    if not _LIBRARY_OK:
         return None
     f = _fields(headers)
     m = _REQ_INPUT.fullmatch(f.get("signature-input", ""))
@@ -221,7 +209,7 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
                   covered: Sequence[str], nonce: str, created: int, body: bytes | None) -> bool:
     """Write gpusd's response signature into ``headers`` (which hold the covered ``gpusd-*``
     fields already); False (nothing written) when the library must do it."""
-    if not _library_ok():
+    if not _LIBRARY_OK:
         return False
     comps = _url_components(req_url)
     if comps is None or not re.fullmatch(_KEYID, key_id) or not re.fullmatch(_NONCE, nonce):
@@ -260,7 +248,7 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
                     body: bytes | None, skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for an answer carrying gpusd's exact response shape that the
     library would accept (with ``body`` checked as the library's ``verify(body=...)`` does), or None."""
-    if not _library_ok():
+    if not _LIBRARY_OK:
         return None
     f = _fields(headers)
     m = _RESP_INPUT.fullmatch(f.get("signature-input", ""))
