@@ -71,9 +71,13 @@ def test_a_job_on_a_hot_gpu_moves_to_an_idle_one_and_finishes_there(daemon, fake
                              env=env, text=True, stdout=subprocess.PIPE)
     p = subprocess.Popen([*GPUSD, "run", "--preemptible", "--grace", "30", "--", sys.executable,
                           str(job_script(tmp_path))], env=env, text=True, stderr=subprocess.PIPE)
+    watched = _Lines(watch)
     try:
         start = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "start"], timeout=30)
         assert start[0]["gpus"] == "0"
+        # gpusd watch follows the daemon (its first line: the host) before the move can happen: on a loaded
+        # machine its start-up and browse could otherwise outlast the 0.5 s of heat the policy waits for
+        assert watched.until(lambda events: events, timeout=60), "gpusd watch printed nothing within 60 s"
         _hot(fake_nvml, {0: {"util_gpu": 99}})  # something else loads GPU 0
         assert p.wait(timeout=120) == 0
         got = log_events(log)
@@ -85,9 +89,9 @@ def test_a_job_on_a_hot_gpu_moves_to_an_idle_one_and_finishes_there(daemon, fake
         text = (daemon["state"] / "gpusd.log").read_text()
         assert "GPU 0 utilisation 99% > 90%" in text and "GPU 1 is idle" in text  # the reason, in the log
         assert "moving to GPU 1" in p.stderr.read()
-        watch.terminate()
-        watched = [json.loads(line) for line in watch.communicate(timeout=30)[0].splitlines() if line.strip()]
-        moves = [e["data"] for e in watched if e["event"] == "job"]
+        # the watch prints the move as it hears it (a loaded machine may run it seconds late): wait for it
+        moves = [e["data"] for e in watched.until(lambda events: [e for e in events if e["event"] == "job"],
+                                                  timeout=30)]
         assert moves and moves[0]["action"] == "move" and moves[0]["ok"] is True  # gpusd watch shows it ...
         assert "GPU 0 utilisation 99% > 90%" in moves[0]["reason"]  # ... with its reason
         if events is not None:
@@ -105,6 +109,34 @@ def _has_curl() -> bool:
     import shutil
 
     return shutil.which("curl") is not None
+
+
+class _Lines:
+    """The JSON lines a process prints, read from its descriptor as they come."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.fd = proc.stdout.fileno()
+        self.text = ""
+
+    def until(self, found, timeout: float) -> list[dict[str, object]]:
+        """Read until ``found(events so far)`` is true (returned) or ``timeout`` seconds pass ([])."""
+        import selectors
+        import time
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.fd, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while True:
+            events = [json.loads(line) for line in self.text.split("\n")[:-1] if line.strip()]
+            hit = found(events)
+            left = deadline - time.monotonic()
+            if hit or left <= 0:
+                return hit or []
+            if sel.select(timeout=left):
+                chunk = os.read(self.fd, 1 << 16)
+                if not chunk:
+                    return found(events) or []
+                self.text += chunk.decode()
 
 
 def _job_events(proc: subprocess.Popen[str]) -> list[dict[str, object]]:
