@@ -10,7 +10,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon_helpers import FakeBackend, make_snapshot, running_daemon, unique_session
-from gpusd.daemon.metrics import UsageCollector, UsageCounters, make_registry, render
+from gpusd.daemon.gpuseconds import UsageCounters
+from gpusd.daemon.metrics import UsageCollector, make_registry, render
 from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo, ProcessInfo
 
 

@@ -39,7 +39,6 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 def _config(args: argparse.Namespace, state: Path) -> Any:
     from ..daemon.config import DaemonConfig
-    from ..thresholds import rule_specs
     from .trust import secret
 
     token = secret(args)
@@ -57,7 +56,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
         tls_port=args.tls_port,
         fleet=args.fleet,
         txt_min_interval=args.txt_interval,
-        thresholds=rule_specs(args.threshold or (), args.thresholds or ()),
+        thresholds=_rule_specs(args),
         dcgm_metrics=getattr(args, "dcgm_metrics", True),
         user_metrics=getattr(args, "user_metrics", False),
         record=getattr(args, "record", True),
@@ -78,6 +77,16 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
     )
     cfg.validate()
     return cfg
+
+
+def _rule_specs(args: argparse.Namespace) -> list[str]:
+    """The threshold rules of ``--threshold`` and ``--thresholds`` (files), parsed; without either, the
+    rules' parser is not loaded (a daemon without rules never needs it: memory at rest, issue 24)."""
+    if not (args.threshold or args.thresholds):
+        return []
+    from ..thresholds import rule_specs
+
+    return rule_specs(args.threshold or (), args.thresholds or ())
 
 
 def _foreground_args(args: argparse.Namespace) -> list[str]:
@@ -118,9 +127,7 @@ def _foreground_args(args: argparse.Namespace) -> list[str]:
         out.append("--no-dcgm-metrics")
     if getattr(args, "user_metrics", False):
         out.append("--user-metrics")
-    from ..thresholds import rule_specs
-
-    for rule in rule_specs(args.threshold or (), args.thresholds or ()):
+    for rule in _rule_specs(args):
         out += ["--threshold", rule]
     if args.verbose:
         out.append("-" + "v" * args.verbose)

@@ -9,7 +9,8 @@
 * :mod:`.recent` — the recent samples (ring buffers of ``GET /api/v1/history``);
 * :mod:`.recording` — the usage history (:mod:`gpusd.usage`) wired in, and its routes;
 * :mod:`.monitoring` — metrics, dashboard, alerts and threshold evaluation wired into the app;
-* :mod:`.metrics` — Prometheus text format of the daemon's snapshot (and DCGM's names);
+* :mod:`.metrics` — Prometheus text format of the daemon's snapshot (and DCGM's names), loaded on the first scrape;
+* :mod:`.gpuseconds` — the GPU-seconds used and held per GPU and user, counted from every sample;
 * :mod:`.access` — who may read private fields and write (the access middleware, redaction);
 * :mod:`.users` — who signed a remote write (``authorized_keys``, the users file);
 * :mod:`.announce` — the DNS-SD announcement; :mod:`.hwsd` — what a ``--gpusd-compat`` host tells hwsd clients;

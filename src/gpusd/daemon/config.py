@@ -183,11 +183,13 @@ class DaemonConfig:
         """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
         import os
 
+        domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
+        if self.peers is None and not os.environ.get("GPUSD_PEERS") and not domain and not self.dns_server:
+            return  # nothing to check: discovery/beyond.py stays unloaded (memory at rest, issue 24)
         from ..discovery import beyond
 
         # also what the fleet view would take from the environment: a bad $GPUSD_PEERS fails the start
         beyond.parse_peers(list(self.peers) if self.peers is not None else beyond.peers_from_env())
-        domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
         if domain:
             beyond.valid_domain(domain)
         if self.dns_server:
@@ -197,11 +199,14 @@ class DaemonConfig:
         """Parse the threshold rules with the command line's parser (:mod:`gpusd.thresholds`): a rule
         with a typo fails here, before anything starts, from the Python API as from the CLI."""
         from ..errors import ConfigError
-        from ..thresholds import Rule, load_rules
 
         rules = self.thresholds
         if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
             raise ConfigError(f"thresholds must be a list of rules such as [\"temperature>85\"], not {rules!r}")
+        if not rules:  # nothing to parse: the rules' parser stays unloaded (memory at rest, issue 24)
+            return
+        from ..thresholds import Rule, load_rules
+
         for rule in rules:
             if not isinstance(rule, (str, Rule)):
                 raise ConfigError(f"bad threshold rule {rule!r}: a rule is a string such as \"temperature>85\"")

@@ -13,8 +13,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent
-from ..wire.fleet import FleetView
 from ..wire.sse import format_event
 from .events import EventHub
 
@@ -22,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from zeroconf.asyncio import AsyncZeroconf
 
     from ..discovery.client import AsyncClient
+    from ..discovery.types import DiscoveryEvent
+    from ..wire.fleet import FleetView
     from .config import DaemonConfig
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,8 @@ class Fleet:
         out: list[bytes] = []
         if self.client is None:
             return out
+        from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent  # with the client (not at rest)
+
         for host in self.client.hosts:
             out.append(format_event(HOST_ADDED, DiscoveryEvent(HOST_ADDED, host).to_dict()))
             for dev in host.devices():
@@ -105,6 +107,8 @@ class Fleet:
 
     def view(self) -> FleetView:
         """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`)."""
+        from ..wire.fleet import FleetView  # on the first request: a daemon at rest has no fleet view
+
         view = FleetView(session=self.config.session)
         if self.client is not None:
             view.hosts = [h.record() for h in self.client.hosts]

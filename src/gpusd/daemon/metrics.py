@@ -14,8 +14,10 @@ DCGM exporter work unchanged: every default counter of dcgm-exporter that NVML c
 unit, integer values and labels, written by :func:`exporter_text` (another vendor's names can sit beside
 as another tuple of :class:`ExporterField`); and under AMD's device-metrics-exporter names
 (``gpu_gfx_activity``, ``gpu_used_vram`` ...; :class:`AmdExporterCollector`) for AMD GPUs.
-:class:`UsageCounters`/:class:`UsageCollector`: GPU-seconds used and held per GPU, and per user where the
-admin turned it on, for readers who may see private data.
+:class:`UsageCollector`: the GPU-seconds used and held per GPU (:class:`~.gpuseconds.UsageCounters`),
+and per user where the admin turned it on, for readers who may see private data.
+
+Loaded on the first scrape: a daemon at rest counts GPU-seconds (:mod:`.gpuseconds`) without it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..model import GpuInfo, HostSnapshot, MigInstance
+from .gpuseconds import GPU_LABELS, UsageCounters, gpu_labels
 
 if TYPE_CHECKING:  # pragma: no cover
     from prometheus_client.registry import CollectorRegistry
@@ -34,8 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..thresholds import ThresholdEvent
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-GPU_LABELS = ("host", "uuid", "index", "model")
 
 # name -> (help, reader returning base units or None)
 _GPU_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
@@ -95,10 +96,6 @@ _GPU_COUNTERS: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
 _SEEN_MAX = 4096  # GPUs remembered so that one that vanishes keeps gpusd_gpu_healthy 0
 
 
-def _gpu_labels(snap: HostSnapshot, g: GpuInfo) -> list[str]:
-    return [snap.hostname, g.uuid, str(g.index), g.name or ""]
-
-
 class SnapshotCollector:
     """A prometheus-client custom collector over whatever ``snapshots()`` returns at scrape time.
 
@@ -147,7 +144,7 @@ class SnapshotCollector:
             host_gpus.add_metric([snap.hostname], float(len(snap.gpus)))
             host_ts.add_metric([snap.hostname], snap.timestamp)
             for g in snap.gpus:
-                labels = _gpu_labels(snap, g)
+                labels = gpu_labels(snap, g)
                 mig = "" if g.mig_mode is None else ("enabled" if g.mig_mode else "disabled")
                 gpu_info.add_metric([*labels, g.pci_bus_id or "", g.compute_mode or "", mig, g.vendor], 1.0)
                 for name, (_, read) in _GPU_GAUGES.items():
@@ -379,42 +376,6 @@ class DcgmCollector:
 
     def text(self) -> str:
         return exporter_text(self.fields, self._snapshots(), self.labels, self.vendor)
-
-
-class UsageCounters:
-    """GPU-seconds used (a process ran on the GPU) and held (a gpusd lease held it), per GPU and per
-    user, since the daemon started: counters a Grafana panel sums over any range (``increase(...[7d])``)
-    to answer "who used what" without ``gpusd report``.  Fed every new sample (:meth:`add`); a GPU
-    used by two users gives each half the interval, as the history does (docs/history.md).  A gap
-    longer than ``max_gap`` (a suspended machine) counts as ``max_gap``."""
-
-    MAX_USERS = 4096  # distinct users kept (a hostile process name cannot grow this without bound)
-
-    def __init__(self, max_gap: float = 30.0) -> None:
-        self.max_gap = max_gap
-        self._prev: HostSnapshot | None = None
-        self.gpu: dict[tuple[str, str, str, str], list[float]] = {}  # GPU labels -> [used_s, held_s]
-        self.user: dict[tuple[str, str], list[float]] = {}  # (host, user) -> [used_s, held_s]
-
-    def add(self, snap: HostSnapshot) -> None:
-        prev, self._prev = self._prev, snap
-        for g in snap.gpus:
-            self.gpu.setdefault(tuple(_gpu_labels(snap, g)), [0.0, 0.0])  # type: ignore[arg-type]
-        if prev is None or snap.timestamp <= prev.timestamp:
-            return
-        dt = min(snap.timestamp - prev.timestamp, self.max_gap)
-        for g in prev.gpus:  # the interval just ended is accounted to what the previous sample showed
-            acc = self.gpu.setdefault(tuple(_gpu_labels(prev, g)), [0.0, 0.0])  # type: ignore[arg-type]
-            users = sorted({p.user or "" for p in g.processes})
-            holders = sorted({lease.user or "" for lease in g.leases})
-            for i, who in ((0, users), (1, holders)):
-                if not who:
-                    continue
-                acc[i] += dt
-                for u in who:
-                    key = (prev.hostname, u or "unknown")
-                    if key in self.user or len(self.user) < self.MAX_USERS:
-                        self.user.setdefault(key, [0.0, 0.0])[i] += dt / len(who)
 
 
 class UsageCollector:

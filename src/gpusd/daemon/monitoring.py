@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..model import HostSnapshot
-from ..thresholds import Rule, ThresholdEngine, ThresholdEvent, load_rules
 from . import access as privacy
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
 
+    from ..thresholds import Rule, ThresholdEngine, ThresholdEvent
     from .routes import RouteDef
 
 log = logging.getLogger("gpusd.monitor")
@@ -78,14 +78,18 @@ class Monitor:
         self.daemon = daemon
         self.dcgm = dcgm  # also serve the DCGM exporter's metric names
         self.rules = list(rules)
-        self.engine = ThresholdEngine(self.rules)
+        self.engine: ThresholdEngine | None = None  # with rules only: without, thresholds.py stays unloaded
+        if self.rules:
+            from ..thresholds import ThresholdEngine
+
+            self.engine = ThresholdEngine(self.rules)
         self.access = access
         self.interval = interval
         self._last_ts: float | None = None
         self._registry: Any = None
         self._public: Any = None  # the registry without per-user series
         self.user_metrics = user_metrics  # per-user usage series for readers who may see private data
-        from .metrics import UsageCounters
+        from .gpuseconds import UsageCounters  # metrics.py: on the first scrape
 
         self.usage = UsageCounters(max_gap=max(30.0, 10 * interval))
         self._usage_ts: float | None = None
@@ -94,7 +98,7 @@ class Monitor:
     def evaluate(self, snap: HostSnapshot | None = None, now: float | None = None) -> list[ThresholdEvent]:
         """Run the rules on ``snap`` (default: the daemon's latest, if new) and publish the changes."""
         snap = snap if snap is not None else self.daemon.latest_snapshot()
-        if snap is None or not self.rules or snap.timestamp == self._last_ts:
+        if snap is None or self.engine is None or snap.timestamp == self._last_ts:
             return []
         self._last_ts = snap.timestamp
         events = self.engine.update(snap, now)
@@ -131,7 +135,7 @@ class Monitor:
         per_user = private and self.user_metrics
         if (self._registry if per_user else self._public) is None:
             registry = make_registry(lambda: [self.daemon.latest_snapshot()],
-                                     self.engine.active if self.rules else None, dcgm=self.dcgm,
+                                     self.engine.active if self.engine is not None else None, dcgm=self.dcgm,
                                      extra=[UsageCollector(self.usage, lambda: per_user)])
             if per_user:
                 self._registry = registry
@@ -142,7 +146,8 @@ class Monitor:
         return render(self._registry if per_user else self._public)
 
     def alerts(self) -> dict[str, Any]:
-        return {"rules": [r.to_dict() for r in self.rules], "alerts": [e.to_dict() for e in self.engine.active()]}
+        active = self.engine.active() if self.engine is not None else []
+        return {"rules": [r.to_dict() for r in self.rules], "alerts": [e.to_dict() for e in active]}
 
 
 MONITOR_KEY: Any = "gpusd.monitor"
@@ -165,7 +170,11 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     the daemon's ``interval`` attribute, else 0.5 s).  Raises :class:`~gpusd.errors.ConfigError` for
     a bad rule."""
 
-    rules = load_rules(getattr(daemon, "thresholds", None) or ())
+    rules: list[Rule] = []
+    if getattr(daemon, "thresholds", None):  # the rules' parser only where there are rules
+        from ..thresholds import load_rules
+
+        rules = load_rules(daemon.thresholds)
     access = privacy.Access(getattr(daemon, "token", None), trust_loopback=trust_loopback,
                             own_addresses=lambda: getattr(daemon, "addresses", None) or (),
                             own_names=lambda: _own_names(daemon),

@@ -320,8 +320,30 @@ def stop_command(state_dir: Path, force: bool = False) -> str:
 
 
 # -- foreground run ------------------------------------------------------------------------------
+def limit_malloc_arenas(arenas: int = 1) -> bool:
+    """Let every thread of this process allocate from ``arenas`` glibc malloc arenas (``mallopt
+    M_ARENA_MAX``), unless ``$MALLOC_ARENA_MAX`` says otherwise.  Call before any thread starts.
+
+    glibc gives each new thread that allocates its own arena, up to eight per core, and an arena
+    keeps what it once held: the daemon's worker threads (sampling, history writer, lease server,
+    start-up executor) held 1-3 MiB of RSS at rest that way.  Their allocations are few and mostly
+    under the GIL, so one arena costs no contention worth measuring.  True when the limit was set."""
+    if "MALLOC_ARENA_MAX" in os.environ:  # the operator's choice, already applied by glibc
+        return False
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to limit
+        return False
+
+
+M_ARENA_MAX = -8  # glibc's malloc.h
+
+
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
+    limit_malloc_arenas()  # before the first thread (daemon memory at rest, issue 24)
     old, new = raise_fd_limit()
     if new != old:
         log.info("open-file limit raised from %d to %d", old, new)
