@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo
+from ..record import field, record
 from . import policy as _policy
 from . import queue
 from .env import apply_visible
@@ -141,7 +141,7 @@ class _NotHead(Exception):
     """Someone joined the queue ahead of us (a higher class) while we were its head."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LeaseRequest:
     """What :func:`allocate` is asked: GPUs satisfying ``constraints``, leased (``lease``) or only
     chosen, for ``holder`` (default: this process).  ``wait``: queue (by priority class, then first

@@ -40,12 +40,12 @@ import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GpusdError, LockBusy, WaitTimeout
 from ..ids import JobId, LeaseId, SlurmJobId
 from ..model import HostSnapshot, LeaseInfo
+from ..record import field, record
 from .handle import Holder, LeaseHandle
 from .lockdir import (
     DIR_FLAGS,
@@ -109,7 +109,7 @@ def current_user() -> str | None:
     return user_name(os.geteuid())
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Lease(LeaseHandle):
     """Leases on one or more devices in a lock directory, taken together (:meth:`LeaseStore.acquire`).
     Release with :meth:`release` (or exit).  It holds a lock descriptor per device

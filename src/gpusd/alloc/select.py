@@ -25,10 +25,10 @@ In a container that cannot see host pids the whole request stays counted (conser
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
 
 from ..errors import ConfigError, NoGpuAvailable
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
+from ..record import field, fields, record
 from ..units import format_bytes, parse_memory
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -51,7 +51,7 @@ def _option(default: Any = None, *, help: str, flags: tuple[str, ...] = (), meta
                                             "choices": choices, "keyword": keyword, "switch": switch})
 
 
-@dataclass
+@record
 class Constraints:
     """What a job asks of its GPUs: the one definition of the selection constraints.  The command-line
     flags (:func:`gpusd.cli.options.constraints`) and the keywords of :func:`gpusd.select` are derived
@@ -154,7 +154,7 @@ def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:
     return [str(v).strip() for v in items if str(v).strip()]
 
 
-@dataclass
+@record
 class Candidate:
     """A device that could be given to the job: a whole GPU or a MIG slice."""
 

@@ -12,10 +12,10 @@ import ctypes
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
+from ..record import field, record
 from ..topology import with_machine
 from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
@@ -191,7 +191,7 @@ class _XidWatcher:
                 pass
 
 
-@dataclass
+@record
 class _Device(Device):
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
