@@ -2,7 +2,9 @@
 NVML in a fresh interpreter without site (`python -S`: this machine's .pth files import typing and more
 before gpusd starts), and the modules they leave in ``sys.modules`` are checked.  A command imports what it
 runs: no event loop, no network stack, no signing, no rich, no database; and no ``typing`` (annotations are
-strings), no ``logging`` where nothing is logged.  An assertion on the set of modules, never on time."""
+strings), no ``logging`` where nothing is logged.  ``devices --json``, ``select`` and ``env`` also make their
+records without ``dataclasses`` (and so without ``inspect``, ``ast``, ``dis``: gpusd.record).  An assertion
+on the set of modules, never on time."""
 
 from __future__ import annotations
 
@@ -32,8 +34,11 @@ sys.stderr.write("\\nMODULES " + " ".join(sorted(sys.modules)) + " RC " + str(rc
 # Never on the path of a quick command: what the daemon, discovery, trust, views and history use.
 HEAVY = ("aiohttp", "zeroconf", "rich", "cryptography", "http_message_signatures", "prometheus_client",
          "sqlite3", "asyncio", "ssl", "http", "email", "psutil")
-# What annotations and lazy logging keep out (dataclasses stays: the model's records are dataclasses).
+# What annotations and lazy logging keep out.
 LIGHT = ("typing", "logging")
+# What gpusd's records keep out of devices --json, select and env (not of the table of `devices`, which rich
+# renders, nor yet of `run`, whose queue and job records are dataclasses).
+RECORDS = ("dataclasses", "inspect", "ast", "dis", "tokenize")
 
 
 def _modules(args: list[str], env: dict[str, str]) -> set[str]:
@@ -58,6 +63,8 @@ def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> 
     fake_nvml.write(make_gpus(4, errors={"nvmlDeviceGetSamples": 3}))
     mods = _modules(args, cli_env)
     assert "pynvml" in mods and "gpusd.inventory.nvml" in mods  # it did read the GPUs
+    if args[0] in ("select", "env") or "--json" in args:
+        assert sorted(m for m in RECORDS if m in mods) == [], f"{args[0]} imported them"
     # the table commands render through rich, gpusd's one table renderer (issue 25); --json does not
     heavy = tuple(h for h in HEAVY if not (h == "rich" and "--json" not in args and args[0] == "devices"))
     loaded = sorted(m for m in mods if m.split(".")[0] in heavy)

@@ -222,8 +222,8 @@ def test_fields_and_replace_refuse_what_is_not_a_record() -> None:
 
 
 # -- what the quick commands import -----------------------------------------------------------------------
-def test_the_model_and_the_selection_do_not_import_dataclasses() -> None:
-    code = ("import sys, gpusd.model, gpusd.alloc.select, gpusd.alloc.placement, gpusd.inventory.nvml; "
+def test_the_model_and_the_allocation_path_do_not_import_dataclasses() -> None:
+    code = ("import sys, gpusd.model, gpusd.alloc.api, gpusd.alloc.placement, gpusd.inventory.nvml; "
             "print(sorted(m for m in ('dataclasses', 'inspect', 'typing', 'pynvml') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=str(SRC))
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60)

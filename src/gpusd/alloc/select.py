@@ -29,7 +29,6 @@ import os
 from ..errors import ConfigError, NoGpuAvailable
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
 from ..record import field, fields, record
-from ..units import format_bytes, parse_memory
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
@@ -109,11 +108,11 @@ class Constraints:
         if vendor is not None and vendor not in VENDORS:
             raise ConfigError(f"--vendor must be one of {', '.join(VENDORS)}, not {str(vendor)[:40]!r}")
         try:
-            mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
+            mf = _memory(min_free) if isinstance(min_free, str) else min_free
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
         try:
-            mem = parse_memory(memory, ratio=False) if isinstance(memory, str) else memory
+            mem = _memory(memory, ratio=False) if isinstance(memory, str) else memory
         except ValueError as exc:
             raise ConfigError(f"--memory: {exc}") from None
         if isinstance(mf, float) and not 0 <= mf <= 1:
@@ -132,6 +131,12 @@ class Constraints:
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
                    topology=topology, within_visible=within_visible, vendor=vendor)
+
+
+def _memory(text: str, ratio: bool = True) -> int | float:
+    from ..units import parse_memory  # here: most selections name no amount of memory
+
+    return parse_memory(text, ratio=ratio)
 
 
 def keyword_of(name: str) -> str:
@@ -272,6 +277,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
             cand = Candidate(gpu, mig, free, total, None if mig else gpu.utilization_gpu, dev_leases)
             need = _need(c, total)
             if need is not None and (free is None or free < need):
+                from ..units import format_bytes
+
                 rejected.append(f"GPU {label}: {format_bytes(free)} free (after reservations) < {format_bytes(need)}")
                 continue
             ok.append(cand)
