@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 
@@ -84,7 +85,7 @@ def _process_list(compute: Any, graphics: Any) -> list[ProcessInfo]:
     for kind, procs in (("compute", compute), ("graphics", graphics)):
         if not procs:
             continue
-        for p in procs:  # nvidia-ml-py's entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
+        for p in procs:  # both bindings' entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
             pid = p.pid
             if pid in seen:
                 continue
@@ -229,6 +230,28 @@ class _Device(Device):
     gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
 
 
+BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
+
+
+def bindings(telemetry: bool = False) -> Any:
+    """The NVML bindings a backend calls: nvidia-ml-py (``pynvml``) where it reads telemetry (the
+    daemon: clocks, fields, GPM, XID events) or where ``$GPUSD_NVML_BINDINGS`` is ``nvidia-ml-py``;
+    else :mod:`gpusd.inventory.nvmlfast`, the same calls without the library's import (a one-shot
+    command's start-up, issue 24)."""
+    choice = os.environ.get(BINDINGS, "").strip().lower()
+    if choice not in ("", "auto", "nvidia-ml-py", "pynvml"):
+        raise BackendUnavailable(f"{BINDINGS}: {choice[:20]!r} is not a choice (auto, nvidia-ml-py)")
+    if not telemetry and choice in ("", "auto") and sys.platform.startswith("linux"):
+        from . import nvmlfast
+
+        return nvmlfast
+    try:
+        import pynvml
+    except ImportError:  # pragma: no cover - a dependency of gpusd
+        raise BackendUnavailable("the nvidia-ml-py package is not installed", hint=True) from None
+    return pynvml
+
+
 def load_library(path: str | None = None) -> None:
     """Load libnvidia-ml.so.1 from an explicit path (``GPUSD_NVML_LIBRARY``) before nvidia-ml-py looks
     for it by name: the dynamic loader then finds the loaded library by its soname."""
@@ -255,11 +278,7 @@ class NvmlBackend(VendorBackend):
         self._count = -1
         self._xids: _XidWatcher | None = None
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
-        try:
-            import pynvml
-        except ImportError:  # pragma: no cover - a dependency of gpusd
-            raise BackendUnavailable("the nvidia-ml-py package is not installed", hint=True) from None
-        self._nv = pynvml
+        self._nv = pynvml = bindings(telemetry)
         self._error = pynvml.NVMLError
         load_library(library)
         try:
