@@ -103,6 +103,19 @@ def test_asking_the_hosts_daemon_loads_no_nvml_binding(fake_nvml, cli_env, comma
     assert loaded == []
 
 
+def test_a_lock_directory_without_lease_records_is_looked_at_without_their_parsers(fake_nvml, cli_env) -> None:
+    """The lock directory of a machine where gpusd ran, with no lease held: select and env look at it
+    (through the lease view) without importing what reads a lease record (json, the lease ids)."""
+    from gpusd.alloc.leases import LeaseStore
+
+    fake_nvml.write(make_gpus(2, errors={"nvmlDeviceGetSamples": 3}))
+    LeaseStore().ensure()  # cli_env's GPUSD_LOCK_DIR: this test's own
+    for command in ("select", "env"):
+        mods = _modules([command, "-n", "1"], cli_env)
+        assert "gpusd.alloc.leaseview" in mods  # it did look at the directory
+        assert sorted(m for m in ("json", "gpusd.ids") if m in mods) == []
+
+
 def test_select_on_simulated_gpus_does_not_load_nvml(cli_env) -> None:
     mods = _modules(["select", "-n", "1", "--simulate", "2xA100-80GB"], cli_env)
     assert "pynvml" not in mods and "gpusd.inventory.nvml" not in mods and "ctypes" not in mods
