@@ -1,15 +1,22 @@
 """Issue 2 benchmark: one snapshot of 8 GPUs, in-process and as a whole process.
 
-    python bench/bench_inventory.py [--n 2000] [--runs 15] [--rig samples|no-samples]
+    python bench/bench_inventory.py [--n 2000] [--runs 15] [--rig samples|no-samples] [--before SRC]
 
 In-process, on the same fake NVML with 8 GPUs: gpusd's snapshot versus nvitop's ``Device.all()``
 reading the same fields, gpustat's ``GPUStatCollection.new_query()``, and the floor — raw
-nvidia-ml-py calls on cached handles for the same fields.  Two rigs, one after the other:
+nvidia-ml-py calls on cached handles for the same fields.  gpusd's snapshot is measured through
+nvidia-ml-py (the daemon's binding: the like-for-like figure against the floor, issue 24's goal) and
+through gpusd.inventory.nvmlfast (what a backend without telemetry calls: the quick commands).  The
+floor and gpusd's snapshots are timed call by call in turn (one of each, n times), so that the load of
+the machine falls on them alike; the figures are medians.  Two rigs, one after the other:
 
 * ``samples``: the driver keeps a utilisation sample buffer (``nvmlDeviceGetSamples``); 2 processes on
   every GPU;
 * ``no-samples``: ``nvmlDeviceGetSamples`` answers NOT_SUPPORTED (gpusd builds the 5 s window from its
   own readings, one per call); processes on 5 of the 8 GPUs.
+
+``--before SRC``: then the floor and the snapshot through nvidia-ml-py again, in child processes running
+this tree and the gpusd of SRC (a worktree of the base commit) in turn, ``--rounds`` times each.
 
 Whole process (first rig only): ``gpusd devices --json`` versus ``gpustat --json`` and ``nvitop -1``.
 """
@@ -19,7 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Callable
 
 from _common import FakeEnv, FakeProcess, make_gpus, p50, timeit_each, whole_process
 
@@ -46,16 +57,41 @@ def gpus8_no_samples():
 RIGS = {"samples": gpus8, "no-samples": gpus8_no_samples}
 
 
-def inprocess(args: argparse.Namespace, rig: str) -> None:
-    """One snapshot, in-process, on the GPUs in use now (a fresh gpusd backend for each rig)."""
-    import pynvml
+def interleaved(fns: list[Callable[[], object]], n: int, warmup: int = 50) -> list[float]:
+    """The median seconds per call of each of ``fns``, called one after the other, ``n`` times."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    clock = time.perf_counter
+    for _ in range(n):
+        for i, fn in enumerate(fns):
+            t = clock()
+            fn()
+            times[i].append(clock() - t)
+    return [p50(t) for t in times]
 
+
+def _backend(bindings: str) -> object:
+    """An NvmlBackend through ``bindings`` (``nvidia-ml-py``, or ``auto``: gpusd.inventory.nvmlfast where this
+    tree has it; an older tree ignores the setting and calls nvidia-ml-py)."""
     from gpusd.inventory.nvml import NvmlBackend
 
-    backend = NvmlBackend()
-    rows: list[tuple[str, float, str]] = []
+    old = os.environ.get("GPUSD_NVML_BINDINGS")
+    os.environ["GPUSD_NVML_BINDINGS"] = bindings
+    try:
+        return NvmlBackend()
+    finally:
+        if old is None:
+            del os.environ["GPUSD_NVML_BINDINGS"]
+        else:
+            os.environ["GPUSD_NVML_BINDINGS"] = old
 
-    # The floor: the same fields, raw calls, cached handles.
+
+def _floor(args: argparse.Namespace) -> tuple[Callable[[], None], int]:
+    """The floor: the same fields as gpusd's snapshot, raw nvidia-ml-py calls on cached handles."""
+    import pynvml
+
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 
@@ -86,10 +122,29 @@ def inprocess(args: argparse.Namespace, rig: str) -> None:
                     except pynvml.NVMLError:
                         pass
 
+    return floor, len(handles)
+
+
+def inprocess(args: argparse.Namespace, rig: str) -> None:
+    """One snapshot, in-process, on the GPUs in use now (fresh gpusd backends for each rig)."""
+    import pynvml
+
+    import gpusd.inventory
+
+    floor, count = _floor(args)
+    library = _backend("nvidia-ml-py")
+    ours = _backend("auto")
+    fast = "nvmlfast" in str(getattr(ours, "_nv", ""))
     note = ("also: 5 s utilisation window from the driver's samples, process owners" if rig == "samples" else
             "also: 5 s utilisation window from its own readings (one per call), process owners")
-    rows.append(("raw nvidia-ml-py, cached handles (floor)", p50(timeit_each(floor, args.n)), ""))
-    rows.append(("gpusd NvmlBackend.snapshot()", p50(timeit_each(backend.snapshot, args.n)), note))
+    fns: list[Callable[[], object]] = [floor, library.snapshot]  # type: ignore[attr-defined]
+    if fast:
+        fns.append(ours.snapshot)  # type: ignore[attr-defined]
+    times = interleaved(fns, args.n)
+    rows: list[tuple[str, float, str]] = [("raw nvidia-ml-py, cached handles (floor)", times[0], ""),
+                                          ("gpusd NvmlBackend.snapshot(), nvidia-ml-py", times[1], note)]
+    if fast:
+        rows.append(("gpusd NvmlBackend.snapshot(), nvmlfast", times[2], "the quick commands' binding"))
 
     try:
         from nvitop import Device
@@ -114,14 +169,42 @@ def inprocess(args: argparse.Namespace, rig: str) -> None:
         except ImportError:
             rows.append(("gpustat", float("nan"), "not installed"))
     pynvml.nvmlShutdown()
-    backend.close()
+    library.close()  # type: ignore[attr-defined]
+    ours.close()  # type: ignore[attr-defined]
 
     floor_t = rows[0][1]
-    ours = rows[1][1]
-    print(f"\nIn-process, one snapshot of {len(handles)} {'real' if args.real else 'fake'} GPUs (p50), rig: {rig}")
+    gpusd_t = rows[1][1]
+    print(f"\nIn-process, one snapshot of {count} {'real' if args.real else 'fake'} GPUs (p50, floor and gpusd "
+          f"interleaved), rig: {rig}, load average {os.getloadavg()[0]:.1f}, {gpusd.inventory.__file__}")
     print(f"{'tool':48s} {'p50 ms':>9s} {'x floor':>8s} {'x gpusd':>8s}  note")
-    for name, t, note in rows:
-        print(f"{name:48s} {t * 1e3:9.3f} {t / floor_t:8.2f} {t / ours:8.2f}  {note}")
+    for name, t, extra in rows:
+        print(f"{name:48s} {t * 1e3:9.3f} {t / floor_t:8.2f} {t / gpusd_t:8.2f}  {extra}")
+    print("goal: gpusd's snapshot through nvidia-ml-py <= 1.2x the floor (the same NVML calls per GPU)")
+
+
+def child(args: argparse.Namespace) -> None:
+    """--child: the floor and gpusd's snapshot through nvidia-ml-py, one line (for --before)."""
+    fake = FakeEnv(RIGS[args.rig[0]]())
+    fake.activate_in_process()
+    floor, _ = _floor(args)
+    library = _backend("nvidia-ml-py")
+    f, g = interleaved([floor, library.snapshot], args.n)  # type: ignore[attr-defined]
+    print(f"RESULT {f} {g}")
+
+
+def before(args: argparse.Namespace) -> None:
+    """This tree and ``args.before``'s in turn, each in a child process, ``args.rounds`` times."""
+    here = str(Path(__file__).resolve().parent.parent / "src")
+    print(f"\nThe snapshot through nvidia-ml-py against the floor, this tree and {args.before} in turn "
+          f"(child processes, {args.n} interleaved calls each), rig: {args.rig[0]}")
+    print(f"{'round':>5s} {'tree':8s} {'floor ms':>9s} {'gpusd ms':>9s} {'x floor':>8s}  load")
+    for r in range(args.rounds):
+        for label, src in (("this", here), ("before", args.before)):
+            env = dict(os.environ, PYTHONPATH=src)
+            out = subprocess.run([sys.executable, __file__, "--child", "--rig", args.rig[0], "--n", str(args.n)],
+                                 env=env, capture_output=True, text=True, check=True).stdout
+            f, g = (float(x) for x in out.split("RESULT", 1)[1].split())
+            print(f"{r + 1:5d} {label:8s} {f * 1e3:9.3f} {g * 1e3:9.3f} {g / f:8.2f}  {os.getloadavg()[0]:.1f}")
 
 
 def window_rates(n: int) -> None:
@@ -155,7 +238,14 @@ def main() -> int:
     ap.add_argument("--rig", action="append", choices=sorted(RIGS), help="fake rig(s) to run (default: both)")
     ap.add_argument("--no-gpustat", action="store_true", help="skip gpustat (it sleeps 0.1 s per GPU with processes)")
     ap.add_argument("--real", action="store_true", help="use this machine's NVIDIA driver instead of the fake NVML")
+    ap.add_argument("--before", metavar="SRC", help="also compare with the gpusd of this src/ directory, in child "
+                    "processes taking turns with this tree's (the first --rig only)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --before: child processes per tree")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        child(args)
+        return 0
 
     if args.real:
         base_env = dict(os.environ)
@@ -167,6 +257,9 @@ def main() -> int:
             fake.activate_in_process()
             base_env = base_env or fake.env
             inprocess(args, rig)
+    if args.before:
+        args.rig = args.rig or ["samples"]
+        before(args)
     window_rates(args.n)
     if args.runs <= 0:
         return 0

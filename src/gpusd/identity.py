@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from .record import record
 
 
 def hostname() -> str:
@@ -76,7 +77,7 @@ def node_id(directory: Path | None = None) -> str:
     return new
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HostIdentity:
     """Who a daemon says it is on the wire: what the announcer and the fleet client get instead of
     the whole daemon (see docs/architecture.md)."""

@@ -5,19 +5,20 @@ serves over HTTP and what discovery clients receive.  Units are base units throu
 degrees Celsius, percent (0-100) for utilisation, seconds since the epoch for times.  A field the GPU
 does not support is ``None`` — never 0 and never an exception.
 
-``to_dict``/``from_dict`` convert losslessly to and from JSON-compatible dicts; both are derived from
-the dataclass fields and their types (:func:`encode`, :func:`decode`), so a new field cannot be left
-off the wire.  ``from_dict`` is the entry point for data from the network: it validates types and
-bounds and raises :class:`gpusd.errors.WireError` (a :class:`ValueError`) with a message naming the
-bad field, so a malformed record can be logged and skipped.
+The classes are records (:func:`gpusd.record.record`: what ``@dataclass`` gives, without importing
+:mod:`dataclasses` at start-up).  ``to_dict``/``from_dict`` convert losslessly to and from
+JSON-compatible dicts; both are derived from the record fields and their types (:func:`encode`,
+:func:`decode`), so a new field cannot be left off the wire.  ``from_dict`` is the entry point for
+data from the network: it validates types and bounds and raises :class:`gpusd.errors.WireError` (a
+:class:`ValueError`) with a message naming the bad field, so a malformed record can be logged and skipped.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 from .errors import WireError
+from .record import MISSING, field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +56,7 @@ def finite(value: float | None) -> float | None:
     return value
 
 
-# -- the codec: to_dict/from_dict derived from the dataclass fields and their types --------------------
+# -- the codec: to_dict/from_dict derived from the record fields and their types ----------------------
 
 
 class _Spec:
@@ -86,10 +87,17 @@ def _plan(cls: type) -> tuple[_Spec, ...]:
     if plan is not None:
         return plan
     specs = []
-    for f in fields(cls):
+    own = getattr(cls, "__record_fields__", None)
+    if own is not None:
+        defined, missing = tuple(own.values()), MISSING
+    else:  # a dataclass of another module using this codec (wire.fleet's records): dataclasses is imported there
+        import dataclasses
+
+        defined, missing = dataclasses.fields(cls), dataclasses.MISSING
+    for f in defined:
         tp, optional, is_list = _field_type(cls, f.name, f.type)
         default_limit = MAX_ITEMS if is_list else MAX_NAME
-        required = f.default is MISSING and f.default_factory is MISSING
+        required = f.default is missing and f.default_factory is missing
         specs.append(_Spec(f.name, tp, optional, is_list, required, int(f.metadata.get("max", default_limit)),
                            tp not in _SCALARS, bool(f.metadata.get("omit_none", False)),
                            bool(f.metadata.get("private", False))))
@@ -116,13 +124,18 @@ def _field_type(cls: type, name: str, annotation: object) -> tuple[type, bool, b
         import sys
 
         kind = vars(sys.modules[cls.__module__]).get(text)
-    if not isinstance(kind, type) or not (kind in _SCALARS or is_dataclass(kind)):
+    if not isinstance(kind, type) or not (kind in _SCALARS or _has_fields(kind)):
         raise TypeError(f"{cls.__name__}.{name}: unsupported type {annotation}")
     return kind, optional, is_list
 
 
 _KINDS: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 _MODEL_NAMES: dict[str, type] = {}  # the model classes by name, filled below
+
+
+def _has_fields(obj: Any) -> bool:
+    """Whether ``obj`` is a record or a dataclass (class or instance): something this codec reads."""
+    return hasattr(obj, "__record_fields__") or hasattr(obj, "__dataclass_fields__")
 
 
 def _kind_name(kind: type) -> str:
@@ -229,7 +242,7 @@ def redact(value: Any) -> Any:
 
     * a JSON-like payload (dict, list): a copy in which every entry of a private list (``processes``,
       ``leases``) has its private keys (``user``, ``command``) set to None; other values are shared;
-    * a model object (or any dataclass using this module's codec, such as a fleet view's host): its
+    * a model object (or any record or dataclass using this module's codec, such as a fleet view's host): its
       private fields, and those of the objects it holds, set to None in place; returned."""
     if isinstance(value, dict):
         keys, lists = private_keys()
@@ -243,7 +256,7 @@ def redact(value: Any) -> Any:
         return out
     if isinstance(value, list):
         return [redact(v) for v in value]
-    if is_dataclass(value) and not isinstance(value, type):
+    if _has_fields(value) and not isinstance(value, type):
         for spec in _plan(type(value)):
             if spec.private:
                 setattr(value, spec.name, None)
@@ -262,7 +275,7 @@ OPT: dict[str, Any] = {"omit_none": True}  # an optional reading sent only where
 PRIVATE: dict[str, Any] = {"private": True}
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class ProcessInfo:
     """A process running on a GPU (or on one of its MIG instances)."""
 
@@ -285,7 +298,7 @@ class ProcessInfo:
         return decode(cls, d)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class MigInstance:
     """A MIG slice of a GPU.  NVML reports no utilisation per slice."""
 
@@ -309,7 +322,7 @@ class MigInstance:
         return decode(cls, d)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class LeaseInfo:
     """A lease held on a GPU by a job on this host (see :mod:`gpusd.alloc.leases`)."""
 
@@ -341,7 +354,7 @@ class LeaseInfo:
         return decode(cls, d)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GpuLink:
     """How a GPU reaches another GPU of the same host (docs/inventory.md, "Topology").
 
@@ -362,7 +375,7 @@ class GpuLink:
         return decode(cls, d)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class GpuInfo:
     """One physical GPU as seen at one moment."""
 
@@ -461,7 +474,7 @@ class GpuInfo:
         return decode(cls, d)
 
 
-@dataclass(slots=True)
+@record(slots=True)
 class HostSnapshot:
     """One host and all its GPUs at one moment."""
 
@@ -542,7 +555,7 @@ SIMULATED_BACKEND = "simulated"  # HostSnapshot.backend of simulated GPUs (gpusd
 def _accept_simulated_keyword(cls: type) -> None:
     """``HostSnapshot(..., simulated=True)`` as 0.2 wrote it still works (until 0.4), with a warning:
     ``simulated`` is now derived from ``backend``, which it sets."""
-    init = vars(cls)["__init__"]
+    init = cls.__init__  # type: ignore[misc]  # the generated one (gpusd.record), made now
 
     def __init__(self: Any, *args: Any, simulated: bool | None = None, **kwargs: Any) -> None:
         init(self, *args, **kwargs)

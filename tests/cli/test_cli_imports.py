@@ -2,7 +2,11 @@
 NVML in a fresh interpreter without site (`python -S`: this machine's .pth files import typing and more
 before gpusd starts), and the modules they leave in ``sys.modules`` are checked.  A command imports what it
 runs: no event loop, no network stack, no signing, no rich, no database; and no ``typing`` (annotations are
-strings), no ``logging`` where nothing is logged.  An assertion on the set of modules, never on time."""
+strings), no ``logging`` where nothing is logged.  ``devices --json``, ``select`` and ``env`` also make their
+records without ``dataclasses`` (and so without ``inspect``, ``ast``, ``dis``: gpusd.record) and read NVML
+through gpusd.inventory.nvmlfast, without nvidia-ml-py (``pynvml``, and its ``ctypes.util`` and
+``subprocess``); asking the host's daemon, ``select`` and ``env`` load no NVML binding at all.  An
+assertion on the set of modules, never on time."""
 
 from __future__ import annotations
 
@@ -32,8 +36,11 @@ sys.stderr.write("\\nMODULES " + " ".join(sorted(sys.modules)) + " RC " + str(rc
 # Never on the path of a quick command: what the daemon, discovery, trust, views and history use.
 HEAVY = ("aiohttp", "zeroconf", "rich", "cryptography", "http_message_signatures", "prometheus_client",
          "sqlite3", "asyncio", "ssl", "http", "email", "psutil")
-# What annotations and lazy logging keep out (dataclasses stays: the model's records are dataclasses).
+# What annotations and lazy logging keep out.
 LIGHT = ("typing", "logging")
+# What gpusd's records and its own NVML calls keep out of devices --json, select and env (not of the table of
+# `devices`, which rich renders, nor yet of `run`, whose queue and job records are dataclasses).
+RECORDS_AND_NVML = ("dataclasses", "inspect", "ast", "dis", "tokenize", "pynvml", "ctypes.util", "subprocess")
 
 
 def _modules(args: list[str], env: dict[str, str]) -> set[str]:
@@ -57,7 +64,10 @@ def _modules(args: list[str], env: dict[str, str]) -> set[str]:
 def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> None:
     fake_nvml.write(make_gpus(4, errors={"nvmlDeviceGetSamples": 3}))
     mods = _modules(args, cli_env)
-    assert "pynvml" in mods and "gpusd.inventory.nvml" in mods  # it did read the GPUs
+    assert "gpusd.inventory.nvml" in mods  # it did read the GPUs
+    assert "gpusd.inventory.nvmlfast" in mods or "pynvml" in mods
+    if args[0] in ("select", "env") or "--json" in args:
+        assert sorted(m for m in RECORDS_AND_NVML if m in mods) == [], f"{args[0]} imported them"
     # the table commands render through rich, gpusd's one table renderer (issue 25); --json does not
     heavy = tuple(h for h in HEAVY if not (h == "rich" and "--json" not in args and args[0] == "devices"))
     loaded = sorted(m for m in mods if m.split(".")[0] in heavy)
@@ -73,6 +83,37 @@ def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> 
         others -= {"gpusd.views"}
         assert sorted(m for m in mods if m.startswith("gpusd.views.")) == ["gpusd.views.tables"]
     assert sorted(mods & others) == []
+
+
+@pytest.mark.parametrize("command", ["select", "env"])
+def test_asking_the_hosts_daemon_loads_no_nvml_binding(fake_nvml, cli_env, command) -> None:
+    """With a daemon serving the lease socket (here its lease authority, on simulated GPUs, in this process),
+    ``select`` and ``env`` ask it: no NVML binding, no ctypes, no inventory backend in the command."""
+    from authority_helpers import ServerThread
+
+    fake_nvml.write(make_gpus(4, errors={"nvmlDeviceGetSamples": 3}))
+    server = ServerThread(simulate="2xA100-80GB")
+    try:
+        mods = _modules([command, "-n", "1"], cli_env)
+    finally:
+        server.stop()
+    assert "gpusd.alloc.authority" in mods and "socket" in mods  # it asked the daemon
+    loaded = sorted(m for m in ("ctypes", "pynvml", "gpusd.inventory.nvml", "gpusd.inventory.nvmlfast",
+                                *RECORDS_AND_NVML) if m in mods)
+    assert loaded == []
+
+
+def test_a_lock_directory_without_lease_records_is_looked_at_without_their_parsers(fake_nvml, cli_env) -> None:
+    """The lock directory of a machine where gpusd ran, with no lease held: select and env look at it
+    (through the lease view) without importing what reads a lease record (json, the lease ids)."""
+    from gpusd.alloc.leases import LeaseStore
+
+    fake_nvml.write(make_gpus(2, errors={"nvmlDeviceGetSamples": 3}))
+    LeaseStore().ensure()  # cli_env's GPUSD_LOCK_DIR: this test's own
+    for command in ("select", "env"):
+        mods = _modules([command, "-n", "1"], cli_env)
+        assert "gpusd.alloc.leaseview" in mods  # it did look at the directory
+        assert sorted(m for m in ("json", "gpusd.ids") if m in mods) == []
 
 
 def test_select_on_simulated_gpus_does_not_load_nvml(cli_env) -> None:

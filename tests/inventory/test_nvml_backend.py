@@ -1,4 +1,5 @@
-"""The NVML backend through the real nvidia-ml-py bindings, against the fake libnvidia-ml.so.1."""
+"""The NVML backend against the fake libnvidia-ml.so.1, through both of its bindings: nvidia-ml-py (the
+daemon's, and the reference) and gpusd.inventory.nvmlfast (the quick commands')."""
 
 import os
 import time
@@ -12,8 +13,9 @@ from gpusd.inventory.nvml import NvmlBackend
 GiB = 2**30
 
 
-@pytest.fixture
-def backend(fake_nvml_inprocess):
+@pytest.fixture(params=["nvidia-ml-py", "auto"], ids=["nvidia-ml-py", "nvmlfast"])
+def backend(fake_nvml_inprocess, monkeypatch, request):
+    monkeypatch.setenv("GPUSD_NVML_BINDINGS", request.param)
     created = []
 
     def make(**kw):
@@ -154,7 +156,9 @@ def test_window_from_own_readings_without_sample_buffer(fake_nvml_inprocess, bac
     assert 0 < later.utilization_gpu < 80 and later.utilization_window is not None
 
 
-def test_driver_not_loaded_is_a_clear_error(fake_nvml_inprocess):
+@pytest.mark.parametrize("bindings", ["nvidia-ml-py", "auto"])
+def test_driver_not_loaded_is_a_clear_error(fake_nvml_inprocess, monkeypatch, bindings):
+    monkeypatch.setenv("GPUSD_NVML_BINDINGS", bindings)
     fake_nvml_inprocess.write(make_gpus(1), init_error=9)
     with pytest.raises(BackendUnavailable, match="driver is not loaded.*--simulate"):
         NvmlBackend()

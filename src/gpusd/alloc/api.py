@@ -11,18 +11,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo
-from . import policy as _policy
-from . import queue
+from ..record import field, record
 from .env import apply_visible
 from .handle import Holder, LeaseHandle
-from .leases import LeaseStore, current_user
-from .priority import NORMAL, load_policy, priority_name
+from .leases import LeaseStore
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -30,6 +27,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
 
+    from . import queue
     from .placement import Pick
 
 _backends: dict[str, Backend] = {}
@@ -141,7 +139,7 @@ class _NotHead(Exception):
     """Someone joined the queue ahead of us (a higher class) while we were its head."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LeaseRequest:
     """What :func:`allocate` is asked: GPUs satisfying ``constraints``, leased (``lease``) or only
     chosen, for ``holder`` (default: this process).  ``wait``: queue (by priority class, then first
@@ -175,6 +173,12 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
     if not req.lease:
         why = explain(snap, c, store.leases(), req.env)
         return Selection(why.chosen, None, pick=why)
+    # a lease: the queue, the fair-use caps and the priority classes (imported here: select and env take none)
+    from . import policy as _policy
+    from . import queue
+    from .leases import current_user
+    from .priority import priority_name
+
     with store.mutex(deadline):
         if ticket is None:
             queued = queue.ahead_of_newcomer(store, level)
@@ -204,6 +208,15 @@ SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
 MIN_GAP = 0.02  # seconds between two looks of the head woken by events, however often (its timer's are its own)
 
 
+def _believed(req: LeaseRequest) -> int:
+    """The priority class ``req`` waits and leases in: what it claims, up to what the priority policy
+    allows its holder's uid (default: this process's user)."""
+    from .priority import NORMAL, load_policy
+
+    uid = os.geteuid() if req.holder.uid is None else req.holder.uid
+    return load_policy().believed(NORMAL if req.priority is None else req.priority, uid)
+
+
 def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Backend | None = None) -> Selection:
     """Choose (and lease) devices as ``req`` asks; with ``req.wait``, queue (by priority class, then
     first come first served: :mod:`gpusd.alloc.queue`).
@@ -217,8 +230,7 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     the lease can then grow and shrink)."""
     c, holder, wait, timeout, simulate = req.constraints, req.holder, req.wait, req.timeout, req.simulate
     poll, cancelled, when_blocked = req.poll, req.cancelled, req.when_blocked
-    level = load_policy().believed(NORMAL if req.priority is None else req.priority,
-                                   os.geteuid() if holder.uid is None else holder.uid)
+    level = _believed(req) if req.lease or wait else 0  # a look without a lease or a queue has no priority
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
     if (store is None and backend is None and simulate is None and holder.pid is None
@@ -245,7 +257,9 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     if hopeless is not None:  # no load or lease ending can help: say so now instead of waiting for ever
         raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({hopeless}); "
                              "waiting cannot help")
-    from . import placement  # noqa: F401  (the first pick imports it: now, not at the hand-over)
+    from . import policy as _policy
+    from . import queue
+    from .placement import pick  # noqa: F401  (the first pick imports it: now, not at the hand-over)
 
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None

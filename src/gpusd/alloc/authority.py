@@ -48,15 +48,12 @@ directory.  ``GPUSD_LEASE_SOCKET=off`` disables the daemon path.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import struct
 import threading
 from pathlib import Path
 
 from ..errors import ConfigError, GpusdError, from_wire
-from ..ids import JobId
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from .handle import Holder, LeaseHandle
 from .select import Candidate, Constraints
@@ -77,7 +74,7 @@ REPLY_SLACK = 30.0  # beyond the client's own timeout and the mutex bound
 BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to end
 MAX_STRAY = 64  # answers to other requests skipped while looking for ours
 MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
-_CRED = struct.Struct("3i")
+_CRED = "3i"  # struct ucred: pid, uid, gid
 
 
 def socket_path() -> Path | None:
@@ -91,8 +88,10 @@ def socket_path() -> Path | None:
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end, from the kernel."""
     import socket
+    import struct
 
-    pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(_CRED))
+    pid, uid, gid = struct.unpack(_CRED, raw)
     return pid, uid, gid
 
 
@@ -190,6 +189,8 @@ class RemoteLease(LeaseHandle):
             raise GpusdError(f"the gpusd daemon keeps this lease's record: {', '.join(differ)[:200]} cannot change")
 
     def _ask(self, req: dict[str, Any], wait: bool, timeout: float | None) -> dict[str, Any]:
+        import json
+
         from .leases import mutex_timeout
 
         if self.released:
@@ -293,6 +294,8 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
     job = holder.job
     req = dict(request(c), wait=wait, timeout=timeout, command=holder.command)
     if job is not None:
+        from ..ids import JobId
+
         req["job"] = JobId.parse(job)
     if priority is not None:
         req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
@@ -408,6 +411,8 @@ def daemon_inventory() -> DaemonInventory | None:
 
 def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:
     """Send one request line, read the answer line (the socket is closed when that fails)."""
+    import json  # here: without a daemon's socket, this module is imported but never talks
+
     from .leases import mutex_timeout
 
     try:
@@ -426,6 +431,8 @@ def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, 
 
 
 def _decode(line: bytes) -> dict[str, Any]:
+    import json
+
     try:
         reply = json.loads(line)
     except (ValueError, RecursionError):

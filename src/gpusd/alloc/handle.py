@@ -12,13 +12,14 @@ alive (handed to a job's command), giving one GPU back, updating the record, rel
 context manager.  Code outside :mod:`gpusd.alloc` holds leases only through this handle: it never
 opens a lock file nor writes a lease record (tests/alloc/test_lease_handle.py checks both).
 
-Only ``abc`` and ``dataclasses`` are imported (start-up time, issue 24).
+Only ``abc`` and :mod:`gpusd.record` are imported (start-up time, issue 24).
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+
+from ..record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 EXTRA_FIELDS = ("remote_from", "expires", "job", "slurm_job")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Holder:
     """Who a lease is for, as its record says it.  ``pid`` and ``user`` None: this process and its
     user (only root's records are believed to name someone else); ``uid``: whose bound of the

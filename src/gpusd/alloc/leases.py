@@ -35,17 +35,15 @@ killed with SIGKILL.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GpusdError, LockBusy, WaitTimeout
-from ..ids import JobId, LeaseId, SlurmJobId
 from ..model import HostSnapshot, LeaseInfo
+from ..record import field, record
 from .handle import Holder, LeaseHandle
 from .lockdir import (
     DIR_FLAGS,
@@ -109,7 +107,7 @@ def current_user() -> str | None:
     return user_name(os.geteuid())
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class Lease(LeaseHandle):
     """Leases on one or more devices in a lock directory, taken together (:meth:`LeaseStore.acquire`).
     Release with :meth:`release` (or exit).  It holds a lock descriptor per device
@@ -500,6 +498,8 @@ class LeaseStore:
         return None
 
     def _lease_of_here(self, lease_id: str) -> tuple[int, list[LeaseInfo]] | None:
+        from ..ids import LeaseId
+
         if not LeaseId.is_valid(lease_id):
             return None
         name = f"lease-{lease_id}.json"
@@ -557,6 +557,10 @@ class LeaseStore:
     @staticmethod
     def _parse(name: str, raw: bytes) -> dict[str, Any] | None:
         """The fields of a lease record, typed and bounded; None (logged) when it is not one."""
+        import json  # here: a lock directory without lease records (most selections) needs no JSON
+
+        from ..ids import JobId, SlurmJobId
+
         try:
             d = json.loads(raw)
             if not isinstance(d, dict):
@@ -684,6 +688,10 @@ class LeaseStore:
         for a client; only root's records are believed to name others), its ``command``, and for a
         lease the daemon holds for a remote holder ``remote_from`` and ``expires`` (docs/pool.md),
         ``job`` (the gpusd job the lease is for) and ``slurm_job``."""
+        import json
+
+        from ..ids import LeaseId
+
         holder = holder or Holder()
         dfd = self._writable()
         fds: list[int] = []
@@ -750,6 +758,8 @@ class LeaseStore:
         devices) and the lease's :attr:`~Lease.lingering` ones.  Call under :meth:`mutex` (a
         stale-record cleanup must not run between the rename and the old file's close); a holder
         does so through :meth:`Lease.update`.  GpusdError/OSError when it cannot."""
+        import json
+
         if lease.released or lease.dir_fd < 0 or lease.record is None:
             raise GpusdError("the lease is no longer held")
         devices = list(changes.pop("devices", lease.devices))

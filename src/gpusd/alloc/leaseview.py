@@ -42,7 +42,6 @@ import os
 import threading
 import time
 
-from ..ids import LeaseId
 from ..model import LeaseInfo
 from .inotify import (
     IN_ATTRIB,
@@ -126,6 +125,8 @@ class DirView:
         name = os.fsdecode(raw)
         own = mask in (IN_CLOSE_NOWRITE, _IN_OPEN) and name in self.own  # one kind per event: never both
         if name.startswith("lease-") and name.endswith(".json"):
+            from ..ids import LeaseId
+
             if LeaseId.from_file_name(name) is None:
                 return  # no lease's record (the full look skips it too): anyone may make such a name
             if own or mask == _IN_OPEN:
@@ -146,7 +147,11 @@ class DirView:
     # -- looking ----------------------------------------------------------------------------------------
     def _rescan(self, dfd: int) -> None:
         names = os.listdir(dfd)
-        leases = [n for n in names if LeaseId.from_file_name(n) is not None]
+        leases = [n for n in names if n.startswith("lease-")]
+        if leases:  # (gpusd.ids, for lease records only: a directory without any is the common case of a quick look)
+            from ..ids import LeaseId
+
+            leases = [n for n in leases if LeaseId.from_file_name(n) is not None]
         if len(leases) > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
             log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.path)
             leases = leases[:MAX_LEASE_FILES]
@@ -249,6 +254,8 @@ class DirView:
         table: dict[str, list[tuple[int, bool]]] | None = None
         table_read = False
         if confirm:
+            from ..ids import LeaseId
+
             table, table_read = flock_table(), True
             for name in confirm:
                 e = self.entries[name]

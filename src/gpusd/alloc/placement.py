@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 
 from ..errors import NoGpuAvailable
 from ..model import GpuLink, HostSnapshot
+from ..record import field, record
 from ..topology import WORST_RANK, has_topology, label, link_between, rank
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -44,7 +44,7 @@ TOL_MEMORY = 0.10  # of a GPU's memory
 MAX_SETS = 20000  # sets compared exhaustively; beyond, each GPU seeds one set grown greedily
 
 
-@dataclass
+@record
 class _Set:
     members: list[Candidate]
     worst: int  # the worst link's rank (0: NVLink)
@@ -58,7 +58,7 @@ class _Set:
         return [m.label for m in self.members]
 
 
-@dataclass
+@record
 class Pick:
     """The chosen devices and why (``to_dict`` for JSON, ``lines`` for people)."""
 

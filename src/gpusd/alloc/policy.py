@@ -25,9 +25,9 @@ import math
 import os
 import stat
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from ..errors import NoGpuAvailable
+from ..record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +47,7 @@ class OverCap(NoGpuAvailable):
     """A request past the policy's cap for its user (the message names the cap); never waited out."""
 
 
-@dataclass
+@record
 class Policy:
     max_gpus_per_user: int | None = None
     max_gpus_per_group: dict[str, int] = field(default_factory=dict)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+
+from ..record import field, record
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
@@ -54,7 +55,7 @@ def parse_level(value: object) -> int | None:
     return None
 
 
-@dataclass
+@record
 class PriorityPolicy:
     max_default: int = DEFAULT_MAX
     users: dict[str, int] = field(default_factory=dict)

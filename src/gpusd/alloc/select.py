@@ -25,11 +25,10 @@ In a container that cannot see host pids the whole request stays counted (conser
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
 
 from ..errors import ConfigError, NoGpuAvailable
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
-from ..units import format_bytes, parse_memory
+from ..record import field, fields, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
@@ -51,7 +50,7 @@ def _option(default: Any = None, *, help: str, flags: tuple[str, ...] = (), meta
                                             "choices": choices, "keyword": keyword, "switch": switch})
 
 
-@dataclass
+@record
 class Constraints:
     """What a job asks of its GPUs: the one definition of the selection constraints.  The command-line
     flags (:func:`gpusd.cli.options.constraints`) and the keywords of :func:`gpusd.select` are derived
@@ -109,11 +108,11 @@ class Constraints:
         if vendor is not None and vendor not in VENDORS:
             raise ConfigError(f"--vendor must be one of {', '.join(VENDORS)}, not {str(vendor)[:40]!r}")
         try:
-            mf = parse_memory(min_free) if isinstance(min_free, str) else min_free
+            mf = _memory(min_free) if isinstance(min_free, str) else min_free
         except ValueError as exc:
             raise ConfigError(f"--min-free: {exc}") from None
         try:
-            mem = parse_memory(memory, ratio=False) if isinstance(memory, str) else memory
+            mem = _memory(memory, ratio=False) if isinstance(memory, str) else memory
         except ValueError as exc:
             raise ConfigError(f"--memory: {exc}") from None
         if isinstance(mf, float) and not 0 <= mf <= 1:
@@ -132,6 +131,12 @@ class Constraints:
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
                    topology=topology, within_visible=within_visible, vendor=vendor)
+
+
+def _memory(text: str, ratio: bool = True) -> int | float:
+    from ..units import parse_memory  # here: most selections name no amount of memory
+
+    return parse_memory(text, ratio=ratio)
 
 
 def keyword_of(name: str) -> str:
@@ -154,7 +159,7 @@ def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:
     return [str(v).strip() for v in items if str(v).strip()]
 
 
-@dataclass
+@record
 class Candidate:
     """A device that could be given to the job: a whole GPU or a MIG slice."""
 
@@ -272,6 +277,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
             cand = Candidate(gpu, mig, free, total, None if mig else gpu.utilization_gpu, dev_leases)
             need = _need(c, total)
             if need is not None and (free is None or free < need):
+                from ..units import format_bytes
+
                 rejected.append(f"GPU {label}: {format_bytes(free)} free (after reservations) < {format_bytes(need)}")
                 continue
             ok.append(cand)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 
 from ..errors import ConfigError
 
@@ -102,7 +101,7 @@ def env(args: argparse.Namespace) -> int:
     for key, value in variables.items():
         if key == "GPUSD_LEASE":
             continue  # the lease ends with this process: do not pretend otherwise
-        print(f"export {key}={shlex.quote(value)}")
+        print(f"export {key}={_quote(value)}")
     return 0
 
 
@@ -124,11 +123,23 @@ def run_command(args: argparse.Namespace) -> int:
     if args.lease:  # every leased run is a job (docs/jobs.md)
         from .jobs import run_job
 
-        return run_job(args, cmd, shlex.join(cmd)[:512])
+        return run_job(args, cmd, _join(cmd)[:512])
     from ..alloc.runner import run_with
 
-    sel = _allocate(args, command=shlex.join(cmd)[:512])
+    sel = _allocate(args, command=_join(cmd)[:512])
     return run_with(sel, cmd, bind_cpus=getattr(args, "bind_cpus", False))
+
+
+def _quote(value: str) -> str:
+    import shlex  # here: select prints no shell words
+
+    return shlex.quote(value)
+
+
+def _join(cmd: list[str]) -> str:
+    import shlex
+
+    return shlex.join(cmd)
 
 
 def _cell(text: str | None, limit: int = 40) -> str:

@@ -274,9 +274,8 @@ def constraints(title: str = "constraints", wait: bool = True) -> Flags:
     """A flag for every constraint that has one (the fields of :class:`gpusd.alloc.select.Constraints`,
     each stored under its :func:`gpusd.select` keyword with the field's default), and, with ``wait``,
     ``--wait`` and ``--timeout``.  :func:`to_constraints` reads them back."""
-    from dataclasses import fields
-
     from ..alloc.select import Constraints, keyword_of
+    from ..record import fields
 
     p = _parent()
     g = p.add_argument_group(title)

@@ -6,6 +6,7 @@ backend that works here (``$GPUSD_BACKENDS`` to name them).  All backends have t
 (:class:`Backend`):
 
 * :mod:`.nvml` — NVIDIA, in-process; :mod:`.amd` — amdsmi; :mod:`.intel` — Level Zero through pyzes;
+* :mod:`.nvmlfast` — the NVML calls of a backend without telemetry, without nvidia-ml-py's import;
 * :mod:`.combined` — several vendors of one host as one backend;
 * :mod:`.simulated` — simulated GPUs; :mod:`.contention` — the simulator's jobs sharing GPUs;
 * :mod:`.window` — utilisation averaged over a time window;

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
 from ..model import GpuInfo, HostSnapshot
+from ..record import field, record
 from .lost import GpuFailed, filled
 from .processes import ProcessResolver
 from .window import UtilWindow
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping
 
 
-@dataclass
+@record
 class Device:
     """One GPU as a backend keeps it between snapshots (a vendor adds its own handles)."""
 

@@ -25,11 +25,11 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, ProcessInfo
+from ..record import field, record
 from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
 from .window import UtilWindow, utilisation
@@ -78,7 +78,7 @@ def import_pyzes(library: str | None = None) -> Any:
         return pyzes
 
 
-@dataclass
+@record
 class _Device(Device):
     subdevices: int | None = None
     engine: Any = None

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
+from ..record import field, record
 from ..topology import with_machine
 from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
@@ -52,6 +53,11 @@ _FATAL = {_GPU_IS_LOST, _RESET_REQUIRED, _CORRUPTED_INFOROM, _UNKNOWN}
 
 _COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
+# A number read from one of nvidia-ml-py's structures without the library's Python hook on every
+# attribute read (``_PrintableStructure.__getattribute__``, which decodes bytes: these are numbers, so
+# the value is the same; ~0.7 us a read, several per GPU and snapshot).
+_field = object.__getattribute__
+
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
@@ -68,6 +74,29 @@ def _bus_key(bus_id: str | None) -> tuple[int, int, int, int] | None:
         return dom, int(parts[-2], 16), int(parts[-1], 16), int(fn, 16)
     except (ValueError, IndexError):
         return None
+_NO_ID = 0xFFFFFFFF  # a process's GPU or compute instance id where it has none (not on a MIG slice)
+
+
+def _process_list(compute: Any, graphics: Any) -> list[ProcessInfo]:
+    """The GPU's processes from NVML's two lists (None: not supported), compute first; a process using
+    both compute and graphics is listed twice by NVML, once here."""
+    out: list[ProcessInfo] = []
+    seen: set[int] = set()
+    for kind, procs in (("compute", compute), ("graphics", graphics)):
+        if not procs:
+            continue
+        for p in procs:  # both bindings' entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
+            pid = p.pid
+            if pid in seen:
+                continue
+            seen.add(pid)
+            gi, ci = p.gpuInstanceId, p.computeInstanceId
+            # positional, in the fields' order: pid, used_memory, type, user, command, gpu/compute instance
+            out.append(ProcessInfo(pid, p.usedGpuMemory, kind, None, None, None if gi == _NO_ID else gi,
+                                   None if ci == _NO_ID else ci))
+    return out
+
+
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -191,7 +220,7 @@ class _XidWatcher:
                 pass
 
 
-@dataclass
+@record
 class _Device(Device):
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
@@ -199,6 +228,28 @@ class _Device(Device):
     links: list[GpuLink] = field(default_factory=list)
     fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
     gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
+
+
+BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
+
+
+def bindings(telemetry: bool = False) -> Any:
+    """The NVML bindings a backend calls: nvidia-ml-py (``pynvml``) where it reads telemetry (the
+    daemon: clocks, fields, GPM, XID events) or where ``$GPUSD_NVML_BINDINGS`` is ``nvidia-ml-py``;
+    else :mod:`gpusd.inventory.nvmlfast`, the same calls without the library's import (a one-shot
+    command's start-up, issue 24)."""
+    choice = os.environ.get(BINDINGS, "").strip().lower()
+    if choice not in ("", "auto", "nvidia-ml-py", "pynvml"):
+        raise BackendUnavailable(f"{BINDINGS}: {choice[:20]!r} is not a choice (auto, nvidia-ml-py)")
+    if not telemetry and choice in ("", "auto") and sys.platform.startswith("linux"):
+        from . import nvmlfast
+
+        return nvmlfast
+    try:
+        import pynvml
+    except ImportError:  # pragma: no cover - a dependency of gpusd
+        raise BackendUnavailable("the nvidia-ml-py package is not installed", hint=True) from None
+    return pynvml
 
 
 def load_library(path: str | None = None) -> None:
@@ -227,11 +278,7 @@ class NvmlBackend(VendorBackend):
         self._count = -1
         self._xids: _XidWatcher | None = None
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
-        try:
-            import pynvml
-        except ImportError:  # pragma: no cover - a dependency of gpusd
-            raise BackendUnavailable("the nvidia-ml-py package is not installed", hint=True) from None
-        self._nv = pynvml
+        self._nv = pynvml = bindings(telemetry)
         self._error = pynvml.NVMLError
         load_library(library)
         try:
@@ -399,14 +446,14 @@ class NvmlBackend(VendorBackend):
 
     def _read(self, dev: _Device) -> GpuInfo:
         gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
-                      numa_node=dev.numa_node, local_cpus=dev.local_cpus, links=list(dev.links))
+                      numa_node=dev.numa_node, local_cpus=dev.local_cpus, links=list(dev.links) if dev.links else [])
         if dev.handle is None:
             gpu.healthy, gpu.error = False, "no NVML handle"
             return gpu
         try:
             self._fill_fast(dev, gpu)
             return gpu
-        except _GpuFailed as exc:  # from the sample buffer, the MIG slices or the process lists
+        except _GpuFailed as exc:  # from the sample buffer or the MIG slices
             gpu.healthy = False
             gpu.error = exc.reason
             return gpu
@@ -419,16 +466,20 @@ class NvmlBackend(VendorBackend):
     def _fill_fast(self, dev: _Device, gpu: GpuInfo) -> None:
         """:meth:`_fill` in straight-line calls, for a GPU that answers every call it supports (the
         usual case): the same readings, without a wrapper per call (issue 24: the snapshot within 1.2x
-        of raw NVML).  The first error raises; :meth:`_read` then reads the GPU with :meth:`_fill`."""
+        of raw NVML).  The first error raises; :meth:`_read` then reads the GPU with :meth:`_fill`.
+        The numbers are read from nvidia-ml-py's structures with :data:`_field` (see there)."""
         nv = self._nv
         h = dev.handle
         uns = dev.unsupported
         if "memory" not in uns:
             mem = nv.nvmlDeviceGetMemoryInfo(h)
-            gpu.memory_total, gpu.memory_used, gpu.memory_free = int(mem.total), int(mem.used), int(mem.free)
-        rates = nv.nvmlDeviceGetUtilizationRates(h) if "utilization" not in uns else None
-        if rates is not None:
-            gpu.utilization_memory = float(rates.memory)
+            gpu.memory_total, gpu.memory_used, gpu.memory_free = _field(mem, "total"), _field(mem, "used"), \
+                _field(mem, "free")
+        reading = None
+        if "utilization" not in uns:
+            rates = nv.nvmlDeviceGetUtilizationRates(h)
+            gpu.utilization_memory = float(_field(rates, "memory"))
+            reading = float(_field(rates, "gpu"))
         if self._detail:
             if "temperature" not in uns:
                 gpu.temperature = nv.nvmlDeviceGetTemperature(h, 0)
@@ -443,10 +494,18 @@ class NvmlBackend(VendorBackend):
         if "compute_mode" not in uns:
             gpu.compute_mode = _COMPUTE_MODES.get(nv.nvmlDeviceGetComputeMode(h))
         mig = nv.nvmlDeviceGetMigMode(h) if "mig_mode" not in uns else None
+        if self.want_processes:
+            compute = (nv.nvmlDeviceGetComputeRunningProcesses(h) if "processes_compute" not in uns else None)
+            graphics = (nv.nvmlDeviceGetGraphicsRunningProcesses(h) if "processes_graphics" not in uns else None)
+            if compute or graphics:
+                gpu.processes = _process_list(compute, graphics)
         # Past the last direct call: what follows raises no NVMLError (only _GpuFailed), so a GPU read
         # again by _fill never adds a second reading to its utilisation window.
-        self._utilization(dev, gpu, rates, time.time())
-        self._migs_and_processes(dev, gpu, mig)
+        self._utilization(dev, gpu, reading, time.time())
+        if mig is not None:
+            gpu.mig_mode = bool(mig[0])
+            if gpu.mig_mode:
+                gpu.mig_instances = self._migs(dev)
 
     def _fill(self, dev: _Device, gpu: GpuInfo) -> None:
         nv = self._nv
@@ -458,7 +517,7 @@ class NvmlBackend(VendorBackend):
         now = time.time()
         if rates is not None:
             gpu.utilization_memory = float(rates.memory)
-        self._utilization(dev, gpu, rates, now)
+        self._utilization(dev, gpu, float(rates.gpu) if rates is not None else None, now)
         if self._detail:
             gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
             power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
@@ -470,17 +529,19 @@ class NvmlBackend(VendorBackend):
                 self._telemetry(dev, gpu)
         mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
-        self._migs_and_processes(dev, gpu, q(dev, "mig_mode", nv.nvmlDeviceGetMigMode))
-
-    def _migs_and_processes(self, dev: _Device, gpu: GpuInfo, mig: Any) -> None:
-        """The rest of a GPU's reading, the same on both paths: its MIG instances (``mig``: NVML's MIG
-        mode, None where unsupported) and its processes."""
+        mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
         if mig is not None:
-            gpu.mig_mode = bool(mig[0])
-            if gpu.mig_mode:
-                gpu.mig_instances = self._migs(dev)
+            self._mig_mode(dev, gpu, mig)
         if self.want_processes:
-            gpu.processes = self._processes(dev)
+            gpu.processes = _process_list(q(dev, "processes_compute", nv.nvmlDeviceGetComputeRunningProcesses),
+                                          q(dev, "processes_graphics", nv.nvmlDeviceGetGraphicsRunningProcesses))
+
+    def _mig_mode(self, dev: _Device, gpu: GpuInfo, mig: Any) -> None:
+        """The GPU's MIG mode (NVML's [current, pending]) and, where it is on, its MIG instances: the
+        same on both paths."""
+        gpu.mig_mode = bool(mig[0])
+        if gpu.mig_mode:
+            gpu.mig_instances = self._migs(dev)
 
     def _telemetry(self, dev: _Device, gpu: GpuInfo) -> None:
         """What the DCGM exporter's default counters read (docs/monitoring.md): clocks, memory
@@ -563,7 +624,8 @@ class NvmlBackend(VendorBackend):
         finally:
             _free_gpm(nv, prev)
 
-    def _utilization(self, dev: _Device, gpu: GpuInfo, rates: Any, now: float) -> None:
+    def _utilization(self, dev: _Device, gpu: GpuInfo, reading: float | None, now: float) -> None:
+        """The GPU's utilisation over the window (``reading``: this instant's, None where unsupported)."""
         window = dev.util
         assert window is not None
         samples = None
@@ -580,15 +642,14 @@ class NvmlBackend(VendorBackend):
                 samples = None
         if samples:
             for s in samples:
-                ts = int(s.timeStamp)
+                ts = int(_field(s, "timeStamp"))
                 if ts > dev.samples_ts:
-                    window.add(ts / 1e6, float(s.sampleValue.uiVal))
+                    window.add(ts / 1e6, float(_field(_field(s, "sampleValue"), "uiVal")))
                     dev.samples_ts = ts
-        elif rates is not None and ("samples" in dev.unsupported or window.last_ts() is None):
+        elif reading is not None and ("samples" in dev.unsupported or window.last_ts() is None):
             # No driver sample buffer: build the window from our own readings.
-            window.add(now, float(rates.gpu))
-        gpu.utilization_gpu, gpu.utilization_window = utilisation(window, now, self._util_since.get(dev.uuid),
-                                                                  float(rates.gpu) if rates is not None else None)
+            window.add(now, reading)
+        gpu.utilization_gpu, gpu.utilization_window = utilisation(window, now, self._util_since.get(dev.uuid), reading)
 
     def _migs(self, dev: _Device) -> list[MigInstance]:
         nv = self._nv
@@ -621,30 +682,6 @@ class NvmlBackend(VendorBackend):
                 except nv.NVMLError:
                     pass
             out.append(mig)
-        return out
-
-    def _processes(self, dev: _Device) -> list[ProcessInfo]:
-        nv = self._nv
-        out: list[ProcessInfo] = []
-        seen: set[int] = set()
-        for kind, fn in (("compute", nv.nvmlDeviceGetComputeRunningProcesses),
-                         ("graphics", nv.nvmlDeviceGetGraphicsRunningProcesses)):
-            procs = self._query(dev, f"processes_{kind}", fn) or []
-            for p in procs:
-                pid = int(p.pid)
-                if pid in seen:
-                    continue  # a process using both compute and graphics is listed twice by NVML
-                seen.add(pid)
-                used = getattr(p, "usedGpuMemory", None)
-                gi = getattr(p, "gpuInstanceId", None)
-                ci = getattr(p, "computeInstanceId", None)
-                out.append(ProcessInfo(
-                    pid=pid,
-                    used_memory=int(used) if used is not None else None,
-                    type=kind,
-                    gpu_instance_id=int(gi) if gi is not None and gi != 0xFFFFFFFF else None,
-                    compute_instance_id=int(ci) if ci is not None and ci != 0xFFFFFFFF else None,
-        ))
         return out
 
     def _shutdown(self) -> None:

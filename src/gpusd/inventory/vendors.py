@@ -25,9 +25,8 @@ Engines that manage a vendor's variable themselves get what they read (``engine=
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..model import VENDORS, GpuInfo
+from ..record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,7 +56,7 @@ DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICE
 RAY_DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Visible:
     """One device a job is to see: its vendor, its number in that vendor's runtime, its UUID."""
 

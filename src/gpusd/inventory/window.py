@@ -109,15 +109,17 @@ class UtilWindow:
         """(mean, seconds covered).  Each sample counts for the time until the next sample (the
         newest for one mean sample period); a lone sample gives (value, None).  With ``since``,
         only samples taken at or after that time count (None, None when there are none)."""
-        self._trim(now)
         slots = self._slots
+        horizon = now - self.window
+        while len(slots) > 1 and slots[1].start <= horizon:  # _trim(now), inline: once per GPU and snapshot
+            slots.popleft()
+            self._starts.popleft()
         if not slots:
             return None, None
-        horizon = now - self.window
         last = slots[-1]
         first = slots[0]
         first_ts, first_acc, n_before = first.start, first.acc, first.n
-        if since is not None and since > first.start:
+        if since is not None and since > first_ts:
             if since > last.last:
                 return None, None
             horizon = max(horizon, since)
@@ -142,21 +144,27 @@ class UtilWindow:
         period = (last_ts - first_ts) / (n - 1)
         # The integral from max(first_ts, horizon) to last_ts, then the newest reading's period.
         if horizon > first_ts:
-            i = bisect_right(self._starts, horizon) - 1
-            start_acc = self._acc_at(i, horizon)
+            if first is slots[0]:  # no ``since`` inside the window: the trim left the horizon in the first slot
+                start_acc = self._acc_at(0, horizon)
+            else:
+                start_acc = self._acc_at(bisect_right(self._starts, horizon) - 1, horizon)
             start = horizon
         else:
             start_acc, start = first_acc, first_ts
-        total = self._acc - start_acc if last_ts > start else 0.0
-        weight = last_ts - start if last_ts > start else 0.0
-        tail_start = max(horizon, last_ts)
+        if last_ts > start:
+            total, weight = self._acc - start_acc, last_ts - start
+        else:
+            total = weight = 0.0
+        tail_start = horizon if horizon > last_ts else last_ts
         end = last_ts + period
         if end > tail_start:
             total += last_value * (end - tail_start)
             weight += end - tail_start
         if weight <= 0:
             return last_value, None
-        covered = min(self.window, end - (max(horizon, first_ts)))
+        covered = end - (horizon if horizon > first_ts else first_ts)
+        if covered >= self.window:  # a full window (round() of a float costs more than the rest of a read)
+            return total / weight, self.window
         return total / weight, round(covered, 3)
 
 

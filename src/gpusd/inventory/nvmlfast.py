@@ -1,0 +1,362 @@
+"""NVML through ctypes for the quick commands: the calls a snapshot without telemetry makes, without
+importing nvidia-ml-py (issue 24: its import costs a one-shot command ~10 ms, more than all of gpusd's
+own modules on that path: ~200 ctypes structures and exception classes, and ``ctypes.util``, which
+imports ``subprocess``).
+
+nvidia-ml-py stays gpusd's NVML binding and the reference: the daemon reads telemetry through it, and
+``GPUSD_NVML_BINDINGS=nvidia-ml-py`` makes every backend use it.  This module answers the names
+:class:`gpusd.inventory.nvml.NvmlBackend` calls when it reads no telemetry, as nvidia-ml-py answers
+them: each function calls the NVML symbol that nvidia-ml-py's function of the same name calls, with
+the same structures, returns the same values (a structure's numbers, a decoded string, a process's
+``usedGpuMemory`` None where NVML cannot tell), and raises :class:`NVMLError` with the same ``value``
+and message.  ``tests/inventory/test_nvmlfast.py`` checks it against nvidia-ml-py: the symbols each
+function calls, the structures' layouts, each function's answers on the fake NVML (failures
+included), and whole snapshots read both ways.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import (
+    Structure,
+    Union,
+    byref,
+    c_char,
+    c_double,
+    c_int,
+    c_longlong,
+    c_uint,
+    c_ulong,
+    c_ulonglong,
+    c_ushort,
+    c_void_p,
+    create_string_buffer,
+)
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+LIBRARY = "libnvidia-ml.so.1"  # found by its soname, as nvidia-ml-py finds it (after load_library's path)
+
+# Return codes and constants (nvml.h; nvidia-ml-py's names and values).
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_GPU_UTILIZATION_SAMPLES = 1
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF  # a process's memory where NVML cannot tell
+
+# Buffer sizes (nvml.h).
+_UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
+_NAME_SIZE = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
+_VERSION_SIZE = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE
+
+# nvidia-ml-py's words for the codes it knows (NVMLError._errcode_to_string); any other code is
+# described by the library's nvmlErrorString, as there.
+_MESSAGES = {
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
+    5: "Already Initialized", 6: "Not Found", 7: "Insufficient Size", 8: "Insufficient External Power",
+    9: "Driver Not Loaded", 10: "Timeout", 11: "Interrupt Request Issue", 12: "NVML Shared Library Not Found",
+    13: "Function Not Found", 14: "Corrupted infoROM", 15: "GPU is lost", 16: "GPU requires restart",
+    17: "The operating system has blocked the request.", 18: "RM has detected an NVML/RM version mismatch.",
+    20: "Insufficient Memory", 999: "Unknown Error",
+}
+
+
+class NVMLError(Exception):
+    """An NVML call failed: ``value`` is NVML's return code (as :class:`pynvml.NVMLError`'s)."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        text = _MESSAGES.get(self.value)
+        if text is None:
+            try:
+                text = _MESSAGES[self.value] = str(nvmlErrorString(self.value))
+            except NVMLError:
+                return f"NVML Error with code {self.value}"
+        return text
+
+
+# -- the structures (nvml.h; the layouts of nvidia-ml-py's c_nvml* structures, checked by the tests) --
+class c_nvmlMemory_t(Structure):
+    _fields_ = [("total", c_ulonglong), ("free", c_ulonglong), ("used", c_ulonglong)]
+
+
+class c_nvmlUtilization_t(Structure):
+    _fields_ = [("gpu", c_uint), ("memory", c_uint)]
+
+
+class nvmlPciInfo_t(Structure):
+    _fields_ = [("busIdLegacy", c_char * 16), ("domain", c_uint), ("bus", c_uint), ("device", c_uint),
+                ("pciDeviceId", c_uint), ("pciSubSystemId", c_uint), ("busId", c_char * 32)]
+
+
+class c_nvmlProcessInfo_v3_t(Structure):
+    _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong), ("gpuInstanceId", c_uint),
+                ("computeInstanceId", c_uint)]
+
+
+class c_nvmlValue_t(Union):
+    _fields_ = [("dVal", c_double), ("uiVal", c_uint), ("ulVal", c_ulong), ("ullVal", c_ulonglong),
+                ("sllVal", c_longlong), ("siVal", c_int), ("usVal", c_ushort)]
+
+
+class c_nvmlSample_t(Structure):
+    _fields_ = [("timeStamp", c_ulonglong), ("sampleValue", c_nvmlValue_t)]
+
+
+class Process:
+    """One entry of a process list, as nvidia-ml-py gives it (its ``nvmlFriendlyObject``)."""
+
+    __slots__ = ("computeInstanceId", "gpuInstanceId", "pid", "usedGpuMemory")
+
+    def __init__(self, info: c_nvmlProcessInfo_v3_t) -> None:
+        self.pid = info.pid
+        used = info.usedGpuMemory
+        self.usedGpuMemory = None if used == NVML_VALUE_NOT_AVAILABLE_ULONGLONG else used
+        self.gpuInstanceId = info.gpuInstanceId
+        self.computeInstanceId = info.computeInstanceId
+
+
+# -- the library and its functions ----------------------------------------------------------------------
+_lib: Any = None
+_lock = threading.Lock()
+_functions: dict[str, Any] = {}
+
+
+def _fn(name: str) -> Any:
+    """The library's function ``name`` (looked up once); NVMLError as nvidia-ml-py raises it where the
+    library is not loaded or lacks the symbol."""
+    fn = _functions.get(name)
+    if fn is None:
+        with _lock:
+            if _lib is None:
+                raise NVMLError(NVML_ERROR_UNINITIALIZED)
+            try:
+                fn = _functions[name] = getattr(_lib, name)
+            except AttributeError:
+                raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND) from None
+    return fn
+
+
+def _check(ret: int) -> None:
+    if ret != NVML_SUCCESS:
+        raise NVMLError(ret)
+
+
+def _load() -> None:
+    global _lib
+    with _lock:
+        if _lib is None:
+            try:
+                _lib = ctypes.CDLL(LIBRARY)
+            except OSError:
+                raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND) from None
+
+
+def nvmlInit() -> None:
+    _load()
+    _check(_fn("nvmlInitWithFlags")(0))
+
+
+def nvmlShutdown() -> None:
+    _check(_fn("nvmlShutdown")())
+
+
+def nvmlErrorString(result: int) -> str:
+    fn = _fn("nvmlErrorString")
+    fn.restype = ctypes.c_char_p
+    text = fn(result)
+    return text.decode() if isinstance(text, bytes) else str(text)
+
+
+def _text(symbol: str, size: int, *args: Any) -> str:
+    buf = create_string_buffer(size)
+    _check(_fn(symbol)(*args, buf, c_uint(size)))
+    return buf.value.decode()
+
+
+def _uint(symbol: str, *args: Any) -> int:
+    out = c_uint()
+    _check(_fn(symbol)(*args, byref(out)))
+    return out.value
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    return _text("nvmlSystemGetDriverVersion", _VERSION_SIZE)
+
+
+def nvmlSystemGetNVMLVersion() -> str:
+    return _text("nvmlSystemGetNVMLVersion", _VERSION_SIZE)
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    out = c_int()
+    _check(_fn("nvmlSystemGetCudaDriverVersion")(byref(out)))
+    return out.value
+
+
+def nvmlDeviceGetCount() -> int:
+    return _uint("nvmlDeviceGetCount_v2")
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> c_void_p:
+    handle = c_void_p()
+    _check(_fn("nvmlDeviceGetHandleByIndex_v2")(c_uint(index), byref(handle)))
+    return handle
+
+
+def nvmlDeviceGetUUID(handle: c_void_p) -> str:
+    return _text("nvmlDeviceGetUUID", _UUID_SIZE, handle)
+
+
+def nvmlDeviceGetName(handle: c_void_p) -> str:
+    return _text("nvmlDeviceGetName", _NAME_SIZE, handle)
+
+
+def nvmlDeviceGetPciInfo(handle: c_void_p) -> nvmlPciInfo_t:
+    info = nvmlPciInfo_t()
+    _check(_fn("nvmlDeviceGetPciInfo_v3")(handle, byref(info)))
+    return info
+
+
+def nvmlDeviceGetNumaNodeId(handle: c_void_p) -> int:
+    node = c_int()
+    _check(_fn("nvmlDeviceGetNumaNodeId")(handle, byref(node)))
+    return node.value
+
+
+def nvmlDeviceGetCpuAffinity(handle: c_void_p, cpu_set_size: int) -> Any:
+    mask = (c_ulonglong * cpu_set_size)()
+    _check(_fn("nvmlDeviceGetCpuAffinity")(handle, cpu_set_size, byref(mask)))
+    return mask
+
+
+def nvmlDeviceGetTopologyCommonAncestor(device1: c_void_p, device2: c_void_p) -> int:
+    return _uint("nvmlDeviceGetTopologyCommonAncestor", device1, device2)
+
+
+def nvmlDeviceGetP2PStatus(device1: c_void_p, device2: c_void_p, p2p_index: int) -> int:
+    return _uint("nvmlDeviceGetP2PStatus", device1, device2, p2p_index)
+
+
+def nvmlDeviceGetNvLinkState(device: c_void_p, link: int) -> int:
+    return _uint("nvmlDeviceGetNvLinkState", device, link)
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo(device: c_void_p, link: int) -> nvmlPciInfo_t:
+    info = nvmlPciInfo_t()
+    _check(_fn("nvmlDeviceGetNvLinkRemotePciInfo_v2")(device, link, byref(info)))
+    return info
+
+
+def nvmlDeviceGetMemoryInfo(handle: c_void_p) -> c_nvmlMemory_t:
+    memory = c_nvmlMemory_t()
+    _check(_fn("nvmlDeviceGetMemoryInfo")(handle, byref(memory)))
+    return memory
+
+
+def nvmlDeviceGetUtilizationRates(handle: c_void_p) -> c_nvmlUtilization_t:
+    rates = c_nvmlUtilization_t()
+    _check(_fn("nvmlDeviceGetUtilizationRates")(handle, byref(rates)))
+    return rates
+
+
+def nvmlDeviceGetTemperature(handle: c_void_p, sensor: int) -> int:
+    return _uint("nvmlDeviceGetTemperature", handle, c_uint(sensor))
+
+
+def nvmlDeviceGetPowerUsage(handle: c_void_p) -> int:
+    return _uint("nvmlDeviceGetPowerUsage", handle)
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: c_void_p) -> int:
+    return _uint("nvmlDeviceGetEnforcedPowerLimit", handle)
+
+
+def nvmlDeviceGetFanSpeed(handle: c_void_p) -> int:
+    return _uint("nvmlDeviceGetFanSpeed", handle)
+
+
+def nvmlDeviceGetComputeMode(handle: c_void_p) -> int:
+    return _uint("nvmlDeviceGetComputeMode", handle)
+
+
+def nvmlDeviceGetMigMode(device: c_void_p) -> list[int]:
+    current, pending = c_uint(), c_uint()
+    _check(_fn("nvmlDeviceGetMigMode")(device, byref(current), byref(pending)))
+    return [current.value, pending.value]
+
+
+def nvmlDeviceGetSamples(device: c_void_p, sampling_type: int, since_us: int) -> tuple[int, list[c_nvmlSample_t]]:
+    fn = _fn("nvmlDeviceGetSamples")
+    kind, since, count, value_type = c_uint(sampling_type), c_ulonglong(since_us), c_uint(0), c_uint()
+    _check(fn(device, kind, since, byref(value_type), byref(count), None))  # the number of samples
+    samples = (c_nvmlSample_t * count.value)()
+    _check(fn(device, kind, since, byref(value_type), byref(count), samples))
+    return value_type.value, samples[0:count.value]
+
+
+def _processes(symbol: str, handle: c_void_p) -> list[Process]:
+    fn = _fn(symbol)
+    count = c_uint(0)
+    ret = fn(handle, byref(count), None)
+    if ret == NVML_SUCCESS:
+        return []  # no process
+    if ret != NVML_ERROR_INSUFFICIENT_SIZE:
+        raise NVMLError(ret)
+    count.value = count.value * 2 + 5  # room for processes started meanwhile, as nvidia-ml-py leaves
+    infos = (c_nvmlProcessInfo_v3_t * count.value)()
+    _check(fn(handle, byref(count), infos))
+    return [Process(infos[i]) for i in range(count.value)]
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: c_void_p) -> list[Process]:
+    return _processes("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: c_void_p) -> list[Process]:
+    return _processes("nvmlDeviceGetGraphicsRunningProcesses_v3", handle)
+
+
+def nvmlDeviceGetMaxMigDeviceCount(device: c_void_p) -> int:
+    return _uint("nvmlDeviceGetMaxMigDeviceCount", device)
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(device: c_void_p, index: int) -> c_void_p:
+    handle = c_void_p()
+    _check(_fn("nvmlDeviceGetMigDeviceHandleByIndex")(device, c_uint(index), byref(handle)))
+    return handle
+
+
+def nvmlDeviceGetGpuInstanceId(device: c_void_p) -> int:
+    return _uint("nvmlDeviceGetGpuInstanceId", device)
+
+
+def nvmlDeviceGetComputeInstanceId(device: c_void_p) -> int:
+    return _uint("nvmlDeviceGetComputeInstanceId", device)
+
+
+# The names NvmlBackend calls without telemetry: tests/inventory/test_nvmlfast.py checks each against
+# nvidia-ml-py's function of the same name.
+FUNCTIONS = (
+    "nvmlInit", "nvmlShutdown", "nvmlErrorString", "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
+    "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetCpuAffinity",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetFanSpeed", "nvmlDeviceGetComputeMode", "nvmlDeviceGetMigMode", "nvmlDeviceGetSamples",
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+)
+
+__all__ = ["NVMLError", *FUNCTIONS]
