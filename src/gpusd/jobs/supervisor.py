@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..alloc import startgate as gate
 from ..alloc.api import LeaseRequest, Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
 from ..alloc.handle import Holder, LeaseHandle
@@ -195,6 +196,7 @@ class Supervisor:
     def _take(self, sel: Selection) -> None:
         """The lease is the job's; its record says so when the command starts (one write at the
         hand-over, not three: each wakes every process watching the lock directory)."""
+        gate.leave()  # (if the queue never asked: a job never runs holding a start slot)
         self.lease = sel.lease
         self.devs = list(sel.devices)
         self.writer.update(lease=sel.lease.lease_id if sel.lease is not None else None)
@@ -208,6 +210,15 @@ class Supervisor:
         local = not first or self.spec.preemptible
         preempts = first and self.spec.priority > PRIORITIES["low"]
         blocked = (lambda: self.preempt_when_blocked(c.count)) if preempts else None
+        if gate.held():  # the start slot (gpusd.alloc.startgate) goes back once we are queued
+            if not local and self._through_daemon():
+                gate.leave()  # the daemon queues us: nothing of the start-up is left here
+            elif cancelled is not None:
+                inner = cancelled
+
+                def cancelled() -> bool:  # the queue asks first right after our ticket is in
+                    gate.leave()
+                    return inner()
         req = LeaseRequest(c, wait=wait, timeout=timeout, simulate=self.spec.simulate, holder=self.holder,
                            priority=self.spec.priority, resume=resume, when_blocked=blocked, cancelled=cancelled)
         return allocate(req, store=self.store if local else None,
@@ -219,6 +230,7 @@ class Supervisor:
         if wait and self.spec.priority > PRIORITIES["low"] and not self.spec.preemptible and self._through_daemon():
             # The daemon queues for us and cannot preempt our jobs: ask for room first when nothing
             # qualifies and nobody of our class or above is queued.
+            gate.leave()  # nothing of the start-up is left here (asking victims may take long)
             from ..alloc import queue
             from ..alloc.priority import load_policy
 
@@ -256,15 +268,25 @@ class Supervisor:
                 self._poke()
 
         threading.Thread(target=work, daemon=True, name=f"gpusd-job-{self.job_id}-lease").start()
-        while not done.is_set():
-            # Asleep until the lease comes or a signal says stop (both write to the wake pipe): a
-            # queued job costs no CPU while it waits (STOP_POLL: in case a wake-up is missed).
-            self._sleep(STOP_POLL)
-            if self.stopped.is_set():
-                with gate:
-                    if "selection" not in box:
-                        box["abandoned"] = True
-                        raise Stopped(self.stopped_by)
+        # Asleep until the lease comes or a signal says stop (both write to the wake pipe): a queued job
+        # costs no CPU while it waits.  The kernel may hand a signal to any thread, and then the main
+        # thread's sleep is not interrupted: the wake pipe is also the interpreter's wakeup fd, which
+        # its C handler writes to whichever thread runs it (STOP_POLL: in case a wake-up is missed).
+        try:
+            previous: int | None = signal.set_wakeup_fd(self._wake[1], warn_on_full_buffer=False)
+        except ValueError:  # not the main thread (a test): the handler's own write still wakes us
+            previous = None
+        try:
+            while not done.is_set():
+                self._sleep(STOP_POLL)
+                if self.stopped.is_set():
+                    with gate:
+                        if "selection" not in box:
+                            box["abandoned"] = True
+                            raise Stopped(self.stopped_by)
+        finally:
+            if previous is not None:
+                signal.set_wakeup_fd(previous)
         if "error" in box:
             if self.stopped.is_set():
                 raise Stopped(self.stopped_by)  # the wait ended because we stopped it
