@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from gpusd.alloc import queue
 from gpusd.alloc.leases import LeaseStore
@@ -15,6 +17,17 @@ import sys, time
 from gpusd.alloc.leases import LeaseStore
 lease = LeaseStore().acquire(["GPU-1"])
 print("held", flush=True)
+time.sleep(60)
+"""
+
+ENQUEUE_AND_HOLD = """
+import time
+from gpusd.alloc import queue
+from gpusd.alloc.leases import LeaseStore
+store = LeaseStore()
+with store.mutex():
+    ticket = queue.enqueue(store, 1)
+print(ticket.path, flush=True)
 time.sleep(60)
 """
 
@@ -79,3 +92,71 @@ def test_a_ticket_is_never_visible_unlocked(monkeypatch):
     assert queue.ahead_of(store, second) == first.path
     first.close()
     second.close()
+
+
+def test_a_waiter_behind_the_head_is_woken_by_the_ticket_ahead_only():
+    """40 waiters woken by every lease and ticket of the directory would take the CPU the hand-over needs:
+    a waiter behind the head follows the ticket just ahead of it, and nothing else wakes it."""
+    store = LeaseStore()
+    store.ensure()
+    with store.mutex():
+        first = queue.enqueue(store, 1)
+        second = queue.enqueue(store, 1)
+    assert queue.ahead_of(store, second) == first.path
+    try:
+        with queue.LeaseWatch(store.dir) as watch:
+            wd = watch.follow(first.path)
+            assert wd >= 0
+            # the directory's traffic: a lease taken and released, a ticket that comes and goes
+            store.acquire(["GPU-1"]).release()
+            with store.mutex():
+                queue.enqueue(store, 1).close()
+            assert watch.wait(0.2, followed=True) is False
+            first.close()  # the waiter ahead leaves (got its GPUs, gave up or died)
+            assert watch.wait(10, followed=True) is True
+            watch.unfollow(wd)
+            # at the head now: drain() watches the directory again before the look
+            watch.drain()
+            lease = store.acquire(["GPU-1"])
+            watch.drain()
+            lease.release()
+            assert watch.wait(10) is True
+    finally:
+        first.close()
+        second.close()
+
+
+def test_wait_for_returns_when_the_waiter_ahead_is_killed():
+    """The ticket ahead's lock goes with its holder however it ends: the follower is woken and goes on."""
+    store = LeaseStore()
+    store.ensure()
+    p = subprocess.Popen([sys.executable, "-c", ENQUEUE_AND_HOLD], stdout=subprocess.PIPE, text=True)
+    try:
+        path = p.stdout.readline().strip()
+        assert path
+        with queue.LeaseWatch(store.dir) as watch:
+            done: list[bool] = []
+            import threading
+
+            t = threading.Thread(target=lambda: done.append(
+                queue.wait_for(Path(path), time.monotonic() + 60, watch=watch, cancelled=lambda: False)))
+            t.start()
+            os.kill(p.pid, signal.SIGKILL)
+            t.join(60)
+            assert done == [True]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_new_ticket_does_not_wake_the_head():
+    """A ticket that comes ahead of the head is a head itself and looks on its own (the head's look
+    checks under the mutex that it still is the head): tickets arriving are no reason to look."""
+    store = LeaseStore()
+    store.ensure()
+    with queue.LeaseWatch(store.dir) as watch:
+        watch.drain()
+        with store.mutex():
+            ticket = queue.enqueue(store, 1, priority=3)
+        ticket.close()
+        assert watch.wait(0.2) is False

@@ -6,6 +6,7 @@
 * :mod:`.leases` — leases held with flock, in the shared lock directory or the authority's;
 * :mod:`.handle` — the one lease handle (:class:`LeaseHandle`, :class:`Holder`) both kinds of lease implement;
 * :mod:`.queue` — the wait queue (priorities, then first come, first served);
+* :mod:`.startgate` — the start slots of ``gpusd run --wait`` (queued jobs submitted together start in turn);
 * :mod:`.leaseview` — the lease view, kept by inotify instead of re-read per call;
 * :mod:`.inotify` — the one inotify binding (the queue's wake-up, the lease view);
 * :mod:`.lockdir` — lock directories and files opened without following anyone's symlinks;

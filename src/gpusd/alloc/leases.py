@@ -46,6 +46,7 @@ from ..model import HostSnapshot, LeaseInfo
 from ..record import field, record
 from .handle import Holder, LeaseHandle
 from .lockdir import (
+    DEFAULT_LOCK_DIR,
     DIR_FLAGS,
     FILE_FLAGS,
     check_private_dir,
@@ -81,7 +82,6 @@ class _Log:
 
 log = _Log()
 
-DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
 LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex

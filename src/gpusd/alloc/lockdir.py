@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..errors import GpusdError, LockBusy
 
+DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"  # $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

@@ -20,7 +20,8 @@ best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
 selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it
-(woken by the tickets' events only: a lease ending is the head's business),
+(woken by that ticket's close or removal only, :meth:`LeaseWatch.follow`: a lease ending is the head's
+business, and 40 waiters woken by every event of the directory cost the hand-over its CPU),
 and looks again at least every :data:`RECHECK_ORDER` seconds (aging may change who that is); a lock
 is released the moment its waiter gets its GPUs, gives up or dies (the kernel drops the
 lock of a killed process), so the hand-over is immediate.  The head checks under the selection mutex
@@ -49,8 +50,10 @@ from pathlib import Path
 
 from ..errors import GpusdError
 from .inotify import (
+    IN_ATTRIB,
     IN_CLOSE_WRITE,
     IN_DELETE,
+    IN_DELETE_SELF,
     IN_DONT_FOLLOW,
     IN_MOVED_TO,
     IN_ONLYDIR,
@@ -325,15 +328,20 @@ def _process_start(pid: int) -> float | None:
 def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: LeaseWatch | None = None,
              cancelled: Callable[[], bool] | None = None) -> bool:
     """Block until the waiter holding ``path`` leaves (lock released).  False on deadline (or when
-    ``cancelled()`` says so, checked at least every second)."""
+    ``cancelled()`` says so, checked at least every second).  With ``watch``, it sleeps until that
+    ticket alone is closed or removed (:meth:`LeaseWatch.follow`): the other waiters' and the
+    leases' traffic in the directory does not wake it."""
     try:
         fd = os.open(path, FILE_FLAGS | os.O_RDONLY)
     except OSError:
         return True  # already gone
+    followed = -1
     try:
         if deadline is None and cancelled is None:
             fcntl.flock(fd, fcntl.LOCK_SH)  # sleeps in the kernel until the holder leaves
             return True
+        if watch is not None and watch.active:
+            followed = watch.follow(path)  # before the first try: a close after it wakes us
         while True:
             if try_lock(fd, shared=True):
                 return True
@@ -342,13 +350,16 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
             left = deadline - time.monotonic() if deadline is not None else 1.0
             if left <= 0:
                 return False
-            if watch is not None and watch.active:
-                # woken when a ticket is closed or appears (a lease ending is the head's business, not
-                # ours: 40 waiters woken by every lease end would slow the hand-over); 1 s in case one is missed
-                watch.wait(min(left, 1.0), tickets=True)
+            if watch is not None and followed >= 0:
+                # woken when the ticket ahead is closed or removed (a lease ending is the head's
+                # business, and so are the other tickets: 40 waiters woken by every event in the
+                # directory would slow the hand-over); 1 s in case one is missed
+                watch.wait(min(left, 1.0), followed=True)
             else:
                 time.sleep(min(left, poll))
     finally:
+        if followed >= 0 and watch is not None:
+            watch.unfollow(followed)
         os.close(fd)
 
 
@@ -357,25 +368,64 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
 class LeaseWatch:
     """Wakes a waiter when a lease or a ticket in the lock directory ends (Linux inotify).
 
-    ``wait(timeout)`` returns True when a lock file was closed after writing (a lease ends: its
-    device locks close; a ticket ends), a lease record or ticket was removed, or a new ticket
-    appeared (it may belong ahead of the head), False after
-    ``timeout``.  ``active`` is False where inotify is unavailable (then the caller polls)."""
+    ``wait(timeout)`` returns True when a lease ends (one of its device lock files is closed after
+    writing, or its record is removed: whoever ends it, the holder, its last child, or the kernel when
+    they die), False after ``timeout``; the queue's tickets do not wake the head (:func:`_relevant`).
+    ``active`` is False where inotify is unavailable (then the caller polls).
+
+    A waiter behind the head follows only the ticket ahead of it (:meth:`follow`, :func:`wait_for`):
+    the directory's watches are taken off meanwhile, so that the events of every lease and ticket
+    do not wake (nor queue up for) each of the waiters, and put back by :meth:`drain`, which the
+    head calls before it looks: no lease may end unseen from then on."""
 
     def __init__(self, directory: Path) -> None:
         self._ino: Inotify | None = None
+        self._events = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
+        # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
+        peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
+        self._dirs = (directory, peer)
+        self._wds: list[int] = []  # the directories' watches, while armed
+        self._followed = -1  # the watch on the ticket ahead (wait_for), while one is followed
         try:
             ino = Inotify()
         except OSError:
             return
-        events = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
-        if ino.watch(directory, events) < 0:
-            ino.close()
-            return
-        # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
-        peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
-        ino.watch(peer, events)  # absent: nothing to watch there
         self._ino = ino
+        if not self._arm():
+            self._ino = None
+            ino.close()
+
+    def _arm(self) -> bool:
+        """Watch the directories (again); False when the lock directory itself cannot be watched."""
+        if self._ino is None:
+            return False
+        if not self._wds:
+            wd = self._ino.watch(self._dirs[0], self._events)
+            if wd < 0:
+                return False
+            self._wds = [wd]
+            peer = self._ino.watch(self._dirs[1], self._events)  # absent: nothing to watch there
+            if peer >= 0 and peer != wd:
+                self._wds.append(peer)
+        return True
+
+    def follow(self, ticket: Path) -> int:
+        """Watch only ``ticket`` (the one ahead: its holder's close, its removal) until :meth:`unfollow`;
+        the directories' watches are taken off until the next :meth:`drain`.  The watch's descriptor,
+        or -1 when it cannot be watched (the caller then polls)."""
+        if self._ino is None:
+            return -1
+        for wd in self._wds:
+            self._ino.unwatch(wd)
+        self._wds = []
+        self._followed = self._ino.watch(ticket, IN_CLOSE_WRITE | IN_ATTRIB | IN_DELETE_SELF | IN_DONT_FOLLOW)
+        return self._followed
+
+    def unfollow(self, wd: int) -> None:
+        if self._ino is not None and wd >= 0:
+            self._ino.unwatch(wd)
+        if wd == self._followed:
+            self._followed = -1
 
     @property
     def fd(self) -> int:
@@ -385,21 +435,31 @@ class LeaseWatch:
     def active(self) -> bool:
         return self.fd >= 0
 
-    def drain(self, tickets: bool = False) -> bool:
-        """Read the pending events: True when one of them is a lease or ticket ending (``tickets``: a
-        ticket's only)."""
+    def drain(self) -> bool:
+        """Read the pending events: True when one of them is a lease ending.  The directories are
+        watched again first, if a :meth:`follow` took them off (then True: what happened meanwhile is
+        unknown)."""
         if self._ino is None:
             return False
-        return any(mask & IN_Q_OVERFLOW or _relevant(name, mask, tickets) for _, mask, name in self._ino.read())
+        rearmed = not self._wds
+        if rearmed and not self._arm():
+            self.close()  # the directory cannot be watched any more: the caller polls
+            return True
+        return any(mask & IN_Q_OVERFLOW or _relevant(name, mask) for wd, mask, name in self._ino.read()
+                   if wd in self._wds or wd < 0) or rearmed
 
-    def wait(self, timeout: float, tickets: bool = False) -> bool:
-        """Block until :meth:`drain` finds an event (True) or ``timeout`` passed (False)."""
+    def wait(self, timeout: float, followed: bool = False) -> bool:
+        """Block until :meth:`drain` finds an event (True) or ``timeout`` passed (False); ``followed``:
+        until the followed ticket's watch has one (any)."""
         end = time.monotonic() + timeout
         while self._ino is not None:
             left = end - time.monotonic()
             if left <= 0 or not self._ino.wait(left):
                 return False
-            if self.drain(tickets):
+            if followed:
+                if any(wd == self._followed or mask & IN_Q_OVERFLOW for wd, mask, _ in self._ino.read()):
+                    return True
+            elif self.drain():
                 return True
         return False
 
@@ -422,11 +482,12 @@ class LeaseWatch:
             pass
 
 
-def _relevant(name: bytes, mask: int, tickets: bool = False) -> bool:
-    if tickets:
-        return name.startswith(b"queue-") and name.endswith(b".ticket")
+def _relevant(name: bytes, mask: int) -> bool:
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
         return bool(mask & IN_CLOSE_WRITE)  # a lease's device lock closed
     if name.startswith(b"lease-") and name.endswith(b".json"):
         return not mask & IN_MOVED_TO  # a record rewritten (renamed over) is not a lease ending
-    return name.startswith(b"queue-") and name.endswith(b".ticket")
+    # Tickets are not the head's business: one that comes ahead of it is a head itself and looks on its
+    # own (the head's look checks under the mutex that it still is the head); the waiters behind follow
+    # the ticket ahead of them (LeaseWatch.follow).  40 tickets arriving at once would be 40 looks.
+    return False

@@ -161,6 +161,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .alloc import env_failing_closed
 
         return env_failing_closed(lambda: _main(argv))
+    if _command_in(argv) == "run":  # queued jobs submitted together start up in turn (gpusd.alloc.startgate)
+        from ..alloc import startgate as gate
+
+        try:
+            if gate.wanted(argv):
+                gate.enter()
+            return _main(argv)
+        finally:
+            gate.leave()
     return _main(argv)
 
 

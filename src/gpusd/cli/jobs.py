@@ -61,7 +61,6 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
 
 def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
     from ..alloc.priority import PRIORITIES
-    from ..jobs.checkpoint import CudaCheckpoint, find_cuda_checkpoint
     from ..jobs.supervisor import Supervisor
     from .options import to_constraints, wait_timeout
 
@@ -75,7 +74,8 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
                           f"you at most {priority_name(allowed)}; an administrator names who may use more in "
                           f"{POLICY_PATH} (docs/jobs.md)")
     tool = None
-    if args.cuda_checkpoint:
+    if args.cuda_checkpoint:  # its module only where asked (start-up time, issue 24)
+        from ..jobs.checkpoint import CudaCheckpoint, find_cuda_checkpoint
         from ..jobs.supervisor import log
 
         path = find_cuda_checkpoint()

@@ -170,9 +170,13 @@ class RecordWriter:
         assert dir_fd is not None
         self.dir_fd: int = dir_fd
 
-    def write(self, **changes: Any) -> None:
+    def update(self, **changes: Any) -> None:
+        """Change the record's fields without writing it: the next :meth:`write` carries them."""
         for key, value in changes.items():
             setattr(self.record, key, value)
+
+    def write(self, **changes: Any) -> None:
+        self.update(**changes)
         d = self.record.to_dict()
         d.pop("uid", None)
         d["format"] = JOB_FORMAT

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..alloc import startgate as gate
 from ..alloc.api import LeaseRequest, Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
 from ..alloc.handle import Holder, LeaseHandle
@@ -46,7 +47,7 @@ from ..alloc.select import Candidate, Constraints
 from ..errors import GpusdError, NoGpuAvailable, to_wire
 from ..ids import JobId
 from . import control
-from .child import Child
+from .child import GROUP_AT_SPAWN, Child
 from .record import JobRecord, RecordWriter, list_jobs
 from .state import JobState, JobStates
 
@@ -64,7 +65,7 @@ FILE_FORMAT = 1
 ON_CHANGE = ("signal", "restart", "file")
 MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not preemptible for that hour
 PREEMPT_RETRY = 10.0  # seconds: a job blocked at the head of the queue asks for room again at most this often
-STOP_POLL = 0.1  # seconds: how often the main thread looks at the stop event while GPUs are taken for it
+STOP_POLL = 5.0  # seconds: the main thread looks at the stop event at least this often while GPUs are taken for it
 
 
 class Stopped(BaseException):
@@ -142,6 +143,8 @@ class Supervisor:
         self.exited_at: float | None = None
         self.last_migration: float | None = None
         self.stopped = threading.Event()  # a signal said to stop while no command ran: set by the handler
+        self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # wakes the main thread while GPUs are taken for it
+        self._wake_lock = threading.Lock()  # the lease's thread against close(); never taken by the handler
         self.stopped_by: int = signal.SIGTERM
         self.user_stop = False  # a signal said to stop: once the command exits, the job ends
         self.writer = RecordWriter(self.store, JobRecord(
@@ -170,7 +173,9 @@ class Supervisor:
         return visible_env([Visible.of(d.gpu, d.uuid, d.mig is not None) for d in self.devs],
                            use_uuid=self.spec.use_uuid)
 
-    def write_job_file(self, state: str, reason: str | None = None) -> None:
+    def write_job_file(self, state: str, reason: str | None = None, record: bool = True) -> None:
+        """Rewrite the job file (the protocol), then the job's record with the same state (``record``
+        False: the record's fields only, written by the next write: the command's start)."""
         self.generation += 1
         d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
@@ -179,9 +184,9 @@ class Supervisor:
         tmp = self.private / f".gpus.{self.generation}.tmp"
         tmp.write_text(json.dumps(d))
         os.replace(tmp, self.job_file)
-        self.writer.write(devices=[x.uuid for x in self.devs], indices=[x.gpu.index for x in self.devs],
-                          state=state if state != "stopping" else self.writer.record.state, reason=reason,
-                          restarts=self.restarts)
+        (self.writer.write if record else self.writer.update)(
+            devices=[x.uuid for x in self.devs], indices=[x.gpu.index for x in self.devs],
+            state=state if state != "stopping" else self.writer.record.state, reason=reason, restarts=self.restarts)
 
     def notify(self) -> str:
         """Send the notify signal to the command, but only if it catches it (:meth:`Child.notify`)."""
@@ -189,9 +194,12 @@ class Supervisor:
 
     # -- leases -------------------------------------------------------------------------------------
     def _take(self, sel: Selection) -> None:
+        """The lease is the job's; its record says so when the command starts (one write at the
+        hand-over, not three: each wakes every process watching the lock directory)."""
+        gate.leave()  # (if the queue never asked: a job never runs holding a start slot)
         self.lease = sel.lease
         self.devs = list(sel.devices)
-        self.writer.write(lease=sel.lease.lease_id if sel.lease is not None else None)
+        self.writer.update(lease=sel.lease.lease_id if sel.lease is not None else None)
 
     def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False,
                   resume: bool = False, cancelled: Callable[[], bool] | None = None) -> Selection:
@@ -202,6 +210,15 @@ class Supervisor:
         local = not first or self.spec.preemptible
         preempts = first and self.spec.priority > PRIORITIES["low"]
         blocked = (lambda: self.preempt_when_blocked(c.count)) if preempts else None
+        if gate.held():  # the start slot (gpusd.alloc.startgate) goes back once we are queued
+            if not local and self._through_daemon():
+                gate.leave()  # the daemon queues us: nothing of the start-up is left here
+            elif cancelled is not None:
+                inner = cancelled
+
+                def cancelled() -> bool:  # the queue asks first right after our ticket is in
+                    gate.leave()
+                    return inner()
         req = LeaseRequest(c, wait=wait, timeout=timeout, simulate=self.spec.simulate, holder=self.holder,
                            priority=self.spec.priority, resume=resume, when_blocked=blocked, cancelled=cancelled)
         return allocate(req, store=self.store if local else None,
@@ -213,6 +230,7 @@ class Supervisor:
         if wait and self.spec.priority > PRIORITIES["low"] and not self.spec.preemptible and self._through_daemon():
             # The daemon queues for us and cannot preempt our jobs: ask for room first when nothing
             # qualifies and nobody of our class or above is queued.
+            gate.leave()  # nothing of the start-up is left here (asking victims may take long)
             from ..alloc import queue
             from ..alloc.priority import load_policy
 
@@ -247,20 +265,59 @@ class Supervisor:
                         box["selection"] = sel
             finally:
                 done.set()
+                self._poke()
 
         threading.Thread(target=work, daemon=True, name=f"gpusd-job-{self.job_id}-lease").start()
-        while not done.wait(STOP_POLL):
-            if self.stopped.is_set():
-                with gate:
-                    if "selection" not in box:
-                        box["abandoned"] = True
-                        raise Stopped(self.stopped_by)
+        # Asleep until the lease comes or a signal says stop (both write to the wake pipe): a queued job
+        # costs no CPU while it waits.  The kernel may hand a signal to any thread, and then the main
+        # thread's sleep is not interrupted: the wake pipe is also the interpreter's wakeup fd, which
+        # its C handler writes to whichever thread runs it (STOP_POLL: in case a wake-up is missed).
+        try:
+            previous: int | None = signal.set_wakeup_fd(self._wake[1], warn_on_full_buffer=False)
+        except ValueError:  # not the main thread (a test): the handler's own write still wakes us
+            previous = None
+        try:
+            while not done.is_set():
+                self._sleep(STOP_POLL)
+                if self.stopped.is_set():
+                    with gate:
+                        if "selection" not in box:
+                            box["abandoned"] = True
+                            raise Stopped(self.stopped_by)
+        finally:
+            if previous is not None:
+                signal.set_wakeup_fd(previous)
         if "error" in box:
             if self.stopped.is_set():
                 raise Stopped(self.stopped_by)  # the wait ended because we stopped it
             raise box["error"]
         selection: Selection = box["selection"]
         return selection
+
+    def _poke(self) -> None:
+        """Wake the main thread from :meth:`_sleep` (the lease's thread, when its wait ended; the signal
+        handler writes to the pipe itself, without the lock, which the main thread may hold)."""
+        with self._wake_lock:
+            fd = self._wake[1]
+            if fd >= 0:
+                try:
+                    os.write(fd, b"!")
+                except OSError:
+                    pass  # full: the main thread has a wake-up pending already
+
+    def _sleep(self, timeout: float) -> None:
+        """Until :meth:`_poke` (or ``timeout``); the pending wake-ups are read."""
+        import select
+
+        fd = self._wake[0]
+        if fd < 0:
+            time.sleep(timeout)
+            return
+        if select.select([fd], [], [], timeout)[0]:
+            try:
+                os.read(fd, 512)
+            except OSError:
+                pass
 
     def _through_daemon(self) -> bool:
         """Whether the first lease would be asked of a daemon (the lease authority)."""
@@ -618,7 +675,7 @@ class Supervisor:
 
             cpus, said = binding([d.gpu for d in self.devs])
             log(said)
-        proc = self.child.start(self.spec.cmd, env, fds, own_group, preexec(cpus, own_group))
+        proc = self.child.start(self.spec.cmd, env, fds, own_group, preexec(cpus, own_group and not GROUP_AT_SPAWN))
         lease = self._local()
         self.inherited = set(lease.devices) if lease is not None else set()
         self.writer.write(child=proc.pid)
@@ -637,6 +694,12 @@ class Supervisor:
             elif signum != signal.SIGUSR1:  # queued or preempted, no command running: stop waiting
                 self.stopped_by = signum
                 self.stopped.set()
+                fd = self._wake[1]  # not _poke: the handler must never wait for a lock (the main thread's own)
+                if fd >= 0:
+                    try:
+                        os.write(fd, b"!")
+                    except OSError:
+                        pass
 
         return forward
 
@@ -658,7 +721,7 @@ class Supervisor:
                     if lease is not None:
                         lease.settle()  # the GPUs given back while the last command ran are freed now
                     self.state.to(JobState.RUNNING)
-                    self.write_job_file("running", self.writer.record.reason)
+                    self.write_job_file("running", self.writer.record.reason, record=False)  # start_child writes it
                     try:
                         self.start_child()
                     except FileNotFoundError:
@@ -713,6 +776,11 @@ class Supervisor:
         return rc if rc >= 0 else 128 - rc
 
     def close(self) -> None:
+        with self._wake_lock:
+            wake, self._wake = self._wake, (-1, -1)
+        for fd in wake:
+            if fd >= 0:
+                os.close(fd)
         self.server.close()
         if self.lease is not None:
             self.lease.release()
