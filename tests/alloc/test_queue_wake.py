@@ -160,3 +160,26 @@ def test_a_new_ticket_does_not_wake_the_head():
             ticket = queue.enqueue(store, 1, priority=3)
         ticket.close()
         assert watch.wait(0.2) is False
+
+
+def test_a_wait_says_once_when_its_ticket_is_in_the_queue():
+    """``LeaseRequest.queued`` is called once, when the wait's ticket is in the queue and before any GPU
+    is taken (a preempted job gives its GPUs back then; ``gpusd run`` its start slot)."""
+    from gpusd.alloc.api import LeaseRequest, allocate
+    from gpusd.alloc.select import Constraints
+
+    store = LeaseStore()
+    first = allocate(LeaseRequest(Constraints(count=1), simulate="1xA100-80GB"), store=store)  # the one GPU
+    seen: list[list[int | None]] = []
+
+    def queued() -> None:
+        seen.append([w.pid for w in queue.waiters(store)])
+        first.release()  # the GPU goes back only now: the wait below must not have taken it before
+
+    got = allocate(LeaseRequest(Constraints(count=1), wait=True, timeout=30, simulate="1xA100-80GB",
+                                queued=queued), store=store)
+    try:
+        assert seen == [[os.getpid()]]  # once, with our ticket in the queue
+        assert [d.uuid for d in got.devices] == [d.uuid for d in first.devices] and got.lease is not None
+    finally:
+        got.release()

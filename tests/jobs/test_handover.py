@@ -253,3 +253,70 @@ def test_another_user_cannot_hold_a_users_start_slot(shared_tmp, monkeypatch):
     finally:
         mallory.stop()
         gate.leave()
+
+
+def test_a_preempted_job_gives_its_gpus_back_only_once_its_ticket_is_in_the_queue(monkeypatch):
+    """Preempted, a job queues again with its old place (docs/jobs.md, "Fairness") and gives its GPUs
+    back only once its ticket is in: given back first, a job queued behind it could take them in the
+    moment before its ticket is in, and run ahead of it (the race that failed
+    test_a_preempted_job_goes_back_at_the_head_of_its_class under load)."""
+    from gpusd.alloc.api import Selection
+
+    sup = _supervisor(preemptible=True)
+    events: list[str] = []
+
+    class Held:  # the lease the command ran with
+        lease_id = "0123456789ab"
+        released = False
+
+        def release(self) -> None:
+            if not self.released:
+                self.released = True
+                events.append("released")
+
+    new = Selection([], None)
+
+    def allocate(c, wait, timeout, first=False, resume=False, cancelled=None, queued=None):  # noqa: ANN001
+        assert wait and resume and first  # waits again, with its place from when it started
+        events.append("released" if Held.released else "queued with its GPUs")  # the ticket goes in now
+        queued()
+        events.append("waits")
+        return new
+
+    held = Held()
+    sup.lease = held  # type: ignore[assignment]
+    monkeypatch.setattr(sup, "_allocate", allocate)
+    try:
+        sup._requeue()
+    finally:
+        sup.close()
+    assert events == ["queued with its GPUs", "released", "waits"], events
+    assert held.released and sup.lease is None  # the new selection's (no lease here) is the job's now
+    assert sup.writer.record.state == "preempted" and sup.restarts == 1
+
+
+def test_a_preempted_job_whose_wait_fails_still_gives_its_gpus_back(monkeypatch):
+    """If the queue never takes the ticket (an error, a stop), the GPUs go back all the same."""
+    from gpusd.errors import GpusdError
+
+    sup = _supervisor(preemptible=True)
+
+    class Held:
+        lease_id = "0123456789ab"
+        released = False
+
+        def release(self) -> None:
+            self.released = True
+
+    def allocate(*_a: object, **_kw: object) -> object:
+        raise GpusdError("the lock directory is gone")
+
+    held = Held()
+    sup.lease = held  # type: ignore[assignment]
+    monkeypatch.setattr(sup, "_allocate", allocate)
+    try:
+        with pytest.raises(GpusdError):
+            sup._requeue()
+    finally:
+        sup.close()
+    assert held.released

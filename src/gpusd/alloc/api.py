@@ -149,7 +149,10 @@ class LeaseRequest:
     the priority policy allows ``holder.uid`` (default: this process's user); ``resume`` marks a
     preempted job (it keeps its place in its class from when its process started).  ``cancelled``
     stops a wait (the daemon's client went away); ``when_blocked`` is called, outside the mutex,
-    each time the job at the head of the queue finds nothing qualifying (a job preempts there)."""
+    each time the job at the head of the queue finds nothing qualifying (a job preempts there);
+    ``queued`` is called once, outside the mutex, as soon as the wait's ticket is in the queue (a
+    preempted job gives its GPUs back then, keeping its place ahead of those who queue meanwhile;
+    ``gpusd run`` gives its start slot back)."""
 
     constraints: Constraints
     lease: bool = True
@@ -163,6 +166,7 @@ class LeaseRequest:
     resume: bool = False
     cancelled: Callable[[], bool] | None = None
     when_blocked: Callable[[], object] | None = None
+    queued: Callable[[], object] | None = None
 
 
 def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int, ticket: queue.Ticket | None = None,
@@ -269,6 +273,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                                    resume=req.resume)
     except WaitTimeout as exc:
         last, ticket = exc, None
+    if ticket is not None and req.queued is not None:
+        req.queued()
     watch: queue.LeaseWatch | None = None
     # A new head looks again soon too: a lease may have ended just before it began to watch, with
     # utilisation readings not yet caught up.

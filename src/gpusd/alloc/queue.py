@@ -45,10 +45,10 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import GpusdError
+from ..record import fields, record
 from .inotify import (
     IN_ATTRIB,
     IN_CLOSE_WRITE,
@@ -142,7 +142,7 @@ MAX_TICKETS_PER_USER = 512  # beyond this, a (non-root) user's tickets are not c
 RECHECK_ORDER = 5.0  # seconds: a waiter that is not the head looks at the order again at least this often
 
 
-@dataclass
+@record
 class Waiter:
     """A job waiting in the queue, as its ticket describes it.  A ticket is another user's file: it is
     attributed to the uid that owns it (only root's tickets, the daemon's, may name someone else),
@@ -163,7 +163,7 @@ class Waiter:
     uid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["priority_name"], d["level_name"] = priority_name(self.priority), priority_name(self.level)
         return d
 

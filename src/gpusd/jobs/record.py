@@ -20,12 +20,12 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
 
 from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import create_exclusive, read_live, user_name
 from ..alloc.priority import PRIORITIES, priority_name
 from ..ids import JobId, LeaseId
+from ..record import field, fields, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,7 +40,7 @@ MAX_LABEL = 300  # a host name (255) and a GPU index
 STATES = ("queued", "running", "preempted", "paused", "moving", "done", "failed")
 
 
-@dataclass
+@record
 class JobRecord:
     """What a job is (the fields of ``job-<ID>.json``)."""
 
@@ -64,9 +64,14 @@ class JobRecord:
     labels: list[str] = field(default_factory=list)  # fleet runs, where they were asked: HOST:INDEX
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
         d["priority_name"] = priority_name(self.priority)
         return d
+
+
+def _copy(value: Any) -> Any:
+    """A field's value for a dict of the record: its lists copied (as ``dataclasses.asdict`` did)."""
+    return list(value) if isinstance(value, list) else value
 
 
 def _text(value: object, limit: int) -> str | None:

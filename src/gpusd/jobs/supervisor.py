@@ -33,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..alloc import startgate as gate
@@ -46,6 +45,7 @@ from ..alloc.runner import FORWARDED
 from ..alloc.select import Candidate, Constraints
 from ..errors import GpusdError, NoGpuAvailable, to_wire
 from ..ids import JobId
+from ..record import record, replace
 from . import control
 from .child import GROUP_AT_SPAWN, Child
 from .record import JobRecord, RecordWriter, list_jobs
@@ -80,7 +80,7 @@ def log(message: str) -> None:
     print(f"gpusd: {message}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobSpec:
     """What ``gpusd run`` was asked (docs/jobs.md): the constraints of the job's GPUs, the command
     (``cmd``; ``command``: as the records show it), its priority, whether it may be preempted
@@ -202,7 +202,8 @@ class Supervisor:
         self.writer.update(lease=sel.lease.lease_id if sel.lease is not None else None)
 
     def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False,
-                  resume: bool = False, cancelled: Callable[[], bool] | None = None) -> Selection:
+                  resume: bool = False, cancelled: Callable[[], bool] | None = None,
+                  queued: Callable[[], object] | None = None) -> Selection:
         """A job's first lease goes through the daemon where it is the lease authority, except for a
         ``--preemptible`` job, whose supervisor must hold the lock descriptors to move it; GPUs added
         later (grow, move) join a lock-directory lease, so they are taken there too.  A waiting job
@@ -210,17 +211,18 @@ class Supervisor:
         local = not first or self.spec.preemptible
         preempts = first and self.spec.priority > PRIORITIES["low"]
         blocked = (lambda: self.preempt_when_blocked(c.count)) if preempts else None
+        then = queued
         if gate.held():  # the start slot (gpusd.alloc.startgate) goes back once we are queued
             if not local and self._through_daemon():
                 gate.leave()  # the daemon queues us: nothing of the start-up is left here
-            elif cancelled is not None:
-                inner = cancelled
-
-                def cancelled() -> bool:  # the queue asks first right after our ticket is in
+            else:
+                def then() -> None:  # our ticket is in the queue
                     gate.leave()
-                    return inner()
+                    if queued is not None:
+                        queued()
         req = LeaseRequest(c, wait=wait, timeout=timeout, simulate=self.spec.simulate, holder=self.holder,
-                           priority=self.spec.priority, resume=resume, when_blocked=blocked, cancelled=cancelled)
+                           priority=self.spec.priority, resume=resume, when_blocked=blocked, cancelled=cancelled,
+                           queued=then)
         return allocate(req, store=self.store if local else None,
                         backend=shared_backend(self.spec.simulate) if local else None)
 
@@ -293,6 +295,29 @@ class Supervisor:
             raise box["error"]
         selection: Selection = box["selection"]
         return selection
+
+    def _requeue(self) -> None:
+        """A preempted job's wait for GPUs again.  Its GPUs go back once its ticket is in the queue, not
+        before: the job that preempted it takes them, and it is next in its class, ahead of the jobs
+        that queued while it ran (docs/jobs.md, "Fairness"); with the GPUs given back first, a job
+        queued behind it could take them before its ticket is in."""
+        with self.lock:  # against a grow or shrink on the control socket meanwhile
+            assert self.lease is not None
+            held = self.lease
+            self.devs = []
+            self.restarts += 1
+            self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
+
+        def give_back() -> None:
+            with self.lock:
+                held.release()  # the GPUs given back while it ran too (a second call: nothing)
+
+        try:
+            sel = self._until_stopped(lambda: self._allocate(
+                self.spec.c, True, None, first=True, resume=True, cancelled=self.stopped.is_set, queued=give_back))
+        finally:
+            give_back()  # where the queue never took our ticket (an error, a stop)
+        self._take(sel)
 
     def _poke(self) -> None:
         """Wake the main thread from :meth:`_sleep` (the lease's thread, when its wait ended; the signal
@@ -751,14 +776,7 @@ class Supervisor:
                 if self.user_stop:
                     break
                 if why is JobState.PREEMPTED:
-                    with self.lock:  # against a grow or shrink on the control socket meanwhile
-                        assert self.lease is not None
-                        self.lease.release()  # the GPUs given back while it ran too
-                        self.devs = []
-                        self.restarts += 1
-                        self.writer.write(state="preempted", devices=[], indices=[], restarts=self.restarts)
-                    self._take(self._until_stopped(lambda: self._allocate(
-                        self.spec.c, True, None, first=True, resume=True, cancelled=self.stopped.is_set)))
+                    self._requeue()
                     continue
                 if why is not None or rc == RESTART_ME:
                     self.restarts += 1
