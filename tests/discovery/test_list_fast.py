@@ -404,3 +404,31 @@ async def test_a_tar_pit_is_given_up_on_and_the_real_hosts_are_listed(tmp_path: 
             w.transport.abort()
     assert announced == ["pit", "real"]  # both were found, and the pit was asked
     assert settled is True and hosts == ["real"]
+
+
+async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path) -> None:
+    """Where the local daemon answers at once, ``gpusd list`` reads its fleet view and exits: neither
+    asyncio nor the browser (zeroconf, aiohttp, the one-shot module) is imported, nor the signing
+    module without a fleet secret -- their imports cost more than the answer (issue 24).  The JSON
+    is one device a line (the C encoder's), and still one valid array."""
+    session = unique_session()
+    state = tmp_path / "state"
+    code = ("import json, sys\nfrom gpusd.cli import main\nrc = main(sys.argv[1:])\n"
+            "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\nsys.exit(rc)\n")
+    hosts = [fleet_host(OWN_NODE, "here", session, 2), fleet_host("fedcba9876543210", "far", session, 1)]
+    async with local_daemon(state, session, hosts):
+        env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+        for var in ("GPUSD_TOKEN", "GPUSD_TOKEN_FILE", "GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN"):
+            env.pop(var, None)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, "list", "--json", "--session", session,
+                                                    env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    modules = set(json.loads(err.decode().strip().splitlines()[-1]))
+    assert not modules & {"asyncio", "zeroconf", "aiohttp", "gpusd.discovery.oneshot", "gpusd.discovery.client",
+                          "gpusd.wire.signing", "concurrent.futures"}
+    lines = out.decode().splitlines()
+    assert lines[0] == "[" and lines[-1] == "]" and len(lines) == 2 + 3  # one device a line
+    assert sorted(json.loads(line.rstrip(","))["hostname"] for line in lines[1:-1]) == ["far", "here", "here"]
+    assert [d["gpu"]["index"] for d in json.loads(out)] == [0, 0, 1]

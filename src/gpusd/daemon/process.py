@@ -16,7 +16,6 @@ Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.st
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import fcntl
 import json
@@ -325,10 +324,14 @@ def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     old, new = raise_fd_limit()
     if new != old:
         log.info("open-file limit raised from %d to %d", old, new)
+    import asyncio  # here: reading the status (gpusd list, status) needs none of it
+
     return asyncio.run(_main(config, ready_fd))
 
 
 async def _main(config: Any, ready_fd: int | None) -> int:
+    import asyncio
+
     from .service import Daemon
 
     state_dir = Path(config.state_dir) if config.state_dir else None

@@ -37,8 +37,6 @@ from .source import Listing
 from .types import Device, Filters, RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concurrent.futures import Future
-
     from ..wire.signing import FleetKey
 
 log = logging.getLogger(__name__)
@@ -175,23 +173,52 @@ class LocalFleetView:
             return None
         return None
 
-    def start(self) -> Future[Listing | None]:
+    def start(self) -> Reading:
         """:meth:`read` in a daemon thread (it never holds up the process's exit): the caller can
         browse meanwhile and take whichever answers first."""
         import threading
-        from concurrent.futures import Future
 
-        fut: Future[Listing | None] = Future()
+        reading = Reading()
 
         def run() -> None:
+            result = None
             try:
-                fut.set_result(self.read())
+                result = self.read()
             except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
                 log.debug("local fleet view failed: %r", exc)
-                fut.set_result(None)
+            reading.finish(result)
 
         threading.Thread(target=run, name="gpusd-local-fleet", daemon=True).start()
-        return fut
+        return reading
+
+
+class Reading:
+    """The answer of a :class:`LocalFleetView` read in a thread, once it is there (a plain event and a
+    value: ``concurrent.futures`` and ``asyncio`` are not imported where the daemon answers at once,
+    their imports cost more than the answer)."""
+
+    __slots__ = ("_done", "_result")
+
+    def __init__(self) -> None:
+        import threading
+
+        self._done = threading.Event()
+        self._result: Listing | None = None
+
+    def finish(self, result: Listing | None) -> None:
+        self._result = result
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the answer is there (waiting at most ``timeout`` s for it)."""
+        return self._done.wait(timeout)
+
+    def result(self) -> Listing | None:
+        """The listing (None: no usable answer); call once :meth:`done`."""
+        return self._result
 
 
 # -- any daemon, by URL -------------------------------------------------------------------------------
@@ -256,5 +283,5 @@ class FleetReader:
         return self._tls
 
 
-__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "api_urls", "base_url", "parse_fleet",
+__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "api_urls", "base_url", "parse_fleet",
            "strip_api"]

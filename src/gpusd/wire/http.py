@@ -9,7 +9,6 @@ names that certificate's fingerprint (docs/security.md), or ``pin`` (an announce
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -22,26 +21,34 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
 
 
-@dataclass
 class Answer:
-    data: Any
-    # None: no fleet secret here, nothing to check; True: the daemon proved it holds the secret
-    # (for this request, on this connection); False: it did not -- private fields were removed.
-    verified: bool | None
-    node_id: str | None = None  # the node id the proof names (when verified)
+    """A checked answer: its JSON, and whether the daemon proved it holds the fleet secret.  (Plain
+    classes here, not dataclasses: ``gpusd list`` imports this module, each dataclass costs ~0.5 ms.)"""
+
+    __slots__ = ("data", "node_id", "verified")
+
+    def __init__(self, data: Any, verified: bool | None, node_id: str | None = None) -> None:
+        self.data = data
+        # None: no fleet secret here, nothing to check; True: the daemon proved it holds the secret
+        # (for this request, on this connection); False: it did not -- private fields were removed.
+        self.verified = verified
+        self.node_id = node_id  # the node id the proof names (when verified)
 
 
-@dataclass
 class _Exchange:
     """One request and its raw answer (:func:`_exchange`)."""
 
-    status: int
-    reason: str
-    body: bytes  # at most MAX_ANSWER + 1 bytes: longer means too long
-    sent: Any  # the request as signed (gpusd.wire.signing.Request), for checking the proof
-    headers: list[tuple[str, str]]  # the answer's headers
-    nonce: str | None  # the signature's nonce (None: unsigned)
-    cert_fp: str | None  # the TLS certificate's fingerprint (https only)
+    __slots__ = ("body", "cert_fp", "headers", "nonce", "reason", "sent", "status")
+
+    def __init__(self, status: int, reason: str, body: bytes, sent: Any, headers: list[tuple[str, str]],
+                 nonce: str | None, cert_fp: str | None) -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body  # at most max_bytes + 1 bytes: longer means too long
+        self.sent = sent  # the request as signed (gpusd.wire.signing.Request), for checking the proof; None: unsigned
+        self.headers = headers  # the answer's headers
+        self.nonce = nonce  # the signature's nonce (None: unsigned)
+        self.cert_fp = cert_fp  # the TLS certificate's fingerprint (https only)
 
 
 def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None, timeout: float,
@@ -50,7 +57,6 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     against ``pin``) and read at most ``max_bytes + 1`` bytes of its answer.  :class:`SourceError`
     when the daemon cannot be reached, does not speak HTTP, or shows another certificate."""
     import http.client
-    import ssl
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -90,6 +96,8 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     try:
         conn.request(method, target, body=payload, headers=headers)
         if parts.scheme == "https":
+            import ssl
+
             from .signing import fingerprint
 
             sock = conn.sock
@@ -110,10 +118,12 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         conn.close()
     if len(body) > max_bytes:
         raise SourceError(f"{url}: answer larger than {max_bytes} bytes")
-    from .signing import Headers, Request
+    sent = None
+    if nonce is not None:  # signed: the request as signed, to check the answer's proof against
+        from .signing import Headers, Request
 
-    return _Exchange(status, reason, body, Request(method, absolute, Headers(headers)), resp_headers, nonce,
-                     cert_fp)
+        sent = Request(method, absolute, Headers(headers))
+    return _Exchange(status, reason, body, sent, resp_headers, nonce, cert_fp)
 
 
 def _proven(x: _Exchange, key: FleetKey, node_id: str | None) -> tuple[bool, str | None]:
@@ -161,14 +171,16 @@ def _error_text(body: bytes) -> str:
     return ": " + printable(err, 200, replace="")
 
 
-@dataclass
 class Reply:
     """The answer to :func:`request_json`: HTTP status, parsed JSON (``{}`` when none), and whether
     the daemon proved it holds the fleet secret (as :attr:`Answer.verified`)."""
 
-    status: int
-    data: Any
-    verified: bool | None
+    __slots__ = ("data", "status", "verified")
+
+    def __init__(self, status: int, data: Any, verified: bool | None) -> None:
+        self.status = status
+        self.data = data
+        self.verified = verified
 
 
 _CONTEXT: Any = None
