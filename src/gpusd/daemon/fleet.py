@@ -81,6 +81,11 @@ class Fleet:
                                  peers=cfg.peers, peers_file=cfg.peers_file, dns_sd_domain=cfg.dns_sd_domain,
                                  dns_server=cfg.dns_server)
             client.register_event_handler("*", self._republish)
+            # Hosts' later snapshots are parsed when the view is read (a request, the pool) while nobody
+            # streams the fleet's events: 1,000 hosts sampling every second otherwise keep a third to a
+            # half of a core parsing snapshots nobody reads (docs/scale.md).  A stream's replay reads
+            # the view first, then every snapshot is parsed on arrival while it lasts.
+            client.defer_snapshots = self._unwatched
             await client.start_listening()
             self.client = client
             log.info("fleet view started (session %s, following at most %d hosts)", cfg.session, cap)
@@ -88,8 +93,12 @@ class Fleet:
                 self._idle_task = asyncio.ensure_future(self._stop_when_idle())
             await client.wait_settled(settle)
 
+    def _unwatched(self) -> bool:
+        return len(self.hub) == 0
+
     def _republish(self, event: DiscoveryEvent) -> None:
-        self.hub.publish(event.event, event.to_dict())
+        if len(self.hub):  # no reader: no event to format (8 a host a second where GPUs' loads change)
+            self.hub.publish(event.event, event.to_dict())
 
     def replay(self) -> list[bytes]:
         """What a new fleet stream starts with: host_added and device_added for everything known."""

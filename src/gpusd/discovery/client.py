@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from ..model import GpuInfo, HostSnapshot
 from ..wire.txt import DEFAULT_SESSION, SERVICE_TYPE
@@ -141,6 +141,13 @@ class AsyncClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
+        # While this returns True, a host's later snapshots are kept as received and parsed only when
+        # the client's hosts or devices are read (catch_up), their device events emitted then: for a
+        # reader that does not need every event as it happens (a daemon's fleet view nobody streams).
+        # None (the default): every snapshot is parsed on arrival.  The first snapshot of a host is
+        # always parsed at once (it proves the node, and reports the host).
+        self.defer_snapshots: Callable[[], bool] | None = None
+        self._deferred: set[Follower] = set()
 
     # what tests and callers read of the options, as before
     @property
@@ -295,15 +302,48 @@ class AsyncClient:
         else:
             log.debug("ignoring service %s: %d followed already", name[:100], self.max_hosts)
 
+    # -- deferred snapshots (defer_snapshots) ---------------------------------------------------
+    def deferring(self) -> bool:
+        return self.defer_snapshots is not None and self.defer_snapshots()
+
+    def defer(self, peer: Follower, text: str) -> None:
+        """Keep ``peer``'s newest snapshot as received (the one before it, if not parsed, is dropped:
+        only the newest is ever shown)."""
+        peer.pending = text
+        self._deferred.add(peer)
+
+    def undefer(self, peer: Follower) -> None:
+        """Forget ``peer``'s unparsed snapshot (a newer one is parsed, or the host is gone)."""
+        if peer.pending is not None:
+            peer.pending = None
+            self._deferred.discard(peer)
+
+    def catch_up(self) -> None:
+        """Parse and report the snapshots kept unparsed (each host's newest), as on arrival: checked
+        the same way, the same events.  Reading ``hosts`` or ``list_devices()`` does it first."""
+        if not self._deferred:
+            return
+        waiting, self._deferred = self._deferred, set()
+        for peer in waiting:
+            text, peer.pending = peer.pending, None
+            host = peer.host
+            if text is None or host is None or not peer.reported or self._peers.get(peer.name) is not peer:
+                continue
+            snap = peer.parse_snapshot(host, text)
+            if snap is not None:
+                self.report(peer, host, snap.gpus, snap)
+
     # -- views --------------------------------------------------------------------------------
     @property
     def hosts(self) -> list[RemoteHost]:
         """The hosts reported (``host_added`` and not yet removed), by host name."""
+        self.catch_up()
         out = [p.host for p in self._peers.values() if p.reported and p.host is not None]
         return sorted(out, key=lambda h: (h.hostname, h.node_id))
 
     def list_devices(self) -> list[Device]:
         """Every reported GPU, by host name then index."""
+        self.catch_up()
         out: list[Device] = []
         for p in self._peers.values():
             if p.reported:
@@ -437,6 +477,7 @@ class AsyncClient:
         return None
 
     def report_removed(self, peer: Follower, reason: str) -> None:
+        self.undefer(peer)
         host = peer.host
         if host is not None:
             host.alive = False

@@ -1,0 +1,113 @@
+"""A client that defers snapshots (``AsyncClient.defer_snapshots``, what a daemon's fleet view does
+while nobody streams its events): a host's later snapshots are parsed when the hosts are read, with the
+same checks and the same events; a snapshot kept from one connection never counts under the next
+one's proof."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from test_discovery import announce, client_for, good_txt, http_peer, sse
+
+from daemon_helpers import fast_mdns, make_snapshot, unique_session, wait_until  # noqa: F401
+from gpusd.wire.sse import format_event
+from gpusd.wire.txt import SERVICE_TYPE
+
+pytestmark = pytest.mark.usefixtures("fast_mdns")
+
+NODE = "dddd0001"
+
+
+def snap(util: float, node: str = NODE) -> str:
+    return make_snapshot(1, hostname="deferred", node_id=node, util=util).to_json()
+
+
+async def test_later_snapshots_are_parsed_when_the_hosts_are_read(tmp_path: Path) -> None:
+    session = unique_session()
+    more = asyncio.Event()
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(format_event("snapshot", snap(10.0)))
+        await more.wait()
+        await resp.write(format_event("snapshot", snap(50.0)) + format_event("snapshot", snap(90.0))
+                         + format_event("snapshot", snap(70.0, node="eeee0002")))  # the last names another node
+        await asyncio.sleep(30)
+        return resp
+
+    async with http_peer(events) as port, announce("deferred-dddd0001", good_txt(NODE, "deferred", session), port), \
+            client_for(session) as (client, rec):
+        client.defer_snapshots = lambda: True
+        await rec.wait("device_added")
+        peer = client.follower(f"deferred-dddd0001.{SERVICE_TYPE}")
+        assert peer is not None
+        more.set()
+        await wait_until(lambda: peer.pending is not None and "eeee0002" in peer.pending)
+        await asyncio.sleep(0.1)
+        assert not rec.of("device_updated")  # nothing parsed on arrival
+        assert peer.host is not None and peer.host.snapshot is not None
+        assert peer.host.snapshot.gpus[0].utilization_gpu == 10.0
+        # read: the newest snapshot is checked like one on arrival (another node's: skipped, logged),
+        # so the host keeps what it had
+        [host] = [h for h in client.hosts if h.node_id == NODE]
+        assert host.snapshot is not None and host.snapshot.gpus[0].utilization_gpu == 10.0
+        assert not rec.of("device_updated") and peer.pending is None
+
+
+async def test_the_newest_kept_snapshot_is_reported_on_read(tmp_path: Path) -> None:
+    session = unique_session()
+    more = asyncio.Event()
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(format_event("snapshot", snap(10.0)))
+        await more.wait()
+        await resp.write(format_event("snapshot", snap(50.0)) + format_event("snapshot", snap(90.0)))
+        await asyncio.sleep(30)
+        return resp
+
+    async with http_peer(events) as port, announce("deferred-dddd0001", good_txt(NODE, "deferred", session), port), \
+            client_for(session) as (client, rec):
+        client.defer_snapshots = lambda: True
+        await rec.wait("device_added")
+        peer = client.follower(f"deferred-dddd0001.{SERVICE_TYPE}")
+        assert peer is not None
+        more.set()
+        await wait_until(lambda: peer.pending is not None and '"utilization_gpu":90.0' in peer.pending)
+        assert not rec.of("device_updated")
+        devices = client.list_devices()  # read: parsed now, the newest only, its events emitted now
+        assert [d.utilization for d in devices] == [90.0]
+        [updated] = rec.of("device_updated")
+        assert updated.changed == ("utilization_gpu",) and updated.previous is not None
+        assert updated.previous.utilization == 10.0
+
+
+async def test_a_snapshot_kept_from_one_connection_is_dropped_by_the_next(tmp_path: Path) -> None:
+    """A snapshot received over one connection is believed as that connection's proof allows; the next
+    connection may prove something else (or nothing): what the last one left unparsed is dropped."""
+    session = unique_session()
+    calls = 0
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # two snapshots in one write (the second kept unparsed), then the stream closes
+            return await sse(request, format_event("snapshot", snap(10.0)) + format_event("snapshot", snap(90.0)),
+                             hold=0.2)
+        return await sse(request)  # the reconnection: accepted, nothing sent yet
+
+    async with http_peer(events) as port, announce("deferred-dddd0001", good_txt(NODE, "deferred", session), port), \
+            client_for(session) as (client, rec):
+        client.defer_snapshots = lambda: True
+        await rec.wait("device_added")
+        peer = client.follower(f"deferred-dddd0001.{SERVICE_TYPE}")
+        assert peer is not None
+        await wait_until(lambda: calls >= 2, timeout=10)
+        await wait_until(lambda: peer.pending is None)
+        [host] = [h for h in client.hosts if h.node_id == NODE]
+        assert host.snapshot is not None and host.snapshot.gpus[0].utilization_gpu == 10.0
