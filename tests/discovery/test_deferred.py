@@ -111,3 +111,49 @@ async def test_a_snapshot_kept_from_one_connection_is_dropped_by_the_next(tmp_pa
         await wait_until(lambda: peer.pending is None)
         [host] = [h for h in client.hosts if h.node_id == NODE]
         assert host.snapshot is not None and host.snapshot.gpus[0].utilization_gpu == 10.0
+
+
+async def test_a_large_fleet_view_parses_snapshots_when_read_and_live_while_streamed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's fleet view beyond ``DEFER_ABOVE`` hosts: while nobody streams its events, a host's
+    later snapshots wait unparsed and the answer (``GET /api/v1/fleet``) still shows the newest; while a
+    reader streams them, each is parsed on arrival and its events go out."""
+    from gpusd.daemon import fleet as fleet_mod
+    from gpusd.daemon.config import DaemonConfig
+    from gpusd.daemon.fleet import Fleet
+
+    monkeypatch.setattr(fleet_mod, "DEFER_ABOVE", 0)  # a fleet of one host counts as large here
+    session = unique_session()
+    utils = asyncio.Queue[float]()
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(format_event("snapshot", snap(10.0)))
+        while True:
+            await resp.write(format_event("snapshot", snap(await utils.get())))
+
+    fleet = Fleet(DaemonConfig(session=session, interfaces=["127.0.0.1"], fleet="on", peers=[]), None,
+                  allow_loopback=True)
+    async with http_peer(events) as port, announce("deferred-dddd0001", good_txt(NODE, "deferred", session), port):
+        try:
+            await fleet.ensure_started(settle=0.1)
+            client = fleet.client
+            assert client is not None
+            await wait_until(lambda: client.follower(f"deferred-dddd0001.{SERVICE_TYPE}") is not None, 10)
+            peer = client.follower(f"deferred-dddd0001.{SERVICE_TYPE}")
+            assert peer is not None
+            await wait_until(lambda: peer.reported, 10)
+
+            utils.put_nowait(50.0)
+            await wait_until(lambda: peer.pending is not None)  # kept, not parsed
+            [host] = [h for h in fleet.to_dict()["hosts"] if h["node_id"] == NODE]
+            assert host["snapshot"]["gpus"][0]["utilization_gpu"] == 50.0  # the answer shows the newest
+
+            sub = fleet.hub.subscribe()  # a reader streams the fleet's events: parsed on arrival again
+            utils.put_nowait(90.0)
+            message = await asyncio.wait_for(sub.queue.get(), 10)
+            assert message is not None and b"device_updated" in message and b'"utilization_gpu":90.0' in message
+            assert peer.pending is None
+        finally:
+            await fleet.stop()

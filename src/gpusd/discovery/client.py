@@ -302,6 +302,11 @@ class AsyncClient:
         else:
             log.debug("ignoring service %s: %d followed already", name[:100], self.max_hosts)
 
+    @property
+    def followed(self) -> int:
+        """Service instances followed now (reported or not)."""
+        return len(self._peers)
+
     # -- deferred snapshots (defer_snapshots) ---------------------------------------------------
     def deferring(self) -> bool:
         return self.defer_snapshots is not None and self.defer_snapshots()

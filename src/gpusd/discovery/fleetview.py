@@ -27,7 +27,6 @@ one, bounded, checked).
 from __future__ import annotations
 
 import ipaddress
-import logging
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
@@ -39,7 +38,13 @@ from .types import Device, Filters, RemoteHost
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
 
-log = logging.getLogger(__name__)
+
+def _debug(message: str, *args: object) -> None:
+    """A debug line (``logging`` imported only then: ``gpusd list`` from its daemon needs none)."""
+    import logging
+
+    logging.getLogger(__name__).debug(message, *args)
+
 
 FLEET_TIMEOUT = 2.0  # seconds for the whole answer (a cold fleet view settles first)
 QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after this long, browse too
@@ -161,15 +166,15 @@ class LocalFleetView:
                 answer = fetch_json(base + "/fleet", key=self.key, timeout=left, node_id=own_node,
                                     max_bytes=MAX_FLEET_BYTES)
             except SourceError as exc:
-                log.debug("%s", exc)
+                _debug("%s", exc)
                 continue
             if self.key is not None and answer.verified is not True:
-                log.debug("%s/fleet: the daemon did not prove it holds the fleet secret: browsing", base)
+                _debug("%s/fleet: the daemon did not prove it holds the fleet secret: browsing", base)
                 return None
             result = parse_fleet(answer.data, self.filters, own_node, private=answer.verified is True)
             if result is not None:
                 return result
-            log.debug("%s/fleet: not a usable fleet view", base)
+            _debug("%s/fleet: not a usable fleet view", base)
             return None
         return None
 
@@ -185,7 +190,7 @@ class LocalFleetView:
             try:
                 result = self.read()
             except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
-                log.debug("local fleet view failed: %r", exc)
+                _debug("local fleet view failed: %r", exc)
             reading.finish(result)
 
         threading.Thread(target=run, name="gpusd-local-fleet", daemon=True).start()
