@@ -326,9 +326,9 @@ def cold_list(args: argparse.Namespace, results: dict[str, Any]) -> None:
         port = json.loads((here.state_dir / "gpusd.json").read_text())["port"]
         fetch = ("import json, sys, urllib.request\n"
                  "with urllib.request.urlopen(sys.argv[1], timeout=30) as r: json.loads(r.read())\n")
-        runs += [("floor: python -S -c pass", client, client_env, [sys.executable, "-S", "-c", "pass"]),
-                 (f"floor: {here.hostname}, python -S reads /api/v1/fleet", here.node, here.env,
-                  [sys.executable, "-S", "-c", fetch, f"http://127.0.0.1:{port}/api/v1/fleet"])]
+        runs += [("floor: python -c pass", client, client_env, [sys.executable, "-c", "pass"]),
+                 (f"floor: {here.hostname}, python reads /api/v1/fleet", here.node, here.env,
+                  [sys.executable, "-c", fetch, f"http://127.0.0.1:{port}/api/v1/fleet"])]
         print(f"{'where, how':52s} {'first s':>8s} {'median s':>9s} {'max s':>7s} {'CPU s':>6s} {'GPUs listed':>12s}")
         times: dict[str, list[float]] = {label: [] for label, *_ in runs}
         cpus: dict[str, list[float]] = {label: [] for label, *_ in runs}

@@ -343,7 +343,7 @@ with urllib.request.urlopen(sys.argv[1], timeout=60) as r:
 def floor_list(port: int) -> tuple[float, float]:
     """(seconds, CPU seconds) of the floor: a new Python process that reads the daemon's fleet answer
     and parses its JSON, nothing more (no checks, no output)."""
-    took, cpu, _ = timed([sys.executable, "-S", "-c", FLOOR, f"http://127.0.0.1:{port}/api/v1/fleet"],
+    took, cpu, _ = timed([sys.executable, "-c", FLOOR, f"http://127.0.0.1:{port}/api/v1/fleet"],
                          dict(os.environ))
     return took, cpu
 
@@ -463,7 +463,7 @@ def main() -> int:
               f"{'table':>6s} {'cpu':>5s} {'listed':>7s} {'load':>5s}")
         print("(hosts: followed by the daemon; view: fake hosts in its /api/v1/fleet; full: s from gpusd start to "
               "all in view; RSS, fds, CPU (% of one core, 5 s): the daemon at rest, following them; /fleet, MB: s "
-              "and size of one GET /api/v1/fleet; floor: a new `python -S` reading that answer and json.loads "
+              "and size of one GET /api/v1/fleet; floor: a new `python` reading that answer and json.loads "
               "(no checks, no output); json s, table: a cold `gpusd list --json` / `gpusd list` from this host, "
               "median (cpu: its CPU seconds, median), max of json; the three interleaved run by run; listed: fake "
               "hosts each run listed, least-most; load: the load average after the runs)")
