@@ -6,13 +6,16 @@ one's proof."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 from test_discovery import announce, client_for, good_txt, http_peer, sse
 
 from daemon_helpers import fast_mdns, make_snapshot, unique_session, wait_until  # noqa: F401
+from gpusd.discovery import client as client_mod
 from gpusd.wire.sse import format_event
 from gpusd.wire.txt import SERVICE_TYPE
 
@@ -145,10 +148,22 @@ async def test_a_large_fleet_view_parses_snapshots_when_read_and_live_while_stre
             assert peer is not None
             await wait_until(lambda: peer.reported, 10)
 
+            def shown(document: Any) -> float:
+                [host] = [h for h in document["hosts"] if h["node_id"] == NODE]
+                return float(host["snapshot"]["gpus"][0]["utilization_gpu"])
+
             utils.put_nowait(50.0)
             await wait_until(lambda: peer.pending is not None)  # kept, not parsed
-            [host] = [h for h in fleet.to_dict()["hosts"] if h["node_id"] == NODE]
-            assert host["snapshot"]["gpus"][0]["utilization_gpu"] == 50.0  # the answer shows the newest
+            # GET /api/v1/fleet: each host as last parsed (at most REPARSE s old); a read that catches up
+            # (the pool's fleet-wide cap, a stream's replay) parses what is kept
+            assert shown(json.loads(fleet.answer())) == 10.0
+            assert shown(fleet.to_dict()) == 50.0 and peer.pending is None
+            assert shown(json.loads(fleet.answer())) == 50.0
+
+            monkeypatch.setattr(client_mod, "REPARSE", 0.0)  # the last parse is old enough: parsed on arrival
+            utils.put_nowait(70.0)
+            await wait_until(lambda: shown(json.loads(fleet.answer())) == 70.0)
+            assert peer.pending is None
 
             sub = fleet.hub.subscribe()  # a reader streams the fleet's events: parsed on arrival again
             utils.put_nowait(90.0)
@@ -157,3 +172,32 @@ async def test_a_large_fleet_view_parses_snapshots_when_read_and_live_while_stre
             assert peer.pending is None
         finally:
             await fleet.stop()
+
+
+def test_the_fleet_answers_bytes_are_its_document() -> None:
+    """``FleetView.to_json`` (what ``GET /api/v1/fleet`` sends, each snapshot encoded once) is the
+    document ``to_dict`` describes, strict JSON, whatever the hosts hold."""
+    import math
+
+    from gpusd.model import LeaseInfo
+    from gpusd.wire.fleet import FleetView, HostRecord
+
+    odd = make_snapshot(2, hostname='q"u\\ote\u00e9\x01', node_id="n2")
+    odd.gpus[0].power_draw = math.nan  # never sent as NaN
+    odd.gpus[1].leases = [LeaseInfo(lease_id="l1", pid=7, user="bob", command="python train.py \u2603")]
+    view = FleetView(session="s", hosts_dropped=3, hosts=[
+        HostRecord(hostname="a", node_id="n1", snapshot=make_snapshot(1, hostname="a", node_id="n1"), session="s",
+                   url="http://198.18.0.1:4780/api/v1", last_seen=1.5, verified=True, via="dns-sd"),
+        HostRecord(hostname='q"u\\ote\u00e9\x01', node_id="n2", snapshot=odd, session="s", alive=False),
+        HostRecord(hostname="hw", node_id="n3", source="hwsd"),  # no snapshot
+    ])
+    calls: list[str] = []
+
+    def cached(snap: Any) -> bytes:
+        calls.append(snap.node_id)
+        return json.dumps(snap.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+
+    for body in (view.to_json(), view.to_json(cached)):
+        assert json.loads(body, parse_constant=lambda c: pytest.fail(f"{c} in the answer")) == json.loads(
+            json.dumps(view.to_dict()))
+    assert calls == ["n1", "n2"]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from zeroconf.asyncio import AsyncZeroconf
 
     from ..discovery.client import AsyncClient
+    from ..model import HostSnapshot
     from .config import DaemonConfig
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Fleet:
         self._last_used = time.monotonic()
         self._idle_task: asyncio.Task[None] | None = None
         self._closed = False  # stop() was called: a late request must not start a client again
+        self._encoded: dict[int, tuple[HostSnapshot, bytes]] = {}  # the last answer's snapshots, encoded
 
     def touch(self) -> None:
         self._last_used = time.monotonic()
@@ -121,16 +123,37 @@ class Fleet:
                     out.append(format_event(DEVICE_ADDED, DiscoveryEvent(DEVICE_ADDED, host, device=dev).to_dict()))
         return out
 
-    def view(self) -> FleetView:
-        """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`)."""
+    def view(self, catch_up: bool = True) -> FleetView:
+        """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`); with
+        ``catch_up`` False, each host as last parsed (beyond ``DEFER_ABOVE`` hosts: at most
+        :data:`gpusd.discovery.client.REPARSE` s older than its newest snapshot)."""
         view = FleetView(session=self.config.session)
         if self.client is not None:
-            view.hosts = [h.record() for h in self.client.hosts]
+            view.hosts = [h.record() for h in self.client.host_list(catch_up)]
             view.hosts_dropped = self.client.dropped_hosts
         return view
 
     def to_dict(self) -> dict[str, Any]:
         return self.view().to_dict()
+
+    def answer(self) -> bytes:
+        """The bytes of ``GET /api/v1/fleet`` (the document of :meth:`to_dict`): each host as last parsed,
+        and each snapshot encoded once, not once per answer (1,000 hosts of 8 GPUs: 10.6 MB, ~0.25 s of
+        CPU to encode afresh; the snapshots kept from the last answer are the ones not parsed since)."""
+        from ..wire.fleet import snapshot_bytes
+
+        view = self.view(catch_up=False)
+        old, cache = self._encoded, {}
+
+        def encoded(snap: HostSnapshot) -> bytes:
+            hit = old.get(id(snap))
+            body = hit[1] if hit is not None and hit[0] is snap else snapshot_bytes(snap)
+            cache[id(snap)] = (snap, body)  # the snapshot held: its id is not reused while cached
+            return body
+
+        body = view.to_json(encoded)
+        self._encoded = cache
+        return body
 
     async def _stop_when_idle(self) -> None:
         idle = self.config.fleet_idle

@@ -57,6 +57,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+# While deferring (AsyncClient.defer_snapshots), a host's snapshot is parsed on arrival at most this often;
+# a reader that does not catch up sees it at most this much older than the newest received.  5 s: what a
+# daemon's utilisation figure averages over anyway (its sample window).
+REPARSE = 5.0
 STALL = 0.1  # wait_settled's give-up clocks: a longer stretch without the loop running counts as this long
 BEYOND_GIVE_UP = 3.0  # ... and a host beyond the link (peers, wide-area DNS-SD: round trips of a WAN) gets 3x
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
@@ -141,11 +145,12 @@ class AsyncClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
-        # While this returns True, a host's later snapshots are kept as received and parsed only when
-        # the client's hosts or devices are read (catch_up), their device events emitted then: for a
-        # reader that does not need every event as it happens (a daemon's fleet view nobody streams).
-        # None (the default): every snapshot is parsed on arrival.  The first snapshot of a host is
-        # always parsed at once (it proves the node, and reports the host).
+        # While this returns True, a host's later snapshots are parsed at most every REPARSE s on
+        # arrival; the newest of the others is kept as received and parsed when the client's hosts or
+        # devices are read (catch_up), its device events emitted then: for a reader that does not need
+        # every event as it happens (a daemon's fleet view nobody streams).  None (the default): every
+        # snapshot is parsed on arrival.  The first snapshot of a host is always parsed at once (it
+        # proves the node, and reports the host).
         self.defer_snapshots: Callable[[], bool] | None = None
         self._deferred: set[Follower] = set()
 
@@ -312,10 +317,23 @@ class AsyncClient:
         return self.defer_snapshots is not None and self.defer_snapshots()
 
     def defer(self, peer: Follower, text: str) -> None:
-        """Keep ``peer``'s newest snapshot as received (the one before it, if not parsed, is dropped:
-        only the newest is ever shown)."""
+        """A later snapshot of ``peer`` while deferring: parsed and reported now when the last one parsed
+        is ``REPARSE`` s old, else kept as received (the one kept before it, if any, is dropped: only
+        the newest is ever shown)."""
+        if time.monotonic() - peer.parsed_at >= REPARSE:
+            self.undefer(peer)
+            self._parse_and_report(peer, text)
+            return
         peer.pending = text
         self._deferred.add(peer)
+
+    def _parse_and_report(self, peer: Follower, text: str) -> None:
+        host = peer.host
+        if host is None or not peer.reported or self._peers.get(peer.name) is not peer:
+            return
+        snap = peer.parse_snapshot(host, text)
+        if snap is not None:
+            self.report(peer, host, snap.gpus, snap)
 
     def undefer(self, peer: Follower) -> None:
         """Forget ``peer``'s unparsed snapshot (a newer one is parsed, or the host is gone)."""
@@ -331,18 +349,20 @@ class AsyncClient:
         waiting, self._deferred = self._deferred, set()
         for peer in waiting:
             text, peer.pending = peer.pending, None
-            host = peer.host
-            if text is None or host is None or not peer.reported or self._peers.get(peer.name) is not peer:
-                continue
-            snap = peer.parse_snapshot(host, text)
-            if snap is not None:
-                self.report(peer, host, snap.gpus, snap)
+            if text is not None:
+                self._parse_and_report(peer, text)
 
     # -- views --------------------------------------------------------------------------------
     @property
     def hosts(self) -> list[RemoteHost]:
         """The hosts reported (``host_added`` and not yet removed), by host name."""
-        self.catch_up()
+        return self.host_list()
+
+    def host_list(self, catch_up: bool = True) -> list[RemoteHost]:
+        """:attr:`hosts`; with ``catch_up`` False, each as last parsed (snapshots kept unparsed while
+        deferring stay so: at most ``REPARSE`` s older than the newest received)."""
+        if catch_up:
+            self.catch_up()
         out = [p.host for p in self._peers.values() if p.reported and p.host is not None]
         return sorted(out, key=lambda h: (h.hostname, h.node_id))
 

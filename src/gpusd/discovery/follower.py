@@ -100,6 +100,7 @@ class Follower:
     shadowed: bool = False  # its node is reported already, found another way (AsyncClient.shadowing)
     # the newest snapshot received and not parsed yet (AsyncClient.defer_snapshots: parsed when read)
     pending: str | None = None
+    parsed_at: float = 0.0  # time.monotonic() when its last snapshot was parsed
 
     @property
     def via(self) -> str:
@@ -381,6 +382,7 @@ class Follower:
 
     def parse_snapshot(self, host: RemoteHost, data: str) -> HostSnapshot | None:
         """A snapshot event's text as a checked snapshot of ``host`` (None: invalid, logged once)."""
+        self.parsed_at = time.monotonic()
         try:
             snap = HostSnapshot.from_json(data)
         except (ValueError, TypeError, RecursionError) as exc:
