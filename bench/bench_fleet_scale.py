@@ -278,10 +278,14 @@ def stop_daemon(state: Path, pid: int, secret: str | None, src: Path = REPO / "s
 
 
 def fleet_hosts(port: int) -> tuple[int, float, int]:
-    """(fake hosts in the daemon's fleet view, seconds for the answer, bytes)."""
+    """(fake hosts in the daemon's fleet view, seconds for the answer, bytes); (0, 30, 0) when the daemon
+    does not answer within 30 s (a daemon that cannot keep up with its fleet on a loaded machine)."""
     t = time.monotonic()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=30) as resp:
-        body = resp.read()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=30) as resp:
+            body = resp.read()
+    except OSError:  # URLError, a timeout, a reset connection
+        return 0, 30.0, 0
     took = time.monotonic() - t
     hosts = json.loads(body).get("hosts", [])
     return sum(1 for h in hosts if str(h.get("hostname", "")).startswith("fake-")), took, len(body)
