@@ -36,7 +36,7 @@ from .source import Listing
 from .types import Device, Filters, RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..wire.http import Answer
+    from ..wire.http import Fetched
     from ..wire.signing import FleetKey
 
 
@@ -149,13 +149,14 @@ class LocalFleetView:
     def read(self) -> Listing | None:
         return self.parse(self.fetch())
 
-    def fetch(self) -> tuple[Answer, str] | None:
-        """The daemon's answer (its JSON read, the proof checked) and the daemon's node id; None where
-        no daemon of the session answers within ``timeout``."""
+    def fetch(self, sent: Callable[[], None] | None = None) -> tuple[Fetched, str] | None:
+        """The daemon's answer as received (parsed and checked by :meth:`parse`) and the daemon's node
+        id; None where no daemon of the session answers within ``timeout``.  ``sent``: called once the
+        request is on its way to a daemon (it accepted the connection)."""
         import time
 
         from ..wire.fleet import MAX_FLEET_BYTES
-        from ..wire.http import SourceError, fetch_json
+        from ..wire.http import SourceError, fetch
 
         if self.filters.session is None:
             return None
@@ -169,17 +170,23 @@ class LocalFleetView:
             if left <= 0:
                 break
             try:
-                return fetch_json(base + "/fleet", key=self.key, timeout=left, node_id=own_node,
-                                  max_bytes=MAX_FLEET_BYTES), own_node
+                return fetch(base + "/fleet", key=self.key, timeout=left, node_id=own_node,
+                             max_bytes=MAX_FLEET_BYTES, sent=sent), own_node
             except SourceError as exc:
                 _debug("%s", exc)
         return None
 
-    def parse(self, fetched: tuple[Answer, str] | None) -> Listing | None:
+    def parse(self, fetched: tuple[Fetched, str] | None) -> Listing | None:
         """The listing of a :meth:`fetch`'s answer; None where it cannot be used (browse instead)."""
+        from ..wire.http import SourceError
+
         if fetched is None:
             return None
-        answer, own_node = fetched
+        try:
+            answer, own_node = fetched[0].answer(), fetched[1]
+        except SourceError as exc:
+            _debug("%s", exc)
+            return None
         if self.key is not None and answer.verified is not True:
             _debug("the daemon did not prove it holds the fleet secret: browsing")
             return None
@@ -199,7 +206,7 @@ class LocalFleetView:
         def run() -> None:
             fetched = None
             try:
-                fetched = self.fetch()
+                fetched = self.fetch(reading.sent.set)
             except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
                 _debug("local fleet view failed: %r", exc)
             reading.finish(fetched)
@@ -215,18 +222,19 @@ class Reading:
     will come): parsing it is the caller's own work (1,000 hosts: ~0.5 s), not a wait on the daemon,
     so a caller does not browse meanwhile."""
 
-    __slots__ = ("_done", "_fetched", "_parsed", "_result", "_view")
+    __slots__ = ("_done", "_fetched", "_parsed", "_result", "_view", "sent")
 
     def __init__(self, view: LocalFleetView) -> None:
         import threading
 
         self._view = view
+        self.sent = threading.Event()  # the request is on its way: a daemon accepted the connection
         self._done = threading.Event()
-        self._fetched: tuple[Answer, str] | None = None
+        self._fetched: tuple[Fetched, str] | None = None
         self._parsed = False
         self._result: Listing | None = None
 
-    def finish(self, fetched: tuple[Answer, str] | None) -> None:
+    def finish(self, fetched: tuple[Fetched, str] | None) -> None:
         self._fetched = fetched
         self._done.set()
 

@@ -9,7 +9,7 @@ names that certificate's fingerprint (docs/security.md), or ``pin`` (an announce
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
@@ -52,10 +52,12 @@ class _Exchange:
 
 
 def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None, timeout: float,
-              node_id: str | None, pin: str | None, user: Any = None, max_bytes: int = MAX_ANSWER) -> _Exchange:
+              node_id: str | None, pin: str | None, user: Any = None, max_bytes: int = MAX_ANSWER,
+              sent: Callable[[], None] | None = None) -> _Exchange:
     """Send one request (signed with ``key``; over TLS for ``https://``, the certificate checked
-    against ``pin``) and read at most ``max_bytes + 1`` bytes of its answer.  :class:`SourceError`
-    when the daemon cannot be reached, does not speak HTTP, or shows another certificate."""
+    against ``pin``) and read at most ``max_bytes + 1`` bytes of its answer (``sent`` is called once the
+    request is on its way, the connection made).  :class:`SourceError` when the daemon cannot be
+    reached, does not speak HTTP, or shows another certificate."""
     import http.client
 
     parts = urlsplit(url)
@@ -105,6 +107,8 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
             cert_fp = fingerprint(der) if der else None
             if pin is not None and cert_fp != pin:
                 raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
+        if sent is not None:
+            sent()
         resp = conn.getresponse()
         body = resp.read(max_bytes + 1)
         status, reason, resp_headers = resp.status, resp.reason, resp.getheaders()
@@ -118,12 +122,12 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         conn.close()
     if len(body) > max_bytes:
         raise SourceError(f"{url}: answer larger than {max_bytes} bytes")
-    sent = None
+    as_signed = None
     if nonce is not None:  # signed: the request as signed, to check the answer's proof against
         from .signing import Headers, Request
 
-        sent = Request(method, absolute, Headers(headers))
-    return _Exchange(status, reason, body, sent, resp_headers, nonce, cert_fp)
+        as_signed = Request(method, absolute, Headers(headers))
+    return _Exchange(status, reason, body, as_signed, resp_headers, nonce, cert_fp)
 
 
 def _proven(x: _Exchange, key: FleetKey, node_id: str | None) -> tuple[bool, str | None]:
@@ -143,21 +147,47 @@ def fetch_json(url: str, key: FleetKey | None = None, timeout: float = 5.0, node
     otherwise.  With ``key`` the request is signed and the answer's proof checked
     (``node_id``: the node meant; ``pin``: the certificate fingerprint expected over TLS); an
     answer without a valid proof is returned with its private fields nulled and ``verified`` False."""
-    x = _exchange("GET", url, None, key, timeout, node_id, pin, max_bytes=max_bytes)
+    return fetch(url, key, timeout, node_id, pin, max_bytes).answer()
+
+
+class Fetched:
+    """An answer of status 200 as received (:func:`fetch`): :meth:`answer` parses and checks it, in
+    whichever thread takes it (10 MB of a fleet view take ~0.1 s to parse)."""
+
+    __slots__ = ("_exchange", "_key", "_node_id", "url")
+
+    def __init__(self, url: str, exchange: _Exchange, key: FleetKey | None, node_id: str | None) -> None:
+        self.url = url
+        self._exchange = exchange
+        self._key = key
+        self._node_id = node_id
+
+    def answer(self) -> Answer:
+        """The JSON and the proof's verdict, as :func:`fetch_json` returns them; :class:`SourceError`
+        for an answer that is not JSON."""
+        x, key = self._exchange, self._key
+        try:
+            data = json.loads(x.body)
+        except ValueError:
+            raise SourceError(f"{self.url}: answer is not JSON") from None
+        if key is None or x.nonce is None:
+            return Answer(data, None)
+        ok, node = _proven(x, key, self._node_id)
+        if ok:
+            return Answer(data, True, node)
+        from ..model import redact
+
+        return Answer(redact(data), False)
+
+
+def fetch(url: str, key: FleetKey | None = None, timeout: float = 5.0, node_id: str | None = None,
+          pin: str | None = None, max_bytes: int = MAX_ANSWER, sent: Callable[[], None] | None = None) -> Fetched:
+    """:func:`fetch_json`'s request and its answer's bytes, not parsed yet (:meth:`Fetched.answer`);
+    ``sent`` is called once the request is on its way."""
+    x = _exchange("GET", url, None, key, timeout, node_id, pin, max_bytes=max_bytes, sent=sent)
     if x.status != 200:
         raise SourceError(f"{url}: HTTP {x.status} {x.reason}" + _error_text(x.body))
-    try:
-        data = json.loads(x.body)
-    except ValueError:
-        raise SourceError(f"{url}: answer is not JSON") from None
-    if key is None or x.nonce is None:
-        return Answer(data, None)
-    ok, node = _proven(x, key, node_id)
-    if ok:
-        return Answer(data, True, node)
-    from ..model import redact
-
-    return Answer(redact(data), False)
+    return Fetched(url, x, key, node_id)
 
 
 def _error_text(body: bytes) -> str:
