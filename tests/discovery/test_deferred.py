@@ -154,16 +154,20 @@ async def test_a_large_fleet_view_parses_snapshots_when_read_and_live_while_stre
 
             utils.put_nowait(50.0)
             await wait_until(lambda: peer.pending is not None)  # kept, not parsed
-            # GET /api/v1/fleet: each host as last parsed (at most REPARSE s old); a read that catches up
-            # (the pool's fleet-wide cap, a stream's replay) parses what is kept
+            # GET /api/v1/fleet: each host as last parsed, at most REPARSE s older than the newest received
             assert shown(json.loads(fleet.answer())) == 10.0
-            assert shown(fleet.to_dict()) == 50.0 and peer.pending is None
-            assert shown(json.loads(fleet.answer())) == 50.0
-
-            monkeypatch.setattr(client_mod, "REPARSE", 0.0)  # the last parse is old enough: parsed on arrival
-            utils.put_nowait(70.0)
+            monkeypatch.setattr(client_mod, "REPARSE", 0.0)  # the last parse is old enough now:
+            assert shown(json.loads(fleet.answer())) == 50.0 and peer.pending is None  # the kept one is parsed
+            utils.put_nowait(70.0)  # ... and a new one on arrival
             await wait_until(lambda: shown(json.loads(fleet.answer())) == 70.0)
             assert peer.pending is None
+
+            # a read that catches up (the pool's fleet-wide cap, a stream's replay) parses what is kept
+            monkeypatch.setattr(client_mod, "REPARSE", 60.0)
+            utils.put_nowait(80.0)
+            await wait_until(lambda: peer.pending is not None)
+            assert shown(json.loads(fleet.answer())) == 70.0
+            assert shown(fleet.to_dict()) == 80.0 and peer.pending is None
 
             sub = fleet.hub.subscribe()  # a reader streams the fleet's events: parsed on arrival again
             utils.put_nowait(90.0)

@@ -82,7 +82,6 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 # -- scan ------------------------------------------------------------------------------------------
 def scan(args: argparse.Namespace) -> int:
-
     async def go() -> tuple[list[RemoteHost], int]:
         client = _client(args)
         try:
@@ -129,7 +128,6 @@ def _scan_dict(h: "RemoteHost") -> dict[str, Any]:
 def export_dns_sd_zone(args: argparse.Namespace) -> int:
     """``gpusd export dns-sd-zone --domain lab.example``: zone-file lines publishing the hosts found
     (wide-area DNS-SD, docs/daemon.md "Beyond one link")."""
-
     from ..discovery.beyond import valid_domain, zone_records
 
     domain = valid_domain(args.domain)

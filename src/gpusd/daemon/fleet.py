@@ -27,11 +27,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-# Following more hosts than this, the fleet view parses their later snapshots when it is read rather than
-# on arrival (while nobody streams its events).  A snapshot of 8 GPUs costs ~0.35 ms to parse: below it,
-# parsing on arrival costs under 4 % of a core at 1 s sampling and keeps every answer free of that work
-# (~0.35 ms a host, 35 ms at this many); above it, the answer pays it instead (0.35 s at 1,000 hosts),
-# and the daemon at rest is spared a third to a half of a core (bench/bench_fleet_scale.py).
+# Following more hosts than this, the fleet view parses a host's later snapshots at most every
+# gpusd.discovery.client.REPARSE (5) s while nobody streams its events, and answers with each host as last
+# parsed.  A snapshot of 8 GPUs costs ~0.35-0.55 ms to parse: up to this many hosts parsing every one on
+# arrival costs under 4-6 % of a core at 1 s sampling; 1,000 hosts kept 49-64 % of a core busy, now about
+# a fifth of that (bench/bench_fleet_scale.py).
 DEFER_ABOVE = 100
 
 
@@ -91,10 +91,10 @@ class Fleet:
                                  peers=cfg.peers, peers_file=cfg.peers_file, dns_sd_domain=cfg.dns_sd_domain,
                                  dns_server=cfg.dns_server)
             client.register_event_handler("*", self._republish)
-            # Beyond DEFER_ABOVE hosts, their later snapshots are parsed when the view is read (a request,
-            # the pool) while nobody streams the fleet's events: 1,000 hosts sampling every second
-            # otherwise keep a third to a half of a core parsing snapshots nobody reads (docs/scale.md).
-            # A stream's replay reads the view first, then every snapshot is parsed on arrival while it lasts.
+            # Beyond DEFER_ABOVE hosts, while nobody streams the fleet's events, a host's later snapshots
+            # are parsed at most every REPARSE s, the newest kept as received; what reads the view inside
+            # the daemon (the pool's cap, a stream's replay) parses them first (docs/scale.md).  A stream's
+            # replay reads the view, then every snapshot is parsed on arrival while it lasts.
             client.defer_snapshots = self._unwatched
             await client.start_listening()
             self.client = client

@@ -341,14 +341,16 @@ class AsyncClient:
             peer.pending = None
             self._deferred.discard(peer)
 
-    def catch_up(self) -> None:
+    def catch_up(self, older_than: float = 0.0) -> None:
         """Parse and report the snapshots kept unparsed (each host's newest), as on arrival: checked
-        the same way, the same events.  Reading ``hosts`` or ``list_devices()`` does it first."""
+        the same way, the same events.  Reading ``hosts`` or ``list_devices()`` does it first.
+        ``older_than``: only those of hosts whose last parse is at least this many seconds old."""
         if not self._deferred:
             return
-        waiting, self._deferred = self._deferred, set()
-        for peer in waiting:
-            text, peer.pending = peer.pending, None
+        due = time.monotonic() - older_than
+        for peer in [p for p in self._deferred if p.parsed_at <= due]:
+            text = peer.pending
+            self.undefer(peer)
             if text is not None:
                 self._parse_and_report(peer, text)
 
@@ -359,10 +361,10 @@ class AsyncClient:
         return self.host_list()
 
     def host_list(self, catch_up: bool = True) -> list[RemoteHost]:
-        """:attr:`hosts`; with ``catch_up`` False, each as last parsed (snapshots kept unparsed while
-        deferring stay so: at most ``REPARSE`` s older than the newest received)."""
-        if catch_up:
-            self.catch_up()
+        """:attr:`hosts`; with ``catch_up`` False, each as last parsed, at most ``REPARSE`` s older than
+        the newest received (a snapshot kept unparsed longer, its host sending no newer one, is parsed
+        now)."""
+        self.catch_up(0.0 if catch_up else REPARSE)
         out = [p.host for p in self._peers.values() if p.reported and p.host is not None]
         return sorted(out, key=lambda h: (h.hostname, h.node_id))
 
