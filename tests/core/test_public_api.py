@@ -86,7 +86,7 @@ MEMBERS: dict[str, str | None] = {
     "AsyncClient.deferring": "",
     "AsyncClient.undefer": "peer",
     # ... and the reader's: the hosts as last parsed, or caught up first
-    "AsyncClient.catch_up": "",
+    "AsyncClient.catch_up": "older_than=0.0",
     "AsyncClient.followed": None,  # property
     "AsyncClient.host_list": "catch_up=True",
     # what it was asked (read-only views of its DiscoveryOptions)
