@@ -313,29 +313,48 @@ def cold_list(args: argparse.Namespace, results: dict[str, Any]) -> None:
         empty.mkdir()
         client_env = lan.base_env(client, GPUSD_STATE_DIR=str(empty))
         here = hosts[0]
-        runs: list[tuple[str, Any, dict[str, str]]] = [
-            ("client, no daemon: one-shot browse", client, client_env),
-            (f"{here.hostname}, its daemon runs: fleet view", here.node, here.env),
+        runs: list[tuple[str, Any, dict[str, str], list[str]]] = [
+            ("client, no daemon: one-shot browse", client, client_env, []),
+            (f"{here.hostname}, its daemon runs: fleet view", here.node, here.env, []),
         ]
         if args.old_src:
             old = str(Path(args.old_src).resolve())
-            runs += [("client, no daemon: gpusd 0.1 (--old-src)", client, dict(client_env, PYTHONPATH=old)),
-                     (f"{here.hostname}, its daemon runs: gpusd 0.1 (--old-src)", here.node,
-                      dict(here.env, PYTHONPATH=old))]
-        print(f"{'where, how':52s} {'first s':>8s} {'median s':>9s} {'max s':>7s} {'GPUs listed':>12s}")
-        out = {}
-        for label, node, env in runs:
-            times, counts = [], []
-            for _ in range(args.list_reps):
+            runs += [("client, no daemon: before (--old-src)", client, dict(client_env, PYTHONPATH=old), []),
+                     (f"{here.hostname}, its daemon runs: before (--old-src)", here.node,
+                      dict(here.env, PYTHONPATH=old), [])]
+        # the floors: the interpreter alone; a bare Python reading the daemon's fleet answer and parsing it
+        port = json.loads((here.state_dir / "gpusd.json").read_text())["port"]
+        fetch = ("import json, sys, urllib.request\n"
+                 "with urllib.request.urlopen(sys.argv[1], timeout=30) as r: json.loads(r.read())\n")
+        runs += [("floor: python -c pass", client, client_env, [sys.executable, "-c", "pass"]),
+                 (f"floor: {here.hostname}, python reads /api/v1/fleet", here.node, here.env,
+                  [sys.executable, "-c", fetch, f"http://127.0.0.1:{port}/api/v1/fleet"])]
+        print(f"{'where, how':52s} {'first s':>8s} {'median s':>9s} {'max s':>7s} {'CPU s':>6s} {'GPUs listed':>12s}")
+        times: dict[str, list[float]] = {label: [] for label, *_ in runs}
+        cpus: dict[str, list[float]] = {label: [] for label, *_ in runs}
+        counts: dict[str, list[int]] = {label: [] for label, *_ in runs}
+        for _ in range(args.list_reps):  # interleaved: every case once per round
+            for label, node, env, argv in runs:
                 t = time.monotonic()
-                r = lan.gpusd(node, ["list", "--json"], env=env, timeout=60)
-                times.append(time.monotonic() - t)
-                counts.append(len(json.loads(r.stdout or "[]")))
+                proc = lan.popen(node, argv or [sys.executable, "-m", "gpusd", "list", "--json"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                stdout = proc.stdout.read() if proc.stdout is not None else b""
+                _, _, usage = os.wait4(proc.pid, 0)
+                proc.returncode = 0  # reaped by wait4
+                times[label].append(time.monotonic() - t)
+                cpus[label].append(usage.ru_utime + usage.ru_stime)  # ip netns exec execs the command: its CPU
+                if not argv:
+                    counts[label].append(len(json.loads(stdout or b"[]")))
                 time.sleep(0.3)
-            rest = times[1:] or times
-            print(f"{label:52s} {times[0]:8.2f} {statistics.median(rest):9.2f} {max(rest):7.2f} "
-                  f"{min(counts):>5d}-{max(counts)} of {total}")
-            out[label] = {"seconds": times, "gpus_listed": counts}
+        out = {}
+        for label, *_ in runs:
+            rest = times[label][1:] or times[label]
+            listed = (f"{min(counts[label]):>5d}-{max(counts[label])} of {total}" if counts[label] else "")
+            print(f"{label:52s} {times[label][0]:8.2f} {statistics.median(rest):9.2f} {max(rest):7.2f} "
+                  f"{statistics.median(cpus[label]):6.2f} {listed}")
+            out[label] = {"seconds": times[label], "cpu_seconds": cpus[label], "gpus_listed": counts[label]}
+        print(f"(interleaved, {args.list_reps} rounds; median and max leave out the first round; load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     results["cold_list"] = {"hosts": n, "gpus_per_host": g, "runs": out}
 
 
@@ -372,6 +391,9 @@ class NeighLimit:
 
 
 def main() -> int:
+    # as installed: gpusd's modules compiled once (the first run writes their .pyc), then read from it; with
+    # PYTHONDONTWRITEBYTECODE every cold command compiles them anew (~40 ms a list on this machine)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5, help="start/stop/kill repetitions (default 5)")
     ap.add_argument("--updates", type=int, default=20, help="state changes timed (default 20)")

@@ -246,8 +246,8 @@ async def serve_fakes(n: int, sizes: list[int], tag: str, session: str, gpus: in
 
 
 # -- the bench ----------------------------------------------------------------------------------------
-def daemon_env(state: Path, secret: str | None) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1",
+def daemon_env(state: Path, secret: str | None, src: Path = REPO / "src") -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(src), GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1",
                GPUSD_MDNS_FAST="1", GPUSD_LOCK_DIR=str(state / "locks"), GPUSD_LEASE_SOCKET=str(state / "l.sock"))
     for var in ("GPUSD_TOKEN", "GPUSD_TOKEN_FILE", "GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN"):
         env.pop(var, None)
@@ -256,31 +256,36 @@ def daemon_env(state: Path, secret: str | None) -> dict[str, str]:
     return env
 
 
-def start_daemon(state: Path, session: str, domain: str | None, secret: str | None) -> tuple[int, int]:
+def start_daemon(state: Path, session: str, domain: str | None, secret: str | None,
+                 src: Path = REPO / "src") -> tuple[int, int]:
     state.mkdir(parents=True, exist_ok=True)
     beyond = ["--dns-sd-domain", domain, "--dns-server", DNS_ADDR] if domain else []
     r = subprocess.run([sys.executable, "-m", "gpusd", "start", "--simulate", "2xA100-80GB", "--interface",
                         "127.0.0.1", "--port", "0", "--session", session, "--hostname", "bench-self", "--no-record",
-                        "--fleet-view", "on", *beyond], env=daemon_env(state, secret), capture_output=True, text=True,
-                       timeout=120, check=False)
+                        "--fleet-view", "on", *beyond], env=daemon_env(state, secret, src), capture_output=True,
+                       text=True, timeout=120, check=False)
     if r.returncode != 0:
         raise SystemExit(f"the daemon did not start: {r.stderr}")
     info = json.loads((state / "gpusd.json").read_text())
     return int(info["pid"]), int(info["port"])
 
 
-def stop_daemon(state: Path, pid: int, secret: str | None) -> None:
+def stop_daemon(state: Path, pid: int, secret: str | None, src: Path = REPO / "src") -> None:
     subprocess.run([sys.executable, "-m", "gpusd", "stop", "--force", "--timeout", "10"],
-                   env=daemon_env(state, secret), capture_output=True, timeout=60, check=False)
+                   env=daemon_env(state, secret, src), capture_output=True, timeout=60, check=False)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
 
 
 def fleet_hosts(port: int) -> tuple[int, float, int]:
-    """(fake hosts in the daemon's fleet view, seconds for the answer, bytes)."""
+    """(fake hosts in the daemon's fleet view, seconds for the answer, bytes); (0, 30, 0) when the daemon
+    does not answer within 30 s (a daemon that cannot keep up with its fleet on a loaded machine)."""
     t = time.monotonic()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=30) as resp:
-        body = resp.read()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=30) as resp:
+            body = resp.read()
+    except OSError:  # URLError, a timeout, a reset connection
+        return 0, 30.0, 0
     took = time.monotonic() - t
     hosts = json.loads(body).get("hosts", [])
     return sum(1 for h in hosts if str(h.get("hostname", "")).startswith("fake-")), took, len(body)
@@ -298,28 +303,59 @@ def proc_figures(pid: int) -> tuple[float, int, float]:
     return rss, fds, cpu
 
 
+def timed(argv: list[str], env: dict[str, str], timeout: float = 120) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the process, its standard output) of one command."""
+    with tempfile.TemporaryFile() as out:
+        t = time.monotonic()
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.DEVNULL)
+        try:
+            _, _, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        took = time.monotonic() - t
+        proc.returncode = 0  # reaped by wait4
+        out.seek(0)
+        return took, usage.ru_utime + usage.ru_stime, out.read().decode(errors="replace")
+
+
 def one_list(state: Path, session: str, secret: str | None, extra: list[str],
-             as_json: bool = True) -> tuple[float, int]:
-    """(seconds, fake hosts listed) of one cold ``gpusd list`` (``--json``, or the table)."""
+             as_json: bool = True, src: Path = REPO / "src") -> tuple[float, int, float]:
+    """(seconds, fake hosts listed, CPU seconds) of one cold ``gpusd list`` (``--json``, or the table)."""
     import re
 
-    env = daemon_env(state, secret)
+    env = daemon_env(state, secret, src)
     env.pop("GPUSD_INTERFACES", None)
-    t = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "gpusd", "list", *(["--json"] if as_json else []), "-i", "127.0.0.1",
-                        "--session", session, *extra], env=env, capture_output=True, text=True, timeout=120,
-                       check=False)
-    took = time.monotonic() - t
+    took, cpu, stdout = timed([sys.executable, "-m", "gpusd", "list", *(["--json"] if as_json else []), "-i",
+                               "127.0.0.1", "--session", session, *extra], env)
     if not as_json:
-        return took, len(set(re.findall(r"\bfake-\d{4}\b", r.stdout)))
+        return took, len(set(re.findall(r"\bfake-\d{4}\b", stdout))), cpu
     try:
-        rows = json.loads(r.stdout or "[]")
+        rows = json.loads(stdout or "[]")
     except ValueError:
         rows = []
-    return took, len({d.get("hostname") for d in rows if str(d.get("hostname", "")).startswith("fake-")})
+    return took, len({d.get("hostname") for d in rows if str(d.get("hostname", "")).startswith("fake-")}), cpu
+
+
+FLOOR = """import json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=60) as r:
+    json.loads(r.read())
+"""
+
+
+def floor_list(port: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) of the floor: a new Python process that reads the daemon's fleet answer
+    and parses its JSON, nothing more (no checks, no output)."""
+    took, cpu, _ = timed([sys.executable, "-c", FLOOR, f"http://127.0.0.1:{port}/api/v1/fleet"],
+                         dict(os.environ))
+    return took, cpu
 
 
 def main() -> int:
+    # as installed: gpusd's modules compiled once (the first run writes their .pyc), then read from it; with
+    # PYTHONDONTWRITEBYTECODE every cold command compiles them anew (~40 ms a list on this machine)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="32,100,1000", help="fleet sizes, comma-separated (default 32,100,1000)")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per fake host (default 8)")
@@ -327,6 +363,8 @@ def main() -> int:
     ap.add_argument("--sample", type=float, default=1.0, help="seconds between a fake host's snapshots (default 1, "
                     "a daemon's sampling interval; heartbeats every 2 s between)")
     ap.add_argument("--no-secret", action="store_true", help="no fleet secret (unsigned streams, hosts unverified)")
+    ap.add_argument("--old-src", metavar="DIR", help="also run the daemon and the lists from this source tree "
+                    "(before): per size one daemon after the other, each measured the same way")
     ap.add_argument("--fakes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tag", help=argparse.SUPPRESS)
     ap.add_argument("--session", help=argparse.SUPPRESS)
@@ -348,7 +386,7 @@ def main() -> int:
     fakes = subprocess.Popen([sys.executable, __file__, "--fakes", str(n_max), "--sizes", ",".join(map(str, sizes)),
                               "--tag", tag, "--session", session, "--gpus", str(args.gpus),
                               "--sample", str(args.sample)], env=env, stdout=subprocess.PIPE, text=True)
-    daemon: tuple[Path, int] | None = None
+    daemon: tuple[Path, int, Path] | None = None
     rows: list[str] = []
     try:
         assert fakes.stdout is not None
@@ -361,69 +399,90 @@ def main() -> int:
         cold_state = tmp / "cold"
         cold_state.mkdir()
         cold_n = min(32, n_max) if 32 in sizes or n_max < 32 else sizes[0]
-        cold = [one_list(cold_state, session, secret, ["--dns-sd-domain", f"n{cold_n}.{ZONE}".rstrip("."),
-                                                       "--dns-server", DNS_ADDR]) for _ in range(args.runs)]
+        trees = [("this tree", REPO / "src")] + ([("before", Path(args.old_src).resolve())] if args.old_src else [])
+        cold: dict[str, list[tuple[float, int, float]]] = {label: [] for label, _ in trees}
+        for _, src in trees:  # warm-up, not counted: the first run of a tree writes its .pyc files
+            one_list(cold_state, session, secret, ["--dns-sd-domain", f"n{cold_n}.{ZONE}".rstrip("."),
+                                                   "--dns-server", DNS_ADDR], src=src)
+        for _ in range(args.runs):  # interleaved
+            for label, src in trees:
+                cold[label].append(one_list(cold_state, session, secret, [
+                    "--dns-sd-domain", f"n{cold_n}.{ZONE}".rstrip("."), "--dns-server", DNS_ADDR], src=src))
         fake_pid = fakes.pid
-        base: tuple[float, int] | None = None
+        base: dict[str, tuple[float, int]] = {}
         for n in [0, *sizes]:
-            state = tmp / f"d{n}"
-            domain = f"n{n}.{ZONE}".rstrip(".") if n else "n0.fleet.test"
-            t0 = time.monotonic()
-            pid, port = start_daemon(state, session, domain, secret)
-            daemon = (state, pid)
-            seen, deadline = 0, time.monotonic() + 180
-            while time.monotonic() < deadline:
-                seen = fleet_hosts(port)[0]
-                if seen >= n:
-                    break
-                time.sleep(0.5)
-            full = time.monotonic() - t0
-            time.sleep(3.0)
-            rss, fds, cpu0 = proc_figures(pid)
-            time.sleep(5.0)
-            rss2, fds2, cpu1 = proc_figures(pid)
-            cpu = (cpu1 - cpu0) / 5.0 * 100
-            fleet = [fleet_hosts(port) for _ in range(3)]
-            lists, tables = [], []
-            for _ in range(args.runs if n else 0):  # interleaved
-                lists.append(one_list(state, session, secret, []))
-                tables.append(one_list(state, session, secret, [], as_json=False))
-            if n == 0:
-                base = (max(rss, rss2), max(fds, fds2))
-            per_host = ""
-            if n and base is not None:
-                per_host = (f"  per host: {(max(rss, rss2) - base[0]) * 1024 / n:6.1f} KiB, "
-                            f"{(max(fds, fds2) - base[1]) / n:.2f} fds")
-            times = [t for t, _ in lists]
-            listed = [k for _, k in lists] + [k for _, k in tables]
-            rows.append(f"{n:6d} {seen:6d} {full:7.1f} {max(rss, rss2):8.1f} {max(fds, fds2):6d} {cpu:6.1f} "
-                        f"{statistics.median(t for _, t, _ in fleet):8.3f} {fleet[0][2] / 1e6:7.2f} "
-                        + (f"{statistics.median(times):8.2f} {max(times):7.2f} "
-                           f"{statistics.median(t for t, _ in tables):8.2f} {min(listed):5d}-{max(listed)}"
-                           if lists else f"{'-':>8s} {'-':>7s} {'-':>8s} {'-':>7s}") + per_host)
-            print(rows[-1], flush=True)
-            stop_daemon(state, pid, secret)
-            daemon = None
+            for label, src in trees if n % 2 == 0 else trees[::-1]:  # which tree goes first alternates
+                state = tmp / f"d{n}-{len(rows)}"
+                domain = f"n{n}.{ZONE}".rstrip(".") if n else "n0.fleet.test"
+                t0 = time.monotonic()
+                pid, port = start_daemon(state, session, domain, secret, src)
+                daemon = (state, pid, src)
+                seen, deadline = 0, time.monotonic() + 180
+                while time.monotonic() < deadline:
+                    seen = fleet_hosts(port)[0]
+                    if seen >= n:
+                        break
+                    time.sleep(0.5)
+                full = time.monotonic() - t0
+                time.sleep(3.0)
+                rss, fds, cpu0 = proc_figures(pid)
+                time.sleep(5.0)
+                rss2, fds2, cpu1 = proc_figures(pid)
+                cpu = (cpu1 - cpu0) / 5.0 * 100
+                fleet = [fleet_hosts(port) for _ in range(3)]
+                lists, tables, floors = [], [], []
+                for _ in range(args.runs if n else 0):  # interleaved
+                    lists.append(one_list(state, session, secret, [], src=src))
+                    tables.append(one_list(state, session, secret, [], as_json=False, src=src))
+                    floors.append(floor_list(port))
+                if n == 0:
+                    base[label] = (max(rss, rss2), max(fds, fds2))
+                per_host = ""
+                if n and label in base:
+                    per_host = (f"  per host {(max(rss, rss2) - base[label][0]) * 1024 / n:5.1f} KiB "
+                                f"{(max(fds, fds2) - base[label][1]) / n:.2f} fds")
+                listed = [k for _, k, _ in lists] + [k for _, k, _ in tables]
+                load = os.getloadavg()[0]
+
+                def med(xs: list[float]) -> float:
+                    return statistics.median(xs)
+
+                rows.append(f"{n:5d} {label:10s} {seen:5d} {full:6.1f} {max(rss, rss2):7.1f} {max(fds, fds2):5d} "
+                            f"{cpu:5.1f} {med([t for _, t, _ in fleet]):7.3f} {fleet[0][2] / 1e6:6.2f} "
+                            + (f"{med([t for t, _ in floors]):6.2f} {med([c for _, c in floors]):5.2f} "
+                               f"{med([t for t, _, _ in lists]):6.2f} {med([c for _, _, c in lists]):5.2f} "
+                               f"{max(t for t, _, _ in lists):6.2f} "
+                               f"{med([t for t, _, _ in tables]):6.2f} {med([c for _, _, c in tables]):5.2f} "
+                               f"{min(listed):5d}-{max(listed)}"
+                               if lists else f"{'-':>6s} {'-':>5s} {'-':>6s} {'-':>5s} {'-':>6s} {'-':>6s} {'-':>5s} "
+                               f"{'-':>5s}") + f" {load:5.1f}" + per_host)
+                print(rows[-1], flush=True)
+                stop_daemon(state, pid, secret, src)
+                daemon = None
         with contextlib.suppress(ProcessLookupError):
             fake_rss = proc_figures(fake_pid)[0]
         print()
-        print(f"{'hosts':>6s} {'in view':>6s} {'full s':>7s} {'RSS MiB':>8s} {'fds':>6s} {'CPU %':>6s} "
-              f"{'/fleet s':>8s} {'MB':>7s} {'json s':>8s} {'max s':>7s} {'table s':>8s} {'listed':>7s}")
-        print("(hosts: followed by the daemon; in view: fake hosts in its /api/v1/fleet; full s: from gpusd start to "
-              "all in view; RSS, fds, CPU (% of one core, 5 s): the daemon at rest, following them; /fleet s, MB: one "
-              "GET /api/v1/fleet; json s, table s: a cold `gpusd list --json` / `gpusd list` from this host, median; "
-              "listed: fake hosts each run listed, least-most)")
+        print(f"{'hosts':>5s} {'tree':10s} {'view':>5s} {'full':>6s} {'RSS MiB':>7s} {'fds':>5s} {'CPU%':>5s} "
+              f"{'/fleet':>7s} {'MB':>6s} {'floor':>6s} {'cpu':>5s} {'json s':>6s} {'cpu':>5s} {'max':>6s} "
+              f"{'table':>6s} {'cpu':>5s} {'listed':>7s} {'load':>5s}")
+        print("(hosts: followed by the daemon; view: fake hosts in its /api/v1/fleet; full: s from gpusd start to "
+              "all in view; RSS, fds, CPU (% of one core, 5 s): the daemon at rest, following them; /fleet, MB: s "
+              "and size of one GET /api/v1/fleet; floor: a new `python` reading that answer and json.loads "
+              "(no checks, no output); json s, table: a cold `gpusd list --json` / `gpusd list` from this host, "
+              "median (cpu: its CPU seconds, median), max of json; the three interleaved run by run; listed: fake "
+              "hosts each run listed, least-most; load: the load average after the runs)")
         for row in rows:
             print(row)
-        ct = [t for t, _ in cold]
-        print(f"cold one-shot gpusd list, no daemon, {cold_n} hosts by wide-area DNS-SD: median "
-              f"{statistics.median(ct):.2f} s, max {max(ct):.2f} s, listed {min(k for _, k in cold)}-"
-              f"{max(k for _, k in cold)} of {cold_n}")
+        for label, times in cold.items():
+            print(f"cold one-shot gpusd list, no daemon, {cold_n} hosts by wide-area DNS-SD, {label}: median "
+                  f"{statistics.median(t for t, _, _ in times):.2f} s "
+                  f"(CPU {statistics.median(c for _, _, c in times):.2f} s), max {max(t for t, _, _ in times):.2f} s, "
+                  f"listed {min(k for _, k, _ in times)}-{max(k for _, k, _ in times)} of {cold_n}")
         print(f"goal: a host with a daemon lists 1,000 hosts in <= {GOAL:g} s; the fake hosts' process: "
               f"{fake_rss:.0f} MiB RSS")
     finally:
         if daemon is not None:
-            stop_daemon(daemon[0], daemon[1], secret)
+            stop_daemon(daemon[0], daemon[1], secret, daemon[2])
         if fakes.poll() is None:
             fakes.send_signal(signal.SIGTERM)
             try:

@@ -81,6 +81,14 @@ MEMBERS: dict[str, str | None] = {
     "AsyncClient.report_removed": "peer, reason",
     "AsyncClient.shadowing": "peer, host",
     "AsyncClient.spawn": "coro",
+    # snapshots parsed when read (defer_snapshots, a daemon's large fleet view): the follower's side
+    "AsyncClient.defer": "peer, text",
+    "AsyncClient.deferring": "",
+    "AsyncClient.undefer": "peer",
+    # ... and the reader's: the hosts as last parsed, or caught up first
+    "AsyncClient.catch_up": "older_than=0.0",
+    "AsyncClient.followed": None,  # property
+    "AsyncClient.host_list": "catch_up=True",
     # what it was asked (read-only views of its DiscoveryOptions)
     "AsyncClient.dns_sd_domain": None,  # property
     "AsyncClient.dns_server": None,  # property

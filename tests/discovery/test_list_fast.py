@@ -51,11 +51,12 @@ def fleet_host(node: str, host: str, session: str, n: int = 1, owner: str | None
 async def local_daemon(state: Path, session: str, hosts: list[dict[str, Any]], delay: float = 0.0,
                        seen: list[Any] | None = None, secret: str | None = None) -> AsyncIterator[int]:
     """``secret``: the daemon holds this fleet secret and proves it to signed readers, as a real one does."""
+    body = json.dumps({"session": session, "hosts": hosts}).encode()  # built once, as a daemon's answer is
+
     async def fleet(request: web.Request) -> web.Response:
         if seen is not None:
             seen.append(dict(request.headers))
         await asyncio.sleep(delay)
-        body = json.dumps({"session": session, "hosts": hosts}).encode()
         headers = {"Content-Type": "application/json"}
         if secret is not None:
             headers.update(proof_headers(request, secret, body, OWN_NODE))
@@ -404,3 +405,63 @@ async def test_a_tar_pit_is_given_up_on_and_the_real_hosts_are_listed(tmp_path: 
             w.transport.abort()
     assert announced == ["pit", "real"]  # both were found, and the pit was asked
     assert settled is True and hosts == ["real"]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.5])
+async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path, delay: float) -> None:
+    """Where the local daemon answers at once, ``gpusd list`` reads its fleet view and exits: neither
+    asyncio nor the browser (zeroconf, aiohttp, the one-shot module) is imported, nor the signing
+    module without a fleet secret -- their imports cost more than the answer (issue 24).  Also where it
+    took the request and answers after the quick wait (a fleet of 1,000 hosts: 0.1-0.5 s to build): a
+    browse meanwhile would only compete with it.  The JSON is one device a line (the C encoder's), and
+    still one valid array."""
+    session = unique_session()
+    state = tmp_path / "state"
+    code = ("import json, sys\nfrom gpusd.cli import main\nrc = main(sys.argv[1:])\n"
+            "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\nsys.exit(rc)\n")
+    hosts = [fleet_host(OWN_NODE, "here", session, 2), fleet_host("fedcba9876543210", "far", session, 1)]
+    assert fleetview.QUICK < delay + 0.1 < fleetview.FLEET_TIMEOUT or delay == 0
+    async with local_daemon(state, session, hosts, delay=delay):
+        env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+        for var in ("GPUSD_TOKEN", "GPUSD_TOKEN_FILE", "GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN"):
+            env.pop(var, None)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, "list", "--json", "--session", session,
+                                                    env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    modules = set(json.loads(err.decode().strip().splitlines()[-1]))
+    assert not modules & {"asyncio", "zeroconf", "aiohttp", "gpusd.discovery.oneshot", "gpusd.discovery.client",
+                          "gpusd.wire.signing", "concurrent.futures"}
+    lines = out.decode().splitlines()
+    assert lines[0] == "[" and lines[-1] == "]" and len(lines) == 2 + 3  # one device a line
+    assert sorted(json.loads(line.rstrip(","))["hostname"] for line in lines[1:-1]) == ["far", "here", "here"]
+    assert [d["gpu"]["index"] for d in json.loads(out)] == [0, 0, 1]
+
+
+async def test_the_fleet_view_is_there_once_the_daemon_answered_its_parsing_is_the_readers(tmp_path: Path) -> None:
+    """A reading of the local fleet view is done once the daemon's answer is in; parsing it (1,000 hosts:
+    ~0.5 s of this process's own work, longer than the quick wait) is left to whoever takes it, so
+    ``gpusd list`` does not start a browse to race its own parsing (a browse that then settled first,
+    with only the hosts of the link, was listed instead of the fleet on a loaded machine)."""
+    session = unique_session()
+    state = tmp_path / "state"
+    hosts = [fleet_host(OWN_NODE, "here", session)] + [fleet_host(f"ffff{i:04d}", f"far-{i:03d}", session, n=8)
+                                                       for i in range(300)]
+    async with local_daemon(state, session, hosts) as port:
+        view = fleetview.LocalFleetView(lambda: ([f"http://127.0.0.1:{port}/api/v1"], OWN_NODE),
+                                        Filters(session=session))
+        parsed: list[Any] = []
+        parse = view.parse
+
+        def spy(fetched: Any) -> Any:
+            parsed.append(fetched)
+            return parse(fetched)
+
+        view.parse = spy  # type: ignore[method-assign]
+        reading = view.start()
+        assert await asyncio.get_running_loop().run_in_executor(None, reading.wait, 30)
+    assert reading.done() and parsed == []  # answered, nothing parsed yet
+    listing = reading.result()
+    assert listing is not None and len(listing.hosts) == 301 and len(listing.devices) == 1 + 300 * 8
+    assert reading.result() is listing and len(parsed) == 1  # parsed once

@@ -11,9 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concurrent.futures import Future
-
-    from ..discovery.source import Listing
+    from ..discovery.fleetview import Reading
     from ..discovery.types import Filters
     from ..wire.signing import FleetKey
 
@@ -33,7 +31,7 @@ def daemon_api_urls(session: str, interfaces: list[str] | None = None) -> tuple[
 
 
 def start_fleet_request(filters: Filters, *, key: FleetKey | None = None, timeout: float | None = None,
-                        interfaces: list[str] | None = None) -> Future[Listing | None]:
+                        interfaces: list[str] | None = None) -> Reading:
     """The local daemon's fleet view, read in a daemon thread (the caller browses meanwhile)."""
     from ..discovery.fleetview import FLEET_TIMEOUT, LocalFleetView
 

@@ -47,14 +47,17 @@ def add_token_flags(p: argparse._ActionsContainer, what: str) -> None:
 
 def secret(args: argparse.Namespace) -> str | None:
     """The fleet secret for this command, or None.  ConfigError (exit 2) when it cannot be read."""
-    from ..errors import SecretError
-    from ..wire.signing import load_secret
+    import os
 
     identity = getattr(args, "identity", None)
     if isinstance(identity, str) and identity:  # for this process and the renewer it starts (wire.sshsig)
-        import os
-
         os.environ["GPUSD_IDENTITY"] = os.path.abspath(identity)
+    if getattr(args, "token_file", None) is None and not os.environ.get("GPUSD_TOKEN_FILE") and not (
+            os.environ.get("GPUSD_TOKEN") or "").strip():
+        return None  # none given (wire.signing.load_secret's three places): its module is not imported
+    from ..errors import SecretError
+    from ..wire.signing import load_secret
+
     try:
         return load_secret(getattr(args, "token_file", None))
     except SecretError as exc:

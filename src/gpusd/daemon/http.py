@@ -215,7 +215,7 @@ async def fleet(request: web.Request) -> web.Response:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
-    return _json(d.fleet.to_dict())
+    return _bytes(d.fleet.answer())  # its bytes built by the fleet view (each snapshot encoded once)
 
 
 async def prometheus_http_sd(request: web.Request) -> web.Response:

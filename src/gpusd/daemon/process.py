@@ -16,11 +16,9 @@ Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.st
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import fcntl
 import json
-import logging
 import os
 import select
 import signal
@@ -30,11 +28,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:  # pragma: no cover
+    import logging
+
+
+def _log() -> logging.Logger:
+    """This module's logger (``logging`` imported only where the daemon runs: reading the status for
+    ``gpusd list`` or ``status`` needs none of it)."""
+    import logging
+
+    return logging.getLogger(__name__)
+
 
 PID_FILE = "gpusd.pid"
 INFO_FILE = "gpusd.json"
@@ -158,7 +166,7 @@ def sd_notify(message: str) -> bool:
             s.sendall(message.encode())
         return True
     except OSError as exc:
-        log.debug("sd_notify failed: %s", exc)
+        _log().debug("sd_notify failed: %s", exc)
         return False
 
 
@@ -346,11 +354,15 @@ def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     limit_malloc_arenas()  # before the first thread (daemon memory at rest, issue 24)
     old, new = raise_fd_limit()
     if new != old:
-        log.info("open-file limit raised from %d to %d", old, new)
+        _log().info("open-file limit raised from %d to %d", old, new)
+    import asyncio  # here: reading the status (gpusd list, status) needs none of it
+
     return asyncio.run(_main(config, ready_fd))
 
 
 async def _main(config: Any, ready_fd: int | None) -> int:
+    import asyncio
+
     from .service import Daemon
 
     state_dir = Path(config.state_dir) if config.state_dir else None
@@ -361,7 +373,7 @@ async def _main(config: Any, ready_fd: int | None) -> int:
     stop_event = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_event.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored (restart to reconfigure)"))
+    loop.add_signal_handler(signal.SIGHUP, lambda: _log().info("SIGHUP ignored (restart to reconfigure)"))
     try:
         start = asyncio.ensure_future(daemon.start())
         stopper = asyncio.ensure_future(stop_event.wait())
@@ -392,10 +404,10 @@ async def _main(config: Any, ready_fd: int | None) -> int:
         }
         write_info(daemon.state_dir, info)
         notify_ready(ready_fd, info)
-        log.info("gpusd daemon ready: pid %d, %s", os.getpid(), " ".join(daemon.urls))
+        _log().info("gpusd daemon ready: pid %d, %s", os.getpid(), " ".join(daemon.urls))
         await stop_event.wait()
         sd_notify("STOPPING=1")
-        log.info("stopping")
+        _log().info("stopping")
         await asyncio.wait_for(daemon.stop(), 15)
         return 0
     except BaseException:

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from ..model import GpuInfo, HostSnapshot
 from ..wire.txt import DEFAULT_SESSION, SERVICE_TYPE
@@ -57,6 +57,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+# While deferring (AsyncClient.defer_snapshots), a host's snapshot is parsed on arrival at most this often;
+# a reader that does not catch up sees it at most this much older than the newest received.  5 s: what a
+# daemon's utilisation figure averages over anyway (its sample window).
+REPARSE = 5.0
 STALL = 0.1  # wait_settled's give-up clocks: a longer stretch without the loop running counts as this long
 BEYOND_GIVE_UP = 3.0  # ... and a host beyond the link (peers, wide-area DNS-SD: round trips of a WAN) gets 3x
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
@@ -141,6 +145,14 @@ class AsyncClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
+        # While this returns True, a host's later snapshots are parsed at most every REPARSE s on
+        # arrival; the newest of the others is kept as received and parsed when the client's hosts or
+        # devices are read (catch_up), its device events emitted then: for a reader that does not need
+        # every event as it happens (a daemon's fleet view nobody streams).  None (the default): every
+        # snapshot is parsed on arrival.  The first snapshot of a host is always parsed at once (it
+        # proves the node, and reports the host).
+        self.defer_snapshots: Callable[[], bool] | None = None
+        self._deferred: set[Follower] = set()
 
     # what tests and callers read of the options, as before
     @property
@@ -295,15 +307,70 @@ class AsyncClient:
         else:
             log.debug("ignoring service %s: %d followed already", name[:100], self.max_hosts)
 
+    @property
+    def followed(self) -> int:
+        """Service instances followed now (reported or not)."""
+        return len(self._peers)
+
+    # -- deferred snapshots (defer_snapshots) ---------------------------------------------------
+    def deferring(self) -> bool:
+        return self.defer_snapshots is not None and self.defer_snapshots()
+
+    def defer(self, peer: Follower, text: str) -> None:
+        """A later snapshot of ``peer`` while deferring: parsed and reported now when the last one parsed
+        is ``REPARSE`` s old, else kept as received (the one kept before it, if any, is dropped: only
+        the newest is ever shown)."""
+        if time.monotonic() - peer.parsed_at >= REPARSE:
+            self.undefer(peer)
+            self._parse_and_report(peer, text)
+            return
+        peer.pending = text
+        self._deferred.add(peer)
+
+    def _parse_and_report(self, peer: Follower, text: str) -> None:
+        host = peer.host
+        if host is None or not peer.reported or self._peers.get(peer.name) is not peer:
+            return
+        snap = peer.parse_snapshot(host, text)
+        if snap is not None:
+            self.report(peer, host, snap.gpus, snap)
+
+    def undefer(self, peer: Follower) -> None:
+        """Forget ``peer``'s unparsed snapshot (a newer one is parsed, or the host is gone)."""
+        if peer.pending is not None:
+            peer.pending = None
+            self._deferred.discard(peer)
+
+    def catch_up(self, older_than: float = 0.0) -> None:
+        """Parse and report the snapshots kept unparsed (each host's newest), as on arrival: checked
+        the same way, the same events.  Reading ``hosts`` or ``list_devices()`` does it first.
+        ``older_than``: only those of hosts whose last parse is at least this many seconds old."""
+        if not self._deferred:
+            return
+        due = time.monotonic() - older_than
+        for peer in [p for p in self._deferred if p.parsed_at <= due]:
+            text = peer.pending
+            self.undefer(peer)
+            if text is not None:
+                self._parse_and_report(peer, text)
+
     # -- views --------------------------------------------------------------------------------
     @property
     def hosts(self) -> list[RemoteHost]:
         """The hosts reported (``host_added`` and not yet removed), by host name."""
+        return self.host_list()
+
+    def host_list(self, catch_up: bool = True) -> list[RemoteHost]:
+        """:attr:`hosts`; with ``catch_up`` False, each as last parsed, at most ``REPARSE`` s older than
+        the newest received (a snapshot kept unparsed longer, its host sending no newer one, is parsed
+        now)."""
+        self.catch_up(0.0 if catch_up else REPARSE)
         out = [p.host for p in self._peers.values() if p.reported and p.host is not None]
         return sorted(out, key=lambda h: (h.hostname, h.node_id))
 
     def list_devices(self) -> list[Device]:
         """Every reported GPU, by host name then index."""
+        self.catch_up()
         out: list[Device] = []
         for p in self._peers.values():
             if p.reported:
@@ -437,6 +504,7 @@ class AsyncClient:
         return None
 
     def report_removed(self, peer: Follower, reason: str) -> None:
+        self.undefer(peer)
         host = peer.host
         if host is not None:
             host.alive = False

@@ -27,7 +27,6 @@ one, bounded, checked).
 from __future__ import annotations
 
 import ipaddress
-import logging
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
@@ -37,11 +36,16 @@ from .source import Listing
 from .types import Device, Filters, RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concurrent.futures import Future
-
+    from ..wire.http import Fetched
     from ..wire.signing import FleetKey
 
-log = logging.getLogger(__name__)
+
+def _debug(message: str, *args: object) -> None:
+    """A debug line (``logging`` imported only then: ``gpusd list`` from its daemon needs none)."""
+    import logging
+
+    logging.getLogger(__name__).debug(message, *args)
+
 
 FLEET_TIMEOUT = 2.0  # seconds for the whole answer (a cold fleet view settles first)
 QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after this long, browse too
@@ -143,10 +147,16 @@ class LocalFleetView:
         self.timeout = timeout
 
     def read(self) -> Listing | None:
+        return self.parse(self.fetch())
+
+    def fetch(self, sent: Callable[[], None] | None = None) -> tuple[Fetched, str] | None:
+        """The daemon's answer as received (parsed and checked by :meth:`parse`) and the daemon's node
+        id; None where no daemon of the session answers within ``timeout``.  ``sent``: called once the
+        request is on its way to a daemon (it accepted the connection)."""
         import time
 
         from ..wire.fleet import MAX_FLEET_BYTES
-        from ..wire.http import SourceError, fetch_json
+        from ..wire.http import SourceError, fetch
 
         if self.filters.session is None:
             return None
@@ -160,38 +170,91 @@ class LocalFleetView:
             if left <= 0:
                 break
             try:
-                answer = fetch_json(base + "/fleet", key=self.key, timeout=left, node_id=own_node,
-                                    max_bytes=MAX_FLEET_BYTES)
+                return fetch(base + "/fleet", key=self.key, timeout=left, node_id=own_node,
+                             max_bytes=MAX_FLEET_BYTES, sent=sent), own_node
             except SourceError as exc:
-                log.debug("%s", exc)
-                continue
-            if self.key is not None and answer.verified is not True:
-                log.debug("%s/fleet: the daemon did not prove it holds the fleet secret: browsing", base)
-                return None
-            result = parse_fleet(answer.data, self.filters, own_node, private=answer.verified is True)
-            if result is not None:
-                return result
-            log.debug("%s/fleet: not a usable fleet view", base)
-            return None
+                _debug("%s", exc)
         return None
 
-    def start(self) -> Future[Listing | None]:
-        """:meth:`read` in a daemon thread (it never holds up the process's exit): the caller can
-        browse meanwhile and take whichever answers first."""
-        import threading
-        from concurrent.futures import Future
+    def parse(self, fetched: tuple[Fetched, str] | None) -> Listing | None:
+        """The listing of a :meth:`fetch`'s answer; None where it cannot be used (browse instead)."""
+        from ..wire.http import SourceError
 
-        fut: Future[Listing | None] = Future()
+        if fetched is None:
+            return None
+        try:
+            answer, own_node = fetched[0].answer(), fetched[1]
+        except SourceError as exc:
+            _debug("%s", exc)
+            return None
+        if self.key is not None and answer.verified is not True:
+            _debug("the daemon did not prove it holds the fleet secret: browsing")
+            return None
+        result = parse_fleet(answer.data, self.filters, own_node, private=answer.verified is True)
+        if result is None:
+            _debug("not a usable fleet view: browsing")
+        return result
+
+    def start(self) -> Reading:
+        """:meth:`fetch` in a daemon thread (it never holds up the process's exit): the caller can
+        browse meanwhile and take whichever answers first; the answer is parsed by whoever takes it
+        (:meth:`Reading.result`)."""
+        import threading
+
+        reading = Reading(self)
 
         def run() -> None:
+            fetched = None
             try:
-                fut.set_result(self.read())
+                fetched = self.fetch(reading.sent.set)
             except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
-                log.debug("local fleet view failed: %r", exc)
-                fut.set_result(None)
+                _debug("local fleet view failed: %r", exc)
+            reading.finish(fetched)
 
         threading.Thread(target=run, name="gpusd-local-fleet", daemon=True).start()
-        return fut
+        return reading
+
+
+class Reading:
+    """The answer of a :class:`LocalFleetView` fetched in a thread, once it is there (a plain event and a
+    value: ``concurrent.futures`` and ``asyncio`` are not imported where the daemon answers at once,
+    their imports cost more than the answer).  :meth:`done` once the daemon's answer is in (or none
+    will come): parsing it is the caller's own work (1,000 hosts: ~0.5 s), not a wait on the daemon,
+    so a caller does not browse meanwhile."""
+
+    __slots__ = ("_done", "_fetched", "_parsed", "_result", "_view", "sent")
+
+    def __init__(self, view: LocalFleetView) -> None:
+        import threading
+
+        self._view = view
+        self.sent = threading.Event()  # the request is on its way: a daemon accepted the connection
+        self._done = threading.Event()
+        self._fetched: tuple[Fetched, str] | None = None
+        self._parsed = False
+        self._result: Listing | None = None
+
+    def finish(self, fetched: tuple[Fetched, str] | None) -> None:
+        self._fetched = fetched
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the answer is there (waiting at most ``timeout`` s for it)."""
+        return self._done.wait(timeout)
+
+    def result(self) -> Listing | None:
+        """The listing (None: no usable answer); call once :meth:`done`.  Parsed on the first call."""
+        if not self._parsed:
+            self._parsed = True
+            try:
+                self._result = self._view.parse(self._fetched)
+            except Exception as exc:  # noqa: BLE001  # a bug here must not stop the browse
+                _debug("local fleet view failed: %r", exc)
+            self._fetched = None
+        return self._result
 
 
 # -- any daemon, by URL -------------------------------------------------------------------------------
@@ -256,5 +319,5 @@ class FleetReader:
         return self._tls
 
 
-__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "api_urls", "base_url", "parse_fleet",
+__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "api_urls", "base_url", "parse_fleet",
            "strip_api"]

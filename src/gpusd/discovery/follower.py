@@ -98,6 +98,9 @@ class Follower:
     spec: Any = None  # what the source knows of it (a static peer's PeerSpec, a wide-area DnsSdInstance)
     from_file: bool = False  # a static peer listed in the peers file (dropped when the file drops it)
     shadowed: bool = False  # its node is reported already, found another way (AsyncClient.shadowing)
+    # the newest snapshot received and not parsed yet (AsyncClient.defer_snapshots: parsed when read)
+    pending: str | None = None
+    parsed_at: float = 0.0  # time.monotonic() when its last snapshot was parsed
 
     @property
     def via(self) -> str:
@@ -261,6 +264,7 @@ class Follower:
                     failure = failed("not a gpusd event stream")
                     continue
                 host.identity = host.copy_of = None
+                self.client.undefer(self)  # a snapshot kept from the last connection: not of what this one proves
                 if key is None:
                     host.verified = None
                 elif nonce is None:
@@ -308,7 +312,14 @@ class Follower:
                 return LOST if got_snapshot else failed("bad event stream")
             for name, data in events:
                 if name == "snapshot":
-                    snap = self._parse_snapshot(host, data)
+                    if got_snapshot and self.reported and self.client.deferring():
+                        # kept as received, parsed when the client's hosts are read (AsyncClient.catch_up):
+                        # a fleet view nobody reads need not parse 1,000 snapshots a second
+                        self.client.defer(self, data)
+                        host.heard()
+                        continue
+                    self.client.undefer(self)
+                    snap = self.parse_snapshot(host, data)
                     if snap is None:
                         if not got_snapshot:
                             return failed("invalid snapshot")
@@ -369,7 +380,9 @@ class Follower:
         host.identity = SignedIdentity(proof.node_id, proof.host, proof.addresses)
         return True
 
-    def _parse_snapshot(self, host: RemoteHost, data: str) -> HostSnapshot | None:
+    def parse_snapshot(self, host: RemoteHost, data: str) -> HostSnapshot | None:
+        """A snapshot event's text as a checked snapshot of ``host`` (None: invalid, logged once)."""
+        self.parsed_at = time.monotonic()
         try:
             snap = HostSnapshot.from_json(data)
         except (ValueError, TypeError, RecursionError) as exc:

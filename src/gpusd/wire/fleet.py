@@ -12,7 +12,7 @@ a snapshot.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import WireError
 from ..model import MAX_NAME, HostSnapshot, decode, encode
@@ -79,6 +79,13 @@ class HostRecord:
 RECORD_FIELDS = tuple(f.name for f in fields(HostRecord))
 
 
+def snapshot_bytes(snap: HostSnapshot) -> bytes:
+    """A snapshot as the fleet view sends it: compact, strict JSON."""
+    from ..sanitize import dumps
+
+    return dumps(snap.to_dict(), separators=(",", ":")).encode()
+
+
 @dataclass(slots=True)
 class FleetView:
     """A whole ``GET /api/v1/fleet`` answer."""
@@ -92,6 +99,23 @@ class FleetView:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": self.schema, "session": self.session, "hosts": [h.to_dict() for h in self.hosts],
                 "hosts_dropped": self.hosts_dropped}
+
+    def to_json(self, snapshot_json: Callable[[HostSnapshot], bytes] | None = None) -> bytes:
+        """:meth:`to_dict`'s document as compact, strict JSON (no NaN), written here without the dicts of
+        every snapshot: each host's snapshot comes from ``snapshot_json`` (the fleet view's cache, which
+        encodes a snapshot once rather than once per answer; default :func:`snapshot_bytes`)."""
+        from ..sanitize import dumps
+
+        encoded = snapshot_json or snapshot_bytes
+        parts = []
+        for h in self.hosts:
+            head = encode(HostRecord(**{k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}))
+            del head["snapshot"]  # last, as to_dict sends it
+            snap = b"null" if h.snapshot is None else encoded(h.snapshot)
+            parts.append(dumps(head, separators=(",", ":")).encode()[:-1] + b',"snapshot":' + snap + b"}")
+        return b"".join((b'{"schema":', dumps(self.schema).encode(), b',"session":', dumps(self.session).encode(),
+                         b',"hosts":[', b",".join(parts), b'],"hosts_dropped":', dumps(self.hosts_dropped).encode(),
+                         b"}"))
 
     @classmethod
     def from_dict(cls, d: Any) -> FleetView:
@@ -121,4 +145,5 @@ class FleetView:
         return view
 
 
-__all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostRecord"]
+__all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostRecord",
+           "snapshot_bytes"]

@@ -13,7 +13,6 @@ does) for tests and benchmarks that start many daemons; never set it in producti
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
 from typing import TYPE_CHECKING, Sequence
@@ -23,7 +22,6 @@ from ..errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from zeroconf.asyncio import AsyncZeroconf
 
-log = logging.getLogger(__name__)
 
 INTERFACES_ENV = "GPUSD_INTERFACES"
 FAST_ENV = "GPUSD_MDNS_FAST"
@@ -152,7 +150,9 @@ def apply_test_timings() -> None:
         _core._UNREGISTER_TIME = 10  # type: ignore[attr-defined]
         _core._PROBE_RANDOM_DELAY_INTERVAL = (1, 5)
     except (ImportError, AttributeError):  # pragma: no cover - a future zeroconf
-        log.debug("cannot shrink zeroconf timings")
+        import logging  # here: reading the interfaces (gpusd list) needs no logging
+
+        logging.getLogger(__name__).debug("cannot shrink zeroconf timings")
 
 
 async def open_zeroconf(interfaces: list[str] | None) -> "AsyncZeroconf":
