@@ -1,7 +1,7 @@
 """Issue 24 benchmark, the daemon: its answers beside bare aiohttp, signed reads, memory at rest, and
 how soon a new host is visible.  Everything on loopback (127.0.0.1), bounded in time and count.
 
-    python bench/bench_daemon.py serve   [--seconds 5] [--rounds 3] [--concurrency 16]
+    python bench/bench_daemon.py serve   [--seconds 5] [--rounds 3] [--concurrency 16] [--before OLD/src]
     python bench/bench_daemon.py memory  [--gpus 8] [--seconds 20]
     python bench/bench_daemon.py visible [--rounds 5]
 
@@ -9,6 +9,7 @@ how soon a new host is visible.  Everything on loopback (127.0.0.1), bounded in 
 each), and a bare aiohttp server (a handler returning prebuilt bytes, nothing else) serving the
 daemon's own answer bytes (public view), loaded in turn with ``hey -c 16`` (keep-alive, loopback) for
 ``--seconds`` per run, interleaved for ``--rounds`` rounds: GET /api/v1/gpus, /api/v1/host, /healthz.
+With ``--before``, a second daemon from another tree (the same fake GPUs) is loaded in the same rounds.
 Without ``hey`` (Debian package ``hey``), a bounded aiohttp load generator does the same.
 
 ``memory``: RSS of the daemon at rest (8 fake GPUs, after ``--seconds`` of 1 s sampling) beside
@@ -79,11 +80,14 @@ def gpus(n: int):
     return out
 
 
-def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None = None
+def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None = None, src: str | None = None
                  ) -> tuple[subprocess.Popen[bytes], dict]:
+    """``gpusd start`` on the fake NVML (from ``src``, a tree's ``src`` directory, when given)."""
     state = Path(tempfile.mkdtemp(prefix="gpusd-bench-daemon-"))
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
+    if src is not None:
+        env["PYTHONPATH"] = os.path.abspath(src)
     r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
             "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
@@ -189,10 +193,16 @@ def where(args: argparse.Namespace) -> str:
 
 def serve(args: argparse.Namespace) -> None:
     place = where(args)
+    load0 = os.getloadavg()[0]
     fake = FakeEnv(gpus(args.gpus))
     # a long interval: the bytes the bare server serves stay the daemon's current ones
     proc, info = start_daemon(fake, interval=3600.0)
     base = f"http://127.0.0.1:{info['port']}"
+    servers = [("gpusd", base, proc)]
+    if args.before:  # the same daemon from another tree (e.g. the base commit), in the same rounds
+        old_proc, old_info = start_daemon(fake, interval=3600.0, src=args.before)
+        atexit.register(stop, old_proc)
+        servers.append(("gpusd (before)", f"http://127.0.0.1:{old_info['port']}", old_proc))
     paths = ["/api/v1/gpus", "/api/v1/host", "/healthz"]
     tmp = Path(tempfile.mkdtemp(prefix="gpusd-bench-bare-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
@@ -206,35 +216,39 @@ def serve(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[tuple[float, int, float]]] = {}
     try:
         wait_port(bare_port)
-        bare_base = f"http://127.0.0.1:{bare_port}"
-        for _ in range(args.rounds):
+        servers.append(("bare aiohttp", f"http://127.0.0.1:{bare_port}", bare))
+        for r in range(args.rounds):
             for p in paths:
-                for name, b, pid in (("gpusd", base, proc.pid), ("bare aiohttp", bare_base, bare.pid)):
-                    c0, t0 = cpu_seconds(pid), time.monotonic()
+                # each round in another order: no server always follows the same one
+                for name, b, server in servers[r % len(servers):] + servers[:r % len(servers)]:
+                    c0, t0 = cpu_seconds(server.pid), time.monotonic()
                     rps, errors = load(b + p, args.seconds, args.concurrency)
-                    cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+                    cpu = (cpu_seconds(server.pid) - c0) / (time.monotonic() - t0)
                     results.setdefault((p, name), []).append((rps, errors, cpu))
     finally:
-        stop(proc)
-        bare.terminate()
-        bare.wait(10)
+        for _, _, server in servers:
+            stop(server)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"load avg {os.getloadavg()[0]:.1f}; daemon on the fake NVML with {args.gpus} GPUs; "
-          f"{'hey' if shutil.which('hey') else 'aiohttp load generator'} -c {args.concurrency}, keep-alive, "
-          f"{args.seconds:g} s per run, {args.rounds} interleaved rounds, {place}")
+          f"load avg {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; daemon on the fake NVML with "
+          f"{args.gpus} GPUs; {'hey' if shutil.which('hey') else 'aiohttp load generator'} -c {args.concurrency}, "
+          f"keep-alive, {args.seconds:g} s per run, {args.rounds} interleaved rounds, {place}")
     print()
-    print("| GET | answer bytes | gpusd req/s (median) | bare aiohttp req/s (median) | gpusd / bare | "
-          "ratio per round | CPU ms/request gpusd / bare | errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("req/s: the median of the rounds; ratio: gpusd's req/s over bare aiohttp's in the same round (their "
+          "median); CPU: the server process's CPU time over the requests it answered, all rounds")
+    print()
+    print("| GET | answer bytes | server | req/s | vs bare: median (rounds) | CPU µs per request | errors |")
+    print("|---|---|---|---|---|---|---|")
     for i, p in enumerate(paths):
-        g, b = results[(p, "gpusd")], results[(p, "bare aiohttp")]
-        med = sorted(x[0] for x in g)[len(g) // 2], sorted(x[0] for x in b)[len(b) // 2]
-        ratios = " ".join(f"{x[0] / y[0]:.2f}" for x, y in zip(g, b))
-        cpu_g = sum(x[2] for x in g) / sum(x[0] for x in g) * 1000
-        cpu_b = sum(x[2] for x in b) / sum(x[0] for x in b) * 1000
+        b = results[(p, "bare aiohttp")]
         size = (tmp / f"{i}.json").stat().st_size
-        print(f"| {p} | {size} | {med[0]:.0f} | {med[1]:.0f} | {med[0] / med[1]:.2f}x | {ratios} | "
-              f"{cpu_g:.3f} / {cpu_b:.3f} | {sum(x[1] for x in g)} / {sum(x[1] for x in b)} |")
+        for name, _, _ in servers:
+            g = results[(p, name)]
+            med = sorted(x[0] for x in g)[len(g) // 2]
+            ratios = sorted(x[0] / y[0] for x, y in zip(g, b))
+            cpu = sum(x[2] for x in g) / sum(x[0] for x in g) * 1e6
+            vs = "" if name == "bare aiohttp" else (
+                f"**{ratios[len(ratios) // 2]:.2f}x** ({' '.join(f'{x:.2f}' for x in ratios)})")
+            print(f"| {p} | {size} | {name} | {med:.0f} | {vs} | {cpu:.1f} | {sum(x[1] for x in g)} |")
 
 
 FLOOR_REGISTER = r"""
@@ -381,6 +395,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--before", metavar="SRC", help="serve: also a daemon from this tree's src directory (e.g. a "
+                    "worktree of the base commit), in the same rounds")
     ap.add_argument("--no-netns", dest="netns", action="store_false",
                     help="serve, memory: run on this machine's loopback, not in a namespace of their own")
     args = ap.parse_args()

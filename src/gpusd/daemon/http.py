@@ -1,8 +1,9 @@
 """The daemon's HTTP API (docs/wire-format.md): JSON for the host, its GPUs, history and the fleet,
 and server-sent event streams.
 
-``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add routes to
-``daemon.app`` (``daemon.app.router.add_get(...)``) before the daemon starts.  ``sse_stream`` serves
+``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add their route
+tables to ``daemon.app`` with :func:`gpusd.daemon.routes.add_routes` before the daemon starts (never
+``app.router.add_get``: a route outside the access rules stops the daemon from starting).  ``sse_stream`` serves
 any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
 """
 
@@ -71,7 +72,7 @@ class Answers:
     and commands) and public (those fields nulled, :func:`gpusd.model.redact`).  Each is built
     at most once per sample, on its first request; a new snapshot object starts afresh.  A public
     body is always built from the redacted payload, never from a private body, and the two never
-    share a key; the access middleware checks every public answer anyway (docs/security.md)."""
+    share a key; the access rules check every public answer anyway (docs/security.md)."""
 
     __slots__ = ("_bodies", "_snap")
 
