@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..model import private_keys, redact
+from ..wire.signing import FleetKey, Headers, NonceCache, Request, Response, signature_base
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -197,8 +198,6 @@ class Access:
                  node_id: Callable[[], str | None] | None = None,
                  cert_fp: Callable[[], str | None] | None = None,
                  host_name: Callable[[], str | None] | None = None) -> None:
-        from ..wire.signing import FleetKey, NonceCache
-
         self.token = token or None
         self.key = FleetKey(self.token) if self.token else None
         self.nonces = NonceCache()
@@ -276,8 +275,6 @@ class Access:
             return None, "this daemon has no fleet secret"
         if not self.host_ok(host, remote):
             return None, "the request does not name this daemon (Host/@authority)"
-        from ..wire.signing import Headers, Request
-
         try:
             req = Request(method, f"{scheme}://{host}{raw_path}",
                           Headers((k, v) for k, v in headers.items()))
@@ -294,15 +291,11 @@ class Access:
         if refused is not None:
             return None, refused
         req.nonce = result.nonce  # type: ignore[attr-defined]
-        from ..wire.signing import signature_base
-
         req.base = signature_base(result)  # type: ignore[attr-defined]  # what a user's SSH key signs
         return req, None
 
     def sign_response(self, req: Any, status: int, headers: Any, body: bytes | None) -> None:
         """Add the daemon's proof (docs/security.md) to the answer of a verified request ``req``."""
-        from ..wire.signing import Headers, Response
-
         assert self.key is not None
         resp = Response(status, req, Headers())
         node = (self._node_id() if self._node_id is not None else None) or "-"

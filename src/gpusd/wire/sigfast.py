@@ -19,6 +19,7 @@ accepts with the same result, and that the headers it writes verify with the lib
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -47,6 +48,11 @@ _RESP_INPUT = re.compile(
     rf';nonce="(?P<nonce>{_NONCE})";tag="gpusd-response")')
 _SIGNATURE = re.compile(r"gpusd=:(?P<mac>[A-Za-z0-9+/]{43}=):")
 _DIGEST = re.compile(r"sha-256=:(?P<d>[A-Za-z0-9+/]{43}=):")
+_KEYID_RE = re.compile(_KEYID)
+_NONCE_RE = re.compile(_NONCE)
+# the only header fields gpusd's shapes read (every other field is left alone, as the library leaves it)
+_FIELDS = frozenset({"signature-input", "signature", "content-digest", "gpusd-node", "gpusd-cert", "gpusd-host",
+                     "gpusd-addrs"})
 
 
 try:  # the library's URL parser and header normalisation (private names the fast path reuses)
@@ -59,13 +65,17 @@ else:
 
 
 def _fields(headers: Any) -> dict[str, str]:
-    """Header values by lower-case name, as the library combines and normalises them."""
+    """The values of the fields gpusd's shapes read (:data:`_FIELDS`) by lower-case name, as the
+    library combines and normalises them (the other fields are not looked at)."""
     lines: dict[str, list[str]] = {}
     for name, value in headers.items():
-        lines.setdefault(name.lower(), []).append(normalize_header_value(value))
+        low = name.lower()
+        if low in _FIELDS:
+            lines.setdefault(low, []).append(normalize_header_value(value))
     return {k: ", ".join(v) for k, v in lines.items()}
 
 
+@functools.lru_cache(maxsize=512)  # one URL per daemon and path: parsed once (the parse is pure)
 def _url_components(url: str) -> tuple[str, str, str] | None:
     """``@authority``, ``@path``, ``@query`` of an absolute URL, as the library resolves them."""
     try:
@@ -92,7 +102,29 @@ def _base(elements: Sequence[tuple[str, str]], params: str) -> bytes | None:
 
 
 def _digest(body: bytes) -> str:
+    if not body:
+        return _EMPTY_DIGEST
     return f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode()}:"
+
+
+_EMPTY_DIGEST = f"sha-256=:{base64.b64encode(hashlib.sha256(b'').digest()).decode()}:"
+_DIGESTS: dict[int, tuple[bytes, str]] = {}  # id(body) -> (body, its digest): answers served many times
+
+
+def _digest_of(body: bytes) -> str:
+    """``_digest(body)``, remembered for the last few large bodies by identity (the daemon answers
+    with one bytes object per sample, daemon/http.py; an entry holds its body, so its id cannot be
+    reused while it is here)."""
+    if type(body) is not bytes or len(body) < 1024:
+        return _digest(body)
+    hit = _DIGESTS.get(id(body))
+    if hit is not None and hit[0] is body:
+        return hit[1]
+    digest = _digest(body)
+    if len(_DIGESTS) >= 8:
+        del _DIGESTS[next(iter(_DIGESTS))]
+    _DIGESTS[id(body)] = (body, digest)
+    return digest
 
 
 def _b64_exact(text: str) -> bytes | None:
@@ -102,6 +134,8 @@ def _b64_exact(text: str) -> bytes | None:
 
 
 def _digest_ok(value: str, body: bytes) -> bool:
+    if not body and value == _EMPTY_DIGEST:
+        return True
     d = _DIGEST.fullmatch(value)
     raw = None if d is None else _b64_exact(d["d"])
     return raw is not None and hmac.compare_digest(raw, hashlib.sha256(body).digest())
@@ -120,7 +154,7 @@ def _created_ok(created: int, skew: float, now: float | None = None) -> bool:
 
 
 def _result(elements: Sequence[tuple[str, str]], params: str, m: re.Match[str], body: bytes | None) -> Any:
-    from http_message_signatures import algorithms
+    from http_message_signatures import algorithms  # (in sys.modules: the signing module imported it)
     from http_message_signatures.structures import VerifyResult
 
     covered: OrderedDict[str, str] = OrderedDict(elements)
@@ -142,7 +176,7 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method.isprintable() or not method:
         return None
-    if not re.fullmatch(_KEYID, key_id) or not re.fullmatch(_NONCE, nonce):
+    if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce):
         return None
     digest = _digest(body)
     elements = [('"@method"', method), ('"@authority"', comps[0]), ('"@path"', comps[1]), ('"@query"', comps[2])]
@@ -211,37 +245,54 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
     fields already); False (nothing written) when the library must do it."""
     if not _LIBRARY_OK:
         return False
-    comps = _url_components(req_url)
-    if comps is None or not re.fullmatch(_KEYID, key_id) or not re.fullmatch(_NONCE, nonce):
+    if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce) or type(created) is not int \
+            or not 0 <= created < 10**15:  # (the shape of ``created``: _CREATED)
         return False
     f = _fields(headers)
     if "content-digest" in f:
         return False
-    elements = [('"@status"', str(status)), ('"@authority";req', comps[0]), ('"@path";req', comps[1])]
-    if not all(_derived_ok(v) for _, v in elements):
+    names = tuple(covered[3:])
+    head = _response_head(status, req_url, names, tuple(f.get(name) for name in names), body is not None)
+    if head is None:
         return False
-    for name in covered[3:]:
-        v = f.get(name)
-        if v is None or not _field_ok(v):
-            return False
-        elements.append((f'"{name}"', v))
+    ids, prefix = head
     digest = None
     if body is not None:
-        digest = _digest(body)
-        elements.append(('"content-digest"', digest))
-    params = (f'({" ".join(k for k, _ in elements)});created={created};keyid="{key_id}";alg="hmac-sha256"'
-              f';nonce="{nonce}";tag="gpusd-response"')
-    if _RESP_INPUT.fullmatch(f"gpusd={params}") is None:
-        return False
-    base = _base(elements, params)
-    if base is None:
-        return False
+        digest = _digest_of(body)
+        prefix = f'{prefix}"content-digest": {digest}\n'
+    params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-response"'
+    base = f'{prefix}"@signature-params": {params}'.encode()  # ASCII: the head is, and the values matched
     mac = hmac.new(key, base, hashlib.sha256).digest()
     if digest is not None:
         headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
     headers["Signature"] = f"gpusd=:{base64.b64encode(mac).decode()}:"
     return True
+
+
+@functools.lru_cache(maxsize=64)  # a daemon signs few shapes (per path, status and its own identity)
+def _response_head(status: int, req_url: str, names: tuple[str, ...], values: tuple[str | None, ...],
+                   digest: bool) -> tuple[str, str] | None:
+    """What a response signature of this shape has before its digest, ``created`` and ``nonce``:
+    the covered component ids (as ``@signature-params`` lists them) and the signature base's first
+    lines; None when the library must sign (a value it would refuse, a shape not gpusd's)."""
+    comps = _url_components(req_url)
+    if comps is None:
+        return None
+    elements = [('"@status"', str(status)), ('"@authority";req', comps[0]), ('"@path";req', comps[1])]
+    if not all(_derived_ok(v) for _, v in elements):
+        return None
+    for name, v in zip(names, values):
+        if v is None or not _field_ok(v):
+            return None
+        elements.append((f'"{name}"', v))
+    ids = " ".join([k for k, _ in elements] + (['"content-digest"'] if digest else []))
+    # the whole parameters' shape, with values of the shape the caller's are (checked there)
+    if _RESP_INPUT.fullmatch(f'gpusd=({ids});created=0;keyid="k";alg="hmac-sha256";nonce="n";'
+                             'tag="gpusd-response"') is None:
+        return None
+    prefix = "".join(f"{k}: {v}\n" for k, v in elements)
+    return (ids, prefix) if prefix.isascii() else None
 
 
 def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_url: str, headers: Mapping[str, str],
