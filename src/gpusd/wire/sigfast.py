@@ -46,8 +46,6 @@ _RESP_INPUT = re.compile(
     r'(?: "gpusd-cert")?(?: "gpusd-host"(?: "gpusd-addrs")?)?(?: "content-digest")?)\)'
     rf';created=(?P<created>{_CREATED});keyid="(?P<keyid>{_KEYID})";alg="hmac-sha256"'
     rf';nonce="(?P<nonce>{_NONCE})";tag="gpusd-response")')
-_SIGNATURE = re.compile(r"gpusd=:(?P<mac>[A-Za-z0-9+/]{43}=):")
-_DIGEST = re.compile(r"sha-256=:(?P<d>[A-Za-z0-9+/]{43}=):")
 _KEYID_RE = re.compile(_KEYID)
 _NONCE_RE = re.compile(_NONCE)
 # the only header fields gpusd's shapes read (every other field is left alone, as the library leaves it)
@@ -57,7 +55,8 @@ _FIELDS = frozenset({"signature-input", "signature", "content-digest", "gpusd-no
 
 try:  # the library's URL parser and header normalisation (private names the fast path reuses)
     from http_message_signatures._url import parse_url
-    from http_message_signatures.structures import normalize_header_value
+    from http_message_signatures.algorithms import HMAC_SHA256
+    from http_message_signatures.structures import VerifyResult, normalize_header_value
 except ImportError:  # an upgrade moved them: every call takes the library's public path (slower, never wrong)
     _LIBRARY_OK = False
 else:
@@ -127,24 +126,29 @@ def _digest_of(body: bytes) -> str:
     return digest
 
 
-def _b64_exact(text: str) -> bytes | None:
-    """The bytes of canonical base64 ``text`` (non-zero padding bits: None, the library decides)."""
-    raw = base64.b64decode(text)
-    return raw if base64.b64encode(raw).decode() == text else None
+@functools.lru_cache(maxsize=8)  # the keys of one or two fleets
+def _keyed(key: bytes) -> Any:
+    """An HMAC-SHA256 object keyed with ``key``, before any data: copied for each message (OpenSSL 3
+    looks the algorithm up again for every new HMAC, a few µs; a copy does not)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    h = _keyed(key).copy()
+    h.update(data)
+    return h.digest()  # type: ignore[no-any-return]
 
 
 def _digest_ok(value: str, body: bytes) -> bool:
-    if not body and value == _EMPTY_DIGEST:
-        return True
-    d = _DIGEST.fullmatch(value)
-    raw = None if d is None else _b64_exact(d["d"])
-    return raw is not None and hmac.compare_digest(raw, hashlib.sha256(body).digest())
+    # equal to the text of the right digest: ``sha-256=:<43 base64 characters>=:``, canonical base64 of
+    # the same bytes (any other text, e.g. a non-canonical encoding, is for the library to judge)
+    return value.isascii() and hmac.compare_digest(value, _digest(body))
 
 
 def _mac_ok(key: bytes, base: bytes, signature: str) -> bool:
-    m = _SIGNATURE.fullmatch(signature)
-    raw = None if m is None else _b64_exact(m["mac"])
-    return raw is not None and hmac.compare_digest(raw, hmac.new(key, base, hashlib.sha256).digest())
+    # equal to the text of the right MAC: ``gpusd=:<43 base64 characters>=:``, canonical, the same bytes
+    mac = _mac(key, base)
+    return signature.isascii() and hmac.compare_digest(signature, f"gpusd=:{base64.b64encode(mac).decode()}:")
 
 
 def _created_ok(created: int, skew: float, now: float | None = None) -> bool:
@@ -154,15 +158,12 @@ def _created_ok(created: int, skew: float, now: float | None = None) -> bool:
 
 
 def _result(elements: Sequence[tuple[str, str]], params: str, m: re.Match[str], body: bytes | None) -> Any:
-    from http_message_signatures import algorithms  # (in sys.modules: the signing module imported it)
-    from http_message_signatures.structures import VerifyResult
-
     covered: OrderedDict[str, str] = OrderedDict(elements)
     covered['"@signature-params"'] = params
     tag = "gpusd-response" if params.endswith('tag="gpusd-response"') else "gpusd-request"
     parameters = {"created": int(m["created"]), "keyid": m["keyid"], "alg": "hmac-sha256",
                   "nonce": m["nonce"], "tag": tag}
-    return VerifyResult(label="gpusd", algorithm=algorithms.HMAC_SHA256, covered_components=covered,
+    return VerifyResult(label="gpusd", algorithm=HMAC_SHA256, covered_components=covered,
                         parameters=parameters, body=body, nonce=m["nonce"])
 
 
@@ -194,7 +195,7 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
     base = _base(elements, params)
     if base is None:
         return None
-    mac = hmac.new(key, base, hashlib.sha256).digest()
+    mac = _mac(key, base)
     headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
     headers["Signature"] = f"gpusd=:{base64.b64encode(mac).decode()}:"
@@ -262,7 +263,7 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
         prefix = f'{prefix}"content-digest": {digest}\n'
     params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-response"'
     base = f'{prefix}"@signature-params": {params}'.encode()  # ASCII: the head is, and the values matched
-    mac = hmac.new(key, base, hashlib.sha256).digest()
+    mac = _mac(key, base)
     if digest is not None:
         headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
