@@ -327,7 +327,10 @@ class Access:
 def can_see_private(request: web.Request) -> bool:
     """Whether the reader of this request may see process owners and commands (set by
     :func:`serve`; False when the access rules did not run)."""
-    return bool(request.get(_request_key(), False))
+    try:
+        return bool(request[_KEY or _request_key()])  # (set on every request by serve: no KeyError then)
+    except KeyError:
+        return False
 
 
 def is_signed(request: web.Request) -> bool:
@@ -409,8 +412,8 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
         request[_TRUSTED_KEY or _trusted_key()] = True
     else:  # (not trusted: is_signed's default)
         trusted = False
-        private = access.trust_loopback and (is_loopback(remote) or access._is_own(remote)) \
-            and access.host_ok(request.host, remote)  # local_reader(remote), and its Host names us
+        # a local reader whose Host names us (request.host: the header, else the local address)
+        private = access.local_reader(remote) and access.host_ok(headers.get("Host") or request.host, remote)
     request[_KEY or _request_key()] = private  # always set: a missing key costs can_see_private a KeyError
     conn = _conn_of(transport)
     if conn is not None:

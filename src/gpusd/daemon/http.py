@@ -85,7 +85,7 @@ class Answers:
             self._snap, self._bodies = snap, {}
         key = (kind, private)
         body = self._bodies.get(key)
-        if body is None:
+        if body is None:  # the first request of this sample and level
             from ..model import redact
             from ..sanitize import dumps
 
@@ -187,8 +187,9 @@ def _slurmctld(d: Daemon) -> object:
 
 
 async def gpus(request: web.Request) -> web.Response:
-    snap = _daemon(request).snapshot
-    return _bytes(request.app[ANSWERS_KEY].get(
+    app = request.app
+    snap = app[DAEMON_KEY].snapshot
+    return _bytes(app[ANSWERS_KEY].get(
         snap, "gpus", can_see_private(request), lambda: [g.to_dict() for g in snap.gpus] if snap is not None else []))
 
 
