@@ -35,7 +35,7 @@ def test_the_daemons_app_serves_every_parts_route_table(tmp_path: Path) -> None:
 
     d = Daemon(daemon_config(tmp_path, unique_session(), "r1"))
     monitor = d.app[monitoring._app_key()]
-    tables = [*http.routes(), *pool.routes(d.pool), *monitoring.routes(monitor), *recording.routes(d.recording)]
+    tables = [*http.routes(d), *pool.routes(d.pool), *monitoring.routes(monitor), *recording.routes(d.recording)]
     served = _served(d.app)
     assert {(r.method, r.path) for r in tables} <= served
     assert all(("HEAD", r.path) in served for r in tables if r.method == "GET")  # as add_get did

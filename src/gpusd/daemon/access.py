@@ -405,8 +405,9 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
         return await _serve_checked(access, handler, request)
     # an unsigned read: public, or private for a local reader naming this daemon, or for a TLS
     # connection a verified request authenticated
-    remote = request.remote
     transport = request.transport
+    conn = _conn_of(transport)  # the connection guard's record (None: no guard watches it)
+    remote = conn.remote if conn is not None else request.remote  # (the same peer address)
     if access.key is not None and request.secure and transport in access.sessions:
         private = trusted = True
         request[_TRUSTED_KEY or _trusted_key()] = True
@@ -415,16 +416,18 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
         # a local reader whose Host names us (request.host: the header, else the local address)
         private = access.local_reader(remote) and access.host_ok(headers.get("Host") or request.host, remote)
     request[_KEY or _request_key()] = private  # always set: a missing key costs can_see_private a KeyError
-    conn = _conn_of(transport)
-    if conn is not None:
-        if not conn.guard._request_started(conn, trusted):  # noqa: SLF001 - the guard's own hook
-            return _probation_refusal(conn)
+    if conn is None:
+        response = await handler(request)
+    else:
+        if conn.probation or (trusted and not conn.signed):  # the guard decides (daemon/guard.py)
+            if not conn.guard._request_started(conn, trusted):  # noqa: SLF001 - the guard's own hook
+                return _probation_refusal(conn)
+        else:  # what _request_started does for any other request: one more in progress
+            conn.busy += 1
         try:
             response = await handler(request)
         finally:
             conn.busy -= 1
-    else:
-        response = await handler(request)
     return response if private else _public(access, response)
 
 

@@ -74,7 +74,7 @@ class _GuardedProtocol(asyncio.Protocol):
     """Passes everything on to aiohttp's protocol; watches for the end of the first request head."""
 
     __slots__ = ("_made", "_tail", "_timer", "busy", "closed", "guard", "head_done", "inner",
-                 "peer", "probation", "signed", "transport")
+                 "peer", "probation", "remote", "signed", "transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
@@ -86,6 +86,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self.busy = 0  # requests in progress (an event stream is one for as long as it lasts)
         self.probation = False  # admitted beyond the limits: its first request must be signed
         self.peer = "-"
+        self.remote: str | None = None  # the peer's address, as aiohttp's request.remote gives it
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
         self._made = False
@@ -96,7 +97,11 @@ class _GuardedProtocol(asyncio.Protocol):
         from .access import peer_of
 
         peername = transport.get_extra_info("peername")
-        self.peer = peer_of(str(peername[0]) if isinstance(peername, tuple) and peername else None)
+        if isinstance(peername, (list, tuple)) and peername:
+            self.remote = str(peername[0])
+        elif peername is not None:
+            self.remote = str(peername)
+        self.peer = peer_of(self.remote if isinstance(peername, tuple) and peername else None)
         if not self.guard._admit(self):
             self.closed = True
             transport.abort()  # type: ignore[attr-defined]
