@@ -10,6 +10,9 @@ each), and a bare aiohttp server (a handler returning prebuilt bytes, nothing el
 daemon's own answer bytes (public view), loaded in turn with ``hey -c 16`` (keep-alive, loopback) for
 ``--seconds`` per run, interleaved for ``--rounds`` rounds: GET /api/v1/gpus, /api/v1/host, /healthz.
 With ``--before``, a second daemon from another tree (the same fake GPUs) is loaded in the same rounds.
+With ``--callgrind N``, each server is then started again under ``valgrind --tool=callgrind`` and the
+instructions it runs per request are counted over N requests per path: a figure the machine's load
+does not disturb (requests per second on a shared machine swing by half from round to round).
 Without ``hey`` (Debian package ``hey``), a bounded aiohttp load generator does the same.
 
 ``memory``: RSS of the daemon at rest (8 fake GPUs, after ``--seconds`` of 1 s sampling) beside
@@ -80,9 +83,10 @@ def gpus(n: int):
     return out
 
 
-def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None = None, src: str | None = None
-                 ) -> tuple[subprocess.Popen[bytes], dict]:
-    """``gpusd start`` on the fake NVML (from ``src``, a tree's ``src`` directory, when given)."""
+def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None = None, src: str | None = None,
+                 wrap: list[str] | None = None) -> tuple[subprocess.Popen[bytes], dict]:
+    """``gpusd start`` on the fake NVML (from ``src``, a tree's ``src`` directory, when given; under
+    the command ``wrap``, e.g. valgrind, when given)."""
     state = Path(tempfile.mkdtemp(prefix="gpusd-bench-daemon-"))
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
@@ -93,7 +97,7 @@ def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None =
             "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
             "--ready-fd", str(w), *(extra or [])]
     with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen([*PREFIX, *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
+        proc = subprocess.Popen([*PREFIX, *(wrap or []), *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
                                 stdin=subprocess.DEVNULL)
     os.close(w)
     with os.fdopen(r) as f:
@@ -228,6 +232,7 @@ def serve(args: argparse.Namespace) -> None:
     finally:
         for _, _, server in servers:
             stop(server)
+    counted = instructions(args, fake, paths, files) if args.callgrind else {}
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load avg {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; daemon on the fake NVML with "
           f"{args.gpus} GPUs; {'hey' if shutil.which('hey') else 'aiohttp load generator'} -c {args.concurrency}, "
@@ -249,6 +254,68 @@ def serve(args: argparse.Namespace) -> None:
             vs = "" if name == "bare aiohttp" else (
                 f"**{ratios[len(ratios) // 2]:.2f}x** ({' '.join(f'{x:.2f}' for x in ratios)})")
             print(f"| {p} | {size} | {name} | {med:.0f} | {vs} | {cpu:.1f} | {sum(x[1] for x in g)} |")
+    if counted:
+        print()
+        print(f"Instructions per request (valgrind --tool=callgrind, user space, {args.callgrind} requests of hey -n "
+              f"-c {args.concurrency} per server and path after 300 to warm up; not disturbed by the machine's load):")
+        print()
+        print("| GET | server | k instructions per request | bare / server |")
+        print("|---|---|---|---|")
+        for p in paths:
+            bare_ir = counted[(p, "bare aiohttp")]
+            for name in [n for n, _, _ in servers]:
+                ir = counted[(p, name)]
+                ratio = "" if name == "bare aiohttp" else f"**{bare_ir / ir:.2f}x**"
+                print(f"| {p} | {name} | {ir / 1000:.1f} | {ratio} |")
+
+
+def instructions(args: argparse.Namespace, fake: FakeEnv, paths: list[str], files: list[str]
+                 ) -> dict[tuple[str, str], float]:
+    """Instructions each server runs per request (callgrind): the same servers, started afresh under
+    valgrind, each path loaded with ``hey -n`` between a reset and a dump of the counters."""
+    import glob
+
+    out = Path(tempfile.mkdtemp(prefix="gpusd-bench-callgrind-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    vg = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", "--dump-instr=no", "--collect-jumps=no"]
+    servers: list[tuple[str, str, subprocess.Popen[bytes]]] = []
+    try:
+        proc, info = start_daemon(fake, interval=3600.0, wrap=vg)
+        servers.append(("gpusd", f"http://127.0.0.1:{info['port']}", proc))
+        if args.before:
+            proc, info = start_daemon(fake, interval=3600.0, src=args.before, wrap=vg)
+            servers.append(("gpusd (before)", f"http://127.0.0.1:{info['port']}", proc))
+        port = free_port()
+        bare = subprocess.Popen([*PREFIX, *vg, sys.executable, "-c", BARE_SERVER, str(port), *files],
+                                stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        servers.append(("bare aiohttp", f"http://127.0.0.1:{port}", bare))
+        wait_port(port, 300)
+
+        def dump(pid: int) -> int:  # the instructions counted since the last reset
+            old = set(glob.glob(f"{out}/cg.{pid}.*"))
+            subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True, timeout=120)
+            end = time.monotonic() + 60
+            while not (new := set(glob.glob(f"{out}/cg.{pid}.*")) - old) and time.monotonic() < end:
+                time.sleep(0.2)
+            time.sleep(0.5)  # written whole
+            text = Path(max(new, key=os.path.getmtime)).read_text()
+            return int(re.search(r"^(?:totals|summary):\s+(\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+
+        counted: dict[tuple[str, str], float] = {}
+        for p in paths:
+            for name, base, server in servers:
+                run = [*PREFIX, "hey", "-c", str(args.concurrency), base + p]
+                subprocess.run(run[:-1] + ["-n", "300", run[-1]], capture_output=True, timeout=600)
+                subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True,
+                               timeout=120)
+                text = subprocess.run(run[:-1] + ["-n", str(args.callgrind), run[-1]], capture_output=True,
+                                      text=True, timeout=1800).stdout
+                answered = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", text))
+                counted[(p, name)] = dump(server.pid) / max(1, answered)
+        return counted
+    finally:
+        for _, _, server in servers:
+            stop(server)
 
 
 FLOOR_REGISTER = r"""
@@ -395,6 +462,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--callgrind", type=int, metavar="N", default=0,
+                    help="serve: also count the instructions per request of each server under valgrind (N requests "
+                         "per server and path; needs valgrind)")
     ap.add_argument("--before", metavar="SRC", help="serve: also a daemon from this tree's src directory (e.g. a "
                     "worktree of the base commit), in the same rounds")
     ap.add_argument("--no-netns", dest="netns", action="store_false",

@@ -180,6 +180,19 @@ def split_host(value: str) -> tuple[str, int | None] | None:
     return (name, port) if name else None
 
 
+class _Verified(Request):
+    """A request whose signature the daemon checked: its ``nonce`` and the library's ``result``, and
+    ``base``, the RFC 9421 signature base (what a user's SSH key signs, :mod:`gpusd.wire.sshsig`),
+    made from the result when first read (only remote writes read it)."""
+
+    nonce: Any = None
+    result: Any = None
+
+    @functools.cached_property
+    def base(self) -> bytes:
+        return signature_base(self.result)
+
+
 class Access:
     """The access rules of one daemon.
 
@@ -276,8 +289,7 @@ class Access:
         if not self.host_ok(host, remote):
             return None, "the request does not name this daemon (Host/@authority)"
         try:
-            req = Request(method, f"{scheme}://{host}{raw_path}",
-                          Headers((k, v) for k, v in headers.items()))
+            req = _Verified(method, f"{scheme}://{host}{raw_path}", Headers((k, v) for k, v in headers.items()))
             result = self.key.verify_request(req, body)
         except Exception as exc:  # noqa: BLE001 - InvalidSignature, malformed fields, odd bytes
             return None, f"bad signature: {str(exc)[:120]}"
@@ -290,8 +302,8 @@ class Access:
         refused = self.nonces.add(str(result.nonce))
         if refused is not None:
             return None, refused
-        req.nonce = result.nonce  # type: ignore[attr-defined]
-        req.base = signature_base(result)  # type: ignore[attr-defined]  # what a user's SSH key signs
+        req.nonce = result.nonce
+        req.result = result  # its ``base`` (what a user's SSH key signs) is made when read
         return req, None
 
     def sign_response(self, req: Any, status: int, headers: Any, body: bytes | None) -> None:

@@ -95,11 +95,6 @@ def _field_ok(value: str) -> bool:
     return "\r" not in value and "\n" not in value and (not value or value.replace("\t", " ").isprintable())
 
 
-def _base(elements: Sequence[tuple[str, str]], params: str) -> bytes | None:
-    text = "\n".join([f"{k}: {v}" for k, v in elements] + [f'"@signature-params": {params}'])
-    return text.encode() if text.isascii() else None
-
-
 def _digest(body: bytes) -> str:
     if not body:
         return _EMPTY_DIGEST
@@ -174,32 +169,40 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
     base, or None (the caller signs with the library)."""
     if not _LIBRARY_OK:
         return None
-    comps = _url_components(url)
-    if comps is None or method != method.upper() or not method.isprintable() or not method:
-        return None
     if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce):
         return None
+    head = _request_head(method, url, node_id or None)
+    if head is None:
+        return None
+    ids, prefix = head
     digest = _digest(body)
-    elements = [('"@method"', method), ('"@authority"', comps[0]), ('"@path"', comps[1]), ('"@query"', comps[2])]
-    headers: dict[str, str] = {}
-    if node_id:
-        if node_id != node_id.strip(" \t") or not _field_ok(node_id):
-            return None
-        headers["Gpusd-Node"] = node_id
-        elements.append(('"gpusd-node"', node_id))
-    elements.append(('"content-digest"', digest))
-    if not all(_derived_ok(v) for _, v in elements[:4]):
-        return None
-    params = (f'({" ".join(k for k, _ in elements)});created={created};keyid="{key_id}";alg="hmac-sha256"'
-              f';nonce="{nonce}";tag="gpusd-request"')
-    base = _base(elements, params)
-    if base is None:
-        return None
+    params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-request"'
+    base = f'{prefix}"content-digest": {digest}\n"@signature-params": {params}'.encode()  # ASCII: see the head
     mac = _mac(key, base)
+    headers: dict[str, str] = {"Gpusd-Node": node_id} if node_id else {}
     headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
     headers["Signature"] = f"gpusd=:{base64.b64encode(mac).decode()}:"
     return headers, base
+
+
+@functools.lru_cache(maxsize=256)  # a client signs few method, URL and node combinations
+def _request_head(method: str, url: str, node_id: str | None) -> tuple[str, str] | None:
+    """The covered component ids of gpusd's request signature for these values and the signature
+    base's lines before ``content-digest``; None when the library must sign (a value it refuses)."""
+    comps = _url_components(url)
+    if comps is None or method != method.upper() or not method.isprintable() or not method:
+        return None
+    elements = [('"@method"', method), ('"@authority"', comps[0]), ('"@path"', comps[1]), ('"@query"', comps[2])]
+    if not all(_derived_ok(v) for _, v in elements):
+        return None
+    if node_id is not None:
+        if node_id != node_id.strip(" \t") or not _field_ok(node_id):
+            return None
+        elements.append(('"gpusd-node"', node_id))
+    ids = " ".join([k for k, _ in elements] + ['"content-digest"'])
+    prefix = "".join(f"{k}: {v}\n" for k, v in elements)
+    return (ids, prefix) if prefix.isascii() else None  # (the rest of the base is ASCII by its shape)
 
 
 def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any, body: bytes,
@@ -214,29 +217,43 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
         return None
     if not _created_ok(int(m["created"]), skew, now):
         return None
+    ids = m["list"]
+    node = f.get("gpusd-node") if '"gpusd-node"' in ids else None
+    head = _verify_head(method, url, ids, node)
+    digest = f.get("content-digest")
+    if head is None or digest is None or not _digest_ok(digest, body):  # (a right digest is a field value)
+        return None
+    params = m.group(1)
+    elements, prefix = head
+    base = f'{prefix}"content-digest": {digest}\n"@signature-params": {params}'.encode()  # ASCII by shape
+    if not _mac_ok(key, base, f["signature"]):
+        return None
+    return _result((*elements, ('"content-digest"', digest)), params, m, body)
+
+
+@functools.lru_cache(maxsize=128)  # one daemon's few paths (bounded: any peer can send such headers)
+def _verify_head(method: str, url: str, ids: str, node: str | None
+                 ) -> tuple[tuple[tuple[str, str], ...], str] | None:
+    """The covered components of a request signature with the component list ``ids`` (one of
+    :data:`_REQ_LISTS`) before ``content-digest``, and the signature base's lines for them; None
+    when a value is one the library refuses (or a covered ``gpusd-node`` is missing)."""
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method:
         return None
     values = {'"@method"': method, '"@authority"': comps[0], '"@path"': comps[1], '"@query"': comps[2]}
     elements: list[tuple[str, str]] = []
-    for cid in _REQ_LISTS[m["list"]]:
+    for cid in _REQ_LISTS[ids][:-1]:  # (the last is content-digest, checked against the body)
         if cid in values:
             v = values[cid]
             if "\r" in v or "\n" in v or not _derived_ok(v):
                 return None
-        else:
-            got = f.get(cid[1:-1])
-            if got is None or not _field_ok(got):
+        else:  # gpusd-node
+            if node is None or not _field_ok(node):
                 return None
-            v = got
+            v = node
         elements.append((cid, v))
-    if not _digest_ok(elements[-1][1], body):
-        return None
-    params = m.group(1)
-    base = _base(elements, params)
-    if base is None or not _mac_ok(key, base, f["signature"]):
-        return None
-    return _result(elements, params, m, body)
+    prefix = "".join(f"{k}: {v}\n" for k, v in elements)
+    return (tuple(elements), prefix) if prefix.isascii() else None
 
 
 # -- responses -----------------------------------------------------------------------------------
@@ -308,29 +325,47 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
         return None
     if not _created_ok(int(m["created"]), skew, now):
         return None
+    ids = m["list"]
+    digest_covered = ids.endswith('"content-digest"')  # (the shape allows it last only)
+    names = ids.split(" ")[3:-1] if digest_covered else ids.split(" ")[3:]
+    head = _proof_head(status, req_method, req_url, tuple(f.get(cid[1:-1]) for cid in names), ids)
+    if head is None:
+        return None
+    elements, prefix = head
+    checked: bytes | None = None
+    if digest_covered:
+        digest = f.get("content-digest")
+        if digest is None or not _field_ok(digest):
+            return None
+        if body is not None:
+            if not _digest_ok(digest, body):
+                return None
+            checked = body
+        elements = (*elements, ('"content-digest"', digest))
+        prefix = f'{prefix}"content-digest": {digest}\n'
+    elif body is not None and (body or "content-digest" in f):
+        return None
+    params = m.group(1)
+    text = f'{prefix}"@signature-params": {params}'
+    if not text.isascii() or not _mac_ok(key, text.encode(), f["signature"]):
+        return None
+    return _result(elements, params, m, checked)
+
+
+@functools.lru_cache(maxsize=128)  # the proofs of a few daemons, each the same about itself
+def _proof_head(status: int, req_method: str, req_url: str, values: tuple[str | None, ...], ids: str
+                ) -> tuple[tuple[tuple[str, str], ...], str] | None:
+    """The covered components of a response signature with the component list ``ids`` before its
+    ``content-digest`` (``values``: the covered ``gpusd-*`` fields, in order), and the signature
+    base's lines for them; None when a value is missing or one the library refuses."""
     comps = _url_components(req_url)
     if comps is None or req_method != req_method.upper() or not req_method:
         return None
     elements = [('"@status"', str(status)), ('"@authority";req', comps[0]), ('"@path";req', comps[1])]
     if not all(_derived_ok(v) for _, v in elements):
         return None
-    digest_covered = False
-    for cid in m["list"].split(" ")[3:]:
-        got = f.get(cid[1:-1])
+    for cid, got in zip(ids.split(" ")[3:], values):
         if got is None or not _field_ok(got):
             return None
         elements.append((cid, got))
-        digest_covered = digest_covered or cid == '"content-digest"'
-    checked: bytes | None = None
-    if body is not None:
-        if digest_covered:
-            if not _digest_ok(elements[-1][1], body):
-                return None
-            checked = body
-        elif body or "content-digest" in f:
-            return None
-    params = m.group(1)
-    base = _base(elements, params)
-    if base is None or not _mac_ok(key, base, f["signature"]):
-        return None
-    return _result(elements, params, m, checked)
+    return tuple(elements), "".join(f"{k}: {v}\n" for k, v in elements)
