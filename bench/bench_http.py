@@ -227,9 +227,11 @@ async def signed_load(session, url: str, seconds: float, concurrency: int, key, 
 
 
 async def session_load(url: str, seconds: float, concurrency: int, key, node_id: str,
-                       ssl_arg) -> tuple[int, list[float], int]:
+                       ssl_arg, sessions: list | None = None) -> tuple[int, list[float], int]:
     """HTTPS keep-alive connections, one per worker: the first request signed and its proof checked
-    (which authenticates the TLS connection), the following ones plain reads on that connection."""
+    (which authenticates the TLS connection), the following ones plain reads on that connection.
+    ``sessions``: the workers' ``[session, signed yet]`` pairs, kept from one call to the next (the
+    caller closes them); None: made and closed here."""
     import aiohttp
 
     from gpusd.wire.signing import Headers, Request, Response
@@ -237,31 +239,41 @@ async def session_load(url: str, seconds: float, concurrency: int, key, node_id:
     latencies: list[float] = []
     errors = 0
     end = time.perf_counter() + seconds
+    own = sessions is None
+    if sessions is None:
+        sessions = []
+    while len(sessions) < concurrency:
+        sessions.append([aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)), False])
 
-    async def worker() -> None:
+    async def worker(state: list) -> None:
         nonlocal errors
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-            first = True
-            while time.perf_counter() < end:
-                t = time.perf_counter()
-                try:
-                    headers, nonce = key.sign_request("GET", url, node_id=node_id) if first else ({}, "")
-                    async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
-                        body = await resp.read()
-                        ok = resp.status == 200
-                        if first:
-                            answer = Response(resp.status, Request("GET", url, Headers(headers)),
-                                              Headers(resp.headers.items()))
-                            ok = ok and key.verify_response(answer, nonce, node_id, body=body)
-                            first = False
-                except Exception:  # noqa: BLE001 - counted, the run goes on
-                    ok = False
-                if ok:
-                    latencies.append(time.perf_counter() - t)
-                else:
-                    errors += 1
+        session = state[0]
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            first = not state[1]
+            try:
+                headers, nonce = key.sign_request("GET", url, node_id=node_id) if first else ({}, "")
+                async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
+                    body = await resp.read()
+                    ok = resp.status == 200
+                    if first:
+                        answer = Response(resp.status, Request("GET", url, Headers(headers)),
+                                          Headers(resp.headers.items()))
+                        ok = ok and key.verify_response(answer, nonce, node_id, body=body)
+                        state[1] = ok
+            except Exception:  # noqa: BLE001 - counted, the run goes on
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t)
+            else:
+                errors += 1
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker(state) for state in sessions[:concurrency]))
+    finally:
+        if own:
+            for session, _ in sessions:
+                await session.close()
     return len(latencies), latencies, errors
 
 
@@ -284,13 +296,14 @@ async def bench_trust(args: argparse.Namespace) -> None:
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await asyncio.sleep(1)
+            kept: list = []  # the HTTPS connections of the last kind, kept from one turn to the next
             kinds = [
                 ("unsigned, HTTP (public read)", lambda t: load(session, plain, t, args.concurrency)),
                 ("signed (RFC 9421), HTTP", lambda t: signed_load(session, plain, t, args.concurrency, key, node)),
                 ("signed, HTTPS (pinned), every request",
                  lambda t: signed_load(session, tls, t, args.concurrency, key, node, pin)),
                 ("HTTPS (pinned), one signature per connection",
-                 lambda t: session_load(tls, t, args.concurrency, key, node, pin)),
+                 lambda t: session_load(tls, t, args.concurrency, key, node, pin, kept)),
             ]
             # the kinds in turns of one second each, --seconds of each in all: what else runs on the
             # machine meanwhile weighs on every kind alike (one run of each after the other did not)
@@ -306,6 +319,8 @@ async def bench_trust(args: argparse.Namespace) -> None:
                     acc[2] += errors
                     acc[3] += cpu_seconds(proc.pid) - c0
                     acc[4] += time.monotonic() - t0
+            for kept_session, _ in kept:
+                await kept_session.close()
             for name, _ in kinds:
                 n, lat, errors, cpu, wall = got[name]
                 rows.append((name, n / wall, pct(lat, 50) * 1000, pct(lat, 99) * 1000, errors, cpu / wall))
