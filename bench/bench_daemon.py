@@ -1,7 +1,8 @@
 """Issue 24 benchmark, the daemon: its answers beside bare aiohttp, signed reads, memory at rest, and
 how soon a new host is visible.  Everything on loopback (127.0.0.1), bounded in time and count.
 
-    python bench/bench_daemon.py serve   [--seconds 5] [--rounds 3] [--concurrency 16]
+    python bench/bench_daemon.py serve   [--seconds 5] [--rounds 3] [--concurrency 16] [--before OLD/src]
+                                         [--callgrind N]
     python bench/bench_daemon.py memory  [--gpus 8] [--seconds 20] [--rounds 3] [--before SRC] [--no-site]
                                          [--breakdown]
     python bench/bench_daemon.py visible [--rounds 5]
@@ -10,6 +11,10 @@ how soon a new host is visible.  Everything on loopback (127.0.0.1), bounded in 
 each), and a bare aiohttp server (a handler returning prebuilt bytes, nothing else) serving the
 daemon's own answer bytes (public view), loaded in turn with ``hey -c 16`` (keep-alive, loopback) for
 ``--seconds`` per run, interleaved for ``--rounds`` rounds: GET /api/v1/gpus, /api/v1/host, /healthz.
+With ``--before``, a second daemon from another tree (the same fake GPUs) is loaded in the same rounds.
+With ``--callgrind N``, each server is then started again under ``valgrind --tool=callgrind`` and the
+instructions it runs per request are counted over N requests per path: a figure the machine's load
+does not disturb (requests per second on a shared machine swing by half from round to round).
 Without ``hey`` (Debian package ``hey``), a bounded aiohttp load generator does the same.
 
 ``memory``: RSS of the daemon at rest (8 fake GPUs, after ``--seconds`` of 1 s sampling) beside
@@ -87,17 +92,21 @@ def gpus(n: int):
     return out
 
 
-def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None = None
-                 ) -> tuple[subprocess.Popen[bytes], dict]:
+def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None = None, src: str | None = None,
+                 wrap: list[str] | None = None) -> tuple[subprocess.Popen[bytes], dict]:
+    """``gpusd start`` on the fake NVML (from ``src``, a tree's ``src`` directory, when given; under
+    the command ``wrap``, e.g. valgrind, when given)."""
     state = Path(tempfile.mkdtemp(prefix="gpusd-bench-daemon-"))
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
+    if src is not None:
+        env["PYTHONPATH"] = os.path.abspath(src)
     r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
             "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
             "--ready-fd", str(w), *(extra or [])]
     with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen([*PREFIX, *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
+        proc = subprocess.Popen([*PREFIX, *(wrap or []), *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
                                 stdin=subprocess.DEVNULL)
     os.close(w)
     with os.fdopen(r) as f:
@@ -197,10 +206,16 @@ def where(args: argparse.Namespace) -> str:
 
 def serve(args: argparse.Namespace) -> None:
     place = where(args)
+    load0 = os.getloadavg()[0]
     fake = FakeEnv(gpus(args.gpus))
     # a long interval: the bytes the bare server serves stay the daemon's current ones
     proc, info = start_daemon(fake, interval=3600.0)
     base = f"http://127.0.0.1:{info['port']}"
+    servers = [("gpusd", base, proc)]
+    if args.before:  # the same daemon from another tree (e.g. the base commit), in the same rounds
+        old_proc, old_info = start_daemon(fake, interval=3600.0, src=args.before)
+        atexit.register(stop, old_proc)
+        servers.append(("gpusd (before)", f"http://127.0.0.1:{old_info['port']}", old_proc))
     paths = ["/api/v1/gpus", "/api/v1/host", "/healthz"]
     tmp = Path(tempfile.mkdtemp(prefix="gpusd-bench-bare-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
@@ -214,35 +229,102 @@ def serve(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[tuple[float, int, float]]] = {}
     try:
         wait_port(bare_port)
-        bare_base = f"http://127.0.0.1:{bare_port}"
-        for _ in range(args.rounds):
+        servers.append(("bare aiohttp", f"http://127.0.0.1:{bare_port}", bare))
+        for r in range(args.rounds):
             for p in paths:
-                for name, b, pid in (("gpusd", base, proc.pid), ("bare aiohttp", bare_base, bare.pid)):
-                    c0, t0 = cpu_seconds(pid), time.monotonic()
+                # each round in another order: no server always follows the same one
+                for name, b, server in servers[r % len(servers):] + servers[:r % len(servers)]:
+                    c0, t0 = cpu_seconds(server.pid), time.monotonic()
                     rps, errors = load(b + p, args.seconds, args.concurrency)
-                    cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+                    cpu = (cpu_seconds(server.pid) - c0) / (time.monotonic() - t0)
                     results.setdefault((p, name), []).append((rps, errors, cpu))
     finally:
-        stop(proc)
-        bare.terminate()
-        bare.wait(10)
+        for _, _, server in servers:
+            stop(server)
+    counted = instructions(args, fake, paths, files) if args.callgrind else {}
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"load avg {os.getloadavg()[0]:.1f}; daemon on the fake NVML with {args.gpus} GPUs; "
-          f"{'hey' if shutil.which('hey') else 'aiohttp load generator'} -c {args.concurrency}, keep-alive, "
-          f"{args.seconds:g} s per run, {args.rounds} interleaved rounds, {place}")
+          f"load avg {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; daemon on the fake NVML with "
+          f"{args.gpus} GPUs; {'hey' if shutil.which('hey') else 'aiohttp load generator'} -c {args.concurrency}, "
+          f"keep-alive, {args.seconds:g} s per run, {args.rounds} interleaved rounds, {place}")
     print()
-    print("| GET | answer bytes | gpusd req/s (median) | bare aiohttp req/s (median) | gpusd / bare | "
-          "ratio per round | CPU ms/request gpusd / bare | errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("req/s: the median of the rounds; ratio: gpusd's req/s over bare aiohttp's in the same round (their "
+          "median); CPU: the server process's CPU time over the requests it answered, all rounds")
+    print()
+    print("| GET | answer bytes | server | req/s | vs bare: median (rounds) | CPU µs per request | errors |")
+    print("|---|---|---|---|---|---|---|")
     for i, p in enumerate(paths):
-        g, b = results[(p, "gpusd")], results[(p, "bare aiohttp")]
-        med = sorted(x[0] for x in g)[len(g) // 2], sorted(x[0] for x in b)[len(b) // 2]
-        ratios = " ".join(f"{x[0] / y[0]:.2f}" for x, y in zip(g, b))
-        cpu_g = sum(x[2] for x in g) / sum(x[0] for x in g) * 1000
-        cpu_b = sum(x[2] for x in b) / sum(x[0] for x in b) * 1000
+        b = results[(p, "bare aiohttp")]
         size = (tmp / f"{i}.json").stat().st_size
-        print(f"| {p} | {size} | {med[0]:.0f} | {med[1]:.0f} | {med[0] / med[1]:.2f}x | {ratios} | "
-              f"{cpu_g:.3f} / {cpu_b:.3f} | {sum(x[1] for x in g)} / {sum(x[1] for x in b)} |")
+        for name, _, _ in servers:
+            g = results[(p, name)]
+            med = sorted(x[0] for x in g)[len(g) // 2]
+            ratios = sorted(x[0] / y[0] for x, y in zip(g, b))
+            cpu = sum(x[2] for x in g) / sum(x[0] for x in g) * 1e6
+            vs = "" if name == "bare aiohttp" else (
+                f"**{ratios[len(ratios) // 2]:.2f}x** ({' '.join(f'{x:.2f}' for x in ratios)})")
+            print(f"| {p} | {size} | {name} | {med:.0f} | {vs} | {cpu:.1f} | {sum(x[1] for x in g)} |")
+    if counted:
+        print()
+        print(f"Instructions per request (valgrind --tool=callgrind, user space, {args.callgrind} requests of hey -n "
+              f"-c {args.concurrency} per server and path after 300 to warm up; not disturbed by the machine's load):")
+        print()
+        print("| GET | server | k instructions per request | bare / server |")
+        print("|---|---|---|---|")
+        for p in paths:
+            bare_ir = counted[(p, "bare aiohttp")]
+            for name in [n for n, _, _ in servers]:
+                ir = counted[(p, name)]
+                ratio = "" if name == "bare aiohttp" else f"**{bare_ir / ir:.2f}x**"
+                print(f"| {p} | {name} | {ir / 1000:.1f} | {ratio} |")
+
+
+def instructions(args: argparse.Namespace, fake: FakeEnv, paths: list[str], files: list[str]
+                 ) -> dict[tuple[str, str], float]:
+    """Instructions each server runs per request (callgrind): the same servers, started afresh under
+    valgrind, each path loaded with ``hey -n`` between a reset and a dump of the counters."""
+    import glob
+
+    out = Path(tempfile.mkdtemp(prefix="gpusd-bench-callgrind-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    vg = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", "--dump-instr=no", "--collect-jumps=no"]
+    servers: list[tuple[str, str, subprocess.Popen[bytes]]] = []
+    try:
+        proc, info = start_daemon(fake, interval=3600.0, wrap=vg)
+        servers.append(("gpusd", f"http://127.0.0.1:{info['port']}", proc))
+        if args.before:
+            proc, info = start_daemon(fake, interval=3600.0, src=args.before, wrap=vg)
+            servers.append(("gpusd (before)", f"http://127.0.0.1:{info['port']}", proc))
+        port = free_port()
+        bare = subprocess.Popen([*PREFIX, *vg, sys.executable, "-c", BARE_SERVER, str(port), *files],
+                                stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        servers.append(("bare aiohttp", f"http://127.0.0.1:{port}", bare))
+        wait_port(port, 300)
+
+        def dump(pid: int) -> int:  # the instructions counted since the last reset
+            old = set(glob.glob(f"{out}/cg.{pid}.*"))
+            subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True, timeout=120)
+            end = time.monotonic() + 60
+            while not (new := set(glob.glob(f"{out}/cg.{pid}.*")) - old) and time.monotonic() < end:
+                time.sleep(0.2)
+            time.sleep(0.5)  # written whole
+            text = Path(max(new, key=os.path.getmtime)).read_text()
+            return int(re.search(r"^(?:totals|summary):\s+(\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+
+        counted: dict[tuple[str, str], float] = {}
+        for p in paths:
+            for name, base, server in servers:
+                run = [*PREFIX, "hey", "-c", str(args.concurrency), base + p]
+                subprocess.run(run[:-1] + ["-n", "300", run[-1]], capture_output=True, timeout=600)
+                subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True,
+                               timeout=120)
+                text = subprocess.run(run[:-1] + ["-n", str(args.callgrind), run[-1]], capture_output=True,
+                                      text=True, timeout=1800).stdout
+                answered = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", text))
+                counted[(p, name)] = dump(server.pid) / max(1, answered)
+        return counted
+    finally:
+        for _, _, server in servers:
+            stop(server)
 
 
 FLOOR_REGISTER = r"""
@@ -777,10 +859,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--before", metavar="SRC", help="memory: also a daemon from this source tree (PYTHONPATH)")
+    ap.add_argument("--before", metavar="SRC", help="serve, memory: also a daemon from this src directory (e.g. a "
+                    "worktree of the base commit), in the same rounds")
     ap.add_argument("--no-site", action="store_true",
                     help="memory: also every process without site (-S): this machine's .pth files not run")
     ap.add_argument("--breakdown", action="store_true", help="memory: where the daemon's RSS goes")
+    ap.add_argument("--callgrind", type=int, metavar="N", default=0,
+                    help="serve: also count the instructions per request of each server under valgrind (N requests "
+                         "per server and path; needs valgrind)")
     ap.add_argument("--no-netns", dest="netns", action="store_false",
                     help="serve, memory: run on this machine's loopback, not in a namespace of their own")
     args = ap.parse_args()

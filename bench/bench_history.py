@@ -306,11 +306,12 @@ def _report_over_http(dbs: list[Path], end: float) -> float:
     _request_key()  # made here: aiohttp cannot name a key first made on another thread's loop
 
     async def serve() -> None:
-        from gpusd.daemon.access import Access, middleware
+        from gpusd.daemon.access import Access
+        from gpusd.daemon.routes import install_access
 
         for i, db in enumerate(dbs):
             app = web.Application()
-            app.middlewares.append(middleware(Access("tok")))  # type: ignore[arg-type]
+            install_access(app, Access("tok"))
             install(app, Host(db, f"node-{i:02d}"))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()

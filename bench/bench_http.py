@@ -2,12 +2,16 @@
 
     python bench/bench_http.py [--gpus 8] [--seconds 10] [--cpu-seconds 20] [--concurrency 16]
     python bench/bench_http.py --trust [--seconds 5]     # issue 9: the cost of signatures and TLS
+    python bench/bench_http.py --trust --before OLD/src [--rounds 2]   # and another tree's, alternately
 
 With ``--trust`` the daemon gets a fleet secret (``--token-file``) and ``GET /api/v1/gpus`` is loaded
-three ways in the same run: unsigned on the HTTP port (today's public read), signed with RFC 9421
-(a fresh signature per request, checked by the daemon, its signed answer checked by the client), and
-signed over HTTPS with the pinned certificate.  The load client signs and verifies in this process:
-its cost is counted in the latencies, as a real client's would be.
+four ways in the same run, in turns of one second each (``--seconds`` of each in all, so that other
+work on the machine weighs on each alike): unsigned on the HTTP port (today's public read), signed
+with RFC 9421 (a fresh signature per request, checked by the daemon, its signed answer checked by
+the client), signed over HTTPS with the pinned certificate on every request, and over HTTPS with one
+signature per connection.  The load client signs and verifies in this process: its cost is counted
+in the latencies, as a real client's would be.  With ``--before``, whole runs of this tree and of
+another (daemon and client both) alternate.
 
 One real daemon (``gpusd start --foreground``, 1 s sampling) on the fake NVML with 8 GPUs (two
 processes each), HTTP and mDNS on 127.0.0.1 only, in a session of its own.  Measured from this
@@ -223,9 +227,11 @@ async def signed_load(session, url: str, seconds: float, concurrency: int, key, 
 
 
 async def session_load(url: str, seconds: float, concurrency: int, key, node_id: str,
-                       ssl_arg) -> tuple[int, list[float], int]:
+                       ssl_arg, sessions: list | None = None) -> tuple[int, list[float], int]:
     """HTTPS keep-alive connections, one per worker: the first request signed and its proof checked
-    (which authenticates the TLS connection), the following ones plain reads on that connection."""
+    (which authenticates the TLS connection), the following ones plain reads on that connection.
+    ``sessions``: the workers' ``[session, signed yet]`` pairs, kept from one call to the next (the
+    caller closes them); None: made and closed here."""
     import aiohttp
 
     from gpusd.wire.signing import Headers, Request, Response
@@ -233,31 +239,41 @@ async def session_load(url: str, seconds: float, concurrency: int, key, node_id:
     latencies: list[float] = []
     errors = 0
     end = time.perf_counter() + seconds
+    own = sessions is None
+    if sessions is None:
+        sessions = []
+    while len(sessions) < concurrency:
+        sessions.append([aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)), False])
 
-    async def worker() -> None:
+    async def worker(state: list) -> None:
         nonlocal errors
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-            first = True
-            while time.perf_counter() < end:
-                t = time.perf_counter()
-                try:
-                    headers, nonce = key.sign_request("GET", url, node_id=node_id) if first else ({}, "")
-                    async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
-                        body = await resp.read()
-                        ok = resp.status == 200
-                        if first:
-                            answer = Response(resp.status, Request("GET", url, Headers(headers)),
-                                              Headers(resp.headers.items()))
-                            ok = ok and key.verify_response(answer, nonce, node_id, body=body)
-                            first = False
-                except Exception:  # noqa: BLE001 - counted, the run goes on
-                    ok = False
-                if ok:
-                    latencies.append(time.perf_counter() - t)
-                else:
-                    errors += 1
+        session = state[0]
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            first = not state[1]
+            try:
+                headers, nonce = key.sign_request("GET", url, node_id=node_id) if first else ({}, "")
+                async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
+                    body = await resp.read()
+                    ok = resp.status == 200
+                    if first:
+                        answer = Response(resp.status, Request("GET", url, Headers(headers)),
+                                          Headers(resp.headers.items()))
+                        ok = ok and key.verify_response(answer, nonce, node_id, body=body)
+                        state[1] = ok
+            except Exception:  # noqa: BLE001 - counted, the run goes on
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t)
+            else:
+                errors += 1
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker(state) for state in sessions[:concurrency]))
+    finally:
+        if own:
+            for session, _ in sessions:
+                await session.close()
     return len(latencies), latencies, errors
 
 
@@ -267,6 +283,7 @@ async def bench_trust(args: argparse.Namespace) -> None:
     from gpusd.wire.signing import FleetKey, fingerprint_bytes
 
     secret = secrets.token_hex(32)
+    load0 = os.getloadavg()[0]
     state = gpus(args.gpus)
     fake = FakeEnv(state)
     proc, info = start_daemon(fake, args.interval, secret)
@@ -279,37 +296,81 @@ async def bench_trust(args: argparse.Namespace) -> None:
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await asyncio.sleep(1)
-            for name, run in (
-                ("unsigned, HTTP (public read)", lambda: load(session, plain, args.seconds, args.concurrency)),
-                ("signed (RFC 9421), HTTP",
-                 lambda: signed_load(session, plain, args.seconds, args.concurrency, key, node)),
-                ("signed, HTTPS (pinned), every request", lambda: signed_load(session, tls, args.seconds,
-                                                                              args.concurrency, key, node, pin)),
-                ("HTTPS (pinned), one signature per connection", lambda: session_load(tls, args.seconds,
-                                                                                  args.concurrency, key, node, pin)),
-            ):
-                c0, t0 = cpu_seconds(proc.pid), time.monotonic()
-                n, lat, errors = await run()
-                wall = time.monotonic() - t0
-                rows.append((name, n / wall, pct(lat, 50) * 1000, pct(lat, 99) * 1000, errors,
-                             (cpu_seconds(proc.pid) - c0) / wall))
+            kept: list = []  # the HTTPS connections of the last kind, kept from one turn to the next
+            kinds = [
+                ("unsigned, HTTP (public read)", lambda t: load(session, plain, t, args.concurrency)),
+                ("signed (RFC 9421), HTTP", lambda t: signed_load(session, plain, t, args.concurrency, key, node)),
+                ("signed, HTTPS (pinned), every request",
+                 lambda t: signed_load(session, tls, t, args.concurrency, key, node, pin)),
+                ("HTTPS (pinned), one signature per connection",
+                 lambda t: session_load(tls, t, args.concurrency, key, node, pin, kept)),
+            ]
+            # the kinds in turns of one second each, --seconds of each in all: what else runs on the
+            # machine meanwhile weighs on every kind alike (one run of each after the other did not)
+            slices = max(1, round(args.seconds))
+            got: dict[str, list] = {name: [0, [], 0, 0.0, 0.0] for name, _ in kinds}
+            for i in range(slices):
+                for name, run in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
+                    c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+                    n, lat, errors = await run(args.seconds / slices)
+                    acc = got[name]
+                    acc[0] += n
+                    acc[1] += lat
+                    acc[2] += errors
+                    acc[3] += cpu_seconds(proc.pid) - c0
+                    acc[4] += time.monotonic() - t0
+            for kept_session, _ in kept:
+                await kept_session.close()
+            for name, _ in kinds:
+                n, lat, errors, cpu, wall = got[name]
+                rows.append((name, n / wall, pct(lat, 50) * 1000, pct(lat, 99) * 1000, errors, cpu / wall))
     finally:
         proc.terminate()
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"daemon on the fake NVML with {args.gpus} GPUs; {args.concurrency} concurrent clients, "
+    if args.json:
+        print(json.dumps({"load": load0, "rows": rows}))
+        return
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+          f"{load0:.1f}; daemon on the fake NVML with {args.gpus} GPUs; {args.concurrency} concurrent clients, "
           f"{args.seconds:g} s each, client and daemon on one machine")
     print()
-    print("| GET /api/v1/gpus | requests/s | vs unsigned | p50 ms | p99 ms | errors | daemon CPU % "
+    trust_table([("", rows)])
+
+
+def trust_table(runs: list[tuple[str, list]]) -> None:
+    print("| GET /api/v1/gpus | run | requests/s | vs unsigned | p50 ms | p99 ms | errors | daemon CPU % "
           "| daemon CPU ms per request |")
-    print("|---|---|---|---|---|---|---|---|")
-    base = rows[0][1] or 1
-    for name, rps, p50, p99, errors, cpu in rows:
-        print(f"| {name} | {rps:.0f} | {100 * (rps / base - 1):+.0f} % | {p50:.2f} | {p99:.2f} | {errors} "
-              f"| {100 * cpu:.0f} | {1000 * cpu / rps if rps else float('nan'):.3f} |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, rows in runs:
+        base = rows[0][1] or 1
+        for name, rps, p50, p99, errors, cpu in rows:
+            print(f"| {name} | {label} | {rps:.0f} | **{rps / base:.2f}x** | {p50:.2f} | {p99:.2f} | {errors} "
+                  f"| {100 * cpu:.0f} | {1000 * cpu / rps if rps else float('nan'):.3f} |")
+
+
+def trust_rounds(args: argparse.Namespace) -> None:
+    """``--trust`` with ``--before``: this tree and the other, whole runs alternately (each in a process
+    of its own, its daemon and its client both from that tree), ``--rounds`` times."""
+    trees = [("after", str(Path(__file__).resolve().parent.parent / "src")), ("before", args.before)]
+    runs: list[tuple[str, list]] = []
+    loads = []
+    for r in range(args.rounds):
+        for name, src in (trees if r % 2 == 0 else trees[::-1]):
+            argv = [sys.executable, __file__, "--trust", "--json", "--seconds", str(args.seconds), "--gpus",
+                    str(args.gpus), "--interval", str(args.interval), "--concurrency", str(args.concurrency)]
+            out = subprocess.run(argv, env=dict(os.environ, PYTHONPATH=os.path.abspath(src)), capture_output=True,
+                                 text=True, timeout=600, check=True).stdout
+            got = json.loads(out.strip().splitlines()[-1])
+            loads.append(got["load"])
+            runs.append((f"{name} {r + 1} (load {got['load']:.1f})", got["rows"]))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
+          f"{min(loads):.1f}-{max(loads):.1f}; daemon on the fake NVML with {args.gpus} GPUs; {args.concurrency} "
+          f"concurrent clients, {args.seconds:g} s each, client and daemon on one machine; before: {args.before}")
+    print()
+    trust_table(runs)
 
 
 def main() -> int:
@@ -321,8 +382,15 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--subscribers", type=int, default=10)
     ap.add_argument("--trust", action="store_true", help="unsigned vs signed vs TLS (issue 9)")
+    ap.add_argument("--before", metavar="SRC", help="--trust: also another tree's src directory (e.g. a worktree of "
+                    "the base commit), whole runs alternately with this one")
+    ap.add_argument("--rounds", type=int, default=2, help="--trust --before: runs of each tree (default 2)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    asyncio.run(bench_trust(args) if args.trust else bench(args))
+    if args.trust and args.before:
+        trust_rounds(args)
+    else:
+        asyncio.run(bench_trust(args) if args.trust else bench(args))
     return 0
 
 

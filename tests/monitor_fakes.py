@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gpusd.daemon.access import stream_filter
 from gpusd.daemon.monitoring import install
+from gpusd.daemon.routes import RouteDef, add_routes
 from gpusd.inventory.simulated import SimulatedBackend
 from gpusd.model import HostSnapshot, LeaseInfo, ProcessInfo
 
@@ -114,9 +115,8 @@ def make_app(daemon: FakeDaemon, trust_loopback: bool = True) -> web.Application
     async def echo(request: web.Request) -> web.Response:
         return web.json_response({"written": True})
 
-    app.router.add_get("/api/v1/fleet", fleet)
-    app.router.add_get("/api/v1/gpus", gpus)
-    app.router.add_get("/api/v1/fleet/events", events)
-    app.router.add_post("/api/v1/echo", echo)
+    # as the daemon's parts do: every route behind the access rules (gpusd.daemon.routes)
+    add_routes(app, [RouteDef("GET", "/api/v1/fleet", fleet), RouteDef("GET", "/api/v1/gpus", gpus),
+                     RouteDef("GET", "/api/v1/fleet/events", events), RouteDef("POST", "/api/v1/echo", echo)])
     install(app, daemon, trust_loopback=trust_loopback)
     return app

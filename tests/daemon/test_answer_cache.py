@@ -20,8 +20,9 @@ from daemon_helpers import (  # noqa: F401
     running_daemon,
     unique_session,
 )
-from gpusd.daemon.access import Access, middleware
+from gpusd.daemon.access import Access
 from gpusd.daemon.http import Answers
+from gpusd.daemon.routes import RouteDef, add_routes, install_access
 from gpusd.model import LeaseInfo, ProcessInfo
 from waiting import wait_until
 
@@ -87,15 +88,17 @@ async def test_a_public_reader_after_a_private_read_gets_no_owners(tmp_path: Pat
 
 async def test_the_middleware_never_remembers_a_private_body_as_clean() -> None:
     """A handler serving one bytes object with owners (a cache gone wrong) is redacted on every
-    public request: only bodies without private values are remembered as checked."""
+    public request: only bodies without private values are remembered as checked (the access
+    rules' check, applied to every route)."""
     body = json.dumps([{"processes": [{"pid": 1, "user": "alice", "command": "x" * 600}]}]).encode()
     assert len(body) > 512
 
     async def leaky(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 
-    app = web.Application(middlewares=[middleware(Access(None, trust_loopback=False))])  # type: ignore[list-item]
-    app.router.add_get("/leaky", leaky)
+    app = web.Application()
+    install_access(app, Access(None, trust_loopback=False))
+    add_routes(app, [RouteDef("GET", "/leaky", leaky)])
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     try:

@@ -269,3 +269,27 @@ def test_without_the_librarys_private_helpers_every_call_takes_the_library_path(
     assert KEY.verify_request(req, b"").nonce  # the library's check, still accepting
     monkeypatch.setattr(sigfast, "_LIBRARY_OK", True)
     assert fast_verify(req, b"") is not None  # and the library-signed headers pass the fast check too
+
+
+def test_fields_beside_gpusds_own_change_nothing() -> None:
+    """The fast path reads only the fields gpusd's shapes cover; any other field (odd, folded,
+    repeated) leaves both paths' answers alike."""
+    url = "http://h:7390/api/v1/gpus"
+    headers, _ = KEY.sign_request("GET", url, node_id="node-1")
+    extra = {"Host": "h:7390", "User-Agent": "x\r\n y", "X-Other": " a ", "x-other": "b", "Accept": "*/*"}
+    req = Request("GET", url, Headers({**extra, **headers}))
+    assert fast_verify(req, b"") == library_verify(req, b"") is not None
+    twice = Request("GET", url, Headers({**headers, "gpusd-node": "node-2"}))  # a covered field, repeated
+    assert fast_verify(twice, b"") is None and library_result(twice, b"") is None
+
+
+def test_a_remembered_body_digest_never_signs_another_body() -> None:
+    """Answers signed over and over (the daemon's one body per sample) reuse their digest by identity;
+    every other body, and each body after many others, is signed over its own bytes."""
+    bodies = [bytes([i]) * 4096 for i in range(20)]
+    for body in bodies + bodies[:3] + [bytes(bodies[0])]:
+        resp, nonce = _response("n1", None, "gpu-01", ["10.0.0.1"], body)
+        assert library_proof(resp, body) is not None
+        assert KEY.response_proof(resp, nonce, node_id="n1", body=body) is not None
+        other = body[:-1] + bytes([(body[-1] + 1) % 256])
+        assert library_proof(resp, other) is None and KEY.response_proof(resp, nonce, "n1", body=other) is None

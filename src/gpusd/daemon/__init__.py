@@ -11,7 +11,7 @@
 * :mod:`.monitoring` — metrics, dashboard, alerts and threshold evaluation wired into the app;
 * :mod:`.metrics` — Prometheus text format of the daemon's snapshot (and DCGM's names), loaded on the first scrape;
 * :mod:`.gpuseconds` — the GPU-seconds used and held per GPU and user, counted from every sample;
-* :mod:`.access` — who may read private fields and write (the access middleware, redaction);
+* :mod:`.access` — who may read private fields and write (the access rules every route runs, redaction);
 * :mod:`.users` — who signed a remote write (``authorized_keys``, the users file);
 * :mod:`.announce` — the DNS-SD announcement; :mod:`.hwsd` — what a ``--gpusd-compat`` host tells hwsd clients;
 * :mod:`.fleet` — the fleet view (an :class:`~gpusd.discovery.client.AsyncClient` in the daemon);
@@ -20,7 +20,8 @@
 * :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
 * :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node;
 * :mod:`.backend` — the one inventory backend the sampling loop, the lease authority and the pool share;
-* :mod:`.routes` — the HTTP route tables each part builds from its own dependencies.
+* :mod:`.routes` — the HTTP route tables each part builds from its own dependencies, each route
+  behind the access rules (checked when the app starts).
 
 Internal (docs/api.md): no public API beyond the command and the wire formats.
 """

@@ -14,8 +14,9 @@
 * The answer to a verified request is signed back (:func:`install_proofs`): the client's proof
   that this daemon holds the secret.
 
-:func:`middleware` enforces these for JSON answers.  Handlers that stream (server-sent events) pass
-every message through ``stream_filter(request)`` (:func:`stream_filter`).
+:func:`serve` enforces these on every route of the daemon (:mod:`gpusd.daemon.routes` registers each
+route through it and refuses to start with one that is not) and redacts JSON answers.  Handlers that
+stream (server-sent events) pass every message through ``stream_filter(request)`` (:func:`stream_filter`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..model import private_keys, redact
+from ..wire.signing import FleetKey, Headers, NonceCache, Request, Response, signature_base
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -178,6 +180,19 @@ def split_host(value: str) -> tuple[str, int | None] | None:
     return (name, port) if name else None
 
 
+class _Verified(Request):
+    """A request whose signature the daemon checked: its ``nonce`` and the library's ``result``, and
+    ``base``, the RFC 9421 signature base (what a user's SSH key signs, :mod:`gpusd.wire.sshsig`),
+    made from the result when first read (only remote writes read it)."""
+
+    nonce: Any = None
+    result: Any = None
+
+    @functools.cached_property
+    def base(self) -> bytes:
+        return signature_base(self.result)
+
+
 class Access:
     """The access rules of one daemon.
 
@@ -196,14 +211,14 @@ class Access:
                  node_id: Callable[[], str | None] | None = None,
                  cert_fp: Callable[[], str | None] | None = None,
                  host_name: Callable[[], str | None] | None = None) -> None:
-        from ..wire.signing import FleetKey, NonceCache
-
         self.token = token or None
         self.key = FleetKey(self.token) if self.token else None
         self.nonces = NonceCache()
         # TLS connections on which a signed request was verified: later reads on them are the same
         # client's (TLS binds them), so they need no signature of their own (docs/security.md).
         self.sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        # public answers already checked for private values, by identity (see _public)
+        self.clean: dict[int, bytes] = {}
         self.trust_loopback = trust_loopback
         self._own = own_addresses
         self._names = own_names
@@ -235,7 +250,7 @@ class Access:
             return False
         name, port = parsed
         try:
-            ports = set(self._ports()) if self._ports is not None else set()
+            ports = self._ports() if self._ports is not None else ()
             if ports and (port if port is not None else 80) not in ports:
                 return False
             if name in LOOPBACK_NAMES or is_loopback(name):
@@ -273,11 +288,8 @@ class Access:
             return None, "this daemon has no fleet secret"
         if not self.host_ok(host, remote):
             return None, "the request does not name this daemon (Host/@authority)"
-        from ..wire.signing import Headers, Request
-
         try:
-            req = Request(method, f"{scheme}://{host}{raw_path}",
-                          Headers((k, v) for k, v in headers.items()))
+            req = _Verified(method, f"{scheme}://{host}{raw_path}", Headers((k, v) for k, v in headers.items()))
             result = self.key.verify_request(req, body)
         except Exception as exc:  # noqa: BLE001 - InvalidSignature, malformed fields, odd bytes
             return None, f"bad signature: {str(exc)[:120]}"
@@ -290,16 +302,12 @@ class Access:
         refused = self.nonces.add(str(result.nonce))
         if refused is not None:
             return None, refused
-        req.nonce = result.nonce  # type: ignore[attr-defined]
-        from ..wire.signing import signature_base
-
-        req.base = signature_base(result)  # type: ignore[attr-defined]  # what a user's SSH key signs
+        req.nonce = result.nonce
+        req.result = result  # its ``base`` (what a user's SSH key signs) is made when read
         return req, None
 
     def sign_response(self, req: Any, status: int, headers: Any, body: bytes | None) -> None:
         """Add the daemon's proof (docs/security.md) to the answer of a verified request ``req``."""
-        from ..wire.signing import Headers, Response
-
         assert self.key is not None
         resp = Response(status, req, Headers())
         node = (self._node_id() if self._node_id is not None else None) or "-"
@@ -330,13 +338,16 @@ class Access:
 
 def can_see_private(request: web.Request) -> bool:
     """Whether the reader of this request may see process owners and commands (set by
-    :func:`middleware`; False when the middleware is not installed)."""
-    return bool(request.get(_request_key(), False))
+    :func:`serve`; False when the access rules did not run)."""
+    try:
+        return bool(request[_KEY or _request_key()])  # (set on every request by serve: no KeyError then)
+    except KeyError:
+        return False
 
 
 def is_signed(request: web.Request) -> bool:
     """Whether this request is a secret holder's: signed and verified, or on a TLS connection a
-    verified request authenticated (set by :func:`middleware`)."""
+    verified request authenticated (set by :func:`serve`)."""
     return bool(request.get(_trusted_key(), False))
 
 
@@ -388,99 +399,152 @@ def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def middleware(access: Access) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """An aiohttp middleware applying ``access``: checks signed requests (401 for any bad or replayed
-    one, whatever its bytes), refuses writes without a valid signature and from foreign pages, marks
-    each request (see :func:`can_see_private`), and redacts JSON answers for readers without the
-    right to see private fields.  Unsigned public reads cost one dictionary lookup."""
-    from aiohttp import web
-
-    from .guard import note_request
-
-    # Public answers already checked, by identity (bytes are immutable): the daemon serves one body per
-    # sample and level (daemon/http.py), so each is scanned once, not once per request.
-    clean: dict[int, bytes] = {}
-    private_key, trusted_key, signed_key = _request_key(), _trusted_key(), _signed_key()
-
-    @web.middleware
-    async def gpusd_access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        headers = request.headers
-        if "Authorization" in headers:
-            return _refuse(401, "gpusd takes no bearer tokens (a secret must not travel): sign requests "
-                                "with the fleet secret, see docs/security.md")
-        verified = None
-        if "Signature" in headers or "Signature-Input" in headers:
-            body = b""
-            if request.method not in SAFE_METHODS or request.content_length:
-                try:
-                    body = await request.read()
-                except web.HTTPException:
-                    raise
-                except Exception:  # noqa: BLE001 - a broken body is a bad request, not a 500
-                    return _refuse(400, "unreadable request body")
-            verified, why = access.verify(request.method, request.scheme, request.host, request.raw_path,
-                                          headers, body, request.remote)
-            if verified is None:
-                if access.key is None:
-                    verified = None  # no fleet secret here: an unsigned reader, as far as we know
-                else:
-                    log.debug("refused a signed %s %s from %s: %s", request.method, request.path[:100],
-                             request.remote, why)
-                    return _refuse(401, f"signature refused: {why}")
-        session = False
-        secure, remote = request.secure, request.remote
-        if verified is not None and secure and request.transport is not None:
-            access.sessions.add(request.transport)
-        elif verified is None and secure and request.transport in access.sessions:
-            session = request.method in SAFE_METHODS  # writes are signed one by one
-        local = access.local_reader(remote)
-        # With TLS on, private fields and writes go to other machines over HTTPS only.
-        in_clear = verified is not None and not secure and not local and access.tls_on()
-        if request.method not in SAFE_METHODS:
-            if not access.origin_ok(headers.get("Origin"), remote):
-                return _refuse(403, "writes are not accepted from another site's page")
-            refused = access.write_refusal(verified is not None)
-            if refused is not None:
-                return _refuse(*refused)
-            if in_clear:
-                return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
-        private = (verified is not None and not in_clear) or session or (
-            local and access.host_ok(request.host, remote))
-        request[private_key] = private
-        request[trusted_key] = verified is not None or session
-        if verified is not None:
-            request[signed_key] = verified
-        # the connection guard keeps a secret holder's connection when it needs room (daemon/guard.py)
-        served, ended = note_request(request.transport, verified is not None or session)
-        if not served:
-            if ended is not None:
-                ended()
-            refusal = _refuse(503, "this daemon holds as many connections as it serves; this one was let in for "
-                                   "a signed request only (docs/daemon.md, limits): try again later")
-            refusal.headers["Retry-After"] = "5"
-            refusal.force_close()
-            return refusal
+async def serve(gate: Any, handler: Handler, request: web.Request) -> web.StreamResponse:
+    """Apply the access rules of ``gate`` (:class:`gpusd.daemon.routes.Gate`) to ``request``, then
+    run ``handler`` if they let it in: every route of the daemon is registered as this function with
+    its handler (:func:`gpusd.daemon.routes.add_routes`; no route is served without it, checked when
+    the app starts).  Checks signed requests (401 for any bad or replayed one, whatever its bytes),
+    refuses writes without a valid signature and from foreign pages, marks each request (see
+    :func:`can_see_private`), and redacts JSON answers for readers without the right to see private
+    fields.  An unsigned read costs three header lookups and the reader's place (local or not)."""
+    access: Access | None = gate.access
+    if access is None:  # never served unchecked
+        return _refuse(503, "this daemon's access rules are not installed")
+    headers = request.headers
+    method = request.method
+    if "Signature" in headers or "Signature-Input" in headers or "Authorization" in headers \
+            or method not in SAFE_METHODS:
+        return await _serve_checked(access, handler, request)
+    # an unsigned read: public, or private for a local reader naming this daemon, or for a TLS
+    # connection a verified request authenticated
+    transport = request.transport
+    conn = _conn_of(transport)  # the connection guard's record (None: no guard watches it)
+    remote = conn.remote if conn is not None else request.remote  # (the same peer address)
+    if access.key is not None and request.secure and transport in access.sessions:
+        private = trusted = True
+        request[_TRUSTED_KEY or _trusted_key()] = True
+    else:  # (not trusted: is_signed's default)
+        trusted = False
+        # a local reader whose Host names us (request.host: the header, else the local address)
+        private = access.local_reader(remote) and access.host_ok(headers.get("Host") or request.host, remote)
+    request[_KEY or _request_key()] = private  # always set: a missing key costs can_see_private a KeyError
+    if conn is None:
+        response = await handler(request)
+    else:
+        if conn.probation or (trusted and not conn.signed):  # the guard decides (daemon/guard.py)
+            if not conn.guard._request_started(conn, trusted):  # noqa: SLF001 - the guard's own hook
+                return _probation_refusal(conn)
+        else:  # what _request_started does for any other request: one more in progress
+            conn.busy += 1
         try:
             response = await handler(request)
         finally:
-            if ended is not None:
-                ended()
-        if not private and isinstance(response, web.Response) and response.content_type == "application/json":
-            answer = response.body
-            if type(answer) is bytes and clean.get(id(answer)) is answer:
-                return response
-            if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
-                try:
-                    response.body = redact_json(bytes(answer))
-                except ValueError:  # not JSON after all: hold it back rather than leak it
-                    return web.json_response({"error": "answer withheld"}, status=500)
-            elif type(answer) is bytes and len(answer) > 512:  # worth remembering (a small one scans fast)
-                if len(clean) >= 16:
-                    clean.pop(next(iter(clean)))
-                clean[id(answer)] = answer  # held: its id cannot be reused while it is here
-        return response
+            conn.busy -= 1
+    return response if private else _public(access, response)
 
-    return gpusd_access
+
+async def _serve_checked(access: Access, handler: Handler, request: web.Request) -> web.StreamResponse:
+    """The access rules for a request that is signed, carries credentials, or writes."""
+    from aiohttp import web
+
+    headers = request.headers
+    if "Authorization" in headers:
+        return _refuse(401, "gpusd takes no bearer tokens (a secret must not travel): sign requests "
+                            "with the fleet secret, see docs/security.md")
+    verified = None
+    if "Signature" in headers or "Signature-Input" in headers:
+        body = b""
+        if request.method not in SAFE_METHODS or request.content_length:
+            try:
+                body = await request.read()
+            except web.HTTPException:
+                raise
+            except Exception:  # noqa: BLE001 - a broken body is a bad request, not a 500
+                return _refuse(400, "unreadable request body")
+        verified, why = access.verify(request.method, request.scheme, request.host, request.raw_path,
+                                      headers, body, request.remote)
+        if verified is None:
+            if access.key is None:
+                verified = None  # no fleet secret here: an unsigned reader, as far as we know
+            else:
+                log.debug("refused a signed %s %s from %s: %s", request.method, request.path[:100],
+                          request.remote, why)
+                return _refuse(401, f"signature refused: {why}")
+    session = False
+    secure, remote = request.secure, request.remote
+    if verified is not None and secure and request.transport is not None:
+        access.sessions.add(request.transport)
+    elif verified is None and secure and request.transport in access.sessions:
+        session = request.method in SAFE_METHODS  # writes are signed one by one
+    local = access.local_reader(remote)
+    # With TLS on, private fields and writes go to other machines over HTTPS only.
+    in_clear = verified is not None and not secure and not local and access.tls_on()
+    if request.method not in SAFE_METHODS:
+        if not access.origin_ok(headers.get("Origin"), remote):
+            return _refuse(403, "writes are not accepted from another site's page")
+        refused = access.write_refusal(verified is not None)
+        if refused is not None:
+            return _refuse(*refused)
+        if in_clear:
+            return _refuse(403, "writes to this daemon go over HTTPS (its announced tls port)")
+    private = (verified is not None and not in_clear) or session or (
+        local and access.host_ok(request.host, remote))
+    request[_request_key()] = private
+    request[_trusted_key()] = verified is not None or session
+    if verified is not None:
+        request[_signed_key()] = verified
+    # the connection guard keeps a secret holder's connection when it needs room (daemon/guard.py)
+    conn = _conn_of(request.transport)
+    if conn is not None and not conn.guard._request_started(conn, verified is not None or session):  # noqa: SLF001
+        return _probation_refusal(conn)
+    try:
+        response = await handler(request)
+    finally:
+        if conn is not None:
+            conn.busy -= 1
+    return response if private else _public(access, response)
+
+
+def _conn_of(transport: Any) -> Any:
+    """The connection guard's record of ``transport`` (None: no guard watches it)."""
+    from .guard import connection_of
+
+    global _conn_of
+    _conn_of = connection_of  # the guard's lookup itself, from now on
+    return connection_of(transport)
+
+
+def _probation_refusal(conn: Any) -> web.StreamResponse:
+    conn.busy -= 1
+    refusal = _refuse(503, "this daemon holds as many connections as it serves; this one was let in for "
+                           "a signed request only (docs/daemon.md, limits): try again later")
+    refusal.headers["Retry-After"] = "5"
+    refusal.force_close()
+    return refusal
+
+
+def _public(access: Access, response: web.StreamResponse) -> web.StreamResponse:
+    """``response`` for a reader who may not see private fields: a JSON answer carrying any is
+    redacted (a body found clean is remembered by identity: the daemon serves one body per sample
+    and level, daemon/http.py, so each is scanned once, not once per request)."""
+    from aiohttp import web
+
+    if not isinstance(response, web.Response) or response.content_type != "application/json":
+        return response
+    answer = response.body
+    clean = access.clean
+    if type(answer) is bytes and clean.get(id(answer)) is answer:
+        return response
+    if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
+        try:
+            response.body = redact_json(bytes(answer))
+        except ValueError:  # not JSON after all: hold it back rather than leak it
+            return web.json_response({"error": "answer withheld"}, status=500)
+    elif type(answer) is bytes and len(answer) > 512:  # worth remembering (a small one scans fast)
+        if len(clean) >= 16:
+            clean.pop(next(iter(clean)))
+        clean[id(answer)] = answer  # held: its id cannot be reused while it is here
+    return response
 
 
 def install_proofs(app: web.Application, access: Access) -> None:

@@ -11,8 +11,8 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
   blank line) is not complete ``header_timeout`` seconds after it was accepted is closed.  Later
   requests on a kept-alive connection are bounded by aiohttp's ``keepalive_timeout``.
 * **Connection cap**: at most ``max_connections`` connections are open.
-* **Signed connections** (issue 17): the access middleware tells the guard when a request with a
-  valid signature arrived on a connection (:func:`note_request`); from then on the connection is a
+* **Signed connections** (issue 17): the access rules tell the guard when a request with a
+  valid signature arrived on a connection (:func:`connection_of`); from then on the connection is a
   secret holder's: it counts against ``max_connections`` only, and it is never closed to make room.
 * **A share strangers cannot take**: connections not (yet) signed — waiting for their first request
   head, or having sent only unsigned requests — hold at most ``max_connections - reserved`` places,
@@ -35,7 +35,9 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
   connections.  Without a fleet secret (``reserved`` 0: nobody can sign) a new connection finding
   every connection busy is closed at once, as before issue 17.
 
-:class:`GuardedSite` is an aiohttp site (like ``web.TCPSite``) whose connections go through a guard.
+:class:`GuardedSite` is an aiohttp site (like ``web.TCPSite``) whose connections go through a guard;
+it serves only an app whose every route is behind the access rules
+(:func:`gpusd.daemon.routes.check_routes`, run once the router is frozen).
 """
 
 from __future__ import annotations
@@ -59,23 +61,20 @@ WARN_EVERY = 60.0  # seconds between warnings about the same kind of pressure
 _BY_TRANSPORT: dict[Any, _GuardedProtocol] = {}  # the open connections of every guard, by transport
 
 
-def note_request(transport: Any, signed: bool) -> tuple[bool, Callable[[], None] | None]:
-    """Called by the access middleware when a request starts on ``transport``: ``signed`` when it
-    carries a valid signature (or rides a TLS connection one authenticated).  Returns whether the
-    request may be served (not: an unsigned request on a connection admitted beyond the limits,
-    to be answered 503 and closed) and what to call when it ends (None: no guard watches it)."""
-    conn = _BY_TRANSPORT.get(transport) if transport is not None else None
-    if conn is None:
-        return True, None
-    ok = conn.guard._request_started(conn, signed)
-    return ok, lambda: conn.guard._request_ended(conn)
+def connection_of(transport: Any) -> _GuardedProtocol | None:
+    """The guard's record of the connection ``transport`` (None: no guard watches it).  The access
+    rules (:func:`gpusd.daemon.access.serve`) call ``record.guard._request_started(record, signed)``
+    when a request starts on it -- ``signed`` when it carries a valid signature (or rides a TLS
+    connection one authenticated); False: an unsigned request on a connection admitted beyond the
+    limits, to be answered 503 and closed -- and take one off ``record.busy`` when it ends."""
+    return _BY_TRANSPORT.get(transport)
 
 
 class _GuardedProtocol(asyncio.Protocol):
     """Passes everything on to aiohttp's protocol; watches for the end of the first request head."""
 
     __slots__ = ("_made", "_tail", "_timer", "busy", "closed", "guard", "head_done", "inner",
-                 "peer", "probation", "signed", "transport")
+                 "peer", "probation", "remote", "signed", "transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
@@ -87,6 +86,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self.busy = 0  # requests in progress (an event stream is one for as long as it lasts)
         self.probation = False  # admitted beyond the limits: its first request must be signed
         self.peer = "-"
+        self.remote: str | None = None  # the peer's address, as aiohttp's request.remote gives it
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
         self._made = False
@@ -97,7 +97,11 @@ class _GuardedProtocol(asyncio.Protocol):
         from .access import peer_of
 
         peername = transport.get_extra_info("peername")
-        self.peer = peer_of(str(peername[0]) if isinstance(peername, tuple) and peername else None)
+        if isinstance(peername, (list, tuple)) and peername:
+            self.remote = str(peername[0])
+        elif peername is not None:
+            self.remote = str(peername)
+        self.peer = peer_of(self.remote if isinstance(peername, tuple) and peername else None)
         if not self.guard._admit(self):
             self.closed = True
             transport.abort()  # type: ignore[attr-defined]
@@ -395,6 +399,13 @@ class GuardedSite(web.BaseSite):
         return f"{scheme}://{self._host or '0.0.0.0'}:{self.bound_port or self._port}"
 
     async def start(self) -> None:
+        # the router is frozen by now: no route can be added behind the access rules' back
+        from .routes import check_routes
+
+        app = getattr(self._runner, "app", None)
+        if app is None:
+            raise RuntimeError("a guarded site serves the daemon's app (an AppRunner)")
+        check_routes(app)
         await super().start()
         loop = asyncio.get_running_loop()
         server = self._runner.server

@@ -1,8 +1,9 @@
 """The daemon's HTTP API (docs/wire-format.md): JSON for the host, its GPUs, history and the fleet,
 and server-sent event streams.
 
-``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add routes to
-``daemon.app`` (``daemon.app.router.add_get(...)``) before the daemon starts.  ``sse_stream`` serves
+``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add their route
+tables to ``daemon.app`` with :func:`gpusd.daemon.routes.add_routes` before the daemon starts (never
+``app.router.add_get``: a route outside the access rules stops the daemon from starting).  ``sse_stream`` serves
 any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
 """
 
@@ -56,7 +57,6 @@ class Daemon(Protocol):
     def cert_fp(self) -> str | None: ...
 
 
-DAEMON_KEY: web.AppKey[Daemon] = web.AppKey("gpusd_daemon")
 API = "/api/v1"
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -71,7 +71,7 @@ class Answers:
     and commands) and public (those fields nulled, :func:`gpusd.model.redact`).  Each is built
     at most once per sample, on its first request; a new snapshot object starts afresh.  A public
     body is always built from the redacted payload, never from a private body, and the two never
-    share a key; the access middleware checks every public answer anyway (docs/security.md)."""
+    share a key; the access rules check every public answer anyway (docs/security.md)."""
 
     __slots__ = ("_bodies", "_snap")
 
@@ -84,7 +84,7 @@ class Answers:
             self._snap, self._bodies = snap, {}
         key = (kind, private)
         body = self._bodies.get(key)
-        if body is None:
+        if body is None:  # the first request of this sample and level
             from ..model import redact
             from ..sanitize import dumps
 
@@ -94,36 +94,31 @@ class Answers:
         return body
 
 
-ANSWERS_KEY: web.AppKey[Answers] = web.AppKey("gpusd_answers")
-
-
 def build_app(daemon: Daemon) -> web.Application:
     from .routes import add_routes
 
     app = web.Application(client_max_size=64 * 1024)
-    app[DAEMON_KEY] = daemon  # the handlers' one dependency: the Daemon protocol above, never more
-    app[ANSWERS_KEY] = Answers()
-    add_routes(app, routes())
+    add_routes(app, routes(daemon))
     return app
 
 
-def routes() -> list[RouteDef]:
-    """The core API's route table (docs/wire-format.md); each handler reads the daemon through the
-    :class:`Daemon` protocol the app holds (``DAEMON_KEY``)."""
+def routes(daemon: Daemon, answers: Answers | None = None) -> list[RouteDef]:
+    """The core API's route table (docs/wire-format.md); each handler is given the daemon (through
+    the :class:`Daemon` protocol, its one dependency) and, for the answers built once per sample,
+    their :class:`Answers`."""
+    from functools import partial
+
     from .routes import RouteDef
 
-    return [RouteDef("GET", "/healthz", healthz),
-            RouteDef("GET", f"{API}/host", host),
-            RouteDef("GET", f"{API}/gpus", gpus),
-            RouteDef("GET", f"{API}/history", history),
-            RouteDef("GET", f"{API}/events", events),
-            RouteDef("GET", f"{API}/fleet", fleet),
-            RouteDef("GET", f"{API}/fleet/events", fleet_events),
-            RouteDef("GET", f"{API}/prometheus/http_sd", prometheus_http_sd)]
-
-
-def _daemon(request: web.Request) -> Daemon:
-    return request.app[DAEMON_KEY]
+    answers = answers if answers is not None else Answers()
+    return [RouteDef("GET", "/healthz", partial(healthz, daemon)),
+            RouteDef("GET", f"{API}/host", partial(host, daemon, answers)),
+            RouteDef("GET", f"{API}/gpus", partial(gpus, daemon, answers)),
+            RouteDef("GET", f"{API}/history", partial(history, daemon)),
+            RouteDef("GET", f"{API}/events", partial(events, daemon)),
+            RouteDef("GET", f"{API}/fleet", partial(fleet, daemon)),
+            RouteDef("GET", f"{API}/fleet/events", partial(fleet_events, daemon)),
+            RouteDef("GET", f"{API}/prometheus/http_sd", partial(prometheus_http_sd, daemon))]
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -141,8 +136,7 @@ def _bytes(body: bytes) -> web.Response:
 _HEALTH: dict[tuple[str, int | None, str | None], tuple[bytes, bytes]] = {}
 
 
-async def healthz(request: web.Request) -> web.Response:
-    d = _daemon(request)
+async def healthz(d: Daemon, request: web.Request) -> web.Response:
     # everything but the uptime is fixed: its bytes are built once, the uptime placed in them per request
     # (where private fields travel, docs/security.md: pinned, and proven by signature)
     ident = (d.node_id, d.tls_port, d.cert_fp)
@@ -160,8 +154,7 @@ async def healthz(request: web.Request) -> web.Response:
     return _bytes(b"%s%r%s" % (parts[0], round(time.time() - d.started_at, 3), parts[1]))
 
 
-async def host(request: web.Request) -> web.Response:
-    d = _daemon(request)
+async def host(d: Daemon, answers: Answers, request: web.Request) -> web.Response:
     snap = d.snapshot
 
     def build() -> object:
@@ -177,7 +170,7 @@ async def host(request: web.Request) -> web.Response:
             "slurmctld": _slurmctld(d),
         }
 
-    return _bytes(request.app[ANSWERS_KEY].get(snap, "host", can_see_private(request), build))
+    return _bytes(answers.get(snap, "host", can_see_private(request), build))
 
 
 def _slurmctld(d: Daemon) -> object:
@@ -185,14 +178,13 @@ def _slurmctld(d: Daemon) -> object:
     return part.host_info() if part is not None else None
 
 
-async def gpus(request: web.Request) -> web.Response:
-    snap = _daemon(request).snapshot
-    return _bytes(request.app[ANSWERS_KEY].get(
+async def gpus(d: Daemon, answers: Answers, request: web.Request) -> web.Response:
+    snap = d.snapshot
+    return _bytes(answers.get(
         snap, "gpus", can_see_private(request), lambda: [g.to_dict() for g in snap.gpus] if snap is not None else []))
 
 
-async def history(request: web.Request) -> web.Response:
-    d = _daemon(request)
+async def history(d: Daemon, request: web.Request) -> web.Response:
     seconds: float | None = None
     if "seconds" in request.query:
         try:
@@ -204,35 +196,31 @@ async def history(request: web.Request) -> web.Response:
     return _json({"interval": d.config.interval, "seconds": d.config.history, "gpus": d.history.to_dict(seconds)})
 
 
-async def events(request: web.Request) -> web.StreamResponse:
-    d = _daemon(request)
+async def events(d: Daemon, request: web.Request) -> web.StreamResponse:
     first = [d.snapshot_event()] if d.snapshot is not None else []
     return await sse_stream(request, d.events, first, d.config.heartbeat, write_timeout=d.config.write_timeout)
 
 
-async def fleet(request: web.Request) -> web.Response:
-    d = _daemon(request)
+async def fleet(d: Daemon, request: web.Request) -> web.Response:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
     return _bytes(d.fleet.answer())  # its bytes built by the fleet view (each snapshot encoded once)
 
 
-async def prometheus_http_sd(request: web.Request) -> web.Response:
+async def prometheus_http_sd(d: Daemon, request: web.Request) -> web.Response:
     """Prometheus HTTP service discovery (``http_sd_configs``): the fleet's metric targets, public
     fields only.  Hosts that failed to prove they hold the fleet secret are left out; the others carry
     ``__meta_gpusd_verified`` (true, or unknown for a daemon without a secret) and ``__meta_gpusd_via``."""
     from ..wire.promsd import daemons_from_hosts, file_sd
 
-    d = _daemon(request)
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
     return _json(file_sd(daemons_from_hosts(d.fleet.view().hosts)))  # the document export prometheus-sd writes
 
 
-async def fleet_events(request: web.Request) -> web.StreamResponse:
-    d = _daemon(request)
+async def fleet_events(d: Daemon, request: web.Request) -> web.StreamResponse:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()

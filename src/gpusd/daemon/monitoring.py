@@ -5,9 +5,9 @@
 * ``GET /metrics``: Prometheus text format of the daemon's latest snapshot (see :mod:`.metrics`);
 * ``GET /`` and ``GET /assets/{file}``: the web dashboard (``gpusd/web``: plain HTML, JS, CSS);
 * ``GET /api/v1/alerts``: the threshold rules exceeded right now, and the rules configured;
-* the access middleware (:mod:`.access`): writes need a signature; JSON answers are redacted for
-  readers without it.  Streaming handlers call :func:`gpusd.daemon.access.can_see_private` and
-  :func:`gpusd.model.redact` themselves;
+* the access rules (:mod:`.access`, on every route: :func:`gpusd.daemon.routes.install_access`):
+  writes need a signature; JSON answers are redacted for readers without it.  Streaming handlers
+  call :func:`gpusd.daemon.access.can_see_private` and :func:`gpusd.model.redact` themselves;
 * the threshold engine, run on every new snapshot — from ``daemon.on_sample`` callbacks where the
   daemon has that list, else from a task polling ``latest_snapshot()`` — calling
   ``daemon.publish("threshold", data)`` for each state change (and logging it).
@@ -187,10 +187,9 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)),
                       user_metrics=bool(getattr(daemon, "user_metrics", False)))
     app[_app_key()] = monitor
-    app.middlewares.append(privacy.middleware(access))  # type: ignore[arg-type]
-    privacy.install_proofs(app, access)
-    from .routes import add_routes
+    from .routes import add_routes, install_access
 
+    install_access(app, access)  # every route of the app applies these rules (daemon/routes.py)
     add_routes(app, routes(monitor))
     on_sample = getattr(daemon, "on_sample", None)
     if isinstance(on_sample, list):

@@ -10,7 +10,7 @@
 * ``GET /api/v1/leases`` — the remote leases held here (holder and note are private fields).
 
 Writes need a request signed with the fleet secret (and HTTPS where the daemon serves TLS): the
-access middleware (:mod:`gpusd.daemon.access`) refuses the others before a handler runs.  A lease
+access rules (:mod:`gpusd.daemon.access`, run on every route) refuse the others before a handler runs.  A lease
 whose holder stops renewing ends ``ttl`` seconds (default 30) after its last renewal.  Bounds: a
 request body of at most 16 KiB, ``ttl`` between 2 s and 1 h (granted up to ``lease_max_ttl``), no
 lease past ``lease_max_lifetime`` after its grant, at most ``lease_max_total`` remote leases in all
@@ -410,7 +410,7 @@ def routes(pool: Pool) -> list[RouteDef]:
     async def body_of(request: web.Request) -> dict[str, Any]:
         if request.content_length is not None and request.content_length > MAX_BODY:
             raise ConfigError(f"a lease request is at most {MAX_BODY} bytes")
-        raw = await request.read()  # bounded by the app's client_max_size (the middleware may have read it)
+        raw = await request.read()  # bounded by the app's client_max_size (the access rules may have read it)
         if len(raw) > MAX_BODY:
             raise ConfigError(f"a lease request is at most {MAX_BODY} bytes")
         if not raw.strip():

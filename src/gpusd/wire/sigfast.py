@@ -19,6 +19,7 @@ accepts with the same result, and that the headers it writes verify with the lib
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -45,13 +46,17 @@ _RESP_INPUT = re.compile(
     r'(?: "gpusd-cert")?(?: "gpusd-host"(?: "gpusd-addrs")?)?(?: "content-digest")?)\)'
     rf';created=(?P<created>{_CREATED});keyid="(?P<keyid>{_KEYID})";alg="hmac-sha256"'
     rf';nonce="(?P<nonce>{_NONCE})";tag="gpusd-response")')
-_SIGNATURE = re.compile(r"gpusd=:(?P<mac>[A-Za-z0-9+/]{43}=):")
-_DIGEST = re.compile(r"sha-256=:(?P<d>[A-Za-z0-9+/]{43}=):")
+_KEYID_RE = re.compile(_KEYID)
+_NONCE_RE = re.compile(_NONCE)
+# the only header fields gpusd's shapes read (every other field is left alone, as the library leaves it)
+_FIELDS = frozenset({"signature-input", "signature", "content-digest", "gpusd-node", "gpusd-cert", "gpusd-host",
+                     "gpusd-addrs"})
 
 
 try:  # the library's URL parser and header normalisation (private names the fast path reuses)
     from http_message_signatures._url import parse_url
-    from http_message_signatures.structures import normalize_header_value
+    from http_message_signatures.algorithms import HMAC_SHA256
+    from http_message_signatures.structures import VerifyResult, normalize_header_value
 except ImportError:  # an upgrade moved them: every call takes the library's public path (slower, never wrong)
     _LIBRARY_OK = False
 else:
@@ -59,13 +64,17 @@ else:
 
 
 def _fields(headers: Any) -> dict[str, str]:
-    """Header values by lower-case name, as the library combines and normalises them."""
+    """The values of the fields gpusd's shapes read (:data:`_FIELDS`) by lower-case name, as the
+    library combines and normalises them (the other fields are not looked at)."""
     lines: dict[str, list[str]] = {}
     for name, value in headers.items():
-        lines.setdefault(name.lower(), []).append(normalize_header_value(value))
+        low = name.lower()
+        if low in _FIELDS:
+            lines.setdefault(low, []).append(normalize_header_value(value))
     return {k: ", ".join(v) for k, v in lines.items()}
 
 
+@functools.lru_cache(maxsize=512)  # one URL per daemon and path: parsed once (the parse is pure)
 def _url_components(url: str) -> tuple[str, str, str] | None:
     """``@authority``, ``@path``, ``@query`` of an absolute URL, as the library resolves them."""
     try:
@@ -86,31 +95,55 @@ def _field_ok(value: str) -> bool:
     return "\r" not in value and "\n" not in value and (not value or value.replace("\t", " ").isprintable())
 
 
-def _base(elements: Sequence[tuple[str, str]], params: str) -> bytes | None:
-    text = "\n".join([f"{k}: {v}" for k, v in elements] + [f'"@signature-params": {params}'])
-    return text.encode() if text.isascii() else None
-
-
 def _digest(body: bytes) -> str:
+    if not body:
+        return _EMPTY_DIGEST
     return f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode()}:"
 
 
-def _b64_exact(text: str) -> bytes | None:
-    """The bytes of canonical base64 ``text`` (non-zero padding bits: None, the library decides)."""
-    raw = base64.b64decode(text)
-    return raw if base64.b64encode(raw).decode() == text else None
+_EMPTY_DIGEST = f"sha-256=:{base64.b64encode(hashlib.sha256(b'').digest()).decode()}:"
+_DIGESTS: dict[int, tuple[bytes, str]] = {}  # id(body) -> (body, its digest): answers served many times
+
+
+def _digest_of(body: bytes) -> str:
+    """``_digest(body)``, remembered for the last few large bodies by identity (the daemon answers
+    with one bytes object per sample, daemon/http.py; an entry holds its body, so its id cannot be
+    reused while it is here)."""
+    if type(body) is not bytes or len(body) < 1024:
+        return _digest(body)
+    hit = _DIGESTS.get(id(body))
+    if hit is not None and hit[0] is body:
+        return hit[1]
+    digest = _digest(body)
+    if len(_DIGESTS) >= 8:
+        del _DIGESTS[next(iter(_DIGESTS))]
+    _DIGESTS[id(body)] = (body, digest)
+    return digest
+
+
+@functools.lru_cache(maxsize=8)  # the keys of one or two fleets
+def _keyed(key: bytes) -> Any:
+    """An HMAC-SHA256 object keyed with ``key``, before any data: copied for each message (OpenSSL 3
+    looks the algorithm up again for every new HMAC, a few µs; a copy does not)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    h = _keyed(key).copy()
+    h.update(data)
+    return h.digest()  # type: ignore[no-any-return]
 
 
 def _digest_ok(value: str, body: bytes) -> bool:
-    d = _DIGEST.fullmatch(value)
-    raw = None if d is None else _b64_exact(d["d"])
-    return raw is not None and hmac.compare_digest(raw, hashlib.sha256(body).digest())
+    # equal to the text of the right digest: ``sha-256=:<43 base64 characters>=:``, canonical base64 of
+    # the same bytes (any other text, e.g. a non-canonical encoding, is for the library to judge)
+    return value.isascii() and hmac.compare_digest(value, _digest(body))
 
 
 def _mac_ok(key: bytes, base: bytes, signature: str) -> bool:
-    m = _SIGNATURE.fullmatch(signature)
-    raw = None if m is None else _b64_exact(m["mac"])
-    return raw is not None and hmac.compare_digest(raw, hmac.new(key, base, hashlib.sha256).digest())
+    # equal to the text of the right MAC: ``gpusd=:<43 base64 characters>=:``, canonical, the same bytes
+    mac = _mac(key, base)
+    return signature.isascii() and hmac.compare_digest(signature, f"gpusd=:{base64.b64encode(mac).decode()}:")
 
 
 def _created_ok(created: int, skew: float, now: float | None = None) -> bool:
@@ -120,15 +153,12 @@ def _created_ok(created: int, skew: float, now: float | None = None) -> bool:
 
 
 def _result(elements: Sequence[tuple[str, str]], params: str, m: re.Match[str], body: bytes | None) -> Any:
-    from http_message_signatures import algorithms
-    from http_message_signatures.structures import VerifyResult
-
     covered: OrderedDict[str, str] = OrderedDict(elements)
     covered['"@signature-params"'] = params
     tag = "gpusd-response" if params.endswith('tag="gpusd-response"') else "gpusd-request"
     parameters = {"created": int(m["created"]), "keyid": m["keyid"], "alg": "hmac-sha256",
                   "nonce": m["nonce"], "tag": tag}
-    return VerifyResult(label="gpusd", algorithm=algorithms.HMAC_SHA256, covered_components=covered,
+    return VerifyResult(label="gpusd", algorithm=HMAC_SHA256, covered_components=covered,
                         parameters=parameters, body=body, nonce=m["nonce"])
 
 
@@ -139,32 +169,40 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
     base, or None (the caller signs with the library)."""
     if not _LIBRARY_OK:
         return None
-    comps = _url_components(url)
-    if comps is None or method != method.upper() or not method.isprintable() or not method:
+    if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce):
         return None
-    if not re.fullmatch(_KEYID, key_id) or not re.fullmatch(_NONCE, nonce):
+    head = _request_head(method, url, node_id or None)
+    if head is None:
         return None
+    ids, prefix = head
     digest = _digest(body)
-    elements = [('"@method"', method), ('"@authority"', comps[0]), ('"@path"', comps[1]), ('"@query"', comps[2])]
-    headers: dict[str, str] = {}
-    if node_id:
-        if node_id != node_id.strip(" \t") or not _field_ok(node_id):
-            return None
-        headers["Gpusd-Node"] = node_id
-        elements.append(('"gpusd-node"', node_id))
-    elements.append(('"content-digest"', digest))
-    if not all(_derived_ok(v) for _, v in elements[:4]):
-        return None
-    params = (f'({" ".join(k for k, _ in elements)});created={created};keyid="{key_id}";alg="hmac-sha256"'
-              f';nonce="{nonce}";tag="gpusd-request"')
-    base = _base(elements, params)
-    if base is None:
-        return None
-    mac = hmac.new(key, base, hashlib.sha256).digest()
+    params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-request"'
+    base = f'{prefix}"content-digest": {digest}\n"@signature-params": {params}'.encode()  # ASCII: see the head
+    mac = _mac(key, base)
+    headers: dict[str, str] = {"Gpusd-Node": node_id} if node_id else {}
     headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
     headers["Signature"] = f"gpusd=:{base64.b64encode(mac).decode()}:"
     return headers, base
+
+
+@functools.lru_cache(maxsize=256)  # a client signs few method, URL and node combinations
+def _request_head(method: str, url: str, node_id: str | None) -> tuple[str, str] | None:
+    """The covered component ids of gpusd's request signature for these values and the signature
+    base's lines before ``content-digest``; None when the library must sign (a value it refuses)."""
+    comps = _url_components(url)
+    if comps is None or method != method.upper() or not method.isprintable() or not method:
+        return None
+    elements = [('"@method"', method), ('"@authority"', comps[0]), ('"@path"', comps[1]), ('"@query"', comps[2])]
+    if not all(_derived_ok(v) for _, v in elements):
+        return None
+    if node_id is not None:
+        if node_id != node_id.strip(" \t") or not _field_ok(node_id):
+            return None
+        elements.append(('"gpusd-node"', node_id))
+    ids = " ".join([k for k, _ in elements] + ['"content-digest"'])
+    prefix = "".join(f"{k}: {v}\n" for k, v in elements)
+    return (ids, prefix) if prefix.isascii() else None  # (the rest of the base is ASCII by its shape)
 
 
 def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any, body: bytes,
@@ -179,29 +217,43 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
         return None
     if not _created_ok(int(m["created"]), skew, now):
         return None
+    ids = m["list"]
+    node = f.get("gpusd-node") if '"gpusd-node"' in ids else None
+    head = _verify_head(method, url, ids, node)
+    digest = f.get("content-digest")
+    if head is None or digest is None or not _digest_ok(digest, body):  # (a right digest is a field value)
+        return None
+    params = m.group(1)
+    elements, prefix = head
+    base = f'{prefix}"content-digest": {digest}\n"@signature-params": {params}'.encode()  # ASCII by shape
+    if not _mac_ok(key, base, f["signature"]):
+        return None
+    return _result((*elements, ('"content-digest"', digest)), params, m, body)
+
+
+@functools.lru_cache(maxsize=128)  # one daemon's few paths (bounded: any peer can send such headers)
+def _verify_head(method: str, url: str, ids: str, node: str | None
+                 ) -> tuple[tuple[tuple[str, str], ...], str] | None:
+    """The covered components of a request signature with the component list ``ids`` (one of
+    :data:`_REQ_LISTS`) before ``content-digest``, and the signature base's lines for them; None
+    when a value is one the library refuses (or a covered ``gpusd-node`` is missing)."""
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method:
         return None
     values = {'"@method"': method, '"@authority"': comps[0], '"@path"': comps[1], '"@query"': comps[2]}
     elements: list[tuple[str, str]] = []
-    for cid in _REQ_LISTS[m["list"]]:
+    for cid in _REQ_LISTS[ids][:-1]:  # (the last is content-digest, checked against the body)
         if cid in values:
             v = values[cid]
             if "\r" in v or "\n" in v or not _derived_ok(v):
                 return None
-        else:
-            got = f.get(cid[1:-1])
-            if got is None or not _field_ok(got):
+        else:  # gpusd-node
+            if node is None or not _field_ok(node):
                 return None
-            v = got
+            v = node
         elements.append((cid, v))
-    if not _digest_ok(elements[-1][1], body):
-        return None
-    params = m.group(1)
-    base = _base(elements, params)
-    if base is None or not _mac_ok(key, base, f["signature"]):
-        return None
-    return _result(elements, params, m, body)
+    prefix = "".join(f"{k}: {v}\n" for k, v in elements)
+    return (tuple(elements), prefix) if prefix.isascii() else None
 
 
 # -- responses -----------------------------------------------------------------------------------
@@ -211,37 +263,54 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
     fields already); False (nothing written) when the library must do it."""
     if not _LIBRARY_OK:
         return False
-    comps = _url_components(req_url)
-    if comps is None or not re.fullmatch(_KEYID, key_id) or not re.fullmatch(_NONCE, nonce):
+    if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce) or type(created) is not int \
+            or not 0 <= created < 10**15:  # (the shape of ``created``: _CREATED)
         return False
     f = _fields(headers)
     if "content-digest" in f:
         return False
-    elements = [('"@status"', str(status)), ('"@authority";req', comps[0]), ('"@path";req', comps[1])]
-    if not all(_derived_ok(v) for _, v in elements):
+    names = tuple(covered[3:])
+    head = _response_head(status, req_url, names, tuple(f.get(name) for name in names), body is not None)
+    if head is None:
         return False
-    for name in covered[3:]:
-        v = f.get(name)
-        if v is None or not _field_ok(v):
-            return False
-        elements.append((f'"{name}"', v))
+    ids, prefix = head
     digest = None
     if body is not None:
-        digest = _digest(body)
-        elements.append(('"content-digest"', digest))
-    params = (f'({" ".join(k for k, _ in elements)});created={created};keyid="{key_id}";alg="hmac-sha256"'
-              f';nonce="{nonce}";tag="gpusd-response"')
-    if _RESP_INPUT.fullmatch(f"gpusd={params}") is None:
-        return False
-    base = _base(elements, params)
-    if base is None:
-        return False
-    mac = hmac.new(key, base, hashlib.sha256).digest()
+        digest = _digest_of(body)
+        prefix = f'{prefix}"content-digest": {digest}\n'
+    params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-response"'
+    base = f'{prefix}"@signature-params": {params}'.encode()  # ASCII: the head is, and the values matched
+    mac = _mac(key, base)
     if digest is not None:
         headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
     headers["Signature"] = f"gpusd=:{base64.b64encode(mac).decode()}:"
     return True
+
+
+@functools.lru_cache(maxsize=64)  # a daemon signs few shapes (per path, status and its own identity)
+def _response_head(status: int, req_url: str, names: tuple[str, ...], values: tuple[str | None, ...],
+                   digest: bool) -> tuple[str, str] | None:
+    """What a response signature of this shape has before its digest, ``created`` and ``nonce``:
+    the covered component ids (as ``@signature-params`` lists them) and the signature base's first
+    lines; None when the library must sign (a value it would refuse, a shape not gpusd's)."""
+    comps = _url_components(req_url)
+    if comps is None:
+        return None
+    elements = [('"@status"', str(status)), ('"@authority";req', comps[0]), ('"@path";req', comps[1])]
+    if not all(_derived_ok(v) for _, v in elements):
+        return None
+    for name, v in zip(names, values):
+        if v is None or not _field_ok(v):
+            return None
+        elements.append((f'"{name}"', v))
+    ids = " ".join([k for k, _ in elements] + (['"content-digest"'] if digest else []))
+    # the whole parameters' shape, with values of the shape the caller's are (checked there)
+    if _RESP_INPUT.fullmatch(f'gpusd=({ids});created=0;keyid="k";alg="hmac-sha256";nonce="n";'
+                             'tag="gpusd-response"') is None:
+        return None
+    prefix = "".join(f"{k}: {v}\n" for k, v in elements)
+    return (ids, prefix) if prefix.isascii() else None
 
 
 def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_url: str, headers: Mapping[str, str],
@@ -256,29 +325,47 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
         return None
     if not _created_ok(int(m["created"]), skew, now):
         return None
+    ids = m["list"]
+    digest_covered = ids.endswith('"content-digest"')  # (the shape allows it last only)
+    names = ids.split(" ")[3:-1] if digest_covered else ids.split(" ")[3:]
+    head = _proof_head(status, req_method, req_url, tuple(f.get(cid[1:-1]) for cid in names), ids)
+    if head is None:
+        return None
+    elements, prefix = head
+    checked: bytes | None = None
+    if digest_covered:
+        digest = f.get("content-digest")
+        if digest is None or not _field_ok(digest):
+            return None
+        if body is not None:
+            if not _digest_ok(digest, body):
+                return None
+            checked = body
+        elements = (*elements, ('"content-digest"', digest))
+        prefix = f'{prefix}"content-digest": {digest}\n'
+    elif body is not None and (body or "content-digest" in f):
+        return None
+    params = m.group(1)
+    text = f'{prefix}"@signature-params": {params}'
+    if not text.isascii() or not _mac_ok(key, text.encode(), f["signature"]):
+        return None
+    return _result(elements, params, m, checked)
+
+
+@functools.lru_cache(maxsize=128)  # the proofs of a few daemons, each the same about itself
+def _proof_head(status: int, req_method: str, req_url: str, values: tuple[str | None, ...], ids: str
+                ) -> tuple[tuple[tuple[str, str], ...], str] | None:
+    """The covered components of a response signature with the component list ``ids`` before its
+    ``content-digest`` (``values``: the covered ``gpusd-*`` fields, in order), and the signature
+    base's lines for them; None when a value is missing or one the library refuses."""
     comps = _url_components(req_url)
     if comps is None or req_method != req_method.upper() or not req_method:
         return None
     elements = [('"@status"', str(status)), ('"@authority";req', comps[0]), ('"@path";req', comps[1])]
     if not all(_derived_ok(v) for _, v in elements):
         return None
-    digest_covered = False
-    for cid in m["list"].split(" ")[3:]:
-        got = f.get(cid[1:-1])
+    for cid, got in zip(ids.split(" ")[3:], values):
         if got is None or not _field_ok(got):
             return None
         elements.append((cid, got))
-        digest_covered = digest_covered or cid == '"content-digest"'
-    checked: bytes | None = None
-    if body is not None:
-        if digest_covered:
-            if not _digest_ok(elements[-1][1], body):
-                return None
-            checked = body
-        elif body or "content-digest" in f:
-            return None
-    params = m.group(1)
-    base = _base(elements, params)
-    if base is None or not _mac_ok(key, base, f["signature"]):
-        return None
-    return _result(elements, params, m, checked)
+    return tuple(elements), "".join(f"{k}: {v}\n" for k, v in elements)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import collections
 import datetime
+import functools
 import hashlib
 import hmac
 import os
@@ -190,6 +191,9 @@ class FleetKey:
                                               key_resolver=cast(Any, _Keys(self.key_id, self.response_key)))
         self._req_verifier = _verifier(self.key_id, self.request_key)
         self._resp_verifier = _verifier(self.key_id, self.response_key)
+        from . import sigfast
+
+        self._fast = sigfast  # gpusd's own shape, the library as the reference (imported with the library)
 
     # -- requests ---------------------------------------------------------------------------------
     def sign_request(self, method: str, url: str, headers: MutableMapping[str, str] | None = None,
@@ -202,9 +206,7 @@ class FleetKey:
         req = Request(method.upper(), url, Headers())
         nonce = secrets.token_urlsafe(16)
         when = time.time() if now is None else now
-        from . import sigfast
-
-        fast = sigfast.sign_request(self.request_key, self.key_id, req.method, url, node_id, body, nonce, int(when))
+        fast = self._fast.sign_request(self.request_key, self.key_id, req.method, url, node_id, body, nonce, int(when))
         if fast is not None:  # gpusd's one shape, as the library writes it (docs/security.md)
             req.headers.update(fast[0])
             base = fast[1]
@@ -229,9 +231,7 @@ class FleetKey:
 
     def verify_request(self, req: Request, body: bytes = b"") -> Any:
         """The library's VerifyResult of the request's gpusd signature; raises on any problem."""
-        from . import sigfast
-
-        fast = sigfast.verify_request(self.request_key, self.key_id, req.method, str(req.url), req.headers, body,
+        fast = self._fast.verify_request(self.request_key, self.key_id, req.method, str(req.url), req.headers, body,
                                       MAX_SKEW)
         if fast is not None:  # gpusd's exact shape, accepted with the library's checks (docs/security.md)
             return fast
@@ -253,26 +253,14 @@ class FleetKey:
         and ``Signature`` to ``resp.headers`` (and ``Content-Digest`` when ``body`` is given, i.e. not
         a stream).  ``host``, ``addresses``: who the daemon is (its host name, the addresses it
         serves), covered by the signature like the node id."""
-        resp.headers[NODE_HEADER] = node_id
-        covered = list(_RESPONSE_COMPONENTS)
-        if cert_fp:
-            resp.headers[CERT_HEADER] = cert_fp
-            covered.append("gpusd-cert")
-        if host:
-            resp.headers[HOST_HEADER] = encode_host(host)
-            covered.append("gpusd-host")
-            addrs = [a for a in addresses if _ip(a)][:MAX_SIGNED_ADDRS]
-            if addrs:
-                resp.headers[ADDRS_HEADER] = ",".join(addrs)
-                covered.append("gpusd-addrs")
-        from . import sigfast
-
-        if sigfast.sign_response(self.response_key, self.key_id, resp.status_code, str(resp.request.url),
+        fields, covered = _identity(node_id, cert_fp, host, tuple(addresses) if host else ())
+        resp.headers.update(fields)
+        if self._fast.sign_response(self.response_key, self.key_id, resp.status_code, str(resp.request.url),
                                  resp.headers, covered, nonce, int(time.time()), body):
             return
         prepared = self._resp_signer.prepare(resp, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_RESPONSE,
                                              created=datetime.datetime.now(datetime.timezone.utc),
-                                             covered_component_ids=covered, body=body)
+                                             covered_component_ids=list(covered), body=body)
         _apply(resp.headers, prepared.signature_params, self.response_key, prepared.signature_base)
 
     def verify_response(self, resp: Response, nonce: str, node_id: str | None = None,
@@ -287,9 +275,7 @@ class FleetKey:
         """The :class:`Proof` ``resp`` carries (as :meth:`verify_response` checks it), or None: what
         the daemon signed about itself.  Never raises."""
         try:
-            from . import sigfast
-
-            fast = sigfast.verify_response(self.response_key, self.key_id, resp.status_code, resp.request.method,
+            fast = self._fast.verify_response(self.response_key, self.key_id, resp.status_code, resp.request.method,
                                            str(resp.request.url), resp.headers, body, MAX_SKEW)
             results = [fast] if fast is not None else self._resp_verifier.verify(
                 resp, max_age=datetime.timedelta(0), expect_tag=TAG_RESPONSE, body=body)
@@ -313,6 +299,26 @@ class FleetKey:
             return None
 
 
+@functools.lru_cache(maxsize=16)  # a daemon says the same about itself in every answer
+def _identity(node_id: str, cert_fp: str | None, host: str | None, addresses: tuple[str, ...]
+              ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """The header fields a signed answer carries about the daemon, and the components its signature
+    covers (:meth:`FleetKey.sign_response`)."""
+    fields = [(NODE_HEADER, node_id)]
+    covered = list(_RESPONSE_COMPONENTS)
+    if cert_fp:
+        fields.append((CERT_HEADER, cert_fp))
+        covered.append("gpusd-cert")
+    if host:
+        fields.append((HOST_HEADER, encode_host(host)))
+        covered.append("gpusd-host")
+        addrs = [a for a in addresses if _ip(a)][:MAX_SIGNED_ADDRS]
+        if addrs:
+            fields.append((ADDRS_HEADER, ",".join(addrs)))
+            covered.append("gpusd-addrs")
+    return tuple(fields), tuple(covered)
+
+
 @dataclass(frozen=True)
 class Proof:
     """What a daemon's signed answer says about the daemon: its node id, and (gpusd 0.3) its host
@@ -334,6 +340,7 @@ def encode_host(name: str) -> str:
     return quote(name[:MAX_SIGNED_HOST], safe="")
 
 
+@functools.lru_cache(maxsize=256)  # per answer checked: the same few names again and again
 def decode_host(value: object) -> str | None:
     """The host name of a signed ``Gpusd-Host`` value; None when absent or not a printable name of
     at most :data:`MAX_SIGNED_HOST` characters."""
@@ -350,6 +357,7 @@ def decode_host(value: object) -> str | None:
     return name
 
 
+@functools.lru_cache(maxsize=256)
 def decode_addresses(value: object) -> tuple[str, ...]:
     """The IP addresses of a signed ``Gpusd-Addrs`` value (entries that are not an address one can
     reach a host at -- not an IP address, unspecified, multicast -- dropped; at most
