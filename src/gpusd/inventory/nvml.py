@@ -270,6 +270,7 @@ class _Device(Device):
     links: list[GpuLink] = field(default_factory=list)
     fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
     gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
+    probed: bool = False  # read once call by call: what it does not support is known (NvmlBackend._read_all)
 
 
 BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
@@ -491,8 +492,8 @@ class NvmlBackend(VendorBackend):
 
     def _blank(self, dev: _Device) -> GpuInfo:
         """The GPU's record before any reading: what the device list knows."""
-        return GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
-                       numa_node=dev.numa_node, local_cpus=dev.local_cpus, links=list(dev.links))
+        return self._make_gpu(dev.index, dev.uuid, dev.name, dev.pci_bus_id, numa_node=dev.numa_node,
+                              local_cpus=dev.local_cpus, links=list(dev.links))
 
     def _read(self, dev: _Device) -> GpuInfo:
         return self._read_all((dev,))[0]
@@ -502,8 +503,10 @@ class NvmlBackend(VendorBackend):
         (the usual case), the readings kept in locals and the record made once, from its fields in order
         (:data:`_GPU_FIELDS`), all GPUs in one loop: issue 24, the snapshot within 1.2x of raw NVML.
         Where a call fails, the GPU is read again call by call (:meth:`_fill`), to tell unsupported from
-        failed (the former are not asked again); a GPU that fails in the sample buffer or the MIG slices
-        (:class:`_GpuFailed`) has the fields read before it, as with :meth:`_fill`.  With telemetry:
+        failed (the former are not asked again); a GPU's first reading is call by call (a one-shot
+        command's one snapshot would otherwise stop at the first query the GPU does not answer, a fan's
+        on a data-centre board, and read the GPU twice).  A GPU that fails in the sample buffer or the MIG
+        slices (:class:`_GpuFailed`) has the fields read before it, as with :meth:`_fill`.  With telemetry:
         :meth:`_read_telemetry`.  The same records either way (tests/inventory/test_nvml_backend.py).
         Numbers are read from nvidia-ml-py's structures with :data:`_unpacker` (else :data:`_field`)."""
         if self.telemetry:
@@ -519,6 +522,10 @@ class NvmlBackend(VendorBackend):
             h = dev.handle
             if h is None:
                 out.append(self._no_handle(dev))
+                continue
+            if not dev.probed:  # its first reading: call by call, which learns what it does not support (a
+                dev.probed = True  # straight-line read would stop at the first such call and read it again)
+                out.append(filled(self._blank(dev), self._fill, dev))
                 continue
             uns = dev.unsupported
             total = used = free = util_memory = reading = temperature = power = limit = fan = mode = mig = None
