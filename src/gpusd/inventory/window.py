@@ -137,7 +137,12 @@ class UtilWindow:
             covered = end - first_ts
             if covered >= window:
                 return total / weight, window
-            return total / weight, round_ms(covered)
+            y = covered * 1000.0  # round_ms(covered), inline (the call is a third of its cost)
+            if 0.0 < y < 536870912.0:
+                k = round(y)
+                if -0.4999 < y - k < 0.4999:
+                    return total / weight, k / 1000
+            return total / weight, round(covered, 3)
         full = horizon > first_ts
         if full:  # the trim (as in mean), then the integral up to the horizon
             while len(slots) > 1 and slots[1].start <= horizon:
