@@ -4,11 +4,13 @@
 
 In-process, on the same fake NVML with 8 GPUs: gpusd's snapshot versus nvitop's ``Device.all()``
 reading the same fields, gpustat's ``GPUStatCollection.new_query()``, and the floor — raw
-nvidia-ml-py calls on cached handles for the same fields.  gpusd's snapshot is measured through
-nvidia-ml-py (the daemon's binding: the like-for-like figure against the floor, issue 24's goal) and
-through gpusd.inventory.nvmlfast (what a backend without telemetry calls: the quick commands).  The
-floor and gpusd's snapshots are timed call by call in turn (one of each, n times), so that the load of
-the machine falls on them alike; the figures are medians.  Two rigs, one after the other:
+nvidia-ml-py making the NVML calls gpusd makes for each GPU, on cached handles (:func:`_floor`; the
+device count gpusd reads once per snapshot is its own, shown apart).  gpusd's snapshot is measured
+through nvidia-ml-py (the daemon's binding: the like-for-like figure against the floor, issue 24's
+goal) and through gpusd.inventory.nvmlfast (what a backend without telemetry calls: the quick
+commands).  Each is timed against the floor call by call in turn (one of each, n times: a pair), so
+that the load of the machine falls on them alike; the figures are medians.  Two rigs, one after the
+other:
 
 * ``samples``: the driver keeps a utilisation sample buffer (``nvmlDeviceGetSamples``); 2 processes on
   every GPU;
@@ -88,12 +90,27 @@ def _backend(bindings: str) -> object:
             os.environ["GPUSD_NVML_BINDINGS"] = old
 
 
-def _floor(args: argparse.Namespace) -> tuple[Callable[[], None], int]:
-    """The floor: the same fields as gpusd's snapshot, raw nvidia-ml-py calls on cached handles."""
+def _floor(args: argparse.Namespace, rig: str) -> tuple[Callable[[], None], int]:
+    """The floor: the NVML calls gpusd's snapshot makes for each GPU, raw nvidia-ml-py calls on cached
+    handles: memory, utilisation, temperature, power, power limit, compute mode, MIG mode, the compute
+    and graphics process lists (fan speed: not supported on these fake GPUs, which gpusd then stops
+    asking); where the driver keeps a sample buffer (rig ``samples``, and ``--real``), also its samples
+    since the last one seen, as gpusd reads them.  Not the device count gpusd reads once per snapshot
+    (to see GPUs come and go): that call is gpusd's own, shown apart (:func:`_count`)."""
     import pynvml
 
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    last_seen = [0] * len(handles)  # the newest driver sample seen, per GPU (microseconds)
+    samples_kind = pynvml.NVML_GPU_UTILIZATION_SAMPLES
+
+    def samples(i: int, h: object) -> None:
+        try:
+            _, got = pynvml.nvmlDeviceGetSamples(h, samples_kind, last_seen[i])
+        except pynvml.NVMLError_NotFound:  # no sample since the last one seen (gpusd reads it so too)
+            return
+        if got:
+            last_seen[i] = got[-1].timeStamp
 
     def floor() -> None:  # straight-line calls: nothing but the bindings' own cost
         for h in handles:
@@ -107,22 +124,58 @@ def _floor(args: argparse.Namespace) -> tuple[Callable[[], None], int]:
             pynvml.nvmlDeviceGetComputeRunningProcesses(h)
             pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)
 
-    if args.real:  # a real GPU may lack some of these (MIG mode, ...): the floor then tolerates errors
+    def floor_samples() -> None:
+        for i, h in enumerate(handles):
+            pynvml.nvmlDeviceGetMemoryInfo(h)
+            pynvml.nvmlDeviceGetUtilizationRates(h)
+            pynvml.nvmlDeviceGetTemperature(h, 0)
+            pynvml.nvmlDeviceGetPowerUsage(h)
+            pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
+            pynvml.nvmlDeviceGetComputeMode(h)
+            pynvml.nvmlDeviceGetMigMode(h)
+            pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)
+            samples(i, h)
+
+    if args.real:  # a real GPU lacks some of these (fan, MIG mode, sample buffer...): as gpusd, ask only the rest
         calls = (pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlDeviceGetUtilizationRates,
                  lambda h: pynvml.nvmlDeviceGetTemperature(h, 0), pynvml.nvmlDeviceGetPowerUsage,
-                 pynvml.nvmlDeviceGetEnforcedPowerLimit, pynvml.nvmlDeviceGetComputeMode,
-                 pynvml.nvmlDeviceGetMigMode, pynvml.nvmlDeviceGetComputeRunningProcesses,
-                 pynvml.nvmlDeviceGetGraphicsRunningProcesses)
+                 pynvml.nvmlDeviceGetEnforcedPowerLimit, pynvml.nvmlDeviceGetFanSpeed,
+                 pynvml.nvmlDeviceGetComputeMode, pynvml.nvmlDeviceGetMigMode,
+                 pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses)
+        unsupported = {3, 4, 13}  # not supported, no permission, function not found: gpusd stops asking
 
-        def floor() -> None:
-            for h in handles:
-                for call in calls:
-                    try:
-                        call(h)
-                    except pynvml.NVMLError:
-                        pass
+        def answers(call: Callable[[], object]) -> bool:
+            try:
+                call()
+            except pynvml.NVMLError as exc:
+                return exc.value not in unsupported
+            return True
 
-    return floor, len(handles)
+        plan = [[(lambda c=c, h=h: c(h)) for c in calls if answers(lambda c=c, h=h: c(h))] +
+                ([lambda i=i, h=h: samples(i, h)] if answers(lambda i=i, h=h: samples(i, h)) else [])
+                for i, h in enumerate(handles)]
+
+        def floor_real() -> None:
+            for gpu_calls in plan:
+                for call in gpu_calls:
+                    call()
+
+        return floor_real, len(handles)
+    return (floor_samples if rig == "samples" else floor), len(handles)
+
+
+def _count(floor: Callable[[], None]) -> Callable[[], None]:
+    """The floor and the one NVML call a snapshot of gpusd makes besides: the device count."""
+    import pynvml
+
+    count = pynvml.nvmlDeviceGetCount
+
+    def floor_count() -> None:
+        count()
+        floor()
+
+    return floor_count
 
 
 def inprocess(args: argparse.Namespace, rig: str) -> None:
@@ -131,20 +184,25 @@ def inprocess(args: argparse.Namespace, rig: str) -> None:
 
     import gpusd.inventory
 
-    floor, count = _floor(args)
+    floor, count = _floor(args, rig)
     library = _backend("nvidia-ml-py")
     ours = _backend("auto")
     fast = "nvmlfast" in str(getattr(ours, "_nv", ""))
     note = ("also: 5 s utilisation window from the driver's samples, process owners" if rig == "samples" else
             "also: 5 s utilisation window from its own readings (one per call), process owners")
-    fns: list[Callable[[], object]] = [floor, library.snapshot]  # type: ignore[attr-defined]
+    # Each against the floor, in turn with it call by call (pairs: a third function in the turn would
+    # change what the caches hold when each runs), the floor's time the first pair's.
+    floor_t, library_t = interleaved([floor, library.snapshot], args.n)  # type: ignore[attr-defined]
+    rows: list[tuple[str, float, str]] = [
+        ("raw nvidia-ml-py, cached handles (floor)", floor_t, "the same NVML calls per GPU as gpusd's"),
+        ("gpusd NvmlBackend.snapshot(), nvidia-ml-py", library_t, note)]
     if fast:
-        fns.append(ours.snapshot)  # type: ignore[attr-defined]
-    times = interleaved(fns, args.n)
-    rows: list[tuple[str, float, str]] = [("raw nvidia-ml-py, cached handles (floor)", times[0], ""),
-                                          ("gpusd NvmlBackend.snapshot(), nvidia-ml-py", times[1], note)]
-    if fast:
-        rows.append(("gpusd NvmlBackend.snapshot(), nvmlfast", times[2], "the quick commands' binding"))
+        alone, fast_t = interleaved([floor, ours.snapshot], args.n)  # type: ignore[attr-defined]
+        rows.append(("gpusd NvmlBackend.snapshot(), nvmlfast", fast_t * floor_t / alone, "the quick commands' binding"))
+    # gpusd's one NVML call per snapshot besides
+    alone, with_count = interleaved([floor, _count(floor)], args.n)
+    rows.append(("floor + nvmlDeviceGetCount", with_count * floor_t / alone,
+                 f"gpusd's one call per snapshot besides (GPUs come and go): +{(with_count - alone) * 1e6:.1f} us"))
 
     try:
         from nvitop import Device
@@ -174,8 +232,8 @@ def inprocess(args: argparse.Namespace, rig: str) -> None:
 
     floor_t = rows[0][1]
     gpusd_t = rows[1][1]
-    print(f"\nIn-process, one snapshot of {count} {'real' if args.real else 'fake'} GPUs (p50, floor and gpusd "
-          f"interleaved), rig: {rig}, load average {os.getloadavg()[0]:.1f}, {gpusd.inventory.__file__}")
+    print(f"\nIn-process, one snapshot of {count} {'real' if args.real else 'fake'} GPUs (p50; each against the floor, "
+          f"in turn with it), rig: {rig}, load average {os.getloadavg()[0]:.1f}, {gpusd.inventory.__file__}")
     print(f"{'tool':48s} {'p50 ms':>9s} {'x floor':>8s} {'x gpusd':>8s}  note")
     for name, t, extra in rows:
         print(f"{name:48s} {t * 1e3:9.3f} {t / floor_t:8.2f} {t / gpusd_t:8.2f}  {extra}")
@@ -186,7 +244,7 @@ def child(args: argparse.Namespace) -> None:
     """--child: the floor and gpusd's snapshot through nvidia-ml-py, one line (for --before)."""
     fake = FakeEnv(RIGS[args.rig[0]]())
     fake.activate_in_process()
-    floor, _ = _floor(args)
+    floor, _ = _floor(args, args.rig[0])
     library = _backend("nvidia-ml-py")
     f, g = interleaved([floor, library.snapshot], args.n)  # type: ignore[attr-defined]
     print(f"RESULT {f} {g}")
@@ -209,26 +267,38 @@ def before(args: argparse.Namespace) -> None:
 
 def window_rates(n: int) -> None:
     """One read of the utilisation window (a reading added, then the 5 s mean), after 5 s of readings
-    at a given rate: the cost should not grow with the rate."""
+    at a given rate: the cost should not grow with the rate.  Both ways: ``add`` then ``mean``, and
+    ``add_mean`` (the snapshot's one call per GPU, where the tree has it)."""
     from gpusd.inventory.window import UtilWindow
 
+    fused = hasattr(UtilWindow, "add_mean")
     print("\nUtilisation window, one read (add + 5 s mean) after 5 s of readings at a given rate (p50)")
-    print(f"{'readings per second':>20s} {'readings in 5 s':>16s} {'us per read':>12s}")
+    print(f"{'readings per second':>20s} {'readings in 5 s':>16s} {'add, mean us':>13s} {'add_mean us':>12s}")
     for rate in (1, 100, 1_000, 10_000):
-        w = UtilWindow(5.0)
-        step = 1.0 / rate
-        t = 0.0
-        for i in range(5 * rate):
-            t = i * step
-            w.add(t, float(i % 100))
-        clock = [t]
+        row = []
+        for way in ("two", "one"):
+            if way == "one" and not fused:
+                row.append(float("nan"))
+                continue
+            w = UtilWindow(5.0)
+            step = 1.0 / rate
+            t = 0.0
+            for i in range(5 * rate):
+                t = i * step
+                w.add(t, float(i % 100))
+            clock = [t]
 
-        def read(w: UtilWindow = w, clock: list[float] = clock, step: float = step) -> None:
-            clock[0] += step
-            w.add(clock[0], 50.0)
-            w.mean(clock[0])
+            def read(w: UtilWindow = w, clock: list[float] = clock, step: float = step) -> None:
+                clock[0] += step
+                w.add(clock[0], 50.0)
+                w.mean(clock[0])
 
-        print(f"{rate:20d} {5 * rate:16d} {p50(timeit_each(read, n)) * 1e6:12.2f}")
+            def read_one(w: UtilWindow = w, clock: list[float] = clock, step: float = step) -> None:
+                clock[0] += step
+                w.add_mean(clock[0], 50.0)
+
+            row.append(p50(timeit_each(read if way == "two" else read_one, n)))
+        print(f"{rate:20d} {5 * rate:16d} {row[0] * 1e6:13.2f} {row[1] * 1e6:12.2f}")
 
 
 def main() -> int:

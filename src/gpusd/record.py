@@ -17,12 +17,14 @@ fields in order (generated once per class, so constructing one costs what a data
 dataclasses set it (None for a mutable record that compares by value, by the fields for a frozen one),
 ``__match_args__``, and with ``frozen``/``slots`` the same behaviour as dataclasses' options.
 
-:func:`fields` and :func:`replace` are the functions gpusd's own code uses.  The records also answer
-:func:`dataclasses.fields`, :func:`dataclasses.replace`, :func:`dataclasses.asdict` and
-:func:`dataclasses.is_dataclass` as the dataclasses they were (the public model types have been
-dataclasses since 0.1): the first such call imports ``dataclasses`` and builds its field objects, once
-per class.  ``tests/core/test_record.py`` checks every record of gpusd against a dataclass made from the
-same fields (signature, defaults, repr, equality, hashing, freezing, copying, pickling).
+:func:`fields` and :func:`replace` are the functions gpusd's own code uses; :func:`maker` gives a
+function that makes a record of a class without the class call's own cost (where many are made: a
+snapshot).  The records also answer :func:`dataclasses.fields`, :func:`dataclasses.replace`,
+:func:`dataclasses.asdict` and :func:`dataclasses.is_dataclass` as the dataclasses they were (the
+public model types have been dataclasses since 0.1): the first such call imports ``dataclasses`` and
+builds its field objects, once per class.  ``tests/core/test_record.py`` checks every record of gpusd
+against a dataclass made from the same fields (signature, defaults, repr, equality, hashing, freezing,
+copying, pickling).
 
 Annotations are read as strings (every gpusd module has ``from __future__ import annotations``); an
 annotation naming ``ClassVar`` is not a field, as for dataclasses.
@@ -43,7 +45,7 @@ else:
     def dataclass_transform(**_kw: Any) -> Any:  # what a type checker reads; nothing at run time
         return lambda f: f
 
-__all__ = ["MISSING", "Field", "FrozenRecordError", "field", "fields", "is_record", "record", "replace"]
+__all__ = ["MISSING", "Field", "FrozenRecordError", "field", "fields", "is_record", "maker", "record", "replace"]
 
 
 class _Missing:
@@ -121,6 +123,25 @@ def replace(obj: T, /, **changes: Any) -> T:
         if name not in changes:
             changes[name] = getattr(obj, name)
     return obj.__class__(**changes)
+
+
+def maker(cls: type[T]) -> Callable[..., T]:
+    """A function that makes a record of ``cls`` from its fields (positionally or by keyword, with the
+    same defaults), as the ``__init__`` that :func:`record` generated for it does, without calling the
+    class: CPython (3.11) passes a class call through ``type.__call__``, ``object.__new__`` and
+    ``__init__``'s lookup, a seventh of a record's cost here (``GpuInfo``, 51 fields: ~0.56 us made so,
+    ~0.64 us by its class; ``ProcessInfo`` ~0.17 and ~0.21 us).  For code that makes many records, such
+    as a snapshot (issue 24).  Made once per class, on first use.  A class's own ``__init__`` (one the
+    class body defines or puts in place of the generated one) is not called; ``__post_init__`` is."""
+    made: Any = cls.__dict__.get("__record_maker__") if isinstance(cls, type) else None
+    if made is None:
+        own = getattr(cls, "__record_fields__", None)
+        if own is None or not isinstance(cls, type):
+            raise TypeError(f"{cls!r} is not a record class")
+        made = _init(cls, own, cls.__record_options__["frozen"], maker=True)  # type: ignore[attr-defined]
+        type.__setattr__(cls, "__record_maker__", staticmethod(made))
+        return made  # type: ignore[no-any-return]
+    return made.__func__  # type: ignore[no-any-return]
 
 
 @dataclass_transform(field_specifiers=(field, Field))
@@ -242,12 +263,14 @@ class _LazyInit:
         return fn if obj is None else fn.__get__(obj, objtype)
 
 
-def _init(cls: type, all_fields: dict[str, Field], frozen: bool) -> Any:
+def _init(cls: type, all_fields: dict[str, Field], frozen: bool, maker: bool = False) -> Any:
     """``__init__``, generated: one assignment per field, defaults bound at definition (a dataclass's
-    own way: the generic alternative costs each construction several times more)."""
+    own way: the generic alternative costs each construction several times more).  ``maker``: the
+    function :func:`maker` returns instead, the same assignments to a new instance of ``cls``."""
     # the generated function's own names start with __record_, which no field's may (checked in _make)
-    scope: dict[str, Any] = {"__record_factory": _FACTORY, "__record_set": object.__setattr__}
-    params, lines = ["self"], []
+    scope: dict[str, Any] = {"__record_factory": _FACTORY, "__record_set": object.__setattr__,
+                             "__record_new": object.__new__, "__record_cls": cls}
+    params, lines = [] if maker else ["self"], ["    self = __record_new(__record_cls)"] if maker else []
     for i, f in enumerate(all_fields.values()):
         name = f.name
         if f.default_factory is not MISSING:
@@ -264,10 +287,13 @@ def _init(cls: type, all_fields: dict[str, Field], frozen: bool) -> Any:
         lines.append(f"    __record_set(self, {name!r}, {value})" if frozen else f"    self.{name} = {value}")
     if "__post_init__" in {k for c in cls.__mro__ for k in vars(c)}:
         lines.append("    self.__post_init__()")
-    src = f"def __init__({', '.join(params)}):\n" + ("\n".join(lines) or "    pass") + "\n"
+    name = "make" if maker else "__init__"
+    if maker:
+        lines.append("    return self")
+    src = f"def {name}({', '.join(params)}):\n" + ("\n".join(lines) or "    pass") + "\n"
     exec(src, scope)  # noqa: S102  (made of the class's own field names: identifiers, checked in _make)
-    fn = scope["__init__"]
-    fn.__qualname__ = f"{cls.__qualname__}.__init__"
+    fn = scope[name]
+    fn.__qualname__ = f"{cls.__qualname__}.{name}"
     fn.__module__ = cls.__module__
     return fn
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpusd.record import MISSING, Field, FrozenRecordError, field, fields, is_record, record, replace
+from gpusd.record import MISSING, Field, FrozenRecordError, field, fields, is_record, maker, record, replace
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -137,6 +137,57 @@ def test_the_model_records_round_trip_through_pickle_with_nested_records() -> No
 
     snap = _snapshot()
     assert pickle.loads(pickle.dumps(snap)) == snap and copy.deepcopy(snap) == snap
+
+
+@pytest.mark.parametrize("cls", RECORDS, ids=lambda c: f"{c.__module__}.{c.__qualname__}")
+def test_a_records_maker_makes_what_its_class_makes(cls: type) -> None:
+    make = maker(cls)
+    assert maker(cls) is make and _params(make) == _params(cls)  # made once; the class's signature
+    a = _values(cls, 1)
+    rec, made = cls(**a), make(**a)
+    assert type(made) is cls
+    for f in fields(cls):
+        assert getattr(made, f.name) == getattr(rec, f.name)
+        if f.default_factory is not MISSING and f.name not in a:
+            assert getattr(made, f.name) is not getattr(make(**a), f.name)  # a fresh list each time
+    required = [a[f.name] for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    if cls.__record_options__["eq"]:  # type: ignore[attr-defined]
+        assert made == rec and make(*required) == cls(*required)
+    with pytest.raises(TypeError):
+        make(*required, __not_a_field=1)
+    if required:
+        with pytest.raises(TypeError):
+            make()
+    if cls.__record_options__["frozen"]:  # type: ignore[attr-defined]
+        with pytest.raises(FrozenRecordError):
+            setattr(made, fields(cls)[0].name, 1)
+
+
+def test_a_maker_runs_post_init_and_refuses_what_is_not_a_record() -> None:
+    @record
+    class R:
+        a: int
+        b: list[int] = field(default_factory=list)
+
+        def __post_init__(self) -> None:
+            self.b.append(self.a)
+
+    @record(slots=True)
+    class Sub(R):
+        c: int = 3
+
+    assert maker(R)(4).b == [4] and maker(Sub)(1) == Sub(1) and type(maker(Sub)(1)) is Sub
+    with pytest.raises(TypeError):
+        maker(object)
+    with pytest.raises(TypeError):
+        maker(R(1))  # type: ignore[arg-type]
+
+    @record(slots=True, frozen=True)
+    class Slots:
+        a: int
+
+    with pytest.raises(TypeError):
+        maker(Slots(1))  # type: ignore[arg-type]
 
 
 # -- the rules dataclasses enforce, enforced ----------------------------------------------------------------

@@ -8,7 +8,10 @@ import pytest
 
 from fakenvml import FakeMig, FakeProcess, make_gpus
 from gpusd.errors import BackendUnavailable
+from gpusd.inventory import nvml
+from gpusd.inventory.lost import filled
 from gpusd.inventory.nvml import NvmlBackend
+from gpusd.record import replace
 
 GiB = 2**30
 
@@ -162,3 +165,116 @@ def test_driver_not_loaded_is_a_clear_error(fake_nvml_inprocess, monkeypatch, bi
     fake_nvml_inprocess.write(make_gpus(1), init_error=9)
     with pytest.raises(BackendUnavailable, match="driver is not loaded.*--simulate"):
         NvmlBackend()
+
+
+# -- the straight-line reader (NvmlBackend._read_all, issue 24) against the call-by-call one (_fill) ----
+
+class _Clock:
+    """time.time() for the backends' module: the same instant for both backends' readings of a step."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def time(self) -> float:
+        return self.t
+
+
+def _rig() -> list:
+    """GPUs that take every branch of the straight-line reader."""
+    gpus = make_gpus(9, memory_used=12 * GiB, util_gpu=35, util_memory=10, temperature=50, power_usage=180_000)
+    for g in gpus[1:]:
+        g.errors = {"nvmlDeviceGetSamples": 3}  # no sample buffer: the window from the backend's own readings
+    gpus[0].processes = [FakeProcess(os.getpid(), 3 * GiB), FakeProcess(999_999_9, GiB)]
+    gpus[0].graphics_processes = [FakeProcess(os.getpid(), GiB), FakeProcess(31337, 2 * GiB)]  # one pid in both
+    gpus[0].fan = 40
+    gpus[1].mig_mode = 1
+    gpus[1].migs = [FakeMig("3g.40gb", "MIG-11111111-2222-3333-4444-555555555555", 40 * GiB, 5 * GiB, 1, 0)]
+    gpus[1].processes = [FakeProcess(os.getpid(), 5 * GiB, 1, 0)]
+    gpus[2].temperature = gpus[2].power_usage = gpus[2].mig_mode = None  # unsupported: None, not asked again
+    gpus[2].errors = {"nvmlDeviceGetSamples": 3, "nvmlDeviceGetComputeMode": 3}
+    gpus[3].errors = {"nvmlDeviceGetSamples": 3, "nvmlDeviceGetEnforcedPowerLimit": 2}  # one field missing
+    gpus[4].errors = {"nvmlDeviceGetSamples": 3, "nvmlDeviceGetTemperature": 999}  # the GPU in trouble
+    gpus[5].errors = {"*": 15}  # lost
+    gpus[6].errors = {"nvmlDeviceGetSamples": 15}  # lost while its sample buffer is read
+    gpus[7].mig_mode = 1
+    gpus[7].errors = {"nvmlDeviceGetSamples": 3, "nvmlDeviceGetMaxMigDeviceCount": 15}  # lost in its MIG slices
+    gpus[8].util_gpu = gpus[8].util_memory = None  # no utilisation at all
+    gpus[8].errors = {"nvmlDeviceGetSamples": 3, "nvmlDeviceGetComputeRunningProcesses": 3,
+                      "nvmlDeviceGetGraphicsRunningProcesses": 3}
+    return gpus
+
+
+def _call_by_call(b: NvmlBackend) -> NvmlBackend:
+    """``b`` reading each GPU call by call (_fill), the reference the straight-line reader must match."""
+    b._read_all = lambda devices: [b._no_handle(dev) if dev.handle is None else filled(b._blank(dev), b._fill, dev)
+                                   for dev in devices]
+    return b
+
+
+def _comparable(snap) -> list:
+    gpus = []
+    for g in snap.gpus:
+        if g.index == 0 and g.utilization_window is not None:  # the driver's samples, up to now: a few ms apart
+            g = replace(g, utilization_window=round(g.utilization_window))
+        gpus.append(g)
+    return gpus
+
+
+@pytest.mark.parametrize("detail", [True, False], ids=["detail", "no-detail"])
+def test_the_straight_line_reader_reads_what_the_call_by_call_one_reads(fake_nvml_inprocess, backend, monkeypatch,
+                                                                      detail):
+    gpus = _rig()
+    fake_nvml_inprocess.write(gpus)
+    clock = _Clock()
+    monkeypatch.setattr(nvml, "time", clock)
+    fast, slow, fields_one_by_one = backend(), _call_by_call(backend()), backend()
+    fields_one_by_one._unpack_memory = fields_one_by_one._unpack_rates = None  # where the layouts differ
+    for step in range(4):
+        clock.t += 0.4 if step != 2 else 0.01  # the same slot of the window, or the next one
+        if step == 1:
+            gpus[3].util_gpu, gpus[1].memory_used = 90, 30 * GiB
+            gpus[0].processes = gpus[0].processes[:1]
+            fake_nvml_inprocess.write(gpus)
+        since = {gpus[4].uuid: clock.t - 0.5} if step == 3 else None
+        snaps = [b.snapshot(util_since=since, detail=detail) for b in (fast, slow, fields_one_by_one)]
+        assert _comparable(snaps[0]) == _comparable(snaps[1]) == _comparable(snaps[2]), step
+    got = {g.index: g for g in snaps[0].gpus}
+    unhealthy = [4, 5, 6, 7] if detail else [5, 6, 7]  # without detail, no temperature is read
+    assert [i for i, g in got.items() if not g.healthy] == unhealthy
+    assert got[3].utilization_gpu is not None and 35 < got[3].utilization_gpu < 90  # the window of own readings
+    assert got[3].power_limit is None and got[2].compute_mode is None and got[8].utilization_gpu is None
+    assert got[6].memory_total == 80 * GiB and got[6].utilization_gpu is None  # what was read before it failed
+    assert got[7].mig_mode is True and got[7].utilization_gpu == 35 and not got[7].mig_instances
+    assert [p.pid for p in got[1].processes] == [os.getpid()] and got[1].mig_instances
+
+
+def test_records_made_positionally_name_the_models_fields_in_order():
+    from gpusd.model import GpuInfo, HostSnapshot, ProcessInfo
+    from gpusd.record import fields
+
+    for cls, names in ((GpuInfo, nvml._GPU_FIELDS), (HostSnapshot, nvml._HOST_FIELDS),
+                       (ProcessInfo, nvml._PROCESS_FIELDS)):
+        assert tuple(f.name for f in fields(cls))[:len(names)] == names, cls.__name__
+
+
+def test_structures_are_read_in_one_call_only_where_their_layout_is_the_expected_one():
+    import ctypes
+
+    pynvml = pytest.importorskip("pynvml")
+    from gpusd.inventory import nvmlfast
+
+    for module in (pynvml, nvmlfast):
+        assert nvml._unpacker(module.c_nvmlMemory_t, "=QQQ", ("total", "free", "used")) is not None
+        assert nvml._unpacker(module.c_nvmlUtilization_t, "=II", ("gpu", "memory")) is not None
+
+    class Signed(ctypes.Structure):
+        _fields_ = [("gpu", ctypes.c_int), ("memory", ctypes.c_int)]
+
+    class Wide(ctypes.Structure):
+        _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_ulonglong)]
+
+    assert nvml._unpacker(pynvml.c_nvmlMemory_t, "=QQQ", ("total", "used", "free")) is None  # another order
+    assert nvml._unpacker(pynvml.c_nvmlMemory_v2_t, "=QQQ", ("total", "free", "used")) is None
+    assert nvml._unpacker(Signed, "=II", ("gpu", "memory")) is None
+    assert nvml._unpacker(Wide, "=II", ("gpu", "memory")) is None
+    assert nvml._unpacker(None, "=II", ("gpu", "memory")) is None

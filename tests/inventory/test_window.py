@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from gpusd.inventory.window import SLOTS, UtilWindow
+from gpusd.inventory.window import SLOTS, UtilWindow, round_ms, utilisation
 
 
 def test_time_weighted_mean_over_the_window():
@@ -132,3 +132,74 @@ def test_since_inside_a_busy_slot_drops_the_earlier_readings():
     mean, _ = w.mean(1.2, since=1.0505)
     assert mean == pytest.approx(0.0)  # nothing read during the lease counts
     assert w.mean(1.2, since=1.2) == (None, None)
+
+
+def _readings(rng: random.Random, window: float, grid: bool) -> list[tuple[float, float]]:
+    """Readings as a backend's own come: dense (many to a slot), sparse, gaps longer than the window,
+    and now and then a repeated or a backward time stamp (the clock stepping back).  ``grid``: on a grid
+    of 1/4 s from 0, exact in binary, so that readings land exactly a slot apart or exactly on the
+    window's start (the comparisons' edges)."""
+    t = 0.0 if grid else rng.choice([0.0, 1.7e9])  # a fresh clock, or the epoch's (coarser floats)
+    out = []
+    for _ in range(rng.randint(1, 500)):
+        r = rng.random()
+        if r < 0.03:
+            t -= rng.choice([0.25, 1.0]) if grid else rng.uniform(0, 1.0)
+        elif r > 0.06:
+            steps = [1e-4, 2e-3, 0.05, 0.3, 1.0, 1.5 * window]
+            t += 0.25 * rng.randint(1, 12) if grid else rng.choice(steps) * rng.random()
+        out.append((t, rng.choice([0.0, 100.0, 35.0, rng.uniform(0, 100)])))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_add_mean_is_add_then_mean_bit_for_bit(seed):
+    # The snapshot's one call per GPU (issue 24) against the two calls it replaces, on random series: the
+    # same mean and the same seconds covered, exactly, after every reading; and the two windows stay the
+    # same, as later means with and without ``since`` show.
+    rng = random.Random(seed)
+    grid = seed % 3 == 0
+    window = rng.choice([12.5, 25.0, 50.0] if grid else [5.0, 1.0, 0.25, 30.0])  # on the grid: slots of 1/4 s or more
+    fused, reference, via = UtilWindow(window), UtilWindow(window), UtilWindow(window)
+    for t, v in _readings(rng, window, grid):
+        reference.add(t, v)
+        expected = reference.mean(t)
+        assert fused.add_mean(t, v) == expected
+        assert utilisation(via, t, None, v, own=True) == (v if expected[0] is None else expected[0], expected[1])
+        if rng.random() < 0.1:
+            later = t + rng.choice([0.0, rng.uniform(0, 2 * window), 0.25 * rng.randint(0, 8)])
+            since = rng.choice([None, t - rng.uniform(0, window), t + 0.01, t - 0.25 * rng.randint(0, 8)])
+            assert fused.mean(later, since) == reference.mean(later, since) == via.mean(later, since)
+    assert (fused._acc, fused._n, len(fused._slots)) == (reference._acc, reference._n, len(reference._slots))
+
+
+def test_add_mean_matches_the_definition():
+    rng = random.Random(7)
+    w = UtilWindow(5.0)
+    readings = []
+    t = 50.0
+    for _ in range(300):
+        t += rng.uniform(w.resolution * 1.01, 1.5)  # a slot apart: the mean is exact
+        v = rng.uniform(0, 100)
+        readings.append((t, v))
+        mean, covered = w.add_mean(t, v)
+        if len(readings) == 1:
+            assert (mean, covered) == (v, None)
+        else:
+            assert mean == pytest.approx(_reference_mean(readings, t, 5.0))
+            assert covered is not None and 0 < covered <= 5.0
+
+
+def test_round_ms_is_round_to_three_places_bit_for_bit():
+    import math
+
+    rng = random.Random(11)
+    values = [0.0, -0.0, 1e-300, 0.0005, 0.0015, 0.0025, 2.5e-4, 5.0, 4.9995, 1.2345, 536870.911, 536870.913, 1e9,
+              -1.2345, -0.0005, math.inf, -math.inf, math.nan]
+    for _ in range(20000):
+        values.append(rng.uniform(0, 10) if rng.random() < 0.5 else rng.uniform(0, 1e6))
+        k = rng.randint(0, 10**7)
+        tie = (k + 0.5) / 1000  # as near a tie as a float gets: the fallback decides
+        values += [tie, math.nextafter(tie, 0), math.nextafter(tie, math.inf), k / 1000, math.nextafter(k / 1000, 0)]
+    for x in values:
+        assert round_ms(x).hex() == round(x, 3).hex(), x

@@ -24,7 +24,7 @@ from .window import UtilWindow
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, Mapping
+    from typing import Any, Mapping, Sequence
 
 
 @record
@@ -118,6 +118,10 @@ class VendorBackend:
     def _read(self, dev: Any) -> GpuInfo:
         return filled(self._gpu(dev), self._fill, dev)
 
+    def _read_all(self, devices: Sequence[Any]) -> list[GpuInfo]:
+        """Every GPU's record, in the device list's order (a vendor may read them in one loop)."""
+        return [self._read(dev) for dev in devices]
+
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         """All GPUs now (see :meth:`gpusd.inventory.backend.Backend.snapshot`)."""
         with self._lock:
@@ -133,9 +137,9 @@ class VendorBackend:
                     raise
                 raise BackendUnavailable(f"{self.library} {self.listing}: {reason}", hint=True) from None
             self._before_read()
-            gpus = [self._read(dev) for dev in self._devices]
+            gpus = self._read_all(self._devices)
         if detail:
-            self._resolver.fill([p for g in gpus for p in g.processes], keep_only_seen=True)
+            self._resolver.fill_gpus(gpus)
         return self._host(gpus)
 
     def close(self) -> None:

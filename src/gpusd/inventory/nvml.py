@@ -15,9 +15,9 @@ import threading
 import time
 
 from ..errors import BackendUnavailable
-from ..model import GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
-from ..record import field, record
-from ..topology import with_machine
+from ..model import SCHEMA_VERSION, GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
+from ..record import field, maker, record
+from ..topology import machine
 from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
 from .lost import filled
@@ -25,7 +25,7 @@ from .window import UtilWindow, utilisation
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any
+    from typing import Any, Callable, Sequence
 
 
 def _log() -> Any:
@@ -59,6 +59,31 @@ _COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "excl
 _field = object.__getattribute__
 
 
+def _unpacker(cls: Any, code: str, names: tuple[str, ...]) -> Any:
+    """``struct.Struct(code).unpack_from``, where the bindings' structure ``cls`` is exactly the fields
+    ``names`` in that order, unsigned integers at the offsets and sizes that ``code`` gives them: one
+    call then reads them all from the structure's bytes, the same numbers as reading each field, in a
+    third of the time (issue 24).  None where it is not (the fields are then read one by one)."""
+    import struct  # already imported by ctypes
+
+    layout = struct.Struct(code)
+    try:
+        fields = list(cls._fields_)
+        if ctypes.sizeof(cls) != layout.size or [f[0] for f in fields] != list(names):
+            return None
+        offset = 0
+        for (name, kind), char in zip(fields, code[1:]):
+            size = struct.calcsize("=" + char)
+            described = getattr(cls, name)
+            unsigned = char in "BHIQ" and getattr(kind, "_type_", "") in ("B", "H", "I", "L", "Q")
+            if not unsigned or ctypes.sizeof(kind) != size or described.offset != offset or described.size != size:
+                return None
+            offset += size
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return layout.unpack_from
+
+
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -74,26 +99,43 @@ def _bus_key(bus_id: str | None) -> tuple[int, int, int, int] | None:
         return dom, int(parts[-2], 16), int(parts[-1], 16), int(fn, 16)
     except (ValueError, IndexError):
         return None
+
+
+# The records' fields that NvmlBackend passes positionally, in their order (construction costs less
+# than with keywords; tests/inventory/test_nvml_backend.py checks them against the model).
+_GPU_FIELDS = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_used", "memory_free", "utilization_gpu",
+               "utilization_memory", "utilization_window", "temperature", "power_draw", "power_limit", "fan_speed",
+               "compute_mode", "mig_mode", "mig_instances", "processes", "leases", "healthy", "error", "numa_node",
+               "local_cpus", "links")
+_HOST_FIELDS = ("hostname", "node_id", "timestamp", "gpus", "driver_version", "cuda_version", "nvml_version", "backend",
+                "schema", "cpus", "sockets", "cores_per_socket", "threads_per_core", "memory")
+_PROCESS_FIELDS = ("pid", "used_memory", "type", "user", "command", "gpu_instance_id", "compute_instance_id")
 _NO_ID = 0xFFFFFFFF  # a process's GPU or compute instance id where it has none (not on a MIG slice)
 
 
-def _process_list(compute: Any, graphics: Any) -> list[ProcessInfo]:
+def _process_list(compute: Any, graphics: Any, make: Callable[..., ProcessInfo] = ProcessInfo) -> list[ProcessInfo]:
     """The GPU's processes from NVML's two lists (None: not supported), compute first; a process using
-    both compute and graphics is listed twice by NVML, once here."""
+    both compute and graphics is listed twice by NVML, once here.  ``make``: :class:`ProcessInfo` or
+    its :func:`~gpusd.record.maker`.  (The two lists' loops are the same, written out: a snapshot makes
+    one such list per GPU with processes, issue 24.)"""
     out: list[ProcessInfo] = []
     seen: set[int] = set()
-    for kind, procs in (("compute", compute), ("graphics", graphics)):
-        if not procs:
-            continue
-        for p in procs:  # both bindings' entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
-            pid = p.pid
-            if pid in seen:
-                continue
+    no_id = _NO_ID
+    for p in compute or ():  # both bindings' entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
+        pid = p.pid
+        if pid not in seen:
             seen.add(pid)
             gi, ci = p.gpuInstanceId, p.computeInstanceId
-            # positional, in the fields' order: pid, used_memory, type, user, command, gpu/compute instance
-            out.append(ProcessInfo(pid, p.usedGpuMemory, kind, None, None, None if gi == _NO_ID else gi,
-                                   None if ci == _NO_ID else ci))
+            # positional, in the fields' order (_PROCESS_FIELDS)
+            out.append(make(pid, p.usedGpuMemory, "compute", None, None, None if gi == no_id else gi,
+                            None if ci == no_id else ci))
+    for p in graphics or ():
+        pid = p.pid
+        if pid not in seen:
+            seen.add(pid)
+            gi, ci = p.gpuInstanceId, p.computeInstanceId
+            out.append(make(pid, p.usedGpuMemory, "graphics", None, None, None if gi == no_id else gi,
+                            None if ci == no_id else ci))
     return out
 
 
@@ -228,6 +270,7 @@ class _Device(Device):
     links: list[GpuLink] = field(default_factory=list)
     fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
     gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
+    probed: bool = False  # read once call by call: what it does not support is known (NvmlBackend._read_all)
 
 
 BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
@@ -280,6 +323,9 @@ class NvmlBackend(VendorBackend):
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         self._nv = pynvml = bindings(telemetry)
         self._error = pynvml.NVMLError
+        # the memory (total, free, used) and utilisation (gpu, memory) structures read in one call each
+        self._unpack_memory = _unpacker(getattr(pynvml, "c_nvmlMemory_t", None), "=QQQ", ("total", "free", "used"))
+        self._unpack_rates = _unpacker(getattr(pynvml, "c_nvmlUtilization_t", None), "=II", ("gpu", "memory"))
         load_library(library)
         try:
             pynvml.nvmlInit()
@@ -293,6 +339,11 @@ class NvmlBackend(VendorBackend):
                 msg = f"NVML failed to start: {_text(exc)}"
             raise BackendUnavailable(msg, hint=True) from None
         nv = pynvml
+        self._machine = machine()  # this machine's CPUs and memory, read once (as topology.with_machine adds them)
+        # the snapshot's records made without the class call (gpusd.record.maker: a seventh less each); the
+        # processes' maker on first use (a one-shot command on idle GPUs makes none)
+        self._make_gpu = maker(GpuInfo)
+        self._make_process: Callable[..., ProcessInfo] | None = None
         self.driver_version = self._global(nv.nvmlSystemGetDriverVersion)
         self.nvml_version = self._global(nv.nvmlSystemGetNVMLVersion)
         cuda = self._global(nv.nvmlSystemGetCudaDriverVersion)
@@ -433,23 +484,125 @@ class NvmlBackend(VendorBackend):
             self._xids.register(self._devices)
 
     def _host(self, gpus: list[GpuInfo]) -> HostSnapshot:
-        return with_machine(HostSnapshot(
-            hostname=self.hostname,
-            node_id=self.node_id,
-            timestamp=time.time(),
-            gpus=gpus,
-            driver_version=self.driver_version,
-            cuda_version=self.cuda_version,
-            nvml_version=self.nvml_version,
-            backend="nvml",
-        ))
+        m = self._machine
+        # positional, in the fields' order (_HOST_FIELDS): half the cost of the keywords
+        return HostSnapshot(self.hostname, self.node_id, time.time(), gpus, self.driver_version, self.cuda_version,
+                            self.nvml_version, "nvml", SCHEMA_VERSION, m["cpus"], m["sockets"], m["cores_per_socket"],
+                            m["threads_per_core"], m["memory"])
+
+    def _blank(self, dev: _Device) -> GpuInfo:
+        """The GPU's record before any reading: what the device list knows."""
+        return self._make_gpu(dev.index, dev.uuid, dev.name, dev.pci_bus_id, numa_node=dev.numa_node,
+                              local_cpus=dev.local_cpus, links=list(dev.links))
 
     def _read(self, dev: _Device) -> GpuInfo:
-        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
-                      numa_node=dev.numa_node, local_cpus=dev.local_cpus, links=list(dev.links) if dev.links else [])
+        return self._read_all((dev,))[0]
+
+    def _read_all(self, devices: Sequence[_Device]) -> list[GpuInfo]:
+        """Each GPU's record, read in straight-line calls for a GPU that answers every call it supports
+        (the usual case), the readings kept in locals and the record made once, from its fields in order
+        (:data:`_GPU_FIELDS`), all GPUs in one loop: issue 24, the snapshot within 1.2x of raw NVML.
+        Where a call fails, the GPU is read again call by call (:meth:`_fill`), to tell unsupported from
+        failed (the former are not asked again); a GPU's first reading is call by call (a one-shot
+        command's one snapshot would otherwise stop at the first query the GPU does not answer, a fan's
+        on a data-centre board, and read the GPU twice).  A GPU that fails in the sample buffer or the MIG
+        slices (:class:`_GpuFailed`) has the fields read before it, as with :meth:`_fill`.  With telemetry:
+        :meth:`_read_telemetry`.  The same records either way (tests/inventory/test_nvml_backend.py).
+        Numbers are read from nvidia-ml-py's structures with :data:`_unpacker` (else :data:`_field`)."""
+        if self.telemetry:
+            return [self._read_telemetry(dev) for dev in devices]
+        nv = self._nv
+        error_type = nv.NVMLError
+        detail, want_processes, own_window = self._detail, self.want_processes, not self._util_since
+        unpack_memory, unpack_rates = self._unpack_memory, self._unpack_rates
+        make_gpu, make_process = self._make_gpu, self._make_process
+        clock = time.time
+        out: list[GpuInfo] = []
+        for dev in devices:
+            h = dev.handle
+            if h is None:
+                out.append(self._no_handle(dev))
+                continue
+            if not dev.probed:  # its first reading: call by call, which learns what it does not support (a
+                dev.probed = True  # straight-line read would stop at the first such call and read it again)
+                out.append(filled(self._blank(dev), self._fill, dev))
+                continue
+            uns = dev.unsupported
+            total = used = free = util_memory = reading = temperature = power = limit = fan = mode = mig = None
+            processes: list[ProcessInfo] = []
+            try:
+                if "memory" not in uns:
+                    mem = nv.nvmlDeviceGetMemoryInfo(h)
+                    if unpack_memory is not None:
+                        total, free, used = unpack_memory(mem)
+                    else:
+                        total, used, free = _field(mem, "total"), _field(mem, "used"), _field(mem, "free")
+                if "utilization" not in uns:
+                    rates = nv.nvmlDeviceGetUtilizationRates(h)
+                    if unpack_rates is not None:
+                        reading, util_memory = unpack_rates(rates)
+                        reading, util_memory = float(reading), float(util_memory)
+                    else:
+                        util_memory, reading = float(_field(rates, "memory")), float(_field(rates, "gpu"))
+                if detail:
+                    if "temperature" not in uns:
+                        temperature = nv.nvmlDeviceGetTemperature(h, 0)
+                    if "power" not in uns:
+                        power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+                    if "power_limit" not in uns:
+                        limit = nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+                    if "fan" not in uns:
+                        fan = nv.nvmlDeviceGetFanSpeed(h)
+                if "compute_mode" not in uns:
+                    mode = _COMPUTE_MODES.get(nv.nvmlDeviceGetComputeMode(h))
+                if "mig_mode" not in uns:
+                    mig = nv.nvmlDeviceGetMigMode(h)
+                if want_processes:
+                    compute = nv.nvmlDeviceGetComputeRunningProcesses(h) if "processes_compute" not in uns else None
+                    graphics = (nv.nvmlDeviceGetGraphicsRunningProcesses(h) if "processes_graphics" not in uns
+                                else None)
+                    if compute or graphics:
+                        if make_process is None:
+                            make_process = self._make_process = maker(ProcessInfo)
+                        processes = _process_list(compute, graphics, make_process)
+            except error_type:
+                out.append(filled(self._blank(dev), self._fill, dev))
+                continue
+            # Past the last direct call: what follows raises no NVMLError (only _GpuFailed), so a GPU read
+            # again by _fill never adds a second reading to its utilisation window.
+            util = covered = mig_mode = error = None
+            migs: list[MigInstance] = []
+            try:
+                if reading is not None and own_window and "samples" in uns:
+                    # no driver sample buffer: the window from our own readings (_utilization, inline)
+                    util, covered = dev.util.add_mean(clock(), reading)  # type: ignore[union-attr]
+                else:
+                    util, covered = self._utilization(dev, reading, clock())
+                if mig is not None:
+                    mig_mode = bool(mig[0])
+                    if mig_mode:
+                        migs = self._migs(dev)
+            except _GpuFailed as exc:
+                error = exc.reason
+            links = dev.links
+            # positional, in the fields' order (_GPU_FIELDS)
+            out.append(make_gpu(dev.index, dev.uuid, dev.name, dev.pci_bus_id, total, used, free, util, util_memory,
+                                covered, temperature, power, limit, fan, mode, mig_mode, migs, processes, [],
+                                error is None, error, dev.numa_node, dev.local_cpus, list(links) if links else []))
+        return out
+
+    def _no_handle(self, dev: _Device) -> GpuInfo:
+        gpu = self._blank(dev)
+        gpu.healthy, gpu.error = False, "no NVML handle"
+        return gpu
+
+    def _read_telemetry(self, dev: _Device) -> GpuInfo:
+        """:meth:`_read` with telemetry: the record made first and filled by :meth:`_fill_fast`, whose
+        order of calls (telemetry before the compute mode, MIG and processes) decides what a GPU that
+        fails in its telemetry still shows."""
         if dev.handle is None:
-            gpu.healthy, gpu.error = False, "no NVML handle"
-            return gpu
+            return self._no_handle(dev)
+        gpu = self._blank(dev)
         try:
             self._fill_fast(dev, gpu)
             return gpu
@@ -458,16 +611,14 @@ class NvmlBackend(VendorBackend):
             gpu.error = exc.reason
             return gpu
         except self._nv.NVMLError:
-            pass  # a call failed: again, call by call, to tell unsupported from failed (next time: skipped)
-        gpu = GpuInfo(index=dev.index, uuid=dev.uuid, name=dev.name, pci_bus_id=dev.pci_bus_id,
-                      numa_node=dev.numa_node, local_cpus=dev.local_cpus, links=list(dev.links))
-        return filled(gpu, self._fill, dev)
+            pass  # a call failed: again, call by call
+        return filled(self._blank(dev), self._fill, dev)
 
     def _fill_fast(self, dev: _Device, gpu: GpuInfo) -> None:
-        """:meth:`_fill` in straight-line calls, for a GPU that answers every call it supports (the
-        usual case): the same readings, without a wrapper per call (issue 24: the snapshot within 1.2x
-        of raw NVML).  The first error raises; :meth:`_read` then reads the GPU with :meth:`_fill`.
-        The numbers are read from nvidia-ml-py's structures with :data:`_field` (see there)."""
+        """:meth:`_fill` with telemetry in straight-line calls, for a GPU that answers every call it
+        supports (the usual case): the same readings, without a wrapper per call.  The first error
+        raises; :meth:`_read_telemetry` then reads the GPU with :meth:`_fill`.  The numbers are read from
+        nvidia-ml-py's structures with :data:`_field` (see there)."""
         nv = self._nv
         h = dev.handle
         uns = dev.unsupported
@@ -501,7 +652,7 @@ class NvmlBackend(VendorBackend):
                 gpu.processes = _process_list(compute, graphics)
         # Past the last direct call: what follows raises no NVMLError (only _GpuFailed), so a GPU read
         # again by _fill never adds a second reading to its utilisation window.
-        self._utilization(dev, gpu, reading, time.time())
+        gpu.utilization_gpu, gpu.utilization_window = self._utilization(dev, reading, time.time())
         if mig is not None:
             gpu.mig_mode = bool(mig[0])
             if gpu.mig_mode:
@@ -517,7 +668,8 @@ class NvmlBackend(VendorBackend):
         now = time.time()
         if rates is not None:
             gpu.utilization_memory = float(rates.memory)
-        self._utilization(dev, gpu, float(rates.gpu) if rates is not None else None, now)
+        gpu.utilization_gpu, gpu.utilization_window = self._utilization(
+            dev, float(rates.gpu) if rates is not None else None, now)
         if self._detail:
             gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
             power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
@@ -624,32 +776,36 @@ class NvmlBackend(VendorBackend):
         finally:
             _free_gpm(nv, prev)
 
-    def _utilization(self, dev: _Device, gpu: GpuInfo, reading: float | None, now: float) -> None:
-        """The GPU's utilisation over the window (``reading``: this instant's, None where unsupported)."""
+    def _utilization(self, dev: _Device, reading: float | None, now: float) -> tuple[float | None, float | None]:
+        """The GPU's utilisation over the window and the seconds it covers (``reading``: this instant's,
+        None where unsupported), as :func:`~gpusd.inventory.window.utilisation` gives them."""
         window = dev.util
         assert window is not None
+        since = self._util_since.get(dev.uuid) if self._util_since else None
+        uns = dev.unsupported
+        if "samples" in uns:  # no driver sample buffer: the window from our own readings
+            return utilisation(window, now, since, reading, own=True)
         samples = None
-        if "samples" not in dev.unsupported:
-            since = max(dev.samples_ts, int((now - self.util_window) * 1e6))
-            try:
-                _, samples = self._nv.nvmlDeviceGetSamples(dev.handle, self._nv.NVML_GPU_UTILIZATION_SAMPLES, since)
-            except self._nv.NVMLError as exc:
-                code = getattr(exc, "value", None)
-                if code in _FATAL:
-                    raise _GpuFailed(_text(exc)) from None
-                if code in _UNSUPPORTED:
-                    dev.unsupported.add("samples")
-                samples = None
+        since_us = max(dev.samples_ts, int((now - self.util_window) * 1e6))
+        try:
+            _, samples = self._nv.nvmlDeviceGetSamples(dev.handle, self._nv.NVML_GPU_UTILIZATION_SAMPLES, since_us)
+        except self._nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in _FATAL:
+                raise _GpuFailed(_text(exc)) from None
+            if code in _UNSUPPORTED:
+                uns.add("samples")
+            samples = None
         if samples:
             for s in samples:
                 ts = int(_field(s, "timeStamp"))
                 if ts > dev.samples_ts:
                     window.add(ts / 1e6, float(_field(_field(s, "sampleValue"), "uiVal")))
                     dev.samples_ts = ts
-        elif reading is not None and ("samples" in dev.unsupported or window.last_ts() is None):
+        elif reading is not None and ("samples" in uns or window.last_ts() is None):
             # No driver sample buffer: build the window from our own readings.
             window.add(now, reading)
-        gpu.utilization_gpu, gpu.utilization_window = utilisation(window, now, self._util_since.get(dev.uuid), reading)
+        return utilisation(window, now, since, reading)
 
     def _migs(self, dev: _Device) -> list[MigInstance]:
         nv = self._nv

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ..model import ProcessInfo
+from ..model import GpuInfo, ProcessInfo
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,17 +81,38 @@ class ProcessResolver:
             return None, None
         return user, (cmd[:512] if cmd else None)
 
+    def fill_gpus(self, gpus: Iterable[GpuInfo]) -> None:
+        """:meth:`fill` with every process of ``gpus`` (a snapshot's), ``keep_only_seen``: without
+        gathering them in a list first (issue 24: the snapshot)."""
+        cache = self._cache
+        get = cache.get
+        seen: set[int] = set()
+        add = seen.add
+        for g in gpus:
+            for p in g.processes:
+                pid = p.pid
+                add(pid)
+                if p.user is None and p.command is None:
+                    cached = get(pid)
+                    if cached is None:
+                        cached = cache[pid] = self._lookup(pid)
+                    p.user, p.command = cached
+        if not seen.issuperset(cache):
+            for pid in cache.keys() - seen:  # pids no longer on a GPU
+                del cache[pid]
+
     def fill(self, processes: Iterable[ProcessInfo], keep_only_seen: bool = False) -> None:
+        cache = self._cache
         seen = set()
         for p in processes:
-            seen.add(p.pid)
+            pid = p.pid
+            seen.add(pid)
             if p.user is not None or p.command is not None:
                 continue
-            cached = self._cache.get(p.pid)
+            cached = cache.get(pid)
             if cached is None:
-                cached = self._cache[p.pid] = self._lookup(p.pid)
+                cached = cache[pid] = self._lookup(pid)
             p.user, p.command = cached
         if keep_only_seen:
-            for pid in list(self._cache):
-                if pid not in seen:
-                    del self._cache[pid]
+            for pid in cache.keys() - seen:  # pids no longer on a GPU
+                del cache[pid]
