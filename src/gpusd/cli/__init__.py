@@ -157,6 +157,9 @@ def _setup_logging(verbose: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from ..wire.aio import own_process
+
+    own_process()  # this process is gpusd's: aiohttp may be imported without the CA store (gpusd.wire.aio)
     if _command_in(argv) == "env":  # eval "$(gpusd env ...)" fails closed (docs/cli.md)
         from .alloc import env_failing_closed
 

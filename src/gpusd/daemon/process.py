@@ -357,6 +357,9 @@ def run_foreground(config: Any, ready_fd: int | None = None) -> int:
         _log().info("open-file limit raised from %d to %d", old, new)
     import asyncio  # here: reading the status (gpusd list, status) needs none of it
 
+    from ..wire.aio import load
+
+    load()  # before the daemon's modules import it: without the CA store in a gpusd process (gpusd.wire.aio)
     return asyncio.run(_main(config, ready_fd))
 
 

@@ -228,7 +228,9 @@ class AsyncClient:
             raise
         # The browser's first query (after 20-120 ms) counts down while aiohttp is imported; nothing
         # runs on the loop before this returns, so no host is followed before the session exists.
-        import aiohttp
+        from ..wire.aio import load
+
+        aiohttp = load()  # without the CA store in a gpusd process (gpusd.wire.aio)
 
         self.http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True),

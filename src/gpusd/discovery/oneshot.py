@@ -84,13 +84,14 @@ def prefetch_imports() -> None:
     import threading
 
     def run() -> None:
-        import importlib
+        try:
+            import zeroconf.asyncio  # noqa: F401
 
-        for name in ("zeroconf.asyncio", "aiohttp"):
-            try:
-                importlib.import_module(name)
-            except ImportError:  # pragma: no cover - dependencies of gpusd
-                return
+            from ..wire.aio import load
+
+            load()  # aiohttp, without the CA store in a gpusd process (gpusd.wire.aio)
+        except ImportError:  # pragma: no cover - dependencies of gpusd
+            return
 
     threading.Thread(target=run, name="gpusd-prefetch", daemon=True).start()
 

@@ -6,6 +6,7 @@
 * :mod:`.responder` — the RFC 6762 fixes python-zeroconf lets us make;
 * :mod:`.fleet` — the typed fleet view of ``GET /api/v1/fleet``;
 * :mod:`.http` — one bounded, signed HTTP GET for the command line;
+* :mod:`.aio` — aiohttp for gpusd's own processes, imported without the CA store gpusd never uses;
 * :mod:`.signing` — HTTP Message Signatures with the fleet secret, the daemon's proof;
 * :mod:`.sigfast` — the fast path for gpusd's own signature shape (the library: fallback, reference);
 * :mod:`.sshsig` — users' SSH signatures (SSHSIG, the agent's sign request);
