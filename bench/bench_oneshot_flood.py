@@ -106,8 +106,9 @@ class Flood(threading.Thread):
         self.join(timeout=60)
 
 
-def one_list(src: Path, session: str, state: Path) -> tuple[float, int, int]:
-    """(seconds, real hosts listed, tar pits listed) of one cold ``gpusd list``."""
+def one_list(src: Path, session: str, state: Path, hosts: int = 0, label: str = "") -> tuple[float, int, int]:
+    """(seconds, real hosts listed, tar pits listed) of one cold ``gpusd list``; a list missing some of the
+    ``hosts`` real ones prints what the command said."""
     env = dict(os.environ, PYTHONPATH=str(src), GPUSD_STATE_DIR=str(state))
     for var in ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN", "GPUSD_TOKEN"):
         env.pop(var, None)
@@ -119,9 +120,12 @@ def one_list(src: Path, session: str, state: Path) -> tuple[float, int, int]:
         rows = json.loads(r.stdout or "[]")
     except ValueError:
         rows = []
-    hosts = {d.get("hostname") for d in rows}
-    return took, len({h for h in hosts if str(h).startswith("real-")}), len({h for h in hosts
-                                                                          if str(h).startswith("pit-")})
+    names = {d.get("hostname") for d in rows}
+    real = len({h for h in names if str(h).startswith("real-")})
+    if real < hosts:
+        print(f"  ({label}{src}: {real} of {hosts} real hosts in {took:.2f} s, exit {r.returncode}: "
+              f"{(r.stderr.strip().splitlines() or [''])[-1][:200]!r})", flush=True)
+    return took, real, len({h for h in names if str(h).startswith("pit-")})
 
 
 def main() -> int:
@@ -164,9 +168,9 @@ def main() -> int:
                     raise SystemExit("the fake services did not come up")
                 time.sleep(2.0)
             results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in srcs}
-            for _ in range(args.runs):
+            for run in range(args.runs):
                 for name, tree in srcs.items():
-                    results[name].append(one_list(tree, session, client_state))
+                    results[name].append(one_list(tree, session, client_state, args.hosts, f"run {run + 1}, "))
                     time.sleep(0.3)
             for name, rows in results.items():
                 times = [r[0] for r in rows]

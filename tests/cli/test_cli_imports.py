@@ -68,6 +68,12 @@ def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> 
     assert "gpusd.inventory.nvmlfast" in mods or "pynvml" in mods
     if args[0] in ("select", "env") or "--json" in args:
         assert sorted(m for m in RECORDS_AND_NVML if m in mods) == [], f"{args[0]} imported them"
+    # argparse's formatters find the terminal's width without shutil (bz2, lzma, zlib: ~2.5 ms); the NVML
+    # backend's locks are _thread's, its XID thread (the daemon's) imports threading when it starts
+    if args[0] != "run":  # (run's job directory is cleaned with shutil)
+        assert "shutil" not in mods
+    if args[0] == "devices":
+        assert "threading" not in mods
     # the table commands render through rich, gpusd's one table renderer (issue 25); --json does not
     heavy = tuple(h for h in HEAVY if not (h == "rich" and "--json" not in args and args[0] == "devices"))
     loaded = sorted(m for m in mods if m.split(".")[0] in heavy)
@@ -133,3 +139,17 @@ def test_help_still_lists_every_command() -> None:
     bad = subprocess.run([sys.executable, "-m", "gpusd", "lsit"], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(SRC)))
     assert bad.returncode == 2 and "'devices'" in bad.stderr and "'launch'" in bad.stderr
+
+
+@pytest.mark.parametrize("columns", ["57", "0", "wide", None])
+def test_the_help_is_as_wide_as_shutil_would_make_it(monkeypatch: pytest.MonkeyPatch, columns: str | None) -> None:
+    """The formatters find the width without shutil, by its rule: $COLUMNS, else the terminal, else 80."""
+    import shutil
+
+    from gpusd.cli import _columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert _columns() == shutil.get_terminal_size().columns

@@ -407,6 +407,41 @@ async def test_a_tar_pit_is_given_up_on_and_the_real_hosts_are_listed(tmp_path: 
     assert settled is True and hosts == ["real"]
 
 
+def _udp_drops(inode: int) -> int | None:
+    """The kernel's count of datagrams dropped on the UDP socket ``inode`` (its receive buffer full)."""
+    for line in Path("/proc/self/net/udp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[9]) == inode:
+            return int(fields[12])
+    return None
+
+
+async def test_a_burst_of_answers_is_not_dropped_while_the_list_is_starting() -> None:
+    """A one-shot query is answered by every responder at once, and a responder with hundreds of
+    services (a flood of fake ones) answers in hundreds of datagrams, while a cold ``gpusd list`` is
+    still importing: with the default receive buffer (208 KiB) the burst overflowed the one-shot socket
+    and real hosts' answers were dropped with the flood's (bench_oneshot_flood: now and then a list
+    missing some or all real hosts).  Here 600 answers of 1,200 bytes arrive while the loop cannot read
+    them: none is dropped."""
+    import socket
+
+    rmem_max = Path("/proc/sys/net/core/rmem_max")
+    if not Path("/proc/self/net/udp").exists() or not rmem_max.exists():
+        pytest.skip("needs Linux's /proc/net/udp (per-socket drop counts)")
+    if int(rmem_max.read_text()) < oneshot.RECEIVE_BUFFER:
+        pytest.skip(f"net.core.rmem_max is {int(rmem_max.read_text())} bytes: the kernel grants no larger buffer")
+    zc = await oneshot.open_oneshot_zeroconf(["127.0.0.1"])
+    try:
+        [sock] = {w.sock for w in zc.zeroconf.engine.readers}
+        port, inode = sock.getsockname()[1], os.fstat(sock.fileno()).st_ino
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as out:
+            for i in range(600):  # no await: this loop, which reads the socket, is busy meanwhile
+                out.sendto(i.to_bytes(2, "big") + bytes(1198), ("127.0.0.1", port))
+        assert _udp_drops(inode) == 0
+    finally:
+        await zc.async_close()
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.5])
 async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path, delay: float) -> None:
     """Where the local daemon answers at once, ``gpusd list`` reads its fleet view and exits: neither

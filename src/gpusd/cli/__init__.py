@@ -37,10 +37,35 @@ def prog() -> str:
     return env if env in PROGS else "gpusd"
 
 
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it ($COLUMNS, else the terminal on
+    stdout, else 80), without importing shutil (it imports bz2, lzma and zlib: ~2.5 ms)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, its width found without shutil: argparse builds one for every argument
+    added (to check its metavar), so every command paid shutil's import (issue 24)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
 class _Parser(argparse.ArgumentParser):
     # A value such as -1h or -5m is a (wrong) value, not an unknown flag: without this, argparse says
     # "expected one argument" for --since -1h and the duration parser never gets to say what is wrong.
     def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kw)
         self._negative_number_matcher = re.compile(r"^-\d+(\.\d*)?[a-zA-Z]*$|^-\.\d+[a-zA-Z]*$")
 
@@ -78,7 +103,7 @@ _MODULE.update(_UNLISTED)
 COMMANDS = tuple(_MODULE)
 
 
-class _GroupedHelp(argparse.HelpFormatter):
+class _GroupedHelp(_Formatter):
     """``gpusd --help`` lists the commands in the groups of :data:`GROUPS` (argparse has no groups of
     subcommands: the one subcommand action is written group by group, each group's title where the
     action's own line would be)."""

@@ -56,6 +56,12 @@ NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
 # (--peer, --dns-sd-domain) gets three times as long (TCP, TLS and HTTP round trips over a WAN).  Time
 # this process could not run (a loaded machine) does not count (AsyncClient.wait_settled, STALL).
 GIVE_UP = 0.5
+# The one-shot sockets' receive buffer: every responder answers at once, a responder with hundreds of
+# services (a flood of fake ones) in hundreds of datagrams, while this process is still importing; with
+# Linux's default 208 KiB the burst overflowed it and real hosts' answers were dropped with the flood's
+# (bench_oneshot_flood: ~540 datagrams dropped per list beside 500 fake services, and now and then a list
+# missing real hosts).  The kernel grants at most net.core.rmem_max.
+RECEIVE_BUFFER = 4 << 20
 
 
 async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
@@ -65,7 +71,7 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     from zeroconf.asyncio import AsyncZeroconf
 
     from ..errors import ConfigError
-    from ..wire.mdns import apply_test_timings
+    from ..wire.mdns import apply_test_timings, widen_receive_buffer
 
     apply_test_timings()
     try:
@@ -74,6 +80,8 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     except OSError as exc:
         raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
     await aiozc.zeroconf.async_wait_for_start()
+    granted = widen_receive_buffer(aiozc, RECEIVE_BUFFER)
+    log.debug("one-shot receive buffer: %d bytes", granted)
     return aiozc
 
 

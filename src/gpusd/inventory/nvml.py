@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import threading
 import time
 
 from ..errors import BackendUnavailable
@@ -187,6 +186,8 @@ class _XidWatcher:
     _TIMEOUT_MS = 500
 
     def __init__(self, nv: Any) -> None:
+        import threading  # here: the quick commands, which read no XID, do not import it (issue 24)
+
         self._nv = nv
         self._set: Any = None
         self._lock = threading.Lock()
@@ -222,6 +223,8 @@ class _XidWatcher:
                 self._registered[key] = dev.uuid
                 self._seen.setdefault(dev.uuid, (0, 0))
         if self._thread is None and self._registered:
+            import threading
+
             self._thread = threading.Thread(target=self._run, name="gpusd-nvml-xid", daemon=True)
             self._thread.start()
 

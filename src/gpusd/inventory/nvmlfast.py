@@ -16,8 +16,8 @@ included), and whole snapshots read both ways.
 
 from __future__ import annotations
 
+import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms
 import ctypes
-import threading
 from ctypes import (
     Structure,
     Union,
@@ -127,7 +127,7 @@ class Process:
 
 # -- the library and its functions ----------------------------------------------------------------------
 _lib: Any = None
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _functions: dict[str, Any] = {}
 
 

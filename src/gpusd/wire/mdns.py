@@ -177,14 +177,36 @@ async def open_zeroconf(interfaces: list[str] | None) -> "AsyncZeroconf":
     return aiozc
 
 
+def _sockets(aiozc: "AsyncZeroconf") -> list[socket.socket]:
+    engine = aiozc.zeroconf.engine
+    found: list[socket.socket] = []
+    for wrapped in [*getattr(engine, "readers", []), *getattr(engine, "senders", [])]:
+        sock = getattr(wrapped, "sock", None)
+        if sock is not None and sock not in found:
+            found.append(sock)
+    return found
+
+
+def widen_receive_buffer(aiozc: "AsyncZeroconf", size: int) -> int:
+    """Ask for ``size`` bytes of receive buffer on ``aiozc``'s sockets (the kernel grants at most
+    ``net.core.rmem_max``); the smallest granted, in bytes.  A one-shot query is answered by every
+    responder at once: a responder with hundreds of services (a flood of fake ones) sends hundreds of
+    datagrams in one burst, and a buffer of the default 208 KiB overflows while this process is still
+    starting, dropping real hosts' answers with the rest."""
+    granted = []
+    for sock in _sockets(aiozc):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+            granted.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        except OSError:
+            pass
+    return min(granted, default=0)
+
+
 def restrict_multicast(aiozc: "AsyncZeroconf") -> None:
     """Receive only the multicast groups joined on the pinned interfaces (Linux ``IP_MULTICAST_ALL``
     defaults to 1: a socket bound to 0.0.0.0 would also get groups other sockets joined elsewhere)."""
-    engine = aiozc.zeroconf.engine
-    for wrapped in [*getattr(engine, "readers", []), *getattr(engine, "senders", [])]:
-        sock = getattr(wrapped, "sock", None)
-        if sock is None:
-            continue
+    for sock in _sockets(aiozc):
         try:
             sock.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
         except OSError:
