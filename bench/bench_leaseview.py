@@ -29,10 +29,12 @@ from _common import REPO, FakeEnv, make_gpus
 HOLDER = r"""
 import os, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from gpusd.alloc.handle import Holder
 from gpusd.alloc.leases import LeaseStore
 store = LeaseStore()
 first, count = int(sys.argv[1]), int(sys.argv[2])
-held = [store.acquire([f"GPU-held-{i:05d}"], command="bench holder") for i in range(first, first + count)]
+who = Holder(command="bench holder")
+held = [store.acquire([f"GPU-held-{i:05d}"], holder=who) for i in range(first, first + count)]
 assert all(held)
 print("ready", flush=True)
 sys.stdin.read()  # hold until the bench closes our stdin

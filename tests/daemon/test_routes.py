@@ -122,6 +122,30 @@ async def test_every_route_of_a_running_daemon_is_behind_the_access_rules(tmp_pa
                 assert r.status == 200
 
 
+async def _raw(port: int, request_line: str, headers: str = "") -> str:
+    """The status line of the answer to ``request_line`` sent as is (a target aiohttp's client would not send)."""
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"{request_line}\r\nHost: 127.0.0.1:{port}\r\n{headers}Connection: close\r\n\r\n".encode())
+        await writer.drain()
+        return (await asyncio.wait_for(reader.readline(), 10)).decode().strip()
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("request_line", ["OPTIONS * HTTP/1.1", "CONNECT 127.0.0.1:22 HTTP/1.1"])
+async def test_a_request_target_that_is_not_a_path_meets_the_access_rules(tmp_path: Path, fast_mdns: Any,
+                                                                           request_line: str) -> None:
+    """``OPTIONS *`` and ``CONNECT host:port`` match no path pattern, not even the catch-all's: aiohttp's
+    router answered them 404 without any route, so without the access rules or the connection guard.
+    They go to the catch-all too: an ``Authorization`` header is 401, as on any path."""
+    async with running_daemon(tmp_path, unique_session(), "targets") as d:
+        assert (await _raw(d.port, request_line, "Authorization: Bearer x\r\n")).split()[1] == "401"
+        assert (await _raw(d.port, request_line)).split()[1] in ("404", "405")
+
+
 async def test_a_signed_request_no_route_takes_gets_aiohttps_answer_after_the_rules(tmp_path: Path,
                                                                                     fast_mdns: Any) -> None:
     """Past the access rules, the catch-all answers as aiohttp would: 405 with the path's methods in

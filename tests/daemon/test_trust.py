@@ -240,3 +240,128 @@ def test_a_daemon_that_cannot_enforce_access_does_not_start(tmp_path):
         Daemon(daemon_config(tmp_path, unique_session("rule"), "h", thresholds=["temperature>>85"], token=SECRET))
     with pytest.raises(ConfigError, match="at least 16 bytes"):  # a weak secret is refused the same way
         Daemon(daemon_config(tmp_path, unique_session("weak"), "h", token="short"))
+
+
+def test_a_signed_request_is_never_shown_to_a_certificate_that_is_not_the_pinned_one(tmp_path) -> None:
+    """A man in the middle answering with a certificate of its own gets the TLS handshake and nothing
+    else: the pin is checked before the request is written, so it never holds a fresh signed request to
+    replay to the daemon (whose TLS connection that request would make a trusted session)."""
+    import socket
+    import ssl
+    import threading
+
+    from gpusd.daemon.tls import load_or_create
+    from gpusd.wire.http import SourceError, fetch_json
+
+    server_ctx = load_or_create(tmp_path, "mitm").server_context()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                tls.settimeout(5)
+                while True:
+                    data = tls.recv(65536)
+                    if not data:
+                        break
+                    got.append(data)
+        except (OSError, ssl.SSLError):
+            pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(SourceError, match="pinned"):
+            fetch_json(f"https://127.0.0.1:{port}/api/v1/gpus", FleetKey(SECRET), pin="A" * 43)
+        t.join(10)
+    finally:
+        listener.close()
+    assert b"".join(got) == b""  # not a byte of the request, let alone its signature
+
+
+async def test_a_request_signed_for_plain_http_is_refused_over_tls(tmp_path, fast_mdns):  # noqa: F811
+    """A signed GET for the daemon's plain HTTP port (a client's clear-text fallback, read off the wire)
+    replayed over TLS: refused, and the connection it came over is no session (its unsigned reads stay
+    public).  Without the check it was served private fields, and made the relay's TLS connection a
+    session for as long as it was kept alive."""
+    import asyncio
+
+    import aiohttp
+
+    async with running_daemon(tmp_path, unique_session("relay"), "relay-host", token=SECRET) as d:
+        assert d.tls_port
+        d.backend = _with_owner(d.node_id, d.hostname)
+        await asyncio.sleep(0.3)
+        signed, _ = FleetKey(SECRET).sign_request("GET", f"http://127.0.0.1:{d.port}/api/v1/gpus",
+                                                  node_id=d.node_id)
+        url = f"https://127.0.0.1:{d.tls_port}/api/v1/gpus"
+        from gpusd.wire.signing import fingerprint_bytes
+
+        pin = fingerprint_bytes(d.cert_fp)
+        assert pin is not None
+        connector = aiohttp.TCPConnector(limit=1, ssl=aiohttp.Fingerprint(pin))
+        async with aiohttp.ClientSession(connector=connector) as s:
+            async with s.get(url, headers={**signed, "Host": f"127.0.0.1:{d.port}"}) as r:
+                assert r.status == 401
+                await r.read()
+            # the same connection, unsigned, naming another host (so not a local reader's: private only
+            # for a session)
+            async with s.get(url, headers={"Host": "elsewhere.invalid"}) as r:
+                body = await r.text()
+                assert r.status == 200 and "user-of-relay-host" not in body
+        from gpusd.daemon.monitoring import _app_key
+
+        assert len(d.app[_app_key()].access.sessions) == 0
+
+
+
+async def test_a_local_reader_without_the_secret_sees_no_other_hosts_owners_in_the_fleet(tmp_path, fast_mdns):  # noqa: F811
+    """The fleet view holds other hosts' owners and commands (they showed them to this daemon, a secret
+    holder): a reader on this machine without the secret sees this host's (as on /api/v1/gpus, and as
+    ``ps`` would) and no other's, in the fleet's answer and in its event stream; a signed reader sees both.
+    Before, a local ``curl`` of /api/v1/fleet got every verified host's command lines."""
+    import asyncio
+
+    import aiohttp
+
+    from gpusd.wire.http import fetch_json
+
+    session = unique_session("fleet-local")
+    async with (running_daemon(tmp_path, session, "here", token=SECRET) as here,
+                running_daemon(tmp_path, session, "there", token=SECRET) as there):
+        for d in (here, there):
+            d.backend = _with_owner(d.node_id, d.hostname)
+        await _settle_samples()
+        url = f"http://127.0.0.1:{here.port}/api/v1/fleet"
+        loop = asyncio.get_running_loop()
+
+        def signed_owners() -> set[str]:
+            text = json.dumps(fetch_json(url, FleetKey(SECRET), node_id=here.node_id).data)
+            return {u for u in ("user-of-here", "user-of-there") if u in text}
+
+        deadline = loop.time() + 15
+        while await loop.run_in_executor(None, signed_owners) != {"user-of-here", "user-of-there"}:
+            assert loop.time() < deadline, "the fleet view did not show both hosts' owners to a signed reader"
+            await asyncio.sleep(0.3)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url) as r:  # unsigned, from loopback, naming this daemon: a local reader
+                body = await r.text()
+            assert r.status == 200 and "user-of-here" in body and "train-here" in body
+            assert "user-of-there" not in body and "train-there" not in body
+            async with s.get(url + "/events") as r:
+                assert r.status == 200
+                seen = b""
+
+                async def until_ours() -> None:
+                    nonlocal seen
+                    while b"user-of-here" not in seen:
+                        seen += await r.content.readany()
+
+                try:
+                    await asyncio.wait_for(until_ours(), 3)
+                except asyncio.TimeoutError:
+                    pass
+            assert b"user-of-here" in seen and b"user-of-there" not in seen and b"train-there" not in seen

@@ -442,6 +442,30 @@ async def test_a_burst_of_answers_is_not_dropped_while_the_list_is_starting() ->
         await zc.async_close()
 
 
+async def test_answers_dropped_by_the_one_shot_socket_mean_a_multicast_browse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel grants a smaller buffer than asked (net.core.rmem_max) and a burst overflowed it
+    anyway, the dropped answers may have been real hosts': the list browses by multicast as well, as it does
+    when nothing answered, rather than list what happened to fit."""
+    from gpusd.wire import mdns
+
+    real = mdns.dropped
+    counts: list[int] = []
+
+    def lossy(aiozc: Any) -> int:
+        counts.append(real(aiozc))
+        return counts[-1] + 3  # as if three answers had not fitted
+
+    monkeypatch.setattr(mdns, "dropped", lossy)
+    session = unique_session()
+    made: list[AsyncClient] = []
+    async with running_daemon(tmp_path, session, "n1", n=1):
+        devices, hosts, _ = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
+    assert [h.hostname for h in hosts] == ["n1"] and len(devices) == 1
+    assert counts == [0]  # the real count, read once: nothing dropped here
+    assert len(made) == 2 and made[0].answered and made[1].answered  # answered, and browsed by multicast too
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.5])
 async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path, delay: float) -> None:
     """Where the local daemon answers at once, ``gpusd list`` reads its fleet view and exits: neither

@@ -207,3 +207,45 @@ def test_telemetry_and_the_setting_choose_nvidia_ml_py(monkeypatch: pytest.Monke
 
     with pytest.raises(BackendUnavailable, match="GPUSD_NVML_BINDINGS"):
         bindings()
+
+
+@pytest.mark.parametrize("lacking", [("_v3",), ("_v3", "_v2")], ids=["no _v3 (R470)", "no _v3, no _v2"])
+def test_a_driver_without_the_newest_process_functions_still_lists_processes(
+        both: Any, monkeypatch: pytest.MonkeyPatch, lacking: tuple[str, ...]) -> None:
+    """Drivers before R510 have no ``*RunningProcesses_v3`` (nvidia-ml-py asks it alone): the process lists
+    come from the older functions, through either binding, not as "unsupported" (an empty list: a busy GPU
+    taken for a free one)."""
+    import copy
+
+    def expected() -> list[list[tuple[int, Any]]]:
+        b = NvmlBackend()
+        try:
+            return [[(p.pid, p.used_memory) for p in g.processes] for g in b.snapshot().gpus]
+        finally:
+            b.close()
+
+    monkeypatch.setenv("GPUSD_NVML_BINDINGS", "auto")
+    want = expected()
+    assert any(want)
+    real_ours, real_theirs = nvmlfast._fn, pynvml._nvmlGetFunctionPointer
+
+    def missing(name: str) -> bool:
+        return "RunningProcesses" in name and name.endswith(lacking)
+
+    def ours(name: str) -> Any:
+        if missing(name):
+            raise nvmlfast.NVMLError(nvmlfast.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return real_ours(name)
+
+    def theirs(name: str) -> Any:
+        if missing(name):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return real_theirs(name)
+
+    monkeypatch.setattr(nvmlfast, "_PROCESS_FUNCTIONS", copy.deepcopy(nvmlfast._PROCESS_FUNCTIONS))
+    monkeypatch.setattr(nvmlfast, "_fn", ours)
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", theirs)
+    assert expected() == want  # nvmlfast: down to _v2, or the unversioned functions
+    if lacking == ("_v3",):  # nvidia-ml-py has no unversioned function left to ask
+        monkeypatch.setenv("GPUSD_NVML_BINDINGS", "nvidia-ml-py")
+        assert expected() == want

@@ -25,12 +25,29 @@ print(json.dumps({
     "unverified": connector._SSL_CONTEXT_UNVERIFIED.cert_store_stats()["x509_ca"],
     "after": ssl.create_default_context().cert_store_stats()["x509_ca"],
     "patched": ssl.SSLContext.set_default_verify_paths is not ssl._ssl._SSLContext.set_default_verify_paths,
+    "other_thread": other,
 }))
+"""
+
+# Before the probe: while aiohttp is being imported (found by this finder, in the middle of aio.load),
+# another thread makes a default context and counts its certificate authorities.
+OTHER_THREAD = """
+import ssl, sys, threading
+other = []
+class _During:
+    def find_spec(self, name, path=None, target=None):
+        if name == "aiohttp" and not other:
+            count = lambda: other.append(ssl.create_default_context().cert_store_stats()["x509_ca"])
+            t = threading.Thread(target=count)
+            t.start()
+            t.join()
+        return None
+sys.meta_path.insert(0, _During())
 """
 
 
 def _probe(mode: str) -> dict[str, object]:
-    r = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", OTHER_THREAD + PROBE, mode], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -45,6 +62,9 @@ def test_a_gpusd_process_imports_aiohttp_without_the_ca_store_and_puts_ssl_back(
     assert got["verified"] == 0 and got["unverified"] == 0  # aiohttp's defaults trust nobody: fail closed
     assert got["after"] == _system_cas()  # a context made afterwards loads the store as before
     assert got["patched"] is False  # ssl is as it was
+    # a context another thread made while aiohttp was being imported loaded the store: the patch is the
+    # importing thread's alone
+    assert got["other_thread"] == [_system_cas()]
 
 
 @pytest.mark.skipif(_system_cas() == 0, reason="this machine's default SSL context loads no CA certificate")

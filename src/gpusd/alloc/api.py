@@ -273,8 +273,6 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                                    resume=req.resume)
     except WaitTimeout as exc:
         last, ticket = exc, None
-    if ticket is not None and req.queued is not None:
-        req.queued()
     watch: queue.LeaseWatch | None = None
     # A new head looks again soon too: a lease may have ended just before it began to watch, with
     # utilisation readings not yet caught up.
@@ -282,6 +280,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     last_look = 0.0
     timed = False  # this look comes from the head's own timer (not from an event)
     try:
+        if ticket is not None and req.queued is not None:
+            req.queued()  # (inside: whatever it raises, the ticket is closed below)
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
             if ahead is not None:

@@ -119,7 +119,11 @@ def enter(lock_dir: Path | None = None) -> bool:
                 fds.append(open_lock_file(dfd, f"start-{me}-{k}.lock", where, private=True))
             except Exception:  # another user's file squats the name, or no room: that slot is not ours
                 continue
-            if try_lock(fds[-1], shared=False):
+            try:
+                free = try_lock(fds[-1], shared=False)
+            except OSError:  # a lock directory without locks (NFS mounted nolock: ENOLCK): no gate
+                return False
+            if free:
                 _held = fds.pop()
                 _turn(_held)
                 return True

@@ -116,6 +116,33 @@ def stream_filter(request: web.Request) -> Callable[[bytes], bytes]:
     return _identity if can_see_private(request) else redact_event
 
 
+def fleet_filter(request: web.Request, own_node: str) -> Callable[[bytes], bytes]:
+    """:func:`stream_filter` for the fleet's event stream: other hosts' private fields go to secret
+    holders only (:func:`is_signed`); a reader who sees this host's because it is local (unsigned, on
+    loopback) gets the events of this host (``own_node``) as they are and every other host's redacted."""
+    if not can_see_private(request):
+        return redact_event
+    if is_signed(request):
+        return _identity
+
+    def local(message: bytes) -> bytes:
+        if not any(k in message for k in _PRIVATE_KEYS) or _event_node(message) == own_node:
+            return message
+        return redact_event(message)
+
+    return local
+
+
+def _event_node(message: bytes) -> str | None:
+    """The ``node_id`` an event's data names (None: none, or data that cannot be read)."""
+    data = b"\n".join(ln[5:].removeprefix(b" ") for ln in message.split(b"\n") if ln.startswith(b"data:"))
+    try:
+        node = json.loads(data).get("node_id")
+    except (ValueError, AttributeError):
+        return None
+    return node if isinstance(node, str) else None
+
+
 @functools.lru_cache(maxsize=256)  # called per request with the peer's address: parse each one once
 def is_loopback(remote: str | None) -> bool:
     if not remote:
@@ -443,6 +470,18 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
     return response if private else _public(access, response)
 
 
+def _signed_for_this_listener(request: web.Request) -> bool:
+    """Whether the port the request names (its ``Host``, which its signature's ``@authority`` covers) is
+    the port of the listener that took it (a TLS connection's)."""
+    parsed = split_host(request.host or "")
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    if parsed is None or not isinstance(sockname, tuple) or len(sockname) < 2:
+        return False
+    port = parsed[1] if parsed[1] is not None else (443 if request.secure else 80)
+    return bool(port == sockname[1])
+
+
 async def _serve_checked(access: Access, handler: Handler, request: web.Request) -> web.StreamResponse:
     """The access rules for a request that is signed, carries credentials, or writes."""
     from aiohttp import web
@@ -472,6 +511,11 @@ async def _serve_checked(access: Access, handler: Handler, request: web.Request)
                 return _refuse(401, f"signature refused: {why}")
     session = False
     secure, remote = request.secure, request.remote
+    if verified is not None and secure and not _signed_for_this_listener(request):
+        # a request signed for the plain HTTP port, taken off the wire (the clear text a client falls
+        # back to, or a man in the middle's) and replayed over TLS, would be served private fields
+        # there, and its connection made a session
+        return _refuse(401, "signature refused: signed for another of this daemon's ports")
     if verified is not None and secure and request.transport is not None:
         access.sessions.add(request.transport)
     elif verified is None and secure and request.transport in access.sessions:

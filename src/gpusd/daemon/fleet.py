@@ -64,6 +64,7 @@ class Fleet:
         self._idle_task: asyncio.Task[None] | None = None
         self._closed = False  # stop() was called: a late request must not start a client again
         self._encoded: dict[int, tuple[HostSnapshot, bytes]] = {}  # the last answer's snapshots, encoded
+        self._redacted: dict[int, tuple[HostSnapshot, bytes]] = {}  # the same, private fields nulled
 
     def touch(self) -> None:
         self._last_used = time.monotonic()
@@ -140,23 +141,32 @@ class Fleet:
     def to_dict(self) -> dict[str, Any]:
         return self.view().to_dict()
 
-    def answer(self) -> bytes:
+    def answer(self, only_own: str | None = None) -> bytes:
         """The bytes of ``GET /api/v1/fleet`` (the document of :meth:`to_dict`): each host as last parsed,
         and each snapshot encoded once, not once per answer (1,000 hosts of 8 GPUs: 10.6 MB, ~0.25 s of
-        CPU to encode afresh; the snapshots kept from the last answer are the ones not parsed since)."""
+        CPU to encode afresh; the snapshots kept from the last answer are the ones not parsed since).
+        ``only_own`` (a node id): the private fields of that host's snapshot alone, every other host's
+        nulled (the answer for a local reader without the fleet secret, daemon/http.py)."""
         from ..wire.fleet import snapshot_bytes
 
         view = self.view(catch_up=False)
-        old, cache = self._encoded, {}
+        cache: dict[int, tuple[HostSnapshot, bytes]] = {}
+        old, make = (self._encoded, snapshot_bytes) if only_own is None else (self._redacted, _redacted_bytes)
+        own = {id(h.snapshot) for h in view.hosts if h.snapshot is not None and h.node_id == only_own}
 
         def encoded(snap: HostSnapshot) -> bytes:
+            if only_own is not None and id(snap) in own:
+                return snapshot_bytes(snap)
             hit = old.get(id(snap))
-            body = hit[1] if hit is not None and hit[0] is snap else snapshot_bytes(snap)
+            body = hit[1] if hit is not None and hit[0] is snap else make(snap)
             cache[id(snap)] = (snap, body)  # the snapshot held: its id is not reused while cached
             return body
 
         body = view.to_json(encoded)
-        self._encoded = cache
+        if only_own is None:
+            self._encoded = cache
+        else:
+            self._redacted = cache
         return body
 
     async def _stop_when_idle(self) -> None:
@@ -184,3 +194,11 @@ class Fleet:
             with contextlib.suppress(Exception):
                 await self.client.stop_listening()
             self.client = None
+
+
+def _redacted_bytes(snap: HostSnapshot) -> bytes:
+    """A snapshot as the fleet view sends it, its private fields (process owners, commands) nulled."""
+    from ..wire.fleet import snapshot_bytes
+    from .access import redact_json
+
+    return redact_json(snapshot_bytes(snap))

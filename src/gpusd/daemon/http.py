@@ -205,7 +205,14 @@ async def fleet(d: Daemon, request: web.Request) -> web.Response:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
-    return _bytes(d.fleet.answer())  # its bytes built by the fleet view (each snapshot encoded once)
+    # its bytes built by the fleet view (each snapshot encoded once).  Other hosts' owners and commands go
+    # to secret holders only: a local reader without the secret sees this host's (as on /api/v1/gpus)
+    from .access import can_see_private, is_signed
+
+    if is_signed(request):
+        return _bytes(d.fleet.answer())
+    # (a reader who may not see even this host's: every host redacted, from the redacted encodings kept)
+    return _bytes(d.fleet.answer(only_own=d.node_id if can_see_private(request) else ""))
 
 
 async def prometheus_http_sd(d: Daemon, request: web.Request) -> web.Response:
@@ -224,12 +231,15 @@ async def fleet_events(d: Daemon, request: web.Request) -> web.StreamResponse:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
+    from .access import fleet_filter
+
     return await sse_stream(request, d.fleet.hub, d.fleet.replay(), d.config.heartbeat, touch=d.fleet.touch,
-                            write_timeout=d.config.write_timeout)
+                            write_timeout=d.config.write_timeout, out=fleet_filter(request, d.node_id))
 
 
 async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes], heartbeat: float,
-                     touch: "object | None" = None, write_timeout: float = 10.0) -> web.StreamResponse:
+                     touch: "object | None" = None, write_timeout: float = 10.0,
+                     out: "Callable[[bytes], bytes] | None" = None) -> web.StreamResponse:
     """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
     ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
     or a subscriber too slow to keep up) or when the client goes away.
@@ -238,10 +248,12 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
     that the hub drops it, is disconnected at once (its connection aborted: nothing more is queued
     for it).  Beyond the hub's limits (:mod:`gpusd.daemon.events`: in all, for unsigned readers, per
     peer address), a new reader gets ``503`` with ``Retry-After``; a signed reader (a secret holder)
-    is refused only when signed readers hold every place."""
+    is refused only when signed readers hold every place.  ``out``: what each message goes through
+    before it is written (default :func:`gpusd.daemon.access.stream_filter`)."""
     from .access import is_signed, peer_of, stream_filter
 
-    out = stream_filter(request)  # private fields only for readers allowed to see them
+    if out is None:
+        out = stream_filter(request)  # private fields only for readers allowed to see them
     try:
         # before the first messages: nothing published meanwhile is lost
         sub = hub.subscribe(peer_of(request.remote), is_signed(request))

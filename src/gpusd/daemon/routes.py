@@ -141,8 +141,31 @@ async def seal(app: web.Application) -> None:
     gate = gate_of(app)
     if not gate.sealed:
         gate.sealed = True
-        gate.fallback = app.router.add_route("*", "/{gpusd_unrouted:.*}", gated(gate, _unrouted)).resource
+        route = app.router.add_route("*", "/{gpusd_unrouted:.*}", gated(gate, _unrouted))
+        gate.fallback = route.resource
+        _resolve_the_rest_to(app, route)
     check_routes(app)
+
+
+def _resolve_the_rest_to(app: web.Application, route: Any) -> None:
+    """Send to the catch-all ``route`` also the requests aiohttp's router matches to no resource at all:
+    a request target that is not a path (``OPTIONS *``, ``CONNECT host:port``), which no path pattern,
+    the catch-all's included, can match; aiohttp would answer them 404 without any route's handler, so
+    without the access rules and the connection guard.  (The router of the app, not a middleware: a
+    middleware would cost every request its wrapping.)"""
+    from aiohttp.web_urldispatcher import UrlMappingMatchInfo
+
+    router = app.router
+    plain = router.resolve
+
+    async def resolve(request: web.Request) -> Any:
+        match = await plain(request)
+        if match.http_exception is not None:  # aiohttp's MatchInfoError: no resource took the target
+            return UrlMappingMatchInfo({"gpusd_unrouted": ""}, route)
+        return match
+
+    resolve.gpusd_gate = _gate_key()  # type: ignore[attr-defined]  # what check_routes looks for
+    router.resolve = resolve  # type: ignore[method-assign]
 
 
 def check_routes(app: web.Application) -> None:
@@ -151,7 +174,7 @@ def check_routes(app: web.Application) -> None:
     gate = app.get(_gate_key())
     if gate is None or gate.access is None:
         raise UngatedRoute("the daemon's app has no access rules (routes.install_access)")
-    if gate.fallback is None:
+    if gate.fallback is None or getattr(app.router.resolve, "gpusd_gate", None) is not _gate_key():
         raise UngatedRoute("the daemon's app is not sealed: requests no route takes would skip the access rules")
     bad: list[str] = []
     seen_fallback = False

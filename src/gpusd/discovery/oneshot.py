@@ -22,6 +22,9 @@ gets no answer at all: after ``NO_ANSWER`` s without one, the browse starts over
 browse with the old timing, so such a host pays ``NO_ANSWER`` s more than before, never a missing host.
 (Except where hosts beyond the link -- ``--peer``, ``--dns-sd-domain`` -- answered: those are listed
 without the multicast browse, which would cost 1.5 s more and browse the zone a second time.)
+The one-shot socket asks for a receive buffer of ``RECEIVE_BUFFER``; where the kernel grants less and a
+burst of answers overflowed it anyway (the kernel's count of datagrams dropped on the socket), the list
+browses by multicast as well, as if nothing had answered: a dropped answer may have been a real host's.
 What ``gpusd list`` may now miss: a responder that answers more than ``QUIET`` s after the others (a
 host too loaded to answer for that long) or not at all to one-shot queries (RFC 6762 requires the
 answer; python-zeroconf, Avahi and Bonjour give it).  ``gpusd watch`` and the daemons' fleet views
@@ -81,7 +84,9 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
         raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
     await aiozc.zeroconf.async_wait_for_start()
     granted = widen_receive_buffer(aiozc, RECEIVE_BUFFER)
-    log.debug("one-shot receive buffer: %d bytes", granted)
+    if granted < RECEIVE_BUFFER:  # (Linux reports twice what it grants: its own bookkeeping included)
+        log.info("the one-shot query's receive buffer is %d bytes, not %d (net.core.rmem_max): a burst of "
+                 "answers may overflow it (then gpusd list browses by multicast as well)", granted, RECEIVE_BUFFER)
     return aiozc
 
 
@@ -130,7 +135,7 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     """Every reported device and host, and how many hosts the host filter left out, once the browse
     has settled (at most ``timeout`` s waiting for hosts found to answer).  ``make_client(**kw)``
     builds the :class:`AsyncClient` (filters, fleet key), ``zeroconf=`` given for the one-shot browse."""
-    from ..wire.mdns import resolve_interfaces
+    from ..wire.mdns import dropped, resolve_interfaces
 
     zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
     client = make_client(zeroconf=zc)
@@ -138,10 +143,14 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
         await client.start_listening()
         ask_now(zc.zeroconf, client.service_types)
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD), give_up=GIVE_UP)
+        lost = dropped(zc)
         # hosts beyond the link (peers, wide-area DNS-SD) answered: no multicast browse for the rest
         # (it would start a second client, browse the zone again and cost 1.5 s more)
-        if client.answered or client.hosts:
+        if (client.answered or client.hosts) and not lost:
             return Listing(client.list_devices(), client.hosts, len(client.unmatched_hosts))
+        if lost:  # answers were lost (a burst larger than the buffer): any host may be among them
+            log.info("%d answers to the one-shot query were dropped (receive buffer full): browsing by "
+                     "multicast", lost)
     finally:
         await client.stop_listening()
         await _close(zc)

@@ -279,6 +279,30 @@ class _Device(Device):
 BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
 
 
+def _with_older(nv: Any, name: str) -> Callable[[Any], Any]:
+    """``nv``'s process-list function ``name``, asking its ``_v2`` where the driver lacks the newest
+    (nvidia-ml-py asks ``_v3``, which drivers before R510 do not have: the list would read as
+    unsupported, a busy GPU as free).  nvmlfast goes down the versions itself."""
+    newest = getattr(nv, name)
+    older = getattr(nv, f"{name}_v2", None)
+    if older is None:
+        return newest  # type: ignore[no-any-return]
+    error = nv.NVMLError
+    mismatch = getattr(nv, "NVMLLibraryMismatchError", ())  # what its unversioned name raises then
+
+    def call(handle: Any) -> Any:
+        try:
+            return newest(handle)
+        except mismatch:
+            return older(handle)
+        except error as exc:
+            if getattr(exc, "value", None) != _FUNCTION_NOT_FOUND:
+                raise
+            return older(handle)
+
+    return call
+
+
 def bindings(telemetry: bool = False) -> Any:
     """The NVML bindings a backend calls: nvidia-ml-py (``pynvml``) where it reads telemetry (the
     daemon: clocks, fields, GPM, XID events) or where ``$GPUSD_NVML_BINDINGS`` is ``nvidia-ml-py``;
@@ -326,6 +350,8 @@ class NvmlBackend(VendorBackend):
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         self._nv = pynvml = bindings(telemetry)
         self._error = pynvml.NVMLError
+        self._compute_processes = _with_older(pynvml, "nvmlDeviceGetComputeRunningProcesses")
+        self._graphics_processes = _with_older(pynvml, "nvmlDeviceGetGraphicsRunningProcesses")
         # the memory (total, free, used) and utilisation (gpu, memory) structures read in one call each
         self._unpack_memory = _unpacker(getattr(pynvml, "c_nvmlMemory_t", None), "=QQQ", ("total", "free", "used"))
         self._unpack_rates = _unpacker(getattr(pynvml, "c_nvmlUtilization_t", None), "=II", ("gpu", "memory"))
@@ -561,8 +587,8 @@ class NvmlBackend(VendorBackend):
                 if "mig_mode" not in uns:
                     mig = nv.nvmlDeviceGetMigMode(h)
                 if want_processes:
-                    compute = nv.nvmlDeviceGetComputeRunningProcesses(h) if "processes_compute" not in uns else None
-                    graphics = (nv.nvmlDeviceGetGraphicsRunningProcesses(h) if "processes_graphics" not in uns
+                    compute = self._compute_processes(h) if "processes_compute" not in uns else None
+                    graphics = (self._graphics_processes(h) if "processes_graphics" not in uns
                                 else None)
                     if compute or graphics:
                         if make_process is None:
@@ -649,8 +675,8 @@ class NvmlBackend(VendorBackend):
             gpu.compute_mode = _COMPUTE_MODES.get(nv.nvmlDeviceGetComputeMode(h))
         mig = nv.nvmlDeviceGetMigMode(h) if "mig_mode" not in uns else None
         if self.want_processes:
-            compute = (nv.nvmlDeviceGetComputeRunningProcesses(h) if "processes_compute" not in uns else None)
-            graphics = (nv.nvmlDeviceGetGraphicsRunningProcesses(h) if "processes_graphics" not in uns else None)
+            compute = (self._compute_processes(h) if "processes_compute" not in uns else None)
+            graphics = (self._graphics_processes(h) if "processes_graphics" not in uns else None)
             if compute or graphics:
                 gpu.processes = _process_list(compute, graphics)
         # Past the last direct call: what follows raises no NVMLError (only _GpuFailed), so a GPU read
@@ -688,8 +714,8 @@ class NvmlBackend(VendorBackend):
         if mig is not None:
             self._mig_mode(dev, gpu, mig)
         if self.want_processes:
-            gpu.processes = _process_list(q(dev, "processes_compute", nv.nvmlDeviceGetComputeRunningProcesses),
-                                          q(dev, "processes_graphics", nv.nvmlDeviceGetGraphicsRunningProcesses))
+            gpu.processes = _process_list(q(dev, "processes_compute", self._compute_processes),
+                                          q(dev, "processes_graphics", self._graphics_processes))
 
     def _mig_mode(self, dev: _Device, gpu: GpuInfo, mig: Any) -> None:
         """The GPU's MIG mode (NVML's [current, pending]) and, where it is on, its MIG instances: the

@@ -103,6 +103,10 @@ class c_nvmlProcessInfo_v3_t(Structure):
                 ("computeInstanceId", c_uint)]
 
 
+class c_nvmlProcessInfo_v1_t(Structure):  # the unversioned functions' (drivers before R510's _v2/_v3)
+    _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong)]
+
+
 class c_nvmlValue_t(Union):
     _fields_ = [("dVal", c_double), ("uiVal", c_uint), ("ulVal", c_ulong), ("ullVal", c_ulonglong),
                 ("sllVal", c_longlong), ("siVal", c_int), ("usVal", c_ushort)]
@@ -117,12 +121,16 @@ class Process:
 
     __slots__ = ("computeInstanceId", "gpuInstanceId", "pid", "usedGpuMemory")
 
-    def __init__(self, info: c_nvmlProcessInfo_v3_t) -> None:
+    def __init__(self, info: c_nvmlProcessInfo_v3_t | c_nvmlProcessInfo_v1_t) -> None:
         self.pid = info.pid
         used = info.usedGpuMemory
         self.usedGpuMemory = None if used == NVML_VALUE_NOT_AVAILABLE_ULONGLONG else used
-        self.gpuInstanceId = info.gpuInstanceId
-        self.computeInstanceId = info.computeInstanceId
+        # (a v1 entry has no instance ids: a GPU that is not a MIG slice's, as NVML says it, 0xFFFFFFFF)
+        self.gpuInstanceId = getattr(info, "gpuInstanceId", _NO_INSTANCE)
+        self.computeInstanceId = getattr(info, "computeInstanceId", _NO_INSTANCE)
+
+
+_NO_INSTANCE = 0xFFFFFFFF
 
 
 # -- the library and its functions ----------------------------------------------------------------------
@@ -304,8 +312,28 @@ def nvmlDeviceGetSamples(device: c_void_p, sampling_type: int, since_us: int) ->
     return value_type.value, samples[0:count.value]
 
 
-def _processes(symbol: str, handle: c_void_p) -> list[Process]:
-    fn = _fn(symbol)
+# Each process list's functions, newest first: _v3 (R510 and later), _v2 (the same entries, R470), and the
+# unversioned one (entries without instance ids).  A driver that lacks one is asked the next (nvidia-ml-py
+# asks _v3 only: on an older driver its snapshot fails; a list that cannot be read is never taken for an
+# empty one, which would make a busy GPU look free).
+_PROCESS_FUNCTIONS: dict[str, list[tuple[str, Any]]] = {
+    kind: [(f"{kind}_v3", c_nvmlProcessInfo_v3_t), (f"{kind}_v2", c_nvmlProcessInfo_v3_t),
+           (kind, c_nvmlProcessInfo_v1_t)]
+    for kind in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")}
+
+
+def _processes(kind: str, handle: c_void_p) -> list[Process]:
+    versions = _PROCESS_FUNCTIONS[kind]
+    while True:
+        symbol, entry = versions[0]
+        try:
+            fn = _fn(symbol)
+        except NVMLError as exc:
+            if exc.value != NVML_ERROR_FUNCTION_NOT_FOUND or len(versions) == 1:
+                raise
+            versions.pop(0)  # this driver has no such function: the older one from now on
+            continue
+        break
     count = c_uint(0)
     ret = fn(handle, byref(count), None)
     if ret == NVML_SUCCESS:
@@ -313,17 +341,17 @@ def _processes(symbol: str, handle: c_void_p) -> list[Process]:
     if ret != NVML_ERROR_INSUFFICIENT_SIZE:
         raise NVMLError(ret)
     count.value = count.value * 2 + 5  # room for processes started meanwhile, as nvidia-ml-py leaves
-    infos = (c_nvmlProcessInfo_v3_t * count.value)()
+    infos = (entry * count.value)()
     _check(fn(handle, byref(count), infos))
     return [Process(infos[i]) for i in range(count.value)]
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: c_void_p) -> list[Process]:
-    return _processes("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+    return _processes("nvmlDeviceGetComputeRunningProcesses", handle)
 
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle: c_void_p) -> list[Process]:
-    return _processes("nvmlDeviceGetGraphicsRunningProcesses_v3", handle)
+    return _processes("nvmlDeviceGetGraphicsRunningProcesses", handle)
 
 
 def nvmlDeviceGetMaxMigDeviceCount(device: c_void_p) -> int:

@@ -9,8 +9,9 @@ its unverified context), and everything else is plain HTTP on the LAN (docs/secu
 
 So where the process is gpusd's own (the command line and the daemon it starts: :func:`own_process`
 is called by :func:`gpusd.cli.main`), :func:`load` imports aiohttp with
-``ssl.SSLContext.set_default_verify_paths`` made a no-op for the duration of the import, and puts the
-original back.  aiohttp's two default contexts then trust no certificate authority at all: a request
+``ssl.SSLContext.set_default_verify_paths`` made a no-op for the duration of the import (for the
+importing thread only: a context another thread makes meanwhile loads the store as always), and puts
+the original back.  aiohttp's two default contexts then trust no certificate authority at all: a request
 that relied on them would fail verification (closed), never succeed unverified.  In anyone else's
 process (``import gpusd`` in a program that uses aiohttp for its own HTTPS), aiohttp is imported as
 it is.  Where aiohttp was imported already, nothing changes.
@@ -46,9 +47,11 @@ def load() -> ModuleType:
         import ssl
 
         real = ssl.SSLContext.set_default_verify_paths
+        me = _thread.get_ident()
 
-        def no_ca_store(self: ssl.SSLContext) -> None:
-            return None
+        def no_ca_store(self: ssl.SSLContext) -> None:  # for the importing thread only: another thread's
+            if _thread.get_ident() != me:  # context made meanwhile loads the store as always
+                real(self)
 
         ssl.SSLContext.set_default_verify_paths = no_ca_store  # type: ignore[method-assign]
         try:

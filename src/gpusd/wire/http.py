@@ -96,17 +96,18 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     cert_fp: str | None = None
     try:
-        conn.request(method, target, body=payload, headers=headers)
-        if parts.scheme == "https":
-            import ssl
+        if parts.scheme == "https":  # the certificate is checked before a byte of the request goes out: a
+            import ssl  # signed request shown to another certificate could be replayed to the daemon by it
 
             from .signing import fingerprint
 
+            conn.connect()
             sock = conn.sock
             der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
             cert_fp = fingerprint(der) if der else None
             if pin is not None and cert_fp != pin:
                 raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
+        conn.request(method, target, body=payload, headers=headers)
         if sent is not None:
             sent()
         resp = conn.getresponse()

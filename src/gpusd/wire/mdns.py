@@ -203,6 +203,28 @@ def widen_receive_buffer(aiozc: "AsyncZeroconf", size: int) -> int:
     return min(granted, default=0)
 
 
+def dropped(aiozc: "AsyncZeroconf") -> int:
+    """How many datagrams the kernel dropped on ``aiozc``'s sockets, their receive buffers full (Linux:
+    the ``drops`` column of /proc/self/net/udp; 0 where it cannot be read)."""
+    inodes = set()
+    for sock in _sockets(aiozc):
+        try:
+            inodes.add(os.fstat(sock.fileno()).st_ino)
+        except (OSError, ValueError):
+            continue
+    total = 0
+    try:
+        with open("/proc/self/net/udp", encoding="ascii", errors="replace") as f:
+            next(f, None)  # the header
+            for line in f:
+                fields = line.split()
+                if len(fields) > 12 and fields[9].isdigit() and int(fields[9]) in inodes and fields[12].isdigit():
+                    total += int(fields[12])
+    except OSError:
+        return 0
+    return total
+
+
 def restrict_multicast(aiozc: "AsyncZeroconf") -> None:
     """Receive only the multicast groups joined on the pinned interfaces (Linux ``IP_MULTICAST_ALL``
     defaults to 1: a socket bound to 0.0.0.0 would also get groups other sockets joined elsewhere)."""
