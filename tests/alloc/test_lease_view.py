@@ -289,3 +289,48 @@ def test_the_device_locks_a_view_follows_are_bounded_as_a_full_look_bounds_them(
     store.leases()
     st = os.stat(store.dir)
     assert len(leaseview._views[(st.st_dev, st.st_ino)].locks) <= 8
+
+
+def test_proc_locks_is_read_in_one_call_when_it_is_short(monkeypatch, tmp_path) -> None:
+    """Each ``read`` of /proc/locks takes the kernel's file-lock semaphore for writing and waits for an
+    RCU grace period (5-8 ms on a busy machine, every flock of the machine waiting meanwhile): a table
+    shorter than half a page is read in one call, not two (a buffered read's second call finds the end);
+    and what is read is the whole table, as a buffered read gets it."""
+    import fcntl
+    import mmap
+    import os
+
+    import pytest
+
+    from gpusd.alloc import lockdir
+
+    held = []
+    for i in range(5):  # lines of our own in the table (~50 bytes each)
+        f = open(tmp_path / f"l{i}", "w")
+        fcntl.flock(f, fcntl.LOCK_SH)
+        held.append(f)
+    try:
+        calls: list[int] = []
+        real = os.read
+
+        def counted(fd: int, n: int) -> bytes:
+            calls.append(n)
+            return real(fd, n)
+
+        monkeypatch.setattr(lockdir.os, "read", counted)
+        raw = lockdir.read_proc_locks()
+        monkeypatch.undo()
+        with open("/proc/locks", "rb") as f:
+            whole = f.read()
+    finally:
+        for f in held:
+            f.close()
+    me = str(os.getpid()).encode()
+
+    def ours(table: bytes) -> list[bytes]:
+        return sorted(ln for ln in table.split(b"\n") if ln.split()[4:5] == [me])
+
+    assert raw is not None and len(ours(raw)) == 5 and ours(raw) == ours(whole)
+    if len(whole) >= mmap.PAGESIZE // 2:
+        pytest.skip(f"this machine's lock table is {len(whole)} bytes: more than one call is right")
+    assert len(calls) == 1
