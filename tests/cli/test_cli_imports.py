@@ -70,8 +70,7 @@ def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> 
         assert sorted(m for m in RECORDS_AND_NVML if m in mods) == [], f"{args[0]} imported them"
     # argparse's formatters find the terminal's width without shutil (bz2, lzma, zlib: ~2.5 ms); the NVML
     # backend's locks are _thread's, its XID thread (the daemon's) imports threading when it starts
-    if args[0] != "run":  # (run's job directory is cleaned with shutil)
-        assert "shutil" not in mods
+    assert "shutil" not in mods and "tempfile" not in mods  # (run's job directory: gpusd.jobs.child.private_dir)
     if args[0] == "devices":
         assert "threading" not in mods
     # the table commands render through rich, gpusd's one table renderer (issue 25); --json does not

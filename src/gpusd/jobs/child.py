@@ -28,6 +28,45 @@ if TYPE_CHECKING:  # pragma: no cover
 GROUP_AT_SPAWN = sys.version_info >= (3, 11)
 
 
+def private_dir(job_id: str) -> str:
+    """A new directory for the job's protocol file, the command's to read: ``gpusd-job-<ID>-<random>``
+    in the temporary directory (``$TMPDIR``, ``$TEMP``, ``$TMP``, else /tmp, /var/tmp), mode 0700, made by
+    ``mkdir`` (which fails where the name exists: never someone else's directory or link), as
+    ``tempfile.mkdtemp`` makes it, without its import (shutil, random, bz2, lzma: ~4 ms of every
+    ``gpusd run``, 40 of them starting at once in a burst of submissions)."""
+    bases = [os.environ.get(var, "") for var in ("TMPDIR", "TEMP", "TMP")] + ["/tmp", "/var/tmp"]
+    last: OSError | None = None
+    for base in (b for b in bases if b):
+        for _ in range(100):
+            path = os.path.join(os.path.abspath(base), f"gpusd-job-{job_id}-{os.urandom(6).hex()}")
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue  # (a name taken: another random one)
+            except OSError as exc:  # not there, not ours to write: the next place
+                last = exc
+                break
+            return path
+    raise last or FileExistsError("no free name for the job's directory")
+
+
+def remove_private_dir(path: str | os.PathLike[str]) -> None:
+    """Remove what :func:`private_dir` made: its files one by one (unlinked, never followed), then the
+    directory; where something more is in it (a directory the command made), ``shutil.rmtree``."""
+    try:
+        with os.scandir(path) as entries:
+            names = [e.name for e in entries]
+        for name in names:
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def log(message: str) -> None:
     print(f"gpusd: {message}", file=sys.stderr, flush=True)
 

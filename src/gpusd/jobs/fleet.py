@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +33,7 @@ from ..alloc.leases import LeaseStore, current_user
 from ..errors import ConfigError, GpusdError
 from ..ids import JobId, LeaseId
 from ..sanitize import printable
+from .child import private_dir
 from .record import MAX_DEVICES, JobRecord, RecordWriter, list_jobs
 
 RESTART_ME = 75  # the protocol's "restart me" status (docs/jobs.md)
@@ -130,7 +130,7 @@ class FleetJob:
 
     def _write_job_file(self, devices: Sequence[dict[str, Any]], visible: str) -> Path:
         if self.private is None:
-            self.private = Path(tempfile.mkdtemp(prefix=f"gpusd-job-{self.job_id}-"))  # mode 0700
+            self.private = Path(private_dir(self.job_id))  # mode 0700
         self.generation += 1
         path = self.private / "gpus.json"
         tmp = self.private / f".gpus.{self.generation}.tmp"

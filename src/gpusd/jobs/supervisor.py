@@ -30,7 +30,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ from ..errors import GpusdError, NoGpuAvailable, to_wire
 from ..ids import JobId
 from ..record import record, replace
 from . import control
-from .child import GROUP_AT_SPAWN, Child
+from .child import GROUP_AT_SPAWN, Child, private_dir, remove_private_dir
 from .record import JobRecord, RecordWriter, list_jobs
 from .state import JobState, JobStates
 
@@ -150,7 +149,7 @@ class Supervisor:
         self.writer = RecordWriter(self.store, JobRecord(
             job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
             preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
-        self.private = Path(tempfile.mkdtemp(prefix=f"gpusd-job-{self.job_id}-"))
+        self.private = Path(private_dir(self.job_id))
         self.job_file = self.private / "gpus.json"
         self.server = control.ControlServer(self.store, self.job_id, self.dispatch)
 
@@ -804,9 +803,7 @@ class Supervisor:
             self.lease.release()
         self.child.close()
         self.writer.close()
-        import shutil
-
-        shutil.rmtree(self.private, ignore_errors=True)
+        remove_private_dir(self.private)
 
 
 def _refusal(exc: GpusdError) -> dict[str, Any]:
