@@ -64,6 +64,13 @@ def shared_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def cli_env(fake_nvml: FakeNvml) -> dict[str, str]:
-    """Environment for a gpusd subprocess on the fake NVML (state written by the test)."""
-    return fake_nvml.env(dict(os.environ))
+def cli_env(fake_nvml: FakeNvml) -> Iterator[dict[str, str]]:
+    """Environment for a gpusd subprocess on the fake NVML (state written by the test), with a temporary
+    directory of the test's own (short: sockets made in it must fit a path), removed afterwards with
+    whatever a `gpusd run` the test killed left there (its job's directory)."""
+    import shutil
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="gpusd-t-", dir="/tmp")
+    yield fake_nvml.env(dict(os.environ, TMPDIR=tmp))
+    shutil.rmtree(tmp, ignore_errors=True)
