@@ -355,13 +355,15 @@ async def test_a_local_reader_without_the_secret_sees_no_other_hosts_owners_in_t
                 assert r.status == 200
                 seen = b""
 
-                async def until_ours() -> None:
+                async def until_both() -> None:  # the replay: each host's device_added, in either order
                     nonlocal seen
-                    while b"user-of-here" not in seen:
+                    while seen.count(b'"event":"device_added"') < 2:
                         seen += await r.content.readany()
 
                 try:
-                    await asyncio.wait_for(until_ours(), 3)
+                    await asyncio.wait_for(until_both(), 5)
                 except asyncio.TimeoutError:
                     pass
+            events = [e for e in seen.split(b"\n\n") if b'"event":"device_added"' in e]
+            assert {b'"hostname":"here"' in e for e in events} == {True, False}  # both hosts' GPUs came
             assert b"user-of-here" in seen and b"user-of-there" not in seen and b"train-there" not in seen

@@ -286,12 +286,18 @@ async def test_no_answer_to_the_one_shot_query_means_a_multicast_browse(tmp_path
         return zc
 
     monkeypatch.setattr(oneshot, "open_oneshot_zeroconf", unheard)
+    made = await _list_one_host(tmp_path)
+    assert len(made) == 2 and not made[0].answered and made[1].answered
+
+
+async def _list_one_host(tmp_path: Path) -> list[AsyncClient]:
+    """A one-shot list of a session with one daemon (n1, one GPU), which it lists; the clients it made."""
     session = unique_session()
     made: list[AsyncClient] = []
     async with running_daemon(tmp_path, session, "n1", n=1):
         devices, hosts, _ = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
     assert [h.hostname for h in hosts] == ["n1"] and len(devices) == 1
-    assert len(made) == 2 and not made[0].answered and made[1].answered
+    return made
 
 
 async def test_a_host_that_comes_late_still_reaches_a_watching_client(tmp_path: Path) -> None:
@@ -457,11 +463,7 @@ async def test_answers_dropped_by_the_one_shot_socket_mean_a_multicast_browse(
         return counts[-1] + 3  # as if three answers had not fitted
 
     monkeypatch.setattr(mdns, "dropped", lossy)
-    session = unique_session()
-    made: list[AsyncClient] = []
-    async with running_daemon(tmp_path, session, "n1", n=1):
-        devices, hosts, _ = await oneshot.browse_settled(maker(session, made), ["127.0.0.1"], 5.0)
-    assert [h.hostname for h in hosts] == ["n1"] and len(devices) == 1
+    made = await _list_one_host(tmp_path)
     assert counts == [0]  # the real count, read once: nothing dropped here
     assert len(made) == 2 and made[0].answered and made[1].answered  # answered, and browsed by multicast too
 

@@ -215,8 +215,6 @@ def test_a_driver_without_the_newest_process_functions_still_lists_processes(
     """Drivers before R510 have no ``*RunningProcesses_v3`` (nvidia-ml-py asks it alone): the process lists
     come from the older functions, through either binding, not as "unsupported" (an empty list: a busy GPU
     taken for a free one)."""
-    import copy
-
     def expected() -> list[list[tuple[int, Any]]]:
         b = NvmlBackend()
         try:
@@ -242,7 +240,7 @@ def test_a_driver_without_the_newest_process_functions_still_lists_processes(
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return real_theirs(name)
 
-    monkeypatch.setattr(nvmlfast, "_PROCESS_FUNCTIONS", copy.deepcopy(nvmlfast._PROCESS_FUNCTIONS))
+    monkeypatch.setattr(nvmlfast, "_process_version", {})  # (what this process's driver had: found again)
     monkeypatch.setattr(nvmlfast, "_fn", ours)
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", theirs)
     assert expected() == want  # nvmlfast: down to _v2, or the unversioned functions

@@ -41,3 +41,36 @@ def test_removing_it_follows_no_link_the_command_left(tmp_path: Path, monkeypatc
     remove_private_dir(path)
     assert not os.path.lexists(path) and (outside / "data").read_text() == "keep"
     remove_private_dir(path)  # gone already: nothing to do, no error
+
+
+def test_a_link_put_in_its_place_is_not_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The directory replaced by a link to another before the job ends (a process of the command's
+    left behind, say): nothing in the link's target is removed."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("a", "b"):
+        (victim / name).write_text("keep")
+    (victim / "sub").mkdir()
+    path = private_dir("0123456789ab")
+    os.rmdir(path)
+    os.symlink(victim, path)
+    remove_private_dir(path)
+    assert sorted(p.name for p in victim.iterdir()) == ["a", "b", "sub"]
+
+
+def test_a_file_gone_meanwhile_does_not_stop_the_rest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    path = private_dir("0123456789ab")
+    for name in ("a", "b", "c"):
+        Path(path, name).write_text("x")
+    real = os.unlink
+
+    def racing(name: str, *, dir_fd: int | None = None) -> None:
+        if os.path.basename(name) == "a":  # removed by someone else just before
+            real(name, dir_fd=dir_fd)
+        real(name, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", racing)
+    remove_private_dir(path)
+    assert not os.path.lexists(path)

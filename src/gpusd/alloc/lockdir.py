@@ -295,16 +295,11 @@ _PROC_LOCKS_MAX = 4 << 20
 
 
 def read_proc_locks() -> bytes | None:
-    """/proc/locks in as few ``read`` calls as it takes (None when it cannot be read).  Each call takes
-    the kernel's file-lock semaphore for writing (``locks_start``: ``percpu_down_write``), which waits
-    for an RCU grace period: 5-8 ms where other CPUs are busy (measured: a quick command beside a
-    daemon), and every flock on the machine waits meanwhile.  The kernel returns whole lines, a page
-    of them at most per call, so a read well short of a page is the end: no second call to find it
-    (as a buffered ``f.read()`` makes)."""
-    try:
-        short = os.sysconf("SC_PAGE_SIZE") // 2
-    except (OSError, ValueError):
-        short = 2048
+    """/proc/locks, read to its end (None when it cannot be read).  Each ``read`` takes the kernel's
+    file-lock semaphore for writing (``locks_start``: ``percpu_down_write``), which waits for an RCU
+    grace period: 5-8 ms where other CPUs are busy.  A read returns a page of whole records at most,
+    and may return much less where the next record is large (a lock and every process waiting on it,
+    one line each, may fill pages; anyone can make one): only an empty read is the end."""
     try:
         fd = os.open("/proc/locks", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -318,8 +313,6 @@ def read_proc_locks() -> bytes | None:
                 break
             chunks.append(data)
             total += len(data)
-            if len(data) < short:
-                break
     except OSError:
         return None
     finally:

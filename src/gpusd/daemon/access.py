@@ -116,13 +116,25 @@ def stream_filter(request: web.Request) -> Callable[[bytes], bytes]:
     return _identity if can_see_private(request) else redact_event
 
 
-def fleet_filter(request: web.Request, own_node: str) -> Callable[[bytes], bytes]:
-    """:func:`stream_filter` for the fleet's event stream: other hosts' private fields go to secret
-    holders only (:func:`is_signed`); a reader who sees this host's because it is local (unsigned, on
-    loopback) gets the events of this host (``own_node``) as they are and every other host's redacted."""
+FLEET_ALL, FLEET_OWN, FLEET_NONE = "all", "own", "none"
+
+
+def fleet_level(request: web.Request) -> str:
+    """Whose private fields a reader of the fleet view (``/api/v1/fleet``, its event stream) gets: every
+    host's for a secret holder (:func:`is_signed`, ``FLEET_ALL``), this host's alone for a reader who
+    sees them because it is local (unsigned, on loopback: ``FLEET_OWN``), none for anyone else."""
     if not can_see_private(request):
+        return FLEET_NONE
+    return FLEET_ALL if is_signed(request) else FLEET_OWN
+
+
+def fleet_filter(request: web.Request, own_node: str) -> Callable[[bytes], bytes]:
+    """:func:`stream_filter` for the fleet's event stream, by :func:`fleet_level`: the events of this host
+    (``own_node``) as they are and every other host's redacted for a local reader without the secret."""
+    level = fleet_level(request)
+    if level == FLEET_NONE:
         return redact_event
-    if is_signed(request):
+    if level == FLEET_ALL:
         return _identity
 
     def local(message: bytes) -> bytes:
@@ -472,14 +484,13 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
 
 def _signed_for_this_listener(request: web.Request) -> bool:
     """Whether the port the request names (its ``Host``, which its signature's ``@authority`` covers) is
-    the port of the listener that took it (a TLS connection's)."""
+    the port of the listener that took it (a TLS connection's).  gpusd's clients always name the port."""
     parsed = split_host(request.host or "")
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
-    if parsed is None or not isinstance(sockname, tuple) or len(sockname) < 2:
-        return False
-    port = parsed[1] if parsed[1] is not None else (443 if request.secure else 80)
-    return bool(port == sockname[1])
+    if parsed is None or parsed[1] is None or not isinstance(sockname, tuple) or len(sockname) < 2:
+        return False  # (no port: a signed authority drops a default one, so 80 and 443 would look alike)
+    return bool(parsed[1] == sockname[1])
 
 
 async def _serve_checked(access: Access, handler: Handler, request: web.Request) -> web.StreamResponse:

@@ -205,14 +205,13 @@ async def fleet(d: Daemon, request: web.Request) -> web.Response:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
-    # its bytes built by the fleet view (each snapshot encoded once).  Other hosts' owners and commands go
-    # to secret holders only: a local reader without the secret sees this host's (as on /api/v1/gpus)
-    from .access import can_see_private, is_signed
+    # its bytes built by the fleet view (each snapshot encoded once), at the reader's level
+    from .access import FLEET_ALL, FLEET_OWN, fleet_level
 
-    if is_signed(request):
+    level = fleet_level(request)
+    if level == FLEET_ALL:
         return _bytes(d.fleet.answer())
-    # (a reader who may not see even this host's: every host redacted, from the redacted encodings kept)
-    return _bytes(d.fleet.answer(only_own=d.node_id if can_see_private(request) else ""))
+    return _bytes(d.fleet.answer(only_own=d.node_id if level == FLEET_OWN else None, redact=True))
 
 
 async def prometheus_http_sd(d: Daemon, request: web.Request) -> web.Response:

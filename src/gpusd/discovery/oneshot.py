@@ -84,7 +84,7 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
         raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
     await aiozc.zeroconf.async_wait_for_start()
     granted = widen_receive_buffer(aiozc, RECEIVE_BUFFER)
-    if granted < RECEIVE_BUFFER:  # (Linux reports twice what it grants: its own bookkeeping included)
+    if granted < 2 * RECEIVE_BUFFER:  # (Linux reports twice what it grants: its own bookkeeping included)
         log.info("the one-shot query's receive buffer is %d bytes, not %d (net.core.rmem_max): a burst of "
                  "answers may overflow it (then gpusd list browses by multicast as well)", granted, RECEIVE_BUFFER)
     return aiozc

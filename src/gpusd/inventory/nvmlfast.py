@@ -315,25 +315,34 @@ def nvmlDeviceGetSamples(device: c_void_p, sampling_type: int, since_us: int) ->
 # Each process list's functions, newest first: _v3 (R510 and later), _v2 (the same entries, R470), and the
 # unversioned one (entries without instance ids).  A driver that lacks one is asked the next (nvidia-ml-py
 # asks _v3 only: on an older driver its snapshot fails; a list that cannot be read is never taken for an
-# empty one, which would make a busy GPU look free).
-_PROCESS_FUNCTIONS: dict[str, list[tuple[str, Any]]] = {
-    kind: [(f"{kind}_v3", c_nvmlProcessInfo_v3_t), (f"{kind}_v2", c_nvmlProcessInfo_v3_t),
-           (kind, c_nvmlProcessInfo_v1_t)]
+# empty one, which would make a busy GPU look free).  The one found is kept per list (one assignment).
+_PROCESS_FUNCTIONS: dict[str, tuple[tuple[str, Any], ...]] = {
+    kind: ((f"{kind}_v3", c_nvmlProcessInfo_v3_t), (f"{kind}_v2", c_nvmlProcessInfo_v3_t),
+           (kind, c_nvmlProcessInfo_v1_t))
     for kind in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")}
+_process_version: dict[str, int] = {}  # kind -> the index in its versions of the one this driver has
 
 
-def _processes(kind: str, handle: c_void_p) -> list[Process]:
+def _process_lister(kind: str) -> tuple[Any, Any]:
+    """The process-list function ``kind`` of this driver (the newest it has) and its entry structure."""
     versions = _PROCESS_FUNCTIONS[kind]
-    while True:
-        symbol, entry = versions[0]
+    first = _process_version.get(kind, 0)
+    for i in range(first, len(versions)):
+        symbol, entry = versions[i]
         try:
             fn = _fn(symbol)
         except NVMLError as exc:
-            if exc.value != NVML_ERROR_FUNCTION_NOT_FOUND or len(versions) == 1:
+            if exc.value != NVML_ERROR_FUNCTION_NOT_FOUND or i == len(versions) - 1:
                 raise
-            versions.pop(0)  # this driver has no such function: the older one from now on
             continue
-        break
+        if i != first:
+            _process_version[kind] = i  # (one assignment: threads finding it together agree)
+        return fn, entry
+    raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)  # pragma: no cover - the loop raises or returns
+
+
+def _processes(kind: str, handle: c_void_p) -> list[Process]:
+    fn, entry = _process_lister(kind)
     count = c_uint(0)
     ret = fn(handle, byref(count), None)
     if ret == NVML_SUCCESS:

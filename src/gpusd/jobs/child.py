@@ -51,20 +51,29 @@ def private_dir(job_id: str) -> str:
 
 
 def remove_private_dir(path: str | os.PathLike[str]) -> None:
-    """Remove what :func:`private_dir` made: its files one by one (unlinked, never followed), then the
-    directory; where something more is in it (a directory the command made), ``shutil.rmtree``."""
+    """Remove what :func:`private_dir` made: its files one by one through a descriptor of the directory
+    itself (opened ``O_NOFOLLOW``: a link put in its place is not followed; each file unlinked, never
+    followed), then the directory; where more is in it (a directory the command made), ``shutil.rmtree``,
+    which follows no link either."""
     try:
-        with os.scandir(path) as entries:
-            names = [e.name for e in entries]
-        for name in names:
-            os.unlink(os.path.join(path, name))
-        os.rmdir(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return
+    except OSError:  # not a directory (a link in its place): not ours to look into
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue  # (gone meanwhile)
+        os.rmdir(path)
     except OSError:
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def log(message: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from ..alloc.leases import LeaseStore, current_user
 from ..errors import ConfigError, GpusdError
 from ..ids import JobId, LeaseId
 from ..sanitize import printable
-from .child import private_dir
+from .child import private_dir, remove_private_dir
 from .record import MAX_DEVICES, JobRecord, RecordWriter, list_jobs
 
 RESTART_ME = 75  # the protocol's "restart me" status (docs/jobs.md)
@@ -201,5 +200,5 @@ class FleetJob:
             self.writer.close()
             self.writer = None
         if self.private is not None:
-            shutil.rmtree(self.private, ignore_errors=True)
+            remove_private_dir(self.private)
             self.private = None
