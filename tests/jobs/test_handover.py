@@ -121,17 +121,26 @@ def slots(monkeypatch):
     gate.leave()
 
 
+# Hold both slots of this user; then, for argv[1] turns, let other starts go through them (their turns
+# counted) and end; with 0 turns, keep them (a hung holder).
 HOLD_SLOTS = """
-import fcntl, os, time
+import fcntl, os, sys, time
 from gpusd.alloc.leases import LeaseStore
 from gpusd.alloc.lockdir import open_lock_file
+from gpusd.alloc import startgate as gate
 store = LeaseStore()
 dfd = store.open(create=True)
 fds = [open_lock_file(dfd, f"start-{os.geteuid()}-{k}.lock", store.dir, private=True) for k in range(2)]
 for fd in fds:
     fcntl.flock(fd, fcntl.LOCK_EX)
 print("held", flush=True)
-time.sleep(60)
+turns = int(sys.argv[1])
+if not turns:
+    time.sleep(60)
+for _ in range(turns):
+    time.sleep(0.2)
+    for fd in fds:
+        gate._turn(fd)
 """
 
 
@@ -144,7 +153,7 @@ def test_a_start_waits_for_a_slot_a_bounded_time_and_takes_one_that_frees(slots)
     slots.leave()
     assert not slots.held()
     # another process holds both slots: a start waits for one, but not for ever, then goes on without
-    p = subprocess.Popen([sys.executable, "-c", HOLD_SLOTS], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", HOLD_SLOTS, "0"], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"
         assert slots.enter() is False and not slots.held()
@@ -157,28 +166,10 @@ def test_a_start_waits_for_a_slot_a_bounded_time_and_takes_one_that_frees(slots)
             p.wait()
 
 
-MOVING_SLOTS = """
-import fcntl, os, sys, time
-from gpusd.alloc.leases import LeaseStore
-from gpusd.alloc.lockdir import open_lock_file
-from gpusd.alloc import startgate as gate
-store = LeaseStore()
-dfd = store.open(create=True)
-fds = [open_lock_file(dfd, f"start-{os.geteuid()}-{k}.lock", store.dir, private=True) for k in range(2)]
-for fd in fds:
-    fcntl.flock(fd, fcntl.LOCK_EX)
-print("held", flush=True)
-for _ in range(int(sys.argv[1])):  # other starts going through the slots (their turns counted)
-    time.sleep(0.2)
-    for fd in fds:
-        gate._turn(fd)
-"""
-
-
 def test_a_start_waits_as_long_as_the_slots_keep_changing_hands(slots):
     """Forty jobs submitted together: the last waits for many turns of its slot, longer than a hung
     holder is given (WAIT), and gets one in the end instead of starting with the storm."""
-    p = subprocess.Popen([sys.executable, "-c", MOVING_SLOTS, "8"], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", HOLD_SLOTS, "8"], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"
         assert slots.enter() is True  # the holder let go after 8 turns of 0.2 s (> WAIT = 0.5 s)

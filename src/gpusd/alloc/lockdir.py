@@ -295,29 +295,16 @@ _PROC_LOCKS_MAX = 4 << 20
 
 
 def read_proc_locks() -> bytes | None:
-    """/proc/locks, read to its end (None when it cannot be read).  Each ``read`` takes the kernel's
-    file-lock semaphore for writing (``locks_start``: ``percpu_down_write``), which waits for an RCU
-    grace period: 5-8 ms where other CPUs are busy.  A read returns a page of whole records at most,
-    and may return much less where the next record is large (a lock and every process waiting on it,
-    one line each, may fill pages; anyone can make one): only an empty read is the end."""
+    """/proc/locks, read to its end (None when it cannot be read).  The kernel returns a page of whole
+    records at most per ``read``, and much less where the next record is large (a lock and every process
+    waiting on it, one line each: anyone can make one), so only an empty read is the end, as a buffered
+    read finds it.  (Each ``read`` takes the kernel's file-lock semaphore for writing and waits for an
+    RCU grace period: 5-8 ms where other CPUs are busy.)"""
     try:
-        fd = os.open("/proc/locks", os.O_RDONLY | os.O_CLOEXEC)
+        with open("/proc/locks", "rb") as f:
+            return f.read(_PROC_LOCKS_MAX)
     except OSError:
         return None
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        while total < _PROC_LOCKS_MAX:
-            data = os.read(fd, _PROC_LOCKS_MAX - total)
-            if not data:
-                break
-            chunks.append(data)
-            total += len(data)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
 
 
 def flock_table() -> dict[str, list[tuple[int, bool]]] | None:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from .._version import __version__
 from ..wire.sse import format_event
-from .access import can_see_private
+from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level
 from .events import EventHub, HubFull
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -206,8 +206,6 @@ async def fleet(d: Daemon, request: web.Request) -> web.Response:
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
     # its bytes built by the fleet view (each snapshot encoded once), at the reader's level
-    from .access import FLEET_ALL, FLEET_OWN, fleet_level
-
     level = fleet_level(request)
     if level == FLEET_ALL:
         return _bytes(d.fleet.answer())
@@ -230,8 +228,6 @@ async def fleet_events(d: Daemon, request: web.Request) -> web.StreamResponse:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
-    from .access import fleet_filter
-
     return await sse_stream(request, d.fleet.hub, d.fleet.replay(), d.config.heartbeat, touch=d.fleet.touch,
                             write_timeout=d.config.write_timeout, out=fleet_filter(request, d.node_id))
 

@@ -125,12 +125,8 @@ class Process:
         self.pid = info.pid
         used = info.usedGpuMemory
         self.usedGpuMemory = None if used == NVML_VALUE_NOT_AVAILABLE_ULONGLONG else used
-        # (a v1 entry has no instance ids: a GPU that is not a MIG slice's, as NVML says it, 0xFFFFFFFF)
-        self.gpuInstanceId = getattr(info, "gpuInstanceId", _NO_INSTANCE)
-        self.computeInstanceId = getattr(info, "computeInstanceId", _NO_INSTANCE)
-
-
-_NO_INSTANCE = 0xFFFFFFFF
+        self.gpuInstanceId = getattr(info, "gpuInstanceId", None)  # (a v1 entry has no instance ids)
+        self.computeInstanceId = getattr(info, "computeInstanceId", None)
 
 
 # -- the library and its functions ----------------------------------------------------------------------
@@ -191,10 +187,15 @@ def _text(symbol: str, size: int, *args: Any) -> str:
     return buf.value.decode()
 
 
-def _uint(symbol: str, *args: Any) -> int:
-    out = c_uint()
+def _out(symbol: str, kind: Any, *args: Any) -> Any:
+    """The ``kind`` (a ctypes type) that ``symbol`` fills, its last argument, after ``args``."""
+    out = kind()
     _check(_fn(symbol)(*args, byref(out)))
-    return out.value
+    return out
+
+
+def _uint(symbol: str, *args: Any) -> int:
+    return int(_out(symbol, c_uint, *args).value)
 
 
 def nvmlSystemGetDriverVersion() -> str:
@@ -206,9 +207,7 @@ def nvmlSystemGetNVMLVersion() -> str:
 
 
 def nvmlSystemGetCudaDriverVersion() -> int:
-    out = c_int()
-    _check(_fn("nvmlSystemGetCudaDriverVersion")(byref(out)))
-    return out.value
+    return int(_out("nvmlSystemGetCudaDriverVersion", c_int).value)
 
 
 def nvmlDeviceGetCount() -> int:
@@ -216,9 +215,7 @@ def nvmlDeviceGetCount() -> int:
 
 
 def nvmlDeviceGetHandleByIndex(index: int) -> c_void_p:
-    handle = c_void_p()
-    _check(_fn("nvmlDeviceGetHandleByIndex_v2")(c_uint(index), byref(handle)))
-    return handle
+    return _out("nvmlDeviceGetHandleByIndex_v2", c_void_p, c_uint(index))  # type: ignore[no-any-return]
 
 
 def nvmlDeviceGetUUID(handle: c_void_p) -> str:
@@ -230,15 +227,11 @@ def nvmlDeviceGetName(handle: c_void_p) -> str:
 
 
 def nvmlDeviceGetPciInfo(handle: c_void_p) -> nvmlPciInfo_t:
-    info = nvmlPciInfo_t()
-    _check(_fn("nvmlDeviceGetPciInfo_v3")(handle, byref(info)))
-    return info
+    return _out("nvmlDeviceGetPciInfo_v3", nvmlPciInfo_t, handle)  # type: ignore[no-any-return]
 
 
 def nvmlDeviceGetNumaNodeId(handle: c_void_p) -> int:
-    node = c_int()
-    _check(_fn("nvmlDeviceGetNumaNodeId")(handle, byref(node)))
-    return node.value
+    return int(_out("nvmlDeviceGetNumaNodeId", c_int, handle).value)
 
 
 def nvmlDeviceGetCpuAffinity(handle: c_void_p, cpu_set_size: int) -> Any:
@@ -260,21 +253,15 @@ def nvmlDeviceGetNvLinkState(device: c_void_p, link: int) -> int:
 
 
 def nvmlDeviceGetNvLinkRemotePciInfo(device: c_void_p, link: int) -> nvmlPciInfo_t:
-    info = nvmlPciInfo_t()
-    _check(_fn("nvmlDeviceGetNvLinkRemotePciInfo_v2")(device, link, byref(info)))
-    return info
+    return _out("nvmlDeviceGetNvLinkRemotePciInfo_v2", nvmlPciInfo_t, device, link)  # type: ignore[no-any-return]
 
 
 def nvmlDeviceGetMemoryInfo(handle: c_void_p) -> c_nvmlMemory_t:
-    memory = c_nvmlMemory_t()
-    _check(_fn("nvmlDeviceGetMemoryInfo")(handle, byref(memory)))
-    return memory
+    return _out("nvmlDeviceGetMemoryInfo", c_nvmlMemory_t, handle)  # type: ignore[no-any-return]
 
 
 def nvmlDeviceGetUtilizationRates(handle: c_void_p) -> c_nvmlUtilization_t:
-    rates = c_nvmlUtilization_t()
-    _check(_fn("nvmlDeviceGetUtilizationRates")(handle, byref(rates)))
-    return rates
+    return _out("nvmlDeviceGetUtilizationRates", c_nvmlUtilization_t, handle)  # type: ignore[no-any-return]
 
 
 def nvmlDeviceGetTemperature(handle: c_void_p, sensor: int) -> int:
@@ -368,9 +355,7 @@ def nvmlDeviceGetMaxMigDeviceCount(device: c_void_p) -> int:
 
 
 def nvmlDeviceGetMigDeviceHandleByIndex(device: c_void_p, index: int) -> c_void_p:
-    handle = c_void_p()
-    _check(_fn("nvmlDeviceGetMigDeviceHandleByIndex")(device, c_uint(index), byref(handle)))
-    return handle
+    return _out("nvmlDeviceGetMigDeviceHandleByIndex", c_void_p, device, c_uint(index))  # type: ignore[no-any-return]
 
 
 def nvmlDeviceGetGpuInstanceId(device: c_void_p) -> int:
