@@ -25,8 +25,8 @@ from fakenvml import (  # noqa: E402
     write_state,
 )
 
-__all__ = ["FakeGPU", "FakeProcess", "make_gpus", "write_state", "FakeEnv", "p50", "pct", "timeit_each",
-           "whole_process"]
+__all__ = ["FakeGPU", "FakeProcess", "make_gpus", "write_state", "FakeEnv", "p50", "pct", "start_ready", "stop",
+           "timeit_each", "whole_process"]
 
 
 class FakeEnv:
@@ -86,3 +86,36 @@ def whole_process(cmd: Sequence[str], env: dict[str, str], n: int
         last = subprocess.run(cmd, env=env, capture_output=True)
         out.append(time.perf_counter() - t)
     return out, last
+
+
+def start_ready(cmd: Sequence[str], env: dict[str, str], log: Path | None = None,
+                what: str = "the daemon") -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``cmd`` (a ``gpusd start --foreground``) with ``--ready-fd`` appended, its output to ``log``
+    (None: nowhere); (the process, its ready line) once it said it is ready.  A process that ends
+    without saying so is reaped and the bench stops with the log's end."""
+    r, w = os.pipe()
+    out = open(log, "ab") if log is not None else None
+    try:
+        proc = subprocess.Popen([*cmd, "--ready-fd", str(w)], env=env, stdout=out or subprocess.DEVNULL,
+                                stderr=out or subprocess.DEVNULL, pass_fds=(w,), stdin=subprocess.DEVNULL)
+    finally:
+        os.close(w)
+        if out is not None:
+            out.close()
+    with os.fdopen(r) as f:
+        line = f.readline()
+    if not line:
+        stop(proc)
+        tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+        raise SystemExit(f"{what} did not start; log:\n{tail}")
+    return proc, line
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 15 s; reaped."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

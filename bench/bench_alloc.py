@@ -73,6 +73,8 @@ from _common import (
     FakeProcess,
     make_gpus,
     p50,
+    start_ready,
+    stop,
     timeit_each,
     whole_process,
     write_state,
@@ -286,7 +288,7 @@ def handover_run(fake: FakeEnv, rounds: int, tree: Path) -> dict[str, list[float
         log.stop.set()
         log.join()
         if daemon is not None:
-            _stop_daemon(daemon)
+            stop(daemon)
         tag = "daemon: " if daemon else ""
         out[f"{via}: lease end -> command runs"] = [r[0] for r in runs]
         out[f"  {tag}of which lease end -> next lease taken"] = [r[1] for r in runs]
@@ -539,31 +541,14 @@ def _daemon(fake: FakeEnv, tree: Path) -> tuple[subprocess.Popen, Path]:
     state = fake.tmp / f"daemon-{random.getrandbits(32):08x}"
     state.mkdir()
     env = dict(fake.env, PYTHONPATH=str(tree), GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
-    r, w = os.pipe()
-    with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1",
-                                 "--port", "0", "--session", f"bench-{random.getrandbits(24):06x}", "--interval", "1",
-                                 "--hostname", "bench-host", "--no-record", "--ready-fd", str(w)],
-                                env=env, stdout=log, stderr=log, pass_fds=(w,), stdin=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as f:
-        line = f.readline()
-    sock = Path(fake.env["GPUSD_LEASE_SOCKET"])
-    if not line or not sock.exists():
-        proc.kill()
-        proc.wait()
+    proc, _ = start_ready([sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1",
+                           "--port", "0", "--session", f"bench-{random.getrandbits(24):06x}", "--interval", "1",
+                           "--hostname", "bench-host", "--no-record"], env, state / "gpusd.log")
+    if not Path(fake.env["GPUSD_LEASE_SOCKET"]).exists():
+        stop(proc)
         tail = (state / "gpusd.log").read_text()[-3000:]
         raise SystemExit(f"the daemon did not become the lease authority; log:\n{tail}")
     return proc, Path(fake.env["GPUSD_LOCK_DIR"]) / "authority"
-
-
-def _stop_daemon(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def makespan_run(fake: FakeEnv, mode: str, specs: list, busy: list[int], tree: Path | None = None) -> Run:
@@ -649,7 +634,7 @@ def makespan_run(fake: FakeEnv, mode: str, specs: list, busy: list[int], tree: P
         got = _cpu(daemon.pid)
         if got is not None and daemon_cpu0 is not None:
             run.daemon_cpu = got[0] - daemon_cpu0[0]
-        _stop_daemon(daemon)
+        stop(daemon)
     keeper.stop.set()
     keeper.join()
     log.stop.set()
@@ -742,7 +727,7 @@ def start_cost(fake: FakeEnv, trees: list[Path], n: int) -> None:
             log.stop.set()
             log.join()
             if daemon is not None:
-                _stop_daemon(daemon)
+                stop(daemon)
             rows.append((f"{mode} [{_tree_name(tree)}]", starts, waits, totals))
     for lease in held:
         if lease is not None:

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import FakeEnv, FakeProcess, make_gpus
+from _common import FakeEnv, FakeProcess, make_gpus, start_ready, stop
 
 GiB = 2**30
 
@@ -101,29 +101,11 @@ def start_daemon(fake: FakeEnv, interval: float = 1.0, extra: list[str] | None =
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
     if src is not None:
         env["PYTHONPATH"] = os.path.abspath(src)
-    r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
             "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
-            "--ready-fd", str(w), *(extra or [])]
-    with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen([*PREFIX, *(wrap or []), *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
-                                stdin=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as f:
-        line = f.readline()
-    if not line:
-        proc.kill()
-        raise SystemExit(f"the daemon did not start; log:\n{(state / 'gpusd.log').read_text()[-3000:]}")
+            *(extra or [])]
+    proc, line = start_ready([*PREFIX, *(wrap or []), *argv], env, state / "gpusd.log")
     return proc, json.loads(line)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def free_port() -> int:
@@ -503,19 +485,9 @@ def _start_gpusd(label: str, fake: FakeEnv, src: str | None, site: bool, listing
     main = ["-c", GPUSD_LISTING] if listing else ["-m", "gpusd"]
     if listing:
         env["GPUSD_BENCH_MODULES"] = listing
-    r, w = os.pipe()
     argv = [*_python(site), *main, "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
-            "--session", f"bench-{secrets.token_hex(3)}", "--interval", "1", "--hostname", "bench-host",
-            "--ready-fd", str(w)]
-    with open(Path(state) / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen([*namespace(), *argv], env=env, stdout=log, stderr=log, pass_fds=(w,),
-                                stdin=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as f:
-        line = f.readline()
-    if not line:
-        proc.kill()
-        raise SystemExit(f"{label} did not start; log:\n{(Path(state) / 'gpusd.log').read_text()[-3000:]}")
+            "--session", f"bench-{secrets.token_hex(3)}", "--interval", "1", "--hostname", "bench-host"]
+    proc, _ = start_ready([*namespace(), *argv], env, Path(state) / "gpusd.log", what=label)
     return Measured(label, proc, [state])
 
 
@@ -810,16 +782,9 @@ def visible(args: argparse.Namespace) -> None:
             state = Path(tempfile.mkdtemp(prefix="gpusd-bench-vis-"))
             atexit.register(shutil.rmtree, state, ignore_errors=True)
             env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
-            r, w = os.pipe()
             t0 = time.monotonic()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
-                 "--session", f"bench-{label}", "--hostname", label, "--ready-fd", str(w)],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,),
-                stdin=subprocess.DEVNULL)
-            os.close(w)
-            with os.fdopen(r) as f:
-                f.readline()
+            proc, _ = start_ready([sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1",
+                                   "--port", "0", "--session", f"bench-{label}", "--hostname", label], env)
             ready.append(time.monotonic() - t0)
             took = wait_seen(label, t0)
             stop(proc)

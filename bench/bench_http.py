@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import FakeEnv, FakeProcess, make_gpus, pct
+from _common import FakeEnv, FakeProcess, make_gpus, pct, start_ready, stop
 
 GiB = 2**30
 
@@ -61,24 +61,15 @@ def start_daemon(fake: FakeEnv, interval: float, secret: str | None = None) -> t
     state = Path(tempfile.mkdtemp(prefix="gpusd-bench-http-"))
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
-    r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
-            "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host",
-            "--ready-fd", str(w)]
+            "--session", f"bench-{secrets.token_hex(3)}", "--interval", str(interval), "--hostname", "bench-host"]
     if secret is not None:
         key_file = state / "fleet.key"
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, secret.encode())
         os.close(fd)
         argv += ["--token-file", str(key_file)]
-    with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=(w,), stdin=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as f:
-        line = f.readline()
-    if not line:
-        proc.kill()
-        raise SystemExit(f"the daemon did not start; log:\n{(state / 'gpusd.log').read_text()[-3000:]}")
+    proc, line = start_ready(argv, env, state / "gpusd.log")
     return proc, json.loads(line)
 
 
@@ -172,11 +163,7 @@ async def bench(args: argparse.Namespace) -> None:
             await asyncio.gather(*subs, return_exceptions=True)
     finally:
         drifter.cancel()
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"daemon on the fake NVML with {args.gpus} GPUs, sampling every {args.interval:g} s")
@@ -325,11 +312,7 @@ async def bench_trust(args: argparse.Namespace) -> None:
                 n, lat, errors, cpu, wall = got[name]
                 rows.append((name, n / wall, pct(lat, 50) * 1000, pct(lat, 99) * 1000, errors, cpu / wall))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     if args.json:
         print(json.dumps({"load": load0, "rows": rows}))
         return

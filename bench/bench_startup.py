@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import FakeEnv, make_gpus, p50
+from _common import FakeEnv, make_gpus, p50, start_ready, stop
 
 GiB = 2**30
 
@@ -70,12 +70,7 @@ def main() -> int:
         return measure(args, cmds, envs, env, py)
     finally:
         if daemon is not None:
-            daemon.terminate()
-            try:
-                daemon.wait(15)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+            stop(daemon)
 
 
 def start_daemon(fake: FakeEnv) -> tuple[subprocess.Popen[bytes], str]:
@@ -85,19 +80,13 @@ def start_daemon(fake: FakeEnv) -> tuple[subprocess.Popen[bytes], str]:
     atexit.register(shutil.rmtree, state, ignore_errors=True)
     sock = str(state / "lease.sock")
     env = dict(fake.env, GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state), GPUSD_LEASE_SOCKET=sock)
-    r, w = os.pipe()
     argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1", "--port", "0",
-            "--session", f"bench-{secrets.token_hex(3)}", "--hostname", "bench-startup", "--ready-fd", str(w)]
-    with open(state / "gpusd.log", "ab") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, pass_fds=(w,), stdin=subprocess.DEVNULL)
-    os.close(w)
-    with os.fdopen(r) as f:
-        line = f.readline()
-    if not line or not os.path.exists(sock):
-        proc.kill()
-        proc.wait()
-        raise SystemExit(f"the daemon did not start; log:\n{(state / 'gpusd.log').read_text()[-3000:]}")
+            "--session", f"bench-{secrets.token_hex(3)}", "--hostname", "bench-startup"]
+    proc, line = start_ready(argv, env, state / "gpusd.log")
     json.loads(line)
+    if not os.path.exists(sock):
+        stop(proc)
+        raise SystemExit(f"the daemon serves no lease socket; log:\n{(state / 'gpusd.log').read_text()[-3000:]}")
     return proc, sock
 
 
