@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import re
 import sys
-
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
