@@ -437,6 +437,9 @@ class GpuInfo:
     gpm_dram_util: float | None = field(default=None, metadata=OPT)  # DRAM bandwidth
     pcie_tx_rate: float | None = field(default=None, metadata=OPT)
     pcie_rx_rate: float | None = field(default=None, metadata=OPT)
+    # Unified memory (no memory of its own: DGX Spark GB10, Jetson Thor): the memory fields are the host's
+    # (MemTotal, MemAvailable), shared with the CPU and with every other such GPU of the host.
+    memory_shared: bool | None = field(default=None, metadata=OPT)
 
     @property
     def device_index(self) -> int:

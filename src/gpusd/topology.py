@@ -169,6 +169,27 @@ def machine(sysfs: str = "/sys/devices/system/cpu") -> dict[str, int | None]:
     return out
 
 
+def host_memory(path: str = "/proc/meminfo") -> tuple[int, int] | None:
+    """This machine's memory now, ``(total, available)`` in bytes (``MemTotal``, ``MemAvailable``): what a
+    GPU without memory of its own (unified memory: DGX Spark, Jetson) can allocate.  None where unreadable."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(8192)
+    except OSError:
+        return None
+    found: dict[bytes, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(b":")
+        if key in (b"MemTotal", b"MemAvailable"):
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                found[key] = int(parts[0]) * 1024
+    total, available = found.get(b"MemTotal"), found.get(b"MemAvailable")
+    if total is None or available is None:
+        return None
+    return total, min(available, total)
+
+
 def with_machine(snap: HostSnapshot) -> HostSnapshot:
     """``snap`` with this machine's CPUs and memory (:func:`machine`) filled in."""
     m = machine()

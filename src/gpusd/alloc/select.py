@@ -247,6 +247,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
     for lease in leases:
         by_device.setdefault(lease.device or "", []).append(lease)
     visible = visible_filter(env) if c.within_visible else None
+    # GPUs with the host's memory (unified memory) share it: a reservation on one is gone for all
+    shared = [le for g in snap.gpus if g.memory_shared for le in by_device.get(g.uuid, [])]
     ok: list[Candidate] = []
     rejected: list[str] = []
 
@@ -273,7 +275,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
                 continue
             total = mig.memory_total if mig else gpu.memory_total
             used = mig.memory_used if mig else gpu.memory_used
-            free = None if total is None or used is None else max(0, total - used - _reserved(dev_leases, gpu))
+            reserving = shared if gpu.memory_shared and mig is None else dev_leases
+            free = None if total is None or used is None else max(0, total - used - _reserved(reserving, gpu))
             cand = Candidate(gpu, mig, free, total, None if mig else gpu.utilization_gpu, dev_leases)
             need = _need(c, total)
             if need is not None and (free is None or free < need):

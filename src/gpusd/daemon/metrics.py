@@ -49,6 +49,8 @@ _GPU_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
     "gpusd_gpu_memory_used_bytes": ("GPU memory in use", lambda g: g.memory_used),
     "gpusd_gpu_memory_free_bytes": ("GPU memory free", lambda g: g.memory_free),
     "gpusd_gpu_memory_total_bytes": ("GPU memory in total", lambda g: g.memory_total),
+    "gpusd_gpu_memory_shared": ("1 when the GPU's memory is the host's (unified memory): the memory series "
+                                "are the host's, shared with the CPU", lambda g: 1.0 if g.memory_shared else 0.0),
     "gpusd_gpu_temperature_celsius": ("GPU core temperature", lambda g: g.temperature),
     "gpusd_gpu_power_watts": ("GPU power draw", lambda g: g.power_draw),
     "gpusd_gpu_power_limit_watts": ("GPU power limit", lambda g: g.power_limit),

@@ -138,6 +138,7 @@ class VendorBackend:
                 raise BackendUnavailable(f"{self.library} {self.listing}: {reason}", hint=True) from None
             self._before_read()
             gpus = self._read_all(self._devices)
+            unified_memory(gpus, self._devices)
         if detail:
             self._resolver.fill_gpus(gpus)
         return self._host(gpus)
@@ -153,3 +154,21 @@ class VendorBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def unified_memory(gpus: Sequence[GpuInfo], devices: Sequence[Device]) -> None:
+    """The host's memory for each GPU whose driver has no memory of its own to report (a unified-memory
+    GPU answers the memory query "not supported"): what it can allocate is the host's available memory.
+    Marked ``memory_shared``, so that every view says so and selection counts reservations host-wide."""
+    host = None
+    for gpu, dev in zip(gpus, devices):
+        if gpu.memory_total is not None or "memory" not in dev.unsupported or not gpu.healthy:
+            continue
+        if host is None:
+            from ..topology import host_memory
+
+            host = host_memory() or (0, 0)
+        total, available = host
+        if total:
+            gpu.memory_total, gpu.memory_free, gpu.memory_used = total, available, total - available
+            gpu.memory_shared = True

@@ -334,7 +334,8 @@ def _until(expires: float | None) -> str:
 def _mem_text(g: GpuInfo) -> str:
     if g.memory_total is None:
         return ""
-    return f" {format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}"
+    shared = " shared" if g.memory_shared else ""  # unified memory: the host's
+    return f" {format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}{shared}"
 
 
 def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -> Text:

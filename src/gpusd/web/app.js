@@ -67,6 +67,7 @@
     out.vendor = ["nvidia", "amd", "intel"].includes(g.vendor) ? g.vendor : "nvidia";
     out.error = str(g.error, TEXT_MAX);
     out.healthy = g.healthy !== false;
+    out.memory_shared = g.memory_shared === true;  // unified memory: the host's
     out.processes = bounded(g.processes, PROCS_MAX).map(cleanProc);
     out.leases = bounded(g.leases, PROCS_MAX).map(cleanLease);
     out.numa_node = num(g.numa_node);
@@ -490,7 +491,7 @@
     const m = memRatio(g);
     const mtd = el("td");
     mtd.appendChild(metric(m === null ? null : 100 * m, "mem", hist, "mem",
-      fmtBytes(g.memory_used) + " / " + fmtBytes(g.memory_total)));
+      fmtBytes(g.memory_used) + " / " + fmtBytes(g.memory_total) + (g.memory_shared ? " shared" : "")));
     tr.appendChild(mtd);
     const t = g.temperature;
     const tp = el("td", "tp");
