@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .placement import Pick
 
 RANKINGS = ("load", "util", "memory")
+ANY_VENDOR = "any"  # --vendor any: one job may mix vendors (by default it gets GPUs of one vendor)
 TOPOLOGIES = ("auto", "any", "nvlink")  # how a multi-GPU set is chosen: alloc.placement
 
 
@@ -79,8 +80,9 @@ class Constraints:
                             help="for 2+ GPUs: auto (default: the best-connected set unless clearly more loaded than "
                             "the least-loaded one), any (load order only), nvlink (only GPUs all linked by NVLink)")
     within_visible: bool = _option(True, help="only inside an inherited CUDA_VISIBLE_DEVICES")
-    vendor: str | None = _option(flags=("--vendor",), choices=VENDORS,
-                                 help="only GPUs of this vendor: nvidia, amd or intel (default: any)")
+    vendor: str | None = _option(flags=("--vendor",), choices=(*VENDORS, ANY_VENDOR),
+                                 help="only GPUs of this vendor: nvidia, amd or intel; any: GPUs of several vendors "
+                                 "in one job (default: the best set of one vendor)")
 
     @classmethod
     def from_keywords(cls, **values: Any) -> Constraints:
@@ -105,8 +107,9 @@ class Constraints:
             raise ConfigError(f"--by must be one of {', '.join(RANKINGS)}, not {by!r}")
         if topology not in TOPOLOGIES:
             raise ConfigError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {str(topology)[:20]!r}")
-        if vendor is not None and vendor not in VENDORS:
-            raise ConfigError(f"--vendor must be one of {', '.join(VENDORS)}, not {str(vendor)[:40]!r}")
+        if vendor is not None and vendor not in (*VENDORS, ANY_VENDOR):
+            raise ConfigError(f"--vendor must be one of {', '.join((*VENDORS, ANY_VENDOR))}, "
+                              f"not {str(vendor)[:40]!r}")
         try:
             mf = _memory(min_free) if isinstance(min_free, str) else min_free
         except ValueError as exc:
@@ -302,7 +305,7 @@ def _need(c: Constraints, total: int | None) -> int | None:
 
 def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list[str] | None,
             leases: list[LeaseInfo], label: str, uuid: str) -> str | None:
-    if c.vendor is not None and gpu.vendor != c.vendor:
+    if c.vendor is not None and c.vendor != ANY_VENDOR and gpu.vendor != c.vendor:
         return f"GPU {label}: {gpu.vendor}, not {c.vendor} (--vendor)"
     if not gpu.healthy:
         return f"GPU {label}: unhealthy ({gpu.error or 'unknown'})"
@@ -369,6 +372,9 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
     """:func:`choose`, with the reasons: the ranked devices go to :func:`gpusd.alloc.placement.pick`,
     which chooses the set (by topology for 2+ GPUs, docs/allocation.md)."""
     ok, rejected = candidates(snap, c, leases, env)
+    vendors = {cand.gpu.vendor for cand in ok}
+    if c.vendor is None and c.count > 1 and len(vendors) > 1:
+        return _one_vendor(snap, ok, c, sorted(vendors))
     if len(ok) >= c.count:
         from .placement import pick
 
@@ -379,6 +385,29 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
     raise NoGpuAvailable(
         f"no {what}s available: need {c.count}, {len(ok)} qualify" + (f" ({reasons})" if reasons else "")
     )
+
+
+def _one_vendor(snap: HostSnapshot, ok: list[Candidate], c: Constraints, vendors: list[str]) -> Pick:
+    """A multi-GPU job on a host with several vendors gets GPUs of one vendor (a job's framework speaks
+    one runtime: CUDA or ROCm or Level Zero): the best set each vendor can give, by the summed ranking of
+    its members, then the vendor's name; ``--vendor any`` mixes."""
+    from .placement import pick
+
+    picks = []
+    for vendor in vendors:
+        mine = [cand for cand in ok if cand.gpu.vendor == vendor]
+        if len(mine) >= c.count:
+            try:
+                picks.append(pick(snap, mine, c))
+            except NoGpuAvailable:
+                continue
+    if not picks:
+        have = ", ".join(f"{sum(1 for cand in ok if cand.gpu.vendor == v)} {v}" for v in vendors)
+        raise NoGpuAvailable(f"no GPUs available: need {c.count} of one vendor, {have} qualify "
+                             "(--vendor any to mix vendors in one job)")
+    best = min(picks, key=lambda p: (sum(_score(x, c)[0] for x in p.chosen), p.chosen[0].gpu.vendor))
+    best.reason = f"{best.reason}; GPUs of one vendor ({best.chosen[0].gpu.vendor}; --vendor any mixes)"
+    return best
 
 
 def never(snap: HostSnapshot, c: Constraints) -> str | None:
