@@ -83,13 +83,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_prometheus(tmp: Path, sd_url: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start_prometheus(tmp: Path, sd_url: str, rules: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     config = tmp / "prometheus.yml"
+    rule_files = f"rule_files: [{json.dumps(str(rules))}]" if rules is not None else ""
     config.write_text(f"""
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
+{rule_files}
 scrape_configs:
   - job_name: gpusd
     scrape_interval: 1s
@@ -202,3 +204,38 @@ async def test_prometheus_discovers_the_daemons_and_both_dashboards_have_data(tm
             finally:
                 _stop(proc)
             assert proc.returncode is not None
+
+
+@pytest.mark.timeout(180)
+async def test_the_shipped_rules_fire_for_a_lost_gpu_and_leases_join_load_to_work(tmp_path: Path) -> None:
+    """docs/prometheus-rules.yml loaded into a real Prometheus: a daemon whose GPU 1 is lost fires
+    GpusdGpuLost for that GPU alone; the lease on GPU 0 is a gpusd_gpu_lease_info series naming its
+    holder and job, which joins the GPU's utilisation to the work on it (the dashboard's "Who runs
+    what" panel)."""
+    session = unique_session("rules")
+    snap = _host("node-r", 2)
+    snap.gpus[1].healthy, snap.gpus[1].error = False, "GPU is lost"
+    snap.gpus[1].leases = []
+    snap.gpus[0].leases = [LeaseInfo(lease_id="0123456789ab", pid=4243, user="carol", job="fedcba987654",
+                                     device=snap.gpus[0].uuid)]
+    async with running_daemon(tmp_path, session, "node-r", backend=FakeBackend(snap), user_metrics=True) as d:
+        sd_url = f"http://127.0.0.1:{d.port}/api/v1/prometheus/http_sd"
+        proc, prom = _start_prometheus(tmp_path, sd_url, rules=REPO / "docs" / "prometheus-rules.yml")
+        try:
+            async with aiohttp.ClientSession() as s:
+                async def firing() -> list[Any]:
+                    if proc.poll() is not None:
+                        raise RuntimeError("prometheus exited: " + (tmp_path / "prometheus.log").read_text()[-2000:])
+                    async with s.get(f"{prom}/api/v1/alerts") as r:
+                        body = await r.json()
+                    return [a for a in body["data"]["alerts"]
+                            if a["labels"]["alertname"] == "GpusdGpuLost" and a["state"] == "firing"]
+
+                alerts = await _until("GpusdGpuLost to fire", firing, timeout=90)
+                assert [(a["labels"]["host"], a["labels"]["index"]) for a in alerts] == [("node-r", "1")]
+                joined = await _query(s, prom, "gpusd_gpu_utilization_ratio * on (host, uuid) "
+                                               "group_left (user, gpusd_job) gpusd_gpu_lease_info")
+                assert [(j["metric"]["index"], j["metric"]["user"], j["metric"]["gpusd_job"]) for j in joined] == [
+                    ("0", "carol", "fedcba987654")]
+        finally:
+            _stop(proc)

@@ -414,6 +414,67 @@ class UsageCollector:
             yield per
 
 
+class LeaseCollector:
+    """Who holds what: ``gpusd_gpu_lease_info`` (value 1) per lease on each GPU, with the GPU's labels and
+    the lease, its gpusd job, its Slurm job and its holder, so that a dashboard joins a GPU's load to the
+    work on it (``* on (host, uuid) group_left (user, gpusd_job) gpusd_gpu_lease_info``; not ``job``, which is
+    Prometheus's own label), as dcgm-exporter's pod
+    labels and AMD's exporter's Slurm labels do.  The holder (``user``) is private: filled only where
+    ``per_user()`` is true (as ``gpusd_user_gpu_seconds_total``), empty otherwise.  Also the policy's caps
+    (``gpusd_policy_max_gpus_per_user``, ``gpusd_policy_fleet_max_gpus_per_user``), which the shipped alert
+    rules compare the leases with (docs/prometheus-rules.yml)."""
+
+    MAX_LEASES = 4096  # series per scrape: a host has a lease per GPU or MIG slice, a few per shared GPU
+
+    def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]],
+                 per_user: Callable[[], bool] = lambda: False,
+                 policy: Callable[[], Any] | None = None) -> None:
+        self.snapshots = snapshots
+        self.per_user = per_user
+        self.policy = policy
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from ..sanitize import printable
+
+        info = GaugeMetricFamily("gpusd_gpu_lease_info", "A lease held on a GPU (value 1): the lease, its gpusd "
+                                 "job, its Slurm job and its holder (the holder only for readers who may see it)",
+                                 labels=[*GPU_LABELS, "lease", "gpusd_job", "slurm_job", "user", "remote"])
+        private = self.per_user()
+        n = 0
+        hosts = []
+        for snap in self.snapshots():
+            if snap is None:
+                continue
+            hosts.append(snap.hostname)
+            for g in snap.gpus:
+                labels = gpu_labels(snap, g)
+                for le in g.leases:
+                    if le.unleased or n >= self.MAX_LEASES:
+                        continue
+                    n += 1
+                    user = printable(le.user or "", 64, "") if private else ""
+                    info.add_metric([*labels, printable(le.lease_id, 64, ""), printable(le.job or "", 64, ""),
+                                     printable(le.slurm_job or "", 32, ""), user,
+                                     "true" if le.remote_from else "false"], 1.0)
+        yield info
+        policy = self.policy() if self.policy is not None else None
+        for name, attr, help_ in (
+                ("gpusd_policy_max_gpus_per_user", "max_gpus_per_user", "GPUs one user may hold on this host"),
+                ("gpusd_policy_fleet_max_gpus_per_user", "fleet_max_gpus_per_user",
+                 "GPUs one user may hold on the whole fleet")):
+            cap = getattr(policy, attr, None) if policy is not None else None
+            if isinstance(cap, int):
+                fam = GaugeMetricFamily(name, f"The policy's cap: {help_}", labels=["host"])
+                for host in hosts:
+                    fam.add_metric([host], float(cap))
+                yield fam
+
+
 # registry -> the exporter-named collectors :func:`render` appends (written by exporter_text, not by
 # prometheus_client: see DcgmCollector)
 _EXPORTERS: weakref.WeakKeyDictionary[Any, list[DcgmCollector]] = weakref.WeakKeyDictionary()

@@ -130,13 +130,14 @@ class Monitor:
 
     def metrics(self, private: bool = False) -> bytes:
         """/metrics; ``private``: the reader may see private data (per-user series where turned on)."""
-        from .metrics import UsageCollector, make_registry, render
+        from .metrics import LeaseCollector, UsageCollector, make_registry, render
 
         per_user = private and self.user_metrics
         if (self._registry if per_user else self._public) is None:
-            registry = make_registry(lambda: [self.daemon.latest_snapshot()],
-                                     self.engine.active if self.engine is not None else None, dcgm=self.dcgm,
-                                     extra=[UsageCollector(self.usage, lambda: per_user)])
+            latest = lambda: [self.daemon.latest_snapshot()]
+            registry = make_registry(latest, self.engine.active if self.engine is not None else None, dcgm=self.dcgm,
+                                     extra=[UsageCollector(self.usage, lambda: per_user),
+                                            LeaseCollector(latest, lambda: per_user, _policy)])
             if per_user:
                 self._registry = registry
             else:
@@ -260,3 +261,13 @@ def _own_ports(daemon: Any) -> list[int]:
     """The daemon's HTTP (and HTTPS) ports; empty when it does not say (any port is accepted)."""
     return [p for p in (getattr(daemon, "port", None), getattr(daemon, "tls_port", None))
             if isinstance(p, int) and not isinstance(p, bool) and p > 0]
+
+
+def _policy() -> Any:
+    """The host's fair-use policy (its caps go to /metrics); None where it cannot be read."""
+    try:
+        from ..alloc.policy import load
+
+        return load()
+    except Exception:  # a broken policy file is the lease path's to report, not the scrape's
+        return None
