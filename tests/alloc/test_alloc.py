@@ -295,3 +295,16 @@ def test_load_of_an_ended_lease_does_not_keep_its_gpu_busy(fake_nvml_inprocess):
     assert gpusd.local_snapshot().gpus[0].utilization_gpu > 50  # the window still remembers the job
     job.release()
     assert gpusd.select(count=1, max_util=50, lease=False).indices == [0]
+
+
+def test_set_cuda_visible_devices_refuses_an_index_the_host_does_not_have(fake_nvml_inprocess, monkeypatch):
+    """[1, 7] on a 4-GPU host: CUDA would stop at 7 and the process would see one GPU, silently."""
+    fake_nvml_inprocess.write(make_gpus(4))
+    import gpusd
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ValueError, match=r"no GPU 7 on this host \(it has GPUs 0-3\)"):
+        gpusd.set_cuda_visible_devices([1, 7])
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    gpusd.set_cuda_visible_devices([1, 3])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,3"

@@ -52,6 +52,7 @@ def test_grow_from_one_to_three_then_shrink_to_two(fake_nvml, cli_env, tmp_path)
         job = jobs_json(env)[0]["job"]
         r = gpusd_cli(["grow", str(job)[:6], "+2"], env=env)
         assert r.returncode == 0, r.stderr
+        assert f"job {job} now holds GPUs 0,1,2" in r.stdout + r.stderr  # the GPUs, named as such
         seen = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "change"], timeout=30)
         assert seen[-1]["gpus"] == "0,1,2"
         # Meanwhile other jobs queue for GPUs: they must get GPU 3 only, never the job's.
@@ -62,6 +63,7 @@ def test_grow_from_one_to_three_then_shrink_to_two(fake_nvml, cli_env, tmp_path)
         wait_until_sync(lambda: out.exists() and out.read_text().strip(), timeout=60)
         r = gpusd_cli(["shrink", str(job), "-1"], env=env)
         assert r.returncode == 0, r.stderr
+        assert f"job {job} now holds GPUs 0,1" in r.stdout + r.stderr
         changes = wait_until_sync(lambda: [e for e in log_events(log) if e["event"] == "change"][1:], timeout=30)
         assert changes[-1]["gpus"] == "0,1"
         held = {le["device"] for le in leases_json(env)["leases"] if le.get("job") == job}

@@ -139,6 +139,28 @@ def _resolve(items: list[int | str]) -> list[Visible] | None:
     return out
 
 
+def _check_indices(items: list[int | str]) -> None:
+    """ValueError where an index names no GPU of this host: a runtime would silently drop it (CUDA
+    stops reading its list at the first device it does not have).  Unchecked where the GPUs cannot be
+    read here."""
+    indices = [d for d in items if isinstance(d, int) or (isinstance(d, str) and d.isdigit())]
+    if not indices:
+        return
+    from ..errors import GpusdError
+
+    try:
+        from .api import shared_backend
+
+        count = len(shared_backend().snapshot(detail=False).gpus)
+    except (GpusdError, OSError):
+        return
+    absent = [str(d) for d in indices if int(d) >= count]
+    if absent:
+        have = f"GPUs 0-{count - 1}" if count > 1 else ("GPU 0" if count else "no GPU")
+        raise ValueError(f"no GPU {', '.join(absent)} on this host (it has {have}): a runtime would drop "
+                         f"{'them' if len(absent) > 1 else 'it'} without a word")
+
+
 def set_cuda_visible_devices(devices: Iterable[int | str] | int | str, vendor: str | None = None) -> dict[str, str]:
     """Make ``devices`` (gpusd's indices as in ``gpusd devices``, nvidia-smi's on NVIDIA hosts, or
     UUIDs) the GPUs this process sees.
@@ -154,6 +176,7 @@ def set_cuda_visible_devices(devices: Iterable[int | str] | int | str, vendor: s
     for d in items:
         if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
             raise ValueError(f"a GPU is an index (0, 1, ...) or a UUID, not {d!r}")
+    _check_indices(items)
     resolved = _resolve(items) if vendor is None and items else None
     if resolved is None or all(v.vendor == "nvidia" for v in resolved):
         if vendor in (None, "nvidia"):

@@ -424,7 +424,7 @@ async def _demo_show(session: str, args: argparse.Namespace) -> int:
 
         def frame() -> Group:
             head = Text(f"gpusd demo — session {session} — every GPU on the (loopback) LAN, live; "
-                        f"Ctrl-C to stop", style="bold")
+                        f"ends by itself after {args.duration:g} s (Ctrl-C ends it sooner)", style="bold")
             table = Text(render_devices(client.list_devices(), client.hosts))
             return Group(head, Text("\n".join(events[-6:]), style="dim"), table)
 

@@ -185,8 +185,11 @@ def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
     failed = refused(answer, f"job {rec.job}: ")  # docs/errors.md: the refusal's code
     if failed is not None:
         raise failed
-    text = str(answer.get("message") or answer.get("devices") or "")
-    print(f"job {rec.job}: GPUs {answer.get('devices')}" + (f" ({text})" if answer.get("message") else ""))
+    devices = str(answer.get("devices") or "")
+    holds = f"GPU{'s' if ',' in devices else ''} {devices}" if devices else "no GPU"
+    told = str(answer.get("message") or "")
+    told = told.split("; ", 1)[1] if told.startswith(f"job {rec.job} now holds") and "; " in told else told
+    print(f"job {rec.job} now holds {holds}" + (f" ({told})" if told and " now holds " not in told else ""))
     return 0
 
 

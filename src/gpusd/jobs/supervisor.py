@@ -154,6 +154,13 @@ class Supervisor:
         self.server = control.ControlServer(self.store, self.job_id, self.dispatch)
 
     # -- the protocol file ----------------------------------------------------------------------------
+    def _holding(self) -> str:
+        """What the job holds, as a person reads it: ``GPU 3``, ``GPUs 0,3``, ``no GPU``."""
+        shown = self.cuda_visible()
+        if not shown:
+            return "no GPU"
+        return f"GPU{'s' if len(self.devs) > 1 else ''} {shown}"
+
     def cuda_visible(self) -> str:
         """The job's devices as its vendor's variable lists them (``CUDA_VISIBLE_DEVICES`` on NVIDIA,
         ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel)."""
@@ -482,7 +489,7 @@ class Supervisor:
                         self.devs.remove(d)
                 self.write_job_file("running", f"shrunk by {len(done)} GPU(s)" + self._restart_note())
                 told = self._tell()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+        msg = f"job {self.job_id} now holds {self._holding()}"
         log(msg + self._restart_note() if failed is None else f"{msg}; giving back the rest failed: {failed}")
         if done:
             msg = f"{msg}; {told}"
@@ -511,7 +518,7 @@ class Supervisor:
                     later.append(d.label)
             self.write_job_file("running", f"shrunk by {len(drop)} GPU(s)" + self._restart_note())
             told = self._tell()
-        msg = f"job {self.job_id} now has {self.cuda_visible()}"
+        msg = f"job {self.job_id} now holds {self._holding()}"
         if later:
             msg += f"; GPU {','.join(later)} is freed when the running command exits or restarts"
         log(msg + self._restart_note())
