@@ -87,7 +87,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("The daemon and the LAN (docs/daemon.md)", (("start", "daemon"), ("stop", "daemon"), ("status", "daemon"),
                                                  ("scan", "discover"), ("list", "discover"),
                                                  ("list_devices", "discover"), ("watch", "discover"),
-                                                 ("demo", "daemon"))),
+                                                 ("demo", "daemon"), ("doctor", "doctor"))),
     ("Slurm (docs/slurm.md)", (("slurm", "slurm"),)),
     ("Watching the fleet (docs/monitoring.md)", (("top", "monitor"), ("export", "monitor"))),
     ("Distributed engines (docs/engines.md)", (("hostfile", "engines"), ("launch", "engines"), ("ray", "engines"))),
