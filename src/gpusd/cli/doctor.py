@@ -38,6 +38,6 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
     from . import options as o
 
     o.command(sub, name, "gpusd.cli.doctor:doctor",
-                  "check this host's setup (GPU libraries, daemon, lease socket, lock directory, multicast, "
-                  "secret, clock, systemd) and say what to do for each check that fails",
-                  parents=[o.state_dir(), o.json_output(), o.interface(), o.token("checked: its owner and mode")])
+              "check this host's setup (GPU libraries, daemon, lease socket, lock directory, multicast, "
+              "secret, clock, systemd) and say what to do for each check that fails",
+              parents=[o.state_dir(), o.json_output(), o.interface(), o.token("checked: its owner and mode")])
