@@ -440,6 +440,12 @@ class GpuInfo:
     # Unified memory (no memory of its own: DGX Spark GB10, Jetson Thor): the memory fields are the host's
     # (MemTotal, MemAvailable), shared with the CPU and with every other such GPU of the host.
     memory_shared: bool | None = field(default=None, metadata=OPT)
+    # Each temperature sensor under its own name where the GPU has it (AMD: an MI300X has no edge sensor;
+    # ``temperature`` is then the hotspot), and the board's part number (AMD: amdsmi's
+    # ``board_info.model_number``, ``102-G30211-00``, what AMD's exporter labels ``card_model``)
+    edge_temperature: int | None = field(default=None, metadata=OPT)  # degrees C
+    junction_temperature: int | None = field(default=None, metadata=OPT)  # degrees C (hotspot)
+    board_model: str | None = field(default=None, metadata={**OPT, "max": 64})
 
     @property
     def device_index(self) -> int:

@@ -101,7 +101,12 @@ class AmdGpu:
     vram_used: int = 0
     gfx: int = 0  # percent
     umc: int = 0
-    temp: int = 40
+    temp: int = 40  # edge (missing=["temp_edge"]: no edge sensor, as on an MI300X)
+    hotspot: int = 48  # junction
+    memtemp: int = 44  # VRAM/HBM
+    driver: str = "6.8.5"
+    board: str = "102-G30211-00"  # board_info.model_number: what AMD's exporter writes as card_model
+    energy: int = 7_000_000_000  # µJ since the driver loaded
     power: int = 150  # W
     limit: int = 750
     cpart: str = "SPX"
@@ -114,7 +119,8 @@ class AmdGpu:
         rec = (f"gpu|name={self.name}|serial={self.serial}|bdf={self.bdf}|vram_total={self.vram_total // MiB}"
                f"|vram_used={self.vram_used // MiB}|gfx={self.gfx}|umc={self.umc}|temp={self.temp}|power={self.power}"
                f"|limit={self.limit}|cpart={self.cpart}|mpart={self.mpart}|lost={self.lost}"
-               f"|missing={','.join(self.missing)}")
+               f"|missing={','.join(self.missing)}|hotspot={self.hotspot}|memtemp={self.memtemp}|driver={self.driver}"
+               f"|board={self.board}|energy={self.energy}")
         return [rec] + [f"proc|pid={p.pid}|mem={p.vram}|vram={p.vram}|name={p.name}" for p in self.processes]
 
 

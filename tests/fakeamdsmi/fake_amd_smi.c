@@ -13,6 +13,8 @@
  *   gpu|name=AMD Instinct MI300X|serial=1a2b3c4d5e6f7081|bdf=0000:0c:00.0|vram_total=196592|
  *      vram_used=1024|gfx=37|umc=12|temp=45|power=350|limit=750|cpart=SPX|mpart=NPS1|
  *      lost=<status>|missing=temp,power,activity,...   (vram in MiB, power in W)
+ *      hotspot=<C>|memtemp=<C>|driver=6.8.5|board=102-G30211-00|energy=<uJ>|sclk=<MHz>|mclk=<MHz>
+ *      (missing=temp_edge: no edge sensor, as on an MI300X; temp_hotspot, temp_vram likewise)
  *   proc|pid=123|mem=<bytes>|vram=<bytes>|name=python3  (a process on the GPU above)
  * A lost GPU answers every query with its status; a missing field answers NOT_SUPPORTED.
  *
@@ -47,6 +49,15 @@ typedef struct { char name[256]; uint32_t pid; uint8_t pad0[4]; uint64_t mem;
                  struct { uint64_t gtt_mem, cpu_mem, vram_mem; uint32_t reserved[10]; } memory_usage;
                  char container_name[256]; uint32_t cu_occupancy; uint32_t reserved[11]; } proc_info_t;
 
+typedef struct { char driver_version[256], driver_date[256], driver_name[256]; } driver_info_t;
+typedef struct { char model_number[256], product_serial[256], fru_id[256], product_name[256], manufacturer_name[256];
+                 uint64_t reserved[64]; } board_info_t;
+typedef struct { uint32_t clk, min_clk, max_clk; uint8_t clk_locked, clk_deep_sleep, pad0[2]; uint32_t reserved[4];
+               } clk_info_t;
+
+_Static_assert(sizeof(driver_info_t) == 768, "driver_info_t");
+_Static_assert(sizeof(board_info_t) == 1792, "board_info_t");
+_Static_assert(sizeof(clk_info_t) == 32, "clk_info_t");
 _Static_assert(sizeof(asic_info_t) == 896, "asic_info_t");
 _Static_assert(sizeof(vram_usage_t) == 16, "vram_usage_t");
 _Static_assert(sizeof(engine_usage_t) == 64, "engine_usage_t");
@@ -55,9 +66,9 @@ _Static_assert(sizeof(proc_info_t) == 704, "proc_info_t");
 
 typedef struct { uint32_t pid; uint64_t mem, vram; char name[64]; } proc_t;
 typedef struct {
-    char name[128], serial[64], cpart[16], mpart[16], missing[256];
+    char name[128], serial[64], cpart[16], mpart[16], missing[256], driver[64], board[64];
     unsigned domain, bus, dev, fn;
-    uint32_t vram_total, vram_used, gfx, umc, limit; int64_t temp; uint64_t power;
+    uint32_t vram_total, vram_used, gfx, umc, limit, sclk, mclk; int64_t temp, hotspot, memtemp; uint64_t power, energy;
     int lost; int nproc; proc_t procs[MAX_PROCS];
 } gpu_t;
 
@@ -73,6 +84,9 @@ EXPORT size_t fake_amdsmi_sizeof(const char *what) {
     if (!strcmp(what, "amdsmi_engine_usage_t")) return sizeof(engine_usage_t);
     if (!strcmp(what, "amdsmi_power_info_t")) return sizeof(power_info_t);
     if (!strcmp(what, "amdsmi_proc_info_t")) return sizeof(proc_info_t);
+    if (!strcmp(what, "amdsmi_driver_info_t")) return sizeof(driver_info_t);
+    if (!strcmp(what, "amdsmi_board_info_t")) return sizeof(board_info_t);
+    if (!strcmp(what, "amdsmi_clk_info_t")) return sizeof(clk_info_t);
     return 0;
 }
 
@@ -98,6 +112,13 @@ static void parse_field(gpu_t *g, proc_t *p, char *kv) {
     else if (!strcmp(k, "gfx")) g->gfx = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "umc")) g->umc = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "temp")) g->temp = strtoll(v, 0, 10);
+    else if (!strcmp(k, "hotspot")) g->hotspot = strtoll(v, 0, 10);
+    else if (!strcmp(k, "memtemp")) g->memtemp = strtoll(v, 0, 10);
+    else if (!strcmp(k, "driver")) copy(g->driver, sizeof g->driver, v);
+    else if (!strcmp(k, "board")) copy(g->board, sizeof g->board, v);
+    else if (!strcmp(k, "energy")) g->energy = strtoull(v, 0, 10);
+    else if (!strcmp(k, "sclk")) g->sclk = (uint32_t)strtoul(v, 0, 10);
+    else if (!strcmp(k, "mclk")) g->mclk = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "power")) g->power = strtoull(v, 0, 10);
     else if (!strcmp(k, "limit")) g->limit = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "cpart")) copy(g->cpart, sizeof g->cpart, v);
@@ -251,10 +272,57 @@ EXPORT int amdsmi_get_gpu_activity(void *h, engine_usage_t *e) {
 
 EXPORT int amdsmi_get_temp_metric(void *h, int sensor, int metric, int64_t *value) {
     gpu_t *g;
+    static const char *names[] = {",temp_edge,", ",temp_hotspot,", ",temp_vram,"};
     int rc = enter(h, "temp", &g);
     if (rc == OK) {
-        if (metric != 0) LEAVE(NOT_SUPPORTED);
-        *value = sensor == 0 ? g->temp : g->temp + 8; /* edge; hotspot runs hotter */
+        if (metric != 0 || sensor < 0 || sensor > 2 || strstr(g->missing, names[sensor])) LEAVE(NOT_SUPPORTED);
+        /* edge; the hotspot (junction) runs hotter; the memory (VRAM/HBM) */
+        *value = sensor == 0 ? g->temp : sensor == 1 ? (g->hotspot ? g->hotspot : g->temp + 8)
+                                                     : (g->memtemp ? g->memtemp : g->temp + 4);
+    }
+    LEAVE(rc);
+}
+
+EXPORT int amdsmi_get_gpu_driver_info(void *h, driver_info_t *info) {
+    gpu_t *g;
+    int rc = enter(h, "driver", &g);
+    if (rc == OK) {
+        memset(info, 0, sizeof *info);
+        copy(info->driver_version, sizeof info->driver_version, g->driver[0] ? g->driver : "6.8.5");
+        copy(info->driver_date, sizeof info->driver_date, "2015/01/01 00:00");
+        copy(info->driver_name, sizeof info->driver_name, "amdgpu");
+    }
+    LEAVE(rc);
+}
+
+EXPORT int amdsmi_get_gpu_board_info(void *h, board_info_t *info) {
+    gpu_t *g;
+    int rc = enter(h, "board", &g);
+    if (rc == OK) {
+        memset(info, 0, sizeof *info);
+        copy(info->model_number, sizeof info->model_number, g->board[0] ? g->board : "102-G30211-00");
+        copy(info->product_serial, sizeof info->product_serial, g->serial);
+        copy(info->product_name, sizeof info->product_name, g->name);
+        copy(info->manufacturer_name, sizeof info->manufacturer_name, "AMD");
+    }
+    LEAVE(rc);
+}
+
+EXPORT int amdsmi_get_energy_count(void *h, uint64_t *acc, float *resolution, uint64_t *ts) {
+    gpu_t *g;
+    int rc = enter(h, "energy", &g);
+    if (rc == OK) { *resolution = 15.259f; *acc = (uint64_t)((double)g->energy / 15.259); *ts = 1; }
+    LEAVE(rc);
+}
+
+EXPORT int amdsmi_get_clock_info(void *h, int type, clk_info_t *c) {
+    gpu_t *g;
+    int rc = enter(h, "clock", &g);
+    if (rc == OK) {
+        if (type != 0 && type != 4) LEAVE(NOT_SUPPORTED); /* GFX (SYS), MEM */
+        memset(c, 0, sizeof *c);
+        c->clk = type == 0 ? (g->sclk ? g->sclk : 2100) : (g->mclk ? g->mclk : 1300);
+        c->max_clk = type == 0 ? 2100 : 1300;
     }
     LEAVE(rc);
 }

@@ -182,7 +182,8 @@ def test_the_daemons_backend_on_a_mixed_host_reads_nvml_telemetry_and_serves_dcg
     nvidia = [g["uuid"] for g in snap["gpus"] if g["vendor"] == "nvidia"]
     amd = [g["uuid"] for g in snap["gpus"] if g["vendor"] == "amd"]
     assert len(nvidia) == 2 and len(amd) == 2
-    assert [(g.get("clock_sm"), g.get("pcie_replays")) for g in snap["gpus"]] == [(1395, 3)] * 2 + [(None, None)] * 2
+    # NVML's DCGM readings for NVIDIA; amdsmi's clocks for AMD (no PCIe replay counter there)
+    assert [(g.get("clock_sm"), g.get("pcie_replays")) for g in snap["gpus"]] == [(1395, 3)] * 2 + [(2100, None)] * 2
     assert all("clock_sm" not in g and "energy" not in g for g in out["0"]["snap"]["gpus"])  # one-shot: none
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -191,3 +192,49 @@ def test_the_daemons_backend_on_a_mixed_host_reads_nvml_telemetry_and_serves_dcg
     for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_UTIL"):
         assert sorted(s.labels["UUID"] for s in fams[name].samples) == sorted(nvidia), name
     assert sorted(s.labels["gpu_uuid"] for s in fams["gpu_gfx_activity"].samples) == sorted(amd)
+
+
+def test_what_amd_smi_and_amds_exporter_show_for_an_mi300x(fake_amdsmi) -> None:
+    """Driver version, each temperature sensor under its own name only where it exists (an MI300X has no
+    edge sensor), health, energy in µJ, clocks, and card_model as the board's part number: what AMD's
+    device-metrics-exporter serves and its dashboards match."""
+    import subprocess
+    import sys
+
+    from gpusd.daemon.metrics import render_snapshots
+    from gpusd.model import HostSnapshot
+
+    gpus = _two()
+    gpus[0].missing = ["temp_edge"]
+    gpus[0].hotspot, gpus[0].memtemp, gpus[0].energy = 61, 55, 9_000_000_000
+    fake_amdsmi.write(gpus)
+    script = ("import json\n"
+              "from gpusd.inventory import open_backend\n"
+              "with open_backend(telemetry=True) as b:\n"  # what the daemon opens
+              "    print(json.dumps(b.snapshot().to_dict()))\n")
+    r = subprocess.run([sys.executable, "-c", script], env=_env(fake_amdsmi), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["driver_version"] == "6.8.5"
+    a, b = d["gpus"]
+    assert "edge_temperature" not in a and a["junction_temperature"] == 61 and a["memory_temperature"] == 55
+    assert a["temperature"] == 61  # gpusd's own reading: the hotspot where there is no edge sensor
+    assert b["edge_temperature"] == 40 and b["junction_temperature"] == 48
+    assert a["energy"] == 9_000_000 and a["board_model"] == "102-G30211-00"  # mJ, gpusd's unit
+    assert (a["clock_sm"], a["clock_memory"]) == (2100, 1300)
+    text = render_snapshots([HostSnapshot.from_dict(d)], dcgm=True).decode()
+
+    def series(name: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+    edge, junction = series("gpu_edge_temperature"), series("gpu_junction_temperature")
+    assert len(edge) == 1 and 'gpu_uuid="GPU-00000000000000b1"' in edge[0]  # only the GPU with the sensor
+    assert len(junction) == 2 and any('gpu_uuid="GPU-1a2b3c4d5e6f7081"' in s and s.endswith(" 61.0") for s in junction)
+    assert len(series("gpu_memory_temperature")) == 2 and len(series("gpu_health")) == 2
+    energy = next(s for s in series("gpu_energy_consumed") if "GPU-1a2b3c4d5e6f7081" in s)
+    assert float(energy.rsplit(" ", 1)[1]) == 9e9  # µJ, as AMD's exporter
+    assert 'card_model="102-G30211-00"' in energy and 'driver_version="6.8.5"' in energy
+    clocks = series("gpu_clock")
+    assert any('clock_type="SYSTEM"' in c and c.endswith(" 2100.0") for c in clocks)
+    assert any('clock_type="MEMORY"' in c for c in clocks)

@@ -215,8 +215,12 @@ def test_metrics_carry_amd_exporter_names_for_amd_gpus_and_dcgm_names_for_nvidia
     assert len(gfx) == 1 and gfx[0][1] == amd.utilization_gpu
     labels = gfx[0][0]
     assert (labels["gpu_id"], labels["gpu_uuid"], labels["hostname"], labels["card_model"]) == (
-        "0", amd.uuid, "mixed-1", "AMD Instinct MI300X")
+        "0", amd.uuid, "mixed-1", "102-G30211-00")  # the board's part number, which AMD's dashboards match
     assert labels["gpu_compute_partition_type"] == "spx" and labels["gpu_memory_partition_type"] == "nps1"
+    # an MI300X has no edge sensor: its hotspot is gpu_junction_temperature, and no gpu_edge_temperature
+    assert [v for name, _, v in series if name == "gpu_junction_temperature"] == [amd.temperature]
+    assert not [v for name, _, v in series if name == "gpu_edge_temperature"]
+    assert [v for name, _, v in series if name == "gpu_health"] == [1.0]
     vram = [v for name, _, v in series if name == "gpu_total_vram"]
     assert vram == [192 * 1024]  # MB, as the exporter counts
     dcgm = [labels["UUID"] for name, labels, _ in series if name == "DCGM_FI_DEV_GPU_UTIL"]

@@ -488,7 +488,14 @@ _AMD_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
     "gpu_used_vram": ("Used VRAM (in MB).", lambda g: None if g.memory_used is None else g.memory_used / _MIB),
     "gpu_free_vram": ("Free VRAM (in MB).", lambda g: None if g.memory_free is None else g.memory_free / _MIB),
     "gpu_total_vram": ("Total VRAM (in MB).", lambda g: None if g.memory_total is None else g.memory_total / _MIB),
-    "gpu_edge_temperature": ("Edge temperature (in C).", lambda g: g.temperature),
+    # each sensor under its own name, only where the GPU has it (no edge sensor on an MI300X: its hotspot
+    # is gpu_junction_temperature, as AMD's exporter serves it)
+    "gpu_edge_temperature": ("Current edge temperature in Celsius", lambda g: g.edge_temperature),
+    "gpu_junction_temperature": ("Current junction/hotspot temperature in Celsius", lambda g: g.junction_temperature),
+    "gpu_memory_temperature": ("Current memory temperature in Celsius", lambda g: g.memory_temperature),
+    "gpu_health": ("Health of the GPU (0 = Unhealthy | 1 = Healthy)", lambda g: 1.0 if g.healthy else 0.0),
+    "gpu_energy_consumed": ("Accumulated energy consumed by the GPU in uJ",
+                            lambda g: None if g.energy is None else g.energy * 1000.0),
     "gpu_package_power": ("Package power (in W).", lambda g: g.power_draw),
     "gpu_power_usage": ("Power usage (in W).", lambda g: g.power_draw),
 }
@@ -511,6 +518,8 @@ class AmdExporterCollector:
 
         families = {name: GaugeMetricFamily(name, help_, labels=list(AMD_LABELS))
                     for name, (help_, _) in _AMD_GAUGES.items()}
+        clock = GaugeMetricFamily("gpu_clock", "Current clock frequency in MHz",
+                                  labels=["clock_index", "clock_type", *AMD_LABELS])
         for snap in self._snapshots():
             if snap is None:
                 continue
@@ -518,15 +527,20 @@ class AmdExporterCollector:
                 if g.vendor != "amd":
                     continue
                 serial = g.uuid.removeprefix("GPU-") if g.uuid.startswith("GPU-") else ""
-                labels = [str(g.device_index), g.uuid, serial, g.name or "", "AMD", snap.hostname, "0",
+                # card_model: the board's part number, else the market name (as AMD's exporter falls back to
+                # the card series): AMD's dashboards match part numbers such as 102-G30211-00
+                labels = [str(g.device_index), g.uuid, serial, g.board_model or g.name or "", "AMD", snap.hostname, "0",
                           (g.compute_partition or "").lower(), (g.memory_partition or "").lower(),
                           snap.driver_version or ""]
                 for name, (_, read) in _AMD_GAUGES.items():
                     value = read(g)
                     if value is not None:
                         families[name].add_metric(labels, float(value))
+                for i, (kind, mhz) in enumerate((("SYSTEM", g.clock_sm), ("MEMORY", g.clock_memory))):
+                    if mhz is not None:
+                        clock.add_metric([str(i), kind, *labels], float(mhz))
         # only families with series: a host without AMD GPUs exports none of these names
-        yield from (f for f in families.values() if f.samples)
+        yield from (f for f in (*families.values(), clock) if f.samples)
 
 
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],

@@ -9,7 +9,10 @@ ROCm's ``GPU-<unique id>``, the form ``ROCR_VISIBLE_DEVICES`` takes), PCI bus id
 ``amdsmi_get_gpu_device_bdf``, memory ``amdsmi_get_gpu_vram_usage``, utilisation
 ``amdsmi_get_gpu_activity`` (GFX activity, averaged over the window from our own readings: amdsmi
 keeps no sample buffer; UMC activity as the memory utilisation), temperature
-``amdsmi_get_temp_metric`` (edge, else hotspot), power and limit ``amdsmi_get_power_info``, processes
+``amdsmi_get_temp_metric`` (edge, else hotspot; each sensor also under its own name, with the memory's),
+driver version ``amdsmi_get_gpu_driver_info``, board part number ``amdsmi_get_gpu_board_info``, energy
+``amdsmi_get_energy_count`` (accumulator × resolution, µJ), clocks ``amdsmi_get_clock_info`` (GFX,
+MEM), power and limit ``amdsmi_get_power_info``, processes
 ``amdsmi_get_gpu_process_list`` (VRAM per process), partition modes
 ``amdsmi_get_gpu_compute_partition``/``..._memory_partition`` (SPX/DPX/QPX/CPX, NPS1/NPS4 on MI300).
 No fan (data-centre parts have none), no compute mode, no MIG.
@@ -80,15 +83,24 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _clock(info: Any) -> int | None:
+    """MHz from amdsmi's clock info (None where it says N/A)."""
+    value = _number(info.get("clk")) if isinstance(info, dict) else None
+    return int(value) if value is not None else None
+
+
 class AmdBackend(VendorBackend):
     """The local AMD GPUs through amdsmi.  Thread-safe; one instance per process is enough."""
 
     backend = "amdsmi"
     vendor = "amd"
     library = "amdsmi"
+    telemetry_counters = True  # takes telemetry=: energy and clocks for /metrics (inventory.combined.open_vendor)
 
-    def __init__(self, *, util_window: float = 5.0, processes: bool = True) -> None:
+    def __init__(self, *, util_window: float = 5.0, processes: bool = True, telemetry: bool = False) -> None:
         super().__init__(util_window=util_window, processes=processes)
+        self.telemetry = telemetry  # the daemon's: what AMD's exporter serves beyond gpusd's own fields
+        self._boards: dict[str, str | None] = {}  # UUID -> board part number (read with the device list)
         smi = import_amdsmi()
         self._smi = smi
         self._error = smi.AmdSmiException
@@ -132,6 +144,13 @@ class AmdBackend(VendorBackend):
             try:
                 bdf = self._query(dev, "bdf", smi.amdsmi_get_gpu_device_bdf)
                 dev.pci_bus_id = str(bdf).upper().replace("0X", "") if bdf else None
+                board = self._query(dev, "board", smi.amdsmi_get_gpu_board_info)
+                model = board.get("model_number") if isinstance(board, dict) else None
+                self._boards[dev.uuid] = str(model)[:64] if model and model != "N/A" else None
+                if self.driver_version is None:
+                    driver = self._query(dev, "driver", smi.amdsmi_get_gpu_driver_info)
+                    version = driver.get("driver_version") if isinstance(driver, dict) else None
+                    self.driver_version = str(version)[:64] if version and version != "N/A" else None
             except _GpuFailed:
                 pass
             devices.append(dev)
@@ -158,19 +177,38 @@ class AmdBackend(VendorBackend):
         if self._detail:
             kinds = smi.AmdSmiTemperatureType
             current = smi.AmdSmiTemperatureMetric.CURRENT
-            temp = q(dev, "temp_edge", smi.amdsmi_get_temp_metric, kinds.EDGE, current)
-            if temp is None:
-                temp = q(dev, "temp_hotspot", smi.amdsmi_get_temp_metric, kinds.HOTSPOT, current)
-            gpu.temperature = int(temp) if isinstance(temp, int) else None
+            edge = q(dev, "temp_edge", smi.amdsmi_get_temp_metric, kinds.EDGE, current)
+            hotspot = q(dev, "temp_hotspot", smi.amdsmi_get_temp_metric, kinds.HOTSPOT, current)
+            memory = q(dev, "temp_vram", smi.amdsmi_get_temp_metric, kinds.VRAM, current)
+            gpu.edge_temperature = int(edge) if isinstance(edge, int) else None
+            gpu.junction_temperature = int(hotspot) if isinstance(hotspot, int) else None
+            gpu.memory_temperature = int(memory) if isinstance(memory, int) else None
+            gpu.temperature = gpu.edge_temperature if gpu.edge_temperature is not None else gpu.junction_temperature
             power = q(dev, "power", smi.amdsmi_get_power_info)
             if power:
                 draw = _number(power.get("current_socket_power"))
                 gpu.power_draw = draw if draw is not None else _number(power.get("average_socket_power"))
                 gpu.power_limit = _number(power.get("power_limit"))
+            if self.telemetry:
+                self._telemetry(dev, gpu)
+        gpu.board_model = self._boards.get(dev.uuid)
         gpu.compute_partition = self._partition(dev, "compute_partition", smi.amdsmi_get_gpu_compute_partition)
         gpu.memory_partition = self._partition(dev, "memory_partition", smi.amdsmi_get_gpu_memory_partition)
         if self.want_processes:
             gpu.processes = self._processes(dev)
+
+    def _telemetry(self, dev: _Device, gpu: GpuInfo) -> None:
+        """The daemon's extra readings, as AMD's exporter serves them: energy (the accumulator times its
+        resolution, µJ; gpusd keeps mJ) and the GFX and memory clocks."""
+        smi, q = self._smi, self._query
+        energy = q(dev, "energy", smi.amdsmi_get_energy_count)
+        if isinstance(energy, dict):
+            acc, res = _number(energy.get("energy_accumulator")), _number(energy.get("counter_resolution"))
+            if acc is not None and res is not None:
+                gpu.energy = round(acc * res / 1000)
+        clocks = smi.AmdSmiClkType
+        gpu.clock_sm = _clock(q(dev, "clock_gfx", smi.amdsmi_get_clock_info, clocks.GFX))
+        gpu.clock_memory = _clock(q(dev, "clock_mem", smi.amdsmi_get_clock_info, clocks.MEM))
 
     def _partition(self, dev: _Device, key: str, fn: Any) -> str | None:
         value = self._query(dev, key, fn)

@@ -52,6 +52,8 @@ VENDOR_MODELS: dict[str, tuple[str, str | None, str | None, int | None]] = {
     "MI250X": ("amd", None, None, None),
     "MAX1550": ("intel", None, None, 2),
 }
+# The AMD boards' part numbers (amdsmi's board_info.model_number), which AMD's dashboards match as card_model
+AMD_BOARDS = {"MI300X": "102-G30211-00", "MI250X": "102-D65209-0C"}
 # How GPUs of a model connect in the boxes they usually come in (docs/simulation.md, "Topology"):
 # SXM boards sit on NVSwitches (DGX/HGX A100: 12 NVLinks per GPU, H100/H200: 18), workstation boards
 # with NVLink bridges in pairs (A6000, RTX 3090: NV4; V100 simplified to NV2 pairs), the rest on PCIe only.
@@ -446,7 +448,24 @@ class SimulatedBackend:
             gpu.memory_used, gpu.memory_free = min(total, in_procs), max(0, total - in_procs)
         if gpu.vendor == "nvidia":  # what the NVML backend reads; amdsmi and Sysman read none of it
             self._telemetry(i, g.model, gpu, util, t)
+        elif gpu.vendor == "amd":
+            self._amd(i, g.model, gpu, util, t)
         return gpu
+
+    def _amd(self, i: int, model: str, gpu: GpuInfo, util: float, t: float) -> None:
+        """What the amdsmi backend reads beyond gpusd's common fields, as AMD's boards have it: the board's
+        part number (the OAM MI300X's and MI250X's), no edge sensor on an MI300X (its temperature is the
+        hotspot's), a memory sensor, clocks, and energy integrated from the power draw."""
+        gpu.board_model = AMD_BOARDS.get(model)
+        core = gpu.temperature
+        gpu.junction_temperature = core
+        gpu.edge_temperature = None if model == "MI300X" or core is None else core - 8
+        gpu.memory_temperature = None if core is None else core - 4
+        gpu.clock_sm, gpu.clock_memory = int(2100 * (0.6 + 0.4 * util / 100)), 1300
+        last_t, mj = self._energy.get(i, (self._t0, 1e9))
+        mj += max(0.0, t - last_t) * (gpu.power_draw or 0.0) * 1000.0
+        self._energy[i] = (max(t, last_t), mj)
+        gpu.energy = int(mj)
 
     def _telemetry(self, i: int, model: str, gpu: GpuInfo, util: float, t: float) -> None:
         """What the DCGM-named metrics read, made up consistently: clocks, a growing energy counter
