@@ -263,14 +263,31 @@ def check(user: str | None, count: int, leases: Iterable[Any], policy: Policy | 
 
 
 # -- fair share: the daemon's summary of the usage history, read by every waiter ------------------
+# The summary lives in root's daemon's state directory, never in the world-writable lock directory:
+# there anyone could squat its name (a directory called fair-share.json made the daemon's rename fail
+# every minute, silently turning fair share off) or race the daemon's writes.
 SHARES_FILE = "fair-share.json"
 MAX_SHARES_BYTES = 1 << 20
+ROOT_STATE_DIR = "/var/lib/gpusd"  # root's daemon's state directory (gpusd.identity.state_dir for root)
+
+
+def shares_dir() -> str:
+    """Where waiters look for root's daemon's fair-share summary: ``$GPUSD_STATE_DIR`` (the daemon's
+    state directory where it was moved), else root's default.  What is found there counts only when
+    root owns it and no one else can write it (:func:`read_shares`)."""
+    return os.environ.get("GPUSD_STATE_DIR") or ROOT_STATE_DIR
+
+
+class SharesDirUnsafe(OSError):
+    """The directory the summary was to go to is not the daemon's alone."""
 
 
 def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], days: float,
                  now: float | None = None) -> None:
-    """Write the GPU-hours of each user over the last ``days`` days into the lock directory (root's
-    daemon does, every minute, from the usage history), atomically: a new file renamed into place."""
+    """Write the GPU-hours of each user over the last ``days`` days into ``directory``, the daemon's
+    state directory (root's daemon does, every minute, from the usage history), atomically: a new
+    file renamed into place.  Refuses (:class:`SharesDirUnsafe`) a directory that is not this
+    process's own or that others can write: the daemon writes only where only it can write."""
     import secrets
     import time
 
@@ -278,6 +295,10 @@ def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], day
                        "hours": {u[:64]: round(float(h), 6) for u, h in sorted(hours.items())[:10000]}}).encode()
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SharesDirUnsafe(f"{os.fspath(directory)} is not the daemon's alone (owner uid {st.st_uid}, "
+                                  f"mode {stat.S_IMODE(st.st_mode):04o}): the fair-share summary is not written")
         tmp = f".{SHARES_FILE}.{secrets.token_hex(8)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
         try:
@@ -290,14 +311,19 @@ def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], day
         os.close(dfd)
 
 
-def read_shares(directory: str | os.PathLike[str]) -> dict[str, float] | None:
-    """The users' GPU-hours the daemon last wrote (:func:`write_shares`), or None: no file, or one
-    that is not root's regular file (anyone may create files in the lock directory)."""
+def read_shares(directory: str | os.PathLike[str] | None = None) -> dict[str, float] | None:
+    """The users' GPU-hours the daemon last wrote (:func:`write_shares`) in ``directory`` (default
+    :func:`shares_dir`), or None: no file, or one that is not root's regular file in a directory
+    only root can write."""
     try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dfd = os.open(shares_dir() if directory is None else directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        dst = os.fstat(dfd)
+        if dst.st_uid != 0 or dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None  # a directory others can write: its files could be anyone's swap
+
         fd = os.open(SHARES_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
         return None
