@@ -49,16 +49,21 @@ def select(args: argparse.Namespace) -> int:
     return 0
 
 
-# What ``gpusd env`` prints on stdout when it fails, so that ``eval "$(gpusd env ...)"`` fails closed: no
-# GPU visible (an empty CUDA_VISIBLE_DEVICES hides every GPU; unset would show them all) and eval's status
-# non-zero (that of its last command).  The error itself goes to stderr as always (docs/cli.md).
-FAIL_CLOSED = ("export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", "unset GPUSD_LEASE",
-               "false")
+def fail_closed_lines() -> list[str]:
+    """What ``gpusd env`` prints on stdout when it fails, so that ``eval "$(gpusd env ...)"`` fails
+    closed: no GPU of any vendor visible (each runtime's own hide-all value: an empty
+    ``CUDA_VISIBLE_DEVICES`` hides every NVIDIA GPU, but an empty ``HIP_VISIBLE_DEVICES`` or
+    ``ZE_AFFINITY_MASK`` is no mask at all; :func:`gpusd.inventory.vendors.hide_all`) and eval's
+    status non-zero (that of its last command).  The error itself goes to stderr as always
+    (docs/cli.md)."""
+    from ..inventory.vendors import hide_all
+
+    return [*(f"export {k}={_quote(v)}" for k, v in hide_all().items()), "unset GPUSD_LEASE", "false"]
 
 
 def env_failing_closed(run: Callable[[], int]) -> int:
     """Run ``gpusd env`` (``run``); on any failure (an error, bad usage, an exception, SIGTERM or
-    SIGHUP: ``timeout 60 gpusd env --wait``) print :data:`FAIL_CLOSED` on stdout before giving the
+    SIGHUP: ``timeout 60 gpusd env --wait``) print :func:`fail_closed_lines` on stdout before giving the
     failure back.  (SIGKILL leaves nothing to print: eval then sees no output.)"""
     import signal
     import sys
@@ -74,7 +79,7 @@ def env_failing_closed(run: Callable[[], int]) -> int:
             sys.stdout.flush()
         except OSError:
             pass
-        print("\n".join(FAIL_CLOSED), flush=True)
+        print("\n".join(fail_closed_lines()), flush=True)
 
     try:
         rc = run()
