@@ -457,7 +457,7 @@ class LeaseServer:
         wait, timeout, command, visible = (kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("command"),
                                            kwargs.pop("visible"))
         c = Constraints.build(**kwargs, within_visible=visible is not None)
-        env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+        env = dict(visible) if visible is not None else {}  # the client's inherited device lists
         who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,  # priority believed for uid
                      slurm_job=(extra or {}).get("slurm_job"))
         return allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
@@ -490,7 +490,7 @@ class LeaseServer:
         kwargs["shared"] = lease.shared  # one record, one mode
         kwargs["exclude"] = [*(kwargs["exclude"] or []), *lease.devices]  # a shared GPU is not taken twice
         c = Constraints.build(**kwargs, within_visible=visible is not None)
-        env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+        env = dict(visible) if visible is not None else {}  # the client's inherited device lists
         store = self._store()
         who = Holder(pid=held.pid, user=user_name(held.uid), uid=held.uid, command=held.command, job=held.job)
         sel = allocate(LeaseRequest(c, wait=wait, timeout=timeout, holder=who, env=env, priority=held.priority,
