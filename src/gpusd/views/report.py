@@ -10,14 +10,13 @@ JSON block whose ``<`` ``>`` ``&`` are escaped, so no user name can end the scri
 from __future__ import annotations
 
 import csv
-import html
 import io
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..sanitize import dumps, for_terminal
+from ..sanitize import dumps, for_html, for_terminal
 
 FORMATS = ("table", "csv", "json", "html")
 COLUMNS = ("gpu_hours_used", "gpu_hours_held", "idle_held_hours", "mean_util", "energy_kwh")
@@ -121,7 +120,8 @@ def _script_json(data: Any) -> str:
 
 
 def to_html(r: Mapping[str, Any]) -> str:
-    e = html.escape
+    def e(text: str) -> str:  # the one rule for HTML (gpusd.sanitize): no control byte reaches a saved report
+        return for_html(text, 8192)
     by = str(r["by"])
     js = (VENDOR / "uPlot.iife.min.js").read_text()
     css = (VENDOR / "uPlot.min.css").read_text()
