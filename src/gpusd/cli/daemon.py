@@ -234,7 +234,21 @@ def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
     return 0
 
 
+def print_unit(args: argparse.Namespace) -> int:
+    """``gpusd start --print-unit [options]``: the systemd unit whose ExecStart= runs this install's gpusd
+    with the options given (docs/daemon.md, "systemd"); nothing is started."""
+    from ..daemon.process import unit_text
+
+    argv = list(getattr(args, "_argv", None) or ["start"])
+    words = [w for w in argv[argv.index("start") + 1 if "start" in argv else 0:] if w not in ("--print-unit",
+                                                                                             "--foreground")]
+    sys.stdout.write(unit_text([sys.executable, "-m", "gpusd", "start", "--foreground", *words]))
+    return 0
+
+
 def start(args: argparse.Namespace) -> int:
+    if getattr(args, "print_unit", False):
+        return print_unit(args)
     state = _state_dir(args)
     try:  # one line, not a traceback, for a state directory that cannot be (/proc/x, a read-only disk)
         state.mkdir(parents=True, exist_ok=True)
@@ -265,10 +279,9 @@ def start(args: argparse.Namespace) -> int:
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
-    urls = " ".join(info.get("urls") or [])
     sim = "  [SIMULATED GPUs]" if info.get("simulated") else ""
     print(f"gpusd: started (pid {info.get('pid')}), announced as {info.get('service')}, "
-          f"session {info.get('session')}, serving {urls}{sim}")
+          f"session {info.get('session')}, {process.serving_line(info)}{sim}")
     print(f"gpusd: log {state / process.LOG_FILE}; stop with: {_stop_hint(state)}")
     return 0
 
@@ -305,8 +318,16 @@ def status(args: argparse.Namespace) -> int:
         print(f"  service   {info.get('service')}  (session {info.get('session')}, node {info.get('node_id')})")
         print(f"  serving   {' '.join(info.get('urls') or [])}")
         if info.get("tls_port"):
-            print(f"  https     port {info.get('tls_port')}, certificate {info.get('cert_fp')} (trust on)")
+            print(f"  https     {' '.join(info.get('tls_urls') or [])} port {info.get('tls_port')}, certificate "
+                  f"{info.get('cert_fp')} (trust on)")
         print(f"  mDNS on   {', '.join(info.get('interfaces') or []) or 'all interfaces'}")
+        auth = info.get("authority")
+        if isinstance(auth, dict):
+            from ..sanitize import for_terminal
+
+            print(f"  leases    lease authority on {for_terminal(auth.get('socket'))}" if auth.get("serving") else
+                  f"  leases    NOT the lease authority: {for_terminal(auth.get('why') or 'unknown', 300)} "
+                  "(clients lease in the shared lock directory; docs/daemon.md)")
     if live is not None:
         snap = live.get("snapshot") or {}
         gpus = snap.get("gpus") or []
@@ -496,6 +517,9 @@ def _start_parser(sub: Any, o: Any) -> None:
                                    "certificate"),
                            o.thresholds(), o.beyond(), o.simulate()])
     p.add_argument("--foreground", action="store_true", help="run in the foreground (systemd, containers)")
+    p.add_argument("--print-unit", action="store_true",
+                   help="print a systemd unit that starts this install's gpusd with the other options given, "
+                   "and start nothing (docs/daemon.md, systemd)")
     p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
     p.add_argument("--interval", type=o.positive_seconds, default=1.0, metavar="S",
                    help="seconds between samples (default 1)")

@@ -617,16 +617,26 @@ async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeou
 async def start_lease_server(simulate: str | None = None, slurm: bool = False,
                              backend: SharedBackend | None = None) -> LeaseServer | None:
     """Serve leases where this daemon can be the authority; None (logged) where it cannot."""
+    return (await start_authority(simulate, slurm, backend))[0]
+
+
+async def start_authority(simulate: str | None = None, slurm: bool = False,
+                          backend: SharedBackend | None = None) -> tuple[LeaseServer | None, str | None]:
+    """(the lease server, None) where this daemon is the lease authority, else (None, why not): the
+    daemon says so on its start line, in ``gpusd status`` and ``GET /api/v1/host``, because every
+    client then leases in the shared lock directory, where the daemon's guarantees do not hold."""
     from ..alloc.authority import socket_path
 
     path = socket_path()
     if path is None:
-        return None
+        log.info("not the lease authority: $GPUSD_LEASE_SOCKET turns it off")
+        return None, "turned off ($GPUSD_LEASE_SOCKET=off)"
     server = LeaseServer(path, simulate, slurm, backend)
     try:
         await server.start()
     except (GpusdError, OSError) as exc:
-        log.info("not the lease authority (clients use the lock directory): %s", exc)
+        why = f"cannot serve {path}: {getattr(exc, 'strerror', None) or exc}"
+        log.warning("not the lease authority (clients lease in the shared lock directory): %s", why)
         await server.stop()
-        return None
-    return server
+        return None, why
+    return server, None
