@@ -174,11 +174,12 @@ def leases(args: argparse.Namespace) -> int:
     from ..alloc import queue
     from ..alloc.leases import LeaseStore
     from ..alloc.lockdir import user_name
+    from ..alloc.policy import flag_over_cap, over_caps
     from ..sanitize import dumps  # lease files are other users' words: cells go through _cell
     from .table import render_table
 
     store = LeaseStore()
-    held = store.leases()
+    held = flag_over_cap(store.leases())  # a user over a cap is flagged (possible only outside the authority)
     waiters = queue.waiters(store)
     mutex = store.mutex_holders()
     if args.json:
@@ -192,13 +193,18 @@ def leases(args: argparse.Namespace) -> int:
         print(mutex_note(store, mutex))
     now = time.time()
     # Lease records are files other users write: every string is made safe before it is printed.
-    rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32), str(le.pid),
-             "shared" if le.shared else "exclusive",
+    rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32) + (" OVER CAP" if le.over_cap else ""),
+             str(le.pid), "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
-             _age(le.started, now), _cell(le.job, 16), _cell(le.command)] for le in held]
+             _age(le.started, now), _cell(le.job, 16),
+             ("[not through the authority] " if le.outside_authority else "") + _cell(le.command)] for le in held]
     blocked = sum(1 for le in held if le.unleased)
+    outside = sum(1 for le in held if le.outside_authority)
     print(f"lock directory {store.dir}: {len(held) - blocked} device lease(s), {len(waiters)} job(s) waiting"
-          + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else ""))
+          + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else "")
+          + (f"; {outside} NOT through the lease authority (taken in the shared directory)" if outside else ""))
+    for why in over_caps(held).values():
+        print(f"over the cap: {_cell(why, 300)}")
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
     if waiters:
