@@ -144,3 +144,30 @@ def test_a_closed_shared_directory_sends_every_lease_through_the_daemon(
         assert through.result == "ok leased 1", through.result
     finally:
         server.stop()
+
+
+def test_the_report_shows_gpu_hours_held_outside_the_authority(tmp_path: Path) -> None:
+    """The usage history charges a lease the authority did not grant to its user, and the report says so."""
+    from gpusd.model import GpuInfo, HostSnapshot, LeaseInfo
+    from gpusd.usage import query
+    from gpusd.usage.db import Retention, connect
+    from gpusd.usage.recorder import Accountant
+    from gpusd.usage.report import build
+    from gpusd.views.report import render
+
+    conn = connect(tmp_path / "h.sqlite")
+    acc = Accountant(conn, 10.0)
+    t0 = time.time() - 3600
+    for i in range(7):
+        leases = [LeaseInfo(lease_id="ab12cd34", pid=1, user="bob", device="GPU-h-0", outside_authority=True),
+                  LeaseInfo(lease_id="ef56ab78", pid=2, user="alice", device="GPU-h-1")]
+        gpus = [GpuInfo(index=i, uuid=f"GPU-h-{i}", name="A100", memory_total=1, memory_used=0, memory_free=1,
+                        utilization_gpu=0.0, leases=[le for le in leases if le.device == f"GPU-h-{i}"])
+                for i in range(2)]
+        acc.add(HostSnapshot(hostname="h", node_id="0", timestamp=t0 + 10 * i, gpus=gpus))
+    answer = query.usage(conn, t0 - 60, t0 + 600, t0 + 600, Retention(), True, host="h", node_id="0")
+    report = build([answer], by="user")
+    rows = {r["user"]: r for r in report["rows"]}
+    assert rows["bob"]["gpu_hours_outside_authority"] > 0 and rows["alice"]["gpu_hours_outside_authority"] == 0
+    text = render(report, "table")
+    assert "Held NOT through the lease authority" in text and "bob" in text.split("Held NOT")[1]

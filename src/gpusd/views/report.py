@@ -80,6 +80,11 @@ def to_table(r: Mapping[str, Any]) -> str:
     if unleased:  # GPU time of processes no gpusd lease covered (docs/allocation.md "Unleased processes")
         out += ["", "Used unleased (GPU processes without a gpusd lease): "
                 + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in unleased)]
+    outside = [(str(row[by]), row.get("gpu_hours_outside_authority") or 0.0) for row in r["rows"]]
+    outside = [(k, v) for k, v in outside if isinstance(v, (int, float)) and v > 0]
+    if outside:  # leases taken in the shared directory while a daemon was the authority (docs/allocation.md)
+        out += ["", "Held NOT through the lease authority (leases taken in the shared lock directory): "
+                + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in outside)]
     if r["idle_reservations"]:
         out += ["", "Idle reservations and leases (held under 5 % for longer than the idle limit):"]
         out.append(_table(["host", "user", "GPUs", "held since", "held h", "idle h", "released"],
