@@ -97,6 +97,13 @@ def test_leases_outside_the_authority_are_shown_counted_and_flagged_over_the_cap
         devices = json.loads(gpusd_cli(["devices", "--json"], env=viewer).stdout)
         shown = [le for g in devices["gpus"] for le in g["leases"]]
         assert len(shown) == 2 and all(le["outside_authority"] and le["over_cap"] for le in shown), shown
+        table = gpusd_cli(["devices"], env=viewer).stdout
+        assert table.count("(not-through-authority)(OVER-CAP)") == 2, table
+        from gpusd.model import HostSnapshot
+        from gpusd.views.top import _leases
+
+        snap = HostSnapshot.from_dict(devices)
+        assert all("not through the authority OVER CAP" in _leases(g) for g in snap.gpus if g.leases)
         # they count against the user's cap at the authority: no third GPU through the daemon
         monkeypatch.setenv("GPUSD_POLICY", str(cap))
         r = gpusd_cli(["run", "-n", "1", "--", "true"], env=viewer)
