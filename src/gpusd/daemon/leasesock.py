@@ -636,7 +636,9 @@ async def start_authority(simulate: str | None = None, slurm: bool = False,
         await server.start()
     except (GpusdError, OSError) as exc:
         why = f"cannot serve {path}: {getattr(exc, 'strerror', None) or exc}"
-        log.warning("not the lease authority (clients lease in the shared lock directory): %s", why)
+        # root's daemon is meant to be the authority (a warning); another user's never can be
+        log.log(logging.WARNING if os.geteuid() == 0 else logging.INFO,
+                "not the lease authority (clients lease in the shared lock directory): %s", why)
         await server.stop()
         return None, why
     return server, None
