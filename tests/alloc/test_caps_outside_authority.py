@@ -178,3 +178,17 @@ def test_the_report_shows_gpu_hours_held_outside_the_authority(tmp_path: Path) -
     assert rows["bob"]["gpu_hours_outside_authority"] > 0 and rows["alice"]["gpu_hours_outside_authority"] == 0
     text = render(report, "table")
     assert "Held NOT through the lease authority" in text and "bob" in text.split("Held NOT")[1]
+
+
+def test_over_cap_flags_every_lease_of_a_user_or_group_past_a_cap() -> None:
+    from gpusd.alloc.policy import Policy, flag_over_cap, over_caps
+    from gpusd.model import LeaseInfo
+
+    leases = [LeaseInfo(lease_id=f"l{i}", pid=1, user="root", device=f"GPU-{i}") for i in range(3)]
+    leases.append(LeaseInfo(lease_id="m", pid=2, user="nobody-such-user", device="GPU-9"))
+    assert over_caps(leases, Policy(max_gpus_per_user=3)) == {}
+    flagged = flag_over_cap(leases, Policy(max_gpus_per_user=2))
+    assert [le.over_cap for le in flagged] == [True, True, True, False]
+    assert not any(le.over_cap for le in leases)  # copies: the records as read stay as they were
+    why = over_caps(leases, Policy(max_gpus_per_group={"root": 2}))
+    assert list(why) == ["root"] and "max_gpus_per_group root: 2" in why["root"]

@@ -305,15 +305,17 @@ def over_caps(leases: Iterable[Any], policy: Policy | None = None) -> dict[str, 
         return {}
     held = held_by_user(leases)
     where = policy.source or POLICY_PATH
+    # each user's groups looked up once (the group database is read per lookup; this runs every sample)
+    groups = {u: groups_of(u) for u in held} if policy.max_gpus_per_group else {}
     out: dict[str, str] = {}
     for user, n in sorted(held.items()):
         cap = policy.max_gpus_per_user
         if cap is not None and n > cap:
             out[user] = f"{user} holds {n} GPU(s): over max_gpus_per_user {cap} ({where})"
             continue
-        for g in sorted(groups_of(user)) if policy.max_gpus_per_group else ():
+        for g in sorted(groups.get(user, ())):
             if g in policy.max_gpus_per_group:
-                together = sum(k for u, k in held.items() if g in groups_of(u))
+                together = sum(k for u, k in held.items() if g in groups[u])
                 if together > policy.max_gpus_per_group[g]:
                     out[user] = (f"the group {g} holds {together} GPU(s): over max_gpus_per_group {g}: "
                                  f"{policy.max_gpus_per_group[g]} ({where})")
