@@ -345,6 +345,12 @@ class LeaseInfo:
     unleased: bool = False
     # the Slurm job holding it (added in 0.3): its id, recorded by `gpusd slurm prolog` (docs/slurm.md)
     slurm_job: str | None = None
+    # Added in 0.4 (docs/allocation.md, "Leases the authority did not grant"): where a daemon is the lease
+    # authority, a lease taken in the shared lock directory instead (GPUSD_LEASE_SOCKET=off, or a
+    # hand-made flock) is "not through the authority"; its user still counts against the policy's caps,
+    # and the leases of a user holding more than a cap are flagged ``over_cap``.
+    outside_authority: bool = False
+    over_cap: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

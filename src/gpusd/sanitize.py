@@ -13,6 +13,19 @@ prints it, whatever prints it (plain tables, ``gpusd top``, error messages):
   line and paragraph separators, and lone surrogates (which cannot even be encoded for output);
 * the result is cut to ``max_len`` characters, the last one an ellipsis (``…``).
 
+One rule per kind of output, applied where the output is made (the boundary), never earlier:
+
+============  =============================================================================
+terminal      :func:`for_terminal` (tables, ``top``, error messages)
+logs          :func:`log_formatter` (every log line, whatever it quotes)
+``/metrics``  :func:`for_exposition` over the whole text (a scrape is read with ``curl`` in a
+              terminal too): no control or format character but the newlines; :func:`for_label`
+              for a label value written by hand
+HTML          :func:`for_html`: the terminal rule, then HTML's escapes (a saved report is ``cat``-ed)
+JSON          :func:`dumps`: ASCII only, so every control character leaves as a ``\\u`` escape, never
+              as the raw byte (and a JSON parser still gets the exact value)
+============  =============================================================================
+
 Rich markup is not this module's business: ``gpusd top`` hands data to rich only as
 :class:`rich.text.Text` objects (never parsed as markup), and :func:`rich_text` builds one.
 
@@ -69,14 +82,29 @@ def for_terminal(s: object, max_len: int = MAX_LEN) -> str:
     limit = 4 * max_len + 64
     if len(text) > limit:
         text = text[:limit]
+    text = _clean(text)
+    if len(text) > max_len:
+        text = text[:max_len - 1] + ELLIPSIS
+    return text
+
+
+def _clean(text: str) -> str:
     text = _SEQUENCE.sub("", text)
     text = _SPACE.sub(" ", text)
     text = _CONTROL.sub("", text)
     if not text.isascii():
         text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
-    if len(text) > max_len:
-        text = text[:max_len - 1] + ELLIPSIS
     return text
+
+
+def for_exposition(text: str) -> str:
+    """A whole Prometheus text exposition (``/metrics``) with each line cleaned as
+    :func:`for_terminal` cleans (not cut): the format has no control byte but the newline ending each
+    line, so none is lost but those a label value (a GPU's name from its driver, a host or user name
+    from the network) smuggled in.  Applied where the text is made, whoever made each series."""
+    if text.replace("\n", "").isprintable():
+        return text  # the common case: one C-speed scan
+    return "\n".join(_clean(line) for line in text.split("\n"))
 
 
 def printable(text: str, limit: int | None = None, replace: str = "?") -> str:
@@ -114,6 +142,20 @@ def log_formatter(fmt: str, max_len: int = 4000) -> logging.Formatter:
     return _SafeFormatter(fmt)
 
 
+def for_label(s: object, max_len: int = MAX_LEN) -> str:
+    """A Prometheus label value for the text exposition format: :func:`for_terminal` (no escape
+    sequence, control or format character survives, at most ``max_len`` characters), then the
+    format's own escapes (backslash and double quote; no newline is left to escape)."""
+    return for_terminal(s, max_len).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def for_html(s: object, max_len: int = MAX_LEN) -> str:
+    """Text for an HTML document: :func:`for_terminal`, then HTML's escapes (quotes included)."""
+    import html
+
+    return html.escape(for_terminal(s, max_len))
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every non-finite float (NaN, ±Infinity) replaced by ``None``, recursively
     through dicts, lists and tuples (which become lists)."""
@@ -127,14 +169,17 @@ def json_safe(obj: Any) -> Any:
 
 
 def dumps(obj: Any, **kw: Any) -> str:
-    """``json.dumps`` for output: strict JSON, never ``NaN`` or ``Infinity`` (they become ``null``)."""
+    """``json.dumps`` for output: strict JSON, never ``NaN`` or ``Infinity`` (they become ``null``),
+    ASCII only (a control character leaves as its ``\\u`` escape, never as the raw byte)."""
+    kw["ensure_ascii"] = True
     try:
         return json.dumps(obj, allow_nan=False, **kw)
     except ValueError:  # a non-finite float somewhere (rare): copy without them
         return json.dumps(json_safe(obj), allow_nan=False, **kw)
 
 
-__all__ = ["MAX_LEN", "dumps", "for_terminal", "json_safe", "log_formatter", "optional", "rich_text"]
+__all__ = ["MAX_LEN", "dumps", "for_exposition", "for_html", "for_label", "for_terminal", "json_safe",
+           "log_formatter", "optional", "rich_text"]
 
 
 _SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # an IPv6 zone: an interface name or index (IFNAMSIZ - 1)

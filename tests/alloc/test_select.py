@@ -89,6 +89,51 @@ def test_inherited_cuda_visible_devices_limits_the_choice():
     assert pick(s, count=1, env={"CUDA_VISIBLE_DEVICES": "2"}, within_visible=False) == ["0"]
 
 
+def test_inherited_amd_and_intel_device_lists_limit_the_choice_as_cuda_visible_devices_does():
+    """Under Slurm (or a parent) that set ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or ZE_AFFINITY_MASK,
+    the job got GPUs outside its allocation: only CUDA_VISIBLE_DEVICES was honoured."""
+    from dataclasses import replace
+
+    amd = [replace(gpu(i, util=10 * i, vendor="amd"), uuid=f"GPU-{0xA0 + i:016X}") for i in range(3)]
+    intel = [gpu(3 + i, util=10 * i, vendor="intel", vendor_index=i) for i in range(2)]
+    s = snap(*amd, *intel)
+    assert pick(s, count=1, vendor="amd", env={"ROCR_VISIBLE_DEVICES": "2"}) == ["2"]
+    # by UUID, in the lower case ROCr writes
+    assert pick(s, count=1, vendor="amd", env={"ROCR_VISIBLE_DEVICES": f"{amd[1].uuid.lower()}"}) == ["1"]
+    # set but empty: ROCr shows no GPU
+    with pytest.raises(NoGpuAvailable, match="outside the inherited ROCR_VISIBLE_DEVICES"):
+        pick(s, count=1, vendor="amd", env={"ROCR_VISIBLE_DEVICES": ""})
+    # HIP numbers what ROCr leaves: 1 of (1, 2) is GPU 2
+    assert pick(s, count=1, vendor="amd", env={"ROCR_VISIBLE_DEVICES": "1,2", "HIP_VISIBLE_DEVICES": "1"}) == ["2"]
+    assert pick(s, count=1, vendor="amd", env={"HIP_VISIBLE_DEVICES": "1"}) == ["1"]
+    with pytest.raises(NoGpuAvailable, match="outside the inherited HIP_VISIBLE_DEVICES"):
+        pick(s, count=2, vendor="amd", env={"HIP_VISIBLE_DEVICES": "1"})
+    assert pick(s, count=1, vendor="intel", env={"ZE_AFFINITY_MASK": "1"}) == ["4"]
+    assert pick(s, count=1, vendor="intel", env={"ZE_AFFINITY_MASK": "1.0"}) == ["4"]
+    with pytest.raises(NoGpuAvailable, match="outside the inherited ZE_AFFINITY_MASK"):
+        pick(s, count=2, vendor="intel", env={"ZE_AFFINITY_MASK": "1"})
+    # an empty mask is no mask to Level Zero; the limit is per vendor (AMD's leaves Intel's GPUs alone)
+    assert pick(s, count=2, vendor="intel", env={"ZE_AFFINITY_MASK": ""}) == ["3", "4"]
+    assert pick(s, count=1, env={"ROCR_VISIBLE_DEVICES": "2", "ZE_AFFINITY_MASK": "1"}) == ["4"]
+    assert pick(s, count=1, vendor="amd", env={"ROCR_VISIBLE_DEVICES": "2"}, within_visible=False) == ["0"]
+
+
+def test_the_authority_request_carries_the_inherited_amd_and_intel_lists(monkeypatch):
+    """The daemon cannot see the client's environment: the request carries the lists, validated."""
+    from gpusd.alloc.authority import request
+    from gpusd.daemon.leasereq import constraints
+
+    monkeypatch.setenv("ROCR_VISIBLE_DEVICES", "1,2")
+    monkeypatch.setenv("ZE_AFFINITY_MASK", "0")
+    monkeypatch.delenv("HIP_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    req = request(Constraints.build(count=1))
+    assert req["visible_vars"] == {"ROCR_VISIBLE_DEVICES": "1,2", "ZE_AFFINITY_MASK": "0"}
+    assert constraints(req)["visible"] == {"ROCR_VISIBLE_DEVICES": "1,2", "ZE_AFFINITY_MASK": "0"}
+    with pytest.raises(ConfigError, match="visible_vars"):
+        constraints({**req, "visible_vars": {"LD_PRELOAD": "x"}})
+
+
 def lease(dev, pid=1, shared=False, memory=None):
     return LeaseInfo(lease_id=f"l{pid}", pid=pid, user="bob", shared=shared, memory=memory, device=dev)
 

@@ -95,6 +95,37 @@ def test_second_start_with_other_options_is_refused(mode: list[str], options: li
     assert int((daemon["state"] / "gpusd.pid").read_text()) == daemon["pid"]  # still the first one
 
 
+@pytest.mark.parametrize("mode", [[], ["--foreground"]])
+@pytest.mark.parametrize("options, named", [
+    (["--token-file", "{key}"], "--token-file (running: without a secret: trust is off)"),
+    (["--peer", "198.18.0.9:4780"], "--peer 198.18.0.9:4780 (running: default)"),
+    (["--tls-port", "4999"], "--tls-port 4999 (running: default)"),
+    (["--dns-sd-domain", "lab.example"], "--dns-sd-domain lab.example (running: default)"),
+])
+def test_second_start_that_would_change_trust_or_ports_is_refused(
+        mode: list[str], options: list[str], named: str, daemon: dict[str, Any], tmp_path: Path) -> None:
+    """The admin turns trust on with a second start: it said "already running", exit 0, and trust stayed
+    off (--token-file, --peer, --tls-port were not among the options compared)."""
+    import secrets
+
+    key = tmp_path / "fleet.key"
+    key.write_text(secrets.token_hex(32) + "\n")
+    key.chmod(0o600)
+    r = gpusd("start", *mode, *[o.format(key=key) for o in options], env=daemon["env"], timeout=30)
+    assert r.returncode == ALREADY_RUNNING, (r.stdout, r.stderr)
+    assert named in r.stderr and f"pid {daemon['pid']}" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    # a secret from the environment counts as given; the secret itself is never shown
+    env = dict(daemon["env"], GPUSD_TOKEN_FILE=str(key))
+    r = gpusd("start", *mode, env=env, timeout=30)
+    assert r.returncode == ALREADY_RUNNING and "--token-file (running: without a secret" in r.stderr, r.stderr
+    assert key.read_text().strip() not in r.stderr
+    env = dict(daemon["env"], GPUSD_LEASE_SOCKET=str(tmp_path / "elsewhere.sock"))
+    r = gpusd("start", *mode, env=env, timeout=30)
+    assert r.returncode == ALREADY_RUNNING and "$GPUSD_LEASE_SOCKET" in r.stderr, r.stderr
+    assert int((daemon["state"] / "gpusd.pid").read_text()) == daemon["pid"]  # still the first one
+
+
 def test_second_start_against_a_daemon_that_recorded_no_options(tmp_path: Path, daemon: dict[str, Any]) -> None:
     """An older daemon's gpusd.json has no options: a start that gives options cannot be checked."""
     from gpusd.cli import build_parser

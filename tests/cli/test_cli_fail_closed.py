@@ -45,7 +45,25 @@ def test_the_error_still_goes_to_stderr_with_the_exit_status(fake_nvml, cli_env)
                        text=True, timeout=60)
     assert r.returncode == 4 and r.stderr.startswith("gpusd: ") and "need 5" in r.stderr
     assert r.stdout.splitlines() == ["export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
-                                     "unset GPUSD_LEASE", "false"]
+                                     "export ROCR_VISIBLE_DEVICES=''", "export HIP_VISIBLE_DEVICES=-1",
+                                     "export GPU_DEVICE_ORDINAL=-1", "export ZE_AFFINITY_MASK=-1",
+                                     "export ONEAPI_DEVICE_SELECTOR='level_zero:*'", "unset GPUSD_LEASE", "false"]
+
+
+def test_a_failing_env_hides_the_gpus_of_every_vendor_not_only_cuda(fake_nvml, cli_env):
+    """A shell where AMD's and Intel's variables already named a GPU: a failing ``gpusd env`` left them
+    naming it (only CUDA_VISIBLE_DEVICES was hidden), so the next command ran on a GPU no longer
+    leased.  Each runtime's own hide-all value: empty is "no mask" to HIP and Level Zero."""
+    fake_nvml.write(make_gpus(2))
+    before = ("export ROCR_VISIBLE_DEVICES=GPU-4a1b2c3d4e5f6a7b HIP_VISIBLE_DEVICES=0 GPU_DEVICE_ORDINAL=0 "
+              "ZE_AFFINITY_MASK=0 CUDA_VISIBLE_DEVICES=0")
+    script = (f'{before}; eval "$({sys.executable} -m gpusd env -n 99)"; echo "status=$?"; '
+              'for v in CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES GPU_DEVICE_ORDINAL '
+              'ZE_AFFINITY_MASK; do echo "$v=${!v-unset}"; done')
+    r = subprocess.run(["bash", "-c", script], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.splitlines() == ["status=1", "CUDA_VISIBLE_DEVICES=", "ROCR_VISIBLE_DEVICES=",
+                                     "HIP_VISIBLE_DEVICES=-1", "GPU_DEVICE_ORDINAL=-1", "ZE_AFFINITY_MASK=-1"]
 
 
 def test_env_stopped_by_sigterm_while_waiting_fails_closed(fake_nvml, cli_env):

@@ -219,3 +219,22 @@ def test_profiling_series_from_gpm_on_hopper(fake_nvml_inprocess: Any, backend: 
     assert tensor == {u0: 0.35}
     for _ in range(300):  # the samples are freed as they are used: the fake has 256
         b.snapshot()
+
+
+def test_no_control_byte_of_a_gpu_name_reaches_the_metrics(fake_nvml_inprocess: Any, backend: Any) -> None:
+    """A driver naming its GPU with ESC/BEL sequences: the labels of /metrics carried the raw bytes
+    (quoted right, but ``curl .../metrics`` in a terminal ran them).  Every label value goes through
+    the one rule for labels (gpusd.sanitize.for_label); what is left still parses, and reads."""
+    gpus = make_gpus(2)
+    hostile = "\x1b]0;owned\x07\x1b[2J\x1b[31mNVIDIA\x1b[0m A100\x07\x1bc\x07\x07"
+    for g in gpus:
+        g.name = hostile
+    fake_nvml_inprocess.write(gpus, driver_version="550.\x1b[5m54")
+    b = backend()
+    snap = b.snapshot()
+    raw = render(make_registry(lambda: [snap], process_metrics=False, dcgm=True))
+    text = raw.decode()
+    assert not [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7f <= ord(c) <= 0x9f or c == "\u202e"]
+    fams = _families(text)
+    labels = _one(fams["DCGM_FI_DEV_GPU_TEMP"], gpus[0].uuid).labels
+    assert labels["modelName"] == "NVIDIA A100" and labels["DCGM_FI_DRIVER_VERSION"] == "550.54"

@@ -269,6 +269,18 @@ def test_log_rate_limit_bounds_growth(tmp_path: Path) -> None:
     assert sum("message number" in ln for ln in lines) < 300
 
 
+def test_no_control_byte_reaches_the_daemons_log(tmp_path: Path) -> None:
+    """A GPU name or a peer's answer quoted in a log line: ``cat gpusd.log`` (or journalctl) ran its
+    escape sequences. The daemon's log goes through the one rule for logs (gpusd.sanitize)."""
+    (_, saved) = _fresh_logger(tmp_path, max_bytes=10**9)
+    try:
+        logging.getLogger("gpusd.inventory").warning("GPU %s: %s", "\x1b]0;owned\x07\x1b[2JA100", "lost\x1bc")
+    finally:
+        _restore(saved)
+    text = (tmp_path / "gpusd.log").read_text()
+    assert "GPU A100: lost" in text and not [c for c in text if ord(c) < 0x20 and c != "\n"], repr(text)
+
+
 def test_log_rotates_while_running(tmp_path: Path) -> None:
     (flt, clock, _), saved = _fresh_logger(tmp_path, max_bytes=4096, backups=2)
     try:

@@ -327,6 +327,21 @@ def test_user_names_cannot_inject_into_html_csv_or_the_terminal():
     assert "\x1b" not in table and "\x07" not in table and "mallory" in table
 
 
+
+def test_no_control_byte_of_a_user_name_reaches_the_html_report_or_json():
+    """``cat report.html`` in a terminal: the HTML rule (gpusd.sanitize.for_html) strips escape
+    sequences and control bytes as the terminal rule does; JSON carries them only as \\u escapes."""
+    from gpusd.sanitize import dumps
+    from gpusd.views.report import render
+
+    r = report.build([_answer_with_user("mallory\x1b[2J\x1b]0;owned\x07\x9b31m")], "user")
+    html = render(r, "html")
+    body = html.split("<script", 1)[0]  # the tables (the embedded chart data is JSON: \u escapes)
+    assert "mallory" in body
+    assert not [c for c in html if (ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f]
+    assert not [c for c in dumps({"u": "a\x1b[2J\x07\x9b"}) if ord(c) < 0x20 or ord(c) >= 0x7f]
+
+
 def test_job_records_hold_owner_gpus_times_peak_memory_and_energy(scenario_db, tmp_path):
     conn = connect(scenario_db, readonly=True)
     rows = {r[0]: r[1:] for r in conn.execute(

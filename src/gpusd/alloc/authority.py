@@ -75,6 +75,9 @@ BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to
 MAX_STRAY = 64  # answers to other requests skipped while looking for ours
 MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
 _CRED = "3i"  # struct ucred: pid, uid, gid
+# Inherited variables beside CUDA_VISIBLE_DEVICES that limit the choice (gpusd.alloc.select), sent
+# to the daemon, which cannot see the client's environment.
+INHERITED_OTHERS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 
 
 def socket_path() -> Path | None:
@@ -279,12 +282,15 @@ def request(c: Constraints) -> dict[str, Any]:
     """The constraints as the protocol carries them (``visible``: this process's inherited
     ``CUDA_VISIBLE_DEVICES``, which the daemon cannot see)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if c.within_visible else None
+    # the other vendors' inherited device lists (added in 0.4: an older daemon ignores the key)
+    others = {k: os.environ[k] for k in INHERITED_OTHERS if k in os.environ} if c.within_visible else {}
     return {"op": "lease", "v": PROTOCOL, "count": c.count, "min_free": c.min_free, "memory": c.memory,
             "max_util": c.max_util, "max_processes": c.max_processes,
             "include": list(c.include) if c.include is not None else None,
             "exclude": list(c.exclude) if c.exclude is not None else None,
             "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
-            **({"vendor": c.vendor} if c.vendor is not None else {})}  # issue 21: older daemons ignore it
+            **({"vendor": c.vendor} if c.vendor is not None else {}),  # issue 21: older daemons ignore it
+            **({"visible_vars": others} if others else {})}
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,

@@ -260,6 +260,31 @@ def _end_device(fd: int, unlock: bool = False) -> None:
 _serving: LeaseStore | None = None  # the authority store of this process, while it serves the lease socket
 
 
+def authority_serving() -> bool:
+    """Whether a daemon is this machine's lease authority: this process serves the lease socket, or a
+    socket owned by root is where clients look for it (``$GPUSD_LEASE_SOCKET``, or the default where a
+    client turned its own off: the attacker's environment must not hide the authority from others)."""
+    if _serving is not None:
+        return True
+    import stat as _stat
+
+    from .authority import DEFAULT_SOCKET, socket_path
+
+    try:
+        st = os.lstat(socket_path() or DEFAULT_SOCKET)
+    except OSError:
+        return False
+    return _stat.S_ISSOCK(st.st_mode) and st.st_uid == 0
+
+
+def outside_authority(leases: list[LeaseInfo]) -> list[LeaseInfo]:
+    """``leases`` of the shared lock directory, marked "not through the authority" (not the locks held
+    without a lease: those say so already).  Copies: a lease view's cached records stay as read."""
+    from dataclasses import replace
+
+    return [replace(le, outside_authority=True) if not le.unleased else le for le in leases]
+
+
 class LeaseStore:
     """The lock directory of this machine (``private``: the lease authority's own directory in it,
     ``<lock dir>/authority``, whose lock files only the daemon can open; see docs/allocation.md,
@@ -459,12 +484,16 @@ class LeaseStore:
                 out = self._leases(dfd, cleanup, blockers=not self.private)
             finally:
                 os.close(dfd)
+        if not self.private and out and authority_serving():
+            out = outside_authority(out)
         if peers:
             for peer in self.peers():
                 try:
-                    out.extend(peer._confirmed())
+                    got = peer._confirmed()
                 except GpusdError as exc:
                     log.warning("%s", exc)
+                    continue
+                out.extend(outside_authority(got) if not peer.private and got and authority_serving() else got)
         return out
 
     def _confirmed(self) -> list[LeaseInfo]:
@@ -670,7 +699,9 @@ class LeaseStore:
             owner[g.uuid] = i
             for m in g.mig_instances:
                 owner[m.uuid] = i
-        for lease in leases:
+        from .policy import flag_over_cap
+
+        for lease in flag_over_cap(leases):  # a user over a cap is flagged (alloc/policy.py)
             at = owner.get(lease.device or "")
             if at is not None:
                 snap.gpus[at].leases.append(lease)

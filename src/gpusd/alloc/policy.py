@@ -1,4 +1,5 @@
-"""The fair-use policy: one root-owned file, ``/etc/gpusd/policy.json`` (``$GPUSD_POLICY``), docs/allocation.md.
+"""The fair-use policy: one root-owned file, ``/etc/gpusd/policy.json``, docs/allocation.md; ``$GPUSD_POLICY``
+may name a second root-owned file, which can only make it stricter (:func:`stricter`).
 
 JSON, every field optional::
 
@@ -182,15 +183,58 @@ def _warn_once(path: str, message: str) -> None:
 
 
 def policy_path() -> str:
+    """The extra policy file the environment names (``$GPUSD_POLICY``), else the root policy's path."""
     return os.environ.get(POLICY_ENV) or POLICY_PATH
 
 
 def load(path: str | None = None) -> Policy:
-    """The policy (cached while the file is unchanged); no caps where there is none or it cannot be
+    """The policy in force (cached while the files are unchanged): the root-owned
+    :data:`POLICY_PATH`, made stricter by the file ``$GPUSD_POLICY`` names (:func:`stricter`), whatever
+    that says: a client's environment can add limits, never remove one (a missing or untrusted file
+    adds nothing).  ``path``: that file alone.  No caps where there is none, or a file cannot be
     trusted or parsed (said once, in the log)."""
-    path = path or policy_path()
-    policy = load_root_file(path, "policy", _warn_once, _cache, parse)
-    return Policy() if policy is None else policy
+    if path is not None:
+        return load_root_file(path, "policy", _warn_once, _cache, parse) or Policy()
+    root = load_root_file(POLICY_PATH, "policy", _warn_once, _cache, parse)
+    extra_path = os.environ.get(POLICY_ENV)
+    if not extra_path or extra_path == POLICY_PATH:
+        return root or Policy()
+    extra = load_root_file(extra_path, "policy", _warn_once, _cache, parse)
+    if extra is None:
+        return root or Policy()
+    return extra if root is None else stricter(root, extra)
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _lower_int(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else min(a, b)
+
+
+def stricter(root: Policy, extra: Policy) -> Policy:
+    """``root`` (the administrator's) with ``extra``'s limits added, never one of root's removed:
+    every cap (per user, per group, fleet-wide) is the lower of the two, a cap in either applies; idle
+    reservations are warned and released after the shorter of the two times; what orders everyone's
+    queue (``fair_share_days``, ``priorities``) is root's alone, since every waiter must read the same
+    (docs/allocation.md, "The policy file")."""
+    groups = dict(root.max_gpus_per_group)
+    for g, n in extra.max_gpus_per_group.items():
+        groups[g] = min(n, groups.get(g, n))
+    return Policy(max_gpus_per_user=_lower_int(root.max_gpus_per_user, extra.max_gpus_per_user),
+                  max_gpus_per_group=groups,
+                  fleet_max_gpus_per_user=_lower_int(root.fleet_max_gpus_per_user,
+                                                          extra.fleet_max_gpus_per_user),
+                  fair_share_days=root.fair_share_days,
+                  idle_warn_minutes=_lower(root.idle_warn_minutes, extra.idle_warn_minutes),
+                  idle_release_minutes=_lower(root.idle_release_minutes, extra.idle_release_minutes),
+                  priorities=root.priorities,
+                  source=f"{root.source} and {extra.source}")
 
 
 def _count(d: dict[str, Any], name: str, top: int = 1_000_000) -> int | None:
@@ -252,6 +296,44 @@ def parse(raw: bytes, source: str | None = None) -> Policy:
     return p
 
 
+def over_caps(leases: Iterable[Any], policy: Policy | None = None) -> dict[str, str]:
+    """User -> why they hold more than the policy allows (a user cap, or a cap of a group of theirs):
+    possible only with leases the authority did not grant (taken in the shared lock directory, where
+    the client's own code applies the caps), so the views flag them for an administrator."""
+    policy = policy or load()
+    if policy.max_gpus_per_user is None and not policy.max_gpus_per_group:
+        return {}
+    held = held_by_user(leases)
+    where = policy.source or POLICY_PATH
+    # each user's groups looked up once (the group database is read per lookup; this runs every sample)
+    groups = {u: groups_of(u) for u in held} if policy.max_gpus_per_group else {}
+    out: dict[str, str] = {}
+    for user, n in sorted(held.items()):
+        cap = policy.max_gpus_per_user
+        if cap is not None and n > cap:
+            out[user] = f"{user} holds {n} GPU(s): over max_gpus_per_user {cap} ({where})"
+            continue
+        for g in sorted(groups.get(user, ())):
+            if g in policy.max_gpus_per_group:
+                together = sum(k for u, k in held.items() if g in groups[u])
+                if together > policy.max_gpus_per_group[g]:
+                    out[user] = (f"the group {g} holds {together} GPU(s): over max_gpus_per_group {g}: "
+                                 f"{policy.max_gpus_per_group[g]} ({where})")
+                    break
+    return out
+
+
+def flag_over_cap(leases: list[Any], policy: Policy | None = None) -> list[Any]:
+    """``leases`` (:class:`gpusd.model.LeaseInfo`) with ``over_cap`` set on every lease of a user over
+    a cap (:func:`over_caps`); copies, the others as they were."""
+    over = over_caps(leases, policy)
+    if not over:
+        return leases
+    from dataclasses import replace
+
+    return [replace(le, over_cap=True) if le.user in over and not le.unleased else le for le in leases]
+
+
 def check(user: str | None, count: int, leases: Iterable[Any], policy: Policy | None = None) -> None:
     """Raise :class:`OverCap` when ``user`` may not lease ``count`` GPUs more beside ``leases``."""
     policy = policy or load()
@@ -263,14 +345,31 @@ def check(user: str | None, count: int, leases: Iterable[Any], policy: Policy | 
 
 
 # -- fair share: the daemon's summary of the usage history, read by every waiter ------------------
+# The summary lives in root's daemon's state directory, never in the world-writable lock directory:
+# there anyone could squat its name (a directory called fair-share.json made the daemon's rename fail
+# every minute, silently turning fair share off) or race the daemon's writes.
 SHARES_FILE = "fair-share.json"
 MAX_SHARES_BYTES = 1 << 20
+ROOT_STATE_DIR = "/var/lib/gpusd"  # root's daemon's state directory (gpusd.identity.state_dir for root)
+
+
+def shares_dir() -> str:
+    """Where waiters look for root's daemon's fair-share summary: ``$GPUSD_STATE_DIR`` (the daemon's
+    state directory where it was moved), else root's default.  What is found there counts only when
+    root owns it and no one else can write it (:func:`read_shares`)."""
+    return os.environ.get("GPUSD_STATE_DIR") or ROOT_STATE_DIR
+
+
+class SharesDirUnsafe(OSError):
+    """The directory the summary was to go to is not the daemon's alone."""
 
 
 def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], days: float,
                  now: float | None = None) -> None:
-    """Write the GPU-hours of each user over the last ``days`` days into the lock directory (root's
-    daemon does, every minute, from the usage history), atomically: a new file renamed into place."""
+    """Write the GPU-hours of each user over the last ``days`` days into ``directory``, the daemon's
+    state directory (root's daemon does, every minute, from the usage history), atomically: a new
+    file renamed into place.  Refuses (:class:`SharesDirUnsafe`) a directory that is not this
+    process's own or that others can write: the daemon writes only where only it can write."""
     import secrets
     import time
 
@@ -278,6 +377,10 @@ def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], day
                        "hours": {u[:64]: round(float(h), 6) for u, h in sorted(hours.items())[:10000]}}).encode()
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SharesDirUnsafe(f"{os.fspath(directory)} is not the daemon's alone (owner uid {st.st_uid}, "
+                                  f"mode {stat.S_IMODE(st.st_mode):04o}): the fair-share summary is not written")
         tmp = f".{SHARES_FILE}.{secrets.token_hex(8)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
         try:
@@ -290,14 +393,19 @@ def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], day
         os.close(dfd)
 
 
-def read_shares(directory: str | os.PathLike[str]) -> dict[str, float] | None:
-    """The users' GPU-hours the daemon last wrote (:func:`write_shares`), or None: no file, or one
-    that is not root's regular file (anyone may create files in the lock directory)."""
+def read_shares(directory: str | os.PathLike[str] | None = None) -> dict[str, float] | None:
+    """The users' GPU-hours the daemon last wrote (:func:`write_shares`) in ``directory`` (default
+    :func:`shares_dir`), or None: no file, or one that is not root's regular file in a directory
+    only root can write."""
     try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dfd = os.open(shares_dir() if directory is None else directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        dst = os.fstat(dfd)
+        if dst.st_uid != 0 or dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None  # a directory others can write: its files could be anyone's swap
+
         fd = os.open(SHARES_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
         return None

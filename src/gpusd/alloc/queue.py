@@ -269,7 +269,7 @@ def _shares(store: LeaseStore) -> dict[str, float] | None:
 
     if policy.load().fair_share_days is None:
         return None
-    return policy.read_shares(store.dir)
+    return policy.read_shares()  # root's daemon's state directory, never the shared lock directory
 
 
 def _order(entries: list[tuple[Waiter, float, Path]],

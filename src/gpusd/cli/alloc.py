@@ -49,16 +49,21 @@ def select(args: argparse.Namespace) -> int:
     return 0
 
 
-# What ``gpusd env`` prints on stdout when it fails, so that ``eval "$(gpusd env ...)"`` fails closed: no
-# GPU visible (an empty CUDA_VISIBLE_DEVICES hides every GPU; unset would show them all) and eval's status
-# non-zero (that of its last command).  The error itself goes to stderr as always (docs/cli.md).
-FAIL_CLOSED = ("export CUDA_VISIBLE_DEVICES=''", "export CUDA_DEVICE_ORDER=PCI_BUS_ID", "unset GPUSD_LEASE",
-               "false")
+def fail_closed_lines() -> list[str]:
+    """What ``gpusd env`` prints on stdout when it fails, so that ``eval "$(gpusd env ...)"`` fails
+    closed: no GPU of any vendor visible (each runtime's own hide-all value: an empty
+    ``CUDA_VISIBLE_DEVICES`` hides every NVIDIA GPU, but an empty ``HIP_VISIBLE_DEVICES`` or
+    ``ZE_AFFINITY_MASK`` is no mask at all; :func:`gpusd.inventory.vendors.hide_all`) and eval's
+    status non-zero (that of its last command).  The error itself goes to stderr as always
+    (docs/cli.md)."""
+    from ..inventory.vendors import hide_all
+
+    return [*(f"export {k}={_quote(v)}" for k, v in hide_all().items()), "unset GPUSD_LEASE", "false"]
 
 
 def env_failing_closed(run: Callable[[], int]) -> int:
     """Run ``gpusd env`` (``run``); on any failure (an error, bad usage, an exception, SIGTERM or
-    SIGHUP: ``timeout 60 gpusd env --wait``) print :data:`FAIL_CLOSED` on stdout before giving the
+    SIGHUP: ``timeout 60 gpusd env --wait``) print :func:`fail_closed_lines` on stdout before giving the
     failure back.  (SIGKILL leaves nothing to print: eval then sees no output.)"""
     import signal
     import sys
@@ -74,7 +79,7 @@ def env_failing_closed(run: Callable[[], int]) -> int:
             sys.stdout.flush()
         except OSError:
             pass
-        print("\n".join(FAIL_CLOSED), flush=True)
+        print("\n".join(fail_closed_lines()), flush=True)
 
     try:
         rc = run()
@@ -169,11 +174,12 @@ def leases(args: argparse.Namespace) -> int:
     from ..alloc import queue
     from ..alloc.leases import LeaseStore
     from ..alloc.lockdir import user_name
+    from ..alloc.policy import flag_over_cap, over_caps
     from ..sanitize import dumps  # lease files are other users' words: cells go through _cell
     from .table import render_table
 
     store = LeaseStore()
-    held = store.leases()
+    held = flag_over_cap(store.leases())  # a user over a cap is flagged (possible only outside the authority)
     waiters = queue.waiters(store)
     mutex = store.mutex_holders()
     if args.json:
@@ -187,13 +193,18 @@ def leases(args: argparse.Namespace) -> int:
         print(mutex_note(store, mutex))
     now = time.time()
     # Lease records are files other users write: every string is made safe before it is printed.
-    rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32), str(le.pid),
-             "shared" if le.shared else "exclusive",
+    rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32) + (" OVER CAP" if le.over_cap else ""),
+             str(le.pid), "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
-             _age(le.started, now), _cell(le.job, 16), _cell(le.command)] for le in held]
+             _age(le.started, now), _cell(le.job, 16),
+             ("[not through the authority] " if le.outside_authority else "") + _cell(le.command)] for le in held]
     blocked = sum(1 for le in held if le.unleased)
+    outside = sum(1 for le in held if le.outside_authority)
     print(f"lock directory {store.dir}: {len(held) - blocked} device lease(s), {len(waiters)} job(s) waiting"
-          + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else ""))
+          + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else "")
+          + (f"; {outside} NOT through the lease authority (taken in the shared directory)" if outside else ""))
+    for why in over_caps(held).values():
+        print(f"over the cap: {_cell(why, 300)}")
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
     if waiters:

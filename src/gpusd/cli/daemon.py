@@ -24,7 +24,13 @@ _COMPARED = {"interfaces": ("--interface", "interfaces"), "port": ("--port", "po
              "history_size": ("--history-size", "history_size_mib"), "idle_after": ("--idle-after", "idle_after"),
              "idle_release": ("--idle-release", "idle_release"), "idle_grace": ("--idle-grace", "idle_grace"),
              "slurm": ("--slurm", "slurm"), "slurm_controller": ("--slurm-controller", "slurm_controller"),
-             "slurmctld": ("--slurmctld", "slurmctld")}
+             "slurmctld": ("--slurmctld", "slurmctld"),
+             # what the daemon trusts and where it serves (a second start with another secret, peers or
+             # ports must not be told "already running" while the old ones stay in force)
+             "token_file": ("--token-file", "secret"), "tls_port": ("--tls-port", "tls_port"),
+             "peers": ("--peer", "peers"), "peers_file": ("--peers-file", "peers_file"),
+             "dns_sd_domain": ("--dns-sd-domain", "dns_sd_domain"), "dns_server": ("--dns-server", "dns_server"),
+             "lease_socket": ("$GPUSD_LEASE_SOCKET", "lease_socket")}
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -150,9 +156,22 @@ def _given(args: argparse.Namespace) -> set[str]:
     return set(vars(ns)) & set(_COMPARED)
 
 
-def _differences(args: argparse.Namespace, cfg: Any, running: Any) -> list[str] | None:
-    """The given options that differ from the running daemon's (None: its options are unknown)."""
-    given = _given(args)
+def _given_by_environment(cfg: Any) -> set[str]:
+    """Options given through the environment rather than flags: a secret ($GPUSD_TOKEN_FILE,
+    $GPUSD_TOKEN), the lease socket ($GPUSD_LEASE_SOCKET)."""
+    out = set()
+    if cfg.token is not None:
+        out.add("token_file")
+    if os.environ.get("GPUSD_LEASE_SOCKET") is not None:
+        out.add("lease_socket")
+    return out
+
+
+def _differences(args: argparse.Namespace, cfg: Any, running: Any, served: Any = None) -> list[str] | None:
+    """The given options that differ from the running daemon's (None: its options are unknown);
+    ``served``: what it serves (its info file: the ports it took)."""
+    served = served if isinstance(served, dict) else {}
+    given = _given(args) | _given_by_environment(cfg)
     if not given:
         return []
     if not isinstance(running, dict):
@@ -165,10 +184,17 @@ def _differences(args: argparse.Namespace, cfg: Any, running: Any) -> list[str] 
         new, old = wanted.get(key), running.get(key)
         if key == "interfaces":
             new, old = sorted(new or []), sorted(old or []) if isinstance(old, list) else old
+        if key == "tls_port" and new is not None and new == served.get("tls_port"):
+            old = new  # the port it took (the default is --port + 1): the same
         if new == old or key in seen:
             continue
         seen.add(key)
-        if isinstance(new, bool) or isinstance(old, bool):
+        if key not in running:  # a daemon older than the option: it cannot say, so it is not the same
+            out.append(f"{flag} (the running daemon does not record it)")
+        elif key == "secret":  # never shown, not even its fingerprint: with or without, same or another
+            out.append(f"{flag} (running: {'with another secret' if old else 'without a secret: trust is off'})"
+                       if new else f"{flag} (running: with a secret)")
+        elif isinstance(new, bool) or isinstance(old, bool):
             out.append(f"{flag} (running: {'with' if old else 'without'} it)")
         else:
             out.append(f"{flag} {_show(new)} (running: {_show(old)})")
@@ -195,7 +221,7 @@ def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
     info = st.info
     where = (f"pid {st.pid}, serving {' '.join(info.get('urls') or []) or '?'}, session {info.get('session', '?')}, "
              f"state directory {st.state_dir}")
-    diff = _differences(args, cfg, info.get("options"))
+    diff = _differences(args, cfg, info.get("options"), info)
     if diff is None:
         raise AlreadyRunning(f"a daemon is already running ({where}) and its options are not recorded (an older "
                              "daemon, or one still starting), so the options given cannot be checked; stop it "
@@ -208,7 +234,21 @@ def _already_running(args: argparse.Namespace, cfg: Any, st: Any) -> int:
     return 0
 
 
+def print_unit(args: argparse.Namespace) -> int:
+    """``gpusd start --print-unit [options]``: the systemd unit whose ExecStart= runs this install's gpusd
+    with the options given (docs/daemon.md, "systemd"); nothing is started."""
+    from ..daemon.process import unit_text
+
+    argv = list(getattr(args, "_argv", None) or ["start"])
+    words = [w for w in argv[argv.index("start") + 1 if "start" in argv else 0:] if w not in ("--print-unit",
+                                                                                             "--foreground")]
+    sys.stdout.write(unit_text([sys.executable, "-m", "gpusd", "start", "--foreground", *words]))
+    return 0
+
+
 def start(args: argparse.Namespace) -> int:
+    if getattr(args, "print_unit", False):
+        return print_unit(args)
     state = _state_dir(args)
     try:  # one line, not a traceback, for a state directory that cannot be (/proc/x, a read-only disk)
         state.mkdir(parents=True, exist_ok=True)
@@ -239,10 +279,9 @@ def start(args: argparse.Namespace) -> int:
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
     info = process.spawn(_foreground_args(args), state, env=env, timeout=args.timeout)
-    urls = " ".join(info.get("urls") or [])
     sim = "  [SIMULATED GPUs]" if info.get("simulated") else ""
     print(f"gpusd: started (pid {info.get('pid')}), announced as {info.get('service')}, "
-          f"session {info.get('session')}, serving {urls}{sim}")
+          f"session {info.get('session')}, {process.serving_line(info)}{sim}")
     print(f"gpusd: log {state / process.LOG_FILE}; stop with: {_stop_hint(state)}")
     return 0
 
@@ -279,8 +318,16 @@ def status(args: argparse.Namespace) -> int:
         print(f"  service   {info.get('service')}  (session {info.get('session')}, node {info.get('node_id')})")
         print(f"  serving   {' '.join(info.get('urls') or [])}")
         if info.get("tls_port"):
-            print(f"  https     port {info.get('tls_port')}, certificate {info.get('cert_fp')} (trust on)")
+            print(f"  https     {' '.join(info.get('tls_urls') or [])} port {info.get('tls_port')}, certificate "
+                  f"{info.get('cert_fp')} (trust on)")
         print(f"  mDNS on   {', '.join(info.get('interfaces') or []) or 'all interfaces'}")
+        auth = info.get("authority")
+        if isinstance(auth, dict):
+            from ..sanitize import for_terminal
+
+            print(f"  leases    lease authority on {for_terminal(auth.get('socket'))}" if auth.get("serving") else
+                  f"  leases    NOT the lease authority: {for_terminal(auth.get('why') or 'unknown', 300)} "
+                  "(clients lease in the shared lock directory; docs/daemon.md)")
     if live is not None:
         snap = live.get("snapshot") or {}
         gpus = snap.get("gpus") or []
@@ -470,6 +517,9 @@ def _start_parser(sub: Any, o: Any) -> None:
                                    "certificate"),
                            o.thresholds(), o.beyond(), o.simulate()])
     p.add_argument("--foreground", action="store_true", help="run in the foreground (systemd, containers)")
+    p.add_argument("--print-unit", action="store_true",
+                   help="print a systemd unit that starts this install's gpusd with the other options given, "
+                   "and start nothing (docs/daemon.md, systemd)")
     p.add_argument("--port", type=int, default=4780, help="HTTP port (default 4780; 0: any free port)")
     p.add_argument("--interval", type=o.positive_seconds, default=1.0, metavar="S",
                    help="seconds between samples (default 1)")

@@ -33,6 +33,7 @@ def _leases(g: GpuInfo) -> str:
     if not g.leases:
         return "-"
     return " ".join(f"{le.user or '?'}:{le.pid}{'(shared)' if le.shared else ''}{_until(le.expires)}"
+                    f"{'(not-through-authority)' if le.outside_authority else ''}{'(OVER-CAP)' if le.over_cap else ''}"
                     for le in g.leases)
 
 

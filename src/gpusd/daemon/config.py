@@ -23,6 +23,16 @@ def open_file_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY or soft <= 0 else soft
 
 
+def lease_socket_option(leases: bool = True) -> str | None:
+    """Where a daemon would serve as lease authority (``$GPUSD_LEASE_SOCKET``), None: turned off."""
+    if not leases:
+        return None
+    from ..alloc.authority import socket_path
+
+    path = socket_path()
+    return None if path is None else str(path)
+
+
 @dataclass
 class DaemonConfig:
     interfaces: list[str] | None = None  # IPv4 addresses or interface names; None: all (or $GPUSD_INTERFACES)
@@ -104,7 +114,24 @@ class DaemonConfig:
                 "idle_release": self.idle_release, "idle_grace": self.idle_grace,
                 "rebalance": self.rebalance or self.rebalance_policy is not None,
                 "rebalance_policy": str(self.rebalance_policy) if self.rebalance_policy else None,
-                "slurm": self.slurm, "slurm_controller": self.slurm_controller, "slurmctld": self.slurmctld}
+                "slurm": self.slurm, "slurm_controller": self.slurm_controller, "slurmctld": self.slurmctld,
+                # added in 0.4: what the daemon trusts and where it serves it (a second start compares them)
+                "secret": self.secret_id(), "tls": self.serves_tls(), "tls_port": self.tls_port,
+                "peers": sorted(self.peers) if self.peers is not None else None, "peers_file": self.peers_file,
+                "dns_sd_domain": self.dns_sd_domain, "dns_server": self.dns_server,
+                "lease_socket": lease_socket_option(self.leases)}
+
+    def serves_tls(self) -> bool:
+        return bool(self.tls or (self.tls is None and self.token))
+
+    def secret_id(self) -> str | None:
+        """Which secret the daemon trusts, as a one-way fingerprint (never the secret: the state
+        directory's info file is readable), so that a second start can tell the same secret from another."""
+        if self.token is None:
+            return None
+        import hashlib
+
+        return hashlib.sha256(b"gpusd secret id\0" + self.token.encode()).hexdigest()[:16]
 
     def validate(self) -> None:
         from ..errors import ConfigError

@@ -168,6 +168,8 @@ async def host(d: Daemon, answers: Answers, request: web.Request) -> web.Respons
             "snapshot": snap.to_dict() if snap is not None else None,
             # where slurmctld runs, for a daemon started with --slurmctld (docs/slurm.md); added in 0.3
             "slurmctld": _slurmctld(d),
+            # whether this daemon is its host's lease authority, and why not (added in 0.4)
+            "lease_authority": dict(getattr(d, "authority", None) or {}) or None,
         }
 
     return _bytes(answers.get(snap, "host", can_see_private(request), build))

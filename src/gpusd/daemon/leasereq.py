@@ -59,7 +59,8 @@ def priority_of(d: dict[str, Any]) -> int | None:
 
 def request(line: bytes) -> dict[str, Any]:
     """Validate a lease request into keyword arguments for :meth:`Constraints.build` (plus wait,
-    timeout, command, visible); ConfigError when it is not one."""
+    timeout, command, visible: the client's inherited device-list variables, or None); ConfigError when it is
+    not one."""
     return constraints(parse(line))
 
 
@@ -105,6 +106,16 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     by = opt("by", (str,)) or "load"
     topology = opt("topology", (str,)) or "auto"  # added in 0.3: an older client sends none
     command, visible = opt("command", (str,)), opt("visible", (str,))
+    env = {"CUDA_VISIBLE_DEVICES": visible[:1024]} if visible is not None else None
+    others = d.get("visible_vars")  # added in 0.4: the client's inherited AMD/Intel device lists
+    if others is not None:
+        from ..alloc.authority import INHERITED_OTHERS
+
+        if (not isinstance(others, dict) or not set(others) <= set(INHERITED_OTHERS)
+                or not all(isinstance(v, str) and len(v) <= 1024 for v in others.values())):
+            raise ConfigError("bad 'visible_vars' in the lease request: an object of "
+                              f"{', '.join(INHERITED_OTHERS)} to their values")
+        env = {**(env or {}), **others}
     return {
         "count": count,
         "min_free": amount("min_free", (int, float), "bytes as a whole number, or a ratio from 0 to 1"),
@@ -113,6 +124,6 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
         "max_processes": bounded("max_processes", (int,), 2**31, "a whole number, 0 or more"),
         "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
         "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
-        "command": command[:1024] if command else None, "visible": visible[:1024] if visible is not None else None,
+        "command": command[:1024] if command else None, "visible": env,
         "vendor": opt("vendor", (str,)),  # issue 21; validated by Constraints.build
     }

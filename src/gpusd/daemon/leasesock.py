@@ -457,7 +457,7 @@ class LeaseServer:
         wait, timeout, command, visible = (kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("command"),
                                            kwargs.pop("visible"))
         c = Constraints.build(**kwargs, within_visible=visible is not None)
-        env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+        env = dict(visible) if visible is not None else {}  # the client's inherited device lists
         who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,  # priority believed for uid
                      slurm_job=(extra or {}).get("slurm_job"))
         return allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
@@ -490,7 +490,7 @@ class LeaseServer:
         kwargs["shared"] = lease.shared  # one record, one mode
         kwargs["exclude"] = [*(kwargs["exclude"] or []), *lease.devices]  # a shared GPU is not taken twice
         c = Constraints.build(**kwargs, within_visible=visible is not None)
-        env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {}
+        env = dict(visible) if visible is not None else {}  # the client's inherited device lists
         store = self._store()
         who = Holder(pid=held.pid, user=user_name(held.uid), uid=held.uid, command=held.command, job=held.job)
         sel = allocate(LeaseRequest(c, wait=wait, timeout=timeout, holder=who, env=env, priority=held.priority,
@@ -617,16 +617,28 @@ async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeou
 async def start_lease_server(simulate: str | None = None, slurm: bool = False,
                              backend: SharedBackend | None = None) -> LeaseServer | None:
     """Serve leases where this daemon can be the authority; None (logged) where it cannot."""
+    return (await start_authority(simulate, slurm, backend))[0]
+
+
+async def start_authority(simulate: str | None = None, slurm: bool = False,
+                          backend: SharedBackend | None = None) -> tuple[LeaseServer | None, str | None]:
+    """(the lease server, None) where this daemon is the lease authority, else (None, why not): the
+    daemon says so on its start line, in ``gpusd status`` and ``GET /api/v1/host``, because every
+    client then leases in the shared lock directory, where the daemon's guarantees do not hold."""
     from ..alloc.authority import socket_path
 
     path = socket_path()
     if path is None:
-        return None
+        log.info("not the lease authority: $GPUSD_LEASE_SOCKET turns it off")
+        return None, "turned off ($GPUSD_LEASE_SOCKET=off)"
     server = LeaseServer(path, simulate, slurm, backend)
     try:
         await server.start()
     except (GpusdError, OSError) as exc:
-        log.info("not the lease authority (clients use the lock directory): %s", exc)
+        why = f"cannot serve {path}: {getattr(exc, 'strerror', None) or exc}"
+        # root's daemon is meant to be the authority (a warning); another user's never can be
+        log.log(logging.WARNING if os.geteuid() == 0 else logging.INFO,
+                "not the lease authority (clients lease in the shared lock directory): %s", why)
         await server.stop()
-        return None
-    return server
+        return None, why
+    return server, None

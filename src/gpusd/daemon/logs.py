@@ -219,7 +219,9 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
                               backups if backups is not None else env_backups, follow_stdio=follow)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    from ..sanitize import log_formatter  # the one rule for logs: what a GPU or a peer said, no control byte
+
+    handler.setFormatter(log_formatter(LOG_FORMAT, MAX_CHARS + 256))  # room for the cut's note and the prefix
     (rate_limit or RateLimitFilter()).attach(handler)
     root.addHandler(handler)
     root.setLevel(level)

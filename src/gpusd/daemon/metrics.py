@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..model import GpuInfo, HostSnapshot, MigInstance
+from ..sanitize import for_exposition, for_label
 from .gpuseconds import GPU_LABELS, UsageCounters, gpu_labels
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -292,8 +293,9 @@ class _MigAsGpu:
 
 
 def _escape(value: str) -> str:
-    """A label value in the text exposition format."""
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    """A label value in the text exposition format: the one rule for labels (a GPU's name comes from
+    its driver; a user or host name from the network), :func:`gpusd.sanitize.for_label`."""
+    return for_label(value)
 
 
 def _number(value: float | int) -> str:
@@ -565,13 +567,14 @@ def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    """The registry in the Prometheus text exposition format, then the exporter-named series."""
+    """The registry in the Prometheus text exposition format, then the exporter-named series; no
+    control byte in it but the newlines (:func:`gpusd.sanitize.for_exposition`)."""
     from prometheus_client import generate_latest
 
-    text = generate_latest(registry)
+    text = generate_latest(registry).decode()
     for exporter in _EXPORTERS.get(registry, ()):
-        text += exporter.text().encode()
-    return text
+        text += exporter.text()
+    return for_exposition(text).encode()  # the boundary: the one rule for /metrics (gpusd.sanitize)
 
 
 def render_snapshots(snaps: Iterable[HostSnapshot], alerts: Sequence[ThresholdEvent] | None = None,

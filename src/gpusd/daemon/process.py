@@ -170,6 +170,87 @@ def sd_notify(message: str) -> bool:
         return False
 
 
+# The systemd unit, as shipped in docs/gpusd.service (that file is this text with DEFAULT_EXEC) and as
+# ``gpusd start --print-unit`` writes it for the install that runs it.  ProtectSystem=strict makes
+# /run read-only: RuntimeDirectory= is what lets the daemon have /run/gpusd for its lease socket (without
+# it the daemon is not the lease authority, and every client leases in the shared lock directory).
+DEFAULT_EXEC = "/usr/local/bin/gpusd start --foreground"
+UNIT = """\
+# gpusd: announce this host's GPUs on the LAN and serve their live state (docs/daemon.md).
+#   gpusd start --print-unit [options] > /etc/systemd/system/gpusd.service  (ExecStart for this install)
+#   systemctl daemon-reload && systemctl enable --now gpusd
+[Unit]
+Description=gpusd GPU service discovery daemon
+Wants=network-online.target
+After=network-online.target nvidia-persistenced.service
+
+[Service]
+Type=notify
+NotifyAccess=main
+# Options: --session NAME, --interface eth0 (repeatable), --port 4780, --interval 1, --gpusd-compat
+ExecStart={exec_start}
+# Optional: GPUSD_TOKEN_FILE=/etc/gpusd/fleet.key (trust on, docs/security.md; and GPUSD_INTERFACES=...) in this file
+EnvironmentFile=-/etc/gpusd/env
+# The state directory is /var/lib/gpusd (root's default); the node id derives from /etc/machine-id.
+Environment=PYTHONUNBUFFERED=1
+StateDirectory=gpusd
+# /run/gpusd: the lease socket's directory (root's, 0755); kept across a restart so that clients
+# holding leases through the socket find it again
+RuntimeDirectory=gpusd
+RuntimeDirectoryMode=0755
+RuntimeDirectoryPreserve=restart
+# The daemon sends its goodbye (bye event + mDNS goodbye) on SIGTERM within a second or two.
+KillSignal=SIGTERM
+TimeoutStopSec=20
+Restart=on-failure
+RestartSec=5
+# No NVML / no driver (exit 3): retry later rather than give up after a boot race with the driver
+RestartPreventExitStatus=2
+# Hardening: the daemon reads NVML and /proc, writes only its state directory, its runtime directory
+# and the lease directory
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=read-only
+ReadWritePaths=/var/lib/gpusd /tmp
+PrivateTmp=no
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def unit_word(word: str) -> str:
+    """One word of an ExecStart= line, quoted as systemd.service(5) reads it: ``%`` is a specifier and
+    ``$`` a variable unless doubled; a word with spaces, quotes or backslashes goes in double quotes."""
+    word = word.replace("%", "%%").replace("$", "$$")
+    if word and not any(c in word for c in " \t\"'\\;"):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def unit_text(argv: Sequence[str] | None = None) -> str:
+    """The unit with an ExecStart= that runs ``argv`` (default: the shipped one)."""
+    return UNIT.format(exec_start=DEFAULT_EXEC if argv is None else " ".join(unit_word(w) for w in argv))
+
+
+def serving_line(info: dict[str, Any]) -> str:
+    """What a daemon serves, as its start line says it: every URL (HTTP and HTTPS, with the pinned
+    certificate) and whether it is the lease authority, and why not (then every client leases in the
+    shared lock directory: an administrator should know)."""
+    from ..sanitize import for_terminal
+
+    urls = [u for u in [*(info.get("urls") or []), *(info.get("tls_urls") or [])] if isinstance(u, str)]
+    out = "serving " + (" ".join(urls) or "?")
+    if info.get("cert_fp"):
+        out += f" (certificate {info.get('cert_fp')})"
+    auth = info.get("authority")
+    if isinstance(auth, dict):
+        out += (f"; lease authority on {auth.get('socket')}" if auth.get("serving") else
+                f"; NOT the lease authority ({for_terminal(auth.get('why') or 'unknown', 300)}): clients lease "
+                "in the shared lock directory")
+    return out
+
+
 def notify_ready(ready_fd: int | None, info: dict[str, Any]) -> None:
     if ready_fd is not None:
         try:
@@ -395,6 +476,8 @@ async def _main(config: Any, ready_fd: int | None) -> int:
             "cert_fp": daemon.cert_fp,
             "addresses": daemon.addresses,
             "urls": daemon.urls,
+            "tls_urls": daemon.tls_urls,  # added in 0.4: every port served is on the start line
+            "authority": daemon.authority,  # added in 0.4: the lease authority, or why not
             "interfaces": daemon.interfaces,
             "session": config.session,
             "hostname": daemon.hostname,
@@ -407,7 +490,7 @@ async def _main(config: Any, ready_fd: int | None) -> int:
         }
         write_info(daemon.state_dir, info)
         notify_ready(ready_fd, info)
-        _log().info("gpusd daemon ready: pid %d, %s", os.getpid(), " ".join(daemon.urls))
+        _log().info("gpusd daemon ready: pid %d, %s", os.getpid(), serving_line(info))
         await stop_event.wait()
         sd_notify("STOPPING=1")
         _log().info("stopping")

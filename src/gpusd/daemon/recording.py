@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("gpusd.history")
 
 POLICY_EVERY = 5.0  # seconds between looks at the fair-use policy file (cached while unchanged)
-SHARES_EVERY = 60.0  # seconds between fair-share summaries written to the lock directory
+SHARES_EVERY = 60.0  # seconds between fair-share summaries written to the state directory
 
 
 class RecordedDaemon(Protocol):
@@ -99,7 +99,7 @@ class Recording:
     # -- the fair-use policy file (alloc/policy.py): idle release and the fair-share summary ------
     def _apply_policy(self) -> None:
         """The policy file's idle terms override the configuration's (warn after N minutes idle, release
-        M minutes later); with ``fair_share_days``, the users' GPU-hours go to the lock directory."""
+        M minutes later); with ``fair_share_days``, the users' GPU-hours go to the state directory."""
         from ..alloc.policy import load
 
         pol = load()
@@ -121,14 +121,13 @@ class Recording:
                              daemon=True).start()
 
     def _write_shares(self, days: float) -> None:
-        from ..alloc.leases import LeaseStore
         from ..alloc.policy import shares_from_usage, write_shares
         from ..usage import query
 
         try:
             now = time.time()
             answer = self._read(lambda conn: query.usage(conn, now - days * 86400, now, now, self.keep, True))
-            write_shares(LeaseStore().dir, shares_from_usage(answer), days)
+            write_shares(self.daemon.state_dir, shares_from_usage(answer), days)
         except Exception as exc:  # noqa: BLE001 - the order falls back to first come, first served
             log.warning("cannot write the fair-share summary: %s", exc)
         finally:

@@ -100,6 +100,9 @@ class Daemon:
         self._leases: Any = None
         self.slurm: Any = None  # daemon/slurmnode.py: --slurm, --slurmctld
         self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
+        # whether this daemon is the lease authority, and why not (start line, status, /api/v1/host)
+        self.authority: dict[str, Any] = {"serving": False, "why": "leases are not read by this daemon",
+                                          "socket": None}
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
@@ -167,6 +170,11 @@ class Daemon:
     def urls(self) -> list[str]:
         return [f"http://{a}:{self.port}/api/v1" for a in self.addresses]
 
+    @property
+    def tls_urls(self) -> list[str]:
+        """The HTTPS URLs (trust on), beside :attr:`urls`: every port the daemon serves."""
+        return [f"https://{a}:{self.tls_port}/api/v1" for a in self.addresses] if self.tls_port else []
+
     # -- start/stop ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
@@ -202,10 +210,12 @@ class Daemon:
                 self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
         if self.config.leases:
-            from .leasesock import start_lease_server
+            from .leasesock import start_authority
 
-            self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm,
+            self._lease_server, why = await start_authority(self.config.simulate, self.config.slurm,
                                                           backend=self.inventory)
+            self.authority = {"serving": self._lease_server is not None, "why": why,
+                              "socket": str(self._lease_server.path) if self._lease_server is not None else None}
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 
@@ -247,6 +257,7 @@ class Daemon:
                                      keepalive_timeout=cfg.keepalive_timeout)
         await self._runner.setup()
         hosts: list[str | None] = list(self.interfaces) if self.interfaces else [None]
+        trying = f"HTTP on {{where}} port {self.port}"  # what the error names: the port that failed
         try:
             for host in hosts:  # one site per pinned address (all of them bind one port)
                 site = GuardedSite(self._runner, self.guard, host=host, port=self.port, reuse_address=True)
@@ -257,6 +268,7 @@ class Daemon:
                 ctx = self._tls.server_context()
                 tls_port = self.config.tls_port if self.config.tls_port is not None else (
                     self.port + 1 if self.config.port else 0)
+                trying = f"HTTPS on {{where}} port {tls_port} (HTTP on port {self.port})"
                 for host in hosts:
                     site = GuardedSite(self._runner, self.guard, host=host, port=tls_port, reuse_address=True,
                                        ssl_context=ctx)
@@ -268,9 +280,7 @@ class Daemon:
             await self._runner.cleanup()
             self._runner = None
             where = ",".join(h for h in hosts if h) or "all addresses"
-            raise GpusdError(f"cannot serve HTTP(S) on {where} port {self.port}"
-                             f"{f' / {self.config.tls_port}' if self._tls is not None else ''}: "
-                             f"{exc.strerror or exc}") from None
+            raise GpusdError(f"cannot serve {trying.format(where=where)}: {exc.strerror or exc}") from None
         log.info("HTTP API on %s port %d%s (at most %d connections, %g s to send a request head)",
                  ",".join(h for h in hosts if h) or "all addresses", self.port,
                  f", HTTPS port {self.tls_port} (certificate {self.cert_fp})" if self.tls_port else "",

@@ -32,18 +32,51 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable, Mapping, MutableMapping
 
-# Variables a vendor's rule removes from a job's inherited environment: each would count again
-# after the mask (docs/alloc.md "Vendors").
-CLEARED: dict[str, tuple[str, ...]] = {
-    "nvidia": (),
-    "amd": ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
-    "intel": (),
+@record(frozen=True, slots=True)
+class VendorRule:
+    """What one vendor's runtimes read to choose the GPUs a process sees: the one owner of that
+    knowledge (docs/allocation.md, "Vendors")."""
+
+    vendor: str
+    device_variable: str  # the variable gpusd sets to the chosen devices
+    ray_variable: str  # the one Ray reads (engine="ray")
+    cleared: tuple[str, ...]  # removed from a job's environment: each would count again after the mask
+    ray_cleared: tuple[str, ...]
+    # Each runtime's own "no device at all": what a failing ``gpusd env`` exports so that
+    # ``eval "$(gpusd env ...)"`` leaves no GPU of this vendor visible.  Unset would show them all, and
+    # an empty value is "unset" to some runtimes (HIP, Level Zero), so each is the runtime's own:
+    hide_all: tuple[tuple[str, str], ...]
+    # Variables whose inherited value limits which of this vendor's GPUs gpusd may choose (a parent, or
+    # Slurm, gave the job these GPUs only), checked in this order: the first one set decides.
+    inherited: tuple[str, ...]
+
+
+RULES: dict[str, VendorRule] = {
+    # CUDA: only the devices listed are visible; an empty list hides every one (and CUDA's own numbers
+    # are made nvidia-smi's by CUDA_DEVICE_ORDER).
+    "nvidia": VendorRule("nvidia", "CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", (), (),
+                         (("CUDA_VISIBLE_DEVICES", ""), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")),
+                         ("CUDA_VISIBLE_DEVICES",)),
+    # ROCr filters when ROCR_VISIBLE_DEVICES is *set*, empty or not (ROCR-Runtime core/inc/flag.h:
+    # filter_visible_gpus_ = IsEnvVarSet(...)): "" hides every agent.  HIP (clr, rocdevice.cpp
+    # Device::init) reads HIP_VISIBLE_DEVICES, or CUDA_VISIBLE_DEVICES when that is empty, and stops at
+    # the first index out of range: "-1" leaves none; GPU_DEVICE_ORDINAL is the same list for OpenCL.
+    "amd": VendorRule("amd", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                      ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
+                      ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
+                      (("ROCR_VISIBLE_DEVICES", ""), ("HIP_VISIBLE_DEVICES", "-1"), ("GPU_DEVICE_ORDINAL", "-1")),
+                      ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")),
+    # Level Zero (intel/compute-runtime, ExecutionEnvironment::parseAffinityMask): an empty mask is no
+    # mask (every device); entries naming no device are skipped, and a mask that enables none leaves
+    # none: "-1" names none.  SYCL then sees Level Zero devices only (no second copy through OpenCL).
+    "intel": VendorRule("intel", "ZE_AFFINITY_MASK", "ZE_AFFINITY_MASK", (), ("ONEAPI_DEVICE_SELECTOR",),
+                        (("ZE_AFFINITY_MASK", "-1"), ("ONEAPI_DEVICE_SELECTOR", "level_zero:*")),
+                        ("ZE_AFFINITY_MASK",)),
 }
-RAY_CLEARED: dict[str, tuple[str, ...]] = {
-    "nvidia": (),
-    "amd": ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
-    "intel": ("ONEAPI_DEVICE_SELECTOR",),
-}
+
+# The tables other modules read, derived from the rules above (one owner per fact).
+CLEARED: dict[str, tuple[str, ...]] = {v: r.cleared for v, r in RULES.items()}
+RAY_CLEARED: dict[str, tuple[str, ...]] = {v: r.ray_cleared for v, r in RULES.items()}
 # Per vendor: its backend (module of gpusd.inventory, class: gpusd.inventory.backend.Backend) and the
 # Python package it needs (None: a dependency of gpusd).  A new vendor is a row here, a row in each
 # table of this module, its name in model.VENDORS and its backend module -- allocation, discovery and
@@ -52,8 +85,29 @@ BACKENDS: dict[str, tuple[str, str]] = {"nvidia": ("nvml", "NvmlBackend"), "amd"
                                         "intel": ("intel", "IntelBackend")}
 PACKAGES: dict[str, str | None] = {"nvidia": None, "amd": "amdsmi", "intel": "pyzes"}
 # The variable that lists the devices, per vendor (and for Ray).
-DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
-RAY_DEVICE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
+DEVICE_VARIABLE = {v: r.device_variable for v, r in RULES.items()}
+RAY_DEVICE_VARIABLE = {v: r.ray_variable for v, r in RULES.items()}
+
+
+def hide_all() -> dict[str, str]:
+    """The variables that leave no GPU of any vendor gpusd knows visible, each runtime's own way."""
+    out: dict[str, str] = {}
+    for rule in RULES.values():
+        out.update(rule.hide_all)
+    return out
+
+
+def inherited_limits(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Vendor -> (variable, value) of the inherited variable that limits the choice of its GPUs (the
+    first of :attr:`VendorRule.inherited` that ``env`` sets); vendors without one are absent."""
+    out: dict[str, tuple[str, str]] = {}
+    for vendor, rule in RULES.items():
+        for name in rule.inherited:
+            value = env.get(name)
+            if value is not None:
+                out[vendor] = (name, value)
+                break
+    return out
 
 
 @record(frozen=True, slots=True)

@@ -51,6 +51,8 @@ class _GpuState:
     holders: list[str]  # distinct holders of its leases
     jobs: list[str]  # identities of the processes and leases on it
     unleased: list[str] = field(default_factory=list)  # distinct owners of its processes no lease covers
+    # distinct holders of its leases taken in the shared directory while a daemon was the lease authority
+    outside: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -122,8 +124,9 @@ class Accountant:
         jobs = [_proc_ident(p.pid, p.user, p.command) for p in g.processes]
         jobs += [f"l:{lease.lease_id}" for lease in g.leases if not lease.unleased]
         unleased = sorted({p.user or "" for p in g.processes if p.unleased})
+        outside = sorted({lease.user or "" for lease in g.leases if lease.outside_authority and not lease.unleased})
         return _GpuState(g.uuid, finite(g.utilization_gpu), g.memory_used, finite(g.power_draw), g.temperature,
-                         users, holders, jobs, unleased)
+                         users, holders, jobs, unleased, outside)
 
     def _seen(self, snap: HostSnapshot) -> dict[str, _Seen]:
         out: dict[str, _Seen] = {}
@@ -174,7 +177,9 @@ class Accountant:
                                (s.mem or 0) * dt, s.mem, power_s, s.temp, dt if busy else 0.0,
                                dt if s.holders else 0.0))
                 for kind, who, energy in (("use", s.users, power_s), ("hold", s.holders, 0.0 if busy else power_s),
-                                          ("unleased", s.unleased, 0.0)):  # GPU time outside gpusd, by user
+                                          ("unleased", s.unleased, 0.0),  # GPU time outside gpusd, by user
+                                          # held by leases the lease authority did not grant (added in 0.4)
+                                          ("outside", s.outside, 0.0)):
                     n = len(who)
                     for u in who:
                         usage.append((tier, gid, b, kind, u, dt / n, (util or 0.0) * dt / n, energy / n,

@@ -54,8 +54,9 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
                          "$GPUSD_TOKEN_FILE), or ask --by host, gpu or model")
 
     def row(key: str) -> dict[str, float]:
-        return rows.setdefault(key, {"used_h": 0.0, "held_h": 0.0, "idle_held_h": 0.0, "unleased_h": 0.0, "util_s": 0.0,
-                                     "util_n": 0.0, "energy_kwh": 0.0, "observed_h": 0.0})
+        return rows.setdefault(key, {"used_h": 0.0, "held_h": 0.0, "idle_held_h": 0.0, "unleased_h": 0.0,
+                                     "outside_h": 0.0, "util_s": 0.0, "util_n": 0.0, "energy_kwh": 0.0,
+                                     "observed_h": 0.0})
 
     for a in answers:
         host = _text(a.get("host")) or _text(a.get("node_id")) or "?"
@@ -106,6 +107,8 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
                     r["util_n"] += secs
             elif kind == "unleased":  # used without a gpusd lease (part of "use" too)
                 r["unleased_h"] += secs / 3600
+            elif kind == "outside":  # held by leases the lease authority did not grant (part of "hold" too)
+                r["outside_h"] += secs / 3600
             elif kind == "hold":
                 r["held_h"] += secs / 3600
                 r["idle_held_h"] += idle / 3600
@@ -124,6 +127,7 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
         out_rows.append({by: key, "gpu_hours_used": round(r["used_h"], 4), "gpu_hours_held": round(r["held_h"], 4),
                          "idle_held_hours": round(r["idle_held_h"], 4),
                          "gpu_hours_unleased": round(r["unleased_h"], 4),
+                         "gpu_hours_outside_authority": round(r["outside_h"], 4),
                          "mean_util": round(r["util_s"] / r["util_n"], 1) if r["util_n"] else None,
                          "energy_kwh": round(r["energy_kwh"], 4)})
     out_rows.sort(key=lambda r: (-r["gpu_hours_used"] - r["gpu_hours_held"], str(r[by])))

@@ -10,14 +10,13 @@ JSON block whose ``<`` ``>`` ``&`` are escaped, so no user name can end the scri
 from __future__ import annotations
 
 import csv
-import html
 import io
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..sanitize import dumps, for_terminal
+from ..sanitize import dumps, for_html, for_terminal
 
 FORMATS = ("table", "csv", "json", "html")
 COLUMNS = ("gpu_hours_used", "gpu_hours_held", "idle_held_hours", "mean_util", "energy_kwh")
@@ -81,6 +80,11 @@ def to_table(r: Mapping[str, Any]) -> str:
     if unleased:  # GPU time of processes no gpusd lease covered (docs/allocation.md "Unleased processes")
         out += ["", "Used unleased (GPU processes without a gpusd lease): "
                 + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in unleased)]
+    outside = [(str(row[by]), row.get("gpu_hours_outside_authority") or 0.0) for row in r["rows"]]
+    outside = [(k, v) for k, v in outside if isinstance(v, (int, float)) and v > 0]
+    if outside:  # leases taken in the shared directory while a daemon was the authority (docs/allocation.md)
+        out += ["", "Held NOT through the lease authority (leases taken in the shared lock directory): "
+                + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in outside)]
     if r["idle_reservations"]:
         out += ["", "Idle reservations and leases (held under 5 % for longer than the idle limit):"]
         out.append(_table(["host", "user", "GPUs", "held since", "held h", "idle h", "released"],
@@ -121,7 +125,8 @@ def _script_json(data: Any) -> str:
 
 
 def to_html(r: Mapping[str, Any]) -> str:
-    e = html.escape
+    def e(text: str) -> str:  # the one rule for HTML (gpusd.sanitize): no control byte reaches a saved report
+        return for_html(text, 8192)
     by = str(r["by"])
     js = (VENDOR / "uPlot.iife.min.js").read_text()
     css = (VENDOR / "uPlot.min.css").read_text()

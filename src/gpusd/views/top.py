@@ -319,6 +319,8 @@ def _leases(g: GpuInfo) -> str:
         return "-"
     return ", ".join(f"{for_terminal(le.user, WORD_MAX) or 'pid ' + str(le.pid)}{' (shared)' if le.shared else ''}"
                      f"{_until(le.expires)}{' job ' + (for_terminal(le.job, 12) or '') if le.job else ''}"
+                     f"{' not through the authority' if le.outside_authority else ''}"
+                     f"{' OVER CAP' if le.over_cap else ''}"
                      for le in g.leases)
 
 

@@ -52,7 +52,8 @@
   function cleanLease(l) {
     l = obj(l) || {};
     return Object.assign({}, l, { pid: num(l.pid), user: str(l.user, NAME_MAX), shared: l.shared === true,
-      expires: num(l.expires), job: str(l.job, 32) });
+      expires: num(l.expires), job: str(l.job, 32), outside_authority: l.outside_authority === true,
+      over_cap: l.over_cap === true });
   }
   function cleanGpu(g) {  // null: not a GPU at all
     g = obj(g);
@@ -444,7 +445,8 @@
     const until = (l) => l.expires == null ? "" :  // a remote reservation (docs/pool.md): until when
       " until " + new Date(l.expires * 1000).toLocaleTimeString();
     const leases = (g.leases || []).map((l) => "lease " + clip(l.user || "pid " + l.pid, 32) + until(l) +
-      (l.job ? " job " + clip(l.job, 16) : ""));
+      (l.job ? " job " + clip(l.job, 16) : "") + (l.outside_authority ? " not through the authority" : "") +
+      (l.over_cap ? " OVER CAP" : ""));
     return parts.concat(leases).join(", ") || "-";
   }
   function gpuAlerts(host, uuid) {
