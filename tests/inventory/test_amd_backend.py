@@ -60,11 +60,16 @@ def test_devices_json_lists_amd_gpus_with_vendor_memory_utilisation_and_processe
 
 def test_run_on_an_amd_host_sets_rocr_visible_devices_and_no_cuda_variable(fake_amdsmi) -> None:
     fake_amdsmi.write(_two())
-    r = gpusd_cli(["run", "-n", "1", "--", "env"], env=_env(fake_amdsmi, HIP_VISIBLE_DEVICES="0"))
+    r = gpusd_cli(["run", "-n", "1", "--", "env"], env=_env(fake_amdsmi))
     assert r.returncode == 0, r.stderr
     env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
     assert env["ROCR_VISIBLE_DEVICES"] == "GPU-00000000000000b1"  # the idle one
     assert "CUDA_VISIBLE_DEVICES" not in env and "HIP_VISIBLE_DEVICES" not in env
+    # an inherited HIP_VISIBLE_DEVICES limits the choice, as an inherited CUDA_VISIBLE_DEVICES does
+    r = gpusd_cli(["run", "-n", "1", "--", "env"], env=_env(fake_amdsmi, HIP_VISIBLE_DEVICES="0"))
+    assert r.returncode == 0, r.stderr
+    env = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    assert env["ROCR_VISIBLE_DEVICES"] == "GPU-1a2b3c4d5e6f7081" and "HIP_VISIBLE_DEVICES" not in env
     r = gpusd_cli(["env", "-n", "1", "--vendor", "amd"], env=_env(fake_amdsmi))
     assert r.returncode == 0, r.stderr
     assert "export ROCR_VISIBLE_DEVICES=GPU-00000000000000b1" in r.stdout
