@@ -271,15 +271,17 @@ async def test_a_signed_write_names_one_daemon(remote):
 def test_a_loopback_authority_is_accepted_from_loopback_peers_only():
     """Issue 17, row 4: a request signed for ``localhost:4781`` (with or without a node id), sent
     from another machine, names that machine's loopback, not this daemon."""
-    a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_ports=lambda: [4781], node_id=lambda: "n1")
+    fp = "A" * 43  # the daemon's certificate, which a request over TLS covers (gpusd-cert)
+    a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_ports=lambda: [4781], node_id=lambda: "n1",
+               cert_fp=lambda: fp)
     key = FleetKey(TOKEN)
     for authority in ("localhost:4781", "127.0.0.1:4781", "[::1]:4781"):
         for method, node in (("POST", "n1"), ("POST", None), ("GET", None)):
             url = f"https://{authority}/api/v1/leases"
-            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node)
+            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node, cert_fp=fp)
             req, why = a.verify(method, "https", authority, "/api/v1/leases", headers, b"{}", remote="198.18.0.7")
             assert req is None and "name this daemon" in str(why), (authority, method, node)
-            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node)
+            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node, cert_fp=fp)
             req, why = a.verify(method, "https", authority, "/api/v1/leases", headers, b"{}", remote="127.0.0.1")
             assert (req is not None) == (method == "GET" or node is not None), (authority, method, node, why)
 

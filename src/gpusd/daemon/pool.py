@@ -445,9 +445,13 @@ def routes(pool: Pool) -> list[RouteDef]:
             blob = verify(read_header(value), base)
         except SshSigError as exc:
             return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
+        # the account the signer acts as, covered by the signature its key made (gpusd 0.4; None before)
+        covered = getattr(getattr(signed_request(request), "result", None), "covered_components", None) or {}
+        named = covered.get('"gpusd-user"')
         try:
             account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                pool.executor, pool.users.who, blob, request.remote, daemon.hostname), 10.0)
+                pool.executor, pool.users.who, blob, request.remote, daemon.hostname,
+                named if isinstance(named, str) else None), 10.0)
         except Refused as exc:
             return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
         except asyncio.TimeoutError:
