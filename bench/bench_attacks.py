@@ -17,6 +17,9 @@ During each attack (``--seconds`` long) a client sends ``GET /api/v1/gpus`` once
 new connection (timeout 5 s).  Printed per version and attack: answers, failures, the slowest
 answer, and how much the daemon's log (``gpusd.log`` and its rotated files) grew.  Everything stops
 by itself; nothing leaves 127.0.0.1.
+
+``--identity``: issue 39's identity and request attacks instead (rows 1, 2, 3, 5 in process, row 12
+on two loopback daemons), per version, with ``--old REV`` before and after: bench/_attacks_identity.py.
 """
 
 from __future__ import annotations
@@ -297,6 +300,27 @@ async def main_async(args: argparse.Namespace) -> None:
         print(row)
 
 
+def identity(args: argparse.Namespace) -> int:
+    """Issue 39's identity and request rows, per code version (bench/_attacks_identity.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _attacks_identity import report
+
+    versions = [("this tree", REPO / "src")]
+    old = old_tree(args.old) if args.old else None
+    if old is not None:
+        versions.insert(0, (f"old ({args.old})", old / "src"))
+    try:
+        rows = report(versions, min(args.seconds, 30.0))
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    print("| code | row (issue 39) | what the attacker got |")
+    print("|---|---|---|")
+    for row in rows:
+        print(row)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connections", type=int, default=1000)
@@ -304,7 +328,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each attack (default 10)")
     ap.add_argument("--keep-logs", action="store_true", help="keep each daemon's state directory (and log)")
     ap.add_argument("--old", metavar="REV", help="also attack the daemon of this git revision (e.g. bc3d827)")
+    ap.add_argument("--identity", action="store_true",
+                    help="instead: issue 39's identity and request attacks (rows 1, 2, 3, 5, 12: "
+                    "bench/_attacks_identity.py)")
     args = ap.parse_args()
+    if args.identity:
+        return identity(args)
     if not 1 <= args.connections <= 5000 or not 1 <= args.services <= 5000 or not 1 <= args.seconds <= 60:
         ap.error("bounded: at most 5000 connections/services and 60 s per attack")
     asyncio.run(main_async(args))
