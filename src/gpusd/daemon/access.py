@@ -357,7 +357,8 @@ class Access:
             if bound is None:
                 return None, ("over TLS a signature must cover the certificate the client pinned "
                               "(gpusd-cert, gpusd 0.4: upgrade the client)")
-            if scheme != "https" or not own or not hmac.compare_digest(str(bound), own):
+            if scheme != "https" or not own or not isinstance(bound, str) or not bound.isascii() \
+                    or not hmac.compare_digest(bound, own):
                 return None, "the request was signed for a TLS connection to another certificate"
         node = self._node_id() if self._node_id is not None else None
         if '"gpusd-node"' in covered and covered['"gpusd-node"'] != node:
