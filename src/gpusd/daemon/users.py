@@ -1,25 +1,29 @@
 """Who signed a write: the local account whose SSH key it is (docs/security.md, "Identity").
 
 A remote write carries the user's SSHSIG signature (:mod:`gpusd.wire.sshsig`) over the fleet
-signature's base.  The daemon (root) attributes the key to an account of this host:
+signature's base, which covers the account the user acts as (``Gpusd-User``, gpusd 0.4).  The daemon
+(root) checks that account only, as sshd checks the ``authorized_keys`` of the account a login names
+(listing someone else's public key in one's own file lets them in as oneself, nothing more):
 
-1. the name an administrator maps to the key in the users file (``/etc/gpusd/users``, or
-   ``$GPUSD_USERS`` for tests): lines ``NAME [options] TYPE BASE64 [comment]``, the file a regular file
-   owned by root and writable by nobody else (for accounts without home directories);
-2. else the account whose ``~/.ssh/authorized_keys`` lists the key, read as sshd's StrictModes would:
-   the home opened as named, then ``.ssh`` and ``authorized_keys`` with ``O_NOFOLLOW`` relative to it
-   (no symlink under the home is followed), each owned by the account (or root) and writable by
-   nobody else, the file regular and at most :data:`MAX_FILE` bytes.  A file that fails a check is
-   skipped (logged once) as sshd would skip it.
+1. the users file (``/etc/gpusd/users``, or ``$GPUSD_USERS`` for tests) mapping the key to that name:
+   lines ``NAME [options] TYPE BASE64 [comment]``, the file a regular file owned by root and writable
+   by nobody else (for accounts without home directories);
+2. else that account's ``~/.ssh/authorized_keys``, read as sshd's StrictModes would: the home opened
+   as named, then ``.ssh`` and ``authorized_keys`` with ``O_NOFOLLOW`` relative to it (no symlink
+   under the home is followed), each owned by the account (or root) and writable by nobody else, the
+   file regular and at most :data:`MAX_FILE` bytes.  A file that fails a check is skipped (logged
+   once) as sshd would skip it.
 
-Options: ``from=`` is matched against the peer address the daemon sees (addresses, ``*``/``?``
-wildcards, CIDR, ``!`` negation; host names never match: no DNS is asked); ``expiry-time=`` past
-means no key; ``command=`` (a forced command: the key cannot run gpusd on this host over ssh) and
-``cert-authority`` lines are not identities.  ``restrict`` and the ``no-*`` options limit forwarding
-and terminals, not who the key is, so they change nothing here.
+Lines are read as sshd reads them (:func:`parse_entry`, after OpenSSH's sshauthopt_parse): a line
+whose options sshd refuses lists no key, logged once.  ``from=`` is matched against the peer address
+the daemon sees as sshd's match_host_and_ip does with ``UseDNS no`` (:func:`from_allows`);
+``expiry-time=`` past means no key; ``command=`` (a forced command: the key cannot run gpusd on this
+host over ssh) and ``cert-authority`` lines are not identities.  ``restrict`` and the ``no-*``
+options limit forwarding and terminals, not who the key is, so they change nothing here.
 
-A key that several accounts list names nobody (refused) — except root with one other account: the
-other one.  A key nobody lists gets a refusal that says what to set up.
+A request that names no account (a client before 0.4) is attributed by searching every account: a
+key that several accounts list then names nobody (refused) — except root with one other account: the
+other one.  A key the account does not list gets a refusal that says what to set up.
 """
 
 from __future__ import annotations
