@@ -43,6 +43,8 @@ def sign(method, url, **kw):
 
 # row 1: bob lists alice's public key in his own authorized_keys; alice signs a write
 tmp = Path(tempfile.mkdtemp(prefix="gpusd-bench-id-"))
+import atexit, shutil
+atexit.register(shutil.rmtree, tmp, True)  # removed however the attacks end
 subprocess_keygen = __import__("subprocess").run
 subprocess_keygen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "key-alice")], check=True)
 alice = sshsig.FileSigner.load(str(tmp / "key-alice"))
@@ -106,8 +108,6 @@ e = U.parse_line(f'expiry-time="{soon}" {k}')
 utc_ok = e is not None and U.why_not(e, "127.0.0.1") is None
 out["39.5"] = (f"{taken} of 3 refused lines taken; [0-9] matched as a class: {matched}; "
                f"expiry-time ...Z an hour ahead accepted: {utc_ok}")
-import shutil
-shutil.rmtree(tmp, ignore_errors=True)
 print(json.dumps(out))
 """
 
