@@ -19,6 +19,9 @@ During each attack (``--seconds`` long) a client sends ``GET /api/v1/gpus`` once
 new connection (timeout 5 s).  Printed per version and attack: answers, failures, the slowest
 answer, and how much the daemon's log (``gpusd.log`` and its rotated files) grew.  Everything stops
 by itself; nothing leaves 127.0.0.1.
+
+``--identity``: issue 39's identity and request attacks instead (rows 1, 2, 3, 5 in process, row 12
+on two loopback daemons), per version, with ``--old REV`` before and after: bench/_attacks_identity.py.
 """
 
 from __future__ import annotations
@@ -480,6 +483,27 @@ async def main_async(args: argparse.Namespace) -> None:
         print(row)
 
 
+def identity(args: argparse.Namespace) -> int:
+    """Issue 39's identity and request rows, per code version (bench/_attacks_identity.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _attacks_identity import report
+
+    versions = [("this tree", REPO / "src")]
+    old = old_tree(args.old) if args.old else None
+    if old is not None:
+        versions.insert(0, (f"old ({args.old})", old / "src"))
+    try:
+        rows = report(versions, min(args.seconds, 30.0))
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    print("| code | row (issue 39) | what the attacker got |")
+    print("|---|---|---|")
+    for row in rows:
+        print(row)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connections", type=int, default=1000)
@@ -490,7 +514,12 @@ def main() -> int:
     ap.add_argument("--local", action="store_true",
                     help="run issue 39's local rows (caps, fair share, control bytes, fail closed, second start, "
                     "start line) instead")
+    ap.add_argument("--identity", action="store_true",
+                    help="instead: issue 39's identity and request attacks (rows 1, 2, 3, 5, 12: "
+                    "bench/_attacks_identity.py)")
     args = ap.parse_args()
+    if args.identity:
+        return identity(args)
     if args.local:
         versions = [("this tree", REPO / "src")]
         old = old_tree(args.old) if args.old else None

@@ -184,7 +184,7 @@ async def bench(args: argparse.Namespace) -> None:
 
 
 async def signed_load(session, url: str, seconds: float, concurrency: int, key, node_id: str,
-                      ssl_arg=True) -> tuple[int, list[float], int]:
+                      ssl_arg=True, cert_fp: str | None = None) -> tuple[int, list[float], int]:
     """Like :func:`load`, each request freshly signed and its answer's proof checked."""
     from gpusd.wire.signing import Headers, Request, Response
 
@@ -197,7 +197,7 @@ async def signed_load(session, url: str, seconds: float, concurrency: int, key, 
         while time.perf_counter() < end:
             t = time.perf_counter()
             try:
-                headers, nonce = key.sign_request("GET", url, node_id=node_id)
+                headers, nonce = key.sign_request("GET", url, node_id=node_id, cert_fp=cert_fp)
                 async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
                     body = await resp.read()
                     answer = Response(resp.status, Request("GET", url, Headers(headers)), Headers(resp.headers.items()))
@@ -214,7 +214,8 @@ async def signed_load(session, url: str, seconds: float, concurrency: int, key, 
 
 
 async def session_load(url: str, seconds: float, concurrency: int, key, node_id: str,
-                       ssl_arg, sessions: list | None = None) -> tuple[int, list[float], int]:
+                       ssl_arg, sessions: list | None = None,
+                       cert_fp: str | None = None) -> tuple[int, list[float], int]:
     """HTTPS keep-alive connections, one per worker: the first request signed and its proof checked
     (which authenticates the TLS connection), the following ones plain reads on that connection.
     ``sessions``: the workers' ``[session, signed yet]`` pairs, kept from one call to the next (the
@@ -239,7 +240,7 @@ async def session_load(url: str, seconds: float, concurrency: int, key, node_id:
             t = time.perf_counter()
             first = not state[1]
             try:
-                headers, nonce = key.sign_request("GET", url, node_id=node_id) if first else ({}, "")
+                headers, nonce = key.sign_request("GET", url, node_id=node_id, cert_fp=cert_fp) if first else ({}, "")
                 async with session.get(url, headers=headers, ssl=ssl_arg) as resp:
                     body = await resp.read()
                     ok = resp.status == 200
@@ -288,9 +289,9 @@ async def bench_trust(args: argparse.Namespace) -> None:
                 ("unsigned, HTTP (public read)", lambda t: load(session, plain, t, args.concurrency)),
                 ("signed (RFC 9421), HTTP", lambda t: signed_load(session, plain, t, args.concurrency, key, node)),
                 ("signed, HTTPS (pinned), every request",
-                 lambda t: signed_load(session, tls, t, args.concurrency, key, node, pin)),
+                 lambda t: signed_load(session, tls, t, args.concurrency, key, node, pin, info["cert_fp"])),
                 ("HTTPS (pinned), one signature per connection",
-                 lambda t: session_load(tls, t, args.concurrency, key, node, pin, kept)),
+                 lambda t: session_load(tls, t, args.concurrency, key, node, pin, kept, info["cert_fp"])),
             ]
             # the kinds in turns of one second each, --seconds of each in all: what else runs on the
             # machine meanwhile weighs on every kind alike (one run of each after the other did not)

@@ -100,17 +100,19 @@ print(json.dumps({"listed": listed, "reserved": reserved}))
 REQUESTS = r"""
 import http.client, json, ssl, sys
 from gpusd.wire.http import fetch_json
-from gpusd.wire.signing import FleetKey, load_secret
+from gpusd.wire.signing import FleetKey, fingerprint, load_secret
 key = FleetKey(load_secret(sys.argv[1]))
 ip, other = sys.argv[2], sys.argv[3]
 node = fetch_json(f"https://{ip}:4781/api/v1/host").data["node_id"]
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
 def call(method, path, body=None, authority=f"{ip}:4781", node_id=node, src=None):
     payload = json.dumps(body).encode() if body is not None else b""
-    headers, _ = key.sign_request(method, f"https://{authority}{path}", body=payload, node_id=node_id)
-    headers.update({"Host": authority, "Content-Type": "application/json"})
     c = http.client.HTTPSConnection(ip, 4781, timeout=10, context=ctx, source_address=(src, 0) if src else None)
     try:
+        c.connect()  # gpusd 0.4: over TLS the signature covers the certificate the connection shows
+        fp = fingerprint(c.sock.getpeercert(binary_form=True))
+        headers, _ = key.sign_request(method, f"https://{authority}{path}", body=payload, node_id=node_id, cert_fp=fp)
+        headers.update({"Host": authority, "Content-Type": "application/json"})
         c.request(method, path, body=payload or None, headers=headers)
         r = c.getresponse()
         return r.status, json.loads(r.read() or b"{}")

@@ -38,13 +38,17 @@ class User:
         return Path(str(self.key) + ".pub").read_text().strip()
 
     def env(self) -> dict[str, str]:
-        """What a login of this user has: the agent's socket."""
-        return {"SSH_AUTH_SOCK": self.agent}
+        """What a login of this user has: the agent's socket, and the account its signatures act as
+        (the tests run as root: a real login of this user names it by default)."""
+        return {"SSH_AUTH_SOCK": self.agent, "GPUSD_ACCOUNT": self.name}
 
-    def signer(self) -> object:
+    def signer(self, account: str | None = None) -> object:
+        """A signer of this user's key, acting as ``account`` (default: this user's own)."""
         from gpusd.wire.sshsig import FileSigner
 
-        return FileSigner.load(str(self.key))
+        signer = FileSigner.load(str(self.key))
+        signer.account = account or self.name
+        return signer
 
     def authorize(self, *lines: str) -> None:
         ssh = self.home / ".ssh"

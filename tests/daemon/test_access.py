@@ -271,15 +271,17 @@ async def test_a_signed_write_names_one_daemon(remote):
 def test_a_loopback_authority_is_accepted_from_loopback_peers_only():
     """Issue 17, row 4: a request signed for ``localhost:4781`` (with or without a node id), sent
     from another machine, names that machine's loopback, not this daemon."""
-    a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_ports=lambda: [4781], node_id=lambda: "n1")
+    fp = "A" * 43  # the daemon's certificate, which a request over TLS covers (gpusd-cert)
+    a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_ports=lambda: [4781], node_id=lambda: "n1",
+               cert_fp=lambda: fp)
     key = FleetKey(TOKEN)
     for authority in ("localhost:4781", "127.0.0.1:4781", "[::1]:4781"):
         for method, node in (("POST", "n1"), ("POST", None), ("GET", None)):
             url = f"https://{authority}/api/v1/leases"
-            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node)
+            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node, cert_fp=fp)
             req, why = a.verify(method, "https", authority, "/api/v1/leases", headers, b"{}", remote="198.18.0.7")
             assert req is None and "name this daemon" in str(why), (authority, method, node)
-            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node)
+            headers, _ = key.sign_request(method, url, body=b"{}", node_id=node, cert_fp=fp)
             req, why = a.verify(method, "https", authority, "/api/v1/leases", headers, b"{}", remote="127.0.0.1")
             assert (req is not None) == (method == "GET" or node is not None), (authority, method, node, why)
 
@@ -298,3 +300,35 @@ async def test_no_writes_at_all_without_a_configured_token():
         assert gpus[0]["processes"][0]["user"] == "alice"
     finally:
         await c.close()
+
+
+def test_a_replay_after_the_wall_clock_steps_back_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39, row 3: the daemon's wall clock stepped back 45 s, and a captured signed write replayed
+    63 s after it was first accepted.  Before, it was accepted again (a second lease): its nonce was
+    forgotten after 60 s of the monotonic clock, while its ``created`` was back inside the ±30 s window
+    of the stepped wall clock.  Now a request created no later than a forgotten nonce's is refused;
+    requests signed after the step still pass."""
+    clock = {"wall": 1_800_000_000.0, "mono": 5_000.0}  # the daemon's clocks (an in-process seam)
+    monkeypatch.setattr(time, "time", lambda: clock["wall"])
+    monkeypatch.setattr(time, "monotonic", lambda: clock["mono"])
+    a = Access(TOKEN, own_addresses=lambda: ["198.18.0.2"], own_ports=lambda: [4780], node_id=lambda: "n1")
+    key = FleetKey(TOKEN)
+    url = "http://198.18.0.2:4780/api/v1/leases"
+
+    def verify(headers: dict[str, str]) -> tuple[Any, str | None]:
+        return a.verify("POST", "http", "198.18.0.2:4780", "/api/v1/leases", headers, b"{}", remote="198.18.0.7")
+
+    captured, _ = key.sign_request("POST", url, body=b"{}", node_id="n1")
+    assert verify(captured)[0] is not None
+    assert verify(captured)[0] is None  # replayed at once: the nonce is remembered
+    clock["wall"] -= 45  # the step back
+    for _ in range(63):  # a second passes, on both clocks; others keep writing meanwhile
+        clock["wall"] += 1
+        clock["mono"] += 1
+        other, _ = key.sign_request("POST", url, body=b"{}", node_id="n1")
+        req, why = verify(other)
+        assert req is not None, why
+    req, why = verify(captured)
+    assert req is None and why is not None and "clock" in why, why
+    fresh, _ = key.sign_request("POST", url, body=b"{}", node_id="n1")
+    assert verify(fresh)[0] is not None

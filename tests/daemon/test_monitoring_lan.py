@@ -48,9 +48,15 @@ def http(lan: Lan, node: Node,  # noqa: F811 - lan: the netns fixture's name
             from gpusd.wire.http import fetch_json
             parts = urlsplit({url!r})
             node = fetch_json(f"{{parts.scheme}}://{{parts.netloc}}/api/v1/host").data["node_id"]
+        cert = None
+        if {token!r} and {url!r}.startswith("https:"):  # over TLS the signature covers the daemon's certificate
+            from urllib.parse import urlsplit
+            from gpusd.wire.signing import fingerprint
+            parts = urlsplit({url!r})
+            cert = fingerprint(ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate((parts.hostname, parts.port))))
         if {token!r}:
             for k, v in FleetKey({token!r}).sign_request({method!r}, {url!r}, body=body or b"",
-                                                         node_id=node)[0].items():
+                                                         node_id=node, cert_fp=cert)[0].items():
                 req.add_header(k, v)
         try:
             # the daemon's self-signed certificate (clients pin it; this test only reads)

@@ -318,6 +318,69 @@ async def test_a_request_signed_for_plain_http_is_refused_over_tls(tmp_path, fas
 
 
 
+async def test_a_signed_request_relayed_onto_another_tls_connection_opens_nothing(tmp_path, fast_mdns):  # noqa: F811
+    """Issue 39, row 2: a relay that forged the pin (the client connected to it, over TLS to the relay's
+    certificate) replays the client's signed request on its own TLS connection to the daemon.  Before,
+    the daemon verified it, answered it with owners and command lines and made the relay's connection a
+    session: its later *unsigned* reads got them too.  Now a signature over TLS covers the certificate
+    the client saw (``Gpusd-Cert``) and the daemon checks it is its own: a request bound to another
+    certificate, or to none (a client before 0.4), is refused, and its connection stays public."""
+    import asyncio
+
+    import aiohttp
+
+    from gpusd.wire.signing import fingerprint_bytes
+
+    async with running_daemon(tmp_path, unique_session("relay2"), "relay2-host", token=SECRET) as d:
+        assert d.tls_port
+        d.backend = _with_owner(d.node_id, d.hostname)
+        await asyncio.sleep(0.3)
+        url = f"https://127.0.0.1:{d.tls_port}/api/v1/gpus"
+        pin = fingerprint_bytes(d.cert_fp)
+        assert pin is not None
+        made: list[int] = []  # connections opened: the unsigned reads must ride the relayed request's one
+
+        async def opened(*_: object) -> None:
+            made.append(1)
+
+        def session() -> aiohttp.ClientSession:
+            trace = aiohttp.TraceConfig()
+            trace.on_connection_create_end.append(opened)
+            connector = aiohttp.TCPConnector(limit=1, ssl=aiohttp.Fingerprint(pin))
+            return aiohttp.ClientSession(connector=connector, trace_configs=[trace])
+
+        relay_fp = "R" * 43  # the relay's own certificate, which the client was made to pin
+        for bind in (None, relay_fp):  # a client before 0.4 binds nothing; one fooled by the relay binds its
+            kw = {"cert_fp": bind} if bind else {}
+            headers, _ = FleetKey(SECRET).sign_request("GET", url, node_id=d.node_id, **kw)
+            made.clear()
+            async with session() as s:
+                async with s.get(url, headers=headers) as r:
+                    body = await r.text()
+                    assert r.status == 401 and "user-of-relay2-host" not in body, body
+                # the relay's later unsigned reads, on that same connection
+                for path in ("/api/v1/gpus", "/api/v1/host", "/api/v1/leases", "/api/v1/fleet"):
+                    async with s.get(f"https://127.0.0.1:{d.tls_port}{path}",
+                                     headers={"Host": "elsewhere.invalid"}) as r:
+                        body = await r.text()
+                        assert "user-of-relay2-host" not in body and "train-relay2-host" not in body, (path, body)
+            assert made == [1]
+        # the client's own request, bound to the certificate it pinned and saw, is served as before
+        bound, _ = FleetKey(SECRET).sign_request("GET", url, node_id=d.node_id, cert_fp=d.cert_fp)
+        made.clear()
+        async with session() as s:
+            async with s.get(url, headers=bound) as r:
+                assert r.status == 200 and "user-of-relay2-host" in await r.text()
+            async with s.get(url, headers={"Host": "elsewhere.invalid"}) as r:  # its connection: a session
+                assert "user-of-relay2-host" in await r.text()
+        assert made == [1]
+        # and a signature bound to a certificate is no good in clear either
+        plain = f"http://127.0.0.1:{d.port}/api/v1/gpus"
+        bound_plain, _ = FleetKey(SECRET).sign_request("GET", plain, node_id=d.node_id, cert_fp=d.cert_fp)
+        async with aiohttp.ClientSession() as s, s.get(plain, headers=bound_plain) as r:
+            assert r.status == 401
+
+
 async def test_a_local_reader_without_the_secret_sees_no_other_hosts_owners_in_the_fleet(tmp_path, fast_mdns):  # noqa: F811
     """The fleet view holds other hosts' owners and commands (they showed them to this daemon, a secret
     holder): a reader on this machine without the secret sees this host's (as on /api/v1/gpus, and as

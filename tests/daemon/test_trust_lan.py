@@ -175,7 +175,7 @@ def test_a_reader_without_the_secret_gets_public_data_only(lan: Lan, tmp_path: P
     # while another connection (someone else's) gets the public view
     conn = python_in(lan, client, f"""
         import http.client, json, ssl
-        from gpusd.wire.signing import FleetKey, load_secret
+        from gpusd.wire.signing import FleetKey, fingerprint, load_secret
         key = FleetKey(load_secret({str(key_file)!r}))
         ctx = ssl._create_unverified_context()
         def get(c, headers):
@@ -184,7 +184,8 @@ def test_a_reader_without_the_secret_gets_public_data_only(lan: Lan, tmp_path: P
             return r.status, json.loads(r.read())[0]["processes"][0]["command"]
         url = "https://{h1.ip}:4781/api/v1/gpus"
         mine = http.client.HTTPSConnection("{h1.ip}", 4781, context=ctx)
-        first = get(mine, key.sign_request("GET", url)[0])
+        mine.connect()  # the signature covers the certificate this connection shows
+        first = get(mine, key.sign_request("GET", url, cert_fp=fingerprint(mine.sock.getpeercert(True)))[0])
         second = get(mine, {{}})
         other = get(http.client.HTTPSConnection("{h1.ip}", 4781, context=ctx), {{}})
         print(json.dumps([first, second, other]))

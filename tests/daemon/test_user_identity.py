@@ -94,7 +94,7 @@ async def test_a_key_no_account_lists_is_refused_naming_what_to_set_up(tmp_path:
     async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice"}, user=stranger)
         assert r.status == 403 and r.data["reason"] == "unknown_key", r.data
-        assert "not listed for any account" in r.data["error"] and "authorized_keys" in r.data["error"]
+        assert "not listed for the account" in r.data["error"] and "authorized_keys" in r.data["error"]
         assert "/etc/gpusd/users" in r.data["error"]
         assert held() == []
 
@@ -160,8 +160,12 @@ async def test_an_authorized_keys_that_is_not_safely_the_users_own_names_nobody(
         alice.authorize(mallory_pub)
         ak.chmod(0o660)
     async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        mallory.account = alice.name
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": alice.name}, user=mallory)
         if how == "bobs-file":  # bob's own file lists the key: it is bob's (never alice's)
+            assert r.status == 403 and r.data["reason"] == "unknown_key", r.data
+            mallory.account = bob.name
+            r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": alice.name}, user=mallory)
             assert r.status == 201 and r.data["user"] == bob.name, r.data
         else:
             assert r.status == 403 and r.data["reason"] == "unknown_key", r.data
@@ -190,6 +194,7 @@ async def test_the_users_file_maps_keys_of_accounts_without_homes_and_must_be_ro
     from gpusd.wire.sshsig import FileSigner
 
     carol = FileSigner.load(str(keygen(tmp_path / "carol")))
+    carol.account = "carol"
     users = tmp_path / "users"
     users.write_text("# name key\ncarol " + (tmp_path / "carol.pub").read_text())
     users.chmod(0o644)
@@ -246,13 +251,43 @@ async def test_root_of_the_host_may_release_anyones_lease(tmp_path: Path, accoun
         assert gone.status == 200 and held() == [], gone.data
 
 
-async def test_a_key_two_accounts_list_names_nobody(tmp_path: Path, accounts: Accounts) -> None:  # noqa: F811
+async def test_a_key_another_account_lists_does_not_lock_its_owner_out(tmp_path: Path,
+                                                                       accounts: Accounts) -> None:  # noqa: F811
+    """Issue 39, row 1: bob lists alice's public key in his own authorized_keys.  Before, every write
+    alice signed was refused ("listed by several accounts"): she could neither renew her lease nor
+    take one.  Her signature names her account, as ssh's ``alice@host`` does, and only her file is
+    read; bob's line only lets her key in as bob."""
+    from gpusd.wire.signing import FleetKey
+
     alice, bob = accounts.add("alice"), accounts.add("bob")
-    bob.authorize(bob.pub, alice.pub)  # bob lists alice's key too: whose is it?
     async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a", "ttl": 30}, user=alice.signer())
+        assert r.status == 201 and r.data["user"] == alice.name, r.data
+        lease_id = r.data["lease_id"]
+        bob.authorize(bob.pub, alice.pub)  # public keys are public
+        r = await acall("POST", f"{base(d)}/leases/{lease_id}/renew", {"ttl": 30}, user=alice.signer())
+        assert r.status == 200, r.data
         r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a"}, user=alice.signer())
-        assert r.status == 403 and "several accounts" in r.data["error"], r.data
-        assert alice.name in r.data["error"] and bob.name in r.data["error"]
+        assert r.status == 201 and r.data["user"] == alice.name, r.data
+        assert (await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}", user=alice.signer())).status == 200
+        # sshd's model: bob's line lets alice's key in as bob, and that is all it does
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "a"}, user=alice.signer(bob.name))
+        assert r.status == 201 and r.data["user"] == bob.name, r.data
+        r = await acall("DELETE", f"{base(d)}/leases/{lease_id}", user=alice.signer(bob.name))
+        assert r.status == 403 and r.data["reason"] == "not_owner", r.data
+        # the account is covered by what her key signs: renaming it afterwards breaks the signature
+        url = f"{base(d)}/leases/{lease_id}/renew"
+        body = json.dumps({"ttl": 30}).encode()
+        headers, _ = FleetKey(TOKEN).sign_request("POST", url, body=body, node_id=await asyncio.to_thread(node_of, url),
+                                                  user=alice.signer(bob.name))
+        headers["Gpusd-User"] = alice.name
+        assert await asyncio.to_thread(_replay, url, body, headers) == 401
+        # a client before gpusd 0.4 names no account: a key two accounts list names nobody, as before
+        headers, _ = FleetKey(TOKEN).sign_request("POST", url, body=body, node_id=await asyncio.to_thread(node_of, url),
+                                                  user=alice.signer(), account="")
+        assert "Gpusd-User" not in headers
+        assert await asyncio.to_thread(_replay, url, body, headers) == 403
+        assert [le.user for le in held() if le.lease_id == lease_id] == [alice.name]
 
 
 def test_authorized_keys_lines_and_from_patterns() -> None:
@@ -269,3 +304,67 @@ def test_authorized_keys_lines_and_from_patterns() -> None:
     assert old is not None and why_not(old, "10.0.0.1") == "its expiry-time has passed"
     for junk in ("", "# comment", "ssh-ed25519 not-base64!", "ssh-dss AAAAB3NzaC1kc3MAAACBAP", "x" * 20000):
         assert parse_line(junk) is None
+
+
+def test_lines_sshd_refuses_list_no_key_and_expiry_times_read_as_sshd_reads_them(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39, row 5: lines sshd(8) refuses whole (auth-options.c: a second ``from=``, an unknown
+    option such as ``frm=``, an unquoted value) were accepted, the first ``from=`` dropped; a ``[0-9]``
+    in ``from=`` matched as a class (match.c's match_pattern knows ``*`` and ``?`` only); and
+    ``expiry-time="...Z"`` (UTC, as sshd reads it) was refused as expired."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from gpusd.daemon.users import Directory, Refused, from_allows, parse_line, why_not
+    from gpusd.wire.sshsig import parse_public
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    for refused in (f'from="10.0.0.0/8",from="198.18.0.7" {key}', f'frm="198.18.0.7" {key}',
+                    f'from=198.18.0.7 {key}', f'from="198.18.0.7 {key}', f'command="a",command="b" {key}',
+                    f'no-restrict {key}', f'restricted {key}', f'pty,,no-pty {key}', f'pty, {key}',
+                    f'expiry-time="2030" {key}', f'expiry-time="20301301" {key}', f'environment="A-B=c" {key}',
+                    f'permitopen="host" {key}', f'tunnel="x" {key}'):
+        assert parse_line(refused) is None, refused
+    for accepted in (f'restrict,pty,no-agent-forwarding,from="198.18.0.7" {key}', f'PTY,No-Pty {key}',
+                     f'expiry-time="20300101",expiry-time="20290101" {key}', f'permitlisten="8080" {key}',
+                     f'environment="A_1=x y",permitopen="h:*",tunnel="3" {key}', f'cert-authority {key}'):
+        assert parse_line(accepted) is not None, accepted
+    from gpusd.daemon.users import parse_entry, parse_expiry
+
+    assert parse_entry(f'frm="x" {key}') == (None, "bad key options: unsupported option")
+    assert parse_entry(f'expiry-time="20300101",expiry-time="20290101" {key}')[0].valid_before == parse_expiry(
+        "20290101")  # the earliest wins
+    # expiry-time in every form sshd accepts; Z and UTC mean UTC
+    assert parse_expiry("20300102Z") == 1893542400.0 and parse_expiry("203001020000utc") == 1893542400.0
+    assert parse_expiry("20300102000001Z") == 1893542401.0
+    assert parse_expiry("20300102") == time.mktime(time.strptime("20300102", "%Y%m%d"))
+    soon = time.strftime("%Y%m%d%H%M%SZ", time.gmtime(time.time() + 3600))
+    entry = parse_entry(f'expiry-time="{soon}" {key}')[0]
+    assert entry is not None and why_not(entry, "198.18.0.7") is None
+    past = time.strftime("%Y%m%d%H%MZ", time.gmtime(time.time() - 120))
+    entry = parse_entry(f'expiry-time="{past}" {key}')[0]
+    assert entry is not None and why_not(entry, "198.18.0.7") == "its expiry-time has passed"
+    # from=: * and ? only; [ is literal; a network with host bits set breaks the list, as in sshd
+    assert not from_allows("198.18.0.[0-9]", "198.18.0.7") and from_allows("198.18.0.?", "198.18.0.7")
+    assert not from_allows("198.18.0.0/24,198.18.0.1/24", "198.18.0.7")
+    assert from_allows("!10.0.0.1,198.18.*", "198.18.0.7") and not from_allows("198.18.*,!198.18.0.7", "198.18.0.7")
+    assert not from_allows("198.18.0.7,", "198.18.0.7")  # an empty entry breaks the list
+    # in a file: the refused line lists nothing (logged, once), the good line after it still counts
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    home.chmod(0o755)
+    ak = home / ".ssh" / "authorized_keys"
+    ak.write_text(f'from="198.18.0.0/15",frm="x" {key}\nfrom="198.18.0.0/24",from="10.0.0.1" {key}\n')
+    ak.chmod(0o600)
+    me = SimpleNamespace(pw_name="root", pw_dir=str(home), pw_uid=os.geteuid())
+    users = Directory(str(tmp_path / "no-users-file"), accounts=lambda: [me])
+    blob = parse_public(key)
+    with caplog.at_level(logging.WARNING, logger="gpusd.daemon.users"):
+        with pytest.raises(Refused):
+            users.who(blob, "198.18.0.7", account="root")
+    assert "unsupported option" in caplog.text and 'multiple "from" clauses' in caplog.text
+    ak.write_text(f'frm="x" {key}\nfrom="198.18.0.[0-9]" {key}\nfrom="198.18.0.7" {key}\n')
+    assert users.who(blob, "198.18.0.7", account="root").name == "root"
+    with pytest.raises(Refused):
+        users.who(blob, "198.18.0.8", account="root")

@@ -31,14 +31,16 @@ def post_lease(lan: Lan, node: Node, ip: str, authority: str, key: Path, with_no
     code = f"""
 import http.client, json, ssl
 from gpusd.wire.http import fetch_json
-from gpusd.wire.signing import FleetKey, load_secret
+from gpusd.wire.signing import FleetKey, fingerprint, load_secret
 key = FleetKey(load_secret({str(key)!r}))
 node = fetch_json("https://{ip}:4781/api/v1/host").data["node_id"] if {with_node!r} else None
 body = json.dumps({{"count": 1, "holder": "row-4", "ttl": 30}}).encode()
-headers, _ = key.sign_request("POST", "https://{authority}/api/v1/leases", body=body, node_id=node)
-headers.update({{"Host": {authority!r}, "Content-Type": "application/json"}})
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
 c = http.client.HTTPSConnection({ip!r}, 4781, timeout=10, context=ctx)
+c.connect()  # over TLS the signature covers the certificate the connection shows
+fp = fingerprint(c.sock.getpeercert(binary_form=True))
+headers, _ = key.sign_request("POST", "https://{authority}/api/v1/leases", body=body, node_id=node, cert_fp=fp)
+headers.update({{"Host": {authority!r}, "Content-Type": "application/json"}})
 c.request("POST", "/api/v1/leases", body=body, headers=headers)
 r = c.getresponse()
 print(json.dumps({{"status": r.status, "body": r.read().decode()[:500]}}))

@@ -21,7 +21,9 @@ stream (server-sent events) pass every message through ``stream_filter(request)`
 
 from __future__ import annotations
 
+import datetime
 import functools
+import hmac
 import ipaddress
 import json
 import logging
@@ -219,6 +221,18 @@ def split_host(value: str) -> tuple[str, int | None] | None:
     return (name, port) if name else None
 
 
+def _seconds(value: object) -> float | None:
+    """A signature's ``created`` as seconds since the epoch (the library gives a datetime, the fast
+    path an int); None when it is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    return None
+
+
 class _Verified(Request):
     """A request whose signature the daemon checked: its ``nonce`` and the library's ``result``, and
     ``base``, the RFC 9421 signature base (what a user's SSH key signs, :mod:`gpusd.wire.sshsig`),
@@ -333,12 +347,26 @@ class Access:
         except Exception as exc:  # noqa: BLE001 - InvalidSignature, malformed fields, odd bytes
             return None, f"bad signature: {str(exc)[:120]}"
         covered = result.covered_components
+        bound = covered.get('"gpusd-cert"')
+        if scheme == "https" or bound is not None:
+            # The signature must name the certificate this connection shows (the one the client
+            # pinned and saw): a relay that shows the client its own certificate and replays the
+            # request on its own TLS connection to us presents a fingerprint that is not ours; a
+            # request signed for plain HTTP carries none.
+            own = self._cert_fp() if self._cert_fp is not None else None
+            if bound is None:
+                return None, ("over TLS a signature must cover the certificate the client pinned "
+                              "(gpusd-cert, gpusd 0.4: upgrade the client)")
+            if scheme != "https" or not own or not isinstance(bound, str) or not bound.isascii() \
+                    or not hmac.compare_digest(bound, own):
+                return None, "the request was signed for a TLS connection to another certificate"
         node = self._node_id() if self._node_id is not None else None
         if '"gpusd-node"' in covered and covered['"gpusd-node"'] != node:
             return None, "the request was signed for another node"
         if method.upper() not in SAFE_METHODS and ('"gpusd-node"' not in covered or not node):
             return None, "a signed write must name this daemon's node id (gpusd-node, docs/security.md)"
-        refused = self.nonces.add(str(result.nonce))
+        created = result.parameters.get("created") if isinstance(getattr(result, "parameters", None), dict) else None
+        refused = self.nonces.add(str(result.nonce), created=_seconds(created))
         if refused is not None:
             return None, refused
         req.nonce = result.nonce

@@ -177,6 +177,52 @@ class Pool:
         counted += held_by_user(here).get(user, 0)
         return policy.refusal(user, count, {}, {user: counted})
 
+    async def _over_fleet_cap(self, held: Held) -> str | None:
+        """Why ``held`` is not renewed by the fleet-wide cap (None: it is): its user's leases on the
+        whole fleet (this host's lock directory, every other verified host of the fleet view) are
+        ranked oldest first (grant time, then lease id: every daemon ranks them alike), and a lease
+        whose GPUs go beyond ``fleet_max_gpus_per_user`` in that order is one of the newest above the
+        cap.  So what a simultaneous burst won lasts until the hosts' views show it (the propagation
+        window) and the lease's current term ends (docs/pool.md, "Bounds")."""
+        from ..alloc.policy import load
+
+        cap = load().fleet_max_gpus_per_user
+        if cap is None:
+            return None
+        user = held.holder
+        leases: dict[tuple[str, str], list[Any]] = {}  # (node, lease id) -> [started, GPUs]
+        try:
+            from ..alloc.leases import LeaseStore
+
+            here = await asyncio.get_running_loop().run_in_executor(self.executor, LeaseStore().leases)
+        except GpusdError:
+            here = []
+        own = self.daemon.node_id
+        for le in here:
+            if le.user == user and not le.unleased:
+                _count_lease(leases, own, le)  # (the record's grant time: what the other hosts see)
+        fleet = getattr(self.daemon, "fleet", None)
+        if fleet is not None and getattr(fleet, "client", None) is not None:
+            fleet.touch()
+            for h in fleet.client.hosts:
+                if h.verified is not True or h.snapshot is None or h.node_id == own:
+                    continue
+                for g in h.snapshot.gpus:
+                    for le in g.leases:
+                        if le.user == user:
+                            _count_lease(leases, str(h.node_id), le)
+        total, ahead = 0, 0
+        mine = (own, held.lease_id)
+        for key, (_started, gpus, _seen) in sorted(leases.items(), key=lambda kv: (kv[1][0], kv[0][1], kv[0][0])):
+            total += gpus
+            if key == mine:
+                ahead = total
+        if ahead <= cap:
+            return None
+        left = max(0.0, held.expires - time.time())
+        return (f"{user} holds {total} GPUs on the fleet and the policy allows fleet_max_gpus_per_user {cap}: "
+                f"the newest leases above the cap are not renewed; {held.lease_id} ends in {left:.0f}s")
+
     def fleet_held(self, fleet: Any, user: str) -> int:
         """GPUs ``user`` holds on the other verified hosts of the fleet view."""
         if fleet is None or getattr(fleet, "client", None) is None:
@@ -275,6 +321,11 @@ class Pool:
         if refused is not None:
             return refused
         held = self.held[lease_id]
+        over = await self._over_fleet_cap(held)
+        if over is not None:
+            from ..alloc.policy import OverCap
+
+            return 429, {**to_wire(OverCap(over), http=True), "reason": "fleet_cap"}
         ttl = held.ttl
         if body.get("ttl") is not None:
             ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
@@ -347,6 +398,19 @@ def _identity(account: Account | None, fallback: str) -> str:
     """Who a request is, for the caps and for ownership: the user of a verified key, else ``fallback``
     (the fleet signature's key id and the peer address, :func:`gpusd.daemon.access.holder_of`)."""
     return f"user {account.name}" if account is not None else fallback
+
+
+def _count_lease(leases: dict[tuple[str, str], list[Any]], node: str, le: Any) -> None:
+    """Count one GPU of the lease record ``le`` on ``node`` (a lease spanning several GPUs has a
+    record per GPU), with its grant time (none known: ranked newest)."""
+    key = (node, str(le.lease_id))
+    when = float(le.started) if isinstance(le.started, (int, float)) else float("inf")
+    entry = leases.setdefault(key, [when, 0, set()])
+    device = le.device or str(entry[1])
+    if device not in entry[2]:
+        entry[2].add(device)
+        entry[1] += 1
+    entry[0] = min(entry[0], when)
 
 
 def _event(d: dict[str, Any]) -> dict[str, Any]:
@@ -445,9 +509,13 @@ def routes(pool: Pool) -> list[RouteDef]:
             blob = verify(read_header(value), base)
         except SshSigError as exc:
             return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
+        # the account the signer acts as, covered by the signature its key made (gpusd 0.4; None before)
+        covered = getattr(getattr(signed_request(request), "result", None), "covered_components", None) or {}
+        named = covered.get('"gpusd-user"')
         try:
             account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                pool.executor, pool.users.who, blob, request.remote, daemon.hostname), 10.0)
+                pool.executor, pool.users.who, blob, request.remote, daemon.hostname,
+                named if isinstance(named, str) else None), 10.0)
         except Refused as exc:
             return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
         except asyncio.TimeoutError:

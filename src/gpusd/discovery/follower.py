@@ -243,7 +243,9 @@ class Follower:
             headers = {"Accept": "text/event-stream"}
             nonce = None
             if key is not None:
-                signed, nonce = key.sign_request("GET", url + "/events", node_id=host.node_id)
+                # over TLS, bound to the certificate pinned (aiohttp checks the connection shows it)
+                signed, nonce = key.sign_request("GET", url + "/events", node_id=host.node_id,
+                                                 cert_fp=host.txt.cert_fp if secure else None)
                 headers.update(signed)
             try:
                 resp = await asyncio.wait_for(http.get(url + "/events", headers=headers, ssl=ssl_arg), budget)

@@ -108,6 +108,9 @@ class Reservation:
             if reply.status == 404:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
+            if reply.status == 429 and isinstance(reply.data, dict) and reply.data.get("reason") == "fleet_cap":
+                # among the newest leases above the fleet-wide cap: never renewed again, it ends at its expiry
+                self.lost.set()
             if reply.status != 200:
                 raise refusal(reply, f"{p.hostname}: renewing failed (HTTP {reply.status})")
             if isinstance(reply.data, dict) and type(reply.data.get("expires")) in (int, float):

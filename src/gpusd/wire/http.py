@@ -76,18 +76,16 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     if key is not None and method.upper() not in ("GET", "HEAD") and not node_id:
         # a daemon refuses a signed write that does not name it (docs/security.md): say so here
         raise SourceError(f"{url}: a signed {method.upper()} must name the daemon's node id")
-    if key is not None:
-        signer = user
-        if signer is None and method.upper() not in ("GET", "HEAD"):  # a write: the user signs it too (security.md)
-            from ..errors import ConfigError
-            from .sshsig import SshSigError, default_signer
+    signer = user
+    if key is not None and signer is None and method.upper() not in ("GET", "HEAD"):
+        # a write: the user signs it too (security.md)
+        from ..errors import ConfigError
+        from .sshsig import SshSigError, default_signer
 
-            try:
-                signer = default_signer()
-            except SshSigError as exc:
-                raise ConfigError(f"cannot sign with your SSH key: {exc}") from None
-        signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id, user=signer)
-        headers.update(signed)
+        try:
+            signer = default_signer()
+        except SshSigError as exc:
+            raise ConfigError(f"cannot sign with your SSH key: {exc}") from None
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
         # a self-signed certificate: pinned here, proven by the signature
@@ -107,6 +105,10 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
             cert_fp = fingerprint(der) if der else None
             if pin is not None and cert_fp != pin:
                 raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
+        if key is not None:  # signed once the certificate is known: over TLS the signature covers it
+            signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id, user=signer,
+                                             cert_fp=cert_fp)
+            headers.update(signed)
         conn.request(method, target, body=payload, headers=headers)
         if sent is not None:
             sent()

@@ -31,14 +31,12 @@ from typing import Any
 _KEYID = r"[A-Za-z0-9-]{1,64}"
 _NONCE = r"[A-Za-z0-9_-]{1,64}"
 _CREATED = r"0|[1-9][0-9]{0,14}"  # no leading zeros: the header text is then the serialised value
-_REQ_LISTS = {
-    '"@method" "@authority" "@path" "@query" "content-digest"':
-        ('"@method"', '"@authority"', '"@path"', '"@query"', '"content-digest"'),
-    '"@method" "@authority" "@path" "@query" "gpusd-node" "content-digest"':
-        ('"@method"', '"@authority"', '"@path"', '"@query"', '"gpusd-node"', '"content-digest"'),
-}
+# the optional covered request fields, in the order the shape lists them (gpusd 0.4 added the last two:
+# the account a user signature acts as, and over TLS the certificate the client pinned)
+_REQ_OPTIONAL = ("gpusd-node", "gpusd-user", "gpusd-cert")
 _REQ_INPUT = re.compile(
-    r'gpusd=(\((?P<list>"@method" "@authority" "@path" "@query"(?: "gpusd-node")? "content-digest")\)'
+    r'gpusd=(\((?P<list>"@method" "@authority" "@path" "@query"(?: "gpusd-node")?(?: "gpusd-user")?'
+    r'(?: "gpusd-cert")? "content-digest")\)'
     rf';created=(?P<created>{_CREATED});keyid="(?P<keyid>{_KEYID})";alg="hmac-sha256"'
     rf';nonce="(?P<nonce>{_NONCE})";tag="gpusd-request")')
 _RESP_INPUT = re.compile(
@@ -50,7 +48,7 @@ _KEYID_RE = re.compile(_KEYID)
 _NONCE_RE = re.compile(_NONCE)
 # the only header fields gpusd's shapes read (every other field is left alone, as the library leaves it)
 _FIELDS = frozenset({"signature-input", "signature", "content-digest", "gpusd-node", "gpusd-cert", "gpusd-host",
-                     "gpusd-addrs"})
+                     "gpusd-addrs", "gpusd-user"})
 
 
 try:  # the library's URL parser and header normalisation (private names the fast path reuses)
@@ -164,14 +162,18 @@ def _result(elements: Sequence[tuple[str, str]], params: str, m: re.Match[str], 
 
 # -- requests ------------------------------------------------------------------------------------
 def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | None, body: bytes,
-                 nonce: str, created: int) -> tuple[dict[str, str], bytes] | None:
+                 nonce: str, created: int, account: str | None = None,
+                 cert_fp: str | None = None) -> tuple[dict[str, str], bytes] | None:
     """The headers gpusd's request signature adds (as the library writes them) and the signature
-    base, or None (the caller signs with the library)."""
+    base, or None (the caller signs with the library).  ``account``, ``cert_fp``: the covered
+    ``gpusd-user`` and ``gpusd-cert`` fields (docs/security.md), when given."""
     if not _LIBRARY_OK:
         return None
     if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce):
         return None
-    head = _request_head(method, url, node_id or None)
+    extra = tuple((n, v) for n, v in zip(_REQ_OPTIONAL, (node_id or None, account or None, cert_fp or None))
+                  if v is not None)
+    head = _request_head(method, url, extra)
     if head is None:
         return None
     ids, prefix = head
@@ -179,27 +181,31 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
     params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-request"'
     base = f'{prefix}"content-digest": {digest}\n"@signature-params": {params}'.encode()  # ASCII: see the head
     mac = _mac(key, base)
-    headers: dict[str, str] = {"Gpusd-Node": node_id} if node_id else {}
+    headers: dict[str, str] = {_HEADER_NAMES[n]: v for n, v in extra}
     headers["Content-Digest"] = digest
     headers["Signature-Input"] = f"gpusd={params}"
     headers["Signature"] = f"gpusd=:{base64.b64encode(mac).decode()}:"
     return headers, base
 
 
+_HEADER_NAMES = {"gpusd-node": "Gpusd-Node", "gpusd-user": "Gpusd-User", "gpusd-cert": "Gpusd-Cert"}
+
+
 @functools.lru_cache(maxsize=256)  # a client signs few method, URL and node combinations
-def _request_head(method: str, url: str, node_id: str | None) -> tuple[str, str] | None:
-    """The covered component ids of gpusd's request signature for these values and the signature
-    base's lines before ``content-digest``; None when the library must sign (a value it refuses)."""
+def _request_head(method: str, url: str, extra: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
+    """The covered component ids of gpusd's request signature for these values (``extra``: the
+    covered ``gpusd-*`` fields, in the shape's order) and the signature base's lines before
+    ``content-digest``; None when the library must sign (a value it refuses)."""
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method.isprintable() or not method:
         return None
     elements = [('"@method"', method), ('"@authority"', comps[0]), ('"@path"', comps[1]), ('"@query"', comps[2])]
     if not all(_derived_ok(v) for _, v in elements):
         return None
-    if node_id is not None:
-        if node_id != node_id.strip(" \t") or not _field_ok(node_id):
+    for name, value in extra:
+        if value != value.strip(" \t") or not _field_ok(value):
             return None
-        elements.append(('"gpusd-node"', node_id))
+        elements.append((f'"{name}"', value))
     ids = " ".join([k for k, _ in elements] + ['"content-digest"'])
     prefix = "".join(f"{k}: {v}\n" for k, v in elements)
     return (ids, prefix) if prefix.isascii() else None  # (the rest of the base is ASCII by its shape)
@@ -218,8 +224,7 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
     if not _created_ok(int(m["created"]), skew, now):
         return None
     ids = m["list"]
-    node = f.get("gpusd-node") if '"gpusd-node"' in ids else None
-    head = _verify_head(method, url, ids, node)
+    head = _verify_head(method, url, ids, tuple(f.get(n) for n in _REQ_OPTIONAL if f'"{n}"' in ids))
     digest = f.get("content-digest")
     if head is None or digest is None or not _digest_ok(digest, body):  # (a right digest is a field value)
         return None
@@ -232,26 +237,27 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
 
 
 @functools.lru_cache(maxsize=128)  # one daemon's few paths (bounded: any peer can send such headers)
-def _verify_head(method: str, url: str, ids: str, node: str | None
+def _verify_head(method: str, url: str, ids: str, fields: tuple[str | None, ...]
                  ) -> tuple[tuple[tuple[str, str], ...], str] | None:
-    """The covered components of a request signature with the component list ``ids`` (one of
-    :data:`_REQ_LISTS`) before ``content-digest``, and the signature base's lines for them; None
-    when a value is one the library refuses (or a covered ``gpusd-node`` is missing)."""
+    """The covered components of a request signature with the component list ``ids`` (a match of
+    :data:`_REQ_INPUT`) before ``content-digest``, and the signature base's lines for them
+    (``fields``: the values of the covered ``gpusd-*`` fields, in order); None when a value is one
+    the library refuses (or a covered field is missing)."""
     comps = _url_components(url)
     if comps is None or method != method.upper() or not method:
         return None
-    values = {'"@method"': method, '"@authority"': comps[0], '"@path"': comps[1], '"@query"': comps[2]}
     elements: list[tuple[str, str]] = []
-    for cid in _REQ_LISTS[ids][:-1]:  # (the last is content-digest, checked against the body)
-        if cid in values:
-            v = values[cid]
-            if "\r" in v or "\n" in v or not _derived_ok(v):
-                return None
-        else:  # gpusd-node
-            if node is None or not _field_ok(node):
-                return None
-            v = node
+    for cid, v in zip(('"@method"', '"@authority"', '"@path"', '"@query"'), (method, *comps)):
+        if "\r" in v or "\n" in v or not _derived_ok(v):
+            return None
         elements.append((cid, v))
+    names = ids.split(" ")[4:-1]  # the covered gpusd-* fields (the last is content-digest, checked apart)
+    if len(names) != len(fields):
+        return None
+    for cid, value in zip(names, fields):
+        if value is None or not _field_ok(value):
+            return None
+        elements.append((cid, value))
     prefix = "".join(f"{k}: {v}\n" for k, v in elements)
     return (tuple(elements), prefix) if prefix.isascii() else None
 

@@ -7,12 +7,17 @@ that signs requests and one that signs responses, and a public key id.  See docs
 * A client signs a request (:meth:`FleetKey.sign_request`): ``@method``, ``@authority``, ``@path``,
   ``@query``, ``content-digest`` (RFC 9530, SHA-256 of the body, also for an empty body) and, when
   the client knows which daemon it means, the ``gpusd-node`` header (the target's node id: a daemon
-  refuses a write without it, so every write names it); with the ``created`` and ``nonce``
-  parameters and the tag ``gpusd-request``.
+  refuses a write without it, so every write names it); with a user's SSH signature, the
+  ``gpusd-user`` header (the account the user acts as: the daemon checks that account's keys only);
+  over TLS, the ``gpusd-cert`` header (the fingerprint of the certificate the client pinned and saw:
+  the daemon refuses one that is not its own, so a relay cannot replay the request on its own TLS
+  connection); with the ``created`` and ``nonce`` parameters and the tag ``gpusd-request``.
 * A daemon verifies it (:meth:`FleetKey.verify_request`, applied by :mod:`gpusd.daemon.access`): a
   known key id, a valid HMAC, ``created`` within :data:`MAX_SKEW` seconds of its clock either way, a
-  nonce it has not seen (a bounded cache), an ``@authority`` naming the daemon itself (``localhost``
-  only from its loopback) and, when covered, its own node id (covered at all, on a write).
+  nonce it has not seen (a bounded cache; a ``created`` no later than that of a nonce it forgot is
+  refused, so a wall-clock step back cannot make a forgotten request valid again), an
+  ``@authority`` naming the daemon itself (``localhost`` only from its loopback) and, when covered,
+  its own node id (covered at all, on a write).
 * The daemon answers a signed request with a signed response (:meth:`FleetKey.sign_response`):
   ``@status``, its node id (``gpusd-node``), its TLS certificate's fingerprint (``gpusd-cert``,
   when it serves TLS), its host name and the addresses it serves (``gpusd-host``, ``gpusd-addrs``:
@@ -53,7 +58,8 @@ LABEL = "gpusd"
 TAG_REQUEST = "gpusd-request"
 TAG_RESPONSE = "gpusd-response"
 NODE_HEADER = "Gpusd-Node"
-CERT_HEADER = "Gpusd-Cert"
+CERT_HEADER = "Gpusd-Cert"  # a daemon's certificate fingerprint (answers); the one the client pinned (requests)
+USER_HEADER = "Gpusd-User"  # the account a user's SSH signature acts as (requests, gpusd 0.4)
 HOST_HEADER = "Gpusd-Host"  # the daemon's host name, percent-encoded UTF-8 (plain for DNS names)
 ADDRS_HEADER = "Gpusd-Addrs"  # the addresses it serves, comma-separated
 MAX_SIGNED_HOST = 255  # characters of a signed host name
@@ -198,23 +204,34 @@ class FleetKey:
     # -- requests ---------------------------------------------------------------------------------
     def sign_request(self, method: str, url: str, headers: MutableMapping[str, str] | None = None,
                      body: bytes = b"", node_id: str | None = None,
-                     now: float | None = None, user: Any = None) -> tuple[dict[str, str], str]:
+                     now: float | None = None, user: Any = None, account: str | None = None,
+                     cert_fp: str | None = None) -> tuple[dict[str, str], str]:
         """The headers to add to a request (``Content-Digest``, ``Signature-Input``, ``Signature``,
         and ``Gpusd-Node`` with ``node_id``), and the nonce used (to check the answer's proof).
         ``now``: the signing time (default: the clock).  ``user``: the user's SSH key signer
-        (:mod:`gpusd.wire.sshsig`), which signs this signature's base into ``Gpusd-User-Signature``."""
+        (:mod:`gpusd.wire.sshsig`), which signs this signature's base into ``Gpusd-User-Signature``;
+        the base then covers ``Gpusd-User``, the account it acts as (``account``, else the signer's
+        :func:`gpusd.wire.sshsig.account_of`).  ``cert_fp``: over TLS, the fingerprint of the
+        certificate the connection showed (covered as ``Gpusd-Cert``: the request is good on a
+        connection to that certificate only)."""
         req = Request(method.upper(), url, Headers())
         nonce = secrets.token_urlsafe(16)
         when = time.time() if now is None else now
-        fast = self._fast.sign_request(self.request_key, self.key_id, req.method, url, node_id, body, nonce, int(when))
+        if user is not None and account is None:
+            from .sshsig import account_of
+
+            account = account_of(user)
+        fast = self._fast.sign_request(self.request_key, self.key_id, req.method, url, node_id, body, nonce, int(when),
+                                       account, cert_fp)
         if fast is not None:  # gpusd's one shape, as the library writes it (docs/security.md)
             req.headers.update(fast[0])
             base = fast[1]
         else:
             covered = list(_REQUEST_COMPONENTS)
-            if node_id:
-                req.headers[NODE_HEADER] = node_id
-                covered.append("gpusd-node")
+            for header, value in ((NODE_HEADER, node_id), (USER_HEADER, account), (CERT_HEADER, cert_fp)):
+                if value:
+                    req.headers[header] = value
+                    covered.append(header.lower())
             created = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
             prepared = self._req_signer.prepare(req, key_id=self.key_id, nonce=nonce, label=LABEL, tag=TAG_REQUEST,
                                                 created=created, covered_component_ids=covered, body=body)
@@ -427,30 +444,45 @@ def _verifier(key_id: str, key: bytes) -> Any:
 
 
 class NonceCache:
-    """Nonces of verified requests, each kept for ``2 * MAX_SKEW`` seconds (past that, the request's
-    ``created`` is out of the window anyway).  Bounded: at ``maximum`` live entries it refuses new ones."""
+    """Nonces of verified requests, each kept for ``2 * MAX_SKEW`` seconds of the monotonic clock
+    (past that, the request's ``created`` is out of the window anyway -- while the wall clock does not
+    step back).  Bounded: at ``maximum`` live entries it refuses new ones.
+
+    A wall clock stepped back (NTP, an administrator, libfaketime) would make a forgotten request's
+    ``created`` valid again.  So the cache keeps, for each nonce, its request's ``created``, and when it
+    forgets a nonce it raises :attr:`floor` to that ``created``: a request created no later than the
+    floor may be one it forgot, and is refused, whatever either clock says now.  Without a step the
+    floor stays at least ``MAX_SKEW`` behind the wall clock (a forgotten request was at most
+    ``MAX_SKEW`` ahead of it, ``2 * MAX_SKEW`` ago), where the window refuses anyway."""
 
     def __init__(self, ttl: float = 2 * MAX_SKEW, maximum: int = NONCE_CACHE_MAX) -> None:
         self.ttl, self.maximum = ttl, maximum
-        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
+        self.floor = float("-inf")  # the latest ``created`` of a nonce this cache forgot
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def add(self, nonce: str, now: float | None = None) -> str | None:
-        """None when ``nonce`` is new (and now remembered), else why it is refused."""
+    def add(self, nonce: str, now: float | None = None, created: float | None = None) -> str | None:
+        """None when ``nonce`` is new (and now remembered), else why it is refused.  ``created``: the
+        request's signing time (seconds since the epoch, as signed)."""
         now = time.monotonic() if now is None else now
         seen = self._seen
         while seen:  # insertion order is expiry order
-            first, expires = next(iter(seen.items()))
+            first, (expires, was_created) = next(iter(seen.items()))
             if expires > now:
                 break
             del seen[first]
+            if was_created > self.floor:
+                self.floor = was_created
         if nonce in seen:
             return "replayed request (nonce already used)"
+        if created is not None and created <= self.floor:
+            return ("signed before a request this daemon no longer remembers (its clock stepped back?): "
+                    "sign it again")
         if len(seen) >= self.maximum:
             return "too many signed requests in the replay window"
-        seen[nonce] = now + self.ttl
+        seen[nonce] = (now + self.ttl, float("-inf") if created is None else created)
         return None
 
 

@@ -34,6 +34,7 @@ HEADER = "Gpusd-User-Signature"
 MAX_SIGNATURE = 8192  # bytes of the (decoded) blob: an RSA-16384 signature fits
 MIN_RSA_BITS = 2048
 IDENTITY_ENV = "GPUSD_IDENTITY"  # what --identity FILE sets for the process and its renewer
+ACCOUNT_ENV = "GPUSD_ACCOUNT"  # the account on the GPU hosts a user signature acts as (default: the login name)
 AGENT_TIMEOUT = 30.0  # seconds: an agent may ask its user to confirm (ssh-add -c)
 MAX_AGENT_ANSWER = 262144
 KEY_TYPES = frozenset({"ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
@@ -246,6 +247,7 @@ class FileSigner:
     key: Any
     public_blob: bytes
     source: str = ""
+    account: str | None = None  # the account its signatures act as (None: :func:`account_of`'s default)
 
     @classmethod
     def load(cls, path: str, passphrase: bytes | None = None) -> FileSigner:
@@ -343,6 +345,7 @@ class AgentSigner:
     path: str
     public_blob: bytes
     comment: str = ""
+    account: str | None = None  # the account its signatures act as (None: :func:`account_of`'s default)
 
     def sign_data(self, data: bytes) -> bytes:
         flags = _RSA_SHA2_512 if key_type(self.public_blob) == "ssh-rsa" else 0
@@ -414,6 +417,24 @@ def default_signer() -> Signer | None:
     if where not in _cached:
         _cached[where] = load_signer()
     return _cached[where]
+
+
+def account_of(signer: object, environ: dict[str, str] | None = None) -> str:
+    """The account on the GPU hosts that ``signer``'s signatures act as, as ssh's ``user@``: the
+    signer's own ``account`` attribute when it has one, else ``$GPUSD_ACCOUNT``, else this process's
+    login name.  A daemon checks that account's ``authorized_keys`` (or its users-file lines) only."""
+    named = getattr(signer, "account", None)
+    if isinstance(named, str) and named:
+        return named
+    env = os.environ if environ is None else environ
+    if env.get(ACCOUNT_ENV):
+        return env[ACCOUNT_ENV]
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container): its number, which names nobody
+        return str(os.geteuid())
 
 
 def header_value(signer: Signer, base: bytes) -> str:
