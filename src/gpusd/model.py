@@ -345,6 +345,10 @@ class LeaseInfo:
     unleased: bool = False
     # the Slurm job holding it (added in 0.3): its id, recorded by `gpusd slurm prolog` (docs/slurm.md)
     slurm_job: str | None = None
+    # Held, but its record cannot be read (damaged, empty, not a gpusd record: added in 0.4): the kernel
+    # says the device's lock is held by a lease's holder (``pid``), so the GPU counts as taken; what the
+    # lease was for is unknown (docs/allocation.md, "A damaged record").
+    unreadable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

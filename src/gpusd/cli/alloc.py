@@ -192,7 +192,9 @@ def leases(args: argparse.Namespace) -> int:
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
              _age(le.started, now), _cell(le.job, 16), _cell(le.command)] for le in held]
     blocked = sum(1 for le in held if le.unleased)
+    damaged = sum(1 for le in held if le.unreadable)
     print(f"lock directory {store.dir}: {len(held) - blocked} device lease(s), {len(waiters)} job(s) waiting"
+          + (f"; {damaged} of them held with an unreadable record (see COMMAND)" if damaged else "")
           + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else ""))
     if rows:
         print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
