@@ -268,6 +268,11 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases (or choice), taken here
+            except authority.AuthorityHung as exc:  # the same, said in one line: the user waited a few seconds
+                import sys
+
+                print(f"gpusd: {exc}; {'leasing' if req.lease else 'choosing'} in the lock directory "
+                      f"{(store or LeaseStore()).dir} instead", file=sys.stderr, flush=True)
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:
