@@ -64,6 +64,7 @@ from .lockdir import (
     replace_private_dir,
     try_lock,
     user_name,
+    write_new,
 )
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -742,8 +743,7 @@ class LeaseStore:
             tmp = f".lease-{lease_id}.tmp"
             info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
             fds.append(info_fd)
-            os.write(info_fd, json.dumps(record).encode())
-            os.rename(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
+            write_new(dfd, info_fd, tmp, final, json.dumps(record).encode(), self.dir)  # a full disk: DiskFull
         except BaseException:
             for f in (*fds, dfd):
                 try:
@@ -786,13 +786,8 @@ class LeaseStore:
         tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
         fd = create_exclusive(lease.dir_fd, tmp, self.dir, lock=True)
         try:
-            os.write(fd, json.dumps(record).encode())
-            os.rename(tmp, lease.path.name, src_dir_fd=lease.dir_fd, dst_dir_fd=lease.dir_fd)
+            write_new(lease.dir_fd, fd, tmp, lease.path.name, json.dumps(record).encode(), self.dir)
         except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=lease.dir_fd)
-            except OSError:
-                pass
             os.close(fd)
             raise
         old, lease.record_fd = lease.record_fd, fd
