@@ -223,7 +223,10 @@ def write_new(dir_fd: int, fd: int, tmp: str, final: str, data: bytes, where: Pa
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            n = os.write(fd, view)
+            if n <= 0:  # no progress: never loop on a file system that takes nothing
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[n:]
         os.rename(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException as exc:
         try:
