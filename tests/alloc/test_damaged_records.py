@@ -90,6 +90,8 @@ def test_damaged_records_in_the_authoritys_directory_cost_only_their_gpus(fake_n
         devices = json.loads(gpusd_cli(["devices", "--json"], env=cli_env).stdout)
         shown = {le["device"] for g in devices["gpus"] for le in g["leases"] if le.get("unreadable")}
         assert shown == set(held), devices
+        table = gpusd_cli(["devices"], env=cli_env).stdout
+        assert table.count("(record unreadable)") == 2, table
         # new requests get the other GPUs, through the daemon, one after another
         out = []
         for _ in range(2):

@@ -108,6 +108,7 @@ class DirView:
         self.claims: dict[str, set[str]] = {}  # device -> names of the records claiming it
         self.blockers: list[tuple[Any, ...]] | None = None  # device locks held without a lease, as last found
         self.flat: list[tuple[Any, ...]] | None = None  # the confirmed leases' fields (None: to rebuild)
+        self.suspect: list[_Entry] = []  # live records nothing confirms (unreadable, or not held): with flat
         self.confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of its leases
         self.recent: tuple[float, dict[str, float]] | None = None  # (horizon, the lock files touched since)
         self.free: list[str] | None = None  # the devices with a lock file and no confirmed lease
@@ -277,6 +278,7 @@ class DirView:
         if self.flat is None:
             rebuilt = True
             self.flat = [_values(le) for e in self.entries.values() for le in e.infos]
+            self.suspect = [e for e in self.entries.values() if not e.infos]
             self.confirmed, self.free = {}, None
             for e in self.entries.values():
                 if e.infos and e.pids is not None:
@@ -286,7 +288,7 @@ class DirView:
         # A device lock held with no confirmed lease: an ``unreadable`` lease (in the authority's
         # directory, whoever holds it; in the shared one, the holder of a record that cannot be read or
         # confirmed) or, with ``blockers``, a lock held without a lease (``LeaseStore._unleased``).
-        suspect = [e for e in self.entries.values() if not e.infos]
+        suspect = self.suspect
         if not blockers and not ((store.private or suspect) and any(d not in self.confirmed for d in self.locks)):
             return out
         # A lock taken on a file opened long before is no event: under the mutex (cleanup) the devices

@@ -33,7 +33,7 @@ def _leases(g: GpuInfo) -> str:
     if not g.leases:
         return "-"
     return " ".join(f"{le.user or '?'}:{le.pid}{'(shared)' if le.shared else ''}{_until(le.expires)}"
-                    for le in g.leases)
+                    f"{'(record unreadable)' if le.unreadable else ''}" for le in g.leases)
 
 
 def _until(expires: float | None) -> str:
