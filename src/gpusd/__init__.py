@@ -64,6 +64,7 @@ _LAZY = {
     "AlreadyRunning": "gpusd.errors",
     "LockBusy": "gpusd.errors",
     "DaemonStartFailed": "gpusd.errors",
+    "DiskFull": "gpusd.errors",
 }
 
 # Names 0.2 exported that are internal: still resolved, with a DeprecationWarning, until 0.4.
@@ -127,6 +128,9 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from .errors import (
         DaemonStartFailed as DaemonStartFailed,
+    )
+    from .errors import (
+        DiskFull as DiskFull,
     )
     from .errors import (
         GpusdError as GpusdError,

@@ -17,6 +17,7 @@
     ├── SourceError (source)             a daemon's answer cannot be read (unreachable, bad answer)
     ├── LockBusy (lock_busy)             a lock of the lock directory stayed held past its bound
     ├── AlreadyRunning (already_running) gpusd start: a daemon with other options runs on this state directory
+    ├── DiskFull (disk_full)             a file could not be written: its file system is full (ENOSPC, EDQUOT)
     └── DaemonStartFailed (start_failed) a background daemon exited while starting (``status``: its exit code)
 
 Each class has a stable ``code`` (docs/errors.md): the lease socket, a job's control socket and the
@@ -137,6 +138,30 @@ class AlreadyRunning(GpusdError):
     code = "already_running"
 
 
+class DiskFull(GpusdError):
+    """A file gpusd needs could not be written because the file system holding it is full (``ENOSPC``)
+    or over quota (``EDQUOT``); the message names the directory and the errno (:meth:`of`).  Nothing
+    half-written is left behind.  HTTP 507 on the API."""
+
+    code = "disk_full"
+
+    @classmethod
+    def of(cls, directory: object, exc: OSError | None = None, what: str = "a file") -> DiskFull:
+        import errno as _errno
+
+        name = _errno.errorcode.get(exc.errno, "ENOSPC") if exc is not None and exc.errno else "ENOSPC"
+        why = "over the disk quota" if name == "EDQUOT" else "no space left on the device"
+        return cls(f"cannot write {what} in {directory}: {why} ({name}); free some space there (or point "
+                   "GPUSD_LOCK_DIR / GPUSD_STATE_DIR elsewhere) and try again")
+
+    @staticmethod
+    def caused(exc: BaseException) -> bool:
+        """Whether ``exc`` is a full file system's error (``ENOSPC`` or ``EDQUOT``)."""
+        import errno as _errno
+
+        return isinstance(exc, OSError) and exc.errno in (_errno.ENOSPC, _errno.EDQUOT)
+
+
 class DaemonStartFailed(GpusdError):
     """A daemon started in the background exited before it was ready."""
 
@@ -210,13 +235,14 @@ __all__ = [
     "SourceError",
     "LockBusy",
     "AlreadyRunning",
+    "DiskFull",
     "DaemonStartFailed",
 ]
 
 _BY_CODE: dict[str, type[GpusdError]] = {
     c.code: c for c in (GpusdError, ConfigError, IdError, SecretError, BackendUnavailable, NoGpuAvailable,
                         WaitTimeout, WireError, TxtError, SSEError, NoDaemon, SourceError, LockBusy,
-                        AlreadyRunning, DaemonStartFailed)}
+                        AlreadyRunning, DiskFull, DaemonStartFailed)}
 
 _MOVED = ("EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NO_BACKEND", "EXIT_NO_GPU", "EXIT_TIMEOUT", "EXIT_NO_DAEMON")
 

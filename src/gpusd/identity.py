@@ -66,12 +66,16 @@ def node_id(directory: Path | None = None) -> str:
         new = hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
     else:
         new = os.urandom(8).hex()
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(new + "\n")
         os.replace(tmp, path)
     except OSError:
+        try:  # a full disk leaves no empty file behind
+            tmp.unlink()
+        except OSError:
+            pass
         if mid:
             return hashlib.sha256(f"gpusd:{mid}".encode()).hexdigest()[:16]
     return new

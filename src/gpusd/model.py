@@ -351,6 +351,10 @@ class LeaseInfo:
     # and the leases of a user holding more than a cap are flagged ``over_cap``.
     outside_authority: bool = False
     over_cap: bool = False
+    # Held, but its record cannot be read (damaged, empty, not a gpusd record: added in 0.4): the kernel
+    # says the device's lock is held by a lease's holder (``pid``), so the GPU counts as taken; what the
+    # lease was for is unknown (docs/allocation.md, "A damaged record").
+    unreadable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

@@ -152,6 +152,7 @@ def test_source_error_is_no_longer_a_no_daemon_but_exits_the_same() -> None:
     (gpusd.SSEError("x"), 1),
     (gpusd.LockBusy("x"), 1),
     (gpusd.AlreadyRunning("x"), 7),
+    (gpusd.DiskFull("x"), 1),
     (ValueError("x"), 1),
     (KeyError("x"), 1),
 ])

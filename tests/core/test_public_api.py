@@ -14,7 +14,7 @@ import gpusd
 
 PUBLIC = [
     "AlreadyRunning", "AsyncClient", "BackendUnavailable", "Client", "ConfigError", "Constraints",
-    "CudaAlreadyInitializedWarning", "DaemonStartFailed", "Device", "DiscoveryEvent", "DiscoveryOptions",
+    "CudaAlreadyInitializedWarning", "DaemonStartFailed", "Device", "DiskFull", "DiscoveryEvent", "DiscoveryOptions",
     "GpuInfo", "GpuLink", "GpusdError", "HostSnapshot", "IdError", "LeaseInfo", "LockBusy", "MigInstance",
     "NoDaemon", "NoGpuAvailable", "ProcessInfo", "RemoteHost", "Reservation", "SSEError", "SecretError",
     "Selection", "SourceError", "TxtError", "WaitTimeout", "WireError", "__version__", "local_snapshot",

@@ -15,7 +15,7 @@ import time
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
 from ..inventory import Backend, open_backend
 from ..inventory.vendors import Visible, visible_env
-from ..model import GpuInfo
+from ..model import GpuInfo, LeaseInfo
 from ..record import field, record
 from .env import apply_visible
 from .handle import Holder, LeaseHandle
@@ -194,16 +194,31 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
             raise _NotHead()
         held = store.leases(cleanup=True)
         _policy.check(holder.user or current_user(), c.count, held)  # the fair-use caps (alloc/policy.py)
-        why = explain(snap, c, held, req.env)
-        chosen = why.chosen
-        memory = c.memory
-        if memory is None and isinstance(c.min_free, float):
-            totals = [x.total for x in chosen if x.total]
-            memory = int(c.min_free * min(totals)) if totals else None
-        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, holder=holder)
-        if lease is None:  # held by a process that bypassed the mutex
-            raise NoGpuAvailable(f"the chosen GPUs were taken at the same moment ({store.refusal}); try again")
-        return Selection(chosen, lease, pick=why)
+        # A GPU whose lock turns out to be held (by a process that bypassed the mutex, a lease the other
+        # store published at the same moment, a lock nothing here could see) costs that GPU only: the
+        # choice is made again without it, at most once per GPU, so one stuck GPU never fails every request.
+        store.refused = None
+        for _ in range(len(snap.gpus) + 1):
+            try:
+                why = explain(snap, c, held, req.env)
+            except NoGpuAvailable:
+                if store.refused is None:
+                    raise
+                break  # nothing else qualifies: the refusal is the reason
+            chosen = why.chosen
+            memory = c.memory
+            if memory is None and isinstance(c.min_free, float):
+                totals = [x.total for x in chosen if x.total]
+                memory = int(c.min_free * min(totals)) if totals else None
+            store.refused = None
+            lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, holder=holder)
+            if lease is not None:
+                return Selection(chosen, lease, pick=why)
+            if store.refused is None:
+                break
+            held = [*held, LeaseInfo(lease_id="-", pid=0, device=store.refused, unleased=True,
+                                     command=store.refusal)]
+        raise NoGpuAvailable(f"the chosen GPUs were taken at the same moment ({store.refusal}); try again")
 
 
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
@@ -253,6 +268,11 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
                 pass  # the same leases (or choice), taken here
+            except authority.AuthorityHung as exc:  # the same, said in one line: the user waited a few seconds
+                import sys
+
+                print(f"gpusd: {exc}; {'leasing' if req.lease else 'choosing'} in the lock directory "
+                      f"{(store or LeaseStore()).dir} instead", file=sys.stderr, flush=True)
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:

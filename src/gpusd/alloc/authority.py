@@ -71,6 +71,12 @@ PROTOCOL = 2
 MAX_LINE = 1 << 20  # the reply carries the chosen GPUs: a few KiB
 CONNECT_TIMEOUT = 2.0
 REPLY_SLACK = 30.0  # beyond the client's own timeout and the mutex bound
+# A daemon that accepted a request but says nothing for this long is asked whether it is alive (a
+# second connection, answered by its event loop at once whatever the first waits for); one that does
+# not answer that either is hung (stopped, say): the client leases in the lock directory instead.
+HUNG_AFTER = 2.0
+PROBE_TIMEOUT = 1.0
+PROBE_MAX = 30.0  # a long wait asks again at growing intervals, up to this
 BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to end
 MAX_STRAY = 64  # answers to other requests skipped while looking for ours
 MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
@@ -278,6 +284,49 @@ class AuthorityBusy(Exception):
     """The daemon has too many requests open: take the lease in the lock directory instead."""
 
 
+class AuthorityHung(Exception):
+    """The daemon accepted the request but does not answer, nor a second connection (it is stopped or
+    hung): the request was abandoned (its connection closed, so a daemon that resumes drops it) and
+    the lease is taken in the lock directory instead.  The message says so, in one line."""
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP) or traced, as /proc says (False when it cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096)
+        return raw[raw.rindex(b")") + 2:][:1] in (b"T", b"t")
+    except (OSError, ValueError):
+        return False
+
+
+def _alive(sock: socket.socket) -> bool:
+    """Whether the daemon behind ``sock`` still answers: a second connection to the same socket gets
+    an answer within :data:`PROBE_TIMEOUT` (any line: a daemon answers a request it does not know at
+    once, from its event loop, whatever else it is doing)."""
+    import socket
+
+    try:
+        pid, _, _ = peer_credentials(sock)
+        path = sock.getpeername()
+    except OSError:
+        return False
+    if pid > 0 and _stopped(pid):
+        return False
+    if not isinstance(path, str) or not path:
+        return True  # cannot ask again: believe it
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        probe.settimeout(PROBE_TIMEOUT)
+        probe.connect(path)
+        probe.sendall(b'{"op": "ping", "v": 2}\n')
+        return bool(probe.recv(1))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def request(c: Constraints) -> dict[str, Any]:
     """The constraints as the protocol carries them (``visible``: this process's inherited
     ``CUDA_VISIBLE_DEVICES``, which the daemon cannot see)."""
@@ -381,6 +430,8 @@ class DaemonInventory:
             raise BackendUnavailable("the gpusd daemon's lease socket does not answer")
         try:
             line = _send(sock, _Lines(sock), {"op": "snapshot", "v": PROTOCOL}, False, None)
+        except AuthorityHung as exc:
+            raise BackendUnavailable(str(exc)) from None
         finally:
             sock.close()
         try:
@@ -418,22 +469,51 @@ def daemon_inventory() -> DaemonInventory | None:
 def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:
     """Send one request line, read the answer line (the socket is closed when that fails)."""
     import json  # here: without a daemon's socket, this module is imported but never talks
+    import time
 
     from .leases import mutex_timeout
 
+    limit = None if (wait and timeout is None) else (timeout or 0.0) + mutex_timeout() + REPLY_SLACK
+    start = time.monotonic()
+    gap = HUNG_AFTER
     try:
-        sock.settimeout(None if (wait and timeout is None) else
-                        (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
+        sock.settimeout(HUNG_AFTER)
         try:
             sock.sendall(json.dumps(req).encode() + b"\n")
         except BrokenPipeError:
             pass  # answered before it read us (busy): the answer is waiting below
-        line = reader.readline()
+        while True:
+            left = None if limit is None else limit - (time.monotonic() - start)
+            if left is not None and left <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(gap if left is None else max(0.001, min(gap, left)))
+            try:
+                line = reader.readline()
+                break
+            except TimeoutError:
+                if left is not None and left <= gap:
+                    raise
+                # Silence: a wait, a slow answer, or a daemon that is stopped or hung.  Only the last
+                # must not cost the client more than a few seconds (docs/allocation.md, "A hung daemon").
+                if not _alive(sock):
+                    pid = _peer_pid(sock)
+                    sock.close()
+                    raise AuthorityHung(f"the gpusd daemon{f' (pid {pid})' if pid else ''} accepted the request "
+                                        f"but has not answered for {time.monotonic() - start:.0f}s (stopped or "
+                                        "hung)") from None
+                gap = min(gap * 2, PROBE_MAX)
         sock.settimeout(None)
     except OSError as exc:
         sock.close()
         raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
     return line
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    try:
+        return peer_credentials(sock)[0]
+    except OSError:
+        return 0
 
 
 def _decode(line: bytes) -> dict[str, Any]:

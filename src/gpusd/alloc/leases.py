@@ -64,6 +64,7 @@ from .lockdir import (
     replace_private_dir,
     try_lock,
     user_name,
+    write_new,
 )
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -295,6 +296,7 @@ class LeaseStore:
         self.dir = Path(directory) if directory is not None else lock_dir()
         self.private = private
         self.refusal: str | None = None  # why the last acquire returned None: who holds what
+        self.refused: str | None = None  # and the device it could not take
 
     @classmethod
     def authority(cls, base: Path | str | None = None) -> LeaseStore:
@@ -558,9 +560,16 @@ class LeaseStore:
         return leaseview.look(self, dfd, cleanup, blockers)
 
     def _unleased(self, dfd: int, devices: list[str], confirmed: dict[str, set[int]],
-                  table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]:
-        """The device locks held by processes that hold no lease on the device (``/proc/locks``):
-        someone bypassing gpusd, or a local user blocking the GPU.  Named by pid and uid."""
+                  table: dict[str, list[tuple[int, bool]]] | None,
+                  suspects: set[int] | None = None) -> list[LeaseInfo]:
+        """The device locks held by processes that hold no confirmed lease on the device (``/proc/locks``).
+
+        Two kinds, told apart by who holds the lock.  In the authority's own directory only the daemon
+        (or a client it handed a lease's descriptors to) can lock a file, and in the shared one a
+        process in ``suspects`` holds the lock of a record this directory cannot read or confirm:
+        such a lock is a lease whose record is damaged, empty or foreign (``unreadable``: the GPU
+        stays taken, the kernel's lock is the truth).  Any other holder is someone bypassing gpusd,
+        or a local user blocking the GPU (``unleased``).  Both are named by pid and uid."""
         out: list[LeaseInfo] = []
         if not table:
             return out
@@ -575,10 +584,19 @@ class LeaseStore:
                     continue
                 uid = process_uid(pid) if pid > 0 else None
                 who = owner_name(uid) if uid is not None else "an unknown user"
+                mode = "LOCK_EX" if exclusive else "LOCK_SH"
+                if self.private or (suspects is not None and pid in suspects):
+                    out.append(LeaseInfo.from_dict({
+                        "lease_id": "-", "pid": pid, "user": user_name(uid) if uid is not None else None,
+                        "shared": not exclusive, "device": dev, "unreadable": True,
+                        "command": f"record unreadable: {holder_name(pid)} holds {mode} on "
+                                   f"{self.dir / f'gpu-{dev}.lock'} but its lease record cannot be read (damaged, "
+                                   "empty or not a gpusd record); the GPU stays held until that lock is released"}))
+                    continue
                 out.append(LeaseInfo.from_dict({
                     "lease_id": "-", "pid": pid, "user": who, "shared": not exclusive, "device": dev,
                     "unleased": True,
-                    "command": f"without a lease: {holder_name(pid)} holds {'LOCK_EX' if exclusive else 'LOCK_SH'} "
+                    "command": f"without a lease: {holder_name(pid)} holds {mode} "
                                f"on {self.dir / f'gpu-{dev}.lock'}, not through gpusd; stop it, or ask an "
                                "administrator"}))
         return out
@@ -732,6 +750,7 @@ class LeaseStore:
                 fds.append(fd)
                 if not try_lock(fd, shared):
                     # A process that bypassed the mutex: named, so that someone can act
+                    self.refused = dev
                     self.refusal = (f"{_safe(dev)[:64]} is locked by {describe_holders(fd)} "
                                     f"({self.dir / f'gpu-{_safe(dev)}.lock'})")
                     for f in fds:
@@ -755,8 +774,7 @@ class LeaseStore:
             tmp = f".lease-{lease_id}.tmp"
             info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
             fds.append(info_fd)
-            os.write(info_fd, json.dumps(record).encode())
-            os.rename(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
+            write_new(dfd, info_fd, tmp, final, json.dumps(record).encode(), self.dir)  # a full disk: DiskFull
         except BaseException:
             for f in (*fds, dfd):
                 try:
@@ -778,6 +796,7 @@ class LeaseStore:
         if clash:
             lease.release()
             le = clash[0]
+            self.refused = le.device
             self.refusal = f"{(le.device or '?')[:64]} was leased at the same moment by pid {le.pid} of {le.user}"
             return None
         return lease
@@ -798,13 +817,8 @@ class LeaseStore:
         tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
         fd = create_exclusive(lease.dir_fd, tmp, self.dir, lock=True)
         try:
-            os.write(fd, json.dumps(record).encode())
-            os.rename(tmp, lease.path.name, src_dir_fd=lease.dir_fd, dst_dir_fd=lease.dir_fd)
+            write_new(lease.dir_fd, fd, tmp, lease.path.name, json.dumps(record).encode(), self.dir)
         except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=lease.dir_fd)
-            except OSError:
-                pass
             os.close(fd)
             raise
         old, lease.record_fd = lease.record_fd, fd
@@ -879,7 +893,8 @@ def mark_unleased(snap: HostSnapshot) -> None:
     for g in snap.gpus:
         if not g.processes:
             continue
-        leases = [le for le in g.leases if not le.unleased]  # a lock held without a lease covers nothing
+        # a lock held without a lease covers nothing; nor does one whose record is unreadable (whose job?)
+        leases = [le for le in g.leases if not le.unleased and not le.unreadable]
         holders = {le.pid for le in leases if le.pid}
         users = {le.user for le in leases if le.user}
         for p in g.processes:

@@ -108,6 +108,7 @@ class DirView:
         self.claims: dict[str, set[str]] = {}  # device -> names of the records claiming it
         self.blockers: list[tuple[Any, ...]] | None = None  # device locks held without a lease, as last found
         self.flat: list[tuple[Any, ...]] | None = None  # the confirmed leases' fields (None: to rebuild)
+        self.suspect: list[_Entry] = []  # live records nothing confirms (unreadable, or not held): with flat
         self.confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of its leases
         self.recent: tuple[float, dict[str, float]] | None = None  # (horizon, the lock files touched since)
         self.free: list[str] | None = None  # the devices with a lock file and no confirmed lease
@@ -273,20 +274,27 @@ class DirView:
                 e.pids = {pid for pid, _ in table.get(lock_key(e.st), [])} if table is not None else None
                 e.sig = sig
                 self.flat = None
+        rebuilt = False
         if self.flat is None:
+            rebuilt = True
             self.flat = [_values(le) for e in self.entries.values() for le in e.infos]
+            self.suspect = [e for e in self.entries.values() if not e.infos]
             self.confirmed, self.free = {}, None
             for e in self.entries.values():
                 if e.infos and e.pids is not None:
                     for dev in e.devices:
                         self.confirmed.setdefault(dev, set()).update(e.pids)
         out = _copies(self.flat)
-        if not blockers:
+        # A device lock held with no confirmed lease: an ``unreadable`` lease (in the authority's
+        # directory, whoever holds it; in the shared one, the holder of a record that cannot be read or
+        # confirmed) or, with ``blockers``, a lock held without a lease (``LeaseStore._unleased``).
+        suspect = self.suspect
+        if not blockers and not ((store.private or suspect) and any(d not in self.confirmed for d in self.locks)):
             return out
-        # The device locks held by processes without a lease on the device.  A lock taken on a file
-        # opened long before is no event: under the mutex (cleanup) the devices without a lease are
-        # tried each time, as every allocation did, and /proc/locks is read when one is held or when
-        # the lock of a leased device changed; otherwise what the last reading found stands.
+        # A lock taken on a file opened long before is no event: under the mutex (cleanup) the devices
+        # without a lease are tried each time, as every allocation did, and /proc/locks is read when one
+        # is held or when the lock of a leased device changed; otherwise what the last reading found
+        # stands (a lease that stopped being confirmed, its record damaged say, is looked at again).
         if cleanup and not table_read:
             if self.free is None:
                 self.free = [dev for dev in self.locks if dev not in self.confirmed]
@@ -295,11 +303,15 @@ class DirView:
                 table, table_read = flock_table(), True
             else:  # the devices without a lease are free: only what holds leased ones stands
                 self.blockers = [b for b in self.blockers if b[_DEVICE] in self.confirmed]
-        elif not table_read and (changed_devices or self.blockers is None):
+        elif not table_read and (changed_devices or self.blockers is None
+                                 or (rebuilt and (store.private or suspect))):
             table, table_read = flock_table(), True
         if table_read:
-            self.blockers = [_values(b) for b in store._unleased(dfd, list(self.locks), self.confirmed, table)]
-        return out + _copies(self.blockers or [])
+            suspects = {pid for e in suspect for pid, _ in (table or {}).get(lock_key(e.st), ())}
+            self.blockers = [_values(b) for b in store._unleased(dfd, list(self.locks), self.confirmed, table,
+                                                                 suspects)]
+        found = _copies(self.blockers or [])
+        return out + (found if blockers else [b for b in found if b.unreadable])
 
     def _tried(self, dfd: int, devices: list[str]) -> list[str]:
         """The devices among ``devices`` whose lock someone holds (tried without blocking; under the

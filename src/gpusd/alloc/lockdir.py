@@ -27,7 +27,7 @@ import stat
 import time
 from pathlib import Path
 
-from ..errors import GpusdError, LockBusy
+from ..errors import DiskFull, GpusdError, LockBusy
 
 DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"  # $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -203,6 +203,8 @@ def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, loc
     try:
         fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600 if lock else mode, dir_fd=dir_fd)
     except OSError as exc:
+        if DiskFull.caused(exc):  # no inode left: the directory's file system is full
+            raise DiskFull.of(where, exc, name) from None
         raise GpusdError(f"cannot create {where / name}: {exc.strerror}") from None
     if lock:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can have opened it: never blocks
@@ -211,6 +213,46 @@ def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, loc
     except OSError:
         pass
     return fd
+
+
+def write_new(dir_fd: int, fd: int, tmp: str, final: str, data: bytes, where: Path) -> None:
+    """Write ``data`` into ``fd`` (the new file ``tmp`` of the directory ``dir_fd``), then rename it to
+    ``final``: readers see the whole file or none.  On any failure ``tmp`` is removed (the caller still
+    closes ``fd``): a full disk leaves no half-written or empty file behind, and says so
+    (:class:`DiskFull`, naming ``where``, the directory)."""
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            if n <= 0:  # no progress: never loop on a file system that takes nothing
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[n:]
+        os.rename(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        if DiskFull.caused(exc):
+            raise DiskFull.of(where, exc if isinstance(exc, OSError) else None, final) from None
+        raise
+
+
+def replace_file(path: Path, tmp: Path, data: bytes) -> None:
+    """Write ``data`` to ``tmp`` and rename it over ``path`` (files of our own private directories,
+    not of the shared lock directory): the whole file or the old one.  On a failure ``tmp`` is removed;
+    a full disk says so (:class:`DiskFull`, naming the directory)."""
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if DiskFull.caused(exc):
+            raise DiskFull.of(path.parent, exc if isinstance(exc, OSError) else None, path.name) from None
+        raise
 
 
 def replace_private_dir(parent_fd: int, name: str, where: Path) -> None:

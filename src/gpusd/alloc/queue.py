@@ -61,7 +61,16 @@ from .inotify import (
     Inotify,
 )
 from .leases import AUTHORITY_DIR, LeaseStore, current_user
-from .lockdir import FILE_FLAGS, create_exclusive, flock_table, lock_key, open_lock_file, read_live, try_lock
+from .lockdir import (
+    FILE_FLAGS,
+    create_exclusive,
+    flock_table,
+    lock_key,
+    open_lock_file,
+    read_live,
+    try_lock,
+    write_new,
+)
 from .priority import NORMAL, capped, load_policy, priority_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -123,10 +132,9 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
         # Locked before it is visible: a ticket others can lock is a dead waiter's, and is removed.
         tfd = create_exclusive(dfd, f".queue-{tag}.tmp", store.dir, lock=True)
         try:
-            os.write(tfd, json.dumps({"pid": pid or os.getpid(), "user": user or current_user(), "count": count,
-                                      "since": time.time(), "command": command, "priority": priority,
-                                      "resume": resume}).encode())
-            os.rename(f".queue-{tag}.tmp", name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            write_new(dfd, tfd, f".queue-{tag}.tmp", name, json.dumps(
+                {"pid": pid or os.getpid(), "user": user or current_user(), "count": count, "since": time.time(),
+                 "command": command, "priority": priority, "resume": resume}).encode(), store.dir)
         except BaseException:
             os.close(tfd)
             raise

@@ -376,6 +376,10 @@ def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list
     if gpu.compute_mode in ("exclusive_process", "exclusive_thread") and gpu.processes:
         return f"GPU {label}: exclusive compute mode and already in use"
     if leases:
+        damaged = [le for le in leases if le.unreadable]
+        if damaged:  # held, for what is unknown: never joined, not even by a shared job
+            who = ", ".join(f"pid {le.pid} of {le.user or 'an unknown user'}" for le in damaged[:3])
+            return f"GPU {label}: held by {who} (record unreadable: the lease's record is damaged)"
         holders = ", ".join(f"{le.user or '?'}:{le.pid}" for le in leases if not le.unleased)
         if not c.shared or not all(le.shared for le in leases):
             blockers = [le for le in leases if le.unleased]

@@ -243,6 +243,16 @@ def _main(argv: list[str]) -> int:
         except OSError:
             pass
         return 0
+    except OSError as exc:
+        from ..errors import DiskFull
+
+        if not DiskFull.caused(exc):
+            raise
+        # a write no gpusd code expected to fail: still one line, naming the file where it is known
+        where = os.path.dirname(os.fsdecode(exc.filename)) if exc.filename else "a directory gpusd writes"
+        err = DiskFull.of(where, exc)
+        print(f"gpusd: {err}", file=sys.stderr)
+        return exit_code_for(err)
 
 
 def entry() -> None:

@@ -200,7 +200,9 @@ def leases(args: argparse.Namespace) -> int:
              ("[not through the authority] " if le.outside_authority else "") + _cell(le.command)] for le in held]
     blocked = sum(1 for le in held if le.unleased)
     outside = sum(1 for le in held if le.outside_authority)
+    damaged = sum(1 for le in held if le.unreadable)
     print(f"lock directory {store.dir}: {len(held) - blocked} device lease(s), {len(waiters)} job(s) waiting"
+          + (f"; {damaged} of them held with an unreadable record (see COMMAND)" if damaged else "")
           + (f"; {blocked} lock(s) held WITHOUT a lease (see COMMAND)" if blocked else "")
           + (f"; {outside} NOT through the lease authority (taken in the shared directory)" if outside else ""))
     for why in over_caps(held).values():

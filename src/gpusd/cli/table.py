@@ -34,7 +34,7 @@ def _leases(g: GpuInfo) -> str:
         return "-"
     return " ".join(f"{le.user or '?'}:{le.pid}{'(shared)' if le.shared else ''}{_until(le.expires)}"
                     f"{'(not-through-authority)' if le.outside_authority else ''}{'(OVER-CAP)' if le.over_cap else ''}"
-                    for le in g.leases)
+                    f"{'(record unreadable)' if le.unreadable else ''}" for le in g.leases)
 
 
 def _until(expires: float | None) -> str:

@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, to_wire
+from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, to_wire
 from .backend import SharedBackend
 from .leaseconn import MAX_REQUEST, Conn
 from .leasereq import constraints, job_of, parse, priority_of
@@ -545,6 +545,9 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     """The answer for a request that failed (never a traceback to the client; logged if unexpected)."""
     if isinstance(exc, GpusdError):
         return to_wire(exc)  # docs/errors.md
+    if isinstance(exc, OSError) and DiskFull.caused(exc):  # a write no one expected to fail: say why
+        where = os.path.dirname(os.fsdecode(exc.filename)) if exc.filename else "the daemon's directories"
+        return to_wire(DiskFull.of(where, exc))
     log.error("lease request failed", exc_info=exc)  # never lose the daemon over one request
     return to_wire(GpusdError(f"internal error: {exc!r}"[:300]))
 

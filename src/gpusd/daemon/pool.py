@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, GpusdError, IdError, NoGpuAvailable, to_wire
+from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, to_wire
 from ..ids import JobId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -281,6 +281,8 @@ class Pool:
             return 409, {**to_wire(exc, http=True), "reason": "no_gpu"}
         except ConfigError as exc:
             return 400, to_wire(exc, http=True)
+        except DiskFull as exc:  # 507 Insufficient Storage: the reason, not "no GPU" (docs/errors.md)
+            return 507, {**to_wire(exc, http=True), "reason": "disk_full"}
         except GpusdError as exc:
             return 503, to_wire(exc, http=True)
         finally:
@@ -337,6 +339,8 @@ class Pool:
             await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, expires)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
+            if isinstance(exc, DiskFull):
+                return 507, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}", "reason": "disk_full"}
             return 503, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
         finally:
             held.renewing = False

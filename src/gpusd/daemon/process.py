@@ -146,10 +146,10 @@ def status(state_dir: Path) -> DaemonStatus:
 
 
 def write_info(state_dir: Path, info: dict[str, Any]) -> None:
+    from ..alloc.lockdir import replace_file
+
     path = state_dir / INFO_FILE
-    tmp = path.with_name(f".{INFO_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, path.with_name(f".{INFO_FILE}.{os.getpid()}.tmp"), (json.dumps(info, indent=1) + "\n").encode())
 
 
 # -- readiness -------------------------------------------------------------------------------

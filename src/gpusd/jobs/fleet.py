@@ -132,13 +132,13 @@ class FleetJob:
             self.private = Path(private_dir(self.job_id))  # mode 0700
         self.generation += 1
         path = self.private / "gpus.json"
-        tmp = self.private / f".gpus.{self.generation}.tmp"
-        tmp.write_text(json.dumps({
+        from ..alloc.lockdir import replace_file
+
+        replace_file(path, self.private / f".gpus.{self.generation}.tmp", json.dumps({
             "format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": "running",
             "reason": None, "restarts": self.restarts, "cuda_visible_devices": visible,
             "devices": [{"index": d["index"], "uuid": d["uuid"], "label": d.get("label", str(d["index"]))}
-                        for d in devices]}))
-        os.replace(tmp, path)
+                        for d in devices]}).encode())
         return path
 
     def run(self, cmd: Sequence[str], env: dict[str, str], devices: Sequence[dict[str, Any]],

@@ -22,7 +22,7 @@ import os
 import time
 
 from ..alloc.leases import LeaseStore
-from ..alloc.lockdir import create_exclusive, read_live, user_name
+from ..alloc.lockdir import create_exclusive, read_live, user_name, write_new
 from ..alloc.priority import PRIORITIES, priority_name
 from ..ids import JobId, LeaseId
 from ..record import field, fields, record
@@ -189,8 +189,7 @@ class RecordWriter:
         fd = create_exclusive(self.dir_fd, tmp, self.store.dir)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # locked before it is visible: never taken for stale
-            os.write(fd, json.dumps(d).encode())
-            os.rename(tmp, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            write_new(self.dir_fd, fd, tmp, final, json.dumps(d).encode(), self.store.dir)  # a full disk: DiskFull
         except BaseException:
             os.close(fd)
             try:

@@ -187,9 +187,9 @@ class Supervisor:
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
              "env": self.visible_env(),  # issue 21: the vendor's variables (additive)
              "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label} for x in self.devs]}
-        tmp = self.private / f".gpus.{self.generation}.tmp"
-        tmp.write_text(json.dumps(d))
-        os.replace(tmp, self.job_file)
+        from ..alloc.lockdir import replace_file
+
+        replace_file(self.job_file, self.private / f".gpus.{self.generation}.tmp", json.dumps(d).encode())
         (self.writer.write if record else self.writer.update)(
             devices=[x.uuid for x in self.devs], indices=[x.gpu.index for x in self.devs],
             state=state if state != "stopping" else self.writer.record.state, reason=reason, restarts=self.restarts)

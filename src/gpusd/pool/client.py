@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable, SourceError, WaitTimeout, from_wire
+from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, SourceError, WaitTimeout, from_wire
 from ..ids import LeaseId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -286,7 +286,7 @@ def default_holder() -> str:
 
 
 def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
-         ttl: float, job: str | None = None, reasons: list[str] | None = None) -> HostLease | None:
+         ttl: float, job: str | None = None, reasons: list[tuple[int, str]] | None = None) -> HostLease | None:
     """One lease request to ``h`` (None on 409: the GPUs just went)."""
     from ..wire.http import request_json
 
@@ -311,13 +311,14 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         log.warning("%s did not prove it holds the fleet secret (HTTP %d %s: %s): not using it", h.hostname,
                     reply.status, h.url, str(reply.data)[:200])
         return None  # an impostor's "lease" is worthless: nothing to release either
-    if reply.status in (409, 429, 503):
+    if reply.status in (409, 429, 503, 507):
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         log.info("%s: %s", h.hostname, err)
-        if reply.status == 429 and reasons is not None and err:  # a cap: say which when nothing is granted
+        # a cap, or a full disk (507): say which when nothing is granted
+        if reply.status in (429, 507) and reasons is not None and err:
             from ..sanitize import for_terminal
 
-            reasons.append(f"{for_terminal(h.hostname, 64)}: {for_terminal(str(err), 300)}")
+            reasons.append((reply.status, f"{for_terminal(h.hostname, 64)}: {for_terminal(str(err), 300)}"))
         return None
     if reply.status != 201 or not isinstance(reply.data, dict):
         raise refusal(reply, f"{h.hostname} refused the lease (HTTP {reply.status})")
@@ -400,15 +401,17 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             client.wait_settled(discover)
         while True:
             wake.clear()
-            reasons: list[str] = []
+            reasons: list[tuple[int, str]] = []
             got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model, job, reasons)
             if got is not None:
                 return Reservation(got, key)
+            if reasons and not wait and all(status == 507 for status, _ in reasons):  # their disks, not GPUs
+                raise DiskFull("; ".join(why for _, why in reasons[:4]))
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
                                      + (f" (hosts matching {host!r})" if host else "")
                                      + _largest(client.hosts, per, host, per_host is None)
-                                     + (f"; {'; '.join(reasons[:4])}" if reasons else ""))
+                                     + (f"; {'; '.join(why for _, why in reasons[:4])}" if reasons else ""))
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(f"gave up waiting after {timeout:g}s: no verified host had {per} GPU(s) free")
@@ -443,7 +446,7 @@ def _largest(hosts: Iterable[RemoteHost], per: int, host: str | None, spread: bo
 
 def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetKey, holder: str,
               note: str | None, ttl: float, host: str | None, model: str | None,
-              job: str | None = None, reasons: list[str] | None = None) -> list[HostLease] | None:
+              job: str | None = None, reasons: list[tuple[int, str]] | None = None) -> list[HostLease] | None:
     ranked = rank_hosts(hosts, c, host=host, model=model)
     got: list[HostLease] = []
     for _, h, chosen in ranked:
