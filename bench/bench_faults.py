@@ -142,6 +142,7 @@ class Campaign:
             f.write(secrets.token_hex(32) + "\n")
         self.seq = 0
         self.skipped: dict[str, str] = {}
+        self.renewers: set[int] = set()  # reservations' renewers (they detach from their launcher)
 
     # -- records ------------------------------------------------------------------------------------
     def record(self, what: str, rec: dict[str, Any]) -> None:
@@ -345,6 +346,8 @@ class Campaign:
         except (ValueError, KeyError, IndexError, TypeError, StopIteration) as exc:
             return 1, f"campaign: unreadable reservation ({exc!r}): {out[:200]}"
         rec.update(host=h.name, lease_id=lease_id)
+        with self.rec_lock:
+            self.renewers.add(renewer)
         jenv = self.lan.base_env(h.gpu.node, CUDA_VISIBLE_DEVICES=",".join(uuids))
         jp = self.lan.popen(h.gpu.node, self.job_argv(job, dur), env=jenv, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -362,6 +365,8 @@ class Campaign:
                 pass
             rerr += f"\n(campaign: renewer {renewer} outlived the release; killed)"
         rec["holder_end"] = now()
+        with self.rec_lock:
+            self.renewers.discard(renewer)
         if jrc != 0:
             return jrc, jerr
         return (0 if rrc == 0 else rrc), ("" if rrc == 0 else rerr)
@@ -477,14 +482,16 @@ class Campaign:
         self.faults_on.clear()
         horizon = now()
         history = self.history() if not a.no_history else None
-        gpu_host = {u: h.name for h in self.hosts for u in h.uuids}
-        # a job that got indices (not UUIDs) names its host by its network namespace
-        indices = {str(os.stat(f"/run/netns/{h.gpu.node.ns}").st_ino): {str(i): u for i, u in enumerate(h.uuids)}
-                   for h in self.hosts}
-        lines = faults_check.resolve_indices(faults_check.read_jsonl(self.job_log), indices)
-        return faults_check.check(lines, self.records["launches"], self.records["faults"], self.records["leases"],
-                                  history, gpu_host, a.ttl, a.delay, horizon, sample=a.history_sample, seed=a.seed,
-                                  kinds=[k for k in a.kinds if k not in self.skipped])
+        meta = {"gpu_host": {u: h.name for h in self.hosts for u in h.uuids},
+                # a job that got indices (not UUIDs) names its host by its network namespace
+                "indices": {str(os.stat(f"/run/netns/{h.gpu.node.ns}").st_ino): dict(enumerate(h.uuids))
+                            for h in self.hosts},
+                "ttl": a.ttl, "delay": a.delay, "horizon": horizon, "sample": a.history_sample, "seed": a.seed,
+                "kinds": [k for k in a.kinds if k not in self.skipped]}
+        (self.out / "meta.json").write_text(json.dumps(meta))
+        if history is not None:
+            (self.out / "history.json").write_text(json.dumps(history))
+        return recheck(self.out)
 
     def history(self) -> list[dict[str, Any]]:
         """Every job record of every host's usage history, once its daemon stopped (so all is written)."""
@@ -518,6 +525,15 @@ class Campaign:
 
     def close(self) -> None:
         self.stop.set()
+        with self.rec_lock:
+            left = list(self.renewers)
+        for pid in left:  # still ours: its command line names the reservation's renewer
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"gpusd" in f.read():
+                        os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self.poller is not None:
             self.kill(self.poller, signal.SIGTERM)
         if self.ssh is not None:
@@ -526,6 +542,19 @@ class Campaign:
             self.lan.close()  # every process it started, by pid; then the namespaces
         for m in self.mounts:
             subprocess.run(["umount", "-l", str(m)], capture_output=True, timeout=30)
+
+
+def recheck(out: Path) -> faults_check.Report:
+    """The checks on a campaign's records in ``out`` (what ``--recheck DIR`` runs)."""
+    meta = json.loads((out / "meta.json").read_text())
+    indices = {net: {str(i): u for i, u in table.items()} for net, table in meta["indices"].items()}
+    lines = faults_check.resolve_indices(faults_check.read_jsonl(out / "jobs.jsonl"), indices)
+    hist = out / "history.json"
+    history = json.loads(hist.read_text()) if hist.exists() else None
+    rd = faults_check.read_jsonl
+    return faults_check.check(lines, rd(out / "launches.jsonl"), rd(out / "faults.jsonl"), rd(out / "leases.jsonl"),
+                              history, meta["gpu_host"], meta["ttl"], meta["delay"], meta["horizon"],
+                              sample=meta["sample"], seed=meta["seed"], kinds=meta["kinds"])
 
 
 def last_line(text: str) -> str:
@@ -608,6 +637,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="keep the records here (default: a temporary directory, removed "
                                               "when nothing was violated)")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the counts")
+    ap.add_argument("--recheck", type=Path, metavar="DIR",
+                    help="run only the checks, on the records a campaign kept in DIR (no root needed)")
     a = ap.parse_args(argv)
     a.kinds = [] if a.fault_kinds.strip() == "none" else [k.strip() for k in a.fault_kinds.split(",") if k.strip()]
     a.jobs = [k.strip() for k in a.job_kinds.split(",") if k.strip()]
@@ -635,9 +666,18 @@ def private_mounts(argv: list[str]) -> int | None:
     # --kill-child: if unshare itself is killed, the campaign gets SIGTERM and cleans up
     p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--fork", "--kill-child=SIGTERM",
                           sys.executable, __file__, *argv], env=env)
+
+    stopped: list[int] = []
+
+    def terminated(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        p.kill()  # unshare's end sends the campaign SIGTERM (--kill-child): it cleans up
+
+    signal.signal(signal.SIGTERM, terminated)
     while True:
         try:
-            return p.wait()
+            rc = p.wait()
+            return 128 + signal.SIGTERM if stopped else rc
         except KeyboardInterrupt:  # the child got it too (same terminal group): wait for its clean-up
             continue
 
@@ -645,6 +685,13 @@ def private_mounts(argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.recheck is not None:
+        try:
+            report = recheck(args.recheck)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"bench_faults: no campaign records in {args.recheck}: {exc}", file=sys.stderr)
+            return 2
+        return show(report, args, args.recheck, {})
     from netns import unavailable
 
     why = unavailable()
@@ -669,22 +716,29 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_faults: interrupted; cleaning up", file=sys.stderr)
         return 130
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         camp.close()
-    for kind, why in camp.skipped.items():
+    if report.total() == 0 and args.out is None:
+        shutil.rmtree(out, ignore_errors=True)
+    return show(report, args, out, camp.skipped)
+
+
+def show(report: faults_check.Report, args: argparse.Namespace, out: Path, skipped: dict[str, str]) -> int:
+    """Print the table and the violations (and with ``--json`` a last line of counts); the exit status."""
+    for kind, why in skipped.items():
         print(f"skipped {kind}: {why}")
     print(report.table())
     for v in report.violations[:40]:
         print(f"  {v.what}: {v.detail} [{', '.join(v.faults) or 'no fault'}]")
     if len(report.violations) > 40:
         print(f"  ... {len(report.violations) - 40} more in {out}")
-    if args.json:
-        print(json.dumps({"violations": report.total(), "counts": report.counts(), "injected": report.injected,
-                          "jobs": report.jobs, "started": report.started, "skipped": camp.skipped,
-                          "records": str(out)}))
-    if report.total() == 0 and args.out is None:
-        shutil.rmtree(out, ignore_errors=True)
-    elif report.total():
+    if report.total():
         print(f"records kept in {out}")
+    if args.json:  # the last line
+        print(json.dumps({"violations": report.total(), "counts": report.counts(), "injected": report.injected,
+                          "jobs": report.jobs, "started": report.started, "skipped": skipped,
+                          "records": str(out)}))
     return 1 if report.total() else 0
 
 

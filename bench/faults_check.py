@@ -11,8 +11,9 @@ and the hosts' usage history, and counts violations of gpusd's promises:
 * **stale lease**: a lease was seen longer than TTL + the documented delay after its holder ended;
 * **history miss**: a finished job (from a sample) has no matching record in its host's usage history.
 
-Each violation is put down to every fault whose window (from its start to its end plus TTL, the delay
-and a margin) holds the moment of the violation, or to ``none``.  Pure functions on plain data, so that
+Each violation is put down to one fault: of the faults on its host whose window (from the fault's start
+to its end plus TTL, the delay and a margin) holds the moment of the violation, the one that began last
+before it; else to ``none``.  Pure functions on plain data, so that
 tests/faults/test_campaign_checker.py can feed it synthetic logs.
 """
 
@@ -51,7 +52,8 @@ class Violation:
     what: str  # one of COLUMNS
     t: int  # monotonic ns
     detail: str
-    faults: list[str] = field(default_factory=list)  # the fault kinds it is put down to
+    host: str | None = None  # where it happened, when known
+    faults: list[str] = field(default_factory=list)  # the fault kind it is put down to (none: empty)
 
 
 @dataclass
@@ -161,7 +163,7 @@ def _used_until(j: Job, horizon: int) -> int:
     return j.launch_t1 if j.launch_t1 is not None else horizon
 
 
-def double_grants(jobs: dict[str, Job], horizon: int) -> list[Violation]:
+def double_grants(jobs: dict[str, Job], horizon: int, gpu_host: dict[str, str] | None = None) -> list[Violation]:
     by_gpu: dict[str, list[tuple[int, int, str]]] = {}
     for j in jobs.values():
         if j.start is None:
@@ -177,7 +179,8 @@ def double_grants(jobs: dict[str, Job], horizon: int) -> list[Violation]:
             for _a_start, a_end, a_job in active:
                 out.append(Violation("double_grants", start,
                                      f"GPU {gpu}: job {job} started while job {a_job} used it "
-                                     f"({(min(end, a_end) - start) / NS:.1f} s overlap)"))
+                                     f"({(min(end, a_end) - start) / NS:.1f} s overlap)",
+                                     host=(gpu_host or {}).get(gpu)))
             active.append((start, end, job))
     return out
 
@@ -191,7 +194,7 @@ def lost_jobs(jobs: dict[str, Job], horizon: int) -> list[Violation]:
             continue  # its launcher said it failed, and why
         said = "no launcher outcome" if j.rc is None else f"launcher exit {j.rc} {j.reason.strip()!r}"
         out.append(Violation("lost_jobs", j.launch_t1 or horizon,
-                             f"job {j.job} ({j.kind}) started on {j.gpus} and never ended ({said})"))
+                             f"job {j.job} ({j.kind}) started on {j.gpus} and never ended ({said})", host=j.host))
     return out
 
 
@@ -215,7 +218,8 @@ def lost_leases(jobs: dict[str, Job], observations: Iterable[dict[str, Any]], gp
                          if j.start + grace_ns <= t <= j.end - grace_ns and g not in devs), None)
             if miss is not None:
                 out.append(Violation("lost_leases", miss, f"job {j.job} ({j.kind}) ran on {g} ({host}) but "
-                                     f"{host} showed no lease on it {(miss - j.start) / NS:.1f} s after its start"))
+                                     f"{host} showed no lease on it {(miss - j.start) / NS:.1f} s after its start",
+                                     host=host))
                 break
     return out
 
@@ -251,7 +255,7 @@ def stale_leases(jobs: dict[str, Job], observations: Iterable[dict[str, Any]], g
                 continue
             seen.add((lid, dev))
             out.append(Violation("stale_leases", t, f"lease {lid} on {dev} ({o.get('host')}) held by pid "
-                                 f"{le.get('pid')} with no live holder"))
+                                 f"{le.get('pid')} with no live holder", host=str(o.get("host"))))
     return out
 
 
@@ -270,16 +274,21 @@ def history_misses(jobs: dict[str, Job], rows: list[dict[str, Any]], sample: int
                       and float(r.get("ended") or r.get("last") or r["start"]) >= j.wall_start - slack_s
                       for r in rows)
             if not hit:
-                out.append(Violation("history_misses", j.end or 0, f"job {j.job} ({j.kind}) on {g} "
-                                     "is missing from the usage history"))
+                out.append(Violation("history_misses", j.start or 0, f"job {j.job} ({j.kind}) on {g} "
+                                     "is missing from the usage history", host=j.host))
                 break
     return out, len(picked)
 
 
 def attribute(violations: list[Violation], faults: list[Fault], after_ns: int) -> None:
-    """Put each violation down to the faults whose window [t0 - 1 s, t1 + ``after_ns``] holds it."""
+    """Put each violation down to one fault: of those on its host (or of unknown host) whose window
+    [t0 - 1 s, t1 + ``after_ns``] holds it, the one that began last before it (else the first)."""
     for v in violations:
-        v.faults = sorted({f.kind for f in faults if f.t0 - NS <= v.t <= f.t1 + after_ns})
+        near = [f for f in faults if f.t0 - NS <= v.t <= f.t1 + after_ns
+                and (f.host is None or v.host is None or f.host == v.host)]
+        before = [f for f in near if f.t0 <= v.t]
+        pick = max(before, key=lambda f: f.t0) if before else min(near, key=lambda f: f.t0) if near else None
+        v.faults = [pick.kind] if pick is not None else []
 
 
 def recovery(faults: list[Fault], jobs: dict[str, Job]) -> dict[str, list[float]]:
@@ -302,7 +311,7 @@ def check(job_lines: list[dict[str, Any]], launches: list[dict[str, Any]], fault
     jobs = merge_jobs(job_lines, launches, gpu_host)
     allowance = int((ttl_s + delay_s) * NS)
     fs = [Fault(str(f["kind"]), f.get("host"), int(f["t0"]), int(f["t1"])) for f in faults]
-    vs = [*double_grants(jobs, horizon), *lost_jobs(jobs, horizon),
+    vs = [*double_grants(jobs, horizon, gpu_host), *lost_jobs(jobs, horizon),
           *lost_leases(jobs, observations, gpu_host), *stale_leases(jobs, observations, gpu_host, allowance)]
     sampled = 0
     if history is not None:

@@ -136,3 +136,38 @@ def test_indices_are_read_as_the_gpus_of_the_host_whose_namespace_the_job_ran_in
     report = faults_check.check(resolved[:3], [], [], [], None, GPU_HOST, 5, 10, horizon=20 * S)
     [v] = [v for v in report.violations if v.what == "double_grants"]
     assert "job c" in v.detail and "job a" in v.detail
+
+
+def test_a_violation_is_put_down_to_the_last_fault_on_its_host_before_it() -> None:
+    jobs = [job("a", GPU_A, 10, 20), job("b", GPU_A, 16, 18)]  # double grant at 16 s on node-1
+    faults = [{"kind": "kill9", "host": "node-1", "t0": int(12 * S), "t1": int(13 * S)},
+              {"kind": "sigstop", "host": "node-2", "t0": int(14 * S), "t1": int(15 * S)},  # another host
+              {"kind": "corrupt", "host": "node-1", "t0": int(11 * S), "t1": int(12 * S)}]  # earlier
+    report = run_check(jobs, faults)
+    [v] = report.violations
+    assert v.host == "node-1" and v.faults == ["kill9"]
+
+
+def test_recheck_reads_a_kept_campaign_and_exits_1_on_a_violation(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    (a_lines, a_launch), (b_lines, b_launch) = job("a", GPU_A, 10, 20), job("b", "0", 15, 18, kind="fleet")
+    b_lines = [dict(ln, net="77") for ln in b_lines]  # a fleet job that got an index, on node-1's namespace
+    (tmp_path / "jobs.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in a_lines + b_lines))
+    (tmp_path / "launches.jsonl").write_text(json.dumps(a_launch) + "\n" + json.dumps(b_launch) + "\n")
+    (tmp_path / "faults.jsonl").write_text(json.dumps({"kind": "kill9", "host": "node-1", "t0": 14 * S,
+                                                       "t1": 15 * S}) + "\n")
+    (tmp_path / "leases.jsonl").write_text("")
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "gpu_host": GPU_HOST, "indices": {"77": {"0": GPU_A}}, "ttl": 5, "delay": 10, "horizon": 100 * S,
+        "sample": 10, "seed": 1, "kinds": ["kill9"]}))
+    r = subprocess.run([sys.executable, str(BENCH / "bench_faults.py"), "--recheck", str(tmp_path), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["violations"] == 1 and summary["counts"]["kill9"]["double_grants"] == 1
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, str(BENCH / "bench_faults.py"), "--recheck", str(tmp_path / "nothing")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no campaign records" in r.stderr and "Traceback" not in r.stderr
