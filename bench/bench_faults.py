@@ -471,7 +471,14 @@ class Campaign:
         faults = threading.Thread(target=self.fault_loop, daemon=True)
         for t in [*workers, faults]:
             t.start()
-        while time.monotonic() - start < a.duration:
+        n_kinds = len([k for k in a.kinds if k not in self.skipped])
+        while True:
+            elapsed = time.monotonic() - start
+            with self.rec_lock:
+                injected = len(self.records["faults"])
+            short = injected < a.min_rounds * n_kinds  # every kind its --min-rounds, within 3 x --duration
+            if elapsed >= a.duration and not (short and elapsed < 3 * a.duration):
+                break
             time.sleep(0.5)
         self.stop.set()
         faults.join(120)
@@ -624,6 +631,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault-kinds", default=",".join(FAULT_KINDS),
                     help=f"comma-separated, from {','.join(FAULT_KINDS)} (default all; 'none': no faults)")
     ap.add_argument("--job-kinds", default=",".join(JOB_KINDS), help=f"comma-separated, from {','.join(JOB_KINDS)}")
+    ap.add_argument("--min-rounds", type=int, default=0,
+                    help="go on past --duration (up to 3 x) until every fault kind ran this many times (default 0)")
     ap.add_argument("--gap", type=float, default=6.0, help="mean seconds between faults (default 6)")
     ap.add_argument("--ttl", type=float, default=4.0, help="TTL of remote leases, s (default 4)")
     ap.add_argument("--delay", type=float, default=10.0,

@@ -20,17 +20,17 @@ import pytest
 from netns import unavailable
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_faults.py"
-DURATION = 75  # seconds of jobs and faults; with set-up and the checks about 2 minutes
+DURATION = 60  # seconds of jobs and faults (more until each kind ran once); with set-up and checks 2-3 minutes
 
 
-@pytest.mark.timeout(330)
+@pytest.mark.timeout(420)
 def test_a_short_fault_campaign_finds_no_double_grant_lost_job_lost_lease_or_history_miss(tmp_path: Path) -> None:
     why = unavailable()
     if why:
         pytest.skip(why)
     out = tmp_path / "campaign"
-    argv = [sys.executable, str(BENCH), "--duration", str(DURATION), "--seed", "31", "--hosts", "2", "--gap", "3",
-            "--out", str(out), "--json"]
+    argv = [sys.executable, str(BENCH), "--duration", str(DURATION), "--seed", "31", "--hosts", "2", "--gap", "2",
+            "--min-rounds", "1", "--out", str(out), "--json"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         text, _ = p.communicate(timeout=300)
@@ -40,8 +40,8 @@ def test_a_short_fault_campaign_finds_no_double_grant_lost_job_lost_lease_or_his
         pytest.fail(f"the campaign did not finish in 300 s:\n{text[-3000:]}")
     assert p.returncode in (0, 1), text[-3000:]  # 2: it could not run at all
     summary = json.loads(text.strip().splitlines()[-1])
-    ran = [k for k in summary["injected"]]
-    assert "kill9" in ran and "corrupt" in ran, text  # the faults that need nothing but root ran
-    assert all(summary["injected"][k] >= 1 for k in ran), text  # every kind it ran, at least once
+    ran = summary["injected"]
+    assert {"kill9", "sigstop", "split_long", "disk_full", "corrupt", "second_daemon"} <= set(ran), text
+    assert all(ran[k] >= 1 for k in ran), text  # every kind not skipped (with its reason), at least once
     assert summary["started"] >= 10, text  # jobs really ran between the faults
     assert summary["violations"] == 0, text
