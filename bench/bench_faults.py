@@ -131,7 +131,6 @@ class Campaign:
         self.lan: Any = None
         self.ssh: Any = None
         self.poller: subprocess.Popen[str] | None = None
-        self.extra: list[subprocess.Popen[Any]] = []
         self.mounts: list[Path] = []
         self.job_log = out / "jobs.jsonl"
         self.script = out / "job.py"
@@ -300,14 +299,14 @@ class Campaign:
             out, err = p.communicate()
             return None, out or "", (err or "") + f"\n(campaign: the launcher hung past {timeout:.0f} s, killed)"
 
-    def launch(self, kind: str) -> None:
+    def launch(self, kind: str, rng: random.Random) -> None:
         a = self.args
-        job, dur = self.next_job(), self.rng.uniform(a.job_min, a.job_max)
+        job, dur = self.next_job(), rng.uniform(a.job_min, a.job_max)
         bound = dur + 90
         rec: dict[str, Any] = {"job": job, "kind": kind, "t0": now()}
         gpusd = [sys.executable, "-m", "gpusd"]
         if kind in ("run", "wait"):
-            h = self.rng.choice(self.hosts)
+            h = rng.choice(self.hosts)
             rec["host"] = h.name
             wait = ["--wait", "--timeout", "30"] if kind == "wait" else []
             p = self.lan.popen(h.gpu.node, [*gpusd, "run", "-n", "1", "--uuid", *wait, "--", *self.job_argv(job, dur)],
@@ -376,7 +375,7 @@ class Campaign:
         kinds = [k for k in self.args.jobs if k not in self.skipped]
         while not self.stop.is_set():
             try:
-                self.launch(rng.choice(kinds))
+                self.launch(rng.choice(kinds), rng)  # each worker its own seeded generator
             except Exception as exc:  # the campaign's own failure: recorded, the worker goes on
                 self.record("launches", {"job": self.next_job(), "kind": "error", "t0": now(), "t1": now(),
                                          "rc": None, "reason": f"campaign error: {exc!r}"[:300]})
