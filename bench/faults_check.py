@@ -9,7 +9,9 @@ and the hosts' usage history, and counts violations of gpusd's promises:
 * **lost job**: a job printed ``start`` but neither ``end`` nor a failure of its launcher with a reason;
 * **lost lease**: a running job's GPU was not shown leased on its host (``gpusd leases``' view);
 * **stale lease**: a lease was seen longer than TTL + the documented delay after its holder ended;
-* **history miss**: a finished job (from a sample) has no matching record in its host's usage history.
+* **history miss**: a finished job (from a sample) has no matching record in its host's usage history;
+* **second daemon up**: a second daemon started on a host's lock directory came up instead of refusing;
+* **daemon death**: a daemon died of a fault it should have survived (and was restarted by the campaign).
 
 Each violation is put down to one fault: of the faults on its host whose window (from the fault's start
 to its end plus TTL, the delay and a margin) holds the moment of the violation, the one that began last
@@ -26,7 +28,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 NS = 1_000_000_000
-COLUMNS = ("double_grants", "lost_jobs", "lost_leases", "stale_leases", "history_misses")
+COLUMNS = ("double_grants", "lost_jobs", "lost_leases", "stale_leases", "history_misses", "second_daemons",
+           "daemon_deaths")
 
 
 @dataclass
@@ -86,7 +89,7 @@ class Report:
 
     def table(self) -> str:
         head = ["fault kind", "injected", "double grants", "lost jobs", "lost leases", "stale leases",
-                "history misses", "recover p50 s"]
+                "history misses", "2nd daemon up", "daemon died", "recover p50 s"]
         rows = []
         for kind, c in self.counts().items():
             rec = sorted(self.recover_s.get(kind, []))
@@ -280,6 +283,20 @@ def history_misses(jobs: dict[str, Job], rows: list[dict[str, Any]], sample: int
     return out, len(picked)
 
 
+def fault_outcomes(faults: list[dict[str, Any]]) -> list[Violation]:
+    """What the faults' own records show: a second daemon that came up on a lock directory in use, a
+    daemon that died of a fault."""
+    out = []
+    for f in faults:
+        host, t0 = f.get("host"), int(f["t0"])
+        if f.get("second_started"):
+            out.append(Violation("second_daemons", t0, f"a second daemon on {host}'s lock directory came up "
+                                 "instead of refusing", host=host))
+        if f.get("died"):
+            out.append(Violation("daemon_deaths", t0, f"{host}'s daemon died of {f.get('kind')}", host=host))
+    return out
+
+
 def attribute(violations: list[Violation], faults: list[Fault], after_ns: int) -> None:
     """Put each violation down to one fault: of those on its host (or of unknown host) whose window
     [t0 - 1 s, t1 + ``after_ns``] holds it, the one that began last before it (else the first)."""
@@ -312,7 +329,8 @@ def check(job_lines: list[dict[str, Any]], launches: list[dict[str, Any]], fault
     allowance = int((ttl_s + delay_s) * NS)
     fs = [Fault(str(f["kind"]), f.get("host"), int(f["t0"]), int(f["t1"])) for f in faults]
     vs = [*double_grants(jobs, horizon, gpu_host), *lost_jobs(jobs, horizon),
-          *lost_leases(jobs, observations, gpu_host), *stale_leases(jobs, observations, gpu_host, allowance)]
+          *lost_leases(jobs, observations, gpu_host), *stale_leases(jobs, observations, gpu_host, allowance),
+          *fault_outcomes(faults)]
     sampled = 0
     if history is not None:
         miss, sampled = history_misses(jobs, history, sample, seed)

@@ -171,3 +171,13 @@ def test_recheck_reads_a_kept_campaign_and_exits_1_on_a_violation(tmp_path: Path
     r = subprocess.run([sys.executable, str(BENCH / "bench_faults.py"), "--recheck", str(tmp_path / "nothing")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no campaign records" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_second_daemon_that_came_up_and_a_daemon_that_died_are_violations() -> None:
+    faults = [{"kind": "second_daemon", "host": "node-1", "t0": 10 * S, "t1": 12 * S, "second_started": True},
+              {"kind": "second_daemon", "host": "node-2", "t0": 20 * S, "t1": 22 * S, "second_started": False},
+              {"kind": "disk_full", "host": "node-2", "t0": 40 * S, "t1": 43 * S, "died": True}]
+    report = run_check([], faults)
+    assert sorted(kinds(report)) == ["daemon_deaths", "second_daemons"]
+    counts = report.counts()
+    assert counts["second_daemon"]["second_daemons"] == 1 and counts["disk_full"]["daemon_deaths"] == 1
