@@ -25,7 +25,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 NS = 1_000_000_000
 COLUMNS = ("double_grants", "lost_jobs", "lost_leases", "stale_leases", "history_misses", "second_daemons",
@@ -263,11 +263,19 @@ def stale_leases(jobs: dict[str, Job], observations: Iterable[dict[str, Any]], g
 
 
 def history_misses(jobs: dict[str, Job], rows: list[dict[str, Any]], sample: int, seed: int,
-                   slack_s: float = 3.0, min_s: float = 1.5) -> tuple[list[Violation], int]:
+                   slack_s: float = 3.0, min_s: float = 1.5,
+                   skewed: Sequence[Fault] = ()) -> tuple[list[Violation], int]:
     """Jobs (a seeded sample of those that ran at least ``min_s``) with no history record of a lease or
-    process on their GPU overlapping their run (wall clock, ``slack_s`` either side)."""
+    process on their GPU overlapping their run (wall clock, ``slack_s`` either side).  A job that ran on
+    a host while one of ``skewed`` (its daemon's wall clock stepped, not the job's) is not compared: the
+    two sides' wall clocks differ then, where a real step moves both."""
+    def comparable(j: Job) -> bool:
+        return not any(f.host in (None, j.host) and j.start is not None and j.end is not None
+                       and j.start <= f.t1 + 2 * NS and j.end >= f.t0 for f in skewed)
+
     done = sorted((j for j in jobs.values() if j.start is not None and j.end is not None and j.gpus
-                   and j.wall_start and j.wall_end and j.wall_end - j.wall_start >= min_s), key=lambda j: j.job)
+                   and j.wall_start and j.wall_end and j.wall_end - j.wall_start >= min_s and comparable(j)),
+                  key=lambda j: j.job)
     picked = random.Random(seed).sample(done, min(sample, len(done)))
     out = []
     for j in picked:
@@ -333,7 +341,7 @@ def check(job_lines: list[dict[str, Any]], launches: list[dict[str, Any]], fault
           *fault_outcomes(faults)]
     sampled = 0
     if history is not None:
-        miss, sampled = history_misses(jobs, history, sample, seed)
+        miss, sampled = history_misses(jobs, history, sample, seed, skewed=[f for f in fs if f.kind == "clock_step"])
         vs += miss
     attribute(vs, fs, allowance + 5 * NS)
     injected = dict.fromkeys(kinds, 0)

@@ -181,3 +181,12 @@ def test_a_second_daemon_that_came_up_and_a_daemon_that_died_are_violations() ->
     assert sorted(kinds(report)) == ["daemon_deaths", "second_daemons"]
     counts = report.counts()
     assert counts["second_daemon"]["second_daemons"] == 1 and counts["disk_full"]["daemon_deaths"] == 1
+
+
+def test_a_job_that_ran_while_its_daemons_clock_was_stepped_is_not_compared_with_the_history() -> None:
+    # only the daemon's wall clock moves (libfaketime): its history is stamped on another clock then
+    jobs = [job("a", GPU_A, 10, 13), job("b", GPU_B, 30, 33)]
+    step = [{"kind": "clock_step", "host": "node-1", "t0": 9 * S, "t1": 12 * S, "step_s": 40}]
+    report = run_check(jobs, step, history=[])
+    assert kinds(report) == ["history_misses"] and "job b" in report.violations[0].detail
+    assert report.sampled == 1
