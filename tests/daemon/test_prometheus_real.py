@@ -286,7 +286,8 @@ async def test_amds_gpu_dashboard_shows_data_in_every_panel_amdsmi_feeds(tmp_pat
                 for g in gpus:
                     labels = g["metric"]
                     values = {"g_metrics_prefix": "", "g_gpu_uuid": labels["gpu_uuid"],
-                              "g_hostname": labels["hostname"], "g_gpu_id": labels["gpu_id"], "g_cluster_name": labels["cluster_name"],
+                              "g_hostname": labels["hostname"], "g_gpu_id": labels["gpu_id"],
+                              "g_cluster_name": labels["cluster_name"],
                               "__interval": "1m", "__rate_interval": "1m"}
                     for title, exprs in panels:
                         for expr in exprs:
