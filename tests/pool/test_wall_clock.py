@@ -62,3 +62,27 @@ async def test_a_wall_clock_step_back_extends_no_remote_lease(tmp_path: Path,
         await wait_until(lambda: r.data["lease_id"] not in d.pool.held, 30, what="the lease expired")
         r2 = await asyncio.to_thread(call, d, "POST", f"/leases/{r.data['lease_id']}/renew", {})
         assert r2.status == 404, r2.data
+
+
+def test_a_wall_clock_step_forward_does_not_end_a_reservation_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder's side: ``--for`` (``until``) is kept on the monotonic clock by the renewing thread."""
+    from types import SimpleNamespace
+
+    from gpusd.pool.client import Reservation
+    from gpusd.wire.signing import FleetKey
+    from waiting import wait_until_sync
+
+    res = Reservation([SimpleNamespace(ttl=1.5)], FleetKey(TOKEN))  # type: ignore[list-item]
+    renewals: list[float] = []
+    released: list[bool] = []
+    monkeypatch.setattr(res, "renew", lambda ttl=None: renewals.append(1))
+    monkeypatch.setattr(res, "release", lambda: released.append(True))
+    try:
+        res.start_renewing(until=time.time() + 600)
+        step(monkeypatch, 3600)  # past `until` on the wall clock
+        wait_until_sync(lambda: len(renewals) >= 2 or released, 30, what="two heartbeats")
+        assert not released and len(renewals) >= 2
+        left = res.left()
+        assert left is not None and 0 < left <= 600
+    finally:
+        res._stop.set()

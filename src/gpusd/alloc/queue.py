@@ -22,8 +22,8 @@ ticket started waiting is its file's ``ctime`` (set by the kernel when it is ren
 owner can only move it later; read as its age on the wall clock, so a wall-clock step does shift such
 tickets), its owner is the file's uid, and a "preempted" claim counts only when ``/proc/locks``
 shows the claimed process holding the ticket's lock, owned by the same uid; its place is then the start
-time of that process (from ``/proc``, on the boot-time clock), which nobody can set.  A user thus gains nothing by claiming: at
-best the place they would have had by queueing when that process started.
+time of that process (from ``/proc``, on the boot-time clock), which nobody can set.  A user thus
+gains nothing by claiming: at best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
 selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it
@@ -329,9 +329,10 @@ def boottime() -> float:
 
 def _since_boot(claimed: object, st: os.stat_result, now: float, now_boot: float, trusted: bool) -> float:
     """When a ticket started waiting, on the boot-time clock.  The lease authority's tickets (root's,
-    or any in its own directory, ``trusted``) say it (``since_boot``) and are believed; another user's ticket could claim any time, so its
-    place comes from the kernel's ``ctime`` of its file (a wall time: its age on the wall clock, the
-    one thing a user cannot set, at the price that a wall-clock step shifts such tickets)."""
+    or any in its own directory, ``trusted``) say it (``since_boot``) and are believed; another
+    user's ticket could claim any time, so its place comes from the kernel's ``ctime`` of its file
+    (a wall time: its age on the wall clock, the one thing a user cannot set, at the price that a
+    wall-clock step shifts such tickets)."""
     if trusted and type(claimed) in (int, float) and 0 <= claimed <= now_boot:  # type: ignore[operator]
         return float(claimed)  # type: ignore[arg-type]
     return now_boot - max(0.0, now - st.st_ctime_ns / 1e9)
