@@ -106,6 +106,12 @@ def _free(store_dir: str, uuid: str) -> bool:
     return True
 
 
+def _machine_leases() -> list[Any]:
+    from gpusd.alloc.leases import LeaseStore
+
+    return [le for le in LeaseStore().leases() if not le.unleased]
+
+
 def _keeper_names(state: Path) -> list[str] | None:
     from gpusd.daemon.keeper import KeeperClient
 
@@ -146,6 +152,8 @@ def test_a_remote_lease_survives_kill_9_of_the_daemon_through_the_keeper(tmp_pat
         assert r.status == 200, r.data
         [listed] = d.call("GET", "/leases").data["leases"]
         assert listed["lease_id"] == lease_id and listed["devices"][0]["uuid"] == uuid
+        # and every view of this machine's leases (`gpusd leases`, devices, snapshots) shows it again
+        assert [(le.lease_id, le.device) for le in _machine_leases()] == [(lease_id, uuid)]
         assert "took back remote lease" in d.log()
         # the same GPU is not granted to anyone else
         other = d.call("POST", "/leases", {"count": 2, "holder": "bob@desk", "ttl": 30})
@@ -224,11 +232,12 @@ def test_a_dead_keeper_takes_no_lease_with_it_while_the_daemon_runs(tmp_path: Pa
         wait_until_sync(lambda: f"lease-{lease_id}" in (_keeper_names(d.state) or []), 30, what="the keeper holds it")
         _kill_keeper(d.state)
         assert not _free(store, uuid)  # the daemon co-holds
-        assert d.call("POST", f"/leases/{lease_id}/renew", {}).status == 200
-        # the renewal handed the lease to a new keeper: it survives the daemon again
+        # the daemon sees its keeper gone and hands the lease to a new one: it survives the daemon again
         wait_until_sync(lambda: f"lease-{lease_id}" in (_keeper_names(d.state) or []), 30, what="a new keeper")
         d.kill()
         assert not _free(store, uuid)
+        d.start()
+        assert d.call("POST", f"/leases/{lease_id}/renew", {}).status == 200
     finally:
         d.stop()
         _kill_keeper(d.state)

@@ -604,7 +604,13 @@ class LeaseStore:
                 except OSError:
                     dst = None
                 locks = table.get(lock_key(dst), []) if (table is not None and dst is not None) else []
-                if not any(pid in holders and excl != rec["shared"] for pid, excl in locks):
+                # /proc/locks names the process that took a lock, even after it handed the open file on
+                # and died.  In the lease authority's own directory only its user can open a lock file,
+                # so a device lock held there in the claimed mode is the record's even under another pid
+                # (a remote lease a restarted daemon took back, its record rewritten since: docs/pool.md)
+                anyone = self.private and st.st_uid in (0, os.geteuid()) and dst is not None and \
+                    dst.st_uid == st.st_uid
+                if not any((anyone or pid in holders) and excl != rec["shared"] for pid, excl in locks):
                     log.debug("ignoring lease file %s of %s: it claims %s, which its holder does not hold",
                                 name, user_name(st.st_uid), _safe(dev)[:64])
                     return []

@@ -260,18 +260,32 @@ class KeeperClient:
         return fds
 
     def kill(self) -> None:
-        """End a keeper that did not answer within the bound (its copies close with it)."""
-        if self.pid is not None:
+        """End a keeper that did not answer within the bound (its copies close with it).  Only a
+        process that is surely it: our child not yet reaped, or a process whose command line is this
+        keeper's for this state directory (a pid alone may have been reused)."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                try:
+                    self.proc.wait(TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    pass
+        elif self.pid is not None and self._is_keeper(self.pid):
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except OSError:
                 pass
-        if self.proc is not None:
-            try:
-                self.proc.wait(TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pass
         self.proc = self.pid = None
+
+    def _is_keeper(self, pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read(8192).split(b"\0")
+            st = os.stat(f"/proc/{pid}")
+        except OSError:
+            return False
+        return st.st_uid == os.geteuid() and b"gpusd.daemon.keeper" in argv and \
+            os.fsencode(str(self.state_dir)) in argv
 
     def reap(self) -> None:
         """Collect a keeper that exited (it was our child)."""

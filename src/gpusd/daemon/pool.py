@@ -67,6 +67,7 @@ MAX_BODY = 16384
 MAX_HOLDER = 64
 MAX_NOTE = 512
 CHECK_EVERY = 0.25  # seconds between expiry checks
+KEEPER_CHECK_EVERY = 20  # expiry checks (5 s) between looks at whether the keeper still runs
 ADOPT_WAIT = 10.0  # seconds a renewal waits for the leases of a previous run to be taken back
 
 
@@ -250,6 +251,25 @@ class Pool:
         if self.keeper.pid is None or not self.keeper.running():
             self.keeper.start()
         return self.keeper
+
+    def _check_keeper(self) -> None:
+        """A keeper that died is replaced and handed every lease again (on :attr:`keeping`): until
+        then the leases would not outlive this daemon."""
+        if self.fdstore or self.keeper is None or not any(h.coheld for h in list(self.held.values())):
+            return
+        self.keeper.reap()
+        if self.keeper.running():
+            return
+        log.warning("the lease keeper is gone: starting another")
+        self.keeper.proc = self.keeper.pid = None  # gone: nothing to stop
+        try:
+            self.keeper.start()
+        except OSError as exc:
+            log.warning("cannot start the lease keeper: %s", exc)
+            return
+        for held in list(self.held.values()):
+            if not held.renewing:
+                self._co_hold_again(held)
 
     def _let_go(self, lease_id: str) -> None:
         """The co-holder closes its copies (bounded; a keeper that does not answer is stopped)."""
@@ -564,6 +584,8 @@ class Pool:
             for lease_id in [k for k, h in self.held.items() if h.deadline <= now]:
                 self.end(lease_id, "expired")
             self.checks += 1
+            if self.checks % KEEPER_CHECK_EVERY == 0 and self.keeper is not None:
+                self.keeping.submit(self._check_keeper)
 
     async def close(self) -> None:
         if self.task is not None:

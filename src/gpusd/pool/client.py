@@ -124,7 +124,8 @@ class Reservation:
             reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, body)
             if reply.status == 404:
                 self.lost.set()
-                raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
+                raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone "
+                                 "(released, expired, or its host rebooted)")
             if reply.status != 200:
                 raise refusal(reply, f"{p.hostname}: renewing failed (HTTP {reply.status})")
             if isinstance(reply.data, dict) and type(reply.data.get("expires")) in (int, float):
