@@ -167,6 +167,23 @@ def test_a_remote_lease_survives_kill_9_of_the_daemon_through_the_keeper(tmp_pat
         _kill_keeper(d.state)
 
 
+def test_a_clean_restart_keeps_the_remote_leases_too(tmp_path: Path) -> None:
+    """`gpusd stop` (SIGTERM) then a start, as `systemctl restart` does: the lease is left to the keeper."""
+    d = Daemon(tmp_path)
+    d.start()
+    try:
+        lease_id, uuid, store = _grant(d)
+        wait_until_sync(lambda: f"lease-{lease_id}" in (_keeper_names(d.state) or []), 30, what="the keeper holds it")
+        d.stop()
+        assert "left to the keeper" in d.log()
+        assert not _free(store, uuid)
+        d.start()
+        assert d.call("POST", f"/leases/{lease_id}/renew", {}).status == 200
+    finally:
+        d.stop()
+        _kill_keeper(d.state)
+
+
 def test_the_outage_counts_against_the_lease(tmp_path: Path) -> None:
     """The remaining time is kept across the restart, on the boot-time clock: not reset to the TTL."""
     d = Daemon(tmp_path)

@@ -19,7 +19,8 @@ keeper's own user (``SO_PEERCRED``) is served, each connection within :data:`TIM
 It lets go of a lease by itself when the daemon's record of it (``STATE_DIR/remote-leases``,
 :mod:`gpusd.daemon.poolstate`) is gone or says it expired (boot-time clock) more than
 :data:`GRACE` seconds ago, so a lease no daemon takes back ends on time; and it exits when it holds
-nothing.  Imports only the standard library (it starts on the grant path).
+nothing (for :data:`IDLE_EXIT` seconds: the next lease often follows).  Imports only the standard
+library.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ SOCKET_NAME = "keeper.sock"
 TIMEOUT = 2.0  # seconds: the bound on every exchange with the keeper, either side
 GRACE = 2.0  # seconds past a record's expiry before the keeper lets go (the daemon ends it first)
 TICK = 1.0  # seconds between the keeper's looks at the records
-IDLE_EXIT = 10.0  # seconds a keeper that never got anything waits before it exits
+IDLE_EXIT = 10.0  # seconds a keeper holding nothing waits before it exits (a new lease often follows)
 MAX_LINE = 4096
 MAX_FDS = 250  # per message (the kernel's SCM_MAX_FD is 253)
 MAX_NAMES = 4096
@@ -76,7 +77,6 @@ class Keeper:
         self.state_dir = state_dir
         self.listener = listener
         self.held: dict[str, list[int]] = {}
-        self.ever = False  # got something once
 
     def _expired(self, name: str, now: float) -> bool:
         """The daemon's record of ``name`` is gone, damaged, or expired more than GRACE ago."""
@@ -112,7 +112,6 @@ class Keeper:
         if op == "hold" and fds and (name in self.held or len(self.held) < MAX_NAMES):
             _close(self.held.pop(name, []))
             self.held[name] = fds
-            self.ever = True
             conn.sendall(b"ok\n")
             return
         _close(fds)
@@ -127,7 +126,7 @@ class Keeper:
             conn.sendmsg([json.dumps({"count": len(mine)}).encode() + b"\n"], anc)
 
     def run(self) -> int:
-        started = time.monotonic()
+        idle_since = time.monotonic()  # when it last held nothing
         last_sweep = 0.0
         while True:
             ready, _, _ = select.select([self.listener], [], [], TICK)
@@ -145,7 +144,9 @@ class Keeper:
             if time.monotonic() - last_sweep >= TICK:
                 self.sweep()
                 last_sweep = time.monotonic()
-            if not self.held and (self.ever or time.monotonic() - started > IDLE_EXIT):
+            if self.held:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_EXIT:
                 return 0
 
 

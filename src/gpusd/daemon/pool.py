@@ -248,7 +248,7 @@ class Pool:
         if self.keeper is None:
             self.keeper = KeeperClient(self.state_dir)
         self.keeper.reap()
-        if self.keeper.pid is None or not self.keeper.running():
+        if self.keeper.pid is None:  # one that died meanwhile fails the hold, which starts another
             self.keeper.start()
         return self.keeper
 

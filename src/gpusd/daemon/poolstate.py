@@ -27,8 +27,17 @@ MAX_RECORD = 65536
 MAX_RECORDS = 4096
 
 
+_boot_id: list[str | None] = []
+
+
 def boot_id() -> str | None:
-    """This boot's id (None where the kernel does not say)."""
+    """This boot's id (None where the kernel does not say); read once."""
+    if not _boot_id:
+        _boot_id.append(_read_boot_id())
+    return _boot_id[0]
+
+
+def _read_boot_id() -> str | None:
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             raw = f.read(64).strip().decode("ascii", "replace")
