@@ -89,7 +89,7 @@ class Daemon:
                             key=FleetKey(self.token.read_text().strip()), node_id=self.node)
 
     def record(self, lease_id: str) -> dict[str, Any]:
-        return json.loads((self.state / "remote-leases" / f"lease-{lease_id}.json").read_text())
+        return json.loads((self.state / "remote-leases" / f"{lease_id}.json").read_text())
 
     def log(self) -> str:
         return (self.tmp / "log").read_text(errors="replace")
@@ -208,7 +208,7 @@ def test_after_a_reboot_the_lease_is_dropped_and_said(tmp_path: Path) -> None:
         lease_id, uuid, store = _grant(d)
         wait_until_sync(lambda: f"lease-{lease_id}" in (_keeper_names(d.state) or []), 30, what="the keeper holds it")
         d.kill()
-        path = d.state / "remote-leases" / f"lease-{lease_id}.json"
+        path = d.state / "remote-leases" / f"{lease_id}.json"
         rec = json.loads(path.read_text())
         path.write_text(json.dumps({**rec, "boot_id": "00000000-0000-0000-0000-000000000000"}))  # another boot
         d.start()
@@ -231,7 +231,7 @@ def test_a_damaged_record_costs_that_lease_only(tmp_path: Path) -> None:
         wait_until_sync(lambda: {f"lease-{first}", f"lease-{second}"} <= set(_keeper_names(d.state) or []), 30,
                         what="the keeper holds both")
         d.kill()
-        (d.state / "remote-leases" / f"lease-{first}.json").write_bytes(b"\x00junk{")
+        (d.state / "remote-leases" / f"{first}.json").write_bytes(b"\x00junk{")
         d.start()
         assert d.call("POST", f"/leases/{second}/renew", {}).status == 200
         assert d.call("POST", f"/leases/{first}/renew", {}).status == 404

@@ -455,6 +455,7 @@ class Pool:
             return 409, {**to_wire(NoGpuAvailable(SLURM_REFUSAL), http=True), "reason": "slurm"}
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
+        await self._adopted()  # the previous run's leases first: they count against the caps and GPUs
         # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
         # member at that address -- never the 'holder' name the request declares (issue 20)
         holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"

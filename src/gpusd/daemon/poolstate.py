@@ -1,6 +1,6 @@
 """The remote leases written down, so that a restarted daemon takes them back (docs/pool.md).
 
-One file per lease, ``STATE_DIR/remote-leases/lease-<ID>.json`` (mode 0600 in a 0700 directory of the
+One file per lease, ``STATE_DIR/remote-leases/<ID>.json`` (mode 0600 in a 0700 directory of the
 daemon's own; a directory that is a link, another user's or open to others is neither written nor
 read): the lease's terms, the boot it was granted in (``/proc/sys/kernel/random/boot_id``) and its
 expiry on the boot-time clock (``CLOCK_BOOTTIME``, which a wall-clock step does not move and a
@@ -52,7 +52,7 @@ def boottime() -> float:
 
 
 def _name(lease_id: str) -> str:
-    return f"lease-{lease_id}.json"
+    return f"{lease_id}.json"
 
 
 def _open_dir(state_dir: Path, create: bool) -> int | None:
@@ -207,9 +207,9 @@ def load(state_dir: Path) -> dict[str, dict[str, Any]]:
                 except OSError:
                     pass
                 continue
-            if not (name.startswith("lease-") and name.endswith(".json")):
+            if not name.endswith(".json"):
                 continue
-            lease_id = name[6:-5]
+            lease_id = name[:-5]
             d = _read(dfd, name)
             try:
                 if not LeaseId.is_valid(lease_id) or d is None:
