@@ -198,7 +198,15 @@ class Pool:
                 "env": held.selection.env(), "store": str(lease.path.parent), "record": lease.record}
         if not poolstate.write(self.state_dir, held.lease_id, data):
             return
-        copies = [os.dup(fd) for fd in lease.fds]  # numbers that cannot be reused under the other thread
+        copies: list[int] = []
+        try:
+            for fd in lease.fds:
+                copies.append(os.dup(fd))  # numbers that cannot be reused under the other thread
+        except OSError as exc:  # out of descriptors: the lease holds, it just would not outlive us
+            log.warning("remote lease %s will not outlive this daemon: %s", held.lease_id, exc)
+            for fd in copies:
+                os.close(fd)
+            return
         self.keeping.submit(self._co_hold, held, copies)
 
     def _co_hold(self, held: Held, copies: list[int]) -> None:
