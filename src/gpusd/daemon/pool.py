@@ -367,6 +367,7 @@ class Pool:
             if lease is None:
                 self._drop_kept(lease_id, [])
                 continue
+            remaining = float(d["expires_boot"]) - poolstate.boottime()  # the time taking it back took counts
             now = time.monotonic()
             held = Held(lease_id, poolstate.Adopted(lease, d["env"]), d["holder"], d["note"], d["remote_from"],
                         float(d["ttl"]), float(d["started"]), now - (poolstate.boottime() - float(d["born_boot"])),
