@@ -168,7 +168,8 @@ def test_a_local_user_cannot_jump_the_queue_by_forging_numbers_times_or_urgency(
 
     def forge() -> str:
         _forge_ticket(shared_locks, "queue-000000000001-1-abcd.ticket",
-                      {"pid": os.getpid(), "user": "root", "count": 1, "since": 0, "priority": URGENT})
+                      {"pid": os.getpid(), "user": "root", "count": 1, "since": 0, "since_boot": 0,
+                       "priority": URGENT})
         return "forged"
 
     mallory = AsUser(MALLORY, forge, stay=True)

@@ -176,15 +176,16 @@ def test_the_daemon_keeps_the_end_its_holder_announced() -> None:
     from gpusd.daemon.config import DaemonConfig
 
     held = dpool.Held("ab12", SimpleNamespace(env=lambda: {}, release=lambda: None), "me", None, None, 30.0,
-                      time.time(), time.time() + 30)
+                      time.time(), time.monotonic(), time.monotonic() + 30)
     p = dpool.Pool(SimpleNamespace(hostname="h", node_id="n", config=DaemonConfig()))  # type: ignore[arg-type]
-    p._renew = lambda held, expires: None  # type: ignore[method-assign]
+    p._renew = lambda held, remaining, ttl: None  # type: ignore[method-assign]
     p.held["ab12"] = held
     status, out = asyncio.run(p.renew("ab12", {"left": 7200}))
     assert status == 200 and out["ends"] == pytest.approx(time.time() + 7200, abs=5)
     status, out = asyncio.run(p.renew("ab12", {"left": "soon"}))  # ignored: the last end stays
     assert status == 200 and out["ends"] == pytest.approx(time.time() + 7200, abs=5)
     p.executor.shutdown()
+    p.keeping.shutdown()
 
 
 def test_a_reserved_gpu_in_list_reads_as_a_ttl_not_an_unknown_user() -> None:

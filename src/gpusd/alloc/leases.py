@@ -651,7 +651,13 @@ class LeaseStore:
                 except OSError:
                     dst = None
                 locks = table.get(lock_key(dst), []) if (table is not None and dst is not None) else []
-                if not any(pid in holders and excl != rec["shared"] for pid, excl in locks):
+                # /proc/locks names the process that took a lock, even after it handed the open file on
+                # and died.  In the lease authority's own directory only its user can open a lock file,
+                # so a device lock held there in the claimed mode is the record's even under another pid
+                # (a remote lease a restarted daemon took back, its record rewritten since: docs/pool.md)
+                anyone = self.private and st.st_uid in (0, os.geteuid()) and dst is not None and \
+                    dst.st_uid == st.st_uid
+                if not any((anyone or pid in holders) and excl != rec["shared"] for pid, excl in locks):
                     log.debug("ignoring lease file %s of %s: it claims %s, which its holder does not hold",
                                 name, user_name(st.st_uid), _safe(dev)[:64])
                     return []
@@ -825,6 +831,70 @@ class LeaseStore:
         lease.record = record
         if old >= 0:
             os.close(old)
+
+    def adopt(self, lease_id: str, record: dict[str, Any], fds: list[int], holder: Holder,
+              **changes: Any) -> Lease | None:
+        """Take back lease ``lease_id`` from descriptors another process kept for it (a restarted
+        daemon, its remote leases: docs/pool.md).  ``record`` is what its record said; ``fds`` are
+        believed only as far as they are, each, the lock file of one of the record's devices in this
+        directory (same device and inode) whose lock they still hold (a device lock someone else holds
+        refuses the adoption).  The record is then written anew with ``changes``, locked by us (the
+        old one's lock may have gone with the process that died).  Returns the lease, or None (every
+        descriptor closed; the reason logged) when they are not.  Takes the store's mutex."""
+        import stat as _stat
+
+        from ..ids import LeaseId
+
+        devices = record.get("devices")
+        shared = record.get("shared") is True
+        memory = record.get("memory") if type(record.get("memory")) is int else None
+        mine: list[int] = []
+        spare = list(fds)
+        dfd = -1
+        try:
+            if not LeaseId.is_valid(lease_id) or not isinstance(devices, list) or not devices or \
+                    not all(isinstance(d, str) for d in devices):
+                raise GpusdError("its record names no devices")
+            dfd = self._writable()
+            with self.mutex():
+                ids = {}
+                for fd in spare:
+                    try:
+                        st = os.fstat(fd)
+                    except OSError:
+                        continue
+                    if _stat.S_ISREG(st.st_mode):
+                        ids[(st.st_dev, st.st_ino)] = fd
+                for dev in devices:
+                    try:
+                        st = os.stat(f"gpu-{_safe(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        raise GpusdError(f"the lock file of {_safe(dev)[:64]} is gone") from None
+                    fd = ids.pop((st.st_dev, st.st_ino), -1)
+                    if fd < 0:
+                        raise GpusdError(f"no descriptor of {_safe(dev)[:64]}'s lock was kept")
+                    spare.remove(fd)
+                    mine.append(fd)
+                    if not try_lock(fd, shared):  # ours still holds it (a no-op), unless someone else does
+                        raise GpusdError(f"{_safe(dev)[:64]} is locked by {describe_holders(fd)}")
+                lease = Lease(lease_id, list(devices), shared, memory, self.dir / f"lease-{lease_id}.json", mine,
+                              -1, dir_fd=dfd, record={**record, "lease_id": lease_id}, holder=holder)
+                mine, dfd = [], -1  # the lease's now
+                try:
+                    self.rewrite(lease, **changes)
+                except BaseException:
+                    lease.release()
+                    raise
+            return lease
+        except (GpusdError, OSError) as exc:
+            log.warning("cannot take back lease %s: %s", lease_id[:40], exc)
+            return None
+        finally:
+            for fd in (*mine, *spare, *([dfd] if dfd >= 0 else [])):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def join(self, lease: Lease, extra: Lease) -> None:
         """``extra``'s devices join ``lease`` (a job grown under its lease): one record names them

@@ -11,12 +11,19 @@ it (the price: while the head waits for 4 GPUs, 1-GPU jobs behind it wait too). 
 wait (no ``--wait``) does not jump the queue either: while anyone who would be ahead of it is queued,
 it is told so and refused.
 
-What orders tickets comes from the kernel wherever another user could lie: the time a ticket started
-waiting is its file's ``ctime`` (set by the kernel when it is renamed into place; its owner can only
-move it later), its owner is the file's uid, and a "preempted" claim counts only when ``/proc/locks``
+Time: the order and the aging run on the boot-time clock (``CLOCK_BOOTTIME``: monotonic, one for every
+process of the machine), never on the wall clock, so an NTP step or a VM resume neither reorders the
+queue nor ages (or un-ages) every waiter at once.  A ticket says when it started waiting on that clock
+(``since_boot``), which is believed of the lease authority's tickets (root's, or in its own
+directory: where the daemon's clients queue).
+
+What orders tickets comes from the kernel wherever another user could lie: the time another user's
+ticket started waiting is its file's ``ctime`` (set by the kernel when it is renamed into place; its
+owner can only move it later; read as its age on the wall clock, so a wall-clock step does shift such
+tickets), its owner is the file's uid, and a "preempted" claim counts only when ``/proc/locks``
 shows the claimed process holding the ticket's lock, owned by the same uid; its place is then the start
-time of that process (from ``/proc``), which nobody can set.  A user thus gains nothing by claiming: at
-best the place they would have had by queueing when that process started.
+time of that process (from ``/proc``, on the boot-time clock), which nobody can set.  A user thus
+gains nothing by claiming: at best the place they would have had by queueing when that process started.
 
 Mechanics: each waiter holds ``LOCK_EX`` on its own ticket file, numbered from ``queue.seq`` under the
 selection mutex.  A waiter that is not at the head blocks on the ticket of the waiter just ahead of it
@@ -132,9 +139,12 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
         # Locked before it is visible: a ticket others can lock is a dead waiter's, and is removed.
         tfd = create_exclusive(dfd, f".queue-{tag}.tmp", store.dir, lock=True)
         try:
+            # since_boot: when it started waiting on the boot-time clock, which orders and ages the
+            # tickets of the lease authority (root's: believed) whatever the wall clock does
             write_new(dfd, tfd, f".queue-{tag}.tmp", name, json.dumps(
                 {"pid": pid or os.getpid(), "user": user or current_user(), "count": count, "since": time.time(),
-                 "command": command, "priority": priority, "resume": resume}).encode(), store.dir)
+                 "since_boot": boottime(), "command": command, "priority": priority, "resume": resume}).encode(),
+                store.dir)
         except BaseException:
             os.close(tfd)
             raise
@@ -204,7 +214,7 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
         return out
     policy = load_policy()
     locks: dict[str, list[tuple[int, bool]]] | None = None
-    now = time.time()
+    now, now_boot = time.time(), boottime()
     try:
         from .leaseview import ticket_names
 
@@ -248,21 +258,21 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
             if st.st_uid not in bound:
                 bound[st.st_uid] = policy.max_for(st.st_uid)
             priority = capped(d.get("priority"), bound[st.st_uid])
-            place = since
+            place = _since_boot(d.get("since_boot"), st, now, now_boot, store.private or st.st_uid == 0)
             resumed = False
             if d.get("resume") is True and pid is not None:
                 if locks is None:
                     locks = flock_table() or {}
                 if (pid, True) in locks.get(lock_key(st), []):
-                    started = _process_start(pid)
-                    if started is not None and started <= since:
+                    started = _process_start_boot(pid)
+                    if started is not None and started <= place:
                         place, resumed = started, True
             out.append((Waiter(
                 position=0, seq=int(m.group(1)), ticket=name, pid=pid,
                 user=user[:64] if isinstance(user, str) else None,
                 count=count if type(count) is int and count > 0 else None, since=since,
                 command=command[:1024] if isinstance(command, str) else None,
-                priority=priority, level=policy.aged(priority, now - since), resumed=resumed, uid=st.st_uid),
+                priority=priority, level=policy.aged(priority, now_boot - place), resumed=resumed, uid=st.st_uid),
                 place, store.dir / name))
     except OSError:
         pass
@@ -318,6 +328,33 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
 def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:
     """The waiters who would be ahead of a job of (believed) ``priority`` that joined now."""
     return [w for w, _, _ in _order(_scan(store, cleanup=True), _shares(store)) if w.level >= priority]
+
+
+def boottime() -> float:
+    """The boot-time clock: monotonic, the same for every process of this boot (a wall-clock step does
+    not move it)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _since_boot(claimed: object, st: os.stat_result, now: float, now_boot: float, trusted: bool) -> float:
+    """When a ticket started waiting, on the boot-time clock.  The lease authority's tickets (root's,
+    or any in its own directory, ``trusted``) say it (``since_boot``) and are believed; another
+    user's ticket could claim any time, so its place comes from the kernel's ``ctime`` of its file
+    (a wall time: its age on the wall clock, the one thing a user cannot set, at the price that a
+    wall-clock step shifts such tickets)."""
+    if trusted and type(claimed) in (int, float) and 0 <= claimed <= now_boot:  # type: ignore[operator]
+        return float(claimed)  # type: ignore[arg-type]
+    return now_boot - max(0.0, now - st.st_ctime_ns / 1e9)
+
+
+def _process_start_boot(pid: int) -> float | None:
+    """When process ``pid`` started, on the boot-time clock (``/proc/PID/stat``, set by the kernel)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096)
+        return int(raw[raw.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _process_start(pid: int) -> float | None:

@@ -18,6 +18,8 @@
 * :mod:`.leasesock` — the lease authority on its Unix socket; :mod:`.leaseconn` — one connection;
   :mod:`.leasereq` — its requests checked; :mod:`.slurmjobs` — the leases it holds for Slurm jobs;
 * :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
+* :mod:`.poolstate` — the remote leases written down for a restarted daemon; :mod:`.keeper` — the process
+  that co-holds their locks; :mod:`.fdstore` — systemd's file descriptor store, which does so under systemd;
 * :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node;
 * :mod:`.backend` — the one inventory backend the sampling loop, the lease authority and the pool share;
 * :mod:`.routes` — the HTTP route tables each part builds from its own dependencies, each route

@@ -21,6 +21,18 @@ daemon can check: the request's signing key and the peer address it came from
 record names the holder (``user``), the note (``command``), the client's address (``remote_from``),
 the expiry (``expires``) and, for ``gpusd run --fleet``, the job (``job``), so every view of leases
 shows them.
+
+Time: a lease's expiry, TTL and lifetime run on the monotonic clock (:attr:`Held.deadline`); the wall
+time in answers and records (``expires``) is computed from what remains, for display only, so a step of
+the wall clock expires nothing early and extends nothing.
+
+Restarts: each lease is written down in the state directory (:mod:`gpusd.daemon.poolstate`, its expiry
+on the boot-time clock, with the boot id), and copies of its lock descriptors are co-held by something
+that outlives the daemon: systemd's file descriptor store (:mod:`gpusd.daemon.fdstore`) where the
+daemon runs under it with one, else the keeper process (:mod:`gpusd.daemon.keeper`).  A restarted daemon
+takes every lease back (:meth:`Pool.adopt`: same id, same remaining time) before it answers their
+renewals; after a reboot the records are dropped and logged.  Every lease that ends without its
+holder's release goes through :meth:`Pool.end`.
 """
 
 from __future__ import annotations
@@ -32,10 +44,12 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, to_wire
 from ..ids import JobId
+from . import fdstore, poolstate
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -53,6 +67,8 @@ MAX_BODY = 16384
 MAX_HOLDER = 64
 MAX_NOTE = 512
 CHECK_EVERY = 0.25  # seconds between expiry checks
+KEEPER_CHECK_EVERY = 20  # expiry checks (5 s) between looks at whether the keeper still runs
+ADOPT_WAIT = 10.0  # seconds a renewal waits for the leases of a previous run to be taken back
 
 
 class PoolDaemon(Protocol):
@@ -75,8 +91,9 @@ class Held:
     note: str | None
     remote_from: str | None
     ttl: float
-    started: float
-    expires: float
+    started: float  # wall time of the grant: shown only
+    born: float  # the grant, on the monotonic clock (the lifetime counts from it)
+    deadline: float  # when it ends unless renewed, on the monotonic clock
     devices: list[dict[str, Any]] = field(default_factory=list)
     job: str | None = None  # the fleet run's job id (gpusd run --fleet), named in the record
     identity: str = ""  # who holds it, as the daemon can check: "user NAME" (a user key), else key and peer
@@ -84,6 +101,13 @@ class Held:
     ends: float | None = None  # when the holder said it stops renewing (its "left", on our clock): shown only
     renewing: bool = False  # a renewal is rewriting the record (on the executor)
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
+    coheld: bool = False  # the keeper (or systemd's store) confirmed its copies of the lock descriptors
+    finished: Any = None  # the Future of its release (Pool.end)
+
+    @property
+    def expires(self) -> float:
+        """The deadline as a wall time, for display (computed from what remains)."""
+        return time.time() + (self.deadline - time.monotonic())
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
@@ -104,6 +128,15 @@ class Pool:
         self.pending = 0  # requests being granted (counted against lease_max_total)
         self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
         self.task: asyncio.Task[None] | None = None
+        self.checks = 0  # expiry checks made (tests count them rather than time them)
+        # the keeper's and the fd store's exchanges, in order, one at a time (each bounded)
+        self.keeping = ThreadPoolExecutor(1, thread_name_prefix="gpusd-keep")
+        state_dir = getattr(daemon, "state_dir", None)
+        self.state_dir: Path | None = Path(state_dir) if state_dir is not None else None
+        self.fdstore = fdstore.available()
+        self.keeper: Any = None  # gpusd.daemon.keeper.KeeperClient, once a lease needs one
+        self.adoption: asyncio.Future[None] | None = None  # taking back a previous run's leases
+        self.keep_on_stop = False  # a stopping daemon leaves its leases to the keeper/store (the process sets it)
         from .users import Directory
 
         self.users = Directory(getattr(daemon.config, "users_file", None))
@@ -130,8 +163,233 @@ class Pool:
         who = Holder(pid=os.getpid(), user=holder, command=note, remote_from=remote_from, expires=expires, job=job)
         return allocate(LeaseRequest(c, env={}, holder=who), store=LeaseStore.for_daemon(), backend=self.backend)
 
-    def _renew(self, held: Held, expires: float) -> None:
-        held.selection.lease.update(expires=expires)  # under the mutex of the store it was taken in
+    def _grant_held(self, held: Held, kwargs: dict[str, Any]) -> Any:
+        """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down."""
+        sel = self._grant(kwargs, held.holder, held.note, held.remote_from,
+                          time.time() + (held.deadline - time.monotonic()), held.job)
+        held.lease_id, held.selection = sel.lease.lease_id, sel
+        held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
+                         "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
+                         "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
+                         "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
+                        for c in sel.devices]
+        self._write_down(held, held.deadline - time.monotonic())
+        return sel
+
+    def _renew(self, held: Held, remaining: float, ttl: float) -> None:
+        # the record's 'expires' is for display: a wall time computed from what remains
+        held.selection.lease.update(expires=time.time() + remaining)  # under the mutex of its store
+        self._write_down(held, remaining, ttl)
+
+    # -- outliving the daemon (poolstate, keeper, fdstore) -------------------------------------------
+    def _write_down(self, held: Held, remaining: float, ttl: float | None = None) -> None:
+        """Record ``held`` in the state directory and give its lock descriptors' copies to the
+        co-holder (on :attr:`keeping`, in order).  Call where the lease's descriptors cannot change
+        meanwhile (the executor call that granted or rewrote it)."""
+        if self.state_dir is None:
+            return
+        lease = held.selection.lease
+        now_boot = poolstate.boottime()
+        data = {"lease_id": held.lease_id, "boot_id": poolstate.boot_id() or "", "holder": held.holder,
+                "note": held.note, "remote_from": held.remote_from, "ttl": ttl if ttl is not None else held.ttl,
+                "started": held.started, "born_boot": now_boot - (time.monotonic() - held.born),
+                "expires_boot": now_boot + remaining, "devices": held.devices, "job": held.job,
+                "identity": held.identity, "claimed": held.claimed, "ends": held.ends,
+                "env": held.selection.env(), "store": str(lease.path.parent), "record": lease.record}
+        if not poolstate.write(self.state_dir, held.lease_id, data):
+            return
+        copies: list[int] = []
+        try:
+            for fd in lease.fds:
+                copies.append(os.dup(fd))  # numbers that cannot be reused under the other thread
+        except OSError as exc:  # out of descriptors: the lease holds, it just would not outlive us
+            log.warning("remote lease %s will not outlive this daemon: %s", held.lease_id, exc)
+            for fd in copies:
+                os.close(fd)
+            return
+        self.keeping.submit(self._co_hold, held, copies)
+
+    def _co_hold(self, held: Held, copies: list[int]) -> None:
+        """Hand ``copies`` of ``held``'s descriptors to the co-holder (then close ours of them)."""
+        name = f"lease-{held.lease_id}"
+        try:
+            if self.fdstore:
+                fdstore.remove(name)  # the copies of its last record's lock go with the rest
+                held.coheld = fdstore.store(name, copies)
+                return
+            keeper = self._keeper()
+            try:
+                keeper.hold(name, copies)
+            except OSError as exc:  # dead or hung: a fresh one, handed every lease again
+                log.warning("the lease keeper did not take %s (%s): starting another", held.lease_id, exc)
+                keeper.kill()
+                keeper.start()
+                keeper.hold(name, copies)
+                for other in list(self.held.values()):
+                    if other is not held and other.coheld and not other.renewing:
+                        self._co_hold_again(other)
+            held.coheld = True
+        except OSError as exc:
+            held.coheld = False
+            log.warning("remote lease %s will not outlive this daemon: %s", held.lease_id, exc)
+        finally:
+            for fd in copies:
+                os.close(fd)
+
+    def _co_hold_again(self, held: Held) -> None:
+        try:
+            copies = [os.dup(fd) for fd in held.selection.lease.fds]
+        except OSError:
+            return
+        try:
+            self._keeper().hold(f"lease-{held.lease_id}", copies)
+        except OSError:
+            held.coheld = False
+        finally:
+            for fd in copies:
+                os.close(fd)
+
+    def _keeper(self) -> Any:
+        from .keeper import KeeperClient
+
+        assert self.state_dir is not None
+        if self.keeper is None:
+            self.keeper = KeeperClient(self.state_dir)
+        self.keeper.reap()
+        if self.keeper.pid is None:  # one that died meanwhile fails the hold, which starts another
+            self.keeper.start()
+        return self.keeper
+
+    def _check_keeper(self) -> None:
+        """A keeper that died is replaced and handed every lease again (on :attr:`keeping`): until
+        then the leases would not outlive this daemon."""
+        if self.fdstore or self.keeper is None or not any(h.coheld for h in list(self.held.values())):
+            return
+        self.keeper.reap()
+        if self.keeper.running():
+            return
+        log.warning("the lease keeper is gone: starting another")
+        self.keeper.proc = self.keeper.pid = None  # gone: nothing to stop
+        try:
+            self.keeper.start()
+        except OSError as exc:
+            log.warning("cannot start the lease keeper: %s", exc)
+            return
+        for held in list(self.held.values()):
+            if not held.renewing:
+                self._co_hold_again(held)
+
+    def _let_go(self, lease_id: str) -> None:
+        """The co-holder closes its copies (bounded; a keeper that does not answer is stopped)."""
+        name = f"lease-{lease_id}"
+        if self.fdstore:
+            fdstore.remove(name)
+        elif self.keeper is not None:
+            try:
+                self.keeper.drop(name)
+            except OSError as exc:
+                log.warning("the lease keeper did not let go of %s (%s): stopping it", lease_id, exc)
+                self.keeper.kill()  # its copies close with it; the other leases are handed to the next
+                for other in list(self.held.values()):
+                    if other.coheld and not other.renewing:
+                        self._co_hold_again(other)
+            self.keeper.reap()
+
+    def _finish(self, held: Held) -> None:
+        """Release ``held`` for good (on :attr:`keeping`): its record, the co-holder's copies, ours."""
+        if self.state_dir is not None:
+            poolstate.remove(self.state_dir, held.lease_id)
+            self._let_go(held.lease_id)
+        held.selection.release()
+
+    # -- taking back a previous run's leases ----------------------------------------------------------
+    def _kept(self) -> dict[str, list[int]]:
+        """Descriptors kept for us: systemd's (at start) and the keeper's, by lease id."""
+        out: dict[str, list[int]] = {}
+        for name, fds in fdstore.listen_fds().items():
+            if name.startswith("lease-"):
+                out.setdefault(name[6:], []).extend(fds)
+            else:
+                for fd in fds:
+                    os.close(fd)
+        if self.state_dir is None or not (self.state_dir / "keeper.sock").exists():
+            return out
+        from .keeper import KeeperClient
+
+        keeper = KeeperClient(self.state_dir)
+        if not keeper.running():
+            return out
+        self.keeper = keeper
+        try:
+            for name in keeper.names():
+                if name.startswith("lease-"):
+                    out.setdefault(name[6:], []).extend(keeper.give(name))
+        except OSError as exc:
+            log.warning("the lease keeper did not hand its leases back: %s", exc)
+        return out
+
+    def _drop_kept(self, lease_id: str, fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        if self.state_dir is not None:
+            poolstate.remove(self.state_dir, lease_id)
+        self._let_go(lease_id)
+
+    def _adopt(self) -> list[Held]:
+        """Take back the leases a previous run of this daemon wrote down (on :attr:`keeping`)."""
+        from ..alloc.handle import Holder
+        from ..alloc.leases import LeaseStore
+
+        if self.state_dir is None:
+            return []
+        records = poolstate.load(self.state_dir)
+        kept = self._kept() if records or self.fdstore or (self.state_dir / "keeper.sock").exists() else {}
+        boot = poolstate.boot_id()
+        stores = {str(s.dir): s for s in (LeaseStore(), LeaseStore.authority())}
+        out: list[Held] = []
+        for lease_id, d in records.items():
+            fds = kept.pop(lease_id, [])
+            remaining = float(d["expires_boot"]) - poolstate.boottime()
+            store = stores.get(d["store"])
+            why = ("it was granted before this machine rebooted" if d["boot_id"] != boot else
+                   "it expired while the daemon was down" if remaining <= 0 else
+                   "its lock descriptors were not kept" if not fds else
+                   "it was taken in another lock directory" if store is None else None)
+            if why is not None:
+                log.warning("remote lease %s of %s dropped: %s", lease_id, d["holder"], why)
+                self._drop_kept(lease_id, fds)
+                continue
+            assert store is not None
+            holder = Holder(pid=os.getpid(), user=d["holder"], command=d["note"], remote_from=d["remote_from"],
+                            job=d["job"])
+            lease = store.adopt(lease_id, d["record"], fds, holder, pid=os.getpid(),
+                                expires=time.time() + remaining)
+            if lease is None:
+                self._drop_kept(lease_id, [])
+                continue
+            remaining = float(d["expires_boot"]) - poolstate.boottime()  # the time taking it back took counts
+            now = time.monotonic()
+            held = Held(lease_id, poolstate.Adopted(lease, d["env"]), d["holder"], d["note"], d["remote_from"],
+                        float(d["ttl"]), float(d["started"]), now - (poolstate.boottime() - float(d["born_boot"])),
+                        now + remaining, list(d["devices"]), d["job"], d["identity"], d["claimed"], d["ends"])
+            self._write_down(held, remaining)
+            out.append(held)
+            log.info("took back remote lease %s of %s (%.1fs left)", lease_id, held.holder, remaining)
+        for lease_id, fds in kept.items():  # copies of leases nobody wrote down (ended meanwhile)
+            self._drop_kept(lease_id, fds)
+        return out
+
+    async def adopt(self) -> None:
+        """Take back the previous run's leases; renewals wait for this (at most :data:`ADOPT_WAIT`)."""
+        try:
+            for held in await asyncio.get_running_loop().run_in_executor(self.keeping, self._adopt):
+                self.held[held.lease_id] = held
+        except Exception as exc:  # noqa: BLE001 - a bad state directory must not stop the daemon
+            log.warning("cannot take back the remote leases of the previous run: %s", exc)
+
+    async def _adopted(self) -> None:
+        if self.adoption is not None and not self.adoption.done():
+            await asyncio.wait({self.adoption}, timeout=ADOPT_WAIT)
 
     # -- requests -----------------------------------------------------------------------------------
     def _bounds(self, identity: str, count: int) -> str | None:
@@ -235,9 +493,10 @@ class Pool:
             n += sum(1 for g in h.snapshot.gpus for le in g.leases if le.user == user)
         return n
 
-    def _expiry(self, started: float, now: float, ttl: float) -> float:
-        """``now + ttl``, never past the lease's lifetime (``lease_max_lifetime`` after ``started``)."""
-        return min(now + ttl, started + float(self.daemon.config.lease_max_lifetime))
+    def _expiry(self, born: float, now: float, ttl: float) -> float:
+        """``now + ttl``, never past the lease's lifetime (``lease_max_lifetime`` after ``born``); all
+        three on the monotonic clock."""
+        return min(now + ttl, born + float(self.daemon.config.lease_max_lifetime))
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
@@ -251,6 +510,7 @@ class Pool:
             return 409, {**to_wire(NoGpuAvailable(SLURM_REFUSAL), http=True), "reason": "slurm"}
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
+        await self._adopted()  # the previous run's leases first: they count against the caps and GPUs
         # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
         # member at that address -- never the 'holder' name the request declares (issue 20)
         holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"
@@ -268,13 +528,15 @@ class Pool:
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
             return 429, {**to_wire(OverCap(why), http=True), "reason": "policy"}
-        now = time.time()
+        now = time.monotonic()
         self.pending += 1
         asking, gpus = self.pending_of.get(identity, (0, 0))
         self.pending_of[identity] = (asking + 1, gpus + count)
+        held = Held("", None, holder, note, remote_from, ttl, time.time(), now, self._expiry(now, now, ttl),
+                    [], job, identity, claimed)
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._grant, kwargs, holder, note, remote_from, self._expiry(now, now, ttl), job)
+                self.executor, self._grant_held, held, kwargs)
         except OverCap as exc:  # the fair-use policy's cap for this user (alloc/policy.py)
             return 429, {**to_wire(exc, http=True), "reason": "policy"}
         except NoGpuAvailable as exc:
@@ -290,13 +552,6 @@ class Pool:
             asking, gpus = self.pending_of.pop(identity, (1, count))
             if asking > 1:
                 self.pending_of[identity] = (asking - 1, gpus - count)
-        devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
-                    "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
-                    "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
-                    "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
-                   for c in sel.devices]
-        held = Held(sel.lease.lease_id, sel, holder, note, remote_from, ttl, now, self._expiry(now, now, ttl),
-                    devices, job, identity, claimed)
         self.held[held.lease_id] = held
         log.info("remote lease %s: %s for %s from %s (ttl %gs)", held.lease_id, ",".join(sel.uuids), holder,
                  remote_from, ttl)
@@ -319,6 +574,7 @@ class Pool:
 
     async def renew(self, lease_id: str, body: dict[str, Any], identity: str | None = None,
                     account: Account | None = None) -> tuple[int, dict[str, Any]]:
+        await self._adopted()
         refused = self.refusal(lease_id, identity, account, "renew")
         if refused is not None:
             return refused
@@ -331,12 +587,13 @@ class Pool:
         ttl = held.ttl
         if body.get("ttl") is not None:
             ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
-        expires = self._expiry(held.started, time.time(), ttl)  # never past the lease's lifetime
+        now = time.monotonic()
+        deadline = self._expiry(held.born, now, ttl)  # never past the lease's lifetime
         if held.renewing:
             return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
         held.renewing = True
         try:
-            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, expires)
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, deadline - now, ttl)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
             if isinstance(exc, DiskFull):
@@ -345,22 +602,24 @@ class Pool:
         finally:
             held.renewing = False
             if held.release_after:  # ended while its record was being rewritten: release now
-                held.selection.release()
+                self.keeping.submit(self._finish, held)
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
-        held.ttl, held.expires = ttl, expires
+        held.ttl, held.deadline = ttl, deadline
         held.ends = _ends(body.get("left"), held.ends)
         return 200, held.to_dict(self.daemon.hostname, self.daemon.node_id)
 
     def end(self, lease_id: str, why: str) -> Held | None:
-        """Release a remote lease now (the flocks drop as its descriptors close)."""
+        """End a remote lease (its holder's release, its expiry, the idle policy): forgotten at once,
+        released by :meth:`_finish` on :attr:`keeping` (its record, the co-holder's copies, then ours:
+        the flocks drop as the last copy closes).  :meth:`ended` waits for that."""
         held = self.held.pop(lease_id, None)
         if held is None:
             return None
         if held.renewing:
             held.release_after = True  # never under a rewrite of its record: the renewal releases it
         else:
-            held.selection.release()
+            held.finished = self.keeping.submit(self._finish, held)
         log.info("remote lease %s of %s %s", lease_id, held.holder, why)
         self.daemon.publish("lease_expired" if why == "expired" else "lease_ended",
                             {"leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
@@ -377,19 +636,40 @@ class Pool:
             return False
         return self.end(lease.lease_id, f"released: {reason}"[:200]) is not None
 
+    async def ended(self, held: Held) -> None:
+        """Wait (bounded) until :meth:`end`'s release of ``held`` is done: its GPUs are free."""
+        if held.finished is not None:
+            await asyncio.wait({asyncio.wrap_future(held.finished)}, timeout=10.0)
+
     # -- expiry -------------------------------------------------------------------------------------
     async def expire_loop(self) -> None:
         while True:
             await asyncio.sleep(CHECK_EVERY)
-            now = time.time()
-            for lease_id in [k for k, h in self.held.items() if h.expires <= now]:
+            now = time.monotonic()  # never the wall clock: a step of it must not end (or keep) leases
+            for lease_id in [k for k, h in self.held.items() if h.deadline <= now]:
                 self.end(lease_id, "expired")
+            self.checks += 1
+            if self.checks % KEEPER_CHECK_EVERY == 0 and self.keeper is not None:
+                self.keeping.submit(self._check_keeper)
 
     async def close(self) -> None:
         if self.task is not None:
             self.task.cancel()
-        for lease_id in list(self.held):
-            self.end(lease_id, "ended: the daemon stops")
+        if self.adoption is not None:
+            await asyncio.wait({self.adoption}, timeout=ADOPT_WAIT)
+        loop = asyncio.get_running_loop()
+        if self.keep_on_stop:  # a restart: the keeper (or systemd's store) keeps what it co-holds
+            await asyncio.wait({loop.run_in_executor(self.keeping, lambda: None)}, timeout=5.0)
+            for lease_id, held in list(self.held.items()):
+                if held.coheld and not held.renewing:
+                    del self.held[lease_id]
+                    held.selection.lease.forget()
+                    log.info("remote lease %s left to %s as the daemon stops", lease_id,
+                             "systemd's descriptor store" if self.fdstore else "the keeper")
+        ending = [h for h in (self.end(k, "ended: the daemon stops") for k in list(self.held)) if h is not None]
+        for held in ending:
+            await self.ended(held)
+        self.keeping.shutdown(wait=False)
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._own_backend is not None:  # never the daemon's: the daemon closes that one last
             try:
@@ -451,6 +731,7 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
     pool = Pool(daemon)
 
     async def lifecycle(app: web.Application) -> Any:
+        pool.adoption = asyncio.ensure_future(pool.adopt())  # before any renewal is answered
         pool.task = asyncio.ensure_future(pool.expire_loop())
         yield
         await pool.close()
@@ -558,12 +839,14 @@ def routes(pool: Pool) -> list[RouteDef]:
         account, refused = await who(request)
         if refused is not None:
             return refused
+        await pool._adopted()
         denied = pool.refusal(request.match_info["id"][:64], holder_of(request), account, "release")
         if denied is not None:
             return answer(*denied)
         held = pool.end(request.match_info["id"][:64], "released by its holder")
         if held is None:
             return answer(404, {"error": "no such remote lease here (released, or expired)"})
+        await pool.ended(held)  # the GPUs are free when the answer says so
         return answer(200, {"released": held.lease_id})
 
     async def listing(request: web.Request) -> web.Response:

@@ -451,6 +451,9 @@ async def _main(config: Any, ready_fd: int | None) -> int:
 
     state_dir = Path(config.state_dir) if config.state_dir else None
     daemon = Daemon(config)
+    # a stop may be a restart: the remote leases stay with their co-holder, which ends them at their
+    # expiry unless the next daemon takes them back (docs/pool.md, "Failure cases")
+    daemon.pool.keep_on_stop = True
     pid = PidFile(daemon.state_dir)
     pid.acquire()
     loop = asyncio.get_running_loop()

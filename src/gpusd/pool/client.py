@@ -79,7 +79,23 @@ class Reservation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = False
-        self.until: float | None = None  # when the holder stops renewing (epoch), told to the daemons as "left"
+        self._until: float | None = None
+        self._until_mono: float | None = None
+
+    @property
+    def until(self) -> float | None:
+        """When the holder stops renewing (epoch, as given), told to the daemons as ``left``."""
+        return self._until
+
+    @until.setter
+    def until(self, value: float | None) -> None:
+        # kept as a deadline on the monotonic clock: a wall-clock step must not end it early or late
+        self._until = value
+        self._until_mono = None if value is None else time.monotonic() + (value - time.time())
+
+    def left(self) -> float | None:
+        """Seconds until :attr:`until` (monotonic; None: renew until released)."""
+        return None if self._until_mono is None else max(0.0, self._until_mono - time.monotonic())
 
     # the common single-host case
     @property
@@ -102,12 +118,14 @@ class Reservation:
         """One heartbeat for every part; sets :attr:`lost` (and raises) when a daemon forgot one."""
         for p in self.parts:
             body: dict[str, float] = {"ttl": ttl} if ttl else {}
-            if self.until is not None:  # a duration, never a time: the daemon's clock decides
-                body["left"] = round(max(0.0, self.until - time.time()), 1)
+            left = self.left()
+            if left is not None:  # a duration, never a time: the daemon's clock decides
+                body["left"] = round(left, 1)
             reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, body)
             if reply.status == 404:
                 self.lost.set()
-                raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone (expired, or its daemon restarted)")
+                raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone "
+                                 "(released, expired, or its host rebooted)")
             if reply.status == 429 and isinstance(reply.data, dict) and reply.data.get("reason") == "fleet_cap":
                 # among the newest leases above the fleet-wide cap: never renewed again, it ends at its expiry
                 self.lost.set()
@@ -126,7 +144,7 @@ class Reservation:
         def loop() -> None:
             period = max(0.5, min(p.ttl for p in self.parts) / 3)
             while not self._stop.wait(period):
-                if until is not None and time.time() >= until:
+                if self.left() == 0.0:
                     self.release()
                     return
                 try:

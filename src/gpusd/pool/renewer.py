@@ -177,7 +177,8 @@ def _renew(res: "Reservation", until: float, expire: bool) -> int:
     last_ok = time.monotonic()
     ready = True
     while True:
-        if time.time() >= until:
+        left = res.left()  # until, on the monotonic clock (Reservation.until)
+        if left is not None and left <= 0:
             break
         try:
             res.renew()
@@ -192,7 +193,8 @@ def _renew(res: "Reservation", until: float, expire: bool) -> int:
                 sys.stdout.close()
             except OSError:
                 pass
-        if done.wait(min(period, max(0.0, until - time.time()))):
+        left = res.left()
+        if done.wait(period if left is None else min(period, left)):
             break
     if (expire and not done.is_set()) or let_expire:  # --for is over, or SIGUSR1: they end with their TTL
         return 0
