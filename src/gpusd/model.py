@@ -345,6 +345,9 @@ class LeaseInfo:
     unleased: bool = False
     # the Slurm job holding it (added in 0.3): its id, recorded by `gpusd slurm prolog` (docs/slurm.md)
     slurm_job: str | None = None
+    # the fencing token of this GPU's grant (added in 0.4): greater than every earlier grant's of the
+    # GPU on this host, across daemon restarts (gpusd.alloc.epoch, docs/allocation.md "Epochs")
+    epoch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

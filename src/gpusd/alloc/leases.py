@@ -87,6 +87,7 @@ LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
 MAX_LEASE_DEVICES = 64
+MAX_EPOCH = 2**63  # an epoch read from a record is a positive 64-bit number (alloc.epoch)
 MAX_LEASE_FILES = 4096
 
 
@@ -134,6 +135,11 @@ class Lease(LeaseHandle):
         if self.released:
             return []
         return [*self.device_fds, *self.lingering.values(), *([self.record_fd] if self.record_fd >= 0 else [])]
+
+    def epochs(self) -> dict[str, int]:
+        """Each device's epoch, as the record says (alloc.epoch)."""
+        raw = (self.record or {}).get("epochs")
+        return {k: v for k, v in raw.items() if k in self.devices} if isinstance(raw, dict) else {}
 
     @property
     def store(self) -> LeaseStore:
@@ -580,7 +586,14 @@ class LeaseStore:
             remote_from, expires = d.get("remote_from"), d.get("expires")  # a daemon's remote lease
             if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
                 raise ValueError("bad expiry time")
+            epoch, epochs = d.get("epoch"), d.get("epochs")
+            if epoch is not None and (type(epoch) is not int or not 0 < epoch < MAX_EPOCH):
+                raise ValueError("bad epoch")
+            epochs = ({k: v for k, v in list(epochs.items())[:MAX_LEASE_DEVICES]
+                       if k in devices and type(v) is int and 0 < v < MAX_EPOCH}
+                      if isinstance(epochs, dict) else {})
             return {
+                "epoch": epoch, "epochs": epochs,
                 "pid": pid, "memory": memory, "started": started, "shared": d.get("shared") is True,
                 "devices": devices, "user": user[:64] if isinstance(user, str) else None,
                 "command": command[:1024] if isinstance(command, str) else None,
@@ -618,7 +631,8 @@ class LeaseStore:
                 "remote_from": rec["remote_from"], "expires": rec["expires"], "job": rec.get("job"),
                 # a Slurm job's lease is recorded by the lease authority (root) only (docs/slurm.md)
                 "slurm_job": rec.get("slurm_job") if st.st_uid == 0 else None}
-        return [LeaseInfo.from_dict({**base, "device": dev}) for dev in rec["devices"]]
+        return [LeaseInfo.from_dict({**base, "device": dev, "epoch": rec["epochs"].get(dev, rec["epoch"])})
+                for dev in rec["devices"]]
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:
         """Device UUID -> when its last gpusd lease ended (the lock file's mtime), for leases that
@@ -708,6 +722,7 @@ class LeaseStore:
                     os.close(dfd)
                     return None
             lease_id = LeaseId.new()
+            epoch = self._next_epoch(dfd, devices)  # the fencing token of this grant (alloc.epoch)
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,
@@ -719,7 +734,12 @@ class LeaseStore:
                 "command": holder.command,
                 "devices": list(devices),
                 **holder.extra(),
+                "epoch": epoch,
+                "epochs": {dev: epoch for dev in devices},
             }
+            from . import epoch as _epoch
+
+            _epoch.store(dfd, list(devices), epoch, self.private)  # before the record: the next grant sees it
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
             info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
@@ -750,6 +770,24 @@ class LeaseStore:
             self.refusal = f"{(le.device or '?')[:64]} was leased at the same moment by pid {le.pid} of {le.user}"
             return None
         return lease
+
+    def _next_epoch(self, dfd: int, devices: list[str]) -> int:
+        """The epoch of a grant of ``devices`` here now: above what either store remembers of them."""
+        from . import epoch as _epoch
+
+        fds = [dfd]
+        try:
+            for peer in self.peers():
+                try:
+                    fd = peer.open(create=False)
+                except GpusdError:
+                    continue  # a peer directory we do not believe: the clock and our own count still hold
+                if fd is not None:
+                    fds.append(fd)
+            return _epoch.next_epoch(fds, devices)
+        finally:
+            for fd in fds[1:]:
+                os.close(fd)
 
     def rewrite(self, lease: Lease, **changes: Any) -> None:
         """Replace ``lease``'s record with one where ``changes`` apply (a remote lease's new expiry):
@@ -789,7 +827,8 @@ class LeaseStore:
         if extra.released or extra.shared != lease.shared:
             raise GpusdError("cannot join these leases")
         devices = [*lease.devices, *extra.devices]
-        self.rewrite(lease, devices=devices)
+        epochs = {**lease.epochs(), **extra.epochs()}  # each GPU keeps the epoch of its own grant
+        self.rewrite(lease, devices=devices, epochs=epochs, epoch=max(epochs.values()) if epochs else None)
         lease.device_fds = [*lease.device_fds, *extra.device_fds]
         lease.devices = devices
         extra.device_fds, extra.devices = [], []
