@@ -84,9 +84,12 @@ class Held:
     ends: float | None = None  # when the holder said it stops renewing (its "left", on our clock): shown only
     renewing: bool = False  # a renewal is rewriting the record (on the executor)
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
+    fence: bool = False  # ended without a release: its processes are stopped before its GPUs go (daemon.fence)
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
-        return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
+        lease = self.selection.lease if self.selection is not None else None
+        epoch = lease.epoch if lease is not None else None  # 0.4, additive: the fencing token (alloc.epoch)
+        return {"epoch": epoch, "lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
                 "command": self.note, "claimed": self.claimed, "remote_from": self.remote_from, "ttl": self.ttl,
                 "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
                 "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}}
@@ -104,6 +107,8 @@ class Pool:
         self.pending = 0  # requests being granted (counted against lease_max_total)
         self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
         self.task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.fencing: dict[str, Held] = {}  # leases ended without a release, held until their processes are gone
         from .users import Directory
 
         self.users = Directory(getattr(daemon.config, "users_file", None))
@@ -242,7 +247,9 @@ class Pool:
             asking, gpus = self.pending_of.pop(identity, (1, count))
             if asking > 1:
                 self.pending_of[identity] = (asking - 1, gpus - count)
+        epochs = sel.lease.epochs() if sel.lease is not None else {}
         devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
+                    "epoch": epochs.get(c.uuid),  # 0.4, additive: this GPU's fencing token
                     "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
                     "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
                     "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
@@ -290,7 +297,7 @@ class Pool:
         finally:
             held.renewing = False
             if held.release_after:  # ended while its record was being rewritten: release now
-                held.selection.release()
+                self._let_go(held)
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
         held.ttl, held.expires = ttl, expires
@@ -302,15 +309,43 @@ class Pool:
         held = self.held.pop(lease_id, None)
         if held is None:
             return None
+        held.fence = why == "expired"  # no release: its holder may still run here (daemon.fence)
         if held.renewing:
             held.release_after = True  # never under a rewrite of its record: the renewal releases it
         else:
-            held.selection.release()
+            self._let_go(held)
         log.info("remote lease %s of %s %s", lease_id, held.holder, why)
         self.daemon.publish("lease_expired" if why == "expired" else "lease_ended",
                             {"leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
                              "reason": why})
         return held
+
+    def _let_go(self, held: Held) -> None:
+        """Release ``held``'s GPUs: at once, or, for a lease that ended without a release, once its
+        processes on this host are gone (:mod:`gpusd.daemon.fence`); the locks stay held till then."""
+        loop = self.loop
+        if not held.fence or loop is None or held.selection is None:
+            held.selection.release()
+            return
+        from .fence import Fence, gpu_pids
+
+        self.fencing[held.lease_id] = held
+
+        def done() -> None:
+            loop.call_soon_threadsafe(self._fenced, held)
+
+        def report(pids: list[int]) -> None:
+            loop.call_soon_threadsafe(self.daemon.publish, "lease_fence_stuck", {
+                "lease_id": held.lease_id, "pids": pids[:64], "devices": list(held.selection.uuids)[:64]})
+
+        Fence(held.lease_id, list(held.selection.uuids), gpu_pids(self.backend), done, report).start()
+
+    def _fenced(self, held: Held) -> None:
+        if self.fencing.pop(held.lease_id, None) is None:
+            return  # released already (the daemon stopped)
+        held.selection.release()
+        log.info("remote lease %s: its processes are gone, its GPUs %s are free", held.lease_id,
+                 ",".join(held.selection.uuids))
 
     def listing(self) -> list[dict[str, Any]]:
         return [h.to_dict(self.daemon.hostname, self.daemon.node_id) for h in self.held.values()]
@@ -324,6 +359,7 @@ class Pool:
 
     # -- expiry -------------------------------------------------------------------------------------
     async def expire_loop(self) -> None:
+        self.loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(CHECK_EVERY)
             now = time.time()
@@ -335,6 +371,8 @@ class Pool:
             self.task.cancel()
         for lease_id in list(self.held):
             self.end(lease_id, "ended: the daemon stops")
+        for held in list(self.fencing.values()):  # the daemon stops: its locks go with it anyway
+            self._fenced(held)
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._own_backend is not None:  # never the daemon's: the daemon closes that one last
             try:
