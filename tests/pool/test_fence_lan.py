@@ -68,6 +68,22 @@ def secret_file(path: Path) -> Path:
     return path
 
 
+def stop_left(work: Path) -> None:
+    """Kill what the first job left running (where the fence failed), by the pids it wrote down."""
+    try:
+        first = json.loads((work / "first.json").read_text())
+    except (OSError, ValueError):
+        return
+    for pid in (first["leader"], first["rank"]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            if str(work).encode() in cmdline or b"SIG_IGN" in cmdline:  # still the job's, not a reused pid
+                os.kill(pid, 9)
+        except OSError:
+            pass
+
+
 def link(lan: Lan, index: int, state: str) -> None:  # noqa: F811
     subprocess.run(["ip", "-n", lan.switch, "link", "set", f"v{index}", state], check=True, timeout=30)
 
@@ -120,5 +136,6 @@ def test_a_fleet_job_cut_off_past_its_ttl_is_stopped_on_its_host_before_its_gpu_
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+            stop_left(work)
         log = h1.log_tail(200)
         assert "SIGKILL after the" in log and str(first["rank"]) in log, log

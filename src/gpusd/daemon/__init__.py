@@ -17,6 +17,7 @@
 * :mod:`.fleet` — the fleet view (an :class:`~gpusd.discovery.client.AsyncClient` in the daemon);
 * :mod:`.leasesock` — the lease authority on its Unix socket; :mod:`.leaseconn` — one connection;
   :mod:`.leasereq` — its requests checked; :mod:`.slurmjobs` — the leases it holds for Slurm jobs;
+* :mod:`.fence` — a lease ended without a release: its processes stopped before its GPUs are granted again;
 * :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
 * :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node;
 * :mod:`.backend` — the one inventory backend the sampling loop, the lease authority and the pool share;
