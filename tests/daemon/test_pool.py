@@ -123,6 +123,26 @@ async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path
         d.events.unsubscribe(sub)
 
 
+async def test_every_remote_grant_carries_a_greater_epoch(tmp_path: Path) -> None:
+    """The fencing token (docs/pool.md, "Fencing"): in the grant answer, each device, the job's
+    environment, GET /api/v1/leases and the lease record; the next grant of the GPU carries more."""
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="1xA100-80GB", tls=False) as d:
+        seen = []
+        for _ in range(3):
+            r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice", "ttl": 30})
+            assert r.status == 201, r.data
+            epoch = r.data["epoch"]
+            assert type(epoch) is int and [x["epoch"] for x in r.data["devices"]] == [epoch], r.data
+            assert r.data["env"]["GPUSD_LEASE_EPOCH"] == str(epoch)
+            listed = (await acall("GET", base(d) + "/leases")).data["leases"]
+            assert [x["epoch"] for x in listed] == [epoch]
+            assert [le.epoch for le in held_leases()] == [epoch]
+            r = await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}")
+            assert r.status == 200
+            seen.append(epoch)
+        assert seen == sorted(set(seen)), seen
+
+
 @pytest.mark.parametrize("body, why", [
     ({"count": 1}, "holder"),
     ({"count": 1, "holder": "x" * 65}, "holder"),
