@@ -85,18 +85,19 @@ def _pids() -> list[int]:
         return []
 
 
-def lease_processes(lease_id: str, exclude: set[int] | None = None) -> dict[int, int]:
+def lease_processes(lease_id: str, roots: set[int] | None = None) -> dict[int, int]:
     """The processes of ``lease_id`` now: pid -> start time, for those whose environment names the
-    lease and all their descendants (never this process, nor ``exclude``)."""
+    lease, ``roots`` (processes known to be the lease's already) and all their descendants (never
+    this process nor its descendants)."""
     needle = f"GPUSD_LEASE={lease_id}\0".encode()
     me = os.getpid()
-    skip = {me, 1, *(exclude or set())}
+    skip = {me, 1}
     info: dict[int, tuple[int, int]] = {}
     for pid in _pids():
         st = _stat(pid)
         if st is not None:
             info[pid] = st
-    found = {pid for pid in info if pid not in skip and _names_lease(pid, needle)}
+    found = {pid for pid in info if pid not in skip and (pid in (roots or ()) or _names_lease(pid, needle))}
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in info.items():
         children.setdefault(ppid, []).append(pid)
@@ -164,20 +165,30 @@ class Fence:
     def start(self) -> None:
         self.thread.start()
 
-    def _gather(self) -> None:
-        """Track the lease's processes not tracked yet (new children included)."""
-        fresh = {pid: st for pid, st in lease_processes(self.lease_id).items() if pid not in self.tracked}
-        # descendants of a tracked process that cleared the variable: their parents are tracked
+    def _gather(self, sig: int | None = None) -> None:
+        """Track the lease's processes not tracked yet (new children included), sending ``sig`` to
+        each new one."""
+        # the tracked ones still running are roots too: a child that cleared the variable, orphaned
+        # meanwhile (its parent stopped first), is still found below them
+        alive = {t.pid for t in self._alive()}
+        fresh = {pid: st for pid, st in lease_processes(self.lease_id, alive).items() if pid not in self.tracked}
         for t in track(fresh):
             self.tracked[t.pid] = t
             self.fenced.add(t.pid)
+            if sig is not None:
+                t.signal(sig)
 
     def _alive(self) -> list[Tracked]:
         return [t for t in self.tracked.values() if t.alive()]
 
-    def _wait(self, until: float) -> bool:
-        """Wait until every tracked process has exited (True) or ``until`` (monotonic) passed."""
+    def _wait(self, until: float, sig: int | None = None) -> bool:
+        """Wait until every tracked process has exited (True) or ``until`` (monotonic) passed; every
+        second, processes of the lease that appeared meanwhile are tracked too (and sent ``sig``)."""
+        looked = time.monotonic()
         while True:
+            if time.monotonic() - looked >= 1.0:
+                self._gather(sig)
+                looked = time.monotonic()
             alive = self._alive()
             if not alive:
                 return True
@@ -204,19 +215,22 @@ class Fence:
                         len(self.tracked), ",".join(map(str, sorted(self.tracked)))[:200])
             for t in self.tracked.values():
                 t.signal(signal.SIGTERM)
-            if not self._wait(start + grace()):
+            if not self._wait(start + grace(), signal.SIGTERM):
                 # SIGKILL until no new descendant appears: a process forking meanwhile is caught next round
+                killed: set[int] = set()
                 for _ in range(8):
                     for t in self._alive():
                         t.signal(signal.SIGKILL)
+                        killed.add(t.pid)
                     before = len(self.tracked)
-                    self._gather()
+                    self._gather(signal.SIGKILL)
+                    killed.update(list(self.tracked)[before:])
                     if len(self.tracked) == before:
                         break
                 log.warning("lease %s: SIGKILL after the %gs grace to %s", self.lease_id, grace(),
-                            ",".join(str(t.pid) for t in self._alive())[:200] or "none left")
+                            ",".join(map(str, sorted(killed)))[:200] or "none left")
         deadline = start + grace() + delay()
-        self._wait(deadline)
+        self._wait(deadline, signal.SIGKILL)
         said = False
         while True:
             left = {t.pid for t in self._alive()} | (self.on_gpus(self.devices) & self.fenced)
