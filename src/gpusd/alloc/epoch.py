@@ -44,6 +44,14 @@ def now_floor() -> int:
     return time.time_ns() // 1000
 
 
+def _parse(raw: bytes) -> int | None:
+    raw = raw.strip()
+    if not raw.isdigit() or len(raw) > WIDTH:
+        return None
+    value = int(raw)
+    return value if value <= now_floor() + MAX_AHEAD_US else None
+
+
 def read(dir_fd: int, device: str) -> int | None:
     """The epoch stored for ``device`` in the directory ``dir_fd``; None when there is none or it is
     not believable (not a regular file of digits, or too far ahead of the clock)."""
@@ -54,50 +62,68 @@ def read(dir_fd: int, device: str) -> int | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        raw = os.read(fd, WIDTH + 8).strip()
+        return _parse(os.read(fd, WIDTH + 8))
     except OSError:
         return None
     finally:
         os.close(fd)
-    if not raw.isdigit() or len(raw) > WIDTH:
+
+
+def _own(dir_fd: int, device: str, private: bool) -> int | None:
+    """The granting store's file of ``device``, open for reading and writing (made when missing:
+    readable by everyone, since the other store reads it, and, in the shared directory, writable by
+    every user, whose grants of the GPU write it too); None when it cannot be used (another user's
+    read-only file, not a plain file, a hard link to something else)."""
+    name = _name(device)
+    try:
+        try:
+            fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+            os.fchmod(fd, 0o644 if private else 0o666)  # made by us just now
+            return fd
+        except FileExistsError:
+            fd = os.open(name, FILE_FLAGS | os.O_RDWR, dir_fd=dir_fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            return None
+        return fd
+    except OSError as exc:
+        log.debug("cannot use the epoch file of %s: %s", device[:64], exc)
         return None
-    value = int(raw)
-    return value if value <= now_floor() + MAX_AHEAD_US else None
 
 
-def next_epoch(dir_fds: list[int], devices: list[str]) -> int:
-    """The epoch of a grant of ``devices`` now: above every epoch stored for any of them in the
-    directories ``dir_fds`` (the granting store's first), and not below the clock."""
+def grant(dir_fd: int, peer_fds: list[int], devices: list[str], private: bool) -> int:
+    """The epoch of a grant of ``devices`` now, remembered as their last in the granting store's
+    directory ``dir_fd`` (call under its selection mutex, before the lease is published): above every
+    epoch stored for any of them there and in the other store's ``peer_fds``, and not below the
+    clock.  Remembering is best effort: a file that cannot be written is logged and left (the clock
+    still makes the next epoch grow)."""
     epoch = now_floor()
-    for device in devices:
-        for fd in dir_fds:
-            value = read(fd, device)
+    own: list[int] = []
+    try:
+        for device in devices:
+            fd = _own(dir_fd, device, private)
+            if fd is not None:
+                own.append(fd)
+                try:
+                    value = _parse(os.pread(fd, WIDTH + 8, 0))
+                except OSError:
+                    value = None
+            else:
+                value = read(dir_fd, device)
             if value is not None and value >= epoch:
                 epoch = value + 1
-    return epoch
-
-
-def store(dir_fd: int, devices: list[str], epoch: int, private: bool) -> None:
-    """Remember ``epoch`` as the last of ``devices`` (call under the store's selection mutex).  Best
-    effort: a file that cannot be written (another user's, read-only) is logged and left; the clock
-    still makes the next epoch grow."""
-    text = f"{epoch:0{WIDTH}d}\n".encode()
-    for device in devices:
-        name = _name(device)
-        try:
+            for peer in peer_fds:
+                value = read(peer, device)
+                if value is not None and value >= epoch:
+                    epoch = value + 1
+        text = f"{epoch:0{WIDTH}d}\n".encode()
+        for fd in own:
             try:
-                fd = os.open(name, FILE_FLAGS | os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
-                # made by us just now: readable by everyone (the other store reads it), writable by
-                # every user of the shared directory (their grants of the GPU write it too)
-                os.fchmod(fd, 0o644 if private else 0o666)
-            except FileExistsError:
-                fd = os.open(name, FILE_FLAGS | os.O_WRONLY, dir_fd=dir_fd)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                    raise OSError(f"{name} is not a plain file")  # a hard link to something else
                 os.pwrite(fd, text, 0)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.debug("cannot store the epoch of %s: %s", device[:64], exc)
+            except OSError as exc:
+                log.debug("cannot store an epoch: %s", exc)
+    finally:
+        for fd in own:
+            os.close(fd)
+    return epoch

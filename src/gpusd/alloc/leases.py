@@ -722,7 +722,7 @@ class LeaseStore:
                     os.close(dfd)
                     return None
             lease_id = LeaseId.new()
-            epoch = self._next_epoch(dfd, devices)  # the fencing token of this grant (alloc.epoch)
+            epoch = self._grant_epoch(dfd, list(devices))  # the fencing token of this grant (alloc.epoch)
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,
@@ -737,9 +737,6 @@ class LeaseStore:
                 "epoch": epoch,
                 "epochs": {dev: epoch for dev in devices},
             }
-            from . import epoch as _epoch
-
-            _epoch.store(dfd, list(devices), epoch, self.private)  # before the record: the next grant sees it
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
             info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
@@ -771,11 +768,12 @@ class LeaseStore:
             return None
         return lease
 
-    def _next_epoch(self, dfd: int, devices: list[str]) -> int:
-        """The epoch of a grant of ``devices`` here now: above what either store remembers of them."""
+    def _grant_epoch(self, dfd: int, devices: list[str]) -> int:
+        """The epoch of a grant of ``devices`` here now, remembered here before the lease's record is
+        published (so the next grant, in either store, sees it): above what either store remembers."""
         from . import epoch as _epoch
 
-        fds = [dfd]
+        fds: list[int] = []
         try:
             for peer in self.peers():
                 try:
@@ -784,9 +782,9 @@ class LeaseStore:
                     continue  # a peer directory we do not believe: the clock and our own count still hold
                 if fd is not None:
                     fds.append(fd)
-            return _epoch.next_epoch(fds, devices)
+            return _epoch.grant(dfd, fds, devices, self.private)
         finally:
-            for fd in fds[1:]:
+            for fd in fds:
                 os.close(fd)
 
     def rewrite(self, lease: Lease, **changes: Any) -> None:
