@@ -39,7 +39,9 @@ def term(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, term)
 with open(os.path.join(d, "first.tmp"), "w") as f:
-    json.dump({"leader": os.getpid(), "rank": rank.pid, "epoch": os.environ.get("GPUSD_LEASE_EPOCH")}, f)
+    job = json.load(open(os.environ["GPUSD_JOB_FILE"]))
+    json.dump({"leader": os.getpid(), "rank": rank.pid, "epoch": os.environ.get("GPUSD_LEASE_EPOCH"),
+               "file": [job.get("epoch"), *(g.get("epoch") for g in job["devices"])]}, f)
 os.replace(os.path.join(d, "first.tmp"), os.path.join(d, "first.json"))
 while True:
     time.sleep(0.1)
@@ -118,6 +120,8 @@ def test_a_fleet_job_cut_off_past_its_ttl_is_stopped_on_its_host_before_its_gpu_
             wait_until_sync(lambda: (work / "first.json").exists(), 60, step=0.1,
                             what="the fleet job to start on node-1")
             first = json.loads((work / "first.json").read_text())
+            # the fleet job's file on node-1 carries the grant's epoch too, for the job and its GPU
+            assert first["epoch"] and first["file"] == [int(first["epoch"])] * 2, first
             link(lan, client.index, "down")  # the holder is cut off: nobody renews its lease
             # the next job on node-1 asks for the GPU at once and waits for it
             nxt = lan.run(h1.node, [sys.executable, "-m", "gpusd", "run", "--wait", "--timeout", "60", "-n", "1",
