@@ -6,8 +6,8 @@ again, the daemon keeps the lease's locks and
 
 1. finds the lease's processes: every process of this host whose environment names the lease
    (``GPUSD_LEASE=<id>``: what ``gpusd run --fleet``, ``gpusd launch`` and a reservation's ``env``
-   give the commands they run; only the process's own user and root can read it, and the id is a
-   secret of the holder), and every descendant of one (followed through the process tree, so ranks
+   give the commands they run; a process's environment is what whoever started it gave it, so
+   naming someone else's lease only gets one's own processes stopped), and every descendant of one (followed through the process tree, so ranks
    in sessions of their own, and children that cleared the variable, count too).  Each is held by a
    pidfd opened while its start time still matches, so a reused pid is never signalled;
 2. sends them SIGTERM, waits up to the grace (:data:`GRACE`, ``$GPUSD_FENCE_GRACE``), then stops
