@@ -57,7 +57,7 @@ def holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def run_fence(lease: str, on_gpus, reports: list[list[int]]) -> threading.Event:
     done = threading.Event()
-    f = fence.Fence(lease, ["GPU-x"], on_gpus, done.set, reports.append)
+    f = fence.Fence(lease, ["GPU-x"], on_gpus, lambda pids: done.set(), reports.append)
     f.start()
     return done
 

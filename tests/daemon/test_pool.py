@@ -119,7 +119,8 @@ async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path
             head, _, data = msg.decode().partition("\ndata: ")
             if head.startswith("event: lease_"):
                 names.append((head[7:], json.loads(data)["leases"][0]["lease_id"]))
-        assert names == [("lease_granted", lease_id), ("lease_expired", lease_id)]
+        # ... and, its processes on this host stopped (none here), its GPUs free again (docs/pool.md, "Fencing")
+        assert names == [("lease_granted", lease_id), ("lease_expired", lease_id), ("lease_fenced", lease_id)]
         d.events.unsubscribe(sub)
 
 

@@ -7,8 +7,9 @@ again, the daemon keeps the lease's locks and
 1. finds the lease's processes: every process of this host whose environment names the lease
    (``GPUSD_LEASE=<id>``: what ``gpusd run --fleet``, ``gpusd launch`` and a reservation's ``env``
    give the commands they run; a process's environment is what whoever started it gave it, so
-   naming someone else's lease only gets one's own processes stopped), and every descendant of one (followed through the process tree, so ranks
-   in sessions of their own, and children that cleared the variable, count too).  Each is held by a
+   naming someone else's lease only gets one's own processes stopped), and every descendant of one
+   (followed through the process tree, so ranks in sessions of their own, and children that cleared
+   the variable, count too).  Each is held by a
    pidfd opened while its start time still matches, so a reused pid is never signalled;
 2. sends them SIGTERM, waits up to the grace (:data:`GRACE`, ``$GPUSD_FENCE_GRACE``), then stops
    every one left (and every descendant found since) with SIGKILL;
@@ -150,12 +151,12 @@ def track(pids: dict[int, int]) -> list[Tracked]:
 
 
 class Fence:
-    """Stopping one lease's processes, on a thread of its own; ``done(stuck)`` is called (on that
-    thread) once the GPUs may be granted again, and ``report(pids)`` when a process still shows on
-    a GPU after the lock-delay."""
+    """Stopping one lease's processes, on a thread of its own; ``done(pids)`` is called (on that
+    thread, with the processes it stopped) once the GPUs may be granted again, and ``report(pids)``
+    when a process still shows on a GPU after the lock-delay."""
 
     def __init__(self, lease_id: str, devices: list[str], on_gpus: Callable[[list[str]], set[int]],
-                 done: Callable[[], None], report: Callable[[list[int]], None]) -> None:
+                 done: Callable[[list[int]], None], report: Callable[[list[int]], None]) -> None:
         self.lease_id, self.devices = lease_id, devices
         self.on_gpus, self.done, self.report = on_gpus, done, report
         self.tracked: dict[int, Tracked] = {}
@@ -205,7 +206,7 @@ class Fence:
         finally:
             for t in self.tracked.values():
                 t.close()
-            self.done()
+            self.done(sorted(self.fenced))
 
     def _fence(self) -> None:
         start = time.monotonic()

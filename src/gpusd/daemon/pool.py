@@ -331,21 +331,28 @@ class Pool:
 
         self.fencing[held.lease_id] = held
 
-        def done() -> None:
-            loop.call_soon_threadsafe(self._fenced, held)
+        def done(pids: list[int]) -> None:
+            loop.call_soon_threadsafe(self._fenced, held, pids)
 
         def report(pids: list[int]) -> None:
             loop.call_soon_threadsafe(self.daemon.publish, "lease_fence_stuck", {
-                "lease_id": held.lease_id, "pids": pids[:64], "devices": list(held.selection.uuids)[:64]})
+                "leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
+                "reason": "a process of the lease still shows on its GPUs", "pids": pids[:64]})
 
         Fence(held.lease_id, list(held.selection.uuids), gpu_pids(self.backend), done, report).start()
 
-    def _fenced(self, held: Held) -> None:
+    def _fenced(self, held: Held, pids: list[int] | None = None) -> None:
         if self.fencing.pop(held.lease_id, None) is None:
             return  # released already (the daemon stopped)
+        lease = _event(held.to_dict(self.daemon.hostname, self.daemon.node_id))
         held.selection.release()
+        if pids is None:
+            return
         log.info("remote lease %s: its processes are gone, its GPUs %s are free", held.lease_id,
                  ",".join(held.selection.uuids))
+        # when the GPUs of a lease that expired are free again (docs/pool.md, "Fencing")
+        self.daemon.publish("lease_fenced", {"leases": [lease], "reason": "its processes are gone",
+                                             "pids": pids[:64]})
 
     def listing(self) -> list[dict[str, Any]]:
         return [h.to_dict(self.daemon.hostname, self.daemon.node_id) for h in self.held.values()]
