@@ -109,3 +109,16 @@ def test_a_reused_pid_is_never_tracked(holder) -> None:
     for t in tracked:
         t.close()
     assert fence.track({child: started + 1}) == []  # another process under that pid: left alone
+
+
+def test_a_pid_on_the_gpu_that_another_process_took_does_not_hold_the_gpu() -> None:
+    """A stopped process's pid shown on a GPU counts while no other process took it: gone from
+    /proc (the driver's list lags) it holds the GPU, a new process under that pid does not."""
+    me = os.getpid()
+    f = fence.Fence(LeaseId.new(), ["GPU-x"], lambda devices: {me, 2**22 + 7}, lambda pids: None, lambda pids: None)
+    st = fence._stat(me)
+    assert st is not None
+    f.fenced = {me: st[1], 2**22 + 7: 1}
+    assert f._shown() == {me, 2**22 + 7}  # this very process, and a pid no process has
+    f.fenced = {me: st[1] + 1, 2**22 + 7: 1}
+    assert f._shown() == {2**22 + 7}  # another process under a fenced pid: not the fenced one

@@ -160,7 +160,7 @@ class Fence:
         self.lease_id, self.devices = lease_id, devices
         self.on_gpus, self.done, self.report = on_gpus, done, report
         self.tracked: dict[int, Tracked] = {}
-        self.fenced: set[int] = set()
+        self.fenced: dict[int, int] = {}  # pid -> start time of every process this fence stopped
         self.thread = threading.Thread(target=self._run, name=f"gpusd-fence-{lease_id[:8]}", daemon=True)
 
     def start(self) -> None:
@@ -175,9 +175,19 @@ class Fence:
         fresh = {pid: st for pid, st in lease_processes(self.lease_id, alive).items() if pid not in self.tracked}
         for t in track(fresh):
             self.tracked[t.pid] = t
-            self.fenced.add(t.pid)
+            self.fenced[t.pid] = fresh[t.pid]
             if sig is not None:
                 t.signal(sig)
+
+    def _shown(self) -> set[int]:
+        """The stopped processes the GPUs' process lists still show: a pid counts while no other
+        process has taken it (gone from /proc, a zombie, or the same start time: ours)."""
+        out = set()
+        for pid in self.on_gpus(self.devices) & set(self.fenced):
+            st = _stat(pid)
+            if st is None or st[1] == self.fenced[pid]:
+                out.add(pid)
+        return out
 
     def _alive(self) -> list[Tracked]:
         return [t for t in self.tracked.values() if t.alive()]
@@ -234,7 +244,7 @@ class Fence:
         self._wait(deadline, signal.SIGKILL)
         said = False
         while True:
-            left = {t.pid for t in self._alive()} | (self.on_gpus(self.devices) & self.fenced)
+            left = {t.pid for t in self._alive()} | self._shown()
             if not left:
                 return
             if time.monotonic() >= deadline:

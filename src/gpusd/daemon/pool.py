@@ -331,11 +331,17 @@ class Pool:
 
         self.fencing[held.lease_id] = held
 
+        def on_loop(fn: Any, *args: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:
+                pass  # the daemon has stopped: its locks went with it
+
         def done(pids: list[int]) -> None:
-            loop.call_soon_threadsafe(self._fenced, held, pids)
+            on_loop(self._fenced, held, pids)
 
         def report(pids: list[int]) -> None:
-            loop.call_soon_threadsafe(self.daemon.publish, "lease_fence_stuck", {
+            on_loop(self.daemon.publish, "lease_fence_stuck", {
                 "leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
                 "reason": "a process of the lease still shows on its GPUs", "pids": pids[:64]})
 
