@@ -587,8 +587,8 @@ class LeaseStore:
             if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
                 raise ValueError("bad expiry time")
             epoch, epochs = d.get("epoch"), d.get("epochs")
-            if epoch is not None and (type(epoch) is not int or not 0 < epoch < MAX_EPOCH):
-                raise ValueError("bad epoch")
+            if type(epoch) is not int or not 0 < epoch < MAX_EPOCH:
+                epoch = None  # a bad epoch costs the epoch, not the record (the kernel's lock is the truth)
             epochs = ({k: v for k, v in list(epochs.items())[:MAX_LEASE_DEVICES]
                        if k in devices and type(v) is int and 0 < v < MAX_EPOCH}
                       if isinstance(epochs, dict) else {})

@@ -89,10 +89,10 @@ class Held:
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
         lease = self.selection.lease if self.selection is not None else None
         epoch = lease.epoch if lease is not None else None  # 0.4, additive: the fencing token (alloc.epoch)
-        return {"epoch": epoch, "lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
+        return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
                 "command": self.note, "claimed": self.claimed, "remote_from": self.remote_from, "ttl": self.ttl,
                 "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
-                "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}}
+                "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}, "epoch": epoch}
 
 
 class Pool:
