@@ -126,3 +126,21 @@ def test_the_epoch_grows_through_the_daemon_and_the_lock_directory_and_survives_
     finally:
         server.stop()
     assert seen == sorted(set(seen)), seen
+
+
+def test_a_record_with_a_bad_epoch_still_counts() -> None:
+    """A damaged epoch costs the epoch, never the lease: the GPU stays leased, shown without one."""
+    from gpusd.alloc.leases import LeaseStore
+
+    store = LeaseStore()
+    with store.mutex():
+        lease = store.acquire(["GPU-e1"])
+    assert lease is not None
+    try:
+        (info,) = store.leases()
+        assert info.epoch == lease.epoch and info.epoch is not None
+        lease.update(epoch="\x1b[2J", epochs=[2**70])
+        (info,) = store.leases()
+        assert (info.lease_id, info.device, info.epoch) == (lease.lease_id, "GPU-e1", None)
+    finally:
+        lease.release()
