@@ -70,6 +70,18 @@ def secret_file(path: Path) -> Path:
     return path
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def stop_left(work: Path) -> None:
     """Kill what the first job left running (where the fence failed), by the pids it wrote down."""
     try:
@@ -137,9 +149,15 @@ def test_a_fleet_job_cut_off_past_its_ttl_is_stopped_on_its_host_before_its_gpu_
             assert first["epoch"] and then["epoch"] and int(then["epoch"]) > int(first["epoch"]), (first, then)
         finally:
             link(lan, client.index, "up")
+            ssh = children(p.pid)  # its ssh, in a session of its own, still waiting on the cut-off link
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+            for pid in ssh:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
             stop_left(work)
         log = h1.log_tail(200)
         assert "SIGKILL after the" in log and str(first["rank"]) in log, log
