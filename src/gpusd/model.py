@@ -355,6 +355,9 @@ class LeaseInfo:
     # says the device's lock is held by a lease's holder (``pid``), so the GPU counts as taken; what the
     # lease was for is unknown (docs/allocation.md, "A damaged record").
     unreadable: bool = False
+    # the fencing token of this GPU's grant (added in 0.4): greater than every earlier grant's of the
+    # GPU on this host, across daemon restarts (gpusd.alloc.epoch, docs/allocation.md "Epochs")
+    epoch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

@@ -119,8 +119,29 @@ async def test_renewal_moves_the_expiry_and_a_lease_not_renewed_expires(tmp_path
             head, _, data = msg.decode().partition("\ndata: ")
             if head.startswith("event: lease_"):
                 names.append((head[7:], json.loads(data)["leases"][0]["lease_id"]))
-        assert names == [("lease_granted", lease_id), ("lease_expired", lease_id)]
+        # ... and, its processes on this host stopped (none here), its GPUs free again (docs/pool.md, "Fencing")
+        assert names == [("lease_granted", lease_id), ("lease_expired", lease_id), ("lease_fenced", lease_id)]
         d.events.unsubscribe(sub)
+
+
+async def test_every_remote_grant_carries_a_greater_epoch(tmp_path: Path) -> None:
+    """The fencing token (docs/pool.md, "Fencing"): in the grant answer, each device, the job's
+    environment, GET /api/v1/leases and the lease record; the next grant of the GPU carries more."""
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="1xA100-80GB", tls=False) as d:
+        seen = []
+        for _ in range(3):
+            r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice", "ttl": 30})
+            assert r.status == 201, r.data
+            epoch = r.data["epoch"]
+            assert type(epoch) is int and [x["epoch"] for x in r.data["devices"]] == [epoch], r.data
+            assert r.data["env"]["GPUSD_LEASE_EPOCH"] == str(epoch)
+            listed = (await acall("GET", base(d) + "/leases")).data["leases"]
+            assert [x["epoch"] for x in listed] == [epoch]
+            assert [le.epoch for le in held_leases()] == [epoch]
+            r = await acall("DELETE", f"{base(d)}/leases/{r.data['lease_id']}")
+            assert r.status == 200
+            seen.append(epoch)
+        assert seen == sorted(set(seen)), seen
 
 
 @pytest.mark.parametrize("body, why", [

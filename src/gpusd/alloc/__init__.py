@@ -4,6 +4,7 @@
 * :mod:`.placement` — a multi-GPU set chosen by topology, and why;
 * :mod:`.cpus` — binding a command to its GPUs' CPUs;
 * :mod:`.leases` — leases held with flock, in the shared lock directory or the authority's;
+* :mod:`.epoch` — fencing tokens: the epoch each grant of a GPU carries, growing across restarts;
 * :mod:`.handle` — the one lease handle (:class:`LeaseHandle`, :class:`Holder`) both kinds of lease implement;
 * :mod:`.queue` — the wait queue (priorities, then first come, first served);
 * :mod:`.startgate` — the start slots of ``gpusd run --wait`` (queued jobs submitted together start in turn);

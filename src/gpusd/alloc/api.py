@@ -94,6 +94,8 @@ class Selection:
         variables = visible_env(self.visible, use_uuid=use)
         if self.lease is not None:
             variables["GPUSD_LEASE"] = self.lease.lease_id
+            if self.lease.epoch is not None:
+                variables["GPUSD_LEASE_EPOCH"] = str(self.lease.epoch)
         return variables
 
     def apply(self, use_uuid: bool | None = None) -> dict[str, str]:
@@ -105,6 +107,8 @@ class Selection:
         if self.lease is not None:
             variables["GPUSD_LEASE"] = self.lease.lease_id
             os.environ["GPUSD_LEASE"] = self.lease.lease_id
+            if self.lease.epoch is not None:
+                variables["GPUSD_LEASE_EPOCH"] = os.environ["GPUSD_LEASE_EPOCH"] = str(self.lease.epoch)
         return variables
 
     def release(self) -> None:

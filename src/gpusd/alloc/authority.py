@@ -151,6 +151,18 @@ class RemoteLease(LeaseHandle):
         self.reader = reader or _Lines(sock)
         self.lock = threading.Lock()
         self.next_id = 1
+        self.epoch_of: dict[str, int] = {}  # each GPU's epoch, as the daemon's answers said (alloc.epoch)
+
+    def epochs(self) -> dict[str, int]:
+        return {d: e for d, e in self.epoch_of.items() if d in self.devices}
+
+    def took(self, answer: dict[str, Any]) -> None:
+        """Keep the epochs a grant (or grow) answer names: positive 64-bit numbers of our GPUs."""
+        raw = answer.get("epochs")
+        if isinstance(raw, dict):
+            for k, v in list(raw.items())[:64]:
+                if isinstance(k, str) and type(v) is int and 0 < v < 2**63:
+                    self.epoch_of[k] = v
 
     @property
     def fds(self) -> list[int]:
@@ -177,6 +189,7 @@ class RemoteLease(LeaseHandle):
         except ValueError as exc:
             raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
         self.devices.extend(x.uuid for x in chosen)
+        self.took(answer)
         return chosen
 
     def give_back(self, uuid: str) -> None:
@@ -373,8 +386,10 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
         raise
     v = reply.get("v")
     version = v if type(v) is int and v >= 1 else 1  # an older daemon says nothing: protocol 1
-    return chosen, RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
-                               reader, holder)
+    lease = RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
+                        reader, holder)
+    lease.took(reply)
+    return chosen, lease
 
 
 def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,

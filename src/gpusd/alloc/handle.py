@@ -82,6 +82,18 @@ class LeaseHandle(abc.ABC):
     def release(self) -> None:
         """End the lease (idempotent)."""
 
+    def epochs(self) -> dict[str, int]:
+        """Each device's epoch: the fencing token of its grant (:mod:`gpusd.alloc.epoch`); empty
+        where the granter gave none (a daemon before 0.4)."""
+        return {}
+
+    @property
+    def epoch(self) -> int | None:
+        """The lease's epoch (``GPUSD_LEASE_EPOCH``): the largest of its devices' epochs, so it is
+        greater than every earlier grant's of each of its GPUs; None where the granter gave none."""
+        values = self.epochs().values()
+        return max(values) if values else None
+
     def __enter__(self) -> LeaseHandle:
         return self
 

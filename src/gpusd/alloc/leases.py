@@ -88,6 +88,7 @@ LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
 MAX_LEASE_DEVICES = 64
+MAX_EPOCH = 2**63  # an epoch read from a record is a positive 64-bit number (alloc.epoch)
 MAX_LEASE_FILES = 4096
 
 
@@ -135,6 +136,11 @@ class Lease(LeaseHandle):
         if self.released:
             return []
         return [*self.device_fds, *self.lingering.values(), *([self.record_fd] if self.record_fd >= 0 else [])]
+
+    def epochs(self) -> dict[str, int]:
+        """Each device's epoch, as the record says (alloc.epoch)."""
+        raw = (self.record or {}).get("epochs")
+        return {k: v for k, v in raw.items() if k in self.devices} if isinstance(raw, dict) else {}
 
     @property
     def store(self) -> LeaseStore:
@@ -627,7 +633,14 @@ class LeaseStore:
             remote_from, expires = d.get("remote_from"), d.get("expires")  # a daemon's remote lease
             if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
                 raise ValueError("bad expiry time")
+            epoch, epochs = d.get("epoch"), d.get("epochs")
+            if type(epoch) is not int or not 0 < epoch < MAX_EPOCH:
+                epoch = None  # a bad epoch costs the epoch, not the record (the kernel's lock is the truth)
+            epochs = ({k: v for k, v in list(epochs.items())[:MAX_LEASE_DEVICES]
+                       if k in devices and type(v) is int and 0 < v < MAX_EPOCH}
+                      if isinstance(epochs, dict) else {})
             return {
+                "epoch": epoch, "epochs": epochs,
                 "pid": pid, "memory": memory, "started": started, "shared": d.get("shared") is True,
                 "devices": devices, "user": user[:64] if isinstance(user, str) else None,
                 "command": command[:1024] if isinstance(command, str) else None,
@@ -671,7 +684,8 @@ class LeaseStore:
                 "remote_from": rec["remote_from"], "expires": rec["expires"], "job": rec.get("job"),
                 # a Slurm job's lease is recorded by the lease authority (root) only (docs/slurm.md)
                 "slurm_job": rec.get("slurm_job") if st.st_uid == 0 else None}
-        return [LeaseInfo.from_dict({**base, "device": dev}) for dev in rec["devices"]]
+        return [LeaseInfo.from_dict({**base, "device": dev, "epoch": rec["epochs"].get(dev, rec["epoch"])})
+                for dev in rec["devices"]]
 
     def release_times(self, within: float = 60.0) -> dict[str, float]:
         """Device UUID -> when its last gpusd lease ended (the lock file's mtime), for leases that
@@ -764,6 +778,7 @@ class LeaseStore:
                     os.close(dfd)
                     return None
             lease_id = LeaseId.new()
+            epoch = self._grant_epoch(dfd, list(devices))  # the fencing token of this grant (alloc.epoch)
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,
@@ -775,6 +790,8 @@ class LeaseStore:
                 "command": holder.command,
                 "devices": list(devices),
                 **holder.extra(),
+                "epoch": epoch,
+                "epochs": {dev: epoch for dev in devices},
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
@@ -806,6 +823,25 @@ class LeaseStore:
             self.refusal = f"{(le.device or '?')[:64]} was leased at the same moment by pid {le.pid} of {le.user}"
             return None
         return lease
+
+    def _grant_epoch(self, dfd: int, devices: list[str]) -> int:
+        """The epoch of a grant of ``devices`` here now, remembered here before the lease's record is
+        published (so the next grant, in either store, sees it): above what either store remembers."""
+        from . import epoch as _epoch
+
+        fds: list[int] = []
+        try:
+            for peer in self.peers():
+                try:
+                    fd = peer.open(create=False)
+                except GpusdError:
+                    continue  # a peer directory we do not believe: the clock and our own count still hold
+                if fd is not None:
+                    fds.append(fd)
+            return _epoch.grant(dfd, fds, devices, self.private)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def rewrite(self, lease: Lease, **changes: Any) -> None:
         """Replace ``lease``'s record with one where ``changes`` apply (a remote lease's new expiry):
@@ -904,7 +940,8 @@ class LeaseStore:
         if extra.released or extra.shared != lease.shared:
             raise GpusdError("cannot join these leases")
         devices = [*lease.devices, *extra.devices]
-        self.rewrite(lease, devices=devices)
+        epochs = {**lease.epochs(), **extra.epochs()}  # each GPU keeps the epoch of its own grant
+        self.rewrite(lease, devices=devices, epochs=epochs, epoch=max(epochs.values()) if epochs else None)
         lease.device_fds = [*lease.device_fds, *extra.device_fds]
         lease.devices = devices
         extra.device_fds, extra.devices = [], []

@@ -37,7 +37,8 @@ def run_with(selection: Selection, cmd: Sequence[str], bind_cpus: bool = False) 
     from .cpus import binding, preexec
 
     env = job_environ(os.environ, selection.visible, use_uuid=selection.use_uuid)
-    env.update({k: v for k, v in selection.env().items() if k == "GPUSD_LEASE"})
+    env.pop("GPUSD_LEASE_EPOCH", None)  # never an outer job's token
+    env.update({k: v for k, v in selection.env().items() if k in ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH")})
     fds = list(selection.lease.fds) if selection.lease else []
     cpus = None
     if bind_cpus:

@@ -104,7 +104,7 @@ def env(args: argparse.Namespace) -> int:
     for key in sorted(cleared({d.vendor for d in sel.visible}) - set(variables)):
         print(f"unset {key}")
     for key, value in variables.items():
-        if key == "GPUSD_LEASE":
+        if key in ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH"):
             continue  # the lease ends with this process: do not pretend otherwise
         print(f"export {key}={_quote(value)}")
     return 0

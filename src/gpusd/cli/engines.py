@@ -562,7 +562,10 @@ def guarded(cmds: Sequence["HostCommand"], leases: Sequence[str], python: str | 
     from ..engines.generate import HostCommand
 
     return [HostCommand(c.slot, c.rank, [*_guard(c.slot, python), "--lease", lease, "--margin", f"{margin:g}",
-                                         "--grace", f"{grace:g}", "--", *c.argv], c.env, c.files)
+                                         "--grace", f"{grace:g}", "--", *c.argv],
+                        # the host's daemon knows the ranks by it: a lease ended without a release
+                        # stops them there before its GPUs are granted again (daemon.fence)
+                        {**c.env, "GPUSD_LEASE": lease}, c.files)
             for c, lease in zip(cmds, leases)]
 
 

@@ -17,6 +17,7 @@
 * :mod:`.fleet` — the fleet view (an :class:`~gpusd.discovery.client.AsyncClient` in the daemon);
 * :mod:`.leasesock` — the lease authority on its Unix socket; :mod:`.leaseconn` — one connection;
   :mod:`.leasereq` — its requests checked; :mod:`.slurmjobs` — the leases it holds for Slurm jobs;
+* :mod:`.fence` — a lease ended without a release: its processes stopped before its GPUs are granted again;
 * :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
 * :mod:`.poolstate` — the remote leases written down for a restarted daemon; :mod:`.keeper` — the process
   that co-holds their locks; :mod:`.fdstore` — systemd's file descriptor store, which does so under systemd;

@@ -328,7 +328,8 @@ class LeaseServer:
             if conn.eof or conn.pending():
                 return  # granted as the client left (or spoke: abandoned): released below
             await conn.send({"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
-                             "devices": [_candidate(c) for c in selection.devices]})
+                             "devices": [_candidate(c) for c in selection.devices],
+                             "epoch": selection.lease.epoch, "epochs": selection.lease.epochs()})
             log.info("lease %s: %s for pid %d (uid %d)%s", selection.lease.lease_id, ",".join(selection.uuids),
                      pid, uid, f" job {job}" if job else "")
             self.held[conn] = held
@@ -392,7 +393,8 @@ class LeaseServer:
                     log.info("lease %s: grown by %s for pid %d (uid %d)", lease_id, ",".join(c.uuid for c in added),
                              held.pid, held.uid)
                     answer = {"ok": True, "op": "grow", "lease_id": lease_id,
-                              "devices": [_candidate(c) for c in added], "held": held.held()}
+                              "devices": [_candidate(c) for c in added], "held": held.held(),
+                              "epochs": held.selection.lease.epochs()}
                 elif op == "release":
                     device = req.get("device")
                     if not isinstance(device, str) or not 0 < len(device) <= 128:

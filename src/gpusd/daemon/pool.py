@@ -103,6 +103,7 @@ class Held:
     release_after: bool = False  # ended meanwhile: the renewal releases when it is done
     coheld: bool = False  # the keeper (or systemd's store) confirmed its copies of the lock descriptors
     finished: Any = None  # the Future of its release (Pool.end)
+    fence: bool = False  # ended without a release: its processes are stopped before its GPUs go (daemon.fence)
 
     @property
     def expires(self) -> float:
@@ -110,10 +111,12 @@ class Held:
         return time.time() + (self.deadline - time.monotonic())
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
+        lease = self.selection.lease if self.selection is not None else None
+        epoch = lease.epoch if lease is not None else None  # 0.4, additive: the fencing token (alloc.epoch)
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
                 "command": self.note, "claimed": self.claimed, "remote_from": self.remote_from, "ttl": self.ttl,
                 "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
-                "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}}
+                "ends": self.ends, "env": self.selection.env() if self.selection is not None else {}, "epoch": epoch}
 
 
 class Pool:
@@ -137,6 +140,8 @@ class Pool:
         self.keeper: Any = None  # gpusd.daemon.keeper.KeeperClient, once a lease needs one
         self.adoption: asyncio.Future[None] | None = None  # taking back a previous run's leases
         self.keep_on_stop = False  # a stopping daemon leaves its leases to the keeper/store (the process sets it)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.fencing: dict[str, Held] = {}  # leases ended without a release, held until their processes are gone
         from .users import Directory
 
         self.users = Directory(getattr(daemon.config, "users_file", None))
@@ -168,7 +173,9 @@ class Pool:
         sel = self._grant(kwargs, held.holder, held.note, held.remote_from,
                           time.time() + (held.deadline - time.monotonic()), held.job)
         held.lease_id, held.selection = sel.lease.lease_id, sel
+        epochs = sel.lease.epochs() if sel.lease is not None else {}
         held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
+                         "epoch": epochs.get(c.uuid),  # 0.4, additive: this GPU's fencing token
                          "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
                          "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
                          "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
@@ -300,7 +307,7 @@ class Pool:
         if self.state_dir is not None:
             poolstate.remove(self.state_dir, held.lease_id)
             self._let_go(held.lease_id)
-        held.selection.release()
+        self._release_or_fence(held)
 
     # -- taking back a previous run's leases ----------------------------------------------------------
     def _kept(self) -> dict[str, list[int]]:
@@ -616,6 +623,7 @@ class Pool:
         held = self.held.pop(lease_id, None)
         if held is None:
             return None
+        held.fence = why == "expired"  # no release: its holder may still run here (daemon.fence)
         if held.renewing:
             held.release_after = True  # never under a rewrite of its record: the renewal releases it
         else:
@@ -625,6 +633,46 @@ class Pool:
                             {"leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
                              "reason": why})
         return held
+
+    def _release_or_fence(self, held: Held) -> None:
+        """Release ``held``'s GPUs: at once, or, for a lease that ended without a release, once its
+        processes on this host are gone (:mod:`gpusd.daemon.fence`); the locks stay held till then."""
+        loop = self.loop
+        if not held.fence or loop is None or held.selection is None:
+            held.selection.release()
+            return
+        from .fence import Fence, gpu_pids
+
+        self.fencing[held.lease_id] = held
+
+        def on_loop(fn: Any, *args: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:
+                pass  # the daemon has stopped: its locks went with it
+
+        def done(pids: list[int]) -> None:
+            on_loop(self._fenced, held, pids)
+
+        def report(pids: list[int]) -> None:
+            on_loop(self.daemon.publish, "lease_fence_stuck", {
+                "leases": [_event(held.to_dict(self.daemon.hostname, self.daemon.node_id))],
+                "reason": "a process of the lease still shows on its GPUs", "pids": pids[:64]})
+
+        Fence(held.lease_id, list(held.selection.uuids), gpu_pids(self.backend), done, report).start()
+
+    def _fenced(self, held: Held, pids: list[int] | None = None) -> None:
+        if self.fencing.pop(held.lease_id, None) is None:
+            return  # released already (the daemon stopped)
+        lease = _event(held.to_dict(self.daemon.hostname, self.daemon.node_id))
+        held.selection.release()
+        if pids is None:
+            return
+        log.info("remote lease %s: its processes are gone, its GPUs %s are free", held.lease_id,
+                 ",".join(held.selection.uuids))
+        # when the GPUs of a lease that expired are free again (docs/pool.md, "Fencing")
+        self.daemon.publish("lease_fenced", {"leases": [lease], "reason": "its processes are gone",
+                                             "pids": pids[:64]})
 
     def listing(self) -> list[dict[str, Any]]:
         return [h.to_dict(self.daemon.hostname, self.daemon.node_id) for h in self.held.values()]
@@ -643,6 +691,7 @@ class Pool:
 
     # -- expiry -------------------------------------------------------------------------------------
     async def expire_loop(self) -> None:
+        self.loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(CHECK_EVERY)
             now = time.monotonic()  # never the wall clock: a step of it must not end (or keep) leases
@@ -669,6 +718,8 @@ class Pool:
         ending = [h for h in (self.end(k, "ended: the daemon stops") for k in list(self.held)) if h is not None]
         for held in ending:
             await self.ended(held)
+        for fenced in list(self.fencing.values()):  # the daemon stops: its locks go with it anyway
+            self._fenced(fenced)
         self.keeping.shutdown(wait=False)
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self._own_backend is not None:  # never the daemon's: the daemon closes that one last

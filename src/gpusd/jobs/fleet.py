@@ -60,7 +60,9 @@ def device(d: object) -> dict[str, Any]:
         raise ValueError("each GPU needs a UUID of 1 to 128 printable characters")
     label = d.get("label") if isinstance(d, dict) else None
     label = label if isinstance(label, str) and 0 < len(label) <= 64 and label.isprintable() else str(index)
-    return {"index": index, "uuid": uuid, "label": label}
+    epoch = d.get("epoch") if isinstance(d, dict) else None  # 0.4: the grant's fencing token, when given
+    return {"index": index, "uuid": uuid, "label": label,
+            **({"epoch": epoch} if type(epoch) is int and 0 < epoch < 2**63 else {})}
 
 
 def valid_devices(devices: Sequence[object]) -> list[dict[str, Any]]:
@@ -127,7 +129,7 @@ class FleetJob:
         self.writer.write(state="running", devices=uuids, indices=[] if remote is not None else indices,
                           labels=labels, lease=LeaseId.optional(lease))
 
-    def _write_job_file(self, devices: Sequence[dict[str, Any]], visible: str) -> Path:
+    def _write_job_file(self, devices: Sequence[dict[str, Any]], visible: str, epoch: str | None = None) -> Path:
         if self.private is None:
             self.private = Path(private_dir(self.job_id))  # mode 0700
         self.generation += 1
@@ -137,8 +139,10 @@ class FleetJob:
         replace_file(path, self.private / f".gpus.{self.generation}.tmp", json.dumps({
             "format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": "running",
             "reason": None, "restarts": self.restarts, "cuda_visible_devices": visible,
-            "devices": [{"index": d["index"], "uuid": d["uuid"], "label": d.get("label", str(d["index"]))}
-                        for d in devices]}).encode())
+            "devices": [{"index": d["index"], "uuid": d["uuid"], "label": d.get("label", str(d["index"])),
+                         **({"epoch": d["epoch"]} if "epoch" in d else {})} for d in devices],
+            # 0.4, additive: the lease's fencing token (GPUSD_LEASE_EPOCH, gpusd.alloc.epoch)
+            **({"epoch": int(epoch)} if epoch is not None and epoch.isdigit() and len(epoch) <= 19 else {})}).encode())
         return path
 
     def run(self, cmd: Sequence[str], env: dict[str, str], devices: Sequence[dict[str, Any]],
@@ -173,7 +177,7 @@ class FleetJob:
                 full.update({"GPUSD_JOB_ID": self.job_id, "GPUSD_NOTIFY_SIGNAL": "SIGUSR1",
                              "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME)})
                 try:
-                    full["GPUSD_JOB_FILE"] = str(self._write_job_file(devices, visible))
+                    full["GPUSD_JOB_FILE"] = str(self._write_job_file(devices, visible, full.get("GPUSD_LEASE_EPOCH")))
                 except OSError as exc:  # the protocol's file is a convenience: run without it
                     _say(f"cannot write the job file: {exc}")
                 try:

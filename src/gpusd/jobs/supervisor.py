@@ -183,10 +183,14 @@ class Supervisor:
         """Rewrite the job file (the protocol), then the job's record with the same state (``record``
         False: the record's fields only, written by the next write: the command's start)."""
         self.generation += 1
+        epochs = self.lease.epochs() if self.lease is not None else {}
         d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
              "env": self.visible_env(),  # issue 21: the vendor's variables (additive)
-             "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label} for x in self.devs]}
+             "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label,
+                          **({"epoch": epochs[x.uuid]} if x.uuid in epochs else {})} for x in self.devs]}
+        if epochs:  # 0.4, additive: the fencing tokens (gpusd.alloc.epoch); the job's is the largest
+            d["epoch"] = max(epochs.values())
         from ..alloc.lockdir import replace_file
 
         replace_file(self.job_file, self.private / f".gpus.{self.generation}.tmp", json.dumps(d).encode())
@@ -696,8 +700,11 @@ class Supervisor:
                     "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.spec.notify_signal).name,
                     "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME),
                     "GPUSD_GPU_COUNT": str(len(self.devs))})
+        env.pop("GPUSD_LEASE_EPOCH", None)  # never an outer job's token
         if self.lease is not None:
             env["GPUSD_LEASE"] = self.lease.lease_id
+            if self.lease.epoch is not None:
+                env["GPUSD_LEASE_EPOCH"] = str(self.lease.epoch)
         fds = list(self.lease.fds) if self.lease is not None else []
         own_group = self.spec.own_group
         cpus = None

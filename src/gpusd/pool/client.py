@@ -355,7 +355,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
 
 
 REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE",  # what a daemon's lease answer sets
-              "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR")
+              "GPUSD_LEASE_EPOCH", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+              "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR")
 
 
 def _remote_env(raw: object) -> dict[str, str]:
