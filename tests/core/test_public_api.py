@@ -107,12 +107,14 @@ MEMBERS: dict[str, str | None] = {
     "Reservation.env": None,  # property
     "Reservation.host": None,  # property
     "Reservation.lease_id": None,  # property
+    "Reservation.left": "",  # 0.4: seconds left of --for, on the monotonic clock
     "Reservation.release": "",
     "Reservation.renew": "ttl=None",
     "Reservation.start_renewing": "until=None",
     "Reservation.to_dict": "",
     "Reservation.to_placement": "job_id=None",
     "Reservation.to_placement_dict": "job_id=None",
+    "Reservation.until": None,  # property (0.4: kept on the monotonic clock, shown as a wall time)
 }
 
 

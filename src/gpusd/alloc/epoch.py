@@ -21,14 +21,11 @@ Only ``os`` and ``time`` are imported (start-up time).
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import time
 
 from .lockdir import FILE_FLAGS
-
-log = logging.getLogger("gpusd.alloc")
 
 MAX_AHEAD_US = 10 * 366 * 86400 * 10**6  # a stored epoch further ahead of the clock than this is not believed
 WIDTH = 20  # digits written, so that a rewrite in place always covers the previous value
@@ -88,7 +85,7 @@ def _own(dir_fd: int, device: str, private: bool) -> int | None:
             return None
         return fd
     except OSError as exc:
-        log.debug("cannot use the epoch file of %s: %s", device[:64], exc)
+        _debug("cannot use the epoch file of %s: %s", device[:64], exc)
         return None
 
 
@@ -122,8 +119,15 @@ def grant(dir_fd: int, peer_fds: list[int], devices: list[str], private: bool) -
             try:
                 os.pwrite(fd, text, 0)
             except OSError as exc:
-                log.debug("cannot store an epoch: %s", exc)
+                _debug("cannot store an epoch: %s", exc)
     finally:
         for fd in own:
             os.close(fd)
     return epoch
+
+
+def _debug(msg: str, *args: object) -> None:
+    """A debug line, with ``logging`` imported only when there is one (the quick commands' start-up)."""
+    import logging
+
+    logging.getLogger("gpusd.alloc").debug(msg, *args)

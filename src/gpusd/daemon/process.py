@@ -201,6 +201,11 @@ RuntimeDirectoryMode=0755
 RuntimeDirectoryPreserve=restart
 # The daemon sends its goodbye (bye event + mDNS goodbye) on SIGTERM within a second or two.
 KillSignal=SIGTERM
+# Remote leases (docs/pool.md) outlive a restart: systemd keeps copies of their lock descriptors in the
+# service's file descriptor store and hands them to the next daemon (FDSTORE= is set by systemd 254 and
+# later; set here for older versions, equal to FileDescriptorStoreMax=). `systemctl stop` empties it.
+FileDescriptorStoreMax=4096
+Environment=FDSTORE=4096
 TimeoutStopSec=20
 Restart=on-failure
 RestartSec=5
