@@ -308,3 +308,22 @@ def test_set_cuda_visible_devices_refuses_an_index_the_host_does_not_have(fake_n
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     gpusd.set_cuda_visible_devices([1, 3])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,3"
+
+
+def test_leases_names_each_gpu_by_the_number_users_choose_it_by(fake_nvml, cli_env):
+    """`gpusd leases` lists GPU 2 as 2 (users choose by index), beside its UUID."""
+    gpus = make_gpus(3)
+    fake_nvml.write(gpus)
+    p = subprocess.Popen([*GPUSD, "run", "--include", "2", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+    try:
+        wait_until_sync(lambda: len(_leases(cli_env)["leases"]) == 1, timeout=20.0)
+        r = gpusd_cli(["leases"], env=cli_env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        head = next(line for line in lines if "LEASE" in line)
+        assert head.split()[:2] == ["GPU", "DEVICE"]
+        row = next(line for line in lines if gpus[2].uuid in line)
+        assert row.split()[0] == "2"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)

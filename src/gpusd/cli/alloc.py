@@ -154,6 +154,22 @@ def _cell(text: str | None, limit: int = 40) -> str:
     return for_terminal(text, limit) or "-"
 
 
+def _gpu_labels() -> dict[str, str]:
+    """UUID -> the GPU's number as users choose it (``3``; a MIG slice ``3:1``), from this host's GPUs;
+    empty where they cannot be read here (the lease list still names each device by UUID)."""
+    from ..errors import GpusdError
+
+    try:
+        from ..alloc.api import shared_backend
+
+        snap = shared_backend().snapshot(detail=False)
+    except (GpusdError, OSError):
+        return {}
+    out = {g.uuid: str(g.index) for g in snap.gpus}
+    out.update({m.uuid: f"{g.index}:{m.index}" for g in snap.gpus for m in g.mig_instances})
+    return out
+
+
 def _age(since: float | None, now: float) -> str:
     return f"{max(0.0, now - since):.0f}s" if since else "-"
 
@@ -193,7 +209,8 @@ def leases(args: argparse.Namespace) -> int:
         print(mutex_note(store, mutex))
     now = time.time()
     # Lease records are files other users write: every string is made safe before it is printed.
-    rows = [[_cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32) + (" OVER CAP" if le.over_cap else ""),
+    labels = _gpu_labels()
+    rows = [[labels.get(le.device or "", "-"), _cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32) + (" OVER CAP" if le.over_cap else ""),
              str(le.pid), "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
              _age(le.started, now), _cell(le.job, 16),
@@ -208,7 +225,7 @@ def leases(args: argparse.Namespace) -> int:
     for why in over_caps(held).values():
         print(f"over the cap: {_cell(why, 300)}")
     if rows:
-        print(render_table(["DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
+        print(render_table(["GPU", "DEVICE", "LEASE", "USER", "PID", "MODE", "MEMORY", "AGE", "JOB", "COMMAND"], rows))
     if waiters:
         from ..alloc.priority import priority_name
 
