@@ -210,7 +210,8 @@ def leases(args: argparse.Namespace) -> int:
     now = time.time()
     # Lease records are files other users write: every string is made safe before it is printed.
     labels = _gpu_labels()
-    rows = [[labels.get(le.device or "", "-"), _cell(le.device, 64), _cell(le.lease_id, 16), _cell(le.user, 32) + (" OVER CAP" if le.over_cap else ""),
+    rows = [[labels.get(le.device or "", "-"), _cell(le.device, 64), _cell(le.lease_id, 16),
+             _cell(le.user, 32) + (" OVER CAP" if le.over_cap else ""),
              str(le.pid), "shared" if le.shared else "exclusive",
              f"{le.memory / 2**30:.1f}GiB" if le.memory else "-",
              _age(le.started, now), _cell(le.job, 16),
