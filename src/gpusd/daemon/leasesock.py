@@ -56,7 +56,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable, to_wire
 from .backend import SharedBackend
@@ -89,6 +89,16 @@ class _Held:
         return list(self.lease.devices)
 
 
+class LeaseHistory(Protocol):
+    """Where the leases granted here are written down as they begin and end (the usage history:
+    :class:`gpusd.daemon.recording.Recording`); called on the executor's threads."""
+
+    def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
+                      gpus: list[str]) -> None: ...
+
+    def lease_ended(self, lease_id: str) -> None: ...
+
+
 class LeaseServer:
     def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
                  backend: SharedBackend | None = None) -> None:
@@ -110,6 +120,7 @@ class LeaseServer:
         self.cancels: set[threading.Event] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
+        self.history: LeaseHistory | None = None  # set by the daemon that records its usage history
         self.store: Any = None  # the authority's own lock directory (LeaseStore.authority), once prepared
         self.stopping = False
         self.stopped = False  # the kept tickets were closed (stop() is done with them)
@@ -485,7 +496,10 @@ class LeaseServer:
         """End ``held``'s lease, on the executor (its lock may be held there by a join, a moment)."""
         def release() -> None:
             with held.lock:
+                handed = held.lease.released  # handed over as we stopped: it goes on without us
                 held.selection.release()
+            if self.history is not None and not handed:
+                self.history.lease_ended(held.lease.lease_id)
 
         try:
             job = asyncio.get_running_loop().run_in_executor(self.executor, release)
@@ -535,10 +549,13 @@ class LeaseServer:
         who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,  # priority believed for uid
                      slurm_job=(extra or {}).get("slurm_job"))
         try:
-            return allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
-                                         priority=priority, cancelled=cancel.is_set, place=place,
-                                         keep_place=self._keep),
-                            store=self._store(), backend=self.backend)  # type: ignore[arg-type]
+            sel = allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
+                                        priority=priority, cancelled=cancel.is_set, place=place,
+                                        keep_place=self._keep),
+                           store=self._store(), backend=self.backend)  # type: ignore[arg-type]
+            if lease and self.history is not None and sel.lease is not None:
+                self.history.lease_started(sel.lease.lease_id, who.user, uid, command, list(sel.uuids))
+            return sel
         finally:
             if place is not None and not place.closed and not self._keep(place):  # refused before it waited
                 place.close()

@@ -206,6 +206,8 @@ class Daemon:
 
             self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm,
                                                           backend=self.inventory)
+            if self._lease_server is not None:  # its leases' records begin and end with them (docs/history.md)
+                self._lease_server.history = self.recording
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 
