@@ -41,6 +41,12 @@ then chooses itself).
 With protocol 1 (an older daemon: no ``v`` in its answer) anything sent after the answer releases
 the lease, so this client sends nothing more there: :meth:`RemoteLease.grow` refuses instead.
 
+A waiting request whose daemon stops gets ``{"op": "requeue", ...}`` (or the end of the connection,
+when the daemon was killed): the client asks the next daemon (:func:`reconnect`, at most
+:data:`REQUEUE_WAIT` seconds, else the lock directory) with ``"requeue": true``, and that daemon first
+says whether it kept the client's place (``{"op": "requeued", "kept": true}``), matched by the
+connection's pid and uid from the kernel, never by the request.
+
 The client uses the socket only when it is a socket owned by root or by the client's own user, and
 the process answering is one of those (``SO_PEERCRED`` again); otherwise it falls back to the lock
 directory.  ``GPUSD_LEASE_SOCKET=off`` disables the daemon path.
