@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from authority_helpers import ServerThread
 from conftest import gpusd_cli
 from fakenvml import make_gpus
@@ -168,3 +170,48 @@ def test_a_waiter_whose_daemon_does_not_come_back_waits_in_the_lock_directory(fa
     finally:
         _kill_group(holder)
         waiter.join(60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the lease authority is root's daemon")
+@pytest.mark.parametrize("how", ["stop", "kill9"])
+def test_jobs_queued_at_a_daemon_process_run_after_it_is_stopped_or_killed_and_started_again(
+        fake_nvml, cli_env, tmp_path, how):
+    from authority_helpers import DaemonProcess
+
+    fake_nvml.write(make_gpus(1))
+    out = tmp_path / "order"
+    daemon = DaemonProcess(cli_env, tmp_path / "state")
+    daemon.start()
+    holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
+    waiters: list[subprocess.Popen] = []
+    try:
+        assert _wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
+        for n in range(2):
+            waiters.append(subprocess.Popen(
+                [*GPUSD, "run", "--wait", "--", "sh", "-c", f"echo {n + 1} >> {out}"], env=cli_env,
+                start_new_session=True, stderr=subprocess.PIPE, text=True))
+            assert _wait_for(lambda n=n: len(_queued_pids(cli_env)) == n + 1)
+        first, second = waiters
+        os.kill(first.pid, signal.SIGSTOP)  # it comes back last (and after a kill -9 the GPU is free)
+        if how == "stop":
+            daemon.stop()  # SIGTERM: what gpusd stop and systemd send
+        else:
+            daemon.kill9()
+        daemon.start()
+        assert _wait_for(lambda: f"pid {second.pid} (uid 0) waits again in its place" in daemon.log())
+        assert _queued_pids(cli_env) == [first.pid, second.pid]  # the absent first one's place is kept
+        os.kill(first.pid, signal.SIGCONT)
+        _kill_group(holder)
+        for w in waiters:
+            assert w.wait(timeout=60) == 0
+            assert "queued there again, in its place" in (w.stderr.read() if w.stderr else "")
+        assert out.read_text().split() == ["1", "2"]
+    finally:
+        for w in waiters:
+            try:
+                os.kill(w.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            _kill_group(w)
+        _kill_group(holder)
+        daemon.stop()
