@@ -140,3 +140,22 @@ def test_a_killed_daemons_open_lease_is_closed_by_the_next_at_its_last_known_tim
     acc.lease_ended("kept", 131.0)
     rows = {key.split("@")[0]: (start, ended) for key, start, _, ended, _ in _jobs(acc.conn)}
     assert rows == {"l:gone": (100.5, 100.5), "l:kept": (100.6, 131.0)}
+
+
+def test_a_lease_held_across_a_clean_restart_keeps_one_record(tmp_path):
+    """A lease outlives a daemon that stops (its holder gets its descriptors): the stop leaves its record
+    open for the next daemon, which continues it, instead of closing it and opening a second one."""
+    from gpusd.usage.db import connect
+    from gpusd.usage.recorder import Accountant
+
+    db = tmp_path / "h.sqlite"
+    acc = Accountant(connect(db), 1.0)
+    acc.add(_snap(100.0, lease="L"))
+    acc.add(_snap(101.0, lease="L"))
+    acc.close_jobs()  # a clean stop
+    acc.conn.close()
+    acc = Accountant(connect(db), 1.0)
+    acc.add(_snap(110.0, lease="L"))
+    acc.add(_snap(111.0))
+    [(key, start, last, ended, _)] = _jobs(acc.conn)
+    assert key.startswith("l:L@") and (start, ended) == (100.0, 110.0)

@@ -38,6 +38,7 @@ LEASE_WRITE_WAIT = 1.0  # seconds a grant waits for its lease's record to be wri
 class _Job:
     row: int
     gpus: set[str]
+    seen: bool = True  # shown by a sample (or told) since this daemon started; False: a previous daemon's
 
 
 @dataclass
@@ -100,7 +101,7 @@ class Accountant:
         self._uids: dict[str, int | None] = {}
         for row, ident, gpus in conn.execute("SELECT id, key, gpus FROM jobs WHERE ended IS NULL"):
             # left open by a daemon that stopped or died: continued if still there at the next sample
-            self.open[ident.rsplit("@", 1)[0]] = _Job(row, set(json.loads(gpus)))
+            self.open[ident.rsplit("@", 1)[0]] = _Job(row, set(json.loads(gpus)), seen=False)
         for gid, uuid in conn.execute("SELECT id, uuid FROM gpus"):
             self.gpu_ids[uuid] = gid
 
@@ -231,6 +232,7 @@ class Accountant:
                      json.dumps(sorted(j.gpus)), ts, ts, j.mem if j.kind == "process" else None))
                 self.open[ident] = _Job(int(cur.fetchone()[0]), set(j.gpus))
                 continue
+            job.seen = True
             if not j.gpus <= job.gpus:
                 job.gpus |= j.gpus
                 self.conn.execute("UPDATE jobs SET gpus=? WHERE id=?", (json.dumps(sorted(job.gpus)), job.row))
@@ -281,9 +283,14 @@ class Accountant:
 
     def close_jobs(self) -> None:
         """A clean stop: every open job ends at its last sample (a crash leaves them open, and the next
-        start continues those still running)."""
+        start continues those still running) -- but a lease's: a lease outlives the daemon (its holder
+        keeps its locks, handed over as the daemon stops), so the next daemon continues its record while
+        it is held, or closes it at its last sample: one record per lease, across a restart too."""
         with transaction(self.conn):
-            self.conn.execute("UPDATE jobs SET ended=last WHERE ended IS NULL")
+            self.conn.execute("UPDATE jobs SET ended=last WHERE ended IS NULL AND kind != 'lease'")
+            # the leases this daemon saw held stay open; a previous daemon's that it never saw end
+            self.conn.executemany("UPDATE jobs SET ended=last WHERE id=?",
+                                  [(job.row,) for job in self.open.values() if not job.seen])
         self.open.clear()
 
     def mark_idle(self, lease_id: str, ts: float, released: bool = False) -> None:
