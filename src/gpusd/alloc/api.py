@@ -273,7 +273,9 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                     raise GpusdError("the wait was cancelled") from None
                 if sock is None:
                     authority.say(f"the gpusd daemon stopped while this job waited and none answered within "
-                         f"{authority.REQUEUE_WAIT:g}s: waiting in the lock directory's queue instead")
+                                  f"{authority.REQUEUE_WAIT:g}s: waiting in the lock directory's queue instead")
+                    if end is not None:  # what is left of the wait's own bound
+                        timeout = max(0.0, end - time.monotonic())
                 requeued = True
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
