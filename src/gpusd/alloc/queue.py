@@ -36,6 +36,10 @@ every ``recheck`` seconds for load that changes outside gpusd.  Without inotify 
 
 Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
 nobody can guess, never followed through a symlink, attributed to the uid that owns them.
+
+The lease authority's tickets outlive the daemon: one that stops leaves its waiters' tickets, and the
+next re-adopts those whose waiter still runs (:func:`readopt`, :class:`Place`), so a waiter that asks
+again keeps its place.
 """
 
 from __future__ import annotations

@@ -26,7 +26,12 @@ logged and ignored.  A bad request gets an error answer and the lease stays.
 
 When the daemon stops, it hands each lease's descriptors (grown GPUs included) to its client over the
 connection (``SCM_RIGHTS``) before closing it: the locks belong to the open files, so the lease
-survives a daemon restart and still ends with the client's connection.
+survives a daemon restart and still ends with the client's connection.  A request still waiting in
+the queue is told ``{"op": "requeue"}`` and its ticket is left; the next daemon locks again the
+tickets of waiters that still run (:func:`gpusd.alloc.queue.readopt`) and gives each back to its
+process when it asks again (matched by SO_PEERCRED), so it keeps its place (docs/allocation.md,
+"Waiting").  Where the daemon records its usage history, each lease granted here is written down
+before its client hears of it, and ended when its connection ends (:class:`LeaseHistory`).
 
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
