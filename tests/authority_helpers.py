@@ -1,9 +1,15 @@
-"""The daemon's lease authority in the test process (tests/alloc/test_lease_authority.py, tests/jobs/)."""
+"""The daemon's lease authority in the test process (tests/alloc/test_lease_authority.py, tests/jobs/), or as a
+daemon process a test can kill (:class:`DaemonProcess`)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 
 class ServerThread:
@@ -23,3 +29,56 @@ class ServerThread:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+class DaemonProcess:
+    """``gpusd start --foreground`` as a process of its own: the root lease authority of the test's lock
+    directory (the environment's), on 127.0.0.1 with a state directory of its own, that a test can
+    kill with SIGKILL and start again on the same state (tests/usage/test_history_crashes.py)."""
+
+    def __init__(self, env: dict[str, str], state_dir: Path, *args: str) -> None:
+        self.env = dict(env, GPUSD_STATE_DIR=str(state_dir), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+        self.state_dir = state_dir
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.session = f"crash-{os.getpid()}-{secrets.token_hex(3)}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start it and return once it serves (its ready line)."""
+        from netns import read_lines
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        r, w = os.pipe()
+        with open(self.state_dir / "daemon.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpusd", "start", "--foreground", "--port", "0",
+                                          "--session", self.session, *self.args, "--ready-fd", str(w)],
+                                         env=self.env, pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=log)
+        os.close(w)
+        try:
+            if not read_lines(r, 1, timeout):
+                raise RuntimeError(f"the daemon did not come up:\n{self.log()}")
+        finally:
+            os.close(r)
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        """SIGTERM (a clean stop), SIGKILL after 15 s."""
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def log(self) -> str:
+        try:
+            return (self.state_dir / "daemon.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return "(no log)"

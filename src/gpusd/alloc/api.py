@@ -156,7 +156,10 @@ class LeaseRequest:
     each time the job at the head of the queue finds nothing qualifying (a job preempts there);
     ``queued`` is called once, outside the mutex, as soon as the wait's ticket is in the queue (a
     preempted job gives its GPUs back then, keeping its place ahead of those who queue meanwhile;
-    ``gpusd run`` gives its start slot back)."""
+    ``gpusd run`` gives its start slot back).  ``place``: the lease authority's only — a waiter's
+    place its previous daemon left (:class:`gpusd.alloc.queue.Place`'s ticket), waited with instead
+    of a new ticket; ``keep_place`` is offered the ticket of a wait that ends unserved, and keeps it
+    (True: the caller's now, to leave for the next daemon as this one stops) or not."""
 
     constraints: Constraints
     lease: bool = True
@@ -171,6 +174,8 @@ class LeaseRequest:
     cancelled: Callable[[], bool] | None = None
     when_blocked: Callable[[], object] | None = None
     queued: Callable[[], object] | None = None
+    place: queue.Ticket | None = None
+    keep_place: Callable[[queue.Ticket], bool] | None = None
 
 
 def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int, ticket: queue.Ticket | None = None,
@@ -261,22 +266,42 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
         from . import authority
 
         sock = authority.connect()
-        if sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
+        end = time.monotonic() + timeout if timeout is not None else None
+        requeued = False
+        while sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
+            left = None if end is None else max(0.0, end - time.monotonic())
             try:
                 if not req.lease:
-                    chosen, why = authority.choose_through(sock, c, wait=wait, timeout=timeout,
-                                                           command=holder.command, priority=req.priority)
+                    chosen, why = authority.choose_through(sock, c, wait=wait, timeout=left, command=holder.command,
+                                                           priority=req.priority, requeue=requeued)
                     return Selection(chosen, None, pick=why)
-                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=timeout, holder=holder,
-                                                       priority=req.priority)
+                chosen, held = authority.lease_through(sock, c, wait=wait, timeout=left, holder=holder,
+                                                       priority=req.priority, requeue=requeued)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
-                pass  # the same leases (or choice), taken here
+                break  # the same leases (or choice), taken here
             except authority.AuthorityHung as exc:  # the same, said in one line: the user waited a few seconds
                 import sys
 
                 print(f"gpusd: {exc}; {'leasing' if req.lease else 'choosing'} in the lock directory "
                       f"{(store or LeaseStore()).dir} instead", file=sys.stderr, flush=True)
+                break
+            except authority.DaemonGone:
+                # The daemon stopped (or died) while we waited: ask its successor, which keeps our
+                # place, or wait in the lock directory when none comes (docs/allocation.md, "Waiting").
+                sock = authority.reconnect(authority.REQUEUE_WAIT if end is None
+                                           else min(authority.REQUEUE_WAIT, max(0.0, end - time.monotonic())),
+                                           cancelled)
+                if cancelled is not None and cancelled():
+                    if sock is not None:
+                        sock.close()
+                    raise GpusdError("the wait was cancelled") from None
+                if sock is None:
+                    authority.say(f"the gpusd daemon stopped while this job waited and none answered within "
+                                  f"{authority.REQUEUE_WAIT:g}s: waiting in the lock directory's queue instead")
+                    if end is not None:  # what is left of the wait's own bound
+                        timeout = max(0.0, end - time.monotonic())
+                requeued = True
     backend = backend or shared_backend(simulate)
     store = store or LeaseStore()
     if not wait:
@@ -291,12 +316,14 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
 
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
-    try:
-        with store.mutex(deadline):
-            ticket = queue.enqueue(store, c.count, holder.command, holder.pid, holder.user, priority=level,
-                                   resume=req.resume)
-    except WaitTimeout as exc:
-        last, ticket = exc, None
+    ticket: queue.Ticket | None = req.place  # a place kept across a restart of the daemon
+    if ticket is None:
+        try:
+            with store.mutex(deadline):
+                ticket = queue.enqueue(store, c.count, holder.command, holder.pid, holder.user, priority=level,
+                                       resume=req.resume, uid=holder.uid)
+        except WaitTimeout as exc:
+            last = exc
     watch: queue.LeaseWatch | None = None
     # A new head looks again soon too: a lease may have ended just before it began to watch, with
     # utilisation readings not yet caught up.
@@ -377,7 +404,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                 break
     finally:
         if ticket is not None:
-            ticket.close()
+            if req.keep_place is None or not req.keep_place(ticket):
+                ticket.close()
         if watch is not None:
             watch.close()
     if cancelled is not None and cancelled():

@@ -41,6 +41,12 @@ then chooses itself).
 With protocol 1 (an older daemon: no ``v`` in its answer) anything sent after the answer releases
 the lease, so this client sends nothing more there: :meth:`RemoteLease.grow` refuses instead.
 
+A waiting request whose daemon stops gets ``{"op": "requeue", ...}`` (or the end of the connection,
+when the daemon was killed): the client asks the next daemon (:func:`reconnect`, at most
+:data:`REQUEUE_WAIT` seconds, else the lock directory) with ``"requeue": true``, and that daemon first
+says whether it kept the client's place (``{"op": "requeued", "kept": true}``), matched by the
+connection's pid and uid from the kernel, never by the request.
+
 The client uses the socket only when it is a socket owned by root or by the client's own user, and
 the process answering is one of those (``SO_PEERCRED`` again); otherwise it falls back to the lock
 directory.  ``GPUSD_LEASE_SOCKET=off`` disables the daemon path.
@@ -62,7 +68,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 
 if TYPE_CHECKING:
     import socket
-    from typing import Any
+    from typing import Any, Callable
 
     from .placement import Pick
 
@@ -80,6 +86,8 @@ PROBE_MAX = 30.0  # a long wait asks again at growing intervals, up to this
 BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to end
 MAX_STRAY = 64  # answers to other requests skipped while looking for ours
 MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
+REQUEUE_WAIT = 20.0  # how long a waiter whose daemon stopped looks for the next one before the lock directory
+REQUEUE_POLL = 0.1
 _CRED = "3i"  # struct ucred: pid, uid, gid
 # Inherited variables beside CUDA_VISIBLE_DEVICES that limit the choice (gpusd.alloc.select), sent
 # to the daemon, which cannot see the client's environment.
@@ -285,7 +293,7 @@ class _Lines:
             data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
             self.fds.extend(fds)
             if not data:
-                raise OSError("the daemon closed the connection")
+                raise _Closed("the daemon closed the connection")
             self.buf += data
             if len(self.buf) > MAX_LINE:
                 raise OSError("reply too long")
@@ -340,6 +348,37 @@ def _alive(sock: socket.socket) -> bool:
         probe.close()
 
 
+class DaemonGone(Exception):
+    """The daemon ended a waiting request's connection without an answer (it stopped, or died): the
+    waiter asks the next daemon (:func:`reconnect`), which keeps its place, or the lock directory."""
+
+
+class _Closed(OSError):
+    """The daemon closed the connection."""
+
+
+def say(message: str) -> None:
+    """One line on stderr: what happened to a wait that the caller would otherwise not know."""
+    import sys
+
+    print(f"gpusd: {message}", file=sys.stderr, flush=True)
+
+
+def reconnect(bound: float, cancelled: Callable[[], bool] | None = None) -> socket.socket | None:
+    """A connection to the next lease authority within ``bound`` seconds (the daemon restarting), or
+    None (none came, or ``cancelled()``)."""
+    import time
+
+    end = time.monotonic() + bound
+    while True:
+        sock = connect()
+        if sock is not None:
+            return sock
+        if (cancelled is not None and cancelled()) or time.monotonic() >= end:
+            return None
+        time.sleep(min(REQUEUE_POLL, max(0.0, end - time.monotonic())))
+
+
 def request(c: Constraints) -> dict[str, Any]:
     """The constraints as the protocol carries them (``visible``: this process's inherited
     ``CUDA_VISIBLE_DEVICES``, which the daemon cannot see)."""
@@ -356,9 +395,12 @@ def request(c: Constraints) -> dict[str, Any]:
 
 
 def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
-                  holder: Holder, priority: int | None = None) -> tuple[list[Candidate], RemoteLease]:
+                  holder: Holder, priority: int | None = None,
+                  requeue: bool = False) -> tuple[list[Candidate], RemoteLease]:
     """Ask the daemon for a lease for ``holder`` (this process: its ``command``, and the gpusd job
-    ``job``, a :class:`gpusd.ids.JobId`, named in the lease's record); raises what a local allocation would raise."""
+    ``job``, a :class:`gpusd.ids.JobId`, named in the lease's record); raises what a local allocation would raise.
+    ``requeue``: we waited at a daemon that stopped (the daemon then says whether it kept our place,
+    and we say so on stderr); with ``wait``, :class:`DaemonGone` when this one stops too."""
     job = holder.job
     req = dict(request(c), wait=wait, timeout=timeout, command=holder.command)
     if job is not None:
@@ -367,8 +409,10 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
         req["job"] = JobId.parse(job)
     if priority is not None:
         req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
+    if requeue:
+        req["requeue"] = True
     reader = _Lines(sock)
-    line = _send(sock, reader, req, wait, timeout)
+    line = _answer(sock, reader, req, wait, timeout)
     try:
         reply = _decode(line)
         if reply.get("ok") is not True and reply.get("error") == "busy":
@@ -393,7 +437,8 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
 
 
 def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,
-                   command: str | None = None, priority: int | None = None) -> tuple[list[Candidate], Pick | None]:
+                   command: str | None = None, priority: int | None = None,
+                   requeue: bool = False) -> tuple[list[Candidate], Pick | None]:
     """Ask the daemon which GPUs it would give for ``c``, taking no lease (``gpusd select``, ``env``,
     ``gpusd.select(lease=False)``): its inventory (real or simulated), the leases of the lock
     directory, the same queue with ``wait``.  Raises what a local choice would raise;
@@ -404,8 +449,10 @@ def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: 
     req = dict(request(c), op="choose", wait=wait, timeout=timeout, command=command)
     if priority is not None:
         req["priority"] = priority
+    if requeue:
+        req["requeue"] = True
     try:
-        line = _send(sock, _Lines(sock), req, wait, timeout)
+        line = _answer(sock, _Lines(sock), req, wait, timeout)
     finally:
         sock.close()  # a choice holds nothing
     try:
@@ -482,8 +529,25 @@ def daemon_inventory() -> DaemonInventory | None:
 
 
 def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:
-    """Send one request line, read the answer line (the socket is closed when that fails)."""
+    """Send one request line, read the answer line (the socket is closed when that fails;
+    :class:`DaemonGone` when the daemon ended a wait without answering)."""
     import json  # here: without a daemon's socket, this module is imported but never talks
+
+    try:
+        sock.settimeout(HUNG_AFTER)  # a request line fits the socket's buffer: a send that blocks is a hang
+        sock.sendall(json.dumps(req).encode() + b"\n")
+    except BrokenPipeError:
+        pass  # answered before it read us (busy), or gone: what it said (or its end) is read below
+    except OSError as exc:
+        sock.close()
+        raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
+    return _read(sock, reader, wait, timeout)
+
+
+def _read(sock: socket.socket, reader: _Lines, wait: bool, timeout: float | None) -> bytes:
+    """The next answer line.  Silence past :data:`HUNG_AFTER` is checked: a daemon that is stopped or
+    hung costs the client a few seconds (:class:`AuthorityHung`), a slow or waiting one is waited for;
+    a daemon that ends a wait without answering (it stops, or died) is :class:`DaemonGone`."""
     import time
 
     from .leases import mutex_timeout
@@ -492,11 +556,6 @@ def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, 
     start = time.monotonic()
     gap = HUNG_AFTER
     try:
-        sock.settimeout(HUNG_AFTER)
-        try:
-            sock.sendall(json.dumps(req).encode() + b"\n")
-        except BrokenPipeError:
-            pass  # answered before it read us (busy): the answer is waiting below
         while True:
             left = None if limit is None else limit - (time.monotonic() - start)
             if left is not None and left <= 0:
@@ -520,6 +579,8 @@ def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, 
         sock.settimeout(None)
     except OSError as exc:
         sock.close()
+        if wait and isinstance(exc, (_Closed, ConnectionResetError)):
+            raise DaemonGone() from None
         raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
     return line
 
@@ -529,6 +590,29 @@ def _peer_pid(sock: socket.socket) -> int:
         return peer_credentials(sock)[0]
     except OSError:
         return 0
+
+
+def _answer(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:
+    """:func:`_send`, then the answer past the notes about the queue a waiter may get first: that a
+    stopping daemon ends our wait (:class:`DaemonGone`), or whether the next one kept our place."""
+    line = _send(sock, reader, req, wait, timeout)
+    for _ in range(MAX_STRAY):
+        try:
+            note = _decode(line)
+        except ValueError:
+            return line  # the caller says what is wrong with it
+        op = note.get("op")
+        if wait and op == "requeue":  # the daemon stops: it keeps our place for the next one
+            sock.close()
+            raise DaemonGone()
+        if op != "requeued" or not req.get("requeue"):
+            return line
+        say("the gpusd daemon restarted while this job waited: queued there again, "
+            + ("in its place" if note.get("kept") is True else
+               "behind the jobs queued there (the daemon did not know this job's place)"))
+        line = _read(sock, reader, wait, timeout)
+    sock.close()
+    raise GpusdError("the gpusd daemon's lease socket sent too many notes")
 
 
 def _decode(line: bytes) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from .lockdir import (
     DEFAULT_LOCK_DIR,
     DIR_FLAGS,
     FILE_FLAGS,
+    abandoned,
     check_private_dir,
     create_exclusive,
     describe_holders,
@@ -353,7 +354,8 @@ class LeaseStore:
         """Make the authority's store ready (the daemon, as it becomes the lease authority): the
         shared lock directory exists and is safe; the authority's directory in it is our own, made
         new when something else squats its name (moved aside, never chmod-ed or followed); tickets a
-        previous daemon left are removed (its waits ended with it)."""
+        previous daemon left are removed, except those whose lock is held: the places this daemon
+        re-adopted for their waiters (:func:`gpusd.alloc.queue.readopt`), or a live daemon's."""
         assert self.private
         parent = open_dir(self.dir.parent, True)
         assert parent is not None
@@ -367,10 +369,7 @@ class LeaseStore:
             try:
                 for name in os.listdir(fd):
                     if name.startswith(("queue-", ".queue-")) and name.endswith((".ticket", ".tmp")):
-                        try:
-                            os.unlink(name, dir_fd=fd)
-                        except OSError:
-                            pass
+                        _remove_unlocked(fd, name)
             finally:
                 os.close(fd)
         finally:
@@ -1010,3 +1009,17 @@ def mark_unleased(snap: HostSnapshot) -> None:
 
 def _safe(device: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in device)
+
+
+def _remove_unlocked(dir_fd: int, name: str) -> None:
+    """Remove the queue file ``name`` unless someone holds its lock (a waiter's place: never taken from it)."""
+    try:
+        fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        abandoned(fd, dir_fd, (name,), True)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

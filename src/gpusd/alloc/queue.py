@@ -43,6 +43,10 @@ every ``recheck`` seconds for load that changes outside gpusd.  Without inotify 
 
 Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
 nobody can guess, never followed through a symlink, attributed to the uid that owns them.
+
+The lease authority's tickets outlive the daemon: one that stops leaves its waiters' tickets, and the
+next re-adopts those whose waiter still runs (:func:`readopt`, :class:`Place`), so a waiter that asks
+again keeps its place.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -92,13 +97,15 @@ class Ticket:
         self.store, self.seq, self.path, self.fd, self.dir_fd = store, seq, path, fd, dir_fd
         self.closed = False
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Leave the queue.  ``keep``: the file stays (unlocked) for the next lease authority of this
+        store to re-adopt (:func:`readopt`): a daemon that stops keeps its waiters' places."""
         if self.closed:
             return
         self.closed = True
         os.close(self.fd)  # first: the waiter behind us is woken by this close
         try:
-            if self.dir_fd >= 0:
+            if self.dir_fd >= 0 and not keep:
                 os.unlink(self.path.name, dir_fd=self.dir_fd)
         except OSError:
             pass
@@ -113,8 +120,8 @@ class Ticket:
 
 
 def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int | None = None,
-            user: str | None = None, priority: int = NORMAL, resume: bool = False) -> Ticket:
-    """Join the queue (call under the selection mutex).  ``pid`` and ``user`` name the job when it
+            user: str | None = None, priority: int = NORMAL, resume: bool = False, uid: int | None = None) -> Ticket:
+    """Join the queue (call under the selection mutex).  ``pid``, ``user`` and ``uid`` name the job when it
     is not this process (the daemon waiting for a client); only root's tickets are believed to.
     ``priority`` is a claim, believed up to the policy's bound for the ticket's owner; ``resume``
     says the job was preempted (believed as the module docstring says)."""
@@ -143,8 +150,8 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
             # tickets of the lease authority (root's: believed) whatever the wall clock does
             write_new(dfd, tfd, f".queue-{tag}.tmp", name, json.dumps(
                 {"pid": pid or os.getpid(), "user": user or current_user(), "count": count, "since": time.time(),
-                 "since_boot": boottime(), "command": command, "priority": priority, "resume": resume}).encode(),
-                store.dir)
+                 "since_boot": boottime(), "command": command, "priority": priority, "resume": resume,
+                 **({"uid": uid} if uid is not None else {})}).encode(), store.dir)
         except BaseException:
             os.close(tfd)
             raise
@@ -152,6 +159,89 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
         os.close(dfd)
         raise
     return Ticket(store, seq, store.dir / name, tfd, dfd)
+
+
+class Place:
+    """A client's place in the lease authority's queue, kept across a restart of the daemon: the ticket
+    a previous daemon left for the waiting process ``pid`` of ``uid``, locked again by this daemon
+    (so it counts in the order, with its sequence number and the kernel's time it started waiting)
+    until that process asks again (:meth:`claims`) or ``until`` (monotonic) passes."""
+
+    def __init__(self, ticket: Ticket, pid: int, uid: int, started: float, until: float) -> None:
+        self.ticket, self.pid, self.uid, self.started, self.until = ticket, pid, uid, started, until
+
+    def alive(self) -> bool:
+        """Whether its waiter still runs: the same process (its start time), as the same user."""
+        from .lockdir import process_uid
+
+        return process_uid(self.pid) == self.uid and _process_start(self.pid) == self.started
+
+
+READOPT_GRACE = 30.0  # seconds a restarted daemon keeps a waiter's place for it to ask again
+
+
+def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, int], Place]:
+    """The places of the waiters a previous lease authority of ``store`` left (it stopped, or was
+    killed), by (pid, uid): call before :meth:`LeaseStore.prepare`, which removes the rest.
+
+    Only in the authority's own directory, which only the daemon's user can write: a ticket there is
+    the daemon's word on who waited since when.  One is kept when nobody holds its lock (a live
+    daemon's waiter is that daemon's), it names a pid and uid, and that process still runs as that
+    uid and started before the ticket did (a pid used again is not the waiter).  It is locked again
+    here, unchanged: its name (sequence number) and ``ctime`` (the kernel's time it started waiting)
+    keep its place in the order, so a client that asks again gains nothing by it but that place."""
+    from .lockdir import process_uid
+
+    if not store.private:
+        return {}
+    try:
+        dfd = store.open(create=False)
+    except GpusdError:
+        return {}
+    if dfd is None:
+        return {}
+    out: dict[tuple[int, int], Place] = {}
+    until = time.monotonic() + grace
+    try:
+        names = sorted(n for n in os.listdir(dfd) if _TICKET.match(n))[:MAX_TICKETS]
+        for name in names:
+            m = _TICKET.match(name)
+            assert m is not None
+            try:
+                fd = os.open(name, FILE_FLAGS | os.O_RDWR, dir_fd=dfd)
+            except OSError:
+                continue
+            kept = False
+            try:
+                st = os.fstat(fd)
+                if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid()
+                        or not try_lock(fd, shared=False)):
+                    continue
+                raw = os.pread(fd, MAX_TICKET_BYTES + 1, 0)
+                d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else None
+                if not isinstance(d, dict):
+                    continue
+                pid, uid = d.get("pid"), d.get("uid")
+                if type(pid) is not int or type(uid) is not int or not (0 < pid < 2**31 and 0 <= uid < 2**32):
+                    continue
+                started = _process_start(pid)
+                # /proc's start time is exact to a clock tick after the boot time, which is whole seconds
+                if (started is None or started > st.st_ctime_ns / 1e9 + 1.0 or process_uid(pid) != uid
+                        or (pid, uid) in out):
+                    continue
+                out[(pid, uid)] = Place(Ticket(store, int(m.group(1)), store.dir / name, fd, os.dup(dfd)),
+                                        pid, uid, started, until)
+                kept = True
+            except (OSError, ValueError, RecursionError):
+                pass
+            finally:
+                if not kept:
+                    os.close(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+    return out
 
 
 MAX_TICKET_BYTES = 8192

@@ -26,7 +26,12 @@ logged and ignored.  A bad request gets an error answer and the lease stays.
 
 When the daemon stops, it hands each lease's descriptors (grown GPUs included) to its client over the
 connection (``SCM_RIGHTS``) before closing it: the locks belong to the open files, so the lease
-survives a daemon restart and still ends with the client's connection.
+survives a daemon restart and still ends with the client's connection.  A request still waiting in
+the queue is told ``{"op": "requeue"}`` and its ticket is left; the next daemon locks again the
+tickets of waiters that still run (:func:`gpusd.alloc.queue.readopt`) and gives each back to its
+process when it asks again (matched by SO_PEERCRED), so it keeps its place (docs/allocation.md,
+"Waiting").  Where the daemon records its usage history, each lease granted here is written down
+before its client hears of it, and ended when its connection ends (:class:`LeaseHistory`).
 
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
@@ -56,7 +61,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, to_wire
 from .backend import SharedBackend
@@ -89,6 +94,16 @@ class _Held:
         return list(self.lease.devices)
 
 
+class LeaseHistory(Protocol):
+    """Where the leases granted here are written down as they begin and end (the usage history:
+    :class:`gpusd.daemon.recording.Recording`); called on the executor's threads."""
+
+    def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
+                      gpus: list[str]) -> None: ...
+
+    def lease_ended(self, lease_id: str) -> None: ...
+
+
 class LeaseServer:
     def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
                  backend: SharedBackend | None = None) -> None:
@@ -110,7 +125,16 @@ class LeaseServer:
         self.cancels: set[threading.Event] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
+        self.history: LeaseHistory | None = None  # set by the daemon that records its usage history
         self.store: Any = None  # the authority's own lock directory (LeaseStore.authority), once prepared
+        self.stopping = False
+        self.stopped = False  # the kept tickets were closed (stop() is done with them)
+        # waiters' places a previous daemon left (gpusd.alloc.queue.readopt), by (pid, uid), until they ask again
+        self.places: dict[tuple[int, int], Any] = {}
+        self.expiring: asyncio.Task[None] | None = None
+        self.waits: set[asyncio.Future[Any]] = set()  # the requests waiting in the queue, on the executor
+        self.kept: list[Any] = []  # tickets of the waits that ended as we stop: left for the next daemon
+        self.kept_lock = threading.Lock()
 
     # -- start/stop ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,6 +156,21 @@ class LeaseServer:
 
         LeaseStore.serving(self.store)  # this process's other leases (remote ones, moves) are taken there too
         log.info("lease authority on %s (leases in %s)", self.path, self.store.dir)
+        if self.places:
+            log.info("keeping the places of %d waiter(s) of the previous daemon for %gs", len(self.places),
+                     _queue().READOPT_GRACE)
+            self.expiring = asyncio.ensure_future(self._expire_places())
+
+    async def _expire_places(self) -> None:
+        """Give up the places nobody came back for: the waiter ended, or the grace passed (a place at
+        the head of the queue holds up everyone behind it, so not for long)."""
+        while self.places:
+            await asyncio.sleep(PLACE_CHECK)
+            now = time.monotonic()
+            for key, place in list(self.places.items()):
+                if now >= place.until or not place.alive():
+                    del self.places[key]
+                    place.ticket.close()
 
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -184,6 +223,7 @@ class LeaseServer:
 
         if os.geteuid() == 0:
             store = LeaseStore.authority()
+            self.places = _queue().readopt(store)  # before prepare(), which removes the tickets left unlocked
             store.prepare()  # a directory only we can write, lock files only we can open
         else:  # other users' clients would not trust our directory: we lease where they do
             store = LeaseStore()
@@ -198,8 +238,14 @@ class LeaseServer:
     async def stop(self) -> None:
         from ..alloc.leases import LeaseStore
 
+        self.stopping = True  # waits that end now keep their tickets for the next daemon (keep_place)
         if self.store is not None and LeaseStore.for_daemon() is self.store:
             LeaseStore.serving(None)
+        if self.expiring is not None:
+            self.expiring.cancel()
+            self.expiring = None
+        self.kept.extend(place.ticket for place in self.places.values())  # not asked for: the next daemon's
+        self.places.clear()
         if self.accepting is not None:
             self.accepting.cancel()
             self.accepting = None
@@ -233,6 +279,15 @@ class LeaseServer:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        if self.waits:  # the cancelled waits leave their tickets for the next daemon: before it starts
+            await asyncio.wait(list(self.waits), timeout=5)
+        # Unlocked only now, when no wait of ours looks at the queue any more: a look would take a
+        # ticket nobody holds for a dead waiter's, and remove it.
+        with self.kept_lock:
+            kept, self.kept = self.kept, []
+            self.stopped = True
+        for ticket in kept:
+            ticket.close(keep=True)
         if self.backend is not None:
             backend, self.backend = self.backend, None
             if backend is not self.shared:  # the daemon's own is the daemon's to close
@@ -301,28 +356,33 @@ class LeaseServer:
                 return
             command = kwargs["command"]
             loop = asyncio.get_running_loop()
+            place = self._place(pid, uid) if kwargs["wait"] else None
+            if req.get("requeue") is True:  # it waited at a daemon that stopped: did we keep its place?
+                await conn.send({"op": "requeued", "kept": place is not None})
+                log.info("pid %d (uid %d) waits again%s", pid, uid, " in its place" if place is not None else "")
             if choice:
-                choosing = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, None, cancel, priority,
-                                                False)
+                choosing = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, None,
+                                                              cancel, priority, False, None, place), kwargs)
                 if await conn.watch(choosing, any_data_ends=True):
                     cancel.set()  # the client went away while waiting
                 try:
                     chosen = await choosing
                 except Exception as exc:
-                    await conn.send(_failure(exc))
+                    await self._refused(conn, exc)
                     return
                 if not conn.eof:
                     await conn.send({"ok": True, "v": version, "op": "choose",
                                      "devices": [_candidate(c) for c in chosen.devices],
                                      "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
-            granting = loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel, priority)
+            granting = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel,
+                                                          priority, True, None, place), kwargs)
             if await conn.watch(granting, any_data_ends=True):
                 cancel.set()  # the client went away (or spoke) while waiting: abandoned
             try:
                 selection = await granting
             except Exception as exc:
-                await conn.send(_failure(exc))
+                await self._refused(conn, exc)
                 return
             held = _Held(selection, command, job, pid, uid, priority)
             if conn.eof or conn.pending():
@@ -350,6 +410,35 @@ class LeaseServer:
             if not self.clients[uid]:
                 del self.clients[uid]
             conn.close()
+
+    def _waiting(self, job: asyncio.Future[Any], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """``job``, kept in :attr:`waits` while it runs when it may wait in the queue."""
+        if kwargs["wait"]:
+            self.waits.add(job)
+            job.add_done_callback(self.waits.discard)
+            # a wait we stop may end after its connection did: its error is nobody's to read
+            job.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return job
+
+    def _place(self, pid: int, uid: int) -> Any:
+        """The ticket of the place a previous daemon kept for process ``pid`` of ``uid`` (the kernel's
+        word, SO_PEERCRED), taken from :attr:`places`; None when there is none (or it is not that process)."""
+        place = self.places.pop((pid, uid), None)
+        if place is None:
+            return None
+        if not place.alive():
+            place.ticket.close()
+            return None
+        return place.ticket
+
+    async def _refused(self, conn: Conn, exc: BaseException) -> None:
+        """Answer a request that ended without GPUs; a wait that ended because we stop is told so
+        instead: the client asks the next daemon, which keeps its place (the ticket stays)."""
+        if self.stopping:
+            await conn.send({"op": "requeue", "message": "the gpusd daemon is stopping: ask the next one, "
+                             "which keeps this request's place in the queue"})
+            return
+        await conn.send(_failure(exc))
 
     async def _serve(self, conn: Conn, held: _Held, cancel: threading.Event) -> None:
         """Protocol 2: further requests on the connection that holds the lease, until it ends."""
@@ -414,7 +503,10 @@ class LeaseServer:
         """End ``held``'s lease, on the executor (its lock may be held there by a join, a moment)."""
         def release() -> None:
             with held.lock:
+                handed = held.lease.released  # handed over as we stopped: it goes on without us
                 held.selection.release()
+            if self.history is not None and not handed:
+                self.history.lease_ended(held.lease.lease_id)
 
         try:
             job = asyncio.get_running_loop().run_in_executor(self.executor, release)
@@ -449,7 +541,8 @@ class LeaseServer:
             return _failure(exc)
 
     def _grant(self, kwargs: dict[str, Any], pid: int, uid: int, job: str | None, cancel: threading.Event,
-               priority: int | None = None, lease: bool = True, extra: dict[str, Any] | None = None) -> Any:
+               priority: int | None = None, lease: bool = True, extra: dict[str, Any] | None = None,
+               place: Any = None) -> Any:
         from ..alloc.api import LeaseRequest, allocate
         from ..alloc.handle import Holder
         from ..alloc.lockdir import user_name
@@ -462,9 +555,29 @@ class LeaseServer:
         env = dict(visible) if visible is not None else {}  # the client's inherited device lists
         who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,  # priority believed for uid
                      slurm_job=(extra or {}).get("slurm_job"))
-        return allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
-                                     priority=priority, cancelled=cancel.is_set),
-                        store=self._store(), backend=self.backend)  # type: ignore[arg-type]
+        try:
+            sel = allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
+                                        priority=priority, cancelled=cancel.is_set, place=place,
+                                        keep_place=self._keep),
+                           store=self._store(), backend=self.backend)  # type: ignore[arg-type]
+            if lease and self.history is not None and sel.lease is not None:
+                self.history.lease_started(sel.lease.lease_id, who.user, uid, command, list(sel.uuids))
+            return sel
+        finally:
+            if place is not None and not place.closed and not self._keep(place):  # refused before it waited
+                place.close()
+
+    def _keep(self, ticket: Any) -> bool:
+        """Keep the ticket of a wait that ends as we stop, for the next daemon (True); it is closed,
+        unlocked but not removed, once every wait has ended (:meth:`stop`)."""
+        with self.kept_lock:
+            if not self.stopping:
+                return False
+            if self.stopped:  # too late for stop() to close it: leave it now
+                ticket.close(keep=True)
+            else:
+                self.kept.append(ticket)
+            return True
 
     def _snapshot(self) -> dict[str, Any]:
         """The GPUs as allocation reads them (utilisation since the last lease ended on each)."""
@@ -530,6 +643,15 @@ class LeaseServer:
                 raise ConfigError("a lease keeps at least one GPU: close the connection to end it")
             store.drop(held.lease, device)
         held.selection.devices = [c for c in held.selection.devices if c.uuid != device]
+
+
+PLACE_CHECK = 0.5  # seconds between looks at the kept places (their waiters alive, the grace)
+
+
+def _queue() -> Any:
+    from ..alloc import queue
+
+    return queue
 
 
 SLURM_REFUSAL = ("this host's GPUs are allocated by Slurm (its gpusd daemon runs with --slurm): ask Slurm for "

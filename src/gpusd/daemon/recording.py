@@ -96,6 +96,27 @@ class Recording:
             self._apply_policy()
         self.watch.update(snap)
 
+    # -- leases the daemon grants (its lease socket, daemon/leasesock.py) -------------------------
+    def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
+                      gpus: list[str]) -> None:
+        """Write the lease's job record before the client hears of its lease (bounded wait): a lease
+        the daemon granted is in the history even if the daemon is killed a moment later."""
+        recorder = self.recorder
+        if recorder is not None:
+            try:
+                recorder.lease_started(lease_id, user, uid, command, gpus, time.time())
+            except Exception as exc:  # noqa: BLE001 - history is a record, never a reason to refuse a lease
+                log.warning("history: cannot record lease %s: %r", lease_id, exc)
+
+    def lease_ended(self, lease_id: str) -> None:
+        """The lease's holder is gone (its connection ended): its record ends now."""
+        recorder = self.recorder
+        if recorder is not None:
+            try:
+                recorder.lease_ended(lease_id, time.time())
+            except Exception as exc:  # noqa: BLE001
+                log.warning("history: cannot record the end of lease %s: %r", lease_id, exc)
+
     # -- the fair-use policy file (alloc/policy.py): idle release and the fair-share summary ------
     def _apply_policy(self) -> None:
         """The policy file's idle terms override the configuration's (warn after N minutes idle, release

@@ -216,6 +216,8 @@ class Daemon:
                                                           backend=self.inventory)
             self.authority = {"serving": self._lease_server is not None, "why": why,
                               "socket": str(self._lease_server.path) if self._lease_server is not None else None}
+            if self._lease_server is not None:  # its leases' records begin and end with them (docs/history.md)
+                self._lease_server.history = self.recording
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 

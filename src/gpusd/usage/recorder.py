@@ -30,12 +30,15 @@ from .db import IDLE_UTIL, STEP, TIERS, Retention, connect, prune, transaction
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY = 3600.0  # seconds of sample time between retention passes
+MAX_ENDED = 4096  # ended leases remembered (a sample older than their end must not open them again)
+LEASE_WRITE_WAIT = 1.0  # seconds a grant waits for its lease's record to be written (then goes on)
 
 
 @dataclass
 class _Job:
     row: int
     gpus: set[str]
+    seen: bool = True  # shown by a sample (or told) since this daemon started; False: a previous daemon's
 
 
 @dataclass
@@ -90,12 +93,17 @@ class Accountant:
         self.gpu_ids: dict[str, int] = {}
         self.gpu_meta: dict[str, tuple[Any, ...]] = {}
         self.open: dict[str, _Job] = {}
+        # leases whose end was told (lease_ended): a sample taken before it, written after, must not
+        # open them again
+        self.told: dict[str, None] = {}
+        # lease records a sample closed (it no longer showed them): their end may still be told
+        self.closed: dict[str, int] = {}
         self.last_prune = 0.0
         self.samples = 0
         self._uids: dict[str, int | None] = {}
         for row, ident, gpus in conn.execute("SELECT id, key, gpus FROM jobs WHERE ended IS NULL"):
             # left open by a daemon that stopped or died: continued if still there at the next sample
-            self.open[ident.rsplit("@", 1)[0]] = _Job(row, set(json.loads(gpus)))
+            self.open[ident.rsplit("@", 1)[0]] = _Job(row, set(json.loads(gpus)), seen=False)
         for gid, uuid in conn.execute("SELECT id, uuid FROM gpus"):
             self.gpu_ids[uuid] = gid
 
@@ -213,9 +221,14 @@ class Accountant:
             self.conn.executemany("UPDATE jobs SET gpu_s=gpu_s+?, util_s=util_s+?, energy_j=energy_j+?, "
                                   "idle_s=idle_s+? WHERE id=?", rows)
         for ident in [i for i in self.open if i not in seen]:
-            self.conn.execute("UPDATE jobs SET ended=last WHERE id=?", (self.open.pop(ident).row,))
+            row = self.open.pop(ident).row
+            self.conn.execute("UPDATE jobs SET ended=last WHERE id=?", (row,))
+            if ident.startswith("l:"):
+                _remember(self.closed, ident, row)  # its holder's end may still be told (lease_ended)
         for ident, j in seen.items():
             job = self.open.get(ident)
+            if job is None and ident in self.told:
+                continue  # a lease that ended (we were told) in a sample taken before it did
             if job is None:
                 cur = self.conn.execute(
                     "INSERT INTO jobs(kind, key, uid, user, command, gpus, start, last, peak_mem) "
@@ -224,6 +237,7 @@ class Accountant:
                      json.dumps(sorted(j.gpus)), ts, ts, j.mem if j.kind == "process" else None))
                 self.open[ident] = _Job(int(cur.fetchone()[0]), set(j.gpus))
                 continue
+            job.seen = True
             if not j.gpus <= job.gpus:
                 job.gpus |= j.gpus
                 self.conn.execute("UPDATE jobs SET gpus=? WHERE id=?", (json.dumps(sorted(job.gpus)), job.row))
@@ -237,11 +251,51 @@ class Accountant:
             self._uids[user] = _uid(user)
         return self._uids[user]
 
+    # -- leases told by the lease authority (their start and end, between samples too) ----------
+    def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
+                      gpus: list[str], ts: float) -> None:
+        """A lease granted at ``ts``: its job record, written now (one transaction), so that a lease
+        shorter than a sample, or granted just before the daemon dies, is in the history all the same.
+        The samples then continue it, as any lease they show."""
+        ident = f"l:{lease_id}"
+        if ident in self.open or ident in self.told or ident in self.closed:
+            return  # a sample showed it first
+        with transaction(self.conn):
+            cur = self.conn.execute(
+                "INSERT INTO jobs(kind, key, uid, user, command, gpus, start, last) VALUES(?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(key) DO NOTHING RETURNING id",
+                ("lease", f"{ident}@{ts:.3f}", uid, user, (command or "")[:4096] or None,
+                 json.dumps(sorted(gpus)), ts, ts))
+            got = cur.fetchone()
+        if got is not None:
+            self.open[ident] = _Job(int(got[0]), set(gpus))
+
+    def lease_ended(self, lease_id: str, ts: float) -> None:
+        """A lease released at ``ts`` (its holder's connection ended, however it ended): its record ends
+        then, and holds its GPUs from its start to its end (the samples count only whole intervals
+        they saw: a lease between two samples would count nothing)."""
+        ident = f"l:{lease_id}"
+        job = self.open.pop(ident, None)
+        row = job.row if job is not None else self.closed.pop(ident, None)
+        _remember(self.told, ident, None)
+        if row is None:
+            return
+        with transaction(self.conn):
+            self.conn.execute(
+                "UPDATE jobs SET last=max(last, ?), ended=max(last, ?), "
+                "gpu_s=max(gpu_s, (max(last, ?) - start) * json_array_length(gpus)) WHERE id=?",
+                (ts, ts, ts, row))
+
     def close_jobs(self) -> None:
         """A clean stop: every open job ends at its last sample (a crash leaves them open, and the next
-        start continues those still running)."""
+        start continues those still running) -- but a lease's: a lease outlives the daemon (its holder
+        keeps its locks, handed over as the daemon stops), so the next daemon continues its record while
+        it is held, or closes it at its last sample: one record per lease, across a restart too."""
         with transaction(self.conn):
-            self.conn.execute("UPDATE jobs SET ended=last WHERE ended IS NULL")
+            self.conn.execute("UPDATE jobs SET ended=last WHERE ended IS NULL AND kind != 'lease'")
+            # the leases this daemon saw held stay open; a previous daemon's that it never saw end
+            self.conn.executemany("UPDATE jobs SET ended=last WHERE id=?",
+                                  [(job.row,) for job in self.open.values() if not job.seen])
         self.open.clear()
 
     def mark_idle(self, lease_id: str, ts: float, released: bool = False) -> None:
@@ -252,6 +306,13 @@ class Accountant:
         col = "released" if released else "idle_flagged"
         with transaction(self.conn):
             self.conn.execute(f"UPDATE jobs SET {col}=coalesce({col}, ?) WHERE id=?", (ts, job.row))
+
+
+def _remember(d: dict[str, Any], key: str, value: Any) -> None:
+    """``d[key] = value``, forgetting the oldest entries past :data:`MAX_ENDED`."""
+    d[key] = value
+    while len(d) > MAX_ENDED:
+        del d[next(iter(d))]
 
 
 def _proc_ident(pid: int, user: str | None, command: str | None) -> str:
@@ -282,13 +343,36 @@ class Recorder:
     def mark_idle(self, lease_id: str, ts: float, released: bool = False) -> None:
         self._put(("idle", (lease_id, ts, released)))
 
+    def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
+                      gpus: list[str], ts: float) -> bool:
+        """:meth:`Accountant.lease_started` on the writer thread; returns once it is written (True), or
+        after :data:`LEASE_WRITE_WAIT` seconds (False: the writer is behind, the record comes later)."""
+        done = threading.Event()
+
+        def write(conn: sqlite3.Connection) -> None:
+            try:
+                self.acc.lease_started(lease_id, user, uid, command, gpus, ts)
+            finally:
+                done.set()
+
+        self._put(("call", write), block=LEASE_WRITE_WAIT)
+        return done.wait(LEASE_WRITE_WAIT)
+
+    def lease_ended(self, lease_id: str, ts: float) -> None:
+        self._put(("call", lambda conn: self.acc.lease_ended(lease_id, ts)), block=LEASE_WRITE_WAIT)
+
     def call(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
         """Run ``fn(connection)`` on the writer thread (tests, maintenance)."""
         self._put(("call", fn))
 
-    def _put(self, item: tuple[str, Any]) -> None:
+    def _put(self, item: tuple[str, Any], block: float = 0.0) -> None:
+        """Queue ``item`` for the writer; a sample is dropped when the queue is full, a lease's start
+        or end waits ``block`` seconds for room first (they are few, and each is a job's record)."""
         try:
-            self._q.put_nowait(item)
+            if block > 0:
+                self._q.put(item, timeout=block)
+            else:
+                self._q.put_nowait(item)
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
