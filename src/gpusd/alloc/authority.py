@@ -126,10 +126,12 @@ class RemoteLease(LeaseHandle):
     """A lease the daemon holds for us while :attr:`sock` is open (a :class:`LeaseHandle`, like
     :class:`gpusd.alloc.leases.Lease`).
 
-    With protocol 2 it can grow and give GPUs back (:meth:`grow`, :meth:`give_back`), one change at
-    a time.  If the daemon stops, it hands the lease's descriptors over on the connection; when we
-    read them (looking for an answer), they are kept here (:attr:`fds`) and the lease can no longer
-    change.  The record is the daemon's: it wrote what the request said (:attr:`holder`)."""
+    The daemon passes copies of the lease's lock descriptors with its answers (``SCM_RIGHTS``, named
+    in the answer's ``fds``: a device's UUID, ``"record"``); they are kept here (:attr:`fds`), so
+    that the kernel keeps the lease if the daemon dies (``kill -9``) or stops; it still ends with
+    our connection (the daemon then unlocks every copy).  With protocol 2 it can grow and give GPUs
+    back (:meth:`grow`, :meth:`give_back`), one change at a time, while the daemon that granted it
+    runs.  The record is the daemon's: it wrote what the request said (:attr:`holder`)."""
 
     def __init__(self, lease_id: str, devices: list[str], shared: bool, memory: int | None,
                  sock: socket.socket, version: int = 1, reader: _Lines | None = None,
@@ -142,22 +144,37 @@ class RemoteLease(LeaseHandle):
         self.reader = reader or _Lines(sock)
         self.lock = threading.Lock()
         self.next_id = 1
+        self.kept: dict[str, int] = {}  # the lease's descriptors the daemon passed, by name
+
+    def absorb(self, reply: dict[str, Any]) -> None:
+        """Keep the descriptors that came with ``reply`` under the names its ``fds`` gives them (a
+        newer copy of one replaces the older: the record rewritten).  Descriptors without a name (a
+        hand-over from an older daemon) stay in the reader, kept too."""
+        names = reply.get("fds")
+        if not isinstance(names, list) or not names:
+            return
+        got = self.reader.fds[:len(names)]
+        del self.reader.fds[:len(got)]
+        for name, fd in zip(names, got):
+            key = name[:128] if isinstance(name, str) else f"#{fd}"
+            old = self.kept.pop(key, None)
+            if old is not None:
+                _close(old)
+            self.kept[key] = fd
 
     @property
     def fds(self) -> list[int]:
         """What keeps the lease alive: handed to ``gpusd run``'s command like flock descriptors."""
-        return [] if self.released else [self.sock.fileno(), *self.reader.fds]
+        return [] if self.released else [self.sock.fileno(), *self.kept.values(), *self.reader.fds]
 
     def release(self) -> None:
         if not self.released:
             self.released = True
+            # Our copies of the locks first, then the connection (the daemon unlocks every copy anyway)
+            for fd in [*self.kept.values(), *self.reader.fds]:
+                _close(fd)
+            self.kept, self.reader.fds = {}, []
             self.sock.close()  # the daemon sees the end of the connection and releases
-            for fd in self.reader.fds:  # handed over by a daemon that stopped
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self.reader.fds = []
 
     def grow(self, c: Constraints, *, wait: bool = False, timeout: float | None = None) -> list[Candidate]:
         """``c.count`` more GPUs (chosen with ``c``) under this lease; raises what a lease request
@@ -173,6 +190,9 @@ class RemoteLease(LeaseHandle):
     def give_back(self, uuid: str) -> None:
         """Give one GPU of this lease back: the daemon frees it at once (and its record stops naming it)."""
         answer = self._ask({"op": "release", "device": uuid}, False, None)
+        gone = self.kept.pop(uuid, None)
+        if gone is not None:  # unlocked by the daemon already: our copy is only a descriptor now
+            _close(gone)
         held = answer.get("held")
         if isinstance(held, list) and all(isinstance(x, str) for x in held):
             self.devices = list(held)
@@ -216,7 +236,15 @@ class RemoteLease(LeaseHandle):
                     raise GpusdError("the gpusd daemon that held this lease stopped (it handed the lease over: "
                                      "it lasts until the job ends, but can no longer grow or shrink)") from None
                 for _ in range(MAX_STRAY):
-                    reply = _decode(self.reader.readline())
+                    try:
+                        reply = _decode(self.reader.readline())
+                    except _Closed:
+                        if not self.kept:
+                            raise
+                        self.handed_over = True  # killed, say: we hold the descriptors, the kernel the lease
+                        raise GpusdError("the gpusd daemon that granted this lease is gone: the lease lasts until "
+                                         "the job ends, but can no longer grow or shrink") from None
+                    self.absorb(reply)
                     if reply.get("op") == "handover":
                         self.handed_over = True
                         raise GpusdError("the gpusd daemon stopped and handed this lease over: it lasts until the "
@@ -263,12 +291,23 @@ class _Lines:
             data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
             self.fds.extend(fds)
             if not data:
-                raise OSError("the daemon closed the connection")
+                raise _Closed("the daemon closed the connection")
             self.buf += data
             if len(self.buf) > MAX_LINE:
                 raise OSError("reply too long")
         line, self.buf = self.buf.split(b"\n", 1)
         return line + b"\n"
+
+
+class _Closed(OSError):
+    """The daemon closed the connection (it stopped, or was killed)."""
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class AuthorityBusy(Exception):
@@ -318,8 +357,10 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
         raise
     v = reply.get("v")
     version = v if type(v) is int and v >= 1 else 1  # an older daemon says nothing: protocol 1
-    return chosen, RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
-                               reader, holder)
+    lease = RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
+                        reader, holder)
+    lease.absorb(reply)  # the lease's descriptors came with the answer: ours to keep from now on
+    return chosen, lease
 
 
 def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: float | None,

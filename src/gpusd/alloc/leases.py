@@ -83,6 +83,7 @@ class _Log:
 log = _Log()
 
 AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
+CLAIM_FILE = "authority.lock"  # locked by the daemon that is the lease authority, for its whole life
 LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
@@ -179,7 +180,10 @@ class Lease(LeaseHandle):
         for fd in gone.values():
             _end_device(fd)
 
-    def release(self) -> None:
+    def release(self, unlock: bool = False) -> None:
+        """End the lease.  ``unlock``: another process holds copies of its descriptors (the lease
+        authority passed them to its client), so the locks are dropped for every copy (``LOCK_UN``
+        on the open files they share) rather than only closed here."""
         if self.released:
             return
         self.released = True
@@ -194,15 +198,14 @@ class Lease(LeaseHandle):
         # Devices first: their close is what waiters are woken by (queue.LeaseWatch), and a record
         # whose devices are free no longer counts anyway.
         for fd in devices:
-            try:
-                os.close(fd)  # closing drops the flock (unless a child still holds a copy)
-            except OSError:
-                pass
+            _end_device(fd, unlock=unlock)  # closing drops the flock (unless a child still holds a copy)
         try:
             if self.dir_fd >= 0:
                 os.unlink(self.path.name, dir_fd=self.dir_fd)
         except OSError:
             pass
+        if unlock and self.record_fd >= 0:
+            _unlock(self.record_fd)
         for fd in (self.record_fd, self.dir_fd):
             try:
                 if fd >= 0:
@@ -245,14 +248,18 @@ def _end_device(fd: int, unlock: bool = False) -> None:
     except OSError:
         pass
     if unlock:
-        import fcntl
-
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:
-            pass
+        _unlock(fd)
     try:
         os.close(fd)
+    except OSError:
+        pass
+
+
+def _unlock(fd: int) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
     except OSError:
         pass
 
@@ -321,6 +328,37 @@ class LeaseStore:
         shared lock directory exists and is safe; the authority's directory in it is our own, made
         new when something else squats its name (moved aside, never chmod-ed or followed); tickets a
         previous daemon left are removed (its waits ended with it)."""
+        fd = self._own_dir()
+        try:
+            for name in os.listdir(fd):
+                if name.startswith(("queue-", ".queue-")) and name.endswith((".ticket", ".tmp")):
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except OSError:
+                        pass
+        finally:
+            os.close(fd)
+
+    def claim(self) -> int:
+        """Become the lease authority of this lock directory (a daemon, before :meth:`prepare`):
+        ``LOCK_EX`` on :data:`CLAIM_FILE` in the authority's directory, held for the daemon's life
+        through the descriptor returned.  GpusdError (one line, naming the holder) when another
+        daemon holds it, and nothing is changed: a second authority would remove the first one's
+        queue tickets, whatever state directory or socket it has."""
+        fd = self._own_dir()
+        try:
+            lock = open_lock_file(fd, CLAIM_FILE, self.dir, private=True)
+        finally:
+            os.close(fd)
+        if not try_lock(lock, shared=False):
+            who = describe_holders(lock)
+            os.close(lock)
+            raise GpusdError(f"another gpusd daemon ({who}) is already the lease authority of the lock directory "
+                             f"{self.dir.parent}: stop it first, or give this daemon another GPUSD_LOCK_DIR")
+        return lock
+
+    def _own_dir(self) -> int:
+        """The authority's directory, checked (made new when something else squats its name)."""
         assert self.private
         parent = open_dir(self.dir.parent, True)
         assert parent is not None
@@ -331,15 +369,7 @@ class LeaseStore:
                 replace_private_dir(parent, self.dir.name, self.dir)
                 fd = open_dir(self.dir, True, private=True)
             assert fd is not None
-            try:
-                for name in os.listdir(fd):
-                    if name.startswith(("queue-", ".queue-")) and name.endswith((".ticket", ".tmp")):
-                        try:
-                            os.unlink(name, dir_fd=fd)
-                        except OSError:
-                            pass
-            finally:
-                os.close(fd)
+            return fd
         finally:
             os.close(parent)
 
@@ -722,9 +752,8 @@ class LeaseStore:
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
-            info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
+            info_fd = self._new_record(dfd, tmp, json.dumps(record).encode())  # locked before it is visible
             fds.append(info_fd)
-            os.write(info_fd, json.dumps(record).encode())
             os.rename(tmp, final, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             for f in (*fds, dfd):
@@ -765,21 +794,52 @@ class LeaseStore:
         devices = list(changes.pop("devices", lease.devices))
         record = {**lease.record, **changes, "devices": [*devices, *(d for d in lease.lingering if d not in devices)]}
         tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
-        fd = create_exclusive(lease.dir_fd, tmp, self.dir, lock=True)
         try:
-            os.write(fd, json.dumps(record).encode())
-            os.rename(tmp, lease.path.name, src_dir_fd=lease.dir_fd, dst_dir_fd=lease.dir_fd)
+            fd = self._new_record(lease.dir_fd, tmp, json.dumps(record).encode())
+            try:
+                os.rename(tmp, lease.path.name, src_dir_fd=lease.dir_fd, dst_dir_fd=lease.dir_fd)
+            except BaseException:
+                os.close(fd)
+                raise
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=lease.dir_fd)
             except OSError:
                 pass
-            os.close(fd)
             raise
         old, lease.record_fd = lease.record_fd, fd
         lease.record = record
         if old >= 0:
             os.close(old)
+
+    def _new_record(self, dfd: int, name: str, data: bytes) -> int:
+        """Create the record file ``name`` holding ``data``, locked (``LOCK_EX``) before anyone else may
+        open it; the descriptor that holds the lock.  In the authority's store that descriptor is
+        read-only and the record is written through a second one: the daemon passes its copies of a
+        lease's descriptors to the client (docs/allocation.md), who must not be able to rewrite a
+        record of root's, which is believed to name its holder."""
+        if not self.private:
+            fd = create_exclusive(dfd, name, self.dir, lock=True)
+            try:
+                os.write(fd, data)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        fd = create_exclusive(dfd, name, self.dir, lock=True, read_only=True)
+        try:
+            # the file just made, in a directory only we can write: the name is still it (checked anyway)
+            writer = os.open(name, FILE_FLAGS | os.O_WRONLY, dir_fd=dfd)
+            try:
+                if not os.path.samestat(os.fstat(writer), os.fstat(fd)):
+                    raise GpusdError(f"{self.dir / name} was replaced while it was written")
+                os.write(writer, data)
+            finally:
+                os.close(writer)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def join(self, lease: Lease, extra: Lease) -> None:
         """``extra``'s devices join ``lease`` (a job grown under its lease): one record names them

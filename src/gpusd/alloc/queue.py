@@ -29,8 +29,8 @@ that it still is the head before it takes GPUs.
 
 Only the head looks at the GPUs, and not on a timer: it sleeps until a lease ends.  The kernel says
 when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its lock files are
-closed, whoever closes them (the holder, its last child, or the kernel when they die), and a close
-after writing is an ``IN_CLOSE_WRITE`` event.  Because the driver averages utilisation over up to a
+closed, whoever closes them (the holder, its last child, or the kernel when they die): an
+``IN_CLOSE_WRITE`` event, or ``IN_CLOSE_NOWRITE`` for the authority's read-only lock files.  Because the driver averages utilisation over up to a
 second, the head looks again shortly after each such event (20, 50, 100, 200, 400 ms), and otherwise
 every ``recheck`` seconds for load that changes outside gpusd.  Without inotify it polls every 0.1 s.
 
@@ -51,6 +51,7 @@ from ..errors import GpusdError
 from ..record import fields, record
 from .inotify import (
     IN_ATTRIB,
+    IN_CLOSE_NOWRITE,
     IN_CLOSE_WRITE,
     IN_DELETE,
     IN_DELETE_SELF,
@@ -380,7 +381,7 @@ class LeaseWatch:
 
     def __init__(self, directory: Path) -> None:
         self._ino: Inotify | None = None
-        self._events = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
+        self._events = IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
         # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
         peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
         self._dirs = (directory, peer)
@@ -484,9 +485,12 @@ class LeaseWatch:
 
 def _relevant(name: bytes, mask: int) -> bool:
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
-        return bool(mask & IN_CLOSE_WRITE)  # a lease's device lock closed
+        # a lease's device lock closed; read-only in the authority's directory, whose descriptors the
+        # daemon passes to its clients: a lease it granted ends with the client's last close, not ours
+        return bool(mask & (IN_CLOSE_WRITE | IN_CLOSE_NOWRITE))
     if name.startswith(b"lease-") and name.endswith(b".json"):
-        return not mask & IN_MOVED_TO  # a record rewritten (renamed over) is not a lease ending
+        # removed, or closed after writing; not rewritten (renamed over), not read by someone
+        return bool(mask & (IN_DELETE | IN_CLOSE_WRITE))
     # Tickets are not the head's business: one that comes ahead of it is a head itself and looks on its
     # own (the head's look checks under the mutex that it still is the head); the waiters behind follow
     # the ticket ahead of them (LeaseWatch.follow).  40 tickets arriving at once would be 40 looks.
