@@ -100,6 +100,7 @@ class Daemon:
         self._leases: Any = None
         self.slurm: Any = None  # daemon/slurmnode.py: --slurm, --slurmctld
         self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
+        self.authority_claim: int | None = None  # its lock directory's authority lock (daemon/process.py)
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
@@ -204,8 +205,9 @@ class Daemon:
         if self.config.leases:
             from .leasesock import start_lease_server
 
+            claim, self.authority_claim = self.authority_claim, None  # the lease server's from here
             self._lease_server = await start_lease_server(self.config.simulate, self.config.slurm,
-                                                          backend=self.inventory)
+                                                          backend=self.inventory, claim=claim)
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 
