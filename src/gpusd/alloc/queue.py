@@ -32,7 +32,8 @@ when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its
 closed, whoever closes them (the holder, its last child, or the kernel when they die): an
 ``IN_CLOSE_WRITE`` event, or ``IN_CLOSE_NOWRITE`` for the authority's read-only lock files.
 Because the driver averages utilisation over up to a second, the head looks again shortly after
-each such event (20, 50, 100, 200, 400 ms), and otherwise every ``recheck`` seconds for load that changes outside gpusd.  Without inotify it polls every 0.1 s.
+each such event (20, 50, 100, 200, 400 ms), and otherwise every ``recheck`` seconds for load that
+changes outside gpusd.  Without inotify it polls every 0.1 s.
 
 Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
 nobody can guess, never followed through a symlink, attributed to the uid that owns them.
