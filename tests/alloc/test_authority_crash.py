@@ -210,3 +210,25 @@ def test_a_lease_ends_with_its_connection_whatever_copies_the_client_kept(fake_n
         s.close()
         for fd in kept:
             os.close(fd)
+
+
+def test_a_lease_ended_by_the_last_close_of_a_passed_copy_is_gone_from_the_next_look(fake_nvml_inprocess,
+                                                                                     monkeypatch):
+    """What a restarted daemon sees when a job whose lease the dead daemon granted ends: the only
+    events are read-only closes, and a release_times between two looks must not swallow them."""
+    from gpusd.alloc import leaseview
+    from gpusd.alloc.leases import LeaseStore
+
+    monkeypatch.setattr(leaseview, "REVALIDATE", 3600.0)  # no full look comes to the rescue
+    store = LeaseStore.authority()
+    store.ensure()
+    lease = store.acquire(["GPU-passed-0"])
+    assert lease is not None
+    copies = [os.dup(fd) for fd in lease.fds]  # what the client holds
+    lease.forget()  # the daemon that granted it dies
+    for _ in range(2):  # the second look makes this process's view of the directory (and reads the record)
+        assert [le.device for le in store.leases(peers=False)] == ["GPU-passed-0"]
+    for fd in copies:  # the job ends
+        os.close(fd)
+    store.release_times()
+    assert store.leases(peers=False) == []
