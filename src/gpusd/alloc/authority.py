@@ -6,8 +6,9 @@ Where a gpusd daemon runs (as root), it is the lease authority of its machine: `
 learns who asks from the kernel (``SO_PEERCRED``), takes the very same flock leases on the client's
 behalf (so leases through the daemon and leases through the directory never overlap), and keeps them
 while the client's connection is open: the lease ends when the last process holding the connection
-exits, however it exits.  ``gpusd run`` hands the connection to its command, as it hands flock
-descriptors.
+exits, however it exits.  It passes copies of the lease's lock descriptors with its answer, which the
+client keeps (:class:`RemoteLease`), so the lease outlives the daemon.  ``gpusd run`` hands the
+connection and those copies to its command, as it hands flock descriptors.
 
 The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md):
 
@@ -16,7 +17,7 @@ The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md)
                "shared": false, "topology": "auto", "visible": null, "wait": false, "timeout": null, "command": "...",
                "job": "3f9c0a1b22de"}
     daemon -> {"ok": true, "v": 2, "lease_id": "...", "job": "...", "devices": [{"gpu": {...},
-               "mig": null, "free": ..., "total": ..., "util": ...}]}
+               "mig": null, "free": ..., "total": ..., "util": ...}], "fds": ["GPU-...", "record"]}
            or {"ok": false, "code": "no_gpu", "error": "no_gpu" | "timeout" | "usage" | "busy" | "error",
                "message": "..."}   (code: the error's own, docs/errors.md; error: the 0.2 kind)
 

@@ -136,6 +136,17 @@ class Lease(LeaseHandle):
             return []
         return [*self.device_fds, *self.lingering.values(), *([self.record_fd] if self.record_fd >= 0 else [])]
 
+    def named_fds(self, devices: list[str]) -> tuple[list[int], list[str]]:
+        """The lock descriptors of ``devices`` (those this lease holds) and of the record, and their
+        names (a device's UUID, ``"record"``): what the lease authority passes to its client with an
+        answer, for it to co-hold (docs/allocation.md, "The descriptors").  Empty once released."""
+        if self.released:
+            return [], []
+        pairs = [(self.device_fds[self.devices.index(d)], d) for d in devices if d in self.devices]
+        if self.record_fd >= 0:
+            pairs.append((self.record_fd, "record"))
+        return [fd for fd, _ in pairs], [name for _, name in pairs]
+
     @property
     def store(self) -> LeaseStore:
         """The store this lease was taken in (its record's directory)."""

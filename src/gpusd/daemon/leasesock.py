@@ -24,9 +24,14 @@ once).  Each such line is believed only when the kernel says it was written by t
 process of another user that got hold of the connection cannot change the lease; its lines are
 logged and ignored.  A bad request gets an error answer and the lease stays.
 
-When the daemon stops, it hands each lease's descriptors (grown GPUs included) to its client over the
-connection (``SCM_RIGHTS``) before closing it: the locks belong to the open files, so the lease
-survives a daemon restart and still ends with the client's connection.
+The answer that grants a lease carries copies of its descriptors (``SCM_RIGHTS``: every GPU's lock
+and the record's, read-only, named in the answer's ``fds``), and so does each grow or release answer:
+the locks belong to the open files, which the client co-holds, so no lease dies with the daemon
+(``kill -9`` included), and a restarted daemon finds them confirmed by the kernel.  When the
+connection ends, the daemon unlocks the open files for every copy (``LOCK_UN``) before closing its
+own: the lease still ends with the client's connection.  When the daemon stops, it tells each client
+(``{"op": "handover"}``) and closes its copies.  Only one daemon is the authority of a lock directory:
+it holds :data:`gpusd.alloc.leases.CLAIM_FILE` locked for its life, and a second one is refused.
 
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
@@ -541,15 +546,12 @@ class LeaseServer:
         their names for the answer's ``fds``: the locks of ``devices`` (named by UUID) and the
         record's (``"record"``).  Only from the authority's own directory, whose descriptors are
         read-only (gpusd.alloc.lockdir.open_lock_file): nothing to pass elsewhere."""
-        lease = held.lease
-        if not (self.store is not None and self.store.private) or lease.released:
+        if not (self.store is not None and self.store.private):
             return [], []
         # No lock: the connection's requests are served one at a time, and this runs on the loop
         # between them (where the stop's hand-over runs too).
-        pairs = [(lease.device_fds[lease.devices.index(d)], d) for d in devices if d in lease.devices]
-        if lease.record_fd >= 0:
-            pairs.append((lease.record_fd, "record"))
-        return [fd for fd, _ in pairs], [name for _, name in pairs]
+        named: tuple[list[int], list[str]] = held.lease.named_fds(devices)
+        return named
 
     def _store(self) -> Any:
         """Where this authority takes leases: its own directory (never the world-openable files)."""
