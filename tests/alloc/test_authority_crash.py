@@ -93,6 +93,9 @@ def test_a_killed_daemon_loses_no_lease_and_a_restarted_one_adopts_them(fake_nvm
 
         first.kill()  # kill -9: the jobs go on, and so must their leases
         assert _leases(cli_env) == held
+        os.kill(jobs[1].pid, signal.SIGKILL)  # and a job's supervisor: its command holds the lease alone now
+        jobs[1].wait()
+        assert _leases(cli_env) == held
         # Clients fall back to the lock directory and count the daemon's leases there.
         assert _run(cli_env) == (0, [free], "directory")
         status, _, why = _run(cli_env, 2)

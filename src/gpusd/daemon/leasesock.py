@@ -164,7 +164,7 @@ class LeaseServer:
         from ..inventory import open_backend
 
         if os.geteuid() == 0 and self.claimed is None:  # first: a refused second authority touches nothing
-            self.claimed = LeaseStore.authority().claim()
+            self.claimed = LeaseStore.authority().claim(str(self.path))
         d = self.path.parent
         me = os.geteuid()
         try:

@@ -352,16 +352,25 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 def _claim_authority(config: Any) -> int | None:
     """The lock directory's authority lock, where this daemon is to be its lease authority (root,
     leases on, a lease socket): :meth:`gpusd.alloc.leases.LeaseStore.claim`, which raises GpusdError
-    while another daemon holds it.  None elsewhere."""
+    while another daemon holds it, unless that one serves our very socket (several daemons of one
+    machine, ``gpusd demo``: the first is the authority, the others serve no leases, as before).
+    None elsewhere."""
     if not config.leases or os.geteuid() != 0:
         return None
     from ..alloc.authority import socket_path
 
-    if socket_path() is None:
+    path = socket_path()
+    if path is None:
         return None
     from ..alloc.leases import LeaseStore
 
-    return LeaseStore.authority().claim()
+    store = LeaseStore.authority()
+    try:
+        return store.claim(str(path))
+    except GpusdError:
+        if store.authority_socket() != str(path):
+            raise  # we would serve another socket on the same lock directory: refused
+        return None  # clients ask the daemon behind this socket; ours never touches its directory
 
 
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
