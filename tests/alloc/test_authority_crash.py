@@ -235,3 +235,47 @@ def test_a_lease_ended_by_the_last_close_of_a_passed_copy_is_gone_from_the_next_
         os.close(fd)
     store.release_times()
     assert store.leases(peers=False) == []
+
+
+def test_the_authoritys_queue_still_numbers_its_tickets_in_order(fake_nvml_inprocess):
+    """Only the GPU locks and records of the authority are read-only (they are passed to clients):
+    its queue counter is still written, so its waiters keep their order."""
+    from gpusd.alloc import queue
+    from gpusd.alloc.leases import LeaseStore
+
+    store = LeaseStore.authority()
+    store.ensure()
+    tickets = []
+    try:
+        for _ in range(3):
+            with store.mutex():
+                tickets.append(queue.enqueue(store, 1))
+        assert [t.seq for t in tickets] == [tickets[0].seq + k for k in range(3)]
+    finally:
+        for t in tickets:
+            t.close()
+
+
+def test_a_read_only_close_wakes_the_queue_in_the_authoritys_directory_only(fake_nvml_inprocess):
+    """A lease the daemon granted ends with its client's last close of read-only GPU locks: that wakes
+    the head of the queue.  In the shared directory a read-only close is a reader's (a look tries free
+    GPUs' locks read-only): waking the head there would have it look again at every look of its own."""
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.queue import LeaseWatch
+
+    shared, authority = LeaseStore(), LeaseStore.authority()
+    shared.ensure()
+    authority.ensure()
+    for store in (shared, authority):
+        (store.dir / "gpu-GPU-watched.lock").touch(mode=0o600)
+    watch = LeaseWatch(shared.dir)
+    try:
+        assert watch.active
+        watch.drain()
+        # (the kernel queues the event as the file is closed: drain reads what is queued, waiting for nothing)
+        os.close(os.open(shared.dir / "gpu-GPU-watched.lock", os.O_RDONLY))
+        assert watch.drain() is False
+        os.close(os.open(authority.dir / "gpu-GPU-watched.lock", os.O_RDONLY))
+        assert watch.drain() is True
+    finally:
+        watch.close()

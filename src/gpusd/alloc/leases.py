@@ -791,7 +791,9 @@ class LeaseStore:
         fds: list[int] = []
         try:
             for dev in devices:
-                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir, private=self.private)
+                # read-only in the authority's store: the daemon passes these descriptors to its client
+                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir, private=self.private,
+                                    read_only=self.private)
                 fds.append(fd)
                 if not try_lock(fd, shared):
                     # A process that bypassed the mutex: named, so that someone can act

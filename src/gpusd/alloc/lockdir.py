@@ -137,17 +137,17 @@ def _check_file(fd: int, where: Path) -> None:
                          "should remove it")
 
 
-def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False) -> int:
+def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, read_only: bool = False) -> int:
     """Open (creating it with mode 0666 when missing) a lock file every user can lock.
 
     A file someone else made is opened as it is (read-write, else read-only: ``flock`` works on
     either) and never chmod-ed; a symlink, FIFO or hard link in its place is refused.  ``private``
     (the lease authority's directory): created ``0600``, and an existing file must be our own
-    ``0600`` one (anything else is refused: another user could hold a lock on it), opened read-only:
-    the lease authority passes these descriptors to its clients (``SCM_RIGHTS``), which must not be
-    able to write into root's files through them."""
+    ``0600`` one (anything else is refused: another user could hold a lock on it).  ``read_only``:
+    opened (and created) read-only, for a lock whose descriptor the lease authority passes to a client
+    (``SCM_RIGHTS``), which must not be able to write into root's files through it."""
     path = where / name
-    mode = os.O_RDONLY if private else os.O_RDWR
+    mode = os.O_RDONLY if read_only else os.O_RDWR
     for _ in range(3):
         try:
             fd = os.open(name, FILE_FLAGS | mode | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)

@@ -382,7 +382,7 @@ class LeaseWatch:
 
     def __init__(self, directory: Path) -> None:
         self._ino: Inotify | None = None
-        self._events = IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
+        self._events = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
         # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
         peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
         self._dirs = (directory, peer)
@@ -402,14 +402,20 @@ class LeaseWatch:
         if self._ino is None:
             return False
         if not self._wds:
-            wd = self._ino.watch(self._dirs[0], self._events)
+            wd = self._ino.watch(self._dirs[0], self._mask(self._dirs[0]))
             if wd < 0:
                 return False
             self._wds = [wd]
-            peer = self._ino.watch(self._dirs[1], self._events)  # absent: nothing to watch there
+            peer = self._ino.watch(self._dirs[1], self._mask(self._dirs[1]))  # absent: nothing to watch there
             if peer >= 0 and peer != wd:
                 self._wds.append(peer)
         return True
+
+    def _mask(self, directory: Path) -> int:
+        """The events watched in ``directory``: in the authority's, read-only closes too (its GPU locks are
+        read-only, passed to its clients: a lease it granted ends with the client's last close); never in
+        the shared one, where they are readers' (a look tries free GPUs' locks read-only), no lease ending."""
+        return self._events | (IN_CLOSE_NOWRITE if directory.name == AUTHORITY_DIR else 0)
 
     def follow(self, ticket: Path) -> int:
         """Watch only ``ticket`` (the one ahead: its holder's close, its removal) until :meth:`unfollow`;
@@ -486,8 +492,7 @@ class LeaseWatch:
 
 def _relevant(name: bytes, mask: int) -> bool:
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
-        # a lease's device lock closed; read-only in the authority's directory, whose descriptors the
-        # daemon passes to its clients: a lease it granted ends with the client's last close, not ours
+        # a lease's device lock closed (read-only closes come from the authority's directory only: _mask)
         return bool(mask & (IN_CLOSE_WRITE | IN_CLOSE_NOWRITE))
     if name.startswith(b"lease-") and name.endswith(b".json"):
         # removed, or closed after writing; not rewritten (renamed over), not read by someone
