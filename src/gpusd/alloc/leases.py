@@ -371,7 +371,7 @@ class LeaseStore:
                                  "GPUSD_LEASE_SOCKET=off: no leases)")
             try:
                 tmp = f".{CLAIM_INFO}.{os.urandom(4).hex()}.tmp"
-                info = create_exclusive(fd, tmp, self.dir)
+                info = create_exclusive(fd, tmp, self.dir, mode=0o600)  # for a second daemon (root) only
                 try:
                     os.write(info, json.dumps({"pid": os.getpid(), "socket": socket}).encode())
                 finally:
