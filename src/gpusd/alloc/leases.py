@@ -379,6 +379,10 @@ class LeaseStore:
                 os.rename(tmp, CLAIM_INFO, src_dir_fd=fd, dst_dir_fd=fd)
             except (OSError, GpusdError) as exc:  # only a hint for a second daemon: the claim stands without it
                 log.warning("cannot write %s: %s", self.dir / CLAIM_INFO, exc)
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except OSError:
+                    pass
             return lock
         finally:
             os.close(fd)
