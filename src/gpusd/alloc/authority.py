@@ -6,8 +6,9 @@ Where a gpusd daemon runs (as root), it is the lease authority of its machine: `
 learns who asks from the kernel (``SO_PEERCRED``), takes the very same flock leases on the client's
 behalf (so leases through the daemon and leases through the directory never overlap), and keeps them
 while the client's connection is open: the lease ends when the last process holding the connection
-exits, however it exits.  ``gpusd run`` hands the connection to its command, as it hands flock
-descriptors.
+exits, however it exits.  It passes copies of the lease's lock descriptors with its answer, which the
+client keeps (:class:`RemoteLease`), so the lease outlives the daemon.  ``gpusd run`` hands the
+connection and those copies to its command, as it hands flock descriptors.
 
 The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md):
 
@@ -16,7 +17,7 @@ The protocol (one JSON object per line, UTF-8, documented in docs/allocation.md)
                "shared": false, "topology": "auto", "visible": null, "wait": false, "timeout": null, "command": "...",
                "job": "3f9c0a1b22de"}
     daemon -> {"ok": true, "v": 2, "lease_id": "...", "job": "...", "devices": [{"gpu": {...},
-               "mig": null, "free": ..., "total": ..., "util": ...}]}
+               "mig": null, "free": ..., "total": ..., "util": ...}], "fds": ["GPU-...", "record"]}
            or {"ok": false, "code": "no_gpu", "error": "no_gpu" | "timeout" | "usage" | "busy" | "error",
                "message": "..."}   (code: the error's own, docs/errors.md; error: the 0.2 kind)
 
@@ -143,10 +144,12 @@ class RemoteLease(LeaseHandle):
     """A lease the daemon holds for us while :attr:`sock` is open (a :class:`LeaseHandle`, like
     :class:`gpusd.alloc.leases.Lease`).
 
-    With protocol 2 it can grow and give GPUs back (:meth:`grow`, :meth:`give_back`), one change at
-    a time.  If the daemon stops, it hands the lease's descriptors over on the connection; when we
-    read them (looking for an answer), they are kept here (:attr:`fds`) and the lease can no longer
-    change.  The record is the daemon's: it wrote what the request said (:attr:`holder`)."""
+    The daemon passes copies of the lease's lock descriptors with its answers (``SCM_RIGHTS``, named
+    in the answer's ``fds``: a device's UUID, ``"record"``); they are kept here (:attr:`fds`), so
+    that the kernel keeps the lease if the daemon dies (``kill -9``) or stops; it still ends with
+    our connection (the daemon then unlocks every copy).  With protocol 2 it can grow and give GPUs
+    back (:meth:`grow`, :meth:`give_back`), one change at a time, while the daemon that granted it
+    runs.  The record is the daemon's: it wrote what the request said (:attr:`holder`)."""
 
     def __init__(self, lease_id: str, devices: list[str], shared: bool, memory: int | None,
                  sock: socket.socket, version: int = 1, reader: _Lines | None = None,
@@ -160,6 +163,7 @@ class RemoteLease(LeaseHandle):
         self.lock = threading.Lock()
         self.next_id = 1
         self.epoch_of: dict[str, int] = {}  # each GPU's epoch, as the daemon's answers said (alloc.epoch)
+        self.kept: dict[str, int] = {}  # the lease's descriptors the daemon passed, by name
 
     def epochs(self) -> dict[str, int]:
         return {d: e for d, e in self.epoch_of.items() if d in self.devices}
@@ -172,21 +176,35 @@ class RemoteLease(LeaseHandle):
                 if isinstance(k, str) and type(v) is int and 0 < v < 2**63:
                     self.epoch_of[k] = v
 
+    def absorb(self, reply: dict[str, Any]) -> None:
+        """Keep the descriptors that came with ``reply`` under the names its ``fds`` gives them (a
+        newer copy of one replaces the older: the record rewritten).  Descriptors without a name (a
+        hand-over from an older daemon) stay in the reader, kept too."""
+        names = reply.get("fds")
+        if not isinstance(names, list) or not names:
+            return
+        got = self.reader.fds[:len(names)]
+        del self.reader.fds[:len(got)]
+        for name, fd in zip(names, got):
+            key = name[:128] if isinstance(name, str) else f"#{fd}"
+            old = self.kept.pop(key, None)
+            if old is not None:
+                _close(old)
+            self.kept[key] = fd
+
     @property
     def fds(self) -> list[int]:
         """What keeps the lease alive: handed to ``gpusd run``'s command like flock descriptors."""
-        return [] if self.released else [self.sock.fileno(), *self.reader.fds]
+        return [] if self.released else [self.sock.fileno(), *self.kept.values(), *self.reader.fds]
 
     def release(self) -> None:
         if not self.released:
             self.released = True
+            # Our copies of the locks first, then the connection (the daemon unlocks every copy anyway)
+            for fd in [*self.kept.values(), *self.reader.fds]:
+                _close(fd)
+            self.kept, self.reader.fds = {}, []
             self.sock.close()  # the daemon sees the end of the connection and releases
-            for fd in self.reader.fds:  # handed over by a daemon that stopped
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self.reader.fds = []
 
     def grow(self, c: Constraints, *, wait: bool = False, timeout: float | None = None) -> list[Candidate]:
         """``c.count`` more GPUs (chosen with ``c``) under this lease; raises what a lease request
@@ -203,6 +221,9 @@ class RemoteLease(LeaseHandle):
     def give_back(self, uuid: str) -> None:
         """Give one GPU of this lease back: the daemon frees it at once (and its record stops naming it)."""
         answer = self._ask({"op": "release", "device": uuid}, False, None)
+        gone = self.kept.pop(uuid, None)
+        if gone is not None:  # unlocked by the daemon already: our copy is only a descriptor now
+            _close(gone)
         held = answer.get("held")
         if isinstance(held, list) and all(isinstance(x, str) for x in held):
             self.devices = list(held)
@@ -246,7 +267,15 @@ class RemoteLease(LeaseHandle):
                     raise GpusdError("the gpusd daemon that held this lease stopped (it handed the lease over: "
                                      "it lasts until the job ends, but can no longer grow or shrink)") from None
                 for _ in range(MAX_STRAY):
-                    reply = _decode(self.reader.readline())
+                    try:
+                        reply = _decode(self.reader.readline())
+                    except _Closed:
+                        if not self.kept:
+                            raise
+                        self.handed_over = True  # killed, say: we hold the descriptors, the kernel the lease
+                        raise GpusdError("the gpusd daemon that granted this lease is gone: the lease lasts until "
+                                         "the job ends, but can no longer grow or shrink") from None
+                    self.absorb(reply)
                     if reply.get("op") == "handover":
                         self.handed_over = True
                         raise GpusdError("the gpusd daemon stopped and handed this lease over: it lasts until the "
@@ -301,6 +330,17 @@ class _Lines:
         return line + b"\n"
 
 
+class _Closed(OSError):
+    """The daemon closed the connection (it stopped, or was killed)."""
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 class AuthorityBusy(Exception):
     """The daemon has too many requests open: take the lease in the lock directory instead."""
 
@@ -351,10 +391,6 @@ def _alive(sock: socket.socket) -> bool:
 class DaemonGone(Exception):
     """The daemon ended a waiting request's connection without an answer (it stopped, or died): the
     waiter asks the next daemon (:func:`reconnect`), which keeps its place, or the lock directory."""
-
-
-class _Closed(OSError):
-    """The daemon closed the connection."""
 
 
 def say(message: str) -> None:
@@ -433,6 +469,7 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
     lease = RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
                         reader, holder)
     lease.took(reply)
+    lease.absorb(reply)  # the lease's descriptors came with the answer: ours to keep from now on
     return chosen, lease
 
 

@@ -85,6 +85,8 @@ class _Log:
 log = _Log()
 
 AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
+CLAIM_FILE = "authority.lock"  # locked by the daemon that is the lease authority, for its whole life
+CLAIM_INFO = "authority.json"  # that daemon's pid and lease socket (LeaseStore.authority_socket)
 LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
@@ -143,6 +145,17 @@ class Lease(LeaseHandle):
         raw = (self.record or {}).get("epochs")
         return {k: v for k, v in raw.items() if k in self.devices} if isinstance(raw, dict) else {}
 
+    def named_fds(self, devices: list[str]) -> tuple[list[int], list[str]]:
+        """The lock descriptors of ``devices`` (those this lease holds) and of the record, and their
+        names (a device's UUID, ``"record"``): what the lease authority passes to its client with an
+        answer, for it to co-hold (docs/allocation.md, "The descriptors").  Empty once released."""
+        if self.released:
+            return [], []
+        pairs = [(self.device_fds[self.devices.index(d)], d) for d in devices if d in self.devices]
+        if self.record_fd >= 0:
+            pairs.append((self.record_fd, "record"))
+        return [fd for fd, _ in pairs], [name for _, name in pairs]
+
     @property
     def store(self) -> LeaseStore:
         """The store this lease was taken in (its record's directory)."""
@@ -187,7 +200,10 @@ class Lease(LeaseHandle):
         for fd in gone.values():
             _end_device(fd)
 
-    def release(self) -> None:
+    def release(self, unlock: bool = False) -> None:
+        """End the lease.  ``unlock``: another process holds copies of its descriptors (the lease
+        authority passed them to its client), so the locks are dropped for every copy (``LOCK_UN``
+        on the open files they share) rather than only closed here."""
         if self.released:
             return
         self.released = True
@@ -202,15 +218,14 @@ class Lease(LeaseHandle):
         # Devices first: their close is what waiters are woken by (queue.LeaseWatch), and a record
         # whose devices are free no longer counts anyway.
         for fd in devices:
-            try:
-                os.close(fd)  # closing drops the flock (unless a child still holds a copy)
-            except OSError:
-                pass
+            _end_device(fd, unlock=unlock)  # closing drops the flock (unless a child still holds a copy)
         try:
             if self.dir_fd >= 0:
                 os.unlink(self.path.name, dir_fd=self.dir_fd)
         except OSError:
             pass
+        if unlock and self.record_fd >= 0:
+            _unlock(self.record_fd)
         for fd in (self.record_fd, self.dir_fd):
             try:
                 if fd >= 0:
@@ -253,14 +268,18 @@ def _end_device(fd: int, unlock: bool = False) -> None:
     except OSError:
         pass
     if unlock:
-        import fcntl
-
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:
-            pass
+        _unlock(fd)
     try:
         os.close(fd)
+    except OSError:
+        pass
+
+
+def _unlock(fd: int) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
     except OSError:
         pass
 
@@ -356,6 +375,90 @@ class LeaseStore:
         new when something else squats its name (moved aside, never chmod-ed or followed); tickets a
         previous daemon left are removed, except those whose lock is held: the places this daemon
         re-adopted for their waiters (:func:`gpusd.alloc.queue.readopt`), or a live daemon's."""
+        fd = self._own_dir()
+        try:
+            for name in os.listdir(fd):
+                if name.startswith(("queue-", ".queue-")) and name.endswith((".ticket", ".tmp")):
+                    _remove_unlocked(fd, name)
+        finally:
+            os.close(fd)
+
+    def claim(self, socket: str | None = None) -> int:
+        """Become the lease authority of this lock directory (a daemon, before :meth:`prepare`):
+        ``LOCK_EX`` on :data:`CLAIM_FILE` in the authority's directory, held for the daemon's life
+        through the descriptor returned; the lease socket it serves is written beside it
+        (:data:`CLAIM_INFO`, :meth:`authority_socket`).  GpusdError (one line, naming the holder)
+        when another daemon holds it, and nothing is changed: a second authority would remove the
+        first one's queue tickets, whatever state directory or socket it has."""
+        import json
+
+        fd = self._own_dir()
+        try:
+            lock = open_lock_file(fd, CLAIM_FILE, self.dir, private=True)
+            if not try_lock(lock, shared=False):
+                who = describe_holders(lock)
+                os.close(lock)
+                raise GpusdError(f"another gpusd daemon ({who}) is already the lease authority of the lock directory "
+                                 f"{self.dir.parent}: stop it first, or give this daemon another GPUSD_LOCK_DIR (or "
+                                 "GPUSD_LEASE_SOCKET=off: no leases)")
+            try:
+                tmp = f".{CLAIM_INFO}.{os.urandom(4).hex()}.tmp"
+                info = create_exclusive(fd, tmp, self.dir, mode=0o600)  # for a second daemon (root) only
+                try:
+                    os.write(info, json.dumps({"pid": os.getpid(), "socket": socket}).encode())
+                finally:
+                    os.close(info)
+                os.rename(tmp, CLAIM_INFO, src_dir_fd=fd, dst_dir_fd=fd)
+            except (OSError, GpusdError) as exc:  # only a hint for a second daemon: the claim stands without it
+                log.warning("cannot write %s: %s", self.dir / CLAIM_INFO, exc)
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except OSError:
+                    pass
+            return lock
+        finally:
+            os.close(fd)
+
+    def authority_socket(self, wait: float = 2.0) -> str | None:
+        """The lease socket the daemon holding :data:`CLAIM_FILE` serves, as it wrote it (believed
+        only while the pid it names holds the claim, per ``/proc/locks``); waits up to ``wait``
+        seconds for a daemon that has just claimed to write it.  None when unknown."""
+        deadline = time.monotonic() + wait
+        while True:
+            got = self._claim_info()
+            if got is not None or time.monotonic() >= deadline:
+                return got
+            time.sleep(0.05)
+
+    def _claim_info(self) -> str | None:
+        import json
+
+        try:
+            dfd = self.open(create=False)
+        except GpusdError:
+            return None
+        if dfd is None:
+            return None
+        try:
+            holders = [pid for pid, _ in (flock_table() or {}).get(
+                lock_key(os.stat(CLAIM_FILE, dir_fd=dfd, follow_symlinks=False)), [])]
+            fd = os.open(CLAIM_INFO, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
+            try:
+                st, raw = os.fstat(fd), os.read(fd, 4097)
+            finally:
+                os.close(fd)
+            d = json.loads(raw)
+            pid, socket = d.get("pid"), d.get("socket")
+            if st.st_uid != os.geteuid() or type(pid) is not int or pid not in holders or not isinstance(socket, str):
+                return None
+            return socket[:4096]
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return None
+        finally:
+            os.close(dfd)
+
+    def _own_dir(self) -> int:
+        """The authority's directory, checked (made new when something else squats its name)."""
         assert self.private
         parent = open_dir(self.dir.parent, True)
         assert parent is not None
@@ -366,12 +469,7 @@ class LeaseStore:
                 replace_private_dir(parent, self.dir.name, self.dir)
                 fd = open_dir(self.dir, True, private=True)
             assert fd is not None
-            try:
-                for name in os.listdir(fd):
-                    if name.startswith(("queue-", ".queue-")) and name.endswith((".ticket", ".tmp")):
-                        _remove_unlocked(fd, name)
-            finally:
-                os.close(fd)
+            return fd
         finally:
             os.close(parent)
 
@@ -765,7 +863,9 @@ class LeaseStore:
         fds: list[int] = []
         try:
             for dev in devices:
-                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir, private=self.private)
+                # read-only in the authority's store: the daemon passes these descriptors to its client
+                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir, private=self.private,
+                                    read_only=self.private)
                 fds.append(fd)
                 if not try_lock(fd, shared):
                     # A process that bypassed the mutex: named, so that someone can act
@@ -794,9 +894,8 @@ class LeaseStore:
             }
             final = f"lease-{lease_id}.json"
             tmp = f".lease-{lease_id}.tmp"
-            info_fd = create_exclusive(dfd, tmp, self.dir, lock=True)  # locked before it is visible: never stale
-            fds.append(info_fd)
-            write_new(dfd, info_fd, tmp, final, json.dumps(record).encode(), self.dir)  # a full disk: DiskFull
+            # locked before it is visible; a full disk: DiskFull, nothing left behind
+            fds.append(self._new_record(dfd, tmp, final, json.dumps(record).encode()))
         except BaseException:
             for f in (*fds, dfd):
                 try:
@@ -856,12 +955,7 @@ class LeaseStore:
         devices = list(changes.pop("devices", lease.devices))
         record = {**lease.record, **changes, "devices": [*devices, *(d for d in lease.lingering if d not in devices)]}
         tmp = f".lease-{lease.lease_id}.{os.urandom(3).hex()}.tmp"
-        fd = create_exclusive(lease.dir_fd, tmp, self.dir, lock=True)
-        try:
-            write_new(lease.dir_fd, fd, tmp, lease.path.name, json.dumps(record).encode(), self.dir)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = self._new_record(lease.dir_fd, tmp, lease.path.name, json.dumps(record).encode())
         old, lease.record_fd = lease.record_fd, fd
         lease.record = record
         if old >= 0:
@@ -930,6 +1024,43 @@ class LeaseStore:
                     os.close(fd)
                 except OSError:
                     pass
+
+    def _new_record(self, dfd: int, tmp: str, final: str, data: bytes) -> int:
+        """Write the record ``data`` as ``tmp``, locked (``LOCK_EX``) before anyone else may open it,
+        then renamed to ``final``; the descriptor that holds the lock.  In the authority's store that
+        descriptor is read-only and the record is written through a second one: the daemon passes its
+        copies of a lease's descriptors to the client (docs/allocation.md), who must not be able to
+        rewrite a record of root's, which is believed to name its holder.  A full disk: DiskFull
+        (naming the directory), ``tmp`` removed."""
+        if not self.private:
+            fd = create_exclusive(dfd, tmp, self.dir, lock=True)
+            try:
+                write_new(dfd, fd, tmp, final, data, self.dir)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        fd = create_exclusive(dfd, tmp, self.dir, lock=True, read_only=True)
+        try:
+            # the file just made, in a directory only we can write: the name is still it (checked anyway)
+            try:
+                writer = os.open(tmp, FILE_FLAGS | os.O_WRONLY, dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+            try:
+                if not os.path.samestat(os.fstat(writer), os.fstat(fd)):
+                    raise GpusdError(f"{self.dir / tmp} was replaced while it was written")
+                write_new(dfd, writer, tmp, final, data, self.dir)
+            finally:
+                os.close(writer)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def join(self, lease: Lease, extra: Lease) -> None:
         """``extra``'s devices join ``lease`` (a job grown under its lease): one record names them

@@ -102,6 +102,7 @@ class DirView:
         self.locks: dict[str, float | None] = {}  # device (as in the file name) -> its lock file's mtime
         self.lockkeys: dict[str, str] = {}  # device -> its lock file as /proc/locks names it
         self.restat: set[str] = set()  # devices whose lock file changed since the last look
+        self.changed: set[str] = set()  # those of them stat-ed again already (release_times) but not yet looked at
         self.tickets: set[str] = set()  # names of queue-*.ticket files
         self.own: set[str] = set()  # names this process opened read-only since the last drain
         self.unclean: set[str] = set()  # records found abandoned by a look that was not to remove them
@@ -200,6 +201,7 @@ class DirView:
                 self.free = None
                 continue
             self.locks[dev], self.lockkeys[dev] = st.st_mtime, lock_key(st)
+        self.changed |= self.restat
         self.restat = set()
 
     def look(self, store: LeaseStore, dfd: int, cleanup: bool, blockers: bool) -> list[LeaseInfo]:
@@ -218,8 +220,9 @@ class DirView:
                 self.dirty[name] = self.dirty.get(name, 0) | _FULL
             self.unclean = set()
         self.own = set()
-        changed_devices = set(self.restat)
         self._stat_locks(dfd)
+        # (a release_times between two looks stats the lock files too: what it saw change counts here)
+        changed_devices, self.changed = self.changed, set()
         for dev in changed_devices:  # a device lock opened, closed or replaced: its claims are read again
             for name in self.claims.get(dev, ()):
                 self.dirty[name] = self.dirty.get(name, 0) | _FULL

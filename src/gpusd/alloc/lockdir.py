@@ -137,17 +137,20 @@ def _check_file(fd: int, where: Path) -> None:
                          "should remove it")
 
 
-def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False) -> int:
+def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, read_only: bool = False) -> int:
     """Open (creating it with mode 0666 when missing) a lock file every user can lock.
 
     A file someone else made is opened as it is (read-write, else read-only: ``flock`` works on
     either) and never chmod-ed; a symlink, FIFO or hard link in its place is refused.  ``private``
     (the lease authority's directory): created ``0600``, and an existing file must be our own
-    ``0600`` one (anything else is refused: another user could hold a lock on it)."""
+    ``0600`` one (anything else is refused: another user could hold a lock on it).  ``read_only``:
+    opened (and created) read-only, for a lock whose descriptor the lease authority passes to a client
+    (``SCM_RIGHTS``), which must not be able to write into root's files through it."""
     path = where / name
+    mode = os.O_RDONLY if read_only else os.O_RDWR
     for _ in range(3):
         try:
-            fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+            fd = os.open(name, FILE_FLAGS | mode | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
         except FileExistsError:
             pass
         except PermissionError:
@@ -162,7 +165,7 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False) -
             return fd
         try:
             try:
-                fd = os.open(name, FILE_FLAGS | os.O_RDWR, dir_fd=dir_fd)
+                fd = os.open(name, FILE_FLAGS | mode, dir_fd=dir_fd)
             except PermissionError:
                 fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
         except FileNotFoundError:
@@ -194,14 +197,18 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False) -
     raise GpusdError(f"cannot open {path}: it keeps disappearing")
 
 
-def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, lock: bool = False) -> int:
+def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, lock: bool = False,
+                     read_only: bool = False) -> int:
     """Create a new file (never an existing one, never through a symlink) for writing, with ``mode``
     whatever the umask (a lease record or ticket others cannot read would be invisible to them: a
     GPU locked with no record, a waiter nobody queues behind).  The chmod is of the file we just
     created, through its descriptor.  With ``lock``, the file holds our ``LOCK_EX`` before anyone
-    else may open it (it is created 0600 and made readable after): nobody can lock it first."""
+    else may open it (it is created 0600 and made readable after): nobody can lock it first.
+    ``read_only``: the descriptor returned cannot write (the lease authority passes its records'
+    lock descriptors to its clients); the caller writes through one of its own."""
+    access = os.O_RDONLY if read_only else os.O_RDWR
     try:
-        fd = os.open(name, FILE_FLAGS | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600 if lock else mode, dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS | access | os.O_CREAT | os.O_EXCL, 0o600 if lock else mode, dir_fd=dir_fd)
     except OSError as exc:
         if DiskFull.caused(exc):  # no inode left: the directory's file system is full
             raise DiskFull.of(where, exc, name) from None

@@ -36,10 +36,11 @@ that it still is the head before it takes GPUs.
 
 Only the head looks at the GPUs, and not on a timer: it sleeps until a lease ends.  The kernel says
 when (:class:`LeaseWatch`, inotify on the lock directory): a lease ends when its lock files are
-closed, whoever closes them (the holder, its last child, or the kernel when they die), and a close
-after writing is an ``IN_CLOSE_WRITE`` event.  Because the driver averages utilisation over up to a
-second, the head looks again shortly after each such event (20, 50, 100, 200, 400 ms), and otherwise
-every ``recheck`` seconds for load that changes outside gpusd.  Without inotify it polls every 0.1 s.
+closed, whoever closes them (the holder, its last child, or the kernel when they die): an
+``IN_CLOSE_WRITE`` event, or ``IN_CLOSE_NOWRITE`` for the authority's read-only lock files.
+Because the driver averages utilisation over up to a second, the head looks again shortly after
+each such event (20, 50, 100, 200, 400 ms), and otherwise every ``recheck`` seconds for load that
+changes outside gpusd.  Without inotify it polls every 0.1 s.
 
 Tickets are files of the shared directory like the others: created with ``O_EXCL`` under a name
 nobody can guess, never followed through a symlink, attributed to the uid that owns them.
@@ -63,6 +64,7 @@ from ..errors import GpusdError
 from ..record import fields, record
 from .inotify import (
     IN_ATTRIB,
+    IN_CLOSE_NOWRITE,
     IN_CLOSE_WRITE,
     IN_DELETE,
     IN_DELETE_SELF,
@@ -535,14 +537,20 @@ class LeaseWatch:
         if self._ino is None:
             return False
         if not self._wds:
-            wd = self._ino.watch(self._dirs[0], self._events)
+            wd = self._ino.watch(self._dirs[0], self._mask(self._dirs[0]))
             if wd < 0:
                 return False
             self._wds = [wd]
-            peer = self._ino.watch(self._dirs[1], self._events)  # absent: nothing to watch there
+            peer = self._ino.watch(self._dirs[1], self._mask(self._dirs[1]))  # absent: nothing to watch there
             if peer >= 0 and peer != wd:
                 self._wds.append(peer)
         return True
+
+    def _mask(self, directory: Path) -> int:
+        """The events watched in ``directory``: in the authority's, read-only closes too (its GPU locks are
+        read-only, passed to its clients: a lease it granted ends with the client's last close); never in
+        the shared one, where they are readers' (a look tries free GPUs' locks read-only), no lease ending."""
+        return self._events | (IN_CLOSE_NOWRITE if directory.name == AUTHORITY_DIR else 0)
 
     def follow(self, ticket: Path) -> int:
         """Watch only ``ticket`` (the one ahead: its holder's close, its removal) until :meth:`unfollow`;
@@ -619,9 +627,11 @@ class LeaseWatch:
 
 def _relevant(name: bytes, mask: int) -> bool:
     if name.startswith(b"gpu-") and name.endswith(b".lock"):
-        return bool(mask & IN_CLOSE_WRITE)  # a lease's device lock closed
+        # a lease's device lock closed (read-only closes come from the authority's directory only: _mask)
+        return bool(mask & (IN_CLOSE_WRITE | IN_CLOSE_NOWRITE))
     if name.startswith(b"lease-") and name.endswith(b".json"):
-        return not mask & IN_MOVED_TO  # a record rewritten (renamed over) is not a lease ending
+        # removed, or closed after writing; not rewritten (renamed over), not read by someone
+        return bool(mask & (IN_DELETE | IN_CLOSE_WRITE))
     # Tickets are not the head's business: one that comes ahead of it is a head itself and looks on its
     # own (the head's look checks under the mutex that it still is the head); the waiters behind follow
     # the ticket ahead of them (LeaseWatch.follow).  40 tickets arriving at once would be 40 looks.

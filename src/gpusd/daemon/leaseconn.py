@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 log = logging.getLogger("gpusd.daemon.leasesock")
 
@@ -158,15 +158,24 @@ class Conn:
                 return True
         return self.eof or (any_data_ends and self.pending())
 
-    async def send(self, obj: dict[str, Any]) -> None:
+    async def send(self, obj: dict[str, Any], fds: Sequence[int] = ()) -> bool:
+        """Send one answer line; ``fds`` go with its first bytes (``SCM_RIGHTS``: the client then
+        holds copies of the lease's descriptors).  False when it could not be sent (the client is
+        deaf from then on)."""
         if self.deaf or self.closed:
-            return
+            return False
         loop = asyncio.get_running_loop()
         try:
             data = json.dumps(obj, allow_nan=False).encode() + b"\n"
-            await asyncio.wait_for(loop.sock_sendall(self.sock, data), SEND_TIMEOUT)
+            if fds:
+                sent = await asyncio.wait_for(send_with_rights(loop, self.sock, data, fds), SEND_TIMEOUT)
+                data = data[sent:]
+            if data:
+                await asyncio.wait_for(loop.sock_sendall(self.sock, data), SEND_TIMEOUT)
         except (OSError, ValueError, asyncio.TimeoutError):
             self.deaf = True  # it does not read: its lease stays, its answers stop
+            return False
+        return True
 
     def _unwatch(self, ready: asyncio.Future[None] | None = None) -> None:
         """Stop watching the socket (before it is closed: its number may be reused at once); with
@@ -181,6 +190,41 @@ class Conn:
             self.closed = True
             self._unwatch()
             self.sock.close()
+
+
+async def send_with_rights(loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes,
+                           fds: Sequence[int]) -> int:
+    """Send ``data`` with ``fds`` attached (``SCM_RIGHTS``) on the non-blocking ``sock``, waiting
+    (awaited, never blocking the loop) until it can be written; how many bytes went (the
+    descriptors went with the first of them: the caller sends the rest)."""
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+    while True:
+        try:
+            return sock.sendmsg([data], rights)
+        except (BlockingIOError, InterruptedError):
+            if not await writable(loop, sock, SEND_TIMEOUT):
+                raise TimeoutError("the client does not read") from None
+
+
+async def writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` can be written to within ``timeout`` seconds (awaited, not blocking)."""
+    if timeout <= 0:
+        return False
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_writer(fd, wake)
+    try:
+        await asyncio.wait_for(ready, timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_writer(fd)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

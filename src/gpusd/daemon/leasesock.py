@@ -24,14 +24,19 @@ once).  Each such line is believed only when the kernel says it was written by t
 process of another user that got hold of the connection cannot change the lease; its lines are
 logged and ignored.  A bad request gets an error answer and the lease stays.
 
-When the daemon stops, it hands each lease's descriptors (grown GPUs included) to its client over the
-connection (``SCM_RIGHTS``) before closing it: the locks belong to the open files, so the lease
-survives a daemon restart and still ends with the client's connection.  A request still waiting in
-the queue is told ``{"op": "requeue"}`` and its ticket is left; the next daemon locks again the
-tickets of waiters that still run (:func:`gpusd.alloc.queue.readopt`) and gives each back to its
-process when it asks again (matched by SO_PEERCRED), so it keeps its place (docs/allocation.md,
-"Waiting").  Where the daemon records its usage history, each lease granted here is written down
-before its client hears of it, and ended when its connection ends (:class:`LeaseHistory`).
+The answer that grants a lease carries copies of its descriptors (``SCM_RIGHTS``: every GPU's lock
+and the record's, read-only, named in the answer's ``fds``), and so does each grow or release answer:
+the locks belong to the open files, which the client co-holds, so no lease dies with the daemon
+(``kill -9`` included), and a restarted daemon finds them confirmed by the kernel.  When the
+connection ends, the daemon unlocks the open files for every copy (``LOCK_UN``) before closing its
+own: the lease still ends with the client's connection.  When the daemon stops, it tells each client
+(``{"op": "handover"}``) and closes its copies.  Only one daemon is the authority of a lock directory:
+it holds :data:`gpusd.alloc.leases.CLAIM_FILE` locked for its life, and a second one is refused.
+A request still waiting in the queue is told ``{"op": "requeue"}`` and its ticket is left; the next
+daemon locks again the tickets of waiters that still run (:func:`gpusd.alloc.queue.readopt`) and gives
+each back to its process when it asks again (matched by SO_PEERCRED), so it keeps its place
+(docs/allocation.md, "Waiting").  Where the daemon records its usage history, each lease granted here
+is written down before its client hears of it, and ended when its connection ends (:class:`LeaseHistory`).
 
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
@@ -65,7 +70,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, to_wire
 from .backend import SharedBackend
-from .leaseconn import MAX_REQUEST, Conn
+from .leaseconn import MAX_REQUEST, Conn, writable
 from .leasereq import constraints, job_of, parse, priority_of
 from .leasereq import version as protocol_version
 
@@ -85,6 +90,7 @@ class _Held:
         self.selection = selection
         self.command, self.job, self.pid, self.uid, self.priority = command, job, pid, uid, priority
         self.lock = threading.Lock()  # the lease's descriptors: a join or drop vs the hand-over
+        self.passed = False  # the client holds copies of the lease's descriptors (sent with the grant)
 
     @property
     def lease(self) -> Any:
@@ -106,10 +112,13 @@ class LeaseHistory(Protocol):
 
 class LeaseServer:
     def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
-                 backend: SharedBackend | None = None) -> None:
+                 backend: SharedBackend | None = None, claim: int | None = None) -> None:
         """``backend``: the daemon's one backend (daemon/backend.py), which the daemon closes; without
-        it (a lease server on its own: tests, benchmarks) the server opens and closes its own."""
+        it (a lease server on its own: tests, benchmarks) the server opens and closes its own.
+        ``claim``: the lock directory's authority lock, taken by the daemon as it started
+        (:meth:`gpusd.alloc.leases.LeaseStore.claim`; taken here when None), closed at :meth:`stop`."""
         self.path = path
+        self.claimed = claim
         self.simulate = simulate
         self.shared = backend
         self.slurm = slurm  # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
@@ -190,8 +199,11 @@ class LeaseServer:
             task.add_done_callback(self.tasks.discard)
 
     def _prepare(self) -> None:
+        from ..alloc.leases import LeaseStore
         from ..inventory import open_backend
 
+        if os.geteuid() == 0 and self.claimed is None:  # first: a refused second authority touches nothing
+            self.claimed = LeaseStore.authority().claim(str(self.path))
         d = self.path.parent
         me = os.geteuid()
         try:
@@ -219,8 +231,6 @@ class LeaseServer:
                 raise GpusdError(f"another gpusd daemon already serves leases on {self.path}")
             finally:
                 probe.close()
-        from ..alloc.leases import LeaseStore
-
         if os.geteuid() == 0:
             store = LeaseStore.authority()
             self.places = _queue().readopt(store)  # before prepare(), which removes the tickets left unlocked
@@ -259,15 +269,20 @@ class LeaseServer:
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
         # Nothing here blocks the event loop (issue 19): the lease's lock is polled, the descriptors
-        # are sent without blocking, the rest runs on the executor.  The clients keep their leases;
-        # one that does not read its answers (deaf) gets no wait, and comes last, so that it cannot
-        # hold up everyone else's hand-over.
+        # are sent without blocking, the rest runs on the executor.  The clients keep their leases:
+        # those that hold the descriptors already (sent with the grant) are told, and ours closed,
+        # whether the note reaches them or not; the others get them now.  One that does not read its
+        # answers (deaf) gets no wait, and comes last, so that it cannot hold up everyone else's.
         loop = asyncio.get_running_loop()
         for conn, held in sorted(self.held.items(), key=lambda item: item[0].deaf):
             if not await _acquire(held.lock, 2.0):  # a join or drop takes milliseconds
                 continue
             try:
-                handed = await _hand_over(conn.sock, held.lease, 0.0 if conn.deaf else 1.0)
+                handed = await _hand_over(conn.sock, held.lease, 0.0 if conn.deaf or held.passed else 1.0,
+                                          rights=not held.passed)
+                if held.passed and not handed:
+                    held.lease.forget()  # the client's copies keep the lease; it learns of the stop at its next change
+                    handed = True
             finally:
                 held.lock.release()
             if handed:
@@ -294,6 +309,10 @@ class LeaseServer:
                 with contextlib.suppress(Exception):
                     await loop.run_in_executor(self.executor, backend.close)
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.claimed is not None:  # the last thing: the next authority may start now
+            claimed, self.claimed = self.claimed, None
+            with contextlib.suppress(OSError):
+                os.close(claimed)
 
     # -- one client ---------------------------------------------------------------------------------
     async def _client(self, sock: socket.socket) -> None:
@@ -387,9 +406,14 @@ class LeaseServer:
             held = _Held(selection, command, job, pid, uid, priority)
             if conn.eof or conn.pending():
                 return  # granted as the client left (or spoke: abandoned): released below
-            await conn.send({"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
-                             "devices": [_candidate(c) for c in selection.devices],
-                             "epoch": selection.lease.epoch, "epochs": selection.lease.epochs()})
+            fds, names = self._passing(held, list(selection.lease.devices))
+            answer = {"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
+                      "devices": [_candidate(c) for c in selection.devices],
+                      "epoch": selection.lease.epoch, "epochs": selection.lease.epochs(),
+                      **({"fds": names} if names else {})}
+            # The client co-holds the lease's open files from now on: a daemon killed now loses no lease.
+            held.passed = bool(fds)  # (even if the answer fails half-way: the release unlocks every copy)
+            await conn.send(answer, fds)
             log.info("lease %s: %s for pid %d (uid %d)%s", selection.lease.lease_id, ",".join(selection.uuids),
                      pid, uid, f" job {job}" if job else "")
             self.held[conn] = held
@@ -465,6 +489,8 @@ class LeaseServer:
                 await conn.send({**to_wire(exc), "id": None})
                 continue
             op = req.get("op")
+            fds: list[int] = []
+            names: list[str] = []
             try:
                 if op == "grow":
                     kwargs = constraints(req, op="grow")
@@ -484,6 +510,7 @@ class LeaseServer:
                     answer = {"ok": True, "op": "grow", "lease_id": lease_id,
                               "devices": [_candidate(c) for c in added], "held": held.held(),
                               "epochs": held.selection.lease.epochs()}
+                    fds, names = self._passing(held, [c.uuid for c in added])
                 elif op == "release":
                     device = req.get("device")
                     if not isinstance(device, str) or not 0 < len(device) <= 128:
@@ -491,19 +518,24 @@ class LeaseServer:
                     await loop.run_in_executor(self.executor, self._drop, held, device)
                     log.info("lease %s: released %s for pid %d (uid %d)", lease_id, device, held.pid, held.uid)
                     answer = {"ok": True, "op": "release", "lease_id": lease_id, "held": held.held()}
+                    fds, names = self._passing(held, [])  # the record was rewritten: its new lock
                 else:
                     raise ConfigError(f"unknown request {str(op)[:32]!r} on a connection that holds a lease "
                                       "(expected grow or release)")
             except Exception as exc:
-                answer = _failure(exc)
+                answer, fds, names = _failure(exc), [], []
             answer["id"] = rid
-            await conn.send(answer)
+            if names:
+                answer["fds"] = names
+            await conn.send(answer, fds)
 
     async def _release(self, held: _Held) -> None:
         """End ``held``'s lease, on the executor (its lock may be held there by a join, a moment)."""
         def release() -> None:
             with held.lock:
                 handed = held.lease.released  # handed over as we stopped: it goes on without us
+                # the client's copies of the descriptors must not outlive its connection: unlocked for all
+                held.lease.release(unlock=held.passed)
                 held.selection.release()
             if self.history is not None and not handed:
                 self.history.lease_ended(held.lease.lease_id)
@@ -625,6 +657,18 @@ class LeaseServer:
         held.selection.devices.extend(sel.devices)
         return list(sel.devices)
 
+    def _passing(self, held: _Held, devices: list[str]) -> tuple[list[int], list[str]]:
+        """The descriptors of ``held``'s lease to pass to its client with an answer (``SCM_RIGHTS``), and
+        their names for the answer's ``fds``: the locks of ``devices`` (named by UUID) and the
+        record's (``"record"``).  Only from the authority's own directory, whose descriptors are
+        read-only (gpusd.alloc.lockdir.open_lock_file): nothing to pass elsewhere."""
+        if not (self.store is not None and self.store.private):
+            return [], []
+        # No lock: the connection's requests are served one at a time, and this runs on the loop
+        # between them (where the stop's hand-over runs too).
+        named: tuple[list[int], list[str]] = held.lease.named_fds(devices)
+        return named
+
     def _store(self) -> Any:
         """Where this authority takes leases: its own directory (never the world-openable files)."""
         from ..alloc.leases import LeaseStore
@@ -641,7 +685,7 @@ class LeaseServer:
                 raise ConfigError(f"this lease does not hold {device!r}")
             if len(held.lease.devices) == 1:
                 raise ConfigError("a lease keeps at least one GPU: close the connection to end it")
-            store.drop(held.lease, device)
+            store.drop(held.lease, device, unlock=held.passed)  # the client's copy of its lock is unlocked too
         held.selection.devices = [c for c in held.selection.devices if c.uuid != device]
 
 
@@ -686,13 +730,14 @@ async def _acquire(lock: threading.Lock, timeout: float) -> bool:
     return True
 
 
-async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> bool:
-    """Pass the lease's descriptors to the client (``SCM_RIGHTS``) and close ours: the kernel keeps
-    the locks, which belong to the open files, not to a process.  Sent fds live in the connection
-    until the client reads them or closes it, so the lease still ends with the client's connection,
-    and a daemon restart does not end it.  False when the client cannot be reached within
-    ``timeout`` seconds (0: only if its socket takes the note at once).  Never blocks the event loop:
-    the socket is non-blocking and the loop waits for it to be writable."""
+async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0, rights: bool = True) -> bool:
+    """Tell the client the daemon stops (``{"op": "handover"}``), with the lease's descriptors
+    (``SCM_RIGHTS``) unless it holds them already (``rights`` False: they came with the grant), and
+    close ours: the kernel keeps the locks, which belong to the open files, not to a process.  Sent
+    fds live in the connection until the client reads them or closes it, so the lease still ends with
+    the client's connection, and a daemon restart does not end it.  False when the client cannot be
+    reached within ``timeout`` seconds (0: only if its socket takes the note at once).  Never blocks
+    the event loop: the socket is non-blocking and the loop waits for it to be writable."""
     loop = asyncio.get_running_loop()
     try:
         dup = socket.socket(fileno=os.dup(sock.fileno()))
@@ -702,13 +747,13 @@ async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> b
     try:
         dup.setblocking(False)
         note = json.dumps({"op": "handover", "lease_id": lease.lease_id}).encode() + b"\n"
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())]
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", lease.fds).tobytes())] if rights else []
         while True:
             try:
-                sent = dup.sendmsg([note], rights)
+                sent = dup.sendmsg([note], ancillary)
                 break
             except (BlockingIOError, InterruptedError):
-                if not await _writable(loop, dup, deadline - loop.time()):
+                if not await writable(loop, dup, deadline - loop.time()):
                     return False
         if sent < len(note):  # the descriptors went with the first bytes: the rest of the line follows
             await asyncio.wait_for(loop.sock_sendall(dup, note[sent:]), max(0.05, deadline - loop.time()))
@@ -720,45 +765,28 @@ async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0) -> b
     return True
 
 
-async def _writable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> bool:
-    """Whether ``sock`` can be written to within ``timeout`` seconds (awaited, not blocking)."""
-    if timeout <= 0:
-        return False
-    ready: asyncio.Future[None] = loop.create_future()
-    fd = sock.fileno()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_writer(fd, wake)
-    try:
-        await asyncio.wait_for(ready, timeout)
-        return True
-    except asyncio.TimeoutError:
-        return False
-    finally:
-        loop.remove_writer(fd)
-
-
 async def start_lease_server(simulate: str | None = None, slurm: bool = False,
-                             backend: SharedBackend | None = None) -> LeaseServer | None:
-    """Serve leases where this daemon can be the authority; None (logged) where it cannot."""
-    return (await start_authority(simulate, slurm, backend))[0]
+                             backend: SharedBackend | None = None, claim: int | None = None) -> LeaseServer | None:
+    """Serve leases where this daemon can be the authority; None (logged) where it cannot.
+    ``claim``: see :class:`LeaseServer` (the server owns it from here: closed when it cannot serve)."""
+    return (await start_authority(simulate, slurm, backend, claim))[0]
 
 
-async def start_authority(simulate: str | None = None, slurm: bool = False,
-                          backend: SharedBackend | None = None) -> tuple[LeaseServer | None, str | None]:
+async def start_authority(simulate: str | None = None, slurm: bool = False, backend: SharedBackend | None = None,
+                          claim: int | None = None) -> tuple[LeaseServer | None, str | None]:
     """(the lease server, None) where this daemon is the lease authority, else (None, why not): the
     daemon says so on its start line, in ``gpusd status`` and ``GET /api/v1/host``, because every
-    client then leases in the shared lock directory, where the daemon's guarantees do not hold."""
+    client then leases in the shared lock directory, where the daemon's guarantees do not hold.
+    ``claim``: the lock directory's authority lock (:class:`LeaseServer` owns it from here)."""
     from ..alloc.authority import socket_path
 
     path = socket_path()
     if path is None:
         log.info("not the lease authority: $GPUSD_LEASE_SOCKET turns it off")
+        if claim is not None:
+            os.close(claim)
         return None, "turned off ($GPUSD_LEASE_SOCKET=off)"
-    server = LeaseServer(path, simulate, slurm, backend)
+    server = LeaseServer(path, simulate, slurm, backend, claim)
     try:
         await server.start()
     except (GpusdError, OSError) as exc:

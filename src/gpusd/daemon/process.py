@@ -435,6 +435,30 @@ def limit_malloc_arenas(arenas: int = 1) -> bool:
 M_ARENA_MAX = -8  # glibc's malloc.h
 
 
+def _claim_authority(config: Any) -> int | None:
+    """The lock directory's authority lock, where this daemon is to be its lease authority (root,
+    leases on, a lease socket): :meth:`gpusd.alloc.leases.LeaseStore.claim`, which raises GpusdError
+    while another daemon holds it, unless that one serves our very socket (several daemons of one
+    machine, ``gpusd demo``: the first is the authority, the others serve no leases, as before).
+    None elsewhere."""
+    if not config.leases or os.geteuid() != 0:
+        return None
+    from ..alloc.authority import socket_path
+
+    path = socket_path()
+    if path is None:
+        return None
+    from ..alloc.leases import LeaseStore
+
+    store = LeaseStore.authority()
+    try:
+        return store.claim(str(path))
+    except GpusdError:
+        if store.authority_socket() != str(path):
+            raise  # we would serve another socket on the same lock directory: refused
+        return None  # clients ask the daemon behind this socket; ours never touches its directory
+
+
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
     limit_malloc_arenas()  # before the first thread (daemon memory at rest, issue 24)
@@ -461,6 +485,11 @@ async def _main(config: Any, ready_fd: int | None) -> int:
     daemon.pool.keep_on_stop = True
     pid = PidFile(daemon.state_dir)
     pid.acquire()
+    try:  # before anything starts: a second lease authority on one lock directory is refused untouched
+        daemon.authority_claim = _claim_authority(config)
+    except BaseException:
+        pid.release()
+        raise
     loop = asyncio.get_running_loop()
     stop_event = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

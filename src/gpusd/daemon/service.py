@@ -103,6 +103,7 @@ class Daemon:
         # whether this daemon is the lease authority, and why not (start line, status, /api/v1/host)
         self.authority: dict[str, Any] = {"serving": False, "why": "leases are not read by this daemon",
                                           "socket": None}
+        self.authority_claim: int | None = None  # its lock directory's authority lock (daemon/process.py)
         from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
@@ -212,8 +213,9 @@ class Daemon:
         if self.config.leases:
             from .leasesock import start_authority
 
+            claim, self.authority_claim = self.authority_claim, None  # the lease server's from here
             self._lease_server, why = await start_authority(self.config.simulate, self.config.slurm,
-                                                          backend=self.inventory)
+                                                          backend=self.inventory, claim=claim)
             self.authority = {"serving": self._lease_server is not None, "why": why,
                               "socket": str(self._lease_server.path) if self._lease_server is not None else None}
             if self._lease_server is not None:  # its leases' records begin and end with them (docs/history.md)

@@ -445,7 +445,8 @@ class Supervisor:
 
     def _grow_remote(self, lease: RemoteLease, n: int, wait: bool, timeout: float | None) -> dict[str, Any]:
         """Grow a lease the daemon holds: it takes the GPUs (same constraints, same queue) and names
-        them in the job's lease record; it holds their descriptors, so nothing is handed to the command."""
+        them in the job's lease record; it holds their descriptors (and passes us copies, kept by the
+        lease), so nothing is handed to the running command."""
         try:
             added = lease.grow(replace(self.spec.c, count=n), wait=wait, timeout=timeout)
         except GpusdError as exc:
@@ -471,8 +472,8 @@ class Supervisor:
         return drop
 
     def _shrink_remote(self, lease: RemoteLease, n: int | None, release: str | None) -> dict[str, Any]:
-        """Shrink a lease the daemon holds: the daemon frees each GPU at once (it holds the
-        descriptors; the command holds only the connection)."""
+        """Shrink a lease the daemon holds: the daemon frees each GPU at once (it unlocks the open
+        file that its descriptor and every copy of it share, the command's included)."""
         with self.lock:
             drop = self._to_drop(n, release)
         if isinstance(drop, str):
