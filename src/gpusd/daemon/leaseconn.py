@@ -134,6 +134,23 @@ class Conn:
     def pending(self) -> bool:
         return bool(self.lines) or any(self.partial.values())
 
+    def gone(self) -> bool:
+        """Whether the client closed its end before anything was granted: a request read from a
+        connection that has ended (its client gave up while the daemon could not answer, a stopped
+        daemon) is dropped unanswered, never granted for a moment to nobody."""
+        if self.eof:
+            return True
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        if not data and not self.pending():
+            self.eof = True
+            return True
+        return False
+
     async def watch(self, fut: asyncio.Future[Any], any_data_ends: bool) -> bool:
         """Wait for ``fut``; True when the client left meanwhile (or, with ``any_data_ends``, sent
         anything: protocol 1's "abandon").  Requests that arrive are kept for later, at most

@@ -379,6 +379,9 @@ class LeaseServer:
             if req.get("requeue") is True:  # it waited at a daemon that stopped: did we keep its place?
                 await conn.send({"op": "requeued", "kept": place is not None})
                 log.info("pid %d (uid %d) waits again%s", pid, uid, " in its place" if place is not None else "")
+            if conn.gone():
+                log.info("pid %d (uid %d) left before its request could be served: dropped", pid, uid)
+                return
             if choice:
                 choosing = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, None,
                                                               cancel, priority, False, None, place), kwargs)
