@@ -276,7 +276,9 @@ def test_one_daemon_per_state_dir_and_busy_port(proc_env: dict[str, str]) -> Non
         r = gpusd("start", "--foreground", "--simulate", "2xT4", "--port", "0", env=proc_env, timeout=30)
         assert r.returncode == 7 and "already running" in r.stderr and "--simulate 2xT4" in r.stderr
         port = json.loads(gpusd("status", "--json", env=proc_env).stdout)["port"]
-        other = dict(proc_env, GPUSD_STATE_DIR=proc_env["GPUSD_STATE_DIR"] + "-2")
+        # another daemon of its own (state, lock directory, socket: one lease authority per lock directory)
+        other = dict(proc_env, GPUSD_STATE_DIR=proc_env["GPUSD_STATE_DIR"] + "-2",
+                     GPUSD_LOCK_DIR=proc_env["GPUSD_LOCK_DIR"] + "-2", GPUSD_LEASE_SOCKET="off")
         r = gpusd("start", "--simulate", "1xT4", "--port", str(port), env=other)
         assert r.returncode == 1 and f"port {port}" in r.stderr, r.stderr
     finally:

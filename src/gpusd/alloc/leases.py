@@ -86,7 +86,6 @@ log = _Log()
 
 AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
 CLAIM_FILE = "authority.lock"  # locked by the daemon that is the lease authority, for its whole life
-CLAIM_INFO = "authority.json"  # that daemon's pid and lease socket (LeaseStore.authority_socket)
 LEASE_FORMAT = 1
 MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
 MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
@@ -383,15 +382,12 @@ class LeaseStore:
         finally:
             os.close(fd)
 
-    def claim(self, socket: str | None = None) -> int:
+    def claim(self) -> int:
         """Become the lease authority of this lock directory (a daemon, before :meth:`prepare`):
         ``LOCK_EX`` on :data:`CLAIM_FILE` in the authority's directory, held for the daemon's life
-        through the descriptor returned; the lease socket it serves is written beside it
-        (:data:`CLAIM_INFO`, :meth:`authority_socket`).  GpusdError (one line, naming the holder)
-        when another daemon holds it, and nothing is changed: a second authority would remove the
-        first one's queue tickets, whatever state directory or socket it has."""
-        import json
-
+        through the descriptor returned.  GpusdError (one line, naming the holder) when another daemon
+        holds it, and nothing is changed: a second authority would remove the first one's queue
+        tickets, whatever state directory or socket it has."""
         fd = self._own_dir()
         try:
             lock = open_lock_file(fd, CLAIM_FILE, self.dir, private=True)
@@ -401,61 +397,9 @@ class LeaseStore:
                 raise GpusdError(f"another gpusd daemon ({who}) is already the lease authority of the lock directory "
                                  f"{self.dir.parent}: stop it first, or give this daemon another GPUSD_LOCK_DIR (or "
                                  "GPUSD_LEASE_SOCKET=off: no leases)")
-            try:
-                tmp = f".{CLAIM_INFO}.{os.urandom(4).hex()}.tmp"
-                info = create_exclusive(fd, tmp, self.dir, mode=0o600)  # for a second daemon (root) only
-                try:
-                    os.write(info, json.dumps({"pid": os.getpid(), "socket": socket}).encode())
-                finally:
-                    os.close(info)
-                os.rename(tmp, CLAIM_INFO, src_dir_fd=fd, dst_dir_fd=fd)
-            except (OSError, GpusdError) as exc:  # only a hint for a second daemon: the claim stands without it
-                log.warning("cannot write %s: %s", self.dir / CLAIM_INFO, exc)
-                try:
-                    os.unlink(tmp, dir_fd=fd)
-                except OSError:
-                    pass
             return lock
         finally:
             os.close(fd)
-
-    def authority_socket(self, wait: float = 2.0) -> str | None:
-        """The lease socket the daemon holding :data:`CLAIM_FILE` serves, as it wrote it (believed
-        only while the pid it names holds the claim, per ``/proc/locks``); waits up to ``wait``
-        seconds for a daemon that has just claimed to write it.  None when unknown."""
-        deadline = time.monotonic() + wait
-        while True:
-            got = self._claim_info()
-            if got is not None or time.monotonic() >= deadline:
-                return got
-            time.sleep(0.05)
-
-    def _claim_info(self) -> str | None:
-        import json
-
-        try:
-            dfd = self.open(create=False)
-        except GpusdError:
-            return None
-        if dfd is None:
-            return None
-        try:
-            holders = [pid for pid, _ in (flock_table() or {}).get(
-                lock_key(os.stat(CLAIM_FILE, dir_fd=dfd, follow_symlinks=False)), [])]
-            fd = os.open(CLAIM_INFO, FILE_FLAGS | os.O_RDONLY, dir_fd=dfd)
-            try:
-                st, raw = os.fstat(fd), os.read(fd, 4097)
-            finally:
-                os.close(fd)
-            d = json.loads(raw)
-            pid, socket = d.get("pid"), d.get("socket")
-            if st.st_uid != os.geteuid() or type(pid) is not int or pid not in holders or not isinstance(socket, str):
-                return None
-            return socket[:4096]
-        except (OSError, ValueError, AttributeError, RecursionError):
-            return None
-        finally:
-            os.close(dfd)
 
     def _own_dir(self) -> int:
         """The authority's directory, checked (made new when something else squats its name)."""

@@ -400,7 +400,8 @@ def _start_demo_daemons(tmp: Path, session: str, n: int, procs: list[Any]) -> No
         for i in range(1, n + 1):
             state = tmp / f"demo-{i}"
             state.mkdir()
-            env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1")
+            # simulated daemons are never this machine's lease authority (its leases are of real GPUs)
+            env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_LEASE_SOCKET="off")
             env.pop("GPUSD_SIMULATE", None)
             r, w = os.pipe()
             argv = [sys.executable, "-m", "gpusd", "start", "--foreground", "--simulate", DEMO_HOSTS[i - 1],

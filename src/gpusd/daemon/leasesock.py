@@ -203,7 +203,7 @@ class LeaseServer:
         from ..inventory import open_backend
 
         if os.geteuid() == 0 and self.claimed is None:  # first: a refused second authority touches nothing
-            self.claimed = LeaseStore.authority().claim(str(self.path))
+            self.claimed = LeaseStore.authority().claim()
         d = self.path.parent
         me = os.geteuid()
         try:

@@ -438,9 +438,9 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 def _claim_authority(config: Any) -> int | None:
     """The lock directory's authority lock, where this daemon is to be its lease authority (root,
     leases on, a lease socket): :meth:`gpusd.alloc.leases.LeaseStore.claim`, which raises GpusdError
-    while another daemon holds it, unless that one serves our very socket (several daemons of one
-    machine, ``gpusd demo``: the first is the authority, the others serve no leases, as before).
-    None elsewhere."""
+    (one line, naming the first daemon) while another daemon holds it, whatever socket either serves:
+    a second daemon on one lock directory is refused and touches nothing.  Daemons that are not to be
+    the authority say so (``GPUSD_LEASE_SOCKET=off``, as ``gpusd demo``'s do).  None elsewhere."""
     if not config.leases or os.geteuid() != 0:
         return None
     from ..alloc.authority import socket_path
@@ -450,13 +450,7 @@ def _claim_authority(config: Any) -> int | None:
         return None
     from ..alloc.leases import LeaseStore
 
-    store = LeaseStore.authority()
-    try:
-        return store.claim(str(path))
-    except GpusdError:
-        if store.authority_socket() != str(path):
-            raise  # we would serve another socket on the same lock directory: refused
-        return None  # clients ask the daemon behind this socket; ours never touches its directory
+    return LeaseStore.authority().claim()
 
 
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
