@@ -311,3 +311,28 @@ def test_one_users_flood_of_tickets_is_bounded(shared_locks, monkeypatch):
     finally:
         mallory.stop()
         mine.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a priority policy is believed only when root owns it")
+def test_the_clients_environment_cannot_lift_the_administrators_priority_bounds(tmp_path, monkeypatch):
+    """Root's policy caps everyone at normal: GPUSD_PRIORITY_POLICY pointing at a laxer file (or at
+    none) does not give a user `high`; a stricter one still lowers the bound."""
+    from gpusd.alloc import priority
+
+    root = tmp_path / "priorities.json"
+    root.write_text(json.dumps({"max": "normal"}))
+    root.chmod(0o644)
+    monkeypatch.setattr(priority, "POLICY_PATH", str(root))
+    nobody = 65534
+    assert priority.load_policy().max_for(nobody) == NORMAL
+    lax = tmp_path / "lax.json"
+    lax.write_text(json.dumps({"max": "urgent"}))
+    lax.chmod(0o644)
+    for chosen in (str(lax), str(tmp_path / "nonexistent.json")):
+        monkeypatch.setenv("GPUSD_PRIORITY_POLICY", chosen)
+        assert priority.load_policy().believed(HIGH, nobody) == NORMAL, chosen
+    strict = tmp_path / "strict.json"
+    strict.write_text(json.dumps({"max": "low"}))
+    strict.chmod(0o644)
+    monkeypatch.setenv("GPUSD_PRIORITY_POLICY", str(strict))
+    assert priority.load_policy().max_for(nobody) == LOW

@@ -7,7 +7,9 @@ A priority is a claim another user makes in a file we read, so it is believed on
 **priority policy** allows that user: root may claim any level; everyone else at most ``high`` by
 default (``urgent`` is for root and for the users or groups the administrator names).  The policy is
 the ``priorities`` object of the fair-use policy ``/etc/gpusd/policy.json`` (:mod:`gpusd.alloc.policy`,
-which absorbs it), else ``/etc/gpusd/priorities.json`` (or ``$GPUSD_PRIORITY_POLICY``), JSON::
+which absorbs it), else ``/etc/gpusd/priorities.json``; ``$GPUSD_PRIORITY_POLICY`` may name another
+root-owned file that only adds bounds to the administrator's (it is the policy alone where the
+administrator has none: a client's environment never raises what a user may claim), JSON::
 
     {"max": "high", "users": {"alice": "urgent"}, "groups": {"interns": "normal"}, "aging_minutes": 30}
 
@@ -26,7 +28,7 @@ import json
 import math
 import os
 
-from ..record import field, record
+from ..record import field, record, replace
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
@@ -62,16 +64,20 @@ class PriorityPolicy:
     groups: dict[str, int] = field(default_factory=dict)
     aging_s: float = DEFAULT_AGING_S
     source: str | None = None  # the file it came from; None: the defaults
+    # a policy whose bounds apply too (``$GPUSD_PRIORITY_POLICY`` beside root's: it may only restrict)
+    also: PriorityPolicy | None = None
 
     def max_for(self, uid: int) -> int:
-        """The highest priority the user ``uid`` may claim."""
+        """The highest priority the user ``uid`` may claim (the lower of this policy's and :attr:`also`'s)."""
         if uid == 0:
             return URGENT
         name = _user(uid)
         if name is not None and name in self.users:
-            return self.users[name]
-        levels = [self.groups[g] for g in _groups(uid, name) if g in self.groups]
-        return max(levels) if levels else self.max_default
+            mine = self.users[name]
+        else:
+            levels = [self.groups[g] for g in _groups(uid, name) if g in self.groups]
+            mine = max(levels) if levels else self.max_default
+        return mine if self.also is None else min(mine, self.also.max_for(uid))
 
     def believed(self, claimed: object, uid: int) -> int:
         """The priority a file of ``uid`` is believed to claim (a missing or malformed claim: normal)."""
@@ -81,7 +87,8 @@ class PriorityPolicy:
         """``level`` after waiting ``waited`` seconds: one level up per aging period, up to high."""
         if level >= HIGH or not waited > 0:
             return level
-        return min(HIGH, level + int(waited // self.aging_s))
+        aging = self.aging_s if self.also is None else max(self.aging_s, self.also.aging_s)  # the slower
+        return min(HIGH, level + int(waited // aging))
 
 
 def _user(uid: int) -> str | None:
@@ -119,18 +126,27 @@ def _warn_once(path: str, message: str) -> None:
 
 def load_policy(path: str | None = None) -> PriorityPolicy:
     """The priority policy (cached while the file is unchanged); the defaults where there is none or
-    it cannot be trusted or parsed (said once, in the log)."""
-    if path is None and not os.environ.get("GPUSD_PRIORITY_POLICY"):
-        from .policy import load as load_fair_use
-
-        absorbed = load_fair_use().priorities  # the fair-use policy's "priorities" (alloc/policy.py)
-        if absorbed is not None:
-            return absorbed  # type: ignore[no-any-return]
-    path = path or os.environ.get("GPUSD_PRIORITY_POLICY") or POLICY_PATH
+    it cannot be trusted or parsed (said once, in the log).  The administrator's (the fair-use
+    policy's ``priorities``, else :data:`POLICY_PATH`) applies whatever the client's environment says:
+    ``$GPUSD_PRIORITY_POLICY`` may only add bounds (each user's highest level the lower of the two,
+    aging the slower), and is the policy alone only where the administrator has none."""
     from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
 
-    policy = load_root_file(path, "priority policy", _warn_once, _cache, parse_policy)
-    return PriorityPolicy() if policy is None else policy
+    if path is not None:
+        policy = load_root_file(path, "priority policy", _warn_once, _cache, parse_policy)
+        return PriorityPolicy() if policy is None else policy
+    from .policy import load as load_fair_use
+
+    root: PriorityPolicy | None = load_fair_use().priorities  # the fair-use policy's "priorities"
+    if root is None:
+        root = load_root_file(POLICY_PATH, "priority policy", _warn_once, _cache, parse_policy)
+    env = os.environ.get("GPUSD_PRIORITY_POLICY")
+    extra = load_root_file(env, "priority policy", _warn_once, _cache, parse_policy) if env else None
+    if root is None:
+        return PriorityPolicy() if extra is None else extra
+    if extra is None:
+        return root
+    return replace(root, also=extra)
 
 
 def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:
