@@ -38,3 +38,18 @@ def test_a_lease_given_and_shown_is_counted_once():
     snap.gpus[0].leases = [lease]
     ok, _ = candidates(snap, Constraints.build(count=1, shared=True), [lease])
     assert [len(c.leases) for c in ok if c.gpu.index == 0] == [1]
+
+
+def test_a_simulated_daemons_gpus_are_never_handed_out_without_a_word(fake_nvml, cli_env):
+    """A daemon started with --simulate as the lease authority: select and run (which did not ask for
+    simulated GPUs) still get its GPUs, and say on stderr that they are simulated."""
+    from authority_helpers import ServerThread
+
+    server = ServerThread(simulate="2xA100-80GB")
+    try:
+        for argv in (["select", "-n", "1"], ["run", "-n", "1", "--", "true"]):
+            r = gpusd_cli(argv, env=cli_env)
+            assert r.returncode == 0, r.stderr
+            assert "SIMULATED GPUs" in r.stderr, (argv, r.stderr)
+    finally:
+        server.stop()

@@ -470,6 +470,7 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
                         reader, holder)
     lease.took(reply)
     lease.absorb(reply)  # the lease's descriptors came with the answer: ours to keep from now on
+    _note_simulated(reply)
     return chosen, lease
 
 
@@ -503,7 +504,16 @@ def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: 
             raise ValueError("no devices")
     except ValueError as exc:
         raise GpusdError(f"the gpusd daemon's lease socket answered something unreadable ({exc})") from None
+    _note_simulated(reply)
     return chosen, Pick.from_dict(reply.get("explain"), chosen)
+
+
+def _note_simulated(reply: dict[str, Any]) -> None:
+    """One line where the local daemon answered with simulated GPUs that this process did not ask for
+    (no ``--simulate``, no ``$GPUSD_SIMULATE``): they are not GPUs a job can use."""
+    if reply.get("simulated") is True and not os.environ.get("GPUSD_SIMULATE"):
+        say("these are the local gpusd daemon's SIMULATED GPUs (it was started with --simulate): no real GPU "
+            "was chosen")
 
 
 class DaemonInventory:

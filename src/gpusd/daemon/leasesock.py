@@ -394,6 +394,7 @@ class LeaseServer:
                     return
                 if not conn.eof:
                     await conn.send({"ok": True, "v": version, "op": "choose",
+                                     **({"simulated": True} if self.simulate else {}),
                                      "devices": [_candidate(c) for c in chosen.devices],
                                      "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
@@ -413,6 +414,7 @@ class LeaseServer:
             answer = {"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
                       "devices": [_candidate(c) for c in selection.devices],
                       "epoch": selection.lease.epoch, "epochs": selection.lease.epochs(),
+                      **({"simulated": True} if self.simulate else {}),  # 0.4, additive
                       **({"fds": names} if names else {})}
             # The client co-holds the lease's open files from now on: a daemon killed now loses no lease.
             held.passed = bool(fds)  # (even if the answer fails half-way: the release unlocks every copy)
