@@ -358,6 +358,9 @@ class LeaseInfo:
     # the fencing token of this GPU's grant (added in 0.4): greater than every earlier grant's of the
     # GPU on this host, across daemon restarts (gpusd.alloc.epoch, docs/allocation.md "Epochs")
     epoch: int | None = None
+    # a remote lease's holder says when it stops renewing (added in 0.4; seconds since the epoch, shown
+    # only): how long a reservation lasts (its --for), where ``expires`` is only the TTL's next deadline
+    ends: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

@@ -175,10 +175,10 @@ def test_the_daemon_keeps_the_end_its_holder_announced() -> None:
     from gpusd.daemon import pool as dpool
     from gpusd.daemon.config import DaemonConfig
 
-    held = dpool.Held("ab12", SimpleNamespace(env=lambda: {}, release=lambda: None), "me", None, None, 30.0,
+    held = dpool.Held("ab12", SimpleNamespace(env=lambda: {}, release=lambda: None, lease=None), "me", None, None, 30.0,
                       time.time(), time.monotonic(), time.monotonic() + 30)
     p = dpool.Pool(SimpleNamespace(hostname="h", node_id="n", config=DaemonConfig()))  # type: ignore[arg-type]
-    p._renew = lambda held, remaining, ttl: None  # type: ignore[method-assign]
+    p._renew = lambda held, remaining, ttl, ends=None: None  # type: ignore[method-assign]
     p.held["ab12"] = held
     status, out = asyncio.run(p.renew("ab12", {"left": 7200}))
     assert status == 200 and out["ends"] == pytest.approx(time.time() + 7200, abs=5)
@@ -188,15 +188,22 @@ def test_the_daemon_keeps_the_end_its_holder_announced() -> None:
     p.keeping.shutdown()
 
 
-def test_a_reserved_gpu_in_list_reads_as_a_ttl_not_an_unknown_user() -> None:
+def test_a_reserved_gpu_in_list_reads_as_when_it_ends_not_its_ttl() -> None:
+    """A 2-hour reservation renewed every 10 s: `list` says until when it lasts (its holder's --for),
+    never the TTL's 28 s; without an announced end, that it is renewed."""
     from gpusd.cli.discover import render_devices
     from gpusd.discovery.types import Device
     from gpusd.model import GpuInfo, LeaseInfo
 
+    ends = time.time() + 2 * 3600
     g = GpuInfo(index=0, uuid="GPU-1", name="NVIDIA A100", memory_total=1, memory_used=0,
-                leases=[LeaseInfo("ab12", 1, user=None, expires=time.time() + 573, remote_from="x")])
+                leases=[LeaseInfo("ab12", 1, user=None, expires=time.time() + 28, remote_from="x", ends=ends)])
     text = render_devices([Device(hostname="h", node_id="n", session="s", gpu=g)], [])
-    assert "reserved ?" not in text and "reserved (ttl 9m" in text, text
+    assert "reserved ?" not in text and "ttl" not in text, text
+    assert f"reserved (until {time.strftime('%H:%M', time.localtime(ends))})" in text, text
+    g.leases = [LeaseInfo("ab12", 1, user=None, expires=time.time() + 28, remote_from="x")]
+    text = render_devices([Device(hostname="h", node_id="n", session="s", gpu=g)], [])
+    assert "reserved (renewed)" in text and "ttl" not in text, text
 
 
 def test_a_bad_value_is_one_line_without_the_usage_block() -> None:
@@ -273,3 +280,21 @@ def test_an_unknown_command_is_not_offered_the_unlisted_one(capsys) -> None:
     rc, _, err = cli(["bogus-command"], capsys)
     assert rc == 2 and "invalid choice: 'bogus-command'" in err and "'devices'" in err
     assert "fleet-job" not in err  # run --fleet's remote entry point, not a command for people
+
+
+def test_the_daemons_record_of_a_reservation_carries_its_end_to_every_view(tmp_path, monkeypatch) -> None:
+    """The renewal's announced end is written into the lease record, so the snapshot's LeaseInfo (what
+    `list`, `devices` and the API show) carries it."""
+    from gpusd.alloc.handle import Holder
+    from gpusd.alloc.leases import LeaseStore
+
+    store = LeaseStore()
+    lease = store.acquire(["GPU-x"], shared=False, memory=None, holder=Holder(pid=os.getpid(), user="me"))
+    assert lease is not None
+    try:
+        ends = time.time() + 7200
+        store.rewrite(lease, expires=time.time() + 30, ends=ends)
+        [info] = [le for le in store.leases() if le.lease_id == lease.lease_id]
+        assert info.ends == pytest.approx(ends)
+    finally:
+        lease.release()

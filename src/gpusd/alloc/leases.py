@@ -674,6 +674,9 @@ class LeaseStore:
             remote_from, expires = d.get("remote_from"), d.get("expires")  # a daemon's remote lease
             if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
                 raise ValueError("bad expiry time")
+            raw_ends = d.get("ends")  # when its holder stops renewing (shown only): a bad one costs itself
+            ends = float(raw_ends) if isinstance(raw_ends, (int, float)) and not isinstance(raw_ends, bool) \
+                and math.isfinite(raw_ends) else None
             epoch, epochs = d.get("epoch"), d.get("epochs")
             if type(epoch) is not int or not 0 < epoch < MAX_EPOCH:
                 epoch = None  # a bad epoch costs the epoch, not the record (the kernel's lock is the truth)
@@ -686,7 +689,7 @@ class LeaseStore:
                 "devices": devices, "user": user[:64] if isinstance(user, str) else None,
                 "command": command[:1024] if isinstance(command, str) else None,
                 "remote_from": remote_from[:128] if isinstance(remote_from, str) else None,
-                "expires": float(expires) if expires is not None else None,
+                "expires": float(expires) if expires is not None else None, "ends": ends,
                 "job": JobId.optional(d.get("job")),
                 "slurm_job": SlurmJobId.optional(d.get("slurm_job")),
             }
@@ -722,7 +725,8 @@ class LeaseStore:
                 pid = holders[0] if holders and holders[0] > 0 else 0
         base = {"lease_id": lease_id, "pid": pid, "user": user, "started": rec["started"],
                 "memory": rec["memory"], "shared": rec["shared"], "command": rec["command"],
-                "remote_from": rec["remote_from"], "expires": rec["expires"], "job": rec.get("job"),
+                "remote_from": rec["remote_from"], "expires": rec["expires"], "ends": rec.get("ends"),
+                "job": rec.get("job"),
                 # a Slurm job's lease is recorded by the lease authority (root) only (docs/slurm.md)
                 "slurm_job": rec.get("slurm_job") if st.st_uid == 0 else None}
         return [LeaseInfo.from_dict({**base, "device": dev, "epoch": rec["epochs"].get(dev, rec["epoch"])})

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Coroutine, Sequence, TypeVar
 from ..errors import ConfigError
 from ..model import display_name, shown_name
 from ..sanitize import dumps, for_terminal
-from ..units import format_bytes, format_duration
+from ..units import format_bytes
 from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
@@ -276,11 +276,13 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
                 state = "leased"
                 remote = [le for le in g.leases if le.expires is not None]
                 if remote:  # held by a daemon for a remote holder (docs/pool.md): who, and for how long
-                    # the user is private (hidden from an unverified reader); the seconds are the
-                    # lease's TTL left, renewed by its holder, not when the reservation ends
-                    left = format_duration((remote[0].expires or 0) - time.time())
+                    # the user is private (hidden from an unverified reader); how long the reservation
+                    # lasts (its holder's --for), else that its holder renews it (the TTL is no end)
                     who = for_terminal(remote[0].user, 24)
-                    state = f"reserved{' by ' + who if who else ''} (ttl {left})"
+                    ends = remote[0].ends
+                    until = (f"until {time.strftime('%H:%M', time.localtime(ends))}" if ends is not None
+                             and ends > time.time() else "renewed")
+                    state = f"reserved{' by ' + who if who else ''} ({until})"
             elif g.processes:
                 state = f"{len(g.processes)} proc"
             elif g.is_free:

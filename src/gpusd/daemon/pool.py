@@ -183,9 +183,10 @@ class Pool:
         self._write_down(held, held.deadline - time.monotonic())
         return sel
 
-    def _renew(self, held: Held, remaining: float, ttl: float) -> None:
-        # the record's 'expires' is for display: a wall time computed from what remains
-        held.selection.lease.update(expires=time.time() + remaining)  # under the mutex of its store
+    def _renew(self, held: Held, remaining: float, ttl: float, ends: float | None = None) -> None:
+        # the record's 'expires' and 'ends' are for display: wall times (what remains of the lease; when its
+        # holder says it stops renewing, so that listings show how long a reservation lasts, not its TTL)
+        held.selection.lease.update(expires=time.time() + remaining, ends=ends)  # under the mutex of its store
         self._write_down(held, remaining, ttl)
 
     # -- outliving the daemon (poolstate, keeper, fdstore) -------------------------------------------
@@ -599,8 +600,10 @@ class Pool:
         if held.renewing:
             return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
         held.renewing = True
+        ends = _ends(body.get("left"), held.ends)
         try:
-            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, deadline - now, ttl)
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, deadline - now, ttl,
+                                                             ends)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
             if isinstance(exc, DiskFull):
@@ -612,8 +615,7 @@ class Pool:
                 self.keeping.submit(self._finish, held)
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
-        held.ttl, held.deadline = ttl, deadline
-        held.ends = _ends(body.get("left"), held.ends)
+        held.ttl, held.deadline, held.ends = ttl, deadline, ends
         return 200, held.to_dict(self.daemon.hostname, self.daemon.node_id)
 
     def end(self, lease_id: str, why: str) -> Held | None:
