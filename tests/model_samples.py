@@ -42,6 +42,11 @@ def _sample(cls: type, salt: int = 1) -> object:
             kw[f.name] = [_sample(item, salt + 1)]
             continue
         tp = args[0] if args else tp
+        if typing.get_origin(tp) is list:  # an optional list of scalars (list[float] | None)
+            (item,) = typing.get_args(tp)
+            assert item in (int, float, str), f"{cls.__name__}.{f.name}: no sample for {tp}"
+            kw[f.name] = [item(i + 1), item(salt + 2)]
+            continue
         if f.name == "schema":
             kw[f.name] = 1
         elif tp is bool:

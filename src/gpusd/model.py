@@ -210,6 +210,8 @@ def encode(obj: Any) -> dict[str, Any]:
             value = [v.to_dict() for v in value] if spec.is_list else value.to_dict()
         elif spec.is_list:
             value = list(value)
+            if spec.kind is float and not all(math.isfinite(v) for v in value):
+                raise WireError(f"field {spec.name!r} holds a number that is not finite")
         elif spec.kind is float and not math.isfinite(value):
             if not spec.optional:
                 raise WireError(f"field {spec.name!r} is not a finite number")
@@ -462,6 +464,24 @@ class GpuInfo:
     edge_temperature: int | None = field(default=None, metadata=OPT)  # degrees C
     junction_temperature: int | None = field(default=None, metadata=OPT)  # degrees C (hotspot)
     board_model: str | None = field(default=None, metadata={**OPT, "max": 64})
+    # ECC errors since the driver loaded, every block together (AMD: amdsmi_get_gpu_total_ecc_count;
+    # deferred: found but not yet corrected or signalled)
+    ecc_correctable: int | None = field(default=None, metadata=OPT)
+    ecc_uncorrectable: int | None = field(default=None, metadata=OPT)
+    ecc_deferred: int | None = field(default=None, metadata=OPT)
+    # The PCIe link (AMD: amdsmi_get_pcie_info): its speed now and at most (GT/s), the bandwidth in use
+    # (Mb/s, amdsmi's unit and AMD's exporter's), and counters since the driver loaded beside
+    # ``pcie_replays``: L0-to-recovery transitions, replay rollovers, NAKs sent and received
+    pcie_speed: float | None = field(default=None, metadata=OPT)
+    pcie_max_speed: float | None = field(default=None, metadata=OPT)
+    pcie_bandwidth: int | None = field(default=None, metadata=OPT)
+    pcie_recoveries: int | None = field(default=None, metadata=OPT)
+    pcie_replay_rollovers: int | None = field(default=None, metadata=OPT)
+    pcie_nak_sent: int | None = field(default=None, metadata=OPT)
+    pcie_nak_received: int | None = field(default=None, metadata=OPT)
+    # The GFX engine's busy percent now, one per compute die (XCC) of the GPU (AMD MI300-class:
+    # amdsmi_get_gpu_metrics_info's xcp_stats.gfx_busy_inst); None where not reported
+    gfx_busy_xcc: list[float] | None = field(default=None, metadata={**OPT, "max": 64})
 
     @property
     def device_index(self) -> int:

@@ -111,6 +111,19 @@ class AmdGpu:
     limit: int = 750
     cpart: str = "SPX"
     mpart: str = "NPS1"
+    ecc_ce: int = 0  # ECC totals: correctable, uncorrectable, deferred
+    ecc_ue: int = 0
+    ecc_de: int = 0
+    pcie_max_speed: int = 32000  # MT/s (Gen5)
+    pcie_speed: int = 32000
+    pcie_width: int = 16
+    pcie_bw: int = 1200  # Mb/s
+    pcie_replay: int = 0  # counters since the driver loaded; -1: amdsmi's N/A
+    pcie_recovery: int = 0
+    pcie_rollover: int = 0
+    pcie_nak_sent: int = 0
+    pcie_nak_rcvd: int = 0
+    xcc_busy: list[int] = field(default_factory=list)  # GFX busy of each XCC now, percent (MI300X: 8)
     lost: int = 0  # an amdsmi status every query answers (e.g. 6: DRM error)
     missing: list[str] = field(default_factory=list)  # asic, vram, activity, temp, power, processes, cpart...
     processes: list[AmdProcess] = field(default_factory=list)
@@ -120,7 +133,12 @@ class AmdGpu:
                f"|vram_used={self.vram_used // MiB}|gfx={self.gfx}|umc={self.umc}|temp={self.temp}|power={self.power}"
                f"|limit={self.limit}|cpart={self.cpart}|mpart={self.mpart}|lost={self.lost}"
                f"|missing={','.join(self.missing)}|hotspot={self.hotspot}|memtemp={self.memtemp}|driver={self.driver}"
-               f"|board={self.board}|energy={self.energy}")
+               f"|board={self.board}|energy={self.energy}|ecc_ce={self.ecc_ce}|ecc_ue={self.ecc_ue}"
+               f"|ecc_de={self.ecc_de}|pcie_max_speed={self.pcie_max_speed}|pcie_speed={self.pcie_speed}"
+               f"|pcie_width={self.pcie_width}|pcie_bw={self.pcie_bw}|pcie_replay={self.pcie_replay}"
+               f"|pcie_recovery={self.pcie_recovery}|pcie_rollover={self.pcie_rollover}"
+               f"|pcie_nak_sent={self.pcie_nak_sent}|pcie_nak_rcvd={self.pcie_nak_rcvd}"
+               f"|xcc_busy={','.join(map(str, self.xcc_busy))}")
         return [rec] + [f"proc|pid={p.pid}|mem={p.vram}|vram={p.vram}|name={p.name}" for p in self.processes]
 
 

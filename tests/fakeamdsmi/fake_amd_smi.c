@@ -13,7 +13,11 @@
  *   gpu|name=AMD Instinct MI300X|serial=1a2b3c4d5e6f7081|bdf=0000:0c:00.0|vram_total=196592|
  *      vram_used=1024|gfx=37|umc=12|temp=45|power=350|limit=750|cpart=SPX|mpart=NPS1|
  *      lost=<status>|missing=temp,power,activity,...   (vram in MiB, power in W)
- *      hotspot=<C>|memtemp=<C>|driver=6.8.5|board=102-G30211-00|energy=<uJ>|sclk=<MHz>|mclk=<MHz>
+ *      hotspot=<C>|memtemp=<C>|driver=6.8.5|board=102-G30211-00|energy=<uJ>|sclk=<MHz>|mclk=<MHz>|
+ *      ecc_ce=<n>|ecc_ue=<n>|ecc_de=<n>|pcie_max_speed=<MT/s>|pcie_speed=<MT/s>|pcie_width=<lanes>|pcie_bw=<Mb/s>|
+ *      pcie_replay=<n>|pcie_recovery=<n>|pcie_rollover=<n>|pcie_nak_sent=<n>|pcie_nak_rcvd=<n>
+ *      xcc_busy=<%>,<%>,...  (the metrics table's GFX busy of each XCC of the first XCP; empty: N/A)
+ *      (missing=ecc, pcie, gpu_metrics: NOT_SUPPORTED; a PCIe counter of -1 is amdsmi's N/A, all ones)
  *      (missing=temp_edge: no edge sensor, as on an MI300X; temp_hotspot, temp_vram likewise)
  *   proc|pid=123|mem=<bytes>|vram=<bytes>|name=python3  (a process on the GPU above)
  * A lost GPU answers every query with its status; a missing field answers NOT_SUPPORTED.
@@ -23,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +60,65 @@ typedef struct { char model_number[256], product_serial[256], fru_id[256], produ
 typedef struct { uint32_t clk, min_clk, max_clk; uint8_t clk_locked, clk_deep_sleep, pad0[2]; uint32_t reserved[4];
                } clk_info_t;
 
+typedef struct { uint64_t correctable_count, uncorrectable_count, deferred_count, reserved[5]; } error_count_t;
+typedef struct {
+    struct { uint16_t max_pcie_width; uint8_t pad0[2]; uint32_t max_pcie_speed, pcie_interface_version, slot_type,
+             max_pcie_interface_version; uint8_t pad1[4]; uint64_t reserved[9]; } pcie_static;
+    struct { uint16_t pcie_width; uint8_t pad0[2]; uint32_t pcie_speed, pcie_bandwidth; uint8_t pad1[4];
+             uint64_t pcie_replay_count, pcie_l0_to_recovery_count, pcie_replay_roll_over_count, pcie_nak_sent_count,
+                      pcie_nak_received_count;
+             uint32_t pcie_lc_perf_other_end_recovery_count; uint8_t pad2[4]; uint64_t reserved[12]; } pcie_metric;
+    uint64_t reserved[32];
+} pcie_info_t;
+
+typedef struct { uint32_t gfx_busy_inst[8]; uint16_t jpeg_busy[40], vcn_busy[4]; uint64_t gfx_busy_acc[8],
+                 gfx_below_host_limit_acc[8], gfx_below_host_limit_ppt_acc[8], gfx_below_host_limit_thm_acc[8],
+                 gfx_low_utilization_acc[8], gfx_below_host_limit_total_acc[8]; } xcp_metrics_t;
+typedef struct {
+    struct { uint16_t structure_size; uint8_t format_revision, content_revision; } common_header;
+    uint16_t temperature_edge, temperature_hotspot, temperature_mem, temperature_vrgfx, temperature_vrsoc,
+             temperature_vrmem, average_gfx_activity, average_umc_activity, average_mm_activity, average_socket_power;
+    uint64_t energy_accumulator, system_clock_counter;
+    uint16_t average_gfxclk_frequency, average_socclk_frequency, average_uclk_frequency, average_vclk0_frequency,
+             average_dclk0_frequency, average_vclk1_frequency, average_dclk1_frequency, current_gfxclk, current_socclk,
+             current_uclk, current_vclk0, current_dclk0, current_vclk1, current_dclk1;
+    uint32_t throttle_status;
+    uint16_t current_fan_speed, pcie_link_width, pcie_link_speed; uint8_t pad0[2];
+    uint32_t gfx_activity_acc, mem_activity_acc;
+    uint16_t temperature_hbm[4];
+    uint64_t firmware_timestamp;
+    uint16_t voltage_soc, voltage_gfx, voltage_mem; uint8_t pad1[2];
+    uint64_t indep_throttle_status;
+    uint16_t current_socket_power, vcn_activity[4]; uint8_t pad2[2];
+    uint32_t gfxclk_lock_status;
+    uint16_t xgmi_link_width, xgmi_link_speed; uint8_t pad3[4];
+    uint64_t pcie_bandwidth_acc, pcie_bandwidth_inst, pcie_l0_to_recov_count_acc, pcie_replay_count_acc,
+             pcie_replay_rover_count_acc, xgmi_read_data_acc[8], xgmi_write_data_acc[8];
+    uint16_t current_gfxclks[8], current_socclks[4], current_vclk0s[4], current_dclk0s[4], jpeg_activity[32];
+    uint32_t pcie_nak_sent_count_acc, pcie_nak_rcvd_count_acc;
+    uint64_t accumulation_counter, prochot_residency_acc, ppt_residency_acc, socket_thm_residency_acc,
+             vr_thm_residency_acc, hbm_thm_residency_acc;
+    uint16_t num_partition; uint8_t pad4[6];
+    xcp_metrics_t xcp_stats[8];
+    uint32_t pcie_lc_perf_other_end_recovery; uint8_t pad5[4];
+    uint64_t vram_max_bandwidth;
+    uint16_t xgmi_link_status[8];
+} gpu_metrics_t;
+
+_Static_assert(sizeof(xcp_metrics_t) == 504, "xcp_metrics_t");
+_Static_assert(sizeof(gpu_metrics_t) == 4544, "gpu_metrics_t");
+_Static_assert(offsetof(gpu_metrics_t, pcie_link_speed) == 76, "gpu_metrics_t.pcie_link_speed");
+_Static_assert(offsetof(gpu_metrics_t, current_socket_power) == 120, "gpu_metrics_t.current_socket_power");
+_Static_assert(offsetof(gpu_metrics_t, pcie_nak_sent_count_acc) == 416, "gpu_metrics_t.pcie_nak_sent_count_acc");
+_Static_assert(offsetof(gpu_metrics_t, num_partition) == 472, "gpu_metrics_t.num_partition");
+_Static_assert(offsetof(gpu_metrics_t, xcp_stats) == 480, "gpu_metrics_t.xcp_stats");
+_Static_assert(offsetof(gpu_metrics_t, vram_max_bandwidth) == 4520, "gpu_metrics_t.vram_max_bandwidth");
+_Static_assert(sizeof(error_count_t) == 64, "error_count_t");
+_Static_assert(sizeof(pcie_info_t) == 512, "pcie_info_t");
+_Static_assert(offsetof(pcie_info_t, pcie_metric) == 96, "pcie_info_t.pcie_metric");
+_Static_assert(offsetof(pcie_info_t, pcie_metric.pcie_replay_count) == 96 + 16, "pcie_metric.pcie_replay_count");
+_Static_assert(offsetof(pcie_info_t, pcie_metric.pcie_lc_perf_other_end_recovery_count) == 96 + 56,
+               "pcie_metric.pcie_lc_perf_other_end_recovery_count");
 _Static_assert(sizeof(driver_info_t) == 768, "driver_info_t");
 _Static_assert(sizeof(board_info_t) == 1792, "board_info_t");
 _Static_assert(sizeof(clk_info_t) == 32, "clk_info_t");
@@ -69,6 +133,10 @@ typedef struct {
     char name[128], serial[64], cpart[16], mpart[16], missing[256], driver[64], board[64];
     unsigned domain, bus, dev, fn;
     uint32_t vram_total, vram_used, gfx, umc, limit, sclk, mclk; int64_t temp, hotspot, memtemp; uint64_t power, energy;
+    uint64_t ecc_ce, ecc_ue, ecc_de;  /* ECC totals */
+    uint32_t pcie_max_speed, pcie_speed, pcie_width, pcie_bw;  /* MT/s, lanes, Mb/s */
+    uint64_t pcie_replay, pcie_recovery, pcie_rollover, pcie_nak_sent, pcie_nak_rcvd;
+    int nxcc; uint32_t xcc_busy[8];  /* the GFX busy of each XCC now (percent) */
     int lost; int nproc; proc_t procs[MAX_PROCS];
 } gpu_t;
 
@@ -87,6 +155,10 @@ EXPORT size_t fake_amdsmi_sizeof(const char *what) {
     if (!strcmp(what, "amdsmi_driver_info_t")) return sizeof(driver_info_t);
     if (!strcmp(what, "amdsmi_board_info_t")) return sizeof(board_info_t);
     if (!strcmp(what, "amdsmi_clk_info_t")) return sizeof(clk_info_t);
+    if (!strcmp(what, "amdsmi_error_count_t")) return sizeof(error_count_t);
+    if (!strcmp(what, "amdsmi_pcie_info_t")) return sizeof(pcie_info_t);
+    if (!strcmp(what, "amdsmi_gpu_metrics_t")) return sizeof(gpu_metrics_t);
+    if (!strcmp(what, "amdsmi_gpu_xcp_metrics_t")) return sizeof(xcp_metrics_t);
     return 0;
 }
 
@@ -120,6 +192,23 @@ static void parse_field(gpu_t *g, proc_t *p, char *kv) {
     else if (!strcmp(k, "sclk")) g->sclk = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "mclk")) g->mclk = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "power")) g->power = strtoull(v, 0, 10);
+    else if (!strcmp(k, "xcc_busy")) {
+        g->nxcc = 0;
+        for (const char *c = v; *c && g->nxcc < 8; c += strcspn(c, ","), c += *c == ',')
+            g->xcc_busy[g->nxcc++] = (uint32_t)strtoul(c, 0, 10);
+    }
+    else if (!strcmp(k, "ecc_ce")) g->ecc_ce = strtoull(v, 0, 10);
+    else if (!strcmp(k, "ecc_ue")) g->ecc_ue = strtoull(v, 0, 10);
+    else if (!strcmp(k, "ecc_de")) g->ecc_de = strtoull(v, 0, 10);
+    else if (!strcmp(k, "pcie_max_speed")) g->pcie_max_speed = (uint32_t)strtoul(v, 0, 10);
+    else if (!strcmp(k, "pcie_speed")) g->pcie_speed = (uint32_t)strtoul(v, 0, 10);
+    else if (!strcmp(k, "pcie_width")) g->pcie_width = (uint32_t)strtoul(v, 0, 10);
+    else if (!strcmp(k, "pcie_bw")) g->pcie_bw = (uint32_t)strtoul(v, 0, 10);
+    else if (!strcmp(k, "pcie_replay")) g->pcie_replay = strtoull(v, 0, 10);
+    else if (!strcmp(k, "pcie_recovery")) g->pcie_recovery = strtoull(v, 0, 10);
+    else if (!strcmp(k, "pcie_rollover")) g->pcie_rollover = strtoull(v, 0, 10);
+    else if (!strcmp(k, "pcie_nak_sent")) g->pcie_nak_sent = strtoull(v, 0, 10);
+    else if (!strcmp(k, "pcie_nak_rcvd")) g->pcie_nak_rcvd = strtoull(v, 0, 10);
     else if (!strcmp(k, "limit")) g->limit = (uint32_t)strtoul(v, 0, 10);
     else if (!strcmp(k, "cpart")) copy(g->cpart, sizeof g->cpart, v);
     else if (!strcmp(k, "mpart")) copy(g->mpart, sizeof g->mpart, v);
@@ -379,4 +468,53 @@ EXPORT int amdsmi_get_gpu_compute_partition(void *h, char *out, uint32_t len) {
 
 EXPORT int amdsmi_get_gpu_memory_partition(void *h, char *out, uint32_t len) {
     return partition(h, "mpart", 0, out, len);
+}
+
+EXPORT int amdsmi_get_gpu_total_ecc_count(void *h, error_count_t *ec) {
+    gpu_t *g;
+    int rc = enter(h, "ecc", &g);
+    if (rc == OK) {
+        memset(ec, 0, sizeof *ec);
+        ec->correctable_count = g->ecc_ce;
+        ec->uncorrectable_count = g->ecc_ue;
+        ec->deferred_count = g->ecc_de;
+    }
+    LEAVE(rc);
+}
+
+EXPORT int amdsmi_get_pcie_info(void *h, pcie_info_t *info) {
+    gpu_t *g;
+    int rc = enter(h, "pcie", &g);
+    if (rc == OK) {
+        memset(info, 0, sizeof *info);
+        info->pcie_static.max_pcie_width = 16;
+        info->pcie_static.max_pcie_speed = g->pcie_max_speed;
+        info->pcie_static.pcie_interface_version = 5;
+        info->pcie_static.slot_type = 1; /* OAM */
+        info->pcie_static.max_pcie_interface_version = 5;
+        info->pcie_metric.pcie_width = (uint16_t)g->pcie_width;
+        info->pcie_metric.pcie_speed = g->pcie_speed;
+        info->pcie_metric.pcie_bandwidth = g->pcie_bw;
+        info->pcie_metric.pcie_replay_count = g->pcie_replay;
+        info->pcie_metric.pcie_l0_to_recovery_count = g->pcie_recovery;
+        info->pcie_metric.pcie_replay_roll_over_count = g->pcie_rollover;
+        info->pcie_metric.pcie_nak_sent_count = g->pcie_nak_sent;
+        info->pcie_metric.pcie_nak_received_count = g->pcie_nak_rcvd;
+        info->pcie_metric.pcie_lc_perf_other_end_recovery_count = 0xFFFFFFFF;
+    }
+    LEAVE(rc);
+}
+
+EXPORT int amdsmi_get_gpu_metrics_info(void *h, gpu_metrics_t *m) {
+    gpu_t *g;
+    int rc = enter(h, "gpu_metrics", &g);
+    if (rc == OK) {
+        memset(m, 0xFF, sizeof *m);  /* every field N/A (all ones), as the driver leaves those it lacks */
+        m->common_header.structure_size = (uint16_t)sizeof *m;
+        m->common_header.format_revision = 1;
+        m->common_header.content_revision = 8;
+        m->num_partition = 1;
+        for (int i = 0; i < g->nxcc; i++) m->xcp_stats[0].gfx_busy_inst[i] = g->xcc_busy[i];
+    }
+    LEAVE(rc);
 }

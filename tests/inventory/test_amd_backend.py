@@ -35,6 +35,30 @@ def test_the_fake_exports_every_function_the_real_package_looks_up(fake_amdsmi) 
     assert [n for n in names if not hasattr(lib, n)] == []
     lib.fake_amdsmi_sizeof.restype = ctypes.c_size_t
     assert lib.fake_amdsmi_sizeof(b"amdsmi_proc_info_t") == 704  # the layout of amdsmi_wrapper.py
+    # every struct the fake fills is as large as the package's ctypes one (the C side also asserts offsets)
+    wrapper = _wrapper(fake_amdsmi, STRUCTS)
+    assert {n: lib.fake_amdsmi_sizeof(n.encode()) for n in STRUCTS} == wrapper
+
+
+# the structs the fake fills, by amdsmi_wrapper.py's names
+STRUCTS = ("amdsmi_asic_info_t", "amdsmi_vram_usage_t", "amdsmi_engine_usage_t", "amdsmi_power_info_t",
+           "amdsmi_proc_info_t", "amdsmi_driver_info_t", "amdsmi_board_info_t", "amdsmi_clk_info_t",
+           "amdsmi_error_count_t", "amdsmi_pcie_info_t", "amdsmi_gpu_metrics_t", "amdsmi_gpu_xcp_metrics_t")
+
+
+def _wrapper(fake, names: tuple[str, ...]) -> dict[str, int]:
+    """sizeof() of the ctypes structs of the installed amdsmi_wrapper.py, read in a subprocess (its import
+    needs the library, and would keep amdsmi loaded in the test process)."""
+    import subprocess
+    import sys
+
+    script = ("import ctypes, json, sys\n"
+              "from amdsmi import amdsmi_wrapper as w\n"
+              "print(json.dumps({n: ctypes.sizeof(getattr(w, n)) for n in sys.argv[1:]}))\n")
+    r = subprocess.run([sys.executable, "-c", script, *names], env=_env(fake), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
 
 
 def test_devices_json_lists_amd_gpus_with_vendor_memory_utilisation_and_processes(fake_amdsmi) -> None:
@@ -187,8 +211,8 @@ def test_the_daemons_backend_on_a_mixed_host_reads_nvml_telemetry_and_serves_dcg
     nvidia = [g["uuid"] for g in snap["gpus"] if g["vendor"] == "nvidia"]
     amd = [g["uuid"] for g in snap["gpus"] if g["vendor"] == "amd"]
     assert len(nvidia) == 2 and len(amd) == 2
-    # NVML's DCGM readings for NVIDIA; amdsmi's clocks for AMD (no PCIe replay counter there)
-    assert [(g.get("clock_sm"), g.get("pcie_replays")) for g in snap["gpus"]] == [(1395, 3)] * 2 + [(2100, None)] * 2
+    # NVML's DCGM readings for NVIDIA; amdsmi's clocks and PCIe replay counter for AMD
+    assert [(g.get("clock_sm"), g.get("pcie_replays")) for g in snap["gpus"]] == [(1395, 3)] * 2 + [(2100, 0)] * 2
     assert all("clock_sm" not in g and "energy" not in g for g in out["0"]["snap"]["gpus"])  # one-shot: none
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -197,6 +221,7 @@ def test_the_daemons_backend_on_a_mixed_host_reads_nvml_telemetry_and_serves_dcg
     for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_UTIL"):
         assert sorted(s.labels["UUID"] for s in fams[name].samples) == sorted(nvidia), name
     assert sorted(s.labels["gpu_uuid"] for s in fams["gpu_gfx_activity"].samples) == sorted(amd)
+    assert sorted(s.labels["gpu_uuid"] for s in fams["pcie_replay_count"].samples) == sorted(amd)  # AMD's name
 
 
 def test_what_amd_smi_and_amds_exporter_show_for_an_mi300x(fake_amdsmi) -> None:
@@ -243,3 +268,74 @@ def test_what_amd_smi_and_amds_exporter_show_for_an_mi300x(fake_amdsmi) -> None:
     clocks = series("gpu_clock")
     assert any('clock_type="SYSTEM"' in c and c.endswith(" 2100.0") for c in clocks)
     assert any('clock_type="MEMORY"' in c for c in clocks)
+
+
+def test_ecc_pcie_and_xcc_busy_as_amds_exporter_serves_them(fake_amdsmi) -> None:
+    """The daemon's AMD telemetry beyond gpusd's own fields: the ECC totals
+    (amdsmi_get_gpu_total_ecc_count), the PCIe link (amdsmi_get_pcie_info: MT/s served as GT/s, Mb/s,
+    counters) and the GFX busy of each XCC (the metrics table's xcp_stats.gfx_busy_inst), under AMD's
+    exporter's names, types and labels; a reading amdsmi does not give (N/A, NOT_SUPPORTED, a partitioned
+    GPU's XCCs) is left out, and a one-shot reader asks for none of it."""
+    import subprocess
+    import sys
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpusd.daemon.metrics import AMD_LABELS, render_snapshots
+    from gpusd.model import HostSnapshot
+
+    gpus = _two()
+    a = gpus[0]
+    a.ecc_ce, a.ecc_ue, a.ecc_de = 12, 1, 3
+    a.pcie_max_speed, a.pcie_speed, a.pcie_bw = 32000, 16000, 25_600
+    a.pcie_replay, a.pcie_recovery, a.pcie_rollover, a.pcie_nak_sent, a.pcie_nak_rcvd = 7, 2, -1, 4, 5
+    a.xcc_busy = [61, 62, 63, 64, 65, 66, 67, 68]
+    gpus[1].missing = ["ecc", "pcie", "gpu_metrics"]  # an older board: none of it
+    gpus.append(AmdGpu(serial="00000000000000c1", bdf="0000:2c:00.0", cpart="CPX", xcc_busy=[90]))
+    fake_amdsmi.write(gpus)
+    script = ("import json, sys\n"
+              "from gpusd.inventory import open_backend\n"
+              "with open_backend(telemetry=sys.argv[1] == '1') as b:\n"
+              "    print(json.dumps(b.snapshot().to_dict()))\n")
+    out = {}
+    for telemetry in ("1", "0"):
+        r = subprocess.run([sys.executable, "-c", script, telemetry], env=_env(fake_amdsmi), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out[telemetry] = json.loads(r.stdout)
+    d = out["1"]
+    mi300, old, cpx = d["gpus"]
+    assert all(g["healthy"] for g in d["gpus"])
+    assert (mi300["ecc_correctable"], mi300["ecc_uncorrectable"], mi300["ecc_deferred"]) == (12, 1, 3)
+    assert (mi300["pcie_max_speed"], mi300["pcie_speed"], mi300["pcie_bandwidth"]) == (32.0, 16.0, 25_600)
+    assert (mi300["pcie_replays"], mi300["pcie_recoveries"], mi300["pcie_nak_sent"], mi300["pcie_nak_received"]) == (
+        7, 2, 4, 5)
+    assert "pcie_replay_rollovers" not in mi300  # amdsmi's N/A: left out, never 0
+    assert mi300["gfx_busy_xcc"] == [61, 62, 63, 64, 65, 66, 67, 68]
+    assert not [k for k in old if k.startswith(("ecc_", "pcie_", "gfx_busy"))]
+    assert "gfx_busy_xcc" not in cpx and cpx["ecc_correctable"] == 0  # which XCP is this partition's: unknown
+    assert not [k for g in out["0"]["gpus"] for k in g if k.startswith(("ecc_", "pcie_", "gfx_busy"))]
+
+    text = render_snapshots([HostSnapshot.from_dict(d)], dcgm=True).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    uuid = "GPU-1a2b3c4d5e6f7081"
+
+    def value(name: str, **labels: str) -> float | None:
+        found = [s.value for s in fams[name].samples if s.labels["gpu_uuid"] == uuid
+                 and all(s.labels.get(k) == v for k, v in labels.items())] if name in fams else []
+        assert len(found) <= 1, name
+        return found[0] if found else None
+
+    expected = {"gpu_ecc_correct_total": 12, "gpu_ecc_uncorrect_total": 1, "gpu_ecc_deferred_total": 3,
+                "pcie_max_speed": 32, "pcie_speed": 16, "pcie_bandwidth": 25_600, "pcie_replay_count": 7,
+                "pcie_recovery_count": 2, "pcie_nack_sent_count": 4, "pcie_nack_received_count": 5}
+    assert {name: value(name) for name in expected} == expected
+    assert value("pcie_replay_rollover_count") is None
+    for name in expected:
+        assert fams[name].type == "gauge", name  # gauges in AMD's exporter, "_total" or not
+        assert sorted(s.labels["gpu_uuid"] for s in fams[name].samples) == sorted([uuid, cpx["uuid"]]), name
+        assert set(fams[name].samples[0].labels) == set(AMD_LABELS), name
+    busy = fams["gpu_gfx_busy_instantaneous"]
+    assert busy.type == "gauge" and set(busy.samples[0].labels) == {"xcc_index", *AMD_LABELS}
+    assert [(s.labels["xcc_index"], s.value) for s in busy.samples] == [(str(i), 61.0 + i) for i in range(8)]
+    assert "# TYPE gpu_ecc_correct_total gauge" in text  # the exporter's name as is: not a counter's "_total"

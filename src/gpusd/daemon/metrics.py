@@ -483,7 +483,8 @@ _EXPORTERS: weakref.WeakKeyDictionary[Any, list[DcgmCollector]] = weakref.WeakKe
 
 
 # AMD's device-metrics-exporter names (ROCm/device-metrics-exporter) for the same readings of AMD GPUs,
-# so that AMD's Grafana dashboards show them.  Units are the exporter's: percent, MB (MiB), C, W.
+# so that AMD's Grafana dashboards show them.  Units are the exporter's: percent, MB (MiB), C, W, µJ,
+# GT/s and Mb/s for the PCIe link.
 _AMD_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
     "gpu_gfx_activity": ("Graphics engine activity (in %).", lambda g: g.utilization_gpu),
     "gpu_umc_activity": ("Memory controller activity (in %).", lambda g: g.utilization_memory),
@@ -500,6 +501,19 @@ _AMD_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
                             lambda g: None if g.energy is None else g.energy * 1000.0),
     "gpu_package_power": ("Package power (in W).", lambda g: g.power_draw),
     "gpu_power_usage": ("Power usage (in W).", lambda g: g.power_draw),
+    # ECC totals and the PCIe link: gauges in AMD's exporter though they count (its names, help and types)
+    "gpu_ecc_correct_total": ("Total Correctable error count", lambda g: g.ecc_correctable),
+    "gpu_ecc_uncorrect_total": ("Total Uncorrectable error count", lambda g: g.ecc_uncorrectable),
+    "gpu_ecc_deferred_total": ("Total accumulated deferred ECC errors across all GPU blocks",
+                               lambda g: g.ecc_deferred),
+    "pcie_speed": ("Current PCIe speed in GT/s", lambda g: g.pcie_speed),
+    "pcie_max_speed": ("Maximum PCIe speed in GT/s", lambda g: g.pcie_max_speed),
+    "pcie_bandwidth": ("Current PCIe bandwidth in Mb/s", lambda g: g.pcie_bandwidth),
+    "pcie_replay_count": ("Total number of PCIe replays", lambda g: g.pcie_replays),
+    "pcie_recovery_count": ("Total number of PCIe recoveries", lambda g: g.pcie_recoveries),
+    "pcie_replay_rollover_count": ("PCIe replay accumulated count", lambda g: g.pcie_replay_rollovers),
+    "pcie_nack_sent_count": ("PCIe NAK sent accumulated count", lambda g: g.pcie_nak_sent),
+    "pcie_nack_received_count": ("PCIe NAK received accumulated count", lambda g: g.pcie_nak_received),
 }
 AMD_LABELS = ("gpu_id", "gpu_uuid", "serial_number", "card_model", "card_vendor", "hostname", "gpu_partition_id",
               "gpu_compute_partition_type", "gpu_memory_partition_type", "driver_version")
@@ -522,6 +536,9 @@ class AmdExporterCollector:
                     for name, (help_, _) in _AMD_GAUGES.items()}
         clock = GaugeMetricFamily("gpu_clock", "Current clock frequency in MHz",
                                   labels=["clock_index", "clock_type", *AMD_LABELS])
+        busy = GaugeMetricFamily("gpu_gfx_busy_instantaneous", "Gfx busy instantaneous per accelerated compute "
+                                 "processor(xcp) per compute core (xcc), as per partitioning of the system",
+                                 labels=["xcc_index", *AMD_LABELS])
         for snap in self._snapshots():
             if snap is None:
                 continue
@@ -541,8 +558,10 @@ class AmdExporterCollector:
                 for i, (kind, mhz) in enumerate((("SYSTEM", g.clock_sm), ("MEMORY", g.clock_memory))):
                     if mhz is not None:
                         clock.add_metric([str(i), kind, *labels], float(mhz))
+                for i, percent in enumerate(g.gfx_busy_xcc or ()):
+                    busy.add_metric([str(i), *labels], float(percent))
         # only families with series: a host without AMD GPUs exports none of these names
-        yield from (f for f in (*families.values(), clock) if f.samples)
+        yield from (f for f in (*families.values(), clock, busy) if f.samples)
 
 
 def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],

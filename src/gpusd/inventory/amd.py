@@ -12,8 +12,12 @@ keeps no sample buffer; UMC activity as the memory utilisation), temperature
 ``amdsmi_get_temp_metric`` (edge, else hotspot; each sensor also under its own name, with the memory's),
 driver version ``amdsmi_get_gpu_driver_info``, board part number ``amdsmi_get_gpu_board_info``, energy
 ``amdsmi_get_energy_count`` (accumulator × resolution, µJ), clocks ``amdsmi_get_clock_info`` (GFX,
-MEM), power and limit ``amdsmi_get_power_info``, processes
-``amdsmi_get_gpu_process_list`` (VRAM per process), partition modes
+MEM), ECC totals ``amdsmi_get_gpu_total_ecc_count`` (correctable, uncorrectable, deferred), the PCIe
+link ``amdsmi_get_pcie_info`` (speed and maximum speed, bandwidth, replay, recovery, rollover and NAK
+counters), the instantaneous GFX busy of each XCC ``amdsmi_get_gpu_metrics_info`` (MI300-class, in
+SPX mode); energy, clocks, ECC, PCIe and XCC busy only for the daemon (``telemetry=True``).  Power
+and limit ``amdsmi_get_power_info``, processes ``amdsmi_get_gpu_process_list`` (VRAM per process),
+partition modes
 ``amdsmi_get_gpu_compute_partition``/``..._memory_partition`` (SPX/DPX/QPX/CPX, NPS1/NPS4 on MI300).
 No fan (data-centre parts have none), no compute mode, no MIG.
 
@@ -87,6 +91,18 @@ def _clock(info: Any) -> int | None:
     """MHz from amdsmi's clock info (None where it says N/A)."""
     value = _number(info.get("clk")) if isinstance(info, dict) else None
     return int(value) if value is not None else None
+
+
+def _count(value: Any) -> int | None:
+    """A counter or integer reading (None where amdsmi says N/A: its all-ones value)."""
+    number = _number(value)
+    return int(number) if number is not None and number >= 0 else None
+
+
+def _gts(value: Any) -> float | None:
+    """GT/s from amdsmi's PCIe speed in MT/s (16000 for Gen4); 0 where the link is not up: None."""
+    number = _number(value)
+    return number / 1000 if number else None
 
 
 class AmdBackend(VendorBackend):
@@ -194,12 +210,14 @@ class AmdBackend(VendorBackend):
         gpu.board_model = self._boards.get(dev.uuid)
         gpu.compute_partition = self._partition(dev, "compute_partition", smi.amdsmi_get_gpu_compute_partition)
         gpu.memory_partition = self._partition(dev, "memory_partition", smi.amdsmi_get_gpu_memory_partition)
+        if self._detail and self.telemetry:
+            gpu.gfx_busy_xcc = self._gfx_busy(dev, gpu.compute_partition)
         if self.want_processes:
             gpu.processes = self._processes(dev)
 
     def _telemetry(self, dev: _Device, gpu: GpuInfo) -> None:
         """The daemon's extra readings, as AMD's exporter serves them: energy (the accumulator times its
-        resolution, µJ; gpusd keeps mJ) and the GFX and memory clocks."""
+        resolution, µJ; gpusd keeps mJ), the GFX and memory clocks, the ECC totals and the PCIe link."""
         smi, q = self._smi, self._query
         energy = q(dev, "energy", smi.amdsmi_get_energy_count)
         if isinstance(energy, dict):
@@ -209,6 +227,37 @@ class AmdBackend(VendorBackend):
         clocks = smi.AmdSmiClkType
         gpu.clock_sm = _clock(q(dev, "clock_gfx", smi.amdsmi_get_clock_info, clocks.GFX))
         gpu.clock_memory = _clock(q(dev, "clock_mem", smi.amdsmi_get_clock_info, clocks.MEM))
+        ecc = q(dev, "ecc", smi.amdsmi_get_gpu_total_ecc_count)
+        if isinstance(ecc, dict):
+            gpu.ecc_correctable = _count(ecc.get("correctable_count"))
+            gpu.ecc_uncorrectable = _count(ecc.get("uncorrectable_count"))
+            gpu.ecc_deferred = _count(ecc.get("deferred_count"))
+        pcie = q(dev, "pcie", smi.amdsmi_get_pcie_info)
+        static = pcie.get("pcie_static") if isinstance(pcie, dict) else None
+        metric = pcie.get("pcie_metric") if isinstance(pcie, dict) else None
+        if isinstance(static, dict):
+            gpu.pcie_max_speed = _gts(static.get("max_pcie_speed"))
+        if isinstance(metric, dict):
+            gpu.pcie_speed = _gts(metric.get("pcie_speed"))
+            gpu.pcie_bandwidth = _count(metric.get("pcie_bandwidth"))
+            gpu.pcie_replays = _count(metric.get("pcie_replay_count"))
+            gpu.pcie_recoveries = _count(metric.get("pcie_l0_to_recovery_count"))
+            gpu.pcie_replay_rollovers = _count(metric.get("pcie_replay_roll_over_count"))
+            gpu.pcie_nak_sent = _count(metric.get("pcie_nak_sent_count"))
+            gpu.pcie_nak_received = _count(metric.get("pcie_nak_received_count"))
+
+    def _gfx_busy(self, dev: _Device, partition: str | None) -> list[float] | None:
+        """The instantaneous GFX busy percent of each XCC (MI300-class), from the GPU metrics table's
+        first XCP entry: the whole GPU in SPX mode.  A GPU split into DPX/QPX/CPX partitions is left out:
+        the table has an entry per partition, and telling which is this GPU's would take the KFD
+        partition id (``amdsmi_get_gpu_kfd_info``), which gpusd does not read."""
+        if partition not in (None, "SPX"):
+            return None
+        table = self._query(dev, "gpu_metrics", self._smi.amdsmi_get_gpu_metrics_info)
+        xcps = table.get("xcp_stats.gfx_busy_inst") if isinstance(table, dict) else None
+        first = xcps[0] if isinstance(xcps, list) and xcps and isinstance(xcps[0], list) else []
+        busy = [v for v in (_number(x) for x in first) if v is not None]
+        return busy or None
 
     def _partition(self, dev: _Device, key: str, fn: Any) -> str | None:
         value = self._query(dev, key, fn)

@@ -455,7 +455,8 @@ class SimulatedBackend:
     def _amd(self, i: int, model: str, gpu: GpuInfo, util: float, t: float) -> None:
         """What the amdsmi backend reads beyond gpusd's common fields, as AMD's boards have it: the board's
         part number (the OAM MI300X's and MI250X's), no edge sensor on an MI300X (its temperature is the
-        hotspot's), a memory sensor, clocks, and energy integrated from the power draw."""
+        hotspot's), a memory sensor, clocks, energy integrated from the power draw, no ECC errors, a
+        PCIe link, and the busy of each XCC on an MI300X."""
         gpu.board_model = AMD_BOARDS.get(model)
         core = gpu.temperature
         gpu.junction_temperature = core
@@ -466,6 +467,15 @@ class SimulatedBackend:
         mj += max(0.0, t - last_t) * (gpu.power_draw or 0.0) * 1000.0
         self._energy[i] = (max(t, last_t), mj)
         gpu.energy = int(mj)
+        # no errors; a Gen5 x16 link (Gen4 on an MI250X) carrying traffic with the load
+        gpu.ecc_correctable, gpu.ecc_uncorrectable, gpu.ecc_deferred = 0, 0, 0
+        gpu.pcie_max_speed = gpu.pcie_speed = 16.0 if model == "MI250X" else 32.0
+        gpu.pcie_bandwidth = int(64_000 * util / 100)
+        gpu.pcie_replays, gpu.pcie_recoveries, gpu.pcie_replay_rollovers = 0, 0, 0
+        gpu.pcie_nak_sent, gpu.pcie_nak_received = 0, 0
+        # an MI300X in SPX mode: 8 compute dies (XCCs), each about as busy as the whole GPU
+        if model == "MI300X":
+            gpu.gfx_busy_xcc = [round(max(0.0, min(100.0, util + k - 3.5)), 1) for k in range(8)]
 
     def _telemetry(self, i: int, model: str, gpu: GpuInfo, util: float, t: float) -> None:
         """What the DCGM-named metrics read, made up consistently: clocks, a growing energy counter
