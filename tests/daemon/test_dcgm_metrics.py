@@ -150,12 +150,16 @@ async def test_no_dcgm_metrics_flag_in_the_daemon(tmp_path: Path) -> None:
     assert series and not any(name.startswith("DCGM_") for name, _, _ in series)
 
 
+# label lists of PromQL's modifiers (``group_left (user, gpusd_job)``): label names, not metrics
+_LABEL_LISTS = re.compile(r"\b(?:on|ignoring|by|without|group_left|group_right)\s*\([^)]*\)")
+
+
 def _dashboard_metrics(dashboard: dict[str, Any]) -> set[str]:
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     exprs += [v["query"] for v in dashboard["templating"]["list"] if v.get("type") == "query"]
     names = set()
     for expr in exprs:
-        names |= set(re.findall(r"\b((?:gpusd|DCGM)_[A-Za-z0-9_]+)\b", expr))
+        names |= set(re.findall(r"\b((?:gpusd|DCGM)_[A-Za-z0-9_]+)\b", _LABEL_LISTS.sub("", expr)))
     return names
 
 
@@ -174,7 +178,7 @@ async def test_our_grafana_dashboard_queries_only_metrics_that_exist(tmp_path: P
     # every selector in it filters by the variables Prometheus and the dashboard provide
     for p in dashboard["panels"]:
         for t in p["targets"]:
-            for sel in re.findall(r"gpusd_\w+(\{[^}]*\})?", t["expr"]):
+            for sel in re.findall(r"gpusd_\w+(\{[^}]*\})?", _LABEL_LISTS.sub("", t["expr"])):
                 assert sel == '{instance=~"$instance", host=~"$host"}', t["expr"]
 
 
@@ -210,13 +214,14 @@ def test_a_simulated_fleet_feeds_the_dcgm_series_too() -> None:
 def test_every_dcgm_series_is_nvidias_only_and_counts_the_cuda_number() -> None:
     """On a host with GPUs of several vendors, the DCGM names (issue 25's new counters too) are served
     for the NVIDIA GPUs alone, numbered as CUDA counts them (``device_index``); the AMD GPU gets AMD's
-    exporter names, and a simulated AMD GPU makes up none of NVML's telemetry."""
+    exporter names, and a simulated AMD GPU makes up none of NVML's own telemetry (its energy and clocks
+    are amdsmi's, served under AMD's names)."""
     from gpusd.inventory.simulated import SimulatedBackend
 
     snap = SimulatedBackend("1xMI300X,1xH100-80GB", host="mixed-2").snapshot()
     amd, nvidia = snap.gpus
     assert (amd.vendor, nvidia.vendor, nvidia.index, nvidia.device_index) == ("amd", "nvidia", 1, 0)
-    assert amd.energy is None and amd.clock_sm is None and amd.xid_errors is None
+    assert amd.xid_errors is None and amd.gpm_graphics_util is None and amd.memory_reserved is None
     text = render_snapshots([snap], dcgm=True).decode()
     series = _series(text)
     # by family (a counter's samples come back from the parser named ..._total)
@@ -227,4 +232,6 @@ def test_every_dcgm_series_is_nvidias_only_and_counts_the_cuda_number() -> None:
     assert {labels["UUID"] for _, labels in dcgm} == {nvidia.uuid}
     assert {(labels["gpu"], labels["device"]) for _, labels in dcgm} == {("0", "nvidia0")}
     assert {labels["gpu_uuid"] for n, labels, _ in series if n == "gpu_gfx_activity"} == {amd.uuid}
-    assert {labels["uuid"] for n, labels, _ in series if n == "gpusd_gpu_energy_joules_total"} == {nvidia.uuid}
+    # gpusd's own energy series covers every vendor that reads it (its dashboard's energy panel: AMD hosts too)
+    assert {labels["uuid"] for n, labels, _ in series if n == "gpusd_gpu_energy_joules_total"} == {
+        nvidia.uuid, amd.uuid}
