@@ -177,10 +177,18 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # A full disk (SQLITE_FULL) may fail a statement or the COMMIT itself, and SQLite may or may not
+        # have rolled the transaction back already: a transaction left open would fail every later BEGIN
+        # ("cannot start a transaction within a transaction") long after the disk has room again, and a
+        # failed ROLLBACK must not hide the error that says why.
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
         raise
-    conn.execute("COMMIT")
 
 
 def _has_tables(conn: sqlite3.Connection) -> bool:

@@ -3,7 +3,8 @@
 :class:`Accountant` does the arithmetic on one connection (also used by the history generator of
 ``bench/``); :class:`Recorder` runs it on a writer thread: :meth:`Recorder.submit` only puts the
 snapshot on a bounded queue, so sampling never waits on the disk (a full queue drops the sample and
-counts it in ``dropped``).
+counts it in ``dropped``).  What the writer cannot write for want of room (a full disk) it keeps,
+bounded, and writes in order when there is room (docs/history.md, "A full disk").
 
 Accounting is left-point: the interval between two samples is accounted to what the first of them
 showed (its processes, leases, utilisation, power), in the buckets of the first one's time.  Each
@@ -13,12 +14,15 @@ committed sample, and a restart counts nothing twice: the first sample after it 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import queue
 import sqlite3
 import threading
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +36,12 @@ log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0  # seconds of sample time between retention passes
 MAX_ENDED = 4096  # ended leases remembered (a sample older than their end must not open them again)
 LEASE_WRITE_WAIT = 1.0  # seconds a grant waits for its lease's record to be written (then goes on)
+# What cannot be written (a full disk) is kept in memory, bounded, and written when there is room:
+KEEP_SAMPLES = 600  # samples kept (10 minutes at the default 1 s; as many as the writer's queue holds)
+KEEP_EVENTS = 10000  # lease starts and ends, idle marks kept (each a few hundred bytes)
+RETRY_EVERY = 1.0  # seconds between tries while nothing new comes (each new item tries once too)
+RETRY_BATCH = 256  # kept items written per turn once there is room (then the queue is looked at)
+CLOSE_WAIT = 5.0  # seconds a stop waits for room to write what is kept
 
 
 @dataclass
@@ -115,16 +125,29 @@ class Accountant:
         dt = 0.0 if self.prev_ts is None else min(ts - self.prev_ts, self.max_gap)
         seen = self._seen(snap)
         states = [self._state(g) for g in snap.gpus if g.healthy]
-        with transaction(self.conn):
-            self._gpus(snap, ts)
-            if dt > 0 and self.prev_ts is not None:
-                self._account(self.prev_ts, dt)
-            self._jobs(seen, ts, dt)
+        # What this object knows changes only with a committed transaction: a sample that fails (a full
+        # disk) is written again later (Recorder), and must find everything as it was before it.
+        saved = ({k: _Job(j.row, set(j.gpus), j.seen) for k, j in self.open.items()}, dict(self.gpu_ids),
+                 dict(self.gpu_meta))
+        try:
+            with transaction(self.conn):
+                self._gpus(snap, ts)
+                if dt > 0 and self.prev_ts is not None:
+                    self._account(self.prev_ts, dt)
+                closed = self._jobs(seen, ts, dt)
+        except BaseException:
+            self.open, self.gpu_ids, self.gpu_meta = saved
+            raise
+        for ident, row in closed:
+            _remember(self.closed, ident, row)  # its holder's end may still be told (lease_ended)
         self.prev_ts, self.prev = ts, states
         self.samples += 1
         if ts - self.last_prune >= PRUNE_EVERY:
             self.last_prune = ts
-            prune(self.conn, ts, self.keep)
+            try:
+                prune(self.conn, ts, self.keep)
+            except sqlite3.Error as exc:  # the sample is written; retention runs again at the next pass
+                log.warning("history: retention pass failed: %r", exc)
 
     def _state(self, g: GpuInfo) -> _GpuState:
         users = sorted({p.user or "" for p in g.processes})
@@ -204,7 +227,8 @@ class Accountant:
             "seconds=seconds+excluded.seconds, util_s=util_s+excluded.util_s, "
             "energy_j=energy_j+excluded.energy_j, idle_s=idle_s+excluded.idle_s", usage)
 
-    def _jobs(self, seen: dict[str, _Seen], ts: float, dt: float) -> None:
+    def _jobs(self, seen: dict[str, _Seen], ts: float, dt: float) -> list[tuple[str, int]]:
+        """Returns the lease records this sample closed, to remember once it is committed."""
         # the interval just ended is accounted to the jobs the previous sample showed
         if dt > 0:
             acc: dict[str, list[float]] = {}
@@ -220,11 +244,12 @@ class Accountant:
             rows = [(a[0], a[1], a[2], a[3], self.open[i].row) for i, a in acc.items() if i in self.open]
             self.conn.executemany("UPDATE jobs SET gpu_s=gpu_s+?, util_s=util_s+?, energy_j=energy_j+?, "
                                   "idle_s=idle_s+? WHERE id=?", rows)
+        closed = []
         for ident in [i for i in self.open if i not in seen]:
             row = self.open.pop(ident).row
             self.conn.execute("UPDATE jobs SET ended=last WHERE id=?", (row,))
             if ident.startswith("l:"):
-                _remember(self.closed, ident, row)  # its holder's end may still be told (lease_ended)
+                closed.append((ident, row))
         for ident, j in seen.items():
             job = self.open.get(ident)
             if job is None and ident in self.told:
@@ -243,6 +268,7 @@ class Accountant:
                 self.conn.execute("UPDATE jobs SET gpus=? WHERE id=?", (json.dumps(sorted(job.gpus)), job.row))
             self.conn.execute("UPDATE jobs SET last=?, peak_mem=max(coalesce(peak_mem, 0), ?) WHERE id=?",
                               (ts, j.mem, job.row))
+        return closed
 
     def _uid(self, user: str | None) -> int | None:
         if user is None:
@@ -275,16 +301,17 @@ class Accountant:
         then, and holds its GPUs from its start to its end (the samples count only whole intervals
         they saw: a lease between two samples would count nothing)."""
         ident = f"l:{lease_id}"
-        job = self.open.pop(ident, None)
-        row = job.row if job is not None else self.closed.pop(ident, None)
+        job = self.open.get(ident)
+        row = job.row if job is not None else self.closed.get(ident)
+        if row is not None:
+            with transaction(self.conn):  # what is known changes once it is written (a full disk: later)
+                self.conn.execute(
+                    "UPDATE jobs SET last=max(last, ?), ended=max(last, ?), "
+                    "gpu_s=max(gpu_s, (max(last, ?) - start) * json_array_length(gpus)) WHERE id=?",
+                    (ts, ts, ts, row))
+        self.open.pop(ident, None)
+        self.closed.pop(ident, None)
         _remember(self.told, ident, None)
-        if row is None:
-            return
-        with transaction(self.conn):
-            self.conn.execute(
-                "UPDATE jobs SET last=max(last, ?), ended=max(last, ?), "
-                "gpu_s=max(gpu_s, (max(last, ?) - start) * json_array_length(gpus)) WHERE id=?",
-                (ts, ts, ts, row))
 
     def close_jobs(self) -> None:
         """A clean stop: every open job ends at its last sample (a crash leaves them open, and the next
@@ -320,19 +347,39 @@ def _proc_ident(pid: int, user: str | None, command: str | None) -> str:
 
 
 class Recorder:
-    """An :class:`Accountant` on a writer thread.  ``submit`` never blocks; ``close`` drains and stops."""
+    """An :class:`Accountant` on a writer thread.  ``submit`` never blocks; ``close`` drains and stops.
+
+    What cannot be written for a while (a full disk: SQLITE_FULL, ENOSPC; an I/O error) is kept, in
+    order, and written when there is room again: each new item (a sample every interval) and every
+    :data:`RETRY_EVERY` seconds retry the oldest kept item once; once it is written, the rest follow,
+    :data:`RETRY_BATCH` at a time.  Kept in memory, bounded: at most :data:`KEEP_SAMPLES` samples (the
+    oldest go first, counted in ``lost``) and :data:`KEEP_EVENTS` lease starts and ends, idle marks and
+    calls.  One line is logged when writing first fails and one when everything kept is written."""
 
     def __init__(self, path: Path, interval: float, keep: Retention | None = None, host: str | None = None,
                  queue_size: int = 600) -> None:
         self.path = path
-        conn = connect(path)
-        try:
-            self.acc = Accountant(conn, interval, keep, host)
-        except BaseException:
-            conn.close()
-            raise
         self.dropped = 0
         self.errors = 0
+        self.lost = 0  # kept items dropped past the bound (their disk stayed full too long)
+        self._kept: deque[tuple[str, Any]] = deque()  # not written yet, oldest first
+        self._kept_samples = 0
+        self._handled: list[threading.Event] = []  # set once their item is written or kept
+        self._failing: float | None = None  # monotonic: when writing began to fail (None: it works)
+        self._failed_on: str = ""
+        self._lost_then = 0
+        self._args = (interval, keep, host)
+        self.acc: Accountant | None = None
+        try:
+            self.acc = self._open()
+        except (sqlite3.Error, OSError) as exc:
+            if not _full(exc):
+                raise
+            # a disk full as the daemon starts: opened (and everything kept meanwhile written) when it
+            # has room, rather than a daemon without history until its next start
+            log.warning("history: cannot open %s (%s): it is opened when the disk has room, and what "
+                        "was kept meanwhile written", path, exc)
+            self._failing, self._failed_on = time.monotonic(), str(exc)
         self._q: queue.Queue[tuple[str, Any] | None] = queue.Queue(queue_size)
         self._thread = threading.Thread(target=self._run, name="gpusd-history", daemon=True)
         self._thread.start()
@@ -345,25 +392,24 @@ class Recorder:
 
     def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
                       gpus: list[str], ts: float) -> bool:
-        """:meth:`Accountant.lease_started` on the writer thread; returns once it is written (True), or
-        after :data:`LEASE_WRITE_WAIT` seconds (False: the writer is behind, the record comes later)."""
+        """:meth:`Accountant.lease_started` on the writer thread; returns once it is written or kept to
+        be written when the disk has room (True), or after :data:`LEASE_WRITE_WAIT` seconds (False: the
+        writer is behind, the record comes later)."""
         done = threading.Event()
-
-        def write(conn: sqlite3.Connection) -> None:
-            try:
-                self.acc.lease_started(lease_id, user, uid, command, gpus, ts)
-            finally:
-                done.set()
-
-        self._put(("call", write), block=LEASE_WRITE_WAIT)
+        self._put(("started", (lease_id, user, uid, command, gpus, ts, done)), block=LEASE_WRITE_WAIT)
         return done.wait(LEASE_WRITE_WAIT)
 
     def lease_ended(self, lease_id: str, ts: float) -> None:
-        self._put(("call", lambda conn: self.acc.lease_ended(lease_id, ts)), block=LEASE_WRITE_WAIT)
+        self._put(("ended", (lease_id, ts)), block=LEASE_WRITE_WAIT)
 
     def call(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
         """Run ``fn(connection)`` on the writer thread (tests, maintenance)."""
         self._put(("call", fn))
+
+    @property
+    def kept(self) -> int:
+        """Items not written yet, kept until the disk has room."""
+        return len(self._kept)
 
     def _put(self, item: tuple[str, Any], block: float = 0.0) -> None:
         """Queue ``item`` for the writer; a sample is dropped when the queue is full, a lease's start
@@ -380,26 +426,129 @@ class Recorder:
 
     def _run(self) -> None:
         while True:
-            item = self._q.get()
-            if item is None:
-                try:
-                    self.acc.close_jobs()
-                except sqlite3.Error as exc:
-                    log.warning("history: cannot close the open jobs: %r", exc)
-                break
-            what, arg = item
+            if not self._kept:
+                timeout: float | None = None
+            else:
+                timeout = RETRY_EVERY if self._failing is not None else 0.0
             try:
-                if what == "sample":
-                    self.acc.add(arg)
-                elif what == "idle":
-                    self.acc.mark_idle(*arg)
-                else:
-                    arg(self.acc.conn)
-            except Exception as exc:  # a full disk, a locked file: log, keep sampling, try the next one
-                self.errors += 1
-                if self.errors == 1 or self.errors % 1000 == 0:
-                    log.warning("history: cannot record a sample: %r", exc)
-        self.acc.conn.close()
+                item = self._q.get(timeout=timeout) if timeout != 0.0 else self._q.get_nowait()
+            except queue.Empty:
+                item = ("retry", None)
+            if item is None:
+                self._drain(deadline=time.monotonic() + CLOSE_WAIT)
+                if self._kept:
+                    log.warning("history: %d sample(s) or event(s) could not be written before the stop "
+                                "(%s)", len(self._kept), self._failed_on)
+                if self.acc is not None:
+                    try:
+                        self.acc.close_jobs()
+                    except sqlite3.Error as exc:
+                        log.warning("history: cannot close the open jobs: %r", exc)
+                break
+            if item[0] != "retry":
+                self._keep(item)
+            self._drain()
+        if self.acc is not None:
+            self.acc.conn.close()
+
+    def _open(self) -> Accountant:
+        conn = connect(self.path)
+        try:
+            return Accountant(conn, *self._args)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _keep(self, item: tuple[str, Any]) -> None:
+        """Append ``item`` to what is to be written (the bounds are kept by :meth:`_trim`)."""
+        what, arg = item
+        if what == "started":
+            self._handled.append(arg[-1])
+        elif what == "sample":
+            self._kept_samples += 1
+        self._kept.append(item)
+
+    def _trim(self) -> None:
+        """Drop the oldest kept samples past :data:`KEEP_SAMPLES`, the oldest other items past
+        :data:`KEEP_EVENTS` (after a try that found no room: a free disk writes them instead)."""
+        while self._kept_samples > KEEP_SAMPLES:
+            self._drop_first(lambda w: w == "sample")
+            self._kept_samples -= 1
+        while len(self._kept) - self._kept_samples > KEEP_EVENTS:
+            self._drop_first(lambda w: w != "sample")
+
+    def _drop_first(self, which: Callable[[str], bool]) -> None:
+        for i, (what, arg) in enumerate(self._kept):
+            if which(what):
+                del self._kept[i]
+                if what == "started":
+                    arg[-1].set()
+                break
+        self._lose()
+
+    def _lose(self) -> None:
+        self.lost += 1
+        if self.lost == 1 or self.lost % 1000 == 0:
+            log.warning("history: the disk stayed full: %d kept sample(s) or event(s) dropped, oldest first",
+                        self.lost)
+
+    def _drain(self, deadline: float | None = None) -> None:
+        """Write what is kept, oldest first: at most :data:`RETRY_BATCH` items (or until ``deadline``),
+        stopping at the first that fails for want of room (it stays first, for the next try)."""
+        n = 0
+        try:
+            while self._kept and (n < RETRY_BATCH if deadline is None else time.monotonic() < deadline):
+                item = self._kept[0]
+                try:
+                    self._write(item)
+                except Exception as exc:
+                    if _no_room(exc):
+                        self._fail(exc)
+                        if deadline is None:
+                            self._trim()
+                            return
+                        time.sleep(min(RETRY_EVERY, max(0.0, deadline - time.monotonic())))
+                        continue
+                    self.errors += 1  # a damaged file, a bug: this item is never written; the next may be
+                    if self.errors == 1 or self.errors % 1000 == 0:
+                        log.warning("history: cannot record a sample: %r", exc)
+                self._kept.popleft()
+                if item[0] == "sample":
+                    self._kept_samples -= 1
+                n += 1
+            if not self._kept and self._failing is not None:
+                log.warning("history: writing %s again after %.0f s; everything kept meanwhile is recorded%s",
+                            self.path, time.monotonic() - self._failing,
+                            f" but {self.lost - self._lost_then} sample(s) or event(s) dropped"
+                            if self.lost > self._lost_then else "")
+                self._failing = None
+        finally:
+            for done in self._handled:  # a grant waits for its record written, or kept to be
+                done.set()
+            self._handled.clear()
+
+    def _fail(self, exc: Exception) -> None:
+        if self._failing is None:
+            self._failing = time.monotonic()
+            self._failed_on = str(exc)
+            self._lost_then = self.lost
+            log.warning("history: cannot write %s (%s): keeping what is not written (at most %d samples, %d "
+                        "events) to write when there is room", self.path, exc, KEEP_SAMPLES, KEEP_EVENTS)
+
+    def _write(self, item: tuple[str, Any]) -> None:
+        if self.acc is None:  # not opened yet (a full disk as the daemon started)
+            self.acc = self._open()
+        acc, (what, arg) = self.acc, item
+        if what == "sample":
+            acc.add(arg)
+        elif what == "started":
+            acc.lease_started(*arg[:-1])
+        elif what == "ended":
+            acc.lease_ended(*arg)
+        elif what == "idle":
+            acc.mark_idle(*arg)
+        else:
+            arg(acc.conn)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until everything submitted so far is written."""
@@ -413,3 +562,29 @@ class Recorder:
         except queue.Full:
             pass
         self._thread.join(timeout)
+
+
+# SQLite's primary result codes (sqlite3.h) of a write that may work later: SQLITE_BUSY, SQLITE_LOCKED,
+# SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+_NO_ROOM = (5, 6, 10, 13, 14)
+
+
+def _full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota) is full."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and (code & 0xFF == 13 if code is not None else "full" in str(exc))
+
+
+def _no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk has no room (or failed a write) for now: what is kept and written
+    again, where another error (a damaged file, a bug) would fail again the same way."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None:
+            return code & 0xFF in _NO_ROOM  # the primary code of an extended one (SQLITE_IOERR_WRITE)
+        return "full" in str(exc) or "disk I/O" in str(exc)  # Python before 3.11 gives the message only
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+    return False
