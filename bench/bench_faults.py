@@ -347,7 +347,11 @@ class Campaign:
         rec.update(host=h.name, lease_id=lease_id)
         with self.rec_lock:
             self.renewers.add(renewer)
-        jenv = self.lan.base_env(h.gpu.node, CUDA_VISIBLE_DEVICES=",".join(uuids))
+        # the job runs as a user runs it, with the variables `gpusd reserve` gives (GPUSD_LEASE names the
+        # lease its processes run under: the host's daemon fences them if the lease ends without a release)
+        given = lease.get("env") if isinstance(lease.get("env"), dict) else {}
+        lease_vars = {k: str(v) for k, v in given.items() if k in ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH")}
+        jenv = self.lan.base_env(h.gpu.node, CUDA_VISIBLE_DEVICES=",".join(uuids), **lease_vars)
         jp = self.lan.popen(h.gpu.node, self.job_argv(job, dur), env=jenv, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
         jrc, _, jerr = self.communicate(jp, dur + 30)

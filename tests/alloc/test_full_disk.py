@@ -7,6 +7,7 @@ outside the namespace sees it, and it goes with the namespace's last process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -146,3 +147,32 @@ def test_the_pool_client_says_a_hosts_disk_is_full_not_that_no_gpu_is_free(monke
     monkeypatch.setattr(pool, "_try_once", full)
     with pytest.raises(DiskFull, match=r"h1: .*ENOSPC"):
         pool.reserve(1, token="x" * 64, client=Fleet())
+
+
+def test_a_renewal_on_a_full_disk_keeps_the_lease_and_says_its_record_is_stale() -> None:
+    """The holder renewed in time: a record the daemon cannot rewrite (a full disk) must not cost it
+    its GPUs (the lease expired at its old deadline, and its GPU was granted while its job ran)."""
+    import time
+    from types import SimpleNamespace
+
+    from gpusd.daemon import pool as dpool
+    from gpusd.daemon.config import DaemonConfig
+    from gpusd.errors import DiskFull
+
+    now = time.monotonic()
+    held = dpool.Held("ab12", SimpleNamespace(env=lambda: {}, release=lambda: None, lease=None), "me", None, None,
+                      4.0, time.time(), now, now + 4.0)
+    p = dpool.Pool(SimpleNamespace(hostname="h", node_id="n", config=DaemonConfig()))  # type: ignore[arg-type]
+
+    def full(*_: object) -> None:
+        raise DiskFull.of("/var/lib/gpusd/locks/authority", OSError(28, "No space left on device"), "lease-ab12.json")
+
+    p._renew = full  # type: ignore[method-assign]
+    p.held["ab12"] = held
+    try:
+        status, out = asyncio.run(p.renew("ab12", {"ttl": 4.0}))
+        assert status == 200 and out["reason"] == "disk_full" and "ENOSPC" in out["warning"], out
+        assert held.deadline > now + 4.0 and p.held.get("ab12") is held  # renewed: not ending at its old deadline
+    finally:
+        p.executor.shutdown()
+        p.keeping.shutdown()

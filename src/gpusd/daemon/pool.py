@@ -601,13 +601,18 @@ class Pool:
             return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
         held.renewing = True
         ends = _ends(body.get("left"), held.ends)
+        stale: str | None = None
         try:
             await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, deadline - now, ttl,
                                                              ends)
+        except DiskFull as exc:
+            # The renewal counts: the kernel's locks are the lease (the record's expiry is for display), and
+            # a full disk must cost no holder its GPUs.  Its record stays stale until the disk has room; a
+            # daemon that restarted meanwhile would take it back by that older expiry (docs/pool.md).
+            log.warning("remote lease %s renewed, its record not rewritten: %s", lease_id, exc)
+            stale = str(exc)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
-            if isinstance(exc, DiskFull):
-                return 507, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}", "reason": "disk_full"}
             return 503, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
         finally:
             held.renewing = False
@@ -616,7 +621,8 @@ class Pool:
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
         held.ttl, held.deadline, held.ends = ttl, deadline, ends
-        return 200, held.to_dict(self.daemon.hostname, self.daemon.node_id)
+        out = held.to_dict(self.daemon.hostname, self.daemon.node_id)
+        return 200, ({**out, "warning": stale, "reason": "disk_full"} if stale is not None else out)
 
     def end(self, lease_id: str, why: str) -> Held | None:
         """End a remote lease (its holder's release, its expiry, the idle policy): forgotten at once,
