@@ -28,7 +28,10 @@ def gpusd(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.Co
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A running daemon: its environment, session, host name and state directory."""
     state = tmp_path_factory.mktemp("state")
-    env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1")
+    # its own lock directory and lease socket (module-scoped: made before the per-test ones): one lease
+    # authority per lock directory, and the machine's may be taken (a daemon beside the tests)
+    env = dict(os.environ, GPUSD_STATE_DIR=str(state), GPUSD_INTERFACES="127.0.0.1", GPUSD_MDNS_FAST="1",
+               GPUSD_LOCK_DIR=str(state / "locks"), GPUSD_LEASE_SOCKET=str(state / "lease.sock"))
     for var in ("GPUSD_SIMULATE", "GPUSD_HOSTNAME", "GPUSD_TOKEN"):
         env.pop(var, None)
     session = unique_session("cli")

@@ -43,18 +43,20 @@ def test_the_hints_of_a_second_daemon_with_its_own_state_dir_act_on_it(tmp_path:
     common = ["--simulate", "1xT4", "--interface", "127.0.0.1", "--port", "0", "--hostname", "hint-host"]
     r = gpusd("start", *common, "--session", unique_session("hint-a"), env=env)
     assert r.returncode == 0, r.stderr
+    # B is not a lease authority: A is the one of this lock directory (a second would be refused)
+    env_b = dict(env, GPUSD_LEASE_SOCKET="off")
     try:
-        r = gpusd("start", *common, "--session", unique_session("hint-b"), "--state-dir", str(b), env=env)
+        r = gpusd("start", *common, "--session", unique_session("hint-b"), "--state-dir", str(b), env=env_b)
         assert r.returncode == 0, r.stderr
         hint = _hint(r.stdout, "stop with: ")
         assert hint == shlex.join(["gpusd", "stop", "--state-dir", str(b.resolve())])
         # a start against B with other options is refused, and its hint names B as well
-        r = gpusd("start", "--simulate", "2xT4", "--state-dir", str(b), env=env)
+        r = gpusd("start", "--simulate", "2xT4", "--state-dir", str(b), env=env_b)
         assert r.returncode == 7 and f"Stop it first ({hint})" in r.stderr, r.stderr
-        assert follow(hint, env).returncode == 0
+        assert follow(hint, env_b).returncode == 0
         assert not _running(b, env) and _running(a, env)  # B stopped, the first daemon untouched
     finally:
-        gpusd("stop", "--force", "--state-dir", str(b), env=env)
+        gpusd("stop", "--force", "--state-dir", str(b), env=env_b)
         gpusd("stop", "--force", env=env)
 
 
