@@ -86,3 +86,34 @@ def test_the_keeper_lets_go_of_a_lease_whose_record_expired_or_went(tmp_path: Pa
         assert keeper.held == {}  # type: ignore[attr-defined]
     finally:
         listener.close()
+
+
+def test_the_keeper_keeps_an_expired_lease_while_a_process_of_it_runs(tmp_path: Path) -> None:
+    """With no daemon to fence it, an expired lease whose job still runs (GPUSD_LEASE in its
+    environment) keeps its GPUs; the keeper lets go once that process is gone."""
+    import subprocess
+
+    from gpusd.daemon import poolstate
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    keeper, listener = _keeper(state)
+    job = subprocess.Popen(["sleep", "60"], env=dict(os.environ, GPUSD_LEASE="dddddddddddd"))
+    try:
+        assert poolstate.write(state, "dddddddddddd", {"lease_id": "dddddddddddd", "boot_id": poolstate.boot_id(),
+                                                       "expires_boot": poolstate.boottime() - 60})
+        keeper.held["lease-dddddddddddd"] = [_held_file(tmp_path / "d")]  # type: ignore[attr-defined]
+        keeper.sweep()  # type: ignore[attr-defined]
+        assert list(keeper.held) == ["lease-dddddddddddd"]  # type: ignore[attr-defined]
+        job.kill()
+        job.wait()
+        keeper.sweep()  # type: ignore[attr-defined]
+        assert keeper.held == {}  # type: ignore[attr-defined]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        listener.close()
+        for fds in keeper.held.values():  # type: ignore[attr-defined]
+            for fd in fds:
+                os.close(fd)

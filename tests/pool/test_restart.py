@@ -360,3 +360,34 @@ def test_a_remote_lease_survives_kill_9_through_systemds_descriptor_store(tmp_pa
     finally:
         d.stop()
         systemd.close()
+
+
+def test_a_lease_that_expires_while_the_daemon_is_down_is_fenced_before_its_gpu_is_free(tmp_path: Path) -> None:
+    """The holder is cut off and the daemon is killed: the lease expires while no daemon runs. Its GPU
+    stays held while a process of the lease (GPUSD_LEASE in its environment) runs — the keeper does
+    not let go — and the restarted daemon takes the lease back and fences it (SIGTERM) before the GPU
+    is free. Before, the keeper let go at the expiry and the restarted daemon dropped the lease: the
+    GPU was granted while the job still ran (a double grant in the fault campaign)."""
+    d = Daemon(tmp_path, env={"GPUSD_FENCE_GRACE": "2", "GPUSD_FENCE_DELAY": "2"})
+    d.start()
+    job = None
+    try:
+        lease_id, uuid, store = _grant(d, ttl=2)
+        job = subprocess.Popen(["sleep", "120"], env=dict(os.environ, GPUSD_LEASE=lease_id))
+        wait_until_sync(lambda: f"lease-{lease_id}" in (_keeper_names(d.state) or []), 30, what="the keeper holds it")
+        d.kill()
+        import time
+
+        time.sleep(6)  # past its expiry and the keeper's grace: nobody renews it
+        assert job.poll() is None and not _free(store, uuid)  # held while its job runs
+        d.start()
+        wait_until_sync(lambda: job.poll() is not None, 30, what="the lease's job stopped by the fence")
+        assert job.returncode == -signal.SIGTERM
+        wait_until_sync(lambda: _free(store, uuid), 30, what="the GPU free once its job is gone")
+        assert "expired while the daemon was down: ends now" in d.log()
+    finally:
+        if job is not None and job.poll() is None:
+            job.kill()
+            job.wait()
+        d.stop()
+        _kill_keeper(d.state)

@@ -79,13 +79,21 @@ class Keeper:
         self.held: dict[str, list[int]] = {}
 
     def _expired(self, name: str, now: float) -> bool:
-        """The daemon's record of ``name`` is gone, damaged, or expired more than GRACE ago."""
+        """The daemon's record of ``name`` is gone or damaged (released), or it expired more than GRACE
+        ago and no process runs under the lease any more: with no daemon to stop a cut-off holder's
+        processes (fencing, :mod:`gpusd.daemon.fence`), its GPUs stay held while one of them runs."""
         from .poolstate import read_expiry
 
         if not name.startswith("lease-"):
             return True
         expires = read_expiry(self.state_dir, name[6:])
-        return expires is None or expires + GRACE < now
+        if expires is None:
+            return True
+        if expires + GRACE >= now:
+            return False
+        from .fence import lease_processes
+
+        return not lease_processes(name[6:])
 
     def sweep(self) -> None:
         now = time.clock_gettime(time.CLOCK_BOOTTIME)

@@ -359,8 +359,9 @@ class Pool:
             fds = kept.pop(lease_id, [])
             remaining = float(d["expires_boot"]) - poolstate.boottime()
             store = stores.get(d["store"])
+            # A lease that expired while the daemon was down is taken back all the same and ends at once,
+            # through the expiry (fencing): its holder's processes may still run on its GPUs.
             why = ("it was granted before this machine rebooted" if d["boot_id"] != boot else
-                   "it expired while the daemon was down" if remaining <= 0 else
                    "its lock descriptors were not kept" if not fds else
                    "it was taken in another lock directory" if store is None else None)
             if why is not None:
@@ -371,7 +372,7 @@ class Pool:
             holder = Holder(pid=os.getpid(), user=d["holder"], command=d["note"], remote_from=d["remote_from"],
                             job=d["job"])
             lease = store.adopt(lease_id, d["record"], fds, holder, pid=os.getpid(),
-                                expires=time.time() + remaining)
+                                expires=time.time() + max(0.0, remaining))
             if lease is None:
                 self._drop_kept(lease_id, [])
                 continue
@@ -380,9 +381,10 @@ class Pool:
             held = Held(lease_id, poolstate.Adopted(lease, d["env"]), d["holder"], d["note"], d["remote_from"],
                         float(d["ttl"]), float(d["started"]), now - (poolstate.boottime() - float(d["born_boot"])),
                         now + remaining, list(d["devices"]), d["job"], d["identity"], d["claimed"], d["ends"])
-            self._write_down(held, remaining)
+            self._write_down(held, max(0.0, remaining))
             out.append(held)
-            log.info("took back remote lease %s of %s (%.1fs left)", lease_id, held.holder, remaining)
+            log.info("took back remote lease %s of %s (%s)", lease_id, held.holder,
+                     f"{remaining:.1f}s left" if remaining > 0 else "expired while the daemon was down: ends now")
         for lease_id, fds in kept.items():  # copies of leases nobody wrote down (ended meanwhile)
             self._drop_kept(lease_id, fds)
         return out
