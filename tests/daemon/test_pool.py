@@ -302,3 +302,27 @@ def test_a_reservation_gives_an_engine_placement() -> None:
     placement = Reservation(parts, FleetKey(TOKEN)).to_placement("job-1")
     assert [(h.hostname, list(h.gpus)) for h in placement.hosts] == [("node-1", [2, 5]), ("node-2", [0])]
     assert placement.hosts[0].cuda_env()["CUDA_VISIBLE_DEVICES"] == "2,5"
+
+
+async def test_a_remote_lease_is_in_the_usage_history_from_its_grant_to_its_release(tmp_path: Path) -> None:
+    """A reservation shorter than a sample (or granted just before the daemon dies) is in the history
+    all the same: written at its grant, ended at its release, with its GPU and holder."""
+    import sqlite3
+
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="2xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice@laptop", "note": "nb", "ttl": 30})
+        assert r.status == 201, r.data
+        lease_id, uuid = r.data["lease_id"], r.data["devices"][0]["uuid"]
+        assert (await acall("DELETE", base(d) + f"/leases/{lease_id}")).status == 200
+        db = Path(d.state_dir) / "history.sqlite"
+
+        def row() -> Any:
+            with sqlite3.connect(db) as conn:
+                return conn.execute("SELECT user, gpus, start, ended FROM jobs WHERE key LIKE ?",
+                                    (f"l:{lease_id}@%",)).fetchone()
+
+        got = await wait_until(lambda: row() is not None and row()[3] is not None, timeout=10,
+                               what="the lease's record, ended")
+        user, gpus, start, ended = row()
+        assert user == r.data["user"] and json.loads(gpus) == [uuid] and ended >= start  # the holder it shows
+        assert got

@@ -181,6 +181,9 @@ class Pool:
                          "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
                         for c in sel.devices]
         self._write_down(held, held.deadline - time.monotonic())
+        history = getattr(self.daemon, "recording", None)  # the usage history: written before the answer
+        if history is not None:
+            history.lease_started(held.lease_id, held.holder, None, held.note, list(sel.uuids))
         return sel
 
     def _renew(self, held: Held, remaining: float, ttl: float, ends: float | None = None) -> None:
@@ -308,6 +311,9 @@ class Pool:
         if self.state_dir is not None:
             poolstate.remove(self.state_dir, held.lease_id)
             self._let_go(held.lease_id)
+        history = getattr(self.daemon, "recording", None)
+        if history is not None:
+            history.lease_ended(held.lease_id)  # its holder released it, or it expired: it ends now
         self._release_or_fence(held)
 
     # -- taking back a previous run's leases ----------------------------------------------------------
