@@ -15,6 +15,28 @@ from pathlib import Path
 from typing import Any
 
 
+def wait_for(predicate: Any, timeout: float = 20.0) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds (polled every 50 ms)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc``'s process group (a ``gpusd run`` started in a session of its own), reaped."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
 class ServerThread:
     """A LeaseServer on its own event loop in a thread of this process (the daemon's part)."""
 

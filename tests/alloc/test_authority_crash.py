@@ -11,11 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from authority_helpers import AuthorityDaemon, ServerThread
+from authority_helpers import AuthorityDaemon, ServerThread, kill_group, wait_for
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 
@@ -40,21 +39,6 @@ def _queued(env: dict[str, str]) -> list[dict]:
     return json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)["queued"]
 
 
-def _wait_for(predicate, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _index(env: dict[str, str]) -> dict[str, str]:
@@ -85,7 +69,7 @@ def test_a_killed_daemon_loses_no_lease_and_a_restarted_one_adopts_them(fake_nvm
     try:
         for n in (1, 2):
             jobs.append(subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=cli_env, start_new_session=True))
-            assert _wait_for(lambda: len(_leases(cli_env)) == n)  # noqa: B023
+            assert wait_for(lambda: len(_leases(cli_env)) == n)  # noqa: B023
         held = _leases(cli_env)
         assert sorted(held.values()) == sorted(j.pid for j in jobs)
         index = _index(cli_env)
@@ -108,15 +92,15 @@ def test_a_killed_daemon_loses_no_lease_and_a_restarted_one_adopts_them(fake_nvm
         status, _, why = _run(cli_env, 2)
         assert status == 4 and "need 2" in why, why
 
-        _kill_group(jobs[0])  # a job ends: its lease ends with it, though no daemon took its connection
+        kill_group(jobs[0])  # a job ends: its lease ends with it, though no daemon took its connection
         mine = {d: p for d, p in held.items() if p != jobs[0].pid}
-        assert _wait_for(lambda: _leases(cli_env) == mine)
-        assert _wait_for(lambda: _daemon_leases(second) == mine)  # type: ignore[union-attr]
+        assert wait_for(lambda: _leases(cli_env) == mine)
+        assert wait_for(lambda: _daemon_leases(second) == mine)  # type: ignore[union-attr]
         status, got, where = _run(cli_env, 2)
         assert (status, sorted(got), where) == (0, sorted(i for u, i in index.items() if u not in mine), "daemon")
     finally:
         for job in jobs:
-            _kill_group(job)
+            kill_group(job)
         first.stop()
         if second is not None:
             second.stop()
@@ -128,11 +112,11 @@ def test_a_second_daemon_on_the_same_lock_directory_is_refused_and_touches_nothi
     holder = waiter = None
     try:
         holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "120"], env=cli_env, start_new_session=True)
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         out = tmp_path / "waited"
         waiter = subprocess.Popen([*GPUSD, "run", "--wait", "--timeout", "60", "--", "sh", "-c",
                                    f"( {WHERE} ) > {out}"], env=cli_env, start_new_session=True)
-        assert _wait_for(lambda: len(_queued(cli_env)) == 1)  # its ticket is the daemon's, in its directory
+        assert wait_for(lambda: len(_queued(cli_env)) == 1)  # its ticket is the daemon's, in its directory
         # Another state directory and another socket, the same lock directory: refused, with one line.
         env = dict(cli_env, GPUSD_STATE_DIR=str(tmp_path / "state2"),
                    GPUSD_LEASE_SOCKET=str(tmp_path / "other.sock"), GPUSD_INTERFACES="127.0.0.1")
@@ -143,13 +127,13 @@ def test_a_second_daemon_on_the_same_lock_directory_is_refused_and_touches_nothi
         assert len(lines) == 1 and "already the lease authority" in lines[0] and str(first.pid) in lines[0], r.stderr
         assert "Traceback" not in r.stderr and not (tmp_path / "other.sock").exists()
         assert len(_queued(cli_env)) == 1 and len(_leases(cli_env)) == 1  # the first daemon's waiter still waits
-        _kill_group(holder)
+        kill_group(holder)
         assert waiter.wait(60) == 0
         assert out.read_text().split() == ["0", "daemon"]  # served by the first daemon, in its turn
     finally:
         for proc in (holder, waiter):
             if proc is not None:
-                _kill_group(proc)
+                kill_group(proc)
         first.stop()
 
 
@@ -185,7 +169,7 @@ def test_the_client_holds_read_only_copies_of_its_lease_from_the_grant_on(fake_n
         assert len(_leases(cli_env)) == 1
     finally:
         lease.release()
-    assert _wait_for(lambda: _leases(cli_env) == {})
+    assert wait_for(lambda: _leases(cli_env) == {})
 
 
 def test_a_lease_ends_with_its_connection_whatever_copies_the_client_kept(fake_nvml_inprocess, authority, cli_env):
@@ -205,7 +189,7 @@ def test_a_lease_ends_with_its_connection_whatever_copies_the_client_kept(fake_n
         assert answer["ok"] and answer["fds"] == [answer["devices"][0]["gpu"]["uuid"], "record"] and len(kept) == 2
         assert len(_leases(cli_env)) == 1
         s.close()
-        assert _wait_for(lambda: _leases(cli_env) == {})
+        assert wait_for(lambda: _leases(cli_env) == {})
         flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
         assert gpusd_cli(["run", "--", "true"], env=flock_only).returncode == 0
         assert gpusd_cli(["run", "--", "true"], env=cli_env).returncode == 0  # the daemon grants it again too

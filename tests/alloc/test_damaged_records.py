@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from authority_helpers import ServerThread
+from authority_helpers import ServerThread, kill_group, wait_for
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 
@@ -36,21 +36,6 @@ def _leases(env):
     return json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)["leases"]
 
 
-def _wait_for(predicate, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _damage(path, how):
@@ -64,7 +49,7 @@ def _holders(n, env):
     jobs = []
     for _ in range(n):
         jobs.append(subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=env, start_new_session=True))
-        assert _wait_for(lambda: len(_leases(env)) == len(jobs)), _leases(env)
+        assert wait_for(lambda: len(_leases(env)) == len(jobs)), _leases(env)
     return jobs
 
 
@@ -105,13 +90,13 @@ def test_damaged_records_in_the_authoritys_directory_cost_only_their_gpus(fake_n
         assert r.returncode == 4 and "record unreadable" in r.stderr and "same moment" not in r.stderr, r.stderr
         # the damaged leases end with their holders, as any lease does
         for job in jobs:
-            _kill_group(job)
-        assert _wait_for(lambda: _leases(cli_env) == [])
+            kill_group(job)
+        assert wait_for(lambda: _leases(cli_env) == [])
         r = gpusd_cli(["select", "-n", "4"], env=cli_env)
         assert r.returncode == 0, r.stderr
     finally:
         for job in jobs:
-            _kill_group(job)
+            kill_group(job)
 
 
 def test_a_damaged_record_in_the_shared_directory_keeps_its_gpu_held(fake_nvml_inprocess, cli_env):
@@ -128,7 +113,7 @@ def test_a_damaged_record_in_the_shared_directory_keeps_its_gpu_held(fake_nvml_i
         r = gpusd_cli(["run", "--", "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'], env=flock_only)
         assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
     finally:
-        _kill_group(job)
+        kill_group(job)
 
 
 def test_a_grant_that_fails_on_one_gpu_moves_on_to_the_others(fake_nvml_inprocess, monkeypatch):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from authority_helpers import ServerThread
+from authority_helpers import ServerThread, kill_group, wait_for
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 
@@ -32,21 +32,6 @@ def _leases(env):
     return json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)["leases"]
 
 
-def _wait_for(predicate, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def test_daemon_leases_and_flock_leases_never_overlap(fake_nvml_inprocess, authority, cli_env):
@@ -54,7 +39,7 @@ def test_daemon_leases_and_flock_leases_never_overlap(fake_nvml_inprocess, autho
     flock_only = dict(cli_env, GPUSD_LEASE_SOCKET="off")
     via_daemon = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         held = _leases(cli_env)[0]
         # the record is the daemon's (root's) and names the client the kernel reported
         assert held["pid"] == via_daemon.pid and held["command"] == "sleep 60"
@@ -62,32 +47,32 @@ def test_daemon_leases_and_flock_leases_never_overlap(fake_nvml_inprocess, autho
         assert r.returncode == 0 and r.stdout.strip() == "1"  # the daemon holds GPU 0's flock
         own = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
         try:
-            assert _wait_for(lambda: len(_leases(cli_env)) == 2)
+            assert wait_for(lambda: len(_leases(cli_env)) == 2)
             r = gpusd_cli(["select"], env=cli_env)  # through the daemon: both GPUs are taken
             assert r.returncode == 4 and "leased by" in r.stderr, r.stderr
         finally:
-            _kill_group(own)
+            kill_group(own)
         # SIGKILL of the client (and its command): the connection closes, the daemon releases
         os.killpg(via_daemon.pid, signal.SIGKILL)
-        assert _wait_for(lambda: _leases(cli_env) == [])
+        assert wait_for(lambda: _leases(cli_env) == [])
         assert gpusd_cli(["select", "-n", "2"], env=flock_only).returncode == 0
     finally:
-        _kill_group(via_daemon)
+        kill_group(via_daemon)
 
 
 def test_lease_outlives_a_killed_runner_through_the_daemon_too(fake_nvml_inprocess, authority, cli_env):
     fake_nvml_inprocess.write(make_gpus(1))
     runner = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         os.kill(runner.pid, signal.SIGKILL)  # only gpusd run: its command holds the connection
         runner.wait()
         time.sleep(0.3)
         assert len(_leases(cli_env)) == 1
         os.killpg(runner.pid, signal.SIGKILL)
-        assert _wait_for(lambda: _leases(cli_env) == [])
+        assert wait_for(lambda: _leases(cli_env) == [])
     finally:
-        _kill_group(runner)
+        kill_group(runner)
 
 
 def test_waiting_through_the_daemon_is_served_when_a_flock_lease_ends(fake_nvml_inprocess, authority, cli_env,
@@ -97,33 +82,33 @@ def test_waiting_through_the_daemon_is_served_when_a_flock_lease_ends(fake_nvml_
     holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
     out = tmp_path / "out"
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         waiter = subprocess.Popen([*GPUSD, "run", "--wait", "--timeout", "60", "--", "sh", "-c",
                                    f'echo "$CUDA_VISIBLE_DEVICES" > {out}'], env=cli_env)
-        assert _wait_for(lambda: json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"])
+        assert wait_for(lambda: json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"])
         r = gpusd_cli(["run", "--", "true"], env=flock_only)  # the daemon's waiter is in the same queue
         assert r.returncode == 4 and "waiting for GPUs ahead" in r.stderr
         os.killpg(holder.pid, signal.SIGKILL)
         assert waiter.wait(timeout=30) == 0 and out.read_text().strip() == "0"
     finally:
-        _kill_group(holder)
+        kill_group(holder)
 
 
 def test_a_client_that_leaves_while_waiting_leaves_the_queue(fake_nvml_inprocess, authority, cli_env):
     fake_nvml_inprocess.write(make_gpus(1))
     holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         waiter = subprocess.Popen([*GPUSD, "run", "--wait", "--", "true"], env=cli_env, start_new_session=True)
 
         def queued():
             return json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"]
 
-        assert _wait_for(lambda: len(queued()) == 1)
-        _kill_group(waiter)
-        assert _wait_for(lambda: queued() == [])
+        assert wait_for(lambda: len(queued()) == 1)
+        kill_group(waiter)
+        assert wait_for(lambda: queued() == [])
     finally:
-        _kill_group(holder)
+        kill_group(holder)
 
 
 @pytest.fixture
@@ -172,7 +157,7 @@ def test_the_daemon_attributes_a_lease_to_the_uid_the_kernel_reports(fake_nvml_i
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    assert _wait_for(lambda: _leases(cli_env) == [])
+    assert wait_for(lambda: _leases(cli_env) == [])
 
 
 def test_bad_requests_get_an_error_and_the_server_lives_on(fake_nvml_inprocess, authority, cli_env):
@@ -268,7 +253,7 @@ def test_a_running_daemon_serves_leases_that_gpusd_run_uses(fake_nvml, cli_env, 
         assert read_lines(r, 1, 60), (tmp_path / "log").read_text()
         assert socket_path().is_socket()
         job = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         [held] = _leases(cli_env)
         assert held["pid"] == job.pid
         store = LeaseStore.authority()  # the daemon's own directory: lock files only it can open
@@ -276,11 +261,11 @@ def test_a_running_daemon_serves_leases_that_gpusd_run_uses(fake_nvml, cli_env, 
         assert [pid for pid, _ in flock_table()[lock_key(lock)]] == [daemon.pid]  # the daemon holds it
         assert stat.S_IMODE(lock.st_mode) == 0o600 and stat.S_IMODE(os.stat(store.dir).st_mode) == 0o755
         assert not (LeaseStore().dir / f"gpu-{held['device']}.lock").exists()  # nothing in the shared one
-        _kill_group(job)
-        assert _wait_for(lambda: _leases(cli_env) == [])
+        kill_group(job)
+        assert wait_for(lambda: _leases(cli_env) == [])
     finally:
         if job is not None:
-            _kill_group(job)
+            kill_group(job)
         os.close(r)
         daemon.terminate()
         daemon.wait(15)
@@ -295,11 +280,11 @@ def test_a_busy_daemon_sends_clients_to_the_lock_directory(fake_nvml_inprocess, 
     fake_nvml_inprocess.write(make_gpus(2))
     first = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         r = gpusd_cli(["run", "--", "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES"'], env=cli_env)
         assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr  # refused as busy, leased itself
     finally:
-        _kill_group(first)
+        kill_group(first)
 
 
 def test_leases_survive_a_daemon_restart(fake_nvml_inprocess, cli_env):
@@ -308,7 +293,7 @@ def test_leases_survive_a_daemon_restart(fake_nvml_inprocess, cli_env):
     server = ServerThread()
     job = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         server.stop()  # the daemon goes away: it hands the lease's descriptors to its client
         [held] = _leases(cli_env)
         assert held["pid"] == job.pid
@@ -316,11 +301,11 @@ def test_leases_survive_a_daemon_restart(fake_nvml_inprocess, cli_env):
         assert r.returncode == 4 and "leased by" in r.stderr, r.stderr
         server = ServerThread()  # a new daemon sees the same lease
         assert gpusd_cli(["select"], env=cli_env).returncode == 4
-        _kill_group(job)  # the job ends: so does its lease
-        assert _wait_for(lambda: _leases(cli_env) == [])
+        kill_group(job)  # the job ends: so does its lease
+        assert wait_for(lambda: _leases(cli_env) == [])
         assert gpusd_cli(["select"], env=cli_env).returncode == 0
     finally:
-        _kill_group(job)
+        kill_group(job)
         server.stop()
 
 
@@ -388,7 +373,7 @@ def test_a_held_connection_grows_and_releases_under_one_record(fake_nvml_inproce
     finally:
         f.close()
         s.close()
-    assert _wait_for(lambda: _leases(cli_env) == [])  # the end of the connection ends all of it
+    assert wait_for(lambda: _leases(cli_env) == [])  # the end of the connection ends all of it
 
 
 def test_bad_requests_on_a_held_connection_get_an_error_and_keep_the_lease(fake_nvml_inprocess, authority,
@@ -418,7 +403,7 @@ def test_bad_requests_on_a_held_connection_get_an_error_and_keep_the_lease(fake_
     finally:
         f.close()
         s.close()
-    assert _wait_for(lambda: _leases(cli_env) == [])
+    assert wait_for(lambda: _leases(cli_env) == [])
 
 
 def test_protocol_1_still_means_anything_after_the_answer_releases(fake_nvml_inprocess, authority, cli_env):
@@ -435,7 +420,7 @@ def test_protocol_1_still_means_anything_after_the_answer_releases(fake_nvml_inp
         assert len(_leases(cli_env)) == 1
         s.sendall(b'{"op": "grow", "count": 1}\n')  # to an old client's daemon: "release"
         assert f.readline() == b""  # no answer: the daemon ended the connection
-        assert _wait_for(lambda: _leases(cli_env) == [])
+        assert wait_for(lambda: _leases(cli_env) == [])
 
 
 def test_a_client_never_sends_a_change_to_an_older_daemon():
@@ -486,7 +471,7 @@ def test_a_grown_lease_survives_a_daemon_restart(fake_nvml_inprocess, cli_env):
     finally:
         lease.release()
         server.stop()
-    assert _wait_for(lambda: _leases(cli_env) == [])
+    assert wait_for(lambda: _leases(cli_env) == [])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second user")
@@ -538,7 +523,7 @@ def test_another_user_cannot_change_a_lease_through_its_connection(fake_nvml_inp
         assert len(lease.devices) == 2 and _record(cli_env, lease.lease_id) == sorted(lease.devices)
     finally:
         lease.release()
-    assert _wait_for(lambda: _leases(cli_env) == [])
+    assert wait_for(lambda: _leases(cli_env) == [])
 
 
 def test_a_grow_waiting_on_a_held_connection_is_abandoned_with_it(fake_nvml_inprocess, authority, cli_env):
@@ -547,20 +532,20 @@ def test_a_grow_waiting_on_a_held_connection_is_abandoned_with_it(fake_nvml_inpr
     s, answer, f = _held_connection()
     other = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=flock_only, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 2)
+        assert wait_for(lambda: len(_leases(cli_env)) == 2)
         s.sendall(b'{"op": "grow", "id": 1, "count": 1, "wait": true}\n')
 
         def queued():
             return json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"]
 
-        assert _wait_for(lambda: len(queued()) == 1)  # the grow waits in the queue, like any request
+        assert wait_for(lambda: len(queued()) == 1)  # the grow waits in the queue, like any request
         f.close()
         s.close()
-        assert _wait_for(lambda: queued() == [] and len(_leases(cli_env)) == 1)  # wait and lease: gone
+        assert wait_for(lambda: queued() == [] and len(_leases(cli_env)) == 1)  # wait and lease: gone
     finally:
         f.close()
         s.close()
-        _kill_group(other)
+        kill_group(other)
 
 
 def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client(fake_nvml_inprocess, cli_env):
@@ -582,10 +567,10 @@ def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client
                              holder=Holder(command="x", job="0123456789ab"))
     try:
         lease.grow(Constraints(count=1))
-        assert _wait_for(lambda: len(_leases(cli_env)) == 3)
+        assert wait_for(lambda: len(_leases(cli_env)) == 3)
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(lease.grow, Constraints(count=1), wait=True)
-            assert _wait_for(lambda: json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"])
+            assert wait_for(lambda: json.loads(gpusd_cli(["leases", "--json"], env=cli_env).stdout)["queued"])
             server.stop()
             with pytest.raises(GpusdError, match="handed this lease over"):
                 waiting.result(timeout=30)
@@ -595,10 +580,10 @@ def test_a_daemon_that_stops_during_a_grow_hands_the_lease_to_the_waiting_client
         r = gpusd_cli(["select", "-n", "1"], env=flock_only)
         assert r.returncode == 4, r.stderr  # the job's two GPUs are still leased
         lease.release()
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)  # only the other job's is left
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)  # only the other job's is left
     finally:
         lease.release()
-        _kill_group(other)
+        kill_group(other)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second user")
@@ -616,7 +601,7 @@ def test_the_daemon_queues_a_client_in_the_class_the_policy_allows_its_uid(fake_
     holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     pids = []
     try:
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         for uid in (40001, 0):
             pid = os.fork()
             if pid == 0:
@@ -634,7 +619,7 @@ def test_the_daemon_queues_a_client_in_the_class_the_policy_allows_its_uid(fake_
                     os._exit(0)
             pids.append(pid)
             n = len(pids)
-            assert _wait_for(lambda: len(queue.waiters(LeaseStore())) == n)  # noqa: B023
+            assert wait_for(lambda: len(queue.waiters(LeaseStore())) == n)  # noqa: B023
         waiting = {w.command: w for w in queue.waiters(LeaseStore())}
         assert waiting["uid40001"].priority == HIGH  # capped: urgent is for root and whom the policy names
         assert waiting["uid0"].priority == URGENT
@@ -643,4 +628,4 @@ def test_the_daemon_queues_a_client_in_the_class_the_policy_allows_its_uid(fake_
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        _kill_group(holder)
+        kill_group(holder)

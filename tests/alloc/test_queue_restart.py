@@ -15,11 +15,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
-from authority_helpers import ServerThread
+from authority_helpers import ServerThread, kill_group, wait_for
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 
@@ -33,21 +32,6 @@ def _state(env: dict[str, str]) -> dict:
     return json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)
 
 
-def _wait_for(predicate, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _queued_pids(env: dict[str, str]) -> list[int]:
@@ -63,12 +47,12 @@ def test_queued_jobs_keep_their_places_across_a_daemon_restart(fake_nvml_inproce
     holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     waiters: list[subprocess.Popen] = []
     try:
-        assert _wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
+        assert wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
         for n in range(3):  # queued one after the other: 1, 2, 3
             waiters.append(subprocess.Popen(
                 [*GPUSD, "run", "--wait", "--", "sh", "-c", f"echo {n + 1} >> {out}"], env=cli_env,
                 start_new_session=True, stderr=subprocess.PIPE, text=True))
-            assert _wait_for(lambda n=n: len(_queued_pids(cli_env)) == n + 1)
+            assert wait_for(lambda n=n: len(_queued_pids(cli_env)) == n + 1)
         assert _queued_pids(cli_env) == [w.pid for w in waiters]
         # The first waiter cannot ask the next daemon before the others do: a daemon that queued
         # clients in the order they came back would put it last.
@@ -76,12 +60,12 @@ def test_queued_jobs_keep_their_places_across_a_daemon_restart(fake_nvml_inproce
         server.stop()
         server = ServerThread()
         # the two others came back, and the daemon kept the first one's place while it is away
-        assert _wait_for(lambda: all(f"pid {w.pid} (uid 0) waits again in its place" in caplog.text
+        assert wait_for(lambda: all(f"pid {w.pid} (uid 0) waits again in its place" in caplog.text
                                      for w in waiters[1:]))
         assert _queued_pids(cli_env) == [w.pid for w in waiters]
         os.kill(waiters[0].pid, signal.SIGCONT)
         assert all(w.poll() is None for w in waiters)  # nobody gave up
-        _kill_group(holder)  # the GPU frees: they run one by one, in their order
+        kill_group(holder)  # the GPU frees: they run one by one, in their order
         for w in waiters:
             assert w.wait(timeout=60) == 0
             err = w.stderr.read() if w.stderr else ""
@@ -95,8 +79,8 @@ def test_queued_jobs_keep_their_places_across_a_daemon_restart(fake_nvml_inproce
                 os.kill(w.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            _kill_group(w)
-        _kill_group(holder)
+            kill_group(w)
+        kill_group(holder)
         server.stop()
 
 
@@ -112,10 +96,10 @@ def test_a_client_that_says_it_waited_before_gets_no_place_it_did_not_have(fake_
     waiter = None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        assert _wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
+        assert wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
         waiter = subprocess.Popen([*GPUSD, "run", "--wait", "--", "true"], env=cli_env, start_new_session=True,
                                   stderr=subprocess.PIPE, text=True)
-        assert _wait_for(lambda: _queued_pids(cli_env) == [waiter.pid])
+        assert wait_for(lambda: _queued_pids(cli_env) == [waiter.pid])
         os.kill(waiter.pid, signal.SIGSTOP)  # away while the daemon restarts: its place is kept for it
         server.stop()
         server = ServerThread()
@@ -125,9 +109,9 @@ def test_a_client_that_says_it_waited_before_gets_no_place_it_did_not_have(fake_
                               "command": "liar"}).encode() + b"\n")
         f = s.makefile("rb")
         assert json.loads(f.readline()) == {"op": "requeued", "kept": False}
-        assert _wait_for(lambda: _queued_pids(cli_env) == [waiter.pid, os.getpid()])  # behind the real one
+        assert wait_for(lambda: _queued_pids(cli_env) == [waiter.pid, os.getpid()])  # behind the real one
         os.kill(waiter.pid, signal.SIGCONT)
-        _kill_group(holder)
+        kill_group(holder)
         assert waiter.wait(timeout=60) == 0  # it came back first, in its place
         f.close()
     finally:
@@ -137,8 +121,8 @@ def test_a_client_that_says_it_waited_before_gets_no_place_it_did_not_have(fake_
                 os.kill(waiter.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            _kill_group(waiter)
-        _kill_group(holder)
+            kill_group(waiter)
+        kill_group(holder)
         server.stop()
 
 
@@ -162,20 +146,20 @@ def test_a_waiter_whose_daemon_does_not_come_back_waits_in_the_lock_directory(fa
 
     waiter = threading.Thread(target=wait)
     try:
-        assert _wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
+        assert wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
         waiter.start()
-        assert _wait_for(lambda: len(_state(cli_env)["queued"]) == 1)
+        assert wait_for(lambda: len(_state(cli_env)["queued"]) == 1)
         server.stop()  # and no daemon comes back: the holder keeps its lease (handed over)
-        assert _wait_for(lambda: _queued_pids(cli_env) == [os.getpid()])  # queued in the lock directory
+        assert wait_for(lambda: _queued_pids(cli_env) == [os.getpid()])  # queued in the lock directory
         assert "selection" not in box and "error" not in box
-        _kill_group(holder)
+        kill_group(holder)
         waiter.join(60)
         assert "error" not in box, box.get("error")
         box["selection"].release()
         err = capsys.readouterr().err
         assert "none answered within 1s: waiting in the lock directory's queue instead" in err
     finally:
-        _kill_group(holder)
+        kill_group(holder)
         waiter.join(60)
 
 
@@ -192,12 +176,12 @@ def test_jobs_queued_at_a_daemon_process_run_after_it_is_stopped_or_killed_and_s
     holder = subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True)
     waiters: list[subprocess.Popen] = []
     try:
-        assert _wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
+        assert wait_for(lambda: len(_state(cli_env)["leases"]) == 1)
         for n in range(2):
             waiters.append(subprocess.Popen(
                 [*GPUSD, "run", "--wait", "--", "sh", "-c", f"echo {n + 1} >> {out}"], env=cli_env,
                 start_new_session=True, stderr=subprocess.PIPE, text=True))
-            assert _wait_for(lambda n=n: len(_queued_pids(cli_env)) == n + 1)
+            assert wait_for(lambda n=n: len(_queued_pids(cli_env)) == n + 1)
         first, second = waiters
         os.kill(first.pid, signal.SIGSTOP)  # it comes back last (and after a kill -9 the GPU is free)
         if how == "stop":
@@ -205,10 +189,10 @@ def test_jobs_queued_at_a_daemon_process_run_after_it_is_stopped_or_killed_and_s
         else:
             daemon.kill9()
         daemon.start()
-        assert _wait_for(lambda: f"pid {second.pid} (uid 0) waits again in its place" in daemon.log())
+        assert wait_for(lambda: f"pid {second.pid} (uid 0) waits again in its place" in daemon.log())
         assert _queued_pids(cli_env) == [first.pid, second.pid]  # the absent first one's place is kept
         os.kill(first.pid, signal.SIGCONT)
-        _kill_group(holder)
+        kill_group(holder)
         for w in waiters:
             assert w.wait(timeout=60) == 0
             assert "queued there again, in its place" in (w.stderr.read() if w.stderr else "")
@@ -219,6 +203,6 @@ def test_jobs_queued_at_a_daemon_process_run_after_it_is_stopped_or_killed_and_s
                 os.kill(w.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            _kill_group(w)
-        _kill_group(holder)
+            kill_group(w)
+        kill_group(holder)
         daemon.stop()

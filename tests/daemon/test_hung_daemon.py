@@ -13,35 +13,20 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
+from authority_helpers import kill_group, wait_for
 from conftest import gpusd_cli
 from fakenvml import make_gpus
 
 GPUSD = [sys.executable, "-m", "gpusd"]
 
 
-def _wait_for(predicate, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 def _leases(env):
     return json.loads(gpusd_cli(["leases", "--json"], env=env).stdout)["leases"]
 
-
-def _kill_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 @pytest.fixture
@@ -77,7 +62,7 @@ def test_a_stopped_daemon_sends_clients_to_the_lock_directory_without_double_gra
     jobs = []
     try:
         jobs.append(subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True))
-        assert _wait_for(lambda: len(_leases(cli_env)) == 1)
+        assert wait_for(lambda: len(_leases(cli_env)) == 1)
         [first] = _leases(cli_env)
         daemon.send_signal(signal.SIGSTOP)
         # the stopped daemon's lease counts (its record is confirmed by /proc/locks): GPU 1, not GPU 0
@@ -89,7 +74,7 @@ def test_a_stopped_daemon_sends_clients_to_the_lock_directory_without_double_gra
         assert r.returncode == 0 and r.stdout.strip() == "1,2", r.stderr
         # a lease taken in the lock directory while the daemon is stopped
         jobs.append(subprocess.Popen([*GPUSD, "run", "--", "sleep", "60"], env=cli_env, start_new_session=True))
-        assert _wait_for(lambda: len(_leases(cli_env)) == 2, 40)
+        assert wait_for(lambda: len(_leases(cli_env)) == 2, 40)
         held = {le["device"]: le for le in _leases(cli_env)}
         assert first["device"] in held
         r = gpusd_cli(["run", "-n", "2", "--", "true"], env=cli_env, timeout=40)
@@ -107,7 +92,7 @@ def test_a_stopped_daemon_sends_clients_to_the_lock_directory_without_double_gra
         pending.close()
     finally:
         for job in jobs:
-            _kill_group(job)
+            kill_group(job)
 
 
 def test_a_daemon_that_answers_slowly_is_waited_for(monkeypatch):

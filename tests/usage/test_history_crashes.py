@@ -12,20 +12,12 @@ import time
 
 import pytest
 
-from authority_helpers import DaemonProcess
+from authority_helpers import DaemonProcess, wait_for
 from fakenvml import make_gpus
 
 GPUSD = [sys.executable, "-m", "gpusd"]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the lease authority is root's daemon")
 
-
-def _wait_for(predicate, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _lease_rows(db) -> list[tuple]:
@@ -65,7 +57,7 @@ def test_every_lease_the_daemon_granted_is_in_the_history_across_kill_9(fake_nvm
             walls[f"quick-{r}"] = time.monotonic() - t0
             cut = [job(f"cut-{r}-{i}", 1.0) for i in range(2)]
             t0 = time.monotonic()
-            assert _wait_for(lambda r=r: all((out / f"cut-{r}-{i}").exists() for i in range(2)))  # both hold a GPU
+            assert wait_for(lambda r=r: all((out / f"cut-{r}-{i}").exists() for i in range(2)))  # both hold a GPU
             daemon.kill9()  # while both run
             for i, p in enumerate(cut):
                 assert p.wait(60) == 0
