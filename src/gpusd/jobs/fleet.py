@@ -180,6 +180,11 @@ class FleetJob:
                     full["GPUSD_JOB_FILE"] = str(self._write_job_file(devices, visible, full.get("GPUSD_LEASE_EPOCH")))
                 except OSError as exc:  # the protocol's file is a convenience: run without it
                     _say(f"cannot write the job file: {exc}")
+                lease = full.get("GPUSD_LEASE")
+                if lease and lease_held(lease) is False:  # cut off (a split) until its lease had ended
+                    _say(f"the lease {lease[:32]} ended before the command could start here (it expired: its "
+                         "holder was cut off): not started")
+                    return LEASE_GONE
                 try:
                     proc = subprocess.Popen(list(cmd), env=full)
                 except FileNotFoundError:
@@ -188,6 +193,10 @@ class FleetJob:
                 except PermissionError:
                     _say(f"permission denied: {cmd[0]}")
                     return 126
+                if lease and lease_held(lease) is False:  # it ended as the command started: never run on
+                    _say(f"the lease {lease[:32]} ended as the command started: stopped")
+                    _stop(proc)
+                    return LEASE_GONE
                 if self.writer is not None:
                     self.writer.write(child=proc.pid, restarts=self.restarts)
                 rc = proc.wait()
@@ -206,3 +215,27 @@ class FleetJob:
         if self.private is not None:
             remove_private_dir(self.private)
             self.private = None
+
+
+LEASE_GONE = 1  # the command did not run: its lease had ended (docs/pool.md, "Fencing")
+
+
+def lease_held(lease_id: str) -> bool | None:
+    """Whether this host's lease stores still show lease ``lease_id`` (the daemon's record of a remote
+    lease goes when the lease ends, after its processes here were stopped); None where they cannot be
+    read.  A fleet job's command starts only under a lease that is still held: one cut off from its
+    holder until the lease expired would otherwise run on GPUs granted again."""
+    try:
+        return any(le.lease_id == lease_id for le in LeaseStore().leases())
+    except Exception:  # noqa: BLE001 - unreadable stores: the daemon's fence still guards the GPUs
+        return None
+
+
+def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, SIGKILL after ``grace`` seconds; reaped."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
