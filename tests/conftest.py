@@ -33,9 +33,17 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
                 # the other vendors' visibility variables and libraries (issue 21)
                 "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK",
                 "ONEAPI_DEVICE_SELECTOR", "ZE_FLAT_DEVICE_HIERARCHY", "GPUSD_AMDSMI_LIBRARY", "GPUSD_ZE_LIBRARY",
-                "GPUSD_BACKENDS"):
+                "GPUSD_BACKENDS",
+                # a lease or job this process may be running under (CI's own shell, or a grant applied
+                # in-process by an earlier test): a fleet job would take it for its own
+                "GPUSD_LEASE", "GPUSD_LEASE_EPOCH", "GPUSD_JOB_ID", "GPUSD_JOB_FILE", "GPUSD_NOTIFY_SIGNAL",
+                "GPUSD_RESTART_COUNT", "GPUSD_RESTART_STATUS"):
         monkeypatch.delenv(var, raising=False)
+    before = dict(os.environ)
     yield base
+    # what the library wrote into os.environ itself (Selection.apply) goes with the test
+    for var in set(os.environ) - set(before):
+        del os.environ[var]
     from gpusd.alloc import api
 
     for backend in api._backends.values():
