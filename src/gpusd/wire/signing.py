@@ -74,30 +74,31 @@ _RESPONSE_COVERED = frozenset({'"@status"', '"@authority";req', '"@path";req', '
 
 
 # -- the secret --------------------------------------------------------------------------------------
-def read_secret_file(path: str | os.PathLike[str]) -> str:
+def read_secret_file(path: str | os.PathLike[str], what: str = "the token file") -> str:
     """The secret kept in ``path`` (first line, surrounding white space removed).  The file must be
-    a regular file that other users cannot read; a symlink is not followed."""
+    a regular file that other users cannot read; a symlink is not followed.  ``what``: the file's name
+    in the messages."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        raise SecretError(f"cannot read the token file {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        raise SecretError(f"cannot read {what} {os.fspath(path)!r}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SecretError(f"the token file {os.fspath(path)!r} is not a regular file")
+            raise SecretError(f"{what} {os.fspath(path)!r} is not a regular file")
         if st.st_mode & 0o077 and st.st_uid == os.geteuid():
             # ours and readable by others: refuse, as ssh does with keys
-            raise SecretError(f"the token file {os.fspath(path)!r} is readable by other users: chmod 600 it")
+            raise SecretError(f"{what} {os.fspath(path)!r} is readable by other users: chmod 600 it")
         data = os.read(fd, MAX_SECRET + 1)
     finally:
         os.close(fd)
     if len(data) > MAX_SECRET:
-        raise SecretError(f"the token file {os.fspath(path)!r} is larger than {MAX_SECRET} bytes")
+        raise SecretError(f"{what} {os.fspath(path)!r} is larger than {MAX_SECRET} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise SecretError(f"the token file {os.fspath(path)!r} is not UTF-8 text") from None
+        raise SecretError(f"{what} {os.fspath(path)!r} is not UTF-8 text") from None
     lines = text.strip().splitlines()
     return lines[0].strip() if lines else ""
 
