@@ -39,6 +39,7 @@ def run(watch: Watch, target: Target, *, repeat: bool = False, timeout: float | 
     delivered = 0
     sequence = 0
     was_free = False
+    said = False
     while True:
         notice = watch.look()
         if notice is not None and not was_free:
@@ -53,6 +54,10 @@ def run(watch: Watch, target: Target, *, repeat: bool = False, timeout: float | 
                 (on_error or _log)(exc)
             if not repeat:
                 return delivered
+        if notice is None and (was_free or sequence == 0 and not said):
+            # one line each time the watch starts waiting (-v): the tests' and the user's sign that it watches
+            log.info("%s: watching until they are free", "the GPUs were taken again" if was_free else "not free now")
+            said = True
         was_free = notice is not None
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
