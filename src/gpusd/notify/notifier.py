@@ -56,7 +56,8 @@ def run(watch: Watch, target: Target, *, repeat: bool = False, timeout: float | 
                 return delivered
         if notice is None and (was_free or sequence == 0 and not said):
             # one line each time the watch starts waiting (-v): the tests' and the user's sign that it watches
-            log.info("%s: watching until they are free", "the GPUs were taken again" if was_free else "not free now")
+            log.info("%s %s: watching until they are free", "the GPUs were taken again" if was_free else "not free now",
+                     getattr(watch, "scope", ""))
             said = True
         was_free = notice is not None
         left = None if deadline is None else deadline - time.monotonic()

@@ -29,6 +29,8 @@ MIN_GAP = 0.05  # seconds between two looks woken by events, however many come (
 
 
 class Watch(Protocol):
+    scope: str  # where it looks, for the log: "on this machine", "on 3 verified host(s)"
+
     def look(self) -> Notice | None: ...
 
     def wait(self, timeout: float) -> None: ...
@@ -70,6 +72,7 @@ class LocalWatch:
         self._watch = queue.LeaseWatch(self.store.dir)
         self._settle = len(SETTLE)
         self._last = 0.0
+        self.scope = "on this machine"
 
     def look(self) -> Notice | None:
         from ..alloc.select import explain
@@ -119,6 +122,7 @@ class FleetWatch:
         self.client, self.c, self.host, self.model = client, c, host, model
         self._wake = threading.Event()
         self._last = 0.0
+        self.scope = "on the fleet"
         for ev in WAKE_EVENTS:
             client.register_event_handler(ev, self._poke)
         if not client.listening:
@@ -132,7 +136,9 @@ class FleetWatch:
 
         self._wake.clear()
         self._last = time.monotonic()
-        for _, h, chosen in rank_hosts(self.client.hosts, self.c, host=self.host, model=self.model):
+        hosts = self.client.hosts
+        self.scope = f"on {sum(1 for h in hosts if h.verified is True and h.alive)} verified host(s)"
+        for _, h, chosen in rank_hosts(hosts, self.c, host=self.host, model=self.model):
             gpus = _gpus(chosen)
             if gpus is not None:  # the best host, as reserve would ask it first
                 return Notice(clean_host(h.hostname), h.node_id, gpus, fleet=True)
