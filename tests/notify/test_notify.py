@@ -105,11 +105,11 @@ def test_repeat_fires_again_at_each_new_transition(tmp_path: Path, env: dict[str
     holder = Holder(tmp_path, 1, env1)
     n = notifier(["-n", "1", "--repeat", "--exec", when_said(out)], env1)
     try:
-        n.wait_for("not free now: watching")
+        n.wait_for("not free now on this machine: watching")
         holder.end()
         n.wait_for("GPU(s) free on this machine")
         holder = Holder(tmp_path, 1, env1)
-        n.wait_for("taken again: watching")
+        n.wait_for("taken again on this machine: watching")
         assert len(lines(out)) == 1
         holder.end()
         n.wait_for("GPU(s) free on this machine", count=2)
