@@ -118,6 +118,7 @@ OWN = {("--ttl", ("export", "dns-sd-zone")),  # the DNS records' TTL: an int of 
        ("--min-free", ("list",)), ("--min-free", ("list_devices",)), ("--min-free", ("watch",)),  # an amount only
        ("--timeout", ("start",)), ("--timeout", ("stop",)), ("--timeout", ("slurm", "prolog")),
        ("--timeout", ("slurm", "epilog")),  # the wait of that command, not of --wait
+       ("--timeout", ("notify",)),  # the whole watch's bound, more than 0: notify always waits (no --wait)
        ("--ssh-option", ("run",)),  # with --fleet: one ssh -o option (launch and ray: of every ssh)
        ("--by", ("report",))}  # the key: select ranks GPUs by it, report groups rows by it
 

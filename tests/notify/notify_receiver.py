@@ -3,7 +3,7 @@
 ``python notify_receiver.py OUT [MODE]`` prints its port, then appends one JSON line per request to OUT
 (``{"path", "headers", "body"}``) and one line per connection accepted to OUT.conns.  MODE: ``ok``
 (200, the default), ``silent`` (accepts, reads, never answers), ``fail:N`` (503 to the first N
-requests, then 200), ``gone`` (410).  It stops when signalled, or after 120 s."""
+requests, then 200), ``gone`` (410), ``redirect`` (307 to /elsewhere).  It stops when signalled, or after 120 s."""
 
 from __future__ import annotations
 
@@ -48,7 +48,11 @@ class _Handler(BaseHTTPRequestHandler):
             status = 503
         elif s.mode == "gone":
             status = 410
+        elif s.mode == "redirect":
+            status = 307
         self.send_response(status)
+        if status == 307:
+            self.send_header("Location", "/elsewhere")
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
