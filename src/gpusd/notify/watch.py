@@ -77,15 +77,15 @@ class LocalWatch:
     def look(self) -> Notice | None:
         from ..alloc.select import explain
 
-        self._watch.drain()  # from here on no lease may end unseen
+        # From here on no lease may end unseen: an end during this look wakes the next wait (reading
+        # the records is no reason to wake, and is not drained after the look: that would lose an end).
+        self._watch.drain()
+        self._last = time.monotonic()
         snap = self.backend.snapshot(util_since=self.store.release_times(), detail=False)
         try:
             chosen = explain(snap, self.c, self.store.leases(), self.env).chosen
         except NoGpuAvailable:
             return None
-        finally:
-            self._watch.drain()  # reading the records closes lock files: no reason to wake
-            self._last = time.monotonic()
         gpus = _gpus(chosen)
         return None if gpus is None else Notice(clean_host(snap.hostname), snap.node_id, gpus)
 
