@@ -235,3 +235,28 @@ def test_the_notifier_takes_no_lease_while_it_waits(tmp_path: Path, env: dict[st
     finally:
         n.stop()
         holder.end()
+
+
+@pytest.mark.timeout(180)
+def test_fires_once_after_a_lease_the_daemon_held_ends(tmp_path: Path, env: dict[str, str]) -> None:
+    """With a daemon as the lease authority, the holder's lease is in the daemon's own directory: the
+    notifier reads it there and is woken when it ends."""
+    from authority_helpers import AuthorityDaemon
+
+    daemon = AuthorityDaemon(env, tmp_path / "daemon-state", tmp_path / "daemon.log").start()
+    out = tmp_path / "fired"
+    try:
+        holder = Holder(tmp_path, 2, env)
+        held = Path(os.environ["GPUSD_LOCK_DIR"]) / "authority"
+        assert len(list(held.glob("lease-*.json"))) == 1  # the daemon holds the lease, in its own directory
+        assert not list(held.parent.glob("lease-*.json"))
+        n = notifier(["-n", "1", "--exec", when_said(out)], env)
+        try:
+            n.wait_for("watching until they are free")
+            holder.end()
+            assert n.finish() == 0, "".join(n.lines)
+        finally:
+            n.stop()
+    finally:
+        daemon.stop()
+    assert [ln.split()[:2] for ln in lines(out)] == [["after", "1"]]
