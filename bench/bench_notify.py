@@ -101,11 +101,13 @@ class Lines:
         return sum(text in ln for ln in self.lines)
 
 
-def wait(cond: Any, timeout: float, what: str) -> None:
+def wait(cond: Any, timeout: float, what: str, procs: list[Lines] = ()) -> None:  # type: ignore[assignment]
     end = time.monotonic() + timeout
     while not cond():
-        if time.monotonic() > end:
-            raise SystemExit(f"bench: {what} did not happen within {timeout:g}s")
+        gone = [n for n in procs if n.proc.poll() is not None]
+        if gone or time.monotonic() > end:
+            said = "".join(gone[0].lines[-5:]) if gone else ""
+            raise SystemExit(f"bench: {what} did not happen within {timeout:g}s {said}")
         time.sleep(0.005)
 
 
@@ -186,11 +188,13 @@ def local_cpu(waiters: int, window: float) -> None:
                              "--port", "0", "--session", f"bench-{secrets.token_hex(3)}", "--interval", "1",
                              "--hostname", "bench-host", "--no-record"], env, state / "gpusd.log")
     # both GPUs leased through the daemon: every notifier waits
-    holder = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "-n", "2", "--", "sleep", "3600"], env=env,
+    held = fake.tmp / "held"
+    holder = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "-n", "2", "--", "sh", "-c",
+                               f"touch {held}; exec sleep 3600"], env=env,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     notifiers: list[Lines] = []
     try:
-        time.sleep(3)
+        wait(held.exists, 120, "the holder's lease")
         rows = []
 
         def measure(label: str) -> None:
@@ -209,8 +213,8 @@ def local_cpu(waiters: int, window: float) -> None:
                                  env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             notifiers.append(Lines(p))
             if i % 10 == 9:  # start them in tens: two shared cores
-                wait(lambda: all(n.count("watching") for n in notifiers), 120, "the notifiers' first look")
-        wait(lambda: all(n.count("watching") for n in notifiers), 120, "the notifiers' first look")
+                wait(lambda: all(n.count("watching") for n in notifiers), 120, "the notifiers' first look", notifiers)
+        wait(lambda: all(n.count("watching") for n in notifiers), 120, "the notifiers' first look", notifiers)
         assert not any(n.count("GPU(s) free") for n in notifiers)
         measure(f"{waiters} local notifiers waiting")
         for n in notifiers:
@@ -314,8 +318,8 @@ def fleet(runs: int, waiters: int, window: float) -> None:
                        "--exec", "true"]
             notifiers.append(Lines(lan.popen(client, waiting, env=env, stderr=subprocess.PIPE, text=True)))
             if i % 10 == 9:
-                wait(lambda: all(n.count("watching") for n in notifiers), 180, "the fleet notifiers' first look")
-        wait(lambda: all(n.count("watching") for n in notifiers), 180, "the fleet notifiers' first look")
+                wait(lambda: all(n.count("watching") for n in notifiers), 180, "the first looks", notifiers)
+        wait(lambda: all(n.count("watching") for n in notifiers), 180, "the first looks", notifiers)
         measure(f"{waiters} fleet notifiers following its events")
         for n in notifiers:
             n.proc.terminate()

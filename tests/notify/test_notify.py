@@ -9,12 +9,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from notify_helpers import Holder, notifier, when_said
 from notify_receiver import serve
 
 from conftest import gpusd_cli
+from fakenvml import make_gpus
 
 SIM = "2xA100-80GB"
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -238,11 +240,14 @@ def test_the_notifier_takes_no_lease_while_it_waits(tmp_path: Path, env: dict[st
 
 
 @pytest.mark.timeout(180)
-def test_fires_once_after_a_lease_the_daemon_held_ends(tmp_path: Path, env: dict[str, str]) -> None:
-    """With a daemon as the lease authority, the holder's lease is in the daemon's own directory: the
-    notifier reads it there and is woken when it ends."""
+def test_fires_once_after_a_lease_the_daemon_held_ends(tmp_path: Path, fake_nvml: Any, cli_env: dict[str, str]
+                                                       ) -> None:
+    """With a daemon as the lease authority (real GPUs: the fake NVML), the holder's lease is in the
+    daemon's own directory: the notifier reads it there and is woken when it ends."""
     from authority_helpers import AuthorityDaemon
 
+    fake_nvml.write(make_gpus(2))
+    env = cli_env
     daemon = AuthorityDaemon(env, tmp_path / "daemon-state", tmp_path / "daemon.log").start()
     out = tmp_path / "fired"
     try:
