@@ -55,6 +55,12 @@ def find_controller(session: str, interfaces: list[str] | None, token: str, wait
     return None
 
 
+def _log_failure(task: "asyncio.Task[None]") -> None:
+    """A join that failed says why in the log (a task's exception is otherwise never seen)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("Slurm: joining failed: %r", task.exception())
+
+
 class SlurmPart:
     """What a daemon started with ``--slurm`` and/or ``--slurmctld`` does for Slurm."""
 
@@ -104,6 +110,7 @@ class SlurmPart:
                 log.error("Slurm: this daemon is not the lease authority (not root, or $GPUSD_LEASE_SOCKET=off): "
                           "Slurm's prolog cannot record jobs and gpusd leases are not refused here")
             self.task = asyncio.ensure_future(self._join())
+            self.task.add_done_callback(_log_failure)
 
     def cache_dir(self) -> Any:
         """Where the daemon keeps its copy of the controller's config (slurmd's configless cache)."""

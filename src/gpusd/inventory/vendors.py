@@ -225,7 +225,7 @@ SLURM: dict[str, SlurmGres] = {
 FIRST_RENDER_MINOR = 128  # the kernel numbers render nodes from 128 (drm_minor.c: DRM_MINOR_RENDER)
 
 
-def _render_minor(gpu: GpuInfo, sysfs: str) -> int:
+def _render_minor(gpu: GpuInfo, sysfs: str | None) -> int:
     """The DRM render minor of ``gpu``: read from sysfs by its PCI address where the kernel shows one;
     else 128 plus its number among the vendor's GPUs (the kernel's order when each GPU has one node)."""
     import os
@@ -233,7 +233,7 @@ def _render_minor(gpu: GpuInfo, sysfs: str) -> int:
     bus = (gpu.pci_bus_id or "").lower()
     if bus.count(":") == 2 and len(bus) == 16:  # NVML's 8-hex-digit domain: sysfs writes 4
         bus = bus[4:]
-    if bus and all(c in "0123456789abcdef:." for c in bus):
+    if sysfs is not None and bus and all(c in "0123456789abcdef:." for c in bus):
         try:
             names = os.listdir(os.path.join(sysfs, "bus", "pci", "devices", bus, "drm"))
         except OSError:
@@ -244,9 +244,10 @@ def _render_minor(gpu: GpuInfo, sysfs: str) -> int:
     return FIRST_RENDER_MINOR + gpu.device_index
 
 
-def slurm_file(gpu: GpuInfo, prefix: str | None = None, sysfs: str = "/sys") -> str:
+def slurm_file(gpu: GpuInfo, prefix: str | None = None, sysfs: str | None = "/sys") -> str:
     """gres.conf's ``File=`` of ``gpu`` (``prefix``: another directory and name for the device files,
-    the number unchanged: simulated GPUs, odd layouts)."""
+    the number unchanged: simulated GPUs, odd layouts; ``sysfs`` None: not this machine's GPU, no
+    render node read from sysfs)."""
     rule = SLURM[check_vendor(gpu.vendor)]
     number = _render_minor(gpu, sysfs) if rule.render_node else gpu.device_index
     return f"{prefix or rule.device_prefix}{number}"

@@ -139,7 +139,7 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str | None = 
             out.append(f"# {name}: GPU {g.index} left out ({why})")
     for g in gpus:
         words = ([f"NodeName={name}"] if with_node else []) + [
-            "Name=gpu", f"Type={gpu_type(g.name)}", f"File={slurm_file(g, device)}"]
+            "Name=gpu", f"Type={gpu_type(g.name)}", f"File={slurm_file(g, device, None if snap.simulated else '/sys')}"]
         cores = _cores(snap, g)
         if cores:
             words.append(f"Cores={cores}")

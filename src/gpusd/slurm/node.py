@@ -121,7 +121,8 @@ def slurmd_argv(snap: HostSnapshot, controller: tuple[str, int], command: list[s
     return [*command, "-D", "-Z", "--conf-server", server, "--conf", " ".join(words)]
 
 
-def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT, conf: Path | None = None) -> tuple[bool, str]:
+def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT, conf: Path | None = None,
+             limit: int = 500) -> tuple[bool, str]:
     """Run scontrol; (ok, output).  Its config: ``$SLURM_CONF``, else ``conf`` (:func:`find_conf`),
     else Slurm's own lookup (``/etc/slurm``, slurmd's configless cache in ``/run/slurm/conf``, DNS)."""
     env = None
@@ -132,7 +133,7 @@ def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT, conf: Path | None = 
                            stdin=subprocess.DEVNULL, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
-    return r.returncode == 0, (r.stdout + r.stderr).strip()[:500]
+    return r.returncode == 0, (r.stdout + r.stderr).strip()[:limit]
 
 
 # -- finding the controller's config the way a configless slurmd does ------------------------------
@@ -255,8 +256,8 @@ class SlurmNode:
         return find_conf(self.cache_dir, self.proc.pid if self.proc is not None and self.proc.poll() is None
                          else None)
 
-    def scontrol(self, *args: str) -> tuple[bool, str]:
-        return scontrol(*args, conf=self.conf())
+    def scontrol(self, *args: str, limit: int = 500) -> tuple[bool, str]:
+        return scontrol(*args, conf=self.conf(), limit=limit)
 
     def start(self, snap: HostSnapshot) -> None:
         command = slurmd_command()
@@ -280,7 +281,7 @@ class SlurmNode:
     def info(self) -> dict[str, str] | None:
         """``scontrol show node`` of this node as key -> value (None: the controller does not know it, or
         cannot be asked)."""
-        ok, out = self.scontrol("show", "node", "-o", self.name)
+        ok, out = self.scontrol("show", "node", "-o", self.name, limit=8192)  # Reason= comes late
         if not ok:
             return None
         fields: dict[str, str] = {}
