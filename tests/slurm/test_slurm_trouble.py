@@ -188,9 +188,12 @@ def test_amd_and_intel_nodes_get_render_nodes_and_their_own_variable(lan: Lan, s
     assert slurm.node_info("gpu-c")["Gres"].startswith("gpu:mi300x:2")
     r = _srun(slurm, ctl, "gpu-c", "gpu:2", "sh", "-c", "echo ${ROCR_VISIBLE_DEVICES}/${CUDA_VISIBLE_DEVICES-unset}")
     assert r.returncode == 0 and r.stdout.strip() == "0,1/unset", (r.stdout, r.stderr, slurm.log("prolog.log"))
-    # the node leaves (gpusd stop deletes it) and comes back as an Intel node
+    # the node leaves (gpusd stop deletes it, once the job has completed) and comes back as an Intel node
+    wait_for(lambda: not slurm_leases(c) and _state(slurm, "gpu-c").startswith("IDLE"), 30,
+             lambda: f"the job to complete: {slurm.node_info('gpu-c')}\n{slurm.log('epilog.log')}")
     c.stop(timeout=60)
-    wait_for(lambda: not slurm.node_info("gpu-c"), 30, "gpu-c removed")
+    wait_for(lambda: not slurm.node_info("gpu-c"), 30, lambda: f"gpu-c removed: {slurm.node_info('gpu-c')}\n"
+             f"{c.log_tail()}")
     _scenario(scenario, "MAX1550", 1)
     c.start()
     wait_for(lambda: "IDLE" in _state(slurm, "gpu-c"), 90,

@@ -7,7 +7,8 @@
 and ``gpusd slurm epilog`` ``{"op": "slurm", "v": 2, "action": "end", "slurm_job": "42"}``.  Only a
 peer the kernel reports as root (``SO_PEERCRED``) is obeyed: Slurm's prolog runs as root, and whoever
 is root could take the locks anyway.  ``begin`` takes the very same flock leases a local ``gpusd run``
-takes, on exactly the GPUs Slurm gave (``devices``: NVML indices or UUIDs), through the allocation
+takes, on exactly the GPUs Slurm gave (``devices``: Slurm's numbers -- positions in the gres.conf this
+daemon wrote, :attr:`SlurmJobs.order` -- or UUIDs), through the allocation
 path of every other lease (:func:`gpusd.alloc.api.allocate`, same mutex, same lock directory), with a
 record naming the job's user, ``slurm job 42`` as its command and ``slurm_job``; the daemon keeps the
 descriptors until ``end`` (or until it stops: see docs/slurm.md).  A GPU Slurm chose that gpusd has
