@@ -203,3 +203,33 @@ def test_amd_and_intel_nodes_get_render_nodes_and_their_own_variable(lan: Lan, s
     r = _srun(slurm, ctl, "gpu-c", "gpu:1", "sh", "-c",
               "echo ${ZE_AFFINITY_MASK}/${ROCR_VISIBLE_DEVICES-unset}/${CUDA_VISIBLE_DEVICES-unset}")
     assert r.returncode == 0 and r.stdout.strip() == "0/unset/unset", (r.stdout, r.stderr)
+
+
+def test_eight_gpus_with_one_lost_in_the_middle_keep_slurms_numbers_apart_from_nvmls(  # noqa: F811
+        lan: Lan, slurm: SlurmLab, tmp_path: Path) -> None:  # noqa: F811
+    """Row 1 with 8 GPUs, GPU 3 lost at start: gres.conf lists the 7 others, and a job Slurm gives
+    its GPUs 0-3 (positions) gets a lease on NVML's 0, 1, 2 and 4 -- never the lost GPU 3."""
+    key = secret_file(tmp_path / "fleet.key", secrets.token_hex(32))
+    ctl = _controller(lan, key)
+    a = gpu_host(lan, "gpu-a", _lost(8, 3), key, ["--slurm"])
+    dev = slurm.device_files(8)
+    slurm.start_slurmctld(ctl.node, extra=DYNAMIC + job_scripts(slurm, lan, [a]),
+                          gres_conf="Include /run/gpusd/slurm/gres.conf\n")
+    ctl.start()
+    _node(lan, slurm, a, f"{dev}/nvidia")
+    a.start()
+    wait_for(lambda: "DRAIN" in _state(slurm, "gpu-a"), 90, lambda: a.log_tail())
+    assert slurm.node_info("gpu-a")["Gres"].startswith("gpu:a100:7")
+    assert slurm.scontrol("update", "nodename=gpu-a", "state=resume").returncode == 0
+    job = subprocess.Popen(["ip", "netns", "exec", ctl.node.ns, "srun", "-w", "gpu-a", "--gres=gpu:4", "sh", "-c",
+                            "echo $SLURM_STEP_GPUS; sleep 5"], env=slurm.env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        held = wait_for(lambda: slurm_leases(a), 60, lambda: f"{slurm.log('prolog.log')}\n{a.log_tail()}")
+        assert isinstance(held, list) and sorted(le["gpu"] for le in held) == [0, 1, 2, 4], held
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    assert job.returncode == 0 and out.strip() == "0,1,2,3", (out, err)
