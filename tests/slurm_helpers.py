@@ -12,16 +12,21 @@ Every process is started by pid and stopped by pid in :meth:`SlurmLab.close`; ev
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from netns import Lan, Node
+import pytest
+
+from fakenvml import FakeGPU, make_gpus
+from netns import GpuHost, Lan, Node
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "srun", "scontrol")
 
@@ -207,6 +212,17 @@ exec slurmd "$@"' slurmd "$@"
                 os.mknod(p, 0o666 | 0o020000, os.makedev(195, i))
         return d
 
+    def render_files(self, count: int) -> Path:
+        """``count`` DRM render nodes (major 226, minors 128 and up: AMD and Intel GPUs), ``renderD128``...,
+        in a directory here."""
+        d = self.work / "dri"
+        d.mkdir(exist_ok=True)
+        for i in range(count):
+            p = d / f"renderD{128 + i}"
+            if not p.exists():
+                os.mknod(p, 0o666 | 0o020000, os.makedev(226, 128 + i))
+        return d
+
     # -- clients -----------------------------------------------------------------------------------
     def run_in(self, node: Node, argv: Sequence[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", node.ns, *argv], env=self.env(), capture_output=True,
@@ -248,3 +264,61 @@ exec slurmd "$@"' slurmd "$@"
                     p.wait(5)
                 except subprocess.TimeoutExpired:
                     pass
+
+
+# -- gpusd beside Slurm ---------------------------------------------------------------------------------
+# A dynamic cluster: every node gpusd joins has the feature "gpusd"; one partition of them all
+DYNAMIC = ("Nodeset=gpusd Feature=gpusd\nPartitionName=gpus Nodes=gpusd Default=YES\nGresTypes=gpu\n"
+           "PrologFlags=Alloc\n")
+
+
+def gpu_host(lan: Lan, name: str, n: int | Sequence[FakeGPU], key: Path, args: Sequence[str] = ()) -> GpuHost:
+    """A namespace host for ``gpusd start`` with ``n`` fake NVML GPUs (or these), its own lease socket."""
+    node_name = f"h{len(lan.nodes) + 1}"
+    gpus = make_gpus(n) if isinstance(n, int) else list(n)
+    return lan.add_gpu_host(name, gpus, fast=True, node_name=node_name,
+                            args=["--token-file", str(key), "--interval", "0.2", *args],
+                            extra_env={"GPUSD_LEASE_SOCKET": str(lan.workdir / f"{node_name}-lease.sock")})
+
+
+def devices(host: GpuHost) -> dict[str, Any]:
+    """``gpusd devices --json`` on ``host``."""
+    r = host.lan.gpusd(host.node, ["devices", "--json"], env=host.env)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def slurm_leases(host: GpuHost) -> list[dict[str, Any]]:
+    """The leases Slurm jobs hold on ``host``, each with its GPU's index as ``gpu``."""
+    return [dict(le, gpu=g["index"]) for g in devices(host)["gpus"] for le in g.get("leases") or []
+            if le.get("slurm_job")]
+
+
+def job_scripts(slurm: SlurmLab, lan: Lan, hosts: Sequence[GpuHost]) -> str:
+    """Slurm's Prolog and Epilog for ``hosts`` (``gpusd slurm prolog|epilog`` with each host's lease
+    socket, chosen by ``$SLURMD_NODENAME``); the slurm.conf lines naming them."""
+    cases = "".join(f"  {h.hostname}) export GPUSD_LEASE_SOCKET={h.env['GPUSD_LEASE_SOCKET']} "
+                    f"GPUSD_LOCK_DIR={h.env['GPUSD_LOCK_DIR']};;\n" for h in hosts)
+    for what in ("prolog", "epilog"):
+        script = slurm.work / what
+        script.write_text(f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
+                          f"exec env PYTHONPATH={lan.base_env(hosts[0].node)['PYTHONPATH']} {sys.executable} "
+                          f"-m gpusd slurm {what} >>{slurm.work}/{what}.log 2>&1\n")
+        script.chmod(0o755)
+    return f"Prolog={slurm.work}/prolog\nEpilog={slurm.work}/epilog\n"
+
+
+@pytest.fixture
+def slurm(lan: Lan) -> Iterator[SlurmLab]:
+    """munged and the lab of a test (skipped, with the reason, where the Slurm packages are missing);
+    every daemon it started is stopped by pid at the end."""
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    lab = SlurmLab(lan, lan.workdir / "slurm")
+    try:
+        lab.start_munge()
+        yield lab
+    finally:
+        lab.close()

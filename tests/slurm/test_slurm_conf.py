@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from gpusd.model import GpuInfo, GpuLink, HostSnapshot
 from gpusd.slurm import conf
@@ -45,10 +46,10 @@ def test_gres_lines_carry_cores_from_the_cpu_affinity_and_links_from_nvlink() ->
     snap = host(n=4, cpus_of=["0-15,32-47", "0-15,32-47", "16-31,48-63", "16-31,48-63"])
     lines = conf.gres_lines(snap)
     assert lines == [
-        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-15 Links=-1,12,0,0",
-        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia1 Cores=0-15 Links=12,-1,0,0",
-        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia2 Cores=16-31 Links=0,0,-1,12",
-        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia3 Cores=16-31 Links=0,0,12,-1",
+        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-15 Links=-1,12,0,0 Flags=nvidia_gpu_env",
+        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia1 Cores=0-15 Links=12,-1,0,0 Flags=nvidia_gpu_env",
+        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia2 Cores=16-31 Links=0,0,-1,12 Flags=nvidia_gpu_env",
+        "NodeName=gpu-a Name=gpu Type=a100 File=/dev/nvidia3 Cores=16-31 Links=0,0,12,-1 Flags=nvidia_gpu_env",
     ]
     no_nvlink = conf.gres_lines(host(n=2, nvlink=False, cpus_of=["0-7", "0-7"]))
     assert all("Links=" not in line for line in no_nvlink)  # PCIe only: no Links= at all
@@ -61,6 +62,52 @@ def test_a_lost_gpu_is_left_out_and_said_so() -> None:
     lines = conf.gres_lines(snap)
     assert lines[0] == "# gpu-a: GPU 1 left out (lost or unhealthy)"
     assert [line.split()[3] for line in lines[1:]] == ["File=/dev/nvidia0", "File=/dev/nvidia2"]
+
+
+def test_slurm_numbers_the_gpus_gres_conf_lists_skipping_those_left_out() -> None:
+    """Slurm's GPU N is the N-th line of gres.conf: a GPU left out at position 0 or in the middle
+    shifts the ones after it, with 2 and 8 GPUs."""
+    for n, lost in ((2, 0), (8, 0), (8, 3)):
+        snap = host(n=n)
+        snap.gpus[lost].healthy = False
+        order = [g.uuid for g in conf.gres_gpus(snap)]
+        assert order == [f"GPU-gpu-a.lab-{i}" for i in range(n) if i != lost]
+        files = [w for line in conf.gres_lines(snap) if not line.startswith("#") for w in line.split()
+                 if w.startswith("File=")]
+        assert files == [f"File=/dev/nvidia{i}" for i in range(n) if i != lost]  # the same order
+
+
+def _vendor_host(model: str, n: int, vendor: str) -> HostSnapshot:
+    snap = host(n=n, model=model, nvlink=False)
+    for g in snap.gpus:
+        g.vendor = vendor
+    return snap
+
+
+def test_amd_and_intel_gpus_are_render_nodes_with_their_vendor_flag() -> None:
+    """gres.conf(5): an AMD GPU is its DRM render node (Slurm's gpu/rsmi writes /dev/dri/renderD<minor>)
+    with Flags=amd_gpu_env (ROCR_VISIBLE_DEVICES only), an Intel one with intel_gpu_env
+    (ZE_AFFINITY_MASK only); NVIDIA's keeps /dev/nvidiaN with nvidia_gpu_env."""
+    amd = conf.gres_lines(_vendor_host("AMD Instinct MI300X", 2, "amd"), with_node=False)
+    assert amd == ["Name=gpu Type=mi300x File=/dev/dri/renderD128 Flags=amd_gpu_env",
+                   "Name=gpu Type=mi300x File=/dev/dri/renderD129 Flags=amd_gpu_env"]
+    intel = conf.gres_lines(_vendor_host("Intel(R) Data Center GPU Max 1550", 1, "intel"), with_node=False)
+    assert intel == ["Name=gpu Type=max_1550 File=/dev/dri/renderD128 Flags=intel_gpu_env"]
+    # another directory for the device files keeps the vendor's number
+    moved = conf.gres_lines(_vendor_host("AMD Instinct MI300X", 1, "amd"), with_node=False, device="/t/dev/rD")
+    assert moved == ["Name=gpu Type=mi300x File=/t/dev/rD128 Flags=amd_gpu_env"]
+
+
+def test_a_render_node_is_read_from_sysfs_where_the_kernel_shows_one(tmp_path: Path) -> None:
+    from gpusd.inventory.vendors import slurm_file
+
+    snap = _vendor_host("AMD Instinct MI300X", 1, "amd")
+    gpu = snap.gpus[0]
+    gpu.pci_bus_id = "00000000:C1:00.0"
+    drm = tmp_path / "bus" / "pci" / "devices" / "0000:c1:00.0" / "drm"
+    (drm / "card3").mkdir(parents=True)
+    (drm / "renderD131").mkdir()
+    assert slurm_file(gpu, sysfs=str(tmp_path)) == "/dev/dri/renderD131"
 
 
 def test_a_host_whose_name_is_not_a_slurm_word_is_left_out() -> None:

@@ -5,40 +5,19 @@ and every process is stopped by pid (SlurmLab.close, Lan.close), even when a tes
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
-
-import pytest
+from typing import Any
 
 from fakenvml import make_gpus
 from lan_helpers import secret_file
 from netns import GpuHost, Lan, lan, netns_ok  # noqa: F401
-from slurm_helpers import SlurmLab, unavailable, wait_for
-
-
-@pytest.fixture
-def slurm(lan: Lan) -> Iterator[SlurmLab]:  # noqa: F811
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    lab = SlurmLab(lan, lan.workdir / "slurm")
-    try:
-        lab.start_munge()
-        yield lab
-    finally:
-        lab.close()
-
-
-def gpu_host(lan: Lan, name: str, n: int, key: Path, args: list[str] = ()) -> GpuHost:  # type: ignore[assignment]  # noqa: F811
-    node_name = f"h{len(lan.nodes) + 1}"
-    return lan.add_gpu_host(name, make_gpus(n), fast=True, node_name=node_name,
-                            args=["--token-file", str(key), "--interval", "0.2", *args],
-                            extra_env={"GPUSD_LEASE_SOCKET": str(lan.workdir / f"{node_name}-lease.sock")})
+from slurm_helpers import DYNAMIC, SlurmLab, gpu_host, slurm, wait_for  # noqa: F401
+from slurm_helpers import devices as _devices
+from slurm_helpers import slurm_leases as _slurm_leases
 
 
 def conf_from(lan: Lan, node: Any, key: Path, *extra: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
@@ -106,17 +85,6 @@ def test_slurm_conf_lines_are_accepted_by_a_real_slurmctld_and_slurmd(lan: Lan, 
     assert got[-1].returncode == 0, (got[-1].stdout, got[-1].stderr)
 
 
-def _devices(host: GpuHost) -> dict[str, Any]:
-    r = host.lan.gpusd(host.node, ["devices", "--json"], env=host.env)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def _slurm_leases(host: GpuHost) -> list[dict[str, Any]]:
-    return [dict(le, gpu=g["index"]) for g in _devices(host)["gpus"] for le in g.get("leases") or []
-            if le.get("slurm_job")]
-
-
 def prolog_script(slurm: SlurmLab, host: GpuHost, what: str) -> Path:
     """Slurm's Prolog/Epilog for ``host``: two lines that call gpusd (docs/slurm.md) with the test's
     lease socket and source tree (Slurm gives the script only the job's variables)."""
@@ -168,10 +136,6 @@ def test_a_slurm_job_gpus_are_a_gpusd_lease_and_local_runs_are_refused(lan: Lan,
     assert out.strip() == str(held[0]["gpu"]), (out, held)  # the GPU Slurm gave is the one gpusd shows leased
     assert re.fullmatch(r"[0-9]+", slurm_job)
     wait_for(lambda: not _slurm_leases(a), 30, lambda: f"the lease to end after the job:\n{slurm.log('epilog.log')}")
-
-
-DYNAMIC = ("Nodeset=gpusd Feature=gpusd\nPartitionName=gpus Nodes=gpusd Default=YES\nGresTypes=gpu\n"
-           "PrologFlags=Alloc\n")
 
 
 def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan: Lan, slurm: SlurmLab,  # noqa: F811

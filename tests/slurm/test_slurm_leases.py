@@ -114,6 +114,8 @@ def test_on_a_slurm_node_gpusd_leases_are_refused_saying_how_to_ask_slurm(author
     authority.server.slurm = True
     r = gpusd_cli(["run", "--", "true"], env=env)
     assert r.returncode == 4 and "srun --gres=gpu:1" in r.stderr, r.stderr
+    r = gpusd_cli(["run", "-n", "2", "--", "true"], env=env)  # the hint asks Slurm for as many GPUs
+    assert r.returncode == 4 and "srun --gres=gpu:2 " in r.stderr and "salloc --gres=gpu:2 " in r.stderr, r.stderr
     assert _leases(env) == []
     assert _prolog(env, "5", "0,1").returncode == 0  # Slurm's own still are recorded
     assert {le["gpu"] for le in _leases(env)} == {0, 1}
@@ -190,6 +192,69 @@ def test_a_restarted_authority_takes_the_leases_of_running_jobs_again(fake_nvml_
         assert (held["gpu"], held["slurm_job"], held["user"]) == (1, "42", str(ALICE))
         assert set(json.loads(state.read_text())["jobs"]) == {"42"}
         assert gpusd_cli(["slurm", "epilog"], env=dict(env, SLURM_JOB_ID="42")).returncode == 0
+        assert _leases(env) == [] and json.loads(state.read_text())["jobs"] == {}
+    finally:
+        second.stop()
+
+
+@pytest.mark.parametrize("n, lost", [(2, 0), (8, 0), (8, 3)])
+def test_the_prolog_numbers_gpus_as_the_gres_conf_gpusd_wrote(authority: Any, fake_nvml_inprocess: Any,
+                                                              cli_env: dict[str, str], n: int, lost: int) -> None:
+    """Slurm's GPU N is the N-th GPU of the gres.conf the daemon wrote (a lost GPU is left out of it),
+    never NVML's GPU N: a lost GPU at position 0 or in the middle, with 2 and 8 GPUs."""
+    from gpusd.model import GpuInfo, HostSnapshot
+    from gpusd.slurm.conf import gres_gpus
+
+    gpus = make_gpus(n)
+    gpus[lost].errors = {"*": 15}  # fallen off the bus
+    fake_nvml_inprocess.write(gpus)
+    env = _env(cli_env)
+    shown = json.loads(gpusd_cli(["devices", "--json"], env=env).stdout)["gpus"]
+    snap = HostSnapshot("node", "n", 0.0, gpus=[GpuInfo(index=g["index"], uuid=g["uuid"], healthy=g["healthy"])
+                                                  for g in shown])
+    assert not snap.gpus[lost].healthy
+    authority.server.slurm_jobs.order = [g.uuid for g in gres_gpus(snap)]  # what write_gres keeps
+    present = [i for i in range(n) if i != lost]
+    assert _prolog(env, "7", "0").returncode == 0  # Slurm's first GPU: the first one present
+    assert [le["gpu"] for le in _leases(env)] == [present[0]]
+    if len(present) > 1:
+        r = _prolog(env, "8", str(len(present) - 1))  # Slurm's last GPU: the last one present
+        assert r.returncode == 0, r.stderr
+        assert sorted(le["gpu"] for le in _leases(env)) == [present[0], present[-1]]
+    r = _prolog(env, "9", str(len(present)))  # past the end of gres.conf: Slurm cannot name it
+    assert r.returncode != 0 and "lists" in r.stderr, r.stderr
+    assert lost not in [le["gpu"] for le in _leases(env)]
+    if n == 8:  # a job of two GPUs (across the gap where it is in the middle)
+        a, b = (lost - 1, lost) if lost else (1, 2)
+        assert _prolog(env, "10", f"{a},{b}").returncode == 0
+        assert {le["gpu"] for le in _leases(env) if le["slurm_job"] == "10"} == {present[a], present[b]}
+
+
+def test_a_job_the_controller_cannot_be_asked_about_is_held_until_it_says_it_ended(
+        fake_nvml_inprocess: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, cli_env: dict[str, str]) -> None:
+    """No controller to ask at restart (no SLURM_CONF, no cache yet): a remembered job is never taken
+    for ended -- its lease is held again -- and ends once the controller says so."""
+    from gpusd.daemon.slurmjobs import recheck, restore
+
+    monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(tmp_path / "lease.sock"))
+    fake_nvml_inprocess.write(make_gpus(2))
+    env = _env(cli_env)
+    state = tmp_path / "slurm-jobs.json"
+    first = ServerThread()
+    try:
+        first.server.slurm_jobs.state = state
+        assert _prolog(env, "42", "1", uid=ALICE).returncode == 0
+    finally:
+        first.stop()
+    second = ServerThread()
+    try:
+        jobs = second.server.slurm_jobs
+        jobs.state = state
+        assert restore(jobs, lambda req: second.server.slurm_answer(req, 0), lambda job: None) == ["42"]
+        [held] = _leases(env)
+        assert (held["gpu"], held["slurm_job"]) == (1, "42") and jobs.unsure == {"42"}
+        assert recheck(jobs, lambda job: None) == ["42"] and len(_leases(env)) == 1  # still nobody to ask
+        assert recheck(jobs, lambda job: False) == []  # the controller: it has ended
         assert _leases(env) == [] and json.loads(state.read_text())["jobs"] == {}
     finally:
         second.stop()

@@ -363,7 +363,7 @@ class LeaseServer:
                     await conn.send(await self._slurm(req, uid))
                     return
                 if self.slurm and req.get("op", "lease") == "lease":
-                    await conn.send(to_wire(NoGpuAvailable(SLURM_REFUSAL)))
+                    await conn.send(to_wire(NoGpuAvailable(slurm_refusal(req.get("count", 1)))))
                     return
                 choice = req.get("op") == "choose"  # which GPUs a lease would get, taking none
                 kwargs = constraints(req, op="choose" if choice else "lease")
@@ -703,8 +703,14 @@ def _queue() -> Any:
     return queue
 
 
-SLURM_REFUSAL = ("this host's GPUs are allocated by Slurm (its gpusd daemon runs with --slurm): ask Slurm for "
-                 "them, e.g. srun --gres=gpu:1 -- CMD, or salloc --gres=gpu:1 for a shell (docs/slurm.md)")
+def slurm_refusal(count: Any = 1) -> str:
+    """The refusal of a gpusd lease on a Slurm node, with the Slurm command for the same GPU count."""
+    n = count if type(count) is int and 0 < count <= 1024 else 1
+    return ("this host's GPUs are allocated by Slurm (its gpusd daemon runs with --slurm): ask Slurm for "
+            f"them, e.g. srun --gres=gpu:{n} -- CMD, or salloc --gres=gpu:{n} for a shell (docs/slurm.md)")
+
+
+SLURM_REFUSAL = slurm_refusal()
 
 _TOO_LONG = to_wire(ConfigError(f"a request is one line of at most {MAX_REQUEST} bytes"))
 

@@ -521,9 +521,10 @@ class Pool:
         from .leasereq import request as _request
 
         if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
-            from .leasesock import SLURM_REFUSAL
+            from .leasesock import slurm_refusal
 
-            return 409, {**to_wire(NoGpuAvailable(SLURM_REFUSAL), http=True), "reason": "slurm"}
+            return 409, {**to_wire(NoGpuAvailable(slurm_refusal(body.get("count", 1))), http=True),
+                         "reason": "slurm"}
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
         await self._adopted()  # the previous run's leases first: they count against the caps and GPUs

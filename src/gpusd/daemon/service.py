@@ -243,6 +243,10 @@ class Daemon:
         trim_heap()  # what start-up freed goes back to the system (daemon memory at rest, issue 24)
 
     def _open_backend(self) -> "Backend":
+        if self.config.slurmctld is not None and not self.config.slurm and not self.config.simulate:
+            from .slurmnode import NoGpus  # a Slurm controller's host: it needs no GPU nor GPU library
+
+            return NoGpus(self.hostname, self.node_id)
         from ..inventory import open_backend
 
         return open_backend(self.config.simulate, telemetry=True)  # for /metrics (DCGM's counters)

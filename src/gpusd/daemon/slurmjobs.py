@@ -7,7 +7,8 @@
 and ``gpusd slurm epilog`` ``{"op": "slurm", "v": 2, "action": "end", "slurm_job": "42"}``.  Only a
 peer the kernel reports as root (``SO_PEERCRED``) is obeyed: Slurm's prolog runs as root, and whoever
 is root could take the locks anyway.  ``begin`` takes the very same flock leases a local ``gpusd run``
-takes, on exactly the GPUs Slurm gave (``devices``: NVML indices or UUIDs), through the allocation
+takes, on exactly the GPUs Slurm gave (``devices``: Slurm's numbers -- positions in the gres.conf this
+daemon wrote, :attr:`SlurmJobs.order` -- or UUIDs), through the allocation
 path of every other lease (:func:`gpusd.alloc.api.allocate`, same mutex, same lock directory), with a
 record naming the job's user, ``slurm job 42`` as its command and ``slurm_job``; the daemon keeps the
 descriptors until ``end`` (or until it stops: see docs/slurm.md).  A GPU Slurm chose that gpusd has
@@ -63,6 +64,11 @@ class SlurmJobs:
         self.lock = threading.Lock()
         self.state = state
         self.records: dict[str, dict[str, Any]] = {}  # job -> {"uid", "devices"}: what ``state`` holds
+        # The UUIDs of the GPUs in the gres.conf this daemon wrote, in its order: Slurm numbers a node's
+        # GPUs by their position there, so the prolog's "0" is order[0], whatever NVML calls it.  None:
+        # no gres.conf written here (an admin's own): a number is then NVML's index.
+        self.order: list[str] | None = None
+        self.unsure: set[str] = set()  # jobs held again although the controller could not say they run
 
     def _save(self) -> None:
         """Write ``records`` to ``state`` (atomically; call with ``lock`` held)."""
@@ -111,9 +117,15 @@ class SlurmJobs:
             if job in self.held:
                 return self.held[job]
         snap = snapshot()
+        order = self.order
         uuids: list[str] = []
         for d in devices:
-            gpu = next((g for g in snap.gpus if str(g.index) == d or g.uuid == d), None)
+            if order is not None and d.isdigit():  # Slurm's number: a position in the gres.conf written
+                if int(d) >= len(order):
+                    raise ConfigError(f"Slurm job {job}: Slurm names GPU {d}, but the gres.conf gpusd wrote "
+                                      f"lists {len(order)}")
+                d = order[int(d)]
+            gpu = next((g for g in snap.gpus if (order is None and str(g.index) == d) or g.uuid == d), None)
             if gpu is None:
                 raise ConfigError(f"Slurm job {job}: this host has no GPU {d[:64]!r}")
             uuids.append(gpu.uuid)
@@ -153,26 +165,55 @@ class SlurmJobs:
             selection.release()
 
 
-def restore(jobs: SlurmJobs, begin: Callable[[dict[str, Any]], Any], running: Callable[[str], bool]) -> list[str]:
-    """Take again the leases of the remembered jobs that still run (``running(job)``, from the
-    controller); forget the others.  ``begin``: the authority's answer to a ``begin`` request (as
+def restore(jobs: SlurmJobs, begin: Callable[[dict[str, Any]], Any],
+            running: Callable[[str], bool | None]) -> list[str]:
+    """Take again the leases of the remembered jobs that still run; forget those the controller says
+    have ended.  ``running(job)``: the controller's answer, None where it cannot be asked — such a job
+    is held again too (a job is never taken for ended while Slurm may run it) and kept in
+    ``jobs.unsure`` for :func:`recheck`.  ``begin``: the authority's answer to a ``begin`` request (as
     root).  Returns the jobs whose leases are held again."""
     back: list[str] = []
     for job, rec in jobs.remembered().items():
-        if not running(job):
+        state = running(job)
+        if state is False:
             log.info("Slurm job %s has ended meanwhile: its lease is not taken again", job)
             continue
         reply = begin({"op": "slurm", "v": 2, "action": "begin", "slurm_job": job, "uid": rec["uid"],
                        "devices": rec["devices"]})
         if reply.get("ok") is True:
             back.append(job)
-            log.info("Slurm job %s still runs: its lease is held again", job)
+            if state is None:
+                jobs.unsure.add(job)
+                log.warning("Slurm job %s: the controller cannot be asked whether it still runs: its lease is "
+                            "held again until the controller says it has ended or its epilog ends it", job)
+            else:
+                log.info("Slurm job %s still runs: its lease is held again", job)
         else:
-            log.warning("Slurm job %s still runs but its GPUs cannot be leased again: %s", job, reply.get("message"))
+            log.warning("Slurm job %s may still run but its GPUs cannot be leased again: %s", job,
+                        reply.get("message"))
     with jobs.lock:
         jobs.records = {j: r for j, r in jobs.records.items() if j in back or j in jobs.held}
         jobs._save()
     return back
+
+
+def recheck(jobs: SlurmJobs, running: Callable[[str], bool | None]) -> list[str]:
+    """Ask the controller again about the jobs held without its word (:func:`restore`); end the leases
+    of those it says have ended.  Returns the jobs still unsure."""
+    for job in sorted(jobs.unsure):
+        if job not in jobs.held:  # its epilog came first
+            jobs.unsure.discard(job)
+            continue
+        state = running(job)
+        if state is None:
+            continue
+        jobs.unsure.discard(job)
+        if state is False:
+            log.info("Slurm job %s: the controller says it has ended: its lease ends", job)
+            jobs.end(job)
+        else:
+            log.info("Slurm job %s: the controller says it still runs", job)
+    return sorted(jobs.unsure)
 
 
 def answer(req: dict[str, Any], peer_uid: int, jobs: SlurmJobs, snapshot: Callable[[], Any],

@@ -55,6 +55,12 @@ def find_controller(session: str, interfaces: list[str] | None, token: str, wait
     return None
 
 
+def _log_failure(task: "asyncio.Task[None]") -> None:
+    """A join that failed says why in the log (a task's exception is otherwise never seen)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("Slurm: joining failed: %r", task.exception())
+
+
 class SlurmPart:
     """What a daemon started with ``--slurm`` and/or ``--slurmctld`` does for Slurm."""
 
@@ -89,12 +95,14 @@ class SlurmPart:
                     log.warning("Slurm: cannot write %s/gres.conf: %s", gres_dir(), exc)
         server = getattr(self.daemon, "_lease_server", None)
         if cfg.slurm and server is not None:  # the Slurm jobs' leases survive a restart of the daemon
-            from ..slurm.node import job_running
+            from ..slurm.node import find_conf, job_state
             from .slurmjobs import restore
 
+            cache = self.cache_dir()
             server.slurm_jobs.state = self.daemon.state_dir / "slurm-jobs.json"
             back = await loop.run_in_executor(None, restore, server.slurm_jobs,
-                                              lambda req: server.slurm_answer(req, 0), job_running)
+                                              lambda req: server.slurm_answer(req, 0),
+                                              lambda job: job_state(job, find_conf(cache)))
             if back:
                 log.info("Slurm: leases of running job(s) %s held again", ", ".join(back))
         if cfg.slurm:
@@ -102,6 +110,13 @@ class SlurmPart:
                 log.error("Slurm: this daemon is not the lease authority (not root, or $GPUSD_LEASE_SOCKET=off): "
                           "Slurm's prolog cannot record jobs and gpusd leases are not refused here")
             self.task = asyncio.ensure_future(self._join())
+            self.task.add_done_callback(_log_failure)
+
+    def cache_dir(self) -> Any:
+        """Where the daemon keeps its copy of the controller's config (slurmd's configless cache)."""
+        from ..slurm.node import CACHE
+
+        return self.daemon.state_dir / CACHE
 
     async def _join(self) -> None:
         from ..slurm.conf import node_name
@@ -126,14 +141,24 @@ class SlurmPart:
         if self.stopping or controller is None:
             return
         snap = self.daemon.snapshot
-        node = SlurmNode(controller, name, self.daemon.state_dir / "slurmd.log")
+        node = SlurmNode(controller, name, self.daemon.state_dir / "slurmd.log", cache_dir=self.cache_dir())
         try:
             await loop.run_in_executor(None, node.start, snap)
         except (OSError, ConfigError) as exc:
             log.error("Slurm: cannot join: %s", exc)
             return
         self.node = node
-        node.watch(snap)  # GPUs lost already
+        server = getattr(self.daemon, "_lease_server", None)
+        if server is not None:  # the prolog's GPU numbers are positions in the gres.conf just written
+            server.slurm_jobs.order = list(node.order)
+
+        def first() -> None:  # a GPU lost already drains the node; all there lifts gpusd's own drain
+            if snap is not None and any(not g.healthy for g in snap.gpus):
+                node.watch(snap)
+            else:
+                node.resume_if_ours()
+
+        threading.Thread(target=first, daemon=True, name="gpusd-slurm-drain").start()
 
         def on_sample(s: Any) -> None:  # never blocks the sampling loop: scontrol runs on a thread
             if any(not g.healthy and g.uuid not in node.lost for g in s.gpus):
@@ -144,11 +169,56 @@ class SlurmPart:
         hooks = getattr(self.daemon, "on_sample", None)
         if isinstance(hooks, list):
             hooks.append(on_sample)
+        if server is not None:
+            await self._recheck(node, server.slurm_jobs)
+
+    async def _recheck(self, node: Any, jobs: Any) -> None:
+        """Jobs held again without the controller's word (it could not be asked at start): ask again,
+        every FIND_EVERY s, now that slurmd's configless cache tells scontrol where the controller is."""
+        from ..slurm.node import job_state
+        from .slurmjobs import recheck
+
+        loop = asyncio.get_running_loop()
+        while jobs.unsure and not self.stopping:
+            await asyncio.sleep(FIND_EVERY)
+            left = await loop.run_in_executor(None, recheck, jobs, lambda job: job_state(job, node.conf()))
+            if not left:
+                log.info("Slurm: the controller answered for every job held again")
 
     async def stop(self) -> None:
         self.stopping = True
         if self.task is not None:
             self.task.cancel()
         if self.node is not None:
+            self.node.stopping.set()  # its drain/resume tries end now
             await asyncio.get_running_loop().run_in_executor(None, self.node.stop)
             self.node = None
+
+
+class NoGpus:
+    """The inventory of a host that runs slurmctld and no slurmd (``--slurmctld`` without ``--slurm``):
+    no GPU, and no GPU library opened -- the controller needs none (docs/slurm.md)."""
+
+    backend = "none"
+    vendors: tuple[str, ...] = ()
+
+    def __init__(self, hostname: str, node_id: str) -> None:
+        self.hostname = hostname
+        self.node_id = node_id
+
+    def snapshot(self, util_since: Any = None, detail: bool = True) -> Any:
+        import time
+
+        from ..model import HostSnapshot
+
+        return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=[],
+                            backend=self.backend)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "NoGpus":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass

@@ -367,6 +367,13 @@ class SimulatedBackend:
         self._t0 = self._clock()
         self._energy: dict[int, tuple[float, float]] = {}  # GPU -> (time, mJ): the energy counter
         scenario_host, self._gpus, self._topology = parse_spec(spec)
+        self._stamp: tuple[int, int, int] | None = None  # a scenario file's, when it was last read
+        if spec.endswith(".json") or Path(spec).is_file():
+            try:
+                st = Path(spec).stat()
+                self._stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:
+                pass
         self.hostname = host or scenario_host or local_hostname()
         self.node_id = node or local_node_id()
         self.spec = spec
@@ -376,7 +383,30 @@ class SimulatedBackend:
         self.vendors = tuple(dict.fromkeys(VENDOR_MODELS.get(g.model, ("nvidia",))[0] for g in self._gpus)) or (
             "nvidia",)
 
+    def _reread_lost(self) -> None:
+        """A scenario file edited while the backend runs: its GPUs' ``lost`` take effect (a GPU falls off
+        the bus and comes back, docs/simulation.md); the rest of the scenario stays as it was read.  A
+        file that no longer parses, or lists other GPUs, changes nothing."""
+        path = Path(self.spec)
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            _, gpus, _ = _parse_scenario(path)
+        except ConfigError:
+            return
+        if [g.model for g in gpus] == [g.model for g in self._gpus]:
+            for mine, new in zip(self._gpus, gpus):
+                mine.lost = new.lost
+
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
+        if self._stamp is not None:
+            self._reread_lost()
         t = self._clock()
         gpus = [self._gpu(i, g, t) for i, g in enumerate(self._gpus)]
         return with_machine(HostSnapshot(

@@ -199,3 +199,60 @@ def apply_cleared(environ: MutableMapping[str, str], vendors: Iterable[str], kee
     """Remove from ``environ`` what :func:`cleared` names for ``vendors`` (but ``keep``)."""
     for name in cleared(vendors) - set(keep):
         environ.pop(name, None)
+
+
+# -- Slurm's view of a vendor's GPUs (gres.conf(5), docs/slurm.md) ------------------------------------
+@record(frozen=True, slots=True)
+class SlurmGres:
+    """How a vendor's GPU is written in gres.conf: its device file and the ``Flags=`` that makes Slurm
+    export that vendor's variable (and no other vendor's) to the job."""
+
+    device_prefix: str  # File= is this prefix and the device's number
+    render_node: bool  # the number is the GPU's DRM render minor (/dev/dri/renderD128 and up)
+    flag: str  # gres.conf Flags=: the variable Slurm sets, from the job's positions in gres.conf
+
+
+SLURM: dict[str, SlurmGres] = {
+    # the NVIDIA driver's /dev/nvidiaN (N: the device minor, NVML's index order); Slurm sets CUDA_VISIBLE_DEVICES
+    "nvidia": SlurmGres("/dev/nvidia", False, "nvidia_gpu_env"),
+    # Slurm's gpu/rsmi plugin names an AMD GPU by its render node (rsmi_dev_drm_render_minor_get ->
+    # /dev/dri/renderD<minor>); amd_gpu_env sets ROCR_VISIBLE_DEVICES only: without it Slurm also sets
+    # CUDA_VISIBLE_DEVICES, which HIP applies a second time after ROCr's mask (gres.conf(5))
+    "amd": SlurmGres("/dev/dri/renderD", True, "amd_gpu_env"),
+    # Level Zero GPUs are render nodes too (gpu/oneapi); intel_gpu_env sets ZE_AFFINITY_MASK only
+    "intel": SlurmGres("/dev/dri/renderD", True, "intel_gpu_env"),
+}
+FIRST_RENDER_MINOR = 128  # the kernel numbers render nodes from 128 (drm_minor.c: DRM_MINOR_RENDER)
+
+
+def _render_minor(gpu: GpuInfo, sysfs: str | None) -> int:
+    """The DRM render minor of ``gpu``: read from sysfs by its PCI address where the kernel shows one;
+    else 128 plus its number among the vendor's GPUs (the kernel's order when each GPU has one node)."""
+    import os
+
+    bus = (gpu.pci_bus_id or "").lower()
+    if bus.count(":") == 2 and len(bus) == 16:  # NVML's 8-hex-digit domain: sysfs writes 4
+        bus = bus[4:]
+    if sysfs is not None and bus and all(c in "0123456789abcdef:." for c in bus):
+        try:
+            names = os.listdir(os.path.join(sysfs, "bus", "pci", "devices", bus, "drm"))
+        except OSError:
+            names = []
+        minors = sorted(int(n[7:]) for n in names if n.startswith("renderD") and n[7:].isdigit())
+        if minors:
+            return minors[0]
+    return FIRST_RENDER_MINOR + gpu.device_index
+
+
+def slurm_file(gpu: GpuInfo, prefix: str | None = None, sysfs: str | None = "/sys") -> str:
+    """gres.conf's ``File=`` of ``gpu`` (``prefix``: another directory and name for the device files,
+    the number unchanged: simulated GPUs, odd layouts; ``sysfs`` None: not this machine's GPU, no
+    render node read from sysfs)."""
+    rule = SLURM[check_vendor(gpu.vendor)]
+    number = _render_minor(gpu, sysfs) if rule.render_node else gpu.device_index
+    return f"{prefix or rule.device_prefix}{number}"
+
+
+def slurm_flag(vendor: str) -> str:
+    """gres.conf's ``Flags=`` for a GPU of ``vendor``."""
+    return SLURM[check_vendor(vendor)].flag

@@ -303,6 +303,9 @@ def default_holder() -> str:
     return f"{user}@{socket.gethostname()}"[:64]
 
 
+SLURM_NODE = " (a Slurm node)"  # in a refusal's reason: the host's GPUs are Slurm's to give (docs/slurm.md)
+
+
 def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
          ttl: float, job: str | None = None, reasons: list[tuple[int, str]] | None = None) -> HostLease | None:
     """One lease request to ``h`` (None on 409: the GPUs just went)."""
@@ -332,11 +335,14 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     if reply.status in (409, 429, 503, 507):
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         log.info("%s: %s", h.hostname, err)
-        # a cap, or a full disk (507): say which when nothing is granted
-        if reply.status in (429, 507) and reasons is not None and err:
+        # every refusal's reason (a cap, a full disk, a Slurm node, the GPUs just taken): said when
+        # nothing is granted
+        if reasons is not None and err:
             from ..sanitize import for_terminal
 
-            reasons.append((reply.status, f"{for_terminal(h.hostname, 64)}: {for_terminal(str(err), 300)}"))
+            slurm = reply.status == 409 and isinstance(reply.data, dict) and reply.data.get("reason") == "slurm"
+            reasons.append((reply.status, f"{for_terminal(h.hostname, 64)}{SLURM_NODE if slurm else ''}: "
+                                          f"{for_terminal(str(err), 300)}"))
         return None
     if reply.status != 201 or not isinstance(reply.data, dict):
         raise refusal(reply, f"{h.hostname} refused the lease (HTTP {reply.status})")
@@ -426,6 +432,8 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
                 return Reservation(got, key)
             if reasons and not wait and all(status == 507 for status, _ in reasons):  # their disks, not GPUs
                 raise DiskFull("; ".join(why for _, why in reasons[:4]))
+            if reasons and all(SLURM_NODE in why for _, why in reasons):  # Slurm allocates there: ask it
+                raise NoGpuAvailable("; ".join(why for _, why in reasons[:4]))
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
                                      + (f" (hosts matching {host!r})" if host else "")

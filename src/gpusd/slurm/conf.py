@@ -113,14 +113,24 @@ def _cores(snap: HostSnapshot, gpu: GpuInfo) -> str | None:
     return format_cpulist(cores)
 
 
-def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str = "/dev/nvidia") -> list[str]:
+def gres_gpus(snap: HostSnapshot) -> list[GpuInfo]:
+    """The GPUs gres.conf lists, in its order: Slurm's GPU N (``SLURM_JOB_GPUS``) is the N-th of them.
+    A GPU left out (lost, unhealthy, MIG) shifts the ones after it: Slurm's numbers are positions in
+    this list, never NVML's indices."""
+    return sorted((g for g in snap.gpus if usable(g)), key=lambda g: g.index)
+
+
+def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str | None = None) -> list[str]:
     """The gres.conf lines of the host's usable GPUs (``with_node``: each scoped ``NodeName=X``, so
-    one file serves the whole cluster), and a comment for each GPU left out.  ``device``: the device
-    files' prefix (GPU N is ``/dev/nvidiaN``)."""
+    one file serves the whole cluster), and a comment for each GPU left out.  ``File=`` and ``Flags=``
+    are each vendor's (``inventory.vendors``); ``device`` replaces the device files' prefix (the
+    number stays the vendor's: simulated GPUs get files a test makes)."""
+    from ..inventory.vendors import slurm_file, slurm_flag
+
     name = node_name(snap.hostname)
     if name is None:
         return [f"# left out a host whose name is not a Slurm node name ({len(snap.gpus)} GPU(s))"]
-    gpus = sorted((g for g in snap.gpus if usable(g)), key=lambda g: g.index)
+    gpus = gres_gpus(snap)
     out: list[str] = []
     nvlink = any(link.nvlink > 0 for g in gpus for link in g.links)
     for g in sorted(snap.gpus, key=lambda g: g.index):
@@ -129,7 +139,7 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str = "/dev/n
             out.append(f"# {name}: GPU {g.index} left out ({why})")
     for g in gpus:
         words = ([f"NodeName={name}"] if with_node else []) + [
-            "Name=gpu", f"Type={gpu_type(g.name)}", f"File={device}{g.index}"]
+            "Name=gpu", f"Type={gpu_type(g.name)}", f"File={slurm_file(g, device, None if snap.simulated else '/sys')}"]
         cores = _cores(snap, g)
         if cores:
             words.append(f"Cores={cores}")
@@ -137,6 +147,7 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str = "/dev/n
             by_peer = {link.peer: link.nvlink for link in g.links}
             words.append("Links=" + ",".join("-1" if p.index == g.index else str(min(by_peer.get(p.index, 0), 999))
                                              for p in gpus))
+        words.append(f"Flags={slurm_flag(g.vendor)}")
         out.append(" ".join(words))
     return out
 
@@ -278,5 +289,6 @@ def check(text: str, hosts: Iterable[HostSnapshot]) -> Diff:
     return diff
 
 
-__all__ = ["node_name", "gpu_type", "gres_spec", "node_line", "gres_lines", "slurm_conf", "gres_conf", "check",
+__all__ = ["node_name", "gpu_type", "gres_spec", "node_line", "gres_gpus", "gres_lines", "slurm_conf", "gres_conf",
+           "check",
            "parse_nodes", "Diff", "FEATURE"]

@@ -2,9 +2,9 @@
 local daemon's lease socket (docs/slurm.md; the daemon's side is :mod:`gpusd.daemon.slurmjobs`).
 
 Slurm runs its Prolog and Epilog as root with the job in the environment: ``SLURM_JOB_ID``,
-``SLURM_JOB_UID``, and the job's GPUs in ``SLURM_JOB_GPUS`` (the indices of gres.conf's devices,
-which ``gpusd slurm conf --gres`` writes as ``File=/dev/nvidiaN`` in NVML index order) or
-``CUDA_VISIBLE_DEVICES``.  The lease is recorded through the daemon, never by writing lock files.
+``SLURM_JOB_UID``, and the job's GPUs in ``SLURM_JOB_GPUS`` (positions in the node's gres.conf, not
+NVML indices: the daemon maps them to the GPUs it wrote there) or ``CUDA_VISIBLE_DEVICES``.  The lease
+is recorded through the daemon, never by writing lock files.
 """
 
 from __future__ import annotations

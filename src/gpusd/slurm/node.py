@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError
 from ..model import HostSnapshot
@@ -58,10 +59,13 @@ def gres_dir() -> Path:
     return Path(os.environ.get("GPUSD_SLURM_DIR") or DEFAULT_DIR)
 
 
-def device_prefix() -> str:
-    """The GPUs' device files as gres.conf names them: ``$GPUSD_SLURM_DEVICES`` (default
-    ``/dev/nvidia``; GPU N is PREFIX + N).  Slurm needs them to be character devices."""
-    raw = os.environ.get("GPUSD_SLURM_DEVICES") or "/dev/nvidia"
+def device_prefix() -> str | None:
+    """Another prefix for the GPUs' device files in gres.conf: ``$GPUSD_SLURM_DEVICES`` (unset: each
+    vendor's own, ``/dev/nvidia`` or ``/dev/dri/renderD``; the number is always the vendor's).  Slurm
+    needs them to be character devices."""
+    raw = os.environ.get("GPUSD_SLURM_DEVICES")
+    if not raw:
+        return None
     if not raw.startswith("/") or any(c.isspace() or not c.isprintable() for c in raw):
         raise ConfigError(f"$GPUSD_SLURM_DEVICES must be an absolute path prefix, not {raw[:80]!r}")
     return raw
@@ -75,24 +79,37 @@ def slurmd_command() -> list[str] | None:
     return shlex.split(raw)
 
 
-def write_gres(snap: HostSnapshot, directory: Path | None = None) -> Path:
+ORDER_FILE = "gres.json"  # beside gres.conf: the UUIDs of the GPUs it lists, in its order
+
+
+def _replace(d: Path, name: str, text: str) -> None:
+    tmp = d / f".{name}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, d / name)
+
+
+def write_gres(snap: HostSnapshot, directory: Path | None = None) -> list[str]:
     """This host's gres.conf lines (no NodeName: the file is the host's own) in ``directory``,
-    replaced atomically; the directory is made root-only-writable when it does not exist."""
+    replaced atomically, and beside it the UUIDs of the GPUs it lists in its order (``gres.json``:
+    Slurm's GPU N is the N-th); the directory is made root-only-writable when it does not exist.
+    Returns those UUIDs."""
     d = directory or gres_dir()
     d.mkdir(mode=0o755, parents=True, exist_ok=True)
     st = os.lstat(d)
+    import json
     import stat as _stat
 
     if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise ConfigError(f"{d} must be a directory of this user that others cannot write")
-    text = "# written by gpusd start --slurm from this host's GPUs (docs/slurm.md)\n" + "\n".join(
-        conf.gres_lines(snap, with_node=False, device=device_prefix())) + "\n"
-    tmp = d / f".gres.conf.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, d / "gres.conf")
-    return d / "gres.conf"
+    order = [g.uuid for g in conf.gres_gpus(snap)]
+    lines = conf.gres_lines(snap, with_node=False, device=device_prefix())
+    text = "# written by gpusd start --slurm from this host's GPUs (docs/slurm.md)\n" + "".join(
+        f"# Slurm's GPU {i} is {u}\n" for i, u in enumerate(order)) + "\n".join(lines) + "\n"
+    _replace(d, ORDER_FILE, json.dumps({"format": 1, "gpus": order}) + "\n")
+    _replace(d, "gres.conf", text)
+    return order
 
 
 def slurmd_argv(snap: HostSnapshot, controller: tuple[str, int], command: list[str]) -> list[str]:
@@ -104,21 +121,95 @@ def slurmd_argv(snap: HostSnapshot, controller: tuple[str, int], command: list[s
     return [*command, "-D", "-Z", "--conf-server", server, "--conf", " ".join(words)]
 
 
-def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT) -> tuple[bool, str]:
-    """Run scontrol (its config: ``$SLURM_CONF``, else what the configless slurmd cached); (ok, output)."""
+def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT, conf: Path | None = None,
+             limit: int = 500) -> tuple[bool, str]:
+    """Run scontrol; (ok, output).  Its config: ``$SLURM_CONF``, else ``conf`` (:func:`find_conf`),
+    else Slurm's own lookup (``/etc/slurm``, slurmd's configless cache in ``/run/slurm/conf``, DNS)."""
+    env = None
+    if conf is not None and not os.environ.get("SLURM_CONF"):
+        env = dict(os.environ, SLURM_CONF=str(conf))
     try:
         r = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
+                           stdin=subprocess.DEVNULL, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
-    return r.returncode == 0, (r.stdout + r.stderr).strip()[:500]
+    return r.returncode == 0, (r.stdout + r.stderr).strip()[:limit]
+
+
+# -- finding the controller's config the way a configless slurmd does ------------------------------
+CACHE = "slurm-conf"  # in the daemon's state directory: its copy of slurmd's configless cache
+RUN_CACHE = "run/slurm/conf"  # where slurmd keeps what the controller sent (below its root)
+_MAX_CONF = 1 << 20
+
+
+def _copy_cache(src: Path, dest: Path) -> bool:
+    """Copy the regular files of slurmd's configless cache ``src`` into ``dest`` (this daemon's own,
+    root-only directory); False when ``src`` has no slurm.conf."""
+    import stat as _stat
+
+    try:
+        names = sorted(os.listdir(src))[:32]
+    except OSError:
+        return False
+    if "slurm.conf" not in names:
+        return False
+    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}\.conf", name):
+            continue
+        try:
+            fd = os.open(src / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            if not _stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                continue
+            data = f.read(_MAX_CONF)
+        tmp = dest / f".{name}.{os.getpid()}"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(out, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest / name)
+    return (dest / "slurm.conf").is_file()
+
+
+def find_conf(cache_dir: Path | None, slurmd_pid: int | None = None) -> Path | None:
+    """A slurm.conf for scontrol where ``$SLURM_CONF`` names none, found as a configless slurmd finds
+    its own: the cache of the slurmd this daemon started (seen through ``/proc/PID/root``: it may run
+    in its own mount namespace), copied into ``cache_dir`` for the next start; else the host's
+    ``/run/slurm/conf``; else that copy, from a slurmd of an earlier start.  None: Slurm's own lookup."""
+    if os.environ.get("SLURM_CONF"):
+        return None
+    if slurmd_pid is not None and cache_dir is not None:
+        if _copy_cache(Path(f"/proc/{slurmd_pid}/root") / RUN_CACHE, cache_dir):
+            return cache_dir / "slurm.conf"
+    host = Path("/") / RUN_CACHE / "slurm.conf"
+    if host.is_file():
+        return host
+    if cache_dir is not None and (cache_dir / "slurm.conf").is_file():
+        return cache_dir / "slurm.conf"
+    return None
+
+
+# a job in these states still has its GPUs here (COMPLETING: its epilog has not ended the lease yet)
+RUNNING_STATES = ("RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING")
+
+
+def job_state(job: str, conf: Path | None = None) -> bool | None:
+    """Whether the controller says Slurm job ``job`` still runs here: True, False (ended, or unknown to
+    the controller), None (the controller cannot be asked: nobody can tell)."""
+    ok, out = scontrol("show", "job", "-o", job, conf=conf)
+    if not ok:
+        return False if "Invalid job id" in out else None
+    state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "")
+    if not state:
+        return None
+    return state in RUNNING_STATES
 
 
 def job_running(job: str) -> bool:
     """Whether the controller says Slurm job ``job`` still runs (False when it cannot tell)."""
-    ok, out = scontrol("show", "job", "-o", job)
-    state = next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), "") if ok else ""
-    return state in ("RUNNING", "CONFIGURING", "SUSPENDED")
+    return job_state(job) is True
 
 
 def _reason(text: str) -> str:
@@ -137,20 +228,40 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         pass
 
 
+DRAIN_EVERY = 2.0  # seconds between tries to drain or resume a node the controller does not know yet
+DRAIN_TRIES = 60  # ... for at most about two minutes (a slurmd registers within seconds)
+GPUSD_REASON = "gpusd"  # every drain reason gpusd writes starts with it: only those it may lift
+
+
 class SlurmNode:
     """slurmd beside the daemon, for one host: started by :meth:`start`, drained on a lost GPU,
     removed from the controller and stopped by :meth:`stop`."""
 
-    def __init__(self, controller: tuple[str, int], name: str, log_path: Path | None = None) -> None:
+    def __init__(self, controller: tuple[str, int], name: str, log_path: Path | None = None,
+                 cache_dir: Path | None = None) -> None:
+        import threading
+
         self.controller = controller
         self.name = name
         self.log_path = log_path
+        self.cache_dir = cache_dir  # where the controller's config is kept for scontrol (find_conf)
         self.proc: subprocess.Popen[bytes] | None = None
         self.lost: set[str] = set()
+        self.order: list[str] = []  # the UUIDs gres.conf lists: Slurm's GPU N is order[N]
+        self.stopping = threading.Event()
+        self._drain_lock = threading.Lock()
+
+    def conf(self) -> Path | None:
+        """The slurm.conf scontrol is to read (None: ``$SLURM_CONF`` or Slurm's own lookup)."""
+        return find_conf(self.cache_dir, self.proc.pid if self.proc is not None and self.proc.poll() is None
+                         else None)
+
+    def scontrol(self, *args: str, limit: int = 500) -> tuple[bool, str]:
+        return scontrol(*args, conf=self.conf(), limit=limit)
 
     def start(self, snap: HostSnapshot) -> None:
         command = slurmd_command()
-        write_gres(snap)
+        self.order = write_gres(snap)
         if command is None:
             log.info("Slurm: gres.conf written; slurmd not started ($GPUSD_SLURMD=off)")
             return
@@ -167,25 +278,75 @@ class SlurmNode:
         log.info("Slurm: slurmd (pid %d) joins %s:%d as dynamic node %s: %s", self.proc.pid, *self.controller,
                  self.name, " ".join(argv[-1:]))
 
+    def info(self) -> dict[str, str] | None:
+        """``scontrol show node`` of this node as key -> value (None: the controller does not know it, or
+        cannot be asked)."""
+        ok, out = self.scontrol("show", "node", "-o", self.name, limit=8192)  # Reason= comes late
+        if not ok:
+            return None
+        fields: dict[str, str] = {}
+        for w in out.split():
+            k, sep, v = w.partition("=")
+            if sep and k not in fields:
+                fields[k] = v
+        return fields if fields.get("NodeName") == self.name else None
+
+    def _until_done(self, what: str, attempt: Callable[[], tuple[bool, str]]) -> bool:
+        """``attempt()`` until it succeeds: every DRAIN_EVERY s, at most DRAIN_TRIES times (the node
+        registers with the controller a while after slurmd starts), or until the node stops."""
+        for n in range(DRAIN_TRIES):
+            ok, out = attempt()
+            if ok:
+                return True
+            if n == 0:
+                log.info("Slurm: cannot %s node %s yet (%s); trying again every %gs", what, self.name, out[:200],
+                         DRAIN_EVERY)
+            if self.stopping.wait(DRAIN_EVERY):
+                return False
+        log.error("Slurm: gave up trying to %s node %s after %d tries: %s", what, self.name, DRAIN_TRIES, out[:200])
+        return False
+
     def watch(self, snap: HostSnapshot) -> None:
-        """Drain the node when a GPU is lost, with the reason gpusd saw (once per GPU)."""
-        lost = {g.uuid: g for g in snap.gpus if not g.healthy}
-        new = [g for u, g in lost.items() if u not in self.lost]
-        self.lost = set(lost)
+        """Drain the node when a GPU is lost, with the reason gpusd saw (once per GPU; tried again until
+        the controller knows the node: a lost GPU at start drains the node as soon as it registered)."""
+        with self._drain_lock:
+            lost = {g.uuid: g for g in snap.gpus if not g.healthy}
+            new = [g for u, g in lost.items() if u not in self.lost]
+            self.lost = set(lost)
         for g in new:
-            reason = _reason(f"gpusd: GPU {g.index} ({g.uuid}) lost: {g.error or 'unhealthy'}")
-            ok, out = scontrol("update", f"nodename={self.name}", "state=drain", f"reason={reason}")
-            log.warning("Slurm: drained node %s (%s)%s", self.name, reason, "" if ok else f": scontrol: {out}")
+            reason = _reason(f"{GPUSD_REASON}: GPU {g.index} ({g.uuid}) lost: {g.error or 'unhealthy'}")
+            done = self._until_done("drain", lambda reason=reason: self.scontrol(  # type: ignore[misc]
+                "update", f"nodename={self.name}", "state=drain", f"reason={reason}"))
+            if done:
+                log.warning("Slurm: drained node %s (%s)", self.name, reason)
+
+    def resume_if_ours(self) -> bool:
+        """Every GPU is there: lift a drain gpusd set (a GPU lost, the daemon stopped with jobs running)
+        once the node has registered; a drain anyone else set (the admin, Slurm's own) stays."""
+        def attempt() -> tuple[bool, str]:
+            fields = self.info()
+            if fields is None or "UNKNOWN" in fields.get("State", "") or "NOT_RESPONDING" in fields.get("State", ""):
+                return False, "not registered yet"
+            if "DRAIN" not in fields.get("State", "") or not fields.get("Reason", "").startswith(GPUSD_REASON):
+                return True, ""
+            ok, out = self.scontrol("update", f"nodename={self.name}", "state=resume")
+            if ok:
+                log.info("Slurm: every GPU is here: node %s resumed (it was drained: %s)", self.name,
+                         fields.get("Reason", "")[:200])
+            return ok, out
+
+        return self._until_done("resume", attempt)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Remove the node from the controller (``scontrol delete``); where jobs still run there, drain
         it instead; then stop slurmd (by its pid)."""
-        ok, out = scontrol("delete", f"nodename={self.name}")
+        self.stopping.set()
+        ok, out = self.scontrol("delete", f"nodename={self.name}")
         if ok:
             log.info("Slurm: node %s removed from the controller", self.name)
         else:
-            ok2, out2 = scontrol("update", f"nodename={self.name}", "state=drain",
-                                 "reason=gpusd stopped on this host")
+            ok2, out2 = self.scontrol("update", f"nodename={self.name}", "state=drain",
+                                      f"reason={GPUSD_REASON} stopped on this host")
             log.warning("Slurm: could not remove node %s (%s); %s", self.name, out,
                         "drained it" if ok2 else f"could not drain it either ({out2})")
         p, self.proc = self.proc, None
