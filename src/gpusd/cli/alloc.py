@@ -126,9 +126,14 @@ def run_command(args: argparse.Namespace) -> int:
 
         return run_fleet(args, cmd)
     if args.lease:  # every leased run is a job (docs/jobs.md)
+        from ..jobs.containers import parse
         from .jobs import run_job
 
-        return run_job(args, cmd, _join(cmd)[:512])
+        # a container run gets exactly the leased GPUs; what would bypass the lease is refused before one
+        container = parse(cmd, follow=getattr(args, "follow_container", False))
+        return run_job(args, cmd, _join(cmd)[:512], container=container)
+    if getattr(args, "follow_container", False):
+        raise ConfigError("--follow-container follows a leased container: not with --no-lease")
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=_join(cmd)[:512])

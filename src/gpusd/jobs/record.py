@@ -62,6 +62,7 @@ class JobRecord:
     host: str | None = None  # fleet runs: the machine that asked
     reason: str | None = None  # why the last change of state happened
     labels: list[str] = field(default_factory=list)  # fleet runs, where they were asked: HOST:INDEX
+    container: str | None = None  # the id of the container it started (gpusd.jobs.containers), hex
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
@@ -76,6 +77,11 @@ def _copy(value: Any) -> Any:
 
 def _text(value: object, limit: int) -> str | None:
     return value[:limit] if isinstance(value, str) else None
+
+
+def _container_id(value: object) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= 128 and all(
+        c in "0123456789abcdef" for c in value) else None
 
 
 def parse(raw: bytes, uid: int) -> JobRecord:
@@ -118,6 +124,7 @@ def parse(raw: bytes, uid: int) -> JobRecord:
                      preemptible=d.get("preemptible") is True, pausable=d.get("pausable") is True, state=state,
                      restarts=restarts, lease=LeaseId.optional(d.get("lease")),
                      started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200),
+                     container=_container_id(d.get("container")),
                      labels=list(labels))
 
 
