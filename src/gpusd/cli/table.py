@@ -24,7 +24,7 @@ def _procs(g: GpuInfo) -> str:
     for p in g.processes[:3]:
         who = f"{p.user}:" if p.user else ""
         mem = f"({format_bytes(p.used_memory, 'MiB')})" if p.used_memory is not None else ""
-        parts.append(f"{who}{p.pid}{mem}{' unleased' if p.unleased else ''}")
+        parts.append(f"{who}{p.pid}{mem}{f' unleased (gpusd adopt {p.pid})' if p.unleased else ''}")
     more = f" +{len(g.processes) - 3}" if len(g.processes) > 3 else ""
     return " ".join(parts) + more
 

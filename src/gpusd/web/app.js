@@ -439,7 +439,7 @@
   function procsText(g) {
     const parts = (g.processes || []).slice(0, 3).map((p) => {
       const cmd = p.command ? " " + clip(p.command.split(" ")[0].split("/").pop(), 32) : "";
-      return clip(p.user || "pid " + p.pid, 32) + cmd + (p.unleased ? " unleased" : "");
+      return clip(p.user || "pid " + p.pid, 32) + cmd + (p.unleased ? " unleased (gpusd adopt " + p.pid + ")" : "");
     });
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
     const until = (l) => l.expires == null ? "" :  // a remote reservation (docs/pool.md): until when
