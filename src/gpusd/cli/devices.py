@@ -20,6 +20,9 @@ def run(args: argparse.Namespace) -> int:
         snap = backend.snapshot()
     store = LeaseStore()
     store.attach(snap)
+    from ..jobs.containers import name_containers
+
+    name_containers(snap)
     mutex = store.mutex_holders()
     if mutex:
         from .alloc import mutex_note

@@ -31,6 +31,9 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Sequence
 
+    from ..model import HostSnapshot
+    from .record import JobRecord
+
 DAEMON_RUNTIMES = ("docker", "podman", "nerdctl")
 APPTAINERS = ("apptainer", "singularity")
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -376,3 +379,30 @@ def exit_status(out_path: str) -> int | None:
         return int(text[-1]) if text else None
     except ValueError:
         return None
+
+
+def name_containers(snap: HostSnapshot, records: Sequence[JobRecord] | None = None) -> None:
+    """Name who started each GPU process's container where a gpusd job did (its record's ``container``):
+    ``container_owner`` is that job's user, and the process counts as covered by the job's lease when
+    that lease is on its GPU (it is not the lease holder's descendant: a daemon runs it).  A record is
+    another user's claim: a container two records claim is believed of neither."""
+    if not any(p.container for g in snap.gpus for p in g.processes):
+        return  # nothing to read (the usual case: no job files are opened)
+    if records is None:
+        from .record import list_jobs
+
+        records = list_jobs()
+    claims: dict[str, list[JobRecord]] = {}
+    for rec in records:
+        if rec.container:
+            claims.setdefault(rec.container, []).append(rec)
+    for g in snap.gpus:
+        leases = {le.lease_id for le in g.leases if not le.unleased and not le.unreadable}
+        for p in g.processes:
+            got = claims.get(p.container or "")
+            if got is None or len(got) != 1:
+                continue
+            rec = got[0]
+            p.container_owner = rec.user
+            if rec.lease is not None and rec.lease in leases:
+                p.unleased = False
