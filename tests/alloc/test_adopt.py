@@ -148,3 +148,54 @@ def test_adopt_is_a_thin_cli_over_the_library() -> None:
     import gpusd.cli.adopt as cli
 
     assert "alloc.adopt" in Path(cli.__file__).read_text() and sys.modules.get("gpusd.cli.adopt") is cli
+
+
+def test_through_the_lease_authority_the_daemon_holds_the_adopted_lease_until_the_process_exits(
+        fake_nvml_inprocess, cli_env):
+    from authority_helpers import ServerThread
+
+    server = ServerThread()
+    env = job_env(cli_env)
+    p = _stray(fake_nvml_inprocess)
+    try:
+        r = _adopt(env, str(p.pid), "--json")
+        assert r.returncode == 0, r.stderr
+        [le] = _leases(env)
+        assert le["device"] == fake_uuid(1) and not le.get("outside_authority")
+        assert le["pid"] == json.loads(r.stdout)["holder"]  # the daemon's record names the holder (SO_PEERCRED)
+        p.kill()
+        p.wait()
+        wait_until_sync(lambda: _leases(env) == [], timeout=30, what="the lease's end with the process")
+    finally:
+        p.kill()
+        p.wait()
+        server.stop()
+
+
+@needs_root
+def test_through_the_authority_root_adopting_a_users_process_asks_as_that_user(
+        fake_nvml_inprocess, cli_env, shared_tmp: Path, monkeypatch):
+    from authority_helpers import ServerThread
+
+    sock = shared_tmp / "run" / "lease.sock"  # a socket every user can reach, as /run/gpusd/lease.sock is
+    monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(sock))
+    server = ServerThread()
+    env = job_env(cli_env, GPUSD_LEASE_SOCKET=str(sock))
+    p = subprocess.Popen(["setpriv", f"--reuid={MALLORY}", f"--regid={MALLORY}", "--clear-groups", "sleep", "300"])
+    try:
+        gpus = make_gpus(2)
+        gpus[0].processes = [FakeProcess(p.pid, 1 << 30)]
+        fake_nvml_inprocess.write(gpus)
+        wait_until_sync(lambda: os.stat(f"/proc/{p.pid}").st_uid == MALLORY, timeout=10, what="setpriv")
+        r = _adopt(env, str(p.pid), "--json")
+        assert r.returncode == 0, r.stderr
+        [le] = _leases(env)
+        assert le["user"] == user_name(MALLORY) and not le.get("outside_authority"), le
+        assert os.stat(f"/proc/{json.loads(r.stdout)['holder']}").st_uid == MALLORY  # by the kernel's word
+    finally:
+        p.kill()
+        p.wait()
+    try:
+        wait_until_sync(lambda: _leases(env) == [], timeout=30, what="the lease's end")
+    finally:
+        server.stop()

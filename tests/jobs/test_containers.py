@@ -175,3 +175,28 @@ def test_a_container_that_outlives_a_killed_gpusd_run_keeps_its_lease_until_it_e
         wait_until_sync(lambda: _leased(env) == [], timeout=30, what="the lease's end with the container")
     finally:
         _kill(p)
+
+
+def test_through_the_lease_authority_a_container_outliving_gpusd_run_keeps_its_lease(fake_nvml_inprocess, cli_env,
+                                                                                   fake_runtimes, tmp_path):
+    from authority_helpers import ServerThread
+
+    server = ServerThread()
+    fake_nvml_inprocess.write(make_gpus(2))
+    env = fake_runtimes.env(job_env(cli_env))
+    p = subprocess.Popen([*GPUSD, "run", "--", "docker", "run", "--rm", "img", *_inside(tmp_path)], env=env,
+                         text=True, stderr=subprocess.PIPE)
+    try:
+        wait_until_sync(lambda: any(c["argv"][:1] == ["wait"] for c in fake_runtimes.calls("docker")), timeout=30)
+        [held] = leases_json(env)["leases"]  # type: ignore[index]
+        assert not held.get("outside_authority")  # the daemon's lease
+        [client] = [c["pid"] for c in fake_runtimes.calls("docker") if c["argv"][:1] == ["run"]]
+        p.kill()
+        p.wait()
+        os.kill(client, signal.SIGKILL)
+        assert len(_leased(env)) == 1  # `docker wait` keeps the lease's connection open
+        (tmp_path / "stop").write_text("0")
+        wait_until_sync(lambda: _leased(env) == [], timeout=30, what="the lease's end with the container")
+    finally:
+        _kill(p)
+        server.stop()

@@ -3,9 +3,10 @@
 
 The owner of the process (or root) asks; the kernel says who that is (the caller's uid, and the
 process's from /proc), never a request field.  The lease is on the GPUs NVML lists the process on,
-its holder is the process's user (root adopting someone's process: root's record names that user, as
-only root's may), and it is kernel-held like every lease: a small holder process
-(``python -m gpusd.alloc.adopt``, in a session of its own, as the caller) takes it,
+its holder is the process's user, and it is kernel-held like every lease: a small holder process
+(``python -m gpusd.alloc.adopt``, in a session of its own; started by root for someone's process, it
+becomes that user before it asks the lease authority, which believes only the kernel, and in the lock
+directory writes root's record naming that user, as only root's may) takes it,
 through the lease authority where a daemon serves one, else in the lock directory, and keeps its
 descriptors until the process's pidfd says it exited.  The pidfd is opened before the lease is taken,
 and the process's start time checked after, so a pid reused meanwhile is never adopted.
@@ -123,6 +124,29 @@ def adopt(pid: int, note: str | None = None, timeout: float = ANSWER_TIMEOUT) ->
 
 
 # -- the holder ----------------------------------------------------------------------------------------
+def _become(uid: int) -> None:
+    """Run as ``uid`` (root adopting someone's process: the lease is then that user's, by the kernel's
+    word, through the lease authority too).  What the lease needs is imported first: after the switch,
+    the interpreter's own files may not be readable."""
+    import array  # noqa: F401
+    import fcntl  # noqa: F401
+    import pwd
+    import socket  # noqa: F401
+    import struct  # noqa: F401
+
+    from . import api, authority, epoch, handle, leases, lockdir, policy, priority, queue  # noqa: F401
+
+    try:
+        pw = pwd.getpwuid(uid)
+        gid, home, name = pw.pw_gid, pw.pw_dir, pw.pw_name
+    except KeyError:  # a uid without a passwd entry: the kernel knows only numbers
+        gid, home, name = uid, "/", str(uid)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    os.environ.update(HOME=home, USER=name, LOGNAME=name)
+
+
 def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str) -> int:
     """The holder: take the lease as ``uid``, answer on stdout, keep it until ``pid`` exits."""
     def answer(d: dict[str, Any]) -> None:
@@ -144,13 +168,22 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str) -> int
         what = f"adopted pid {pid}" + (f": {note}" if note else "")
         c = Constraints.build(count=len(uuids), include=list(uuids), topology="any", within_visible=False,
                               vendor="any", mig=any(u.startswith("MIG-") for u in uuids))
-        # root adopting another user's process: the record names that user (only root's may), whose
-        # caps apply; anyone else adopts their own
-        other = uid != os.geteuid()
-        holder = Holder(command=what, user=_user(uid) if other else None, uid=uid if other else None)
+        holder = Holder(command=what)
+        if uid != os.geteuid():  # root, for someone's process
+            from .authority import connect
+
+            sock = connect()
+            if sock is not None:  # the daemon believes only the kernel: ask it as that user
+                sock.close()
+                _become(uid)
+            else:  # in the lock directory, root's record may name the user (whose caps then apply)
+                holder = Holder(command=what, user=_user(uid), uid=uid)
         sel = allocate(LeaseRequest(c, lease=True, wait=False, holder=holder))
     except GpusdError as exc:
         answer({"ok": False, "error": str(exc)})
+        return 1
+    except Exception as exc:  # noqa: BLE001 -- one line for the caller, never a traceback
+        answer({"ok": False, "error": f"cannot adopt process {pid}: {type(exc).__name__}: {str(exc)[:200]}"})
         return 1
     got = sorted(d.uuid for d in sel.devices)
     if got != sorted(uuids):  # never a lease on other GPUs than the process's

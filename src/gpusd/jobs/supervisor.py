@@ -795,7 +795,8 @@ class Supervisor:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if (self.user_stop or self.stopped.is_set()) and not asked:
+            # a stop, a preemption or a move: the container goes too (the client's end does not end it)
+            if (self.user_stop or self.stopped.is_set() or self.state.restarting) and not asked:
                 asked = True
                 log(f"job {self.job_id}: stopping container {cid[:12]}")
                 try:
