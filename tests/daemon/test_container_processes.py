@@ -122,3 +122,30 @@ def test_the_gpusd_job_that_started_the_container_owns_it_and_its_lease_covers_i
     proc.container_owner, proc.unleased = None, True
     name_containers(snap, [job, JobRecord(job="j-ba9876543210", pid=1, user="mallory", container=cid)])
     assert proc.container_owner is None and proc.unleased
+
+
+def test_the_usage_report_names_the_container(tmp_path: Path) -> None:
+    from daemon_helpers import make_snapshot
+
+    from gpusd.alloc.leases import mark_unleased
+    from gpusd.model import ProcessInfo
+    from gpusd.usage import query
+    from gpusd.usage.db import Retention, connect
+    from gpusd.usage.recorder import Accountant
+    from gpusd.usage.report import build
+
+    cid = "ab" * 32
+    conn = connect(tmp_path / "h.sqlite")
+    acc = Accountant(conn, 10.0)
+    t0 = time.time() - 3600
+    for i in range(7):
+        snap = make_snapshot(1, hostname="h")
+        snap.gpus[0].processes = [ProcessInfo(pid=999998, user="root", command="python train.py", container=cid,
+                                              container_runtime="docker")]
+        mark_unleased(snap)
+        snap.timestamp = t0 + 10 * i
+        snap.gpus[0].utilization_gpu = 90.0
+        acc.add(snap)
+    answer = query.usage(conn, t0 - 60, t0 + 600, t0 + 600, Retention(), True, host="h", node_id="0")
+    [job] = build([answer], by="user")["top_jobs"]
+    assert job["command"] == f"[docker {cid[:12]}] python train.py"
