@@ -199,3 +199,24 @@ def test_through_the_authority_root_adopting_a_users_process_asks_as_that_user(
         wait_until_sync(lambda: _leases(env) == [], timeout=30, what="the lease's end")
     finally:
         server.stop()
+
+
+def test_a_process_on_a_mig_slice_is_adopted_on_that_slice(fake_nvml, cli_env):
+    from fakenvml import FakeMig
+
+    env = job_env(cli_env)
+    p = subprocess.Popen(["sleep", "300"])
+    try:
+        gpus = make_gpus(2)
+        slice_uuid = "MIG-11111111-2222-3333-4444-555555555555"
+        gpus[1].mig_mode = 1
+        gpus[1].migs = [FakeMig("3g.40gb", slice_uuid, 40 << 30, 3 << 30, gpu_instance_id=2)]
+        gpus[1].processes = [FakeProcess(p.pid, 3 << 30, gpu_instance_id=2, compute_instance_id=0)]
+        fake_nvml.write(gpus)
+        r = _adopt(env, str(p.pid), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["devices"] == [slice_uuid]
+        assert [le["device"] for le in _leases(env)] == [slice_uuid]
+    finally:
+        p.kill()
+        p.wait()

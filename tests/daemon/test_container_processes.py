@@ -126,7 +126,6 @@ def test_the_gpusd_job_that_started_the_container_owns_it_and_its_lease_covers_i
 
 def test_the_usage_report_names_the_container(tmp_path: Path) -> None:
     from daemon_helpers import make_snapshot
-
     from gpusd.alloc.leases import mark_unleased
     from gpusd.model import ProcessInfo
     from gpusd.usage import query

@@ -57,24 +57,28 @@ def _user(uid: int) -> str:
     return user_name(uid) or str(uid)
 
 
-def gpus_of(pid: int) -> list[str]:
-    """The UUIDs of the GPUs NVML lists ``pid`` on (MIG slices: the slice's UUID)."""
+def gpus_of(pid: int) -> tuple[list[str], bool]:
+    """The UUIDs of the GPUs NVML lists ``pid`` on (a MIG slice's own UUID where it runs on one), and
+    whether they are MIG slices."""
     from .api import shared_backend
 
     snap = shared_backend().snapshot()
     out: list[str] = []
+    slices = False
     for g in snap.gpus:
         for p in g.processes:
-            if p.pid == pid:
-                mig = next((m for m in g.mig_instances if getattr(p, "gpu_instance_id", None) is not None
-                            and getattr(m, "gpu_instance_id", None) == p.gpu_instance_id), None)
-                uuid = mig.uuid if mig is not None else g.uuid
-                if uuid not in out:
-                    out.append(uuid)
-    return out
+            if p.pid != pid:
+                continue
+            mig = next((m for m in g.mig_instances if p.gpu_instance_id is not None
+                        and m.gpu_instance_id == p.gpu_instance_id), None)
+            slices = slices or mig is not None
+            uuid = mig.uuid if mig is not None else g.uuid
+            if uuid not in out:
+                out.append(uuid)
+    return out, slices
 
 
-def check(pid: int, caller: int | None = None) -> tuple[int, int, list[str]]:
+def check(pid: int, caller: int | None = None) -> tuple[int, int, list[str], bool]:
     """(the process's uid, its start time, its GPUs) once everything that can be checked before the
     lease is: the caller (``os.geteuid()``) owns it or is root; NVML lists it on a GPU; no lease is on
     those GPUs (each named).  Raises ConfigError / NoGpuAvailable with a one-line reason."""
@@ -84,7 +88,7 @@ def check(pid: int, caller: int | None = None) -> tuple[int, int, list[str]]:
     uid, start = owner_and_start(pid)
     if caller != 0 and uid != caller:
         raise ConfigError(f"process {pid} belongs to {_user(uid)}: only its owner or root may adopt it")
-    uuids = gpus_of(pid)
+    uuids, slices = gpus_of(pid)
     if not uuids:
         raise ConfigError(f"process {pid} runs on no GPU (NVML lists it on none): nothing to adopt")
     from ..sanitize import for_terminal
@@ -95,15 +99,15 @@ def check(pid: int, caller: int | None = None) -> tuple[int, int, list[str]]:
         names = "; ".join(f"{for_terminal(le.device, 48)} by {for_terminal(le.user, 32) or '?'} (lease "
                           f"{for_terminal(le.lease_id, 16)}, pid {le.pid})" for le in held[:8])
         raise NoGpuAvailable(f"process {pid}'s GPUs are leased already: {names}")
-    return uid, start, uuids
+    return uid, start, uuids, slices
 
 
 def adopt(pid: int, note: str | None = None, timeout: float = ANSWER_TIMEOUT) -> dict[str, Any]:
     """Adopt ``pid``: the holder's answer (``lease``, ``devices``, ``holder`` pid) once it holds the
     lease; raises the refusal (one line) otherwise."""
-    uid, start, uuids = check(pid)
+    uid, start, uuids, slices = check(pid)
     cmd = [sys.executable, "-m", "gpusd.alloc.adopt", str(pid), str(start), str(uid), ",".join(uuids),
-           (note or "")[:200]]
+           "mig" if slices else "gpu", (note or "")[:200]]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
     assert proc.stdout is not None
@@ -147,7 +151,7 @@ def _become(uid: int) -> None:
     os.environ.update(HOME=home, USER=name, LOGNAME=name)
 
 
-def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str) -> int:
+def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str, slices: bool = False) -> int:
     """The holder: take the lease as ``uid``, answer on stdout, keep it until ``pid`` exits."""
     def answer(d: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(d) + "\n")
@@ -167,7 +171,7 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str) -> int
 
         what = f"adopted pid {pid}" + (f": {note}" if note else "")
         c = Constraints.build(count=len(uuids), include=list(uuids), topology="any", within_visible=False,
-                              vendor="any", mig=any(u.startswith("MIG-") for u in uuids))
+                              vendor="any", mig=slices)
         holder = Holder(command=what)
         if uid != os.geteuid():  # root, for someone's process
             from .authority import connect
@@ -207,7 +211,8 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str) -> int
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     pid, start, uid = int(args[0]), int(args[1]), int(args[2])
-    return hold(pid, start, uid, [u for u in args[3].split(",") if u], args[4] if len(args) > 4 else "")
+    return hold(pid, start, uid, [u for u in args[3].split(",") if u], args[5] if len(args) > 5 else "",
+                args[4] == "mig")
 
 
 if __name__ == "__main__":
