@@ -200,3 +200,10 @@ def test_through_the_lease_authority_a_container_outliving_gpusd_run_keeps_its_l
     finally:
         _kill(p)
         server.stop()
+
+
+def test_a_container_run_with_fleet_is_refused_rather_than_run_unrewritten(env, fake_runtimes):
+    r = subprocess.run([*GPUSD, "run", "--fleet", "--", "docker", "run", "--rm", "img", "true"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "not with --fleet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert fake_runtimes.calls() == []

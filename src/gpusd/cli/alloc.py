@@ -122,6 +122,11 @@ def run_command(args: argparse.Namespace) -> int:
     if getattr(args, "bind_cpus", False) and getattr(args, "fleet", False):
         raise ConfigError("--bind-cpus is for local runs: not with --fleet (yet)")
     if getattr(args, "fleet", False):
+        from ..jobs.containers import parse
+
+        if args.lease and parse(cmd, follow=True) is not None:  # the remote side would not rewrite it
+            raise ConfigError("a container run gets its leased GPUs on this machine only: not with --fleet (yet); "
+                              "run it on the host with gpusd run, or with --no-lease")
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
