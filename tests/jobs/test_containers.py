@@ -207,3 +207,22 @@ def test_a_container_run_with_fleet_is_refused_rather_than_run_unrewritten(env, 
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "not with --fleet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert fake_runtimes.calls() == []
+
+
+def test_a_preempted_container_job_stops_its_container_before_its_gpu_is_granted_again(fake_nvml, cli_env,
+                                                                                      fake_runtimes, tmp_path):
+    fake_nvml.write(make_gpus(1))
+    env = fake_runtimes.env(job_env(cli_env))
+    stubborn = ["sh", "-c", f"trap '' TERM; touch {tmp_path}/seen; while :; do sleep 0.05; done"]
+    low = subprocess.Popen([*GPUSD, "run", "--preemptible", "--priority", "low", "--grace", "1", "--", "docker",
+                            "run", "--rm", "img", *stubborn], env=env, text=True, stderr=subprocess.PIPE)
+    try:
+        wait_until_sync(lambda: any(c["argv"][:1] == ["wait"] for c in fake_runtimes.calls("docker")), timeout=30)
+        [cid] = fake_runtimes.containers()
+        high = subprocess.run([*GPUSD, "run", "--priority", "high", "--wait", "--timeout", "60", "--", "true"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert high.returncode == 0, high.stderr
+        assert fake_runtimes.exit_status(cid) is not None  # the container ended before the GPU was granted again
+        assert any(c["argv"][:1] == ["stop"] and cid in c["argv"] for c in fake_runtimes.calls("docker"))
+    finally:
+        _kill(low)
