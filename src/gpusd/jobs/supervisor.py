@@ -756,12 +756,14 @@ class Supervisor:
         run = self.spec.container
         assert run is not None
         path = run.user_cidfile or self._cidfile()
+        delay = 0.02  # the id comes within moments of the start, or (a runtime that never writes it) not at all
         while True:
             done = proc.poll() is not None
             cid = read_cid(path)
             if cid is not None or done:
                 break
-            time.sleep(0.05)
+            time.sleep(delay)
+            delay = min(1.0, delay * 1.5)
         if cid is None:
             return
         with self.lock:
