@@ -26,7 +26,8 @@ _HAVE_PROC = os.path.isdir("/proc/self")
 
 
 def _set(p: ProcessInfo, found: Found) -> None:
-    p.user, p.command, c = found
+    p.user, p.command = found[0], found[1]
+    c = found[2] if len(found) > 2 else None  # (a lookup that knows no container answers two)
     if c is not None:
         p.container, p.container_runtime, p.pod = c.id, c.runtime, c.pod
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 from ..errors import ConfigError
 from ..inventory import vendors
@@ -29,6 +28,7 @@ from ..record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
+    import subprocess
     from typing import Sequence
 
     from ..model import HostSnapshot
@@ -363,6 +363,8 @@ def start_holder(run: ContainerRun, cid: str, fds: Sequence[int], out_path: str,
     """``<runtime> wait <cid>`` holding the lease's descriptors, in a session of its own (a signal to
     ``gpusd run``'s process group does not reach it): the lease ends when the container does.  What
     it prints (the container's exit status) goes to ``out_path``."""
+    import subprocess
+
     with open(out_path, "wb") as out:
         return subprocess.Popen(run.wait_command(cid), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.DEVNULL, pass_fds=list(fds), start_new_session=True, env=env)
