@@ -220,3 +220,15 @@ def test_a_process_on_a_mig_slice_is_adopted_on_that_slice(fake_nvml, cli_env):
     finally:
         p.kill()
         p.wait()
+
+
+def test_without_a_driver_adopt_says_so_in_one_line(tmp_path: Path):
+    env = job_env(dict(os.environ), GPUSD_NVML_LIBRARY=str(tmp_path / "no-libnvidia-ml.so.1"))
+    p = subprocess.Popen(["sleep", "300"])
+    try:
+        r = _adopt(env, str(p.pid))
+        assert r.returncode != 0 and "cannot list the GPU processes" in r.stderr and "--simulate" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    finally:
+        p.kill()
+        p.wait()

@@ -60,9 +60,13 @@ def _user(uid: int) -> str:
 def gpus_of(pid: int) -> tuple[list[str], bool]:
     """The UUIDs of the GPUs NVML lists ``pid`` on (a MIG slice's own UUID where it runs on one), and
     whether they are MIG slices."""
+    from ..errors import BackendUnavailable
     from .api import shared_backend
 
-    snap = shared_backend().snapshot()
+    try:
+        snap = shared_backend().snapshot()
+    except BackendUnavailable as exc:  # no simulated GPUs to offer: a real process runs on real ones
+        raise BackendUnavailable(f"cannot list the GPU processes: {exc.reason}") from None
     out: list[str] = []
     slices = False
     for g in snap.gpus:
