@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from ..ids import PodUid, SlurmJobId
 from ..record import record
 
 MAX_BYTES = 8192
@@ -33,13 +34,11 @@ _SCOPES = (  # (runtime, pattern on one path component)
     ("containerd", re.compile(rf"^(?:cri-containerd|nerdctl)-{_HEX}\.scope$")),
     ("cri-o", re.compile(rf"^crio-{_HEX}\.scope$")),
 )
-_POD = re.compile(r"^(?:kubepods(?:-[a-z]+)?-)?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_]"
-                  r"[0-9a-f]{12})(?:\.slice)?$")
+_POD = re.compile(r"^(?:kubepods(?:-[a-z]+)?-)?pod([0-9a-f_-]{36})(?:\.slice)?$")  # the UID: ids.PodUid
 _BARE = re.compile(r"^([0-9a-f]{64})$")  # a cgroupfs driver's directory: the whole id, under a known parent
 # the parents such a directory has: docker's, podman's, containerd's namespaces (nerdctl, docker's own, CRI)
 _PARENTS = {"docker": "docker", "libpod_parent": "podman", "default": "containerd", "moby": "containerd",
             "k8s.io": "containerd", "buildkit": "containerd"}
-_JOB = re.compile(r"^job_([0-9]{1,12})$")
 
 
 @record(frozen=True, slots=True)
@@ -69,7 +68,7 @@ def _from_path(path: str) -> Container | None:
         if len(part) > 128:
             return None
         m = _POD.match(part)
-        if m is not None:
+        if m is not None and PodUid.is_valid(m.group(1).replace("_", "-")):
             pod = m.group(1).replace("_", "-")
             continue
         for runtime, pattern in _SCOPES:
@@ -79,9 +78,9 @@ def _from_path(path: str) -> Container | None:
         m = _BARE.match(part)
         if m is not None and i > 0 and (pod or parts[i - 1] in _PARENTS):  # cgroupfs: /docker/<id>, pod.../<id>
             return Container("kubernetes" if pod else _PARENTS[parts[i - 1]], m.group(1), pod)
-        m = _JOB.match(part)
-        if m is not None and ("slurmstepd.scope" in parts[:i] or "slurm" in parts[:i]):
-            return Container("slurm", m.group(1))
+        if (part.startswith("job_") and part[4:].isdigit() and SlurmJobId.is_valid(part[4:])
+                and ("slurmstepd.scope" in parts[:i] or "slurm" in parts[:i])):
+            return Container("slurm", part[4:])
     return None
 
 

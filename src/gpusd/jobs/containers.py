@@ -354,8 +354,9 @@ def read_cid(path: str) -> str | None:
         return None
     with os.fdopen(fd, "rb") as f:
         raw = f.read(256).strip().decode("ascii", "replace")
-    raw = raw.lower()
-    return raw if 0 < len(raw) <= 128 and all(c in "0123456789abcdef" for c in raw) else None
+    from ..ids import ContainerId
+
+    return ContainerId.optional(raw.lower())
 
 
 def start_holder(run: ContainerRun, cid: str, fds: Sequence[int], out_path: str,

@@ -24,7 +24,7 @@ import time
 from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import create_exclusive, read_live, user_name, write_new
 from ..alloc.priority import PRIORITIES, priority_name
-from ..ids import JobId, LeaseId
+from ..ids import ContainerId, JobId, LeaseId
 from ..record import field, fields, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -79,11 +79,6 @@ def _text(value: object, limit: int) -> str | None:
     return value[:limit] if isinstance(value, str) else None
 
 
-def _container_id(value: object) -> str | None:
-    return value if isinstance(value, str) and 0 < len(value) <= 128 and all(
-        c in "0123456789abcdef" for c in value) else None
-
-
 def parse(raw: bytes, uid: int) -> JobRecord:
     """A record from another user's file: typed and bounded (ValueError when it is not one)."""
     d = json.loads(raw)
@@ -124,7 +119,7 @@ def parse(raw: bytes, uid: int) -> JobRecord:
                      preemptible=d.get("preemptible") is True, pausable=d.get("pausable") is True, state=state,
                      restarts=restarts, lease=LeaseId.optional(d.get("lease")),
                      started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200),
-                     container=_container_id(d.get("container")),
+                     container=ContainerId.optional(d.get("container")),
                      labels=list(labels))
 
 
