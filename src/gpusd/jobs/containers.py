@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..inventory import vendors
 from ..record import record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     import subprocess
     from typing import Sequence
