@@ -18,6 +18,7 @@ import pytest
 from fakeamdsmi.fixtures import fake_amdsmi, fake_amdsmi_root  # noqa: F401
 from fakenvml import FakeGPU, FakeNvml, make_gpus  # noqa: F401  (re-exported for tests)
 from fakenvml.fixtures import fake_nvml, fake_nvml_inprocess, fake_nvml_libdir  # noqa: F401
+from fakeruntime import fake_runtimes  # noqa: F401
 from fakeze.fixtures import fake_ze, fake_ze_lib  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,6 +18,9 @@ module compiles a regular expression for these ids (``tests/test_ids.py`` checks
 ``PlacementId``  the ``job_id`` of an engines placement (``gpusd launch``, ``hostfile``, ``ray up``):
                  a name for hostfiles and engines, not a gpusd job; written ``gpusd-`` and 8 hex digits,
                  read 1 to 64 letters, digits, ``.``, ``_`` or ``-`` (not starting with ``.`` or ``-``).
+``ContainerId``  a container (docker, podman, containerd, CRI-O): 12 to 64 lowercase hex digits; the runtimes
+                 make them, gpusd reads them (a cgroup, a ``--cidfile``, a job record).
+``PodUid``       a Kubernetes pod's UID (``8-4-4-4-12`` lowercase hex digits), read from a cgroup.
 
 Core: imports only :mod:`gpusd.errors`; cheap to import (a few compiled expressions, no typing).
 """
@@ -121,4 +124,20 @@ class PlacementId(_Id):
         return "gpusd-" + os.urandom(4).hex()
 
 
-__all__ = ["JobId", "LeaseId", "SlurmJobId", "PlacementId"]
+class ContainerId(_Id):
+    """A container's id as its runtime writes it (``--cidfile``, the cgroup's name)."""
+
+    what = "a container id"
+    rule = "12 to 64 lowercase hexadecimal digits"
+    _match = re.compile(r"[0-9a-f]{12,64}").fullmatch
+
+
+class PodUid(_Id):
+    """A Kubernetes pod's UID."""
+
+    what = "a pod UID"
+    rule = "8-4-4-4-12 lowercase hexadecimal digits"
+    _match = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+
+
+__all__ = ["JobId", "LeaseId", "SlurmJobId", "PlacementId", "ContainerId", "PodUid"]

@@ -291,6 +291,13 @@ class ProcessInfo:
     # on a GPU no gpusd lease covers: not a lease holder's (or its descendants') and not a lease
     # holder's user's (docs/allocation.md "Unleased processes"); False where leases were not read
     unleased: bool = False
+    # the container it runs in, from its cgroup (gpusd.inventory.cgroups; added in 0.4, sent only where
+    # known): the container's id (a Slurm job's number), its runtime, a Kubernetes pod's UID, and who
+    # started it where gpusd knows (the gpusd job that ran the container: its user)
+    container: str | None = field(default=None, metadata={**OPT, "max": 128})
+    container_runtime: str | None = field(default=None, metadata={**OPT, "max": 32})
+    pod: str | None = field(default=None, metadata={**OPT, "max": 64})
+    container_owner: str | None = field(default=None, metadata={**OPT, **PRIVATE, "max": 64})
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)

@@ -22,8 +22,9 @@ def _snap() -> HostSnapshot:
 def test_the_private_fields_are_the_marked_ones() -> None:
     marked = {(cls.__name__, f.name) for cls in model.MODEL_CLASSES for f in fields(cls) if f.metadata.get("private")}
     assert marked == {("ProcessInfo", "user"), ("ProcessInfo", "command"), ("LeaseInfo", "user"),
-                      ("LeaseInfo", "command")}
-    assert model.private_keys() == (frozenset({"user", "command"}), frozenset({"processes", "leases"}))
+                      ("LeaseInfo", "command"), ("ProcessInfo", "container_owner")}
+    assert model.private_keys() == (frozenset({"user", "command", "container_owner"}),
+                                    frozenset({"processes", "leases"}))
 
 
 def test_one_redaction_for_objects_and_for_json() -> None:

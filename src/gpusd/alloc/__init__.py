@@ -16,7 +16,8 @@
 * :mod:`.priority` — priorities: names, who may claim which, ageing;
 * :mod:`.env` — the visibility variables for chosen GPUs (``set_cuda_visible_devices``);
 * :mod:`.api` — ``gpusd.select`` and its :class:`Selection`;
-* :mod:`.runner` — ``gpusd run``: a command on leased GPUs, for as long as it lives.
+* :mod:`.runner` — ``gpusd run``: a command on leased GPUs, for as long as it lives;
+* :mod:`.adopt` — ``gpusd adopt PID``: a running GPU process made a lease until it exits.
 
 Internal (docs/api.md): ``gpusd.select``, ``gpusd.Selection``, ``gpusd.Constraints`` and
 ``gpusd.set_cuda_visible_devices`` are the public names.

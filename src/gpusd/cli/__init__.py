@@ -81,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
 GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Local GPUs", (("devices", "devices"),)),
     ("Allocation (docs/allocation.md)", (("select", "alloc"), ("env", "alloc"), ("run", "alloc"),
-                                         ("leases", "alloc"), ("notify", "notify"))),
+                                         ("leases", "alloc"), ("notify", "notify"), ("adopt", "adopt"))),
     ("The fleet pool (docs/pool.md)", (("reserve", "pool"), ("release", "pool"), ("reservations", "pool"))),
     ("Jobs (docs/jobs.md)", (("jobs", "jobs"), ("grow", "jobs"), ("shrink", "jobs"))),
     ("The daemon and the LAN (docs/daemon.md)", (("start", "daemon"), ("stop", "daemon"), ("status", "daemon"),

@@ -122,13 +122,23 @@ def run_command(args: argparse.Namespace) -> int:
     if getattr(args, "bind_cpus", False) and getattr(args, "fleet", False):
         raise ConfigError("--bind-cpus is for local runs: not with --fleet (yet)")
     if getattr(args, "fleet", False):
+        from ..jobs.containers import parse
+
+        if args.lease and parse(cmd, follow=True) is not None:  # the remote side would not rewrite it
+            raise ConfigError("a container run gets its leased GPUs on this machine only: not with --fleet (yet); "
+                              "run it on the host with gpusd run, or with --no-lease")
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
     if args.lease:  # every leased run is a job (docs/jobs.md)
+        from ..jobs.containers import parse
         from .jobs import run_job
 
-        return run_job(args, cmd, _join(cmd)[:512])
+        # a container run gets exactly the leased GPUs; what would bypass the lease is refused before one
+        container = parse(cmd, follow=getattr(args, "follow_container", False))
+        return run_job(args, cmd, _join(cmd)[:512], container=container)
+    if getattr(args, "follow_container", False):
+        raise ConfigError("--follow-container follows a leased container: not with --no-lease")
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=_join(cmd)[:512])

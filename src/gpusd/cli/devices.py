@@ -20,6 +20,10 @@ def run(args: argparse.Namespace) -> int:
         snap = backend.snapshot()
     store = LeaseStore()
     store.attach(snap)
+    if any(p.container for g in snap.gpus for p in g.processes):  # (job records only where a container runs)
+        from ..jobs.containers import name_containers
+
+        name_containers(snap)
     mutex = store.mutex_holders()
     if mutex:
         from .alloc import mutex_note

@@ -11,6 +11,7 @@ from ..errors import ConfigError, GpusdError
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..jobs.containers import ContainerRun
     from ..jobs.record import JobRecord
 
 PRIORITY_NAMES = ("low", "normal", "high", "urgent")
@@ -57,9 +58,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="when NVIDIA's cuda-checkpoint is on PATH and can restore onto another GPU (driver r580+), "
                    "move this job by checkpointing its CUDA state and restoring it on the new GPU, without a "
                    "restart; otherwise, or if the tool fails, moves use the job protocol (docs/jobs.md)")
+    g.add_argument("--follow-container", action="store_true",
+                   help="with a detached container run (docker/podman/nerdctl run -d): wait for the container "
+                   "(<runtime> wait) and end the lease when it exits (docs/allocation.md, \"Containers\")")
 
 
-def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
+def run_job(args: argparse.Namespace, cmd: list[str], command: str, container: "ContainerRun | None" = None) -> int:
     from ..alloc.priority import PRIORITIES
     from ..jobs.supervisor import Supervisor
     from .options import to_constraints, wait_timeout
@@ -92,7 +96,7 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str) -> int:
                      preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
                      grace=args.grace, wait=args.wait, timeout=timeout, simulate=args.simulate,
                      use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change,
-                     bind_cpus=args.bind_cpus)
+                     bind_cpus=args.bind_cpus, container=container)
     try:
         return sup.run()
     except BaseException:

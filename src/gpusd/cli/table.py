@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..model import GpuInfo, HostSnapshot, shown_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
-from ..views.tables import MAX_CELL, render_table
+from ..views.tables import MAX_CELL, container_tag, render_table
 
 __all__ = ["MAX_CELL", "render_table", "render_host", "gpu_rows", "host_header"]
 NAME_MAX = 64  # of a host name
@@ -24,7 +24,7 @@ def _procs(g: GpuInfo) -> str:
     for p in g.processes[:3]:
         who = f"{p.user}:" if p.user else ""
         mem = f"({format_bytes(p.used_memory, 'MiB')})" if p.used_memory is not None else ""
-        parts.append(f"{who}{p.pid}{mem}{' unleased' if p.unleased else ''}")
+        parts.append(f"{who}{p.pid}{mem}{container_tag(p)}{f' unleased (gpusd adopt {p.pid})' if p.unleased else ''}")
     more = f" +{len(g.processes) - 3}" if len(g.processes) > 3 else ""
     return " ".join(parts) + more
 

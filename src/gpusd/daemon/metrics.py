@@ -464,6 +464,7 @@ class LeaseCollector:
                                      printable(le.slurm_job or "", 32, ""), user,
                                      "true" if le.remote_from else "false"], 1.0)
         yield info
+        yield self._processes(private)
         policy = self.policy() if self.policy is not None else None
         for name, attr, help_ in (
                 ("gpusd_policy_max_gpus_per_user", "max_gpus_per_user", "GPUs one user may hold on this host"),
@@ -475,6 +476,35 @@ class LeaseCollector:
                 for host in hosts:
                     fam.add_metric([host], float(cap))
                 yield fam
+
+
+    def _processes(self, private: bool) -> Any:
+        """``gpusd_gpu_process_info`` (value 1, added in 0.4): each GPU process with the GPU's labels, its
+        pid, its container (id, runtime, Kubernetes pod; empty for a process of the host: docs/inventory.md,
+        "Containers"), whether a lease covers it, and its user (private, as for the leases)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        from ..sanitize import printable
+
+        fam = GaugeMetricFamily("gpusd_gpu_process_info", "A process on a GPU (value 1): its pid, its container "
+                                "and whether a lease covers it (its user only for readers who may see it)",
+                                labels=[*GPU_LABELS, "pid", "container", "container_runtime", "pod", "user",
+                                        "unleased"])
+        n = 0
+        for snap in self.snapshots():
+            if snap is None:
+                continue
+            for g in snap.gpus:
+                labels = gpu_labels(snap, g)
+                for p in g.processes:
+                    if n >= self.MAX_LEASES:
+                        return fam
+                    n += 1
+                    fam.add_metric([*labels, str(p.pid), printable(p.container or "", 128, ""),
+                                    printable(p.container_runtime or "", 32, ""), printable(p.pod or "", 64, ""),
+                                    printable(p.user or "", 64, "") if private else "",
+                                    "true" if p.unleased else "false"], 1.0)
+        return fam
 
 
 # registry -> the exporter-named collectors :func:`render` appends (written by exporter_text, not by

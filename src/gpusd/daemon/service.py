@@ -336,6 +336,9 @@ class Daemon:
                 # blocks nothing here, so it must not make a GPU look taken to the fleet).
                 self._leases = LeaseStore.for_daemon()
                 self._leases.attach(snap)
+                from ..jobs.containers import name_containers
+
+                name_containers(snap)  # who started each GPU process's container, where a gpusd job did
             except Exception as exc:  # leases are a detail; never lose a sample over them
                 log.debug("cannot read leases: %r", exc)
         snap.hostname = self.hostname

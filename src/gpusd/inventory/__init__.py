@@ -12,6 +12,7 @@ backend that works here (``$GPUSD_BACKENDS`` to name them).  All backends have t
 * :mod:`.window` — utilisation averaged over a time window;
 * :mod:`.lost` — a GPU that fails mid-snapshot, flagged unhealthy;
 * :mod:`.processes` — who runs a GPU process (user, command line);
+* :mod:`.cgroups` — which container (or Slurm job) a process runs in, from its cgroup;
 * :mod:`.vendors` — each vendor's visibility variables;
 * :mod:`.backend` — the one protocol every backend implements; :mod:`.base` — the vendor libraries'
   shared reader (device list, lock, query, closing).

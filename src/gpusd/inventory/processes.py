@@ -2,6 +2,7 @@
 
 In a container without the host's PID namespace, NVML reports host pids that do not exist here (or
 belong to someone else): those come back with ``user``/``command`` = None rather than wrong names.
+The container a process runs in is read from its cgroup (:mod:`.cgroups`) at the same lookup.
 Lookups are cached per pid (for as long as the pid stays on a GPU) so a daemon sampling every second
 does not re-read /proc.  On Linux /proc is read directly (importing psutil alone costs a one-shot CLI
 about 14 ms); elsewhere psutil answers.
@@ -17,7 +18,18 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterable
 
+    from .cgroups import Container
+
+    Found = tuple[str | None, str | None, Container | None]
+
 _HAVE_PROC = os.path.isdir("/proc/self")
+
+
+def _set(p: ProcessInfo, found: Found) -> None:
+    p.user, p.command = found[0], found[1]
+    c = found[2] if len(found) > 2 else None  # (a lookup that knows no container answers two)
+    if c is not None:
+        p.container, p.container_runtime, p.pod = c.id, c.runtime, c.pod
 
 
 def _from_proc(pid: int) -> tuple[str | None, str | None]:
@@ -52,13 +64,16 @@ def _from_proc(pid: int) -> tuple[str | None, str | None]:
 
 class ProcessResolver:
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[str | None, str | None]] = {}
+        self._cache: dict[int, Found] = {}
         self._psutil: Any = None
 
-    def _lookup(self, pid: int) -> tuple[str | None, str | None]:
+    def _lookup(self, pid: int) -> Found:
         if _HAVE_PROC:
-            return _from_proc(pid)
-        return self._lookup_psutil(pid)
+            from .cgroups import of_pid  # here: only where a GPU runs a process (start-up time)
+
+            user, cmd = _from_proc(pid)
+            return user, cmd, (of_pid(pid) if user is not None or cmd is not None else None)
+        return (*self._lookup_psutil(pid), None)
 
     def _lookup_psutil(self, pid: int) -> tuple[str | None, str | None]:
         if self._psutil is None:
@@ -96,7 +111,7 @@ class ProcessResolver:
                     cached = get(pid)
                     if cached is None:
                         cached = cache[pid] = self._lookup(pid)
-                    p.user, p.command = cached
+                    _set(p, cached)
         if not seen.issuperset(cache):
             for pid in cache.keys() - seen:  # pids no longer on a GPU
                 del cache[pid]
@@ -112,7 +127,7 @@ class ProcessResolver:
             cached = cache.get(pid)
             if cached is None:
                 cached = cache[pid] = self._lookup(pid)
-            p.user, p.command = cached
+            _set(p, cached)
         if keep_only_seen:
             for pid in cache.keys() - seen:  # pids no longer on a GPU
                 del cache[pid]

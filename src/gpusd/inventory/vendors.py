@@ -25,6 +25,8 @@ Engines that manage a vendor's variable themselves get what they read (``engine=
 
 from __future__ import annotations
 
+import os
+
 from ..model import VENDORS, GpuInfo
 from ..record import record
 
@@ -49,6 +51,15 @@ class VendorRule:
     # Variables whose inherited value limits which of this vendor's GPUs gpusd may choose (a parent, or
     # Slurm, gave the job these GPUs only), checked in this order: the first one set decides.
     inherited: tuple[str, ...]
+    # Containers (gpusd.jobs.containers, docs/allocation.md "Containers"):
+    cdi_kind: str | None = None  # the kind of its CDI devices (``kind=name``), where its toolkit writes specs
+    device_files: tuple[str, ...] = ()  # device files every container of this vendor needs besides its GPUs'
+    render_nodes: bool = False  # each GPU is passed as its /dev/dri/renderD<N> (found through sysfs)
+    groups: tuple[str, ...] = ()  # --group-add: the groups that may open those device files
+    docker_gpus: bool = False  # docker's ``--gpus`` (the NVIDIA container toolkit's hook) takes its GPUs
+    apptainer_flag: str | None = None  # the apptainer/singularity flag that binds its driver into the container
+    gpu_device_prefixes: tuple[str, ...] = ()  # device files that are its GPUs: a user's --device of one is refused
+    runtime_variables: tuple[str, ...] = ()  # container-toolkit variables that choose GPUs (refused in -e)
 
 
 RULES: dict[str, VendorRule] = {
@@ -56,7 +67,12 @@ RULES: dict[str, VendorRule] = {
     # are made nvidia-smi's by CUDA_DEVICE_ORDER).
     "nvidia": VendorRule("nvidia", "CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", (), (),
                          (("CUDA_VISIBLE_DEVICES", ""), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")),
-                         ("CUDA_VISIBLE_DEVICES",)),
+                         ("CUDA_VISIBLE_DEVICES",),
+                         # nvidia-ctk cdi generate names each GPU by index and UUID (and "all"); docker's
+                         # --gpus goes through the toolkit's hook, which also obeys NVIDIA_VISIBLE_DEVICES --
+                         # an image's own "all" included, so gpusd sets it too.
+                         cdi_kind="nvidia.com/gpu", docker_gpus=True, apptainer_flag="--nv",
+                         gpu_device_prefixes=("/dev/nvidia",), runtime_variables=("NVIDIA_VISIBLE_DEVICES",)),
     # ROCr filters when ROCR_VISIBLE_DEVICES is *set*, empty or not (ROCR-Runtime core/inc/flag.h:
     # filter_visible_gpus_ = IsEnvVarSet(...)): "" hides every agent.  HIP (clr, rocdevice.cpp
     # Device::init) reads HIP_VISIBLE_DEVICES, or CUDA_VISIBLE_DEVICES when that is empty, and stops at
@@ -65,13 +81,21 @@ RULES: dict[str, VendorRule] = {
                       ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
                       ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
                       (("ROCR_VISIBLE_DEVICES", ""), ("HIP_VISIBLE_DEVICES", "-1"), ("GPU_DEVICE_ORDINAL", "-1")),
-                      ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")),
+                      ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"),
+                      # ROCm in a container: /dev/kfd (the compute interface) and each GPU's render node,
+                      # opened by the video (and render) group; AMD's container toolkit names CDI devices
+                      # amd.com/gpu=<n>, matched here by their render node, not by the number.
+                      cdi_kind="amd.com/gpu", device_files=("/dev/kfd",), render_nodes=True,
+                      groups=("video",), apptainer_flag="--rocm", gpu_device_prefixes=("/dev/kfd", "/dev/dri"),
+                      runtime_variables=("AMD_VISIBLE_DEVICES",)),
     # Level Zero (intel/compute-runtime, ExecutionEnvironment::parseAffinityMask): an empty mask is no
     # mask (every device); entries naming no device are skipped, and a mask that enables none leaves
     # none: "-1" names none.  SYCL then sees Level Zero devices only (no second copy through OpenCL).
     "intel": VendorRule("intel", "ZE_AFFINITY_MASK", "ZE_AFFINITY_MASK", (), ("ONEAPI_DEVICE_SELECTOR",),
                         (("ZE_AFFINITY_MASK", "-1"), ("ONEAPI_DEVICE_SELECTOR", "level_zero:*")),
-                        ("ZE_AFFINITY_MASK",)),
+                        ("ZE_AFFINITY_MASK",),
+                        # Level Zero opens the card's render node only
+                        render_nodes=True, gpu_device_prefixes=("/dev/dri",)),
 }
 
 # The tables other modules read, derived from the rules above (one owner per fact).
@@ -226,21 +250,12 @@ FIRST_RENDER_MINOR = 128  # the kernel numbers render nodes from 128 (drm_minor.
 
 
 def _render_minor(gpu: GpuInfo, sysfs: str | None) -> int:
-    """The DRM render minor of ``gpu``: read from sysfs by its PCI address where the kernel shows one;
-    else 128 plus its number among the vendor's GPUs (the kernel's order when each GPU has one node)."""
-    import os
-
-    bus = (gpu.pci_bus_id or "").lower()
-    if bus.count(":") == 2 and len(bus) == 16:  # NVML's 8-hex-digit domain: sysfs writes 4
-        bus = bus[4:]
-    if sysfs is not None and bus and all(c in "0123456789abcdef:." for c in bus):
-        try:
-            names = os.listdir(os.path.join(sysfs, "bus", "pci", "devices", bus, "drm"))
-        except OSError:
-            names = []
-        minors = sorted(int(n[7:]) for n in names if n.startswith("renderD") and n[7:].isdigit())
-        if minors:
-            return minors[0]
+    """The DRM render minor of ``gpu``: read from sysfs by its PCI address where the kernel shows one
+    (``sysfs`` None: not this machine's GPU); else 128 plus its number among the vendor's GPUs (the
+    kernel's order when each GPU has one node)."""
+    node = render_node(gpu.pci_bus_id, sysfs) if sysfs is not None else None
+    if node is not None:
+        return int(node.rsplit("renderD", 1)[1])
     return FIRST_RENDER_MINOR + gpu.device_index
 
 
@@ -256,3 +271,73 @@ def slurm_file(gpu: GpuInfo, prefix: str | None = None, sysfs: str | None = "/sy
 def slurm_flag(vendor: str) -> str:
     """gres.conf's ``Flags=`` for a GPU of ``vendor``."""
     return SLURM[check_vendor(vendor)].flag
+
+# -- containers (gpusd.jobs.containers asks these; docs/allocation.md "Containers") ------------------------
+def rule(vendor: str) -> VendorRule:
+    return RULES[check_vendor(vendor)]
+
+
+def cdi_kinds() -> dict[str, str]:
+    """CDI kind -> vendor, for the vendors whose toolkits write CDI specs."""
+    return {r.cdi_kind: v for v, r in RULES.items() if r.cdi_kind}
+
+
+def is_gpu_device(path: str) -> bool:
+    """Whether a device path (``--device`` of a container runtime; ``HOST[:CONTAINER[:PERMS]]``) or CDI
+    name (``kind=name``) is a GPU of a vendor gpusd knows: passing it would bypass the lease."""
+    if not path.startswith("/"):
+        return "=" in path and path.split("=", 1)[0] in cdi_kinds()
+    host = os.path.normpath(path.split(":", 1)[0])
+    return any(host.startswith(p) for r in RULES.values() for p in r.gpu_device_prefixes)
+
+
+def selects_gpus(variable: str) -> bool:
+    """Whether a variable set in a container (``-e NAME=...``) chooses GPUs: gpusd sets these itself."""
+    return any(variable == r.device_variable or variable in r.runtime_variables or variable in r.cleared
+               for r in RULES.values())
+
+
+def _sysfs_bus_id(pci_bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` as sysfs names it (``0000:3b:00.0``); "" when it is not one."""
+    parts = pci_bus_id.strip().lower().split(":")
+    if len(parts) == 2:
+        parts = ["0000", *parts]
+    if len(parts) != 3 or len(pci_bus_id) > 32:
+        return ""
+    return f"{parts[0][-4:].rjust(4, '0')}:{parts[1]}:{parts[2]}"
+
+
+def render_node(pci_bus_id: str | None, sysfs: str | None = None) -> str | None:
+    """``/dev/dri/renderD<N>`` of the GPU at ``pci_bus_id``, from sysfs (``$GPUSD_SYSFS``, default
+    ``/sys``: a test's own tree); None when there is none."""
+    if not pci_bus_id:
+        return None
+    bdf = _sysfs_bus_id(pci_bus_id)
+    if not bdf or any(c not in "0123456789abcdef:." for c in bdf):
+        return None
+    root = sysfs or os.environ.get("GPUSD_SYSFS") or "/sys"
+    try:
+        names = sorted(n for n in os.listdir(f"{root}/bus/pci/devices/{bdf}/drm") if n.startswith("renderD"))
+    except OSError:
+        return None
+    for n in names:
+        if n[7:].isdigit() and len(n) <= 16:
+            return f"/dev/dri/{n}"
+    return None
+
+
+def container_env(devices: list[Visible], *, isolated: bool) -> dict[str, str]:
+    """The variables that choose ``devices`` inside a container.  ``isolated``: the container has only
+    these GPUs (docker/podman/nerdctl were given them), so a runtime that counts from 0 sees them as
+    0..n-1 in this order; otherwise (apptainer binds the host's /dev) by the host's numbers.  UUIDs
+    wherever the vendor's variable takes them: they mean the same GPU on both sides."""
+    out: dict[str, str] = {}
+    for vendor, group in by_vendor(devices).items():
+        if isolated:
+            group = [Visible(d.vendor, i, d.uuid, d.is_slice) for i, d in enumerate(group)]
+        out.update(vendor_env(vendor, group, use_uuid=True))
+        r = RULES[vendor]
+        for name in r.runtime_variables:  # the container toolkit's own choice, an image's "all" overridden
+            if r.docker_gpus:
+                out[name] = ",".join(d.uuid or str(d.index) for d in group)
+    return out

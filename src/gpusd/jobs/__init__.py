@@ -8,7 +8,8 @@ shrink, priorities with preemption, and rebalancing (docs/jobs.md).
 * :mod:`.state` — the supervisor's states and the one table of their transitions;
 * :mod:`.rebalance` — the rebalancing policy (pure decisions the daemon acts on);
 * :mod:`.fleet` — the records of fleet runs (``gpusd run --fleet``, ``gpusd fleet-job``);
-* :mod:`.checkpoint` — NVIDIA's ``cuda-checkpoint``, for transparent moves.
+* :mod:`.checkpoint` — NVIDIA's ``cuda-checkpoint``, for transparent moves;
+* :mod:`.containers` — container runs (docker, podman, nerdctl, apptainer) rewritten for the leased GPUs.
 
 Imports the core, ``inventory`` and ``alloc``.  Internal (docs/api.md); the job's own side is
 :mod:`gpusd.job` (public, standard library only).

@@ -24,7 +24,7 @@ import time
 from ..alloc.leases import LeaseStore
 from ..alloc.lockdir import create_exclusive, read_live, user_name, write_new
 from ..alloc.priority import PRIORITIES, priority_name
-from ..ids import JobId, LeaseId
+from ..ids import ContainerId, JobId, LeaseId
 from ..record import field, fields, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -62,6 +62,7 @@ class JobRecord:
     host: str | None = None  # fleet runs: the machine that asked
     reason: str | None = None  # why the last change of state happened
     labels: list[str] = field(default_factory=list)  # fleet runs, where they were asked: HOST:INDEX
+    container: str | None = None  # the id of the container it started (gpusd.jobs.containers), hex
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
@@ -118,6 +119,7 @@ def parse(raw: bytes, uid: int) -> JobRecord:
                      preemptible=d.get("preemptible") is True, pausable=d.get("pausable") is True, state=state,
                      restarts=restarts, lease=LeaseId.optional(d.get("lease")),
                      started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200),
+                     container=ContainerId.optional(d.get("container")),
                      labels=list(labels))
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Sequence
 
     from .checkpoint import CudaCheckpoint
+    from .containers import ContainerRun
 
 RESTART_ME = 75
 FILE_FORMAT = 1
@@ -103,6 +105,7 @@ class JobSpec:
     cuda_checkpoint: CudaCheckpoint | None = None
     on_change: str = "signal"  # ON_CHANGE: how the command is told of a grow or shrink
     bind_cpus: bool = False  # run the command on its GPUs' local CPUs (alloc.cpus)
+    container: ContainerRun | None = None  # a container run, rewritten for the GPUs at every start
 
     @property
     def own_group(self) -> bool:
@@ -121,9 +124,13 @@ class Supervisor:
                  preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
                  simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
-                 host: str | None = None, on_change: str = "signal", bind_cpus: bool = False) -> None:
+                 host: str | None = None, on_change: str = "signal", bind_cpus: bool = False,
+                 container: "ContainerRun | None" = None) -> None:
         self.spec = JobSpec(c, tuple(cmd), command, priority, preemptible, pausable, notify_signal, grace, wait,
-                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus)
+                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus, container)
+        self.holder_proc: Any = None  # a container's `<runtime> wait`, holding the lease (gpusd.jobs.containers)
+        self.holder_out = ""
+        self.cid_watch: threading.Thread | None = None
         self.store = LeaseStore()
         self.lock = threading.RLock()  # the job's GPUs, lease and state, against the control socket's threads
         self.job_id = JobId.new()
@@ -714,10 +721,97 @@ class Supervisor:
 
             cpus, said = binding([d.gpu for d in self.devs])
             log(said)
-        proc = self.child.start(self.spec.cmd, env, fds, own_group, preexec(cpus, own_group and not GROUP_AT_SPAWN))
+        cmd = list(self.spec.cmd)
+        if self.spec.container is not None:
+            cmd, extra = self._container_command()
+            env.update(extra)
+        proc = self.child.start(cmd, env, fds, own_group, preexec(cpus, own_group and not GROUP_AT_SPAWN))
+        if self.spec.container is not None and self.spec.container.daemon:
+            self.cid_watch = threading.Thread(target=self._watch_cid, args=(proc,), daemon=True,
+                                              name=f"{self.job_id} container id")
+            self.cid_watch.start()
         lease = self._local()
         self.inherited = set(lease.devices) if lease is not None else set()
         self.writer.write(child=proc.pid)
+
+    # -- containers (gpusd.jobs.containers) -------------------------------------------------------------
+    def _cidfile(self) -> str:
+        return str(self.private / f"cid.{self.restarts}.{self.generation}")
+
+    def _container_command(self) -> tuple[list[str], dict[str, str]]:
+        from .containers import Leased
+
+        run = self.spec.container
+        assert run is not None
+        leased = [Leased(d.gpu.vendor, d.gpu.device_index, d.uuid, d.gpu.pci_bus_id, d.mig is not None)
+                  for d in self.devs]
+        labels = {"gpusd.job": self.job_id, **({"gpusd.lease": self.lease.lease_id} if self.lease else {})}
+        return run.command(leased, self._cidfile(), labels)
+
+    def _watch_cid(self, proc: Any) -> None:
+        """Wait (while the runtime's client runs, and once after) for the container's id, then start its
+        holder (:func:`gpusd.jobs.containers.start_holder`) and record the id."""
+        from .containers import read_cid, start_holder
+
+        run = self.spec.container
+        assert run is not None
+        path = run.user_cidfile or self._cidfile()
+        delay = 0.02  # the id comes within moments of the start, or (a runtime that never writes it) not at all
+        while True:
+            done = proc.poll() is not None
+            cid = read_cid(path)
+            if cid is not None or done:
+                break
+            time.sleep(delay)
+            delay = min(1.0, delay * 1.5)
+        if cid is None:
+            return
+        with self.lock:
+            fds = list(self.lease.fds) if self.lease is not None else []
+            self.holder_out = str(self.private / f"wait.{cid[:12]}")
+            try:
+                self.holder_proc = start_holder(run, cid, fds, self.holder_out)
+            except OSError as exc:
+                log(f"job {self.job_id}: cannot start {run.runtime} wait {cid[:12]}: {exc}; the lease ends with "
+                    f"the client, not with the container")
+            self.writer.write(container=cid)
+
+    def _follow_container(self, rc: int) -> int:
+        """After the runtime's client exited: wait for the container (its holder), stopping it when a
+        signal asked ``gpusd run`` to stop; the container's exit status for a followed ``-d`` run."""
+        run = self.spec.container
+        if run is None or not run.daemon:
+            return rc
+        if self.cid_watch is not None:
+            self.cid_watch.join()
+        holder, self.holder_proc = self.holder_proc, None
+        if holder is None:
+            return rc
+        from .containers import exit_status
+
+        cid = self.writer.record.container or ""
+        asked = False
+        while True:
+            try:
+                holder.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            # a stop, a preemption or a move: the container goes too (the client's end does not end it)
+            if (self.user_stop or self.stopped.is_set() or self.state.restarting) and not asked:
+                asked = True
+                log(f"job {self.job_id}: stopping container {cid[:12]}")
+                try:
+                    subprocess.run(run.stop_command(cid, self.spec.grace), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   timeout=self.spec.grace + 30)
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    log(f"job {self.job_id}: {run.runtime} stop {cid[:12]}: {exc}")
+        if self.stopped.is_set():
+            self.stopped.clear()
+            self.user_stop = True
+        status = exit_status(self.holder_out)
+        return status if run.detached and status is not None and rc == 0 else rc
 
     def _on_signal(self, interactive: bool) -> Callable[[int, object], None]:
         """The handler of the signals ``gpusd run`` forwards: it passes them on to the command and
@@ -776,7 +870,7 @@ class Supervisor:
                         log(f"job {self.job_id}: running on GPU {self.cuda_visible()} (restarted in "
                             f"{self.last_migration * 1000:.0f} ms after the command exited)")
                     self.decided_at = self.exited_at = None
-                rc = self.child.wait()
+                rc = self._follow_container(self.child.wait())
                 with self.lock:
                     why = self.state.now if self.state.restarting else None
                 if why is not None or rc == RESTART_ME:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..model import GpuInfo, HostSnapshot, finite
+from ..model import GpuInfo, HostSnapshot, ProcessInfo, finite
 from .db import IDLE_UTIL, STEP, TIERS, Retention, connect, prune, transaction
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class Accountant:
         for g in snap.gpus:
             for p in g.processes:
                 s = out.setdefault(_proc_ident(p.pid, p.user, p.command),
-                                   _Seen("unleased" if p.unleased else "process", p.user, p.command))
+                                   _Seen("unleased" if p.unleased else "process", p.user, _shown(p)))
                 s.gpus.add(g.uuid)
                 s.mem += p.used_memory or 0
             for lease in g.leases:
@@ -340,6 +340,15 @@ def _remember(d: dict[str, Any], key: str, value: Any) -> None:
     d[key] = value
     while len(d) > MAX_ENDED:
         del d[next(iter(d))]
+
+
+def _shown(p: ProcessInfo) -> str | None:
+    """The command the history records for ``p``: its container first (``[docker 0123456789ab]``),
+    where it runs in one, so that the report names it (docs/history.md)."""
+    if not p.container:
+        return p.command
+    owner = f" of {p.container_owner}" if p.container_owner else ""
+    return f"[{p.container_runtime or 'container'} {p.container[:12]}{owner}] {p.command or ''}".rstrip()[:1024]
 
 
 def _proc_ident(pid: int, user: str | None, command: str | None) -> str:

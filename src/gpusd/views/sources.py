@@ -35,8 +35,10 @@ class LocalSource:
 
     def hosts(self) -> list[HostView]:
         from ..alloc.leases import LeaseStore
+        from ..jobs.containers import name_containers
 
         snap = LeaseStore().attach(self._backend.snapshot())
+        name_containers(snap)
         return [HostView(snap.hostname, snap.node_id, snap)]
 
     def close(self) -> None:

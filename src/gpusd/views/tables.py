@@ -71,3 +71,14 @@ def _rich_table(head: list[str], body: list[list[str]], widths: list[int], right
                       highlight=False, markup=False, emoji=False, soft_wrap=False, no_color=True)
     console.print(table)
     return "\n".join(line.rstrip() for line in out.getvalue().rstrip("\n").split("\n"))
+
+
+def container_tag(p: object) -> str:
+    """`` [docker 0123456789ab of alice]``: a GPU process's container (its runtime, the id's first 12
+    characters, who started it where a gpusd job did); "" for a process of the host."""
+    cid = getattr(p, "container", None)
+    if not cid:
+        return ""
+    runtime = for_terminal(getattr(p, "container_runtime", None), 16) or "container"
+    owner = for_terminal(getattr(p, "container_owner", None), 32)
+    return f" [{runtime} {for_terminal(str(cid)[:12], 12)}{f' of {owner}' if owner else ''}]"

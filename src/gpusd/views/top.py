@@ -28,6 +28,7 @@ from ..model import GpuInfo, display_name, shown_name
 from ..sanitize import for_terminal
 from ..units import format_bytes
 from ..wire.fleet import RECORD_FIELDS, HostRecord
+from .tables import container_tag
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import RenderableType
@@ -309,7 +310,7 @@ def _procs(g: GpuInfo, limit: int = 2) -> str:
         who = for_terminal(p.user, WORD_MAX) or f"pid {p.pid}"
         what = f" {cmd}" if cmd else ""
         mem = f" {format_bytes(p.used_memory)}" if p.used_memory is not None else ""
-        parts.append(f"{who}{what}{mem}{' unleased' if p.unleased else ''}")
+        parts.append(f"{who}{what}{mem}{container_tag(p)}{f' unleased (gpusd adopt {p.pid})' if p.unleased else ''}")
     more = f" +{len(g.processes) - limit}" if len(g.processes) > limit else ""
     return ", ".join(parts) + more
 

@@ -47,7 +47,8 @@
   function cleanProc(p) {
     p = obj(p) || {};
     return Object.assign({}, p, { pid: num(p.pid), used_memory: num(p.used_memory), user: str(p.user, NAME_MAX),
-      command: str(p.command, TEXT_MAX), unleased: p.unleased === true });
+      command: str(p.command, TEXT_MAX), unleased: p.unleased === true, container: str(p.container, 128),
+      container_runtime: str(p.container_runtime, 32), container_owner: str(p.container_owner, NAME_MAX) });
   }
   function cleanLease(l) {
     l = obj(l) || {};
@@ -439,7 +440,9 @@
   function procsText(g) {
     const parts = (g.processes || []).slice(0, 3).map((p) => {
       const cmd = p.command ? " " + clip(p.command.split(" ")[0].split("/").pop(), 32) : "";
-      return clip(p.user || "pid " + p.pid, 32) + cmd + (p.unleased ? " unleased" : "");
+      const box = p.container ? " [" + clip(p.container_runtime || "container", 16) + " " + clip(p.container, 12)
+        + (p.container_owner ? " of " + clip(p.container_owner, 32) : "") + "]" : "";
+      return clip(p.user || "pid " + p.pid, 32) + cmd + box + (p.unleased ? " unleased (gpusd adopt " + p.pid + ")" : "");
     });
     if ((g.processes || []).length > 3) parts.push("+" + (g.processes.length - 3));
     const until = (l) => l.expires == null ? "" :  // a remote reservation (docs/pool.md): until when
