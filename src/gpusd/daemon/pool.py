@@ -186,9 +186,11 @@ class Pool:
             history.lease_started(held.lease_id, held.holder, None, held.note, list(sel.uuids))
         return sel
 
-    def _renew(self, held: Held, remaining: float, ttl: float, ends: float | None = None) -> None:
+    def _renew(self, held: Held, deadline: float, ttl: float, ends: float | None = None) -> None:
         # the record's 'expires' and 'ends' are for display: wall times (what remains of the lease; when its
-        # holder says it stops renewing, so that listings show how long a reservation lasts, not its TTL)
+        # holder says it stops renewing, so that listings show how long a reservation lasts, not its TTL).
+        # What remains is read here, not when the request came: the executor may run this much later.
+        remaining = deadline - time.monotonic()
         held.selection.lease.update(expires=time.time() + remaining, ends=ends)  # under the mutex of its store
         self._write_down(held, remaining, ttl)
 
@@ -612,7 +614,7 @@ class Pool:
         ends = _ends(body.get("left"), held.ends)
         stale: str | None = None
         try:
-            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, deadline - now, ttl,
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._renew, held, deadline, ttl,
                                                              ends)
         except DiskFull as exc:
             # The renewal counts: the kernel's locks are the lease (the record's expiry is for display), and
