@@ -461,6 +461,11 @@ async def _demo_show(session: str, args: argparse.Namespace) -> int:
     await client.start_listening()
     try:
         await client.wait_settled(5.0)
+        # the demo knows how many hosts it started: on a busy machine one may take longer to resolve
+        # than discovery's settling time (bounded all the same)
+        until = time.monotonic() + 20
+        while len(client.hosts) < args.hosts and time.monotonic() < until:
+            await asyncio.sleep(0.1)
         live = sys.stdout.isatty() and not args.once
         if not live:
             print("\n".join(events))
