@@ -32,6 +32,8 @@ request's ``id``:
                "held": ["GPU-...", ...]}
     client -> {"op": "release", "id": 2, "device": "GPU-..."}
     daemon -> {"ok": true, "id": 2, "op": "release", "lease_id": "...", "held": [...]}
+    client -> {"op": "mark", "id": 3, "ended": "timed_out"}    (0.4, additive: how the lease ends, for the
+    daemon -> {"ok": true, "id": 3, "op": "mark"}                  history; the client then closes the connection)
 
 A request ``{"op": "choose", ...the fields of a lease request...}`` asks only which GPUs the daemon
 would give (``gpusd select``, ``gpusd env``): the answer is a lease's without ``lease_id``, with
@@ -229,6 +231,11 @@ class RemoteLease(LeaseHandle):
             self.devices = list(held)
         elif uuid in self.devices:
             self.devices.remove(uuid)
+
+    def mark(self, how: str) -> None:
+        """Tell the daemon how this lease ends before it does (``timed_out``: its job's ``--time`` ran
+        out), for the history; GpusdError where the daemon cannot (an older one refuses the request)."""
+        self._ask({"op": "mark", "ended": how}, False, None)
 
     def update(self, **changes: Any) -> None:
         """The daemon keeps this lease's record, as the request described the holder; only what it

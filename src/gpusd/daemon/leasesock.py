@@ -109,6 +109,8 @@ class LeaseHistory(Protocol):
 
     def lease_ended(self, lease_id: str) -> None: ...
 
+    def lease_timed_out(self, lease_id: str) -> None: ...
+
 
 class LeaseServer:
     def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
@@ -524,9 +526,16 @@ class LeaseServer:
                     log.info("lease %s: released %s for pid %d (uid %d)", lease_id, device, held.pid, held.uid)
                     answer = {"ok": True, "op": "release", "lease_id": lease_id, "held": held.held()}
                     fds, names = self._passing(held, [])  # the record was rewritten: its new lock
+                elif op == "mark":
+                    if req.get("ended") != "timed_out":
+                        raise ConfigError("bad 'ended' in the request (timed_out)")
+                    if self.history is not None:
+                        self.history.lease_timed_out(lease_id)
+                    log.info("lease %s: its job's time limit ran out (pid %d, uid %d)", lease_id, held.pid, held.uid)
+                    answer = {"ok": True, "op": "mark"}
                 else:
                     raise ConfigError(f"unknown request {str(op)[:32]!r} on a connection that holds a lease "
-                                      "(expected grow or release)")
+                                      "(expected grow, release or mark)")
             except Exception as exc:
                 answer, fds, names = _failure(exc), [], []
             answer["id"] = rid
