@@ -434,6 +434,7 @@ def request(c: Constraints) -> dict[str, Any]:
             "exclude": list(c.exclude) if c.exclude is not None else None,
             "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
             **({"vendor": c.vendor} if c.vendor is not None else {}),  # issue 21: older daemons ignore it
+            **({"time_limit": c.time_limit} if c.time_limit is not None else {}),  # backfill; older daemons ignore it
             **({"visible_vars": others} if others else {})}
 
 

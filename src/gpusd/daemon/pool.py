@@ -544,6 +544,9 @@ class Pool:
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
             return 429, {**to_wire(OverCap(why), http=True), "reason": "policy"}
+        booked = getattr(self.daemon, "bookings", None)  # a booking of theirs held now: its GPUs go to this request
+        for gone in booked.hand_over(holder) if booked is not None and account is not None else []:
+            await self.ended(gone)
         now = time.monotonic()
         self.pending += 1
         asking, gpus = self.pending_of.get(identity, (0, 0))
@@ -792,6 +795,50 @@ def _terms(body: dict[str, Any]) -> tuple[str, str | None, float]:
     return holder, note, ttl
 
 
+async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
+                ) -> tuple[Account | None, web.Response | None]:
+    """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)
+    without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
+    from ..wire.sshsig import HEADER, SshSigError, read_header, verify
+    from .access import signed_request
+    from .users import Directory, Refused
+
+    def answer(status: int, data: object) -> web.Response:
+        from ..sanitize import dumps
+
+        return web.Response(text=dumps(data, separators=(",", ":")), status=status,
+                            content_type="application/json", headers={"Cache-Control": "no-store"})
+
+    value = request.headers.get(HEADER)
+    if value is None:
+        if daemon.config.require_user_key:
+            return None, answer(401, {"error": "this daemon takes remote writes signed with the user's SSH key: "
+                                               "load your key into ssh-agent ($SSH_AUTH_SOCK) or pass --identity "
+                                               "FILE (docs/security.md)", "reason": "user_key"})
+        return None, None
+    base = getattr(signed_request(request), "base", None)
+    if not isinstance(base, bytes):
+        return None, answer(401, {"error": "a user signature needs the fleet signature it signs",
+                                  "reason": "user_key"})
+    try:
+        blob = verify(read_header(value), base)
+    except SshSigError as exc:
+        return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
+    # the account the signer acts as, covered by the signature its key made (gpusd 0.4; None before)
+    covered = getattr(getattr(signed_request(request), "result", None), "covered_components", None) or {}
+    named = covered.get('"gpusd-user"')
+    users = pool.users if pool is not None else Directory(None)
+    try:
+        account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+            pool.executor if pool is not None else None, users.who, blob, request.remote, daemon.hostname,
+            named if isinstance(named, str) else None), 10.0)
+    except Refused as exc:
+        return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
+    except asyncio.TimeoutError:
+        return None, answer(503, {"error": "reading the accounts' authorized_keys took too long"})
+    return account, None
+
+
 def install(app: web.Application, daemon: PoolDaemon) -> Pool:
     from .routes import add_routes
 
@@ -840,39 +887,7 @@ def routes(pool: Pool) -> list[RouteDef]:
         return d
 
     async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
-        """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)
-        without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
-        from ..wire.sshsig import HEADER, SshSigError, read_header, verify
-        from .access import signed_request
-        from .users import Refused
-
-        value = request.headers.get(HEADER)
-        if value is None:
-            if daemon.config.require_user_key:
-                return None, answer(401, {"error": "this daemon takes remote writes signed with the user's SSH key: "
-                                                   "load your key into ssh-agent ($SSH_AUTH_SOCK) or pass --identity "
-                                                   "FILE (docs/security.md)", "reason": "user_key"})
-            return None, None
-        base = getattr(signed_request(request), "base", None)
-        if not isinstance(base, bytes):
-            return None, answer(401, {"error": "a user signature needs the fleet signature it signs",
-                                      "reason": "user_key"})
-        try:
-            blob = verify(read_header(value), base)
-        except SshSigError as exc:
-            return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
-        # the account the signer acts as, covered by the signature its key made (gpusd 0.4; None before)
-        covered = getattr(getattr(signed_request(request), "result", None), "covered_components", None) or {}
-        named = covered.get('"gpusd-user"')
-        try:
-            account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                pool.executor, pool.users.who, blob, request.remote, daemon.hostname,
-                named if isinstance(named, str) else None), 10.0)
-        except Refused as exc:
-            return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
-        except asyncio.TimeoutError:
-            return None, answer(503, {"error": "reading the accounts' authorized_keys took too long"})
-        return account, None
+        return await signer_of(request, pool, daemon)
 
     async def create(request: web.Request) -> web.Response:
         from .access import holder_of

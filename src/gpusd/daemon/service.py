@@ -110,6 +110,9 @@ class Daemon:
         from .pool import install as install_pool  # leases for remote holders (docs/pool.md)
 
         self.pool = install_pool(self.app, self)
+        from .bookings import install as install_bookings  # GPUs booked ahead (docs/pool.md, "Time")
+
+        self.bookings = install_bookings(self.app, self, self.pool)
         from .recording import install as install_recording  # usage history (docs/history.md)
 
         # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)

@@ -126,6 +126,8 @@ class Supervisor:
                  simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
                  host: str | None = None, on_change: str = "signal", bind_cpus: bool = False,
                  time_limit: float | None = None) -> None:
+        if time_limit is not None:  # its GPUs are needed that long at most, its grace included (backfill)
+            c = replace(c, time_limit=time_limit + grace)
         self.spec = JobSpec(c, tuple(cmd), command, priority, preemptible, pausable, notify_signal, grace, wait,
                             timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus, time_limit)
         self.store = LeaseStore()
