@@ -804,6 +804,8 @@ async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
     from .users import Directory, Refused
 
     def answer(status: int, data: object) -> web.Response:
+        from aiohttp import web
+
         from ..sanitize import dumps
 
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
