@@ -440,8 +440,10 @@ def select(count: int = 1, *, min_free: str | int | float | None = None, memory:
            mig: bool = False, by: str = "load", share: bool = False, topology: str = "auto", lease: bool = True,
            wait: bool = False,
            timeout: float | None = None, use_uuid: bool = False, within_visible: bool = True,
-           simulate: str | None = None, vendor: str | None = None) -> Selection:
+           simulate: str | None = None, vendor: str | None = None, time_limit: float | None = None) -> Selection:
     """Pick the ``count`` least-loaded GPUs that satisfy the constraints and (by default) lease them.
+    ``time_limit``: the seconds the GPUs are needed at most; GPUs booked to start later (``gpusd reserve
+    --at``) may then be given (backfill, docs/pool.md "Time").
 
     The lease lasts until :meth:`Selection.release`, the end of a ``with`` block, or the end of the
     process — whichever comes first; no other gpusd selection on this machine gets these GPUs
