@@ -348,9 +348,10 @@ def _clock(v: object, fmt: Any) -> str:
 
 
 def _my_booking(d: dict[str, Any]) -> bool:
-    import getpass
+    """A booking of the account our signatures act as (``$GPUSD_ACCOUNT``, else our login name)."""
+    from ..wire.sshsig import account_of
 
-    return d.get("user") == getpass.getuser()
+    return d.get("user") == account_of(None)
 
 
 # -- gpusd run --fleet ----------------------------------------------------------------------------
