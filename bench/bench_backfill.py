@@ -5,7 +5,8 @@
 Simulated, compressed time (an event-driven schedule, no processes): each job asks 1 or 2 GPUs with a
 ``--time`` limit and runs at most that long (it is stopped at its limit, as ``gpusd run --time``
 stops it); three bookings (4 GPUs 10:00-12:00, all 8 GPUs 14:00-15:00, 2 GPUs 20:00-23:00) are made
-the evening before (they are known all day).  Jobs queue first come, first served, and any job that fits starts (first fit).
+the evening before (they are known all day).  Jobs queue first come, first served, and any job that
+fits starts (first fit).
 Which GPUs a job may take is decided by gpusd's own rule (``gpusd.alloc.bookings.in_the_way``, the
 function every lease request calls) in the ``backfill`` schedule; side by side, in the same run:
 

@@ -149,8 +149,8 @@ async def test_bad_bookings_get_one_line_and_change_nothing(tmp_path: Path, stat
 
 def test_a_damaged_booking_record_costs_that_record(tmp_path: Path, state: Path) -> None:
     from gpusd.alloc.bookings import Booking
-    from gpusd.daemon.bookings import DIR_NAME, Bookings
     from gpusd.daemon import poolstate
+    from gpusd.daemon.bookings import DIR_NAME, Bookings
 
     class Daemon:
         state_dir = state
