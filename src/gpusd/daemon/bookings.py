@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, write_summary
 from ..errors import ConfigError, to_wire
 from ..ids import LeaseId
+from ..model import BookingInfo
 from . import poolstate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,6 +202,12 @@ class Bookings:
     def to_dict(self, b: Booking) -> dict[str, Any]:
         return {**b.to_dict(), "host": self.daemon.hostname, "node_id": self.daemon.node_id,
                 "held": b.lease is not None and self.pool is not None and b.lease in self.pool.held}
+
+    def infos(self) -> list[BookingInfo]:
+        """The bookings not yet over, soonest first, as the host's snapshot carries them."""
+        now = time.time()
+        return [BookingInfo(b.booking_id, b.start, b.end, list(b.indices), b.user, self._held(b))
+                for b in sorted(list(self.book.values()), key=lambda b: b.start) if b.end > now][:64]
 
     def listing(self) -> list[dict[str, Any]]:
         return [self.to_dict(b) for b in sorted(self.book.values(), key=lambda b: b.start)]

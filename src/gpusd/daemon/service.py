@@ -339,6 +339,9 @@ class Daemon:
                 log.debug("cannot read leases: %r", exc)
         snap.hostname = self.hostname
         snap.node_id = self.node_id
+        booked = getattr(self, "bookings", None)
+        if booked is not None:
+            snap.bookings = booked.infos()
         return snap
 
     async def _sample_loop(self) -> None:
