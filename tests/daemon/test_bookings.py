@@ -176,3 +176,32 @@ def test_a_damaged_booking_record_costs_that_record(tmp_path: Path, state: Path)
     assert list(book.book) == [good.booking_id]
     assert sorted(p.name for p in (state / DIR_NAME).iterdir()) == ["aaaaaaaaaaaa.json"]
     os.chmod(state, 0o700)
+
+
+def test_a_bookings_file_anyone_else_could_write_is_not_believed(tmp_path: Path) -> None:
+    """A local user cannot keep others off GPUs with a bookings.json of their own: only the daemon's
+    (root's, or one's own daemon's) file in a directory only it can write counts; a bad entry costs itself."""
+    from gpusd.alloc.bookings import Booking, current, write_summary
+
+    good = Booking("aaaaaaaaaaaa", "alice", ("GPU-1",), time.time() + 60, time.time() + 120, (0,))
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    write_summary(d, [good])
+    assert current(d) == [good]
+    raw = json.loads((d / "bookings.json").read_text())
+    raw["bookings"].append({"booking_id": "../../x", "user": "mallory", "devices": ["GPU-1"], "start": 1, "end": 2})
+    raw["bookings"].append({"booking_id": "bbbbbbbbbbbb", "user": "m", "devices": ["GPU-1"], "start": 9, "end": 1})
+    (d / "bookings.json").write_text(json.dumps(raw))
+    assert current(d) == [good]  # the damaged entries are left out, never the rest
+    d.chmod(0o777)  # a directory others can write: its file could be anyone's
+    assert current(d) == []
+    d.chmod(0o700)
+    (d / "bookings.json").chmod(0o666)
+    assert current(d) == []
+    (d / "bookings.json").chmod(0o644)
+    os.chown(d / "bookings.json", 12345, 12345)  # another user's file
+    assert current(d) == []
+    os.unlink(d / "bookings.json")
+    os.symlink(tmp_path / "elsewhere.json", d / "bookings.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(raw))
+    assert current(d) == []  # never through a link

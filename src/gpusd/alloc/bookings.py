@@ -123,8 +123,20 @@ def refusal(blocking: list[Booking], time_limit: float | None, now: float) -> st
 
 
 # -- the daemon's summary: bookings.json in its state directory --------------------------------------
+_own_dir: list[str] = []  # the daemon's own state directory, in the daemon's process (set_own_dir)
+
+
+def set_own_dir(directory: str | os.PathLike[str] | None) -> None:
+    """In the daemon's process: its lease requests (the lease authority's, the pool's) read the bookings
+    where it writes them, whatever its environment says (``gpusd start --state-dir``)."""
+    _own_dir[:] = [] if directory is None else [os.fspath(directory)]
+
+
 def bookings_dir() -> str:
-    """Where lease requests look for the daemon's bookings (the fair-share summary's directory)."""
+    """Where lease requests look for the daemon's bookings: the daemon's own directory in its process,
+    else the fair-share summary's (``$GPUSD_STATE_DIR``, else root's ``/var/lib/gpusd``)."""
+    if _own_dir:
+        return _own_dir[0]
     from .policy import shares_dir
 
     return shares_dir()

@@ -304,6 +304,11 @@ class Bookings:
                     out.append(held)
         return out
 
+    async def released(self, held: Held) -> None:
+        """Until the hold ``held`` (ended by :meth:`hand_over`) has freed its GPUs (bounded)."""
+        if self.pool is not None:
+            await self.pool.ended(held)
+
     async def loop(self) -> None:
         while True:
             await asyncio.sleep(TICK)
@@ -349,11 +354,15 @@ def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
     bookings = Bookings(daemon, pool)
 
     async def lifecycle(app: web.Application) -> Any:
+        from ..alloc.bookings import set_own_dir
+
+        set_own_dir(bookings.state_dir)
         bookings.load()
         bookings.publish()
         bookings.task = asyncio.ensure_future(bookings.loop())
         yield
         bookings.task.cancel()
+        set_own_dir(None)
 
     app.cleanup_ctx.append(lifecycle)
     add_routes(app, routes(bookings))

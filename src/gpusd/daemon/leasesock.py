@@ -137,6 +137,7 @@ class LeaseServer:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
         self.history: LeaseHistory | None = None  # set by the daemon that records its usage history
+        self.bookings: Any = None  # the daemon's bookings (daemon/bookings.py): a booker's request takes its hold
         self.store: Any = None  # the authority's own lock directory (LeaseStore.authority), once prepared
         self.stopping = False
         self.stopped = False  # the kept tickets were closed (stop() is done with them)
@@ -400,6 +401,11 @@ class LeaseServer:
                                      "devices": [_candidate(c) for c in chosen.devices],
                                      "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
+            if self.bookings is not None:  # a booking of this user held now: its GPUs go to this request
+                from ..alloc.lockdir import user_name
+
+                for gone in self.bookings.hand_over(user_name(uid)):
+                    await self.bookings.released(gone)
             granting = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel,
                                                           priority, True, None, place), kwargs)
             if await conn.watch(granting, any_data_ends=True):

@@ -223,6 +223,7 @@ class Daemon:
                               "socket": str(self._lease_server.path) if self._lease_server is not None else None}
             if self._lease_server is not None:  # its leases' records begin and end with them (docs/history.md)
                 self._lease_server.history = self.recording
+                self._lease_server.bookings = self.bookings
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 
