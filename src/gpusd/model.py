@@ -645,7 +645,7 @@ _accept_simulated_keyword(HostSnapshot)
 # The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
 VENDORS = ("nvidia", "amd", "intel")
 
-MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo)
+MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo, BookingInfo)
 _MODEL_NAMES.update((cls.__name__, cls) for cls in MODEL_CLASSES)
 
 __all__ = [
