@@ -205,3 +205,27 @@ def test_a_bookings_file_anyone_else_could_write_is_not_believed(tmp_path: Path)
     os.symlink(tmp_path / "elsewhere.json", d / "bookings.json")
     (tmp_path / "elsewhere.json").write_text(json.dumps(raw))
     assert current(d) == []  # never through a link
+
+
+async def test_the_policys_caps_apply_at_when(tmp_path: Path, state: Path, accounts: Accounts,  # noqa: F811
+                                              monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+                                              ) -> None:
+    """A booking is no way around max_gpus_per_user: its hold is a lease like any other, refused by the cap
+    at WHEN (said in the log, tried again), never granted past it."""
+    import logging
+
+    from gpusd.alloc.leases import LeaseStore
+
+    alice = accounts.add("alice")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"max_gpus_per_user": 1}))
+    policy.chmod(0o644)
+    monkeypatch.setenv("GPUSD_POLICY", str(policy))
+    caplog.set_level(logging.WARNING, logger="gpusd.bookings")
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate=SIM, tls=False) as d:
+        r = await acall("POST", base(d) + "/bookings", {"count": 2, "start": time.time() + 2, "duration": 60},
+                        user=alice.signer())
+        assert r.status == 201, r.data
+        await wait_until(lambda: "cannot be held yet" in caplog.text, timeout=30)
+        assert "max_gpus_per_user 1" in caplog.text
+        assert LeaseStore().leases() == [] and d.bookings.book[r.data["booking_id"]].lease is None
