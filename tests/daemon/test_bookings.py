@@ -229,3 +229,23 @@ async def test_the_policys_caps_apply_at_when(tmp_path: Path, state: Path, accou
         await wait_until(lambda: "cannot be held yet" in caplog.text, timeout=30)
         assert "max_gpus_per_user 1" in caplog.text
         assert LeaseStore().leases() == [] and d.bookings.book[r.data["booking_id"]].lease is None
+
+
+async def test_a_waiting_job_without_a_limit_gets_the_gpus_once_the_booking_is_over(
+        tmp_path: Path, state: Path, accounts: Accounts) -> None:  # noqa: F811
+    from gpusd.alloc.api import LeaseRequest, allocate
+    from gpusd.alloc.select import Constraints
+
+    alice = accounts.add("alice")
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate=SIM, tls=False) as d:
+        r = await acall("POST", base(d) + "/bookings", {"count": 2, "start": time.time() + 3, "duration": 4},
+                        user=alice.signer())
+        assert r.status == 201, r.data
+        end = r.data["end"]
+        sel = await asyncio.to_thread(allocate, LeaseRequest(Constraints.build(count=2), simulate=SIM, wait=True,
+                                                             timeout=60, poll=0.2))
+        try:
+            assert time.time() >= end  # --wait waited past the booking
+            assert d.bookings.holds == 1  # which was held for alice meanwhile, the waiter queued or not
+        finally:
+            sel.release()

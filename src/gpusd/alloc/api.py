@@ -177,6 +177,9 @@ class LeaseRequest:
     queued: Callable[[], object] | None = None
     place: queue.Ticket | None = None
     keep_place: Callable[[queue.Ticket], bool] | None = None
+    # a booking's hold from its start (gpusd.daemon.bookings): its GPUs are no waiter's to take (the
+    # booking keeps them off), so it does not queue behind them
+    booking: bool = False
 
 
 def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int, ticket: queue.Ticket | None = None,
@@ -195,7 +198,7 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
 
     with store.mutex(deadline):
         if ticket is None:
-            queued = queue.ahead_of_newcomer(store, level)
+            queued = [] if req.booking else queue.ahead_of_newcomer(store, level)
             if queued:
                 raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (priority "
                                      f"{priority_name(level)}; first come, first served within a priority); "

@@ -74,6 +74,7 @@ class Bookings:
         self.holding: set[str] = set()  # bookings whose hold is being taken (on the pool's executor)
         self.late: set[str] = set()  # bookings whose hold could not be taken at once (said once)
         self.steps = 0  # wall-clock steps seen (tests count them)
+        self.holds = 0  # holds taken
         self.task: asyncio.Task[None] | None = None
 
     # -- the store ------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class Bookings:
                         pool._expiry(now, now, end - now), [], None, f"user {b.user}", None, b.end)
             kwargs = {"count": len(b.devices), "include": list(b.devices)}
             try:
-                await asyncio.get_running_loop().run_in_executor(pool.executor, pool._grant_held, held, kwargs)
+                await asyncio.get_running_loop().run_in_executor(pool.executor, pool._grant_held, held, kwargs, True)
             except GpusdError as exc:
                 if b.booking_id not in self.late:
                     self.late.add(b.booking_id)
@@ -278,6 +279,7 @@ class Bookings:
                 pool.end(held.lease_id, "released: its booking was cancelled")
                 return
             pool.held[held.lease_id] = held
+            self.holds += 1
             started = Booking(**{**_fields(b), "lease": held.lease_id})
             self.book[b.booking_id] = started
             self._save(started)

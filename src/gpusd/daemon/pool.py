@@ -148,7 +148,7 @@ class Pool:
 
     # -- the work, on the executor ------------------------------------------------------------------
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
-               expires: float, job: str | None = None) -> Any:
+               expires: float, job: str | None = None, booking: bool = False) -> Any:
         from ..alloc.api import LeaseRequest, allocate
         from ..alloc.handle import Holder
         from ..alloc.leases import LeaseStore
@@ -166,12 +166,14 @@ class Pool:
             self.backend = shared
         c = Constraints.build(**kwargs, within_visible=False)
         who = Holder(pid=os.getpid(), user=holder, command=note, remote_from=remote_from, expires=expires, job=job)
-        return allocate(LeaseRequest(c, env={}, holder=who), store=LeaseStore.for_daemon(), backend=self.backend)
+        return allocate(LeaseRequest(c, env={}, holder=who, booking=booking), store=LeaseStore.for_daemon(),
+                        backend=self.backend)
 
-    def _grant_held(self, held: Held, kwargs: dict[str, Any]) -> Any:
-        """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down."""
+    def _grant_held(self, held: Held, kwargs: dict[str, Any], booking: bool = False) -> Any:
+        """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down
+        (``booking``: a booking's hold, daemon/bookings.py)."""
         sel = self._grant(kwargs, held.holder, held.note, held.remote_from,
-                          time.time() + (held.deadline - time.monotonic()), held.job)
+                          time.time() + (held.deadline - time.monotonic()), held.job, booking)
         held.lease_id, held.selection = sel.lease.lease_id, sel
         epochs = sel.lease.epochs() if sel.lease is not None else {}
         held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
