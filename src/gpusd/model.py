@@ -380,6 +380,27 @@ class LeaseInfo:
 
 
 @record(slots=True)
+class BookingInfo:
+    """GPUs of the host booked ahead (``gpusd reserve --at``, docs/pool.md "Time"; added in 0.4, schema 1
+    still: older readers ignore the key): from ``start`` to ``end`` (seconds since the epoch), the GPUs'
+    ``indices``, the booker (``user``, private) and whether the daemon holds them for the booker now."""
+
+    booking_id: str
+    start: float
+    end: float
+    indices: list[int] = field(default_factory=list, metadata={"max": 256})
+    user: str | None = field(default=None, metadata=PRIVATE)
+    held: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BookingInfo:
+        return decode(cls, d)
+
+
+@record(slots=True)
 class GpuLink:
     """How a GPU reaches another GPU of the same host (docs/inventory.md, "Topology").
 
@@ -548,6 +569,8 @@ class HostSnapshot:
     cores_per_socket: int | None = None
     threads_per_core: int | None = None
     memory: int | None = None
+    # the host's bookings not yet over, soonest first (added in 0.4: docs/pool.md, "Time")
+    bookings: list[BookingInfo] = field(default_factory=list, metadata={"max": 64})
 
     @property
     def simulated(self) -> bool:
@@ -629,7 +652,7 @@ _accept_simulated_keyword(HostSnapshot)
 # The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
 VENDORS = ("nvidia", "amd", "intel")
 
-MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo)
+MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo, BookingInfo)
 _MODEL_NAMES.update((cls.__name__, cls) for cls in MODEL_CLASSES)
 
 __all__ = [

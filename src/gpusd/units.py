@@ -117,3 +117,52 @@ def format_clock(ts: float, now: float | None = None) -> str:
     if when[:3] == today[:3]:
         return time.strftime("%H:%M:%S", when)
     return time.strftime("%Y-%m-%d %H:%M:%S", when)
+
+
+WHEN_EXAMPLES = "+20m, 14:30, 2026-12-24T09:00 or 2026-12-24T09:00+01:00"
+
+
+def parse_when(text: str, now: float | None = None) -> float:
+    """A moment (``gpusd reserve --at``) as a wall-clock time, seconds since the epoch (docs/pool.md,
+    "Time"): ``+DURATION`` from ``now``; ``HH:MM`` (or ``HH:MM:SS``) in this machine's time zone, its
+    next occurrence (today, else tomorrow); an ISO 8601 date and time, in its own offset when it gives
+    one (``Z``, ``+01:00``), else in this machine's time zone.  A local time that does not exist (the
+    hour skipped when daylight saving starts) is refused; one that occurs twice (the hour repeated when
+    it ends) is the first.  ValueError names what was given and what a moment looks like."""
+    import datetime as dt
+    import re
+    import time
+
+    s = str(text).strip()
+    now = time.time() if now is None else now
+    if s.startswith("+"):
+        return now + parse_duration(s[1:], zero=True)
+    m = re.fullmatch(r"([01]?[0-9]|2[0-3]):([0-5][0-9])(?::([0-5][0-9]))?", s)
+    try:
+        if m:
+            today = dt.datetime.fromtimestamp(now).date()
+            clock = dt.time(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+            naive = dt.datetime.combine(today, clock)
+            if _local(naive) <= now:
+                naive = dt.datetime.combine(today + dt.timedelta(days=1), clock)
+            return _local(naive)
+        when = dt.datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
+    except ValueError as exc:
+        if "does not exist" in str(exc):
+            raise
+        raise ValueError(f"not a moment: {s!r} ({WHEN_EXAMPLES})") from None
+    if when.tzinfo is not None:
+        return when.timestamp()
+    return _local(when)
+
+
+def _local(naive: object) -> float:
+    """A naive local date and time as a wall-clock time; ValueError where the local time zone skips it."""
+    import datetime as dt
+
+    assert isinstance(naive, dt.datetime)
+    ts = naive.replace(fold=0).timestamp()
+    if dt.datetime.fromtimestamp(ts) != naive:
+        raise ValueError(f"{naive.isoformat(sep=' ')} does not exist in this machine's time zone (the hour "
+                         "skipped when daylight saving time starts): give another time, or an offset")
+    return ts

@@ -22,9 +22,9 @@ def _snap() -> HostSnapshot:
 def test_the_private_fields_are_the_marked_ones() -> None:
     marked = {(cls.__name__, f.name) for cls in model.MODEL_CLASSES for f in fields(cls) if f.metadata.get("private")}
     assert marked == {("ProcessInfo", "user"), ("ProcessInfo", "command"), ("LeaseInfo", "user"),
-                      ("LeaseInfo", "command"), ("ProcessInfo", "container_owner")}
+                      ("LeaseInfo", "command"), ("ProcessInfo", "container_owner"), ("BookingInfo", "user")}
     assert model.private_keys() == (frozenset({"user", "command", "container_owner"}),
-                                    frozenset({"processes", "leases"}))
+                                    frozenset({"processes", "leases", "bookings"}))
 
 
 def test_one_redaction_for_objects_and_for_json() -> None:

@@ -25,7 +25,7 @@ PUBLIC = [
 ENTRY_POINTS = {
     "select": "count=1, *, min_free=None, memory=None, max_util=None, max_processes=None, include=None, "
               "exclude=None, mig=False, by='load', share=False, topology='auto', lease=True, wait=False, "
-              "timeout=None, use_uuid=False, within_visible=True, simulate=None, vendor=None",
+              "timeout=None, use_uuid=False, within_visible=True, simulate=None, vendor=None, time_limit=None",
     "local_snapshot": "simulate=None, leases=True",
     "set_cuda_visible_devices": "devices, vendor=None",
     "reserve": "count=1, *, per_host=None, host=None, model=None, session=None, ttl=30.0, holder=None, note=None, "
@@ -41,7 +41,7 @@ ENTRY_POINTS = {
                    "dns_sd_domain=None, dns_server=None, options=None, sources=()",
     "Constraints": "count=1, min_free=None, memory=None, max_util=None, max_processes=None, include=None, "
                    "exclude=None, mig=False, by='load', shared=False, topology='auto', within_visible=True, "
-                   "vendor=None",
+                   "vendor=None, time_limit=None",
 }
 
 # Class.member -> its parameters, or None for a property or an attribute.

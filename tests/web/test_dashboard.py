@@ -326,3 +326,29 @@ async def test_an_unleased_process_is_shown_as_unleased():
         assert await page.wait_for(f"{cell(n1, 1, '.plist')}.startsWith('alice train.py')", timeout=5)
         assert "unleased" not in await page.evaluate(cell(n1, 1, '.plist'))
         assert browser.errors == []
+
+
+async def test_a_hosts_bookings_show_on_a_timeline_of_the_next_24_hours():
+    import time
+
+    from gpusd.model import BookingInfo
+
+    d = two_hosts()
+    n1, n2 = list(d.hosts)
+    now = time.time()
+    d.hosts[n1].bookings = [
+        BookingInfo("aaaaaaaaaaaa", now + 6 * 3600, now + 8 * 3600, [0, 1], "alice<img src=x onerror=alert(1)>"),
+        BookingInfo("bbbbbbbbbbbb", now - 60, now + 600, [3], "bob", held=True),
+        BookingInfo("cccccccccccc", now + 30 * 3600, now + 31 * 3600, [2], "carol")]  # beyond 24 h: not shown
+    async with dashboard(d) as (page, browser):
+        bars = f"[...document.querySelectorAll('[data-node=\"{n1}\"] .timeline .booking')]"
+        await page.wait_for(f"{bars}.length === 2", timeout=15)
+        ids = await page.evaluate(f"{bars}.map(b => b.dataset.booking)")
+        assert ids == ["bbbbbbbbbbbb", "aaaaaaaaaaaa"]  # soonest first
+        texts = await page.evaluate(f"{bars}.map(b => b.textContent)")
+        assert texts[0].startswith("GPU 3 ") and texts[0].endswith("(held)")
+        assert texts[1].startswith("GPU 0,1 ") and "alice<img" in texts[1]  # text, never markup
+        assert await page.evaluate("document.querySelectorAll('.timeline img').length") == 0
+        left = await page.evaluate(f"{bars}.map(b => parseFloat(b.style.left))")
+        assert left[0] == 0 and 24 < left[1] < 26  # 6 h of 24
+        assert await page.evaluate(f"document.querySelectorAll('[data-node=\"{n2}\"] .timeline').length") == 0

@@ -13,6 +13,7 @@
 * :mod:`.lockdir` — lock directories and files opened without following anyone's symlinks;
 * :mod:`.authority` — leases through the local daemon: the client side of the lease socket;
 * :mod:`.policy` — the fair-use policy file;
+* :mod:`.bookings` — GPUs booked ahead as every lease request sees them (the backfill rule);
 * :mod:`.priority` — priorities: names, who may claim which, ageing;
 * :mod:`.env` — the visibility variables for chosen GPUs (``set_cuda_visible_devices``);
 * :mod:`.api` — ``gpusd.select`` and its :class:`Selection`;

@@ -16,7 +16,7 @@ from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable
 from ..inventory import Backend, open_backend
 from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo, LeaseInfo
-from ..record import field, record
+from ..record import field, record, replace
 from .env import apply_visible
 from .handle import Holder, LeaseHandle
 from .leases import LeaseStore
@@ -27,6 +27,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issu
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
 
+    from ..model import HostSnapshot
     from . import queue
     from .placement import Pick
 
@@ -176,6 +177,9 @@ class LeaseRequest:
     queued: Callable[[], object] | None = None
     place: queue.Ticket | None = None
     keep_place: Callable[[queue.Ticket], bool] | None = None
+    # a booking's hold from its start (gpusd.daemon.bookings): its GPUs are no waiter's to take (the
+    # booking keeps them off), so it does not queue behind them
+    booking: bool = False
 
 
 def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int, ticket: queue.Ticket | None = None,
@@ -194,7 +198,7 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
 
     with store.mutex(deadline):
         if ticket is None:
-            queued = queue.ahead_of_newcomer(store, level)
+            queued = [] if req.booking else queue.ahead_of_newcomer(store, level)
             if queued:
                 raise NoGpuAvailable(f"{len(queued)} job(s) are waiting for GPUs ahead of this one (priority "
                                      f"{priority_name(level)}; first come, first served within a priority); "
@@ -202,32 +206,51 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
         elif queue.ahead_of(store, ticket) is not None:
             raise _NotHead()
         held = store.leases(cleanup=True)
-        _policy.check(holder.user or current_user(), c.count, held)  # the fair-use caps (alloc/policy.py)
-        # A GPU whose lock turns out to be held (by a process that bypassed the mutex, a lease the other
-        # store published at the same moment, a lock nothing here could see) costs that GPU only: the
-        # choice is made again without it, at most once per GPU, so one stuck GPU never fails every request.
-        store.refused = None
-        for _ in range(len(snap.gpus) + 1):
-            try:
-                why = explain(snap, c, held, req.env)
-            except NoGpuAvailable:
-                if store.refused is None:
-                    raise
-                break  # nothing else qualifies: the refusal is the reason
-            chosen = why.chosen
-            memory = c.memory
-            if memory is None and isinstance(c.min_free, float):
-                totals = [x.total for x in chosen if x.total]
-                memory = int(c.min_free * min(totals)) if totals else None
-            store.refused = None
-            lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, holder=holder)
-            if lease is not None:
-                return Selection(chosen, lease, pick=why)
+        user = holder.user or current_user()
+        _policy.check(user, c.count, held)  # the fair-use caps (alloc/policy.py)
+        # GPUs booked ahead (gpusd reserve --at) go only to requests done before the booking starts
+        from . import bookings as _bookings
+
+        now = time.time()  # bookings are wall-clock times (docs/pool.md, "Clocks")
+        blocking = _bookings.in_the_way(_bookings.current(), user, c.time_limit, now)
+        if blocking:
+            c = replace(c, exclude=[*(c.exclude or []), *{u for b in blocking for u in b.devices}])
+        try:
+            return _take(snap, c, req, store, held, holder)
+        except NoGpuAvailable as exc:
+            if not blocking or isinstance(exc, _policy.OverCap):
+                raise
+            raise NoGpuAvailable(f"{exc}; {_bookings.refusal(blocking, c.time_limit, now)}") from None
+
+
+def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseStore, held: list[LeaseInfo],
+          holder: Holder) -> Selection:
+    """Choose and lock, under the selection mutex (the caller's)."""
+    # A GPU whose lock turns out to be held (by a process that bypassed the mutex, a lease the other
+    # store published at the same moment, a lock nothing here could see) costs that GPU only: the
+    # choice is made again without it, at most once per GPU, so one stuck GPU never fails every request.
+    store.refused = None
+    for _ in range(len(snap.gpus) + 1):
+        try:
+            why = explain(snap, c, held, req.env)
+        except NoGpuAvailable:
             if store.refused is None:
-                break
-            held = [*held, LeaseInfo(lease_id="-", pid=0, device=store.refused, unleased=True,
-                                     command=store.refusal)]
-        raise NoGpuAvailable(f"the chosen GPUs were taken at the same moment ({store.refusal}); try again")
+                raise
+            break  # nothing else qualifies: the refusal is the reason
+        chosen = why.chosen
+        memory = c.memory
+        if memory is None and isinstance(c.min_free, float):
+            totals = [x.total for x in chosen if x.total]
+            memory = int(c.min_free * min(totals)) if totals else None
+        store.refused = None
+        lease = store.acquire([x.uuid for x in chosen], shared=c.shared, memory=memory, holder=holder)
+        if lease is not None:
+            return Selection(chosen, lease, pick=why)
+        if store.refused is None:
+            break
+        held = [*held, LeaseInfo(lease_id="-", pid=0, device=store.refused, unleased=True,
+                                 command=store.refusal)]
+    raise NoGpuAvailable(f"the chosen GPUs were taken at the same moment ({store.refusal}); try again")
 
 
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
@@ -420,8 +443,10 @@ def select(count: int = 1, *, min_free: str | int | float | None = None, memory:
            mig: bool = False, by: str = "load", share: bool = False, topology: str = "auto", lease: bool = True,
            wait: bool = False,
            timeout: float | None = None, use_uuid: bool = False, within_visible: bool = True,
-           simulate: str | None = None, vendor: str | None = None) -> Selection:
+           simulate: str | None = None, vendor: str | None = None, time_limit: float | None = None) -> Selection:
     """Pick the ``count`` least-loaded GPUs that satisfy the constraints and (by default) lease them.
+    ``time_limit``: the seconds the GPUs are needed at most; GPUs booked to start later (``gpusd reserve
+    --at``) may then be given (backfill, docs/pool.md "Time").
 
     The lease lasts until :meth:`Selection.release`, the end of a ``with`` block, or the end of the
     process — whichever comes first; no other gpusd selection on this machine gets these GPUs

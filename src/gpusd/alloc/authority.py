@@ -32,6 +32,8 @@ request's ``id``:
                "held": ["GPU-...", ...]}
     client -> {"op": "release", "id": 2, "device": "GPU-..."}
     daemon -> {"ok": true, "id": 2, "op": "release", "lease_id": "...", "held": [...]}
+    client -> {"op": "mark", "id": 3, "ended": "timed_out"}    (0.4, additive: how the lease ends, for the
+    daemon -> {"ok": true, "id": 3, "op": "mark"}                  history; the client then closes the connection)
 
 A request ``{"op": "choose", ...the fields of a lease request...}`` asks only which GPUs the daemon
 would give (``gpusd select``, ``gpusd env``): the answer is a lease's without ``lease_id``, with
@@ -230,6 +232,11 @@ class RemoteLease(LeaseHandle):
         elif uuid in self.devices:
             self.devices.remove(uuid)
 
+    def mark(self, how: str) -> None:
+        """Tell the daemon how this lease ends before it does (``timed_out``: its job's ``--time`` ran
+        out), for the history; GpusdError where the daemon cannot (an older one refuses the request)."""
+        self._ask({"op": "mark", "ended": how}, False, None)
+
     def update(self, **changes: Any) -> None:
         """The daemon keeps this lease's record, as the request described the holder; only what it
         says already can be "changed" (GpusdError otherwise: the lease socket has no such request)."""
@@ -427,6 +434,7 @@ def request(c: Constraints) -> dict[str, Any]:
             "exclude": list(c.exclude) if c.exclude is not None else None,
             "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
             **({"vendor": c.vendor} if c.vendor is not None else {}),  # issue 21: older daemons ignore it
+            **({"time_limit": c.time_limit} if c.time_limit is not None else {}),  # backfill; older daemons ignore it
             **({"visible_vars": others} if others else {})}
 
 

@@ -8,7 +8,9 @@ JSON, every field optional::
      "fleet_max_gpus_per_user": 8,                 # GPUs one user holds on the whole fleet (from the fleet view)
      "fair_share_days": 7,                         # opt-in: waiters of one class, fewer GPU-hours first
      "idle_warn_minutes": 30, "idle_release_minutes": 15,   # idle reservations: warned, then released
-     "priorities": {"max": "high", "users": {"alice": "urgent"}, "groups": {}, "aging_minutes": 30}}
+     "priorities": {"max": "high", "users": {"alice": "urgent"}, "groups": {}, "aging_minutes": 30},
+     "time_limits": {"normal": {"default_minutes": 240, "max_minutes": 1440}},  # gpusd run --time per class
+     "bookings": {"horizon_days": 14, "max_hours": 24, "max_per_user": 3}}   # gpusd reserve --at
 
 ``priorities`` is the priority policy of :mod:`gpusd.alloc.priority` (the old
 ``/etc/gpusd/priorities.json`` is still read when this file has none).  The file is believed only
@@ -41,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
     T = TypeVar("T")
 Warn = Callable[[str, str], None]  # warn(path, message): how a reader of a policy file says it ignores one
 FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
-                    "idle_warn_minutes", "idle_release_minutes", "priorities"})
+                    "idle_warn_minutes", "idle_release_minutes", "priorities", "time_limits", "bookings"})
+BOOKING_FIELDS = ("horizon_days", "max_hours", "max_per_user")
 
 
 class OverCap(NoGpuAvailable):
@@ -57,7 +60,25 @@ class Policy:
     idle_warn_minutes: float | None = None
     idle_release_minutes: float | None = None
     priorities: Any = None  # a gpusd.alloc.priority.PriorityPolicy, or None: that module's own file
+    # priority level -> (default, max) seconds of gpusd run --time (either None: none)
+    time_limits: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
+    bookings: dict[str, float] = field(default_factory=dict)  # BOOKING_FIELDS -> bound (gpusd reserve --at)
     source: str | None = None
+
+    def time_limit(self, priority: int, asked: float | None) -> float | None:
+        """The time limit of a job of ``priority`` that asked ``asked`` seconds (None: the class's
+        default, if any); ValueError naming the bound when it asks more than its class's maximum."""
+        default, most = self.time_limits.get(priority, (None, None))
+        if asked is None:  # the default, never above the maximum (a maximum alone is every job's limit)
+            bounds = [v for v in (default, most) if v is not None]
+            return min(bounds) if bounds else None
+        if most is not None and asked > most:
+            from ..units import format_duration
+            from .priority import priority_name
+
+            raise ValueError(f"--time {format_duration(asked)}: the policy ({self.source or POLICY_PATH}) allows "
+                             f"{priority_name(priority)} jobs at most {format_duration(most)}")
+        return asked
 
     def refusal(self, user: str | None, count: int, held: dict[str, int],
                 fleet_held: dict[str, int] | None = None) -> str | None:
@@ -234,6 +255,11 @@ def stricter(root: Policy, extra: Policy) -> Policy:
                   idle_warn_minutes=_lower(root.idle_warn_minutes, extra.idle_warn_minutes),
                   idle_release_minutes=_lower(root.idle_release_minutes, extra.idle_release_minutes),
                   priorities=root.priorities,
+                  time_limits={k: (_lower(*(p.time_limits.get(k, (None, None))[0] for p in (root, extra))),
+                                   _lower(*(p.time_limits.get(k, (None, None))[1] for p in (root, extra))))
+                               for k in set(root.time_limits) | set(extra.time_limits)},
+                  bookings={k: min(v for v in (root.bookings.get(k), extra.bookings.get(k)) if v is not None)
+                            for k in set(root.bookings) | set(extra.bookings)},
                   source=f"{root.source} and {extra.source}")
 
 
@@ -283,6 +309,14 @@ def parse(raw: bytes, source: str | None = None) -> Policy:
         p.fair_share_days = float(days)
     p.idle_warn_minutes = _minutes(d, "idle_warn_minutes")
     p.idle_release_minutes = _minutes(d, "idle_release_minutes")
+    p.time_limits = _time_limits(d.get("time_limits", {}))
+    bookings = d.get("bookings", {})
+    if not isinstance(bookings, dict) or set(bookings) - set(BOOKING_FIELDS):
+        raise ValueError(f"bookings: an object of {', '.join(BOOKING_FIELDS)}")
+    for name, v in bookings.items():
+        if type(v) not in (int, float) or not math.isfinite(v) or not 0 < v <= 10**6:
+            raise ValueError(f"bookings: {name} needs a number above 0")
+        p.bookings[name] = float(v)
     if "priorities" in d:
         from .priority import parse_policy
 
@@ -294,6 +328,21 @@ def parse(raw: bytes, source: str | None = None) -> Policy:
         except ValueError as exc:
             raise ValueError(f"priorities: {exc}") from None
     return p
+
+
+def _time_limits(d: object) -> dict[int, tuple[float | None, float | None]]:
+    from .priority import PRIORITIES
+
+    if not isinstance(d, dict):
+        raise ValueError("time_limits: an object of priority classes to {default_minutes, max_minutes}")
+    out: dict[int, tuple[float | None, float | None]] = {}
+    for name, terms in d.items():
+        if name not in PRIORITIES or not isinstance(terms, dict) or set(terms) - {"default_minutes", "max_minutes"}:
+            raise ValueError(f"time_limits: {str(name)[:32]!r}: a class ({', '.join(PRIORITIES)}) and an object of "
+                             "default_minutes, max_minutes")
+        default, most = _minutes(terms, "default_minutes"), _minutes(terms, "max_minutes")
+        out[PRIORITIES[name]] = (None if default is None else default * 60.0, None if most is None else most * 60.0)
+    return out
 
 
 def over_caps(leases: Iterable[Any], policy: Policy | None = None) -> dict[str, str]:

@@ -83,6 +83,9 @@ class Constraints:
     vendor: str | None = _option(flags=("--vendor",), choices=(*VENDORS, ANY_VENDOR),
                                  help="only GPUs of this vendor: nvidia, amd or intel; any: GPUs of several vendors "
                                  "in one job (default: the best set of one vendor)")
+    # seconds the GPUs are needed at most (gpusd run --time, its grace included): GPUs booked to start
+    # later may be given to it (backfill, gpusd.alloc.bookings); None: no limit
+    time_limit: float | None = _option(help="seconds the GPUs are needed at most (backfill before a booking)")
 
     @classmethod
     def from_keywords(cls, **values: Any) -> Constraints:
@@ -99,7 +102,8 @@ class Constraints:
               max_util: float | None = None, max_processes: int | None = None,
               include: str | Iterable[int | str] | None = None, exclude: str | Iterable[int | str] | None = None,
               mig: bool = False, by: str = "load", shared: bool = False, topology: str = "auto",
-              within_visible: bool = True, vendor: str | None = None) -> Constraints:
+              within_visible: bool = True, vendor: str | None = None,
+              time_limit: float | None = None) -> Constraints:
         """Validate user-facing values (``"8GiB"``, ``"0,2"``...) into constraints; ConfigError if bad."""
         if not isinstance(count, int) or count < 1:
             raise ConfigError(f"count must be a positive integer, not {count!r}")
@@ -127,13 +131,16 @@ class Constraints:
             raise ConfigError(f"--max-util is a percentage between 0 and 100, not {max_util}")
         if max_processes is not None and max_processes < 0:
             raise ConfigError("--max-processes cannot be negative")
+        if time_limit is not None and (type(time_limit) not in (int, float) or not 0 < time_limit <= 20 * 365 * 86400):
+            raise ConfigError(f"time_limit must be a number of seconds above 0, not {time_limit!r}")
         if mem is None and isinstance(mf, int):
             mem = mf  # reserve what the job says it needs
         if isinstance(mem, int) and mf is None:
             mf = mem
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
                    include=_ids(include), exclude=_ids(exclude), mig=mig, by=by, shared=shared,
-                   topology=topology, within_visible=within_visible, vendor=vendor)
+                   topology=topology, within_visible=within_visible, vendor=vendor,
+                   time_limit=None if time_limit is None else float(time_limit))
 
 
 def _memory(text: str, ratio: bool = True) -> int | float:

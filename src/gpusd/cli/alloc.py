@@ -121,6 +121,8 @@ def run_command(args: argparse.Namespace) -> int:
                           "their GPUs) or --no-lease")
     if getattr(args, "bind_cpus", False) and getattr(args, "fleet", False):
         raise ConfigError("--bind-cpus is for local runs: not with --fleet (yet)")
+    if getattr(args, "time", None) is not None and (getattr(args, "fleet", False) or not args.lease):
+        raise ConfigError("--time is for local leased jobs: not with --fleet (yet) or --no-lease")
     if getattr(args, "fleet", False):
         from ..jobs.containers import parse
 

@@ -262,6 +262,7 @@ def _ask_local_daemon(args: argparse.Namespace) -> Reading | None:
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:
     """The ``gpusd list`` table: one row per GPU, grouped by host."""
     rows: list[list[str]] = []
+    booked = {h.node_id: h.snapshot.bookings for h in hosts if h.snapshot is not None and h.snapshot.bookings}
     for d in devices:
         g = d.gpu
         if d.live:
@@ -293,6 +294,7 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
             mem = util = temp = power = "-"
             state = "announced (hwsd)"
         name = shown_name(g.name, g.vendor)
+        state += booking_note(booked.get(d.node_id, []), g.index)
         if d.simulated:
             state += " [sim]"
         if d.copy_of is not None:  # its daemon proved it is another host: a copy of that one's announcement
@@ -308,6 +310,20 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
     if any(d.verified is False for d in devices):
         footer += "  ([unverified]: the host did not prove it holds the fleet secret)"
     return table + "\n" + footer
+
+
+def booking_note(bookings: Sequence[Any], index: int, now: float | None = None) -> str:
+    """`` [booked 14:00-16:00]``: the next booking of the GPU ``index`` (docs/pool.md, "Time"), ``held``
+    while the daemon holds it for its booker; empty when none."""
+    now = time.time() if now is None else now
+    mine = sorted((b for b in bookings if index in b.indices and b.end > now), key=lambda b: b.start)
+    if not mine:
+        return ""
+    b = mine[0]
+    day = "%Y-%m-%d %H:%M" if time.localtime(b.start)[:3] != time.localtime(now)[:3] else "%H:%M"
+    span = f"{time.strftime(day, time.localtime(b.start))}-{time.strftime('%H:%M', time.localtime(b.end))}"
+    who = for_terminal(b.user, 24) if b.user else ""
+    return f" [{'held for' if b.held else 'booked'}{' ' + who if who else ''} {span}]"
 
 
 # -- watch -----------------------------------------------------------------------------------------

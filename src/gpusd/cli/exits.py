@@ -13,6 +13,7 @@ EXIT_NO_GPU = 4  # no GPU satisfies the constraints (and --wait was not given)
 EXIT_TIMEOUT = 5  # --wait --timeout ran out
 EXIT_NO_DAEMON = 6  # no daemon running / none found, or its answer cannot be read
 EXIT_ALREADY_RUNNING = 7  # gpusd start: a daemon already runs on this state directory with other options
+EXIT_TIME_LIMIT = 124  # gpusd run --time: the job's time ran out and it was stopped (as timeout(1) exits)
 
 # An error's code -> the exit status; a code not listed takes its base class's (IdError, code "bad_id",
 # is a ConfigError: 2), and anything else 1.

@@ -43,6 +43,11 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pausable", action="store_true", help="may be paused (SIGSTOP) while its GPU is too hot")
     g.add_argument("--grace", type=o.grace, default=30.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when preempted or moved (default 30)")
+    g.add_argument("--time", type=o.positive_seconds, default=None, metavar="DUR",
+                   help="stop the job when DUR (90s, 15m, 6h, 2d) has run out since it got its GPUs: SIGTERM to its "
+                   "process group, SIGKILL after --grace; gpusd run then exits 124 and the history marks it timed "
+                   "out.  A job with a limit may use GPUs booked for later (gpusd reserve --at) if it ends before "
+                   "the booking starts.  The policy may set a default and a maximum per priority class")
     g.add_argument("--notify-signal", type=_signal, default=int(signal.SIGUSR1), metavar="SIG",
                    help="the signal that tells the job its GPUs changed (default SIGUSR1)")
     g.add_argument("--on-change", choices=("signal", "restart", "file"), default="signal",
@@ -92,16 +97,28 @@ def run_job(args: argparse.Namespace, cmd: list[str], command: str, container: "
             tool = found
             log(f"--cuda-checkpoint: {path}: a move restores the job's CUDA state on the new GPU"
                 + ("" if args.preemptible else " (only --preemptible jobs are moved)"))
+    try:
+        limit = policy_time_limit(PRIORITIES[args.priority], getattr(args, "time", None))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     sup = Supervisor(to_constraints(args), cmd, command=command, priority=PRIORITIES[args.priority],
                      preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
                      grace=args.grace, wait=args.wait, timeout=timeout, simulate=args.simulate,
                      use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change,
-                     bind_cpus=args.bind_cpus, container=container)
+                     bind_cpus=args.bind_cpus, container=container, time_limit=limit)
     try:
         return sup.run()
     except BaseException:
         sup.close()
         raise
+
+
+def policy_time_limit(priority: int, asked: float | None) -> float | None:
+    """A job's time limit: ``--time``, else its class's default in the fair-use policy; ValueError when
+    it asks more than its class's maximum there."""
+    from ..alloc.policy import load
+
+    return load().time_limit(priority, asked)
 
 
 def _visible(records: list["JobRecord"], all_users: bool) -> list["JobRecord"]:
@@ -136,11 +153,11 @@ def jobs(args: argparse.Namespace) -> int:
 
     rows = [[r.job, cell(r.user, 32), cell(r.state, 12), priority_name(r.priority) + ("*" if r.preemptible else ""),
              gpus(r), str(r.restarts), format_duration(now - r.started) if r.started else "-",
-             cell(r.command)] for r in records]
+             format_duration(r.ends - now) if r.ends is not None else "-", cell(r.command)] for r in records]
     if not rows:
         print("no jobs" + ("" if args.all else " of yours (--all: every user's)"))
         return 0
-    print(render_table(["JOB", "USER", "STATE", "PRIORITY", "GPUS", "RESTARTS", "AGE", "COMMAND"], rows))
+    print(render_table(["JOB", "USER", "STATE", "PRIORITY", "GPUS", "RESTARTS", "AGE", "LEFT", "COMMAND"], rows))
     if any(r.preemptible for r in records):
         print("* preemptible")
     return 0

@@ -128,6 +128,8 @@ def reserve(args: argparse.Namespace) -> int:
     from ..units import format_clock
     from .trust import secret
 
+    if getattr(args, "at", None) is not None:
+        return book(args, duration)
     key = _key(args)
     client = _client(args, key)
     try:
@@ -147,6 +149,37 @@ def reserve(args: argparse.Namespace) -> int:
             for line in _exports({k: v for k, v in p.env.items()}):
                 print("  " + line)
     sys.stdout.flush()
+    return 0
+
+
+def book(args: argparse.Namespace, duration: float) -> int:
+    """``gpusd reserve --at WHEN --for DUR``: book GPUs of one host ahead (docs/pool.md, "Time"); its
+    daemon holds them for us from WHEN to WHEN + DUR, nothing of ours needs to run meanwhile."""
+    from ..pool.client import book as book_on
+    from ..sanitize import dumps, for_terminal
+    from ..units import format_clock, parse_when
+
+    now = time.time()
+    try:
+        start = parse_when(args.at, now)
+    except ValueError as exc:
+        raise ConfigError(f"--at: {exc}") from None
+    if start <= now:
+        raise ConfigError(f"--at {args.at}: WHEN is in the past ({format_clock(start)}): a booking starts later")
+    from .options import to_constraints
+
+    c = to_constraints(args)
+    key = _key(args)
+    include = [str(x) for x in c.include] if c.include else None
+    d = book_on(c.count, start, duration, _hosts(args, key), key, host=args.host, note=args.note, include=include)
+    if args.json:
+        print(dumps({"booking": d}, indent=2))
+        return 0
+    bid = for_terminal(str(d.get("booking_id")), 16)
+    gpus = ",".join(str(i) for i in d.get("indices") or [])
+    print(f"booked GPU {gpus} on {for_terminal(str(d.get('host')), 64)} from {format_clock(float(d['start']))} to "
+          f"{format_clock(float(d['end']))}: booking {bid} (the host holds them for you from then on: gpusd "
+          f"reservations shows the lease; {release_command(args, bid)} cancels it)")
     return 0
 
 
@@ -187,18 +220,36 @@ def _mine(d: dict[str, Any]) -> bool:
 
 
 def release(args: argparse.Namespace) -> int:
-    from ..errors import GpusdError
     from ..pool.client import HostLease, Reservation, reservations
 
     key = _key(args)
     if _release_remembered(args.lease_id, key):
         return 0
-    found = reservations(key, _hosts(args, key), mine=lambda d: d.get("lease_id") == args.lease_id)
+    hosts = _hosts(args, key)
+    found = reservations(key, hosts, mine=lambda d: d.get("lease_id") == args.lease_id)
     if not found:
-        raise GpusdError(f"no reservation {args.lease_id!r} on the fleet (released, or expired)")
+        return _cancel_booking(args.lease_id, key, hosts)
     for d in found:
         Reservation([HostLease.from_dict(d)], key).release()
         print(f"released {args.lease_id} on {d.get('host')}")
+    return 0
+
+
+def _cancel_booking(booking_id: str, key: FleetKey, hosts: list[RemoteHost]) -> int:
+    """``gpusd release ID`` of a booking (gpusd reserve --at): its host cancels it (and its hold)."""
+    from ..errors import GpusdError
+    from ..pool.client import bookings, cancel_booking, refusal
+    from ..sanitize import for_terminal
+
+    found = bookings(key, hosts, mine=lambda d: d.get("booking_id") == booking_id)
+    if not found:
+        raise GpusdError(f"no reservation or booking {booking_id!r} on the fleet (released, cancelled, or over)")
+    for d in found:
+        reply = cancel_booking(d, key)
+        where = for_terminal(str(d.get("host")), 64)
+        if reply.status != 200:
+            raise refusal(reply, f"{where}: cancelling booking {booking_id} failed (HTTP {reply.status})")
+        print(f"cancelled booking {for_terminal(booking_id, 16)} on {where}")
     return 0
 
 
@@ -233,14 +284,24 @@ def _release_remembered(lease_id: str, key: FleetKey) -> bool:
 
 
 def reservations(args: argparse.Namespace) -> int:
+    from ..pool.client import bookings as booked
     from ..pool.client import reservations as listing
     from ..sanitize import dumps, for_terminal
     from .table import render_table
 
     key = _key(args)
-    found = listing(key, _hosts(args, key), mine=None if args.all else _mine)
+    hosts = _hosts(args, key)
+    found = listing(key, hosts, mine=None if args.all else _mine)
+    ahead = sorted(booked(key, hosts, mine=None if args.all else _my_booking),
+                   key=lambda d: (float(d.get("start") or 0), str(d.get("host"))))
+    if getattr(args, "ics", None):
+        from ..pool.calendar import write_ics
+
+        write_ics(args.ics, [d for d in ahead if _my_booking(d)])
+        print(f"wrote {len([d for d in ahead if _my_booking(d)])} booking(s) to {for_terminal(args.ics, 200)}")
+        return 0
     if args.json:
-        print(dumps({"reservations": found}, indent=2))
+        print(dumps({"reservations": found, "bookings": ahead}, indent=2))
         return 0
     from ..units import format_duration
 
@@ -260,11 +321,37 @@ def reservations(args: argparse.Namespace) -> int:
              ",".join(str(x.get("index")) for x in d.get("devices") or [] if isinstance(x, dict)),
              for_terminal(str(d.get("user")), 40), for_terminal(str(d.get("remote_from")), 40),
              ends(d), for_terminal(str(d.get("command") or "-"), 40)] for d in found]
-    if not rows:
+    if not rows and not ahead:
         print("no reservations" + ("" if args.all else " of yours (--all: everyone's)"))
         return 0
-    print(render_table(["LEASE", "HOST", "GPUS", "HOLDER", "FROM", "ENDS", "NOTE"], rows))
+    if rows:
+        print(render_table(["LEASE", "HOST", "GPUS", "HOLDER", "FROM", "ENDS", "NOTE"], rows))
+    if ahead:
+        from ..units import format_clock
+
+        print(render_table(["BOOKING", "HOST", "GPUS", "BOOKER", "START", "END", "STATE", "NOTE"], [
+            [for_terminal(str(d.get("booking_id")), 16), for_terminal(str(d.get("host")), 32),
+             ",".join(str(i) for i in d.get("indices") or [] if isinstance(i, int)),
+             for_terminal(str(d.get("user")), 40), _clock(d.get("start"), format_clock),
+             _clock(d.get("end"), format_clock), "held" if d.get("held") is True else
+             "started" if _number(d.get("start")) <= now else "ahead",
+             for_terminal(str(d.get("note") or "-"), 40)] for d in ahead]))
     return 0
+
+
+def _number(v: object) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def _clock(v: object, fmt: Any) -> str:
+    return str(fmt(float(v))) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def _my_booking(d: dict[str, Any]) -> bool:
+    """A booking of the account our signatures act as (``$GPUSD_ACCOUNT``, else our login name)."""
+    from ..wire.sshsig import account_of
+
+    return d.get("user") == account_of(None)
 
 
 # -- gpusd run --fleet ----------------------------------------------------------------------------
@@ -495,6 +582,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
         p.add_argument("--for", dest="duration", metavar="DURATION", default="2h", type=o.duration_text,
                        help="hold them this long at most (90s, 30m, 2h; default 2h), renewed in the background")
         p.add_argument("--note", metavar="TEXT", help="a note shown with the lease (private, like a command line)")
+        p.add_argument("--at", metavar="WHEN", default=None,
+                       help="book them ahead, from WHEN (+20m, 14:30 in this machine's time zone, or an ISO time "
+                       "such as 2026-12-24T09:00 or ...T09:00+01:00) for --for: the host holds them for you then, "
+                       "and before then lends them only to jobs with a --time that ends in time (docs/pool.md)")
     elif name == "release":
         p = o.command(sub, name, "gpusd.cli.pool:release", "end a reservation: gpusd release ID", parents=o.fleet())
         p.add_argument("lease_id", metavar="ID", help="the reservation's lease id (gpusd reservations)")
@@ -502,6 +593,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
         p = o.command(sub, name, "gpusd.cli.pool:reservations",
                       "the GPUs reserved on the fleet's hosts (yours, or --all)", parents=[o.json_output(), *o.fleet()])
         p.add_argument("--all", action="store_true", help="every holder's, not only yours")
+        p.add_argument("--ics", metavar="FILE", default=None,
+                       help="write your bookings (gpusd reserve --at) as an iCalendar file (RFC 5545) for calendars")
     else:  # what gpusd run --fleet runs on the chosen host, over ssh (docs/jobs.md, "Fleet runs"): not listed
         p = o.command(sub, name, "gpusd.cli.pool:fleet_job", None)
         p.add_argument("--job", required=True, help="the job id the asking machine chose")

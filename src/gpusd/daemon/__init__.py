@@ -19,6 +19,7 @@
   :mod:`.leasereq` — its requests checked; :mod:`.slurmjobs` — the leases it holds for Slurm jobs;
 * :mod:`.fence` — a lease ended without a release: its processes stopped before its GPUs are granted again;
 * :mod:`.pool` — remote leases of the fleet pool; :mod:`.rebalancing` — acting on the jobs' policy;
+* :mod:`.bookings` — GPUs booked ahead (``gpusd reserve --at``): kept, published, held from their start;
 * :mod:`.poolstate` — the remote leases written down for a restarted daemon; :mod:`.keeper` — the process
   that co-holds their locks; :mod:`.fdstore` — systemd's file descriptor store, which does so under systemd;
 * :mod:`.slurmnode` — with ``--slurm``, slurmd run beside the daemon as a dynamic node;

@@ -126,4 +126,6 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
         "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
         "command": command[:1024] if command else None, "visible": env,
         "vendor": opt("vendor", (str,)),  # issue 21; validated by Constraints.build
+        # seconds the GPUs are needed at most (backfill before a booking, gpusd.alloc.bookings)
+        "time_limit": bounded("time_limit", (int, float), 20 * 365 * 86400, "seconds, above 0") or None,
     }

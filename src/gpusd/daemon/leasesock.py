@@ -109,6 +109,8 @@ class LeaseHistory(Protocol):
 
     def lease_ended(self, lease_id: str) -> None: ...
 
+    def lease_timed_out(self, lease_id: str) -> None: ...
+
 
 class LeaseServer:
     def __init__(self, path: Path, simulate: str | None = None, slurm: bool = False,
@@ -135,6 +137,7 @@ class LeaseServer:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
         self.history: LeaseHistory | None = None  # set by the daemon that records its usage history
+        self.bookings: Any = None  # the daemon's bookings (daemon/bookings.py): a booker's request takes its hold
         self.store: Any = None  # the authority's own lock directory (LeaseStore.authority), once prepared
         self.stopping = False
         self.stopped = False  # the kept tickets were closed (stop() is done with them)
@@ -398,6 +401,11 @@ class LeaseServer:
                                      "devices": [_candidate(c) for c in chosen.devices],
                                      "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
+            if self.bookings is not None:  # a booking of this user held now: its GPUs go to this request
+                from ..alloc.lockdir import user_name
+
+                for gone in self.bookings.hand_over(user_name(uid)):
+                    await self.bookings.released(gone)
             granting = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel,
                                                           priority, True, None, place), kwargs)
             if await conn.watch(granting, any_data_ends=True):
@@ -524,9 +532,16 @@ class LeaseServer:
                     log.info("lease %s: released %s for pid %d (uid %d)", lease_id, device, held.pid, held.uid)
                     answer = {"ok": True, "op": "release", "lease_id": lease_id, "held": held.held()}
                     fds, names = self._passing(held, [])  # the record was rewritten: its new lock
+                elif op == "mark":
+                    if req.get("ended") != "timed_out":
+                        raise ConfigError("bad 'ended' in the request (timed_out)")
+                    if self.history is not None:
+                        self.history.lease_timed_out(lease_id)
+                    log.info("lease %s: its job's time limit ran out (pid %d, uid %d)", lease_id, held.pid, held.uid)
+                    answer = {"ok": True, "op": "mark"}
                 else:
                     raise ConfigError(f"unknown request {str(op)[:32]!r} on a connection that holds a lease "
-                                      "(expected grow or release)")
+                                      "(expected grow, release or mark)")
             except Exception as exc:
                 answer, fds, names = _failure(exc), [], []
             answer["id"] = rid

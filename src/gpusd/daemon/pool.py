@@ -148,7 +148,7 @@ class Pool:
 
     # -- the work, on the executor ------------------------------------------------------------------
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
-               expires: float, job: str | None = None) -> Any:
+               expires: float, job: str | None = None, booking: bool = False) -> Any:
         from ..alloc.api import LeaseRequest, allocate
         from ..alloc.handle import Holder
         from ..alloc.leases import LeaseStore
@@ -166,12 +166,14 @@ class Pool:
             self.backend = shared
         c = Constraints.build(**kwargs, within_visible=False)
         who = Holder(pid=os.getpid(), user=holder, command=note, remote_from=remote_from, expires=expires, job=job)
-        return allocate(LeaseRequest(c, env={}, holder=who), store=LeaseStore.for_daemon(), backend=self.backend)
+        return allocate(LeaseRequest(c, env={}, holder=who, booking=booking), store=LeaseStore.for_daemon(),
+                        backend=self.backend)
 
-    def _grant_held(self, held: Held, kwargs: dict[str, Any]) -> Any:
-        """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down."""
+    def _grant_held(self, held: Held, kwargs: dict[str, Any], booking: bool = False) -> Any:
+        """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down
+        (``booking``: a booking's hold, daemon/bookings.py)."""
         sel = self._grant(kwargs, held.holder, held.note, held.remote_from,
-                          time.time() + (held.deadline - time.monotonic()), held.job)
+                          time.time() + (held.deadline - time.monotonic()), held.job, booking)
         held.lease_id, held.selection = sel.lease.lease_id, sel
         epochs = sel.lease.epochs() if sel.lease is not None else {}
         held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
@@ -547,6 +549,9 @@ class Pool:
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
             return 429, {**to_wire(OverCap(why), http=True), "reason": "policy"}
+        booked = getattr(self.daemon, "bookings", None)  # a booking of theirs held now: its GPUs go to this request
+        for gone in booked.hand_over(holder) if booked is not None and account is not None else []:
+            await self.ended(gone)
         now = time.monotonic()
         self.pending += 1
         asking, gpus = self.pending_of.get(identity, (0, 0))
@@ -795,6 +800,52 @@ def _terms(body: dict[str, Any]) -> tuple[str, str | None, float]:
     return holder, note, ttl
 
 
+async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
+                ) -> tuple[Account | None, web.Response | None]:
+    """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)
+    without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
+    from ..wire.sshsig import HEADER, SshSigError, read_header, verify
+    from .access import signed_request
+    from .users import Directory, Refused
+
+    def answer(status: int, data: object) -> web.Response:
+        from aiohttp import web
+
+        from ..sanitize import dumps
+
+        return web.Response(text=dumps(data, separators=(",", ":")), status=status,
+                            content_type="application/json", headers={"Cache-Control": "no-store"})
+
+    value = request.headers.get(HEADER)
+    if value is None:
+        if daemon.config.require_user_key:
+            return None, answer(401, {"error": "this daemon takes remote writes signed with the user's SSH key: "
+                                               "load your key into ssh-agent ($SSH_AUTH_SOCK) or pass --identity "
+                                               "FILE (docs/security.md)", "reason": "user_key"})
+        return None, None
+    base = getattr(signed_request(request), "base", None)
+    if not isinstance(base, bytes):
+        return None, answer(401, {"error": "a user signature needs the fleet signature it signs",
+                                  "reason": "user_key"})
+    try:
+        blob = verify(read_header(value), base)
+    except SshSigError as exc:
+        return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
+    # the account the signer acts as, covered by the signature its key made (gpusd 0.4; None before)
+    covered = getattr(getattr(signed_request(request), "result", None), "covered_components", None) or {}
+    named = covered.get('"gpusd-user"')
+    users = pool.users if pool is not None else Directory(None)
+    try:
+        account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
+            pool.executor if pool is not None else None, users.who, blob, request.remote, daemon.hostname,
+            named if isinstance(named, str) else None), 10.0)
+    except Refused as exc:
+        return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
+    except asyncio.TimeoutError:
+        return None, answer(503, {"error": "reading the accounts' authorized_keys took too long"})
+    return account, None
+
+
 def install(app: web.Application, daemon: PoolDaemon) -> Pool:
     from .routes import add_routes
 
@@ -843,39 +894,7 @@ def routes(pool: Pool) -> list[RouteDef]:
         return d
 
     async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
-        """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)
-        without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
-        from ..wire.sshsig import HEADER, SshSigError, read_header, verify
-        from .access import signed_request
-        from .users import Refused
-
-        value = request.headers.get(HEADER)
-        if value is None:
-            if daemon.config.require_user_key:
-                return None, answer(401, {"error": "this daemon takes remote writes signed with the user's SSH key: "
-                                                   "load your key into ssh-agent ($SSH_AUTH_SOCK) or pass --identity "
-                                                   "FILE (docs/security.md)", "reason": "user_key"})
-            return None, None
-        base = getattr(signed_request(request), "base", None)
-        if not isinstance(base, bytes):
-            return None, answer(401, {"error": "a user signature needs the fleet signature it signs",
-                                      "reason": "user_key"})
-        try:
-            blob = verify(read_header(value), base)
-        except SshSigError as exc:
-            return None, answer(401, {"error": f"user signature refused: {exc}", "reason": "user_key"})
-        # the account the signer acts as, covered by the signature its key made (gpusd 0.4; None before)
-        covered = getattr(getattr(signed_request(request), "result", None), "covered_components", None) or {}
-        named = covered.get('"gpusd-user"')
-        try:
-            account = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(
-                pool.executor, pool.users.who, blob, request.remote, daemon.hostname,
-                named if isinstance(named, str) else None), 10.0)
-        except Refused as exc:
-            return None, answer(403, {"error": str(exc), "reason": "unknown_key"})
-        except asyncio.TimeoutError:
-            return None, answer(503, {"error": "reading the accounts' authorized_keys took too long"})
-        return account, None
+        return await signer_of(request, pool, daemon)
 
     async def create(request: web.Request) -> web.Response:
         from .access import holder_of

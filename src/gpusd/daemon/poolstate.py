@@ -55,10 +55,10 @@ def _name(lease_id: str) -> str:
     return f"{lease_id}.json"
 
 
-def _open_dir(state_dir: Path, create: bool) -> int | None:
-    """A descriptor of the records' directory, ours and private; None when absent (and not ``create``)
-    or unfit (logged)."""
-    path = Path(state_dir) / DIR_NAME
+def _open_dir(state_dir: Path, create: bool, dir_name: str = DIR_NAME) -> int | None:
+    """A descriptor of the records' directory (``dir_name``: the bookings' too, daemon/bookings.py),
+    ours and private; None when absent (and not ``create``) or unfit (logged)."""
+    path = Path(state_dir) / dir_name
     if create:
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -81,9 +81,9 @@ def _open_dir(state_dir: Path, create: bool) -> int | None:
     return fd
 
 
-def write(state_dir: Path, lease_id: str, data: dict[str, Any]) -> bool:
+def write(state_dir: Path, lease_id: str, data: dict[str, Any], dir_name: str = DIR_NAME) -> bool:
     """Write (replace) the record of ``lease_id``; False (logged) when it cannot."""
-    dfd = _open_dir(state_dir, True)
+    dfd = _open_dir(state_dir, True, dir_name)
     if dfd is None:
         return False
     tmp = f".{_name(lease_id)}.{os.urandom(3).hex()}.tmp"
@@ -106,8 +106,8 @@ def write(state_dir: Path, lease_id: str, data: dict[str, Any]) -> bool:
         os.close(dfd)
 
 
-def remove(state_dir: Path, lease_id: str) -> None:
-    dfd = _open_dir(state_dir, False)
+def remove(state_dir: Path, lease_id: str, dir_name: str = DIR_NAME) -> None:
+    dfd = _open_dir(state_dir, False, dir_name)
     if dfd is None:
         return
     try:

@@ -117,6 +117,15 @@ class Recording:
             except Exception as exc:  # noqa: BLE001
                 log.warning("history: cannot record the end of lease %s: %r", lease_id, exc)
 
+    def lease_timed_out(self, lease_id: str) -> None:
+        """The lease's job ran out of its ``--time``: its record says so (it ends when its connection does)."""
+        recorder = self.recorder
+        if recorder is not None:
+            try:
+                recorder.mark_timed_out(lease_id, time.time())
+            except Exception as exc:  # noqa: BLE001
+                log.warning("history: cannot record the time-out of lease %s: %r", lease_id, exc)
+
     # -- the fair-use policy file (alloc/policy.py): idle release and the fair-share summary ------
     def _apply_policy(self) -> None:
         """The policy file's idle terms override the configuration's (warn after N minutes idle, release

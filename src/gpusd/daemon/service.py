@@ -110,6 +110,9 @@ class Daemon:
         from .pool import install as install_pool  # leases for remote holders (docs/pool.md)
 
         self.pool = install_pool(self.app, self)
+        from .bookings import install as install_bookings  # GPUs booked ahead (docs/pool.md, "Time")
+
+        self.bookings = install_bookings(self.app, self, self.pool)
         from .recording import install as install_recording  # usage history (docs/history.md)
 
         # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)
@@ -220,6 +223,7 @@ class Daemon:
                               "socket": str(self._lease_server.path) if self._lease_server is not None else None}
             if self._lease_server is not None:  # its leases' records begin and end with them (docs/history.md)
                 self._lease_server.history = self.recording
+                self._lease_server.bookings = self.bookings
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
             from .slurmnode import SlurmPart
 
@@ -343,6 +347,9 @@ class Daemon:
                 log.debug("cannot read leases: %r", exc)
         snap.hostname = self.hostname
         snap.node_id = self.node_id
+        booked = getattr(self, "bookings", None)
+        if booked is not None:
+            snap.bookings = booked.infos()
         return snap
 
     async def _sample_loop(self) -> None:

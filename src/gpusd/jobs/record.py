@@ -63,6 +63,8 @@ class JobRecord:
     reason: str | None = None  # why the last change of state happened
     labels: list[str] = field(default_factory=list)  # fleet runs, where they were asked: HOST:INDEX
     container: str | None = None  # the id of the container it started (gpusd.jobs.containers), hex
+    time_limit: float | None = None  # gpusd run --time: seconds the command may run
+    ends: float | None = None  # when that limit runs out (wall-clock, for display; enforced on the monotonic clock)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
@@ -113,6 +115,10 @@ def parse(raw: bytes, uid: int) -> JobRecord:
     if (not isinstance(labels, list) or len(labels) > MAX_DEVICES
             or not all(isinstance(x, str) and 0 < len(x) <= MAX_LABEL for x in labels)):
         raise ValueError("no valid label list")
+    time_limit, ends = d.get("time_limit"), d.get("ends")
+    for value in (time_limit, ends):
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value) or value < 0):
+            raise ValueError("bad time limit")
     user = _text(d.get("user"), 64) if uid == 0 else user_name(uid)
     return JobRecord(job=job, pid=pid, user=user, uid=uid, command=_text(d.get("command"), 1024),
                      devices=list(devices), indices=list(indices[:MAX_DEVICES]), priority=priority,
@@ -120,7 +126,7 @@ def parse(raw: bytes, uid: int) -> JobRecord:
                      restarts=restarts, lease=LeaseId.optional(d.get("lease")),
                      started=started, child=child, host=_text(d.get("host"), 255), reason=_text(d.get("reason"), 200),
                      container=ContainerId.optional(d.get("container")),
-                     labels=list(labels))
+                     labels=list(labels), time_limit=time_limit, ends=ends)
 
 
 def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[JobRecord]:

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from .containers import ContainerRun
 
 RESTART_ME = 75
+# the status of a job whose --time ran out (as timeout(1) exits): the CLI's table, gpusd.cli.exits, lists it
+TIMED_OUT = 124
 FILE_FORMAT = 1
 # --on-change (docs/jobs.md): after a grow or shrink rewrites the job file, send the notify signal
 # ("signal"), restart the command like a move ("restart"), or nothing ("file": the command polls the file)
@@ -106,12 +108,13 @@ class JobSpec:
     on_change: str = "signal"  # ON_CHANGE: how the command is told of a grow or shrink
     bind_cpus: bool = False  # run the command on its GPUs' local CPUs (alloc.cpus)
     container: ContainerRun | None = None  # a container run, rewritten for the GPUs at every start
+    time_limit: float | None = None  # --time: seconds the command may run from its first start (monotonic)
 
     @property
     def own_group(self) -> bool:
         """Whether the command runs in its own process group (so that SIGTERM, SIGSTOP and SIGCONT
         reach all of it)."""
-        return self.preemptible or self.pausable or self.on_change == "restart"
+        return self.preemptible or self.pausable or self.on_change == "restart" or self.time_limit is not None
 
 
 class Supervisor:
@@ -125,9 +128,11 @@ class Supervisor:
                  grace: float = 30.0, wait: bool = False, timeout: float | None = None,
                  simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
                  host: str | None = None, on_change: str = "signal", bind_cpus: bool = False,
-                 container: "ContainerRun | None" = None) -> None:
+                 container: "ContainerRun | None" = None, time_limit: float | None = None) -> None:
+        if time_limit is not None:  # its GPUs are needed that long at most, its grace included (backfill)
+            c = replace(c, time_limit=time_limit + grace)
         self.spec = JobSpec(c, tuple(cmd), command, priority, preemptible, pausable, notify_signal, grace, wait,
-                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus, container)
+                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus, container, time_limit)
         self.holder_proc: Any = None  # a container's `<runtime> wait`, holding the lease (gpusd.jobs.containers)
         self.holder_out = ""
         self.cid_watch: threading.Thread | None = None
@@ -153,9 +158,12 @@ class Supervisor:
         self._wake_lock = threading.Lock()  # the lease's thread against close(); never taken by the handler
         self.stopped_by: int = signal.SIGTERM
         self.user_stop = False  # a signal said to stop: once the command exits, the job ends
+        self.timed_out = False  # --time ran out: the command was stopped, the job ends with TIMED_OUT
+        self._limit_timer: threading.Timer | None = None
         self.writer = RecordWriter(self.store, JobRecord(
             job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
-            preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
+            preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host,
+            time_limit=time_limit))
         self.private = Path(private_dir(self.job_id))
         self.job_file = self.private / "gpus.json"
         self.server = control.ControlServer(self.store, self.job_id, self.dispatch)
@@ -217,6 +225,40 @@ class Supervisor:
         self.lease = sel.lease
         self.devs = list(sel.devices)
         self.writer.update(lease=sel.lease.lease_id if sel.lease is not None else None)
+        self._start_limit()
+
+    # -- the time limit (--time) ----------------------------------------------------------------------
+    def _start_limit(self) -> None:
+        """The limit runs from the job's first GPUs on, on the monotonic clock (a wall-clock step neither
+        shortens nor lengthens it); a restart or a preemption does not reset it."""
+        limit = self.spec.time_limit
+        if limit is None or self._limit_timer is not None:
+            return
+        self.writer.update(ends=time.time() + limit)  # for display only (gpusd jobs: the time left)
+        timer = threading.Timer(limit, self._time_up)
+        timer.daemon = True
+        timer.name = f"gpusd-job-{self.job_id}-time"
+        self._limit_timer = timer
+        timer.start()
+
+    def _time_up(self) -> None:
+        """``--time`` ran out: SIGTERM to the command's group, SIGKILL after ``--grace``; the job then
+        ends (no restart) with :data:`TIMED_OUT`.  A job waiting for GPUs again stops waiting."""
+        with self.lock:
+            if self.state.now is JobState.ENDED:
+                return
+            self.timed_out = True
+            self.user_stop = True
+            limit = self.spec.time_limit or 0.0
+            from ..units import format_duration
+
+            self.writer.write(reason=f"time limit reached (--time {format_duration(limit)})")
+            running = self.child.stop(self.spec.grace)
+            if not running:
+                self.stopped_by = signal.SIGTERM
+                self.stopped.set()
+                self._poke()
+        log(f"job {self.job_id}: its time limit ({limit:g}s) ran out: SIGTERM, {self.spec.grace:g}s, then SIGKILL")
 
     def _allocate(self, c: Constraints, wait: bool, timeout: float | None, first: bool = False,
                   resume: bool = False, cancelled: Callable[[], bool] | None = None,
@@ -873,10 +915,10 @@ class Supervisor:
                 rc = self._follow_container(self.child.wait())
                 with self.lock:
                     why = self.state.now if self.state.restarting else None
-                if why is not None or rc == RESTART_ME:
+                if why is not None or rc == RESTART_ME or self.timed_out:
                     # the leader is gone; what is left of its group (children that ignore SIGTERM)
                     # gets the rest of the grace, then SIGKILL, before its GPUs are reused
-                    deadline = self.child.stop_deadline if why is not None else None
+                    deadline = self.child.stop_deadline if why is not None or self.timed_out else None
                     self.child.end_group(deadline if deadline is not None else time.monotonic() + self.spec.grace)
                 self.exited_at = time.monotonic()
                 if self.stopped.is_set():  # the signal came after the command had exited
@@ -891,17 +933,35 @@ class Supervisor:
                     continue
                 break
         except Stopped as exc:
-            log(f"job {self.job_id}: stopped by {signal.Signals(exc.signum).name} while waiting for GPUs")
+            if not self.timed_out:
+                log(f"job {self.job_id}: stopped by {signal.Signals(exc.signum).name} while waiting for GPUs")
             rc = -exc.signum
         finally:
-            if self.state.now is not JobState.ENDED:
-                self.state.to(JobState.ENDED)
+            with self.lock:  # against the time limit's thread
+                if self.state.now is not JobState.ENDED:
+                    self.state.to(JobState.ENDED)
+            if self.timed_out:
+                self._tell_timed_out()
             for sig, old in previous.items():
                 signal.signal(sig, old)
             self.close()
+        if self.timed_out:
+            return TIMED_OUT
         return rc if rc >= 0 else 128 - rc
 
+    def _tell_timed_out(self) -> None:
+        """The history (the daemon's, where it holds the lease) records the job as timed out."""
+        lease = self.lease
+        if isinstance(lease, RemoteLease):
+            try:
+                lease.mark("timed_out")
+            except GpusdError as exc:
+                log(f"job {self.job_id}: the daemon could not record the time-out: {exc}")
+
     def close(self) -> None:
+        timer = self._limit_timer
+        if timer is not None:
+            timer.cancel()
         with self._wake_lock:
             wake, self._wake = self._wake, (-1, -1)
         for fd in wake:

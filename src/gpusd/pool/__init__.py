@@ -9,7 +9,8 @@
   and moves on to the next host when that daemon answers 409 (the GPUs just went).  The returned
   :class:`Reservation` renews its lease(s) in a background thread until :meth:`Reservation.release` or
   the end of a ``with`` block;
-* :mod:`.renewer` — the background renewer of ``gpusd reserve`` (``python -m gpusd.pool.renewer``).
+* :mod:`.renewer` — the background renewer of ``gpusd reserve`` (``python -m gpusd.pool.renewer``);
+* :mod:`.calendar` — bookings as an iCalendar file (``gpusd reservations --ics``).
 
 ``reserve`` and ``Reservation`` are public (also as ``gpusd.reserve``, docs/api.md); the rest is internal.
 """

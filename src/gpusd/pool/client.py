@@ -320,6 +320,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
                             "holder": holder, "note": note, "ttl": ttl}
     if c.vendor is not None:  # older daemons ignore it (and the client's ranking has filtered already)
         body["vendor"] = c.vendor
+    if c.time_limit is not None:  # backfill before a booking (older daemons ignore it)
+        body["time_limit"] = c.time_limit
     if job is not None:  # a fleet run's job id: the daemon's lease record names it (older daemons ignore it)
         body["job"] = job
     url, pin = api_url(h)
@@ -509,3 +511,82 @@ def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dic
                 d["url"], d["pin"], d["addresses"] = url, pin, h.signed_addresses
                 out.append(d)
     return out
+
+
+# -- bookings (gpusd reserve --at: docs/pool.md, "Time") ---------------------------------------------
+def book(count: int, start: float, duration: float, hosts: Iterable[RemoteHost], key: FleetKey, *,
+         host: str | None = None, note: str | None = None, include: list[str] | None = None) -> dict[str, Any]:
+    """Book ``count`` GPUs of one verified host from ``start`` (wall-clock) for ``duration`` seconds,
+    signed with the user's SSH key; the first host (by name) that has them free then.  Raises
+    ConfigError for what every host would refuse (the request itself, the policy), NoGpuAvailable
+    naming the conflicting bookings when no host has room."""
+    from ..sanitize import for_terminal
+    from ..wire.http import request_json
+
+    body = {"count": count, "start": start, "duration": duration, "note": note, "include": include}
+    conflicts: list[str] = []
+    tried = 0
+    for h in sorted(hosts, key=lambda h: h.hostname):
+        if h.verified is not True or h.identity is None or not h.url or not h.alive or h.snapshot is None:
+            continue
+        if host is not None and not fnmatch.fnmatch(h.hostname, host):
+            continue
+        if len(h.snapshot.gpus) < count:
+            continue
+        tried += 1
+        url, pin = api_url(h)
+        try:
+            reply = request_json("POST", url + "/bookings", body, key=key, node_id=h.node_id, pin=pin)
+        except SourceError as exc:
+            log.info("%s: %s", h.hostname, exc)
+            continue
+        if reply.verified is not True:
+            continue
+        where = for_terminal(h.hostname, 64)
+        if reply.status == 201 and isinstance(reply.data, dict):
+            return reply.data
+        err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
+        if reply.status == 409:
+            conflicts.append(f"{where}: {for_terminal(str(err), 400)}")
+            continue
+        if reply.status == 404:  # a daemon from before bookings
+            conflicts.append(f"{where}: its gpusd takes no bookings (older than 0.4.1)")
+            continue
+        if reply.status in (400, 429):
+            raise ConfigError(f"{where}: {for_terminal(str(err), 400)}")
+        raise refusal(reply, f"{where} refused the booking (HTTP {reply.status})")
+    if not tried:
+        raise NoGpuAvailable(f"no verified host has {count} GPU(s)" + (f" (hosts matching {host!r})" if host else ""))
+    raise NoGpuAvailable(f"no host has {count} GPU(s) free for that time: " + "; ".join(conflicts[:4]))
+
+
+def bookings(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dict[str, Any]], bool] | None = None
+             ) -> list[dict[str, Any]]:
+    """The bookings of every verified host (``GET /api/v1/bookings``), optionally filtered."""
+    from ..wire.http import fetch_json
+
+    out: list[dict[str, Any]] = []
+    for h in hosts:
+        if h.verified is not True or not h.url:
+            continue
+        url, pin = api_url(h)
+        try:
+            ans = fetch_json(url + "/bookings", key=key, node_id=h.node_id, pin=pin)
+        except SourceError as exc:
+            log.info("%s: %s", h.hostname, exc)
+            continue
+        if ans.verified is not True or not isinstance(ans.data, dict):
+            continue
+        for d in ans.data.get("bookings") or []:
+            if isinstance(d, dict) and (mine is None or mine(d)):
+                d["url"], d["pin"], d["node_id"] = url, pin, h.node_id
+                out.append(d)
+    return out
+
+
+def cancel_booking(d: dict[str, Any], key: FleetKey) -> Any:
+    """``DELETE /api/v1/bookings/ID`` at the host of the listed booking ``d``; the reply."""
+    from ..wire.http import request_json
+
+    return request_json("DELETE", f"{d['url']}/bookings/{d['booking_id']}", None, key=key,
+                        node_id=d.get("node_id"), pin=d.get("pin"))

@@ -24,7 +24,7 @@ from pathlib import Path
 FINE, COARSE, HOURLY = 0, 1, 2
 STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}  # seconds per bucket of each tier
 TIERS = (FINE, COARSE, HOURLY)
-SCHEMA_VERSION = 1  # the version SCHEMA creates; meta('schema') holds a database's own
+SCHEMA_VERSION = 2  # the version SCHEMA creates; meta('schema') holds a database's own
 IDLE_UTIL = 5.0  # percent: a GPU under this is idle (the same 5 % as a free GPU's rule)
 
 SCHEMA = """
@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS jobs(
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL, key TEXT UNIQUE NOT NULL, uid INTEGER, user TEXT,
     command TEXT, gpus TEXT NOT NULL, start REAL NOT NULL, last REAL NOT NULL, ended REAL,
     gpu_s REAL NOT NULL DEFAULT 0, util_s REAL NOT NULL DEFAULT 0, energy_j REAL NOT NULL DEFAULT 0,
-    idle_s REAL NOT NULL DEFAULT 0, peak_mem INTEGER, idle_flagged REAL, released REAL);
+    idle_s REAL NOT NULL DEFAULT 0, peak_mem INTEGER, idle_flagged REAL, released REAL, timed_out REAL);
 CREATE INDEX IF NOT EXISTS jobs_last ON jobs(last);
 CREATE INDEX IF NOT EXISTS jobs_open ON jobs(ended) WHERE ended IS NULL;
 """
@@ -54,7 +54,9 @@ CREATE INDEX IF NOT EXISTS jobs_open ON jobs(ended) WHERE ended IS NULL;
 # Schema migrations: version -> the statements that bring a database of the version before it to it.
 # A change to the schema bumps SCHEMA_VERSION, puts the change in SCHEMA (new databases) and here
 # (existing ones).  :func:`migrate` runs the steps a database lacks, in order, in one transaction.
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE jobs ADD COLUMN timed_out REAL",),  # when a job's --time ran out (gpusd run --time)
+}
 
 
 class SchemaError(sqlite3.DatabaseError):

@@ -129,15 +129,15 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
              for (gid, kind, user), a in per_user.items() if gid in gpus]
     jobs = []
     for (kind, uid, user, command, gl, jstart, last, ended, gpu_s, util_s, energy, idle_s, peak, flagged,
-         released) in conn.execute(
+         released, timed_out) in conn.execute(
             "SELECT kind, uid, user, command, gpus, start, last, ended, gpu_s, util_s, energy_j, idle_s, peak_mem, "
-            "idle_flagged, released FROM jobs WHERE start<? AND last>=? ORDER BY gpu_s DESC LIMIT ?",
+            "idle_flagged, released, timed_out FROM jobs WHERE start<? AND last>=? ORDER BY gpu_s DESC LIMIT ?",
             (end, start, 10 * TOP_JOBS)):
         idle = kind == "lease" and (flagged is not None or idle_s >= idle_after)
         jobs.append({"kind": kind, "uid": uid if private else None, "user": user if private else None,
                      "command": command if private else None, "gpus": json.loads(gl), "start": jstart,
                      "last": last, "ended": ended, "gpu_s": gpu_s, "util_s": util_s, "energy_j": energy,
-                     "idle_s": idle_s, "peak_mem": peak, "idle": idle, "released": released})
+                     "idle_s": idle_s, "peak_mem": peak, "idle": idle, "released": released, "timed_out": timed_out})
     idle_jobs = [j for j in jobs if j["idle"]]
     top = sorted((j for j in jobs if j["kind"] in ("process", "unleased")), key=lambda j: -j["gpu_s"])[:TOP_JOBS]
     # the host's utilisation over time: at most MAX_POINTS points, from the coarsest tier that fits
@@ -154,4 +154,6 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
     return {"host": host, "node_id": node_id, "from": start, "to": end, "tier": _TIER_NAMES[pieces[0][0]],
             "data_from": min(seen) if seen else None, "data_to": max(seen) if seen else None,
             "private": private, "idle_after": idle_after, "gpus": list(gpus.values()), "users": users,
-            "jobs": top, "idle_reservations": idle_jobs, "timeline": {"step": step, "points": timeline}}
+            "jobs": top, "idle_reservations": idle_jobs,
+            "timed_out": [j for j in jobs if j["timed_out"] is not None],
+            "timeline": {"step": step, "points": timeline}}

@@ -325,6 +325,16 @@ class Accountant:
                                   [(job.row,) for job in self.open.values() if not job.seen])
         self.open.clear()
 
+    def mark_timed_out(self, lease_id: str, ts: float) -> None:
+        """Flag a lease as ended by its job's time limit (``gpusd run --time``), whether open or just ended."""
+        ident = f"l:{lease_id}"
+        job = self.open.get(ident)
+        row = job.row if job is not None else self.closed.get(ident)
+        if row is None:
+            return
+        with transaction(self.conn):
+            self.conn.execute("UPDATE jobs SET timed_out=coalesce(timed_out, ?) WHERE id=?", (ts, row))
+
     def mark_idle(self, lease_id: str, ts: float, released: bool = False) -> None:
         """Flag a lease as held idle (the idle watch saw it under 5 % long enough), or released."""
         job = self.open.get(f"l:{lease_id}")
@@ -398,6 +408,9 @@ class Recorder:
 
     def mark_idle(self, lease_id: str, ts: float, released: bool = False) -> None:
         self._put(("idle", (lease_id, ts, released)))
+
+    def mark_timed_out(self, lease_id: str, ts: float) -> None:
+        self._put(("timed_out", (lease_id, ts)))
 
     def lease_started(self, lease_id: str, user: str | None, uid: int | None, command: str | None,
                       gpus: list[str], ts: float) -> bool:
@@ -556,6 +569,8 @@ class Recorder:
             acc.lease_ended(*arg)
         elif what == "idle":
             acc.mark_idle(*arg)
+        elif what == "timed_out":
+            acc.mark_timed_out(*arg)
         else:
             arg(acc.conn)
 

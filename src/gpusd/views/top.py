@@ -368,6 +368,13 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
                  f"CUDA {for_terminal(snap.cuda_version, WORD_MAX) or '-'}", style="dim")
     if snap.simulated:
         t.append("  [SIMULATED]" if width >= 40 else " SIM", style="magenta")
+    ahead = sorted((b for b in snap.bookings if b.end > now), key=lambda b: b.start)
+    if ahead:  # the next booking of the host (docs/pool.md, "Time")
+        b = ahead[0]
+        span = f"{time.strftime('%H:%M', time.localtime(b.start))}-{time.strftime('%H:%M', time.localtime(b.end))}"
+        gpus_b = ",".join(str(i) for i in b.indices[:16])
+        t.append(f"  {'held' if b.held else 'booked'} GPU {gpus_b} {span}"
+                 + (f" +{len(ahead) - 1}" if len(ahead) > 1 else ""), style="yellow")
     age = now - snap.timestamp
     if age > 10:
         t.append(f"  stale {age:.0f}s", style="yellow")

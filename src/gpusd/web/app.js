@@ -97,7 +97,16 @@
       hostname: str(s.hostname, NAME_MAX), node_id: str(s.node_id, NAME_MAX), timestamp: num(s.timestamp),
       driver_version: str(s.driver_version, 32), cuda_version: str(s.cuda_version, 32), simulated: s.simulated === true,
       gpus: bounded(s.gpus, GPUS_MAX).map(cleanGpu).filter(Boolean),
+      bookings: bounded(s.bookings, 64).map(cleanBooking).filter(Boolean),
     });
+  }
+  // A booking of the host (gpusd reserve --at): its times, its GPUs, its booker (private: null for
+  // a reader who may not see it), whether the daemon holds it now.
+  function cleanBooking(b) {
+    b = obj(b);
+    if (!b || num(b.start) === null || num(b.end) === null || !(b.end > b.start)) return null;
+    return { booking_id: str(b.booking_id, 16), start: b.start, end: b.end, user: str(b.user, NAME_MAX),
+             indices: bounded(b.indices, GPUS_MAX).filter((i) => Number.isInteger(i)), held: b.held === true };
   }
   // JSON as a daemon may send it: an older or foreign daemon may write NaN or Infinity, which
   // JSON.parse refuses; they are read as null (outside strings only) rather than losing everything.
@@ -544,10 +553,49 @@
     table.appendChild(tb);
     card.appendChild(table);
     if (snap) {
+      const tl = bookingTimeline(snap.bookings || []);
+      if (tl) card.appendChild(tl);
       const topo = topologyView(host, snap.gpus || []);
       if (topo) card.appendChild(topo);
     }
     return card;
+  }
+
+  // The host's bookings over the next 24 hours (docs/pool.md, "Time"): one bar per booking, placed on
+  // an axis from now to now + 24 h, with hour marks every 6 hours; none when nothing is booked then.
+  const DAY_MS = 24 * 3600 * 1000;
+  function hhmm(ms) {
+    const d = new Date(ms);
+    return String(d.getHours()).padStart(2, "0") + ":" + String(d.getMinutes()).padStart(2, "0");
+  }
+  function bookingTimeline(bookings) {
+    const now = Date.now();
+    const ahead = bookings.filter((b) => b.end * 1000 > now && b.start * 1000 < now + DAY_MS)
+      .sort((a, b) => a.start - b.start);
+    if (!ahead.length) return null;
+    const box = el("div", "timeline");
+    box.appendChild(el("div", "timeline-title", "bookings, next 24 h"));
+    const axis = el("div", "timeline-axis");
+    for (let h = 0; h <= 24; h += 6) {
+      const tick = el("span", "tick", hhmm(now + h * 3600 * 1000));
+      tick.style.left = (h / 24 * 100) + "%";
+      axis.appendChild(tick);
+    }
+    box.appendChild(axis);
+    for (const b of ahead) {
+      const from = Math.max(0, b.start * 1000 - now), to = Math.min(DAY_MS, b.end * 1000 - now);
+      const lane = el("div", "timeline-lane");
+      const bar = el("div", "booking" + (b.held ? " held" : ""),
+                     `GPU ${b.indices.join(",")} ${hhmm(b.start * 1000)}–${hhmm(b.end * 1000)}` +
+                     (b.user ? " " + clip(b.user, 32) : "") + (b.held ? " (held)" : ""));
+      bar.style.left = (from / DAY_MS * 100) + "%";
+      bar.style.width = Math.max(0.5, (to - from) / DAY_MS * 100) + "%";
+      bar.dataset.booking = b.booking_id || "";
+      bar.title = `booking ${b.booking_id || "?"}`;
+      lane.appendChild(bar);
+      box.appendChild(lane);
+    }
+    return box;
   }
 
   // The host's GPU matrix as nvidia-smi topo -m prints it (all its GPUs, whatever the filter shows).
