@@ -12,6 +12,7 @@ import ctypes
 import os
 import sys
 import time
+from time import monotonic as _monotonic
 
 from ..errors import BackendUnavailable
 from ..model import SCHEMA_VERSION, GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
@@ -274,7 +275,17 @@ class _Device(Device):
     fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
     gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
     probed: bool = False  # read once call by call: what it does not support is known (NvmlBackend._read_all)
+    # the compute and MIG modes as last read (a pick reads them again only every _FACTS_TTL s)
+    mode: Any = None
+    mig: Any = None
 
+
+# How long a pick (a snapshot without detail) trusts what changes only by an administrator's hand (the
+# number of GPUs, a GPU's compute and MIG modes: nvidia-smi -c / -mig, the latter only after a reset),
+# in seconds on the monotonic clock: a process that picks again within it asks the driver only for what
+# a pick weighs that changes by itself (memory, utilisation, processes), four calls per GPU.
+_FACTS_TTL = 5.0
+_INSTANT = 1.0  # seconds: the longest period a driver averages one utilisation reading over (NOTES.md)
 
 BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
 
@@ -346,6 +357,8 @@ class NvmlBackend(VendorBackend):
                  telemetry: bool = False) -> None:
         super().__init__(util_window=util_window, processes=processes)
         self._count = -1
+        self._facts_at = 0.0  # when the number of GPUs was read (monotonic): _refresh_devices
+        self._facts_fresh = True  # whether this snapshot read it (and so the modes) again
         self._xids: _XidWatcher | None = None
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         self._nv = pynvml = bindings(telemetry)
@@ -400,6 +413,12 @@ class NvmlBackend(VendorBackend):
 
     def _refresh_devices(self) -> None:
         nv = self._nv
+        now = _monotonic()
+        if not self._detail and self._count >= 0 and now - self._facts_at < _FACTS_TTL:
+            self._facts_fresh = False
+            return
+        self._facts_fresh = True
+        self._facts_at = now
         count = nv.nvmlDeviceGetCount()
         if count == self._count:
             return
@@ -543,6 +562,7 @@ class NvmlBackend(VendorBackend):
         nv = self._nv
         error_type = nv.NVMLError
         detail, want_processes, own_window = self._detail, self.want_processes, not self._util_since
+        fresh = detail or self._facts_fresh
         unpack_memory, unpack_rates = self._unpack_memory, self._unpack_rates
         make_gpu, make_process = self._make_gpu, self._make_process
         clock = time.time
@@ -566,7 +586,10 @@ class NvmlBackend(VendorBackend):
                         total, free, used = unpack_memory(mem)
                     else:
                         total, used, free = _field(mem, "total"), _field(mem, "used"), _field(mem, "free")
-                if "utilization" not in uns:
+                # A pick (no detail) weighs the utilisation over the window, which the driver's sample
+                # buffer gives alone: the instant reading only where it has no buffer, or gave nothing yet.
+                rates_later = not detail and "samples" not in uns
+                if "utilization" not in uns and not rates_later:
                     rates = nv.nvmlDeviceGetUtilizationRates(h)
                     if unpack_rates is not None:
                         reading, util_memory = unpack_rates(rates)
@@ -583,9 +606,13 @@ class NvmlBackend(VendorBackend):
                     if "fan" not in uns:
                         fan = nv.nvmlDeviceGetFanSpeed(h)
                 if "compute_mode" not in uns:
-                    mode = _COMPUTE_MODES.get(nv.nvmlDeviceGetComputeMode(h))
+                    if fresh or dev.mode is None:
+                        dev.mode = nv.nvmlDeviceGetComputeMode(h)
+                    mode = _COMPUTE_MODES.get(dev.mode)
                 if "mig_mode" not in uns:
-                    mig = nv.nvmlDeviceGetMigMode(h)
+                    if fresh or dev.mig is None:
+                        dev.mig = nv.nvmlDeviceGetMigMode(h)
+                    mig = dev.mig
                 if want_processes:
                     compute = self._compute_processes(h) if "processes_compute" not in uns else None
                     graphics = (self._graphics_processes(h) if "processes_graphics" not in uns
@@ -607,6 +634,8 @@ class NvmlBackend(VendorBackend):
                     util, covered = dev.util.add_mean(clock(), reading)  # type: ignore[union-attr]
                 else:
                     util, covered = self._utilization(dev, reading, clock())
+                    if util is None and rates_later and "utilization" not in uns:
+                        util, covered = self._instant(dev, clock())
                 if mig is not None:
                     mig_mode = bool(mig[0])
                     if mig_mode:
@@ -619,6 +648,31 @@ class NvmlBackend(VendorBackend):
                                 covered, temperature, power, limit, fan, mode, mig_mode, migs, processes, [],
                                 error is None, error, dev.numa_node, dev.local_cpus, list(links) if links else []))
         return out
+
+    def _instant(self, dev: _Device, now: float) -> tuple[float | None, float | None]:
+        """A pick's utilisation where the driver's buffer gave no sample in its window (since a lease on
+        the GPU ended, or at all): the instant reading, as a snapshot with detail gives it.  The driver
+        averages that reading over its last 1/6 to 1 s, as it does each sample: a sample at most
+        :data:`_INSTANT` s old is that reading, and saves the call.  Raises _GpuFailed only."""
+        window = dev.util
+        assert window is not None
+        since = self._util_since.get(dev.uuid) if self._util_since else None
+        newest = window.newest(now, _INSTANT)
+        if newest is not None:
+            return utilisation(window, now, since, newest)
+        nv = self._nv
+        try:
+            reading = float(_field(nv.nvmlDeviceGetUtilizationRates(dev.handle), "gpu"))
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in _FATAL:
+                raise _GpuFailed(_text(exc)) from None
+            if code in _UNSUPPORTED:
+                dev.unsupported.add("utilization")
+            return None, None
+        if window.last_ts() is None:
+            window.add(now, reading)
+        return utilisation(window, now, since, reading)
 
     def _no_handle(self, dev: _Device) -> GpuInfo:
         gpu = self._blank(dev)
@@ -699,6 +753,8 @@ class NvmlBackend(VendorBackend):
             gpu.utilization_memory = float(rates.memory)
         gpu.utilization_gpu, gpu.utilization_window = self._utilization(
             dev, float(rates.gpu) if rates is not None else None, now)
+        if not self._detail and "samples" not in dev.unsupported:
+            gpu.utilization_memory = None  # as _read_all, which a pick spares the call that reads it
         if self._detail:
             gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
             power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
@@ -708,9 +764,9 @@ class NvmlBackend(VendorBackend):
             gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
             if self.telemetry:
                 self._telemetry(dev, gpu)
-        mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
+        mode = dev.mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
-        mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
+        mig = dev.mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
         if mig is not None:
             self._mig_mode(dev, gpu, mig)
         if self.want_processes:

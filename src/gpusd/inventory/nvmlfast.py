@@ -48,7 +48,8 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_P2P_CAPS_INDEX_NVLINK = 2
-NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF  # a process's memory where NVML cannot tell
+NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF
+_SAMPLES_BUFFER = 128  # samples asked for in one call (a driver keeps about 20 s of 1/6 s samples: 120)  # a process's memory where NVML cannot tell
 
 # Buffer sizes (nvml.h).
 _UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
@@ -292,10 +293,19 @@ def nvmlDeviceGetMigMode(device: c_void_p) -> list[int]:
 
 def nvmlDeviceGetSamples(device: c_void_p, sampling_type: int, since_us: int) -> tuple[int, list[c_nvmlSample_t]]:
     fn = _fn("nvmlDeviceGetSamples")
-    kind, since, count, value_type = c_uint(sampling_type), c_ulonglong(since_us), c_uint(0), c_uint()
-    _check(fn(device, kind, since, byref(value_type), byref(count), None))  # the number of samples
-    samples = (c_nvmlSample_t * count.value)()
-    _check(fn(device, kind, since, byref(value_type), byref(count), samples))
+    kind, since, value_type = c_uint(sampling_type), c_ulonglong(since_us), c_uint()
+    # One call where the samples fit a buffer as large as drivers keep (nvidia-ml-py first asks for the
+    # number, a second call a pick makes per GPU: a driver call costs tens of microseconds); where they
+    # do not, the number, then the samples, as nvidia-ml-py asks.
+    count = c_uint(_SAMPLES_BUFFER)
+    samples = (c_nvmlSample_t * _SAMPLES_BUFFER)()
+    ret = fn(device, kind, since, byref(value_type), byref(count), samples)
+    if ret == NVML_ERROR_INSUFFICIENT_SIZE:
+        count.value = 0
+        _check(fn(device, kind, since, byref(value_type), byref(count), None))  # the number of samples
+        samples = (c_nvmlSample_t * count.value)()
+        ret = fn(device, kind, since, byref(value_type), byref(count), samples)
+    _check(ret)
     return value_type.value, samples[0:count.value]
 
 
