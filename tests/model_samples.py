@@ -39,7 +39,7 @@ def _sample(cls: type, salt: int = 1) -> object:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if typing.get_origin(tp) is list:
             (item,) = typing.get_args(tp)
-            kw[f.name] = [_sample(item, salt + 1)]
+            kw[f.name] = [item(i + 1), item(salt + 2)] if item in (int, float, str) else [_sample(item, salt + 1)]
             continue
         tp = args[0] if args else tp
         if typing.get_origin(tp) is list:  # an optional list of scalars (list[float] | None)

@@ -961,7 +961,7 @@ static pid_t g_counts_pid;       /* the process that mapped it: a forked child m
 static char g_counts_dir[3800];  /* the directory it is in: another one set later maps a new file */
 
 static const char *const SLOW_CALLS[] = {
-    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTopologyNearestGpus", "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo",
     "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses",
@@ -2241,6 +2241,38 @@ EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t h1, nvmlDev
     if (lv < 0)
         RET(NVML_ERROR_NOT_SUPPORTED);
     *level = lv;
+    END();
+}
+
+/* The GPUs whose PCIe path meets h's at or below level (h itself not included).  *count 0: the
+ * number; else up to *count handles.  NOT_SUPPORTED where no level with another GPU is known. */
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t h, int level, unsigned int *count,
+                                                    nvmlDevice_t *devices)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetTopologyNearestGpus", NULL, 0);
+    NONNULL(count);
+    if (level < 0 || level > 50 || (*count && !devices))
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned n = 0, known = 0;
+    for (unsigned i = 0; i < g_cur->ndev; i++) {
+        fdev_t *o = &g_cur->devs[i];
+        if (o == d)
+            continue;
+        int lv = topo_level(d, o);
+        if (lv < 0)
+            continue;
+        known = 1;
+        if (lv > level)
+            continue;
+        if (*count && n < *count)
+            devices[n] = (nvmlDevice_t)(void *)&g_hdev[i];
+        n++;
+    }
+    if (!known && g_cur->ndev > 1)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    if (*count && n > *count)
+        n = *count;
+    *count = n;
     END();
 }
 

@@ -48,8 +48,9 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_P2P_CAPS_INDEX_NVLINK = 2
-NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF
-_SAMPLES_BUFFER = 128  # samples asked for in one call (a driver keeps about 20 s of 1/6 s samples: 120)  # a process's memory where NVML cannot tell
+NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF  # a process's memory where NVML cannot tell
+_PROCESSES_BUFFER = 32  # a process list's entries asked for in one call (a GPU seldom runs more)
+_SAMPLES_BUFFER = 128  # samples asked for in one call (a driver keeps about 20 s of 1/6 s samples: 120)
 
 # Buffer sizes (nvml.h).
 _UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
@@ -245,6 +246,15 @@ def nvmlDeviceGetTopologyCommonAncestor(device1: c_void_p, device2: c_void_p) ->
     return _uint("nvmlDeviceGetTopologyCommonAncestor", device1, device2)
 
 
+def nvmlDeviceGetTopologyNearestGpus(device: c_void_p, level: int) -> list[c_void_p]:
+    fn = _fn("nvmlDeviceGetTopologyNearestGpus")
+    count = c_uint(0)
+    _check(fn(device, c_uint(level), byref(count), None))  # the number, then the handles (as nvidia-ml-py)
+    handles = (c_void_p * count.value)()
+    _check(fn(device, c_uint(level), byref(count), handles))
+    return [c_void_p(h) for h in handles[0:count.value]]
+
+
 def nvmlDeviceGetP2PStatus(device1: c_void_p, device2: c_void_p, p2p_index: int) -> int:
     return _uint("nvmlDeviceGetP2PStatus", device1, device2, p2p_index)
 
@@ -340,15 +350,17 @@ def _process_lister(kind: str) -> tuple[Any, Any]:
 
 def _processes(kind: str, handle: c_void_p) -> list[Process]:
     fn, entry = _process_lister(kind)
-    count = c_uint(0)
-    ret = fn(handle, byref(count), None)
-    if ret == NVML_SUCCESS:
-        return []  # no process
-    if ret != NVML_ERROR_INSUFFICIENT_SIZE:
-        raise NVMLError(ret)
-    count.value = count.value * 2 + 5  # room for processes started meanwhile, as nvidia-ml-py leaves
-    infos = (entry * count.value)()
-    _check(fn(handle, byref(count), infos))
+    # One call where the processes fit a buffer of _PROCESSES_BUFFER (nvidia-ml-py first asks for the
+    # number: a second call for every GPU with a process); where they do not, room for twice as many
+    # as there are, plus some started meanwhile, as nvidia-ml-py leaves.
+    count = c_uint(_PROCESSES_BUFFER)
+    infos = (entry * _PROCESSES_BUFFER)()
+    ret = fn(handle, byref(count), infos)
+    if ret == NVML_ERROR_INSUFFICIENT_SIZE:
+        count.value = count.value * 2 + 5
+        infos = (entry * count.value)()
+        ret = fn(handle, byref(count), infos)
+    _check(ret)
     return [Process(infos[i]) for i in range(count.value)]
 
 
@@ -382,7 +394,8 @@ FUNCTIONS = (
     "nvmlInit", "nvmlShutdown", "nvmlErrorString", "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
     "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
     "nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetCpuAffinity",
-    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTopologyNearestGpus", "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetFanSpeed", "nvmlDeviceGetComputeMode", "nvmlDeviceGetMigMode", "nvmlDeviceGetSamples",
