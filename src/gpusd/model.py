@@ -422,6 +422,33 @@ class GpuLink:
 
 
 @record(slots=True)
+class GpuTopology:
+    """Where one GPU sits in its host (docs/wire-format.md, "Topology v2"): a size that does not grow
+    with the host's other GPUs, so a host's topology grows with its GPUs and the links that exist, not
+    with their pairs.  Two GPUs of one snapshot are compared by :func:`gpusd.topology.link_between`.
+
+    ``pcie[k]`` names the group of GPUs whose PCIe paths meet this one's at or below NVML level
+    ``PCIE_LEVELS[k]`` (INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE) by its lowest GPU index (this GPU's
+    own index where it is alone); two GPUs of the host that share no group meet at SYSTEM; empty: NVML
+    cannot tell.  ``nvlink``: the GPUs this one has NVLinks to directly (``peer``, ``nvlink``: the
+    links); ``fabric``: the lowest index of the GPUs that reach each other through NVSwitches, this one
+    with ``fabric_links`` links (None: none)."""
+
+    version: int = 2  # the topology's form (version 1: GpuInfo.links, a link per pair)
+    pcie: list[int] = field(default_factory=list, metadata={"max": 5})
+    nvlink: list[GpuLink] = field(default_factory=list, metadata={"max": 64})
+    fabric: int | None = None
+    fabric_links: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GpuTopology:
+        return decode(cls, d)
+
+
+@record(slots=True)
 class GpuInfo:
     """One physical GPU as seen at one moment."""
 
@@ -451,6 +478,9 @@ class GpuInfo:
     numa_node: int | None = None
     local_cpus: str | None = None
     links: list[GpuLink] = field(default_factory=list, metadata={"max": 256})
+    # The topology in a form that grows with the GPU's links, not the host's GPUs (added in 0.4, schema 1
+    # still): what gpusd's backends send instead of ``links``, which stays for the readers of older daemons.
+    topology: GpuTopology | None = field(default=None, metadata=OPT)
     # Issue 21 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
     # runtime (CUDA, ROCm, Level Zero), which is what that vendor's visibility variable counts.
     # ``index`` stays unique on the host; on a one-vendor host both are the same.
@@ -652,7 +682,7 @@ _accept_simulated_keyword(HostSnapshot)
 # The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
 VENDORS = ("nvidia", "amd", "intel")
 
-MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo, BookingInfo)
+MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, GpuTopology, MigInstance, ProcessInfo, LeaseInfo, BookingInfo)
 _MODEL_NAMES.update((cls.__name__, cls) for cls in MODEL_CLASSES)
 
 __all__ = [
@@ -660,6 +690,7 @@ __all__ = [
     "HostSnapshot",
     "GpuInfo",
     "GpuLink",
+    "GpuTopology",
     "MigInstance",
     "ProcessInfo",
     "LeaseInfo",

@@ -8,13 +8,15 @@ writes a pair as ``NV#`` (# bonded NVLinks) where there are NVLinks, else by the
 
 from __future__ import annotations
 
-from .model import GpuInfo, GpuLink, HostSnapshot
+from .model import GpuInfo, GpuLink, GpuTopology, HostSnapshot
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Iterable
+    from typing import Iterable, Sequence
 
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
+PCIE_LEVELS = (INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE)  # GpuTopology.pcie's groups, in order
+TOPOLOGY_VERSION = 2  # GpuTopology.version this gpusd reads (docs/wire-format.md, "Topology v2")
 
 # nvidia-smi topo -m's words for NVML's levels (INTERNAL: two GPUs on one board, shown as PIX)
 LEVEL_LABELS = {INTERNAL: "PIX", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS"}
@@ -38,12 +40,89 @@ WORST_RANK = 6
 
 
 def link_between(a: GpuInfo, b: GpuInfo) -> GpuLink | None:
-    """What ``a`` says of its link to ``b`` (or ``b`` of ``a``); None when neither says."""
+    """How ``a`` reaches ``b`` (GPUs of one snapshot): from their :class:`GpuTopology` where both have
+    one, else what ``a`` says of its link to ``b`` (or ``b`` of ``a``) in ``links`` (an older daemon's
+    form); None when neither says."""
+    ta, tb = a.topology, b.topology
+    if ta is not None and tb is not None:
+        if ta.version != TOPOLOGY_VERSION or tb.version != TOPOLOGY_VERSION:
+            return None  # a form this gpusd cannot read: unknown, never misread
+        return _from_topology(a.index, ta, b.index, tb)
     for x, y in ((a, b), (b, a)):
         for link in x.links:
             if link.peer == y.index:
                 return link
     return None
+
+
+def _from_topology(ia: int, ta: GpuTopology, ib: int, tb: GpuTopology) -> GpuLink | None:
+    level = None
+    if ta.pcie and tb.pcie:
+        level = SYSTEM
+        for lvl, ga, gb in zip(PCIE_LEVELS, ta.pcie, tb.pcie):
+            if ga == gb:
+                level = lvl
+                break
+    n = 0
+    for x, peer in ((ta, ib), (tb, ia)):
+        for bond in x.nvlink:
+            if bond.peer == peer:
+                n = bond.nvlink
+                break
+        if n:
+            break
+    if not n and ta.fabric is not None and ta.fabric == tb.fabric:
+        n = ta.fabric_links  # through the NVSwitches: a's links to them (as nvidia-smi counts it)
+    if level is None and not n:
+        return None
+    return GpuLink(peer=ib, level=level, nvlink=n)
+
+
+def compact(gpus: Sequence[GpuInfo]) -> None:
+    """Each GPU's :class:`GpuTopology` from its pairwise ``links`` (which are then dropped): the form
+    that travels.  PCIe levels form a tree, so "meets at or below level L" groups the GPUs; NVLinks
+    that join a set of GPUs each to every other with the same number of links per GPU (NVSwitches,
+    or a full mesh) become a fabric, the others stay direct bonds.  A GPU without links keeps none."""
+    if not any(g.links for g in gpus):
+        return
+    by_index = {g.index: g for g in gpus}
+    links = {g.index: {lk.peer: lk for lk in g.links if lk.peer in by_index and lk.peer != g.index} for g in gpus}
+
+    def between(a: int, b: int) -> GpuLink | None:
+        return links[a].get(b) or links[b].get(a)
+
+    known = [g.index for g in gpus if any(lk.level is not None for lk in links[g.index].values())]
+    pcie: dict[int, list[int]] = {i: [] for i in by_index}
+    for lvl in PCIE_LEVELS:
+        group: dict[int, int] = {}
+        for i in known:  # union by the lowest index: a tree's levels are transitive
+            if i in group:
+                continue
+            members = [i] + [j for j in known if j != i and j not in group
+                             and (lk := between(i, j)) is not None and lk.level is not None and lk.level <= lvl]
+            for j in members:
+                group[j] = i
+        for i in known:
+            pcie[i].append(group[i])
+    nv = {i: {p: lk.nvlink for p, lk in links[i].items() if lk.nvlink > 0} for i in by_index}
+    fabric: dict[int, tuple[int, int]] = {}
+    for i in sorted(by_index):
+        if i in fabric or len(nv[i]) < 2 or len(set(nv[i].values())) != 1:
+            continue
+        members = sorted({i, *nv[i]})
+        count = next(iter(nv[i].values()))
+        if all(set(nv[j]) | {j} == set(members) and set(nv[j].values()) == {count} for j in members
+               if j not in fabric):
+            for j in members:
+                fabric.setdefault(j, (i, count))
+    for g in gpus:
+        i = g.index
+        f = fabric.get(i)
+        direct = [GpuLink(peer=p, nvlink=n) for p, n in sorted(nv[i].items())
+                  if p > i and not (f is not None and fabric.get(p, (None,))[0] == f[0])]
+        g.topology = GpuTopology(pcie=pcie[i], nvlink=direct, fabric=f[0] if f else None,
+                                 fabric_links=f[1] if f else 0)
+        g.links = []
 
 
 def label(link: GpuLink | None) -> str:
@@ -111,7 +190,7 @@ def local_cpus(gpu: GpuInfo) -> frozenset[int] | None:
 
 
 def has_topology(snap: HostSnapshot) -> bool:
-    return any(g.links for g in snap.gpus)
+    return any(g.links or g.topology is not None for g in snap.gpus)
 
 
 _machine: dict[str, int | None] | None = None

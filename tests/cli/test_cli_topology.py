@@ -19,11 +19,12 @@ def _env(cli_env, tmp_path):
 def test_devices_topology_is_nvidia_smi_topo_m(fake_nvml, cli_env):
     gpus = make_gpus(6)
     layout = [  # (numa node, host bridge, pcie switch, cpus)
-        (0, 0, 0, "0"), (0, 0, 0, "0"), (0, 0, 1, "0"), (1, 1, 2, "1"), (1, 2, 2, "1"), (1, 2, 3, "0-1")]
+        (0, 0, 0, "0"), (0, 0, 0, "0"), (0, 0, 1, "0"), (1, 1, 2, "1"), (1, 1, 2, "1"), (1, 2, 3, "0-1")]
     for g, (numa, bridge, switch, cpus) in zip(gpus, layout):
         g.numa_node, g.host_bridge, g.pcie_switch, g.cpu_affinity = numa, bridge, switch, cpus
     nvlink_pairs(gpus, [(0, 1)], links=4)
-    gpus[1].topology = {2: 20}  # two switches below one bridge: PXB
+    # two switches below one bridge: PXB (PCIe is a tree: GPU 0, on GPU 1's switch, meets GPU 2 there too)
+    gpus[0].topology = gpus[1].topology = {2: 20}
     fake_nvml.write(gpus)
     r = gpusd_cli(["devices", "--topology"], env=cli_env)
     assert r.returncode == 0, r.stderr
@@ -31,10 +32,10 @@ def test_devices_topology_is_nvidia_smi_topo_m(fake_nvml, cli_env):
     assert lines[0].split() == ["GPU0", "GPU1", "GPU2", "GPU3", "GPU4", "GPU5", "CPU", "Affinity", "NUMA",
                                 "Affinity", "GPU", "NUMA", "ID"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:7]}
-    assert rows["GPU0"] == ["X", "NV4", "PHB", "SYS", "SYS", "SYS", "0", "0", "N/A"]
+    assert rows["GPU0"] == ["X", "NV4", "PXB", "SYS", "SYS", "SYS", "0", "0", "N/A"]
     assert rows["GPU1"] == ["NV4", "X", "PXB", "SYS", "SYS", "SYS", "0", "0", "N/A"]
     assert rows["GPU3"] == ["SYS", "SYS", "SYS", "X", "PIX", "NODE", "1", "1", "N/A"]
-    assert rows["GPU4"][5] == "PHB" and rows["GPU5"][6:8] == ["0-1", "1"]
+    assert rows["GPU4"][5] == "NODE" and rows["GPU5"][6:8] == ["0-1", "1"]
     # the matrix is symmetric, as nvidia-smi's
     names = [f"GPU{i}" for i in range(6)]
     assert all(rows[a][j] == rows[b][i] for i, a in enumerate(names) for j, b in enumerate(names))

@@ -33,6 +33,10 @@ from typing import Any, Iterable, Mapping, Sequence
 __all__ = [
     "AUTO",
     "CACHE_ENV",
+    "COST_ENV",
+    "COUNTS_ENV",
+    "REALISTIC_COST",
+    "SLOW_COST_ENV",
     "LIB_NAME",
     "SOURCE",
     "STATE_ENV",
@@ -42,6 +46,7 @@ __all__ = [
     "FakeNvmlBuildError",
     "FakeProcess",
     "build_fake_nvml",
+    "call_counts",
     "fake_bus_id",
     "fake_env",
     "fake_uuid",
@@ -56,6 +61,14 @@ SOURCE = Path(__file__).with_name("fake_nvml.c")
 LIB_NAME = "libnvidia-ml.so.1"
 STATE_ENV = "GPUSD_FAKE_NVML_STATE"
 CACHE_ENV = "GPUSD_FAKE_NVML_CACHE"
+# The driver's cost (microseconds a call spins, read at every call) and the call counter (a directory:
+# one file per process, see call_counts); README.md, "Cost and counting".
+COST_ENV = "GPUSD_FAKE_NVML_COST_US"
+SLOW_COST_ENV = "GPUSD_FAKE_NVML_SLOW_COST_US"
+COUNTS_ENV = "GPUSD_FAKE_NVML_COUNTS"
+# A driver's cost as measured on real GPUs (README.md, "Cost and counting", gives the sources):
+# about 20 us an ordinary query, and at least 1 ms a topology/NVLink query or process list.
+REALISTIC_COST = {COST_ENV: "20", SLOW_COST_ENV: "1000"}
 
 _CFLAGS = ["-O2", "-shared", "-fPIC", "-pthread", f"-Wl,-soname,{LIB_NAME}"]
 
@@ -582,3 +595,26 @@ class FakeNvml:
 
     def preload(self) -> ctypes.CDLL:
         return preload(self.libdir)
+
+
+_COUNT_SLOT = 64  # {char name[56]; uint64 count} (fake_nvml.c, COUNT_SLOTS records)
+
+
+def call_counts(counts_dir: Path | str, pid: int | None = None) -> dict[str, int]:
+    """The NVML calls counted under ``counts_dir`` (the ``GPUSD_FAKE_NVML_COUNTS`` directory), by
+    function name, summed over every process that loaded the fake there (or only ``pid``'s).  A
+    function that another one of the same family forwards to counts under the name of the one that
+    does the work (``nvmlInit_v2`` as ``nvmlInitWithFlags``, ``nvmlDeviceGetCount`` as ``..._v2``)."""
+    import struct
+
+    out: dict[str, int] = {}
+    for path in sorted(Path(counts_dir).iterdir()):
+        if not path.name.isdigit() or (pid is not None and int(path.name) != pid):
+            continue
+        data = path.read_bytes()
+        for off in range(0, len(data) - _COUNT_SLOT + 1, _COUNT_SLOT):
+            raw, count = struct.unpack_from("=56sQ", data, off)
+            name = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+            if name:
+                out[name] = out.get(name, 0) + count
+    return out

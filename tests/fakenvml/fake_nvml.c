@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -944,6 +945,110 @@ static int refresh(void)
 /* call prologue / epilogue                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* -- the driver's cost and the call counter ------------------------------
+ * A real driver's call is an ioctl that costs tens of microseconds, and some calls (NVLink and
+ * topology queries, process lists) cost far more; on this fake a call is nearly free, so a ratio
+ * measured against a peer would reward making many calls.  GPUSD_FAKE_NVML_COST_US (per call) and
+ * GPUSD_FAKE_NVML_SLOW_COST_US (the slow calls) make each call spin that long (CPU time, as a
+ * driver's ioctl is).  GPUSD_FAKE_NVML_COUNTS names a directory where each process keeps a file
+ * named by its pid: COUNT_SLOTS records of {char name[56]; uint64 count}, mapped shared, so a test
+ * or benchmark reads the counts while the process runs and after it died (even by SIGKILL). */
+#define COUNT_SLOTS 128
+#define COUNT_NAME 56
+typedef struct { char name[COUNT_NAME]; volatile uint64_t count; } cslot_t;
+static cslot_t *g_counts;        /* this process's mapped file (NULL: not counting) */
+static pid_t g_counts_pid;       /* the process that mapped it: a forked child maps its own */
+static char g_counts_dir[3800];  /* the directory it is in: another one set later maps a new file */
+
+static const char *const SLOW_CALLS[] = {
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTopologyNearestGpus", "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetProcessUtilization",
+};
+
+static int slow_call(const char *fn)
+{
+    for (size_t i = 0; i < sizeof SLOW_CALLS / sizeof SLOW_CALLS[0]; i++)
+        if (!strcmp(SLOW_CALLS[i], fn))
+            return 1;
+    return 0;
+}
+
+static long cost_env(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    long us = strtol(v, &end, 10);
+    return (*end || us < 0 || us > 10000000) ? 0 : us;
+}
+
+static void counts_map(void)
+{
+    const char *dir = getenv("GPUSD_FAKE_NVML_COUNTS");
+    pid_t pid = getpid();
+    if (g_counts && g_counts_pid == pid && dir && !strcmp(dir, g_counts_dir))
+        return;
+    if (g_counts) { /* the parent's file (inherited across fork), or another directory's */
+        munmap((void *)g_counts, sizeof(cslot_t) * COUNT_SLOTS);
+        g_counts = NULL;
+    }
+    g_counts_pid = pid;
+    if (!dir || !*dir || strlen(dir) >= sizeof g_counts_dir)
+        return;
+    strcpy(g_counts_dir, dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%ld", dir, (long)pid);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    if (ftruncate(fd, sizeof(cslot_t) * COUNT_SLOTS) == 0) {
+        void *p = mmap(NULL, sizeof(cslot_t) * COUNT_SLOTS, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED)
+            g_counts = p;
+    }
+    close(fd);
+}
+
+/* The functions called so far in this process: their record in the counts file has the same
+ * index.  Keyed by the name's address (a string literal: one per function), so a call costs a
+ * short scan of pointers, not string compares. */
+static struct { const char *fn; int slow; } g_called[COUNT_SLOTS];
+static int g_ncalled;
+
+/* Count one call of fn and spend its cost.  Called with g_mu held. */
+static void account(const char *fn)
+{
+    int i = 0;
+    while (i < g_ncalled && g_called[i].fn != fn)
+        i++;
+    if (i == g_ncalled && i < COUNT_SLOTS) {
+        g_called[i].fn = fn;
+        g_called[i].slow = slow_call(fn);
+        g_ncalled++;
+    }
+    int slow = i < COUNT_SLOTS ? g_called[i].slow : 0;
+    long us = cost_env(slow ? "GPUSD_FAKE_NVML_SLOW_COST_US" : "GPUSD_FAKE_NVML_COST_US");
+    if (i < COUNT_SLOTS && getenv("GPUSD_FAKE_NVML_COUNTS")) {
+        counts_map();
+        if (g_counts) {
+            if (!g_counts[i].name[0])
+                strncpy(g_counts[i].name, fn, COUNT_NAME - 1);
+            g_counts[i].count++;
+        }
+    }
+    if (us > 0) {
+        long long until = mono_ns() + us * 1000ll;
+        while (mono_ns() < until)
+            ;
+    }
+}
+
 static nvmlReturn_t enter(void)
 {
     if (g_refcount <= 0)
@@ -1014,9 +1119,11 @@ static nvmlReturn_t resolve(void *h, const char *fn, const char *family, int mig
     return NVML_SUCCESS;
 }
 
-#define BEGIN()                                   \
+#define BEGIN() BEGIN_NAMED(__func__)
+#define BEGIN_NAMED(name)                         \
     nvmlReturn_t rc;                              \
     pthread_mutex_lock(&g_mu);                    \
+    account(name);                                \
     rc = enter();                                 \
     if (rc != NVML_SUCCESS)                       \
         goto out;
@@ -1024,7 +1131,7 @@ static nvmlReturn_t resolve(void *h, const char *fn, const char *family, int mig
 #define BEGIN_DEV(h, fn, family, mig_ok)                          \
     fdev_t *d = NULL;                                             \
     fmig_t *m = NULL;                                             \
-    BEGIN();                                                      \
+    BEGIN_NAMED(fn);                                              \
     rc = resolve((void *)(h), (fn), (family), (mig_ok), &d, &m);  \
     if (rc != NVML_SUCCESS)                                       \
         goto out;                                                 \
@@ -1049,6 +1156,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     (void)flags;
     nvmlReturn_t rc = NVML_SUCCESS;
     pthread_mutex_lock(&g_mu);
+    account(__func__);
     init_handles();
     int r = refresh();
     if (r == LOAD_NO_FILE)
@@ -1070,6 +1178,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void)
 {
     nvmlReturn_t rc = NVML_SUCCESS;
     pthread_mutex_lock(&g_mu);
+    account(__func__);
     if (g_refcount <= 0)
         rc = NVML_ERROR_UNINITIALIZED;
     else
@@ -2132,6 +2241,38 @@ EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t h1, nvmlDev
     if (lv < 0)
         RET(NVML_ERROR_NOT_SUPPORTED);
     *level = lv;
+    END();
+}
+
+/* The GPUs whose PCIe path meets h's at or below level (h itself not included).  *count 0: the
+ * number; else up to *count handles.  NOT_SUPPORTED where no level with another GPU is known. */
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t h, int level, unsigned int *count,
+                                                    nvmlDevice_t *devices)
+{
+    BEGIN_DEV(h, "nvmlDeviceGetTopologyNearestGpus", NULL, 0);
+    NONNULL(count);
+    if (level < 0 || level > 50 || (*count && !devices))
+        RET(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned n = 0, known = 0;
+    for (unsigned i = 0; i < g_cur->ndev; i++) {
+        fdev_t *o = &g_cur->devs[i];
+        if (o == d)
+            continue;
+        int lv = topo_level(d, o);
+        if (lv < 0)
+            continue;
+        known = 1;
+        if (lv > level)
+            continue;
+        if (*count && n < *count)
+            devices[n] = (nvmlDevice_t)(void *)&g_hdev[i];
+        n++;
+    }
+    if (!known && g_cur->ndev > 1)
+        RET(NVML_ERROR_NOT_SUPPORTED);
+    if (*count && n > *count)
+        n = *count;
+    *count = n;
     END();
 }
 

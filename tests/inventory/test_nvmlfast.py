@@ -112,6 +112,7 @@ def _calls(module: Any) -> list[tuple[str, tuple[Any, ...]]]:
                 ("nvmlDeviceGetSamples", (h, module.NVML_GPU_UTILIZATION_SAMPLES, 0)),
                 ("nvmlDeviceGetNvLinkState", (h, 0)), ("nvmlDeviceGetNvLinkState", (h, 30)),
                 ("nvmlDeviceGetNvLinkRemotePciInfo", (h, 0)), ("nvmlDeviceGetNvLinkRemotePciInfo", (h, 5))]
+        out += [("nvmlDeviceGetTopologyNearestGpus", (h, level)) for level in (0, 10, 20, 30, 40)]
         for other in handles:
             out += [("nvmlDeviceGetTopologyCommonAncestor", (h, other)),
                     ("nvmlDeviceGetP2PStatus", (h, other, module.NVML_P2P_CAPS_INDEX_NVLINK))]
@@ -194,7 +195,7 @@ def test_snapshots_read_either_way_are_the_same(both: Any, monkeypatch: pytest.M
             b.close()
     assert snaps[0] == snaps[2] and snaps[1] == snaps[3]
     gpus = snaps[0]["gpus"]
-    assert gpus[0]["processes"] and gpus[1]["mig_instances"] and gpus[0]["links"] and not gpus[3]["healthy"]
+    assert gpus[0]["processes"] and gpus[1]["mig_instances"] and gpus[0]["topology"] and not gpus[3]["healthy"]
 
 
 def test_telemetry_and_the_setting_choose_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -77,7 +77,9 @@ def test_the_nvml_backend_reads_links_numa_nodes_and_local_cpus(fake_nvml_inproc
     assert [x.local_cpus for x in g] == ["0", "0", "1", "1"]
     assert label(link_between(g[0], g[1])) == "NV4" and label(link_between(g[2], g[3])) == "NV4"
     assert label(link_between(g[0], g[2])) == "SYS" and link_between(g[0], g[2]).nvlink == 0
-    assert [(x.peer, x.level, x.nvlink) for x in g[0].links] == [(1, 10, 4), (2, 50, 0), (3, 50, 0)]
+    assert not g[0].links  # the pairs travel as each GPU's topology (linear in the GPUs)
+    assert [(x.peer, x.level, x.nvlink) for x in (link_between(g[0], h) for h in g[1:]) if x] == [
+        (1, 10, 4), (2, 50, 0), (3, 50, 0)]
 
 
 def test_gpus_on_an_nvswitch_are_all_nvlinked(fake_nvml_inprocess):
@@ -225,6 +227,64 @@ def test_the_daemons_nvml_reads_topology_and_telemetry_of_the_same_gpus(fake_nvm
     finally:
         b.close()
     for g in snap.gpus:
-        assert (g.numa_node, g.local_cpus, [(link.peer, link.nvlink) for link in g.links]) == (
-            1, "0-3", [(1 - g.index, 4)])
+        other = snap.gpus[1 - g.index]
+        assert (g.numa_node, g.local_cpus, link_between(g, other).nvlink) == (1, "0-3", 4)
         assert g.energy is not None and g.energy >= 5_000_000 and g.clock_sm == 1395 and g.xid_errors == 0
+
+
+def _tree_host(n: int, fabric: bool) -> list:
+    """``n`` GPUs: two NUMA nodes, host bridges of 4, switches of 2; NVSwitch-connected (18 links each)
+    or NVLink-bridged in pairs.  Their links as a daemon before 0.4 sent them, a link per pair."""
+    from gpusd.model import GpuInfo, GpuLink
+    from gpusd.topology import HOSTBRIDGE, NODE, SINGLE, SYSTEM
+
+    def level(a: int, b: int) -> int:
+        if a // 2 == b // 2:
+            return SINGLE
+        if a // 4 == b // 4:
+            return HOSTBRIDGE
+        return NODE if a * 2 // n == b * 2 // n else SYSTEM
+
+    def nvlink(a: int, b: int) -> int:
+        return 18 if fabric else (4 if a // 2 == b // 2 else 0)
+
+    return [GpuInfo(index=a, uuid=f"GPU-{a}", links=[GpuLink(peer=b, level=level(a, b), nvlink=nvlink(a, b))
+                                                     for b in range(n) if b != a]) for a in range(n)]
+
+
+@pytest.mark.parametrize("fabric", [False, True])
+def test_the_compact_topology_says_what_every_pair_said(fabric: bool) -> None:
+    import copy
+    import json
+
+    from gpusd.model import GpuInfo
+    from gpusd.topology import compact
+
+    for n in (8, 64):
+        pairs = _tree_host(n, fabric)
+        compacted = copy.deepcopy(pairs)
+        compact(compacted)
+        travelled = [GpuInfo.from_dict(json.loads(json.dumps(g.to_dict()))) for g in compacted]
+        assert all(not g.links and g.topology is not None for g in travelled)
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    want, got = link_between(pairs[a], pairs[b]), link_between(travelled[a], travelled[b])
+                    assert (want.level, want.nvlink) == (got.level, got.nvlink), (a, b)
+    sizes = {n: sum(len(json.dumps(g.to_dict())) for g in _compacted(n, fabric)) for n in (8, 64)}
+    assert sizes[64] <= 10 * sizes[8], sizes
+
+
+def _compacted(n: int, fabric: bool) -> list:
+    from gpusd.topology import compact
+
+    gpus = _tree_host(n, fabric)
+    compact(gpus)
+    return gpus
+
+
+def test_a_topology_of_a_later_form_is_unknown_never_misread() -> None:
+    gpus = _compacted(8, False)
+    gpus[1].topology.version = 3
+    assert link_between(gpus[0], gpus[1]) is None
+    assert label(link_between(gpus[0], gpus[2])) == "PHB"

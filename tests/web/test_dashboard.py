@@ -272,6 +272,8 @@ async def test_each_host_shows_its_topology_as_nvidia_smi_does():
     it stays open across redraws; hostile links are shown as N/A, never as markup."""
     pairs = sim_host("gpu-node-1", "4xA6000")
     evil = sim_host("evil-host", "2xL40S").to_dict()
+    for g in evil["gpus"]:  # links, as a daemon before 0.4 sends them
+        g.pop("topology", None)
     evil["gpus"][0]["links"] = [{"peer": 1, "level": 10, "nvlink": XSS}, {"peer": "1"}, "x", None]
     evil["gpus"][0]["local_cpus"] = XSS
     evil["gpus"][1]["links"] = [{"peer": 0, "level": 99}]

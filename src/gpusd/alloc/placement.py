@@ -137,14 +137,17 @@ class _Ranks:
         self._r: dict[tuple[int, int], int] = {}
         gpus = {id(x.gpu): x.gpu for x in ranked}
         # each GPU's links by peer index, the first one it lists as link_between takes it: one pass
-        # over the links (a snapshot from the wire may list 256 GPUs with 256 links each)
+        # over the links (a snapshot from an older daemon may list 256 GPUs with 256 links each)
         by_peer: dict[int, dict[int, GpuLink]] = {}
         for g in gpus.values():
             mine = by_peer.setdefault(id(g), {})
             for link in g.links:
                 mine.setdefault(link.peer, link)
         for a, b in itertools.combinations(gpus.values(), 2):
-            r = rank(by_peer[id(a)].get(b.index) or by_peer[id(b)].get(a.index))
+            if a.topology is not None and b.topology is not None:
+                r = rank(link_between(a, b))
+            else:
+                r = rank(by_peer[id(a)].get(b.index) or by_peer[id(b)].get(a.index))
             self._r[(id(a), id(b))] = self._r[(id(b), id(a))] = r
 
     def __call__(self, a: Candidate, b: Candidate) -> int:

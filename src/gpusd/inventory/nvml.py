@@ -12,11 +12,12 @@ import ctypes
 import os
 import sys
 import time
+from time import monotonic as _monotonic
 
 from ..errors import BackendUnavailable
-from ..model import SCHEMA_VERSION, GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
-from ..record import field, maker, record
-from ..topology import machine
+from ..model import SCHEMA_VERSION, GpuInfo, GpuLink, GpuTopology, HostSnapshot, MigInstance, ProcessInfo
+from ..record import maker, record
+from ..topology import PCIE_LEVELS, machine
 from .base import Device, VendorBackend
 from .lost import GpuFailed as _GpuFailed
 from .lost import filled
@@ -105,7 +106,7 @@ def _bus_key(bus_id: str | None) -> tuple[int, int, int, int] | None:
 _GPU_FIELDS = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_used", "memory_free", "utilization_gpu",
                "utilization_memory", "utilization_window", "temperature", "power_draw", "power_limit", "fan_speed",
                "compute_mode", "mig_mode", "mig_instances", "processes", "leases", "healthy", "error", "numa_node",
-               "local_cpus", "links")
+               "local_cpus", "links", "topology")
 _HOST_FIELDS = ("hostname", "node_id", "timestamp", "gpus", "driver_version", "cuda_version", "nvml_version", "backend",
                 "schema", "cpus", "sockets", "cores_per_socket", "threads_per_core", "memory")
 _PROCESS_FIELDS = ("pid", "used_memory", "type", "user", "command", "gpu_instance_id", "compute_instance_id")
@@ -270,11 +271,22 @@ class _Device(Device):
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
     local_cpus: str | None = None
-    links: list[GpuLink] = field(default_factory=list)
+    topo: GpuTopology | None = None
+    answered: bool = True  # told its identity: a GPU that did not (lost) is left out of the topology
     fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
     gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
     probed: bool = False  # read once call by call: what it does not support is known (NvmlBackend._read_all)
+    # the compute and MIG modes as last read (a pick reads them again only every _FACTS_TTL s)
+    mode: Any = None
+    mig: Any = None
 
+
+# How long a pick (a snapshot without detail) trusts what changes only by an administrator's hand (the
+# number of GPUs, a GPU's compute and MIG modes: nvidia-smi -c / -mig, the latter only after a reset),
+# in seconds on the monotonic clock: a process that picks again within it asks the driver only for what
+# a pick weighs that changes by itself (memory, utilisation, processes), four calls per GPU.
+_FACTS_TTL = 5.0
+_INSTANT = 1.0  # seconds: the longest period a driver averages one utilisation reading over (NOTES.md)
 
 BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
 
@@ -346,6 +358,8 @@ class NvmlBackend(VendorBackend):
                  telemetry: bool = False) -> None:
         super().__init__(util_window=util_window, processes=processes)
         self._count = -1
+        self._facts_at = 0.0  # when the number of GPUs was read (monotonic): _refresh_devices
+        self._facts_fresh = True  # whether this snapshot read it (and so the modes) again
         self._xids: _XidWatcher | None = None
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         self._nv = pynvml = bindings(telemetry)
@@ -400,6 +414,12 @@ class NvmlBackend(VendorBackend):
 
     def _refresh_devices(self) -> None:
         nv = self._nv
+        now = _monotonic()
+        if not self._detail and self._count >= 0 and now - self._facts_at < _FACTS_TTL:
+            self._facts_fresh = False
+            return
+        self._facts_fresh = True
+        self._facts_at = now
         count = nv.nvmlDeviceGetCount()
         if count == self._count:
             return
@@ -416,6 +436,7 @@ class NvmlBackend(VendorBackend):
                 dev.uuid = _text(nv.nvmlDeviceGetUUID(handle))
             except nv.NVMLError:
                 dev.uuid = f"unknown-{i}"
+                dev.answered = False
             dev.name = self._query_safe(dev, "name", nv.nvmlDeviceGetName)
             pci = self._query_safe(dev, "pci", nv.nvmlDeviceGetPciInfo)
             dev.pci_bus_id = _text(pci.busId) if pci is not None else None
@@ -451,32 +472,79 @@ class NvmlBackend(VendorBackend):
                     dev.local_cpus = text if len(text) <= MAX_NAME else None
             except (nv.NVMLError, AttributeError, TypeError, ValueError):
                 pass
+        live = [d for d in devices if d.handle is not None and d.answered]
+        pcie = self._pcie_groups(live)
         by_bus = {_bus_key(d.pci_bus_id): d.index for d in devices if d.pci_bus_id}
-        remote = {d.index: self._nvlinks(d) for d in devices if d.handle is not None}
-        for a in devices:
-            a.links = []
-            if a.handle is None:
-                continue
-            mine = remote.get(a.index, [])
-            to_switch = sum(1 for bus in mine if bus not in by_bus)
-            for b in devices:
-                if b.index == a.index or b.handle is None:
-                    continue
-                level = None
+        remote = {d.index: self._nvlinks(d) for d in live}
+        to_switch = {i: sum(1 for bus in mine if bus not in by_bus) for i, mine in remote.items()}
+        # NVSwitch fabrics: GPUs with links to switches, grouped by NVML's P2P status over NVLink with
+        # the group's first GPU (a fabric manager that is down leaves them apart): one call per GPU
+        fabric: dict[int, int] = {}
+        waiting = [d for d in live if to_switch[d.index]]
+        while waiting:
+            first, rest = waiting[0], waiting[1:]
+            fabric[first.index] = first.index
+            apart = []
+            for b in rest:
                 try:
-                    level = int(nv.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle))
+                    ok = nv.nvmlDeviceGetP2PStatus(first.handle, b.handle, nv.NVML_P2P_CAPS_INDEX_NVLINK) == 0
                 except (nv.NVMLError, AttributeError, TypeError, ValueError):
-                    pass
-                n = sum(1 for bus in mine if by_bus.get(bus) == b.index)
-                if n == 0 and to_switch and any(bus not in by_bus for bus in remote.get(b.index, [])):
-                    # both reach NVSwitches: NVLink between them when NVML says P2P over NVLink works
+                    ok = False
+                if ok:
+                    fabric[b.index] = first.index
+                else:
+                    apart.append(b)
+            waiting = apart
+        for a in devices:
+            a.topo = None
+            if a.handle is None or not a.answered:
+                continue
+            bonds: dict[int, int] = {}
+            for bus in remote.get(a.index, []):
+                peer = by_bus.get(bus)
+                if peer is not None and peer != a.index:
+                    bonds[peer] = bonds.get(peer, 0) + 1
+            f = fabric.get(a.index)
+            if a.index not in pcie and not bonds and f is None:
+                continue
+            a.topo = GpuTopology(pcie=pcie.get(a.index, []), nvlink=[GpuLink(peer=p, nvlink=n) for p, n in
+                                                                    sorted(bonds.items())],
+                                 fabric=f, fabric_links=to_switch.get(a.index, 0) if f is not None else 0)
+
+    def _pcie_groups(self, live: list[_Device]) -> dict[int, list[int]]:
+        """Each GPU's groups at NVML's levels (:class:`GpuTopology`'s ``pcie``), from
+        ``nvmlDeviceGetTopologyNearestGpus``: from the widest level down, one query per group that
+        may split (a GPU alone at a level is alone below it), so the calls grow with the GPUs, not
+        their pairs.  Empty where the driver cannot tell."""
+        nv = self._nv
+        nearest = getattr(nv, "nvmlDeviceGetTopologyNearestGpus", None)
+        if nearest is None or len(live) < 2:
+            return {}
+        index_of = {ctypes.cast(d.handle, ctypes.c_void_p).value: d.index for d in live}
+        blocks = [list(live)]
+        groups: dict[int, list[int]] = {d.index: [] for d in live}
+        for level in reversed(PCIE_LEVELS):
+            split: list[list[_Device]] = []
+            for block in blocks:
+                rest = block
+                while rest:
+                    a = rest[0]
+                    if len(rest) == 1:
+                        split.append([a])
+                        break
                     try:
-                        if nv.nvmlDeviceGetP2PStatus(a.handle, b.handle, nv.NVML_P2P_CAPS_INDEX_NVLINK) == 0:
-                            n = to_switch
+                        near = {index_of.get(ctypes.cast(h, ctypes.c_void_p).value) for h in nearest(a.handle, level)}
                     except (nv.NVMLError, AttributeError, TypeError, ValueError):
-                        pass
-                if level is not None or n:
-                    a.links.append(GpuLink(peer=b.index, level=level, nvlink=n))
+                        return {}
+                    members = [a] + [b for b in rest[1:] if b.index in near]
+                    split.append(members)
+                    rest = [b for b in rest[1:] if b.index not in near]
+            for members in split:
+                low = min(d.index for d in members)
+                for d in members:
+                    groups[d.index].append(low)
+            blocks = split
+        return {i: g[::-1] for i, g in groups.items()}  # PCIE_LEVELS' order: INTERNAL first
 
     def _nvlinks(self, dev: _Device) -> list[tuple[int, int, int, int]]:
         """The remote PCI address of each active NVLink of ``dev`` (empty: none, or no NVLink)."""
@@ -522,7 +590,7 @@ class NvmlBackend(VendorBackend):
     def _blank(self, dev: _Device) -> GpuInfo:
         """The GPU's record before any reading: what the device list knows."""
         return self._make_gpu(dev.index, dev.uuid, dev.name, dev.pci_bus_id, numa_node=dev.numa_node,
-                              local_cpus=dev.local_cpus, links=list(dev.links))
+                              local_cpus=dev.local_cpus, topology=dev.topo)
 
     def _read(self, dev: _Device) -> GpuInfo:
         return self._read_all((dev,))[0]
@@ -543,6 +611,7 @@ class NvmlBackend(VendorBackend):
         nv = self._nv
         error_type = nv.NVMLError
         detail, want_processes, own_window = self._detail, self.want_processes, not self._util_since
+        fresh = detail or self._facts_fresh
         unpack_memory, unpack_rates = self._unpack_memory, self._unpack_rates
         make_gpu, make_process = self._make_gpu, self._make_process
         clock = time.time
@@ -566,7 +635,10 @@ class NvmlBackend(VendorBackend):
                         total, free, used = unpack_memory(mem)
                     else:
                         total, used, free = _field(mem, "total"), _field(mem, "used"), _field(mem, "free")
-                if "utilization" not in uns:
+                # A pick (no detail) weighs the utilisation over the window, which the driver's sample
+                # buffer gives alone: the instant reading only where it has no buffer, or gave nothing yet.
+                rates_later = not detail and "samples" not in uns
+                if "utilization" not in uns and not rates_later:
                     rates = nv.nvmlDeviceGetUtilizationRates(h)
                     if unpack_rates is not None:
                         reading, util_memory = unpack_rates(rates)
@@ -583,9 +655,13 @@ class NvmlBackend(VendorBackend):
                     if "fan" not in uns:
                         fan = nv.nvmlDeviceGetFanSpeed(h)
                 if "compute_mode" not in uns:
-                    mode = _COMPUTE_MODES.get(nv.nvmlDeviceGetComputeMode(h))
+                    if fresh or dev.mode is None:
+                        dev.mode = nv.nvmlDeviceGetComputeMode(h)
+                    mode = _COMPUTE_MODES.get(dev.mode)
                 if "mig_mode" not in uns:
-                    mig = nv.nvmlDeviceGetMigMode(h)
+                    if fresh or dev.mig is None:
+                        dev.mig = nv.nvmlDeviceGetMigMode(h)
+                    mig = dev.mig
                 if want_processes:
                     compute = self._compute_processes(h) if "processes_compute" not in uns else None
                     graphics = (self._graphics_processes(h) if "processes_graphics" not in uns
@@ -607,18 +683,44 @@ class NvmlBackend(VendorBackend):
                     util, covered = dev.util.add_mean(clock(), reading)  # type: ignore[union-attr]
                 else:
                     util, covered = self._utilization(dev, reading, clock())
+                    if util is None and rates_later and "utilization" not in uns:
+                        util, covered = self._instant(dev, clock())
                 if mig is not None:
                     mig_mode = bool(mig[0])
                     if mig_mode:
                         migs = self._migs(dev)
             except _GpuFailed as exc:
                 error = exc.reason
-            links = dev.links
-            # positional, in the fields' order (_GPU_FIELDS)
+            # positional, in the fields' order (_GPU_FIELDS); the topology is shared: nobody edits it
             out.append(make_gpu(dev.index, dev.uuid, dev.name, dev.pci_bus_id, total, used, free, util, util_memory,
                                 covered, temperature, power, limit, fan, mode, mig_mode, migs, processes, [],
-                                error is None, error, dev.numa_node, dev.local_cpus, list(links) if links else []))
+                                error is None, error, dev.numa_node, dev.local_cpus, [], dev.topo))
         return out
+
+    def _instant(self, dev: _Device, now: float) -> tuple[float | None, float | None]:
+        """A pick's utilisation where the driver's buffer gave no sample in its window (since a lease on
+        the GPU ended, or at all): the instant reading, as a snapshot with detail gives it.  The driver
+        averages that reading over its last 1/6 to 1 s, as it does each sample: a sample at most
+        :data:`_INSTANT` s old is that reading, and saves the call.  Raises _GpuFailed only."""
+        window = dev.util
+        assert window is not None
+        since = self._util_since.get(dev.uuid) if self._util_since else None
+        newest = window.newest(now, _INSTANT)
+        if newest is not None:
+            return utilisation(window, now, since, newest)
+        nv = self._nv
+        try:
+            reading = float(_field(nv.nvmlDeviceGetUtilizationRates(dev.handle), "gpu"))
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in _FATAL:
+                raise _GpuFailed(_text(exc)) from None
+            if code in _UNSUPPORTED:
+                dev.unsupported.add("utilization")
+            return None, None
+        if window.last_ts() is None:
+            window.add(now, reading)
+        return utilisation(window, now, since, reading)
 
     def _no_handle(self, dev: _Device) -> GpuInfo:
         gpu = self._blank(dev)
@@ -699,6 +801,8 @@ class NvmlBackend(VendorBackend):
             gpu.utilization_memory = float(rates.memory)
         gpu.utilization_gpu, gpu.utilization_window = self._utilization(
             dev, float(rates.gpu) if rates is not None else None, now)
+        if not self._detail and "samples" not in dev.unsupported:
+            gpu.utilization_memory = None  # as _read_all, which a pick spares the call that reads it
         if self._detail:
             gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
             power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
@@ -708,9 +812,9 @@ class NvmlBackend(VendorBackend):
             gpu.fan_speed = q(dev, "fan", nv.nvmlDeviceGetFanSpeed)
             if self.telemetry:
                 self._telemetry(dev, gpu)
-        mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
+        mode = dev.mode = q(dev, "compute_mode", nv.nvmlDeviceGetComputeMode)
         gpu.compute_mode = _COMPUTE_MODES.get(mode) if mode is not None else None
-        mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
+        mig = dev.mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
         if mig is not None:
             self._mig_mode(dev, gpu, mig)
         if self.want_processes:

@@ -49,6 +49,8 @@ NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_P2P_CAPS_INDEX_NVLINK = 2
 NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF  # a process's memory where NVML cannot tell
+_PROCESSES_BUFFER = 32  # a process list's entries asked for in one call (a GPU seldom runs more)
+_SAMPLES_BUFFER = 128  # samples asked for in one call (a driver keeps about 20 s of 1/6 s samples: 120)
 
 # Buffer sizes (nvml.h).
 _UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
@@ -244,6 +246,15 @@ def nvmlDeviceGetTopologyCommonAncestor(device1: c_void_p, device2: c_void_p) ->
     return _uint("nvmlDeviceGetTopologyCommonAncestor", device1, device2)
 
 
+def nvmlDeviceGetTopologyNearestGpus(device: c_void_p, level: int) -> list[c_void_p]:
+    fn = _fn("nvmlDeviceGetTopologyNearestGpus")
+    count = c_uint(0)
+    _check(fn(device, c_uint(level), byref(count), None))  # the number, then the handles (as nvidia-ml-py)
+    handles = (c_void_p * count.value)()
+    _check(fn(device, c_uint(level), byref(count), handles))
+    return [c_void_p(h) for h in handles[0:count.value]]
+
+
 def nvmlDeviceGetP2PStatus(device1: c_void_p, device2: c_void_p, p2p_index: int) -> int:
     return _uint("nvmlDeviceGetP2PStatus", device1, device2, p2p_index)
 
@@ -292,10 +303,19 @@ def nvmlDeviceGetMigMode(device: c_void_p) -> list[int]:
 
 def nvmlDeviceGetSamples(device: c_void_p, sampling_type: int, since_us: int) -> tuple[int, list[c_nvmlSample_t]]:
     fn = _fn("nvmlDeviceGetSamples")
-    kind, since, count, value_type = c_uint(sampling_type), c_ulonglong(since_us), c_uint(0), c_uint()
-    _check(fn(device, kind, since, byref(value_type), byref(count), None))  # the number of samples
-    samples = (c_nvmlSample_t * count.value)()
-    _check(fn(device, kind, since, byref(value_type), byref(count), samples))
+    kind, since, value_type = c_uint(sampling_type), c_ulonglong(since_us), c_uint()
+    # One call where the samples fit a buffer as large as drivers keep (nvidia-ml-py first asks for the
+    # number, a second call a pick makes per GPU: a driver call costs tens of microseconds); where they
+    # do not, the number, then the samples, as nvidia-ml-py asks.
+    count = c_uint(_SAMPLES_BUFFER)
+    samples = (c_nvmlSample_t * _SAMPLES_BUFFER)()
+    ret = fn(device, kind, since, byref(value_type), byref(count), samples)
+    if ret == NVML_ERROR_INSUFFICIENT_SIZE:
+        count.value = 0
+        _check(fn(device, kind, since, byref(value_type), byref(count), None))  # the number of samples
+        samples = (c_nvmlSample_t * count.value)()
+        ret = fn(device, kind, since, byref(value_type), byref(count), samples)
+    _check(ret)
     return value_type.value, samples[0:count.value]
 
 
@@ -330,15 +350,17 @@ def _process_lister(kind: str) -> tuple[Any, Any]:
 
 def _processes(kind: str, handle: c_void_p) -> list[Process]:
     fn, entry = _process_lister(kind)
-    count = c_uint(0)
-    ret = fn(handle, byref(count), None)
-    if ret == NVML_SUCCESS:
-        return []  # no process
-    if ret != NVML_ERROR_INSUFFICIENT_SIZE:
-        raise NVMLError(ret)
-    count.value = count.value * 2 + 5  # room for processes started meanwhile, as nvidia-ml-py leaves
-    infos = (entry * count.value)()
-    _check(fn(handle, byref(count), infos))
+    # One call where the processes fit a buffer of _PROCESSES_BUFFER (nvidia-ml-py first asks for the
+    # number: a second call for every GPU with a process); where they do not, room for twice as many
+    # as there are, plus some started meanwhile, as nvidia-ml-py leaves.
+    count = c_uint(_PROCESSES_BUFFER)
+    infos = (entry * _PROCESSES_BUFFER)()
+    ret = fn(handle, byref(count), infos)
+    if ret == NVML_ERROR_INSUFFICIENT_SIZE:
+        count.value = count.value * 2 + 5
+        infos = (entry * count.value)()
+        ret = fn(handle, byref(count), infos)
+    _check(ret)
     return [Process(infos[i]) for i in range(count.value)]
 
 
@@ -372,7 +394,8 @@ FUNCTIONS = (
     "nvmlInit", "nvmlShutdown", "nvmlErrorString", "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
     "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
     "nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetCpuAffinity",
-    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetTopologyNearestGpus", "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetFanSpeed", "nvmlDeviceGetComputeMode", "nvmlDeviceGetMigMode", "nvmlDeviceGetSamples",

@@ -374,6 +374,12 @@ class SimulatedBackend:
                 self._stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             except OSError:
                 pass
+        # each GPU's topology in the form that travels (gpusd.topology.compact), made once
+        from ..topology import compact
+
+        pairs = [GpuInfo(index=i, uuid="", links=self._topology.links(i)) for i in range(len(self._gpus))]
+        compact(pairs)
+        self._topologies = [g.topology for g in pairs]
         self.hostname = host or scenario_host or local_hostname()
         self.node_id = node or local_node_id()
         self.spec = spec
@@ -426,7 +432,7 @@ class SimulatedBackend:
         topo = self._topology
         gpu = GpuInfo(index=i, uuid=_uuid(self.hostname, i), name=name,
                       pci_bus_id=f"00000000:{0x10 + i * 0x10:02X}:00.0",
-                      numa_node=topo.numa[i], local_cpus=topo.cpus[i], links=topo.links(i))
+                      numa_node=topo.numa[i], local_cpus=topo.cpus[i], topology=self._topologies[i])
         _vendor_fields(gpu, g.model, self._gpus[:i])
         if g.lost:
             gpu.healthy, gpu.error = False, "GPU is lost (simulated)"

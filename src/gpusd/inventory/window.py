@@ -197,6 +197,13 @@ class UtilWindow:
     def last_ts(self) -> float | None:
         return self._slots[-1].last if self._slots else None
 
+    def newest(self, now: float, within: float) -> float | None:
+        """The newest reading where it is at most ``within`` seconds old at ``now`` (else None)."""
+        if not self._slots:
+            return None
+        slot = self._slots[-1]
+        return slot.value if now - within <= slot.last <= now else None
+
     def _acc_at(self, i: int, t: float) -> float:
         """The running integral at time ``t``, ``slot i's start <= t <= slot i+1's start`` (prorated
         inside a slot of several readings)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..model import GpuInfo, HostSnapshot, display_name
-from ..topology import parse_cpulist
+from ..topology import link_between, parse_cpulist
 
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # what slurm.conf takes as one node name
 _ADDR = re.compile(r"^[0-9A-Fa-f.:]{2,45}$")
@@ -132,7 +132,11 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str | None = 
         return [f"# left out a host whose name is not a Slurm node name ({len(snap.gpus)} GPU(s))"]
     gpus = gres_gpus(snap)
     out: list[str] = []
-    nvlink = any(link.nvlink > 0 for g in gpus for link in g.links)
+    def bond(a: GpuInfo, b: GpuInfo) -> int:
+        link = link_between(a, b)
+        return link.nvlink if link is not None else 0
+
+    nvlink = any(bond(a, b) > 0 for a in gpus for b in gpus if a.index < b.index)
     for g in sorted(snap.gpus, key=lambda g: g.index):
         if not usable(g):
             why = "lost or unhealthy" if not g.healthy else "in MIG mode"
@@ -144,8 +148,7 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str | None = 
         if cores:
             words.append(f"Cores={cores}")
         if nvlink:
-            by_peer = {link.peer: link.nvlink for link in g.links}
-            words.append("Links=" + ",".join("-1" if p.index == g.index else str(min(by_peer.get(p.index, 0), 999))
+            words.append("Links=" + ",".join("-1" if p.index == g.index else str(min(bond(g, p), 999))
                                              for p in gpus))
         words.append(f"Flags={slurm_flag(g.vendor)}")
         out.append(" ".join(words))

@@ -75,7 +75,35 @@
     out.numa_node = num(g.numa_node);
     out.local_cpus = typeof g.local_cpus === "string" && /^[0-9,-]{1,256}$/.test(g.local_cpus) ? g.local_cpus : null;
     out.links = bounded(g.links, GPUS_MAX).map(cleanLink).filter(Boolean);
+    out.topology = cleanTopology(g.topology);
     return out;
+  }
+  // a GPU's topology in the form that grows with its links (docs/wire-format.md, "Topology v2"); null: none
+  function cleanTopology(t) {
+    t = obj(t);
+    if (!t) return null;
+    const ints = (xs, n) => bounded(xs, n).map(num).filter((x) => x !== null);
+    return { pcie: ints(t.pcie, 5), nvlink: bounded(t.nvlink, 64).map(cleanLink).filter(Boolean),
+             fabric: num(t.fabric), fabric_links: Math.max(0, Math.min(999, num(t.fabric_links) ?? 0)) };
+  }
+  // how a reaches b (gpusd.topology.link_between): from both topologies, else from the pair links
+  const PCIE_LEVELS = [0, 10, 20, 30, 40];
+  function linkBetween(a, b) {
+    if (a.topology && b.topology) {
+      const ta = a.topology, tb = b.topology;
+      let level = null;
+      if (ta.pcie.length && tb.pcie.length) {
+        level = 50;
+        for (let k = 0; k < PCIE_LEVELS.length; k++) {
+          if (ta.pcie[k] !== undefined && ta.pcie[k] === tb.pcie[k]) { level = PCIE_LEVELS[k]; break; }
+        }
+      }
+      const bond = ta.nvlink.find((x) => x.peer === b.index) || tb.nvlink.find((x) => x.peer === a.index);
+      let nvlink = bond ? bond.nvlink : 0;
+      if (!nvlink && ta.fabric !== null && ta.fabric === tb.fabric) nvlink = ta.fabric_links;
+      return level === null && !nvlink ? null : { peer: b.index, level, nvlink };
+    }
+    return a.links.find((x) => x.peer === b.index) || b.links.find((x) => x.peer === a.index) || null;
   }
   function cleanLink(l) {  // {peer, level, nvlink} (docs/wire-format.md, "Topology"); null: not a link
     l = obj(l);
@@ -85,7 +113,7 @@
   // nvidia-smi topo -m's words (gpusd.topology.label): NV# for # bonded NVLinks, else the PCIe level
   const LEVEL_LABELS = { 0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS" };
   function linkLabel(a, b) {
-    const l = a.links.find((x) => x.peer === b.index) || b.links.find((x) => x.peer === a.index);
+    const l = linkBetween(a, b);
     if (!l) return "N/A";
     if (l.nvlink > 0) return "NV" + Math.round(l.nvlink);
     return LEVEL_LABELS[l.level] || "N/A";
@@ -601,13 +629,14 @@
   // The host's GPU matrix as nvidia-smi topo -m prints it (all its GPUs, whatever the filter shows).
   function topologyView(host, all) {
     const gpus = [...all].sort((a, b) => a.index - b.index).slice(0, 64);
-    if (!gpus.some((g) => g.links.length || g.numa_node !== null || g.local_cpus)) return null;
+    if (!gpus.some((g) => g.links.length || g.topology || g.numa_node !== null || g.local_cpus)) return null;
     const box = el("details", "topology");
     box.open = state.topoOpen.has(host.node_id);
     box.addEventListener("toggle", () => {
       if (box.open) state.topoOpen.add(host.node_id); else state.topoOpen.delete(host.node_id);
     });
-    const nv = gpus.some((g) => g.links.some((l) => l.nvlink > 0));
+    const nv = gpus.some((g) => g.links.some((l) => l.nvlink > 0) ||
+      (g.topology && (g.topology.nvlink.length > 0 || g.topology.fabric !== null)));
     box.appendChild(el("summary", "", "topology" + (nv ? " · NVLink" : " · PCIe only")));
     const t = el("table", "topo");
     const hr = el("tr");
