@@ -153,6 +153,9 @@ class AsyncClient:
         # proves the node, and reports the host).
         self.defer_snapshots: Callable[[], bool] | None = None
         self._deferred: set[Follower] = set()
+        # Called with a reported host each time it has a new snapshot, checked (a daemon's fleet view
+        # encodes it then, so that its answers are assembled from bytes kept per host).
+        self.on_snapshot: Callable[[RemoteHost], None] | None = None
 
     # what tests and callers read of the options, as before
     @property
@@ -463,6 +466,11 @@ class AsyncClient:
                 return
         if snap is not None:
             host.snapshot = snap
+            if self.on_snapshot is not None:
+                try:
+                    self.on_snapshot(host)
+                except Exception:  # a reader's trouble must not stop following the host
+                    log.exception("on_snapshot failed")
         peer.settled = True
         if not peer.reported:
             peer.reported = True
