@@ -34,10 +34,12 @@ log = logging.getLogger(__name__)
 # a fifth of that (bench/bench_fleet_scale.py).
 DEFER_ABOVE = 100
 
-# While a level of GET /api/v1/fleet (redacted or not) was asked for in the last WARM s, each host's new
-# snapshot is encoded for it when it comes (the answer then only joins bytes); beyond, it is encoded by the
-# next answer, and the bytes kept for that level are freed.
-WARM = 60.0
+# While a level of GET /api/v1/fleet (redacted or not) was asked for in the last WARM s (a reader that polls:
+# gpusd top --url, a dashboard), each host's new snapshot is encoded for it when it comes, so the answer only
+# joins bytes; beyond, it is encoded by the next answer (after WARM s most hosts have sent a newer one
+# anyway), and the bytes kept for that level are freed.  Encoding on arrival costs what the answer saves
+# only while answers come at least as often as the snapshots are parsed: hence a short window.
+WARM = 10.0
 
 
 def followed_cap(configured: int) -> int:
@@ -67,6 +69,7 @@ class Fleet:
         self._start_lock = asyncio.Lock()
         self._last_used = time.monotonic()
         self._idle_task: asyncio.Task[None] | None = None
+        self._due_task: asyncio.Task[None] | None = None  # parses the snapshots due each second (_parse_due)
         self._closed = False  # stop() was called: a late request must not start a client again
         # per answer level (redacted or not): id(host) -> (the host, its snapshot, the snapshot's bytes)
         self._kept: dict[bool, dict[int, tuple[RemoteHost, HostSnapshot, bytes]]] = {False: {}, True: {}}
@@ -110,6 +113,8 @@ class Fleet:
             log.info("fleet view started (session %s, following at most %d hosts)", cfg.session, cap)
             if cfg.fleet == "auto" and self._idle_task is None:
                 self._idle_task = asyncio.ensure_future(self._stop_when_idle())
+            if self._due_task is None:
+                self._due_task = asyncio.ensure_future(self._parse_due())
             await client.wait_settled(settle)
 
     def _unwatched(self) -> bool:
@@ -163,7 +168,8 @@ class Fleet:
         view = FleetView(session=self.config.session)
         hosts: list[RemoteHost] = []
         if self.client is not None:
-            hosts = self.client.host_list(catch_up=False)
+            # the snapshots due a parse are parsed by _parse_due each second, not by the answer
+            hosts = self.client.host_list(catch_up=None if self._due_task is not None else False)
             view.hosts_dropped = self.client.dropped_hosts
         view.hosts = list(hosts)  # the hosts themselves: only their record's fields are read
         if self._heads is None:
@@ -221,6 +227,24 @@ class Fleet:
             if warm[True]:
                 self._kept[True][id(host)] = (host, snap, _redacted(body, snap))
 
+    async def _parse_due(self) -> None:
+        """Each second, the snapshots kept unparsed longer than REPARSE s (their hosts sent no newer one)
+        are parsed, as an answer would otherwise do first: an answer then only reads (each host at most
+        REPARSE + 1 s older than its newest snapshot)."""
+        from ..discovery import client as discovery_client
+
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                client = self.client
+                if client is not None:
+                    try:
+                        client.catch_up(discovery_client.REPARSE)
+                    except Exception:  # one host's trouble must not stop the others being parsed
+                        log.exception("fleet view: parsing the snapshots due failed")
+        except asyncio.CancelledError:
+            pass
+
     async def _stop_when_idle(self) -> None:
         idle = self.config.fleet_idle
         try:
@@ -241,6 +265,9 @@ class Fleet:
         self._closed = True
         if self._idle_task is not None:
             self._idle_task.cancel()
+        if self._due_task is not None:
+            self._due_task.cancel()
+            self._due_task = None
         self.hub.close()
         if self.client is not None:
             with contextlib.suppress(Exception):
