@@ -5,6 +5,7 @@ gives, byte for byte, and redaction holds for the bytes kept."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -160,3 +161,52 @@ def test_a_host_without_a_snapshot_yet_is_listed_with_none(counted: list[str]) -
     fleet = _fleet(hosts)
     body: Any = json.loads(fleet.answer())
     assert [h["snapshot"] is None for h in body["hosts"]] == [False, True, False]
+
+
+def test_a_new_stream_replays_messages_kept_per_host_with_the_time_of_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a new fleet stream starts with (host_added, device_added for every GPU) is kept formatted per
+    host until the host changes; each replay writes only its ts anew."""
+    from gpusd.discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent, Filters
+    from gpusd.wire.sse import format_event
+
+    hosts = [_host(i) for i in range(4)]
+    fleet = _fleet(hosts)
+    fleet.client.filters = Filters()  # type: ignore[union-attr]
+    formatted: list[str] = []
+
+    def counting(event: str, data: Any) -> bytes:
+        formatted.append(event)
+        return format_event(event, data)
+
+    monkeypatch.setattr(fleet_mod, "format_event", counting)
+
+    def documents(messages: list[bytes]) -> list[dict[str, Any]]:
+        out = []
+        for m in messages:
+            event, data = m.decode().split("\n")[:2]
+            out.append({"event": event.removeprefix("event: "), **json.loads(data.removeprefix("data: "))})
+        return out
+
+    def expected() -> list[dict[str, Any]]:  # formatted afresh, as before messages were kept
+        out: list[bytes] = []
+        for h in hosts:
+            out.append(format_event(HOST_ADDED, DiscoveryEvent(HOST_ADDED, h).to_dict()))
+            out += [format_event(DEVICE_ADDED, DiscoveryEvent(DEVICE_ADDED, h, device=d).to_dict())
+                    for d in h.devices()]
+        return [{k: v for k, v in d.items() if k != "ts"} for d in documents(out)]
+
+    before = time.time()
+    first = documents(fleet.replay())
+    assert len(formatted) == 4 * 3  # a host_added and two device_added a host
+    assert [{k: v for k, v in d.items() if k != "ts"} for d in first] == expected()
+    formatted.clear()
+    second = documents(fleet.replay())
+    assert formatted == []  # nothing changed: nothing formatted again
+    assert [{k: v for k, v in d.items() if k != "ts"} for d in second] == expected()
+    assert all(d["ts"] >= before for d in first + second) and second[0]["ts"] >= first[0]["ts"]
+
+    hosts[1].snapshot = _snap(1, 90.0)  # a host's new sample, and another's new proof
+    hosts[2].verified = False
+    third = documents(fleet.replay())
+    assert len(formatted) == 2 * 3  # those two hosts' messages, the others' kept
+    assert [{k: v for k, v in d.items() if k != "ts"} for d in third] == expected()
