@@ -2,7 +2,7 @@
 
     python bench/bench_alloc.py [--rounds 20] [--n 2000] [--runs 15] [--jobs 40] [--handovers 20] [--starts 8]
                                 [--skip collisions|latency|handover|start|makespan] [--tree DIR ...] [--repeat N]
-                                [--round-robin] [--no-daemon]
+                                [--round-robin] [--no-daemon] [--loads 0,3]
 
 Collisions: 16 processes, started and initialised beforehand, are released at the same instant by a
 barrier and each asks for one GPU; we count the GPUs given to more than one process.  gpusd
@@ -79,6 +79,7 @@ from _common import (
     whole_process,
     write_state,
 )
+from _load import busy_load
 
 GiB = 2**30
 
@@ -852,6 +853,8 @@ def main() -> int:
     ap.add_argument("--handovers", type=int, default=20)
     ap.add_argument("--skip", action="append", default=[],
                     choices=["collisions", "latency", "handover", "start", "makespan"])
+    ap.add_argument("--loads", default="0", help="start and makespan: busy loops running meanwhile, comma-separated "
+                    "(e.g. 0,3: at rest, then beside three busy loops the bench starts and stops, bench/_load.py)")
     ap.add_argument("--starts", type=int, default=8, help="start: processes measured one at a time, per kind")
     ap.add_argument("--rig", action="append", choices=["samples", "no-samples"],
                     help="latency rig(s) (default: both)")
@@ -873,10 +876,14 @@ def main() -> int:
     trees = [REPO / "src", *(t.resolve() / "src" for t in args.tree or [])]
     if "handover" not in args.skip:
         handover(fake, args.handovers, trees, args.repeat)
-    if "start" not in args.skip:
-        start_cost(fake, trees, args.starts)
-    if "makespan" not in args.skip:
-        makespan(fake, args.jobs, trees, args.repeat, args.round_robin, not args.no_daemon)
+    for load in [int(x) for x in args.loads.split(",") if x.strip()] or [0]:
+        with busy_load(load):
+            if load:
+                print(f"\n== with {load} busy loops running (bench/_load.py) ==")
+            if "start" not in args.skip:
+                start_cost(fake, trees, args.starts)
+            if "makespan" not in args.skip:
+                makespan(fake, args.jobs, trees, args.repeat, args.round_robin, not args.no_daemon)
     shutil.rmtree(fake.tmp, ignore_errors=True)
     return 0
 

@@ -1,6 +1,6 @@
 """Issue 24 benchmark: a fleet of 1,000 hosts, listed from a host with a daemon.
 
-    python bench/bench_fleet_scale.py [--sizes 32,100,1000] [--gpus 8] [--runs 5] [--no-secret]
+    python bench/bench_fleet_scale.py [--sizes 32,100,1000] [--gpus 8] [--runs 5] [--loads 0,3] [--no-secret]
 
 One process (this file with ``--fakes``) serves ``max(sizes)`` fake gpusd hosts over HTTP, each on an
 address of its own on loopback (``127.1.x.y``, port 4780: Linux answers for all of 127.0.0.0/8 without
@@ -38,6 +38,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from _load import busy_load
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
@@ -338,6 +340,36 @@ def one_list(state: Path, session: str, secret: str | None, extra: list[str],
     return took, len({d.get("hostname") for d in rows if str(d.get("hostname", "")).startswith("fake-")}), cpu
 
 
+def get_cost(pid: int, port: int, at_rest: float, tmp: Path, n: int = 10) -> tuple[float, float]:
+    """(the daemon's CPU seconds per GET /api/v1/fleet, its CPU at rest taken out; the median seconds of a GET
+    of the same bytes from a static Python server: the floor of sending them over loopback)."""
+    cpu0, t0 = proc_figures(pid)[2], time.monotonic()
+    for _ in range(n):
+        _, _, size = fleet_hosts(port)
+    per_get = max(0.0, (proc_figures(pid)[2] - cpu0 - at_rest * (time.monotonic() - t0)) / n)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=30) as resp:
+        body = resp.read()
+    root = tmp / "static"
+    root.mkdir(exist_ok=True)
+    (root / "fleet").write_bytes(body)
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
+                               str(root)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port NNNN (http://...)"
+        static_port = int(line.split(" port ")[1].split()[0])
+        times = []
+        for _ in range(3):
+            t = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{static_port}/fleet", timeout=30) as resp:
+                resp.read()
+            times.append(time.monotonic() - t)
+    finally:
+        server.kill()
+        server.wait()
+    return per_get, statistics.median(times)
+
+
 FLOOR = """import json, sys, urllib.request
 with urllib.request.urlopen(sys.argv[1], timeout=60) as r:
     json.loads(r.read())
@@ -362,6 +394,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5, help="gpusd list runs per size (default 5)")
     ap.add_argument("--sample", type=float, default=1.0, help="seconds between a fake host's snapshots (default 1, "
                     "a daemon's sampling interval; heartbeats every 2 s between)")
+    ap.add_argument("--loads", default="0,3", help="busy loops running during the lists, comma-separated "
+                    "(default 0,3: the lists at rest, then again beside three busy loops)")
     ap.add_argument("--no-secret", action="store_true", help="no fleet secret (unsigned streams, hosts unverified)")
     ap.add_argument("--old-src", metavar="DIR", help="also run the daemon and the lists from this source tree "
                     "(before): per size one daemon after the other, each measured the same way")
@@ -370,6 +404,7 @@ def main() -> int:
     ap.add_argument("--session", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    loads = [int(x) for x in args.loads.split(",") if x.strip()] or [0]
     if args.fakes is not None:
         asyncio.run(serve_fakes(args.fakes, sizes, args.tag, args.session, args.gpus, args.sample))
         return 0
@@ -430,44 +465,54 @@ def main() -> int:
                 rss2, fds2, cpu1 = proc_figures(pid)
                 cpu = (cpu1 - cpu0) / 5.0 * 100
                 fleet = [fleet_hosts(port) for _ in range(3)]
-                lists, tables, floors = [], [], []
-                for _ in range(args.runs if n else 0):  # interleaved
-                    lists.append(one_list(state, session, secret, [], src=src))
-                    tables.append(one_list(state, session, secret, [], as_json=False, src=src))
-                    floors.append(floor_list(port))
-                if n == 0:
-                    base[label] = (max(rss, rss2), max(fds, fds2))
-                per_host = ""
-                if n and label in base:
-                    per_host = (f"  per host {(max(rss, rss2) - base[label][0]) * 1024 / n:5.1f} KiB "
-                                f"{(max(fds, fds2) - base[label][1]) / n:.2f} fds")
-                listed = [k for _, k, _ in lists] + [k for _, k, _ in tables]
+                per_get, static = get_cost(pid, port, cpu / 100, tmp) if n else (0.0, 0.0)
                 load = os.getloadavg()[0]
 
                 def med(xs: list[float]) -> float:
                     return statistics.median(xs)
 
-                rows.append(f"{n:5d} {label:10s} {seen:5d} {full:6.1f} {max(rss, rss2):7.1f} {max(fds, fds2):5d} "
-                            f"{cpu:5.1f} {med([t for _, t, _ in fleet]):7.3f} {fleet[0][2] / 1e6:6.2f} "
-                            + (f"{med([t for t, _ in floors]):6.2f} {med([c for _, c in floors]):5.2f} "
-                               f"{med([t for t, _, _ in lists]):6.2f} {med([c for _, _, c in lists]):5.2f} "
-                               f"{max(t for t, _, _ in lists):6.2f} "
-                               f"{med([t for t, _, _ in tables]):6.2f} {med([c for _, _, c in tables]):5.2f} "
-                               f"{min(listed):5d}-{max(listed)}"
-                               if lists else f"{'-':>6s} {'-':>5s} {'-':>6s} {'-':>5s} {'-':>6s} {'-':>6s} {'-':>5s} "
-                               f"{'-':>5s}") + f" {load:5.1f}" + per_host)
-                print(rows[-1], flush=True)
+                for busy in loads if n else [0]:
+                    lists, tables, floors = [], [], []
+                    with busy_load(busy):
+                        for _ in range(args.runs if n else 0):  # interleaved
+                            lists.append(one_list(state, session, secret, [], src=src))
+                            tables.append(one_list(state, session, secret, [], as_json=False, src=src))
+                            floors.append(floor_list(port))
+                        load = os.getloadavg()[0]
+                    if n == 0:
+                        base[label] = (max(rss, rss2), max(fds, fds2))
+                    per_host = ""
+                    if n and label in base and busy == loads[0]:
+                        per_host = (f"  per host {(max(rss, rss2) - base[label][0]) * 1024 / n:5.1f} KiB "
+                                    f"{(max(fds, fds2) - base[label][1]) / n:.2f} fds")
+                    listed = [k for _, k, _ in lists] + [k for _, k, _ in tables]
+                    tree = label if busy == 0 else f"{label}+{busy}b"
+                    rows.append(f"{n:5d} {tree:10s} {seen:5d} {full:6.1f} {max(rss, rss2):7.1f} {max(fds, fds2):5d} "
+                                f"{cpu:5.1f} {med([t for _, t, _ in fleet]):7.3f} {per_get * 1e3:6.1f} "
+                                f"{static:7.3f} {fleet[0][2] / 1e6:6.2f} "
+                                + (f"{med([t for t, _ in floors]):6.2f} {med([c for _, c in floors]):5.2f} "
+                                   f"{med([t for t, _, _ in lists]):6.2f} {med([c for _, _, c in lists]):5.2f} "
+                                   f"{max(t for t, _, _ in lists):6.2f} "
+                                   f"{med([t for t, _, _ in tables]):6.2f} {med([c for _, _, c in tables]):5.2f} "
+                                   f"{min(listed):5d}-{max(listed)}"
+                                   if lists else f"{'-':>6s} {'-':>5s} {'-':>6s} {'-':>5s} {'-':>6s} {'-':>6s} "
+                                   f"{'-':>5s} {'-':>5s}") + f" {load:5.1f}" + per_host)
+                    print(rows[-1], flush=True)
                 stop_daemon(state, pid, secret, src)
                 daemon = None
         with contextlib.suppress(ProcessLookupError):
             fake_rss = proc_figures(fake_pid)[0]
         print()
         print(f"{'hosts':>5s} {'tree':10s} {'view':>5s} {'full':>6s} {'RSS MiB':>7s} {'fds':>5s} {'CPU%':>5s} "
-              f"{'/fleet':>7s} {'MB':>6s} {'floor':>6s} {'cpu':>5s} {'json s':>6s} {'cpu':>5s} {'max':>6s} "
+              f"{'/fleet':>7s} {'cpu ms':>6s} {'static':>7s} {'MB':>6s} {'floor':>6s} {'cpu':>5s} {'json s':>6s} "
+              f"{'cpu':>5s} {'max':>6s} "
               f"{'table':>6s} {'cpu':>5s} {'listed':>7s} {'load':>5s}")
         print("(hosts: followed by the daemon; view: fake hosts in its /api/v1/fleet; full: s from gpusd start to "
               "all in view; RSS, fds, CPU (% of one core, 5 s): the daemon at rest, following them; /fleet, MB: s "
-              "and size of one GET /api/v1/fleet; floor: a new `python` reading that answer and json.loads "
+              "and size of one GET /api/v1/fleet (median of 3); cpu ms: the daemon's CPU per GET (10 GETs, its CPU "
+              "at rest taken out); static: s of a GET of the same bytes from a static Python server (the floor of "
+              "sending them); tree+Nb: the lists again with N busy loops running (bench/_load.py); "
+              "floor: a new `python` reading that answer and json.loads "
               "(no checks, no output); json s, table: a cold `gpusd list --json` / `gpusd list` from this host, "
               "median (cpu: its CPU seconds, median), max of json; the three interleaved run by run; listed: fake "
               "hosts each run listed, least-most; load: the load average after the runs)")

@@ -177,10 +177,11 @@ async def bench(args: argparse.Namespace) -> None:
           f"{alive} of them still attached after the load runs")
     print()
     print(f"| with {args.subscribers} subscribers attached, {args.concurrency} concurrent clients | answer bytes | "
-          "requests/s | p50 ms | p99 ms | errors | daemon CPU % |")
-    print("|---|---|---|---|---|---|---|")
+          "requests/s | p50 ms | p99 ms | errors | daemon CPU % | daemon CPU ms a request |")
+    print("|---|---|---|---|---|---|---|---|")
     for path, (rps, p50, p99, errors, size, cpu) in results.items():
-        print(f"| GET {path} | {size} | {rps:.0f} | {p50:.2f} | {p99:.2f} | {errors} | {100 * cpu:.0f} |")
+        print(f"| GET {path} | {size} | {rps:.0f} | {p50:.2f} | {p99:.2f} | {errors} | {100 * cpu:.0f} | "
+              f"{1000 * cpu / rps:.2f} |")
 
 
 async def signed_load(session, url: str, seconds: float, concurrency: int, key, node_id: str,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 from .api import Selection
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
+    import subprocess
     from typing import Any, Callable, Sequence
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -33,6 +33,8 @@ def _interactive() -> bool:
 
 def run_with(selection: Selection, cmd: Sequence[str], bind_cpus: bool = False) -> int:
     """Run ``cmd`` on ``selection``'s devices (``bind_cpus``: on their local CPUs, :mod:`gpusd.alloc.cpus`)."""
+    import subprocess  # here: a job's supervisor reads FORWARDED while it waits for GPUs, and needs no subprocess
+
     from ..inventory.vendors import job_environ
     from .cpus import binding, preexec
 

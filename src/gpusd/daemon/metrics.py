@@ -615,6 +615,16 @@ def make_registry(snapshots: Callable[[], Iterable[HostSnapshot | None]],
     return registry
 
 
+def process_registry() -> CollectorRegistry:
+    """A registry of the daemon's own process_* series alone (CPU, memory, descriptors: read at every
+    scrape, unlike the GPUs' series, which change with a sample)."""
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    return registry
+
+
 def render(registry: CollectorRegistry) -> bytes:
     """The registry in the Prometheus text exposition format, then the exporter-named series; no
     control byte in it but the newlines (:func:`gpusd.sanitize.for_exposition`)."""

@@ -93,6 +93,10 @@ class Monitor:
 
         self.usage = UsageCounters(max_gap=max(30.0, 10 * interval))
         self._usage_ts: float | None = None
+        # per reader level (private or not): (the snapshot, its clocks, the bytes built from it)
+        self._built: dict[bool, tuple[HostSnapshot | None, tuple[float | None, ...], bytes]] = {}
+        self.builds = 0  # how many times the per-sample part of /metrics was built
+        self._process: Any = None  # the registry of the daemon's own process_* series (read at every scrape)
 
     # thresholds ---------------------------------------------------------------------------------
     def evaluate(self, snap: HostSnapshot | None = None, now: float | None = None) -> list[ThresholdEvent]:
@@ -129,13 +133,18 @@ class Monitor:
         self.usage.add(snap)
 
     def metrics(self, private: bool = False) -> bytes:
-        """/metrics; ``private``: the reader may see private data (per-user series where turned on)."""
-        from .metrics import LeaseCollector, UsageCollector, make_registry, render
+        """/metrics; ``private``: the reader may see private data (per-user series where turned on).
+
+        Built once per sample: what the GPU, usage, lease and alert series say changes only with a new
+        snapshot (a new sample, its usage counted, its thresholds evaluated), so every scrape until the
+        next sample gets the same bytes; only the daemon's own process_* series are read at each scrape."""
+        from .metrics import LeaseCollector, UsageCollector, make_registry, process_registry, render
 
         per_user = private and self.user_metrics
         if (self._registry if per_user else self._public) is None:
             latest = lambda: [self.daemon.latest_snapshot()]
             registry = make_registry(latest, self.engine.active if self.engine is not None else None, dcgm=self.dcgm,
+                                     process_metrics=False,
                                      extra=[UsageCollector(self.usage, lambda: per_user),
                                             LeaseCollector(latest, lambda: per_user, _policy)])
             if per_user:
@@ -144,7 +153,16 @@ class Monitor:
                 self._public = registry
         if not isinstance(getattr(self.daemon, "on_sample", None), list):
             self.count_usage()  # no per-sample callbacks: count what each scrape finds new
-        return render(self._registry if per_user else self._public)
+        snap = self.daemon.latest_snapshot()
+        key = (snap.timestamp if snap is not None else None, self._usage_ts, self._last_ts)
+        built = self._built.get(per_user)
+        if built is None or built[0] is not snap or built[1] != key:
+            # the snapshot itself is held (so its identity is not reused) with the clocks of what was fed
+            built = self._built[per_user] = (snap, key, render(self._registry if per_user else self._public))
+            self.builds += 1
+        if self._process is None:
+            self._process = process_registry()
+        return built[2] + render(self._process)
 
     def alerts(self) -> dict[str, Any]:
         active = self.engine.active() if self.engine is not None else []

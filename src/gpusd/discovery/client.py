@@ -153,6 +153,9 @@ class AsyncClient:
         # proves the node, and reports the host).
         self.defer_snapshots: Callable[[], bool] | None = None
         self._deferred: set[Follower] = set()
+        # Called with a reported host each time it has a new snapshot, checked (a daemon's fleet view
+        # encodes it then, so that its answers are assembled from bytes kept per host).
+        self.on_snapshot: Callable[[RemoteHost], None] | None = None
 
     # what tests and callers read of the options, as before
     @property
@@ -362,11 +365,13 @@ class AsyncClient:
         """The hosts reported (``host_added`` and not yet removed), by host name."""
         return self.host_list()
 
-    def host_list(self, catch_up: bool = True) -> list[RemoteHost]:
+    def host_list(self, catch_up: bool | None = True) -> list[RemoteHost]:
         """:attr:`hosts`; with ``catch_up`` False, each as last parsed, at most ``REPARSE`` s older than
         the newest received (a snapshot kept unparsed longer, its host sending no newer one, is parsed
-        now)."""
-        self.catch_up(0.0 if catch_up else REPARSE)
+        now); None: each as last parsed, nothing parsed now (the caller calls ``catch_up(REPARSE)`` on a
+        timer of its own)."""
+        if catch_up is not None:
+            self.catch_up(0.0 if catch_up else REPARSE)
         out = [p.host for p in self._peers.values() if p.reported and p.host is not None]
         return sorted(out, key=lambda h: (h.hostname, h.node_id))
 
@@ -463,6 +468,11 @@ class AsyncClient:
                 return
         if snap is not None:
             host.snapshot = snap
+            if self.on_snapshot is not None:
+                try:
+                    self.on_snapshot(host)
+                except Exception:  # a reader's trouble must not stop following the host
+                    log.exception("on_snapshot failed")
         peer.settled = True
         if not peer.reported:
             peer.reported = True

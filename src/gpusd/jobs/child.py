@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
+    import subprocess
     from typing import Any, Callable, Sequence
 
 # subprocess forks the whole supervisor when given a preexec_fn, and vfork()s it otherwise (checked with strace on
@@ -100,6 +100,8 @@ class Child:
         """Start ``cmd`` (FileNotFoundError, PermissionError as Popen raises them), in a process group
         of its own with ``own_group`` (made by Popen where :data:`GROUP_AT_SPAWN`, else by
         ``preexec_fn``).  The previous command was reaped before."""
+        import subprocess  # on the first start: a job waiting for GPUs (its whole queue time) needs none
+
         kw: dict[str, Any] = {"process_group": 0} if own_group and GROUP_AT_SPAWN else {}
         proc = subprocess.Popen(list(cmd), env=env, pass_fds=list(pass_fds), preexec_fn=preexec_fn, **kw)
         self.proc = proc
@@ -163,10 +165,12 @@ class Child:
         # reused) when the next command starts, before the grace period is over
         pidfd, had = _dup(self.pidfd), self.pidfd is not None
 
+        from subprocess import TimeoutExpired  # imported by start() already
+
         def kill_later() -> None:
             try:
                 proc.wait(grace)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 log(f"{self.name}: no exit within the {grace:g}s grace period: SIGKILL")
                 if pidfd is not None or not had:  # no dup (out of descriptors): never by the bare pid
                     signal_command(pidfd, pgid, proc.pid, signal.SIGKILL)

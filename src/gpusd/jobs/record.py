@@ -129,11 +129,16 @@ def parse(raw: bytes, uid: int) -> JobRecord:
                      labels=list(labels), time_limit=time_limit, ends=ends)
 
 
-def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[JobRecord]:
-    """The live jobs of this machine (their supervisor holds the record's lock), oldest first."""
+def _warn(message: str, *args: object) -> None:
+    """A warning, with ``logging`` imported only then: a job waiting for GPUs lists the jobs whenever
+    it is at the head of the queue and blocked, and needs no logging otherwise."""
     import logging
 
-    log = logging.getLogger(__name__)
+    logging.getLogger(__name__).warning(message, *args)
+
+
+def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[JobRecord]:
+    """The live jobs of this machine (their supervisor holds the record's lock), oldest first."""
     store = store or LeaseStore()
     dfd = store.open(create=False)
     if dfd is None:
@@ -147,19 +152,19 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
                 continue
             seen += 1
             if seen > MAX_JOB_FILES:
-                log.warning("more than %d job files in %s: the rest are ignored", MAX_JOB_FILES, store.dir)
+                _warn("more than %d job files in %s: the rest are ignored", MAX_JOB_FILES, store.dir)
                 break
             got = read_live(dfd, name, MAX_JOB_BYTES, cleanup, (name, name[:-5] + ".sock"))  # a dead one's socket too
             if got is None:
                 continue
             st, raw = got
             if len(raw) > MAX_JOB_BYTES:
-                log.warning("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)
+                _warn("skipping job file %s of %s: %d bytes", name, user_name(st.st_uid), st.st_size)
                 continue
             try:
                 rec = parse(raw, st.st_uid)
             except (ValueError, TypeError, RecursionError) as exc:
-                log.warning("skipping unreadable job file %s: %s", name, exc)
+                _warn("skipping unreadable job file %s: %s", name, exc)
                 continue
             if f"job-{rec.job}.json" != name:
                 continue

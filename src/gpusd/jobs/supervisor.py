@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -829,6 +828,8 @@ class Supervisor:
         holder, self.holder_proc = self.holder_proc, None
         if holder is None:
             return rc
+        import subprocess  # here: a job waiting for GPUs needs none (tests/jobs/test_waiting_imports.py)
+
         from .containers import exit_status
 
         cid = self.writer.record.container or ""

@@ -86,6 +86,73 @@ def snapshot_bytes(snap: HostSnapshot) -> bytes:
     return dumps(snap.to_dict(), separators=(",", ":")).encode()
 
 
+def host_head(h: HostRecord) -> bytes:
+    """A host's object as the fleet view sends it, up to its snapshot: ``{"hostname":...,"via":...``."""
+    from ..sanitize import dumps
+
+    head = encode(HostRecord(**{k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}))
+    del head["snapshot"]  # last, as to_dict sends it
+    return dumps(head, separators=(",", ":")).encode()[:-1]
+
+
+def host_json(h: HostRecord, head: Callable[[HostRecord], bytes] = host_head,
+              snapshot: bytes | None = None) -> bytes:
+    """A host's whole object as the fleet view sends it: ``head(h)`` and its snapshot (``snapshot``:
+    its bytes as :func:`snapshot_bytes` writes them, or a redacted copy; encoded here where None)."""
+    if snapshot is None:
+        snapshot = b"null" if h.snapshot is None else snapshot_bytes(h.snapshot)
+    return head(h) + b',"snapshot":' + snapshot + b"}"
+
+
+# the fields of a host's head that change as it lives, written at each answer; the others (name, node,
+# session, source, URL, how it was found: what its announcement says) are kept encoded by HostHeads
+_LIVE_FIELDS = ("alive", "last_seen", "verified")
+_STATIC_FIELDS = tuple(k for k in RECORD_FIELDS if k != "snapshot" and k not in _LIVE_FIELDS)
+_LIVE_MARK = b',"alive":true,"last_seen":null,"verified":null'
+
+
+class HostHeads:
+    """:func:`host_head` for many hosts, again and again (a fleet view's answers): the fields that change
+    only when a host's announcement does are kept encoded, keyed by their values; ``alive``,
+    ``last_seen`` and ``verified`` are written at each call.  Gives what :func:`host_head` gives, byte
+    for byte.  :meth:`rotate` after each answer keeps only the heads it used."""
+
+    __slots__ = ("_kept", "_static", "_used")
+
+    def __init__(self) -> None:
+        from operator import attrgetter
+
+        self._static = attrgetter(*_STATIC_FIELDS)
+        self._kept: dict[Any, tuple[bytes, bytes]] = {}
+        self._used: dict[Any, tuple[bytes, bytes]] = {}
+
+    def __call__(self, h: HostRecord) -> bytes:
+        alive, seen, verified = h.alive, h.last_seen, h.verified
+        if type(alive) is not bool or type(seen) is not float or seen - seen != 0.0 or not (
+                verified is None or type(verified) is bool):
+            return host_head(h)  # not the plain case (never seen, a number not finite): the general code
+        static = self._static(h)
+        parts = self._kept.get(static)
+        if parts is None:
+            parts = self._encode(h)
+        self._used[static] = parts
+        return b"".join((parts[0], b',"alive":true,"last_seen":' if alive else b',"alive":false,"last_seen":',
+                         repr(seen).encode(), b',"verified":null' if verified is None else
+                         b',"verified":true' if verified else b',"verified":false', parts[1]))
+
+    @staticmethod
+    def _encode(h: HostRecord) -> tuple[bytes, bytes]:
+        """(the head before ``alive``, the head after ``verified``) as :func:`host_head` writes them."""
+        fields = {k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}
+        fields.update(alive=True, last_seen=None, verified=None)
+        whole = host_head(HostRecord(**fields))
+        start = whole.index(_LIVE_MARK)  # strings are escaped: the mark is found where the fields are
+        return whole[:start], whole[start + len(_LIVE_MARK):]
+
+    def rotate(self) -> None:
+        self._kept, self._used = self._used, {}
+
+
 @dataclass(slots=True)
 class FleetView:
     """A whole ``GET /api/v1/fleet`` answer."""
@@ -100,22 +167,17 @@ class FleetView:
         return {"schema": self.schema, "session": self.session, "hosts": [h.to_dict() for h in self.hosts],
                 "hosts_dropped": self.hosts_dropped}
 
-    def to_json(self, snapshot_json: Callable[[HostSnapshot], bytes] | None = None) -> bytes:
+    def to_json(self, host_json: Callable[[HostRecord], bytes] | None = None) -> bytes:
         """:meth:`to_dict`'s document as compact, strict JSON (no NaN), written here without the dicts of
-        every snapshot: each host's snapshot comes from ``snapshot_json`` (the fleet view's cache, which
-        encodes a snapshot once rather than once per answer; default :func:`snapshot_bytes`)."""
+        every snapshot: each host's object comes from ``host_json`` (the fleet view's, which assembles
+        it from the parts it keeps encoded: :class:`HostHeads` and each snapshot's bytes; default
+        :func:`host_json`)."""
         from ..sanitize import dumps
 
-        encoded = snapshot_json or snapshot_bytes
-        parts = []
-        for h in self.hosts:
-            head = encode(HostRecord(**{k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}))
-            del head["snapshot"]  # last, as to_dict sends it
-            snap = b"null" if h.snapshot is None else encoded(h.snapshot)
-            parts.append(dumps(head, separators=(",", ":")).encode()[:-1] + b',"snapshot":' + snap + b"}")
+        one = host_json or globals()["host_json"]
         return b"".join((b'{"schema":', dumps(self.schema).encode(), b',"session":', dumps(self.session).encode(),
-                         b',"hosts":[', b",".join(parts), b'],"hosts_dropped":', dumps(self.hosts_dropped).encode(),
-                         b"}"))
+                         b',"hosts":[', b",".join([one(h) for h in self.hosts]), b'],"hosts_dropped":',
+                         dumps(self.hosts_dropped).encode(), b"}"))
 
     @classmethod
     def from_dict(cls, d: Any) -> FleetView:
@@ -145,5 +207,5 @@ class FleetView:
         return view
 
 
-__all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostRecord",
-           "snapshot_bytes"]
+__all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostHeads",
+           "HostRecord", "host_head", "host_json", "snapshot_bytes"]
