@@ -438,10 +438,21 @@ def launch(args: argparse.Namespace) -> int:
         if getattr(args, "bind_cpus", False):
             _say_binding(args.engine, p)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
-        opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res))
-        return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
+        opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res), python=args.python)
+        return asyncio_run(run_holding(with_leases(commands_for(args.engine, p, rest, args), res), opts, res))
     finally:
         _release(res)
+
+
+def with_leases(cmds: Sequence["HostCommand"], res: "Reservation | None") -> list["HostCommand"]:
+    """Each host's command with ``GPUSD_LEASE`` set to the lease its host's daemon holds for it: the
+    daemon knows the job's processes by it (they and their descendants), and when the lease ends
+    without a release (the launcher killed, cut off) it stops them before granting the GPUs again."""
+    from dataclasses import replace
+
+    if res is None:
+        return list(cmds)
+    return [replace(c, env={**c.env, "GPUSD_LEASE": res.parts[c.rank].lease_id}) for c in cmds]
 
 
 def _say_binding(engine: str, p: "Placement") -> None:

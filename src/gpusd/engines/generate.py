@@ -185,6 +185,22 @@ FIND_PYTHON = (
 )
 
 
+def find_python(module: str, here: str | None = None) -> str:
+    """sh that sets ``gpusd_py`` to the Python on the host that runs ``module`` (``-m``), or to nothing:
+    this machine's interpreter (``here``, default ``sys.executable``) where the same path exists there,
+    is safe (:data:`_OURS`) and imports it, else the interpreter of the ``gpusd`` command on the host's
+    PATH (its #! line).  ``$gpusd_py`` is used unquoted (a #! line may carry an argument)."""
+    if here is None:
+        import sys
+
+        here = sys.executable
+    return ("gpusd_py=; gpusd_here=" + shlex.quote(here) + "; " + _OURS +
+            f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here" && "$gpusd_here" -c "import {module}" 2>/dev/null; '
+            "then gpusd_py=$gpusd_here; else gpusd_g=$(command -v gpusd 2>/dev/null); gpusd_sb=; "
+            'if [ -n "$gpusd_g" ]; then gpusd_sb=$(sed -n "1s/^#! *//p" "$gpusd_g" 2>/dev/null); fi; '
+            f'if [ -n "$gpusd_sb" ] && $gpusd_sb -c "import {module}" 2>/dev/null; then gpusd_py=$gpusd_sb; fi; fi')
+
+
 def rank_wrapper(python: str | None = "python3", here: str | None = None) -> list[str]:
     """What runs before each rank's command: ``python3 -m gpusd.engines.rank_gpu --``; with
     ``python`` None, a shell that finds the interpreter on the host (:data:`FIND_PYTHON`; ``here``:

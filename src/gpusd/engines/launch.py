@@ -37,6 +37,7 @@ from .placement import HostSlot
 SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
 CHUNK = 1 << 16
 HEARTBEAT = 1.0  # seconds between the heartbeat bytes gpusd sends down each ssh channel
+KILL_WAIT = 15.0  # seconds after --grace before gpusd kills an ssh (or local guard) that has not returned
 SERVER_ALIVE = (("ServerAliveInterval", "5"), ("ServerAliveCountMax", "3"))  # ssh gives up on a cut link
 
 
@@ -53,6 +54,9 @@ class LaunchOptions:
     stop_on_failure: bool = True
     prefix: bool = True
     local_addresses: frozenset[str] | None = None  # None: this machine's interface addresses
+    # the Python with gpusd on the hosts, which runs each host's guard (gpusd.engines.jobguard);
+    # None: found there (this machine's interpreter at the same path, else the gpusd on PATH)
+    python: str | None = None
 
     def __post_init__(self) -> None:
         if self.ssh_config is None:
@@ -125,6 +129,33 @@ def _watchdog_script(grace: float, files: bool, silence: float = 10.0) -> str:
             "</dev/null >/dev/null 2>&1 &\n")
 
 
+GUARD_MODULE = "gpusd.engines.jobguard"
+
+
+def _guard_script(cmd: HostCommand, opts: LaunchOptions) -> str:
+    """sh lines that exec the command under the host's guard (:mod:`gpusd.engines.jobguard`, which
+    reaches every descendant, ranks in sessions of their own included) when a Python with gpusd is
+    found there (:func:`gpusd.engines.generate.find_python`); they fall through (to the ``sh``
+    watchdog, which reaches the process group only) when none is, saying so."""
+    from .generate import find_python
+
+    quiet = max(2, int(opts.silence + 0.999))
+    files = ['--files', '"$gpusd_files"'] if cmd.files else []
+    guard = " ".join(["-m", GUARD_MODULE, "--grace", f"{opts.grace:g}", "--silence", str(quiet), *files, "--"])
+    hint = ("gpusd launch: no Python with gpusd on this host (give --python PATH): stopping the job reaches its "
+            "process group only, not processes in sessions of their own")
+    if opts.python:
+        return f"exec {shlex.quote(opts.python)} {guard} {_command_words(cmd, opts)}\n"
+    return (find_python(GUARD_MODULE) + "\n"
+            f'if [ -n "$gpusd_py" ]; then exec $gpusd_py {guard} {_command_words(cmd, opts)}; fi\n'
+            f"echo {shlex.quote(hint)} >&2\n")
+
+
+def _command_words(cmd: HostCommand, opts: LaunchOptions) -> str:
+    env = {**opts.env, **cmd.env}
+    return " ".join(["env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)])
+
+
 def _shell_word(word: str) -> str:
     """``word`` quoted for sh, with the FILES token standing for the private directory made on the host."""
     parts = word.split(FILES)
@@ -142,13 +173,12 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
             lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
     if cmd.iface_env:
         lines.append(_iface_lines(cmd))
-    if opts.watchdog:
-        lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
-    env = {**opts.env, **cmd.env}
     if cmd.unset:  # names from gpusd's own table (inventory.vendors), never from the network
         lines.append("unset " + " ".join(shlex.quote(n) for n in cmd.unset) + "\n")
-    words = ["exec", "env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)]
-    lines.append(" ".join(words))
+    if opts.watchdog:
+        lines.append(_guard_script(cmd, opts))
+        lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
+    lines.append(f"exec {_command_words(cmd, opts)}")
     lines.append(" </dev/null 3<&-\n" if opts.watchdog else "\n")
     return "".join(lines)
 
@@ -234,8 +264,12 @@ class Launch:
                     with open(os.path.join(d, name), "x") as f:
                         f.write(content)
                 argv = [a.replace(FILES, d) for a in argv]
+            if self.opts.watchdog:  # under the guard, which stops every descendant when the pipe closes
+                argv = [sys.executable, "-m", GUARD_MODULE, "--grace", f"{self.opts.grace:g}", "--silence", "0",
+                        "--", *argv]
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                *argv, stdin=asyncio.subprocess.PIPE if self.opts.watchdog else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
                 cwd=self.opts.chdir if self.opts.chdir and os.path.isdir(self.opts.chdir) else None)
         else:
@@ -254,13 +288,12 @@ class Launch:
         for r in self.running:
             if r.proc.returncode is not None:
                 continue
-            if r.local:
-                _killpg(r.proc.pid, signal.SIGTERM)
-            elif r.proc.stdin is not None:
+            if r.proc.stdin is not None:  # the host's guard (or watchdog) stops everything, then returns
                 r.proc.stdin.close()
             else:
                 _killpg(r.proc.pid, signal.SIGTERM)
-        asyncio.get_running_loop().call_later(self.opts.grace + 5, self._kill_all)
+        # a guard SIGKILLs what outlives the grace and returns once it is gone (10 s at most more)
+        asyncio.get_running_loop().call_later(self.opts.grace + KILL_WAIT, self._kill_all)
 
     async def _heartbeat(self) -> None:
         """One byte down every remote channel each HEARTBEAT seconds, until the job stops: the remote
