@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine
 
     from ..engines.generate import HostCommand
-    from ..engines.launch import LaunchOptions
+    from ..engines.launch import Failure, LaunchOptions
     from ..engines.placement import HostSlot, Placement
     from ..pool.client import Reservation
     from .options import Flags
@@ -167,6 +167,17 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
             value = os.environ[name]
         out[name] = value
     return out
+
+
+def _port(text: str) -> int:
+    """A TCP port (1-65535) for argparse."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {text[:20]!r}")
+    return port
 
 
 def _prog() -> str:
@@ -348,6 +359,7 @@ def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None
 
     fmt = args.format
     out = args.output
+    port = getattr(args, "port", None)
     if fmt == "json":
         text = json.dumps(g.json_view(p), indent=2) + "\n"
     elif fmt == "deepspeed":
@@ -359,9 +371,10 @@ def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None
     elif fmt == "horovod-discovery":
         text = g.horovod_discovery_lines(p)
     elif fmt == "torchrun":
-        text = "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in g.torchrun_commands(p, cmd or ["train.py"]))
+        text = "".join(f"{c.slot.hostname}: {c.shell()}\n"
+                       for c in g.torchrun_commands(p, cmd or ["train.py"], port=port or g.RDZV_PORT))
     else:  # ray
-        text = "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in g.ray_commands(p))
+        text = "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in g.ray_commands(p, port=port or g.RAY_PORT))
     if not out:
         sys.stdout.write(text)
         return 0
@@ -369,7 +382,7 @@ def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None
     # Say how to use what was written.
     rest = cmd or ["train.py"]
     if fmt == "deepspeed":
-        line = g.deepspeed_argv(p, out, rest)
+        line = g.deepspeed_argv(p, out, rest, master_port=port or g.DS_MASTER_PORT)
         print(f"# every node needs {g.deepspeed_env_file(p).strip()} (NVML's GPU order): put it in .deepspeed_env")
     elif fmt == "mpi":
         print("# every rank needs: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in g.mpi_env(p).items()))
@@ -582,10 +595,14 @@ def guarded(cmds: Sequence["HostCommand"], leases: Sequence[str], python: str | 
 
 def _guard(slot: "HostSlot", python: str | None) -> list[str]:
     """``PYTHON -m gpusd.engines.hold`` for ``slot``: ``python``, else this very Python on this
-    machine and ``python3`` on the others."""
+    machine, and on the others the one ``gpusd launch`` finds (this machine's interpreter where the
+    same path is there and safe, else the ``gpusd`` on the host's PATH)."""
+    from ..engines.generate import python_module
     from ..engines.launch import LaunchOptions, is_local
 
-    return [python or (sys.executable if is_local(slot, LaunchOptions()) else "python3"), "-m", "gpusd.engines.hold"]
+    if python is None and is_local(slot, LaunchOptions()):
+        python = sys.executable
+    return python_module("gpusd.engines.hold", python, what="gpusd ray up")
 
 
 def ray_up(args: argparse.Namespace) -> int:
@@ -595,23 +612,23 @@ def ray_up(args: argparse.Namespace) -> int:
     import time
 
     from ..engines import generate as g
-    from ..engines.launch import run_commands
     from ..ids import PlacementId
     from ..units import format_clock
 
     extra = list(args.ray_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
+    head_extra = [*extra, *args.head_option]
+    worker_extra = [*extra, *args.worker_option]
     # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL);
     # at the end of --for it lets the leases expire, so that every host's guard stops Ray first
     until = _until(args) if args.count is not None else None
     p, res, pid = acquire(args, "gpusd ray up", until, PlacementId.new(), {"at_end": "expire"})
-    python = args.python or "python3"  # on the hosts; this machine's guard runs under this Python
     record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
                               "address": g.ray_address(p, args.port), "started": time.time()}
     if res is not None:
         record.update(_renewer_record(pid), until=until, leases=[part.to_dict() for part in res.parts])
-    cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
+    cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=head_extra, worker_extra=worker_extra)
     if res is not None:
         margin, grace = _guard_margin(res)
         cmds = guarded(cmds, [part.lease_id for part in res.parts], args.python, margin, grace)
@@ -623,9 +640,10 @@ def ray_up(args: argparse.Namespace) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         _write(str(path), json.dumps(record) + "\n", 0o600)
-        status = run_commands(cmds[:1], opts)  # the head first: the workers join it
+        # the head first: the workers join it; what the hosts say goes to stderr (stdout: the address)
+        status, failures = _start_ray(cmds[:1], opts)
         if status == 0 and len(cmds) > 1:
-            status = run_commands(cmds[1:], opts)
+            status, failures = _start_ray(cmds[1:], opts)
     except BaseException:
         if res is not None and path.exists():  # stop what started before the GPUs go back
             _stop_cluster(args, record)
@@ -633,10 +651,8 @@ def ray_up(args: argparse.Namespace) -> int:
         _forget_cluster(path)
         raise
     if status != 0:
-        hint = (f" (each host needs gpusd for {python}: --python PATH names the Python that has it)"
-                if res is not None else "")
-        print(f"{_prog()}: ray up failed (status {status}){hint}; `gpusd ray down {p.job_id}` stops what started "
-              "and releases the GPUs", file=sys.stderr)
+        _say_ray_failed(failures, status)
+        print(f"{_prog()}: `gpusd ray down {p.job_id}` stops what started and releases the GPUs", file=sys.stderr)
         return status
     print(record["address"])
     if res is not None:
@@ -646,6 +662,28 @@ def ray_up(args: argparse.Namespace) -> int:
     else:
         print(f"# Ray cluster {p.job_id}: stop it with `gpusd ray down {p.job_id}`", file=sys.stderr)
     return 0
+
+
+def _start_ray(cmds: Sequence["HostCommand"], opts: "LaunchOptions") -> tuple[int, list["Failure"]]:
+    """Run ``ray start`` on these hosts, their output on stderr; the status and the hosts that failed."""
+    from ..engines.launch import Launch
+
+    job = Launch(cmds, opts, stdout=sys.stderr)
+    status = asyncio_run(job.run())
+    return status, job.failures
+
+
+def _say_ray_failed(failures: Sequence["Failure"], status: int) -> None:
+    """Why ``ray up`` failed, host by host: the last lines of what ``ray start`` (or ssh, or the guard)
+    said there — the real cause, whatever it is."""
+    from ..sanitize import for_terminal
+
+    if not failures:
+        print(f"{_prog()}: ray up failed (status {status})", file=sys.stderr)
+    for f in failures:
+        what = "ssh failed" if f.status == 255 else f"status {f.status}"
+        said = "; ".join(for_terminal(line, 300) for line in f.tail[-3:]) or "no output"
+        print(f"{_prog()}: ray up failed on {for_terminal(f.label, 80)} ({what}): {said}", file=sys.stderr)
 
 
 def _forget_cluster(path: Path) -> None:
@@ -801,6 +839,9 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
         add_placement_flags(p, hold="2h")
         p.add_argument("--format", "-f", choices=FORMATS, default="json", help="what to write (default json)")
         p.add_argument("--held", metavar="FILE", help=argparse.SUPPRESS)  # Horovod's discovery script
+        p.add_argument("--port", type=_port, default=None,
+                       help="in the command lines printed: torchrun's rendezvous port (default 29400), DeepSpeed's "
+                       "master port (default 29500) or the Ray head's port (default 6379)")
         p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
         p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
                        help="with -n: a command to run here while the GPUs are held (released at its end); "
@@ -814,7 +855,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
                        help="also set NAME on every host (its value here, or VALUE; repeatable)")
         p.add_argument("--chdir", metavar="DIR", help="working directory on every host (default: the current one)")
         p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
-        p.add_argument("--port", type=int, default=None,
+        p.add_argument("--port", type=_port, default=None,
                        help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
         p.add_argument("--python", default=None, help="the Python that runs gpusd's per-rank wrapper (mpirun, "
                        "horovodrun; default: this machine's interpreter where the same path exists on the host, "
@@ -845,14 +886,19 @@ def _ray_parsers(sub: Any) -> None:
         add_placement_flags(p, with_count=name == "up", hold="24h")
         add_ssh_flags(p)
         p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
-        p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+        p.add_argument("--port", type=_port, default=6379, help="the head's port (default 6379)")
         p.add_argument("--python", default=None, metavar="PATH",
-                       help="the Python with gpusd on the hosts, which runs each node's guard (default python3, "
-                       "here gpusd's own; ray down: the one ray up used)")
+                       help="the Python with gpusd on the hosts, which runs each node's guard (default: found as "
+                       "gpusd launch finds it; here gpusd's own; ray down: the one ray up used)")
         if name == "down":
             p.add_argument("cluster", nargs="?", metavar="ID", help="the cluster to stop (ray up prints its id; "
                            "needed when there are several)")
             p.add_argument("--all", action="store_true", help="stop every cluster gpusd started here")
         if name == "up":
+            p.add_argument("--head-option", action="append", default=[], metavar="ARG",
+                           help="an argument for the head's `ray start` only (repeatable; e.g. "
+                           "--head-option=--dashboard-port=8266, --head-option=--include-dashboard=false)")
+            p.add_argument("--worker-option", action="append", default=[], metavar="ARG",
+                           help="an argument for the workers' `ray start` only (repeatable)")
             p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
                            help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")

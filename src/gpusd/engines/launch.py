@@ -28,6 +28,7 @@ import os
 import shlex
 import signal
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
@@ -198,18 +199,40 @@ def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
     return argv + ["-T", "--", cmd.slot.ssh_target, remote]
 
 
+TAIL = 5  # lines of each host's output kept, to say why it failed
+
+
 @dataclass
 class _Running:
     cmd: HostCommand
     proc: asyncio.subprocess.Process
     local: bool
     label: str
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL))
 
 
-async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, prefix: bool) -> None:
+@dataclass(frozen=True)
+class Failure:
+    """A host whose command failed: its label (``HOST#RANK``), ssh target, status and last lines of output."""
+
+    label: str
+    target: str
+    status: int
+    tail: tuple[str, ...]
+
+
+async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, prefix: bool,
+                tail: deque[str] | None = None) -> None:
     if reader is None:
         return
     pending = b""
+
+    def emit(raw: bytes) -> None:
+        text = raw.decode(errors="replace").rstrip("\r")
+        out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+        if tail is not None and text.strip():
+            tail.append(text)
+
     while True:
         chunk = await reader.read(CHUNK)
         if not chunk:
@@ -220,12 +243,10 @@ async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, p
             lines.append(pending)
             pending = b""
         for line in lines:
-            text = line.decode(errors="replace").rstrip("\r")
-            out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+            emit(line)
         out.flush()
     if pending:
-        text = pending.decode(errors="replace")
-        out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+        emit(pending)
         out.flush()
 
 
@@ -240,6 +261,7 @@ class Launch:
         self.stderr = stderr or sys.stderr
         self.running: list[_Running] = []
         self.status: int | None = None  # the first failure's status
+        self.failures: list[Failure] = []  # every host that failed, in the order they ended
         self.interrupted = False
         self._stopping = False
         self._local_dirs: list[str] = []
@@ -322,11 +344,13 @@ class Launch:
         self.stop()
 
     async def _watch(self, r: _Running) -> None:
-        await asyncio.gather(_pump(r.proc.stdout, self.stdout, r.label, self.opts.prefix),
-                             _pump(r.proc.stderr, self.stderr, r.label, self.opts.prefix))
+        await asyncio.gather(_pump(r.proc.stdout, self.stdout, r.label, self.opts.prefix, r.tail),
+                             _pump(r.proc.stderr, self.stderr, r.label, self.opts.prefix, r.tail))
         code = await r.proc.wait()
         if code < 0:  # a local command killed by a signal: report it as a shell would
             code = 128 - code
+        if code != 0:
+            self.failures.append(Failure(r.label, r.cmd.slot.ssh_target, code, tuple(r.tail)))
         if code != 0 and self.status is None and not (self.interrupted and self._stopping):
             self.status = code
             what = "ssh failed" if code == 255 and not r.local else f"exited with status {code}"
