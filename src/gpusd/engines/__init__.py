@@ -4,7 +4,8 @@
 * :mod:`.generate` — what DeepSpeed, Open MPI, Horovod, torchrun and Ray read, from a placement;
 * :mod:`.rank_gpu` — the per-rank GPU wrapper run under mpirun/horovodrun (standard library only);
 * :mod:`.launch` — the SSH launcher (``gpusd launch``);
-* :mod:`.hold` — the host-side guard that stops what an engine left running before its lease can end.
+* :mod:`.hold` — the host-side guard that stops what an engine left running before its lease can end;
+* :mod:`.jobguard` — the host-side guard of a launched job: every process it starts ends with it.
 
 Internal (docs/api.md).
 """
