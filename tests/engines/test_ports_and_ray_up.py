@@ -109,8 +109,8 @@ def test_each_hosts_guard_runs_under_the_python_that_has_gpusd_there(tmp_path: P
     """Without --python, a remote host's guard is not plain ``python3`` from PATH (there: a Python
     without gpusd) but the Python found as gpusd launch finds it: this machine's interpreter where the
     same path exists there (else the gpusd on PATH)."""
-    from gpusd.cli.engines import _guard
     from gpusd.engines.placement import HostSlot
+    from gpusd.engines.plan import guard_argv
 
     other = tmp_path / "bin"
     other.mkdir()
@@ -118,7 +118,7 @@ def test_each_hosts_guard_runs_under_the_python_that_has_gpusd_there(tmp_path: P
     fake.write_text("#!/bin/sh\necho 'a python3 without gpusd' >&2; exit 42\n")
     fake.chmod(0o755)
     remote = HostSlot("node-9", "198.18.0.9", "node-9", (0,))
-    argv = [*_guard(remote, None), "--stop", "--lease", "0123456789ab"]
+    argv = [*guard_argv(remote, None), "--stop", "--lease", "0123456789ab"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": SRC, "PATH": f"{other}:/usr/bin:/bin"})
     assert r.returncode == 3 and "no guard of lease 0123456789ab" in r.stderr, (argv, r.stderr)

@@ -295,6 +295,53 @@ def ray_stop_commands(p: Placement, ray: str = "ray") -> list[HostCommand]:
     return [HostCommand(h, i, [ray, "stop", "--force"], {}) for i, h in enumerate(p.hosts)]
 
 
+# -- gpusd hostfile --------------------------------------------------------------------------------------
+FORMATS = ("deepspeed", "mpi", "horovod", "horovod-discovery", "torchrun", "ray", "json")
+
+
+def hostfile_text(fmt: str, p: Placement, program: Sequence[str], port: int | None = None,
+                  discovery: Sequence[str] | None = None) -> str:
+    """What ``gpusd hostfile --format FMT`` writes for placement ``p``: ``program`` stands for the
+    training program in command lines, ``port`` for torchrun's rendezvous or Ray's head port (default
+    theirs), ``discovery`` (given with ``--output``) is the command Horovod's discovery script runs."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(json_view(p), indent=2) + "\n"
+    if fmt == "deepspeed":
+        return deepspeed_hostfile(p)
+    if fmt == "mpi":
+        return mpi_hostfile(p)
+    if fmt == "horovod":
+        return horovod_discovery_script(discovery) if discovery is not None else horovod_hosts(p) + "\n"
+    if fmt == "horovod-discovery":
+        return horovod_discovery_lines(p)
+    if fmt == "torchrun":
+        cmds = torchrun_commands(p, program, port=port or RDZV_PORT)
+        return "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in cmds)
+    return "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in ray_commands(p, port=port or RAY_PORT))
+
+
+def hostfile_usage(fmt: str, p: Placement, path: str, program: Sequence[str], port: int | None = None) -> list[str]:
+    """How to use what ``gpusd hostfile --format FMT --output PATH`` wrote: comment lines, then the
+    engine's command line (none for the formats read by something else)."""
+    from pathlib import Path
+
+    notes = []
+    if fmt == "deepspeed":
+        line = deepspeed_argv(p, path, program, master_port=port or DS_MASTER_PORT)
+        notes.append(f"# every node needs {deepspeed_env_file(p).strip()} (NVML's GPU order): put it in .deepspeed_env")
+    elif fmt == "mpi":
+        notes.append("# every rank needs: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in mpi_env(p).items()))
+        line = ["env", *[f"{k}={v}" for k, v in mpi_env(p).items()], *mpirun_argv(p, path, program)]
+    elif fmt == "horovod":
+        line = ["env", f"{RANK_GPUS_VAR}={rank_gpus(p)}", "horovodrun", "-np", str(p.total_gpus),
+                "--host-discovery-script", str(Path(path).resolve()), *rank_wrapper(), *program]
+    else:
+        return []
+    return [*notes, " ".join(shlex.quote(w) for w in line)]
+
+
 # -- generic --------------------------------------------------------------------------------------------
 def plain_commands(p: Placement, args: Sequence[str]) -> list[HostCommand]:
     """``gpusd launch command``: the same command on every host, with that host's GPUs visible."""
