@@ -329,10 +329,10 @@ def launch(args: argparse.Namespace) -> int:
         env = _env_pairs(args.env)
         opts = _options(args, chdir=chdir, env=env, python=args.python,
                         silence=silence([part.ttl for part in res.parts] if res is not None else None))
+        leases = [part.lease_id for part in res.parts] if res is not None else None
         cmds = commands_for(args.engine, p, rest, port=args.port, python=args.python,
                             bind_cpus=bool(getattr(args, "bind_cpus", False)), env_names=list(env),
-                            ssh_options=args.ssh_option)
-        leases = [part.lease_id for part in res.parts] if res is not None else None
+                            ssh_options=args.ssh_option, leases=leases)
         return asyncio.run(run_holding(with_leases(cmds, leases), opts, res.lost if res is not None else None))
     finally:
         _release(res)

@@ -29,6 +29,7 @@ from .placement import HostSlot, Placement
 
 ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
 HOLD_MODULE = "gpusd.engines.hold"
+RANK_LEASES_VAR = "GPUSD_RANK_LEASES"  # read by gpusd.engines.rank_gpu
 
 
 def rsh_agent(ssh_options: Sequence[str]) -> str | None:
@@ -44,10 +45,12 @@ def rsh_agent(ssh_options: Sequence[str]) -> str | None:
 
 def commands_for(engine: str, p: Placement, rest: Sequence[str], *, port: int | None = None,
                  python: str | None = None, bind_cpus: bool = False, env_names: Sequence[str] = (),
-                 ssh_options: Sequence[str] = ()) -> list[HostCommand]:
+                 ssh_options: Sequence[str] = (), leases: Sequence[str] | None = None) -> list[HostCommand]:
     """The commands of ``gpusd launch ENGINE -- REST`` on placement ``p``.  ``port``: torchrun's
     rendezvous or DeepSpeed's master port (default theirs); ``python``: the Python with gpusd on the
-    hosts (None: found there); ``env_names``: the ``--env`` names (passed to MPI's ranks with ``-x``)."""
+    hosts (None: found there); ``env_names``: the ``--env`` names (passed to MPI's ranks with ``-x``);
+    ``leases``: each host's lease, in placement order (MPI's and Horovod's ranks on the other hosts get
+    their host's through the rank wrapper, ``GPUSD_RANK_LEASES``)."""
     if engine in ("torchrun", "deepspeed", "command"):
         if engine == "torchrun":
             cmds = g.torchrun_commands(p, rest, port=port or g.RDZV_PORT)
@@ -60,9 +63,13 @@ def commands_for(engine: str, p: Placement, rest: Sequence[str], *, port: int | 
     # mpirun and horovodrun start the ranks themselves: one command, on the head; gpusd's per-rank
     # wrapper binds each rank (GPUSD_RANK_CPUS)
     env = g.mpi_env(p, bind_cpus)
+    names = list(env_names)
+    if leases is not None:
+        env[RANK_LEASES_VAR] = ";".join(leases)
+        names.append(RANK_LEASES_VAR)
     if engine == "mpirun":
         hosts = g.mpi_hostfile(p)
-        extra = [w for name in env_names for w in ("-x", name)]
+        extra = [w for name in names for w in ("-x", name)]
         argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=python, extra=extra, bind_cpus=bind_cpus)
         rsh = rsh_agent(ssh_options)
         if rsh:  # Open MPI's own ssh gets the same config and options as gpusd's
