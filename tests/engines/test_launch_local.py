@@ -137,3 +137,27 @@ def test_what_a_finished_command_left_running_is_stopped(tmp_path: Path) -> None
     pids = [int((tmp_path / f"rank-{i}").read_text()) for i in (0, 1)]
     assert r.returncode == 4, r.stderr
     assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_a_host_without_gpusd_runs_the_job_under_the_process_group_watchdog(tmp_path: Path) -> None:
+    """The remote script on a host whose Python (the launching machine's path) has no gpusd: it says so,
+    and the command still runs (under the sh watchdog, which stops its process group at the end of
+    input) — not a traceback, not a failed job."""
+    from gpusd.engines.generate import HostCommand
+    from gpusd.engines.launch import LaunchOptions, remote_script
+    from gpusd.engines.placement import HostSlot
+
+    shadow = tmp_path / "shadow" / "gpusd"  # a gpusd without the guard, first on the path
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    cmd = HostCommand(HostSlot("node-9", "198.18.0.9", "node-9", (0,)), 0, ["sh", "-c", 'echo "ran $X"'], {"X": "1"})
+    script = remote_script(cmd, LaunchOptions(grace=1))
+    r = subprocess.run(["sh", "-c", script], input="", capture_output=True, text=True, timeout=60,
+                       start_new_session=True,  # the watchdog signals its own process group
+                       env={**os.environ, "PYTHONPATH": str(shadow.parent), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout == "ran 1\n", r.stderr
+    assert "no Python with gpusd on this host" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(["sh", "-c", script], input="", capture_output=True, text=True, timeout=60,
+                       start_new_session=True,  # the watchdog signals its own process group
+                       env={**os.environ, "PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout == "ran 1\n" and r.stderr == "", r.stderr  # under the guard

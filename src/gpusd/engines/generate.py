@@ -171,20 +171,28 @@ _OURS = (
     'if [ $((0$m & 022)) -ne 0 ] && { [ ! -d "$p" ] || [ $((0$m & 01000)) -eq 0 ]; }; then return 1; fi; '
     '[ "$p" = / ] && break; p=$(dirname -- "$p"); done; done; }; '
 )
-def find_python(module: str, here: str | None = None) -> str:
+def safe_path_check() -> str:
+    """sh that defines ``gpusd_ours PATH`` (:data:`_OURS`): whether a path may be run as the user."""
+    return _OURS
+
+
+def find_python(module: str, here: str | None = None, probe_here: bool = True) -> str:
     """sh that sets ``gpusd_py`` to the Python on the host that runs ``module`` (``-m``), or to nothing:
     this machine's interpreter (``here``, default ``sys.executable``) where the same path exists there,
-    is safe (:data:`_OURS`) and imports it, else the interpreter of the ``gpusd`` command on the host's
-    PATH (its #! line).  ``$gpusd_py`` is used unquoted (a #! line may carry an argument)."""
+    is safe (:data:`_OURS`) and imports it (unless ``probe_here`` is false: then only the next), else
+    the interpreter of the ``gpusd`` command on the host's PATH (its #! line).  ``$gpusd_py`` is used
+    unquoted (a #! line may carry an argument)."""
     if here is None:
         import sys
 
         here = sys.executable
-    return ("gpusd_py=; gpusd_here=" + shlex.quote(here) + "; " + _OURS +
-            f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here" && "$gpusd_here" -c "import {module}" 2>/dev/null; '
-            "then gpusd_py=$gpusd_here; else gpusd_g=$(command -v gpusd 2>/dev/null); gpusd_sb=; "
+    first = (f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here" && "$gpusd_here" -c "import {module}" 2>/dev/null; '
+             "then gpusd_py=$gpusd_here; else " if probe_here else "")
+    return ("gpusd_py=; gpusd_here=" + shlex.quote(here) + "; " + _OURS + first +
+            "gpusd_g=$(command -v gpusd 2>/dev/null); gpusd_sb=; "
             'if [ -n "$gpusd_g" ]; then gpusd_sb=$(sed -n "1s/^#! *//p" "$gpusd_g" 2>/dev/null); fi; '
-            f'if [ -n "$gpusd_sb" ] && $gpusd_sb -c "import {module}" 2>/dev/null; then gpusd_py=$gpusd_sb; fi; fi')
+            f'if [ -n "$gpusd_sb" ] && $gpusd_sb -c "import {module}" 2>/dev/null; then gpusd_py=$gpusd_sb; fi'
+            + ("; fi" if probe_here else ""))
 
 
 def python_module(module: str, python: str | None = "python3", here: str | None = None,

@@ -133,23 +133,44 @@ def _watchdog_script(grace: float, files: bool, silence: float = 10.0) -> str:
 GUARD_MODULE = "gpusd.engines.jobguard"
 
 
-def _guard_script(cmd: HostCommand, opts: LaunchOptions) -> str:
+# Run by this machine's interpreter path on the host: the guard when that Python has gpusd, else the
+# watchdog script ($1) — one Python start either way, instead of a probe and then the guard.
+_GUARD_BOOT = ("import os, signal, sys\n"
+               "try:\n    from gpusd.engines.jobguard import main\n"
+               "except ImportError:\n"
+               "    signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"  # Python ignores it; sh must not inherit that
+               "    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+               "    os.execv('/bin/sh', ['sh', '-c', sys.argv[1], 'gpusd-launch'])\n"
+               "sys.exit(main(sys.argv[2:]))\n")
+
+
+def _guard_script(cmd: HostCommand, opts: LaunchOptions, fallback: str) -> str:
     """sh lines that exec the command under the host's guard (:mod:`gpusd.engines.jobguard`, which
-    reaches every descendant, ranks in sessions of their own included) when a Python with gpusd is
-    found there (:func:`gpusd.engines.generate.find_python`); they fall through (to the ``sh``
-    watchdog, which reaches the process group only) when none is, saying so."""
-    from .generate import find_python
+    reaches every descendant, ranks in sessions of their own included) where a Python with gpusd is
+    there: ``--python``; else this machine's interpreter where the same path is there and safe
+    (:func:`gpusd.engines.generate.safe_path_check`), which runs ``fallback`` itself when it lacks
+    gpusd; else the interpreter of the ``gpusd`` on the host's PATH.  Without one they fall through,
+    saying so, to ``fallback`` (the ``sh`` watchdog, which reaches the process group only)."""
+    import sys
+
+    from .generate import find_python, safe_path_check
 
     quiet = max(2, int(opts.silence + 0.999))
-    files = ['--files', '"$gpusd_files"'] if cmd.files else []
-    guard = " ".join(["-m", GUARD_MODULE, "--grace", f"{opts.grace:g}", "--silence", str(quiet), *files, "--"])
+    files = ["--files", '"$gpusd_files"'] if cmd.files else []
+    args = " ".join(["--grace", f"{opts.grace:g}", "--silence", str(quiet), *files, "--", _command_words(cmd, opts)])
     hint = ("gpusd launch: no Python with gpusd on this host (give --python PATH): stopping the job reaches its "
             "process group only, not processes in sessions of their own")
     if opts.python:
-        return f"exec {shlex.quote(opts.python)} {guard} {_command_words(cmd, opts)}\n"
-    return (find_python(GUARD_MODULE) + "\n"
-            f'if [ -n "$gpusd_py" ]; then exec $gpusd_py {guard} {_command_words(cmd, opts)}; fi\n'
-            f"echo {shlex.quote(hint)} >&2\n")
+        return f"exec {shlex.quote(opts.python)} -m {GUARD_MODULE} {args}\n"
+    warned = f"echo {shlex.quote(hint)} >&2\n{fallback}"
+    here = shlex.quote(sys.executable)
+    return ("export gpusd_files\n" if cmd.files else "") + (
+        f"gpusd_here={here}; {safe_path_check()}\n"
+        f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here"; then '
+        f'exec "$gpusd_here" -c {shlex.quote(_GUARD_BOOT)} {shlex.quote(warned)} {args}; fi\n'
+        + find_python(GUARD_MODULE, here, probe_here=False) + "\n"
+        f'if [ -n "$gpusd_py" ]; then exec $gpusd_py -m {GUARD_MODULE} {args}; fi\n'
+        f"echo {shlex.quote(hint)} >&2\n")
 
 
 def _command_words(cmd: HostCommand, opts: LaunchOptions) -> str:
@@ -176,12 +197,11 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
         lines.append(_iface_lines(cmd))
     if cmd.unset:  # names from gpusd's own table (inventory.vendors), never from the network
         lines.append("unset " + " ".join(shlex.quote(n) for n in cmd.unset) + "\n")
-    if opts.watchdog:
-        lines.append(_guard_script(cmd, opts))
-        lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
-    lines.append(f"exec {_command_words(cmd, opts)}")
-    lines.append(" </dev/null 3<&-\n" if opts.watchdog else "\n")
-    return "".join(lines)
+    if not opts.watchdog:
+        return "".join(lines) + f"exec {_command_words(cmd, opts)}\n"
+    fallback = (_watchdog_script(opts.grace, bool(cmd.files), opts.silence)
+                + f"exec {_command_words(cmd, opts)} </dev/null 3<&-\n")
+    return "".join(lines) + _guard_script(cmd, opts, fallback) + fallback
 
 
 def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
