@@ -85,6 +85,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _kill(pids: list[int]) -> None:
+    """What a failed test left running (the ranks it started, by pid)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _rank_pids(p: "subprocess.Popen[bytes]", n: int) -> list[int]:
     assert p.stdout is not None
     lines = read_lines(p.stdout.fileno(), n, 30)
@@ -96,8 +105,9 @@ def test_ctrl_c_returns_only_once_a_rank_in_its_own_session_is_gone(tmp_path: Pa
     --grace, and gpusd launch returns (and would release the leases) only once it is gone."""
     p = subprocess.Popen(_argv(tmp_path, "command", "--", sys.executable, "-c", STUBBORN),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    pids: list[int] = []
     try:
-        pids = _rank_pids(p, 2)
+        pids.extend(_rank_pids(p, 2))
         assert len(pids) == 2 and all(os.getsid(pid) == pid for pid in pids)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
@@ -107,6 +117,7 @@ def test_ctrl_c_returns_only_once_a_rank_in_its_own_session_is_gone(tmp_path: Pa
         if p.poll() is None:
             p.kill()
             p.communicate()
+        _kill(pids)
 
 
 def test_a_killed_launcher_leaves_no_rank_in_its_own_session(tmp_path: Path) -> None:
@@ -114,13 +125,16 @@ def test_a_killed_launcher_leaves_no_rank_in_its_own_session(tmp_path: Path) -> 
     p = subprocess.Popen(_argv(tmp_path, "command", "--", sys.executable, "-c", STUBBORN),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     pids = _rank_pids(p, 2)
-    assert len(pids) == 2
-    p.kill()
-    p.communicate(timeout=30)
-    deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in pids if _alive(pid)] == []
+    try:
+        assert len(pids) == 2
+        p.kill()
+        p.communicate(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in pids if _alive(pid)] == []
+    finally:
+        _kill(pids)
 
 
 def test_what_a_finished_command_left_running_is_stopped(tmp_path: Path) -> None:
@@ -135,8 +149,11 @@ def test_what_a_finished_command_left_running_is_stopped(tmp_path: Path) -> None
     r = subprocess.run(_argv(tmp_path, "command", "--", "sh", "-c", script), capture_output=True, text=True,
                        env=_env(), timeout=60)
     pids = [int((tmp_path / f"rank-{i}").read_text()) for i in (0, 1)]
-    assert r.returncode == 4, r.stderr
-    assert [pid for pid in pids if _alive(pid)] == []
+    try:
+        assert r.returncode == 4, r.stderr
+        assert [pid for pid in pids if _alive(pid)] == []
+    finally:
+        _kill(pids)
 
 
 def test_a_host_without_gpusd_runs_the_job_under_the_process_group_watchdog(tmp_path: Path) -> None:
