@@ -169,12 +169,20 @@ def test_a_host_without_gpusd_runs_the_job_under_the_process_group_watchdog(tmp_
     (shadow / "__init__.py").write_text("")
     cmd = HostCommand(HostSlot("node-9", "198.18.0.9", "node-9", (0,)), 0, ["sh", "-c", 'echo "ran $X"'], {"X": "1"})
     script = remote_script(cmd, LaunchOptions(grace=1))
-    r = subprocess.run(["sh", "-c", script], input="", capture_output=True, text=True, timeout=60,
-                       start_new_session=True,  # the watchdog signals its own process group
-                       env={**os.environ, "PYTHONPATH": str(shadow.parent), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0 and r.stdout == "ran 1\n", r.stderr
-    assert "no Python with gpusd on this host" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(["sh", "-c", script], input="", capture_output=True, text=True, timeout=60,
-                       start_new_session=True,  # the watchdog signals its own process group
-                       env={**os.environ, "PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0 and r.stdout == "ran 1\n" and r.stderr == "", r.stderr  # under the guard
+
+    def run(pythonpath: str) -> tuple[int, str, str]:
+        # the channel stays open while the command runs (its end would stop the job), as gpusd keeps it
+        p = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True,  # signals its group
+                             env={**os.environ, "PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin"})
+        assert p.stdout is not None and p.stderr is not None and p.stdin is not None
+        out, err = p.stdout.read(), p.stderr.read()
+        code = p.wait(60)
+        p.stdin.close()
+        return code, out, err
+
+    code, out, err = run(str(shadow.parent))
+    assert code == 0 and out == "ran 1\n", err
+    assert "no Python with gpusd on this host" in err and "Traceback" not in err
+    code, out, err = run(SRC)
+    assert code == 0 and out == "ran 1\n" and err == "", err  # under the guard
