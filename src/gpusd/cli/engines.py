@@ -4,6 +4,11 @@ The placement (which hosts, which GPUs) comes from :func:`acquire`: a reservatio
 GPUs across the fleet (``--per-host K``, the constraints of ``gpusd reserve``; docs/pool.md), renewed
 while the engine runs and released at its end, or, for testing and for placements made by other tools,
 a JSON file given with ``--placement`` (docs/engines.md).
+
+This module parses the flags and prints; what runs where, and what gpusd remembers, is the library's:
+:mod:`gpusd.engines.plan` (each engine's commands, their leases and guards), :mod:`gpusd.engines.records`
+(jobs, Ray clusters, renewers), :mod:`gpusd.engines.raycluster` (Ray's nodes), :mod:`gpusd.engines.generate`
+(the hostfiles).
 """
 
 from __future__ import annotations
