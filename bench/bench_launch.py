@@ -35,7 +35,10 @@ def main() -> int:
     with Lan(tag="bl") as lan:
         client = lan.add_node("client")
         nodes = [lan.add_node(f"h{i}") for i in range(1, 5)]
-        with SshFleet(lan, [(n, f"node-{i}") for i, n in enumerate(nodes, 1)]) as fleet:
+        # each host imports gpusd from this tree, as a host where gpusd is installed: its part of the job
+        # runs under gpusd's guard there (gpusd.engines.jobguard)
+        host_env = {f"node-{i}": {"PYTHONPATH": str(REPO / "src")} for i in range(1, 5)}
+        with SshFleet(lan, [(n, f"node-{i}") for i, n in enumerate(nodes, 1)], host_env=host_env) as fleet:
             for count in (2, 4):
                 names = [f"node-{i}" for i in range(1, count + 1)]
                 pl = fleet.dir / f"placement-{count}.json"

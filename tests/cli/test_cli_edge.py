@@ -13,6 +13,7 @@ PKG = Path(__file__).resolve().parents[2] / "src" / "gpusd"
 OWN_COMMAND_LINE = {
     "job.py": "`python -m gpusd.job`: the job protocol's helper for jobs, standard library only (docs/jobs.md)",
     "engines/hold.py": "`python3 -m gpusd.engines.hold`: the guard that runs on each remote host of a placement",
+    "engines/jobguard.py": "`python3 -m gpusd.engines.jobguard`: the guard of each host's part of a launched job",
 }
 NAMESPACE_NAMES = {"args", "ns", "namespace", "opts", "options"}  # what a parsed command line is called
 

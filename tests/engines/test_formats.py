@@ -257,3 +257,23 @@ def test_hostfile_output_never_writes_through_a_symlink(tmp_path: Path) -> None:
     r = _cli(["hostfile", "--format", "mpi", "--placement", str(_placement_file(tmp_path)),
               "--output", str(tmp_path / "plain")])
     assert r.returncode == 0 and (tmp_path / "plain").read_text() == "node-1 slots=2\nnode-2 slots=1\n"
+
+
+def test_each_mpi_rank_carries_its_own_hosts_lease(tmp_path: Path) -> None:
+    """mpirun starts the other hosts' ranks itself: each rank's wrapper sets GPUSD_LEASE to its own
+    host's lease (GPUSD_RANK_LEASES, passed with -x), so that host's daemon knows the rank."""
+    from gpusd.engines.plan import commands_for
+
+    (cmd,) = commands_for("mpirun", P, ["true"], python=sys.executable, leases=["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    assert cmd.env["GPUSD_RANK_LEASES"] == "aaaaaaaaaaaa;bbbbbbbbbbbb"
+    assert cmd.argv[cmd.argv.index("GPUSD_RANK_LEASES") - 1] == "-x"
+    env = {**os.environ, **cmd.env, "PYTHONPATH": str(SRC)}
+    show = [sys.executable, "-m", "gpusd.engines.rank_gpu", "--", "sh", "-c",
+            'echo "$GPUSD_LEASE $CUDA_VISIBLE_DEVICES"']
+    seen = [subprocess.run(show, capture_output=True, text=True, env={
+        **env, "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_RANK": str(lr)}).stdout for r, lr in
+        ((0, 0), (1, 1), (2, 0))]
+    assert seen == ["aaaaaaaaaaaa 0\n", "aaaaaaaaaaaa 2\n", "bbbbbbbbbbbb 1\n"], seen
+    r = subprocess.run(show, capture_output=True, text=True, env={
+        **env, "GPUSD_RANK_LEASES": "x;y z", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
+    assert r.returncode == 2 and "not a lease id" in r.stderr and "Traceback" not in r.stderr

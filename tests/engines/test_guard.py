@@ -272,9 +272,9 @@ def test_another_users_record_in_the_shared_directory_does_not_hide_the_daemons(
 def test_each_hosts_guard_and_ranks_carry_that_hosts_lease() -> None:
     """What makes a host's daemon know an engine's processes there (fencing, docs/pool.md): each host's
     command, its guard and everything under it, runs with ``GPUSD_LEASE`` set to that host's lease."""
-    from gpusd.cli.engines import guarded
     from gpusd.engines.generate import HostCommand
     from gpusd.engines.placement import HostSlot
+    from gpusd.engines.plan import guarded
 
     slots = [HostSlot("node-1", "198.18.0.2", "node-1", (0,)), HostSlot("node-2", "198.18.0.3", "node-2", (1,))]
     cmds = [HostCommand(s, i, ["train"], {"A": "1"}) for i, s in enumerate(slots)]

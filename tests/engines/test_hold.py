@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from gpusd.alloc.queue import _process_start
-from gpusd.cli.engines import _end_renewer, _renewer_of, held_placement
 from gpusd.engines.placement import Placement
+from gpusd.engines.records import end_renewer, held_placement, renewer_of
 
 P = Placement.of([("node-1", [0, 2]), ("node-2", [1])], job_id="job-7")
 
@@ -46,11 +46,11 @@ def test_ray_down_signals_only_a_renewer_of_gpusd(tmp_path: Path) -> None:
     leaves a process that is not ``gpusd.pool.renewer`` alone."""
     other = subprocess.Popen(["sleep", "30"])
     try:
-        assert _renewer_of(other.pid, _process_start(other.pid)) is None
-        _end_renewer({"renewer_pid": other.pid, "renewer_started": _process_start(other.pid)}, timeout=1)
+        assert renewer_of(other.pid, _process_start(other.pid)) is None
+        end_renewer({"renewer_pid": other.pid, "renewer_started": _process_start(other.pid)}, timeout=1)
         assert other.poll() is None
         for bad in (None, "12", True, 1, -5):
-            assert _renewer_of(bad, time.time()) is None
+            assert renewer_of(bad, time.time()) is None
     finally:
         other.kill()
         other.wait()
@@ -58,7 +58,7 @@ def test_ray_down_signals_only_a_renewer_of_gpusd(tmp_path: Path) -> None:
     renewer = _idle_renewer()
     try:
         started = _wait_renewer(renewer)
-        _end_renewer({"renewer_pid": renewer.pid, "renewer_started": started}, timeout=10)  # returns once ended
+        end_renewer({"renewer_pid": renewer.pid, "renewer_started": started}, timeout=10)  # returns once ended
         renewer.wait(timeout=0.5)  # raises if it still runs
     finally:
         if renewer.poll() is None:
@@ -77,9 +77,9 @@ def _wait_renewer(renewer: "subprocess.Popen[bytes]") -> float:
     started = _process_start(renewer.pid)
     assert started is not None
     deadline = time.monotonic() + 10
-    while _renewer_of(renewer.pid, started) is None and time.monotonic() < deadline:
+    while renewer_of(renewer.pid, started) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _renewer_of(renewer.pid, started) == renewer.pid
+    assert renewer_of(renewer.pid, started) == renewer.pid
     return started
 
 
@@ -91,10 +91,10 @@ def test_ray_down_never_signals_a_renewer_that_reused_the_pid() -> None:
         started = _wait_renewer(renewer)
         # the record's renewer started an hour before the process that now has its pid
         record = {"renewer_pid": renewer.pid, "renewer_started": started - 3600}
-        assert _renewer_of(renewer.pid, started - 3600) is None
-        _end_renewer(record, timeout=1)
-        _end_renewer({**record}, timeout=1, release=False)
-        _end_renewer({"renewer_pid": renewer.pid}, timeout=1)  # a record without a start time (0.2)
+        assert renewer_of(renewer.pid, started - 3600) is None
+        end_renewer(record, timeout=1)
+        end_renewer({**record}, timeout=1, release=False)
+        end_renewer({"renewer_pid": renewer.pid}, timeout=1)  # a record without a start time (0.2)
         time.sleep(0.3)
         assert renewer.poll() is None  # neither SIGTERM nor SIGUSR1 reached it
     finally:

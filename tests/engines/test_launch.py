@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+import tests_paths
 from netns import Lan, Node, lan, netns_ok, read_lines  # noqa: F401
 from sshd import SshFleet, sshd_ok  # noqa: F401
+
+SRC = str(tests_paths.SRC)
 
 
 def _placement(tmp_path: Path, hosts: list[tuple[str, Node, list[int]]], job: str = "job-1") -> Path:
@@ -27,7 +30,10 @@ def _placement(tmp_path: Path, hosts: list[tuple[str, Node, list[int]]], job: st
 @pytest.fixture
 def two_hosts(lan: Lan, sshd_ok: None, tmp_path: Path):  # type: ignore[no-untyped-def]
     h1, h2 = lan.add_node("h1"), lan.add_node("h2")
-    with SshFleet(lan, [(h1, "node-1"), (h2, "node-2")], workdir=tmp_path / "ssh") as fleet:
+    # an ssh session imports gpusd from this tree, as a host where gpusd is installed: each host's part of
+    # the job runs under gpusd's guard there
+    host_env = {name: {"PYTHONPATH": SRC} for name in ("node-1", "node-2")}
+    with SshFleet(lan, [(h1, "node-1"), (h2, "node-2")], workdir=tmp_path / "ssh", host_env=host_env) as fleet:
         yield lan, fleet, h1, h2
 
 

@@ -488,3 +488,73 @@ def test_a_ray_node_on_this_machine_is_guarded_too(pool, tmp_path: Path, request
     assert _raylets() == set(_nodes_of(a).values())
     os.kill(a["renewer_pid"], signal.SIGKILL)
     _watch_until_gone(hosts, a, 30)
+
+
+# -- every rank ends with its job, ranks in sessions of their own that ignore SIGTERM included ------------
+STUBBORN = str(Path(__file__).resolve().parent / "scripts" / "stubborn_rank.py")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_pids(pids: list[int]) -> None:
+    """What a failed test left running (the ranks it started, by pid)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-9"])
+def test_no_torchrun_rank_outlives_its_lease(pool, tmp_path: Path, request, how: str) -> None:  # type: ignore[no-untyped-def]
+    """gpusd launch -n 4 --per-host 2 torchrun whose ranks ignore SIGTERM (torchrun starts each in a
+    session of its own and waits 30 s for them): stopped by Ctrl-C of the launcher, or by kill -9 of
+    it, no rank runs on any host once the job's leases have ended — and every rank carries its host's
+    lease (the daemon knows it by GPUSD_LEASE)."""
+    lan, hosts, client, env = pool
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the engines extra)")
+    ranks_dir = tmp_path / "ranks"
+    ranks_dir.mkdir()
+    proc = lan.popen(client, [sys.executable, "-m", "gpusd", "launch", "-n", "4", "--per-host", "2", "--ttl", "10",
+                              "--grace", "2", "--env", "PATH", "--env", "OMP_NUM_THREADS=1", "--no-chdir",
+                              "torchrun", "--", STUBBORN, str(ranks_dir)], env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    request.addfinalizer(lambda: _kill_pids(pids))
+    try:
+        _wait_for(lambda: len(list(ranks_dir.glob("*.pid"))) == 4, 180, "4 ranks to start")
+        pids.extend(int(p.read_text()) for p in ranks_dir.glob("*.pid"))
+        leases = _held_leases(hosts)
+        assert len(leases) == 2, leases
+        for pid in pids:  # each rank in its own session, naming its host's lease
+            env_of = (Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+            named = {w.split(b"=", 1)[1].decode() for w in env_of if w.startswith(b"GPUSD_LEASE=")}
+            assert len(named) == 1 and named <= leases, named
+            assert os.getsid(pid) == pid
+        if how == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.kill()
+        deadline = time.monotonic() + 60
+        while True:
+            held = _held_leases(hosts) & leases  # first the leases, then the ranks: a rank seen after its
+            running = [pid for pid in pids if _alive(pid)]  # lease was seen gone ran on GPUs free for others
+            assert held or not running, f"ranks {running} still run after the job's leases ended ({how})"
+            if not held and not running:
+                break
+            assert time.monotonic() < deadline, f"after 60 s: leases {held}, ranks {running}"
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if how == "ctrl-c":
+        assert proc.returncode == 130, err[-3000:]

@@ -6,6 +6,7 @@ works, instead of "No module named 'gpusd'" on every rank."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -48,18 +49,16 @@ def test_neither_says_what_it_tried_and_exits_127(tmp_path: Path) -> None:
 
 
 def test_launch_uses_the_finder_unless_python_is_given() -> None:
-    from gpusd.cli import build_parser
-    from gpusd.cli.engines import commands_for
     from gpusd.engines.placement import Placement
+    from gpusd.engines.plan import commands_for
 
     p = Placement.from_dict({"job_id": "j1", "hosts": [{"hostname": "h", "address": "10.0.0.1", "gpus": [3, 5]}]})
-    for extra, first in (([], "sh"), (["--python", "/opt/py"], "/opt/py")):
-        args = build_parser("launch").parse_args(["launch", "--placement", "x", *extra, "mpirun", "--", "true"])
-        (cmd,) = commands_for("mpirun", p, ["true"], args)
+    for python, first in ((None, "sh"), ("/opt/py", "/opt/py")):
+        (cmd,) = commands_for("mpirun", p, ["true"], python=python)
         wrapper = cmd.argv[cmd.argv.index("CUDA_DEVICE_ORDER") + 1]
         assert wrapper == first, cmd.argv
         if first == "sh":
-            assert sys.executable in cmd.argv
+            assert any(shlex.quote(sys.executable) in w for w in cmd.argv)  # tried first, as one word
     assert os.path.isabs(sys.executable)
 
 

@@ -4,12 +4,16 @@ The placement (which hosts, which GPUs) comes from :func:`acquire`: a reservatio
 GPUs across the fleet (``--per-host K``, the constraints of ``gpusd reserve``; docs/pool.md), renewed
 while the engine runs and released at its end, or, for testing and for placements made by other tools,
 a JSON file given with ``--placement`` (docs/engines.md).
+
+This module parses the flags and prints; what runs where, and what gpusd remembers, is the library's:
+:mod:`gpusd.engines.plan` (each engine's commands, their leases and guards), :mod:`gpusd.engines.records`
+(jobs, Ray clusters, renewers), :mod:`gpusd.engines.raycluster` (Ray's nodes), :mod:`gpusd.engines.generate`
+(the hostfiles).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -17,17 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
 
-    from ..engines.generate import HostCommand
     from ..engines.launch import LaunchOptions
-    from ..engines.placement import HostSlot, Placement
+    from ..engines.placement import Placement
     from ..pool.client import Reservation
     from .options import Flags
 
-ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
-FORMATS = ("deepspeed", "mpi", "horovod", "horovod-discovery", "torchrun", "ray", "json")
-RAY_STATE = "ray-placement.json"
 
 
 def placement_for(args: argparse.Namespace) -> "Placement":
@@ -83,7 +82,9 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
         client.stop_listening()  # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
         return got[0].to_placement(job_id), got[0], pid
     except BaseException:
-        _end_renewer(_renewer_record(pid))
+        from ..engines.records import renewer_record
+
+        _end_renewer(renewer_record(pid))
         for res in got:
             res.release()
         client.stop_listening()
@@ -169,6 +170,17 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _port(text: str) -> int:
+    """A TCP port (1-65535) for argparse."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {text[:20]!r}")
+    return port
+
+
 def _prog() -> str:
     from . import prog
 
@@ -176,67 +188,7 @@ def _prog() -> str:
 
 
 # -- gpusd hostfile --------------------------------------------------------------------------------------
-HELD_DIR = "jobs"  # under gpusd's state directory: what a job holds now, for Horovod's discovery script
-
-
-def _held_path(job_id: str) -> Path:
-    from ..identity import state_dir
-
-    return state_dir() / HELD_DIR / f"{job_id}.json"
-
-
-def _write_held(p: "Placement", holder_pid: int, until: float | None) -> Path:
-    """Record what the job holds now (read by ``--format horovod-discovery --held FILE``): the
-    placement, and the holder as the kernel knows it (pid and start time: a pid alone may be reused)."""
-    from ..alloc.queue import _process_start
-
-    path = _held_path(p.job_id)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    record = {"placement": p.to_dict(), "pid": holder_pid, "pid_started": _process_start(holder_pid), "until": until}
-    _write(str(path), json.dumps(record) + "\n", 0o600)
-    return path
-
-
-def _forget_held(p: "Placement") -> None:
-    try:
-        _held_path(p.job_id).unlink()
-    except OSError:
-        pass
-
-
-def _holder_alive(pid: object, started: object) -> bool:
-    """Whether the process that wrote a record still runs: the pid, and the same kernel start time
-    (a pid that was reused by another process has a later one)."""
-    from ..alloc.queue import _process_start
-
-    if type(pid) is not int or pid <= 0 or not isinstance(started, (int, float)):
-        return False
-    now = _process_start(pid)
-    return now is not None and abs(now - started) < 1.5  # btime may shift by 1 s
-
-
-def held_placement(path: str) -> "Placement | None":
-    """What a job holds now: the placement in ``path`` while its holder (``gpusd hostfile -- CMD``,
-    or the renewer of a reservation held ``--for`` a while) lives — the same process, by pid and
-    start time — and the time is not up; else None."""
-    import time
-
-    from ..engines.placement import Placement
-
-    try:
-        with open(path, "rb") as f:
-            d = json.loads(f.read(1 << 20))
-        until = d.get("until")
-        if until is not None and time.time() >= float(until):
-            return None
-        if not _holder_alive(d["pid"], d.get("pid_started")):
-            return None
-        return Placement.from_dict(d["placement"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _discovery_source(args: argparse.Namespace, p: "Placement", held: Path | None) -> list[str]:
+def _discovery_source(args: argparse.Namespace, held: Path | None) -> list[str]:
     """The command a Horovod discovery script runs: what gpusd holds for the job now (the reservation's
     record while it is held), or the ``--placement`` file."""
     if held is not None:
@@ -246,16 +198,12 @@ def _discovery_source(args: argparse.Namespace, p: "Placement", held: Path | Non
             "--placement", str(Path(path).resolve())]
 
 
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    """Write a new file (never through an existing symlink: O_EXCL after removing our own old file)."""
-    p = Path(path)
-    if p.is_symlink():
-        raise SystemExit(f"{_prog()}: {path} is a symbolic link; not writing through it")
-    tmp = p.with_name(f".{p.name}.gpusd-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, p)
+def _end_renewer(record: dict[str, Any], release: bool = True) -> None:
+    from ..engines.records import end_renewer
+
+    pid = end_renewer(record, release=release)
+    if pid is not None:
+        print(f"{_prog()}: the renewer (pid {pid}) did not end; the leases expire with their TTL", file=sys.stderr)
 
 
 def hostfile(args: argparse.Namespace) -> int:
@@ -267,12 +215,15 @@ def hostfile(args: argparse.Namespace) -> int:
     if getattr(args, "held", None):  # Horovod's discovery script: what the job holds now
         if args.format != "horovod-discovery":
             raise SystemExit(f"{_prog()}: --held goes with --format horovod-discovery")
+        from ..engines.records import held_placement
+
         held = held_placement(args.held)
         if held is not None:
             from ..engines.generate import horovod_discovery_lines
 
             sys.stdout.write(horovod_discovery_lines(held))
         return 0
+    from ..engines.records import forget_held, held_path, write_held
     from ..ids import PlacementId
 
     cmd = list(args.args) if args.args else []
@@ -281,7 +232,7 @@ def hostfile(args: argparse.Namespace) -> int:
     # the renewer (no CMD) removes the job's record when the reservation ends: gpusd release ID,
     # --for over, a lease lost
     p, res, pid = acquire(args, f"gpusd hostfile --format {args.format}" + (f" -- {shlex.join(cmd)}" if cmd else ""),
-                          until, job_id, {"forget": [str(_held_path(job_id))]} if until is not None else None)
+                          until, job_id, {"forget": [str(held_path(job_id))]} if until is not None else None)
     if res is None:
         return _hostfile_output(args, p, None, cmd)
     if not cmd:
@@ -290,7 +241,7 @@ def hostfile(args: argparse.Namespace) -> int:
     import time
 
     try:
-        held_file = _write_held(p, os.getpid(), None)
+        held_file = write_held(p, os.getpid(), None)
         status = _hostfile_output(args, p, held_file, cmd)
         if status != 0:
             return status
@@ -306,21 +257,22 @@ def hostfile(args: argparse.Namespace) -> int:
             return rc or 1
         return rc
     finally:
-        _forget_held(p)
+        forget_held(p.job_id)
         res.release()
 
 
 def _hand_over(args: argparse.Namespace, p: "Placement", res: "Reservation", pid: int, until: float) -> int:
     """Keep the reservation after this command: its renewer (``pid``) holds it until ``--for`` is up."""
+    from ..engines.records import renewer_record, write_held
     from ..sanitize import for_terminal
     from ..units import format_clock
     from .pool import release_command
 
     try:
-        held_file = _write_held(p, pid, until)
+        held_file = write_held(p, pid, until)
         status = _hostfile_output(args, p, held_file, [])
     except BaseException:
-        _end_renewer(_renewer_record(pid))
+        _end_renewer(renewer_record(pid))
         res.release()
         raise
     print(f"# held until {format_clock(until)} (--for {for_terminal(args.duration, 16)}) "
@@ -345,87 +297,28 @@ def _run_here(cmd: list[str], extra_env: dict[str, str]) -> int:
 
 def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None, cmd: list[str]) -> int:
     from ..engines import generate as g
+    from ..engines.records import write_new
 
-    fmt = args.format
     out = args.output
-    if fmt == "json":
-        text = json.dumps(g.json_view(p), indent=2) + "\n"
-    elif fmt == "deepspeed":
-        text = g.deepspeed_hostfile(p)
-    elif fmt == "mpi":
-        text = g.mpi_hostfile(p)
-    elif fmt == "horovod":
-        text = g.horovod_discovery_script(_discovery_source(args, p, held)) if out else g.horovod_hosts(p) + "\n"
-    elif fmt == "horovod-discovery":
-        text = g.horovod_discovery_lines(p)
-    elif fmt == "torchrun":
-        text = "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in g.torchrun_commands(p, cmd or ["train.py"]))
-    else:  # ray
-        text = "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in g.ray_commands(p))
+    program = cmd or ["train.py"]
+    port = getattr(args, "port", None)
+    discovery = _discovery_source(args, held) if out and args.format == "horovod" else None
+    text = g.hostfile_text(args.format, p, program, port, discovery)
     if not out:
         sys.stdout.write(text)
         return 0
-    _write(out, text, 0o755 if fmt == "horovod" else 0o644)
-    # Say how to use what was written.
-    rest = cmd or ["train.py"]
-    if fmt == "deepspeed":
-        line = g.deepspeed_argv(p, out, rest)
-        print(f"# every node needs {g.deepspeed_env_file(p).strip()} (NVML's GPU order): put it in .deepspeed_env")
-    elif fmt == "mpi":
-        print("# every rank needs: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in g.mpi_env(p).items()))
-        line = ["env", *[f"{k}={v}" for k, v in g.mpi_env(p).items()], *g.mpirun_argv(p, out, rest)]
-    elif fmt == "horovod":
-        line = ["horovodrun", "-np", str(p.total_gpus), "--host-discovery-script", str(Path(out).resolve()),
-                *g.rank_wrapper(), *rest]
-        line = ["env", f"{g.RANK_GPUS_VAR}={g.rank_gpus(p)}", *line]
-    else:
-        return 0
-    print(" ".join(shlex.quote(w) for w in line))
+    write_new(out, text, 0o755 if args.format == "horovod" else 0o644)
+    for line in g.hostfile_usage(args.format, p, out, program, port):  # how to use what was written
+        print(line)
     return 0
 
 
 # -- gpusd launch ------------------------------------------------------------------------------------------
-def commands_for(engine: str, p: "Placement", rest: Sequence[str], args: argparse.Namespace) -> list["HostCommand"]:
-    from ..engines import generate as g
-
-    bind = bool(getattr(args, "bind_cpus", False))
-    if engine in ("torchrun", "deepspeed", "command"):
-        if engine == "torchrun":
-            cmds = g.torchrun_commands(p, rest, port=args.port or g.RDZV_PORT)
-        elif engine == "deepspeed":
-            cmds = g.deepspeed_commands(p, rest, master_port=args.port or g.DS_MASTER_PORT)
-        else:
-            cmds = g.plain_commands(p, rest)
-        # these start their ranks themselves on each host: the host's launcher is bound, the ranks inherit
-        return g.bound(cmds, python=args.python) if bind else cmds
-    # mpirun and horovodrun start the ranks themselves: one command, on the head; gpusd's per-rank
-    # wrapper binds each rank (GPUSD_RANK_CPUS)
-    env = g.mpi_env(p, bind)
-    rsh = _rsh_agent(args)
-    if engine == "mpirun":
-        hosts = g.mpi_hostfile(p)
-        extra = [w for name in _env_pairs(args.env) for w in ("-x", name)]
-        argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=args.python, extra=extra, bind_cpus=bind)
-        if rsh:  # Open MPI's own ssh gets the same config and options as gpusd's
-            env["OMPI_MCA_plm_rsh_agent"] = rsh
-        return [g.HostCommand(p.head, 0, argv, env, {"hostfile": hosts})]
-    # horovodrun has no ssh command option: it reads the user's ~/.ssh/config (and --ssh-port,
-    # --ssh-identity-file, which can follow ENGINE's arguments).
-    return [g.HostCommand(p.head, 0, g.horovodrun_argv(p, rest, python=args.python), env)]
-
-
-def _rsh_agent(args: argparse.Namespace) -> str | None:
-    """``ssh -F $GPUSD_SSH_CONFIG -o ...`` for engines that ssh by themselves, when gpusd's ssh has
-    settings of its own (else the engine's default ssh already reads the user's config)."""
-    config = os.environ.get("GPUSD_SSH_CONFIG")
-    options = list(getattr(args, "ssh_option", []) or [])
-    if not config and not options:
-        return None
-    words = ["ssh", *(["-F", config] if config else []), *[w for o in options for w in ("-o", o)]]
-    return " ".join(shlex.quote(w) for w in words)
-
-
 def launch(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..engines.plan import commands_for, run_holding, silence, with_leases
+
     rest = list(args.args)
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -438,8 +331,14 @@ def launch(args: argparse.Namespace) -> int:
         if getattr(args, "bind_cpus", False):
             _say_binding(args.engine, p)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
-        opts = _options(args, chdir=chdir, env=_env_pairs(args.env), silence=_silence(res))
-        return asyncio_run(run_holding(commands_for(args.engine, p, rest, args), opts, res))
+        env = _env_pairs(args.env)
+        opts = _options(args, chdir=chdir, env=env, python=args.python,
+                        silence=silence([part.ttl for part in res.parts] if res is not None else None))
+        leases = [part.lease_id for part in res.parts] if res is not None else None
+        cmds = commands_for(args.engine, p, rest, port=args.port, python=args.python,
+                            bind_cpus=bool(getattr(args, "bind_cpus", False)), env_names=list(env),
+                            ssh_options=args.ssh_option, leases=leases)
+        return asyncio.run(run_holding(with_leases(cmds, leases), opts, res.lost if res is not None else None))
     finally:
         _release(res)
 
@@ -469,54 +368,7 @@ def _say_binding(engine: str, p: "Placement") -> None:
     sys.stderr.flush()
 
 
-def _silence(res: "Reservation | None") -> float:
-    """How long a remote rank runs on without hearing from gpusd (a cut link) before it is stopped: a
-    quarter of the leases' TTL (2-10 s), so that with the default --grace it is gone before the lease
-    can end (TTL - TTL/3 after the last renewal at the earliest); 10 s without a reservation."""
-    if res is None:
-        return 10.0
-    return max(2.0, min(10.0, min(part.ttl for part in res.parts) / 4))
-
-
-def asyncio_run(coro: "Coroutine[Any, Any, int]") -> int:
-    import asyncio
-
-    return asyncio.run(coro)
-
-
-async def run_holding(commands: Sequence["HostCommand"], opts: "LaunchOptions", res: "Reservation | None") -> int:
-    """Run ``commands`` while ``res`` is renewed beside them; stop every host if a lease is lost
-    (expired, its daemon restarted): the GPUs are no longer ours."""
-    import asyncio
-
-    from ..engines.launch import Launch
-
-    job = Launch(commands, opts)
-    lost = False
-
-    async def watch() -> None:
-        nonlocal lost
-        assert res is not None
-        while not res.lost.is_set():
-            await asyncio.sleep(0.5)
-        lost = True
-        job.stderr.write("gpusd: the reservation was lost (expired, or a daemon restarted): stopping every host\n")
-        job.stderr.flush()
-        job.stop()
-
-    watcher = asyncio.ensure_future(watch()) if res is not None else None
-    try:
-        status = await job.run()
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-    return (status or 1) if lost else status
-
-
 # -- gpusd ray up / down -----------------------------------------------------------------------------------
-RAY_DIR = "ray"  # under the state directory: one record per cluster, ray/ID.json
-
-
 def _ray_state(args: argparse.Namespace) -> Path:
     from ..identity import state_dir
 
@@ -524,57 +376,13 @@ def _ray_state(args: argparse.Namespace) -> Path:
 
 
 def _clusters(args: argparse.Namespace) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """The clusters gpusd started and remembers here: id -> (record file, record).  An unreadable
-    record is skipped with a line; the single record of gpusd 0.2 (``ray-placement.json``) counts too."""
-    from ..engines.placement import Placement, PlacementError
+    """The clusters gpusd started and remembers here (an unreadable record is skipped with a line)."""
+    from ..engines.records import clusters
 
-    state = _ray_state(args)
-    paths = sorted((state / RAY_DIR).glob("*.json")) if (state / RAY_DIR).is_dir() else []
-    if (state / RAY_STATE).is_file():
-        paths.append(state / RAY_STATE)
-    out: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for path in paths[:256]:
-        try:
-            if path.is_symlink():
-                raise ValueError("a symbolic link")
-            with open(path, "rb") as f:
-                record = json.loads(f.read(1 << 20))
-            p = Placement.from_dict(record["placement"])
-        except (OSError, ValueError, KeyError, TypeError, PlacementError) as exc:
-            print(f"{_prog()}: skipping the unreadable cluster record {path}: {exc}", file=sys.stderr)
-            continue
-        record["id"] = p.job_id  # the id is the placement's job id (checked by Placement)
-        out[p.job_id] = (path, record)
-    return out
-
-
-def _guard_margin(res: "Reservation") -> tuple[float, float]:
-    """How long before a lease's end its host stops the engine, and the SIGTERM-to-SIGKILL grace."""
-    margin = max(1.0, min(part.ttl for part in res.parts) / 4)
-    return round(margin, 2), round(margin / 2, 2)
-
-
-def guarded(cmds: Sequence["HostCommand"], leases: Sequence[str], python: str | None, margin: float,
-            grace: float) -> list["HostCommand"]:
-    """Each host's command under that host's guard (gpusd.engines.hold), watching the lease its daemon
-    holds for it: the engine is stopped on that host before the lease can end.  ``python``: the one
-    with gpusd on the hosts (None: ``python3`` there, this very Python on this machine)."""
-    from ..engines.generate import HostCommand
-
-    return [HostCommand(c.slot, c.rank, [*_guard(c.slot, python), "--lease", lease, "--margin", f"{margin:g}",
-                                         "--grace", f"{grace:g}", "--", *c.argv],
-                        # the host's daemon knows the ranks by it: a lease ended without a release
-                        # stops them there before its GPUs are granted again (daemon.fence)
-                        {**c.env, "GPUSD_LEASE": lease}, c.files)
-            for c, lease in zip(cmds, leases)]
-
-
-def _guard(slot: "HostSlot", python: str | None) -> list[str]:
-    """``PYTHON -m gpusd.engines.hold`` for ``slot``: ``python``, else this very Python on this
-    machine and ``python3`` on the others."""
-    from ..engines.launch import LaunchOptions, is_local
-
-    return [python or (sys.executable if is_local(slot, LaunchOptions()) else "python3"), "-m", "gpusd.engines.hold"]
+    found, skipped = clusters(_ray_state(args))
+    for line in skipped:
+        print(f"{_prog()}: {line}", file=sys.stderr)
+    return found
 
 
 def ray_up(args: argparse.Namespace) -> int:
@@ -584,48 +392,50 @@ def ray_up(args: argparse.Namespace) -> int:
     import time
 
     from ..engines import generate as g
-    from ..engines.launch import run_commands
+    from ..engines import raycluster
+    from ..engines.plan import guard_margin, guarded
+    from ..engines.records import cluster_path, forget, renewer_record, write_cluster
     from ..ids import PlacementId
     from ..units import format_clock
 
     extra = list(args.ray_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
+    head_extra = [*extra, *args.head_option]
+    worker_extra = [*extra, *args.worker_option]
     # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL);
     # at the end of --for it lets the leases expire, so that every host's guard stops Ray first
     until = _until(args) if args.count is not None else None
     p, res, pid = acquire(args, "gpusd ray up", until, PlacementId.new(), {"at_end": "expire"})
-    python = args.python or "python3"  # on the hosts; this machine's guard runs under this Python
     record: dict[str, Any] = {"id": p.job_id, "placement": p.to_dict(), "port": args.port, "python": args.python,
                               "address": g.ray_address(p, args.port), "started": time.time()}
     if res is not None:
-        record.update(_renewer_record(pid), until=until, leases=[part.to_dict() for part in res.parts])
-    cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=extra)
+        record.update(renewer_record(pid), until=until, leases=[part.to_dict() for part in res.parts])
+    cmds = g.ray_commands(p, port=args.port, ray=args.ray, extra=head_extra, worker_extra=worker_extra)
     if res is not None:
-        margin, grace = _guard_margin(res)
+        margin, grace = guard_margin([part.ttl for part in res.parts])
         cmds = guarded(cmds, [part.lease_id for part in res.parts], args.python, margin, grace)
     opts = _options(args, watchdog=False, stop_on_failure=True)
-    path = _ray_state(args) / RAY_DIR / f"{p.job_id}.json"
+    path = cluster_path(_ray_state(args), p.job_id)
     if res is None and p.job_id in _clusters(args):  # a --placement file's job id: the same cluster twice
         raise SystemExit(f"{_prog()}: a Ray cluster {p.job_id} is already up (gpusd ray down {p.job_id}), "
                          "or give the placement another job_id")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write(str(path), json.dumps(record) + "\n", 0o600)
-        status = run_commands(cmds[:1], opts)  # the head first: the workers join it
+        write_cluster(_ray_state(args), record)
+        # the head first: the workers join it; what the hosts say goes to stderr (stdout: the address)
+        status, failures = raycluster.start(cmds[:1], opts)
         if status == 0 and len(cmds) > 1:
-            status = run_commands(cmds[1:], opts)
+            status, failures = raycluster.start(cmds[1:], opts)
     except BaseException:
         if res is not None and path.exists():  # stop what started before the GPUs go back
             _stop_cluster(args, record)
         _end_renewer(record)
-        _forget_cluster(path)
+        forget(path)
         raise
     if status != 0:
-        hint = (f" (each host needs gpusd for {python}: --python PATH names the Python that has it)"
-                if res is not None else "")
-        print(f"{_prog()}: ray up failed (status {status}){hint}; `gpusd ray down {p.job_id}` stops what started "
-              "and releases the GPUs", file=sys.stderr)
+        for line in raycluster.failure_lines(failures, status):
+            print(f"{_prog()}: {line}", file=sys.stderr)
+        print(f"{_prog()}: `gpusd ray down {p.job_id}` stops what started and releases the GPUs", file=sys.stderr)
         return status
     print(record["address"])
     if res is not None:
@@ -637,94 +447,18 @@ def ray_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _forget_cluster(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
-
-
 def _stop_cluster(args: argparse.Namespace, record: dict[str, Any]) -> int:
-    """Stop Ray on every host of a cluster: its guards (which stop that node's processes, and only
-    those, and return once they are gone) where gpusd reserved the GPUs, else ``ray stop --force``."""
-    from ..engines import generate as g
-    from ..engines.launch import run_commands
-    from ..engines.placement import Placement
-    from ..ids import LeaseId
+    from ..engines import raycluster
 
-    p = Placement.from_dict(record["placement"])
-    leases = [d["lease_id"] for d in record.get("leases") or []
-              if isinstance(d, dict) and LeaseId.is_valid(d.get("lease_id"))]
     opts = _options(args, watchdog=False, stop_on_failure=False)
-    if leases and len(leases) == len(p.hosts):
-        python = getattr(args, "python", None) or record.get("python")
-        python = python if isinstance(python, str) and python else None
-        # exit 3: no guard of that lease runs there (it stopped the node when the lease ended)
-        cmds = [g.HostCommand(h, i, ["sh", "-c", '"$@" || [ $? -eq 3 ]', "gpusd-ray-down", *_guard(h, python),
-                                     "--stop", "--lease", lease])
-                for (i, h), lease in zip(enumerate(p.hosts), leases)]
-        return run_commands(cmds, opts)
-    return run_commands(g.ray_stop_commands(p, ray=args.ray), opts)
-
-
-def _renewer_record(pid: int | None) -> dict[str, Any]:
-    """What a record keeps of a renewer we just started (``pid``, our child, not yet waited for, so
-    the pid is still its own): the pid and the kernel's start time of the process."""
-    from ..alloc.queue import _process_start
-
-    return {"renewer_pid": pid, "renewer_started": _process_start(pid) if pid is not None else None}
-
-
-def _renewer_of(pid: object, started: object) -> int | None:
-    """``pid`` if it is still the renewer that a record names: a process of ours running
-    ``python -m gpusd.pool.renewer`` that started when the record says (``started``: the kernel's start
-    time recorded with the pid; another renewer of the same user that reused the pid started later).
-    A pid from a file is only signalled after checking what runs under it now."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-        return None
-    try:
-        st = os.stat(f"/proc/{pid}")
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read(4096).split(b"\0")
-    except OSError:
-        return None
-    if st.st_uid != os.getuid() or b"gpusd.pool.renewer" not in cmdline:
-        return None
-    if not _holder_alive(pid, started):  # a record without a start time (gpusd 0.2) is never acted on
-        return None
-    return pid
-
-
-def _end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = True) -> None:
-    """Stop the reservation's renewer (SIGTERM: it releases the leases; without ``release``, SIGUSR1:
-    they end with their TTL) and wait until it is gone."""
-    import signal
-    import time
-
-    started = record.get("renewer_started")
-    pid = _renewer_of(record.get("renewer_pid"), started)
-    if pid is None:
-        return
-    try:
-        os.kill(pid, signal.SIGTERM if release else signal.SIGUSR1)
-    except OSError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child (ray up failed)
-                return
-        except ChildProcessError:
-            pass
-        if _renewer_of(pid, started) is None:
-            return
-        time.sleep(0.05)
-    print(f"{_prog()}: the renewer (pid {pid}) did not end; the leases expire with their TTL", file=sys.stderr)
+    return raycluster.stop(record, opts, ray=args.ray, python=getattr(args, "python", None))
 
 
 def ray_down(args: argparse.Namespace) -> int:
     """Stop one cluster gpusd started (``ID``; the only one when there is one), or ``--all``: Ray first
     on every host, then the renewer, which releases the GPUs."""
+    from ..engines.records import RAY_DIR, describe, forget
+
     if getattr(args, "placement", None):
         record = {"placement": placement_for(args).to_dict()}
         return _stop_cluster(args, record)
@@ -746,14 +480,14 @@ def ray_down(args: argparse.Namespace) -> int:
         print(f"{_prog()}: {len(clusters)} Ray clusters started by gpusd here; say which: gpusd ray down ID "
               "(or --all)", file=sys.stderr)
         for cid, (_, record) in sorted(clusters.items()):
-            print(f"  {cid}  {_describe(record)}", file=sys.stderr)
+            print(f"  {cid}  {describe(record)}", file=sys.stderr)
         return 2
     else:
         chosen = sorted(clusters)
     status = 0
     for cid in chosen:
         path, record = clusters[cid]
-        print(f"{_prog()}: stopping Ray cluster {cid} ({_describe(record)})", file=sys.stderr)
+        print(f"{_prog()}: stopping Ray cluster {cid} ({describe(record)})", file=sys.stderr)
         sys.stderr.flush()
         stopped = _stop_cluster(args, record)
         status = stopped or status
@@ -763,21 +497,8 @@ def ray_down(args: argparse.Namespace) -> int:
             _end_renewer(record, release=False)
             print(f"{_prog()}: not every host of {cid} could be reached: its leases are no longer renewed and end "
                   "within their TTL (each host's guard stops Ray there first)", file=sys.stderr)
-        _forget_cluster(path)
+        forget(path)
     return status
-
-
-def _describe(record: dict[str, Any]) -> str:
-    """``10.0.0.1:6379, 2 hosts, held until 2026-12-02 19:10:48`` for a cluster record."""
-    from ..sanitize import for_terminal
-    from ..units import format_clock
-
-    hosts = record.get("placement", {}).get("hosts") or []
-    words = [for_terminal(str(record.get("address") or "?"), 80), f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"]
-    until = record.get("until")
-    if isinstance(until, (int, float)):
-        words.append(f"held until {format_clock(until)}")
-    return ", ".join(words)
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:
@@ -785,16 +506,22 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
     from .options import command
 
     if name == "hostfile":
+        from ..engines.generate import FORMATS
+
         p = command(sub, name, "gpusd.cli.engines:hostfile", "write what a distributed engine reads (DeepSpeed/MPI "
                     "hostfile, Horovod -H, torchrun lines, JSON)", parents=placement_parents())
         add_placement_flags(p, hold="2h")
         p.add_argument("--format", "-f", choices=FORMATS, default="json", help="what to write (default json)")
         p.add_argument("--held", metavar="FILE", help=argparse.SUPPRESS)  # Horovod's discovery script
+        p.add_argument("--port", type=_port, default=None,
+                       help="in the command lines printed: torchrun's rendezvous port (default 29400), DeepSpeed's "
+                       "master port (default 29500) or the Ray head's port (default 6379)")
         p.add_argument("--output", metavar="FILE", help="write to FILE and print the engine's command line using it")
         p.add_argument("args", nargs=argparse.REMAINDER, metavar="-- PROGRAM ...",
                        help="with -n: a command to run here while the GPUs are held (released at its end); "
                        "also the training program of the command lines shown")
     elif name == "launch":
+        from ..engines.plan import ENGINES
         p = command(sub, name, "gpusd.cli.engines:launch", "start a distributed engine on every host of the job over "
                     "SSH: gpusd launch -n 8 --per-host 4 torchrun -- train.py", parents=placement_parents())
         add_placement_flags(p)
@@ -803,7 +530,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
                        help="also set NAME on every host (its value here, or VALUE; repeatable)")
         p.add_argument("--chdir", metavar="DIR", help="working directory on every host (default: the current one)")
         p.add_argument("--no-chdir", action="store_true", help="stay in the login directory on remote hosts")
-        p.add_argument("--port", type=int, default=None,
+        p.add_argument("--port", type=_port, default=None,
                        help="torchrun's rendezvous port (default 29400) or DeepSpeed's master port (default 29500)")
         p.add_argument("--python", default=None, help="the Python that runs gpusd's per-rank wrapper (mpirun, "
                        "horovodrun; default: this machine's interpreter where the same path exists on the host, "
@@ -834,14 +561,19 @@ def _ray_parsers(sub: Any) -> None:
         add_placement_flags(p, with_count=name == "up", hold="24h")
         add_ssh_flags(p)
         p.add_argument("--ray", default="ray", metavar="PATH", help="the ray command on the hosts (default ray)")
-        p.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+        p.add_argument("--port", type=_port, default=6379, help="the head's port (default 6379)")
         p.add_argument("--python", default=None, metavar="PATH",
-                       help="the Python with gpusd on the hosts, which runs each node's guard (default python3, "
-                       "here gpusd's own; ray down: the one ray up used)")
+                       help="the Python with gpusd on the hosts, which runs each node's guard (default: found as "
+                       "gpusd launch finds it; here gpusd's own; ray down: the one ray up used)")
         if name == "down":
             p.add_argument("cluster", nargs="?", metavar="ID", help="the cluster to stop (ray up prints its id; "
                            "needed when there are several)")
             p.add_argument("--all", action="store_true", help="stop every cluster gpusd started here")
         if name == "up":
+            p.add_argument("--head-option", action="append", default=[], metavar="ARG",
+                           help="an argument for the head's `ray start` only (repeatable; e.g. "
+                           "--head-option=--dashboard-port=8266, --head-option=--include-dashboard=false)")
+            p.add_argument("--worker-option", action="append", default=[], metavar="ARG",
+                           help="an argument for the workers' `ray start` only (repeatable)")
             p.add_argument("ray_args", nargs=argparse.REMAINDER, metavar="-- RAY_START_ARGS",
                            help="more arguments for every `ray start` (e.g. -- --object-store-memory=1e9)")

@@ -171,29 +171,53 @@ _OURS = (
     'if [ $((0$m & 022)) -ne 0 ] && { [ ! -d "$p" ] || [ $((0$m & 01000)) -eq 0 ]; }; then return 1; fi; '
     '[ "$p" = / ] && break; p=$(dirname -- "$p"); done; done; }; '
 )
-FIND_PYTHON = (
-    'here=$1; shift; ' + _OURS +
-    f'if [ -x "$here" ] && gpusd_ours "$here" && "$here" -c "import {RANK_MODULE}" 2>/dev/null; then '
-    f'exec "$here" -m {RANK_MODULE} "$@"; fi; '
-    'g=$(command -v gpusd 2>/dev/null); py=; '
-    'if [ -n "$g" ]; then py=$(sed -n "1s/^#! *//p" "$g" 2>/dev/null); fi; '
-    f'if [ -n "$py" ] && $py -c "import {RANK_MODULE}" 2>/dev/null; then exec $py -m {RANK_MODULE} "$@"; fi; '
-    'echo "gpusd launch: no Python with gpusd on $(hostname): tried $here (the path on the launching machine:'
-    ' missing here, without gpusd, or where another user could have put it) and the gpusd on PATH'
-    ' (${g:-not found}${py:+, #!$py});'
-    ' install gpusd there or give gpusd launch --python PATH" >&2; exit 127'
-)
+def safe_path_check() -> str:
+    """sh that defines ``gpusd_ours PATH`` (:data:`_OURS`): whether a path may be run as the user."""
+    return _OURS
+
+
+def find_python(module: str, here: str | None = None, probe_here: bool = True) -> str:
+    """sh that sets ``gpusd_py`` to the Python on the host that runs ``module`` (``-m``), or to nothing:
+    this machine's interpreter (``here``, default ``sys.executable``) where the same path exists there,
+    is safe (:data:`_OURS`) and imports it (unless ``probe_here`` is false: then only the next), else
+    the interpreter of the ``gpusd`` command on the host's PATH (its #! line).  ``$gpusd_py`` is used
+    unquoted (a #! line may carry an argument)."""
+    if here is None:
+        import sys
+
+        here = sys.executable
+    first = (f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here" && "$gpusd_here" -c "import {module}" 2>/dev/null; '
+             "then gpusd_py=$gpusd_here; else " if probe_here else "")
+    return ("gpusd_py=; gpusd_here=" + shlex.quote(here) + "; " + _OURS + first +
+            "gpusd_g=$(command -v gpusd 2>/dev/null); gpusd_sb=; "
+            'if [ -n "$gpusd_g" ]; then gpusd_sb=$(sed -n "1s/^#! *//p" "$gpusd_g" 2>/dev/null); fi; '
+            f'if [ -n "$gpusd_sb" ] && $gpusd_sb -c "import {module}" 2>/dev/null; then gpusd_py=$gpusd_sb; fi'
+            + ("; fi" if probe_here else ""))
+
+
+def python_module(module: str, python: str | None = "python3", here: str | None = None,
+                  what: str = "gpusd launch") -> list[str]:
+    """``PYTHON -m MODULE`` on a host (arguments follow); with ``python`` None, a shell that finds the
+    interpreter there (:func:`find_python`; ``here``: this machine's, default ``sys.executable``), or
+    says what it tried and exits 127."""
+    if python is not None:
+        return [python, "-m", module]
+    if here is None:
+        import sys
+
+        here = sys.executable
+    script = (find_python(module, here) + '; if [ -n "$gpusd_py" ]; then exec $gpusd_py -m ' + module + ' "$@"; fi; '
+              f'echo "{what}: no Python with gpusd on $(hostname): tried $gpusd_here (the path on the launching'
+              " machine: missing here, without gpusd, or where another user could have put it) and the gpusd on"
+              ' PATH (${gpusd_g:-not found}${gpusd_sb:+, #!$gpusd_sb}); install gpusd there or give'
+              f' {what} --python PATH" >&2; exit 127')
+    return ["sh", "-c", script, "gpusd-" + module.rpartition(".")[2]]
 
 
 def rank_wrapper(python: str | None = "python3", here: str | None = None) -> list[str]:
     """What runs before each rank's command: ``python3 -m gpusd.engines.rank_gpu --``; with
-    ``python`` None, a shell that finds the interpreter on the host (:data:`FIND_PYTHON`; ``here``:
-    this machine's interpreter, default ``sys.executable``)."""
-    if python is not None:
-        return [python, "-m", RANK_MODULE, "--"]
-    import sys
-
-    return ["sh", "-c", FIND_PYTHON, "gpusd-rank", here or sys.executable, "--"]
+    ``python`` None, a shell that finds the interpreter on the host (:func:`python_module`)."""
+    return [*python_module(RANK_MODULE, python, here), "--"]
 
 
 def mpirun_argv(p: Placement, hostfile: str, args: Sequence[str], python: str | None = "python3",
@@ -254,24 +278,76 @@ def ray_address(p: Placement, port: int = RAY_PORT) -> str:
     return _hostport(p.head.address, port)
 
 
-def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Sequence[str] = ()) -> list[HostCommand]:
+def ray_commands(p: Placement, port: int = RAY_PORT, ray: str = "ray", extra: Sequence[str] = (),
+                 worker_extra: Sequence[str] | None = None) -> list[HostCommand]:
     """``ray start --head`` on the head, ``ray start --address=HEAD:PORT`` on the others, each with
     ``--num-gpus`` and the GPUs of the placement there made visible as Ray reads them: NVIDIA
     ``CUDA_VISIBLE_DEVICES``, AMD ``HIP_VISIBLE_DEVICES`` (Ray raises when ``ROCR_VISIBLE_DEVICES`` is
-    set: it is unset), Intel ``ZE_AFFINITY_MASK``."""
+    set: it is unset), Intel ``ZE_AFFINITY_MASK``.  ``extra``: more arguments for the head's (and,
+    with ``worker_extra`` None, the workers'); ``worker_extra``: the workers'.  Every node gets
+    ``--node-ip-address``, the host's placement address (what its daemon signed), so Ray does not
+    look for its own address by reaching out to a public one."""
     out = []
     for i, h in enumerate(p.hosts):
         if i == 0:
             argv = [ray, "start", "--head", f"--port={port}", f"--node-ip-address={h.address}"]
         else:
             argv = [ray, "start", f"--address={ray_address(p, port)}", f"--node-ip-address={h.address}"]
-        argv += [f"--num-gpus={h.slots}", "--disable-usage-stats", *extra]
+        more = extra if i == 0 or worker_extra is None else worker_extra
+        argv += [f"--num-gpus={h.slots}", "--disable-usage-stats", *more]
         out.append(HostCommand(h, i, argv, h.visible_env("ray"), unset=h.cleared("ray")))
     return out
 
 
 def ray_stop_commands(p: Placement, ray: str = "ray") -> list[HostCommand]:
     return [HostCommand(h, i, [ray, "stop", "--force"], {}) for i, h in enumerate(p.hosts)]
+
+
+# -- gpusd hostfile --------------------------------------------------------------------------------------
+FORMATS = ("deepspeed", "mpi", "horovod", "horovod-discovery", "torchrun", "ray", "json")
+
+
+def hostfile_text(fmt: str, p: Placement, program: Sequence[str], port: int | None = None,
+                  discovery: Sequence[str] | None = None) -> str:
+    """What ``gpusd hostfile --format FMT`` writes for placement ``p``: ``program`` stands for the
+    training program in command lines, ``port`` for torchrun's rendezvous or Ray's head port (default
+    theirs), ``discovery`` (given with ``--output``) is the command Horovod's discovery script runs."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(json_view(p), indent=2) + "\n"
+    if fmt == "deepspeed":
+        return deepspeed_hostfile(p)
+    if fmt == "mpi":
+        return mpi_hostfile(p)
+    if fmt == "horovod":
+        return horovod_discovery_script(discovery) if discovery is not None else horovod_hosts(p) + "\n"
+    if fmt == "horovod-discovery":
+        return horovod_discovery_lines(p)
+    if fmt == "torchrun":
+        cmds = torchrun_commands(p, program, port=port or RDZV_PORT)
+        return "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in cmds)
+    return "".join(f"{c.slot.hostname}: {c.shell()}\n" for c in ray_commands(p, port=port or RAY_PORT))
+
+
+def hostfile_usage(fmt: str, p: Placement, path: str, program: Sequence[str], port: int | None = None) -> list[str]:
+    """How to use what ``gpusd hostfile --format FMT --output PATH`` wrote: comment lines, then the
+    engine's command line (none for the formats read by something else)."""
+    from pathlib import Path
+
+    notes = []
+    if fmt == "deepspeed":
+        line = deepspeed_argv(p, path, program, master_port=port or DS_MASTER_PORT)
+        notes.append(f"# every node needs {deepspeed_env_file(p).strip()} (NVML's GPU order): put it in .deepspeed_env")
+    elif fmt == "mpi":
+        notes.append("# every rank needs: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in mpi_env(p).items()))
+        line = ["env", *[f"{k}={v}" for k, v in mpi_env(p).items()], *mpirun_argv(p, path, program)]
+    elif fmt == "horovod":
+        line = ["env", f"{RANK_GPUS_VAR}={rank_gpus(p)}", "horovodrun", "-np", str(p.total_gpus),
+                "--host-discovery-script", str(Path(path).resolve()), *rank_wrapper(), *program]
+    else:
+        return []
+    return [*notes, " ".join(shlex.quote(w) for w in line)]
 
 
 # -- generic --------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..alloc.leases import LeaseStore
 
@@ -91,23 +91,30 @@ def _reap() -> None:
             return
 
 
-def stop_all(grace: float) -> None:
+def stop_all(grace: float, reap: Callable[[], None] | None = None) -> int:
     """SIGTERM every process started under this one, SIGKILL what is left ``grace`` seconds later,
-    and return once none is left (or 10 s after the SIGKILL: a process in uninterruptible sleep)."""
+    and return once none is left (or 10 s after the SIGKILL: a process in uninterruptible sleep).
+    ``reap`` collects ended children (default: discard their status).  How many were left for SIGKILL."""
+    reap = reap or _reap
+    killed = 0
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        for pid in members():
+        pids = members()
+        if sig == signal.SIGKILL:
+            killed = len(pids)
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
         deadline = time.monotonic() + wait
         while True:
-            _reap()
+            reap()
             if not members() or time.monotonic() >= deadline:
                 break
             time.sleep(0.02)
         if not members():
-            return
+            return killed
+    return killed
 
 
 def lease_expires(store: LeaseStore, lease_id: str) -> float | bool:
@@ -129,7 +136,7 @@ def lease_expires(store: LeaseStore, lease_id: str) -> float | bool:
     return float(expires) if expires is not None else True
 
 
-def _set_subreaper() -> None:
+def set_subreaper() -> None:
     try:
         import ctypes
 
@@ -183,7 +190,7 @@ def hold(lease_id: str, cmd: Sequence[str], margin: float, grace: float) -> int:
     os.close(r)
     try:
         os.setsid()
-        _set_subreaper()
+        set_subreaper()
         stopped: list[str] = []
         signal.signal(signal.SIGTERM, lambda _s, _f: stopped.append("stopped (SIGTERM)"))
         signal.signal(signal.SIGHUP, signal.SIG_IGN)

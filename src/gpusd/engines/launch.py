@@ -28,6 +28,7 @@ import os
 import shlex
 import signal
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
@@ -37,6 +38,7 @@ from .placement import HostSlot
 SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
 CHUNK = 1 << 16
 HEARTBEAT = 1.0  # seconds between the heartbeat bytes gpusd sends down each ssh channel
+KILL_WAIT = 15.0  # seconds after --grace before gpusd kills an ssh (or local guard) that has not returned
 SERVER_ALIVE = (("ServerAliveInterval", "5"), ("ServerAliveCountMax", "3"))  # ssh gives up on a cut link
 
 
@@ -53,6 +55,9 @@ class LaunchOptions:
     stop_on_failure: bool = True
     prefix: bool = True
     local_addresses: frozenset[str] | None = None  # None: this machine's interface addresses
+    # the Python with gpusd on the hosts, which runs each host's guard (gpusd.engines.jobguard);
+    # None: found there (this machine's interpreter at the same path, else the gpusd on PATH)
+    python: str | None = None
 
     def __post_init__(self) -> None:
         if self.ssh_config is None:
@@ -125,6 +130,54 @@ def _watchdog_script(grace: float, files: bool, silence: float = 10.0) -> str:
             "</dev/null >/dev/null 2>&1 &\n")
 
 
+GUARD_MODULE = "gpusd.engines.jobguard"
+
+
+# Run by this machine's interpreter path on the host: the guard when that Python has gpusd, else the
+# watchdog script ($1) — one Python start either way, instead of a probe and then the guard.
+_GUARD_BOOT = ("import os, signal, sys\n"
+               "try:\n    from gpusd.engines.jobguard import main\n"
+               "except ImportError:\n"
+               "    signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"  # Python ignores it; sh must not inherit that
+               "    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+               "    os.execv('/bin/sh', ['sh', '-c', sys.argv[1], 'gpusd-launch'])\n"
+               "sys.exit(main(sys.argv[2:]))\n")
+
+
+def _guard_script(cmd: HostCommand, opts: LaunchOptions, fallback: str) -> str:
+    """sh lines that exec the command under the host's guard (:mod:`gpusd.engines.jobguard`, which
+    reaches every descendant, ranks in sessions of their own included) where a Python with gpusd is
+    there: ``--python``; else this machine's interpreter where the same path is there and safe
+    (:func:`gpusd.engines.generate.safe_path_check`), which runs ``fallback`` itself when it lacks
+    gpusd; else the interpreter of the ``gpusd`` on the host's PATH.  Without one they fall through,
+    saying so, to ``fallback`` (the ``sh`` watchdog, which reaches the process group only)."""
+    import sys
+
+    from .generate import find_python, safe_path_check
+
+    quiet = max(2, int(opts.silence + 0.999))
+    files = ["--files", '"$gpusd_files"'] if cmd.files else []
+    args = " ".join(["--grace", f"{opts.grace:g}", "--silence", str(quiet), *files, "--", _command_words(cmd, opts)])
+    hint = ("gpusd launch: no Python with gpusd on this host (give --python PATH): stopping the job reaches its "
+            "process group only, not processes in sessions of their own")
+    if opts.python:
+        return f"exec {shlex.quote(opts.python)} -m {GUARD_MODULE} {args}\n"
+    warned = f"echo {shlex.quote(hint)} >&2\n{fallback}"
+    here = shlex.quote(sys.executable)
+    return ("export gpusd_files\n" if cmd.files else "") + (
+        f"gpusd_here={here}; {safe_path_check()}\n"
+        f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here"; then '
+        f'exec "$gpusd_here" -c {shlex.quote(_GUARD_BOOT)} {shlex.quote(warned)} {args}; fi\n'
+        + find_python(GUARD_MODULE, here, probe_here=False) + "\n"
+        f'if [ -n "$gpusd_py" ]; then exec $gpusd_py -m {GUARD_MODULE} {args}; fi\n'
+        f"echo {shlex.quote(hint)} >&2\n")
+
+
+def _command_words(cmd: HostCommand, opts: LaunchOptions) -> str:
+    env = {**opts.env, **cmd.env}
+    return " ".join(["env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)])
+
+
 def _shell_word(word: str) -> str:
     """``word`` quoted for sh, with the FILES token standing for the private directory made on the host."""
     parts = word.split(FILES)
@@ -142,15 +195,13 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
             lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
     if cmd.iface_env:
         lines.append(_iface_lines(cmd))
-    if opts.watchdog:
-        lines.append(_watchdog_script(opts.grace, bool(cmd.files), opts.silence))
-    env = {**opts.env, **cmd.env}
     if cmd.unset:  # names from gpusd's own table (inventory.vendors), never from the network
         lines.append("unset " + " ".join(shlex.quote(n) for n in cmd.unset) + "\n")
-    words = ["exec", "env", *[shlex.quote(f"{k}={v}") for k, v in env.items()], *map(_shell_word, cmd.argv)]
-    lines.append(" ".join(words))
-    lines.append(" </dev/null 3<&-\n" if opts.watchdog else "\n")
-    return "".join(lines)
+    if not opts.watchdog:
+        return "".join(lines) + f"exec {_command_words(cmd, opts)}\n"
+    fallback = (_watchdog_script(opts.grace, bool(cmd.files), opts.silence)
+                + f"exec {_command_words(cmd, opts)} </dev/null 3<&-\n")
+    return "".join(lines) + _guard_script(cmd, opts, fallback) + fallback
 
 
 def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
@@ -168,18 +219,40 @@ def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
     return argv + ["-T", "--", cmd.slot.ssh_target, remote]
 
 
+TAIL = 5  # lines of each host's output kept, to say why it failed
+
+
 @dataclass
 class _Running:
     cmd: HostCommand
     proc: asyncio.subprocess.Process
     local: bool
     label: str
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL))
 
 
-async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, prefix: bool) -> None:
+@dataclass(frozen=True)
+class Failure:
+    """A host whose command failed: its label (``HOST#RANK``), ssh target, status and last lines of output."""
+
+    label: str
+    target: str
+    status: int
+    tail: tuple[str, ...]
+
+
+async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, prefix: bool,
+                tail: deque[str] | None = None) -> None:
     if reader is None:
         return
     pending = b""
+
+    def emit(raw: bytes) -> None:
+        text = raw.decode(errors="replace").rstrip("\r")
+        out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+        if tail is not None and text.strip():
+            tail.append(text)
+
     while True:
         chunk = await reader.read(CHUNK)
         if not chunk:
@@ -190,12 +263,10 @@ async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, p
             lines.append(pending)
             pending = b""
         for line in lines:
-            text = line.decode(errors="replace").rstrip("\r")
-            out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+            emit(line)
         out.flush()
     if pending:
-        text = pending.decode(errors="replace")
-        out.write(f"[{label}] {text}\n" if prefix else text + "\n")
+        emit(pending)
         out.flush()
 
 
@@ -210,6 +281,7 @@ class Launch:
         self.stderr = stderr or sys.stderr
         self.running: list[_Running] = []
         self.status: int | None = None  # the first failure's status
+        self.failures: list[Failure] = []  # every host that failed, in the order they ended
         self.interrupted = False
         self._stopping = False
         self._local_dirs: list[str] = []
@@ -234,8 +306,12 @@ class Launch:
                     with open(os.path.join(d, name), "x") as f:
                         f.write(content)
                 argv = [a.replace(FILES, d) for a in argv]
+            if self.opts.watchdog:  # under the guard, which stops every descendant when the pipe closes
+                argv = [sys.executable, "-m", GUARD_MODULE, "--grace", f"{self.opts.grace:g}", "--silence", "0",
+                        "--", *argv]
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                *argv, stdin=asyncio.subprocess.PIPE if self.opts.watchdog else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
                 cwd=self.opts.chdir if self.opts.chdir and os.path.isdir(self.opts.chdir) else None)
         else:
@@ -254,13 +330,12 @@ class Launch:
         for r in self.running:
             if r.proc.returncode is not None:
                 continue
-            if r.local:
-                _killpg(r.proc.pid, signal.SIGTERM)
-            elif r.proc.stdin is not None:
+            if r.proc.stdin is not None:  # the host's guard (or watchdog) stops everything, then returns
                 r.proc.stdin.close()
             else:
                 _killpg(r.proc.pid, signal.SIGTERM)
-        asyncio.get_running_loop().call_later(self.opts.grace + 5, self._kill_all)
+        # a guard SIGKILLs what outlives the grace and returns once it is gone (10 s at most more)
+        asyncio.get_running_loop().call_later(self.opts.grace + KILL_WAIT, self._kill_all)
 
     async def _heartbeat(self) -> None:
         """One byte down every remote channel each HEARTBEAT seconds, until the job stops: the remote
@@ -289,11 +364,13 @@ class Launch:
         self.stop()
 
     async def _watch(self, r: _Running) -> None:
-        await asyncio.gather(_pump(r.proc.stdout, self.stdout, r.label, self.opts.prefix),
-                             _pump(r.proc.stderr, self.stderr, r.label, self.opts.prefix))
+        await asyncio.gather(_pump(r.proc.stdout, self.stdout, r.label, self.opts.prefix, r.tail),
+                             _pump(r.proc.stderr, self.stderr, r.label, self.opts.prefix, r.tail))
         code = await r.proc.wait()
         if code < 0:  # a local command killed by a signal: report it as a shell would
             code = 128 - code
+        if code != 0:
+            self.failures.append(Failure(r.label, r.cmd.slot.ssh_target, code, tuple(r.tail)))
         if code != 0 and self.status is None and not (self.interrupted and self._stopping):
             self.status = code
             what = "ssh failed" if code == 255 and not r.local else f"exited with status {code}"

@@ -20,6 +20,10 @@ that it may use here, before the exec.  ``--bind-cpus LIST --for GPUS -- CMD`` b
 same way and execs CMD without choosing a GPU: the per-host launchers (torchrun, DeepSpeed, a plain
 command), whose ranks inherit it.  Each says on stderr what it did; a CPU list that does not parse,
 or that names no CPU usable here, binds nothing (and says so).
+
+With ``GPUSD_RANK_LEASES`` (each host's lease, ``;`` between them, in the order of ``GPUSD_RANK_GPUS``)
+the rank also gets ``GPUSD_LEASE``, its own host's lease: that host's daemon knows the rank by it
+(fencing, docs/pool.md), as it knows the ranks of engines gpusd starts on every host itself.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Mapping, Sequence
 
 VAR = "GPUSD_RANK_GPUS"
 CPUS_VAR = "GPUSD_RANK_CPUS"
+LEASES_VAR = "GPUSD_RANK_LEASES"
 UNKNOWN = "?"
 MAX_LEN = 1 << 16
 
@@ -65,6 +70,22 @@ def choose(env: Mapping[str, str]) -> str:
     hosts = parse(env.get(VAR, ""))
     at, local = locate(env, hosts)
     return hosts[at][1][local]
+
+
+def lease_for(env: Mapping[str, str]) -> str | None:
+    """The lease of the rank's host (``GPUSD_RANK_LEASES``), None without the variable; RankError when
+    it does not match ``GPUSD_RANK_GPUS`` or names something that is not a lease id."""
+    raw = env.get(LEASES_VAR)
+    if raw is None:
+        return None
+    hosts = parse(env.get(VAR, ""))
+    leases = raw[:MAX_LEN].split(";")
+    if len(leases) != len(hosts):
+        raise RankError(f"{LEASES_VAR} names {len(leases)} leases for {len(hosts)} hosts")
+    lease = leases[locate(env, hosts)[0]]
+    if not (0 < len(lease) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in lease)):
+        raise RankError(f"{LEASES_VAR}: not a lease id: {lease[:40]!r}")
+    return lease
 
 
 def rank_cpus(env: Mapping[str, str]) -> str | None:
@@ -165,9 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device = choose(os.environ)
         cpus = rank_cpus(os.environ) if CPUS_VAR in os.environ else None
+        lease = lease_for(os.environ)
     except RankError as e:
         print(f"gpusd rank_gpu: {e}", file=sys.stderr)
         return 2
+    if lease is not None:
+        os.environ["GPUSD_LEASE"] = lease
     if CPUS_VAR in os.environ:
         rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK") or "?"
         print(bind(cpus, f"rank {rank[:12]} (GPU {device})", device), file=sys.stderr, flush=True)
