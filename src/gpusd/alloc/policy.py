@@ -27,7 +27,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 
-from ..errors import NoGpuAvailable
+from ..errors import OverCap as OverCap  # its name here stays importable
 from ..record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -42,10 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
 Warn = Callable[[str, str], None]  # warn(path, message): how a reader of a policy file says it ignores one
 FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
                     "idle_warn_minutes", "idle_release_minutes", "priorities"})
-
-
-class OverCap(NoGpuAvailable):
-    """A request past the policy's cap for its user (the message names the cap); never waited out."""
 
 
 @record

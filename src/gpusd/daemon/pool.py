@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, to_wire
+from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, OverCap, http_answer, to_wire
 from ..ids import JobId
 from . import fdstore, poolstate
 
@@ -516,14 +516,13 @@ class Pool:
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
-        from ..alloc.policy import OverCap
         from .access import peer_of
         from .leasereq import request as _request
 
         if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
             from .leasesock import SLURM_REFUSAL
 
-            return 409, {**to_wire(NoGpuAvailable(SLURM_REFUSAL), http=True), "reason": "slurm"}
+            return http_answer(NoGpuAvailable(SLURM_REFUSAL), "slurm")
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
         await self._adopted()  # the previous run's leases first: they count against the caps and GPUs
@@ -533,17 +532,17 @@ class Pool:
         identity = _identity(account, identity or f"address {remote_from}")
         job = body.get("job")
         if job is not None and not JobId.is_valid(job):
-            return 400, to_wire(IdError(f"'job' must be a gpusd job id ({JobId.rule})"), http=True)
+            return http_answer(IdError(f"'job' must be a gpusd job id ({JobId.rule})"))
         try:
             kwargs = _request(json.dumps({**body, "op": "lease", "wait": False, "timeout": None}).encode())
         except ConfigError as exc:
-            return 400, to_wire(exc, http=True)
+            return http_answer(exc)
         for k in ("wait", "timeout", "command", "visible"):
             kwargs.pop(k, None)
         count = int(kwargs.get("count") or 1)
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
-            return 429, {**to_wire(OverCap(why), http=True), "reason": "policy"}
+            return http_answer(OverCap(why))
         now = time.monotonic()
         self.pending += 1
         asking, gpus = self.pending_of.get(identity, (0, 0))
@@ -553,16 +552,8 @@ class Pool:
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._grant_held, held, kwargs)
-        except OverCap as exc:  # the fair-use policy's cap for this user (alloc/policy.py)
-            return 429, {**to_wire(exc, http=True), "reason": "policy"}
-        except NoGpuAvailable as exc:
-            return 409, {**to_wire(exc, http=True), "reason": "no_gpu"}
-        except ConfigError as exc:
-            return 400, to_wire(exc, http=True)
-        except DiskFull as exc:  # 507 Insufficient Storage: the reason, not "no GPU" (docs/errors.md)
-            return 507, {**to_wire(exc, http=True), "reason": "disk_full"}
-        except GpusdError as exc:
-            return 503, to_wire(exc, http=True)
+        except GpusdError as exc:  # its status and reason are its class's (errors.py, docs/errors.md)
+            return http_answer(exc)
         finally:
             self.pending -= 1
             asking, gpus = self.pending_of.pop(identity, (1, count))
@@ -597,9 +588,7 @@ class Pool:
         held = self.held[lease_id]
         over = await self._over_fleet_cap(held)
         if over is not None:
-            from ..alloc.policy import OverCap
-
-            return 429, {**to_wire(OverCap(over), http=True), "reason": "fleet_cap"}
+            return http_answer(OverCap(over), "fleet_cap")
         ttl = held.ttl
         if body.get("ttl") is not None:
             ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
@@ -621,7 +610,8 @@ class Pool:
             stale = str(exc)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
-            return 503, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
+            # a renewal that failed is this daemon's failure, whatever the error was
+            return GpusdError.http_status, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
         finally:
             held.renewing = False
             if held.release_after:  # ended while its record was being rewritten: release now
@@ -884,7 +874,7 @@ def routes(pool: Pool) -> list[RouteDef]:
             body = await body_of(request)
             status, data = await pool.create(body, request.remote, holder_of(request), account)
         except ConfigError as exc:
-            return answer(400, to_wire(exc, http=True))
+            return answer(*http_answer(exc))
         return answer(status, data)
 
     async def renew(request: web.Request) -> web.Response:
@@ -897,7 +887,7 @@ def routes(pool: Pool) -> list[RouteDef]:
             body = await body_of(request)
             status, data = await pool.renew(request.match_info["id"][:64], body, holder_of(request), account)
         except ConfigError as exc:
-            return answer(400, to_wire(exc, http=True))
+            return answer(*http_answer(exc))
         return answer(status, data)
 
     async def delete(request: web.Request) -> web.Response:

@@ -42,7 +42,7 @@ from ..alloc.leases import Lease, LeaseStore, current_user
 from ..alloc.priority import PRIORITIES, priority_name
 from ..alloc.runner import FORWARDED
 from ..alloc.select import Candidate, Constraints
-from ..errors import GpusdError, NoGpuAvailable, to_wire
+from ..errors import GpusdError, NoGpuAvailable, exec_failure, to_wire
 from ..ids import JobId
 from ..record import record, replace
 from . import control
@@ -763,12 +763,10 @@ class Supervisor:
                     self.write_job_file("running", self.writer.record.reason, record=False)  # start_child writes it
                     try:
                         self.start_child()
-                    except FileNotFoundError:
-                        log(f"command not found: {self.spec.cmd[0]}")
-                        return 127
-                    except PermissionError:
-                        log(f"permission denied: {self.spec.cmd[0]}")
-                        return 126
+                    except (FileNotFoundError, PermissionError) as exc:
+                        failed, told = exec_failure(exc, self.spec.cmd[0])
+                        log(told)
+                        return failed
                     if self.exited_at is not None and self.decided_at is not None:
                         self.last_migration = time.monotonic() - self.exited_at
                         self.writer.write(reason=f"{self.writer.record.reason} (restarted in "

@@ -12,7 +12,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, SourceError, WaitTimeout, from_wire
+from ..errors import (
+    REFUSED_STATUSES,
+    TOLD_STATUSES,
+    ConfigError,
+    DiskFull,
+    GpusdError,
+    NoGpuAvailable,
+    OverCap,
+    SourceError,
+    WaitTimeout,
+    from_wire,
+)
 from ..ids import LeaseId
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +137,8 @@ class Reservation:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone "
                                  "(released, expired, or its host rebooted)")
-            if reply.status == 429 and isinstance(reply.data, dict) and reply.data.get("reason") == "fleet_cap":
+            data = reply.data if isinstance(reply.data, dict) else {}
+            if reply.status == OverCap.http_status and data.get("reason") == "fleet_cap":
                 # among the newest leases above the fleet-wide cap: never renewed again, it ends at its expiry
                 self.lost.set()
             if reply.status != 200:
@@ -329,11 +341,11 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         log.warning("%s did not prove it holds the fleet secret (HTTP %d %s: %s): not using it", h.hostname,
                     reply.status, h.url, str(reply.data)[:200])
         return None  # an impostor's "lease" is worthless: nothing to release either
-    if reply.status in (409, 429, 503, 507):
+    if reply.status in REFUSED_STATUSES:
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         log.info("%s: %s", h.hostname, err)
         # a cap, or a full disk (507): say which when nothing is granted
-        if reply.status in (429, 507) and reasons is not None and err:
+        if reply.status in TOLD_STATUSES and reasons is not None and err:
             from ..sanitize import for_terminal
 
             reasons.append((reply.status, f"{for_terminal(h.hostname, 64)}: {for_terminal(str(err), 300)}"))
@@ -424,7 +436,8 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model, job, reasons)
             if got is not None:
                 return Reservation(got, key)
-            if reasons and not wait and all(status == 507 for status, _ in reasons):  # their disks, not GPUs
+            # their disks, not GPUs
+            if reasons and not wait and all(status == DiskFull.http_status for status, _ in reasons):
                 raise DiskFull("; ".join(why for _, why in reasons[:4]))
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
