@@ -619,8 +619,10 @@ def _accept_simulated_keyword(cls: type) -> None:
 _accept_simulated_keyword(HostSnapshot)
 
 
-# The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
+# The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``); what each one means is
+# gpusd.inventory.vendors' to say.  A GPU that names no vendor (a peer before 0.3) is NVIDIA's.
 VENDORS = ("nvidia", "amd", "intel")
+DEFAULT_VENDOR = VENDORS[0]
 
 MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, MigInstance, ProcessInfo, LeaseInfo)
 _MODEL_NAMES.update((cls.__name__, cls) for cls in MODEL_CLASSES)
@@ -670,7 +672,7 @@ def shown_name(name: str | None, vendor: str = "nvidia") -> str:
     vendor for a GPU that is not NVIDIA's (``MI300X [amd]``; the vendor made printable, at most 8
     characters).  The dashboard's ``shortName`` (web/app.js) follows the same rule."""
     shown = display_name(name)
-    if vendor == "nvidia":
+    if vendor == DEFAULT_VENDOR:
         return shown
     from .sanitize import for_terminal
 

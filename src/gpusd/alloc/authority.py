@@ -61,6 +61,7 @@ import threading
 from pathlib import Path
 
 from ..errors import ConfigError, GpusdError, from_wire
+from ..inventory.vendors import DEFAULT_VENDOR, INHERITED_OTHERS
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from .handle import Holder, LeaseHandle
 from .select import Candidate, Constraints
@@ -90,9 +91,6 @@ MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devic
 REQUEUE_WAIT = 20.0  # how long a waiter whose daemon stopped looks for the next one before the lock directory
 REQUEUE_POLL = 0.1
 _CRED = "3i"  # struct ucred: pid, uid, gid
-# Inherited variables beside CUDA_VISIBLE_DEVICES that limit the choice (gpusd.alloc.select), sent
-# to the daemon, which cannot see the client's environment.
-INHERITED_OTHERS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 
 
 def socket_path() -> Path | None:
@@ -529,7 +527,7 @@ class DaemonInventory:
         self.path = path
         first = self.snapshot()
         self.hostname, self.node_id = first.hostname, first.node_id
-        self.vendors = tuple(dict.fromkeys(g.vendor for g in first.gpus)) or ("nvidia",)  # inventory.backend
+        self.vendors = tuple(dict.fromkeys(g.vendor for g in first.gpus)) or (DEFAULT_VENDOR,)  # inventory.backend
 
     def snapshot(self, util_since: Any = None, detail: bool = True) -> HostSnapshot:
         from ..errors import BackendUnavailable

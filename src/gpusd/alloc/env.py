@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from ..inventory.vendors import Visible, apply_cleared, visible_env
+from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, visible_env
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -178,8 +178,8 @@ def set_cuda_visible_devices(devices: Iterable[int | str] | int | str, vendor: s
             raise ValueError(f"a GPU is an index (0, 1, ...) or a UUID, not {d!r}")
     _check_indices(items)
     resolved = _resolve(items) if vendor is None and items else None
-    if resolved is None or all(v.vendor == "nvidia" for v in resolved):
-        if vendor in (None, "nvidia"):
+    if resolved is None or all(counts_cuda_visible(v.vendor) for v in resolved):
+        if vendor is None or counts_cuda_visible(vendor):
             variables = cuda_env(items)
             apply_env(variables)
             return variables

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, NoGpuAvailable
+from ..inventory.vendors import counts_cuda_visible, inherited_choice
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
 from ..record import field, fields, record
 
@@ -198,56 +199,6 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     return out
 
 
-def _limited_others(snap: HostSnapshot, env: dict[str, str] | None) -> dict[str, tuple[str, set[str]]]:
-    """Vendor -> (the inherited variable, the UUIDs of the GPUs it leaves visible), for AMD and Intel:
-    an inherited ``ROCR_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``/``ZE_AFFINITY_MASK`` limits the
-    choice exactly as an inherited ``CUDA_VISIBLE_DEVICES`` does for NVIDIA (a parent or Slurm gave
-    the job these GPUs only), read as the runtime reads it (docs/allocation.md, "The right
-    environment").  Vendors without one are absent."""
-    source = os.environ if env is None else env
-    out: dict[str, tuple[str, set[str]]] = {}
-    amd = sorted((g for g in snap.gpus if g.vendor == "amd"), key=lambda g: g.device_index)
-    rocr, hip = source.get("ROCR_VISIBLE_DEVICES"), source.get("HIP_VISIBLE_DEVICES")
-    if amd and (rocr is not None or hip):
-        # ROCr filters whenever its variable is set (empty: no GPU); HIP then numbers what is left,
-        # and an empty HIP_VISIBLE_DEVICES is no mask.  Both stop at the first token they cannot use.
-        seen = amd if rocr is None else _pick(amd, rocr, lambda g: g.device_index)
-        names = "ROCR_VISIBLE_DEVICES" if rocr is not None else ""
-        if hip:
-            positions = {id(g): i for i, g in enumerate(seen)}
-            seen = _pick(seen, hip, lambda g: positions[id(g)])
-            names = f"{names} and HIP_VISIBLE_DEVICES" if names else "HIP_VISIBLE_DEVICES"
-        out["amd"] = (names, {g.uuid for g in seen})
-    intel = [g for g in snap.gpus if g.vendor == "intel"]
-    mask = source.get("ZE_AFFINITY_MASK")
-    if intel and mask:  # Level Zero: an empty mask is no mask; entries naming no device are skipped
-        roots = set()
-        for tok in mask.split(","):
-            root = tok.strip().split(".", 1)[0]
-            if root.isdigit():
-                roots.add(int(root))
-        out["intel"] = ("ZE_AFFINITY_MASK", {g.uuid for g in intel if g.device_index in roots})
-    return out
-
-
-def _pick(gpus: list[GpuInfo], raw: str, number: Callable[[GpuInfo], int]) -> list[GpuInfo]:
-    """The GPUs a runtime's device list ``raw`` names, in its order: by number or by UUID (``GPU-...``,
-    either case: ROCr writes them in lower case); the list ends at the first token that names none."""
-    out: list[GpuInfo] = []
-    for tok in raw.split(","):
-        tok = tok.strip()
-        if tok.isdigit():
-            found = [g for g in gpus if number(g) == int(tok)]
-        elif tok.upper().startswith("GPU-") and len(tok) > 4:
-            found = [g for g in gpus if g.uuid.lower().startswith(tok.lower())]
-        else:
-            found = []
-        if not found:
-            break
-        out.extend(g for g in found[:1] if g not in out)
-    return out
-
-
 def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None, cuda: bool = False) -> bool:
     index = gpu.device_index if cuda else gpu.index
     for t in tokens:
@@ -302,7 +253,7 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
     visible = visible_filter(env) if c.within_visible else None
     # GPUs with the host's memory (unified memory) share it: a reservation on one is gone for all
     shared = [le for g in snap.gpus if g.memory_shared for le in by_device.get(g.uuid, [])]
-    others = _limited_others(snap, env) if c.within_visible else {}
+    others = inherited_choice(snap.gpus, os.environ if env is None else env) if c.within_visible else {}
     ok: list[Candidate] = []
     rejected: list[str] = []
 
@@ -363,7 +314,7 @@ def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list
     if not gpu.healthy:
         return f"GPU {label}: unhealthy ({gpu.error or 'unknown'})"
     # An inherited CUDA_VISIBLE_DEVICES counts NVIDIA GPUs (by their CUDA number) only.
-    if visible is not None and gpu.vendor == "nvidia" and not _matches(visible, gpu, mig, cuda=True):
+    if visible is not None and counts_cuda_visible(gpu.vendor) and not _matches(visible, gpu, mig, cuda=True):
         return f"GPU {label}: outside the inherited CUDA_VISIBLE_DEVICES"
     if c.include is not None and not _matches(c.include, gpu, mig):
         return f"GPU {label}: not in --include"

@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..errors import BackendUnavailable
+from ..model import DEFAULT_VENDOR
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inventory import Backend
@@ -36,7 +37,7 @@ class SharedBackend:
 
     @property
     def vendors(self) -> tuple[str, ...]:
-        return tuple(getattr(self.current, "vendors", ("nvidia",)))
+        return tuple(getattr(self.current, "vendors", (DEFAULT_VENDOR,)))
 
     @property
     def hostname(self) -> str:

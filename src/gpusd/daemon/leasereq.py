@@ -109,7 +109,7 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     env = {"CUDA_VISIBLE_DEVICES": visible[:1024]} if visible is not None else None
     others = d.get("visible_vars")  # added in 0.4: the client's inherited AMD/Intel device lists
     if others is not None:
-        from ..alloc.authority import INHERITED_OTHERS
+        from ..inventory.vendors import INHERITED_OTHERS
 
         if (not isinstance(others, dict) or not set(others) <= set(INHERITED_OTHERS)
                 or not all(isinstance(v, str) and len(v) <= 1024 for v in others.values())):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
+from ..inventory.vendors import AMD_EXPORTER, exporter_of
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from ..sanitize import for_exposition, for_label
 from .gpuseconds import GPU_LABELS, UsageCounters, gpu_labels
@@ -543,7 +544,7 @@ class AmdExporterCollector:
             if snap is None:
                 continue
             for g in snap.gpus:
-                if g.vendor != "amd":
+                if exporter_of(g.vendor) != AMD_EXPORTER:
                     continue
                 serial = g.uuid.removeprefix("GPU-") if g.uuid.startswith("GPU-") else ""
                 # card_model: the board's part number, else the market name (as AMD's exporter falls back to

@@ -164,12 +164,12 @@ class Supervisor:
     def cuda_visible(self) -> str:
         """The job's devices as its vendor's variable lists them (``CUDA_VISIBLE_DEVICES`` on NVIDIA,
         ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel)."""
-        if all(d.gpu.vendor == "nvidia" for d in self.devs):
+        from ..inventory.vendors import DEVICE_VARIABLE, counts_cuda_visible
+
+        if all(counts_cuda_visible(d.gpu.vendor) for d in self.devs):
             if self.spec.use_uuid or any(d.mig is not None for d in self.devs):
                 return ",".join(d.uuid for d in self.devs)
             return ",".join(str(d.gpu.device_index) for d in self.devs)
-        from ..inventory.vendors import DEVICE_VARIABLE
-
         env = self.visible_env()
         return ",".join(env[v] for v in DEVICE_VARIABLE.values() if env.get(v))
 

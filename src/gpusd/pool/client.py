@@ -25,6 +25,7 @@ from ..errors import (
     from_wire,
 )
 from ..ids import LeaseId
+from ..inventory.vendors import DEFAULT_VENDOR, SET_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..alloc.select import Candidate, Constraints
@@ -227,7 +228,7 @@ def refusal(reply: Reply, what: str) -> GpusdError:
 def _slot_gpus(p: HostLease) -> dict[str, Any]:
     """A host's GPUs in a placement: its vendor's own numbers (a daemon before issue 21 sends no
     vendor: NVIDIA's, which are its indices).  A host's part of a reservation is of one vendor."""
-    vendors = {d.get("vendor") or "nvidia" for d in p.devices}
+    vendors = {d.get("vendor") or DEFAULT_VENDOR for d in p.devices}
     if len(vendors) > 1:
         raise GpusdError(f"{p.hostname}: the GPUs reserved there are of several vendors "
                          f"({', '.join(sorted(vendors))}): "
@@ -242,8 +243,8 @@ def _slot_gpus(p: HostLease) -> dict[str, Any]:
     cpus = [d.get("local_cpus") if valid_cpulist(d.get("local_cpus")) else None for d in p.devices]
     if any(c is not None for c in cpus):
         out["local_cpus"] = cpus
-    vendor = vendors.pop() if vendors else "nvidia"
-    if vendor != "nvidia":
+    vendor = vendors.pop() if vendors else DEFAULT_VENDOR
+    if vendor != DEFAULT_VENDOR:
         out["vendor"] = vendor
     return out
 
@@ -366,9 +367,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     return lease
 
 
-REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE",  # what a daemon's lease answer sets
-              "GPUSD_LEASE_EPOCH", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
-              "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR")
+REMOTE_ENV = ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH", *SET_VARIABLES)  # what a daemon's lease answer sets
 
 
 def _remote_env(raw: object) -> dict[str, str]:
