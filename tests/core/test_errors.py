@@ -39,8 +39,8 @@ def test_value_error_compatibility() -> None:
 
 def _table() -> dict[str, tuple[str, str]]:
     """docs/errors.md's table: class name -> (exit, HTTP) columns."""
-    rows = re.findall(r"^\| `\w+` \| `(\w+)` \| [^|]* \| ([^|]*) \| ([^|]*) \|", (REPO / "docs" / "errors.md").read_text(),
-                      re.M)
+    text = (REPO / "docs" / "errors.md").read_text()
+    rows = re.findall(r"^\| `\w+` \| `(\w+)` \| [^|]* \| ([^|]*) \| ([^|]*) \|", text, re.M)
     return {name: (exit_.strip(), http.strip()) for name, exit_, http in rows}
 
 
@@ -97,7 +97,8 @@ def test_no_module_writes_the_exec_statuses_itself() -> None:
         rel = path.relative_to(REPO / "src" / "gpusd").as_posix()
         if rel == "errors.py" or rel.split("/")[0] in pending or rel in pending:
             continue
-        assert not re.search(r"(return|status =|rc =) 12[67]\b", path.read_text()), f"{rel} writes an exec status itself"
+        written = re.search(r"(return|status =|rc =) 12[67]\b", path.read_text())
+        assert not written, f"{rel} writes an exec status itself"
 
 
 def test_no_daemon_handler_picks_an_error_status_by_hand() -> None:

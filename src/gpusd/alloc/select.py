@@ -28,7 +28,7 @@ import os
 
 from ..errors import ConfigError, NoGpuAvailable
 from ..inventory.vendors import counts_cuda_visible, inherited_choice
-from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
+from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -212,20 +212,6 @@ def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None, cuda:
     return False
 
 
-def _reserved(leases: Sequence[LeaseInfo], gpu: GpuInfo) -> int:
-    """Memory leases asked for that their processes have not allocated yet."""
-    total = 0
-    for lease in leases:
-        if not lease.memory:
-            continue
-        used = 0
-        if gpu.processes:
-            pids = _family(lease.pid)
-            used = sum(p.used_memory or 0 for p in gpu.processes if p.pid in pids)
-        total += max(0, lease.memory - used)
-    return total
-
-
 def _family(pid: int) -> set[int]:
     pids = {pid}
     try:
@@ -281,9 +267,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
                 rejected.append(why)
                 continue
             total = mig.memory_total if mig else gpu.memory_total
-            used = mig.memory_used if mig else gpu.memory_used
             reserving = shared if gpu.memory_shared and mig is None else dev_leases
-            free = None if total is None or used is None else max(0, total - used - _reserved(reserving, gpu))
+            free = (mig or gpu).free_after(reserved_memory(reserving, gpu.processes, _family))  # the model's rule
             cand = Candidate(gpu, mig, free, total, None if mig else gpu.utilization_gpu, dev_leases)
             need = _need(c, total)
             if need is not None and (free is None or free < need):

@@ -49,7 +49,7 @@ _GPU_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
         "Fraction of time the memory controller was busy, 0-1",
         lambda g: None if g.utilization_memory is None else g.utilization_memory / 100.0),
     "gpusd_gpu_memory_used_bytes": ("GPU memory in use", lambda g: g.memory_used),
-    "gpusd_gpu_memory_free_bytes": ("GPU memory free", lambda g: g.memory_free),
+    "gpusd_gpu_memory_free_bytes": ("GPU memory free", lambda g: g.memory_available),  # the model's rule
     "gpusd_gpu_memory_total_bytes": ("GPU memory in total", lambda g: g.memory_total),
     "gpusd_gpu_memory_shared": ("1 when the GPU's memory is the host's (unified memory): the memory series "
                                 "are the host's, shared with the CPU", lambda g: 1.0 if g.memory_shared else 0.0),

@@ -78,8 +78,10 @@ class Device:
         return self.gpu.memory_used
 
     @property
-    def memory_free(self) -> int | None:
+    def memory_available(self) -> int | None:
         return self.gpu.memory_available  # the model's one rule
+
+    memory_free = memory_available  # its older name
 
     @property
     def utilization(self) -> float | None:
