@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 
+from ..ids import GpuUuid
 from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, visible_env
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -41,7 +42,7 @@ def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False,
     devices' UUIDs, in the same order — are emitted instead of indices."""
     items = [str(d) for d in devices]
     uuid_list = [str(u) for u in uuids] if uuids is not None else None
-    if uuid_list is not None and (use_uuid or any(u.startswith("MIG-") for u in uuid_list)):
+    if uuid_list is not None and (use_uuid or any(GpuUuid.is_slice(u) for u in uuid_list)):
         items = uuid_list
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(items)}
 

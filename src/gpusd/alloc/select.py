@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, NoGpuAvailable
+from ..ids import GpuUuid
 from ..inventory.vendors import counts_cuda_visible, inherited_choice
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
@@ -193,7 +194,7 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     out = []
     for tok in raw.split(","):
         tok = tok.strip()
-        if not tok or not (tok.isdigit() or tok.startswith(("GPU-", "MIG-"))):
+        if not tok or not (tok.isdigit() or GpuUuid.names_one(tok)):
             break
         out.append(tok)
     return out
