@@ -15,7 +15,6 @@ import os
 import sys
 import warnings
 
-from ..ids import GpuUuid
 from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, visible_env
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
@@ -40,6 +39,8 @@ def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False,
 
     ``devices`` are NVML indices or UUIDs.  With ``use_uuid`` (or any MIG slice) ``uuids`` — the
     devices' UUIDs, in the same order — are emitted instead of indices."""
+    from ..ids import GpuUuid  # here: the quick commands that print no UUID need no ids
+
     items = [str(d) for d in devices]
     uuid_list = [str(u) for u in uuids] if uuids is not None else None
     if uuid_list is not None and (use_uuid or any(GpuUuid.is_slice(u) for u in uuid_list)):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, NoGpuAvailable
-from ..ids import GpuUuid
 from ..inventory.vendors import counts_cuda_visible, inherited_choice
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
@@ -191,6 +190,8 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
+    from ..ids import GpuUuid  # here: most runs inherit no device list, and listing leases needs no ids
+
     out = []
     for tok in raw.split(","):
         tok = tok.strip()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
+from .logs import same_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -81,7 +82,7 @@ class PidFile:
                 raise
             # A stopping daemon unlinks the file before it lets go of the lock: a lock won on that
             # unlinked file guards nothing (the next daemon would create and lock a new one).
-            if _same_file(fd, self.path):
+            if same_file(fd, self.path):
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
@@ -97,14 +98,6 @@ class PidFile:
             pass
         os.close(self.fd)
         self.fd = None
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _read_pid(path: Path) -> int | None:
