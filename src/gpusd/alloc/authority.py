@@ -661,15 +661,12 @@ def _answer(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool
 
 
 def _decode(line: bytes) -> dict[str, Any]:
-    import json
+    from ..sanitize import json_object
 
     try:
-        reply = json.loads(line)
-    except (ValueError, RecursionError):
-        raise ValueError("an answer that is not JSON") from None
-    if not isinstance(reply, dict):
-        raise ValueError("an answer that is not a JSON object")
-    return reply
+        return json_object(line)
+    except ValueError as exc:
+        raise ValueError(f"an answer that is {exc}") from None
 
 
 def _check(reply: dict[str, Any]) -> None:

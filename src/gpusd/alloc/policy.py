@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 
 from ..errors import OverCap as OverCap  # its name here stays importable
 from ..record import field, record
+from ..sanitize import json_object
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
 if TYPE_CHECKING:  # pragma: no cover
@@ -253,12 +254,7 @@ def _minutes(d: dict[str, Any], name: str) -> float | None:
 
 def parse(raw: bytes, source: str | None = None) -> Policy:
     """A policy from its JSON; ValueError names what is wrong (unknown fields are refused)."""
-    try:
-        d = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise ValueError("not a JSON object")
+    d = json_object(raw)
     unknown = set(d) - FIELDS
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")
@@ -417,10 +413,9 @@ def read_shares(directory: str | os.PathLike[str] | None = None) -> dict[str, fl
     finally:
         os.close(fd)
     try:
-        d = json.loads(raw) if len(raw) <= MAX_SHARES_BYTES else None
-    except (ValueError, RecursionError):
+        hours = json_object(raw, MAX_SHARES_BYTES).get("hours")
+    except ValueError:
         return None
-    hours = d.get("hours") if isinstance(d, dict) else None
     if not isinstance(hours, dict):
         return None
     return {str(u)[:64]: float(h) for u, h in hours.items()

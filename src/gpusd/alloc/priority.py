@@ -24,11 +24,11 @@ to ``urgent``), so a ``low`` job is passed by newcomers for at most twice that l
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 from ..record import field, record, replace
+from ..sanitize import json_object
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
@@ -151,12 +151,7 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
 
 def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:
     """A policy from its JSON; ValueError names what is wrong (unknown fields are refused)."""
-    try:
-        d = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise ValueError("not a JSON object")
+    d = json_object(raw)
     unknown = set(d) - {"max", "users", "groups", "aging_minutes"}
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")

@@ -62,6 +62,7 @@ from pathlib import Path
 
 from ..errors import GpusdError
 from ..record import fields, record
+from ..sanitize import json_object
 from .inotify import (
     IN_ATTRIB,
     IN_CLOSE_NOWRITE,
@@ -331,10 +332,8 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
                 if not any(process_uid(pid) == st.st_uid for pid, _ in locks.get(lock_key(st), []) if pid > 0):
                     continue
             try:
-                d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
-            except (ValueError, RecursionError):
-                d = {}
-            if not isinstance(d, dict):
+                d = json_object(raw, MAX_TICKET_BYTES)
+            except ValueError:
                 d = {}
             pid, count, command, user = d.get("pid"), d.get("count"), d.get("command"), d.get("user")
             pid = pid if type(pid) is int and 0 < pid < 2**31 else None

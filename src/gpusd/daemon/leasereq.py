@@ -8,24 +8,21 @@ traceback.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from ..errors import ConfigError, IdError
 from ..ids import JobId
+from ..sanitize import json_object
 
 PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
 
 
 def parse(line: bytes) -> dict[str, Any]:
     try:
-        d = json.loads(line)
-    except (ValueError, RecursionError):
+        return json_object(line)
+    except ValueError:
         raise ConfigError("a request is one JSON object on one line") from None
-    if not isinstance(d, dict):
-        raise ConfigError("a request is one JSON object on one line")
-    return d
 
 
 def version(d: dict[str, Any]) -> int:

@@ -192,15 +192,6 @@ def limits_from_env() -> tuple[int, int]:
     return number("GPUSD_LOG_MAX_BYTES", LOG_MAX_BYTES, 4096), number("GPUSD_LOG_BACKUPS", LOG_BACKUPS, 1)
 
 
-def same_file(fd: int, path: Path) -> bool:
-    """Whether the open ``fd`` is the file at ``path`` now (not one renamed or replaced since)."""
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
 def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *,
           max_bytes: int | None = None, backups: int | None = None,
           rate_limit: RateLimitFilter | None = None) -> logging.Handler:
@@ -215,6 +206,8 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
     if log_file is not None:
         path = Path(log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
+        from .process import same_file
+
         follow = same_file(2, path)  # a background daemon: its stderr is this file
         handler = RotatingLog(path, max_bytes if max_bytes is not None else env_bytes,
                               backups if backups is not None else env_backups, follow_stdio=follow)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, OverCap, http_answer, to_wire
 from ..ids import JobId
+from ..sanitize import json_object
 from . import fdstore, poolstate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -822,12 +823,9 @@ def routes(pool: Pool) -> list[RouteDef]:
         if not raw.strip():
             return {}
         try:
-            d = json.loads(raw)
-        except (ValueError, RecursionError):
+            return json_object(raw)
+        except ValueError:
             raise ConfigError("a lease request is a JSON object") from None
-        if not isinstance(d, dict):
-            raise ConfigError("a lease request is a JSON object")
-        return d
 
     async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
         """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
-from .logs import same_file
+from ..sanitize import json_object
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -100,6 +100,15 @@ class PidFile:
         self.fd = None
 
 
+def same_file(fd: int, path: Path) -> bool:
+    """Whether the open ``fd`` is the file at ``path`` now (not one renamed or replaced since)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
@@ -130,10 +139,8 @@ def status(state_dir: Path) -> DaemonStatus:
     info: dict[str, Any] = {}
     if running:
         try:
-            info = json.loads((state_dir / INFO_FILE).read_text())
-        except (OSError, ValueError):
-            info = {}
-        if not isinstance(info, dict):  # a damaged file: as good as none
+            info = json_object((state_dir / INFO_FILE).read_bytes())
+        except (OSError, ValueError):  # a damaged file: as good as none
             info = {}
     return DaemonStatus(running=running, pid=pid, state_dir=state_dir, info=info)
 
@@ -311,9 +318,7 @@ def spawn(foreground_args: Sequence[str], state_dir: Path, *, env: dict[str, str
         os.close(r)
     if line:
         try:
-            info = json.loads(line)
-            if isinstance(info, dict):
-                return info
+            return json_object(line)
         except ValueError:
             pass
     code = proc.poll()
