@@ -125,10 +125,11 @@ def run_command(args: argparse.Namespace) -> int:
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
-    if args.lease:  # every leased run is a job (docs/jobs.md)
-        from .jobs import run_job
+    if args.lease:  # every leased run is a job (docs/jobs.md): its spec made here, run by the library
+        from ..jobs.supervisor import run_job
+        from .options import job_spec
 
-        return run_job(args, cmd, _join(cmd)[:512])
+        return run_job(job_spec(args, cmd, _join(cmd)[:512]), cuda_checkpoint=args.cuda_checkpoint)
     from ..alloc.runner import run_with
 
     sel = _allocate(args, command=_join(cmd)[:512])

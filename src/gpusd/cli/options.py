@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence
 
     from ..alloc.select import Constraints
+    from ..jobs.supervisor import JobSpec
 
 RELEASE_DROPPED = "0.4"  # the release in which the deprecated spellings below go
 
@@ -316,6 +317,17 @@ def to_constraints(args: argparse.Namespace) -> Constraints:
     from ..alloc.select import Constraints, constraint_keywords
 
     return Constraints.from_keywords(**{k: getattr(args, k) for k in constraint_keywords() if hasattr(args, k)})
+
+
+def job_spec(args: argparse.Namespace, cmd: list[str], command: str) -> JobSpec:
+    """What ``gpusd run`` was asked, as the one value the library's job runner takes: the CLI's edge."""
+    from ..alloc.priority import PRIORITIES
+    from ..jobs.supervisor import JobSpec
+
+    return JobSpec(to_constraints(args), tuple(cmd), command, priority=PRIORITIES[args.priority],
+                   preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
+                   grace=args.grace, wait=args.wait, timeout=wait_timeout(args), simulate=args.simulate,
+                   use_uuid=args.uuid, on_change=args.on_change, bind_cpus=args.bind_cpus)
 
 
 def wait_timeout(args: argparse.Namespace) -> float | None:

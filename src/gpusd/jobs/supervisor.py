@@ -42,7 +42,7 @@ from ..alloc.leases import Lease, LeaseStore, current_user
 from ..alloc.priority import PRIORITIES, priority_name
 from ..alloc.runner import FORWARDED
 from ..alloc.select import Candidate, Constraints
-from ..errors import GpusdError, NoGpuAvailable, exec_failure, to_wire
+from ..errors import ConfigError, GpusdError, NoGpuAvailable, exec_failure, to_wire
 from ..ids import JobId
 from ..record import record, replace
 from . import control
@@ -77,6 +77,41 @@ class Stopped(BaseException):
 
 def log(message: str) -> None:
     print(f"gpusd: {message}", file=sys.stderr, flush=True)
+
+
+def run_job(spec: JobSpec, cuda_checkpoint: bool = False) -> int:
+    """``gpusd run`` on this host (docs/jobs.md): the priority policy's check of ``spec.priority``,
+    NVIDIA's cuda-checkpoint for moves where asked (``cuda_checkpoint``) and usable, then the job's
+    supervisor until its command has ended; its exit status."""
+    from ..alloc.priority import POLICY_PATH, load_policy
+
+    policy = load_policy()
+    allowed = policy.max_for(os.geteuid())
+    if spec.priority > allowed:
+        source = policy.source or "the defaults"
+        raise ConfigError(f"--priority {priority_name(spec.priority)}: the priority policy ({source}) allows you "
+                          f"at most {priority_name(allowed)}; an administrator names who may use more in "
+                          f"{POLICY_PATH} (docs/jobs.md)")
+    if cuda_checkpoint:  # its module only where asked: start-up time
+        from .checkpoint import CudaCheckpoint as Tool
+        from .checkpoint import find_cuda_checkpoint
+
+        path = find_cuda_checkpoint()
+        found = Tool(path) if path is not None else None
+        if found is None:
+            log("--cuda-checkpoint: cuda-checkpoint is not on PATH; the job protocol is used instead")
+        elif (why := found.unsupported()) is not None:
+            log(f"--cuda-checkpoint: {why}; the job protocol is used instead")
+        else:
+            spec = replace(spec, cuda_checkpoint=found)
+            log(f"--cuda-checkpoint: {path}: a move restores the job's CUDA state on the new GPU"
+                + ("" if spec.preemptible else " (only --preemptible jobs are moved)"))
+    sup = Supervisor(spec)
+    try:
+        return sup.run()
+    except BaseException:
+        sup.close()
+        raise
 
 
 @record(frozen=True)
@@ -117,13 +152,12 @@ class Supervisor:
     (:attr:`writer`) and job file, and its control socket (:attr:`server`).  :meth:`run` is the main
     thread's loop; the control socket's threads change the job under :attr:`lock`."""
 
-    def __init__(self, c: Constraints, cmd: Sequence[str], *, command: str, priority: int = PRIORITIES["normal"],
-                 preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
-                 grace: float = 30.0, wait: bool = False, timeout: float | None = None,
-                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
-                 host: str | None = None, on_change: str = "signal", bind_cpus: bool = False) -> None:
-        self.spec = JobSpec(c, tuple(cmd), command, priority, preemptible, pausable, notify_signal, grace, wait,
-                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus)
+    def __init__(self, spec: JobSpec | Constraints, cmd: Sequence[str] | None = None, *, host: str | None = None,
+                 **options: Any) -> None:
+        # ``spec`` arrives whole from the command line's edge; the constraints, command and keywords of
+        # JobSpec are the older form, still read for callers of the library
+        self.spec = spec if isinstance(spec, JobSpec) else JobSpec(spec, tuple(cmd or ()), **options)
+        command = self.spec.command
         self.store = LeaseStore()
         self.lock = threading.RLock()  # the job's GPUs, lease and state, against the control socket's threads
         self.job_id = JobId.new()
@@ -147,8 +181,9 @@ class Supervisor:
         self.stopped_by: int = signal.SIGTERM
         self.user_stop = False  # a signal said to stop: once the command exits, the job ends
         self.writer = RecordWriter(self.store, JobRecord(
-            job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
-            preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host))
+            job=self.job_id, pid=os.getpid(), user=current_user(), command=command,
+            priority=self.spec.priority, preemptible=self.spec.preemptible, pausable=self.spec.pausable,
+            state="queued", started=time.time(), host=host))
         self.private = Path(private_dir(self.job_id))
         self.job_file = self.private / "gpus.json"
         self.server = control.ControlServer(self.store, self.job_id, self.dispatch)
