@@ -196,9 +196,16 @@ def test_every_allowed_edge_is_used_or_noted() -> None:
 
 
 def _paragraphs(text: str) -> dict[str, str]:
-    """Each part's paragraph (starting ``**`part`.**`` or ``**Core: ...**`` / ``**Top level: ...**``)."""
+    """Each part's paragraph (starting ``**`part`.**`` or ``**Core: ...**`` / ``**Top level: ...**``), with
+    the table that follows it, where one does."""
     out: dict[str, str] = {}
-    for para in re.split(r"\n\s*\n", text):
+    blocks: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        if block.strip().startswith("|") and blocks:  # a table belongs to the paragraph before it
+            blocks[-1] += "\n\n" + block
+        else:
+            blocks.append(block)
+    for para in blocks:
         head = re.match(r"\*\*(.*?)\*\*", para.strip())
         if not head:
             continue
@@ -371,3 +378,58 @@ def test_no_module_outside_inventory_compares_vendor_names() -> None:
 def test_the_vendor_check_sees_each_form_of_comparison() -> None:
     code = 'a == "amd"\nif "intel" != b: pass\nc in ("x", "nvidia")\nd == vendor\ne in VENDORS\n'
     assert vendor_comparisons(ast.parse(code)) == [1, 2, 3]
+
+
+# -- the map's routes and facts -------------------------------------------------------------------------
+def _module_path(name: str) -> Path | None:
+    rel = PKG.joinpath(*name.split("."))
+    if (rel / "__init__.py").exists():
+        return rel / "__init__.py"
+    return rel.with_suffix(".py") if rel.with_suffix(".py").exists() else None
+
+
+def doc_routes(text: str) -> dict[str, list[str]]:
+    """The ``routes`` block: each line ``what: a → b → c`` (modules of gpusd, without the prefix)."""
+    block = re.search(r"```routes\n(.*?)```", text, re.S)
+    assert block is not None, "docs/architecture.md has no ```routes block"
+    out = {}
+    for line in block.group(1).splitlines():
+        if line.strip():
+            what, _, chain = line.rpartition(": ")
+            out[what] = [m.strip() for m in chain.split("→")]
+    return out
+
+
+def test_the_routes_of_the_map_follow_the_imports() -> None:
+    """Every module a route names exists, and each imports the next (at the top or lazily)."""
+    routes = doc_routes(DOC.read_text())
+    assert {"gpusd run -n 2 -- cmd", "the daemon, sample to wire"} <= set(routes)
+    assert any(r.startswith("gpusd list") for r in routes)
+    problems = []
+    for what, chain in routes.items():
+        for a, b in zip(chain, chain[1:]):
+            path = _module_path(a)
+            if path is None or _module_path(b) is None:
+                problems.append(f"{what}: no module {a if path is None else b}")
+            elif f"gpusd.{b}" not in imports_of(path, f"gpusd.{a}"):
+                problems.append(f"{what}: {a} does not import {b}")
+    assert problems == []
+
+
+def test_a_run_enters_no_cli_module_after_the_command_line_is_parsed() -> None:
+    chain = doc_routes(DOC.read_text())["gpusd run -n 2 -- cmd"]
+    assert chain[:2] == ["cli", "cli.alloc"] and not any(m.startswith("cli") for m in chain[2:])
+    # cli.alloc hands the leased run to the library: it imports no other CLI module for it
+    alloc = (PKG / "cli" / "alloc.py").read_text()
+    run = alloc[alloc.index("def run_command"):alloc.index("\ndef ", alloc.index("def run_command") + 1)]
+    assert "from .jobs import" not in run and "from ..jobs.supervisor import run_job" in run
+
+
+def test_each_owner_in_the_facts_table_exists() -> None:
+    import importlib
+
+    rows = re.findall(r"^\| [^|]+ \| `gpusd\.([\w.]+):(\w+)` \| `([\w/.]+)` \|$", DOC.read_text(), re.M)
+    assert len(rows) >= 10
+    for module, name, test in rows:
+        assert hasattr(importlib.import_module(f"gpusd.{module}"), name), f"gpusd.{module}:{name}"
+        assert (SRC.parent / test).exists(), test
