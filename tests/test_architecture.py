@@ -433,3 +433,18 @@ def test_each_owner_in_the_facts_table_exists() -> None:
     for module, name, test in rows:
         assert hasattr(importlib.import_module(f"gpusd.{module}"), name), f"gpusd.{module}:{name}"
         assert (SRC.parent / test).exists(), test
+
+
+def test_comments_and_docstrings_cite_no_issue_numbers() -> None:
+    """History belongs in git: comments and docstrings say why, not which issue of gpusd (engines/ and
+    cli/engines.py are being moved by another change and are cleaned with it)."""
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        if rel.startswith(VENDOR_BRANCHES_PENDING):
+            continue
+        for i, line in enumerate(path.read_text().splitlines()):
+            # gpusd's own issues ("issue 24", "(#31)"); another project's ("nccl-tests #178") are sources
+            if re.search(r"\b[Ii]ssues? ?#?\d+\b|\(#\d+\)", line):
+                found.append(f"{rel}:{i + 1}")
+    assert found == []

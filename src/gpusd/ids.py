@@ -31,7 +31,7 @@ import re
 
 from .errors import IdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
     from typing import TypeGuard

@@ -20,7 +20,7 @@ import math
 from .errors import WireError
 from .record import MISSING, field, record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Iterable, TypeVar
 
@@ -447,7 +447,7 @@ class GpuInfo:
     numa_node: int | None = None
     local_cpus: str | None = None
     links: list[GpuLink] = field(default_factory=list, metadata={"max": 256})
-    # Issue 21 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
+    # Added in 0.3 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
     # runtime (CUDA, ROCm, Level Zero), which is what that vendor's visibility variable counts.
     # ``index`` stays unique on the host; on a one-vendor host both are the same.
     vendor: str = "nvidia"  # "nvidia", "amd" or "intel" (VENDORS)

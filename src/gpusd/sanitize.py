@@ -41,7 +41,7 @@ import math
 import re
 import unicodedata
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -76,7 +76,7 @@ def for_terminal(s: object, max_len: int = MAX_LEN) -> str:
     text = s if isinstance(s, str) else str(s)
     max_len = max(1, max_len)
     if text.isascii() and text.isprintable():  # nothing to remove (the common case: 8,000 table cells
-        return text if len(text) <= max_len else text[:max_len - 1] + ELLIPSIS  # of 1,000 hosts, issue 24)
+        return text if len(text) <= max_len else text[:max_len - 1] + ELLIPSIS  # of 1,000 hosts)
     # Bound the work: removing sequences can only shorten the text, and a sequence cut here loses
     # its ESC below (what is left of it is shown as plain, harmless text).
     limit = 4 * max_len + 64

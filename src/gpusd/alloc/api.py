@@ -22,7 +22,7 @@ from .handle import Holder, LeaseHandle
 from .leases import LeaseStore
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable

@@ -66,7 +66,7 @@ from ..model import GpuInfo, HostSnapshot, MigInstance
 from .handle import Holder, LeaseHandle
 from .select import Candidate, Constraints
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:
     import socket
@@ -424,7 +424,7 @@ def request(c: Constraints) -> dict[str, Any]:
             "include": list(c.include) if c.include is not None else None,
             "exclude": list(c.exclude) if c.exclude is not None else None,
             "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
-            **({"vendor": c.vendor} if c.vendor is not None else {}),  # issue 21: older daemons ignore it
+            **({"vendor": c.vendor} if c.vendor is not None else {}),  # older daemons ignore it
             **({"visible_vars": others} if others else {})}
 
 

@@ -17,7 +17,7 @@ import warnings
 
 from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, visible_env
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable, MutableMapping
 

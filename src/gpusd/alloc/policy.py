@@ -31,7 +31,7 @@ from ..errors import OverCap as OverCap  # its name here stays importable
 from ..record import field, record
 from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, TypeVar
 
@@ -174,7 +174,7 @@ _warned: set[str] = set()
 def _warn_once(path: str, message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        import logging  # lazily: the CLI's start-up time matters (issue 24)
+        import logging  # lazily: the CLI's start-up time matters
 
         logging.getLogger(__name__).warning("%s", message)
 

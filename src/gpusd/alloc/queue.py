@@ -88,7 +88,7 @@ from .lockdir import (
 )
 from .priority import NORMAL, capped, load_policy, priority_name
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 

@@ -18,7 +18,7 @@ import sys
 from ..errors import exec_failure
 from .api import Selection
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Sequence
 

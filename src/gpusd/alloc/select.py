@@ -31,7 +31,7 @@ from ..inventory.vendors import counts_cuda_visible, inherited_choice
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Iterable, Sequence

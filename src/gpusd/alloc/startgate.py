@@ -1,4 +1,4 @@
-"""The start slots of ``gpusd run --wait``: how many of one user's queued jobs start up at once (issue 24).
+"""The start slots of ``gpusd run --wait``: how many of one user's queued jobs start up at once.
 
 Forty jobs submitted at once are forty interpreters importing gpusd and opening NVML together: on a
 machine with few cores each gets a sliver of the CPU, all of them finish starting at about the same
@@ -27,7 +27,7 @@ import os
 import threading
 from pathlib import Path
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Sequence
 

@@ -20,7 +20,7 @@ from .._version import __version__
 from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
 from .exits import EXIT_USAGE, exit_code_for
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, NoReturn, Sequence
 
@@ -54,7 +54,7 @@ def _columns() -> int:
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's formatter, its width found without shutil: argparse builds one for every argument
-    added (to check its metavar), so every command paid shutil's import (issue 24)."""
+    added (to check its metavar), so every command paid shutil's import."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:
@@ -77,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
 # The commands, grouped under the headings of docs/cli.md (and so listed by ``gpusd --help``): (heading,
 # ((command, the module of gpusd.cli that registers its parser), ...)).  Each of those modules has
 # ``register(sub, name)``; only the module of the command being run is imported to build its parser
-# (start-up time, issue 24).
+# (start-up time).
 GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Local GPUs", (("devices", "devices"),)),
     ("Allocation (docs/allocation.md)", (("select", "alloc"), ("env", "alloc"), ("run", "alloc"),

@@ -87,7 +87,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
 
 def _rule_specs(args: argparse.Namespace) -> list[str]:
     """The threshold rules of ``--threshold`` and ``--thresholds`` (files), parsed; without either, the
-    rules' parser is not loaded (a daemon without rules never needs it: memory at rest, issue 24)."""
+    rules' parser is not loaded (a daemon without rules never needs it: memory at rest)."""
     if not (args.threshold or args.thresholds):
         return []
     from ..thresholds import rule_specs

@@ -8,7 +8,7 @@ import signal
 
 from ..errors import ConfigError, GpusdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jobs.record import JobRecord

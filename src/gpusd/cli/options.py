@@ -5,7 +5,7 @@ library's typed value, so that no module below :mod:`gpusd.cli` sees an argparse
 
 Each parent is built afresh when a command's parser is (a parent's actions are shared by reference
 with the parser that copies them, and ``gpusd start`` rewrites its defaults), and only for the
-command being run (start-up time, issue 24): nothing here imports more than argparse until a
+command being run (start-up time): nothing here imports more than argparse until a
 group's function is called.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence
 

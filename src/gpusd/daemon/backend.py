@@ -1,4 +1,4 @@
-"""The daemon's one inventory backend (issue 19): the sampling loop, the lease authority on its Unix
+"""The daemon's one inventory backend: the sampling loop, the lease authority on its Unix
 socket, the pool's remote leases and rebalancing all read the GPUs through the same
 :class:`SharedBackend`, so a lease is decided on the very readings (and utilisation window) that
 ``GET /api/v1/gpus`` and the announcement serve, and a driver library is opened once per daemon.

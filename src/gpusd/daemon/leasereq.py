@@ -122,5 +122,5 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
         "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
         "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
         "command": command[:1024] if command else None, "visible": env,
-        "vendor": opt("vendor", (str,)),  # issue 21; validated by Constraints.build
+        "vendor": opt("vendor", (str,)),  # validated by Constraints.build
     }

@@ -1,6 +1,6 @@
 """The daemon's log: bounded in rate and in size, whatever its peers do.
 
-Hostile or broken peers can make a daemon log the same line at network speed (issue 9, finding 7:
+Hostile or broken peers can make a daemon log the same line at network speed (measured:
 ~1 M lines, 500 MB in 100 s).  Two defences, installed by :func:`setup` (``gpusd start``):
 
 * :class:`RateLimitFilter`: at most ``per_window`` (10) records per *kind* per ``window`` (60 s);

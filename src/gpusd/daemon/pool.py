@@ -178,7 +178,7 @@ class Pool:
         held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
                          "epoch": epochs.get(c.uuid),  # 0.4, additive: this GPU's fencing token
                          "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
-                         "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
+                         "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # 0.3, additive
                          "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
                         for c in sel.devices]
         self._write_down(held, held.deadline - time.monotonic())
@@ -528,7 +528,7 @@ class Pool:
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
         await self._adopted()  # the previous run's leases first: they count against the caps and GPUs
         # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
-        # member at that address -- never the 'holder' name the request declares (issue 20)
+        # member at that address -- never the 'holder' name the request declares
         holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"
         identity = _identity(account, identity or f"address {remote_from}")
         job = body.get("job")

@@ -453,7 +453,7 @@ def _claim_authority(config: Any) -> int | None:
 
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
-    limit_malloc_arenas()  # before the first thread (daemon memory at rest, issue 24)
+    limit_malloc_arenas()  # before the first thread (daemon memory at rest)
     old, new = raise_fd_limit()
     if new != old:
         _log().info("open-file limit raised from %d to %d", old, new)

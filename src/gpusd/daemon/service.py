@@ -240,7 +240,7 @@ class Daemon:
         self._tasks.append(asyncio.ensure_future(self.announcer.watch_network(self.config.netwatch)))
         if self.fleet is not None and self.config.fleet == "on":
             self._tasks.append(asyncio.ensure_future(self.fleet.ensure_started()))
-        trim_heap()  # what start-up freed goes back to the system (daemon memory at rest, issue 24)
+        trim_heap()  # what start-up freed goes back to the system (daemon memory at rest)
 
     def _open_backend(self) -> "Backend":
         from ..inventory import open_backend

@@ -438,7 +438,7 @@ class Follower:
 
 def local_only(address: str) -> bool:
     """An address that points back at this machine or means nothing on the LAN: never followed when
-    announced by someone else (finding 2 of issue 9: a record pointing at 127.0.0.1:4780)."""
+    announced by someone else (a record pointing at 127.0.0.1:4780 would send the client to itself)."""
     import ipaddress
 
     try:

@@ -11,7 +11,7 @@ readings), and where it needs them ``_before_read`` (once per snapshot, under th
 
 from __future__ import annotations
 
-import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms (issue 24)
+import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms
 import time
 
 from ..errors import BackendUnavailable
@@ -22,7 +22,7 @@ from .lost import GpuFailed, filled
 from .processes import ProcessResolver
 from .window import UtilWindow
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping, Sequence
 

@@ -25,7 +25,7 @@ import subprocess
 
 from ..ids import GpuUuid
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping, Sequence
 

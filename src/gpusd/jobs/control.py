@@ -31,7 +31,7 @@ from ..alloc.leases import LeaseStore
 from ..errors import GpusdError, from_wire, to_wire
 from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 

@@ -28,7 +28,7 @@ from ..ids import JobId, LeaseId
 from ..record import field, fields, record
 from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 

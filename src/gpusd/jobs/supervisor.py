@@ -50,7 +50,7 @@ from .child import GROUP_AT_SPAWN, Child, private_dir, remove_private_dir
 from .record import JobRecord, RecordWriter, list_jobs
 from .state import JobState, JobStates
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Sequence
@@ -221,7 +221,7 @@ class Supervisor:
         epochs = self.lease.epochs() if self.lease is not None else {}
         d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
-             "env": self.visible_env(),  # issue 21: the vendor's variables (additive)
+             "env": self.visible_env(),  # the vendor's variables (additive)
              "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label,
                           **({"epoch": epochs[x.uuid]} if x.uuid in epochs else {})} for x in self.devs]}
         if epochs:  # 0.4, additive: the fencing tokens (gpusd.alloc.epoch); the job's is the largest

@@ -226,7 +226,7 @@ def refusal(reply: Reply, what: str) -> GpusdError:
 
 
 def _slot_gpus(p: HostLease) -> dict[str, Any]:
-    """A host's GPUs in a placement: its vendor's own numbers (a daemon before issue 21 sends no
+    """A host's GPUs in a placement: its vendor's own numbers (a daemon before 0.3 sends no
     vendor: NVIDIA's, which are its indices).  A host's part of a reservation is of one vendor."""
     vendors = {d.get("vendor") or DEFAULT_VENDOR for d in p.devices}
     if len(vendors) > 1:
