@@ -30,7 +30,7 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("GPUSD_STATE_DIR", str(base / "state"))
     monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(base / "run" / "lease.sock"))
     for var in ("GPUSD_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSD_NVML_LIBRARY",
-                # the other vendors' visibility variables and libraries (issue 21)
+                # the other vendors' visibility variables and libraries
                 "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK",
                 "ONEAPI_DEVICE_SELECTOR", "ZE_FLAT_DEVICE_HIERARCHY", "GPUSD_AMDSMI_LIBRARY", "GPUSD_ZE_LIBRARY",
                 "GPUSD_BACKENDS",

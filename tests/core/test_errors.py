@@ -132,7 +132,7 @@ def test_old_exit_code_names_still_resolve() -> None:
     assert (EXIT_USAGE, EXIT_NO_DAEMON) == (2, 6)
 
 
-# -- codes and the wire (issue 19) ------------------------------------------------------------------
+# -- codes and the wire ------------------------------------------------------------------
 CLASSES = [getattr(errors, n) for n in errors.__all__]
 
 

@@ -1,4 +1,4 @@
-"""gpusd.ids: one owner per id format (issue 19).  Every id an older gpusd wrote or sent is still read;
+"""gpusd.ids: one owner per id format.  Every id an older gpusd wrote or sent is still read;
 the ids gpusd makes have one format each; anything else is refused in one line; and no other module
 compiles a job or lease id expression of its own."""
 

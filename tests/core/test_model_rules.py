@@ -1,4 +1,4 @@
-"""One rule each, in the model (issue 19 point 6): private fields marked in the field metadata and one
+"""One rule each, in the model: private fields marked in the field metadata and one
 redaction derived from them, one free-memory rule, ``simulated`` derived from ``backend`` (both still on
 the wire), one shown GPU name; and the sanitiser's one per-character rule."""
 

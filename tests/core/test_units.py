@@ -36,7 +36,7 @@ def test_format_bytes():
 
 
 def test_a_moment_that_is_not_today_is_written_with_its_date() -> None:
-    """A 24-hour hold ends tomorrow: "until 19:10:48" alone reads as a time already past (issue 18)."""
+    """A 24-hour hold ends tomorrow: "until 19:10:48" alone reads as a time already past."""
     import time
 
     from gpusd.units import format_clock

@@ -472,7 +472,7 @@ async def test_answers_dropped_by_the_one_shot_socket_mean_a_multicast_browse(
 async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path, delay: float) -> None:
     """Where the local daemon answers at once, ``gpusd list`` reads its fleet view and exits: neither
     asyncio nor the browser (zeroconf, aiohttp, the one-shot module) is imported, nor the signing
-    module without a fleet secret -- their imports cost more than the answer (issue 24).  Also where it
+    module without a fleet secret -- their imports cost more than the answer.  Also where it
     took the request and answers after the quick wait (a fleet of 1,000 hosts: 0.1-0.5 s to build): a
     browse meanwhile would only compete with it.  The JSON is one device a line (the C encoder's), and
     still one valid array."""
