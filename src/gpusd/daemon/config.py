@@ -10,6 +10,7 @@ from ..wire.txt import DEFAULT_SESSION
 
 DEFAULT_PORT = 4780
 FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
+MIN_TTL, MAX_TTL = 2.0, 3600.0  # seconds: the bounds of a remote lease's TTL (docs/pool.md)
 
 
 def open_file_limit() -> int | None:
@@ -196,8 +197,6 @@ class DaemonConfig:
         cap = self.lease_max_gpus_per_holder
         if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and 1 <= cap <= 4096):
             raise ConfigError(f"lease_max_gpus_per_holder must be None or a whole number from 1 to 4096, not {cap!r}")
-        from .pool import MAX_TTL, MIN_TTL
-
         ttl, life = self.lease_max_ttl, self.lease_max_lifetime
         if not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and MIN_TTL <= ttl <= MAX_TTL):
             raise ConfigError(f"lease_max_ttl must be between {MIN_TTL:g} and {MAX_TTL:g} seconds, not {ttl!r}")

@@ -206,7 +206,7 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
     if log_file is not None:
         path = Path(log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        from .process import same_file
+        from ..alloc.lockdir import same_file
 
         follow = same_file(2, path)  # a background daemon: its stderr is this file
         handler = RotatingLog(path, max_bytes if max_bytes is not None else env_bytes,

@@ -51,6 +51,7 @@ from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable,
 from ..ids import JobId
 from ..sanitize import json_object
 from . import fdstore, poolstate
+from .config import MAX_TTL, MIN_TTL
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -63,7 +64,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("gpusd.pool")
 
 DEFAULT_TTL = 30.0
-MIN_TTL, MAX_TTL = 2.0, 3600.0
 MAX_BODY = 16384
 MAX_HOLDER = 64
 MAX_NOTE = 512

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..alloc.lockdir import same_file
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
 from ..sanitize import json_object
 
@@ -98,15 +99,6 @@ class PidFile:
             pass
         os.close(self.fd)
         self.fd = None
-
-
-def same_file(fd: int, path: Path) -> bool:
-    """Whether the open ``fd`` is the file at ``path`` now (not one renamed or replaced since)."""
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _read_pid(path: Path) -> int | None:
