@@ -17,8 +17,8 @@ import re
 import sys
 
 from .._version import __version__
-from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
-from .exits import EXIT_USAGE, exit_code_for
+from ..errors import EXIT_USAGE, SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
+from .exits import exit_code_for
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover

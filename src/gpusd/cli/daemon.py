@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyRunning, ConfigError
-from .exits import EXIT_NO_DAEMON
+from ..errors import EXIT_NO_DAEMON, AlreadyRunning, ConfigError
 
 # start flag (dest) -> (the flag as shown, the key of DaemonConfig.options()); the flags left out
 # (--foreground, --timeout, --state-dir, --token, -v) do not make another daemon

@@ -10,11 +10,10 @@ import time
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Coroutine, Sequence, TypeVar
 
-from ..errors import ConfigError
+from ..errors import EXIT_NO_DAEMON, ConfigError
 from ..model import display_name, shown_name
 from ..sanitize import dumps, for_terminal
 from ..units import format_bytes
-from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
 T = TypeVar("T")

@@ -54,6 +54,8 @@ from . import fdstore, poolstate
 from .config import MAX_TTL, MIN_TTL
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Awaitable, Callable
+
     from aiohttp import web
 
     from ..model import LeaseInfo
@@ -862,31 +864,27 @@ def routes(pool: Pool) -> list[RouteDef]:
             return None, answer(503, {"error": "reading the accounts' authorized_keys took too long"})
         return account, None
 
-    async def create(request: web.Request) -> web.Response:
+    async def with_body(request: web.Request, act: Callable[[dict[str, Any], str | None, Account | None],
+                                                             Awaitable[tuple[int, dict[str, Any]]]]) -> web.Response:
+        """A signed write with a JSON body: who sent it, its body, then ``act(body, holder, account)``."""
         from .access import holder_of
 
         account, refused = await who(request)
         if refused is not None:
             return refused
         try:
-            body = await body_of(request)
-            status, data = await pool.create(body, request.remote, holder_of(request), account)
+            status, data = await act(await body_of(request), holder_of(request), account)
         except ConfigError as exc:
             return answer(*http_answer(exc))
         return answer(status, data)
+
+    async def create(request: web.Request) -> web.Response:
+        return await with_body(request, lambda body, holder, account: pool.create(body, request.remote, holder,
+                                                                                  account))
 
     async def renew(request: web.Request) -> web.Response:
-        from .access import holder_of
-
-        account, refused = await who(request)
-        if refused is not None:
-            return refused
-        try:
-            body = await body_of(request)
-            status, data = await pool.renew(request.match_info["id"][:64], body, holder_of(request), account)
-        except ConfigError as exc:
-            return answer(*http_answer(exc))
-        return answer(status, data)
+        lease_id = request.match_info["id"][:64]
+        return await with_body(request, lambda body, holder, account: pool.renew(lease_id, body, holder, account))
 
     async def delete(request: web.Request) -> web.Response:
         from .access import holder_of
