@@ -35,7 +35,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, TypeVar
 
-POLICY_PATH = "/etc/gpusd/policy.json"
+FAIR_USE_PATH = "/etc/gpusd/policy.json"
 POLICY_ENV = "GPUSD_POLICY"
 MAX_BYTES = 65536
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +62,7 @@ class Policy:
         ``fleet_held``: on the fleet); None when it may."""
         if not user:
             return None
-        where = self.source or POLICY_PATH
+        where = self.source or FAIR_USE_PATH
         mine = held.get(user, 0)
         cap = self.max_gpus_per_user
         if cap is not None and mine + count > cap:
@@ -181,20 +181,20 @@ def _warn_once(path: str, message: str) -> None:
 
 def policy_path() -> str:
     """The extra policy file the environment names (``$GPUSD_POLICY``), else the root policy's path."""
-    return os.environ.get(POLICY_ENV) or POLICY_PATH
+    return os.environ.get(POLICY_ENV) or FAIR_USE_PATH
 
 
 def load(path: str | None = None) -> Policy:
     """The policy in force (cached while the files are unchanged): the root-owned
-    :data:`POLICY_PATH`, made stricter by the file ``$GPUSD_POLICY`` names (:func:`stricter`), whatever
+    :data:`FAIR_USE_PATH`, made stricter by the file ``$GPUSD_POLICY`` names (:func:`stricter`), whatever
     that says: a client's environment can add limits, never remove one (a missing or untrusted file
     adds nothing).  ``path``: that file alone.  No caps where there is none, or a file cannot be
     trusted or parsed (said once, in the log)."""
     if path is not None:
         return load_root_file(path, "policy", _warn_once, _cache, parse) or Policy()
-    root = load_root_file(POLICY_PATH, "policy", _warn_once, _cache, parse)
+    root = load_root_file(FAIR_USE_PATH, "policy", _warn_once, _cache, parse)
     extra_path = os.environ.get(POLICY_ENV)
-    if not extra_path or extra_path == POLICY_PATH:
+    if not extra_path or extra_path == FAIR_USE_PATH:
         return root or Policy()
     extra = load_root_file(extra_path, "policy", _warn_once, _cache, parse)
     if extra is None:
@@ -296,7 +296,7 @@ def over_caps(leases: Iterable[Any], policy: Policy | None = None) -> dict[str, 
     if policy.max_gpus_per_user is None and not policy.max_gpus_per_group:
         return {}
     held = held_by_user(leases)
-    where = policy.source or POLICY_PATH
+    where = policy.source or FAIR_USE_PATH
     # each user's groups looked up once (the group database is read per lookup; this runs every sample)
     groups = {u: groups_of(u) for u in held} if policy.max_gpus_per_group else {}
     out: dict[str, str] = {}

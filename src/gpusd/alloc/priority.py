@@ -34,7 +34,7 @@ PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
 DEFAULT_MAX = HIGH
 DEFAULT_AGING_S = 1800.0
-POLICY_PATH = "/etc/gpusd/priorities.json"
+PRIORITY_PATH = "/etc/gpusd/priorities.json"
 
 
 def priority_name(level: int) -> str:
@@ -127,7 +127,7 @@ def _warn_once(path: str, message: str) -> None:
 def load_policy(path: str | None = None) -> PriorityPolicy:
     """The priority policy (cached while the file is unchanged); the defaults where there is none or
     it cannot be trusted or parsed (said once, in the log).  The administrator's (the fair-use
-    policy's ``priorities``, else :data:`POLICY_PATH`) applies whatever the client's environment says:
+    policy's ``priorities``, else :data:`PRIORITY_PATH`) applies whatever the client's environment says:
     ``$GPUSD_PRIORITY_POLICY`` may only add bounds (each user's highest level the lower of the two,
     aging the slower), and is the policy alone only where the administrator has none."""
     from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
@@ -139,7 +139,7 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
 
     root: PriorityPolicy | None = load_fair_use().priorities  # the fair-use policy's "priorities"
     if root is None:
-        root = load_root_file(POLICY_PATH, "priority policy", _warn_once, _cache, parse_policy)
+        root = load_root_file(PRIORITY_PATH, "priority policy", _warn_once, _cache, parse_policy)
     env = os.environ.get("GPUSD_PRIORITY_POLICY")
     extra = load_root_file(env, "priority policy", _warn_once, _cache, parse_policy) if env else None
     if root is None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @record
-class Device:
+class VendorDevice:
     """One GPU as a backend keeps it between snapshots (a vendor adds its own handles)."""
 
     index: int
@@ -156,7 +156,7 @@ class VendorBackend:
         self.close()
 
 
-def unified_memory(gpus: Sequence[GpuInfo], devices: Sequence[Device]) -> None:
+def unified_memory(gpus: Sequence[GpuInfo], devices: Sequence[VendorDevice]) -> None:
     """The host's memory for each GPU whose driver has no memory of its own to report (a unified-memory
     GPU answers the memory query "not supported"): what it can allocate is the host's available memory.
     Marked ``memory_shared``, so that every view says so and selection counts reservations host-wide."""

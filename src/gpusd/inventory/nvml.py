@@ -17,7 +17,7 @@ from ..errors import BackendUnavailable
 from ..model import SCHEMA_VERSION, GpuInfo, GpuLink, HostSnapshot, MigInstance, ProcessInfo
 from ..record import field, maker, record
 from ..topology import machine
-from .base import Device, VendorBackend
+from .base import VendorBackend, VendorDevice
 from .lost import GpuFailed as _GpuFailed
 from .lost import filled
 from .window import UtilWindow, utilisation
@@ -266,7 +266,7 @@ class _XidWatcher:
 
 
 @record
-class _Device(Device):
+class _Device(VendorDevice):
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
     local_cpus: str | None = None

@@ -83,7 +83,7 @@ def run_job(spec: JobSpec, cuda_checkpoint: bool = False) -> int:
     """``gpusd run`` on this host (docs/jobs.md): the priority policy's check of ``spec.priority``,
     NVIDIA's cuda-checkpoint for moves where asked (``cuda_checkpoint``) and usable, then the job's
     supervisor until its command has ended; its exit status."""
-    from ..alloc.priority import POLICY_PATH, load_policy
+    from ..alloc.priority import PRIORITY_PATH, load_policy
 
     policy = load_policy()
     allowed = policy.max_for(os.geteuid())
@@ -91,7 +91,7 @@ def run_job(spec: JobSpec, cuda_checkpoint: bool = False) -> int:
         source = policy.source or "the defaults"
         raise ConfigError(f"--priority {priority_name(spec.priority)}: the priority policy ({source}) allows you "
                           f"at most {priority_name(allowed)}; an administrator names who may use more in "
-                          f"{POLICY_PATH} (docs/jobs.md)")
+                          f"{PRIORITY_PATH} (docs/jobs.md)")
     if cuda_checkpoint:  # its module only where asked: start-up time
         from .checkpoint import CudaCheckpoint as Tool
         from .checkpoint import find_cuda_checkpoint
