@@ -156,6 +156,16 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def wants_start_slot(argv: Sequence[str]) -> bool:
+    """Whether ``gpusd ARGV`` is a job that queues here (``run --wait``, not ``--fleet``, ``--no-lease``),
+    from the words before ``--``: read before the parser, whose own start-up is what the slot
+    (:mod:`gpusd.alloc.startgate`) paces; a command given without ``--`` whose own flags say ``--wait``
+    takes a slot for nothing but its start."""
+    words = list(argv[:argv.index("--")] if "--" in argv else argv)
+    return ("run" in words and "--wait" in words and "--fleet" not in words and "--no-lease" not in words
+            and "-h" not in words and "--help" not in words)
+
+
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub)command that ``args`` were parsed for (``gpusd export prometheus-sd``)."""
     while parser._subparsers is not None:
@@ -193,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..alloc import startgate as gate
 
         try:
-            if gate.wanted(argv):
+            if wants_start_slot(argv):
                 gate.enter()
             return _main(argv)
         finally:
