@@ -526,3 +526,16 @@ async def test_the_fleet_view_is_there_once_the_daemon_answered_its_parsing_is_t
     listing = reading.result()
     assert listing is not None and len(listing.hosts) == 301 and len(listing.devices) == 1 + 300 * 8
     assert reading.result() is listing and len(parsed) == 1  # parsed once
+
+
+def test_the_fleet_views_hosts_keep_how_they_were_found_and_when_last_heard() -> None:
+    """A host of the local daemon's fleet view is built from its record (RemoteHost.from_record):
+    how that daemon found it (a static peer) and when it last heard from it are kept."""
+    far = {**fleet_host("fedcba9876543210", "far", "s"), "via": "peer", "last_seen": 1765000000.5}
+    listing = fleetview.parse_fleet(json.loads(json.dumps({"session": "s", "hosts": [fleet_host(OWN_NODE, "here", "s"),
+                                                                                      far]})),
+                                    Filters(session="s"), OWN_NODE, False)
+    assert listing is not None
+    by_name = {h.hostname: h for h in listing.hosts}
+    assert (by_name["far"].via, by_name["far"].last_seen) == ("peer", 1765000000.5)
+    assert by_name["here"].via == "mdns" and by_name["far"].txt.count == 1
