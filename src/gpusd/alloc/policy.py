@@ -147,27 +147,36 @@ def read_root_file(path: str, what: str, warn: Warn) -> tuple[tuple[int, int, in
     return (st.st_ino, st.st_mtime_ns, st.st_size), raw
 
 
-def load_root_file(path: str, what: str, warn: Warn, cache: dict[str, tuple[tuple[int, int, int], T]],
-                   parse: Callable[[bytes, str], T]) -> T | None:
+# The one cache of policy files (the fair-use policy's and the priority policy's): (path, parser) ->
+# ((inode, mtime, size), value), kept while the file is unchanged.
+_cache: dict[tuple[str, object], tuple[tuple[int, int, int], Any]] = {}
+
+
+def load_root_file(path: str, what: str, warn: Warn, parse: Callable[[bytes, str], T]) -> T | None:
     """``parse(bytes, path)`` of the policy file ``path`` that :func:`read_root_file` believes, kept in
-    ``cache`` (path -> (inode, mtime, size), value) while the file is unchanged; None where there is
-    none, it fails a check, or ``parse`` raises ValueError (``warn`` is told why)."""
+    the one cache while the file is unchanged; None where there is none, it fails a check, or
+    ``parse`` raises ValueError (``warn`` is told why)."""
     key, raw = read_root_file(path, what, warn)
     if key is None or raw is None:
         return None
-    hit = cache.get(path)
+    hit = _cache.get((path, parse))
     if hit is not None and hit[0] == key:
-        return hit[1]
+        value: T = hit[1]
+        return value
     try:
         value = parse(raw, path)
     except ValueError as exc:
         warn(path, f"ignoring the {what} {path}: {exc}")
         return None
-    cache[path] = (key, value)
+    _cache[(path, parse)] = (key, value)
     return value
 
 
-_cache: dict[str, tuple[tuple[int, int, int], Policy]] = {}
+def forget_files() -> None:
+    """Read every policy file again on its next use (as a new process would)."""
+    _cache.clear()
+
+
 _warned: set[str] = set()
 
 
@@ -191,12 +200,12 @@ def load(path: str | None = None) -> Policy:
     adds nothing).  ``path``: that file alone.  No caps where there is none, or a file cannot be
     trusted or parsed (said once, in the log)."""
     if path is not None:
-        return load_root_file(path, "policy", _warn_once, _cache, parse) or Policy()
-    root = load_root_file(FAIR_USE_PATH, "policy", _warn_once, _cache, parse)
+        return load_root_file(path, "policy", _warn_once, parse) or Policy()
+    root = load_root_file(FAIR_USE_PATH, "policy", _warn_once, parse)
     extra_path = os.environ.get(POLICY_ENV)
     if not extra_path or extra_path == FAIR_USE_PATH:
         return root or Policy()
-    extra = load_root_file(extra_path, "policy", _warn_once, _cache, parse)
+    extra = load_root_file(extra_path, "policy", _warn_once, parse)
     if extra is None:
         return root or Policy()
     return extra if root is None else stricter(root, extra)

@@ -112,7 +112,6 @@ def _groups(uid: int, name: str | None) -> list[str]:
         return []
 
 
-_cache: dict[str, tuple[tuple[int, int, int], PriorityPolicy]] = {}
 _warned: set[str] = set()
 
 
@@ -133,15 +132,15 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
     from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
 
     if path is not None:
-        policy = load_root_file(path, "priority policy", _warn_once, _cache, parse_policy)
+        policy = load_root_file(path, "priority policy", _warn_once, parse_policy)
         return PriorityPolicy() if policy is None else policy
     from .policy import load as load_fair_use
 
     root: PriorityPolicy | None = load_fair_use().priorities  # the fair-use policy's "priorities"
     if root is None:
-        root = load_root_file(PRIORITY_PATH, "priority policy", _warn_once, _cache, parse_policy)
+        root = load_root_file(PRIORITY_PATH, "priority policy", _warn_once, parse_policy)
     env = os.environ.get("GPUSD_PRIORITY_POLICY")
-    extra = load_root_file(env, "priority policy", _warn_once, _cache, parse_policy) if env else None
+    extra = load_root_file(env, "priority policy", _warn_once, parse_policy) if env else None
     if root is None:
         return PriorityPolicy() if extra is None else extra
     if extra is None:
