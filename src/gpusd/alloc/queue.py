@@ -221,9 +221,7 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
                         or not try_lock(fd, shared=False)):
                     continue
                 raw = os.pread(fd, MAX_TICKET_BYTES + 1, 0)
-                d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else None
-                if not isinstance(d, dict):
-                    continue
+                d = json_object(raw, MAX_TICKET_BYTES)  # ValueError: not a ticket, passed over below
                 pid, uid = d.get("pid"), d.get("uid")
                 if type(pid) is not int or type(uid) is not int or not (0 < pid < 2**31 and 0 <= uid < 2**32):
                     continue
@@ -235,7 +233,7 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
                 out[(pid, uid)] = Place(Ticket(store, int(m.group(1)), store.dir / name, fd, os.dup(dfd)),
                                         pid, uid, started, until)
                 kept = True
-            except (OSError, ValueError, RecursionError):
+            except (OSError, ValueError):
                 pass
             finally:
                 if not kept:
