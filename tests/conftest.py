@@ -44,11 +44,9 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     # what the library wrote into os.environ itself (Selection.apply) goes with the test
     for var in set(os.environ) - set(before):
         del os.environ[var]
-    from gpusd.alloc import api
+    from gpusd.alloc import backend
 
-    for backend in api._backends.values():
-        backend.close()
-    api._backends.clear()
+    backend.close_all()
 
 
 def gpusd_cli(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60,

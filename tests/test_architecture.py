@@ -456,7 +456,6 @@ CYCLES_PENDING = [
     {"alloc.policy", "alloc.priority"},  # the priority policy is read from the fair-use policy and back
     {"alloc.placement", "alloc.select"},  # choose() calls pick(); pick() ranks with score()
     {"alloc.authority", "alloc.leases", "alloc.leaseview"},
-    {"alloc.api", "alloc.env"},  # set_cuda_visible_devices resolves indices with the shared backend
     {"daemon.access", "daemon.guard", "daemon.routes"},
     {"discovery.client", "discovery.follower", "discovery.mdns", "discovery.peers", "discovery.source",
      "discovery.widearea"},

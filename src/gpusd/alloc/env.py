@@ -126,7 +126,7 @@ def _resolve(items: list[int | str]) -> list[Visible] | None:
         return None  # an NVIDIA host: no NVML start-up just to learn that
 
     try:
-        from .api import shared_backend
+        from .backend import shared_backend
 
         snap = shared_backend().snapshot(detail=False)
     except GpusdError:
@@ -151,7 +151,7 @@ def _check_indices(items: list[int | str]) -> None:
     from ..errors import GpusdError
 
     try:
-        from .api import shared_backend
+        from .backend import shared_backend
 
         count = len(shared_backend().snapshot(detail=False).gpus)
     except (GpusdError, OSError):
