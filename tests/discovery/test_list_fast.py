@@ -539,3 +539,37 @@ def test_the_fleet_views_hosts_keep_how_they_were_found_and_when_last_heard() ->
     by_name = {h.hostname: h for h in listing.hosts}
     assert (by_name["far"].via, by_name["far"].last_seen) == ("peer", 1765000000.5)
     assert by_name["here"].via == "mdns" and by_name["far"].txt.count == 1
+
+
+def test_the_source_choice_lives_in_discovery() -> None:
+    """discovery.fleetsource.choose: the daemon's view where it answers; the browse otherwise, handed
+    no view once the daemon answered nothing usable."""
+    import threading
+
+    from gpusd.discovery import fleetsource
+    from gpusd.discovery.source import Listing
+
+    class Answered:
+        def __init__(self, result: Listing | None) -> None:
+            self.sent = threading.Event()
+            self._result = result
+
+        def wait(self, timeout: float) -> bool:
+            return True
+
+        def done(self) -> bool:
+            return True
+
+        def result(self) -> Listing | None:
+            return self._result
+
+    view = Listing([], [], 0)
+    browsed: list[object] = []
+
+    def browse(local: object) -> Listing:
+        browsed.append(local)
+        return Listing([], [], 7)
+
+    assert fleetsource.choose(Answered(view), browse) is view and browsed == []  # type: ignore[arg-type]
+    assert fleetsource.choose(Answered(None), browse).unmatched == 7 and browsed == [None]  # type: ignore[arg-type]
+    assert fleetsource.choose(None, browse).unmatched == 7 and browsed == [None, None]
