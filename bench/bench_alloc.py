@@ -175,7 +175,7 @@ def collisions(fake: FakeEnv, rounds: int) -> None:
 
 def latency(fake: FakeEnv, n: int, runs: int, rigs: list[str]) -> None:
     import gpusd
-    from gpusd.alloc import api
+    from gpusd.alloc.backend import close_all
 
     def ours() -> None:
         gpusd.select(count=1, lease=False)
@@ -186,9 +186,7 @@ def latency(fake: FakeEnv, n: int, runs: int, rigs: list[str]) -> None:
     for rig in rigs:
         rig_fake = fake if rig == "samples" else FakeEnv(fleet_no_samples())
         rig_fake.activate_in_process()
-        for backend in api._backends.values():  # a fresh backend per rig (it remembers what is unsupported)
-            backend.close()
-        api._backends.clear()
+        close_all()  # a fresh backend per rig (it remembers what is unsupported)
         rows = [("gpusd.select(count=1, lease=False)", p50(timeit_each(ours, n))),
                 ("gpusd.select(count=1) + lease + release", p50(timeit_each(ours_lease, n)))]
         try:

@@ -337,7 +337,7 @@ def attack_39_4_root(src: Path, tmp: Path) -> str:
     """The same bypass, the root policy's cap (here: the module's path, in a process of that code)."""
     code = (
         "import json,os,sys; from gpusd.alloc import policy; p=sys.argv[1]; open(p,'w').write(json.dumps("
-        "{'max_gpus_per_user':1})); os.chmod(p,0o644); policy.POLICY_PATH=p\n"
+        "{'max_gpus_per_user':1})); os.chmod(p,0o644); policy.FAIR_USE_PATH=policy.POLICY_PATH=p\n"
         "from gpusd.alloc.api import LeaseRequest, allocate; from gpusd.alloc.select import Constraints\n"
         "try:\n sel=allocate(LeaseRequest(Constraints(count=2), simulate='3xA100-80GB')); print('leased', "
         "len(sel.devices))\nexcept Exception as e: print('refused:', str(e)[:90])")

@@ -31,7 +31,7 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("GPUSD_STATE_DIR", str(base / "state"))
     monkeypatch.setenv("GPUSD_LEASE_SOCKET", str(base / "run" / "lease.sock"))
     for var in ("GPUSD_SIMULATE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSD_NVML_LIBRARY",
-                # the other vendors' visibility variables and libraries (issue 21)
+                # the other vendors' visibility variables and libraries
                 "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ZE_AFFINITY_MASK",
                 "ONEAPI_DEVICE_SELECTOR", "ZE_FLAT_DEVICE_HIERARCHY", "GPUSD_AMDSMI_LIBRARY", "GPUSD_ZE_LIBRARY",
                 "GPUSD_BACKENDS",
@@ -45,11 +45,9 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     # what the library wrote into os.environ itself (Selection.apply) goes with the test
     for var in set(os.environ) - set(before):
         del os.environ[var]
-    from gpusd.alloc import api
+    from gpusd.alloc import backend
 
-    for backend in api._backends.values():
-        backend.close()
-    api._backends.clear()
+    backend.close_all()
 
 
 def gpusd_cli(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60,

@@ -1,4 +1,4 @@
-"""A LAN stranger for the trust tests (issue 9): run inside a network namespace of tests/netns.py.
+"""A LAN stranger for the trust tests: run inside a network namespace of tests/netns.py.
 
     python stranger.py serve IP LOG [--loopback-record]
         announce a fake ``_gpusd._tcp`` host (hostname ``evil``) at IP:4780, answer its event stream

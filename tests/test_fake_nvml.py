@@ -590,7 +590,7 @@ def test_gpustat_cli_json(fake_nvml: FakeNvml) -> None:
     assert [g["utilization.gpu"] for g in data["gpus"]] == [40, 40, 40]
 
 
-# -- telemetry (issue 25): energy, PCIe replays, remapped rows, field values, XID events, GPM ----------------
+# -- telemetry: energy, PCIe replays, remapped rows, field values, XID events, GPM ----------------
 def test_telemetry_calls_answer_from_the_state(fake_nvml_inprocess: FakeNvml) -> None:
     gpus = make_gpus(2, energy=1000, pcie_replay=4, remapped_rows=(3, 2, 1, 0), memory_temperature=66,
                      power_usage=0)

@@ -21,7 +21,7 @@ from importlib import import_module
 
 from ._version import __version__
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 # The public names, each resolved on first use from the module that defines it.
 _LAZY = {

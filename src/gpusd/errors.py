@@ -20,23 +20,48 @@
     ├── DiskFull (disk_full)             a file could not be written: its file system is full (ENOSPC, EDQUOT)
     └── DaemonStartFailed (start_failed) a background daemon exited while starting (``status``: its exit code)
 
-Each class has a stable ``code`` (docs/errors.md): the lease socket, a job's control socket and the
-HTTP API carry it (:func:`to_wire`, :func:`from_wire`), and the CLI's exit codes are keyed off it
-(``gpusd.cli.exits``).  Library exceptions carry no CLI exit code.  Those that are also
-:class:`ValueError` stay catchable as before.
+Each class carries the three numbers that stand for it (docs/errors.md), and nothing else chooses them:
+
+- ``code``: stable, on the lease socket, a job's control socket and the HTTP API (:func:`to_wire`,
+  :func:`from_wire`);
+- ``exit_status``: what the CLI exits with (``gpusd.cli.exits`` reads it; a subclass inherits its base's);
+- ``http_status`` (and ``http_reason``): the daemon's HTTP answer for it (:func:`http_answer`); the pool
+  client's decoding reads the same attributes (``REFUSED_STATUSES``).
+
+Two subclasses keep their base's code on every wire (older peers read them as before): ``OverCap`` (a
+``no_gpu`` past the fair-use cap, HTTP 429) and ``PlacementError`` (a bad placement file, ``error``).
+:func:`exec_failure` is the one rule for a command that cannot be started (exit 127 or 126).  Those that
+are also :class:`ValueError` stay catchable as before.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
+
+
+# The CLI's exit statuses (docs/cli.md "Exit codes"); gpusd.cli.exits re-exports them.
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NO_BACKEND = 3  # no NVML library, no driver, or no simulation given
+EXIT_NO_GPU = 4  # no GPU satisfies the constraints (and --wait was not given)
+EXIT_TIMEOUT = 5  # --wait --timeout ran out
+EXIT_NO_DAEMON = 6  # no daemon running / none found, or its answer cannot be read
+EXIT_ALREADY_RUNNING = 7  # gpusd start: a daemon already runs on this state directory with other options
+EXIT_TIME_LIMIT = 124  # gpusd run --time: the job's time ran out and it was stopped (as timeout(1) exits)
+EXIT_CANNOT_EXECUTE = 126  # the shell's statuses for a command that cannot be started
+EXIT_NOT_FOUND = 127
 
 
 class GpusdError(Exception):
     """Base class of gpusd's errors; its message is one line meant for users."""
 
-    code = "error"  # stable: on the wire (to_wire) and the key of the CLI's exit codes
+    code = "error"  # stable: on the wire (to_wire)
+    exit_status = EXIT_ERROR
+    http_status = 503  # the daemon could not do it; a subclass says better where it can
+    http_reason: str | None = None  # the HTTP body's "reason" (older clients read it)
 
     @classmethod
     def from_message(cls, message: str, d: dict[str, Any]) -> GpusdError:
@@ -48,6 +73,8 @@ class ConfigError(GpusdError, ValueError):
     """A bad flag, value or file given by the user."""
 
     code = "usage"
+    exit_status = EXIT_USAGE
+    http_status = 400
 
 
 class IdError(ConfigError):
@@ -73,6 +100,7 @@ class BackendUnavailable(GpusdError):
     (the CLI rewrites that hint to name the very command that was run)."""
 
     code = "no_backend"
+    exit_status = EXIT_NO_BACKEND
 
     def __init__(self, reason: str, hint: bool = False) -> None:
         self.reason = reason
@@ -85,12 +113,16 @@ class NoGpuAvailable(GpusdError):
     """No GPU satisfies the constraints right now."""
 
     code = "no_gpu"
+    exit_status = EXIT_NO_GPU
+    http_status = 409
+    http_reason = "no_gpu"
 
 
 class WaitTimeout(NoGpuAvailable):
     """Waiting for qualifying GPUs ran past its timeout."""
 
     code = "timeout"
+    exit_status = EXIT_TIMEOUT
 
 
 class WireError(GpusdError, ValueError):
@@ -116,6 +148,7 @@ class NoDaemon(GpusdError):
     """No daemon runs (for this state directory), or none was found."""
 
     code = "no_daemon"
+    exit_status = EXIT_NO_DAEMON
 
 
 class SourceError(GpusdError):
@@ -123,6 +156,7 @@ class SourceError(GpusdError):
     (a daemon may well run: its answer is what failed); the CLI still exits 6 for it."""
 
     code = "source"
+    exit_status = EXIT_NO_DAEMON
 
 
 class LockBusy(GpusdError):
@@ -136,6 +170,7 @@ class AlreadyRunning(GpusdError):
     """``gpusd start`` asked for other options than the daemon already running on its state directory."""
 
     code = "already_running"
+    exit_status = EXIT_ALREADY_RUNNING
 
 
 class DiskFull(GpusdError):
@@ -144,6 +179,8 @@ class DiskFull(GpusdError):
     half-written is left behind.  HTTP 507 on the API."""
 
     code = "disk_full"
+    http_status = 507  # Insufficient Storage: the reason, not "no GPU"
+    http_reason = "disk_full"
 
     @classmethod
     def of(cls, directory: object, exc: OSError | None = None, what: str = "a file") -> DiskFull:
@@ -177,6 +214,28 @@ class DaemonStartFailed(GpusdError):
         return cls(message, status if type(status) is int and 0 <= status < 256 else 1)
 
 
+class OverCap(NoGpuAvailable):
+    """A request past the fair-use policy's cap for its user (the message names the cap); never
+    waited out.  Its code stays ``no_gpu`` (older peers read it as one)."""
+
+    http_status = 429
+    http_reason = "policy"
+
+
+class PlacementError(GpusdError, ValueError):
+    """A placement that cannot be used: unsafe or malformed host names, GPU lists or job id."""
+
+
+def exec_failure(exc: OSError, program: str) -> tuple[int, str]:
+    """The exit status and one-line message for a command that could not be started: 127 when it
+    is not found, 126 when it cannot be executed (the shell's convention)."""
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_NOT_FOUND, f"command not found: {program}"
+    if isinstance(exc, PermissionError):
+        return EXIT_CANNOT_EXECUTE, f"permission denied: {program}"
+    return EXIT_NOT_FOUND, f"cannot run {program}: {exc.strerror or exc}"
+
+
 # -- errors on the wire ---------------------------------------------------------------------------------
 # The answers of 0.2 daemons and supervisors name a kind in "error" (lease socket, control socket) and
 # no "code"; those words are the codes of these classes, and every answer still carries its nearest one.
@@ -199,6 +258,18 @@ def to_wire(exc: BaseException, http: bool = False) -> dict[str, Any]:
     if isinstance(exc, DaemonStartFailed):
         out["status"] = exc.status
     return out
+
+
+def http_answer(exc: BaseException, reason: str | None = None) -> tuple[int, dict[str, Any]]:
+    """The daemon's HTTP answer for ``exc``: its class's status and the body :func:`to_wire` makes,
+    with ``reason`` (else the class's ``http_reason``) where there is one.  Anything not a
+    :class:`GpusdError` answers as one (503)."""
+    cls = type(exc) if isinstance(exc, GpusdError) else GpusdError
+    body = to_wire(exc, http=True)
+    why = reason or cls.http_reason
+    if why is not None:
+        body["reason"] = why
+    return cls.http_status, body
 
 
 def from_wire(d: object, prefix: str = "") -> GpusdError:
@@ -244,13 +315,8 @@ _BY_CODE: dict[str, type[GpusdError]] = {
                         WaitTimeout, WireError, TxtError, SSEError, NoDaemon, SourceError, LockBusy,
                         AlreadyRunning, DiskFull, DaemonStartFailed)}
 
-_MOVED = ("EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_NO_BACKEND", "EXIT_NO_GPU", "EXIT_TIMEOUT", "EXIT_NO_DAEMON")
-
-
-def __getattr__(name: str) -> Any:
-    """The CLI exit codes moved to :mod:`gpusd.cli.exits`; the old names still resolve."""
-    if name in _MOVED:
-        from .cli import exits
-
-        return getattr(exits, name)
-    raise AttributeError(f"module 'gpusd.errors' has no attribute {name!r}")
+# The HTTP statuses of a daemon that refused a lease for now (no GPU, a cap, a full disk, another
+# failure): the pool client then tries the next host, and tells the user each one's reason when none
+# granted.
+REFUSED_STATUSES = frozenset({NoGpuAvailable.http_status, OverCap.http_status, DiskFull.http_status,
+                              GpusdError.http_status})

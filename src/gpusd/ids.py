@@ -15,6 +15,8 @@ module compiles a regular expression for these ids (``tests/test_ids.py`` checks
                  hex digits; read 1 to 64 letters, digits, ``_`` or ``-`` (the lock directory's rule),
                  not starting with ``-`` (a lease id goes into ``gpusd fleet-job --lease ID`` lines).
 ``SlurmJobId``   a Slurm job or array task (``42``, ``42_3``): Slurm makes them, gpusd only reads them.
+``GpuUuid``      a GPU's or MIG slice's UUID (``GPU-...``, ``MIG-...``): drivers make them, gpusd reads
+                 1 to 120 letters, digits or ``-`` after the prefix.
 ``PlacementId``  the ``job_id`` of an engines placement (``gpusd launch``, ``hostfile``, ``ray up``):
                  a name for hostfiles and engines, not a gpusd job; written ``gpusd-`` and 8 hex digits,
                  read 1 to 64 letters, digits, ``.``, ``_`` or ``-`` (not starting with ``.`` or ``-``).
@@ -32,7 +34,7 @@ import re
 
 from .errors import IdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
     from typing import TypeGuard
@@ -124,6 +126,28 @@ class PlacementId(_Id):
         return "gpusd-" + os.urandom(4).hex()
 
 
+class GpuUuid(_Id):
+    """A GPU's or a MIG slice's UUID as drivers write it (``GPU-<hex groups>``, ``MIG-<...>``; AMD's
+    and Intel's are written in the same form by their backends): what a record, a placement, a Slurm
+    job's device list or a checkpoint's device map may carry.  Never anything that could split a
+    comma-separated list or a command line."""
+
+    what = "a GPU UUID"
+    rule = "GPU- or MIG- and 1 to 120 letters, digits or '-'"
+    _match = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z-]{1,120}").fullmatch
+
+    @staticmethod
+    def is_slice(text: str) -> bool:
+        """Whether ``text`` names a MIG slice (addressed only by its UUID)."""
+        return text.startswith("MIG-")
+
+    @staticmethod
+    def names_one(token: str) -> bool:
+        """Whether a device-list token (``CUDA_VISIBLE_DEVICES``) is given by UUID: CUDA also takes a
+        UUID's unique prefix, so this checks the form's start only."""
+        return token.startswith(("GPU-", "MIG-"))
+
+
 class ContainerId(_Id):
     """A container's id as its runtime writes it (``--cidfile``, the cgroup's name)."""
 
@@ -140,4 +164,4 @@ class PodUid(_Id):
     _match = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
 
 
-__all__ = ["JobId", "LeaseId", "SlurmJobId", "PlacementId", "ContainerId", "PodUid"]
+__all__ = ["JobId", "LeaseId", "SlurmJobId", "PlacementId", "GpuUuid", "ContainerId", "PodUid"]

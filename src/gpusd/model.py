@@ -20,9 +20,9 @@ import math
 from .errors import WireError
 from .record import MISSING, field, record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, TypeVar
+    from typing import Any, Callable, Iterable, TypeVar
 
     T = TypeVar("T")
 
@@ -39,14 +39,31 @@ MAX_INT = 2**63  # integers are 64-bit on every producer (NVML, the kernel)
 FREE_UTIL = 5.0
 
 
-def free_memory(total: int | None, used: int | None, reported: int | None = None) -> int | None:
+def free_memory(total: int | None, used: int | None, reported: int | None = None,
+                reserved: int = 0) -> int | None:
     """gpusd's one rule for free memory (a GPU's, a MIG slice's): what the driver reported, else total
-    less used (never below 0), else None: unknown."""
-    if reported is not None:
-        return reported
-    if total is None or used is None:
-        return None
-    return max(0, total - used)
+    less used, less what leases reserved and have not allocated yet (``reserved``,
+    :func:`reserved_memory`), never below 0; None: unknown.  ``select``, ``list``, ``top`` and
+    /metrics all show this number (``GpuInfo.memory_available``)."""
+    base = reported if reported is not None else None if total is None or used is None else total - used
+    return None if base is None else max(0, base - reserved)
+
+
+def reserved_memory(leases: Iterable[LeaseInfo], processes: Iterable[ProcessInfo],
+                    family: Callable[[int], set[int]] | None = None) -> int:
+    """Memory the ``leases`` asked for that their processes (``family(pid)``: a lease holder's
+    process and its children; by default the holder alone) have not allocated yet."""
+    procs = list(processes)
+    total = 0
+    for lease in leases:
+        if not lease.memory:
+            continue
+        used = 0
+        if procs:
+            pids = family(lease.pid) if family is not None else {lease.pid}
+            used = sum(p.used_memory or 0 for p in procs if p.pid in pids)
+        total += max(0, lease.memory - used)
+    return total
 
 
 def finite(value: float | None) -> float | None:
@@ -461,8 +478,15 @@ class MigInstance:
     compute_instance_id: int | None = None
 
     @property
-    def memory_free(self) -> int | None:
+    def memory_available(self) -> int | None:
+        """Free memory by the one rule (:func:`free_memory`); a slice reports no free reading."""
         return free_memory(self.memory_total, self.memory_used)
+
+    memory_free = memory_available  # its older name
+
+    def free_after(self, reserved: int) -> int | None:
+        """Free memory by the one rule, less ``reserved`` (the allocator counts leases itself)."""
+        return free_memory(self.memory_total, self.memory_used, None, reserved)
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)
@@ -622,7 +646,7 @@ class GpuInfo:
     # The topology in a form that grows with the GPU's links, not the host's GPUs (added in 0.4, schema 1
     # still): what gpusd's backends send instead of ``links``, which stays for the readers of older daemons.
     topology: GpuTopology | None = field(default=None, metadata=OPT)
-    # Issue 21 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
+    # Added in 0.3 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
     # runtime (CUDA, ROCm, Level Zero), which is what that vendor's visibility variable counts.
     # ``index`` stays unique on the host; on a one-vendor host both are the same.
     vendor: str = "nvidia"  # "nvidia", "amd" or "intel" (VENDORS)
@@ -690,9 +714,15 @@ class GpuInfo:
 
     @property
     def memory_available(self) -> int | None:
-        """Free memory by the one rule (:func:`free_memory`): ``memory_free`` where the backend read it,
-        else total less used; None when unknown."""
-        return free_memory(self.memory_total, self.memory_used, self.memory_free)
+        """Free memory by the one rule (:func:`free_memory`): ``memory_free`` (the driver's raw reading)
+        where the backend read it, else total less used; less what the GPU's leases reserved and have
+        not allocated; None when unknown."""
+        return self.free_after(reserved_memory(self.leases, self.processes))
+
+    def free_after(self, reserved: int) -> int | None:
+        """Free memory by the one rule, less ``reserved`` (the allocator counts leases itself: a
+        lease's processes with their children, and every GPU sharing the host's memory)."""
+        return free_memory(self.memory_total, self.memory_used, self.memory_free, reserved)
 
     @property
     def memory_used_ratio(self) -> float | None:
@@ -820,8 +850,10 @@ def _accept_simulated_keyword(cls: type) -> None:
 _accept_simulated_keyword(HostSnapshot)
 
 
-# The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``).
+# The GPU vendors gpusd reads (GpuInfo.vendor; ``--vendor``); what each one means is
+# gpusd.inventory.vendors' to say.  A GPU that names no vendor (a peer before 0.3) is NVIDIA's.
 VENDORS = ("nvidia", "amd", "intel")
+DEFAULT_VENDOR = VENDORS[0]
 
 MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, GpuTopology, MigInstance, ProcessInfo, LeaseInfo, BookingInfo)
 # the classes whose from_dict (to_dict) is decode (encode) and nothing more: a compiled codec of a class
@@ -876,7 +908,7 @@ def shown_name(name: str | None, vendor: str = "nvidia") -> str:
     vendor for a GPU that is not NVIDIA's (``MI300X [amd]``; the vendor made printable, at most 8
     characters).  The dashboard's ``shortName`` (web/app.js) follows the same rule."""
     shown = display_name(name)
-    if vendor == "nvidia":
+    if vendor == DEFAULT_VENDOR:
         return shown
     from .sanitize import for_terminal
 

@@ -1,7 +1,7 @@
 """Record classes without :mod:`dataclasses` at import time: the one definition of a record's fields.
 
 ``dataclasses`` costs a command ~10 ms before its first line runs (it imports ``inspect``, ``ast``,
-``dis`` and ``tokenize``, ~5 ms, then builds each class's methods, 0.2-0.8 ms a class: issue 24).  The
+``dis`` and ``tokenize``, ~5 ms, then builds each class's methods, 0.2-0.8 ms a class).  The
 records on the quick commands' path (the model, the selection constraints, the leases...) are made by
 :func:`record` instead, from the same class body a dataclass would have::
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import operator
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, TypeVar
 
@@ -131,7 +131,7 @@ def maker(cls: type[T]) -> Callable[..., T]:
     class: CPython (3.11) passes a class call through ``type.__call__``, ``object.__new__`` and
     ``__init__``'s lookup, a seventh of a record's cost here (``GpuInfo``, 51 fields: ~0.56 us made so,
     ~0.64 us by its class; ``ProcessInfo`` ~0.17 and ~0.21 us).  For code that makes many records, such
-    as a snapshot (issue 24).  Made once per class, on first use.  A class's own ``__init__`` (one the
+    as a snapshot.  Made once per class, on first use.  A class's own ``__init__`` (one the
     class body defines or puts in place of the generated one) is not called; ``__post_init__`` is."""
     made: Any = cls.__dict__.get("__record_maker__") if isinstance(cls, type) else None
     if made is None:

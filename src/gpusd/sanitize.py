@@ -41,7 +41,7 @@ import math
 import re
 import unicodedata
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -76,7 +76,7 @@ def for_terminal(s: object, max_len: int = MAX_LEN) -> str:
     text = s if isinstance(s, str) else str(s)
     max_len = max(1, max_len)
     if text.isascii() and text.isprintable():  # nothing to remove (the common case: 8,000 table cells
-        return text if len(text) <= max_len else text[:max_len - 1] + ELLIPSIS  # of 1,000 hosts, issue 24)
+        return text if len(text) <= max_len else text[:max_len - 1] + ELLIPSIS  # of 1,000 hosts)
     # Bound the work: removing sequences can only shorten the text, and a sequence cut here loses
     # its ESC below (what is left of it is shown as plain, harmless text).
     limit = 4 * max_len + 64
@@ -168,6 +168,21 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def json_object(raw: bytes | str, limit: int | None = None) -> dict[str, Any]:
+    """Bytes from a peer, a file or another user, as the JSON object they must be: ValueError (one
+    line: too long, not JSON, not an object) otherwise, never a RecursionError.  ``limit``: at most
+    that many bytes (characters for ``str``)."""
+    if limit is not None and len(raw) > limit:
+        raise ValueError(f"more than {limit} bytes")
+    try:
+        d = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({str(exc)[:100]})") from None
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    return d
+
+
 def dumps(obj: Any, **kw: Any) -> str:
     """``json.dumps`` for output: strict JSON, never ``NaN`` or ``Infinity`` (they become ``null``),
     ASCII only (a control character leaves as its ``\\u`` escape, never as the raw byte)."""
@@ -178,7 +193,7 @@ def dumps(obj: Any, **kw: Any) -> str:
         return json.dumps(json_safe(obj), allow_nan=False, **kw)
 
 
-__all__ = ["MAX_LEN", "dumps", "for_exposition", "for_html", "for_label", "for_terminal", "json_safe",
+__all__ = ["MAX_LEN", "dumps", "for_exposition", "for_html", "for_label", "for_terminal", "json_object", "json_safe",
            "log_formatter", "optional", "rich_text"]
 
 

@@ -73,9 +73,6 @@ _RULE = re.compile(
     re.VERBOSE | re.IGNORECASE,
 )
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*")
-_DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-                   "ms": 0.001, "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-                   "h": 3600.0, "hour": 3600.0, "hours": 3600.0}
 _SYNTAX_HELP = ('expected METRIC OP VALUE [for DURATION] or "lost", e.g. "temperature>85", '
                 '"utilization>90 for 60s", "memory>95%", "power>300W", "lost"')
 
@@ -154,7 +151,9 @@ def format_value(value: float | None, unit: str) -> str:
 
 
 def _duration(num: str, unit: str, rule: str) -> float:
-    factor = _DURATION_UNITS.get(unit.lower())
+    from .units import DURATION_UNITS
+
+    factor = DURATION_UNITS.get(unit.lower())
     if factor is None:
         raise ConfigError(f"bad threshold rule {rule!r}: unknown duration unit {unit!r} (use s, m, h or ms)")
     return float(num) * factor

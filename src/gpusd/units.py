@@ -67,8 +67,13 @@ def format_bytes(n: int | None, unit: str = "GiB") -> str:
     return f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
 
 
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|sec|m|min|h|d|w)?", re.IGNORECASE)
-_DURATION_UNIT = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)")
+# Seconds per unit: the one table of duration units (flags, policy files, threshold rules' "for 60s").
+DURATION_UNITS: dict[str, float] = {
+    "": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0, "ms": 0.001,
+    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hour": 3600.0, "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
+    "w": 7 * 86400.0, "week": 7 * 86400.0, "weeks": 7 * 86400.0}
 MAX_DURATION = 20 * 365 * 86400  # 20 years: longer is a typo, and would overflow timers
 DURATION_EXAMPLES = "seconds, or 90s, 15m, 6h, 7d, 2w"
 
@@ -80,11 +85,12 @@ def parse_duration(text: str | float, zero: bool = False) -> float:
     s = str(text).strip()
     m = _DURATION.fullmatch(s)
     least = "0 or more" if zero else "longer than 0"
-    if not m:
-        if s.startswith("-") and _DURATION.fullmatch(s[1:].strip()):
+    if not m or m.group(2).lower() not in DURATION_UNITS:
+        negative = _DURATION.fullmatch(s[1:].strip()) if s.startswith("-") else None
+        if negative and negative.group(2).lower() in DURATION_UNITS:
             raise ValueError(f"must be a duration {least} ({DURATION_EXAMPLES}), not {s!r}")
         raise ValueError(f"not a duration: {s!r} ({DURATION_EXAMPLES})")
-    value = float(m.group(1)) * _DURATION_UNIT[(m.group(2) or "").lower()]
+    value = float(m.group(1)) * DURATION_UNITS[m.group(2).lower()]
     if value > MAX_DURATION:
         raise ValueError(f"must be a duration of at most 20 years, not {s!r}")
     if value == 0 and not zero:

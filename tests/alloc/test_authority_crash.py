@@ -1,4 +1,4 @@
-"""Leases granted by the daemon outlive the daemon: ``kill -9``, a restart, a second daemon (issue 31).
+"""Leases granted by the daemon outlive the daemon: ``kill -9``, a restart, a second daemon.
 
 The daemon here is a real ``gpusd start`` process (the lease authority of the test's own lock directory
 and socket, on the fake NVML), so that it can be killed with SIGKILL while jobs hold GPUs through it."""

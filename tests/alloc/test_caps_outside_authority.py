@@ -35,7 +35,7 @@ def root_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from gpusd.alloc import policy
 
     path = policy_file(tmp_path / "policy.json", {"max_gpus_per_user": 1, "fair_share_days": 7})
-    monkeypatch.setattr(policy, "POLICY_PATH", str(path))
+    monkeypatch.setattr(policy, "FAIR_USE_PATH", str(path))
     return path
 
 

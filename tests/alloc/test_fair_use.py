@@ -112,3 +112,16 @@ def test_the_policy_counts_a_group_together_and_is_believed_only_from_root(tmp_p
     link = tmp_path / "link.json"
     link.symlink_to(good)
     assert policy.load(str(link)).max_gpus_per_user is None
+
+
+def test_one_cache_for_every_policy_file() -> None:
+    """The fair-use and priority policies are read through one reader and one cache (alloc.policy);
+    no other module keeps a cache of policy files."""
+    import re
+
+    from tests_paths import REPO
+
+    alloc = REPO / "src" / "gpusd" / "alloc"
+    for path in alloc.glob("*.py"):
+        if path.name != "policy.py":
+            assert not re.search(r"^_cache\b", path.read_text(), re.M), path.name

@@ -322,7 +322,7 @@ def test_a_second_daemon_does_not_take_over_a_live_lease_socket(fake_nvml_inproc
     sock.close()
 
 
-# -- protocol 2: the connection that holds a lease grows it and gives GPUs back (issue 13) ----------------
+# -- protocol 2: the connection that holds a lease grows it and gives GPUs back ----------------
 
 def _held_connection(count: int = 1, **extra: object) -> tuple[socket.socket, dict, object]:
     """A protocol-2 lease asked on a raw connection: (the connection, the answer, a line reader)."""

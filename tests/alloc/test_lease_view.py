@@ -1,4 +1,4 @@
-"""The lease view (issue 24): a process that looks at a lock directory again reads only what changed,
+"""The lease view: a process that looks at a lock directory again reads only what changed,
 and is never told less than a fresh read would tell: a dead holder's lease is free in the next look,
 a record kept locked by someone else is confirmed again, a forked child never steals the parent's
 events, a flood that overflows the event queue makes the next look a full one."""

@@ -104,7 +104,7 @@ def test_launch_per_host_placement_follows_the_same_rule():
         snap = HostSnapshot.from_json(_host(utils).to_json())  # as a daemon serves it
         host = RemoteHost(key=name, txt=TxtRecord(node_id=name, hostname=name, session="default", count=4),
                           url="http://198.18.0.9:4780/api/v1", snapshot=snap, alive=True, verified=True)
-        host.identity = SignedIdentity(name, name, ("198.18.0.9",))  # what the daemon signed (issue 17)
+        host.identity = SignedIdentity(name, name, ("198.18.0.9",))  # what the daemon signed
         hosts.append(host)
     ranked = rank_hosts(hosts, Constraints.build(count=2))
     chosen = {h.hostname: sorted(c.gpu.index for c in cands) for _, h, cands in ranked}

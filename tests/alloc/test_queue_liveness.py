@@ -75,9 +75,9 @@ def test_a_policy_only_root_can_read_does_not_make_two_waiters_wait_for_each_oth
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
 
     def user_waits() -> str:  # a low job of another user, queued first
-        from gpusd.alloc import priority
+        from gpusd.alloc import policy
 
-        priority._cache.clear()  # a fresh process of that user: it reads the policy itself
+        policy.forget_files()  # a fresh process of that user: it reads the policy itself
         sel = allocate(LeaseRequest(Constraints(count=1), wait=True, timeout=12, simulate=SIM, priority=LOW),
                        store=LeaseStore(locks))
         sel.release()

@@ -322,7 +322,7 @@ def test_the_clients_environment_cannot_lift_the_administrators_priority_bounds(
     root = tmp_path / "priorities.json"
     root.write_text(json.dumps({"max": "normal"}))
     root.chmod(0o644)
-    monkeypatch.setattr(priority, "POLICY_PATH", str(root))
+    monkeypatch.setattr(priority, "PRIORITY_PATH", str(root))
     nobody = 65534
     assert priority.load_policy().max_for(nobody) == NORMAL
     lax = tmp_path / "lax.json"

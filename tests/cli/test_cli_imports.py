@@ -73,7 +73,7 @@ def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> 
     assert "shutil" not in mods and "tempfile" not in mods  # (run's job directory: gpusd.jobs.child.private_dir)
     if args[0] == "devices":
         assert "threading" not in mods
-    # the table commands render through rich, gpusd's one table renderer (issue 25); --json does not
+    # the table commands render through rich, gpusd's one table renderer; --json does not
     heavy = tuple(h for h in HEAVY if not (h == "rich" and "--json" not in args and args[0] == "devices"))
     loaded = sorted(m for m in mods if m.split(".")[0] in heavy)
     assert loaded == [], f"{args[0]} imported {loaded}"

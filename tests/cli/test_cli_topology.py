@@ -1,4 +1,4 @@
-"""Topology as a user meets it (issue 22): ``gpusd devices --topology`` in nvidia-smi's notation and
+"""Topology as a user meets it: ``gpusd devices --topology`` in nvidia-smi's notation and
 ``gpusd env -n 2`` / ``select`` choosing NVLink pairs, on the fake NVML, in subprocesses."""
 
 from __future__ import annotations

@@ -37,9 +37,75 @@ def test_value_error_compatibility() -> None:
         gpusd.HostSnapshot.from_dict({"hostname": 1})
 
 
-def test_library_errors_carry_no_exit_code() -> None:
-    for name in errors.__all__:
-        assert not hasattr(getattr(errors, name), "exit_code"), name
+def _table() -> dict[str, tuple[str, str]]:
+    """docs/errors.md's table: class name -> (exit, HTTP) columns."""
+    text = (REPO / "docs" / "errors.md").read_text()
+    rows = re.findall(r"^\| `\w+` \| `(\w+)` \| [^|]* \| ([^|]*) \| ([^|]*) \|", text, re.M)
+    return {name: (exit_.strip(), http.strip()) for name, exit_, http in rows}
+
+
+ALL_CLASSES = [*(getattr(errors, n) for n in errors.__all__), errors.OverCap, errors.PlacementError]
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.__name__)
+def test_each_class_carries_the_exit_and_http_status_docs_errors_lists(cls: type[errors.GpusdError]) -> None:
+    exit_, http = _table()[cls.__name__]
+    if cls is not errors.DaemonStartFailed:
+        assert exit_ == str(cls.exit_status)
+        assert exit_code_for(cls("x")) == cls.exit_status
+    assert http.split()[0] == str(cls.http_status)
+    exc = errors.DaemonStartFailed("x", 3) if cls is errors.DaemonStartFailed else cls("x")
+    status, body = errors.http_answer(exc)
+    assert status == cls.http_status and body["code"] == cls.code and body["error"] == "x"
+    assert body.get("reason") == (http.split()[1].strip("`") if " " in http else None)
+
+
+def test_http_answer_of_anything_else_and_an_explicit_reason() -> None:
+    assert errors.http_answer(OSError("disk"))[0] == 503
+    status, body = errors.http_answer(errors.OverCap("cap"), "fleet_cap")
+    assert (status, body["reason"], body["code"]) == (429, "fleet_cap", "no_gpu")
+
+
+def test_no_gpusd_error_class_is_defined_outside_errors_py() -> None:
+    """Every class of the tree lives in errors.py (its code, exit and HTTP status beside the others)."""
+    import ast
+
+    names = {c.__name__ for c in ALL_CLASSES} | {"GpusdError"}
+    for path in (REPO / "src" / "gpusd").rglob("*.py"):
+        if path.name == "errors.py" and path.parent.name == "gpusd":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                         for b in node.bases}
+                assert not bases & names, f"{path}: class {node.name} is an error class outside errors.py"
+
+
+@pytest.mark.parametrize("exc, status, says", [
+    (FileNotFoundError(2, "No such file"), 127, "command not found: prog"),
+    (PermissionError(13, "Permission denied"), 126, "permission denied: prog"),
+])
+def test_exec_failure_is_the_shells_convention(exc: OSError, status: int, says: str) -> None:
+    assert errors.exec_failure(exc, "prog") == (status, says)
+
+
+def test_no_module_writes_the_exec_statuses_itself() -> None:
+    """127/126 come from errors.exec_failure; engines/ and cli/engines.py are being moved by another
+    change and still write 127 (listed here until they ask the helper too)."""
+    pending = {"engines", "cli/engines.py"}
+    for path in (REPO / "src" / "gpusd").rglob("*.py"):
+        rel = path.relative_to(REPO / "src" / "gpusd").as_posix()
+        if rel == "errors.py" or rel.split("/")[0] in pending or rel in pending:
+            continue
+        written = re.search(r"(return|status =|rc =) 12[67]\b", path.read_text())
+        assert not written, f"{rel} writes an exec status itself"
+
+
+def test_no_daemon_handler_picks_an_error_status_by_hand() -> None:
+    """The daemon's HTTP error answers take their status from the error's class (errors.http_answer)."""
+    for path in (REPO / "src" / "gpusd" / "daemon").glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"return \d{3}, \{?\**to_wire\(", text), f"{path.name} picks an HTTP status by hand"
 
 
 @pytest.mark.parametrize("exc, code", [
@@ -66,7 +132,7 @@ def test_old_exit_code_names_still_resolve() -> None:
     assert (EXIT_USAGE, EXIT_NO_DAEMON) == (2, 6)
 
 
-# -- codes and the wire (issue 19) ------------------------------------------------------------------
+# -- codes and the wire ------------------------------------------------------------------
 CLASSES = [getattr(errors, n) for n in errors.__all__]
 
 
@@ -160,9 +226,10 @@ def test_more_exit_codes(exc: BaseException, status: int) -> None:
     assert exit_code_for(exc) == status
 
 
-def test_subclasses_elsewhere_keep_their_base_code() -> None:
+def test_subclasses_keep_their_base_code_and_old_import_names() -> None:
     from gpusd.alloc.policy import OverCap
     from gpusd.engines.placement import PlacementError
 
+    assert OverCap is errors.OverCap and PlacementError is errors.PlacementError
     assert errors.to_wire(OverCap("cap"))["code"] == "no_gpu" and exit_code_for(OverCap("cap")) == 4
     assert errors.to_wire(PlacementError("p"))["code"] == "error" and exit_code_for(PlacementError("p")) == 1

@@ -1,4 +1,4 @@
-"""gpusd.ids: one owner per id format (issue 19).  Every id an older gpusd wrote or sent is still read;
+"""gpusd.ids: one owner per id format.  Every id an older gpusd wrote or sent is still read;
 the ids gpusd makes have one format each; anything else is refused in one line; and no other module
 compiles a job or lease id expression of its own."""
 
@@ -154,3 +154,29 @@ def test_ids_is_cheap_to_import() -> None:
         elif isinstance(node, ast.ImportFrom):
             imported.add(("." * node.level) + (node.module or ""))
     assert imported == {"__future__", "os", "re", ".errors"}
+
+
+def test_gpu_uuids_have_one_rule() -> None:
+    from gpusd.ids import GpuUuid
+
+    for good in ("GPU-8f3a1c2e-aaaa-bbbb-cccc-0123456789ab", "MIG-1a2b3c4d-5e6f-7a8b-9c0d-ef0123456789",
+                 "GPU-0123456789abcdef", "GPU-" + "a" * 120):
+        assert GpuUuid.is_valid(good), good
+    for bad in ("GPU-", "gpu-1", "GPU-1,GPU-2", "GPU-1 x", "GPU-1\n", "MIG-" + "a" * 121, "0", None, "-GPU-1"):
+        assert not GpuUuid.is_valid(bad), bad
+    assert GpuUuid.is_slice("MIG-1") and not GpuUuid.is_slice("GPU-1")
+    with pytest.raises(IdError, match="not a GPU UUID"):
+        GpuUuid.parse("GPU-1;reboot")
+
+
+def test_no_module_outside_ids_writes_a_gpu_uuid_rule() -> None:
+    """A GPU UUID is checked by gpusd.ids.GpuUuid only (engines/ is being moved by another change and
+    keeps its own until then)."""
+    src = REPO / "src" / "gpusd"
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src).as_posix()
+        if rel == "ids.py" or rel.startswith("engines/") or rel.startswith("inventory/"):
+            continue
+        text = path.read_text()
+        rule = r"\(\??:?GPU\|MIG\)|startswith\(\(\"GPU-\", \"MIG-\"\)\)|startswith\(\"MIG-\"\)"
+        assert not re.search(rule, text), rel

@@ -134,7 +134,7 @@ def test_a_field_of_a_type_the_codec_cannot_carry_is_refused_at_once():
 
 
 def test_telemetry_fields_travel_only_where_read() -> None:
-    """The DCGM-backing readings (issue 25) are left off the JSON while None: a snapshot without them is
+    """The DCGM-backing readings are left off the JSON while None: a snapshot without them is
     as large as before; with them they round-trip, and a hostile value is refused like any field."""
     from gpusd.errors import WireError
     from gpusd.model import GpuInfo

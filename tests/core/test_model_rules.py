@@ -1,4 +1,4 @@
-"""One rule each, in the model (issue 19 point 6): private fields marked in the field metadata and one
+"""One rule each, in the model: private fields marked in the field metadata and one
 redaction derived from them, one free-memory rule, ``simulated`` derived from ``backend`` (both still on
 the wire), one shown GPU name; and the sanitiser's one per-character rule."""
 
@@ -92,3 +92,41 @@ def test_the_old_simulated_keyword_still_builds_a_simulated_snapshot() -> None:
     with pytest.warns(DeprecationWarning, match="backend"):
         snap = HostSnapshot(hostname="h", node_id="n", timestamp=1.0, simulated=True)  # type: ignore[call-arg]
     assert snap.simulated and snap.backend == "simulated"
+
+
+def test_free_memory_is_after_reservations_and_select_agrees_with_the_model() -> None:
+    """One number for a GPU's free memory: what the driver reported (else total less used) less what
+    leases reserved and have not allocated; the allocator's candidate shows the same number as list,
+    top and /metrics (GpuInfo.memory_available)."""
+    from gpusd.alloc.select import Constraints, candidates
+
+    lease = LeaseInfo(lease_id="l1", pid=424242, user="bob", memory=20, device="GPU-0", shared=True)
+    g = GpuInfo(index=0, uuid="GPU-0", memory_total=100, memory_used=30, memory_free=60, utilization_gpu=0.0,
+                leases=[lease])
+    assert model.free_memory(100, 30, reported=60, reserved=20) == 40
+    assert model.reserved_memory([lease], []) == 20
+    assert model.reserved_memory([lease], [ProcessInfo(pid=424242, used_memory=15)]) == 5
+    assert g.memory_available == 40
+    snap = HostSnapshot(hostname="h", node_id="n", timestamp=1.0, gpus=[g])
+    ok, _ = candidates(snap, Constraints(count=1, shared=True), env={})
+    assert [c.free for c in ok] == [g.memory_available]
+
+
+def test_no_module_outside_the_model_computes_free_memory() -> None:
+    """Free memory has one owner (model.free_memory); the backends read it from the hardware, and
+    the DCGM and AMD exporter names on /metrics mirror the driver's raw reading as those exporters do."""
+    import re
+
+    from tests_paths import REPO
+
+    src = REPO / "src" / "gpusd"
+    allowed = {"model.py", "daemon/metrics.py"}
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src).as_posix()
+        if rel in allowed or rel.startswith("inventory/"):
+            continue
+        text = path.read_text()
+        assert not re.search(r"total\w* - \w*\.?(memory_)?used", text), f"{rel} computes free memory"
+        assert not re.search(r"\.memory_free\b", text), f"{rel} reads the raw memory_free, not the rule"
+    metrics = (src / "daemon" / "metrics.py").read_text()
+    assert re.search(r'"gpusd_gpu_memory_free_bytes": \(.*memory_available', metrics)

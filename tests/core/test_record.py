@@ -74,7 +74,7 @@ def _params(fn: Any) -> list[tuple[str, Any, str]]:
 def test_the_records_were_found() -> None:
     names = {c.__name__ for c in RECORDS}
     assert {"HostSnapshot", "GpuInfo", "ProcessInfo", "Constraints", "Candidate", "Pick", "Lease", "Holder",
-            "LeaseRequest", "Visible", "HostIdentity", "Device"} <= names
+            "LeaseRequest", "Visible", "HostIdentity", "VendorDevice"} <= names
 
 
 @pytest.mark.parametrize("cls", RECORDS, ids=lambda c: f"{c.__module__}.{c.__qualname__}")

@@ -437,3 +437,38 @@ def test_cli_log_lines_quoting_a_peer_are_sanitised(monkeypatch, capsys) -> None
     err = capsys.readouterr().err
     assert "host evil removed" in err
     assert_clean(err)
+
+
+def test_one_rule_for_bytes_into_a_bounded_json_object() -> None:
+    import pytest
+
+    from gpusd.sanitize import json_object
+
+    assert json_object(b'{"a": 1}', 100) == {"a": 1}
+    for bad, says in ((b"[1]", "not a JSON object"), (b"{", "not JSON"),
+                      (b'{"a": "' + b"x" * 200 + b'"}', "more than 100 bytes")):
+        with pytest.raises(ValueError, match=says):
+            json_object(bad, 100)
+    with pytest.raises(ValueError, match="not JSON"):  # nested past the recursion limit: no RecursionError
+        json_object(b"[" * 100_000)
+
+
+# Modules that decode JSON of another shape (job.py: standard library only, inside users' jobs;
+# thresholds.py: a list or an object), and those whose owners change them in parallel.
+_JSON_PENDING = {"sanitize.py", "job.py", "thresholds.py", "slurm/jobs.py", "daemon/slurmjobs.py"}
+
+
+def test_no_other_module_decodes_bytes_into_a_json_object_itself() -> None:
+    """``json.loads`` then ``isinstance(d, dict)`` is gpusd.sanitize.json_object's job."""
+    import re
+
+    from tests_paths import REPO
+
+    src = REPO / "src" / "gpusd"
+    found = []
+    for path in src.rglob("*.py"):
+        rel = path.relative_to(src).as_posix()
+        lines = path.read_text().splitlines()
+        found += [f"{rel}:{i + 1}" for i, line in enumerate(lines) if "json.loads(" in line
+                  and re.search(r"isinstance\(\w+, dict\)", "\n".join(lines[i:i + 5])) and rel not in _JSON_PENDING]
+    assert found == []

@@ -36,7 +36,7 @@ def test_format_bytes():
 
 
 def test_a_moment_that_is_not_today_is_written_with_its_date() -> None:
-    """A 24-hour hold ends tomorrow: "until 19:10:48" alone reads as a time already past (issue 18)."""
+    """A 24-hour hold ends tomorrow: "until 19:10:48" alone reads as a time already past."""
     import time
 
     from gpusd.units import format_clock
@@ -45,3 +45,21 @@ def test_a_moment_that_is_not_today_is_written_with_its_date() -> None:
     assert format_clock(now + 60, now=now) == "19:11:48"
     assert format_clock(now + 24 * 3600, now=now) == "2026-12-02 19:10:48"
     assert format_clock(now - 24 * 3600, now=now) == "2026-11-30 19:10:48"
+
+
+def test_one_table_of_duration_units() -> None:
+    """Flags and threshold rules read durations by the same units (gpusd.units.DURATION_UNITS); no
+    other module keeps a table of its own."""
+    import re
+
+    from gpusd.thresholds import parse_rule
+    from gpusd.units import DURATION_UNITS, parse_duration
+    from tests_paths import REPO
+
+    assert parse_duration("90 seconds") == 90 and parse_duration("2w") == 14 * 86400
+    assert parse_rule("utilization>90 for 2min").duration == 120 == parse_duration("2min")
+    assert parse_rule("utilization>90 for 1d").duration == DURATION_UNITS["d"]
+    src = REPO / "src" / "gpusd"
+    for path in src.rglob("*.py"):
+        if path.name != "units.py":
+            assert not re.search(r"[\"'](min|h|m)[\"']: ?(60|3600)\b", path.read_text()), path

@@ -1,4 +1,4 @@
-"""The daemon's answers are built once per sample and redaction level (issue 24): a cached private
+"""The daemon's answers are built once per sample and redaction level: a cached private
 body never reaches a public reader, and a new sample is served at once."""
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ async def test_http_api(tmp_path: Path) -> None:
         assert len(host["snapshot"]["gpus"]) == 3 and host["snapshot"]["hostname"] == "api-host"
         status, gpus = await get_json(base + "/gpus")
         assert [g["index"] for g in gpus] == [0, 1, 2]
-        await wait_until(lambda: len(d.history.to_dict().get("GPU-api-host-0", {}).get("t", [])) >= 3)
+        await wait_until(lambda: len(d.recent.to_dict().get("GPU-api-host-0", {}).get("t", [])) >= 3)
         status, hist = await get_json(base + "/history?seconds=60")
         series = hist["gpus"]["GPU-api-host-0"]
         assert len(series["t"]) >= 3 and len(series["utilization_gpu"]) == len(series["t"])
@@ -541,7 +541,7 @@ async def test_non_finite_readings_are_served_as_null(tmp_path: Path) -> None:
     snap.gpus[1].power_draw = float("inf")
     async with running_daemon(tmp_path, unique_session(), "nan-host", backend=FakeBackend(snap)) as d:
         base = d.urls[0]
-        await wait_until(lambda: len(d.history.to_dict().get("GPU-nan-host-0", {}).get("t", [])) >= 2)
+        await wait_until(lambda: len(d.recent.to_dict().get("GPU-nan-host-0", {}).get("t", [])) >= 2)
         async with aiohttp.ClientSession() as s:
             for path in ("/gpus", "/host", "/history"):
                 async with s.get(base + path, timeout=aiohttp.ClientTimeout(total=5)) as r:

@@ -1,6 +1,6 @@
 """Every DCGM default counter NVML can give, read from the fake NVML through the real nvidia-ml-py and
 the NVML backend, rendered by the daemon's metrics code and parsed with prometheus_client's own text
-parser: each series' type, value and labels against the fake GPUs' state (issue 25)."""
+parser: each series' type, value and labels against the fake GPUs' state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One inventory backend per daemon (issue 19 point 7): the sampling loop (what ``GET /api/v1/gpus``
+"""One inventory backend per daemon: the sampling loop (what ``GET /api/v1/gpus``
 serves), the lease authority on its Unix socket and the pool's remote leases read the same backend,
 so a lease is decided on the readings -- the utilisation window -- the API shows."""
 

@@ -61,7 +61,7 @@ async def test_a_remote_lease_is_the_same_flock_lease_a_local_job_would_take(tmp
         assert r.data["env"]["CUDA_VISIBLE_DEVICES"] in ("0", "1") and r.data["env"]["GPUSD_LEASE"] == lease_id
         # the record in the lock directory names the holder, the note, the origin and the expiry; the holder
         # is who the daemon can tell (no user key here: the fleet member at that address), never the name the
-        # request declared, which the answer keeps as "claimed" (issue 20)
+        # request declared, which the answer keeps as "claimed"
         (le,) = held_leases()
         assert (le.lease_id, le.user, le.command, le.remote_from) == (lease_id, "fleet@127.0.0.1", "nb", "127.0.0.1")
         assert r.data["claimed"] == "alice@laptop" and r.data["user"] == "fleet@127.0.0.1"

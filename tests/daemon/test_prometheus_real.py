@@ -2,7 +2,7 @@
 endpoint, scrapes them, and every query of both dashboards — gpusd's docs/grafana-gpusd.json and NVIDIA's
 DCGM exporter dashboard (vendored in tests/daemon/grafana/) — returns data, the queries extracted from
 the JSON files.  Prometheus listens on loopback only, with its own config and data directory, for at most
-the test's timeout, and is stopped by its pid (issue 25)."""
+the test's timeout, and is stopped by its pid."""
 
 from __future__ import annotations
 

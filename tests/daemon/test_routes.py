@@ -1,4 +1,4 @@
-"""The daemon's HTTP routes as tables with explicit dependencies (issue 19 point 8): the app serves
+"""The daemon's HTTP routes as tables with explicit dependencies: the app serves
 each part's table, and a table is built from its small dependencies value alone (a stand-in with
 only the protocol's fields serves requests), not from the daemon object."""
 

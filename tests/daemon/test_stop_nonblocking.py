@@ -1,4 +1,4 @@
-"""The lease authority's stop never blocks the daemon's event loop (issue 19 point 8): handing the
+"""The lease authority's stop never blocks the daemon's event loop: handing the
 leases' descriptors to clients whose sockets are full is awaited, not a blocking ``sendmsg``, so the
 loop keeps serving (HTTP, heartbeats, mDNS goodbyes) meanwhile.  A loop-lag probe runs on the
 server's loop while it stops; before, each such client held the loop for a second."""

@@ -1,5 +1,5 @@
 """Usage as metrics: GPU-seconds used and held, per GPU for everyone, per user only where the admin
-turned it on (``--user-metrics``) and only for readers who may see private data (issue 25)."""
+turned it on (``--user-metrics``) and only for readers who may see private data."""
 
 from __future__ import annotations
 

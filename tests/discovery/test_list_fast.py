@@ -472,7 +472,7 @@ async def test_answers_dropped_by_the_one_shot_socket_mean_a_multicast_browse(
 async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path, delay: float) -> None:
     """Where the local daemon answers at once, ``gpusd list`` reads its fleet view and exits: neither
     asyncio nor the browser (zeroconf, aiohttp, the one-shot module) is imported, nor the signing
-    module without a fleet secret -- their imports cost more than the answer (issue 24).  Also where it
+    module without a fleet secret -- their imports cost more than the answer.  Also where it
     took the request and answers after the quick wait (a fleet of 1,000 hosts: 0.1-0.5 s to build): a
     browse meanwhile would only compete with it.  The JSON is one device a line (the C encoder's), and
     still one valid array."""
@@ -526,3 +526,50 @@ async def test_the_fleet_view_is_there_once_the_daemon_answered_its_parsing_is_t
     listing = reading.result()
     assert listing is not None and len(listing.hosts) == 301 and len(listing.devices) == 1 + 300 * 8
     assert reading.result() is listing and len(parsed) == 1  # parsed once
+
+
+def test_the_fleet_views_hosts_keep_how_they_were_found_and_when_last_heard() -> None:
+    """A host of the local daemon's fleet view is built from its record (RemoteHost.from_record):
+    how that daemon found it (a static peer) and when it last heard from it are kept."""
+    far = {**fleet_host("fedcba9876543210", "far", "s"), "via": "peer", "last_seen": 1765000000.5}
+    listing = fleetview.parse_fleet(json.loads(json.dumps({"session": "s", "hosts": [fleet_host(OWN_NODE, "here", "s"),
+                                                                                      far]})),
+                                    Filters(session="s"), OWN_NODE, False)
+    assert listing is not None
+    by_name = {h.hostname: h for h in listing.hosts}
+    assert (by_name["far"].via, by_name["far"].last_seen) == ("peer", 1765000000.5)
+    assert by_name["here"].via == "mdns" and by_name["far"].txt.count == 1
+
+
+def test_the_source_choice_lives_in_discovery() -> None:
+    """discovery.fleetsource.choose: the daemon's view where it answers; the browse otherwise, handed
+    no view once the daemon answered nothing usable."""
+    import threading
+
+    from gpusd.discovery import fleetsource
+    from gpusd.discovery.source import Listing
+
+    class Answered:
+        def __init__(self, result: Listing | None) -> None:
+            self.sent = threading.Event()
+            self._result = result
+
+        def wait(self, timeout: float) -> bool:
+            return True
+
+        def done(self) -> bool:
+            return True
+
+        def result(self) -> Listing | None:
+            return self._result
+
+    view = Listing([], [], 0)
+    browsed: list[object] = []
+
+    def browse(local: object) -> Listing:
+        browsed.append(local)
+        return Listing([], [], 7)
+
+    assert fleetsource.choose(Answered(view), browse) is view and browsed == []  # type: ignore[arg-type]
+    assert fleetsource.choose(Answered(None), browse).unmatched == 7 and browsed == [None]  # type: ignore[arg-type]
+    assert fleetsource.choose(None, browse).unmatched == 7 and browsed == [None, None]

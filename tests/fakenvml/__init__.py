@@ -259,7 +259,7 @@ class FakeGPU:
     errors: Mapping[str, int] = field(default_factory=dict)
     # raw extra lines appended to this device's block
     extra_lines: list[str] = field(default_factory=list)
-    # -- telemetry for the DCGM-style series (issue 25) --
+    # -- telemetry for the DCGM-style series --
     energy: int | None = None  # mJ when the file is loaded; grows at power_usage mW from then
     pcie_replay: int | None = None  # nvmlDeviceGetPcieReplayCounter
     remapped_rows: tuple[int, int, int, int] | None = None  # corr, unc, pending, failure

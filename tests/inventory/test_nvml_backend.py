@@ -167,7 +167,7 @@ def test_driver_not_loaded_is_a_clear_error(fake_nvml_inprocess, monkeypatch, bi
         NvmlBackend()
 
 
-# -- the straight-line reader (NvmlBackend._read_all, issue 24) against the call-by-call one (_fill) ----
+# -- the straight-line reader (NvmlBackend._read_all) against the call-by-call one (_fill) ----
 
 class _Clock:
     """time.time() for the backends' module: the same instant for both backends' readings of a step."""

@@ -1,4 +1,4 @@
-"""Topology in the inventory (issue 22): the fake NVML's topology calls as pynvml sees them, the NVML
+"""Topology in the inventory: the fake NVML's topology calls as pynvml sees them, the NVML
 backend's links, NUMA nodes and local CPUs, the simulator's defaults and scenario files, and the wire."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every vendor in one fleet (issue 21): the vendor in the model and on the wire, the visibility
+"""Every vendor in one fleet: the vendor in the model and on the wire, the visibility
 variables per vendor (docs/inventory.md "Vendors"), ``--vendor``, mixed simulated hosts, and what
 ``gpusd launch``/``ray up`` give an AMD host, checked with Ray's own accelerator code."""
 

@@ -154,7 +154,7 @@ def _readings(rng: random.Random, window: float, grid: bool) -> list[tuple[float
 
 @pytest.mark.parametrize("seed", range(60))
 def test_add_mean_is_add_then_mean_bit_for_bit(seed):
-    # The snapshot's one call per GPU (issue 24) against the two calls it replaces, on random series: the
+    # The snapshot's one call per GPU against the two calls it replaces, on random series: the
     # same mean and the same seconds covered, exactly, after every reading; and the two windows stay the
     # same, as later means with and without ``since`` show.
     rng = random.Random(seed)

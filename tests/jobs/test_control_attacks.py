@@ -1,4 +1,4 @@
-"""Review (issue 13): a job's control socket is another user's (root's supervisor preempts anyone's
+"""Review: a job's control socket is another user's (root's supervisor preempts anyone's
 jobs; any user may connect to anyone's job): a peer that sends a byte now and then must not keep
 the other side waiting past its bound."""
 from __future__ import annotations

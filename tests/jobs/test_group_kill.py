@@ -1,4 +1,4 @@
-"""Review (issue 13): --on-change restart must stop the command's whole process group, not only its
+"""Review: --on-change restart must stop the command's whole process group, not only its
 leader: a child that outlives the leader keeps running on GPUs the job no longer holds."""
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_a_command_in_its_own_group_leads_it():
 
 
 def test_only_a_queued_local_job_takes_a_start_slot():
-    from gpusd.alloc.startgate import wanted
+    from gpusd.cli import wants_start_slot as wanted
 
     assert wanted(["run", "-n", "1", "--wait", "--", "python", "x.py"])
     assert wanted(["-v", "run", "--wait", "--timeout", "9", "--", "true"])

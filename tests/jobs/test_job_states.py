@@ -74,3 +74,20 @@ def test_a_signal_while_no_command_runs_sets_the_stop_event_and_raises_nothing()
         assert sup.state.now is JobState.QUEUED
     finally:
         sup.close()
+
+
+def test_the_job_spec_is_built_once_at_the_cli_edge_and_passed_whole() -> None:
+    """``gpusd run``'s options become one JobSpec in cli.options; the supervisor takes it as it is."""
+    from gpusd.cli import build_parser
+    from gpusd.cli.options import job_spec
+    from gpusd.jobs.supervisor import JobSpec, Supervisor
+
+    args = build_parser("run").parse_args(["run", "-n", "2", "--priority", "low", "--preemptible", "--grace", "5",
+                                           "--simulate", "2xA100-80GB", "--", "train.py"])
+    spec = job_spec(args, ["train.py"], "train.py")
+    assert isinstance(spec, JobSpec) and spec.c.count == 2 and spec.preemptible and spec.grace == 5
+    sup = Supervisor(spec)
+    try:
+        assert sup.spec is spec and sup.writer.record.preemptible
+    finally:
+        sup.close()

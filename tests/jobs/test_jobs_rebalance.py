@@ -158,7 +158,7 @@ def _job_events(proc: subprocess.Popen[str]) -> list[dict[str, object]]:
     return out
 
 
-# -- with cuda-checkpoint (issue 13 item 6): a fake tool here, the real one only on a GPU machine ---------
+# -- with cuda-checkpoint: a fake tool here, the real one only on a GPU machine ---------
 
 def _ckpt_env(daemon, tmp_path, **extra: str) -> tuple[dict[str, str], object]:
     bindir, state = fake_cuda_checkpoint(tmp_path)

@@ -1,4 +1,4 @@
-"""The job's private directory (its protocol file's), made without tempfile's import (issue 24): as
+"""The job's private directory (its protocol file's), made without tempfile's import: as
 ``tempfile.mkdtemp`` makes it, and removed without following what the command left in it."""
 
 from __future__ import annotations

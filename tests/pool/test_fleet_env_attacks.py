@@ -1,4 +1,4 @@
-"""Review (issue 13): what a daemon's lease answer carries reaches a remote shell (``export NAME=...``
+"""Review: what a daemon's lease answer carries reaches a remote shell (``export NAME=...``
 in the ssh command) and the command's environment: only the variables a daemon sets get through."""
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ from monitor_fakes import FakeDaemon, make_app, sim_host
 
 
 def test_file_sd_document():
-    daemons = [promsd.Daemon("http://198.18.0.2:4780/gpusd/api/v1", "node-b", "b" * 16, "lab"),
-               promsd.Daemon("http://198.18.0.4:4780/api/v1", "node-d", "d" * 16, "lab"),
-               promsd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab"),
-               promsd.Daemon("http://[fe80::1]:4780", "node-c", "c" * 16),
-               promsd.Daemon("http://198.18.0.1:4780", "node-a", "a" * 16, "lab")]  # seen twice: listed once
+    daemons = [promsd.ScrapeTarget("http://198.18.0.2:4780/gpusd/api/v1", "node-b", "b" * 16, "lab"),
+               promsd.ScrapeTarget("http://198.18.0.4:4780/api/v1", "node-d", "d" * 16, "lab"),
+               promsd.ScrapeTarget("http://198.18.0.1:4780", "node-a", "a" * 16, "lab"),
+               promsd.ScrapeTarget("http://[fe80::1]:4780", "node-c", "c" * 16),
+               promsd.ScrapeTarget("http://198.18.0.1:4780", "node-a", "a" * 16, "lab")]  # seen twice: listed once
     doc = promsd.file_sd(daemons)
     assert doc == [
         {"targets": ["198.18.0.1:4780"], "labels": {"__meta_gpusd_hostname": "node-a",
@@ -75,7 +75,7 @@ def test_broken_http_answer_is_a_source_error():
 
 def test_write_is_atomic_and_skips_identical_content(tmp_path):
     f = tmp_path / "gpusd.json"
-    d = [promsd.Daemon("http://10.0.0.1:4780", "a", "1")]
+    d = [promsd.ScrapeTarget("http://10.0.0.1:4780", "a", "1")]
     assert sd.write(f, d) is True
     assert json.loads(f.read_text())[0]["targets"] == ["10.0.0.1:4780"]
     assert sd.write(f, d) is False

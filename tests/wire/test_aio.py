@@ -1,4 +1,4 @@
-"""aiohttp in gpusd's own processes, imported without the system's CA store (gpusd.wire.aio, issue 24):
+"""aiohttp in gpusd's own processes, imported without the system's CA store (gpusd.wire.aio):
 in a process that is gpusd's (the command line), aiohttp's two default SSL contexts trust no certificate
 authority, and every context made after the import loads the store as before; in anyone else's process
 (``import gpusd`` in a program of their own) aiohttp is imported untouched.  Each case runs in a fresh

@@ -17,6 +17,7 @@
 * :mod:`.priority` — priorities: names, who may claim which, ageing;
 * :mod:`.env` — the visibility variables for chosen GPUs (``set_cuda_visible_devices``);
 * :mod:`.api` — ``gpusd.select`` and its :class:`Selection`;
+* :mod:`.backend` — this process's one inventory backend, shared by the API, the env and the supervisor;
 * :mod:`.runner` — ``gpusd run``: a command on leased GPUs, for as long as it lives;
 * :mod:`.adopt` — ``gpusd adopt PID``: a running GPU process made a lease until it exits.
 

@@ -9,20 +9,20 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
-from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
-from ..inventory import Backend, open_backend
+from ..errors import ConfigError, GpusdError, NoGpuAvailable, WaitTimeout
+from ..inventory import Backend
 from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo, LeaseInfo
 from ..record import field, record, replace
+from .backend import shared_backend as shared_backend  # its name here stays importable
 from .env import apply_visible
 from .handle import Holder, LeaseHandle
 from .leases import LeaseStore
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
@@ -30,32 +30,6 @@ if TYPE_CHECKING:
     from ..model import HostSnapshot
     from . import queue
     from .placement import Pick
-
-_backends: dict[str, Backend] = {}
-_backends_lock = threading.Lock()
-
-
-def shared_backend(simulate: str | None = None) -> Backend:
-    """One backend per process (NVML initialised once, handles cached).  Where this process has no
-    driver library but the local daemon serves its GPUs (real, or simulated), they are read from the
-    daemon (:class:`gpusd.alloc.authority.DaemonInventory`)."""
-    key = simulate or os.environ.get("GPUSD_SIMULATE") or ""
-    with _backends_lock:
-        backend = _backends.get(key)
-        if backend is None:
-            try:
-                backend = open_backend(key or None)
-            except BackendUnavailable:
-                if key:
-                    raise
-                from .authority import daemon_inventory
-
-                backend = daemon_inventory()
-                if backend is None:
-                    raise
-            _backends[key] = backend
-        return backend
-
 
 class Selection:
     """GPUs chosen for a job, with the lease that keeps them its own (when one was taken)."""

@@ -63,11 +63,12 @@ import threading
 from pathlib import Path
 
 from ..errors import ConfigError, GpusdError, from_wire
+from ..inventory.vendors import DEFAULT_VENDOR, INHERITED_OTHERS
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from .handle import Holder, LeaseHandle
 from .select import Candidate, Constraints
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:
     import socket
@@ -92,9 +93,6 @@ MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devic
 REQUEUE_WAIT = 20.0  # how long a waiter whose daemon stopped looks for the next one before the lock directory
 REQUEUE_POLL = 0.1
 _CRED = "3i"  # struct ucred: pid, uid, gid
-# Inherited variables beside CUDA_VISIBLE_DEVICES that limit the choice (gpusd.alloc.select), sent
-# to the daemon, which cannot see the client's environment.
-INHERITED_OTHERS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 
 
 def socket_path() -> Path | None:
@@ -433,7 +431,7 @@ def request(c: Constraints) -> dict[str, Any]:
             "include": list(c.include) if c.include is not None else None,
             "exclude": list(c.exclude) if c.exclude is not None else None,
             "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
-            **({"vendor": c.vendor} if c.vendor is not None else {}),  # issue 21: older daemons ignore it
+            **({"vendor": c.vendor} if c.vendor is not None else {}),  # older daemons ignore it
             **({"time_limit": c.time_limit} if c.time_limit is not None else {}),  # backfill; older daemons ignore it
             **({"visible_vars": others} if others else {})}
 
@@ -537,7 +535,7 @@ class DaemonInventory:
         self.path = path
         first = self.snapshot()
         self.hostname, self.node_id = first.hostname, first.node_id
-        self.vendors = tuple(dict.fromkeys(g.vendor for g in first.gpus)) or ("nvidia",)  # inventory.backend
+        self.vendors = tuple(dict.fromkeys(g.vendor for g in first.gpus)) or (DEFAULT_VENDOR,)  # inventory.backend
 
     def snapshot(self, util_since: Any = None, detail: bool = True) -> HostSnapshot:
         from ..errors import BackendUnavailable
@@ -671,15 +669,12 @@ def _answer(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool
 
 
 def _decode(line: bytes) -> dict[str, Any]:
-    import json
+    from ..sanitize import json_object
 
     try:
-        reply = json.loads(line)
-    except (ValueError, RecursionError):
-        raise ValueError("an answer that is not JSON") from None
-    if not isinstance(reply, dict):
-        raise ValueError("an answer that is not a JSON object")
-    return reply
+        return json_object(line)
+    except ValueError as exc:
+        raise ValueError(f"an answer that is {exc}") from None
 
 
 def _check(reply: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import os
 from ..model import GpuInfo
 from ..topology import format_cpulist, local_cpus
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Sequence
 

@@ -15,9 +15,9 @@ import os
 import sys
 import warnings
 
-from ..inventory.vendors import Visible, apply_cleared, visible_env
+from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, visible_env
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable, MutableMapping
 
@@ -39,9 +39,11 @@ def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False,
 
     ``devices`` are NVML indices or UUIDs.  With ``use_uuid`` (or any MIG slice) ``uuids`` — the
     devices' UUIDs, in the same order — are emitted instead of indices."""
+    from ..ids import GpuUuid  # here: the quick commands that print no UUID need no ids
+
     items = [str(d) for d in devices]
     uuid_list = [str(u) for u in uuids] if uuids is not None else None
-    if uuid_list is not None and (use_uuid or any(u.startswith("MIG-") for u in uuid_list)):
+    if uuid_list is not None and (use_uuid or any(GpuUuid.is_slice(u) for u in uuid_list)):
         items = uuid_list
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(items)}
 
@@ -124,7 +126,7 @@ def _resolve(items: list[int | str]) -> list[Visible] | None:
         return None  # an NVIDIA host: no NVML start-up just to learn that
 
     try:
-        from .api import shared_backend
+        from .backend import shared_backend
 
         snap = shared_backend().snapshot(detail=False)
     except GpusdError:
@@ -149,7 +151,7 @@ def _check_indices(items: list[int | str]) -> None:
     from ..errors import GpusdError
 
     try:
-        from .api import shared_backend
+        from .backend import shared_backend
 
         count = len(shared_backend().snapshot(detail=False).gpus)
     except (GpusdError, OSError):
@@ -178,8 +180,8 @@ def set_cuda_visible_devices(devices: Iterable[int | str] | int | str, vendor: s
             raise ValueError(f"a GPU is an index (0, 1, ...) or a UUID, not {d!r}")
     _check_indices(items)
     resolved = _resolve(items) if vendor is None and items else None
-    if resolved is None or all(v.vendor == "nvidia" for v in resolved):
-        if vendor in (None, "nvidia"):
+    if resolved is None or all(counts_cuda_visible(v.vendor) for v in resolved):
+        if vendor is None or counts_cuda_visible(vendor):
             variables = cuda_env(items)
             apply_env(variables)
             return variables

@@ -12,7 +12,7 @@ alive (handed to a job's command), giving one GPU back, updating the record, rel
 context manager.  Code outside :mod:`gpusd.alloc` holds leases only through this handle: it never
 opens a lock file nor writes a lease record (tests/alloc/test_lease_handle.py checks both).
 
-Only ``abc`` and :mod:`gpusd.record` are imported (start-up time, issue 24).
+Only ``abc`` and :mod:`gpusd.record` are imported (start-up time).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import abc
 
 from ..record import record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 

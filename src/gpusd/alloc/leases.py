@@ -68,7 +68,7 @@ from .lockdir import (
     write_new,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterator
 
@@ -651,14 +651,11 @@ class LeaseStore:
     @staticmethod
     def _parse(name: str, raw: bytes) -> dict[str, Any] | None:
         """The fields of a lease record, typed and bounded; None (logged) when it is not one."""
-        import json  # here: a lock directory without lease records (most selections) needs no JSON
-
         from ..ids import JobId, SlurmJobId
+        from ..sanitize import json_object  # here: a lock directory without lease records needs no JSON
 
         try:
-            d = json.loads(raw)
-            if not isinstance(d, dict):
-                raise ValueError("not an object")
+            d = json_object(raw)
             devices = d.get("devices")
             if (not isinstance(devices, list) or not devices or len(devices) > MAX_LEASE_DEVICES
                     or not all(isinstance(x, str) and 0 < len(x) <= 128 for x in devices)):

@@ -1,4 +1,4 @@
-"""The lease view: a lock directory's live leases, kept by inotify instead of re-read per call (issue 24).
+"""The lease view: a lock directory's live leases, kept by inotify instead of re-read per call.
 
 :meth:`gpusd.alloc.leases.LeaseStore.leases` asks :func:`look` for a directory's leases.  The first look
 in a process reads the directory as it always did (every record opened, its lock tried, parsed, confirmed
@@ -60,7 +60,7 @@ from .inotify import (
 from .leases import MAX_LEASE_BYTES, MAX_LEASE_FILES, _safe, log
 from .lockdir import FILE_FLAGS, flock_table, lock_key, read_live, try_lock, user_name
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
     from typing import Any

@@ -285,6 +285,15 @@ def replace_private_dir(parent_fd: int, name: str, where: Path) -> None:
                                 where, owner_name(st.st_uid), stat.S_IMODE(st.st_mode), aside)
 
 
+def same_file(fd: int, path: Path) -> bool:
+    """Whether the open ``fd`` is the file at ``path`` now (not one renamed or replaced since)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def try_lock(fd: int, shared: bool) -> bool:
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)

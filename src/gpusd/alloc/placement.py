@@ -31,7 +31,7 @@ from ..model import GpuLink, HostSnapshot
 from ..record import field, record
 from ..topology import WORST_RANK, has_topology, label, link_between, rank
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence

@@ -29,14 +29,15 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 
-from ..errors import NoGpuAvailable
+from ..errors import OverCap as OverCap  # its name here stays importable
 from ..record import field, record
+from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, TypeVar
 
-POLICY_PATH = "/etc/gpusd/policy.json"
+FAIR_USE_PATH = "/etc/gpusd/policy.json"
 POLICY_ENV = "GPUSD_POLICY"
 MAX_BYTES = 65536
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,10 +46,6 @@ Warn = Callable[[str, str], None]  # warn(path, message): how a reader of a poli
 FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
                     "idle_warn_minutes", "idle_release_minutes", "priorities", "time_limits", "bookings"})
 BOOKING_FIELDS = ("horizon_days", "max_hours", "max_per_user")
-
-
-class OverCap(NoGpuAvailable):
-    """A request past the policy's cap for its user (the message names the cap); never waited out."""
 
 
 @record
@@ -76,7 +73,7 @@ class Policy:
             from ..units import format_duration
             from .priority import priority_name
 
-            raise ValueError(f"--time {format_duration(asked)}: the policy ({self.source or POLICY_PATH}) allows "
+            raise ValueError(f"--time {format_duration(asked)}: the policy ({self.source or FAIR_USE_PATH}) allows "
                              f"{priority_name(priority)} jobs at most {format_duration(most)}")
         return asked
 
@@ -86,7 +83,7 @@ class Policy:
         ``fleet_held``: on the fleet); None when it may."""
         if not user:
             return None
-        where = self.source or POLICY_PATH
+        where = self.source or FAIR_USE_PATH
         mine = held.get(user, 0)
         cap = self.max_gpus_per_user
         if cap is not None and mine + count > cap:
@@ -171,56 +168,65 @@ def read_root_file(path: str, what: str, warn: Warn) -> tuple[tuple[int, int, in
     return (st.st_ino, st.st_mtime_ns, st.st_size), raw
 
 
-def load_root_file(path: str, what: str, warn: Warn, cache: dict[str, tuple[tuple[int, int, int], T]],
-                   parse: Callable[[bytes, str], T]) -> T | None:
+# The one cache of policy files (the fair-use policy's and the priority policy's): (path, parser) ->
+# ((inode, mtime, size), value), kept while the file is unchanged.
+_cache: dict[tuple[str, object], tuple[tuple[int, int, int], Any]] = {}
+
+
+def load_root_file(path: str, what: str, warn: Warn, parse: Callable[[bytes, str], T]) -> T | None:
     """``parse(bytes, path)`` of the policy file ``path`` that :func:`read_root_file` believes, kept in
-    ``cache`` (path -> (inode, mtime, size), value) while the file is unchanged; None where there is
-    none, it fails a check, or ``parse`` raises ValueError (``warn`` is told why)."""
+    the one cache while the file is unchanged; None where there is none, it fails a check, or
+    ``parse`` raises ValueError (``warn`` is told why)."""
     key, raw = read_root_file(path, what, warn)
     if key is None or raw is None:
         return None
-    hit = cache.get(path)
+    hit = _cache.get((path, parse))
     if hit is not None and hit[0] == key:
-        return hit[1]
+        value: T = hit[1]
+        return value
     try:
         value = parse(raw, path)
     except ValueError as exc:
         warn(path, f"ignoring the {what} {path}: {exc}")
         return None
-    cache[path] = (key, value)
+    _cache[(path, parse)] = (key, value)
     return value
 
 
-_cache: dict[str, tuple[tuple[int, int, int], Policy]] = {}
+def forget_files() -> None:
+    """Read every policy file again on its next use (as a new process would)."""
+    _cache.clear()
+
+
 _warned: set[str] = set()
 
 
 def _warn_once(path: str, message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        import logging  # lazily: the CLI's start-up time matters (issue 24)
+        import logging  # lazily: the CLI's start-up time matters
 
         logging.getLogger(__name__).warning("%s", message)
 
 
 def policy_path() -> str:
     """The extra policy file the environment names (``$GPUSD_POLICY``), else the root policy's path."""
-    return os.environ.get(POLICY_ENV) or POLICY_PATH
+    return os.environ.get(POLICY_ENV) or FAIR_USE_PATH
 
 
 def load(path: str | None = None) -> Policy:
     """The policy in force (cached while the files are unchanged): the root-owned
-    :data:`POLICY_PATH`, made stricter by the file ``$GPUSD_POLICY`` names (:func:`stricter`), whatever
+    :data:`FAIR_USE_PATH`, made stricter by the file ``$GPUSD_POLICY`` names (:func:`stricter`), whatever
     that says: a client's environment can add limits, never remove one (a missing or untrusted file
     adds nothing).  ``path``: that file alone.  No caps where there is none, or a file cannot be
     trusted or parsed (said once, in the log)."""
     if path is not None:
-        return load_root_file(path, "policy", _warn_once, _cache, parse) or Policy()
-    root = load_root_file(POLICY_PATH, "policy", _warn_once, _cache, parse)
+        return load_root_file(path, "policy", _warn_once, parse) or Policy()
+    root = load_root_file(FAIR_USE_PATH, "policy", _warn_once, parse)
     extra_path = os.environ.get(POLICY_ENV)
-    if not extra_path or extra_path == POLICY_PATH:
+    if not extra_path or extra_path == FAIR_USE_PATH:
         return root or Policy()
-    extra = load_root_file(extra_path, "policy", _warn_once, _cache, parse)
+    extra = load_root_file(extra_path, "policy", _warn_once, parse)
     if extra is None:
         return root or Policy()
     return extra if root is None else stricter(root, extra)
@@ -283,12 +289,7 @@ def _minutes(d: dict[str, Any], name: str) -> float | None:
 
 def parse(raw: bytes, source: str | None = None) -> Policy:
     """A policy from its JSON; ValueError names what is wrong (unknown fields are refused)."""
-    try:
-        d = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise ValueError("not a JSON object")
+    d = json_object(raw)
     unknown = set(d) - FIELDS
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")
@@ -353,7 +354,7 @@ def over_caps(leases: Iterable[Any], policy: Policy | None = None) -> dict[str, 
     if policy.max_gpus_per_user is None and not policy.max_gpus_per_group:
         return {}
     held = held_by_user(leases)
-    where = policy.source or POLICY_PATH
+    where = policy.source or FAIR_USE_PATH
     # each user's groups looked up once (the group database is read per lookup; this runs every sample)
     groups = {u: groups_of(u) for u in held} if policy.max_gpus_per_group else {}
     out: dict[str, str] = {}
@@ -470,10 +471,9 @@ def read_shares(directory: str | os.PathLike[str] | None = None) -> dict[str, fl
     finally:
         os.close(fd)
     try:
-        d = json.loads(raw) if len(raw) <= MAX_SHARES_BYTES else None
-    except (ValueError, RecursionError):
+        hours = json_object(raw, MAX_SHARES_BYTES).get("hours")
+    except ValueError:
         return None
-    hours = d.get("hours") if isinstance(d, dict) else None
     if not isinstance(hours, dict):
         return None
     return {str(u)[:64]: float(h) for u, h in hours.items()

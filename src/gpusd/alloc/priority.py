@@ -24,17 +24,17 @@ to ``urgent``), so a ``low`` job is passed by newcomers for at most twice that l
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 from ..record import field, record, replace
+from ..sanitize import json_object
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
 LOW, NORMAL, HIGH, URGENT = 0, 1, 2, 3
 DEFAULT_MAX = HIGH
 DEFAULT_AGING_S = 1800.0
-POLICY_PATH = "/etc/gpusd/priorities.json"
+PRIORITY_PATH = "/etc/gpusd/priorities.json"
 
 
 def priority_name(level: int) -> str:
@@ -112,7 +112,6 @@ def _groups(uid: int, name: str | None) -> list[str]:
         return []
 
 
-_cache: dict[str, tuple[tuple[int, int, int], PriorityPolicy]] = {}
 _warned: set[str] = set()
 
 
@@ -127,21 +126,21 @@ def _warn_once(path: str, message: str) -> None:
 def load_policy(path: str | None = None) -> PriorityPolicy:
     """The priority policy (cached while the file is unchanged); the defaults where there is none or
     it cannot be trusted or parsed (said once, in the log).  The administrator's (the fair-use
-    policy's ``priorities``, else :data:`POLICY_PATH`) applies whatever the client's environment says:
+    policy's ``priorities``, else :data:`PRIORITY_PATH`) applies whatever the client's environment says:
     ``$GPUSD_PRIORITY_POLICY`` may only add bounds (each user's highest level the lower of the two,
     aging the slower), and is the policy alone only where the administrator has none."""
     from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
 
     if path is not None:
-        policy = load_root_file(path, "priority policy", _warn_once, _cache, parse_policy)
+        policy = load_root_file(path, "priority policy", _warn_once, parse_policy)
         return PriorityPolicy() if policy is None else policy
     from .policy import load as load_fair_use
 
     root: PriorityPolicy | None = load_fair_use().priorities  # the fair-use policy's "priorities"
     if root is None:
-        root = load_root_file(POLICY_PATH, "priority policy", _warn_once, _cache, parse_policy)
+        root = load_root_file(PRIORITY_PATH, "priority policy", _warn_once, parse_policy)
     env = os.environ.get("GPUSD_PRIORITY_POLICY")
-    extra = load_root_file(env, "priority policy", _warn_once, _cache, parse_policy) if env else None
+    extra = load_root_file(env, "priority policy", _warn_once, parse_policy) if env else None
     if root is None:
         return PriorityPolicy() if extra is None else extra
     if extra is None:
@@ -151,12 +150,7 @@ def load_policy(path: str | None = None) -> PriorityPolicy:
 
 def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:
     """A policy from its JSON; ValueError names what is wrong (unknown fields are refused)."""
-    try:
-        d = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(d, dict):
-        raise ValueError("not a JSON object")
+    d = json_object(raw)
     unknown = set(d) - {"max", "users", "groups", "aging_minutes"}
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))[:200]}")

@@ -62,6 +62,7 @@ from pathlib import Path
 
 from ..errors import GpusdError
 from ..record import fields, record
+from ..sanitize import json_object
 from .inotify import (
     IN_ATTRIB,
     IN_CLOSE_NOWRITE,
@@ -87,7 +88,7 @@ from .lockdir import (
 )
 from .priority import NORMAL, capped, load_policy, priority_name
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 
@@ -220,9 +221,7 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
                         or not try_lock(fd, shared=False)):
                     continue
                 raw = os.pread(fd, MAX_TICKET_BYTES + 1, 0)
-                d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else None
-                if not isinstance(d, dict):
-                    continue
+                d = json_object(raw, MAX_TICKET_BYTES)  # ValueError: not a ticket, passed over below
                 pid, uid = d.get("pid"), d.get("uid")
                 if type(pid) is not int or type(uid) is not int or not (0 < pid < 2**31 and 0 <= uid < 2**32):
                     continue
@@ -234,7 +233,7 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
                 out[(pid, uid)] = Place(Ticket(store, int(m.group(1)), store.dir / name, fd, os.dup(dfd)),
                                         pid, uid, started, until)
                 kept = True
-            except (OSError, ValueError, RecursionError):
+            except (OSError, ValueError):
                 pass
             finally:
                 if not kept:
@@ -331,10 +330,8 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
                 if not any(process_uid(pid) == st.st_uid for pid, _ in locks.get(lock_key(st), []) if pid > 0):
                     continue
             try:
-                d = json.loads(raw) if len(raw) <= MAX_TICKET_BYTES else {}
-            except (ValueError, RecursionError):
-                d = {}
-            if not isinstance(d, dict):
+                d = json_object(raw, MAX_TICKET_BYTES)
+            except ValueError:
                 d = {}
             pid, count, command, user = d.get("pid"), d.get("count"), d.get("command"), d.get("user")
             pid = pid if type(pid) is int and 0 < pid < 2**31 else None

@@ -14,9 +14,10 @@ import os
 import signal
 import sys
 
+from ..errors import exec_failure
 from .api import Selection
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     import subprocess
     from typing import Any, Callable, Sequence
@@ -48,14 +49,11 @@ def run_with(selection: Selection, cmd: Sequence[str], bind_cpus: bool = False) 
         print(f"gpusd: {said}", file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(list(cmd), env=env, pass_fds=fds, preexec_fn=preexec(cpus, False))
-    except FileNotFoundError:
-        print(f"gpusd: command not found: {cmd[0]}", file=sys.stderr)
+    except (FileNotFoundError, PermissionError) as exc:
+        status, why = exec_failure(exc, cmd[0])
+        print(f"gpusd: {why}", file=sys.stderr)
         selection.release()
-        return 127
-    except PermissionError:
-        print(f"gpusd: permission denied: {cmd[0]}", file=sys.stderr)
-        selection.release()
-        return 126
+        return status
     try:
         return wait_forwarding(proc, proc.send_signal, _interactive())
     finally:

@@ -27,10 +27,11 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, NoGpuAvailable
-from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance
+from ..inventory.vendors import counts_cuda_visible, inherited_choice
+from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Iterable, Sequence
@@ -196,62 +197,14 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
+    from ..ids import GpuUuid  # here: most runs inherit no device list, and listing leases needs no ids
+
     out = []
     for tok in raw.split(","):
         tok = tok.strip()
-        if not tok or not (tok.isdigit() or tok.startswith(("GPU-", "MIG-"))):
+        if not tok or not (tok.isdigit() or GpuUuid.names_one(tok)):
             break
         out.append(tok)
-    return out
-
-
-def _limited_others(snap: HostSnapshot, env: dict[str, str] | None) -> dict[str, tuple[str, set[str]]]:
-    """Vendor -> (the inherited variable, the UUIDs of the GPUs it leaves visible), for AMD and Intel:
-    an inherited ``ROCR_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``/``ZE_AFFINITY_MASK`` limits the
-    choice exactly as an inherited ``CUDA_VISIBLE_DEVICES`` does for NVIDIA (a parent or Slurm gave
-    the job these GPUs only), read as the runtime reads it (docs/allocation.md, "The right
-    environment").  Vendors without one are absent."""
-    source = os.environ if env is None else env
-    out: dict[str, tuple[str, set[str]]] = {}
-    amd = sorted((g for g in snap.gpus if g.vendor == "amd"), key=lambda g: g.device_index)
-    rocr, hip = source.get("ROCR_VISIBLE_DEVICES"), source.get("HIP_VISIBLE_DEVICES")
-    if amd and (rocr is not None or hip):
-        # ROCr filters whenever its variable is set (empty: no GPU); HIP then numbers what is left,
-        # and an empty HIP_VISIBLE_DEVICES is no mask.  Both stop at the first token they cannot use.
-        seen = amd if rocr is None else _pick(amd, rocr, lambda g: g.device_index)
-        names = "ROCR_VISIBLE_DEVICES" if rocr is not None else ""
-        if hip:
-            positions = {id(g): i for i, g in enumerate(seen)}
-            seen = _pick(seen, hip, lambda g: positions[id(g)])
-            names = f"{names} and HIP_VISIBLE_DEVICES" if names else "HIP_VISIBLE_DEVICES"
-        out["amd"] = (names, {g.uuid for g in seen})
-    intel = [g for g in snap.gpus if g.vendor == "intel"]
-    mask = source.get("ZE_AFFINITY_MASK")
-    if intel and mask:  # Level Zero: an empty mask is no mask; entries naming no device are skipped
-        roots = set()
-        for tok in mask.split(","):
-            root = tok.strip().split(".", 1)[0]
-            if root.isdigit():
-                roots.add(int(root))
-        out["intel"] = ("ZE_AFFINITY_MASK", {g.uuid for g in intel if g.device_index in roots})
-    return out
-
-
-def _pick(gpus: list[GpuInfo], raw: str, number: Callable[[GpuInfo], int]) -> list[GpuInfo]:
-    """The GPUs a runtime's device list ``raw`` names, in its order: by number or by UUID (``GPU-...``,
-    either case: ROCr writes them in lower case); the list ends at the first token that names none."""
-    out: list[GpuInfo] = []
-    for tok in raw.split(","):
-        tok = tok.strip()
-        if tok.isdigit():
-            found = [g for g in gpus if number(g) == int(tok)]
-        elif tok.upper().startswith("GPU-") and len(tok) > 4:
-            found = [g for g in gpus if g.uuid.lower().startswith(tok.lower())]
-        else:
-            found = []
-        if not found:
-            break
-        out.extend(g for g in found[:1] if g not in out)
     return out
 
 
@@ -266,20 +219,6 @@ def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None, cuda:
         elif gpu.uuid.startswith(t):
             return True  # a whole GPU given by UUID includes its MIG slices
     return False
-
-
-def _reserved(leases: Sequence[LeaseInfo], gpu: GpuInfo) -> int:
-    """Memory leases asked for that their processes have not allocated yet."""
-    total = 0
-    for lease in leases:
-        if not lease.memory:
-            continue
-        used = 0
-        if gpu.processes:
-            pids = _family(lease.pid)
-            used = sum(p.used_memory or 0 for p in gpu.processes if p.pid in pids)
-        total += max(0, lease.memory - used)
-    return total
 
 
 def _family(pid: int) -> set[int]:
@@ -309,7 +248,7 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
     visible = visible_filter(env) if c.within_visible else None
     # GPUs with the host's memory (unified memory) share it: a reservation on one is gone for all
     shared = [le for g in snap.gpus if g.memory_shared for le in by_device.get(g.uuid, [])]
-    others = _limited_others(snap, env) if c.within_visible else {}
+    others = inherited_choice(snap.gpus, os.environ if env is None else env) if c.within_visible else {}
     ok: list[Candidate] = []
     rejected: list[str] = []
 
@@ -337,9 +276,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
                 rejected.append(why)
                 continue
             total = mig.memory_total if mig else gpu.memory_total
-            used = mig.memory_used if mig else gpu.memory_used
             reserving = shared if gpu.memory_shared and mig is None else dev_leases
-            free = None if total is None or used is None else max(0, total - used - _reserved(reserving, gpu))
+            free = (mig or gpu).free_after(reserved_memory(reserving, gpu.processes, _family))  # the model's rule
             cand = Candidate(gpu, mig, free, total, None if mig else gpu.utilization_gpu, dev_leases)
             need = _need(c, total)
             if need is not None and (free is None or free < need):
@@ -370,7 +308,7 @@ def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list
     if not gpu.healthy:
         return f"GPU {label}: unhealthy ({gpu.error or 'unknown'})"
     # An inherited CUDA_VISIBLE_DEVICES counts NVIDIA GPUs (by their CUDA number) only.
-    if visible is not None and gpu.vendor == "nvidia" and not _matches(visible, gpu, mig, cuda=True):
+    if visible is not None and counts_cuda_visible(gpu.vendor) and not _matches(visible, gpu, mig, cuda=True):
         return f"GPU {label}: outside the inherited CUDA_VISIBLE_DEVICES"
     if c.include is not None and not _matches(c.include, gpu, mig):
         return f"GPU {label}: not in --include"

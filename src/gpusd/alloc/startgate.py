@@ -1,4 +1,4 @@
-"""The start slots of ``gpusd run --wait``: how many of one user's queued jobs start up at once (issue 24).
+"""The start slots of ``gpusd run --wait``: how many of one user's queued jobs start up at once.
 
 Forty jobs submitted at once are forty interpreters importing gpusd and opening NVML together: on a
 machine with few cores each gets a sliver of the CPU, all of them finish starting at about the same
@@ -27,9 +27,9 @@ import os
 import threading
 from pathlib import Path
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Sequence
+    pass
 
 WAIT = 2.0  # seconds: a slot that does not change hands for this long is held by a hung process: go on without
 MAX_WAIT = 30.0  # seconds: the longest a start waits for a slot, however it moves
@@ -154,15 +154,6 @@ def count() -> int:
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
     return max(1, cpus // 2)
-
-
-def wanted(argv: Sequence[str]) -> bool:
-    """Whether ``gpusd ARGV`` is a job that queues here (``run --wait``, not ``--fleet``, ``--no-lease``),
-    from the words before ``--`` (before the parser, which the slot is for: a command given without
-    ``--`` whose own flags say ``--wait`` takes a slot for nothing but its start)."""
-    words = list(argv[:argv.index("--")] if "--" in argv else argv)
-    return ("run" in words and "--wait" in words and "--fleet" not in words and "--no-lease" not in words
-            and "-h" not in words and "--help" not in words)
 
 
 def leave() -> None:

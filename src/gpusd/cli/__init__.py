@@ -17,10 +17,10 @@ import re
 import sys
 
 from .._version import __version__
-from ..errors import SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
-from .exits import EXIT_USAGE, exit_code_for
+from ..errors import EXIT_USAGE, SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
+from .exits import exit_code_for
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, NoReturn, Sequence
 
@@ -54,7 +54,7 @@ def _columns() -> int:
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's formatter, its width found without shutil: argparse builds one for every argument
-    added (to check its metavar), so every command paid shutil's import (issue 24)."""
+    added (to check its metavar), so every command paid shutil's import."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:
@@ -77,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
 # The commands, grouped under the headings of docs/cli.md (and so listed by ``gpusd --help``): (heading,
 # ((command, the module of gpusd.cli that registers its parser), ...)).  Each of those modules has
 # ``register(sub, name)``; only the module of the command being run is imported to build its parser
-# (start-up time, issue 24).
+# (start-up time).
 GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Local GPUs", (("devices", "devices"),)),
     ("Allocation (docs/allocation.md)", (("select", "alloc"), ("env", "alloc"), ("run", "alloc"),
@@ -156,6 +156,16 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def wants_start_slot(argv: Sequence[str]) -> bool:
+    """Whether ``gpusd ARGV`` is a job that queues here (``run --wait``, not ``--fleet``, ``--no-lease``),
+    from the words before ``--``: read before the parser, whose own start-up is what the slot
+    (:mod:`gpusd.alloc.startgate`) paces; a command given without ``--`` whose own flags say ``--wait``
+    takes a slot for nothing but its start."""
+    words = list(argv[:argv.index("--")] if "--" in argv else argv)
+    return ("run" in words and "--wait" in words and "--fleet" not in words and "--no-lease" not in words
+            and "-h" not in words and "--help" not in words)
+
+
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub)command that ``args`` were parsed for (``gpusd export prometheus-sd``)."""
     while parser._subparsers is not None:
@@ -193,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..alloc import startgate as gate
 
         try:
-            if gate.wanted(argv):
+            if wants_start_slot(argv):
                 gate.enter()
             return _main(argv)
         finally:

@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
@@ -132,13 +132,15 @@ def run_command(args: argparse.Namespace) -> int:
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
-    if args.lease:  # every leased run is a job (docs/jobs.md)
+    if args.lease:  # every leased run is a job (docs/jobs.md): its spec made here, run by the library
         from ..jobs.containers import parse
-        from .jobs import run_job
+        from ..jobs.supervisor import run_job
+        from .options import job_spec
 
         # a container run gets exactly the leased GPUs; what would bypass the lease is refused before one
         container = parse(cmd, follow=getattr(args, "follow_container", False))
-        return run_job(args, cmd, _join(cmd)[:512], container=container)
+        return run_job(job_spec(args, cmd, _join(cmd)[:512], container=container),
+                       cuda_checkpoint=args.cuda_checkpoint)
     if getattr(args, "follow_container", False):
         raise ConfigError("--follow-container follows a leased container: not with --no-lease")
     from ..alloc.runner import run_with

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlreadyRunning, ConfigError
-from .exits import EXIT_NO_DAEMON
+from ..errors import EXIT_NO_DAEMON, AlreadyRunning, ConfigError
 
 # start flag (dest) -> (the flag as shown, the key of DaemonConfig.options()); the flags left out
 # (--foreground, --timeout, --state-dir, --token, -v) do not make another daemon
@@ -87,7 +86,7 @@ def _config(args: argparse.Namespace, state: Path) -> Any:
 
 def _rule_specs(args: argparse.Namespace) -> list[str]:
     """The threshold rules of ``--threshold`` and ``--thresholds`` (files), parsed; without either, the
-    rules' parser is not loaded (a daemon without rules never needs it: memory at rest, issue 24)."""
+    rules' parser is not loaded (a daemon without rules never needs it: memory at rest)."""
     if not (args.threshold or args.thresholds):
         return []
     from ..thresholds import rule_specs

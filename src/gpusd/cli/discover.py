@@ -10,11 +10,10 @@ import time
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Coroutine, Sequence, TypeVar
 
-from ..errors import ConfigError
+from ..errors import EXIT_NO_DAEMON, ConfigError
 from ..model import display_name, shown_name
 from ..sanitize import dumps, for_terminal
 from ..units import format_bytes
-from .exits import EXIT_NO_DAEMON
 from .table import render_table
 
 T = TypeVar("T")
@@ -165,24 +164,15 @@ def list_devices(args: argparse.Namespace) -> int:
     from ..identity import state_dir
 
     local = None
-    found: Listing | None = None
     if args.all_sessions or not (state_dir() / "gpusd.json").exists():
         from ..discovery import oneshot
 
         oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
     else:
         local = _ask_local_daemon(args)
-    if local is not None:
-        from ..discovery.fleetview import FLEET_TIMEOUT, QUICK
+    from ..discovery.fleetsource import choose
 
-        # The daemon answered (no asyncio, no browser imported: ~30 ms), or it took the request and is
-        # building its answer (1,000 hosts: 0.1-0.5 s; a fleet view just starting: its first settling,
-        # up to 2 s): a browse meanwhile would only compete with it and with this process's parsing.
-        if local.wait(QUICK) or (local.sent.is_set() and local.wait(FLEET_TIMEOUT)):
-            found, local = local.result(), None  # None: no usable answer: browse
-    if found is None:
-        found = _browse(args, local)
-    devices, hosts, unmatched = found
+    devices, hosts, unmatched = choose(local, lambda slow: _browse(args, slow))
     if args.json:
         print(json_list([d.to_dict() for d in devices]))
         return 0 if hosts else EXIT_NO_DAEMON
@@ -208,37 +198,11 @@ def json_list(items: Sequence[Any]) -> str:
 def _browse(args: argparse.Namespace, local: Reading | None) -> Listing:
     """The one-shot browse (:mod:`gpusd.discovery.oneshot`); the local daemon's fleet view instead
     where ``local``, asked already, answers first or within its bound."""
-    import asyncio
-
     from ..discovery import oneshot
+    from ..discovery.fleetsource import race
 
-    async def go() -> Listing:
-        browse = asyncio.ensure_future(
-            oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces, args.browse))
-        while local is not None and not browse.done():  # the local daemon is slow: browse meanwhile
-            if local.done():
-                answer = local.result()
-                if answer is not None:
-                    browse.cancel()
-                    await asyncio.gather(browse, return_exceptions=True)
-                    return answer
-                break
-            await asyncio.wait({browse}, timeout=0.02)
-        if local is not None and not local.done():
-            # The browse settled first, but the daemon's view is the whole fleet (hosts beyond the link
-            # too; a fleet of 1,000 takes it ~1 s to send): it is taken when it comes within its own
-            # bound (discovery.fleetview.FLEET_TIMEOUT from its start), the browse's answer otherwise.
-            from ..discovery.fleetview import FLEET_TIMEOUT
-
-            end = time.monotonic() + FLEET_TIMEOUT
-            while not local.done() and time.monotonic() < end:
-                await asyncio.sleep(0.02)
-            answer = local.result() if local.done() else None
-            if answer is not None:
-                return answer
-        return await browse
-
-    return run_loop(go())
+    return run_loop(race(local, oneshot.browse_settled(lambda **kw: _client(args, **kw), args.interfaces,
+                                                       args.browse)))
 
 
 def _ask_local_daemon(args: argparse.Namespace) -> Reading | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .exits import EXIT_ERROR
+from ..errors import EXIT_ERROR
 
 _MARK = {"ok": "ok  ", "fail": "FAIL", "skip": "-   "}
 

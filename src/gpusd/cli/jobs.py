@@ -8,10 +8,9 @@ import signal
 
 from ..errors import ConfigError, GpusdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..jobs.containers import ContainerRun
     from ..jobs.record import JobRecord
 
 PRIORITY_NAMES = ("low", "normal", "high", "urgent")
@@ -66,59 +65,6 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--follow-container", action="store_true",
                    help="with a detached container run (docker/podman/nerdctl run -d): wait for the container "
                    "(<runtime> wait) and end the lease when it exits (docs/allocation.md, \"Containers\")")
-
-
-def run_job(args: argparse.Namespace, cmd: list[str], command: str, container: "ContainerRun | None" = None) -> int:
-    from ..alloc.priority import PRIORITIES
-    from ..jobs.supervisor import Supervisor
-    from .options import to_constraints, wait_timeout
-
-    timeout = wait_timeout(args)
-    from ..alloc.priority import POLICY_PATH, load_policy, priority_name
-
-    policy = load_policy()
-    allowed = policy.max_for(os.geteuid())
-    if PRIORITIES[args.priority] > allowed:
-        raise ConfigError(f"--priority {args.priority}: the priority policy ({policy.source or 'the defaults'}) allows "
-                          f"you at most {priority_name(allowed)}; an administrator names who may use more in "
-                          f"{POLICY_PATH} (docs/jobs.md)")
-    tool = None
-    if args.cuda_checkpoint:  # its module only where asked (start-up time, issue 24)
-        from ..jobs.checkpoint import CudaCheckpoint, find_cuda_checkpoint
-        from ..jobs.supervisor import log
-
-        path = find_cuda_checkpoint()
-        found = CudaCheckpoint(path) if path is not None else None
-        if found is None:
-            log("--cuda-checkpoint: cuda-checkpoint is not on PATH; the job protocol is used instead")
-        elif (why := found.unsupported()) is not None:
-            log(f"--cuda-checkpoint: {why}; the job protocol is used instead")
-        else:
-            tool = found
-            log(f"--cuda-checkpoint: {path}: a move restores the job's CUDA state on the new GPU"
-                + ("" if args.preemptible else " (only --preemptible jobs are moved)"))
-    try:
-        limit = policy_time_limit(PRIORITIES[args.priority], getattr(args, "time", None))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    sup = Supervisor(to_constraints(args), cmd, command=command, priority=PRIORITIES[args.priority],
-                     preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
-                     grace=args.grace, wait=args.wait, timeout=timeout, simulate=args.simulate,
-                     use_uuid=args.uuid, cuda_checkpoint=tool, on_change=args.on_change,
-                     bind_cpus=args.bind_cpus, container=container, time_limit=limit)
-    try:
-        return sup.run()
-    except BaseException:
-        sup.close()
-        raise
-
-
-def policy_time_limit(priority: int, asked: float | None) -> float | None:
-    """A job's time limit: ``--time``, else its class's default in the fair-use policy; ValueError when
-    it asks more than its class's maximum there."""
-    from ..alloc.policy import load
-
-    return load().time_limit(priority, asked)
 
 
 def _visible(records: list["JobRecord"], all_users: bool) -> list["JobRecord"]:

@@ -78,7 +78,7 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
     from ..errors import SourceError
     from ..views import sd
     from ..views.sources import DiscoverySource, FleetSource
-    from ..wire.promsd import Daemon
+    from ..wire.promsd import ScrapeTarget
 
     if args.watch and not args.output:
         raise ConfigError("--watch needs --output FILE (Prometheus re-reads the file when it changes)")
@@ -90,7 +90,7 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
 
     from ..wire.promsd import daemons_from_hosts
 
-    def daemons() -> list[Daemon]:
+    def daemons() -> list[ScrapeTarget]:
         # the document every daemon serves at /api/v1/prometheus/http_sd, from the same function
         if source is None:
             fleet = FleetSource(args.url, key=fleet_key(args))

@@ -5,7 +5,7 @@ library's typed value, so that no module below :mod:`gpusd.cli` sees an argparse
 
 Each parent is built afresh when a command's parser is (a parent's actions are shared by reference
 with the parser that copies them, and ``gpusd start`` rewrites its defaults), and only for the
-command being run (start-up time, issue 24): nothing here imports more than argparse until a
+command being run (start-up time): nothing here imports more than argparse until a
 group's function is called.
 """
 
@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence
 
     from ..alloc.select import Constraints
+    from ..jobs.containers import ContainerRun
+    from ..jobs.supervisor import JobSpec
 
 RELEASE_DROPPED = "0.4"  # the release in which the deprecated spellings below go
 
@@ -316,6 +318,19 @@ def to_constraints(args: argparse.Namespace) -> Constraints:
     from ..alloc.select import Constraints, constraint_keywords
 
     return Constraints.from_keywords(**{k: getattr(args, k) for k in constraint_keywords() if hasattr(args, k)})
+
+
+def job_spec(args: argparse.Namespace, cmd: list[str], command: str,
+             container: ContainerRun | None = None) -> JobSpec:
+    """What ``gpusd run`` was asked, as the one value the library's job runner takes: the CLI's edge."""
+    from ..alloc.priority import PRIORITIES
+    from ..jobs.supervisor import JobSpec
+
+    return JobSpec(to_constraints(args), tuple(cmd), command, priority=PRIORITIES[args.priority],
+                   preemptible=args.preemptible, pausable=args.pausable, notify_signal=args.notify_signal,
+                   grace=args.grace, wait=args.wait, timeout=wait_timeout(args), simulate=args.simulate,
+                   use_uuid=args.uuid, on_change=args.on_change, bind_cpus=args.bind_cpus, container=container,
+                   time_limit=getattr(args, "time", None))
 
 
 def wait_timeout(args: argparse.Namespace) -> float | None:

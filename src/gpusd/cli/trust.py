@@ -10,7 +10,7 @@ import argparse
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey

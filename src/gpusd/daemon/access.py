@@ -297,7 +297,7 @@ class Access:
         ``remote`` names this daemon: one of its own addresses or names (``name``, ``name.local``),
         on one of its ports (any port when the daemon does not say); ``localhost`` and loopback
         addresses only when the peer itself is on loopback (from another machine, "localhost" is
-        that machine, not this daemon: a request signed for it must not be accepted here, issue 17)."""
+        that machine, not this daemon: a request signed for it must not be accepted here)."""
         parsed = split_host(host or "")
         if parsed is None:
             return False

@@ -1,4 +1,4 @@
-"""The daemon's one inventory backend (issue 19): the sampling loop, the lease authority on its Unix
+"""The daemon's one inventory backend: the sampling loop, the lease authority on its Unix
 socket, the pool's remote leases and rebalancing all read the GPUs through the same
 :class:`SharedBackend`, so a lease is decided on the very readings (and utilisation window) that
 ``GET /api/v1/gpus`` and the announcement serve, and a driver library is opened once per daemon.
@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..errors import BackendUnavailable
+from ..model import DEFAULT_VENDOR
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..inventory import Backend
@@ -36,7 +37,7 @@ class SharedBackend:
 
     @property
     def vendors(self) -> tuple[str, ...]:
-        return tuple(getattr(self.current, "vendors", ("nvidia",)))
+        return tuple(getattr(self.current, "vendors", (DEFAULT_VENDOR,)))
 
     @property
     def hostname(self) -> str:

@@ -10,6 +10,7 @@ from ..wire.txt import DEFAULT_SESSION
 
 DEFAULT_PORT = 4780
 FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
+MIN_TTL, MAX_TTL = 2.0, 3600.0  # seconds: the bounds of a remote lease's TTL (docs/pool.md)
 
 
 def open_file_limit() -> int | None:
@@ -65,7 +66,7 @@ class DaemonConfig:
     max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
     write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
     fleet_max_hosts: int = 1024  # services the fleet view follows at most (more are dropped, counted, logged once)
-    # Shares that unsigned readers cannot take, and per-peer limits (docs/daemon.md "Limits", issue 17):
+    # Shares that unsigned readers cannot take, and per-peer limits (docs/daemon.md "Limits"):
     max_subscribers_per_peer: int = 32  # unsigned readers per event stream from one peer address (IPv6: /64)
     reserved_subscribers: int = 64  # of max_subscribers, kept for signed readers (unsigned ones get the rest)
     max_connections_per_peer: int = 128  # connections not (yet) signed from one peer address (IPv6: /64)
@@ -196,8 +197,6 @@ class DaemonConfig:
         cap = self.lease_max_gpus_per_holder
         if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and 1 <= cap <= 4096):
             raise ConfigError(f"lease_max_gpus_per_holder must be None or a whole number from 1 to 4096, not {cap!r}")
-        from .pool import MAX_TTL, MIN_TTL
-
         ttl, life = self.lease_max_ttl, self.lease_max_lifetime
         if not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and MIN_TTL <= ttl <= MAX_TTL):
             raise ConfigError(f"lease_max_ttl must be between {MIN_TTL:g} and {MAX_TTL:g} seconds, not {ttl!r}")
@@ -212,7 +211,7 @@ class DaemonConfig:
 
         domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
         if self.peers is None and not os.environ.get("GPUSD_PEERS") and not domain and not self.dns_server:
-            return  # nothing to check: discovery/beyond.py stays unloaded (memory at rest, issue 24)
+            return  # nothing to check: discovery/beyond.py stays unloaded (memory at rest)
         from ..discovery import beyond
 
         # also what the fleet view would take from the environment: a bad $GPUSD_PEERS fails the start
@@ -230,7 +229,7 @@ class DaemonConfig:
         rules = self.thresholds
         if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
             raise ConfigError(f"thresholds must be a list of rules such as [\"temperature>85\"], not {rules!r}")
-        if not rules:  # nothing to parse: the rules' parser stays unloaded (memory at rest, issue 24)
+        if not rules:  # nothing to parse: the rules' parser stays unloaded (memory at rest)
             return
         from ..thresholds import Rule, load_rules
 

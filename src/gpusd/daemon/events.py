@@ -4,7 +4,7 @@ A subscriber that falls ``maxsize`` events behind is disconnected (its stream en
 set); a gpusd client reconnects at once and starts again from a full snapshot, so nothing is lost
 but the backlog.
 
-Who may subscribe (docs/daemon.md, "Limits against hostile peers"; issue 17):
+Who may subscribe (docs/daemon.md, "Limits against hostile peers"):
 
 * at most ``max_subscribers`` at once;
 * *unsigned* subscribers (readers without the fleet secret) share ``max_subscribers - reserved``

@@ -3,7 +3,7 @@
 (:class:`~gpusd.daemon.metrics.UsageCollector`).
 
 Apart from :mod:`.metrics` so that a daemon at rest counts without the Prometheus rendering, which is
-loaded on the first scrape (daemon memory at rest, issue 24).
+loaded on the first scrape (daemon memory at rest).
 """
 
 from __future__ import annotations

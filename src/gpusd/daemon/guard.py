@@ -3,7 +3,7 @@
 aiohttp closes a connection that stays idle between requests (``keepalive_timeout``), but nothing
 of its own bounds how many connections are open, and a client that sends half a request head
 holds its connection (and a file descriptor) for as long as that timeout.  ~1,100 such clients
-were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, finding 7).
+were enough to exhaust a 1024-descriptor daemon and take its API down.
 
 :class:`ConnectionGuard` sits between the listening socket and aiohttp's protocol:
 
@@ -11,7 +11,7 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
   blank line) is not complete ``header_timeout`` seconds after it was accepted is closed.  Later
   requests on a kept-alive connection are bounded by aiohttp's ``keepalive_timeout``.
 * **Connection cap**: at most ``max_connections`` connections are open.
-* **Signed connections** (issue 17): the access rules tell the guard when a request with a
+* **Signed connections**: the access rules tell the guard when a request with a
   valid signature arrived on a connection (:func:`connection_of`); from then on the connection is a
   secret holder's: it counts against ``max_connections`` only, and it is never closed to make room.
 * **A share strangers cannot take**: connections not (yet) signed — waiting for their first request
@@ -33,7 +33,7 @@ were enough to exhaust a 1024-descriptor daemon and take its API down (issue 9, 
   (waiting, else idle, else busy) of the peer holding the most.  So a secret holder's connection
   always gets in while strangers hold places, and strangers never push out each other's busy
   connections.  Without a fleet secret (``reserved`` 0: nobody can sign) a new connection finding
-  every connection busy is closed at once, as before issue 17.
+  every connection busy is closed at once.
 
 :class:`GuardedSite` is an aiohttp site (like ``web.TCPSite``) whose connections go through a guard;
 it serves only an app whose every route is behind the access rules

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-class Daemon(Protocol):
+class DaemonView(Protocol):
     """What the HTTP handlers read from the daemon (:class:`gpusd.daemon.service.Daemon` is one)."""
 
     @property
@@ -45,7 +45,7 @@ class Daemon(Protocol):
     @property
     def snapshot(self) -> "HostSnapshot | None": ...
     @property
-    def history(self) -> "RecentSamples": ...
+    def recent(self) -> "RecentSamples": ...
     @property
     def events(self) -> EventHub: ...
     @property
@@ -94,7 +94,7 @@ class Answers:
         return body
 
 
-def build_app(daemon: Daemon) -> web.Application:
+def build_app(daemon: DaemonView) -> web.Application:
     from .routes import add_routes
 
     app = web.Application(client_max_size=64 * 1024)
@@ -102,7 +102,7 @@ def build_app(daemon: Daemon) -> web.Application:
     return app
 
 
-def routes(daemon: Daemon, answers: Answers | None = None) -> list[RouteDef]:
+def routes(daemon: DaemonView, answers: Answers | None = None) -> list[RouteDef]:
     """The core API's route table (docs/wire-format.md); each handler is given the daemon (through
     the :class:`Daemon` protocol, its one dependency) and, for the answers built once per sample,
     their :class:`Answers`."""
@@ -136,7 +136,7 @@ def _bytes(body: bytes) -> web.Response:
 _HEALTH: dict[tuple[str, int | None, str | None], tuple[bytes, bytes]] = {}
 
 
-async def healthz(d: Daemon, request: web.Request) -> web.Response:
+async def healthz(d: DaemonView, request: web.Request) -> web.Response:
     # everything but the uptime is fixed: its bytes are built once, the uptime placed in them per request
     # (where private fields travel, docs/security.md: pinned, and proven by signature)
     ident = (d.node_id, d.tls_port, d.cert_fp)
@@ -154,7 +154,7 @@ async def healthz(d: Daemon, request: web.Request) -> web.Response:
     return _bytes(b"%s%r%s" % (parts[0], round(time.time() - d.started_at, 3), parts[1]))
 
 
-async def host(d: Daemon, answers: Answers, request: web.Request) -> web.Response:
+async def host(d: DaemonView, answers: Answers, request: web.Request) -> web.Response:
     snap = d.snapshot
 
     def build() -> object:
@@ -175,18 +175,18 @@ async def host(d: Daemon, answers: Answers, request: web.Request) -> web.Respons
     return _bytes(answers.get(snap, "host", can_see_private(request), build))
 
 
-def _slurmctld(d: Daemon) -> object:
+def _slurmctld(d: DaemonView) -> object:
     part = getattr(d, "slurm", None)
     return part.host_info() if part is not None else None
 
 
-async def gpus(d: Daemon, answers: Answers, request: web.Request) -> web.Response:
+async def gpus(d: DaemonView, answers: Answers, request: web.Request) -> web.Response:
     snap = d.snapshot
     return _bytes(answers.get(
         snap, "gpus", can_see_private(request), lambda: [g.to_dict() for g in snap.gpus] if snap is not None else []))
 
 
-async def history(d: Daemon, request: web.Request) -> web.Response:
+async def history(d: DaemonView, request: web.Request) -> web.Response:
     seconds: float | None = None
     if "seconds" in request.query:
         try:
@@ -195,15 +195,15 @@ async def history(d: Daemon, request: web.Request) -> web.Response:
                 raise ValueError
         except ValueError:
             return _json({"error": "seconds must be a non-negative number"}, status=400)
-    return _json({"interval": d.config.interval, "seconds": d.config.history, "gpus": d.history.to_dict(seconds)})
+    return _json({"interval": d.config.interval, "seconds": d.config.history, "gpus": d.recent.to_dict(seconds)})
 
 
-async def events(d: Daemon, request: web.Request) -> web.StreamResponse:
+async def events(d: DaemonView, request: web.Request) -> web.StreamResponse:
     first = [d.snapshot_event()] if d.snapshot is not None else []
     return await sse_stream(request, d.events, first, d.config.heartbeat, write_timeout=d.config.write_timeout)
 
 
-async def fleet(d: Daemon, request: web.Request) -> web.Response:
+async def fleet(d: DaemonView, request: web.Request) -> web.Response:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
@@ -214,7 +214,7 @@ async def fleet(d: Daemon, request: web.Request) -> web.Response:
     return _bytes(d.fleet.answer(only_own=d.node_id if level == FLEET_OWN else None, redact=True))
 
 
-async def prometheus_http_sd(d: Daemon, request: web.Request) -> web.Response:
+async def prometheus_http_sd(d: DaemonView, request: web.Request) -> web.Response:
     """Prometheus HTTP service discovery (``http_sd_configs``): the fleet's metric targets, public
     fields only.  Hosts that failed to prove they hold the fleet secret are left out; the others carry
     ``__meta_gpusd_verified`` (true, or unknown for a daemon without a secret) and ``__meta_gpusd_via``."""
@@ -226,7 +226,7 @@ async def prometheus_http_sd(d: Daemon, request: web.Request) -> web.Response:
     return _json(file_sd(daemons_from_hosts(d.fleet.view().hosts)))  # the document export prometheus-sd writes
 
 
-async def fleet_events(d: Daemon, request: web.Request) -> web.StreamResponse:
+async def fleet_events(d: DaemonView, request: web.Request) -> web.StreamResponse:
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()

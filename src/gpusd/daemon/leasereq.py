@@ -8,24 +8,21 @@ traceback.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from ..errors import ConfigError, IdError
 from ..ids import JobId
+from ..sanitize import json_object
 
 PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
 
 
 def parse(line: bytes) -> dict[str, Any]:
     try:
-        d = json.loads(line)
-    except (ValueError, RecursionError):
+        return json_object(line)
+    except ValueError:
         raise ConfigError("a request is one JSON object on one line") from None
-    if not isinstance(d, dict):
-        raise ConfigError("a request is one JSON object on one line")
-    return d
 
 
 def version(d: dict[str, Any]) -> int:
@@ -109,7 +106,7 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     env = {"CUDA_VISIBLE_DEVICES": visible[:1024]} if visible is not None else None
     others = d.get("visible_vars")  # added in 0.4: the client's inherited AMD/Intel device lists
     if others is not None:
-        from ..alloc.authority import INHERITED_OTHERS
+        from ..inventory.vendors import INHERITED_OTHERS
 
         if (not isinstance(others, dict) or not set(others) <= set(INHERITED_OTHERS)
                 or not all(isinstance(v, str) and len(v) <= 1024 for v in others.values())):
@@ -125,7 +122,7 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
         "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
         "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
         "command": command[:1024] if command else None, "visible": env,
-        "vendor": opt("vendor", (str,)),  # issue 21; validated by Constraints.build
+        "vendor": opt("vendor", (str,)),  # validated by Constraints.build
         # seconds the GPUs are needed at most (backfill before a booking, gpusd.alloc.bookings)
         "time_limit": bounded("time_limit", (int, float), 20 * 365 * 86400, "seconds, above 0") or None,
     }

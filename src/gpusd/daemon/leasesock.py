@@ -41,7 +41,7 @@ is written down before its client hears of it, and ended when its connection end
 Bounds: a request line of at most 16 KiB, the first read within 5 s; at most 256 connections, 64 per
 uid (a client refused with ``busy`` takes its lease in the lock directory instead); at most 8 further
 requests kept while one is served (more are dropped); a lease of at most 64 devices.
-Threads (issue 19): every connection's I/O is a coroutine on the daemon's event loop (reading with
+Threads: every connection's I/O is a coroutine on the daemon's event loop (reading with
 each writer's credentials, noticing a client that leaves while it waits, the hand-over at stop:
 a non-blocking ``sendmsg`` awaited for writability, never a blocking call on the loop); the blocking
 work -- flock waits, the selection mutex, lease records, the backend's snapshot -- runs in one
@@ -271,7 +271,7 @@ class LeaseServer:
             self.listener = None
         for cancel in list(self.cancels):
             cancel.set()  # waits end within a second
-        # Nothing here blocks the event loop (issue 19): the lease's lock is polled, the descriptors
+        # Nothing here blocks the event loop: the lease's lock is polled, the descriptors
         # are sent without blocking, the rest runs on the executor.  The clients keep their leases:
         # those that hold the descriptors already (sent with the grant) are told, and ours closed,
         # whether the note reaches them or not; the others get them now.  One that does not read its

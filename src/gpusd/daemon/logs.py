@@ -1,6 +1,6 @@
 """The daemon's log: bounded in rate and in size, whatever its peers do.
 
-Hostile or broken peers can make a daemon log the same line at network speed (issue 9, finding 7:
+Hostile or broken peers can make a daemon log the same line at network speed (measured:
 ~1 M lines, 500 MB in 100 s).  Two defences, installed by :func:`setup` (``gpusd start``):
 
 * :class:`RateLimitFilter`: at most ``per_window`` (10) records per *kind* per ``window`` (60 s);
@@ -192,14 +192,6 @@ def limits_from_env() -> tuple[int, int]:
     return number("GPUSD_LOG_MAX_BYTES", LOG_MAX_BYTES, 4096), number("GPUSD_LOG_BACKUPS", LOG_BACKUPS, 1)
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
 def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *,
           max_bytes: int | None = None, backups: int | None = None,
           rate_limit: RateLimitFilter | None = None) -> logging.Handler:
@@ -214,7 +206,9 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
     if log_file is not None:
         path = Path(log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        follow = _same_file(2, path)  # a background daemon: its stderr is this file
+        from ..alloc.lockdir import same_file
+
+        follow = same_file(2, path)  # a background daemon: its stderr is this file
         handler = RotatingLog(path, max_bytes if max_bytes is not None else env_bytes,
                               backups if backups is not None else env_backups, follow_stdio=follow)
     else:

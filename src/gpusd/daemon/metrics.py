@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
+from ..inventory.vendors import AMD_EXPORTER, exporter_of
 from ..model import GpuInfo, HostSnapshot, MigInstance
 from ..sanitize import for_exposition, for_label
 from .gpuseconds import GPU_LABELS, UsageCounters, gpu_labels
@@ -48,7 +49,7 @@ _GPU_GAUGES: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
         "Fraction of time the memory controller was busy, 0-1",
         lambda g: None if g.utilization_memory is None else g.utilization_memory / 100.0),
     "gpusd_gpu_memory_used_bytes": ("GPU memory in use", lambda g: g.memory_used),
-    "gpusd_gpu_memory_free_bytes": ("GPU memory free", lambda g: g.memory_free),
+    "gpusd_gpu_memory_free_bytes": ("GPU memory free", lambda g: g.memory_available),  # the model's rule
     "gpusd_gpu_memory_total_bytes": ("GPU memory in total", lambda g: g.memory_total),
     "gpusd_gpu_memory_shared": ("1 when the GPU's memory is the host's (unified memory): the memory series "
                                 "are the host's, shared with the CPU", lambda g: 1.0 if g.memory_shared else 0.0),
@@ -573,7 +574,7 @@ class AmdExporterCollector:
             if snap is None:
                 continue
             for g in snap.gpus:
-                if g.vendor != "amd":
+                if exporter_of(g.vendor) != AMD_EXPORTER:
                     continue
                 serial = g.uuid.removeprefix("GPU-") if g.uuid.startswith("GPU-") else ""
                 # card_model: the board's part number, else the market name (as AMD's exporter falls back to

@@ -47,11 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, to_wire
+from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, OverCap, http_answer, to_wire
 from ..ids import JobId
+from ..sanitize import json_object
 from . import fdstore, poolstate
+from .config import MAX_TTL, MIN_TTL
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Awaitable, Callable
+
     from aiohttp import web
 
     from ..model import LeaseInfo
@@ -62,7 +66,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("gpusd.pool")
 
 DEFAULT_TTL = 30.0
-MIN_TTL, MAX_TTL = 2.0, 3600.0
 MAX_BODY = 16384
 MAX_HOLDER = 64
 MAX_NOTE = 512
@@ -179,7 +182,7 @@ class Pool:
         held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
                          "epoch": epochs.get(c.uuid),  # 0.4, additive: this GPU's fencing token
                          "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
-                         "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # issue 21, additive
+                         "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # 0.3, additive
                          "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
                         for c in sel.devices]
         self._write_down(held, held.deadline - time.monotonic())
@@ -520,35 +523,33 @@ class Pool:
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
-        from ..alloc.policy import OverCap
         from .access import peer_of
         from .leasereq import request as _request
 
         if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
             from .leasesock import slurm_refusal
 
-            return 409, {**to_wire(NoGpuAvailable(slurm_refusal(body.get("count", 1))), http=True),
-                         "reason": "slurm"}
+            return http_answer(NoGpuAvailable(slurm_refusal(body.get("count", 1))), "slurm")
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
         await self._adopted()  # the previous run's leases first: they count against the caps and GPUs
         # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
-        # member at that address -- never the 'holder' name the request declares (issue 20)
+        # member at that address -- never the 'holder' name the request declares
         holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"
         identity = _identity(account, identity or f"address {remote_from}")
         job = body.get("job")
         if job is not None and not JobId.is_valid(job):
-            return 400, to_wire(IdError(f"'job' must be a gpusd job id ({JobId.rule})"), http=True)
+            return http_answer(IdError(f"'job' must be a gpusd job id ({JobId.rule})"))
         try:
             kwargs = _request(json.dumps({**body, "op": "lease", "wait": False, "timeout": None}).encode())
         except ConfigError as exc:
-            return 400, to_wire(exc, http=True)
+            return http_answer(exc)
         for k in ("wait", "timeout", "command", "visible"):
             kwargs.pop(k, None)
         count = int(kwargs.get("count") or 1)
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
-            return 429, {**to_wire(OverCap(why), http=True), "reason": "policy"}
+            return http_answer(OverCap(why))
         booked = getattr(self.daemon, "bookings", None)  # a booking of theirs held now: its GPUs go to this request
         for gone in booked.hand_over(holder) if booked is not None and account is not None else []:
             await self.ended(gone)
@@ -561,16 +562,8 @@ class Pool:
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._grant_held, held, kwargs)
-        except OverCap as exc:  # the fair-use policy's cap for this user (alloc/policy.py)
-            return 429, {**to_wire(exc, http=True), "reason": "policy"}
-        except NoGpuAvailable as exc:
-            return 409, {**to_wire(exc, http=True), "reason": "no_gpu"}
-        except ConfigError as exc:
-            return 400, to_wire(exc, http=True)
-        except DiskFull as exc:  # 507 Insufficient Storage: the reason, not "no GPU" (docs/errors.md)
-            return 507, {**to_wire(exc, http=True), "reason": "disk_full"}
-        except GpusdError as exc:
-            return 503, to_wire(exc, http=True)
+        except GpusdError as exc:  # its status and reason are its class's (errors.py, docs/errors.md)
+            return http_answer(exc)
         finally:
             self.pending -= 1
             asking, gpus = self.pending_of.pop(identity, (1, count))
@@ -605,9 +598,7 @@ class Pool:
         held = self.held[lease_id]
         over = await self._over_fleet_cap(held)
         if over is not None:
-            from ..alloc.policy import OverCap
-
-            return 429, {**to_wire(OverCap(over), http=True), "reason": "fleet_cap"}
+            return http_answer(OverCap(over), "fleet_cap")
         ttl = held.ttl
         if body.get("ttl") is not None:
             ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
@@ -629,7 +620,8 @@ class Pool:
             stale = str(exc)
         except (GpusdError, OSError) as exc:
             log.warning("cannot renew remote lease %s: %s", lease_id, exc)
-            return 503, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
+            # a renewal that failed is this daemon's failure, whatever the error was
+            return GpusdError.http_status, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
         finally:
             held.renewing = False
             if held.release_after:  # ended while its record was being rewritten: release now
@@ -886,41 +878,34 @@ def routes(pool: Pool) -> list[RouteDef]:
         if not raw.strip():
             return {}
         try:
-            d = json.loads(raw)
-        except (ValueError, RecursionError):
+            return json_object(raw)
+        except ValueError:
             raise ConfigError("a lease request is a JSON object") from None
-        if not isinstance(d, dict):
-            raise ConfigError("a lease request is a JSON object")
-        return d
 
     async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
         return await signer_of(request, pool, daemon)
 
-    async def create(request: web.Request) -> web.Response:
+    async def with_body(request: web.Request, act: Callable[[dict[str, Any], str | None, Account | None],
+                                                             Awaitable[tuple[int, dict[str, Any]]]]) -> web.Response:
+        """A signed write with a JSON body: who sent it, its body, then ``act(body, holder, account)``."""
         from .access import holder_of
 
         account, refused = await who(request)
         if refused is not None:
             return refused
         try:
-            body = await body_of(request)
-            status, data = await pool.create(body, request.remote, holder_of(request), account)
+            status, data = await act(await body_of(request), holder_of(request), account)
         except ConfigError as exc:
-            return answer(400, to_wire(exc, http=True))
+            return answer(*http_answer(exc))
         return answer(status, data)
+
+    async def create(request: web.Request) -> web.Response:
+        return await with_body(request, lambda body, holder, account: pool.create(body, request.remote, holder,
+                                                                                  account))
 
     async def renew(request: web.Request) -> web.Response:
-        from .access import holder_of
-
-        account, refused = await who(request)
-        if refused is not None:
-            return refused
-        try:
-            body = await body_of(request)
-            status, data = await pool.renew(request.match_info["id"][:64], body, holder_of(request), account)
-        except ConfigError as exc:
-            return answer(400, to_wire(exc, http=True))
-        return answer(status, data)
+        lease_id = request.match_info["id"][:64]
+        return await with_body(request, lambda body, holder, account: pool.renew(lease_id, body, holder, account))
 
     async def delete(request: web.Request) -> web.Response:
         from .access import holder_of

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..sanitize import json_object
+
 log = logging.getLogger("gpusd.pool")
 
 DIR_NAME = "remote-leases"
@@ -131,13 +133,10 @@ def _read(dfd: int, name: str) -> dict[str, Any] | None:
         return None
     finally:
         os.close(fd)
-    if len(raw) > MAX_RECORD:
-        return None
     try:
-        d = json.loads(raw)
-    except (ValueError, RecursionError):
+        return json_object(raw, MAX_RECORD)
+    except ValueError:
         return None
-    return d if isinstance(d, dict) else None
 
 
 def read_expiry(state_dir: Path, lease_id: str) -> float | None:

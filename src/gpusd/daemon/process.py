@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..alloc.lockdir import same_file
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
+from ..sanitize import json_object
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -81,7 +83,7 @@ class PidFile:
                 raise
             # A stopping daemon unlinks the file before it lets go of the lock: a lock won on that
             # unlinked file guards nothing (the next daemon would create and lock a new one).
-            if _same_file(fd, self.path):
+            if same_file(fd, self.path):
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
@@ -97,14 +99,6 @@ class PidFile:
             pass
         os.close(self.fd)
         self.fd = None
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _read_pid(path: Path) -> int | None:
@@ -137,10 +131,8 @@ def status(state_dir: Path) -> DaemonStatus:
     info: dict[str, Any] = {}
     if running:
         try:
-            info = json.loads((state_dir / INFO_FILE).read_text())
-        except (OSError, ValueError):
-            info = {}
-        if not isinstance(info, dict):  # a damaged file: as good as none
+            info = json_object((state_dir / INFO_FILE).read_bytes())
+        except (OSError, ValueError):  # a damaged file: as good as none
             info = {}
     return DaemonStatus(running=running, pid=pid, state_dir=state_dir, info=info)
 
@@ -318,9 +310,7 @@ def spawn(foreground_args: Sequence[str], state_dir: Path, *, env: dict[str, str
         os.close(r)
     if line:
         try:
-            info = json.loads(line)
-            if isinstance(info, dict):
-                return info
+            return json_object(line)
         except ValueError:
             pass
     code = proc.poll()
@@ -455,7 +445,7 @@ def _claim_authority(config: Any) -> int | None:
 
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
-    limit_malloc_arenas()  # before the first thread (daemon memory at rest, issue 24)
+    limit_malloc_arenas()  # before the first thread (daemon memory at rest)
     old, new = raise_fd_limit()
     if new != old:
         _log().info("open-file limit raised from %d to %d", old, new)

@@ -1,5 +1,5 @@
-"""The daemon's HTTP routes as tables (issue 19), and the one place every route is registered, so that
-every request passes the access rules (issue 24).
+"""The daemon's HTTP routes as tables, and the one place every route is registered, so that
+every request passes the access rules.
 
 Each part that serves HTTP has a ``routes(deps) -> list[RouteDef]`` whose handlers use only the
 dependencies it is given (the part's own object and the small protocol it reads the daemon through),
@@ -9,7 +9,7 @@ and alerts: :func:`gpusd.daemon.monitoring.routes`; usage history: :func:`gpusd.
 
 **Access is checked per route, and no route can escape it.**  The access rules
 (:func:`gpusd.daemon.access.serve`) run inside each route's handler rather than as an aiohttp
-middleware (whose machinery cost a sixth of an unsigned read, issue 24).  So:
+middleware (whose machinery cost a sixth of an unsigned read).  So:
 
 * :func:`add_routes` registers every handler behind the app's :class:`Gate` (the rules it applies
   are installed with :func:`install_access`, which may come before or after the routes);

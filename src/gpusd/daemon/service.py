@@ -3,7 +3,7 @@
 Everything another part of gpusd needs is reachable from one :class:`Daemon`:
 
 * ``daemon.snapshot`` — the latest :class:`~gpusd.model.HostSnapshot` (leases attached);
-* ``daemon.history`` — per-GPU ring buffers (:class:`~gpusd.daemon.recent.RecentSamples`);
+* ``daemon.recent`` — per-GPU ring buffers (:class:`~gpusd.daemon.recent.RecentSamples`);
 * ``daemon.publish(event, data)`` — send an event to every ``/api/v1/events`` listener;
 * ``daemon.on_sample`` — callbacks ``fn(snapshot)`` run on the event loop after every sample;
 * ``daemon.app`` — the aiohttp application: add routes before :meth:`start`;
@@ -72,7 +72,7 @@ class Daemon:
         # the one inventory backend: sampling, the lease authority, the pool and rebalancing (daemon/backend.py)
         self.inventory = SharedBackend(lambda: self._open_backend(), backend)
         self.snapshot: HostSnapshot | None = None
-        self.history = RecentSamples(config.history, config.interval)
+        self.recent = RecentSamples(config.history, config.interval)  # not the usage history (usage/)
         self.events = EventHub(max_subscribers=config.max_subscribers, per_peer=config.max_subscribers_per_peer,
                                reserved=config.reserved_subscribers if config.token else 0)
         self.on_sample: list[Callable[[HostSnapshot], Any]] = []
@@ -124,6 +124,11 @@ class Daemon:
             self.rebalancing = install_rebalancing(self)
 
     # -- extension points ---------------------------------------------------------------------
+    @property
+    def history(self) -> RecentSamples:
+        """The recent samples by their older name (:attr:`recent`; the usage history is ``usage/``)."""
+        return self.recent
+
     @property
     def backend(self) -> "Backend | None":
         """The inventory backend read now (``self.inventory`` is the shared one every part holds)."""
@@ -244,7 +249,7 @@ class Daemon:
         self._tasks.append(asyncio.ensure_future(self.announcer.watch_network(self.config.netwatch)))
         if self.fleet is not None and self.config.fleet == "on":
             self._tasks.append(asyncio.ensure_future(self.fleet.ensure_started()))
-        trim_heap()  # what start-up freed goes back to the system (daemon memory at rest, issue 24)
+        trim_heap()  # what start-up freed goes back to the system (daemon memory at rest)
 
     def _open_backend(self) -> "Backend":
         if self.config.slurmctld is not None and not self.config.slurm and not self.config.simulate:
@@ -377,7 +382,7 @@ class Daemon:
         if self.sample_errors:
             log.info("sampling works again")
             self.sample_errors = 0
-        self.history.add(snap)
+        self.recent.add(snap)
         self._publish_snapshot(snap)
 
     def _publish_snapshot(self, snap: HostSnapshot) -> None:

@@ -9,7 +9,8 @@
   fleet view, read once); :mod:`.beyond` — the helpers of the two sources beyond the link.
 * :mod:`.follower` — following one host: its event stream and what its daemon proves.
 * :mod:`.bus` — the event bus; :mod:`.types` — hosts, devices, events, filters; :mod:`.oneshot` —
-  the one-shot browse of ``gpusd list``.
+  the one-shot browse of ``gpusd list``; :mod:`.fleetsource` — where a one-shot reading comes from:
+  this host's daemon's fleet view in time, else the browse.
 
 ``gpusd.Client``, ``gpusd.AsyncClient``, ``gpusd.Device`` and ``gpusd.DiscoveryEvent`` are the public
 names (docs/api.md); the rest is internal.  Nothing heavy is imported here: ``import gpusd.wire.txt``

@@ -90,7 +90,6 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
     a browsing client's; None when the answer is not a usable fleet view.  ``private``: the daemon proved
     it holds the fleet secret, so the other hosts' owners and commands are kept."""
     from ..wire.fleet import FleetView
-    from ..wire.txt import TxtRecord
 
     try:
         view = FleetView.from_dict(data)
@@ -107,18 +106,14 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
             return None  # an hwsd host, or one without a snapshot yet: browsing tells more
         if not h.hostname.isprintable():
             return None  # a name no announcement could carry: browse instead
-        # the host name as announced (TXT), like a browsing client's
-        txt = TxtRecord(node_id=snap.node_id, hostname=h.hostname, session=h.session, count=len(snap.gpus),
-                        simulated=bool(snap.simulated))
-        if filters.session is not None and txt.session != filters.session:
+        host = RemoteHost.from_record(h, snap, h.verified if private else None)
+        if filters.session is not None and host.txt.session != filters.session:
             continue
-        if not filters.host_ok(txt):
+        if not filters.host_ok(host.txt):
             unmatched += 1
             continue
         if snap.node_id != own_node and not private:
             redact(snap)
-        host = RemoteHost(key=snap.node_id, txt=txt, url=h.url, snapshot=snap, alive=h.alive,
-                          verified=h.verified if private else None)
         hosts.append(host)
         seen: set[str] = set()
         for dev in host.devices():

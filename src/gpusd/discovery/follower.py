@@ -399,13 +399,13 @@ class Follower:
 
     # -- the stream's other events --------------------------------------------------------------
     def _threshold(self, host: RemoteHost, data: str) -> None:
-        import json
+        from ..sanitize import json_object
 
         try:
-            d = json.loads(data)
+            d = json_object(data)
         except ValueError:
             return
-        if not isinstance(d, dict) or d.get("state") not in ("exceeded", "cleared"):
+        if d.get("state") not in ("exceeded", "cleared"):
             return
         device: Device | None = None
         gpu = d.get("gpu")
@@ -417,13 +417,13 @@ class Follower:
 
     def _job(self, host: RemoteHost, data: str) -> None:
         """A rebalancing decision (docs/jobs.md): only its known fields, typed and bounded."""
-        import json
+        from ..sanitize import json_object
 
         try:
-            d = json.loads(data[:8192])
+            d = json_object(data[:8192])
         except ValueError:
             return
-        if not isinstance(d, dict) or d.get("action") not in ("move", "pause", "resume"):
+        if d.get("action") not in ("move", "pause", "resume"):
             return
         out: dict[str, Any] = {"action": d["action"], "ok": d.get("ok") is True}
         for key, limit in (("job", 32), ("gpu", 128), ("reason", 300), ("result", 300)):
@@ -438,7 +438,7 @@ class Follower:
 
 def local_only(address: str) -> bool:
     """An address that points back at this machine or means nothing on the LAN: never followed when
-    announced by someone else (finding 2 of issue 9: a record pointing at 127.0.0.1:4780)."""
+    announced by someone else (a record pointing at 127.0.0.1:4780 would send the client to itself)."""
     import ipaddress
 
     try:

@@ -78,8 +78,10 @@ class Device:
         return self.gpu.memory_used
 
     @property
-    def memory_free(self) -> int | None:
+    def memory_available(self) -> int | None:
         return self.gpu.memory_available  # the model's one rule
+
+    memory_free = memory_available  # its older name
 
     @property
     def utilization(self) -> float | None:
@@ -163,6 +165,18 @@ class RemoteHost(HostRecord):
         self._identity = None
         self.copy_of = copy_of
         self.identity = identity
+
+    @classmethod
+    def from_record(cls, rec: HostRecord, snapshot: HostSnapshot, verified: bool | None = None) -> RemoteHost:
+        """The host a daemon's fleet view reports (``rec``, its ``snapshot``): the record as it is (how
+        it was found, when it was last heard, alive), its announcement as that daemon heard it (name,
+        node, session, GPU count), ``verified`` as this reader may trust it."""
+        txt = TxtRecord(node_id=snapshot.node_id, hostname=rec.hostname, session=rec.session or "",
+                        count=len(snapshot.gpus), simulated=bool(snapshot.simulated))
+        host = cls(key=snapshot.node_id, txt=txt, url=rec.url, snapshot=snapshot, alive=rec.alive,
+                   verified=verified, via=rec.via)
+        host.last_seen = rec.last_seen
+        return host
 
     @property
     def txt(self) -> TxtRecord:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import GpusdError
+from ..errors import PlacementError as PlacementError  # its name here stays importable
 from ..ids import PlacementId
 from ..inventory.vendors import DEVICE_VARIABLE, Visible, cleared, visible_env
 from ..model import VENDORS
@@ -46,10 +46,6 @@ MAX_GPUS_PER_HOST = 256
 _NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")  # host names as DNS and /etc/hosts write them
 _SSH_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 _UUID = re.compile(r"^(?:GPU|MIG)-[A-Za-z0-9-]{1,80}$")
-
-
-class PlacementError(GpusdError, ValueError):
-    """A placement that cannot be used: unsafe or malformed host names, GPU lists or job id."""
 
 
 def valid_host(text: str) -> bool:

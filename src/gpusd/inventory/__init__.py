@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from .backend import Backend as Backend
 else:

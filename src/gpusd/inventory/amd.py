@@ -37,8 +37,8 @@ from typing import Any
 
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, ProcessInfo
-from .base import Device as _Device
 from .base import VendorBackend
+from .base import VendorDevice as _Device
 from .lost import GpuFailed as _GpuFailed
 from .window import UtilWindow, utilisation
 

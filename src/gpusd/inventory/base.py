@@ -11,7 +11,7 @@ readings), and where it needs them ``_before_read`` (once per snapshot, under th
 
 from __future__ import annotations
 
-import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms (issue 24)
+import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms
 import time
 
 from ..errors import BackendUnavailable
@@ -22,13 +22,13 @@ from .lost import GpuFailed, filled
 from .processes import ProcessResolver
 from .window import UtilWindow
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping, Sequence
 
 
 @record
-class Device:
+class VendorDevice:
     """One GPU as a backend keeps it between snapshots (a vendor adds its own handles)."""
 
     index: int
@@ -156,7 +156,7 @@ class VendorBackend:
         self.close()
 
 
-def unified_memory(gpus: Sequence[GpuInfo], devices: Sequence[Device]) -> None:
+def unified_memory(gpus: Sequence[GpuInfo], devices: Sequence[VendorDevice]) -> None:
     """The host's memory for each GPU whose driver has no memory of its own to report (a unified-memory
     GPU answers the memory query "not supported"): what it can allocate is the host's available memory.
     Marked ``memory_shared``, so that every view says so and selection counts reservations host-wide."""

@@ -14,7 +14,7 @@ from ..errors import BackendUnavailable
 from ..model import GpuInfo, HostSnapshot
 from .vendors import BACKENDS
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping, Sequence
 

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import BackendUnavailable
 from ..model import GpuInfo, ProcessInfo
 from ..record import field, record
-from .base import Device, VendorBackend
+from .base import VendorBackend, VendorDevice
 from .lost import GpuFailed as _GpuFailed
 from .window import UtilWindow, utilisation
 
@@ -79,7 +79,7 @@ def import_pyzes(library: str | None = None) -> Any:
 
 
 @record
-class _Device(Device):
+class _Device(VendorDevice):
     subdevices: int | None = None
     engine: Any = None
     power: Any = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..model import GpuInfo
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, TypeVar
 

@@ -18,12 +18,12 @@ from ..errors import BackendUnavailable
 from ..model import SCHEMA_VERSION, GpuInfo, GpuLink, GpuTopology, HostSnapshot, MigInstance, ProcessInfo
 from ..record import maker, record
 from ..topology import PCIE_LEVELS, machine
-from .base import Device, VendorBackend
+from .base import VendorBackend, VendorDevice
 from .lost import GpuFailed as _GpuFailed
 from .lost import filled
 from .window import UtilWindow, utilisation
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Sequence
 
@@ -63,7 +63,7 @@ def _unpacker(cls: Any, code: str, names: tuple[str, ...]) -> Any:
     """``struct.Struct(code).unpack_from``, where the bindings' structure ``cls`` is exactly the fields
     ``names`` in that order, unsigned integers at the offsets and sizes that ``code`` gives them: one
     call then reads them all from the structure's bytes, the same numbers as reading each field, in a
-    third of the time (issue 24).  None where it is not (the fields are then read one by one)."""
+    third of the time.  None where it is not (the fields are then read one by one)."""
     import struct  # already imported by ctypes
 
     layout = struct.Struct(code)
@@ -117,7 +117,7 @@ def _process_list(compute: Any, graphics: Any, make: Callable[..., ProcessInfo] 
     """The GPU's processes from NVML's two lists (None: not supported), compute first; a process using
     both compute and graphics is listed twice by NVML, once here.  ``make``: :class:`ProcessInfo` or
     its :func:`~gpusd.record.maker`.  (The two lists' loops are the same, written out: a snapshot makes
-    one such list per GPU with processes, issue 24.)"""
+    one such list per GPU with processes.)"""
     out: list[ProcessInfo] = []
     seen: set[int] = set()
     no_id = _NO_ID
@@ -187,7 +187,7 @@ class _XidWatcher:
     _TIMEOUT_MS = 500
 
     def __init__(self, nv: Any) -> None:
-        import threading  # here: the quick commands, which read no XID, do not import it (issue 24)
+        import threading  # here: the quick commands, which read no XID, do not import it
 
         self._nv = nv
         self._set: Any = None
@@ -267,7 +267,7 @@ class _XidWatcher:
 
 
 @record
-class _Device(Device):
+class _Device(VendorDevice):
     samples_ts: int = 0  # newest driver sample seen (microseconds)
     numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
     local_cpus: str | None = None
@@ -319,7 +319,7 @@ def bindings(telemetry: bool = False) -> Any:
     """The NVML bindings a backend calls: nvidia-ml-py (``pynvml``) where it reads telemetry (the
     daemon: clocks, fields, GPM, XID events) or where ``$GPUSD_NVML_BINDINGS`` is ``nvidia-ml-py``;
     else :mod:`gpusd.inventory.nvmlfast`, the same calls without the library's import (a one-shot
-    command's start-up, issue 24)."""
+    command's start-up)."""
     choice = os.environ.get(BINDINGS, "").strip().lower()
     if choice not in ("", "auto", "nvidia-ml-py", "pynvml"):
         raise BackendUnavailable(f"{BINDINGS}: {choice[:20]!r} is not a choice (auto, nvidia-ml-py)")
@@ -598,7 +598,7 @@ class NvmlBackend(VendorBackend):
     def _read_all(self, devices: Sequence[_Device]) -> list[GpuInfo]:
         """Each GPU's record, read in straight-line calls for a GPU that answers every call it supports
         (the usual case), the readings kept in locals and the record made once, from its fields in order
-        (:data:`_GPU_FIELDS`), all GPUs in one loop: issue 24, the snapshot within 1.2x of raw NVML.
+        (:data:`_GPU_FIELDS`), all GPUs in one loop: the snapshot within 1.2x of raw NVML.
         Where a call fails, the GPU is read again call by call (:meth:`_fill`), to tell unsupported from
         failed (the former are not asked again); a GPU's first reading is call by call (a one-shot
         command's one snapshot would otherwise stop at the first query the GPU does not answer, a fan's

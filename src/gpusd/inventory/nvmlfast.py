@@ -1,5 +1,5 @@
 """NVML through ctypes for the quick commands: the calls a snapshot without telemetry makes, without
-importing nvidia-ml-py (issue 24: its import costs a one-shot command ~10 ms, more than all of gpusd's
+importing nvidia-ml-py (its import costs a one-shot command ~10 ms, more than all of gpusd's
 own modules on that path: ~200 ctypes structures and exception classes, and ``ctypes.util``, which
 imports ``subprocess``).
 
@@ -34,7 +34,7 @@ from ctypes import (
     create_string_buffer,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 

@@ -14,7 +14,7 @@ import os
 
 from ..model import GpuInfo, ProcessInfo
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterable
 
@@ -98,7 +98,7 @@ class ProcessResolver:
 
     def fill_gpus(self, gpus: Iterable[GpuInfo]) -> None:
         """:meth:`fill` with every process of ``gpus`` (a snapshot's), ``keep_only_seen``: without
-        gathering them in a list first (issue 24: the snapshot)."""
+        gathering them in a list first (the snapshot's cost)."""
         cache = self._cache
         get = cache.get
         seen: set[int] = set()

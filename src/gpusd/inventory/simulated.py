@@ -38,7 +38,7 @@ MODELS: dict[str, tuple[str, int, float, bool]] = {
     "RTX3090": ("NVIDIA GeForce RTX 3090", 24 * GiB, 350.0, False),
     "V100-32GB": ("Tesla V100-SXM2-32GB", 32 * GiB, 300.0, False),
     "T4": ("Tesla T4", 16 * GiB, 70.0, False),
-    # AMD and Intel (issue 21): as amd-smi and Sysman name them.  An MI250X module is two GCDs, which
+    # AMD and Intel: as amd-smi and Sysman name them.  An MI250X module is two GCDs, which
     # the driver shows as two GPUs of 64 GiB each: one model entry is one GCD.
     "MI300X": ("AMD Instinct MI300X", 192 * GiB, 750.0, False),
     "MI250X": ("AMD Instinct MI250X", 64 * GiB, 560.0, False),

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import os
 
-from ..model import VENDORS, GpuInfo
+from ..model import DEFAULT_VENDOR, VENDORS, GpuInfo
 from ..record import record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Iterable, Mapping, MutableMapping
+    from typing import Callable, Iterable, Mapping, MutableMapping
+
+__all__ = ["DEFAULT_VENDOR", "VENDORS"]  # re-exported: other modules ask this one about vendors
 
 @record(frozen=True, slots=True)
 class VendorRule:
@@ -51,6 +53,11 @@ class VendorRule:
     # Variables whose inherited value limits which of this vendor's GPUs gpusd may choose (a parent, or
     # Slurm, gave the job these GPUs only), checked in this order: the first one set decides.
     inherited: tuple[str, ...]
+    # Every variable its environment builder (vendor_env) may set: what a job may take from a
+    # daemon's lease answer.
+    sets: tuple[str, ...] = ()
+    # The metrics exporter whose names its GPUs get on /metrics (None: gpusd's own names only).
+    exporter: str | None = None
     # Containers (gpusd.jobs.containers, docs/allocation.md "Containers"):
     cdi_kind: str | None = None  # the kind of its CDI devices (``kind=name``), where its toolkit writes specs
     device_files: tuple[str, ...] = ()  # device files every container of this vendor needs besides its GPUs'
@@ -61,13 +68,22 @@ class VendorRule:
     gpu_device_prefixes: tuple[str, ...] = ()  # device files that are its GPUs: a user's --device of one is refused
     runtime_variables: tuple[str, ...] = ()  # container-toolkit variables that choose GPUs (refused in -e)
 
+    @property
+    def counts_cuda_visible(self) -> bool:
+        """Whether ``CUDA_VISIBLE_DEVICES`` numbers this vendor's GPUs (an inherited one limits them)."""
+        return self.device_variable == CUDA_VARIABLE
+
+
+CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
+DCGM_EXPORTER = "dcgm"  # NVIDIA's dcgm-exporter
+AMD_EXPORTER = "amd-device-metrics"  # AMD's device-metrics-exporter
 
 RULES: dict[str, VendorRule] = {
     # CUDA: only the devices listed are visible; an empty list hides every one (and CUDA's own numbers
     # are made nvidia-smi's by CUDA_DEVICE_ORDER).
     "nvidia": VendorRule("nvidia", "CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", (), (),
                          (("CUDA_VISIBLE_DEVICES", ""), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")),
-                         ("CUDA_VISIBLE_DEVICES",),
+                         ("CUDA_VISIBLE_DEVICES",), ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"), DCGM_EXPORTER,
                          # nvidia-ctk cdi generate names each GPU by index and UUID (and "all"); docker's
                          # --gpus goes through the toolkit's hook, which also obeys NVIDIA_VISIBLE_DEVICES --
                          # an image's own "all" included, so gpusd sets it too.
@@ -81,7 +97,7 @@ RULES: dict[str, VendorRule] = {
                       ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
                       ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
                       (("ROCR_VISIBLE_DEVICES", ""), ("HIP_VISIBLE_DEVICES", "-1"), ("GPU_DEVICE_ORDINAL", "-1")),
-                      ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"),
+                      ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), ("ROCR_VISIBLE_DEVICES",), AMD_EXPORTER,
                       # ROCm in a container: /dev/kfd (the compute interface) and each GPU's render node,
                       # opened by the video (and render) group; AMD's container toolkit names CDI devices
                       # amd.com/gpu=<n>, matched here by their render node, not by the number.
@@ -94,6 +110,7 @@ RULES: dict[str, VendorRule] = {
     "intel": VendorRule("intel", "ZE_AFFINITY_MASK", "ZE_AFFINITY_MASK", (), ("ONEAPI_DEVICE_SELECTOR",),
                         (("ZE_AFFINITY_MASK", "-1"), ("ONEAPI_DEVICE_SELECTOR", "level_zero:*")),
                         ("ZE_AFFINITY_MASK",),
+                        ("ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR"),
                         # Level Zero opens the card's render node only
                         render_nodes=True, gpu_device_prefixes=("/dev/dri",)),
 }
@@ -111,6 +128,30 @@ PACKAGES: dict[str, str | None] = {"nvidia": None, "amd": "amdsmi", "intel": "py
 # The variable that lists the devices, per vendor (and for Ray).
 DEVICE_VARIABLE = {v: r.device_variable for v, r in RULES.items()}
 RAY_DEVICE_VARIABLE = {v: r.ray_variable for v, r in RULES.items()}
+
+
+# Inherited device lists other than CUDA's that limit the choice: sent to the daemon, which cannot see
+# the client's environment.
+INHERITED_OTHERS = tuple(n for r in RULES.values() for n in r.inherited if n != CUDA_VARIABLE)
+# Every variable some vendor's environment builder sets.
+SET_VARIABLES = tuple(dict.fromkeys(n for r in RULES.values() for n in r.sets))
+
+
+def rule(vendor: str) -> VendorRule:
+    """The rule of ``vendor`` (ValueError for one gpusd does not know)."""
+    return RULES[check_vendor(vendor)]
+
+
+def counts_cuda_visible(vendor: str) -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` numbers ``vendor``'s GPUs (False for a vendor gpusd does not know)."""
+    r = RULES.get(vendor)
+    return r is not None and r.counts_cuda_visible
+
+
+def exporter_of(vendor: str) -> str | None:
+    """The metrics exporter whose names ``vendor``'s GPUs get on /metrics (None: none)."""
+    r = RULES.get(vendor)
+    return r.exporter if r is not None else None
 
 
 def hide_all() -> dict[str, str]:
@@ -146,6 +187,56 @@ class Visible:
     @classmethod
     def of(cls, gpu: GpuInfo, uuid: str | None = None, is_slice: bool = False) -> Visible:
         return cls(gpu.vendor, gpu.device_index, uuid or gpu.uuid, is_slice)
+
+
+def inherited_choice(gpus: Iterable[GpuInfo], env: Mapping[str, str]) -> dict[str, tuple[str, set[str]]]:
+    """Vendor -> (the inherited variables, the UUIDs of the GPUs they leave visible), for the vendors
+    not counted by ``CUDA_VISIBLE_DEVICES``: an inherited ``ROCR_VISIBLE_DEVICES``/
+    ``HIP_VISIBLE_DEVICES``/``ZE_AFFINITY_MASK`` limits the choice exactly as an inherited
+    ``CUDA_VISIBLE_DEVICES`` does for NVIDIA (a parent or Slurm gave the job these GPUs only), read as
+    the runtime reads it (docs/allocation.md, "The right environment").  Vendors without one are absent."""
+    out: dict[str, tuple[str, set[str]]] = {}
+    gpus = list(gpus)
+    amd = sorted((g for g in gpus if g.vendor == "amd"), key=lambda g: g.device_index)
+    rocr, hip = env.get("ROCR_VISIBLE_DEVICES"), env.get("HIP_VISIBLE_DEVICES")
+    if amd and (rocr is not None or hip):
+        # ROCr filters whenever its variable is set (empty: no GPU); HIP then numbers what is left,
+        # and an empty HIP_VISIBLE_DEVICES is no mask.  Both stop at the first token they cannot use.
+        seen = amd if rocr is None else _pick(amd, rocr, lambda g: g.device_index)
+        names = "ROCR_VISIBLE_DEVICES" if rocr is not None else ""
+        if hip:
+            positions = {id(g): i for i, g in enumerate(seen)}
+            seen = _pick(seen, hip, lambda g: positions[id(g)])
+            names = f"{names} and HIP_VISIBLE_DEVICES" if names else "HIP_VISIBLE_DEVICES"
+        out["amd"] = (names, {g.uuid for g in seen})
+    intel = [g for g in gpus if g.vendor == "intel"]
+    mask = env.get("ZE_AFFINITY_MASK")
+    if intel and mask:  # Level Zero: an empty mask is no mask; entries naming no device are skipped
+        roots = set()
+        for tok in mask.split(","):
+            root = tok.strip().split(".", 1)[0]
+            if root.isdigit():
+                roots.add(int(root))
+        out["intel"] = ("ZE_AFFINITY_MASK", {g.uuid for g in intel if g.device_index in roots})
+    return out
+
+
+def _pick(gpus: list[GpuInfo], raw: str, number: Callable[[GpuInfo], int]) -> list[GpuInfo]:
+    """The GPUs a runtime's device list ``raw`` names, in its order: by number or by UUID (``GPU-...``,
+    either case: ROCr writes them in lower case); the list ends at the first token that names none."""
+    out: list[GpuInfo] = []
+    for tok in raw.split(","):
+        tok = tok.strip()
+        if tok.isdigit():
+            found = [g for g in gpus if number(g) == int(tok)]
+        elif tok.upper().startswith("GPU-") and len(tok) > 4:
+            found = [g for g in gpus if g.uuid.lower().startswith(tok.lower())]
+        else:
+            found = []
+        if not found:
+            break
+        out.extend(g for g in found[:1] if g not in out)
+    return out
 
 
 def check_vendor(vendor: str) -> str:
@@ -273,10 +364,6 @@ def slurm_flag(vendor: str) -> str:
     return SLURM[check_vendor(vendor)].flag
 
 # -- containers (gpusd.jobs.containers asks these; docs/allocation.md "Containers") ------------------------
-def rule(vendor: str) -> VendorRule:
-    return RULES[check_vendor(vendor)]
-
-
 def cdi_kinds() -> dict[str, str]:
     """CDI kind -> vendor, for the vendors whose toolkits write CDI specs."""
     return {r.cdi_kind: v for v, r in RULES.items() if r.cdi_kind}

@@ -97,7 +97,7 @@ class UtilWindow:
         does for each GPU in each snapshot.  The same numbers, bit for bit, as the two calls (the same
         operations in the same order, written for the case: the reading just added is the newest, and
         the window's start is in its first slot; ``tests/inventory/test_window.py`` checks them against
-        each other and against the definition), in half the time (issue 24)."""
+        each other and against the definition), in half the time."""
         slots = self._slots
         if not slots:
             self.add(ts, value)

@@ -20,19 +20,18 @@ against a fake tool: no GPU.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+from ..ids import GpuUuid
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping, Sequence
 
 CALL_TIMEOUT = 30.0  # seconds, every call of the tool
 MAX_PROCESSES = 64  # the command's process tree we look at, at most
 MAX_OUTPUT = 300  # characters of the tool's output kept for a message
-# NVML UUIDs: GPU-<hex groups> or MIG-<...>; nothing that could split the --device-map list
-_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{1,80}")
 _STATES = ("running", "locked", "checkpointed", "failed")
 
 
@@ -150,7 +149,7 @@ class CudaCheckpoint:
         """Move the CUDA state of ``root``'s processes onto other GPUs: lock, checkpoint, restore with
         ``mapping`` (old UUID -> new UUID, every GPU the processes have), unlock.  The pids moved; on
         any failure the processes are put back on their GPUs and unlocked, then CheckpointFailed."""
-        bad = [u for pair in mapping.items() for u in pair if not _UUID.fullmatch(u)]
+        bad = [u for pair in mapping.items() for u in pair if not GpuUuid.is_valid(u)]
         if bad:
             raise CheckpointFailed(f"not a GPU UUID cuda-checkpoint can map: {_printable(repr(bad[0]))}")
         why = self.unsupported()

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     import subprocess
     from typing import Any, Callable, Sequence
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # subprocess forks the whole supervisor when given a preexec_fn, and vfork()s it otherwise (checked with strace on
 # CPython 3.10-3.12; 3.13 vforks the plain and process_group cases too): from 3.11 on, Popen makes the command's
 # own process group itself (process_group=0), so a --preemptible or --pausable command is spawned as cheaply as
-# any other (issue 24).
+# any other.
 GROUP_AT_SPAWN = sys.version_info >= (3, 11)
 
 

@@ -29,8 +29,9 @@ from pathlib import Path
 
 from ..alloc.leases import LeaseStore
 from ..errors import GpusdError, from_wire, to_wire
+from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 
@@ -70,10 +71,7 @@ def read_line(conn: socket.socket, limit: int = MAX_LINE, within: float | None =
         buf += chunk
         if len(buf) > limit:
             raise ValueError("request too long")
-    d = json.loads(buf.split(b"\n", 1)[0] or b"null")
-    if not isinstance(d, dict):
-        raise ValueError("not an object")
-    return d
+    return json_object(buf.split(b"\n", 1)[0] or b"null")
 
 
 def encode(answer: dict[str, Any]) -> bytes:

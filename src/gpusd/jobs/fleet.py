@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..alloc.leases import LeaseStore, current_user
-from ..errors import ConfigError, GpusdError
+from ..errors import ConfigError, GpusdError, exec_failure
 from ..ids import JobId, LeaseId
 from ..sanitize import printable
 from .child import private_dir, remove_private_dir
@@ -187,12 +187,10 @@ class FleetJob:
                     return LEASE_GONE
                 try:
                     proc = subprocess.Popen(list(cmd), env=full)
-                except FileNotFoundError:
-                    _say(f"command not found: {cmd[0]}")
-                    return 127
-                except PermissionError:
-                    _say(f"permission denied: {cmd[0]}")
-                    return 126
+                except (FileNotFoundError, PermissionError) as exc:
+                    status, why = exec_failure(exc, cmd[0])
+                    _say(why)
+                    return status
                 if lease and lease_held(lease) is False:  # it ended as the command started: never run on
                     _say(f"the lease {lease[:32]} ended as the command started: stopped")
                     _stop(proc)

@@ -26,8 +26,9 @@ from ..alloc.lockdir import create_exclusive, read_live, user_name, write_new
 from ..alloc.priority import PRIORITIES, priority_name
 from ..ids import ContainerId, JobId, LeaseId
 from ..record import field, fields, record
+from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -83,9 +84,7 @@ def _text(value: object, limit: int) -> str | None:
 
 def parse(raw: bytes, uid: int) -> JobRecord:
     """A record from another user's file: typed and bounded (ValueError when it is not one)."""
-    d = json.loads(raw)
-    if not isinstance(d, dict):
-        raise ValueError("not an object")
+    d = json_object(raw)
     job, pid = d.get("job"), d.get("pid")
     if not JobId.is_valid(job):
         raise ValueError("no valid job id")

@@ -42,7 +42,7 @@ from ..alloc.leases import Lease, LeaseStore, current_user
 from ..alloc.priority import PRIORITIES, priority_name
 from ..alloc.runner import FORWARDED
 from ..alloc.select import Candidate, Constraints
-from ..errors import GpusdError, NoGpuAvailable, to_wire
+from ..errors import EXIT_TIME_LIMIT, ConfigError, GpusdError, NoGpuAvailable, exec_failure, to_wire
 from ..ids import JobId
 from ..record import record, replace
 from . import control
@@ -50,7 +50,7 @@ from .child import GROUP_AT_SPAWN, Child, private_dir, remove_private_dir
 from .record import JobRecord, RecordWriter, list_jobs
 from .state import JobState, JobStates
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Sequence
@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     from .containers import ContainerRun
 
 RESTART_ME = 75
-# the status of a job whose --time ran out (as timeout(1) exits): the CLI's table, gpusd.cli.exits, lists it
-TIMED_OUT = 124
+# the status of a job whose --time ran out (as timeout(1) exits; gpusd.errors owns the number)
+TIMED_OUT = EXIT_TIME_LIMIT
 FILE_FORMAT = 1
 # --on-change (docs/jobs.md): after a grow or shrink rewrites the job file, send the notify signal
 # ("signal"), restart the command like a move ("restart"), or nothing ("file": the command polls the file)
@@ -80,6 +80,49 @@ class Stopped(BaseException):
 
 def log(message: str) -> None:
     print(f"gpusd: {message}", file=sys.stderr, flush=True)
+
+
+def run_job(spec: JobSpec, cuda_checkpoint: bool = False) -> int:
+    """``gpusd run`` on this host (docs/jobs.md): the priority policy's check of ``spec.priority``,
+    NVIDIA's cuda-checkpoint for moves where asked (``cuda_checkpoint``) and usable, then the job's
+    supervisor until its command has ended; its exit status."""
+    from ..alloc.priority import PRIORITY_PATH, load_policy
+
+    policy = load_policy()
+    allowed = policy.max_for(os.geteuid())
+    if spec.priority > allowed:
+        source = policy.source or "the defaults"
+        raise ConfigError(f"--priority {priority_name(spec.priority)}: the priority policy ({source}) allows you "
+                          f"at most {priority_name(allowed)}; an administrator names who may use more in "
+                          f"{PRIORITY_PATH} (docs/jobs.md)")
+    from ..alloc.policy import load as load_fair_use
+
+    try:  # --time, else the class's default in the fair-use policy; more than its maximum is refused
+        limit = load_fair_use().time_limit(spec.priority, spec.time_limit)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if limit != spec.time_limit:
+        spec = replace(spec, time_limit=limit)
+    if cuda_checkpoint:  # its module only where asked: start-up time
+        from .checkpoint import CudaCheckpoint as Tool
+        from .checkpoint import find_cuda_checkpoint
+
+        path = find_cuda_checkpoint()
+        found = Tool(path) if path is not None else None
+        if found is None:
+            log("--cuda-checkpoint: cuda-checkpoint is not on PATH; the job protocol is used instead")
+        elif (why := found.unsupported()) is not None:
+            log(f"--cuda-checkpoint: {why}; the job protocol is used instead")
+        else:
+            spec = replace(spec, cuda_checkpoint=found)
+            log(f"--cuda-checkpoint: {path}: a move restores the job's CUDA state on the new GPU"
+                + ("" if spec.preemptible else " (only --preemptible jobs are moved)"))
+    sup = Supervisor(spec)
+    try:
+        return sup.run()
+    except BaseException:
+        sup.close()
+        raise
 
 
 @record(frozen=True)
@@ -122,16 +165,15 @@ class Supervisor:
     (:attr:`writer`) and job file, and its control socket (:attr:`server`).  :meth:`run` is the main
     thread's loop; the control socket's threads change the job under :attr:`lock`."""
 
-    def __init__(self, c: Constraints, cmd: Sequence[str], *, command: str, priority: int = PRIORITIES["normal"],
-                 preemptible: bool = False, pausable: bool = False, notify_signal: int = signal.SIGUSR1,
-                 grace: float = 30.0, wait: bool = False, timeout: float | None = None,
-                 simulate: str | None = None, use_uuid: bool = False, cuda_checkpoint: "CudaCheckpoint | None" = None,
-                 host: str | None = None, on_change: str = "signal", bind_cpus: bool = False,
-                 container: "ContainerRun | None" = None, time_limit: float | None = None) -> None:
-        if time_limit is not None:  # its GPUs are needed that long at most, its grace included (backfill)
-            c = replace(c, time_limit=time_limit + grace)
-        self.spec = JobSpec(c, tuple(cmd), command, priority, preemptible, pausable, notify_signal, grace, wait,
-                            timeout, simulate, use_uuid, cuda_checkpoint, on_change, bind_cpus, container, time_limit)
+    def __init__(self, spec: JobSpec | Constraints, cmd: Sequence[str] | None = None, *, host: str | None = None,
+                 **options: Any) -> None:
+        # ``spec`` arrives whole from the command line's edge; the constraints, command and keywords of
+        # JobSpec are the older form, still read for callers of the library
+        spec = spec if isinstance(spec, JobSpec) else JobSpec(spec, tuple(cmd or ()), **options)
+        if spec.time_limit is not None:  # its GPUs are needed that long at most, its grace included (backfill)
+            spec = replace(spec, c=replace(spec.c, time_limit=spec.time_limit + spec.grace))
+        self.spec = spec
+        command = self.spec.command
         self.holder_proc: Any = None  # a container's `<runtime> wait`, holding the lease (gpusd.jobs.containers)
         self.holder_out = ""
         self.cid_watch: threading.Thread | None = None
@@ -160,9 +202,9 @@ class Supervisor:
         self.timed_out = False  # --time ran out: the command was stopped, the job ends with TIMED_OUT
         self._limit_timer: threading.Timer | None = None
         self.writer = RecordWriter(self.store, JobRecord(
-            job=self.job_id, pid=os.getpid(), user=current_user(), command=command, priority=priority,
-            preemptible=preemptible, pausable=pausable, state="queued", started=time.time(), host=host,
-            time_limit=time_limit))
+            job=self.job_id, pid=os.getpid(), user=current_user(), command=command,
+            priority=self.spec.priority, preemptible=self.spec.preemptible, pausable=self.spec.pausable,
+            state="queued", started=time.time(), host=host, time_limit=self.spec.time_limit))
         self.private = Path(private_dir(self.job_id))
         self.job_file = self.private / "gpus.json"
         self.server = control.ControlServer(self.store, self.job_id, self.dispatch)
@@ -178,12 +220,12 @@ class Supervisor:
     def cuda_visible(self) -> str:
         """The job's devices as its vendor's variable lists them (``CUDA_VISIBLE_DEVICES`` on NVIDIA,
         ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel)."""
-        if all(d.gpu.vendor == "nvidia" for d in self.devs):
+        from ..inventory.vendors import DEVICE_VARIABLE, counts_cuda_visible
+
+        if all(counts_cuda_visible(d.gpu.vendor) for d in self.devs):
             if self.spec.use_uuid or any(d.mig is not None for d in self.devs):
                 return ",".join(d.uuid for d in self.devs)
             return ",".join(str(d.gpu.device_index) for d in self.devs)
-        from ..inventory.vendors import DEVICE_VARIABLE
-
         env = self.visible_env()
         return ",".join(env[v] for v in DEVICE_VARIABLE.values() if env.get(v))
 
@@ -200,7 +242,7 @@ class Supervisor:
         epochs = self.lease.epochs() if self.lease is not None else {}
         d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
-             "env": self.visible_env(),  # issue 21: the vendor's variables (additive)
+             "env": self.visible_env(),  # the vendor's variables (additive)
              "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label,
                           **({"epoch": epochs[x.uuid]} if x.uuid in epochs else {})} for x in self.devs]}
         if epochs:  # 0.4, additive: the fencing tokens (gpusd.alloc.epoch); the job's is the largest
@@ -900,12 +942,10 @@ class Supervisor:
                     self.write_job_file("running", self.writer.record.reason, record=False)  # start_child writes it
                     try:
                         self.start_child()
-                    except FileNotFoundError:
-                        log(f"command not found: {self.spec.cmd[0]}")
-                        return 127
-                    except PermissionError:
-                        log(f"permission denied: {self.spec.cmd[0]}")
-                        return 126
+                    except (FileNotFoundError, PermissionError) as exc:
+                        failed, told = exec_failure(exc, self.spec.cmd[0])
+                        log(told)
+                        return failed
                     if self.exited_at is not None and self.decided_at is not None:
                         self.last_migration = time.monotonic() - self.exited_at
                         self.writer.write(reason=f"{self.writer.record.reason} (restarted in "

@@ -12,8 +12,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, SourceError, WaitTimeout, from_wire
+from ..errors import (
+    REFUSED_STATUSES,
+    ConfigError,
+    DiskFull,
+    GpusdError,
+    NoGpuAvailable,
+    OverCap,
+    SourceError,
+    WaitTimeout,
+    from_wire,
+)
 from ..ids import LeaseId
+from ..inventory.vendors import DEFAULT_VENDOR, SET_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..alloc.select import Candidate, Constraints
@@ -126,7 +137,8 @@ class Reservation:
                 self.lost.set()
                 raise GpusdError(f"the lease {p.lease_id} on {p.hostname} is gone "
                                  "(released, expired, or its host rebooted)")
-            if reply.status == 429 and isinstance(reply.data, dict) and reply.data.get("reason") == "fleet_cap":
+            data = reply.data if isinstance(reply.data, dict) else {}
+            if reply.status == OverCap.http_status and data.get("reason") == "fleet_cap":
                 # among the newest leases above the fleet-wide cap: never renewed again, it ends at its expiry
                 self.lost.set()
             if reply.status != 200:
@@ -213,9 +225,9 @@ def refusal(reply: Reply, what: str) -> GpusdError:
 
 
 def _slot_gpus(p: HostLease) -> dict[str, Any]:
-    """A host's GPUs in a placement: its vendor's own numbers (a daemon before issue 21 sends no
+    """A host's GPUs in a placement: its vendor's own numbers (a daemon before 0.3 sends no
     vendor: NVIDIA's, which are its indices).  A host's part of a reservation is of one vendor."""
-    vendors = {d.get("vendor") or "nvidia" for d in p.devices}
+    vendors = {d.get("vendor") or DEFAULT_VENDOR for d in p.devices}
     if len(vendors) > 1:
         raise GpusdError(f"{p.hostname}: the GPUs reserved there are of several vendors "
                          f"({', '.join(sorted(vendors))}): "
@@ -230,8 +242,8 @@ def _slot_gpus(p: HostLease) -> dict[str, Any]:
     cpus = [d.get("local_cpus") if valid_cpulist(d.get("local_cpus")) else None for d in p.devices]
     if any(c is not None for c in cpus):
         out["local_cpus"] = cpus
-    vendor = vendors.pop() if vendors else "nvidia"
-    if vendor != "nvidia":
+    vendor = vendors.pop() if vendors else DEFAULT_VENDOR
+    if vendor != DEFAULT_VENDOR:
         out["vendor"] = vendor
     return out
 
@@ -334,7 +346,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         log.warning("%s did not prove it holds the fleet secret (HTTP %d %s: %s): not using it", h.hostname,
                     reply.status, h.url, str(reply.data)[:200])
         return None  # an impostor's "lease" is worthless: nothing to release either
-    if reply.status in (409, 429, 503, 507):
+    if reply.status in REFUSED_STATUSES:
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         log.info("%s: %s", h.hostname, err)
         # every refusal's reason (a cap, a full disk, a Slurm node, the GPUs just taken): said when
@@ -362,9 +374,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     return lease
 
 
-REMOTE_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "GPUSD_LEASE",  # what a daemon's lease answer sets
-              "GPUSD_LEASE_EPOCH", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
-              "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR")
+REMOTE_ENV = ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH", *SET_VARIABLES)  # what a daemon's lease answer sets
 
 
 def _remote_env(raw: object) -> dict[str, str]:
@@ -432,7 +442,8 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             got = _try_once(client.hosts, c, count // per, key, holder, note, ttl, host, model, job, reasons)
             if got is not None:
                 return Reservation(got, key)
-            if reasons and not wait and all(status == 507 for status, _ in reasons):  # their disks, not GPUs
+            # their disks, not GPUs
+            if reasons and not wait and all(status == DiskFull.http_status for status, _ in reasons):
                 raise DiskFull("; ".join(why for _, why in reasons[:4]))
             if reasons and all(SLURM_NODE in why for _, why in reasons):  # Slurm allocates there: ask it
                 raise NoGpuAvailable("; ".join(why for _, why in reasons[:4]))

@@ -15,9 +15,7 @@ import re
 from typing import Any, Mapping
 
 from ..errors import ConfigError, GpusdError, NoDaemon
-from ..ids import SlurmJobId
-
-_DEVICE = re.compile(r"^[0-9]{1,4}$|^(GPU|MIG)-[0-9A-Za-z-]{1,120}$")
+from ..ids import GpuUuid, SlurmJobId
 
 
 def job_id(env: Mapping[str, str], given: str | None = None) -> str:
@@ -32,7 +30,7 @@ def job_gpus(env: Mapping[str, str]) -> list[str]:
     [] when the job has none."""
     raw = env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
     out = [d.strip() for d in raw.split(",") if d.strip()]
-    bad = [d for d in out if not _DEVICE.match(d)]
+    bad = [d for d in out if not (re.fullmatch(r"[0-9]{1,4}", d) or GpuUuid.is_valid(d))]
     if bad or len(out) > 64:
         raise ConfigError(f"cannot read the job's GPUs from {raw[:80]!r}")
     return out

@@ -190,7 +190,7 @@ def _sort_value(g: GpuInfo, key: str) -> float:
     elif key == "power":
         v = g.power_draw
     elif key == "free":
-        v = g.memory_free
+        v = g.memory_available
     else:
         return -float(g.index)
     v = None if v is None else _finite(float(v))

@@ -1,4 +1,4 @@
-"""aiohttp for gpusd's own processes, imported without loading the system's CA store (issue 24).
+"""aiohttp for gpusd's own processes, imported without loading the system's CA store.
 
 ``import aiohttp`` builds two default SSL contexts at import time (``aiohttp.connector``, since
 aio-libs/aiohttp#9029), each loading every certificate of the system's CA bundle: 40-70 ms of CPU on
@@ -22,7 +22,7 @@ from __future__ import annotations
 import _thread
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from types import ModuleType
 

@@ -25,7 +25,7 @@ META = "__meta_gpusd_"  # the prefix of every discovery label
 
 
 @dataclass(frozen=True)
-class Daemon:
+class ScrapeTarget:
     """A daemon to scrape: its HTTP base URL (``http://198.18.0.1:4780``) and who it is."""
 
     url: str
@@ -45,7 +45,10 @@ class Daemon:
         return f"{host}:{port}"
 
 
-def daemons_from_hosts(hosts: Iterable[HostRecord], session: str | None = None) -> list[Daemon]:
+Daemon = ScrapeTarget  # its older name
+
+
+def daemons_from_hosts(hosts: Iterable[HostRecord], session: str | None = None) -> list[ScrapeTarget]:
     """The daemons to scrape among ``hosts`` (the :class:`gpusd.wire.fleet.HostRecord` s of a fleet view,
     or a client's, :class:`gpusd.discovery.types.RemoteHost` being one): the one definition behind both
     ``GET /api/v1/prometheus/http_sd`` and ``gpusd export prometheus-sd``.  Live hosts with an API URL
@@ -65,7 +68,7 @@ def daemons_from_hosts(hosts: Iterable[HostRecord], session: str | None = None) 
 
 
 def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: bool = False,
-                      unverified: bool = True) -> list[Daemon]:
+                      unverified: bool = True) -> list[ScrapeTarget]:
     """The live daemons of a fleet view (hosts without a URL, not alive, or with a URL Prometheus
     cannot scrape are left out).  ``unverified=False`` also leaves out hosts that failed to prove
     they hold the fleet secret; ``labels`` adds ``__meta_gpusd_verified`` (true, false, unknown) and
@@ -81,7 +84,7 @@ def daemons_from_view(view: "FleetView", session: str | None = None, *, labels: 
     return out
 
 
-def _scrapeable(h: Any, session: str | None, via: str | None) -> Daemon | None:
+def _scrapeable(h: Any, session: str | None, via: str | None) -> ScrapeTarget | None:
     """The daemon of host ``h`` (its own session, else ``session``), labelled with
     ``__meta_gpusd_verified`` and ``__meta_gpusd_via`` when ``via`` is given; None when its URL is not
     one Prometheus can scrape (from the network: anything)."""
@@ -89,7 +92,7 @@ def _scrapeable(h: Any, session: str | None, via: str | None) -> Daemon | None:
     if via is not None:
         verified = "unknown" if h.verified is None else str(h.verified).lower()
         extra = ((META + "verified", verified), (META + "via", via))
-    d = Daemon(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
+    d = ScrapeTarget(url=h.url, hostname=h.hostname, node_id=h.node_id, session=h.session or session, labels=extra)
     try:
         d.address  # noqa: B018 - raises ValueError for a URL Prometheus cannot scrape
     except ValueError:
@@ -97,7 +100,7 @@ def _scrapeable(h: Any, session: str | None, via: str | None) -> Daemon | None:
     return d
 
 
-def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
+def file_sd(daemons: Iterable[ScrapeTarget]) -> list[dict[str, Any]]:
     """The file_sd JSON document: one target group per daemon, sorted by host name, with labels
     ``__meta_gpusd_hostname``, ``__meta_gpusd_node_id`` (and ``__meta_gpusd_session``, ``__scheme__``,
     ``__metrics_path__`` where they are not the defaults)."""
@@ -123,4 +126,4 @@ def file_sd(daemons: Iterable[Daemon]) -> list[dict[str, Any]]:
     return groups
 
 
-__all__ = ["META", "Daemon", "daemons_from_hosts", "daemons_from_view", "file_sd"]
+__all__ = ["META", "ScrapeTarget", "daemons_from_hosts", "daemons_from_view", "file_sd"]
