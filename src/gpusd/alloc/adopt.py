@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 from ..errors import ConfigError, GpusdError, NoGpuAvailable
+from ..sanitize import json_object
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,10 +120,10 @@ def adopt(pid: int, note: str | None = None, timeout: float = ANSWER_TIMEOUT) ->
     line = proc.stdout.readline(65536) if ready else b""
     proc.stdout.close()
     try:
-        answer = json.loads(line)
+        answer: dict[str, Any] | None = json_object(line)
     except ValueError:
         answer = None
-    if not isinstance(answer, dict) or answer.get("ok") is not True:
+    if answer is None or answer.get("ok") is not True:
         if proc.poll() is None and not ready:
             proc.kill()
         proc.wait(timeout=10) if proc.poll() is None and not ready else None

@@ -26,8 +26,9 @@ import stat
 
 from ..ids import LeaseId
 from ..record import record
+from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterable
 
@@ -203,10 +204,10 @@ def current(directory: str | os.PathLike[str] | None = None) -> list[Booking]:
         os.close(fd)
     out: list[Booking] = []
     try:
-        d = json.loads(raw) if len(raw) <= MAX_FILE_BYTES else None
-    except (ValueError, RecursionError):
+        d: dict[str, Any] | None = json_object(raw, MAX_FILE_BYTES)
+    except ValueError:
         d = None
-    for item in (d.get("bookings") if isinstance(d, dict) else None) or []:
+    for item in (d.get("bookings") if d is not None else None) or []:
         try:
             out.append(Booking.from_dict(item))
         except ValueError:

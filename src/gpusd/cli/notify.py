@@ -7,7 +7,7 @@ import sys
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time (issue 24)
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from ..notify.deliver import Notice, Target
 

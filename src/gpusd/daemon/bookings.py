@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, write_summary
-from ..errors import ConfigError, to_wire
+from ..errors import ConfigError, http_answer
 from ..ids import LeaseId
 from ..model import BookingInfo
 from . import poolstate
@@ -143,16 +143,16 @@ class Bookings:
         try:
             count, start, duration, note, include = _terms(body)
         except ConfigError as exc:
-            return 400, to_wire(exc, http=True)
+            return http_answer(exc)
         b = bounds()
         if start <= now:
-            return 400, to_wire(ConfigError("WHEN is in the past: a booking starts later than now"), http=True)
+            return http_answer(ConfigError("WHEN is in the past: a booking starts later than now"))
         if start - now > b["horizon_days"] * 86400:
-            return 400, to_wire(ConfigError(f"WHEN is beyond the policy's horizon: bookings start at most "
-                                            f"{b['horizon_days']:g} day(s) ahead (bookings.horizon_days)"), http=True)
+            return http_answer(ConfigError(f"WHEN is beyond the policy's horizon: bookings start at most "
+                                           f"{b['horizon_days']:g} day(s) ahead (bookings.horizon_days)"))
         if duration > b["max_hours"] * 3600:
-            return 400, to_wire(ConfigError(f"a booking lasts at most {b['max_hours']:g} hour(s) by the policy "
-                                            "(bookings.max_hours)"), http=True)
+            return http_answer(ConfigError(f"a booking lasts at most {b['max_hours']:g} hour(s) by the policy "
+                                           "(bookings.max_hours)"))
         mine = [x for x in self.book.values() if x.user == account.name and x.end > now]
         if len(mine) >= b["max_per_user"]:
             return 429, {"error": f"{account.name} holds {len(mine)} booking(s) here: the policy allows "
@@ -390,18 +390,15 @@ def routes(bookings: Bookings) -> list[RouteDef]:
         return await signer_of(request, bookings.pool, daemon)
 
     async def body_of(request: web.Request) -> dict[str, Any]:
-        import json
+        from ..sanitize import json_object
 
         raw = await request.read()
         if len(raw) > 16384:
             raise ConfigError("a booking request is at most 16384 bytes")
         try:
-            d = json.loads(raw or b"{}")
-        except (ValueError, RecursionError):
+            return json_object(raw or b"{}")
+        except ValueError:
             raise ConfigError("a booking request is a JSON object") from None
-        if not isinstance(d, dict):
-            raise ConfigError("a booking request is a JSON object")
-        return d
 
     def gpus() -> list[tuple[str, int]]:
         inventory = getattr(daemon, "inventory", None)
@@ -415,7 +412,7 @@ def routes(bookings: Bookings) -> list[RouteDef]:
         try:
             body = await body_of(request)
         except ConfigError as exc:
-            return answer(400, to_wire(exc, http=True))
+            return answer(*http_answer(exc))
         found = await asyncio.get_running_loop().run_in_executor(None, gpus)
         return answer(*bookings.create(body, account, found))
 

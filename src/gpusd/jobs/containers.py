@@ -262,10 +262,12 @@ def cdi_enabled(runtime: str, config: str | None = None) -> bool:
     path = config or os.environ.get("GPUSD_DOCKER_CONFIG") or DOCKER_CONFIG
     try:
         with open(path, "rb") as f:
-            conf = json.loads(f.read(1 << 20))
+            from ..sanitize import json_object  # here: a job waiting for GPUs needs none
+
+            conf = json_object(f.read(1 << 20))
     except (OSError, ValueError):
         return False
-    features = conf.get("features") if isinstance(conf, dict) else None
+    features = conf.get("features")
     return isinstance(features, dict) and features.get("cdi") is True
 
 
