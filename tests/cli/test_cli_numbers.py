@@ -43,10 +43,10 @@ def test_version_is_0_3_in_development_and_the_docs_say_so(capsys: pytest.Captur
 
     rc, out, _ = cli(["--version"], capsys)
     assert rc == 0 and out.strip() == f"gpusd {gpusd.__version__}"
-    assert gpusd.__version__ == "0.3.0.dev0"
+    assert gpusd.__version__ == "0.4.0.dev0"
     for doc in ("README.md", "docs/cli.md"):
         text = (ROOT / doc).read_text()
-        assert gpusd.__version__ in text and "0.3 in development" in text, doc
+        assert gpusd.__version__ in text and "0.4 in development" in text, doc
     assert "0.1.0" not in (ROOT / "docs/wire-format.md").read_text()
 
 
