@@ -24,6 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..inventory.vendors import rank_entry
 from .placement import HostSlot, Placement
 
 RDZV_PORT = 29400  # torchrun's c10d rendezvous
@@ -102,9 +103,8 @@ def rank_gpus(p: Placement) -> str:
     the placement has MIG slices)."""
     parts = []
     for h in p.hosts:
-        devices = h.cuda_env()[h.device_variable]
-        if h.vendor != "nvidia":  # the wrapper sets that vendor's variables (rank_gpu)
-            devices = ",".join(f"{h.vendor}:{d}" for d in devices.split(","))
+        # each entry says whose GPU it is: the wrapper sets that vendor's variables (rank_gpu)
+        devices = ",".join(rank_entry(h.vendor, d) for d in h.cuda_env()[h.device_variable].split(","))
         parts.append(f"{h.ssh_host}={devices}")
     return ";".join(parts)
 
