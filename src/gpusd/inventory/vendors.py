@@ -155,6 +155,12 @@ def exporter_of(vendor: str) -> str | None:
     return r.exporter if r is not None else None
 
 
+def device_order_env() -> dict[str, str]:
+    """What makes CUDA count GPUs as gpusd does (NVML's PCI bus order; CUDA's own order is fastest
+    first): what a distributed engine exports to every rank besides each rank's device list."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def hide_all() -> dict[str, str]:
     """The variables that leave no GPU of any vendor gpusd knows visible, each runtime's own way."""
     out: dict[str, str] = {}
@@ -259,7 +265,7 @@ def vendor_env(vendor: str, devices: list[Visible], *, use_uuid: bool = False,
     if vendor == "nvidia":
         by_uuid = use_uuid or any(d.is_slice for d in devices)
         items = [d.uuid if by_uuid and d.uuid else str(d.index) for d in devices]
-        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(items)}
+        return {**device_order_env(), CUDA_VARIABLE: ",".join(items)}
     if vendor == "amd":
         if engine == "ray":
             return {"HIP_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
