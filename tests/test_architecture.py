@@ -346,9 +346,6 @@ def test_every_package_docstring_names_its_modules() -> None:
 # Each vendor's rules (visibility variables, UUIDs, exporters, ...) belong to gpusd.inventory.vendors;
 # every other module asks it instead of comparing a GPU's vendor with a name.
 VENDOR_NAMES = frozenset({"nvidia", "amd", "intel", "simulated"})
-# engines/ and cli/engines.py are being moved by another change; their remaining branches are listed
-# in its report and these two entries go when it has asked inventory.vendors instead.
-VENDOR_BRANCHES_PENDING = ("engines/", "cli/engines.py")
 
 
 def vendor_comparisons(tree: ast.AST) -> list[int]:
@@ -369,7 +366,7 @@ def test_no_module_outside_inventory_compares_vendor_names() -> None:
     found = []
     for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG).as_posix()
-        if rel.startswith("inventory/") or rel.startswith(VENDOR_BRANCHES_PENDING):
+        if rel.startswith("inventory/"):
             continue
         found += [f"{rel}:{line}" for line in vendor_comparisons(ast.parse(path.read_text()))]
     assert found == [], f"ask gpusd.inventory.vendors instead of comparing vendor names: {found}"
@@ -436,13 +433,10 @@ def test_each_owner_in_the_facts_table_exists() -> None:
 
 
 def test_comments_and_docstrings_cite_no_issue_numbers() -> None:
-    """History belongs in git: comments and docstrings say why, not which issue of gpusd (engines/ and
-    cli/engines.py are being moved by another change and are cleaned with it)."""
+    """History belongs in git: comments and docstrings say why, not which issue of gpusd."""
     found = []
     for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG).as_posix()
-        if rel.startswith(VENDOR_BRANCHES_PENDING):
-            continue
         for i, line in enumerate(path.read_text().splitlines()):
             # gpusd's own issues ("issue 24", "(#31)"); another project's ("nccl-tests #178") are sources
             if re.search(r"\b[Ii]ssues? ?#?\d+\b|\(#\d+\)", line):

@@ -277,3 +277,38 @@ def test_each_mpi_rank_carries_its_own_hosts_lease(tmp_path: Path) -> None:
     r = subprocess.run(show, capture_output=True, text=True, env={
         **env, "GPUSD_RANK_LEASES": "x;y z", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
     assert r.returncode == 2 and "not a lease id" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rank_wrapper_refuses_an_entry_that_names_no_gpu() -> None:
+    """Every entry is checked before the rank's variables are set: a word that is neither an index nor a
+    GPU UUID never becomes a rank's CUDA_VISIBLE_DEVICES."""
+    env = {**os.environ, "GPUSD_RANK_GPUS": "node-1=0,-oops", "OMPI_COMM_WORLD_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "PYTHONPATH": str(SRC)}
+    r = subprocess.run([sys.executable, "-m", "gpusd.engines.rank_gpu", "--", "sh", "-c", "echo ran"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "not a GPU: '-oops'" in r.stderr and "ran" not in r.stdout, r.stderr
+
+
+def test_rank_wrapper_gives_a_mig_slice_by_its_uuid() -> None:
+    p = Placement.from_dict({"hosts": [{"hostname": "node-1", "gpus": [0, 1],
+                                        "uuids": ["GPU-aaaa-1111", "MIG-bbbb-2222"]}]})
+    env = {**os.environ, "GPUSD_RANK_GPUS": g.rank_gpus(p), "OMPI_COMM_WORLD_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "PYTHONPATH": str(SRC)}
+    r = subprocess.run([sys.executable, "-m", "gpusd.engines.rank_gpu", "--", "sh", "-c",
+                        'echo "$CUDA_DEVICE_ORDER $CUDA_VISIBLE_DEVICES"'], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.stdout == "PCI_BUS_ID MIG-bbbb-2222\n", r.stderr
+
+
+def test_rank_wrapper_says_126_for_a_command_it_cannot_execute(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)  # not executable: the shell's 126, not "not found"
+    env = {**os.environ, "GPUSD_RANK_GPUS": g.rank_gpus(P), "OMPI_COMM_WORLD_RANK": "0",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "0", "PYTHONPATH": str(SRC)}
+    r = subprocess.run([sys.executable, "-m", "gpusd.engines.rank_gpu", "--", str(script)], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 126 and "cannot run" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "gpusd.engines.rank_gpu", "--", str(tmp_path / "missing")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 127, r.stderr

@@ -148,6 +148,33 @@ def test_without_the_lease_nothing_starts_and_a_failing_command_leaves_nothing(s
         lease.release()
 
 
+def test_a_command_that_cannot_be_executed_is_126_and_one_that_is_missing_127(store: LeaseStore,
+                                                                              tmp_path: Path) -> None:
+    store.ensure()
+    lease = store.acquire(["GPU-guard-5"], holder=Holder(remote_from="198.18.0.9", expires=time.time() + 600))
+    assert lease is not None
+    script = tmp_path / "engine.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)  # there but not executable
+    try:
+        r = _guard(store.dir, lease.lease_id, [str(script)], "--grace", "0.5")
+        assert r.returncode == 126 and "cannot start" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        r = _guard(store.dir, lease.lease_id, [str(tmp_path / "missing")], "--grace", "0.5")
+        assert r.returncode == 127 and "cannot start" in r.stderr, r.stderr
+    finally:
+        lease.release()
+
+
+def test_the_jobs_guard_says_126_for_a_command_it_cannot_execute(tmp_path: Path) -> None:
+    script = tmp_path / "rank.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    r = subprocess.run([sys.executable, "-m", "gpusd.engines.jobguard", "--grace", "0.5", "--silence", "0", "--",
+                        str(script)], env=_env(tmp_path / "locks"), stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 126 and "cannot start" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def _forge(locks: Path, lease_id: str, expires: float) -> object:
     """As another local user: write ``lease-ID.json`` the way a live holder does (holding its lock
     and the lock of the GPU it names), for a lease that just ended."""

@@ -73,6 +73,15 @@ def test_a_missing_program_is_reported(tmp_path: Path) -> None:
     assert r.returncode == 127 and "cannot start" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_program_that_cannot_be_executed_is_126(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)  # there but not executable: the shell's 126, as a user's script would say
+    r = subprocess.run(_argv(tmp_path, "command", "--", str(script)), capture_output=True, text=True,
+                       env=_env(), timeout=60)
+    assert r.returncode == 126 and "cannot start" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 # A rank as torchrun starts one: in a session of its own, and it ignores SIGTERM (a checkpoint being saved).
 STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.setsid(); "
             "print('rank', os.getpid(), flush=True); time.sleep(300)")

@@ -16,7 +16,7 @@ from conftest import gpusd_cli
 from gpusd.engines.generate import plain_commands, ray_commands
 from gpusd.engines.placement import Placement, PlacementError
 from gpusd.inventory.simulated import SimulatedBackend
-from gpusd.inventory.vendors import Visible, job_environ, visible_env
+from gpusd.inventory.vendors import Visible, job_environ, rank_entry, rank_entry_env, visible_env
 from gpusd.model import GpuInfo, HostSnapshot
 
 MIXED = "2xA100-80GB,2xMI300X,1xMAX1550"
@@ -323,3 +323,24 @@ open({str(out)!r}, "w").write(seen + " " + rocr + " " + " ".join(a for a in sys.
                        env=_env(ROCR_VISIBLE_DEVICES="GPU-00000000000000a0"))  # as inside `gpusd run` on AMD
     assert r.returncode == 0, r.stderr
     assert out.read_text() == "HIP_VISIBLE_DEVICES 0,2 ROCR=unset --num-gpus=2"
+
+
+@pytest.mark.parametrize("vendor, device, entry, variables, inherited", [
+    ("nvidia", "3", "3", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"}, set()),
+    ("nvidia", "MIG-1234-abcd", "MIG-1234-abcd",
+     {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "MIG-1234-abcd"}, set()),
+    ("amd", "GPU-00000000000000a2", "amd:GPU-00000000000000a2", {"ROCR_VISIBLE_DEVICES": "GPU-00000000000000a2"},
+     {"HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"}),
+    ("intel", "1", "intel:1", {"ZE_AFFINITY_MASK": "1", "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE",
+                               "ONEAPI_DEVICE_SELECTOR": "level_zero:*"}, set()),
+])
+def test_a_ranks_entry_names_its_vendor_and_gets_that_vendors_variables(
+        vendor: str, device: str, entry: str, variables: dict[str, str], inherited: set[str]) -> None:
+    assert rank_entry(vendor, device) == entry
+    assert rank_entry_env(entry) == (variables, inherited)
+
+
+@pytest.mark.parametrize("entry", ["", "-oops", "GPU-a b", "\u00b2", "amd:", "cuda:0", "amd:../x"])
+def test_a_ranks_entry_that_names_no_gpu_is_refused(entry: str) -> None:
+    with pytest.raises(ValueError):
+        rank_entry_env(entry)

@@ -31,7 +31,8 @@ sys.exit(main(sys.argv[3:]))
 # (add it only where waiting needs it; what only a running job needs is imported when the command starts)
 WAITING = {
     "gpusd", "gpusd._version", "gpusd.alloc", "gpusd.alloc.api", "gpusd.alloc.authority", "gpusd.alloc.env",
-    "gpusd.sanitize", "gpusd.alloc.backend", "gpusd.alloc.bookings",  # a waiting job must not take a GPU booked for someone else
+    # a waiting job must not take a GPU booked for someone else
+    "gpusd.sanitize", "gpusd.alloc.backend", "gpusd.alloc.bookings",
     "gpusd.jobs.containers",  # the command is read once: a container run is rewritten for its GPUs
     "gpusd.alloc.handle", "gpusd.alloc.inotify", "gpusd.alloc.leases", "gpusd.alloc.leaseview",
     "gpusd.alloc.lockdir", "gpusd.alloc.placement", "gpusd.alloc.policy", "gpusd.alloc.priority",

@@ -285,13 +285,15 @@ def _run_here(cmd: list[str], extra_env: dict[str, str]) -> int:
     import subprocess
 
     from ..alloc.runner import _interactive
+    from ..errors import exec_failure
     from .pool import _wait
 
     try:
         proc = subprocess.Popen(cmd, env={**os.environ, **extra_env})
-    except FileNotFoundError:
-        print(f"{_prog()}: command not found: {cmd[0]}", file=sys.stderr)
-        return 127
+    except OSError as exc:
+        status, says = exec_failure(exc, cmd[0])
+        print(f"{_prog()}: {says}", file=sys.stderr)
+        return status
     return _wait(proc, proc.send_signal, _interactive())
 
 

@@ -24,6 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..inventory.vendors import device_order_env, rank_entry
 from .placement import HostSlot, Placement
 
 RDZV_PORT = 29400  # torchrun's c10d rendezvous
@@ -70,7 +71,7 @@ def deepspeed_include(p: Placement) -> str:
 def deepspeed_env_file(p: Placement) -> str:
     """Lines for DeepSpeed's ``.deepspeed_env`` (exported to every node by its pdsh launcher): NVML's
     indices are PCI bus order, so CUDA must count the same way."""
-    return "CUDA_DEVICE_ORDER=PCI_BUS_ID\n"
+    return "".join(f"{name}={value}\n" for name, value in device_order_env().items())
 
 
 def deepspeed_argv(p: Placement, hostfile: str, args: Sequence[str], node_rank: int | None = None,
@@ -88,7 +89,7 @@ def deepspeed_commands(p: Placement, args: Sequence[str], master_port: int = DS_
     """Per host: ``deepspeed --no_ssh --node_rank=I`` with the hostfile written on that host first."""
     files = {"hostfile": deepspeed_hostfile(p)}
     return [HostCommand(h, i, deepspeed_argv(p, f"{FILES}/hostfile", args, i, master_port),
-                        {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, files, iface_env=(GLOO_IFNAME,))
+                        device_order_env(), files, iface_env=(GLOO_IFNAME,))
             for i, h in enumerate(p.hosts)]
 
 
@@ -102,9 +103,8 @@ def rank_gpus(p: Placement) -> str:
     the placement has MIG slices)."""
     parts = []
     for h in p.hosts:
-        devices = h.cuda_env()[h.device_variable]
-        if h.vendor != "nvidia":  # the wrapper sets that vendor's variables (rank_gpu)
-            devices = ",".join(f"{h.vendor}:{d}" for d in devices.split(","))
+        # each entry says whose GPU it is: the wrapper sets that vendor's variables (rank_gpu)
+        devices = ",".join(rank_entry(h.vendor, d) for d in h.cuda_env()[h.device_variable].split(","))
         parts.append(f"{h.ssh_host}={devices}")
     return ";".join(parts)
 
@@ -112,7 +112,7 @@ def rank_gpus(p: Placement) -> str:
 def mpi_env(p: Placement, bind_cpus: bool = False) -> dict[str, str]:
     """The variables every rank needs (``mpirun -x NAME`` each): the wrapper's map and the CUDA order
     (``bind_cpus``: and each GPU's local CPUs, :func:`rank_cpus`)."""
-    env = {RANK_GPUS_VAR: rank_gpus(p), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env = {RANK_GPUS_VAR: rank_gpus(p), **device_order_env()}
     if bind_cpus:
         env[RANK_CPUS_VAR] = rank_cpus(p)
     return env

@@ -38,6 +38,7 @@ import time
 from typing import Callable, Sequence
 
 from ..alloc.leases import LeaseStore
+from ..errors import exec_failure
 
 NO_LEASE = 3
 POLL = 0.2  # seconds between looks at the lease
@@ -199,7 +200,7 @@ def hold(lease_id: str, cmd: Sequence[str], margin: float, grace: float) -> int:
             rc = subprocess.call(list(cmd))
         except OSError as exc:
             print(f"gpusd: cannot start {cmd[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
-            rc = 127
+            rc = exec_failure(exc, cmd[0])[0]
         if rc != 0 or stopped:
             stop_all(grace)
             os.write(w, str(rc or 1).encode())

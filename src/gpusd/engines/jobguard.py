@@ -19,7 +19,8 @@ as its standard input:
 ``--silence 0`` listens for the end of input only (a local command: the pipe closes when gpusd dies).
 ``--files DIR``: the private directory gpusd wrote the engine's files to; removed at the end.
 
-Exit status: CMD's; 127 when it cannot be started; 2 on bad arguments.  Linux only (``/proc``).
+Exit status: CMD's; 127 when it is not found, 126 when it cannot be executed; 2 on bad arguments.
+Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import threading
 import time
 from typing import Sequence
 
+from ..errors import exec_failure
 from .hold import members, set_subreaper, stop_all
 
 _ME = "gpusd.engines.jobguard"
@@ -148,7 +150,7 @@ def run(cmd: Sequence[str], grace: float, silence: float, files: str | None = No
         _say(f"cannot start {cmd[0]}: {exc.strerror or exc}")
         if files:
             _remove_files(files)
-        return 127
+        return exec_failure(exc, cmd[0])[0]
     try:
         reason = g.watch(channel)
         if reason is not None or members():

@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
+from ..errors import exec_failure
 from .generate import FILES, HostCommand
 from .placement import HostSlot
 
@@ -394,7 +395,7 @@ class Launch:
                     self.running.append(await self._start(cmd))
             except OSError as e:
                 self.stderr.write(f"gpusd: cannot start {e.filename or ''}: {e.strerror or e}\n")
-                self.status = 127
+                self.status = exec_failure(e, str(e.filename or ""))[0]
                 self.stop()
             beat = asyncio.ensure_future(self._heartbeat()) if self.opts.watchdog else None
             try:

@@ -1,7 +1,7 @@
 """Where a distributed job runs: the hosts and GPUs chosen for it, in order (the head first).
 
 A :class:`Placement` is what every engine generator and the launcher take.  The pool's reservation
-(`gpusd reserve`, issue 10) produces one: each reserved host becomes a :class:`HostSlot` with the NVML
+(`gpusd reserve`) produces one: each reserved host becomes a :class:`HostSlot` with the NVML
 indices (and UUIDs) of the GPUs leased there; until then ``gpusd hostfile``/``launch``/``ray`` read one
 from a JSON file (``--placement FILE``, format below).
 
@@ -36,16 +36,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import PlacementError as PlacementError  # its name here stays importable
-from ..ids import PlacementId
-from ..inventory.vendors import DEVICE_VARIABLE, Visible, cleared, visible_env
-from ..model import VENDORS
+from ..ids import GpuUuid, PlacementId
+from ..inventory.vendors import DEFAULT_VENDOR, DEVICE_VARIABLE, VENDORS, Visible, cleared, visible_env
 from ..sanitize import ip_word
 
 MAX_HOSTS = 1024
 MAX_GPUS_PER_HOST = 256
 _NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")  # host names as DNS and /etc/hosts write them
 _SSH_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
-_UUID = re.compile(r"^(?:GPU|MIG)-[A-Za-z0-9-]{1,80}$")
 
 
 def valid_host(text: str) -> bool:
@@ -105,9 +103,9 @@ class HostSlot:
     ssh_target: str
     gpus: tuple[int, ...]
     uuids: tuple[str, ...] = ()
-    # whose GPUs they are (issue 21): which visibility variables the host's commands get; ``gpus``
+    # whose GPUs they are: which visibility variables the host's commands get; ``gpus``
     # are then that vendor's own numbers (CUDA's, ROCm's, Level Zero's)
-    vendor: str = "nvidia"
+    vendor: str = DEFAULT_VENDOR
     # each GPU's local CPUs as the host's daemon claimed them (``nvmlDeviceGetCpuAffinity``: a Linux
     # CPU list such as ``0-15,32-47``; None: unknown), in ``gpus`` order; ``launch --bind-cpus`` binds
     # to them intersected, on the host, with the CPUs the command may use there (a claim, never more)
@@ -133,7 +131,7 @@ class HostSlot:
             if len(self.uuids) != len(self.gpus):
                 raise PlacementError(f"host {self.hostname}: {len(self.uuids)} UUIDs for {len(self.gpus)} GPUs")
             for u in self.uuids:
-                if not isinstance(u, str) or _UUID.fullmatch(u) is None:
+                if not GpuUuid.is_valid(u):
                     raise PlacementError(f"host {self.hostname}: not a GPU UUID: {str(u)[:80]!r}")
         if self.local_cpus:
             if len(self.local_cpus) != len(self.gpus):
@@ -161,7 +159,7 @@ class HostSlot:
 
     def visible(self) -> list[Visible]:
         uuids: Sequence[str | None] = self.uuids or [None] * len(self.gpus)
-        return [Visible(self.vendor, g, u, bool(u and u.startswith("MIG-"))) for g, u in zip(self.gpus, uuids)]
+        return [Visible(self.vendor, g, u, bool(u and GpuUuid.is_slice(u))) for g, u in zip(self.gpus, uuids)]
 
     def visible_env(self, engine: str | None = None) -> dict[str, str]:
         """What makes this host's GPUs visible to a command (``engine="ray"``: what Ray reads)."""
@@ -181,7 +179,7 @@ class HostSlot:
                                "gpus": list(self.gpus)}
         if self.uuids:
             out["uuids"] = list(self.uuids)
-        if self.vendor != "nvidia":
+        if self.vendor != DEFAULT_VENDOR:  # left out for the default, as older readers expect
             out["vendor"] = self.vendor
         if self.local_cpus:
             out["local_cpus"] = list(self.local_cpus)
@@ -202,7 +200,7 @@ class HostSlot:
         # types and values are checked in __post_init__
         return cls(hostname=hostname, address=d.get("address") or hostname,
                    ssh_target=d.get("ssh_target") or hostname, gpus=tuple(gpus), uuids=tuple(uuids),
-                   vendor=d.get("vendor") or "nvidia", local_cpus=tuple(cpus))
+                   vendor=d.get("vendor") or DEFAULT_VENDOR, local_cpus=tuple(cpus))
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ placement order) instead, and this wrapper picks its own: the host is the one Ho
 (``HOROVOD_HOSTNAME``), or for Open MPI the one that world rank ``OMPI_COMM_WORLD_RANK`` falls on when
 ranks fill the hosts in order (``--map-by slot``, which gpusd's command line sets; the local rank
 ``OMPI_COMM_WORLD_LOCAL_RANK`` must agree, else the mapping was changed and the wrapper refuses).  The
-GPU is that host's entry number LOCAL_RANK.  It sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and
-``CUDA_VISIBLE_DEVICES`` and execs the command (exit 2 with a message on bad input, 127 if the command
-cannot be run).  An AMD or Intel host's entries carry their vendor (``mi300=amd:GPU-...,amd:GPU-...``):
-the rank then gets that vendor's variables (``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``;
-docs/inventory.md "Vendors").  Imports nothing but the standard library for NVIDIA ranks: it runs once
-per rank.
+GPU is that host's entry number LOCAL_RANK.  It sets that GPU's visibility variables (NVIDIA:
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES``) and execs the command (exit 2 with a
+message on bad input, 127 if the command is not found, 126 if it cannot be executed).  An AMD or Intel
+host's entries carry their vendor (``mi300=amd:GPU-...,amd:GPU-...``): the rank then gets that vendor's
+variables (``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``; docs/inventory.md "Vendors").  The entries'
+form and each vendor's variables are :mod:`gpusd.inventory.vendors`' (``rank_entry``,
+``rank_entry_env``), imported once the rank's entry is found; at module level the wrapper imports the
+standard library only, since it starts once per rank.
 
 ``gpusd launch --bind-cpus`` (docs/engines.md): with ``GPUSD_RANK_CPUS`` (``node-1=0-3/4-7;node-2=?``:
 each GPU's local CPUs as its host's daemon claimed them, ``/`` between GPUs, ``?`` unknown, in the
@@ -195,21 +197,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if CPUS_VAR in os.environ:
         rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("HOROVOD_RANK") or "?"
         print(bind(cpus, f"rank {rank[:12]} (GPU {device})", device), file=sys.stderr, flush=True)
-    vendor, _, token = device.partition(":") if device.startswith(("amd:", "intel:")) else ("nvidia", "", device)
-    if vendor == "nvidia":
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        os.environ["CUDA_VISIBLE_DEVICES"] = device
-    else:
-        if not (token.isdigit() or (token.startswith("GPU-") and len(token) <= 64)):
-            print(f"gpusd rank_gpu: not a GPU: {token[:40]!r}", file=sys.stderr)
-            return 2
-        from ..inventory.vendors import Visible, cleared, visible_env
+    # imported here, not at module level: the --bind-cpus path and a rank refused above never need them
+    from ..inventory.vendors import rank_entry_env
 
-        visible = Visible(vendor, int(token) if token.isdigit() else 0, None if token.isdigit() else token)
-        variables = visible_env([visible])
-        for name in cleared([vendor]) - set(variables):
-            os.environ.pop(name, None)
-        os.environ.update(variables)
+    try:
+        variables, inherited = rank_entry_env(device)
+    except ValueError as e:
+        print(f"gpusd rank_gpu: {e}", file=sys.stderr)
+        return 2
+    for name in inherited:
+        os.environ.pop(name, None)
+    os.environ.update(variables)
     return _exec(args)
 
 
@@ -217,8 +215,10 @@ def _exec(args: Sequence[str]) -> int:
     try:
         os.execvp(args[0], list(args))
     except OSError as e:
+        from ..errors import exec_failure
+
         print(f"gpusd rank_gpu: cannot run {args[0]!r}: {e.strerror or e}", file=sys.stderr)
-        return 127
+        return exec_failure(e, args[0])[0]
 
 
 if __name__ == "__main__":

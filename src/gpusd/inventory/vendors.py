@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 
+from ..ids import GpuUuid
 from ..model import DEFAULT_VENDOR, VENDORS, GpuInfo
 from ..record import record
 
@@ -154,6 +155,12 @@ def exporter_of(vendor: str) -> str | None:
     return r.exporter if r is not None else None
 
 
+def device_order_env() -> dict[str, str]:
+    """What makes CUDA count GPUs as gpusd does (NVML's PCI bus order; CUDA's own order is fastest
+    first): what a distributed engine exports to every rank besides each rank's device list."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def hide_all() -> dict[str, str]:
     """The variables that leave no GPU of any vendor gpusd knows visible, each runtime's own way."""
     out: dict[str, str] = {}
@@ -258,7 +265,7 @@ def vendor_env(vendor: str, devices: list[Visible], *, use_uuid: bool = False,
     if vendor == "nvidia":
         by_uuid = use_uuid or any(d.is_slice for d in devices)
         items = [d.uuid if by_uuid and d.uuid else str(d.index) for d in devices]
-        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(items)}
+        return {**device_order_env(), CUDA_VARIABLE: ",".join(items)}
     if vendor == "amd":
         if engine == "ray":
             return {"HIP_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
@@ -295,6 +302,36 @@ def cleared(vendors: Iterable[str], engine: str | None = None) -> set[str]:
     for v in vendors:
         out.update(table.get(v, ()))
     return out
+
+
+# -- one rank's GPU (GPUSD_RANK_GPUS, read by gpusd.engines.rank_gpu) ---------------------------------
+# mpirun gives every rank the same variables, so each entry of the per-rank map says which vendor's
+# variables its rank needs: the default vendor's entries are bare (the map's first form), another's carry
+# its name (``amd:GPU-...``, ``intel:0``).
+RANK_VENDOR_SEPARATOR = ":"
+
+
+def rank_entry(vendor: str, device: str) -> str:
+    """The per-rank map's entry for ``device`` (an index or UUID) of ``vendor``."""
+    check_vendor(vendor)
+    return device if vendor == DEFAULT_VENDOR else f"{vendor}{RANK_VENDOR_SEPARATOR}{device}"
+
+
+def rank_entry_env(entry: str) -> tuple[dict[str, str], set[str]]:
+    """The variables that make the device of a per-rank map entry (:func:`rank_entry`) visible, and
+    those the rank must not inherit (they would mask again).  ValueError for an entry that names no
+    known vendor or no device (an index, or a UUID: :class:`gpusd.ids.GpuUuid`)."""
+    vendor, sep, token = entry.partition(RANK_VENDOR_SEPARATOR)
+    if not sep:
+        vendor, token = DEFAULT_VENDOR, entry
+    check_vendor(vendor)
+    by_index = token.isascii() and token.isdigit()
+    if not (by_index or GpuUuid.is_valid(token)):
+        raise ValueError(f"not a GPU: {token[:40]!r}")
+    visible = (Visible(vendor, int(token)) if by_index
+               else Visible(vendor, 0, token, GpuUuid.is_slice(token)))
+    variables = vendor_env(vendor, [visible], use_uuid=not by_index)
+    return variables, cleared([vendor]) - set(variables)
 
 
 def job_environ(base: Mapping[str, str], devices: Iterable[Visible], *, use_uuid: bool = False,
