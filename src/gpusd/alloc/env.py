@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, visible_env
+from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, device_order_env, visible_env
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +45,7 @@ def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False,
     uuid_list = [str(u) for u in uuids] if uuids is not None else None
     if uuid_list is not None and (use_uuid or any(GpuUuid.is_slice(u) for u in uuid_list)):
         items = uuid_list
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(items)}
+    return {**device_order_env(), "CUDA_VISIBLE_DEVICES": ",".join(items)}
 
 
 def cuda_initialized() -> str | None:
