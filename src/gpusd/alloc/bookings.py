@@ -146,25 +146,10 @@ def bookings_dir() -> str:
 def write_summary(directory: str | os.PathLike[str], bookings: Iterable[Booking]) -> None:
     """Write ``bookings`` into ``directory`` (the daemon's own state directory; OSError when it is
     not the daemon's alone), atomically."""
-    import secrets
+    from .policy import publish_summary
 
     data = json.dumps({"format": 1, "bookings": [b.to_dict() for b in bookings][:MAX_BOOKINGS]}).encode()
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        st = os.fstat(dfd)
-        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise PermissionError(f"{os.fspath(directory)} is not the daemon's alone (owner uid {st.st_uid}, "
-                                  f"mode {stat.S_IMODE(st.st_mode):04o}): the bookings summary is not written")
-        tmp = f".{BOOKINGS_FILE}.{secrets.token_hex(8)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.rename(tmp, BOOKINGS_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
-    finally:
-        os.close(dfd)
+    publish_summary(directory, BOOKINGS_FILE, data, "the bookings summary")
 
 
 _cache: dict[str, tuple[tuple[int, int, int], list[Booking]]] = {}

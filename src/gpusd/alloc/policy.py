@@ -414,33 +414,42 @@ class SharesDirUnsafe(OSError):
     """The directory the summary was to go to is not the daemon's alone."""
 
 
-def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], days: float,
-                 now: float | None = None) -> None:
-    """Write the GPU-hours of each user over the last ``days`` days into ``directory``, the daemon's
-    state directory (root's daemon does, every minute, from the usage history), atomically: a new
-    file renamed into place.  Refuses (:class:`SharesDirUnsafe`) a directory that is not this
-    process's own or that others can write: the daemon writes only where only it can write."""
+def publish_summary(directory: str | os.PathLike[str], name: str, data: bytes, what: str,
+                    unsafe: type[OSError] = PermissionError) -> None:
+    """Write ``data`` as ``name`` in ``directory`` (the daemon's state directory), atomically (a new
+    file renamed into place), readable by every local user; ``unsafe`` when the directory is not this
+    process's own or others can write it: the daemon writes only where only it can write."""
     import secrets
-    import time
 
-    data = json.dumps({"days": days, "at": time.time() if now is None else now,
-                       "hours": {u[:64]: round(float(h), 6) for u, h in sorted(hours.items())[:10000]}}).encode()
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise SharesDirUnsafe(f"{os.fspath(directory)} is not the daemon's alone (owner uid {st.st_uid}, "
-                                  f"mode {stat.S_IMODE(st.st_mode):04o}): the fair-share summary is not written")
-        tmp = f".{SHARES_FILE}.{secrets.token_hex(8)}"
+            raise unsafe(f"{os.fspath(directory)} is not the daemon's alone (owner uid {st.st_uid}, "
+                         f"mode {stat.S_IMODE(st.st_mode):04o}): {what} is not written")
+        tmp = f".{name}.{secrets.token_hex(8)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
         try:
             os.write(fd, data)
             os.fchmod(fd, 0o644)
         finally:
             os.close(fd)
-        os.rename(tmp, SHARES_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def write_shares(directory: str | os.PathLike[str], hours: dict[str, float], days: float,
+                 now: float | None = None) -> None:
+    """Write the GPU-hours of each user over the last ``days`` days into ``directory``, the daemon's
+    state directory (root's daemon does, every minute, from the usage history), atomically: a new
+    file renamed into place.  Refuses (:class:`SharesDirUnsafe`) a directory that is not this
+    process's own or that others can write: the daemon writes only where only it can write."""
+    import time
+
+    data = json.dumps({"days": days, "at": time.time() if now is None else now,
+                       "hours": {u[:64]: round(float(h), 6) for u, h in sorted(hours.items())[:10000]}}).encode()
+    publish_summary(directory, SHARES_FILE, data, "the fair-share summary", SharesDirUnsafe)
 
 
 def read_shares(directory: str | os.PathLike[str] | None = None) -> dict[str, float] | None:

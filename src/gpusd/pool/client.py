@@ -503,6 +503,13 @@ def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetK
 def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dict[str, Any]], bool] | None = None
                  ) -> list[dict[str, Any]]:
     """The remote leases of every verified host (``GET /api/v1/leases``), optionally filtered."""
+    return _listed(key, hosts, "leases", mine, lambda h: {"addresses": h.signed_addresses})
+
+
+def _listed(key: FleetKey, hosts: Iterable[RemoteHost], what: str, mine: Callable[[dict[str, Any]], bool] | None,
+            extra: Callable[[RemoteHost], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every verified host's ``GET /api/v1/<what>`` list (optionally filtered), each item with the
+    host's URL and pin (and ``extra``) to act on it later."""
     from ..wire.http import fetch_json
 
     out: list[dict[str, Any]] = []
@@ -511,15 +518,15 @@ def reservations(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dic
             continue
         url, pin = api_url(h)
         try:
-            ans = fetch_json(url + "/leases", key=key, node_id=h.node_id, pin=pin)
+            ans = fetch_json(f"{url}/{what}", key=key, node_id=h.node_id, pin=pin)
         except SourceError as exc:
             log.info("%s: %s", h.hostname, exc)
             continue
         if ans.verified is not True or not isinstance(ans.data, dict):
             continue
-        for d in ans.data.get("leases") or []:
+        for d in ans.data.get(what) or []:
             if isinstance(d, dict) and (mine is None or mine(d)):
-                d["url"], d["pin"], d["addresses"] = url, pin, h.signed_addresses
+                d.update({"url": url, "pin": pin, **extra(h)})
                 out.append(d)
     return out
 
@@ -574,25 +581,7 @@ def book(count: int, start: float, duration: float, hosts: Iterable[RemoteHost],
 def bookings(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dict[str, Any]], bool] | None = None
              ) -> list[dict[str, Any]]:
     """The bookings of every verified host (``GET /api/v1/bookings``), optionally filtered."""
-    from ..wire.http import fetch_json
-
-    out: list[dict[str, Any]] = []
-    for h in hosts:
-        if h.verified is not True or not h.url:
-            continue
-        url, pin = api_url(h)
-        try:
-            ans = fetch_json(url + "/bookings", key=key, node_id=h.node_id, pin=pin)
-        except SourceError as exc:
-            log.info("%s: %s", h.hostname, exc)
-            continue
-        if ans.verified is not True or not isinstance(ans.data, dict):
-            continue
-        for d in ans.data.get("bookings") or []:
-            if isinstance(d, dict) and (mine is None or mine(d)):
-                d["url"], d["pin"], d["node_id"] = url, pin, h.node_id
-                out.append(d)
-    return out
+    return _listed(key, hosts, "bookings", mine, lambda h: {"node_id": h.node_id})
 
 
 def cancel_booking(d: dict[str, Any], key: FleetKey) -> Any:
