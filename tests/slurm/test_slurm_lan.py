@@ -15,7 +15,7 @@ from typing import Any
 from fakenvml import make_gpus
 from lan_helpers import secret_file
 from netns import GpuHost, Lan, lan, netns_ok  # noqa: F401
-from slurm_helpers import DYNAMIC, SlurmLab, gpu_host, slurm, wait_for  # noqa: F401
+from slurm_helpers import DYNAMIC, SlurmLab, gpu_host, job_scripts, slurm, wait_for  # noqa: F401
 from slurm_helpers import devices as _devices
 from slurm_helpers import slurm_leases as _slurm_leases
 
@@ -152,15 +152,7 @@ def test_gpu_hosts_join_slurm_with_no_config_line_and_leave_when_gpusd_stops(lan
     hosts = [gpu_host(lan, "gpu-a", 2, key, ["--slurm"]), gpu_host(lan, "gpu-b", 4, key, ["--slurm"])]
     dev = slurm.device_files(4)
     # the cluster's gres.conf is one Include of each host's own file, which gpusd writes (docs/slurm.md)
-    cases = "".join(f"  {h.hostname}) export GPUSD_LEASE_SOCKET={h.env['GPUSD_LEASE_SOCKET']} "
-                    f"GPUSD_LOCK_DIR={h.env['GPUSD_LOCK_DIR']};;\n" for h in hosts)
-    for what in ("prolog", "epilog"):
-        script = slurm.work / what
-        script.write_text(f"#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n{cases}esac\n"
-                          f"exec env PYTHONPATH={lan.base_env(hosts[0].node)['PYTHONPATH']} {sys.executable} "
-                          f"-m gpusd slurm {what} >>{slurm.work}/{what}.log 2>&1\n")
-        script.chmod(0o755)
-    slurm.start_slurmctld(ctl_host.node, extra=DYNAMIC + f"Prolog={slurm.work}/prolog\nEpilog={slurm.work}/epilog\n",
+    slurm.start_slurmctld(ctl_host.node, extra=DYNAMIC + job_scripts(slurm, lan, hosts),
                           gres_conf="Include /run/gpusd/slurm/gres.conf\n")
     ctl_host.start()
     for h in hosts:
