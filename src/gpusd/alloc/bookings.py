@@ -151,8 +151,9 @@ def write_summary(directory: str | os.PathLike[str], bookings: Iterable[Booking]
     data = json.dumps({"format": 1, "bookings": [b.to_dict() for b in bookings][:MAX_BOOKINGS]}).encode()
     publish_summary(directory, BOOKINGS_FILE, data, "the bookings summary")
 
-
-_cache: dict[str, tuple[tuple[int, int, int], list[Booking]]] = {}
+# the bookings summary as last read, by directory (the daemon's own file, not a policy file: alloc.policy
+# keeps those)
+_summaries: dict[str, tuple[tuple[int, int, int], list[Booking]]] = {}
 
 
 def current(directory: str | os.PathLike[str] | None = None) -> list[Booking]:
@@ -179,7 +180,7 @@ def current(directory: str | os.PathLike[str] | None = None) -> list[Booking]:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != dst.st_uid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return []
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        hit = _cache.get(path)
+        hit = _summaries.get(path)
         if hit is not None and hit[0] == key:
             return hit[1]
         raw = os.read(fd, MAX_FILE_BYTES + 1)
@@ -197,5 +198,5 @@ def current(directory: str | os.PathLike[str] | None = None) -> list[Booking]:
             out.append(Booking.from_dict(item))
         except ValueError:
             continue
-    _cache[path] = (key, out)
+    _summaries[path] = (key, out)
     return out

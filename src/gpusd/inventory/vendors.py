@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 
-from ..ids import GpuUuid
 from ..model import DEFAULT_VENDOR, VENDORS, GpuInfo
 from ..record import record
 
@@ -321,6 +320,8 @@ def rank_entry_env(entry: str) -> tuple[dict[str, str], set[str]]:
     """The variables that make the device of a per-rank map entry (:func:`rank_entry`) visible, and
     those the rank must not inherit (they would mask again).  ValueError for an entry that names no
     known vendor or no device (an index, or a UUID: :class:`gpusd.ids.GpuUuid`)."""
+    from ..ids import GpuUuid  # here: the quick commands that name no rank need no ids
+
     vendor, sep, token = entry.partition(RANK_VENDOR_SEPARATOR)
     if not sep:
         vendor, token = DEFAULT_VENDOR, entry
