@@ -326,3 +326,33 @@ async def test_a_remote_lease_is_in_the_usage_history_from_its_grant_to_its_rele
         user, gpus, start, ended = row()
         assert user == r.data["user"] and json.loads(gpus) == [uuid] and ended >= start  # the holder it shows
         assert got
+
+
+async def test_a_process_started_under_a_lease_that_had_ended_is_stopped_before_its_gpu_is_granted_again(
+        tmp_path: Path) -> None:
+    """A user who starts work by hand with the variables of a reservation that has already expired (after
+    its fence found nothing to stop): the daemon stops that process, and the next grant of the GPU
+    waits for it to be gone -- never a GPU granted while a process of an ended lease runs on this host."""
+    import os
+    import subprocess
+    import sys
+
+    async with running_daemon(tmp_path, unique_session(), token=TOKEN, simulate="1xA100-80GB", tls=False) as d:
+        r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "alice", "ttl": 2})
+        assert r.status == 201, r.data
+        lease_id = r.data["lease_id"]
+        await wait_until(lambda: lease_id not in d.pool.held and not d.pool.fencing, timeout=15)
+        late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                env={**os.environ, "GPUSD_LEASE": lease_id})
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                     env={**os.environ, "GPUSD_LEASE": "0123456789ab"})
+        try:
+            r = await acall("POST", base(d) + "/leases", {"count": 1, "holder": "bob", "ttl": 30})
+            assert r.status == 201, r.data
+            assert late.poll() == -9  # stopped before the grant answered
+            assert bystander.poll() is None  # a process of another lease is not touched
+        finally:
+            for p in (late, bystander):
+                if p.poll() is None:
+                    p.kill()
+                p.wait()

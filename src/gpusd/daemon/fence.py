@@ -111,6 +111,45 @@ def lease_processes(lease_id: str, roots: set[int] | None = None) -> dict[int, i
     return {pid: info[pid][1] for pid in found}
 
 
+def carriers(lease_ids: list[str]) -> dict[int, str]:
+    """The processes (never this one) whose environment names one of ``lease_ids``: pid -> that id."""
+    needles = [(f"GPUSD_LEASE={i}\0".encode(), i) for i in lease_ids]
+    me = os.getpid()
+    out: dict[int, str] = {}
+    for pid in _pids():
+        if pid in (me, 1):
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read(_ENV_MAX)
+        except OSError:
+            continue
+        for needle, lease_id in needles:
+            if env.startswith(needle) or b"\0" + needle in env:
+                out[pid] = lease_id
+                break
+    return out
+
+
+def stop_stale(lease_ids: list[str], timeout: float = 5.0) -> dict[int, str]:
+    """Stop (SIGKILL: their lease is over, the GPU may already be another's) every process that still
+    carries the id of a lease that has ended -- one started by hand after the lease's fence, with the
+    variables of a reservation that had expired -- and wait (bounded) until they are gone."""
+    found = carriers(lease_ids)
+    if not found:
+        return {}
+    starts = {pid: st[1] for pid in found if (st := _stat(pid)) is not None}
+    procs = track(starts)
+    for p in procs:
+        p.signal(signal.SIGKILL)
+    until = time.monotonic() + timeout
+    while any(p.alive() for p in procs) and time.monotonic() < until:
+        time.sleep(0.02)
+    for p in procs:
+        p.close()
+    return found
+
+
 class Tracked:
     """A process held by its pidfd (never a reused pid)."""
 

@@ -41,6 +41,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +72,12 @@ MAX_HOLDER = 64
 MAX_NOTE = 512
 CHECK_EVERY = 0.25  # seconds between expiry checks
 KEEPER_CHECK_EVERY = 20  # expiry checks (5 s) between looks at whether the keeper still runs
+# A process started under a remote lease after the lease ended (by hand, with the variables of a
+# reservation that had expired, after its fence) is stopped: looked for every STALE_EVERY expiry
+# checks (about a second) and before every grant, for STALE_WINDOW seconds after the lease ended.
+STALE_EVERY = 4
+STALE_WINDOW = 900.0
+STALE_KEPT = 1024  # ended lease ids remembered at most
 ADOPT_WAIT = 10.0  # seconds a renewal waits for the leases of a previous run to be taken back
 
 
@@ -145,6 +152,8 @@ class Pool:
         self.keep_on_stop = False  # a stopping daemon leaves its leases to the keeper/store (the process sets it)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.fencing: dict[str, Held] = {}  # leases ended without a release, held until their processes are gone
+        self.ended_ids: dict[str, float] = {}  # lease id -> when it ended (monotonic): see STALE_WINDOW
+        self.sweeping = False
         from .users import Directory
 
         self.users = Directory(getattr(daemon.config, "users_file", None))
@@ -175,6 +184,8 @@ class Pool:
     def _grant_held(self, held: Held, kwargs: dict[str, Any], booking: bool = False) -> Any:
         """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down
         (``booking``: a booking's hold, daemon/bookings.py)."""
+        if self.ended_ids:  # never grant while a process of an ended lease runs here
+            self.stop_stale()
         sel = self._grant(kwargs, held.holder, held.note, held.remote_from,
                           time.time() + (held.deadline - time.monotonic()), held.job, booking)
         held.lease_id, held.selection = sel.lease.lease_id, sel
@@ -321,6 +332,9 @@ class Pool:
         history = getattr(self.daemon, "recording", None)
         if history is not None:
             history.lease_ended(held.lease_id)  # its holder released it, or it expired: it ends now
+        self.ended_ids[held.lease_id] = time.monotonic()
+        while len(self.ended_ids) > STALE_KEPT:
+            del self.ended_ids[next(iter(self.ended_ids))]
         self._release_or_fence(held)
 
     # -- taking back a previous run's leases ----------------------------------------------------------
@@ -716,6 +730,37 @@ class Pool:
             self.checks += 1
             if self.checks % KEEPER_CHECK_EVERY == 0 and self.keeper is not None:
                 self.keeping.submit(self._check_keeper)
+            if self.checks % STALE_EVERY == 0 and self.ended_ids and not self.sweeping:
+                self.sweeping = True
+                threading.Thread(target=self._sweep, name="gpusd-stale-leases", daemon=True).start()
+
+    def _sweep(self) -> None:
+        try:
+            self.stop_stale()
+        finally:
+            self.sweeping = False
+
+    def stop_stale(self) -> None:
+        """Stop the processes that run under a remote lease of this host that has ended (fencing: its
+        GPUs may be granted again), each said in the log and on the event stream."""
+        from .fence import stop_stale
+
+        cutoff = time.monotonic() - STALE_WINDOW
+        for lease_id in [k for k, t in list(self.ended_ids.items()) if t < cutoff]:
+            self.ended_ids.pop(lease_id, None)
+        ids = list(self.ended_ids)
+        if not ids:
+            return
+        stopped = stop_stale(ids)
+        for pid, lease_id in stopped.items():
+            log.warning("process %d ran under remote lease %s, which had ended: stopped", pid, lease_id)
+        if stopped and self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self.daemon.publish, "lease_stale_stopped", {
+                    "reason": "a process ran under a remote lease that had ended",
+                    "pids": sorted(stopped)[:64], "leases": sorted(set(stopped.values()))[:64]})
+            except RuntimeError:
+                pass  # the daemon has stopped
 
     async def close(self) -> None:
         if self.task is not None:
