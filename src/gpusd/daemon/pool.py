@@ -332,10 +332,10 @@ class Pool:
         history = getattr(self.daemon, "recording", None)
         if history is not None:
             history.lease_ended(held.lease_id)  # its holder released it, or it expired: it ends now
+        self._release_or_fence(held)  # a fence (self.fencing) first: the look below leaves its processes to it
         self.ended_ids[held.lease_id] = time.monotonic()
         while len(self.ended_ids) > STALE_KEPT:
             del self.ended_ids[next(iter(self.ended_ids))]
-        self._release_or_fence(held)
 
     # -- taking back a previous run's leases ----------------------------------------------------------
     def _kept(self) -> dict[str, list[int]]:
@@ -748,7 +748,7 @@ class Pool:
         cutoff = time.monotonic() - STALE_WINDOW
         for lease_id in [k for k, t in list(self.ended_ids.items()) if t < cutoff]:
             self.ended_ids.pop(lease_id, None)
-        ids = list(self.ended_ids)
+        ids = [k for k in list(self.ended_ids) if k not in self.fencing]  # a fence gives its own grace
         if not ids:
             return
         stopped = stop_stale(ids)
