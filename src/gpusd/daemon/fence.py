@@ -70,13 +70,22 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def _names_lease(pid: int, needle: bytes) -> bool:
+def _environ(pid: int) -> bytes | None:
+    """``pid``'s environment as the kernel shows it (bounded); None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read(_ENV_MAX)
+            return f.read(_ENV_MAX)
     except OSError:
-        return False
+        return None
+
+
+def _has(env: bytes, needle: bytes) -> bool:
     return env.startswith(needle) or b"\0" + needle in env
+
+
+def _names_lease(pid: int, needle: bytes) -> bool:
+    env = _environ(pid)
+    return env is not None and _has(env, needle)
 
 
 def _pids() -> list[int]:
@@ -117,15 +126,11 @@ def carriers(lease_ids: list[str]) -> dict[int, str]:
     me = os.getpid()
     out: dict[int, str] = {}
     for pid in _pids():
-        if pid in (me, 1):
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read(_ENV_MAX)
-        except OSError:
+        env = _environ(pid) if pid not in (me, 1) else None
+        if env is None:
             continue
         for needle, lease_id in needles:
-            if env.startswith(needle) or b"\0" + needle in env:
+            if _has(env, needle):
                 out[pid] = lease_id
                 break
     return out
