@@ -708,16 +708,10 @@ class NvmlBackend(VendorBackend):
         newest = window.newest(now, _INSTANT)
         if newest is not None:
             return utilisation(window, now, since, newest)
-        nv = self._nv
-        try:
-            reading = float(_field(nv.nvmlDeviceGetUtilizationRates(dev.handle), "gpu"))
-        except nv.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            if code in _FATAL:
-                raise _GpuFailed(_text(exc)) from None
-            if code in _UNSUPPORTED:
-                dev.unsupported.add("utilization")
+        rates = self._query(dev, "utilization", self._nv.nvmlDeviceGetUtilizationRates)
+        if rates is None:
             return None, None
+        reading = float(_field(rates, "gpu"))
         if window.last_ts() is None:
             window.add(now, reading)
         return utilisation(window, now, since, reading)
