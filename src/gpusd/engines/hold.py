@@ -82,14 +82,23 @@ def members(root: int | None = None) -> list[int]:
     return sorted(out)
 
 
-def _reap() -> None:
+def reap_children(child: int | None = None) -> int | None:
+    """Collect every ended child (a subreaper's orphans included) without waiting; the wait status
+    of ``child`` when it is among them."""
+    found = None
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return found
         if pid == 0:
-            return
+            return found
+        if pid == child:
+            found = status
+
+
+def _reap() -> None:
+    reap_children()
 
 
 def stop_all(grace: float, reap: Callable[[], None] | None = None) -> int:

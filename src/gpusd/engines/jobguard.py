@@ -34,7 +34,7 @@ import time
 from typing import Sequence
 
 from ..errors import exec_failure
-from .hold import members, set_subreaper, stop_all
+from .hold import members, reap_children, set_subreaper, stop_all
 
 _ME = "gpusd.engines.jobguard"
 POLL = 0.1  # seconds between looks at the command, the channel and the signals
@@ -87,15 +87,9 @@ class Guard:
 
     def reap(self) -> None:
         """Collect every ended child (we are a subreaper: orphans come to us), keeping CMD's status."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == self.child:
-                self.status = _exit_code(status)
+        status = reap_children(self.child)
+        if status is not None:
+            self.status = _exit_code(status)
 
     def start(self) -> None:
         self.child = os.posix_spawnp(
