@@ -82,34 +82,18 @@ class Bookings:
         """The bookings a previous run wrote down; a damaged one is logged and removed."""
         if self.state_dir is None:
             return
-        dfd = poolstate._open_dir(self.state_dir, False, DIR_NAME)
-        if dfd is None:
-            return
-        import os
 
-        try:
-            for name in sorted(os.listdir(dfd))[:MAX_BOOKINGS]:
-                if not name.endswith(".json"):
-                    continue
-                d = poolstate._read(dfd, name)
-                try:
-                    if d is None or d.get("format") != FORMAT:
-                        raise ValueError("unreadable")
-                    b = Booking.from_dict(d)
-                    if f"{b.booking_id}.json" != name:
-                        raise ValueError("its name is not its id")
-                except ValueError as exc:
-                    log.warning("dropping the damaged booking record %s: %s", name[:80], exc)
-                    try:
-                        os.unlink(name, dir_fd=dfd)
-                    except OSError:
-                        pass
-                    continue
-                self.book[b.booking_id] = b
-        except OSError as exc:
-            log.warning("cannot read the bookings: %s", exc.strerror or exc)
-        finally:
-            os.close(dfd)
+        def check(name: str, d: dict[str, Any] | None) -> Booking:
+            if d is None or d.get("format") != FORMAT:
+                raise ValueError("unreadable")
+            b = Booking.from_dict(d)
+            if f"{b.booking_id}.json" != name:
+                raise ValueError("its name is not its id")
+            return b
+
+        for b in poolstate.load_records(self.state_dir, DIR_NAME, MAX_BOOKINGS, check, "the bookings",
+                                        "booking record %s"):
+            self.book[b.booking_id] = b
         if self.book:
             log.info("took back %d booking(s)", len(self.book))
 

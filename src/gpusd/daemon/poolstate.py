@@ -17,11 +17,12 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from ..sanitize import json_object
 
 log = logging.getLogger("gpusd.pool")
+T = TypeVar("T")
 
 DIR_NAME = "remote-leases"
 FORMAT = 1
@@ -193,13 +194,28 @@ def load(state_dir: Path) -> dict[str, dict[str, Any]]:
     """Every readable record, by lease id; a damaged one is logged and removed."""
     from ..ids import LeaseId
 
-    dfd = _open_dir(state_dir, False)
+    def check(name: str, d: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        lease_id = name[:-5]
+        if not LeaseId.is_valid(lease_id) or d is None:
+            raise ValueError("unreadable")
+        _check(d, lease_id)
+        return lease_id, d
+
+    return dict(load_records(state_dir, DIR_NAME, MAX_RECORDS, check, "the remote leases' records",
+                             "record %s of a remote lease"))
+
+
+def load_records(state_dir: Path, dir_name: str, most: int,
+                 check: Callable[[str, dict[str, Any] | None], T], what: str, one: str) -> list[T]:
+    """``check(name, record)`` of each of the first ``most`` records of ``dir_name`` in the state
+    directory (the record None when unreadable); one that ``check`` refuses (ValueError) is logged
+    (``one`` names it, with ``%s`` for its file name) and removed, as is a write cut short."""
+    dfd = _open_dir(state_dir, False, dir_name)
     if dfd is None:
-        return {}
-    out: dict[str, dict[str, Any]] = {}
+        return []
+    out: list[T] = []
     try:
-        names = sorted(os.listdir(dfd))[:MAX_RECORDS]
-        for name in names:
+        for name in sorted(os.listdir(dfd))[:most]:
             if name.startswith(".") and name.endswith(".tmp"):  # a write cut short
                 try:
                     os.unlink(name, dir_fd=dfd)
@@ -208,22 +224,16 @@ def load(state_dir: Path) -> dict[str, dict[str, Any]]:
                 continue
             if not name.endswith(".json"):
                 continue
-            lease_id = name[:-5]
-            d = _read(dfd, name)
             try:
-                if not LeaseId.is_valid(lease_id) or d is None:
-                    raise ValueError("unreadable")
-                _check(d, lease_id)
+                out.append(check(name, _read(dfd, name)))
             except ValueError as exc:
-                log.warning("dropping the damaged record %s of a remote lease: %s", name[:80], exc)
+                log.warning("dropping the damaged " + one + ": %s", name[:80], exc)
                 try:
                     os.unlink(name, dir_fd=dfd)
                 except OSError:
                     pass
-                continue
-            out[lease_id] = d
     except OSError as exc:
-        log.warning("cannot read the remote leases' records: %s", exc.strerror or exc)
+        log.warning("cannot read %s: %s", what, exc.strerror or exc)
     finally:
         os.close(dfd)
     return out
