@@ -86,7 +86,8 @@ from .lockdir import (
     try_lock,
     write_new,
 )
-from .priority import NORMAL, capped, load_policy, priority_name
+from .policy import load_priority_policy
+from .priority import NORMAL, capped, priority_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
@@ -303,7 +304,7 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
         return out
     if dfd is None:
         return out
-    policy = load_policy()
+    policy = load_priority_policy()
     locks: dict[str, list[tuple[int, bool]]] | None = None
     now, now_boot = time.time(), boottime()
     try:
