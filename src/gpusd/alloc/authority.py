@@ -247,7 +247,7 @@ class RemoteLease(LeaseHandle):
     def _ask(self, req: dict[str, Any], wait: bool, timeout: float | None) -> dict[str, Any]:
         import json
 
-        from .leases import mutex_timeout
+        from .lockdir import mutex_timeout
 
         if self.released:
             raise GpusdError("the lease has ended")
@@ -603,7 +603,7 @@ def _read(sock: socket.socket, reader: _Lines, wait: bool, timeout: float | None
     a daemon that ends a wait without answering (it stops, or died) is :class:`DaemonGone`."""
     import time
 
-    from .leases import mutex_timeout
+    from .lockdir import mutex_timeout
 
     limit = None if (wait and timeout is None) else (timeout or 0.0) + mutex_timeout() + REPLY_SLACK
     start = time.monotonic()
