@@ -588,13 +588,19 @@ async def _serve_checked(access: Access, handler: Handler, request: web.Request)
     return response if private else _public(access, response)
 
 
-def _conn_of(transport: Any) -> Any:
-    """The connection guard's record of ``transport`` (None: no guard watches it)."""
-    from .guard import connection_of
+def _unwatched(transport: Any) -> Any:
+    return None
 
+
+# The connection guard's record of a transport (None: no guard watches it): gpusd.daemon.guard's lookup
+# once a guard exists (it calls watched_by; this module is below it and imports nothing of it).
+_conn_of: Callable[[Any], Any] = _unwatched
+
+
+def watched_by(lookup: Callable[[Any], Any]) -> None:
+    """The connection guard's lookup of a connection's record, ``lookup(transport)`` (None: none)."""
     global _conn_of
-    _conn_of = connection_of  # the guard's lookup itself, from now on
-    return connection_of(transport)
+    _conn_of = lookup
 
 
 def _probation_refusal(conn: Any) -> web.StreamResponse:

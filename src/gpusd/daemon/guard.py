@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .access import peer_of, watched_by
+
 if TYPE_CHECKING:  # pragma: no cover
     import ssl
 
@@ -94,8 +96,6 @@ class _GuardedProtocol(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        from .access import peer_of
-
         peername = transport.get_extra_info("peername")
         if isinstance(peername, (list, tuple)) and peername:
             self.remote = str(peername[0])
@@ -193,6 +193,7 @@ class ConnectionGuard:
         self.evicted_unsigned = 0  # closed to make room: idle or busy, not signed
         self.header_timeouts = 0
         self._warned: dict[str, float] = {}
+        watched_by(connection_of)  # the access rules find each request's connection record here
 
     @property
     def count(self) -> int:
