@@ -40,9 +40,57 @@ from .types import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..wire.signing import Proof
-    from .client import AsyncClient
-    from .source import HostSource
+    from collections.abc import Awaitable
+    from typing import Protocol
+
+    import aiohttp
+
+    from ..model import GpuInfo
+    from ..wire.signing import FleetKey, Proof
+    from .types import Filters
+
+    class FollowingClient(Protocol):
+        """What a follower and a host source call on their client: :class:`gpusd.discovery.client.AsyncClient`
+        (that module is above this one and the sources; docs/api.md documents this side of it)."""
+
+        @property
+        def listening(self) -> bool: ...
+        @property
+        def liveness_timeout(self) -> float: ...
+        @property
+        def silence_timeout(self) -> float: ...
+        @property
+        def http(self) -> aiohttp.ClientSession | None: ...
+        @property
+        def key(self) -> FleetKey | None: ...
+        @property
+        def allow_loopback(self) -> bool | None: ...
+        @property
+        def filters(self) -> Filters: ...
+        @property
+        def unmatched_hosts(self) -> set[str]: ...
+        def report(self, peer: Follower, host: RemoteHost, gpus: list[GpuInfo],
+                   snap: HostSnapshot | None = None) -> None: ...
+        def report_removed(self, peer: Follower, reason: str) -> None: ...
+        def deferring(self) -> bool: ...
+        def defer(self, peer: Follower, text: str) -> None: ...
+        def undefer(self, peer: Follower) -> None: ...
+        def emit(self, event: DiscoveryEvent) -> None: ...
+        def follower(self, name: str) -> Follower | None: ...
+        def followers(self) -> list[Follower]: ...
+        # source: a gpusd.discovery.source.HostSource (that module is above this one)
+        def add(self, name: str, source: Any, *, service_type: str = SERVICE_TYPE, spec: Any = None,
+                from_file: bool = False, hold: float = 0.0, answer: bool = False,
+                capped: bool = True) -> Follower | None: ...
+        def drop(self, peer: Follower, reason: str) -> None: ...
+        def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]: ...
+
+    class FoundBy(Protocol):
+        """What a follower asks of the host source that found it (:class:`gpusd.discovery.source.HostSource`)."""
+
+        via: str
+
+        async def resolve(self, follower: Follower) -> RemoteHost | None: ...
 
 log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
 
@@ -83,8 +131,8 @@ def failed(reason: str) -> StreamEnd:
 class Follower:
     """One service instance a source found, and the task that follows it."""
 
-    client: AsyncClient
-    source: HostSource
+    client: FollowingClient
+    source: FoundBy
     name: str
     type: str = SERVICE_TYPE
     task: asyncio.Task[None] | None = None

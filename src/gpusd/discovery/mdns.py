@@ -23,8 +23,7 @@ from .types import RemoteHost
 if TYPE_CHECKING:  # pragma: no cover
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
 
-    from .client import AsyncClient
-    from .follower import Follower
+    from .follower import Follower, FollowingClient
 
 log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
 
@@ -50,7 +49,7 @@ class MdnsSource:
         self._browser: AsyncServiceBrowser | None = None
         self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
         self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
-        self._client: AsyncClient | None = None
+        self._client: FollowingClient | None = None
 
     @property
     def service_types(self) -> list[str]:
@@ -61,12 +60,12 @@ class MdnsSource:
         ifaces = resolve_interfaces(self.interface_specs)
         return bool(ifaces) and all(_is_loopback(a) for a in ifaces or ())
 
-    async def open(self, client: AsyncClient) -> None:
+    async def open(self, client: FollowingClient) -> None:
         if self.zc is None:
             self.zc = await open_zeroconf(resolve_interfaces(self.interface_specs))
             self._own_zc = True
 
-    def start(self, client: AsyncClient) -> None:
+    def start(self, client: FollowingClient) -> None:
         from zeroconf import DNSQuestionType
         from zeroconf.asyncio import AsyncServiceBrowser
 
