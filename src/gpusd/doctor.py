@@ -10,6 +10,7 @@ TTL of 0 (the kernel loops the datagram back to this host's sockets and never tr
 of its own, not mDNS's; the clock is compared with the snapshots the local daemon already receives.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import os

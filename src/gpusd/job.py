@@ -17,6 +17,7 @@ atomically) and the signal that announces a change (``GPUSD_NOTIFY_SIGNAL``, def
 :class:`Job` describes no job (``active`` is False) and never calls back.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

@@ -26,6 +26,7 @@ Config file (JSON)::
 (a bare list is accepted too).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

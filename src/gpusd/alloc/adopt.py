@@ -15,6 +15,7 @@ Refused: another user's process, a process on no GPU, a GPU leased to someone (e
 and what the fair-use policy's caps refuse (:mod:`.policy`).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

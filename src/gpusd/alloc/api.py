@@ -6,6 +6,7 @@
 ...     import torch                                         # sees exactly those two GPUs
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

@@ -55,6 +55,7 @@ the process answering is one of those (``SO_PEERCRED`` again); otherwise it fall
 directory.  ``GPUSD_LEASE_SOCKET=off`` disables the daemon path.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

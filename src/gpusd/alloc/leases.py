@@ -33,6 +33,7 @@ purpose: the lease then lasts as long as the job's processes do, even if ``gpusd
 killed with SIGKILL.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import math

@@ -36,6 +36,7 @@ changed), and the bounds of :mod:`gpusd.alloc.leases` (record size, number of fi
 The :class:`~gpusd.model.LeaseInfo` values returned are copies: callers may change them.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

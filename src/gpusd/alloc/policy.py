@@ -21,6 +21,7 @@ capped.  A user is counted by the name the lease records carry: the file owner o
 account a remote lease was attributed to (:mod:`gpusd.daemon.users`).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json

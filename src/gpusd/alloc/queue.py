@@ -50,6 +50,7 @@ next re-adopts those whose waiter still runs (:func:`readopt`, :class:`Place`), 
 again keeps its place.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import fcntl

@@ -22,6 +22,7 @@ Memory a lease asked for counts as used until the leaseholder's processes have a
 In a container that cannot see host pids the whole request stays counted (conservative).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

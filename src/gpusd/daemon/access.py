@@ -19,6 +19,7 @@ route through it and refuses to start with one that is not) and redacts JSON ans
 stream (server-sent events) pass every message through ``stream_filter(request)`` (:func:`stream_filter`).
 """
 
+# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
 from __future__ import annotations
 
 import datetime

@@ -1,5 +1,6 @@
 """Everything a daemon can be told, with the defaults documented in docs/daemon.md."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field

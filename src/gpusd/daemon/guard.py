@@ -40,6 +40,7 @@ it serves only an app whose every route is behind the access rules
 (:func:`gpusd.daemon.routes.check_routes`, run once the router is frozen).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio

@@ -23,6 +23,7 @@ nothing (for :data:`IDLE_EXIT` seconds: the next lease often follows).  Imports 
 library.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import array

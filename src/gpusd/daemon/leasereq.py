@@ -6,6 +6,7 @@ not a well-formed request is a :class:`~gpusd.errors.ConfigError` (answered ``us
 traceback.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import math

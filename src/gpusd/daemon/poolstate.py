@@ -8,6 +8,7 @@ restarted process reads the same), rewritten at every renewal.  A damaged record
 it is logged and removed.  Standard library only (the keeper reads expiries too).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

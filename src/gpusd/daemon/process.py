@@ -14,6 +14,7 @@ Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.st
     The node id (:func:`gpusd.identity.node_id`).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import errno

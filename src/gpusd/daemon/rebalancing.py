@@ -6,6 +6,7 @@ Events on ``/api/v1/events`` (and in the log): ``job`` with ``{"action": "move"|
 The daemon acts as the job's owner may: it runs as root, or as the owner (the job refuses anyone else).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio

@@ -17,6 +17,7 @@ requeues the job — a GPU is never given by both.  ``begin`` for a job already 
 (a prolog run twice); ``end`` for a job not held answers ``released: []``.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

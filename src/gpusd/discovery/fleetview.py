@@ -24,6 +24,7 @@ answer); every request is :func:`gpusd.wire.http.fetch_json` (signed with the fl
 one, bounded, checked).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import ipaddress

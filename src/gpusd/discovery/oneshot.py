@@ -32,6 +32,7 @@ keep browsing on port 5353 (they need announcements and goodbyes): a host that a
 appears there.
 """
 
+# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
 from __future__ import annotations
 
 import logging

@@ -9,6 +9,7 @@ client that restarts its asyncio client hands it the same value.  ``tests/discov
 checks that both clients accept exactly these fields.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields

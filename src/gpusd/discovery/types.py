@@ -1,5 +1,6 @@
 """What discovery hands to applications: hosts, devices (one GPU of one host) and events."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import fnmatch

@@ -6,6 +6,7 @@ The zone is browsed now and again (:func:`gpusd.discovery.beyond.browse_dns_sd`:
 answer drops nothing.  An instance whose node, port or addresses change is followed anew.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import logging

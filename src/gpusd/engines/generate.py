@@ -18,6 +18,7 @@ Host names in files are :attr:`HostSlot.ssh_host` (what the engine will ssh to);
 hosts dial (rendezvous, Ray head, DeepSpeed master) are :attr:`HostSlot.address`.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import shlex

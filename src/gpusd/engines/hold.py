@@ -27,6 +27,7 @@ Exit status of the guard: CMD's when it fails (its processes are stopped too); 3
 held here (nothing is started); 2 on bad arguments.  Linux only (``/proc``).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import argparse

@@ -23,6 +23,7 @@ Exit status: CMD's; 127 when it is not found, 126 when it cannot be executed; 2 
 Linux only (``/proc``).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import argparse

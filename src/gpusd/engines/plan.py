@@ -13,6 +13,7 @@ The CLI parses the flags and prints; everything decided from a placement and its
 * :func:`run_holding` — run a launch while its reservation is renewed, stopping every host if it is lost.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio

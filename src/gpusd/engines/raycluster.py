@@ -8,6 +8,7 @@
   ``ray stop --force`` (every Ray process of the user there).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio

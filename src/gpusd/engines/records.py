@@ -13,6 +13,7 @@ Files are written new (:func:`write_new`: never through a symbolic link) and rea
 that cannot be read is skipped, never fatal.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

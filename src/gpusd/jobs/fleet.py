@@ -17,6 +17,7 @@ Records are written by :class:`gpusd.jobs.record.RecordWriter`, as every job's. 
 effort: a fleet run whose record cannot be written (no usable lock directory) still runs, and says so.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

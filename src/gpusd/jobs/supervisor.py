@@ -24,6 +24,7 @@ rewritten through the handle, under the store's selection mutex, never here).  A
 acts on it.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json

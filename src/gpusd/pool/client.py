@@ -1,5 +1,6 @@
 """Fleet selection and reservations: the client side of the pool (docs/pool.md)."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import fnmatch

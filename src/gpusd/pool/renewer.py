@@ -24,6 +24,7 @@ releasing (the leases end with their TTL: ``gpusd ray down`` when a host could n
 guard then stops Ray there before its lease ends).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

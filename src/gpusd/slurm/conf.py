@@ -6,6 +6,7 @@ file is checked against what Slurm's parser reads as one word: a host whose name
 Slurm node name is left out (with a comment saying so), a GPU model name is reduced to ``[a-z0-9_]``.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import re

@@ -2,6 +2,7 @@
 docs/slurm.md): the slurmd command line from the host's snapshot, the controller's address, and
 draining or removing the node when the host goes or a GPU is lost (``scontrol``)."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import ipaddress

@@ -24,6 +24,7 @@ Event data lists the lease under ``leases`` so that the daemon's access rules nu
 ``command`` for readers without the fleet secret.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from collections.abc import Callable

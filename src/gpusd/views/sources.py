@@ -6,6 +6,7 @@
 * :class:`DiscoverySource` — the LAN, browsed with the discovery client.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol

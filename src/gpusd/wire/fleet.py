@@ -9,6 +9,7 @@ fail, so one bad host never hides the good ones.  A host whose snapshot is malfo
 a snapshot.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields

@@ -6,6 +6,7 @@ self-signed certificate; what makes such an answer trustworthy is the daemon's s
 names that certificate's fingerprint (docs/security.md), or ``pin`` (an announced fingerprint).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
