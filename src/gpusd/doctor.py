@@ -13,6 +13,7 @@ of its own, not mDNS's; the clock is compared with the snapshots the local daemo
 # Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import time
@@ -285,7 +286,6 @@ def systemd_unit() -> Check:
 
 
 def _package_version(module: str) -> str | None:
-    import importlib.util
     from importlib.metadata import PackageNotFoundError, version
 
     if importlib.util.find_spec(module) is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from typing import Any, Callable, NoReturn
@@ -133,7 +134,6 @@ def gpu_count(path: str | None = None) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m gpusd.job --count | --horovod-discovery [--host NAME]`` (docs/jobs.md)."""
     import argparse
-    import re
     import socket
 
     p = argparse.ArgumentParser(prog="python -m gpusd.job",

@@ -26,7 +26,6 @@ Config file (JSON)::
 (a bare list is accepted too).
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -40,7 +39,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .model import GpuInfo, HostSnapshot
-from .units import parse_bytes
+from .units import DURATION_UNITS, format_bytes, parse_bytes
 
 EXCEEDED = "exceeded"
 CLEARED = "cleared"
@@ -141,8 +140,6 @@ def format_value(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "B":
-        from .units import format_bytes
-
         return format_bytes(int(value))
     if unit == "%":
         return f"{value:.3g}%" if value < 100 else f"{value:.0f}%"
@@ -152,8 +149,6 @@ def format_value(value: float | None, unit: str) -> str:
 
 
 def _duration(num: str, unit: str, rule: str) -> float:
-    from .units import DURATION_UNITS
-
     factor = DURATION_UNITS.get(unit.lower())
     if factor is None:
         raise ConfigError(f"bad threshold rule {rule!r}: unknown duration unit {unit!r} (use s, m, h or ms)")

@@ -19,7 +19,7 @@ route through it and refuses to start with one that is not) and redacts JSON ans
 stream (server-sent events) pass every message through ``stream_filter(request)`` (:func:`stream_filter`).
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages (imported by the functions that use them).
 from __future__ import annotations
 
 import datetime
@@ -32,6 +32,7 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..model import private_keys, redact
 from ..wire.signing import FleetKey, Headers, NonceCache, Request, Response, signature_base
@@ -322,7 +323,6 @@ class Access:
         the peer ``remote``)."""
         if origin is None:
             return True
-        from urllib.parse import urlsplit
 
         try:
             parts = urlsplit(origin)

@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, write_summary
-from ..errors import ConfigError, http_answer
+from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, set_own_dir, write_summary
+from ..errors import ConfigError, GpusdError, http_answer
 from ..ids import LeaseId
 from ..model import BookingInfo
+from ..sanitize import dumps, for_terminal, json_object
 from . import poolstate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -234,7 +236,6 @@ class Bookings:
 
     async def _hold(self, b: Booking) -> None:
         """Hold ``b``'s GPUs for its booker until its end: a remote lease of the pool in its name."""
-        from ..errors import GpusdError
         from .pool import Held
 
         pool = self.pool
@@ -312,8 +313,6 @@ def _fields(b: Booking) -> dict[str, Any]:
 
 def _terms(body: dict[str, Any]) -> tuple[int, float, float, str | None, set[str] | None]:
     """count, start, duration, note, include of a booking request; ConfigError when bad."""
-    import math
-
     count, start, duration = body.get("count", 1), body.get("start"), body.get("duration")
     if type(count) is not int or not 0 < count <= MAX_DEVICES:
         raise ConfigError(f"bad 'count' in the booking: a whole number of GPUs from 1 to {MAX_DEVICES}")
@@ -329,7 +328,6 @@ def _terms(body: dict[str, Any]) -> tuple[int, float, float, str | None, set[str
     if include is not None and (not isinstance(include, list) or len(include) > MAX_DEVICES
                                 or not all(isinstance(x, str) and len(x) <= 128 for x in include)):
         raise ConfigError("bad 'include' in the booking: a list of GPU indices or UUIDs")
-    from ..sanitize import for_terminal
 
     return (count, float(start), float(duration), for_terminal(note, MAX_NOTE) if note else None,
             set(include) if include is not None else None)
@@ -341,8 +339,6 @@ def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
     bookings = Bookings(daemon, pool)
 
     async def lifecycle(app: web.Application) -> Any:
-        from ..alloc.bookings import set_own_dir
-
         set_own_dir(bookings.state_dir)
         bookings.load()
         bookings.publish()
@@ -359,7 +355,6 @@ def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
 def routes(bookings: Bookings) -> list[RouteDef]:
     from aiohttp import web
 
-    from ..sanitize import dumps
     from .access import can_see_private
     from .routes import RouteDef
 
@@ -375,8 +370,6 @@ def routes(bookings: Bookings) -> list[RouteDef]:
         return await signer_of(request, bookings.pool, daemon)
 
     async def body_of(request: web.Request) -> dict[str, Any]:
-        from ..sanitize import json_object
-
         raw = await request.read()
         if len(raw) > 16384:
             raise ConfigError("a booking request is at most 16384 bytes")

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..sanitize import dumps
 from ..wire.sse import format_event
 from .events import EventHub
 
@@ -318,7 +319,6 @@ def _redacted(body: bytes, snap: HostSnapshot) -> bytes:
     """A snapshot's bytes (``body``, as :func:`~gpusd.wire.fleet.snapshot_bytes` wrote ``snap``) with its
     private fields (process owners, commands) nulled: ``body`` itself where it carries none."""
     from ..model import redact
-    from ..sanitize import dumps
     from .access import needs_redaction
 
     if not needs_redaction(body):

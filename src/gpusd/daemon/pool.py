@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, OverCap, http_answer, to_wire
 from ..ids import JobId
-from ..sanitize import json_object
+from ..sanitize import dumps, json_object
 from . import fdstore, poolstate
 from .config import MAX_TTL, MIN_TTL
 
@@ -849,7 +849,6 @@ async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
     def answer(status: int, data: object) -> web.Response:
         from aiohttp import web
 
-        from ..sanitize import dumps
 
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                             content_type="application/json", headers={"Cache-Control": "no-store"})
@@ -905,7 +904,6 @@ def routes(pool: Pool) -> list[RouteDef]:
     reads the daemon through, nothing else of the daemon."""
     from aiohttp import web
 
-    from ..sanitize import dumps
     from .access import can_see_private
     from .routes import RouteDef
 

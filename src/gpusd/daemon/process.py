@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..alloc.lockdir import same_file
+from ..alloc.lockdir import replace_file, same_file
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
-from ..sanitize import json_object
+from ..sanitize import for_terminal, json_object
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -139,8 +139,6 @@ def status(state_dir: Path) -> DaemonStatus:
 
 
 def write_info(state_dir: Path, info: dict[str, Any]) -> None:
-    from ..alloc.lockdir import replace_file
-
     path = state_dir / INFO_FILE
     replace_file(path, path.with_name(f".{INFO_FILE}.{os.getpid()}.tmp"), (json.dumps(info, indent=1) + "\n").encode())
 
@@ -235,8 +233,6 @@ def serving_line(info: dict[str, Any]) -> str:
     """What a daemon serves, as its start line says it: every URL (HTTP and HTTPS, with the pinned
     certificate) and whether it is the lease authority, and why not (then every client leases in the
     shared lock directory: an administrator should know)."""
-    from ..sanitize import for_terminal
-
     urls = [u for u in [*(info.get("urls") or []), *(info.get("tls_urls") or [])] if isinstance(u, str)]
     out = "serving " + (" ".join(urls) or "?")
     if info.get("cert_fp"):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ..errors import GpusdError
 from ..jobs.rebalance import Decision, Policy, Rebalancer
+from ..jobs.record import list_jobs
 from ..model import HostSnapshot
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ class Rebalancing:
 
     def round(self, snap: HostSnapshot) -> list[dict[str, Any]]:
         from ..jobs.control import request
-        from ..jobs.record import list_jobs
 
         jobs = list_jobs()
         out: list[dict[str, Any]] = []

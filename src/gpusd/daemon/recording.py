@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..model import HostSnapshot
-from ..usage.db import Retention
+from ..model import HostSnapshot, redact
+from ..usage import query
+from ..usage.db import Retention, connect
 from ..usage.idle import IdlePolicy, IdleWatch, Releaser
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,14 +149,12 @@ class Recording:
                 and time.monotonic() - self._shares_written >= SHARES_EVERY):
             self._shares_written = time.monotonic()
             self._shares_busy = True
-            import threading
 
             threading.Thread(target=self._write_shares, args=(pol.fair_share_days,), name="gpusd-shares",
                              daemon=True).start()
 
     def _write_shares(self, days: float) -> None:
         from ..alloc.policy import shares_from_usage, write_shares
-        from ..usage import query
 
         try:
             now = time.time()
@@ -173,8 +174,6 @@ class Recording:
 
     # -- reading (in a worker thread, on a read-only connection of its own) ---------------------
     def _read(self, fn: Callable[[Any], Any]) -> Any:
-        from ..usage.db import connect
-
         conn = connect(self.path, readonly=True)
         try:
             return fn(conn)
@@ -212,8 +211,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
     busy = asyncio.Semaphore(2)
 
     async def read(fn: Callable[[Any], Any]) -> Any:
-        import sqlite3
-
         async with busy:
             try:
                 return await asyncio.get_running_loop().run_in_executor(None, rec._read, fn)
@@ -285,8 +282,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
         return _json(out)
 
     async def idle(request: web.Request) -> web.Response:
-        from ..model import redact
-
         data = {"idle_after": rec.policy.idle_after, "release": rec.policy.release, "grace": rec.policy.grace,
                 "idle": rec.watch.idle()}
         # A cross-origin reader (a page of another origin, which the browser marks with Origin) gets

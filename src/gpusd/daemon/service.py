@@ -30,6 +30,7 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendUnavailable, GpusdError
@@ -449,6 +450,4 @@ def connection_cap(configured: int) -> int:
 
 def _node_id(config: DaemonConfig) -> str:
     """The node id kept in the daemon's state directory (see :func:`gpusd.identity.node_id`)."""
-    from pathlib import Path
-
     return local_node_id(Path(config.state_dir) if config.state_dir is not None else None)

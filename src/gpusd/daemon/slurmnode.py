@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 from ..errors import ConfigError
@@ -208,8 +209,6 @@ class NoGpus:
         self.node_id = node_id
 
     def snapshot(self, util_since: Any = None, detail: bool = True) -> Any:
-        import time
-
         from ..model import HostSnapshot
 
         return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=[],

@@ -32,6 +32,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import pwd
+import re
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -247,8 +249,6 @@ def parse_line(line: str) -> Entry | None:
 def match_pattern(text: str, pattern: str) -> bool:
     """OpenSSH's match_pattern (match.c): ``*`` any run of characters, ``?`` one; every other
     character, ``[`` included, stands for itself."""
-    import re
-
     rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
     return re.fullmatch(rx, text, re.DOTALL) is not None
 
@@ -417,7 +417,6 @@ class Directory:
     def _passwd(self) -> Iterable[Any]:
         if self._accounts is not None:
             return self._accounts()
-        import pwd
 
         return pwd.getpwall()
 

@@ -14,20 +14,22 @@ reason): ``Ending.BYE``, ``Ending.LOST`` (streamed, then lost), ``Ending.FOLLOWE
 reported, found another way), or ``Ending.FAILED`` with the reason.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages (imported by the functions that use them).
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import enum
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..model import HostSnapshot, redact
+from ..sanitize import json_object
 from ..wire.mdns import rank_addresses
-from ..wire.signing import fingerprint_bytes
+from ..wire.signing import Headers, Request, Response, fingerprint_bytes
 from ..wire.sse import SSEError, SSEParser
 from ..wire.txt import API_PREFIX, SERVICE_TYPE, announced_host
 from .types import (
@@ -404,8 +406,6 @@ class Follower:
                 cert_fp: str | None = None) -> Proof | None:
         """The fleet's proof the answer carries for our request to ``host`` (its node id; over TLS,
         naming the pinned certificate ``cert_fp``), or None."""
-        from ..wire.signing import Headers, Request, Response
-
         key = self.client.key
         assert key is not None
         answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
@@ -448,8 +448,6 @@ class Follower:
 
     # -- the stream's other events --------------------------------------------------------------
     def _threshold(self, host: RemoteHost, data: str) -> None:
-        from ..sanitize import json_object
-
         try:
             d = json_object(data)
         except ValueError:
@@ -466,8 +464,6 @@ class Follower:
 
     def _job(self, host: RemoteHost, data: str) -> None:
         """A rebalancing decision (docs/jobs.md): only its known fields, typed and bounded."""
-        from ..sanitize import json_object
-
         try:
             d = json_object(data[:8192])
         except ValueError:
@@ -488,8 +484,6 @@ class Follower:
 def local_only(address: str) -> bool:
     """An address that points back at this machine or means nothing on the LAN: never followed when
     announced by someone else (a record pointing at 127.0.0.1:4780 would send the client to itself)."""
-    import ipaddress
-
     try:
         a = ipaddress.ip_address(address)
     except ValueError:

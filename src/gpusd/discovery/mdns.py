@@ -7,11 +7,12 @@ followed only after :data:`REAPPEAR_HOLD`.  An update of a followed service's TX
 cache; a new node, session or host name there starts the host over.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages (imported by the functions that use them).
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -186,8 +187,6 @@ class MdnsSource:
 
 
 def _is_loopback(address: str) -> bool:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:

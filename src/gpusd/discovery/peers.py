@@ -6,13 +6,14 @@ signed event stream, as for mDNS.  The peers file is re-read when it changes (ch
 ``beyond.PEERS_FILE_CHECK`` s); a file that turns bad keeps the peers it listed before.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages (imported by the functions that use them).
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import TYPE_CHECKING, Sequence
 
+from ..errors import ConfigError
 from . import beyond
 from .types import RemoteHost
 
@@ -52,8 +53,6 @@ class StaticPeers:
     async def _watch_peers_file(self, client: FollowingClient, path: str) -> None:
         """Follow the peers in ``path``; re-read it when it changes (checked every few seconds).  A
         file that turns bad keeps the peers it had (the error is logged)."""
-        from ..errors import ConfigError
-
         stamp: object = ()
         while client.listening:
             now = beyond.file_stamp(path)

@@ -1,12 +1,12 @@
 """What discovery hands to applications: hosts, devices (one GPU of one host) and events."""
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import fnmatch
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..model import GpuInfo, HostSnapshot, display_name, name_matches
 from ..sanitize import for_terminal, printable
@@ -211,7 +211,6 @@ class RemoteHost(HostRecord):
         for a host that did not prove itself."""
         if self.identity is None:
             return []
-        from urllib.parse import urlsplit
 
         reached = urlsplit(self.url).hostname if self.url else None
         signed = list(self.identity.addresses)

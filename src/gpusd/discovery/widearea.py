@@ -6,9 +6,9 @@ The zone is browsed now and again (:func:`gpusd.discovery.beyond.browse_dns_sd`:
 answer drops nothing.  An instance whose node, port or addresses change is followed anew.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -41,8 +41,6 @@ class WideAreaDnsSd:
         pass
 
     async def _browse(self, client: FollowingClient) -> None:
-        import asyncio
-
         logged: set[str] = set()
         while client.listening:
             try:

@@ -39,7 +39,7 @@ import time
 from typing import Callable, Sequence
 
 from ..alloc.leases import LeaseStore
-from ..errors import exec_failure
+from ..errors import GpusdError, exec_failure
 
 NO_LEASE = 3
 POLL = 0.2  # seconds between looks at the lease
@@ -295,7 +295,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no command given: -- CMD ARGS")
     if not (0 < args.margin <= 3600 and 0 <= args.grace < args.margin):
         p.error("--margin must be 0-3600 seconds and --grace below it")
-    from ..errors import GpusdError
 
     try:
         return hold(args.lease, cmd, args.margin, args.grace)

@@ -23,12 +23,13 @@ Exit status: CMD's; 127 when it is not found, 126 when it cannot be executed; 2 
 Linux only (``/proc``).
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -122,9 +123,6 @@ class Guard:
 
 def _remove_files(path: str) -> None:
     """Remove the private directory gpusd made for the engine's files: only a real directory of ours."""
-    import shutil
-    import stat
-
     try:
         st = os.lstat(path)
     except OSError:

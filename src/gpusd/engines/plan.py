@@ -13,7 +13,6 @@ The CLI parses the flags and prints; everything decided from a placement and its
 * :func:`run_holding` — run a launch while its reservation is renewed, stopping every host if it is lost.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +20,7 @@ import os
 import shlex
 import sys
 import threading
+from dataclasses import replace
 from typing import Sequence
 
 from . import generate as g
@@ -86,8 +86,6 @@ def with_leases(cmds: Sequence[HostCommand], leases: Sequence[str] | None) -> li
     (``leases``: in placement order; None: no reservation): the daemon knows the job's processes by it
     (they and their descendants), and when the lease ends without a release (the launcher killed, cut
     off) it stops them before granting the GPUs again."""
-    from dataclasses import replace
-
     if leases is None:
         return list(cmds)
     return [replace(c, env={**c.env, "GPUSD_LEASE": leases[c.rank]}) for c in cmds]

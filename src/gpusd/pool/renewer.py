@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..ids import LeaseId
+from .client import HostLease, Reservation
 
 RECORD_DIR = "reservations"  # under gpusd's state directory (gpusd.identity.state_dir)
 MAX_RECORD = 1 << 20
@@ -136,7 +137,6 @@ if TYPE_CHECKING:
 
 def main() -> int:
     from ..wire.signing import FleetKey
-    from .client import HostLease, Reservation
 
     try:
         d = json.loads(sys.stdin.read(1 << 20))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..model import GpuInfo, HostSnapshot, display_name
-from ..topology import link_between, parse_cpulist
+from ..topology import format_cpulist, link_between, parse_cpulist
 
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # what slurm.conf takes as one node name
 _ADDR = re.compile(r"^[0-9A-Fa-f.:]{2,45}$")
@@ -109,7 +109,6 @@ def _cores(snap: HostSnapshot, gpu: GpuInfo) -> str | None:
                    else {c for c in cpus if not total or c < total})
     if not cores:
         return None
-    from ..topology import format_cpulist
 
     return format_cpulist(cores)
 

@@ -24,13 +24,13 @@ Event data lists the lease under ``leases`` so that the daemon's access rules nu
 ``command`` for readers without the fleet secret.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import ConfigError
 from ..model import HostSnapshot, LeaseInfo
 from .db import IDLE_UTIL
 
@@ -42,8 +42,6 @@ class IdlePolicy:
     grace: float = 900.0  # seconds between the notice and the release
 
     def validate(self) -> None:
-        from ..errors import ConfigError
-
         if not 1 <= self.idle_after <= 30 * 86400:
             raise ConfigError("--idle-after must be between 1 second and 30 days")
         if not 0 <= self.grace <= 30 * 86400:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import SourceError
+from ..wire.fleet import FleetView
 from ..wire.http import fetch_json
 from .top import HostView
 
@@ -56,8 +57,6 @@ def hosts_from_fleet(data: Any, trusted: bool | None = None) -> list[HostView]:
     """HostViews from a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`); malformed
     hosts are skipped.  ``trusted``: whether the daemon that answered proved it holds the fleet secret
     (False: no host is verified)."""
-    from ..wire.fleet import FleetView
-
     try:
         view = FleetView.from_dict(data)
     except ValueError as exc:

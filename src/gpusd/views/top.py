@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ..model import GpuInfo, display_name, shown_name
@@ -210,8 +211,6 @@ def _matches(h: HostView, g: GpuInfo, terms: Sequence[str]) -> bool:
     hay = " ".join(fields)
     for t in terms:
         if any(c in t for c in "*?["):
-            from fnmatch import fnmatchcase
-
             if not any(fnmatchcase(f, t) for f in fields):
                 return False
         elif t not in hay:

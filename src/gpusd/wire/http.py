@@ -13,6 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
+from ..errors import ConfigError
 from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
 from ..sanitize import printable
 
@@ -80,7 +81,6 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     signer = user
     if key is not None and signer is None and method.upper() not in ("GET", "HEAD"):
         # a write: the user signs it too (security.md)
-        from ..errors import ConfigError
         from .sshsig import SshSigError, default_signer
 
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import pwd
 import socket
 import struct
 from dataclasses import dataclass
@@ -430,7 +431,6 @@ def account_of(signer: object, environ: dict[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     if env.get(ACCOUNT_ENV):
         return env[ACCOUNT_ENV]
-    import pwd
 
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
