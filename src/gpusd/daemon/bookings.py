@@ -24,7 +24,7 @@ clock step (docs/pool.md, "Clocks").  The hold is a lease like any other: where 
 late, and never shares it.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages (imported by the functions that use them).
 from __future__ import annotations
 
 import asyncio
@@ -35,11 +35,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, set_own_dir, write_summary
+from ..alloc.policy import load
 from ..errors import ConfigError, GpusdError, http_answer
 from ..ids import LeaseId
 from ..model import BookingInfo
 from ..sanitize import dumps, for_terminal, json_object
+from ..units import format_clock
 from . import poolstate
+from .access import can_see_private
+from .pool import Held, signer_of
+from .routes import RouteDef, add_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -59,8 +64,6 @@ DEFAULTS = {"horizon_days": 30.0, "max_hours": 7 * 24.0, "max_per_user": 8.0}  #
 
 def bounds() -> dict[str, float]:
     """The policy's ``bookings`` bounds (alloc/policy.py), the defaults where it has none."""
-    from ..alloc.policy import load
-
     return {**DEFAULTS, **load().bookings}
 
 
@@ -154,8 +157,6 @@ class Bookings:
             clash = [x for x in self.book.values() if uuid in x.devices and x.start < end and start < x.end]
             (clashes if clash else free).append((uuid, index, clash))
         if len(free) < count:
-            from ..units import format_clock
-
             named = {x.booking_id: x for _, _, clash in clashes for x in clash}
             said = "; ".join(f"booking {x.booking_id} of {x.user} ({format_clock(x.start)} to {format_clock(x.end)}, "
                              f"GPU {','.join(map(str, x.indices))})" for x in list(named.values())[:4])
@@ -236,8 +237,6 @@ class Bookings:
 
     async def _hold(self, b: Booking) -> None:
         """Hold ``b``'s GPUs for its booker until its end: a remote lease of the pool in its name."""
-        from .pool import Held
-
         pool = self.pool
         try:
             if pool is None or b.booking_id not in self.book:
@@ -334,8 +333,6 @@ def _terms(body: dict[str, Any]) -> tuple[int, float, float, str | None, set[str
 
 
 def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
-    from .routes import add_routes
-
     bookings = Bookings(daemon, pool)
 
     async def lifecycle(app: web.Application) -> Any:
@@ -355,9 +352,6 @@ def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
 def routes(bookings: Bookings) -> list[RouteDef]:
     from aiohttp import web
 
-    from .access import can_see_private
-    from .routes import RouteDef
-
     daemon = bookings.daemon
 
     def answer(status: int, data: object) -> web.Response:
@@ -365,8 +359,6 @@ def routes(bookings: Bookings) -> list[RouteDef]:
                             content_type="application/json", headers={"Cache-Control": "no-store"})
 
     async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
-        from .pool import signer_of
-
         return await signer_of(request, bookings.pool, daemon)
 
     async def body_of(request: web.Request) -> dict[str, Any]:

@@ -40,7 +40,6 @@ it serves only an app whose every route is behind the access rules
 (:func:`gpusd.daemon.routes.check_routes`, run once the router is frozen).
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio
@@ -52,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .access import peer_of, watched_by
+from .routes import check_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     import ssl
@@ -402,7 +402,6 @@ class GuardedSite(web.BaseSite):
 
     async def start(self) -> None:
         # the router is frozen by now: no route can be added behind the access rules' back
-        from .routes import check_routes
 
         app = getattr(self._runner, "app", None)
         if app is None:

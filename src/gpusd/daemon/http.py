@@ -24,6 +24,7 @@ from ..sanitize import dumps
 from ..wire.sse import format_event
 from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level, is_signed, peer_of, stream_filter
 from .events import EventHub, HubFull
+from .routes import RouteDef, add_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot
@@ -96,8 +97,6 @@ class Answers:
 
 
 def build_app(daemon: DaemonView) -> web.Application:
-    from .routes import add_routes
-
     app = web.Application(client_max_size=64 * 1024)
     add_routes(app, routes(daemon))
     return app
@@ -107,8 +106,6 @@ def routes(daemon: DaemonView, answers: Answers | None = None) -> list[RouteDef]
     """The core API's route table (docs/wire-format.md); each handler is given the daemon (through
     the :class:`Daemon` protocol, its one dependency) and, for the answers built once per sample,
     their :class:`Answers`."""
-    from .routes import RouteDef
-
     answers = answers if answers is not None else Answers()
     return [RouteDef("GET", "/healthz", partial(healthz, daemon)),
             RouteDef("GET", f"{API}/host", partial(host, daemon, answers)),

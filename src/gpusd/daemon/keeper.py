@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from .poolstate import read_expiry
+
 SOCKET_NAME = "keeper.sock"
 TIMEOUT = 2.0  # seconds: the bound on every exchange with the keeper, either side
 GRACE = 2.0  # seconds past a record's expiry before the keeper lets go (the daemon ends it first)
@@ -83,8 +85,6 @@ class Keeper:
         """The daemon's record of ``name`` is gone or damaged (released), or it expired more than GRACE
         ago and no process runs under the lease any more: with no daemon to stop a cut-off holder's
         processes (fencing, :mod:`gpusd.daemon.fence`), its GPUs stay held while one of them runs."""
-        from .poolstate import read_expiry
-
         if not name.startswith("lease-"):
             return True
         expires = read_expiry(self.state_dir, name[6:])

@@ -6,7 +6,6 @@ not a well-formed request is a :class:`~gpusd.errors.ConfigError` (answered ``us
 traceback.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import math
@@ -14,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError, IdError
 from ..ids import JobId
+from ..inventory.vendors import INHERITED_OTHERS
 from ..sanitize import json_object
 
 PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
@@ -107,8 +107,6 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     env = {"CUDA_VISIBLE_DEVICES": visible[:1024]} if visible is not None else None
     others = d.get("visible_vars")  # added in 0.4: the client's inherited AMD/Intel device lists
     if others is not None:
-        from ..inventory.vendors import INHERITED_OTHERS
-
         if (not isinstance(others, dict) or not set(others) <= set(INHERITED_OTHERS)
                 or not all(isinstance(v, str) and len(v) <= 1024 for v in others.values())):
             raise ConfigError("bad 'visible_vars' in the lease request: an object of "

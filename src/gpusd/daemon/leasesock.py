@@ -69,11 +69,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..alloc import queue
+from ..alloc.authority import peer_credentials, socket_path
+from ..alloc.handle import Holder
+from ..alloc.leases import Lease, LeaseStore
+from ..alloc.lockdir import user_name
+from ..alloc.select import Constraints
 from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, to_wire
 from .backend import SharedBackend
 from .leaseconn import MAX_REQUEST, Conn, writable
 from .leasereq import constraints, job_of, parse, priority_of
 from .leasereq import version as protocol_version
+from .slurmjobs import SlurmJobs, answer
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +132,6 @@ class LeaseServer:
         self.simulate = simulate
         self.shared = backend
         self.slurm = slurm  # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
-        from .slurmjobs import SlurmJobs
 
         self.slurm_jobs = SlurmJobs()
         self.listener: socket.socket | None = None
@@ -165,7 +171,6 @@ class LeaseServer:
             raise
         self.listener = sock
         self.accepting = asyncio.ensure_future(self._accept(sock))
-        from ..alloc.leases import LeaseStore
 
         LeaseStore.serving(self.store)  # this process's other leases (remote ones, moves) are taken there too
         log.info("lease authority on %s (leases in %s)", self.path, self.store.dir)
@@ -203,7 +208,6 @@ class LeaseServer:
             task.add_done_callback(self.tasks.discard)
 
     def _prepare(self) -> None:
-        from ..alloc.leases import LeaseStore
         from ..inventory import open_backend
 
         if os.geteuid() == 0 and self.claimed is None:  # first: a refused second authority touches nothing
@@ -250,8 +254,6 @@ class LeaseServer:
             self.backend = own
 
     async def stop(self) -> None:
-        from ..alloc.leases import LeaseStore
-
         self.stopping = True  # waits that end now keep their tickets for the next daemon (keep_place)
         if self.store is not None and LeaseStore.for_daemon() is self.store:
             LeaseStore.serving(None)
@@ -320,8 +322,6 @@ class LeaseServer:
 
     # -- one client ---------------------------------------------------------------------------------
     async def _client(self, sock: socket.socket) -> None:
-        from ..alloc.authority import peer_credentials
-
         conn = Conn(sock)
         try:
             pid, uid, _ = peer_credentials(sock)
@@ -403,7 +403,6 @@ class LeaseServer:
                                      "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
             if self.bookings is not None:  # a booking of this user held now: its GPUs go to this request
-                from ..alloc.lockdir import user_name
 
                 for gone in self.bookings.hand_over(user_name(uid)):
                     await self.bookings.released(gone)
@@ -579,8 +578,6 @@ class LeaseServer:
 
     def slurm_answer(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
         """The answer to a ``{"op": "slurm"}`` request from ``uid`` (in a thread; never raises)."""
-        from .slurmjobs import answer
-
         def grant(kwargs: dict[str, Any], pid: int, job_uid: int) -> Any:
             job = str(req.get("slurm_job"))
             return self._grant(kwargs, pid, job_uid, None, threading.Event(), extra={"slurm_job": job})
@@ -597,10 +594,6 @@ class LeaseServer:
                priority: int | None = None, lease: bool = True, extra: dict[str, Any] | None = None,
                place: Any = None) -> Any:
         from ..alloc.api import LeaseRequest, allocate
-        from ..alloc.handle import Holder
-        from ..alloc.lockdir import user_name
-        from ..alloc.select import Constraints
-
         kwargs = dict(kwargs)
         wait, timeout, command, visible = (kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("command"),
                                            kwargs.pop("visible"))
@@ -646,11 +639,6 @@ class LeaseServer:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same
         mutex), then joined to the lease's record."""
         from ..alloc.api import LeaseRequest, allocate
-        from ..alloc.handle import Holder
-        from ..alloc.leases import Lease
-        from ..alloc.lockdir import user_name
-        from ..alloc.select import Constraints
-
         kwargs = dict(kwargs)
         wait, timeout, visible = kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("visible")
         kwargs.pop("command")
@@ -692,8 +680,6 @@ class LeaseServer:
 
     def _store(self) -> Any:
         """Where this authority takes leases: its own directory (never the world-openable files)."""
-        from ..alloc.leases import LeaseStore
-
         return self.store if self.store is not None else (LeaseStore.authority() if os.geteuid() == 0
                                                           else LeaseStore())
 
@@ -714,8 +700,6 @@ PLACE_CHECK = 0.5  # seconds between looks at the kept places (their waiters ali
 
 
 def _queue() -> Any:
-    from ..alloc import queue
-
     return queue
 
 
@@ -805,8 +789,6 @@ async def start_authority(simulate: str | None = None, slurm: bool = False, back
     daemon says so on its start line, in ``gpusd status`` and ``GET /api/v1/host``, because every
     client then leases in the shared lock directory, where the daemon's guarantees do not hold.
     ``claim``: the lock directory's authority lock (:class:`LeaseServer` owns it from here)."""
-    from ..alloc.authority import socket_path
-
     path = socket_path()
     if path is None:
         log.info("not the lease authority: $GPUSD_LEASE_SOCKET turns it off")

@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..model import HostSnapshot
+from ..sanitize import dumps
 from . import access as privacy
+from .gpuseconds import UsageCounters
+from .routes import RouteDef, add_routes, install_access
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -90,7 +93,6 @@ class Monitor:
         self._registry: Any = None
         self._public: Any = None  # the registry without per-user series
         self.user_metrics = user_metrics  # per-user usage series for readers who may see private data
-        from .gpuseconds import UsageCounters  # metrics.py: on the first scrape
 
         self.usage = UsageCounters(max_gap=max(30.0, 10 * interval))
         self._usage_ts: float | None = None
@@ -207,7 +209,6 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)),
                       user_metrics=bool(getattr(daemon, "user_metrics", False)))
     app[_app_key()] = monitor
-    from .routes import add_routes, install_access
 
     install_access(app, access)  # every route of the app applies these rules (daemon/routes.py)
     add_routes(app, routes(monitor))
@@ -234,7 +235,6 @@ def routes(monitor: Monitor) -> list[RouteDef]:
     """Metrics, the dashboard and alerts as a route table; the handlers use ``monitor`` only."""
     from aiohttp import web
 
-    from .routes import RouteDef
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
@@ -258,7 +258,6 @@ def routes(monitor: Monitor) -> list[RouteDef]:
     async def alerts(request: web.Request) -> web.Response:
         # Public (no private fields): any daemon's dashboard may read it, hence the CORS header.
         # strict JSON: a NaN reading must not break every dashboard
-        from ..sanitize import dumps
 
         return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"}, dumps=dumps)
 

@@ -15,7 +15,7 @@ A database that cannot be opened (a read-only disk, a damaged file) is logged an
 without history: history is a record, never a reason to stop sampling.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages (imported by the functions that use them).
 from __future__ import annotations
 
 import asyncio
@@ -27,10 +27,19 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..alloc.policy import load, shares_from_usage, write_shares
 from ..model import HostSnapshot, redact
+from ..sanitize import dumps
+from ..units import parse_duration
 from ..usage import query
 from ..usage.db import Retention, connect
 from ..usage.idle import IdlePolicy, IdleWatch, Releaser
+from ..usage.query import RANGES
+from ..usage.query import series as q_series
+from ..usage.query import usage as q_usage
+from ..usage.recorder import Recorder
+from .access import can_see_private
+from .routes import RouteDef, add_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -76,8 +85,6 @@ class Recording:
         self._apply_policy()
 
     def open(self) -> None:
-        from ..usage.recorder import Recorder
-
         if not self.daemon.config.record:
             return
         try:
@@ -134,8 +141,6 @@ class Recording:
     def _apply_policy(self) -> None:
         """The policy file's idle terms override the configuration's (warn after N minutes idle, release
         M minutes later); with ``fair_share_days``, the users' GPU-hours go to the state directory."""
-        from ..alloc.policy import load
-
         pol = load()
         cfg = self.daemon.config
         if pol.idle_warn_minutes is not None:
@@ -154,8 +159,6 @@ class Recording:
                              daemon=True).start()
 
     def _write_shares(self, days: float) -> None:
-        from ..alloc.policy import shares_from_usage, write_shares
-
         try:
             now = time.time()
             answer = self._read(lambda conn: query.usage(conn, now - days * 86400, now, now, self.keep, True))
@@ -182,8 +185,6 @@ class Recording:
 
 
 def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser | None = None) -> Recording:
-    from .routes import add_routes
-
     rec = Recording(daemon, releaser)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -202,9 +203,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
     it holds), nothing else of the daemon."""
     from aiohttp import web
 
-    from .access import can_see_private
-    from .routes import RouteDef
-
     daemon = rec.daemon
     # history queries run on worker threads: at most two at a time, so a burst of report requests
     # queues instead of taking every thread (and core) from the daemon
@@ -221,8 +219,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
                     content_type="application/json") from None
 
     def _json(data: object, status: int = 200, cors: bool = False) -> web.Response:
-        from ..sanitize import dumps
-
         headers = {"Cache-Control": "no-store"}
         if cors:  # public data: the dashboard served by another daemon of the fleet may read it
             headers["Access-Control-Allow-Origin"] = "*"
@@ -236,10 +232,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
         return None
 
     async def series(request: web.Request) -> web.Response:
-        from ..units import parse_duration
-        from ..usage.query import RANGES
-        from ..usage.query import series as q_series
-
         gone = _unavailable()
         if gone is not None:
             return gone
@@ -259,9 +251,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
         return _json(out, cors=True)
 
     async def usage(request: web.Request) -> web.Response:
-        from ..units import parse_duration
-        from ..usage.query import usage as q_usage
-
         gone = _unavailable()
         if gone is not None:
             return gone

@@ -39,12 +39,22 @@ from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
+from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
 from ..wire.sse import format_event
+from .announce import Announcer
 from .backend import SharedBackend
+from .bookings import install as install_bookings
 from .config import FD_RESERVE, DaemonConfig, open_file_limit
 from .events import EventHub
+from .fleet import Fleet
+from .guard import ConnectionGuard, GuardedSite
+from .http import build_app
+from .leasesock import start_authority
 from .logs import flush as flush_log_summaries
+from .monitoring import install as install_monitoring
+from .pool import install as install_pool
 from .recent import RecentSamples
+from .recording import install as install_recording
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -63,8 +73,6 @@ STREAM_FLUSH = 1.0  # at most this long, at stop, for the event streams to write
 
 class Daemon:
     def __init__(self, config: DaemonConfig, backend: "Backend | None" = None) -> None:
-        from .http import build_app
-
         config.validate()
         self.config = config
         self.state_dir = config.state_dir or default_state_dir()
@@ -106,16 +114,12 @@ class Daemon:
         self.authority: dict[str, Any] = {"serving": False, "why": "leases are not read by this daemon",
                                           "socket": None}
         self.authority_claim: int | None = None  # its lock directory's authority lock (daemon/process.py)
-        from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
-        from .pool import install as install_pool  # leases for remote holders (docs/pool.md)
 
         self.pool = install_pool(self.app, self)
-        from .bookings import install as install_bookings  # GPUs booked ahead (docs/pool.md, "Time")
 
         self.bookings = install_bookings(self.app, self, self.pool)
-        from .recording import install as install_recording  # usage history (docs/history.md)
 
         # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)
         self.recording = install_recording(self.app, self, releaser=self.pool)
@@ -189,9 +193,6 @@ class Daemon:
     # -- start/stop ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
-        from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
-        from .announce import Announcer
-
         loop = asyncio.get_running_loop()
         self.started_at = time.time()
         self.interfaces = resolve_interfaces(self.config.interfaces)
@@ -221,8 +222,6 @@ class Daemon:
                 self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
         if self.config.leases:
-            from .leasesock import start_authority
-
             claim, self.authority_claim = self.authority_claim, None  # the lease server's from here
             self._lease_server, why = await start_authority(self.config.simulate, self.config.slurm,
                                                           backend=self.inventory, claim=claim)
@@ -236,7 +235,6 @@ class Daemon:
 
             self.slurm = SlurmPart(self)
             await self.slurm.start()
-        from .fleet import Fleet
 
         pinned_to_loopback = bool(self.interfaces) and all(a.startswith("127.") for a in self.interfaces or ())
         self.fleet = (Fleet(self.config, self.zc, allow_loopback=pinned_to_loopback)
@@ -265,7 +263,6 @@ class Daemon:
     async def _start_http(self) -> None:
         from aiohttp import web
 
-        from .guard import ConnectionGuard, GuardedSite
 
         cfg = self.config
         self.guard = ConnectionGuard(connection_cap(cfg.max_connections), cfg.header_timeout,

@@ -17,7 +17,6 @@ requeues the job — a GPU is never given by both.  ``begin`` for a job already 
 (a prolog run twice); ``end`` for a job not held answers ``released: []``.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -29,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..ids import SlurmJobId
+from .leasereq import constraints
 
 log = logging.getLogger("gpusd.slurm")
 
@@ -112,8 +112,6 @@ class SlurmJobs:
               grant: Callable[[dict[str, Any], int, int], Any]) -> Any:
         """Lease ``devices`` for Slurm job ``job`` of ``uid`` (on the executor).  ``snapshot``: the
         daemon's GPUs; ``grant(kwargs, pid, uid)``: the authority's own grant."""
-        from .leasereq import constraints
-
         with self.lock:
             if job in self.held:
                 return self.held[job]

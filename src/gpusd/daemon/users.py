@@ -29,6 +29,8 @@ other one.  A key the account does not list gets a refusal that says what to set
 # Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import base64
+import calendar
 import ipaddress
 import logging
 import os
@@ -179,8 +181,6 @@ def _check_permit(name: str, value: str) -> None:
 def parse_expiry(value: str) -> float:
     """sshd's parse_absolute_time: ``YYYYMMDD``, ``YYYYMMDDHHMM`` or ``YYYYMMDDHHMMSS``, local time, or
     UTC with a ``Z`` (or ``UTC``) suffix, any case; :class:`BadOptions` otherwise."""
-    import calendar
-
     text, utc = value, False
     if len(text) > 1 and text[-1] in "zZ":
         text, utc = text[:-1], True
@@ -472,7 +472,6 @@ class Directory:
         name = self._mapped(blob, peer, reasons)
         if name is not None:
             return Account(name, _uid_of(name), fp, "users file")
-        import base64
 
         needle = base64.b64encode(blob)  # a cheap pre-filter: a listed key's base64 is in the file
         found: list[tuple[str, int]] = []
