@@ -513,8 +513,9 @@ LAZY_MARKER = "# Imports inside functions: "
 LAZY_QUICK = "start-up (quick commands import this module)"
 LAZY_REASONS = {
     LAZY_QUICK,
-    "start-up (a command's own module: each subcommand imports what it runs)",
-    "optional or heavy packages (imported by the functions that use them)",
+    "start-up (a command's own module)",
+    "optional or heavy packages",
+    "memory at rest (loaded on request)",
     "not yet hoisted",
 }
 

@@ -6,7 +6,7 @@ daemon runs (``gpusd.json`` in the state directory and the pid file's lock, see
 :mod:`gpusd.daemon.process`), read in the request's thread.
 """
 
-# Imports inside functions: start-up (a command's own module: each subcommand imports what it runs).
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

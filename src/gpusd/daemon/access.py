@@ -19,7 +19,7 @@ route through it and refuses to start with one that is not) and redacts JSON ans
 stream (server-sent events) pass every message through ``stream_filter(request)`` (:func:`stream_filter`).
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import datetime

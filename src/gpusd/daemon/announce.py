@@ -5,7 +5,7 @@ updates only when the summary changes and at most every ``txt_min_interval`` sec
 packets on stop, and a re-announcement when the machine's addresses change.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio

@@ -24,7 +24,7 @@ clock step (docs/pool.md, "Clocks").  The hold is a lease like any other: where 
 late, and never shares it.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,6 @@
 """Everything a daemon can be told, with the defaults documented in docs/daemon.md."""
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import os

@@ -5,7 +5,7 @@ client starts on first use and stops after ``fleet_idle`` seconds without a requ
 so a fleet of daemons does not keep N x N event streams open when nobody is looking.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio

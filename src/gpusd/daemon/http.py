@@ -7,7 +7,7 @@ tables to ``daemon.app`` with :func:`gpusd.daemon.routes.add_routes` before the 
 any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio

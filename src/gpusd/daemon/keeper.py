@@ -23,7 +23,7 @@ nothing (for :data:`IDLE_EXIT` seconds: the next lease often follows).  Imports 
 library.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import array

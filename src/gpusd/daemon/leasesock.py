@@ -52,7 +52,7 @@ requests are served in order) and at most ``MAX_CLIENTS`` connections are admitt
 queues behind another client's wait; its threads start only as jobs come (an idle daemon has none).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import array

@@ -20,7 +20,7 @@ and per user where the admin turned it on, for readers who may see private data.
 Loaded on the first scrape: a daemon at rest counts GPU-seconds (:mod:`.gpuseconds`) without it.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import weakref

@@ -17,7 +17,7 @@ The daemon only needs what :class:`MonitoredDaemon` lists; ``interval`` (seconds
 present.  The daemon calls :func:`install` when it builds its app.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import asyncio

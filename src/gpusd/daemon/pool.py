@@ -35,7 +35,7 @@ renewals; after a reboot the records are dropped and logged.  Every lease that e
 holder's release goes through :meth:`Pool.end`.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import asyncio

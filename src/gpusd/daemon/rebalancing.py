@@ -6,7 +6,7 @@ Events on ``/api/v1/events`` (and in the log): ``job`` with ``{"action": "move"|
 The daemon acts as the job's owner may: it runs as root, or as the owner (the job refuses anyone else).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio

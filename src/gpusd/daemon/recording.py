@@ -15,7 +15,7 @@ A database that cannot be opened (a read-only disk, a damaged file) is logged an
 without history: history is a record, never a reason to stop sampling.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

@@ -23,7 +23,7 @@ middleware (whose machinery cost a sixth of an unsigned read).  So:
   from serving (:class:`UngatedRoute`).
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import functools

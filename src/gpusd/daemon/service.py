@@ -22,7 +22,7 @@ every lease is decided on the readings the API serves.  A failing NVML, a lost G
 network is logged and lived with.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import asyncio

@@ -6,7 +6,7 @@ here (a signed answer to a signed request: a joining daemon believes only a veri
 The controller is looked for among the fleet's verified hosts (the daemon's fleet secret), every 5 s
 until one answers; ``--slurm-controller HOST[:PORT]`` names it instead."""
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio

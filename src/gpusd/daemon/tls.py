@@ -7,7 +7,7 @@ O_NOFOLLOW`` and mode 0600 (never a symlink followed, never a file chmod-ed that
 create); existing files must be regular, owned by the daemon's user, the key not readable by others.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import datetime

@@ -26,7 +26,7 @@ key that several accounts list then names nobody (refused) — except root with 
 other one.  A key the account does not list gets a refusal that says what to set up.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import base64

@@ -16,7 +16,7 @@ Everything here is bounded: at most :data:`MAX_PEERS` peers and :data:`MAX_DNS_S
 and ports validated, every query under a timeout.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

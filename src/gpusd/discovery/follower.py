@@ -14,7 +14,7 @@ reason): ``Ending.BYE``, ``Ending.LOST`` (streamed, then lost), ``Ending.FOLLOWE
 reported, found another way), or ``Ending.FAILED`` with the reason.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

@@ -7,7 +7,7 @@ followed only after :data:`REAPPEAR_HOLD`.  An update of a followed service's TX
 cache; a new node, session or host name there starts the host over.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

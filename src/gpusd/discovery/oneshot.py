@@ -32,7 +32,7 @@ keep browsing on port 5353 (they need announcements and goodbyes): a host that a
 appears there.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import contextlib

@@ -6,7 +6,7 @@ signed event stream, as for mDNS.  The peers file is re-read when it changes (ch
 ``beyond.PEERS_FILE_CHECK`` s); a file that turns bad keeps the peers it listed before.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

@@ -21,7 +21,7 @@
   ssh reports it; 255 is ssh's own failure); 130 after a Ctrl-C; 0 when every host succeeded.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import asyncio

@@ -27,7 +27,7 @@ marks the GPU unhealthy (with the status) while the rest of the snapshot still c
 the amdgpu driver's sysfs has no per-process memory, and a partial reader would make ``is_free`` lie).
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them).
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import contextlib

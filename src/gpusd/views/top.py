@@ -16,7 +16,7 @@ never as a plain ``str`` cell (which rich would parse as markup).
 The live loop with keyboard handling is in :mod:`gpusd.views.live`.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import math

@@ -32,7 +32,7 @@ Nothing here does I/O; :mod:`gpusd.wire.http` applies it to urllib requests and 
 :mod:`gpusd.daemon.access` to the daemon's requests.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import base64

@@ -17,7 +17,7 @@ key parsing use ``cryptography``; nothing here trusts a key — :mod:`gpusd.daem
 it is.
 """
 
-# Imports inside functions: optional or heavy packages (imported by the functions that use them); not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import base64
