@@ -172,13 +172,9 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
 
 def _port(text: str) -> int:
     """A TCP port (1-65535) for argparse."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {text[:20]!r}")
-    return port
+    from .options import whole_number
+
+    return whole_number(text, 1, 65535, f"a TCP port is 1-65535, not {text[:20]!r}")
 
 
 def _prog() -> str:
