@@ -77,6 +77,11 @@ def whole_number(text: str, low: int, high: int, message: str) -> int:
     return value
 
 
+def after_dashes(words: Sequence[str]) -> list[str]:
+    """The words ``argparse.REMAINDER`` gathered, less the ``--`` that may stand first (``gpusd run -- CMD``)."""
+    return list(words[1:] if words and words[0] == "--" else words)
+
+
 def columns(text: str) -> int:
     """A terminal width: a whole number of columns, 20 or more."""
     return whole_number(text, 20, 10000, f"must be a number of columns from 20 to 10000, not {text!r}")
