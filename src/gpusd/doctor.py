@@ -41,9 +41,9 @@ class Check:
 
 def run_checks(state_dir: Path, interfaces: list[str] | None = None, token_file: str | None = None) -> list[Check]:
     """Every check, in order (docs/daemon.md, "gpusd doctor")."""
-    from .daemon import process
+    from .localdaemon import status
 
-    st = process.status(state_dir)
+    st = status(state_dir)
     info = st.info if st.running else {}
     return [gpu_libraries(), daemon(state_dir, st.running, st.pid, info), lease_socket(st.running), lock_dir(),
             multicast(interfaces if interfaces is not None else list(info.get("interfaces") or []) or None),

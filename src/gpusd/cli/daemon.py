@@ -257,9 +257,9 @@ def start(args: argparse.Namespace) -> int:
     cfg = _config(args, state)
     if args.hostname:
         os.environ["GPUSD_HOSTNAME"] = args.hostname
-    from ..daemon import process
+    from ..localdaemon import status as daemon_status
 
-    st = process.status(state)
+    st = daemon_status(state)
     if st.running:
         return _already_running(args, cfg, st)
     if args.foreground:
@@ -270,6 +270,7 @@ def start(args: argparse.Namespace) -> int:
         logs.setup(level, args.log_file)  # rate-limited; a --log-file is rotated by size while running
         return run_foreground(cfg, args.ready_fd)
 
+    from ..daemon import process
     from . import prog
 
     env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
@@ -295,10 +296,10 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from ..daemon import process
+    from ..localdaemon import status as daemon_status
 
     state = _state_dir(args)
-    st = process.status(state)
+    st = daemon_status(state)
     live = _fetch_host(st.info) if st.running else None
     if args.json:
         out = {"running": st.running, "pid": st.pid, "state_dir": str(state), **st.info}
