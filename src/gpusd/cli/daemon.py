@@ -340,18 +340,12 @@ def status(args: argparse.Namespace) -> int:
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
     """GET /api/v1/host from the running daemon (the one blocking GET helper, no aiohttp at start-up)."""
+    from ..localdaemon import api_bases
     from ..wire.http import SourceError, fetch_json
 
-    port = info.get("port")
-    addresses = info.get("addresses")
-    addrs = [a for a in addresses if isinstance(a, str)] if isinstance(addresses, list) else []
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        return None
-    if not info.get("interfaces"):
-        addrs.insert(0, "127.0.0.1")
-    for addr in addrs:
+    for base in api_bases(info):
         try:
-            data = fetch_json(f"http://{addr}:{port}/api/v1/host", timeout=2).data
+            data = fetch_json(f"{base}/host", timeout=2).data
             return data if isinstance(data, dict) else None
         except SourceError:  # down, not HTTP, or died mid-answer
             continue

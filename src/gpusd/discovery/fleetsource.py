@@ -31,13 +31,20 @@ def local_daemon_urls(session: str, interfaces: list[str] | None = None) -> tupl
     ``session`` (and, with ``interfaces``, on the addresses asked for, resolved: it browses on exactly
     those); None otherwise.  Read anew at each call: the daemon may have stopped or started since."""
     from ..identity import state_dir
-    from ..localdaemon import status
-    from .fleetview import api_urls
+    from ..localdaemon import api_bases, status
 
     st = status(state_dir())
-    if not st.running:
+    info = st.info
+    if not st.running or info.get("session") != session:
         return None
-    return api_urls(st.info, session, interfaces)
+    if interfaces is not None:
+        running = info.get("interfaces")
+        if not isinstance(running, list) or sorted(map(str, running)) != sorted(interfaces):
+            return None  # it browses elsewhere (or everywhere): its view is not what was asked for
+    node_id, bases = info.get("node_id"), api_bases(info)
+    if not isinstance(node_id, str) or not bases:
+        return None
+    return bases, node_id
 
 
 def ask_local_daemon(filters: Filters, *, key: FleetKey | None = None, interfaces: list[str] | None = None,
