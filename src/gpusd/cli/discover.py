@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -210,16 +209,15 @@ def _ask_local_daemon(args: argparse.Namespace) -> Reading | None:
     docs/daemon.md) with the options given: none when hosts beyond the link are asked for (``--peer`` &
     co., or their variables); the interfaces must be the daemon's (``--interface eth9`` is checked first:
     exit 2 when there is no such interface, as when browsing)."""
-    from ..discovery.fleetsource import ask_local_daemon
+    from ..discovery.fleetsource import ask_local_daemon, beyond_link
     from ..discovery.types import Filters
     from ..wire.mdns import resolve_interfaces
     from .trust import fleet_key
 
     filters = Filters(session=args.session, **_filter_args(args))
     interfaces = resolve_interfaces(args.interfaces)  # ConfigError (exit 2) for an interface that is not there
-    beyond = any(beyond_args(args).values()) or any(os.environ.get(v) for v in
-                                                    ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN"))
-    if beyond:
+    beyond = beyond_args(args)
+    if beyond_link(beyond["peers"], beyond["peers_file"], beyond["dns_sd_domain"]):
         return None  # before the fleet secret is read: it is not needed
     return ask_local_daemon(filters, key=fleet_key(args), interfaces=interfaces)
 

@@ -16,7 +16,7 @@ import time
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Callable, Coroutine, Sequence
     from typing import Any
 
     from ..wire.signing import FleetKey
@@ -45,6 +45,17 @@ def local_daemon_urls(session: str, interfaces: list[str] | None = None) -> tupl
     if not isinstance(node_id, str) or not bases:
         return None
     return bases, node_id
+
+
+def beyond_link(peers: Sequence[str] | None = None, peers_file: str | None = None,
+                dns_sd_domain: str | None = None) -> bool:
+    """Whether hosts beyond the link are asked for: static peers, a peers file or a wide-area DNS-SD
+    domain, given or in their variables (``$GPUSD_PEERS``, ...).  A daemon's fleet view has its own, so
+    the client looks for them itself."""
+    import os
+
+    return bool(peers or peers_file or dns_sd_domain) or any(
+        os.environ.get(v) for v in ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN"))
 
 
 def ask_local_daemon(filters: Filters, *, key: FleetKey | None = None, interfaces: list[str] | None = None,
@@ -79,9 +90,8 @@ def ask_for(options: DiscoveryOptions) -> Reading | None:
         return None  # before the interfaces are resolved: nothing to ask
     from ..wire.mdns import resolve_interfaces
 
-    beyond = bool(options.peer_specs or options.peers_file or options.dns_sd_domain)
     return ask_local_daemon(filters, key=options.key, interfaces=resolve_interfaces(options.interfaces),
-                            beyond=beyond)
+                            beyond=beyond_link(options.peers, options.peers_file, options.dns_sd_domain))
 
 
 def choose(local: Reading | None, browse: Callable[[Reading | None], Listing]) -> Listing:
