@@ -41,9 +41,9 @@ class Check:
 
 def run_checks(state_dir: Path, interfaces: list[str] | None = None, token_file: str | None = None) -> list[Check]:
     """Every check, in order (docs/daemon.md, "gpusd doctor")."""
-    from .daemon import process
+    from .localdaemon import status
 
-    st = process.status(state_dir)
+    st = status(state_dir)
     info = st.info if st.running else {}
     return [gpu_libraries(), daemon(state_dir, st.running, st.pid, info), lease_socket(st.running), lock_dir(),
             multicast(interfaces if interfaces is not None else list(info.get("interfaces") or []) or None),
@@ -236,15 +236,23 @@ def secret(token_file: str | None) -> Check:
 def clock(info: dict[str, Any]) -> Check:
     """This clock against the sample times of the fleet's verified daemons, as the local daemon's fleet
     view holds them (each snapshot's time, on its host's clock, and when it arrived, on ours)."""
-    port = info.get("port")
-    if not isinstance(port, int) or isinstance(port, bool):
+    from .localdaemon import api_bases
+
+    bases = api_bases(info)
+    if not bases:
         return Check("clock", SKIP, "no local daemon to ask for the fleet's times")
     from .wire.http import SourceError, fetch_json
 
-    try:
-        data = fetch_json(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=3).data
-    except SourceError as exc:
-        return Check("clock", SKIP, f"the local daemon's fleet view did not answer ({_short(exc)})")
+    data: Any = None
+    why = ""
+    for base in bases:  # loopback first where it serves every address, else the addresses it serves
+        try:
+            data = fetch_json(f"{base}/fleet", timeout=3).data
+            break
+        except SourceError as exc:
+            why = _short(exc)
+    else:
+        return Check("clock", SKIP, f"the local daemon's fleet view did not answer ({why})")
     offsets: dict[str, float] = {}
     hosts = data.get("hosts") if isinstance(data, dict) else None
     for h in hosts if isinstance(hosts, list) else []:

@@ -257,9 +257,9 @@ def start(args: argparse.Namespace) -> int:
     cfg = _config(args, state)
     if args.hostname:
         os.environ["GPUSD_HOSTNAME"] = args.hostname
-    from ..daemon import process
+    from ..localdaemon import status as daemon_status
 
-    st = process.status(state)
+    st = daemon_status(state)
     if st.running:
         return _already_running(args, cfg, st)
     if args.foreground:
@@ -270,6 +270,7 @@ def start(args: argparse.Namespace) -> int:
         logs.setup(level, args.log_file)  # rate-limited; a --log-file is rotated by size while running
         return run_foreground(cfg, args.ready_fd)
 
+    from ..daemon import process
     from . import prog
 
     env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
@@ -295,10 +296,10 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from ..daemon import process
+    from ..localdaemon import status as daemon_status
 
     state = _state_dir(args)
-    st = process.status(state)
+    st = daemon_status(state)
     live = _fetch_host(st.info) if st.running else None
     if args.json:
         out = {"running": st.running, "pid": st.pid, "state_dir": str(state), **st.info}
@@ -339,18 +340,12 @@ def status(args: argparse.Namespace) -> int:
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
     """GET /api/v1/host from the running daemon (the one blocking GET helper, no aiohttp at start-up)."""
+    from ..localdaemon import api_bases
     from ..wire.http import SourceError, fetch_json
 
-    port = info.get("port")
-    addresses = info.get("addresses")
-    addrs = [a for a in addresses if isinstance(a, str)] if isinstance(addresses, list) else []
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        return None
-    if not info.get("interfaces"):
-        addrs.insert(0, "127.0.0.1")
-    for addr in addrs:
+    for base in api_bases(info):
         try:
-            data = fetch_json(f"http://{addr}:{port}/api/v1/host", timeout=2).data
+            data = fetch_json(f"{base}/host", timeout=2).data
             return data if isinstance(data, dict) else None
         except SourceError:  # down, not HTTP, or died mid-answer
             continue

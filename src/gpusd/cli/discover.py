@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -161,10 +160,10 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 
 # -- list ------------------------------------------------------------------------------------------
 def list_devices(args: argparse.Namespace) -> int:
-    from ..identity import state_dir
+    from ..localdaemon import may_run
 
     local = None
-    if args.all_sessions or not (state_dir() / "gpusd.json").exists():
+    if args.all_sessions or not may_run():
         from ..discovery import oneshot
 
         oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
@@ -206,21 +205,21 @@ def _browse(args: argparse.Namespace, local: Reading | None) -> Listing:
 
 
 def _ask_local_daemon(args: argparse.Namespace) -> Reading | None:
-    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md), where its view is
-    what the options given ask for: none when hosts beyond the link are asked for (``--peer`` & co.,
-    or their variables: the daemon's view has its own), the interfaces must be the daemon's
-    (``--interface eth9`` is checked first: exit 2 when there is no such interface, as when browsing)."""
+    """Ask this host's own daemon for its fleet view (:func:`gpusd.discovery.fleetsource.ask_local_daemon`,
+    docs/daemon.md) with the options given: none when hosts beyond the link are asked for (``--peer`` &
+    co., or their variables); the interfaces must be the daemon's (``--interface eth9`` is checked first:
+    exit 2 when there is no such interface, as when browsing)."""
+    from ..discovery.fleetsource import ask_local_daemon, beyond_link
     from ..discovery.types import Filters
     from ..wire.mdns import resolve_interfaces
-    from .localfleet import start_fleet_request
     from .trust import fleet_key
 
     filters = Filters(session=args.session, **_filter_args(args))
     interfaces = resolve_interfaces(args.interfaces)  # ConfigError (exit 2) for an interface that is not there
-    if any(beyond_args(args).values()) or any(os.environ.get(v) for v in
-                                              ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN")):
-        return None
-    return start_fleet_request(filters, key=fleet_key(args), interfaces=interfaces)
+    beyond = beyond_args(args)
+    if beyond_link(beyond["peers"], beyond["peers_file"], beyond["dns_sd_domain"]):
+        return None  # before the fleet secret is read: it is not needed
+    return ask_local_daemon(filters, key=fleet_key(args), interfaces=interfaces)
 
 
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:

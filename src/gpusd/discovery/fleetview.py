@@ -3,9 +3,9 @@
 A daemon already follows every host of its session.  Two readers ask one instead of browsing:
 
 * :class:`LocalFleetView` -- this host's own daemon (``gpusd list``): one local HTTP request instead of
-  a browse that has to wait for the answers to settle.  Where its daemon runs (the CLI reads that from
-  the state directory and hands over a ``locate`` function giving the API bases and node id:
-  :func:`api_urls` turns a daemon's ``gpusd.json`` into them), the request runs in a thread
+  a browse that has to wait for the answers to settle.  Where its daemon runs (a ``locate`` function
+  gives the API bases and node id: :func:`gpusd.discovery.fleetsource.local_daemon_urls` reads them
+  from the state directory), the request runs in a thread
   (:meth:`LocalFleetView.start`): where it has not answered within ``QUICK`` s (a fleet view that is just
   starting, a daemon that hangs), the caller browses meanwhile; the daemon's answer is taken when it
   comes within ``FLEET_TIMEOUT`` s (a fleet of 1,000 hosts takes about a second), the browse's otherwise.
@@ -26,7 +26,6 @@ one, bounded, checked).
 
 from __future__ import annotations
 
-import ipaddress
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
@@ -52,37 +51,6 @@ QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after t
 
 #: the running local daemon's API bases (loopback first) and its node id, or None (no such daemon)
 Locate = Callable[[], "tuple[list[str], str] | None"]
-
-
-# -- this host's own daemon -------------------------------------------------------------------------
-def api_urls(info: dict[str, Any], session: str, interfaces: list[str] | None = None) -> tuple[list[str], str] | None:
-    """The API bases to try (loopback first) and the node id of the daemon whose ``gpusd.json`` is
-    ``info``, when it runs in ``session`` (and, with ``interfaces``, on exactly the addresses the user
-    asked for, resolved: it browses on exactly those); None otherwise.  Every value is checked: the file
-    is another process's."""
-    if info.get("session") != session:
-        return None
-    if interfaces is not None:
-        running = info.get("interfaces")
-        if not isinstance(running, list) or sorted(map(str, running)) != sorted(interfaces):
-            return None  # it browses elsewhere (or everywhere): its view is not what was asked for
-    port, node_id = info.get("port"), info.get("node_id")
-    if not isinstance(port, int) or not 0 < port < 65536 or not isinstance(node_id, str):
-        return None
-    hosts: list[str] = []
-    if not info.get("interfaces"):  # bound to every address: loopback too
-        hosts.append("127.0.0.1")
-    addresses = info.get("addresses")
-    for a in addresses if isinstance(addresses, list) else []:
-        try:
-            ip = ipaddress.ip_address(a)
-        except (TypeError, ValueError):
-            continue
-        if ip.version == 4 and a not in hosts:
-            hosts.append(str(ip))
-    if not hosts:
-        return None
-    return [f"http://{h}:{port}/api/v1" for h in hosts[:4]], node_id
 
 
 def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Listing | None:
@@ -314,5 +282,4 @@ class FleetReader:
         return self._tls
 
 
-__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "api_urls", "base_url", "parse_fleet",
-           "strip_api"]
+__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "base_url", "parse_fleet", "strip_api"]
