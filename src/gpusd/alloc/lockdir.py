@@ -78,6 +78,12 @@ def check_private_dir(path: Path, st: os.stat_result) -> None:
             f"mode {stat.S_IMODE(st.st_mode):o}); an administrator should remove it")
 
 
+def _symlink(exc: OSError, path: Path) -> bool:
+    """Whether an open without following links failed on ``path`` for being a symbolic link."""
+    # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
+    return exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path))
+
+
 def open_dir(path: Path, create: bool, private: bool = False) -> int | None:
     """A descriptor of the checked lock directory; None when it does not exist and ``create`` is
     False.  A directory this call creates gets mode 1777 (``private``: 0755, see the module
@@ -103,10 +109,7 @@ def open_dir(path: Path, create: bool, private: bool = False) -> int | None:
             except OSError as exc:
                 raise GpusdError(f"cannot create the lock directory {path}: {exc.strerror}") from None
         except OSError as exc:
-            if exc.errno == errno.ENOTDIR and os.path.islink(path):
-                # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
-                exc.errno = errno.ELOOP
-            if exc.errno == errno.ELOOP:
+            if _symlink(exc, path):
                 raise GpusdError(f"refusing the lock directory {path}: it is a symbolic link (an administrator "
                                  "should remove it, or set GPUSD_LOCK_DIR to a real directory)") from None
             if exc.errno == errno.ENOTDIR:
@@ -183,10 +186,7 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, r
             raise GpusdError(f"cannot open {path}: {who}, so you cannot lock it; ask that user or an "
                              "administrator to remove it") from None
         except OSError as exc:
-            if exc.errno == errno.ENOTDIR and os.path.islink(path):
-                # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
-                exc.errno = errno.ELOOP
-            if exc.errno == errno.ELOOP:
+            if _symlink(exc, path):
                 raise GpusdError(f"refusing {path}: it is a symbolic link (someone may be trying to make gpusd "
                                  "write elsewhere); an administrator should remove it") from None
             raise GpusdError(f"cannot open {path}: {exc.strerror}") from None

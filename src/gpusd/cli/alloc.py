@@ -116,9 +116,9 @@ def env(args: argparse.Namespace) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    from .options import after_dashes
+
+    cmd = after_dashes(args.cmd)
     if not cmd:
         raise ConfigError("no command given: gpusd run [options] -- CMD [ARGS...]")
     if getattr(args, "on_change", "signal") != "signal" and (getattr(args, "fleet", False) or not args.lease):

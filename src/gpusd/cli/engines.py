@@ -176,13 +176,9 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
 
 def _port(text: str) -> int:
     """A TCP port (1-65535) for argparse."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {text[:20]!r}")
-    return port
+    from .options import whole_number
+
+    return whole_number(text, 1, 65535, f"a TCP port is 1-65535, not {text[:20]!r}")
 
 
 def _prog() -> str:
@@ -214,8 +210,9 @@ def hostfile(args: argparse.Namespace) -> int:
     """Write what an engine reads.  With ``-n``: reserve first; with ``-- CMD``, hold the reservation
     (renewed) while CMD runs here and release it at its end; without, hand it to a background renewer
     for ``--for`` (``gpusd release ID`` ends it earlier), as ``gpusd reserve`` does."""
-    if args.args and args.args[0] == "--":
-        args.args = args.args[1:]
+    from .options import after_dashes
+
+    args.args = after_dashes(args.args)
     # Horovod's discovery script: what the job holds now
     if getattr(args, "held", None):
         if args.format != "horovod-discovery":
@@ -326,10 +323,9 @@ def launch(args: argparse.Namespace) -> int:
     import asyncio
 
     from ..engines.plan import commands_for, run_holding, silence, with_leases
+    from .options import after_dashes
 
-    rest = list(args.args)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
+    rest = after_dashes(args.args)
     if not rest:
         print(f"{_prog()}: launch needs the program to run after ENGINE: gpusd launch -n 4 torchrun -- train.py",
               file=sys.stderr)
@@ -406,10 +402,9 @@ def ray_up(args: argparse.Namespace) -> int:
     from ..engines.records import cluster_path, forget, renewer_record, write_cluster
     from ..ids import PlacementId
     from ..units import format_clock
+    from .options import after_dashes
 
-    extra = list(args.ray_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    extra = after_dashes(args.ray_args)
     head_extra = [*extra, *args.head_option]
     worker_extra = [*extra, *args.worker_option]
     # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL);

@@ -61,13 +61,9 @@ def notify(args: argparse.Namespace) -> int:
 
 
 def _attempts(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 20:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 20, not {text!r}")
-    return value
+    from .options import whole_number
+
+    return whole_number(text, 1, 20, f"must be a whole number from 1 to 20, not {text!r}")
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:

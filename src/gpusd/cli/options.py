@@ -68,15 +68,25 @@ def duration_text(text: str) -> str:
     return text
 
 
-def columns(text: str) -> int:
-    """A terminal width: a whole number of columns, 20 or more."""
+def whole_number(text: str, low: int, high: int, message: str) -> int:
+    """``text`` as a whole number from ``low`` to ``high``; anything else is the usage error ``message``."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if not 20 <= value <= 10000:
-        raise argparse.ArgumentTypeError(f"must be a number of columns from 20 to 10000, not {text!r}")
+        raise argparse.ArgumentTypeError(message) from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(message)
     return value
+
+
+def after_dashes(words: Sequence[str]) -> list[str]:
+    """The words ``argparse.REMAINDER`` gathered, less the ``--`` that may stand first (``gpusd run -- CMD``)."""
+    return list(words[1:] if words and words[0] == "--" else words)
+
+
+def columns(text: str) -> int:
+    """A terminal width: a whole number of columns, 20 or more."""
+    return whole_number(text, 20, 10000, f"must be a number of columns from 20 to 10000, not {text!r}")
 
 
 def positive_number(text: str) -> float:

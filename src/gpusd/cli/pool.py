@@ -438,10 +438,9 @@ def fleet_job(args: argparse.Namespace) -> int:
     the job here and run the command under it (docs/jobs.md, "Fleet runs")."""
     from ..alloc.runner import _interactive
     from ..jobs.fleet import FleetJob, parse_devices
+    from .options import after_dashes
 
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = after_dashes(args.cmd)
     if not cmd:
         raise ConfigError("no command given: gpusd fleet-job [options] -- CMD [ARGS...]")
     devices = parse_devices(args.devices)

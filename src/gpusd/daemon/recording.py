@@ -104,30 +104,24 @@ class Recording:
                       gpus: list[str]) -> None:
         """Write the lease's job record before the client hears of its lease (bounded wait): a lease
         the daemon granted is in the history even if the daemon is killed a moment later."""
-        recorder = self.recorder
-        if recorder is not None:
-            try:
-                recorder.lease_started(lease_id, user, uid, command, gpus, time.time())
-            except Exception as exc:  # noqa: BLE001 - history is a record, never a reason to refuse a lease
-                log.warning("history: cannot record lease %s: %r", lease_id, exc)
+        self._record("lease", lease_id, lambda r: r.lease_started(lease_id, user, uid, command, gpus, time.time()))
 
     def lease_ended(self, lease_id: str) -> None:
         """The lease's holder is gone (its connection ended): its record ends now."""
-        recorder = self.recorder
-        if recorder is not None:
-            try:
-                recorder.lease_ended(lease_id, time.time())
-            except Exception as exc:  # noqa: BLE001
-                log.warning("history: cannot record the end of lease %s: %r", lease_id, exc)
+        self._record("the end of lease", lease_id, lambda r: r.lease_ended(lease_id, time.time()))
 
     def lease_timed_out(self, lease_id: str) -> None:
         """The lease's job ran out of its ``--time``: its record says so (it ends when its connection does)."""
+        self._record("the time-out of lease", lease_id, lambda r: r.mark_timed_out(lease_id, time.time()))
+
+    def _record(self, what: str, lease_id: str, write: Callable[[Recorder], object]) -> None:
+        """``write`` to the history, when there is one; a failure is logged, never raised."""
         recorder = self.recorder
         if recorder is not None:
             try:
-                recorder.mark_timed_out(lease_id, time.time())
-            except Exception as exc:  # noqa: BLE001
-                log.warning("history: cannot record the time-out of lease %s: %r", lease_id, exc)
+                write(recorder)
+            except Exception as exc:  # noqa: BLE001 - history is a record, never a reason to refuse a lease
+                log.warning("history: cannot record %s %s: %r", what, lease_id, exc)
 
     # -- the fair-use policy file (alloc/policy.py): idle release and the fair-share summary ------
     def _apply_policy(self) -> None:

@@ -219,18 +219,30 @@ def _request_head(method: str, url: str, extra: tuple[tuple[str, str], ...]) -> 
     return (ids, prefix) if prefix.isascii() else None
 
 
-def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any, body: bytes,
-                   skew: float, now: float | None = None) -> Any:
-    """The library's VerifyResult for a request carrying gpusd's exact signature shape that the
-    library would accept, or None (anything else: the caller asks the library)."""
+def _signed_input(shape: re.Pattern[str], key_id: str, headers: Any, skew: float, now: float | None
+                  ) -> tuple[dict[str, str], re.Match[str]] | None:
+    """The fields and the ``Signature-Input`` match of a message signed by ``key_id`` in gpusd's
+    ``shape`` (a request's or a response's) and created within ``skew``; None otherwise (the caller
+    asks the library)."""
     if not _LIBRARY_OK:
         return None
     f = _fields(headers)
-    m = _REQ_INPUT.fullmatch(f.get("signature-input", ""))
+    m = shape.fullmatch(f.get("signature-input", ""))
     if m is None or m["keyid"] != key_id or "signature" not in f:
         return None
     if not _created_ok(int(m["created"]), skew, now):
         return None
+    return f, m
+
+
+def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any, body: bytes,
+                   skew: float, now: float | None = None) -> Any:
+    """The library's VerifyResult for a request carrying gpusd's exact signature shape that the
+    library would accept, or None (anything else: the caller asks the library)."""
+    signed = _signed_input(_REQ_INPUT, key_id, headers, skew, now)
+    if signed is None:
+        return None
+    f, m = signed
     ids = m["list"]
     head = _verify_head(method, url, ids, tuple(f.get(n) for n in _REQ_OPTIONAL if f'"{n}"' in ids))
     digest = f.get("content-digest")
@@ -337,14 +349,10 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
                     body: bytes | None, skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for an answer carrying gpusd's exact response shape that the
     library would accept (with ``body`` checked as the library's ``verify(body=...)`` does), or None."""
-    if not _LIBRARY_OK:
+    signed = _signed_input(_RESP_INPUT, key_id, headers, skew, now)
+    if signed is None:
         return None
-    f = _fields(headers)
-    m = _RESP_INPUT.fullmatch(f.get("signature-input", ""))
-    if m is None or m["keyid"] != key_id or "signature" not in f:
-        return None
-    if not _created_ok(int(m["created"]), skew, now):
-        return None
+    f, m = signed
     ids = m["list"]
     # (the shape allows it last only)
     digest_covered = ids.endswith('"content-digest"')
