@@ -20,8 +20,10 @@ from typing import Any
 
 from .record import field, record
 
-PASS, FAIL, SKIP = "ok", "fail", "skip"  # a check that does not apply here (no secret, no systemd) is skipped
-CLOCK_SKEW = 10.0  # seconds: well within the signatures' window (docs/security.md), beyond a sample's age
+# a check that does not apply here (no secret, no systemd) is skipped
+PASS, FAIL, SKIP = "ok", "fail", "skip"
+# seconds: well within the signatures' window (docs/security.md), beyond a sample's age
+CLOCK_SKEW = 10.0
 
 
 @record
@@ -61,7 +63,8 @@ def gpu_libraries() -> Check:
             found["nvidia"] = f"NVML, driver {nvmlfast.nvmlSystemGetDriverVersion()}"
         finally:
             nvmlfast.nvmlShutdown()
-    except Exception as exc:  # no library, no driver: named below
+    except Exception as exc:
+        # no library, no driver: named below
         missing = {"nvidia": f"no NVML ({_short(exc)})"}
     else:
         missing = {}
@@ -189,7 +192,8 @@ def _loop_multicast(socket: Any, addr: str) -> str:
         port = recv.getsockname()[1]
         recv.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(group) + socket.inet_aton(addr))
         recv.settimeout(1.0)
-        send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)  # never transmitted: looped back only
+        # never transmitted: looped back only
+        send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
         send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
         send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(addr))
         token = os.urandom(8)

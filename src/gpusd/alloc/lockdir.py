@@ -29,7 +29,8 @@ from pathlib import Path
 
 from ..errors import DiskFull, GpusdError, LockBusy
 
-DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"  # $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
+# $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
+DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -162,7 +163,8 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, r
         else:
             try:
                 if not private:
-                    os.fchmod(fd, 0o666)  # just created by us: other users must be able to open it too
+                    # just created by us: other users must be able to open it too
+                    os.fchmod(fd, 0o666)
             except BaseException:
                 os.close(fd)
                 raise
@@ -173,7 +175,8 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, r
             except PermissionError:
                 fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
         except FileNotFoundError:
-            continue  # removed meanwhile: create it
+            # removed meanwhile: create it
+            continue
         except PermissionError:
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -212,11 +215,13 @@ def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, loc
     try:
         fd = os.open(name, FILE_FLAGS | access | os.O_CREAT | os.O_EXCL, 0o600 if lock else mode, dir_fd=dir_fd)
     except OSError as exc:
-        if DiskFull.caused(exc):  # no inode left: the directory's file system is full
+        # no inode left: the directory's file system is full
+        if DiskFull.caused(exc):
             raise DiskFull.of(where, exc, name) from None
         raise GpusdError(f"cannot create {where / name}: {exc.strerror}") from None
     if lock:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can have opened it: never blocks
+        # nobody else can have opened it: never blocks
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         os.fchmod(fd, mode)
     except OSError:
@@ -233,7 +238,8 @@ def write_new(dir_fd: int, fd: int, tmp: str, final: str, data: bytes, where: Pa
         view = memoryview(data)
         while view:
             n = os.write(fd, view)
-            if n <= 0:  # no progress: never loop on a file system that takes nothing
+            # no progress: never loop on a file system that takes nothing
+            if n <= 0:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             view = view[n:]
         os.rename(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -330,7 +336,8 @@ def read_live(dir_fd: int, name: str, max_bytes: int, cleanup: bool, remove: tup
     try:
         fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
     except OSError:
-        return None  # gone meanwhile, or a symlink
+        # gone meanwhile, or a symlink
+        return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (single_link and st.st_nlink != 1):
@@ -377,7 +384,8 @@ def flock_table() -> dict[str, list[tuple[int, bool]]] | None:
     for line in raw.split(b"\n"):
         parts = line.split()
         if len(parts) < 6 or parts[1] != b"FLOCK":
-            continue  # POSIX/OFD locks, and "->" lines of blocked waiters
+            # POSIX/OFD locks, and "->" lines of blocked waiters
+            continue
         try:
             pid = int(parts[4])
         except ValueError:

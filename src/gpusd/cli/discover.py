@@ -166,7 +166,8 @@ def list_devices(args: argparse.Namespace) -> int:
     if args.all_sessions or not may_run():
         from ..discovery import oneshot
 
-        oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
+        # no local daemon to ask: the browse will need them
+        oneshot.prefetch_imports()
     else:
         local = _ask_local_daemon(args)
     from ..discovery.fleetsource import choose
@@ -215,10 +216,12 @@ def _ask_local_daemon(args: argparse.Namespace) -> Reading | None:
     from .trust import fleet_key
 
     filters = Filters(session=args.session, **_filter_args(args))
-    interfaces = resolve_interfaces(args.interfaces)  # ConfigError (exit 2) for an interface that is not there
+    # ConfigError (exit 2) for an interface that is not there
+    interfaces = resolve_interfaces(args.interfaces)
     beyond = beyond_args(args)
     if beyond_link(beyond["peers"], beyond["peers_file"], beyond["dns_sd_domain"]):
-        return None  # before the fleet secret is read: it is not needed
+        # before the fleet secret is read: it is not needed
+        return None
     return ask_local_daemon(filters, key=fleet_key(args), interfaces=interfaces)
 
 
@@ -239,7 +242,8 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
             elif g.leases:
                 state = "leased"
                 remote = [le for le in g.leases if le.expires is not None]
-                if remote:  # held by a daemon for a remote holder (docs/pool.md): who, and for how long
+                # held by a daemon for a remote holder (docs/pool.md): who, and for how long
+                if remote:
                     # the user is private (hidden from an unverified reader); how long the reservation
                     # lasts (its holder's --for), else that its holder renews it (the TTL is no end)
                     who = for_terminal(remote[0].user, 24)
@@ -260,9 +264,11 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         state += booking_note(booked.get(d.node_id, []), g.index)
         if d.simulated:
             state += " [sim]"
-        if d.copy_of is not None:  # its daemon proved it is another host: a copy of that one's announcement
+        # its daemon proved it is another host: a copy of that one's announcement
+        if d.copy_of is not None:
             state += f" [unverified: a copy of {for_terminal(d.copy_of, 64)}]"
-        elif d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
+        elif d.verified is False:
+            # did not prove it holds the fleet secret: maybe a stranger
             state += " [unverified]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
     table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))
@@ -293,7 +299,8 @@ def booking_note(bookings: Sequence[Any], index: int, now: float | None = None) 
 def watch(args: argparse.Namespace) -> int:
     import asyncio
 
-    if not args.liveness > 0:  # 0 or less: every host would be removed right after it is added, over and over
+    # 0 or less: every host would be removed right after it is added, over and over
+    if not args.liveness > 0:
         raise ConfigError(f"--liveness must be a positive number of seconds, not {args.liveness:g}")
     async def go() -> None:
         client = _client(args, liveness_timeout=args.liveness)
@@ -311,13 +318,15 @@ def watch(args: argparse.Namespace) -> int:
                     return
                 if args.json:
                     line = dumps(ev.to_dict(), separators=(",", ":"))
-                else:  # names, users and commands from the LAN: sanitised, and the line bounded
+                else:
+                    # names, users and commands from the LAN: sanitised, and the line bounded
                     line = f"{time.strftime('%H:%M:%S', time.localtime(ev.ts))} {for_terminal(ev, 512)}"
                 print(line, flush=True)
         finally:
             await client.stop_listening()
 
-    asyncio.run(go())  # Ctrl-C: main() says "interrupted" and exits 130, as documented
+    # Ctrl-C: main() says "interrupted" and exits 130, as documented
+    asyncio.run(go())
     return 0
 
 

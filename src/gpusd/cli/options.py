@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence
 
@@ -22,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..jobs.containers import ContainerRun
     from ..jobs.supervisor import JobSpec
 
-RELEASE_DROPPED = "0.4"  # the release in which the deprecated spellings below go
+# the release in which the deprecated spellings below go
+RELEASE_DROPPED = "0.4"
 
 
 # -- value types -------------------------------------------------------------------------------------
@@ -109,7 +111,8 @@ def command(sub: Any, name: str, target: str, help: str | None, parents: Sequenc
     return p
 
 
-_told: set[str] = set()  # the deprecation notes already printed by this process (one line each)
+# the deprecation notes already printed by this process (one line each)
+_told: set[str] = set()
 
 
 class _Deprecated(argparse.Action):
@@ -128,7 +131,8 @@ class _Deprecated(argparse.Action):
         if note not in _told:
             _told.add(note)
             print(note, file=sys.stderr)
-        if self.append:  # as the new flag's action="append" does: a new list, not the default's
+        # as the new flag's action="append" does: a new list, not the default's
+        if self.append:
             values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, values)
 
@@ -150,7 +154,8 @@ class Flags(argparse._ActionsContainer):
 
     def __init__(self) -> None:
         super().__init__(description=None, prefix_chars="-", argument_default=None, conflict_handler="error")
-        self.register("type", None, _same)  # as ArgumentParser does: no type, the text itself
+        # as ArgumentParser does: no type, the text itself
+        self.register("type", None, _same)
 
 
 def _same(text: str) -> str:

@@ -37,8 +37,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("gpusd.history")
 
-POLICY_EVERY = 5.0  # seconds between looks at the fair-use policy file (cached while unchanged)
-SHARES_EVERY = 60.0  # seconds between fair-share summaries written to the state directory
+# seconds between looks at the fair-use policy file (cached while unchanged)
+POLICY_EVERY = 5.0
+# seconds between fair-share summaries written to the state directory
+SHARES_EVERY = 60.0
 
 
 class RecordedDaemon(Protocol):
@@ -66,7 +68,8 @@ class Recording:
         self.path = cfg.history_db or (Path(daemon.state_dir) / "history.sqlite")
         self.recorder: Recorder | None = None
         self.watch = IdleWatch(self.policy, self._notify, releaser)
-        self._policy_checked = 0.0  # monotonic: when the fair-use policy file was last looked at
+        # monotonic: when the fair-use policy file was last looked at
+        self._policy_checked = 0.0
         self._shares_written = 0.0
         self._shares_busy = False
         self._apply_policy()
@@ -220,7 +223,8 @@ def routes(rec: Recording) -> "list[RouteDef]":
         from ..sanitize import dumps
 
         headers = {"Cache-Control": "no-store"}
-        if cors:  # public data: the dashboard served by another daemon of the fleet may read it
+        # public data: the dashboard served by another daemon of the fleet may read it
+        if cors:
             headers["Access-Control-Allow-Origin"] = "*"
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                             content_type="application/json", headers=headers)

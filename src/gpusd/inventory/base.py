@@ -11,7 +11,8 @@ readings), and where it needs them ``_before_read`` (once per snapshot, under th
 
 from __future__ import annotations
 
-import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms
+# a lock alone: importing threading costs a one-shot command ~1.5 ms
+import _thread
 import time
 
 from ..errors import BackendUnavailable
@@ -22,7 +23,8 @@ from .lost import GpuFailed, filled
 from .processes import ProcessResolver
 from .window import UtilWindow
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping, Sequence
 
@@ -36,18 +38,24 @@ class VendorDevice:
     uuid: str
     name: str | None = None
     pci_bus_id: str | None = None
-    unsupported: set[str] = field(default_factory=set)  # queries this GPU does not answer: not asked again
+    # queries this GPU does not answer: not asked again
+    unsupported: set[str] = field(default_factory=set)
     util: UtilWindow | None = None
 
 
 class VendorBackend:
     """The shared part of a vendor library's backend.  Thread-safe; one instance per process is enough."""
 
-    backend = ""  # the name snapshots carry
-    vendor = "nvidia"  # GpuInfo.vendor of every GPU it reads (its visibility rule: inventory.vendors)
-    library = ""  # for messages: "NVML", "amdsmi", "Level Zero"
-    listing = "cannot list GPUs"  # what failed when the device list cannot be read
-    _error: Any = ()  # the library's exception type(s), for _query
+    # the name snapshots carry
+    backend = ""
+    # GpuInfo.vendor of every GPU it reads (its visibility rule: inventory.vendors)
+    vendor = "nvidia"
+    # for messages: "NVML", "amdsmi", "Level Zero"
+    library = ""
+    # what failed when the device list cannot be read
+    listing = "cannot list GPUs"
+    # the library's exception type(s), for _query
+    _error: Any = ()
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True) -> None:
         self.util_window = util_window
