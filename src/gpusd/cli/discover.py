@@ -170,8 +170,13 @@ def list_devices(args: argparse.Namespace) -> int:
         oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
     else:
         local = _ask_local_daemon(args)
-    from ..discovery.fleetsource import choose
+    from ..discovery.fleetsource import arrived, choose
 
+    if args.json and local is not None and arrived(local):
+        rows = local.rows()  # the devices straight from the daemon's JSON: no model object on the way
+        if rows is not None:
+            print(json_list(rows[0]))
+            return 0 if rows[1] else EXIT_NO_DAEMON
     devices, hosts, unmatched = choose(local, lambda slow: _browse(args, slow))
     if args.json:
         print(json_list([d.to_dict() for d in devices]))

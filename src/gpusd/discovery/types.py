@@ -5,9 +5,9 @@ from __future__ import annotations
 import fnmatch
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from ..model import GpuInfo, HostSnapshot, display_name, name_matches
+from ..model import GpuInfo, HostSnapshot, display_name, gpu_memory_available, name_matches
 from ..sanitize import for_terminal, printable
 from ..units import format_bytes
 from ..wire.fleet import HostRecord
@@ -88,19 +88,8 @@ class Device:
         return self.gpu.utilization_gpu
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "hostname": self.hostname,
-            "node_id": self.node_id,
-            "session": self.session,
-            "url": self.url,
-            "source": self.source,
-            "live": self.live,
-            "simulated": self.simulated,
-            "verified": self.verified,
-            "via": self.via,
-            "copy_of": self.copy_of,
-            "gpu": self.gpu.to_dict(),
-        }
+        return device_dict(self.hostname, self.node_id, self.session, self.url, self.source, self.live,
+                           self.simulated, self.verified, self.via, self.copy_of, self.gpu.to_dict())
 
     def __str__(self) -> str:
         g = self.gpu
@@ -109,6 +98,14 @@ class Device:
                if g.memory_total is not None else "-")
         name = for_terminal(display_name(g.name), 64)
         return f"{for_terminal(self.hostname, 64)}:{g.index} {name} util {util} mem {mem}"
+
+
+def device_dict(hostname: str, node_id: str, session: str, url: str | None, source: str, live: bool,
+                simulated: bool, verified: bool | None, via: str, copy_of: str | None,
+                gpu: dict[str, Any]) -> dict[str, Any]:
+    """A device as ``Device.to_dict`` (``gpusd list --json``) writes it, ``gpu`` its GPU's ``to_dict``."""
+    return {"hostname": hostname, "node_id": node_id, "session": session, "url": url, "source": source, "live": live,
+            "simulated": simulated, "verified": verified, "via": via, "copy_of": copy_of, "gpu": gpu}
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,15 +357,24 @@ class Filters:
     def host_ok(self, txt: TxtRecord) -> bool:
         if self.session is not None and txt.session != self.session:
             return False
-        if self.hostname and not fnmatch.fnmatchcase(txt.hostname.lower(), self.hostname.lower()):
-            return False
-        return True
+        return self.name_ok(txt.hostname)
+
+    def name_ok(self, hostname: str) -> bool:
+        """The host name filter alone."""
+        return not self.hostname or fnmatch.fnmatchcase(hostname.lower(), self.hostname.lower())
 
     def device_ok(self, gpu: GpuInfo) -> bool:
-        if self.model and not name_matches(gpu.name, self.model):
+        return self._gpu_ok(gpu.name, lambda: gpu.memory_available)  # the model's one rule
+
+    def gpu_dict_ok(self, gpu: dict[str, Any]) -> bool:
+        """:meth:`device_ok` of a GPU as its ``to_dict`` (or :func:`gpusd.model.canonical_gpu`) writes it."""
+        return self._gpu_ok(gpu["name"], lambda: gpu_memory_available(gpu))
+
+    def _gpu_ok(self, name: str | None, free: Callable[[], int | None]) -> bool:
+        if self.model and not name_matches(name, self.model):
             return False
         if self.min_free_memory is not None:
-            free = gpu.memory_available  # the model's one rule
-            if free is None or free < self.min_free_memory:
+            left = free()
+            if left is None or left < self.min_free_memory:
                 return False
         return True
