@@ -13,7 +13,7 @@ import pytest
 
 from gpusd import model
 from gpusd.cli.discover import json_list
-from gpusd.discovery.fleetview import fleet_rows, parse_fleet
+from gpusd.discovery.fleetview import QUICK, LocalFleetView, Reading, fleet_rows, parse_fleet
 from gpusd.discovery.types import Filters
 from gpusd.inventory.simulated import SimulatedBackend
 from gpusd.model import (
@@ -194,3 +194,18 @@ def test_hostile_records_give_what_the_model_path_gives(path: tuple[Any, ...], v
     _set(data, path, value)
     fast, slow = both(data, Filters(session=SESSION), private=private)
     assert fast == slow
+
+
+def test_a_daemon_that_does_not_answer_is_waited_for_once() -> None:
+    """``list --json`` asks whether the daemon answered, then the listing asks again: the second
+    question must not wait a second time before browsing."""
+    waits: list[float | None] = []
+
+    class Silent(Reading):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            return False
+
+    reading = Silent(LocalFleetView(lambda: None, Filters(session=SESSION)))
+    assert reading.arrived() is False and reading.arrived() is False
+    assert waits == [QUICK]

@@ -170,9 +170,9 @@ def list_devices(args: argparse.Namespace) -> int:
         oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
     else:
         local = _ask_local_daemon(args)
-    from ..discovery.fleetsource import arrived, choose
+    from ..discovery.fleetsource import choose
 
-    if args.json and local is not None and arrived(local):
+    if args.json and local is not None and local.arrived():
         rows = local.rows()  # the devices straight from the daemon's JSON: no model object on the way
         if rows is not None:
             print(json_list(rows[0]))

@@ -20,18 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .source import Listing
 
 
-def arrived(local: Reading) -> bool:
-    """Whether the daemon's view answered in time: within ``QUICK``, or within its own bound where the
-    daemon took the request (waits that long)."""
-    from .fleetview import FLEET_TIMEOUT, QUICK
-
-    return local.wait(QUICK) or (local.sent.is_set() and local.wait(FLEET_TIMEOUT))
-
-
 def choose(local: Reading | None, browse: Callable[[Reading | None], Listing]) -> Listing:
     """The daemon's view (``local``, asked already) where it answers in time; otherwise
     ``browse(local)``, handed the view still on its way where the daemon took the request."""
-    if local is not None and arrived(local):
+    if local is not None and local.arrived():
         found = local.result()
         if found is not None:
             return found

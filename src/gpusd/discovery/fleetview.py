@@ -278,7 +278,7 @@ class Reading:
     will come): parsing it is the caller's own work (1,000 hosts: ~0.5 s), not a wait on the daemon,
     so a caller does not browse meanwhile."""
 
-    __slots__ = ("_done", "_fetched", "_parsed", "_result", "_view", "sent")
+    __slots__ = ("_arrived", "_done", "_fetched", "_parsed", "_result", "_view", "sent")
 
     def __init__(self, view: LocalFleetView) -> None:
         import threading
@@ -289,6 +289,7 @@ class Reading:
         self._fetched: tuple[Fetched, str] | None = None
         self._parsed = False
         self._result: Listing | None = None
+        self._arrived: bool | None = None
 
     def finish(self, fetched: tuple[Fetched, str] | None) -> None:
         self._fetched = fetched
@@ -296,6 +297,13 @@ class Reading:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def arrived(self) -> bool:
+        """Whether the daemon answered in time: within ``QUICK``, or within ``FLEET_TIMEOUT`` where it
+        took the request (waits that long, once: the verdict is kept, so asking again does not wait)."""
+        if self._arrived is None:
+            self._arrived = self.wait(QUICK) or (self.sent.is_set() and self.wait(FLEET_TIMEOUT))
+        return self._arrived
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the answer is there (waiting at most ``timeout`` s for it)."""
