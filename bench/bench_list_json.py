@@ -1,4 +1,4 @@
-"""A cold ``gpusd list --json`` from a host whose daemon follows 1,000 hosts (issue 35, item 4: <= 1 s at
+"""A cold ``gpusd list --json`` from a host whose daemon follows 1,000 hosts (the goal: <= 1 s at
 load 3), beside its floor and the tree before, interleaved.
 
     python bench/bench_list_json.py [--hosts 1000] [--gpus 8] [--runs 3] [--loads 0,3] [--before /work/main/src]
