@@ -54,6 +54,13 @@ def free_memory(total: int | None, used: int | None, reported: int | None = None
     return None if base is None else max(0, base - reserved)
 
 
+def gpu_is_free(healthy: bool, processes: Any, leases: Any, util: float | None) -> bool:
+    """gpusd's one rule for "free" (``GpuInfo.is_free``, and a GPU's ``free`` on the wire): healthy, no
+    process, no lease, and a known utilisation below :data:`FREE_UTIL` percent."""
+    return bool(healthy and not processes and not leases and util is not None and math.isfinite(util)
+                and util < FREE_UTIL)
+
+
 def reserved_memory(leases: Iterable[LeaseInfo], processes: Iterable[ProcessInfo],
                     family: Callable[[int], set[int]] | None = None) -> int:
     """Memory the ``leases`` asked for that their processes (``family(pid)``: a lease holder's
@@ -84,10 +91,11 @@ def finite(value: float | None) -> float | None:
 class _Spec:
     """How one field is encoded and decoded (a plain class: a dataclass costs 0.7 ms at import)."""
 
-    __slots__ = ("name", "kind", "optional", "is_list", "required", "limit", "nested", "omit_none", "private")
+    __slots__ = ("name", "kind", "optional", "is_list", "required", "limit", "nested", "omit_none", "private",
+                 "none_default")
 
     def __init__(self, name: str, kind: type, optional: bool, is_list: bool, required: bool, limit: int,
-                 nested: bool, omit_none: bool = False, private: bool = False) -> None:
+                 nested: bool, omit_none: bool = False, private: bool = False, none_default: bool = False) -> None:
         self.name = name
         # int, float, str, bool, or a model class (for list entries)
         self.kind = kind
@@ -104,6 +112,7 @@ class _Spec:
         self.omit_none = omit_none
         # withheld from readers who may not see it (PRIVATE): :func:`redact`
         self.private = private
+        self.none_default = none_default  # its default is None
 
 
 _PLANS: dict[type, tuple[_Spec, ...]] = {}
@@ -130,7 +139,7 @@ def _plan(cls: type) -> tuple[_Spec, ...]:
         required = f.default is missing and f.default_factory is missing
         specs.append(_Spec(f.name, tp, optional, is_list, required, int(f.metadata.get("max", default_limit)),
                            tp not in _SCALARS, bool(f.metadata.get("omit_none", False)),
-                           bool(f.metadata.get("private", False))))
+                           bool(f.metadata.get("private", False)), f.default is None))
     plan = _PLANS[cls] = tuple(specs)
     return plan
 
@@ -397,6 +406,110 @@ def _compile_encoder(cls: type) -> Any:
     return names["_encode"]
 
 
+# -- the codec's pair without the object: a wire dict checked and put in the form encode writes ---------
+# ``gpusd list --json`` from a daemon's fleet view turns 8,000 GPUs of JSON into 8,000 GPUs of JSON: building
+# a model object of each only to encode it again costs more than reading the answer.  :func:`canonical`
+# gives what encode(decode(...)) gives, from the same field plan: the plain case (every value of its exact
+# type, within bounds, every field but the telemetry present) in generated straight-line code, anything
+# else by the general code above (so the two accept the same input, raise the same errors, give the same
+# dict).
+
+_CANONICAL: dict[type, Any] = {}
+
+
+def canonical(cls: type, d: Any) -> dict[str, Any]:
+    """``encode(decode(cls, d))`` without the object: ``d`` (data from the network) checked by the
+    model's rules (:class:`WireError` where :func:`decode` raises) and written as :func:`encode` writes
+    it (field order, defaults, nested objects as dicts; a new dict).  The codec's pair only: a class's
+    ``to_dict`` may add derived keys (:func:`canonical_gpu` adds GpuInfo's ``free``)."""
+    fast = _CANONICAL.get(cls)
+    if fast is None:
+        fast = _CANONICAL[cls] = _compile_canonical(cls)
+    try:
+        return fast(d)  # type: ignore[no-any-return]
+    except _Slow:
+        return encode(decode(cls, d))
+
+
+def _compile_canonical(cls: type) -> Any:
+    names: dict[str, Any] = {"_Slow": _Slow}
+    lines = ["def _canonical(d):", "    if type(d) is not dict:", "        raise _Slow", "    g = d.get",
+             "    out = {}"]
+    for i, spec in enumerate(_plan(cls)):
+        key = repr(spec.name)
+        lines += [f"    v = g({key})", "    if v is None:"]
+        if spec.none_default and spec.omit_none:
+            # absent or null: None, which encode leaves off
+            lines.append("        pass")
+        elif spec.none_default and spec.optional:
+            lines.append(f"        out[{key}] = None")
+        else:
+            # a default of its own, or a required field: the general code
+            lines.append("        raise _Slow")
+        if spec.nested and spec.kind in _PLAIN_DECODE and spec.kind in _PLAIN_ENCODE:
+            names[f"_c{i}"] = _compiled_canonical(spec.kind)
+            if spec.is_list:
+                lines += [f"    elif type(v) is list and len(v) <= {spec.limit}:",
+                          f"        out[{key}] = [_c{i}(x) for x in v]"]
+            else:
+                lines += ["    else:", f"        out[{key}] = _c{i}(v)"]
+        elif spec.nested and spec.is_list:
+            # a class whose from_dict or to_dict says more: none of it here
+            lines += ["    elif type(v) is list and not v:", f"        out[{key}] = []"]
+        elif spec.nested:
+            pass
+        elif spec.is_list:
+            lines += [f"    elif type(v) is list and len(v) <= {spec.limit} and all({_plain_check(spec, 'x')} "
+                      "for x in v):", f"        out[{key}] = list(v)"]
+        else:
+            lines += [f"    elif {_plain_check(spec, 'v')}:", f"        out[{key}] = v"]
+        if spec.is_list or not (spec.nested and spec.kind in _PLAIN_DECODE and spec.kind in _PLAIN_ENCODE):
+            lines += ["    else:", "        raise _Slow"]
+    lines.append("    return out")
+    exec("\n".join(lines), names)  # noqa: S102 - generated from the class's own field plan
+    return names["_canonical"]
+
+
+def _compiled_canonical(cls: type) -> Any:
+    fast = _CANONICAL.get(cls)
+    if fast is None:
+        fast = _CANONICAL[cls] = _compile_canonical(cls)
+    return fast
+
+
+def canonical_gpu(d: Any) -> dict[str, Any]:
+    """``GpuInfo.from_dict(d).to_dict()`` without the object: :func:`canonical` and the derived ``free``."""
+    out = canonical(GpuInfo, d)
+    out["free"] = gpu_is_free(out["healthy"], out["processes"], out["leases"], out["utilization_gpu"])
+    return out
+
+
+def canonical_snapshot(d: Any) -> tuple[dict[str, Any], bool, list[dict[str, Any]]]:
+    """A host snapshot from the network checked as :meth:`HostSnapshot.from_dict` checks it
+    (:class:`WireError` where it raises), without its objects: its fields as :func:`canonical` gives
+    them but ``gpus`` (empty), whether it is simulated, and each GPU as :func:`canonical_gpu` gives it."""
+    simulated = _snapshot_envelope(d)
+    gpus = d.get("gpus")
+    head = canonical(HostSnapshot, {**d, "gpus": []})
+    if gpus is None:
+        gpus = []
+    limit = next(s.limit for s in _plan(HostSnapshot) if s.name == "gpus")
+    if type(gpus) is not list:
+        raise WireError("field 'gpus' must be a list")
+    if len(gpus) > limit:
+        raise WireError(f"field 'gpus' has {len(gpus)} entries, more than {limit}")
+    rows = [canonical_gpu(g) for g in gpus]
+    return head, head["backend"] == SIMULATED_BACKEND or (simulated and "backend" not in d), rows
+
+
+def gpu_memory_available(gpu: dict[str, Any]) -> int | None:
+    """``GpuInfo.memory_available`` of a GPU as :func:`canonical_gpu` gives it (the one rule)."""
+    leases = gpu["leases"]
+    reserved = reserved_memory([LeaseInfo.from_dict(x) for x in leases],
+                               [ProcessInfo.from_dict(x) for x in gpu["processes"]]) if leases else 0
+    return free_memory(gpu["memory_total"], gpu["memory_used"], gpu["memory_free"], reserved)
+
+
 # -- private fields: marked in the field metadata (PRIVATE), withheld by one function ------------------
 
 
@@ -445,6 +558,37 @@ def redact(value: Any) -> Any:
                     if item is not None:
                         redact(item)
     return value
+
+
+_PRIVATE_SPECS: dict[type, tuple[_Spec, ...]] = {}
+
+
+def _private_specs(cls: type) -> tuple[_Spec, ...]:
+    """The fields of ``cls`` that are private or hold objects with private fields."""
+    specs = _PRIVATE_SPECS.get(cls)
+    if specs is None:
+        specs = _PRIVATE_SPECS[cls] = tuple(s for s in _plan(cls) if s.private or (s.nested and _private_specs(s.kind)))
+    return specs
+
+
+def redact_encoded(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """``d``, a ``cls`` as :func:`encode` (or :func:`canonical`) writes it, as encode writes the
+    :func:`redact`-ed object: each private field None, or left off where encode leaves its None off.
+    In place; returned."""
+    for spec in _private_specs(cls):
+        if spec.name not in d:
+            continue
+        if spec.private:
+            if spec.omit_none:
+                del d[spec.name]
+            else:
+                d[spec.name] = None
+            continue
+        held = d[spec.name]
+        for item in (held or ()) if spec.is_list else (held,):
+            if item is not None:
+                redact_encoded(spec.kind, item)
+    return d
 
 
 TEXT: dict[str, Any] = {"max": MAX_TEXT}
@@ -779,9 +923,7 @@ class GpuInfo:
     def is_free(self) -> bool:
         """gpusd's one rule for "free" (the TXT count, ``list``, ``top`` and the dashboard): healthy,
         no process, no lease, and a known utilisation below :data:`FREE_UTIL` percent."""
-        util = self.utilization_gpu
-        return (self.healthy and not self.processes and not self.leases
-                and util is not None and math.isfinite(util) and util < FREE_UTIL)
+        return gpu_is_free(self.healthy, self.processes, self.leases, self.utilization_gpu)
 
     def to_dict(self) -> dict[str, Any]:
         d = encode(self)
@@ -845,14 +987,7 @@ class HostSnapshot:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostSnapshot:
-        if not isinstance(d, dict):
-            raise WireError("a host snapshot must be an object")
-        schema = d.get("schema", SCHEMA_VERSION)
-        if schema != SCHEMA_VERSION or isinstance(schema, bool):
-            raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
-        simulated = d.get("simulated")
-        if simulated is not None and not isinstance(simulated, bool):
-            raise WireError(f"field 'simulated' must be bool, got {type(simulated).__name__}")
+        simulated = _snapshot_envelope(d)
         snap = decode(cls, d)
         if simulated and "backend" not in d:
             # a sender that said only "simulated"
@@ -873,6 +1008,20 @@ class HostSnapshot:
         except (ValueError, UnicodeDecodeError) as exc:
             raise WireError(f"not JSON: {exc}") from None
         return cls.from_dict(data)
+
+
+def _snapshot_envelope(d: Any) -> bool:
+    """A snapshot's checks beyond its fields' (:class:`WireError`): an object, of this schema, with a
+    boolean ``simulated`` if any; whether it says ``simulated``."""
+    if not isinstance(d, dict):
+        raise WireError("a host snapshot must be an object")
+    schema = d.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION or isinstance(schema, bool):
+        raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
+    simulated = d.get("simulated")
+    if simulated is not None and not isinstance(simulated, bool):
+        raise WireError(f"field 'simulated' must be bool, got {type(simulated).__name__}")
+    return bool(simulated)
 
 
 # HostSnapshot.backend of simulated GPUs (gpusd.inventory.simulated)
@@ -927,8 +1076,14 @@ __all__ = [
     "MAX_NAME",
     "MAX_TEXT",
     "finite",
+    "canonical",
+    "canonical_gpu",
+    "canonical_snapshot",
     "free_memory",
+    "gpu_is_free",
+    "gpu_memory_available",
     "redact",
+    "redact_encoded",
     "shown_name",
 ]
 

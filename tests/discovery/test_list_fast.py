@@ -553,7 +553,7 @@ def test_the_source_choice_lives_in_discovery() -> None:
             self.sent = threading.Event()
             self._result = result
 
-        def wait(self, timeout: float) -> bool:
+        def arrived(self) -> bool:
             return True
 
         def done(self) -> bool:

@@ -172,6 +172,12 @@ def list_devices(args: argparse.Namespace) -> int:
         local = _ask_local_daemon(args)
     from ..discovery.fleetsource import choose
 
+    if args.json and local is not None and local.arrived():
+        # the devices straight from the daemon's JSON: no model object on the way
+        rows = local.rows()
+        if rows is not None:
+            print(json_list(rows[0]))
+            return 0 if rows[1] else EXIT_NO_DAEMON
     devices, hosts, unmatched = choose(local, lambda slow: _browse(args, slow))
     if args.json:
         print(json_list([d.to_dict() for d in devices]))

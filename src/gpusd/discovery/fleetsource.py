@@ -97,9 +97,7 @@ def ask_for(options: DiscoveryOptions) -> Reading | None:
 def choose(local: Reading | None, browse: Callable[[Reading | None], Listing]) -> Listing:
     """The daemon's view (``local``, asked already) where it answers in time; otherwise
     ``browse(local)``, handed the view still on its way where the daemon took the request."""
-    from .fleetview import FLEET_TIMEOUT, QUICK
-
-    if local is not None and (local.wait(QUICK) or (local.sent.is_set() and local.wait(FLEET_TIMEOUT))):
+    if local is not None and local.arrived():
         found = local.result()
         if found is not None:
             return found

@@ -35,7 +35,7 @@ from .source import Listing
 from .types import Device, Filters, RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..wire.http import Fetched
+    from ..wire.http import Answer, Fetched
     from ..wire.signing import FleetKey
 
 
@@ -93,6 +93,51 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
     return Listing(devices, hosts, unmatched)
 
 
+def fleet_rows(data: Any, filters: Filters, own_node: str, private: bool) -> tuple[list[dict[str, Any]], int] | None:
+    """``gpusd list --json``'s devices of a fleet view answer, straight from its JSON: what
+    :func:`parse_fleet` gives as ``[d.to_dict() for d in devices]``, with the number of its hosts, without
+    a model object.  Each record is checked by the model's rules (:func:`gpusd.model.canonical`), the
+    filters and the redaction are :func:`parse_fleet`'s; None wherever :func:`parse_fleet` gives None."""
+    from ..model import GpuInfo, canonical, canonical_snapshot, redact_encoded
+    from ..wire.fleet import HostRecord, fleet_envelope
+    from .types import device_dict
+
+    rows: list[dict[str, Any]] = []
+    listed = 0
+    try:
+        raw = fleet_envelope(data)[1]
+        if not raw:
+            return None  # not even the daemon itself yet (still starting): browse
+        for item in raw:
+            if type(item) is not dict:
+                return None  # a damaged answer: browse
+            rec = canonical(HostRecord, {k: v for k, v in item.items() if k != "snapshot"})
+            snap = item.get("snapshot")
+            if snap is None or rec["source"] != "gpusd" or rec["session"] is None:
+                return None  # an hwsd host, or one without a snapshot yet: browsing tells more
+            head, simulated, gpus = canonical_snapshot(snap)
+            hostname, session = rec["hostname"], rec["session"]
+            if not hostname.isprintable():
+                return None  # a name no announcement could carry: browse instead
+            if (filters.session is not None and session != filters.session) or not filters.name_ok(hostname):
+                continue
+            listed += 1
+            node = head["node_id"]
+            hide = node != own_node and not private
+            seen: set[str] = set()
+            for gpu in gpus:
+                if hide:
+                    redact_encoded(GpuInfo, gpu)
+                if filters.gpu_dict_ok(gpu) and gpu["uuid"] not in seen:
+                    seen.add(gpu["uuid"])
+                    rows.append(device_dict(hostname, node, session, rec["url"], "gpusd", True, simulated, None,
+                                            rec["via"], None, gpu))
+    except (ValueError, RecursionError):
+        return None  # a host the model refuses: parse_fleet skips it, and browses
+    rows.sort(key=lambda r: (r["hostname"], r["node_id"], r["gpu"]["index"]))
+    return rows, listed
+
+
 class LocalFleetView:
     """The fleet as this host's running daemon sees it (a :class:`~.source.HostListing`).
     ``filters.session`` must be set: a daemon's fleet view covers its own session only.  The options
@@ -141,6 +186,25 @@ class LocalFleetView:
 
     def parse(self, fetched: tuple[Fetched, str] | None) -> Listing | None:
         """The listing of a :meth:`fetch`'s answer; None where it cannot be used (browse instead)."""
+        answer = self._answer(fetched)
+        if answer is None:
+            return None
+        result = parse_fleet(answer[0].data, self.filters, answer[1], private=answer[0].verified is True)
+        if result is None:
+            _debug("not a usable fleet view: browsing")
+        return result
+
+    def rows(self, fetched: tuple[Fetched, str] | None) -> tuple[list[dict[str, Any]], int] | None:
+        """``gpusd list --json``'s devices of a :meth:`fetch`'s answer and its number of hosts
+        (:func:`fleet_rows`): what :meth:`parse` gives, without model objects; None where :meth:`parse`
+        gives None."""
+        answer = self._answer(fetched)
+        if answer is None:
+            return None
+        return fleet_rows(answer[0].data, self.filters, answer[1], private=answer[0].verified is True)
+
+    def _answer(self, fetched: tuple[Fetched, str] | None) -> tuple[Answer, str] | None:
+        """A :meth:`fetch`'s answer, parsed and checked, and the daemon's node id; None where unusable."""
         from ..wire.http import SourceError
 
         if fetched is None:
@@ -153,10 +217,7 @@ class LocalFleetView:
         if self.key is not None and answer.verified is not True:
             _debug("the daemon did not prove it holds the fleet secret: browsing")
             return None
-        result = parse_fleet(answer.data, self.filters, own_node, private=answer.verified is True)
-        if result is None:
-            _debug("not a usable fleet view: browsing")
-        return result
+        return answer, own_node
 
     def start(self) -> Reading:
         """:meth:`fetch` in a daemon thread (it never holds up the process's exit): the caller can
@@ -185,7 +246,7 @@ class Reading:
     will come): parsing it is the caller's own work (1,000 hosts: ~0.5 s), not a wait on the daemon,
     so a caller does not browse meanwhile."""
 
-    __slots__ = ("_done", "_fetched", "_parsed", "_result", "_view", "sent")
+    __slots__ = ("_arrived", "_done", "_fetched", "_parsed", "_result", "_view", "sent")
 
     def __init__(self, view: LocalFleetView) -> None:
         import threading
@@ -196,6 +257,7 @@ class Reading:
         self._fetched: tuple[Fetched, str] | None = None
         self._parsed = False
         self._result: Listing | None = None
+        self._arrived: bool | None = None
 
     def finish(self, fetched: tuple[Fetched, str] | None) -> None:
         self._fetched = fetched
@@ -204,9 +266,27 @@ class Reading:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def arrived(self) -> bool:
+        """Whether the daemon answered in time: within ``QUICK``, or within ``FLEET_TIMEOUT`` where it
+        took the request (waits that long, once: the verdict is kept, so asking again does not wait)."""
+        if self._arrived is None:
+            self._arrived = self.wait(QUICK) or (self.sent.is_set() and self.wait(FLEET_TIMEOUT))
+        return self._arrived
+
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the answer is there (waiting at most ``timeout`` s for it)."""
         return self._done.wait(timeout)
+
+    def rows(self) -> tuple[list[dict[str, Any]], int] | None:
+        """``gpusd list --json``'s devices and the number of hosts (:meth:`LocalFleetView.rows`); call once
+        :meth:`done`.  None: none from this answer; :meth:`result` then decides, as if not called."""
+        if self._parsed:
+            return None
+        try:
+            return self._view.rows(self._fetched)
+        except Exception as exc:  # noqa: BLE001  # a bug here must not stop the listing
+            _debug("local fleet view failed: %r", exc)
+            return None
 
     def result(self) -> Listing | None:
         """The listing (None: no usable answer); call once :meth:`done`.  Parsed on the first call."""
@@ -282,4 +362,5 @@ class FleetReader:
         return self._tls
 
 
-__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "base_url", "parse_fleet", "strip_api"]
+__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "base_url", "fleet_rows",
+           "parse_fleet", "strip_api"]

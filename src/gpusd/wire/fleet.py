@@ -196,23 +196,7 @@ class FleetView:
     @classmethod
     def from_dict(cls, d: Any) -> FleetView:
         """Validate an answer: the envelope strictly, the hosts one by one (bad ones skipped)."""
-        if not isinstance(d, dict):
-            raise WireError("a fleet answer must be an object")
-        # 0.1 daemons send no schema: the same fields
-        schema = d.get("schema", FLEET_SCHEMA)
-        if schema != FLEET_SCHEMA or isinstance(schema, bool):
-            raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
-        session = d.get("session")
-        if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
-            raise WireError("field 'session' must be a short string")
-        raw = d.get("hosts")
-        if not isinstance(raw, list):
-            raise WireError("the fleet answer has no 'hosts' list")
-        if len(raw) > MAX_FLEET_HOSTS:
-            raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
-        dropped = d.get("hosts_dropped", 0)
-        if not isinstance(dropped, int) or isinstance(dropped, bool) or not 0 <= dropped < 2**63:
-            raise WireError("field 'hosts_dropped' must be a count")
+        session, raw, dropped = fleet_envelope(d)
         view = cls(session=session, hosts_dropped=dropped)
         for item in raw:
             try:
@@ -222,5 +206,29 @@ class FleetView:
         return view
 
 
+def fleet_envelope(d: Any) -> tuple[str | None, list[Any], int]:
+    """A fleet answer's envelope, checked (:class:`WireError`): its session, its hosts as received (each
+    still to be checked: :meth:`HostRecord.from_dict`) and how many hosts its daemon dropped."""
+    if not isinstance(d, dict):
+        raise WireError("a fleet answer must be an object")
+    # 0.1 daemons send no schema: the same fields
+    schema = d.get("schema", FLEET_SCHEMA)
+    if schema != FLEET_SCHEMA or isinstance(schema, bool):
+        raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
+    session = d.get("session")
+    if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
+        raise WireError("field 'session' must be a short string")
+    raw = d.get("hosts")
+    if not isinstance(raw, list):
+        raise WireError("the fleet answer has no 'hosts' list")
+    if len(raw) > MAX_FLEET_HOSTS:
+        raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
+    dropped = d.get("hosts_dropped", 0)
+    if not isinstance(dropped, int) or isinstance(dropped, bool) or not 0 <= dropped < 2**63:
+        raise WireError("field 'hosts_dropped' must be a count")
+    return session, raw, dropped
+
+
 __all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostHeads",
+           "fleet_envelope",
            "HostRecord", "host_head", "host_json", "snapshot_bytes"]
