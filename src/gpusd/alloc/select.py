@@ -370,9 +370,39 @@ def choose(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | Non
 
 
 def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
-            env: dict[str, str] | None = None) -> Pick:
+            env: dict[str, str] | None = None, confirm: Callable[[GpuInfo], bool] | None = None) -> Pick:
     """:func:`choose`, with the reasons: the ranked devices go to :func:`gpusd.alloc.placement.pick`,
-    which chooses the set (by topology for 2+ GPUs, docs/allocation.md)."""
+    which chooses the set (by topology for 2+ GPUs, docs/allocation.md).
+
+    ``confirm``: the snapshot's process lists are not read yet; ``confirm(gpu)`` reads one GPU's (and
+    says whether it read them now).  A process only ever counts against a GPU (it raises the ``load``
+    score, and refuses the GPU in an exclusive compute mode or past ``max_processes``), so the choice
+    made while a list is unread is what its GPU could at best be: the chosen GPUs' lists are read, and
+    where one shows processes the choice is made again, until every chosen GPU's list was read -- the
+    choice the lists of all GPUs would have given, having read only those of the GPUs chosen (and of
+    any ranked ahead of them that turned out busy).  A GPU whose reservations depend on its processes
+    (a lease's memory less what the holder already uses) has its list read first."""
+    if confirm is None:
+        return _explain(snap, c, leases, env)
+    held = {le.device for le in leases} if leases is not None else set()
+    held.update(le.device for g in snap.gpus for le in g.leases)
+    for g in snap.gpus:
+        if g.memory_shared and held or g.uuid in held or any(m.uuid in held for m in g.mig_instances):
+            confirm(g)
+    while True:
+        try:
+            why = _explain(snap, c, leases, env)
+        except NoGpuAvailable:
+            # the reasons as every list would give them (a list can only refuse more: still none)
+            if any([confirm(g) for g in snap.gpus]):
+                return _explain(snap, c, leases, env)
+            raise
+        if not any([confirm(x.gpu) and bool(x.gpu.processes) or not x.gpu.healthy for x in why.chosen]):
+            return why
+
+
+def _explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
+             env: dict[str, str] | None = None) -> Pick:
     ok, rejected = candidates(snap, c, leases, env)
     vendors = {cand.gpu.vendor for cand in ok}
     if c.vendor is None and c.count > 1 and len(vendors) > 1:
