@@ -92,7 +92,7 @@ class Constraints:
     def from_keywords(cls, **values: Any) -> Constraints:
         """:meth:`build` from the keywords of :func:`gpusd.select` (``share`` for ``shared``...);
         keywords not given take the field's default."""
-        by_keyword = {keyword_of(f.name): f.name for f in fields(cls)}
+        by_keyword = _by_keyword()
         unknown = sorted(set(values) - set(by_keyword))
         if unknown:
             raise TypeError(f"unknown constraint {unknown[0]!r} (known: {', '.join(sorted(by_keyword))})")
@@ -158,9 +158,19 @@ def keyword_of(name: str) -> str:
     raise KeyError(name)
 
 
+_KEYWORDS: dict[str, str] = {}  # keyword -> field name, made on first use (the fields never change)
+
+
+def _by_keyword() -> dict[str, str]:
+    if not _KEYWORDS:
+        _KEYWORDS.update({keyword_of(f.name): f.name for f in fields(Constraints)})
+    return _KEYWORDS
+
+
 def constraint_keywords() -> dict[str, Any]:
     """Every constraint keyword of :func:`gpusd.select`, with its default."""
-    return {keyword_of(f.name): f.default for f in fields(Constraints)}
+    defaults = {f.name: f.default for f in fields(Constraints)}
+    return {k: defaults[name] for k, name in _by_keyword().items()}
 
 
 def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:
