@@ -66,6 +66,8 @@ def test_a_pick_asks_the_driver_at_most_four_calls_per_gpu(fake_nvml_inprocess: 
     made = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     assert sum(made.values()) <= 3 * PICK_CALLS_PER_GPU * n, made
     assert made["nvmlDeviceGetMemoryInfo"] == 3 * n
+    # the process lists of the GPUs it is about to choose only: GPU 0's (busy: passed over) and GPU 1's
+    assert sum(v for k, v in made.items() if "RunningProcesses" in k) == 3 * 2 * 2, made
     # what the pick weighs is read at every pick: a process that starts on GPU 0 moves the pick
     first = gpusd.select()
     first.release()
