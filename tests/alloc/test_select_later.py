@@ -98,3 +98,42 @@ def test_no_gpu_free_of_processes_says_why_each_was_refused(
         gpusd.select(max_processes=0)
     for i in range(3):
         assert f"GPU {i}: 1 processes > 0" in str(exc.value)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reading_the_lists_later_chooses_as_reading_them_all(
+        fake_nvml_inprocess: FakeNvml, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Hosts of mixed load (processes, an exclusive GPU, NVLink pairs): each request gets the GPUs a
+    pick that reads every GPU's lists first would give it."""
+    import random
+
+    import gpusd
+    from fakenvml import nvlink_pairs
+    from gpusd.inventory.nvml import NvmlBackend
+
+    rng = random.Random(seed)
+    gpus = make_gpus(8, memory_used=GiB)
+    for i, g in enumerate(gpus):
+        g.numa_node, g.host_bridge, g.pcie_switch = i // 4, i // 4, i // 2
+        g.memory_used = rng.choice([1, 2, 4, 9, 30]) * GiB
+        g.util_gpu = rng.choice([0, 0, 3, 8, 40])
+        g.processes = [FakeProcess(5000 + k, GiB) for k in range(rng.choice([0, 0, 0, 1, 3]))]
+        if rng.random() < 0.2:
+            g.compute_mode = EXCLUSIVE_PROCESS
+    nvlink_pairs(gpus, [(0, 1), (2, 3), (4, 5), (6, 7)])
+    fake_nvml_inprocess.write(gpus)
+    requests: list[dict[str, object]] = [{}, {"count": 2}, {"count": 3}, {"count": 2, "topology": "any"},
+                                         {"max_processes": 0}, {"count": 2, "by": "util"}]
+
+    def chosen(later: bool) -> list[object]:
+        monkeypatch.setattr(NvmlBackend, "_defers_processes", later)
+        out: list[object] = []
+        for r in requests:
+            try:
+                out.append(gpusd.select(lease=False, **r).indices)  # type: ignore[arg-type]
+            except gpusd.NoGpuAvailable as exc:
+                out.append(str(exc))
+        return out
+
+    chosen(False)  # the static facts and the utilisation windows read
+    assert chosen(True) == chosen(False)

@@ -388,10 +388,11 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
     says whether it read them now).  A process only ever counts against a GPU (it raises the ``load``
     score, and refuses the GPU in an exclusive compute mode or past ``max_processes``), so the choice
     made while a list is unread is what its GPU could at best be: the chosen GPUs' lists are read, and
-    where one shows processes the choice is made again, until every chosen GPU's list was read -- the
-    choice the lists of all GPUs would have given, having read only those of the GPUs chosen (and of
-    any ranked ahead of them that turned out busy).  A GPU whose reservations depend on its processes
-    (a lease's memory less what the holder already uses) has its list read first."""
+    where one shows processes the choice is made again, until every chosen GPU's list was read (and the
+    least-loaded set's, from which a multi-GPU choice measures its tolerance) -- the choice the lists
+    of all GPUs would have given, having read only those of the GPUs chosen (and of any ranked ahead of
+    them that turned out busy).  A GPU whose reservations depend on its processes (a lease's memory
+    less what the holder already uses) has its list read first."""
     if confirm is None:
         return _explain(snap, c, leases, env)
     held = {le.device for le in leases} if leases is not None else set()
@@ -399,6 +400,7 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
     for g in snap.gpus:
         if g.memory_shared and held or g.uuid in held or any(m.uuid in held for m in g.mig_instances):
             confirm(g)
+    by_index = {str(g.index): g for g in snap.gpus}  # a whole GPU's label (a MIG slice's: "0:1", its own)
     while True:
         try:
             why = _explain(snap, c, leases, env)
@@ -407,7 +409,9 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
             if any([confirm(g) for g in snap.gpus]):
                 return _explain(snap, c, leases, env)
             raise
-        if not any([confirm(x.gpu) and bool(x.gpu.processes) or not x.gpu.healthy for x in why.chosen]):
+        # the least-loaded set too: a multi-GPU choice's tolerance is measured from it (alloc.placement)
+        weighed = [x.gpu for x in why.chosen] + [by_index[i] for i in why.least_loaded if i in by_index]
+        if not any([confirm(g) and bool(g.processes) or not g.healthy for g in weighed]):
             return why
 
 
