@@ -162,9 +162,9 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
              deadline: float | None = None) -> Selection:
     """One look: choose for ``req`` (of believed priority ``level``) and, for a lease, take it."""
     c, holder = req.constraints, req.holder
-    snap = backend.snapshot(util_since=store.release_times(), detail=False)
+    snap, confirm = _pick_snapshot(backend, store.release_times(), c.count > 1)
     if not req.lease:
-        why = explain(snap, c, store.leases(), req.env)
+        why = explain(snap, c, store.leases(), req.env, confirm)
         return Selection(why.chosen, None, pick=why)
     # a lease: the queue, the fair-use caps and the priority classes (imported here: select and env take none)
     from . import policy as _policy
@@ -194,15 +194,27 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
         if blocking:
             c = replace(c, exclude=[*(c.exclude or []), *{u for b in blocking for u in b.devices}])
         try:
-            return _take(snap, c, req, store, held, holder)
+            return _take(snap, c, req, store, held, holder, confirm)
         except NoGpuAvailable as exc:
             if not blocking or isinstance(exc, _policy.OverCap):
                 raise
             raise NoGpuAvailable(f"{exc}; {_bookings.refusal(blocking, c.time_limit, now)}") from None
 
 
+def _pick_snapshot(backend: Backend, util_since: dict[str, float],
+                   pairs: bool) -> tuple[HostSnapshot, Callable[[GpuInfo], bool] | None]:
+    """The snapshot a pick weighs, and how to read a GPU's process lists it left unread
+    (:meth:`gpusd.inventory.base.VendorBackend.pick_snapshot`: the chosen GPUs' lists only; not part
+    of the Backend protocol, so a backend without it reads them all)."""
+    later = getattr(backend, "pick_snapshot", None)
+    if later is None:
+        return backend.snapshot(util_since=util_since, detail=False), None
+    snap, confirm = later(util_since, pairs)
+    return snap, confirm
+
+
 def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseStore, held: list[LeaseInfo],
-          holder: Holder) -> Selection:
+          holder: Holder, confirm: Callable[[GpuInfo], bool] | None = None) -> Selection:
     """Choose and lock, under the selection mutex (the caller's)."""
     # A GPU whose lock turns out to be held (by a process that bypassed the mutex, a lease the other
     # store published at the same moment, a lock nothing here could see) costs that GPU only: the
@@ -210,7 +222,7 @@ def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseSto
     store.refused = None
     for _ in range(len(snap.gpus) + 1):
         try:
-            why = explain(snap, c, held, req.env)
+            why = explain(snap, c, held, req.env, confirm)
         except NoGpuAvailable:
             if store.refused is None:
                 raise
