@@ -432,6 +432,23 @@ def test_each_owner_in_the_facts_table_exists() -> None:
         assert (SRC.parent / test).exists(), test
 
 
+def test_one_reader_of_the_local_daemons_state_files() -> None:
+    """Whether this host's daemon runs and where it serves is read in gpusd.localdaemon only: no other module
+    spells the names of its pid file or its gpusd.json (it asks, or takes PID_FILE/INFO_FILE from there)."""
+    names = {"gpusd.pid", "gpusd.json"}
+    spelled = []
+    for me, path in _source_files():
+        if me == "gpusd.localdaemon":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                spelled.append(f"{me}:{node.lineno}")
+    assert spelled == []
+    from gpusd import localdaemon
+
+    assert {localdaemon.PID_FILE, localdaemon.INFO_FILE} == names  # the check looks for the names in use
+
+
 def test_comments_and_docstrings_cite_no_issue_numbers() -> None:
     """History belongs in git: comments and docstrings say why, not which issue of gpusd."""
     found = []

@@ -21,7 +21,8 @@ from importlib import import_module
 
 from ._version import __version__
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 # The public names, each resolved on first use from the module that defines it.
 _LAZY = {
@@ -204,7 +205,8 @@ def __getattr__(name: str) -> object:
 
         warnings.warn(f"gpusd.{name} is internal and leaves gpusd's namespace in 0.4: import it from {module}",
                       DeprecationWarning, stacklevel=2)
-        return getattr(import_module(module), name)  # not cached: every use warns
+        # not cached: every use warns
+        return getattr(import_module(module), name)
     value = getattr(import_module(module), name)
     globals()[name] = value
     return value

@@ -22,8 +22,10 @@ from typing import Any
 
 from .record import field, record
 
-PASS, FAIL, SKIP = "ok", "fail", "skip"  # a check that does not apply here (no secret, no systemd) is skipped
-CLOCK_SKEW = 10.0  # seconds: well within the signatures' window (docs/security.md), beyond a sample's age
+# a check that does not apply here (no secret, no systemd) is skipped
+PASS, FAIL, SKIP = "ok", "fail", "skip"
+# seconds: well within the signatures' window (docs/security.md), beyond a sample's age
+CLOCK_SKEW = 10.0
 
 
 @record
@@ -43,9 +45,9 @@ class Check:
 
 def run_checks(state_dir: Path, interfaces: list[str] | None = None, token_file: str | None = None) -> list[Check]:
     """Every check, in order (docs/daemon.md, "gpusd doctor")."""
-    from .daemon import process
+    from .localdaemon import status
 
-    st = process.status(state_dir)
+    st = status(state_dir)
     info = st.info if st.running else {}
     return [gpu_libraries(), daemon(state_dir, st.running, st.pid, info), lease_socket(st.running), lock_dir(),
             multicast(interfaces if interfaces is not None else list(info.get("interfaces") or []) or None),
@@ -63,7 +65,8 @@ def gpu_libraries() -> Check:
             found["nvidia"] = f"NVML, driver {nvmlfast.nvmlSystemGetDriverVersion()}"
         finally:
             nvmlfast.nvmlShutdown()
-    except Exception as exc:  # no library, no driver: named below
+    except Exception as exc:
+        # no library, no driver: named below
         missing = {"nvidia": f"no NVML ({_short(exc)})"}
     else:
         missing = {}
@@ -191,7 +194,8 @@ def _loop_multicast(socket: Any, addr: str) -> str:
         port = recv.getsockname()[1]
         recv.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(group) + socket.inet_aton(addr))
         recv.settimeout(1.0)
-        send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)  # never transmitted: looped back only
+        # never transmitted: looped back only
+        send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 0)
         send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
         send.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(addr))
         token = os.urandom(8)
@@ -238,15 +242,23 @@ def secret(token_file: str | None) -> Check:
 def clock(info: dict[str, Any]) -> Check:
     """This clock against the sample times of the fleet's verified daemons, as the local daemon's fleet
     view holds them (each snapshot's time, on its host's clock, and when it arrived, on ours)."""
-    port = info.get("port")
-    if not isinstance(port, int) or isinstance(port, bool):
+    from .localdaemon import api_bases
+
+    bases = api_bases(info)
+    if not bases:
         return Check("clock", SKIP, "no local daemon to ask for the fleet's times")
     from .wire.http import SourceError, fetch_json
 
-    try:
-        data = fetch_json(f"http://127.0.0.1:{port}/api/v1/fleet", timeout=3).data
-    except SourceError as exc:
-        return Check("clock", SKIP, f"the local daemon's fleet view did not answer ({_short(exc)})")
+    data: Any = None
+    why = ""
+    for base in bases:  # loopback first where it serves every address, else the addresses it serves
+        try:
+            data = fetch_json(f"{base}/fleet", timeout=3).data
+            break
+        except SourceError as exc:
+            why = _short(exc)
+    else:
+        return Check("clock", SKIP, f"the local daemon's fleet view did not answer ({why})")
     offsets: dict[str, float] = {}
     hosts = data.get("hosts") if isinstance(data, dict) else None
     for h in hosts if isinstance(hosts, list) else []:

@@ -37,7 +37,8 @@ are also :class:`ValueError` stay catchable as before.
 # Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -46,23 +47,33 @@ if TYPE_CHECKING:  # pragma: no cover
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_NO_BACKEND = 3  # no NVML library, no driver, or no simulation given
-EXIT_NO_GPU = 4  # no GPU satisfies the constraints (and --wait was not given)
-EXIT_TIMEOUT = 5  # --wait --timeout ran out
-EXIT_NO_DAEMON = 6  # no daemon running / none found, or its answer cannot be read
-EXIT_ALREADY_RUNNING = 7  # gpusd start: a daemon already runs on this state directory with other options
-EXIT_TIME_LIMIT = 124  # gpusd run --time: the job's time ran out and it was stopped (as timeout(1) exits)
-EXIT_CANNOT_EXECUTE = 126  # the shell's statuses for a command that cannot be started
+# no NVML library, no driver, or no simulation given
+EXIT_NO_BACKEND = 3
+# no GPU satisfies the constraints (and --wait was not given)
+EXIT_NO_GPU = 4
+# --wait --timeout ran out
+EXIT_TIMEOUT = 5
+# no daemon running / none found, or its answer cannot be read
+EXIT_NO_DAEMON = 6
+# gpusd start: a daemon already runs on this state directory with other options
+EXIT_ALREADY_RUNNING = 7
+# gpusd run --time: the job's time ran out and it was stopped (as timeout(1) exits)
+EXIT_TIME_LIMIT = 124
+# the shell's statuses for a command that cannot be started
+EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 
 
 class GpusdError(Exception):
     """Base class of gpusd's errors; its message is one line meant for users."""
 
-    code = "error"  # stable: on the wire (to_wire)
+    # stable: on the wire (to_wire)
+    code = "error"
     exit_status = EXIT_ERROR
-    http_status = 503  # the daemon could not do it; a subclass says better where it can
-    http_reason: str | None = None  # the HTTP body's "reason" (older clients read it)
+    # the daemon could not do it; a subclass says better where it can
+    http_status = 503
+    # the HTTP body's "reason" (older clients read it)
+    http_reason: str | None = None
 
     @classmethod
     def from_message(cls, message: str, d: dict[str, Any]) -> GpusdError:
@@ -180,7 +191,8 @@ class DiskFull(GpusdError):
     half-written is left behind.  HTTP 507 on the API."""
 
     code = "disk_full"
-    http_status = 507  # Insufficient Storage: the reason, not "no GPU"
+    # Insufficient Storage: the reason, not "no GPU"
+    http_status = 507
     http_reason = "disk_full"
 
     @classmethod
@@ -207,7 +219,8 @@ class DaemonStartFailed(GpusdError):
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
-        self.status = status  # the daemon process's exit status
+        # the daemon process's exit status
+        self.status = status
 
     @classmethod
     def from_message(cls, message: str, d: dict[str, Any]) -> GpusdError:
@@ -241,7 +254,8 @@ def exec_failure(exc: OSError, program: str) -> tuple[int, str]:
 # The answers of 0.2 daemons and supervisors name a kind in "error" (lease socket, control socket) and
 # no "code"; those words are the codes of these classes, and every answer still carries its nearest one.
 LEGACY_KINDS = ("usage", "no_gpu", "timeout", "error")
-MAX_MESSAGE = 2000  # characters of a peer's message kept (sanitised for a terminal)
+# characters of a peer's message kept (sanitised for a terminal)
+MAX_MESSAGE = 2000
 
 
 def to_wire(exc: BaseException, http: bool = False) -> dict[str, Any]:
@@ -282,9 +296,11 @@ def from_wire(d: object, prefix: str = "") -> GpusdError:
     if not isinstance(d, dict):
         return GpusdError(prefix + "the peer's answer is not a JSON object")
     code, message = d.get("code"), d.get("message")
-    if isinstance(message, str):  # the sockets' form: "error" is the kind
+    # the sockets' form: "error" is the kind
+    if isinstance(message, str):
         kind = d.get("error")
-    else:  # an HTTP error body: "error" is the message, a 0.2 daemon's "reason" the kind where it gave one
+    else:
+        # an HTTP error body: "error" is the message, a 0.2 daemon's "reason" the kind where it gave one
         message, kind = d.get("error"), d.get("reason")
     cls = (_BY_CODE.get(code) if isinstance(code, str) else None) or (
         _BY_CODE.get(kind) if isinstance(kind, str) and kind in LEGACY_KINDS else None) or GpusdError

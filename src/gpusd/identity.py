@@ -58,7 +58,8 @@ def node_id(directory: Path | None = None) -> str:
         if _valid(text):
             return text
     except OSError:
-        pass  # absent or unreadable; a damaged file is replaced below
+        # absent or unreadable; a damaged file is replaced below
+        pass
     import hashlib
 
     mid = _machine_id()
@@ -72,7 +73,8 @@ def node_id(directory: Path | None = None) -> str:
         tmp.write_text(new + "\n")
         os.replace(tmp, path)
     except OSError:
-        try:  # a full disk leaves no empty file behind
+        # a full disk leaves no empty file behind
+        try:
             tmp.unlink()
         except OSError:
             pass

@@ -34,7 +34,8 @@ import re
 
 from .errors import IdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
     from typing import TypeGuard
@@ -46,7 +47,8 @@ class _Id:
     what = "an id"
     rule = ""
     _match: Callable[[str], object]
-    _file: Callable[[str], re.Match[str] | None]  # the record's file name, the id its group 1
+    # the record's file name, the id its group 1
+    _file: Callable[[str], re.Match[str] | None]
 
     @classmethod
     def is_valid(cls, text: object) -> TypeGuard[str]:
@@ -75,7 +77,8 @@ class _Id:
 
 
 def _hex12() -> str:
-    return os.urandom(6).hex()  # 48 bits: unique among the jobs and leases of one machine
+    # 48 bits: unique among the jobs and leases of one machine
+    return os.urandom(6).hex()
 
 
 class JobId(_Id):
@@ -84,7 +87,8 @@ class JobId(_Id):
     what = "a job id"
     rule = "8 to 32 lowercase hex digits"
     _match = re.compile(r"[0-9a-f]{8,32}").fullmatch
-    _file = re.compile(r"job-([0-9a-f]{8,32})\.json").fullmatch  # job-<ID>.json (gpusd.jobs.record)
+    # job-<ID>.json (gpusd.jobs.record)
+    _file = re.compile(r"job-([0-9a-f]{8,32})\.json").fullmatch
 
     @staticmethod
     def new() -> str:

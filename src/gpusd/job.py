@@ -27,7 +27,8 @@ import signal
 import sys
 from typing import Any, Callable, NoReturn
 
-RESTART_ME = 75  # the exit status that asks gpusd run to start the command again, keeping the lease
+# the exit status that asks gpusd run to start the command again, keeping the lease
+RESTART_ME = 75
 MAX_FILE = 65536
 
 

@@ -21,7 +21,8 @@ import math
 from .errors import WireError
 from .record import MISSING, field, record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Iterable, TypeVar
 
@@ -30,10 +31,14 @@ if TYPE_CHECKING:  # pragma: no cover
 SCHEMA_VERSION = 1
 
 # Decode-time bounds (docs/wire-format.md): data from the network is hostile until proven otherwise.
-MAX_NAME = 256  # characters in a name, id, version or other short string
-MAX_TEXT = 4096  # characters in a command line or an error message
-MAX_ITEMS = 4096  # entries in a list (unless a field says fewer)
-MAX_INT = 2**63  # integers are 64-bit on every producer (NVML, the kernel)
+# characters in a name, id, version or other short string
+MAX_NAME = 256
+# characters in a command line or an error message
+MAX_TEXT = 4096
+# entries in a list (unless a field says fewer)
+MAX_ITEMS = 4096
+# integers are 64-bit on every producer (NVML, the kernel)
+MAX_INT = 2**63
 
 # A GPU is free when it is healthy, runs no process, holds no lease, and its utilisation is known
 # and below this many percent.  An unknown utilisation is not free: gpusd cannot tell.
@@ -48,6 +53,13 @@ def free_memory(total: int | None, used: int | None, reported: int | None = None
     /metrics all show this number (``GpuInfo.memory_available``)."""
     base = reported if reported is not None else None if total is None or used is None else total - used
     return None if base is None else max(0, base - reserved)
+
+
+def gpu_is_free(healthy: bool, processes: Any, leases: Any, util: float | None) -> bool:
+    """gpusd's one rule for "free" (``GpuInfo.is_free``, and a GPU's ``free`` on the wire): healthy, no
+    process, no lease, and a known utilisation below :data:`FREE_UTIL` percent."""
+    return bool(healthy and not processes and not leases and util is not None and math.isfinite(util)
+                and util < FREE_UTIL)
 
 
 def reserved_memory(leases: Iterable[LeaseInfo], processes: Iterable[ProcessInfo],
@@ -80,19 +92,28 @@ def finite(value: float | None) -> float | None:
 class _Spec:
     """How one field is encoded and decoded (a plain class: a dataclass costs 0.7 ms at import)."""
 
-    __slots__ = ("name", "kind", "optional", "is_list", "required", "limit", "nested", "omit_none", "private")
+    __slots__ = ("name", "kind", "optional", "is_list", "required", "limit", "nested", "omit_none", "private",
+                 "none_default")
 
     def __init__(self, name: str, kind: type, optional: bool, is_list: bool, required: bool, limit: int,
-                 nested: bool, omit_none: bool = False, private: bool = False) -> None:
+                 nested: bool, omit_none: bool = False, private: bool = False, none_default: bool = False) -> None:
         self.name = name
-        self.kind = kind  # int, float, str, bool, or a model class (for list entries)
-        self.optional = optional  # None is a valid value
+        # int, float, str, bool, or a model class (for list entries)
+        self.kind = kind
+        # None is a valid value
+        self.optional = optional
         self.is_list = is_list
-        self.required = required  # no default: must be present
-        self.limit = limit  # characters (str) or entries (list)
-        self.nested = nested  # kind is a model class
-        self.omit_none = omit_none  # left off the wire while None (the telemetry fields: most snapshots lack them)
-        self.private = private  # withheld from readers who may not see it (PRIVATE): :func:`redact`
+        # no default: must be present
+        self.required = required
+        # characters (str) or entries (list)
+        self.limit = limit
+        # kind is a model class
+        self.nested = nested
+        # left off the wire while None (the telemetry fields: most snapshots lack them)
+        self.omit_none = omit_none
+        # withheld from readers who may not see it (PRIVATE): :func:`redact`
+        self.private = private
+        self.none_default = none_default  # its default is None
 
 
 _PLANS: dict[type, tuple[_Spec, ...]] = {}
@@ -108,7 +129,8 @@ def _plan(cls: type) -> tuple[_Spec, ...]:
     own = getattr(cls, "__record_fields__", None)
     if own is not None:
         defined, missing = tuple(own.values()), MISSING
-    else:  # a dataclass of another module using this codec (wire.fleet's records): dataclasses is imported there
+    else:
+        # a dataclass of another module using this codec (wire.fleet's records): dataclasses is imported there
         import dataclasses
 
         defined, missing = dataclasses.fields(cls), dataclasses.MISSING
@@ -118,7 +140,7 @@ def _plan(cls: type) -> tuple[_Spec, ...]:
         required = f.default is missing and f.default_factory is missing
         specs.append(_Spec(f.name, tp, optional, is_list, required, int(f.metadata.get("max", default_limit)),
                            tp not in _SCALARS, bool(f.metadata.get("omit_none", False)),
-                           bool(f.metadata.get("private", False))))
+                           bool(f.metadata.get("private", False)), f.default is None))
     plan = _PLANS[cls] = tuple(specs)
     return plan
 
@@ -138,7 +160,8 @@ def _field_type(cls: type, name: str, annotation: object) -> tuple[type, bool, b
     if is_list:
         text = text[5:-1]
     kind = _KINDS.get(text) or _MODEL_NAMES.get(text)
-    if kind is None:  # a class of another module's record (wire.fleet's FleetHost), named in its module
+    # a class of another module's record (wire.fleet's FleetHost), named in its module
+    if kind is None:
         import sys
 
         kind = vars(sys.modules[cls.__module__]).get(text)
@@ -148,7 +171,8 @@ def _field_type(cls: type, name: str, annotation: object) -> tuple[type, bool, b
 
 
 _KINDS: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
-_MODEL_NAMES: dict[str, type] = {}  # the model classes by name, filled below
+# the model classes by name, filled below
+_MODEL_NAMES: dict[str, type] = {}
 
 
 def _has_fields(obj: Any) -> bool:
@@ -186,7 +210,8 @@ def decode(cls: type[T], d: Any) -> T:
         try:
             return fast(d)  # type: ignore[no-any-return]
         except (_Slow, ValueError):
-            pass  # not the plain case (or invalid): the general code below decides, with its message
+            # not the plain case (or invalid): the general code below decides, with its message
+            pass
     elif _count(_DECODE_USES, cls):
         _DECODERS[cls] = _compile_decoder(cls)
     if not isinstance(d, dict):
@@ -232,7 +257,8 @@ def encode(obj: Any) -> dict[str, Any]:
         try:
             return fast(obj)  # type: ignore[no-any-return]
         except _Slow:
-            pass  # a non-finite number: the general code below decides
+            # a non-finite number: the general code below decides
+            pass
     elif _count(_ENCODE_USES, cls):
         _ENCODERS[cls] = _compile_encoder(cls)
     out: dict[str, Any] = {}
@@ -240,7 +266,8 @@ def encode(obj: Any) -> dict[str, Any]:
         value = getattr(obj, spec.name)
         if value is None:
             if spec.omit_none:
-                continue  # a reader takes the default, None
+                # a reader takes the default, None
+                continue
         elif spec.nested:
             value = [v.to_dict() for v in value] if spec.is_list else value.to_dict()
         elif spec.is_list:
@@ -291,7 +318,8 @@ def _plain_check(spec: _Spec, v: str) -> str:
         return f"type({v}) is bool"
     if kind is int:
         return f"type({v}) is int and {-MAX_INT} <= {v} < {MAX_INT}"
-    return f"type({v}) is float and {v} - {v} == 0.0"  # finite: inf - inf and nan - nan are nan
+    # finite: inf - inf and nan - nan are nan
+    return f"type({v}) is float and {v} - {v} == 0.0"
 
 
 def _compile_decoder(cls: type) -> Any:
@@ -379,6 +407,110 @@ def _compile_encoder(cls: type) -> Any:
     return names["_encode"]
 
 
+# -- the codec's pair without the object: a wire dict checked and put in the form encode writes ---------
+# ``gpusd list --json`` from a daemon's fleet view turns 8,000 GPUs of JSON into 8,000 GPUs of JSON: building
+# a model object of each only to encode it again costs more than reading the answer.  :func:`canonical`
+# gives what encode(decode(...)) gives, from the same field plan: the plain case (every value of its exact
+# type, within bounds, every field but the telemetry present) in generated straight-line code, anything
+# else by the general code above (so the two accept the same input, raise the same errors, give the same
+# dict).
+
+_CANONICAL: dict[type, Any] = {}
+
+
+def canonical(cls: type, d: Any) -> dict[str, Any]:
+    """``encode(decode(cls, d))`` without the object: ``d`` (data from the network) checked by the
+    model's rules (:class:`WireError` where :func:`decode` raises) and written as :func:`encode` writes
+    it (field order, defaults, nested objects as dicts; a new dict).  The codec's pair only: a class's
+    ``to_dict`` may add derived keys (:func:`canonical_gpu` adds GpuInfo's ``free``)."""
+    fast = _CANONICAL.get(cls)
+    if fast is None:
+        fast = _CANONICAL[cls] = _compile_canonical(cls)
+    try:
+        return fast(d)  # type: ignore[no-any-return]
+    except _Slow:
+        return encode(decode(cls, d))
+
+
+def _compile_canonical(cls: type) -> Any:
+    names: dict[str, Any] = {"_Slow": _Slow}
+    lines = ["def _canonical(d):", "    if type(d) is not dict:", "        raise _Slow", "    g = d.get",
+             "    out = {}"]
+    for i, spec in enumerate(_plan(cls)):
+        key = repr(spec.name)
+        lines += [f"    v = g({key})", "    if v is None:"]
+        if spec.none_default and spec.omit_none:
+            # absent or null: None, which encode leaves off
+            lines.append("        pass")
+        elif spec.none_default and spec.optional:
+            lines.append(f"        out[{key}] = None")
+        else:
+            # a default of its own, or a required field: the general code
+            lines.append("        raise _Slow")
+        if spec.nested and spec.kind in _PLAIN_DECODE and spec.kind in _PLAIN_ENCODE:
+            names[f"_c{i}"] = _compiled_canonical(spec.kind)
+            if spec.is_list:
+                lines += [f"    elif type(v) is list and len(v) <= {spec.limit}:",
+                          f"        out[{key}] = [_c{i}(x) for x in v]"]
+            else:
+                lines += ["    else:", f"        out[{key}] = _c{i}(v)"]
+        elif spec.nested and spec.is_list:
+            # a class whose from_dict or to_dict says more: none of it here
+            lines += ["    elif type(v) is list and not v:", f"        out[{key}] = []"]
+        elif spec.nested:
+            pass
+        elif spec.is_list:
+            lines += [f"    elif type(v) is list and len(v) <= {spec.limit} and all({_plain_check(spec, 'x')} "
+                      "for x in v):", f"        out[{key}] = list(v)"]
+        else:
+            lines += [f"    elif {_plain_check(spec, 'v')}:", f"        out[{key}] = v"]
+        if spec.is_list or not (spec.nested and spec.kind in _PLAIN_DECODE and spec.kind in _PLAIN_ENCODE):
+            lines += ["    else:", "        raise _Slow"]
+    lines.append("    return out")
+    exec("\n".join(lines), names)  # noqa: S102 - generated from the class's own field plan
+    return names["_canonical"]
+
+
+def _compiled_canonical(cls: type) -> Any:
+    fast = _CANONICAL.get(cls)
+    if fast is None:
+        fast = _CANONICAL[cls] = _compile_canonical(cls)
+    return fast
+
+
+def canonical_gpu(d: Any) -> dict[str, Any]:
+    """``GpuInfo.from_dict(d).to_dict()`` without the object: :func:`canonical` and the derived ``free``."""
+    out = canonical(GpuInfo, d)
+    out["free"] = gpu_is_free(out["healthy"], out["processes"], out["leases"], out["utilization_gpu"])
+    return out
+
+
+def canonical_snapshot(d: Any) -> tuple[dict[str, Any], bool, list[dict[str, Any]]]:
+    """A host snapshot from the network checked as :meth:`HostSnapshot.from_dict` checks it
+    (:class:`WireError` where it raises), without its objects: its fields as :func:`canonical` gives
+    them but ``gpus`` (empty), whether it is simulated, and each GPU as :func:`canonical_gpu` gives it."""
+    simulated = _snapshot_envelope(d)
+    gpus = d.get("gpus")
+    head = canonical(HostSnapshot, {**d, "gpus": []})
+    if gpus is None:
+        gpus = []
+    limit = next(s.limit for s in _plan(HostSnapshot) if s.name == "gpus")
+    if type(gpus) is not list:
+        raise WireError("field 'gpus' must be a list")
+    if len(gpus) > limit:
+        raise WireError(f"field 'gpus' has {len(gpus)} entries, more than {limit}")
+    rows = [canonical_gpu(g) for g in gpus]
+    return head, head["backend"] == SIMULATED_BACKEND or (simulated and "backend" not in d), rows
+
+
+def gpu_memory_available(gpu: dict[str, Any]) -> int | None:
+    """``GpuInfo.memory_available`` of a GPU as :func:`canonical_gpu` gives it (the one rule)."""
+    leases = gpu["leases"]
+    reserved = reserved_memory([LeaseInfo.from_dict(x) for x in leases],
+                               [ProcessInfo.from_dict(x) for x in gpu["processes"]]) if leases else 0
+    return free_memory(gpu["memory_total"], gpu["memory_used"], gpu["memory_free"], reserved)
+
+
 # -- private fields: marked in the field metadata (PRIVATE), withheld by one function ------------------
 
 
@@ -429,8 +561,40 @@ def redact(value: Any) -> Any:
     return value
 
 
+_PRIVATE_SPECS: dict[type, tuple[_Spec, ...]] = {}
+
+
+def _private_specs(cls: type) -> tuple[_Spec, ...]:
+    """The fields of ``cls`` that are private or hold objects with private fields."""
+    specs = _PRIVATE_SPECS.get(cls)
+    if specs is None:
+        specs = _PRIVATE_SPECS[cls] = tuple(s for s in _plan(cls) if s.private or (s.nested and _private_specs(s.kind)))
+    return specs
+
+
+def redact_encoded(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """``d``, a ``cls`` as :func:`encode` (or :func:`canonical`) writes it, as encode writes the
+    :func:`redact`-ed object: each private field None, or left off where encode leaves its None off.
+    In place; returned."""
+    for spec in _private_specs(cls):
+        if spec.name not in d:
+            continue
+        if spec.private:
+            if spec.omit_none:
+                del d[spec.name]
+            else:
+                d[spec.name] = None
+            continue
+        held = d[spec.name]
+        for item in (held or ()) if spec.is_list else (held,):
+            if item is not None:
+                redact_encoded(spec.kind, item)
+    return d
+
+
 TEXT: dict[str, Any] = {"max": MAX_TEXT}
-OPT: dict[str, Any] = {"omit_none": True}  # an optional reading sent only where present
+# an optional reading sent only where present
+OPT: dict[str, Any] = {"omit_none": True}
 # A private field (process owners, command lines: docs/security.md): served only to readers the daemon
 # trusts, dropped from hosts that did not prove they hold the fleet secret.  :func:`redact` reads this mark.
 PRIVATE: dict[str, Any] = {"private": True}
@@ -442,8 +606,10 @@ class ProcessInfo:
 
     pid: int
     used_memory: int | None = None
-    type: str = "compute"  # "compute" or "graphics"
-    user: str | None = field(default=None, metadata=PRIVATE)  # None where the host cannot tell (containers)
+    # "compute" or "graphics"
+    type: str = "compute"
+    # None where the host cannot tell (containers)
+    user: str | None = field(default=None, metadata=PRIVATE)
     command: str | None = field(default=None, metadata={**TEXT, **PRIVATE})
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
@@ -504,17 +670,21 @@ class LeaseInfo:
     lease_id: str
     pid: int
     user: str | None = field(default=None, metadata=PRIVATE)
-    started: float | None = None  # seconds since the epoch
-    memory: int | None = None  # bytes the job asked for; None: not stated
+    # seconds since the epoch
+    started: float | None = None
+    # bytes the job asked for; None: not stated
+    memory: int | None = None
     shared: bool = False
     command: str | None = field(default=None, metadata={**TEXT, **PRIVATE})
-    device: str | None = None  # UUID of the leased GPU or MIG slice
+    # UUID of the leased GPU or MIG slice
+    device: str | None = None
     # A lease the daemon holds for a remote holder (docs/pool.md): where the request came from (the
     # client's address), and when the lease ends unless its holder renews it (seconds since the epoch).
     # ``user`` is then the holder's name and ``command`` its note (both private, as for local leases).
     remote_from: str | None = None
     expires: float | None = None
-    job: str | None = None  # the gpusd job holding it (docs/jobs.md), when known
+    # the gpusd job holding it (docs/jobs.md), when known
+    job: str | None = None
     # Not a lease: a process (``pid``, ``user`` naming its uid) holds the device's lock without one,
     # which blocks the GPU for gpusd's leases in that lock directory (docs/allocation.md).
     unleased: bool = False
@@ -575,8 +745,10 @@ class GpuLink:
     number of active NVLinks between the two (through an NVSwitch: the GPU's links to the switches),
     0 for none."""
 
-    peer: int  # the other GPU's index in the same snapshot
-    level: int | None = None  # None: NVML cannot tell
+    # the other GPU's index in the same snapshot
+    peer: int
+    # None: NVML cannot tell
+    level: int | None = None
     nvlink: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -600,7 +772,8 @@ class GpuTopology:
     links); ``fabric``: the lowest index of the GPUs that reach each other through NVSwitches, this one
     with ``fabric_links`` links (None: none)."""
 
-    version: int = 2  # the topology's form (version 1: GpuInfo.links, a link per pair)
+    # the topology's form (version 1: GpuInfo.links, a link per pair)
+    version: int = 2
     pcie: list[int] = field(default_factory=list, metadata={"max": 5})
     nvlink: list[GpuLink] = field(default_factory=list, metadata={"max": 64})
     fabric: int | None = None
@@ -618,27 +791,34 @@ class GpuTopology:
 class GpuInfo:
     """One physical GPU as seen at one moment."""
 
-    index: int  # NVML index, which is nvidia-smi's (PCI bus) order
+    # NVML index, which is nvidia-smi's (PCI bus) order
+    index: int
     uuid: str
     name: str | None = None
     pci_bus_id: str | None = None
     memory_total: int | None = None
     memory_used: int | None = None
     memory_free: int | None = None
-    utilization_gpu: float | None = None  # percent, averaged over utilization_window seconds
-    utilization_memory: float | None = None  # percent (memory controller busy)
-    utilization_window: float | None = None  # seconds the average covers; None: a single reading
+    # percent, averaged over utilization_window seconds
+    utilization_gpu: float | None = None
+    # percent (memory controller busy)
+    utilization_memory: float | None = None
+    # seconds the average covers; None: a single reading
+    utilization_window: float | None = None
     temperature: int | None = None  # degrees C
     power_draw: float | None = None  # watts
     power_limit: float | None = None  # watts
     fan_speed: int | None = None  # percent
-    compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"
-    mig_mode: bool | None = None  # None: the GPU has no MIG support
+    # "default", "exclusive_process", "prohibited"
+    compute_mode: str | None = None
+    # None: the GPU has no MIG support
+    mig_mode: bool | None = None
     mig_instances: list[MigInstance] = field(default_factory=list, metadata={"max": 64})
     processes: list[ProcessInfo] = field(default_factory=list)
     leases: list[LeaseInfo] = field(default_factory=list)
     healthy: bool = True
-    error: str | None = field(default=None, metadata=TEXT)  # why the GPU is unhealthy, or which query failed
+    # why the GPU is unhealthy, or which query failed
+    error: str | None = field(default=None, metadata=TEXT)
     # Topology (added in 0.3, schema 1 still: older readers ignore these keys): the GPU's NUMA node, the
     # CPUs close to it (a Linux CPU list, "0-23,48-71"), and its link to every other GPU of the host.
     numa_node: int | None = None
@@ -650,29 +830,38 @@ class GpuInfo:
     # Added in 0.3 (additive, docs/wire-format.md): who made the GPU, and its number in its vendor's own
     # runtime (CUDA, ROCm, Level Zero), which is what that vendor's visibility variable counts.
     # ``index`` stays unique on the host; on a one-vendor host both are the same.
-    vendor: str = "nvidia"  # "nvidia", "amd" or "intel" (VENDORS)
-    vendor_index: int | None = None  # None: the same as ``index``
-    compute_partition: str | None = None  # AMD: "SPX", "DPX", "QPX", "CPX"; None: not partitionable
+    # "nvidia", "amd" or "intel" (VENDORS)
+    vendor: str = "nvidia"
+    # None: the same as ``index``
+    vendor_index: int | None = None
+    # AMD: "SPX", "DPX", "QPX", "CPX"; None: not partitionable
+    compute_partition: str | None = None
     memory_partition: str | None = None  # AMD: "NPS1", "NPS4"
-    subdevices: int | None = None  # Intel: stacks (tiles) of the card; None: not reported
+    # Intel: stacks (tiles) of the card; None: not reported
+    subdevices: int | None = None
 
     # Telemetry behind the DCGM exporter's default counters (docs/monitoring.md); None where unsupported
     # or not read, and then left off the wire (OPT).
     clock_sm: int | None = field(default=None, metadata=OPT)  # MHz
     clock_memory: int | None = field(default=None, metadata=OPT)  # MHz
     memory_temperature: int | None = field(default=None, metadata=OPT)  # degrees C (HBM)
-    memory_reserved: int | None = field(default=None, metadata=OPT)  # bytes the driver reserves
-    energy: int | None = field(default=None, metadata=OPT)  # mJ since the driver loaded (a counter)
+    # bytes the driver reserves
+    memory_reserved: int | None = field(default=None, metadata=OPT)
+    # mJ since the driver loaded (a counter)
+    energy: int | None = field(default=None, metadata=OPT)
     pcie_replays: int | None = field(default=None, metadata=OPT)  # PCIe replay counter
     utilization_encoder: int | None = field(default=None, metadata=OPT)  # percent
     utilization_decoder: int | None = field(default=None, metadata=OPT)  # percent
-    nvlink_bytes: int | None = field(default=None, metadata=OPT)  # NVLink raw bytes, TX+RX, every link
+    # NVLink raw bytes, TX+RX, every link
+    nvlink_bytes: int | None = field(default=None, metadata=OPT)
     remapped_rows_correctable: int | None = field(default=None, metadata=OPT)
     remapped_rows_uncorrectable: int | None = field(default=None, metadata=OPT)
     row_remap_pending: bool | None = field(default=None, metadata=OPT)
     row_remap_failure: bool | None = field(default=None, metadata=OPT)
-    xid_last: int | None = field(default=None, metadata=OPT)  # the last XID seen since the start; 0: none
-    xid_errors: int | None = field(default=None, metadata=OPT)  # XIDs seen since the start; None: no events
+    # the last XID seen since the start; 0: none
+    xid_last: int | None = field(default=None, metadata=OPT)
+    # XIDs seen since the start; None: no events
+    xid_errors: int | None = field(default=None, metadata=OPT)
     # NVML's GPM (Hopper and newer), between the last two samples: percent, bytes per second
     gpm_graphics_util: float | None = field(default=None, metadata=OPT)
     gpm_tensor_util: float | None = field(default=None, metadata=OPT)  # any tensor pipe
@@ -735,13 +924,12 @@ class GpuInfo:
     def is_free(self) -> bool:
         """gpusd's one rule for "free" (the TXT count, ``list``, ``top`` and the dashboard): healthy,
         no process, no lease, and a known utilisation below :data:`FREE_UTIL` percent."""
-        util = self.utilization_gpu
-        return (self.healthy and not self.processes and not self.leases
-                and util is not None and math.isfinite(util) and util < FREE_UTIL)
+        return gpu_is_free(self.healthy, self.processes, self.leases, self.utilization_gpu)
 
     def to_dict(self) -> dict[str, Any]:
         d = encode(self)
-        d["free"] = self.is_free  # derived: sent so that clients (the dashboard) need not re-implement it
+        # derived: sent so that clients (the dashboard) need not re-implement it
+        d["free"] = self.is_free
         return d
 
     @classmethod
@@ -754,13 +942,15 @@ class HostSnapshot:
     """One host and all its GPUs at one moment."""
 
     hostname: str
-    node_id: str  # stable across restarts of the same machine (or state directory)
+    # stable across restarts of the same machine (or state directory)
+    node_id: str
     timestamp: float
     gpus: list[GpuInfo] = field(default_factory=list, metadata={"max": 256})
     driver_version: str | None = None
     cuda_version: str | None = None  # e.g. "12.4"
     nvml_version: str | None = None
-    backend: str = "nvml"  # "nvml", "amdsmi", "levelzero", "simulated", or several joined by "+"
+    # "nvml", "amdsmi", "levelzero", "simulated", or several joined by "+"
+    backend: str = "nvml"
     # ``simulated`` is derived from ``backend`` (a property, below), still sent on the wire after it
     schema: int = SCHEMA_VERSION
     # The machine (added in 0.3, schema 1 still: older readers ignore these keys), as ``slurmd -C``
@@ -789,7 +979,8 @@ class HostSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key, value in encode(self).items():  # "simulated" right after "backend", where it always was
+        # "simulated" right after "backend", where it always was
+        for key, value in encode(self).items():
             out[key] = value
             if key == "backend":
                 out["simulated"] = self.simulated
@@ -797,17 +988,11 @@ class HostSnapshot:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostSnapshot:
-        if not isinstance(d, dict):
-            raise WireError("a host snapshot must be an object")
-        schema = d.get("schema", SCHEMA_VERSION)
-        if schema != SCHEMA_VERSION or isinstance(schema, bool):
-            raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
-        simulated = d.get("simulated")
-        if simulated is not None and not isinstance(simulated, bool):
-            raise WireError(f"field 'simulated' must be bool, got {type(simulated).__name__}")
+        simulated = _snapshot_envelope(d)
         snap = decode(cls, d)
         if simulated and "backend" not in d:
-            snap.backend = SIMULATED_BACKEND  # a sender that said only "simulated"
+            # a sender that said only "simulated"
+            snap.backend = SIMULATED_BACKEND
         return snap
 
     def to_json(self) -> str:
@@ -826,7 +1011,22 @@ class HostSnapshot:
         return cls.from_dict(data)
 
 
-SIMULATED_BACKEND = "simulated"  # HostSnapshot.backend of simulated GPUs (gpusd.inventory.simulated)
+def _snapshot_envelope(d: Any) -> bool:
+    """A snapshot's checks beyond its fields' (:class:`WireError`): an object, of this schema, with a
+    boolean ``simulated`` if any; whether it says ``simulated``."""
+    if not isinstance(d, dict):
+        raise WireError("a host snapshot must be an object")
+    schema = d.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION or isinstance(schema, bool):
+        raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
+    simulated = d.get("simulated")
+    if simulated is not None and not isinstance(simulated, bool):
+        raise WireError(f"field 'simulated' must be bool, got {type(simulated).__name__}")
+    return bool(simulated)
+
+
+# HostSnapshot.backend of simulated GPUs (gpusd.inventory.simulated)
+SIMULATED_BACKEND = "simulated"
 
 
 def _accept_simulated_keyword(cls: type) -> None:
@@ -877,14 +1077,21 @@ __all__ = [
     "MAX_NAME",
     "MAX_TEXT",
     "finite",
+    "canonical",
+    "canonical_gpu",
+    "canonical_snapshot",
     "free_memory",
+    "gpu_is_free",
+    "gpu_memory_available",
     "redact",
+    "redact_encoded",
     "shown_name",
 ]
 
 
 # -- how a GPU's name is shown -----------------------------------------------------------------------
-_NAME_PREFIXES = ("NVIDIA ", "AMD ", "Intel(R) ")  # the vendor, then at most one brand
+# the vendor, then at most one brand
+_NAME_PREFIXES = ("NVIDIA ", "AMD ", "Intel(R) ")
 _BRAND_PREFIXES = ("GeForce ", "Tesla ", "Instinct ", "Radeon ", "Data Center GPU ")
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import operator
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, TypeVar
 
@@ -42,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     T = TypeVar("T")
 else:
-    def dataclass_transform(**_kw: Any) -> Any:  # what a type checker reads; nothing at run time
+    # what a type checker reads; nothing at run time
+    def dataclass_transform(**_kw: Any) -> Any:
         return lambda f: f
 
 __all__ = ["MISSING", "Field", "FrozenRecordError", "field", "fields", "is_record", "maker", "record", "replace"]
@@ -55,14 +57,16 @@ class _Missing:
         return "MISSING"
 
 
-MISSING: Any = _Missing()  # a field without a default (or without a default factory)
+# a field without a default (or without a default factory)
+MISSING: Any = _Missing()
 
 
 class _Factory:
     __slots__ = ()
 
     def __repr__(self) -> str:
-        return "<factory>"  # what inspect.signature shows for such a parameter, as for a dataclass
+        # what inspect.signature shows for such a parameter, as for a dataclass
+        return "<factory>"
 
 
 _FACTORY: Any = _Factory()
@@ -157,7 +161,8 @@ def record(cls: Any = None, /, *, slots: bool = False, frozen: bool = False, eq:
 
 def _own_annotations(cls: type) -> dict[str, Any]:
     ann = cls.__dict__.get("__annotations__")
-    if ann is None and "__annotate__" in cls.__dict__:  # Python 3.14: evaluated on first use
+    # Python 3.14: evaluated on first use
+    if ann is None and "__annotate__" in cls.__dict__:
         ann = cls.__annotations__
     return dict(ann or {})
 
@@ -180,7 +185,8 @@ def _make(cls: type, *, slots: bool, frozen: bool, eq: bool) -> type:
         value = cls.__dict__.get(name, MISSING)
         f = value if isinstance(value, Field) else Field(default=value)
         f.name, f.type = name, annotation
-        if f.default is not MISSING and f.default.__class__.__hash__ is None:  # list, dict, set: shared by all
+        # list, dict, set: shared by all
+        if f.default is not MISSING and f.default.__class__.__hash__ is None:
             raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: use default_factory")
         own[name] = f
     all_fields = {**inherited, **own}
@@ -219,18 +225,21 @@ def _make(cls: type, *, slots: bool, frozen: bool, eq: bool) -> type:
         ns = {k: v for k, v in body.items() if k not in own and k not in ("__dict__", "__weakref__")}
         ns.update(methods)
         ns["__slots__"] = tuple(own)
-        if frozen and "__getstate__" not in body:  # object's would meet the frozen __setattr__ on the way back
+        # object's would meet the frozen __setattr__ on the way back
+        if frozen and "__getstate__" not in body:
             ns["__getstate__"], ns["__setstate__"] = _state(tuple(all_fields))
         qualname = getattr(cls, "__qualname__", None)
         new = type(cls)(cls.__name__, cls.__bases__, ns)
         if qualname is not None:
             new.__qualname__ = qualname
-        if frozen:  # the frozen __setattr__ names the class it guards
+        # the frozen __setattr__ names the class it guards
+        if frozen:
             new.__setattr__, new.__delattr__ = _frozen(new, tuple(all_fields))  # type: ignore[method-assign]
         if lazy is not None:
             lazy.owner = new
         return new
-    for name in own:  # a default stays a class attribute (as with dataclasses); a Field object does not
+    # a default stays a class attribute (as with dataclasses); a Field object does not
+    for name in own:
         f = all_fields[name]
         if isinstance(body.get(name), Field):
             if f.default is MISSING:

@@ -42,7 +42,8 @@ import math
 import re
 import unicodedata
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -50,7 +51,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rich.text import Text
 
-MAX_LEN = 256  # default bound for one string shown on a terminal
+# default bound for one string shown on a terminal
+MAX_LEN = 256
 ELLIPSIS = "…"
 
 # ESC or its 8-bit C1 equivalent, then the rest of the sequence (ECMA-48).
@@ -63,7 +65,8 @@ _SEQUENCE = re.compile(
     """,
     re.VERBOSE,
 )
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (less tab and newline), DEL, C1
+# C0 (less tab and newline), DEL, C1
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SPACE = re.compile(r"[\t\n\r\x0b\x0c\u2028\u2029]")  # shown as a space
 _DROP_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
@@ -76,8 +79,9 @@ def for_terminal(s: object, max_len: int = MAX_LEN) -> str:
         return ""
     text = s if isinstance(s, str) else str(s)
     max_len = max(1, max_len)
-    if text.isascii() and text.isprintable():  # nothing to remove (the common case: 8,000 table cells
-        return text if len(text) <= max_len else text[:max_len - 1] + ELLIPSIS  # of 1,000 hosts)
+    # nothing to remove (the common case: 8,000 table cells of 1,000 hosts)
+    if text.isascii() and text.isprintable():
+        return text if len(text) <= max_len else text[:max_len - 1] + ELLIPSIS
     # Bound the work: removing sequences can only shorten the text, and a sequence cut here loses
     # its ESC below (what is left of it is shown as plain, harmless text).
     limit = 4 * max_len + 64
@@ -104,7 +108,8 @@ def for_exposition(text: str) -> str:
     line, so none is lost but those a label value (a GPU's name from its driver, a host or user name
     from the network) smuggled in.  Applied where the text is made, whoever made each series."""
     if text.replace("\n", "").isprintable():
-        return text  # the common case: one C-speed scan
+        # the common case: one C-speed scan
+        return text
     return "\n".join(_clean(line) for line in text.split("\n"))
 
 
@@ -190,7 +195,8 @@ def dumps(obj: Any, **kw: Any) -> str:
     kw["ensure_ascii"] = True
     try:
         return json.dumps(obj, allow_nan=False, **kw)
-    except ValueError:  # a non-finite float somewhere (rare): copy without them
+    except ValueError:
+        # a non-finite float somewhere (rare): copy without them
         return json.dumps(json_safe(obj), allow_nan=False, **kw)
 
 
@@ -198,7 +204,8 @@ __all__ = ["MAX_LEN", "dumps", "for_exposition", "for_html", "for_label", "for_t
            "log_formatter", "optional", "rich_text"]
 
 
-_SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # an IPv6 zone: an interface name or index (IFNAMSIZ - 1)
+# an IPv6 zone: an interface name or index (IFNAMSIZ - 1)
+_SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 
 
 def ip_word(text: object) -> bool:

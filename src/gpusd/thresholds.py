@@ -85,9 +85,11 @@ class Rule:
     metric: str  # one of METRIC_NAMES
     op: str | None = None  # None only for "lost"
     limit: float | None = None
-    unit: str = ""  # "C", "%", "B", "W", "" (count)
+    # "C", "%", "B", "W", "" (count)
+    unit: str = ""
     duration: float = 0.0  # seconds
-    text: str = ""  # canonical form, e.g. "utilization>90% for 60s"
+    # canonical form, e.g. "utilization>90% for 60s"
+    text: str = ""
 
     def value(self, gpu: GpuInfo) -> float | None:
         """The reading this rule compares, in the rule's unit; None where the GPU does not report it."""
@@ -309,7 +311,8 @@ class ThresholdEvent:
     index: int | None
     value: float | None
     ts: float
-    since: float  # when the condition started to hold
+    # when the condition started to hold
+    since: float
     hostname: str = ""
     node_id: str = ""
     gpu_name: str | None = None
@@ -383,7 +386,8 @@ class ThresholdEngine:
             for k, rule in enumerate(self.rules):
                 value = 1.0 if rule.metric == "lost" else None
                 key = (k, uuid)
-                if value is None and key in self._active:  # vanished: its readings are gone
+                # vanished: its readings are gone
+                if value is None and key in self._active:
                     self._pending.pop(key, None)
                     events.append(self._event(CLEARED, rule, uuid, known.index, known.name, None, snap, now,
                                               self._active.pop(key).since))

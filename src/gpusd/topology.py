@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from .model import GpuInfo, GpuLink, GpuTopology, HostSnapshot
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable, Sequence
 
 INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE, SYSTEM = 0, 10, 20, 30, 40, 50
-PCIE_LEVELS = (INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE)  # GpuTopology.pcie's groups, in order
-TOPOLOGY_VERSION = 2  # GpuTopology.version this gpusd reads (docs/wire-format.md, "Topology v2")
+# GpuTopology.pcie's groups, in order
+PCIE_LEVELS = (INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE, NODE)
+# GpuTopology.version this gpusd reads (docs/wire-format.md, "Topology v2")
+TOPOLOGY_VERSION = 2
 
 # nvidia-smi topo -m's words for NVML's levels (INTERNAL: two GPUs on one board, shown as PIX)
 LEVEL_LABELS = {INTERNAL: "PIX", SINGLE: "PIX", MULTIPLE: "PXB", HOSTBRIDGE: "PHB", NODE: "NODE", SYSTEM: "SYS"}
@@ -31,7 +34,8 @@ LEGEND = """Legend:
   PIX  = Connection traversing at most a single PCIe bridge
   NV#  = Connection traversing a bonded set of # NVLinks"""
 
-MAX_CPUS = 65536  # CPU ids a CPU list may name (the kernel's NR_CPUS is at most 8192 today)
+# CPU ids a CPU list may name (the kernel's NR_CPUS is at most 8192 today)
+MAX_CPUS = 65536
 
 # The rank of a link for placement (lower is better): NVLink, then the PCIe levels; unknown counts as
 # SYSTEM, so a host that reports no topology ranks every set the same (load order decides).
@@ -46,7 +50,8 @@ def link_between(a: GpuInfo, b: GpuInfo) -> GpuLink | None:
     ta, tb = a.topology, b.topology
     if ta is not None and tb is not None:
         if ta.version != TOPOLOGY_VERSION or tb.version != TOPOLOGY_VERSION:
-            return None  # a form this gpusd cannot read: unknown, never misread
+            # a form this gpusd cannot read: unknown, never misread
+            return None
         return _from_topology(a.index, ta, b.index, tb)
     for x, y in ((a, b), (b, a)):
         for link in x.links:
@@ -72,7 +77,8 @@ def _from_topology(ia: int, ta: GpuTopology, ib: int, tb: GpuTopology) -> GpuLin
         if n:
             break
     if not n and ta.fabric is not None and ta.fabric == tb.fabric:
-        n = ta.fabric_links  # through the NVSwitches: a's links to them (as nvidia-smi counts it)
+        # through the NVSwitches: a's links to them (as nvidia-smi counts it)
+        n = ta.fabric_links
     if level is None and not n:
         return None
     return GpuLink(peer=ib, level=level, nvlink=n)
@@ -95,7 +101,8 @@ def compact(gpus: Sequence[GpuInfo]) -> None:
     pcie: dict[int, list[int]] = {i: [] for i in by_index}
     for lvl in PCIE_LEVELS:
         group: dict[int, int] = {}
-        for i in known:  # union by the lowest index: a tree's levels are transitive
+        # union by the lowest index: a tree's levels are transitive
+        for i in known:
             if i in group:
                 continue
             members = [i] + [j for j in known if j != i and j not in group

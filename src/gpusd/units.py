@@ -74,7 +74,8 @@ DURATION_UNITS: dict[str, float] = {
     "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
     "h": 3600.0, "hour": 3600.0, "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
     "w": 7 * 86400.0, "week": 7 * 86400.0, "weeks": 7 * 86400.0}
-MAX_DURATION = 20 * 365 * 86400  # 20 years: longer is a typo, and would overflow timers
+# 20 years: longer is a typo, and would overflow timers
+MAX_DURATION = 20 * 365 * 86400
 DURATION_EXAMPLES = "seconds, or 90s, 15m, 6h, 7d, 2w"
 
 

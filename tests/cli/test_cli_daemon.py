@@ -133,8 +133,8 @@ def test_second_start_against_a_daemon_that_recorded_no_options(tmp_path: Path, 
     """An older daemon's gpusd.json has no options: a start that gives options cannot be checked."""
     from gpusd.cli import build_parser
     from gpusd.cli.daemon import _already_running
-    from gpusd.daemon.process import DaemonStatus
     from gpusd.errors import GpusdError
+    from gpusd.localdaemon import DaemonStatus
 
     args = build_parser("start").parse_args(["start", "--port", "0"])
     args._argv = ["start", "--port", "0"]

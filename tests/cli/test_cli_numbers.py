@@ -298,3 +298,31 @@ def test_the_daemons_record_of_a_reservation_carries_its_end_to_every_view(tmp_p
         assert info.ends == pytest.approx(ends)
     finally:
         lease.release()
+
+
+# -- whole-number flags: one rule, each flag's own words --------------------------------------------------
+@pytest.mark.parametrize("argv, said", [
+    (["top", "--once", "--width", "19"], "argument --width: must be a number of columns from 20 to 10000, not '19'"),
+    (["top", "--once", "--width", "wide"], "argument --width: must be a number of columns from 20 to 10000"),
+    (["hostfile", "-n", "1", "--port", "0"], "argument --port: a TCP port is 1-65535, not '0'"),
+    (["hostfile", "-n", "1", "--port", "65536"], "argument --port: a TCP port is 1-65535, not '65536'"),
+    (["hostfile", "-n", "1", "--port", "http"], "argument --port: a TCP port is 1-65535, not 'http'"),
+    (["notify", "-n", "1", "--webhook", "http://127.0.0.1/", "--webhook-attempts", "21"],
+     "argument --webhook-attempts: must be a whole number from 1 to 20, not '21'"),
+    (["notify", "-n", "1", "--webhook", "http://127.0.0.1/", "--webhook-attempts", "x"],
+     "argument --webhook-attempts: must be a whole number from 1 to 20, not 'x'"),
+])
+def test_a_whole_number_out_of_its_range_is_a_usage_error_in_its_flags_words(argv: list[str], said: str,
+                                                                             capsys) -> None:
+    rc, _, err = cli(argv, capsys)
+    assert rc == 2 and said in err, err
+
+
+def test_a_whole_number_at_either_end_of_its_range_is_taken() -> None:
+    from gpusd.cli import build_parser
+
+    assert build_parser("top").parse_args(["top", "--once", "--width", "20"]).width == 20
+    assert build_parser("hostfile").parse_args(["hostfile", "-n", "1", "--port", "65535"]).port == 65535
+    assert build_parser("hostfile").parse_args(["hostfile", "-n", "1", "--port", "1"]).port == 1
+    args = build_parser("notify").parse_args(["notify", "-n", "1", "--webhook-attempts", "20"])
+    assert args.webhook_attempts == 20

@@ -129,3 +129,43 @@ def test_any_gpu_record_gets_the_same_answer_from_both(changes: dict[str, Any], 
     assert _compiled(GpuInfo.from_dict, d) == _general(GpuInfo.from_dict, d)
     snap = {**_snapshot().to_dict(), "gpus": [d, _GPU]}
     assert _compiled(HostSnapshot.from_dict, snap) == _general(HostSnapshot.from_dict, snap)
+
+
+# -- canonical: the codec's pair without the object (gpusd list --json from a fleet view) ----------------
+def _pair(cls: type, d: Any) -> Any:
+    return encode(decode(cls, d))
+
+
+@pytest.mark.parametrize("cls", MODEL_CLASSES, ids=lambda c: c.__name__)
+def test_canonical_writes_what_the_codec_pair_writes(cls: type) -> None:
+    for salt in (1, 2):
+        d = encode(_sample(cls, salt))
+        assert _outcome(model.canonical, cls, d) == _general(_pair, cls, d)
+
+
+def test_canonical_gpus_and_snapshots_are_what_to_dict_writes() -> None:
+    for snap in _snapshots():
+        d = snap.to_dict()
+        head, simulated, gpus = model.canonical_snapshot(d)
+        again = HostSnapshot.from_dict(d)
+        assert gpus == [g.to_dict() for g in again.gpus]
+        assert simulated is again.simulated
+        assert head == {k: v for k, v in again.to_dict().items() if k != "simulated"} | {"gpus": []}
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes=st.dictionaries(st.sampled_from([*_FIELDS, "links", "processes", "leases", "topology"]),
+                               _JSON | st.just(math.inf) | st.just(2**63) | st.just(-(2**63)) | st.just("x" * 5000),
+                               max_size=4),
+       dropped=st.lists(st.sampled_from(_FIELDS), max_size=3))
+def test_any_gpu_record_gets_from_canonical_what_the_objects_give(changes: dict[str, Any], dropped: list[str]) -> None:
+    d = {k: v for k, v in _GPU.items() if k not in dropped}
+    d.update(changes)
+    assert _outcome(model.canonical, GpuInfo, d) == _general(_pair, GpuInfo, d)
+    via_objects = _outcome(lambda x: GpuInfo.from_dict(x).to_dict(), d)
+    canonical = _outcome(model.canonical_gpu, d)
+    assert canonical == via_objects or canonical[0] == via_objects[0] == "error"
+    snap = {**_snapshot().to_dict(), "gpus": [d, _GPU]}
+    objects = _outcome(lambda x: [g.to_dict() for g in HostSnapshot.from_dict(x).gpus], snap)
+    rows = _outcome(lambda x: model.canonical_snapshot(x)[2], snap)
+    assert rows == objects or rows[0] == objects[0] == "error"

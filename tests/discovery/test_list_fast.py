@@ -25,9 +25,8 @@ from daemon_helpers import (  # noqa: F401
     wait_until,
 )
 from fake_signing import proof_headers
-from gpusd.cli import localfleet
 from gpusd.daemon.process import PidFile, write_info
-from gpusd.discovery import fleetview, oneshot
+from gpusd.discovery import fleetsource, fleetview, oneshot
 from gpusd.discovery.client import AsyncClient
 from gpusd.discovery.types import Filters
 from gpusd.model import ProcessInfo
@@ -194,17 +193,17 @@ def test_a_stale_or_foreign_state_is_not_used(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("GPUSD_STATE_DIR", str(state))
     info = {"pid": 1, "port": 4780, "addresses": ["127.0.0.1"], "interfaces": [], "session": "s1", "node_id": OWN_NODE}
     write_info(state, info)
-    assert localfleet.daemon_api_urls("s1") is None  # gpusd.json left behind, no daemon holds the pid file
+    assert fleetsource.local_daemon_urls("s1") is None  # gpusd.json left behind, no daemon holds the pid file
     pid = PidFile(state)
     pid.acquire()
     try:
         write_info(state, info)
-        assert localfleet.daemon_api_urls("s1") == (["http://127.0.0.1:4780/api/v1"], OWN_NODE)
-        assert localfleet.daemon_api_urls("s2") is None  # another session's daemon
+        assert fleetsource.local_daemon_urls("s1") == (["http://127.0.0.1:4780/api/v1"], OWN_NODE)
+        assert fleetsource.local_daemon_urls("s2") is None  # another session's daemon
         write_info(state, dict(info, port="4780; rm -rf /", addresses=["not-an-address"]))
-        assert localfleet.daemon_api_urls("s1") is None
+        assert fleetsource.local_daemon_urls("s1") is None
         write_info(state, dict(info, interfaces=["198.18.0.7"], addresses=["198.18.0.7", "evil host"]))
-        assert localfleet.daemon_api_urls("s1") == (["http://198.18.0.7:4780/api/v1"], OWN_NODE)
+        assert fleetsource.local_daemon_urls("s1") == (["http://198.18.0.7:4780/api/v1"], OWN_NODE)
     finally:
         pid.release()
 
@@ -554,7 +553,7 @@ def test_the_source_choice_lives_in_discovery() -> None:
             self.sent = threading.Event()
             self._result = result
 
-        def wait(self, timeout: float) -> bool:
+        def arrived(self) -> bool:
             return True
 
         def done(self) -> bool:

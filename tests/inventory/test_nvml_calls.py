@@ -66,6 +66,8 @@ def test_a_pick_asks_the_driver_at_most_four_calls_per_gpu(fake_nvml_inprocess: 
     made = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     assert sum(made.values()) <= 3 * PICK_CALLS_PER_GPU * n, made
     assert made["nvmlDeviceGetMemoryInfo"] == 3 * n
+    # the process lists of the GPUs it is about to choose only: GPU 0's (busy: passed over) and GPU 1's
+    assert sum(v for k, v in made.items() if "RunningProcesses" in k) == 3 * 2 * 2, made
     # what the pick weighs is read at every pick: a process that starts on GPU 0 moves the pick
     first = gpusd.select()
     first.release()
@@ -159,10 +161,11 @@ def _cli(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[s
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid
 
 
-@pytest.mark.parametrize("command", [["select"], ["env"]])
+@pytest.mark.parametrize("command", [["select"], ["env"], ["select", "-n", "2"]])
 def test_a_one_shot_pick_reads_each_static_fact_once(fake_nvml: FakeNvml, tmp_path: Path,
                                                      command: list[str]) -> None:
-    """Without a daemon, a one-shot pick reads what it weighs once, and each static fact once."""
+    """Without a daemon, a one-shot pick reads what it weighs once, and each static fact once; how
+    the GPUs connect only where it chooses several (one GPU has no pair to weigh)."""
     n = 8
     fake_nvml.write(_dgx_like(n))
     env, counts = _counting(fake_nvml, tmp_path)
@@ -171,6 +174,9 @@ def test_a_one_shot_pick_reads_each_static_fact_once(fake_nvml: FakeNvml, tmp_pa
     made = call_counts(counts, pid)
     topology = {k: v for k, v in made.items() if "Topology" in k or "NvLink" in k or "P2P" in k}
     assert sum(made.values()) - sum(topology.values()) <= 15 * n, made
+    if "-n" not in command:
+        assert topology == {}, topology
+        return
     # the topology: per GPU, each of its NVLinks' state and remote end (18 on H100), and its PCIe groups
     assert made["nvmlDeviceGetNvLinkState"] <= 18 * n and made["nvmlDeviceGetNvLinkRemotePciInfo_v2"] <= 18 * n
     assert made["nvmlDeviceGetTopologyNearestGpus"] <= 2 * 5 * n, made

@@ -28,11 +28,13 @@ import sys
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable
 from ..sanitize import for_terminal, json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence
 
-ANSWER_TIMEOUT = 120.0  # seconds the CLI waits for the holder's answer (a lease through a busy daemon)
+# seconds the CLI waits for the holder's answer (a lease through a busy daemon)
+ANSWER_TIMEOUT = 120.0
 
 
 def owner_and_start(pid: int) -> tuple[int, int]:
@@ -46,7 +48,8 @@ def owner_and_start(pid: int) -> tuple[int, int]:
         raise ConfigError(f"no process {pid} on this machine") from None
     uid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith(b"Uid:")), None)
     try:
-        start = int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22, after the command's parentheses
+        # field 22, after the command's parentheses
+        start = int(stat[stat.rindex(b")") + 2:].split()[19])
     except (ValueError, IndexError):
         raise ConfigError(f"cannot read process {pid}") from None
     if uid is None:
@@ -67,7 +70,8 @@ def gpus_of(pid: int) -> tuple[list[str], bool]:
 
     try:
         snap = shared_backend().snapshot()
-    except BackendUnavailable as exc:  # no simulated GPUs to offer: a real process runs on real ones
+    except BackendUnavailable as exc:
+        # no simulated GPUs to offer: a real process runs on real ones
         raise BackendUnavailable(f"cannot list the GPU processes: {exc.reason}") from None
     out: list[str] = []
     slices = False
@@ -144,7 +148,8 @@ def _become(uid: int) -> None:
     try:
         pw = pwd.getpwuid(uid)
         gid, home, name = pw.pw_gid, pw.pw_dir, pw.pw_name
-    except KeyError:  # a uid without a passwd entry: the kernel knows only numbers
+    except KeyError:
+        # a uid without a passwd entry: the kernel knows only numbers
         gid, home, name = uid, "/", str(uid)
     os.setgroups([])
     os.setgid(gid)
@@ -174,14 +179,17 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str, slices
         c = Constraints.build(count=len(uuids), include=list(uuids), topology="any", within_visible=False,
                               vendor="any", mig=slices)
         holder = Holder(command=what)
-        if uid != os.geteuid():  # root, for someone's process
+        # root, for someone's process
+        if uid != os.geteuid():
             from .authority import connect
 
             sock = connect()
-            if sock is not None:  # the daemon believes only the kernel: ask it as that user
+            # the daemon believes only the kernel: ask it as that user
+            if sock is not None:
                 sock.close()
                 _become(uid)
-            else:  # in the lock directory, root's record may name the user (whose caps then apply)
+            else:
+                # in the lock directory, root's record may name the user (whose caps then apply)
                 holder = Holder(command=what, user=_user(uid), uid=uid)
         sel = allocate(LeaseRequest(c, lease=True, wait=False, holder=holder))
     except GpusdError as exc:
@@ -191,7 +199,8 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str, slices
         answer({"ok": False, "error": f"cannot adopt process {pid}: {type(exc).__name__}: {str(exc)[:200]}"})
         return 1
     got = sorted(d.uuid for d in sel.devices)
-    if got != sorted(uuids):  # never a lease on other GPUs than the process's
+    # never a lease on other GPUs than the process's
+    if got != sorted(uuids):
         sel.release()
         answer({"ok": False, "error": f"could not lease exactly process {pid}'s GPUs"})
         return 1
@@ -203,7 +212,8 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str, slices
         os.dup2(devnull, fd)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    while not poller.poll(None):  # a pidfd is readable once its process has exited
+    # a pidfd is readable once its process has exited
+    while not poller.poll(None):
         pass
     sel.release()
     return 0

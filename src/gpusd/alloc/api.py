@@ -23,7 +23,8 @@ from .handle import Holder, LeaseHandle
 from .leases import LeaseStore
 from .select import Candidate, Constraints, constraint_keywords, explain, never
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
@@ -40,7 +41,8 @@ class Selection:
         self.devices = chosen
         self.lease = lease
         self.use_uuid = use_uuid
-        self.pick = pick  # why these devices (None: not told, e.g. by a daemon's lease answer)
+        # why these devices (None: not told, e.g. by a daemon's lease answer)
+        self.pick = pick
 
     @property
     def gpus(self) -> list[GpuInfo]:
@@ -161,9 +163,9 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
              deadline: float | None = None) -> Selection:
     """One look: choose for ``req`` (of believed priority ``level``) and, for a lease, take it."""
     c, holder = req.constraints, req.holder
-    snap = backend.snapshot(util_since=store.release_times(), detail=False)
+    snap, confirm = _pick_snapshot(backend, store.release_times(), c.count > 1)
     if not req.lease:
-        why = explain(snap, c, store.leases(), req.env)
+        why = explain(snap, c, store.leases(), req.env, confirm)
         return Selection(why.chosen, None, pick=why)
     # a lease: the queue, the fair-use caps and the priority classes (imported here: select and env take none)
     from . import policy as _policy
@@ -182,24 +184,38 @@ def _attempt(backend: Backend, store: LeaseStore, req: LeaseRequest, level: int,
             raise _NotHead()
         held = store.leases(cleanup=True)
         user = holder.user or current_user()
-        _policy.check(user, c.count, held)  # the fair-use caps (alloc/policy.py)
+        # the fair-use caps (alloc/policy.py)
+        _policy.check(user, c.count, held)
         # GPUs booked ahead (gpusd reserve --at) go only to requests done before the booking starts
         from . import bookings as _bookings
 
-        now = time.time()  # bookings are wall-clock times (docs/pool.md, "Clocks")
+        # bookings are wall-clock times (docs/pool.md, "Clocks")
+        now = time.time()
         blocking = _bookings.in_the_way(_bookings.current(), user, c.time_limit, now)
         if blocking:
             c = replace(c, exclude=[*(c.exclude or []), *{u for b in blocking for u in b.devices}])
         try:
-            return _take(snap, c, req, store, held, holder)
+            return _take(snap, c, req, store, held, holder, confirm)
         except NoGpuAvailable as exc:
             if not blocking or isinstance(exc, _policy.OverCap):
                 raise
             raise NoGpuAvailable(f"{exc}; {_bookings.refusal(blocking, c.time_limit, now)}") from None
 
 
+def _pick_snapshot(backend: Backend, util_since: dict[str, float],
+                   pairs: bool) -> tuple[HostSnapshot, Callable[[GpuInfo], bool] | None]:
+    """The snapshot a pick weighs, and how to read a GPU's process lists it left unread
+    (:meth:`gpusd.inventory.base.VendorBackend.pick_snapshot`: the chosen GPUs' lists only; not part
+    of the Backend protocol, so a backend without it reads them all)."""
+    later = getattr(backend, "pick_snapshot", None)
+    if later is None:
+        return backend.snapshot(util_since=util_since, detail=False), None
+    snap, confirm = later(util_since, pairs)
+    return snap, confirm
+
+
 def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseStore, held: list[LeaseInfo],
-          holder: Holder) -> Selection:
+          holder: Holder, confirm: Callable[[GpuInfo], bool] | None = None) -> Selection:
     """Choose and lock, under the selection mutex (the caller's)."""
     # A GPU whose lock turns out to be held (by a process that bypassed the mutex, a lease the other
     # store published at the same moment, a lock nothing here could see) costs that GPU only: the
@@ -207,11 +223,12 @@ def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseSto
     store.refused = None
     for _ in range(len(snap.gpus) + 1):
         try:
-            why = explain(snap, c, held, req.env)
+            why = explain(snap, c, held, req.env, confirm)
         except NoGpuAvailable:
             if store.refused is None:
                 raise
-            break  # nothing else qualifies: the refusal is the reason
+            # nothing else qualifies: the refusal is the reason
+            break
         chosen = why.chosen
         memory = c.memory
         if memory is None and isinstance(c.min_free, float):
@@ -231,7 +248,8 @@ def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseSto
 # After a lease ends, look again after these delays (the driver's utilisation readings lag by up to
 # a second), then every ``recheck`` seconds until the next lease ends.
 SETTLE = (0.02, 0.05, 0.1, 0.2, 0.4)
-MIN_GAP = 0.02  # seconds between two looks of the head woken by events, however often (its timer's are its own)
+# seconds between two looks of the head woken by events, however often (its timer's are its own)
+MIN_GAP = 0.02
 
 
 def _believed(req: LeaseRequest) -> int:
@@ -257,7 +275,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     the lease can then grow and shrink)."""
     c, holder, wait, timeout, simulate = req.constraints, req.holder, req.wait, req.timeout, req.simulate
     poll, cancelled, when_blocked = req.poll, req.cancelled, req.when_blocked
-    level = _believed(req) if req.lease or wait else 0  # a look without a lease or a queue has no priority
+    # a look without a lease or a queue has no priority
+    level = _believed(req) if req.lease or wait else 0
     if timeout is not None and not timeout >= 0:  # also refuses nan
         raise ConfigError(f"the timeout must be a number of seconds >= 0, not {timeout!r}")
     if (store is None and backend is None and simulate is None and holder.pid is None
@@ -267,7 +286,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
         sock = authority.connect()
         end = time.monotonic() + timeout if timeout is not None else None
         requeued = False
-        while sock is not None:  # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
+        # the daemon leases, or chooses (its GPUs may be simulated: no driver here)
+        while sock is not None:
             left = None if end is None else max(0.0, end - time.monotonic())
             try:
                 if not req.lease:
@@ -278,8 +298,10 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                                                        priority=req.priority, requeue=requeued)
                 return Selection(chosen, held)
             except authority.AuthorityBusy:
-                break  # the same leases (or choice), taken here
-            except authority.AuthorityHung as exc:  # the same, said in one line: the user waited a few seconds
+                # the same leases (or choice), taken here
+                break
+            except authority.AuthorityHung as exc:
+                # the same, said in one line: the user waited a few seconds
                 import sys
 
                 print(f"gpusd: {exc}; {'leasing' if req.lease else 'choosing'} in the lock directory "
@@ -298,7 +320,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                 if sock is None:
                     authority.say(f"the gpusd daemon stopped while this job waited and none answered within "
                                   f"{authority.REQUEUE_WAIT:g}s: waiting in the lock directory's queue instead")
-                    if end is not None:  # what is left of the wait's own bound
+                    # what is left of the wait's own bound
+                    if end is not None:
                         timeout = max(0.0, end - time.monotonic())
                 requeued = True
     backend = backend or shared_backend(simulate)
@@ -306,7 +329,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     if not wait:
         return _attempt(backend, store, req, level)
     hopeless = never(backend.snapshot(detail=False), c)
-    if hopeless is not None:  # no load or lease ending can help: say so now instead of waiting for ever
+    # no load or lease ending can help: say so now instead of waiting for ever
+    if hopeless is not None:
         raise NoGpuAvailable(f"no {'MIG slice' if c.mig else 'GPU'}s available: need {c.count} ({hopeless}); "
                              "waiting cannot help")
     from . import policy as _policy
@@ -315,7 +339,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
 
     deadline = time.monotonic() + timeout if timeout is not None else None
     last: Exception | None = None
-    ticket: queue.Ticket | None = req.place  # a place kept across a restart of the daemon
+    # a place kept across a restart of the daemon
+    ticket: queue.Ticket | None = req.place
     if ticket is None:
         try:
             with store.mutex(deadline):
@@ -328,10 +353,12 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
     # utilisation readings not yet caught up.
     settle = 0
     last_look = 0.0
-    timed = False  # this look comes from the head's own timer (not from an event)
+    # this look comes from the head's own timer (not from an event)
+    timed = False
     try:
         if ticket is not None and req.queued is not None:
-            req.queued()  # (inside: whatever it raises, the ticket is closed below)
+            # (inside: whatever it raises, the ticket is closed below)
+            req.queued()
         while ticket is not None:
             ahead = queue.ahead_of(store, ticket)
             if ahead is not None:
@@ -346,13 +373,16 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                         break
                 continue
             if watch is None:
-                watch = queue.LeaseWatch(store.dir)  # before looking: no lease may end unseen
+                # before looking: no lease may end unseen
+                watch = queue.LeaseWatch(store.dir)
             else:
                 watch.drain()
             if cancelled is not None and cancelled():
                 break
-            if not timed:  # events anyone can cause (a ticket written, a lock file closed) must not make it spin;
-                gap = MIN_GAP - (time.monotonic() - last_look)  # its own timer's looks are bounded by the timer
+            # events anyone can cause (a ticket written, a lock file closed) must not make it spin; its own timer's
+            # looks are bounded by the timer
+            if not timed:
+                gap = MIN_GAP - (time.monotonic() - last_look)
                 if gap > 0:
                     time.sleep(gap)
                 last_look = time.monotonic()
@@ -365,7 +395,8 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
                 last = exc
                 break
             except _policy.OverCap:
-                raise  # a cap is the policy's answer, not a wait: a capped head would hold up the others
+                # a cap is the policy's answer, not a wait: a capped head would hold up the others
+                raise
             except NoGpuAvailable as exc:
                 last = exc
                 # Our own look closed lock files (a failed acquire opens and closes them): those
@@ -392,10 +423,12 @@ def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Bac
             else:
                 time.sleep(delay)
             if deadline is not None and time.monotonic() >= deadline:
-                try:  # one last look at the deadline (the mutex gets half a second more)
+                # one last look at the deadline (the mutex gets half a second more)
+                try:
                     return _attempt(backend, store, req, level, ticket, time.monotonic() + 0.5)
                 except (WaitTimeout, _NotHead):
-                    pass  # the mutex: the reason given is still the GPUs'
+                    # the mutex: the reason given is still the GPUs'
+                    pass
                 except _policy.OverCap:
                     raise
                 except NoGpuAvailable as exc:
@@ -428,7 +461,8 @@ def select(count: int = 1, *, min_free: str | int | float | None = None, memory:
     process — whichever comes first; no other gpusd selection on this machine gets these GPUs
     meanwhile.  ``vendor`` (``"nvidia"``, ``"amd"``, ``"intel"``; default any) keeps to one vendor's GPUs.
     Raises :class:`gpusd.NoGpuAvailable` (or :class:`gpusd.WaitTimeout` with ``wait``)."""
-    given = locals()  # the constraint keywords are Constraints' fields (test_select checks the signature)
+    # the constraint keywords are Constraints' fields (test_select checks the signature)
+    given = locals()
     c = Constraints.from_keywords(**{k: given[k] for k in constraint_keywords()})
     sel = allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, simulate=simulate))
     sel.use_uuid = use_uuid

@@ -27,7 +27,8 @@ def shared_backend(simulate: str | None = None) -> Backend:
             except BackendUnavailable:
                 if key:
                     raise
-                from .authority import daemon_inventory  # here: only without a driver library
+                # here: only without a driver library
+                from .authority import daemon_inventory
 
                 backend = daemon_inventory()
                 if backend is None:

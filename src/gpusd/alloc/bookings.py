@@ -29,7 +29,8 @@ from ..ids import LeaseId
 from ..record import record
 from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterable
 
@@ -53,7 +54,8 @@ class Booking:
     indices: tuple[int, ...] = ()
     note: str | None = None
     created: float = 0.0
-    lease: str | None = None  # the daemon's hold from ``start`` on (its lease id), once taken
+    # the daemon's hold from ``start`` on (its lease id), once taken
+    lease: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"booking_id": self.booking_id, "user": self.user, "devices": list(self.devices),
@@ -100,7 +102,8 @@ def in_the_way(bookings: Iterable[Booking], user: str | None, time_limit: float 
         if b.user == user or now >= b.end:
             continue
         if time_limit is not None and now + time_limit <= b.start:
-            continue  # backfill: done before the booking starts
+            # backfill: done before the booking starts
+            continue
         out.append(b)
     return out
 
@@ -125,7 +128,8 @@ def refusal(blocking: list[Booking], time_limit: float | None, now: float) -> st
 
 
 # -- the daemon's summary: bookings.json in its state directory --------------------------------------
-_own_dir: list[str] = []  # the daemon's own state directory, in the daemon's process (set_own_dir)
+# the daemon's own state directory, in the daemon's process (set_own_dir)
+_own_dir: list[str] = []
 
 
 def set_own_dir(directory: str | os.PathLike[str] | None) -> None:

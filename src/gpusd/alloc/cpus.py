@@ -14,7 +14,8 @@ import os
 from ..model import GpuInfo
 from ..topology import format_cpulist, local_cpus
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Sequence
 

@@ -18,7 +18,8 @@ import warnings
 
 from ..inventory.vendors import Visible, apply_cleared, counts_cuda_visible, device_order_env, visible_env
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable, MutableMapping
 
@@ -27,7 +28,8 @@ __all__ = ["cuda_env", "apply_env", "apply_visible", "set_cuda_visible_devices",
            "CudaAlreadyInitializedWarning"]
 
 
-_DEVICE_LISTS = ("_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")  # the variables named in the warning
+# the variables named in the warning
+_DEVICE_LISTS = ("_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 
 
 class CudaAlreadyInitializedWarning(RuntimeWarning):
@@ -40,7 +42,8 @@ def cuda_env(devices: Iterable[int | str], *, use_uuid: bool = False,
 
     ``devices`` are NVML indices or UUIDs.  With ``use_uuid`` (or any MIG slice) ``uuids`` — the
     devices' UUIDs, in the same order — are emitted instead of indices."""
-    from ..ids import GpuUuid  # here: the quick commands that print no UUID need no ids
+    # here: the quick commands that print no UUID need no ids
+    from ..ids import GpuUuid
 
     items = [str(d) for d in devices]
     uuid_list = [str(u) for u in uuids] if uuids is not None else None
@@ -111,7 +114,8 @@ def _other_vendors_possible() -> bool:
         return True
     from ..inventory.vendors import PACKAGES
 
-    others = {v: p for v, p in PACKAGES.items() if p is not None}  # the vendors gpusd has no package of
+    # the vendors gpusd has no package of
+    others = {v: p for v, p in PACKAGES.items() if p is not None}
     backends = os.environ.get("GPUSD_BACKENDS", "")
     if backends and backends != "auto":
         return any(v in backends for v in others)
@@ -124,7 +128,8 @@ def _resolve(items: list[int | str]) -> list[Visible] | None:
     from ..errors import GpusdError
 
     if not _other_vendors_possible():
-        return None  # an NVIDIA host: no NVML start-up just to learn that
+        # an NVIDIA host: no NVML start-up just to learn that
+        return None
 
     try:
         from .backend import shared_backend

@@ -27,8 +27,10 @@ import time
 
 from .lockdir import FILE_FLAGS
 
-MAX_AHEAD_US = 10 * 366 * 86400 * 10**6  # a stored epoch further ahead of the clock than this is not believed
-WIDTH = 20  # digits written, so that a rewrite in place always covers the previous value
+# a stored epoch further ahead of the clock than this is not believed
+MAX_AHEAD_US = 10 * 366 * 86400 * 10**6
+# digits written, so that a rewrite in place always covers the previous value
+WIDTH = 20
 PREFIX = "epoch-"
 
 

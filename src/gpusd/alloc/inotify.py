@@ -32,7 +32,8 @@ IN_DONT_FOLLOW = 0x02000000
 # The watch itself is gone or events were lost: whoever keeps state from events must start again.
 LOST = IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT
 
-_HEADER = struct.Struct("=iIII")  # struct inotify_event: int wd; uint32 mask, cookie, len; then the name
+# struct inotify_event: int wd; uint32 mask, cookie, len; then the name
+_HEADER = struct.Struct("=iIII")
 _EVENT_SIZE = _HEADER.size
 
 
@@ -41,7 +42,8 @@ class Inotify:
 
     def __init__(self) -> None:
         try:
-            import ctypes  # only watchers need it: imported here, not by every gpusd command
+            # only watchers need it: imported here, not by every gpusd command
+            import ctypes
 
             self._libc = ctypes.CDLL(None, use_errno=True)
             fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -34,7 +34,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"  # $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
+# $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
+DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # What the lease store (gpusd.alloc.leases) and its view (gpusd.alloc.leaseview) both read of a directory
@@ -112,6 +113,12 @@ def check_private_dir(path: Path, st: os.stat_result) -> None:
             f"mode {stat.S_IMODE(st.st_mode):o}); an administrator should remove it")
 
 
+def _symlink(exc: OSError, path: Path) -> bool:
+    """Whether an open without following links failed on ``path`` for being a symbolic link."""
+    # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
+    return exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path))
+
+
 def open_dir(path: Path, create: bool, private: bool = False) -> int | None:
     """A descriptor of the checked lock directory; None when it does not exist and ``create`` is
     False.  A directory this call creates gets mode 1777 (``private``: 0755, see the module
@@ -137,9 +144,7 @@ def open_dir(path: Path, create: bool, private: bool = False) -> int | None:
             except OSError as exc:
                 raise GpusdError(f"cannot create the lock directory {path}: {exc.strerror}") from None
         except OSError as exc:
-            if exc.errno == errno.ENOTDIR and os.path.islink(path):
-                exc.errno = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
-            if exc.errno == errno.ELOOP:
+            if _symlink(exc, path):
                 raise GpusdError(f"refusing the lock directory {path}: it is a symbolic link (an administrator "
                                  "should remove it, or set GPUSD_LOCK_DIR to a real directory)") from None
             if exc.errno == errno.ENOTDIR:
@@ -193,7 +198,8 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, r
         else:
             try:
                 if not private:
-                    os.fchmod(fd, 0o666)  # just created by us: other users must be able to open it too
+                    # just created by us: other users must be able to open it too
+                    os.fchmod(fd, 0o666)
             except BaseException:
                 os.close(fd)
                 raise
@@ -204,7 +210,8 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, r
             except PermissionError:
                 fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
         except FileNotFoundError:
-            continue  # removed meanwhile: create it
+            # removed meanwhile: create it
+            continue
         except PermissionError:
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -214,9 +221,7 @@ def open_lock_file(dir_fd: int, name: str, where: Path, private: bool = False, r
             raise GpusdError(f"cannot open {path}: {who}, so you cannot lock it; ask that user or an "
                              "administrator to remove it") from None
         except OSError as exc:
-            if exc.errno == errno.ENOTDIR and os.path.islink(path):
-                exc.errno = errno.ELOOP  # O_DIRECTORY | O_NOFOLLOW on a symlink says ENOTDIR
-            if exc.errno == errno.ELOOP:
+            if _symlink(exc, path):
                 raise GpusdError(f"refusing {path}: it is a symbolic link (someone may be trying to make gpusd "
                                  "write elsewhere); an administrator should remove it") from None
             raise GpusdError(f"cannot open {path}: {exc.strerror}") from None
@@ -245,11 +250,13 @@ def create_exclusive(dir_fd: int, name: str, where: Path, mode: int = 0o644, loc
     try:
         fd = os.open(name, FILE_FLAGS | access | os.O_CREAT | os.O_EXCL, 0o600 if lock else mode, dir_fd=dir_fd)
     except OSError as exc:
-        if DiskFull.caused(exc):  # no inode left: the directory's file system is full
+        # no inode left: the directory's file system is full
+        if DiskFull.caused(exc):
             raise DiskFull.of(where, exc, name) from None
         raise GpusdError(f"cannot create {where / name}: {exc.strerror}") from None
     if lock:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can have opened it: never blocks
+        # nobody else can have opened it: never blocks
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         os.fchmod(fd, mode)
     except OSError:
@@ -266,7 +273,8 @@ def write_new(dir_fd: int, fd: int, tmp: str, final: str, data: bytes, where: Pa
         view = memoryview(data)
         while view:
             n = os.write(fd, view)
-            if n <= 0:  # no progress: never loop on a file system that takes nothing
+            # no progress: never loop on a file system that takes nothing
+            if n <= 0:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             view = view[n:]
         os.rename(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -363,7 +371,8 @@ def read_live(dir_fd: int, name: str, max_bytes: int, cleanup: bool, remove: tup
     try:
         fd = os.open(name, FILE_FLAGS | os.O_RDONLY, dir_fd=dir_fd)
     except OSError:
-        return None  # gone meanwhile, or a symlink
+        # gone meanwhile, or a symlink
+        return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (single_link and st.st_nlink != 1):
@@ -410,7 +419,8 @@ def flock_table() -> dict[str, list[tuple[int, bool]]] | None:
     for line in raw.split(b"\n"):
         parts = line.split()
         if len(parts) < 6 or parts[1] != b"FLOCK":
-            continue  # POSIX/OFD locks, and "->" lines of blocked waiters
+            # POSIX/OFD locks, and "->" lines of blocked waiters
+            continue
         try:
             pid = int(parts[4])
         except ValueError:

@@ -90,7 +90,8 @@ from .lockdir import (
 from .policy import load_priority_policy
 from .priority import NORMAL, capped, priority_name
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 
@@ -108,7 +109,8 @@ class Ticket:
         if self.closed:
             return
         self.closed = True
-        os.close(self.fd)  # first: the waiter behind us is woken by this close
+        # first: the waiter behind us is woken by this close
+        os.close(self.fd)
         try:
             if self.dir_fd >= 0 and not keep:
                 os.unlink(self.path.name, dir_fd=self.dir_fd)
@@ -140,11 +142,13 @@ def enqueue(store: LeaseStore, count: int, command: str | None = None, pid: int 
             if not 0 < seq < 10**12:
                 raise ValueError(seq)
         except (ValueError, OSError):
-            seq = int(time.time() * 1000)  # unreadable counter: fall back to a clock-ordered number
+            # unreadable counter: fall back to a clock-ordered number
+            seq = int(time.time() * 1000)
         try:
             os.pwrite(fd, f"{seq:<20d}\n".encode(), 0)
         except OSError:
-            pass  # read-only for us: numbers from the clock keep their order with the others
+            # read-only for us: numbers from the clock keep their order with the others
+            pass
         os.close(fd)
         tag = f"{seq:012d}-{os.getpid()}-{os.urandom(4).hex()}"
         name = f"queue-{tag}.ticket"
@@ -182,7 +186,8 @@ class Place:
         return process_uid(self.pid) == self.uid and _process_start(self.pid) == self.started
 
 
-READOPT_GRACE = 30.0  # seconds a restarted daemon keeps a waiter's place for it to ask again
+# seconds a restarted daemon keeps a waiter's place for it to ask again
+READOPT_GRACE = 30.0
 
 
 def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, int], Place]:
@@ -223,7 +228,8 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
                         or not try_lock(fd, shared=False)):
                     continue
                 raw = os.pread(fd, MAX_TICKET_BYTES + 1, 0)
-                d = json_object(raw, MAX_TICKET_BYTES)  # ValueError: not a ticket, passed over below
+                # ValueError: not a ticket, passed over below
+                d = json_object(raw, MAX_TICKET_BYTES)
                 pid, uid = d.get("pid"), d.get("uid")
                 if type(pid) is not int or type(uid) is not int or not (0 < pid < 2**31 and 0 <= uid < 2**32):
                     continue
@@ -249,8 +255,10 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
 
 MAX_TICKET_BYTES = 8192
 MAX_TICKETS = 4096
-MAX_TICKETS_PER_USER = 512  # beyond this, a (non-root) user's tickets are not counted: they queue behind all
-RECHECK_ORDER = 5.0  # seconds: a waiter that is not the head looks at the order again at least this often
+# beyond this, a (non-root) user's tickets are not counted: they queue behind all
+MAX_TICKETS_PER_USER = 512
+# seconds: a waiter that is not the head looks at the order again at least this often
+RECHECK_ORDER = 5.0
 
 
 @record
@@ -260,17 +268,23 @@ class Waiter:
     its fields are typed and bounded (None: missing or malformed), and its strings must still go
     through :func:`gpusd.sanitize.for_terminal` before they are printed."""
 
-    position: int  # 1: the head of the queue
+    # 1: the head of the queue
+    position: int
     seq: int
-    ticket: str  # the ticket's file name in the lock directory
+    # the ticket's file name in the lock directory
+    ticket: str
     pid: int | None
     user: str | None
     count: int | None  # GPUs asked for
-    since: float | None  # when it started waiting (the kernel's ctime of the ticket)
+    # when it started waiting (the kernel's ctime of the ticket)
+    since: float | None
     command: str | None
-    priority: int = NORMAL  # as believed for the ticket's owner (the policy's bound applied)
-    level: int = NORMAL  # its class now: the priority after aging
-    resumed: bool = False  # a preempted job, believed (see the module docstring)
+    # as believed for the ticket's owner (the policy's bound applied)
+    priority: int = NORMAL
+    # its class now: the priority after aging
+    level: int = NORMAL
+    # a preempted job, believed (see the module docstring)
+    resumed: bool = False
     uid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -311,10 +325,12 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
     try:
         from .leaseview import ticket_names
 
-        listed = ticket_names(dfd)  # this process's view of the directory, if any; else a listing
+        # this process's view of the directory, if any; else a listing
+        listed = ticket_names(dfd)
         names = sorted(n for n in (os.listdir(dfd) if listed is None else listed) if _TICKET.match(n))[:MAX_TICKETS]
         per_uid: dict[int, int] = {}
-        bound: dict[int, int] = {}  # uid -> the highest priority the policy lets it claim (one lookup each)
+        # uid -> the highest priority the policy lets it claim (one lookup each)
+        bound: dict[int, int] = {}
         for name in names:
             m = _TICKET.match(name)
             assert m is not None
@@ -341,7 +357,8 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
                 user = user_name(st.st_uid)
                 if pid is not None and process_uid(pid) != st.st_uid:
                     pid = None
-            if st.st_uid != 0:  # a flood of one user's tickets costs everyone's scans: bounded per user
+            # a flood of one user's tickets costs everyone's scans: bounded per user
+            if st.st_uid != 0:
                 per_uid[st.st_uid] = per_uid.get(st.st_uid, 0) + 1
                 if per_uid[st.st_uid] > MAX_TICKETS_PER_USER:
                     continue
@@ -378,7 +395,8 @@ def _shares(store: LeaseStore) -> dict[str, float] | None:
 
     if policy.load().fair_share_days is None:
         return None
-    return policy.read_shares()  # root's daemon's state directory, never the shared lock directory
+    # root's daemon's state directory, never the shared lock directory
+    return policy.read_shares()
 
 
 def _order(entries: list[tuple[Waiter, float, Path]],
@@ -413,7 +431,8 @@ def ahead_of(store: LeaseStore, ticket: Ticket) -> Path | None:
     for i, (_, _, path) in enumerate(order):
         if path.name == ticket.path.name:
             return order[i - 1][2] if i else None
-    return order[-1][2] if order else None  # not visible (over a bound, unreadable): behind everyone
+    # not visible (over a bound, unreadable): behind everyone
+    return order[-1][2] if order else None
 
 
 def ahead_of_newcomer(store: LeaseStore, priority: int) -> list[Waiter]:
@@ -474,10 +493,12 @@ def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: Leas
     followed = -1
     try:
         if deadline is None and cancelled is None:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # sleeps in the kernel until the holder leaves
+            # sleeps in the kernel until the holder leaves
+            fcntl.flock(fd, fcntl.LOCK_SH)
             return True
         if watch is not None and watch.active:
-            followed = watch.follow(path)  # before the first try: a close after it wakes us
+            # before the first try: a close after it wakes us
+            followed = watch.follow(path)
         while True:
             if try_lock(fd, shared=True):
                 return True
@@ -520,8 +541,10 @@ class LeaseWatch:
         # the other store's leases and tickets count here too (LeaseStore.peers): their ends as well
         peer = directory.parent if directory.name == AUTHORITY_DIR else directory / AUTHORITY_DIR
         self._dirs = (directory, peer)
-        self._wds: list[int] = []  # the directories' watches, while armed
-        self._followed = -1  # the watch on the ticket ahead (wait_for), while one is followed
+        # the directories' watches, while armed
+        self._wds: list[int] = []
+        # the watch on the ticket ahead (wait_for), while one is followed
+        self._followed = -1
         try:
             ino = Inotify()
         except OSError:
@@ -540,7 +563,8 @@ class LeaseWatch:
             if wd < 0:
                 return False
             self._wds = [wd]
-            peer = self._ino.watch(self._dirs[1], self._mask(self._dirs[1]))  # absent: nothing to watch there
+            # absent: nothing to watch there
+            peer = self._ino.watch(self._dirs[1], self._mask(self._dirs[1]))
             if peer >= 0 and peer != wd:
                 self._wds.append(peer)
         return True
@@ -585,7 +609,8 @@ class LeaseWatch:
             return False
         rearmed = not self._wds
         if rearmed and not self._arm():
-            self.close()  # the directory cannot be watched any more: the caller polls
+            # the directory cannot be watched any more: the caller polls
+            self.close()
             return True
         return any(mask & IN_Q_OVERFLOW or _relevant(name, mask) for wd, mask, name in self._ino.read()
                    if wd in self._wds or wd < 0) or rearmed

@@ -18,7 +18,8 @@ import sys
 from ..errors import exec_failure
 from .api import Selection
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     import subprocess
     from typing import Any, Callable, Sequence
@@ -35,13 +36,15 @@ def _interactive() -> bool:
 
 def run_with(selection: Selection, cmd: Sequence[str], bind_cpus: bool = False) -> int:
     """Run ``cmd`` on ``selection``'s devices (``bind_cpus``: on their local CPUs, :mod:`gpusd.alloc.cpus`)."""
-    import subprocess  # here: a job's supervisor reads FORWARDED while it waits for GPUs, and needs no subprocess
+    # here: a job's supervisor reads FORWARDED while it waits for GPUs, and needs no subprocess
+    import subprocess
 
     from ..inventory.vendors import job_environ
     from .cpus import binding, preexec
 
     env = job_environ(os.environ, selection.visible, use_uuid=selection.use_uuid)
-    env.pop("GPUSD_LEASE_EPOCH", None)  # never an outer job's token
+    # never an outer job's token
+    env.pop("GPUSD_LEASE_EPOCH", None)
     env.update({k: v for k, v in selection.env().items() if k in ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH")})
     fds = list(selection.lease.fds) if selection.lease else []
     cpus = None

@@ -94,7 +94,7 @@ class Constraints:
     def from_keywords(cls, **values: Any) -> Constraints:
         """:meth:`build` from the keywords of :func:`gpusd.select` (``share`` for ``shared``...);
         keywords not given take the field's default."""
-        by_keyword = {keyword_of(f.name): f.name for f in fields(cls)}
+        by_keyword = _by_keyword()
         unknown = sorted(set(values) - set(by_keyword))
         if unknown:
             raise TypeError(f"unknown constraint {unknown[0]!r} (known: {', '.join(sorted(by_keyword))})")
@@ -160,9 +160,19 @@ def keyword_of(name: str) -> str:
     raise KeyError(name)
 
 
+_KEYWORDS: dict[str, str] = {}  # keyword -> field name, made on first use (the fields never change)
+
+
+def _by_keyword() -> dict[str, str]:
+    if not _KEYWORDS:
+        _KEYWORDS.update({keyword_of(f.name): f.name for f in fields(Constraints)})
+    return _KEYWORDS
+
+
 def constraint_keywords() -> dict[str, Any]:
     """Every constraint keyword of :func:`gpusd.select`, with its default."""
-    return {keyword_of(f.name): f.default for f in fields(Constraints)}
+    defaults = {f.name: f.default for f in fields(Constraints)}
+    return {k: defaults[name] for k, name in _by_keyword().items()}
 
 
 def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:
@@ -351,9 +361,43 @@ def choose(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | Non
 
 
 def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
-            env: dict[str, str] | None = None) -> Pick:
+            env: dict[str, str] | None = None, confirm: Callable[[GpuInfo], bool] | None = None) -> Pick:
     """:func:`choose`, with the reasons: the ranked devices go to :func:`gpusd.alloc.placement.pick`,
-    which chooses the set (by topology for 2+ GPUs, docs/allocation.md)."""
+    which chooses the set (by topology for 2+ GPUs, docs/allocation.md).
+
+    ``confirm``: the snapshot's process lists are not read yet; ``confirm(gpu)`` reads one GPU's (and
+    says whether it read them now).  A process only ever counts against a GPU (it raises the ``load``
+    score, and refuses the GPU in an exclusive compute mode or past ``max_processes``), so the choice
+    made while a list is unread is what its GPU could at best be: the chosen GPUs' lists are read, and
+    where one shows processes the choice is made again, until every chosen GPU's list was read (and the
+    least-loaded set's, from which a multi-GPU choice measures its tolerance) -- the choice the lists
+    of all GPUs would have given, having read only those of the GPUs chosen (and of any ranked ahead of
+    them that turned out busy).  A GPU whose reservations depend on its processes (a lease's memory
+    less what the holder already uses) has its list read first."""
+    if confirm is None:
+        return _explain(snap, c, leases, env)
+    held = {le.device for le in leases} if leases is not None else set()
+    held.update(le.device for g in snap.gpus for le in g.leases)
+    for g in snap.gpus:
+        if g.memory_shared and held or g.uuid in held or any(m.uuid in held for m in g.mig_instances):
+            confirm(g)
+    by_index = {str(g.index): g for g in snap.gpus}  # a whole GPU's label (a MIG slice's: "0:1", its own)
+    while True:
+        try:
+            why = _explain(snap, c, leases, env)
+        except NoGpuAvailable:
+            # the reasons as every list would give them (a list can only refuse more: still none)
+            if any([confirm(g) for g in snap.gpus]):
+                return _explain(snap, c, leases, env)
+            raise
+        # the least-loaded set too: a multi-GPU choice's tolerance is measured from it (alloc.placement)
+        weighed = [x.gpu for x in why.chosen] + [by_index[i] for i in why.least_loaded if i in by_index]
+        if not any([confirm(g) and bool(g.processes) or not g.healthy for g in weighed]):
+            return why
+
+
+def _explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | None = None,
+             env: dict[str, str] | None = None) -> Pick:
     ok, rejected = candidates(snap, c, leases, env)
     vendors = {cand.gpu.vendor for cand in ok}
     if c.vendor is None and c.count > 1 and len(vendors) > 1:

@@ -28,15 +28,20 @@ import os
 import threading
 from pathlib import Path
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     pass
 
-WAIT = 2.0  # seconds: a slot that does not change hands for this long is held by a hung process: go on without
-MAX_WAIT = 30.0  # seconds: the longest a start waits for a slot, however it moves
+# seconds: a slot that does not change hands for this long is held by a hung process: go on without
+WAIT = 2.0
+# seconds: the longest a start waits for a slot, however it moves
+MAX_WAIT = 30.0
 
-_held: int | None = None  # the slot this process holds (one gpusd run per process)
-_lock = threading.Lock()  # leave() from the lease's thread and from the main thread: one close
+# the slot this process holds (one gpusd run per process)
+_held: int | None = None
+# leave() from the lease's thread and from the main thread: one close
+_lock = threading.Lock()
 
 
 def _turns(fd: int) -> bytes:
@@ -72,7 +77,8 @@ def _wait(fd: int) -> bool:
             return
         with gate:
             if box["abandoned"]:
-                os.close(fd)  # too late: give it to the next one at once
+                # too late: give it to the next one at once
+                os.close(fd)
                 return
             got.set()
 
@@ -84,12 +90,14 @@ def _wait(fd: int) -> bool:
             _turn(fd)
             return True
         now = _turns(fd)
-        if now == seen or time.monotonic() >= end:  # no start went through it for WAIT s: its holder hangs
+        # no start went through it for WAIT s: its holder hangs
+        if now == seen or time.monotonic() >= end:
             with gate:
                 if got.is_set():
                     _turn(fd)
                     return True
-                box["abandoned"] = True  # the thread closes the descriptor
+                # the thread closes the descriptor
+                box["abandoned"] = True
             return False
         seen = now
 
@@ -108,7 +116,8 @@ def enter(lock_dir: Path | None = None) -> bool:
         return False
     try:
         dfd = open_dir(where, create=True)
-    except Exception:  # no lock directory we may use: no gate
+    except Exception:
+        # no lock directory we may use: no gate
         return False
     if dfd is None:  # pragma: no cover - create=True
         return False
@@ -118,11 +127,13 @@ def enter(lock_dir: Path | None = None) -> bool:
         for k in range(slots):
             try:
                 fds.append(open_lock_file(dfd, f"start-{me}-{k}.lock", where, private=True))
-            except Exception:  # another user's file squats the name, or no room: that slot is not ours
+            except Exception:
+                # another user's file squats the name, or no room: that slot is not ours
                 continue
             try:
                 free = try_lock(fds[-1], shared=False)
-            except OSError:  # a lock directory without locks (NFS mounted nolock: ENOLCK): no gate
+            except OSError:
+                # a lock directory without locks (NFS mounted nolock: ENOLCK): no gate
                 return False
             if free:
                 _held = fds.pop()
@@ -130,11 +141,13 @@ def enter(lock_dir: Path | None = None) -> bool:
                 return True
         if not fds:
             return False
-        mine = fds.pop(os.getpid() % len(fds))  # all taken: queue on one of them
+        # all taken: queue on one of them
+        mine = fds.pop(os.getpid() % len(fds))
         if _wait(mine):
             _held = mine
             return True
-        return False  # (the waiting thread closes it)
+        # (the waiting thread closes it)
+        return False
     finally:
         for fd in fds:
             os.close(fd)

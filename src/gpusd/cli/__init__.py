@@ -21,11 +21,13 @@ from .._version import __version__
 from ..errors import EXIT_USAGE, SIMULATE_EXAMPLE, BackendUnavailable, GpusdError
 from .exits import exit_code_for
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, NoReturn, Sequence
 
-PROGS = ("gpusd", "gpisd")  # the program's names (gpisd: the seed name)
+# the program's names (gpisd: the seed name)
+PROGS = ("gpusd", "gpisd")
 
 
 def prog() -> str:
@@ -70,8 +72,10 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kw)
         self._negative_number_matcher = re.compile(r"^-\d+(\.\d*)?[a-zA-Z]*$|^-\.\d+[a-zA-Z]*$")
 
-    def error(self, message: str) -> NoReturn:  # one line, documented exit code, no usage block
-        message = message.replace(", 'fleet-job'", "")  # the unlisted command is no choice to offer
+    # one line, documented exit code, no usage block
+    def error(self, message: str) -> NoReturn:
+        # the unlisted command is no choice to offer
+        message = message.replace(", 'fleet-job'", "")
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\nsee {self.prog} --help\n")
 
 
@@ -183,7 +187,8 @@ def _setup_logging(verbose: int) -> None:
     if verbose or os.environ.get("GPUSD_LOG_LEVEL"):
         import logging
 
-        from ..sanitize import log_formatter  # log lines quote what peers sent
+        # log lines quote what peers sent
+        from ..sanitize import log_formatter
 
         level = os.environ.get("GPUSD_LOG_LEVEL") or ("DEBUG" if verbose > 1 else "INFO")
         handler = logging.StreamHandler()
@@ -195,12 +200,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from ..wire.aio import own_process
 
-    own_process()  # this process is gpusd's: aiohttp may be imported without the CA store (gpusd.wire.aio)
-    if _command_in(argv) == "env":  # eval "$(gpusd env ...)" fails closed (docs/cli.md)
+    # this process is gpusd's: aiohttp may be imported without the CA store (gpusd.wire.aio)
+    own_process()
+    # eval "$(gpusd env ...)" fails closed (docs/cli.md)
+    if _command_in(argv) == "env":
         from .alloc import env_failing_closed
 
         return env_failing_closed(lambda: _main(argv))
-    if _command_in(argv) == "run":  # queued jobs submitted together start up in turn (gpusd.alloc.startgate)
+    # queued jobs submitted together start up in turn (gpusd.alloc.startgate)
+    if _command_in(argv) == "run":
         from ..alloc import startgate as gate
 
         try:
@@ -215,9 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     parser = build_parser(_command_in(argv))
     args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the (sub)command's parser, so the usage shown is the command's own
+    # reported by the (sub)command's parser, so the usage shown is the command's own
+    if extra:
         _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-    args._argv = argv  # for commands that must know which flags were given (gpusd start)
+    # for commands that must know which flags were given (gpusd start)
+    args._argv = argv
     if not getattr(args, "_target", None):
         parser.print_help()
         return EXIT_USAGE
@@ -227,10 +237,12 @@ def _main(argv: list[str]) -> int:
     try:
         return int(fn(args) or 0)
     except BackendUnavailable as exc:
-        if exc.hint:  # name the command that was run: gpisd start --simulate ...
+        # name the command that was run: gpisd start --simulate ...
+        if exc.hint:
             words = [w for w in (args.command, getattr(args, "export_format", None)) if w]
             if getattr(args, "local", False):
-                words.append("--local")  # gpusd top --local: --simulate needs it
+                # gpusd top --local: --simulate needs it
+                words.append("--local")
             words.append(SIMULATE_EXAMPLE)
             if args.command == "run":
                 words.append("-- CMD ...")

@@ -7,7 +7,8 @@ import argparse
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
@@ -33,7 +34,8 @@ def select(args: argparse.Namespace) -> int:
         from ..sanitize import dumps
 
         out = sel.to_dict()
-        out.pop("lease", None)  # select takes no lease (gpusd run does): no key that suggests one
+        # select takes no lease (gpusd run does): no key that suggests one
+        out.pop("lease", None)
         print(dumps(out, indent=2))
     else:
         from ..inventory.vendors import DEVICE_VARIABLE
@@ -70,7 +72,8 @@ def env_failing_closed(run: Callable[[], int]) -> int:
     import sys
 
     def stopped(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)  # the shell's status for a signal, after the fail-closed lines
+        # the shell's status for a signal, after the fail-closed lines
+        raise SystemExit(128 + signum)
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stopped)
@@ -84,7 +87,8 @@ def env_failing_closed(run: Callable[[], int]) -> int:
 
     try:
         rc = run()
-    except SystemExit as exc:  # argparse: bad usage (2); --help is 0
+    except SystemExit as exc:
+        # argparse: bad usage (2); --help is 0
         if exc.code not in (0, None):
             closed()
         raise
@@ -106,15 +110,16 @@ def env(args: argparse.Namespace) -> int:
         print(f"unset {key}")
     for key, value in variables.items():
         if key in ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH"):
-            continue  # the lease ends with this process: do not pretend otherwise
+            # the lease ends with this process: do not pretend otherwise
+            continue
         print(f"export {key}={_quote(value)}")
     return 0
 
 
 def run_command(args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    from .options import after_dashes
+
+    cmd = after_dashes(args.cmd)
     if not cmd:
         raise ConfigError("no command given: gpusd run [options] -- CMD [ARGS...]")
     if getattr(args, "on_change", "signal") != "signal" and (getattr(args, "fleet", False) or not args.lease):
@@ -127,13 +132,15 @@ def run_command(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", False):
         from ..jobs.containers import parse
 
-        if args.lease and parse(cmd, follow=True) is not None:  # the remote side would not rewrite it
+        # the remote side would not rewrite it
+        if args.lease and parse(cmd, follow=True) is not None:
             raise ConfigError("a container run gets its leased GPUs on this machine only: not with --fleet (yet); "
                               "run it on the host with gpusd run, or with --no-lease")
         from .pool import run_fleet
 
         return run_fleet(args, cmd)
-    if args.lease:  # every leased run is a job (docs/jobs.md): its spec made here, run by the library
+    # every leased run is a job (docs/jobs.md): its spec made here, run by the library
+    if args.lease:
         from ..jobs.containers import parse
         from ..jobs.supervisor import run_job
         from .options import job_spec
@@ -151,7 +158,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _quote(value: str) -> str:
-    import shlex  # here: select prints no shell words
+    # here: select prints no shell words
+    import shlex
 
     return shlex.quote(value)
 
@@ -210,7 +218,8 @@ def leases(args: argparse.Namespace) -> int:
     from .table import render_table
 
     store = LeaseStore()
-    held = flag_over_cap(store.leases())  # a user over a cap is flagged (possible only outside the authority)
+    # a user over a cap is flagged (possible only outside the authority)
+    held = flag_over_cap(store.leases())
     waiters = queue.waiters(store)
     mutex = store.mutex_holders()
     if args.json:

@@ -185,13 +185,16 @@ def _differences(args: argparse.Namespace, cfg: Any, running: Any, served: Any =
         if key == "interfaces":
             new, old = sorted(new or []), sorted(old or []) if isinstance(old, list) else old
         if key == "tls_port" and new is not None and new == served.get("tls_port"):
-            old = new  # the port it took (the default is --port + 1): the same
+            # the port it took (the default is --port + 1): the same
+            old = new
         if new == old or key in seen:
             continue
         seen.add(key)
-        if key not in running:  # a daemon older than the option: it cannot say, so it is not the same
+        # a daemon older than the option: it cannot say, so it is not the same
+        if key not in running:
             out.append(f"{flag} (the running daemon does not record it)")
-        elif key == "secret":  # never shown, not even its fingerprint: with or without, same or another
+        elif key == "secret":
+            # never shown, not even its fingerprint: with or without, same or another
             out.append(f"{flag} (running: {'with another secret' if old else 'without a secret: trust is off'})"
                        if new else f"{flag} (running: with a secret)")
         elif isinstance(new, bool) or isinstance(old, bool):
@@ -250,7 +253,8 @@ def start(args: argparse.Namespace) -> int:
     if getattr(args, "print_unit", False):
         return print_unit(args)
     state = _state_dir(args)
-    try:  # one line, not a traceback, for a state directory that cannot be (/proc/x, a read-only disk)
+    # one line, not a traceback, for a state directory that cannot be (/proc/x, a read-only disk)
+    try:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create the state directory {state}: {exc.strerror or exc} "
@@ -258,9 +262,9 @@ def start(args: argparse.Namespace) -> int:
     cfg = _config(args, state)
     if args.hostname:
         os.environ["GPUSD_HOSTNAME"] = args.hostname
-    from ..daemon import process
+    from ..localdaemon import status as daemon_status
 
-    st = process.status(state)
+    st = daemon_status(state)
     if st.running:
         return _already_running(args, cfg, st)
     if args.foreground:
@@ -268,13 +272,17 @@ def start(args: argparse.Namespace) -> int:
         from ..daemon.process import run_foreground
 
         level = os.environ.get("GPUSD_LOG_LEVEL") or ("DEBUG" if args.verbose > 1 else "INFO")
-        logs.setup(level, args.log_file)  # rate-limited; a --log-file is rotated by size while running
+        # rate-limited; a --log-file is rotated by size while running
+        logs.setup(level, args.log_file)
         return run_foreground(cfg, args.ready_fd)
 
+    from ..daemon import process
     from . import prog
 
-    env = dict(os.environ, GPUSD_PROG=prog())  # so that its hints name the program the user ran
-    env.pop("GPUSD_TOKEN_FILE", None)  # the child takes exactly the secret read here
+    # so that its hints name the program the user ran
+    env = dict(os.environ, GPUSD_PROG=prog())
+    # the child takes exactly the secret read here
+    env.pop("GPUSD_TOKEN_FILE", None)
     env.pop("GPUSD_TOKEN", None)
     if cfg.token:
         env["GPUSD_TOKEN"] = cfg.token
@@ -296,10 +304,10 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from ..daemon import process
+    from ..localdaemon import status as daemon_status
 
     state = _state_dir(args)
-    st = process.status(state)
+    st = daemon_status(state)
     live = _fetch_host(st.info) if st.running else None
     if args.json:
         out = {"running": st.running, "pid": st.pid, "state_dir": str(state), **st.info}
@@ -340,20 +348,15 @@ def status(args: argparse.Namespace) -> int:
 
 def _fetch_host(info: dict[str, Any]) -> dict[str, Any] | None:
     """GET /api/v1/host from the running daemon (the one blocking GET helper, no aiohttp at start-up)."""
+    from ..localdaemon import api_bases
     from ..wire.http import SourceError, fetch_json
 
-    port = info.get("port")
-    addresses = info.get("addresses")
-    addrs = [a for a in addresses if isinstance(a, str)] if isinstance(addresses, list) else []
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        return None
-    if not info.get("interfaces"):
-        addrs.insert(0, "127.0.0.1")
-    for addr in addrs:
+    for base in api_bases(info):
         try:
-            data = fetch_json(f"http://{addr}:{port}/api/v1/host", timeout=2).data
+            data = fetch_json(f"{base}/host", timeout=2).data
             return data if isinstance(data, dict) else None
-        except SourceError:  # down, not HTTP, or died mid-answer
+        except SourceError:
+            # down, not HTTP, or died mid-answer
             continue
     return None
 
@@ -373,8 +376,10 @@ def demo(args: argparse.Namespace) -> int:
     if not 1 <= args.hosts <= len(DEMO_HOSTS):
         raise ConfigError(f"--hosts must be between 1 and {len(DEMO_HOSTS)}")
     tmp = Path(tempfile.mkdtemp(prefix="gpusd-demo-"))
-    session = f"demo-{os.getpid()}"  # two demos on one machine do not see each other
-    procs: list[Any] = []  # filled as they start, so a failed or interrupted start stops those already running
+    # two demos on one machine do not see each other
+    session = f"demo-{os.getpid()}"
+    # filled as they start, so a failed or interrupted start stops those already running
+    procs: list[Any] = []
     try:
         print(f"gpusd demo: starting {args.hosts} daemons with simulated GPUs on 127.0.0.1 (session {session}) ...",
               flush=True)
@@ -531,7 +536,8 @@ def _start_parser(sub: Any, o: Any) -> None:
                    help="seconds between samples (default 1)")
     window = p.add_argument("--sample-window", dest="history", type=o.seconds, default=300.0, metavar="S",
                             help="seconds of per-GPU samples kept in memory, served at /api/v1/history (default 300)")
-    o.deprecated(p, "--history", window)  # "history" is the usage history database (docs/cli.md, "Vocabulary")
+    # "history" is the usage history database (docs/cli.md, "Vocabulary")
+    o.deprecated(p, "--history", window)
     p.add_argument("--hostname", help="host name to announce (default: this machine's, or $GPUSD_HOSTNAME)")
     p.add_argument("--gpusd-compat", action="store_true",
                    help="also announce hwsd's _gpu-sd._tcp and _net-sd._tcp records (for GPU-SD/Equalizer clients)")
@@ -539,7 +545,8 @@ def _start_parser(sub: Any, o: Any) -> None:
                    help="with a fleet secret: the HTTPS port (default: --port + 1; 0: any free port)")
     view = p.add_argument("--fleet-view", dest="fleet", choices=("auto", "on", "off"), default="auto",
                           help="the /api/v1/fleet view: started on first use (auto), always, or never")
-    o.deprecated(p, "--fleet", view)  # --fleet elsewhere: a switch, act on the fleet (run, report)
+    # --fleet elsewhere: a switch, act on the fleet (run, report)
+    o.deprecated(p, "--fleet", view)
     p.add_argument("--txt-interval", type=o.seconds, default=6.0, metavar="S",
                    help="minimum seconds between TXT record updates (default 6: RFC 6762 allows 10 a minute)")
     p.add_argument("--timeout", type=o.positive_seconds, default=30.0, metavar="S",

@@ -8,7 +8,8 @@ import sys
 
 from ..inventory import open_backend
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot
@@ -21,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
         snap = backend.snapshot()
     store = LeaseStore()
     store.attach(snap)
-    if any(p.container for g in snap.gpus for p in g.processes):  # (job records only where a container runs)
+    # (job records only where a container runs)
+    if any(p.container for g in snap.gpus for p in g.processes):
         from ..jobs.containers import name_containers
 
         name_containers(snap)
@@ -62,7 +64,8 @@ def render_topology(snap: HostSnapshot) -> str:
         cpus = local_cpus(a)
         cells.append(format_cpulist(cpus) if cpus else "N/A")
         cells.append(str(a.numa_node) if a.numa_node is not None else "N/A")
-        cells.append("N/A")  # a GPU's own memory NUMA node (Grace Hopper): not read
+        # a GPU's own memory NUMA node (Grace Hopper): not read
+        cells.append("N/A")
         rows.append(cells)
     sim = "\n(simulated GPUs)" if snap.simulated else ""
     return render_table(header, rows, rule=False) + "\n\n" + LEGEND + sim

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
@@ -162,17 +161,24 @@ def _inventory(inv: Sequence[tuple[str, int | None]]) -> str:
 
 # -- list ------------------------------------------------------------------------------------------
 def list_devices(args: argparse.Namespace) -> int:
-    from ..identity import state_dir
+    from ..localdaemon import may_run
 
     local = None
-    if args.all_sessions or not (state_dir() / "gpusd.json").exists():
+    if args.all_sessions or not may_run():
         from ..discovery import oneshot
 
-        oneshot.prefetch_imports()  # no local daemon to ask: the browse will need them
+        # no local daemon to ask: the browse will need them
+        oneshot.prefetch_imports()
     else:
         local = _ask_local_daemon(args)
     from ..discovery.fleetsource import choose
 
+    if args.json and local is not None and local.arrived():
+        # the devices straight from the daemon's JSON: no model object on the way
+        rows = local.rows()
+        if rows is not None:
+            print(json_list(rows[0]))
+            return 0 if rows[1] else EXIT_NO_DAEMON
     devices, hosts, unmatched = choose(local, lambda slow: _browse(args, slow))
     if args.json:
         print(json_list([d.to_dict() for d in devices]))
@@ -207,21 +213,23 @@ def _browse(args: argparse.Namespace, local: Reading | None) -> Listing:
 
 
 def _ask_local_daemon(args: argparse.Namespace) -> Reading | None:
-    """Ask this host's own daemon for its fleet view (in a thread; docs/daemon.md), where its view is
-    what the options given ask for: none when hosts beyond the link are asked for (``--peer`` & co.,
-    or their variables: the daemon's view has its own), the interfaces must be the daemon's
-    (``--interface eth9`` is checked first: exit 2 when there is no such interface, as when browsing)."""
+    """Ask this host's own daemon for its fleet view (:func:`gpusd.discovery.fleetsource.ask_local_daemon`,
+    docs/daemon.md) with the options given: none when hosts beyond the link are asked for (``--peer`` &
+    co., or their variables); the interfaces must be the daemon's (``--interface eth9`` is checked first:
+    exit 2 when there is no such interface, as when browsing)."""
+    from ..discovery.fleetsource import ask_local_daemon, beyond_link
     from ..discovery.types import Filters
     from ..wire.mdns import resolve_interfaces
-    from .localfleet import start_fleet_request
     from .trust import fleet_key
 
     filters = Filters(session=args.session, **_filter_args(args))
-    interfaces = resolve_interfaces(args.interfaces)  # ConfigError (exit 2) for an interface that is not there
-    if any(beyond_args(args).values()) or any(os.environ.get(v) for v in
-                                              ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN")):
+    # ConfigError (exit 2) for an interface that is not there
+    interfaces = resolve_interfaces(args.interfaces)
+    beyond = beyond_args(args)
+    if beyond_link(beyond["peers"], beyond["peers_file"], beyond["dns_sd_domain"]):
+        # before the fleet secret is read: it is not needed
         return None
-    return start_fleet_request(filters, key=fleet_key(args), interfaces=interfaces)
+    return ask_local_daemon(filters, key=fleet_key(args), interfaces=interfaces)
 
 
 def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -> str:
@@ -241,7 +249,8 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
             elif g.leases:
                 state = "leased"
                 remote = [le for le in g.leases if le.expires is not None]
-                if remote:  # held by a daemon for a remote holder (docs/pool.md): who, and for how long
+                # held by a daemon for a remote holder (docs/pool.md): who, and for how long
+                if remote:
                     # the user is private (hidden from an unverified reader); how long the reservation
                     # lasts (its holder's --for), else that its holder renews it (the TTL is no end)
                     who = for_terminal(remote[0].user, 24)
@@ -262,9 +271,11 @@ def render_devices(devices: Sequence["Device"], hosts: Sequence["RemoteHost"]) -
         state += booking_note(booked.get(d.node_id, []), g.index)
         if d.simulated:
             state += " [sim]"
-        if d.copy_of is not None:  # its daemon proved it is another host: a copy of that one's announcement
+        # its daemon proved it is another host: a copy of that one's announcement
+        if d.copy_of is not None:
             state += f" [unverified: a copy of {for_terminal(d.copy_of, 64)}]"
-        elif d.verified is False:  # did not prove it holds the fleet secret: maybe a stranger
+        elif d.verified is False:
+            # did not prove it holds the fleet secret: maybe a stranger
             state += " [unverified]"
         rows.append([d.hostname, str(g.index), name, mem, util, temp, power, state])
     table = render_table(["HOST", "IDX", "NAME", "MEMORY", "UTIL", "TEMP", "POWER", "STATE"], rows, right=(1, 4, 5, 6))
@@ -295,7 +306,8 @@ def booking_note(bookings: Sequence[Any], index: int, now: float | None = None) 
 def watch(args: argparse.Namespace) -> int:
     import asyncio
 
-    if not args.liveness > 0:  # 0 or less: every host would be removed right after it is added, over and over
+    # 0 or less: every host would be removed right after it is added, over and over
+    if not args.liveness > 0:
         raise ConfigError(f"--liveness must be a positive number of seconds, not {args.liveness:g}")
     async def go() -> None:
         client = _client(args, liveness_timeout=args.liveness)
@@ -313,13 +325,15 @@ def watch(args: argparse.Namespace) -> int:
                     return
                 if args.json:
                     line = dumps(ev.to_dict(), separators=(",", ":"))
-                else:  # names, users and commands from the LAN: sanitised, and the line bounded
+                else:
+                    # names, users and commands from the LAN: sanitised, and the line bounded
                     line = f"{time.strftime('%H:%M:%S', time.localtime(ev.ts))} {for_terminal(ev, 512)}"
                 print(line, flush=True)
         finally:
             await client.stop_listening()
 
-    asyncio.run(go())  # Ctrl-C: main() says "interrupted" and exits 130, as documented
+    # Ctrl-C: main() says "interrupted" and exits 130, as documented
+    asyncio.run(go())
     return 0
 
 

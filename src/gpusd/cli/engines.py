@@ -53,7 +53,8 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
     releases), or by a renewer process (``python -m gpusd.pool.renewer``) until ``until`` (epoch), whose
     pid is returned third; ``renewer``: its optional fields (``at_end``, ``forget``).  ``job_id``: the
     placement's (default: a new one)."""
-    from ..errors import ConfigError  # wrong flags are usage errors (exit 2), as everywhere
+    # wrong flags are usage errors (exit 2), as everywhere
+    from ..errors import ConfigError
     from ..ids import PlacementId
 
     count = getattr(args, "count", None)
@@ -80,7 +81,8 @@ def acquire(args: argparse.Namespace, note: str, until: float | None = None, job
             got[0].start_renewing()
         else:
             pid = _start_renewer(got[0], secret(args) or "", until, renewer)
-        client.stop_listening()  # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
+        # slow (mDNS goodbyes): a Ctrl-C meanwhile must not leak the leases
+        client.stop_listening()
         return got[0].to_placement(job_id), got[0], pid
     except BaseException:
         from ..engines.records import renewer_record
@@ -132,7 +134,8 @@ def add_placement_flags(p: argparse.ArgumentParser, with_count: bool = True, hol
             g.add_argument("--for", dest="duration", metavar="DURATION", default=hold, type=duration_text,
                            help=f"without a command to wait for: hold the GPUs this long at most (default {hold}), "
                            "renewed in the background")
-        p.set_defaults(count=None)  # -n absent: --placement
+        # -n absent: --placement
+        p.set_defaults(count=None)
         for action in p._actions:
             if action.dest == "count":
                 action.help = "reserve N GPUs in all across the fleet (or give --placement FILE)"
@@ -146,7 +149,8 @@ def add_ssh_flags(p: argparse.ArgumentParser) -> None:
 
     ssh = p.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
                          help="passed to ssh as -o OPTION (repeatable); ssh also reads $GPUSD_SSH_CONFIG as -F")
-    o.deprecated(p, "-o", ssh)  # -o is --output elsewhere (report, export)
+    # -o is --output elsewhere (report, export)
+    o.deprecated(p, "-o", ssh)
     p.add_argument("--grace", type=o.grace, default=10.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default 10)")
 
@@ -173,13 +177,9 @@ def _env_pairs(items: Sequence[str]) -> dict[str, str]:
 
 def _port(text: str) -> int:
     """A TCP port (1-65535) for argparse."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {text[:20]!r}")
-    return port
+    from .options import whole_number
+
+    return whole_number(text, 1, 65535, f"a TCP port is 1-65535, not {text[:20]!r}")
 
 
 def _prog() -> str:
@@ -211,9 +211,11 @@ def hostfile(args: argparse.Namespace) -> int:
     """Write what an engine reads.  With ``-n``: reserve first; with ``-- CMD``, hold the reservation
     (renewed) while CMD runs here and release it at its end; without, hand it to a background renewer
     for ``--for`` (``gpusd release ID`` ends it earlier), as ``gpusd reserve`` does."""
-    if args.args and args.args[0] == "--":
-        args.args = args.args[1:]
-    if getattr(args, "held", None):  # Horovod's discovery script: what the job holds now
+    from .options import after_dashes
+
+    args.args = after_dashes(args.args)
+    # Horovod's discovery script: what the job holds now
+    if getattr(args, "held", None):
         if args.format != "horovod-discovery":
             raise SystemExit(f"{_prog()}: --held goes with --format horovod-discovery")
         from ..engines.records import held_placement
@@ -311,7 +313,8 @@ def _hostfile_output(args: argparse.Namespace, p: "Placement", held: Path | None
         sys.stdout.write(text)
         return 0
     write_new(out, text, 0o755 if args.format == "horovod" else 0o644)
-    for line in g.hostfile_usage(args.format, p, out, program, port):  # how to use what was written
+    # how to use what was written
+    for line in g.hostfile_usage(args.format, p, out, program, port):
         print(line)
     return 0
 
@@ -321,16 +324,16 @@ def launch(args: argparse.Namespace) -> int:
     import asyncio
 
     from ..engines.plan import commands_for, run_holding, silence, with_leases
+    from .options import after_dashes
 
-    rest = list(args.args)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
+    rest = after_dashes(args.args)
     if not rest:
         print(f"{_prog()}: launch needs the program to run after ENGINE: gpusd launch -n 4 torchrun -- train.py",
               file=sys.stderr)
         return 2
     p, res, _ = acquire(args, f"gpusd launch {args.engine} -- {shlex.join(rest)}")
-    try:  # from here on, every way out releases (a failure, Ctrl-C, the end)
+    # from here on, every way out releases (a failure, Ctrl-C, the end)
+    try:
         if getattr(args, "bind_cpus", False):
             _say_binding(args.engine, p)
         chdir = None if args.no_chdir else (args.chdir or os.getcwd())
@@ -400,10 +403,9 @@ def ray_up(args: argparse.Namespace) -> int:
     from ..engines.records import cluster_path, forget, renewer_record, write_cluster
     from ..ids import PlacementId
     from ..units import format_clock
+    from .options import after_dashes
 
-    extra = list(args.ray_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    extra = after_dashes(args.ray_args)
     head_extra = [*extra, *args.head_option]
     worker_extra = [*extra, *args.worker_option]
     # a renewer process holds the reservation from the start (starting Ray may take longer than a TTL);
@@ -420,7 +422,8 @@ def ray_up(args: argparse.Namespace) -> int:
         cmds = guarded(cmds, [part.lease_id for part in res.parts], args.python, margin, grace)
     opts = _options(args, watchdog=False, stop_on_failure=True)
     path = cluster_path(_ray_state(args), p.job_id)
-    if res is None and p.job_id in _clusters(args):  # a --placement file's job id: the same cluster twice
+    # a --placement file's job id: the same cluster twice
+    if res is None and p.job_id in _clusters(args):
         raise SystemExit(f"{_prog()}: a Ray cluster {p.job_id} is already up (gpusd ray down {p.job_id}), "
                          "or give the placement another job_id")
     try:
@@ -430,7 +433,8 @@ def ray_up(args: argparse.Namespace) -> int:
         if status == 0 and len(cmds) > 1:
             status, failures = raycluster.start(cmds[1:], opts)
     except BaseException:
-        if res is not None and path.exists():  # stop what started before the GPUs go back
+        # stop what started before the GPUs go back
+        if res is not None and path.exists():
             _stop_cluster(args, record)
         _end_renewer(record)
         forget(path)
@@ -495,8 +499,10 @@ def ray_down(args: argparse.Namespace) -> int:
         stopped = _stop_cluster(args, record)
         status = stopped or status
         if stopped == 0:
-            _end_renewer(record)  # Ray stopped on every host: the GPUs go back to the pool at once
-        else:  # a host not reached: its guard stops Ray there before the lease runs out, then it is free
+            # Ray stopped on every host: the GPUs go back to the pool at once
+            _end_renewer(record)
+        else:
+            # a host not reached: its guard stops Ray there before the lease runs out, then it is free
             _end_renewer(record, release=False)
             print(f"{_prog()}: not every host of {cid} could be reached: its leases are no longer renewed and end "
                   "within their TTL (each host's guard stops Ray there first)", file=sys.stderr)
@@ -515,7 +521,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
                     "hostfile, Horovod -H, torchrun lines, JSON)", parents=placement_parents())
         add_placement_flags(p, hold="2h")
         p.add_argument("--format", "-f", choices=FORMATS, default="json", help="what to write (default json)")
-        p.add_argument("--held", metavar="FILE", help=argparse.SUPPRESS)  # Horovod's discovery script
+        # Horovod's discovery script
+        p.add_argument("--held", metavar="FILE", help=argparse.SUPPRESS)
         p.add_argument("--port", type=_port, default=None,
                        help="in the command lines printed: torchrun's rendezvous port (default 29400), DeepSpeed's "
                        "master port (default 29500) or the Ray head's port (default 6379)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from .. import errors
 from ..errors import DaemonStartFailed, GpusdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -18,7 +19,8 @@ _DOCUMENTED = frozenset(c.exit_status for c in (GpusdError, errors.ConfigError, 
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code the CLI returns for ``exc`` (1 for anything not a :class:`GpusdError`)."""
-    if isinstance(exc, DaemonStartFailed):  # keep the daemon's own documented code (e.g. 3: no NVML)
+    # keep the daemon's own documented code (e.g. 3: no NVML)
+    if isinstance(exc, DaemonStartFailed):
         return exc.status if exc.status in _DOCUMENTED else errors.EXIT_ERROR
     if not isinstance(exc, GpusdError):
         return errors.EXIT_ERROR

@@ -9,7 +9,8 @@ import signal
 
 from ..errors import ConfigError, GpusdError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jobs.record import JobRecord
@@ -141,7 +142,8 @@ def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
     from ..jobs.control import refused, request
 
     rec = _find(job)
-    if rec.host is not None:  # gpusd run --fleet: its lease is a daemon's, there is no supervisor to ask
+    # gpusd run --fleet: its lease is a daemon's, there is no supervisor to ask
+    if rec.host is not None:
         from ..sanitize import for_terminal
 
         raise GpusdError(f"job {rec.job} is a fleet run (asked from {for_terminal(rec.host, 64)}): its GPUs are "
@@ -150,7 +152,8 @@ def _ask(job: str, message: dict[str, object], timeout: float = 30.0) -> int:
     if me not in (0, rec.uid):
         raise GpusdError(f"job {rec.job} belongs to {rec.user}: only its owner or root may change it")
     answer = request(rec.job, rec.uid, message, timeout=timeout)
-    failed = refused(answer, f"job {rec.job}: ")  # docs/errors.md: the refusal's code
+    # docs/errors.md: the refusal's code
+    failed = refused(answer, f"job {rec.job}: ")
     if failed is not None:
         raise failed
     devices = str(answer.get("devices") or "")

@@ -48,7 +48,7 @@ def top(args: argparse.Namespace) -> int:
     once = args.once or not sys.stdout.isatty()
     source = _source(args, settle=args.browse)
     from ..units import parse_duration
-    from ..views.spark import Sparks  # utilisation over the last hour, from the daemons' history
+    from ..views.spark import Sparks
 
     try:
         window = parse_duration(args.history)
@@ -120,7 +120,8 @@ def export_prometheus_sd(args: argparse.Namespace) -> int:
             if args.output:
                 try:
                     written = sd.write(args.output, found)
-                except OSError as exc:  # no such directory, no permission: one line, not a traceback
+                except OSError as exc:
+                    # no such directory, no permission: one line, not a traceback
                     raise GpusdError(f"cannot write {args.output}: {exc.strerror or exc}") from None
                 if written:
                     print(f"gpusd: wrote {len(found)} target(s) to {args.output}", file=sys.stderr)

@@ -8,7 +8,8 @@ import sys
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from ..notify.deliver import Notice, Target
 
@@ -61,13 +62,9 @@ def notify(args: argparse.Namespace) -> int:
 
 
 def _attempts(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 20:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 20, not {text!r}")
-    return value
+    from .options import whole_number
+
+    return whole_number(text, 1, 20, f"must be a whole number from 1 to 20, not {text!r}")
 
 
 def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str) -> None:

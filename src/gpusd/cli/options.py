@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Sequence
 
@@ -23,7 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..jobs.containers import ContainerRun
     from ..jobs.supervisor import JobSpec
 
-RELEASE_DROPPED = "0.4"  # the release in which the deprecated spellings below go
+# the release in which the deprecated spellings below go
+RELEASE_DROPPED = "0.4"
 
 
 # -- value types -------------------------------------------------------------------------------------
@@ -67,15 +69,25 @@ def duration_text(text: str) -> str:
     return text
 
 
-def columns(text: str) -> int:
-    """A terminal width: a whole number of columns, 20 or more."""
+def whole_number(text: str, low: int, high: int, message: str) -> int:
+    """``text`` as a whole number from ``low`` to ``high``; anything else is the usage error ``message``."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if not 20 <= value <= 10000:
-        raise argparse.ArgumentTypeError(f"must be a number of columns from 20 to 10000, not {text!r}")
+        raise argparse.ArgumentTypeError(message) from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(message)
     return value
+
+
+def after_dashes(words: Sequence[str]) -> list[str]:
+    """The words ``argparse.REMAINDER`` gathered, less the ``--`` that may stand first (``gpusd run -- CMD``)."""
+    return list(words[1:] if words and words[0] == "--" else words)
+
+
+def columns(text: str) -> int:
+    """A terminal width: a whole number of columns, 20 or more."""
+    return whole_number(text, 20, 10000, f"must be a number of columns from 20 to 10000, not {text!r}")
 
 
 def positive_number(text: str) -> float:
@@ -100,7 +112,8 @@ def command(sub: Any, name: str, target: str, help: str | None, parents: Sequenc
     return p
 
 
-_told: set[str] = set()  # the deprecation notes already printed by this process (one line each)
+# the deprecation notes already printed by this process (one line each)
+_told: set[str] = set()
 
 
 class _Deprecated(argparse.Action):
@@ -119,7 +132,8 @@ class _Deprecated(argparse.Action):
         if note not in _told:
             _told.add(note)
             print(note, file=sys.stderr)
-        if self.append:  # as the new flag's action="append" does: a new list, not the default's
+        # as the new flag's action="append" does: a new list, not the default's
+        if self.append:
             values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, values)
 
@@ -141,7 +155,8 @@ class Flags(argparse._ActionsContainer):
 
     def __init__(self) -> None:
         super().__init__(description=None, prefix_chars="-", argument_default=None, conflict_handler="error")
-        self.register("type", None, _same)  # as ArgumentParser does: no type, the text itself
+        # as ArgumentParser does: no type, the text itself
+        self.register("type", None, _same)
 
 
 def _same(text: str) -> str:

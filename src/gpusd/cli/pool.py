@@ -136,7 +136,8 @@ def reserve(args: argparse.Namespace) -> int:
     try:
         res = _reserve(args, key, args.note, client)
         until = time.time() + duration
-        pid = _start_renewer(res, secret(args) or "", until)  # before anything slow: the TTL runs
+        # before anything slow: the TTL runs
+        pid = _start_renewer(res, secret(args) or "", until)
     finally:
         client.stop_listening()
     if args.json:
@@ -214,10 +215,12 @@ def _mine(d: dict[str, Any]) -> bool:
 
     from ..pool.client import default_holder
 
-    holder = d.get("user")  # the account the host attributed the lease to (docs/security.md "Identity")
+    # the account the host attributed the lease to (docs/security.md "Identity")
+    holder = d.get("user")
     if isinstance(holder, str) and holder.split("@")[0] == getpass.getuser():
         return True
-    return d.get("claimed") == default_holder()  # a lease taken without a user key: the name we declared
+    # a lease taken without a user key: the name we declared
+    return d.get("claimed") == default_holder()
 
 
 def release(args: argparse.Namespace) -> int:
@@ -279,7 +282,8 @@ def _release_remembered(lease_id: str, key: FleetKey) -> bool:
         from ..pool.client import refusal
 
         raise refusal(reply, f"{where}: releasing {part.lease_id} failed (HTTP {reply.status})")
-    forget(part.lease_id)  # its renewer sees the lease gone at its next renewal and stops
+    # its renewer sees the lease gone at its next renewal and stops
+    forget(part.lease_id)
     print(f"released {part.lease_id} on {where}")
     return True
 
@@ -388,7 +392,8 @@ def fleet_job_argv(job_id: str, asker: str, part: HostLease) -> list[str]:
 
     from ..jobs.fleet import valid_devices
 
-    devices = valid_devices(part.devices)  # the daemon's answer: typed and bounded before it is passed on
+    # the daemon's answer: typed and bounded before it is passed on
+    devices = valid_devices(part.devices)
     if not devices:
         return []
     return ["gpusd", "fleet-job", "--job", job_id, "--from", asker, "--lease", part.lease_id,
@@ -417,7 +422,8 @@ def run_fleet(args: argparse.Namespace, cmd: list[str]) -> int:
             client.stop_listening()
         try:
             part = res.parts[0]
-            if part.local:  # one machine: the command runs here, under this record
+            # one machine: the command runs here, under this record
+            if part.local:
                 job.placed(part.devices, part.lease_id)
                 return job.run(cmd, part.env, part.devices, _interactive())
             job.placed(part.devices, part.lease_id, remote=part.hostname)
@@ -433,10 +439,9 @@ def fleet_job(args: argparse.Namespace) -> int:
     the job here and run the command under it (docs/jobs.md, "Fleet runs")."""
     from ..alloc.runner import _interactive
     from ..jobs.fleet import FleetJob, parse_devices
+    from .options import after_dashes
 
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = after_dashes(args.cmd)
     if not cmd:
         raise ConfigError("no command given: gpusd fleet-job [options] -- CMD [ARGS...]")
     devices = parse_devices(args.devices)
@@ -458,7 +463,8 @@ def _wait(proc: subprocess.Popen[Any], send: Any, interactive: bool) -> int:
     return wait_forwarding(proc, send, interactive)
 
 
-_SSH_CLOSED = re.compile(rb"^Connection to \S+ closed\.\r?\n?$")  # ssh -tt's goodbye, not the command's
+# ssh -tt's goodbye, not the command's
+_SSH_CLOSED = re.compile(rb"^Connection to \S+ closed\.\r?\n?$")
 _SSH_UNRESOLVED = re.compile(rb"Could not resolve hostname")
 
 
@@ -536,7 +542,8 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
             if remote_pid or len(pending) > 65536:
                 out.write(pending + chunk)
                 pending = b""
-            else:  # until the protocol line has come (it is the first line the remote script prints)
+            else:
+                # until the protocol line has come (it is the first line the remote script prints)
                 pending += chunk
                 while b"\n" in pending and not remote_pid:
                     line, _, pending = pending.partition(b"\n")
@@ -557,7 +564,8 @@ def _run_over_ssh(part: HostLease, cmd: list[str], options: Sequence[str], job: 
         t.start()
 
     def send(signum: int) -> None:
-        if not remote_pid or not remote_pid[0]:  # not started yet: end the connection
+        # not started yet: end the connection
+        if not remote_pid or not remote_pid[0]:
             proc.send_signal(signal.SIGTERM)
             return
         name = signal.Signals(signum).name.removeprefix("SIG")
@@ -596,7 +604,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", name: s
         p.add_argument("--all", action="store_true", help="every holder's, not only yours")
         p.add_argument("--ics", metavar="FILE", default=None,
                        help="write your bookings (gpusd reserve --at) as an iCalendar file (RFC 5545) for calendars")
-    else:  # what gpusd run --fleet runs on the chosen host, over ssh (docs/jobs.md, "Fleet runs"): not listed
+    else:
+        # what gpusd run --fleet runs on the chosen host, over ssh (docs/jobs.md, "Fleet runs"): not listed
         p = o.command(sub, name, "gpusd.cli.pool:fleet_job", None)
         p.add_argument("--job", required=True, help="the job id the asking machine chose")
         p.add_argument("--from", dest="asker", default=None, help="the machine that asked (informational)")

@@ -114,7 +114,8 @@ def report(args: argparse.Namespace) -> int:
 
     key = fleet_key(args)
     start, end = _period(args)
-    if args.output and not Path(args.output).absolute().parent.is_dir():  # say so before gathering anything
+    # say so before gathering anything
+    if args.output and not Path(args.output).absolute().parent.is_dir():
         raise GpusdError(f"cannot write the report to {args.output}: no directory "
                          f"{Path(args.output).absolute().parent}")
     answers: list[dict[str, Any]] = []

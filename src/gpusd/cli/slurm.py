@@ -36,7 +36,8 @@ def _hosts(args: argparse.Namespace) -> list[tuple[HostSnapshot, str | None]]:
     finally:
         client.stop_listening()
     out = []
-    for h in hosts:  # a host is what it proved: its signed name, its signed address
+    # a host is what it proved: its signed name, its signed address
+    for h in hosts:
         if h.verified is not True or h.identity is None or h.snapshot is None or not h.alive:
             continue
         addrs = h.signed_addresses
@@ -83,7 +84,8 @@ def epilog(args: argparse.Namespace) -> int:
 
     try:
         end(environ(), args.job, args.timeout)
-    except NoDaemon:  # the daemon held the lease: without it there is none left to end
+    except NoDaemon:
+        # the daemon held the lease: without it there is none left to end
         print("gpusd: no gpusd daemon here: no lease to end", file=sys.stderr)
     return 0
 

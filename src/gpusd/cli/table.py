@@ -64,7 +64,8 @@ def gpu_rows(snap: HostSnapshot) -> list[list[str]]:
         if g.memory_total is not None:
             mem = f"{format_bytes(g.memory_used)} / {format_bytes(g.memory_total)}"
             if g.memory_shared:
-                mem += " shared"  # the host's memory (unified memory), not the GPU's own
+                # the host's memory (unified memory), not the GPU's own
+                mem += " shared"
         else:
             mem = "-"
         power = f"{g.power_draw:.0f}W" if g.power_draw is not None else "-"

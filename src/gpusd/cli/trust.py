@@ -11,7 +11,8 @@ import argparse
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
@@ -42,7 +43,8 @@ def add_token_flags(p: argparse._ActionsContainer, what: str) -> None:
         p.add_argument("--identity", metavar="FILE", dest="identity",
                        help="sign remote writes with this SSH key (like ssh -i; default: the first key of "
                             "ssh-agent, $SSH_AUTH_SOCK): the host attributes them to the account listing it")
-    except argparse.ArgumentError:  # the command has it already
+    except argparse.ArgumentError:
+        # the command has it already
         pass
 
 
@@ -51,11 +53,13 @@ def secret(args: argparse.Namespace) -> str | None:
     import os
 
     identity = getattr(args, "identity", None)
-    if isinstance(identity, str) and identity:  # for this process and the renewer it starts (wire.sshsig)
+    # for this process and the renewer it starts (wire.sshsig)
+    if isinstance(identity, str) and identity:
         os.environ["GPUSD_IDENTITY"] = os.path.abspath(identity)
     if getattr(args, "token_file", None) is None and not os.environ.get("GPUSD_TOKEN_FILE") and not (
             os.environ.get("GPUSD_TOKEN") or "").strip():
-        return None  # none given (wire.signing.load_secret's three places): its module is not imported
+        # none given (wire.signing.load_secret's three places): its module is not imported
+        return None
     from ..errors import SecretError
     from ..wire.signing import load_secret
 

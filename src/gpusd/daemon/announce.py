@@ -56,18 +56,21 @@ class Announcer:
         self.zc = zc
         self.addresses = addresses
         self.port = port
-        self.tls_port = tls_port  # HTTPS port and certificate fingerprint, announced for pinning
+        # HTTPS port and certificate fingerprint, announced for pinning
+        self.tls_port = tls_port
         self.cert_fp = cert_fp
         self.pinned = pinned
         self.instance = instance_name(identity.hostname, identity.node_id)
-        self.server = f"{self.instance}.local."  # the SRV target; probed (and renamed) in start()
+        # the SRV target; probed (and renamed) in start()
+        self.server = f"{self.instance}.local."
         self.guard: HostNameGuard | None = None
         self._renaming = False
         self.info: ServiceInfo | None = None
         self.hwsd_info: ServiceInfo | None = None
         self.hwsd_net_info: ServiceInfo | None = None
         self.txt: dict[str, str] = {}
-        self.updates = 0  # TXT updates sent (not counting the first announcement)
+        # TXT updates sent (not counting the first announcement)
+        self.updates = 0
         self._last_update = 0.0
         self._pending: HostSnapshot | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -116,20 +119,23 @@ class Announcer:
         probing round (~0.75-1 s) sooner.  The service is announced only once both are ours; its SRV
         record points to the host name the probe settled on."""
         host_probe = self._host_probe if self._host_probe is not None else self.probe_host()
-        self.server = self.guard.name if self.guard is not None else self.server  # may move to "-2", ...
+        # may move to "-2", ...
+        self.server = self.guard.name if self.guard is not None else self.server
         self.txt = self._txt_for(snap)
         self.info = self._info(SERVICE_TYPE, f"{self.instance}.{SERVICE_TYPE}", self.port, self.txt)
         zc = self.zc.zeroconf
         await zc.async_wait_for_start()
         try:
-            await zc.async_check_service(self.info, True)  # renames the instance on a conflict
+            # renames the instance on a conflict
+            await zc.async_check_service(self.info, True)
             server = await host_probe
         finally:
             if not host_probe.done():
                 host_probe.cancel()
                 with contextlib.suppress(BaseException):
                     await host_probe
-        if server != self.server:  # our first host name was taken: the SRV names the one we own
+        # our first host name was taken: the SRV names the one we own
+        if server != self.server:
             self.server = server
             self.info = self._info(SERVICE_TYPE, self.info.name, self.port, self.txt)
         # both names are probed: announce without probing the service a second time
@@ -138,7 +144,8 @@ class Announcer:
         self._last_update = time.monotonic()
         if self.config.gpusd_compat:
             await self._start_hwsd(snap)
-        await asyncio.sleep(0.01)  # let the first announcement go out
+        # let the first announcement go out
+        await asyncio.sleep(0.01)
         log.info("announced %s on %s port %d", self.info.name, ",".join(self.addresses), self.port)
 
     def probe_host(self) -> "asyncio.Future[str]":
@@ -172,7 +179,8 @@ class Announcer:
                                     self._hwsd_props(len(snap.gpus)))
         try:
             self._keep(await self.zc.async_register_service(self.hwsd_info, allow_name_change=True))
-        except Exception as exc:  # compatibility is a bonus: never fatal
+        except Exception as exc:
+            # compatibility is a bonus: never fatal
             log.warning("cannot announce the GPU-SD compatibility service: %s", exc)
             self.hwsd_info = None
             return
@@ -261,7 +269,8 @@ class Announcer:
             return
         self._pending = snap
         if self._timer is not None:
-            return  # an update is already scheduled; it will use the newest sample
+            # an update is already scheduled; it will use the newest sample
+            return
         wait = self._last_update + self.config.txt_min_interval - time.monotonic()
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(max(0.0, wait), self._fire)
@@ -333,6 +342,7 @@ class Announcer:
                     await self._republish(self.hwsd_info)
                 if self.hwsd_net_info is not None:
                     net_props = self._hwsd_net_props()
-                    if net_props is not None:  # (interfaces gone: keep the last record until stop)
+                    # (interfaces gone: keep the last record until stop)
+                    if net_props is not None:
                         self.hwsd_net_info = self._info(HWSD_NET_TYPE, self.hwsd_net_info.name, HWSD_PORT, net_props)
                         await self._republish(self.hwsd_net_info)

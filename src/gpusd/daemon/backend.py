@@ -26,9 +26,11 @@ class SharedBackend:
 
     def __init__(self, opener: Callable[[], Backend], current: Backend | None = None) -> None:
         self._opener = opener
-        self.current = current  # the backend read now (a test may put its own here before start)
+        # the backend read now (a test may put its own here before start)
+        self.current = current
         self.lock = threading.Lock()
-        self.opens = 0  # backends opened by this daemon (one, but for reopens after failures)
+        # backends opened by this daemon (one, but for reopens after failures)
+        self.opens = 0
 
     # -- the Backend protocol -----------------------------------------------------------------
     @property

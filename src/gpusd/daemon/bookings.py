@@ -57,9 +57,12 @@ log = logging.getLogger("gpusd.bookings")
 
 DIR_NAME = "bookings"
 FORMAT = 1
-TICK = 0.5  # seconds between looks at the bookings (start a hold, end a booking, a wall-clock step)
-STEP = 1.0  # seconds: a change of (wall - monotonic) beyond this is a step of the wall clock
-DEFAULTS = {"horizon_days": 30.0, "max_hours": 7 * 24.0, "max_per_user": 8.0}  # without a policy's bounds
+# seconds between looks at the bookings (start a hold, end a booking, a wall-clock step)
+TICK = 0.5
+# seconds: a change of (wall - monotonic) beyond this is a step of the wall clock
+STEP = 1.0
+# without a policy's bounds
+DEFAULTS = {"horizon_days": 30.0, "max_hours": 7 * 24.0, "max_per_user": 8.0}
 
 
 def bounds() -> dict[str, float]:
@@ -76,11 +79,15 @@ class Bookings:
         state_dir = getattr(daemon, "state_dir", None)
         self.state_dir: Path | None = Path(state_dir) if state_dir is not None else None
         self.book: dict[str, Booking] = {}
-        self.offset = time.time() - time.monotonic()  # wall - monotonic: a change is a wall-clock step
-        self.holding: set[str] = set()  # bookings whose hold is being taken (on the pool's executor)
-        self.late: set[str] = set()  # bookings whose hold could not be taken at once (said once)
-        self.steps = 0  # wall-clock steps seen (tests count them)
-        self.holds = 0  # holds taken
+        # wall - monotonic: a change is a wall-clock step
+        self.offset = time.time() - time.monotonic()
+        # bookings whose hold is being taken (on the pool's executor)
+        self.holding: set[str] = set()
+        # bookings whose hold could not be taken at once (said once)
+        self.late: set[str] = set()
+        # wall-clock steps seen (tests count them)
+        self.steps = 0
+        self.holds = 0
         self.task: asyncio.Task[None] | None = None
 
     # -- the store ------------------------------------------------------------------------------------
@@ -241,7 +248,8 @@ class Bookings:
         try:
             if pool is None or b.booking_id not in self.book:
                 return
-            await pool._adopted()  # a hold taken back after a restart is the same hold
+            # a hold taken back after a restart is the same hold
+            await pool._adopted()
             cur = self.book.get(b.booking_id)
             if cur is None or self._held(cur):
                 return

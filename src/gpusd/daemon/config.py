@@ -12,8 +12,10 @@ from ..errors import ConfigError, SecretError
 from ..wire.txt import DEFAULT_SESSION, valid_session
 
 DEFAULT_PORT = 4780
-FD_RESERVE = 128  # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
-MIN_TTL, MAX_TTL = 2.0, 3600.0  # seconds: the bounds of a remote lease's TTL (docs/pool.md)
+# descriptors kept for everything but incoming connections (mDNS, fleet client, files)
+FD_RESERVE = 128
+# seconds: the bounds of a remote lease's TTL (docs/pool.md)
+MIN_TTL, MAX_TTL = 2.0, 3600.0
 
 
 def open_file_limit() -> int | None:
@@ -39,50 +41,87 @@ def lease_socket_option(leases: bool = True) -> str | None:
 
 @dataclass
 class DaemonConfig:
-    interfaces: list[str] | None = None  # IPv4 addresses or interface names; None: all (or $GPUSD_INTERFACES)
-    port: int = DEFAULT_PORT  # HTTP port; 0: any free port (announced as chosen)
+    # IPv4 addresses or interface names; None: all (or $GPUSD_INTERFACES)
+    interfaces: list[str] | None = None
+    # HTTP port; 0: any free port (announced as chosen)
+    port: int = DEFAULT_PORT
     session: str = DEFAULT_SESSION
-    interval: float = 1.0  # seconds between samples
-    history: float = 300.0  # seconds of history kept per GPU
-    simulate: str | None = None  # simulated GPUs (see gpusd.inventory.simulated)
-    hostname: str | None = None  # default: gpusd.identity.hostname()
-    state_dir: Path | None = None  # default: gpusd.identity.state_dir()
-    gpusd_compat: bool = False  # also announce _gpu-sd._tcp with hwsd's keys
-    token: str | None = None  # the fleet secret: trust on (daemon/access.py, docs/security.md); never from argv
-    tls: bool | None = None  # serve HTTPS with a self-signed, pinned certificate; None: when a secret is set
-    tls_port: int | None = None  # HTTPS port; None: the HTTP port + 1 (any free port when that is 0)
-    heartbeat: float = 2.0  # seconds of silence before an event stream sends a heartbeat
-    txt_min_interval: float = 6.0  # seconds between TXT updates (RFC 6762 §8.4: <= 10 a minute)
-    fleet: str = "auto"  # "auto": start the fleet client on first use; "on"; "off"
-    fleet_idle: float = 300.0  # "auto": stop the fleet client after this long unused
-    leases: bool = True  # attach this machine's GPU leases to every sample
-    dcgm_metrics: bool = True  # /metrics also serves the DCGM exporter's names (DCGM_FI_DEV_*)
-    user_metrics: bool = False  # /metrics: GPU-seconds per user, for readers who may see private data
-    netwatch: float = 5.0  # seconds between checks for changed network interfaces (0: never)
+    # seconds between samples
+    interval: float = 1.0
+    # seconds of history kept per GPU
+    history: float = 300.0
+    # simulated GPUs (see gpusd.inventory.simulated)
+    simulate: str | None = None
+    # default: gpusd.identity.hostname()
+    hostname: str | None = None
+    # default: gpusd.identity.state_dir()
+    state_dir: Path | None = None
+    # also announce _gpu-sd._tcp with hwsd's keys
+    gpusd_compat: bool = False
+    # the fleet secret: trust on (daemon/access.py, docs/security.md); never from argv
+    token: str | None = None
+    # serve HTTPS with a self-signed, pinned certificate; None: when a secret is set
+    tls: bool | None = None
+    # HTTPS port; None: the HTTP port + 1 (any free port when that is 0)
+    tls_port: int | None = None
+    # seconds of silence before an event stream sends a heartbeat
+    heartbeat: float = 2.0
+    # seconds between TXT updates (RFC 6762 §8.4: <= 10 a minute)
+    txt_min_interval: float = 6.0
+    # "auto": start the fleet client on first use; "on"; "off"
+    fleet: str = "auto"
+    # "auto": stop the fleet client after this long unused
+    fleet_idle: float = 300.0
+    # attach this machine's GPU leases to every sample
+    leases: bool = True
+    # /metrics also serves the DCGM exporter's names (DCGM_FI_DEV_*)
+    dcgm_metrics: bool = True
+    # /metrics: GPU-seconds per user, for readers who may see private data
+    user_metrics: bool = False
+    # seconds between checks for changed network interfaces (0: never)
+    netwatch: float = 5.0
     # threshold rules (gpusd.thresholds, wired in daemon/monitoring.py)
     thresholds: list[str] = field(default_factory=list)
-    node_id: str | None = None  # default: kept in the state directory (gpusd.identity.node_id)
+    # default: kept in the state directory (gpusd.identity.node_id)
+    node_id: str | None = None
     # Limits against hostile peers (docs/daemon.md, "Limits"):
-    header_timeout: float = 10.0  # seconds from connect until the first request's headers are complete
-    keepalive_timeout: float = 30.0  # seconds an idle keep-alive connection (or its next request head) may take
-    max_connections: int = 1024  # open HTTP connections at most (also bounded by the open-file limit)
-    max_subscribers: int = 256  # readers per event stream (/api/v1/events, /api/v1/fleet/events)
-    write_timeout: float = 10.0  # seconds an event-stream write may wait for a reader before it is dropped
-    fleet_max_hosts: int = 1024  # services the fleet view follows at most (more are dropped, counted, logged once)
+    # seconds from connect until the first request's headers are complete
+    header_timeout: float = 10.0
+    # seconds an idle keep-alive connection (or its next request head) may take
+    keepalive_timeout: float = 30.0
+    # open HTTP connections at most (also bounded by the open-file limit)
+    max_connections: int = 1024
+    # readers per event stream (/api/v1/events, /api/v1/fleet/events)
+    max_subscribers: int = 256
+    # seconds an event-stream write may wait for a reader before it is dropped
+    write_timeout: float = 10.0
+    # services the fleet view follows at most (more are dropped, counted, logged once)
+    fleet_max_hosts: int = 1024
     # Shares that unsigned readers cannot take, and per-peer limits (docs/daemon.md "Limits"):
-    max_subscribers_per_peer: int = 32  # unsigned readers per event stream from one peer address (IPv6: /64)
-    reserved_subscribers: int = 64  # of max_subscribers, kept for signed readers (unsigned ones get the rest)
-    max_connections_per_peer: int = 128  # connections not (yet) signed from one peer address (IPv6: /64)
-    reserved_connections: int = 64  # of max_connections, kept for signed connections
+    # unsigned readers per event stream from one peer address (IPv6: /64)
+    max_subscribers_per_peer: int = 32
+    # of max_subscribers, kept for signed readers (unsigned ones get the rest)
+    reserved_subscribers: int = 64
+    # connections not (yet) signed from one peer address (IPv6: /64)
+    max_connections_per_peer: int = 128
+    # of max_connections, kept for signed connections
+    reserved_connections: int = 64
     # The remote-lease policy (docs/pool.md "Bounds"); a holder is the signing key and the peer address
-    lease_max_ttl: float = 300.0  # seconds: a longer ttl (up to 3600) is granted as this; renew within it
-    lease_max_lifetime: float = 7 * 86400.0  # seconds from the grant: no renewal extends a lease past it
-    lease_max_total: int = 64  # remote leases this daemon holds at most
-    lease_max_per_holder: int = 16  # remote leases one holder holds here at most
-    lease_max_gpus_per_holder: int | None = None  # GPUs one holder holds here at most (None: any number)
+    # seconds: a longer ttl (up to 3600) is granted as this; renew within it
+    lease_max_ttl: float = 300.0
+    # seconds from the grant: no renewal extends a lease past it
+    lease_max_lifetime: float = 7 * 86400.0
+    # remote leases this daemon holds at most
+    lease_max_total: int = 64
+    # remote leases one holder holds here at most
+    lease_max_per_holder: int = 16
+    # GPUs one holder holds here at most (None: any number)
+    lease_max_gpus_per_holder: int | None = None
     # users' SSH keys on remote writes (docs/security.md "Identity", daemon/users.py)
-    require_user_key: bool = False  # refuse a remote write that carries no user signature
-    users_file: str | None = None  # default: $GPUSD_USERS, else /etc/gpusd/users
+    # refuse a remote write that carries no user signature
+    require_user_key: bool = False
+    # default: $GPUSD_USERS, else /etc/gpusd/users
+    users_file: str | None = None
     # hosts beyond the mDNS link (discovery/beyond.py, docs/daemon.md "Beyond one link"); None: from the
     # environment ($GPUSD_PEERS, $GPUSD_PEERS_FILE, $GPUSD_DNS_SD_DOMAIN)
     peers: list[str] | None = None
@@ -90,20 +129,30 @@ class DaemonConfig:
     dns_sd_domain: str | None = None
     dns_server: str | None = None
     # usage history (docs/history.md; wired in daemon/recording.py)
-    record: bool = True  # record usage history in an SQLite database
-    history_db: Path | None = None  # default: history.sqlite in the state directory
-    retention: float = 365 * 86400.0  # seconds of coarse (5 min) history and job records kept
-    history_size: int = 1 << 30  # bytes: the database's size bound (the oldest data goes first)
-    idle_after: float = 900.0  # seconds a lease may hold GPUs under 5 % before it is marked idle
-    idle_release: bool = False  # opt-in: release idle reservations (never a running job's lease)
-    idle_grace: float = 900.0  # seconds between the release notice and the release
+    # record usage history in an SQLite database
+    record: bool = True
+    # default: history.sqlite in the state directory
+    history_db: Path | None = None
+    # seconds of coarse (5 min) history and job records kept
+    retention: float = 365 * 86400.0
+    # bytes: the database's size bound (the oldest data goes first)
+    history_size: int = 1 << 30
+    # seconds a lease may hold GPUs under 5 % before it is marked idle
+    idle_after: float = 900.0
+    # opt-in: release idle reservations (never a running job's lease)
+    idle_release: bool = False
+    # seconds between the release notice and the release
+    idle_grace: float = 900.0
     # rebalancing of gpusd jobs (docs/jobs.md; wired in daemon/rebalancing.py): opt-in
     rebalance: bool = False
-    rebalance_policy: Path | None = None  # a JSON file with the fields of gpusd.jobs.rebalance.Policy
+    # a JSON file with the fields of gpusd.jobs.rebalance.Policy
+    rebalance_policy: Path | None = None
     # Slurm (docs/slurm.md): join as a dynamic node (slurmd -Z), whose GPUs Slurm then allocates
     slurm: bool = False
-    slurm_controller: str | None = None  # HOST[:PORT] of slurmctld; None: the daemon announcing one
-    slurmctld: str | None = None  # announce slurmctld on this host: "[HOST:]PORT"
+    # HOST[:PORT] of slurmctld; None: the daemon announcing one
+    slurm_controller: str | None = None
+    # announce slurmctld on this host: "[HOST:]PORT"
+    slurmctld: str | None = None
 
     def options(self) -> dict[str, Any]:
         """What ``gpusd start`` was told, as recorded in the state directory so that a second start
@@ -144,7 +193,8 @@ class DaemonConfig:
             raise ConfigError(f"bad port {self.port}")
         if not 0.05 <= self.interval <= 3600:
             raise ConfigError(f"--interval must be between 0.05 and 3600 seconds, not {self.interval}")
-        if not 0 <= self.history <= 10 * 365 * 86400:  # also refuses nan and inf
+        # also refuses nan and inf
+        if not 0 <= self.history <= 10 * 365 * 86400:
             raise ConfigError(f"--sample-window must be between 0 and 10 years of seconds, not {self.history}")
         if not 0 <= self.txt_min_interval <= 86400:
             raise ConfigError(f"--txt-interval must be between 0 and 86400 seconds, not {self.txt_min_interval}")
@@ -165,7 +215,8 @@ class DaemonConfig:
         if self.rebalance_policy is not None:
             from ..jobs.rebalance import Policy
 
-            Policy.load(self.rebalance_policy)  # a bad policy file fails the start, with its reason
+            # a bad policy file fails the start, with its reason
+            Policy.load(self.rebalance_policy)
         if self.slurm_controller is not None and not self.slurm:
             raise ConfigError("--slurm-controller goes with --slurm (it names the controller the node joins)")
         if self.slurm_controller is not None or self.slurmctld is not None:
@@ -173,7 +224,8 @@ class DaemonConfig:
 
             for v in (self.slurm_controller, self.slurmctld):
                 if v is not None:
-                    parse_controller(v)  # ConfigError with the reason
+                    # ConfigError with the reason
+                    parse_controller(v)
         if self.fleet not in ("auto", "on", "off"):
             raise ConfigError(f"bad fleet mode {self.fleet!r}")
         for name in ("header_timeout", "keepalive_timeout", "write_timeout"):
@@ -208,7 +260,8 @@ class DaemonConfig:
         """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
         domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
         if self.peers is None and not os.environ.get("GPUSD_PEERS") and not domain and not self.dns_server:
-            return  # nothing to check: discovery/beyond.py stays unloaded (memory at rest)
+            # nothing to check: discovery/beyond.py stays unloaded (memory at rest)
+            return
         from ..discovery import beyond
 
         # also what the fleet view would take from the environment: a bad $GPUSD_PEERS fails the start
@@ -224,11 +277,13 @@ class DaemonConfig:
         rules = self.thresholds
         if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
             raise ConfigError(f"thresholds must be a list of rules such as [\"temperature>85\"], not {rules!r}")
-        if not rules:  # nothing to parse: the rules' parser stays unloaded (memory at rest)
+        # nothing to parse: the rules' parser stays unloaded (memory at rest)
+        if not rules:
             return
         from ..thresholds import Rule, load_rules
 
         for rule in rules:
             if not isinstance(rule, (str, Rule)):
                 raise ConfigError(f"bad threshold rule {rule!r}: a rule is a string such as \"temperature>85\"")
-        load_rules(rules)  # raises ConfigError with the parser's one-line message
+        # raises ConfigError with the parser's one-line message
+        load_rules(rules)

@@ -18,8 +18,10 @@ import array
 import os
 import socket
 
-MAX_NAME = 255  # sd_notify's limit on FDNAME
-MAX_FDS_PER_MESSAGE = 250  # below the kernel's SCM_MAX_FD (253)
+# sd_notify's limit on FDNAME
+MAX_NAME = 255
+# below the kernel's SCM_MAX_FD (253)
+MAX_FDS_PER_MESSAGE = 250
 
 
 def available() -> bool:
@@ -50,7 +52,8 @@ def _send(message: str, fds: list[int]) -> bool:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.settimeout(2.0)  # a datagram to the service manager: never a wait without end
+            # a datagram to the service manager: never a wait without end
+            s.settimeout(2.0)
             s.connect(addr)
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
             s.sendmsg([message.encode()], anc)

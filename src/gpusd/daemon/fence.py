@@ -36,11 +36,16 @@ from typing import Any, Callable
 
 log = logging.getLogger("gpusd.pool")
 
-GRACE = 10.0  # seconds between SIGTERM and SIGKILL
-DELAY = 15.0  # seconds after the grace during which the processes must be gone: the documented lock-delay
-RECHECK = 1.0  # seconds between looks at a GPU a fenced process still shows on, after the lock-delay
-MAX_PROCS = 4096  # processes one fence follows at most
-_ENV_MAX = 1 << 20  # bytes of an environment read at most
+# seconds between SIGTERM and SIGKILL
+GRACE = 10.0
+# seconds after the grace during which the processes must be gone: the documented lock-delay
+DELAY = 15.0
+# seconds between looks at a GPU a fenced process still shows on, after the lock-delay
+RECHECK = 1.0
+# processes one fence follows at most
+MAX_PROCS = 4096
+# bytes of an environment read at most
+_ENV_MAX = 1 << 20
 
 
 def _seconds(var: str, default: float) -> float:
@@ -163,13 +168,15 @@ class Tracked:
 
     def alive(self) -> bool:
         r, _, _ = select.select([self.fd], [], [], 0)
-        return not r  # a pidfd is readable once its process has exited
+        # a pidfd is readable once its process has exited
+        return not r
 
     def signal(self, sig: int) -> None:
         try:
             signal.pidfd_send_signal(self.fd, sig)
         except OSError:
-            pass  # gone (ESRCH), or not ours to signal (EPERM): the wait below shows it
+            # gone (ESRCH), or not ours to signal (EPERM): the wait below shows it
+            pass
 
     def close(self) -> None:
         try:
@@ -187,7 +194,8 @@ def track(pids: dict[int, int]) -> list[Tracked]:
         except OSError:
             continue
         st = _stat(pid)
-        if st is None or st[1] != started:  # gone, or a new process under that pid already
+        # gone, or a new process under that pid already
+        if st is None or st[1] != started:
             os.close(fd)
             continue
         out.append(Tracked(pid, fd))
@@ -204,7 +212,8 @@ class Fence:
         self.lease_id, self.devices = lease_id, devices
         self.on_gpus, self.done, self.report = on_gpus, done, report
         self.tracked: dict[int, Tracked] = {}
-        self.fenced: dict[int, int] = {}  # pid -> start time of every process this fence stopped
+        # pid -> start time of every process this fence stopped
+        self.fenced: dict[int, int] = {}
         self.thread = threading.Thread(target=self._run, name=f"gpusd-fence-{lease_id[:8]}", daemon=True)
 
     def start(self) -> None:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import GpuInfo, HostSnapshot
 
-GPU_LABELS = ("host", "uuid", "index", "model")  # the labels of every per-GPU series of /metrics
+# the labels of every per-GPU series of /metrics
+GPU_LABELS = ("host", "uuid", "index", "model")
 
 
 def gpu_labels(snap: HostSnapshot, g: GpuInfo) -> list[str]:
@@ -28,13 +29,16 @@ class UsageCounters:
     used by two users gives each half the interval, as the history does (docs/history.md).  A gap
     longer than ``max_gap`` (a suspended machine) counts as ``max_gap``."""
 
-    MAX_USERS = 4096  # distinct users kept (a hostile process name cannot grow this without bound)
+    # distinct users kept (a hostile process name cannot grow this without bound)
+    MAX_USERS = 4096
 
     def __init__(self, max_gap: float = 30.0) -> None:
         self.max_gap = max_gap
         self._prev: HostSnapshot | None = None
-        self.gpu: dict[tuple[str, str, str, str], list[float]] = {}  # GPU labels -> [used_s, held_s]
-        self.user: dict[tuple[str, str], list[float]] = {}  # (host, user) -> [used_s, held_s]
+        # GPU labels -> [used_s, held_s]
+        self.gpu: dict[tuple[str, str, str, str], list[float]] = {}
+        # (host, user) -> [used_s, held_s]
+        self.user: dict[tuple[str, str], list[float]] = {}
 
     def add(self, snap: HostSnapshot) -> None:
         prev, self._prev = self._prev, snap
@@ -43,7 +47,8 @@ class UsageCounters:
         if prev is None or snap.timestamp <= prev.timestamp:
             return
         dt = min(snap.timestamp - prev.timestamp, self.max_gap)
-        for g in prev.gpus:  # the interval just ended is accounted to what the previous sample showed
+        # the interval just ended is accounted to what the previous sample showed
+        for g in prev.gpus:
             acc = self.gpu.setdefault(tuple(gpu_labels(prev, g)), [0.0, 0.0])  # type: ignore[arg-type]
             users = sorted({p.user or "" for p in g.processes})
             holders = sorted({lease.user or "" for lease in g.leases})

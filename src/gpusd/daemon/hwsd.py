@@ -37,7 +37,8 @@ def x_display(env: Mapping[str, str] | None = None) -> int:
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace").strip()[:128]
-    except OSError:  # absent, or EINVAL (the speed of a link that is down)
+    except OSError:
+        # absent, or EINVAL (the speed of a link that is down)
         return None
 
 
@@ -55,7 +56,8 @@ def _interface_of(addresses: Sequence[str]) -> dict[str, str]:
 def describe(name: str, ipv4: str, sys_net: Path = SYS_NET) -> HwsdNet:
     """One interface, from sysfs: type (ARPHRD), MAC, up (IFF_UP), link speed (Mbit/s)."""
     base = sys_net / name
-    kind = "ETHERNET"  # no sysfs (not Linux): an IPv4 interface Equalizer may reach over TCP
+    # no sysfs (not Linux): an IPv4 interface Equalizer may reach over TCP
+    kind = "ETHERNET"
     type_text = _read(base / "type")
     if type_text is not None and type_text.isdigit():
         kind = _ARPHRD.get(int(type_text), "UNKNOWN")
@@ -79,7 +81,8 @@ def interfaces(addresses: Sequence[str], sys_net: Path = SYS_NET) -> list[HwsdNe
     (hwsd's daemon drops it too, and Equalizer would not use it)."""
     try:
         names = _interface_of(addresses)
-    except Exception as exc:  # ifaddr trouble: announce the addresses alone
+    except Exception as exc:
+        # ifaddr trouble: announce the addresses alone
         log.debug("cannot list interfaces: %r", exc)
         names = {}
     out: list[HwsdNet] = []

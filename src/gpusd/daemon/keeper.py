@@ -40,12 +40,17 @@ from pathlib import Path
 from .poolstate import read_expiry
 
 SOCKET_NAME = "keeper.sock"
-TIMEOUT = 2.0  # seconds: the bound on every exchange with the keeper, either side
-GRACE = 2.0  # seconds past a record's expiry before the keeper lets go (the daemon ends it first)
-TICK = 1.0  # seconds between the keeper's looks at the records
-IDLE_EXIT = 10.0  # seconds a keeper holding nothing waits before it exits (a new lease often follows)
+# seconds: the bound on every exchange with the keeper, either side
+TIMEOUT = 2.0
+# seconds past a record's expiry before the keeper lets go (the daemon ends it first)
+GRACE = 2.0
+# seconds between the keeper's looks at the records
+TICK = 1.0
+# seconds a keeper holding nothing waits before it exits (a new lease often follows)
+IDLE_EXIT = 10.0
 MAX_LINE = 4096
-MAX_FDS = 250  # per message (the kernel's SCM_MAX_FD is 253)
+# per message (the kernel's SCM_MAX_FD is 253)
+MAX_FDS = 250
 MAX_NAMES = 4096
 
 
@@ -135,7 +140,8 @@ class Keeper:
             conn.sendmsg([json.dumps({"count": len(mine)}).encode() + b"\n"], anc)
 
     def run(self) -> int:
-        idle_since = time.monotonic()  # when it last held nothing
+        # when it last held nothing
+        idle_since = time.monotonic()
         last_sweep = 0.0
         while True:
             ready, _, _ = select.select([self.listener], [], [], TICK)
@@ -164,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2 or not args[1].isdigit():
         print("usage: python -m gpusd.daemon.keeper STATE_DIR FD (started by the daemon)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon's terminal is not ours
+    # the daemon's terminal is not ours
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     listener = socket.socket(fileno=int(args[1]))
     listener.setblocking(False)
@@ -183,7 +190,8 @@ class KeeperClient:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / SOCKET_NAME
-        self.pid: int | None = None  # the keeper's (it says it)
+        # the keeper's (it says it)
+        self.pid: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _connect(self) -> socket.socket:
@@ -230,7 +238,8 @@ class KeeperClient:
         if self.running():
             return
         try:
-            os.unlink(self.path)  # a dead keeper's socket (nothing answers on it)
+            # a dead keeper's socket (nothing answers on it)
+            os.unlink(self.path)
         except FileNotFoundError:
             pass
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -23,8 +23,10 @@ log = logging.getLogger("gpusd.daemon.leasesock")
 
 MAX_REQUEST = 16384
 SEND_TIMEOUT = 10.0
-MAX_AHEAD = 8  # further requests read (and kept) while one is served
-MAX_WRITERS = 16  # processes sharing a connection whose unfinished lines are kept apart
+# further requests read (and kept) while one is served
+MAX_AHEAD = 8
+# processes sharing a connection whose unfinished lines are kept apart
+MAX_WRITERS = 16
 _CRED = struct.Struct("3i")
 _ANCILLARY = socket.CMSG_SPACE(_CRED.size) + socket.CMSG_SPACE(16 * 4)
 
@@ -43,12 +45,17 @@ class Conn:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         except OSError:
-            pass  # then no line has credentials, and none after the first request is believed
-        self.partial: dict[tuple[int, int] | None, bytearray] = {}  # writer (pid, uid) -> its unfinished line
-        self.skipping: set[tuple[int, int] | None] = set()  # writers inside an over-long line
-        self.lines: deque[tuple[bytes | None, int | None]] = deque()  # (line or None: too long, writer's uid)
+            # then no line has credentials, and none after the first request is believed
+            pass
+        # writer (pid, uid) -> its unfinished line
+        self.partial: dict[tuple[int, int] | None, bytearray] = {}
+        # writers inside an over-long line
+        self.skipping: set[tuple[int, int] | None] = set()
+        # (line or None: too long, writer's uid)
+        self.lines: deque[tuple[bytes | None, int | None]] = deque()
         self.eof = False
-        self.deaf = False  # an answer could not be sent: the client does not read; answer no more
+        # an answer could not be sent: the client does not read; answer no more
+        self.deaf = False
         self.closed = False
         # The loop watching the socket for input, and the future that the watch resolves.
         self.watched: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
@@ -67,7 +74,8 @@ class Conn:
                 try:
                     await ready
                 finally:
-                    self._unwatch(ready)  # unless that was done already (and the socket watched anew)
+                    # unless that was done already (and the socket watched anew)
+                    self._unwatch(ready)
             except OSError:
                 data, ancillary = b"", []
                 break
@@ -80,7 +88,8 @@ class Conn:
                 # writer's as the kernel maps it to ours (65534 when unmapped or unknown, never root).
                 pid, uid, _gid = _CRED.unpack(payload[:_CRED.size])
                 writer = (pid, uid)
-            elif kind == socket.SCM_RIGHTS:  # nobody passes us descriptors: close what came
+            elif kind == socket.SCM_RIGHTS:
+                # nobody passes us descriptors: close what came
                 fds = array.array("i")
                 fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
                 for fd in fds:
@@ -106,7 +115,8 @@ class Conn:
                 continue
             buf = self.partial.get(writer)
             if buf is None:
-                if len(self.partial) >= MAX_WRITERS:  # bounded: the oldest unfinished line goes
+                # bounded: the oldest unfinished line goes
+                if len(self.partial) >= MAX_WRITERS:
                     oldest = next(iter(self.partial))
                     del self.partial[oldest]
                     self.skipping.add(oldest)
@@ -168,7 +178,8 @@ class Conn:
             finally:
                 if not reading.done():
                     reading.cancel()
-                    self._unwatch()  # now, not when the cancelled read next runs
+                    # now, not when the cancelled read next runs
+                    self._unwatch()
             if not reading.done() or reading.cancelled():
                 break
             if not reading.result():
@@ -190,7 +201,8 @@ class Conn:
             if data:
                 await asyncio.wait_for(loop.sock_sendall(self.sock, data), SEND_TIMEOUT)
         except (OSError, ValueError, asyncio.TimeoutError):
-            self.deaf = True  # it does not read: its lease stays, its answers stop
+            # it does not read: its lease stays, its answers stop
+            self.deaf = True
             return False
         return True
 

@@ -16,7 +16,8 @@ from ..ids import JobId
 from ..inventory.vendors import INHERITED_OTHERS
 from ..sanitize import json_object
 
-PROTOCOL = 2  # the highest version this daemon speaks (docs/allocation.md)
+# the highest version this daemon speaks (docs/allocation.md)
+PROTOCOL = 2
 
 
 def parse(line: bytes) -> dict[str, Any]:
@@ -102,10 +103,12 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     if timeout is not None and not 0 <= timeout <= 10**7:
         raise ConfigError("bad 'timeout' in the lease request")
     by = opt("by", (str,)) or "load"
-    topology = opt("topology", (str,)) or "auto"  # added in 0.3: an older client sends none
+    # added in 0.3: an older client sends none
+    topology = opt("topology", (str,)) or "auto"
     command, visible = opt("command", (str,)), opt("visible", (str,))
     env = {"CUDA_VISIBLE_DEVICES": visible[:1024]} if visible is not None else None
-    others = d.get("visible_vars")  # added in 0.4: the client's inherited AMD/Intel device lists
+    # added in 0.4: the client's inherited AMD/Intel device lists
+    others = d.get("visible_vars")
     if others is not None:
         if (not isinstance(others, dict) or not set(others) <= set(INHERITED_OTHERS)
                 or not all(isinstance(v, str) and len(v) <= 1024 for v in others.values())):
@@ -121,7 +124,8 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
         "include": ids("include"), "exclude": ids("exclude"), "mig": d.get("mig") is True, "by": by[:16],
         "shared": d.get("shared") is True, "topology": topology[:16], "wait": d.get("wait") is True, "timeout": timeout,
         "command": command[:1024] if command else None, "visible": env,
-        "vendor": opt("vendor", (str,)),  # validated by Constraints.build
+        # validated by Constraints.build
+        "vendor": opt("vendor", (str,)),
         # seconds the GPUs are needed at most (backfill before a booking, gpusd.alloc.bookings)
         "time_limit": bounded("time_limit", (int, float), 20 * 365 * 86400, "seconds, above 0") or None,
     }

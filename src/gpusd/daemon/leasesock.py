@@ -87,7 +87,8 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = 5.0
 MAX_CLIENTS = 256
 MAX_PER_UID = 64
-MAX_DEVICES = 64  # a lease record names at most this many (gpusd.alloc.leases.MAX_LEASE_DEVICES)
+# a lease record names at most this many (gpusd.alloc.leases.MAX_LEASE_DEVICES)
+MAX_DEVICES = 64
 
 
 class _Held:
@@ -97,8 +98,10 @@ class _Held:
                  priority: int | None = None) -> None:
         self.selection = selection
         self.command, self.job, self.pid, self.uid, self.priority = command, job, pid, uid, priority
-        self.lock = threading.Lock()  # the lease's descriptors: a join or drop vs the hand-over
-        self.passed = False  # the client holds copies of the lease's descriptors (sent with the grant)
+        # the lease's descriptors: a join or drop vs the hand-over
+        self.lock = threading.Lock()
+        # the client holds copies of the lease's descriptors (sent with the grant)
+        self.passed = False
 
     @property
     def lease(self) -> Any:
@@ -131,28 +134,37 @@ class LeaseServer:
         self.claimed = claim
         self.simulate = simulate
         self.shared = backend
-        self.slurm = slurm  # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
+        # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
+        self.slurm = slurm
 
         self.slurm_jobs = SlurmJobs()
         self.listener: socket.socket | None = None
         self.accepting: asyncio.Task[None] | None = None
         self.backend: SharedBackend | None = None  # while serving
         self.executor = ThreadPoolExecutor(MAX_CLIENTS, thread_name_prefix="gpusd-lease")
-        self.clients: dict[int, int] = {}  # uid -> open connections
+        # uid -> open connections
+        self.clients: dict[int, int] = {}
         self.total = 0
         self.cancels: set[threading.Event] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.held: dict[Conn, _Held] = {}  # connection -> the lease granted on it
-        self.history: LeaseHistory | None = None  # set by the daemon that records its usage history
-        self.bookings: Any = None  # the daemon's bookings (daemon/bookings.py): a booker's request takes its hold
-        self.store: Any = None  # the authority's own lock directory (LeaseStore.authority), once prepared
+        # connection -> the lease granted on it
+        self.held: dict[Conn, _Held] = {}
+        # set by the daemon that records its usage history
+        self.history: LeaseHistory | None = None
+        # the daemon's bookings (daemon/bookings.py): a booker's request takes its hold
+        self.bookings: Any = None
+        # the authority's own lock directory (LeaseStore.authority), once prepared
+        self.store: Any = None
         self.stopping = False
-        self.stopped = False  # the kept tickets were closed (stop() is done with them)
+        # the kept tickets were closed (stop() is done with them)
+        self.stopped = False
         # waiters' places a previous daemon left (gpusd.alloc.queue.readopt), by (pid, uid), until they ask again
         self.places: dict[tuple[int, int], Any] = {}
         self.expiring: asyncio.Task[None] | None = None
-        self.waits: set[asyncio.Future[Any]] = set()  # the requests waiting in the queue, on the executor
-        self.kept: list[Any] = []  # tickets of the waits that ended as we stop: left for the next daemon
+        # the requests waiting in the queue, on the executor
+        self.waits: set[asyncio.Future[Any]] = set()
+        # tickets of the waits that ended as we stop: left for the next daemon
+        self.kept: list[Any] = []
         self.kept_lock = threading.Lock()
 
     # -- start/stop ---------------------------------------------------------------------------------
@@ -163,7 +175,8 @@ class LeaseServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(str(self.path))
-            os.chmod(self.path, 0o666)  # the socket bind() just made, in a directory only we can write
+            # the socket bind() just made, in a directory only we can write
+            os.chmod(self.path, 0o666)
             sock.listen(128)
             sock.setblocking(False)
         except OSError:
@@ -172,7 +185,8 @@ class LeaseServer:
         self.listener = sock
         self.accepting = asyncio.ensure_future(self._accept(sock))
 
-        LeaseStore.serving(self.store)  # this process's other leases (remote ones, moves) are taken there too
+        # this process's other leases (remote ones, moves) are taken there too
+        LeaseStore.serving(self.store)
         log.info("lease authority on %s (leases in %s)", self.path, self.store.dir)
         if self.places:
             log.info("keeping the places of %d waiter(s) of the previous daemon for %gs", len(self.places),
@@ -201,7 +215,8 @@ class LeaseServer:
                 if listener.fileno() < 0:
                     return
                 log.warning("lease socket: accept failed: %s", exc)
-                await asyncio.sleep(0.1)  # out of descriptors, say: try again, not in a busy loop
+                # out of descriptors, say: try again, not in a busy loop
+                await asyncio.sleep(0.1)
                 continue
             task = asyncio.ensure_future(self._client(conn))
             self.tasks.add(task)
@@ -210,7 +225,8 @@ class LeaseServer:
     def _prepare(self) -> None:
         from ..inventory import open_backend
 
-        if os.geteuid() == 0 and self.claimed is None:  # first: a refused second authority touches nothing
+        # first: a refused second authority touches nothing
+        if os.geteuid() == 0 and self.claimed is None:
             self.claimed = LeaseStore.authority().claim()
         d = self.path.parent
         me = os.geteuid()
@@ -234,16 +250,20 @@ class LeaseServer:
             try:
                 probe.connect(str(self.path))
             except OSError:
-                os.unlink(self.path)  # a previous daemon's socket, nobody behind it
+                # a previous daemon's socket, nobody behind it
+                os.unlink(self.path)
             else:
                 raise GpusdError(f"another gpusd daemon already serves leases on {self.path}")
             finally:
                 probe.close()
         if os.geteuid() == 0:
             store = LeaseStore.authority()
-            self.places = _queue().readopt(store)  # before prepare(), which removes the tickets left unlocked
-            store.prepare()  # a directory only we can write, lock files only we can open
-        else:  # other users' clients would not trust our directory: we lease where they do
+            # before prepare(), which removes the tickets left unlocked
+            self.places = _queue().readopt(store)
+            # a directory only we can write, lock files only we can open
+            store.prepare()
+        else:
+            # other users' clients would not trust our directory: we lease where they do
             store = LeaseStore()
         self.store = store
         if self.shared is not None:
@@ -254,13 +274,15 @@ class LeaseServer:
             self.backend = own
 
     async def stop(self) -> None:
-        self.stopping = True  # waits that end now keep their tickets for the next daemon (keep_place)
+        # waits that end now keep their tickets for the next daemon (keep_place)
+        self.stopping = True
         if self.store is not None and LeaseStore.for_daemon() is self.store:
             LeaseStore.serving(None)
         if self.expiring is not None:
             self.expiring.cancel()
             self.expiring = None
-        self.kept.extend(place.ticket for place in self.places.values())  # not asked for: the next daemon's
+        # not asked for: the next daemon's
+        self.kept.extend(place.ticket for place in self.places.values())
         self.places.clear()
         if self.accepting is not None:
             self.accepting.cancel()
@@ -273,7 +295,8 @@ class LeaseServer:
                 pass
             self.listener = None
         for cancel in list(self.cancels):
-            cancel.set()  # waits end within a second
+            # waits end within a second
+            cancel.set()
         # Nothing here blocks the event loop: the lease's lock is polled, the descriptors
         # are sent without blocking, the rest runs on the executor.  The clients keep their leases:
         # those that hold the descriptors already (sent with the grant) are told, and ours closed,
@@ -281,26 +304,31 @@ class LeaseServer:
         # answers (deaf) gets no wait, and comes last, so that it cannot hold up everyone else's.
         loop = asyncio.get_running_loop()
         for conn, held in sorted(self.held.items(), key=lambda item: item[0].deaf):
-            if not await _acquire(held.lock, 2.0):  # a join or drop takes milliseconds
+            # a join or drop takes milliseconds
+            if not await _acquire(held.lock, 2.0):
                 continue
             try:
                 handed = await _hand_over(conn.sock, held.lease, 0.0 if conn.deaf or held.passed else 1.0,
                                           rights=not held.passed)
                 if held.passed and not handed:
-                    held.lease.forget()  # the client's copies keep the lease; it learns of the stop at its next change
+                    # the client's copies keep the lease; it learns of the stop at its next change
+                    held.lease.forget()
                     handed = True
             finally:
                 held.lock.release()
             if handed:
                 del self.held[conn]
-        with contextlib.suppress(RuntimeError):  # Slurm jobs' leases end with the daemon (docs/slurm.md)
+        # Slurm jobs' leases end with the daemon (docs/slurm.md)
+        with contextlib.suppress(RuntimeError):
             await loop.run_in_executor(self.executor, self.slurm_jobs.close)
         tasks = [t for t in self.tasks if t is not asyncio.current_task()]
-        for t in tasks:  # every connection ends (a lease not handed over is released)
+        # every connection ends (a lease not handed over is released)
+        for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
-        if self.waits:  # the cancelled waits leave their tickets for the next daemon: before it starts
+        # the cancelled waits leave their tickets for the next daemon: before it starts
+        if self.waits:
             await asyncio.wait(list(self.waits), timeout=5)
         # Unlocked only now, when no wait of ours looks at the queue any more: a look would take a
         # ticket nobody holds for a dead waiter's, and remove it.
@@ -311,11 +339,13 @@ class LeaseServer:
             ticket.close(keep=True)
         if self.backend is not None:
             backend, self.backend = self.backend, None
-            if backend is not self.shared:  # the daemon's own is the daemon's to close
+            # the daemon's own is the daemon's to close
+            if backend is not self.shared:
                 with contextlib.suppress(Exception):
                     await loop.run_in_executor(self.executor, backend.close)
         self.executor.shutdown(wait=False, cancel_futures=True)
-        if self.claimed is not None:  # the last thing: the next authority may start now
+        # the last thing: the next authority may start now
+        if self.claimed is not None:
             claimed, self.claimed = self.claimed, None
             with contextlib.suppress(OSError):
                 os.close(claimed)
@@ -342,19 +372,22 @@ class LeaseServer:
             try:
                 got = await asyncio.wait_for(conn.readline(), REQUEST_TIMEOUT)
             except asyncio.TimeoutError:
-                return  # slow: nothing to answer
+                # slow: nothing to answer
+                return
             if got is None:
                 return
             if got[0] is None:
                 await conn.send(_TOO_LONG)
-                try:  # read the rest of it (a little): closing on unread bytes would reset the connection
+                # read the rest of it (a little): closing on unread bytes would reset the connection
+                try:
                     await asyncio.wait_for(conn.readline(), 1.0)
                 except asyncio.TimeoutError:
                     pass
                 return
             try:
                 req = parse(got[0])
-                if req.get("op") == "snapshot":  # the GPUs, for a client without a driver library
+                # the GPUs, for a client without a driver library
+                if req.get("op") == "snapshot":
                     version = protocol_version(req)
                     try:
                         snap = await asyncio.get_running_loop().run_in_executor(self.executor, self._snapshot)
@@ -363,13 +396,15 @@ class LeaseServer:
                         return
                     await conn.send({"ok": True, "v": version, "op": "snapshot", "snapshot": snap})
                     return
-                if req.get("op") == "slurm":  # gpusd slurm prolog/epilog (daemon/slurmjobs.py)
+                # gpusd slurm prolog/epilog (daemon/slurmjobs.py)
+                if req.get("op") == "slurm":
                     await conn.send(await self._slurm(req, uid))
                     return
                 if self.slurm and req.get("op", "lease") == "lease":
                     await conn.send(to_wire(NoGpuAvailable(slurm_refusal(req.get("count", 1)))))
                     return
-                choice = req.get("op") == "choose"  # which GPUs a lease would get, taking none
+                # which GPUs a lease would get, taking none
+                choice = req.get("op") == "choose"
                 kwargs = constraints(req, op="choose" if choice else "lease")
                 version = protocol_version(req)
                 job = job_of(req)
@@ -380,7 +415,8 @@ class LeaseServer:
             command = kwargs["command"]
             loop = asyncio.get_running_loop()
             place = self._place(pid, uid) if kwargs["wait"] else None
-            if req.get("requeue") is True:  # it waited at a daemon that stopped: did we keep its place?
+            # it waited at a daemon that stopped: did we keep its place?
+            if req.get("requeue") is True:
                 await conn.send({"op": "requeued", "kept": place is not None})
                 log.info("pid %d (uid %d) waits again%s", pid, uid, " in its place" if place is not None else "")
             if conn.gone():
@@ -390,7 +426,8 @@ class LeaseServer:
                 choosing = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, None,
                                                               cancel, priority, False, None, place), kwargs)
                 if await conn.watch(choosing, any_data_ends=True):
-                    cancel.set()  # the client went away while waiting
+                    # the client went away while waiting
+                    cancel.set()
                 try:
                     chosen = await choosing
                 except Exception as exc:
@@ -402,14 +439,15 @@ class LeaseServer:
                                      "devices": [_candidate(c) for c in chosen.devices],
                                      "explain": chosen.pick.to_dict() if chosen.pick is not None else None})
                 return
-            if self.bookings is not None:  # a booking of this user held now: its GPUs go to this request
-
+            # a booking of this user held now: its GPUs go to this request
+            if self.bookings is not None:
                 for gone in self.bookings.hand_over(user_name(uid)):
                     await self.bookings.released(gone)
             granting = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel,
                                                           priority, True, None, place), kwargs)
             if await conn.watch(granting, any_data_ends=True):
-                cancel.set()  # the client went away (or spoke) while waiting: abandoned
+                # the client went away (or spoke) while waiting: abandoned
+                cancel.set()
             try:
                 selection = await granting
             except Exception as exc:
@@ -417,7 +455,8 @@ class LeaseServer:
                 return
             held = _Held(selection, command, job, pid, uid, priority)
             if conn.eof or conn.pending():
-                return  # granted as the client left (or spoke: abandoned): released below
+                # granted as the client left (or spoke: abandoned): released below
+                return
             fds, names = self._passing(held, list(selection.lease.devices))
             answer = {"ok": True, "v": version, "lease_id": selection.lease.lease_id, "job": job,
                       "devices": [_candidate(c) for c in selection.devices],
@@ -425,22 +464,26 @@ class LeaseServer:
                       **({"simulated": True} if self.simulate else {}),  # 0.4, additive
                       **({"fds": names} if names else {})}
             # The client co-holds the lease's open files from now on: a daemon killed now loses no lease.
-            held.passed = bool(fds)  # (even if the answer fails half-way: the release unlocks every copy)
+            # (even if the answer fails half-way: the release unlocks every copy)
+            held.passed = bool(fds)
             await conn.send(answer, fds)
             log.info("lease %s: %s for pid %d (uid %d)%s", selection.lease.lease_id, ",".join(selection.uuids),
                      pid, uid, f" job {job}" if job else "")
             self.held[conn] = held
             if version < 2:
                 await conn.watch(asyncio.get_running_loop().create_future(), any_data_ends=True)
-                return  # protocol 1: held until the client closes (or sends anything)
+                # protocol 1: held until the client closes (or sends anything)
+                return
             await self._serve(conn, held, cancel)
         except asyncio.CancelledError:
             pass  # the daemon stops
         finally:
-            cancel.set()  # a wait still running for this client ends (within a second)
+            # a wait still running for this client ends (within a second)
+            cancel.set()
             self.cancels.discard(cancel)
             self.held.pop(conn, None)
-            if held is not None:  # after a hand-over: only our (closed) copies, see _hand_over
+            # after a hand-over: only our (closed) copies, see _hand_over
+            if held is not None:
                 await self._release(held)
             self.total -= 1
             self.clients[uid] -= 1
@@ -484,12 +527,14 @@ class LeaseServer:
         while True:
             got = await conn.readline()
             if got is None:
-                return  # the end of the connection: the lease ends
+                # the end of the connection: the lease ends
+                return
             line, writer = got
             if writer is None or writer not in (held.uid, 0):
                 log.warning("lease %s: ignored a request on the connection of uid %d written by uid %s", lease_id,
                             held.uid, writer if writer is not None else "unknown")
-                continue  # not its user's: neither obeyed nor answered (an answer would go to the holder)
+                # not its user's: neither obeyed nor answered (an answer would go to the holder)
+                continue
             if line is None:
                 await conn.send({**_TOO_LONG, "id": None})
                 continue
@@ -513,7 +558,8 @@ class LeaseServer:
                     if await conn.watch(growing, any_data_ends=False):
                         cancel.set()
                         try:
-                            await growing  # joined or not, the lease ends with the connection
+                            # joined or not, the lease ends with the connection
+                            await growing
                         except Exception:
                             pass
                         return
@@ -531,7 +577,8 @@ class LeaseServer:
                     await loop.run_in_executor(self.executor, self._drop, held, device)
                     log.info("lease %s: released %s for pid %d (uid %d)", lease_id, device, held.pid, held.uid)
                     answer = {"ok": True, "op": "release", "lease_id": lease_id, "held": held.held()}
-                    fds, names = self._passing(held, [])  # the record was rewritten: its new lock
+                    # the record was rewritten: its new lock
+                    fds, names = self._passing(held, [])
                 elif op == "mark":
                     if req.get("ended") != "timed_out":
                         raise ConfigError("bad 'ended' in the request (timed_out)")
@@ -553,7 +600,8 @@ class LeaseServer:
         """End ``held``'s lease, on the executor (its lock may be held there by a join, a moment)."""
         def release() -> None:
             with held.lock:
-                handed = held.lease.released  # handed over as we stopped: it goes on without us
+                # handed over as we stopped: it goes on without us
+                handed = held.lease.released
                 # the client's copies of the descriptors must not outlive its connection: unlocked for all
                 held.lease.release(unlock=held.passed)
                 held.selection.release()
@@ -562,13 +610,16 @@ class LeaseServer:
 
         try:
             job = asyncio.get_running_loop().run_in_executor(self.executor, release)
-        except RuntimeError:  # the executor is shut down already: the daemon is gone, release here
+        except RuntimeError:
+            # the executor is shut down already: the daemon is gone, release here
             release()
             return
         try:
             await asyncio.shield(job)
-        except asyncio.CancelledError:  # the daemon stops meanwhile: the release still runs (shielded)...
-            if job.cancelled():  # ...unless the executor dropped it unstarted: then here, never lost
+        except asyncio.CancelledError:
+            # the daemon stops meanwhile: the release still runs (shielded)...
+            # ...unless the executor dropped it unstarted: then here, never lost
+            if job.cancelled():
                 release()
 
     # -- the work, in the executor's threads --------------------------------------------------------
@@ -598,8 +649,10 @@ class LeaseServer:
         wait, timeout, command, visible = (kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("command"),
                                            kwargs.pop("visible"))
         c = Constraints.build(**kwargs, within_visible=visible is not None)
-        env = dict(visible) if visible is not None else {}  # the client's inherited device lists
-        who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,  # priority believed for uid
+        # the client's inherited device lists
+        env = dict(visible) if visible is not None else {}
+        # priority believed for uid
+        who = Holder(pid=pid, user=user_name(uid), uid=uid, command=command, job=job,
                      slurm_job=(extra or {}).get("slurm_job"))
         try:
             sel = allocate(LeaseRequest(c, lease=lease, wait=wait, timeout=timeout, holder=who, env=env,
@@ -610,7 +663,8 @@ class LeaseServer:
                 self.history.lease_started(sel.lease.lease_id, who.user, uid, command, list(sel.uuids))
             return sel
         finally:
-            if place is not None and not place.closed and not self._keep(place):  # refused before it waited
+            # refused before it waited
+            if place is not None and not place.closed and not self._keep(place):
                 place.close()
 
     def _keep(self, ticket: Any) -> bool:
@@ -619,7 +673,8 @@ class LeaseServer:
         with self.kept_lock:
             if not self.stopping:
                 return False
-            if self.stopped:  # too late for stop() to close it: leave it now
+            # too late for stop() to close it: leave it now
+            if self.stopped:
                 ticket.close(keep=True)
             else:
                 self.kept.append(ticket)
@@ -630,7 +685,8 @@ class LeaseServer:
         if self.backend is None:
             raise GpusdError("the lease authority is stopping")
         d: dict[str, Any] = self.backend.snapshot(util_since=self._store().release_times(), detail=False).to_dict()
-        for g in d.get("gpus") or []:  # what selection reads: pids and memory, not who runs what
+        # what selection reads: pids and memory, not who runs what
+        for g in d.get("gpus") or []:
             for p in g.get("processes") or []:
                 p["user"] = p["command"] = None
         return d
@@ -644,9 +700,11 @@ class LeaseServer:
         kwargs.pop("command")
         lease = held.lease
         kwargs["shared"] = lease.shared  # one record, one mode
-        kwargs["exclude"] = [*(kwargs["exclude"] or []), *lease.devices]  # a shared GPU is not taken twice
+        # a shared GPU is not taken twice
+        kwargs["exclude"] = [*(kwargs["exclude"] or []), *lease.devices]
         c = Constraints.build(**kwargs, within_visible=visible is not None)
-        env = dict(visible) if visible is not None else {}  # the client's inherited device lists
+        # the client's inherited device lists
+        env = dict(visible) if visible is not None else {}
         store = self._store()
         who = Holder(pid=held.pid, user=user_name(held.uid), uid=held.uid, command=held.command, job=held.job)
         sel = allocate(LeaseRequest(c, wait=wait, timeout=timeout, holder=who, env=env, priority=held.priority,
@@ -654,7 +712,8 @@ class LeaseServer:
                        store=store, backend=self.backend)  # type: ignore[arg-type]
         try:
             extra = sel.lease
-            if not isinstance(extra, Lease):  # taken in the lock directory (store given): always a Lease
+            # taken in the lock directory (store given): always a Lease
+            if not isinstance(extra, Lease):
                 raise GpusdError("no lease was taken")
             with store.mutex(), held.lock:
                 if lease.released:
@@ -692,11 +751,13 @@ class LeaseServer:
                 raise ConfigError(f"this lease does not hold {device!r}")
             if len(held.lease.devices) == 1:
                 raise ConfigError("a lease keeps at least one GPU: close the connection to end it")
-            store.drop(held.lease, device, unlock=held.passed)  # the client's copy of its lock is unlocked too
+            # the client's copy of its lock is unlocked too
+            store.drop(held.lease, device, unlock=held.passed)
         held.selection.devices = [c for c in held.selection.devices if c.uuid != device]
 
 
-PLACE_CHECK = 0.5  # seconds between looks at the kept places (their waiters alive, the grace)
+# seconds between looks at the kept places (their waiters alive, the grace)
+PLACE_CHECK = 0.5
 
 
 def _queue() -> Any:
@@ -724,10 +785,12 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     """The answer for a request that failed (never a traceback to the client; logged if unexpected)."""
     if isinstance(exc, GpusdError):
         return to_wire(exc)  # docs/errors.md
-    if isinstance(exc, OSError) and DiskFull.caused(exc):  # a write no one expected to fail: say why
+    # a write no one expected to fail: say why
+    if isinstance(exc, OSError) and DiskFull.caused(exc):
         where = os.path.dirname(os.fsdecode(exc.filename)) if exc.filename else "the daemon's directories"
         return to_wire(DiskFull.of(where, exc))
-    log.error("lease request failed", exc_info=exc)  # never lose the daemon over one request
+    # never lose the daemon over one request
+    log.error("lease request failed", exc_info=exc)
     return to_wire(GpusdError(f"internal error: {exc!r}"[:300]))
 
 
@@ -766,7 +829,8 @@ async def _hand_over(sock: socket.socket, lease: Any, timeout: float = 1.0, righ
             except (BlockingIOError, InterruptedError):
                 if not await writable(loop, dup, deadline - loop.time()):
                     return False
-        if sent < len(note):  # the descriptors went with the first bytes: the rest of the line follows
+        # the descriptors went with the first bytes: the rest of the line follows
+        if sent < len(note):
             await asyncio.wait_for(loop.sock_sendall(dup, note[sent:]), max(0.05, deadline - loop.time()))
     except (OSError, asyncio.TimeoutError):
         return False

@@ -37,7 +37,8 @@ WINDOW = 60.0
 MAX_KINDS = 256
 MAX_CHARS = 4000
 
-_OTHER = ("", 0, "")  # the shared kind of records beyond max_kinds
+# the shared kind of records beyond max_kinds
+_OTHER = ("", 0, "")
 _filters: weakref.WeakSet[RateLimitFilter] = weakref.WeakSet()
 
 
@@ -65,7 +66,8 @@ class RateLimitFilter(logging.Filter):
         self.max_kinds = max_kinds
         self.max_chars = max_chars
         self.clock = clock
-        self.suppressed = 0  # records held back so far (all kinds)
+        # records held back so far (all kinds)
+        self.suppressed = 0
         self._kinds: dict[tuple[str, int, str], _Kind] = {}
         self._handler: logging.Handler | None = None
         self._lock = threading.RLock()
@@ -209,14 +211,17 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
         path.parent.mkdir(parents=True, exist_ok=True)
         from ..alloc.lockdir import same_file
 
-        follow = same_file(2, path)  # a background daemon: its stderr is this file
+        # a background daemon: its stderr is this file
+        follow = same_file(2, path)
         handler = RotatingLog(path, max_bytes if max_bytes is not None else env_bytes,
                               backups if backups is not None else env_backups, follow_stdio=follow)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    from ..sanitize import log_formatter  # the one rule for logs: what a GPU or a peer said, no control byte
+    # the one rule for logs: what a GPU or a peer said, no control byte
+    from ..sanitize import log_formatter
 
-    handler.setFormatter(log_formatter(LOG_FORMAT, MAX_CHARS + 256))  # room for the cut's note and the prefix
+    # room for the cut's note and the prefix
+    handler.setFormatter(log_formatter(LOG_FORMAT, MAX_CHARS + 256))
     (rate_limit or RateLimitFilter()).attach(handler)
     root.addHandler(handler)
     root.setLevel(level)

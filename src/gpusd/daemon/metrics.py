@@ -98,7 +98,8 @@ _GPU_COUNTERS: dict[str, tuple[str, Callable[[GpuInfo], float | None]]] = {
     "gpusd_gpu_remapped_rows_uncorrectable": ("GPU memory rows remapped for uncorrectable errors",
                                               lambda g: g.remapped_rows_uncorrectable),
 }
-_SEEN_MAX = 4096  # GPUs remembered so that one that vanishes keeps gpusd_gpu_healthy 0
+# GPUs remembered so that one that vanishes keeps gpusd_gpu_healthy 0
+_SEEN_MAX = 4096
 
 
 class SnapshotCollector:
@@ -111,7 +112,8 @@ class SnapshotCollector:
                  alerts: Callable[[], Sequence[ThresholdEvent]] | None = None) -> None:
         self._snapshots = snapshots
         self._alerts = alerts
-        self._seen: dict[tuple[str, str], list[str]] = {}  # (host, uuid) -> labels, of GPUs seen before
+        # (host, uuid) -> labels, of GPUs seen before
+        self._seen: dict[tuple[str, str], list[str]] = {}
 
     def describe(self) -> list[Any]:
         # An empty describe() keeps registration from calling collect() (which may not be ready yet).
@@ -209,7 +211,8 @@ class ExporterField:
     type: str  # "gauge" or "counter"
     help: str
     read: Callable[[GpuInfo], float | int | None]
-    mig: bool = False  # also per MIG instance (read through _MigAsGpu)
+    # also per MIG instance (read through _MigAsGpu)
+    mig: bool = False
 
 
 def _round(value: float | None) -> int | None:
@@ -305,7 +308,8 @@ def _number(value: float | int) -> str:
         value = int(value)
     if isinstance(value, int):
         return str(value)
-    return repr(float(value))  # readings are finite (gpusd.model.finite)
+    # readings are finite (gpusd.model.finite)
+    return repr(float(value))
 
 
 LabelsFn = Callable[[HostSnapshot, GpuInfo, "MigInstance | None"], Sequence[tuple[str, str]]]
@@ -428,7 +432,8 @@ class LeaseCollector:
     (``gpusd_policy_max_gpus_per_user``, ``gpusd_policy_fleet_max_gpus_per_user``), which the shipped alert
     rules compare the leases with (docs/prometheus-rules.yml)."""
 
-    MAX_LEASES = 4096  # series per scrape: a host has a lease per GPU or MIG slice, a few per shared GPU
+    # series per scrape: a host has a lease per GPU or MIG slice, a few per shared GPU
+    MAX_LEASES = 4096
 
     def __init__(self, snapshots: Callable[[], Iterable[HostSnapshot | None]],
                  per_user: Callable[[], bool] = lambda: False,
@@ -633,7 +638,8 @@ def render(registry: CollectorRegistry) -> bytes:
     text = generate_latest(registry).decode()
     for exporter in _EXPORTERS.get(registry, ()):
         text += exporter.text()
-    return for_exposition(text).encode()  # the boundary: the one rule for /metrics (gpusd.sanitize)
+    # the boundary: the one rule for /metrics (gpusd.sanitize)
+    return for_exposition(text).encode()
 
 
 def render_snapshots(snaps: Iterable[HostSnapshot], alerts: Sequence[ThresholdEvent] | None = None,

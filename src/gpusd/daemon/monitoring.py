@@ -44,7 +44,8 @@ log = logging.getLogger("gpusd.monitor")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _ASSETS = {"app.js": "application/javascript", "style.css": "text/css", "history.js": "application/javascript",
            "uPlot.iife.min.js": "application/javascript", "uPlot.min.css": "text/css"}
-_VENDORED = {"uPlot.iife.min.js", "uPlot.min.css"}  # web/vendor/: uPlot, with its licence
+# web/vendor/: uPlot, with its licence
+_VENDORED = {"uPlot.iife.min.js", "uPlot.min.css"}
 # connect-src: the dashboard also reads /api/v1/alerts of the other daemons of the fleet (on LAN addresses).
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self' http: https:; "
@@ -80,9 +81,11 @@ class Monitor:
     def __init__(self, daemon: MonitoredDaemon, rules: Sequence[Rule], access: privacy.Access,
                  interval: float, dcgm: bool = False, user_metrics: bool = False) -> None:
         self.daemon = daemon
-        self.dcgm = dcgm  # also serve the DCGM exporter's metric names
+        # also serve the DCGM exporter's metric names
+        self.dcgm = dcgm
         self.rules = list(rules)
-        self.engine: ThresholdEngine | None = None  # with rules only: without, thresholds.py stays unloaded
+        # with rules only: without, thresholds.py stays unloaded
+        self.engine: ThresholdEngine | None = None
         if self.rules:
             from ..thresholds import ThresholdEngine
 
@@ -91,15 +94,19 @@ class Monitor:
         self.interval = interval
         self._last_ts: float | None = None
         self._registry: Any = None
-        self._public: Any = None  # the registry without per-user series
-        self.user_metrics = user_metrics  # per-user usage series for readers who may see private data
+        # the registry without per-user series
+        self._public: Any = None
+        # per-user usage series for readers who may see private data
+        self.user_metrics = user_metrics
 
         self.usage = UsageCounters(max_gap=max(30.0, 10 * interval))
         self._usage_ts: float | None = None
         # per reader level (private or not): (the snapshot, its clocks, the bytes built from it)
         self._built: dict[bool, tuple[HostSnapshot | None, tuple[float | None, ...], bytes]] = {}
-        self.builds = 0  # how many times the per-sample part of /metrics was built
-        self._process: Any = None  # the registry of the daemon's own process_* series (read at every scrape)
+        # how many times the per-sample part of /metrics was built
+        self.builds = 0
+        # the registry of the daemon's own process_* series (read at every scrape)
+        self._process: Any = None
 
     # thresholds ---------------------------------------------------------------------------------
     def evaluate(self, snap: HostSnapshot | None = None, now: float | None = None) -> list[ThresholdEvent]:
@@ -155,7 +162,8 @@ class Monitor:
             else:
                 self._public = registry
         if not isinstance(getattr(self.daemon, "on_sample", None), list):
-            self.count_usage()  # no per-sample callbacks: count what each scrape finds new
+            # no per-sample callbacks: count what each scrape finds new
+            self.count_usage()
         snap = self.daemon.latest_snapshot()
         key = (snap.timestamp if snap is not None else None, self._usage_ts, self._last_ts)
         built = self._built.get(per_user)
@@ -193,7 +201,8 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     a bad rule."""
 
     rules: list[Rule] = []
-    if getattr(daemon, "thresholds", None):  # the rules' parser only where there are rules
+    # the rules' parser only where there are rules
+    if getattr(daemon, "thresholds", None):
         from ..thresholds import load_rules
 
         rules = load_rules(daemon.thresholds)
@@ -210,11 +219,13 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
                       user_metrics=bool(getattr(daemon, "user_metrics", False)))
     app[_app_key()] = monitor
 
-    install_access(app, access)  # every route of the app applies these rules (daemon/routes.py)
+    # every route of the app applies these rules (daemon/routes.py)
+    install_access(app, access)
     add_routes(app, routes(monitor))
     on_sample = getattr(daemon, "on_sample", None)
     if isinstance(on_sample, list):
-        on_sample.append(monitor.count_usage)  # every sample, for the usage counters
+        # every sample, for the usage counters
+        on_sample.append(monitor.count_usage)
     if rules and isinstance(on_sample, list):
         on_sample.append(lambda snap: monitor.evaluate(snap))
     elif rules:
@@ -258,7 +269,6 @@ def routes(monitor: Monitor) -> list[RouteDef]:
     async def alerts(request: web.Request) -> web.Response:
         # Public (no private fields): any daemon's dashboard may read it, hence the CORS header.
         # strict JSON: a NaN reading must not break every dashboard
-
         return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"}, dumps=dumps)
 
     return [RouteDef("GET", "/metrics", metrics),
@@ -287,5 +297,6 @@ def _policy() -> Any:
         from ..alloc.policy import load
 
         return load()
-    except Exception:  # a broken policy file is the lease path's to report, not the scrape's
+    except Exception:
+        # a broken policy file is the lease path's to report, not the scrape's
         return None

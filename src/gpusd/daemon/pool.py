@@ -81,15 +81,19 @@ DEFAULT_TTL = 30.0
 MAX_BODY = 16384
 MAX_HOLDER = 64
 MAX_NOTE = 512
-CHECK_EVERY = 0.25  # seconds between expiry checks
-KEEPER_CHECK_EVERY = 20  # expiry checks (5 s) between looks at whether the keeper still runs
+# seconds between expiry checks
+CHECK_EVERY = 0.25
+# expiry checks (5 s) between looks at whether the keeper still runs
+KEEPER_CHECK_EVERY = 20
 # A process started under a remote lease after the lease ended (by hand, with the variables of a
 # reservation that had expired, after its fence) is stopped: looked for every STALE_EVERY expiry
 # checks (about a second) and before every grant, for STALE_WINDOW seconds after the lease ended.
 STALE_EVERY = 4
 STALE_WINDOW = 900.0
-STALE_KEPT = 1024  # ended lease ids remembered at most
-ADOPT_WAIT = 10.0  # seconds a renewal waits for the leases of a previous run to be taken back
+# ended lease ids remembered at most
+STALE_KEPT = 1024
+# seconds a renewal waits for the leases of a previous run to be taken back
+ADOPT_WAIT = 10.0
 
 
 class PoolDaemon(Protocol):
@@ -112,19 +116,31 @@ class Held:
     note: str | None
     remote_from: str | None
     ttl: float
-    started: float  # wall time of the grant: shown only
-    born: float  # the grant, on the monotonic clock (the lifetime counts from it)
-    deadline: float  # when it ends unless renewed, on the monotonic clock
+    # wall time of the grant: shown only
+    started: float
+    # the grant, on the monotonic clock (the lifetime counts from it)
+    born: float
+    # when it ends unless renewed, on the monotonic clock
+    deadline: float
     devices: list[dict[str, Any]] = field(default_factory=list)
-    job: str | None = None  # the fleet run's job id (gpusd run --fleet), named in the record
-    identity: str = ""  # who holds it, as the daemon can check: "user NAME" (a user key), else key and peer
-    claimed: str | None = None  # the 'holder' name the request declared (shown as such, never as the user)
-    ends: float | None = None  # when the holder said it stops renewing (its "left", on our clock): shown only
-    renewing: bool = False  # a renewal is rewriting the record (on the executor)
-    release_after: bool = False  # ended meanwhile: the renewal releases when it is done
-    coheld: bool = False  # the keeper (or systemd's store) confirmed its copies of the lock descriptors
-    finished: Any = None  # the Future of its release (Pool.end)
-    fence: bool = False  # ended without a release: its processes are stopped before its GPUs go (daemon.fence)
+    # the fleet run's job id (gpusd run --fleet), named in the record
+    job: str | None = None
+    # who holds it, as the daemon can check: "user NAME" (a user key), else key and peer
+    identity: str = ""
+    # the 'holder' name the request declared (shown as such, never as the user)
+    claimed: str | None = None
+    # when the holder said it stops renewing (its "left", on our clock): shown only
+    ends: float | None = None
+    # a renewal is rewriting the record (on the executor)
+    renewing: bool = False
+    # ended meanwhile: the renewal releases when it is done
+    release_after: bool = False
+    # the keeper (or systemd's store) confirmed its copies of the lock descriptors
+    coheld: bool = False
+    # the Future of its release (Pool.end)
+    finished: Any = None
+    # ended without a release: its processes are stopped before its GPUs go (daemon.fence)
+    fence: bool = False
 
     @property
     def expires(self) -> float:
@@ -133,7 +149,8 @@ class Held:
 
     def to_dict(self, hostname: str, node_id: str) -> dict[str, Any]:
         lease = self.selection.lease if self.selection is not None else None
-        epoch = lease.epoch if lease is not None else None  # 0.4, additive: the fencing token (alloc.epoch)
+        # 0.4, additive: the fencing token (alloc.epoch)
+        epoch = lease.epoch if lease is not None else None
         return {"lease_id": self.lease_id, "host": hostname, "node_id": node_id, "user": self.holder,
                 "command": self.note, "claimed": self.claimed, "remote_from": self.remote_from, "ttl": self.ttl,
                 "started": self.started, "expires": self.expires, "devices": self.devices, "job": self.job,
@@ -147,23 +164,33 @@ class Pool:
         self.daemon = daemon
         self.held: dict[str, Held] = {}
         self.executor = ThreadPoolExecutor(4, thread_name_prefix="gpusd-pool")
-        self.backend: Any = None  # the daemon's SharedBackend, on the first grant
-        self._own_backend: Any = None  # one this pool opened itself (no daemon's to use): closed with it
-        self.pending = 0  # requests being granted (counted against lease_max_total)
-        self.pending_of: dict[str, tuple[int, int]] = {}  # identity -> (requests, GPUs) being granted
+        # the daemon's SharedBackend, on the first grant
+        self.backend: Any = None
+        # one this pool opened itself (no daemon's to use): closed with it
+        self._own_backend: Any = None
+        # requests being granted (counted against lease_max_total)
+        self.pending = 0
+        # identity -> (requests, GPUs) being granted
+        self.pending_of: dict[str, tuple[int, int]] = {}
         self.task: asyncio.Task[None] | None = None
-        self.checks = 0  # expiry checks made (tests count them rather than time them)
+        # expiry checks made (tests count them rather than time them)
+        self.checks = 0
         # the keeper's and the fd store's exchanges, in order, one at a time (each bounded)
         self.keeping = ThreadPoolExecutor(1, thread_name_prefix="gpusd-keep")
         state_dir = getattr(daemon, "state_dir", None)
         self.state_dir: Path | None = Path(state_dir) if state_dir is not None else None
         self.fdstore = fdstore.available()
-        self.keeper: Any = None  # gpusd.daemon.keeper.KeeperClient, once a lease needs one
-        self.adoption: asyncio.Future[None] | None = None  # taking back a previous run's leases
-        self.keep_on_stop = False  # a stopping daemon leaves its leases to the keeper/store (the process sets it)
+        # gpusd.daemon.keeper.KeeperClient, once a lease needs one
+        self.keeper: Any = None
+        # taking back a previous run's leases
+        self.adoption: asyncio.Future[None] | None = None
+        # a stopping daemon leaves its leases to the keeper/store (the process sets it)
+        self.keep_on_stop = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.fencing: dict[str, Held] = {}  # leases ended without a release, held until their processes are gone
-        self.ended_ids: dict[str, float] = {}  # lease id -> when it ended (monotonic): see STALE_WINDOW
+        # leases ended without a release, held until their processes are gone
+        self.fencing: dict[str, Held] = {}
+        # lease id -> when it ended (monotonic): see STALE_WINDOW
+        self.ended_ids: dict[str, float] = {}
         self.sweeping = False
 
         self.users = Directory(getattr(daemon.config, "users_file", None))
@@ -172,7 +199,8 @@ class Pool:
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
                expires: float, job: str | None = None, booking: bool = False) -> Any:
         from ..alloc.api import LeaseRequest, allocate
-        if self.backend is None:  # the daemon's one backend (daemon/backend.py); a bare Pool opens its own
+        # the daemon's one backend (daemon/backend.py); a bare Pool opens its own
+        if self.backend is None:
             shared = getattr(self.daemon, "inventory", None)
             if shared is None:
                 from ..inventory import open_backend
@@ -189,20 +217,24 @@ class Pool:
     def _grant_held(self, held: Held, kwargs: dict[str, Any], booking: bool = False) -> Any:
         """Grant ``held``'s lease (on the executor), fill in what the grant says, write it down
         (``booking``: a booking's hold, daemon/bookings.py)."""
-        if self.ended_ids:  # never grant while a process of an ended lease runs here
+        # never grant while a process of an ended lease runs here
+        if self.ended_ids:
             self.stop_stale()
         sel = self._grant(kwargs, held.holder, held.note, held.remote_from,
                           time.time() + (held.deadline - time.monotonic()), held.job, booking)
         held.lease_id, held.selection = sel.lease.lease_id, sel
         epochs = sel.lease.epochs() if sel.lease is not None else {}
         held.devices = [{"index": c.gpu.index, "label": c.label, "uuid": c.uuid, "name": c.gpu.name,
-                         "epoch": epochs.get(c.uuid),  # 0.4, additive: this GPU's fencing token
+                         # 0.4, additive: this GPU's fencing token
+                         "epoch": epochs.get(c.uuid),
                          "memory_total": c.total, "memory_free": c.free, "utilization_gpu": c.util,
                          "vendor": c.gpu.vendor, "vendor_index": c.gpu.device_index,  # 0.3, additive
-                         "local_cpus": c.gpu.local_cpus}  # 0.3, additive: launch --bind-cpus
+                         # 0.3, additive: launch --bind-cpus
+                         "local_cpus": c.gpu.local_cpus}
                         for c in sel.devices]
         self._write_down(held, held.deadline - time.monotonic())
-        history = getattr(self.daemon, "recording", None)  # the usage history: written before the answer
+        # the usage history: written before the answer
+        history = getattr(self.daemon, "recording", None)
         if history is not None:
             history.lease_started(held.lease_id, held.holder, None, held.note, list(sel.uuids))
         return sel
@@ -212,7 +244,8 @@ class Pool:
         # holder says it stops renewing, so that listings show how long a reservation lasts, not its TTL).
         # What remains is read here, not when the request came: the executor may run this much later.
         remaining = deadline - time.monotonic()
-        held.selection.lease.update(expires=time.time() + remaining, ends=ends)  # under the mutex of its store
+        # under the mutex of its store
+        held.selection.lease.update(expires=time.time() + remaining, ends=ends)
         self._write_down(held, remaining, ttl)
 
     # -- outliving the daemon (poolstate, keeper, fdstore) -------------------------------------------
@@ -235,8 +268,10 @@ class Pool:
         copies: list[int] = []
         try:
             for fd in lease.fds:
-                copies.append(os.dup(fd))  # numbers that cannot be reused under the other thread
-        except OSError as exc:  # out of descriptors: the lease holds, it just would not outlive us
+                # numbers that cannot be reused under the other thread
+                copies.append(os.dup(fd))
+        except OSError as exc:
+            # out of descriptors: the lease holds, it just would not outlive us
             log.warning("remote lease %s will not outlive this daemon: %s", held.lease_id, exc)
             for fd in copies:
                 os.close(fd)
@@ -248,13 +283,15 @@ class Pool:
         name = f"lease-{held.lease_id}"
         try:
             if self.fdstore:
-                fdstore.remove(name)  # the copies of its last record's lock go with the rest
+                # the copies of its last record's lock go with the rest
+                fdstore.remove(name)
                 held.coheld = fdstore.store(name, copies)
                 return
             keeper = self._keeper()
             try:
                 keeper.hold(name, copies)
-            except OSError as exc:  # dead or hung: a fresh one, handed every lease again
+            except OSError as exc:
+                # dead or hung: a fresh one, handed every lease again
                 log.warning("the lease keeper did not take %s (%s): starting another", held.lease_id, exc)
                 keeper.kill()
                 keeper.start()
@@ -290,7 +327,8 @@ class Pool:
         if self.keeper is None:
             self.keeper = KeeperClient(self.state_dir)
         self.keeper.reap()
-        if self.keeper.pid is None:  # one that died meanwhile fails the hold, which starts another
+        # one that died meanwhile fails the hold, which starts another
+        if self.keeper.pid is None:
             self.keeper.start()
         return self.keeper
 
@@ -303,7 +341,8 @@ class Pool:
         if self.keeper.running():
             return
         log.warning("the lease keeper is gone: starting another")
-        self.keeper.proc = self.keeper.pid = None  # gone: nothing to stop
+        # gone: nothing to stop
+        self.keeper.proc = self.keeper.pid = None
         try:
             self.keeper.start()
         except OSError as exc:
@@ -323,7 +362,8 @@ class Pool:
                 self.keeper.drop(name)
             except OSError as exc:
                 log.warning("the lease keeper did not let go of %s (%s): stopping it", lease_id, exc)
-                self.keeper.kill()  # its copies close with it; the other leases are handed to the next
+                # its copies close with it; the other leases are handed to the next
+                self.keeper.kill()
                 for other in list(self.held.values()):
                     if other.coheld and not other.renewing:
                         self._co_hold_again(other)
@@ -336,8 +376,10 @@ class Pool:
             self._let_go(held.lease_id)
         history = getattr(self.daemon, "recording", None)
         if history is not None:
-            history.lease_ended(held.lease_id)  # its holder released it, or it expired: it ends now
-        self._release_or_fence(held)  # a fence (self.fencing) first: the look below leaves its processes to it
+            # its holder released it, or it expired: it ends now
+            history.lease_ended(held.lease_id)
+        # a fence (self.fencing) first: the look below leaves its processes to it
+        self._release_or_fence(held)
         self.ended_ids[held.lease_id] = time.monotonic()
         while len(self.ended_ids) > STALE_KEPT:
             del self.ended_ids[next(iter(self.ended_ids))]
@@ -405,7 +447,8 @@ class Pool:
             if lease is None:
                 self._drop_kept(lease_id, [])
                 continue
-            remaining = float(d["expires_boot"]) - poolstate.boottime()  # the time taking it back took counts
+            # the time taking it back took counts
+            remaining = float(d["expires_boot"]) - poolstate.boottime()
             now = time.monotonic()
             held = Held(lease_id, poolstate.Adopted(lease, d["env"]), d["holder"], d["note"], d["remote_from"],
                         float(d["ttl"]), float(d["started"]), now - (poolstate.boottime() - float(d["born_boot"])),
@@ -414,7 +457,8 @@ class Pool:
             out.append(held)
             log.info("took back remote lease %s of %s (%s)", lease_id, held.holder,
                      f"{remaining:.1f}s left" if remaining > 0 else "expired while the daemon was down: ends now")
-        for lease_id, fds in kept.items():  # copies of leases nobody wrote down (ended meanwhile)
+        # copies of leases nobody wrote down (ended meanwhile)
+        for lease_id, fds in kept.items():
             self._drop_kept(lease_id, fds)
         return out
 
@@ -461,7 +505,8 @@ class Pool:
         counted = self.fleet_held(fleet, user)
         if fleet is not None and getattr(fleet, "client", None) is None:
             fleet.touch()
-            await fleet.ensure_started()  # auto mode: the view starts on first use
+            # auto mode: the view starts on first use
+            await fleet.ensure_started()
             counted = self.fleet_held(fleet, user)
         try:
             from ..alloc.leases import LeaseStore
@@ -483,7 +528,8 @@ class Pool:
         if cap is None:
             return None
         user = held.holder
-        leases: dict[tuple[str, str], list[Any]] = {}  # (node, lease id) -> [started, GPUs]
+        # (node, lease id) -> [started, GPUs]
+        leases: dict[tuple[str, str], list[Any]] = {}
         try:
             from ..alloc.leases import LeaseStore
 
@@ -493,7 +539,8 @@ class Pool:
         own = self.daemon.node_id
         for le in here:
             if le.user == user and not le.unleased:
-                _count_lease(leases, own, le)  # (the record's grant time: what the other hosts see)
+                # (the record's grant time: what the other hosts see)
+                _count_lease(leases, own, le)
         fleet = getattr(self.daemon, "fleet", None)
         if fleet is not None and getattr(fleet, "client", None) is not None:
             fleet.touch()
@@ -535,12 +582,13 @@ class Pool:
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
-        if getattr(self.daemon.config, "slurm", False):  # Slurm allocates this host's GPUs (docs/slurm.md)
-
+        # Slurm allocates this host's GPUs (docs/slurm.md)
+        if getattr(self.daemon.config, "slurm", False):
             return http_answer(NoGpuAvailable(slurm_refusal(body.get("count", 1))), "slurm")
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
-        await self._adopted()  # the previous run's leases first: they count against the caps and GPUs
+        # the previous run's leases first: they count against the caps and GPUs
+        await self._adopted()
         # the lease's user is who the daemon can tell: the account of the user's key, else the fleet
         # member at that address -- never the 'holder' name the request declares
         holder = account.name if account is not None else f"fleet@{peer_of(remote_from)}"
@@ -558,7 +606,8 @@ class Pool:
         why = self._bounds(identity, count) or await self._fleet_cap(holder, count)
         if why is not None:
             return http_answer(OverCap(why))
-        booked = getattr(self.daemon, "bookings", None)  # a booking of theirs held now: its GPUs go to this request
+        # a booking of theirs held now: its GPUs go to this request
+        booked = getattr(self.daemon, "bookings", None)
         for gone in booked.hand_over(holder) if booked is not None and account is not None else []:
             await self.ended(gone)
         now = time.monotonic()
@@ -570,7 +619,8 @@ class Pool:
         try:
             sel = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._grant_held, held, kwargs)
-        except GpusdError as exc:  # its status and reason are its class's (errors.py, docs/errors.md)
+        except GpusdError as exc:
+            # its status and reason are its class's (errors.py, docs/errors.md)
             return http_answer(exc)
         finally:
             self.pending -= 1
@@ -591,7 +641,8 @@ class Pool:
         if held is None:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
         if identity is None or (account is not None and account.is_root):
-            return None  # identity None: a caller inside the daemon
+            # identity None: a caller inside the daemon
+            return None
         if _identity(account, identity) == held.identity:
             return None
         return 403, {"error": f"the lease {held.lease_id} is {held.holder}'s: only {held.holder} (or root on "
@@ -611,7 +662,8 @@ class Pool:
         if body.get("ttl") is not None:
             ttl = min(_ttl(body.get("ttl")), float(self.daemon.config.lease_max_ttl))
         now = time.monotonic()
-        deadline = self._expiry(held.born, now, ttl)  # never past the lease's lifetime
+        # never past the lease's lifetime
+        deadline = self._expiry(held.born, now, ttl)
         if held.renewing:
             return 409, {"error": "a renewal of this lease is already in progress", "reason": "busy"}
         held.renewing = True
@@ -632,7 +684,8 @@ class Pool:
             return GpusdError.http_status, {**to_wire(exc, http=True), "error": f"cannot renew: {exc}"}
         finally:
             held.renewing = False
-            if held.release_after:  # ended while its record was being rewritten: release now
+            # ended while its record was being rewritten: release now
+            if held.release_after:
                 self.keeping.submit(self._finish, held)
         if self.held.get(lease_id) is not held:
             return 404, {"error": f"no remote lease {lease_id[:32]!r} here (released, or expired)"}
@@ -647,9 +700,11 @@ class Pool:
         held = self.held.pop(lease_id, None)
         if held is None:
             return None
-        held.fence = why == "expired"  # no release: its holder may still run here (daemon.fence)
+        # no release: its holder may still run here (daemon.fence)
+        held.fence = why == "expired"
         if held.renewing:
-            held.release_after = True  # never under a rewrite of its record: the renewal releases it
+            # never under a rewrite of its record: the renewal releases it
+            held.release_after = True
         else:
             held.finished = self.keeping.submit(self._finish, held)
         log.info("remote lease %s of %s %s", lease_id, held.holder, why)
@@ -673,7 +728,8 @@ class Pool:
             try:
                 loop.call_soon_threadsafe(fn, *args)
             except RuntimeError:
-                pass  # the daemon has stopped: its locks went with it
+                # the daemon has stopped: its locks went with it
+                pass
 
         def done(pids: list[int]) -> None:
             on_loop(self._fenced, held, pids)
@@ -687,7 +743,8 @@ class Pool:
 
     def _fenced(self, held: Held, pids: list[int] | None = None) -> None:
         if self.fencing.pop(held.lease_id, None) is None:
-            return  # released already (the daemon stopped)
+            # released already (the daemon stopped)
+            return
         lease = _event(held.to_dict(self.daemon.hostname, self.daemon.node_id))
         held.selection.release()
         if pids is None:
@@ -718,7 +775,8 @@ class Pool:
         self.loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(CHECK_EVERY)
-            now = time.monotonic()  # never the wall clock: a step of it must not end (or keep) leases
+            # never the wall clock: a step of it must not end (or keep) leases
+            now = time.monotonic()
             for lease_id in [k for k, h in self.held.items() if h.deadline <= now]:
                 self.end(lease_id, "expired")
             self.checks += 1
@@ -742,7 +800,8 @@ class Pool:
         cutoff = time.monotonic() - STALE_WINDOW
         for lease_id in [k for k, t in list(self.ended_ids.items()) if t < cutoff]:
             self.ended_ids.pop(lease_id, None)
-        ids = [k for k in list(self.ended_ids) if k not in self.fencing]  # a fence gives its own grace
+        # a fence gives its own grace
+        ids = [k for k in list(self.ended_ids) if k not in self.fencing]
         if not ids:
             return
         stopped = stop_stale(ids)
@@ -754,7 +813,8 @@ class Pool:
                     "reason": "a process ran under a remote lease that had ended",
                     "pids": sorted(stopped)[:64], "leases": sorted(set(stopped.values()))[:64]})
             except RuntimeError:
-                pass  # the daemon has stopped
+                # the daemon has stopped
+                pass
 
     async def close(self) -> None:
         if self.task is not None:
@@ -762,7 +822,8 @@ class Pool:
         if self.adoption is not None:
             await asyncio.wait({self.adoption}, timeout=ADOPT_WAIT)
         loop = asyncio.get_running_loop()
-        if self.keep_on_stop:  # a restart: the keeper (or systemd's store) keeps what it co-holds
+        # a restart: the keeper (or systemd's store) keeps what it co-holds
+        if self.keep_on_stop:
             await asyncio.wait({loop.run_in_executor(self.keeping, lambda: None)}, timeout=5.0)
             for lease_id, held in list(self.held.items()):
                 if held.coheld and not held.renewing:
@@ -773,11 +834,13 @@ class Pool:
         ending = [h for h in (self.end(k, "ended: the daemon stops") for k in list(self.held)) if h is not None]
         for held in ending:
             await self.ended(held)
-        for fenced in list(self.fencing.values()):  # the daemon stops: its locks go with it anyway
+        # the daemon stops: its locks go with it anyway
+        for fenced in list(self.fencing.values()):
             self._fenced(fenced)
         self.keeping.shutdown(wait=False)
         self.executor.shutdown(wait=False, cancel_futures=True)
-        if self._own_backend is not None:  # never the daemon's: the daemon closes that one last
+        # never the daemon's: the daemon closes that one last
+        if self._own_backend is not None:
             try:
                 self._own_backend.close()
             except Exception:  # noqa: BLE001
@@ -877,7 +940,8 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
     pool = Pool(daemon)
 
     async def lifecycle(app: web.Application) -> Any:
-        pool.adoption = asyncio.ensure_future(pool.adopt())  # before any renewal is answered
+        # before any renewal is answered
+        pool.adoption = asyncio.ensure_future(pool.adopt())
         pool.task = asyncio.ensure_future(pool.expire_loop())
         yield
         await pool.close()
@@ -901,7 +965,8 @@ def routes(pool: Pool) -> list[RouteDef]:
     async def body_of(request: web.Request) -> dict[str, Any]:
         if request.content_length is not None and request.content_length > MAX_BODY:
             raise ConfigError(f"a lease request is at most {MAX_BODY} bytes")
-        raw = await request.read()  # bounded by the app's client_max_size (the access rules may have read it)
+        # bounded by the app's client_max_size (the access rules may have read it)
+        raw = await request.read()
         if len(raw) > MAX_BODY:
             raise ConfigError(f"a lease request is at most {MAX_BODY} bytes")
         if not raw.strip():
@@ -945,7 +1010,8 @@ def routes(pool: Pool) -> list[RouteDef]:
         held = pool.end(request.match_info["id"][:64], "released by its holder")
         if held is None:
             return answer(404, {"error": "no such remote lease here (released, or expired)"})
-        await pool.ended(held)  # the GPUs are free when the answer says so
+        # the GPUs are free when the answer says so
+        await pool.ended(held)
         return answer(200, {"released": held.lease_id})
 
     async def listing(request: web.Request) -> web.Response:

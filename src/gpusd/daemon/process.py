@@ -1,6 +1,7 @@
-"""Running the daemon as a process: pid file, background start, stop, status, systemd readiness.
+"""Running the daemon as a process: pid file, background start, stop, systemd readiness.
 
-Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.state_dir`):
+Files in the state directory (``$GPUSD_STATE_DIR``, see :func:`gpusd.identity.state_dir`); the first two
+are read, by every reader, through :mod:`gpusd.localdaemon` (whether the daemon runs, and where it serves):
 
 ``gpusd.pid``
     The daemon's pid.  The daemon holds an exclusive ``flock`` on it while it runs, so a pid file
@@ -27,12 +28,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..alloc.lockdir import replace_file, same_file
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
+from ..localdaemon import INFO_FILE, PID_FILE, locked, read_pid, status
 from ..sanitize import for_terminal, json_object
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,24 +41,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _log() -> logging.Logger:
-    """This module's logger (``logging`` imported only where the daemon runs: reading the status for
-    ``gpusd list`` or ``status`` needs none of it)."""
+    """This module's logger (``logging`` imported only where the daemon runs: ``gpusd stop`` and the unit's
+    text need none of it)."""
     import logging
 
     return logging.getLogger(__name__)
 
 
-PID_FILE = "gpusd.pid"
-INFO_FILE = "gpusd.json"
 LOG_FILE = "gpusd.log"
-
-
-@dataclass
-class DaemonStatus:
-    running: bool
-    pid: int | None
-    state_dir: Path
-    info: dict[str, Any]
 
 
 # -- the pid file ----------------------------------------------------------------------------
@@ -77,7 +68,7 @@ class PidFile:
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    pid = _read_pid(self.path)
+                    pid = read_pid(self.path)
                     raise GpusdError(f"a gpusd daemon is already running with state directory {self.path.parent}"
                                      f"{f' (pid {pid})' if pid else ''}; stop it with "
                                      f"{stop_command(self.path.parent)}") from None
@@ -100,42 +91,6 @@ class PidFile:
             pass
         os.close(self.fd)
         self.fd = None
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-        return int(text) if text else None
-    except (OSError, ValueError):
-        return None
-
-
-def _locked(path: Path) -> bool:
-    """Whether a live daemon holds the pid file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def status(state_dir: Path) -> DaemonStatus:
-    pid_path = state_dir / PID_FILE
-    running = _locked(pid_path)
-    pid = _read_pid(pid_path) if running else None
-    info: dict[str, Any] = {}
-    if running:
-        try:
-            info = json_object((state_dir / INFO_FILE).read_bytes())
-        except (OSError, ValueError):  # a damaged file: as good as none
-            info = {}
-    return DaemonStatus(running=running, pid=pid, state_dir=state_dir, info=info)
 
 
 def write_info(state_dir: Path, info: dict[str, Any]) -> None:
@@ -373,7 +328,7 @@ def stop(state_dir: Path, timeout: float = 10.0, force: bool = False) -> int:
     pid_path = state_dir / PID_FILE
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _locked(pid_path):
+        if not locked(pid_path):
             return pid
         time.sleep(0.05)
     if force:

@@ -36,10 +36,12 @@ class Rebalancing:
         self.rebalancer = Rebalancer(policy)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="gpusd-rebalance")
         self.busy = False
-        self.decisions: list[dict[str, Any]] = []  # the last ones, for GET /api/v1/jobs readers
+        # the last ones, for GET /api/v1/jobs readers
+        self.decisions: list[dict[str, Any]] = []
 
     def on_sample(self, snap: HostSnapshot) -> None:
-        if self.busy:  # the previous round is still acting (a move takes a lease): skip this sample
+        # the previous round is still acting (a move takes a lease): skip this sample
+        if self.busy:
             return
         self.busy = True
         loop = asyncio.get_running_loop()

@@ -30,9 +30,11 @@ class RecentSamples:
             s["t"].append(round(snap.timestamp, 3))
             for k in FIELDS:
                 v = getattr(g, k)
-                s[k].append(finite(v) if isinstance(v, float) else v)  # JSON never carries NaN/Infinity
+                # JSON never carries NaN/Infinity
+                s[k].append(finite(v) if isinstance(v, float) else v)
         for uuid in [u for u in self._series if u not in seen]:
-            del self._series[uuid]  # a GPU that disappeared takes its history with it
+            # a GPU that disappeared takes its history with it
+            del self._series[uuid]
 
     def to_dict(self, seconds: float | None = None) -> dict[str, dict[str, list[Any]]]:
         out: dict[str, dict[str, list[Any]]] = {}

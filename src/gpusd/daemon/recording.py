@@ -50,8 +50,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("gpusd.history")
 
-POLICY_EVERY = 5.0  # seconds between looks at the fair-use policy file (cached while unchanged)
-SHARES_EVERY = 60.0  # seconds between fair-share summaries written to the state directory
+# seconds between looks at the fair-use policy file (cached while unchanged)
+POLICY_EVERY = 5.0
+# seconds between fair-share summaries written to the state directory
+SHARES_EVERY = 60.0
 
 
 class RecordedDaemon(Protocol):
@@ -79,7 +81,8 @@ class Recording:
         self.path = cfg.history_db or (Path(daemon.state_dir) / "history.sqlite")
         self.recorder: Recorder | None = None
         self.watch = IdleWatch(self.policy, self._notify, releaser)
-        self._policy_checked = 0.0  # monotonic: when the fair-use policy file was last looked at
+        # monotonic: when the fair-use policy file was last looked at
+        self._policy_checked = 0.0
         self._shares_written = 0.0
         self._shares_busy = False
         self._apply_policy()
@@ -112,30 +115,24 @@ class Recording:
                       gpus: list[str]) -> None:
         """Write the lease's job record before the client hears of its lease (bounded wait): a lease
         the daemon granted is in the history even if the daemon is killed a moment later."""
-        recorder = self.recorder
-        if recorder is not None:
-            try:
-                recorder.lease_started(lease_id, user, uid, command, gpus, time.time())
-            except Exception as exc:  # noqa: BLE001 - history is a record, never a reason to refuse a lease
-                log.warning("history: cannot record lease %s: %r", lease_id, exc)
+        self._record("lease", lease_id, lambda r: r.lease_started(lease_id, user, uid, command, gpus, time.time()))
 
     def lease_ended(self, lease_id: str) -> None:
         """The lease's holder is gone (its connection ended): its record ends now."""
-        recorder = self.recorder
-        if recorder is not None:
-            try:
-                recorder.lease_ended(lease_id, time.time())
-            except Exception as exc:  # noqa: BLE001
-                log.warning("history: cannot record the end of lease %s: %r", lease_id, exc)
+        self._record("the end of lease", lease_id, lambda r: r.lease_ended(lease_id, time.time()))
 
     def lease_timed_out(self, lease_id: str) -> None:
         """The lease's job ran out of its ``--time``: its record says so (it ends when its connection does)."""
+        self._record("the time-out of lease", lease_id, lambda r: r.mark_timed_out(lease_id, time.time()))
+
+    def _record(self, what: str, lease_id: str, write: Callable[[Recorder], object]) -> None:
+        """``write`` to the history, when there is one; a failure is logged, never raised."""
         recorder = self.recorder
         if recorder is not None:
             try:
-                recorder.mark_timed_out(lease_id, time.time())
-            except Exception as exc:  # noqa: BLE001
-                log.warning("history: cannot record the time-out of lease %s: %r", lease_id, exc)
+                write(recorder)
+            except Exception as exc:  # noqa: BLE001 - history is a record, never a reason to refuse a lease
+                log.warning("history: cannot record %s %s: %r", what, lease_id, exc)
 
     # -- the fair-use policy file (alloc/policy.py): idle release and the fair-share summary ------
     def _apply_policy(self) -> None:
@@ -220,7 +217,8 @@ def routes(rec: Recording) -> "list[RouteDef]":
 
     def _json(data: object, status: int = 200, cors: bool = False) -> web.Response:
         headers = {"Cache-Control": "no-store"}
-        if cors:  # public data: the dashboard served by another daemon of the fleet may read it
+        # public data: the dashboard served by another daemon of the fleet may read it
+        if cors:
             headers["Access-Control-Allow-Origin"] = "*"
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                             content_type="application/json", headers=headers)

@@ -67,8 +67,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-REOPEN_AFTER = 5.0  # seconds between attempts to reopen a failing inventory backend
-STREAM_FLUSH = 1.0  # at most this long, at stop, for the event streams to write their bye
+# seconds between attempts to reopen a failing inventory backend
+REOPEN_AFTER = 5.0
+# at most this long, at stop, for the event streams to write their bye
+STREAM_FLUSH = 1.0
 
 
 class Daemon:
@@ -82,7 +84,8 @@ class Daemon:
         # the one inventory backend: sampling, the lease authority, the pool and rebalancing (daemon/backend.py)
         self.inventory = SharedBackend(lambda: self._open_backend(), backend)
         self.snapshot: HostSnapshot | None = None
-        self.recent = RecentSamples(config.history, config.interval)  # not the usage history (usage/)
+        # not the usage history (usage/)
+        self.recent = RecentSamples(config.history, config.interval)
         self.events = EventHub(max_subscribers=config.max_subscribers, per_peer=config.max_subscribers_per_peer,
                                reserved=config.reserved_subscribers if config.token else 0)
         self.on_sample: list[Callable[[HostSnapshot], Any]] = []
@@ -91,36 +94,44 @@ class Daemon:
         self.announcer: Announcer | None = None
         self.fleet: Fleet | None = None
         self.port = config.port
-        self.tls_port: int | None = None  # HTTPS port once serving TLS
-        self.cert_fp: str | None = None  # the TLS certificate's fingerprint (announced, pinned by clients)
-        self._tls: Any = None  # gpusd.daemon.tls.Identity
+        # HTTPS port once serving TLS
+        self.tls_port: int | None = None
+        # the TLS certificate's fingerprint (announced, pinned by clients)
+        self.cert_fp: str | None = None
+        # gpusd.daemon.tls.Identity
+        self._tls: Any = None
         self.addresses: list[str] = []
         self.started_at = time.time()
         self.samples = 0
         self.sample_errors = 0
         self._runner: web.AppRunner | None = None
-        self.guard: ConnectionGuard | None = None  # the HTTP connection limits, set at start
+        # the HTTP connection limits, set at start
+        self.guard: ConnectionGuard | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpusd-sample")
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._last_event_key: Any = None
-        self._event_of: HostSnapshot | None = None  # the snapshot _event_bytes was built from
+        # the snapshot _event_bytes was built from
+        self._event_of: HostSnapshot | None = None
         self._event_bytes = b""
         self._backend_failed_at = 0.0
         self._leases: Any = None
-        self.slurm: Any = None  # daemon/slurmnode.py: --slurm, --slurmctld
-        self._lease_server: Any = None  # daemon/leasesock.py: the lease authority, where we can be it
+        # daemon/slurmnode.py: --slurm, --slurmctld
+        self.slurm: Any = None
+        # daemon/leasesock.py: the lease authority, where we can be it
+        self._lease_server: Any = None
         # whether this daemon is the lease authority, and why not (start line, status, /api/v1/host)
         self.authority: dict[str, Any] = {"serving": False, "why": "leases are not read by this daemon",
                                           "socket": None}
-        self.authority_claim: int | None = None  # its lock directory's authority lock (daemon/process.py)
+        # its lock directory's authority lock (daemon/process.py)
+        self.authority_claim: int | None = None
 
         install_monitoring(self.app, self)
-
+        # leases for remote holders (docs/pool.md)
         self.pool = install_pool(self.app, self)
-
+        # GPUs booked ahead (docs/pool.md, "Time")
         self.bookings = install_bookings(self.app, self, self.pool)
-
+        # usage history (docs/history.md)
         # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)
         self.recording = install_recording(self.app, self, releaser=self.pool)
         self.rebalancing: Any = None
@@ -177,7 +188,8 @@ class Daemon:
         snap = self.snapshot
         assert snap is not None
         if self._event_of is not snap:
-            self._event_bytes = format_event("snapshot", snap.to_dict())  # strict JSON: no NaN/Infinity
+            # strict JSON: no NaN/Infinity
+            self._event_bytes = format_event("snapshot", snap.to_dict())
             self._event_of = snap
         return self._event_bytes
 
@@ -207,7 +219,8 @@ class Daemon:
         try:
             await self._start_serving(loop, announcer)
         except BaseException:
-            if self.announcer is None:  # stop() will not see it: end its probe and listener here
+            # stop() will not see it: end its probe and listener here
+            if self.announcer is None:
                 await announcer.stop()
             raise
 
@@ -222,12 +235,14 @@ class Daemon:
                 self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
         if self.config.leases:
-            claim, self.authority_claim = self.authority_claim, None  # the lease server's from here
+            # the lease server's from here
+            claim, self.authority_claim = self.authority_claim, None
             self._lease_server, why = await start_authority(self.config.simulate, self.config.slurm,
                                                           backend=self.inventory, claim=claim)
             self.authority = {"serving": self._lease_server is not None, "why": why,
                               "socket": str(self._lease_server.path) if self._lease_server is not None else None}
-            if self._lease_server is not None:  # its leases' records begin and end with them (docs/history.md)
+            # its leases' records begin and end with them (docs/history.md)
+            if self._lease_server is not None:
                 self._lease_server.history = self.recording
                 self._lease_server.bookings = self.bookings
         if self.config.slurm or self.config.slurmctld is not None:  # docs/slurm.md
@@ -249,16 +264,19 @@ class Daemon:
         self._tasks.append(asyncio.ensure_future(self.announcer.watch_network(self.config.netwatch)))
         if self.fleet is not None and self.config.fleet == "on":
             self._tasks.append(asyncio.ensure_future(self.fleet.ensure_started()))
-        trim_heap()  # what start-up freed goes back to the system (daemon memory at rest)
+        # what start-up freed goes back to the system (daemon memory at rest)
+        trim_heap()
 
     def _open_backend(self) -> "Backend":
         if self.config.slurmctld is not None and not self.config.slurm and not self.config.simulate:
-            from .slurmnode import NoGpus  # a Slurm controller's host: it needs no GPU nor GPU library
+            # a Slurm controller's host: it needs no GPU nor GPU library
+            from .slurmnode import NoGpus
 
             return NoGpus(self.hostname, self.node_id)
         from ..inventory import open_backend
 
-        return open_backend(self.config.simulate, telemetry=True)  # for /metrics (DCGM's counters)
+        # for /metrics (DCGM's counters)
+        return open_backend(self.config.simulate, telemetry=True)
 
     async def _start_http(self) -> None:
         from aiohttp import web
@@ -273,9 +291,11 @@ class Daemon:
                                      keepalive_timeout=cfg.keepalive_timeout)
         await self._runner.setup()
         hosts: list[str | None] = list(self.interfaces) if self.interfaces else [None]
-        trying = f"HTTP on {{where}} port {self.port}"  # what the error names: the port that failed
+        # what the error names: the port that failed
+        trying = f"HTTP on {{where}} port {self.port}"
         try:
-            for host in hosts:  # one site per pinned address (all of them bind one port)
+            # one site per pinned address (all of them bind one port)
+            for host in hosts:
                 site = GuardedSite(self._runner, self.guard, host=host, port=self.port, reuse_address=True)
                 await site.start()
                 if self.port == 0 and site.bound_port:
@@ -314,12 +334,14 @@ class Daemon:
             await self.fleet.stop()
         if self.announcer is not None:
             await self.announcer.stop()
-        if self.slurm is not None:  # the node leaves Slurm before its leases' authority goes
+        # the node leaves Slurm before its leases' authority goes
+        if self.slurm is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.slurm.stop(), 40)
         if self._lease_server is not None:
             await self._lease_server.stop()
-        await self.events.drained(STREAM_FLUSH)  # every stream wrote its bye and ended (a deaf one: bounded)
+        # every stream wrote its bye and ended (a deaf one: bounded)
+        await self.events.drained(STREAM_FLUSH)
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._runner.cleanup(), 5)
@@ -346,8 +368,10 @@ class Daemon:
                 self._leases.attach(snap)
                 from ..jobs.containers import name_containers
 
-                name_containers(snap)  # who started each GPU process's container, where a gpusd job did
-            except Exception as exc:  # leases are a detail; never lose a sample over them
+                # who started each GPU process's container, where a gpusd job did
+                name_containers(snap)
+            except Exception as exc:
+                # leases are a detail; never lose a sample over them
                 log.debug("cannot read leases: %r", exc)
         snap.hostname = self.hostname
         snap.node_id = self.node_id
@@ -364,7 +388,8 @@ class Daemon:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             now = loop.time()
             next_at += interval
-            if next_at < now:  # a slow sample: skip the ticks it missed
+            # a slow sample: skip the ticks it missed
+            if next_at < now:
                 next_at = now + interval
             try:
                 snap = await loop.run_in_executor(self._executor, self._read)
@@ -374,7 +399,8 @@ class Daemon:
                 await self._sample_failed(exc)
                 continue
             self._accept(snap)
-            flush_log_summaries()  # a rate-limited log's summary lines, due or not (cheap)
+            # a rate-limited log's summary lines, due or not (cheap)
+            flush_log_summaries()
 
     def _accept(self, snap: HostSnapshot) -> None:
         self.samples += 1
@@ -388,8 +414,10 @@ class Daemon:
         """Make ``snap`` the current snapshot: event stream (when visibly changed), TXT record,
         ``on_sample`` callbacks (threshold rules)."""
         self.snapshot = snap
-        data = snap.to_dict()  # once per sample: the change test and the event share it
-        key = {k: v for k, v in data.items() if k != "timestamp"}  # what a client shows of it
+        # once per sample: the change test and the event share it
+        data = snap.to_dict()
+        # what a client shows of it
+        key = {k: v for k, v in data.items() if k != "timestamp"}
         if key != self._last_event_key:
             self._last_event_key = key
             self._event_bytes, self._event_of = format_event("snapshot", data), snap

@@ -64,12 +64,14 @@ class SlurmJobs:
         self.held: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.state = state
-        self.records: dict[str, dict[str, Any]] = {}  # job -> {"uid", "devices"}: what ``state`` holds
+        # job -> {"uid", "devices"}: what ``state`` holds
+        self.records: dict[str, dict[str, Any]] = {}
         # The UUIDs of the GPUs in the gres.conf this daemon wrote, in its order: Slurm numbers a node's
         # GPUs by their position there, so the prolog's "0" is order[0], whatever NVML calls it.  None:
         # no gres.conf written here (an admin's own): a number is then NVML's index.
         self.order: list[str] | None = None
-        self.unsure: set[str] = set()  # jobs held again although the controller could not say they run
+        # jobs held again although the controller could not say they run
+        self.unsure: set[str] = set()
 
     def _save(self) -> None:
         """Write ``records`` to ``state`` (atomically; call with ``lock`` held)."""
@@ -119,7 +121,8 @@ class SlurmJobs:
         order = self.order
         uuids: list[str] = []
         for d in devices:
-            if order is not None and d.isdigit():  # Slurm's number: a position in the gres.conf written
+            # Slurm's number: a position in the gres.conf written
+            if order is not None and d.isdigit():
                 if int(d) >= len(order):
                     raise ConfigError(f"Slurm job {job}: Slurm names GPU {d}, but the gres.conf gpusd wrote "
                                       f"lists {len(order)}")
@@ -132,7 +135,8 @@ class SlurmJobs:
                               "command": f"slurm job {job}"})
         selection = grant(kwargs, os.getpid(), uid)
         with self.lock:
-            if job in self.held:  # two prologs raced: keep one
+            # two prologs raced: keep one
+            if job in self.held:
                 selection.release()
                 return self.held[job]
             self.held[job] = selection
@@ -200,7 +204,8 @@ def recheck(jobs: SlurmJobs, running: Callable[[str], bool | None]) -> list[str]
     """Ask the controller again about the jobs held without its word (:func:`restore`); end the leases
     of those it says have ended.  Returns the jobs still unsure."""
     for job in sorted(jobs.unsure):
-        if job not in jobs.held:  # its epilog came first
+        # its epilog came first
+        if job not in jobs.held:
             jobs.unsure.discard(job)
             continue
         state = running(job)

@@ -97,7 +97,8 @@ class SlurmPart:
                 except (OSError, ConfigError) as exc:
                     log.warning("Slurm: cannot write %s/gres.conf: %s", gres_dir(), exc)
         server = getattr(self.daemon, "_lease_server", None)
-        if cfg.slurm and server is not None:  # the Slurm jobs' leases survive a restart of the daemon
+        # the Slurm jobs' leases survive a restart of the daemon
+        if cfg.slurm and server is not None:
             from ..slurm.node import find_conf, job_state
 
             cache = self.cache_dir()
@@ -151,10 +152,12 @@ class SlurmPart:
             return
         self.node = node
         server = getattr(self.daemon, "_lease_server", None)
-        if server is not None:  # the prolog's GPU numbers are positions in the gres.conf just written
+        # the prolog's GPU numbers are positions in the gres.conf just written
+        if server is not None:
             server.slurm_jobs.order = list(node.order)
 
-        def first() -> None:  # a GPU lost already drains the node; all there lifts gpusd's own drain
+        # a GPU lost already drains the node; all there lifts gpusd's own drain
+        def first() -> None:
             if snap is not None and any(not g.healthy for g in snap.gpus):
                 node.watch(snap)
             else:
@@ -162,7 +165,8 @@ class SlurmPart:
 
         threading.Thread(target=first, daemon=True, name="gpusd-slurm-drain").start()
 
-        def on_sample(s: Any) -> None:  # never blocks the sampling loop: scontrol runs on a thread
+        # never blocks the sampling loop: scontrol runs on a thread
+        def on_sample(s: Any) -> None:
             if any(not g.healthy and g.uuid not in node.lost for g in s.gpus):
                 threading.Thread(target=node.watch, args=(s,), daemon=True, name="gpusd-slurm-drain").start()
             elif node.lost and all(g.healthy for g in s.gpus):
@@ -191,7 +195,8 @@ class SlurmPart:
         if self.task is not None:
             self.task.cancel()
         if self.node is not None:
-            self.node.stopping.set()  # its drain/resume tries end now
+            # its drain/resume tries end now
+            self.node.stopping.set()
             await asyncio.get_running_loop().run_in_executor(None, self.node.stop)
             self.node = None
 

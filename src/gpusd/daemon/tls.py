@@ -33,7 +33,8 @@ _MAX_PEM = 64 * 1024
 class Identity:
     key_path: Path
     cert_path: Path
-    fingerprint: str  # unpadded base64url SHA-256 of the DER certificate (gpusd.wire.signing.fingerprint)
+    # unpadded base64url SHA-256 of the DER certificate (gpusd.wire.signing.fingerprint)
+    fingerprint: str
 
     def server_context(self) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

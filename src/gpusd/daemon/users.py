@@ -60,9 +60,12 @@ class Account:
     """The account a verified key belongs to."""
 
     name: str
-    uid: int | None  # None: a name of the users file that is no local account
-    key: str  # the key's fingerprint (SHA256:...)
-    via: str  # "authorized_keys" or "users file"
+    # None: a name of the users file that is no local account
+    uid: int | None
+    # the key's fingerprint (SHA256:...)
+    key: str
+    # "authorized_keys" or "users file"
+    via: str
 
     @property
     def is_root(self) -> bool:
@@ -74,7 +77,8 @@ class Entry:
     blob: bytes
     options: dict[str, str] = field(default_factory=dict)
     flags: frozenset[str] = frozenset()
-    valid_before: float | None = None  # expiry-time, seconds since the epoch (the earliest given)
+    # expiry-time, seconds since the epoch (the earliest given)
+    valid_before: float | None = None
 
 
 class BadOptions(ValueError):
@@ -88,7 +92,8 @@ _FLAGS = (("restrict", False), ("cert-authority", False), ("port-forwarding", Tr
           ("user-rc", True))
 _VALUED = (("command", True), ("principals", True), ("from", True), ("expiry-time", False),
            ("environment", False), ("permitopen", False), ("permitlisten", False), ("tunnel", False))
-MAX_ENV = 1024  # sshd's SSH_AUTHOPT_ENV_MAX
+# sshd's SSH_AUTHOPT_ENV_MAX
+MAX_ENV = 1024
 
 
 def _dequote(text: str, i: int) -> tuple[str, int]:
@@ -355,8 +360,10 @@ def read_authorized_keys(home: str, uid: int) -> tuple[bytes | None, str | None]
             fds.append(os.open("authorized_keys", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                                dir_fd=fds[-1]))
         except FileNotFoundError:
-            return None, None  # nothing listed: not a problem to report
-        except OSError as exc:  # ELOOP: a symlink; ENOTDIR; EACCES
+            # nothing listed: not a problem to report
+            return None, None
+        except OSError as exc:
+            # ELOOP: a symlink; ENOTDIR; EACCES
             return None, f"{home}/.ssh/authorized_keys cannot be read safely ({exc.strerror})"
         st = os.fstat(fds[-1])
         if not stat.S_ISREG(st.st_mode):
@@ -473,7 +480,8 @@ class Directory:
         if name is not None:
             return Account(name, _uid_of(name), fp, "users file")
 
-        needle = base64.b64encode(blob)  # a cheap pre-filter: a listed key's base64 is in the file
+        # a cheap pre-filter: a listed key's base64 is in the file
+        needle = base64.b64encode(blob)
         found: list[tuple[str, int]] = []
         for pw in self._passwd():
             text, problem = read_authorized_keys(pw.pw_dir, pw.pw_uid)

@@ -3,9 +3,9 @@
 A daemon already follows every host of its session.  Two readers ask one instead of browsing:
 
 * :class:`LocalFleetView` -- this host's own daemon (``gpusd list``): one local HTTP request instead of
-  a browse that has to wait for the answers to settle.  Where its daemon runs (the CLI reads that from
-  the state directory and hands over a ``locate`` function giving the API bases and node id:
-  :func:`api_urls` turns a daemon's ``gpusd.json`` into them), the request runs in a thread
+  a browse that has to wait for the answers to settle.  Where its daemon runs (a ``locate`` function
+  gives the API bases and node id: :func:`gpusd.discovery.fleetsource.local_daemon_urls` reads them
+  from the state directory), the request runs in a thread
   (:meth:`LocalFleetView.start`): where it has not answered within ``QUICK`` s (a fleet view that is just
   starting, a daemon that hangs), the caller browses meanwhile; the daemon's answer is taken when it
   comes within ``FLEET_TIMEOUT`` s (a fleet of 1,000 hosts takes about a second), the browse's otherwise.
@@ -27,7 +27,6 @@ one, bounded, checked).
 # Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,7 +39,7 @@ from .source import Listing
 from .types import Device, Filters, RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..wire.http import Fetched
+    from ..wire.http import Answer, Fetched
     from ..wire.signing import FleetKey
 
 
@@ -56,37 +55,6 @@ QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after t
 
 #: the running local daemon's API bases (loopback first) and its node id, or None (no such daemon)
 Locate = Callable[[], "tuple[list[str], str] | None"]
-
-
-# -- this host's own daemon -------------------------------------------------------------------------
-def api_urls(info: dict[str, Any], session: str, interfaces: list[str] | None = None) -> tuple[list[str], str] | None:
-    """The API bases to try (loopback first) and the node id of the daemon whose ``gpusd.json`` is
-    ``info``, when it runs in ``session`` (and, with ``interfaces``, on exactly the addresses the user
-    asked for, resolved: it browses on exactly those); None otherwise.  Every value is checked: the file
-    is another process's."""
-    if info.get("session") != session:
-        return None
-    if interfaces is not None:
-        running = info.get("interfaces")
-        if not isinstance(running, list) or sorted(map(str, running)) != sorted(interfaces):
-            return None  # it browses elsewhere (or everywhere): its view is not what was asked for
-    port, node_id = info.get("port"), info.get("node_id")
-    if not isinstance(port, int) or not 0 < port < 65536 or not isinstance(node_id, str):
-        return None
-    hosts: list[str] = []
-    if not info.get("interfaces"):  # bound to every address: loopback too
-        hosts.append("127.0.0.1")
-    addresses = info.get("addresses")
-    for a in addresses if isinstance(addresses, list) else []:
-        try:
-            ip = ipaddress.ip_address(a)
-        except (TypeError, ValueError):
-            continue
-        if ip.version == 4 and a not in hosts:
-            hosts.append(str(ip))
-    if not hosts:
-        return None
-    return [f"http://{h}:{port}/api/v1" for h in hosts[:4]], node_id
 
 
 def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Listing | None:
@@ -125,6 +93,51 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
     hosts.sort(key=lambda x: (x.hostname, x.node_id))
     devices.sort(key=lambda d: (d.hostname, d.node_id, d.index))
     return Listing(devices, hosts, unmatched)
+
+
+def fleet_rows(data: Any, filters: Filters, own_node: str, private: bool) -> tuple[list[dict[str, Any]], int] | None:
+    """``gpusd list --json``'s devices of a fleet view answer, straight from its JSON: what
+    :func:`parse_fleet` gives as ``[d.to_dict() for d in devices]``, with the number of its hosts, without
+    a model object.  Each record is checked by the model's rules (:func:`gpusd.model.canonical`), the
+    filters and the redaction are :func:`parse_fleet`'s; None wherever :func:`parse_fleet` gives None."""
+    from ..model import GpuInfo, canonical, canonical_snapshot, redact_encoded
+    from ..wire.fleet import HostRecord, fleet_envelope
+    from .types import device_dict
+
+    rows: list[dict[str, Any]] = []
+    listed = 0
+    try:
+        raw = fleet_envelope(data)[1]
+        if not raw:
+            return None  # not even the daemon itself yet (still starting): browse
+        for item in raw:
+            if type(item) is not dict:
+                return None  # a damaged answer: browse
+            rec = canonical(HostRecord, {k: v for k, v in item.items() if k != "snapshot"})
+            snap = item.get("snapshot")
+            if snap is None or rec["source"] != "gpusd" or rec["session"] is None:
+                return None  # an hwsd host, or one without a snapshot yet: browsing tells more
+            head, simulated, gpus = canonical_snapshot(snap)
+            hostname, session = rec["hostname"], rec["session"]
+            if not hostname.isprintable():
+                return None  # a name no announcement could carry: browse instead
+            if (filters.session is not None and session != filters.session) or not filters.name_ok(hostname):
+                continue
+            listed += 1
+            node = head["node_id"]
+            hide = node != own_node and not private
+            seen: set[str] = set()
+            for gpu in gpus:
+                if hide:
+                    redact_encoded(GpuInfo, gpu)
+                if filters.gpu_dict_ok(gpu) and gpu["uuid"] not in seen:
+                    seen.add(gpu["uuid"])
+                    rows.append(device_dict(hostname, node, session, rec["url"], "gpusd", True, simulated, None,
+                                            rec["via"], None, gpu))
+    except (ValueError, RecursionError):
+        return None  # a host the model refuses: parse_fleet skips it, and browses
+    rows.sort(key=lambda r: (r["hostname"], r["node_id"], r["gpu"]["index"]))
+    return rows, listed
 
 
 class LocalFleetView:
@@ -172,6 +185,25 @@ class LocalFleetView:
 
     def parse(self, fetched: tuple[Fetched, str] | None) -> Listing | None:
         """The listing of a :meth:`fetch`'s answer; None where it cannot be used (browse instead)."""
+        answer = self._answer(fetched)
+        if answer is None:
+            return None
+        result = parse_fleet(answer[0].data, self.filters, answer[1], private=answer[0].verified is True)
+        if result is None:
+            _debug("not a usable fleet view: browsing")
+        return result
+
+    def rows(self, fetched: tuple[Fetched, str] | None) -> tuple[list[dict[str, Any]], int] | None:
+        """``gpusd list --json``'s devices of a :meth:`fetch`'s answer and its number of hosts
+        (:func:`fleet_rows`): what :meth:`parse` gives, without model objects; None where :meth:`parse`
+        gives None."""
+        answer = self._answer(fetched)
+        if answer is None:
+            return None
+        return fleet_rows(answer[0].data, self.filters, answer[1], private=answer[0].verified is True)
+
+    def _answer(self, fetched: tuple[Fetched, str] | None) -> tuple[Answer, str] | None:
+        """A :meth:`fetch`'s answer, parsed and checked, and the daemon's node id; None where unusable."""
         from ..wire.http import SourceError
 
         if fetched is None:
@@ -184,10 +216,7 @@ class LocalFleetView:
         if self.key is not None and answer.verified is not True:
             _debug("the daemon did not prove it holds the fleet secret: browsing")
             return None
-        result = parse_fleet(answer.data, self.filters, own_node, private=answer.verified is True)
-        if result is None:
-            _debug("not a usable fleet view: browsing")
-        return result
+        return answer, own_node
 
     def start(self) -> Reading:
         """:meth:`fetch` in a daemon thread (it never holds up the process's exit): the caller can
@@ -214,7 +243,7 @@ class Reading:
     will come): parsing it is the caller's own work (1,000 hosts: ~0.5 s), not a wait on the daemon,
     so a caller does not browse meanwhile."""
 
-    __slots__ = ("_done", "_fetched", "_parsed", "_result", "_view", "sent")
+    __slots__ = ("_arrived", "_done", "_fetched", "_parsed", "_result", "_view", "sent")
 
     def __init__(self, view: LocalFleetView) -> None:
         self._view = view
@@ -223,6 +252,7 @@ class Reading:
         self._fetched: tuple[Fetched, str] | None = None
         self._parsed = False
         self._result: Listing | None = None
+        self._arrived: bool | None = None
 
     def finish(self, fetched: tuple[Fetched, str] | None) -> None:
         self._fetched = fetched
@@ -231,9 +261,27 @@ class Reading:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def arrived(self) -> bool:
+        """Whether the daemon answered in time: within ``QUICK``, or within ``FLEET_TIMEOUT`` where it
+        took the request (waits that long, once: the verdict is kept, so asking again does not wait)."""
+        if self._arrived is None:
+            self._arrived = self.wait(QUICK) or (self.sent.is_set() and self.wait(FLEET_TIMEOUT))
+        return self._arrived
+
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the answer is there (waiting at most ``timeout`` s for it)."""
         return self._done.wait(timeout)
+
+    def rows(self) -> tuple[list[dict[str, Any]], int] | None:
+        """``gpusd list --json``'s devices and the number of hosts (:meth:`LocalFleetView.rows`); call once
+        :meth:`done`.  None: none from this answer; :meth:`result` then decides, as if not called."""
+        if self._parsed:
+            return None
+        try:
+            return self._view.rows(self._fetched)
+        except Exception as exc:  # noqa: BLE001  # a bug here must not stop the listing
+            _debug("local fleet view failed: %r", exc)
+            return None
 
     def result(self) -> Listing | None:
         """The listing (None: no usable answer); call once :meth:`done`.  Parsed on the first call."""
@@ -308,5 +356,5 @@ class FleetReader:
         return self._tls
 
 
-__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "api_urls", "base_url", "parse_fleet",
-           "strip_api"]
+__all__ = ["FLEET_TIMEOUT", "QUICK", "FleetReader", "LocalFleetView", "Reading", "base_url", "fleet_rows",
+           "parse_fleet", "strip_api"]

@@ -33,6 +33,8 @@ from .types import EVENTS, Device, DiscoveryEvent, RemoteHost, event_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
+    from .fleetview import Reading
+    from .source import Listing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -230,11 +232,29 @@ class Client:
         return self._call(self._async.wait_settled(timeout), timeout=timeout + 30)
 
     def list_devices(self, timeout: float = 3.0) -> list[Device]:
-        """Every GPU on the LAN (filtered).  If not yet listening, starts and waits until discovery
-        settles (at most ``timeout`` s) first."""
-        if not self.listening:
-            self.wait_settled(timeout)
-        return self._in_loop(self._async.list_devices)
+        """Every GPU on the LAN (filtered).  While listening: the GPUs followed.  Otherwise, as ``gpusd
+        list`` (:mod:`.fleetsource`): this host's own daemon's fleet view where a daemon of the session
+        runs here and answers in time (one local request, no browse, hosts it follows beyond the link
+        included; the client does not start listening), else the client starts listening and waits until
+        discovery settles (at most ``timeout`` s) first."""
+        if self.listening:
+            return self._in_loop(self._async.list_devices)
+        from .fleetsource import ask_for, choose
+
+        return choose(ask_for(self.options), lambda slow: self._browse(slow, timeout)).devices
+
+    def _browse(self, slow: Reading | None, timeout: float) -> Listing:
+        """Listen until settled (at most ``timeout`` s) and list; or the daemon's view (``slow``, asked
+        already) where it comes first, or within its bound (:func:`.fleetsource.race`)."""
+        from .fleetsource import race
+        from .source import Listing
+
+        async def settled() -> Listing:
+            await self._async.wait_settled(timeout)
+            return Listing(self._async.list_devices(), self._async.hosts, len(self._async.unmatched_hosts))
+
+        self.start_listening()
+        return self._call(race(slow, settled()), timeout=timeout + 30)
 
     @property
     def hosts(self) -> list[RemoteHost]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import fnmatch
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from ..model import GpuInfo, HostSnapshot, display_name, name_matches
+from ..model import GpuInfo, HostSnapshot, display_name, gpu_memory_available, name_matches
 from ..sanitize import for_terminal, printable
 from ..units import format_bytes
 from ..wire.fleet import HostRecord
@@ -21,7 +21,8 @@ DEVICE_REMOVED = "device_removed"
 DEVICE_UPDATED = "device_updated"
 THRESHOLD_EXCEEDED = "threshold_exceeded"
 THRESHOLD_CLEARED = "threshold_cleared"
-JOB = "job"  # a rebalancing decision of the daemon about a gpusd job (docs/jobs.md)
+# a rebalancing decision of the daemon about a gpusd job (docs/jobs.md)
+JOB = "job"
 EVENTS = (HOST_ADDED, HOST_REMOVED, DEVICE_ADDED, DEVICE_REMOVED, DEVICE_UPDATED, THRESHOLD_EXCEEDED, THRESHOLD_CLEARED,
           JOB)
 
@@ -50,9 +51,12 @@ class Device:
     live: bool = True
     simulated: bool = False
     host_key: str = ""
-    verified: bool | None = None  # the host proved it holds the fleet secret (see RemoteHost.verified)
-    via: str = "mdns"  # how its host was found (see RemoteHost.via)
-    copy_of: str | None = None  # see RemoteHost.copy_of
+    # the host proved it holds the fleet secret (see RemoteHost.verified)
+    verified: bool | None = None
+    # how its host was found (see RemoteHost.via)
+    via: str = "mdns"
+    # see RemoteHost.copy_of
+    copy_of: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -89,19 +93,8 @@ class Device:
         return self.gpu.utilization_gpu
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "hostname": self.hostname,
-            "node_id": self.node_id,
-            "session": self.session,
-            "url": self.url,
-            "source": self.source,
-            "live": self.live,
-            "simulated": self.simulated,
-            "verified": self.verified,
-            "via": self.via,
-            "copy_of": self.copy_of,
-            "gpu": self.gpu.to_dict(),
-        }
+        return device_dict(self.hostname, self.node_id, self.session, self.url, self.source, self.live,
+                           self.simulated, self.verified, self.via, self.copy_of, self.gpu.to_dict())
 
     def __str__(self) -> str:
         g = self.gpu
@@ -110,6 +103,14 @@ class Device:
                if g.memory_total is not None else "-")
         name = for_terminal(display_name(g.name), 64)
         return f"{for_terminal(self.hostname, 64)}:{g.index} {name} util {util} mem {mem}"
+
+
+def device_dict(hostname: str, node_id: str, session: str, url: str | None, source: str, live: bool,
+                simulated: bool, verified: bool | None, via: str, copy_of: str | None,
+                gpu: dict[str, Any]) -> dict[str, Any]:
+    """A device as ``Device.to_dict`` (``gpusd list --json``) writes it, ``gpu`` its GPU's ``to_dict``."""
+    return {"hostname": hostname, "node_id": node_id, "session": session, "url": url, "source": source, "live": live,
+            "simulated": simulated, "verified": verified, "via": via, "copy_of": copy_of, "gpu": gpu}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +135,15 @@ class RemoteHost(HostRecord):
     announced one (an unverified host's name is a claim, shown as such); it, ``node_id``,
     ``session`` and ``source`` follow ``txt`` and ``identity`` whenever those are set."""
 
-    key: str = ""  # the DNS-SD service name (unique on the LAN)
+    # the DNS-SD service name (unique on the LAN)
+    key: str = ""
     _txt: TxtRecord | None = None
     addresses: list[str] = field(default_factory=list)
     port: int = 0
-    added_at: float = 0.0  # time.time() when this record was made
-    heard_at: float = 0.0  # time.monotonic() of the last sign of life (the liveness bound's clock)
+    # time.time() when this record was made
+    added_at: float = 0.0
+    # time.monotonic() of the last sign of life (the liveness bound's clock)
+    heard_at: float = 0.0
     # what the daemon signed about itself (set with verified True, and only then)
     _identity: SignedIdentity | None = None
     # an announcement whose daemon proved it is another host: the signed name of the node it names
@@ -301,7 +305,8 @@ class DiscoveryEvent:
             "verified": self.host.verified,
             "gpu": self.device.gpu.to_dict() if self.device is not None else None,
         }
-        if self.host.copy_of is not None:  # an unverified copy of that host's announcement
+        # an unverified copy of that host's announcement
+        if self.host.copy_of is not None:
             out["copy_of"] = self.host.copy_of
         if self.changed:
             out["changed"] = list(self.changed)
@@ -353,22 +358,33 @@ class Filters:
     """Which hosts and GPUs a client reports.  ``session`` None: every session."""
 
     session: str | None = "default"
-    hostname: str | None = None  # exact name or glob (``gpu-node-*``)
-    model: str | None = None  # case-insensitive substring or glob of the GPU name
+    # exact name or glob (``gpu-node-*``)
+    hostname: str | None = None
+    # case-insensitive substring or glob of the GPU name
+    model: str | None = None
     min_free_memory: int | None = None  # bytes
 
     def host_ok(self, txt: TxtRecord) -> bool:
         if self.session is not None and txt.session != self.session:
             return False
-        if self.hostname and not fnmatch.fnmatchcase(txt.hostname.lower(), self.hostname.lower()):
-            return False
-        return True
+        return self.name_ok(txt.hostname)
+
+    def name_ok(self, hostname: str) -> bool:
+        """The host name filter alone."""
+        return not self.hostname or fnmatch.fnmatchcase(hostname.lower(), self.hostname.lower())
 
     def device_ok(self, gpu: GpuInfo) -> bool:
-        if self.model and not name_matches(gpu.name, self.model):
+        return self._gpu_ok(gpu.name, lambda: gpu.memory_available)  # the model's one rule
+
+    def gpu_dict_ok(self, gpu: dict[str, Any]) -> bool:
+        """:meth:`device_ok` of a GPU as its ``to_dict`` (or :func:`gpusd.model.canonical_gpu`) writes it."""
+        return self._gpu_ok(gpu["name"], lambda: gpu_memory_available(gpu))
+
+    def _gpu_ok(self, name: str | None, free: Callable[[], int | None]) -> bool:
+        if self.model and not name_matches(name, self.model):
             return False
         if self.min_free_memory is not None:
-            free = gpu.memory_available  # the model's one rule
-            if free is None or free < self.min_free_memory:
+            left = free()
+            if left is None or left < self.min_free_memory:
                 return False
         return True

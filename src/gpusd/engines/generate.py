@@ -31,13 +31,19 @@ from typing import Any, Sequence
 from ..inventory.vendors import device_order_env, rank_entry
 from .placement import HostSlot, Placement
 
-RDZV_PORT = 29400  # torchrun's c10d rendezvous
-DS_MASTER_PORT = 29500  # DeepSpeed's (torch.distributed's) master port
+# torchrun's c10d rendezvous
+RDZV_PORT = 29400
+# DeepSpeed's (torch.distributed's) master port
+DS_MASTER_PORT = 29500
 RAY_PORT = 6379
-RANK_GPUS_VAR = "GPUSD_RANK_GPUS"  # read by gpusd.engines.rank_gpu
-RANK_CPUS_VAR = "GPUSD_RANK_CPUS"  # the same, each GPU's local CPUs (launch --bind-cpus)
-GLOO_IFNAME = "GLOO_SOCKET_IFNAME"  # the interface torch.distributed's gloo binds
-FILES = "@GPUSD_FILES@"  # in an argv word: the private temporary directory the launcher writes ``files`` to
+# read by gpusd.engines.rank_gpu
+RANK_GPUS_VAR = "GPUSD_RANK_GPUS"
+# the same, each GPU's local CPUs (launch --bind-cpus)
+RANK_CPUS_VAR = "GPUSD_RANK_CPUS"
+# the interface torch.distributed's gloo binds
+GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
+# in an argv word: the private temporary directory the launcher writes ``files`` to
+FILES = "@GPUSD_FILES@"
 
 
 @dataclass(frozen=True)
@@ -48,12 +54,14 @@ class HostCommand:
     rank: int
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)  # name -> content, written before the command starts
+    # name -> content, written before the command starts
+    files: dict[str, str] = field(default_factory=dict)
     # variables set on the host to the network interface that carries the slot's address, unless the
     # host's environment or --env sets them (GLOO_SOCKET_IFNAME: gloo otherwise binds the address the
     # machine's own name resolves to, which is loopback where /etc/hosts says 127.0.1.1)
     iface_env: tuple[str, ...] = ()
-    unset: tuple[str, ...] = ()  # variables the command must not inherit (an AMD host's HIP_VISIBLE_DEVICES...)
+    # variables the command must not inherit (an AMD host's HIP_VISIBLE_DEVICES...)
+    unset: tuple[str, ...] = ()
 
     def shell(self) -> str:
         """One line for a POSIX shell on that host: ``VAR=value ... argv`` (after ``unset VAR;``

@@ -42,7 +42,8 @@ from ..alloc.leases import LeaseStore
 from ..errors import GpusdError, exec_failure
 
 NO_LEASE = 3
-POLL = 0.2  # seconds between looks at the lease
+# seconds between looks at the lease
+POLL = 0.2
 _ME = "gpusd.engines.hold"
 
 
@@ -152,7 +153,8 @@ def set_subreaper() -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER; without it, the session still counts
+        # PR_SET_CHILD_SUBREAPER; without it, the session still counts
+        libc.prctl(36, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -165,12 +167,14 @@ def guard(lease_id: str, margin: float, stopped: list[str], store: LeaseStore) -
         if stopped:
             return stopped[0]
         rounds += 1
-        if rounds % 5 == 1 and not members():  # a scan of /proc: once a second is enough for this
+        # a scan of /proc: once a second is enough for this
+        if rounds % 5 == 1 and not members():
             return "its processes ended"
         end = lease_expires(store, lease_id)
         if end is False:
             missing += 1
-            if missing >= 2:  # read twice (POLL apart): the record is gone, not being replaced
+            # read twice (POLL apart): the record is gone, not being replaced
+            if missing >= 2:
                 return f"the lease {lease_id} is gone (released, or the daemon restarted)"
         else:
             missing = 0
@@ -190,7 +194,8 @@ def hold(lease_id: str, cmd: Sequence[str], margin: float, grace: float) -> int:
     sys.stderr.flush()
     r, w = os.pipe()
     child = os.fork()
-    if child:  # the foreground part: CMD's status, then ssh may return
+    # the foreground part: CMD's status, then ssh may return
+    if child:
         os.close(w)
         with os.fdopen(r, "rb") as f:
             said = f.read(16)
@@ -218,7 +223,8 @@ def hold(lease_id: str, cmd: Sequence[str], margin: float, grace: float) -> int:
         os.write(w, b"0")
         os.close(w)
         null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):  # let go of ssh's channel
+        # let go of ssh's channel
+        for fd in (0, 1, 2):
             os.dup2(null, fd)
         guard(lease_id, margin, stopped, store)
         stop_all(grace)
@@ -298,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return hold(args.lease, cmd, args.margin, args.grace)
-    except GpusdError as exc:  # before anything started: the lock directory cannot be used
+    except GpusdError as exc:
+        # before anything started: the lock directory cannot be used
         print(f"gpusd: {exc}; not starting {cmd[0]}", file=sys.stderr)
         return NO_LEASE
 

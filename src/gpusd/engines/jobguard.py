@@ -39,7 +39,8 @@ from ..errors import exec_failure
 from .hold import members, reap_children, set_subreaper, stop_all
 
 _ME = "gpusd.engines.jobguard"
-POLL = 0.1  # seconds between looks at the command, the channel and the signals
+# seconds between looks at the command, the channel and the signals
+POLL = 0.1
 _DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ)
 
 
@@ -84,8 +85,10 @@ class Guard:
         self.grace = grace
         self.silence = silence
         self.child: int | None = None
-        self.status: int | None = None  # CMD's exit code, once reaped
-        self.asked: list[str] = []  # a signal asked us to stop
+        # CMD's exit code, once reaped
+        self.status: int | None = None
+        # a signal asked us to stop
+        self.asked: list[str] = []
 
     def reap(self) -> None:
         """Collect every ended child (we are a subreaper: orphans come to us), keeping CMD's status."""
@@ -151,7 +154,8 @@ def run(cmd: Sequence[str], grace: float, silence: float, files: str | None = No
     finally:
         if files:
             _remove_files(files)
-    if g.status is None:  # stopped before it ended, and reaped by the stop: as a shell reports SIGTERM
+    # stopped before it ended, and reaped by the stop: as a shell reports SIGTERM
+    if g.status is None:
         return 128 + signal.SIGTERM
     return g.status
 

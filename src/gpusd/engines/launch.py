@@ -41,24 +41,35 @@ from .placement import HostSlot
 
 SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
 CHUNK = 1 << 16
-HEARTBEAT = 1.0  # seconds between the heartbeat bytes gpusd sends down each ssh channel
-KILL_WAIT = 15.0  # seconds after --grace before gpusd kills an ssh (or local guard) that has not returned
-SERVER_ALIVE = (("ServerAliveInterval", "5"), ("ServerAliveCountMax", "3"))  # ssh gives up on a cut link
+# seconds between the heartbeat bytes gpusd sends down each ssh channel
+HEARTBEAT = 1.0
+# seconds after --grace before gpusd kills an ssh (or local guard) that has not returned
+KILL_WAIT = 15.0
+# ssh gives up on a cut link
+SERVER_ALIVE = (("ServerAliveInterval", "5"), ("ServerAliveCountMax", "3"))
 
 
 @dataclass
 class LaunchOptions:
     ssh: str = "ssh"
-    ssh_config: str | None = None  # -F FILE (default $GPUSD_SSH_CONFIG)
-    ssh_options: list[str] = field(default_factory=list)  # each passed as -o OPTION
-    chdir: str | None = None  # remote working directory (None: the login directory)
-    env: dict[str, str] = field(default_factory=dict)  # sent to every host (gpusd launch --env)
-    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
-    silence: float = 10.0  # the remote watchdog stops the command after this long without a heartbeat
-    watchdog: bool = True  # stop the remote group when ssh's input closes (off for daemonising commands)
+    # -F FILE (default $GPUSD_SSH_CONFIG)
+    ssh_config: str | None = None
+    # each passed as -o OPTION
+    ssh_options: list[str] = field(default_factory=list)
+    # remote working directory (None: the login directory)
+    chdir: str | None = None
+    # sent to every host (gpusd launch --env)
+    env: dict[str, str] = field(default_factory=dict)
+    # seconds between SIGTERM and SIGKILL
+    grace: float = 10.0
+    # the remote watchdog stops the command after this long without a heartbeat
+    silence: float = 10.0
+    # stop the remote group when ssh's input closes (off for daemonising commands)
+    watchdog: bool = True
     stop_on_failure: bool = True
     prefix: bool = True
-    local_addresses: frozenset[str] | None = None  # None: this machine's interface addresses
+    # None: this machine's interface addresses
+    local_addresses: frozenset[str] | None = None
     # the Python with gpusd on the hosts, which runs each host's guard (gpusd.engines.jobguard);
     # None: found there (this machine's interpreter at the same path, else the gpusd on PATH)
     python: str | None = None
@@ -98,7 +109,8 @@ def _iface_lines(cmd: HostCommand) -> str:
     try:
         ipaddress.ip_address(address)
     except ValueError:
-        return ""  # a name: ip cannot look it up; the engine resolves it itself
+        # a name: ip cannot look it up; the engine resolves it itself
+        return ""
     out = []
     for var in cmd.iface_env:
         hint = (f"gpusd: cannot tell which interface carries {address} here (no ip command?); if {var} must be "
@@ -140,7 +152,8 @@ GUARD_MODULE = "gpusd.engines.jobguard"
 _GUARD_BOOT = ("import os, signal, sys\n"
                "try:\n    from gpusd.engines.jobguard import main\n"
                "except ImportError:\n"
-               "    signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"  # Python ignores it; sh must not inherit that
+               # Python ignores it; sh must not inherit that
+               "    signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
                "    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
                "    os.execv('/bin/sh', ['sh', '-c', sys.argv[1], 'gpusd-launch'])\n"
                "sys.exit(main(sys.argv[2:]))\n")
@@ -190,13 +203,15 @@ def remote_script(cmd: HostCommand, opts: LaunchOptions) -> str:
     lines = []
     if opts.chdir:
         lines.append(f"cd -- {shlex.quote(opts.chdir)} || exit 97\n")
-    if cmd.files:  # a private directory (mktemp -d: mode 0700, a fresh name) for the command's files
+    # a private directory (mktemp -d: mode 0700, a fresh name) for the command's files
+    if cmd.files:
         lines.append('gpusd_files=$(mktemp -d "${TMPDIR:-/tmp}/gpusd.XXXXXXXX") || exit 97\n')
         for name, content in cmd.files.items():
             lines.append(f'printf %s {shlex.quote(content)} > "$gpusd_files"/{shlex.quote(name)} || exit 97\n')
     if cmd.iface_env:
         lines.append(_iface_lines(cmd))
-    if cmd.unset:  # names from gpusd's own table (inventory.vendors), never from the network
+    # names from gpusd's own table (inventory.vendors), never from the network
+    if cmd.unset:
         lines.append("unset " + " ".join(shlex.quote(n) for n in cmd.unset) + "\n")
     if not opts.watchdog:
         return "".join(lines) + f"exec {_command_words(cmd, opts)}\n"
@@ -212,7 +227,8 @@ def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
     for o in opts.ssh_options:
         argv += ["-o", o]
     given = {o.split("=", 1)[0].split()[0].lower() for o in opts.ssh_options if o.strip()}
-    for name, value in SERVER_ALIVE:  # after the user's: ssh keeps the first value it is given
+    # after the user's: ssh keeps the first value it is given
+    for name, value in SERVER_ALIVE:
         if name.lower() not in given:
             argv += ["-o", f"{name}={value}"]
     # The login shell may be any shell: it is only asked to exec sh with one quoted word.
@@ -220,7 +236,8 @@ def ssh_argv(cmd: HostCommand, opts: LaunchOptions) -> list[str]:
     return argv + ["-T", "--", cmd.slot.ssh_target, remote]
 
 
-TAIL = 5  # lines of each host's output kept, to say why it failed
+# lines of each host's output kept, to say why it failed
+TAIL = 5
 
 
 @dataclass
@@ -260,7 +277,8 @@ async def _pump(reader: asyncio.StreamReader | None, out: IO[str], label: str, p
             break
         pending += chunk
         *lines, pending = pending.split(b"\n")
-        if len(pending) > CHUNK:  # an endless line: flush it in pieces
+        # an endless line: flush it in pieces
+        if len(pending) > CHUNK:
             lines.append(pending)
             pending = b""
         for line in lines:
@@ -281,8 +299,10 @@ class Launch:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.running: list[_Running] = []
-        self.status: int | None = None  # the first failure's status
-        self.failures: list[Failure] = []  # every host that failed, in the order they ended
+        # the first failure's status
+        self.status: int | None = None
+        # every host that failed, in the order they ended
+        self.failures: list[Failure] = []
         self.interrupted = False
         self._stopping = False
         self._local_dirs: list[str] = []
@@ -305,7 +325,8 @@ class Launch:
                     with open(os.path.join(d, name), "x") as f:
                         f.write(content)
                 argv = [a.replace(FILES, d) for a in argv]
-            if self.opts.watchdog:  # under the guard, which stops every descendant when the pipe closes
+            # under the guard, which stops every descendant when the pipe closes
+            if self.opts.watchdog:
                 argv = [sys.executable, "-m", GUARD_MODULE, "--grace", f"{self.opts.grace:g}", "--silence", "0",
                         "--", *argv]
             proc = await asyncio.create_subprocess_exec(
@@ -329,7 +350,8 @@ class Launch:
         for r in self.running:
             if r.proc.returncode is not None:
                 continue
-            if r.proc.stdin is not None:  # the host's guard (or watchdog) stops everything, then returns
+            # the host's guard (or watchdog) stops everything, then returns
+            if r.proc.stdin is not None:
                 r.proc.stdin.close()
             else:
                 _killpg(r.proc.pid, signal.SIGTERM)
@@ -366,7 +388,8 @@ class Launch:
         await asyncio.gather(_pump(r.proc.stdout, self.stdout, r.label, self.opts.prefix, r.tail),
                              _pump(r.proc.stderr, self.stderr, r.label, self.opts.prefix, r.tail))
         code = await r.proc.wait()
-        if code < 0:  # a local command killed by a signal: report it as a shell would
+        # a local command killed by a signal: report it as a shell would
+        if code < 0:
             code = 128 - code
         if code != 0:
             self.failures.append(Failure(r.label, r.cmd.slot.ssh_target, code, tuple(r.tail)))

@@ -36,14 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import PlacementError as PlacementError  # its name here stays importable
+# its name here stays importable
+from ..errors import PlacementError as PlacementError
 from ..ids import GpuUuid, PlacementId
 from ..inventory.vendors import DEFAULT_VENDOR, DEVICE_VARIABLE, VENDORS, Visible, cleared, visible_env
 from ..sanitize import ip_word
 
 MAX_HOSTS = 1024
 MAX_GPUS_PER_HOST = 256
-_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")  # host names as DNS and /etc/hosts write them
+# host names as DNS and /etc/hosts write them
+_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})$")
 _SSH_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 
 
@@ -52,7 +54,8 @@ def valid_host(text: str) -> bool:
     an option (a leading ``-``), ``user@``, a URL, a port, spaces or control characters."""
     if not isinstance(text, str) or not text:
         return False
-    if ip_word(text):  # an IPv6 scope id only of interface-name characters (never ``%;reboot``)
+    # an IPv6 scope id only of interface-name characters (never ``%;reboot``)
+    if ip_word(text):
         return True
     return _NAME.fullmatch(text) is not None and ".." not in text
 
@@ -80,7 +83,8 @@ def check_ssh_target(text: object, *, user: bool = False, what: str = "ssh_targe
     return text
 
 
-MAX_CPULIST = 4096  # characters in one GPU's CPU list
+# characters in one GPU's CPU list
+MAX_CPULIST = 4096
 
 
 def valid_cpulist(text: object) -> bool:
@@ -180,7 +184,8 @@ class HostSlot:
                                "gpus": list(self.gpus)}
         if self.uuids:
             out["uuids"] = list(self.uuids)
-        if self.vendor != DEFAULT_VENDOR:  # left out for the default, as older readers expect
+        # left out for the default, as older readers expect
+        if self.vendor != DEFAULT_VENDOR:
             out["vendor"] = self.vendor
         if self.local_cpus:
             out["local_cpus"] = list(self.local_cpus)

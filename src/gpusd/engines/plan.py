@@ -30,7 +30,8 @@ from .placement import HostSlot, Placement
 
 ENGINES = ("torchrun", "deepspeed", "mpirun", "horovodrun", "command")
 HOLD_MODULE = "gpusd.engines.hold"
-RANK_LEASES_VAR = "GPUSD_RANK_LEASES"  # read by gpusd.engines.rank_gpu
+# read by gpusd.engines.rank_gpu
+RANK_LEASES_VAR = "GPUSD_RANK_LEASES"
 
 
 def rsh_agent(ssh_options: Sequence[str]) -> str | None:
@@ -73,7 +74,8 @@ def commands_for(engine: str, p: Placement, rest: Sequence[str], *, port: int | 
         extra = [w for name in names for w in ("-x", name)]
         argv = g.mpirun_argv(p, f"{g.FILES}/hostfile", rest, python=python, extra=extra, bind_cpus=bind_cpus)
         rsh = rsh_agent(ssh_options)
-        if rsh:  # Open MPI's own ssh gets the same config and options as gpusd's
+        # Open MPI's own ssh gets the same config and options as gpusd's
+        if rsh:
             env["OMPI_MCA_plm_rsh_agent"] = rsh
         return [HostCommand(p.head, 0, argv, env, {"hostfile": hosts})]
     # horovodrun has no ssh command option: it reads the user's ~/.ssh/config (and --ssh-port,

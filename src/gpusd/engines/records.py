@@ -27,11 +27,16 @@ from ..errors import GpusdError
 from ..sanitize import for_terminal
 from .placement import Placement, PlacementError
 
-HELD_DIR = "jobs"  # under gpusd's state directory: what a job holds now, for Horovod's discovery script
-RAY_DIR = "ray"  # under the state directory: one record per cluster, ray/ID.json
-RAY_STATE = "ray-placement.json"  # gpusd 0.2's single cluster record
-MAX_RECORD = 1 << 20  # bytes of a record read at most
-MAX_CLUSTERS = 256  # cluster records read at most
+# under gpusd's state directory: what a job holds now, for Horovod's discovery script
+HELD_DIR = "jobs"
+# under the state directory: one record per cluster, ray/ID.json
+RAY_DIR = "ray"
+# gpusd 0.2's single cluster record
+RAY_STATE = "ray-placement.json"
+# bytes of a record read at most
+MAX_RECORD = 1 << 20
+# cluster records read at most
+MAX_CLUSTERS = 256
 
 
 def write_new(path: str, text: str, mode: int = 0o644) -> None:
@@ -80,7 +85,8 @@ def holder_alive(pid: object, started: object) -> bool:
     if type(pid) is not int or pid <= 0 or not isinstance(started, (int, float)):
         return False
     now = _process_start(pid)
-    return now is not None and abs(now - started) < 1.5  # btime may shift by 1 s
+    # btime may shift by 1 s
+    return now is not None and abs(now - started) < 1.5
 
 
 def held_placement(path: str) -> Placement | None:
@@ -131,7 +137,8 @@ def clusters(state: Path) -> tuple[dict[str, tuple[Path, dict[str, Any]]], list[
         except (OSError, ValueError, KeyError, TypeError, PlacementError) as exc:
             skipped.append(f"skipping the unreadable cluster record {path}: {exc}")
             continue
-        record["id"] = p.job_id  # the id is the placement's job id (checked by Placement)
+        # the id is the placement's job id (checked by Placement)
+        record["id"] = p.job_id
         out[p.job_id] = (path, record)
     return out, skipped
 
@@ -179,7 +186,8 @@ def renewer_of(pid: object, started: object) -> int | None:
         return None
     if st.st_uid != os.getuid() or b"gpusd.pool.renewer" not in cmdline:
         return None
-    if not holder_alive(pid, started):  # a record without a start time (gpusd 0.2) is never acted on
+    # a record without a start time (gpusd 0.2) is never acted on
+    if not holder_alive(pid, started):
         return None
     return pid
 
@@ -199,7 +207,8 @@ def end_renewer(record: dict[str, Any], timeout: float = 15.0, release: bool = T
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child (ray up failed)
+            # our own child (ray up failed)
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 return None
         except ChildProcessError:
             pass

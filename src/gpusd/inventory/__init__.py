@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from .backend import Backend as Backend
 else:
-    Backend = object  # the protocol (inventory.backend) is for the type checker: typing stays unimported
+    # the protocol (inventory.backend) is for the type checker: typing stays unimported
+    Backend = object
 
 
 def open_backend(simulate: str | None = None, *, util_window: float = 5.0, processes: bool = True,

@@ -45,7 +45,8 @@ from .lost import GpuFailed as _GpuFailed
 from .window import UtilWindow, utilisation
 
 # amdsmi statuses (amdsmi_status_t) that mean "this field is not there on this GPU".
-_UNSUPPORTED = {2, 3, 5, 10, 40}  # NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOAD_SYMBOL, NO_PERM, NO_DATA
+# NOT_SUPPORTED, NOT_YET_IMPLEMENTED, FAIL_LOAD_SYMBOL, NO_PERM, NO_DATA
+_UNSUPPORTED = {2, 3, 5, 10, 40}
 _DRIVER_NOT_LOADED = 34
 _STATUS_NAMES = {6: "DRM error", 7: "API failed", 8: "timeout", 12: "I/O error", 18: "init error",
                  31: "not found", 32: "not initialised", 34: "driver not loaded", 51: "no driver"}
@@ -111,12 +112,15 @@ class AmdBackend(VendorBackend):
     backend = "amdsmi"
     vendor = "amd"
     library = "amdsmi"
-    telemetry_counters = True  # takes telemetry=: energy and clocks for /metrics (inventory.combined.open_vendor)
+    # takes telemetry=: energy and clocks for /metrics (inventory.combined.open_vendor)
+    telemetry_counters = True
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True, telemetry: bool = False) -> None:
         super().__init__(util_window=util_window, processes=processes)
-        self.telemetry = telemetry  # the daemon's: what AMD's exporter serves beyond gpusd's own fields
-        self._boards: dict[str, str | None] = {}  # UUID -> board part number (read with the device list)
+        # the daemon's: what AMD's exporter serves beyond gpusd's own fields
+        self.telemetry = telemetry
+        # UUID -> board part number (read with the device list)
+        self._boards: dict[str, str | None] = {}
         smi = import_amdsmi()
         self._smi = smi
         self._error = smi.AmdSmiException
@@ -154,7 +158,8 @@ class AmdBackend(VendorBackend):
                 dev.name = str(name) if name and name != "N/A" else None
                 serial = str(asic.get("asic_serial") or "")
                 try:
-                    dev.uuid = f"GPU-{int(serial, 16):016x}"  # ROCm's UUID (rocminfo, ROCR_VISIBLE_DEVICES)
+                    # ROCm's UUID (rocminfo, ROCR_VISIBLE_DEVICES)
+                    dev.uuid = f"GPU-{int(serial, 16):016x}"
                 except ValueError:
                     pass
             try:

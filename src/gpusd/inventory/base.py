@@ -12,20 +12,22 @@ readings), and where it needs them ``_before_read`` (once per snapshot, under th
 # Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
-import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms
+# a lock alone: importing threading costs a one-shot command ~1.5 ms
+import _thread
 import time
 
 from ..errors import BackendUnavailable
 from ..identity import hostname, node_id
-from ..model import GpuInfo, HostSnapshot
+from ..model import GpuInfo, HostSnapshot, ProcessInfo
 from ..record import field, record
 from .lost import GpuFailed, filled
 from .processes import ProcessResolver
 from .window import UtilWindow
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, Mapping, Sequence
+    from typing import Any, Callable, Mapping, Sequence
 
 
 @record
@@ -37,18 +39,26 @@ class VendorDevice:
     uuid: str
     name: str | None = None
     pci_bus_id: str | None = None
-    unsupported: set[str] = field(default_factory=set)  # queries this GPU does not answer: not asked again
+    # queries this GPU does not answer: not asked again
+    unsupported: set[str] = field(default_factory=set)
     util: UtilWindow | None = None
 
 
 class VendorBackend:
     """The shared part of a vendor library's backend.  Thread-safe; one instance per process is enough."""
 
-    backend = ""  # the name snapshots carry
-    vendor = "nvidia"  # GpuInfo.vendor of every GPU it reads (its visibility rule: inventory.vendors)
-    library = ""  # for messages: "NVML", "amdsmi", "Level Zero"
-    listing = "cannot list GPUs"  # what failed when the device list cannot be read
-    _error: Any = ()  # the library's exception type(s), for _query
+    # the name snapshots carry
+    backend = ""
+    # GpuInfo.vendor of every GPU it reads (its visibility rule: inventory.vendors)
+    vendor = "nvidia"
+    # for messages: "NVML", "amdsmi", "Level Zero"
+    library = ""
+    # what failed when the device list cannot be read
+    listing = "cannot list GPUs"
+    # the library's exception type(s), for _query
+    _error: Any = ()
+    # reads a GPU's process lists apart from its snapshot (_processes_of)
+    _defers_processes = False
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True) -> None:
         self.util_window = util_window
@@ -58,6 +68,10 @@ class VendorBackend:
         self._resolver = ProcessResolver()
         self._util_since: Mapping[str, float] = {}
         self._detail = True
+        # this snapshot reads the process lists (pick_snapshot: later, GPU by GPU)
+        self._processes_now = True
+        # this snapshot wants the topology of GPU pairs (pick_snapshot)
+        self._pairs_now = True
         self._closed = False
         self.driver_version: str | None = None
         self.hostname = hostname()
@@ -125,9 +139,49 @@ class VendorBackend:
 
     def snapshot(self, util_since: Mapping[str, float] | None = None, detail: bool = True) -> HostSnapshot:
         """All GPUs now (see :meth:`gpusd.inventory.backend.Backend.snapshot`)."""
+        return self._snapshot(util_since, detail)[0]
+
+    def pick_snapshot(self, util_since: Mapping[str, float] | None = None,
+                      pairs: bool = True) -> tuple[HostSnapshot, Callable[[GpuInfo], bool] | None]:
+        """What a pick reads (``snapshot(util_since, detail=False)``), with the process lists left to be
+        read GPU by GPU where the vendor can (``_processes_of``): (the snapshot, ``confirm``).  A GPU's
+        ``processes`` are empty until ``confirm(gpu)`` reads them (into the record; a GPU that fails
+        then is flagged unhealthy); ``confirm`` says whether it read them now (False: read before).
+        None: every list was read.  ``pairs=False``: a one-GPU pick, which needs no GPU pair's topology
+        (a vendor may leave it unread)."""
+        defer = self._defers_processes and self.want_processes
+        snap, devices = self._snapshot(util_since, False, processes=not defer, pairs=pairs)
+        if not defer:
+            return snap, None
+        pending = {g.uuid: dev for g, dev in zip(snap.gpus, devices) if g.healthy}
+
+        def confirm(gpu: GpuInfo) -> bool:
+            dev = pending.pop(gpu.uuid, None)
+            if dev is None:
+                return False
+            with self._lock:
+                if self._closed:
+                    raise BackendUnavailable(f"the {self.library} backend is closed")
+                try:
+                    gpu.processes = self._processes_of(dev)
+                except GpuFailed as exc:
+                    gpu.healthy, gpu.error = False, exc.reason
+            return True
+
+        return snap, confirm
+
+    def _processes_of(self, dev: Any) -> list[ProcessInfo]:
+        """One GPU's processes, read apart from its snapshot (``pick_snapshot``); under the lock."""
+        raise NotImplementedError
+
+    def _snapshot(self, util_since: Mapping[str, float] | None, detail: bool, processes: bool = True,
+                  pairs: bool = True) -> tuple[HostSnapshot, list[Any]]:
+        """(The snapshot, the devices its GPUs were read from, in its order); ``processes=False``: no
+        process list read (``pick_snapshot``); ``pairs``: see there."""
         with self._lock:
             self._util_since = util_since or {}
             self._detail = detail
+            self._processes_now, self._pairs_now = processes, pairs
             if self._closed:
                 raise BackendUnavailable(f"the {self.library} backend is closed")
             try:
@@ -138,11 +192,12 @@ class VendorBackend:
                     raise
                 raise BackendUnavailable(f"{self.library} {self.listing}: {reason}", hint=True) from None
             self._before_read()
-            gpus = self._read_all(self._devices)
-            unified_memory(gpus, self._devices)
+            devices = self._devices
+            gpus = self._read_all(devices)
+            unified_memory(gpus, devices)
         if detail:
             self._resolver.fill_gpus(gpus)
-        return self._host(gpus)
+        return self._host(gpus), devices
 
     def close(self) -> None:
         with self._lock:

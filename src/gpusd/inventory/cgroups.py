@@ -28,14 +28,16 @@ MAX_BYTES = 8192
 MAX_LINES = 64
 
 _HEX = r"([0-9a-f]{12,64})"
-_SCOPES = (  # (runtime, pattern on one path component)
+# (runtime, pattern on one path component)
+_SCOPES = (
     ("docker", re.compile(rf"^docker-{_HEX}\.scope$")),
     ("podman", re.compile(rf"^libpod-{_HEX}(?:\.scope)?$")),
     ("containerd", re.compile(rf"^(?:cri-containerd|nerdctl)-{_HEX}\.scope$")),
     ("cri-o", re.compile(rf"^crio-{_HEX}\.scope$")),
 )
 _POD = re.compile(r"^(?:kubepods(?:-[a-z]+)?-)?pod([0-9a-f_-]{36})(?:\.slice)?$")  # the UID: ids.PodUid
-_BARE = re.compile(r"^([0-9a-f]{64})$")  # a cgroupfs driver's directory: the whole id, under a known parent
+# a cgroupfs driver's directory: the whole id, under a known parent
+_BARE = re.compile(r"^([0-9a-f]{64})$")
 # the parents such a directory has: docker's, podman's, containerd's namespaces (nerdctl, docker's own, CRI)
 _PARENTS = {"docker": "docker", "libpod_parent": "podman", "default": "containerd", "moby": "containerd",
             "k8s.io": "containerd", "buildkit": "containerd"}
@@ -76,7 +78,8 @@ def _from_path(path: str) -> Container | None:
             if m is not None:
                 return Container("kubernetes" if pod else runtime, m.group(1), pod)
         m = _BARE.match(part)
-        if m is not None and i > 0 and (pod or parts[i - 1] in _PARENTS):  # cgroupfs: /docker/<id>, pod.../<id>
+        # cgroupfs: /docker/<id>, pod.../<id>
+        if m is not None and i > 0 and (pod or parts[i - 1] in _PARENTS):
             return Container("kubernetes" if pod else _PARENTS[parts[i - 1]], m.group(1), pod)
         if (part.startswith("job_") and part[4:].isdigit() and SlurmJobId.is_valid(part[4:])
                 and ("slurmstepd.scope" in parts[:i] or "slurm" in parts[:i])):

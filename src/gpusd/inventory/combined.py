@@ -15,14 +15,17 @@ from ..errors import BackendUnavailable
 from ..model import GpuInfo, HostSnapshot
 from .vendors import BACKENDS
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping, Sequence
 
     from . import Backend
 
-ORDER = tuple(BACKENDS)  # NVIDIA, AMD, Intel: the order of the host's GPU indices
-ENV = "GPUSD_BACKENDS"  # which vendors to read: "nvidia,amd", or "auto" (default)
+# NVIDIA, AMD, Intel: the order of the host's GPU indices
+ORDER = tuple(BACKENDS)
+# which vendors to read: "nvidia,amd", or "auto" (default)
+ENV = "GPUSD_BACKENDS"
 
 
 def wanted(value: str | None = None) -> tuple[tuple[str, ...], bool]:

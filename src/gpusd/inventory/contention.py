@@ -34,11 +34,16 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 GB = 1e9
-NVLINK_BW = 208 * GB  # bytes/s all-reduce, NVLink pair (nccl-tests #178)
-PCIE_BW = 20 * GB  # bytes/s across PCIe (nccl-tests #178)
-SYS_BW = 10 * GB  # bytes/s across sockets (assumption; nccl #428 reports it lower than PCIe)
-RAMP = 20.0  # seconds from a job's start to its memory allocation (assumption)
-RETRIES = 50  # an OOM-failed job is submitted again this many times, then given up
+# bytes/s all-reduce, NVLink pair (nccl-tests #178)
+NVLINK_BW = 208 * GB
+# bytes/s across PCIe (nccl-tests #178)
+PCIE_BW = 20 * GB
+# bytes/s across sockets (assumption; nccl #428 reports it lower than PCIe)
+SYS_BW = 10 * GB
+# seconds from a job's start to its memory allocation (assumption)
+RAMP = 20.0
+# an OOM-failed job is submitted again this many times, then given up
+RETRIES = 50
 
 
 def bandwidth(rank: int) -> float:
@@ -59,18 +64,25 @@ class Job:
     name: str
     arrival: float  # seconds
     gpus: int
-    work: float  # seconds of compute, alone on a GPU
-    util: float  # percent it drives its GPUs at, alone
+    # seconds of compute, alone on a GPU
+    work: float
+    # percent it drives its GPUs at, alone
+    util: float
     memory: int  # bytes per GPU
-    comm_bytes: float = 0.0  # bytes all-reduced over the whole run (multi-GPU jobs)
+    # bytes all-reduced over the whole run (multi-GPU jobs)
+    comm_bytes: float = 0.0
     # filled by the run
     placed: list[int] = field(default_factory=list)
     start: float | None = None
     end: float | None = None
-    oom: bool = False  # given up after RETRIES out-of-memory failures
-    ooms: int = 0  # out-of-memory failures
-    remaining: float = 0.0  # standalone seconds left (compute + communication)
-    allocated: bool = False  # its memory is in use (after the ramp)
+    # given up after RETRIES out-of-memory failures
+    oom: bool = False
+    # out-of-memory failures
+    ooms: int = 0
+    # standalone seconds left (compute + communication)
+    remaining: float = 0.0
+    # its memory is in use (after the ramp)
+    allocated: bool = False
 
     def standalone(self, worst_rank: int) -> float:
         """Seconds alone on GPUs whose worst link has ``worst_rank``."""
@@ -81,15 +93,18 @@ class Job:
 class Gpu:
     index: int
     memory_total: int
-    background_util: float = 0.0  # another user's process, outside any placement
+    # another user's process, outside any placement
+    background_util: float = 0.0
     background_memory: int = 0
 
 
 @dataclass
 class Box:
     gpus: list[Gpu]
-    worst_rank: Callable[[Sequence[int]], int]  # worst link rank among GPU indices
-    best_rank: int  # the best worst-link a 2-GPU set can have on this box
+    # worst link rank among GPU indices
+    worst_rank: Callable[[Sequence[int]], int]
+    # the best worst-link a 2-GPU set can have on this box
+    best_rank: int
 
 
 @dataclass
@@ -124,8 +139,10 @@ Policy = Callable[[State, Job], "list[int] | None"]
 class Result:
     makespan: float
     mean_jct: float
-    oom: int  # out-of-memory failures (each retry counted)
-    given_up: int  # jobs that failed RETRIES + 1 times
+    # out-of-memory failures (each retry counted)
+    oom: int
+    # jobs that failed RETRIES + 1 times
+    given_up: int
     completed: int
     jobs: list[Job]
 
@@ -141,7 +158,8 @@ def run(box: Box, jobs: Sequence[Job], policy: Policy, *, fifo: bool = True, ram
     running: list[Job] = []
     done: list[Job] = []
     t = 0.0
-    ramps: list[tuple[float, int, Job]] = []  # (time, seq, job): memory allocations due
+    # (time, seq, job): memory allocations due
+    ramps: list[tuple[float, int, Job]] = []
     seq = 0
     while arrivals or waiting or running:
         # who arrived by now
@@ -162,7 +180,8 @@ def run(box: Box, jobs: Sequence[Job], policy: Policy, *, fifo: bool = True, ram
                     job.oom, job.end = True, t
                     done.append(job)
                 else:
-                    waiting.append(job)  # its user runs it again
+                    # its user runs it again
+                    waiting.append(job)
         # placements
         for job in list(waiting):
             gpus = policy(State(t, box, running), job)
@@ -187,7 +206,8 @@ def run(box: Box, jobs: Sequence[Job], policy: Policy, *, fifo: bool = True, ram
             horizon.append(ramps[0][0])
         horizon += [t + j.remaining / rates[id(j)] for j in running]
         if not horizon:
-            break  # jobs wait for GPUs that no event will free: a policy that can never place them
+            # jobs wait for GPUs that no event will free: a policy that can never place them
+            break
         nxt = max(t, min(horizon))
         if nxt > limit:
             break

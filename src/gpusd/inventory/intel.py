@@ -37,7 +37,8 @@ from .window import UtilWindow, utilisation
 
 LIBRARY_ENV = "GPUSD_ZE_LIBRARY"
 _HARD_CODED = "libze_loader.so.1"
-_UNSUPPORTED = {0x78000003, 0x70010000, 0x70010001, 0x70020000}  # UNSUPPORTED_FEATURE, PERMISSIONS, NOT_AVAILABLE...
+# UNSUPPORTED_FEATURE, PERMISSIONS, NOT_AVAILABLE...
+_UNSUPPORTED = {0x78000003, 0x70010000, 0x70010001, 0x70020000}
 _NAMES = {0x70000001: "device lost", 0x78000001: "uninitialised", 0x7FFFFFFE: "unknown error",
           0x70020000: "dependency unavailable"}
 _ENGINE_ALL, _ENGINE_COMPUTE_ALL = 0, 1
@@ -86,8 +87,10 @@ class _Device(VendorDevice):
     power: Any = None
     temp: Any = None
     memory: list[Any] = field(default_factory=list)
-    last_activity: tuple[int, int] | None = None  # (activeTime, timestamp) microseconds
-    last_energy: tuple[int, int] | None = None  # (energy uJ, timestamp us)
+    # (activeTime, timestamp) microseconds
+    last_activity: tuple[int, int] | None = None
+    # (energy uJ, timestamp us)
+    last_energy: tuple[int, int] | None = None
 
 
 class IntelBackend(VendorBackend):
@@ -154,7 +157,8 @@ class IntelBackend(VendorBackend):
             try:
                 self._describe(dev)
             except (_GpuFailed, _Unsupported):
-                pass  # the snapshot flags it (every query of a lost device fails again)
+                # the snapshot flags it (every query of a lost device fails again)
+                pass
             devices.append(dev)
         self._devices = devices
 
@@ -207,7 +211,8 @@ class IntelBackend(VendorBackend):
     # -- the snapshot -------------------------------------------------------------------------
     def _before_read(self) -> None:
         if any(d.last_activity is None and d.engine is not None for d in self._devices):
-            for d in self._devices:  # counters need two readings: take the first now
+            # counters need two readings: take the first now
+            for d in self._devices:
                 self._counters(d)
             time.sleep(0.05)
 
@@ -232,7 +237,8 @@ class IntelBackend(VendorBackend):
                         power = (now[0] - dev.last_energy[0]) / (now[1] - dev.last_energy[1])  # uJ/us = W
                     dev.last_energy = now
         except _GpuFailed:
-            pass  # the snapshot's own reading flags the GPU
+            # the snapshot's own reading flags the GPU
+            pass
         return util, power
 
     def _gpu(self, dev: _Device) -> GpuInfo:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..model import GpuInfo
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, TypeVar
 

@@ -354,6 +354,7 @@ class NvmlBackend(VendorBackend):
     library = "NVML"
     listing = "cannot count GPUs"
     telemetry_counters = True  # takes telemetry=: the DCGM-named metrics (inventory.combined.open_vendor)
+    _defers_processes = True  # a pick reads the process lists of the GPUs it is about to choose only
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None,
                  telemetry: bool = False) -> None:
@@ -362,6 +363,7 @@ class NvmlBackend(VendorBackend):
         self._facts_at = 0.0  # when the number of GPUs was read (monotonic): _refresh_devices
         self._facts_fresh = True  # whether this snapshot read it (and so the modes) again
         self._xids: _XidWatcher | None = None
+        self._pairs_read = False  # the GPU pairs' topology of this device list (a one-GPU pick needs none)
         self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
         self._nv = pynvml = bindings(telemetry)
         self._error = pynvml.NVMLError
@@ -447,10 +449,12 @@ class NvmlBackend(VendorBackend):
                 _free_gpm(nv, old.gpm_prev)
         self._devices = devices
         self._count = count
+        self._pairs_read = False
         self._topology(devices)
 
     # -- topology (docs/inventory.md, "Topology"): read once per device list ---------------------
     def _topology(self, devices: list[_Device]) -> None:
+        """Each GPU's NUMA node and CPUs; its links with the other GPUs: :meth:`_pair_topology`."""
         nv = self._nv
         words = max(16, ((os.cpu_count() or 64) + 63) // 64)  # 1024 CPUs at least: ids can be sparse
         for dev in devices:
@@ -473,6 +477,11 @@ class NvmlBackend(VendorBackend):
                     dev.local_cpus = text if len(text) <= MAX_NAME else None
             except (nv.NVMLError, AttributeError, TypeError, ValueError):
                 pass
+
+    def _pair_topology(self, devices: list[_Device]) -> None:
+        """How the GPUs connect (PCIe groups, NVLinks, NVSwitch fabrics): read by the first snapshot that
+        wants it (a one-GPU pick does not: each GPU's 18 NVLinks are most of a one-shot pick's calls)."""
+        nv = self._nv
         live = [d for d in devices if d.handle is not None and d.answered]
         pcie = self._pcie_groups(live)
         by_bus = {_bus_key(d.pci_bus_id): d.index for d in devices if d.pci_bus_id}
@@ -576,6 +585,9 @@ class NvmlBackend(VendorBackend):
 
     # -- the snapshot (VendorBackend.snapshot) ---------------------------------------------------
     def _before_read(self) -> None:
+        if self._pairs_now and not self._pairs_read:
+            self._pairs_read = True
+            self._pair_topology(self._devices)
         if self._detail and self.telemetry:
             if self._xids is None:
                 self._xids = _XidWatcher(self._nv)
@@ -611,7 +623,8 @@ class NvmlBackend(VendorBackend):
             return [self._read_telemetry(dev) for dev in devices]
         nv = self._nv
         error_type = nv.NVMLError
-        detail, want_processes, own_window = self._detail, self.want_processes, not self._util_since
+        detail, own_window = self._detail, not self._util_since
+        want_processes = self.want_processes and self._processes_now
         fresh = detail or self._facts_fresh
         unpack_memory, unpack_rates = self._unpack_memory, self._unpack_rates
         make_gpu, make_process = self._make_gpu, self._make_process
@@ -771,7 +784,7 @@ class NvmlBackend(VendorBackend):
         if "compute_mode" not in uns:
             gpu.compute_mode = _COMPUTE_MODES.get(nv.nvmlDeviceGetComputeMode(h))
         mig = nv.nvmlDeviceGetMigMode(h) if "mig_mode" not in uns else None
-        if self.want_processes:
+        if self.want_processes and self._processes_now:
             compute = (self._compute_processes(h) if "processes_compute" not in uns else None)
             graphics = (self._graphics_processes(h) if "processes_graphics" not in uns else None)
             if compute or graphics:
@@ -812,9 +825,20 @@ class NvmlBackend(VendorBackend):
         mig = dev.mig = q(dev, "mig_mode", nv.nvmlDeviceGetMigMode)
         if mig is not None:
             self._mig_mode(dev, gpu, mig)
-        if self.want_processes:
+        if self.want_processes and self._processes_now:
             gpu.processes = _process_list(q(dev, "processes_compute", self._compute_processes),
                                           q(dev, "processes_graphics", self._graphics_processes))
+
+    def _processes_of(self, dev: _Device) -> list[ProcessInfo]:
+        if dev.handle is None:
+            return []
+        compute = self._query(dev, "processes_compute", self._compute_processes)
+        graphics = self._query(dev, "processes_graphics", self._graphics_processes)
+        if not (compute or graphics):
+            return []
+        if self._make_process is None:
+            self._make_process = maker(ProcessInfo)
+        return _process_list(compute, graphics, self._make_process)
 
     def _mig_mode(self, dev: _Device, gpu: GpuInfo, mig: Any) -> None:
         """The GPU's MIG mode (NVML's [current, pending]) and, where it is on, its MIG instances: the

@@ -15,7 +15,8 @@ import os
 
 from ..model import GpuInfo, ProcessInfo
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterable
 
@@ -28,7 +29,8 @@ _HAVE_PROC = os.path.isdir("/proc/self")
 
 def _set(p: ProcessInfo, found: Found) -> None:
     p.user, p.command = found[0], found[1]
-    c = found[2] if len(found) > 2 else None  # (a lookup that knows no container answers two)
+    # (a lookup that knows no container answers two)
+    c = found[2] if len(found) > 2 else None
     if c is not None:
         p.container, p.container_runtime, p.pod = c.id, c.runtime, c.pod
 
@@ -41,7 +43,8 @@ def _from_proc(pid: int) -> tuple[str | None, str | None]:
             status = f.read()
         with open(f"{base}/cmdline", "rb") as f:
             raw = f.read(4096)
-    except OSError:  # no such process here (container without host PIDs), or not allowed
+    except OSError:
+        # no such process here (container without host PIDs), or not allowed
         return None, None
     user = None
     for line in status.splitlines():
@@ -55,7 +58,8 @@ def _from_proc(pid: int) -> tuple[str | None, str | None]:
                 user = str(uid)
             break
     cmd = raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
-    if not cmd:  # kernel threads and zombies have no command line: use the name
+    # kernel threads and zombies have no command line: use the name
+    if not cmd:
         for line in status.splitlines():
             if line.startswith(b"Name:"):
                 cmd = line.split(None, 1)[1].decode(errors="replace") if len(line.split()) > 1 else ""
@@ -70,7 +74,8 @@ class ProcessResolver:
 
     def _lookup(self, pid: int) -> Found:
         if _HAVE_PROC:
-            from .cgroups import of_pid  # here: only where a GPU runs a process (start-up time)
+            # here: only where a GPU runs a process (start-up time)
+            from .cgroups import of_pid
 
             user, cmd = _from_proc(pid)
             return user, cmd, (of_pid(pid) if user is not None or cmd is not None else None)
@@ -114,7 +119,8 @@ class ProcessResolver:
                         cached = cache[pid] = self._lookup(pid)
                     _set(p, cached)
         if not seen.issuperset(cache):
-            for pid in cache.keys() - seen:  # pids no longer on a GPU
+            # pids no longer on a GPU
+            for pid in cache.keys() - seen:
                 del cache[pid]
 
     def fill(self, processes: Iterable[ProcessInfo], keep_only_seen: bool = False) -> None:
@@ -130,5 +136,6 @@ class ProcessResolver:
                 cached = cache[pid] = self._lookup(pid)
             _set(p, cached)
         if keep_only_seen:
-            for pid in cache.keys() - seen:  # pids no longer on a GPU
+            # pids no longer on a GPU
+            for pid in cache.keys() - seen:
                 del cache[pid]

@@ -62,7 +62,8 @@ NVLINK: dict[str, tuple[str, int]] = {
     "A100-80GB": ("nvswitch", 12), "A100-40GB": ("nvswitch", 12), "H100-80GB": ("nvswitch", 18),
     "H200-141GB": ("nvswitch", 18), "A6000": ("pairs", 4), "RTX3090": ("pairs", 4), "V100-32GB": ("pairs", 2),
 }
-CPUS_PER_NODE = 32  # simulated CPUs per NUMA node: node k has CPUs 32k..32k+31
+# simulated CPUs per NUMA node: node k has CPUs 32k..32k+31
+CPUS_PER_NODE = 32
 
 _ALIASES = {k.lower().replace("-", ""): k for k in MODELS} | {
     "a100": "A100-80GB", "h100": "H100-80GB", "h200": "H200-141GB", "v100": "V100-32GB"}
@@ -122,7 +123,8 @@ def _signal(spec: Any, what: str, convert: Any = float, phase: float = 0.0) -> _
             return _Signal(low, low, high, float(spec.get("period", 60)), phase)
         return _Signal(float(convert(spec)))
     except ConfigError:
-        raise  # already says what is wrong (and is a ValueError: not wrapped in itself again)
+        # already says what is wrong (and is a ValueError: not wrapped in itself again)
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"bad {what} in scenario: {spec!r} ({exc})") from None
 
@@ -173,7 +175,8 @@ def default_topology(models: list[str], preset: str | None = None) -> _Topology:
     cpus = [f"{CPUS_PER_NODE * k}-{CPUS_PER_NODE * k + CPUS_PER_NODE - 1}" for k in numa]
     nvlinks: dict[tuple[int, int], int] = {}
     i = 0
-    while i < n:  # each run of one model is one NVLink domain
+    # each run of one model is one NVLink domain
+    while i < n:
         j = i
         while j < n and models[j] == models[i]:
             j += 1
@@ -226,7 +229,8 @@ def _scenario_topology(spec: Any, models: list[str], path: Path) -> _Topology:
                 parse_cpulist(x)
             except ValueError as exc:
                 raise ConfigError(f"scenario {path}: topology.cpus: {exc}") from None
-            if len(x) > MAX_NAME:  # it could not go on the wire
+            # it could not go on the wire
+            if len(x) > MAX_NAME:
                 raise ConfigError(f"scenario {path}: topology.cpus: a CPU list of at most {MAX_NAME} characters")
         topo.cpus = list(v)
     if "nvlink" in spec:
@@ -366,9 +370,11 @@ class SimulatedBackend:
         made) come and go on that clock."""
         self._clock = clock or time.time
         self._t0 = self._clock()
-        self._energy: dict[int, tuple[float, float]] = {}  # GPU -> (time, mJ): the energy counter
+        # GPU -> (time, mJ): the energy counter
+        self._energy: dict[int, tuple[float, float]] = {}
         scenario_host, self._gpus, self._topology = parse_spec(spec)
-        self._stamp: tuple[int, int, int] | None = None  # a scenario file's, when it was last read
+        # a scenario file's, when it was last read
+        self._stamp: tuple[int, int, int] | None = None
         if spec.endswith(".json") or Path(spec).is_file():
             try:
                 st = Path(spec).stat()
@@ -425,7 +431,8 @@ class SimulatedBackend:
             # CUDA only where an NVIDIA GPU is simulated (an MI300X-only host has none)
             cuda_version=self.cuda_version if any(g.vendor == "nvidia" for g in gpus) else None,
             nvml_version=None,
-            backend="simulated",  # HostSnapshot.simulated
+            # HostSnapshot.simulated
+            backend="simulated",
         ))
 
     def _gpu(self, i: int, g: _SimGpu, t: float) -> GpuInfo:
@@ -483,7 +490,8 @@ class SimulatedBackend:
         in_procs = sum(p.used_memory or 0 for p in gpu.processes)
         if in_procs > used:
             gpu.memory_used, gpu.memory_free = min(total, in_procs), max(0, total - in_procs)
-        if gpu.vendor == "nvidia":  # what the NVML backend reads; amdsmi and Sysman read none of it
+        # what the NVML backend reads; amdsmi and Sysman read none of it
+        if gpu.vendor == "nvidia":
             self._telemetry(i, g.model, gpu, util, t)
         elif gpu.vendor == "amd":
             self._amd(i, g.model, gpu, util, t)

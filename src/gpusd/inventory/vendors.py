@@ -31,11 +31,13 @@ import os
 from ..model import DEFAULT_VENDOR, VENDORS, GpuInfo
 from ..record import record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Iterable, Mapping, MutableMapping
 
-__all__ = ["DEFAULT_VENDOR", "VENDORS"]  # re-exported: other modules ask this one about vendors
+# re-exported: other modules ask this one about vendors
+__all__ = ["DEFAULT_VENDOR", "VENDORS"]
 
 @record(frozen=True, slots=True)
 class VendorRule:
@@ -43,9 +45,12 @@ class VendorRule:
     knowledge (docs/allocation.md, "Vendors")."""
 
     vendor: str
-    device_variable: str  # the variable gpusd sets to the chosen devices
-    ray_variable: str  # the one Ray reads (engine="ray")
-    cleared: tuple[str, ...]  # removed from a job's environment: each would count again after the mask
+    # the variable gpusd sets to the chosen devices
+    device_variable: str
+    # the one Ray reads (engine="ray")
+    ray_variable: str
+    # removed from a job's environment: each would count again after the mask
+    cleared: tuple[str, ...]
     ray_cleared: tuple[str, ...]
     # Each runtime's own "no device at all": what a failing ``gpusd env`` exports so that
     # ``eval "$(gpusd env ...)"`` leaves no GPU of this vendor visible.  Unset would show them all, and
@@ -60,14 +65,22 @@ class VendorRule:
     # The metrics exporter whose names its GPUs get on /metrics (None: gpusd's own names only).
     exporter: str | None = None
     # Containers (gpusd.jobs.containers, docs/allocation.md "Containers"):
-    cdi_kind: str | None = None  # the kind of its CDI devices (``kind=name``), where its toolkit writes specs
-    device_files: tuple[str, ...] = ()  # device files every container of this vendor needs besides its GPUs'
-    render_nodes: bool = False  # each GPU is passed as its /dev/dri/renderD<N> (found through sysfs)
-    groups: tuple[str, ...] = ()  # --group-add: the groups that may open those device files
-    docker_gpus: bool = False  # docker's ``--gpus`` (the NVIDIA container toolkit's hook) takes its GPUs
-    apptainer_flag: str | None = None  # the apptainer/singularity flag that binds its driver into the container
-    gpu_device_prefixes: tuple[str, ...] = ()  # device files that are its GPUs: a user's --device of one is refused
-    runtime_variables: tuple[str, ...] = ()  # container-toolkit variables that choose GPUs (refused in -e)
+    # the kind of its CDI devices (``kind=name``), where its toolkit writes specs
+    cdi_kind: str | None = None
+    # device files every container of this vendor needs besides its GPUs'
+    device_files: tuple[str, ...] = ()
+    # each GPU is passed as its /dev/dri/renderD<N> (found through sysfs)
+    render_nodes: bool = False
+    # --group-add: the groups that may open those device files
+    groups: tuple[str, ...] = ()
+    # docker's ``--gpus`` (the NVIDIA container toolkit's hook) takes its GPUs
+    docker_gpus: bool = False
+    # the apptainer/singularity flag that binds its driver into the container
+    apptainer_flag: str | None = None
+    # device files that are its GPUs: a user's --device of one is refused
+    gpu_device_prefixes: tuple[str, ...] = ()
+    # container-toolkit variables that choose GPUs (refused in -e)
+    runtime_variables: tuple[str, ...] = ()
 
     @property
     def counts_cuda_visible(self) -> bool:
@@ -76,8 +89,10 @@ class VendorRule:
 
 
 CUDA_VARIABLE = "CUDA_VISIBLE_DEVICES"
-DCGM_EXPORTER = "dcgm"  # NVIDIA's dcgm-exporter
-AMD_EXPORTER = "amd-device-metrics"  # AMD's device-metrics-exporter
+# NVIDIA's dcgm-exporter
+DCGM_EXPORTER = "dcgm"
+# AMD's device-metrics-exporter
+AMD_EXPORTER = "amd-device-metrics"
 
 RULES: dict[str, VendorRule] = {
     # CUDA: only the devices listed are visible; an empty list hides every one (and CUDA's own numbers
@@ -189,7 +204,8 @@ class Visible:
     vendor: str
     index: int
     uuid: str | None = None
-    is_slice: bool = False  # a MIG slice (addressed only by UUID)
+    # a MIG slice (addressed only by UUID)
+    is_slice: bool = False
 
     @classmethod
     def of(cls, gpu: GpuInfo, uuid: str | None = None, is_slice: bool = False) -> Visible:
@@ -218,7 +234,8 @@ def inherited_choice(gpus: Iterable[GpuInfo], env: Mapping[str, str]) -> dict[st
         out["amd"] = (names, {g.uuid for g in seen})
     intel = [g for g in gpus if g.vendor == "intel"]
     mask = env.get("ZE_AFFINITY_MASK")
-    if intel and mask:  # Level Zero: an empty mask is no mask; entries naming no device are skipped
+    # Level Zero: an empty mask is no mask; entries naming no device are skipped
+    if intel and mask:
         roots = set()
         for tok in mask.split(","):
             root = tok.strip().split(".", 1)[0]
@@ -321,7 +338,8 @@ def rank_entry_env(entry: str) -> tuple[dict[str, str], set[str]]:
     """The variables that make the device of a per-rank map entry (:func:`rank_entry`) visible, and
     those the rank must not inherit (they would mask again).  ValueError for an entry that names no
     known vendor or no device (an index, or a UUID: :class:`gpusd.ids.GpuUuid`)."""
-    from ..ids import GpuUuid  # here: the quick commands that name no rank need no ids
+    # here: the quick commands that name no rank need no ids
+    from ..ids import GpuUuid
 
     vendor, sep, token = entry.partition(RANK_VENDOR_SEPARATOR)
     if not sep:
@@ -361,9 +379,12 @@ class SlurmGres:
     """How a vendor's GPU is written in gres.conf: its device file and the ``Flags=`` that makes Slurm
     export that vendor's variable (and no other vendor's) to the job."""
 
-    device_prefix: str  # File= is this prefix and the device's number
-    render_node: bool  # the number is the GPU's DRM render minor (/dev/dri/renderD128 and up)
-    flag: str  # gres.conf Flags=: the variable Slurm sets, from the job's positions in gres.conf
+    # File= is this prefix and the device's number
+    device_prefix: str
+    # the number is the GPU's DRM render minor (/dev/dri/renderD128 and up)
+    render_node: bool
+    # gres.conf Flags=: the variable Slurm sets, from the job's positions in gres.conf
+    flag: str
 
 
 SLURM: dict[str, SlurmGres] = {
@@ -376,7 +397,8 @@ SLURM: dict[str, SlurmGres] = {
     # Level Zero GPUs are render nodes too (gpu/oneapi); intel_gpu_env sets ZE_AFFINITY_MASK only
     "intel": SlurmGres("/dev/dri/renderD", True, "intel_gpu_env"),
 }
-FIRST_RENDER_MINOR = 128  # the kernel numbers render nodes from 128 (drm_minor.c: DRM_MINOR_RENDER)
+# the kernel numbers render nodes from 128 (drm_minor.c: DRM_MINOR_RENDER)
+FIRST_RENDER_MINOR = 128
 
 
 def _render_minor(gpu: GpuInfo, sysfs: str | None) -> int:
@@ -463,7 +485,8 @@ def container_env(devices: list[Visible], *, isolated: bool) -> dict[str, str]:
             group = [Visible(d.vendor, i, d.uuid, d.is_slice) for i, d in enumerate(group)]
         out.update(vendor_env(vendor, group, use_uuid=True))
         r = RULES[vendor]
-        for name in r.runtime_variables:  # the container toolkit's own choice, an image's "all" overridden
+        # the container toolkit's own choice, an image's "all" overridden
+        for name in r.runtime_variables:
             if r.docker_gpus:
                 out[name] = ",".join(d.uuid or str(d.index) for d in group)
     return out

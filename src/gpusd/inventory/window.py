@@ -38,7 +38,8 @@ def round_ms(seconds: float) -> float:
     exact as floats, one correctly rounded division) is the float nearest to ``k/1000``.  Elsewhere, and
     near a tie: ``round`` itself.  ``tests/inventory/test_window.py`` compares the two."""
     y = seconds * 1000.0
-    if 0.0 < y < 536870912.0:  # 2**29 (and not -0.0, which round keeps)
+    # 2**29 (and not -0.0, which round keeps)
+    if 0.0 < y < 536870912.0:
         k = round(y)
         if -0.4999 < y - k < 0.4999:
             return k / 1000
@@ -54,7 +55,8 @@ class _Slot:
     def __init__(self, start: float, value: float, acc: float, n: int) -> None:
         self.start = start
         self.last = start
-        self.value = value  # the newest reading in the slot
+        # the newest reading in the slot
+        self.value = value
         self.acc = acc
         self.n = n
         self.count = 1
@@ -69,8 +71,10 @@ class UtilWindow:
         self.window = window
         self.resolution = window / SLOTS
         self._slots: deque[_Slot] = deque()
-        self._starts: deque[float] = deque()  # slot starts, for bisect
-        self._acc = 0.0  # running integral up to the newest reading
+        # slot starts, for bisect
+        self._starts: deque[float] = deque()
+        # running integral up to the newest reading
+        self._acc = 0.0
         self._n = 0  # readings ever kept
 
     def add(self, ts: float, value: float) -> None:
@@ -78,8 +82,10 @@ class UtilWindow:
         if slots:
             cur = slots[-1]
             if ts <= cur.last:
-                return  # already seen (or clock went back): keep the series monotonic
-            self._acc += cur.value * (ts - cur.last)  # the previous reading held until now
+                # already seen (or clock went back): keep the series monotonic
+                return
+            # the previous reading held until now
+            self._acc += cur.value * (ts - cur.last)
             self._n += 1
             if ts - cur.start < self.resolution:
                 cur.last, cur.value = ts, value
@@ -89,7 +95,8 @@ class UtilWindow:
             self._acc, self._n = 0.0, 1
         slots.append(_Slot(ts, value, self._acc, self._n - 1))
         self._starts.append(ts)
-        if len(slots) > 2 * SLOTS:  # bound memory where nobody reads the mean
+        # bound memory where nobody reads the mean
+        if len(slots) > 2 * SLOTS:
             self._trim(ts, ts - 2 * self.window)
 
     def add_mean(self, ts: float, value: float) -> tuple[float | None, float | None]:
@@ -105,7 +112,8 @@ class UtilWindow:
         cur = slots[-1]
         last = cur.last
         if ts <= last:
-            return self.mean(ts)  # not added (already seen, or the clock went back)
+            # not added (already seen, or the clock went back)
+            return self.mean(ts)
         acc = self._acc = self._acc + cur.value * (ts - last)
         n = self._n = self._n + 1
         if ts - cur.start < self.resolution:
@@ -137,14 +145,16 @@ class UtilWindow:
             covered = end - first_ts
             if covered >= window:
                 return total / weight, window
-            y = covered * 1000.0  # round_ms(covered), inline (the call is a third of its cost)
+            # round_ms(covered), inline (the call is a third of its cost)
+            y = covered * 1000.0
             if 0.0 < y < 536870912.0:
                 k = round(y)
                 if -0.4999 < y - k < 0.4999:
                     return total / weight, k / 1000
             return total / weight, round(covered, 3)
         full = horizon > first_ts
-        if full:  # the trim (as in mean), then the integral up to the horizon
+        # the trim (as in mean), then the integral up to the horizon
+        if full:
             while len(slots) > 1 and slots[1].start <= horizon:
                 slots.popleft()
                 self._starts.popleft()
@@ -155,7 +165,8 @@ class UtilWindow:
         if n == 1:
             return value, None
         period = (ts - first_ts) / (n - 1)
-        if full:  # _acc_at(0, horizon), inline
+        # _acc_at(0, horizon), inline
+        if full:
             f_acc, f_last, f_value = first.acc, first.last, first.value
             if len(slots) == 1:
                 inside = acc - f_acc
@@ -175,7 +186,8 @@ class UtilWindow:
             total = weight = 0.0
         end = ts + period
         tail = end - (horizon if horizon > ts else ts)
-        if tail > 0:  # end > the tail's start
+        # end > the tail's start
+        if tail > 0:
             total += value * tail
             weight += tail
         if weight <= 0:
@@ -227,7 +239,8 @@ class UtilWindow:
         only samples taken at or after that time count (None, None when there are none)."""
         slots = self._slots
         horizon = now - self.window
-        while len(slots) > 1 and slots[1].start <= horizon:  # _trim(now), inline: once per GPU and snapshot
+        # _trim(now), inline: once per GPU and snapshot
+        while len(slots) > 1 and slots[1].start <= horizon:
             slots.popleft()
             self._starts.popleft()
         if not slots:
@@ -239,7 +252,8 @@ class UtilWindow:
             if since > last.last:
                 return None, None
             horizon = max(horizon, since)
-            i = bisect_right(self._starts, since) - 1  # the slot that holds ``since``
+            # the slot that holds ``since``
+            i = bisect_right(self._starts, since) - 1
             first = slots[i]
             if since <= first.start:
                 first_ts, first_acc, n_before = first.start, first.acc, first.n
@@ -260,7 +274,8 @@ class UtilWindow:
         period = (last_ts - first_ts) / (n - 1)
         # The integral from max(first_ts, horizon) to last_ts, then the newest reading's period.
         if horizon > first_ts:
-            if first is slots[0]:  # no ``since`` inside the window: the trim left the horizon in the first slot
+            # no ``since`` inside the window: the trim left the horizon in the first slot
+            if first is slots[0]:
                 start_acc = self._acc_at(0, horizon)
             else:
                 start_acc = self._acc_at(bisect_right(self._starts, horizon) - 1, horizon)
@@ -279,7 +294,8 @@ class UtilWindow:
         if weight <= 0:
             return last_value, None
         covered = end - (horizon if horizon > first_ts else first_ts)
-        if covered >= self.window:  # a full window (round() of a float costs more than the rest of a read)
+        # a full window (round() of a float costs more than the rest of a read)
+        if covered >= self.window:
             return total / weight, self.window
         return total / weight, round_ms(covered)
 

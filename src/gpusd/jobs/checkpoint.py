@@ -26,13 +26,17 @@ import subprocess
 
 from ..ids import GpuUuid
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping, Sequence
 
-CALL_TIMEOUT = 30.0  # seconds, every call of the tool
-MAX_PROCESSES = 64  # the command's process tree we look at, at most
-MAX_OUTPUT = 300  # characters of the tool's output kept for a message
+# seconds, every call of the tool
+CALL_TIMEOUT = 30.0
+# the command's process tree we look at, at most
+MAX_PROCESSES = 64
+# characters of the tool's output kept for a message
+MAX_OUTPUT = 300
 _STATES = ("running", "locked", "checkpointed", "failed")
 
 
@@ -158,7 +162,8 @@ class CudaCheckpoint:
             raise CheckpointFailed(why)
         pids = self.cuda_processes(root)
         device_map = ",".join(f"{old}={new}" for old, new in mapping.items())
-        lock_ms = str(max(1, int(self.timeout * 1000) - 1000))  # the tool gives up before we stop waiting
+        # the tool gives up before we stop waiting
+        lock_ms = str(max(1, int(self.timeout * 1000) - 1000))
         touched: list[int] = []
         try:
             for pid in pids:
@@ -170,7 +175,8 @@ class CudaCheckpoint:
                 self.call(["--action", "restore", "--pid", str(pid), "--device-map", device_map])
             for pid in pids:
                 self.call(["--action", "unlock", "--pid", str(pid)])
-        except Exception as exc:  # whatever went wrong, nothing stays locked
+        except Exception as exc:
+            # whatever went wrong, nothing stays locked
             left = self.put_back(touched)
             what = str(exc) if isinstance(exc, CheckpointFailed) else _printable(f"{type(exc).__name__}: {exc}")
             raise CheckpointFailed(f"{what}; {left}") from None

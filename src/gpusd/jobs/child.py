@@ -16,7 +16,8 @@ import sys
 import threading
 import time
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     import subprocess
     from typing import Any, Callable, Sequence
@@ -42,8 +43,10 @@ def private_dir(job_id: str) -> str:
             try:
                 os.mkdir(path, 0o700)
             except FileExistsError:
-                continue  # (a name taken: another random one)
-            except OSError as exc:  # not there, not ours to write: the next place
+                # (a name taken: another random one)
+                continue
+            except OSError as exc:
+                # not there, not ours to write: the next place
                 last = exc
                 break
             return path
@@ -59,7 +62,8 @@ def remove_private_dir(path: str | os.PathLike[str]) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    except OSError:  # not a directory (a link in its place): not ours to look into
+    except OSError:
+        # not a directory (a link in its place): not ours to look into
         return
     try:
         for name in os.listdir(fd):
@@ -85,11 +89,15 @@ class Child:
     its pidfd (:attr:`pidfd`)."""
 
     def __init__(self, name: str = "job") -> None:
-        self.name = name  # for the log: "job <ID>"
+        # for the log: "job <ID>"
+        self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
-        self.pgid: int | None = None  # the command's own process group (when it has one)
-        self.pidfd: int | None = None  # the command's pidfd: signals that cannot reach a reused pid
-        self.stop_deadline: float | None = None  # when the grace of the last stop ends
+        # the command's own process group (when it has one)
+        self.pgid: int | None = None
+        # the command's pidfd: signals that cannot reach a reused pid
+        self.pidfd: int | None = None
+        # when the grace of the last stop ends
+        self.stop_deadline: float | None = None
 
     @property
     def running(self) -> bool:
@@ -100,16 +108,19 @@ class Child:
         """Start ``cmd`` (FileNotFoundError, PermissionError as Popen raises them), in a process group
         of its own with ``own_group`` (made by Popen where :data:`GROUP_AT_SPAWN`, else by
         ``preexec_fn``).  The previous command was reaped before."""
-        import subprocess  # on the first start: a job waiting for GPUs (its whole queue time) needs none
+        # on the first start: a job waiting for GPUs (its whole queue time) needs none
+        import subprocess
 
         kw: dict[str, Any] = {"process_group": 0} if own_group and GROUP_AT_SPAWN else {}
         proc = subprocess.Popen(list(cmd), env=env, pass_fds=list(pass_fds), preexec_fn=preexec_fn, **kw)
         self.proc = proc
         self.pgid = proc.pid if own_group else None
         self.stop_deadline = None
-        if self.pidfd is not None:  # the previous command's (reaped before a new one starts)
+        # the previous command's (reaped before a new one starts)
+        if self.pidfd is not None:
             os.close(self.pidfd)
-        try:  # before anyone can reap it: the pidfd names this command for good
+        # before anyone can reap it: the pidfd names this command for good
+        try:
             self.pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):  # pragma: no cover - a kernel without pidfds
             self.pidfd = None
@@ -165,14 +176,16 @@ class Child:
         # reused) when the next command starts, before the grace period is over
         pidfd, had = _dup(self.pidfd), self.pidfd is not None
 
-        from subprocess import TimeoutExpired  # imported by start() already
+        # imported by start() already
+        from subprocess import TimeoutExpired
 
         def kill_later() -> None:
             try:
                 proc.wait(grace)
             except TimeoutExpired:
                 log(f"{self.name}: no exit within the {grace:g}s grace period: SIGKILL")
-                if pidfd is not None or not had:  # no dup (out of descriptors): never by the bare pid
+                # no dup (out of descriptors): never by the bare pid
+                if pidfd is not None or not had:
                     signal_command(pidfd, pgid, proc.pid, signal.SIGKILL)
             finally:
                 if pidfd is not None:
@@ -212,7 +225,8 @@ def end_group(pgid: int, deadline: float) -> None:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 return
-            deadline = time.monotonic() + 1.0  # SIGKILL is delivered at once; the reaping may lag a little
+            # SIGKILL is delivered at once; the reaping may lag a little
+            deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:
                 try:
                     os.killpg(pgid, 0)
@@ -252,7 +266,8 @@ def signal_command(pidfd: int | None, pgid: int | None, pid: int, signum: int) -
         if pgid is None:
             signal.pidfd_send_signal(pidfd, signum)
             return
-        signal.pidfd_send_signal(pidfd, 0)  # raises once the command was reaped
+        # raises once the command was reaped
+        signal.pidfd_send_signal(pidfd, 0)
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass

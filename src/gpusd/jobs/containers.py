@@ -27,7 +27,8 @@ from ..errors import ConfigError
 from ..inventory import vendors
 from ..record import record
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     import subprocess
     from typing import Sequence
@@ -39,7 +40,8 @@ DAEMON_RUNTIMES = ("docker", "podman", "nerdctl")
 APPTAINERS = ("apptainer", "singularity")
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 DOCKER_CONFIG = "/etc/docker/daemon.json"
-MAX_SPEC = 4 << 20  # bytes of one CDI spec read at most
+# bytes of one CDI spec read at most
+MAX_SPEC = 4 << 20
 MAX_SPECS = 64
 
 # Options of `run` that take a value (the rest of the common ones are switches).  Short ones with a
@@ -75,7 +77,8 @@ class Leased:
     """One GPU of the lease as a container needs it."""
 
     vendor: str
-    index: int  # the vendor runtime's number on the host
+    # the vendor runtime's number on the host
+    index: int
     uuid: str | None
     pci_bus_id: str | None = None
     is_slice: bool = False
@@ -87,7 +90,8 @@ class ContainerRun:
     global options before it), ``argv[sub]`` its ``run`` (``exec`` ...), ``argv[sub + 1:]`` the rest."""
 
     argv: tuple[str, ...]
-    runtime: str  # docker, podman, nerdctl, apptainer, singularity
+    # docker, podman, nerdctl, apptainer, singularity
+    runtime: str
     sub: int
     detached: bool = False
     user_cidfile: str | None = None
@@ -176,7 +180,8 @@ def _check_options(runtime: str, args: list[str]) -> tuple[bool, str | None]:
     while k < len(args):
         a = args[k]
         if a == "--" or not a.startswith("-") or a == "-":
-            break  # the image: what follows is the container's command
+            # the image: what follows is the container's command
+            break
         if a.startswith("--"):
             name, eq, value = a.partition("=")
             if not eq and name not in switches:
@@ -190,7 +195,8 @@ def _check_options(runtime: str, args: list[str]) -> tuple[bool, str | None]:
         else:
             letters = a[1:]
             for n, c in enumerate(letters):
-                if c in short_values:  # the rest of the bundle, or the next word, is its value
+                # the rest of the bundle, or the next word, is its value
+                if c in short_values:
                     value = letters[n + 1:] or (args[k + 1] if k + 1 < len(args) else "")
                     if not letters[n + 1:]:
                         k += 1
@@ -263,7 +269,8 @@ def cdi_enabled(runtime: str, config: str | None = None) -> bool:
     path = config or os.environ.get("GPUSD_DOCKER_CONFIG") or DOCKER_CONFIG
     try:
         with open(path, "rb") as f:
-            from ..sanitize import json_object  # here: a job waiting for GPUs needs none
+            # here: a job waiting for GPUs needs none
+            from ..sanitize import json_object
 
             conf = json_object(f.read(1 << 20))
     except (OSError, ValueError):
@@ -393,7 +400,8 @@ def name_containers(snap: HostSnapshot, records: Sequence[JobRecord] | None = No
     that lease is on its GPU (it is not the lease holder's descendant: a daemon runs it).  A record is
     another user's claim: a container two records claim is believed of neither."""
     if not any(p.container for g in snap.gpus for p in g.processes):
-        return  # nothing to read (the usual case: no job files are opened)
+        # nothing to read (the usual case: no job files are opened)
+        return
     if records is None:
         from .record import list_jobs
 

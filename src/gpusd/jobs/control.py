@@ -31,7 +31,8 @@ from ..alloc.leases import LeaseStore
 from ..errors import GpusdError, from_wire, to_wire
 from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 
@@ -91,7 +92,8 @@ def bind(store: LeaseStore, job_id: str) -> socket.socket:
     """The listening socket of a job (connectable by every user: the kernel tells us who connects)."""
     path = store.dir / socket_name(job_id)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old = os.umask(0o111)  # rw for everyone: a socket's mode only decides who may connect
+    # rw for everyone: a socket's mode only decides who may connect
+    old = os.umask(0o111)
     try:
         sock.bind(str(path))
     finally:
@@ -127,7 +129,8 @@ class ControlServer:
         try:
             conn.settimeout(10)
             uid = peer_uid(conn)
-            req = read_line(conn, within=10)  # read first: the refusal is an answer, not a broken pipe
+            # read first: the refusal is an answer, not a broken pipe
+            req = read_line(conn, within=10)
             if uid not in (0, os.geteuid()):
                 answer: dict[str, Any] = {"ok": False, "message": f"job {self.job_id} belongs to another user: only "
                                           "its owner or root may change it"}
@@ -135,7 +138,8 @@ class ControlServer:
             else:
                 answer = self.dispatch(req, uid, lambda: hung_up(conn))
             conn.sendall(encode(answer))
-        except Exception as exc:  # a bad request never stops the job
+        except Exception as exc:
+            # a bad request never stops the job
             try:
                 conn.sendall(encode({"ok": False, "message": f"bad request: {exc}"[:300]}))
             except OSError:

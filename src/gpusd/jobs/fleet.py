@@ -37,7 +37,8 @@ from ..sanitize import printable
 from .child import private_dir, remove_private_dir
 from .record import MAX_DEVICES, JobRecord, RecordWriter, list_jobs
 
-RESTART_ME = 75  # the protocol's "restart me" status (docs/jobs.md)
+# the protocol's "restart me" status (docs/jobs.md)
+RESTART_ME = 75
 FILE_FORMAT = 1
 MAX_HOST = 255
 
@@ -62,7 +63,8 @@ def device(d: object) -> dict[str, Any]:
         raise ValueError("each GPU needs a UUID of 1 to 128 printable characters")
     label = d.get("label") if isinstance(d, dict) else None
     label = label if isinstance(label, str) and 0 < len(label) <= 64 and label.isprintable() else str(index)
-    epoch = d.get("epoch") if isinstance(d, dict) else None  # 0.4: the grant's fencing token, when given
+    # 0.4: the grant's fencing token, when given
+    epoch = d.get("epoch") if isinstance(d, dict) else None
     return {"index": index, "uuid": uuid, "label": label,
             **({"epoch": epoch} if type(epoch) is int and 0 < epoch < 2**63 else {})}
 
@@ -97,7 +99,8 @@ class FleetJob:
     here, the command under the job protocol."""
 
     def __init__(self, job_id: str, command: str, host: str | None, store: LeaseStore | None = None) -> None:
-        JobId.parse(job_id)  # IdError (a ConfigError): not a job id
+        # IdError (a ConfigError): not a job id
+        JobId.parse(job_id)
         self.store = store or LeaseStore()
         self.job_id = job_id
         self.writer: RecordWriter | None = None
@@ -105,7 +108,8 @@ class FleetJob:
         self.restarts = 0
         self.generation = 0
         try:
-            if any(r.job == job_id for r in list_jobs(self.store)):  # a 48-bit id met twice: keep both
+            # a 48-bit id met twice: keep both
+            if any(r.job == job_id for r in list_jobs(self.store)):
                 self.job_id = JobId.new()
                 _say(f"a job {job_id} already runs here: this one is job {self.job_id}")
             writer = RecordWriter(self.store, JobRecord(
@@ -158,7 +162,8 @@ class FleetJob:
         def forward(signum: int, _frame: object) -> None:
             nonlocal stop
             if signum != signal.SIGUSR1:
-                stop = True  # a 75 after this ends the job: it was told to stop
+                # a 75 after this ends the job: it was told to stop
+                stop = True
             if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
                 return
             if proc is not None and proc.poll() is None:
@@ -179,10 +184,12 @@ class FleetJob:
                              "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME)})
                 try:
                     full["GPUSD_JOB_FILE"] = str(self._write_job_file(devices, visible, full.get("GPUSD_LEASE_EPOCH")))
-                except OSError as exc:  # the protocol's file is a convenience: run without it
+                except OSError as exc:
+                    # the protocol's file is a convenience: run without it
                     _say(f"cannot write the job file: {exc}")
                 lease = full.get("GPUSD_LEASE")
-                if lease and lease_held(lease) is False:  # cut off (a split) until its lease had ended
+                # cut off (a split) until its lease had ended
+                if lease and lease_held(lease) is False:
                     _say(f"the lease {lease[:32]} ended before the command could start here (it expired: its "
                          "holder was cut off): not started")
                     return LEASE_GONE
@@ -192,7 +199,8 @@ class FleetJob:
                     status, why = exec_failure(exc, cmd[0])
                     _say(why)
                     return status
-                if lease and lease_held(lease) is False:  # it ended as the command started: never run on
+                # it ended as the command started: never run on
+                if lease and lease_held(lease) is False:
                     _say(f"the lease {lease[:32]} ended as the command started: stopped")
                     _stop(proc)
                     return LEASE_GONE
@@ -216,7 +224,8 @@ class FleetJob:
             self.private = None
 
 
-LEASE_GONE = 1  # the command did not run: its lease had ended (docs/pool.md, "Fencing")
+# the command did not run: its lease had ended (docs/pool.md, "Fencing")
+LEASE_GONE = 1
 
 
 def lease_held(lease_id: str) -> bool | None:

@@ -33,11 +33,16 @@ from .record import JobRecord
 class Policy:
     util_above: float = 90.0  # percent
     temp_above: float = 85.0  # degrees C
-    hot_for: float = 30.0  # seconds a GPU stays hot before a job is moved off it
-    idle_below: float = 10.0  # percent: a GPU this quiet (and not hot, unleased) is idle
-    pause_temp: float = 90.0  # degrees C: --pausable jobs are paused above this
-    resume_margin: float = 5.0  # ... and resumed this many degrees below
-    min_interval: float = 300.0  # seconds: at most one move per job per period
+    # seconds a GPU stays hot before a job is moved off it
+    hot_for: float = 30.0
+    # percent: a GPU this quiet (and not hot, unleased) is idle
+    idle_below: float = 10.0
+    # degrees C: --pausable jobs are paused above this
+    pause_temp: float = 90.0
+    # ... and resumed this many degrees below
+    resume_margin: float = 5.0
+    # seconds: at most one move per job per period
+    min_interval: float = 300.0
 
     @classmethod
     def from_dict(cls, d: Any) -> Policy:
@@ -70,13 +75,15 @@ class Policy:
 
 @dataclass
 class Decision:
-    action: str  # "move", "pause", "resume"
+    # "move", "pause", "resume"
+    action: str
     job: str
     uid: int | None
     gpu: str  # the UUID concerned
     index: int
     reason: str
-    to: int | None = None  # move: the index of the idle GPU that qualified
+    # move: the index of the idle GPU that qualified
+    to: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action, "job": self.job, "gpu": self.gpu, "index": self.index, "to": self.to,
@@ -88,7 +95,8 @@ class Rebalancer:
     policy: Policy = field(default_factory=Policy)
     hot_since: dict[str, float] = field(default_factory=dict)
     last_move: dict[str, float] = field(default_factory=dict)
-    paused: dict[str, str] = field(default_factory=dict)  # job -> the GPU it was paused for
+    # job -> the GPU it was paused for
+    paused: dict[str, str] = field(default_factory=dict)
 
     def decide(self, snap: HostSnapshot, jobs: list[JobRecord], now: float | None = None) -> list[Decision]:
         now = time.monotonic() if now is None else now
@@ -120,7 +128,8 @@ class Rebalancer:
                     continue
                 last = self.last_move.get(r.job)
                 if last is not None and now - last < p.min_interval:
-                    continue  # rate limit: no thrashing
+                    # rate limit: no thrashing
+                    continue
                 target = idle.pop(0)
                 self.last_move[r.job] = now
                 out.append(Decision("move", r.job, r.uid, uuid, g.index, (

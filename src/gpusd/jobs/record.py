@@ -28,7 +28,8 @@ from ..ids import ContainerId, JobId, LeaseId
 from ..record import field, fields, record
 from ..sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -36,7 +37,8 @@ JOB_FORMAT = 1
 MAX_JOB_BYTES = 16384
 MAX_JOB_FILES = 4096
 MAX_DEVICES = 64
-MAX_LABEL = 300  # a host name (255) and a GPU index
+# a host name (255) and a GPU index
+MAX_LABEL = 300
 
 STATES = ("queued", "running", "preempted", "paused", "moving", "done", "failed")
 
@@ -46,11 +48,14 @@ class JobRecord:
     """What a job is (the fields of ``job-<ID>.json``)."""
 
     job: str
-    pid: int  # the supervisor (gpusd run)
+    # the supervisor (gpusd run)
+    pid: int
     user: str | None = None
-    uid: int | None = None  # from the file's owner, never from its contents
+    # from the file's owner, never from its contents
+    uid: int | None = None
     command: str | None = None
-    devices: list[str] = field(default_factory=list)  # UUIDs currently given to the job
+    # UUIDs currently given to the job
+    devices: list[str] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
     priority: int = PRIORITIES["normal"]
     preemptible: bool = False
@@ -59,13 +64,20 @@ class JobRecord:
     restarts: int = 0
     lease: str | None = None
     started: float | None = None
-    child: int | None = None  # the command's pid (its process group, when it has its own)
-    host: str | None = None  # fleet runs: the machine that asked
-    reason: str | None = None  # why the last change of state happened
-    labels: list[str] = field(default_factory=list)  # fleet runs, where they were asked: HOST:INDEX
-    container: str | None = None  # the id of the container it started (gpusd.jobs.containers), hex
-    time_limit: float | None = None  # gpusd run --time: seconds the command may run
-    ends: float | None = None  # when that limit runs out (wall-clock, for display; enforced on the monotonic clock)
+    # the command's pid (its process group, when it has its own)
+    child: int | None = None
+    # fleet runs: the machine that asked
+    host: str | None = None
+    # why the last change of state happened
+    reason: str | None = None
+    # fleet runs, where they were asked: HOST:INDEX
+    labels: list[str] = field(default_factory=list)
+    # the id of the container it started (gpusd.jobs.containers), hex
+    container: str | None = None
+    # gpusd run --time: seconds the command may run
+    time_limit: float | None = None
+    # when that limit runs out (wall-clock, for display; enforced on the monotonic clock)
+    ends: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: _copy(getattr(self, f.name)) for f in fields(self)}
@@ -153,7 +165,8 @@ def list_jobs(store: LeaseStore | None = None, cleanup: bool = False) -> list[Jo
             if seen > MAX_JOB_FILES:
                 _warn("more than %d job files in %s: the rest are ignored", MAX_JOB_FILES, store.dir)
                 break
-            got = read_live(dfd, name, MAX_JOB_BYTES, cleanup, (name, name[:-5] + ".sock"))  # a dead one's socket too
+            # a dead one's socket too
+            got = read_live(dfd, name, MAX_JOB_BYTES, cleanup, (name, name[:-5] + ".sock"))
             if got is None:
                 continue
             st, raw = got
@@ -183,7 +196,8 @@ class RecordWriter:
         self.store = store
         self.record = record
         self.fd = -1
-        dir_fd = store.open(create=True)  # checked: O_NOFOLLOW, owner, sticky
+        # checked: O_NOFOLLOW, owner, sticky
+        dir_fd = store.open(create=True)
         assert dir_fd is not None
         self.dir_fd: int = dir_fd
 
@@ -200,8 +214,10 @@ class RecordWriter:
         final, tmp = f"job-{self.record.job}.json", f".job-{self.record.job}-{os.urandom(3).hex()}.tmp"
         fd = create_exclusive(self.dir_fd, tmp, self.store.dir)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # locked before it is visible: never taken for stale
-            write_new(self.dir_fd, fd, tmp, final, json.dumps(d).encode(), self.store.dir)  # a full disk: DiskFull
+            # locked before it is visible: never taken for stale
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # a full disk: DiskFull
+            write_new(self.dir_fd, fd, tmp, final, json.dumps(d).encode(), self.store.dir)
         except BaseException:
             os.close(fd)
             try:

@@ -13,13 +13,20 @@ import threading
 
 
 class JobState(enum.Enum):
-    QUEUED = "queued"  # no GPUs yet: waiting for them (or taking them)
-    RUNNING = "running"  # the command runs on the job's GPUs
-    PAUSED = "paused"  # the command is stopped (SIGSTOP), keeping its GPUs
-    STOPPING = "stopping"  # the command is asked to stop to start again on the job's GPUs (--on-change restart)
-    MOVING = "moving"  # the command is asked to stop to start again on other GPUs (a move)
-    PREEMPTED = "preempted"  # asked to stop for a job of higher priority; then waiting for GPUs again
-    ENDED = "ended"  # the supervisor is done (the command exited, or it stopped while waiting)
+    # no GPUs yet: waiting for them (or taking them)
+    QUEUED = "queued"
+    # the command runs on the job's GPUs
+    RUNNING = "running"
+    # the command is stopped (SIGSTOP), keeping its GPUs
+    PAUSED = "paused"
+    # the command is asked to stop to start again on the job's GPUs (--on-change restart)
+    STOPPING = "stopping"
+    # the command is asked to stop to start again on other GPUs (a move)
+    MOVING = "moving"
+    # asked to stop for a job of higher priority; then waiting for GPUs again
+    PREEMPTED = "preempted"
+    # the supervisor is done (the command exited, or it stopped while waiting)
+    ENDED = "ended"
 
 
 S = JobState
@@ -29,9 +36,11 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # RUNNING -> RUNNING: the command asked to be restarted (exit status 75), or moved without a restart
     S.RUNNING: frozenset({S.RUNNING, S.PAUSED, S.STOPPING, S.MOVING, S.PREEMPTED, S.ENDED}),
     S.PAUSED: frozenset({S.PAUSED, S.RUNNING, S.STOPPING, S.MOVING, S.PREEMPTED, S.ENDED}),
-    S.STOPPING: frozenset({S.RUNNING, S.ENDED}),  # started again (or a user's stop came meanwhile)
+    # started again (or a user's stop came meanwhile)
+    S.STOPPING: frozenset({S.RUNNING, S.ENDED}),
     S.MOVING: frozenset({S.RUNNING, S.ENDED}),
-    S.PREEMPTED: frozenset({S.RUNNING, S.ENDED}),  # GPUs again (waiting in the queue), or stopped waiting
+    # GPUs again (waiting in the queue), or stopped waiting
+    S.PREEMPTED: frozenset({S.RUNNING, S.ENDED}),
     S.ENDED: frozenset(),
 }
 # the states in which the command is being stopped by the supervisor (it is started again after)

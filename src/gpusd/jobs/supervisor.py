@@ -51,7 +51,8 @@ from .child import GROUP_AT_SPAWN, Child, private_dir, remove_private_dir
 from .record import JobRecord, RecordWriter, list_jobs
 from .state import JobState, JobStates
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Sequence
@@ -66,9 +67,12 @@ FILE_FORMAT = 1
 # --on-change (docs/jobs.md): after a grow or shrink rewrites the job file, send the notify signal
 # ("signal"), restart the command like a move ("restart"), or nothing ("file": the command polls the file)
 ON_CHANGE = ("signal", "restart", "file")
-MAX_PREEMPTIONS_PER_HOUR = 3  # docs/jobs.md, "Fairness": then the job is not preemptible for that hour
-PREEMPT_RETRY = 10.0  # seconds: a job blocked at the head of the queue asks for room again at most this often
-STOP_POLL = 5.0  # seconds: the main thread looks at the stop event at least this often while GPUs are taken for it
+# docs/jobs.md, "Fairness": then the job is not preemptible for that hour
+MAX_PREEMPTIONS_PER_HOUR = 3
+# seconds: a job blocked at the head of the queue asks for room again at most this often
+PREEMPT_RETRY = 10.0
+# seconds: the main thread looks at the stop event at least this often while GPUs are taken for it
+STOP_POLL = 5.0
 
 
 class Stopped(BaseException):
@@ -98,13 +102,15 @@ def run_job(spec: JobSpec, cuda_checkpoint: bool = False) -> int:
                           f"{PRIORITY_PATH} (docs/jobs.md)")
     from ..alloc.policy import load as load_fair_use
 
-    try:  # --time, else the class's default in the fair-use policy; more than its maximum is refused
+    # --time, else the class's default in the fair-use policy; more than its maximum is refused
+    try:
         limit = load_fair_use().time_limit(spec.priority, spec.time_limit)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if limit != spec.time_limit:
         spec = replace(spec, time_limit=limit)
-    if cuda_checkpoint:  # its module only where asked: start-up time
+    # its module only where asked: start-up time
+    if cuda_checkpoint:
         from .checkpoint import CudaCheckpoint as Tool
         from .checkpoint import find_cuda_checkpoint
 
@@ -148,10 +154,14 @@ class JobSpec:
     simulate: str | None = None
     use_uuid: bool = False
     cuda_checkpoint: CudaCheckpoint | None = None
-    on_change: str = "signal"  # ON_CHANGE: how the command is told of a grow or shrink
-    bind_cpus: bool = False  # run the command on its GPUs' local CPUs (alloc.cpus)
-    container: ContainerRun | None = None  # a container run, rewritten for the GPUs at every start
-    time_limit: float | None = None  # --time: seconds the command may run from its first start (monotonic)
+    # ON_CHANGE: how the command is told of a grow or shrink
+    on_change: str = "signal"
+    # run the command on its GPUs' local CPUs (alloc.cpus)
+    bind_cpus: bool = False
+    # a container run, rewritten for the GPUs at every start
+    container: ContainerRun | None = None
+    # --time: seconds the command may run from its first start (monotonic)
+    time_limit: float | None = None
 
     @property
     def own_group(self) -> bool:
@@ -171,36 +181,46 @@ class Supervisor:
         # ``spec`` arrives whole from the command line's edge; the constraints, command and keywords of
         # JobSpec are the older form, still read for callers of the library
         spec = spec if isinstance(spec, JobSpec) else JobSpec(spec, tuple(cmd or ()), **options)
-        if spec.time_limit is not None:  # its GPUs are needed that long at most, its grace included (backfill)
+        # its GPUs are needed that long at most, its grace included (backfill)
+        if spec.time_limit is not None:
             spec = replace(spec, c=replace(spec.c, time_limit=spec.time_limit + spec.grace))
         self.spec = spec
         command = self.spec.command
-        self.holder_proc: Any = None  # a container's `<runtime> wait`, holding the lease (gpusd.jobs.containers)
+        # a container's `<runtime> wait`, holding the lease (gpusd.jobs.containers)
+        self.holder_proc: Any = None
         self.holder_out = ""
         self.cid_watch: threading.Thread | None = None
         self.store = LeaseStore()
-        self.lock = threading.RLock()  # the job's GPUs, lease and state, against the control socket's threads
+        # the job's GPUs, lease and state, against the control socket's threads
+        self.lock = threading.RLock()
         self.job_id = JobId.new()
         self.holder = Holder(command=command, job=self.job_id)
         self.state = JobStates()
         self.child = Child(f"job {self.job_id}")
         self.devs: list[Candidate] = []
-        self.inherited: set[str] = set()  # the GPUs whose lock descriptors the running command inherited
+        # the GPUs whose lock descriptors the running command inherited
+        self.inherited: set[str] = set()
         self.lease: LeaseHandle | None = None
         self.restarts = 0
         self.generation = 0
         self.preemptions: list[float] = []
-        self.asked: list[str] = []  # the jobs we last asked to make room, and when
+        # the jobs we last asked to make room, and when
+        self.asked: list[str] = []
         self.asked_at: float | None = None
         self.decided_at: float | None = None
         self.exited_at: float | None = None
         self.last_migration: float | None = None
-        self.stopped = threading.Event()  # a signal said to stop while no command ran: set by the handler
-        self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # wakes the main thread while GPUs are taken for it
-        self._wake_lock = threading.Lock()  # the lease's thread against close(); never taken by the handler
+        # a signal said to stop while no command ran: set by the handler
+        self.stopped = threading.Event()
+        # wakes the main thread while GPUs are taken for it
+        self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # the lease's thread against close(); never taken by the handler
+        self._wake_lock = threading.Lock()
         self.stopped_by: int = signal.SIGTERM
-        self.user_stop = False  # a signal said to stop: once the command exits, the job ends
-        self.timed_out = False  # --time ran out: the command was stopped, the job ends with TIMED_OUT
+        # a signal said to stop: once the command exits, the job ends
+        self.user_stop = False
+        # --time ran out: the command was stopped, the job ends with TIMED_OUT
+        self.timed_out = False
         self._limit_timer: threading.Timer | None = None
         self.writer = RecordWriter(self.store, JobRecord(
             job=self.job_id, pid=os.getpid(), user=current_user(), command=command,
@@ -243,10 +263,12 @@ class Supervisor:
         epochs = self.lease.epochs() if self.lease is not None else {}
         d = {"format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": state,
              "reason": reason, "restarts": self.restarts, "cuda_visible_devices": self.cuda_visible(),
-             "env": self.visible_env(),  # the vendor's variables (additive)
+             # the vendor's variables (additive)
+             "env": self.visible_env(),
              "devices": [{"index": x.gpu.index, "uuid": x.uuid, "label": x.label,
                           **({"epoch": epochs[x.uuid]} if x.uuid in epochs else {})} for x in self.devs]}
-        if epochs:  # 0.4, additive: the fencing tokens (gpusd.alloc.epoch); the job's is the largest
+        # 0.4, additive: the fencing tokens (gpusd.alloc.epoch); the job's is the largest
+        if epochs:
             d["epoch"] = max(epochs.values())
         from ..alloc.lockdir import replace_file
 
@@ -263,7 +285,8 @@ class Supervisor:
     def _take(self, sel: Selection) -> None:
         """The lease is the job's; its record says so when the command starts (one write at the
         hand-over, not three: each wakes every process watching the lock directory)."""
-        gate.leave()  # (if the queue never asked: a job never runs holding a start slot)
+        # (if the queue never asked: a job never runs holding a start slot)
+        gate.leave()
         self.lease = sel.lease
         self.devs = list(sel.devices)
         self.writer.update(lease=sel.lease.lease_id if sel.lease is not None else None)
@@ -276,7 +299,8 @@ class Supervisor:
         limit = self.spec.time_limit
         if limit is None or self._limit_timer is not None:
             return
-        self.writer.update(ends=time.time() + limit)  # for display only (gpusd jobs: the time left)
+        # for display only (gpusd jobs: the time left)
+        self.writer.update(ends=time.time() + limit)
         timer = threading.Timer(limit, self._time_up)
         timer.daemon = True
         timer.name = f"gpusd-job-{self.job_id}-time"
@@ -313,11 +337,14 @@ class Supervisor:
         preempts = first and self.spec.priority > PRIORITIES["low"]
         blocked = (lambda: self.preempt_when_blocked(c.count)) if preempts else None
         then = queued
-        if gate.held():  # the start slot (gpusd.alloc.startgate) goes back once we are queued
+        # the start slot (gpusd.alloc.startgate) goes back once we are queued
+        if gate.held():
             if not local and self._through_daemon():
-                gate.leave()  # the daemon queues us: nothing of the start-up is left here
+                # the daemon queues us: nothing of the start-up is left here
+                gate.leave()
             else:
-                def then() -> None:  # our ticket is in the queue
+                # our ticket is in the queue
+                def then() -> None:
                     gate.leave()
                     if queued is not None:
                         queued()
@@ -333,13 +360,15 @@ class Supervisor:
         if wait and self.spec.priority > PRIORITIES["low"] and not self.spec.preemptible and self._through_daemon():
             # The daemon queues for us and cannot preempt our jobs: ask for room first when nothing
             # qualifies and nobody of our class or above is queued.
-            gate.leave()  # nothing of the start-up is left here (asking victims may take long)
+            # nothing of the start-up is left here (asking victims may take long)
+            gate.leave()
             from ..alloc import queue
             from ..alloc.policy import load_priority_policy
 
             believed = load_priority_policy().believed(self.spec.priority, os.geteuid())
             if not queue.ahead_of_newcomer(self.store, believed):
-                try:  # would anything qualify now? (a choice only, no lease: the daemon's, its GPUs may be simulated)
+                # would anything qualify now? (a choice only, no lease: the daemon's, its GPUs may be simulated)
+                try:
                     allocate(LeaseRequest(self.spec.c, lease=False))
                 except NoGpuAvailable:
                     self.preempt_for(self.spec.c.count)
@@ -378,7 +407,8 @@ class Supervisor:
         # its C handler writes to whichever thread runs it (STOP_POLL: in case a wake-up is missed).
         try:
             previous: int | None = signal.set_wakeup_fd(self._wake[1], warn_on_full_buffer=False)
-        except ValueError:  # not the main thread (a test): the handler's own write still wakes us
+        except ValueError:
+            # not the main thread (a test): the handler's own write still wakes us
             previous = None
         try:
             while not done.is_set():
@@ -393,7 +423,8 @@ class Supervisor:
                 signal.set_wakeup_fd(previous)
         if "error" in box:
             if self.stopped.is_set():
-                raise Stopped(self.stopped_by)  # the wait ended because we stopped it
+                # the wait ended because we stopped it
+                raise Stopped(self.stopped_by)
             raise box["error"]
         selection: Selection = box["selection"]
         return selection
@@ -403,7 +434,8 @@ class Supervisor:
         before: the job that preempted it takes them, and it is next in its class, ahead of the jobs
         that queued while it ran (docs/jobs.md, "Fairness"); with the GPUs given back first, a job
         queued behind it could take them before its ticket is in."""
-        with self.lock:  # against a grow or shrink on the control socket meanwhile
+        # against a grow or shrink on the control socket meanwhile
+        with self.lock:
             assert self.lease is not None
             held = self.lease
             self.devs = []
@@ -412,13 +444,15 @@ class Supervisor:
 
         def give_back() -> None:
             with self.lock:
-                held.release()  # the GPUs given back while it ran too (a second call: nothing)
+                # the GPUs given back while it ran too (a second call: nothing)
+                held.release()
 
         try:
             sel = self._until_stopped(lambda: self._allocate(
                 self.spec.c, True, None, first=True, resume=True, cancelled=self.stopped.is_set, queued=give_back))
         finally:
-            give_back()  # where the queue never took our ticket (an error, a stop)
+            # where the queue never took our ticket (an error, a stop)
+            give_back()
         self._take(sel)
 
     def _poke(self) -> None:
@@ -430,7 +464,8 @@ class Supervisor:
                 try:
                     os.write(fd, b"!")
                 except OSError:
-                    pass  # full: the main thread has a wake-up pending already
+                    # full: the main thread has a wake-up pending already
+                    pass
 
     def _sleep(self, timeout: float) -> None:
         """Until :meth:`_poke` (or ``timeout``); the pending wake-ups are read."""
@@ -465,7 +500,8 @@ class Supervisor:
         if self.asked:
             live = {r.job: r for r in list_jobs(self.store)}
             if any(j in live and live[j].devices and live[j].state in ("preempted", "running") for j in self.asked):
-                return  # still stopping (or refused to): their GPUs are not free yet
+                # still stopping (or refused to): their GPUs are not free yet
+                return
         self.asked_at = now
         self.asked = self.preempt_for(count)
 
@@ -522,10 +558,12 @@ class Supervisor:
         with self.lock:
             lease = self._local()
             if lease is None or self._preempted():
-                extra.release()  # preempted while we waited: the GPUs are not the job's to keep
+                # preempted while we waited: the GPUs are not the job's to keep
+                extra.release()
                 return {"ok": False, "message": f"job {self.job_id} was preempted meanwhile: not grown"}
             try:
-                lease.join(extra)  # the devices are ours now; its record goes
+                # the devices are ours now; its record goes
+                lease.join(extra)
             except GpusdError as exc:
                 extra.release()
                 return {"ok": False, "message": str(exc)}
@@ -633,7 +671,8 @@ class Supervisor:
         if self.spec.on_change == "signal":
             return self.notify()
         if self.spec.on_change == "restart":
-            if not self.state.restarting:  # a stop under way starts it on the GPUs now
+            # a stop under way starts it on the GPUs now
+            if not self.state.restarting:
                 self._stop_child(JobState.STOPPING)
             return "the command restarts on its GPUs now (--on-change restart)"
         return "not signalled (--on-change file): the command sees the change in $GPUSD_JOB_FILE"
@@ -693,13 +732,17 @@ class Supervisor:
             except GpusdError as exc:
                 extra.release()
                 return {"ok": False, "message": str(exc)}
-            for d in hot:  # in place: the process's CUDA device k is the job file's device k
+            # in place: the process's CUDA device k is the job file's device k
+            for d in hot:
                 self.devs[self.devs.index(d)] = new[d.uuid]
-                if note is None:  # the command runs on the new GPU now: the old one is free
+                # the command runs on the new GPU now: the old one is free
+                if note is None:
                     lease.give_back(d.uuid, unlock=True)
                     self.inherited.discard(d.uuid)
-                    self.inherited.add(new[d.uuid].uuid)  # in use by the command: a shrink keeps it locked
-                else:  # the command still holds it until it restarts
+                    # in use by the command: a shrink keeps it locked
+                    self.inherited.add(new[d.uuid].uuid)
+                else:
+                    # the command still holds it until it restarts
                     lease.give_back(d.uuid, linger=True)
             if note is None:
                 self.last_migration, self.decided_at = time.monotonic() - decided, None
@@ -741,7 +784,8 @@ class Supervisor:
             if not self.child.running:
                 return {"ok": False, "message": "not running"}
             self.child.signal(signal.SIGSTOP if on else signal.SIGCONT)
-            if self.state.now in (JobState.RUNNING, JobState.PAUSED):  # not while it is being stopped
+            # not while it is being stopped
+            if self.state.now in (JobState.RUNNING, JobState.PAUSED):
                 self.state.to(JobState.PAUSED if on else JobState.RUNNING)
             self.writer.write(state="paused" if on else "running", reason=reason)
         log(f"job {self.job_id}: {'paused' if on else 'resumed'}: {reason}")
@@ -793,7 +837,8 @@ class Supervisor:
                     "GPUSD_NOTIFY_SIGNAL": signal.Signals(self.spec.notify_signal).name,
                     "GPUSD_RESTART_COUNT": str(self.restarts), "GPUSD_RESTART_STATUS": str(RESTART_ME),
                     "GPUSD_GPU_COUNT": str(len(self.devs))})
-        env.pop("GPUSD_LEASE_EPOCH", None)  # never an outer job's token
+        # never an outer job's token
+        env.pop("GPUSD_LEASE_EPOCH", None)
         if self.lease is not None:
             env["GPUSD_LEASE"] = self.lease.lease_id
             if self.lease.epoch is not None:
@@ -801,7 +846,8 @@ class Supervisor:
         fds = list(self.lease.fds) if self.lease is not None else []
         own_group = self.spec.own_group
         cpus = None
-        if self.spec.bind_cpus:  # at every start: a grow, shrink or move changes the GPUs
+        # at every start: a grow, shrink or move changes the GPUs
+        if self.spec.bind_cpus:
             from ..alloc.cpus import binding
 
             cpus, said = binding([d.gpu for d in self.devs])
@@ -841,7 +887,8 @@ class Supervisor:
         run = self.spec.container
         assert run is not None
         path = run.user_cidfile or self._cidfile()
-        delay = 0.02  # the id comes within moments of the start, or (a runtime that never writes it) not at all
+        # the id comes within moments of the start, or (a runtime that never writes it) not at all
+        delay = 0.02
         while True:
             done = proc.poll() is not None
             cid = read_cid(path)
@@ -872,7 +919,8 @@ class Supervisor:
         holder, self.holder_proc = self.holder_proc, None
         if holder is None:
             return rc
-        import subprocess  # here: a job waiting for GPUs needs none (tests/jobs/test_waiting_imports.py)
+        # here: a job waiting for GPUs needs none (tests/jobs/test_waiting_imports.py)
+        import subprocess
 
         from .containers import exit_status
 
@@ -906,15 +954,18 @@ class Supervisor:
         def forward(signum: int, _frame: object) -> None:
             if signum in (signal.SIGINT, signal.SIGQUIT) and interactive:
                 self.user_stop = True
-                return  # the terminal sent it to the whole foreground group, the command included
+                # the terminal sent it to the whole foreground group, the command included
+                return
             if signum != signal.SIGUSR1:
                 self.user_stop = True
             if self.child.running:
                 self.child.signal(signum)
-            elif signum != signal.SIGUSR1:  # queued or preempted, no command running: stop waiting
+            elif signum != signal.SIGUSR1:
+                # queued or preempted, no command running: stop waiting
                 self.stopped_by = signum
                 self.stopped.set()
-                fd = self._wake[1]  # not _poke: the handler must never wait for a lock (the main thread's own)
+                # not _poke: the handler must never wait for a lock (the main thread's own)
+                fd = self._wake[1]
                 if fd >= 0:
                     try:
                         os.write(fd, b"!")
@@ -935,13 +986,16 @@ class Supervisor:
             self.acquire(self.spec.wait, self.spec.timeout)
             while True:
                 with self.lock:
-                    if self.stopped.is_set():  # a signal while no command ran (between two starts)
+                    # a signal while no command ran (between two starts)
+                    if self.stopped.is_set():
                         raise Stopped(self.stopped_by)
                     lease = self._local()
                     if lease is not None:
-                        lease.settle()  # the GPUs given back while the last command ran are freed now
+                        # the GPUs given back while the last command ran are freed now
+                        lease.settle()
                     self.state.to(JobState.RUNNING)
-                    self.write_job_file("running", self.writer.record.reason, record=False)  # start_child writes it
+                    # start_child writes it
+                    self.write_job_file("running", self.writer.record.reason, record=False)
                     try:
                         self.start_child()
                     except (FileNotFoundError, PermissionError) as exc:
@@ -964,7 +1018,8 @@ class Supervisor:
                     deadline = self.child.stop_deadline if why is not None or self.timed_out else None
                     self.child.end_group(deadline if deadline is not None else time.monotonic() + self.spec.grace)
                 self.exited_at = time.monotonic()
-                if self.stopped.is_set():  # the signal came after the command had exited
+                # the signal came after the command had exited
+                if self.stopped.is_set():
                     raise Stopped(self.stopped_by)
                 if self.user_stop:
                     break
@@ -980,7 +1035,8 @@ class Supervisor:
                 log(f"job {self.job_id}: stopped by {signal.Signals(exc.signum).name} while waiting for GPUs")
             rc = -exc.signum
         finally:
-            with self.lock:  # against the time limit's thread
+            # against the time limit's thread
+            with self.lock:
                 if self.state.now is not JobState.ENDED:
                     self.state.to(JobState.ENDED)
             if self.timed_out:

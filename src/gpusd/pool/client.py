@@ -41,7 +41,8 @@ log = logging.getLogger("gpusd.pool")
 
 DEFAULT_TTL = 30.0
 WAKE_EVENTS = ("device_updated", "device_added", "host_added")
-RETRY_EVERY = 10.0  # seconds: a waiting reserve() tries again at least this often
+# seconds: a waiting reserve() tries again at least this often
+RETRY_EVERY = 10.0
 
 
 @dataclass
@@ -51,14 +52,17 @@ class HostLease:
     lease_id: str
     hostname: str
     node_id: str
-    url: str  # the daemon's API base (https where it serves TLS)
-    pin: str | None  # its announced certificate fingerprint (over https)
+    # the daemon's API base (https where it serves TLS)
+    url: str
+    # its announced certificate fingerprint (over https)
+    pin: str | None
     devices: list[dict[str, Any]]
     env: dict[str, str]
     ttl: float
     expires: float
     addresses: list[str] = field(default_factory=list)
-    local: bool = False  # the host is this machine (no SSH needed)
+    # the host is this machine (no SSH needed)
+    local: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "host": self.hostname, "node_id": self.node_id, "url": self.url,
@@ -89,7 +93,8 @@ class Reservation:
     def __init__(self, parts: list[HostLease], key: FleetKey) -> None:
         self.parts = parts
         self.key = key
-        self.lost = threading.Event()  # a daemon no longer knows a lease (expired, daemon restarted)
+        # a daemon no longer knows a lease (expired, daemon restarted)
+        self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = False
@@ -133,7 +138,8 @@ class Reservation:
         for p in self.parts:
             body: dict[str, float] = {"ttl": ttl} if ttl else {}
             left = self.left()
-            if left is not None:  # a duration, never a time: the daemon's clock decides
+            # a duration, never a time: the daemon's clock decides
+            if left is not None:
                 body["left"] = round(left, 1)
             reply = _call("POST", p, f"/leases/{p.lease_id}/renew", self.key, body)
             if reply.status == 404:
@@ -182,7 +188,8 @@ class Reservation:
         for p in self.parts:
             try:
                 _call("DELETE", p, f"/leases/{p.lease_id}", self.key)
-            except GpusdError as exc:  # it ends with its TTL anyway
+            except GpusdError as exc:
+                # it ends with its TTL anyway
                 log.warning("cannot release %s on %s: %s (it expires within %gs)", p.lease_id, p.hostname, exc,
                             p.ttl)
 
@@ -312,7 +319,8 @@ def default_holder() -> str:
     return f"{user}@{socket.gethostname()}"[:64]
 
 
-SLURM_NODE = " (a Slurm node)"  # in a refusal's reason: the host's GPUs are Slurm's to give (docs/slurm.md)
+# in a refusal's reason: the host's GPUs are Slurm's to give (docs/slurm.md)
+SLURM_NODE = " (a Slurm node)"
 
 
 def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
@@ -327,11 +335,14 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
                             "include": list(c.include) if c.include else None,
                             "exclude": list(c.exclude) if c.exclude else None,
                             "holder": holder, "note": note, "ttl": ttl}
-    if c.vendor is not None:  # older daemons ignore it (and the client's ranking has filtered already)
+    # older daemons ignore it (and the client's ranking has filtered already)
+    if c.vendor is not None:
         body["vendor"] = c.vendor
-    if c.time_limit is not None:  # backfill before a booking (older daemons ignore it)
+    # backfill before a booking (older daemons ignore it)
+    if c.time_limit is not None:
         body["time_limit"] = c.time_limit
-    if job is not None:  # a fleet run's job id: the daemon's lease record names it (older daemons ignore it)
+    # a fleet run's job id: the daemon's lease record names it (older daemons ignore it)
+    if job is not None:
         body["job"] = job
     url, pin = api_url(h)
     try:
@@ -342,7 +353,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     if reply.verified is not True:
         log.warning("%s did not prove it holds the fleet secret (HTTP %d %s: %s): not using it", h.hostname,
                     reply.status, h.url, str(reply.data)[:200])
-        return None  # an impostor's "lease" is worthless: nothing to release either
+        # an impostor's "lease" is worthless: nothing to release either
+        return None
     if reply.status in REFUSED_STATUSES:
         err = (reply.data or {}).get("error") if isinstance(reply.data, dict) else None
         log.info("%s: %s", h.hostname, err)
@@ -371,7 +383,8 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
     return lease
 
 
-REMOTE_ENV = ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH", *SET_VARIABLES)  # what a daemon's lease answer sets
+# what a daemon's lease answer sets
+REMOTE_ENV = ("GPUSD_LEASE", "GPUSD_LEASE_EPOCH", *SET_VARIABLES)
 
 
 def _remote_env(raw: object) -> dict[str, str]:
@@ -440,7 +453,8 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
             # their disks, not GPUs
             if reasons and not wait and all(status == DiskFull.http_status for status, _ in reasons):
                 raise DiskFull("; ".join(why for _, why in reasons[:4]))
-            if reasons and all(SLURM_NODE in why for _, why in reasons):  # Slurm allocates there: ask it
+            # Slurm allocates there: ask it
+            if reasons and all(SLURM_NODE in why for _, why in reasons):
                 raise NoGpuAvailable("; ".join(why for _, why in reasons[:4]))
             if not wait:
                 raise NoGpuAvailable(f"no verified host has {per} GPU(s) free for this request"
@@ -490,7 +504,8 @@ def _try_once(hosts: list[RemoteHost], c: Constraints, n_hosts: int, key: FleetK
             got.append(lease)
             if len(got) == n_hosts:
                 return got
-    if got:  # not enough hosts this time: give the partial set back
+    # not enough hosts this time: give the partial set back
+    if got:
         Reservation(got, key).release()
     return None
 
@@ -562,7 +577,8 @@ def book(count: int, start: float, duration: float, hosts: Iterable[RemoteHost],
         if reply.status == 409:
             conflicts.append(f"{where}: {for_terminal(str(err), 400)}")
             continue
-        if reply.status == 404:  # a daemon from before bookings
+        # a daemon from before bookings
+        if reply.status == 404:
             conflicts.append(f"{where}: its gpusd takes no bookings (older than 0.4.1)")
             continue
         if reply.status in (400, 429):

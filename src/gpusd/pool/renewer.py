@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 from ..ids import LeaseId
 from .client import HostLease, Reservation
 
-RECORD_DIR = "reservations"  # under gpusd's state directory (gpusd.identity.state_dir)
+# under gpusd's state directory (gpusd.identity.state_dir)
+RECORD_DIR = "reservations"
 MAX_RECORD = 1 << 20
 
 
@@ -74,7 +75,8 @@ def remember(parts: list[dict[str, Any]], pid: int, until: float) -> None:
     """Record each lease (``HostLease.to_dict()``) of a reservation held by renewer ``pid``."""
     dfd = _open_record_dir(create=True)
     if dfd is None:
-        return  # nowhere to remember it: gpusd release then looks for it on the fleet
+        # nowhere to remember it: gpusd release then looks for it on the fleet
+        return
     try:
         for part in parts:
             lease_id = str(part.get("lease_id"))
@@ -107,7 +109,8 @@ def recall(lease_id: str) -> dict[str, Any] | None:
         fd = os.open(f"{lease_id}.json", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
         with os.fdopen(fd, "rb") as f:
             if os.fstat(f.fileno()).st_uid != os.geteuid():
-                return None  # not ours: never acted on
+                # not ours: never acted on
+                return None
             d = json.loads(f.read(MAX_RECORD))
     except (OSError, ValueError):
         return None
@@ -143,7 +146,8 @@ def main() -> int:
         key = FleetKey(str(d["secret"]))
         until = float(d["until"])
         res = Reservation([HostLease.from_dict(x) for x in d["leases"]], key)
-        res.until = until  # the daemons show when the reservation ends, not only the TTL
+        # the daemons show when the reservation ends, not only the TTL
+        res.until = until
         expire = d.get("at_end") == "expire"
         forget_paths = [str(x) for x in d.get("forget") or []]
     except (ValueError, KeyError, TypeError):
@@ -156,7 +160,8 @@ def main() -> int:
             forget(p.lease_id)
         for path in forget_paths:
             try:
-                os.unlink(path)  # never follows a link: removes the name only
+                # never follows a link: removes the name only
+                os.unlink(path)
             except OSError:
                 pass
 
@@ -174,11 +179,13 @@ def _renew(res: "Reservation", until: float, expire: bool) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     period = max(0.5, min(p.ttl for p in res.parts) / 3)
-    give_up = max(p.ttl for p in res.parts) + period  # no heartbeat got through for this long: expired
+    # no heartbeat got through for this long: expired
+    give_up = max(p.ttl for p in res.parts) + period
     last_ok = time.monotonic()
     ready = True
     while True:
-        left = res.left()  # until, on the monotonic clock (Reservation.until)
+        # until, on the monotonic clock (Reservation.until)
+        left = res.left()
         if left is not None and left <= 0:
             break
         try:
@@ -187,7 +194,8 @@ def _renew(res: "Reservation", until: float, expire: bool) -> int:
         except Exception:  # noqa: BLE001 - a missed heartbeat is allowed; a lost lease ends us
             if res.lost.is_set() or time.monotonic() - last_ok > give_up:
                 return 0
-        if ready:  # handlers installed, first renewal sent: gpusd reserve may return
+        # handlers installed, first renewal sent: gpusd reserve may return
+        if ready:
             ready = False
             try:
                 sys.stdout.write("renewing\n")
@@ -197,7 +205,8 @@ def _renew(res: "Reservation", until: float, expire: bool) -> int:
         left = res.left()
         if done.wait(period if left is None else min(period, left)):
             break
-    if (expire and not done.is_set()) or let_expire:  # --for is over, or SIGUSR1: they end with their TTL
+    # --for is over, or SIGUSR1: they end with their TTL
+    if (expire and not done.is_set()) or let_expire:
         return 0
     res.release()
     return 0

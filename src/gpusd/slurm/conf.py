@@ -16,9 +16,11 @@ from typing import Iterable
 from ..model import GpuInfo, HostSnapshot, display_name
 from ..topology import format_cpulist, link_between, parse_cpulist
 
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")  # what slurm.conf takes as one node name
+# what slurm.conf takes as one node name
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _ADDR = re.compile(r"^[0-9A-Fa-f.:]{2,45}$")
-FEATURE = "gpusd"  # every node gpusd writes has it (a Nodeset can gather them: docs/slurm.md)
+# every node gpusd writes has it (a Nodeset can gather them: docs/slurm.md)
+FEATURE = "gpusd"
 
 
 def node_name(hostname: str) -> str | None:
@@ -174,8 +176,10 @@ def gres_conf(hosts: Iterable[HostSnapshot]) -> str:
 # -- comparing an existing slurm.conf with the fleet ------------------------------------------------
 @dataclass
 class Diff:
-    added: list[str] = field(default_factory=list)  # hosts in the fleet, not in the file
-    gone: list[str] = field(default_factory=list)  # nodes in the file, not in the fleet
+    # hosts in the fleet, not in the file
+    added: list[str] = field(default_factory=list)
+    # nodes in the file, not in the fleet
+    gone: list[str] = field(default_factory=list)
     changed: list[tuple[str, str]] = field(default_factory=list)  # (node, what changed)
 
     @property

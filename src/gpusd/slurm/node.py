@@ -54,7 +54,8 @@ def parse_controller(text: str) -> tuple[str, int]:
 # -- the node: its gres.conf, its slurmd, its state in the controller -------------------------------
 log = logging.getLogger("gpusd.slurm")
 
-DEFAULT_DIR = "/run/gpusd/slurm"  # where gres.conf is written: the cluster's gres.conf includes it
+# where gres.conf is written: the cluster's gres.conf includes it
+DEFAULT_DIR = "/run/gpusd/slurm"
 SCONTROL_TIMEOUT = 15.0
 
 
@@ -82,7 +83,8 @@ def slurmd_command() -> list[str] | None:
     return shlex.split(raw)
 
 
-ORDER_FILE = "gres.json"  # beside gres.conf: the UUIDs of the GPUs it lists, in its order
+# beside gres.conf: the UUIDs of the GPUs it lists, in its order
+ORDER_FILE = "gres.json"
 
 
 def _replace(d: Path, name: str, text: str) -> None:
@@ -139,8 +141,10 @@ def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT, conf: Path | None = 
 
 
 # -- finding the controller's config the way a configless slurmd does ------------------------------
-CACHE = "slurm-conf"  # in the daemon's state directory: its copy of slurmd's configless cache
-RUN_CACHE = "run/slurm/conf"  # where slurmd keeps what the controller sent (below its root)
+# in the daemon's state directory: its copy of slurmd's configless cache
+CACHE = "slurm-conf"
+# where slurmd keeps what the controller sent (below its root)
+RUN_CACHE = "run/slurm/conf"
 _MAX_CONF = 1 << 20
 
 
@@ -228,9 +232,12 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         pass
 
 
-DRAIN_EVERY = 2.0  # seconds between tries to drain or resume a node the controller does not know yet
-DRAIN_TRIES = 60  # ... for at most about two minutes (a slurmd registers within seconds)
-GPUSD_REASON = "gpusd"  # every drain reason gpusd writes starts with it: only those it may lift
+# seconds between tries to drain or resume a node the controller does not know yet
+DRAIN_EVERY = 2.0
+# ... for at most about two minutes (a slurmd registers within seconds)
+DRAIN_TRIES = 60
+# every drain reason gpusd writes starts with it: only those it may lift
+GPUSD_REASON = "gpusd"
 
 
 class SlurmNode:
@@ -242,10 +249,12 @@ class SlurmNode:
         self.controller = controller
         self.name = name
         self.log_path = log_path
-        self.cache_dir = cache_dir  # where the controller's config is kept for scontrol (find_conf)
+        # where the controller's config is kept for scontrol (find_conf)
+        self.cache_dir = cache_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.lost: set[str] = set()
-        self.order: list[str] = []  # the UUIDs gres.conf lists: Slurm's GPU N is order[N]
+        # the UUIDs gres.conf lists: Slurm's GPU N is order[N]
+        self.order: list[str] = []
         self.stopping = threading.Event()
         self._drain_lock = threading.Lock()
 

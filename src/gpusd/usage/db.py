@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FINE, COARSE, HOURLY = 0, 1, 2
-STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}  # seconds per bucket of each tier
+# seconds per bucket of each tier
+STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}
 TIERS = (FINE, COARSE, HOURLY)
-SCHEMA_VERSION = 2  # the version SCHEMA creates; meta('schema') holds a database's own
-IDLE_UTIL = 5.0  # percent: a GPU under this is idle (the same 5 % as a free GPU's rule)
+# the version SCHEMA creates; meta('schema') holds a database's own
+SCHEMA_VERSION = 2
+# percent: a GPU under this is idle (the same 5 % as a free GPU's rule)
+IDLE_UTIL = 5.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
@@ -56,7 +59,8 @@ CREATE INDEX IF NOT EXISTS jobs_open ON jobs(ended) WHERE ended IS NULL;
 # A change to the schema bumps SCHEMA_VERSION, puts the change in SCHEMA (new databases) and here
 # (existing ones).  :func:`migrate` runs the steps a database lacks, in order, in one transaction.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    2: ("ALTER TABLE jobs ADD COLUMN timed_out REAL",),  # when a job's --time ran out (gpusd run --time)
+    # when a job's --time ran out (gpusd run --time)
+    2: ("ALTER TABLE jobs ADD COLUMN timed_out REAL",),
 }
 
 
@@ -69,9 +73,12 @@ class SchemaError(sqlite3.DatabaseError):
 class Retention:
     """How long each tier is kept, and the bound on the file's size (docs/history.md)."""
 
-    fine_keep: float = 2 * 86400.0  # seconds of 10 s buckets
-    retention: float = 365 * 86400.0  # seconds of 5 min buckets and of job records
-    max_bytes: int = 1 << 30  # the file's size bound: the oldest coarse data goes first
+    # seconds of 10 s buckets
+    fine_keep: float = 2 * 86400.0
+    # seconds of 5 min buckets and of job records
+    retention: float = 365 * 86400.0
+    # the file's size bound: the oldest coarse data goes first
+    max_bytes: int = 1 << 30
 
     def validate(self) -> None:
         from ..errors import ConfigError
@@ -108,7 +115,8 @@ def connect(path: Path | str, readonly: bool = False) -> sqlite3.Connection:
         raise OSError(f"{path} is a symbolic link: refusing to open it")
     conn = sqlite3.connect(str(path), timeout=10.0, check_same_thread=False, isolation_level=None)
     if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0 and not _has_tables(conn):
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # before the first table: lets the file shrink
+        # before the first table: lets the file shrink
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -169,7 +177,8 @@ def migrate(conn: sqlite3.Connection, path: Path | str = "the history database")
 
         logging.getLogger(__name__).info("history database %s migrated from schema %d to %d", path, version,
                                          SCHEMA_VERSION)
-    conn.executescript(SCHEMA)  # every table and index of this version exists (a no-op when they do)
+    # every table and index of this version exists (a no-op when they do)
+    conn.executescript(SCHEMA)
     return version
 
 

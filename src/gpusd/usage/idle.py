@@ -37,9 +37,12 @@ from .db import IDLE_UTIL
 
 @dataclass
 class IdlePolicy:
-    idle_after: float = 900.0  # seconds under 5 % before a lease is idle (canhazgpu: 15 minutes)
-    release: bool = False  # opt-in: release idle reservations
-    grace: float = 900.0  # seconds between the notice and the release
+    # seconds under 5 % before a lease is idle (canhazgpu: 15 minutes)
+    idle_after: float = 900.0
+    # opt-in: release idle reservations
+    release: bool = False
+    # seconds between the notice and the release
+    grace: float = 900.0
 
     def validate(self) -> None:
         if not 1 <= self.idle_after <= 30 * 86400:
@@ -87,7 +90,8 @@ class IdleWatch:
             procs[g.uuid] = len(g.processes)
             for lease in g.leases:
                 if lease.unleased:
-                    continue  # a lock held without a lease (docs/allocation.md): no lease to watch or release
+                    # a lock held without a lease (docs/allocation.md): no lease to watch or release
+                    continue
                 t = self.tracks.get(lease.lease_id) or seen.get(lease.lease_id) or _Track(lease)
                 t.gpus.add(g.uuid)
                 seen[lease.lease_id] = t
@@ -112,7 +116,8 @@ class IdleWatch:
                 t.flagged = True
                 self.notify("lease_idle", self._data(t))
             if not (t.flagged and self.policy.release) or t.running:
-                continue  # never a running job's lease
+                # never a running job's lease
+                continue
             if t.notice_at is None:
                 t.notice_at = now
                 self.notify("lease_release_notice", {**self._data(t), "release_at": now + self.policy.grace})

@@ -14,7 +14,8 @@ from typing import Any
 from .db import COARSE, FINE, HOURLY, STEP, Retention
 
 RANGES = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
-MAX_POINTS = 720  # points per series: enough for a chart as wide as a screen
+# points per series: enough for a chart as wide as a screen
+MAX_POINTS = 720
 TOP_JOBS = 20
 
 
@@ -100,7 +101,8 @@ def usage(conn: sqlite3.Connection, start: float, end: float, now: float, keep: 
         gpus[gid] = {"uuid": uuid, "index": idx, "model": model, "memory_total": mem_total, "host": ghost,
                      "seconds": 0.0, "util_s": 0.0, "util_n": 0.0, "energy_j": 0.0, "busy_s": 0.0, "held_s": 0.0}
     per_user: dict[tuple[int, str, str], list[float]] = {}
-    seen: list[float] = []  # the first and last bucket with data: the period the figures cover
+    # the first and last bucket with data: the period the figures cover
+    seen: list[float] = []
     for tier, lo, hi in pieces:
         part = _inside(tier, lo, hi, start)
         first, last = conn.execute("SELECT min(ts), max(ts) FROM series WHERE tier=? AND ts>=? AND ts<? AND seconds>0",

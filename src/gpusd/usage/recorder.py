@@ -34,22 +34,31 @@ from .db import IDLE_UTIL, STEP, TIERS, Retention, connect, prune, transaction
 
 log = logging.getLogger(__name__)
 
-PRUNE_EVERY = 3600.0  # seconds of sample time between retention passes
-MAX_ENDED = 4096  # ended leases remembered (a sample older than their end must not open them again)
-LEASE_WRITE_WAIT = 1.0  # seconds a grant waits for its lease's record to be written (then goes on)
+# seconds of sample time between retention passes
+PRUNE_EVERY = 3600.0
+# ended leases remembered (a sample older than their end must not open them again)
+MAX_ENDED = 4096
+# seconds a grant waits for its lease's record to be written (then goes on)
+LEASE_WRITE_WAIT = 1.0
 # What cannot be written (a full disk) is kept in memory, bounded, and written when there is room:
-KEEP_SAMPLES = 600  # samples kept (10 minutes at the default 1 s; as many as the writer's queue holds)
-KEEP_EVENTS = 10000  # lease starts and ends, idle marks kept (each a few hundred bytes)
-RETRY_EVERY = 1.0  # seconds between tries while nothing new comes (each new item tries once too)
-RETRY_BATCH = 256  # kept items written per turn once there is room (then the queue is looked at)
-CLOSE_WAIT = 5.0  # seconds a stop waits for room to write what is kept
+# samples kept (10 minutes at the default 1 s; as many as the writer's queue holds)
+KEEP_SAMPLES = 600
+# lease starts and ends, idle marks kept (each a few hundred bytes)
+KEEP_EVENTS = 10000
+# seconds between tries while nothing new comes (each new item tries once too)
+RETRY_EVERY = 1.0
+# kept items written per turn once there is room (then the queue is looked at)
+RETRY_BATCH = 256
+# seconds a stop waits for room to write what is kept
+CLOSE_WAIT = 5.0
 
 
 @dataclass
 class _Job:
     row: int
     gpus: set[str]
-    seen: bool = True  # shown by a sample (or told) since this daemon started; False: a previous daemon's
+    # shown by a sample (or told) since this daemon started; False: a previous daemon's
+    seen: bool = True
 
 
 @dataclass
@@ -61,10 +70,14 @@ class _GpuState:
     mem: int | None
     power: float | None
     temp: int | None
-    users: list[str]  # distinct owners of its processes
-    holders: list[str]  # distinct holders of its leases
-    jobs: list[str]  # identities of the processes and leases on it
-    unleased: list[str] = field(default_factory=list)  # distinct owners of its processes no lease covers
+    # distinct owners of its processes
+    users: list[str]
+    # distinct holders of its leases
+    holders: list[str]
+    # identities of the processes and leases on it
+    jobs: list[str]
+    # distinct owners of its processes no lease covers
+    unleased: list[str] = field(default_factory=list)
     # distinct holders of its leases taken in the shared directory while a daemon was the lease authority
     outside: list[str] = field(default_factory=list)
 
@@ -98,7 +111,8 @@ class Accountant:
         self.interval = interval
         self.keep = keep or Retention()
         self.host = host
-        self.max_gap = max(10 * interval, 30.0)  # a longer gap is downtime (a stopped daemon, a suspend)
+        # a longer gap is downtime (a stopped daemon, a suspend)
+        self.max_gap = max(10 * interval, 30.0)
         self.prev_ts: float | None = None
         self.prev: list[_GpuState] = []
         self.gpu_ids: dict[str, int] = {}
@@ -122,7 +136,8 @@ class Accountant:
     def add(self, snap: HostSnapshot) -> None:
         ts = float(snap.timestamp)
         if self.prev_ts is not None and ts <= self.prev_ts:
-            return  # a repeated or older sample (a clock stepping back): nothing to account
+            # a repeated or older sample (a clock stepping back): nothing to account
+            return
         dt = 0.0 if self.prev_ts is None else min(ts - self.prev_ts, self.max_gap)
         seen = self._seen(snap)
         states = [self._state(g) for g in snap.gpus if g.healthy]
@@ -140,14 +155,16 @@ class Accountant:
             self.open, self.gpu_ids, self.gpu_meta = saved
             raise
         for ident, row in closed:
-            _remember(self.closed, ident, row)  # its holder's end may still be told (lease_ended)
+            # its holder's end may still be told (lease_ended)
+            _remember(self.closed, ident, row)
         self.prev_ts, self.prev = ts, states
         self.samples += 1
         if ts - self.last_prune >= PRUNE_EVERY:
             self.last_prune = ts
             try:
                 prune(self.conn, ts, self.keep)
-            except sqlite3.Error as exc:  # the sample is written; retention runs again at the next pass
+            except sqlite3.Error as exc:
+                # the sample is written; retention runs again at the next pass
                 log.warning("history: retention pass failed: %r", exc)
 
     def _state(self, g: GpuInfo) -> _GpuState:
@@ -170,7 +187,8 @@ class Accountant:
                 s.mem += p.used_memory or 0
             for lease in g.leases:
                 if lease.unleased:
-                    continue  # not a lease: a lock held without one
+                    # not a lease: a lock held without one
+                    continue
                 s = out.setdefault(f"l:{lease.lease_id}", _Seen("lease", lease.user, lease.command))
                 s.gpus.add(g.uuid)
         return out
@@ -209,7 +227,8 @@ class Accountant:
                                (s.mem or 0) * dt, s.mem, power_s, s.temp, dt if busy else 0.0,
                                dt if s.holders else 0.0))
                 for kind, who, energy in (("use", s.users, power_s), ("hold", s.holders, 0.0 if busy else power_s),
-                                          ("unleased", s.unleased, 0.0),  # GPU time outside gpusd, by user
+                                          # GPU time outside gpusd, by user
+                                          ("unleased", s.unleased, 0.0),
                                           # held by leases the lease authority did not grant (added in 0.4)
                                           ("outside", s.outside, 0.0)):
                     n = len(who)
@@ -254,7 +273,8 @@ class Accountant:
         for ident, j in seen.items():
             job = self.open.get(ident)
             if job is None and ident in self.told:
-                continue  # a lease that ended (we were told) in a sample taken before it did
+                # a lease that ended (we were told) in a sample taken before it did
+                continue
             if job is None:
                 cur = self.conn.execute(
                     "INSERT INTO jobs(kind, key, uid, user, command, gpus, start, last, peak_mem) "
@@ -286,7 +306,8 @@ class Accountant:
         The samples then continue it, as any lease they show."""
         ident = f"l:{lease_id}"
         if ident in self.open or ident in self.told or ident in self.closed:
-            return  # a sample showed it first
+            # a sample showed it first
+            return
         with transaction(self.conn):
             cur = self.conn.execute(
                 "INSERT INTO jobs(kind, key, uid, user, command, gpus, start, last) VALUES(?,?,?,?,?,?,?,?) "
@@ -305,7 +326,8 @@ class Accountant:
         job = self.open.get(ident)
         row = job.row if job is not None else self.closed.get(ident)
         if row is not None:
-            with transaction(self.conn):  # what is known changes once it is written (a full disk: later)
+            # what is known changes once it is written (a full disk: later)
+            with transaction(self.conn):
                 self.conn.execute(
                     "UPDATE jobs SET last=max(last, ?), ended=max(last, ?), "
                     "gpu_s=max(gpu_s, (max(last, ?) - start) * json_array_length(gpus)) WHERE id=?",
@@ -381,11 +403,15 @@ class Recorder:
         self.path = path
         self.dropped = 0
         self.errors = 0
-        self.lost = 0  # kept items dropped past the bound (their disk stayed full too long)
-        self._kept: deque[tuple[str, Any]] = deque()  # not written yet, oldest first
+        # kept items dropped past the bound (their disk stayed full too long)
+        self.lost = 0
+        # not written yet, oldest first
+        self._kept: deque[tuple[str, Any]] = deque()
         self._kept_samples = 0
-        self._handled: list[threading.Event] = []  # set once their item is written or kept
-        self._failing: float | None = None  # monotonic: when writing began to fail (None: it works)
+        # set once their item is written or kept
+        self._handled: list[threading.Event] = []
+        # monotonic: when writing began to fail (None: it works)
+        self._failing: float | None = None
         self._failed_on: str = ""
         self._lost_then = 0
         self._args = (interval, keep, host)
@@ -532,7 +558,8 @@ class Recorder:
                             return
                         time.sleep(min(RETRY_EVERY, max(0.0, deadline - time.monotonic())))
                         continue
-                    self.errors += 1  # a damaged file, a bug: this item is never written; the next may be
+                    # a damaged file, a bug: this item is never written; the next may be
+                    self.errors += 1
                     if self.errors == 1 or self.errors % 1000 == 0:
                         log.warning("history: cannot record a sample: %r", exc)
                 self._kept.popleft()
@@ -546,7 +573,8 @@ class Recorder:
                             if self.lost > self._lost_then else "")
                 self._failing = None
         finally:
-            for done in self._handled:  # a grant waits for its record written, or kept to be
+            # a grant waits for its record written, or kept to be
+            for done in self._handled:
                 done.set()
             self._handled.clear()
 
@@ -559,7 +587,8 @@ class Recorder:
                         "events) to write when there is room", self.path, exc, KEEP_SAMPLES, KEEP_EVENTS)
 
     def _write(self, item: tuple[str, Any]) -> None:
-        if self.acc is None:  # not opened yet (a full disk as the daemon started)
+        # not opened yet (a full disk as the daemon started)
+        if self.acc is None:
             self.acc = self._open()
         acc, (what, arg) = self.acc, item
         if what == "sample":
@@ -608,8 +637,10 @@ def _no_room(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         if code is not None:
-            return code & 0xFF in _NO_ROOM  # the primary code of an extended one (SQLITE_IOERR_WRITE)
-        return "full" in str(exc) or "disk I/O" in str(exc)  # Python before 3.11 gives the message only
+            # the primary code of an extended one (SQLITE_IOERR_WRITE)
+            return code & 0xFF in _NO_ROOM
+        # Python before 3.11 gives the message only
+        return "full" in str(exc) or "disk I/O" in str(exc)
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO)
     return False

@@ -74,7 +74,8 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
             gpu_of[(host, uuid)] = info
             secs = _num(g.get("seconds"))
             if secs <= 0:
-                continue  # not seen in this range
+                # not seen in this range
+                continue
             totals["gpus"] += 1
             totals["observed_h"] += secs / 3600
             totals["energy_kwh"] += _num(g.get("energy_j")) / 3.6e6
@@ -106,9 +107,11 @@ def build(answers: Iterable[Mapping[str, Any]], by: str = "user") -> dict[str, A
                 if by == "user":
                     r["util_s"] += _num(u.get("util_s"))
                     r["util_n"] += secs
-            elif kind == "unleased":  # used without a gpusd lease (part of "use" too)
+            elif kind == "unleased":
+                # used without a gpusd lease (part of "use" too)
                 r["unleased_h"] += secs / 3600
-            elif kind == "outside":  # held by leases the lease authority did not grant (part of "hold" too)
+            elif kind == "outside":
+                # held by leases the lease authority did not grant (part of "hold" too)
                 r["outside_h"] += secs / 3600
             elif kind == "hold":
                 r["held_h"] += secs / 3600

@@ -75,7 +75,8 @@ class KeyReader:
             try:
                 termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
             except termios.error:
-                pass  # the terminal is gone: nothing left to restore
+                # the terminal is gone: nothing left to restore
+                pass
         self._fd = None
 
     @property
@@ -93,9 +94,11 @@ class KeyReader:
             return []
         try:
             data = os.read(self._fd, 64)
-        except OSError:  # EIO: the terminal hung up
+        except OSError:
+            # EIO: the terminal hung up
             data = b""
-        if not data:  # end of input (a closed terminal or pipe): stop reading keys, keep refreshing
+        # end of input (a closed terminal or pipe): stop reading keys, keep refreshing
+        if not data:
             self._eof = True
             return []
         return split_keys(data.decode("utf-8", "replace"))
@@ -146,7 +149,8 @@ def run_live(hosts: Callable[[], list[HostView]], state: TopState, book: HostBoo
     next_fetch = 0.0
     with keys, Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
                     redirect_stderr=False) as live:
-        width, height = console.size  # something on screen while the first fetch browses the LAN
+        # something on screen while the first fetch browses the LAN
+        width, height = console.size
         live.update(render([], state, width=width, message="looking for hosts…"), refresh=True)
         while True:
             mono = time.monotonic()

@@ -78,12 +78,14 @@ def to_table(r: Mapping[str, Any]) -> str:
     out.append(_table([by, *HEADERS], rows, right=range(1, 6)))
     unleased = [(str(row[by]), row.get("gpu_hours_unleased") or 0.0) for row in r["rows"]]
     unleased = [(k, v) for k, v in unleased if isinstance(v, (int, float)) and v > 0]
-    if unleased:  # GPU time of processes no gpusd lease covered (docs/allocation.md "Unleased processes")
+    # GPU time of processes no gpusd lease covered (docs/allocation.md "Unleased processes")
+    if unleased:
         out += ["", "Used unleased (GPU processes without a gpusd lease): "
                 + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in unleased)]
     outside = [(str(row[by]), row.get("gpu_hours_outside_authority") or 0.0) for row in r["rows"]]
     outside = [(k, v) for k, v in outside if isinstance(v, (int, float)) and v > 0]
-    if outside:  # leases taken in the shared directory while a daemon was the authority (docs/allocation.md)
+    # leases taken in the shared directory while a daemon was the authority (docs/allocation.md)
+    if outside:
         out += ["", "Held NOT through the lease authority (leases taken in the shared lock directory): "
                 + ", ".join(f"{for_terminal(k, 60)} {_fmt(v)} GPU-h" for k, v in outside)]
     if r["idle_reservations"]:
@@ -126,7 +128,8 @@ def _script_json(data: Any) -> str:
 
 
 def to_html(r: Mapping[str, Any]) -> str:
-    def e(text: str) -> str:  # the one rule for HTML (gpusd.sanitize): no control byte reaches a saved report
+    # the one rule for HTML (gpusd.sanitize): no control byte reaches a saved report
+    def e(text: str) -> str:
         return for_html(text, 8192)
     by = str(r["by"])
     js = (VENDOR / "uPlot.iife.min.js").read_text()

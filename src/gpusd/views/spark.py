@@ -24,8 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .top import HostView
 
 BLOCKS = "▁▂▃▄▅▆▇█"
-REFETCH = 60.0  # seconds between two history requests to one host
-MAX_POINTS = 20000  # kept per GPU and metric
+# seconds between two history requests to one host
+REFETCH = 60.0
+# kept per GPU and metric
+MAX_POINTS = 20000
 
 
 def sparkline(values: Sequence[float | None], width: int | None = None) -> str:
@@ -68,7 +70,8 @@ class Sparks:
                  get_json: Callable[[str, FleetKey | None, float], Any] | None = None) -> None:
         self.window = window
         self.width = width
-        self.key = key  # the fleet secret's keys: requests signed (the series themselves are public)
+        # the fleet secret's keys: requests signed (the series themselves are public)
+        self.key = key
         self._get = get_json
         # node|uuid -> {"util": {time: %}, "mem": {time: %}}
         self.points: dict[str, dict[str, dict[float, float]]] = {}

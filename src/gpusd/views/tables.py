@@ -17,7 +17,8 @@ from collections.abc import Callable, Collection, Sequence
 
 from ..sanitize import for_terminal
 
-MAX_CELL = 80  # characters shown of one cell
+# characters shown of one cell
+MAX_CELL = 80
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = (),
@@ -47,7 +48,8 @@ def _line(cells: Sequence[str], widths: list[int], right: Collection[int], cell_
     for i, w in enumerate(widths):
         c = cells[i] if i < len(cells) else ""
         if i in right:
-            c = c.rstrip()  # as rich right-justifies: without the cell's trailing white space
+            # as rich right-justifies: without the cell's trailing white space
+            c = c.rstrip()
             out.append(" " * (w - cell_len(c)) + c)
         else:
             out.append(c + " " * (w - cell_len(c)))

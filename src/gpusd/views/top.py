@@ -39,8 +39,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..thresholds import ThresholdEngine
 
 SORT_KEYS = ("host", "util", "memory", "temp", "power", "free")
-NAME_MAX = 64  # characters of a host or GPU name shown
-WORD_MAX = 32  # a user name or a command's program name
+# characters of a host or GPU name shown
+NAME_MAX = 64
+# a user name or a command's program name
+WORD_MAX = 32
 
 _SORT_LABEL = {"host": "host/index", "util": "utilisation", "memory": "memory used", "temp": "temperature",
                "power": "power", "free": "free memory"}
@@ -51,11 +53,16 @@ class HostView(HostRecord):
     """One host as ``gpusd top`` shows it: the host record (:class:`gpusd.wire.fleet.HostRecord`), and
     what the screen remembers of it."""
 
-    gone_since: float | None = None  # time.time() when it vanished
-    alerts: dict[str, list[str]] = field(default_factory=dict)  # GPU UUID -> exceeded rule names
-    spark: dict[str, str] = field(default_factory=dict)  # GPU UUID -> utilisation sparkline (views.spark)
-    spark_mem: dict[str, str] = field(default_factory=dict)  # GPU UUID -> memory sparkline
-    spark_label: str = "1h"  # the sparklines' window
+    # time.time() when it vanished
+    gone_since: float | None = None
+    # GPU UUID -> exceeded rule names
+    alerts: dict[str, list[str]] = field(default_factory=dict)
+    # GPU UUID -> utilisation sparkline (views.spark)
+    spark: dict[str, str] = field(default_factory=dict)
+    # GPU UUID -> memory sparkline
+    spark_mem: dict[str, str] = field(default_factory=dict)
+    # the sparklines' window
+    spark_label: str = "1h"
 
     @classmethod
     def of(cls, host: HostRecord, **changes: Any) -> HostView:
@@ -78,7 +85,8 @@ class HostBook:
         self._hosts: dict[str, HostView] = {}
         self._engines: dict[str, ThresholdEngine] = {}
         self._engine_factory = engine_factory
-        self._alerts: dict[str, dict[tuple[str, str], str]] = {}  # host -> (uuid, rule) -> rule name
+        # host -> (uuid, rule) -> rule name
+        self._alerts: dict[str, dict[tuple[str, str], str]] = {}
 
     def update(self, seen: Iterable[HostView], now: float | None = None) -> list[HostView]:
         now = time.time() if now is None else now
@@ -131,7 +139,8 @@ class TopState:
     editing: bool = False  # typing a filter
     draft: str = ""
     help: bool = False
-    offset: int = 0  # first line shown when the frame is taller than the terminal
+    # first line shown when the frame is taller than the terminal
+    offset: int = 0
 
     def key(self, k: str) -> bool:
         """Handle one key; return False to quit."""
@@ -155,9 +164,11 @@ class TopState:
             self.sort = SORT_KEYS[(SORT_KEYS.index(self.sort) - 1) % len(SORT_KEYS)]
         elif k == "r":
             self.reverse = not self.reverse
-        elif k in ("/", "f"):  # a new filter (the old one stays until Enter; Esc keeps it)
+        elif k in ("/", "f"):
+            # a new filter (the old one stays until Enter; Esc keeps it)
             self.editing, self.draft = True, ""
-        elif k == "\x1b":  # closes the help first, then clears the filter
+        elif k == "\x1b":
+            # closes the help first, then clears the filter
             if self.help:
                 self.help = False
             else:
@@ -337,7 +348,8 @@ def _until(expires: float | None) -> str:
 def _mem_text(g: GpuInfo) -> str:
     if g.memory_total is None:
         return ""
-    shared = " shared" if g.memory_shared else ""  # unified memory: the host's
+    # unified memory: the host's
+    shared = " shared" if g.memory_shared else ""
     return f" {format_bytes(g.memory_used)}/{format_bytes(g.memory_total)}{shared}"
 
 
@@ -354,7 +366,8 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
         return t
     t.append("● ", style="green")
     t.append(name, style="bold cyan")
-    if h.verified is False:  # did not prove it holds the fleet secret (a stranger?): no private fields
+    # did not prove it holds the fleet secret (a stranger?): no private fields
+    if h.verified is False:
         t.append("  [unverified]", style="bold yellow")
     if snap is None:
         t.append("  waiting for data…", style="dim")
@@ -369,7 +382,8 @@ def _host_header(h: HostView, gpus: Sequence[GpuInfo], now: float, width: int) -
     if snap.simulated:
         t.append("  [SIMULATED]" if width >= 40 else " SIM", style="magenta")
     ahead = sorted((b for b in snap.bookings if b.end > now), key=lambda b: b.start)
-    if ahead:  # the next booking of the host (docs/pool.md, "Time")
+    # the next booking of the host (docs/pool.md, "Time")
+    if ahead:
         b = ahead[0]
         span = f"{time.strftime('%H:%M', time.localtime(b.start))}-{time.strftime('%H:%M', time.localtime(b.end))}"
         gpus_b = ",".join(str(i) for i in b.indices[:16])
@@ -397,15 +411,18 @@ class _Layout:
     """How GPUs are drawn at one terminal width; column widths are shared by every host's table so
     the columns line up down the screen."""
 
-    kind: str  # "wide", "medium" or "narrow"
+    # "wide", "medium" or "narrow"
+    kind: str
     bar: int = 8
     model: int = 14
     mem_text: int = 0
     power: int = 8
     procs: int = 0
     leases: int = 0
-    spark: int = 0  # the utilisation sparkline's column (wide layout, when there is history)
-    spark_mem: int = 0  # the memory sparkline's column (wide layout, when there is room)
+    # the utilisation sparkline's column (wide layout, when there is history)
+    spark: int = 0
+    # the memory sparkline's column (wide layout, when there is room)
+    spark_mem: int = 0
     spark_label: str = "1h"
 
     @classmethod

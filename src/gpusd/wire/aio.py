@@ -23,12 +23,14 @@ from __future__ import annotations
 import _thread
 import sys
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from types import ModuleType
 
 _own = False
-_lock = _thread.allocate_lock()  # _thread: built in, nothing to import on the quick commands' path
+# _thread: built in, nothing to import on the quick commands' path
+_lock = _thread.allocate_lock()
 
 
 def own_process() -> None:
@@ -40,8 +42,10 @@ def own_process() -> None:
 
 def load() -> ModuleType:
     """``aiohttp``, imported (the first time) as the module docstring says."""
-    with _lock:  # one patch at a time: the prefetch thread and the main thread may both ask
-        if not _own or "aiohttp" in sys.modules:  # (the import statement waits for one under way)
+    # one patch at a time: the prefetch thread and the main thread may both ask
+    with _lock:
+        # (the import statement waits for one under way)
+        if not _own or "aiohttp" in sys.modules:
             import aiohttp
 
             return aiohttp
@@ -50,8 +54,10 @@ def load() -> ModuleType:
         real = ssl.SSLContext.set_default_verify_paths
         me = _thread.get_ident()
 
-        def no_ca_store(self: ssl.SSLContext) -> None:  # for the importing thread only: another thread's
-            if _thread.get_ident() != me:  # context made meanwhile loads the store as always
+        # for the importing thread only: another thread's
+        def no_ca_store(self: ssl.SSLContext) -> None:
+            # context made meanwhile loads the store as always
+            if _thread.get_ident() != me:
                 real(self)
 
         ssl.SSLContext.set_default_verify_paths = no_ca_store  # type: ignore[method-assign]

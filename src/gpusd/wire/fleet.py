@@ -19,12 +19,14 @@ from typing import Any, Callable
 from ..errors import WireError
 from ..model import MAX_NAME, HostSnapshot, decode, encode
 
-FLEET_SCHEMA = 1  # version of this document; a reader refuses other versions
+# version of this document; a reader refuses other versions
+FLEET_SCHEMA = 1
 MAX_FLEET_HOSTS = 4096  # hosts in one answer
 # bytes of one fleet answer read at most: a host of 8 GPUs takes ~10.6 kB (bench/bench_fleet_scale.py),
 # 1,000 of them ~10.6 MB, beyond the 4 MiB of other answers; 64 MiB covers 4,096 hosts of 8 GPUs
 MAX_FLEET_BYTES = 64 * 2**20
-MAX_URL = 2048  # characters of a host's URL
+# characters of a host's URL
+MAX_URL = 2048
 
 
 @dataclass(slots=True)
@@ -41,12 +43,17 @@ class HostRecord:
 
     hostname: str
     node_id: str
-    snapshot: HostSnapshot | None = None  # its last snapshot (None: none yet, or hwsd: none at all)
+    # its last snapshot (None: none yet, or hwsd: none at all)
+    snapshot: HostSnapshot | None = None
     session: str | None = None
-    source: str = "gpusd"  # "gpusd" (live snapshot over HTTP) or "hwsd" (announcement only)
-    url: str | None = field(default=None, metadata={"max": MAX_URL})  # HTTP API base, .../api/v1
-    alive: bool = True  # the reader hears from this host (its event stream is up); absent: true
-    last_seen: float | None = None  # seconds since the epoch of the last sign of life; None: never
+    # "gpusd" (live snapshot over HTTP) or "hwsd" (announcement only)
+    source: str = "gpusd"
+    # HTTP API base, .../api/v1
+    url: str | None = field(default=None, metadata={"max": MAX_URL})
+    # the reader hears from this host (its event stream is up); absent: true
+    alive: bool = True
+    # seconds since the epoch of the last sign of life; None: never
+    last_seen: float | None = None
     # True: the host proved to its reader that it holds the fleet secret (docs/security.md);
     # False: it did not (a stranger, another fleet); None: the reader has no secret to check.
     verified: bool | None = None
@@ -61,7 +68,8 @@ class HostRecord:
 
     def to_dict(self) -> dict[str, Any]:
         d = encode(self.record())
-        d["snapshot"] = d.pop("snapshot")  # last, as the fleet view has always sent it
+        # last, as the fleet view has always sent it
+        d["snapshot"] = d.pop("snapshot")
         return d
 
     @classmethod
@@ -74,7 +82,8 @@ class HostRecord:
             try:
                 host.snapshot = HostSnapshot.from_dict(snap)
             except ValueError:
-                host.snapshot = None  # the host is still listed (and still alive or not): no data
+                # the host is still listed (and still alive or not): no data
+                host.snapshot = None
         return host
 
 
@@ -93,7 +102,8 @@ def host_head(h: HostRecord) -> bytes:
     from ..sanitize import dumps
 
     head = encode(HostRecord(**{k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}))
-    del head["snapshot"]  # last, as to_dict sends it
+    # last, as to_dict sends it
+    del head["snapshot"]
     return dumps(head, separators=(",", ":")).encode()[:-1]
 
 
@@ -130,7 +140,8 @@ class HostHeads:
         alive, seen, verified = h.alive, h.last_seen, h.verified
         if type(alive) is not bool or type(seen) is not float or seen - seen != 0.0 or not (
                 verified is None or type(verified) is bool):
-            return host_head(h)  # not the plain case (never seen, a number not finite): the general code
+            # not the plain case (never seen, a number not finite): the general code
+            return host_head(h)
         static = self._static(h)
         parts = self._kept.get(static)
         if parts is None:
@@ -146,7 +157,8 @@ class HostHeads:
         fields = {k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}
         fields.update(alive=True, last_seen=None, verified=None)
         whole = host_head(HostRecord(**fields))
-        start = whole.index(_LIVE_MARK)  # strings are escaped: the mark is found where the fields are
+        # strings are escaped: the mark is found where the fields are
+        start = whole.index(_LIVE_MARK)
         return whole[:start], whole[start + len(_LIVE_MARK):]
 
     def rotate(self) -> None:
@@ -160,8 +172,10 @@ class FleetView:
     session: str | None = None
     hosts: list[HostRecord] = field(default_factory=list, metadata={"max": MAX_FLEET_HOSTS})
     schema: int = FLEET_SCHEMA
-    hosts_dropped: int = 0  # announcements the daemon ignored: it already follows its cap of hosts
-    skipped: int = 0  # malformed hosts left out by from_dict (not sent)
+    # announcements the daemon ignored: it already follows its cap of hosts
+    hosts_dropped: int = 0
+    # malformed hosts left out by from_dict (not sent)
+    skipped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": self.schema, "session": self.session, "hosts": [h.to_dict() for h in self.hosts],
@@ -182,22 +196,7 @@ class FleetView:
     @classmethod
     def from_dict(cls, d: Any) -> FleetView:
         """Validate an answer: the envelope strictly, the hosts one by one (bad ones skipped)."""
-        if not isinstance(d, dict):
-            raise WireError("a fleet answer must be an object")
-        schema = d.get("schema", FLEET_SCHEMA)  # 0.1 daemons send no schema: the same fields
-        if schema != FLEET_SCHEMA or isinstance(schema, bool):
-            raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
-        session = d.get("session")
-        if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
-            raise WireError("field 'session' must be a short string")
-        raw = d.get("hosts")
-        if not isinstance(raw, list):
-            raise WireError("the fleet answer has no 'hosts' list")
-        if len(raw) > MAX_FLEET_HOSTS:
-            raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
-        dropped = d.get("hosts_dropped", 0)
-        if not isinstance(dropped, int) or isinstance(dropped, bool) or not 0 <= dropped < 2**63:
-            raise WireError("field 'hosts_dropped' must be a count")
+        session, raw, dropped = fleet_envelope(d)
         view = cls(session=session, hosts_dropped=dropped)
         for item in raw:
             try:
@@ -207,5 +206,29 @@ class FleetView:
         return view
 
 
+def fleet_envelope(d: Any) -> tuple[str | None, list[Any], int]:
+    """A fleet answer's envelope, checked (:class:`WireError`): its session, its hosts as received (each
+    still to be checked: :meth:`HostRecord.from_dict`) and how many hosts its daemon dropped."""
+    if not isinstance(d, dict):
+        raise WireError("a fleet answer must be an object")
+    # 0.1 daemons send no schema: the same fields
+    schema = d.get("schema", FLEET_SCHEMA)
+    if schema != FLEET_SCHEMA or isinstance(schema, bool):
+        raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
+    session = d.get("session")
+    if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
+        raise WireError("field 'session' must be a short string")
+    raw = d.get("hosts")
+    if not isinstance(raw, list):
+        raise WireError("the fleet answer has no 'hosts' list")
+    if len(raw) > MAX_FLEET_HOSTS:
+        raise WireError(f"the fleet answer has {len(raw)} hosts, more than {MAX_FLEET_HOSTS}")
+    dropped = d.get("hosts_dropped", 0)
+    if not isinstance(dropped, int) or isinstance(dropped, bool) or not 0 <= dropped < 2**63:
+        raise WireError("field 'hosts_dropped' must be a count")
+    return session, raw, dropped
+
+
 __all__ = ["FLEET_SCHEMA", "MAX_FLEET_BYTES", "MAX_FLEET_HOSTS", "RECORD_FIELDS", "FleetView", "HostHeads",
+           "fleet_envelope",
            "HostRecord", "host_head", "host_json", "snapshot_bytes"]

@@ -14,13 +14,16 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..errors import SourceError as SourceError  # re-exported: defined in gpusd.errors
+
+# re-exported: defined in gpusd.errors
+from ..errors import SourceError as SourceError
 from ..sanitize import printable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .signing import FleetKey
 
-MAX_ANSWER = 4 * 2**20  # bytes, as docs/wire-format.md says for HTTP answers
+# bytes, as docs/wire-format.md says for HTTP answers
+MAX_ANSWER = 4 * 2**20
 
 
 class Answer:
@@ -34,7 +37,8 @@ class Answer:
         # None: no fleet secret here, nothing to check; True: the daemon proved it holds the secret
         # (for this request, on this connection); False: it did not -- private fields were removed.
         self.verified = verified
-        self.node_id = node_id  # the node id the proof names (when verified)
+        # the node id the proof names (when verified)
+        self.node_id = node_id
 
 
 class _Exchange:
@@ -46,11 +50,15 @@ class _Exchange:
                  nonce: str | None, cert_fp: str | None) -> None:
         self.status = status
         self.reason = reason
-        self.body = body  # at most max_bytes + 1 bytes: longer means too long
-        self.sent = sent  # the request as signed (gpusd.wire.signing.Request), for checking the proof; None: unsigned
-        self.headers = headers  # the answer's headers
-        self.nonce = nonce  # the signature's nonce (None: unsigned)
-        self.cert_fp = cert_fp  # the TLS certificate's fingerprint (https only)
+        # at most max_bytes + 1 bytes: longer means too long
+        self.body = body
+        # the request as signed (gpusd.wire.signing.Request), for checking the proof; None: unsigned
+        self.sent = sent
+        self.headers = headers
+        # the signature's nonce (None: unsigned)
+        self.nonce = nonce
+        # the TLS certificate's fingerprint (https only)
+        self.cert_fp = cert_fp
 
 
 def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None, timeout: float,
@@ -95,8 +103,10 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     cert_fp: str | None = None
     try:
-        if parts.scheme == "https":  # the certificate is checked before a byte of the request goes out: a
-            import ssl  # signed request shown to another certificate could be replayed to the daemon by it
+        # the certificate is checked before a byte of the request goes out: a
+        if parts.scheme == "https":
+            # signed request shown to another certificate could be replayed to the daemon by it
+            import ssl
 
             from .signing import fingerprint
 
@@ -106,7 +116,8 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
             cert_fp = fingerprint(der) if der else None
             if pin is not None and cert_fp != pin:
                 raise SourceError(f"{url}: the daemon's certificate is not the one announced (pinned)")
-        if key is not None:  # signed once the certificate is known: over TLS the signature covers it
+        # signed once the certificate is known: over TLS the signature covers it
+        if key is not None:
             signed, nonce = key.sign_request(method, absolute, body=payload or b"", node_id=node_id, user=signer,
                                              cert_fp=cert_fp)
             headers.update(signed)
@@ -120,14 +131,16 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         raise
     except (TimeoutError, OSError) as exc:
         raise SourceError(f"cannot reach {url}: {getattr(exc, 'strerror', None) or exc}") from None
-    except http.client.HTTPException as exc:  # not HTTP (BadStatusLine), or the daemon died mid-answer
+    except http.client.HTTPException as exc:
+        # not HTTP (BadStatusLine), or the daemon died mid-answer
         raise SourceError(f"{url}: broken HTTP answer ({exc.__class__.__name__})") from None
     finally:
         conn.close()
     if len(body) > max_bytes:
         raise SourceError(f"{url}: answer larger than {max_bytes} bytes")
     as_signed = None
-    if nonce is not None:  # signed: the request as signed, to check the answer's proof against
+    # signed: the request as signed, to check the answer's proof against
+    if nonce is not None:
         from .signing import Headers, Request
 
         as_signed = Request(method, absolute, Headers(headers))
@@ -231,7 +244,8 @@ def _pinning_context() -> Any:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE  # self-signed: pinned by the caller, proven by the signature
+        # self-signed: pinned by the caller, proven by the signature
+        ctx.verify_mode = ssl.CERT_NONE
         _CONTEXT = ctx
     return _CONTEXT
 

@@ -120,11 +120,14 @@ def _local_networks() -> list[ipaddress.IPv4Network]:
 def rank_addresses(addresses: Sequence[str]) -> list[str]:
     """A host's announced addresses in the order to try them: on one of our own networks first,
     loopback and link-local last (a peer's 127.0.0.1 is reachable only from the peer itself)."""
-    if len(addresses) < 2:  # nothing to order (most hosts): no look at our own interfaces, which took
-        return list(addresses)  # ~1 ms a host, half a second for a one-shot list beside 500 services
+    # nothing to order (most hosts): no look at our own interfaces, which took
+    if len(addresses) < 2:
+        # ~1 ms a host, half a second for a one-shot list beside 500 services
+        return list(addresses)
     try:
         nets = _local_networks()
-    except Exception:  # ifaddr trouble: keep the announced order
+    except Exception:
+        # ifaddr trouble: keep the announced order
         nets = []
 
     def key(addr: str) -> int:
@@ -151,7 +154,8 @@ def apply_test_timings() -> None:
         _core._UNREGISTER_TIME = 10  # type: ignore[attr-defined]
         _core._PROBE_RANDOM_DELAY_INTERVAL = (1, 5)
     except (ImportError, AttributeError):  # pragma: no cover - a future zeroconf
-        import logging  # here: reading the interfaces (gpusd list) needs no logging
+        # here: reading the interfaces (gpusd list) needs no logging
+        import logging
 
         logging.getLogger(__name__).debug("cannot shrink zeroconf timings")
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 
-META = "__meta_gpusd_"  # the prefix of every discovery label
+# the prefix of every discovery label
+META = "__meta_gpusd_"
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class ScrapeTarget:
     hostname: str
     node_id: str
     session: str | None = None
-    labels: tuple[tuple[str, str], ...] = field(default=())  # extra labels (__meta_gpusd_verified, _via)
+    # extra labels (__meta_gpusd_verified, _via)
+    labels: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def address(self) -> str:
@@ -119,7 +121,8 @@ def file_sd(daemons: Iterable[ScrapeTarget]) -> list[dict[str, Any]]:
         if parts.scheme == "https":
             labels["__scheme__"] = "https"
         path = parts.path.rstrip("/")
-        prefix = path.removesuffix("/api/v1")  # the API's root, not the API
+        # the API's root, not the API
+        prefix = path.removesuffix("/api/v1")
         if prefix:
             labels["__metrics_path__"] = prefix + "/metrics"
         groups.append({"targets": [address], "labels": labels})

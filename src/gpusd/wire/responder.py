@@ -74,7 +74,8 @@ def capped(record: DNSRecord, ttl: int = LEGACY_UNICAST_MAX_TTL) -> DNSRecord | 
         return None
     if record.ttl <= ttl:
         return record
-    name, type_, class_ = record.name, record.type, record.class_  # class_ without the cache-flush bit
+    # class_ without the cache-flush bit
+    name, type_, class_ = record.name, record.type, record.class_
     if isinstance(record, DNSAddress):
         return DNSAddress(name, type_, class_, ttl, record.address, scope_id=record.scope_id)
     if isinstance(record, DNSPointer):
@@ -152,7 +153,8 @@ class ConformingZeroconf(Zeroconf):
     outside our subnets (§5.5, §11), and TTLs of at most ten seconds in answers to legacy unicast
     queries (§6.7)."""
 
-    NETWORKS_TTL = 5.0  # seconds the list of our subnets is kept
+    # seconds the list of our subnets is kept
+    NETWORKS_TTL = 5.0
 
     _networks: list[Network] | None = None
     _networks_at = 0.0
@@ -182,9 +184,11 @@ class ConformingZeroconf(Zeroconf):
 
 _TYPE_A, _TYPE_AAAA, _TYPE_ANY, _CLASS_IN, _CLASS_UNIQUE = 1, 28, 255, 1, 0x8000
 _FLAGS_QR_QUERY, _FLAGS_AA = 0x0000, 0x0400
-PROBE_WAIT = 0.25  # RFC 6762 §8.1: random 0-250 ms first, then three probes 250 ms apart
+# RFC 6762 §8.1: random 0-250 ms first, then three probes 250 ms apart
+PROBE_WAIT = 0.25
 PROBES = 3
-CONFLICTS_BEFORE_PAUSE, CONFLICT_WINDOW, CONFLICT_PAUSE = 15, 10.0, 5.0  # RFC 6762 §8.1 rate limit
+# RFC 6762 §8.1 rate limit
+CONFLICTS_BEFORE_PAUSE, CONFLICT_WINDOW, CONFLICT_PAUSE = 15, 10.0, 5.0
 
 
 def _timings() -> tuple[float, float]:
@@ -206,13 +210,16 @@ class HostNameGuard(RecordUpdateListener):
         self.label = label
         self.number = 1
         self.addresses = list(addresses)
-        self._own = {socket.inet_aton(a) for a in addresses}  # every address we ever announced
+        # every address we ever announced
+        self._own = {socket.inet_aton(a) for a in addresses}
         self.on_conflict = on_conflict
-        self.conflicts = 0  # conflicts seen, probing or not
+        # conflicts seen, probing or not
+        self.conflicts = 0
         self._recent: deque[float] = deque(maxlen=CONFLICTS_BEFORE_PAUSE)
         self._probing = False
         self._conflict: asyncio.Event | None = None
-        self._reported: str | None = None  # the name whose conflict was reported (once per name)
+        # the name whose conflict was reported (once per name)
+        self._reported: str | None = None
         self._closed = False
         zc.async_add_listener(self, None)
 
@@ -263,7 +270,8 @@ class HostNameGuard(RecordUpdateListener):
         now = time.monotonic()
         self._recent.append(now)
         if len(self._recent) == CONFLICTS_BEFORE_PAUSE and now - self._recent[0] < CONFLICT_WINDOW:
-            await asyncio.sleep(CONFLICT_PAUSE)  # §8.1: fifteen conflicts within ten seconds
+            # §8.1: fifteen conflicts within ten seconds
+            await asyncio.sleep(CONFLICT_PAUSE)
 
     def _probe_packet(self) -> DNSOutgoing:
         out = DNSOutgoing(_FLAGS_QR_QUERY | _FLAGS_AA)
@@ -299,7 +307,8 @@ class HostNameGuard(RecordUpdateListener):
                 self._conflict.set()
             return
         if self._reported == self.name:
-            return  # reported already: a flood of such records costs one rename, not one per packet
+            # reported already: a flood of such records costs one rename, not one per packet
+            return
         self._reported = self.name
         log.warning("another host announces an address for our host name %s: moving to a new name", self.name)
         if self.on_conflict is not None:

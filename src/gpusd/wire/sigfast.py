@@ -30,7 +30,8 @@ from typing import Any
 
 _KEYID = r"[A-Za-z0-9-]{1,64}"
 _NONCE = r"[A-Za-z0-9_-]{1,64}"
-_CREATED = r"0|[1-9][0-9]{0,14}"  # no leading zeros: the header text is then the serialised value
+# no leading zeros: the header text is then the serialised value
+_CREATED = r"0|[1-9][0-9]{0,14}"
 # the optional covered request fields, in the order the shape lists them (gpusd 0.4 added the last two:
 # the account a user signature acts as, and over TLS the certificate the client pinned)
 _REQ_OPTIONAL = ("gpusd-node", "gpusd-user", "gpusd-cert")
@@ -51,11 +52,13 @@ _FIELDS = frozenset({"signature-input", "signature", "content-digest", "gpusd-no
                      "gpusd-addrs", "gpusd-user"})
 
 
-try:  # the library's URL parser and header normalisation (private names the fast path reuses)
+# the library's URL parser and header normalisation (private names the fast path reuses)
+try:
     from http_message_signatures._url import parse_url
     from http_message_signatures.algorithms import HMAC_SHA256
     from http_message_signatures.structures import VerifyResult, normalize_header_value
-except ImportError:  # an upgrade moved them: every call takes the library's public path (slower, never wrong)
+except ImportError:
+    # an upgrade moved them: every call takes the library's public path (slower, never wrong)
     _LIBRARY_OK = False
 else:
     _LIBRARY_OK = True
@@ -72,7 +75,8 @@ def _fields(headers: Any) -> dict[str, str]:
     return {k: ", ".join(v) for k, v in lines.items()}
 
 
-@functools.lru_cache(maxsize=512)  # one URL per daemon and path: parsed once (the parse is pure)
+# one URL per daemon and path: parsed once (the parse is pure)
+@functools.lru_cache(maxsize=512)
 def _url_components(url: str) -> tuple[str, str, str] | None:
     """``@authority``, ``@path``, ``@query`` of an absolute URL, as the library resolves them."""
     try:
@@ -100,7 +104,8 @@ def _digest(body: bytes) -> str:
 
 
 _EMPTY_DIGEST = f"sha-256=:{base64.b64encode(hashlib.sha256(b'').digest()).decode()}:"
-_DIGESTS: dict[int, tuple[bytes, str]] = {}  # id(body) -> (body, its digest): answers served many times
+# id(body) -> (body, its digest): answers served many times
+_DIGESTS: dict[int, tuple[bytes, str]] = {}
 
 
 def _digest_of(body: bytes) -> str:
@@ -119,7 +124,8 @@ def _digest_of(body: bytes) -> str:
     return digest
 
 
-@functools.lru_cache(maxsize=8)  # the keys of one or two fleets
+# the keys of one or two fleets
+@functools.lru_cache(maxsize=8)
 def _keyed(key: bytes) -> Any:
     """An HMAC-SHA256 object keyed with ``key``, before any data: copied for each message (OpenSSL 3
     looks the algorithm up again for every new HMAC, a few µs; a copy does not)."""
@@ -191,7 +197,8 @@ def sign_request(key: bytes, key_id: str, method: str, url: str, node_id: str | 
 _HEADER_NAMES = {"gpusd-node": "Gpusd-Node", "gpusd-user": "Gpusd-User", "gpusd-cert": "Gpusd-Cert"}
 
 
-@functools.lru_cache(maxsize=256)  # a client signs few method, URL and node combinations
+# a client signs few method, URL and node combinations
+@functools.lru_cache(maxsize=256)
 def _request_head(method: str, url: str, extra: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
     """The covered component ids of gpusd's request signature for these values (``extra``: the
     covered ``gpusd-*`` fields, in the shape's order) and the signature base's lines before
@@ -208,25 +215,39 @@ def _request_head(method: str, url: str, extra: tuple[tuple[str, str], ...]) -> 
         elements.append((f'"{name}"', value))
     ids = " ".join([k for k, _ in elements] + ['"content-digest"'])
     prefix = "".join(f"{k}: {v}\n" for k, v in elements)
-    return (ids, prefix) if prefix.isascii() else None  # (the rest of the base is ASCII by its shape)
+    # (the rest of the base is ASCII by its shape)
+    return (ids, prefix) if prefix.isascii() else None
+
+
+def _signed_input(shape: re.Pattern[str], key_id: str, headers: Any, skew: float, now: float | None
+                  ) -> tuple[dict[str, str], re.Match[str]] | None:
+    """The fields and the ``Signature-Input`` match of a message signed by ``key_id`` in gpusd's
+    ``shape`` (a request's or a response's) and created within ``skew``; None otherwise (the caller
+    asks the library)."""
+    if not _LIBRARY_OK:
+        return None
+    f = _fields(headers)
+    m = shape.fullmatch(f.get("signature-input", ""))
+    if m is None or m["keyid"] != key_id or "signature" not in f:
+        return None
+    if not _created_ok(int(m["created"]), skew, now):
+        return None
+    return f, m
 
 
 def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any, body: bytes,
                    skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for a request carrying gpusd's exact signature shape that the
     library would accept, or None (anything else: the caller asks the library)."""
-    if not _LIBRARY_OK:
+    signed = _signed_input(_REQ_INPUT, key_id, headers, skew, now)
+    if signed is None:
         return None
-    f = _fields(headers)
-    m = _REQ_INPUT.fullmatch(f.get("signature-input", ""))
-    if m is None or m["keyid"] != key_id or "signature" not in f:
-        return None
-    if not _created_ok(int(m["created"]), skew, now):
-        return None
+    f, m = signed
     ids = m["list"]
     head = _verify_head(method, url, ids, tuple(f.get(n) for n in _REQ_OPTIONAL if f'"{n}"' in ids))
     digest = f.get("content-digest")
-    if head is None or digest is None or not _digest_ok(digest, body):  # (a right digest is a field value)
+    # (a right digest is a field value)
+    if head is None or digest is None or not _digest_ok(digest, body):
         return None
     params = m.group(1)
     elements, prefix = head
@@ -236,7 +257,8 @@ def verify_request(key: bytes, key_id: str, method: str, url: str, headers: Any,
     return _result((*elements, ('"content-digest"', digest)), params, m, body)
 
 
-@functools.lru_cache(maxsize=128)  # one daemon's few paths (bounded: any peer can send such headers)
+# one daemon's few paths (bounded: any peer can send such headers)
+@functools.lru_cache(maxsize=128)
 def _verify_head(method: str, url: str, ids: str, fields: tuple[str | None, ...]
                  ) -> tuple[tuple[tuple[str, str], ...], str] | None:
     """The covered components of a request signature with the component list ``ids`` (a match of
@@ -251,7 +273,8 @@ def _verify_head(method: str, url: str, ids: str, fields: tuple[str | None, ...]
         if "\r" in v or "\n" in v or not _derived_ok(v):
             return None
         elements.append((cid, v))
-    names = ids.split(" ")[4:-1]  # the covered gpusd-* fields (the last is content-digest, checked apart)
+    # the covered gpusd-* fields (the last is content-digest, checked apart)
+    names = ids.split(" ")[4:-1]
     if len(names) != len(fields):
         return None
     for cid, value in zip(names, fields):
@@ -269,8 +292,9 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
     fields already); False (nothing written) when the library must do it."""
     if not _LIBRARY_OK:
         return False
+    # (the shape of ``created``: _CREATED)
     if not _KEYID_RE.fullmatch(key_id) or not _NONCE_RE.fullmatch(nonce) or type(created) is not int \
-            or not 0 <= created < 10**15:  # (the shape of ``created``: _CREATED)
+            or not 0 <= created < 10**15:
         return False
     f = _fields(headers)
     if "content-digest" in f:
@@ -285,7 +309,8 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
         digest = _digest_of(body)
         prefix = f'{prefix}"content-digest": {digest}\n'
     params = f'({ids});created={created};keyid="{key_id}";alg="hmac-sha256";nonce="{nonce}";tag="gpusd-response"'
-    base = f'{prefix}"@signature-params": {params}'.encode()  # ASCII: the head is, and the values matched
+    # ASCII: the head is, and the values matched
+    base = f'{prefix}"@signature-params": {params}'.encode()
     mac = _mac(key, base)
     if digest is not None:
         headers["Content-Digest"] = digest
@@ -294,7 +319,8 @@ def sign_response(key: bytes, key_id: str, status: int, req_url: str, headers: M
     return True
 
 
-@functools.lru_cache(maxsize=64)  # a daemon signs few shapes (per path, status and its own identity)
+# a daemon signs few shapes (per path, status and its own identity)
+@functools.lru_cache(maxsize=64)
 def _response_head(status: int, req_url: str, names: tuple[str, ...], values: tuple[str | None, ...],
                    digest: bool) -> tuple[str, str] | None:
     """What a response signature of this shape has before its digest, ``created`` and ``nonce``:
@@ -323,16 +349,13 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
                     body: bytes | None, skew: float, now: float | None = None) -> Any:
     """The library's VerifyResult for an answer carrying gpusd's exact response shape that the
     library would accept (with ``body`` checked as the library's ``verify(body=...)`` does), or None."""
-    if not _LIBRARY_OK:
+    signed = _signed_input(_RESP_INPUT, key_id, headers, skew, now)
+    if signed is None:
         return None
-    f = _fields(headers)
-    m = _RESP_INPUT.fullmatch(f.get("signature-input", ""))
-    if m is None or m["keyid"] != key_id or "signature" not in f:
-        return None
-    if not _created_ok(int(m["created"]), skew, now):
-        return None
+    f, m = signed
     ids = m["list"]
-    digest_covered = ids.endswith('"content-digest"')  # (the shape allows it last only)
+    # (the shape allows it last only)
+    digest_covered = ids.endswith('"content-digest"')
     names = ids.split(" ")[3:-1] if digest_covered else ids.split(" ")[3:]
     head = _proof_head(status, req_method, req_url, tuple(f.get(cid[1:-1]) for cid in names), ids)
     if head is None:
@@ -358,7 +381,8 @@ def verify_response(key: bytes, key_id: str, status: int, req_method: str, req_u
     return _result(elements, params, m, checked)
 
 
-@functools.lru_cache(maxsize=128)  # the proofs of a few daemons, each the same about itself
+# the proofs of a few daemons, each the same about itself
+@functools.lru_cache(maxsize=128)
 def _proof_head(status: int, req_method: str, req_url: str, values: tuple[str | None, ...], ids: str
                 ) -> tuple[tuple[tuple[str, str], ...], str] | None:
     """The covered components of a response signature with the component list ``ids`` before its

@@ -54,20 +54,28 @@ from urllib.parse import quote, unquote
 from ..errors import SecretError
 from . import sigfast
 
-MAX_SKEW = 30.0  # seconds a signature's "created" may differ from the verifier's clock (either way)
-NONCE_CACHE_MAX = 200_000  # nonces remembered; only verified requests enter the cache
+# seconds a signature's "created" may differ from the verifier's clock (either way)
+MAX_SKEW = 30.0
+# nonces remembered; only verified requests enter the cache
+NONCE_CACHE_MAX = 200_000
 MIN_SECRET = 16  # bytes
 MAX_SECRET = 4096
 LABEL = "gpusd"
 TAG_REQUEST = "gpusd-request"
 TAG_RESPONSE = "gpusd-response"
 NODE_HEADER = "Gpusd-Node"
-CERT_HEADER = "Gpusd-Cert"  # a daemon's certificate fingerprint (answers); the one the client pinned (requests)
-USER_HEADER = "Gpusd-User"  # the account a user's SSH signature acts as (requests, gpusd 0.4)
-HOST_HEADER = "Gpusd-Host"  # the daemon's host name, percent-encoded UTF-8 (plain for DNS names)
-ADDRS_HEADER = "Gpusd-Addrs"  # the addresses it serves, comma-separated
-MAX_SIGNED_HOST = 255  # characters of a signed host name
-MAX_SIGNED_ADDRS = 64  # addresses in a signed answer
+# a daemon's certificate fingerprint (answers); the one the client pinned (requests)
+CERT_HEADER = "Gpusd-Cert"
+# the account a user's SSH signature acts as (requests, gpusd 0.4)
+USER_HEADER = "Gpusd-User"
+# the daemon's host name, percent-encoded UTF-8 (plain for DNS names)
+HOST_HEADER = "Gpusd-Host"
+# the addresses it serves, comma-separated
+ADDRS_HEADER = "Gpusd-Addrs"
+# characters of a signed host name
+MAX_SIGNED_HOST = 255
+# addresses in a signed answer
+MAX_SIGNED_ADDRS = 64
 SECRET_ENV = "GPUSD_TOKEN"
 SECRET_FILE_ENV = "GPUSD_TOKEN_FILE"
 _REQUEST_COMPONENTS = ("@method", "@authority", "@path", "@query")
@@ -151,7 +159,8 @@ class Headers(dict[str, str]):
 @dataclass
 class Request:
     method: str
-    url: str  # absolute: http://authority/path?query
+    # absolute: http://authority/path?query
+    url: str
     headers: Any = field(default_factory=Headers)
 
 
@@ -203,7 +212,8 @@ class FleetKey:
         self._req_verifier = _verifier(self.key_id, self.request_key)
         self._resp_verifier = _verifier(self.key_id, self.response_key)
 
-        self._fast = sigfast  # gpusd's own shape, the library as the reference (imported with the library)
+        # gpusd's own shape, the library as the reference (imported with the library)
+        self._fast = sigfast
 
     # -- requests ---------------------------------------------------------------------------------
     def sign_request(self, method: str, url: str, headers: MutableMapping[str, str] | None = None,
@@ -227,7 +237,8 @@ class FleetKey:
             account = account_of(user)
         fast = self._fast.sign_request(self.request_key, self.key_id, req.method, url, node_id, body, nonce, int(when),
                                        account, cert_fp)
-        if fast is not None:  # gpusd's one shape, as the library writes it (docs/security.md)
+        # gpusd's one shape, as the library writes it (docs/security.md)
+        if fast is not None:
             req.headers.update(fast[0])
             base = fast[1]
         else:
@@ -254,7 +265,8 @@ class FleetKey:
         """The library's VerifyResult of the request's gpusd signature; raises on any problem."""
         fast = self._fast.verify_request(self.request_key, self.key_id, req.method, str(req.url), req.headers, body,
                                       MAX_SKEW)
-        if fast is not None:  # gpusd's exact shape, accepted with the library's checks (docs/security.md)
+        # gpusd's exact shape, accepted with the library's checks (docs/security.md)
+        if fast is not None:
             return fast
         from http_message_signatures import InvalidSignature
 
@@ -262,7 +274,8 @@ class FleetKey:
         if len(results) != 1 or not results[0].nonce:
             raise InvalidSignature("one signature with a nonce expected")
         missing = _REQUEST_COVERED - results[0].covered_components.keys()
-        if missing:  # checked here rather than by the library's require_components: a third of the cost
+        # checked here rather than by the library's require_components: a third of the cost
+        if missing:
             raise InvalidSignature(f"the signature does not cover {sorted(missing)}")
         return results[0]
 
@@ -320,7 +333,8 @@ class FleetKey:
             return None
 
 
-@functools.lru_cache(maxsize=16)  # a daemon says the same about itself in every answer
+# a daemon says the same about itself in every answer
+@functools.lru_cache(maxsize=16)
 def _identity(node_id: str, cert_fp: str | None, host: str | None, addresses: tuple[str, ...]
               ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """The header fields a signed answer carries about the daemon, and the components its signature
@@ -359,7 +373,8 @@ def encode_host(name: str) -> str:
     return quote(name[:MAX_SIGNED_HOST], safe="")
 
 
-@functools.lru_cache(maxsize=256)  # per answer checked: the same few names again and again
+# per answer checked: the same few names again and again
+@functools.lru_cache(maxsize=256)
 def decode_host(value: object) -> str | None:
     """The host name of a signed ``Gpusd-Host`` value; None when absent or not a printable name of
     at most :data:`MAX_SIGNED_HOST` characters."""
@@ -456,7 +471,8 @@ class NonceCache:
     def __init__(self, ttl: float = 2 * MAX_SKEW, maximum: int = NONCE_CACHE_MAX) -> None:
         self.ttl, self.maximum = ttl, maximum
         self._seen: collections.OrderedDict[str, tuple[float, float]] = collections.OrderedDict()
-        self.floor = float("-inf")  # the latest ``created`` of a nonce this cache forgot
+        # the latest ``created`` of a nonce this cache forgot
+        self.floor = float("-inf")
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -466,7 +482,8 @@ class NonceCache:
         request's signing time (seconds since the epoch, as signed)."""
         now = time.monotonic() if now is None else now
         seen = self._seen
-        while seen:  # insertion order is expiry order
+        # insertion order is expiry order
+        while seen:
             first, (expires, was_created) = next(iter(seen.items()))
             if expires > now:
                 break

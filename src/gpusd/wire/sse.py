@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..errors import SSEError as SSEError  # re-exported: defined in gpusd.errors
+# re-exported: defined in gpusd.errors
+from ..errors import SSEError as SSEError
 from ..sanitize import dumps
 
-MAX_EVENT = 4 * 2**20  # bytes; the same bound as an HTTP JSON answer
+# bytes; the same bound as an HTTP JSON answer
+MAX_EVENT = 4 * 2**20
 
 
 def format_event(event: str, data: Any) -> bytes:

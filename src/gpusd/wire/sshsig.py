@@ -33,11 +33,15 @@ MAGIC = b"SSHSIG"
 VERSION = 1
 NAMESPACE = "gpusd"
 HEADER = "Gpusd-User-Signature"
-MAX_SIGNATURE = 8192  # bytes of the (decoded) blob: an RSA-16384 signature fits
+# bytes of the (decoded) blob: an RSA-16384 signature fits
+MAX_SIGNATURE = 8192
 MIN_RSA_BITS = 2048
-IDENTITY_ENV = "GPUSD_IDENTITY"  # what --identity FILE sets for the process and its renewer
-ACCOUNT_ENV = "GPUSD_ACCOUNT"  # the account on the GPU hosts a user signature acts as (default: the login name)
-AGENT_TIMEOUT = 30.0  # seconds: an agent may ask its user to confirm (ssh-add -c)
+# what --identity FILE sets for the process and its renewer
+IDENTITY_ENV = "GPUSD_IDENTITY"
+# the account on the GPU hosts a user signature acts as (default: the login name)
+ACCOUNT_ENV = "GPUSD_ACCOUNT"
+# seconds: an agent may ask its user to confirm (ssh-add -c)
+AGENT_TIMEOUT = 30.0
 MAX_AGENT_ANSWER = 262144
 KEY_TYPES = frozenset({"ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
                        "ssh-rsa"})
@@ -58,7 +62,8 @@ def _string(data: bytes) -> bytes:
 def _mpint(n: int) -> bytes:
     if n == 0:
         return _string(b"")
-    raw = n.to_bytes((n.bit_length() + 8) // 8, "big")  # a leading zero byte where the top bit is set
+    # a leading zero byte where the top bit is set
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "big")
     return _string(raw)
 
 
@@ -115,7 +120,8 @@ def parse_public(text: str) -> bytes:
         raise SshSigError("an SSH public key with bad base64") from None
     if key_type(blob) != fields[0]:
         raise SshSigError("an SSH public key whose type does not match its data")
-    _public_key(blob)  # parses: a broken key is refused here
+    # parses: a broken key is refused here
+    _public_key(blob)
     return blob
 
 
@@ -249,7 +255,8 @@ class FileSigner:
     key: Any
     public_blob: bytes
     source: str = ""
-    account: str | None = None  # the account its signatures act as (None: :func:`account_of`'s default)
+    # the account its signatures act as (None: :func:`account_of`'s default)
+    account: str | None = None
 
     @classmethod
     def load(cls, path: str, passphrase: bytes | None = None) -> FileSigner:
@@ -347,7 +354,8 @@ class AgentSigner:
     path: str
     public_blob: bytes
     comment: str = ""
-    account: str | None = None  # the account its signatures act as (None: :func:`account_of`'s default)
+    # the account its signatures act as (None: :func:`account_of`'s default)
+    account: str | None = None
 
     def sign_data(self, data: bytes) -> bytes:
         flags = _RSA_SHA2_512 if key_type(self.public_blob) == "ssh-rsa" else 0
@@ -372,7 +380,8 @@ def load_signer(identity: str | None = None, environ: dict[str, str] | None = No
     if sock:
         try:
             held = agent_keys(sock)
-        except SshSigError as exc:  # a stale $SSH_AUTH_SOCK: as ssh does, go on without the agent
+        except SshSigError as exc:
+            # a stale $SSH_AUTH_SOCK: as ssh does, go on without the agent
             import logging
 
             logging.getLogger("gpusd").warning("%s (going on without the agent)", exc)
@@ -434,7 +443,8 @@ def account_of(signer: object, environ: dict[str, str] | None = None) -> str:
 
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:  # a uid without a passwd entry (a container): its number, which names nobody
+    except KeyError:
+        # a uid without a passwd entry (a container): its number, which names nobody
         return str(os.geteuid())
 
 

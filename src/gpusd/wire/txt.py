@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Mapping
 
-from ..errors import TxtError as TxtError  # re-exported: defined in gpusd.errors
+# re-exported: defined in gpusd.errors
+from ..errors import TxtError as TxtError
 from ..model import HostSnapshot
 from ..sanitize import printable
 
@@ -33,11 +34,15 @@ TXT_VERSION = 1
 DEFAULT_SESSION = "default"
 API_PREFIX = "/api/v1"
 
-MAX_STRING = 255  # RFC 6763 §6.1: one length byte per string
-MAX_RECORD = 1300  # RFC 6763 §6.2: a TXT record should fit a single packet
-MAX_HWSD_RECORD = 8900  # hwsd records grow ~60 bytes per GPU; the mDNS packet limit bounds them
+# RFC 6763 §6.1: one length byte per string
+MAX_STRING = 255
+# RFC 6763 §6.2: a TXT record should fit a single packet
+MAX_RECORD = 1300
+# hwsd records grow ~60 bytes per GPU; the mDNS packet limit bounds them
+MAX_HWSD_RECORD = 8900
 MAX_GPUS = 256
-MAX_MODEL = 48  # characters of a model name kept in the TXT record
+# characters of a model name kept in the TXT record
+MAX_MODEL = 48
 
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:{}-]{0,127}")
@@ -64,13 +69,16 @@ class TxtRecord:
     gpusd_version: str | None = None
     simulated: bool = False
     auth: bool = False
-    tls_port: int | None = None  # the daemon's HTTPS port (``tls``), when it serves TLS
-    cert_fp: str | None = None  # its certificate's SHA-256 fingerprint (``fp``): pinned by clients
+    # the daemon's HTTPS port (``tls``), when it serves TLS
+    tls_port: int | None = None
+    # its certificate's SHA-256 fingerprint (``fp``): pinned by clients
+    cert_fp: str | None = None
     version: int = TXT_VERSION
     source: str = "gpusd"  # "gpusd" or "hwsd"
     # hwsd only: (type, port, device) per GPU listed; port/device HWSD_NO_VALUE when not announced
     hwsd_gpus: list[tuple[str, int, int]] = field(default_factory=list)
-    gpusd_marker: bool = False  # an hwsd record announced by a gpusd daemon in compat mode
+    # an hwsd record announced by a gpusd daemon in compat mode
+    gpusd_marker: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -168,7 +176,8 @@ def encode_txt(
     for k, run in enumerate(runs):
         cost = 1 + len(f"g{k}={run}".encode())
         if cost > budget:
-            kept = {}  # a partial inventory would lie about the count: send none
+            # a partial inventory would lie about the count: send none
+            kept = {}
             break
         kept[f"g{k}"] = run
         budget -= cost
@@ -195,9 +204,11 @@ def record_size(props: Mapping[str, str | None]) -> int:
 
 
 HWSD_NET_TYPE = "_net-sd._tcp.local."
-HWSD_WINDOW_SYSTEM = "GLX"  # what Equalizer opens on a Linux GPU: an X screen
+# what Equalizer opens on a Linux GPU: an X screen
+HWSD_WINDOW_SYSTEM = "GLX"
 MAX_HWSD_NETS = 32
-HWSD_NET_TYPES = ("ETHERNET", "INFINIBAND", "LOOPBACK", "UNKNOWN")  # hwsd's NetInfo::setType names
+# hwsd's NetInfo::setType names
+HWSD_NET_TYPES = ("ETHERNET", "INFINIBAND", "LOOPBACK", "UNKNOWN")
 
 
 def hwsd_node_id(node_id: str) -> str:
@@ -227,7 +238,8 @@ class HwsdNet:
 
     name: str
     ipv4: str
-    type: str = "ETHERNET"  # one of HWSD_NET_TYPES
+    # one of HWSD_NET_TYPES
+    type: str = "ETHERNET"
     mac: str | None = None  # aa:bb:cc:dd:ee:ff
     up: bool = True
     linkspeed: int | None = None  # Mbit/s
@@ -248,7 +260,8 @@ def encode_hwsd_net(*, node_id: str, hostname: str, session: str, nets: list[Hws
         props[f"Net{k} IPv4"] = net.ipv4
         if net.linkspeed is not None:
             props[f"Net{k} Linkspeed"] = str(net.linkspeed)
-        props[f"Net{k} Up"] = "1" if net.up else "0"  # hwsd writes a bool with <<: 1 or 0
+        # hwsd writes a bool with <<: 1 or 0
+        props[f"Net{k} Up"] = "1" if net.up else "0"
     props["GPUSD"] = "1"
     return props
 
@@ -278,7 +291,8 @@ def parse_txt_bytes(raw: bytes, limit: int = MAX_RECORD, *, lenient: bool = Fals
         item = raw[i : i + n]
         i += n
         if not item:
-            continue  # an empty string is allowed (the empty record is a single \x00)
+            # an empty string is allowed (the empty record is a single \x00)
+            continue
         key_b, eq, value = item.partition(b"=")
         try:
             if not key_b:
@@ -350,7 +364,8 @@ def _int(props: dict[str, bytes | None], key: str, lo: int, hi: int, *, required
     if text is None:
         return None
     text = text.strip()
-    if not (text.isascii() and text.isdigit()) or len(text) > 9:  # str.isdigit() admits "²", which int() refuses
+    # str.isdigit() admits "²", which int() refuses
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
         raise TxtError(f"TXT value of {key!r} is not a number: {text[:20]!r}")
     value = int(text)
     if not lo <= value <= hi:
@@ -438,8 +453,10 @@ def _decode_runs(props: dict[str, bytes | None], count: int) -> list[tuple[str, 
 # digits give 0 and an overflow gives UINT_MAX (C++11 num_get); a string is its first word.  hwsd
 # skips a GPU without a (non-empty) ``GPU<i> Type`` and reads a missing ``GPU Count`` as 0.
 UINT_MAX = 2**32 - 1
-HWSD_NO_VALUE = UINT_MAX  # hwsd's GPUInfo::defaultValue: port/device not announced
-_HWSD_TYPE_KEY_RE = re.compile(r"gpu(0|[1-9][0-9]{0,9}) type")  # keys as hwsd writes them: GPU<k>, k decimal
+# hwsd's GPUInfo::defaultValue: port/device not announced
+HWSD_NO_VALUE = UINT_MAX
+# keys as hwsd writes them: GPU<k>, k decimal
+_HWSD_TYPE_KEY_RE = re.compile(r"gpu(0|[1-9][0-9]{0,9}) type")
 _CXX_SPACE = b" \t\n\v\f\r"
 
 
@@ -454,10 +471,12 @@ def hwsd_uint(value: bytes) -> int:
     if not run:
         return 0
     run = run.lstrip(b"0") or b"0"
-    if len(run) > 10 or int(run) > UINT_MAX:  # more than 10 significant digits is always an overflow
+    # more than 10 significant digits is always an overflow
+    if len(run) > 10 or int(run) > UINT_MAX:
         return UINT_MAX
     number = int(run)
-    return (-number) % 2**32 if negative else number  # unsigned arithmetic: -1 reads as UINT_MAX
+    # unsigned arithmetic: -1 reads as UINT_MAX
+    return (-number) % 2**32 if negative else number
 
 
 def hwsd_word(value: bytes, limit: int = 64) -> str:
@@ -478,7 +497,8 @@ def decode_hwsd(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtRec
 
     def value(key: str) -> bytes | None:
         v = props.get(key)
-        return v if v else None  # hwsd: an empty value is no value
+        # hwsd: an empty value is no value
+        return v if v else None
 
     count_raw = value("gpu count")
     count = hwsd_uint(count_raw) if count_raw is not None else 0
@@ -486,11 +506,13 @@ def decode_hwsd(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtRec
     gpus: list[tuple[str, int, int]] = []
     for i in indices:
         if i >= count:
-            continue  # hwsd reads GPU0 .. GPU<count - 1> only
+            # hwsd reads GPU0 .. GPU<count - 1> only
+            continue
         type_raw = value(f"gpu{i} type")
         kind = hwsd_word(type_raw, 4) if type_raw is not None else ""
         if not kind:
-            continue  # hwsd skips it (an all-blank Type would make a nameless GPU there)
+            # hwsd skips it (an all-blank Type would make a nameless GPU there)
+            continue
         if len(gpus) == MAX_GPUS:
             raise TxtError(f"more than {MAX_GPUS} GPUs")
         port_raw, device_raw = value(f"gpu{i} port"), value(f"gpu{i} device")
@@ -499,7 +521,8 @@ def decode_hwsd(raw: bytes | Mapping[bytes | str, bytes | str | None]) -> TxtRec
     node_raw, host_raw, session_raw = value("nodeid"), value("hostname"), value("session")
     node_id = hwsd_word(node_raw, 128) if node_raw is not None else ""
     if not _NODE_RE.fullmatch(node_id):
-        node_id = ""  # hwsd would hash something out of it; the client names the host by its instance
+        # hwsd would hash something out of it; the client names the host by its instance
+        node_id = ""
     hostname = hwsd_word(host_raw, 253) if host_raw is not None else ""
     session = (hwsd_word(session_raw) if session_raw is not None else "") or DEFAULT_SESSION
     return TxtRecord(
