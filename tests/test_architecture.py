@@ -462,17 +462,6 @@ def test_comments_and_docstrings_cite_no_issue_numbers() -> None:
 
 
 # -- no import cycle inside a package --------------------------------------------------------------------
-# The cycles left, each to be broken by moving the shared piece down (listed so that no new one is added).
-CYCLES_PENDING = [
-    {"alloc.policy", "alloc.priority"},  # the priority policy is read from the fair-use policy and back
-    {"alloc.placement", "alloc.select"},  # choose() calls pick(); pick() ranks with score()
-    {"alloc.authority", "alloc.leases", "alloc.leaseview"},
-    {"daemon.access", "daemon.guard", "daemon.routes"},
-    {"discovery.client", "discovery.follower", "discovery.mdns", "discovery.peers", "discovery.source",
-     "discovery.widearea"},
-]
-
-
 def package_cycles() -> list[set[str]]:
     """The import cycles among the modules of one package (files, lazy and type-checking imports
     included): each a set of module names without the ``gpusd.`` prefix."""
@@ -530,9 +519,100 @@ def package_cycles() -> list[set[str]]:
     return out
 
 
-def test_no_new_import_cycle_inside_a_package() -> None:
-    cycles = package_cycles()
-    new = [sorted(c) for c in cycles if not any(c <= p for p in CYCLES_PENDING)]
-    assert new == [], f"modules of one package import each other: {new}"
-    gone = [sorted(p) for p in CYCLES_PENDING if not any(c & p for c in cycles)]
-    assert gone == [], f"broken: drop them from CYCLES_PENDING: {gone}"
+def test_no_import_cycle_inside_a_package() -> None:
+    """Modules of one package never import each other (lazily or for type checking either): what both
+    sides need lives in the lower one, or is passed in."""
+    assert [sorted(c) for c in package_cycles()] == []
+
+
+# -- imports inside functions: kept for start-up, and said so once per module ------------------------------
+LAZY_MARKER = "# Imports inside functions: "
+LAZY_QUICK = "start-up (quick commands import this module)"
+LAZY_REASONS = {
+    LAZY_QUICK,
+    "start-up (a command's own module)",
+    "optional or heavy packages",
+    "memory at rest (loaded on request)",
+    "not yet hoisted",
+}
+
+
+def lazy_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """The imports inside functions of a module's syntax tree (those for type checking left out): each
+    its line and its kind, ``gpusd``, ``third`` (a third-party package) or ``std`` (the standard library)."""
+    out: list[tuple[int, str]] = []
+
+    def walk(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
+                if isinstance(child, ast.ImportFrom) and child.level:
+                    names = ["gpusd"]
+                elif isinstance(child, ast.ImportFrom):
+                    names = [child.module or ""]
+                else:
+                    names = [a.name for a in child.names]
+                for name in names:
+                    top = name.split(".")[0]
+                    kind = "gpusd" if top == "gpusd" else "std" if top in sys.stdlib_module_names else "third"
+                    out.append((child.lineno, kind))
+            walk(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    walk(tree, False)
+    return out
+
+
+def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str]) -> list[str]:
+    """What the rule of docs/architecture.md ("Imports inside functions") finds wrong in ``files``: a
+    module that must carry the marker line and does not, one that carries it without need or more than
+    once or below its first definition, an unknown reason, or the start-up reason off the quick path."""
+    problems = []
+    for me, path in files:
+        text = path.read_text()
+        tree = ast.parse(text, str(path))
+        kinds = {kind for _, kind in lazy_imports(tree)}
+        needs = bool(kinds & {"gpusd", "third"}) or (me not in quick and bool(kinds))
+        lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.startswith(LAZY_MARKER)]
+        first_def = min((n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                         ast.ClassDef))), default=10**9)
+        if needs and not lines:
+            problems.append(f"{me}: imports inside functions, and no line '{LAZY_MARKER}REASON.'")
+        elif not kinds and lines:
+            problems.append(f"{me}: a marker line, and no import inside a function")
+        if len(lines) > 1:
+            problems.append(f"{me}: {len(lines)} marker lines (one per module)")
+        for number, line in lines:
+            if number > first_def:
+                problems.append(f"{me}:{number}: the marker line belongs near the top, before the imports")
+            reasons = line[len(LAZY_MARKER):].rstrip(".").split("; ")
+            problems += [f"{me}:{number}: unknown reason {r!r}" for r in reasons if r not in LAZY_REASONS]
+            if LAZY_QUICK in reasons and me not in quick:
+                problems.append(f"{me}:{number}: no quick command imports it (tests/quickpath.py)")
+    return problems
+
+
+def test_lazy_imports_are_marked_once_with_a_known_reason() -> None:
+    from quickpath import QUICK
+
+    assert lazy_marker_problems(_source_files(), QUICK) == []
+
+
+def test_the_lazy_import_rule_sees_each_kind_of_mistake(tmp_path: Path) -> None:
+    def check(me: str, text: str, quick: frozenset[str] = frozenset()) -> list[str]:
+        path = tmp_path / f"{me}.py"
+        path.write_text(text)
+        return lazy_marker_problems([(me, path)], quick)
+
+    lazy_gpusd = "def f():\n    from .model import GpuInfo\n"
+    lazy_std = "def f():\n    import json\n"
+    assert check("a", lazy_gpusd) != []  # unmarked
+    assert check("a", lazy_std, frozenset({"a"})) == []  # the standard library's, on the quick path
+    assert check("a", lazy_std) != []  # ... off it
+    assert check("a", f"{LAZY_MARKER}{LAZY_QUICK}.\n" + lazy_gpusd, frozenset({"a"})) == []
+    assert check("a", f"{LAZY_MARKER}{LAZY_QUICK}.\n" + lazy_gpusd) != []  # not on the quick path
+    assert check("a", f"{LAZY_MARKER}because.\n" + lazy_gpusd) != []  # no such reason
+    assert check("a", f"{LAZY_MARKER}not yet hoisted.\n") != []  # nothing to mark
+    assert check("a", lazy_gpusd + f"{LAZY_MARKER}not yet hoisted.\n") != []  # below a definition
+    typed = "if TYPE_CHECKING:\n    from .model import GpuInfo\n"
+    assert check("a", typed) == []  # an import for type checking is not lazy

@@ -1,5 +1,6 @@
 """One-call view of this host."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from .model import HostSnapshot

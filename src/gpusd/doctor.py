@@ -10,8 +10,10 @@ TTL of 0 (the kernel loops the datagram back to this host's sockets and never tr
 of its own, not mDNS's; the clock is compared with the snapshots the local daemon already receives.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import importlib.util
 import os
 import stat
 import time
@@ -296,7 +298,6 @@ def systemd_unit() -> Check:
 
 
 def _package_version(module: str) -> str | None:
-    import importlib.util
     from importlib.metadata import PackageNotFoundError, version
 
     if importlib.util.find_spec(module) is None:

@@ -34,6 +34,7 @@ Two subclasses keep their base's code on every wire (older peers read them as be
 are also :class:`ValueError` stay catchable as before.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 # typing is not imported at run time: start-up time

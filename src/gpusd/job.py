@@ -17,10 +17,12 @@ atomically) and the signal that announces a change (``GPUSD_NOTIFY_SIGNAL``, def
 :class:`Job` describes no job (``active`` is False) and never calls back.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from typing import Any, Callable, NoReturn
@@ -133,7 +135,6 @@ def gpu_count(path: str | None = None) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m gpusd.job --count | --horovod-discovery [--host NAME]`` (docs/jobs.md)."""
     import argparse
-    import re
     import socket
 
     p = argparse.ArgumentParser(prog="python -m gpusd.job",

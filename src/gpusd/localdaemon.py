@@ -13,6 +13,7 @@ The standard library and the core only: the discovery clients import it (the lay
 list`` reads it on its quick path.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import fcntl

@@ -13,6 +13,7 @@ data from the network: it validates types and bounds and raises :class:`gpusd.er
 :class:`ValueError`) with a message naming the bad field, so a malformed record can be logged and skipped.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import math

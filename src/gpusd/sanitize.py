@@ -34,6 +34,7 @@ Rich markup is not this module's business: ``gpusd top`` hands data to rich only
 become ``null``.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json

@@ -39,7 +39,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .model import GpuInfo, HostSnapshot
-from .units import parse_bytes
+from .units import DURATION_UNITS, format_bytes, parse_bytes
 
 EXCEEDED = "exceeded"
 CLEARED = "cleared"
@@ -142,8 +142,6 @@ def format_value(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "B":
-        from .units import format_bytes
-
         return format_bytes(int(value))
     if unit == "%":
         return f"{value:.3g}%" if value < 100 else f"{value:.0f}%"
@@ -153,8 +151,6 @@ def format_value(value: float | None, unit: str) -> str:
 
 
 def _duration(num: str, unit: str, rule: str) -> float:
-    from .units import DURATION_UNITS
-
     factor = DURATION_UNITS.get(unit.lower())
     if factor is None:
         raise ConfigError(f"bad threshold rule {rule!r}: unknown duration unit {unit!r} (use s, m, h or ms)")

@@ -19,7 +19,8 @@ from fakenvml import make_gpus
 from gpusd.alloc import queue
 from gpusd.alloc.api import LeaseRequest, allocate
 from gpusd.alloc.leases import LeaseStore
-from gpusd.alloc.priority import HIGH, LOW, NORMAL, URGENT, PriorityPolicy, load_policy, parse_policy
+from gpusd.alloc.policy import load_priority_policy
+from gpusd.alloc.priority import HIGH, LOW, NORMAL, URGENT, PriorityPolicy, parse_policy
 from gpusd.alloc.select import Constraints
 from gpusd.errors import NoGpuAvailable
 from other_user import MALLORY, AsUser, needs_root
@@ -198,18 +199,18 @@ def test_a_priority_policy_another_user_can_write_is_ignored(shared_locks, monke
     policy = shared_locks / "priorities.json"
     policy.write_text(json.dumps({"max": "urgent"}))
     os.chown(policy, MALLORY, MALLORY)
-    assert load_policy(str(policy)).max_for(MALLORY) == HIGH  # hers: ignored, the defaults apply
+    assert load_priority_policy(str(policy)).max_for(MALLORY) == HIGH  # hers: ignored, the defaults apply
     os.chown(policy, 0, 0)
     os.chmod(policy, 0o666)
-    assert load_policy(str(policy)).max_for(MALLORY) == HIGH  # root's but world-writable: ignored
+    assert load_priority_policy(str(policy)).max_for(MALLORY) == HIGH  # root's but world-writable: ignored
     assert "ignoring the priority policy" in caplog.text
     os.chmod(policy, 0o644)
-    assert load_policy(str(policy)).max_for(MALLORY) == URGENT  # root's, only root may write it
+    assert load_priority_policy(str(policy)).max_for(MALLORY) == URGENT  # root's, only root may write it
     link = shared_locks / "link.json"
     link.symlink_to(policy)
-    assert load_policy(str(link)).max_for(MALLORY) == HIGH  # never through a symlink
+    assert load_priority_policy(str(link)).max_for(MALLORY) == HIGH  # never through a symlink
     os.chmod(policy, 0o666)  # made writable by others after a good read: no longer believed, cache or not
-    assert load_policy(str(policy)).max_for(MALLORY) == HIGH
+    assert load_priority_policy(str(policy)).max_for(MALLORY) == HIGH
 
 
 def test_policy_files_are_checked_field_by_field():
@@ -324,15 +325,15 @@ def test_the_clients_environment_cannot_lift_the_administrators_priority_bounds(
     root.chmod(0o644)
     monkeypatch.setattr(priority, "PRIORITY_PATH", str(root))
     nobody = 65534
-    assert priority.load_policy().max_for(nobody) == NORMAL
+    assert load_priority_policy().max_for(nobody) == NORMAL
     lax = tmp_path / "lax.json"
     lax.write_text(json.dumps({"max": "urgent"}))
     lax.chmod(0o644)
     for chosen in (str(lax), str(tmp_path / "nonexistent.json")):
         monkeypatch.setenv("GPUSD_PRIORITY_POLICY", chosen)
-        assert priority.load_policy().believed(HIGH, nobody) == NORMAL, chosen
+        assert load_priority_policy().believed(HIGH, nobody) == NORMAL, chosen
     strict = tmp_path / "strict.json"
     strict.write_text(json.dumps({"max": "low"}))
     strict.chmod(0o644)
     monkeypatch.setenv("GPUSD_PRIORITY_POLICY", str(strict))
-    assert priority.load_policy().max_for(nobody) == LOW
+    assert load_priority_policy().max_for(nobody) == LOW

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fakenvml import make_gpus
+from quickpath import QUICK
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -88,6 +89,8 @@ def test_a_quick_command_imports_only_what_it_runs(fake_nvml, cli_env, args) -> 
         others -= {"gpusd.views"}
         assert sorted(m for m in mods if m.startswith("gpusd.views.")) == ["gpusd.views.tables"]
     assert sorted(mods & others) == []
+    # gpusd's modules: those tests/quickpath.py pins, no more (a new one there is a cost every quick command may pay)
+    assert sorted(m for m in mods if m.split(".")[0] == "gpusd" and m not in QUICK) == []
 
 
 @pytest.mark.parametrize("command", ["select", "env"])
@@ -124,6 +127,7 @@ def test_a_lock_directory_without_lease_records_is_looked_at_without_their_parse
 def test_select_on_simulated_gpus_does_not_load_nvml(cli_env) -> None:
     mods = _modules(["select", "-n", "1", "--simulate", "2xA100-80GB"], cli_env)
     assert "pynvml" not in mods and "gpusd.inventory.nvml" not in mods and "ctypes" not in mods
+    assert sorted(m for m in mods if m.split(".")[0] == "gpusd" and m not in QUICK) == []
 
 
 def test_help_still_lists_every_command() -> None:

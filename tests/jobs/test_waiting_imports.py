@@ -31,6 +31,7 @@ sys.exit(main(sys.argv[3:]))
 # (add it only where waiting needs it; what only a running job needs is imported when the command starts)
 WAITING = {
     "gpusd", "gpusd._version", "gpusd.alloc", "gpusd.alloc.api", "gpusd.alloc.authority", "gpusd.alloc.env",
+    "gpusd.alloc.candidate",  # alloc.select's Candidate, kept below it and alloc.placement
     # a waiting job must not take a GPU booked for someone else
     "gpusd.sanitize", "gpusd.alloc.backend", "gpusd.alloc.bookings",
     "gpusd.jobs.containers",  # the command is read once: a container run is rewritten for its GPUs

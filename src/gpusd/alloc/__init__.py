@@ -2,6 +2,7 @@
 
 * :mod:`.select` — the constraints (:class:`Constraints`, defined once for flags and keywords) and the ranking;
 * :mod:`.placement` — a multi-GPU set chosen by topology, and why;
+* :mod:`.candidate` — a device the ranking found (:class:`Candidate`), below both;
 * :mod:`.cpus` — binding a command to its GPUs' CPUs;
 * :mod:`.leases` — leases held with flock, in the shared lock directory or the authority's;
 * :mod:`.epoch` — fencing tokens: the epoch each grant of a GPU carries, growing across restarts;

@@ -15,16 +15,18 @@ Refused: another user's process, a process on no GPU, a GPU leased to someone (e
 and what the fair-use policy's caps refuse (:mod:`.policy`).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import select
 import subprocess
 import sys
 
-from ..errors import ConfigError, GpusdError, NoGpuAvailable
-from ..sanitize import json_object
+from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable
+from ..sanitize import for_terminal, json_object
 
 # typing is not imported at run time: start-up time
 TYPE_CHECKING = False
@@ -64,7 +66,6 @@ def _user(uid: int) -> str:
 def gpus_of(pid: int) -> tuple[list[str], bool]:
     """The UUIDs of the GPUs NVML lists ``pid`` on (a MIG slice's own UUID where it runs on one), and
     whether they are MIG slices."""
-    from ..errors import BackendUnavailable
     from .api import shared_backend
 
     try:
@@ -100,7 +101,6 @@ def check(pid: int, caller: int | None = None) -> tuple[int, int, list[str], boo
     uuids, slices = gpus_of(pid)
     if not uuids:
         raise ConfigError(f"process {pid} runs on no GPU (NVML lists it on none): nothing to adopt")
-    from ..sanitize import for_terminal
     from .leases import LeaseStore
 
     held = [le for le in LeaseStore().leases() if le.device in uuids and not le.unleased]
@@ -142,12 +142,8 @@ def _become(uid: int) -> None:
     word, through the lease authority too).  What the lease needs is imported first: after the switch,
     the interpreter's own files may not be readable."""
     import array  # noqa: F401
-    import fcntl  # noqa: F401
-    import pwd
     import socket  # noqa: F401
-    import struct  # noqa: F401
 
-    from . import api, authority, epoch, handle, leases, lockdir, policy, priority, queue  # noqa: F401
 
     try:
         pw = pwd.getpwuid(uid)

@@ -6,6 +6,7 @@
 ...     import torch                                         # sees exactly those two GPUs
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os
@@ -254,10 +255,11 @@ MIN_GAP = 0.02
 def _believed(req: LeaseRequest) -> int:
     """The priority class ``req`` waits and leases in: what it claims, up to what the priority policy
     allows its holder's uid (default: this process's user)."""
-    from .priority import NORMAL, load_policy
+    from .policy import load_priority_policy
+    from .priority import NORMAL
 
     uid = os.geteuid() if req.holder.uid is None else req.holder.uid
-    return load_policy().believed(NORMAL if req.priority is None else req.priority, uid)
+    return load_priority_policy().believed(NORMAL if req.priority is None else req.priority, uid)
 
 
 def allocate(req: LeaseRequest, *, store: LeaseStore | None = None, backend: Backend | None = None) -> Selection:

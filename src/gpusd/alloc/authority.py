@@ -55,6 +55,7 @@ the process answering is one of those (``SO_PEERCRED`` again); otherwise it fall
 directory.  ``GPUSD_LEASE_SOCKET=off`` disables the daemon path.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os
@@ -247,7 +248,7 @@ class RemoteLease(LeaseHandle):
     def _ask(self, req: dict[str, Any], wait: bool, timeout: float | None) -> dict[str, Any]:
         import json
 
-        from .leases import mutex_timeout
+        from .lockdir import mutex_timeout
 
         if self.released:
             raise GpusdError("the lease has ended")
@@ -603,7 +604,7 @@ def _read(sock: socket.socket, reader: _Lines, wait: bool, timeout: float | None
     a daemon that ends a wait without answering (it stops, or died) is :class:`DaemonGone`."""
     import time
 
-    from .leases import mutex_timeout
+    from .lockdir import mutex_timeout
 
     limit = None if (wait and timeout is None) else (timeout or 0.0) + mutex_timeout() + REPLY_SLACK
     start = time.monotonic()

@@ -1,6 +1,7 @@
 """This process's one inventory backend (NVML initialised once, handles cached), shared by the
 selection API (:mod:`.api`), ``set_cuda_visible_devices`` (:mod:`.env`) and the job supervisor."""
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

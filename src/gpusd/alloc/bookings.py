@@ -17,6 +17,7 @@ does to them is in docs/pool.md, "Clocks": the rule only decides who may *take* 
 never granted twice, since every grant is a lock (the daemon's hold at WHEN included).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json

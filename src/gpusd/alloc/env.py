@@ -9,6 +9,7 @@
   never ``CUDA_VISIBLE_DEVICES``: the rules are the inventory's (:mod:`gpusd.inventory.vendors`).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

@@ -33,6 +33,7 @@ purpose: the lease then lasts as long as the job's processes do, even if ``gpusd
 killed with SIGKILL.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import math
@@ -49,6 +50,7 @@ from .lockdir import (
     DEFAULT_LOCK_DIR,
     DIR_FLAGS,
     FILE_FLAGS,
+    LazyLog,
     abandoned,
     check_private_dir,
     create_exclusive,
@@ -63,9 +65,22 @@ from .lockdir import (
     process_uid,
     read_live,
     replace_private_dir,
+    safe_name,
     try_lock,
     user_name,
     write_new,
+)
+from .lockdir import (  # the bounds and the mutex's, named here too (their users import them from here)
+    MAX_LEASE_BYTES as MAX_LEASE_BYTES,
+)
+from .lockdir import (
+    MAX_LEASE_FILES as MAX_LEASE_FILES,
+)
+from .lockdir import (
+    MUTEX_TIMEOUT as MUTEX_TIMEOUT,
+)
+from .lockdir import (
+    mutex_timeout as mutex_timeout,
 )
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
@@ -73,38 +88,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterator
 
 
-class _Log:
-    """``logging`` imported on first use: most commands never log here (start-up time matters)."""
-
-    def __getattr__(self, name: str) -> Any:
-        import logging
-
-        return getattr(logging.getLogger(__name__), name)
-
-
-log = _Log()
+log = LazyLog(__name__)
 
 AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
 CLAIM_FILE = "authority.lock"  # locked by the daemon that is the lease authority, for its whole life
 LEASE_FORMAT = 1
-MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
-MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
 MAX_LEASE_DEVICES = 64
 MAX_EPOCH = 2**63  # an epoch read from a record is a positive 64-bit number (alloc.epoch)
-MAX_LEASE_FILES = 4096
 
 
 def lock_dir() -> Path:
     return Path(os.environ.get("GPUSD_LOCK_DIR") or DEFAULT_LOCK_DIR)
-
-
-def mutex_timeout() -> float:
-    """The bound on a wait for the selection mutex: ``$GPUSD_MUTEX_TIMEOUT`` seconds, default 10."""
-    try:
-        value = float(os.environ.get("GPUSD_MUTEX_TIMEOUT") or MUTEX_TIMEOUT)
-    except ValueError:
-        return MUTEX_TIMEOUT
-    return value if math.isfinite(value) and value > 0 else MUTEX_TIMEOUT
 
 
 def current_user() -> str | None:
@@ -701,7 +695,7 @@ class LeaseStore:
         if holders:  # /proc/locks sees this file system: check every device claimed
             for dev in rec["devices"]:
                 try:
-                    dst = os.stat(f"gpu-{_safe(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
+                    dst = os.stat(f"gpu-{safe_name(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
                 except OSError:
                     dst = None
                 locks = table.get(lock_key(dst), []) if (table is not None and dst is not None) else []
@@ -713,7 +707,7 @@ class LeaseStore:
                     dst.st_uid == st.st_uid
                 if not any((anyone or pid in holders) and excl != rec["shared"] for pid, excl in locks):
                     log.debug("ignoring lease file %s of %s: it claims %s, which its holder does not hold",
-                                name, user_name(st.st_uid), _safe(dev)[:64])
+                                name, user_name(st.st_uid), safe_name(dev)[:64])
                     return []
         pid, user = rec["pid"], rec["user"]
         if st.st_uid != 0:  # only root (the lease authority) may write a record for someone else
@@ -809,14 +803,14 @@ class LeaseStore:
         try:
             for dev in devices:
                 # read-only in the authority's store: the daemon passes these descriptors to its client
-                fd = open_lock_file(dfd, f"gpu-{_safe(dev)}.lock", self.dir, private=self.private,
+                fd = open_lock_file(dfd, f"gpu-{safe_name(dev)}.lock", self.dir, private=self.private,
                                     read_only=self.private)
                 fds.append(fd)
                 if not try_lock(fd, shared):
                     # A process that bypassed the mutex: named, so that someone can act
                     self.refused = dev
-                    self.refusal = (f"{_safe(dev)[:64]} is locked by {describe_holders(fd)} "
-                                    f"({self.dir / f'gpu-{_safe(dev)}.lock'})")
+                    self.refusal = (f"{safe_name(dev)[:64]} is locked by {describe_holders(fd)} "
+                                    f"({self.dir / f'gpu-{safe_name(dev)}.lock'})")
                     for f in fds:
                         os.close(f)
                     os.close(dfd)
@@ -941,16 +935,16 @@ class LeaseStore:
                         ids[(st.st_dev, st.st_ino)] = fd
                 for dev in devices:
                     try:
-                        st = os.stat(f"gpu-{_safe(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
+                        st = os.stat(f"gpu-{safe_name(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
                     except OSError:
-                        raise GpusdError(f"the lock file of {_safe(dev)[:64]} is gone") from None
+                        raise GpusdError(f"the lock file of {safe_name(dev)[:64]} is gone") from None
                     fd = ids.pop((st.st_dev, st.st_ino), -1)
                     if fd < 0:
-                        raise GpusdError(f"no descriptor of {_safe(dev)[:64]}'s lock was kept")
+                        raise GpusdError(f"no descriptor of {safe_name(dev)[:64]}'s lock was kept")
                     spare.remove(fd)
                     mine.append(fd)
                     if not try_lock(fd, shared):  # ours still holds it (a no-op), unless someone else does
-                        raise GpusdError(f"{_safe(dev)[:64]} is locked by {describe_holders(fd)}")
+                        raise GpusdError(f"{safe_name(dev)[:64]} is locked by {describe_holders(fd)}")
                 lease = Lease(lease_id, list(devices), shared, memory, self.dir / f"lease-{lease_id}.json", mine,
                               -1, dir_fd=dfd, record={**record, "lease_id": lease_id}, holder=holder)
                 mine, dfd = [], -1  # the lease's now
@@ -1081,10 +1075,6 @@ def mark_unleased(snap: HostSnapshot) -> None:
         users = {le.user for le in leases if le.user}
         for p in g.processes:
             p.unleased = not ((p.user is not None and p.user in users) or (holders and _ancestors(p.pid) & holders))
-
-
-def _safe(device: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in device)
 
 
 def _remove_unlocked(dir_fd: int, name: str) -> None:

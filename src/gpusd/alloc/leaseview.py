@@ -36,6 +36,7 @@ changed), and the bounds of :mod:`gpusd.alloc.leases` (record size, number of fi
 The :class:`~gpusd.model.LeaseInfo` values returned are copies: callers may change them.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os
@@ -57,16 +58,40 @@ from .inotify import (
     IN_Q_OVERFLOW,
     Inotify,
 )
-from .leases import MAX_LEASE_BYTES, MAX_LEASE_FILES, _safe, log
-from .lockdir import FILE_FLAGS, flock_table, lock_key, read_live, try_lock, user_name
+from .lockdir import (
+    FILE_FLAGS,
+    MAX_LEASE_BYTES,
+    MAX_LEASE_FILES,
+    LazyLog,
+    flock_table,
+    lock_key,
+    read_live,
+    safe_name,
+    try_lock,
+    user_name,
+)
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
-    from typing import Any
+    from typing import Any, Protocol
 
-    from .leases import LeaseStore
+    class LeaseStore(Protocol):
+        """What a view asks of :class:`gpusd.alloc.leases.LeaseStore`, whose ``leases`` looks through
+        this module (that module is above this one)."""
 
+        @property
+        def dir(self) -> Path: ...
+        @property
+        def private(self) -> bool: ...
+        def _parse(self, name: str, raw: bytes) -> dict[str, Any] | None: ...
+        def _believe(self, dfd: int, name: str, lease_id: str, st: os.stat_result, rec: dict[str, Any],
+                     table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]: ...
+        def _unleased(self, dfd: int, devices: list[str], confirmed: dict[str, set[int]],
+                      table: dict[str, list[tuple[int, bool]]] | None,
+                      suspects: set[int] | None = None) -> list[LeaseInfo]: ...
+
+log = LazyLog(__name__)
 REVALIDATE = 1.0  # seconds: a look re-reads and re-confirms every record at least this often
 MAX_VIEWS = 8  # directories one process keeps a view of (the shared one and the authority's, normally)
 _IN_OPEN = 0x020
@@ -88,7 +113,7 @@ class _Entry:
         self.key, self.st, self.record = key, st, record
         self.infos: list[LeaseInfo] = []
         self.pids: set[int] | None = None  # None: /proc/locks could not be read
-        self.devices: tuple[str, ...] = tuple(_safe(d) for d in record["devices"]) if record else ()
+        self.devices: tuple[str, ...] = tuple(safe_name(d) for d in record["devices"]) if record else ()
         self.sig: tuple[Any, ...] | None = None  # what /proc/locks said of its locks when it was confirmed
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import stat
 import time
@@ -29,10 +30,44 @@ from pathlib import Path
 
 from ..errors import DiskFull, GpusdError, LockBusy
 
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
 # $GPUSD_LOCK_DIR, else this (gpusd.alloc.leases.lock_dir)
 DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# What the lease store (gpusd.alloc.leases) and its view (gpusd.alloc.leaseview) both read of a directory
+MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
+MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
+MAX_LEASE_FILES = 4096
+
+
+def mutex_timeout() -> float:
+    """The bound on a wait for the selection mutex: ``$GPUSD_MUTEX_TIMEOUT`` seconds, default 10."""
+    try:
+        value = float(os.environ.get("GPUSD_MUTEX_TIMEOUT") or MUTEX_TIMEOUT)
+    except ValueError:
+        return MUTEX_TIMEOUT
+    return value if math.isfinite(value) and value > 0 else MUTEX_TIMEOUT
+
+
+def safe_name(device: str) -> str:
+    """A device's name as it may appear in a file name of the directory (``gpu-NAME.lock``)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in device)
+
+
+class LazyLog:
+    """A module's logger, ``logging`` imported on first use: most commands never log (start-up time)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, name: str) -> Any:
+        import logging
+
+        return getattr(logging.getLogger(self._name), name)
 
 
 def owner_name(uid: int) -> str:

@@ -34,9 +34,22 @@ from ..topology import WORST_RANK, has_topology, label, link_between, rank
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, Sequence
+    from typing import Any, Protocol, Sequence
 
-    from .select import Candidate, Constraints
+    from .candidate import Candidate
+
+    class Constraints(Protocol):
+        """What a set's choice reads of :class:`gpusd.alloc.select.Constraints` (that module ranks the
+        candidates and calls :func:`pick`: it is above this one)."""
+
+        @property
+        def count(self) -> int: ...
+        @property
+        def mig(self) -> bool: ...
+        @property
+        def shared(self) -> bool: ...
+        @property
+        def topology(self) -> str: ...
 
 TOPOLOGIES = ("auto", "any", "nvlink")
 TOL_UTIL = 10.0  # utilisation points
@@ -155,13 +168,11 @@ class _Ranks:
 
 
 def _describe(members: Sequence[Candidate], c: Constraints, ranks: _Ranks) -> _Set:
-    from .select import score
-
     pair_ranks = [ranks(a, b) for a, b in itertools.combinations(members, 2)]
     return _Set(list(members), max(pair_ranks, default=0),
                 sum(pair_ranks) / len(pair_ranks) if pair_ranks else 0.0,
                 max(_util(m) for m in members), max(_memory(m) for m in members),
-                sum(score(m, c)[0] for m in members))
+                sum(m.score[0] for m in members))  # the ranking's key, set by alloc.select.candidates
 
 
 def _sets(ranked: Sequence[Candidate], count: int, c: Constraints, ranks: _Ranks) -> list[_Set]:

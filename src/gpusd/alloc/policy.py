@@ -21,6 +21,7 @@ capped.  A user is counted by the name the lease records carry: the file owner o
 account a remote lease was attributed to (:mod:`gpusd.daemon.users`).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json
@@ -31,7 +32,10 @@ from collections.abc import Callable, Iterable
 
 from ..errors import OverCap as OverCap  # its name here stays importable
 from ..record import field, record
+from ..record import replace as replace_record
 from ..sanitize import json_object
+from . import priority
+from .priority import PRIORITIES, PriorityPolicy, parse_policy, priority_name
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,7 +75,6 @@ class Policy:
             return min(bounds) if bounds else None
         if most is not None and asked > most:
             from ..units import format_duration
-            from .priority import priority_name
 
             raise ValueError(f"--time {format_duration(asked)}: the policy ({self.source or FAIR_USE_PATH}) allows "
                              f"{priority_name(priority)} jobs at most {format_duration(most)}")
@@ -232,6 +235,38 @@ def load(path: str | None = None) -> Policy:
     return extra if root is None else stricter(root, extra)
 
 
+_priority_warned: set[str] = set()
+
+
+def _warn_once_per_file(path: str, message: str) -> None:
+    if path not in _priority_warned:
+        _priority_warned.add(path)
+        import logging  # lazily: the CLI's start-up time matters
+
+        logging.getLogger(priority.__name__).warning("%s", message)
+
+
+def load_priority_policy(path: str | None = None) -> PriorityPolicy:
+    """The priority policy (cached while the file is unchanged); the defaults where there is none or
+    it cannot be trusted or parsed (said once, in the log).  The administrator's (this policy's
+    ``priorities``, else :data:`gpusd.alloc.priority.PRIORITY_PATH`) applies whatever the client's
+    environment says: ``$GPUSD_PRIORITY_POLICY`` may only add bounds (each user's highest level the lower
+    of the two, aging the slower), and is the policy alone only where the administrator has none."""
+    if path is not None:
+        policy = load_root_file(path, "priority policy", _warn_once_per_file, parse_policy)
+        return PriorityPolicy() if policy is None else policy
+    root: PriorityPolicy | None = load().priorities  # the fair-use policy's "priorities"
+    if root is None:
+        root = load_root_file(priority.PRIORITY_PATH, "priority policy", _warn_once_per_file, parse_policy)
+    env = os.environ.get("GPUSD_PRIORITY_POLICY")
+    extra = load_root_file(env, "priority policy", _warn_once_per_file, parse_policy) if env else None
+    if root is None:
+        return PriorityPolicy() if extra is None else extra
+    if extra is None:
+        return root
+    return replace_record(root, also=extra)
+
+
 def _lower(a: float | None, b: float | None) -> float | None:
     if a is None:
         return b
@@ -319,8 +354,6 @@ def parse(raw: bytes, source: str | None = None) -> Policy:
             raise ValueError(f"bookings: {name} needs a number above 0")
         p.bookings[name] = float(v)
     if "priorities" in d:
-        from .priority import parse_policy
-
         pri = d["priorities"]
         if not isinstance(pri, dict):
             raise ValueError("priorities: an object (the priority policy, docs/jobs.md)")
@@ -332,8 +365,6 @@ def parse(raw: bytes, source: str | None = None) -> Policy:
 
 
 def _time_limits(d: object) -> dict[int, tuple[float | None, float | None]]:
-    from .priority import PRIORITIES
-
     if not isinstance(d, dict):
         raise ValueError("time_limits: an object of priority classes to {default_minutes, max_minutes}")
     out: dict[int, tuple[float | None, float | None]] = {}

@@ -25,9 +25,8 @@ to ``urgent``), so a ``low`` job is passed by newcomers for at most twice that l
 from __future__ import annotations
 
 import math
-import os
 
-from ..record import field, record, replace
+from ..record import field, record
 from ..sanitize import json_object
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2, "urgent": 3}
@@ -110,42 +109,6 @@ def _groups(uid: int, name: str | None) -> list[str]:
         return out
     except (KeyError, ImportError):
         return []
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(path: str, message: str) -> None:
-    if path not in _warned:
-        _warned.add(path)
-        import logging  # lazily: the CLI's start-up time matters
-
-        logging.getLogger(__name__).warning("%s", message)
-
-
-def load_policy(path: str | None = None) -> PriorityPolicy:
-    """The priority policy (cached while the file is unchanged); the defaults where there is none or
-    it cannot be trusted or parsed (said once, in the log).  The administrator's (the fair-use
-    policy's ``priorities``, else :data:`PRIORITY_PATH`) applies whatever the client's environment says:
-    ``$GPUSD_PRIORITY_POLICY`` may only add bounds (each user's highest level the lower of the two,
-    aging the slower), and is the policy alone only where the administrator has none."""
-    from .policy import load_root_file  # the one reader of a root-owned policy file (alloc/policy.py)
-
-    if path is not None:
-        policy = load_root_file(path, "priority policy", _warn_once, parse_policy)
-        return PriorityPolicy() if policy is None else policy
-    from .policy import load as load_fair_use
-
-    root: PriorityPolicy | None = load_fair_use().priorities  # the fair-use policy's "priorities"
-    if root is None:
-        root = load_root_file(PRIORITY_PATH, "priority policy", _warn_once, parse_policy)
-    env = os.environ.get("GPUSD_PRIORITY_POLICY")
-    extra = load_root_file(env, "priority policy", _warn_once, parse_policy) if env else None
-    if root is None:
-        return PriorityPolicy() if extra is None else extra
-    if extra is None:
-        return root
-    return replace(root, also=extra)
 
 
 def parse_policy(raw: bytes, source: str | None = None) -> PriorityPolicy:

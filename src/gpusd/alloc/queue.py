@@ -50,6 +50,7 @@ next re-adopts those whose waiter still runs (:func:`readopt`, :class:`Place`), 
 again keeps its place.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import fcntl
@@ -86,7 +87,8 @@ from .lockdir import (
     try_lock,
     write_new,
 )
-from .priority import NORMAL, capped, load_policy, priority_name
+from .policy import load_priority_policy
+from .priority import NORMAL, capped, priority_name
 
 # typing is not imported at run time: start-up time
 TYPE_CHECKING = False
@@ -317,7 +319,7 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
         return out
     if dfd is None:
         return out
-    policy = load_policy()
+    policy = load_priority_policy()
     locks: dict[str, list[tuple[int, bool]]] | None = None
     now, now_boot = time.time(), boottime()
     try:

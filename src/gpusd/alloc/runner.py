@@ -8,6 +8,7 @@ already reaches the command through the terminal, so it is not sent twice.  The 
 command's, or 128+N when a signal N ended it (as shells report it).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

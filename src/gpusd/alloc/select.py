@@ -22,6 +22,7 @@ Memory a lease asked for counts as used until the leaseholder's processes have a
 In a container that cannot see host pids the whole request stays counted (conservative).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os
@@ -30,6 +31,7 @@ from ..errors import ConfigError, NoGpuAvailable
 from ..inventory.vendors import counts_cuda_visible, inherited_choice
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
+from .candidate import Candidate as Candidate  # its name here stays importable
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 
@@ -178,27 +180,6 @@ def _ids(value: str | Iterable[int | str] | None) -> list[str] | None:
         return None
     items = value.split(",") if isinstance(value, str) else list(value)
     return [str(v).strip() for v in items if str(v).strip()]
-
-
-@record
-class Candidate:
-    """A device that could be given to the job: a whole GPU or a MIG slice."""
-
-    gpu: GpuInfo
-    mig: MigInstance | None
-    free: int | None  # free memory after reservations
-    total: int | None
-    util: float | None
-    leases: list[LeaseInfo] = field(default_factory=list)
-    score: tuple[float, ...] = ()
-
-    @property
-    def uuid(self) -> str:
-        return self.mig.uuid if self.mig else self.gpu.uuid
-
-    @property
-    def label(self) -> str:
-        return f"{self.gpu.index}:{self.mig.index}" if self.mig else str(self.gpu.index)
 
 
 def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:

@@ -20,6 +20,7 @@ no slot can be had (no writable lock directory) there is no gate.  The slot's
 descriptor is close-on-exec: a job never inherits it.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import fcntl

@@ -8,6 +8,7 @@ defined once, in :mod:`gpusd.cli.options`, which also turns arguments into the l
 Exit codes are listed in docs/cli.md; the CLI maps library exceptions to them (:mod:`gpusd.cli.exits`).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import argparse

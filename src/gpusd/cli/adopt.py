@@ -1,5 +1,6 @@
 """``gpusd adopt PID``: make a running GPU process a lease until it exits (gpusd.alloc.adopt)."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

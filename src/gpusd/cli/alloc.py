@@ -1,5 +1,6 @@
 """``gpusd select``, ``gpusd env``, ``gpusd run`` and ``gpusd leases``."""
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import argparse

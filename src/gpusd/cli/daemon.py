@@ -1,5 +1,6 @@
 """``gpusd start|stop|status|demo``: the daemon's life cycle (see docs/daemon.md)."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

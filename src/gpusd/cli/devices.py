@@ -1,5 +1,6 @@
 """``gpusd devices``: this machine's GPUs, as a table or JSON; ``--topology``: how they connect."""
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``gpusd scan|list|watch``: what the LAN announces, every GPU with its live load, the event stream."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

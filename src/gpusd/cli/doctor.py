@@ -1,6 +1,7 @@
 """``gpusd doctor``: check this host's setup, one line per check, what to do for each that fails
 (the checks: :mod:`gpusd.doctor`)."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

@@ -11,6 +11,7 @@ This module parses the flags and prints; what runs where, and what gpusd remembe
 (the hostfiles).
 """
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``gpusd jobs``, ``gpusd grow``, ``gpusd shrink`` and the job flags of ``gpusd run`` (docs/jobs.md)."""
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``gpusd top`` and ``gpusd export prometheus-sd``."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

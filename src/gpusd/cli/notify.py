@@ -1,5 +1,6 @@
 """``gpusd notify``: tell me when N GPUs are free (docs/notify.md).  A thin client of :mod:`gpusd.notify`."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

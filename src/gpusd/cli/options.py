@@ -9,6 +9,7 @@ command being run (start-up time): nothing here imports more than argparse until
 group's function is called.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import argparse

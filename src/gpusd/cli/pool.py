@@ -1,5 +1,6 @@
 """``gpusd reserve``, ``gpusd release``, ``gpusd reservations`` and ``gpusd run --fleet`` (docs/pool.md)."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``gpusd report``: usage over a period, for this host or the whole fleet (docs/history.md)."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """``gpusd slurm conf``, ``gpusd slurm prolog``, ``gpusd slurm epilog`` (docs/slurm.md)."""
 
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse

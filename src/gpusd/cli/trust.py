@@ -4,6 +4,7 @@ From ``--token-file PATH``, else ``$GPUSD_TOKEN_FILE``, else ``$GPUSD_TOKEN``; n
 command-line value, which ``ps`` shows to every local user (``--token VALUE`` is refused with a hint).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import argparse

@@ -19,6 +19,7 @@ route through it and refuses to start with one that is not) and redacts JSON ans
 stream (server-sent events) pass every message through ``stream_filter(request)`` (:func:`stream_filter`).
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import datetime
@@ -31,6 +32,7 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..model import private_keys, redact
 from ..wire.signing import FleetKey, Headers, NonceCache, Request, Response, signature_base
@@ -321,7 +323,6 @@ class Access:
         the peer ``remote``)."""
         if origin is None:
             return True
-        from urllib.parse import urlsplit
 
         try:
             parts = urlsplit(origin)
@@ -588,13 +589,19 @@ async def _serve_checked(access: Access, handler: Handler, request: web.Request)
     return response if private else _public(access, response)
 
 
-def _conn_of(transport: Any) -> Any:
-    """The connection guard's record of ``transport`` (None: no guard watches it)."""
-    from .guard import connection_of
+def _unwatched(transport: Any) -> Any:
+    return None
 
+
+# The connection guard's record of a transport (None: no guard watches it): gpusd.daemon.guard's lookup
+# once a guard exists (it calls watched_by; this module is below it and imports nothing of it).
+_conn_of: Callable[[Any], Any] = _unwatched
+
+
+def watched_by(lookup: Callable[[Any], Any]) -> None:
+    """The connection guard's lookup of a connection's record, ``lookup(transport)`` (None: none)."""
     global _conn_of
-    _conn_of = connection_of  # the guard's lookup itself, from now on
-    return connection_of(transport)
+    _conn_of = lookup
 
 
 def _probation_refusal(conn: Any) -> web.StreamResponse:

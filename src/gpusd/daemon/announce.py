@@ -5,6 +5,7 @@ updates only when the summary changes and at most every ``txt_min_interval`` sec
 packets on stop, and a re-announcement when the machine's addresses change.
 """
 
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,7 @@ from .._version import __version__
 from ..identity import HostIdentity
 from ..model import HostSnapshot
 from ..wire.mdns import local_ipv4_addresses
+from ..wire.responder import HostNameGuard
 from ..wire.txt import (
     API_PREFIX,
     HWSD_NET_TYPE,
@@ -149,8 +151,6 @@ class Announcer:
     def probe_host(self) -> "asyncio.Future[str]":
         """Start probing for our host name (the daemon calls this as soon as mDNS is open, so the
         probe runs while it reads its GPUs and starts HTTP); :meth:`start` awaits it."""
-        from ..wire.responder import HostNameGuard
-
         if self._host_probe is None:
             self.guard = HostNameGuard(self.zc.zeroconf, self.instance, self.addresses,
                                        on_conflict=self._host_conflict)

@@ -24,19 +24,27 @@ clock step (docs/pool.md, "Clocks").  The hold is a lease like any other: where 
 late, and never shares it.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, write_summary
-from ..errors import ConfigError, http_answer
+from ..alloc.bookings import MAX_BOOKINGS, MAX_DEVICES, MAX_NOTE, Booking, set_own_dir, write_summary
+from ..alloc.policy import load
+from ..errors import ConfigError, GpusdError, http_answer
 from ..ids import LeaseId
 from ..model import BookingInfo
+from ..sanitize import dumps, for_terminal, json_object
+from ..units import format_clock
 from . import poolstate
+from .access import can_see_private
+from .pool import Held, signer_of
+from .routes import RouteDef, add_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -59,8 +67,6 @@ DEFAULTS = {"horizon_days": 30.0, "max_hours": 7 * 24.0, "max_per_user": 8.0}
 
 def bounds() -> dict[str, float]:
     """The policy's ``bookings`` bounds (alloc/policy.py), the defaults where it has none."""
-    from ..alloc.policy import load
-
     return {**DEFAULTS, **load().bookings}
 
 
@@ -158,8 +164,6 @@ class Bookings:
             clash = [x for x in self.book.values() if uuid in x.devices and x.start < end and start < x.end]
             (clashes if clash else free).append((uuid, index, clash))
         if len(free) < count:
-            from ..units import format_clock
-
             named = {x.booking_id: x for _, _, clash in clashes for x in clash}
             said = "; ".join(f"booking {x.booking_id} of {x.user} ({format_clock(x.start)} to {format_clock(x.end)}, "
                              f"GPU {','.join(map(str, x.indices))})" for x in list(named.values())[:4])
@@ -240,9 +244,6 @@ class Bookings:
 
     async def _hold(self, b: Booking) -> None:
         """Hold ``b``'s GPUs for its booker until its end: a remote lease of the pool in its name."""
-        from ..errors import GpusdError
-        from .pool import Held
-
         pool = self.pool
         try:
             if pool is None or b.booking_id not in self.book:
@@ -319,8 +320,6 @@ def _fields(b: Booking) -> dict[str, Any]:
 
 def _terms(body: dict[str, Any]) -> tuple[int, float, float, str | None, set[str] | None]:
     """count, start, duration, note, include of a booking request; ConfigError when bad."""
-    import math
-
     count, start, duration = body.get("count", 1), body.get("start"), body.get("duration")
     if type(count) is not int or not 0 < count <= MAX_DEVICES:
         raise ConfigError(f"bad 'count' in the booking: a whole number of GPUs from 1 to {MAX_DEVICES}")
@@ -336,20 +335,15 @@ def _terms(body: dict[str, Any]) -> tuple[int, float, float, str | None, set[str
     if include is not None and (not isinstance(include, list) or len(include) > MAX_DEVICES
                                 or not all(isinstance(x, str) and len(x) <= 128 for x in include)):
         raise ConfigError("bad 'include' in the booking: a list of GPU indices or UUIDs")
-    from ..sanitize import for_terminal
 
     return (count, float(start), float(duration), for_terminal(note, MAX_NOTE) if note else None,
             set(include) if include is not None else None)
 
 
 def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
-    from .routes import add_routes
-
     bookings = Bookings(daemon, pool)
 
     async def lifecycle(app: web.Application) -> Any:
-        from ..alloc.bookings import set_own_dir
-
         set_own_dir(bookings.state_dir)
         bookings.load()
         bookings.publish()
@@ -366,10 +360,6 @@ def install(app: web.Application, daemon: Any, pool: Pool | None) -> Bookings:
 def routes(bookings: Bookings) -> list[RouteDef]:
     from aiohttp import web
 
-    from ..sanitize import dumps
-    from .access import can_see_private
-    from .routes import RouteDef
-
     daemon = bookings.daemon
 
     def answer(status: int, data: object) -> web.Response:
@@ -377,13 +367,9 @@ def routes(bookings: Bookings) -> list[RouteDef]:
                             content_type="application/json", headers={"Cache-Control": "no-store"})
 
     async def who(request: web.Request) -> tuple[Account | None, web.Response | None]:
-        from .pool import signer_of
-
         return await signer_of(request, bookings.pool, daemon)
 
     async def body_of(request: web.Request) -> dict[str, Any]:
-        from ..sanitize import json_object
-
         raw = await request.read()
         if len(raw) > 16384:
             raise ConfigError("a booking request is at most 16384 bytes")

@@ -1,12 +1,15 @@
 """Everything a daemon can be told, with the defaults documented in docs/daemon.md."""
 
+# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..wire.txt import DEFAULT_SESSION
+from ..errors import ConfigError, SecretError
+from ..wire.txt import DEFAULT_SESSION, valid_session
 
 DEFAULT_PORT = 4780
 # descriptors kept for everything but incoming connections (mDNS, fleet client, files)
@@ -184,9 +187,6 @@ class DaemonConfig:
         return hashlib.sha256(b"gpusd secret id\0" + self.token.encode()).hexdigest()[:16]
 
     def validate(self) -> None:
-        from ..errors import ConfigError
-        from ..wire.txt import valid_session
-
         if not valid_session(self.session):
             raise ConfigError(f"bad session name {self.session!r}: letters, digits, '.', '_', '-' (at most 64)")
         if not 0 <= self.port < 65536:
@@ -201,7 +201,6 @@ class DaemonConfig:
         if self.tls_port is not None and not 0 <= self.tls_port < 65536:
             raise ConfigError(f"bad TLS port {self.tls_port}")
         if self.token is not None:
-            from ..errors import SecretError
             from ..wire.signing import check_secret
 
             try:
@@ -259,8 +258,6 @@ class DaemonConfig:
 
     def _validate_beyond(self) -> None:
         """Static peers, the peers file's name, the DNS-SD domain and server (discovery/beyond.py)."""
-        import os
-
         domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN")
         if self.peers is None and not os.environ.get("GPUSD_PEERS") and not domain and not self.dns_server:
             # nothing to check: discovery/beyond.py stays unloaded (memory at rest)
@@ -277,8 +274,6 @@ class DaemonConfig:
     def _validate_thresholds(self) -> None:
         """Parse the threshold rules with the command line's parser (:mod:`gpusd.thresholds`): a rule
         with a typo fails here, before anything starts, from the Python API as from the CLI."""
-        from ..errors import ConfigError
-
         rules = self.thresholds
         if isinstance(rules, (str, bytes)) or not isinstance(rules, (list, tuple)):
             raise ConfigError(f"thresholds must be a list of rules such as [\"temperature>85\"], not {rules!r}")

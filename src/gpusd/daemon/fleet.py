@@ -5,6 +5,7 @@ client starts on first use and stops after ``fleet_idle`` seconds without a requ
 so a fleet of daemons does not keep N x N event streams open when nobody is looking.
 """
 
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +14,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..model import redact
+from ..sanitize import dumps
 from ..wire.sse import format_event
+from .access import needs_redaction
+from .config import FD_RESERVE, open_file_limit
 from .events import EventHub
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,8 +53,6 @@ def followed_cap(configured: int) -> int:
     bench/bench_fleet_scale.py); half of what the limit leaves beyond the daemon's
     :data:`~gpusd.daemon.config.FD_RESERVE` goes to followed hosts, the other half to incoming
     connections (:func:`~gpusd.daemon.service.connection_cap`)."""
-    from .config import FD_RESERVE, open_file_limit
-
     soft = open_file_limit()
     return configured if soft is None else min(configured, max(16, (soft - FD_RESERVE) // 2))
 
@@ -316,10 +319,6 @@ def _same(kept: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
 def _redacted(body: bytes, snap: HostSnapshot) -> bytes:
     """A snapshot's bytes (``body``, as :func:`~gpusd.wire.fleet.snapshot_bytes` wrote ``snap``) with its
     private fields (process owners, commands) nulled: ``body`` itself where it carries none."""
-    from ..model import redact
-    from ..sanitize import dumps
-    from .access import needs_redaction
-
     if not needs_redaction(body):
         return body
     return dumps(redact(snap.to_dict()), separators=(",", ":")).encode()

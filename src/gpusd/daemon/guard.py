@@ -50,6 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .access import peer_of, watched_by
+from .routes import check_routes
+
 if TYPE_CHECKING:  # pragma: no cover
     import ssl
 
@@ -94,8 +97,6 @@ class _GuardedProtocol(asyncio.Protocol):
     # asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        from .access import peer_of
-
         peername = transport.get_extra_info("peername")
         if isinstance(peername, (list, tuple)) and peername:
             self.remote = str(peername[0])
@@ -193,6 +194,7 @@ class ConnectionGuard:
         self.evicted_unsigned = 0  # closed to make room: idle or busy, not signed
         self.header_timeouts = 0
         self._warned: dict[str, float] = {}
+        watched_by(connection_of)  # the access rules find each request's connection record here
 
     @property
     def count(self) -> int:
@@ -400,7 +402,6 @@ class GuardedSite(web.BaseSite):
 
     async def start(self) -> None:
         # the router is frozen by now: no route can be added behind the access rules' back
-        from .routes import check_routes
 
         app = getattr(self._runner, "app", None)
         if app is None:

@@ -7,19 +7,24 @@ tables to ``daemon.app`` with :func:`gpusd.daemon.routes.add_routes` before the 
 any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
 """
 
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol, TypeVar
 
 from aiohttp import web
 
 from .._version import __version__
+from ..model import redact
+from ..sanitize import dumps
 from ..wire.sse import format_event
-from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level
+from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level, is_signed, peer_of, stream_filter
 from .events import EventHub, HubFull
+from .routes import RouteDef, add_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import HostSnapshot
@@ -85,9 +90,6 @@ class Answers:
         key = (kind, private)
         body = self._bodies.get(key)
         if body is None:  # the first request of this sample and level
-            from ..model import redact
-            from ..sanitize import dumps
-
             payload = build()
             body = dumps(payload if private else redact(payload), separators=(",", ":")).encode()
             self._bodies[key] = body
@@ -95,8 +97,6 @@ class Answers:
 
 
 def build_app(daemon: DaemonView) -> web.Application:
-    from .routes import add_routes
-
     app = web.Application(client_max_size=64 * 1024)
     add_routes(app, routes(daemon))
     return app
@@ -106,10 +106,6 @@ def routes(daemon: DaemonView, answers: Answers | None = None) -> list[RouteDef]
     """The core API's route table (docs/wire-format.md); each handler is given the daemon (through
     the :class:`Daemon` protocol, its one dependency) and, for the answers built once per sample,
     their :class:`Answers`."""
-    from functools import partial
-
-    from .routes import RouteDef
-
     answers = answers if answers is not None else Answers()
     return [RouteDef("GET", "/healthz", partial(healthz, daemon)),
             RouteDef("GET", f"{API}/host", partial(host, daemon, answers)),
@@ -123,7 +119,6 @@ def routes(daemon: DaemonView, answers: Answers | None = None) -> list[RouteDef]
 
 def _json(data: object, status: int = 200) -> web.Response:
     # strict JSON (no NaN/Infinity): browsers' JSON.parse refuses them
-    from ..sanitize import dumps
 
     return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                         content_type="application/json")
@@ -142,8 +137,6 @@ async def healthz(d: DaemonView, request: web.Request) -> web.Response:
     ident = (d.node_id, d.tls_port, d.cert_fp)
     parts = _HEALTH.get(ident)
     if parts is None:
-        from ..sanitize import dumps
-
         out: dict[str, object] = {"ok": True, "node_id": d.node_id, "uptime": 0}
         if d.tls_port and d.cert_fp:
             out.update(tls_port=d.tls_port, cert_fp=d.cert_fp)
@@ -247,8 +240,6 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
     peer address), a new reader gets ``503`` with ``Retry-After``; a signed reader (a secret holder)
     is refused only when signed readers hold every place.  ``out``: what each message goes through
     before it is written (default :func:`gpusd.daemon.access.stream_filter`)."""
-    from .access import is_signed, peer_of, stream_filter
-
     if out is None:
         out = stream_filter(request)  # private fields only for readers allowed to see them
     try:

@@ -4,6 +4,7 @@ as hwsd's ``net_sys`` module reports them (name, type, MAC, IPv4, up, link speed
 elsewhere the interfaces come without type details.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import ipaddress

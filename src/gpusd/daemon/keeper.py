@@ -23,6 +23,7 @@ nothing (for :data:`IDLE_EXIT` seconds: the next lease often follows).  Imports 
 library.
 """
 
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import array
@@ -35,6 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .poolstate import read_expiry
 
 SOCKET_NAME = "keeper.sock"
 # seconds: the bound on every exchange with the keeper, either side
@@ -87,8 +90,6 @@ class Keeper:
         """The daemon's record of ``name`` is gone or damaged (released), or it expired more than GRACE
         ago and no process runs under the lease any more: with no daemon to stop a cut-off holder's
         processes (fencing, :mod:`gpusd.daemon.fence`), its GPUs stay held while one of them runs."""
-        from .poolstate import read_expiry
-
         if not name.startswith("lease-"):
             return True
         expires = read_expiry(self.state_dir, name[6:])

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError, IdError
 from ..ids import JobId
+from ..inventory.vendors import INHERITED_OTHERS
 from ..sanitize import json_object
 
 # the highest version this daemon speaks (docs/allocation.md)
@@ -109,8 +110,6 @@ def constraints(d: dict[str, Any], op: str = "lease") -> dict[str, Any]:
     # added in 0.4: the client's inherited AMD/Intel device lists
     others = d.get("visible_vars")
     if others is not None:
-        from ..inventory.vendors import INHERITED_OTHERS
-
         if (not isinstance(others, dict) or not set(others) <= set(INHERITED_OTHERS)
                 or not all(isinstance(v, str) and len(v) <= 1024 for v in others.values())):
             raise ConfigError("bad 'visible_vars' in the lease request: an object of "

@@ -52,6 +52,7 @@ requests are served in order) and at most ``MAX_CLIENTS`` connections are admitt
 queues behind another client's wait; its threads start only as jobs come (an idle daemon has none).
 """
 
+# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import array
@@ -68,11 +69,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..alloc import queue
+from ..alloc.authority import peer_credentials, socket_path
+from ..alloc.handle import Holder
+from ..alloc.leases import Lease, LeaseStore
+from ..alloc.lockdir import user_name
+from ..alloc.select import Constraints
 from ..errors import ConfigError, DiskFull, GpusdError, NoGpuAvailable, to_wire
 from .backend import SharedBackend
 from .leaseconn import MAX_REQUEST, Conn, writable
 from .leasereq import constraints, job_of, parse, priority_of
 from .leasereq import version as protocol_version
+from .slurmjobs import SlurmJobs, answer
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +136,6 @@ class LeaseServer:
         self.shared = backend
         # Slurm allocates this host's GPUs: leases only for Slurm jobs (docs/slurm.md)
         self.slurm = slurm
-        from .slurmjobs import SlurmJobs
 
         self.slurm_jobs = SlurmJobs()
         self.listener: socket.socket | None = None
@@ -177,7 +184,6 @@ class LeaseServer:
             raise
         self.listener = sock
         self.accepting = asyncio.ensure_future(self._accept(sock))
-        from ..alloc.leases import LeaseStore
 
         # this process's other leases (remote ones, moves) are taken there too
         LeaseStore.serving(self.store)
@@ -217,7 +223,6 @@ class LeaseServer:
             task.add_done_callback(self.tasks.discard)
 
     def _prepare(self) -> None:
-        from ..alloc.leases import LeaseStore
         from ..inventory import open_backend
 
         # first: a refused second authority touches nothing
@@ -269,8 +274,6 @@ class LeaseServer:
             self.backend = own
 
     async def stop(self) -> None:
-        from ..alloc.leases import LeaseStore
-
         # waits that end now keep their tickets for the next daemon (keep_place)
         self.stopping = True
         if self.store is not None and LeaseStore.for_daemon() is self.store:
@@ -349,8 +352,6 @@ class LeaseServer:
 
     # -- one client ---------------------------------------------------------------------------------
     async def _client(self, sock: socket.socket) -> None:
-        from ..alloc.authority import peer_credentials
-
         conn = Conn(sock)
         try:
             pid, uid, _ = peer_credentials(sock)
@@ -440,8 +441,6 @@ class LeaseServer:
                 return
             # a booking of this user held now: its GPUs go to this request
             if self.bookings is not None:
-                from ..alloc.lockdir import user_name
-
                 for gone in self.bookings.hand_over(user_name(uid)):
                     await self.bookings.released(gone)
             granting = self._waiting(loop.run_in_executor(self.executor, self._grant, kwargs, pid, uid, job, cancel,
@@ -630,8 +629,6 @@ class LeaseServer:
 
     def slurm_answer(self, req: dict[str, Any], uid: int) -> dict[str, Any]:
         """The answer to a ``{"op": "slurm"}`` request from ``uid`` (in a thread; never raises)."""
-        from .slurmjobs import answer
-
         def grant(kwargs: dict[str, Any], pid: int, job_uid: int) -> Any:
             job = str(req.get("slurm_job"))
             return self._grant(kwargs, pid, job_uid, None, threading.Event(), extra={"slurm_job": job})
@@ -648,10 +645,6 @@ class LeaseServer:
                priority: int | None = None, lease: bool = True, extra: dict[str, Any] | None = None,
                place: Any = None) -> Any:
         from ..alloc.api import LeaseRequest, allocate
-        from ..alloc.handle import Holder
-        from ..alloc.lockdir import user_name
-        from ..alloc.select import Constraints
-
         kwargs = dict(kwargs)
         wait, timeout, command, visible = (kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("command"),
                                            kwargs.pop("visible"))
@@ -702,11 +695,6 @@ class LeaseServer:
         """More GPUs under ``held``'s lease: chosen and leased like any request (same queue, same
         mutex), then joined to the lease's record."""
         from ..alloc.api import LeaseRequest, allocate
-        from ..alloc.handle import Holder
-        from ..alloc.leases import Lease
-        from ..alloc.lockdir import user_name
-        from ..alloc.select import Constraints
-
         kwargs = dict(kwargs)
         wait, timeout, visible = kwargs.pop("wait"), kwargs.pop("timeout"), kwargs.pop("visible")
         kwargs.pop("command")
@@ -751,8 +739,6 @@ class LeaseServer:
 
     def _store(self) -> Any:
         """Where this authority takes leases: its own directory (never the world-openable files)."""
-        from ..alloc.leases import LeaseStore
-
         return self.store if self.store is not None else (LeaseStore.authority() if os.geteuid() == 0
                                                           else LeaseStore())
 
@@ -775,8 +761,6 @@ PLACE_CHECK = 0.5
 
 
 def _queue() -> Any:
-    from ..alloc import queue
-
     return queue
 
 
@@ -869,8 +853,6 @@ async def start_authority(simulate: str | None = None, slurm: bool = False, back
     daemon says so on its start line, in ``gpusd status`` and ``GET /api/v1/host``, because every
     client then leases in the shared lock directory, where the daemon's guarantees do not hold.
     ``claim``: the lock directory's authority lock (:class:`LeaseServer` owns it from here)."""
-    from ..alloc.authority import socket_path
-
     path = socket_path()
     if path is None:
         log.info("not the lease authority: $GPUSD_LEASE_SOCKET turns it off")

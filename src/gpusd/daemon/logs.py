@@ -15,6 +15,7 @@ Hostile or broken peers can make a daemon log the same line at network speed (me
   background daemon), they follow the rotation, so stray output never grows a rotated file.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import logging

@@ -20,6 +20,7 @@ and per user where the admin turned it on, for readers who may see private data.
 Loaded on the first scrape: a daemon at rest counts GPU-seconds (:mod:`.gpuseconds`) without it.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import weakref
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .._version import __version__
 from ..inventory.vendors import AMD_EXPORTER, exporter_of
 from ..model import GpuInfo, HostSnapshot, MigInstance
-from ..sanitize import for_exposition, for_label
+from ..sanitize import for_exposition, for_label, printable
 from .gpuseconds import GPU_LABELS, UsageCounters, gpu_labels
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -447,7 +448,6 @@ class LeaseCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from ..sanitize import printable
 
         info = GaugeMetricFamily("gpusd_gpu_lease_info", "A lease held on a GPU (value 1): the lease, its gpusd "
                                  "job, its Slurm job and its holder (the holder only for readers who may see it)",
@@ -490,7 +490,6 @@ class LeaseCollector:
         "Containers"), whether a lease covers it, and its user (private, as for the leases)."""
         from prometheus_client.core import GaugeMetricFamily
 
-        from ..sanitize import printable
 
         fam = GaugeMetricFamily("gpusd_gpu_process_info", "A process on a GPU (value 1): its pid, its container "
                                 "and whether a lease covers it (its user only for readers who may see it)",

@@ -17,6 +17,7 @@ The daemon only needs what :class:`MonitoredDaemon` lists; ``interval`` (seconds
 present.  The daemon calls :func:`install` when it builds its app.
 """
 
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..model import HostSnapshot
+from ..sanitize import dumps
 from . import access as privacy
+from .gpuseconds import UsageCounters
+from .routes import RouteDef, add_routes, install_access
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -94,8 +98,6 @@ class Monitor:
         self._public: Any = None
         # per-user usage series for readers who may see private data
         self.user_metrics = user_metrics
-        # metrics.py: on the first scrape
-        from .gpuseconds import UsageCounters
 
         self.usage = UsageCounters(max_gap=max(30.0, 10 * interval))
         self._usage_ts: float | None = None
@@ -216,7 +218,6 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
     monitor = Monitor(daemon, rules, access, interval, dcgm=bool(getattr(daemon, "dcgm_metrics", True)),
                       user_metrics=bool(getattr(daemon, "user_metrics", False)))
     app[_app_key()] = monitor
-    from .routes import add_routes, install_access
 
     # every route of the app applies these rules (daemon/routes.py)
     install_access(app, access)
@@ -245,7 +246,6 @@ def routes(monitor: Monitor) -> list[RouteDef]:
     """Metrics, the dashboard and alerts as a route table; the handlers use ``monitor`` only."""
     from aiohttp import web
 
-    from .routes import RouteDef
 
     async def metrics(request: web.Request) -> web.Response:
         # About a millisecond of CPU per scrape (BENCHMARKS.md): no thread needed.
@@ -269,8 +269,6 @@ def routes(monitor: Monitor) -> list[RouteDef]:
     async def alerts(request: web.Request) -> web.Response:
         # Public (no private fields): any daemon's dashboard may read it, hence the CORS header.
         # strict JSON: a NaN reading must not break every dashboard
-        from ..sanitize import dumps
-
         return web.json_response(monitor.alerts(), headers={"Access-Control-Allow-Origin": "*"}, dumps=dumps)
 
     return [RouteDef("GET", "/metrics", metrics),

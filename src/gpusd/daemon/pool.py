@@ -35,6 +35,7 @@ renewals; after a reboot the records are dropped and logged.  Every lease that e
 holder's release goes through :meth:`Pool.end`.
 """
 
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import asyncio
@@ -48,11 +49,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..alloc.handle import Holder
+from ..alloc.leases import LeaseStore
+from ..alloc.policy import held_by_user, load
+from ..alloc.select import Constraints
 from ..errors import ConfigError, DiskFull, GpusdError, IdError, NoGpuAvailable, OverCap, http_answer, to_wire
 from ..ids import JobId
-from ..sanitize import json_object
+from ..sanitize import dumps, json_object
 from . import fdstore, poolstate
+from .access import can_see_private, holder_of, peer_of, signed_request
+from .backend import SharedBackend
 from .config import MAX_TTL, MIN_TTL
+from .leasereq import request as _request
+from .leasesock import slurm_refusal
+from .routes import RouteDef, add_routes
+from .users import Directory, Refused
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Awaitable, Callable
@@ -181,7 +192,6 @@ class Pool:
         # lease id -> when it ended (monotonic): see STALE_WINDOW
         self.ended_ids: dict[str, float] = {}
         self.sweeping = False
-        from .users import Directory
 
         self.users = Directory(getattr(daemon.config, "users_file", None))
 
@@ -189,16 +199,11 @@ class Pool:
     def _grant(self, kwargs: dict[str, Any], holder: str, note: str | None, remote_from: str | None,
                expires: float, job: str | None = None, booking: bool = False) -> Any:
         from ..alloc.api import LeaseRequest, allocate
-        from ..alloc.handle import Holder
-        from ..alloc.leases import LeaseStore
-        from ..alloc.select import Constraints
-
         # the daemon's one backend (daemon/backend.py); a bare Pool opens its own
         if self.backend is None:
             shared = getattr(self.daemon, "inventory", None)
             if shared is None:
                 from ..inventory import open_backend
-                from .backend import SharedBackend
 
                 shared = SharedBackend(lambda: open_backend(self.daemon.config.simulate))
                 shared.open()
@@ -414,9 +419,6 @@ class Pool:
 
     def _adopt(self) -> list[Held]:
         """Take back the leases a previous run of this daemon wrote down (on :attr:`keeping`)."""
-        from ..alloc.handle import Holder
-        from ..alloc.leases import LeaseStore
-
         if self.state_dir is None:
             return []
         records = poolstate.load(self.state_dir)
@@ -496,8 +498,6 @@ class Pool:
         verified host, as this daemon's fleet view last saw them.  The view lags by the propagation
         window (docs/allocation.md, measured in BENCHMARKS.md): a burst to many hosts at once may
         exceed the cap by what the others granted within it."""
-        from ..alloc.policy import held_by_user, load
-
         policy = load()
         if policy.fleet_max_gpus_per_user is None:
             return None
@@ -524,8 +524,6 @@ class Pool:
         whose GPUs go beyond ``fleet_max_gpus_per_user`` in that order is one of the newest above the
         cap.  So what a simultaneous burst won lasts until the hosts' views show it (the propagation
         window) and the lease's current term ends (docs/pool.md, "Bounds")."""
-        from ..alloc.policy import load
-
         cap = load().fleet_max_gpus_per_user
         if cap is None:
             return None
@@ -584,13 +582,8 @@ class Pool:
 
     async def create(self, body: dict[str, Any], remote_from: str | None,
                      identity: str | None = None, account: Account | None = None) -> tuple[int, dict[str, Any]]:
-        from .access import peer_of
-        from .leasereq import request as _request
-
         # Slurm allocates this host's GPUs (docs/slurm.md)
         if getattr(self.daemon.config, "slurm", False):
-            from .leasesock import slurm_refusal
-
             return http_answer(NoGpuAvailable(slurm_refusal(body.get("count", 1))), "slurm")
         claimed, note, ttl = _terms(body)
         ttl = min(ttl, float(self.daemon.config.lease_max_ttl))
@@ -906,13 +899,9 @@ async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
     """The account whose SSH key signed this write (docs/security.md "Identity"): (None, None)
     without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
     from ..wire.sshsig import HEADER, SshSigError, read_header, verify
-    from .access import signed_request
-    from .users import Directory, Refused
-
     def answer(status: int, data: object) -> web.Response:
         from aiohttp import web
 
-        from ..sanitize import dumps
 
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                             content_type="application/json", headers={"Cache-Control": "no-store"})
@@ -948,8 +937,6 @@ async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
 
 
 def install(app: web.Application, daemon: PoolDaemon) -> Pool:
-    from .routes import add_routes
-
     pool = Pool(daemon)
 
     async def lifecycle(app: web.Application) -> Any:
@@ -968,10 +955,6 @@ def routes(pool: Pool) -> list[RouteDef]:
     """The remote leases' route table; the handlers use ``pool`` and the :class:`PoolDaemon` it
     reads the daemon through, nothing else of the daemon."""
     from aiohttp import web
-
-    from ..sanitize import dumps
-    from .access import can_see_private
-    from .routes import RouteDef
 
     daemon = pool.daemon
 
@@ -999,8 +982,6 @@ def routes(pool: Pool) -> list[RouteDef]:
     async def with_body(request: web.Request, act: Callable[[dict[str, Any], str | None, Account | None],
                                                              Awaitable[tuple[int, dict[str, Any]]]]) -> web.Response:
         """A signed write with a JSON body: who sent it, its body, then ``act(body, holder, account)``."""
-        from .access import holder_of
-
         account, refused = await who(request)
         if refused is not None:
             return refused
@@ -1019,8 +1000,6 @@ def routes(pool: Pool) -> list[RouteDef]:
         return await with_body(request, lambda body, holder, account: pool.renew(lease_id, body, holder, account))
 
     async def delete(request: web.Request) -> web.Response:
-        from .access import holder_of
-
         account, refused = await who(request)
         if refused is not None:
             return refused

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from ..ids import LeaseId
 from ..sanitize import json_object
 
 log = logging.getLogger("gpusd.pool")
@@ -192,8 +193,6 @@ def _check(d: dict[str, Any], lease_id: str) -> None:
 
 def load(state_dir: Path) -> dict[str, dict[str, Any]]:
     """Every readable record, by lease id; a damaged one is logged and removed."""
-    from ..ids import LeaseId
-
     def check(name: str, d: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
         lease_id = name[:-5]
         if not LeaseId.is_valid(lease_id) or d is None:

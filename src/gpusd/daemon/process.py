@@ -15,6 +15,7 @@ are read, by every reader, through :mod:`gpusd.localdaemon` (whether the daemon 
     The node id (:func:`gpusd.identity.node_id`).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import errno
@@ -30,10 +31,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..alloc.lockdir import same_file
+from ..alloc.lockdir import replace_file, same_file
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
 from ..localdaemon import INFO_FILE, PID_FILE, locked, read_pid, status
-from ..sanitize import json_object
+from ..sanitize import for_terminal, json_object
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -93,8 +94,6 @@ class PidFile:
 
 
 def write_info(state_dir: Path, info: dict[str, Any]) -> None:
-    from ..alloc.lockdir import replace_file
-
     path = state_dir / INFO_FILE
     replace_file(path, path.with_name(f".{INFO_FILE}.{os.getpid()}.tmp"), (json.dumps(info, indent=1) + "\n").encode())
 
@@ -189,8 +188,6 @@ def serving_line(info: dict[str, Any]) -> str:
     """What a daemon serves, as its start line says it: every URL (HTTP and HTTPS, with the pinned
     certificate) and whether it is the lease authority, and why not (then every client leases in the
     shared lock directory: an administrator should know)."""
-    from ..sanitize import for_terminal
-
     urls = [u for u in [*(info.get("urls") or []), *(info.get("tls_urls") or [])] if isinstance(u, str)]
     out = "serving " + (" ".join(urls) or "?")
     if info.get("cert_fp"):

@@ -6,6 +6,7 @@ Events on ``/api/v1/events`` (and in the log): ``job`` with ``{"action": "move"|
 The daemon acts as the job's owner may: it runs as root, or as the owner (the job refuses anyone else).
 """
 
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 from ..errors import GpusdError
 from ..jobs.rebalance import Decision, Policy, Rebalancer
+from ..jobs.record import list_jobs
 from ..model import HostSnapshot
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,6 @@ class Rebalancing:
 
     def round(self, snap: HostSnapshot) -> list[dict[str, Any]]:
         from ..jobs.control import request
-        from ..jobs.record import list_jobs
 
         jobs = list_jobs()
         out: list[dict[str, Any]] = []

@@ -15,18 +15,31 @@ A database that cannot be opened (a read-only disk, a damaged file) is logged an
 without history: history is a record, never a reason to stop sampling.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..model import HostSnapshot
-from ..usage.db import Retention
+from ..alloc.policy import load, shares_from_usage, write_shares
+from ..model import HostSnapshot, redact
+from ..sanitize import dumps
+from ..units import parse_duration
+from ..usage import query
+from ..usage.db import Retention, connect
 from ..usage.idle import IdlePolicy, IdleWatch, Releaser
+from ..usage.query import RANGES
+from ..usage.query import series as q_series
+from ..usage.query import usage as q_usage
+from ..usage.recorder import Recorder
+from .access import can_see_private
+from .routes import RouteDef, add_routes
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -75,8 +88,6 @@ class Recording:
         self._apply_policy()
 
     def open(self) -> None:
-        from ..usage.recorder import Recorder
-
         if not self.daemon.config.record:
             return
         try:
@@ -127,8 +138,6 @@ class Recording:
     def _apply_policy(self) -> None:
         """The policy file's idle terms override the configuration's (warn after N minutes idle, release
         M minutes later); with ``fair_share_days``, the users' GPU-hours go to the state directory."""
-        from ..alloc.policy import load
-
         pol = load()
         cfg = self.daemon.config
         if pol.idle_warn_minutes is not None:
@@ -142,15 +151,11 @@ class Recording:
                 and time.monotonic() - self._shares_written >= SHARES_EVERY):
             self._shares_written = time.monotonic()
             self._shares_busy = True
-            import threading
 
             threading.Thread(target=self._write_shares, args=(pol.fair_share_days,), name="gpusd-shares",
                              daemon=True).start()
 
     def _write_shares(self, days: float) -> None:
-        from ..alloc.policy import shares_from_usage, write_shares
-        from ..usage import query
-
         try:
             now = time.time()
             answer = self._read(lambda conn: query.usage(conn, now - days * 86400, now, now, self.keep, True))
@@ -169,8 +174,6 @@ class Recording:
 
     # -- reading (in a worker thread, on a read-only connection of its own) ---------------------
     def _read(self, fn: Callable[[Any], Any]) -> Any:
-        from ..usage.db import connect
-
         conn = connect(self.path, readonly=True)
         try:
             return fn(conn)
@@ -179,8 +182,6 @@ class Recording:
 
 
 def install(app: "web.Application", daemon: RecordedDaemon, releaser: Releaser | None = None) -> Recording:
-    from .routes import add_routes
-
     rec = Recording(daemon, releaser)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -199,17 +200,12 @@ def routes(rec: Recording) -> "list[RouteDef]":
     it holds), nothing else of the daemon."""
     from aiohttp import web
 
-    from .access import can_see_private
-    from .routes import RouteDef
-
     daemon = rec.daemon
     # history queries run on worker threads: at most two at a time, so a burst of report requests
     # queues instead of taking every thread (and core) from the daemon
     busy = asyncio.Semaphore(2)
 
     async def read(fn: Callable[[Any], Any]) -> Any:
-        import sqlite3
-
         async with busy:
             try:
                 return await asyncio.get_running_loop().run_in_executor(None, rec._read, fn)
@@ -220,8 +216,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
                     content_type="application/json") from None
 
     def _json(data: object, status: int = 200, cors: bool = False) -> web.Response:
-        from ..sanitize import dumps
-
         headers = {"Cache-Control": "no-store"}
         # public data: the dashboard served by another daemon of the fleet may read it
         if cors:
@@ -236,10 +230,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
         return None
 
     async def series(request: web.Request) -> web.Response:
-        from ..units import parse_duration
-        from ..usage.query import RANGES
-        from ..usage.query import series as q_series
-
         gone = _unavailable()
         if gone is not None:
             return gone
@@ -259,9 +249,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
         return _json(out, cors=True)
 
     async def usage(request: web.Request) -> web.Response:
-        from ..units import parse_duration
-        from ..usage.query import usage as q_usage
-
         gone = _unavailable()
         if gone is not None:
             return gone
@@ -282,8 +269,6 @@ def routes(rec: Recording) -> "list[RouteDef]":
         return _json(out)
 
     async def idle(request: web.Request) -> web.Response:
-        from ..model import redact
-
         data = {"idle_after": rec.policy.idle_after, "release": rec.policy.release, "grace": rec.policy.grace,
                 "idle": rec.watch.idle()}
         # A cross-origin reader (a page of another origin, which the browser marks with Origin) gets

@@ -23,11 +23,14 @@ middleware (whose machinery cost a sixth of an unsigned read).  So:
   from serving (:class:`UngatedRoute`).
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
+
+from .access import install_proofs, serve
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -86,14 +89,10 @@ def gate_of(app: web.Application) -> Gate:
 
 def gated(gate: Gate, handler: Handler) -> Handler:
     """``handler`` behind ``gate``: the access rules run, then (if they let the request in) the handler."""
-    from .access import serve
-
     return functools.partial(serve, gate, handler)
 
 
 def is_gated(gate: Gate, handler: object) -> bool:
-    from .access import serve
-
     return (type(handler) is functools.partial and handler.func is serve
             and len(handler.args) == 2 and handler.args[0] is gate and not handler.keywords)
 
@@ -111,8 +110,6 @@ def add_routes(app: web.Application, routes: Iterable[RouteDef]) -> None:
 
 def install_access(app: web.Application, access: Access) -> None:
     """The access rules every route of ``app`` applies (and the proofs on verified requests' answers)."""
-    from .access import install_proofs
-
     gate = gate_of(app)
     if gate.access is not None:
         raise UngatedRoute("the app's access rules are installed once")

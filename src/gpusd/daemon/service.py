@@ -22,6 +22,7 @@ every lease is decided on the readings the API serves.  A failing NVML, a lost G
 network is logged and lived with.
 """
 
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
 import asyncio
@@ -29,6 +30,7 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BackendUnavailable, GpusdError
@@ -37,12 +39,22 @@ from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
 from ..model import HostSnapshot
+from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
 from ..wire.sse import format_event
+from .announce import Announcer
 from .backend import SharedBackend
+from .bookings import install as install_bookings
 from .config import FD_RESERVE, DaemonConfig, open_file_limit
 from .events import EventHub
+from .fleet import Fleet
+from .guard import ConnectionGuard, GuardedSite
+from .http import build_app
+from .leasesock import start_authority
 from .logs import flush as flush_log_summaries
+from .monitoring import install as install_monitoring
+from .pool import install as install_pool
 from .recent import RecentSamples
+from .recording import install as install_recording
 
 if TYPE_CHECKING:  # pragma: no cover
     from aiohttp import web
@@ -63,8 +75,6 @@ STREAM_FLUSH = 1.0
 
 class Daemon:
     def __init__(self, config: DaemonConfig, backend: "Backend | None" = None) -> None:
-        from .http import build_app
-
         config.validate()
         self.config = config
         self.state_dir = config.state_dir or default_state_dir()
@@ -115,20 +125,13 @@ class Daemon:
                                           "socket": None}
         # its lock directory's authority lock (daemon/process.py)
         self.authority_claim: int | None = None
-        from .monitoring import install as install_monitoring
 
         install_monitoring(self.app, self)
         # leases for remote holders (docs/pool.md)
-        from .pool import install as install_pool
-
         self.pool = install_pool(self.app, self)
         # GPUs booked ahead (docs/pool.md, "Time")
-        from .bookings import install as install_bookings
-
         self.bookings = install_bookings(self.app, self, self.pool)
         # usage history (docs/history.md)
-        from .recording import install as install_recording
-
         # the idle policy may release idle remote reservations (flock leases of local jobs it cannot)
         self.recording = install_recording(self.app, self, releaser=self.pool)
         self.rebalancing: Any = None
@@ -202,9 +205,6 @@ class Daemon:
     # -- start/stop ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Open the inventory, take a first sample, serve HTTP, announce.  Raises GpusdError."""
-        from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
-        from .announce import Announcer
-
         loop = asyncio.get_running_loop()
         self.started_at = time.time()
         self.interfaces = resolve_interfaces(self.config.interfaces)
@@ -235,8 +235,6 @@ class Daemon:
                 self._executor, load_or_create, self.state_dir, f"gpusd {self.hostname} {self.node_id}")
         await self._start_http()
         if self.config.leases:
-            from .leasesock import start_authority
-
             # the lease server's from here
             claim, self.authority_claim = self.authority_claim, None
             self._lease_server, why = await start_authority(self.config.simulate, self.config.slurm,
@@ -252,7 +250,6 @@ class Daemon:
 
             self.slurm = SlurmPart(self)
             await self.slurm.start()
-        from .fleet import Fleet
 
         pinned_to_loopback = bool(self.interfaces) and all(a.startswith("127.") for a in self.interfaces or ())
         self.fleet = (Fleet(self.config, self.zc, allow_loopback=pinned_to_loopback)
@@ -284,7 +281,6 @@ class Daemon:
     async def _start_http(self) -> None:
         from aiohttp import web
 
-        from .guard import ConnectionGuard, GuardedSite
 
         cfg = self.config
         self.guard = ConnectionGuard(connection_cap(cfg.max_connections), cfg.header_timeout,
@@ -479,6 +475,4 @@ def connection_cap(configured: int) -> int:
 
 def _node_id(config: DaemonConfig) -> str:
     """The node id kept in the daemon's state directory (see :func:`gpusd.identity.node_id`)."""
-    from pathlib import Path
-
     return local_node_id(Path(config.state_dir) if config.state_dir is not None else None)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..ids import SlurmJobId
+from .leasereq import constraints
 
 log = logging.getLogger("gpusd.slurm")
 
@@ -113,8 +114,6 @@ class SlurmJobs:
               grant: Callable[[dict[str, Any], int, int], Any]) -> Any:
         """Lease ``devices`` for Slurm job ``job`` of ``uid`` (on the executor).  ``snapshot``: the
         daemon's GPUs; ``grant(kwargs, pid, uid)``: the authority's own grant."""
-        from .leasereq import constraints
-
         with self.lock:
             if job in self.held:
                 return self.held[job]

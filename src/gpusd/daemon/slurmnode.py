@@ -6,14 +6,19 @@ here (a signed answer to a signed request: a joining daemon believes only a veri
 The controller is looked for among the fleet's verified hosts (the daemon's fleet secret), every 5 s
 until one answers; ``--slurm-controller HOST[:PORT]`` names it instead."""
 
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 from ..errors import ConfigError
+from ..model import HostSnapshot
+from ..wire.signing import FleetKey
+from .slurmjobs import recheck, restore
 
 log = logging.getLogger("gpusd.slurm")
 
@@ -25,7 +30,6 @@ def find_controller(session: str, interfaces: list[str] | None, token: str, wait
     """(address, port) of slurmctld from a verified host of the fleet that says it runs there."""
     from ..discovery.sync import Client
     from ..wire.http import SourceError, fetch_json
-    from ..wire.signing import FleetKey
 
     key = FleetKey(token)
     client = Client(session, interfaces=interfaces, key=key)
@@ -85,7 +89,6 @@ class SlurmPart:
         loop = asyncio.get_running_loop()
         if cfg.slurmctld is not None and not cfg.slurm:
             # the cluster's gres.conf includes /run/gpusd/slurm/gres.conf: on the controller it must exist
-            from ..model import HostSnapshot
             from ..slurm.node import gres_dir, write_gres
 
             if not (gres_dir() / "gres.conf").exists():
@@ -97,7 +100,6 @@ class SlurmPart:
         # the Slurm jobs' leases survive a restart of the daemon
         if cfg.slurm and server is not None:
             from ..slurm.node import find_conf, job_state
-            from .slurmjobs import restore
 
             cache = self.cache_dir()
             server.slurm_jobs.state = self.daemon.state_dir / "slurm-jobs.json"
@@ -180,7 +182,6 @@ class SlurmPart:
         """Jobs held again without the controller's word (it could not be asked at start): ask again,
         every FIND_EVERY s, now that slurmd's configless cache tells scontrol where the controller is."""
         from ..slurm.node import job_state
-        from .slurmjobs import recheck
 
         loop = asyncio.get_running_loop()
         while jobs.unsure and not self.stopping:
@@ -212,10 +213,6 @@ class NoGpus:
         self.node_id = node_id
 
     def snapshot(self, util_since: Any = None, detail: bool = True) -> Any:
-        import time
-
-        from ..model import HostSnapshot
-
         return HostSnapshot(hostname=self.hostname, node_id=self.node_id, timestamp=time.time(), gpus=[],
                             backend=self.backend)
 

@@ -7,16 +7,19 @@ O_NOFOLLOW`` and mode 0600 (never a symlink followed, never a file chmod-ed that
 create); existing files must be regular, owned by the daemon's user, the key not readable by others.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import datetime
 import os
+import ssl
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..wire.signing import fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     import ssl
@@ -34,8 +37,6 @@ class Identity:
     fingerprint: str
 
     def server_context(self) -> ssl.SSLContext:
-        import ssl
-
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(str(self.cert_path), str(self.key_path))
@@ -59,7 +60,6 @@ def load_or_create(state_dir: Path, common_name: str) -> Identity:
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
-    from ..wire.signing import fingerprint
 
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)

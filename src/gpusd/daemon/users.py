@@ -26,11 +26,16 @@ key that several accounts list then names nobody (refused) — except root with 
 other one.  A key the account does not list gets a refusal that says what to set up.
 """
 
+# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
 from __future__ import annotations
 
+import base64
+import calendar
 import ipaddress
 import logging
 import os
+import pwd
+import re
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -181,8 +186,6 @@ def _check_permit(name: str, value: str) -> None:
 def parse_expiry(value: str) -> float:
     """sshd's parse_absolute_time: ``YYYYMMDD``, ``YYYYMMDDHHMM`` or ``YYYYMMDDHHMMSS``, local time, or
     UTC with a ``Z`` (or ``UTC``) suffix, any case; :class:`BadOptions` otherwise."""
-    import calendar
-
     text, utc = value, False
     if len(text) > 1 and text[-1] in "zZ":
         text, utc = text[:-1], True
@@ -251,8 +254,6 @@ def parse_line(line: str) -> Entry | None:
 def match_pattern(text: str, pattern: str) -> bool:
     """OpenSSH's match_pattern (match.c): ``*`` any run of characters, ``?`` one; every other
     character, ``[`` included, stands for itself."""
-    import re
-
     rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
     return re.fullmatch(rx, text, re.DOTALL) is not None
 
@@ -423,7 +424,6 @@ class Directory:
     def _passwd(self) -> Iterable[Any]:
         if self._accounts is not None:
             return self._accounts()
-        import pwd
 
         return pwd.getpwall()
 
@@ -479,7 +479,6 @@ class Directory:
         name = self._mapped(blob, peer, reasons)
         if name is not None:
             return Account(name, _uid_of(name), fp, "users file")
-        import base64
 
         # a cheap pre-filter: a listed key's base64 is in the file
         needle = base64.b64encode(blob)

@@ -17,9 +17,12 @@ names (docs/api.md); the rest is internal.  Nothing heavy is imported here: ``im
 stays cheap.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from typing import Any
+
+from . import types
 
 __all__ = ["AsyncClient", "Client", "Device", "DiscoveryOptions", "RemoteHost", "DiscoveryEvent", "EVENTS"]
 
@@ -38,7 +41,5 @@ def __getattr__(name: str) -> Any:
 
         return DiscoveryOptions
     if name in ("Device", "RemoteHost", "DiscoveryEvent", "EVENTS"):
-        from . import types
-
         return getattr(types, name)
     raise AttributeError(f"module 'gpusd.discovery' has no attribute {name!r}")

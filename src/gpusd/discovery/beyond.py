@@ -16,19 +16,22 @@ Everything here is bounded: at most :data:`MAX_PEERS` peers and :data:`MAX_DNS_S
 and ports validated, every query under a timeout.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..wire.txt import SERVICE_TYPE, TxtError, TxtRecord, decode_txt
+from ..wire.txt import SERVICE_TYPE, TxtError, TxtRecord, count_free, decode_txt, encode_txt, inventory_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
@@ -159,8 +162,6 @@ def valid_dns_server(server: str) -> str:
 # -- static peers ------------------------------------------------------------------------------------
 async def addresses_of(host: str) -> list[str]:
     """IPv4 addresses of a peer (an address literal, or a name through the system resolver)."""
-    import socket
-
     try:
         ipaddress.IPv4Address(host)
         return [host]
@@ -178,8 +179,6 @@ async def addresses_of(host: str) -> list[str]:
 
 
 async def _get_json(http: "aiohttp.ClientSession", url: str) -> Any:
-    import json
-
     async with http.get(url, timeout=_timeout(), allow_redirects=False) as resp:
         if resp.status != 200:
             raise ValueError(f"{url} answered {resp.status}")
@@ -348,7 +347,6 @@ def zone_records(hosts: list[Any], domain: str, ttl: int = 300) -> list[str]:
     import dns.rdatatype
     from dns.rdtypes.ANY.TXT import TXT
 
-    from ..wire.txt import count_free, encode_txt, inventory_of
 
     zone = dns.name.from_text(valid_domain(domain))
     service = dns.name.Name(("_gpusd", "_tcp")).concatenate(zone)

@@ -23,6 +23,7 @@ Handlers run on the event loop: keep them short (or make them coroutine function
 scheduled as tasks).  Nothing from the network raises out of the client: errors are logged.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio

@@ -10,6 +10,7 @@ its own bound where the daemon took the request and is building its answer (1,00
 and only then browses; :func:`race` browses while a slow view may still come.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import time

@@ -24,13 +24,17 @@ answer); every request is :func:`gpusd.wire.http.fetch_json` (signed with the fl
 one, bounded, checked).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from ..errors import GpusdError
 from ..model import redact
+from ..wire.fleet import MAX_FLEET_BYTES, FleetView
 from .source import Listing
 from .types import Device, Filters, RemoteHost
 
@@ -57,8 +61,6 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
     """The devices and hosts of a fleet view answer (:class:`gpusd.wire.fleet.FleetView`), filtered like
     a browsing client's; None when the answer is not a usable fleet view.  ``private``: the daemon proved
     it holds the fleet secret, so the other hosts' owners and commands are kept."""
-    from ..wire.fleet import FleetView
-
     try:
         view = FleetView.from_dict(data)
     except (ValueError, RecursionError):
@@ -161,9 +163,6 @@ class LocalFleetView:
         """The daemon's answer as received (parsed and checked by :meth:`parse`) and the daemon's node
         id; None where no daemon of the session answers within ``timeout``.  ``sent``: called once the
         request is on its way to a daemon (it accepted the connection)."""
-        import time
-
-        from ..wire.fleet import MAX_FLEET_BYTES
         from ..wire.http import SourceError, fetch
 
         if self.filters.session is None:
@@ -223,8 +222,6 @@ class LocalFleetView:
         """:meth:`fetch` in a daemon thread (it never holds up the process's exit): the caller can
         browse meanwhile and take whichever answers first; the answer is parsed by whoever takes it
         (:meth:`Reading.result`)."""
-        import threading
-
         reading = Reading(self)
 
         def run() -> None:
@@ -249,8 +246,6 @@ class Reading:
     __slots__ = ("_arrived", "_done", "_fetched", "_parsed", "_result", "_view", "sent")
 
     def __init__(self, view: LocalFleetView) -> None:
-        import threading
-
         self._view = view
         self.sent = threading.Event()  # the request is on its way: a daemon accepted the connection
         self._done = threading.Event()
@@ -330,7 +325,6 @@ class FleetReader:
 
     def fetch(self) -> dict[str, Any]:
         """The answer (an object; :class:`~gpusd.wire.http.SourceError` otherwise), and ``verified``."""
-        from ..wire.fleet import MAX_FLEET_BYTES
         from ..wire.http import SourceError, fetch_json
 
         url, pin = self.secure_url()

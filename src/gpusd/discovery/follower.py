@@ -14,19 +14,22 @@ reason): ``Ending.BYE``, ``Ending.LOST`` (streamed, then lost), ``Ending.FOLLOWE
 reported, found another way), or ``Ending.FAILED`` with the reason.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import enum
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..model import HostSnapshot, redact
+from ..sanitize import json_object
 from ..wire.mdns import rank_addresses
-from ..wire.signing import fingerprint_bytes
+from ..wire.signing import Headers, Request, Response, fingerprint_bytes
 from ..wire.sse import SSEError, SSEParser
 from ..wire.txt import API_PREFIX, SERVICE_TYPE, announced_host
 from .types import (
@@ -40,9 +43,57 @@ from .types import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..wire.signing import Proof
-    from .client import AsyncClient
-    from .source import HostSource
+    from collections.abc import Awaitable
+    from typing import Protocol
+
+    import aiohttp
+
+    from ..model import GpuInfo
+    from ..wire.signing import FleetKey, Proof
+    from .types import Filters
+
+    class FollowingClient(Protocol):
+        """What a follower and a host source call on their client: :class:`gpusd.discovery.client.AsyncClient`
+        (that module is above this one and the sources; docs/api.md documents this side of it)."""
+
+        @property
+        def listening(self) -> bool: ...
+        @property
+        def liveness_timeout(self) -> float: ...
+        @property
+        def silence_timeout(self) -> float: ...
+        @property
+        def http(self) -> aiohttp.ClientSession | None: ...
+        @property
+        def key(self) -> FleetKey | None: ...
+        @property
+        def allow_loopback(self) -> bool | None: ...
+        @property
+        def filters(self) -> Filters: ...
+        @property
+        def unmatched_hosts(self) -> set[str]: ...
+        def report(self, peer: Follower, host: RemoteHost, gpus: list[GpuInfo],
+                   snap: HostSnapshot | None = None) -> None: ...
+        def report_removed(self, peer: Follower, reason: str) -> None: ...
+        def deferring(self) -> bool: ...
+        def defer(self, peer: Follower, text: str) -> None: ...
+        def undefer(self, peer: Follower) -> None: ...
+        def emit(self, event: DiscoveryEvent) -> None: ...
+        def follower(self, name: str) -> Follower | None: ...
+        def followers(self) -> list[Follower]: ...
+        # source: a gpusd.discovery.source.HostSource (that module is above this one)
+        def add(self, name: str, source: Any, *, service_type: str = SERVICE_TYPE, spec: Any = None,
+                from_file: bool = False, hold: float = 0.0, answer: bool = False,
+                capped: bool = True) -> Follower | None: ...
+        def drop(self, peer: Follower, reason: str) -> None: ...
+        def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]: ...
+
+    class FoundBy(Protocol):
+        """What a follower asks of the host source that found it (:class:`gpusd.discovery.source.HostSource`)."""
+
+        via: str
+
+        async def resolve(self, follower: Follower) -> RemoteHost | None: ...
 
 log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
 
@@ -83,8 +134,8 @@ def failed(reason: str) -> StreamEnd:
 class Follower:
     """One service instance a source found, and the task that follows it."""
 
-    client: AsyncClient
-    source: HostSource
+    client: FollowingClient
+    source: FoundBy
     name: str
     type: str = SERVICE_TYPE
     task: asyncio.Task[None] | None = None
@@ -355,8 +406,6 @@ class Follower:
                 cert_fp: str | None = None) -> Proof | None:
         """The fleet's proof the answer carries for our request to ``host`` (its node id; over TLS,
         naming the pinned certificate ``cert_fp``), or None."""
-        from ..wire.signing import Headers, Request, Response
-
         key = self.client.key
         assert key is not None
         answer = Response(resp.status, Request("GET", url, Headers(sent)), Headers(resp.headers.items()))
@@ -399,8 +448,6 @@ class Follower:
 
     # -- the stream's other events --------------------------------------------------------------
     def _threshold(self, host: RemoteHost, data: str) -> None:
-        from ..sanitize import json_object
-
         try:
             d = json_object(data)
         except ValueError:
@@ -417,8 +464,6 @@ class Follower:
 
     def _job(self, host: RemoteHost, data: str) -> None:
         """A rebalancing decision (docs/jobs.md): only its known fields, typed and bounded."""
-        from ..sanitize import json_object
-
         try:
             d = json_object(data[:8192])
         except ValueError:
@@ -439,8 +484,6 @@ class Follower:
 def local_only(address: str) -> bool:
     """An address that points back at this machine or means nothing on the LAN: never followed when
     announced by someone else (a record pointing at 127.0.0.1:4780 would send the client to itself)."""
-    import ipaddress
-
     try:
         a = ipaddress.ip_address(address)
     except ValueError:

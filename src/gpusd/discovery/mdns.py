@@ -7,10 +7,12 @@ followed only after :data:`REAPPEAR_HOLD`.  An update of a followed service's TX
 cache; a new node, session or host name there starts the host over.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -23,8 +25,7 @@ from .types import RemoteHost
 if TYPE_CHECKING:  # pragma: no cover
     from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
 
-    from .client import AsyncClient
-    from .follower import Follower
+    from .follower import Follower, FollowingClient
 
 log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
 
@@ -50,7 +51,7 @@ class MdnsSource:
         self._browser: AsyncServiceBrowser | None = None
         self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
         self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
-        self._client: AsyncClient | None = None
+        self._client: FollowingClient | None = None
 
     @property
     def service_types(self) -> list[str]:
@@ -61,12 +62,12 @@ class MdnsSource:
         ifaces = resolve_interfaces(self.interface_specs)
         return bool(ifaces) and all(_is_loopback(a) for a in ifaces or ())
 
-    async def open(self, client: AsyncClient) -> None:
+    async def open(self, client: FollowingClient) -> None:
         if self.zc is None:
             self.zc = await open_zeroconf(resolve_interfaces(self.interface_specs))
             self._own_zc = True
 
-    def start(self, client: AsyncClient) -> None:
+    def start(self, client: FollowingClient) -> None:
         from zeroconf import DNSQuestionType
         from zeroconf.asyncio import AsyncServiceBrowser
 
@@ -186,8 +187,6 @@ class MdnsSource:
 
 
 def _is_loopback(address: str) -> bool:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:

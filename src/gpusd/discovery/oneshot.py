@@ -32,12 +32,16 @@ keep browsing on port 5353 (they need announcements and goodbyes): a host that a
 appears there.
 """
 
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from .source import Listing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,7 +77,6 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     from zeroconf import InterfaceChoice, IPVersion
     from zeroconf.asyncio import AsyncZeroconf
 
-    from ..errors import ConfigError
     from ..wire.mdns import apply_test_timings, widen_receive_buffer
 
     apply_test_timings()
@@ -94,8 +97,6 @@ def prefetch_imports() -> None:
     """Import python-zeroconf and aiohttp in a thread (their imports take most of a cold ``gpusd list``
     process's time): the process's other start-up work, and the first query's round trip, overlap
     with them.  A later ``import`` of either waits for the thread (Python's import lock)."""
-    import threading
-
     def run() -> None:
         try:
             import zeroconf.asyncio  # noqa: F401
@@ -165,7 +166,6 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
 
 async def _close(zc: Any) -> None:
     import asyncio
-    import contextlib
 
     with contextlib.suppress(Exception):
         await asyncio.wait_for(zc.async_close(), 5)

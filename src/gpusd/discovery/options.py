@@ -9,12 +9,16 @@ client that restarts its asyncio client hands it the same value.  ``tests/discov
 checks that both clients accept exactly these fields.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..units import parse_memory
 from ..wire.txt import DEFAULT_SESSION
+from . import beyond
 from .types import Filters
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,15 +62,10 @@ class DiscoveryOptions:
     peer_specs: tuple[PeerSpec, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
-        import os
-
-        from . import beyond
-
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
         if isinstance(self.min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
-            from ..units import parse_memory
 
             put("min_free_memory", int(parse_memory(self.min_free_memory, ratio=False)))
         if self.interfaces is not None:

@@ -6,18 +6,19 @@ signed event stream, as for mDNS.  The peers file is re-read when it changes (ch
 ``beyond.PEERS_FILE_CHECK`` s); a file that turns bad keeps the peers it listed before.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import TYPE_CHECKING, Sequence
 
+from ..errors import ConfigError
 from . import beyond
 from .types import RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .client import AsyncClient
-    from .follower import Follower
+    from .follower import Follower, FollowingClient
 
 log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
 
@@ -32,10 +33,10 @@ class StaticPeers:
         self.specs = list(specs)
         self.peers_file = peers_file
 
-    async def open(self, client: AsyncClient) -> None:
+    async def open(self, client: FollowingClient) -> None:
         pass
 
-    def start(self, client: AsyncClient) -> None:
+    def start(self, client: FollowingClient) -> None:
         for spec in self.specs:
             self._add(client, spec)
         if self.peers_file is not None:
@@ -44,16 +45,14 @@ class StaticPeers:
     async def stop(self) -> None:
         pass
 
-    def _add(self, client: AsyncClient, spec: beyond.PeerSpec, from_file: bool = False) -> None:
+    def _add(self, client: FollowingClient, spec: beyond.PeerSpec, from_file: bool = False) -> None:
         name = f"peer:{spec}"
         if client.follower(name) is None:
             client.add(name, self, spec=spec, from_file=from_file, capped=False)
 
-    async def _watch_peers_file(self, client: AsyncClient, path: str) -> None:
+    async def _watch_peers_file(self, client: FollowingClient, path: str) -> None:
         """Follow the peers in ``path``; re-read it when it changes (checked every few seconds).  A
         file that turns bad keeps the peers it had (the error is logged)."""
-        from ..errors import ConfigError
-
         stamp: object = ()
         while client.listening:
             now = beyond.file_stamp(path)

@@ -25,8 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .client import AsyncClient
-    from .follower import Follower
+    from .follower import Follower, FollowingClient
     from .types import Device, RemoteHost
 
 
@@ -40,10 +39,10 @@ class HostSource(Protocol):
     def browsed(self) -> bool:
         """Its first listing is complete (``wait_settled`` waits for it)."""
 
-    async def open(self, client: AsyncClient) -> None:
+    async def open(self, client: FollowingClient) -> None:
         """Get ready (open sockets); called before the client listens.  May raise ConfigError."""
 
-    def start(self, client: AsyncClient) -> None:
+    def start(self, client: FollowingClient) -> None:
         """Start finding instances: ``client.add(name, self, ...)`` each (it follows them),
         ``client.drop(follower, reason)`` those gone.  Called on the loop, once listening."""
 

@@ -16,6 +16,7 @@ keeps reporting events until interrupted (Ctrl-C, which stops the client cleanly
 ``stop_listening()``.  ``Client(daemon_thread=True)`` does not hold the program open.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio

@@ -6,6 +6,7 @@ import fnmatch
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from ..model import GpuInfo, HostSnapshot, display_name, gpu_memory_available, name_matches
 from ..sanitize import for_terminal, printable
@@ -214,7 +215,6 @@ class RemoteHost(HostRecord):
         for a host that did not prove itself."""
         if self.identity is None:
             return []
-        from urllib.parse import urlsplit
 
         reached = urlsplit(self.url).hostname if self.url else None
         signed = list(self.identity.addresses)

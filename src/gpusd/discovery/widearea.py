@@ -8,6 +8,7 @@ answer drops nothing.  An instance whose node, port or addresses change is follo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -15,8 +16,7 @@ from . import beyond
 from .types import RemoteHost
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .client import AsyncClient
-    from .follower import Follower
+    from .follower import Follower, FollowingClient
 
 log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
 
@@ -31,18 +31,16 @@ class WideAreaDnsSd:
         self.server = server
         self.browsed = False  # the first browse is done (wait_settled waits for it)
 
-    async def open(self, client: AsyncClient) -> None:
+    async def open(self, client: FollowingClient) -> None:
         pass
 
-    def start(self, client: AsyncClient) -> None:
+    def start(self, client: FollowingClient) -> None:
         client.spawn(self._browse(client))
 
     async def stop(self) -> None:
         pass
 
-    async def _browse(self, client: AsyncClient) -> None:
-        import asyncio
-
+    async def _browse(self, client: FollowingClient) -> None:
         logged: set[str] = set()
         while client.listening:
             try:

@@ -18,10 +18,14 @@ Host names in files are :attr:`HostSlot.ssh_host` (what the engine will ssh to);
 hosts dial (rendezvous, Ray head, DeepSpeed master) are :attr:`HostSlot.address`.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import json
 import shlex
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..inventory.vendors import device_order_env, rank_entry
@@ -151,8 +155,6 @@ def bound(cmds: Sequence[HostCommand], python: str | None = "python3") -> list[H
     a plain command): each host's command runs under ``python3 -m gpusd.engines.rank_gpu --bind-cpus
     LIST --for GPUS --``, which binds it to the union of its GPUs' local CPUs that it may use there
     and execs it; the ranks it starts inherit that."""
-    from dataclasses import replace
-
     out = []
     for c in cmds:
         gpus = ",".join(str(g) for g in c.slot.gpus)
@@ -191,8 +193,6 @@ def find_python(module: str, here: str | None = None, probe_here: bool = True) -
     the interpreter of the ``gpusd`` command on the host's PATH (its #! line).  ``$gpusd_py`` is used
     unquoted (a #! line may carry an argument)."""
     if here is None:
-        import sys
-
         here = sys.executable
     first = (f'if [ -x "$gpusd_here" ] && gpusd_ours "$gpusd_here" && "$gpusd_here" -c "import {module}" 2>/dev/null; '
              "then gpusd_py=$gpusd_here; else " if probe_here else "")
@@ -211,8 +211,6 @@ def python_module(module: str, python: str | None = "python3", here: str | None 
     if python is not None:
         return [python, "-m", module]
     if here is None:
-        import sys
-
         here = sys.executable
     script = (find_python(module, here) + '; if [ -n "$gpusd_py" ]; then exec $gpusd_py -m ' + module + ' "$@"; fi; '
               f'echo "{what}: no Python with gpusd on $(hostname): tried $gpusd_here (the path on the launching'
@@ -320,8 +318,6 @@ def hostfile_text(fmt: str, p: Placement, program: Sequence[str], port: int | No
     """What ``gpusd hostfile --format FMT`` writes for placement ``p``: ``program`` stands for the
     training program in command lines, ``port`` for torchrun's rendezvous or Ray's head port (default
     theirs), ``discovery`` (given with ``--output``) is the command Horovod's discovery script runs."""
-    import json
-
     if fmt == "json":
         return json.dumps(json_view(p), indent=2) + "\n"
     if fmt == "deepspeed":
@@ -341,8 +337,6 @@ def hostfile_text(fmt: str, p: Placement, program: Sequence[str], port: int | No
 def hostfile_usage(fmt: str, p: Placement, path: str, program: Sequence[str], port: int | None = None) -> list[str]:
     """How to use what ``gpusd hostfile --format FMT --output PATH`` wrote: comment lines, then the
     engine's command line (none for the formats read by something else)."""
-    from pathlib import Path
-
     notes = []
     if fmt == "deepspeed":
         line = deepspeed_argv(p, path, program, master_port=port or DS_MASTER_PORT)

@@ -27,6 +27,7 @@ Exit status of the guard: CMD's when it fails (its processes are stopped too); 3
 held here (nothing is started); 2 on bad arguments.  Linux only (``/proc``).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ import time
 from typing import Callable, Sequence
 
 from ..alloc.leases import LeaseStore
-from ..errors import exec_failure
+from ..errors import GpusdError, exec_failure
 
 NO_LEASE = 3
 # seconds between looks at the lease
@@ -300,7 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("no command given: -- CMD ARGS")
     if not (0 < args.margin <= 3600 and 0 <= args.grace < args.margin):
         p.error("--margin must be 0-3600 seconds and --grace below it")
-    from ..errors import GpusdError
 
     try:
         return hold(args.lease, cmd, args.margin, args.grace)

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -124,9 +126,6 @@ class Guard:
 
 def _remove_files(path: str) -> None:
     """Remove the private directory gpusd made for the engine's files: only a real directory of ours."""
-    import shutil
-    import stat
-
     try:
         st = os.lstat(path)
     except OSError:

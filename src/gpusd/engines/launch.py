@@ -21,19 +21,22 @@
   ssh reports it; 255 is ssh's own failure); 130 after a Ctrl-C; 0 when every host succeeded.
 """
 
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import shlex
 import signal
 import sys
+import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Sequence
 
 from ..errors import exec_failure
-from .generate import FILES, HostCommand
+from .generate import FILES, HostCommand, find_python, safe_path_check
 from .placement import HostSlot
 
 SSH_CONFIG_VAR = "GPUSD_SSH_CONFIG"
@@ -102,8 +105,6 @@ def _iface_lines(cmd: HostCommand) -> str:
     """sh lines that set each of ``cmd.iface_env`` to the interface carrying the slot's address (from
     ``ip -o addr show to ADDR``), unless the host's environment has it; a line on stderr when it
     cannot be told."""
-    import ipaddress
-
     address = cmd.slot.address
     try:
         ipaddress.ip_address(address)
@@ -167,7 +168,6 @@ def _guard_script(cmd: HostCommand, opts: LaunchOptions, fallback: str) -> str:
     saying so, to ``fallback`` (the ``sh`` watchdog, which reaches the process group only)."""
     import sys
 
-    from .generate import find_python, safe_path_check
 
     quiet = max(2, int(opts.silence + 0.999))
     files = ["--files", '"$gpusd_files"'] if cmd.files else []
@@ -319,8 +319,6 @@ class Launch:
                     env[var] = iface
             argv = cmd.argv
             if cmd.files:
-                import tempfile
-
                 d = tempfile.mkdtemp(prefix="gpusd.")
                 self._local_dirs.append(d)
                 for name, content in cmd.files.items():

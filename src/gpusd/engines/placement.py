@@ -27,6 +27,7 @@ commands get (``gpusd.inventory.vendors``).
 ``address`` defaults to the host name too (it is what other hosts dial: the rendezvous endpoint).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

@@ -20,6 +20,7 @@ import os
 import shlex
 import sys
 import threading
+from dataclasses import replace
 from typing import Sequence
 
 from . import generate as g
@@ -87,8 +88,6 @@ def with_leases(cmds: Sequence[HostCommand], leases: Sequence[str] | None) -> li
     (``leases``: in placement order; None: no reservation): the daemon knows the job's processes by it
     (they and their descendants), and when the lease ends without a release (the launcher killed, cut
     off) it stops them before granting the GPUs again."""
-    from dataclasses import replace
-
     if leases is None:
         return list(cmds)
     return [replace(c, env={**c.env, "GPUSD_LEASE": leases[c.rank]}) for c in cmds]

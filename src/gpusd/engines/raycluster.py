@@ -14,6 +14,8 @@ import asyncio
 import sys
 from typing import Any, Sequence
 
+from ..ids import LeaseId
+from ..sanitize import for_terminal
 from . import generate as g
 from .launch import Failure, Launch, LaunchOptions, run_commands
 from .placement import Placement
@@ -30,8 +32,6 @@ def start(cmds: Sequence[g.HostCommand], opts: LaunchOptions) -> tuple[int, list
 def failure_lines(failures: Sequence[Failure], status: int) -> list[str]:
     """Why ``ray up`` failed, host by host: the last lines of what ``ray start`` (or ssh, or the guard)
     said there — the real cause, whatever it is."""
-    from ..sanitize import for_terminal
-
     if not failures:
         return [f"ray up failed (status {status})"]
     out = []
@@ -45,8 +45,6 @@ def failure_lines(failures: Sequence[Failure], status: int) -> list[str]:
 def stop(record: dict[str, Any], opts: LaunchOptions, ray: str = "ray", python: str | None = None) -> int:
     """Stop Ray on every host of a cluster (``record``: what ``ray up`` kept); ``python``: the Python
     with gpusd on the hosts (default the record's, else found there).  The launcher's status."""
-    from ..ids import LeaseId
-
     p = Placement.from_dict(record["placement"])
     leases = [d["lease_id"] for d in record.get("leases") or []
               if isinstance(d, dict) and LeaseId.is_valid(d.get("lease_id"))]

@@ -13,6 +13,7 @@ Files are written new (:func:`write_new`: never through a symbolic link) and rea
 that cannot be read is skipped, never fatal.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpusdError
+from ..sanitize import for_terminal
 from .placement import Placement, PlacementError
 
 # under gpusd's state directory: what a job holds now, for Horovod's discovery script
@@ -150,7 +152,6 @@ def forget(path: Path) -> None:
 
 def describe(record: dict[str, Any]) -> str:
     """``10.0.0.1:6379, 2 hosts, held until 2026-12-02 19:10:48`` for a cluster record."""
-    from ..sanitize import for_terminal
     from ..units import format_clock
 
     hosts = record.get("placement", {}).get("hosts") or []

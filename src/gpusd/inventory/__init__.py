@@ -20,6 +20,7 @@ backend that works here (``$GPUSD_BACKENDS`` to name them).  All backends have t
 Internal (docs/api.md): ``gpusd.local_snapshot`` is the public way to read this machine's GPUs.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

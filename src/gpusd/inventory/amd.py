@@ -27,9 +27,11 @@ marks the GPU unhealthy (with the status) while the rest of the snapshot still c
 the amdgpu driver's sysfs has no per-process memory, and a partial reader would make ``is_free`` lie).
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import time
@@ -67,8 +69,6 @@ def import_amdsmi() -> Any:
 
 def available() -> bool:
     """Whether an AMD backend could be tried here without importing anything heavy."""
-    import importlib.util
-
     return importlib.util.find_spec("amdsmi") is not None
 
 

@@ -9,6 +9,7 @@ readings), and where it needs them ``_before_read`` (once per snapshot, under th
 :class:`gpusd.inventory.backend.Backend`.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 # a lock alone: importing threading costs a one-shot command ~1.5 ms

@@ -5,6 +5,7 @@ count); ``index`` runs over the host in the order NVIDIA, AMD, Intel, so that it
 vendor backend that fails mid-run fails the snapshot (a one-line BackendUnavailable, as NVML's).
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

@@ -18,6 +18,7 @@ controller's utilisation, fan, compute mode, MIG-like partitions (a Max 1550's t
 ``subdevices``).  A first snapshot takes two readings 50 ms apart for utilisation and power.
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import ctypes

@@ -6,6 +6,7 @@ queries themselves (no nvidia-smi subprocess).  A query the GPU does not support
 is reported unhealthy while the rest of the snapshot still comes back.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import ctypes

@@ -8,6 +8,7 @@ does not re-read /proc.  On Linux /proc is read directly (importing psutil alone
 about 14 ms); elsewhere psutil answers.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ are a function of wall-clock time, so every process simulating the same host see
 Every snapshot of a simulated host carries ``simulated = true`` and every CLI output says so.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import hashlib

@@ -23,6 +23,7 @@ Engines that manage a vendor's variable themselves get what they read (``engine=
 (``ray/_private/accelerators/amd_gpu.py``), and reads only ``ZE_AFFINITY_MASK`` on Intel.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import os

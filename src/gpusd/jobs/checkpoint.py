@@ -17,6 +17,7 @@ and unlocked), and the caller moves the job with the job protocol instead.  Veri
 against a fake tool: no GPU.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ Which options take a value is known per runtime for the common ones; an unknown 
 machine anyway.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json

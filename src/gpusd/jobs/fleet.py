@@ -17,6 +17,7 @@ Records are written by :class:`gpusd.jobs.record.RecordWriter`, as every job's. 
 effort: a fleet run whose record cannot be written (no usable lock directory) still runs, and says so.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..alloc.leases import LeaseStore, current_user
+from ..alloc.lockdir import replace_file
 from ..errors import ConfigError, GpusdError, exec_failure
 from ..ids import JobId, LeaseId
 from ..sanitize import printable
@@ -138,7 +140,6 @@ class FleetJob:
             self.private = Path(private_dir(self.job_id))  # mode 0700
         self.generation += 1
         path = self.private / "gpus.json"
-        from ..alloc.lockdir import replace_file
 
         replace_file(path, self.private / f".gpus.{self.generation}.tmp", json.dumps({
             "format": FILE_FORMAT, "job": self.job_id, "generation": self.generation, "state": "running",

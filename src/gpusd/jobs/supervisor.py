@@ -24,6 +24,7 @@ rewritten through the handle, under the store's selection mutex, never here).  A
 acts on it.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ from ..alloc.api import LeaseRequest, Selection, allocate, shared_backend
 from ..alloc.authority import RemoteLease
 from ..alloc.handle import Holder, LeaseHandle
 from ..alloc.leases import Lease, LeaseStore, current_user
-from ..alloc.priority import PRIORITIES, priority_name
+from ..alloc.priority import PRIORITIES, PRIORITY_PATH, priority_name
 from ..alloc.runner import FORWARDED
 from ..alloc.select import Candidate, Constraints
 from ..errors import EXIT_TIME_LIMIT, ConfigError, GpusdError, NoGpuAvailable, exec_failure, to_wire
@@ -90,9 +91,9 @@ def run_job(spec: JobSpec, cuda_checkpoint: bool = False) -> int:
     """``gpusd run`` on this host (docs/jobs.md): the priority policy's check of ``spec.priority``,
     NVIDIA's cuda-checkpoint for moves where asked (``cuda_checkpoint``) and usable, then the job's
     supervisor until its command has ended; its exit status."""
-    from ..alloc.priority import PRIORITY_PATH, load_policy
+    from ..alloc.policy import load_priority_policy
 
-    policy = load_policy()
+    policy = load_priority_policy()
     allowed = policy.max_for(os.geteuid())
     if spec.priority > allowed:
         source = policy.source or "the defaults"
@@ -362,9 +363,10 @@ class Supervisor:
             # nothing of the start-up is left here (asking victims may take long)
             gate.leave()
             from ..alloc import queue
-            from ..alloc.priority import load_policy
+            from ..alloc.policy import load_priority_policy
 
-            if not queue.ahead_of_newcomer(self.store, load_policy().believed(self.spec.priority, os.geteuid())):
+            believed = load_priority_policy().believed(self.spec.priority, os.geteuid())
+            if not queue.ahead_of_newcomer(self.store, believed):
                 # would anything qualify now? (a choice only, no lease: the daemon's, its GPUs may be simulated)
                 try:
                     allocate(LeaseRequest(self.spec.c, lease=False))
@@ -811,9 +813,9 @@ class Supervisor:
             by = req.get("by")
             if type(prio) is not int:
                 return {"ok": False, "message": "no priority"}
-            from ..alloc.priority import load_policy
+            from ..alloc.policy import load_priority_policy
 
-            prio = load_policy().believed(prio, os.geteuid() if uid is None else uid)  # the policy's bound
+            prio = load_priority_policy().believed(prio, os.geteuid() if uid is None else uid)  # the policy's bound
             return self.preempt(str(by)[:32] if by else "?", prio)
         if op == "move":
             avoid = req.get("avoid")

@@ -10,6 +10,7 @@ The webhook's body is :func:`payload` (schema ``gpusd-notify/1``), its signature
 ``X-Gpusd-Signature: t=UNIX,v1=HEX``: HMAC-SHA256 over ``"UNIX." + body`` with the secret file's
 first line, so that a receiver can refuse a replay older than it likes."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
+from .._version import __version__
 from ..errors import ConfigError, GpusdError
 from ..sanitize import for_terminal, printable
 
@@ -145,8 +148,6 @@ class Exec:
 def check_url(url: str) -> str:
     """``url`` when it is an http(s) URL with a host (and no user:password, which ``ps`` would show);
     :class:`ConfigError` otherwise."""
-    from urllib.parse import urlsplit
-
     shown = for_terminal(url, 120)
     if len(url) > MAX_URL:
         raise ConfigError(f"--webhook: the URL is longer than {MAX_URL} characters")
@@ -233,8 +234,6 @@ class Webhook:
         self._opener = _opener()
 
     def describe(self) -> str:
-        from urllib.parse import urlsplit
-
         p = urlsplit(self.url)
         return for_terminal(f"{p.scheme}://{p.netloc}{p.path}", 120)  # not the query: it may hold a token
 
@@ -288,8 +287,6 @@ class Webhook:
 
 
 def _agent() -> str:
-    from .._version import __version__
-
     return f"gpusd/{__version__} (notify)"
 
 

@@ -7,6 +7,7 @@
 :class:`~gpusd.notify.deliver.Target`; :func:`notify` makes the watch from the constraint keywords of
 :func:`gpusd.select` (``fleet=True``: those of :func:`gpusd.reserve`).  No lease is taken, ever."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import logging

@@ -6,6 +6,7 @@ qualify now, by the rule of ``gpusd select`` or of ``gpusd reserve``; None other
 :meth:`wait` (sleep until something changed or ``timeout`` passed).  Neither takes a lease, nor
 joins the queue: a notice says what was free when it was looked at (docs/notify.md)."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """Fleet selection and reservations: the client side of the pool (docs/pool.md)."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import fnmatch
@@ -9,8 +10,10 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from copy import copy
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+from urllib.parse import urlsplit
 
 from ..errors import (
     REFUSED_STATUSES,
@@ -23,7 +26,7 @@ from ..errors import (
     WaitTimeout,
     from_wire,
 )
-from ..ids import LeaseId
+from ..ids import LeaseId, PlacementId
 from ..inventory.vendors import DEFAULT_VENDOR, SET_VARIABLES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -211,8 +214,6 @@ class Reservation:
         """The JSON form of an engine placement (``gpusd.engines.placement.Placement.from_dict``):
         one slot per host, with the NVML indices and UUIDs leased there.  Host name, address and ssh
         target are what each host's daemon signed (``HostLease.hostname``, ``addresses``)."""
-        from ..ids import PlacementId
-
         return {"job_id": job_id or PlacementId.new(), "hosts": [
             {"hostname": p.hostname, "address": (p.addresses or [p.hostname])[0], "ssh_target": p.hostname,
              **_slot_gpus(p)} for p in self.parts]}
@@ -273,8 +274,6 @@ def rank_hosts(hosts: Iterable[RemoteHost], c: Constraints, *, host: str | None 
             continue
         snap = h.snapshot
         if model is not None:
-            from copy import copy
-
             snap = copy(snap)
             snap.gpus = [g for g in snap.gpus if g.name and (fnmatch.fnmatch(g.name, model) or
                                                              model.lower() in g.name.lower())]
@@ -293,8 +292,6 @@ def api_url(h: RemoteHost) -> tuple[str, str | None]:
     """Where to send signed writes to ``h``, and the certificate to pin: its HTTPS port where it
     announces one (a daemon with TLS refuses writes over plain HTTP), at the address discovery
     reached it on; else its plain HTTP API."""
-    from urllib.parse import urlsplit
-
     from ..wire.txt import API_PREFIX
 
     assert h.url is not None
@@ -429,8 +426,6 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
         raise ConfigError(f"ttl must be between {MIN_TTL:g} and {MAX_TTL:g} seconds")
     c = constraints or Constraints.from_keywords(count=per, **keywords)
     if c.count != per:
-        from dataclasses import replace
-
         c = replace(c, count=per)
     holder = (holder or default_holder())[:64]
     own = client is None

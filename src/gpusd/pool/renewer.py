@@ -24,6 +24,7 @@ releasing (the leases end with their TTL: ``gpusd ray down`` when a host could n
 guard then stops Ray there before its lease ends).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..ids import LeaseId
+from .client import HostLease, Reservation
 
 # under gpusd's state directory (gpusd.identity.state_dir)
 RECORD_DIR = "reservations"
@@ -138,7 +140,6 @@ if TYPE_CHECKING:
 
 def main() -> int:
     from ..wire.signing import FleetKey
-    from .client import HostLease, Reservation
 
     try:
         d = json.loads(sys.stdin.read(1 << 20))

@@ -6,6 +6,7 @@ file is checked against what Slurm's parser reads as one word: a host whose name
 Slurm node name is left out (with a comment saying so), a GPU model name is reduced to ``[a-z0-9_]``.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import re
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..model import GpuInfo, HostSnapshot, display_name
-from ..topology import link_between, parse_cpulist
+from ..topology import format_cpulist, link_between, parse_cpulist
 
 # what slurm.conf takes as one node name
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -110,7 +111,6 @@ def _cores(snap: HostSnapshot, gpu: GpuInfo) -> str | None:
                    else {c for c in cpus if not total or c < total})
     if not cores:
         return None
-    from ..topology import format_cpulist
 
     return format_cpulist(cores)
 

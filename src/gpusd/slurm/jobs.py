@@ -7,6 +7,7 @@ NVML indices: the daemon maps them to the GPUs it wrote there) or ``CUDA_VISIBLE
 is recorded through the daemon, never by writing lock files.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 docs/slurm.md): the slurmd command line from the host's snapshot, the controller's address, and
 draining or removing the node when the host goes or a GPU is lost (``scontrol``)."""
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import ipaddress
@@ -10,7 +11,9 @@ import os
 import re
 import shlex
 import signal
+import stat as _stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -101,7 +104,6 @@ def write_gres(snap: HostSnapshot, directory: Path | None = None) -> list[str]:
     d.mkdir(mode=0o755, parents=True, exist_ok=True)
     st = os.lstat(d)
     import json
-    import stat as _stat
 
     if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise ConfigError(f"{d} must be a directory of this user that others cannot write")
@@ -149,8 +151,6 @@ _MAX_CONF = 1 << 20
 def _copy_cache(src: Path, dest: Path) -> bool:
     """Copy the regular files of slurmd's configless cache ``src`` into ``dest`` (this daemon's own,
     root-only directory); False when ``src`` has no slurm.conf."""
-    import stat as _stat
-
     try:
         names = sorted(os.listdir(src))[:32]
     except OSError:
@@ -246,8 +246,6 @@ class SlurmNode:
 
     def __init__(self, controller: tuple[str, int], name: str, log_path: Path | None = None,
                  cache_dir: Path | None = None) -> None:
-        import threading
-
         self.controller = controller
         self.name = name
         self.log_path = log_path

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import ConfigError
 from ..model import HostSnapshot, LeaseInfo
 from .db import IDLE_UTIL
 
@@ -44,8 +45,6 @@ class IdlePolicy:
     grace: float = 900.0
 
     def validate(self) -> None:
-        from ..errors import ConfigError
-
         if not 1 <= self.idle_after <= 30 * 86400:
             raise ConfigError("--idle-after must be between 1 second and 30 days")
         if not 0 <= self.grace <= 30 * 86400:

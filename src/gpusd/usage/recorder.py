@@ -12,6 +12,7 @@ sample is one transaction, so a daemon killed at any moment loses at most the in
 committed sample, and a restart counts nothing twice: the first sample after it opens a new interval.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import errno

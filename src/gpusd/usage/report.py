@@ -6,6 +6,7 @@ used (a process ran; a GPU shared by several users' processes is split between t
 utilisation and energy.  Pure arithmetic on JSON-ready dicts; rendering is in ``gpusd.views.report``.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

@@ -1,6 +1,7 @@
 """The interactive ``gpusd top``: a full-screen rich view refreshed every ``interval`` seconds, with
 keys read from the terminal in cbreak mode (no Enter needed, no echo)."""
 
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ report mailed to a lab opens the same anywhere.  Every name in it is escaped; th
 JSON block whose ``<`` ``>`` ``&`` are escaped, so no user name can end the script.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import csv

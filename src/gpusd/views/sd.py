@@ -9,6 +9,7 @@ the file is written atomically (temporary file, then rename)::
           - files: [/etc/prometheus/gpusd.json]
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json

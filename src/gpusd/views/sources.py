@@ -6,11 +6,13 @@
 * :class:`DiscoverySource` — the LAN, browsed with the discovery client.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import SourceError
+from ..wire.fleet import FleetView
 from ..wire.http import fetch_json
 from .top import HostView
 
@@ -55,8 +57,6 @@ def hosts_from_fleet(data: Any, trusted: bool | None = None) -> list[HostView]:
     """HostViews from a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`); malformed
     hosts are skipped.  ``trusted``: whether the daemon that answered proved it holds the fleet secret
     (False: no host is verified)."""
-    from ..wire.fleet import FleetView
-
     try:
         view = FleetView.from_dict(data)
     except ValueError as exc:

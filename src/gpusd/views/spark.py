@@ -8,6 +8,7 @@ never waits on the network) plus every sample ``top`` itself shows.  Hosts read 
 gets no request from ``top``), get the points ``top`` saw since it started.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
@@ -134,8 +136,6 @@ class Sparks:
         return self._pool
 
     def _fetch(self, key: str, url: str, uuids: list[str]) -> None:
-        from urllib.parse import quote
-
         from ..discovery.fleetview import base_url
         from .sources import get_json
 

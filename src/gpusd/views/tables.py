@@ -10,6 +10,7 @@ bounded to ``max_cell`` characters, and given to rich as plain text (never as ma
 sequence reaches the terminal and no line is unbounded.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence

@@ -16,12 +16,14 @@ never as a plain ``str`` cell (which rich would parse as markup).
 The live loop with keyboard handling is in :mod:`gpusd.views.live`.
 """
 
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from ..model import GpuInfo, display_name, shown_name
@@ -220,8 +222,6 @@ def _matches(h: HostView, g: GpuInfo, terms: Sequence[str]) -> bool:
     hay = " ".join(fields)
     for t in terms:
         if any(c in t for c in "*?["):
-            from fnmatch import fnmatchcase
-
             if not any(fnmatchcase(f, t) for f in fields):
                 return False
         elif t not in hay:

@@ -17,6 +17,7 @@ process (``import gpusd`` in a program that uses aiohttp for its own HTTPS), aio
 it is.  Where aiohttp was imported already, nothing changes.
 """
 
+# Imports inside functions: start-up (quick commands import this module).
 from __future__ import annotations
 
 import _thread

@@ -9,9 +9,11 @@ fail, so one bad host never hides the good ones.  A host whose snapshot is malfo
 a snapshot.
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, Callable
 
 from ..errors import WireError
@@ -130,8 +132,6 @@ class HostHeads:
     __slots__ = ("_kept", "_static", "_used")
 
     def __init__(self) -> None:
-        from operator import attrgetter
-
         self._static = attrgetter(*_STATIC_FIELDS)
         self._kept: dict[Any, tuple[bytes, bytes]] = {}
         self._used: dict[Any, tuple[bytes, bytes]] = {}

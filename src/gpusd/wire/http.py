@@ -6,11 +6,14 @@ self-signed certificate; what makes such an answer trustworthy is the daemon's s
 names that certificate's fingerprint (docs/security.md), or ``pin`` (an announced fingerprint).
 """
 
+# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
+
+from ..errors import ConfigError
 
 # re-exported: defined in gpusd.errors
 from ..errors import SourceError as SourceError
@@ -86,7 +89,6 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     signer = user
     if key is not None and signer is None and method.upper() not in ("GET", "HEAD"):
         # a write: the user signs it too (security.md)
-        from ..errors import ConfigError
         from .sshsig import SshSigError, default_signer
 
         try:

@@ -29,6 +29,7 @@
 This module imports zeroconf at once: import it lazily (``open_zeroconf`` does).
 """
 
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio

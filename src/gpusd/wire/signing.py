@@ -32,6 +32,7 @@ Nothing here does I/O; :mod:`gpusd.wire.http` applies it to urllib requests and 
 :mod:`gpusd.daemon.access` to the daemon's requests.
 """
 
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import base64
@@ -40,6 +41,7 @@ import datetime
 import functools
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 import stat
@@ -47,8 +49,10 @@ import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import quote, unquote
 
 from ..errors import SecretError
+from . import sigfast
 
 # seconds a signature's "created" may differ from the verifier's clock (either way)
 MAX_SKEW = 30.0
@@ -207,7 +211,6 @@ class FleetKey:
                                               key_resolver=cast(Any, _Keys(self.key_id, self.response_key)))
         self._req_verifier = _verifier(self.key_id, self.request_key)
         self._resp_verifier = _verifier(self.key_id, self.response_key)
-        from . import sigfast
 
         # gpusd's own shape, the library as the reference (imported with the library)
         self._fast = sigfast
@@ -367,8 +370,6 @@ class Proof:
 def encode_host(name: str) -> str:
     """A host name as the ``Gpusd-Host`` header carries it: percent-encoded UTF-8 (RFC 3986), so a
     DNS name goes as it is and any other name stays one printable ASCII header value."""
-    from urllib.parse import quote
-
     return quote(name[:MAX_SIGNED_HOST], safe="")
 
 
@@ -377,8 +378,6 @@ def encode_host(name: str) -> str:
 def decode_host(value: object) -> str | None:
     """The host name of a signed ``Gpusd-Host`` value; None when absent or not a printable name of
     at most :data:`MAX_SIGNED_HOST` characters."""
-    from urllib.parse import unquote
-
     if not isinstance(value, str) or not value or len(value) > 3 * MAX_SIGNED_HOST:
         return None
     try:
@@ -395,8 +394,6 @@ def decode_addresses(value: object) -> tuple[str, ...]:
     """The IP addresses of a signed ``Gpusd-Addrs`` value (entries that are not an address one can
     reach a host at -- not an IP address, unspecified, multicast -- dropped; at most
     :data:`MAX_SIGNED_ADDRS`)."""
-    import ipaddress
-
     if not isinstance(value, str) or not value:
         return ()
     out: list[str] = []

@@ -17,11 +17,13 @@ key parsing use ``cryptography``; nothing here trusts a key — :mod:`gpusd.daem
 it is.
 """
 
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import base64
 import hashlib
 import os
+import pwd
 import socket
 import struct
 from dataclasses import dataclass
@@ -438,7 +440,6 @@ def account_of(signer: object, environ: dict[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     if env.get(ACCOUNT_ENV):
         return env[ACCOUNT_ENV]
-    import pwd
 
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
