@@ -430,6 +430,14 @@ class LeaseStore:
             return fd
         return open_dir(self.dir, create, private=self.private)
 
+    def open_listed(self) -> int | None:
+        """:meth:`open` for a reader that lists what is there: None where the directory does not
+        exist or is not trusted (a directory we do not believe lists nothing)."""
+        try:
+            return self.open(create=False)
+        except GpusdError:
+            return None
+
     def _writable(self) -> int:
         fd = open_dir(self.dir, True, private=self.private)
         assert fd is not None
@@ -728,10 +736,7 @@ class LeaseStore:
         ended in the last ``within`` seconds.  Selection ignores utilisation samples from before."""
         out: dict[str, float] = {}
         horizon = time.time() - within
-        try:
-            dfd = self.open(create=False)
-        except GpusdError:
-            return out
+        dfd = self.open_listed()
         if dfd is None:
             return out
         try:
@@ -869,10 +874,8 @@ class LeaseStore:
         fds: list[int] = []
         try:
             for peer in self.peers():
-                try:
-                    fd = peer.open(create=False)
-                except GpusdError:
-                    continue  # a peer directory we do not believe: the clock and our own count still hold
+                # a peer directory we do not believe is left out: the clock and our own count still hold
+                fd = peer.open_listed()
                 if fd is not None:
                     fds.append(fd)
             return _epoch.grant(dfd, fds, devices, self.private)

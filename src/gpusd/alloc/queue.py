@@ -61,7 +61,6 @@ import stat
 import time
 from pathlib import Path
 
-from ..errors import GpusdError
 from ..record import fields, record
 from ..sanitize import json_object
 from .inotify import (
@@ -204,10 +203,7 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
 
     if not store.private:
         return {}
-    try:
-        dfd = store.open(create=False)
-    except GpusdError:
-        return {}
+    dfd = store.open_listed()
     if dfd is None:
         return {}
     out: dict[tuple[int, int], Place] = {}
@@ -313,10 +309,7 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
     from .lockdir import process_uid, user_name
 
     out: list[tuple[Waiter, float, Path]] = []
-    try:
-        dfd = store.open(create=False)
-    except GpusdError:
-        return out
+    dfd = store.open_listed()
     if dfd is None:
         return out
     policy = load_priority_policy()
