@@ -121,7 +121,8 @@ def test_a_grant_that_fails_on_one_gpu_moves_on_to_the_others(fake_nvml_inproces
     namespace's view, say) fails its grant: the allocation takes the next qualifying GPU instead."""
     from gpusd.alloc import lockdir
     from gpusd.alloc.api import LeaseRequest, allocate
-    from gpusd.alloc.leases import LeaseStore, _safe
+    from gpusd.alloc.leases import LeaseStore
+    from gpusd.alloc.lockdir import safe_name
     from gpusd.alloc.select import Constraints
 
     fake_nvml_inprocess.write(make_gpus(3))
@@ -132,7 +133,7 @@ def test_a_grant_that_fails_on_one_gpu_moves_on_to_the_others(fake_nvml_inproces
     from gpusd.alloc.api import shared_backend
 
     uuid0 = shared_backend().snapshot(detail=False).gpus[0].uuid
-    fd = os.open(store.dir / f"gpu-{_safe(uuid0)}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(store.dir / f"gpu-{safe_name(uuid0)}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     pid = os.fork()
     if pid == 0:  # a holder of GPU 0's lock that is not this process (a flock of ours would not conflict)
         fcntl.flock(fd, fcntl.LOCK_EX)
