@@ -4,7 +4,8 @@ and server-sent event streams.
 ``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add their route
 tables to ``daemon.app`` with :func:`gpusd.daemon.routes.add_routes` before the daemon starts (never
 ``app.router.add_get``: a route outside the access rules stops the daemon from starting).  ``sse_stream`` serves
-any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
+any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats (the hub's: one timer and one
+encoding per beat for all of its readers).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Protocol, TypeV
 from aiohttp import web
 
 from .._version import __version__
-from ..wire.sse import format_event
 from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level
 from .events import EventHub, HubFull
 
@@ -237,8 +237,9 @@ async def fleet_events(d: DaemonView, request: web.Request) -> web.StreamRespons
 async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes], heartbeat: float,
                      touch: "object | None" = None, write_timeout: float = 10.0,
                      out: "Callable[[bytes], bytes] | None" = None) -> web.StreamResponse:
-    """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
-    ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
+    """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and the
+    hub's ``heartbeat`` event after ``heartbeat`` seconds without one (:meth:`EventHub.keep_alive`;
+    ``touch`` is called at each).  Ends on ``None`` (daemon stopping,
     or a subscriber too slow to keep up) or when the client goes away.
 
     A reader that does not take a message within ``write_timeout`` seconds, or falls so far behind
@@ -260,6 +261,7 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         refusal.headers["Retry-After"] = "5"
         return refusal
     hub.streaming(sub)  # from here on, the finally below ends it: the daemon's stop awaits that (drained)
+    hub.keep_alive(heartbeat, touch if callable(touch) else None)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     slow = False
     try:
@@ -267,12 +269,7 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         for first_msg in first:
             await _bounded(resp.write(out(first_msg)), write_timeout)
         while True:
-            try:
-                msg = await asyncio.wait_for(sub.queue.get(), heartbeat)
-            except asyncio.TimeoutError:
-                msg = format_event("heartbeat", {"ts": round(time.time(), 3)})
-                if callable(touch):
-                    touch()
+            msg = await sub.queue.get()  # no timer per reader: the hub's heartbeat wakes it
             if msg is None:
                 slow = sub.dropped
                 break
