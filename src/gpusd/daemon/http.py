@@ -273,7 +273,12 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
             if msg is None:
                 slow = sub.dropped
                 break
-            await _bounded(resp.write(out(msg)), write_timeout)
+            data = out(msg)
+            transport = request.transport
+            if transport is not None and len(data) <= CALM_WRITE and not transport.get_write_buffer_size():
+                await resp.write(data)  # cannot wait (CALM_WRITE): no timer to arm and cancel per event
+            else:
+                await _bounded(resp.write(data), write_timeout)
         if not slow:
             await _bounded(resp.write_eof(), write_timeout)
     except asyncio.TimeoutError:
@@ -288,6 +293,12 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         if transport is not None:
             transport.abort()  # drop what is queued for it: no wait on a reader that does not read
     return resp
+
+
+# aiohttp's write waits only to drain a transport paused above its high-water mark (64 KiB by
+# default): one with nothing left to send that takes at most this many bytes more cannot be paused,
+# so such a write returns without waiting and needs no write_timeout of its own.
+CALM_WRITE = 16 * 1024
 
 
 async def _bounded(aw: Awaitable[T], seconds: float) -> T:
