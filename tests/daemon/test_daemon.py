@@ -253,6 +253,30 @@ def test_history_and_hub_bounds() -> None:
     asyncio.run(hub())
 
 
+async def test_hub_heartbeat_is_one_message_for_all_and_stops_with_the_last_reader() -> None:
+    hub = EventHub()
+    subs = [hub.subscribe(signed=True) for _ in range(50)]
+    hub.keep_alive(0.05)
+    hub.keep_alive(0.05)  # a second stream's call: still one timer
+    first = [await asyncio.wait_for(s.get(), 5) for s in subs]
+    assert first[0] is not None and first[0].startswith(b"event: heartbeat\n")
+    assert all(m is first[0] for m in first)  # the same bytes to every reader: encoded once
+    for s in subs:
+        hub.unsubscribe(s)
+    beats = hub.beats
+    await asyncio.sleep(0.3)  # long enough for several periods: none beat without a reader
+    assert hub.beats == beats
+    late = hub.subscribe()
+    hub.keep_alive(0.05)  # the next reader starts it again
+    assert (await asyncio.wait_for(late.get(), 5) or b"").startswith(b"event: heartbeat\n")
+    hub.close()
+    rest = []
+    while (m := await asyncio.wait_for(late.get(), 5)) is not None:
+        rest.append(m)
+    assert all(m.startswith(b"event: heartbeat\n") for m in rest)
+    assert hub.beats == beats + 1 + len(rest)  # each beat one message, however many readers
+
+
 # -- the process life cycle (subprocesses, 127.0.0.1 only) ------------------------------------------
 def gpusd(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpusd", *args], env=env, capture_output=True, text=True,
