@@ -448,7 +448,7 @@ def main() -> None:
         local_cpu(args.waiters, args.window)
     if not args.no_fleet:
         fleet(args.fleet_runs, 0 if args.no_cpu else args.waiters, args.window)
-    if not args.no_cpu and args.streams > 0:
+    if not args.no_cpu and args.streams > 0 and not args.fleet_only:
         streams_cpu(args.streams, args.window)
 
 
