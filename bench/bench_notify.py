@@ -2,6 +2,7 @@
 waiting notifiers cost the daemon.
 
     python bench/bench_notify.py [--runs 50] [--waiters 100] [--window 20] [--fleet-runs 50] [--no-fleet]
+                                 [--no-cpu] [--fleet-only]
 
 1. **Latency on this machine** (fake NVML, 2 GPUs): a holder in this process leases both GPUs; two
    ``gpusd notify -n 2 --repeat`` run, one ``--exec 'date +%s.%N >> FILE'``, one ``--webhook`` to a
@@ -15,11 +16,16 @@ waiting notifiers cost the daemon.
    sampling interval, 1 s), a holder on that host leasing through its daemon, two ``notify --fleet``
    on a client machine; p50/p99 over ``--fleet-runs`` runs; then the host daemon's CPU with
    ``--waiters`` fleet notifiers following its event stream against none.
+4. **The daemon's fan-out alone** (``--streams N``, or ``--streams-only``): the daemon on 127.0.0.1 with a
+   fleet secret, both GPUs leased, and N signed ``/api/v1/events`` readers (what a fleet notifier asks
+   of a host's daemon) in one reader process: the daemon's CPU with none / N / none again, without a
+   hundred notifier processes loading the machine as part 3 does.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -67,6 +73,35 @@ class Receiver:
         self.port = self.srv.server_address[1]
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
 
+
+READERS = """
+import asyncio, signal, sys
+import aiohttp
+from gpusd.wire.signing import FleetKey
+url, n, key = sys.argv[1], int(sys.argv[2]), FleetKey(open(sys.argv[3]).read().strip())
+heard = {}
+async def one(http):
+    headers = {"Accept": "text/event-stream", **key.sign_request("GET", url)[0]}
+    async with http.get(url, headers=headers) as resp:
+        assert resp.status == 200, resp.status
+        async for line in resp.content:
+            if line.startswith(b"event:"):
+                name = line[6:].strip().decode()
+                heard[name] = heard.get(name, 0) + 1
+async def main():
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        tasks = [asyncio.ensure_future(one(http)) for _ in range(n)]
+        while heard.get("snapshot", 0) < n:
+            await asyncio.sleep(0.05)
+            if any(t.done() for t in tasks):
+                raise SystemExit(f"a reader ended: {[t.exception() for t in tasks if t.done()][:1]}")
+        print("connected", flush=True)
+        await stop.wait()
+    print(heard, flush=True)
+asyncio.run(main())
+"""
 
 RECEIVER = """
 import sys, time, threading
@@ -205,7 +240,7 @@ def local_cpu(waiters: int, window: float) -> None:
             time.sleep(window)
             wall = time.monotonic() - t0
             rows.append((label, 100 * (cpu_seconds(daemon.pid) - c0) / wall,
-                         100 * (sum(cpu_seconds(n.proc.pid) for n in notifiers) - n0) / wall))
+                         100 * (sum(cpu_seconds(n.proc.pid) for n in notifiers) - n0) / wall, os.getloadavg()[0]))
 
         measure("none")
         for i in range(waiters):
@@ -230,9 +265,64 @@ def local_cpu(waiters: int, window: float) -> None:
         holder.wait(10)
         stop(daemon)
     print(f"\n### The lease authority's CPU over {window:g} s (sampling every 1 s, 2 GPUs leased)\n")
-    print("| notifiers | daemon CPU % | the notifiers' own CPU % (all together) |\n|---|---|---|")
-    for label, d, n in rows:
-        print(f"| {label} | {d:.2f} | {n:.1f} |")
+    print("| notifiers | daemon CPU % | the notifiers' own CPU % (all together) | load average |\n|---|---|---|---|")
+    for label, d, n, load in rows:
+        print(f"| {label} | {d:.2f} | {n:.1f} | {load:.1f} |")
+
+
+def streams_cpu(readers: int, window: float) -> None:
+    fake = FakeEnv(make_gpus(2))
+    state = fake.tmp / "daemon"
+    state.mkdir()
+    key = fake.tmp / "fleet.key"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, (secrets.token_hex(32) + "\n").encode())
+    os.close(fd)
+    env = dict(fake.env, PYTHONPATH=str(SRC), GPUSD_INTERFACES="127.0.0.1", GPUSD_STATE_DIR=str(state))
+    daemon, ready = start_ready([sys.executable, "-m", "gpusd", "start", "--foreground", "--interface", "127.0.0.1",
+                                 "--port", "0", "--session", f"bench-{secrets.token_hex(3)}", "--interval", "1",
+                                 "--hostname", "bench-host", "--no-record", "--token-file", str(key)], env,
+                                state / "gpusd.log")
+    url = json.loads(ready)["urls"][0] + "/events"
+    held = fake.tmp / "held"
+    holder = subprocess.Popen([sys.executable, "-m", "gpusd", "run", "-n", "2", "--", "sh", "-c",
+                               f"touch {held}; exec sleep 3600"], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    reader: subprocess.Popen[str] | None = None
+    rows = []
+    heard = ""
+    try:
+        wait(held.exists, 120, "the holder's lease")
+
+        def measure(label: str) -> None:
+            time.sleep(2)
+            c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
+            time.sleep(window)
+            rows.append((label, 100 * (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0), os.getloadavg()[0]))
+
+        measure("none")
+        reader = subprocess.Popen([sys.executable, "-c", READERS, url, str(readers), str(key)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        assert reader.stdout is not None
+        if reader.stdout.readline().strip() != "connected":
+            raise SystemExit("bench: the stream readers did not connect")
+        measure(f"{readers} signed event-stream readers")
+        reader.terminate()
+        heard = reader.stdout.read().strip()
+        reader.wait(10)
+        reader = None
+        measure("none again")
+    finally:
+        if reader is not None:
+            reader.kill()
+        holder.terminate()
+        holder.wait(10)
+        stop(daemon)
+    print(f"\n### The daemon's fan-out alone over {window:g} s: signed /api/v1/events readers on 127.0.0.1 "
+          f"(2 GPUs leased; the readers heard {heard})\n")
+    print("| readers | daemon CPU % | load average |\n|---|---|---|")
+    for label, d, load in rows:
+        print(f"| {label} | {d:.2f} | {load:.1f} |")
 
 
 def fleet(runs: int, waiters: int, window: float) -> None:
@@ -310,7 +400,7 @@ def fleet(runs: int, waiters: int, window: float) -> None:
             time.sleep(2)
             c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
             time.sleep(window)
-            rows.append((label, 100 * (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0)))
+            rows.append((label, 100 * (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0), os.getloadavg()[0]))
 
         measure("none")
         for i in range(waiters):
@@ -330,9 +420,9 @@ def fleet(runs: int, waiters: int, window: float) -> None:
         holder.wait(10)
         rx.terminate()
         print(f"\n### The host daemon's CPU over {window:g} s with fleet notifiers (GPUs leased)\n")
-        print("| notifiers | daemon CPU % |\n|---|---|")
-        for label, d in rows:
-            print(f"| {label} | {d:.2f} |")
+        print("| notifiers | daemon CPU % | load average |\n|---|---|---|")
+        for label, d, load in rows:
+            print(f"| {label} | {d:.2f} | {load:.1f} |")
 
 
 def main() -> None:
@@ -343,14 +433,23 @@ def main() -> None:
     ap.add_argument("--fleet-runs", type=int, default=50)
     ap.add_argument("--no-fleet", action="store_true")
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--fleet-only", action="store_true", help="only part 3 (the fleet's latency and the host's CPU)")
+    ap.add_argument("--streams", type=int, default=100, help="part 4's readers (0: no part 4)")
+    ap.add_argument("--streams-only", action="store_true", help="only part 4 (the daemon's fan-out alone)")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    local_latency(args.runs)
-    if not args.no_cpu:
+    if args.streams_only:
+        streams_cpu(args.streams, args.window)
+        return
+    if not args.fleet_only:
+        local_latency(args.runs)
+    if not args.no_cpu and not args.fleet_only:
         local_cpu(args.waiters, args.window)
     if not args.no_fleet:
         fleet(args.fleet_runs, 0 if args.no_cpu else args.waiters, args.window)
+    if not args.no_cpu and args.streams > 0 and not args.fleet_only:
+        streams_cpu(args.streams, args.window)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,9 @@ async def test_event_stream_snapshot_updates_heartbeat_bye(tmp_path: Path) -> No
             s = Stream(resp)
             name, data = await s.next()
             assert name == "snapshot" and json.loads(data)["node_id"] == d.node_id
-            # nothing changes: a heartbeat after ~0.3 s, and no snapshot
+            # nothing changes: heartbeats every ~0.3 s (the hub's: the first may come sooner), no snapshot
+            name, data = await s.next()
+            assert name == "heartbeat"
             t = time.monotonic()
             name, data = await s.next()
             assert name == "heartbeat" and 0.2 < time.monotonic() - t < 5.0  # cadence, not speed
@@ -108,6 +110,42 @@ async def test_event_stream_snapshot_updates_heartbeat_bye(tmp_path: Path) -> No
                 rest.append(ev[0])
             assert rest[-1] == "bye"
             await stop
+        finally:
+            await session.close()
+
+
+async def test_heartbeats_encoded_once_for_all_readers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twenty readers of a quiet daemon hear the same heartbeats, and each beat is encoded once, not
+    once per reader: what a hundred waiting ``notify --fleet`` cost the daemon does not grow with them."""
+    import gpusd.wire.sse as sse
+
+    encoded = []
+    real = sse.dumps
+
+    def counting(data: Any, **kw: Any) -> str:
+        if isinstance(data, dict) and list(data) == ["ts"]:
+            encoded.append(data["ts"])
+        return real(data, **kw)
+
+    monkeypatch.setattr(sse, "dumps", counting)
+    async with running_daemon(tmp_path, unique_session(), "beats") as d:
+        session = aiohttp.ClientSession()
+        try:
+            streams = [Stream(await session.get(d.urls[0] + "/events")) for _ in range(20)]
+            for s in streams:
+                assert (await s.next())[0] == "snapshot"
+            encoded.clear()
+            heard: list[list[str]] = []
+            for s in streams:  # three heartbeats each
+                got = []
+                while len(got) < 3:
+                    name, data = await s.next()
+                    assert name == "heartbeat"
+                    got.append(json.loads(data)["ts"])
+                heard.append(got)
+            # every reader heard the same beats (at most one later than the first's): one encoding each
+            assert all(h[:2] == heard[0][:2] or h[:2] == heard[0][1:] for h in heard)
+            assert 1 <= len(encoded) <= 5 and len(d.events) == 20  # 60 if each reader encoded its own
         finally:
             await session.close()
 
@@ -213,6 +251,30 @@ def test_history_and_hub_bounds() -> None:
         assert len(hub) == 0 and await sub.get() is None
 
     asyncio.run(hub())
+
+
+async def test_hub_heartbeat_is_one_message_for_all_and_stops_with_the_last_reader() -> None:
+    hub = EventHub()
+    subs = [hub.subscribe(signed=True) for _ in range(50)]
+    hub.keep_alive(0.05)
+    hub.keep_alive(0.05)  # a second stream's call: still one timer
+    first = [await asyncio.wait_for(s.get(), 5) for s in subs]
+    assert first[0] is not None and first[0].startswith(b"event: heartbeat\n")
+    assert all(m is first[0] for m in first)  # the same bytes to every reader: encoded once
+    for s in subs:
+        hub.unsubscribe(s)
+    beats = hub.beats
+    await asyncio.sleep(0.3)  # long enough for several periods: none beat without a reader
+    assert hub.beats == beats
+    late = hub.subscribe()
+    hub.keep_alive(0.05)  # the next reader starts it again
+    assert (await asyncio.wait_for(late.get(), 5) or b"").startswith(b"event: heartbeat\n")
+    hub.close()
+    rest = []
+    while (m := await asyncio.wait_for(late.get(), 5)) is not None:
+        rest.append(m)
+    assert all(m.startswith(b"event: heartbeat\n") for m in rest)
+    assert hub.beats == beats + 1 + len(rest)  # each beat one message, however many readers
 
 
 # -- the process life cycle (subprocesses, 127.0.0.1 only) ------------------------------------------

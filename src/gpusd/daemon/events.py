@@ -1,5 +1,8 @@
 """Publish/subscribe for server-sent events: each event is encoded once, queued per subscriber.
 
+Heartbeats are the hub's too (:meth:`EventHub.keep_alive`): one timer for the hub, one encoding per
+beat, the same bytes handed to every subscriber in one pass; a subscriber costs no timer of its own.
+
 A subscriber that falls ``maxsize`` events behind is disconnected (its stream ends, ``dropped`` is
 set); a gpusd client reconnects at once and starts again from a full snapshot, so nothing is lost
 but the backlog.
@@ -19,7 +22,8 @@ One more than these allow gets :class:`HubFull`."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from typing import Any, Callable
 
 from ..wire.sse import format_event
 
@@ -31,11 +35,14 @@ class HubFull(Exception):
 class Subscription:
     def __init__(self, maxsize: int, peer: str = "-", signed: bool = False) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
-        self.dropped = False  # cut off for falling too far behind (not a normal end)
-        self.evicted = False  # cut off to make room for a signed subscriber
+        # cut off for falling too far behind (not a normal end)
+        self.dropped = False
+        # cut off to make room for a signed subscriber
+        self.evicted = False
         self.peer = peer
         self.signed = signed
-        self.served: asyncio.Event | None = None  # set once a stream serving it has ended (sse_stream)
+        # set once a stream serving it has ended (sse_stream)
+        self.served: asyncio.Event | None = None
 
     async def get(self) -> bytes | None:
         return await self.queue.get()
@@ -46,16 +53,29 @@ class EventHub:
                  reserved: int = 0) -> None:
         self.maxsize = maxsize
         self.max_subscribers = max_subscribers
-        self.per_peer = per_peer  # unsigned subscribers of one peer address at most (None: no limit)
+        # unsigned subscribers of one peer address at most (None: no limit)
+        self.per_peer = per_peer
         # places only signed subscribers take (at most half of max_subscribers)
         self.reserved = min(max(0, reserved), max_subscribers // 2) if max_subscribers is not None else 0
-        self.refused = 0  # subscriptions refused (the hub, its unsigned share or the peer's share full)
-        self.dropped = 0  # subscribers cut off for falling behind
-        self.evicted = 0  # unsigned subscribers cut off to make room for signed ones
+        # subscriptions refused (the hub, its unsigned share or the peer's share full)
+        self.refused = 0
+        # subscribers cut off for falling behind
+        self.dropped = 0
+        # unsigned subscribers cut off to make room for signed ones
+        self.evicted = 0
         self._subs: dict[Subscription, None] = {}  # oldest first
-        self._unsigned: dict[str, dict[Subscription, None]] = {}  # peer -> its unsigned subscribers, oldest first
-        self._streaming: set[Subscription] = set()  # subscriptions a stream still serves (see drained)
+        # peer -> its unsigned subscribers, oldest first
+        self._unsigned: dict[str, dict[Subscription, None]] = {}
+        # subscriptions a stream still serves (see drained)
+        self._streaming: set[Subscription] = set()
         self.closed = False
+        # heartbeats sent (each one encoding, however many subscribers)
+        self.beats = 0
+        self._every: float | None = None  # keep_alive's period
+        self._touch: Callable[[], Any] | None = None
+        self._beat: asyncio.TimerHandle | None = None
+        # of the last message published
+        self._last = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -152,6 +172,7 @@ class EventHub:
         self.publish_raw(format_event(event, data))
 
     def publish_raw(self, message: bytes | None) -> None:
+        self._last = time.monotonic()
         for sub in list(self._subs):
             try:
                 sub.queue.put_nowait(message)
@@ -163,10 +184,43 @@ class EventHub:
         self.dropped += 1
         self._end(sub)
 
+    def keep_alive(self, every: float, touch: Callable[[], Any] | None = None) -> None:
+        """Send a ``heartbeat`` event to every subscriber after ``every`` seconds without a message
+        published, while the hub has subscribers (a stream serving one calls this; called again, it
+        changes nothing but the period and ``touch``).  ``touch`` is called at each beat.
+
+        One timer for the whole hub, re-armed after each beat: a subscriber that joins hears something
+        within ``every`` seconds of its first messages, as each message published reaches all."""
+        self._every, self._touch = every, touch
+        if self._beat is None and not self.closed:
+            self._arm(max(0.0, self._last + every - time.monotonic()) or every)
+
+    def _arm(self, delay: float) -> None:
+        self._beat = asyncio.get_running_loop().call_later(delay, self._on_beat)
+
+    def _on_beat(self) -> None:
+        self._beat = None
+        every = self._every
+        if self.closed or not self._subs or every is None:
+            # stopped: the next stream's keep_alive starts it again
+            return
+        due = self._last + every - time.monotonic()
+        # quiet for a whole period (a timer may fire a clock tick early)
+        if due <= 0.001:
+            self.beats += 1
+            self.publish_raw(format_event("heartbeat", {"ts": round(time.time(), 3)}))
+            if self._touch is not None:
+                self._touch()
+            due = every
+        self._arm(due)
+
     def close(self, final: bytes | None = None) -> None:
         """End every stream, after ``final`` (e.g. a ``bye`` event)."""
         if self.closed:
             return
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
         if final is not None:
             self.publish_raw(final)
         self.closed = True

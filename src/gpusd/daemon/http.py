@@ -4,7 +4,8 @@ and server-sent event streams.
 ``build_app(daemon)`` returns a plain ``aiohttp.web.Application``: other parts of gpusd add their route
 tables to ``daemon.app`` with :func:`gpusd.daemon.routes.add_routes` before the daemon starts (never
 ``app.router.add_get``: a route outside the access rules stops the daemon from starting).  ``sse_stream`` serves
-any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats.
+any :class:`~gpusd.daemon.events.EventHub` as a stream with heartbeats (the hub's: one timer and one
+encoding per beat for all of its readers).
 """
 
 # Imports inside functions: memory at rest (loaded on request).
@@ -21,7 +22,6 @@ from aiohttp import web
 from .._version import __version__
 from ..model import redact
 from ..sanitize import dumps
-from ..wire.sse import format_event
 from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level, is_signed, peer_of, stream_filter
 from .events import EventHub, HubFull
 from .routes import RouteDef, add_routes
@@ -66,7 +66,8 @@ API = "/api/v1"
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",  # no buffering in nginx & co.
+    # no buffering in nginx & co.
+    "X-Accel-Buffering": "no",
 }
 
 
@@ -85,11 +86,13 @@ class Answers:
         self._bodies: dict[tuple[str, bool], bytes] = {}
 
     def get(self, snap: object, kind: str, private: bool, build: "Callable[[], object]") -> bytes:
-        if snap is not self._snap:  # a new sample (a strong reference: its id cannot be reused meanwhile)
+        # a new sample (a strong reference: its id cannot be reused meanwhile)
+        if snap is not self._snap:
             self._snap, self._bodies = snap, {}
         key = (kind, private)
         body = self._bodies.get(key)
-        if body is None:  # the first request of this sample and level
+        # the first request of this sample and level
+        if body is None:
             payload = build()
             body = dumps(payload if private else redact(payload), separators=(",", ":")).encode()
             self._bodies[key] = body
@@ -142,7 +145,8 @@ async def healthz(d: DaemonView, request: web.Request) -> web.Response:
             out.update(tls_port=d.tls_port, cert_fp=d.cert_fp)
         head, _, tail = dumps(out, separators=(",", ":")).encode().partition(b'"uptime":0')
         parts = _HEALTH[ident] = (head + b'"uptime":', tail)
-        if len(_HEALTH) > 8:  # a daemon has one identity; tests build many
+        # a daemon has one identity; tests build many
+        if len(_HEALTH) > 8:
             del _HEALTH[next(iter(_HEALTH))]
     return _bytes(b"%s%r%s" % (parts[0], round(time.time() - d.started_at, 3), parts[1]))
 
@@ -216,7 +220,8 @@ async def prometheus_http_sd(d: DaemonView, request: web.Request) -> web.Respons
     if d.fleet is None or d.config.fleet == "off":
         return _json({"error": "the fleet view is off in this daemon (--fleet-view off)"}, status=404)
     await d.fleet.ensure_started()
-    return _json(file_sd(daemons_from_hosts(d.fleet.view().hosts)))  # the document export prometheus-sd writes
+    # the document export prometheus-sd writes
+    return _json(file_sd(daemons_from_hosts(d.fleet.view().hosts)))
 
 
 async def fleet_events(d: DaemonView, request: web.Request) -> web.StreamResponse:
@@ -230,8 +235,9 @@ async def fleet_events(d: DaemonView, request: web.Request) -> web.StreamRespons
 async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes], heartbeat: float,
                      touch: "object | None" = None, write_timeout: float = 10.0,
                      out: "Callable[[bytes], bytes] | None" = None) -> web.StreamResponse:
-    """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and a
-    ``heartbeat`` event after ``heartbeat`` seconds without one.  Ends on ``None`` (daemon stopping,
+    """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and the
+    hub's ``heartbeat`` event after ``heartbeat`` seconds without one (:meth:`EventHub.keep_alive`;
+    ``touch`` is called at each).  Ends on ``None`` (daemon stopping,
     or a subscriber too slow to keep up) or when the client goes away.
 
     A reader that does not take a message within ``write_timeout`` seconds, or falls so far behind
@@ -241,7 +247,8 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
     is refused only when signed readers hold every place.  ``out``: what each message goes through
     before it is written (default :func:`gpusd.daemon.access.stream_filter`)."""
     if out is None:
-        out = stream_filter(request)  # private fields only for readers allowed to see them
+        # private fields only for readers allowed to see them
+        out = stream_filter(request)
     try:
         # before the first messages: nothing published meanwhile is lost
         sub = hub.subscribe(peer_of(request.remote), is_signed(request))
@@ -250,7 +257,9 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         refusal = _json({"error": f"too many event-stream readers ({why}); try again later"}, status=503)
         refusal.headers["Retry-After"] = "5"
         return refusal
-    hub.streaming(sub)  # from here on, the finally below ends it: the daemon's stop awaits that (drained)
+    # from here on, the finally below ends it: the daemon's stop awaits that (drained)
+    hub.streaming(sub)
+    hub.keep_alive(heartbeat, touch if callable(touch) else None)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     slow = False
     try:
@@ -258,16 +267,18 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         for first_msg in first:
             await _bounded(resp.write(out(first_msg)), write_timeout)
         while True:
-            try:
-                msg = await asyncio.wait_for(sub.queue.get(), heartbeat)
-            except asyncio.TimeoutError:
-                msg = format_event("heartbeat", {"ts": round(time.time(), 3)})
-                if callable(touch):
-                    touch()
+            # no timer per reader: the hub's heartbeat wakes it
+            msg = await sub.queue.get()
             if msg is None:
                 slow = sub.dropped
                 break
-            await _bounded(resp.write(out(msg)), write_timeout)
+            data = out(msg)
+            transport = request.transport
+            if transport is not None and len(data) <= CALM_WRITE and not transport.get_write_buffer_size():
+                # cannot wait (CALM_WRITE): no timer to arm and cancel per event
+                await resp.write(data)
+            else:
+                await _bounded(resp.write(data), write_timeout)
         if not slow:
             await _bounded(resp.write_eof(), write_timeout)
     except asyncio.TimeoutError:
@@ -280,8 +291,15 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
         log.debug("event stream to %s: reader too slow, disconnected", request.remote)
         transport = request.transport
         if transport is not None:
-            transport.abort()  # drop what is queued for it: no wait on a reader that does not read
+            # drop what is queued for it: no wait on a reader that does not read
+            transport.abort()
     return resp
+
+
+# aiohttp's write waits only to drain a transport paused above its high-water mark (64 KiB by
+# default): one with nothing left to send that takes at most this many bytes more cannot be paused,
+# so such a write returns without waiting and needs no write_timeout of its own.
+CALM_WRITE = 16 * 1024
 
 
 async def _bounded(aw: Awaitable[T], seconds: float) -> T:
