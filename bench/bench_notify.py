@@ -2,7 +2,7 @@
 waiting notifiers cost the daemon.
 
     python bench/bench_notify.py [--runs 50] [--waiters 100] [--window 20] [--fleet-runs 50] [--no-fleet]
-                                 [--no-cpu] [--fleet-only]
+                                 [--no-cpu] [--fleet-only] [--settle 60]
 
 1. **Latency on this machine** (fake NVML, 2 GPUs): a holder in this process leases both GPUs; two
    ``gpusd notify -n 2 --repeat`` run, one ``--exec 'date +%s.%N >> FILE'``, one ``--webhook`` to a
@@ -15,7 +15,8 @@ waiting notifiers cost the daemon.
 3. **Latency across the fleet** (root: a namespace LAN, tests/netns.py): a host's daemon (default
    sampling interval, 1 s), a holder on that host leasing through its daemon, two ``notify --fleet``
    on a client machine; p50/p99 over ``--fleet-runs`` runs; then the host daemon's CPU with
-   ``--waiters`` fleet notifiers following its event stream against none.
+   ``--waiters`` fleet notifiers following its event stream against none (``--settle S``: again S s
+   later, once their mDNS browsers' start-up queries are over).
 4. **The daemon's fan-out alone** (``--streams N``, or ``--streams-only``): the daemon on 127.0.0.1 with a
    fleet secret, both GPUs leased, and N signed ``/api/v1/events`` readers (what a fleet notifier asks
    of a host's daemon) in one reader process: the daemon's CPU with none / N / none again, without a
@@ -325,7 +326,7 @@ def streams_cpu(readers: int, window: float) -> None:
         print(f"| {label} | {d:.2f} | {load:.1f} |")
 
 
-def fleet(runs: int, waiters: int, window: float) -> None:
+def fleet(runs: int, waiters: int, window: float, settle: float = 0.0) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from netns import Lan, unavailable
 
@@ -411,6 +412,11 @@ def fleet(runs: int, waiters: int, window: float) -> None:
                 wait(lambda: all(n.count("watching") for n in notifiers), 180, "the first looks", notifiers)
         wait(lambda: all(n.count("watching") for n in notifiers), 180, "the first looks", notifiers)
         measure(f"{waiters} fleet notifiers following its events")
+        if settle > 0:
+            # each notifier's mDNS browser queries at 1, 2, 4, 8 ... s after it starts: the window above holds
+            # their start-up; this one, the notifiers as they wait
+            time.sleep(settle)
+            measure(f"the same, {settle:g} s later")
         for n in notifiers:
             n.proc.terminate()
         for n in notifiers:
@@ -430,6 +436,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--waiters", type=int, default=100)
     ap.add_argument("--window", type=float, default=20.0)
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="part 3: measure the host's CPU again this many seconds after the notifiers' first window")
     ap.add_argument("--fleet-runs", type=int, default=50)
     ap.add_argument("--no-fleet", action="store_true")
     ap.add_argument("--no-cpu", action="store_true")
@@ -447,7 +455,7 @@ def main() -> None:
     if not args.no_cpu and not args.fleet_only:
         local_cpu(args.waiters, args.window)
     if not args.no_fleet:
-        fleet(args.fleet_runs, 0 if args.no_cpu else args.waiters, args.window)
+        fleet(args.fleet_runs, 0 if args.no_cpu else args.waiters, args.window, args.settle)
     if not args.no_cpu and args.streams > 0 and not args.fleet_only:
         streams_cpu(args.streams, args.window)
 

@@ -6,6 +6,7 @@
 * :mod:`.logs` — the log, bounded in rate and size; :mod:`.tls` — the daemon's TLS key and certificate;
 * :mod:`.http` — the aiohttp application (``build_app``) and server-sent event streams;
 * :mod:`.guard` — connection limits (header timeout, open connections); :mod:`.events` — the event hub;
+* :mod:`.bypeer` — members counted per peer (the guard's and the event hub's unsigned shares);
 * :mod:`.recent` — the recent samples (ring buffers of ``GET /api/v1/history``);
 * :mod:`.recording` — the usage history (:mod:`gpusd.usage`) wired in, and its routes;
 * :mod:`.monitoring` — metrics, dashboard, alerts and threshold evaluation wired into the app;

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 from ..wire.sse import format_event
+from .bypeer import ByPeer
 
 
 class HubFull(Exception):
@@ -65,7 +66,7 @@ class EventHub:
         self.evicted = 0
         self._subs: dict[Subscription, None] = {}  # oldest first
         # peer -> its unsigned subscribers, oldest first
-        self._unsigned: dict[str, dict[Subscription, None]] = {}
+        self._unsigned: ByPeer[Subscription] = ByPeer()
         # subscriptions a stream still serves (see drained)
         self._streaming: set[Subscription] = set()
         self.closed = False
@@ -83,7 +84,7 @@ class EventHub:
     @property
     def unsigned(self) -> int:
         """Unsigned subscribers now."""
-        return sum(len(v) for v in self._unsigned.values())
+        return len(self._unsigned)
 
     def subscribe(self, peer: str = "-", signed: bool = False) -> Subscription:
         """A new subscription for a reader at ``peer`` (:func:`gpusd.daemon.access.peer_of`),
@@ -96,7 +97,7 @@ class EventHub:
         else:
             self._subs[sub] = None
             if not signed:
-                self._unsigned.setdefault(peer, {})[sub] = None
+                self._unsigned.add(peer, sub)
         return sub
 
     def _admit(self, peer: str, signed: bool) -> None:
@@ -109,7 +110,7 @@ class EventHub:
                     raise HubFull(f"{len(self._subs)} signed subscribers already")
                 self._evict(victim)
             return
-        if self.per_peer is not None and len(self._unsigned.get(peer, ())) >= self.per_peer:
+        if self.per_peer is not None and len(self._unsigned.of(peer)) >= self.per_peer:
             self.refused += 1
             raise HubFull(f"{self.per_peer} unsigned subscribers from {peer} already")
         if cap is not None and (len(self._subs) >= cap or self.unsigned >= cap - self.reserved):
@@ -117,10 +118,8 @@ class EventHub:
             raise HubFull(f"{len(self._subs)} subscribers already ({self.reserved} places kept for signed readers)")
 
     def _heaviest_unsigned(self) -> Subscription | None:
-        if not self._unsigned:
-            return None
-        peer = max(self._unsigned, key=lambda p: len(self._unsigned[p]))
-        return next(iter(self._unsigned[peer]), None)
+        peers = self._unsigned.heaviest_first()
+        return next(iter(self._unsigned.of(peers[0])), None) if peers else None
 
     def _evict(self, sub: Subscription) -> None:
         sub.evicted = True
@@ -136,11 +135,7 @@ class EventHub:
 
     def _forget(self, sub: Subscription) -> None:
         self._subs.pop(sub, None)
-        mine = self._unsigned.get(sub.peer)
-        if mine is not None:
-            mine.pop(sub, None)
-            if not mine:
-                del self._unsigned[sub.peer]
+        self._unsigned.discard(sub.peer, sub)
 
     def unsubscribe(self, sub: Subscription) -> None:
         self._forget(sub)

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .access import peer_of, watched_by
+from .bypeer import ByPeer
 from .routes import check_routes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,7 +187,7 @@ class ConnectionGuard:
         # those not signed, per peer
         self._open: dict[_GuardedProtocol, None] = {}
         self._waiting: dict[_GuardedProtocol, None] = {}
-        self._unsigned: dict[str, dict[_GuardedProtocol, None]] = {}
+        self._unsigned: ByPeer[_GuardedProtocol] = ByPeer()
         self._probation: dict[_GuardedProtocol, None] = {}  # beyond the limits: must sign its first request
         self.accepted = 0
         self.refused = 0  # closed at once: nothing could make room (every connection busy or signed)
@@ -216,7 +217,7 @@ class ConnectionGuard:
     @property
     def unsigned(self) -> int:
         """Open connections not signed (waiting for their first request head, or unsigned)."""
-        return sum(len(v) for v in self._unsigned.values())
+        return len(self._unsigned)
 
     @property
     def on_probation(self) -> int:
@@ -228,7 +229,7 @@ class ConnectionGuard:
 
     def _admit(self, conn: _GuardedProtocol) -> bool:
         peer = conn.peer
-        mine = self._unsigned.get(peer, {})
+        mine = self._unsigned.of(peer)
         if self.per_peer is not None and len(mine) >= self.per_peer:
             # this peer is at its share: it makes room among its own connections
             victim = self._victim(mine, busy=False)
@@ -245,7 +246,7 @@ class ConnectionGuard:
         self.accepted += 1
         self._open[conn] = None
         self._waiting[conn] = None
-        self._unsigned.setdefault(peer, {})[conn] = None
+        self._unsigned.add(peer, conn)
         return True
 
     def _on_probation(self, conn: _GuardedProtocol) -> bool:
@@ -298,8 +299,8 @@ class ConnectionGuard:
     def _idle_of_heaviest(self) -> _GuardedProtocol | None:
         """The oldest idle unsigned connection of the peer holding the most unsigned connections
         (the next heaviest when that one has none idle)."""
-        for peer in sorted(self._unsigned, key=lambda p: len(self._unsigned[p]), reverse=True):
-            victim = self._victim(self._unsigned[peer], busy=False)
+        for peer in self._unsigned.heaviest_first():
+            victim = self._victim(self._unsigned.of(peer), busy=False)
             if victim is not None:
                 return victim
         return None
@@ -337,8 +338,8 @@ class ConnectionGuard:
             self._open[conn] = None
             conn.signed = True
             while len(self._open) > self.max_connections and self._unsigned:
-                heaviest = max(self._unsigned, key=lambda p: len(self._unsigned[p]))
-                victim = self._victim(self._unsigned[heaviest])
+                heaviest = self._unsigned.heaviest_first()[0]
+                victim = self._victim(self._unsigned.of(heaviest))
                 if victim is None:
                     break
                 self._make_room(victim, "cap")
@@ -352,11 +353,7 @@ class ConnectionGuard:
         conn.busy = max(0, conn.busy - 1)
 
     def _unsign(self, conn: _GuardedProtocol) -> None:
-        mine = self._unsigned.get(conn.peer)
-        if mine is not None:
-            mine.pop(conn, None)
-            if not mine:
-                del self._unsigned[conn.peer]
+        self._unsigned.discard(conn.peer, conn)
 
     def _forget(self, conn: _GuardedProtocol) -> None:
         self._open.pop(conn, None)
