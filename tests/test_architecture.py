@@ -530,8 +530,10 @@ def test_no_import_cycle_inside_a_package() -> None:
 # -- imports inside functions: kept for start-up, and said so once per module ------------------------------
 LAZY_MARKER = "# Imports inside functions: "
 LAZY_QUICK = "start-up (quick commands import this module)"
+LAZY_LIST = "start-up (gpusd list imports this module)"
 LAZY_REASONS = {
     LAZY_QUICK,
+    LAZY_LIST,
     "start-up (a command's own module)",
     "optional or heavy packages",
     "memory at rest (loaded on request)",
@@ -565,10 +567,12 @@ def lazy_imports(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
-def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str]) -> list[str]:
+def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str],
+                         listed: frozenset[str] = frozenset()) -> list[str]:
     """What the rule of docs/architecture.md ("Imports inside functions") finds wrong in ``files``: a
     module that must carry the marker line and does not, one that carries it without need or more than
-    once or below its first definition, an unknown reason, or the start-up reason off the quick path."""
+    once or below its first definition, an unknown reason, or a start-up reason off its command's path
+    (``quick``: the quick commands', ``listed``: ``gpusd list``'s)."""
     problems = []
     for me, path in files:
         text = path.read_text()
@@ -591,20 +595,24 @@ def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str]) -
             problems += [f"{me}:{number}: unknown reason {r!r}" for r in reasons if r not in LAZY_REASONS]
             if LAZY_QUICK in reasons and me not in quick:
                 problems.append(f"{me}:{number}: no quick command imports it (tests/quickpath.py)")
+            if LAZY_LIST in reasons and me not in listed:
+                problems.append(f"{me}:{number}: gpusd list does not import it (tests/listpath.py)")
     return problems
 
 
 def test_lazy_imports_are_marked_once_with_a_known_reason() -> None:
+    from listpath import LIST
     from quickpath import QUICK
 
-    assert lazy_marker_problems(_source_files(), QUICK) == []
+    assert lazy_marker_problems(_source_files(), QUICK, LIST) == []
 
 
 def test_the_lazy_import_rule_sees_each_kind_of_mistake(tmp_path: Path) -> None:
-    def check(me: str, text: str, quick: frozenset[str] = frozenset()) -> list[str]:
+    def check(me: str, text: str, quick: frozenset[str] = frozenset(), listed: frozenset[str] = frozenset()
+              ) -> list[str]:
         path = tmp_path / f"{me}.py"
         path.write_text(text)
-        return lazy_marker_problems([(me, path)], quick)
+        return lazy_marker_problems([(me, path)], quick, listed)
 
     lazy_gpusd = "def f():\n    from .model import GpuInfo\n"
     lazy_std = "def f():\n    import json\n"
@@ -614,6 +622,8 @@ def test_the_lazy_import_rule_sees_each_kind_of_mistake(tmp_path: Path) -> None:
     assert check("a", f"{LAZY_MARKER}{LAZY_QUICK}.\n" + lazy_gpusd, frozenset({"a"})) == []
     assert check("a", f"{LAZY_MARKER}{LAZY_QUICK}.\n" + lazy_gpusd) != []  # not on the quick path
     assert check("a", f"{LAZY_MARKER}because.\n" + lazy_gpusd) != []  # no such reason
+    assert check("a", f"{LAZY_MARKER}{LAZY_LIST}.\n" + lazy_gpusd, listed=frozenset({"a"})) == []
+    assert check("a", f"{LAZY_MARKER}{LAZY_LIST}.\n" + lazy_gpusd, frozenset({"a"})) != []  # not on gpusd list's path
     assert check("a", f"{LAZY_MARKER}not yet hoisted.\n") != []  # nothing to mark
     assert check("a", lazy_gpusd + f"{LAZY_MARKER}not yet hoisted.\n") != []  # below a definition
     typed = "if TYPE_CHECKING:\n    from .model import GpuInfo\n"
