@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
+
 FINE, COARSE, HOURLY = 0, 1, 2
 # seconds per bucket of each tier
 STEP = {FINE: 10, COARSE: 300, HOURLY: 3600}
@@ -81,8 +83,6 @@ class Retention:
     max_bytes: int = 1 << 30
 
     def validate(self) -> None:
-        from ..errors import ConfigError
-
         if not 3600 <= self.fine_keep <= 30 * 86400:
             raise ConfigError("the fine history must be kept between 1 hour and 30 days")
         if not 86400 <= self.retention <= 10 * 365 * 86400:
