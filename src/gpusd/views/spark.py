@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from .sources import get_json
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
     from .top import HostView
@@ -137,7 +139,6 @@ class Sparks:
 
     def _fetch(self, key: str, url: str, uuids: list[str]) -> None:
         from ..discovery.fleetview import base_url
-        from .sources import get_json
 
         get = self._get or get_json
         for uuid in uuids[:64]:
