@@ -8,7 +8,7 @@ never waits on the network) plus every sample ``top`` itself shows.  Hosts read 
 gets no request from ``top``), get the points ``top`` saw since it started.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd top imports this module).
 from __future__ import annotations
 
 import math
