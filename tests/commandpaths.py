@@ -6,7 +6,8 @@ needs it.
 
 * ``list``: ``gpusd list`` answered by the host's daemon's fleet view (tests/discovery/test_list_fast.py);
 * ``top``: ``gpusd top --local --once`` (tests/views/test_top.py);
-* ``stop``: ``gpusd stop`` where no daemon runs (tests/cli/test_cli_daemon.py)."""
+* ``stop``: ``gpusd stop`` where no daemon runs (tests/cli/test_cli_daemon.py);
+* ``report``: ``gpusd report`` of a history database (tests/usage/test_report_output.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# Run the command as `python -m gpusd` would, then report gpusd's modules in sys.modules on stderr.
+# Run the command as `python -m gpusd` would, then report sys.modules on stderr.
 PROBE = """
 import sys
 from gpusd.cli import main
@@ -25,19 +26,22 @@ try:
     rc = main(sys.argv[1:])
 except SystemExit as exc:
     rc = exc.code
-sys.stderr.write("\\nMODULES " + " ".join(sorted(m for m in sys.modules if m.split(".")[0] == "gpusd"))
-                 + " RC " + str(rc) + "\\n")
+sys.stderr.write("\\nMODULES " + " ".join(sorted(sys.modules)) + " RC " + str(rc) + "\\n")
 """
 
 
 def command_modules(args: list[str], env: dict[str, str]) -> tuple[str, set[str]]:
-    """The exit status of ``gpusd ARGS`` run in a fresh interpreter, and the gpusd modules it imported."""
+    """The exit status of ``gpusd ARGS`` run in a fresh interpreter, and the modules it imported."""
     env = dict(env, PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=60)
     line = next((ln for ln in r.stderr.splitlines() if ln.startswith("MODULES ")), None)
     assert line is not None, r.stderr
     names, _, rc = line[len("MODULES "):].rpartition(" RC ")
     return rc, set(names.split())
+
+
+def gpusd_of(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[0] == "gpusd"}
 
 
 LIST = frozenset({
@@ -65,5 +69,15 @@ STOP = frozenset({
     "gpusd.localdaemon", "gpusd.record", "gpusd.sanitize", "gpusd.wire", "gpusd.wire.aio",
 })
 
+REPORT = frozenset({
+    "gpusd", "gpusd._version", "gpusd.cli", "gpusd.cli.exits", "gpusd.cli.options", "gpusd.cli.report",
+    "gpusd.cli.trust", "gpusd.discovery", "gpusd.discovery.fleetview", "gpusd.discovery.source",
+    "gpusd.discovery.types", "gpusd.errors", "gpusd.identity", "gpusd.model", "gpusd.record", "gpusd.sanitize",
+    "gpusd.units", "gpusd.usage", "gpusd.usage.db", "gpusd.usage.query", "gpusd.usage.report", "gpusd.views",
+    "gpusd.views.report",
+    "gpusd.views.sources", "gpusd.views.tables", "gpusd.views.top", "gpusd.wire", "gpusd.wire.aio",
+    "gpusd.wire.fleet", "gpusd.wire.http", "gpusd.wire.txt",
+})
+
 # the command a reason names: its module set
-PATHS = {"list": LIST, "top": TOP, "stop": STOP}
+PATHS = {"list": LIST, "top": TOP, "stop": STOP, "report": REPORT}

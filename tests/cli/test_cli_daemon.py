@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from commandpaths import STOP, command_modules
+from commandpaths import STOP, command_modules, gpusd_of
 from daemon_helpers import unique_session
 
 NO_DAEMON = 6
@@ -154,4 +154,4 @@ def test_stop_where_no_daemon_runs_imports_no_daemon(tmp_path: Path) -> None:
     logs nor the lease authority (tests/commandpaths.py pins its set)."""
     rc, mods = command_modules(["stop"], dict(os.environ, GPUSD_STATE_DIR=str(tmp_path)))
     assert rc == "6" and "gpusd.daemon.process" in mods
-    assert sorted(mods - STOP) == []
+    assert sorted(gpusd_of(mods) - STOP) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from commandpaths import TOP, command_modules
+from commandpaths import TOP, command_modules, gpusd_of
 from gpusd.model import GpuInfo
 from gpusd.thresholds import ThresholdEngine, parse_rule
 from gpusd.views.live import split_keys
@@ -243,4 +243,4 @@ def test_a_local_top_imports_its_own_source_only(tmp_path: Path) -> None:
                                dict(os.environ, GPUSD_STATE_DIR=str(tmp_path)))
     assert rc == "0"
     assert "gpusd.inventory.simulated" in mods and "gpusd.alloc.leases" in mods  # it did read GPUs and leases
-    assert sorted(mods - TOP) == []
+    assert sorted(gpusd_of(mods) - TOP) == []
