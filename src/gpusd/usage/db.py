@@ -12,7 +12,7 @@ who used what is private (docs/history.md, Privacy).  WAL mode, ``synchronous=NO
 survives the process being killed (only a power cut may lose the last commits).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd report imports this module).
 from __future__ import annotations
 
 import os
