@@ -1,6 +1,6 @@
 """Everything a daemon can be told, with the defaults documented in docs/daemon.md."""
 
-# Imports inside functions: memory at rest (loaded on request).
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request).
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +14,6 @@ from ..alloc.authority import socket_path
 from ..errors import ConfigError, SecretError
 from ..usage.db import Retention
 from ..usage.idle import IdlePolicy
-from ..wire.signing import check_secret
 from ..wire.txt import DEFAULT_SESSION, valid_session
 
 DEFAULT_PORT = 4780
@@ -203,6 +202,8 @@ class DaemonConfig:
         if self.tls_port is not None and not 0 <= self.tls_port < 65536:
             raise ConfigError(f"bad TLS port {self.tls_port}")
         if self.token is not None:
+            from ..wire.signing import check_secret
+
             try:
                 check_secret(self.token)
             except SecretError as exc:
