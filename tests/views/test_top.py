@@ -244,3 +244,4 @@ def test_a_local_top_imports_its_own_source_only(tmp_path: Path) -> None:
     assert rc == "0"
     assert "gpusd.inventory.simulated" in mods and "gpusd.alloc.leases" in mods  # it did read GPUs and leases
     assert sorted(gpusd_of(mods) - TOP) == []
+    assert "http.client" not in mods and "ssl" not in mods  # nothing is fetched over HTTP

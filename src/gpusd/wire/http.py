@@ -6,12 +6,10 @@ self-signed certificate; what makes such an answer trustworthy is the daemon's s
 names that certificate's fingerprint (docs/security.md), or ``pin`` (an announced fingerprint).
 """
 
-# Imports inside functions: start-up (gpusd list imports this module).
+# Imports inside functions: start-up (gpusd list imports this module); start-up (gpusd top imports this module).
 from __future__ import annotations
 
-import http.client
 import json
-import ssl
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
@@ -71,6 +69,7 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
     against ``pin``) and read at most ``max_bytes + 1`` bytes of its answer (``sent`` is called once the
     request is on its way, the connection made).  :class:`SourceError` when the daemon cannot be
     reached, does not speak HTTP, or shows another certificate."""
+    import http.client
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -108,6 +107,7 @@ def _exchange(method: str, url: str, payload: bytes | None, key: FleetKey | None
         # the certificate is checked before a byte of the request goes out: a
         if parts.scheme == "https":
             # signed request shown to another certificate could be replayed to the daemon by it
+            import ssl
 
             from .signing import fingerprint
 
@@ -239,6 +239,8 @@ def _pinning_context() -> Any:
     ``ssl.create_default_context()`` (~20 ms)."""
     global _CONTEXT
     if _CONTEXT is None:
+        import ssl
+
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.check_hostname = False
