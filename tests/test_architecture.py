@@ -43,9 +43,12 @@ def imports_of(path: Path, me: str | None = None) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
-            # "from . import x" / "from .pkg import mod": the names may be modules too
-            out.update(f"{mod}.{a.name}" for a in node.names)
+            # "from . import x" / "from .pkg import mod": the names may be modules too; where all are,
+            # the modules are what is imported (a package's __init__ is loaded by any of its modules)
+            names = [f"{mod}.{a.name}" for a in node.names]
+            if not all(_is_module(n) for n in names):
+                out.add(mod)
+            out.update(names)
     return {m for m in out if m == "gpusd" or m.startswith("gpusd.")}
 
 
@@ -308,8 +311,7 @@ def test_the_rule_check_catches_a_forbidden_import(tmp_path: Path) -> None:
     is not vacuous); an allowed import is not."""
     probe = tmp_path / "probe.py"
     probe.write_text("from ..model import GpuInfo\n\ndef f():\n    from ..daemon import service\n")
-    assert layer_violations([("gpusd.wire.probe", probe)]) == ["gpusd.wire.probe imports gpusd.daemon",
-                                                              "gpusd.wire.probe imports gpusd.daemon.service"]
+    assert layer_violations([("gpusd.wire.probe", probe)]) == ["gpusd.wire.probe imports gpusd.daemon.service"]
     probe.write_text("import gpusd.views.top\n")
     assert layer_violations([("gpusd.discovery.probe", probe)]) == ["gpusd.discovery.probe imports gpusd.views.top"]
     probe.write_text("import gpusd.cli\n")
@@ -528,6 +530,8 @@ def test_no_import_cycle_inside_a_package() -> None:
 # -- imports inside functions: kept for start-up, and said so once per module ------------------------------
 LAZY_MARKER = "# Imports inside functions: "
 LAZY_QUICK = "start-up (quick commands import this module)"
+# "start-up (gpusd COMMAND imports this module)": a command whose module set tests/commandpaths.py pins
+LAZY_COMMAND = re.compile(r"start-up \(gpusd ([a-z-]+) imports this module\)")
 LAZY_REASONS = {
     LAZY_QUICK,
     "start-up (a command's own module)",
@@ -563,10 +567,13 @@ def lazy_imports(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
-def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str]) -> list[str]:
+def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str],
+                         paths: dict[str, frozenset[str]] | None = None) -> list[str]:
     """What the rule of docs/architecture.md ("Imports inside functions") finds wrong in ``files``: a
     module that must carry the marker line and does not, one that carries it without need or more than
-    once or below its first definition, an unknown reason, or the start-up reason off the quick path."""
+    once or below its first definition, an unknown reason, or a start-up reason off its command's path
+    (``quick``: the quick commands', ``paths``: other commands' by name)."""
+    paths = paths or {}
     problems = []
     for me, path in files:
         text = path.read_text()
@@ -586,23 +593,32 @@ def lazy_marker_problems(files: list[tuple[str, Path]], quick: frozenset[str]) -
             if number > first_def:
                 problems.append(f"{me}:{number}: the marker line belongs near the top, before the imports")
             reasons = line[len(LAZY_MARKER):].rstrip(".").split("; ")
-            problems += [f"{me}:{number}: unknown reason {r!r}" for r in reasons if r not in LAZY_REASONS]
+            for r in reasons:
+                command = LAZY_COMMAND.fullmatch(r)
+                if command and command[1] not in paths:
+                    problems.append(f"{me}:{number}: gpusd {command[1]}'s modules: not pinned (commandpaths.py)")
+                elif command and me not in paths[command[1]]:
+                    problems.append(f"{me}:{number}: gpusd {command[1]} does not import it (tests/commandpaths.py)")
+                elif not command and r not in LAZY_REASONS:
+                    problems.append(f"{me}:{number}: unknown reason {r!r}")
             if LAZY_QUICK in reasons and me not in quick:
                 problems.append(f"{me}:{number}: no quick command imports it (tests/quickpath.py)")
     return problems
 
 
 def test_lazy_imports_are_marked_once_with_a_known_reason() -> None:
+    from commandpaths import PATHS
     from quickpath import QUICK
 
-    assert lazy_marker_problems(_source_files(), QUICK) == []
+    assert lazy_marker_problems(_source_files(), QUICK, PATHS) == []
 
 
 def test_the_lazy_import_rule_sees_each_kind_of_mistake(tmp_path: Path) -> None:
-    def check(me: str, text: str, quick: frozenset[str] = frozenset()) -> list[str]:
+    def check(me: str, text: str, quick: frozenset[str] = frozenset(), listed: frozenset[str] = frozenset()
+              ) -> list[str]:
         path = tmp_path / f"{me}.py"
         path.write_text(text)
-        return lazy_marker_problems([(me, path)], quick)
+        return lazy_marker_problems([(me, path)], quick, {"list": listed})
 
     lazy_gpusd = "def f():\n    from .model import GpuInfo\n"
     lazy_std = "def f():\n    import json\n"
@@ -612,6 +628,10 @@ def test_the_lazy_import_rule_sees_each_kind_of_mistake(tmp_path: Path) -> None:
     assert check("a", f"{LAZY_MARKER}{LAZY_QUICK}.\n" + lazy_gpusd, frozenset({"a"})) == []
     assert check("a", f"{LAZY_MARKER}{LAZY_QUICK}.\n" + lazy_gpusd) != []  # not on the quick path
     assert check("a", f"{LAZY_MARKER}because.\n" + lazy_gpusd) != []  # no such reason
+    on_list = f"{LAZY_MARKER}start-up (gpusd list imports this module).\n"
+    assert check("a", on_list + lazy_gpusd, listed=frozenset({"a"})) == []
+    assert check("a", on_list + lazy_gpusd, frozenset({"a"})) != []  # not on gpusd list's path
+    assert check("a", on_list.replace("list", "lost") + lazy_gpusd, listed=frozenset({"a"})) != []  # not pinned
     assert check("a", f"{LAZY_MARKER}not yet hoisted.\n") != []  # nothing to mark
     assert check("a", lazy_gpusd + f"{LAZY_MARKER}not yet hoisted.\n") != []  # below a definition
     typed = "if TYPE_CHECKING:\n    from .model import GpuInfo\n"

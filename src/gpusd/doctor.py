@@ -10,17 +10,28 @@ TTL of 0 (the kernel loops the datagram back to this host's sockets and never tr
 of its own, not mDNS's; the clock is compared with the snapshots the local daemon already receives.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages; start-up (a command's own module).
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import socket
 import stat
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from .alloc.authority import connect, socket_path
+from .alloc.leases import lock_dir as lease_lock_dir
+from .alloc.lockdir import check_dir, owner_name, process_uid
+from .errors import GpusdError
+from .inventory import nvmlfast
+from .localdaemon import api_bases, status
 from .record import field, record
+from .sanitize import for_terminal
+from .wire.mdns import local_ipv4_addresses, resolve_interfaces
 
 # a check that does not apply here (no secret, no systemd) is skipped
 PASS, FAIL, SKIP = "ok", "fail", "skip"
@@ -45,7 +56,6 @@ class Check:
 
 def run_checks(state_dir: Path, interfaces: list[str] | None = None, token_file: str | None = None) -> list[Check]:
     """Every check, in order (docs/daemon.md, "gpusd doctor")."""
-    from .localdaemon import status
 
     st = status(state_dir)
     info = st.info if st.running else {}
@@ -58,8 +68,6 @@ def gpu_libraries() -> Check:
     """Which vendor libraries load here, with their versions."""
     found: dict[str, str] = {}
     try:
-        from .inventory import nvmlfast
-
         nvmlfast.nvmlInit()
         try:
             found["nvidia"] = f"NVML, driver {nvmlfast.nvmlSystemGetDriverVersion()}"
@@ -91,7 +99,6 @@ def daemon(state_dir: Path, running: bool, pid: int | None, info: dict[str, Any]
     if not running:
         return Check("daemon", FAIL, f"not running (state directory {state_dir})",
                      "start it: `sudo gpusd start` (or `systemctl enable --now gpusd`, docs/gpusd.service)")
-    from .alloc.authority import connect
 
     ports = [p for p in (info.get("port"), info.get("tls_port")) if isinstance(p, int)]
     sock = connect()
@@ -102,7 +109,6 @@ def daemon(state_dir: Path, running: bool, pid: int | None, info: dict[str, Any]
     details = {"pid": pid, "ports": ports, "authority": authority}
     if authority:
         return Check("daemon", PASS, found + "; the lease authority (its lease socket answers)", details=details)
-    from .alloc.lockdir import process_uid
 
     uid = process_uid(pid) if pid is not None else None
     why = ("it does not run as root" if uid not in (None, 0) else
@@ -113,8 +119,6 @@ def daemon(state_dir: Path, running: bool, pid: int | None, info: dict[str, Any]
 
 
 def lease_socket(daemon_running: bool) -> Check:
-    from .alloc.authority import socket_path
-
     path = socket_path()
     if path is None:
         return Check("lease-socket", SKIP, "turned off ($GPUSD_LEASE_SOCKET=off): leases in the lock directory")
@@ -139,11 +143,7 @@ def lease_socket(daemon_running: bool) -> Check:
 
 
 def lock_dir() -> Check:
-    from .alloc.leases import lock_dir as where
-    from .alloc.lockdir import check_dir
-    from .errors import GpusdError
-
-    path = where()
+    path = lease_lock_dir()
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -164,11 +164,8 @@ def multicast(interfaces: list[str] | None) -> Check:
     """A datagram to 224.0.0.251 on each interface, with a TTL of 0: delivered back to this host, never
     transmitted. What fails here (no multicast on the interface, no route, a firewall on the host)
     keeps mDNS from working on it."""
-    import socket
 
     if not interfaces:
-        from .wire.mdns import local_ipv4_addresses, resolve_interfaces
-
         interfaces = resolve_interfaces(None) or local_ipv4_addresses(include_loopback=True)
     addrs = interfaces
     if not addrs:
@@ -229,7 +226,6 @@ def secret(token_file: str | None) -> Check:
     if st.st_mode & 0o077 or st.st_uid != os.geteuid():
         return Check("secret", FAIL, found + " (others may read it, or it is not yours)",
                      f"`chmod 600 {path}` as its owner")
-    from .errors import GpusdError
     from .wire.signing import read_secret_file
 
     try:
@@ -242,7 +238,6 @@ def secret(token_file: str | None) -> Check:
 def clock(info: dict[str, Any]) -> Check:
     """This clock against the sample times of the fleet's verified daemons, as the local daemon's fleet
     view holds them (each snapshot's time, on its host's clock, and when it arrived, on ours)."""
-    from .localdaemon import api_bases
 
     bases = api_bases(info)
     if not bases:
@@ -298,8 +293,6 @@ def systemd_unit() -> Check:
 
 
 def _package_version(module: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     if importlib.util.find_spec(module) is None:
         return None
     try:
@@ -309,8 +302,6 @@ def _package_version(module: str) -> str | None:
 
 
 def _loads(lib: str) -> bool:
-    import ctypes
-
     try:
         ctypes.CDLL(lib)
         return True
@@ -323,12 +314,8 @@ def _mode(st: os.stat_result) -> str:
 
 
 def _owner(uid: int) -> str:
-    from .alloc.lockdir import owner_name
-
     return owner_name(uid)
 
 
 def _short(exc: BaseException) -> str:
-    from .sanitize import for_terminal
-
     return for_terminal(str(exc) or type(exc).__name__, 160)

@@ -17,7 +17,7 @@ atomically) and the signal that announces a change (``GPUSD_NOTIFY_SIGNAL``, def
 :class:`Job` describes no job (``active`` is False) and never calls back.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import json

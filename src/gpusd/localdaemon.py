@@ -13,7 +13,6 @@ The standard library and the core only: the discovery clients import it (the lay
 list`` reads it on its quick path.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import fcntl
@@ -22,6 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .identity import state_dir as default_state_dir
 from .sanitize import json_object
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
@@ -110,9 +110,7 @@ def may_run(state_dir: Path | None = None) -> bool:
     ``gpusd.json``.  One ``stat``, for a caller deciding at once whether to ask it (:func:`status` says
     whether it does)."""
     if state_dir is None:
-        from .identity import state_dir as default
-
-        state_dir = default()
+        state_dir = default_state_dir()
     return (state_dir / INFO_FILE).exists()
 
 

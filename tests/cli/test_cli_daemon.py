@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from commandpaths import STOP, command_modules, gpusd_of
 from daemon_helpers import unique_session
 
 NO_DAEMON = 6
@@ -146,3 +147,11 @@ def test_second_start_against_a_daemon_that_recorded_no_options(tmp_path: Path, 
     from gpusd.cli.exits import exit_code_for
 
     assert exit_code_for(exc.value) == ALREADY_RUNNING
+
+
+def test_stop_where_no_daemon_runs_imports_no_daemon(tmp_path: Path) -> None:
+    """``gpusd stop`` where none runs says so (exit 6) with the process manager alone: not the daemon, its
+    logs nor the lease authority (tests/commandpaths.py pins its set)."""
+    rc, mods = command_modules(["stop"], dict(os.environ, GPUSD_STATE_DIR=str(tmp_path)))
+    assert rc == "6" and "gpusd.daemon.process" in mods
+    assert sorted(gpusd_of(mods) - STOP) == []

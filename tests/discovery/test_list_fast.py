@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from test_discovery import Recorder, announce, good_txt, http_peer, snapshot_json, sse
 
+from commandpaths import LIST
 from daemon_helpers import (  # noqa: F401
     fast_mdns,
     make_snapshot,
@@ -493,6 +494,7 @@ async def test_a_list_the_local_daemon_answers_imports_no_browser(tmp_path: Path
     modules = set(json.loads(err.decode().strip().splitlines()[-1]))
     assert not modules & {"asyncio", "zeroconf", "aiohttp", "gpusd.discovery.oneshot", "gpusd.discovery.client",
                           "gpusd.wire.signing", "concurrent.futures"}
+    assert sorted(m for m in modules if m.split(".")[0] == "gpusd" and m not in LIST) == []  # tests/commandpaths.py
     lines = out.decode().splitlines()
     assert lines[0] == "[" and lines[-1] == "]" and len(lines) == 2 + 3  # one device a line
     assert sorted(json.loads(line.rstrip(","))["hostname"] for line in lines[1:-1]) == ["far", "here", "here"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from commandpaths import REPORT, command_modules, gpusd_of
 from history_helpers import record_scenario
 
 
@@ -47,3 +48,12 @@ def test_the_report_replaces_the_file_and_not_what_a_link_points_to(db: Path, tm
     r = _report("--db", str(db), "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_text().strip() and victim.read_text() == "keep"
+
+
+def test_a_report_imports_what_it_shows_only(db: Path) -> None:
+    """``gpusd report`` reads the database and prints its table with gpusd's modules for that alone
+    (tests/commandpaths.py pins its set), and without logging: nothing is logged."""
+    rc, mods = command_modules(["report", "--db", str(db)], dict(os.environ))
+    assert rc == "0" and "gpusd.usage.db" in mods
+    assert sorted(gpusd_of(mods) - REPORT) == []
+    assert "logging" not in mods

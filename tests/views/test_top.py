@@ -9,9 +9,11 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from commandpaths import TOP, command_modules, gpusd_of
 from gpusd.model import GpuInfo
 from gpusd.thresholds import ThresholdEngine, parse_rule
 from gpusd.views.live import split_keys
@@ -232,3 +234,14 @@ def test_key_reader_stops_reading_when_the_terminal_goes_away():
         t = time.monotonic()
         assert keys.read(0.3) == []
         assert time.monotonic() - t >= 0.25  # it waited instead of spinning on the dead descriptor
+
+
+def test_a_local_top_imports_its_own_source_only(tmp_path: Path) -> None:
+    """``gpusd top --local --once`` reads this machine's GPUs and imports what that source needs, not the
+    fleet view's reader nor the browser (tests/commandpaths.py pins its set)."""
+    rc, mods = command_modules(["top", "--local", "--once", "--simulate", "2xA100-80GB"],
+                               dict(os.environ, GPUSD_STATE_DIR=str(tmp_path)))
+    assert rc == "0"
+    assert "gpusd.inventory.simulated" in mods and "gpusd.alloc.leases" in mods  # it did read GPUs and leases
+    assert sorted(gpusd_of(mods) - TOP) == []
+    assert "http.client" not in mods and "ssl" not in mods  # nothing is fetched over HTTP

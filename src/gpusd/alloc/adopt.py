@@ -15,18 +15,25 @@ Refused: another user's process, a process on no GPU, a GPU leased to someone (e
 and what the fair-use policy's caps refuse (:mod:`.policy`).
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import array  # noqa: F401 -- the lease authority's fd passing, imported before _become switches user
 import json
 import os
 import pwd
 import select
+import socket  # noqa: F401 -- as array
 import subprocess
 import sys
 
 from ..errors import BackendUnavailable, ConfigError, GpusdError, NoGpuAvailable
 from ..sanitize import for_terminal, json_object
+from .api import LeaseRequest, allocate, shared_backend
+from .authority import connect
+from .handle import Holder
+from .leases import LeaseStore
+from .lockdir import user_name
+from .select import Constraints
 
 # typing is not imported at run time: start-up time
 TYPE_CHECKING = False
@@ -58,15 +65,12 @@ def owner_and_start(pid: int) -> tuple[int, int]:
 
 
 def _user(uid: int) -> str:
-    from .lockdir import user_name
-
     return user_name(uid) or str(uid)
 
 
 def gpus_of(pid: int) -> tuple[list[str], bool]:
     """The UUIDs of the GPUs NVML lists ``pid`` on (a MIG slice's own UUID where it runs on one), and
     whether they are MIG slices."""
-    from .api import shared_backend
 
     try:
         snap = shared_backend().snapshot()
@@ -101,7 +105,6 @@ def check(pid: int, caller: int | None = None) -> tuple[int, int, list[str], boo
     uuids, slices = gpus_of(pid)
     if not uuids:
         raise ConfigError(f"process {pid} runs on no GPU (NVML lists it on none): nothing to adopt")
-    from .leases import LeaseStore
 
     held = [le for le in LeaseStore().leases() if le.device in uuids and not le.unleased]
     if held:
@@ -140,11 +143,7 @@ def adopt(pid: int, note: str | None = None, timeout: float = ANSWER_TIMEOUT) ->
 def _become(uid: int) -> None:
     """Run as ``uid`` (root adopting someone's process: the lease is then that user's, by the kernel's
     word, through the lease authority too).  What the lease needs is imported first: after the switch,
-    the interpreter's own files may not be readable."""
-    import array  # noqa: F401
-    import socket  # noqa: F401
-
-
+    the interpreter's own files may not be readable: this module imports it all at its top."""
     try:
         pw = pwd.getpwuid(uid)
         gid, home, name = pw.pw_gid, pw.pw_dir, pw.pw_name
@@ -171,9 +170,6 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str, slices
     try:
         if owner_and_start(pid) != (uid, start):
             raise ConfigError(f"process {pid} has exited (its pid is another process's now)")
-        from .api import LeaseRequest, allocate
-        from .handle import Holder
-        from .select import Constraints
 
         what = f"adopted pid {pid}" + (f": {note}" if note else "")
         c = Constraints.build(count=len(uuids), include=list(uuids), topology="any", within_visible=False,
@@ -181,8 +177,6 @@ def hold(pid: int, start: int, uid: int, uuids: Sequence[str], note: str, slices
         holder = Holder(command=what)
         # root, for someone's process
         if uid != os.geteuid():
-            from .authority import connect
-
             sock = connect()
             # the daemon believes only the kernel: ask it as that user
             if sock is not None:

@@ -31,7 +31,7 @@
 Internal (docs/api.md): no public API beyond the command and the wire formats.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 from typing import Any

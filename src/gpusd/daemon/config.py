@@ -1,14 +1,19 @@
 """Everything a daemon can be told, with the defaults documented in docs/daemon.md."""
 
-# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request).
 from __future__ import annotations
 
+import hashlib
 import os
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..alloc.authority import socket_path
 from ..errors import ConfigError, SecretError
+from ..usage.db import Retention
+from ..usage.idle import IdlePolicy
 from ..wire.txt import DEFAULT_SESSION, valid_session
 
 DEFAULT_PORT = 4780
@@ -21,10 +26,8 @@ MIN_TTL, MAX_TTL = 2.0, 3600.0
 def open_file_limit() -> int | None:
     """The process's soft limit on open files, or None where there is none (or it cannot be read)."""
     try:
-        import resource
-
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
+    except (OSError, ValueError):
         return None
     return None if soft == resource.RLIM_INFINITY or soft <= 0 else soft
 
@@ -33,7 +36,6 @@ def lease_socket_option(leases: bool = True) -> str | None:
     """Where a daemon would serve as lease authority (``$GPUSD_LEASE_SOCKET``), None: turned off."""
     if not leases:
         return None
-    from ..alloc.authority import socket_path
 
     path = socket_path()
     return None if path is None else str(path)
@@ -182,7 +184,6 @@ class DaemonConfig:
         directory's info file is readable), so that a second start can tell the same secret from another."""
         if self.token is None:
             return None
-        import hashlib
 
         return hashlib.sha256(b"gpusd secret id\0" + self.token.encode()).hexdigest()[:16]
 
@@ -207,8 +208,6 @@ class DaemonConfig:
                 check_secret(self.token)
             except SecretError as exc:
                 raise ConfigError(str(exc)) from None
-        from ..usage.db import Retention
-        from ..usage.idle import IdlePolicy
 
         Retention(retention=self.retention, max_bytes=self.history_size).validate()
         IdlePolicy(self.idle_after, self.idle_release, self.idle_grace).validate()

@@ -52,7 +52,7 @@ requests are served in order) and at most ``MAX_CLIENTS`` connections are admitt
 queues behind another client's wait; its threads start only as jobs come (an idle daemon has none).
 """
 
-# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import array
@@ -69,6 +69,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import inventory
 from ..alloc import queue
 from ..alloc.authority import peer_credentials, socket_path
 from ..alloc.handle import Holder
@@ -223,8 +224,6 @@ class LeaseServer:
             task.add_done_callback(self.tasks.discard)
 
     def _prepare(self) -> None:
-        from ..inventory import open_backend
-
         # first: a refused second authority touches nothing
         if os.geteuid() == 0 and self.claimed is None:
             self.claimed = LeaseStore.authority().claim()
@@ -269,7 +268,7 @@ class LeaseServer:
         if self.shared is not None:
             self.backend = self.shared
         else:
-            own = SharedBackend(lambda: open_backend(self.simulate))
+            own = SharedBackend(lambda: inventory.open_backend(self.simulate))
             own.open()
             self.backend = own
 

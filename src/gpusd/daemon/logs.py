@@ -15,7 +15,6 @@ Hostile or broken peers can make a daemon log the same line at network speed (me
   background daemon), they follow the rotation, so stray output never grows a rotated file.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import logging
@@ -28,6 +27,9 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ..alloc.lockdir import same_file
+from ..sanitize import log_formatter
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_MAX_BYTES = 10 * 2**20
@@ -209,7 +211,6 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
     if log_file is not None:
         path = Path(log_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        from ..alloc.lockdir import same_file
 
         # a background daemon: its stderr is this file
         follow = same_file(2, path)
@@ -218,7 +219,6 @@ def setup(level: int | str = logging.INFO, log_file: str | Path | None = None, *
     else:
         handler = logging.StreamHandler(sys.stderr)
     # the one rule for logs: what a GPU or a peer said, no control byte
-    from ..sanitize import log_formatter
 
     # room for the cut's note and the prefix
     handler.setFormatter(log_formatter(LOG_FORMAT, MAX_CHARS + 256))

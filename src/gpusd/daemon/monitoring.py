@@ -17,7 +17,7 @@ The daemon only needs what :class:`MonitoredDaemon` lists; ``interval`` (seconds
 present.  The daemon calls :func:`install` when it builds its app.
 """
 
-# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +27,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aiohttp import web
+
+from ..alloc.policy import load
 from ..model import HostSnapshot
 from ..sanitize import dumps
 from . import access as privacy
@@ -34,8 +37,6 @@ from .gpuseconds import UsageCounters
 from .routes import RouteDef, add_routes, install_access
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aiohttp import web
-
     from ..thresholds import Rule, ThresholdEngine, ThresholdEvent
     from .routes import RouteDef
 
@@ -184,8 +185,6 @@ MONITOR_KEY: Any = "gpusd.monitor"
 
 
 def _app_key() -> Any:
-    from aiohttp import web
-
     global MONITOR_KEY
     if isinstance(MONITOR_KEY, str) and hasattr(web, "AppKey"):
         MONITOR_KEY = web.AppKey("gpusd.monitor", Monitor)
@@ -244,7 +243,6 @@ def install(app: web.Application, daemon: MonitoredDaemon, *, trust_loopback: bo
 
 def routes(monitor: Monitor) -> list[RouteDef]:
     """Metrics, the dashboard and alerts as a route table; the handlers use ``monitor`` only."""
-    from aiohttp import web
 
 
     async def metrics(request: web.Request) -> web.Response:
@@ -294,8 +292,6 @@ def _own_ports(daemon: Any) -> list[int]:
 def _policy() -> Any:
     """The host's fair-use policy (its caps go to /metrics); None where it cannot be read."""
     try:
-        from ..alloc.policy import load
-
         return load()
     except Exception:
         # a broken policy file is the lease path's to report, not the scrape's

@@ -35,7 +35,7 @@ renewals; after a reboot the records are dropped and logged.  Every lease that e
 holder's release goes through :meth:`Pool.end`.
 """
 
-# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
@@ -49,6 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aiohttp import web
+
+from .. import inventory
 from ..alloc.handle import Holder
 from ..alloc.leases import LeaseStore
 from ..alloc.policy import held_by_user, load
@@ -67,8 +70,6 @@ from .users import Directory, Refused
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Awaitable, Callable
-
-    from aiohttp import web
 
     from ..model import LeaseInfo
     from .config import DaemonConfig
@@ -203,9 +204,7 @@ class Pool:
         if self.backend is None:
             shared = getattr(self.daemon, "inventory", None)
             if shared is None:
-                from ..inventory import open_backend
-
-                shared = SharedBackend(lambda: open_backend(self.daemon.config.simulate))
+                shared = SharedBackend(lambda: inventory.open_backend(self.daemon.config.simulate))
                 shared.open()
                 self._own_backend = shared
             self.backend = shared
@@ -509,8 +508,6 @@ class Pool:
             await fleet.ensure_started()
             counted = self.fleet_held(fleet, user)
         try:
-            from ..alloc.leases import LeaseStore
-
             here = await asyncio.get_running_loop().run_in_executor(self.executor, LeaseStore().leases)
         except GpusdError:
             here = []
@@ -531,8 +528,6 @@ class Pool:
         # (node, lease id) -> [started, GPUs]
         leases: dict[tuple[str, str], list[Any]] = {}
         try:
-            from ..alloc.leases import LeaseStore
-
             here = await asyncio.get_running_loop().run_in_executor(self.executor, LeaseStore().leases)
         except GpusdError:
             here = []
@@ -900,9 +895,6 @@ async def signer_of(request: web.Request, pool: Pool | None, daemon: PoolDaemon
     without a user signature where the daemon takes such writes, (None, refusal) otherwise."""
     from ..wire.sshsig import HEADER, SshSigError, read_header, verify
     def answer(status: int, data: object) -> web.Response:
-        from aiohttp import web
-
-
         return web.Response(text=dumps(data, separators=(",", ":")), status=status,
                             content_type="application/json", headers={"Cache-Control": "no-store"})
 
@@ -954,7 +946,6 @@ def install(app: web.Application, daemon: PoolDaemon) -> Pool:
 def routes(pool: Pool) -> list[RouteDef]:
     """The remote leases' route table; the handlers use ``pool`` and the :class:`PoolDaemon` it
     reads the daemon through, nothing else of the daemon."""
-    from aiohttp import web
 
     daemon = pool.daemon
 

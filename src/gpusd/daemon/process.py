@@ -15,7 +15,7 @@ are read, by every reader, through :mod:`gpusd.localdaemon` (whether the daemon 
     The node id (:func:`gpusd.identity.node_id`).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages; start-up (gpusd stop imports this module).
 from __future__ import annotations
 
 import errno
@@ -35,6 +35,7 @@ from ..alloc.lockdir import replace_file, same_file
 from ..errors import DaemonStartFailed, GpusdError, NoDaemon
 from ..localdaemon import INFO_FILE, PID_FILE, locked, read_pid, status
 from ..sanitize import for_terminal, json_object
+from ..wire.aio import load
 
 if TYPE_CHECKING:  # pragma: no cover
     import logging
@@ -402,8 +403,6 @@ def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     if new != old:
         _log().info("open-file limit raised from %d to %d", old, new)
     import asyncio  # here: reading the status (gpusd list, status) needs none of it
-
-    from ..wire.aio import load
 
     load()  # before the daemon's modules import it: without the CA store in a gpusd process (gpusd.wire.aio)
     return asyncio.run(_main(config, ready_fd))

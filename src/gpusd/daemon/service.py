@@ -22,22 +22,28 @@ every lease is decided on the readings the API serves.  A failing NVML, a lost G
 network is logged and lived with.
 """
 
-# Imports inside functions: optional or heavy packages; memory at rest (loaded on request); not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from aiohttp import web
+
+from .. import inventory
+from ..alloc.leases import LeaseStore
 from ..errors import BackendUnavailable, GpusdError
 from ..identity import HostIdentity
 from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
+from ..jobs.containers import name_containers
 from ..model import HostSnapshot
 from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
 from ..wire.sse import format_event
@@ -57,7 +63,6 @@ from .recent import RecentSamples
 from .recording import install as install_recording
 
 if TYPE_CHECKING:  # pragma: no cover
-    from aiohttp import web
     from zeroconf.asyncio import AsyncZeroconf
 
     from ..inventory import Backend
@@ -273,15 +278,10 @@ class Daemon:
             from .slurmnode import NoGpus
 
             return NoGpus(self.hostname, self.node_id)
-        from ..inventory import open_backend
-
-        # for /metrics (DCGM's counters)
-        return open_backend(self.config.simulate, telemetry=True)
+        # for /metrics (DCGM's counters); looked up on the package, which tests replace
+        return inventory.open_backend(self.config.simulate, telemetry=True)
 
     async def _start_http(self) -> None:
-        from aiohttp import web
-
-
         cfg = self.config
         self.guard = ConnectionGuard(connection_cap(cfg.max_connections), cfg.header_timeout,
                                      per_peer=cfg.max_connections_per_peer,
@@ -359,14 +359,11 @@ class Daemon:
         snap = self.inventory.snapshot()
         if self.config.leases:
             try:
-                from ..alloc.leases import LeaseStore
-
                 # Where this daemon is the lease authority, the leases it honours: its own, and the
                 # confirmed ones of the shared directory, never a lock held there without a lease (it
                 # blocks nothing here, so it must not make a GPU look taken to the fleet).
                 self._leases = LeaseStore.for_daemon()
                 self._leases.attach(snap)
-                from ..jobs.containers import name_containers
 
                 # who started each GPU process's container, where a gpusd job did
                 name_containers(snap)
@@ -460,8 +457,6 @@ def trim_heap() -> None:
     """Hand the C heap's free pages back to the system (glibc ``malloc_trim``): about 2 MiB of RSS
     that start-up (imports, the first sample, TLS) allocated and freed.  Nothing elsewhere."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass

@@ -26,7 +26,7 @@ key that several accounts list then names nobody (refused) — except root with 
 other one.  A key the account does not list gets a refusal that says what to set up.
 """
 
-# Imports inside functions: memory at rest (loaded on request); not yet hoisted.
+# Imports inside functions: memory at rest (loaded on request).
 from __future__ import annotations
 
 import base64
@@ -545,17 +545,13 @@ class Directory:
 
 def _getpwnam(name: str) -> Any:
     try:
-        import pwd
-
         return pwd.getpwnam(name)
-    except (KeyError, ImportError):
+    except KeyError:
         return None
 
 
 def _uid_of(name: str) -> int | None:
     try:
-        import pwd
-
         return pwd.getpwnam(name).pw_uid
-    except (KeyError, ImportError):
+    except KeyError:
         return None

@@ -17,7 +17,7 @@ names (docs/api.md); the rest is internal.  Nothing heavy is imported here: ``im
 stays cheap.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd list imports this module).
 from __future__ import annotations
 
 from typing import Any

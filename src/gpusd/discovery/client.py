@@ -23,7 +23,6 @@ Handlers run on the event loop: keep them short (or make them coroutine function
 scheduled as tasks).  Nothing from the network raises out of the client: errors are logged.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +32,13 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from ..model import GpuInfo, HostSnapshot
+from ..wire.aio import load
 from ..wire.txt import DEFAULT_SESSION, SERVICE_TYPE
 from .bus import EventBus, Handler
 from .follower import HEARTBEAT, RESOLVE_TIMEOUT, Follower
+from .mdns import MdnsSource
 from .options import MAX_HOSTS, DiscoveryOptions, options_of
+from .peers import StaticPeers
 from .types import (
     DEVICE_ADDED,
     DEVICE_REMOVED,
@@ -47,6 +49,7 @@ from .types import (
     DiscoveryEvent,
     RemoteHost,
 )
+from .widearea import WideAreaDnsSd
 
 if TYPE_CHECKING:  # pragma: no cover
     import aiohttp
@@ -232,7 +235,6 @@ class AsyncClient:
             raise
         # The browser's first query (after 20-120 ms) counts down while aiohttp is imported; nothing
         # runs on the loop before this returns, so no host is followed before the session exists.
-        from ..wire.aio import load
 
         aiohttp = load()  # without the CA store in a gpusd process (gpusd.wire.aio)
 
@@ -532,20 +534,14 @@ class AsyncClient:
 
 
 def _mdns_source(opts: DiscoveryOptions, zeroconf: AsyncZeroconf | None) -> MdnsSource:
-    from .mdns import MdnsSource
-
     return MdnsSource(opts.interfaces, opts.include_hwsd, zeroconf)
 
 
 def _beyond_sources(opts: DiscoveryOptions) -> Iterable[HostSource]:
     """Hosts beyond the mDNS link: static peers, wide-area DNS-SD (where asked for)."""
     if opts.peer_specs or opts.peers_file is not None:
-        from .peers import StaticPeers
-
         yield StaticPeers(opts.peer_specs, opts.peers_file)
     if opts.dns_sd_domain is not None:
-        from .widearea import WideAreaDnsSd
-
         yield WideAreaDnsSd(opts.dns_sd_domain, opts.dns_server)
 
 

@@ -10,10 +10,16 @@ its own bound where the daemon took the request and is building its answer (1,00
 and only then browses; :func:`race` browses while a slow view may still come.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd list imports this module).
 from __future__ import annotations
 
+import os
 import time
+
+from ..identity import state_dir
+from ..localdaemon import api_bases, may_run, status
+from ..wire.mdns import resolve_interfaces
+from .fleetview import FLEET_TIMEOUT, LocalFleetView
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,8 +37,6 @@ def local_daemon_urls(session: str, interfaces: list[str] | None = None) -> tupl
     """The running local daemon's API bases to try (loopback first) and its node id, when it runs in
     ``session`` (and, with ``interfaces``, on the addresses asked for, resolved: it browses on exactly
     those); None otherwise.  Read anew at each call: the daemon may have stopped or started since."""
-    from ..identity import state_dir
-    from ..localdaemon import api_bases, status
 
     st = status(state_dir())
     info = st.info
@@ -53,7 +57,6 @@ def beyond_link(peers: Sequence[str] | None = None, peers_file: str | None = Non
     """Whether hosts beyond the link are asked for: static peers, a peers file or a wide-area DNS-SD
     domain, given or in their variables (``$GPUSD_PEERS``, ...).  A daemon's fleet view has its own, so
     the client looks for them itself."""
-    import os
 
     return bool(peers or peers_file or dns_sd_domain) or any(
         os.environ.get(v) for v in ("GPUSD_PEERS", "GPUSD_PEERS_FILE", "GPUSD_DNS_SD_DOMAIN"))
@@ -67,12 +70,10 @@ def ask_local_daemon(filters: Filters, *, key: FleetKey | None = None, interface
     daemon's view has its own), a daemon of that session running here on the ``interfaces`` asked for
     (resolved; None: any).  With the fleet secret (``key``) the daemon must prove it holds it too.  None
     where no daemon can be asked: browse alone."""
-    from ..localdaemon import may_run
 
     session = filters.session
     if session is None or beyond or not may_run():
         return None
-    from .fleetview import FLEET_TIMEOUT, LocalFleetView
 
     # where the daemon runs is read in the request's thread: the caller goes on meanwhile
     view = LocalFleetView(lambda: local_daemon_urls(session, interfaces), filters, key=key,
@@ -84,12 +85,10 @@ def ask_for(options: DiscoveryOptions) -> Reading | None:
     """:func:`ask_local_daemon` for a discovery client's options (their filters, fleet key, interfaces
     and hosts beyond the link, the environment's defaults included); a bad interface raises
     :class:`~gpusd.errors.ConfigError` as listening would."""
-    from ..localdaemon import may_run
 
     filters = options.filters()
     if filters.session is None or not may_run():
         return None  # before the interfaces are resolved: nothing to ask
-    from ..wire.mdns import resolve_interfaces
 
     return ask_local_daemon(filters, key=options.key, interfaces=resolve_interfaces(options.interfaces),
                             beyond=beyond_link(options.peers, options.peers_file, options.dns_sd_domain))
@@ -110,8 +109,6 @@ async def race(local: Reading | None, browse: Coroutine[Any, Any, Listing]) -> L
     """``browse``, or the daemon's view where it comes first, or within its own bound after the
     browse settled (the view is the whole fleet, hosts beyond the link too)."""
     import asyncio
-
-    from .fleetview import FLEET_TIMEOUT
 
     task = asyncio.ensure_future(browse)
     while local is not None and not task.done():  # the local daemon is slow: browse meanwhile

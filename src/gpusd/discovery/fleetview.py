@@ -24,7 +24,7 @@ answer); every request is :func:`gpusd.wire.http.fetch_json` (signed with the fl
 one, bounded, checked).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd list imports this module).
 from __future__ import annotations
 
 import threading
@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from ..errors import GpusdError
-from ..model import redact
-from ..wire.fleet import MAX_FLEET_BYTES, FleetView
+from ..model import GpuInfo, canonical, canonical_snapshot, redact, redact_encoded
+from ..wire.fleet import MAX_FLEET_BYTES, FleetView, HostRecord, fleet_envelope
+from ..wire.http import SourceError, fetch, fetch_json
 from .source import Listing
-from .types import Device, Filters, RemoteHost
+from .types import Device, Filters, RemoteHost, device_dict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.http import Answer, Fetched
@@ -100,9 +101,6 @@ def fleet_rows(data: Any, filters: Filters, own_node: str, private: bool) -> tup
     :func:`parse_fleet` gives as ``[d.to_dict() for d in devices]``, with the number of its hosts, without
     a model object.  Each record is checked by the model's rules (:func:`gpusd.model.canonical`), the
     filters and the redaction are :func:`parse_fleet`'s; None wherever :func:`parse_fleet` gives None."""
-    from ..model import GpuInfo, canonical, canonical_snapshot, redact_encoded
-    from ..wire.fleet import HostRecord, fleet_envelope
-    from .types import device_dict
 
     rows: list[dict[str, Any]] = []
     listed = 0
@@ -163,7 +161,6 @@ class LocalFleetView:
         """The daemon's answer as received (parsed and checked by :meth:`parse`) and the daemon's node
         id; None where no daemon of the session answers within ``timeout``.  ``sent``: called once the
         request is on its way to a daemon (it accepted the connection)."""
-        from ..wire.http import SourceError, fetch
 
         if self.filters.session is None:
             return None
@@ -204,7 +201,6 @@ class LocalFleetView:
 
     def _answer(self, fetched: tuple[Fetched, str] | None) -> tuple[Answer, str] | None:
         """A :meth:`fetch`'s answer, parsed and checked, and the daemon's node id; None where unusable."""
-        from ..wire.http import SourceError
 
         if fetched is None:
             return None
@@ -325,7 +321,6 @@ class FleetReader:
 
     def fetch(self) -> dict[str, Any]:
         """The answer (an object; :class:`~gpusd.wire.http.SourceError` otherwise), and ``verified``."""
-        from ..wire.http import SourceError, fetch_json
 
         url, pin = self.secure_url()
         answer = fetch_json(f"{url}/api/v1/fleet", self.key, self.timeout, pin=pin, max_bytes=MAX_FLEET_BYTES)
@@ -338,7 +333,6 @@ class FleetReader:
         """With the fleet secret and a plain ``http://`` URL: the daemon's HTTPS URL and certificate
         fingerprint as its ``/healthz`` says (private fields travel over TLS only; the fingerprint is
         checked against the daemon's signed proof, so a forged /healthz gains nothing)."""
-        from ..wire.http import SourceError, fetch_json
 
         if self.key is None or not self.url.startswith("http://"):
             return self.url, None

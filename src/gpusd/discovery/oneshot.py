@@ -32,9 +32,10 @@ keep browsing on port 5353 (they need announcements and goodbyes): a host that a
 appears there.
 """
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -42,6 +43,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..wire import mdns
+from ..wire.aio import load
 from .source import Listing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,16 +80,14 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     from zeroconf import InterfaceChoice, IPVersion
     from zeroconf.asyncio import AsyncZeroconf
 
-    from ..wire.mdns import apply_test_timings, widen_receive_buffer
-
-    apply_test_timings()
+    mdns.apply_test_timings()
     try:
         aiozc = AsyncZeroconf(interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
                               ip_version=IPVersion.V4Only, unicast=True)
     except OSError as exc:
         raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
     await aiozc.zeroconf.async_wait_for_start()
-    granted = widen_receive_buffer(aiozc, RECEIVE_BUFFER)
+    granted = mdns.widen_receive_buffer(aiozc, RECEIVE_BUFFER)
     if granted < 2 * RECEIVE_BUFFER:  # (Linux reports twice what it grants: its own bookkeeping included)
         log.info("the one-shot query's receive buffer is %d bytes, not %d (net.core.rmem_max): a burst of "
                  "answers may overflow it (then gpusd list browses by multicast as well)", granted, RECEIVE_BUFFER)
@@ -100,8 +101,6 @@ def prefetch_imports() -> None:
     def run() -> None:
         try:
             import zeroconf.asyncio  # noqa: F401
-
-            from ..wire.aio import load
 
             load()  # aiohttp, without the CA store in a gpusd process (gpusd.wire.aio)
         except ImportError:  # pragma: no cover - dependencies of gpusd
@@ -136,15 +135,14 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
     """Every reported device and host, and how many hosts the host filter left out, once the browse
     has settled (at most ``timeout`` s waiting for hosts found to answer).  ``make_client(**kw)``
     builds the :class:`AsyncClient` (filters, fleet key), ``zeroconf=`` given for the one-shot browse."""
-    from ..wire.mdns import dropped, resolve_interfaces
 
-    zc = await open_oneshot_zeroconf(resolve_interfaces(list(interfaces) if interfaces is not None else None))
+    zc = await open_oneshot_zeroconf(mdns.resolve_interfaces(list(interfaces) if interfaces is not None else None))
     client = make_client(zeroconf=zc)
     try:
         await client.start_listening()
         ask_now(zc.zeroconf, client.service_types)
         await client.wait_settled(timeout, minimum=NO_ANSWER, early=(QUIET, SPREAD), give_up=GIVE_UP)
-        lost = dropped(zc)
+        lost = mdns.dropped(zc)
         # hosts beyond the link (peers, wide-area DNS-SD) answered: no multicast browse for the rest
         # (it would start a second client, browse the zone again and cost 1.5 s more)
         if (client.answered or client.hosts) and not lost:
@@ -165,7 +163,5 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
 
 
 async def _close(zc: Any) -> None:
-    import asyncio
-
     with contextlib.suppress(Exception):
         await asyncio.wait_for(zc.async_close(), 5)

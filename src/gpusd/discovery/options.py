@@ -9,7 +9,7 @@ client that restarts its asyncio client hands it the same value.  ``tests/discov
 checks that both clients accept exactly these fields.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import os

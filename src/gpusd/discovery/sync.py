@@ -16,10 +16,11 @@ keeps reporting events until interrupted (Ctrl-C, which stops the client cleanly
 ``stop_listening()``.  ``Client(daemon_thread=True)`` does not hold the program open.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import logging
 import queue
@@ -28,7 +29,9 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 from ..wire.txt import DEFAULT_SESSION
+from .fleetsource import ask_for, choose, race
 from .options import MAX_HOSTS, DiscoveryOptions, options_of
+from .source import Listing
 from .types import EVENTS, Device, DiscoveryEvent, RemoteHost, event_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +63,6 @@ def _hold_at_exit(client: "Client") -> None:
         if register is not None:
             register(hold)
         else:  # pragma: no cover - Pythons without it
-            import atexit
 
             atexit.register(hold)
     except RuntimeError:  # already shutting down
@@ -239,15 +241,12 @@ class Client:
         discovery settles (at most ``timeout`` s) first."""
         if self.listening:
             return self._in_loop(self._async.list_devices)
-        from .fleetsource import ask_for, choose
 
         return choose(ask_for(self.options), lambda slow: self._browse(slow, timeout)).devices
 
     def _browse(self, slow: Reading | None, timeout: float) -> Listing:
         """Listen until settled (at most ``timeout`` s) and list; or the daemon's view (``slow``, asked
         already) where it comes first, or within its bound (:func:`.fleetsource.race`)."""
-        from .fleetsource import race
-        from .source import Listing
 
         async def settled() -> Listing:
             await self._async.wait_settled(timeout)

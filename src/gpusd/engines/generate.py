@@ -18,7 +18,6 @@ Host names in files are :attr:`HostSlot.ssh_host` (what the engine will ssh to);
 hosts dial (rendezvous, Ray head, DeepSpeed master) are :attr:`HostSlot.address`.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..inventory.vendors import device_order_env, rank_entry
+from ..topology import format_cpulist, parse_cpulist
 from .placement import HostSlot, Placement
 
 # torchrun's c10d rendezvous
@@ -143,7 +143,6 @@ def _cpus_of(h: HostSlot, i: int) -> str:
 
 def host_cpus(h: HostSlot) -> str | None:
     """The union of the CPUs local to a host's GPUs (a CPU list), None when one GPU's are unknown."""
-    from ..topology import format_cpulist, parse_cpulist
 
     if not h.local_cpus or any(c is None for c in h.local_cpus):
         return None

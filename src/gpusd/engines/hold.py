@@ -27,10 +27,11 @@ Exit status of the guard: CMD's when it fails (its processes are stopped too); 3
 held here (nothing is started); 2 on bad arguments.  Linux only (``/proc``).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
@@ -150,8 +151,6 @@ def lease_expires(store: LeaseStore, lease_id: str) -> float | bool:
 
 def set_subreaper() -> None:
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         # PR_SET_CHILD_SUBREAPER; without it, the session still counts
         libc.prctl(36, 1, 0, 0, 0)

@@ -21,19 +21,21 @@
   ssh reports it; 255 is ssh's own failure); 130 after a Ctrl-C; 0 when every host succeeded.
 """
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Sequence
+
+import ifaddr
 
 from ..errors import exec_failure
 from .generate import FILES, HostCommand, find_python, safe_path_check
@@ -81,7 +83,6 @@ class LaunchOptions:
 
 def local_addresses() -> frozenset[str]:
     """Every IP address of this machine (its current network namespace), loopback included."""
-    import ifaddr
 
     out = {"127.0.0.1", "::1", "localhost"}
     for adapter in ifaddr.get_adapters():
@@ -92,7 +93,6 @@ def local_addresses() -> frozenset[str]:
 
 def interface_of(address: str) -> str | None:
     """The name of this machine's network interface that has ``address``, or None."""
-    import ifaddr
 
     for adapter in ifaddr.get_adapters():
         for ip in adapter.ips:
@@ -166,7 +166,6 @@ def _guard_script(cmd: HostCommand, opts: LaunchOptions, fallback: str) -> str:
     (:func:`gpusd.engines.generate.safe_path_check`), which runs ``fallback`` itself when it lacks
     gpusd; else the interpreter of the ``gpusd`` on the host's PATH.  Without one they fall through,
     saying so, to ``fallback`` (the ``sh`` watchdog, which reaches the process group only)."""
-    import sys
 
 
     quiet = max(2, int(opts.silence + 0.999))
@@ -428,7 +427,6 @@ class Launch:
             for sig in handled:
                 loop.remove_signal_handler(sig)
             self._kill_all()
-            import shutil
 
             for d in self._local_dirs:
                 shutil.rmtree(d, ignore_errors=True)

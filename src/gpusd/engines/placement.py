@@ -27,7 +27,6 @@ commands get (``gpusd.inventory.vendors``).
 ``address`` defaults to the host name too (it is what other hosts dial: the rendezvous endpoint).
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -41,6 +40,7 @@ from ..errors import PlacementError as PlacementError
 from ..ids import GpuUuid, PlacementId
 from ..inventory.vendors import DEFAULT_VENDOR, DEVICE_VARIABLE, VENDORS, Visible, cleared, visible_env
 from ..sanitize import ip_word
+from ..topology import parse_cpulist
 
 MAX_HOSTS = 1024
 MAX_GPUS_PER_HOST = 256
@@ -89,7 +89,6 @@ MAX_CPULIST = 4096
 
 def valid_cpulist(text: object) -> bool:
     """A Linux CPU list (``0-3,8``) that :func:`gpusd.topology.parse_cpulist` reads, bounded."""
-    from ..topology import parse_cpulist
 
     if not isinstance(text, str) or not 0 < len(text) <= MAX_CPULIST:
         return False

@@ -28,7 +28,7 @@ the rank also gets ``GPUSD_LEASE``, its own host's lease: that host's daemon kno
 (fencing, docs/pool.md), as it knows the ranks of engines gpusd starts on every host itself.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (a command's own module).
 from __future__ import annotations
 
 import os

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpusdError
+from ..identity import state_dir
 from ..sanitize import for_terminal
+from ..units import format_clock
 from .placement import Placement, PlacementError
 
 # under gpusd's state directory: what a job holds now, for Horovod's discovery script
@@ -53,8 +55,6 @@ def write_new(path: str, text: str, mode: int = 0o644) -> None:
 
 # -- a job's held record ------------------------------------------------------------------------------------
 def held_path(job_id: str) -> Path:
-    from ..identity import state_dir
-
     return state_dir() / HELD_DIR / f"{job_id}.json"
 
 
@@ -152,7 +152,6 @@ def forget(path: Path) -> None:
 
 def describe(record: dict[str, Any]) -> str:
     """``10.0.0.1:6379, 2 hosts, held until 2026-12-02 19:10:48`` for a cluster record."""
-    from ..units import format_clock
 
     hosts = record.get("placement", {}).get("hosts") or []
     words = [for_terminal(str(record.get("address") or "?"), 80), f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"]

@@ -17,7 +17,6 @@ and unlocked), and the caller moves the job with the job protocol instead.  Veri
 against a fake tool: no GPU.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import os
@@ -25,6 +24,7 @@ import shutil
 import subprocess
 
 from ..ids import GpuUuid
+from ..sanitize import printable
 
 # typing is not imported at run time: start-up time
 TYPE_CHECKING = False
@@ -52,7 +52,6 @@ def find_cuda_checkpoint() -> str | None:
 
 def _printable(text: str) -> str:
     """The tool's output, for a log line or an event: one line, printable, bounded."""
-    from ..sanitize import printable
 
     return printable(" ".join(text.split()), MAX_OUTPUT)
 

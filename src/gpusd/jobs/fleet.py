@@ -17,7 +17,6 @@ Records are written by :class:`gpusd.jobs.record.RecordWriter`, as every job's. 
 effort: a fleet run whose record cannot be written (no usable lock directory) still runs, and says so.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -31,6 +30,7 @@ from typing import Any, Sequence
 
 from ..alloc.leases import LeaseStore, current_user
 from ..alloc.lockdir import replace_file
+from ..alloc.runner import FORWARDED
 from ..errors import ConfigError, GpusdError, exec_failure
 from ..ids import JobId, LeaseId
 from ..sanitize import printable
@@ -171,8 +171,6 @@ class FleetJob:
                     proc.send_signal(signum)
                 except OSError:
                     pass
-
-        from ..alloc.runner import FORWARDED
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
         try:

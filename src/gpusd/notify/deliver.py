@@ -10,7 +10,7 @@ The webhook's body is :func:`payload` (schema ``gpusd-notify/1``), its signature
 ``X-Gpusd-Signature: t=UNIX,v1=HEX``: HMAC-SHA256 over ``"UNIX." + body`` with the secret file's
 first line, so that a receiver can refuse a replay older than it likes."""
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import hashlib

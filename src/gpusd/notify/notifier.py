@@ -7,7 +7,7 @@
 :class:`~gpusd.notify.deliver.Target`; :func:`notify` makes the watch from the constraint keywords of
 :func:`gpusd.select` (``fleet=True``: those of :func:`gpusd.reserve`).  No lease is taken, ever."""
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import logging
@@ -15,10 +15,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..alloc.select import Constraints
 from ..errors import ConfigError, GpusdError, WaitTimeout
+from .watch import FleetWatch, LocalWatch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..alloc.select import Constraints
     from ..discovery.sync import Client
     from .deliver import Target
     from .watch import Watch
@@ -75,14 +76,10 @@ def _log(exc: GpusdError) -> None:
 
 
 def local_watch(c: Constraints, simulate: str | None = None) -> Watch:
-    from .watch import LocalWatch
-
     return LocalWatch(c, simulate=simulate)
 
 
 def fleet_watch(c: Constraints, client: Client, host: str | None = None, model: str | None = None) -> Watch:
-    from .watch import FleetWatch
-
     return FleetWatch(client, c, host=host, model=model)
 
 
@@ -94,7 +91,6 @@ def notify(count: int, target: Target, *, fleet: bool = False, repeat: bool = Fa
     on any verified host, as :func:`gpusd.reserve` chooses, ``host``/``model`` its globs, ``client``
     or ``token_file`` its discovery), then deliver to ``target`` (:class:`Exec`, :class:`Webhook`,
     :class:`Mail`); see :func:`run` for ``repeat`` and ``timeout``.  Returns the notices delivered."""
-    from ..alloc.select import Constraints
 
     c = constraints or Constraints.from_keywords(count=count, **keywords)
     if c.count != count:

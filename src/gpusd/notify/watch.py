@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..alloc.select import explain, never
 from ..errors import NoGpuAvailable
 from .deliver import Gpu, Notice, clean_gpu, clean_host
 
@@ -60,7 +61,6 @@ class LocalWatch:
         from ..alloc import queue
         from ..alloc.api import shared_backend
         from ..alloc.leases import LeaseStore
-        from ..alloc.select import never
 
         self.c = c
         self.env = env
@@ -76,8 +76,6 @@ class LocalWatch:
         self.scope = "on this machine"
 
     def look(self) -> Notice | None:
-        from ..alloc.select import explain
-
         # From here on no lease may end unseen: an end during this look wakes the next wait (reading
         # the records is no reason to wake, and is not drained after the look: that would lose an end).
         self._watch.drain()

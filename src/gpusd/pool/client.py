@@ -1,6 +1,6 @@
 """Fleet selection and reservations: the client side of the pool (docs/pool.md)."""
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import fnmatch
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 from urllib.parse import urlsplit
 
+from ..alloc.select import Candidate, Constraints, choose, score
 from ..errors import (
     REFUSED_STATUSES,
     ConfigError,
@@ -26,11 +27,14 @@ from ..errors import (
     WaitTimeout,
     from_wire,
 )
+from ..identity import node_id
 from ..ids import LeaseId, PlacementId
 from ..inventory.vendors import DEFAULT_VENDOR, SET_VARIABLES
+from ..sanitize import for_terminal
+from ..wire import http
+from ..wire.txt import API_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..alloc.select import Candidate, Constraints
     from ..discovery.sync import Client
     from ..discovery.types import RemoteHost
     from ..engines.placement import Placement
@@ -78,9 +82,7 @@ class HostLease:
 
 def _call(method: str, lease: HostLease, path: str, key: FleetKey, body: Any = None,
           timeout: float = 5.0) -> Any:
-    from ..wire.http import request_json
-
-    reply = request_json(method, lease.url + path, body, key=key, node_id=lease.node_id, pin=lease.pin,
+    reply = http.request_json(method, lease.url + path, body, key=key, node_id=lease.node_id, pin=lease.pin,
                          timeout=timeout)
     if reply.verified is False:
         raise SourceError(f"{lease.hostname}: the answer carries no proof of the fleet secret")
@@ -263,7 +265,6 @@ def rank_hosts(hosts: Iterable[RemoteHost], c: Constraints, *, host: str | None 
     local selection chooses them, the host ranked by its worst chosen GPU's score (ties: by the host
     name its daemon signed).  Only hosts whose daemon signed its name and addresses
     (``RemoteHost.identity``) are ranked: an announcement's name is never a tie-break or a target."""
-    from ..alloc.select import choose, score
 
     out = []
     for h in hosts:
@@ -292,7 +293,6 @@ def api_url(h: RemoteHost) -> tuple[str, str | None]:
     """Where to send signed writes to ``h``, and the certificate to pin: its HTTPS port where it
     announces one (a daemon with TLS refuses writes over plain HTTP), at the address discovery
     reached it on; else its plain HTTP API."""
-    from ..wire.txt import API_PREFIX
 
     assert h.url is not None
     if h.txt.tls_port and h.txt.cert_fp:
@@ -304,8 +304,6 @@ def api_url(h: RemoteHost) -> tuple[str, str | None]:
 
 def _local_node() -> str | None:
     try:
-        from ..identity import node_id
-
         return node_id()
     except Exception:  # noqa: BLE001
         return None
@@ -326,7 +324,6 @@ SLURM_NODE = " (a Slurm node)"
 def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, holder: str, note: str | None,
          ttl: float, job: str | None = None, reasons: list[tuple[int, str]] | None = None) -> HostLease | None:
     """One lease request to ``h`` (None on 409: the GPUs just went)."""
-    from ..wire.http import request_json
 
     assert h.url is not None
     body: dict[str, Any] = {"count": c.count, "min_free": c.min_free, "memory": c.memory, "max_util": c.max_util,
@@ -346,7 +343,7 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         body["job"] = job
     url, pin = api_url(h)
     try:
-        reply = request_json("POST", url + "/leases", body, key=key, node_id=h.node_id, pin=pin)
+        reply = http.request_json("POST", url + "/leases", body, key=key, node_id=h.node_id, pin=pin)
     except SourceError as exc:
         log.info("%s: %s", h.hostname, exc)
         return None
@@ -361,8 +358,6 @@ def _ask(h: RemoteHost, chosen: list[Candidate], c: Constraints, key: FleetKey, 
         # every refusal's reason (a cap, a full disk, a Slurm node, the GPUs just taken): said when
         # nothing is granted
         if reasons is not None and err:
-            from ..sanitize import for_terminal
-
             slurm = reply.status == 409 and isinstance(reply.data, dict) and reply.data.get("reason") == "slurm"
             reasons.append((reply.status, f"{for_terminal(h.hostname, 64)}{SLURM_NODE if slurm else ''}: "
                                           f"{for_terminal(str(err), 300)}"))
@@ -411,7 +406,6 @@ def reserve(count: int = 1, *, per_host: int | None = None, host: str | None = N
     leases changed, a host appeared) and tries again, until ``timeout``.  Raises NoGpuAvailable
     (WaitTimeout with ``wait``).  ``job``: the id of the gpusd job the reservation is for (``gpusd run
     --fleet``), named in each host's lease record."""
-    from ..alloc.select import Constraints
     from ..wire.signing import FleetKey, load_secret
 
     if key is None:
@@ -480,7 +474,6 @@ MIN_TTL, MAX_TTL = 2.0, 3600.0
 def _largest(hosts: Iterable[RemoteHost], per: int, host: str | None, spread: bool) -> str:
     """Why no host can ever qualify, when that is why: none is verified, or the largest has fewer
     GPUs than one host was asked for (``reserve -n 5`` on hosts of 2)."""
-    from ..sanitize import for_terminal
 
     ok = [h for h in hosts if h.verified is True and h.snapshot is not None and h.alive
           and (host is None or fnmatch.fnmatch(h.hostname, host))]
@@ -520,7 +513,6 @@ def _listed(key: FleetKey, hosts: Iterable[RemoteHost], what: str, mine: Callabl
             extra: Callable[[RemoteHost], dict[str, Any]]) -> list[dict[str, Any]]:
     """Every verified host's ``GET /api/v1/<what>`` list (optionally filtered), each item with the
     host's URL and pin (and ``extra``) to act on it later."""
-    from ..wire.http import fetch_json
 
     out: list[dict[str, Any]] = []
     for h in hosts:
@@ -528,7 +520,7 @@ def _listed(key: FleetKey, hosts: Iterable[RemoteHost], what: str, mine: Callabl
             continue
         url, pin = api_url(h)
         try:
-            ans = fetch_json(f"{url}/{what}", key=key, node_id=h.node_id, pin=pin)
+            ans = http.fetch_json(f"{url}/{what}", key=key, node_id=h.node_id, pin=pin)
         except SourceError as exc:
             log.info("%s: %s", h.hostname, exc)
             continue
@@ -548,8 +540,6 @@ def book(count: int, start: float, duration: float, hosts: Iterable[RemoteHost],
     signed with the user's SSH key; the first host (by name) that has them free then.  Raises
     ConfigError for what every host would refuse (the request itself, the policy), NoGpuAvailable
     naming the conflicting bookings when no host has room."""
-    from ..sanitize import for_terminal
-    from ..wire.http import request_json
 
     body = {"count": count, "start": start, "duration": duration, "note": note, "include": include}
     conflicts: list[str] = []
@@ -564,7 +554,7 @@ def book(count: int, start: float, duration: float, hosts: Iterable[RemoteHost],
         tried += 1
         url, pin = api_url(h)
         try:
-            reply = request_json("POST", url + "/bookings", body, key=key, node_id=h.node_id, pin=pin)
+            reply = http.request_json("POST", url + "/bookings", body, key=key, node_id=h.node_id, pin=pin)
         except SourceError as exc:
             log.info("%s: %s", h.hostname, exc)
             continue
@@ -597,7 +587,6 @@ def bookings(key: FleetKey, hosts: Iterable[RemoteHost], mine: Callable[[dict[st
 
 def cancel_booking(d: dict[str, Any], key: FleetKey) -> Any:
     """``DELETE /api/v1/bookings/ID`` at the host of the listed booking ``d``; the reply."""
-    from ..wire.http import request_json
 
-    return request_json("DELETE", f"{d['url']}/bookings/{d['booking_id']}", None, key=key,
+    return http.request_json("DELETE", f"{d['url']}/bookings/{d['booking_id']}", None, key=key,
                         node_id=d.get("node_id"), pin=d.get("pin"))

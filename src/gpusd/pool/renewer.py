@@ -24,7 +24,7 @@ releasing (the leases end with their TTL: ``gpusd ray down`` when a host could n
 guard then stops Ray there before its lease ends).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import json
@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..identity import state_dir
 from ..ids import LeaseId
 from .client import HostLease, Reservation
 
@@ -45,8 +46,6 @@ MAX_RECORD = 1 << 20
 
 
 def _record_dir() -> Path:
-    from ..identity import state_dir
-
     return state_dir() / RECORD_DIR
 
 

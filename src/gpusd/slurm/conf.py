@@ -6,13 +6,13 @@ file is checked against what Slurm's parser reads as one word: a host whose name
 Slurm node name is left out (with a comment saying so), a GPU model name is reduced to ``[a-z0-9_]``.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ..inventory.vendors import slurm_file, slurm_flag
 from ..model import GpuInfo, HostSnapshot, display_name
 from ..topology import format_cpulist, link_between, parse_cpulist
 
@@ -127,7 +127,6 @@ def gres_lines(snap: HostSnapshot, with_node: bool = True, device: str | None = 
     one file serves the whole cluster), and a comment for each GPU left out.  ``File=`` and ``Flags=``
     are each vendor's (``inventory.vendors``); ``device`` replaces the device files' prefix (the
     number stays the vendor's: simulated GPUs get files a test makes)."""
-    from ..inventory.vendors import slurm_file, slurm_flag
 
     name = node_name(snap.hostname)
     if name is None:

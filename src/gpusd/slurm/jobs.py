@@ -7,7 +7,6 @@ NVML indices: the daemon maps them to the GPUs it wrote there) or ``CUDA_VISIBLE
 is recorded through the daemon, never by writing lock files.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -15,6 +14,7 @@ import os
 import re
 from typing import Any, Mapping
 
+from ..alloc.authority import _check, connect
 from ..errors import ConfigError, GpusdError, NoDaemon
 from ..ids import GpuUuid, SlurmJobId
 
@@ -46,7 +46,6 @@ def job_uid(env: Mapping[str, str]) -> int:
 
 def ask(req: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
     """One request on the daemon's lease socket and its answer; NoDaemon when none answers."""
-    from ..alloc.authority import connect
 
     sock = connect()
     if sock is None:
@@ -72,8 +71,6 @@ def ask(req: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
     if not isinstance(reply, dict):
         raise GpusdError("the gpusd daemon's answer is not a JSON object")
     if reply.get("ok") is not True:
-        from ..alloc.authority import _check
-
         _check(reply)
     return reply
 

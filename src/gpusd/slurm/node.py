@@ -2,10 +2,11 @@
 docs/slurm.md): the slurmd command line from the host's snapshot, the controller's address, and
 draining or removing the node when the host goes or a GPU is lost (``scontrol``)."""
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
+import ctypes
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -103,7 +104,6 @@ def write_gres(snap: HostSnapshot, directory: Path | None = None) -> list[str]:
     d = directory or gres_dir()
     d.mkdir(mode=0o755, parents=True, exist_ok=True)
     st = os.lstat(d)
-    import json
 
     if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise ConfigError(f"{d} must be a directory of this user that others cannot write")
@@ -225,8 +225,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
     """slurmd ends when the daemon does, however it ends (PR_SET_PDEATHSIG): the controller then
     sees the node not responding and marks it DOWN."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

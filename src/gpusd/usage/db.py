@@ -12,7 +12,7 @@ who used what is private (docs/history.md, Privacy).  WAL mode, ``synchronous=NO
 survives the process being killed (only a power cut may lose the last commits).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd report imports this module).
 from __future__ import annotations
 
 import os
@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import ConfigError
 
 FINE, COARSE, HOURLY = 0, 1, 2
 # seconds per bucket of each tier
@@ -81,8 +83,6 @@ class Retention:
     max_bytes: int = 1 << 30
 
     def validate(self) -> None:
-        from ..errors import ConfigError
-
         if not 3600 <= self.fine_keep <= 30 * 86400:
             raise ConfigError("the fine history must be kept between 1 hour and 30 days")
         if not 86400 <= self.retention <= 10 * 365 * 86400:

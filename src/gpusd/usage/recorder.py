@@ -12,12 +12,12 @@ sample is one transaction, so a daemon killed at any moment loses at most the in
 committed sample, and a restart counts nothing twice: the first sample after it opens a new interval.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import errno
 import json
 import logging
+import pwd
 import queue
 import sqlite3
 import threading
@@ -95,10 +95,8 @@ def _uid(user: str | None) -> int | None:
     if not user:
         return None
     try:
-        import pwd
-
         return pwd.getpwnam(user).pw_uid
-    except (KeyError, ImportError, ValueError):
+    except (KeyError, ValueError):
         return None
 
 

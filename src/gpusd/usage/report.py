@@ -6,13 +6,13 @@ used (a process ran; a GPU shared by several users' processes is split between t
 utilisation and energy.  Pure arithmetic on JSON-ready dicts; rendering is in ``gpusd.views.report``.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import GpusdError
+from ..model import display_name
 from .db import IDLE_UTIL
 
 BY = ("user", "host", "gpu", "model")
@@ -28,8 +28,6 @@ def _text(v: Any, limit: int = 256) -> str | None:
 
 
 def _display_model(name: str | None) -> str:
-    from ..model import display_name
-
     return display_name(name) if name else "?"
 
 

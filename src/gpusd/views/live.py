@@ -1,15 +1,21 @@
 """The interactive ``gpusd top``: a full-screen rich view refreshed every ``interval`` seconds, with
 keys read from the terminal in cbreak mode (no Enter needed, no echo)."""
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
 import os
 import select
 import sys
+import termios
 import time
+import tty
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
+
+from rich.console import Group
+from rich.live import Live
+from rich.segment import Segment, Segments
+from rich.style import Style
 
 from .top import HostBook, HostView, TopState, footer_line, render
 
@@ -60,8 +66,6 @@ class KeyReader:
             return self
         if not os.isatty(fd):
             return self
-        import termios
-        import tty
 
         self._fd = fd
         self._saved = termios.tcgetattr(fd)
@@ -70,8 +74,6 @@ class KeyReader:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None and self._saved is not None:
-            import termios
-
             try:
                 termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
             except termios.error:
@@ -108,8 +110,6 @@ def crop(console: Console, frame: RenderableType, footer: RenderableType, offset
          height: int) -> tuple[RenderableType, int]:
     """The frame scrolled to ``offset`` lines so that it and the footer fit ``height`` lines; returns
     the renderable and the offset actually used (clamped)."""
-    from rich.console import Group
-    from rich.segment import Segment, Segments
 
     options = console.options.update(height=None)
     body = console.render_lines(frame, options, pad=False)
@@ -118,7 +118,6 @@ def crop(console: Console, frame: RenderableType, footer: RenderableType, offset
     offset = max(0, min(offset, len(body) - room))
     shown = body[offset:offset + room]
     # say that the frame goes on: a marker line in place of the first or last row shown
-    from rich.style import Style
 
     def marker(text: str) -> list[Segment]:
         return [Segment(text[:max(1, options.max_width)], Style(dim=True, reverse=True))]
@@ -141,7 +140,6 @@ def run_live(hosts: Callable[[], list[HostView]], state: TopState, book: HostBoo
              console: Console, keys: KeyReader | None = None) -> int:
     """The live loop: fetch hosts every ``interval`` s, redraw after every fetch and key; returns 0 when
     the user quits."""
-    from rich.live import Live
 
     keys = keys or KeyReader()
     message: str | None = None

@@ -7,7 +7,6 @@ report mailed to a lab opens the same anywhere.  Every name in it is escaped; th
 JSON block whose ``<`` ``>`` ``&`` are escaped, so no user name can end the script.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import csv
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sanitize import dumps, for_html, for_terminal
+from .tables import render_table
 
 FORMATS = ("table", "csv", "json", "html")
 COLUMNS = ("gpu_hours_used", "gpu_hours_held", "idle_held_hours", "mean_util", "energy_kwh")
@@ -63,8 +63,6 @@ def period(r: Mapping[str, Any]) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    from .tables import render_table
-
     return render_table(headers, rows, right=right, max_cell=60)
 
 

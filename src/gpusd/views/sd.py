@@ -9,7 +9,6 @@ the file is written atomically (temporary file, then rename)::
           - files: [/etc/prometheus/gpusd.json]
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -19,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import SourceError
+from ..wire.fleet import FleetView
 from ..wire.promsd import Daemon, daemons_from_view, file_sd
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,13 +30,10 @@ def fleet_hosts(fleet: dict[str, Any], trusted: bool | None = None) -> list[Host
     """The hosts of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.HostRecord`, malformed
     ones left out); ``trusted`` False (the daemon that answered did not prove it holds the fleet
     secret): none of them counts as verified."""
-    from ..wire.fleet import FleetView
 
     try:
         view = FleetView.from_dict(fleet)
     except ValueError as exc:
-        from ..errors import SourceError
-
         raise SourceError(f"bad fleet answer: {exc}") from None
     if trusted is False:
         for h in view.hosts:
@@ -46,13 +44,10 @@ def fleet_hosts(fleet: dict[str, Any], trusted: bool | None = None) -> list[Host
 def daemons_from_fleet(fleet: dict[str, Any], session: str | None = None) -> list[Daemon]:
     """The live daemons of a ``GET /api/v1/fleet`` answer (:class:`gpusd.wire.fleet.FleetView`;
     hosts without a URL, not alive or malformed are left out)."""
-    from ..wire.fleet import FleetView
 
     try:
         view = FleetView.from_dict(fleet)
     except ValueError as exc:
-        from ..errors import SourceError
-
         raise SourceError(f"bad fleet answer: {exc}") from None
     return [Daemon(url=d.url, hostname=d.hostname, node_id=d.node_id, session=session)
             for d in daemons_from_view(view)]

@@ -6,7 +6,7 @@
 * :class:`DiscoverySource` — the LAN, browsed with the discovery client.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: optional or heavy packages; start-up (gpusd top imports this module).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol

@@ -8,7 +8,7 @@ never waits on the network) plus every sample ``top`` itself shows.  Hosts read 
 gets no request from ``top``), get the points ``top`` saw since it started.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd top imports this module).
 from __future__ import annotations
 
 import math
@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+from .sources import get_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
@@ -137,7 +139,6 @@ class Sparks:
 
     def _fetch(self, key: str, url: str, uuids: list[str]) -> None:
         from ..discovery.fleetview import base_url
-        from .sources import get_json
 
         get = self._get or get_json
         for uuid in uuids[:64]:

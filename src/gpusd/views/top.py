@@ -16,7 +16,7 @@ never as a plain ``str`` cell (which rich would parse as markup).
 The live loop with keyboard handling is in :mod:`gpusd.views.live`.
 """
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import math
@@ -340,7 +340,6 @@ def _until(expires: float | None) -> str:
     """A remote lease's expiry (docs/pool.md), as the local clock reads it."""
     if expires is None:
         return ""
-    import time
 
     return " until " + time.strftime("%H:%M:%S", time.localtime(expires))
 

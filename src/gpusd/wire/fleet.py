@@ -9,7 +9,6 @@ fail, so one bad host never hides the good ones.  A host whose snapshot is malfo
 a snapshot.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -18,6 +17,7 @@ from typing import Any, Callable
 
 from ..errors import WireError
 from ..model import MAX_NAME, HostSnapshot, decode, encode
+from ..sanitize import dumps
 
 # version of this document; a reader refuses other versions
 FLEET_SCHEMA = 1
@@ -92,14 +92,12 @@ RECORD_FIELDS = tuple(f.name for f in fields(HostRecord))
 
 def snapshot_bytes(snap: HostSnapshot) -> bytes:
     """A snapshot as the fleet view sends it: compact, strict JSON."""
-    from ..sanitize import dumps
 
     return dumps(snap.to_dict(), separators=(",", ":")).encode()
 
 
 def host_head(h: HostRecord) -> bytes:
     """A host's object as the fleet view sends it, up to its snapshot: ``{"hostname":...,"via":...``."""
-    from ..sanitize import dumps
 
     head = encode(HostRecord(**{k: getattr(h, k) for k in RECORD_FIELDS if k != "snapshot"}))
     # last, as to_dict sends it
@@ -186,7 +184,6 @@ class FleetView:
         every snapshot: each host's object comes from ``host_json`` (the fleet view's, which assembles
         it from the parts it keeps encoded: :class:`HostHeads` and each snapshot's bytes; default
         :func:`host_json`)."""
-        from ..sanitize import dumps
 
         one = host_json or globals()["host_json"]
         return b"".join((b'{"schema":', dumps(self.schema).encode(), b',"session":', dumps(self.session).encode(),

@@ -6,7 +6,7 @@ self-signed certificate; what makes such an answer trustworthy is the daemon's s
 names that certificate's fingerprint (docs/security.md), or ``pin`` (an announced fingerprint).
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd list imports this module); start-up (gpusd top imports this module).
 from __future__ import annotations
 
 import json
@@ -17,6 +17,7 @@ from ..errors import ConfigError
 
 # re-exported: defined in gpusd.errors
 from ..errors import SourceError as SourceError
+from ..model import redact
 from ..sanitize import printable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -192,7 +193,6 @@ class Fetched:
         ok, node = _proven(x, key, self._node_id)
         if ok:
             return Answer(data, True, node)
-        from ..model import redact
 
         return Answer(redact(data), False)
 

@@ -10,7 +10,7 @@ the mDNS sockets so that they receive only the multicast of the pinned interface
 does) for tests and benchmarks that start many daemons; never set it in production.
 """
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
+# Imports inside functions: optional or heavy packages; start-up (gpusd list imports this module).
 from __future__ import annotations
 
 import ipaddress

@@ -32,7 +32,7 @@ Nothing here does I/O; :mod:`gpusd.wire.http` applies it to urllib requests and 
 :mod:`gpusd.daemon.access` to the daemon's requests.
 """
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
+# Imports inside functions: optional or heavy packages; memory at rest (loaded on request).
 from __future__ import annotations
 
 import base64
@@ -51,7 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import quote, unquote
 
+from cryptography.hazmat.primitives import hashes
+from http_message_signatures import HTTPMessageSigner, HTTPMessageVerifier, InvalidSignature, algorithms
+
 from ..errors import SecretError
+from ..sanitize import ip_word
 from . import sigfast
 
 # seconds a signature's "created" may differ from the verifier's clock (either way)
@@ -200,10 +204,6 @@ class FleetKey:
         self.response_key = _hkdf(raw, b"gpusd v1 response signing")
         # public: tells a daemon "this client holds another secret" (no use for an attacker)
         self.key_id = "gpusd-" + _hkdf(raw, b"gpusd v1 key id", 9).hex()
-        from http_message_signatures import (
-            HTTPMessageSigner,
-            algorithms,
-        )
 
         self._req_signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
                                              key_resolver=cast(Any, _Keys(self.key_id, self.request_key)))
@@ -268,7 +268,6 @@ class FleetKey:
         # gpusd's exact shape, accepted with the library's checks (docs/security.md)
         if fast is not None:
             return fast
-        from http_message_signatures import InvalidSignature
 
         results = self._req_verifier.verify(req, max_age=datetime.timedelta(0), expect_tag=TAG_REQUEST, body=body)
         if len(results) != 1 or not results[0].nonce:
@@ -410,7 +409,6 @@ def decode_addresses(value: object) -> tuple[str, ...]:
 def _ip(text: str) -> bool:
     """An IP address that is one safe word (:func:`gpusd.sanitize.ip_word`: no scope id such as
     ``%;reboot``): what a client may put in a hostfile or a remote shell."""
-    from ..sanitize import ip_word
 
     return ip_word(text)
 
@@ -424,7 +422,6 @@ def _apply(headers: MutableMapping[str, str], params: str, key: bytes, base: byt
 
 
 def _hkdf(secret: bytes, info: bytes, length: int = 32) -> bytes:
-    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=b"gpusd fleet secret", info=info).derive(secret)
@@ -441,16 +438,12 @@ class _Keys:
         return self.resolve_public_key(key_id)
 
     def resolve_public_key(self, key_id: str) -> bytes:
-        from http_message_signatures import InvalidSignature
-
         if key_id != self.key_id:
             raise InvalidSignature("unknown key id (another fleet secret?)")
         return self.key
 
 
 def _verifier(key_id: str, key: bytes) -> Any:
-    from http_message_signatures import HTTPMessageVerifier, algorithms
-
     v = HTTPMessageVerifier(signature_algorithm=algorithms.HMAC_SHA256, key_resolver=cast(Any, _Keys(key_id, key)))
     v.max_clock_skew = datetime.timedelta(seconds=MAX_SKEW)
     return v

@@ -17,11 +17,12 @@ key parsing use ``cryptography``; nothing here trusts a key — :mod:`gpusd.daem
 it is.
 """
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import pwd
 import socket
@@ -382,7 +383,6 @@ def load_signer(identity: str | None = None, environ: dict[str, str] | None = No
             held = agent_keys(sock)
         except SshSigError as exc:
             # a stale $SSH_AUTH_SOCK: as ssh does, go on without the agent
-            import logging
 
             logging.getLogger("gpusd").warning("%s (going on without the agent)", exc)
     held = [(b, c) for b, c in held if _usable(b)]

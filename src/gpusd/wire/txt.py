@@ -14,7 +14,7 @@ caller logs it and skips the record.
 This module imports nothing but the standard library and :mod:`gpusd.model`.
 """
 
-# Imports inside functions: not yet hoisted.
+# Imports inside functions: start-up (gpusd list imports this module).
 from __future__ import annotations
 
 import re
