@@ -71,8 +71,10 @@ def test_a_wall_clock_step_past_when_waits_for_the_backfilled_job_and_never_gran
         held = holders()
         assert held == {mine: [job.lease.lease_id]}, held  # GPU 0 is the job's alone; the hold took nothing
         job.release()
-        # its lease ended: the hold takes both booked GPUs, for alice
-        wait_until_sync(lambda: len(holders()) == 2, timeout=60, what="the hold")
+        # its lease ended: the hold takes both booked GPUs, for alice (waited for until both records are
+        # written: between a lock taken and its record, a listing names the lock's holder by its uid alone)
+        wait_until_sync(lambda: len(holders()) == 2 and "-" not in sum(holders().values(), []), timeout=60,
+                        what="the hold")
         leases = LeaseStore().leases()
         assert {le.user for le in leases} == {"alice"} and {le.command for le in leases} == {
             f"booking {booking.booking_id}"}
