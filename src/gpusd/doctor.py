@@ -246,7 +246,8 @@ def clock(info: dict[str, Any]) -> Check:
 
     data: Any = None
     why = ""
-    for base in bases:  # loopback first where it serves every address, else the addresses it serves
+    # loopback first where it serves every address, else the addresses it serves
+    for base in bases:
         try:
             data = fetch_json(f"{base}/fleet", timeout=3).data
             break

@@ -24,13 +24,15 @@ from pathlib import Path
 from .identity import state_dir as default_state_dir
 from .sanitize import json_object
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
 PID_FILE = "gpusd.pid"
 INFO_FILE = "gpusd.json"
-INFO_MAX = 1 << 20  # bytes of gpusd.json read at most (a daemon writes a few KiB)
+# bytes of gpusd.json read at most (a daemon writes a few KiB)
+INFO_MAX = 1 << 20
 
 
 @dataclass
@@ -76,7 +78,8 @@ def status(state_dir: Path) -> DaemonStatus:
         try:
             with open(state_dir / INFO_FILE, "rb") as f:
                 info = json_object(f.read(INFO_MAX + 1), INFO_MAX)
-        except (OSError, ValueError):  # a damaged file: as good as none
+        except (OSError, ValueError):
+            # a damaged file: as good as none
             info = {}
     return DaemonStatus(running=running, pid=pid, state_dir=state_dir, info=info)
 
@@ -90,11 +93,13 @@ def api_bases(info: dict[str, Any]) -> list[str]:
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         return []
     hosts: list[str] = []
-    if not info.get("interfaces"):  # bound to every address: loopback too
+    # bound to every address: loopback too
+    if not info.get("interfaces"):
         hosts.append("127.0.0.1")
     addresses = info.get("addresses")
     for a in addresses if isinstance(addresses, list) else []:
-        if not isinstance(a, str):  # ipaddress would take the number 7 for 0.0.0.7
+        # ipaddress would take the number 7 for 0.0.0.7
+        if not isinstance(a, str):
             continue
         try:
             ip = ipaddress.ip_address(a)

@@ -17,7 +17,9 @@ from ..inventory import Backend
 from ..inventory.vendors import Visible, visible_env
 from ..model import GpuInfo, LeaseInfo
 from ..record import field, record, replace
-from .backend import shared_backend as shared_backend  # its name here stays importable
+
+# its name here stays importable
+from .backend import shared_backend as shared_backend
 from .env import apply_visible
 from .handle import Holder, LeaseHandle
 from .leases import LeaseStore

@@ -69,7 +69,8 @@ from ..model import GpuInfo, HostSnapshot, MigInstance
 from .handle import Holder, LeaseHandle
 from .select import Candidate, Constraints
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     import socket
@@ -79,21 +80,29 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/run/gpusd/lease.sock"
 PROTOCOL = 2
-MAX_LINE = 1 << 20  # the reply carries the chosen GPUs: a few KiB
+# the reply carries the chosen GPUs: a few KiB
+MAX_LINE = 1 << 20
 CONNECT_TIMEOUT = 2.0
-REPLY_SLACK = 30.0  # beyond the client's own timeout and the mutex bound
+# beyond the client's own timeout and the mutex bound
+REPLY_SLACK = 30.0
 # A daemon that accepted a request but says nothing for this long is asked whether it is alive (a
 # second connection, answered by its event loop at once whatever the first waits for); one that does
 # not answer that either is hung (stopped, say): the client leases in the lock directory instead.
 HUNG_AFTER = 2.0
 PROBE_TIMEOUT = 1.0
-PROBE_MAX = 30.0  # a long wait asks again at growing intervals, up to this
-BUSY_WAIT = 10.0  # how long a change waits for another one on the same lease to end
-MAX_STRAY = 64  # answers to other requests skipped while looking for ours
-MAX_FDS = 256  # descriptors a hand-over may carry (a lease has at most 64 devices)
-REQUEUE_WAIT = 20.0  # how long a waiter whose daemon stopped looks for the next one before the lock directory
+# a long wait asks again at growing intervals, up to this
+PROBE_MAX = 30.0
+# how long a change waits for another one on the same lease to end
+BUSY_WAIT = 10.0
+# answers to other requests skipped while looking for ours
+MAX_STRAY = 64
+# descriptors a hand-over may carry (a lease has at most 64 devices)
+MAX_FDS = 256
+# how long a waiter whose daemon stopped looks for the next one before the lock directory
+REQUEUE_WAIT = 20.0
 REQUEUE_POLL = 0.1
-_CRED = "3i"  # struct ucred: pid, uid, gid
+# struct ucred: pid, uid, gid
+_CRED = "3i"
 
 
 def socket_path() -> Path | None:
@@ -125,8 +134,10 @@ def connect(path: Path | None = None) -> socket.socket | None:
     except OSError:
         return None
     if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in (0, me):
-        return None  # not the daemon's: someone else's file is never trusted with a lease
-    import socket  # only where a daemon serves leases
+        # not the daemon's: someone else's file is never trusted with a lease
+        return None
+    # only where a daemon serves leases
+    import socket
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -163,8 +174,10 @@ class RemoteLease(LeaseHandle):
         self.reader = reader or _Lines(sock)
         self.lock = threading.Lock()
         self.next_id = 1
-        self.epoch_of: dict[str, int] = {}  # each GPU's epoch, as the daemon's answers said (alloc.epoch)
-        self.kept: dict[str, int] = {}  # the lease's descriptors the daemon passed, by name
+        # each GPU's epoch, as the daemon's answers said (alloc.epoch)
+        self.epoch_of: dict[str, int] = {}
+        # the lease's descriptors the daemon passed, by name
+        self.kept: dict[str, int] = {}
 
     def epochs(self) -> dict[str, int]:
         return {d: e for d, e in self.epoch_of.items() if d in self.devices}
@@ -205,7 +218,8 @@ class RemoteLease(LeaseHandle):
             for fd in [*self.kept.values(), *self.reader.fds]:
                 _close(fd)
             self.kept, self.reader.fds = {}, []
-            self.sock.close()  # the daemon sees the end of the connection and releases
+            # the daemon sees the end of the connection and releases
+            self.sock.close()
 
     def grow(self, c: Constraints, *, wait: bool = False, timeout: float | None = None) -> list[Candidate]:
         """``c.count`` more GPUs (chosen with ``c``) under this lease; raises what a lease request
@@ -223,7 +237,8 @@ class RemoteLease(LeaseHandle):
         """Give one GPU of this lease back: the daemon frees it at once (and its record stops naming it)."""
         answer = self._ask({"op": "release", "device": uuid}, False, None)
         gone = self.kept.pop(uuid, None)
-        if gone is not None:  # unlocked by the daemon already: our copy is only a descriptor now
+        # unlocked by the daemon already: our copy is only a descriptor now
+        if gone is not None:
             _close(gone)
         held = answer.get("held")
         if isinstance(held, list) and all(isinstance(x, str) for x in held):
@@ -268,7 +283,8 @@ class RemoteLease(LeaseHandle):
                                      (timeout or 0.0) + mutex_timeout() + REPLY_SLACK)
                 try:
                     self.sock.sendall(json.dumps({**req, "id": rid}).encode() + b"\n")
-                except (BrokenPipeError, ConnectionResetError):  # the daemon closed its end: it stopped
+                except (BrokenPipeError, ConnectionResetError):
+                    # the daemon closed its end: it stopped
                     self.handed_over = True
                     raise GpusdError("the gpusd daemon that held this lease stopped (it handed the lease over: "
                                      "it lasts until the job ends, but can no longer grow or shrink)") from None
@@ -278,7 +294,8 @@ class RemoteLease(LeaseHandle):
                     except _Closed:
                         if not self.kept:
                             raise
-                        self.handed_over = True  # killed, say: we hold the descriptors, the kernel the lease
+                        # killed, say: we hold the descriptors, the kernel the lease
+                        self.handed_over = True
                         raise GpusdError("the gpusd daemon that granted this lease is gone: the lease lasts until "
                                          "the job ends, but can no longer grow or shrink") from None
                     self.absorb(reply)
@@ -305,7 +322,8 @@ class RemoteLease(LeaseHandle):
     def __enter__(self) -> RemoteLease:
         return self
 
-    def __del__(self) -> None:  # a dropped Selection must not keep its GPUs
+    # a dropped Selection must not keep its GPUs
+    def __del__(self) -> None:
         try:
             self.release()
         except Exception:
@@ -381,7 +399,8 @@ def _alive(sock: socket.socket) -> bool:
     if pid > 0 and _stopped(pid):
         return False
     if not isinstance(path, str) or not path:
-        return True  # cannot ask again: believe it
+        # cannot ask again: believe it
+        return True
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         probe.settimeout(PROBE_TIMEOUT)
@@ -432,8 +451,10 @@ def request(c: Constraints) -> dict[str, Any]:
             "include": list(c.include) if c.include is not None else None,
             "exclude": list(c.exclude) if c.exclude is not None else None,
             "mig": c.mig, "by": c.by, "shared": c.shared, "topology": c.topology, "visible": visible,
-            **({"vendor": c.vendor} if c.vendor is not None else {}),  # older daemons ignore it
-            **({"time_limit": c.time_limit} if c.time_limit is not None else {}),  # backfill; older daemons ignore it
+            # older daemons ignore it
+            **({"vendor": c.vendor} if c.vendor is not None else {}),
+            # backfill; older daemons ignore it
+            **({"time_limit": c.time_limit} if c.time_limit is not None else {}),
             **({"visible_vars": others} if others else {})}
 
 
@@ -451,7 +472,8 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
 
         req["job"] = JobId.parse(job)
     if priority is not None:
-        req["priority"] = priority  # the daemon believes it up to the policy's bound for our uid
+        # the daemon believes it up to the policy's bound for our uid
+        req["priority"] = priority
     if requeue:
         req["requeue"] = True
     reader = _Lines(sock)
@@ -472,11 +494,13 @@ def lease_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: f
         sock.close()
         raise
     v = reply.get("v")
-    version = v if type(v) is int and v >= 1 else 1  # an older daemon says nothing: protocol 1
+    # an older daemon says nothing: protocol 1
+    version = v if type(v) is int and v >= 1 else 1
     lease = RemoteLease(lease_id, [x.uuid for x in chosen], c.shared, c.memory, sock, min(version, PROTOCOL),
                         reader, holder)
     lease.took(reply)
-    lease.absorb(reply)  # the lease's descriptors came with the answer: ours to keep from now on
+    # the lease's descriptors came with the answer: ours to keep from now on
+    lease.absorb(reply)
     _note_simulated(reply)
     return chosen, lease
 
@@ -499,12 +523,14 @@ def choose_through(sock: socket.socket, c: Constraints, *, wait: bool, timeout: 
     try:
         line = _answer(sock, _Lines(sock), req, wait, timeout)
     finally:
-        sock.close()  # a choice holds nothing
+        # a choice holds nothing
+        sock.close()
     try:
         reply = _decode(line)
         if reply.get("ok") is not True and (reply.get("error") == "busy" or (
                 reply.get("error") == "usage" and "unknown request" in str(reply.get("message")))):
-            raise AuthorityBusy()  # a daemon from before "choose" answers a usage error
+            # a daemon from before "choose" answers a usage error
+            raise AuthorityBusy()
         _check(reply)
         chosen = _candidates(reply)
         if not chosen:
@@ -557,7 +583,8 @@ class DaemonInventory:
             if not isinstance(data, dict):
                 raise ValueError("no snapshot")
             return HostSnapshot.from_dict(data)
-        except (ValueError, TypeError, KeyError, ConfigError) as exc:  # ConfigError: a daemon without "snapshot"
+        except (ValueError, TypeError, KeyError, ConfigError) as exc:
+            # ConfigError: a daemon without "snapshot"
             raise BackendUnavailable(f"the gpusd daemon did not give its GPUs ({exc})") from None
 
     def close(self) -> None:
@@ -585,13 +612,16 @@ def daemon_inventory() -> DaemonInventory | None:
 def _send(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool, timeout: float | None) -> bytes:
     """Send one request line, read the answer line (the socket is closed when that fails;
     :class:`DaemonGone` when the daemon ended a wait without answering)."""
-    import json  # here: without a daemon's socket, this module is imported but never talks
+    # here: without a daemon's socket, this module is imported but never talks
+    import json
 
     try:
-        sock.settimeout(HUNG_AFTER)  # a request line fits the socket's buffer: a send that blocks is a hang
+        # a request line fits the socket's buffer: a send that blocks is a hang
+        sock.settimeout(HUNG_AFTER)
         sock.sendall(json.dumps(req).encode() + b"\n")
     except BrokenPipeError:
-        pass  # answered before it read us (busy), or gone: what it said (or its end) is read below
+        # answered before it read us (busy), or gone: what it said (or its end) is read below
+        pass
     except OSError as exc:
         sock.close()
         raise GpusdError(f"the gpusd daemon's lease socket failed: {exc}") from None
@@ -654,9 +684,11 @@ def _answer(sock: socket.socket, reader: _Lines, req: dict[str, Any], wait: bool
         try:
             note = _decode(line)
         except ValueError:
-            return line  # the caller says what is wrong with it
+            # the caller says what is wrong with it
+            return line
         op = note.get("op")
-        if wait and op == "requeue":  # the daemon stops: it keeps our place for the next one
+        # the daemon stops: it keeps our place for the next one
+        if wait and op == "requeue":
             sock.close()
             raise DaemonGone()
         if op != "requeued" or not req.get("requeue"):

@@ -14,11 +14,13 @@ class Candidate:
 
     gpu: GpuInfo
     mig: MigInstance | None
-    free: int | None  # free memory after reservations
+    # free memory after reservations
+    free: int | None
     total: int | None
     util: float | None
     leases: list[LeaseInfo] = field(default_factory=list)
-    score: tuple[float, ...] = ()  # the ranking key (lower is better): gpusd.alloc.select.score
+    # the ranking key (lower is better): gpusd.alloc.select.score
+    score: tuple[float, ...] = ()
 
     @property
     def uuid(self) -> str:

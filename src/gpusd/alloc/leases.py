@@ -70,7 +70,9 @@ from .lockdir import (
     user_name,
     write_new,
 )
-from .lockdir import (  # the bounds and the mutex's, named here too (their users import them from here)
+
+# the bounds and the mutex's, named here too (their users import them from here)
+from .lockdir import (
     MAX_LEASE_BYTES as MAX_LEASE_BYTES,
 )
 from .lockdir import (
@@ -83,18 +85,22 @@ from .lockdir import (
     mutex_timeout as mutex_timeout,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Iterator
 
 
 log = LazyLog(__name__)
 
-AUTHORITY_DIR = "authority"  # the lease authority's own directory, inside the lock directory
-CLAIM_FILE = "authority.lock"  # locked by the daemon that is the lease authority, for its whole life
+# the lease authority's own directory, inside the lock directory
+AUTHORITY_DIR = "authority"
+# locked by the daemon that is the lease authority, for its whole life
+CLAIM_FILE = "authority.lock"
 LEASE_FORMAT = 1
 MAX_LEASE_DEVICES = 64
-MAX_EPOCH = 2**63  # an epoch read from a record is a positive 64-bit number (alloc.epoch)
+# an epoch read from a record is a positive 64-bit number (alloc.epoch)
+MAX_EPOCH = 2**63
 
 
 def lock_dir() -> Path:
@@ -119,12 +125,16 @@ class Lease(LeaseHandle):
     memory: int | None
     path: Path
     device_fds: list[int] = field(default_factory=list)
-    record_fd: int = -1  # the record's lock: held while the lease lives
+    # the record's lock: held while the lease lives
+    record_fd: int = -1
     released: bool = False
-    dir_fd: int = -1  # the lock directory, to remove the record without following any path again
-    record: dict[str, Any] | None = None  # what the record says (for LeaseStore.rewrite)
+    # the lock directory, to remove the record without following any path again
+    dir_fd: int = -1
+    # what the record says (for LeaseStore.rewrite)
+    record: dict[str, Any] | None = None
     holder: Holder = field(default_factory=Holder)
-    lingering: dict[str, int] = field(default_factory=dict)  # given back, still held by a command's copy
+    # given back, still held by a command's copy
+    lingering: dict[str, int] = field(default_factory=dict)
 
     @property
     def fds(self) -> list[int]:
@@ -211,7 +221,8 @@ class Lease(LeaseHandle):
         # Devices first: their close is what waiters are woken by (queue.LeaseWatch), and a record
         # whose devices are free no longer counts anyway.
         for fd in devices:
-            _end_device(fd, unlock=unlock)  # closing drops the flock (unless a child still holds a copy)
+            # closing drops the flock (unless a child still holds a copy)
+            _end_device(fd, unlock=unlock)
         try:
             if self.dir_fd >= 0:
                 os.unlink(self.path.name, dir_fd=self.dir_fd)
@@ -246,7 +257,8 @@ class Lease(LeaseHandle):
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def __del__(self) -> None:  # a dropped Selection must not leak locks
+    # a dropped Selection must not leak locks
+    def __del__(self) -> None:
         try:
             self.release()
         except Exception:
@@ -277,7 +289,8 @@ def _unlock(fd: int) -> None:
         pass
 
 
-_serving: LeaseStore | None = None  # the authority store of this process, while it serves the lease socket
+# the authority store of this process, while it serves the lease socket
+_serving: LeaseStore | None = None
 
 
 def authority_serving() -> bool:
@@ -314,8 +327,10 @@ class LeaseStore:
     def __init__(self, directory: Path | str | None = None, private: bool = False) -> None:
         self.dir = Path(directory) if directory is not None else lock_dir()
         self.private = private
-        self.refusal: str | None = None  # why the last acquire returned None: who holds what
-        self.refused: str | None = None  # and the device it could not take
+        # why the last acquire returned None: who holds what
+        self.refusal: str | None = None
+        # and the device it could not take
+        self.refused: str | None = None
 
     @classmethod
     def authority(cls, base: Path | str | None = None) -> LeaseStore:
@@ -424,7 +439,8 @@ class LeaseStore:
                 raise GpusdError(f"cannot open the lease authority's lock directory {self.dir}: "
                                  f"{exc.strerror}") from None
             st = os.fstat(fd)
-            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:  # read by others: root's, or ours
+            # read by others: root's, or ours
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
                 os.close(fd)
                 check_private_dir(self.dir, st)  # raises, saying why
             return fd
@@ -513,7 +529,8 @@ class LeaseStore:
         except OSError:
             return []
         finally:
-            os.close(fd)  # read-only: its close is no event for the queue's watchers
+            # read-only: its close is no event for the queue's watchers
+            os.close(fd)
 
     # -- reading --------------------------------------------------------------------------------
     def leases(self, cleanup: bool = False, peers: bool = True) -> list[LeaseInfo]:
@@ -654,7 +671,9 @@ class LeaseStore:
     def _parse(name: str, raw: bytes) -> dict[str, Any] | None:
         """The fields of a lease record, typed and bounded; None (logged) when it is not one."""
         from ..ids import JobId, SlurmJobId
-        from ..sanitize import json_object  # here: a lock directory without lease records needs no JSON
+
+        # here: a lock directory without lease records needs no JSON
+        from ..sanitize import json_object
 
         try:
             d = json_object(raw)
@@ -670,15 +689,18 @@ class LeaseStore:
             if started is not None and (type(started) not in (int, float) or not math.isfinite(started)):
                 raise ValueError("bad start time")
             user, command = d.get("user"), d.get("command")
-            remote_from, expires = d.get("remote_from"), d.get("expires")  # a daemon's remote lease
+            # a daemon's remote lease
+            remote_from, expires = d.get("remote_from"), d.get("expires")
             if expires is not None and (type(expires) not in (int, float) or not math.isfinite(expires)):
                 raise ValueError("bad expiry time")
-            raw_ends = d.get("ends")  # when its holder stops renewing (shown only): a bad one costs itself
+            # when its holder stops renewing (shown only): a bad one costs itself
+            raw_ends = d.get("ends")
             ends = float(raw_ends) if isinstance(raw_ends, (int, float)) and not isinstance(raw_ends, bool) \
                 and math.isfinite(raw_ends) else None
             epoch, epochs = d.get("epoch"), d.get("epochs")
             if type(epoch) is not int or not 0 < epoch < MAX_EPOCH:
-                epoch = None  # a bad epoch costs the epoch, not the record (the kernel's lock is the truth)
+                # a bad epoch costs the epoch, not the record (the kernel's lock is the truth)
+                epoch = None
             epochs = ({k: v for k, v in list(epochs.items())[:MAX_LEASE_DEVICES]
                        if k in devices and type(v) is int and 0 < v < MAX_EPOCH}
                       if isinstance(epochs, dict) else {})
@@ -700,7 +722,8 @@ class LeaseStore:
                  table: dict[str, list[tuple[int, bool]]] | None) -> list[LeaseInfo]:
         """The part of a live record the kernel confirms, attributed to the file's owner."""
         holders = [pid for pid, _ in table.get(lock_key(st), [])] if table is not None else []
-        if holders:  # /proc/locks sees this file system: check every device claimed
+        # /proc/locks sees this file system: check every device claimed
+        if holders:
             for dev in rec["devices"]:
                 try:
                     dst = os.stat(f"gpu-{safe_name(dev)}.lock", dir_fd=dfd, follow_symlinks=False)
@@ -718,7 +741,8 @@ class LeaseStore:
                                 name, user_name(st.st_uid), safe_name(dev)[:64])
                     return []
         pid, user = rec["pid"], rec["user"]
-        if st.st_uid != 0:  # only root (the lease authority) may write a record for someone else
+        # only root (the lease authority) may write a record for someone else
+        if st.st_uid != 0:
             user = user_name(st.st_uid)
             if process_uid(pid) != st.st_uid:
                 pid = holders[0] if holders and holders[0] > 0 else 0
@@ -742,7 +766,8 @@ class LeaseStore:
         try:
             from . import leaseview
 
-            known = leaseview.release_times(self, dfd, horizon)  # this process's view of the directory, if any
+            # this process's view of the directory, if any
+            known = leaseview.release_times(self, dfd, horizon)
             if known is not None:
                 out = known
             else:
@@ -760,7 +785,8 @@ class LeaseStore:
             pass
         finally:
             os.close(dfd)
-        if not self.private:  # the authority's ends count here; never the other way (anyone can touch ours)
+        # the authority's ends count here; never the other way (anyone can touch ours)
+        if not self.private:
             for peer in self.peers():
                 for dev, mtime in peer.release_times(within).items():
                     out[dev] = max(mtime, out.get(dev, mtime))
@@ -770,7 +796,8 @@ class LeaseStore:
         """Add the live leases to the GPUs of ``snap`` (a MIG slice's lease to its parent GPU)."""
         try:
             leases = self.leases()
-        except GpusdError as exc:  # a refused lock directory: say so, but show the GPUs
+        except GpusdError as exc:
+            # a refused lock directory: say so, but show the GPUs
             log.warning("%s", exc)
             return snap
         owner: dict[str, int] = {}
@@ -780,7 +807,8 @@ class LeaseStore:
                 owner[m.uuid] = i
         from .policy import flag_over_cap
 
-        for lease in flag_over_cap(leases):  # a user over a cap is flagged (alloc/policy.py)
+        # a user over a cap is flagged (alloc/policy.py)
+        for lease in flag_over_cap(leases):
             at = owner.get(lease.device or "")
             if at is not None:
                 snap.gpus[at].leases.append(lease)
@@ -821,7 +849,8 @@ class LeaseStore:
                     os.close(dfd)
                     return None
             lease_id = LeaseId.new()
-            epoch = self._grant_epoch(dfd, list(devices))  # the fencing token of this grant (alloc.epoch)
+            # the fencing token of this grant (alloc.epoch)
+            epoch = self._grant_epoch(dfd, list(devices))
             record = {
                 "format": LEASE_FORMAT,
                 "lease_id": lease_id,
@@ -946,7 +975,8 @@ class LeaseStore:
                         raise GpusdError(f"no descriptor of {safe_name(dev)[:64]}'s lock was kept")
                     spare.remove(fd)
                     mine.append(fd)
-                    if not try_lock(fd, shared):  # ours still holds it (a no-op), unless someone else does
+                    # ours still holds it (a no-op), unless someone else does
+                    if not try_lock(fd, shared):
                         raise GpusdError(f"{safe_name(dev)[:64]} is locked by {describe_holders(fd)}")
                 lease = Lease(lease_id, list(devices), shared, memory, self.dir / f"lease-{lease_id}.json", mine,
                               -1, dir_fd=dfd, record={**record, "lease_id": lease_id}, holder=holder)
@@ -1012,7 +1042,8 @@ class LeaseStore:
         if extra.released or extra.shared != lease.shared:
             raise GpusdError("cannot join these leases")
         devices = [*lease.devices, *extra.devices]
-        epochs = {**lease.epochs(), **extra.epochs()}  # each GPU keeps the epoch of its own grant
+        # each GPU keeps the epoch of its own grant
+        epochs = {**lease.epochs(), **extra.epochs()}
         self.rewrite(lease, devices=devices, epochs=epochs, epoch=max(epochs.values()) if epochs else None)
         lease.device_fds = [*lease.device_fds, *extra.device_fds]
         lease.devices = devices

@@ -71,7 +71,8 @@ from .lockdir import (
     user_name,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
     from typing import Any, Protocol
@@ -92,13 +93,16 @@ if TYPE_CHECKING:  # pragma: no cover
                       suspects: set[int] | None = None) -> list[LeaseInfo]: ...
 
 log = LazyLog(__name__)
-REVALIDATE = 1.0  # seconds: a look re-reads and re-confirms every record at least this often
-MAX_VIEWS = 8  # directories one process keeps a view of (the shared one and the authority's, normally)
+# seconds: a look re-reads and re-confirms every record at least this often
+REVALIDATE = 1.0
+# directories one process keeps a view of (the shared one and the authority's, normally)
+MAX_VIEWS = 8
 _IN_OPEN = 0x020
 _IN_ISDIR = 0x40000000
 EVENTS = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | _IN_OPEN | IN_MOVED_FROM | IN_MOVED_TO
           | IN_CREATE | IN_DELETE | IN_ONLYDIR)
-_FULL = 1 << 40  # a dirty mark: read and confirm again, whatever the events said
+# a dirty mark: read and confirm again, whatever the events said
+_FULL = 1 << 40
 _lock = threading.Lock()
 _DEVICE = LeaseInfo.__slots__.index("device")
 
@@ -112,9 +116,11 @@ class _Entry:
     def __init__(self, key: tuple[int, ...], st: os.stat_result, record: dict[str, Any] | None) -> None:
         self.key, self.st, self.record = key, st, record
         self.infos: list[LeaseInfo] = []
-        self.pids: set[int] | None = None  # None: /proc/locks could not be read
+        # None: /proc/locks could not be read
+        self.pids: set[int] | None = None
         self.devices: tuple[str, ...] = tuple(safe_name(d) for d in record["devices"]) if record else ()
-        self.sig: tuple[Any, ...] | None = None  # what /proc/locks said of its locks when it was confirmed
+        # what /proc/locks said of its locks when it was confirmed
+        self.sig: tuple[Any, ...] | None = None
 
 
 class DirView:
@@ -122,22 +128,38 @@ class DirView:
 
     def __init__(self, path: Path, ident: tuple[int, int], wd: int = -1) -> None:
         self.path, self.ident, self.wd = path, ident, wd
-        self.entries: dict[str, _Entry] = {}  # lease record name -> as last read
-        self.dirty: dict[str, int] = {}  # lease record name -> the events seen since (or _FULL)
-        self.locks: dict[str, float | None] = {}  # device (as in the file name) -> its lock file's mtime
-        self.lockkeys: dict[str, str] = {}  # device -> its lock file as /proc/locks names it
-        self.restat: set[str] = set()  # devices whose lock file changed since the last look
-        self.changed: set[str] = set()  # those of them stat-ed again already (release_times) but not yet looked at
-        self.tickets: set[str] = set()  # names of queue-*.ticket files
-        self.own: set[str] = set()  # names this process opened read-only since the last drain
-        self.unclean: set[str] = set()  # records found abandoned by a look that was not to remove them
-        self.claims: dict[str, set[str]] = {}  # device -> names of the records claiming it
-        self.blockers: list[tuple[Any, ...]] | None = None  # device locks held without a lease, as last found
-        self.flat: list[tuple[Any, ...]] | None = None  # the confirmed leases' fields (None: to rebuild)
-        self.suspect: list[_Entry] = []  # live records nothing confirms (unreadable, or not held): with flat
-        self.confirmed: dict[str, set[int]] = {}  # device -> pids holding the records of its leases
-        self.recent: tuple[float, dict[str, float]] | None = None  # (horizon, the lock files touched since)
-        self.free: list[str] | None = None  # the devices with a lock file and no confirmed lease
+        # lease record name -> as last read
+        self.entries: dict[str, _Entry] = {}
+        # lease record name -> the events seen since (or _FULL)
+        self.dirty: dict[str, int] = {}
+        # device (as in the file name) -> its lock file's mtime
+        self.locks: dict[str, float | None] = {}
+        # device -> its lock file as /proc/locks names it
+        self.lockkeys: dict[str, str] = {}
+        # devices whose lock file changed since the last look
+        self.restat: set[str] = set()
+        # those of them stat-ed again already (release_times) but not yet looked at
+        self.changed: set[str] = set()
+        # names of queue-*.ticket files
+        self.tickets: set[str] = set()
+        # names this process opened read-only since the last drain
+        self.own: set[str] = set()
+        # records found abandoned by a look that was not to remove them
+        self.unclean: set[str] = set()
+        # device -> names of the records claiming it
+        self.claims: dict[str, set[str]] = {}
+        # device locks held without a lease, as last found
+        self.blockers: list[tuple[Any, ...]] | None = None
+        # the confirmed leases' fields (None: to rebuild)
+        self.flat: list[tuple[Any, ...]] | None = None
+        # live records nothing confirms (unreadable, or not held): with flat
+        self.suspect: list[_Entry] = []
+        # device -> pids holding the records of its leases
+        self.confirmed: dict[str, set[int]] = {}
+        # (horizon, the lock files touched since)
+        self.recent: tuple[float, dict[str, float]] | None = None
+        # the devices with a lock file and no confirmed lease
+        self.free: list[str] | None = None
         self.full = True
         self.checked = 0.0
         self.used = time.monotonic()
@@ -148,16 +170,20 @@ class DirView:
             self.full = True
             return
         if not raw or mask & _IN_ISDIR:
-            return  # the directory itself (our own open of it), or a directory in it
+            # the directory itself (our own open of it), or a directory in it
+            return
         name = os.fsdecode(raw)
-        own = mask in (IN_CLOSE_NOWRITE, _IN_OPEN) and name in self.own  # one kind per event: never both
+        # one kind per event: never both
+        own = mask in (IN_CLOSE_NOWRITE, _IN_OPEN) and name in self.own
         if name.startswith("lease-") and name.endswith(".json"):
             from ..ids import LeaseId
 
             if LeaseId.from_file_name(name) is None:
-                return  # no lease's record (the full look skips it too): anyone may make such a name
+                # no lease's record (the full look skips it too): anyone may make such a name
+                return
             if own or mask == _IN_OPEN:
-                return  # our own read, or anyone's open (a read, or a lock to come: its close will tell)
+                # our own read, or anyone's open (a read, or a lock to come: its close will tell)
+                return
             if name in self.entries or len(self.entries) + len(self.dirty) < MAX_LEASE_FILES:
                 self.dirty[name] = self.dirty.get(name, 0) | mask
         elif name.startswith("gpu-") and name.endswith(".lock"):
@@ -175,11 +201,13 @@ class DirView:
     def _rescan(self, dfd: int) -> None:
         names = os.listdir(dfd)
         leases = [n for n in names if n.startswith("lease-")]
-        if leases:  # (gpusd.ids, for lease records only: a directory without any is the common case of a quick look)
+        # (gpusd.ids, for lease records only: a directory without any is the common case of a quick look)
+        if leases:
             from ..ids import LeaseId
 
             leases = [n for n in leases if LeaseId.from_file_name(n) is not None]
-        if len(leases) > MAX_LEASE_FILES:  # one per lease: more is someone filling the directory
+        # one per lease: more is someone filling the directory
+        if len(leases) > MAX_LEASE_FILES:
             log.warning("more than %d lease files in %s: the rest are ignored", MAX_LEASE_FILES, self.path)
             leases = leases[:MAX_LEASE_FILES]
         listed = set(leases)
@@ -236,7 +264,8 @@ class DirView:
         if full:
             try:
                 self._rescan(dfd)
-            except OSError:  # unreadable: no leases seen (as before), and a full look next time
+            except OSError:
+                # unreadable: no leases seen (as before), and a full look next time
                 self.full = True
                 return []
             self.full, self.checked = False, now
@@ -248,12 +277,14 @@ class DirView:
         self._stat_locks(dfd)
         # (a release_times between two looks stats the lock files too: what it saw change counts here)
         changed_devices, self.changed = self.changed, set()
-        for dev in changed_devices:  # a device lock opened, closed or replaced: its claims are read again
+        # a device lock opened, closed or replaced: its claims are read again
+        for dev in changed_devices:
             for name in self.claims.get(dev, ()):
                 self.dirty[name] = self.dirty.get(name, 0) | _FULL
         confirm: list[str] = []
         for name, mask in self.dirty.items():
-            got = read_live(dfd, name, MAX_LEASE_BYTES, cleanup, single_link=False)  # released meanwhile: None
+            # released meanwhile: None
+            got = read_live(dfd, name, MAX_LEASE_BYTES, cleanup, single_link=False)
             self.own.add(name)
             if got is None:
                 self._drop(name)
@@ -264,8 +295,10 @@ class DirView:
             key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_uid, st.st_ctime_ns)
             e = self.entries.get(name)
             if e is not None and e.key == key and not mask & ~(IN_CLOSE_NOWRITE | _IN_OPEN):
-                continue  # someone read it; it is still locked, and the same record
-            if e is not None and e.key == key:  # the same record, read again: confirmed again below
+                # someone read it; it is still locked, and the same record
+                continue
+            # the same record, read again: confirmed again below
+            if e is not None and e.key == key:
                 e.st = st
                 if e.record is not None:
                     confirm.append(name)
@@ -329,7 +362,8 @@ class DirView:
             held = self._tried(dfd, self.free)
             if held or self.blockers is None or changed_devices & self.confirmed.keys():
                 table, table_read = flock_table(), True
-            else:  # the devices without a lease are free: only what holds leased ones stands
+            else:
+                # the devices without a lease are free: only what holds leased ones stands
                 self.blockers = [b for b in self.blockers if b[_DEVICE] in self.confirmed]
         elif not table_read and (changed_devices or self.blockers is None
                                  or (rebuilt and (store.private or suspect))):
@@ -367,7 +401,8 @@ class DirView:
         if self.restat or self.recent is None or horizon < self.recent[0]:
             self._stat_locks(dfd)
             self.recent = (horizon, {dev: t for dev, t in self.locks.items() if t is not None and t >= horizon})
-        elif any(t < horizon for t in self.recent[1].values()):  # the horizon only moves on: fewer
+        elif any(t < horizon for t in self.recent[1].values()):
+            # the horizon only moves on: fewer
             self.recent = (horizon, {dev: t for dev, t in self.recent[1].items() if t >= horizon})
         return dict(self.recent[1])
 
@@ -386,9 +421,11 @@ def _copies(values: list[tuple[Any, ...]]) -> list[LeaseInfo]:
 _ino: Inotify | None = None
 _ino_pid = 0
 _ino_failed = False
-_views: dict[tuple[int, int], DirView] = {}  # (st_dev, st_ino) of the directory -> its view
+# (st_dev, st_ino) of the directory -> its view
+_views: dict[tuple[int, int], DirView] = {}
 _by_wd: dict[int, DirView] = {}
-_seen: set[tuple[int, int]] = set()  # directories looked at once (a second look makes a view)
+# directories looked at once (a second look makes a view)
+_seen: set[tuple[int, int]] = set()
 
 
 def _reset() -> None:
@@ -396,7 +433,8 @@ def _reset() -> None:
     if _ino is not None and _ino_pid == os.getpid():
         _ino.close()
     elif _ino is not None:
-        _ino.fd = -1  # the parent's instance: never read (its events are the parent's), never closed by us
+        # the parent's instance: never read (its events are the parent's), never closed by us
+        _ino.fd = -1
     _ino, _ino_pid = None, os.getpid()
     _views.clear()
     _by_wd.clear()
@@ -425,7 +463,8 @@ def _pump() -> None:
         v = _by_wd.get(wd)
         if v is None:
             continue
-        if mask & IN_IGNORED:  # the watch is gone (directory removed, file system unmounted)
+        # the watch is gone (directory removed, file system unmounted)
+        if mask & IN_IGNORED:
             _by_wd.pop(wd, None)
             _views.pop(v.ident, None)
             continue
@@ -455,7 +494,8 @@ def _view(store: LeaseStore, dfd: int) -> DirView | None:
         except OSError:
             _ino_failed = True
             return None
-    if len(_views) >= MAX_VIEWS:  # the one looked at longest ago goes
+    # the one looked at longest ago goes
+    if len(_views) >= MAX_VIEWS:
         old = min(_views.values(), key=lambda each: each.used)
         _views.pop(old.ident, None)
         _by_wd.pop(old.wd, None)
@@ -464,7 +504,8 @@ def _view(store: LeaseStore, dfd: int) -> DirView | None:
     wd = _ino.watch(f"/proc/self/fd/{dfd}", EVENTS)
     if wd < 0:
         return None
-    made = _by_wd.get(wd)  # the same directory under another name
+    # the same directory under another name
+    made = _by_wd.get(wd)
     if made is None:
         made = _by_wd[wd] = DirView(store.dir, ident, wd)
     _views[ident] = made

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from ..errors import DiskFull, GpusdError, LockBusy
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -39,8 +40,10 @@ DEFAULT_LOCK_DIR = "/tmp/gpusd-locks"
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # What the lease store (gpusd.alloc.leases) and its view (gpusd.alloc.leaseview) both read of a directory
-MUTEX_TIMEOUT = 10.0  # seconds: the documented bound on a wait for the selection mutex
-MAX_LEASE_BYTES = 16384  # a lease record is a few hundred bytes; larger files are skipped
+# seconds: the documented bound on a wait for the selection mutex
+MUTEX_TIMEOUT = 10.0
+# a lease record is a few hundred bytes; larger files are skipped
+MAX_LEASE_BYTES = 16384
 MAX_LEASE_FILES = 4096
 
 

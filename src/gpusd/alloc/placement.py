@@ -31,7 +31,8 @@ from ..model import GpuLink, HostSnapshot
 from ..record import field, record
 from ..topology import WORST_RANK, has_topology, label, link_between, rank
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Protocol, Sequence
@@ -54,17 +55,21 @@ if TYPE_CHECKING:  # pragma: no cover
 TOPOLOGIES = ("auto", "any", "nvlink")
 TOL_UTIL = 10.0  # utilisation points
 TOL_MEMORY = 0.10  # of a GPU's memory
-MAX_SETS = 20000  # sets compared exhaustively; beyond, each GPU seeds one set grown greedily
+# sets compared exhaustively; beyond, each GPU seeds one set grown greedily
+MAX_SETS = 20000
 
 
 @record
 class _Set:
     members: list[Candidate]
-    worst: int  # the worst link's rank (0: NVLink)
+    # the worst link's rank (0: NVLink)
+    worst: int
     mean: float  # the mean link rank
     max_util: float
-    max_memory: float  # fraction of the GPU in use
-    load: float  # summed ranking scores
+    # fraction of the GPU in use
+    max_memory: float
+    # summed ranking scores
+    load: float
 
     @property
     def labels(self) -> list[str]:
@@ -78,10 +83,13 @@ class Pick:
     chosen: list[Candidate]
     topology: str  # auto, any or nvlink
     reason: str
-    least_loaded: list[str] = field(default_factory=list)  # labels of the least-loaded set
-    links: list[tuple[str, str, str]] = field(default_factory=list)  # (a, b, NV4/PIX/...) of the chosen set
+    # labels of the least-loaded set
+    least_loaded: list[str] = field(default_factory=list)
+    # (a, b, NV4/PIX/...) of the chosen set
+    links: list[tuple[str, str, str]] = field(default_factory=list)
     considered: int = 0
-    alternatives: list[dict[str, Any]] = field(default_factory=list)  # other sets, best first (a few)
+    # other sets, best first (a few)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"topology": self.topology, "chosen": [c.label for c in self.chosen],
@@ -172,14 +180,17 @@ def _describe(members: Sequence[Candidate], c: Constraints, ranks: _Ranks) -> _S
     return _Set(list(members), max(pair_ranks, default=0),
                 sum(pair_ranks) / len(pair_ranks) if pair_ranks else 0.0,
                 max(_util(m) for m in members), max(_memory(m) for m in members),
-                sum(m.score[0] for m in members))  # the ranking's key, set by alloc.select.candidates
+                # the ranking's key, set by alloc.select.candidates
+                sum(m.score[0] for m in members))
 
 
 def _sets(ranked: Sequence[Candidate], count: int, c: Constraints, ranks: _Ranks) -> list[_Set]:
     if math.comb(len(ranked), count) <= MAX_SETS:
         return [_describe(s, c, ranks) for s in itertools.combinations(ranked, count)]
-    out = [_describe(ranked[:count], c, ranks)]  # the least-loaded set: always a candidate (the tolerance's base)
-    for seed in ranked:  # greedy: add the GPU that connects best to the set so far, ties by load order
+    # the least-loaded set: always a candidate (the tolerance's base)
+    out = [_describe(ranked[:count], c, ranks)]
+    # greedy: add the GPU that connects best to the set so far, ties by load order
+    for seed in ranked:
         members = [seed]
         # each other GPU's worst link to the set so far, kept up to date as the set grows
         worst = {i: ranks(x, seed) for i, x in enumerate(ranked) if x is not seed}

@@ -30,14 +30,16 @@ import os
 import stat
 from collections.abc import Callable, Iterable
 
-from ..errors import OverCap as OverCap  # its name here stays importable
+# its name here stays importable
+from ..errors import OverCap as OverCap
 from ..record import field, record
 from ..record import replace as replace_record
 from ..sanitize import json_object
 from . import priority
 from .priority import PRIORITIES, PriorityPolicy, parse_policy, priority_name
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, TypeVar
 
@@ -46,7 +48,8 @@ POLICY_ENV = "GPUSD_POLICY"
 MAX_BYTES = 65536
 if TYPE_CHECKING:  # pragma: no cover
     T = TypeVar("T")
-Warn = Callable[[str, str], None]  # warn(path, message): how a reader of a policy file says it ignores one
+# warn(path, message): how a reader of a policy file says it ignores one
+Warn = Callable[[str, str], None]
 FIELDS = frozenset({"max_gpus_per_user", "max_gpus_per_group", "fleet_max_gpus_per_user", "fair_share_days",
                     "idle_warn_minutes", "idle_release_minutes", "priorities", "time_limits", "bookings"})
 BOOKING_FIELDS = ("horizon_days", "max_hours", "max_per_user")
@@ -60,17 +63,20 @@ class Policy:
     fair_share_days: float | None = None
     idle_warn_minutes: float | None = None
     idle_release_minutes: float | None = None
-    priorities: Any = None  # a gpusd.alloc.priority.PriorityPolicy, or None: that module's own file
+    # a gpusd.alloc.priority.PriorityPolicy, or None: that module's own file
+    priorities: Any = None
     # priority level -> (default, max) seconds of gpusd run --time (either None: none)
     time_limits: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
-    bookings: dict[str, float] = field(default_factory=dict)  # BOOKING_FIELDS -> bound (gpusd reserve --at)
+    # BOOKING_FIELDS -> bound (gpusd reserve --at)
+    bookings: dict[str, float] = field(default_factory=dict)
     source: str | None = None
 
     def time_limit(self, priority: int, asked: float | None) -> float | None:
         """The time limit of a job of ``priority`` that asked ``asked`` seconds (None: the class's
         default, if any); ValueError naming the bound when it asks more than its class's maximum."""
         default, most = self.time_limits.get(priority, (None, None))
-        if asked is None:  # the default, never above the maximum (a maximum alone is every job's limit)
+        # the default, never above the maximum (a maximum alone is every job's limit)
+        if asked is None:
             bounds = [v for v in (default, most) if v is not None]
             return min(bounds) if bounds else None
         if most is not None and asked > most:
@@ -146,7 +152,8 @@ def read_root_file(path: str, what: str, warn: Warn) -> tuple[tuple[int, int, in
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None, None
-    except OSError as exc:  # a symlink (ELOOP), unreadable: every process must read the same policy
+    except OSError as exc:
+        # a symlink (ELOOP), unreadable: every process must read the same policy
         warn(path, f"ignoring the {what} {path}: {exc.strerror}")
         return None, None
     try:
@@ -207,7 +214,8 @@ _warned: set[str] = set()
 def _warn_once(path: str, message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        import logging  # lazily: the CLI's start-up time matters
+        # lazily: the CLI's start-up time matters
+        import logging
 
         logging.getLogger(__name__).warning("%s", message)
 
@@ -241,7 +249,8 @@ _priority_warned: set[str] = set()
 def _warn_once_per_file(path: str, message: str) -> None:
     if path not in _priority_warned:
         _priority_warned.add(path)
-        import logging  # lazily: the CLI's start-up time matters
+        # lazily: the CLI's start-up time matters
+        import logging
 
         logging.getLogger(priority.__name__).warning("%s", message)
 
@@ -255,7 +264,8 @@ def load_priority_policy(path: str | None = None) -> PriorityPolicy:
     if path is not None:
         policy = load_root_file(path, "priority policy", _warn_once_per_file, parse_policy)
         return PriorityPolicy() if policy is None else policy
-    root: PriorityPolicy | None = load().priorities  # the fair-use policy's "priorities"
+    # the fair-use policy's "priorities"
+    root: PriorityPolicy | None = load().priorities
     if root is None:
         root = load_root_file(priority.PRIORITY_PATH, "priority policy", _warn_once_per_file, parse_policy)
     env = os.environ.get("GPUSD_PRIORITY_POLICY")
@@ -431,7 +441,8 @@ def check(user: str | None, count: int, leases: Iterable[Any], policy: Policy | 
 # every minute, silently turning fair share off) or race the daemon's writes.
 SHARES_FILE = "fair-share.json"
 MAX_SHARES_BYTES = 1 << 20
-ROOT_STATE_DIR = "/var/lib/gpusd"  # root's daemon's state directory (gpusd.identity.state_dir for root)
+# root's daemon's state directory (gpusd.identity.state_dir for root)
+ROOT_STATE_DIR = "/var/lib/gpusd"
 
 
 def shares_dir() -> str:
@@ -494,7 +505,8 @@ def read_shares(directory: str | os.PathLike[str] | None = None) -> dict[str, fl
     try:
         dst = os.fstat(dfd)
         if dst.st_uid != 0 or dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return None  # a directory others can write: its files could be anyone's swap
+            # a directory others can write: its files could be anyone's swap
+            return None
 
         fd = os.open(SHARES_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:

@@ -62,7 +62,8 @@ class PriorityPolicy:
     users: dict[str, int] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
     aging_s: float = DEFAULT_AGING_S
-    source: str | None = None  # the file it came from; None: the defaults
+    # the file it came from; None: the defaults
+    source: str | None = None
     # a policy whose bounds apply too (``$GPUSD_PRIORITY_POLICY`` beside root's: it may only restrict)
     also: PriorityPolicy | None = None
 

@@ -31,9 +31,12 @@ from ..errors import ConfigError, NoGpuAvailable
 from ..inventory.vendors import counts_cuda_visible, inherited_choice
 from ..model import VENDORS, GpuInfo, HostSnapshot, LeaseInfo, MigInstance, reserved_memory
 from ..record import field, fields, record
-from .candidate import Candidate as Candidate  # its name here stays importable
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# its name here stays importable
+from .candidate import Candidate as Candidate
+
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Iterable, Sequence
@@ -41,8 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .placement import Pick
 
 RANKINGS = ("load", "util", "memory")
-ANY_VENDOR = "any"  # --vendor any: one job may mix vendors (by default it gets GPUs of one vendor)
-TOPOLOGIES = ("auto", "any", "nvlink")  # how a multi-GPU set is chosen: alloc.placement
+# --vendor any: one job may mix vendors (by default it gets GPUs of one vendor)
+ANY_VENDOR = "any"
+# how a multi-GPU set is chosen: alloc.placement
+TOPOLOGIES = ("auto", "any", "nvlink")
 
 
 def _option(default: Any = None, *, help: str, flags: tuple[str, ...] = (), metavar: str | None = None,
@@ -61,17 +66,20 @@ class Constraints:
     from these fields; :meth:`build` parses and validates the values people give."""
 
     count: int = _option(1, flags=("-n", "--count"), parse=int, help="number of GPUs (default 1)")
-    min_free: int | float | None = _option(  # bytes, or a ratio (0..1) of the total
+    # bytes, or a ratio (0..1) of the total
+    min_free: int | float | None = _option(
         flags=("--min-free", "--min-free-memory"), metavar="MEM",
         help="minimum free memory: bytes (8GiB) or a ratio of the total (0.5, 50%%)")
-    memory: int | None = _option(  # bytes the job will use, reserved in its lease
+    # bytes the job will use, reserved in its lease
+    memory: int | None = _option(
         flags=("--memory",), metavar="MEM",
         help="memory the job will use; reserved in the lease so later selections count it (default: --min-free)")
     max_util: float | None = _option(  # percent
         flags=("--max-util",), parse=float, metavar="PCT", help="maximum utilisation in percent (window average)")
     max_processes: int | None = _option(
         flags=("--max-processes",), parse=int, metavar="N", help="maximum number of processes already on the GPU")
-    include: Sequence[str] | None = _option(  # indices (as text) or UUIDs
+    # indices (as text) or UUIDs
+    include: Sequence[str] | None = _option(
         flags=("--include",), metavar="IDS", help="only these GPUs: indices or UUIDs, comma-separated")
     exclude: Sequence[str] | None = _option(
         flags=("--exclude",), metavar="IDS", help="never these GPUs: indices or UUIDs, comma-separated")
@@ -137,7 +145,8 @@ class Constraints:
         if time_limit is not None and (type(time_limit) not in (int, float) or not 0 < time_limit <= 20 * 365 * 86400):
             raise ConfigError(f"time_limit must be a number of seconds above 0, not {time_limit!r}")
         if mem is None and isinstance(mf, int):
-            mem = mf  # reserve what the job says it needs
+            # reserve what the job says it needs
+            mem = mf
         if isinstance(mem, int) and mf is None:
             mf = mem
         return cls(count=count, min_free=mf, memory=mem, max_util=max_util, max_processes=max_processes,
@@ -147,7 +156,8 @@ class Constraints:
 
 
 def _memory(text: str, ratio: bool = True) -> int | float:
-    from ..units import parse_memory  # here: most selections name no amount of memory
+    # here: most selections name no amount of memory
+    from ..units import parse_memory
 
     return parse_memory(text, ratio=ratio)
 
@@ -160,7 +170,8 @@ def keyword_of(name: str) -> str:
     raise KeyError(name)
 
 
-_KEYWORDS: dict[str, str] = {}  # keyword -> field name, made on first use (the fields never change)
+# keyword -> field name, made on first use (the fields never change)
+_KEYWORDS: dict[str, str] = {}
 
 
 def _by_keyword() -> dict[str, str]:
@@ -188,7 +199,8 @@ def visible_filter(env: dict[str, str] | None = None) -> list[str] | None:
     raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return None
-    from ..ids import GpuUuid  # here: most runs inherit no device list, and listing leases needs no ids
+    # here: most runs inherit no device list, and listing leases needs no ids
+    from ..ids import GpuUuid
 
     out = []
     for tok in raw.split(","):
@@ -208,7 +220,8 @@ def _matches(tokens: Sequence[str], gpu: GpuInfo, mig: MigInstance | None, cuda:
         elif mig is not None and mig.uuid.startswith(t):
             return True
         elif gpu.uuid.startswith(t):
-            return True  # a whole GPU given by UUID includes its MIG slices
+            # a whole GPU given by UUID includes its MIG slices
+            return True
     return False
 
 
@@ -230,7 +243,8 @@ def candidates(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] |
     shown = [le for g in snap.gpus for le in g.leases]
     if leases is None:
         leases = shown
-    elif shown:  # (none, mostly: the leases come in ``leases``; no set of them built then)
+    elif shown:
+        # (none, mostly: the leases come in ``leases``; no set of them built then)
         known = {(le.lease_id, le.device) for le in leases}
         leases = [*leases, *(le for le in shown if (le.lease_id, le.device) not in known)]
     by_device: dict[str, list[LeaseInfo]] = {}
@@ -313,13 +327,15 @@ def _reject(gpu: GpuInfo, mig: MigInstance | None, c: Constraints, visible: list
         return f"GPU {label}: exclusive compute mode and already in use"
     if leases:
         damaged = [le for le in leases if le.unreadable]
-        if damaged:  # held, for what is unknown: never joined, not even by a shared job
+        # held, for what is unknown: never joined, not even by a shared job
+        if damaged:
             who = ", ".join(f"pid {le.pid} of {le.user or 'an unknown user'}" for le in damaged[:3])
             return f"GPU {label}: held by {who} (record unreadable: the lease's record is damaged)"
         holders = ", ".join(f"{le.user or '?'}:{le.pid}" for le in leases if not le.unleased)
         if not c.shared or not all(le.shared for le in leases):
             blockers = [le for le in leases if le.unleased]
-            if blockers:  # not a lease: someone holds the lock file itself; say who, so that someone can act
+            # not a lease: someone holds the lock file itself; say who, so that someone can act
+            if blockers:
                 who = ", ".join(f"pid {le.pid} of {le.user or 'an unknown user'}" for le in blockers[:3])
                 return (f"GPU {label}: its lock file is held without a lease by {who}"
                         + (f" (and leased by {holders})" if holders else ""))
@@ -381,7 +397,8 @@ def explain(snap: HostSnapshot, c: Constraints, leases: Sequence[LeaseInfo] | No
     for g in snap.gpus:
         if g.memory_shared and held or g.uuid in held or any(m.uuid in held for m in g.mig_instances):
             confirm(g)
-    by_index = {str(g.index): g for g in snap.gpus}  # a whole GPU's label (a MIG slice's: "0:1", its own)
+    # a whole GPU's label (a MIG slice's: "0:1", its own)
+    by_index = {str(g.index): g for g in snap.gpus}
     while True:
         try:
             why = _explain(snap, c, leases, env)
@@ -446,7 +463,8 @@ def never(snap: HostSnapshot, c: Constraints) -> str | None:
     absent = [t for t in c.include or () if not any(_matches([t], g, m) for g, m in units)]
     have = f"this machine has GPU{'s' if len(snap.gpus) != 1 else ''} " + ",".join(str(g.index) for g in snap.gpus)
     if absent and c.count > len(c.include or ()) - len(absent):
-        return f"no GPU {', '.join(absent)} here; {have}"  # not "not in --include" for every GPU
+        # not "not in --include" for every GPU
+        return f"no GPU {', '.join(absent)} here; {have}"
     if not c.mig and c.count > len(snap.gpus):
         return f"this machine has only {len(snap.gpus)} GPU(s)"
     return None

@@ -214,7 +214,9 @@ def leases(args: argparse.Namespace) -> int:
     from ..alloc.leases import LeaseStore
     from ..alloc.lockdir import user_name
     from ..alloc.policy import flag_over_cap, over_caps
-    from ..sanitize import dumps  # lease files are other users' words: cells go through _cell
+
+    # lease files are other users' words: cells go through _cell
+    from ..sanitize import dumps
     from .table import render_table
 
     store = LeaseStore()

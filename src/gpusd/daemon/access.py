@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_KEY: Any = None  # request[_request_key()]: True when this reader may see private fields
+# request[_request_key()]: True when this reader may see private fields
+_KEY: Any = None
 
 
 def _request_key() -> Any:
@@ -56,7 +57,8 @@ def _request_key() -> Any:
     return _KEY
 
 
-_PRIVATE_NAMES = sorted(private_keys()[0])  # the model's private fields (gpusd.model.PRIVATE)
+# the model's private fields (gpusd.model.PRIVATE)
+_PRIVATE_NAMES = sorted(private_keys()[0])
 _PRIVATE_VALUE = re.compile(rb'"(?:' + b"|".join(re.escape(k.encode()) for k in _PRIVATE_NAMES) + rb')"\s*:\s*"')
 _PRIVATE_KEYS = tuple(b'"' + k.encode() + b'"' for k in _PRIVATE_NAMES)
 
@@ -73,7 +75,8 @@ def redact_json(body: bytes) -> bytes:
     return json.dumps(redact(json.loads(body)), separators=(",", ":"), allow_nan=False).encode()
 
 
-_LAST_REDACTED: list[bytes] = []  # [message, its redaction]: one event goes to every reader
+# [message, its redaction]: one event goes to every reader
+_LAST_REDACTED: list[bytes] = []
 
 
 def redact_event(message: bytes) -> bytes:
@@ -82,11 +85,13 @@ def redact_event(message: bytes) -> bytes:
     The last event's redaction is remembered (by identity: the hub hands one bytes object to every
     reader), so a snapshot event is parsed once, not once per public reader."""
     if not any(k in message for k in _PRIVATE_KEYS):
-        return message  # the common case (heartbeats, events without processes): no parsing
+        # the common case (heartbeats, events without processes): no parsing
+        return message
     if _LAST_REDACTED and _LAST_REDACTED[0] is message:
         return _LAST_REDACTED[1]
     out = _redact_event(message)
-    _LAST_REDACTED[:] = [message, out]  # holds the message: its id cannot be reused meanwhile
+    # holds the message: its id cannot be reused meanwhile
+    _LAST_REDACTED[:] = [message, out]
     return out
 
 
@@ -159,7 +164,8 @@ def _event_node(message: bytes) -> str | None:
     return node if isinstance(node, str) else None
 
 
-@functools.lru_cache(maxsize=256)  # called per request with the peer's address: parse each one once
+# called per request with the peer's address: parse each one once
+@functools.lru_cache(maxsize=256)
 def is_loopback(remote: str | None) -> bool:
     if not remote:
         return False
@@ -168,7 +174,8 @@ def is_loopback(remote: str | None) -> bool:
     except ValueError:
         return False
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 on a dual-stack socket
+        # ::ffff:127.0.0.1 on a dual-stack socket
+        addr = addr.ipv4_mapped
     return addr.is_loopback
 
 
@@ -196,7 +203,8 @@ def peer_of(remote: str | None) -> str:
 _KEYID = re.compile(r'keyid="([A-Za-z0-9._-]{1,64})"')
 
 
-@functools.lru_cache(maxsize=256)  # per request with the Host header: parse each value once
+# per request with the Host header: parse each value once
+@functools.lru_cache(maxsize=256)
 def split_host(value: str) -> tuple[str, int | None] | None:
     """``name``, ``name:port``, ``[v6]:port`` -> (lower-case name without a trailing dot, port or
     None); None when it is not a host."""
@@ -371,7 +379,8 @@ class Access:
         if refused is not None:
             return None, refused
         req.nonce = result.nonce
-        req.result = result  # its ``base`` (what a user's SSH key signs) is made when read
+        # its ``base`` (what a user's SSH key signs) is made when read
+        req.result = result
         return req, None
 
     def sign_response(self, req: Any, status: int, headers: Any, body: bytes | None) -> None:
@@ -408,7 +417,8 @@ def can_see_private(request: web.Request) -> bool:
     """Whether the reader of this request may see process owners and commands (set by
     :func:`serve`; False when the access rules did not run)."""
     try:
-        return bool(request[_KEY or _request_key()])  # (set on every request by serve: no KeyError then)
+        # (set on every request by serve: no KeyError then)
+        return bool(request[_KEY or _request_key()])
     except KeyError:
         return False
 
@@ -435,7 +445,8 @@ def holder_of(request: web.Request) -> str:
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 
 
-_TRUSTED_KEY: Any = None  # request[_trusted_key()]: True for a secret holder's request (is_signed)
+# request[_trusted_key()]: True for a secret holder's request (is_signed)
+_TRUSTED_KEY: Any = None
 
 
 def _trusted_key() -> Any:
@@ -447,7 +458,8 @@ def _trusted_key() -> Any:
     return _TRUSTED_KEY
 
 
-_SIGNED_KEY: Any = None  # request[_signed_key()]: the verified signed request (for the answer's proof)
+# request[_signed_key()]: the verified signed request (for the answer's proof)
+_SIGNED_KEY: Any = None
 
 
 def _signed_key() -> Any:
@@ -476,7 +488,8 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
     :func:`can_see_private`), and redacts JSON answers for readers without the right to see private
     fields.  An unsigned read costs three header lookups and the reader's place (local or not)."""
     access: Access | None = gate.access
-    if access is None:  # never served unchecked
+    # never served unchecked
+    if access is None:
         return _refuse(503, "this daemon's access rules are not installed")
     headers = request.headers
     method = request.method
@@ -486,23 +499,29 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
     # an unsigned read: public, or private for a local reader naming this daemon, or for a TLS
     # connection a verified request authenticated
     transport = request.transport
-    conn = _conn_of(transport)  # the connection guard's record (None: no guard watches it)
-    remote = conn.remote if conn is not None else request.remote  # (the same peer address)
+    # the connection guard's record (None: no guard watches it)
+    conn = _conn_of(transport)
+    # (the same peer address)
+    remote = conn.remote if conn is not None else request.remote
     if access.key is not None and request.secure and transport in access.sessions:
         private = trusted = True
         request[_TRUSTED_KEY or _trusted_key()] = True
-    else:  # (not trusted: is_signed's default)
+    else:
+        # (not trusted: is_signed's default)
         trusted = False
         # a local reader whose Host names us (request.host: the header, else the local address)
         private = access.local_reader(remote) and access.host_ok(headers.get("Host") or request.host, remote)
-    request[_KEY or _request_key()] = private  # always set: a missing key costs can_see_private a KeyError
+    # always set: a missing key costs can_see_private a KeyError
+    request[_KEY or _request_key()] = private
     if conn is None:
         response = await handler(request)
     else:
-        if conn.probation or (trusted and not conn.signed):  # the guard decides (daemon/guard.py)
+        # the guard decides (daemon/guard.py)
+        if conn.probation or (trusted and not conn.signed):
             if not conn.guard._request_started(conn, trusted):  # noqa: SLF001 - the guard's own hook
                 return _probation_refusal(conn)
-        else:  # what _request_started does for any other request: one more in progress
+        else:
+            # what _request_started does for any other request: one more in progress
             conn.busy += 1
         try:
             response = await handler(request)
@@ -518,7 +537,8 @@ def _signed_for_this_listener(request: web.Request) -> bool:
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
     if parsed is None or parsed[1] is None or not isinstance(sockname, tuple) or len(sockname) < 2:
-        return False  # (no port: a signed authority drops a default one, so 80 and 443 would look alike)
+        # (no port: a signed authority drops a default one, so 80 and 443 would look alike)
+        return False
     return bool(parsed[1] == sockname[1])
 
 
@@ -544,7 +564,8 @@ async def _serve_checked(access: Access, handler: Handler, request: web.Request)
                                       headers, body, request.remote)
         if verified is None:
             if access.key is None:
-                verified = None  # no fleet secret here: an unsigned reader, as far as we know
+                # no fleet secret here: an unsigned reader, as far as we know
+                verified = None
             else:
                 log.debug("refused a signed %s %s from %s: %s", request.method, request.path[:100],
                           request.remote, why)
@@ -559,7 +580,8 @@ async def _serve_checked(access: Access, handler: Handler, request: web.Request)
     if verified is not None and secure and request.transport is not None:
         access.sessions.add(request.transport)
     elif verified is None and secure and request.transport in access.sessions:
-        session = request.method in SAFE_METHODS  # writes are signed one by one
+        # writes are signed one by one
+        session = request.method in SAFE_METHODS
     local = access.local_reader(remote)
     # With TLS on, private fields and writes go to other machines over HTTPS only.
     in_clear = verified is not None and not secure and not local and access.tls_on()
@@ -628,12 +650,15 @@ def _public(access: Access, response: web.StreamResponse) -> web.StreamResponse:
     if isinstance(answer, (bytes, bytearray)) and needs_redaction(bytes(answer)):
         try:
             response.body = redact_json(bytes(answer))
-        except ValueError:  # not JSON after all: hold it back rather than leak it
+        except ValueError:
+            # not JSON after all: hold it back rather than leak it
             return web.json_response({"error": "answer withheld"}, status=500)
-    elif type(answer) is bytes and len(answer) > 512:  # worth remembering (a small one scans fast)
+    elif type(answer) is bytes and len(answer) > 512:
+        # worth remembering (a small one scans fast)
         if len(clean) >= 16:
             clean.pop(next(iter(clean)))
-        clean[id(answer)] = answer  # held: its id cannot be reused while it is here
+        # held: its id cannot be reused while it is here
+        clean[id(answer)] = answer
     return response
 
 

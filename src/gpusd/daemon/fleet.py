@@ -64,7 +64,8 @@ class Fleet:
     def __init__(self, config: "DaemonConfig", zc: "AsyncZeroconf | None", *, allow_loopback: bool = False) -> None:
         self.config = config
         self.zc = zc
-        self.allow_loopback = allow_loopback  # follow announced loopback addresses (a daemon pinned to loopback)
+        # follow announced loopback addresses (a daemon pinned to loopback)
+        self.allow_loopback = allow_loopback
         self.hub = EventHub(maxsize=1024, max_subscribers=config.max_subscribers,
                             per_peer=config.max_subscribers_per_peer,
                             reserved=config.reserved_subscribers if config.token else 0)
@@ -72,11 +73,14 @@ class Fleet:
         self._start_lock = asyncio.Lock()
         self._last_used = time.monotonic()
         self._idle_task: asyncio.Task[None] | None = None
-        self._due_task: asyncio.Task[None] | None = None  # parses the snapshots due each second (_parse_due)
-        self._closed = False  # stop() was called: a late request must not start a client again
+        # parses the snapshots due each second (_parse_due)
+        self._due_task: asyncio.Task[None] | None = None
+        # stop() was called: a late request must not start a client again
+        self._closed = False
         # per answer level (redacted or not): id(host) -> (the host, its snapshot, the snapshot's bytes)
         self._kept: dict[bool, dict[int, tuple[RemoteHost, HostSnapshot, bytes]]] = {False: {}, True: {}}
-        self._asked = {False: -WARM, True: -WARM}  # time.monotonic() of the last answer of each level
+        # time.monotonic() of the last answer of each level
+        self._asked = {False: -WARM, True: -WARM}
         self._heads: HostHeads | None = None
         # the replay's messages of each host, formatted around their ts (replay), and the client they are of
         self._replayed: dict[int, tuple[RemoteHost, tuple[Any, ...], list[tuple[bytes, bytes]]]] = {}
@@ -128,7 +132,8 @@ class Fleet:
         return len(self.hub) == 0 and client is not None and client.followed > DEFER_ABOVE
 
     def _republish(self, event: DiscoveryEvent) -> None:
-        if len(self.hub):  # no reader: no event to format (8 a host a second where GPUs' loads change)
+        # no reader: no event to format (8 a host a second where GPUs' loads change)
+        if len(self.hub):
             self.hub.publish(event.event, event.to_dict())
 
     def replay(self) -> list[bytes]:
@@ -140,11 +145,14 @@ class Fleet:
         client = self.client
         if client is None:
             return out
-        from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent  # with the client (not at rest)
+        # with the client (not at rest)
+        from ..discovery.types import DEVICE_ADDED, HOST_ADDED, DiscoveryEvent
 
-        if self._replay_of is not client:  # another client (stopped when idle, started again): its own filters
+        # another client (stopped when idle, started again): its own filters
+        if self._replay_of is not client:
             self._replayed, self._replay_of = {}, client
-        stamp = repr(time.time()).encode()  # as the JSON encoder writes a float
+        # as the JSON encoder writes a float
+        stamp = repr(time.time()).encode()
         kept: dict[int, tuple[RemoteHost, tuple[Any, ...], list[tuple[bytes, bytes]]]] = {}
         for host in client.hosts:
             facts = (host.snapshot, host.txt, host.hostname, host.node_id, host.session, host.url, host.source,
@@ -158,7 +166,8 @@ class Fleet:
                     if client.filters.device_ok(dev.gpu):
                         parts.append(_around_ts(format_event(DEVICE_ADDED, DiscoveryEvent(
                             DEVICE_ADDED, host, device=dev, ts=_TS_MARK).to_dict())))
-            kept[id(host)] = (host, facts, parts)  # the host held: its id is not reused while kept
+            # the host held: its id is not reused while kept
+            kept[id(host)] = (host, facts, parts)
             out.extend(head + stamp + tail for head, tail in parts)
         self._replayed = kept
         return out
@@ -167,7 +176,8 @@ class Fleet:
         """The fleet as ``GET /api/v1/fleet`` serves it (:class:`gpusd.wire.fleet.FleetView`); with
         ``catch_up`` False, each host as last parsed (beyond ``DEFER_ABOVE`` hosts: at most
         :data:`gpusd.discovery.client.REPARSE` s older than its newest snapshot)."""
-        from ..wire.fleet import FleetView  # on the first request: a daemon at rest has no fleet view
+        # on the first request: a daemon at rest has no fleet view
+        from ..wire.fleet import FleetView
 
         view = FleetView(session=self.config.session)
         if self.client is not None:
@@ -195,20 +205,23 @@ class Fleet:
             # the snapshots due a parse are parsed by _parse_due each second, not by the answer
             hosts = self.client.host_list(catch_up=None if self._due_task is not None else False)
             view.hosts_dropped = self.client.dropped_hosts
-        view.hosts = list(hosts)  # the hosts themselves: only their record's fields are read
+        # the hosts themselves: only their record's fields are read
+        view.hosts = list(hosts)
         if self._heads is None:
             self._heads = HostHeads()
         heads = self._heads
         kept, plain = self._kept[redact], self._kept[False]
         fresh: dict[int, tuple[RemoteHost, HostSnapshot, bytes]] = {}
-        parts: dict[int, bytes] = {}  # id(host) -> its snapshot's bytes in this answer
+        # id(host) -> its snapshot's bytes in this answer
+        parts: dict[int, bytes] = {}
         for h in hosts:
             snap = h.snapshot
             if snap is None:
                 continue
             mine = plain.get(id(h))
             unredacted = mine[2] if mine is not None and mine[1] is snap else None
-            if redact and only_own is not None and h.node_id == only_own:  # this host's own: not redacted
+            # this host's own: not redacted
+            if redact and only_own is not None and h.node_id == only_own:
                 parts[id(h)] = unredacted if unredacted is not None else snapshot_bytes(snap)
                 continue
             hit = kept.get(id(h))
@@ -218,7 +231,8 @@ class Fleet:
                 body = unredacted if unredacted is not None else snapshot_bytes(snap)
                 if redact:
                     body = _redacted(body, snap)
-            fresh[id(h)] = (h, snap, body)  # the host held: its id is not reused while kept
+            # the host held: its id is not reused while kept
+            fresh[id(h)] = (h, snap, body)
             parts[id(h)] = body
 
         def one(h: HostRecord) -> bytes:
@@ -264,7 +278,8 @@ class Fleet:
                 if client is not None:
                     try:
                         client.catch_up(discovery_client.REPARSE)
-                    except Exception:  # one host's trouble must not stop the others being parsed
+                    except Exception:
+                        # one host's trouble must not stop the others being parsed
                         log.exception("fleet view: parsing the snapshots due failed")
         except asyncio.CancelledError:
             pass
@@ -299,7 +314,8 @@ class Fleet:
             self.client = None
 
 
-_TS_MARK = -1.25  # the ts a kept replay message is formatted with, then cut out: no event is that old
+# the ts a kept replay message is formatted with, then cut out: no event is that old
+_TS_MARK = -1.25
 
 
 def _around_ts(message: bytes) -> tuple[bytes, bytes]:

@@ -59,10 +59,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-WARN_EVERY = 60.0  # seconds between warnings about the same kind of pressure
+# seconds between warnings about the same kind of pressure
+WARN_EVERY = 60.0
 
 
-_BY_TRANSPORT: dict[Any, _GuardedProtocol] = {}  # the open connections of every guard, by transport
+# the open connections of every guard, by transport
+_BY_TRANSPORT: dict[Any, _GuardedProtocol] = {}
 
 
 def connection_of(transport: Any) -> _GuardedProtocol | None:
@@ -86,11 +88,15 @@ class _GuardedProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.head_done = False
         self.closed = False
-        self.signed = False  # a verified signed request came on it: a secret holder's connection
-        self.busy = 0  # requests in progress (an event stream is one for as long as it lasts)
-        self.probation = False  # admitted beyond the limits: its first request must be signed
+        # a verified signed request came on it: a secret holder's connection
+        self.signed = False
+        # requests in progress (an event stream is one for as long as it lasts)
+        self.busy = 0
+        # admitted beyond the limits: its first request must be signed
+        self.probation = False
         self.peer = "-"
-        self.remote: str | None = None  # the peer's address, as aiohttp's request.remote gives it
+        # the peer's address, as aiohttp's request.remote gives it
+        self.remote: str | None = None
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
         self._made = False
@@ -170,7 +176,8 @@ class _GuardedProtocol(asyncio.Protocol):
         self.closed = True
         self.guard._forget(self)
         if self.transport is not None:
-            self.transport.abort()  # frees the descriptor now; connection_lost follows
+            # frees the descriptor now; connection_lost follows
+            self.transport.abort()
 
 
 class ConnectionGuard:
@@ -188,14 +195,19 @@ class ConnectionGuard:
         self._open: dict[_GuardedProtocol, None] = {}
         self._waiting: dict[_GuardedProtocol, None] = {}
         self._unsigned: ByPeer[_GuardedProtocol] = ByPeer()
-        self._probation: dict[_GuardedProtocol, None] = {}  # beyond the limits: must sign its first request
+        # beyond the limits: must sign its first request
+        self._probation: dict[_GuardedProtocol, None] = {}
         self.accepted = 0
-        self.refused = 0  # closed at once: nothing could make room (every connection busy or signed)
-        self.evicted = 0  # closed to make room: waiting for their first request head
-        self.evicted_unsigned = 0  # closed to make room: idle or busy, not signed
+        # closed at once: nothing could make room (every connection busy or signed)
+        self.refused = 0
+        # closed to make room: waiting for their first request head
+        self.evicted = 0
+        # closed to make room: idle or busy, not signed
+        self.evicted_unsigned = 0
         self.header_timeouts = 0
         self._warned: dict[str, float] = {}
-        watched_by(connection_of)  # the access rules find each request's connection record here
+        # the access rules find each request's connection record here
+        watched_by(connection_of)
 
     @property
     def count(self) -> int:
@@ -276,7 +288,8 @@ class ConnectionGuard:
             count[c.peer] = count.get(c.peer, 0) + 1
         heaviest = max(count.values())
         victim = next((c for c in self._probation if count[c.peer] == heaviest), None)
-        if victim is None:  # the newcomer's own peer is the heaviest, with nothing older here: the oldest
+        # the newcomer's own peer is the heaviest, with nothing older here: the oldest
+        if victim is None:
             victim = next(iter(self._probation), None)
         if victim is None:
             return False
@@ -306,7 +319,8 @@ class ConnectionGuard:
         return None
 
     def _make_room(self, victim: _GuardedProtocol, why: str) -> None:
-        if victim.closed:  # already closing: just stop counting it
+        # already closing: just stop counting it
+        if victim.closed:
             self._forget(victim)
             return
         if not victim.head_done:
@@ -409,7 +423,8 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         extra: dict[str, Any] = {}
-        if self._ssl_context is not None:  # a TLS handshake is bounded like a request head
+        # a TLS handshake is bounded like a request head
+        if self._ssl_context is not None:
             extra["ssl_handshake_timeout"] = self.guard.header_timeout
         self._server = await loop.create_server(
             self.guard.factory(server), self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,

@@ -231,7 +231,8 @@ def raise_fd_limit() -> tuple[int, int]:
             target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
             try:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            except (ValueError, OSError):  # e.g. macOS refuses more than OPEN_MAX
+            except (ValueError, OSError):
+                # e.g. macOS refuses more than OPEN_MAX
                 target = soft
             return soft, target
         return soft, soft
@@ -267,7 +268,8 @@ def spawn(foreground_args: Sequence[str], state_dir: Path, *, env: dict[str, str
         except ValueError:
             pass
     code = proc.poll()
-    if code is None:  # alive but silent: give up on it
+    # alive but silent: give up on it
+    if code is None:
         proc.terminate()
         try:
             code = proc.wait(5)
@@ -289,7 +291,8 @@ def _read_line(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> str:
         if not ready:
             continue
         chunk = os.read(fd, 4096)
-        if not chunk:  # the daemon closed the pipe: it exited
+        # the daemon closed the pipe: it exited
+        if not chunk:
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -349,7 +352,8 @@ def stop_command(state_dir: Path, force: bool = False) -> str:
     import shlex
 
     words = ["gpusd", "stop"]
-    if os.environ.get("GPUSD_STATE_DIR"):  # --state-dir is passed on as $GPUSD_STATE_DIR
+    # --state-dir is passed on as $GPUSD_STATE_DIR
+    if os.environ.get("GPUSD_STATE_DIR"):
         words += ["--state-dir", str(Path(state_dir).resolve())]
     if force:
         words.append("--force")
@@ -365,13 +369,15 @@ def limit_malloc_arenas(arenas: int = 1) -> bool:
     keeps what it once held: the daemon's worker threads (sampling, history writer, lease server,
     start-up executor) held 1-3 MiB of RSS at rest that way.  Their allocations are few and mostly
     under the GIL, so one arena costs no contention worth measuring.  True when the limit was set."""
-    if "MALLOC_ARENA_MAX" in os.environ:  # the operator's choice, already applied by glibc
+    # the operator's choice, already applied by glibc
+    if "MALLOC_ARENA_MAX" in os.environ:
         return False
     try:
         import ctypes
 
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas))
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to limit
+    except (OSError, AttributeError):
+        # not glibc (musl, macOS): nothing to limit
         return False
 
 
@@ -398,13 +404,16 @@ def _claim_authority(config: Any) -> int | None:
 
 def run_foreground(config: Any, ready_fd: int | None = None) -> int:
     """Run the daemon in this process until SIGTERM/SIGINT.  Returns the exit code."""
-    limit_malloc_arenas()  # before the first thread (daemon memory at rest)
+    # before the first thread (daemon memory at rest)
+    limit_malloc_arenas()
     old, new = raise_fd_limit()
     if new != old:
         _log().info("open-file limit raised from %d to %d", old, new)
-    import asyncio  # here: reading the status (gpusd list, status) needs none of it
+    # here: reading the status (gpusd list, status) needs none of it
+    import asyncio
 
-    load()  # before the daemon's modules import it: without the CA store in a gpusd process (gpusd.wire.aio)
+    # before the daemon's modules import it: without the CA store in a gpusd process (gpusd.wire.aio)
+    load()
     return asyncio.run(_main(config, ready_fd))
 
 
@@ -420,7 +429,8 @@ async def _main(config: Any, ready_fd: int | None) -> int:
     daemon.pool.keep_on_stop = True
     pid = PidFile(daemon.state_dir)
     pid.acquire()
-    try:  # before anything starts: a second lease authority on one lock directory is refused untouched
+    # before anything starts: a second lease authority on one lock directory is refused untouched
+    try:
         daemon.authority_claim = _claim_authority(config)
     except BaseException:
         pid.release()
@@ -434,13 +444,15 @@ async def _main(config: Any, ready_fd: int | None) -> int:
         start = asyncio.ensure_future(daemon.start())
         stopper = asyncio.ensure_future(stop_event.wait())
         await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if not start.done():  # asked to stop while starting
+        # asked to stop while starting
+        if not start.done():
             start.cancel()
             await asyncio.gather(start, return_exceptions=True)
             await daemon.stop()
             return 0
         stopper.cancel()
-        start.result()  # raises GpusdError when the start failed
+        # raises GpusdError when the start failed
+        start.result()
         info = {
             "pid": os.getpid(),
             "port": daemon.port,
@@ -448,8 +460,10 @@ async def _main(config: Any, ready_fd: int | None) -> int:
             "cert_fp": daemon.cert_fp,
             "addresses": daemon.addresses,
             "urls": daemon.urls,
-            "tls_urls": daemon.tls_urls,  # added in 0.4: every port served is on the start line
-            "authority": daemon.authority,  # added in 0.4: the lease authority, or why not
+            # added in 0.4: every port served is on the start line
+            "tls_urls": daemon.tls_urls,
+            # added in 0.4: the lease authority, or why not
+            "authority": daemon.authority,
             "interfaces": daemon.interfaces,
             "session": config.session,
             "hostname": daemon.hostname,

@@ -61,7 +61,8 @@ class Gate:
 
     def __init__(self) -> None:
         self.access: Access | None = None
-        self.fallback: Any = None  # the catch-all route's resource, once sealed
+        # the catch-all route's resource, once sealed
+        self.fallback: Any = None
         self.sealed = False
 
 
@@ -157,7 +158,8 @@ def _resolve_the_rest_to(app: web.Application, route: Any) -> None:
 
     async def resolve(request: web.Request) -> Any:
         match = await plain(request)
-        if match.http_exception is not None:  # aiohttp's MatchInfoError: no resource took the target
+        # aiohttp's MatchInfoError: no resource took the target
+        if match.http_exception is not None:
             return UrlMappingMatchInfo({"gpusd_unrouted": ""}, route)
         return match
 
@@ -181,7 +183,8 @@ def check_routes(app: web.Application) -> None:
         if resource is gate.fallback:
             seen_fallback = True
         routes = list(resource)
-        if not routes:  # a resource without routes of its own (a sub-app, say) is not ours
+        # a resource without routes of its own (a sub-app, say) is not ours
+        if not routes:
             bad.append(f"{resource.canonical} (no gated route)")
         for route in routes:
             if not is_gated(gate, route.handler):

@@ -38,17 +38,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 4780  # the daemon's default HTTP port (daemon.config.DEFAULT_PORT)
-MAX_PEERS = 256  # static peers at most (more are refused with a clear error)
-MAX_DNS_SD = 1024  # wide-area DNS-SD instances followed at most per domain (as many as a client follows)
-MAX_PEERS_FILE = 64 * 1024  # bytes of a peers file read at most
-DNS_SD_INTERVAL = 30.0  # seconds between wide-area DNS-SD queries (at most; a shorter TTL re-queries sooner)
-DNS_SD_MIN_INTERVAL = 5.0  # ... but never more often than this
-DNS_TIMEOUT = 3.0  # seconds one DNS lookup may take
-DNS_CONCURRENCY = 16  # wide-area DNS-SD instances looked up at once
-PEERS_FILE_CHECK = 5.0  # seconds between checks of the peers file for changes
-FETCH_TIMEOUT = 3.0  # seconds for a peer's /healthz and /api/v1/host
-MAX_FETCH = 256 * 1024  # bytes of /api/v1/host read at most
+# the daemon's default HTTP port (daemon.config.DEFAULT_PORT)
+DEFAULT_PORT = 4780
+# static peers at most (more are refused with a clear error)
+MAX_PEERS = 256
+# wide-area DNS-SD instances followed at most per domain (as many as a client follows)
+MAX_DNS_SD = 1024
+# bytes of a peers file read at most
+MAX_PEERS_FILE = 64 * 1024
+# seconds between wide-area DNS-SD queries (at most; a shorter TTL re-queries sooner)
+DNS_SD_INTERVAL = 30.0
+# ... but never more often than this
+DNS_SD_MIN_INTERVAL = 5.0
+# seconds one DNS lookup may take
+DNS_TIMEOUT = 3.0
+# wide-area DNS-SD instances looked up at once
+DNS_CONCURRENCY = 16
+# seconds between checks of the peers file for changes
+PEERS_FILE_CHECK = 5.0
+# seconds for a peer's /healthz and /api/v1/host
+FETCH_TIMEOUT = 3.0
+# bytes of /api/v1/host read at most
+MAX_FETCH = 256 * 1024
 SERVICE = SERVICE_TYPE.removesuffix("local.")  # "_gpusd._tcp."
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -227,12 +238,14 @@ async def peer_txt(http: "aiohttp.ClientSession", address: str, port: int) -> Tx
 class DnsSdInstance:
     """One ``_gpusd._tcp`` service instance of a unicast DNS zone."""
 
-    name: str  # the instance's full name, e.g. "node-b._gpusd._tcp.lab.example."
+    # the instance's full name, e.g. "node-b._gpusd._tcp.lab.example."
+    name: str
     target: str
     port: int
     txt: TxtRecord
     addresses: list[str]
-    ttl: float  # the smallest TTL of its records (seconds)
+    # the smallest TTL of its records (seconds)
+    ttl: float
 
 
 def _resolver(server: str | None, port: int = 53) -> Any:
@@ -246,7 +259,8 @@ def _resolver(server: str | None, port: int = 53) -> Any:
         r.port = port
     r.lifetime = DNS_TIMEOUT
     r.timeout = DNS_TIMEOUT
-    r.cache = None  # TTLs are honoured by the browse loop itself
+    # TTLs are honoured by the browse loop itself
+    r.cache = None
     return r
 
 
@@ -309,7 +323,8 @@ async def browse_dns_sd(domain: str, server: str | None = None, port: int = 53) 
                 a = await r.resolve(target, "A")
                 addresses = [rr.address for rr in a][:16]
                 ttls = [float(x.rrset.ttl) for x in (srv, txt_answer, a) if x.rrset is not None]
-            except (dns.exception.Timeout, dns.resolver.NoNameservers) as exc:  # not an answer: keep what was known
+            except (dns.exception.Timeout, dns.resolver.NoNameservers) as exc:
+                # not an answer: keep what was known
                 return "unknown", f"{name[:120]}: {exc.__class__.__name__}", []
             except (dns.exception.DNSException, ValueError, TxtError, IndexError) as exc:
                 return "bad", f"{name[:120]}: {str(exc)[:200] or exc.__class__.__name__}", []

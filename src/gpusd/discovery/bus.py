@@ -15,7 +15,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from .types import EVENTS, DiscoveryEvent, event_names
 
-log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
+# the client's log, as before the split
+log = logging.getLogger("gpusd.discovery.client")
 
 Handler = Callable[[DiscoveryEvent], Any]
 
@@ -45,12 +46,14 @@ class EventBus:
                     task = asyncio.ensure_future(self._await_handler(result))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
-            except Exception:  # a handler's bug must not stop discovery
+            except Exception:
+                # a handler's bug must not stop discovery
                 log.exception("event handler %r failed on %s", fn, event.event)
         for q in list(self._subscribers):
             try:
                 q.put_nowait(event)
-            except asyncio.QueueFull:  # a consumer that stopped reading: drop it
+            except asyncio.QueueFull:
+                # a consumer that stopped reading: drop it
                 self._subscribers.remove(q)
                 log.warning("dropping a slow event subscriber")
 

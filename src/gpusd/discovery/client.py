@@ -65,8 +65,10 @@ log = logging.getLogger(__name__)
 # a reader that does not catch up sees it at most this much older than the newest received.  5 s: what a
 # daemon's utilisation figure averages over anyway (its sample window).
 REPARSE = 5.0
-STALL = 0.1  # wait_settled's give-up clocks: a longer stretch without the loop running counts as this long
-BEYOND_GIVE_UP = 3.0  # ... and a host beyond the link (peers, wide-area DNS-SD: round trips of a WAN) gets 3x
+# wait_settled's give-up clocks: a longer stretch without the loop running counts as this long
+STALL = 0.1
+# ... and a host beyond the link (peers, wide-area DNS-SD: round trips of a WAN) gets 3x
+BEYOND_GIVE_UP = 3.0
 _GPU_FIELDS = [f.name for f in fields(GpuInfo)]
 
 
@@ -145,10 +147,12 @@ class AsyncClient:
         self._listening = False
         self._started_at = 0.0
         self._last_peer_at = 0.0
-        self._first_peer_at: float | None = None  # monotonic time the first service was found
+        # monotonic time the first service was found
+        self._first_peer_at: float | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.dropped_hosts = 0  # announcements ignored because max_hosts services were followed
+        # announcements ignored because max_hosts services were followed
+        self.dropped_hosts = 0
         # While this returns True, a host's later snapshots are parsed at most every REPARSE s on
         # arrival; the newest of the others is kept as received and parsed when the client's hosts or
         # devices are read (catch_up), its device events emitted then: for a reader that does not need
@@ -231,12 +235,14 @@ class AsyncClient:
         try:
             self.mdns.start(self)
         except BaseException:
-            await self.stop_listening()  # close the HTTP session and our zeroconf: nothing leaks
+            # close the HTTP session and our zeroconf: nothing leaks
+            await self.stop_listening()
             raise
         # The browser's first query (after 20-120 ms) counts down while aiohttp is imported; nothing
         # runs on the loop before this returns, so no host is followed before the session exists.
 
-        aiohttp = load()  # without the CA store in a gpusd process (gpusd.wire.aio)
+        # without the CA store in a gpusd process (gpusd.wire.aio)
+        aiohttp = load()
 
         self.http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
@@ -251,13 +257,15 @@ class AsyncClient:
         """Stop browsing, close every stream (no events are emitted for the shutdown)."""
         if not self._listening:
             return
-        self._listening = False  # sources hear nothing from now on
+        # sources hear nothing from now on
+        self._listening = False
         pending = {p.task for p in self._peers.values() if p.task is not None} | set(self._tasks)
         pending |= set(self.bus.pending())
         for _ in range(50):  # 5 s at most
             if not pending:
                 break
-            for t in pending:  # again and again: asyncio.wait_for (Python < 3.12) can lose a cancellation
+            # again and again: asyncio.wait_for (Python < 3.12) can lose a cancellation
+            for t in pending:
                 t.cancel()
             _, pending = await asyncio.wait(pending, timeout=0.1)
         self._peers.clear()
@@ -265,7 +273,8 @@ class AsyncClient:
             await self.http.close()
             self.http = None
         for source in self.sources:
-            await source.stop()  # the browser, and the zeroconf the client opened
+            # the browser, and the zeroconf the client opened
+            await source.stop()
         self.bus.close()
 
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
@@ -431,9 +440,12 @@ class AsyncClient:
         with a flood of services, or a machine too loaded to run it) counts as at most ``STALL`` s."""
         await self.start_listening()
         deadline = time.monotonic() + timeout
-        clock, last = 0.0, time.monotonic()  # seconds this loop ran (stalls counted as STALL at most)
-        found: dict[str, float] = {}  # service -> the clock when it was first seen here
-        answered, progress = -1, 0.0  # services settled so far, and the clock when that number last grew
+        # seconds this loop ran (stalls counted as STALL at most)
+        clock, last = 0.0, time.monotonic()
+        # service -> the clock when it was first seen here
+        found: dict[str, float] = {}
+        # services settled so far, and the clock when that number last grew
+        answered, progress = -1, 0.0
         while True:
             now = time.monotonic()
             clock += min(now - last, STALL)
@@ -465,7 +477,8 @@ class AsyncClient:
         """Report what changed between the devices reported so far and ``gpus``."""
         if not peer.reported and snap is not None:
             other = self.shadowing(peer, host)
-            if other is not None:  # one host found two ways (mDNS and --peer, say) is reported once
+            # one host found two ways (mDNS and --peer, say) is reported once
+            if other is not None:
                 log.debug("%s: %s is followed already (found via %s)", peer.name, host.hostname, other.via)
                 peer.shadowed = peer.settled = True
                 return
@@ -474,7 +487,8 @@ class AsyncClient:
             if self.on_snapshot is not None:
                 try:
                     self.on_snapshot(host)
-                except Exception:  # a reader's trouble must not stop following the host
+                except Exception:
+                    # a reader's trouble must not stop following the host
                     log.exception("on_snapshot failed")
         peer.settled = True
         if not peer.reported:

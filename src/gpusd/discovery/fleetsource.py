@@ -21,7 +21,8 @@ from ..localdaemon import api_bases, may_run, status
 from ..wire.mdns import resolve_interfaces
 from .fleetview import FLEET_TIMEOUT, LocalFleetView
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Coroutine, Sequence
     from typing import Any
@@ -45,7 +46,8 @@ def local_daemon_urls(session: str, interfaces: list[str] | None = None) -> tupl
     if interfaces is not None:
         running = info.get("interfaces")
         if not isinstance(running, list) or sorted(map(str, running)) != sorted(interfaces):
-            return None  # it browses elsewhere (or everywhere): its view is not what was asked for
+            # it browses elsewhere (or everywhere): its view is not what was asked for
+            return None
     node_id, bases = info.get("node_id"), api_bases(info)
     if not isinstance(node_id, str) or not bases:
         return None
@@ -88,7 +90,8 @@ def ask_for(options: DiscoveryOptions) -> Reading | None:
 
     filters = options.filters()
     if filters.session is None or not may_run():
-        return None  # before the interfaces are resolved: nothing to ask
+        # before the interfaces are resolved: nothing to ask
+        return None
 
     return ask_local_daemon(filters, key=options.key, interfaces=resolve_interfaces(options.interfaces),
                             beyond=beyond_link(options.peers, options.peers_file, options.dns_sd_domain))
@@ -101,7 +104,8 @@ def choose(local: Reading | None, browse: Callable[[Reading | None], Listing]) -
         found = local.result()
         if found is not None:
             return found
-        local = None  # no usable answer: browse alone
+        # no usable answer: browse alone
+        local = None
     return browse(local)
 
 
@@ -111,7 +115,8 @@ async def race(local: Reading | None, browse: Coroutine[Any, Any, Listing]) -> L
     import asyncio
 
     task = asyncio.ensure_future(browse)
-    while local is not None and not task.done():  # the local daemon is slow: browse meanwhile
+    # the local daemon is slow: browse meanwhile
+    while local is not None and not task.done():
         if local.done():
             answer = local.result()
             if answer is not None:

@@ -51,8 +51,10 @@ def _debug(message: str, *args: object) -> None:
     logging.getLogger(__name__).debug(message, *args)
 
 
-FLEET_TIMEOUT = 2.0  # seconds for the whole answer (a cold fleet view settles first)
-QUICK = 0.2  # the answer of a running fleet view comes in milliseconds: after this long, browse too
+# seconds for the whole answer (a cold fleet view settles first)
+FLEET_TIMEOUT = 2.0
+# the answer of a running fleet view comes in milliseconds: after this long, browse too
+QUICK = 0.2
 
 #: the running local daemon's API bases (loopback first) and its node id, or None (no such daemon)
 Locate = Callable[[], "tuple[list[str], str] | None"]
@@ -67,16 +69,19 @@ def parse_fleet(data: Any, filters: Filters, own_node: str, private: bool) -> Li
     except (ValueError, RecursionError):
         return None
     if not view.hosts or view.skipped:
-        return None  # not even the daemon itself yet (still starting), or a damaged answer: browse
+        # not even the daemon itself yet (still starting), or a damaged answer: browse
+        return None
     hosts: list[RemoteHost] = []
     devices: list[Device] = []
     unmatched = 0
     for h in view.hosts:
         snap = h.snapshot
         if h.source != "gpusd" or snap is None or h.session is None:
-            return None  # an hwsd host, or one without a snapshot yet: browsing tells more
+            # an hwsd host, or one without a snapshot yet: browsing tells more
+            return None
         if not h.hostname.isprintable():
-            return None  # a name no announcement could carry: browse instead
+            # a name no announcement could carry: browse instead
+            return None
         host = RemoteHost.from_record(h, snap, h.verified if private else None)
         if filters.session is not None and host.txt.session != filters.session:
             continue
@@ -107,18 +112,22 @@ def fleet_rows(data: Any, filters: Filters, own_node: str, private: bool) -> tup
     try:
         raw = fleet_envelope(data)[1]
         if not raw:
-            return None  # not even the daemon itself yet (still starting): browse
+            # not even the daemon itself yet (still starting): browse
+            return None
         for item in raw:
             if type(item) is not dict:
-                return None  # a damaged answer: browse
+                # a damaged answer: browse
+                return None
             rec = canonical(HostRecord, {k: v for k, v in item.items() if k != "snapshot"})
             snap = item.get("snapshot")
             if snap is None or rec["source"] != "gpusd" or rec["session"] is None:
-                return None  # an hwsd host, or one without a snapshot yet: browsing tells more
+                # an hwsd host, or one without a snapshot yet: browsing tells more
+                return None
             head, simulated, gpus = canonical_snapshot(snap)
             hostname, session = rec["hostname"], rec["session"]
             if not hostname.isprintable():
-                return None  # a name no announcement could carry: browse instead
+                # a name no announcement could carry: browse instead
+                return None
             if (filters.session is not None and session != filters.session) or not filters.name_ok(hostname):
                 continue
             listed += 1
@@ -133,7 +142,8 @@ def fleet_rows(data: Any, filters: Filters, own_node: str, private: bool) -> tup
                     rows.append(device_dict(hostname, node, session, rec["url"], "gpusd", True, simulated, None,
                                             rec["via"], None, gpu))
     except (ValueError, RecursionError):
-        return None  # a host the model refuses: parse_fleet skips it, and browses
+        # a host the model refuses: parse_fleet skips it, and browses
+        return None
     rows.sort(key=lambda r: (r["hostname"], r["node_id"], r["gpu"]["index"]))
     return rows, listed
 
@@ -243,7 +253,8 @@ class Reading:
 
     def __init__(self, view: LocalFleetView) -> None:
         self._view = view
-        self.sent = threading.Event()  # the request is on its way: a daemon accepted the connection
+        # the request is on its way: a daemon accepted the connection
+        self.sent = threading.Event()
         self._done = threading.Event()
         self._fetched: tuple[Fetched, str] | None = None
         self._parsed = False
@@ -316,8 +327,10 @@ class FleetReader:
         self.url = base_url(url)
         self.key = key
         self.timeout = timeout
-        self.verified: bool | None = None  # whether the daemon proved itself on the last answer
-        self._tls: tuple[str, str | None] | None = None  # (URL, pinned fingerprint) once looked up
+        # whether the daemon proved itself on the last answer
+        self.verified: bool | None = None
+        # (URL, pinned fingerprint) once looked up
+        self._tls: tuple[str, str | None] | None = None
 
     def fetch(self) -> dict[str, Any]:
         """The answer (an object; :class:`~gpusd.wire.http.SourceError` otherwise), and ``verified``."""

@@ -95,21 +95,29 @@ if TYPE_CHECKING:  # pragma: no cover
 
         async def resolve(self, follower: Follower) -> RemoteHost | None: ...
 
-log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
+# the client's log, as before the split
+log = logging.getLogger("gpusd.discovery.client")
 
-HEARTBEAT = 2.0  # seconds between daemon heartbeats (the daemon's default)
+# seconds between daemon heartbeats (the daemon's default)
+HEARTBEAT = 2.0
 RESOLVE_TIMEOUT = 3.0
-RECONNECT_BUDGET = 2.0  # seconds a reconnection may take before the host counts as gone
-RETRY_MIN, RETRY_MAX = 1.0, 15.0  # retrying an announced host that does not answer (doubling)
+# seconds a reconnection may take before the host counts as gone
+RECONNECT_BUDGET = 2.0
+# retrying an announced host that does not answer (doubling)
+RETRY_MIN, RETRY_MAX = 1.0, 15.0
 
 
 class Ending(enum.Enum):
     """How one connection to a host's event stream ended."""
 
-    BYE = "bye"  # the daemon said goodbye
-    LOST = "lost"  # streamed, then lost (closed, silent, broken)
-    FOLLOWED_ALREADY = "followed already"  # its node is reported already, found another way
-    FAILED = "failed"  # no valid stream here (``reason`` says why)
+    # the daemon said goodbye
+    BYE = "bye"
+    # streamed, then lost (closed, silent, broken)
+    LOST = "lost"
+    # its node is reported already, found another way
+    FOLLOWED_ALREADY = "followed already"
+    # no valid stream here (``reason`` says why)
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,19 +147,27 @@ class Follower:
     name: str
     type: str = SERVICE_TYPE
     task: asyncio.Task[None] | None = None
-    host: RemoteHost | None = None  # set once resolved and valid
-    reported: bool = False  # host_added was emitted
-    devices: dict[str, Device] = field(default_factory=dict)  # reported devices by UUID
+    # set once resolved and valid
+    host: RemoteHost | None = None
+    # host_added was emitted
+    reported: bool = False
+    # reported devices by UUID
+    devices: dict[str, Device] = field(default_factory=dict)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     streaming: bool = False
-    settled: bool = False  # resolved and either reported or given up on (for wait_settled)
+    # resolved and either reported or given up on (for wait_settled)
+    settled: bool = False
     problems: set[str] = field(default_factory=set)  # logged once each
-    spec: Any = None  # what the source knows of it (a static peer's PeerSpec, a wide-area DnsSdInstance)
-    from_file: bool = False  # a static peer listed in the peers file (dropped when the file drops it)
-    shadowed: bool = False  # its node is reported already, found another way (AsyncClient.shadowing)
+    # what the source knows of it (a static peer's PeerSpec, a wide-area DnsSdInstance)
+    spec: Any = None
+    # a static peer listed in the peers file (dropped when the file drops it)
+    from_file: bool = False
+    # its node is reported already, found another way (AsyncClient.shadowing)
+    shadowed: bool = False
     # the newest snapshot received and not parsed yet (AsyncClient.defer_snapshots: parsed when read)
     pending: str | None = None
-    parsed_at: float = 0.0  # time.monotonic() when its last snapshot was parsed
+    # time.monotonic() when its last snapshot was parsed
+    parsed_at: float = 0.0
 
     @property
     def via(self) -> str:
@@ -179,7 +195,8 @@ class Follower:
         client = self.client
         retry = RETRY_MIN
         try:
-            if hold > 0:  # back right after its goodbye (mdns.REAPPEAR_HOLD)
+            # back right after its goodbye (mdns.REAPPEAR_HOLD)
+            if hold > 0:
                 await asyncio.sleep(hold)
             while client.listening:
                 self.updated.clear()
@@ -203,7 +220,8 @@ class Follower:
                 retry = min(retry * 2, RETRY_MAX)
         except asyncio.CancelledError:
             raise
-        except Exception:  # never let one host's trouble escape
+        except Exception:
+            # never let one host's trouble escape
             log.exception("following %s failed", self.name)
             self.settled = True
 
@@ -236,7 +254,8 @@ class Follower:
         try:
             while client.listening:
                 started = time.monotonic()
-                if self.reported:  # a reconnection: within what is left of the liveness bound
+                # a reconnection: within what is left of the liveness bound
+                if self.reported:
                     deadline = min(host.heard_at + client.liveness_timeout - 0.3, started + RECONNECT_BUDGET)
                 else:
                     deadline = started + RESOLVE_TIMEOUT + 2.0
@@ -248,7 +267,8 @@ class Follower:
                     ever = True
                     quick_losses = quick_losses + 1 if time.monotonic() - started < 2.0 else 0
                     if quick_losses < 3:
-                        continue  # one more connection within the liveness budget
+                        # one more connection within the liveness budget
+                        continue
                     reason = "stream keeps closing"
                 else:
                     reason = end.why
@@ -317,11 +337,13 @@ class Follower:
                     failure = failed("not a gpusd event stream")
                     continue
                 host.identity = host.copy_of = None
-                self.client.undefer(self)  # a snapshot kept from the last connection: not of what this one proves
+                # a snapshot kept from the last connection: not of what this one proves
+                self.client.undefer(self)
                 if key is None:
                     host.verified = None
                 elif nonce is None:
-                    host.verified = False  # refused our signature (another fleet)
+                    # refused our signature (another fleet)
+                    host.verified = False
                 else:
                     host.verified = self._believe(host, self._proved(
                         url + "/events", headers, resp, nonce, host, host.txt.cert_fp if secure else None))
@@ -335,7 +357,8 @@ class Follower:
                 end = await self._read_stream(host, resp, f"http://{address}:{host.port}{API_PREFIX}", deadline)
                 if end.how is not Ending.FAILED:
                     return end
-                failure = end  # no valid stream at this address (another machine's?): try the next
+                # no valid stream at this address (another machine's?): try the next
+                failure = end
             finally:
                 resp.release()
         return failure
@@ -353,7 +376,8 @@ class Follower:
                 chunk = await asyncio.wait_for(resp.content.readany(), timeout)
             except asyncio.TimeoutError:
                 return LOST if got_snapshot else failed("no snapshot in time")
-            except Exception as exc:  # aiohttp.ClientPayloadError, ConnectionResetError, ...
+            except Exception as exc:
+                # aiohttp.ClientPayloadError, ConnectionResetError, ...
                 log.debug("%s: stream error %r", self.name, exc)
                 return LOST if got_snapshot else failed("stream error")
             if not chunk:
@@ -389,7 +413,8 @@ class Follower:
                         self.shadowed = False
                         return FOLLOWED_ALREADY
                 elif not got_snapshot:
-                    continue  # anything before the snapshot is ignored
+                    # anything before the snapshot is ignored
+                    continue
                 elif name == "heartbeat":
                     host.heard()
                 elif name == "bye":
@@ -439,7 +464,8 @@ class Follower:
         except (ValueError, TypeError, RecursionError) as exc:
             self.problem(f"invalid snapshot: {str(exc)[:200]}")
             return None
-        if host.verified is False:  # private fields are trusted only from daemons that proved themselves
+        # private fields are trusted only from daemons that proved themselves
+        if host.verified is False:
             redact(snap)
         if snap.node_id != host.node_id:
             self.problem(f"snapshot names node {snap.node_id[:40]!r}, TXT says {host.node_id!r}")

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .follower import Follower, FollowingClient
 
-log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
+# the client's log, as before the split
+log = logging.getLogger("gpusd.discovery.client")
 
 # A service that said goodbye and is announced again within this long is followed only then: a
 # stopping responder may still multicast an answer it had queued (python-zeroconf delays an answer
@@ -40,7 +41,8 @@ class MdnsSource:
     """Hosts announced on the link (``via`` "mdns")."""
 
     via = "mdns"
-    browsed = True  # a browser never finishes: wait_settled's quiet period covers it
+    # a browser never finishes: wait_settled's quiet period covers it
+    browsed = True
 
     def __init__(self, interfaces: Sequence[str] | None = None, include_hwsd: bool = True,
                  zeroconf: AsyncZeroconf | None = None) -> None:
@@ -49,8 +51,10 @@ class MdnsSource:
         self.zc: AsyncZeroconf | None = zeroconf
         self._own_zc = zeroconf is None
         self._browser: AsyncServiceBrowser | None = None
-        self._question: Any = None  # the DNSQuestionType of our queries (set when listening starts)
-        self._goodbyes: dict[str, float] = {}  # service name -> monotonic time of its goodbye
+        # the DNSQuestionType of our queries (set when listening starts)
+        self._question: Any = None
+        # service name -> monotonic time of its goodbye
+        self._goodbyes: dict[str, float] = {}
         self._client: FollowingClient | None = None
 
     @property
@@ -152,7 +156,8 @@ class MdnsSource:
         info = AsyncServiceInfo(peer.type, peer.name)
         try:
             ok = await info.async_request(self.zc.zeroconf, int(RESOLVE_TIMEOUT * 1000), question_type=self._question)
-        except Exception as exc:  # malformed names and the like
+        except Exception as exc:
+            # malformed names and the like
             peer.problem(f"cannot resolve: {exc}")
             return None
         if not ok:
@@ -165,7 +170,8 @@ class MdnsSource:
             peer.problem(f"invalid TXT record: {exc}")
             return None
         if txt.source == "hwsd" and txt.gpusd_marker:
-            return None  # a gpusd daemon's compatibility record: the host is listed via _gpusd._tcp
+            # a gpusd daemon's compatibility record: the host is listed via _gpusd._tcp
+            return None
         if not filters.host_ok(txt):
             if filters.hostname and filters.session in (None, txt.session):
                 peer.client.unmatched_hosts.add(peer.name)

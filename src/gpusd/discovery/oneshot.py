@@ -54,9 +54,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-QUIET = 0.1  # no new service for this long...
-SPREAD = 0.1  # ...and this long after the first answer: every responder has answered
-NO_ANSWER = 0.5  # no answer at all this long: browse by multicast instead
+# no new service for this long...
+QUIET = 0.1
+# ...and this long after the first answer: every responder has answered
+SPREAD = 0.1
+# no answer at all this long: browse by multicast instead
+NO_ANSWER = 0.5
 # Once the answers have settled, a service that has not answered this long after it was found (resolved,
 # connected, its first snapshot read) is given up on, each on its own clock: the hosts that answered are
 # listed, the others (tar pits: services that accept a connection and never answer, or whose responder
@@ -88,7 +91,8 @@ async def open_oneshot_zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
         raise ConfigError(f"cannot open the mDNS sockets on {interfaces or 'all interfaces'}: {exc}") from None
     await aiozc.zeroconf.async_wait_for_start()
     granted = mdns.widen_receive_buffer(aiozc, RECEIVE_BUFFER)
-    if granted < 2 * RECEIVE_BUFFER:  # (Linux reports twice what it grants: its own bookkeeping included)
+    # (Linux reports twice what it grants: its own bookkeeping included)
+    if granted < 2 * RECEIVE_BUFFER:
         log.info("the one-shot query's receive buffer is %d bytes, not %d (net.core.rmem_max): a burst of "
                  "answers may overflow it (then gpusd list browses by multicast as well)", granted, RECEIVE_BUFFER)
     return aiozc
@@ -102,7 +106,8 @@ def prefetch_imports() -> None:
         try:
             import zeroconf.asyncio  # noqa: F401
 
-            load()  # aiohttp, without the CA store in a gpusd process (gpusd.wire.aio)
+            # aiohttp, without the CA store in a gpusd process (gpusd.wire.aio)
+            load()
         except ImportError:  # pragma: no cover - dependencies of gpusd
             return
 
@@ -124,7 +129,8 @@ def ask_now(zeroconf: Any, types: Sequence[str]) -> None:
     # private module of zeroconf and no private constant is touched.
     from zeroconf import DNSOutgoing, DNSQuestion  # type: ignore[attr-defined]
 
-    out = DNSOutgoing(0)  # flags 0: a standard query
+    # flags 0: a standard query
+    out = DNSOutgoing(0)
     for t in types:
         out.add_question(DNSQuestion(t, _PTR, _CLASS_IN_QU))
     zeroconf.async_send(out)
@@ -147,7 +153,8 @@ async def browse_settled(make_client: Callable[..., AsyncClient], interfaces: Se
         # (it would start a second client, browse the zone again and cost 1.5 s more)
         if (client.answered or client.hosts) and not lost:
             return Listing(client.list_devices(), client.hosts, len(client.unmatched_hosts))
-        if lost:  # answers were lost (a burst larger than the buffer): any host may be among them
+        # answers were lost (a burst larger than the buffer): any host may be among them
+        if lost:
             log.info("%d answers to the one-shot query were dropped (receive buffer full): browsing by "
                      "multicast", lost)
     finally:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..wire.signing import FleetKey
     from .beyond import PeerSpec
 
-MAX_HOSTS = 1024  # services followed at most (a flood of fake announcements beyond is dropped)
+# services followed at most (a flood of fake announcements beyond is dropped)
+MAX_HOSTS = 1024
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class DiscoveryOptions:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        if isinstance(self.min_free_memory, str):  # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
+        # "20GiB"; a bare "20" is refused (did you mean 20GiB?)
+        if isinstance(self.min_free_memory, str):
 
             put("min_free_memory", int(parse_memory(self.min_free_memory, ratio=False)))
         if self.interfaces is not None:

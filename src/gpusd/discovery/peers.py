@@ -20,7 +20,8 @@ from .types import RemoteHost
 if TYPE_CHECKING:  # pragma: no cover
     from .follower import Follower, FollowingClient
 
-log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
+# the client's log, as before the split
+log = logging.getLogger("gpusd.discovery.client")
 
 
 class StaticPeers:

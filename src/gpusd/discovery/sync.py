@@ -58,14 +58,16 @@ def _hold_at_exit(client: "Client") -> None:
         finally:
             client.stop_listening()
 
-    register = getattr(threading, "_register_atexit", None)  # runs before non-daemon threads are joined
+    # runs before non-daemon threads are joined
+    register = getattr(threading, "_register_atexit", None)
     try:
         if register is not None:
             register(hold)
         else:  # pragma: no cover - Pythons without it
 
             atexit.register(hold)
-    except RuntimeError:  # already shutting down
+    except RuntimeError:
+        # already shutting down
         pass
 
 
@@ -89,7 +91,8 @@ class Client:
         self._daemon_thread = daemon_thread
         from .client import AsyncClient
 
-        self._async = AsyncClient(options=self.options)  # it binds to a loop only when listening starts
+        # it binds to a loop only when listening starts
+        self._async = AsyncClient(options=self.options)
         self._handlers: dict[str, list[Handler]] = {e: [] for e in EVENTS}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,7 +123,8 @@ class Client:
         for q in subs:
             q.put(event)
 
-    def _dispatch(self) -> None:  # the dispatcher thread
+    # the dispatcher thread
+    def _dispatch(self) -> None:
         while True:
             event = self._queue.get()
             if event is _STOP:
@@ -202,7 +206,8 @@ class Client:
             self._loop = self._thread = None
             from .client import AsyncClient
 
-            self._async = AsyncClient(options=self.options)  # a stopped client can be restarted
+            # a stopped client can be restarted
+            self._async = AsyncClient(options=self.options)
 
     def _call(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         assert self._loop is not None

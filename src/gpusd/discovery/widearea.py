@@ -18,7 +18,8 @@ from .types import RemoteHost
 if TYPE_CHECKING:  # pragma: no cover
     from .follower import Follower, FollowingClient
 
-log = logging.getLogger("gpusd.discovery.client")  # the client's log, as before the split
+# the client's log, as before the split
+log = logging.getLogger("gpusd.discovery.client")
 
 
 class WideAreaDnsSd:
@@ -29,7 +30,8 @@ class WideAreaDnsSd:
     def __init__(self, domain: str, server: str | None = None) -> None:
         self.domain = domain
         self.server = server
-        self.browsed = False  # the first browse is done (wait_settled waits for it)
+        # the first browse is done (wait_settled waits for it)
+        self.browsed = False
 
     async def open(self, client: FollowingClient) -> None:
         pass
@@ -45,7 +47,8 @@ class WideAreaDnsSd:
         while client.listening:
             try:
                 browse = await beyond.browse_dns_sd(self.domain, self.server)
-            except Exception:  # never let a resolver's bug stop discovery
+            except Exception:
+                # never let a resolver's bug stop discovery
                 log.exception("wide-area DNS-SD browse of %s failed", self.domain)
                 browse = beyond.Browse([], beyond.DNS_SD_INTERVAL, [], set(), complete=False)
             for problem in browse.problems:

@@ -24,13 +24,15 @@ from .lost import GpuFailed as _GpuFailed
 from .lost import filled
 from .window import UtilWindow, utilisation
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Sequence
 
 
 def _log() -> Any:
-    import logging  # lazily: the CLI's start-up time matters
+    # lazily: the CLI's start-up time matters
+    import logging
 
     return logging.getLogger(__name__)
 
@@ -65,7 +67,8 @@ def _unpacker(cls: Any, code: str, names: tuple[str, ...]) -> Any:
     ``names`` in that order, unsigned integers at the offsets and sizes that ``code`` gives them: one
     call then reads them all from the structure's bytes, the same numbers as reading each field, in a
     third of the time.  None where it is not (the fields are then read one by one)."""
-    import struct  # already imported by ctypes
+    # already imported by ctypes
+    import struct
 
     layout = struct.Struct(code)
     try:
@@ -111,7 +114,8 @@ _GPU_FIELDS = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_us
 _HOST_FIELDS = ("hostname", "node_id", "timestamp", "gpus", "driver_version", "cuda_version", "nvml_version", "backend",
                 "schema", "cpus", "sockets", "cores_per_socket", "threads_per_core", "memory")
 _PROCESS_FIELDS = ("pid", "used_memory", "type", "user", "command", "gpu_instance_id", "compute_instance_id")
-_NO_ID = 0xFFFFFFFF  # a process's GPU or compute instance id where it has none (not on a MIG slice)
+# a process's GPU or compute instance id where it has none (not on a MIG slice)
+_NO_ID = 0xFFFFFFFF
 
 
 def _process_list(compute: Any, graphics: Any, make: Callable[..., ProcessInfo] = ProcessInfo) -> list[ProcessInfo]:
@@ -122,7 +126,8 @@ def _process_list(compute: Any, graphics: Any, make: Callable[..., ProcessInfo] 
     out: list[ProcessInfo] = []
     seen: set[int] = set()
     no_id = _NO_ID
-    for p in compute or ():  # both bindings' entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
+    # both bindings' entries: pid, usedGpuMemory (None: unknown), the instance ids, ints
+    for p in compute or ():
         pid = p.pid
         if pid not in seen:
             seen.add(pid)
@@ -188,14 +193,18 @@ class _XidWatcher:
     _TIMEOUT_MS = 500
 
     def __init__(self, nv: Any) -> None:
-        import threading  # here: the quick commands, which read no XID, do not import it
+        # here: the quick commands, which read no XID, do not import it
+        import threading
 
         self._nv = nv
         self._set: Any = None
         self._lock = threading.Lock()
-        self._registered: dict[int, str] = {}  # handle address -> uuid
-        self._refused: set[int] = set()  # handles whose driver has no XID events
-        self._seen: dict[str, tuple[int, int]] = {}  # uuid -> (last, count)
+        # handle address -> uuid
+        self._registered: dict[int, str] = {}
+        # handles whose driver has no XID events
+        self._refused: set[int] = set()
+        # uuid -> (last, count)
+        self._seen: dict[str, tuple[int, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -269,14 +278,20 @@ class _XidWatcher:
 
 @record
 class _Device(VendorDevice):
-    samples_ts: int = 0  # newest driver sample seen (microseconds)
-    numa_node: int | None = None  # topology: read once per device list (it does not change while the driver runs)
+    # newest driver sample seen (microseconds)
+    samples_ts: int = 0
+    # topology: read once per device list (it does not change while the driver runs)
+    numa_node: int | None = None
     local_cpus: str | None = None
     topo: GpuTopology | None = None
-    answered: bool = True  # told its identity: a GPU that did not (lost) is left out of the topology
-    fields: list[Any] | None = None  # the field values this GPU answers (None: not asked yet)
-    gpm_prev: Any = None  # the last GPM sample taken (Hopper and newer)
-    probed: bool = False  # read once call by call: what it does not support is known (NvmlBackend._read_all)
+    # told its identity: a GPU that did not (lost) is left out of the topology
+    answered: bool = True
+    # the field values this GPU answers (None: not asked yet)
+    fields: list[Any] | None = None
+    # the last GPM sample taken (Hopper and newer)
+    gpm_prev: Any = None
+    # read once call by call: what it does not support is known (NvmlBackend._read_all)
+    probed: bool = False
     # the compute and MIG modes as last read (a pick reads them again only every _FACTS_TTL s)
     mode: Any = None
     mig: Any = None
@@ -287,9 +302,11 @@ class _Device(VendorDevice):
 # in seconds on the monotonic clock: a process that picks again within it asks the driver only for what
 # a pick weighs that changes by itself (memory, utilisation, processes), four calls per GPU.
 _FACTS_TTL = 5.0
-_INSTANT = 1.0  # seconds: the longest period a driver averages one utilisation reading over (NOTES.md)
+# seconds: the longest period a driver averages one utilisation reading over (NOTES.md)
+_INSTANT = 1.0
 
-BINDINGS = "GPUSD_NVML_BINDINGS"  # "nvidia-ml-py": every backend through the library (default: auto)
+# "nvidia-ml-py": every backend through the library (default: auto)
+BINDINGS = "GPUSD_NVML_BINDINGS"
 
 
 def _with_older(nv: Any, name: str) -> Callable[[Any], Any]:
@@ -301,7 +318,8 @@ def _with_older(nv: Any, name: str) -> Callable[[Any], Any]:
     if older is None:
         return newest  # type: ignore[no-any-return]
     error = nv.NVMLError
-    mismatch = getattr(nv, "NVMLLibraryMismatchError", ())  # what its unversioned name raises then
+    # what its unversioned name raises then
+    mismatch = getattr(nv, "NVMLLibraryMismatchError", ())
 
     def call(handle: Any) -> Any:
         try:
@@ -353,18 +371,24 @@ class NvmlBackend(VendorBackend):
     vendor = "nvidia"
     library = "NVML"
     listing = "cannot count GPUs"
-    telemetry_counters = True  # takes telemetry=: the DCGM-named metrics (inventory.combined.open_vendor)
-    _defers_processes = True  # a pick reads the process lists of the GPUs it is about to choose only
+    # takes telemetry=: the DCGM-named metrics (inventory.combined.open_vendor)
+    telemetry_counters = True
+    # a pick reads the process lists of the GPUs it is about to choose only
+    _defers_processes = True
 
     def __init__(self, *, util_window: float = 5.0, processes: bool = True, library: str | None = None,
                  telemetry: bool = False) -> None:
         super().__init__(util_window=util_window, processes=processes)
         self._count = -1
-        self._facts_at = 0.0  # when the number of GPUs was read (monotonic): _refresh_devices
-        self._facts_fresh = True  # whether this snapshot read it (and so the modes) again
+        # when the number of GPUs was read (monotonic): _refresh_devices
+        self._facts_at = 0.0
+        # whether this snapshot read it (and so the modes) again
+        self._facts_fresh = True
         self._xids: _XidWatcher | None = None
-        self._pairs_read = False  # the GPU pairs' topology of this device list (a one-GPU pick needs none)
-        self.telemetry = telemetry  # read what the DCGM-named metrics need (docs/monitoring.md)
+        # the GPU pairs' topology of this device list (a one-GPU pick needs none)
+        self._pairs_read = False
+        # read what the DCGM-named metrics need (docs/monitoring.md)
+        self.telemetry = telemetry
         self._nv = pynvml = bindings(telemetry)
         self._error = pynvml.NVMLError
         self._compute_processes = _with_older(pynvml, "nvmlDeviceGetComputeRunningProcesses")
@@ -385,7 +409,8 @@ class NvmlBackend(VendorBackend):
                 msg = f"NVML failed to start: {_text(exc)}"
             raise BackendUnavailable(msg, hint=True) from None
         nv = pynvml
-        self._machine = machine()  # this machine's CPUs and memory, read once (as topology.with_machine adds them)
+        # this machine's CPUs and memory, read once (as topology.with_machine adds them)
+        self._machine = machine()
         # the snapshot's records made without the class call (gpusd.record.maker: a seventh less each); the
         # processes' maker on first use (a one-shot command on idle GPUs makes none)
         self._make_gpu = maker(GpuInfo)
@@ -456,7 +481,8 @@ class NvmlBackend(VendorBackend):
     def _topology(self, devices: list[_Device]) -> None:
         """Each GPU's NUMA node and CPUs; its links with the other GPUs: :meth:`_pair_topology`."""
         nv = self._nv
-        words = max(16, ((os.cpu_count() or 64) + 63) // 64)  # 1024 CPUs at least: ids can be sparse
+        # 1024 CPUs at least: ids can be sparse
+        words = max(16, ((os.cpu_count() or 64) + 63) // 64)
         for dev in devices:
             if dev.handle is None:
                 continue
@@ -554,7 +580,8 @@ class NvmlBackend(VendorBackend):
                 for d in members:
                     groups[d.index].append(low)
             blocks = split
-        return {i: g[::-1] for i, g in groups.items()}  # PCIE_LEVELS' order: INTERNAL first
+        # PCIE_LEVELS' order: INTERNAL first
+        return {i: g[::-1] for i, g in groups.items()}
 
     def _nvlinks(self, dev: _Device) -> list[tuple[int, int, int, int]]:
         """The remote PCI address of each active NVLink of ``dev`` (empty: none, or no NVLink)."""
@@ -568,7 +595,8 @@ class NvmlBackend(VendorBackend):
             except nv.NVMLError as exc:
                 if getattr(exc, "value", None) == _NOT_SUPPORTED and link > 0:
                     continue  # this link only
-                break  # no NVLink on this GPU, or past its last link (INVALID_ARGUMENT)
+                # no NVLink on this GPU, or past its last link (INVALID_ARGUMENT)
+                break
             except (AttributeError, TypeError):
                 break
             key = _bus_key(_text(pci.busId))
@@ -635,8 +663,10 @@ class NvmlBackend(VendorBackend):
             if h is None:
                 out.append(self._no_handle(dev))
                 continue
-            if not dev.probed:  # its first reading: call by call, which learns what it does not support (a
-                dev.probed = True  # straight-line read would stop at the first such call and read it again)
+            # its first reading: call by call, which learns what it does not support (a
+            if not dev.probed:
+                # straight-line read would stop at the first such call and read it again)
+                dev.probed = True
                 out.append(filled(self._blank(dev), self._fill, dev))
                 continue
             uns = dev.unsupported
@@ -745,12 +775,14 @@ class NvmlBackend(VendorBackend):
         try:
             self._fill_fast(dev, gpu)
             return gpu
-        except _GpuFailed as exc:  # from the sample buffer or the MIG slices
+        except _GpuFailed as exc:
+            # from the sample buffer or the MIG slices
             gpu.healthy = False
             gpu.error = exc.reason
             return gpu
         except self._nv.NVMLError:
-            pass  # a call failed: again, call by call
+            # a call failed: again, call by call
+            pass
         return filled(self._blank(dev), self._fill, dev)
 
     def _fill_fast(self, dev: _Device, gpu: GpuInfo) -> None:
@@ -810,7 +842,8 @@ class NvmlBackend(VendorBackend):
         gpu.utilization_gpu, gpu.utilization_window = self._utilization(
             dev, float(rates.gpu) if rates is not None else None, now)
         if not self._detail and "samples" not in dev.unsupported:
-            gpu.utilization_memory = None  # as _read_all, which a pick spares the call that reads it
+            # as _read_all, which a pick spares the call that reads it
+            gpu.utilization_memory = None
         if self._detail:
             gpu.temperature = q(dev, "temperature", nv.nvmlDeviceGetTemperature, 0)
             power = q(dev, "power", nv.nvmlDeviceGetPowerUsage)
@@ -871,7 +904,8 @@ class NvmlBackend(VendorBackend):
         values = q(dev, "fields", nv.nvmlDeviceGetFieldValues, ids) if ids else None
         if values is not None:
             read = {(int(v.fieldId), int(v.scopeId)): _field_value(v) for v in values}
-            if dev.fields is None:  # ask only for what the GPU answered from now on (most have no NVLink)
+            # ask only for what the GPU answered from now on (most have no NVLink)
+            if dev.fields is None:
                 dev.fields = [f for f in _FIELDS if read.get(_field_key(f)) is not None]
             gpu.memory_temperature = _int(read.get((_FI_MEMORY_TEMP, 0)))
             links = [v for (fid, _), v in read.items() if fid != _FI_MEMORY_TEMP and v is not None]
@@ -935,7 +969,8 @@ class NvmlBackend(VendorBackend):
         assert window is not None
         since = self._util_since.get(dev.uuid) if self._util_since else None
         uns = dev.unsupported
-        if "samples" in uns:  # no driver sample buffer: the window from our own readings
+        # no driver sample buffer: the window from our own readings
+        if "samples" in uns:
             return utilisation(window, now, since, reading, own=True)
         samples = None
         since_us = max(dev.samples_ts, int((now - self.util_window) * 1e6))
@@ -967,7 +1002,8 @@ class NvmlBackend(VendorBackend):
             try:
                 h = nv.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
             except nv.NVMLError:
-                continue  # an empty slot answers NOT_FOUND
+                # an empty slot answers NOT_FOUND
+                continue
             mig = MigInstance(index=i, uuid="")
             try:
                 mig.uuid = _text(nv.nvmlDeviceGetUUID(h))

@@ -16,7 +16,8 @@ included), and whole snapshots read both ways.
 
 from __future__ import annotations
 
-import _thread  # a lock alone: importing threading costs a one-shot command ~1.5 ms
+# a lock alone: importing threading costs a one-shot command ~1.5 ms
+import _thread
 import ctypes
 from ctypes import (
     Structure,
@@ -34,11 +35,13 @@ from ctypes import (
     create_string_buffer,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+# typing is not imported at run time: start-up time
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-LIBRARY = "libnvidia-ml.so.1"  # found by its soname, as nvidia-ml-py finds it (after load_library's path)
+# found by its soname, as nvidia-ml-py finds it (after load_library's path)
+LIBRARY = "libnvidia-ml.so.1"
 
 # Return codes and constants (nvml.h; nvidia-ml-py's names and values).
 NVML_SUCCESS = 0
@@ -48,14 +51,20 @@ NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_P2P_CAPS_INDEX_NVLINK = 2
-NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF  # a process's memory where NVML cannot tell
-_PROCESSES_BUFFER = 32  # a process list's entries asked for in one call (a GPU seldom runs more)
-_SAMPLES_BUFFER = 128  # samples asked for in one call (a driver keeps about 20 s of 1/6 s samples: 120)
+# a process's memory where NVML cannot tell
+NVML_VALUE_NOT_AVAILABLE_ULONGLONG = 0xFFFFFFFFFFFFFFFF
+# a process list's entries asked for in one call (a GPU seldom runs more)
+_PROCESSES_BUFFER = 32
+# samples asked for in one call (a driver keeps about 20 s of 1/6 s samples: 120)
+_SAMPLES_BUFFER = 128
 
 # Buffer sizes (nvml.h).
-_UUID_SIZE = 96  # NVML_DEVICE_UUID_V2_BUFFER_SIZE
-_NAME_SIZE = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
-_VERSION_SIZE = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE
+# NVML_DEVICE_UUID_V2_BUFFER_SIZE
+_UUID_SIZE = 96
+# NVML_DEVICE_NAME_V2_BUFFER_SIZE
+_NAME_SIZE = 96
+# NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE, NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE
+_VERSION_SIZE = 80
 
 # nvidia-ml-py's words for the codes it knows (NVMLError._errcode_to_string); any other code is
 # described by the library's nvmlErrorString, as there.
@@ -105,7 +114,8 @@ class c_nvmlProcessInfo_v3_t(Structure):
                 ("computeInstanceId", c_uint)]
 
 
-class c_nvmlProcessInfo_v1_t(Structure):  # the unversioned functions' (drivers before R510's _v2/_v3)
+# the unversioned functions' (drivers before R510's _v2/_v3)
+class c_nvmlProcessInfo_v1_t(Structure):
     _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong)]
 
 
@@ -127,7 +137,8 @@ class Process:
         self.pid = info.pid
         used = info.usedGpuMemory
         self.usedGpuMemory = None if used == NVML_VALUE_NOT_AVAILABLE_ULONGLONG else used
-        self.gpuInstanceId = getattr(info, "gpuInstanceId", None)  # (a v1 entry has no instance ids)
+        # (a v1 entry has no instance ids)
+        self.gpuInstanceId = getattr(info, "gpuInstanceId", None)
         self.computeInstanceId = getattr(info, "computeInstanceId", None)
 
 
@@ -249,7 +260,8 @@ def nvmlDeviceGetTopologyCommonAncestor(device1: c_void_p, device2: c_void_p) ->
 def nvmlDeviceGetTopologyNearestGpus(device: c_void_p, level: int) -> list[c_void_p]:
     fn = _fn("nvmlDeviceGetTopologyNearestGpus")
     count = c_uint(0)
-    _check(fn(device, c_uint(level), byref(count), None))  # the number, then the handles (as nvidia-ml-py)
+    # the number, then the handles (as nvidia-ml-py)
+    _check(fn(device, c_uint(level), byref(count), None))
     handles = (c_void_p * count.value)()
     _check(fn(device, c_uint(level), byref(count), handles))
     return [c_void_p(h) for h in handles[0:count.value]]
@@ -312,7 +324,8 @@ def nvmlDeviceGetSamples(device: c_void_p, sampling_type: int, since_us: int) ->
     ret = fn(device, kind, since, byref(value_type), byref(count), samples)
     if ret == NVML_ERROR_INSUFFICIENT_SIZE:
         count.value = 0
-        _check(fn(device, kind, since, byref(value_type), byref(count), None))  # the number of samples
+        # the number of samples
+        _check(fn(device, kind, since, byref(value_type), byref(count), None))
         samples = (c_nvmlSample_t * count.value)()
         ret = fn(device, kind, since, byref(value_type), byref(count), samples)
     _check(ret)
@@ -327,7 +340,8 @@ _PROCESS_FUNCTIONS: dict[str, tuple[tuple[str, Any], ...]] = {
     kind: ((f"{kind}_v3", c_nvmlProcessInfo_v3_t), (f"{kind}_v2", c_nvmlProcessInfo_v3_t),
            (kind, c_nvmlProcessInfo_v1_t))
     for kind in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")}
-_process_version: dict[str, int] = {}  # kind -> the index in its versions of the one this driver has
+# kind -> the index in its versions of the one this driver has
+_process_version: dict[str, int] = {}
 
 
 def _process_lister(kind: str) -> tuple[Any, Any]:
@@ -343,7 +357,8 @@ def _process_lister(kind: str) -> tuple[Any, Any]:
                 raise
             continue
         if i != first:
-            _process_version[kind] = i  # (one assignment: threads finding it together agree)
+            # (one assignment: threads finding it together agree)
+            _process_version[kind] = i
         return fn, entry
     raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)  # pragma: no cover - the loop raises or returns
 

@@ -33,10 +33,12 @@ from ..sanitize import for_terminal, printable
 
 log = logging.getLogger("gpusd.notify")
 
-SCHEMA = "gpusd-notify/1"  # the webhook body's version: fields are only ever added (docs/notify.md)
+# the webhook body's version: fields are only ever added (docs/notify.md)
+SCHEMA = "gpusd-notify/1"
 EVENT = "gpus_free"
 MAX_URL = 2048
-MIN_WEBHOOK_SECRET = 16  # bytes: a shorter HMAC key is guessable
+# bytes: a shorter HMAC key is guessable
+MIN_WEBHOOK_SECRET = 16
 SIGNATURE_HEADER = "X-Gpusd-Signature"
 DELIVERY_HEADER = "X-Gpusd-Delivery"
 
@@ -204,7 +206,8 @@ def _opener() -> Any:
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kw: Any) -> None:
-            return None  # a redirect is the receiver's answer: never followed (another host, another scheme)
+            # a redirect is the receiver's answer: never followed (another host, another scheme)
+            return None
 
     return urllib.request.build_opener(NoRedirect)
 
@@ -235,7 +238,8 @@ class Webhook:
 
     def describe(self) -> str:
         p = urlsplit(self.url)
-        return for_terminal(f"{p.scheme}://{p.netloc}{p.path}", 120)  # not the query: it may hold a token
+        # not the query: it may hold a token
+        return for_terminal(f"{p.scheme}://{p.netloc}{p.path}", 120)
 
     def post(self, body: bytes, delivery: str) -> int:
         """One try: the HTTP status (raises OSError for no answer, a refused connection, a timeout)."""
@@ -249,7 +253,8 @@ class Webhook:
         req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with self._opener.open(req, timeout=self.timeout) as resp:
-                resp.read(65536)  # bounded: the answer's body means nothing to us
+                # bounded: the answer's body means nothing to us
+                resp.read(65536)
                 return int(resp.status)
         except urllib.error.HTTPError as exc:
             exc.close()
@@ -281,7 +286,8 @@ class Webhook:
                 return
             why = f"HTTP {status}"
             if status not in RETRY_STATUS:
-                break  # the receiver said no (or moved): trying again would not change it
+                # the receiver said no (or moved): trying again would not change it
+                break
         raise GpusdError(f"--webhook {self.describe()}: not delivered after {attempt + 1} tr"
                          f"{'y' if attempt == 0 else 'ies'}: {why}")
 
@@ -406,7 +412,8 @@ class Mail:
                 import smtplib
 
                 if isinstance(exc, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
-                    break  # the server said no: again would be no too
+                    # the server said no: again would be no too
+                    break
         raise GpusdError(f"--mail {self.to} through {for_terminal(self.smtp, 80)}: not delivered: {why}")
 
     def _smtp(self, data: bytes) -> None:
@@ -438,7 +445,8 @@ def target(*, exec_: str | None = None, webhook: str | None = None, secret_file:
     if exec_ is not None:
         return Exec(exec_)
     if webhook is not None:
-        check_url(webhook)  # before the secret file: the first thing wrong is said first
+        # before the secret file: the first thing wrong is said first
+        check_url(webhook)
         secret = read_webhook_secret(secret_file) if secret_file is not None else None
         return Webhook(webhook, secret, timeout=webhook_timeout, attempts=webhook_attempts)
     assert mail is not None

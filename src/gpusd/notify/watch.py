@@ -27,11 +27,13 @@ if TYPE_CHECKING:  # pragma: no cover
 # ending (a process outside gpusd exits) is seen within POLL.
 SETTLE = (0.02, 0.1, 0.3)
 POLL = 1.0
-MIN_GAP = 0.05  # seconds between two looks woken by events, however many come (a busy fleet's stream)
+# seconds between two looks woken by events, however many come (a busy fleet's stream)
+MIN_GAP = 0.05
 
 
 class Watch(Protocol):
-    scope: str  # where it looks, for the log: "on this machine", "on 3 verified host(s)"
+    # where it looks, for the log: "on this machine", "on 3 verified host(s)"
+    scope: str
 
     def look(self) -> Notice | None: ...
 
@@ -45,7 +47,8 @@ def _gpus(chosen: list[Candidate]) -> tuple[Gpu, ...] | None:
     for cand in chosen:
         g = clean_gpu(cand.gpu.index, cand.uuid, cand.gpu.name)
         if g is None:
-            return None  # a GPU whose index or UUID cannot be passed on is not announced
+            # a GPU whose index or UUID cannot be passed on is not announced
+            return None
         out.append(g)
     return tuple(out)
 
@@ -95,7 +98,8 @@ class LocalWatch:
             timeout -= gap
         if timeout <= 0:
             return
-        if self._settle < len(SETTLE):  # a lease ended: look again soon, as the readings catch up
+        # a lease ended: look again soon, as the readings catch up
+        if self._settle < len(SETTLE):
             delay, self._settle = min(timeout, SETTLE[self._settle]), self._settle + 1
             time.sleep(delay)
             return
@@ -139,7 +143,8 @@ class FleetWatch:
         self.scope = f"on {sum(1 for h in hosts if h.verified is True and h.alive)} verified host(s)"
         for _, h, chosen in rank_hosts(hosts, self.c, host=self.host, model=self.model):
             gpus = _gpus(chosen)
-            if gpus is not None:  # the best host, as reserve would ask it first
+            # the best host, as reserve would ask it first
+            if gpus is not None:
                 return Notice(clean_host(h.hostname), h.node_id, gpus, fleet=True)
         return None
 
