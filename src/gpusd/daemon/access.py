@@ -44,17 +44,22 @@ log = logging.getLogger(__name__)
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# request[_request_key()]: True when this reader may see private fields
-_KEY: Any = None
+# aiohttp's keys of the marks a request carries, made on first use (name -> key)
+_KEYS: dict[str, Any] = {}
+
+
+def _mark_key(name: str, kind: type = bool) -> Any:
+    key = _KEYS.get(name)
+    if key is None:
+        from aiohttp import web
+
+        key = _KEYS[name] = web.RequestKey(name, kind) if hasattr(web, "RequestKey") else name
+    return key
 
 
 def _request_key() -> Any:
-    global _KEY
-    if _KEY is None:
-        from aiohttp import web
-
-        _KEY = web.RequestKey("gpusd.private", bool) if hasattr(web, "RequestKey") else "gpusd.private"
-    return _KEY
+    """request[_request_key()]: True when this reader may see private fields."""
+    return _mark_key("gpusd.private")
 
 
 # the model's private fields (gpusd.model.PRIVATE)
@@ -418,7 +423,7 @@ def can_see_private(request: web.Request) -> bool:
     :func:`serve`; False when the access rules did not run)."""
     try:
         # (set on every request by serve: no KeyError then)
-        return bool(request[_KEY or _request_key()])
+        return bool(request[_request_key()])
     except KeyError:
         return False
 
@@ -445,30 +450,14 @@ def holder_of(request: web.Request) -> str:
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 
 
-# request[_trusted_key()]: True for a secret holder's request (is_signed)
-_TRUSTED_KEY: Any = None
-
-
 def _trusted_key() -> Any:
-    global _TRUSTED_KEY
-    if _TRUSTED_KEY is None:
-        from aiohttp import web
-
-        _TRUSTED_KEY = web.RequestKey("gpusd.trusted", bool) if hasattr(web, "RequestKey") else "gpusd.trusted"
-    return _TRUSTED_KEY
-
-
-# request[_signed_key()]: the verified signed request (for the answer's proof)
-_SIGNED_KEY: Any = None
+    """request[_trusted_key()]: True for a secret holder's request (is_signed)."""
+    return _mark_key("gpusd.trusted")
 
 
 def _signed_key() -> Any:
-    global _SIGNED_KEY
-    if _SIGNED_KEY is None:
-        from aiohttp import web
-
-        _SIGNED_KEY = web.RequestKey("gpusd.signed", object) if hasattr(web, "RequestKey") else "gpusd.signed"
-    return _SIGNED_KEY
+    """request[_signed_key()]: the verified signed request (for the answer's proof)."""
+    return _mark_key("gpusd.signed", object)
 
 
 def _refuse(status: int, message: str) -> web.Response:
@@ -505,14 +494,14 @@ async def serve(gate: Any, handler: Handler, request: web.Request) -> web.Stream
     remote = conn.remote if conn is not None else request.remote
     if access.key is not None and request.secure and transport in access.sessions:
         private = trusted = True
-        request[_TRUSTED_KEY or _trusted_key()] = True
+        request[_trusted_key()] = True
     else:
         # (not trusted: is_signed's default)
         trusted = False
         # a local reader whose Host names us (request.host: the header, else the local address)
         private = access.local_reader(remote) and access.host_ok(headers.get("Host") or request.host, remote)
     # always set: a missing key costs can_see_private a KeyError
-    request[_KEY or _request_key()] = private
+    request[_request_key()] = private
     if conn is None:
         response = await handler(request)
     else:

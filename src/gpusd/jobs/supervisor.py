@@ -170,6 +170,16 @@ class JobSpec:
         return self.preemptible or self.pausable or self.on_change == "restart" or self.time_limit is not None
 
 
+def _nudge(fd: int) -> None:
+    """One byte into the main thread's wake-up pipe (``fd``; -1 once closed): a full pipe already holds
+    a wake-up, so a failed write loses nothing."""
+    if fd >= 0:
+        try:
+            os.write(fd, b"!")
+        except OSError:
+            pass
+
+
 class Supervisor:
     """One job: its :class:`JobSpec`, its state (:attr:`state`), its command (:attr:`child`), its lease
     (:attr:`lease`, a :class:`LeaseHandle`) and the GPUs it has now (:attr:`devs`), its record
@@ -459,13 +469,7 @@ class Supervisor:
         """Wake the main thread from :meth:`_sleep` (the lease's thread, when its wait ended; the signal
         handler writes to the pipe itself, without the lock, which the main thread may hold)."""
         with self._wake_lock:
-            fd = self._wake[1]
-            if fd >= 0:
-                try:
-                    os.write(fd, b"!")
-                except OSError:
-                    # full: the main thread has a wake-up pending already
-                    pass
+            _nudge(self._wake[1])
 
     def _sleep(self, timeout: float) -> None:
         """Until :meth:`_poke` (or ``timeout``); the pending wake-ups are read."""
@@ -965,12 +969,7 @@ class Supervisor:
                 self.stopped_by = signum
                 self.stopped.set()
                 # not _poke: the handler must never wait for a lock (the main thread's own)
-                fd = self._wake[1]
-                if fd >= 0:
-                    try:
-                        os.write(fd, b"!")
-                    except OSError:
-                        pass
+                _nudge(self._wake[1])
 
         return forward
 
