@@ -1011,14 +1011,22 @@ class HostSnapshot:
         return cls.from_dict(data)
 
 
+def check_schema(d: Any, what: str, kind: str, version: int) -> dict[str, Any]:
+    """``d``, a wire document (``what``: "a host snapshot") of ``kind``'s schema ``version``: an object
+    whose ``schema`` is that version, or absent (senders older than the field send the same fields);
+    :class:`WireError` otherwise."""
+    if not isinstance(d, dict):
+        raise WireError(f"{what} must be an object")
+    schema = d.get("schema", version)
+    if schema != version or isinstance(schema, bool):
+        raise WireError(f"unsupported {kind} schema {str(schema)[:20]} (this gpusd reads {version})")
+    return d
+
+
 def _snapshot_envelope(d: Any) -> bool:
     """A snapshot's checks beyond its fields' (:class:`WireError`): an object, of this schema, with a
     boolean ``simulated`` if any; whether it says ``simulated``."""
-    if not isinstance(d, dict):
-        raise WireError("a host snapshot must be an object")
-    schema = d.get("schema", SCHEMA_VERSION)
-    if schema != SCHEMA_VERSION or isinstance(schema, bool):
-        raise WireError(f"unsupported snapshot schema {str(schema)[:20]} (this gpusd reads {SCHEMA_VERSION})")
+    d = check_schema(d, "a host snapshot", "snapshot", SCHEMA_VERSION)
     simulated = d.get("simulated")
     if simulated is not None and not isinstance(simulated, bool):
         raise WireError(f"field 'simulated' must be bool, got {type(simulated).__name__}")
@@ -1078,6 +1086,7 @@ __all__ = [
     "MAX_TEXT",
     "finite",
     "canonical",
+    "check_schema",
     "canonical_gpu",
     "canonical_snapshot",
     "free_memory",

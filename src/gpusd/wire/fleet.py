@@ -16,7 +16,7 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from ..errors import WireError
-from ..model import MAX_NAME, HostSnapshot, decode, encode
+from ..model import MAX_NAME, HostSnapshot, check_schema, decode, encode
 from ..sanitize import dumps
 
 # version of this document; a reader refuses other versions
@@ -206,12 +206,8 @@ class FleetView:
 def fleet_envelope(d: Any) -> tuple[str | None, list[Any], int]:
     """A fleet answer's envelope, checked (:class:`WireError`): its session, its hosts as received (each
     still to be checked: :meth:`HostRecord.from_dict`) and how many hosts its daemon dropped."""
-    if not isinstance(d, dict):
-        raise WireError("a fleet answer must be an object")
     # 0.1 daemons send no schema: the same fields
-    schema = d.get("schema", FLEET_SCHEMA)
-    if schema != FLEET_SCHEMA or isinstance(schema, bool):
-        raise WireError(f"unsupported fleet schema {str(schema)[:20]} (this gpusd reads {FLEET_SCHEMA})")
+    d = check_schema(d, "a fleet answer", "fleet", FLEET_SCHEMA)
     session = d.get("session")
     if session is not None and (not isinstance(session, str) or len(session) > MAX_NAME):
         raise WireError("field 'session' must be a short string")
