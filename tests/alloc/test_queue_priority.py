@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO
 from fakenvml import make_gpus
-from gpusd.alloc import queue
+from gpusd.alloc import lockdir, queue
 from gpusd.alloc.api import LeaseRequest, allocate
 from gpusd.alloc.leases import LeaseStore
 from gpusd.alloc.policy import load_priority_policy
@@ -106,7 +106,7 @@ def test_a_preempted_job_is_requeued_at_the_head_of_its_class(tmp_path):
                          env=env)
     others: list[queue.Ticket] = []
     try:
-        wait_until_sync(lambda: queue._process_start(p.pid) is not None, timeout=10)
+        wait_until_sync(lambda: lockdir.process_start(p.pid) is not None, timeout=10)
         import time
 
         time.sleep(1.1)  # /proc's boot time has whole seconds: be clearly later than the process's start

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpusd.alloc.queue import _process_start
+from gpusd.alloc.lockdir import process_start as _process_start
 from gpusd.engines.placement import Placement
 from gpusd.engines.records import end_renewer, held_placement, renewer_of
 

@@ -439,6 +439,29 @@ def process_uid(pid: int) -> int | None:
         return None
 
 
+def process_start_boot(pid: int) -> float | None:
+    """When process ``pid`` started, on the boot-time clock (``/proc/PID/stat``, set by the kernel)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096)
+        return int(raw[raw.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), from /proc: set by the kernel."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096)
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f.read(1 << 16).split(b"\n") if line.startswith(b"btime "))
+        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def holder_name(pid: int) -> str:
     """``"pid 123 of alice (uid 1000)"``: a process holding a lock, as /proc/locks names it."""
     uid = process_uid(pid) if pid > 0 else None

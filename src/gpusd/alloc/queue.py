@@ -82,6 +82,8 @@ from .lockdir import (
     flock_table,
     lock_key,
     open_lock_file,
+    process_start,
+    process_start_boot,
     read_live,
     try_lock,
     write_new,
@@ -182,7 +184,7 @@ class Place:
         """Whether its waiter still runs: the same process (its start time), as the same user."""
         from .lockdir import process_uid
 
-        return process_uid(self.pid) == self.uid and _process_start(self.pid) == self.started
+        return process_uid(self.pid) == self.uid and process_start(self.pid) == self.started
 
 
 # seconds a restarted daemon keeps a waiter's place for it to ask again
@@ -229,7 +231,7 @@ def readopt(store: LeaseStore, grace: float = READOPT_GRACE) -> dict[tuple[int, 
                 pid, uid = d.get("pid"), d.get("uid")
                 if type(pid) is not int or type(uid) is not int or not (0 < pid < 2**31 and 0 <= uid < 2**32):
                     continue
-                started = _process_start(pid)
+                started = process_start(pid)
                 # /proc's start time is exact to a clock tick after the boot time, which is whole seconds
                 if (started is None or started > st.st_ctime_ns / 1e9 + 1.0 or process_uid(pid) != uid
                         or (pid, uid) in out):
@@ -365,7 +367,7 @@ def _scan_one(store: LeaseStore, cleanup: bool) -> list[tuple[Waiter, float, Pat
                 if locks is None:
                     locks = flock_table() or {}
                 if (pid, True) in locks.get(lock_key(st), []):
-                    started = _process_start_boot(pid)
+                    started = process_start_boot(pid)
                     if started is not None and started <= place:
                         place, resumed = started, True
             out.append((Waiter(
@@ -448,29 +450,6 @@ def _since_boot(claimed: object, st: os.stat_result, now: float, now_boot: float
     if trusted and type(claimed) in (int, float) and 0 <= claimed <= now_boot:  # type: ignore[operator]
         return float(claimed)  # type: ignore[arg-type]
     return now_boot - max(0.0, now - st.st_ctime_ns / 1e9)
-
-
-def _process_start_boot(pid: int) -> float | None:
-    """When process ``pid`` started, on the boot-time clock (``/proc/PID/stat``, set by the kernel)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read(4096)
-        return int(raw[raw.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _process_start(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), from /proc: set by the kernel."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read(4096)
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f.read(1 << 16).split(b"\n") if line.startswith(b"btime "))
-        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def wait_for(path: Path, deadline: float | None, poll: float = 0.05, watch: LeaseWatch | None = None,

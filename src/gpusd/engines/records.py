@@ -13,7 +13,6 @@ Files are written new (:func:`write_new`: never through a symbolic link) and rea
 that cannot be read is skipped, never fatal.
 """
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import json
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..alloc.lockdir import process_start
 from ..errors import GpusdError
 from ..identity import state_dir
 from ..sanitize import for_terminal
@@ -61,11 +61,9 @@ def held_path(job_id: str) -> Path:
 def write_held(p: Placement, holder_pid: int, until: float | None) -> Path:
     """Record what the job holds now (read by ``--format horovod-discovery --held FILE``): the
     placement, and the holder as the kernel knows it (pid and start time: a pid alone may be reused)."""
-    from ..alloc.queue import _process_start
-
     path = held_path(p.job_id)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    record = {"placement": p.to_dict(), "pid": holder_pid, "pid_started": _process_start(holder_pid), "until": until}
+    record = {"placement": p.to_dict(), "pid": holder_pid, "pid_started": process_start(holder_pid), "until": until}
     write_new(str(path), json.dumps(record) + "\n", 0o600)
     return path
 
@@ -80,11 +78,9 @@ def forget_held(job_id: str) -> None:
 def holder_alive(pid: object, started: object) -> bool:
     """Whether the process that wrote a record still runs: the pid, and the same kernel start time
     (a pid that was reused by another process has a later one)."""
-    from ..alloc.queue import _process_start
-
     if type(pid) is not int or pid <= 0 or not isinstance(started, (int, float)):
         return False
-    now = _process_start(pid)
+    now = process_start(pid)
     # btime may shift by 1 s
     return now is not None and abs(now - started) < 1.5
 
@@ -165,9 +161,7 @@ def describe(record: dict[str, Any]) -> str:
 def renewer_record(pid: int | None) -> dict[str, Any]:
     """What a record keeps of a renewer we just started (``pid``, our child, not yet waited for, so
     the pid is still its own): the pid and the kernel's start time of the process."""
-    from ..alloc.queue import _process_start
-
-    return {"renewer_pid": pid, "renewer_started": _process_start(pid) if pid is not None else None}
+    return {"renewer_pid": pid, "renewer_started": process_start(pid) if pid is not None else None}
 
 
 def renewer_of(pid: object, started: object) -> int | None:

@@ -10,9 +10,9 @@ The webhook's body is :func:`payload` (schema ``gpusd-notify/1``), its signature
 ``X-Gpusd-Signature: t=UNIX,v1=HEX``: HMAC-SHA256 over ``"UNIX." + body`` with the secret file's
 first line, so that a receiver can refuse a replay older than it likes."""
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
 from __future__ import annotations
 
+import getpass
 import hashlib
 import hmac
 import json
@@ -20,16 +20,24 @@ import logging
 import os
 import re
 import shutil
+import smtplib
+import socket
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from .._version import __version__
 from ..errors import ConfigError, GpusdError
 from ..sanitize import for_terminal, printable
+from ..wire.signing import read_secret_file
 
 log = logging.getLogger("gpusd.notify")
 
@@ -173,7 +181,6 @@ def check_url(url: str) -> str:
 def read_webhook_secret(path: str | os.PathLike[str]) -> bytes:
     """The HMAC key in ``path``: its first line, checked as the fleet secret's file is (a regular file,
     not a symlink, not readable by others: :func:`gpusd.wire.signing.read_secret_file`)."""
-    from ..wire.signing import read_secret_file
 
     value = read_secret_file(path, what="the webhook secret file")
     if len(value.encode()) < MIN_WEBHOOK_SECRET:
@@ -202,8 +209,6 @@ def verify(secret: bytes, body: bytes, header: str, now: float | None = None, to
 
 
 def _opener() -> Any:
-    import urllib.request
-
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kw: Any) -> None:
             # a redirect is the receiver's answer: never followed (another host, another scheme)
@@ -243,8 +248,6 @@ class Webhook:
 
     def post(self, body: bytes, delivery: str) -> int:
         """One try: the HTTP status (raises OSError for no answer, a refused connection, a timeout)."""
-        import urllib.error
-        import urllib.request
 
         headers = {"Content-Type": "application/json", "User-Agent": _agent(), DELIVERY_HEADER: delivery,
                    "X-Gpusd-Event": EVENT}
@@ -328,9 +331,6 @@ def find_sendmail(path: str | None = None) -> str | None:
 
 
 def default_sender() -> str:
-    import getpass
-    import socket
-
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001
@@ -368,9 +368,6 @@ class Mail:
         return self.to
 
     def message(self, n: Notice) -> bytes:
-        from email.message import EmailMessage
-        from email.utils import formatdate, make_msgid
-
         msg = EmailMessage()
         msg["From"] = self.sender
         msg["To"] = self.to
@@ -409,7 +406,6 @@ class Mail:
             except Exception as exc:  # noqa: BLE001  (socket errors, smtplib's, a timeout)
                 why = for_terminal(f"{type(exc).__name__}: {exc}", 160)
                 log.info("smtp %s: try %d: %s", self.smtp, attempt + 1, why)
-                import smtplib
 
                 if isinstance(exc, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
                     # the server said no: again would be no too
@@ -417,15 +413,11 @@ class Mail:
         raise GpusdError(f"--mail {self.to} through {for_terminal(self.smtp, 80)}: not delivered: {why}")
 
     def _smtp(self, data: bytes) -> None:
-        import smtplib
-
         assert self._hostport is not None and self.sender is not None
         host, port = self._hostport
         with smtplib.SMTP(host, port, timeout=self.timeout) as s:
             s.ehlo_or_helo_if_needed()
             if s.has_extn("starttls"):
-                import ssl
-
                 s.starttls(context=ssl.create_default_context())
                 s.ehlo()
             s.sendmail(self.sender, [self.to], data)

@@ -6,15 +6,18 @@ qualify now, by the rule of ``gpusd select`` or of ``gpusd reserve``; None other
 :meth:`wait` (sleep until something changed or ``timeout`` passed).  Neither takes a lease, nor
 joins the queue: a notice says what was free when it was looked at (docs/notify.md)."""
 
-# Imports inside functions: not yet hoisted.
 from __future__ import annotations
 
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..alloc import queue
+from ..alloc.api import shared_backend
+from ..alloc.leases import LeaseStore
 from ..alloc.select import explain, never
 from ..errors import NoGpuAvailable
+from ..pool.client import rank_hosts
 from .deliver import Gpu, Notice, clean_gpu, clean_host
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,10 +64,6 @@ class LocalWatch:
 
     def __init__(self, c: Constraints, *, simulate: str | None = None, backend: Backend | None = None,
                  env: dict[str, str] | None = None) -> None:
-        from ..alloc import queue
-        from ..alloc.api import shared_backend
-        from ..alloc.leases import LeaseStore
-
         self.c = c
         self.env = env
         self.backend = backend or shared_backend(simulate)
@@ -135,8 +134,6 @@ class FleetWatch:
         self._wake.set()
 
     def look(self) -> Notice | None:
-        from ..pool.client import rank_hosts
-
         self._wake.clear()
         self._last = time.monotonic()
         hosts = self.client.hosts

@@ -1,6 +1,6 @@
 """Fleet selection and reservations: the client side of the pool (docs/pool.md)."""
 
-# Imports inside functions: optional or heavy packages; not yet hoisted.
+# Imports inside functions: optional or heavy packages.
 from __future__ import annotations
 
 import fnmatch
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 from ..alloc.select import Candidate, Constraints, choose, score
+from ..engines.placement import Placement, valid_cpulist
 from ..errors import (
     REFUSED_STATUSES,
     ConfigError,
@@ -37,7 +38,6 @@ from ..wire.txt import API_PREFIX
 if TYPE_CHECKING:  # pragma: no cover
     from ..discovery.sync import Client
     from ..discovery.types import RemoteHost
-    from ..engines.placement import Placement
     from ..wire.http import Reply
     from ..wire.signing import FleetKey
 
@@ -208,7 +208,6 @@ class Reservation:
     def to_placement(self, job_id: str | None = None) -> Placement:
         """The engines' :class:`~gpusd.engines.placement.Placement` of this reservation (validated:
         PlacementError for a host name that is not safe in a hostfile or an ssh argument)."""
-        from ..engines.placement import Placement
 
         return Placement.from_dict(self.to_placement_dict(job_id))
 
@@ -245,7 +244,6 @@ def _slot_gpus(p: HostLease) -> dict[str, Any]:
     numbers = [d["vendor_index"] if type(d.get("vendor_index")) is int else d["index"]
                for d in p.devices]
     out: dict[str, Any] = {"gpus": numbers, "uuids": [d["uuid"] for d in p.devices]}
-    from ..engines.placement import valid_cpulist
 
     # each GPU's local CPUs as the host claims them (a daemon before 0.3 says nothing): a CPU list
     # that does not parse is unknown; the rank's host intersects it with what it may use
