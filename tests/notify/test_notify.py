@@ -56,7 +56,8 @@ def test_exec_fires_once_after_the_holder_ends_and_not_before(tmp_path: Path, en
     got = lines(out)
     assert len(got) == 2 and got[1] == "leased", got
     when, count, gpus, uuids, seq = got[0].split()
-    assert (when, count, gpus, seq) == ("after", "2", "0,1", "1")
+    # both GPUs, least loaded first: the simulated loads drift, so either may lead
+    assert (when, count, sorted(gpus.split(",")), seq) == ("after", "2", ["0", "1"], "1")
     assert all(u.startswith("GPU-") for u in uuids.split(",")) and len(uuids.split(",")) == 2
     assert any("2 GPU(s) free on this machine" in ln for ln in n.lines)
 
@@ -65,7 +66,9 @@ def test_free_already_fires_at_once_and_exits_0(tmp_path: Path, env: dict[str, s
     out = tmp_path / "fired"
     r = gpusd_cli(["notify", "-n", "1", "--exec", when_said(out)], env=env)
     assert r.returncode == 0, r.stderr
-    assert [ln.split()[:3] for ln in lines(out)] == [["before", "1", "0"]]  # no holder at all: free before any end
+    # no holder at all: free before any end (the least loaded GPU, which the simulated loads' drift picks)
+    [fired] = [ln.split()[:3] for ln in lines(out)]
+    assert fired[:2] == ["before", "1"] and fired[2] in ("0", "1"), fired
 
 
 @pytest.mark.timeout(120)
