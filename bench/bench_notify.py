@@ -271,6 +271,14 @@ def local_cpu(waiters: int, window: float) -> None:
         print(f"| {label} | {d:.2f} | {n:.1f} | {load:.1f} |")
 
 
+def daemon_cpu(pid: int, window: float) -> tuple[float, float]:
+    """Process ``pid``'s CPU over ``window`` s after a 2 s settle, in % of one core, and the load average then."""
+    time.sleep(2)
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(window)
+    return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0), os.getloadavg()[0]
+
+
 def streams_cpu(readers: int, window: float) -> None:
     fake = FakeEnv(make_gpus(2))
     state = fake.tmp / "daemon"
@@ -296,10 +304,7 @@ def streams_cpu(readers: int, window: float) -> None:
         wait(held.exists, 120, "the holder's lease")
 
         def measure(label: str) -> None:
-            time.sleep(2)
-            c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
-            time.sleep(window)
-            rows.append((label, 100 * (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0), os.getloadavg()[0]))
+            rows.append((label, *daemon_cpu(daemon.pid, window)))
 
         measure("none")
         reader = subprocess.Popen([sys.executable, "-c", READERS, url, str(readers), str(key)], env=env,
@@ -398,10 +403,7 @@ def fleet(runs: int, waiters: int, window: float, settle: float = 0.0) -> None:
         notifiers: list[Lines] = []
 
         def measure(label: str) -> None:
-            time.sleep(2)
-            c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
-            time.sleep(window)
-            rows.append((label, 100 * (cpu_seconds(daemon.pid) - c0) / (time.monotonic() - t0), os.getloadavg()[0]))
+            rows.append((label, *daemon_cpu(daemon.pid, window)))
 
         measure("none")
         for i in range(waiters):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# Run the command as `python -m gpusd` would, then report sys.modules on stderr.
+# Run the command as `python -m gpusd` would, then report sys.modules on stderr (stdout is the command's).
 PROBE = """
 import sys
 from gpusd.cli import main

@@ -14,25 +14,12 @@ import os
 import site
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from commandpaths import PROBE, SRC
 from fakenvml import make_gpus
 from quickpath import QUICK
-
-SRC = Path(__file__).resolve().parents[2] / "src"
-
-# Run the command as `python -m gpusd` would, then report sys.modules on stderr (stdout is the command's).
-PROBE = """
-import sys
-from gpusd.cli import main
-try:
-    rc = main(sys.argv[1:])
-except SystemExit as exc:
-    rc = exc.code
-sys.stderr.write("\\nMODULES " + " ".join(sorted(sys.modules)) + " RC " + str(rc) + "\\n")
-"""
 
 # Never on the path of a quick command: what the daemon, discovery, trust, views and history use.
 HEAVY = ("aiohttp", "zeroconf", "rich", "cryptography", "http_message_signatures", "prometheus_client",
