@@ -212,8 +212,8 @@ def _pick_snapshot(backend: Backend, util_since: dict[str, float],
     later = getattr(backend, "pick_snapshot", None)
     if later is None:
         return backend.snapshot(util_since=util_since, detail=False), None
-    snap, confirm = later(util_since, pairs)
-    return snap, confirm
+    result: tuple[HostSnapshot, Callable[[GpuInfo], bool]] = later(util_since, pairs)
+    return result
 
 
 def _take(snap: HostSnapshot, c: Constraints, req: LeaseRequest, store: LeaseStore, held: list[LeaseInfo],
