@@ -2,7 +2,7 @@
 waiting notifiers cost the daemon.
 
     python bench/bench_notify.py [--runs 50] [--waiters 100] [--window 20] [--fleet-runs 50] [--no-fleet]
-                                 [--no-cpu] [--fleet-only] [--settle 60]
+                                 [--no-cpu] [--fleet-only] [--settle 60] [--streams-only] [--pace 5]
 
 1. **Latency on this machine** (fake NVML, 2 GPUs): a holder in this process leases both GPUs; two
    ``gpusd notify -n 2 --repeat`` run, one ``--exec 'date +%s.%N >> FILE'``, one ``--webhook`` to a
@@ -16,11 +16,12 @@ waiting notifiers cost the daemon.
    sampling interval, 1 s), a holder on that host leasing through its daemon, two ``notify --fleet``
    on a client machine; p50/p99 over ``--fleet-runs`` runs; then the host daemon's CPU with
    ``--waiters`` fleet notifiers following its event stream against none (``--settle S``: again S s
-   later, once their mDNS browsers' start-up queries are over).
+   later, once their mDNS browsers' start-up queries are over), its GPUs leased and busy: their
+   readings change every second (``Busy``), as a real host's do while notifiers wait for them.
 4. **The daemon's fan-out alone** (``--streams N``, or ``--streams-only``): the daemon on 127.0.0.1 with a
-   fleet secret, both GPUs leased, and N signed ``/api/v1/events`` readers (what a fleet notifier asks
-   of a host's daemon) in one reader process: the daemon's CPU with none / N / none again, without a
-   hundred notifier processes loading the machine as part 3 does.
+   fleet secret, both GPUs leased, and N signed ``/api/v1/events`` readers in one reader process: the
+   daemon's CPU with none / N / N paced as a fleet notifier asks (``?pace=5``, ``--pace``) / none
+   again, without a hundred notifier processes loading the machine as part 3 does.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO, FakeEnv, make_gpus, p50, pct, start_ready, stop
+
+sys.path.insert(0, str(REPO / "src"))
+from gpusd.notify.watch import PACE  # noqa: E402
 
 SRC = REPO / "src"
 GOAL = 2.0
@@ -119,6 +123,36 @@ print(srv.server_address[1], flush=True)
 threading.Thread(target=srv.serve_forever, daemon=True).start()
 time.sleep(3600)
 """
+
+
+class Busy:
+    """GPUs at work while notifiers wait for them: each second a new utilisation, temperature and power
+    (what a busy GPU's readings do), written to the fake NVML's state file ``path``; the state as it was
+    again on leaving.  Each sample of the daemon then changes, as on a real host whose GPUs are in use."""
+
+    def __init__(self, path: Path, gpus: list[Any]) -> None:
+        from fakenvml import write_state
+
+        self.path, self.gpus, self.write = path, gpus, write_state
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import dataclasses
+
+        rng = random.Random(7)
+        while not self.done.wait(1.0):
+            self.write(self.path, [dataclasses.replace(g, util_gpu=rng.randint(60, 95), temperature=rng.randint(60, 80),
+                                                       power_usage=rng.randint(200, 350) * 1000) for g in self.gpus])
+
+    def __enter__(self) -> "Busy":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(5)
+        self.write(self.path, self.gpus)
 
 
 class Lines:
@@ -279,8 +313,9 @@ def daemon_cpu(pid: int, window: float) -> tuple[float, float]:
     return 100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0), os.getloadavg()[0]
 
 
-def streams_cpu(readers: int, window: float) -> None:
-    fake = FakeEnv(make_gpus(2))
+def streams_cpu(readers: int, window: float, pace: float = 0.0) -> None:
+    gpus = make_gpus(2)
+    fake = FakeEnv(gpus)
     state = fake.tmp / "daemon"
     state.mkdir()
     key = fake.tmp / "fleet.key"
@@ -300,8 +335,10 @@ def streams_cpu(readers: int, window: float) -> None:
     reader: subprocess.Popen[str] | None = None
     rows = []
     heard = ""
+    busy = Busy(fake.state, gpus)
     try:
         wait(held.exists, 120, "the holder's lease")
+        busy.__enter__()
 
         def measure(label: str) -> None:
             rows.append((label, *daemon_cpu(daemon.pid, window)))
@@ -317,15 +354,28 @@ def streams_cpu(readers: int, window: float) -> None:
         heard = reader.stdout.read().strip()
         reader.wait(10)
         reader = None
+        if pace:
+            # what a fleet notifier asks for (docs/wire-format.md): readings alone at most every PACE s
+            reader = subprocess.Popen([sys.executable, "-c", READERS, f"{url}?pace={pace:g}", str(readers), str(key)],
+                                      env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+            assert reader.stdout is not None
+            if reader.stdout.readline().strip() != "connected":
+                raise SystemExit("bench: the paced stream readers did not connect")
+            measure(f"{readers} signed readers at pace {pace:g} s (a fleet notifier's)")
+            reader.terminate()
+            heard += f"; paced: {reader.stdout.read().strip()}"
+            reader.wait(10)
+            reader = None
         measure("none again")
     finally:
+        busy.__exit__()
         if reader is not None:
             reader.kill()
         holder.terminate()
         holder.wait(10)
         stop(daemon)
     print(f"\n### The daemon's fan-out alone over {window:g} s: signed /api/v1/events readers on 127.0.0.1 "
-          f"(2 GPUs leased; the readers heard {heard})\n")
+          f"(2 GPUs leased, their readings new each second; the readers heard {heard})\n")
     print("| readers | daemon CPU % | load average |\n|---|---|---|")
     for label, d, load in rows:
         print(f"| {label} | {d:.2f} | {load:.1f} |")
@@ -397,6 +447,7 @@ def fleet(runs: int, waiters: int, window: float, settle: float = 0.0) -> None:
             rx.terminate()
             return
         hold()  # the GPUs leased while the daemon's CPU is measured: every notifier waits
+        busy = Busy(h1.nvml_state, h1.gpus).__enter__()  # and at work: their readings change each sample
         daemon = h1.proc
         assert daemon is not None
         rows = []
@@ -424,10 +475,12 @@ def fleet(runs: int, waiters: int, window: float, settle: float = 0.0) -> None:
         for n in notifiers:
             n.proc.wait(10)
         measure("none again")
+        busy.__exit__()
         holder.stdin.close()
         holder.wait(10)
         rx.terminate()
-        print(f"\n### The host daemon's CPU over {window:g} s with fleet notifiers (GPUs leased)\n")
+        print(f"\n### The host daemon's CPU over {window:g} s with fleet notifiers (GPUs leased, their readings "
+              "new each second)\n")
         print("| notifiers | daemon CPU % | load average |\n|---|---|---|")
         for label, d, load in rows:
             print(f"| {label} | {d:.2f} | {load:.1f} |")
@@ -446,11 +499,13 @@ def main() -> None:
     ap.add_argument("--fleet-only", action="store_true", help="only part 3 (the fleet's latency and the host's CPU)")
     ap.add_argument("--streams", type=int, default=100, help="part 4's readers (0: no part 4)")
     ap.add_argument("--streams-only", action="store_true", help="only part 4 (the daemon's fan-out alone)")
+    ap.add_argument("--pace", type=float, default=PACE,
+                    help="part 4: also N readers at this pace (a fleet notifier's; 0: not)")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.streams_only:
-        streams_cpu(args.streams, args.window)
+        streams_cpu(args.streams, args.window, args.pace)
         return
     if not args.fleet_only:
         local_latency(args.runs)
@@ -459,7 +514,7 @@ def main() -> None:
     if not args.no_fleet:
         fleet(args.fleet_runs, 0 if args.no_cpu else args.waiters, args.window, args.settle)
     if not args.no_cpu and args.streams > 0 and not args.fleet_only:
-        streams_cpu(args.streams, args.window)
+        streams_cpu(args.streams, args.window, args.pace)
 
 
 if __name__ == "__main__":

@@ -1064,6 +1064,47 @@ _accept_simulated_keyword(HostSnapshot)
 VENDORS = ("nvidia", "amd", "intel")
 DEFAULT_VENDOR = VENDORS[0]
 
+# What a sample changes while nothing changes hands: a GPU's readings (and a process's, a MIG slice's
+# memory, a lease's renewed expiry).  Everything else -- a lease, a process coming or going, health, a
+# booking, a GPU's free state -- is its shape.  A paced event-stream reader (docs/wire-format.md, "Event
+# stream") gets a change of readings alone at most every few seconds, a change of shape at once.
+READINGS = frozenset({
+    "memory_used", "memory_free", "utilization_gpu", "utilization_memory", "utilization_window", "temperature",
+    "power_draw", "fan_speed", "clock_sm", "clock_memory", "memory_temperature", "memory_reserved", "energy",
+    "pcie_replays", "utilization_encoder", "utilization_decoder", "nvlink_bytes", "gpm_graphics_util",
+    "gpm_tensor_util", "gpm_dram_util", "pcie_tx_rate", "pcie_rx_rate", "edge_temperature",
+    "junction_temperature", "gfx_busy_xcc", "pcie_speed", "pcie_bandwidth",
+})
+_PART_READINGS = {"processes": frozenset({"used_memory"}), "mig_instances": frozenset({"memory_used"}),
+                  "leases": frozenset({"expires"})}
+
+
+def shape_of(snapshot: dict[str, Any]) -> list[Any]:
+    """The shape of ``snapshot`` (a :class:`HostSnapshot` as :func:`encode` writes it): its GPUs
+    without their :data:`READINGS`, each with its free state by :func:`gpu_is_free`, and the host's
+    other fields but its timestamp.  Two samples of one host with the same shape differ in readings
+    alone."""
+    gpus = []
+    for gpu in snapshot.get("gpus") or ():
+        if not isinstance(gpu, dict):
+            gpus.append(gpu)
+            continue
+        kept: dict[str, Any] = {}
+        for name, value in gpu.items():
+            if name in READINGS:
+                continue
+            drop = _PART_READINGS.get(name)
+            if drop is not None and isinstance(value, list):
+                value = [{k: v for k, v in item.items() if k not in drop} if isinstance(item, dict) else item
+                         for item in value]
+            kept[name] = value
+        util = gpu.get("utilization_gpu")
+        kept["free"] = gpu_is_free(bool(gpu.get("healthy", True)), gpu.get("processes"), gpu.get("leases"),
+                                   util if isinstance(util, (int, float)) and not isinstance(util, bool) else None)
+        gpus.append(kept)
+    return [gpus, {k: v for k, v in snapshot.items() if k not in ("gpus", "timestamp")}]
+
+
 MODEL_CLASSES = (HostSnapshot, GpuInfo, GpuLink, GpuTopology, MigInstance, ProcessInfo, LeaseInfo, BookingInfo)
 # the classes whose from_dict (to_dict) is decode (encode) and nothing more: a compiled codec of a class
 # holding them calls theirs directly (tests/test_model_codec.py checks the lists against the methods)
@@ -1092,6 +1133,8 @@ __all__ = [
     "free_memory",
     "gpu_is_free",
     "gpu_memory_available",
+    "READINGS",
+    "shape_of",
     "redact",
     "redact_encoded",
     "shown_name",

@@ -34,11 +34,11 @@ ENTRY_POINTS = {
     "Client": "session='default', *, interfaces=None, hostname=None, model=None, min_free_memory=None, "
               "all_sessions=False, liveness_timeout=10.0, include_hwsd=True, daemon_thread=False, token=None, "
               "max_hosts=1024, key=None, allow_loopback=None, peers=None, peers_file=None, dns_sd_domain=None, "
-              "dns_server=None, options=None",
+              "dns_server=None, options=None, pace=None",
     "AsyncClient": "session='default', *, interfaces=None, hostname=None, model=None, min_free_memory=None, "
                    "all_sessions=False, liveness_timeout=10.0, include_hwsd=True, zeroconf=None, token=None, "
                    "max_hosts=1024, key=None, allow_loopback=None, peers=None, peers_file=None, "
-                   "dns_sd_domain=None, dns_server=None, options=None, sources=()",
+                   "dns_sd_domain=None, dns_server=None, options=None, sources=(), pace=None",
     "Constraints": "count=1, min_free=None, memory=None, max_util=None, max_processes=None, include=None, "
                    "exclude=None, mig=False, by='load', shared=False, topology='auto', within_visible=True, "
                    "vendor=None, time_limit=None",

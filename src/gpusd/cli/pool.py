@@ -35,12 +35,13 @@ def _key(args: argparse.Namespace) -> FleetKey:
     return key
 
 
-def _client(args: argparse.Namespace, key: FleetKey) -> Client:
-    """The discovery client of a pool command: mDNS on the link, plus --peer & co. beyond it."""
+def _client(args: argparse.Namespace, key: FleetKey, pace: float | None = None) -> Client:
+    """The discovery client of a pool command: mDNS on the link, plus --peer & co. beyond it
+    (``pace``: what it asks of each host's event stream, docs/wire-format.md)."""
     from ..discovery.sync import Client
     from .discover import beyond_args
 
-    return Client(args.session, interfaces=args.interfaces, key=key, **beyond_args(args))
+    return Client(args.session, interfaces=args.interfaces, key=key, pace=pace, **beyond_args(args))
 
 
 def say_unverified(hosts: Sequence[RemoteHost]) -> None:

@@ -17,7 +17,14 @@ Who may subscribe (docs/daemon.md, "Limits against hostile peers"):
   unsigned one holds a place: when the hub is full, the oldest unsigned subscriber of the peer that
   holds the most is cut off (its stream ends, ``evicted`` is set) to make room.
 
-One more than these allow gets :class:`HubFull`."""
+One more than these allow gets :class:`HubFull`.
+
+A *paced* subscriber (``pace``: seconds, a reader that asked for ``?pace=S``) is sent a message the
+publisher marks *minor* (a snapshot whose readings alone changed, a heartbeat) at most every ``pace``
+seconds -- the newest one held until then, written at the hub's next message or beat -- and every other
+message at once, with whatever minor one it held first.  For :data:`SETTLE` seconds after a message
+that is not minor it gets every message (readings lag what changed hands by a sample).  A hundred
+paced readers cost the daemon a write each every ``pace`` seconds, not every sample."""
 
 from __future__ import annotations
 
@@ -28,14 +35,23 @@ from typing import Any, Callable
 from ..wire.sse import format_event
 from .bypeer import ByPeer
 
+# seconds after a message that is not minor during which a paced subscriber gets every message
+SETTLE = 3.0
+
 
 class HubFull(Exception):
     """The hub already has ``max_subscribers`` subscribers."""
 
 
 class Subscription:
-    def __init__(self, maxsize: int, peer: str = "-", signed: bool = False) -> None:
+    def __init__(self, maxsize: int, peer: str = "-", signed: bool = False, pace: float | None = None) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
+        self.pace = pace
+        # paced: the newest minor message not sent yet; when it was last sent one (monotonic); until
+        # when it gets every message
+        self.held: bytes | None = None
+        self.sent_at = time.monotonic()
+        self.settle_until = 0.0
         # cut off for falling too far behind (not a normal end)
         self.dropped = False
         # cut off to make room for a signed subscriber
@@ -86,12 +102,13 @@ class EventHub:
         """Unsigned subscribers now."""
         return len(self._unsigned)
 
-    def subscribe(self, peer: str = "-", signed: bool = False) -> Subscription:
+    def subscribe(self, peer: str = "-", signed: bool = False, pace: float | None = None) -> Subscription:
         """A new subscription for a reader at ``peer`` (:func:`gpusd.daemon.access.peer_of`),
-        ``signed`` when it is a secret holder's; raises :class:`HubFull` beyond the limits above."""
+        ``signed`` when it is a secret holder's, ``pace`` when it asked for one (above); raises
+        :class:`HubFull` beyond the limits above."""
         if not self.closed:
             self._admit(peer, signed)
-        sub = Subscription(self.maxsize, peer, signed)
+        sub = Subscription(self.maxsize, peer, signed, pace)
         if self.closed:
             sub.queue.put_nowait(None)
         else:
@@ -166,13 +183,35 @@ class EventHub:
             return
         self.publish_raw(format_event(event, data))
 
-    def publish_raw(self, message: bytes | None) -> None:
-        self._last = time.monotonic()
+    def publish_raw(self, message: bytes | None, minor: bool = False) -> None:
+        """Queue ``message`` for every subscriber; ``minor``: a paced one may be sent it later, or a
+        newer minor one instead (above)."""
+        now = self._last = time.monotonic()
         for sub in list(self._subs):
             try:
-                sub.queue.put_nowait(message)
+                if sub.pace is None or message is None:
+                    sub.queue.put_nowait(message)
+                else:
+                    self._paced(sub, message, minor, now)
             except asyncio.QueueFull:
                 self._drop(sub)
+
+    @staticmethod
+    def _paced(sub: Subscription, message: bytes, minor: bool, now: float) -> None:
+        assert sub.pace is not None
+        if minor:
+            if now >= sub.settle_until and now - sub.sent_at < sub.pace:
+                # the newest readings wait for the pace; an older held one is outdated by them
+                sub.held = message
+                return
+        else:
+            sub.settle_until = now + SETTLE
+            if sub.held is not None:
+                # older than this one, and maybe what this one does not say (a threshold after a sample)
+                sub.queue.put_nowait(sub.held)
+        sub.held = None
+        sub.sent_at = now
+        sub.queue.put_nowait(message)
 
     def _drop(self, sub: Subscription) -> None:
         sub.dropped = True
@@ -203,11 +242,25 @@ class EventHub:
         # quiet for a whole period (a timer may fire a clock tick early)
         if due <= 0.001:
             self.beats += 1
-            self.publish_raw(format_event("heartbeat", {"ts": round(time.time(), 3)}))
+            self._beat_paced(format_event("heartbeat", {"ts": round(time.time(), 3)}))
             if self._touch is not None:
                 self._touch()
             due = every
         self._arm(due)
+
+    def _beat_paced(self, beat: bytes) -> None:
+        """A heartbeat: to a paced subscriber, the minor message it holds instead where it has one
+        (a sign of life too), and nothing before its pace is up."""
+        now = self._last = time.monotonic()
+        for sub in list(self._subs):
+            try:
+                if sub.pace is None:
+                    sub.queue.put_nowait(beat)
+                elif now - sub.sent_at >= sub.pace:
+                    sub.queue.put_nowait(sub.held if sub.held is not None else beat)
+                    sub.held, sub.sent_at = None, now
+            except asyncio.QueueFull:
+                self._drop(sub)
 
     def close(self, final: bytes | None = None) -> None:
         """End every stream, after ``final`` (e.g. a ``bye`` event)."""

@@ -22,6 +22,7 @@ from aiohttp import web
 from .._version import __version__
 from ..model import redact
 from ..sanitize import dumps
+from ..wire.sse import check_pace
 from .access import FLEET_ALL, FLEET_OWN, can_see_private, fleet_filter, fleet_level, is_signed, peer_of, stream_filter
 from .events import EventHub, HubFull
 from .routes import RouteDef, add_routes
@@ -196,8 +197,15 @@ async def history(d: DaemonView, request: web.Request) -> web.Response:
 
 
 async def events(d: DaemonView, request: web.Request) -> web.StreamResponse:
+    pace = None
+    if "pace" in request.query:
+        try:
+            pace = check_pace(request.query["pace"][:32])
+        except ValueError as why:
+            return _json({"error": str(why)}, status=400)
     first = [d.snapshot_event()] if d.snapshot is not None else []
-    return await sse_stream(request, d.events, first, d.config.heartbeat, write_timeout=d.config.write_timeout)
+    return await sse_stream(request, d.events, first, d.config.heartbeat, write_timeout=d.config.write_timeout,
+                            pace=pace)
 
 
 async def fleet(d: DaemonView, request: web.Request) -> web.Response:
@@ -234,7 +242,8 @@ async def fleet_events(d: DaemonView, request: web.Request) -> web.StreamRespons
 
 async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes], heartbeat: float,
                      touch: "object | None" = None, write_timeout: float = 10.0,
-                     out: "Callable[[bytes], bytes] | None" = None) -> web.StreamResponse:
+                     out: "Callable[[bytes], bytes] | None" = None,
+                     pace: float | None = None) -> web.StreamResponse:
     """Serve ``hub`` as server-sent events: ``first`` messages, then every published event, and the
     hub's ``heartbeat`` event after ``heartbeat`` seconds without one (:meth:`EventHub.keep_alive`;
     ``touch`` is called at each).  Ends on ``None`` (daemon stopping,
@@ -245,13 +254,14 @@ async def sse_stream(request: web.Request, hub: EventHub, first: Iterable[bytes]
     for it).  Beyond the hub's limits (:mod:`gpusd.daemon.events`: in all, for unsigned readers, per
     peer address), a new reader gets ``503`` with ``Retry-After``; a signed reader (a secret holder)
     is refused only when signed readers hold every place.  ``out``: what each message goes through
-    before it is written (default :func:`gpusd.daemon.access.stream_filter`)."""
+    before it is written (default :func:`gpusd.daemon.access.stream_filter`).  ``pace``: the reader's
+    (:mod:`gpusd.daemon.events`)."""
     if out is None:
         # private fields only for readers allowed to see them
         out = stream_filter(request)
     try:
         # before the first messages: nothing published meanwhile is lost
-        sub = hub.subscribe(peer_of(request.remote), is_signed(request))
+        sub = hub.subscribe(peer_of(request.remote), is_signed(request), pace)
     except HubFull as why:
         log.debug("event stream refused to %s: %s", request.remote, why)
         refusal = _json({"error": f"too many event-stream readers ({why}); try again later"}, status=503)

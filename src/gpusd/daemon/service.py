@@ -44,7 +44,7 @@ from ..identity import hostname as local_hostname
 from ..identity import node_id as local_node_id
 from ..identity import state_dir as default_state_dir
 from ..jobs.containers import name_containers
-from ..model import HostSnapshot
+from ..model import HostSnapshot, shape_of
 from ..wire.mdns import local_ipv4_addresses, open_zeroconf, resolve_interfaces
 from ..wire.sse import format_event
 from .announce import Announcer
@@ -116,6 +116,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._last_event_key: Any = None
+        self._last_shape: Any = None
         # the snapshot _event_bytes was built from
         self._event_of: HostSnapshot | None = None
         self._event_bytes = b""
@@ -417,8 +418,11 @@ class Daemon:
         key = {k: v for k, v in data.items() if k != "timestamp"}
         if key != self._last_event_key:
             self._last_event_key = key
+            # readings alone changed: a paced reader need not hear it at once (events.EventHub)
+            shape = shape_of(data)
+            minor, self._last_shape = shape == self._last_shape, shape
             self._event_bytes, self._event_of = format_event("snapshot", data), snap
-            self.events.publish_raw(self._event_bytes)
+            self.events.publish_raw(self._event_bytes, minor=minor)
         if self.announcer is not None:
             self.announcer.on_sample(snap)
         for fn in list(self.on_sample):

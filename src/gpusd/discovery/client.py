@@ -35,7 +35,7 @@ from ..model import GpuInfo, HostSnapshot
 from ..wire.aio import load
 from ..wire.txt import DEFAULT_SESSION, SERVICE_TYPE
 from .bus import EventBus, Handler
-from .follower import HEARTBEAT, RESOLVE_TIMEOUT, Follower
+from .follower import HEARTBEAT, RECONNECT_BUDGET, RESOLVE_TIMEOUT, Follower
 from .mdns import MdnsSource
 from .options import MAX_HOSTS, DiscoveryOptions, options_of
 from .peers import StaticPeers
@@ -126,6 +126,7 @@ class AsyncClient:
         dns_server: str | None = None,
         options: DiscoveryOptions | None = None,
         sources: Sequence[HostSource] = (),
+        pace: float | None = None,
     ) -> None:
         # the keyword arguments above are the options' fields (tests/discovery/test_sources.py checks it)
         self.options = opts = options_of(options, locals())
@@ -136,6 +137,12 @@ class AsyncClient:
         self.allow_loopback = opts.allow_loopback
         self.liveness_timeout = opts.liveness_timeout
         self.silence_timeout = min(3 * HEARTBEAT, self.liveness_timeout * 0.6)
+        # the pace asked of every host's event stream (None: every change)
+        self.pace = opts.pace
+        if opts.pace is not None:
+            # a paced stream may be silent for its pace and a heartbeat period (daemon.events)
+            self.silence_timeout = opts.pace + 3 * HEARTBEAT
+            self.liveness_timeout = max(self.liveness_timeout, self.silence_timeout + 2 * RECONNECT_BUDGET)
         self.max_hosts = opts.max_hosts
         self.bus = EventBus()
         self.http: aiohttp.ClientSession | None = None

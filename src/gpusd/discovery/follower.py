@@ -63,6 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
         @property
         def silence_timeout(self) -> float: ...
         @property
+        def pace(self) -> float | None: ...
+        @property
         def http(self) -> aiohttp.ClientSession | None: ...
         @property
         def key(self) -> FleetKey | None: ...
@@ -287,6 +289,7 @@ class Follower:
         assert http is not None
         key = client.key
         failure = failed("unreachable")
+        pace = client.pace
         # a static peer's address is the user's own choice (--peer 127.0.0.1 is fine); announced ones
         # (mDNS, wide-area DNS-SD) are followed only where they point at another machine
         addresses = [a for a in rank_addresses(host.addresses)
@@ -313,19 +316,20 @@ class Follower:
                 return failed("no answer within the liveness bound")
             headers = {"Accept": "text/event-stream"}
             nonce = None
+            events = url + "/events" + ("" if pace is None else f"?pace={pace:g}")
             if key is not None:
                 # over TLS, bound to the certificate pinned (aiohttp checks the connection shows it)
-                signed, nonce = key.sign_request("GET", url + "/events", node_id=host.node_id,
+                signed, nonce = key.sign_request("GET", events, node_id=host.node_id,
                                                  cert_fp=host.txt.cert_fp if secure else None)
                 headers.update(signed)
             try:
-                resp = await asyncio.wait_for(http.get(url + "/events", headers=headers, ssl=ssl_arg), budget)
+                resp = await asyncio.wait_for(http.get(events, headers=headers, ssl=ssl_arg), budget)
                 if resp.status == 401 and nonce is not None:
                     # a daemon of another fleet (another secret): follow its public data, unverified
                     resp.release()
                     headers, nonce = {"Accept": "text/event-stream"}, None
                     host.verified = False
-                    resp = await asyncio.wait_for(http.get(url + "/events", headers=headers, ssl=ssl_arg),
+                    resp = await asyncio.wait_for(http.get(events, headers=headers, ssl=ssl_arg),
                                                   max(0.1, deadline - time.monotonic()))
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 failure = failed(f"cannot connect to {url}: {exc.__class__.__name__}")
@@ -346,7 +350,7 @@ class Follower:
                     host.verified = False
                 else:
                     host.verified = self._believe(host, self._proved(
-                        url + "/events", headers, resp, nonce, host, host.txt.cert_fp if secure else None))
+                        events, headers, resp, nonce, host, host.txt.cert_fp if secure else None))
                 if host.verified is False and host.copy_of is None:
                     # INFO: the views mark such a host [unverified] and the pool commands say once how
                     # many they left out (a LAN of strangers would otherwise print a line per host)

@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..errors import ConfigError
 from ..units import parse_memory
+from ..wire.sse import check_pace
 from ..wire.txt import DEFAULT_SESSION
 from . import beyond
 from .types import Filters
@@ -41,7 +43,11 @@ class DiscoveryOptions:
     and not kept) or ``key`` (a :class:`~gpusd.wire.signing.FleetKey`).  ``allow_loopback``: follow hosts
     announcing loopback or link-local addresses (None: only when bound to loopback).  Beyond the mDNS
     link: ``peers`` (default ``$GPUSD_PEERS``), ``peers_file`` (default ``$GPUSD_PEERS_FILE``),
-    ``dns_sd_domain`` (default ``$GPUSD_DNS_SD_DOMAIN``, kept with a trailing dot) and ``dns_server``."""
+    ``dns_sd_domain`` (default ``$GPUSD_DNS_SD_DOMAIN``, kept with a trailing dot) and ``dns_server``.
+    ``pace`` (seconds, 2 to 60): ask each host for changes of readings alone at most that often
+    (docs/wire-format.md, "Event stream"); a change of leases, processes or health still comes at once.
+    For a reader that waits for GPUs to change hands (``gpusd notify --fleet``), not one that shows
+    readings; its hosts' liveness bound grows with it."""
 
     session: str | None = DEFAULT_SESSION
     interfaces: Sequence[str] | None = None
@@ -59,6 +65,7 @@ class DiscoveryOptions:
     peers_file: str | None = None
     dns_sd_domain: str | None = None
     dns_server: str | None = None
+    pace: float | None = None
     # derived, checked values (not arguments)
     peer_specs: tuple[PeerSpec, ...] = field(init=False, default=())
 
@@ -91,6 +98,11 @@ class DiscoveryOptions:
         domain = self.dns_sd_domain if self.dns_sd_domain is not None else os.environ.get("GPUSD_DNS_SD_DOMAIN", "")
         put("dns_sd_domain", beyond.valid_domain(domain) if domain else None)
         put("dns_server", beyond.valid_dns_server(self.dns_server) if self.dns_server else None)
+        if self.pace is not None:
+            try:
+                put("pace", check_pace(self.pace))
+            except ValueError as why:
+                raise ConfigError(str(why)) from None
 
     def filters(self) -> Filters:
         """The host and GPU filters of these options (a new value: a client may keep it)."""

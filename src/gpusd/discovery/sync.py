@@ -83,7 +83,7 @@ class Client:
                  key: "FleetKey | None" = None, allow_loopback: bool | None = None,
                  peers: Sequence[str] | None = None, peers_file: str | None = None,
                  dns_sd_domain: str | None = None, dns_server: str | None = None,
-                 options: DiscoveryOptions | None = None) -> None:
+                 options: DiscoveryOptions | None = None, pace: float | None = None) -> None:
         # Checked here, so that bad arguments fail in the caller's thread; the asyncio client it drives
         # (and the one a restart makes) takes the same value.
         # (the keyword arguments above are the options' fields: tests/discovery/test_sources.py checks it)

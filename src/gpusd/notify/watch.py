@@ -32,6 +32,11 @@ SETTLE = (0.02, 0.1, 0.3)
 POLL = 1.0
 # seconds between two looks woken by events, however many come (a busy fleet's stream)
 MIN_GAP = 0.05
+# The pace a fleet notifier asks of each host's event stream (docs/wire-format.md): a change of
+# leases, processes or health at once, with every sample for a few seconds after it (the readings
+# that lag it); a change of readings alone at most this often.  A hundred waiting notifiers cost
+# a host's daemon a write each every PACE seconds, not every sample.
+PACE = 5.0
 
 
 class Watch(Protocol):

@@ -17,6 +17,22 @@ from ..sanitize import dumps
 MAX_EVENT = 4 * 2**20
 
 
+# A reader of a host's event stream may ask for a pace (``?pace=S``, docs/wire-format.md): changes of
+# readings alone at most every S seconds.  Seconds, these bounds included.
+PACE_MIN, PACE_MAX = 2.0, 60.0
+
+
+def check_pace(value: str | float) -> float:
+    """``value`` as a pace in seconds; ``ValueError`` with a one-line reason where it is not one."""
+    try:
+        pace = float(value)
+    except (TypeError, ValueError):
+        pace = float("nan")
+    if not PACE_MIN <= pace <= PACE_MAX:
+        raise ValueError(f"pace must be a number of seconds from {PACE_MIN:g} to {PACE_MAX:g}")
+    return pace
+
+
 def format_event(event: str, data: Any) -> bytes:
     """One event: ``event: NAME\\ndata: JSON\\n\\n`` (JSON never contains a raw newline)."""
     payload = data if isinstance(data, str) else dumps(data, separators=(",", ":"))
