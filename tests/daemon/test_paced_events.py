@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from test_daemon import Stream
+from test_trust import SECRET, secret_file
 
 from daemon_helpers import (  # noqa: F401
     LOOPBACK,
@@ -27,10 +31,10 @@ from gpusd.daemon import events
 from gpusd.daemon.events import SETTLE, EventHub
 from gpusd.errors import ConfigError
 from gpusd.model import READINGS, GpuInfo, LeaseInfo, ProcessInfo, shape_of
+from gpusd.notify.watch import PACE
 from gpusd.wire.signing import FleetKey
-from gpusd.wire.sse import SSEParser, format_event
-
-SECRET = "b3c1f0a2d4e6f8091a2b3c4d5e6f7081"
+from gpusd.wire.sse import format_event
+from waiting import wait_until
 
 
 # -- what is a reading -------------------------------------------------------------------------------
@@ -160,18 +164,13 @@ def test_a_reader_that_falls_behind_is_dropped_paced_or_not(clock: Clock) -> Non
 
 
 # -- a real daemon on 127.0.0.1 -----------------------------------------------------------------------
-class Reader:
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self.resp, self.parser = resp, SSEParser()
-        self.pending: list[tuple[str, str]] = []
+class Reader(Stream):
+    """A stream that must not end while the test reads it."""
 
-    async def next(self, timeout: float) -> tuple[str, str]:
-        deadline = time.monotonic() + timeout
-        while not self.pending:
-            chunk = await asyncio.wait_for(self.resp.content.readany(), max(0.01, deadline - time.monotonic()))
-            assert chunk, "the stream ended"
-            self.pending.extend(self.parser.feed(chunk))
-        return self.pending.pop(0)
+    async def next(self, timeout: float = 5.0) -> tuple[str, str]:
+        got = await super().next(timeout)
+        assert got is not None, "the stream ended"
+        return got
 
 
 async def test_a_daemon_paces_readings_but_not_a_process_that_starts(tmp_path: Path) -> None:
@@ -196,7 +195,7 @@ async def test_a_daemon_paces_readings_but_not_a_process_that_starts(tmp_path: P
                         g.utilization_gpu = 51.0 + samples
             elapsed = time.monotonic() - started
             got = 0
-            while paced.pending or not paced.resp.content.at_eof():
+            while True:
                 try:
                     name, _ = await paced.next(0.3)
                 except asyncio.TimeoutError:
@@ -239,16 +238,7 @@ async def test_a_paced_client_signs_its_pace_and_is_verified(tmp_path: Path, fas
 
 async def test_notify_fleet_asks_each_host_for_its_pace(tmp_path: Path, fast_mdns: Any) -> None:  # noqa: F811
     """``gpusd notify --fleet`` (the command, not only the library) follows hosts at the notifier's pace."""
-    import os
-    import sys
-
-    from gpusd.notify.watch import PACE
-    from waiting import wait_until
-
-    key = tmp_path / "fleet.key"
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, (SECRET + "\n").encode())
-    os.close(fd)
+    key = secret_file(tmp_path / "fleet.key")
     session = unique_session("pace-cli")
     # busy GPUs: the notifier keeps waiting
     backend = FakeBackend(make_snapshot(2, hostname="paced-cli", util=90.0))
