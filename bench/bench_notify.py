@@ -20,8 +20,9 @@ waiting notifiers cost the daemon.
    readings change every second (``Busy``), as a real host's do while notifiers wait for them.
 4. **The daemon's fan-out alone** (``--streams N``, or ``--streams-only``): the daemon on 127.0.0.1 with a
    fleet secret, both GPUs leased, and N signed ``/api/v1/events`` readers in one reader process: the
-   daemon's CPU with none / N / N paced as a fleet notifier asks (``?pace=5``, ``--pace``) / none
-   again, without a hundred notifier processes loading the machine as part 3 does.
+   daemon's CPU with none / N / N paced as a fleet notifier asks (``--pace``: 5 s by default, what one
+   whose constraints read readings asks; 20 s for the others) / none again, without a hundred notifier
+   processes loading the machine as part 3 does (part 3's notifiers, ``-n 2``, ask for 20 s).
 """
 
 from __future__ import annotations

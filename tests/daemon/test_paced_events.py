@@ -31,7 +31,7 @@ from gpusd.daemon import events
 from gpusd.daemon.events import SETTLE, EventHub
 from gpusd.errors import ConfigError
 from gpusd.model import READINGS, GpuInfo, LeaseInfo, ProcessInfo, shape_of
-from gpusd.notify.watch import PACE
+from gpusd.notify.watch import PACE, SHAPE_PACE, pace_for
 from gpusd.wire.signing import FleetKey
 from gpusd.wire.sse import format_event
 from waiting import wait_until
@@ -236,22 +236,36 @@ async def test_a_paced_client_signs_its_pace_and_is_verified(tmp_path: Path, fas
         AsyncClient(pace=1)
 
 
-async def test_notify_fleet_asks_each_host_for_its_pace(tmp_path: Path, fast_mdns: Any) -> None:  # noqa: F811
+def test_a_notifier_asks_for_readings_only_where_its_constraints_read_them() -> None:
+    from gpusd.alloc.select import Constraints
+
+    assert pace_for(Constraints.build(count=2)) == SHAPE_PACE
+    assert pace_for(Constraints.build(count=2, max_processes=0, include="0,1", topology="nvlink")) == SHAPE_PACE
+    for reads in ({"max_util": 10.0}, {"min_free": "8GiB"}, {"memory": "8GiB"}, {"shared": True}, {"mig": True}):
+        assert pace_for(Constraints.build(count=1, **reads)) == PACE, reads
+
+
+@pytest.mark.parametrize(("flags", "pace"), [(["--max-util", "10"], PACE), ([], SHAPE_PACE)])
+async def test_notify_fleet_asks_each_host_for_its_pace(tmp_path: Path, fast_mdns: Any, flags: list[str],  # noqa: F811
+                                                        pace: float) -> None:
     """``gpusd notify --fleet`` (the command, not only the library) follows hosts at the notifier's pace."""
     key = secret_file(tmp_path / "fleet.key")
     session = unique_session("pace-cli")
-    # busy GPUs: the notifier keeps waiting
+    # busy GPUs, one process each: the notifier keeps waiting
     backend = FakeBackend(make_snapshot(2, hostname="paced-cli", util=90.0))
+    for i, g in enumerate(backend.snap.gpus):
+        g.processes = [ProcessInfo(pid=5000 + i, used_memory=2**30)]
     async with running_daemon(tmp_path, session, "paced-cli", backend=backend, token=SECRET) as d:
         env = dict(os.environ, GPUSD_INTERFACES="127.0.0.1")
         env.pop("GPUSD_TOKEN", None)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpusd", "notify", "--fleet", "-n", "1", "--max-util", "10", "--exec", "true",
-            "--timeout", "60", "--token-file", str(key), "--session", session, "--interface", "127.0.0.1",
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            sys.executable, "-m", "gpusd", "notify", "--fleet", "-n", "1", "--max-processes", "0", *flags,
+            "--exec", "true", "--timeout", "60", "--token-file", str(key), "--session", session,
+            "--interface", "127.0.0.1", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
-            await wait_until(lambda: [s.pace for s in d.events._subs if s.signed] == [PACE], timeout=60,
+            await wait_until(lambda: [s.pace for s in d.events._subs if s.signed] == [pace], timeout=60,
                              what="a signed paced reader")
+            assert proc.returncode is None  # still waiting: it never qualified
         finally:
             proc.terminate()
             await proc.wait()

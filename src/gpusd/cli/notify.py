@@ -44,10 +44,10 @@ def notify(args: argparse.Namespace) -> int:
     c = to_constraints(args)
     client = None
     if args.fleet:
-        from ..notify.watch import PACE
+        from ..notify.watch import pace_for
         from .pool import _client, _key, say_unverified
 
-        client = _client(args, _key(args), PACE)
+        client = _client(args, _key(args), pace_for(c))
         watch = fleet_watch(c, client, args.host, args.model)
         say_unverified(client.hosts)
     else:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..alloc.select import Constraints
 from ..errors import ConfigError, GpusdError, WaitTimeout
-from .watch import PACE, FleetWatch, LocalWatch
+from .watch import FleetWatch, LocalWatch, pace_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..discovery.sync import Client
@@ -109,7 +109,7 @@ def notify(count: int, target: Target, *, fleet: bool = False, repeat: bool = Fa
             secret = load_secret(token_file)
             if not secret:
                 raise ConfigError("notify --fleet needs the fleet secret (--token-file or $GPUSD_TOKEN_FILE)")
-            client = own = SyncClient(key=FleetKey(secret), pace=PACE)
+            client = own = SyncClient(key=FleetKey(secret), pace=pace_for(c))
         watch = fleet_watch(c, client, host, model)
     try:
         return run(watch, target, repeat=repeat, timeout=timeout)

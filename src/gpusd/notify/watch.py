@@ -34,9 +34,18 @@ POLL = 1.0
 MIN_GAP = 0.05
 # The pace a fleet notifier asks of each host's event stream (docs/wire-format.md): a change of
 # leases, processes or health at once, with every sample for a few seconds after it (the readings
-# that lag it); a change of readings alone at most this often.  A hundred waiting notifiers cost
-# a host's daemon a write each every PACE seconds, not every sample.
+# that lag it); a change of readings alone at most every PACE seconds where its constraints read
+# readings (free memory, utilisation, room on a shared GPU or a MIG slice), else every SHAPE_PACE
+# (its sign of life).  A hundred waiting notifiers cost a host's daemon a write each every 5 or 20
+# seconds, not every sample.
 PACE = 5.0
+SHAPE_PACE = 20.0
+
+
+def pace_for(c: Constraints) -> float:
+    """The pace a fleet notifier waiting for ``c`` asks of each host (above)."""
+    reads = c.min_free is not None or c.memory is not None or c.max_util is not None or c.shared or c.mig
+    return PACE if reads else SHAPE_PACE
 
 
 class Watch(Protocol):
