@@ -1080,10 +1080,10 @@ _PART_READINGS = {"processes": frozenset({"used_memory"}), "mig_instances": froz
 
 
 def shape_of(snapshot: dict[str, Any]) -> list[Any]:
-    """The shape of ``snapshot`` (a :class:`HostSnapshot` as :func:`encode` writes it): its GPUs
-    without their :data:`READINGS`, each with its free state by :func:`gpu_is_free`, and the host's
-    other fields but its timestamp.  Two samples of one host with the same shape differ in readings
-    alone."""
+    """The shape of ``snapshot`` (a :class:`HostSnapshot` as its ``to_dict`` writes it): its GPUs
+    without their :data:`READINGS` (each keeps its ``free``, :func:`gpu_is_free` written out), and the
+    host's other fields but its timestamp.  Two samples of one host with the same shape differ in
+    readings alone."""
     gpus = []
     for gpu in snapshot.get("gpus") or ():
         if not isinstance(gpu, dict):
@@ -1098,9 +1098,6 @@ def shape_of(snapshot: dict[str, Any]) -> list[Any]:
                 value = [{k: v for k, v in item.items() if k not in drop} if isinstance(item, dict) else item
                          for item in value]
             kept[name] = value
-        util = gpu.get("utilization_gpu")
-        kept["free"] = gpu_is_free(bool(gpu.get("healthy", True)), gpu.get("processes"), gpu.get("leases"),
-                                   util if isinstance(util, (int, float)) and not isinstance(util, bool) else None)
         gpus.append(kept)
     return [gpus, {k: v for k, v in snapshot.items() if k not in ("gpus", "timestamp")}]
 
