@@ -146,14 +146,16 @@ class Busy:
             self.write(self.path, [dataclasses.replace(g, util_gpu=rng.randint(60, 95), temperature=rng.randint(60, 80),
                                                        power_usage=rng.randint(200, 350) * 1000) for g in self.gpus])
 
-    def __enter__(self) -> "Busy":
+    def start(self) -> "Busy":
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join(5)
-        self.write(self.path, self.gpus)
+    def stop(self) -> None:
+        """The readings as they were (nothing to do where it never started)."""
+        if self.thread.is_alive():
+            self.done.set()
+            self.thread.join(5)
+            self.write(self.path, self.gpus)
 
 
 class Lines:
@@ -339,7 +341,7 @@ def streams_cpu(readers: int, window: float, pace: float = 0.0) -> None:
     busy = Busy(fake.state, gpus)
     try:
         wait(held.exists, 120, "the holder's lease")
-        busy.__enter__()
+        busy.start()
 
         def measure(label: str) -> None:
             rows.append((label, *daemon_cpu(daemon.pid, window)))
@@ -369,7 +371,7 @@ def streams_cpu(readers: int, window: float, pace: float = 0.0) -> None:
             reader = None
         measure("none again")
     finally:
-        busy.__exit__()
+        busy.stop()
         if reader is not None:
             reader.kill()
         holder.terminate()
@@ -448,7 +450,7 @@ def fleet(runs: int, waiters: int, window: float, settle: float = 0.0) -> None:
             rx.terminate()
             return
         hold()  # the GPUs leased while the daemon's CPU is measured: every notifier waits
-        busy = Busy(h1.nvml_state, h1.gpus).__enter__()  # and at work: their readings change each sample
+        busy = Busy(h1.nvml_state, h1.gpus).start()  # and at work: their readings change each sample
         daemon = h1.proc
         assert daemon is not None
         rows = []
@@ -476,7 +478,7 @@ def fleet(runs: int, waiters: int, window: float, settle: float = 0.0) -> None:
         for n in notifiers:
             n.proc.wait(10)
         measure("none again")
-        busy.__exit__()
+        busy.stop()
         holder.stdin.close()
         holder.wait(10)
         rx.terminate()

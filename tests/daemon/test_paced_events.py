@@ -43,17 +43,14 @@ def test_every_reading_is_a_gpu_field() -> None:
 
 
 def test_readings_alone_keep_the_shape_anything_that_changes_hands_does_not() -> None:
-    snap = make_snapshot(2, util=50.0, used=2**30)
-    snap.gpus[0].leases = [LeaseInfo(lease_id="l1", pid=10, expires=100.0)]
-    snap.gpus[0].processes = [ProcessInfo(pid=10, used_memory=2**30)]
-    base = shape_of(snap.to_dict())
-
     def shape_after(change: Any) -> Any:
-        other = make_snapshot(2, util=50.0, used=2**30)
-        other.gpus[0].leases = [LeaseInfo(lease_id="l1", pid=10, expires=100.0)]
-        other.gpus[0].processes = [ProcessInfo(pid=10, used_memory=2**30)]
-        change(other)
-        return shape_of(other.to_dict())
+        snap = make_snapshot(2, util=50.0, used=2**30)
+        snap.gpus[0].leases = [LeaseInfo(lease_id="l1", pid=10, expires=100.0)]
+        snap.gpus[0].processes = [ProcessInfo(pid=10, used_memory=2**30)]
+        change(snap)
+        return shape_of(snap.to_dict())
+
+    base = shape_after(lambda s: None)
 
     def readings(s: Any) -> None:
         s.timestamp += 5
@@ -141,16 +138,16 @@ def test_heartbeats_reach_a_paced_reader_at_its_pace_or_its_held_readings_instea
     beat = format_event("heartbeat", {})
     for _ in range(2):  # a quiet hub beats every 2 s
         clock.now += 2
-        hub._beat_paced(beat)
+        hub._heartbeat(beat)
     assert queued(paced) == []
     clock.now += 2
-    hub._beat_paced(beat)
+    hub._heartbeat(beat)
     assert queued(paced) == [beat]  # a sign of life, 6 s after the last
     clock.now += 1
     hub.publish_raw(sample(1), minor=True)
     for _ in range(3):
         clock.now += 2
-        hub._beat_paced(beat)
+        hub._heartbeat(beat)
     assert queued(paced) == [sample(1)]  # the held readings are the sign of life
 
 

@@ -242,13 +242,13 @@ class EventHub:
         # quiet for a whole period (a timer may fire a clock tick early)
         if due <= 0.001:
             self.beats += 1
-            self._beat_paced(format_event("heartbeat", {"ts": round(time.time(), 3)}))
+            self._heartbeat(format_event("heartbeat", {"ts": round(time.time(), 3)}))
             if self._touch is not None:
                 self._touch()
             due = every
         self._arm(due)
 
-    def _beat_paced(self, beat: bytes) -> None:
+    def _heartbeat(self, beat: bytes) -> None:
         """A heartbeat: to a paced subscriber, the minor message it holds instead where it has one
         (a sign of life too), and nothing before its pace is up."""
         now = self._last = time.monotonic()
